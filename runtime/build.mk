@@ -1,0 +1,3 @@
+# runtime/build.mk - sources of libmstar.a, one per line (merge=union in .gitattributes).
+RUNTIME_SRCS += runtime/base.c
+RUNTIME_SRCS += runtime/resource.c

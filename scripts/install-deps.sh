@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# install-deps.sh - install, with apt-get, the Debian packages mstar-c needs that are missing.
+#
+# Idempotent: checks each package with dpkg-query first and does nothing when all are present.
+# Needs root (or sudo) and apt-get only when something is missing; otherwise says what to install
+# and exits 1.
+set -euo pipefail
+
+# Build tools and libraries (DESIGN.md §7): flex/bison for the language front end, cmocka for the
+# tests, jansson (JSON), libmicrohttpd (HTTP), PCRE2 (tokenizer regexes); clang for the fuzz target.
+PACKAGES=(
+    make
+    gcc
+    flex
+    bison
+    pkg-config
+    libcmocka-dev
+    libjansson-dev
+    libmicrohttpd-dev
+    libpcre2-dev
+    clang
+    python3
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+    if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+        missing+=("$p")
+    fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+    exit 0
+fi
+
+echo "install-deps: missing Debian packages: ${missing[*]}"
+if ! command -v apt-get >/dev/null 2>&1; then
+    echo "install-deps: apt-get not found; install these packages with your system's package manager." >&2
+    exit 1
+fi
+SUDO=
+if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1 && sudo -n true 2>/dev/null; then
+        SUDO=sudo
+    else
+        echo "install-deps: not root and no passwordless sudo; run as root: apt-get install ${missing[*]}" >&2
+        exit 1
+    fi
+fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+echo "install-deps: installed ${missing[*]}"
