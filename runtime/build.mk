@@ -4,3 +4,5 @@ RUNTIME_SRCS += runtime/resource.c
 RUNTIME_SRCS += runtime/safetensors.c
 RUNTIME_SRCS += runtime/checkpoint.c
 RUNTIME_SRCS += runtime/hf_config.c
+RUNTIME_SRCS += runtime/llama2c.c
+RUNTIME_SRCS += runtime/tokenizer_llama2c.c
