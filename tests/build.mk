@@ -4,3 +4,4 @@
 TESTS += tests/test_base
 TESTS += tests/test_backend_cpu
 TSAN_TESTS += tests/test_backend_cpu
+TESTS += tests/test_sampler
