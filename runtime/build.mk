@@ -5,3 +5,6 @@ RUNTIME_SRCS += runtime/backend.c
 RUNTIME_SRCS += runtime/backend_cpu.c
 RUNTIME_SRCS += runtime/sampler.c
 RUNTIME_SRCS += runtime/threadpool.c
+RUNTIME_SRCS += runtime/safetensors.c
+RUNTIME_SRCS += runtime/checkpoint.c
+RUNTIME_SRCS += runtime/hf_config.c

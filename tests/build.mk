@@ -5,3 +5,6 @@ TESTS += tests/test_base
 TESTS += tests/test_backend_cpu
 TSAN_TESTS += tests/test_backend_cpu
 TESTS += tests/test_sampler
+TESTS += tests/test_safetensors
+TESTS += tests/test_hf_config
+TESTS += tests/test_checkpoint_bad
