@@ -33,65 +33,8 @@ size_t ms_dtype_size(ms_dtype dt) {
     }
 }
 
-static uint32_t f32_bits(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    return u;
-}
-
-static float bits_f32(uint32_t u) {
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-
-float ms_bf16_to_f32(uint16_t h) {
-    return bits_f32((uint32_t)h << 16);
-}
-
-uint16_t ms_f32_to_bf16(float f) {
-    uint32_t u = f32_bits(f);
-    if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN: keep it a (quiet) NaN */
-        return (uint16_t)((u >> 16) | 0x0040u);
-    uint32_t rounding = 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)((u + rounding) >> 16);
-}
-
-float ms_f16_to_f32(uint16_t h) {
-    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
-    uint32_t exp = (h >> 10) & 0x1fu;
-    uint32_t man = h & 0x3ffu;
-    if (exp == 0x1f) /* inf / NaN */
-        return bits_f32(sign | 0x7f800000u | (man << 13));
-    if (exp == 0) {
-        if (man == 0)
-            return bits_f32(sign);
-        /* subnormal: value = man * 2^-24 */
-        float v = (float)man * 0x1p-24f;
-        return sign ? -v : v;
-    }
-    return bits_f32(sign | ((exp + 112u) << 23) | (man << 13));
-}
-
-uint16_t ms_f32_to_f16(float f) {
-    uint32_t u = f32_bits(f);
-    uint16_t sign = (uint16_t)((u >> 16) & 0x8000u);
-    uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u)
-        return (uint16_t)(sign | 0x7e00u);
-    if (a >= 0x477ff000u) /* rounds to >= 65520: inf */
-        return (uint16_t)(sign | 0x7c00u);
-    if (a < 0x38800000u) {
-        /* below the smallest normal (2^-14): subnormal or zero, in units of 2^-24 */
-        float v = bits_f32(a) * 0x1p24f;
-        /* nearbyintf rounds to nearest even in the default rounding mode */
-        return (uint16_t)(sign | (uint16_t)nearbyintf(v));
-    }
-    /* normal: rebias exponent, round mantissa to 10 bits (nearest even) */
-    uint32_t r = a + 0xfffu + ((a >> 13) & 1u);
-    r -= 0x38000000u; /* (127 - 15) << 23 */
-    return (uint16_t)(sign | (uint16_t)(r >> 13));
-}
+/* The scalar conversions declared in backend.h (ms_bf16_to_f32, ...) are defined once, in
+ * safetensors.c (same prototypes in safetensors.h); the loaders and the backends share them. */
 
 /* ---- tensors ---- */
 

@@ -82,7 +82,9 @@ const char *ms_dtype_str(ms_dtype dt);
 /* Bytes per element (4, 2, 2, 4); 0 for an invalid dtype. */
 size_t ms_dtype_size(ms_dtype dt);
 
-/* Scalar conversions (round to nearest even; NaN stays NaN; f16 overflow gives +-inf). */
+/* Scalar conversions (round to nearest even; NaN stays NaN; f16 overflow gives +-inf). Defined in
+ * safetensors.c and declared identically in safetensors.h; repeated here so backends need only
+ * this header. */
 float ms_bf16_to_f32(uint16_t h);
 uint16_t ms_f32_to_bf16(float f);
 float ms_f16_to_f32(uint16_t h);
