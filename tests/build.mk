@@ -2,6 +2,9 @@
 # TSAN_TESTS are also run under ThreadSanitizer; TEST_SCRIPTS are shell drivers run with
 # MS_BUILD set to the build folder; GPU_TESTS run only under `make gpu-test`.
 TESTS += tests/test_base
+TESTS += tests/test_backend_cpu
+TSAN_TESTS += tests/test_backend_cpu
+TESTS += tests/test_sampler
 TESTS += tests/test_safetensors
 TESTS += tests/test_hf_config
 TESTS += tests/test_checkpoint_bad
