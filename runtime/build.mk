@@ -4,3 +4,4 @@ RUNTIME_SRCS += runtime/resource.c
 RUNTIME_SRCS += runtime/rid_map.c
 RUNTIME_SRCS += runtime/positions.c
 RUNTIME_SRCS += runtime/step_runner.c
+RUNTIME_SRCS += runtime/graph_plan.c

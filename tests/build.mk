@@ -3,3 +3,6 @@
 # MS_BUILD set to the build folder; GPU_TESTS run only under `make gpu-test`.
 TESTS += tests/test_base
 TESTS += tests/test_positions
+TESTS += tests/test_step_runner
+TESTS += tests/test_graph_plan
+TSAN_TESTS += tests/test_graph_plan

@@ -19,7 +19,7 @@
 #include "rid_map.h"
 #include "step_runner.h"
 
-#define MOCK_MAX_STREAM_PAGES 64
+#define MOCK_MAX_STREAM_PAGES 160
 
 typedef struct mock_stream {
     bool exists;
