@@ -13,3 +13,5 @@ TESTS += tests/test_positions
 TESTS += tests/test_step_runner
 TESTS += tests/test_graph_plan
 TSAN_TESTS += tests/test_graph_plan
+TESTS += tests/test_dsl
+TEST_SCRIPTS += tests/mstarc_cli.sh
