@@ -2,3 +2,5 @@
 # TSAN_TESTS are also run under ThreadSanitizer; TEST_SCRIPTS are shell drivers run with
 # MS_BUILD set to the build folder; GPU_TESTS run only under `make gpu-test`.
 TESTS += tests/test_base
+TESTS += tests/test_kv_pool
+TESTS += tests/test_page_arena
