@@ -4,3 +4,8 @@
 TESTS += tests/test_base
 TESTS += tests/test_kv_pool
 TESTS += tests/test_page_arena
+TESTS += tests/test_kv_retention
+TESTS += tests/test_kv_offload
+TESTS += tests/test_kv_property
+TESTS += tests/test_kv_stress
+TSAN_TESTS += tests/test_kv_stress
