@@ -8,7 +8,8 @@
  *   - admit is transactional: it computes every stream's page need first (scratch fields on the
  *     streams, stamped with a per-call mark), grows host arrays, acquires all pages in one arena
  *     call, and only then changes streams. Capacity growth is the only effect of a failed admit.
- *   - plan allocates nothing when the step was admitted: admit sizes both plan buffer sets.
+ *   - plan allocates nothing when the step was admitted: admit sizes the plan buffer set the next
+ *     plan writes (never the one holding the latest plan).
  */
 #include "kv_pool.h"
 
@@ -108,7 +109,7 @@ struct ms_kv_pool {
     kv_plan_buf bufs[2];
     uint64_t plan_seq;          /* plans built; selects the buffer set */
     int64_t plan_allocs;        /* growth performed inside plan */
-    ms_device_event *offload_event; /* recorded on the compute stream before offload copies */
+    ms_device_event *offload_event; /* recorded on the compute stream before offload/reload copies */
     ms_device_event *reload_event;  /* recorded on the copy stream after reload copies */
 };
 
@@ -668,7 +669,7 @@ static ms_admit_outcome admit_locked(ms_kv_pool *pool, const ms_kv_step *ks, con
         if (r == NULL)
             return outcome(MS_ADMIT_INVALID, 0, segs[i].label, segs[i].rid);
         kv_stream *s = &r->streams[segs[i].label];
-        if (s->offloaded || r->offload_running)
+        if (request_offloaded(r)) /* also a label the offloaded request has not created yet */
             return outcome(MS_ADMIT_OFFLOADED, 0, segs[i].label, segs[i].rid);
         ms_admit_code c = poll_read(pool, r, s);
         if (c != MS_ADMIT_OK)
@@ -680,10 +681,10 @@ static ms_admit_outcome admit_locked(ms_kv_pool *pool, const ms_kv_step *ks, con
         kv_request *r = req_live(pool, rows[i]);
         if (r == NULL)
             return outcome(MS_ADMIT_INVALID, 0, 0, rows[i]);
+        if (request_offloaded(r))
+            return outcome(MS_ADMIT_OFFLOADED, 0, 0, rows[i]); /* H5c */
         for (int l = 0; l < MS_MAX_LABELS; l++) {
             kv_stream *s = &r->streams[l];
-            if (s->offloaded || r->offload_running)
-                return outcome(MS_ADMIT_OFFLOADED, 0, (ms_label)l, rows[i]); /* H5c */
             ms_admit_code c = poll_read(pool, r, s);
             if (c != MS_ADMIT_OK)
                 return outcome(c, 0, (ms_label)l, rows[i]);
@@ -749,9 +750,10 @@ static ms_admit_outcome admit_locked(ms_kv_pool *pool, const ms_kv_step *ks, con
         oom = ms_grow((void **)&s->pages, &s->cap, (size_t)MS_MAX(s->p_need, 1),
                       sizeof(int32_t)) != MS_OK;
     }
-    for (int k = 0; k < 2 && !oom; k++)
-        oom = plan_buf_reserve(&pool->bufs[k], (size_t)n_segs, (size_t)n_indices,
-                               (size_t)n_tokens) != MS_OK;
+    /* Only the set the next plan writes: the other holds the latest plan, still in use. */
+    if (!oom)
+        oom = plan_buf_reserve(&pool->bufs[pool->plan_seq & 1], (size_t)n_segs,
+                               (size_t)n_indices, (size_t)n_tokens) != MS_OK;
     if (oom)
         return outcome(MS_ADMIT_NO_MEMORY, 0, segs != NULL && n_segs > 0 ? segs[0].label : 0,
                        n_segs > 0 ? segs[0].rid : 0);
@@ -1296,7 +1298,7 @@ static ms_admit_outcome retrieve_locked(ms_kv_pool *pool, kv_request *r,
                                         const ms_kv_published *pub) {
     if (r->retrieve_failed)
         return outcome(MS_ADMIT_TRANSFER_FAILED, 0, 0, r->rid);
-    if (r->offload_running)
+    if (request_offloaded(r))
         return outcome(MS_ADMIT_OFFLOADED, 0, 0, r->rid);
     if (pool->cfg.transfer == NULL || pub->world_size != pool->cfg.world_size ||
         pub->page_size != pool->ps || pub->n_streams < 0 || pub->n_streams > MS_MAX_LABELS)
@@ -1596,9 +1598,16 @@ ms_status ms_kv_pool_reload(ms_kv_pool *pool, ms_rid rid, ms_error *err) {
                        "kv pool: reload: request %llu needs %d device pages, %d free",
                        (unsigned long long)rid, need, n_free);
     }
-    /* Install the pages now (the streams stay offloaded until the copies are done). */
+    /* Install the pages now (the streams stay offloaded until the copies are done). The pages
+     * may have been released by a commit whose forward still runs: the copy stream waits for
+     * the compute stream before writing them. */
     int32_t used = 0;
     ms_status st = MS_OK;
+    if (need > 0 && pool->cfg.copy_stream != NULL) {
+        st = ms_device_event_record(dev, pool->offload_event, pool->cfg.compute_stream, err);
+        if (st == MS_OK)
+            st = ms_device_stream_wait(dev, pool->cfg.copy_stream, pool->offload_event, err);
+    }
     for (int l = 0; l < MS_MAX_LABELS; l++) {
         kv_stream *s = &r->streams[l];
         if (!s->exists || !s->offloaded)

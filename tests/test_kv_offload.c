@@ -201,6 +201,9 @@ static void test_offload_reload_round_trip(void **state) {
     ms_admit_outcome o = kv_admit(&f, &t);
     assert_int_equal(o.code, MS_ADMIT_OFFLOADED);
     assert_int_equal(o.rid, 1);
+    kv_step_init(&t, true);
+    kv_step_seg(&t, 1, 5, 4); /* a label the request has not created yet */
+    assert_int_equal(kv_admit(&f, &t).code, MS_ADMIT_OFFLOADED);
     /* scribble over the freed device pages, then reload */
     int32_t scratch[15];
     int32_t n_free = ms_page_arena_num_free(f.arena);
@@ -482,16 +485,22 @@ static void test_H4_offload_copies_wait_on_compute_event(void **state) {
     }
     assert_true(rec >= 0 && wait > rec && first_copy > wait && sync > last_copy);
     assert_int_equal(last_copy - first_copy + 1, 3 * 2); /* 3 pages x 2 layers */
-    /* reload: copies on the copy stream, then the compute stream waits on their event */
+    /* reload: the copy stream waits for the compute stream (the new pages may still be read by
+     * a running forward), copies, then the compute stream waits on the copies' event */
     tr.n = 0;
     assert_int_equal(ms_kv_pool_reload(f.pool, 1, &err), MS_OK);
-    int copies = 0, rec2 = -1, wait2 = -1;
+    int copies = 0, rec2 = -1, wait2 = -1, rec1 = -1, wait1 = -1;
     for (int i = 0; i < tr.n; i++) {
         trace_op *o = &tr.ops[i];
+        if (o->op == OP_RECORD && o->stream == f.compute && rec1 < 0)
+            rec1 = i;
+        if (o->op == OP_WAIT && o->stream == f.copy && rec1 >= 0 && o->event == tr.ops[rec1].event)
+            wait1 = i;
         if (o->op == OP_COPY) {
             assert_int_equal(o->kind, MS_COPY_H2D);
             assert_ptr_equal(o->stream, f.copy);
             assert_true(rec2 < 0);
+            assert_true(wait1 > rec1 && wait1 >= 0 && i > wait1);
             copies++;
         }
         if (o->op == OP_RECORD && o->stream == f.copy)
