@@ -5,3 +5,6 @@ RUNTIME_SRCS += runtime/rid_map.c
 RUNTIME_SRCS += runtime/positions.c
 RUNTIME_SRCS += runtime/step_runner.c
 RUNTIME_SRCS += runtime/graph_plan.c
+RUNTIME_SRCS += runtime/attn_plan.c
+RUNTIME_SRCS += runtime/cross_attn.c
+RUNTIME_SRCS += runtime/scratch.c

@@ -6,3 +6,6 @@ TESTS += tests/test_positions
 TESTS += tests/test_step_runner
 TESTS += tests/test_graph_plan
 TSAN_TESTS += tests/test_graph_plan
+TESTS += tests/test_attn_plan
+TESTS += tests/test_cross_attn
+TESTS += tests/test_scratch
