@@ -8,3 +8,6 @@ RUNTIME_SRCS += runtime/graph_plan.c
 RUNTIME_SRCS += runtime/attn_plan.c
 RUNTIME_SRCS += runtime/cross_attn.c
 RUNTIME_SRCS += runtime/scratch.c
+RUNTIME_SRCS += runtime/device.c
+RUNTIME_SRCS += runtime/page_arena.c
+RUNTIME_SRCS += runtime/kv_pool.c

@@ -9,3 +9,5 @@ TSAN_TESTS += tests/test_graph_plan
 TESTS += tests/test_attn_plan
 TESTS += tests/test_cross_attn
 TESTS += tests/test_scratch
+TESTS += tests/test_kv_pool
+TESTS += tests/test_page_arena
