@@ -12,6 +12,8 @@ struct ms_scratch {
 
 ms_status ms_scratch_init(ms_scratch **out, const ms_scratch_config *cfg, ms_error *err) {
     *out = NULL;
+    if (cfg->device == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "scratch: no device configured");
     if (cfg->max_rows < 1 || cfg->row_bytes == 0)
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "scratch: max_rows %d, row_bytes %zu (need > 0)",
                        cfg->max_rows, cfg->row_bytes);
@@ -19,13 +21,19 @@ ms_status ms_scratch_init(ms_scratch **out, const ms_scratch_config *cfg, ms_err
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "scratch: %d rows of %zu bytes overflow",
                        cfg->max_rows, cfg->row_bytes);
     ms_scratch *s = ms_calloc(1, sizeof *s);
-    unsigned char *base = ms_calloc((size_t)cfg->max_rows, cfg->row_bytes);
-    if (s == NULL || base == NULL) {
+    if (s == NULL)
+        return MS_FAIL(err, MS_ERR_OOM, "scratch: out of memory");
+    size_t bytes = (size_t)cfg->max_rows * cfg->row_bytes;
+    void *base = NULL;
+    ms_status st = ms_device_alloc(cfg->device, bytes, "scratch", &base, err);
+    if (st == MS_OK)
+        st = ms_device_memset(cfg->device, base, 0, bytes, NULL, err);
+    if (st != MS_OK) {
+        ms_error_prefix(err, "scratch: %d rows x %zu bytes (scratch max_rows): ", cfg->max_rows,
+                        cfg->row_bytes);
+        ms_device_free_mem(cfg->device, base);
         ms_free(s);
-        ms_free(base);
-        return MS_FAIL(err, MS_ERR_OOM,
-                       "scratch: cannot allocate %d rows x %zu bytes (scratch max_rows)",
-                       cfg->max_rows, cfg->row_bytes);
+        return st;
     }
     s->cfg = *cfg;
     s->base = base;
@@ -37,7 +45,7 @@ ms_status ms_scratch_init(ms_scratch **out, const ms_scratch_config *cfg, ms_err
 void ms_scratch_free(ms_scratch *s) {
     if (s == NULL)
         return;
-    ms_free(s->base);
+    ms_device_free_mem(s->cfg.device, s->base);
     ms_free(s);
 }
 

@@ -7,16 +7,20 @@
  * Admit refuses (MS_ADMIT_INVALID) a step with more batch rows than max_rows; plan hands out the
  * base address and row stride (ms_scratch_plan); row r lives at base + r * row_bytes.
  *
+ * The buffer is device memory allocated once through the device interface (device.h; the host
+ * device in tests and on CPU) and zero-filled there.
+ *
  * Ownership: ms_scratch_init returns an object owned by the caller (ms_scratch_free), which also
- * owns the buffer.
+ * owns the buffer; the device is borrowed and must outlive the resource.
  *
  * Usage:
- *     ms_scratch_config sc = {.max_rows = 16, .row_bytes = 2 * 16 * 8 * 128 * 2};
+ *     ms_scratch_config sc = {.device = dev, .max_rows = 16, .row_bytes = 2 * 16 * 8 * 128 * 2};
  *     {"code_predictor", MS_RESOURCE_SCRATCH, NULL, 0, ms_scratch_build, &sc, NULL, NULL}
  */
 #ifndef MS_SCRATCH_H
 #define MS_SCRATCH_H
 
+#include "device.h"
 #include "resource.h"
 #include "step_runner.h"
 
@@ -26,13 +30,14 @@ extern "C" {
 
 /* Configuration. */
 typedef struct ms_scratch_config {
+    ms_device *device; /* where the buffer lives (borrowed), required */
     int32_t max_rows;  /* batch rows the buffer holds (>= 1) */
     size_t row_bytes;  /* bytes per row (> 0), e.g. layers * 2 * groups * heads * dim * dtype */
 } ms_scratch_config;
 
 /* Plan result. */
 typedef struct ms_scratch_plan {
-    void *base;        /* [max_rows * row_bytes], fixed for the resource's lifetime */
+    void *base;        /* [max_rows * row_bytes] device memory, fixed for the resource's lifetime */
     size_t row_bytes;  /* stride between rows */
     int32_t n_rows;    /* rows of this step */
 } ms_scratch_plan;
@@ -40,14 +45,15 @@ typedef struct ms_scratch_plan {
 /* Opaque resource. */
 typedef struct ms_scratch ms_scratch;
 
-/* Create and allocate the buffer (zero-filled). MS_ERR_INVALID_ARG for sizes (including an
- * overflowing max_rows * row_bytes); MS_ERR_OOM naming the bytes. */
+/* Create and allocate the buffer on cfg->device (zero-filled). MS_ERR_INVALID_ARG for a missing
+ * device or bad sizes (including an overflowing max_rows * row_bytes); MS_ERR_OOM naming the
+ * bytes and the knob; device errors. */
 ms_status ms_scratch_init(ms_scratch **out, const ms_scratch_config *cfg, ms_error *err);
 
 /* Free the resource and its buffer. NULL is a no-op. */
 void ms_scratch_free(ms_scratch *s);
 
-/* Address of batch row `row` (0 <= row < max_rows), or NULL out of range. */
+/* Device address of batch row `row` (0 <= row < max_rows), or NULL out of range. */
 void *ms_scratch_row(const ms_scratch *s, int32_t row);
 
 /* Rows the buffer holds. */

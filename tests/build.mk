@@ -11,3 +11,4 @@ TESTS += tests/test_cross_attn
 TESTS += tests/test_scratch
 TESTS += tests/test_kv_pool
 TESTS += tests/test_page_arena
+TESTS += tests/test_runner_integration

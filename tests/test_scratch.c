@@ -7,6 +7,7 @@
 
 #include <string.h>
 
+#include "device.h"
 #include "scratch.h"
 #include "step_runner.h"
 
@@ -14,11 +15,18 @@
 
 static const int scratch_rec = 1;
 
+static ms_device *host_device(size_t capacity) {
+    ms_device *dev = NULL;
+    assert_int_equal(ms_device_host_init(capacity, &dev, NULL), MS_OK);
+    return dev;
+}
+
 static void test_rows_are_fixed_slices_of_one_buffer(void **state) {
     (void)state;
     ms_scratch *s;
     ms_error err = {0};
-    ms_scratch_config cfg = {4, 96};
+    ms_device *dev = host_device(0);
+    ms_scratch_config cfg = {dev, 4, 96};
     assert_int_equal(ms_scratch_init(&s, &cfg, &err), MS_OK);
     unsigned char *r0 = ms_scratch_row(s, 0);
     assert_non_null(r0);
@@ -34,11 +42,13 @@ static void test_rows_are_fixed_slices_of_one_buffer(void **state) {
     assert_int_equal(ms_scratch_max_rows(s), 4);
     ms_scratch_free(s);
     ms_scratch_free(NULL);
+    ms_device_free(dev);
 }
 
 static void test_stable_address_across_steps_through_runner(void **state) {
     (void)state;
-    ms_scratch_config cfg = {8, 64};
+    ms_device *dev = host_device(0);
+    ms_scratch_config cfg = {dev, 8, 64};
     ms_resource_spec specs[] = {
         {"code_predictor", MS_RESOURCE_SCRATCH, NULL, 0, ms_scratch_build, &cfg, NULL, NULL},
     };
@@ -74,11 +84,13 @@ static void test_stable_address_across_steps_through_runner(void **state) {
     }
     assert_ptr_equal(ms_scratch_row(s, 0), base);
     ms_step_runner_free(r);
+    ms_device_free(dev);
 }
 
 static void test_admit_refuses_more_rows_than_buffer(void **state) {
     (void)state;
-    ms_scratch_config cfg = {2, 16};
+    ms_device *dev = host_device(0);
+    ms_scratch_config cfg = {dev, 2, 16};
     ms_resource_spec specs[] = {
         {"scratch", MS_RESOURCE_SCRATCH, NULL, 0, ms_scratch_build, &cfg, NULL, NULL},
     };
@@ -99,26 +111,39 @@ static void test_admit_refuses_more_rows_than_buffer(void **state) {
     ms_step_ctx c2 = {.request_ids = rows, .n_rows = 2, .n_real = 1};
     assert_int_equal(ms_step_runner_admit(r, &st, &c2).code, MS_ADMIT_OK);
     ms_step_runner_free(r);
+    ms_device_free(dev);
 }
 
 static void test_init_errors_name_the_size(void **state) {
     (void)state;
     ms_scratch *s = NULL;
     ms_error err = {0};
-    ms_scratch_config bad = {0, 16};
+    ms_device *dev = host_device(0);
+    ms_scratch_config bad = {NULL, 4, 16};
     assert_int_equal(ms_scratch_init(&s, &bad, &err), MS_ERR_INVALID_ARG);
-    bad = (ms_scratch_config){4, 0};
+    assert_non_null(strstr(err.msg, "no device"));
+    bad = (ms_scratch_config){dev, 0, 16};
     assert_int_equal(ms_scratch_init(&s, &bad, &err), MS_ERR_INVALID_ARG);
-    bad = (ms_scratch_config){INT32_MAX, SIZE_MAX / 2};
+    bad = (ms_scratch_config){dev, 4, 0};
+    assert_int_equal(ms_scratch_init(&s, &bad, &err), MS_ERR_INVALID_ARG);
+    bad = (ms_scratch_config){dev, INT32_MAX, SIZE_MAX / 2};
     assert_int_equal(ms_scratch_init(&s, &bad, &err), MS_ERR_INVALID_ARG);
     assert_non_null(strstr(err.msg, "overflow"));
-    ms_scratch_config ok = {4, 16};
-    for (int nth = 1; nth <= 2; nth++) {
-        ms_alloc_fail_nth(nth);
-        assert_int_equal(ms_scratch_init(&s, &ok, &err), MS_ERR_OOM);
-        assert_non_null(strstr(err.msg, "4 rows x 16 bytes"));
-        assert_null(s);
-    }
+    ms_scratch_config ok = {dev, 4, 16};
+    ms_alloc_fail_nth(1);
+    assert_int_equal(ms_scratch_init(&s, &ok, &err), MS_ERR_OOM);
+    assert_null(s);
+    ms_alloc_fail_nth(2);
+    assert_int_equal(ms_scratch_init(&s, &ok, &err), MS_ERR_OOM);
+    assert_non_null(strstr(err.msg, "4 rows x 16 bytes (scratch max_rows)"));
+    assert_null(s);
+    /* a device too small for the buffer: the error names the allocation */
+    ms_device *small = host_device(100);
+    ms_scratch_config big = {small, 4, 64};
+    assert_int_equal(ms_scratch_init(&s, &big, &err), MS_ERR_OOM);
+    assert_non_null(strstr(err.msg, "scratch max_rows"));
+    ms_device_free(small);
+    ms_device_free(dev);
     ms_resource_spec specs[] = {
         {"scratch", MS_RESOURCE_SCRATCH, NULL, 0, ms_scratch_build, NULL, NULL, NULL},
     };
