@@ -614,6 +614,75 @@ static void test_integration_H13_1000_padded_replays(void **state) {
     ifx_free(&f);
 }
 
+static void test_integration_F6_dropped_preplan_leaves_nothing_behind(void **state) {
+    (void)state;
+    ifx f;
+    ifx_init(&f, 64, 4, false, false);
+    ms_graph_plan *g;
+    ms_graph_plan_config gc = {2, MS_RID_DUMMY_BASE};
+    ms_error err = {0};
+    assert_int_equal(ms_graph_plan_init(&g, &gc, &err), MS_OK);
+    int32_t b;
+    assert_int_equal(ms_graph_plan_add_bucket(g, 0, 2, 2, &b, &err), MS_OK);
+    capture_bucket(&f, g, b, 2);
+    ifx_ingest(&f, 1);
+    ifx_ingest(&f, 2);
+    istep s;
+    istep_init(&s, &f, "prefill", true);
+    istep_seg(&s, 1, 0, 5);
+    istep_seg(&s, 2, 0, 3);
+    istep_run(&f, &s);
+    int32_t free0 = ms_page_arena_num_free(f.kv.arena);
+    /* plan thread: pre-plan decode step N+1 for batch {1} (+ padding) with a pre-fork main -> 1
+     * (a CFG branch snapshot) */
+    ms_slot_lease l;
+    ms_rid rows[2];
+    int32_t n;
+    assert_int_equal(ms_graph_plan_lease(g, 0, 1, 1, &l, &err), MS_OK);
+    assert_int_equal(ms_graph_plan_step_ids(g, &l, (ms_rid[]){1}, 1, rows, 2, &n, &err), MS_OK);
+    istep pre;
+    istep_init(&pre, &f, "decode_cfg", true);
+    istep_seg(&pre, rows[0], 0, 1);
+    istep_seg(&pre, rows[1], 0, 1);
+    ms_fork fk = {0, 1};
+    pre.ks.pre_forks = &fk;
+    pre.ks.n_pre_forks = 1;
+    pre.ctx.n_real = 1;
+    pre.ctx.lease = &l;
+    pre.ctx.is_preplan = true;
+    uint64_t h = ms_step_hash(&pre.step);
+    assert_int_equal(ms_graph_plan_preplan_begin(g, &l, rows, 2, h, &err), MS_OK);
+    assert_int_equal(istep_admit(&f, &pre).code, MS_ADMIT_OK);
+    assert_int_equal(ms_step_runner_plan(f.r, &pre.step, &pre.ctx, &err), MS_OK);
+    assert_int_equal(ms_graph_plan_stage_step(g, f.r, &pre.ctx, &err), MS_OK);
+    ms_graph_plan_preplan_finish(g, true);
+    assert_int_equal(kv_info(&f.kv, 1, 1).stored, 5); /* fork applied at plan */
+    assert_int_equal(position(&f, 1, 1), 5);
+    assert_true(ms_page_arena_num_free(f.kv.arena) < free0);
+    /* GPU thread: request 1 was dropped from the batch; the pre-plan is refused, then dropped */
+    ms_rid other[2];
+    assert_int_equal(ms_graph_plan_step_ids(g, &l, (ms_rid[]){2}, 1, other, 2, &n, &err), MS_OK);
+    assert_int_equal(ms_graph_plan_preplan_take(g, &l, other, 2, h, &err), MS_ERR_STATE);
+    assert_true(ms_graph_plan_preplan_abandon(g));
+    ms_step_runner_abandon(f.r, &pre.step, &pre.ctx);
+    ms_graph_plan_release(g, f.r, &l, 1);
+    /* nothing of it remains: pages back, fork target and its position as before */
+    assert_int_equal(ms_page_arena_num_free(f.kv.arena), free0);
+    assert_int_equal(position(&f, 1, 1), 0);
+    ms_kv_stream_info info;
+    if (ms_kv_pool_stream_info(f.kv.pool, 1, 1, &info) == MS_OK)
+        assert_int_equal(info.stored, 0);
+    assert_int_equal(kv_info(&f.kv, 1, 0).stored, 5);
+    assert_int_equal(position(&f, 1, 0), 5);
+    assert_false(kv_info(&f.kv, 1, 0).step_in_flight);
+    kv_check_pages(&f.kv);
+    ms_step_runner_remove(f.r, 1);
+    ms_step_runner_remove(f.r, 2);
+    ms_graph_plan_remove_dummies(g, f.r);
+    ms_graph_plan_free(g);
+    ifx_free(&f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         ms_unit_test(test_integration_prefill_then_decode),
@@ -624,6 +693,7 @@ int main(void) {
         ms_unit_test(test_integration_F5_decode_node_continues_from_published_state),
         ms_unit_test(test_integration_F1_replay_40_tokens_on_64_token_graph),
         ms_unit_test(test_integration_H13_1000_padded_replays),
+        ms_unit_test(test_integration_F6_dropped_preplan_leaves_nothing_behind),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
