@@ -212,6 +212,16 @@ static int32_t stream_need(const kv_stream *s, int32_t ps) {
 
 static bool stream_in_flight(const kv_stream *s) { return s->inflight != NULL; }
 
+/* Offloaded, or claimed by a running offload/reload. */
+static bool request_offloaded(const kv_request *r) {
+    if (r->offload_running)
+        return true;
+    for (int l = 0; l < MS_MAX_LABELS; l++)
+        if (r->streams[l].exists && r->streams[l].offloaded)
+            return true;
+    return false;
+}
+
 /* ---- init / free ---- */
 
 static void request_free_pages(ms_kv_pool *pool, kv_request *r) {
@@ -1133,8 +1143,14 @@ static ms_status commit_locked(ms_kv_pool *pool, const ms_kv_step *ks, const ms_
     }
     for (int32_t i = 0; i < n_rows; i++) {
         kv_request *r = req_live(pool, rows[i]);
-        if (r == NULL || r->offload_running)
+        if (r == NULL)
             continue;
+        if (request_offloaded(r)) {
+            if (ks->n_post_forks > 0)
+                ms_log(MS_LOG_WARN, "kv pool: commit: request %llu is offloaded; post-forks "
+                       "dropped", (unsigned long long)r->rid);
+            continue;
+        }
         for (int32_t f = 0; f < ks->n_post_forks; f++) {
             ms_error e2 = {0};
             ms_status fs = apply_fork(pool, r, ks->post_forks[f], step, false, &e2);
@@ -1257,7 +1273,8 @@ ms_status ms_kv_pool_publish(ms_kv_pool *pool, ms_rid rid, ms_kv_published **out
             goto done;
         }
         pub->n_streams++;
-        memcpy(ps->pages, s->pages, (size_t)ps->n_pages * sizeof(int32_t));
+        if (ps->n_pages > 0)
+            memcpy(ps->pages, s->pages, (size_t)ps->n_pages * sizeof(int32_t));
     }
 done:
     pthread_mutex_unlock(&pool->mu);
@@ -1744,7 +1761,7 @@ int32_t ms_kv_pool_stream_pages(ms_kv_pool *pool, ms_rid rid, ms_label label, in
     int32_t n = -1;
     if (s != NULL && s->exists) {
         n = s->n_pages;
-        if (out != NULL && max > 0)
+        if (out != NULL && max > 0 && n > 0)
             memcpy(out, s->pages, (size_t)MS_MIN(n, max) * sizeof(int32_t));
     }
     pthread_mutex_unlock(&pool->mu);
