@@ -81,7 +81,7 @@ static void mock_release(mock_kv *kv, mock_stream *s, int32_t keep) {
     }
 }
 
-static mock_kv *mock_kv_new(int32_t page_size, int32_t n_pages) {
+static inline mock_kv *mock_kv_new(int32_t page_size, int32_t n_pages) {
     mock_kv *kv = ms_calloc(1, sizeof *kv);
     MS_ASSERT(kv != NULL);
     kv->page_size = page_size;
@@ -428,7 +428,7 @@ static const ms_resource_i mock_kv_iface = {
     .free = mock_kv_free,
 };
 
-static ms_status mock_kv_build(const void *config, const ms_resource_env *env, void **self,
+static inline ms_status mock_kv_build(const void *config, const ms_resource_env *env, void **self,
                                const ms_resource_i **iface, ms_error *err) {
     (void)env;
     (void)err;
@@ -439,7 +439,7 @@ static ms_status mock_kv_build(const void *config, const ms_resource_env *env, v
 }
 
 /* Stored length of (rid, label), -1 if absent. */
-static int32_t mock_stored(mock_kv *kv, ms_rid rid, ms_label label) {
+static inline int32_t mock_stored(mock_kv *kv, ms_rid rid, ms_label label) {
     mock_stream *s = mock_stream_of(kv, rid, label);
     return s ? s->stored : -1;
 }
