@@ -6,3 +6,5 @@ RUNTIME_SRCS += runtime/checkpoint.c
 RUNTIME_SRCS += runtime/hf_config.c
 RUNTIME_SRCS += runtime/llama2c.c
 RUNTIME_SRCS += runtime/tokenizer_llama2c.c
+PROGRAMS += $(BUILD)/mstar-mkckpt
+$(BUILD)/mstar-mkckpt: $(BUILD)/obj/runtime/tools/mkckpt.o $(BUILD)/libmstar.a ; $(if $(filter 1,$(V)),,@printf '  %-6s %s\n' LD $@ &&) $(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)

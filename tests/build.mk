@@ -6,3 +6,4 @@ TESTS += tests/test_safetensors
 TESTS += tests/test_hf_config
 TESTS += tests/test_checkpoint_bad
 TESTS += tests/test_llama2c
+TEST_SCRIPTS += tests/mkckpt.sh
