@@ -69,6 +69,12 @@ static ms_status ck_build_index(ms_ckpt *ck, ms_error *err) {
     for (size_t j = 0; ck->l2c != NULL && j < ms_llama2c_n_tensors(ck->l2c); j++)
         ck->tensors[ck->n_tensors++] = ms_llama2c_tensor_at(ck->l2c, j);
     qsort(ck->tensors, ck->n_tensors, sizeof *ck->tensors, ck_cmp_tensor_ptr);
+    for (size_t i = 0; i < ck->n_tensors; i++) {
+        const ms_st_tensor *t = ck->tensors[i];
+        if (!(MS_ST_DTYPES_FLOAT & MS_ST_DTYPE_BIT(t->dtype)))
+            return MS_FAIL(err, MS_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s, not supported for weights "
+                           "(supported: F32, BF16, F16)", t->file_path, t->name, ms_st_dtype_name(t->dtype));
+    }
     for (size_t i = 1; i < ck->n_tensors; i++) {
         if (strcmp(ck->tensors[i - 1]->name, ck->tensors[i]->name) == 0)
             return MS_FAIL(err, MS_ERR_FORMAT, "%s: tensor '%s' appears in both %s and %s", ck->path,

@@ -7,7 +7,8 @@
  *   - a *.json file: a shard index {"weight_map": {tensor: shard file}} (shards relative to it);
  *   - a *.bin file: a llama2.c checkpoint, its weights under Hugging Face Llama names (llama2c.h);
  *   - any other file: a single safetensors file.
- * Every shard is fully validated (see safetensors.h); the index must be consistent with its shards:
+ * Every shard is fully validated (see safetensors.h) and may hold only float tensors (F32, BF16,
+ * F16; an integer tensor is rejected by name); the index must be consistent with its shards:
  * each mapped tensor is in the shard the map names, no tensor appears in two shards, no shard holds
  * a tensor the map does not list, shard names stay inside the index's folder.
  *

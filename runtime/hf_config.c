@@ -294,6 +294,17 @@ ms_status ms_hf_config_require(const ms_hf_config *cfg, const char *key, ms_cfg_
     return MS_OK;
 }
 
+ms_status ms_hf_config_fill(const ms_hf_config *cfg, const ms_cfg_param *params, size_t n, ms_cfg_value *values,
+                            ms_error *err) {
+    for (size_t i = 0; i < n; i++) {
+        if (params[i].required)
+            MS_TRY(ms_hf_config_require(cfg, params[i].key, params[i].type, &values[i], err));
+        else
+            MS_TRY(ms_hf_config_get(cfg, params[i].key, params[i].type, &values[i], err));
+    }
+    return MS_OK;
+}
+
 bool ms_hf_config_has(const ms_hf_config *cfg, const char *key) {
     return cfg_lookup(cfg, key) != NULL;
 }

@@ -124,6 +124,26 @@ ms_status ms_hf_config_get_int_list(const ms_hf_config *cfg, const char *key, bo
 ms_status ms_hf_config_get_float_list(const ms_hf_config *cfg, const char *key, bool required, double *out,
                                       size_t cap, size_t *n, ms_error *err);
 
+/* One declared config parameter, as the compiler emits them (a static table per model). */
+typedef struct ms_cfg_param {
+    const char *key;    /* dotted key, e.g. "num_key_value_heads" */
+    ms_cfg_type type;
+    bool required;      /* missing/null -> MS_ERR_NOT_FOUND; else the caller applies its default */
+} ms_cfg_param;
+
+/*
+ * Look up every parameter of params[n] into values[n] (values[i].present tells whether the caller's
+ * default applies). Stops at the first error (wrong type, missing required field), which names the
+ * file and the field. Typical generated code:
+ *     static const ms_cfg_param P[] = {{"hidden_size", MS_CFG_INT, true},
+ *                                      {"num_key_value_heads", MS_CFG_INT, false}};
+ *     ms_cfg_value v[2];
+ *     MS_TRY(ms_hf_config_fill(cfg, P, 2, v, err));
+ *     int64_t kv_heads = v[1].present ? v[1].i : n_heads;
+ */
+ms_status ms_hf_config_fill(const ms_hf_config *cfg, const ms_cfg_param *params, size_t n, ms_cfg_value *values,
+                            ms_error *err);
+
 /* ---- RoPE ---- */
 
 /* RoPE frequency schemes (transformers' rope_type). ORDER MS_ROPE_TYPE: rope_type_names in .c. */

@@ -195,9 +195,21 @@ static void test_header_not_json_or_insane_length(void **state) {
 
 static void test_wrong_dtypes(void **state) {
     (void)state;
-    expect_open_fails(write_raw("i64.safetensors", "{" ENTRY("ids", "I64", "[2]", 0, 16) "}", 16),
-                      MS_ERR_UNSUPPORTED, "i64.safetensors",
-                      "tensor 'ids' has dtype I64, not supported (supported: F32, BF16, F16)");
+    /* integer tensors are data, not weights: the reader takes them, a checkpoint refuses them */
+    const char *i64 = write_raw("i64.safetensors", "{" ENTRY("ids", "I64", "[2]", 0, 16) "}", 16);
+    expect_open_fails(i64, MS_ERR_UNSUPPORTED, "i64.safetensors",
+                      "tensor 'ids' has dtype I64, not supported for weights (supported: F32, BF16, F16)");
+    ms_st_file *sf = NULL;
+    ms_error ferr = {0};
+    assert_int_equal(ms_st_file_init(&sf, i64, &ferr), MS_OK);
+    ms_st_file_free(sf);
+    const char *u8 = write_raw("u8.safetensors", "{" ENTRY("mask", "U8", "[4]", 0, 4) "}", 4);
+    expect_open_fails(u8, MS_ERR_UNSUPPORTED, "u8.safetensors",
+                      "tensor 'mask' has dtype U8, not supported (supported: F32, BF16, F16; I32, I64 for data)");
+    assert_int_equal(ms_st_file_init(&sf, u8, &ferr), MS_ERR_UNSUPPORTED);
+    assert_null(sf);
+    expect_open_fails(write_raw("f64.safetensors", "{" ENTRY("w", "F64", "[2]", 0, 16) "}", 16), MS_ERR_UNSUPPORTED,
+                      "f64.safetensors", "tensor 'w' has dtype F64, not supported");
     expect_open_fails(write_raw("q4.safetensors", "{" ENTRY("w", "Q4_K", "[2]", 0, 16) "}", 16), MS_ERR_FORMAT,
                       "q4.safetensors", "unknown dtype 'Q4_K'");
     /* a valid BF16 tensor where the model only accepts F32 */
