@@ -14,7 +14,11 @@
  * RoPE parameters come in two layouts found in the wild: the older top-level "rope_theta" plus an
  * optional "rope_scaling" object (most published checkpoints), and transformers 5's
  * "rope_parameters" object holding rope_theta and the scaling fields. ms_hf_config_get_rope reads
- * both into one ms_rope_params.
+ * both into one ms_rope_params, and plain lookups treat them as one: "rope_theta" (and
+ * "partial_rotary_factor") missing at the top level is read from rope_parameters, a missing
+ * "rope_parameters.X" from the top-level rope_theta or rope_scaling.X, a missing "rope_scaling.X"
+ * from rope_parameters.X. So a model that declares `rope_theta: float = 10000.0` gets 500000 from
+ * either layout of a Llama 3.1 config, never the default by accident.
  *
  * Ownership: ms_hf_config_* functions borrow their arguments; the config returned by
  * ms_hf_config_init is owned by the caller (ms_hf_config_free, NULL accepted); strings returned by

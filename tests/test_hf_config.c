@@ -138,6 +138,22 @@ static void test_both_rope_layouts_agree(void **state) {
     assert_int_equal(ra.original_max_position_embeddings, 64);
     assert_true(ra.partial_rotary_factor == 1.0);
     assert_memory_equal(&ra, &rb, sizeof ra);
+    /* plain lookups see one layout: rope_theta and the scaling fields read the same from both */
+    static const char *const keys[] = {"rope_theta", "rope_parameters.rope_theta", "rope_parameters.factor",
+                                       "rope_scaling.factor", "rope_scaling.high_freq_factor",
+                                       "rope_parameters.original_max_position_embeddings"};
+    static const double want[] = {500000.0, 500000.0, 8.0, 8.0, 4.0, 64.0};
+    for (size_t k = 0; k < MS_ARRAY_LEN(keys); k++) {
+        double x = 0, y = 0;
+        assert_int_equal(ms_hf_config_get_float(a, keys[k], &x, &err), MS_OK);
+        assert_int_equal(ms_hf_config_get_float(b, keys[k], &y, &err), MS_OK);
+        assert_true(x == want[k] && y == want[k]);
+    }
+    const char *ta, *tb;
+    assert_int_equal(ms_hf_config_get_string(a, "rope_scaling.rope_type", &ta, &err), MS_OK);
+    assert_int_equal(ms_hf_config_get_string(b, "rope_parameters.rope_type", &tb, &err), MS_OK);
+    assert_string_equal(ta, "llama3");
+    assert_string_equal(tb, "llama3");
     assert_string_equal(ms_rope_type_name(ra.type), "llama3");
     ms_hf_config_free(a);
     ms_hf_config_free(b);
@@ -380,6 +396,9 @@ static void test_rope_errors_and_other_types(void **state) {
     assert_int_equal(ms_hf_config_get_rope(cfg, &r, &err), MS_OK);
     assert_int_equal(r.type, MS_ROPE_TYPE_LINEAR);
     assert_true(r.factor == 4.0 && r.theta == 1000.0);
+    const char *ty;
+    assert_int_equal(ms_hf_config_get_string(cfg, "rope_parameters.rope_type", &ty, &err), MS_OK);
+    assert_string_equal(ty, "linear");  /* from the older "type" key */
     ms_hf_config_free(cfg);
     /* yarn defaults */
     write_tmp("config.json", "{\"rope_parameters\": {\"rope_type\": \"yarn\", \"rope_theta\": 1e6, \"factor\": 4,"
