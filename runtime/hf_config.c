@@ -60,6 +60,12 @@ static ms_status cfg_init_llama2c(ms_hf_config **out, const char *path, ms_error
     return st;
 }
 
+/* Whether path[0 .. len) ends with `suffix`. */
+static bool cfg_ends_with(const char *path, size_t len, const char *suffix) {
+    size_t n = strlen(suffix);
+    return len >= n && strncmp(path + len - n, suffix, n) == 0;
+}
+
 ms_status ms_hf_config_init(ms_hf_config **out, const char *path, ms_error *err) {
     *out = NULL;
     size_t plen = strlen(path);
@@ -78,10 +84,14 @@ ms_status ms_hf_config_init(ms_hf_config **out, const char *path, ms_error *err)
         cfg->path = ms_asprintf("%.*s/config.json", (int)len, path);
         cfg->gen_path = ms_asprintf("%.*s/generation_config.json", (int)len, path);
     } else {
+        /* a weights file (model.safetensors or a shard index) stands for its folder */
+        bool weights = cfg_ends_with(path, len, ".safetensors") ||
+                       cfg_ends_with(path, len, "model.safetensors.index.json");
         const char *slash = strrchr(path, '/');
-        cfg->path = ms_strdup(path);
-        cfg->gen_path = slash ? ms_asprintf("%.*s/generation_config.json", (int)(slash - path), path)
-                              : ms_strdup("generation_config.json");
+        int dir_len = slash ? (int)(slash - path) : 1;
+        const char *dir = slash ? path : ".";
+        cfg->path = weights ? ms_asprintf("%.*s/config.json", dir_len, dir) : ms_strdup(path);
+        cfg->gen_path = ms_asprintf("%.*s/generation_config.json", dir_len, dir);
     }
     if (cfg->path == NULL || cfg->gen_path == NULL) {
         st = MS_FAIL(err, MS_ERR_OOM, "%s: out of memory", path);

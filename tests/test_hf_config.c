@@ -170,6 +170,16 @@ static void test_rope_default_qwen3_and_mrope(void **state) {
     assert_true(r.factor == 1.0);
     assert_int_equal(r.n_mrope_sections, 0);
     ms_hf_config_free(cfg);
+    /* a weights file stands for its folder */
+    cfg = load_fixture("hf/qwen3/model.safetensors");
+    assert_non_null(strstr(ms_hf_config_path(cfg), "hf/qwen3/config.json"));
+    ms_hf_config_free(cfg);
+    {
+        ms_error e2 = {0};
+        ms_hf_config *c2 = NULL;
+        assert_int_equal(ms_hf_config_init(&c2, "/nonexistent/model.safetensors.index.json", &e2), MS_ERR_NOT_FOUND);
+        assert_msg(&e2, "/nonexistent/config.json", "cannot read");
+    }
     cfg = load_fixture("hf/qwen2vl_mrope/config.json");
     assert_int_equal(ms_hf_config_get_rope(cfg, &r, &err), MS_OK);
     assert_int_equal(r.type, MS_ROPE_TYPE_DEFAULT);
