@@ -92,7 +92,6 @@ static ms_status ck_open_single(ms_ckpt *ck, ms_error *err) {
     return ck_build_index(ck, err);
 }
 
-/* Open every shard the weight map names (each once, in order of first mention). */
 /* Path of shard `shard` of the index ck->path: "<index folder>/<shard>" (ms_malloc'd, NULL on OOM). */
 static char *ck_shard_path(const ms_ckpt *ck, const char *shard) {
     const char *slash = strrchr(ck->path, '/');
@@ -101,6 +100,7 @@ static char *ck_shard_path(const ms_ckpt *ck, const char *shard) {
     return ms_asprintf("%.*s/%s", dir_len, dir, shard);
 }
 
+/* Open every shard the weight map names (each once, in order of first mention). */
 static ms_status ck_open_shards(ms_ckpt *ck, json_t *map, ms_error *err) {
     size_t cap = 0;
     const char *tname;
@@ -275,6 +275,10 @@ const char *ms_ckpt_path(const ms_ckpt *ck) {
 
 size_t ms_ckpt_n_files(const ms_ckpt *ck) {
     return ck->n_files;
+}
+
+const ms_llama2c *ms_ckpt_get_llama2c(const ms_ckpt *ck) {
+    return ck->l2c;
 }
 
 size_t ms_ckpt_n_tensors(const ms_ckpt *ck) {

@@ -32,6 +32,7 @@
 #define MS_CHECKPOINT_H
 
 #include "ms_base.h"
+#include "llama2c.h"
 #include "safetensors.h"
 
 #ifdef __cplusplus
@@ -54,6 +55,8 @@ void ms_ckpt_free(ms_ckpt *ck);
 const char *ms_ckpt_path(const ms_ckpt *ck);
 /* Number of safetensors shard files (1 for a single file, 0 for a llama2.c .bin). */
 size_t ms_ckpt_n_files(const ms_ckpt *ck);
+/* The llama2.c checkpoint behind ck (borrowed), or NULL when ck is safetensors. */
+const ms_llama2c *ms_ckpt_get_llama2c(const ms_ckpt *ck);
 /* Number of tensors over all shards. */
 size_t ms_ckpt_n_tensors(const ms_ckpt *ck);
 /* Tensor i (0 <= i < n), in ascending strcmp order of names over all shards. */

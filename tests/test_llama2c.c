@@ -152,6 +152,8 @@ static void test_checkpoint_and_config_from_bin(void **state) {
     if (ms_ckpt_init(&ck, ms_test_fixture(MODEL), &err) != MS_OK)
         fail_msg("%s", err.msg);
     assert_int_equal(ms_ckpt_n_files(ck), 0);
+    assert_non_null(ms_ckpt_get_llama2c(ck));
+    assert_int_equal(ms_llama2c_get_config(ms_ckpt_get_llama2c(ck))->vocab_size, 512);
     assert_int_equal(ms_ckpt_n_tensors(ck), 2 + 9 * 4);
     assert_false(ms_ckpt_has_tensor(ck, "lm_head.weight"));
     const ms_st_tensor *t;

@@ -155,6 +155,7 @@ static void test_llama_gqa_tensors(void **state) {
     assert_int_equal(ms_ckpt_init(&ck, ms_test_fixture("hf/llama_gqa"), &err), MS_OK);
     assert_non_null(strstr(ms_ckpt_path(ck), "hf/llama_gqa/model.safetensors"));
     assert_int_equal(ms_ckpt_n_tensors(ck), 30);  /* 3 layers * 9 + embed + norm + lm_head */
+    assert_null(ms_ckpt_get_llama2c(ck));
     const int64_t q_shape[2] = {8 * 16, 128}, k_shape[2] = {2 * 16, 128}, down[2] = {128, 344};
     char name[96];
     for (int l = 0; l < 3; l++) {
