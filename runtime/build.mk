@@ -8,3 +8,5 @@ RUNTIME_SRCS += runtime/threadpool.c
 RUNTIME_SRCS += runtime/safetensors.c
 RUNTIME_SRCS += runtime/checkpoint.c
 RUNTIME_SRCS += runtime/hf_config.c
+RUNTIME_SRCS += runtime/llama2c.c
+RUNTIME_SRCS += runtime/tokenizer_llama2c.c

@@ -7,6 +7,8 @@
  */
 #include "checkpoint.h"
 
+#include "llama2c.h"
+
 #include <errno.h>
 #include <jansson.h>
 #include <stdio.h>
@@ -19,6 +21,7 @@ struct ms_ckpt {
     char *path;                    /* describing file: index .json or the single .safetensors */
     ms_st_file **files;            /* [n_files] open shards */
     size_t n_files;
+    ms_llama2c *l2c;               /* a llama2.c .bin instead of safetensors (then n_files == 0) */
     const ms_st_tensor **tensors;  /* [n_tensors] borrowed from files, sorted by name */
     size_t n_tensors;
 };
@@ -53,7 +56,7 @@ static bool ck_shard_name_ok(const char *name) {
 
 /* Collect every shard's tensors into ck->tensors, sorted. */
 static ms_status ck_build_index(ms_ckpt *ck, ms_error *err) {
-    size_t n = 0;
+    size_t n = ck->l2c ? ms_llama2c_n_tensors(ck->l2c) : 0;
     for (size_t i = 0; i < ck->n_files; i++)
         n += ms_st_file_n_tensors(ck->files[i]);
     ck->tensors = ms_calloc(n ? n : 1, sizeof *ck->tensors);
@@ -63,6 +66,8 @@ static ms_status ck_build_index(ms_ckpt *ck, ms_error *err) {
         for (size_t j = 0; j < ms_st_file_n_tensors(ck->files[i]); j++)
             ck->tensors[ck->n_tensors++] = ms_st_file_tensor_at(ck->files[i], j);
     }
+    for (size_t j = 0; ck->l2c != NULL && j < ms_llama2c_n_tensors(ck->l2c); j++)
+        ck->tensors[ck->n_tensors++] = ms_llama2c_tensor_at(ck->l2c, j);
     qsort(ck->tensors, ck->n_tensors, sizeof *ck->tensors, ck_cmp_tensor_ptr);
     for (size_t i = 1; i < ck->n_tensors; i++) {
         if (strcmp(ck->tensors[i - 1]->name, ck->tensors[i]->name) == 0)
@@ -228,7 +233,15 @@ ms_status ms_ckpt_init(ms_ckpt **out, const char *path, ms_error *err) {
         }
         index = ck_ends_with(path, ".json");
     }
-    st = index ? ck_open_index(ck, err) : ck_open_single(ck, err);
+    if (index) {
+        st = ck_open_index(ck, err);
+    } else if (ck_ends_with(ck->path, ".bin")) {
+        st = ms_llama2c_init(&ck->l2c, ck->path, err);
+        if (st == MS_OK)
+            st = ck_build_index(ck, err);
+    } else {
+        st = ck_open_single(ck, err);
+    }
     if (st != MS_OK)
         goto fail;
     *out = ck;
@@ -244,6 +257,7 @@ void ms_ckpt_free(ms_ckpt *ck) {
     for (size_t i = 0; i < ck->n_files; i++)
         ms_st_file_free(ck->files[i]);
     ms_free(ck->files);
+    ms_llama2c_free(ck->l2c);
     ms_free(ck->tensors);
     ms_free(ck->path);
     ms_free(ck);

@@ -5,6 +5,7 @@
  *   - a folder: model.safetensors.index.json if present (sharded, as every published model over a
  *     few GB ships), else model.safetensors;
  *   - a *.json file: a shard index {"weight_map": {tensor: shard file}} (shards relative to it);
+ *   - a *.bin file: a llama2.c checkpoint, its weights under Hugging Face Llama names (llama2c.h);
  *   - any other file: a single safetensors file.
  * Every shard is fully validated (see safetensors.h); the index must be consistent with its shards:
  * each mapped tensor is in the shard the map names, no tensor appears in two shards, no shard holds
@@ -50,7 +51,7 @@ void ms_ckpt_free(ms_ckpt *ck);
 
 /* The file that describes the checkpoint (index .json or the single .safetensors), borrowed. */
 const char *ms_ckpt_path(const ms_ckpt *ck);
-/* Number of shard files (1 for a single file). */
+/* Number of safetensors shard files (1 for a single file, 0 for a llama2.c .bin). */
 size_t ms_ckpt_n_files(const ms_ckpt *ck);
 /* Number of tensors over all shards. */
 size_t ms_ckpt_n_tensors(const ms_ckpt *ck);

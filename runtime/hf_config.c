@@ -8,6 +8,8 @@
  */
 #include "hf_config.h"
 
+#include "llama2c.h"
+
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
@@ -47,8 +49,23 @@ static ms_status cfg_load_object(const char *path, bool optional, json_t **out, 
     return MS_OK;
 }
 
+/* A llama2.c .bin: the config is derived from its header. */
+static ms_status cfg_init_llama2c(ms_hf_config **out, const char *path, ms_error *err) {
+    ms_llama2c_config lc;
+    MS_TRY(ms_llama2c_read_config(path, &lc, err));
+    char *text = NULL;
+    MS_TRY(ms_llama2c_config_json(&lc, path, &text, err));
+    ms_status st = ms_hf_config_init_from_string(out, path, text, err);
+    ms_free(text);
+    return st;
+}
+
 ms_status ms_hf_config_init(ms_hf_config **out, const char *path, ms_error *err) {
     *out = NULL;
+    size_t plen = strlen(path);
+    struct stat pst;
+    if (plen > 4 && strcmp(path + plen - 4, ".bin") == 0 && stat(path, &pst) == 0 && S_ISREG(pst.st_mode))
+        return cfg_init_llama2c(out, path, err);
     ms_hf_config *cfg = ms_calloc(1, sizeof *cfg);
     if (cfg == NULL)
         return MS_FAIL(err, MS_ERR_OOM, "%s: out of memory", path);

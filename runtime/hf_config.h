@@ -41,7 +41,8 @@ typedef struct ms_hf_config ms_hf_config;
 
 /*
  * Load the config at `path`: a folder (reads <path>/config.json, and <path>/generation_config.json
- * when it exists) or a config .json file (its sibling generation_config.json is read when present).
+ * when it exists) or a config .json file (its sibling generation_config.json is read when present),
+ * or a llama2.c checkpoint (*.bin): the config is derived from its header (ms_llama2c_config_json).
  * Errors: MS_ERR_NOT_FOUND / MS_ERR_IO (cannot read config.json), MS_ERR_PARSE (malformed JSON,
  * with line:column), MS_ERR_FORMAT (top level is not an object), MS_ERR_OOM.
  */
