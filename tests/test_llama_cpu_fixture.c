@@ -7,7 +7,9 @@
  *     attention runs with kv_start > 0),
  *   - llama31_rope and llama31_rope_legacy (llama3 frequency scaling, theta 5e5, tied embeddings;
  *     both config.json layouts),
- *   - qwen3 (per-head q/k RMSNorm, head_dim 48 != hidden / heads, tied embeddings).
+ *   - qwen3 (per-head q/k RMSNorm, head_dim 48 != hidden / heads, tied embeddings),
+ *   - llama2c/aidreams260K (llama2.c .bin through the loaders, interleaved-pair RoPE): the 4 golden
+ *     cases of run.c token-exact for 128 steps, ids and printed text.
  * For every prompt: prefill logits at every position and decode logits of every step within 1e-3
  * max abs of the reference, greedy ids equal. All prompts of a fixture run as ONE ragged batch
  * (prefill step, then batched decode steps) with several page sizes; llama_gqa also runs each
@@ -31,6 +33,7 @@
 #include "checkpoint.h"
 #include "hf_config.h"
 #include "ms_test_impl.h"
+#include "tokenizer_llama2c.h"
 
 #define MAX_LAYERS 8
 #define MAX_SEQS 4
@@ -116,7 +119,7 @@ typedef struct model {
     ms_rope_table rope;
     ms_tensor embed, lm_head, final_norm;
     layer_w L[MAX_LAYERS];
-    void *bufs[64];
+    void *bufs[128];
     int n_bufs;
     /* step state */
     ms_paged_kv kv;
@@ -185,12 +188,15 @@ static void model_load(model *m, const ms_backend *be, const char *dir) {
     CHECK(ms_hf_config_get_float_or(cfg, "rms_norm_eps", 1e-6, &eps, &err));
     m->eps = (float)eps;
     CHECK(ms_hf_config_get_bool_or(cfg, "tie_word_embeddings", false, &m->tied, &err));
+    bool interleaved;
+    CHECK(ms_hf_config_get_bool_or(cfg, "rope_interleaved", false, &interleaved, &err));
     ms_rope_params rp;
     CHECK(ms_hf_config_get_rope(cfg, &rp, &err));
     ms_hf_config_free(cfg);
     assert_true(m->n_layers <= MAX_LAYERS);
 
-    ms_rope_config rc = {MS_ROPE_ROTATE_HALF, m->d, (int32_t)lround(m->d * rp.partial_rotary_factor),
+    ms_rope_style style = interleaved ? MS_ROPE_INTERLEAVED : MS_ROPE_ROTATE_HALF;
+    ms_rope_config rc = {style, m->d, (int32_t)lround(m->d * rp.partial_rotary_factor),
                          rp.theta, MS_ROPE_SCALING_NONE, rp.factor, rp.low_freq_factor,
                          rp.high_freq_factor, (double)rp.original_max_position_embeddings};
     if (rp.type == MS_ROPE_TYPE_LLAMA3)
@@ -205,7 +211,7 @@ static void model_load(model *m, const ms_backend *be, const char *dir) {
     size_t inv_bytes = sizeof(float) * (size_t)(rc.rotary_dim / 2);
     float *inv_b = model_alloc(m, inv_bytes, "rope.inv_freq");
     CHECK(be->iface.copy_to_backend(be->ctx, inv_b, inv, inv_bytes, &err));
-    m->rope = (ms_rope_table){MS_ROPE_ROTATE_HALF, rc.rotary_dim, inv_b, 1.0f};
+    m->rope = (ms_rope_table){style, rc.rotary_dim, inv_b, 1.0f};
 
     ms_ckpt *ck = NULL;
     CHECK(ms_ckpt_init(&ck, dir, &err));
@@ -641,6 +647,128 @@ static void test_qwen3(void **state) {
     check_fixture("hf/qwen3", ps, 1, false, false);
 }
 
+/* ---- llama2.c golden runs (interleaved RoPE, run.c's greedy loop) ---- */
+
+#define GOLDEN_MAX 160
+
+/* Greedy generation for n prompts as one ragged batch: one prefill step, then decode steps until
+ * every sequence holds `total` ids. out[i][0..total) = prompt then generated ids. */
+static void greedy_batch(model *m, int32_t *const *prompts, const int *lens, int n, int total,
+                         int page_size, int32_t out[][GOLDEN_MAX]) {
+    ms_error err = {0};
+    const ms_backend_i *f = &m->be->iface;
+    pager pg;
+    seq s[MAX_SEQS];
+    memset(s, 0, sizeof s);
+    pager_init(&pg, m->kv.n_pages, page_size);
+    step_plan *sp = ms_calloc(1, sizeof *sp);
+    assert_non_null(sp);
+    int have[MAX_SEQS], span[MAX_SEQS], min_len = total;
+    assert_true(total <= GOLDEN_MAX);
+    int32_t host_ids[1024], next[MAX_SEQS];
+    for (int i = 0; i < n; i++) {
+        memcpy(out[i], prompts[i], sizeof(int32_t) * (size_t)lens[i]);
+        have[i] = lens[i];
+        min_len = MS_MIN(min_len, lens[i]);
+    }
+    for (int step = 0; step < total - min_len; step++) {
+        int tok = 0;
+        for (int i = 0; i < n; i++) {
+            span[i] = step == 0 ? lens[i] : 1;
+            for (int j = 0; j < span[i]; j++)
+                host_ids[tok++] = out[i][have[i] - span[i] + j];
+        }
+        plan_step(sp, &pg, s, n, span);
+        CHECK(f->copy_to_backend(m->be->ctx, m->ids, host_ids, (size_t)tok * 4, &err));
+        CHECK(f->copy_to_backend(m->be->ctx, m->pos, sp->pos, (size_t)tok * 4, &err));
+        CHECK(f->attn_batch_stage(m->be->ctx, m->batch, &sp->plan, &m->kv, &err));
+        model_forward(m, tok);
+        CHECK(f->copy_to_host(m->be->ctx, next, m->next_ids, (size_t)n * 4, &err));
+        for (int i = 0; i < n; i++)
+            if (have[i] < total)
+                out[i][have[i]++] = next[i];
+        commit_step(&pg, s, n, span, 0);
+    }
+    ms_free(sp);
+}
+
+static void test_llama2c_aidreams_golden(void **state) {
+    (void)state;
+    ms_error err = {0};
+    char bin[2048], tokp[2048], golden[2048];
+    snprintf(bin, sizeof bin, "%s", ms_test_fixture("llama2c/aidreams260K.bin"));
+    snprintf(tokp, sizeof tokp, "%s", ms_test_fixture("llama2c/tok512.bin"));
+    snprintf(golden, sizeof golden, "%s", ms_test_fixture("llama2c/aidreams260K.golden.json"));
+    json_error_t je;
+    json_t *g = json_load_file(golden, 0, &je);
+    if (g == NULL)
+        fail_msg("%s: %s", golden, je.text);
+    json_t *cases = json_object_get(g, "cases");
+    int n = (int)json_array_size(cases);
+    assert_true(n >= 1 && n <= MAX_SEQS);
+    ms_backend be;
+    CHECK(ms_backend_cpu_init(&be, &(ms_backend_cpu_options){2}, &err));
+    model m;
+    model_load(&m, &be, bin);
+    assert_int_equal(m.rope.style, MS_ROPE_INTERLEAVED);
+    ms_llama2c_tok *tok = NULL;
+    CHECK(ms_llama2c_tok_init(&tok, tokp, m.vocab, &err));
+    int32_t *prompts[MAX_SEQS];
+    int lens[MAX_SEQS], steps = 0;
+    for (int i = 0; i < n; i++) {
+        json_t *c = json_array_get(cases, (size_t)i);
+        size_t np;
+        CHECK(ms_llama2c_tok_encode(tok, json_string_value(json_object_get(c, "prompt")), true,
+                                    false, &prompts[i], &np, &err));
+        lens[i] = (int)np;
+        steps = (int)json_integer_value(json_object_get(c, "steps"));
+        assert_int_equal(steps, 128);
+    }
+    int page_sizes[2] = {16, 3};
+    for (int k = 0; k < 2; k++) {
+        model_plan(&m, 256, n * (GOLDEN_MAX / page_sizes[k] + 2) + 2, page_sizes[k]);
+        /* run.c: positions 0 .. steps - 1 are fed; the token after the last one is printed too */
+        int32_t out[MAX_SEQS][GOLDEN_MAX];
+        greedy_batch(&m, prompts, lens, n, steps + 1, page_sizes[k], out);
+        for (int i = 0; i < n; i++) {
+            json_t *c = json_array_get(cases, (size_t)i);
+            json_t *ids = json_object_get(c, "token_ids");
+            assert_int_equal(json_array_size(ids), 128);
+            for (int j = 0; j < 128; j++)
+                if (out[i][j] != json_integer_value(json_array_get(ids, (size_t)j)))
+                    fail_msg("aidreams case %d page_size %d position %d: id %d, golden %d", i,
+                             page_sizes[k], j, out[i][j],
+                             (int)json_integer_value(json_array_get(ids, (size_t)j)));
+            /* the text run.c prints: every piece after BOS, non-printable bytes skipped */
+            char text[4096];
+            size_t o = 0;
+            for (int j = 1; j <= steps; j++) {
+                const char *piece = ms_llama2c_tok_decode(tok, out[i][j - 1], out[i][j]);
+                if (piece == NULL || !ms_llama2c_tok_piece_printable(piece))
+                    continue;
+                size_t pl = strlen(piece);
+                assert_true(o + pl + 2 < sizeof text);
+                memcpy(text + o, piece, pl);
+                o += pl;
+            }
+            text[o++] = '\n';
+            text[o] = '\0';
+            assert_string_equal(text, json_string_value(json_object_get(c, "text")));
+        }
+        /* model_plan allocated buffers for this page size; release them before the next */
+        m.be->iface.attn_batch_free(m.be->ctx, m.batch);
+        m.batch = NULL;
+    }
+    printf("llama2c aidreams260K: %d golden cases token-exact for 128 steps (ids and text), "
+           "page sizes 16 and 3, one ragged batch\n", n);
+    for (int i = 0; i < n; i++)
+        ms_free(prompts[i]);
+    ms_llama2c_tok_free(tok);
+    model_free(&m);
+    ms_backend_free(&be);
+    json_decref(g);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         ms_unit_test(test_llama_gqa),
@@ -648,6 +776,7 @@ int main(void) {
         ms_unit_test(test_llama31_rope),
         ms_unit_test(test_llama31_rope_legacy),
         ms_unit_test(test_qwen3),
+        ms_unit_test(test_llama2c_aidreams_golden),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
