@@ -804,11 +804,41 @@ static void test_cpu_init_failures_leak_nothing(void **state) {
     assert_int_equal(ms_backend_cpu_init(&be, &(ms_backend_cpu_options){-1}, &err), MS_ERR_INVALID_ARG);
 }
 
+static void test_linear_is_batch_invariant(void **state) {
+    (void)state;
+    /* a token's output is bitwise the same alone, in an even batch, or as the odd last token,
+     * for every weight dtype and for row counts that leave partial row blocks */
+    ms_backend be = make_cpu(2);
+    ms_error err = {0};
+    int n = 7, in = 45, out = 23;
+    float *x = rand_buf((size_t)(n * in)), *w = rand_buf((size_t)(out * in));
+    float *b = rand_buf((size_t)out);
+    uint16_t *w16 = ms_malloc(sizeof(uint16_t) * (size_t)(out * in));
+    float *all = ms_malloc(sizeof(float) * (size_t)(n * out)), one[23];
+    for (ms_dtype dt = MS_DTYPE_F32; dt <= MS_DTYPE_F16; dt++) {
+        for (int i = 0; i < out * in; i++)
+            w16[i] = dt == MS_DTYPE_BF16 ? ms_f32_to_bf16(w[i]) : ms_f32_to_f16(w[i]);
+        ms_tensor tw = ms_tensor_2d(dt == MS_DTYPE_F32 ? (void *)w : (void *)w16, dt, out, in);
+        ms_tensor tb = ms_tensor_1d(b, MS_DTYPE_F32, out);
+        ms_tensor tx = ms_tensor_2d(x, MS_DTYPE_F32, n, in), ty = ms_tensor_2d(all, MS_DTYPE_F32, n, out);
+        assert_int_equal(be.iface.linear(be.ctx, &tx, &tw, &tb, &ty, &err), MS_OK);
+        for (int t = 0; t < n; t++) {
+            ms_tensor x1 = ms_tensor_2d(x + t * in, MS_DTYPE_F32, 1, in);
+            ms_tensor y1 = ms_tensor_2d(one, MS_DTYPE_F32, 1, out);
+            assert_int_equal(be.iface.linear(be.ctx, &x1, &tw, &tb, &y1, &err), MS_OK);
+            assert_memory_equal(one, all + t * out, sizeof one);
+        }
+    }
+    ms_free(x), ms_free(w), ms_free(b), ms_free(w16), ms_free(all);
+    ms_backend_free(&be);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         ms_unit_test(test_dtype_conversions_round_trip),
         ms_unit_test(test_tensor_views),
         ms_unit_test(test_linear_matches_reference_all_weight_dtypes),
+        ms_unit_test(test_linear_is_batch_invariant),
         ms_unit_test(test_rms_norm_rows_heads_and_fused_add),
         ms_unit_test(test_silu_mul_add_embedding_gather),
         ms_unit_test(test_argmax_lowest_index_on_ties),
