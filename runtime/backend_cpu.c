@@ -683,10 +683,16 @@ static ms_status cpu_silu_mul(void *ctx, const ms_tensor *gate, const ms_tensor 
 
 /* ---- RoPE and the KV write ---- */
 
+/* Position id of token t in stream s (pos is [n] or [streams, n]). */
+static int32_t pos_at(const ms_tensor *pos, int32_t s, int64_t t) {
+    const int32_t *p = pos->data;
+    return pos->ndim == 1 ? p[t * pos->stride[0]] : p[s * pos->stride[0] + t * pos->stride[1]];
+}
+
 static ms_status check_rope(const char *op, const ms_tensor *q, const ms_tensor *k,
                             const ms_tensor *pos, const ms_rope_table *rope, ms_error *err) {
     MS_TRY(check_tensor(op, "q", q, 3, 3, F32_ONLY, err));
-    MS_TRY(check_tensor(op, "pos", pos, 1, 1, I32_ONLY, err));
+    MS_TRY(check_tensor(op, "pos", pos, 1, 2, I32_ONLY, err));
     int64_t n = q->shape[0], d = q->shape[2];
     if (k != NULL) {
         MS_TRY(check_tensor(op, "k", k, 3, 3, F32_ONLY, err));
@@ -696,11 +702,33 @@ static ms_status check_rope(const char *op, const ms_tensor *q, const ms_tensor 
                            op, (long long)k->shape[0], (long long)k->shape[1],
                            (long long)k->shape[2], (long long)n, (long long)d);
     }
-    if (pos->shape[0] != n)
-        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: pos has %lld entries for %lld tokens", op,
-                       (long long)pos->shape[0], (long long)n);
     if (rope == NULL || rope->inv_freq == NULL)
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: rope table missing", op);
+    if (rope->n_sections < 0 || rope->n_sections > MS_ROPE_MAX_SECTIONS)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: %d M-RoPE sections, at most %d", op,
+                       rope->n_sections, MS_ROPE_MAX_SECTIONS);
+    int32_t streams = rope->n_sections > 0 ? rope->n_sections : 1;
+    if (rope->n_sections > 0) {
+        int32_t sum = 0;
+        for (int32_t s = 0; s < rope->n_sections; s++) {
+            if (rope->sections[s] < 0)
+                return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: M-RoPE section %d is negative", op, s);
+            sum += rope->sections[s];
+        }
+        if (sum != rope->rotary_dim / 2)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                           "%s: M-RoPE sections sum to %d pairs, rotary_dim %d has %d", op, sum,
+                           rope->rotary_dim, rope->rotary_dim / 2);
+    }
+    bool pos_ok = rope->n_sections > 0
+                      ? pos->ndim == 2 && pos->shape[0] == streams && pos->shape[1] == n
+                      : pos->ndim == 1 && pos->shape[0] == n;
+    if (!pos_ok) {
+        char sp[96];
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: pos %s must be [%s%lld] for %lld tokens", op,
+                       shape_str(pos, sp, sizeof sp), rope->n_sections > 0 ? "n_sections, " : "",
+                       (long long)n, (long long)n);
+    }
     if (rope->rotary_dim <= 0 || rope->rotary_dim % 2 != 0 || rope->rotary_dim > d ||
         rope->rotary_dim > MS_CPU_MAX_HEAD_DIM)
         return MS_FAIL(err, MS_ERR_INVALID_ARG,
@@ -708,11 +736,13 @@ static ms_status check_rope(const char *op, const ms_tensor *q, const ms_tensor 
                        rope->rotary_dim, (long long)d);
     if (rope->style < 0 || rope->style >= MS_ROPE_STYLE_COUNT)
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: unknown rope style %d", op, (int)rope->style);
-    const int32_t *p = pos->data;
-    for (int64_t t = 0; t < n; t++)
-        if (p[t * pos->stride[0]] < 0)
-            return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: token %lld has negative position %d", op,
-                           (long long)t, p[t * pos->stride[0]]);
+    for (int32_t s = 0; s < streams; s++)
+        for (int64_t t = 0; t < n; t++) {
+            int32_t p = pos_at(pos, s, t);
+            if (p < 0)
+                return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: token %lld has negative position %d",
+                               op, (long long)t, p);
+        }
     return MS_OK;
 }
 
@@ -751,12 +781,17 @@ static void rope_task(void *arg, int32_t task, int32_t thread) {
     task_range(j->n, j->n_tasks, task, &lo, &hi);
     float cs[MS_CPU_MAX_HEAD_DIM / 2], sn[MS_CPU_MAX_HEAD_DIM / 2];
     int32_t half = j->rope->rotary_dim / 2;
-    const int32_t *pos = j->pos->data;
     for (int64_t t = lo; t < hi; t++) {
         /* HF: freqs = inv_freq @ position (f32), emb = cat(freqs, freqs), cos = emb.cos() *
          * attention_scaling; llama2.c: val = pos * freq; fcr = cosf(val), fci = sinf(val) */
-        float p = (float)pos[t * j->pos->stride[0]];
+        int32_t sec = 0, sec_end = j->rope->n_sections > 0 ? j->rope->sections[0] : half;
+        float p = (float)pos_at(j->pos, 0, t);
         for (int32_t i = 0; i < half; i++) {
+            while (i >= sec_end && sec + 1 < j->rope->n_sections) {
+                sec++;
+                sec_end += j->rope->sections[sec];
+                p = (float)pos_at(j->pos, sec, t);
+            }
             float a = p * j->rope->inv_freq[i];
             cs[i] = cosf(a) * j->rope->attention_scaling;
             sn[i] = sinf(a) * j->rope->attention_scaling;

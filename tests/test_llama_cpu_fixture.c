@@ -9,7 +9,9 @@
  *     both config.json layouts),
  *   - qwen3 (per-head q/k RMSNorm, head_dim 48 != hidden / heads, tied embeddings),
  *   - llama2c/aidreams260K (llama2.c .bin through the loaders, interleaved-pair RoPE): the 4 golden
- *     cases of run.c token-exact for 128 steps, ids and printed text.
+ *     cases of run.c token-exact for 128 steps, ids and printed text,
+ *   - qwen2vl_mrope (Qwen2-VL text path: q/k/v biases, M-RoPE sections [4, 6, 6] over explicit
+ *     t/h/w position streams): prefill logits within 1e-3.
  * For every prompt: prefill logits at every position and decode logits of every step within 1e-3
  * max abs of the reference, greedy ids equal. All prompts of a fixture run as ONE ragged batch
  * (prefill step, then batched decode steps) with several page sizes; llama_gqa also runs each
@@ -109,13 +111,15 @@ static void *ref_get(const ref_file *r, const char *name, const char *dtype, int
 
 typedef struct layer_w {
     ms_tensor attn_norm, wqkv, wo, mlp_norm, wgu, wdown, q_norm, k_norm;
+    ms_tensor bqkv; /* [q + k + v] fused bias (Qwen2), data NULL when the model has none */
 } layer_w;
 
 typedef struct model {
     const ms_backend *be;
     int hidden, n_layers, hq, hkv, d, ff, vocab, window;
     float eps;
-    bool tied, qk_norm;
+    bool tied, qk_norm, qkv_bias;
+    int pos_streams; /* 1, or the M-RoPE sections (position ids are [pos_streams, n]) */
     ms_rope_table rope;
     ms_tensor embed, lm_head, final_norm;
     layer_w L[MAX_LAYERS];
@@ -211,7 +215,12 @@ static void model_load(model *m, const ms_backend *be, const char *dir) {
     size_t inv_bytes = sizeof(float) * (size_t)(rc.rotary_dim / 2);
     float *inv_b = model_alloc(m, inv_bytes, "rope.inv_freq");
     CHECK(be->iface.copy_to_backend(be->ctx, inv_b, inv, inv_bytes, &err));
-    m->rope = (ms_rope_table){style, rc.rotary_dim, inv_b, 1.0f};
+    m->rope = (ms_rope_table){.style = style, .rotary_dim = rc.rotary_dim, .inv_freq = inv_b,
+                              .attention_scaling = 1.0f, .n_sections = rp.n_mrope_sections};
+    assert_true(rp.n_mrope_sections <= MS_ROPE_MAX_SECTIONS);
+    for (int k = 0; k < rp.n_mrope_sections; k++)
+        m->rope.sections[k] = (int32_t)rp.mrope_section[k];
+    m->pos_streams = rp.n_mrope_sections > 0 ? rp.n_mrope_sections : 1;
 
     ms_ckpt *ck = NULL;
     CHECK(ms_ckpt_init(&ck, dir, &err));
@@ -220,6 +229,7 @@ static void model_load(model *m, const ms_backend *be, const char *dir) {
     assert_int_equal(m->tied, !ms_ckpt_has_tensor(ck, "lm_head.weight"));
     m->lm_head = m->tied ? m->embed : new_weight(m, ck, "lm_head.weight", m->vocab, m->hidden);
     m->qk_norm = ms_ckpt_has_tensor(ck, "model.layers.0.self_attn.q_norm.weight");
+    m->qkv_bias = ms_ckpt_has_tensor(ck, "model.layers.0.self_attn.q_proj.bias");
     int qd = m->hq * m->d, kd = m->hkv * m->d;
     char name[128];
     for (int l = 0; l < m->n_layers; l++) {
@@ -242,6 +252,16 @@ static void model_load(model *m, const ms_backend *be, const char *dir) {
         load_into(m, ck, LNAME("self_attn.k_proj.weight"), kd, m->hidden, &part);
         part = ms_tensor_slice(&w->wqkv, 0, qd + kd, kd);
         load_into(m, ck, LNAME("self_attn.v_proj.weight"), kd, m->hidden, &part);
+        if (m->qkv_bias) {
+            w->bqkv = ms_tensor_1d(model_alloc(m, (size_t)(qd + 2 * kd) * 4, "bqkv"), MS_DTYPE_F32,
+                                   qd + 2 * kd);
+            part = ms_tensor_slice(&w->bqkv, 0, 0, qd);
+            load_into(m, ck, LNAME("self_attn.q_proj.bias"), qd, 0, &part);
+            part = ms_tensor_slice(&w->bqkv, 0, qd, kd);
+            load_into(m, ck, LNAME("self_attn.k_proj.bias"), kd, 0, &part);
+            part = ms_tensor_slice(&w->bqkv, 0, qd + kd, kd);
+            load_into(m, ck, LNAME("self_attn.v_proj.bias"), kd, 0, &part);
+        }
         w->wgu = ms_tensor_2d(model_alloc(m, (size_t)(2 * m->ff * m->hidden) * 4, "wgu"),
                               MS_DTYPE_F32, 2 * m->ff, m->hidden);
         part = ms_tensor_slice(&w->wgu, 0, 0, m->ff);
@@ -269,7 +289,7 @@ static void model_plan(model *m, int max_tokens, int n_pages, int page_size) {
     m->logits = model_alloc(m, T * (size_t)m->vocab * 4, "logits");
     m->last_logits = model_alloc(m, MAX_SEQS * (size_t)m->vocab * 4, "last_logits");
     m->ids = model_alloc(m, T * 4, "ids");
-    m->pos = model_alloc(m, T * 4, "pos");
+    m->pos = model_alloc(m, T * 4 * (size_t)m->pos_streams, "pos");
     m->next_ids = model_alloc(m, MAX_SEQS * 4, "next_ids");
     m->kv = (ms_paged_kv){NULL, MS_DTYPE_F32, m->n_layers, n_pages, page_size, m->hkv, m->d};
     m->kv.data = model_alloc(m, ms_paged_kv_bytes(&m->kv), "kv.arena");
@@ -292,7 +312,8 @@ static void model_forward(model *m, int n) {
     void *c = be->ctx;
     int qd = m->hq * m->d, kd = m->hkv * m->d, row_qkv = qd + 2 * kd;
     ms_tensor ids = ms_tensor_1d(m->ids, MS_DTYPE_I32, n);
-    ms_tensor pos = ms_tensor_1d(m->pos, MS_DTYPE_I32, n);
+    ms_tensor pos = m->pos_streams > 1 ? ms_tensor_2d(m->pos, MS_DTYPE_I32, m->pos_streams, n)
+                                       : ms_tensor_1d(m->pos, MS_DTYPE_I32, n);
     ms_tensor x = ms_tensor_2d(m->x, MS_DTYPE_F32, n, m->hidden);
     ms_tensor h = ms_tensor_2d(m->h, MS_DTYPE_F32, n, m->hidden);
     ms_tensor t = ms_tensor_2d(m->t, MS_DTYPE_F32, n, m->hidden);
@@ -313,7 +334,7 @@ static void model_forward(model *m, int n) {
     CHECK(f->rms_norm(c, &x, &m->L[0].attn_norm, m->eps, &h, &err));
     for (int l = 0; l < m->n_layers; l++) {
         const layer_w *w = &m->L[l];
-        CHECK(f->linear(c, &h, &w->wqkv, NULL, &qkv, &err));
+        CHECK(f->linear(c, &h, &w->wqkv, m->qkv_bias ? &w->bqkv : NULL, &qkv, &err));
         if (m->qk_norm) {
             CHECK(f->rms_norm(c, &q, &w->q_norm, m->eps, &q, &err));
             CHECK(f->rms_norm(c, &k, &w->k_norm, m->eps, &k, &err));
@@ -769,6 +790,60 @@ static void test_llama2c_aidreams_golden(void **state) {
     json_decref(g);
 }
 
+/* ---- Qwen2-VL text path: M-RoPE with explicit t/h/w position streams ---- */
+
+static void test_qwen2vl_mrope(void **state) {
+    (void)state;
+    ms_error err = {0};
+    char dir[1024];
+    snprintf(dir, sizeof dir, "%s", ms_test_fixture("hf/qwen2vl_mrope"));
+    ms_backend be;
+    CHECK(ms_backend_cpu_init(&be, &(ms_backend_cpu_options){2}, &err));
+    model m;
+    model_load(&m, &be, dir);
+    assert_int_equal(m.pos_streams, 3);
+    assert_true(m.qkv_bias);
+    ref_file rf;
+    char path[2048];
+    snprintf(path, sizeof path, "%s/reference.safetensors", dir);
+    ref_open(&rf, path);
+    int64_t n, c, r3, n3, rl, vl;
+    int32_t *ids = ref_get(&rf, "input_ids", "I32", &n, &c);
+    int32_t *thw = ref_get(&rf, "position_ids_thw", "I32", &r3, &n3);
+    float *want = ref_get(&rf, "logits", "F32", &rl, &vl);
+    assert_int_equal(r3, 3);
+    assert_int_equal(n3, n);
+    assert_int_equal(vl, m.vocab);
+    int ps = 16;
+    model_plan(&m, (int)n, (int)n / ps + 4, ps);
+    pager pg;
+    seq s[1];
+    memset(s, 0, sizeof s);
+    pager_init(&pg, m.kv.n_pages, ps);
+    step_plan *sp = ms_calloc(1, sizeof *sp);
+    assert_non_null(sp);
+    int span[1] = {(int)n};
+    plan_step(sp, &pg, s, 1, span);
+    const ms_backend_i *f = &be.iface;
+    CHECK(f->copy_to_backend(be.ctx, m.ids, ids, (size_t)n * 4, &err));
+    /* explicit positions (the attention mask still uses the KV positions 0 .. n - 1) */
+    CHECK(f->copy_to_backend(be.ctx, m.pos, thw, (size_t)(3 * n) * 4, &err));
+    CHECK(f->attn_batch_stage(be.ctx, m.batch, &sp->plan, &m.kv, &err));
+    model_forward(&m, (int)n);
+    float *got = ms_malloc(sizeof(float) * (size_t)(n * m.vocab));
+    CHECK(f->copy_to_host(be.ctx, got, m.logits, sizeof(float) * (size_t)(n * m.vocab), &err));
+    float e = row_err(got, want, (int)(n * m.vocab));
+    printf("fixture hf/qwen2vl_mrope        1 prompt of %lld tokens (M-RoPE sections %d/%d/%d): "
+           "max abs error %.3g\n", (long long)n, m.rope.sections[0], m.rope.sections[1],
+           m.rope.sections[2], (double)e);
+    if (!(e < TOL))
+        fail_msg("qwen2vl_mrope: max abs error %g", (double)e);
+    ms_free(got), ms_free(sp), ms_free(ids), ms_free(thw), ms_free(want);
+    ref_close(&rf);
+    model_free(&m);
+    ms_backend_free(&be);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         ms_unit_test(test_llama_gqa),
@@ -777,6 +852,7 @@ int main(void) {
         ms_unit_test(test_llama31_rope_legacy),
         ms_unit_test(test_qwen3),
         ms_unit_test(test_llama2c_aidreams_golden),
+        ms_unit_test(test_qwen2vl_mrope),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
