@@ -11,7 +11,9 @@
  *   - llama2c/aidreams260K (llama2.c .bin through the loaders, interleaved-pair RoPE): the 4 golden
  *     cases of run.c token-exact for 128 steps, ids and printed text,
  *   - qwen2vl_mrope (Qwen2-VL text path: q/k/v biases, M-RoPE sections [4, 6, 6] over explicit
- *     t/h/w position streams): prefill logits within 1e-3.
+ *     t/h/w position streams): prefill logits within 1e-3,
+ *   - llama_cfg (classifier-free guidance: the cond and uncond streams of one request in one
+ *     ragged batch, guidance mixed on the host): mixed log-probs within 1e-3, guided ids equal.
  * For every prompt: prefill logits at every position and decode logits of every step within 1e-3
  * max abs of the reference, greedy ids equal. All prompts of a fixture run as ONE ragged batch
  * (prefill step, then batched decode steps) with several page sizes; llama_gqa also runs each
@@ -844,6 +846,97 @@ static void test_qwen2vl_mrope(void **state) {
     ms_backend_free(&be);
 }
 
+/* ---- classifier-free guidance: cond and uncond streams of one request in one batch ---- */
+
+static void log_softmax(const float *z, int n, double *out) {
+    double mx = -INFINITY, sum = 0.0;
+    for (int i = 0; i < n; i++)
+        mx = fmax(mx, z[i]);
+    for (int i = 0; i < n; i++)
+        sum += exp(z[i] - mx);
+    double lse = mx + log(sum);
+    for (int i = 0; i < n; i++)
+        out[i] = z[i] - lse;
+}
+
+static void test_llama_cfg(void **state) {
+    (void)state;
+    ms_error err = {0};
+    char dir[1024], path[2048];
+    snprintf(dir, sizeof dir, "%s", ms_test_fixture("hf/llama_cfg"));
+    snprintf(path, sizeof path, "%s/reference.safetensors", dir);
+    ms_backend be;
+    CHECK(ms_backend_cpu_init(&be, &(ms_backend_cpu_options){2}, &err));
+    model m;
+    model_load(&m, &be, dir);
+    ref_file rf;
+    ref_open(&rf, path);
+    int64_t nc, nu, n_new, c, vr;
+    int32_t *cond = ref_get(&rf, "cond_ids", "I32", &nc, &c);
+    int32_t *uncond = ref_get(&rf, "uncond_ids", "I32", &nu, &c);
+    int32_t *greedy = ref_get(&rf, "greedy_ids", "I32", &n_new, &c);
+    float *mixed_ref = ref_get(&rf, "mixed_logprobs", "F32", &vr, &c);
+    assert_int_equal(vr, n_new);
+    assert_int_equal(c, m.vocab);
+    const double scale = 3.0; /* reference.json guidance_scale */
+    int ps = 4;
+    model_plan(&m, (int)(nc + nu), 2 * (int)((nc + n_new) / ps + 2) + 2, ps);
+    pager pg;
+    seq s[2];
+    memset(s, 0, sizeof s);
+    pager_init(&pg, m.kv.n_pages, ps);
+    step_plan *sp = ms_calloc(1, sizeof *sp);
+    double *lc = ms_malloc(sizeof(double) * (size_t)m.vocab), *lu = ms_malloc(sizeof(double) * (size_t)m.vocab);
+    float *last = ms_malloc(sizeof(float) * 2 * (size_t)m.vocab);
+    int32_t host_ids[64];
+    int32_t id = -1;
+    float worst = 0.0f;
+    const ms_backend_i *f = &be.iface;
+    for (int step = 0; step < n_new; step++) {
+        int span[2], tok = 0;
+        if (step == 0) {
+            span[0] = (int)nc, span[1] = (int)nu;
+            memcpy(host_ids, cond, sizeof(int32_t) * (size_t)nc);
+            memcpy(host_ids + nc, uncond, sizeof(int32_t) * (size_t)nu);
+            tok = (int)(nc + nu);
+        } else {
+            span[0] = span[1] = 1;
+            host_ids[0] = host_ids[1] = id; /* the guided id goes to both streams */
+            tok = 2;
+        }
+        plan_step(sp, &pg, s, 2, span);
+        CHECK(f->copy_to_backend(be.ctx, m.ids, host_ids, (size_t)tok * 4, &err));
+        CHECK(f->copy_to_backend(be.ctx, m.pos, sp->pos, (size_t)tok * 4, &err));
+        CHECK(f->attn_batch_stage(be.ctx, m.batch, &sp->plan, &m.kv, &err));
+        model_forward(&m, tok);
+        CHECK(f->copy_to_host(be.ctx, last, m.last_logits, sizeof(float) * 2 * (size_t)m.vocab, &err));
+        log_softmax(last, m.vocab, lc);
+        log_softmax(last + m.vocab, m.vocab, lu);
+        double best = -INFINITY;
+        for (int i = 0; i < m.vocab; i++) {
+            double mixed = lu[i] + scale * (lc[i] - lu[i]);
+            worst = fmaxf(worst, (float)fabs(mixed - mixed_ref[(size_t)step * (size_t)m.vocab + (size_t)i]));
+            if (mixed > best) {
+                best = mixed;
+                id = i;
+            }
+        }
+        if (id != greedy[step])
+            fail_msg("llama_cfg step %d: id %d, reference %d", step, id, greedy[step]);
+        commit_step(&pg, s, 2, span, 0);
+    }
+    printf("fixture hf/llama_cfg            cond %lld + uncond %lld tokens, %lld guided steps: "
+           "max abs error of mixed log-probs %.3g; greedy ids equal\n", (long long)nc,
+           (long long)nu, (long long)n_new, (double)worst);
+    if (!(worst < TOL))
+        fail_msg("llama_cfg: max abs error %g", (double)worst);
+    ms_free(sp), ms_free(lc), ms_free(lu), ms_free(last);
+    ms_free(cond), ms_free(uncond), ms_free(greedy), ms_free(mixed_ref);
+    ref_close(&rf);
+    model_free(&m);
+    ms_backend_free(&be);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         ms_unit_test(test_llama_gqa),
@@ -853,6 +946,7 @@ int main(void) {
         ms_unit_test(test_qwen3),
         ms_unit_test(test_llama2c_aidreams_golden),
         ms_unit_test(test_qwen2vl_mrope),
+        ms_unit_test(test_llama_cfg),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
