@@ -236,15 +236,25 @@ typedef struct ms_rope_config {
  */
 ms_status ms_rope_compute_inv_freq(const ms_rope_config *c, float *inv_freq, ms_error *err);
 
+#define MS_ROPE_MAX_SECTIONS 4
+
 /*
  * RoPE table handed to the rope ops: style, rotary width and the inverse frequencies in backend
  * memory (upload the output of ms_rope_compute_inv_freq once at load).
+ *
+ * M-RoPE (Qwen2-VL, HF apply_multimodal_rotary_pos_emb): with n_sections > 0 the position ids
+ * have one stream per section (t, h, w) and rotary pair j takes its angle from the stream of the
+ * section it falls in: pairs [0, sections[0]) use stream 0, the next sections[1] pairs stream 1,
+ * ... (HF splits cos/sin by mrope_section * 2 and takes chunk i from axis i % 3: the same pairs
+ * in both rotate-half halves). sum(sections) == rotary_dim / 2.
  */
 typedef struct ms_rope_table {
     ms_rope_style style;
     int32_t rotary_dim;      /* even; rotates dims [0, rotary_dim) of each head, the rest pass */
     const float *inv_freq;   /* [rotary_dim / 2] f32, backend memory */
     float attention_scaling; /* multiplies cos and sin (HF attention_factor; 1 for default/llama3) */
+    int32_t n_sections;      /* 0: one position stream; else M-RoPE sections (<= MAX_SECTIONS) */
+    int32_t sections[MS_ROPE_MAX_SECTIONS]; /* [n_sections] rotary pairs per position stream */
 } ms_rope_table;
 
 /* ---- attention parameters ---- */
@@ -345,8 +355,10 @@ typedef struct ms_backend_i {
      * llama2.c run.c's interleaved pairs). For token t with position p = pos[t] and pair j <
      * rotary_dim / 2: angle = p * inv_freq[j] (f32), c = cos(angle) * s_att, s = sin(angle) * s_att;
      * (a, b) -> (a c - b s, b c + a s) where (a, b) = (x[j], x[j + r/2]) (ROTATE_HALF) or
-     * (x[2j], x[2j+1]) (INTERLEAVED). Dims >= rotary_dim are unchanged.
-     * q [n, hq, d] f32; k [n, hkv, d] f32 or NULL; pos [n] i32 >= 0.
+     * (x[2j], x[2j+1]) (INTERLEAVED). Dims >= rotary_dim are unchanged. With M-RoPE sections,
+     * pair j uses p = pos[s(j), t] (see ms_rope_table).
+     * q [n, hq, d] f32; k [n, hkv, d] f32 or NULL; pos [n] i32 >= 0, or [n_sections, n] (one
+     * stream per section, stream-major like ms_pos_step.explicit_ids) when rope->n_sections > 0.
      */
     ms_status (*rope)(void *ctx, ms_tensor *q, ms_tensor *k, const ms_tensor *pos,
                       const ms_rope_table *rope, ms_error *err);
