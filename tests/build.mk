@@ -2,3 +2,6 @@
 # TSAN_TESTS are also run under ThreadSanitizer; TEST_SCRIPTS are shell drivers run with
 # MS_BUILD set to the build folder; GPU_TESTS run only under `make gpu-test`.
 TESTS += tests/test_base
+ifeq ($(HAVE_CUDA),1)
+TESTS += tests/test_nvrtc
+endif
