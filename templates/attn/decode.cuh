@@ -201,7 +201,7 @@ __device__ __forceinline__ void attn_decode(const ms_attn_params &p) {
                 long long pi = ((long long)b * p.n_splits + split) * p.n_q_heads + qh;
                 p.part_o[pi * HD + d] = s * inv_l;
                 if (d == 0)
-                    p.part_lse[pi] = l > 0.f ? s_m[g] + __log2f(l) : neg_inf();
+                    p.part_lse[pi] = l > 0.f ? s_m[g] + log2f(l) : neg_inf();
             }
         }
         __syncthreads();
