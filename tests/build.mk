@@ -5,4 +5,5 @@ TESTS += tests/test_base
 ifeq ($(HAVE_CUDA),1)
 TESTS += tests/test_nvrtc
 GPU_TESTS += tests/test_gpu_kernels
+PROGRAMS += $(BUILD)/tests/bench_kernels
 endif
