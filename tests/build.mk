@@ -7,3 +7,11 @@ TESTS += tests/test_nvrtc
 GPU_TESTS += tests/test_gpu_kernels
 PROGRAMS += $(BUILD)/tests/bench_kernels
 endif
+TESTS += tests/test_backend_cpu
+TSAN_TESTS += tests/test_backend_cpu
+TESTS += tests/test_sampler
+TESTS += tests/test_safetensors
+TESTS += tests/test_hf_config
+TESTS += tests/test_checkpoint_bad
+TESTS += tests/test_llama_cpu_fixture
+TESTS += tests/test_llama2c

@@ -1,0 +1,187 @@
+/*
+ * sampler.c - host-side sampling (sampler.h): argmax, temperature, top-k (heap selection),
+ * top-p (nucleus over the sorted candidates) and a counter-based PRNG (splitmix64 of seed and
+ * draw index), so a request's draws never depend on its batch, thread count or backend.
+ */
+#include "sampler.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* One candidate: its (unnormalised) probability and id. */
+typedef struct cand {
+    float p;
+    int32_t id;
+} cand;
+
+/* ---- PRNG ---- */
+
+static uint64_t splitmix64(uint64_t x) {
+    x += UINT64_C(0x9E3779B97F4A7C15);
+    x = (x ^ (x >> 30)) * UINT64_C(0xBF58476D1CE4E5B9);
+    x = (x ^ (x >> 27)) * UINT64_C(0x94D049BB133111EB);
+    return x ^ (x >> 31);
+}
+
+float ms_sampler_uniform(uint64_t seed, uint64_t draw) {
+    uint64_t z = splitmix64(seed ^ splitmix64(draw));
+    return (float)(z >> 40) * 0x1p-24f;
+}
+
+/* ---- parameters ---- */
+
+bool ms_sampler_is_greedy(const ms_sampling_params *p) {
+    return p->temperature == 0.0f || p->top_k == 1;
+}
+
+ms_status ms_sampler_check_params(const ms_sampling_params *p, ms_error *err) {
+    if (p == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "sampling: parameters missing");
+    if (!isfinite(p->temperature) || p->temperature < 0.0f)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "sampling: temperature %g must be finite and >= 0",
+                       (double)p->temperature);
+    if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "sampling: top_p %g must be in (0, 1]",
+                       (double)p->top_p);
+    return MS_OK;
+}
+
+size_t ms_sampler_scratch_size(int32_t vocab) {
+    return vocab > 0 ? (size_t)vocab * sizeof(cand) : 0;
+}
+
+int32_t ms_sampler_argmax(const float *logits, int32_t n) {
+    int32_t best = -1;
+    for (int32_t i = 0; i < n; i++) {
+        if (isnan(logits[i]))
+            continue;
+        if (best < 0 || logits[i] > logits[best])
+            best = i;
+    }
+    return best;
+}
+
+/* ---- candidate ordering: probability descending, then id ascending ---- */
+
+static bool cand_before(const cand *a, const cand *b) {
+    return a->p > b->p || (a->p == b->p && a->id < b->id);
+}
+
+static int cand_cmp(const void *x, const void *y) {
+    const cand *a = x, *b = y;
+    if (cand_before(a, b))
+        return -1;
+    if (cand_before(b, a))
+        return 1;
+    return 0;
+}
+
+/* Min-heap (by cand_before: the root is the candidate that sorts last) of h[0..n). */
+static void heap_sift_down(cand *h, int32_t n, int32_t i) {
+    for (;;) {
+        int32_t l = 2 * i + 1, r = l + 1, w = i;
+        if (l < n && cand_before(&h[w], &h[l]))
+            w = l;
+        if (r < n && cand_before(&h[w], &h[r]))
+            w = r;
+        if (w == i)
+            return;
+        cand t = h[i];
+        h[i] = h[w];
+        h[w] = t;
+        i = w;
+    }
+}
+
+/* Move the k best of c[0..n) to c[0..k), sorted. */
+static void select_top_k(cand *c, int32_t n, int32_t k) {
+    for (int32_t i = k / 2 - 1; i >= 0; i--)
+        heap_sift_down(c, k, i);
+    for (int32_t i = k; i < n; i++) {
+        if (cand_before(&c[i], &c[0])) {
+            c[0] = c[i];
+            heap_sift_down(c, k, 0);
+        }
+    }
+    qsort(c, (size_t)k, sizeof *c, cand_cmp);
+}
+
+/* ---- sampling ---- */
+
+ms_status ms_sampler_sample_row(const float *logits, int32_t vocab, const ms_sampling_params *p,
+                                uint64_t draw, void *scratch, int32_t *out_id, ms_error *err) {
+    MS_TRY(ms_sampler_check_params(p, err));
+    if (vocab <= 0 || logits == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "sampling: empty logits (vocab %d)", vocab);
+    for (int32_t i = 0; i < vocab; i++)
+        if (isnan(logits[i]))
+            return MS_FAIL(err, MS_ERR_INTERNAL, "sampling: logit %d of %d is NaN", i, vocab);
+    int32_t best = ms_sampler_argmax(logits, vocab);
+    if (ms_sampler_is_greedy(p)) {
+        *out_id = best;
+        return MS_OK;
+    }
+    if (scratch == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "sampling: scratch missing for non-greedy settings");
+    if (isinf(logits[best]) && logits[best] > 0) {
+        *out_id = best; /* an infinite logit takes all the mass */
+        return MS_OK;
+    }
+
+    /* softmax(z / T) numerators, max subtracted (HF: scores / T, then softmax) */
+    cand *c = scratch;
+    float inv_t = 1.0f / p->temperature;
+    float zmax = logits[best] * inv_t;
+    for (int32_t i = 0; i < vocab; i++) {
+        c[i].p = expf(logits[i] * inv_t - zmax);
+        c[i].id = i;
+    }
+    int32_t n = vocab;
+    double mass = 0.0; /* probability mass the top-p threshold refers to */
+    if (p->top_k > 0 && p->top_k < vocab) {
+        select_top_k(c, vocab, p->top_k);
+        n = p->top_k;
+        for (int32_t i = 0; i < n; i++)
+            mass += c[i].p;
+    } else if (p->top_p < 1.0f) {
+        /* llama2.c sample_topp: ids below (1 - top_p) / (n - 1) of the total mass can never be in
+         * the nucleus; drop them before sorting */
+        for (int32_t i = 0; i < vocab; i++)
+            mass += c[i].p;
+        float cutoff = vocab > 1 ? (float)((1.0 - p->top_p) / (vocab - 1) * mass) : 0.0f;
+        int32_t kept = 0;
+        for (int32_t i = 0; i < vocab; i++)
+            if (c[i].p >= cutoff)
+                c[kept++] = c[i];
+        qsort(c, (size_t)kept, sizeof *c, cand_cmp);
+        n = kept;
+    } else {
+        qsort(c, (size_t)vocab, sizeof *c, cand_cmp);
+        for (int32_t i = 0; i < n; i++)
+            mass += c[i].p;
+    }
+
+    /* top-p over the candidates, relative to what top-k kept (HF warper order) */
+    double total = 0.0;
+    for (int32_t i = 0; i < n; i++) {
+        total += c[i].p;
+        if (p->top_p < 1.0f && total >= (double)p->top_p * mass) {
+            n = i + 1;
+            break;
+        }
+    }
+
+    /* inverse CDF with one uniform (llama2.c sample_mult) */
+    double r = (double)ms_sampler_uniform(p->seed, draw) * total;
+    double cdf = 0.0;
+    for (int32_t i = 0; i < n; i++) {
+        cdf += c[i].p;
+        if (r < cdf) {
+            *out_id = c[i].id;
+            return MS_OK;
+        }
+    }
+    *out_id = c[n - 1].id; /* rounding */
+    return MS_OK;
+}

@@ -1,0 +1,91 @@
+/*
+ * sampler.h - host-side sampling parameters and the float32 CPU sampler (greedy, temperature,
+ * top-k, top-p), seeded and reproducible.
+ *
+ * Ownership: ms_sampler_* functions borrow their arguments; the caller owns logits, scratch and
+ * outputs. Nothing here allocates: the scratch a row needs is sized by ms_sampler_scratch_size and
+ * planned by the caller (the backend's sample workspace), so sampling does no malloc on the decode
+ * hot path.
+ *
+ * Semantics (one row of logits z[0..V)):
+ *   - greedy (temperature == 0, or top_k == 1): argmax z, lowest index on ties (llama2.c
+ *     `sample_argmax` keeps the first maximum; so does torch.argmax on CPU).
+ *   - otherwise, in Hugging Face `generate` warper order (TemperatureLogitsWarper, TopKLogitsWarper,
+ *     TopPLogitsWarper): p = softmax(z / temperature) in float32 with the max subtracted; keep the
+ *     top_k most probable ids (top_k <= 0 or >= V: all); then keep the smallest prefix of the
+ *     remaining ids sorted by probability (descending, ties by lower id) whose cumulative
+ *     probability reaches top_p (top_p >= 1: all; the first id is always kept, as llama2.c's
+ *     `sample_topp` and HF's min_tokens_to_keep = 1); renormalise and draw with one uniform
+ *     u in [0, 1) by inverse CDF over that sorted prefix (llama2.c `sample_mult`).
+ *   - the uniform is a pure function of (seed, draw): u = top 24 bits of splitmix64(seed, draw)
+ *     / 2^24. `draw` is the number of tokens this request sampled before (the caller's counter),
+ *     so a request's ids do not depend on the batch it ran in, nor on thread count or backend.
+ *
+ * Usage:
+ *     ms_sampling_params p = {.temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .seed = 42};
+ *     void *scratch = ms_malloc(ms_sampler_scratch_size(vocab));   // once, at startup
+ *     int32_t id;
+ *     MS_TRY(ms_sampler_sample_row(logits, vocab, &p, draw++, scratch, &id, err));
+ */
+#ifndef MS_SAMPLER_H
+#define MS_SAMPLER_H
+
+#include "ms_base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Per-request sampling settings (validated by ms_sampler_check_params). */
+typedef struct ms_sampling_params {
+    float temperature; /* >= 0; 0 = greedy */
+    int32_t top_k;     /* <= 0: disabled; 1 = greedy */
+    float top_p;       /* in (0, 1]; 1 = disabled */
+    uint64_t seed;     /* PRNG seed of this request */
+} ms_sampling_params;
+
+/* Greedy settings: temperature 0, top_k 0, top_p 1, seed 0. */
+static inline ms_sampling_params ms_sampling_greedy(void) {
+    ms_sampling_params p = {0.0f, 0, 1.0f, 0};
+    return p;
+}
+
+/* One batch row for a batched sample call: its settings and its draw counter. */
+typedef struct ms_sample_row {
+    ms_sampling_params params;
+    uint64_t draw; /* tokens this request sampled before (selects the uniform) */
+} ms_sample_row;
+
+/* True when the settings reduce to argmax (temperature 0 or top_k 1). */
+bool ms_sampler_is_greedy(const ms_sampling_params *p);
+
+/*
+ * Check settings: temperature finite and >= 0, top_p in (0, 1], top_k >= 0 (or negative, meaning
+ * disabled). Returns MS_ERR_INVALID_ARG with a message naming the bad field and value.
+ */
+ms_status ms_sampler_check_params(const ms_sampling_params *p, ms_error *err);
+
+/* The uniform in [0, 1) used for (seed, draw); exposed for tests and for device samplers that
+ * must agree with the CPU one. */
+float ms_sampler_uniform(uint64_t seed, uint64_t draw);
+
+/* Bytes of scratch one row of `vocab` logits needs (for non-greedy settings). */
+size_t ms_sampler_scratch_size(int32_t vocab);
+
+/* Index of the largest of logits[0..n), lowest index on ties; NaN entries are never chosen
+ * (returns -1 only when every entry is NaN or n <= 0). */
+int32_t ms_sampler_argmax(const float *logits, int32_t n);
+
+/*
+ * Sample one id from logits[0..vocab) (float32, host memory) with `p` and draw index `draw`.
+ * `scratch` holds at least ms_sampler_scratch_size(vocab) bytes (may be NULL for greedy
+ * settings). Returns MS_ERR_INVALID_ARG for bad settings and MS_ERR_INTERNAL when the row holds
+ * NaN (message names it), else MS_OK with *out_id in [0, vocab).
+ */
+ms_status ms_sampler_sample_row(const float *logits, int32_t vocab, const ms_sampling_params *p,
+                                uint64_t draw, void *scratch, int32_t *out_id, ms_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MS_SAMPLER_H */

@@ -1,0 +1,224 @@
+/*
+ * test_sampler.c - host sampling (sampler.c) and the backend's sample entry: greedy ties,
+ * top-k = 1 and tiny top-p reduce to greedy, same seed and draw give the same id, the empirical
+ * distribution follows softmax(z / T) restricted by top-k / top-p, bad settings are refused.
+ */
+#include "ms_test.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "backend.h"
+#include "sampler.h"
+#include "ms_test_impl.h"
+
+static void fill_logits(float *z, int32_t n, uint64_t seed) {
+    for (int32_t i = 0; i < n; i++)
+        z[i] = (ms_sampler_uniform(seed, (uint64_t)i) - 0.5f) * 8.0f;
+}
+
+static void test_uniform_is_deterministic_and_uniform(void **state) {
+    (void)state;
+    assert_true(ms_sampler_uniform(7, 3) == ms_sampler_uniform(7, 3));
+    assert_true(ms_sampler_uniform(7, 3) != ms_sampler_uniform(8, 3));
+    assert_true(ms_sampler_uniform(7, 3) != ms_sampler_uniform(7, 4));
+    int bins[10] = {0};
+    for (uint64_t d = 0; d < 100000; d++) {
+        float u = ms_sampler_uniform(42, d);
+        assert_true(u >= 0.0f && u < 1.0f);
+        bins[(int)(u * 10.0f)]++;
+    }
+    for (int b = 0; b < 10; b++)
+        assert_true(bins[b] > 9500 && bins[b] < 10500);
+}
+
+static void test_greedy_equivalents(void **state) {
+    (void)state;
+    ms_error err = {0};
+    enum { V = 300 };
+    float z[V];
+    void *scratch = ms_malloc(ms_sampler_scratch_size(V));
+    for (uint64_t row = 0; row < 20; row++) {
+        fill_logits(z, V, row + 100);
+        int32_t want = ms_sampler_argmax(z, V), id;
+        ms_sampling_params g = ms_sampling_greedy();
+        assert_int_equal(ms_sampler_sample_row(z, V, &g, 0, NULL, &id, &err), MS_OK);
+        assert_int_equal(id, want);
+        ms_sampling_params k1 = {1.5f, 1, 1.0f, row};
+        ms_sampling_params ptiny = {1.5f, 0, 1e-6f, row};
+        ms_sampling_params both = {0.7f, 5, 1e-6f, row};
+        for (uint64_t d = 0; d < 10; d++) {
+            assert_int_equal(ms_sampler_sample_row(z, V, &k1, d, scratch, &id, &err), MS_OK);
+            assert_int_equal(id, want);
+            assert_int_equal(ms_sampler_sample_row(z, V, &ptiny, d, scratch, &id, &err), MS_OK);
+            assert_int_equal(id, want);
+            assert_int_equal(ms_sampler_sample_row(z, V, &both, d, scratch, &id, &err), MS_OK);
+            assert_int_equal(id, want);
+        }
+    }
+    /* ties: lowest index */
+    float tie[4] = {0.5f, 2.0f, 2.0f, 1.0f};
+    assert_int_equal(ms_sampler_argmax(tie, 4), 1);
+    ms_free(scratch);
+}
+
+static void test_same_seed_same_ids(void **state) {
+    (void)state;
+    ms_error err = {0};
+    enum { V = 1000 };
+    float z[V];
+    fill_logits(z, V, 5);
+    void *scratch = ms_malloc(ms_sampler_scratch_size(V));
+    ms_sampling_params p = {0.9f, 50, 0.9f, 1234};
+    int32_t a[64], b[64];
+    for (int d = 0; d < 64; d++)
+        assert_int_equal(ms_sampler_sample_row(z, V, &p, (uint64_t)d, scratch, &a[d], &err), MS_OK);
+    for (int d = 63; d >= 0; d--) /* order of calls does not matter: ids depend on (seed, draw) */
+        assert_int_equal(ms_sampler_sample_row(z, V, &p, (uint64_t)d, scratch, &b[d], &err), MS_OK);
+    assert_memory_equal(a, b, sizeof a);
+    int distinct = 0;
+    for (int d = 1; d < 64; d++)
+        distinct += a[d] != a[0];
+    assert_true(distinct > 0);
+    p.seed = 1235;
+    int same = 0;
+    for (int d = 0; d < 64; d++) {
+        assert_int_equal(ms_sampler_sample_row(z, V, &p, (uint64_t)d, scratch, &b[d], &err), MS_OK);
+        same += a[d] == b[d];
+    }
+    assert_true(same < 64);
+    ms_free(scratch);
+}
+
+/* Empirical frequencies against the exact filtered distribution (3-sigma-ish bound). */
+static void check_distribution(const float *z, int32_t V, ms_sampling_params p, int n_draws) {
+    ms_error err = {0};
+    double prob[16], sum = 0.0;
+    int order[16];
+    for (int i = 0; i < V; i++) {
+        prob[i] = exp(((double)z[i]) / p.temperature);
+        order[i] = i;
+    }
+    /* sort ids by probability descending */
+    for (int i = 0; i < V; i++)
+        for (int j = i + 1; j < V; j++)
+            if (prob[order[j]] > prob[order[i]]) {
+                int t = order[i];
+                order[i] = order[j];
+                order[j] = t;
+            }
+    int keep = (p.top_k > 0 && p.top_k < V) ? p.top_k : V;
+    for (int i = 0; i < keep; i++)
+        sum += prob[order[i]];
+    double cum = 0.0;
+    int keep_p = keep;
+    for (int i = 0; i < keep; i++) {
+        cum += prob[order[i]];
+        if (cum >= p.top_p * sum) {
+            keep_p = i + 1;
+            break;
+        }
+    }
+    double want[16] = {0}, tot = 0.0;
+    for (int i = 0; i < keep_p; i++)
+        tot += prob[order[i]];
+    for (int i = 0; i < keep_p; i++)
+        want[order[i]] = prob[order[i]] / tot;
+    int count[16] = {0};
+    void *scratch = ms_malloc(ms_sampler_scratch_size(V));
+    for (int d = 0; d < n_draws; d++) {
+        int32_t id;
+        assert_int_equal(ms_sampler_sample_row(z, V, &p, (uint64_t)d, scratch, &id, &err), MS_OK);
+        count[id]++;
+    }
+    for (int i = 0; i < V; i++) {
+        double f = (double)count[i] / n_draws;
+        double sd = sqrt(want[i] * (1 - want[i]) / n_draws);
+        if (fabs(f - want[i]) > 5 * sd + 1e-3)
+            fail_msg("id %d: frequency %.4f, expected %.4f (T %g, k %d, p %g)", i, f, want[i],
+                     (double)p.temperature, p.top_k, (double)p.top_p);
+        if (want[i] == 0.0)
+            assert_int_equal(count[i], 0);
+    }
+    ms_free(scratch);
+}
+
+static void test_distribution_follows_filters(void **state) {
+    (void)state;
+    float z[8] = {1.0f, 0.2f, -0.5f, 2.0f, 0.0f, 1.5f, -1.0f, 0.7f};
+    check_distribution(z, 8, (ms_sampling_params){1.0f, 0, 1.0f, 1}, 40000);
+    check_distribution(z, 8, (ms_sampling_params){0.5f, 0, 1.0f, 2}, 40000);
+    check_distribution(z, 8, (ms_sampling_params){1.0f, 3, 1.0f, 3}, 40000);
+    check_distribution(z, 8, (ms_sampling_params){1.0f, 0, 0.6f, 4}, 40000);
+    check_distribution(z, 8, (ms_sampling_params){2.0f, 5, 0.8f, 5}, 40000);
+}
+
+static void test_bad_settings_and_nan(void **state) {
+    (void)state;
+    ms_error err = {0};
+    float z[3] = {0.0f, 1.0f, 2.0f};
+    char scratch[64];
+    int32_t id;
+    ms_sampling_params p = {-1.0f, 0, 1.0f, 0};
+    assert_int_equal(ms_sampler_sample_row(z, 3, &p, 0, scratch, &id, &err), MS_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "temperature -1"));
+    p = (ms_sampling_params){1.0f, 0, 0.0f, 0};
+    assert_int_equal(ms_sampler_sample_row(z, 3, &p, 0, scratch, &id, &err), MS_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "top_p 0"));
+    p = (ms_sampling_params){1.0f, 0, 1.5f, 0};
+    assert_int_equal(ms_sampler_check_params(&p, &err), MS_ERR_INVALID_ARG);
+    p = (ms_sampling_params){1.0f, 0, 1.0f, 0};
+    z[1] = NAN;
+    assert_int_equal(ms_sampler_sample_row(z, 3, &p, 0, scratch, &id, &err), MS_ERR_INTERNAL);
+    assert_non_null(strstr(err.msg, "logit 1 of 3 is NaN"));
+    z[1] = INFINITY;
+    assert_int_equal(ms_sampler_sample_row(z, 3, &p, 0, scratch, &id, &err), MS_OK);
+    assert_int_equal(id, 1);
+}
+
+static void test_backend_sample_rows(void **state) {
+    (void)state;
+    ms_error err = {0};
+    ms_backend be;
+    assert_int_equal(ms_backend_cpu_init(&be, NULL, &err), MS_OK);
+    enum { M = 3, V = 64 };
+    float z[M * V];
+    for (int r = 0; r < M; r++)
+        fill_logits(z + r * V, V, (uint64_t)r + 9);
+    ms_sample_row rows[M] = {
+        {ms_sampling_greedy(), 0},
+        {{0.8f, 10, 0.9f, 77}, 5},
+        {{1.0f, 1, 1.0f, 3}, 0},
+    };
+    size_t ws = be.iface.sample_workspace_size(be.ctx, M, V);
+    assert_true(ws >= (size_t)M * V * 8);
+    void *work = ms_malloc(ws);
+    int32_t ids[M];
+    ms_tensor tl = ms_tensor_2d(z, MS_DTYPE_F32, M, V), ti = ms_tensor_1d(ids, MS_DTYPE_I32, M);
+    assert_int_equal(be.iface.sample(be.ctx, &tl, rows, work, ws, &ti, &err), MS_OK);
+    assert_int_equal(ids[0], ms_sampler_argmax(z, V));
+    assert_int_equal(ids[2], ms_sampler_argmax(z + 2 * V, V));
+    int32_t one;
+    assert_int_equal(ms_sampler_sample_row(z + V, V, &rows[1].params, 5, work, &one, &err), MS_OK);
+    assert_int_equal(ids[1], one);
+    assert_int_equal(be.iface.sample(be.ctx, &tl, rows, work, ws - 1, &ti, &err), MS_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "sample: workspace"));
+    rows[1].params.top_p = 2.0f;
+    assert_int_equal(be.iface.sample(be.ctx, &tl, rows, work, ws, &ti, &err), MS_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "sample: row 1: sampling: top_p 2"));
+    ms_free(work);
+    ms_backend_free(&be);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        ms_unit_test(test_uniform_is_deterministic_and_uniform),
+        ms_unit_test(test_greedy_equivalents),
+        ms_unit_test(test_same_seed_same_ids),
+        ms_unit_test(test_distribution_follows_filters),
+        ms_unit_test(test_bad_settings_and_nan),
+        ms_unit_test(test_backend_sample_rows),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
