@@ -2,6 +2,11 @@
 # TSAN_TESTS are also run under ThreadSanitizer; TEST_SCRIPTS are shell drivers run with
 # MS_BUILD set to the build folder; GPU_TESTS run only under `make gpu-test`.
 TESTS += tests/test_base
+ifeq ($(HAVE_CUDA),1)
+TESTS += tests/test_nvrtc
+GPU_TESTS += tests/test_gpu_kernels
+PROGRAMS += $(BUILD)/tests/bench_kernels
+endif
 TESTS += tests/test_backend_cpu
 TSAN_TESTS += tests/test_backend_cpu
 TESTS += tests/test_sampler

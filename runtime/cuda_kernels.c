@@ -1,0 +1,363 @@
+/*
+ * cuda_kernels.c - kernel specs, URIs, instance sources and attention planning (cuda_kernels.h).
+ *
+ * Constraints: output is deterministic (no pointers, times or locale in sources or URIs); the
+ * emitted source never pastes a kernel body, only the config preamble and wrappers
+ * (CONVENTIONS.md item 11).
+ */
+#include "cuda_kernels.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* ---- tables ---- */
+
+typedef struct kernel_op_info {
+    const char *name;     /* URI prefix */
+    const char *header;   /* template included by the instance */
+    const char *entry[2]; /* extern "C" kernels of the module */
+} kernel_op_info;
+
+/* ORDER MS_KERNEL_OP */
+static const kernel_op_info op_info[MS_KERNEL_OP_COUNT] = {
+    {"attn_decode", "attn/decode.cuh", {"ms_attn_decode", "ms_attn_decode_merge"}},
+    {"attn_prefill", "attn/prefill.cuh", {"ms_attn_prefill", NULL}},
+    {"rope_kv", "rope/rope_kv.cuh", {"ms_rope_kv", NULL}},
+    {"rmsnorm", "norm/rmsnorm.cuh", {"ms_rmsnorm", NULL}},
+    {"silu_mul", "act/silu_mul.cuh", {"ms_silu_mul", NULL}},
+    {"embed", "embed/embed.cuh", {"ms_embed", NULL}},
+    {"argmax", "sample/sample.cuh", {"ms_argmax", NULL}},
+    {"sample", "sample/sample.cuh", {"ms_sample", NULL}},
+};
+
+/* ORDER MS_KERNEL_DTYPE */
+static const char *const dtype_names[MS_KERNEL_DTYPE_COUNT] = {"bf16", "f16", "f32"};
+static const char *const dtype_types[MS_KERNEL_DTYPE_COUNT] = {"ms::bf16", "ms::f16", "float"};
+static const char *const rope_names[MS_KERNEL_ROPE_COUNT] = {"none", "neox", "interleaved"};
+
+const char *ms_kernel_op_name(ms_kernel_op op) {
+    return (unsigned)op < MS_KERNEL_OP_COUNT ? op_info[op].name : "?";
+}
+
+const char *ms_kernel_dtype_name(ms_kernel_dtype dt) {
+    return (unsigned)dt < MS_KERNEL_DTYPE_COUNT ? dtype_names[dt] : "?";
+}
+
+const char *ms_kernel_op_entry(ms_kernel_op op, int i) {
+    if ((unsigned)op >= MS_KERNEL_OP_COUNT || i < 0 || i >= 2)
+        return NULL;
+    return op_info[op].entry[i];
+}
+
+/* ---- constructors ---- */
+
+ms_kernel_spec ms_kernel_spec_attn_decode(ms_kernel_dtype dt, int head_dim, int page_size,
+                                          int group, bool windowed) {
+    ms_kernel_spec s = {0};
+    s.op = MS_KERNEL_OP_ATTN_DECODE;
+    s.dtype = dt;
+    s.head_dim = head_dim;
+    s.page_size = page_size;
+    s.group = group;
+    s.windowed = windowed;
+    return s;
+}
+
+ms_kernel_spec ms_kernel_spec_attn_prefill(ms_kernel_dtype dt, int head_dim, int page_size,
+                                           int group, bool causal, bool windowed) {
+    ms_kernel_spec s = ms_kernel_spec_attn_decode(dt, head_dim, page_size, group, windowed);
+    s.op = MS_KERNEL_OP_ATTN_PREFILL;
+    s.causal = causal;
+    return s;
+}
+
+ms_kernel_spec ms_kernel_spec_rope_kv(ms_kernel_dtype dt, int head_dim, int page_size,
+                                      ms_kernel_rope rope, ms_kernel_rope_scaling scaling) {
+    ms_kernel_spec s = {0};
+    s.op = MS_KERNEL_OP_ROPE_KV;
+    s.dtype = dt;
+    s.head_dim = head_dim;
+    s.page_size = page_size;
+    s.rope = rope;
+    s.rope_scaling = rope == MS_KERNEL_ROPE_NONE ? MS_KERNEL_ROPE_SCALING_NONE : scaling;
+    return s;
+}
+
+ms_kernel_spec ms_kernel_spec_rmsnorm(ms_kernel_dtype dt, bool add_residual) {
+    ms_kernel_spec s = {0};
+    s.op = MS_KERNEL_OP_RMSNORM;
+    s.dtype = dt;
+    s.add_residual = add_residual;
+    return s;
+}
+
+ms_kernel_spec ms_kernel_spec_simple(ms_kernel_op op, ms_kernel_dtype dt) {
+    ms_kernel_spec s = {0};
+    s.op = op;
+    s.dtype = dt;
+    return s;
+}
+
+/* ---- validation ---- */
+
+static bool is_pow2(int v) { return v > 0 && (v & (v - 1)) == 0; }
+
+ms_status ms_kernel_spec_check(const ms_kernel_spec *s, ms_error *err) {
+    if (s == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "kernel spec: NULL");
+    if ((unsigned)s->op >= MS_KERNEL_OP_COUNT)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "kernel spec: unknown op %d", (int)s->op);
+    const char *op = op_info[s->op].name;
+    if ((unsigned)s->dtype >= MS_KERNEL_DTYPE_COUNT)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: unknown dtype %d", op, (int)s->dtype);
+    bool logits_op = s->op == MS_KERNEL_OP_ARGMAX || s->op == MS_KERNEL_OP_SAMPLE;
+    if (!logits_op && s->dtype == MS_KERNEL_DTYPE_F32)
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "%s: dtype f32 unsupported (bf16, f16)", op);
+    bool paged = s->op == MS_KERNEL_OP_ATTN_DECODE || s->op == MS_KERNEL_OP_ATTN_PREFILL ||
+                 s->op == MS_KERNEL_OP_ROPE_KV;
+    if (paged && (s->page_size < 1 || s->page_size > 1024))
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "%s: page_size %d unsupported (1 .. 1024)", op,
+                       s->page_size);
+    switch (s->op) {
+    case MS_KERNEL_OP_ATTN_DECODE:
+        if (!is_pow2(s->head_dim) || s->head_dim < 8 || s->head_dim > 256)
+            return MS_FAIL(err, MS_ERR_UNSUPPORTED,
+                           "attn_decode: head_dim %d unsupported (8, 16, 32, 64, 128, 256)",
+                           s->head_dim);
+        break;
+    case MS_KERNEL_OP_ATTN_PREFILL:
+        if (s->head_dim < 16 || s->head_dim > 256 || s->head_dim % 16 != 0)
+            return MS_FAIL(err, MS_ERR_UNSUPPORTED,
+                           "attn_prefill: head_dim %d unsupported (multiples of 16 up to 256)",
+                           s->head_dim);
+        break;
+    case MS_KERNEL_OP_ROPE_KV:
+        if (s->head_dim < 8 || s->head_dim > 1024 || s->head_dim % 8 != 0)
+            return MS_FAIL(err, MS_ERR_UNSUPPORTED,
+                           "rope_kv: head_dim %d unsupported (multiples of 8 up to 1024)",
+                           s->head_dim);
+        if ((unsigned)s->rope >= MS_KERNEL_ROPE_COUNT)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG, "rope_kv: unknown rope style %d", (int)s->rope);
+        if ((unsigned)s->rope_scaling >= MS_KERNEL_ROPE_SCALING_COUNT)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG, "rope_kv: unknown rope scaling %d",
+                           (int)s->rope_scaling);
+        break;
+    default:
+        break;
+    }
+    if ((s->op == MS_KERNEL_OP_ATTN_DECODE || s->op == MS_KERNEL_OP_ATTN_PREFILL) &&
+        (s->group < 1 || s->group > 16))
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "%s: group %d unsupported (1 .. 16)", op, s->group);
+    return MS_OK;
+}
+
+/* ---- URI ---- */
+
+ms_status ms_kernel_spec_uri(const ms_kernel_spec *s, int arch, char *buf, size_t cap,
+                             ms_error *err) {
+    MS_TRY(ms_kernel_spec_check(s, err));
+    const char *op = op_info[s->op].name, *dt = dtype_names[s->dtype];
+    char sm[16] = "";
+    if (arch > 0)
+        snprintf(sm, sizeof sm, "_sm%d", arch);
+    int n;
+    switch (s->op) {
+    case MS_KERNEL_OP_ATTN_DECODE:
+    case MS_KERNEL_OP_ATTN_PREFILL:
+        n = snprintf(buf, cap, "%s_%s_hd%d_ps%d_g%d%s%s%s", op, dt, s->head_dim, s->page_size,
+                     s->group, s->causal ? "_causal" : "", s->windowed ? "_win" : "", sm);
+        break;
+    case MS_KERNEL_OP_ROPE_KV:
+        n = snprintf(buf, cap, "%s_%s_hd%d_ps%d_%s%s%s", op, dt, s->head_dim, s->page_size,
+                     rope_names[s->rope],
+                     s->rope_scaling == MS_KERNEL_ROPE_SCALING_LLAMA3 ? "_llama3" : "", sm);
+        break;
+    case MS_KERNEL_OP_RMSNORM:
+        n = snprintf(buf, cap, "%s_%s%s%s", op, dt, s->add_residual ? "_res" : "", sm);
+        break;
+    default:
+        n = snprintf(buf, cap, "%s_%s%s", op, dt, sm);
+        break;
+    }
+    if (n < 0 || (size_t)n >= cap)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: URI buffer of %zu bytes too small", op, cap);
+    return MS_OK;
+}
+
+/* ---- instance source ---- */
+
+/* Append printf output to a growing ms_malloc'd string. */
+typedef struct src_buf {
+    char *data;
+    size_t len, cap;
+    bool oom;
+} src_buf;
+
+static void emit(src_buf *b, const char *fmt, ...) MS_PRINTF(2, 3);
+static void emit(src_buf *b, const char *fmt, ...) {
+    if (b->oom)
+        return;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(NULL, 0, fmt, ap);
+    va_end(ap);
+    if (n < 0) {
+        b->oom = true;
+        return;
+    }
+    if (ms_grow((void **)&b->data, &b->cap, b->len + (size_t)n + 1, 1) != MS_OK) {
+        b->oom = true;
+        return;
+    }
+    va_start(ap, fmt);
+    vsnprintf(b->data + b->len, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    b->len += (size_t)n;
+}
+
+static const char *cbool(bool v) { return v ? "true" : "false"; }
+
+ms_status ms_kernel_spec_source(const ms_kernel_spec *s, char **out, ms_error *err) {
+    *out = NULL;
+    char uri[MS_KERNEL_URI_MAX];
+    MS_TRY(ms_kernel_spec_uri(s, 0, uri, sizeof uri, err));
+    const kernel_op_info *oi = &op_info[s->op];
+    const char *T = dtype_types[s->dtype];
+    src_buf b = {0};
+    emit(&b, "// Generated by mstar-c for kernel instance %s from template %s. Do not edit.\n",
+         uri, oi->header);
+    emit(&b, "#include \"%s\"\n\nnamespace cfg {\nusing T = %s;\n", oi->header, T);
+    switch (s->op) {
+    case MS_KERNEL_OP_ATTN_DECODE:
+    case MS_KERNEL_OP_ATTN_PREFILL:
+        emit(&b,
+             "constexpr int kHeadDim = %d;\nconstexpr int kPageSize = %d;\nconstexpr int kGroup = %d;\n"
+             "constexpr bool kCausal = %s;\nconstexpr bool kWindowed = %s;\n",
+             s->head_dim, s->page_size, s->group, cbool(s->causal), cbool(s->windowed));
+        break;
+    case MS_KERNEL_OP_ROPE_KV:
+        emit(&b,
+             "constexpr int kHeadDim = %d;\nconstexpr int kPageSize = %d;\n"
+             "constexpr int kRope = %d; // %s\nconstexpr int kRopeScaling = %d;\n",
+             s->head_dim, s->page_size, (int)s->rope, rope_names[s->rope], (int)s->rope_scaling);
+        break;
+    case MS_KERNEL_OP_RMSNORM:
+        emit(&b, "constexpr bool kAddResidual = %s;\n", cbool(s->add_residual));
+        break;
+    default:
+        break;
+    }
+    emit(&b, "} // namespace cfg\n\n");
+    switch (s->op) {
+    case MS_KERNEL_OP_ATTN_DECODE:
+        emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_ATTN_DECODE_THREADS)\n"
+                 "ms_attn_decode(const ms_attn_params p) {\n"
+                 "    ms::attn_decode<cfg::T, cfg::kHeadDim, cfg::kPageSize, cfg::kGroup, "
+                 "cfg::kWindowed>(p);\n}\n\n"
+                 "extern \"C\" __global__ void __launch_bounds__(MS_ATTN_MERGE_THREADS)\n"
+                 "ms_attn_decode_merge(const ms_attn_params p) {\n"
+                 "    ms::attn_decode_merge<cfg::T, cfg::kHeadDim>(p);\n}\n");
+        break;
+    case MS_KERNEL_OP_ATTN_PREFILL:
+        emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_ATTN_PREFILL_THREADS)\n"
+                 "ms_attn_prefill(const ms_attn_params p) {\n"
+                 "    ms::attn_prefill<cfg::T, cfg::kHeadDim, cfg::kPageSize, cfg::kGroup, "
+                 "cfg::kCausal, cfg::kWindowed>(p);\n}\n");
+        break;
+    case MS_KERNEL_OP_ROPE_KV:
+        emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_ROPE_KV_THREADS)\n"
+                 "ms_rope_kv(const ms_rope_kv_params p) {\n"
+                 "    ms::rope_kv<cfg::T, cfg::kHeadDim, cfg::kPageSize, cfg::kRope, "
+                 "cfg::kRopeScaling>(p);\n}\n");
+        break;
+    case MS_KERNEL_OP_RMSNORM:
+        emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_RMSNORM_THREADS)\n"
+                 "ms_rmsnorm(const ms_rmsnorm_params p) {\n"
+                 "    ms::rmsnorm<cfg::T, cfg::kAddResidual>(p);\n}\n");
+        break;
+    case MS_KERNEL_OP_SILU_MUL:
+        emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_SILU_MUL_THREADS)\n"
+                 "ms_silu_mul(const ms_silu_mul_params p) {\n"
+                 "    ms::silu_mul<cfg::T>(p);\n}\n");
+        break;
+    case MS_KERNEL_OP_EMBED:
+        emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_EMBED_THREADS)\n"
+                 "ms_embed(const ms_embed_params p) {\n"
+                 "    ms::embed<cfg::T>(p);\n}\n");
+        break;
+    case MS_KERNEL_OP_ARGMAX:
+        emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_ARGMAX_THREADS)\n"
+                 "ms_argmax(const ms_argmax_params p) {\n"
+                 "    ms::argmax<cfg::T>(p);\n}\n");
+        break;
+    case MS_KERNEL_OP_SAMPLE:
+        emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_SAMPLE_THREADS)\n"
+                 "ms_sample(const ms_sample_params p) {\n"
+                 "    ms::sample<cfg::T>(p);\n}\n");
+        break;
+    default:
+        break;
+    }
+    if (b.oom) {
+        ms_free(b.data);
+        return MS_FAIL(err, MS_ERR_OOM, "%s: out of memory writing the instance source", uri);
+    }
+    *out = b.data;
+    return MS_OK;
+}
+
+/* ---- attention planning ---- */
+
+ms_status ms_attn_prefill_plan_tiles(const int32_t *qo_indptr, int batch, int group,
+                                     int32_t *tile_req, int32_t *tile_idx, int cap,
+                                     int *n_tiles, ms_error *err) {
+    *n_tiles = 0;
+    if (batch < 0 || group < 1)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "prefill tiles: batch %d, group %d", batch, group);
+    int n = 0;
+    for (int b = 0; b < batch; b++) {
+        int64_t n_q = (int64_t)qo_indptr[b + 1] - qo_indptr[b];
+        if (n_q < 0)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                           "prefill tiles: qo_indptr decreases at request %d (%d -> %d)", b,
+                           qo_indptr[b], qo_indptr[b + 1]);
+        int64_t tiles = (n_q * group + MS_ATTN_PREFILL_ROWS - 1) / MS_ATTN_PREFILL_ROWS;
+        if (n + tiles > cap)
+            return MS_FAIL(err, MS_ERR_CAPACITY,
+                           "prefill tiles: request %d needs tiles beyond the capacity of %d", b,
+                           cap);
+        for (int64_t t = 0; t < tiles; t++) {
+            if (tile_req != NULL)
+                tile_req[n] = b;
+            if (tile_idx != NULL)
+                tile_idx[n] = (int32_t)t;
+            n++;
+        }
+    }
+    *n_tiles = n;
+    return MS_OK;
+}
+
+void ms_attn_decode_plan_split(int batch, int n_kv_heads, int max_pages, int n_sms,
+                               int min_pages, int max_splits, int *n_splits,
+                               int *pages_per_split) {
+    if (max_pages < 1)
+        max_pages = 1;
+    if (min_pages < 1)
+        min_pages = 1;
+    if (max_splits < 1)
+        max_splits = 1;
+    int64_t ctas = (int64_t)(batch > 0 ? batch : 1) * (n_kv_heads > 0 ? n_kv_heads : 1);
+    int64_t want = (2 * (int64_t)(n_sms > 0 ? n_sms : 1) + ctas - 1) / ctas;
+    int64_t by_len = max_pages / min_pages;
+    int64_t s = want < by_len ? want : by_len;
+    if (s > max_splits)
+        s = max_splits;
+    if (s < 1)
+        s = 1;
+    int pps = (int)((max_pages + s - 1) / s);
+    /* drop splits that would be empty after rounding pages_per_split up */
+    s = (max_pages + pps - 1) / pps;
+    *n_splits = (int)s;
+    *pages_per_split = pps;
+}

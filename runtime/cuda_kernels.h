@@ -1,0 +1,154 @@
+/*
+ * cuda_kernels.h - kernel instances: what a specialization is (ms_kernel_spec), its readable URI,
+ * its generated instance source (config preamble + extern "C" wrappers around a template of
+ * templates/), and the host-side planning the attention kernels need (prefill tile lists, decode
+ * KV splits).
+ *
+ * Pure host C with no CUDA dependency: mstarc calls it to emit per-model instance sources, the
+ * runtime to complete the shapes from the checkpoint at load, and the CPU-only CI to test it.
+ * NVRTC compilation lives in nvrtc.h, loading and launching in cuda_ops.h.
+ *
+ * Ownership: functions borrow their arguments; a source returned through `char **` is ms_malloc'd
+ * and released with ms_free.
+ *
+ * Usage:
+ *     ms_kernel_spec s = ms_kernel_spec_attn_decode(MS_KERNEL_DTYPE_BF16, 128, 16, 4, false);
+ *     char uri[MS_KERNEL_URI_MAX];
+ *     MS_TRY(ms_kernel_spec_uri(&s, 90, uri, sizeof uri, err));   // attn_decode_bf16_hd128_ps16_g4_sm90
+ *     char *src;
+ *     MS_TRY(ms_kernel_spec_source(&s, &src, err));
+ */
+#ifndef MS_CUDA_KERNELS_H
+#define MS_CUDA_KERNELS_H
+
+#include "ms_base.h"
+#include "../templates/common/params.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MS_KERNEL_URI_MAX 128
+
+/* ORDER MS_KERNEL_OP: keep the op table in cuda_kernels.c in sync. */
+typedef enum ms_kernel_op {
+    MS_KERNEL_OP_ATTN_DECODE = 0, /* attn/decode.cuh (+ split merge) */
+    MS_KERNEL_OP_ATTN_PREFILL,    /* attn/prefill.cuh */
+    MS_KERNEL_OP_ROPE_KV,         /* rope/rope_kv.cuh */
+    MS_KERNEL_OP_RMSNORM,         /* norm/rmsnorm.cuh */
+    MS_KERNEL_OP_SILU_MUL,        /* act/silu_mul.cuh */
+    MS_KERNEL_OP_EMBED,           /* embed/embed.cuh */
+    MS_KERNEL_OP_ARGMAX,          /* sample/sample.cuh */
+    MS_KERNEL_OP_SAMPLE,          /* sample/sample.cuh */
+    MS_KERNEL_OP_COUNT
+} ms_kernel_op;
+
+/* Element type of an instance. ORDER MS_KERNEL_DTYPE. */
+typedef enum ms_kernel_dtype {
+    MS_KERNEL_DTYPE_BF16 = 0,
+    MS_KERNEL_DTYPE_F16,
+    MS_KERNEL_DTYPE_F32, /* logits of argmax / sample only */
+    MS_KERNEL_DTYPE_COUNT
+} ms_kernel_dtype;
+
+/* RoPE pair layout; values match kRope* in templates/common/rope.cuh. */
+typedef enum ms_kernel_rope {
+    MS_KERNEL_ROPE_NONE = 0,        /* no rotation: plain KV write */
+    MS_KERNEL_ROPE_NEOX = 1,        /* rotate-half (Hugging Face) */
+    MS_KERNEL_ROPE_INTERLEAVED = 2, /* pairs (2i, 2i+1) (llama2.c, GPT-J) */
+    MS_KERNEL_ROPE_COUNT
+} ms_kernel_rope;
+
+/* RoPE frequency scaling; values match kRopeScaling* in templates/common/rope.cuh. */
+typedef enum ms_kernel_rope_scaling {
+    MS_KERNEL_ROPE_SCALING_NONE = 0,
+    MS_KERNEL_ROPE_SCALING_LLAMA3 = 1,
+    MS_KERNEL_ROPE_SCALING_COUNT
+} ms_kernel_rope_scaling;
+
+/*
+ * One kernel specialization: every compile-time choice. Fields an op does not use must be zero
+ * (the constructors below do that), so equal instances have equal URIs.
+ */
+typedef struct ms_kernel_spec {
+    ms_kernel_op op;
+    ms_kernel_dtype dtype;               /* storage type (logits type for argmax / sample) */
+    int head_dim;                        /* attention, rope_kv: elements per head */
+    int page_size;                       /* attention, rope_kv: tokens per KV page */
+    int group;                           /* attention: query heads per KV head (1 = MHA) */
+    bool causal;                         /* prefill: mask keys after the query */
+    bool windowed;                       /* attention: sliding window (size is a launch param) */
+    bool add_residual;                   /* rmsnorm: fused residual add */
+    ms_kernel_rope rope;                 /* rope_kv */
+    ms_kernel_rope_scaling rope_scaling; /* rope_kv */
+} ms_kernel_spec;
+
+/* ---- constructors (zero the fields the op ignores) ---- */
+
+ms_kernel_spec ms_kernel_spec_attn_decode(ms_kernel_dtype dt, int head_dim, int page_size,
+                                          int group, bool windowed);
+ms_kernel_spec ms_kernel_spec_attn_prefill(ms_kernel_dtype dt, int head_dim, int page_size,
+                                           int group, bool causal, bool windowed);
+ms_kernel_spec ms_kernel_spec_rope_kv(ms_kernel_dtype dt, int head_dim, int page_size,
+                                      ms_kernel_rope rope, ms_kernel_rope_scaling scaling);
+ms_kernel_spec ms_kernel_spec_rmsnorm(ms_kernel_dtype dt, bool add_residual);
+/* op: MS_KERNEL_OP_SILU_MUL, _EMBED, _ARGMAX or _SAMPLE (dtype only). */
+ms_kernel_spec ms_kernel_spec_simple(ms_kernel_op op, ms_kernel_dtype dt);
+
+/*
+ * Check that this build's templates support the spec. MS_ERR_UNSUPPORTED names the value and the
+ * supported ones (e.g. "attn_decode: head_dim 48 unsupported (8, 16, 32, 64, 128, 256)").
+ */
+ms_status ms_kernel_spec_check(const ms_kernel_spec *s, ms_error *err);
+
+/*
+ * Readable URI from every parameter, plus "_sm<arch>" when arch > 0, e.g.
+ * attn_decode_bf16_hd128_ps16_g4_sm90, attn_prefill_bf16_hd64_ps16_g8_causal_win_sm80,
+ * rope_kv_bf16_hd128_ps16_neox_llama3_sm90, rmsnorm_bf16_res_sm90. It names the generated source
+ * file and keys the cubin cache. Fails on an invalid spec or when buf (cap bytes) is too small.
+ */
+ms_status ms_kernel_spec_uri(const ms_kernel_spec *s, int arch, char *buf, size_t cap,
+                             ms_error *err);
+
+/*
+ * Instance source: a do-not-edit banner, the template's #include, the config preamble
+ * (using / constexpr lines) and the extern "C" wrapper kernels named by ms_kernel_op_entry.
+ * Byte-for-byte deterministic. *out is ms_malloc'd (caller frees).
+ */
+ms_status ms_kernel_spec_source(const ms_kernel_spec *s, char **out, ms_error *err);
+
+/* Name of entry `i` of an op's module (i = 0: main kernel; decode has i = 1: the split merge),
+ * NULL past the last. */
+const char *ms_kernel_op_entry(ms_kernel_op op, int i);
+/* Short op name used in URIs ("attn_decode", ...). */
+const char *ms_kernel_op_name(ms_kernel_op op);
+/* Short dtype name used in URIs ("bf16", "f16", "f32"). */
+const char *ms_kernel_dtype_name(ms_kernel_dtype dt);
+
+/* ---- host planning for the attention kernels ---- */
+
+/*
+ * Prefill tile list: request b with n_q = qo_indptr[b+1] - qo_indptr[b] query tokens packs
+ * n_q * group rows into ceil(n_q * group / MS_ATTN_PREFILL_ROWS) tiles. Writes tile_req[i] (the
+ * request) and tile_idx[i] (tile number within it) for every tile, in request order, and
+ * *n_tiles. tile_req / tile_idx may be NULL to only count. MS_ERR_CAPACITY when more than cap
+ * tiles are needed; MS_ERR_INVALID_ARG for a decreasing qo_indptr.
+ */
+ms_status ms_attn_prefill_plan_tiles(const int32_t *qo_indptr, int batch, int group,
+                                     int32_t *tile_req, int32_t *tile_idx, int cap,
+                                     int *n_tiles, ms_error *err);
+
+/*
+ * Decode KV split: pick n_splits and pages_per_split so that batch * n_kv_heads * n_splits CTAs
+ * fill the device (about 2 CTAs per multiprocessor) without splits shorter than min_pages pages.
+ * max_pages is the longest view's page count. Always n_splits >= 1 and
+ * n_splits * pages_per_split >= max_pages; n_splits <= max_splits (the partial buffers' size).
+ */
+void ms_attn_decode_plan_split(int batch, int n_kv_heads, int max_pages, int n_sms,
+                               int min_pages, int max_splits, int *n_splits,
+                               int *pages_per_split);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MS_CUDA_KERNELS_H */

@@ -1,0 +1,259 @@
+/*
+ * cuda_ops.c - loading kernel instances and launching them (cuda_ops.h).
+ *
+ * Constraints: the driver library is never linked; cubins are loaded with cudaLibraryLoadData and
+ * kernels launched with cudaLaunchKernel on the cudaKernel_t handle, so binaries start without a
+ * GPU. Launchers validate on the host what the templates assume (16-byte alignment of vectorized
+ * rows, head counts, split buffers): a device kernel cannot report a bad argument.
+ */
+#include "cuda_ops.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "nvrtc_cache.h"
+
+/* ---- modules ---- */
+
+ms_status ms_cuda_device_arch(int device, int *arch, int *n_sms, ms_error *err) {
+    int major = 0, minor = 0, sms = 0;
+    MS_CUDA_TRY(err, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    MS_CUDA_TRY(err, cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    MS_CUDA_TRY(err, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    *arch = major * 10 + minor;
+    if (n_sms != NULL)
+        *n_sms = sms;
+    return MS_OK;
+}
+
+static ms_status module_load(ms_cuda_module *m, const ms_cubin *cb, ms_error *err) {
+    MS_CUDA_TRY(err, cudaLibraryLoadData(&m->lib, cb->data, NULL, NULL, 0, NULL, NULL, 0));
+    for (int i = 0; i < 2; i++) {
+        const char *name = ms_kernel_op_entry(m->spec.op, i);
+        if (name == NULL)
+            break;
+        MS_CUDA_TRY(err, cudaLibraryGetKernel(&m->fn[i], m->lib, name));
+    }
+    return MS_OK;
+}
+
+ms_status ms_cuda_module_init(ms_cuda_module **out, const ms_kernel_spec *spec, int arch,
+                              const char *cache_dir, ms_error *err) {
+    *out = NULL;
+    ms_cuda_module *m = ms_calloc(1, sizeof *m);
+    if (m == NULL)
+        return MS_FAIL(err, MS_ERR_OOM, "kernel module: out of memory");
+    m->spec = *spec;
+    char uri[MS_KERNEL_URI_MAX];
+    char *src = NULL;
+    ms_cubin cb = {0};
+    ms_status st = ms_kernel_spec_uri(spec, 0, uri, sizeof uri, err);
+    if (st == MS_OK)
+        st = ms_kernel_spec_uri(spec, arch, m->uri, sizeof m->uri, err);
+    if (st == MS_OK)
+        st = ms_kernel_spec_source(spec, &src, err);
+    if (st == MS_OK)
+        st = ms_nvrtc_compile(uri, src, arch, cache_dir, &cb, err);
+    if (st == MS_OK) {
+        m->from_cache = cb.from_cache;
+        st = module_load(m, &cb, err);
+        if (st != MS_OK)
+            ms_error_prefix(err, "loading %s: ", m->uri);
+    }
+    ms_nvrtc_cubin_free(&cb);
+    ms_free(src);
+    if (st != MS_OK) {
+        ms_cuda_module_free(m);
+        return st;
+    }
+    *out = m;
+    return MS_OK;
+}
+
+void ms_cuda_module_free(ms_cuda_module *m) {
+    if (m == NULL)
+        return;
+    if (m->lib != NULL)
+        (void)cudaLibraryUnload(m->lib);
+    ms_free(m);
+}
+
+/* ---- launch helpers ---- */
+
+static ms_status want_op(const ms_cuda_module *m, ms_kernel_op op, ms_error *err) {
+    if (m == NULL || m->spec.op != op || m->fn[0] == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "launch %s: module is %s", ms_kernel_op_name(op),
+                       m != NULL ? m->uri : "NULL");
+    return MS_OK;
+}
+
+static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+/* Elements of the module's dtype in 16 bytes. */
+static int vec_elems(ms_kernel_dtype dt) { return dt == MS_KERNEL_DTYPE_F32 ? 4 : 8; }
+
+static ms_status launch(const ms_cuda_module *m, int entry, unsigned gx, unsigned gy, unsigned gz,
+                        unsigned threads, void *params, cudaStream_t stream, ms_error *err) {
+    if (gx == 0 || gy == 0 || gz == 0)
+        return MS_OK; /* nothing to do */
+    dim3 grid = {gx, gy, gz}, block = {threads, 1, 1};
+    void *args[] = {params};
+    MS_CUDA_TRY(err, cudaLaunchKernel((const void *)m->fn[entry], grid, block, args, 0, stream));
+    return MS_OK;
+}
+
+/* ---- attention ---- */
+
+static ms_status check_attn(const ms_cuda_module *m, const ms_attn_params *p, ms_error *err) {
+    const ms_kernel_spec *s = &m->spec;
+    if (p->batch < 0 || p->batch > 65535)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: batch %d outside [0, 65535]", m->uri, p->batch);
+    if (p->n_kv_heads < 1 || p->n_kv_heads > 65535 || p->n_q_heads != p->n_kv_heads * s->group)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "%s: %d query heads over %d KV heads does not match group %d", m->uri,
+                       p->n_q_heads, p->n_kv_heads, s->group);
+    if (p->q_stride < p->n_q_heads * s->head_dim || p->o_stride < p->n_q_heads * s->head_dim)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: q/o row stride %d/%d below %d heads x %d",
+                       m->uri, p->q_stride, p->o_stride, p->n_q_heads, s->head_dim);
+    if (!aligned16(p->kv) || !aligned16(p->q) || !aligned16(p->o) ||
+        p->q_stride % vec_elems(s->dtype) != 0 || p->o_stride % vec_elems(s->dtype) != 0)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "%s: q, o and the page arena must be 16-byte aligned, with strides in "
+                       "16-byte units",
+                       m->uri);
+    if (s->windowed && p->window < 1)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: windowed kernel with window %d", m->uri,
+                       p->window);
+    if (p->qo_indptr == NULL || p->kv_indptr == NULL || p->kv_indices == NULL ||
+        p->kv_last_page_len == NULL || p->kv_start == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: missing paged index arrays", m->uri);
+    return MS_OK;
+}
+
+ms_status ms_cuda_attn_decode_launch(const ms_cuda_module *m, const ms_attn_params *p,
+                                     cudaStream_t stream, ms_error *err) {
+    MS_TRY(want_op(m, MS_KERNEL_OP_ATTN_DECODE, err));
+    MS_TRY(check_attn(m, p, err));
+    if (p->n_splits < 1 || p->n_splits > 65535 || p->pages_per_split < 1)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: %d splits of %d pages", m->uri, p->n_splits,
+                       p->pages_per_split);
+    if (p->n_splits > 1 && (p->part_o == NULL || p->part_lse == NULL))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: %d splits without partial buffers", m->uri,
+                       p->n_splits);
+    ms_attn_params copy = *p;
+    MS_TRY(launch(m, 0, (unsigned)p->n_splits, (unsigned)p->n_kv_heads, (unsigned)p->batch,
+                  MS_ATTN_DECODE_THREADS, &copy, stream, err));
+    if (p->n_splits > 1)
+        MS_TRY(launch(m, 1, (unsigned)p->n_q_heads, (unsigned)p->batch, 1, MS_ATTN_MERGE_THREADS,
+                      &copy, stream, err));
+    return MS_OK;
+}
+
+ms_status ms_cuda_attn_prefill_launch(const ms_cuda_module *m, const ms_attn_params *p,
+                                      int n_tiles, cudaStream_t stream, ms_error *err) {
+    MS_TRY(want_op(m, MS_KERNEL_OP_ATTN_PREFILL, err));
+    MS_TRY(check_attn(m, p, err));
+    if (n_tiles < 0 || (n_tiles > 0 && (p->tile_req == NULL || p->tile_idx == NULL)))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: %d tiles without tile lists", m->uri, n_tiles);
+    ms_attn_params copy = *p;
+    return launch(m, 0, (unsigned)n_tiles, (unsigned)p->n_kv_heads, 1, MS_ATTN_PREFILL_THREADS,
+                  &copy, stream, err);
+}
+
+/* ---- the rest ---- */
+
+ms_status ms_cuda_rope_kv_launch(const ms_cuda_module *m, const ms_rope_kv_params *p,
+                                 cudaStream_t stream, ms_error *err) {
+    MS_TRY(want_op(m, MS_KERNEL_OP_ROPE_KV, err));
+    const int hd = m->spec.head_dim, v = vec_elems(m->spec.dtype);
+    if (p->n_tokens < 0 || p->n_kv_heads < 1 || p->n_q_heads < 0)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: %d tokens, %d q heads, %d kv heads", m->uri,
+                       p->n_tokens, p->n_q_heads, p->n_kv_heads);
+    if (p->q_stride < p->n_q_heads * hd || p->k_stride < p->n_kv_heads * hd ||
+        p->v_stride < p->n_kv_heads * hd)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: q/k/v row strides %d/%d/%d too small", m->uri,
+                       p->q_stride, p->k_stride, p->v_stride);
+    if (!aligned16(p->kv) || !aligned16(p->k) || !aligned16(p->v) || p->k_stride % v != 0 ||
+        p->v_stride % v != 0)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "%s: k, v and the page arena must be 16-byte aligned with 16-byte strides",
+                       m->uri);
+    if (m->spec.rope != MS_KERNEL_ROPE_NONE && !(p->theta > 0.f))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: rope theta %g", m->uri, (double)p->theta);
+    if (m->spec.rope_scaling == MS_KERNEL_ROPE_SCALING_LLAMA3 &&
+        !(p->factor > 0.f && p->high_freq_factor > p->low_freq_factor &&
+          p->low_freq_factor > 0.f && p->original_max_pos > 0.f))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "%s: llama3 scaling needs factor > 0 and high_freq_factor > "
+                       "low_freq_factor > 0 (got %g, %g, %g)",
+                       m->uri, (double)p->factor, (double)p->low_freq_factor,
+                       (double)p->high_freq_factor);
+    ms_rope_kv_params copy = *p;
+    return launch(m, 0, (unsigned)p->n_tokens, 1, 1, MS_ROPE_KV_THREADS, &copy, stream, err);
+}
+
+ms_status ms_cuda_rmsnorm_launch(const ms_cuda_module *m, const ms_rmsnorm_params *p,
+                                 cudaStream_t stream, ms_error *err) {
+    MS_TRY(want_op(m, MS_KERNEL_OP_RMSNORM, err));
+    const int v = vec_elems(m->spec.dtype);
+    if (p->n_rows < 0 || p->dim < v || p->dim % v != 0 || p->x_stride % v != 0 ||
+        p->out_stride % v != 0 || p->x_stride < p->dim || p->out_stride < p->dim)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "%s: dim %d and strides %d/%d must be multiples of %d elements", m->uri,
+                       p->dim, p->x_stride, p->out_stride, v);
+    if (!aligned16(p->x) || !aligned16(p->out) || !aligned16(p->weight) ||
+        (m->spec.add_residual && !aligned16(p->residual)))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: rows must be 16-byte aligned", m->uri);
+    ms_rmsnorm_params copy = *p;
+    return launch(m, 0, (unsigned)p->n_rows, 1, 1, MS_RMSNORM_THREADS, &copy, stream, err);
+}
+
+ms_status ms_cuda_silu_mul_launch(const ms_cuda_module *m, const ms_silu_mul_params *p,
+                                  cudaStream_t stream, ms_error *err) {
+    MS_TRY(want_op(m, MS_KERNEL_OP_SILU_MUL, err));
+    const int v = vec_elems(m->spec.dtype);
+    if (p->n_rows < 0 || p->inter < v || p->inter % v != 0 || !aligned16(p->gate_up) ||
+        !aligned16(p->out))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "%s: inter %d must be a multiple of %d and rows 16-byte aligned", m->uri,
+                       p->inter, v);
+    int64_t vecs = (int64_t)p->n_rows * (p->inter / v);
+    int64_t blocks = MS_CEIL_DIV(vecs, MS_SILU_MUL_THREADS);
+    if (blocks > 65536)
+        blocks = 65536; /* grid-stride loop covers the rest */
+    ms_silu_mul_params copy = *p;
+    return launch(m, 0, (unsigned)blocks, 1, 1, MS_SILU_MUL_THREADS, &copy, stream, err);
+}
+
+ms_status ms_cuda_embed_launch(const ms_cuda_module *m, const ms_embed_params *p,
+                               cudaStream_t stream, ms_error *err) {
+    MS_TRY(want_op(m, MS_KERNEL_OP_EMBED, err));
+    const int v = vec_elems(m->spec.dtype);
+    if (p->n_tokens < 0 || p->vocab < 1 || p->dim < v || p->dim % v != 0 ||
+        !aligned16(p->table) || !aligned16(p->out))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "%s: dim %d must be a multiple of %d, vocab %d >= 1, rows aligned", m->uri,
+                       p->dim, v, p->vocab);
+    ms_embed_params copy = *p;
+    return launch(m, 0, (unsigned)p->n_tokens, 1, 1, MS_EMBED_THREADS, &copy, stream, err);
+}
+
+ms_status ms_cuda_argmax_launch(const ms_cuda_module *m, const ms_argmax_params *p,
+                                cudaStream_t stream, ms_error *err) {
+    MS_TRY(want_op(m, MS_KERNEL_OP_ARGMAX, err));
+    if (p->n_rows < 0 || p->vocab < 1 || p->stride < p->vocab)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: vocab %d, stride %d", m->uri, p->vocab,
+                       p->stride);
+    ms_argmax_params copy = *p;
+    return launch(m, 0, (unsigned)p->n_rows, 1, 1, MS_ARGMAX_THREADS, &copy, stream, err);
+}
+
+ms_status ms_cuda_sample_launch(const ms_cuda_module *m, const ms_sample_params *p,
+                                cudaStream_t stream, ms_error *err) {
+    MS_TRY(want_op(m, MS_KERNEL_OP_SAMPLE, err));
+    if (p->n_rows < 0 || p->vocab < 1 || p->stride < p->vocab)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: vocab %d, stride %d", m->uri, p->vocab,
+                       p->stride);
+    ms_sample_params copy = *p;
+    return launch(m, 0, (unsigned)p->n_rows, 1, 1, MS_SAMPLE_THREADS, &copy, stream, err);
+}

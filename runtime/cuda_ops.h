@@ -1,0 +1,71 @@
+/*
+ * cuda_ops.h - loaded kernel instances (cubin from nvrtc_cache.h, loaded through cudart's
+ * cudaLibrary* calls) and one host launcher per op that checks preconditions, computes the grid
+ * and launches on a stream (CONVENTIONS.md item 12). CUDA builds only.
+ *
+ * Ownership: ms_cuda_module_init returns a module owned by the caller (ms_cuda_module_free);
+ * launchers borrow everything; device pointers inside the params stay the caller's.
+ *
+ * Usage:
+ *     ms_kernel_spec s = ms_kernel_spec_attn_decode(MS_KERNEL_DTYPE_BF16, 128, 16, 4, false);
+ *     ms_cuda_module *m;
+ *     MS_TRY(ms_cuda_module_init(&m, &s, arch, NULL, err));
+ *     MS_TRY(ms_cuda_attn_decode_launch(m, &params, stream, err));
+ *     ms_cuda_module_free(m);
+ */
+#ifndef MS_CUDA_OPS_H
+#define MS_CUDA_OPS_H
+
+#include "cuda_check.h"
+#include "cuda_kernels.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* A compiled and loaded kernel instance. */
+typedef struct ms_cuda_module {
+    ms_kernel_spec spec;
+    char uri[MS_KERNEL_URI_MAX]; /* with the arch suffix */
+    cudaLibrary_t lib;
+    cudaKernel_t fn[2];          /* entries of ms_kernel_op_entry(spec.op, i); NULL past the last */
+    bool from_cache;             /* the cubin came from the disk cache */
+} ms_cuda_module;
+
+/*
+ * Compile (or fetch from the cache) the instance for sm_<arch> and load it on the current device.
+ * cache_dir as in ms_nvrtc_compile. Errors: those of ms_kernel_spec_check and ms_nvrtc_compile,
+ * MS_ERR_CUDA when loading fails (message names the URI).
+ */
+ms_status ms_cuda_module_init(ms_cuda_module **out, const ms_kernel_spec *spec, int arch,
+                              const char *cache_dir, ms_error *err);
+void ms_cuda_module_free(ms_cuda_module *m);
+
+/* Compute capability (as 90 for sm_90) and multiprocessor count of a device. */
+ms_status ms_cuda_device_arch(int device, int *arch, int *n_sms, ms_error *err);
+
+/* ---- launchers: each checks the module's op and the params, then launches ---- */
+
+/* Decode attention: grid (n_splits, n_kv_heads, batch), then the merge when n_splits > 1. */
+ms_status ms_cuda_attn_decode_launch(const ms_cuda_module *m, const ms_attn_params *p,
+                                     cudaStream_t stream, ms_error *err);
+/* Prefill attention over n_tiles tiles (ms_attn_prefill_plan_tiles): grid (n_tiles, n_kv_heads). */
+ms_status ms_cuda_attn_prefill_launch(const ms_cuda_module *m, const ms_attn_params *p,
+                                      int n_tiles, cudaStream_t stream, ms_error *err);
+ms_status ms_cuda_rope_kv_launch(const ms_cuda_module *m, const ms_rope_kv_params *p,
+                                 cudaStream_t stream, ms_error *err);
+ms_status ms_cuda_rmsnorm_launch(const ms_cuda_module *m, const ms_rmsnorm_params *p,
+                                 cudaStream_t stream, ms_error *err);
+ms_status ms_cuda_silu_mul_launch(const ms_cuda_module *m, const ms_silu_mul_params *p,
+                                  cudaStream_t stream, ms_error *err);
+ms_status ms_cuda_embed_launch(const ms_cuda_module *m, const ms_embed_params *p,
+                               cudaStream_t stream, ms_error *err);
+ms_status ms_cuda_argmax_launch(const ms_cuda_module *m, const ms_argmax_params *p,
+                                cudaStream_t stream, ms_error *err);
+ms_status ms_cuda_sample_launch(const ms_cuda_module *m, const ms_sample_params *p,
+                                cudaStream_t stream, ms_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MS_CUDA_OPS_H */

@@ -1,0 +1,355 @@
+/*
+ * nvrtc_cache.c - NVRTC compilation of kernel instances with an on-disk cubin cache (nvrtc_cache.h).
+ *
+ * Constraints: every NVRTC call is checked (MS_NVRTC_TRY); the program is destroyed on every
+ * path; cache files appear atomically (write to a unique temporary name, fsync, rename); a cache
+ * entry that is not an ELF file is ignored and rewritten; an unwritable cache never fails a
+ * compile.
+ */
+#include "nvrtc_cache.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cuda_check.h" /* brings <nvrtc.h> with -Wundef silenced */
+
+#define PATH_CAP 4096
+
+/* ---- small helpers ---- */
+
+static uint64_t fnv1a(uint64_t h, const void *data, size_t n) {
+    const unsigned char *p = data;
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+static uint64_t fnv1a_str(uint64_t h, const char *s) {
+    return fnv1a(h, s, strlen(s) + 1); /* the NUL separates fields */
+}
+
+/* mkdir -p; true when the folder exists afterwards. */
+static bool make_dirs(const char *path) {
+    char buf[PATH_CAP];
+    size_t n = strlen(path);
+    if (n == 0 || n >= sizeof buf)
+        return false;
+    memcpy(buf, path, n + 1);
+    for (size_t i = 1; i <= n; i++) {
+        if (buf[i] == '/' || buf[i] == '\0') {
+            char c = buf[i];
+            buf[i] = '\0';
+            if (mkdir(buf, 0755) != 0 && errno != EEXIST)
+                return false;
+            buf[i] = c;
+        }
+    }
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+/* Read a whole file into an ms_malloc'd buffer; false when missing or unreadable. */
+static bool read_file(const char *path, void **data, size_t *size) {
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        return false;
+    bool ok = false;
+    char *buf = NULL;
+    if (fseek(f, 0, SEEK_END) == 0) {
+        long len = ftell(f);
+        if (len > 0 && fseek(f, 0, SEEK_SET) == 0) {
+            buf = ms_malloc((size_t)len);
+            if (buf != NULL && fread(buf, 1, (size_t)len, f) == (size_t)len) {
+                *data = buf;
+                *size = (size_t)len;
+                ok = true;
+            }
+        }
+    }
+    fclose(f);
+    if (!ok)
+        ms_free(buf);
+    return ok;
+}
+
+/* Write via a temporary file and rename, so readers see the old file or the whole new one. */
+static bool write_file_atomic(const char *path, const void *data, size_t size) {
+    static int counter;
+    char tmp[PATH_CAP];
+    int n = snprintf(tmp, sizeof tmp, "%s.tmp.%ld.%d", path, (long)getpid(),
+                     __atomic_fetch_add(&counter, 1, __ATOMIC_RELAXED));
+    if (n < 0 || (size_t)n >= sizeof tmp)
+        return false;
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL, 0644);
+    if (fd < 0)
+        return false;
+    const char *p = data;
+    size_t left = size;
+    bool ok = true;
+    while (left > 0) {
+        ssize_t w = write(fd, p, left);
+        if (w < 0 && errno == EINTR)
+            continue;
+        if (w <= 0) {
+            ok = false;
+            break;
+        }
+        p += w;
+        left -= (size_t)w;
+    }
+    if (ok && fsync(fd) != 0)
+        ok = false;
+    if (close(fd) != 0)
+        ok = false;
+    if (ok && rename(tmp, path) != 0)
+        ok = false;
+    if (!ok)
+        unlink(tmp);
+    return ok;
+}
+
+/* ---- public helpers ---- */
+
+ms_status ms_nvrtc_parse_arch(const char *text, int *arch, ms_error *err) {
+    if (text == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "architecture: missing (expected e.g. sm_90)");
+    const char *p = text;
+    if (strncmp(p, "sm_", 3) == 0)
+        p += 3;
+    else if (strncmp(p, "sm", 2) == 0)
+        p += 2;
+    else if (strncmp(p, "compute_", 8) == 0)
+        p += 8;
+    char *end = NULL;
+    long v = strtol(p, &end, 10);
+    if (end == p || *end != '\0' || v < 50 || v > 199)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "architecture '%s' not understood (expected e.g. sm_80, sm_90)", text);
+    *arch = (int)v;
+    return MS_OK;
+}
+
+ms_status ms_nvrtc_version(int *version, ms_error *err) {
+    int major = 0, minor = 0;
+    MS_NVRTC_TRY(err, nvrtcVersion(&major, &minor));
+    *version = major * 1000 + minor * 10;
+    return MS_OK;
+}
+
+ms_status ms_nvrtc_cache_dir(const char *cache_dir, char *buf, size_t cap, ms_error *err) {
+    int n;
+    if (cache_dir != NULL) {
+        n = snprintf(buf, cap, "%s", cache_dir);
+    } else {
+        const char *env = getenv("MSTAR_CACHE");
+        const char *home = getenv("HOME");
+        if (env != NULL && strcmp(env, "off") == 0)
+            return MS_FAIL(err, MS_ERR_NOT_FOUND, "kernel cache disabled (MSTAR_CACHE=off)");
+        if (env != NULL && env[0] != '\0')
+            n = snprintf(buf, cap, "%s", env);
+        else if (home != NULL && home[0] != '\0')
+            n = snprintf(buf, cap, "%s/.cache/mstar", home);
+        else
+            return MS_FAIL(err, MS_ERR_NOT_FOUND, "kernel cache: neither MSTAR_CACHE nor HOME set");
+    }
+    if (n < 0 || (size_t)n >= cap)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "kernel cache folder name too long");
+    return MS_OK;
+}
+
+void ms_nvrtc_cubin_free(ms_cubin *c) {
+    if (c == NULL)
+        return;
+    ms_free(c->data);
+    ms_free(c->path);
+    memset(c, 0, sizeof *c);
+}
+
+/* ---- compile ---- */
+
+/* Is arch among NVRTC's supported real architectures? */
+static ms_status check_arch(int arch, ms_error *err) {
+    int n = 0;
+    MS_NVRTC_TRY(err, nvrtcGetNumSupportedArchs(&n));
+    if (n <= 0 || n > 256)
+        return MS_FAIL(err, MS_ERR_NVRTC, "NVRTC reports %d supported architectures", n);
+    int archs[256];
+    MS_NVRTC_TRY(err, nvrtcGetSupportedArchs(archs));
+    for (int i = 0; i < n; i++)
+        if (archs[i] == arch)
+            return MS_OK;
+    return MS_FAIL(err, MS_ERR_UNSUPPORTED, "sm_%d is not supported by this NVRTC (%d .. %d)", arch,
+                   archs[0], archs[n - 1]);
+}
+
+/* Write the failing source and log for the developer; returns the source path or "" in src. */
+static void save_failure(const char *dir, const char *full_uri, const char *source,
+                         const char *log, char *src_path, size_t src_cap, char *log_path,
+                         size_t log_cap) {
+    char folder[PATH_CAP];
+    src_path[0] = log_path[0] = '\0';
+    int f;
+    if (dir != NULL)
+        f = snprintf(folder, sizeof folder, "%s/failed", dir);
+    else
+        f = snprintf(folder, sizeof folder, "%s/mstar-failed",
+                     getenv("TMPDIR") != NULL ? getenv("TMPDIR") : "/tmp");
+    if (f < 0 || (size_t)f >= sizeof folder || !make_dirs(folder))
+        return;
+    char sp[PATH_CAP], lp[PATH_CAP];
+    int a = snprintf(sp, sizeof sp, "%s/%s.cu", folder, full_uri);
+    int b = snprintf(lp, sizeof lp, "%s/%s.log", folder, full_uri);
+    if (a < 0 || (size_t)a >= sizeof sp || b < 0 || (size_t)b >= sizeof lp)
+        return;
+    if (write_file_atomic(sp, source, strlen(source)))
+        snprintf(src_path, src_cap, "%s", sp);
+    if (write_file_atomic(lp, log, strlen(log)))
+        snprintf(log_path, log_cap, "%s", lp);
+}
+
+/* Run NVRTC; on success *cubin and *size hold an ms_malloc'd cubin. */
+static ms_status run_nvrtc(const char *full_uri, const char *source, int arch, const char *dir,
+                           void **cubin, size_t *size, ms_error *err) {
+    enum { MAX_HDR = 64 };
+    const char *hdr_text[MAX_HDR], *hdr_name[MAX_HDR];
+    if (ms_nvrtc_n_templates > MAX_HDR)
+        return MS_FAIL(err, MS_ERR_INTERNAL, "more than %d embedded templates", MAX_HDR);
+    for (int i = 0; i < ms_nvrtc_n_templates; i++) {
+        hdr_text[i] = ms_nvrtc_templates[i].text;
+        hdr_name[i] = ms_nvrtc_templates[i].name;
+    }
+    char name[PATH_CAP];
+    snprintf(name, sizeof name, "%s.cu", full_uri);
+    nvrtcProgram prog;
+    MS_NVRTC_TRY(err, nvrtcCreateProgram(&prog, source, name, ms_nvrtc_n_templates, hdr_text,
+                                         hdr_name));
+    char arch_opt[64];
+    snprintf(arch_opt, sizeof arch_opt, "--gpu-architecture=sm_%d", arch);
+    const char *opts[] = {arch_opt, "-std=c++17", "-DMS_NVRTC=1"};
+    nvrtcResult res = nvrtcCompileProgram(prog, (int)MS_ARRAY_LEN(opts), opts);
+    ms_status st = MS_OK;
+    if (res != NVRTC_SUCCESS) {
+        size_t log_size = 0;
+        char *log = NULL;
+        if (nvrtcGetProgramLogSize(prog, &log_size) == NVRTC_SUCCESS && log_size > 0)
+            log = ms_malloc(log_size + 1);
+        if (log != NULL) {
+            if (nvrtcGetProgramLog(prog, log) != NVRTC_SUCCESS)
+                log[0] = '\0';
+            log[log_size] = '\0';
+        }
+        char sp[PATH_CAP], lp[PATH_CAP];
+        save_failure(dir, full_uri, source, log != NULL ? log : "", sp, sizeof sp, lp, sizeof lp);
+        /* one line: newlines of the log become " | " */
+        char excerpt[600];
+        size_t o = 0;
+        for (const char *c = log != NULL ? log : ""; *c != '\0' && o + 4 < sizeof excerpt; c++) {
+            if (*c == '\n') {
+                if (c[1] != '\0') {
+                    memcpy(excerpt + o, " | ", 3);
+                    o += 3;
+                }
+            } else {
+                excerpt[o++] = *c;
+            }
+        }
+        excerpt[o] = '\0';
+        st = MS_FAIL(err, MS_ERR_NVRTC, "NVRTC: compiling %s failed (%s); source: %s; log: %s: %s",
+                     full_uri, nvrtcGetErrorString(res), sp[0] ? sp : "(not written)",
+                     lp[0] ? lp : "(not written)", excerpt);
+        ms_free(log);
+    } else {
+        size_t n = 0;
+        nvrtcResult r2 = nvrtcGetCUBINSize(prog, &n);
+        void *buf = r2 == NVRTC_SUCCESS && n > 0 ? ms_malloc(n) : NULL;
+        if (r2 != NVRTC_SUCCESS)
+            st = ms_cuda_record_failure(err, MS_ERR_NVRTC, "NVRTC", (int)r2, nvrtcGetErrorString(r2),
+                                        "nvrtcGetCUBINSize(prog, &n)", -1, __FILE__, __LINE__,
+                                        __func__);
+        else if (buf == NULL)
+            st = MS_FAIL(err, MS_ERR_OOM, "%s: no memory for a cubin of %zu bytes", full_uri, n);
+        else if ((r2 = nvrtcGetCUBIN(prog, buf)) != NVRTC_SUCCESS)
+            st = ms_cuda_record_failure(err, MS_ERR_NVRTC, "NVRTC", (int)r2, nvrtcGetErrorString(r2),
+                                        "nvrtcGetCUBIN(prog, buf)", -1, __FILE__, __LINE__,
+                                        __func__);
+        if (st == MS_OK) {
+            *cubin = buf;
+            *size = n;
+        } else {
+            ms_free(buf);
+        }
+    }
+    nvrtcDestroyProgram(&prog);
+    return st;
+}
+
+ms_status ms_nvrtc_compile(const char *uri, const char *source, int arch, const char *cache_dir,
+                           ms_cubin *out, ms_error *err) {
+    memset(out, 0, sizeof *out);
+    if (uri == NULL || uri[0] == '\0' || strchr(uri, '/') != NULL || source == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "NVRTC compile: missing or invalid URI / source");
+    MS_TRY(check_arch(arch, err));
+    int version = 0;
+    MS_TRY(ms_nvrtc_version(&version, err));
+
+    char full_uri[PATH_CAP];
+    int n = snprintf(full_uri, sizeof full_uri, "%s_sm%d", uri, arch);
+    if (n < 0 || (size_t)n >= 256)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "NVRTC compile: URI too long: %.64s...", uri);
+
+    /* cache key: everything that changes the cubin */
+    uint64_t h = 1469598103934665603ull;
+    h = fnv1a_str(h, "mstar-cubin-v1 -std=c++17 -DMS_NVRTC=1");
+    h = fnv1a_str(h, full_uri);
+    h = fnv1a(h, &version, sizeof version);
+    h = fnv1a(h, &arch, sizeof arch);
+    h = fnv1a_str(h, source);
+    for (int i = 0; i < ms_nvrtc_n_templates; i++) {
+        h = fnv1a_str(h, ms_nvrtc_templates[i].name);
+        h = fnv1a_str(h, ms_nvrtc_templates[i].text);
+    }
+
+    char dir[PATH_CAP], path[PATH_CAP];
+    ms_error ignored = {0};
+    bool cache = ms_nvrtc_cache_dir(cache_dir, dir, sizeof dir, &ignored) == MS_OK;
+    if (cache) {
+        n = snprintf(path, sizeof path, "%s/%s-%016llx.cubin", dir, full_uri, (unsigned long long)h);
+        cache = n > 0 && (size_t)n < sizeof path;
+    }
+    out->arch = arch;
+    if (cache && read_file(path, &out->data, &out->size)) {
+        if (out->size >= 4 && memcmp(out->data, "\177ELF", 4) == 0) {
+            out->from_cache = true;
+            out->path = ms_strdup(path);
+            if (out->path == NULL) {
+                ms_nvrtc_cubin_free(out);
+                return MS_FAIL(err, MS_ERR_OOM, "%s: out of memory", full_uri);
+            }
+            return MS_OK;
+        }
+        ms_free(out->data); /* corrupt entry: compile again and overwrite it */
+        out->data = NULL;
+        out->size = 0;
+    }
+    ms_status st = run_nvrtc(full_uri, source, arch, cache ? dir : NULL, &out->data, &out->size, err);
+    if (st != MS_OK) {
+        ms_nvrtc_cubin_free(out);
+        return st;
+    }
+    out->arch = arch;
+    if (cache && make_dirs(dir) && write_file_atomic(path, out->data, out->size)) {
+        out->path = ms_strdup(path);
+        if (out->path == NULL) {
+            ms_nvrtc_cubin_free(out);
+            return MS_FAIL(err, MS_ERR_OOM, "%s: out of memory", full_uri);
+        }
+    }
+    return MS_OK;
+}

@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# gpu-batch.sh - everything GPU-side in one call: environment, build, `make gpu-test` (kernels
+# against references), compute-sanitizer memcheck on the kernel tests, the kernel benchmark.
+# Logs go to $OUT (or build/gpu-out); a short summary is printed last.
+#
+#   on the device machine, from the repository root:   scripts/gpu-batch.sh
+#   here (no GPU), to build once and skip the build there:
+#       scripts/gpu-batch.sh --bundle DIR     (DIR must be ignored by git, e.g. listed in
+#                                              .git/info/exclude; name it in the call's carry)
+#     then on the device machine:              MS_GPU_BUNDLE=DIR scripts/gpu-batch.sh
+#
+# The bundle holds the GPU test and benchmark binaries, the shared libraries they need that a
+# bare CUDA image may lack (cmocka), and the NVRTC cubin cache already filled for sm_80/sm_90 by
+# test_nvrtc, so the device spends no time compiling. Without a bundle the script builds there
+# with make, which needs cmocka and the other dependencies installed (scripts/install-deps.sh).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+if [ "${1:-}" = "--bundle" ]; then
+    dir=${2:?usage: gpu-batch.sh --bundle DIR}
+    make -j2 all build/tests/test_gpu_kernels || exit 1
+    build/tests/test_nvrtc >/dev/null || { echo "test_nvrtc failed: fix the kernels first"; exit 1; }
+    rm -rf "$dir" && mkdir -p "$dir/bin" "$dir/lib"
+    cp build/tests/test_gpu_kernels build/tests/bench_kernels "$dir/bin/"
+    for lib in $(ldd build/tests/test_gpu_kernels build/tests/bench_kernels | awk '/=>/ { print $3 }' | sort -u); do
+        case "$lib" in
+        /usr/local/cuda*|*/libc.so*|*/libm.so*|*/libpthread.so*|*/librt.so*|*/libdl.so*|*/ld-linux*) ;;
+        *) cp -L "$lib" "$dir/lib/" ;;
+        esac
+    done
+    # newest cubin per instance (older hashes are left over from earlier template versions)
+    mkdir -p "$dir/cache"
+    ls -t build/kernel-cache-test/*.cubin | awk -F/ '{ f = $NF; sub(/-[0-9a-f]+\.cubin$/, "", f); if (!seen[f]++) print }' |
+        xargs -r cp -t "$dir/cache"
+    du -sh "$dir"
+    exit 0
+fi
+
+OUT=${OUT:-build/gpu-out}
+mkdir -p "$OUT"
+summary=()
+
+step() { # step NAME LIMIT_SECONDS COMMAND... : run, log to $OUT/NAME.log, record the result
+    local name=$1 limit=$2
+    shift 2
+    local start=$SECONDS
+    timeout "$limit" "$@" >"$OUT/$name.log" 2>&1
+    local rc=$?
+    local line
+    line=$(grep -E '^[0-9]+ passed, [0-9]+ failed|PASSED|FAILED|ERROR SUMMARY' "$OUT/$name.log" | tail -n 2 | tr '\n' ' ')
+    summary+=("$(printf '%-14s rc=%-3s %4ss  %s' "$name" "$rc" "$((SECONDS - start))" "$line")")
+    return $rc
+}
+
+{
+    date -u
+    nvidia-smi || true
+    command -v nvcc >/dev/null && nvcc --version | tail -n 2
+    command -v compute-sanitizer >/dev/null && compute-sanitizer --version | head -n 2
+    uname -a
+} >"$OUT/env.log" 2>&1
+
+if [ -n "${MS_GPU_BUNDLE:-}" ]; then
+    b=$MS_GPU_BUNDLE
+    export LD_LIBRARY_PATH="$PWD/$b/lib:${LD_LIBRARY_PATH:-}"
+    cache=/tmp/ms-kernel-cache
+    rm -rf "$cache" && cp -r "$b/cache" "$cache" && chmod -R u+w "$cache"
+    export MS_KERNEL_CACHE_TEST=$cache MSTAR_CACHE=$cache
+    tests=("$b/bin/test_gpu_kernels")
+    bench="$b/bin/bench_kernels"
+    step gpu-test 600 "${tests[@]}"
+else
+    if ! pkg-config --exists cmocka jansson libmicrohttpd libpcre2-8; then
+        echo "missing build dependencies (cmocka, jansson, libmicrohttpd, pcre2): run"
+        echo "scripts/gpu-batch.sh --bundle DIR here and MS_GPU_BUNDLE=DIR there" | tee "$OUT/build.log"
+        exit 2
+    fi
+    step build 600 make -j"$(nproc)" all build/tests/test_gpu_kernels || { tail -n 40 "$OUT/build.log"; exit 1; }
+    export MSTAR_CACHE=$PWD/build/kernel-cache-test
+    tests=(build/tests/test_gpu_kernels)
+    bench=build/tests/bench_kernels
+    # what `make gpu-test` runs, called directly so the per-op lines land in the log
+    step gpu-test 600 "${tests[@]}"
+fi
+
+# memcheck: the same kernel tests under compute-sanitizer (the cubin cache is warm by now)
+if command -v compute-sanitizer >/dev/null; then
+    step memcheck 600 compute-sanitizer --tool memcheck --error-exitcode 3 "${tests[@]}"
+fi
+step bench 300 "$bench"
+
+echo "== test output (kernel / op, relative error vs reference, tolerance)"
+grep -E '^  (attn|rope|rmsnorm|silu|embed|argmax|sample)' "$OUT/gpu-test.log" | head -n 80
+echo "== benchmark"
+cat "$OUT/bench.log"
+echo "== summary (logs in $OUT)"
+printf '%s\n' "${summary[@]}"

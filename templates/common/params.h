@@ -1,0 +1,165 @@
+/*
+ * params.h - kernel parameter structs shared by the host (C11) and the device templates (NVRTC C++).
+ *
+ * Every kernel takes one of these structs by value. The layout must be identical on both sides, so
+ * fields are only pointers, int and float (no stdint, no bool, no enums), and this file includes
+ * nothing. Block sizes that the host launcher and the device template must agree on are macros here.
+ *
+ * Layout vocabulary (DESIGN.md section 2): the page arena of one layer is
+ * [n_pages, 2, page_size, n_kv_heads, head_dim] (NHD, K at index 0, V at 1); the paged index
+ * arrays are FlashInfer's (qo_indptr, kv_indptr, kv_indices, kv_last_page_len) plus kv_start.
+ * "T" below is the instance's element type (bf16 or f16); pointers to T are void * here.
+ */
+#ifndef MS_KERNEL_PARAMS_H
+#define MS_KERNEL_PARAMS_H
+
+/* ---- block sizes (host launcher and template must agree) ---- */
+
+#define MS_ATTN_DECODE_THREADS 128   /* one CTA: all query heads of one KV head, one KV split */
+#define MS_ATTN_MERGE_THREADS 128    /* merge of split-KV partials: one CTA per (request, q head) */
+#define MS_ATTN_PREFILL_THREADS 128  /* 4 warps x 16 packed (token, head-in-group) rows */
+#define MS_ATTN_PREFILL_ROWS 64      /* packed query rows per CTA (MS_ATTN_PREFILL_THREADS / 2) */
+#define MS_ROPE_KV_THREADS 128       /* one CTA per token */
+#define MS_RMSNORM_THREADS 256       /* one CTA per row */
+#define MS_SILU_MUL_THREADS 256      /* grid-stride over 16-byte vectors */
+#define MS_EMBED_THREADS 128         /* one CTA per token */
+#define MS_ARGMAX_THREADS 512        /* one CTA per row */
+#define MS_SAMPLE_THREADS 512        /* one CTA per row */
+
+/* ---- attention (prefill and decode share one struct) ---- */
+
+/*
+ * Paged attention over one layer. Request b has query rows [qo_indptr[b], qo_indptr[b+1]) and a
+ * KV view of n_pages = kv_indptr[b+1] - kv_indptr[b] pages holding
+ * length = (n_pages - 1) * page_size + kv_last_page_len[b] keys at logical positions
+ * [kv_start[b], kv_start[b] + length). Its query rows are the LAST rows of the view: query i sits
+ * at position kv_start[b] + length - n_q + i. Causal: a query at position P sees keys <= P;
+ * window W > 0 (windowed instances only): keys > P - W, i.e. P-W+1 .. P.
+ */
+typedef struct ms_attn_params {
+    const void *q;               /* [n_tokens, n_q_heads, head_dim] T, token row stride q_stride */
+    void *o;                     /* [n_tokens, n_q_heads, head_dim] T, token row stride o_stride */
+    const void *kv;              /* this layer: [n_pages_total, 2, page_size, n_kv_heads, head_dim] T */
+    const int *qo_indptr;        /* [batch + 1] */
+    const int *kv_indptr;        /* [batch + 1] */
+    const int *kv_indices;       /* [kv_indptr[batch]] page ids */
+    const int *kv_last_page_len; /* [batch], in [1, page_size] when the view has pages */
+    const int *kv_start;         /* [batch] logical position of the view's first key */
+    const int *tile_req;         /* prefill: [n_tiles] request of each CTA's query tile */
+    const int *tile_idx;         /* prefill: [n_tiles] tile number within the request */
+    float *part_o;               /* decode, n_splits > 1: [batch, n_splits, n_q_heads, head_dim] f32 */
+    float *part_lse;             /* decode, n_splits > 1: [batch, n_splits, n_q_heads], log2 units */
+    int batch;                   /* requests */
+    int n_q_heads;               /* = n_kv_heads * group */
+    int n_kv_heads;
+    int q_stride;                /* elements between consecutive tokens of q (>= n_q_heads*head_dim) */
+    int o_stride;                /* elements between consecutive tokens of o */
+    int n_splits;                /* decode: KV splits per request (1 = no merge pass) */
+    int pages_per_split;         /* decode: pages of each split (the last split may hold fewer) */
+    int window;                  /* windowed instances: W > 0 keys; ignored otherwise */
+    float sm_scale;              /* softmax scale, usually 1/sqrt(head_dim) */
+} ms_attn_params;
+
+/* ---- RoPE fused with the KV write ---- */
+
+/*
+ * Rotates q in place and k into the pages, copies v into the pages. Token t is written to slot
+ * token_to_slot[t] of page token_to_page[t] at position pos[t]. Frequencies:
+ * inv_freq[i] = theta^(-2i/head_dim), i < head_dim/2, then (llama3 instances) Llama 3.1 scaling
+ * with factor, low_freq_factor, high_freq_factor and original_max_pos.
+ */
+typedef struct ms_rope_kv_params {
+    void *q;                  /* [n_tokens, n_q_heads, head_dim] T, row stride q_stride, in place */
+    const void *k;            /* [n_tokens, n_kv_heads, head_dim] T, row stride k_stride */
+    const void *v;            /* [n_tokens, n_kv_heads, head_dim] T, row stride v_stride */
+    void *kv;                 /* this layer: [n_pages_total, 2, page_size, n_kv_heads, head_dim] T */
+    const int *pos;           /* [n_tokens] RoPE positions */
+    const int *token_to_page; /* [n_tokens] */
+    const int *token_to_slot; /* [n_tokens] in [0, page_size) */
+    int n_tokens;
+    int n_q_heads;
+    int n_kv_heads;
+    int q_stride;             /* elements between tokens of q */
+    int k_stride;             /* elements between tokens of k */
+    int v_stride;             /* elements between tokens of v */
+    float theta;              /* RoPE base */
+    float factor;             /* llama3: scaling factor (e.g. 8) */
+    float low_freq_factor;    /* llama3 (e.g. 1) */
+    float high_freq_factor;   /* llama3 (e.g. 4) */
+    float original_max_pos;   /* llama3: original_max_position_embeddings (e.g. 8192) */
+} ms_rope_kv_params;
+
+/* ---- RMSNorm fused with the residual add ---- */
+
+/*
+ * add_residual instances: h = x + residual (rounded to T), residual = h, out = rmsnorm(h) * weight.
+ * Plain instances: out = rmsnorm(x) * weight. out may alias x.
+ */
+typedef struct ms_rmsnorm_params {
+    const void *x;       /* [n_rows, dim] T, row stride x_stride */
+    void *residual;      /* [n_rows, dim] T, row stride dim, in/out (add_residual only) */
+    const void *weight;  /* [dim] T */
+    void *out;           /* [n_rows, dim] T, row stride out_stride */
+    int n_rows;
+    int dim;             /* multiple of 16 bytes of T */
+    int x_stride;
+    int out_stride;
+    float eps;
+} ms_rmsnorm_params;
+
+/* ---- SiLU and multiply ---- */
+
+/* out[t, i] = silu(gate_up[t, i]) * gate_up[t, inter + i] (gate first, then up, per row). */
+typedef struct ms_silu_mul_params {
+    const void *gate_up; /* [n_rows, 2 * inter] T */
+    void *out;           /* [n_rows, inter] T */
+    int n_rows;
+    int inter;           /* multiple of 16 bytes of T */
+} ms_silu_mul_params;
+
+/* ---- embedding gather ---- */
+
+/* out[t] = table[ids[t]]; an id outside [0, vocab) writes zeros and sets *bad_id = 1. */
+typedef struct ms_embed_params {
+    const int *ids;      /* [n_tokens] */
+    const void *table;   /* [vocab, dim] T */
+    void *out;           /* [n_tokens, dim] T */
+    int *bad_id;         /* [1] set to 1 when an id is out of range (may be NULL) */
+    int n_tokens;
+    int vocab;
+    int dim;             /* multiple of 16 bytes of T */
+} ms_embed_params;
+
+/* ---- argmax and sampling ---- */
+
+/* ids[r] = the first index of the largest logit of row r. */
+typedef struct ms_argmax_params {
+    const void *logits;  /* [n_rows, vocab] TL, row stride stride */
+    int *ids;            /* [n_rows] */
+    int n_rows;
+    int vocab;
+    int stride;
+} ms_argmax_params;
+
+/*
+ * Top-k / top-p sampling per row with temperature; the random coin comes from the host.
+ * Semantics (the CPU reference in tests/test_gpu_kernels.c is the same):
+ *   temperature[r] <= 0: argmax (first index of the maximum);
+ *   otherwise p_i = exp((l_i - max l) / T). Top-k (0 < k < vocab): keep l_i >= the k-th largest
+ *   logit (ties at the boundary are all kept). Top-p (p < 1): of those, keep p_i >= tau with tau
+ *   the largest value such that the kept mass is >= top_p * (mass kept by top-k). The token is the
+ *   first index, in vocabulary order, whose running kept mass exceeds uniform[r] * (kept mass).
+ */
+typedef struct ms_sample_params {
+    const void *logits;        /* [n_rows, vocab] TL, row stride stride */
+    const float *temperature;  /* [n_rows] */
+    const int *top_k;          /* [n_rows], <= 0 or >= vocab: off */
+    const float *top_p;        /* [n_rows], >= 1: off */
+    const float *uniform;      /* [n_rows] coins in [0, 1) */
+    int *ids;                  /* [n_rows] */
+    int n_rows;
+    int vocab;
+    int stride;
+} ms_sample_params;
+
+#endif /* MS_KERNEL_PARAMS_H */

@@ -1,0 +1,98 @@
+/*
+ * vec.cuh - element types, conversions and 16-byte vector access for the kernel templates.
+ *
+ * NVRTC compiles device code only and a deployment may lack the toolkit headers, so this file
+ * includes nothing: bf16 and f16 are raw 16-bit storage types converted with PTX cvt (sm_80+).
+ * All arithmetic is done in float; T is only how values are stored.
+ */
+#pragma once
+
+namespace ms {
+
+/* bfloat16 storage (raw bits). */
+struct bf16 {
+    unsigned short x;
+};
+/* IEEE half storage (raw bits). */
+struct f16 {
+    unsigned short x;
+};
+
+__device__ __forceinline__ float to_float(bf16 v) { return __uint_as_float(((unsigned)v.x) << 16); }
+__device__ __forceinline__ float to_float(f16 v) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(v.x));
+    return f;
+}
+__device__ __forceinline__ float to_float(float v) { return v; }
+
+/* Round-to-nearest-even conversion from float. */
+template <typename T> __device__ __forceinline__ T from_float(float f);
+template <> __device__ __forceinline__ bf16 from_float<bf16>(float f) {
+    bf16 r;
+    asm("cvt.rn.bf16.f32 %0, %1;" : "=h"(r.x) : "f"(f));
+    return r;
+}
+template <> __device__ __forceinline__ f16 from_float<f16>(float f) {
+    f16 r;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r.x) : "f"(f));
+    return r;
+}
+template <> __device__ __forceinline__ float from_float<float>(float f) { return f; }
+
+/* Elements of T in one 16-byte access. */
+template <typename T> struct vec_width {
+    static constexpr int value = 16 / (int)sizeof(T);
+};
+
+/* 16 raw bytes viewed as N elements of T. */
+template <typename T> union vec16 {
+    uint4 u;
+    T e[16 / sizeof(T)];
+};
+
+/* Load 16 bytes (must be 16-byte aligned) and widen to float. */
+template <typename T>
+__device__ __forceinline__ void load_vec(const T *p, float (&f)[16 / sizeof(T)]) {
+    vec16<T> v;
+    v.u = *reinterpret_cast<const uint4 *>(p);
+#pragma unroll
+    for (int i = 0; i < (int)(16 / sizeof(T)); i++)
+        f[i] = to_float(v.e[i]);
+}
+
+/* Widen a raw 16-byte vector already in registers. */
+template <typename T>
+__device__ __forceinline__ void unpack_vec(uint4 u, float (&f)[16 / sizeof(T)]) {
+    vec16<T> v;
+    v.u = u;
+#pragma unroll
+    for (int i = 0; i < (int)(16 / sizeof(T)); i++)
+        f[i] = to_float(v.e[i]);
+}
+
+/* Round to T and store 16 bytes (must be 16-byte aligned). */
+template <typename T>
+__device__ __forceinline__ void store_vec(T *p, const float (&f)[16 / sizeof(T)]) {
+    vec16<T> v;
+#pragma unroll
+    for (int i = 0; i < (int)(16 / sizeof(T)); i++)
+        v.e[i] = from_float<T>(f[i]);
+    *reinterpret_cast<uint4 *>(p) = v.u;
+}
+
+/* Two 16-bit values packed into one 32-bit register, lower index in the low half (mma operands). */
+template <typename T> __device__ __forceinline__ unsigned pack2(float lo, float hi) {
+    T a = from_float<T>(lo), b = from_float<T>(hi);
+    return (unsigned)a.x | ((unsigned)b.x << 16);
+}
+__device__ __forceinline__ unsigned pack2_raw(unsigned short lo, unsigned short hi) {
+    return (unsigned)lo | ((unsigned)hi << 16);
+}
+
+/* Negative infinity without <cmath>. */
+__device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
+
+constexpr float kLog2e = 1.4426950408889634f;
+
+} // namespace ms

@@ -1,0 +1,210 @@
+/*
+ * sample.cuh - argmax and top-k / top-p sampling on device, one CTA per row.
+ *
+ * Exact, sort-free: thresholds are found by bisection over the 32-bit order keys of the logits
+ * (a monotone map float -> uint32), so the top-k threshold is exactly the k-th largest logit and
+ * the top-p threshold exactly one of the logits. Each bisection step is one pass over the row
+ * with a block reduction: 32 passes for top-k (counts) and 32 for top-p (masses). The final draw
+ * walks the kept tokens in vocabulary order: per-thread contiguous chunks, a block scan of the
+ * chunk masses, then one thread scans its chunk. Semantics: see ms_sample_params in params.h.
+ */
+#pragma once
+
+#include "common/params.h"
+#include "common/reduce.cuh"
+#include "common/vec.cuh"
+
+namespace ms {
+
+/* Monotone key: a < b as floats <=> key(a) < key(b) as unsigned (NaN excluded). */
+__device__ __forceinline__ unsigned order_key(float f) {
+    unsigned u = __float_as_uint(f);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+/* Block argmax: largest value, first index on ties. Every thread gets the result. */
+template <typename TL>
+__device__ __forceinline__ int block_argmax(const TL *row, int vocab, float *s_val, int *s_idx) {
+    float best = neg_inf();
+    int best_i = 0x7fffffff;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+        float v = to_float(row[i]);
+        if (v > best) { /* strided ascending: the first hit of a value is its smallest index */
+            best = v;
+            best_i = i;
+        }
+    }
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        float ov = __shfl_xor_sync(0xffffffffu, best, off);
+        int oi = __shfl_xor_sync(0xffffffffu, best_i, off);
+        if (ov > best || (ov == best && oi < best_i)) {
+            best = ov;
+            best_i = oi;
+        }
+    }
+    __syncthreads();
+    if (lane == 0) {
+        s_val[warp] = best;
+        s_idx[warp] = best_i;
+    }
+    __syncthreads();
+    best = s_val[0];
+    best_i = s_idx[0];
+    for (int w = 1; w < nwarps; w++) {
+        if (s_val[w] > best || (s_val[w] == best && s_idx[w] < best_i)) {
+            best = s_val[w];
+            best_i = s_idx[w];
+        }
+    }
+    __syncthreads();
+    return best_i == 0x7fffffff ? 0 : best_i;
+}
+
+/// TL: logits type (float, bf16 or f16).
+template <typename TL> __device__ __forceinline__ void argmax(const ms_argmax_params &p) {
+    __shared__ float s_val[32];
+    __shared__ int s_idx[32];
+    const TL *row = static_cast<const TL *>(p.logits) + (long long)blockIdx.x * p.stride;
+    int id = block_argmax<TL>(row, p.vocab, s_val, s_idx);
+    if (threadIdx.x == 0)
+        p.ids[blockIdx.x] = id;
+}
+
+/// TL: logits type (float, bf16 or f16).
+template <typename TL> __device__ __forceinline__ void sample(const ms_sample_params &p) {
+    __shared__ float s_val[32];
+    __shared__ int s_idx[32];
+    __shared__ float s_scan[MS_SAMPLE_THREADS];
+    const int r = blockIdx.x, vocab = p.vocab;
+    const TL *row = static_cast<const TL *>(p.logits) + (long long)r * p.stride;
+    const float temp = p.temperature[r];
+    if (!(temp > 0.f)) {
+        int id = block_argmax<TL>(row, vocab, s_val, s_idx);
+        if (threadIdx.x == 0)
+            p.ids[r] = id;
+        return;
+    }
+    const int k = p.top_k[r];
+    const float top_p = p.top_p[r];
+    const float u = p.uniform[r];
+
+    float mx = neg_inf();
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x)
+        mx = fmaxf(mx, to_float(row[i]));
+    mx = block_max(mx, s_val);
+    const float sc = kLog2e / temp;
+
+    /* ---- top-k threshold: the largest key with count(key_i >= key) >= k ---- */
+    unsigned lo = 0u;
+    if (k > 0 && k < vocab) {
+        unsigned hi = 0xffffffffu;
+        while (lo < hi) {
+            unsigned mid = lo + (unsigned)(((unsigned long long)hi - lo + 1ull) / 2ull);
+            int cnt = 0;
+            for (int i = threadIdx.x; i < vocab; i += blockDim.x)
+                cnt += order_key(to_float(row[i])) >= mid;
+            cnt = block_sum_int(cnt, s_idx);
+            if (cnt >= k)
+                lo = mid;
+            else
+                hi = mid - 1u;
+        }
+    }
+
+    /* ---- top-p threshold: the largest key >= lo whose kept mass is >= top_p * mass(lo) ---- */
+    if (top_p < 1.f) {
+        float z = 0.f;
+        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+            float l = to_float(row[i]);
+            if (order_key(l) >= lo)
+                z += exp2f((l - mx) * sc);
+        }
+        z = block_sum(z, s_val);
+        const float target = top_p * z;
+        unsigned hi = 0xffffffffu;
+        while (lo < hi) {
+            unsigned mid = lo + (unsigned)(((unsigned long long)hi - lo + 1ull) / 2ull);
+            float mass = 0.f;
+            for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+                float l = to_float(row[i]);
+                if (order_key(l) >= mid)
+                    mass += exp2f((l - mx) * sc);
+            }
+            mass = block_sum(mass, s_val);
+            if (mass >= target)
+                lo = mid;
+            else
+                hi = mid - 1u;
+        }
+    }
+
+    /* ---- draw: first index (vocabulary order) whose running kept mass exceeds u * total ---- */
+    const int chunk = (vocab + blockDim.x - 1) / blockDim.x;
+    const int c0 = threadIdx.x * chunk, c1 = min(vocab, c0 + chunk);
+    float mine = 0.f;
+    int last_kept = -1;
+    for (int i = c0; i < c1; i++) {
+        float l = to_float(row[i]);
+        if (order_key(l) >= lo) {
+            mine += exp2f((l - mx) * sc);
+            last_kept = i;
+        }
+    }
+    s_scan[threadIdx.x] = mine;
+    __syncthreads();
+    if (threadIdx.x == 0) { /* exclusive scan, serial: 512 adds, once per row */
+        float run = 0.f;
+        for (int i = 0; i < (int)blockDim.x; i++) {
+            float v = s_scan[i];
+            s_scan[i] = run;
+            run += v;
+        }
+        s_val[0] = run;
+    }
+    __syncthreads();
+    const float total = s_val[0];
+    const float target = u * total;
+    const float before = s_scan[threadIdx.x];
+    int found = 0x7fffffff;
+    if (mine > 0.f && target >= before && target < before + mine) {
+        float run = before;
+        for (int i = c0; i < c1; i++) {
+            float l = to_float(row[i]);
+            if (order_key(l) >= lo) {
+                run += exp2f((l - mx) * sc);
+                if (target < run) {
+                    found = i;
+                    break;
+                }
+            }
+        }
+        if (found == 0x7fffffff)
+            found = last_kept; /* rounding between the chunk sum and the rescan */
+    }
+    /* fallback when rounding put the target past the total: the last kept index */
+    int fallback = last_kept;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        found = min(found, __shfl_xor_sync(0xffffffffu, found, off));
+        fallback = max(fallback, __shfl_xor_sync(0xffffffffu, fallback, off));
+    }
+    __syncthreads();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    if (lane == 0) {
+        s_idx[warp] = found;
+        reinterpret_cast<int *>(s_val)[warp] = fallback;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int f = 0x7fffffff, fb = -1;
+        for (int w = 0; w < nwarps; w++) {
+            f = min(f, s_idx[w]);
+            fb = max(fb, reinterpret_cast<int *>(s_val)[w]);
+        }
+        p.ids[r] = f != 0x7fffffff ? f : (fb >= 0 ? fb : 0);
+    }
+}
+
+} // namespace ms

@@ -1,0 +1,245 @@
+/*
+ * bench_kernels.c - kernel micro-benchmarks on the GPU: device copy bandwidth (the limit), then
+ * the paged decode attention kernel at the Llama-3.1-8B shape (32 query / 8 KV heads, head_dim
+ * 128, bf16, pages of 16) for 1 x 8k, 8 x 8k and 32 x 2k contexts, each as a fraction of copy
+ * bandwidth (K + V bytes read per launch / time).
+ *
+ * Method (the device tool's METHOD.md): random data (never zeros); the KV of several "layers" is
+ * rotated so the working set is several times the L2 and repeated launches do not time the
+ * cache; 3 warm-up rounds, then the median of 15 rounds, each round a back-to-back queue of one
+ * launch per layer between two events. The output is poisoned before and checked for NaN after.
+ * Prints one table; exit status 0 when every case ran.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cuda_ops.h"
+
+#define CK(expr)                                                                              \
+    do {                                                                                      \
+        cudaError_t ck_ = (expr);                                                             \
+        if (ck_ != cudaSuccess) {                                                             \
+            fprintf(stderr, "bench: %s failed: %s (line %d)\n", #expr, cudaGetErrorString(ck_), \
+                    __LINE__);                                                                \
+            exit(1);                                                                          \
+        }                                                                                     \
+    } while (0)
+
+static uint64_t rng = 88172645463325252ull;
+
+static uint64_t next(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return rng;
+}
+
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return x < y ? -1 : (x > y ? 1 : 0);
+}
+
+/* Fill device memory with random bf16 values in [-1, 1) from a 16 MiB host pattern. */
+static void fill_random(void *d, size_t bytes) {
+    static uint16_t *pat;
+    const size_t pat_bytes = 16u << 20;
+    if (pat == NULL) {
+        pat = malloc(pat_bytes);
+        for (size_t i = 0; i < pat_bytes / 2; i++) {
+            float f = (float)((double)(next() >> 11) * 0x1p-53 * 2.0 - 1.0);
+            uint32_t u;
+            memcpy(&u, &f, 4);
+            pat[i] = (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+        }
+    }
+    for (size_t off = 0; off < bytes; off += pat_bytes) {
+        size_t n = bytes - off < pat_bytes ? bytes - off : pat_bytes;
+        CK(cudaMemcpy((char *)d + off, pat, n, cudaMemcpyHostToDevice));
+    }
+}
+
+/* Device-to-device copy bandwidth in bytes/s (read + write counted). */
+static double copy_bandwidth(void) {
+    const size_t bytes = (size_t)2 << 30;
+    void *a, *b;
+    CK(cudaMalloc(&a, bytes));
+    CK(cudaMalloc(&b, bytes));
+    fill_random(a, bytes);
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    float t[12];
+    for (int i = 0; i < 12; i++) {
+        CK(cudaEventRecord(e0, 0));
+        CK(cudaMemcpyAsync(b, a, bytes, cudaMemcpyDeviceToDevice, 0));
+        CK(cudaEventRecord(e1, 0));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaEventElapsedTime(&t[i], e0, e1));
+    }
+    qsort(t + 2, 10, sizeof(float), cmp_float);
+    CK(cudaFree(a));
+    CK(cudaFree(b));
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    return 2.0 * (double)bytes / (t[2 + 5] * 1e-3);
+}
+
+static int bench_decode(int arch, int n_sms, double copy_bw, int batch, int ctx) {
+    const int hq = 32, hkv = 8, hd = 128, ps = 16, G = hq / hkv;
+    const int pages_per_req = ctx / ps;
+    const int pages = batch * pages_per_req + 1; /* + the sink page */
+    const size_t layer_bytes = (size_t)pages * 2 * ps * hkv * hd * 2;
+    const size_t kv_bytes = (size_t)batch * ctx * hkv * hd * 2 * 2; /* K + V read per launch */
+    int layers = (int)((size_t)(256u << 20) / layer_bytes) + 2;
+    if (layers > 32)
+        layers = 32;
+    ms_error err = {0};
+    ms_kernel_spec s = ms_kernel_spec_attn_decode(MS_KERNEL_DTYPE_BF16, hd, ps, G, false);
+    ms_cuda_module *m = NULL;
+    if (ms_cuda_module_init(&m, &s, arch, NULL, &err) != MS_OK) {
+        fprintf(stderr, "bench: %s\n", err.msg);
+        return 1;
+    }
+    char *arena;
+    CK(cudaMalloc((void **)&arena, layer_bytes * (size_t)layers));
+    fill_random(arena, layer_bytes * (size_t)layers);
+    void *q, *o;
+    CK(cudaMalloc(&q, (size_t)batch * hq * hd * 2));
+    CK(cudaMalloc(&o, (size_t)batch * hq * hd * 2));
+    fill_random(q, (size_t)batch * hq * hd * 2);
+    int32_t *h_qo = malloc(sizeof(int32_t) * (size_t)(batch + 1));
+    int32_t *h_kvp = malloc(sizeof(int32_t) * (size_t)(batch + 1));
+    int32_t *h_idx = malloc(sizeof(int32_t) * (size_t)batch * pages_per_req);
+    int32_t *h_last = malloc(sizeof(int32_t) * (size_t)batch);
+    int32_t *h_start = calloc((size_t)batch, sizeof(int32_t));
+    for (int b = 0; b <= batch; b++) {
+        h_qo[b] = b;
+        h_kvp[b] = b * pages_per_req;
+    }
+    for (int i = 0; i < batch * pages_per_req; i++)
+        h_idx[i] = 1 + i;
+    for (int i = batch * pages_per_req - 1; i > 0; i--) { /* scattered pages, as after churn */
+        int j = (int)(next() % (uint64_t)(i + 1));
+        int t = h_idx[i];
+        h_idx[i] = h_idx[j];
+        h_idx[j] = t;
+    }
+    for (int b = 0; b < batch; b++)
+        h_last[b] = ps;
+    int32_t *d_qo, *d_kvp, *d_idx, *d_last, *d_start;
+    CK(cudaMalloc((void **)&d_qo, sizeof(int32_t) * (size_t)(batch + 1)));
+    CK(cudaMalloc((void **)&d_kvp, sizeof(int32_t) * (size_t)(batch + 1)));
+    CK(cudaMalloc((void **)&d_idx, sizeof(int32_t) * (size_t)batch * pages_per_req));
+    CK(cudaMalloc((void **)&d_last, sizeof(int32_t) * (size_t)batch));
+    CK(cudaMalloc((void **)&d_start, sizeof(int32_t) * (size_t)batch));
+    CK(cudaMemcpy(d_qo, h_qo, sizeof(int32_t) * (size_t)(batch + 1), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_kvp, h_kvp, sizeof(int32_t) * (size_t)(batch + 1), cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_idx, h_idx, sizeof(int32_t) * (size_t)batch * pages_per_req,
+                  cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_last, h_last, sizeof(int32_t) * (size_t)batch, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(d_start, h_start, sizeof(int32_t) * (size_t)batch, cudaMemcpyHostToDevice));
+    int n_splits = 1, pps = pages_per_req;
+    ms_attn_decode_plan_split(batch, hkv, pages_per_req, n_sms, 4, 64, &n_splits, &pps);
+    float *part_o, *part_lse;
+    CK(cudaMalloc((void **)&part_o, sizeof(float) * (size_t)batch * n_splits * hq * hd));
+    CK(cudaMalloc((void **)&part_lse, sizeof(float) * (size_t)batch * n_splits * hq));
+    CK(cudaMemset(o, 0xff, (size_t)batch * hq * hd * 2));
+
+    ms_attn_params p = {0};
+    p.q = q;
+    p.o = o;
+    p.qo_indptr = d_qo;
+    p.kv_indptr = d_kvp;
+    p.kv_indices = d_idx;
+    p.kv_last_page_len = d_last;
+    p.kv_start = d_start;
+    p.part_o = part_o;
+    p.part_lse = part_lse;
+    p.batch = batch;
+    p.n_q_heads = hq;
+    p.n_kv_heads = hkv;
+    p.q_stride = p.o_stride = hq * hd;
+    p.n_splits = n_splits;
+    p.pages_per_split = pps;
+    p.sm_scale = 1.f / sqrtf((float)hd);
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    enum { WARM = 3, REPS = 15 };
+    float t[WARM + REPS];
+    for (int r = 0; r < WARM + REPS; r++) {
+        CK(cudaEventRecord(e0, 0));
+        for (int l = 0; l < layers; l++) {
+            p.kv = arena + (size_t)l * layer_bytes;
+            if (ms_cuda_attn_decode_launch(m, &p, 0, &err) != MS_OK) {
+                fprintf(stderr, "bench: %s\n", err.msg);
+                return 1;
+            }
+        }
+        CK(cudaEventRecord(e1, 0));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaEventElapsedTime(&t[r], e0, e1));
+        t[r] /= (float)layers;
+    }
+    qsort(t + WARM, REPS, sizeof(float), cmp_float);
+    double ms = t[WARM + REPS / 2];
+    double bw = (double)kv_bytes / (ms * 1e-3);
+    uint16_t *h_o = malloc((size_t)batch * hq * hd * 2);
+    CK(cudaMemcpy(h_o, o, (size_t)batch * hq * hd * 2, cudaMemcpyDeviceToHost));
+    size_t nan = 0;
+    for (size_t i = 0; i < (size_t)batch * hq * hd; i++)
+        nan += (h_o[i] & 0x7f80u) == 0x7f80u;
+    printf("| decode attn %2d x %5d | %-34s | %3d | %6d | %9.1f | %7.0f | %5.1f%% |%s\n", batch,
+           ctx, m->uri, n_splits, layers, ms * 1e3, bw * 1e-9, 100.0 * bw / copy_bw,
+           nan ? " NaN in output!" : "");
+    free(h_o);
+    free(h_qo);
+    free(h_kvp);
+    free(h_idx);
+    free(h_last);
+    free(h_start);
+    CK(cudaFree(arena));
+    CK(cudaFree(q));
+    CK(cudaFree(o));
+    CK(cudaFree(d_qo));
+    CK(cudaFree(d_kvp));
+    CK(cudaFree(d_idx));
+    CK(cudaFree(d_last));
+    CK(cudaFree(d_start));
+    CK(cudaFree(part_o));
+    CK(cudaFree(part_lse));
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    ms_cuda_module_free(m);
+    return nan ? 1 : 0;
+}
+
+int main(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
+        fprintf(stderr, "bench_kernels: no CUDA device\n");
+        return 1;
+    }
+    int arch = 0, sms = 0;
+    ms_error err = {0};
+    if (ms_cuda_device_arch(0, &arch, &sms, &err) != MS_OK) {
+        fprintf(stderr, "%s\n", err.msg);
+        return 1;
+    }
+    struct cudaDeviceProp prop;
+    CK(cudaGetDeviceProperties(&prop, 0));
+    double bw = copy_bandwidth();
+    printf("device: %s, sm_%d, %d SMs, L2 %d MB; copy bandwidth %.0f GB/s (read + write, 2 GiB, "
+           "median of 10)\n\n",
+           prop.name, arch, sms, prop.l2CacheSize >> 20, bw * 1e-9);
+    printf("| case | kernel | splits | layers | us/launch | GB/s | of copy |\n");
+    printf("|---|---|---|---|---|---|---|\n");
+    int rc = 0;
+    rc |= bench_decode(arch, sms, bw, 1, 8192);
+    rc |= bench_decode(arch, sms, bw, 8, 8192);
+    rc |= bench_decode(arch, sms, bw, 32, 2048);
+    rc |= bench_decode(arch, sms, bw, 128, 640);
+    return rc;
+}

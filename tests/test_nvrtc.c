@@ -1,0 +1,494 @@
+/*
+ * test_nvrtc.c - kernel specs, URIs, instance sources, attention planning and NVRTC compilation
+ * with the cubin cache. Runs in CI without a GPU (NVRTC needs none).
+ *
+ * The instance matrix test compiles, for sm_80 and sm_90, every kernel instance the Llama family
+ * needs: attention decode and prefill for head_dim 16/64/128 x page size 16/128 x GQA 1/4/8 x
+ * windowed or not, plus the repository fixtures' own shapes (head_dim 16 and 32, GQA 2), RoPE+KV
+ * write for both styles with and without llama3 scaling, and the norm, activation, embedding,
+ * argmax and sampling kernels. It compiles into a persistent cache (build/kernel-cache-test, or
+ * $MS_KERNEL_CACHE_TEST), keyed by the source and template hashes, so only the first run after a
+ * template change pays for NVRTC; a cache hit still proves that NVRTC compiled exactly this
+ * source for this arch. Two threads share the work (NVRTC programs are independent).
+ */
+#include "ms_test.h"
+
+#include <ftw.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "cuda_check.h"
+#include "cuda_kernels.h"
+#include "nvrtc_cache.h"
+
+#include "ms_test_impl.h"
+
+/* ---- helpers ---- */
+
+static int rm_entry(const char *path, const struct stat *st, int flag, struct FTW *ftw) {
+    (void)st;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+static void rm_tree(const char *dir) { nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS); }
+
+static void make_temp_dir(char *buf, size_t cap) {
+    const char *t = getenv("TMPDIR");
+    snprintf(buf, cap, "%s/ms_nvrtc_XXXXXX", t != NULL ? t : "/tmp");
+    assert_non_null(mkdtemp(buf));
+}
+
+static bool has_bytes(const void *hay, size_t n, const char *needle) {
+    return memmem(hay, n, needle, strlen(needle)) != NULL;
+}
+
+/* ---- specs and URIs ---- */
+
+static void test_uri_names_every_parameter(void **state) {
+    (void)state;
+    char uri[MS_KERNEL_URI_MAX];
+    ms_error err = {0};
+    ms_kernel_spec s = ms_kernel_spec_attn_decode(MS_KERNEL_DTYPE_BF16, 128, 16, 4, false);
+    assert_int_equal(ms_kernel_spec_uri(&s, 90, uri, sizeof uri, &err), MS_OK);
+    assert_string_equal(uri, "attn_decode_bf16_hd128_ps16_g4_sm90");
+    s = ms_kernel_spec_attn_prefill(MS_KERNEL_DTYPE_F16, 64, 128, 8, true, true);
+    assert_int_equal(ms_kernel_spec_uri(&s, 80, uri, sizeof uri, &err), MS_OK);
+    assert_string_equal(uri, "attn_prefill_f16_hd64_ps128_g8_causal_win_sm80");
+    s = ms_kernel_spec_rope_kv(MS_KERNEL_DTYPE_BF16, 128, 16, MS_KERNEL_ROPE_NEOX,
+                               MS_KERNEL_ROPE_SCALING_LLAMA3);
+    assert_int_equal(ms_kernel_spec_uri(&s, 90, uri, sizeof uri, &err), MS_OK);
+    assert_string_equal(uri, "rope_kv_bf16_hd128_ps16_neox_llama3_sm90");
+    s = ms_kernel_spec_rope_kv(MS_KERNEL_DTYPE_BF16, 16, 4, MS_KERNEL_ROPE_INTERLEAVED,
+                               MS_KERNEL_ROPE_SCALING_NONE);
+    assert_int_equal(ms_kernel_spec_uri(&s, 0, uri, sizeof uri, &err), MS_OK);
+    assert_string_equal(uri, "rope_kv_bf16_hd16_ps4_interleaved");
+    s = ms_kernel_spec_rmsnorm(MS_KERNEL_DTYPE_BF16, true);
+    assert_int_equal(ms_kernel_spec_uri(&s, 90, uri, sizeof uri, &err), MS_OK);
+    assert_string_equal(uri, "rmsnorm_bf16_res_sm90");
+    s = ms_kernel_spec_simple(MS_KERNEL_OP_SAMPLE, MS_KERNEL_DTYPE_F32);
+    assert_int_equal(ms_kernel_spec_uri(&s, 90, uri, sizeof uri, &err), MS_OK);
+    assert_string_equal(uri, "sample_f32_sm90");
+    /* too small a buffer is an error, not a truncated key */
+    char small[8];
+    assert_int_equal(ms_kernel_spec_uri(&s, 90, small, sizeof small, &err), MS_ERR_INVALID_ARG);
+}
+
+static void test_unsupported_specs_name_the_value(void **state) {
+    (void)state;
+    ms_error err = {0};
+    ms_kernel_spec s = ms_kernel_spec_attn_decode(MS_KERNEL_DTYPE_BF16, 48, 16, 4, false);
+    assert_int_equal(ms_kernel_spec_check(&s, &err), MS_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.msg, "head_dim 48"));
+    s = ms_kernel_spec_attn_prefill(MS_KERNEL_DTYPE_BF16, 48, 16, 4, true, false);
+    assert_int_equal(ms_kernel_spec_check(&s, &err), MS_OK); /* prefill takes multiples of 16 */
+    s = ms_kernel_spec_attn_prefill(MS_KERNEL_DTYPE_BF16, 40, 16, 4, true, false);
+    assert_int_equal(ms_kernel_spec_check(&s, &err), MS_ERR_UNSUPPORTED);
+    s = ms_kernel_spec_attn_decode(MS_KERNEL_DTYPE_BF16, 128, 16, 17, false);
+    assert_int_equal(ms_kernel_spec_check(&s, &err), MS_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.msg, "group 17"));
+    s = ms_kernel_spec_attn_decode(MS_KERNEL_DTYPE_BF16, 128, 0, 4, false);
+    assert_int_equal(ms_kernel_spec_check(&s, &err), MS_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.msg, "page_size 0"));
+    s = ms_kernel_spec_rmsnorm(MS_KERNEL_DTYPE_F32, false);
+    assert_int_equal(ms_kernel_spec_check(&s, &err), MS_ERR_UNSUPPORTED);
+    s = ms_kernel_spec_simple((ms_kernel_op)99, MS_KERNEL_DTYPE_BF16);
+    assert_int_equal(ms_kernel_spec_check(&s, &err), MS_ERR_INVALID_ARG);
+    char *src = (char *)1;
+    s = ms_kernel_spec_attn_decode(MS_KERNEL_DTYPE_BF16, 48, 16, 4, false);
+    assert_int_equal(ms_kernel_spec_source(&s, &src, &err), MS_ERR_UNSUPPORTED);
+    assert_null(src);
+}
+
+static void test_source_is_preamble_and_wrappers_only(void **state) {
+    (void)state;
+    ms_error err = {0};
+    ms_kernel_spec s = ms_kernel_spec_attn_decode(MS_KERNEL_DTYPE_BF16, 128, 16, 4, true);
+    char *a = NULL, *b = NULL;
+    assert_int_equal(ms_kernel_spec_source(&s, &a, &err), MS_OK);
+    assert_int_equal(ms_kernel_spec_source(&s, &b, &err), MS_OK);
+    assert_string_equal(a, b); /* deterministic */
+    assert_non_null(strstr(a, "Do not edit"));
+    assert_non_null(strstr(a, "#include \"attn/decode.cuh\""));
+    assert_non_null(strstr(a, "using T = ms::bf16;"));
+    assert_non_null(strstr(a, "constexpr int kHeadDim = 128;"));
+    assert_non_null(strstr(a, "constexpr int kPageSize = 16;"));
+    assert_non_null(strstr(a, "constexpr int kGroup = 4;"));
+    assert_non_null(strstr(a, "constexpr bool kWindowed = true;"));
+    assert_non_null(strstr(a, "extern \"C\" __global__"));
+    assert_non_null(strstr(a, ms_kernel_op_entry(MS_KERNEL_OP_ATTN_DECODE, 0)));
+    assert_non_null(strstr(a, ms_kernel_op_entry(MS_KERNEL_OP_ATTN_DECODE, 1)));
+    assert_null(strstr(a, "__syncthreads")); /* no pasted kernel body */
+    ms_free(a);
+    ms_free(b);
+    /* every op has a main entry; the entry list ends */
+    for (int op = 0; op < MS_KERNEL_OP_COUNT; op++)
+        assert_non_null(ms_kernel_op_entry((ms_kernel_op)op, 0));
+    assert_null(ms_kernel_op_entry(MS_KERNEL_OP_ATTN_PREFILL, 1));
+    assert_null(ms_kernel_op_entry(MS_KERNEL_OP_COUNT, 0));
+}
+
+/* ---- attention planning ---- */
+
+static void test_prefill_tiles_cover_ragged_batch(void **state) {
+    (void)state;
+    ms_error err = {0};
+    /* 37, 5, 64, 1 tokens with group 4: rows 148, 20, 256, 4 -> 3, 1, 4, 1 tiles of 64 rows */
+    const int32_t qo[] = {0, 37, 42, 106, 107};
+    int32_t req[16], idx[16];
+    int n = -1;
+    assert_int_equal(ms_attn_prefill_plan_tiles(qo, 4, 4, req, idx, 16, &n, &err), MS_OK);
+    assert_int_equal(n, 9);
+    const int32_t want_req[] = {0, 0, 0, 1, 2, 2, 2, 2, 3};
+    const int32_t want_idx[] = {0, 1, 2, 0, 0, 1, 2, 3, 0};
+    for (int i = 0; i < 9; i++) {
+        assert_int_equal(req[i], want_req[i]);
+        assert_int_equal(idx[i], want_idx[i]);
+    }
+    assert_int_equal(ms_attn_prefill_plan_tiles(qo, 4, 4, NULL, NULL, 100, &n, &err), MS_OK);
+    assert_int_equal(n, 9);
+    assert_int_equal(ms_attn_prefill_plan_tiles(qo, 4, 4, req, idx, 8, &n, &err), MS_ERR_CAPACITY);
+    const int32_t bad[] = {0, 5, 3};
+    assert_int_equal(ms_attn_prefill_plan_tiles(bad, 2, 1, req, idx, 16, &n, &err),
+                     MS_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "request 1"));
+    /* an empty request (span 0) gets no tile */
+    const int32_t empty[] = {0, 0, 1};
+    assert_int_equal(ms_attn_prefill_plan_tiles(empty, 2, 8, req, idx, 16, &n, &err), MS_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(req[0], 1);
+}
+
+static void test_decode_split_fills_device_and_covers_pages(void **state) {
+    (void)state;
+    int s = 0, pps = 0;
+    /* 1 sequence x 8 KV heads x 8k tokens in pages of 16 = 512 pages, 132 SMs */
+    ms_attn_decode_plan_split(1, 8, 512, 132, 4, 64, &s, &pps);
+    assert_true(s > 1 && s <= 64);
+    assert_true(s * pps >= 512 && (s - 1) * pps < 512);
+    assert_true(8 * s >= 132);
+    /* a big batch needs no split */
+    ms_attn_decode_plan_split(128, 8, 64, 132, 4, 64, &s, &pps);
+    assert_int_equal(s, 1);
+    assert_int_equal(pps, 64);
+    /* short views are not split below min_pages */
+    ms_attn_decode_plan_split(1, 1, 6, 132, 4, 64, &s, &pps);
+    assert_int_equal(s, 1);
+    assert_int_equal(pps, 6);
+    /* zero pages still yields one split of one page */
+    ms_attn_decode_plan_split(1, 1, 0, 132, 4, 64, &s, &pps);
+    assert_int_equal(s, 1);
+    assert_true(pps >= 1);
+}
+
+/* ---- check macros ---- */
+
+static const char *fake_str(int code) { return code == 7 ? "seven" : "other"; }
+
+static ms_status fake_call(ms_error *err, int result) {
+    MS_CUDA_TRY_GEN(err, MS_ERR_CUDA, "FAKE", result, 0, fake_str, 3);
+    return MS_OK;
+}
+
+static ms_status nvrtc_bad_call(ms_error *err) {
+    size_t n = 0;
+    nvrtcProgram none = NULL;
+    MS_NVRTC_TRY(err, nvrtcGetProgramLogSize(none, &n));
+    return MS_OK;
+}
+
+static void test_check_macros_record_call_location_device(void **state) {
+    (void)state;
+    ms_error err = {0};
+    assert_int_equal(fake_call(&err, 0), MS_OK);
+    assert_int_equal(fake_call(&err, 7), MS_ERR_CUDA);
+    assert_non_null(strstr(err.msg, "FAKE error 7 (seven) in result"));
+    assert_non_null(strstr(err.msg, "[device 3]"));
+    assert_non_null(strstr(err.msg, "test_nvrtc.c"));
+    assert_string_equal(err.func, "fake_call");
+    assert_int_equal(nvrtc_bad_call(&err), MS_ERR_NVRTC);
+    assert_non_null(strstr(err.msg, "nvrtcGetProgramLogSize(none, &n)"));
+    assert_null(strstr(err.msg, "[device"));
+}
+
+static void test_parse_arch(void **state) {
+    (void)state;
+    ms_error err = {0};
+    int a = 0;
+    assert_int_equal(ms_nvrtc_parse_arch("sm_90", &a, &err), MS_OK);
+    assert_int_equal(a, 90);
+    assert_int_equal(ms_nvrtc_parse_arch("80", &a, &err), MS_OK);
+    assert_int_equal(a, 80);
+    assert_int_equal(ms_nvrtc_parse_arch("compute_86", &a, &err), MS_OK);
+    assert_int_equal(a, 86);
+    assert_int_equal(ms_nvrtc_parse_arch("sm_9x", &a, &err), MS_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "sm_9x"));
+    assert_int_equal(ms_nvrtc_parse_arch("", &a, &err), MS_ERR_INVALID_ARG);
+    int v = 0;
+    assert_int_equal(ms_nvrtc_version(&v, &err), MS_OK);
+    assert_true(v >= 12000);
+}
+
+/* ---- NVRTC: cache, errors ---- */
+
+static void test_cache_hits_on_second_compile(void **state) {
+    (void)state;
+    char dir[512];
+    make_temp_dir(dir, sizeof dir);
+    ms_error err = {0};
+    ms_kernel_spec s = ms_kernel_spec_simple(MS_KERNEL_OP_EMBED, MS_KERNEL_DTYPE_BF16);
+    char uri[MS_KERNEL_URI_MAX], *src = NULL;
+    assert_int_equal(ms_kernel_spec_uri(&s, 0, uri, sizeof uri, &err), MS_OK);
+    assert_int_equal(ms_kernel_spec_source(&s, &src, &err), MS_OK);
+    ms_cubin a = {0}, b = {0}, c = {0}, d = {0};
+    assert_int_equal(ms_nvrtc_compile(uri, src, 90, dir, &a, &err), MS_OK);
+    assert_false(a.from_cache);
+    assert_non_null(a.path);
+    assert_non_null(strstr(a.path, "embed_bf16_sm90-"));
+    assert_int_equal(ms_nvrtc_compile(uri, src, 90, dir, &b, &err), MS_OK);
+    assert_true(b.from_cache);
+    assert_int_equal(a.size, b.size);
+    assert_memory_equal(a.data, b.data, a.size);
+    /* another arch is another entry */
+    assert_int_equal(ms_nvrtc_compile(uri, src, 80, dir, &c, &err), MS_OK);
+    assert_false(c.from_cache);
+    assert_string_not_equal(a.path, c.path);
+    /* a corrupt entry is rebuilt, not loaded */
+    FILE *f = fopen(a.path, "wb");
+    assert_non_null(f);
+    fputs("garbage", f);
+    fclose(f);
+    assert_int_equal(ms_nvrtc_compile(uri, src, 90, dir, &d, &err), MS_OK);
+    assert_false(d.from_cache);
+    assert_int_equal(d.size, a.size);
+    ms_nvrtc_cubin_free(&d);
+    assert_int_equal(ms_nvrtc_compile(uri, src, 90, dir, &d, &err), MS_OK);
+    assert_true(d.from_cache);
+    /* MSTAR_CACHE names the default folder; "off" disables caching */
+    char got[512];
+    setenv("MSTAR_CACHE", dir, 1);
+    assert_int_equal(ms_nvrtc_cache_dir(NULL, got, sizeof got, &err), MS_OK);
+    assert_string_equal(got, dir);
+    setenv("MSTAR_CACHE", "off", 1);
+    assert_int_equal(ms_nvrtc_cache_dir(NULL, got, sizeof got, &err), MS_ERR_NOT_FOUND);
+    ms_cubin e = {0};
+    assert_int_equal(ms_nvrtc_compile(uri, src, 90, NULL, &e, &err), MS_OK);
+    assert_false(e.from_cache);
+    assert_null(e.path);
+    unsetenv("MSTAR_CACHE");
+    ms_nvrtc_cubin_free(&a);
+    ms_nvrtc_cubin_free(&b);
+    ms_nvrtc_cubin_free(&c);
+    ms_nvrtc_cubin_free(&d);
+    ms_nvrtc_cubin_free(&e);
+    ms_free(src);
+    rm_tree(dir);
+}
+
+static void test_broken_instance_reports_log_and_source(void **state) {
+    (void)state;
+    char dir[512];
+    make_temp_dir(dir, sizeof dir);
+    ms_error err = {0};
+    /* head_dim 48 is refused by the spec check; instantiate it by hand to reach the template's
+     * static_assert, as a hand-edited or future generator bug would */
+    const char *src = "// broken on purpose\n#include \"attn/decode.cuh\"\n"
+                      "extern \"C\" __global__ void ms_attn_decode(const ms_attn_params p) {\n"
+                      "    ms::attn_decode<ms::bf16, 48, 16, 4, false>(p);\n}\n";
+    ms_cubin cb = {0};
+    assert_int_equal(ms_nvrtc_compile("attn_decode_bf16_hd48_ps16_g4", src, 90, dir, &cb, &err),
+                     MS_ERR_NVRTC);
+    assert_null(cb.data);
+    assert_non_null(strstr(err.msg, "attn_decode_bf16_hd48_ps16_g4_sm90"));
+    assert_non_null(strstr(err.msg, "must divide the warp size")); /* NVRTC's log */
+    /* the generated source is on disk at the path the message names */
+    char path[1024];
+    snprintf(path, sizeof path, "%s/failed/attn_decode_bf16_hd48_ps16_g4_sm90.cu", dir);
+    assert_non_null(strstr(err.msg, path));
+    FILE *f = fopen(path, "rb");
+    assert_non_null(f);
+    char buf[1024] = {0};
+    size_t n = fread(buf, 1, sizeof buf - 1, f);
+    fclose(f);
+    assert_int_equal(n, strlen(src));
+    assert_string_equal(buf, src);
+    snprintf(path, sizeof path, "%s/failed/attn_decode_bf16_hd48_ps16_g4_sm90.log", dir);
+    assert_int_equal(access(path, R_OK), 0);
+    /* a syntax error too */
+    assert_int_equal(ms_nvrtc_compile("broken_syntax", "extern \"C\" __global__ void k( {}\n", 80,
+                                      dir, &cb, &err),
+                     MS_ERR_NVRTC);
+    assert_non_null(strstr(err.msg, "broken_syntax_sm80"));
+    assert_non_null(strstr(err.msg, "error"));
+    /* invalid arguments */
+    assert_int_equal(ms_nvrtc_compile("a/b", src, 90, dir, &cb, &err), MS_ERR_INVALID_ARG);
+    assert_int_equal(ms_nvrtc_compile("x", src, 12, dir, &cb, &err), MS_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.msg, "sm_12"));
+    rm_tree(dir);
+}
+
+/* ---- the instance matrix ---- */
+
+#define MAX_SPECS 256
+
+typedef struct matrix {
+    ms_kernel_spec specs[MAX_SPECS];
+    int n;
+    int next;            /* next job (spec x arch), under lock */
+    int failed;          /* jobs that failed */
+    int compiled;        /* jobs compiled by NVRTC now (not from the cache) */
+    char first_error[MS_ERROR_MSG_MAX];
+    const char *cache;
+    pthread_mutex_t lock;
+} matrix;
+
+static const int kArchs[2] = {80, 90};
+
+/* Add a spec unless one with the same URI is there (structs have padding: compare URIs). */
+static void add_spec(matrix *m, ms_kernel_spec s) {
+    char a[MS_KERNEL_URI_MAX], b[MS_KERNEL_URI_MAX];
+    assert_int_equal(ms_kernel_spec_uri(&s, 0, a, sizeof a, NULL), MS_OK);
+    for (int i = 0; i < m->n; i++) {
+        assert_int_equal(ms_kernel_spec_uri(&m->specs[i], 0, b, sizeof b, NULL), MS_OK);
+        if (strcmp(a, b) == 0)
+            return;
+    }
+    assert_true(m->n < MAX_SPECS);
+    m->specs[m->n++] = s;
+}
+
+static void build_llama_matrix(matrix *m) {
+    const int hds[] = {16, 64, 128}, pss[] = {16, 128}, gs[] = {1, 4, 8};
+    for (int a = 0; a < 3; a++)
+        for (int b = 0; b < 2; b++)
+            for (int c = 0; c < 3; c++)
+                for (int w = 0; w < 2; w++) {
+                    add_spec(m, ms_kernel_spec_attn_decode(MS_KERNEL_DTYPE_BF16, hds[a], pss[b],
+                                                           gs[c], w == 1));
+                    add_spec(m, ms_kernel_spec_attn_prefill(MS_KERNEL_DTYPE_BF16, hds[a], pss[b],
+                                                            gs[c], true, w == 1));
+                }
+    /* the fixtures' shapes: llama_gqa hd16 g4, aidreams hd16 g1, llama_cfg hd16 g2,
+     * llama31_rope hd32 g1, mistral_window hd32 g2 windowed; one non-causal prefill */
+    const int fx[][3] = {{16, 4, 0}, {16, 1, 0}, {16, 2, 0}, {32, 1, 0}, {32, 2, 1}};
+    for (size_t i = 0; i < MS_ARRAY_LEN(fx); i++) {
+        add_spec(m, ms_kernel_spec_attn_decode(MS_KERNEL_DTYPE_BF16, fx[i][0], 16, fx[i][1],
+                                               fx[i][2] == 1));
+        add_spec(m, ms_kernel_spec_attn_prefill(MS_KERNEL_DTYPE_BF16, fx[i][0], 16, fx[i][1], true,
+                                                fx[i][2] == 1));
+    }
+    add_spec(m, ms_kernel_spec_attn_prefill(MS_KERNEL_DTYPE_BF16, 64, 16, 1, false, false));
+    const int rhd[] = {16, 32, 64, 128};
+    for (int a = 0; a < 4; a++)
+        for (int b = 0; b < 2; b++)
+            for (int st = MS_KERNEL_ROPE_NEOX; st <= MS_KERNEL_ROPE_INTERLEAVED; st++)
+                for (int sc = 0; sc < MS_KERNEL_ROPE_SCALING_COUNT; sc++)
+                    add_spec(m, ms_kernel_spec_rope_kv(MS_KERNEL_DTYPE_BF16, rhd[a], pss[b],
+                                                       (ms_kernel_rope)st,
+                                                       (ms_kernel_rope_scaling)sc));
+    add_spec(m, ms_kernel_spec_rope_kv(MS_KERNEL_DTYPE_BF16, 128, 16, MS_KERNEL_ROPE_NONE, 0));
+    add_spec(m, ms_kernel_spec_rmsnorm(MS_KERNEL_DTYPE_BF16, false));
+    add_spec(m, ms_kernel_spec_rmsnorm(MS_KERNEL_DTYPE_BF16, true));
+    add_spec(m, ms_kernel_spec_simple(MS_KERNEL_OP_SILU_MUL, MS_KERNEL_DTYPE_BF16));
+    add_spec(m, ms_kernel_spec_simple(MS_KERNEL_OP_EMBED, MS_KERNEL_DTYPE_BF16));
+    add_spec(m, ms_kernel_spec_simple(MS_KERNEL_OP_ARGMAX, MS_KERNEL_DTYPE_F32));
+    add_spec(m, ms_kernel_spec_simple(MS_KERNEL_OP_ARGMAX, MS_KERNEL_DTYPE_BF16));
+    add_spec(m, ms_kernel_spec_simple(MS_KERNEL_OP_SAMPLE, MS_KERNEL_DTYPE_F32));
+    add_spec(m, ms_kernel_spec_simple(MS_KERNEL_OP_SAMPLE, MS_KERNEL_DTYPE_BF16));
+}
+
+/* Compile one (spec, arch) job; true on success with every entry symbol in the cubin. */
+static bool compile_job(matrix *m, int job, bool *fresh, char *msg, size_t cap) {
+    const ms_kernel_spec *s = &m->specs[job / 2];
+    int arch = kArchs[job % 2];
+    ms_error err = {0};
+    char uri[MS_KERNEL_URI_MAX], *src = NULL;
+    if (ms_kernel_spec_uri(s, 0, uri, sizeof uri, &err) != MS_OK ||
+        ms_kernel_spec_source(s, &src, &err) != MS_OK) {
+        snprintf(msg, cap, "%s", err.msg);
+        return false;
+    }
+    ms_cubin cb = {0};
+    bool ok = ms_nvrtc_compile(uri, src, arch, m->cache, &cb, &err) == MS_OK;
+    if (!ok)
+        snprintf(msg, cap, "%s", err.msg);
+    for (int e = 0; ok && ms_kernel_op_entry(s->op, e) != NULL; e++) {
+        if (!has_bytes(cb.data, cb.size, ms_kernel_op_entry(s->op, e))) {
+            snprintf(msg, cap, "%s_sm%d: entry %s missing from the cubin", uri, arch,
+                     ms_kernel_op_entry(s->op, e));
+            ok = false;
+        }
+    }
+    if (ok && (cb.size < 4 || memcmp(cb.data, "\177ELF", 4) != 0)) {
+        snprintf(msg, cap, "%s_sm%d: not an ELF cubin", uri, arch);
+        ok = false;
+    }
+    *fresh = ok && !cb.from_cache;
+    ms_nvrtc_cubin_free(&cb);
+    ms_free(src);
+    return ok;
+}
+
+static void *matrix_worker(void *arg) {
+    matrix *m = arg;
+    for (;;) {
+        pthread_mutex_lock(&m->lock);
+        int job = m->next < 2 * m->n ? m->next++ : -1;
+        pthread_mutex_unlock(&m->lock);
+        if (job < 0)
+            return NULL;
+        char msg[MS_ERROR_MSG_MAX] = "";
+        bool fresh = false;
+        bool ok = compile_job(m, job, &fresh, msg, sizeof msg);
+        pthread_mutex_lock(&m->lock);
+        if (!ok && m->failed++ == 0)
+            snprintf(m->first_error, sizeof m->first_error, "%s", msg);
+        if (fresh)
+            m->compiled++;
+        pthread_mutex_unlock(&m->lock);
+    }
+}
+
+static void test_every_llama_instance_compiles_for_sm80_and_sm90(void **state) {
+    (void)state;
+    matrix *m = ms_calloc(1, sizeof *m);
+    assert_non_null(m);
+    build_llama_matrix(m);
+    const char *c = getenv("MS_KERNEL_CACHE_TEST");
+    m->cache = c != NULL && c[0] != '\0' ? c : "build/kernel-cache-test";
+    pthread_mutex_init(&m->lock, NULL);
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++)
+        assert_int_equal(pthread_create(&th[i], NULL, matrix_worker, m), 0);
+    for (int i = 0; i < 2; i++)
+        pthread_join(th[i], NULL);
+    pthread_mutex_destroy(&m->lock);
+    printf("kernel instances: %d specs x 2 archs, %d compiled now, %d from the cache (%s), "
+           "%d failed\n",
+           m->n, m->compiled, 2 * m->n - m->compiled - m->failed, m->cache, m->failed);
+    if (m->failed > 0)
+        fail_msg("%d instance(s) failed; first: %s", m->failed, m->first_error);
+    assert_true(m->n >= 100);
+    ms_free(m);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        ms_unit_test(test_uri_names_every_parameter),
+        ms_unit_test(test_unsupported_specs_name_the_value),
+        ms_unit_test(test_source_is_preamble_and_wrappers_only),
+        ms_unit_test(test_prefill_tiles_cover_ragged_batch),
+        ms_unit_test(test_decode_split_fills_device_and_covers_pages),
+        ms_unit_test(test_check_macros_record_call_location_device),
+        ms_unit_test(test_parse_arch),
+        ms_unit_test(test_cache_hits_on_second_compile),
+        ms_unit_test(test_broken_instance_reports_log_and_source),
+        ms_unit_test(test_every_llama_instance_compiles_for_sm80_and_sm90),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
