@@ -265,6 +265,12 @@ typedef struct ms_resource_i {
                         ms_error *err);                           /* optional: no-op */
     /* Release the resource object. */
     void (*free)(void *self);
+    /* Export rid's state as a caller-owned copy in *out (released with published_free); *out =
+     * NULL when the resource holds nothing for rid. Never aliases live state. */
+    ms_status (*publish)(void *self, ms_rid rid, void **out, ms_error *err); /* optional: *out = NULL */
+    void (*published_free)(void *self, void *published);          /* required with publish */
+    /* Import state another node/engine published for rid (positions: raised by maximum). */
+    ms_admit_outcome (*admit_retrieve)(void *self, ms_rid rid, const void *published); /* optional: ok */
 } ms_resource_i;
 
 #ifdef __cplusplus
