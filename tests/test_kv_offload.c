@@ -505,7 +505,8 @@ static void test_H4_offload_copies_wait_on_compute_event(void **state) {
         }
         if (o->op == OP_RECORD && o->stream == f.copy)
             rec2 = i;
-        if (o->op == OP_WAIT && o->stream == f.compute && rec2 >= 0 && o->event == tr.ops[rec2].event)
+        if (o->op == OP_WAIT && o->stream == f.compute && rec2 >= 0 &&
+            o->event == tr.ops[rec2].event)
             wait2 = i;
     }
     assert_int_equal(copies, 6);
