@@ -8,7 +8,8 @@
  *   - admit is transactional: it computes every stream's page need first (scratch fields on the
  *     streams, stamped with a per-call mark), grows host arrays, acquires all pages in one arena
  *     call, and only then changes streams. Capacity growth is the only effect of a failed admit.
- *   - plan allocates nothing when the step was admitted: admit sizes both plan buffer sets.
+ *   - plan allocates nothing when the step was admitted: admit sizes the plan buffer set the next
+ *     plan writes (never the one holding the latest plan).
  */
 #include "kv_pool.h"
 
@@ -108,8 +109,9 @@ struct ms_kv_pool {
     kv_plan_buf bufs[2];
     uint64_t plan_seq;          /* plans built; selects the buffer set */
     int64_t plan_allocs;        /* growth performed inside plan */
-    ms_device_event *offload_event; /* recorded on the compute stream before offload copies */
+    ms_device_event *offload_event; /* recorded on the compute stream before offload/reload copies */
     ms_device_event *reload_event;  /* recorded on the copy stream after reload copies */
+    ms_device_event *retrieve_event; /* recorded on the compute stream before transfers start */
 };
 
 /* ---- small helpers ---- */
@@ -276,16 +278,19 @@ ms_status ms_kv_pool_init(const ms_kv_pool_config *cfg, ms_kv_pool **out, ms_err
     pool->ps = ms_page_arena_page_size(cfg->arena);
     pthread_mutex_init(&pool->mu, NULL);
     pthread_cond_init(&pool->cv, NULL);
+    ms_device *dev = ms_page_arena_device(cfg->arena);
+    ms_status st = MS_OK;
     if (cfg->host_arena != NULL) {
-        ms_device *dev = ms_page_arena_device(cfg->arena);
-        ms_status st = ms_device_event_init(dev, &pool->offload_event, err);
+        st = ms_device_event_init(dev, &pool->offload_event, err);
         if (st == MS_OK)
             st = ms_device_event_init(dev, &pool->reload_event, err);
-        if (st != MS_OK) {
-            ms_error_prefix(err, "kv pool: ");
-            ms_kv_pool_free(pool);
-            return st;
-        }
+    }
+    if (st == MS_OK && cfg->transfer != NULL)
+        st = ms_device_event_init(dev, &pool->retrieve_event, err);
+    if (st != MS_OK) {
+        ms_error_prefix(err, "kv pool: ");
+        ms_kv_pool_free(pool);
+        return st;
     }
     *out = pool;
     return MS_OK;
@@ -372,6 +377,7 @@ void ms_kv_pool_free(ms_kv_pool *pool) {
     ms_device *dev = ms_page_arena_device(pool->cfg.arena);
     ms_device_event_free(dev, pool->offload_event);
     ms_device_event_free(dev, pool->reload_event);
+    ms_device_event_free(dev, pool->retrieve_event);
     pthread_cond_destroy(&pool->cv);
     pthread_mutex_destroy(&pool->mu);
     ms_free(pool);
@@ -668,7 +674,7 @@ static ms_admit_outcome admit_locked(ms_kv_pool *pool, const ms_kv_step *ks, con
         if (r == NULL)
             return outcome(MS_ADMIT_INVALID, 0, segs[i].label, segs[i].rid);
         kv_stream *s = &r->streams[segs[i].label];
-        if (s->offloaded || r->offload_running)
+        if (request_offloaded(r)) /* also a label the offloaded request has not created yet */
             return outcome(MS_ADMIT_OFFLOADED, 0, segs[i].label, segs[i].rid);
         ms_admit_code c = poll_read(pool, r, s);
         if (c != MS_ADMIT_OK)
@@ -680,10 +686,10 @@ static ms_admit_outcome admit_locked(ms_kv_pool *pool, const ms_kv_step *ks, con
         kv_request *r = req_live(pool, rows[i]);
         if (r == NULL)
             return outcome(MS_ADMIT_INVALID, 0, 0, rows[i]);
+        if (request_offloaded(r))
+            return outcome(MS_ADMIT_OFFLOADED, 0, 0, rows[i]); /* H5c */
         for (int l = 0; l < MS_MAX_LABELS; l++) {
             kv_stream *s = &r->streams[l];
-            if (s->offloaded || r->offload_running)
-                return outcome(MS_ADMIT_OFFLOADED, 0, (ms_label)l, rows[i]); /* H5c */
             ms_admit_code c = poll_read(pool, r, s);
             if (c != MS_ADMIT_OK)
                 return outcome(c, 0, (ms_label)l, rows[i]);
@@ -749,9 +755,10 @@ static ms_admit_outcome admit_locked(ms_kv_pool *pool, const ms_kv_step *ks, con
         oom = ms_grow((void **)&s->pages, &s->cap, (size_t)MS_MAX(s->p_need, 1),
                       sizeof(int32_t)) != MS_OK;
     }
-    for (int k = 0; k < 2 && !oom; k++)
-        oom = plan_buf_reserve(&pool->bufs[k], (size_t)n_segs, (size_t)n_indices,
-                               (size_t)n_tokens) != MS_OK;
+    /* Only the set the next plan writes: the other holds the latest plan, still in use. */
+    if (!oom)
+        oom = plan_buf_reserve(&pool->bufs[pool->plan_seq & 1], (size_t)n_segs,
+                               (size_t)n_indices, (size_t)n_tokens) != MS_OK;
     if (oom)
         return outcome(MS_ADMIT_NO_MEMORY, 0, segs != NULL && n_segs > 0 ? segs[0].label : 0,
                        n_segs > 0 ? segs[0].rid : 0);
@@ -1296,12 +1303,13 @@ static ms_admit_outcome retrieve_locked(ms_kv_pool *pool, kv_request *r,
                                         const ms_kv_published *pub) {
     if (r->retrieve_failed)
         return outcome(MS_ADMIT_TRANSFER_FAILED, 0, 0, r->rid);
-    if (r->offload_running)
+    if (request_offloaded(r))
         return outcome(MS_ADMIT_OFFLOADED, 0, 0, r->rid);
     if (pool->cfg.transfer == NULL || pub->world_size != pool->cfg.world_size ||
         pub->page_size != pool->ps || pub->n_streams < 0 || pub->n_streams > MS_MAX_LABELS)
         return retrieve_fail(r, 0);
     bool pending = false;
+    bool any = false; /* some stream starts a transfer */
     pool->mark++;
     int64_t total = 0;
     for (int32_t i = 0; i < pub->n_streams; i++) {
@@ -1330,6 +1338,7 @@ static ms_admit_outcome retrieve_locked(ms_kv_pool *pool, kv_request *r,
         if (have > 0 && s->released != ps->start)
             return retrieve_fail(r, ps->label); /* retention disagrees */
         s->mark = pool->mark;
+        any = true;
         s->p_need = pages_for(ps->length - ps->start, pool->ps);
         total += MS_MAX(0, s->p_need - s->n_pages);
         if (ms_grow((void **)&s->pages, &s->cap, (size_t)MS_MAX(s->p_need, 1),
@@ -1341,6 +1350,16 @@ static ms_admit_outcome retrieve_locked(ms_kv_pool *pool, kv_request *r,
     if (total > 0 && ms_page_arena_acquire(pool->cfg.arena, (int32_t)total, pool->acq) != MS_OK) {
         int32_t n_free = ms_page_arena_num_free(pool->cfg.arena);
         return outcome(MS_ADMIT_PAGES_SHORT, (int32_t)MS_MAX(1, total - n_free), 0, r->rid);
+    }
+    /* Transfers write pages a running forward may still read (released by its commit). */
+    ms_device_event *done = NULL;
+    if (any && pool->retrieve_event != NULL) {
+        ms_error e = {0};
+        if (ms_device_event_record(ms_page_arena_device(pool->cfg.arena), pool->retrieve_event,
+                                   pool->cfg.compute_stream, &e) == MS_OK)
+            done = pool->retrieve_event;
+        else
+            r->retrieve_failed = true; /* cannot order the writes: fail the request's transfers */
     }
     int32_t used = 0;
     for (int32_t i = 0; i < pub->n_streams; i++) {
@@ -1372,8 +1391,13 @@ static ms_admit_outcome retrieve_locked(ms_kv_pool *pool, kv_request *r,
             .remote_pages = ps->pages,
             .n_remote_pages = ps->n_pages,
             .source = pub->source,
+            .compute_done = done,
         };
         s->stored = ps->length;
+        if (r->retrieve_failed) {
+            s->read_error = true;
+            continue;
+        }
         uint64_t h = 0;
         ms_error e = {0};
         if (pool->cfg.transfer->start(pool->cfg.transfer_ctx, &d, &h, &e) != MS_OK) {
@@ -1596,9 +1620,16 @@ ms_status ms_kv_pool_reload(ms_kv_pool *pool, ms_rid rid, ms_error *err) {
                        "kv pool: reload: request %llu needs %d device pages, %d free",
                        (unsigned long long)rid, need, n_free);
     }
-    /* Install the pages now (the streams stay offloaded until the copies are done). */
+    /* Install the pages now (the streams stay offloaded until the copies are done). The pages
+     * may have been released by a commit whose forward still runs: the copy stream waits for
+     * the compute stream before writing them. */
     int32_t used = 0;
     ms_status st = MS_OK;
+    if (need > 0 && pool->cfg.copy_stream != NULL) {
+        st = ms_device_event_record(dev, pool->offload_event, pool->cfg.compute_stream, err);
+        if (st == MS_OK)
+            st = ms_device_stream_wait(dev, pool->cfg.copy_stream, pool->offload_event, err);
+    }
     for (int l = 0; l < MS_MAX_LABELS; l++) {
         kv_stream *s = &r->streams[l];
         if (!s->exists || !s->offloaded)
@@ -1839,6 +1870,27 @@ static ms_status res_commit(void *self, int index, const ms_step *step, ms_step_
     return ms_kv_pool_commit(self, index, step, ctx, err);
 }
 static void res_free(void *self) { ms_kv_pool_free(self); }
+/* Unknown request: nothing to publish (*out = NULL, MS_OK), as the runner's sweep expects. */
+static ms_status res_publish(void *self, ms_rid rid, void **out, ms_error *err) {
+    ms_kv_published *pub = NULL;
+    ms_error e = {0};
+    ms_status st = ms_kv_pool_publish(self, rid, &pub, &e);
+    *out = pub;
+    if (st == MS_ERR_NOT_FOUND)
+        return MS_OK;
+    if (st != MS_OK && err != NULL)
+        *err = e;
+    return st;
+}
+static void res_published_free(void *self, void *published) {
+    (void)self;
+    ms_kv_published_free(published);
+}
+static ms_admit_outcome res_admit_retrieve(void *self, ms_rid rid, const void *published) {
+    if (published == NULL)
+        return ms_admit_ok(); /* the producer held nothing for rid */
+    return ms_kv_pool_admit_retrieve(self, rid, published);
+}
 
 static const ms_resource_i kv_pool_resource = {
     .kind = MS_RESOURCE_KV,
@@ -1850,6 +1902,9 @@ static const ms_resource_i kv_pool_resource = {
     .plan = res_plan,
     .commit = res_commit,
     .free = res_free,
+    .publish = res_publish,
+    .published_free = res_published_free,
+    .admit_retrieve = res_admit_retrieve,
 };
 
 const ms_resource_i *ms_kv_pool_resource_i(void) { return &kv_pool_resource; }

@@ -201,6 +201,9 @@ static void test_offload_reload_round_trip(void **state) {
     ms_admit_outcome o = kv_admit(&f, &t);
     assert_int_equal(o.code, MS_ADMIT_OFFLOADED);
     assert_int_equal(o.rid, 1);
+    kv_step_init(&t, true);
+    kv_step_seg(&t, 1, 5, 4); /* a label the request has not created yet */
+    assert_int_equal(kv_admit(&f, &t).code, MS_ADMIT_OFFLOADED);
     /* scribble over the freed device pages, then reload */
     int32_t scratch[15];
     int32_t n_free = ms_page_arena_num_free(f.arena);
@@ -482,16 +485,22 @@ static void test_H4_offload_copies_wait_on_compute_event(void **state) {
     }
     assert_true(rec >= 0 && wait > rec && first_copy > wait && sync > last_copy);
     assert_int_equal(last_copy - first_copy + 1, 3 * 2); /* 3 pages x 2 layers */
-    /* reload: copies on the copy stream, then the compute stream waits on their event */
+    /* reload: the copy stream waits for the compute stream (the new pages may still be read by
+     * a running forward), copies, then the compute stream waits on the copies' event */
     tr.n = 0;
     assert_int_equal(ms_kv_pool_reload(f.pool, 1, &err), MS_OK);
-    int copies = 0, rec2 = -1, wait2 = -1;
+    int copies = 0, rec2 = -1, wait2 = -1, rec1 = -1, wait1 = -1;
     for (int i = 0; i < tr.n; i++) {
         trace_op *o = &tr.ops[i];
+        if (o->op == OP_RECORD && o->stream == f.compute && rec1 < 0)
+            rec1 = i;
+        if (o->op == OP_WAIT && o->stream == f.copy && rec1 >= 0 && o->event == tr.ops[rec1].event)
+            wait1 = i;
         if (o->op == OP_COPY) {
             assert_int_equal(o->kind, MS_COPY_H2D);
             assert_ptr_equal(o->stream, f.copy);
             assert_true(rec2 < 0);
+            assert_true(wait1 > rec1 && wait1 >= 0 && i > wait1);
             copies++;
         }
         if (o->op == OP_RECORD && o->stream == f.copy)
@@ -595,6 +604,8 @@ static ms_status xfer_start(void *ctx, const ms_kv_transfer_desc *d, uint64_t *h
     memcpy(x->t[x->n].local_pages, d->local_pages, (size_t)d->n_local_pages * sizeof(int32_t));
     memcpy(x->t[x->n].remote_pages, d->remote_pages, (size_t)d->n_remote_pages * sizeof(int32_t));
     x->t[x->n].st = MS_KV_TRANSFER_PENDING;
+    x->t[x->n].d.local_pages = NULL; /* only valid during start */
+    x->t[x->n].d.remote_pages = NULL;
     *h = (uint64_t)x->n;
     if (x->instant)
         xfer_finish(x, x->n);
@@ -684,6 +695,8 @@ static void test_publish_retrieve_round_trip(void **state) {
     ms_admit_outcome o = ms_kv_pool_admit_retrieve(c.pool, 1, pub);
     assert_int_equal(o.code, MS_ADMIT_OK); /* an instant transfer is not pending */
     assert_int_equal(x.n, 2);
+    /* writes are ordered after the compute stream (pages may come from a running step) */
+    assert_non_null(x.t[0].d.compute_done);
     assert_int_equal(kv_info(&c, 1, 0).stored, 19);
     assert_int_equal(kv_info(&c, 1, 2).stored, 5);
     assert_false(kv_info(&c, 1, 0).read_pending);
@@ -926,6 +939,102 @@ static void test_retrieve_with_retention_start(void **state) {
     kv_fix_free(&c);
 }
 
+/* H4 for transfers: pages a transfer fills may have been released by a commit whose forward is
+ * still running, so admit_retrieve hands the back end an event recorded on the compute stream. */
+static void test_H4_transfer_ordered_after_compute_event(void **state) {
+    (void)state;
+    tracer tr;
+    memset(&tr, 0, sizeof tr);
+    ms_error err = {0};
+    assert_int_equal(ms_device_host_init(0, &tr.inner, &err), MS_OK);
+    ms_device *dev = NULL;
+    assert_int_equal(ms_device_wrap_init(&tracer_iface, &tr, &dev, &err), MS_OK);
+    kv_fake_transfer fx = {.instant = true};
+    kv_fix_opts o = {.dev = dev, .transfer = &kv_fake_transfer_i, .transfer_ctx = &fx};
+    kv_fix f;
+    kv_fix_init_opts(&f, 16, PS, 0, &o);
+    kv_ingest(&f, 1);
+    ms_kv_published pub = {.rid = 1, .world_size = 1, .page_size = PS, .n_streams = 1};
+    int32_t pages[] = {3, 4};
+    pub.streams[0] = (ms_kv_published_stream){0, 12, 0, 2, pages};
+    tr.n = 0;
+    assert_int_equal(ms_kv_pool_admit_retrieve(f.pool, 1, &pub).code, MS_ADMIT_OK);
+    assert_int_equal(fx.n, 1);
+    int rec = -1;
+    for (int i = 0; i < tr.n; i++)
+        if (tr.ops[i].op == OP_RECORD && tr.ops[i].stream == f.compute)
+            rec = i;
+    assert_true(rec >= 0);
+    assert_ptr_equal(fx.descs[0].compute_done, tr.ops[rec].event);
+    /* polling a finished retrieve records nothing new */
+    tr.n = 0;
+    assert_int_equal(ms_kv_pool_admit_retrieve(f.pool, 1, &pub).code, MS_ADMIT_OK);
+    assert_int_equal(tr.n, 0);
+    kv_fix_free(&f);
+    ms_device_free(tr.inner);
+}
+
+/* The request's retrieve_labels filter which published labels are pulled. */
+static void test_retrieve_only_needed_labels(void **state) {
+    (void)state;
+    kv_fix p, c;
+    xfer x;
+    init_pd(&p, &c, &x, 32);
+    x.instant = true;
+    kv_ingest(&p, 1);
+    kv_extend(&p, 1, 0, 9);
+    kv_extend(&p, 1, 1, 6);
+    kv_extend(&p, 1, 2, 3);
+    ms_error err = {0};
+    ms_kv_published *pub = NULL;
+    assert_int_equal(ms_kv_pool_publish(p.pool, 1, &pub, &err), MS_OK);
+    ms_kv_request_config rc = {.retrieve_labels = (1u << 0) | (1u << 2)};
+    assert_int_equal(ms_kv_pool_ingest(c.pool, 1, &rc, &err), MS_OK);
+    assert_int_equal(ms_kv_pool_admit_retrieve(c.pool, 1, pub).code, MS_ADMIT_OK);
+    assert_int_equal(x.n, 2);
+    assert_int_equal(kv_info(&c, 1, 0).stored, 9);
+    assert_int_equal(kv_info(&c, 1, 2).stored, 3);
+    ms_kv_stream_info none;
+    assert_int_equal(ms_kv_pool_stream_info(c.pool, 1, 1, &none), MS_ERR_NOT_FOUND);
+    /* a page-size mismatch is a failed transfer for the request */
+    ms_kv_published bad = *pub;
+    bad.page_size = PS * 2;
+    bad.n_streams = 0;
+    kv_ingest(&c, 2);
+    assert_int_equal(ms_kv_pool_admit_retrieve(c.pool, 2, &bad).code, MS_ADMIT_TRANSFER_FAILED);
+    ms_kv_published_free(pub);
+    kv_fix_free(&c);
+    kv_fix_free(&p);
+}
+
+/* The resource interface's publish / admit_retrieve, as the runner's publish sweep uses them. */
+static void test_resource_vtable_publish_and_retrieve(void **state) {
+    (void)state;
+    kv_fix p, c;
+    xfer x;
+    init_pd(&p, &c, &x, 32);
+    x.instant = true;
+    const ms_resource_i *ri = ms_kv_pool_resource_i();
+    assert_non_null(ri->publish);
+    assert_non_null(ri->published_free);
+    assert_non_null(ri->admit_retrieve);
+    kv_ingest(&p, 1);
+    kv_extend(&p, 1, 0, 11);
+    ms_error err = {0};
+    void *pub = (void *)1;
+    assert_int_equal(ri->publish(p.pool, 42, &pub, &err), MS_OK); /* holds nothing for 42 */
+    assert_null(pub);
+    assert_int_equal(ri->publish(p.pool, 1, &pub, &err), MS_OK);
+    assert_non_null(pub);
+    kv_ingest(&c, 1);
+    assert_int_equal(ri->admit_retrieve(c.pool, 1, pub).code, MS_ADMIT_OK);
+    assert_int_equal(kv_info(&c, 1, 0).stored, 11);
+    assert_int_equal(ri->admit_retrieve(c.pool, 1, NULL).code, MS_ADMIT_OK);
+    ri->published_free(p.pool, pub);
+    kv_fix_free(&c);
+    kv_fix_free(&p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         ms_unit_test(test_offload_without_tier_declines),
@@ -947,6 +1056,9 @@ int main(void) {
         ms_unit_test(test_H12_start_failure_and_no_transfer_interface),
         ms_unit_test(test_F4_remove_waits_for_transfer_outside_lock),
         ms_unit_test(test_retrieve_with_retention_start),
+        ms_unit_test(test_H4_transfer_ordered_after_compute_event),
+        ms_unit_test(test_retrieve_only_needed_labels),
+        ms_unit_test(test_resource_vtable_publish_and_retrieve),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
