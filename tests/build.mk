@@ -17,3 +17,4 @@ TESTS += tests/test_kv_offload
 TESTS += tests/test_kv_property
 TESTS += tests/test_kv_stress
 TSAN_TESTS += tests/test_kv_stress
+TESTS += tests/test_runner_property
