@@ -109,7 +109,7 @@ struct ms_kv_pool {
     kv_plan_buf bufs[2];
     uint64_t plan_seq;          /* plans built; selects the buffer set */
     int64_t plan_allocs;        /* growth performed inside plan */
-    ms_device_event *offload_event; /* recorded on the compute stream before offload/reload copies */
+    ms_device_event *offload_event; /* recorded on the compute stream before tier copies */
     ms_device_event *reload_event;  /* recorded on the copy stream after reload copies */
     ms_device_event *retrieve_event; /* recorded on the compute stream before transfers start */
 };

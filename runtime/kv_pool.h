@@ -143,8 +143,9 @@ typedef struct ms_kv_pool ms_kv_pool;
 
 /*
  * Create a pool over cfg->arena. Creates device events for ordering offload/reload copies (when
- * a host arena is given) and transfers (when a transfer interface is given). Errors: MS_ERR_INVALID_ARG (no arena, negative window, host arena of
- * another geometry), MS_ERR_OOM, device errors.
+ * a host arena is given) and transfers (when a transfer interface is given). Errors:
+ * MS_ERR_INVALID_ARG (no arena, negative window, host arena of another geometry), MS_ERR_OOM,
+ * device errors.
  */
 ms_status ms_kv_pool_init(const ms_kv_pool_config *cfg, ms_kv_pool **out, ms_error *err);
 

@@ -204,6 +204,17 @@ static void test_offload_reload_round_trip(void **state) {
     kv_step_init(&t, true);
     kv_step_seg(&t, 1, 5, 4); /* a label the request has not created yet */
     assert_int_equal(kv_admit(&f, &t).code, MS_ADMIT_OFFLOADED);
+    /* plan refuses an offloaded stream and names it */
+    kv_step_init(&t, true);
+    kv_step_seg(&t, 1, 0, 0);
+    const ms_kv_plan_set *set = NULL;
+    assert_int_equal(ms_kv_pool_plan(f.pool, 0, &t.step, NULL, &set, &err), MS_ERR_STATE);
+    assert_non_null(strstr(err.msg, "offloaded"));
+    assert_null(set);
+    kv_step_init(&t, true);
+    kv_step_seg(&t, 404, 0, 0);
+    assert_int_equal(ms_kv_pool_plan(f.pool, 0, &t.step, NULL, &set, &err), MS_ERR_NOT_FOUND);
+    assert_non_null(strstr(err.msg, "404"));
     /* scribble over the freed device pages, then reload */
     int32_t scratch[15];
     int32_t n_free = ms_page_arena_num_free(f.arena);
@@ -505,7 +516,8 @@ static void test_H4_offload_copies_wait_on_compute_event(void **state) {
         }
         if (o->op == OP_RECORD && o->stream == f.copy)
             rec2 = i;
-        if (o->op == OP_WAIT && o->stream == f.compute && rec2 >= 0 && o->event == tr.ops[rec2].event)
+        if (o->op == OP_WAIT && o->stream == f.compute && rec2 >= 0 &&
+            o->event == tr.ops[rec2].event)
             wait2 = i;
     }
     assert_int_equal(copies, 6);
