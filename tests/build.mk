@@ -4,3 +4,4 @@
 TESTS += tests/test_base
 TESTS += tests/test_dsl
 TEST_SCRIPTS += tests/mstarc_cli.sh
+TESTS += tests/test_dsl_fixtures
