@@ -1062,11 +1062,12 @@ static void check_arg(sema *s, const ms_res_spec *spec, const ms_res_key *key, m
         }
         break;
     case MS_ARG_WEIGHT: {
-        const ms_weight *w = e->kind == MS_EXPR_NAME ? find_top_weight(s->m, e->text) : NULL;
+        ms_weight *w = e->kind == MS_EXPR_NAME ? find_top_weight(s->m, e->text) : NULL;
         if (w == NULL) {
             err(s, e->loc, "%s must name a top-level weight", what);
             break;
         }
+        w->used = true;
         e->sym = &w->sym;
         e->type = MS_TYPE_TENSOR;
         break;
@@ -1730,8 +1731,9 @@ static fval fname(sema *s, ms_ast_expr *e) {
         e->sym = b->sym;
         return b->v;
     }
-    const ms_weight *w = find_top_weight(s->m, e->text);
+    ms_weight *w = find_top_weight(s->m, e->text);
     if (w != NULL) {
+        w->used = true;
         e->sym = &w->sym;
         return tensor(s, w->rank, w->shape);
     }
@@ -1778,7 +1780,7 @@ static fval fexpr_inner(sema *s, ms_ast_expr *e) {
             if (b != NULL && b->v.t == MS_TYPE_LAYER) {
                 e->lhs->sym = b->sym;
                 e->lhs->type = MS_TYPE_LAYER;
-                const ms_weight *w = find_member(b->v.group, e->text);
+                ms_weight *w = find_member(b->v.group, e->text);
                 if (w == NULL) {
                     suggest g = {e->text, NULL, 0};
                     for (int i = 0; i < b->v.group->n_members; i++)
@@ -1787,6 +1789,7 @@ static fval fexpr_inner(sema *s, ms_ast_expr *e) {
                         suggest_text(s, &g));
                     return fv(MS_TYPE_UNKNOWN);
                 }
+                w->used = true;
                 e->sym = &w->sym;
                 return tensor(s, w->rank, w->shape);
             }
@@ -2551,6 +2554,19 @@ ms_status ms_sema_check(ms_arena *arena, ms_diags *diags, const ms_ast_model *as
         w->ast = aw;
         w->body = aw->body;
         s->m->walks[s->m->n_walks++] = w;
+    }
+    /* A declared weight nobody reads is a typo or dead weight (it would still be loaded onto the
+     * device). Checked only on an otherwise clean model: an error in a forward can hide a use. */
+    if (diags->n_errors == errors_before) {
+        for (int i = 0; i < s->m->n_weights; i++)
+            if (s->m->weights[i]->used && s->m->weights[i]->tie != NULL)
+                ((ms_weight *)s->m->weights[i]->tie)->used = true;
+        for (int i = 0; i < s->m->n_weights; i++) {
+            const ms_weight *w = s->m->weights[i];
+            if (!w->used)
+                err(s, w->ast->name.loc, "weight '%s%s%s' is never used: no forward or resource reads it",
+                    w->group != NULL ? w->group->name : "", w->group != NULL ? "." : "", w->name);
+        }
     }
     if (diags->n_errors > errors_before || diags->stopped || diags->oom)
         return MS_ERR_PARSE;
