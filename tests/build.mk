@@ -34,3 +34,4 @@ TESTS += tests/test_kv_stress
 TSAN_TESTS += tests/test_kv_stress
 TEST_SCRIPTS += tests/mkckpt.sh
 TESTS += tests/test_runner_property
+TESTS += tests/test_dsl_fixtures
