@@ -174,6 +174,11 @@ typedef struct ms_attn_limits {
  * Its q_len_i = qo_indptr[i+1] - qo_indptr[i] query rows are the last q_len_i present tokens:
  * query row j has absolute position kv_start[i] + len_i - q_len_i + j (this is the position the
  * causal mask and the sliding window use; RoPE takes its own position ids).
+ *
+ * Read-only plans (cross-attention over a context stream written earlier, DESIGN.md §3): the
+ * query rows are another stream's tokens, q_len_i is unrelated to len_i, the mask is off
+ * (ms_attn_params.causal = false, window 0); such a plan may leave kv_start (all 0) and
+ * token_to_page / token_to_slot NULL (every write address is then the sink page).
  */
 typedef struct ms_attn_batch {
     ms_attn_limits limits;
@@ -310,10 +315,11 @@ typedef struct ms_backend_i {
     void (*attn_batch_free)(void *ctx, ms_attn_batch *batch);
     /*
      * Stage `plan` (host arrays, resource.h) for the arena `kv`: check counts against the limits,
-     * indptr monotonic, page ids in [0, kv->n_pages), last-page lengths and write slots in range,
-     * every view's q_len <= len; copy into the batch's fixed buffers; set the padding tail of
+     * indptr monotonic, page ids in [0, kv->n_pages), last-page lengths, kv_start and write
+     * slots in range; copy into the batch's fixed buffers; set the padding tail of
      * token_to_page/slot to the sink page; compute last_token, max_q_len, max_kv_len. Allocates
      * nothing. MS_ERR_INVALID_ARG names the view and field; MS_ERR_CAPACITY names the limit.
+     * plan->views is not read (the arrays are the contract).
      */
     ms_status (*attn_batch_stage)(void *ctx, ms_attn_batch *batch, const ms_kv_plan *plan,
                                   const ms_paged_kv *kv, ms_error *err);

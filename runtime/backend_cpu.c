@@ -308,17 +308,18 @@ static ms_status cpu_attn_batch_stage(void *ctx, ms_attn_batch *b, const ms_kv_p
         b->qo_indptr[i + 1] = plan->qo_indptr[i + 1];
         b->kv_indptr[i + 1] = plan->kv_indptr[i + 1];
         b->kv_last_page_len[i] = plan->kv_last_page_len[i];
-        b->kv_start[i] = plan->kv_start[i];
+        b->kv_start[i] = plan->kv_start ? plan->kv_start[i] : 0;
         b->last_token[i] = plan->qo_indptr[i + 1] > plan->qo_indptr[i] ? plan->qo_indptr[i + 1] - 1
                                                                        : -1;
     }
     if (shape.n_pages > 0)
         memcpy(b->kv_indices, plan->kv_indices, (size_t)shape.n_pages * sizeof(int32_t));
-    if (shape.n_tokens > 0) {
-        memcpy(b->token_to_page, plan->token_to_page, (size_t)shape.n_tokens * sizeof(int32_t));
-        memcpy(b->token_to_slot, plan->token_to_slot, (size_t)shape.n_tokens * sizeof(int32_t));
+    int32_t written = plan->token_to_page != NULL ? shape.n_tokens : 0;
+    if (written > 0) {
+        memcpy(b->token_to_page, plan->token_to_page, (size_t)written * sizeof(int32_t));
+        memcpy(b->token_to_slot, plan->token_to_slot, (size_t)written * sizeof(int32_t));
     }
-    for (int32_t t = shape.n_tokens; t < b->limits.max_tokens; t++) {
+    for (int32_t t = written; t < b->limits.max_tokens; t++) {
         b->token_to_page[t] = MS_SINK_PAGE;
         b->token_to_slot[t] = 0;
     }
