@@ -369,7 +369,8 @@ typedef struct linear_job {
  * y[t, o] is reduced the same way whichever block it falls in (lane k sums the products of the
  * elements i = k mod 4 in order, lanes combined as (l0 + l2) + (l1 + l3), then the tail in order);
  * a partial block of rows recomputes the last row in the missing slot (writing the same value
- * again) and an odd last token uses the one-token kernel with the same per-lane order. So results depend neither on the thread count nor on how many tokens share the batch.
+ * again) and an odd last token uses the one-token kernel with the same per-lane order. So
+ * results depend neither on the thread count nor on how many tokens share the batch.
  */
 typedef float v4f __attribute__((vector_size(16)));
 typedef uint16_t v4u16 __attribute__((vector_size(8)));
@@ -527,7 +528,8 @@ static ms_status cpu_linear(void *ctx, const ms_tensor *x, const ms_tensor *w,
     if (bias != NULL) {
         MS_TRY(check_tensor("linear", "bias", bias, 1, 1, FLOATS, err));
         if (bias->shape[0] != w->shape[0])
-            return MS_FAIL(err, MS_ERR_INVALID_ARG, "linear: bias has %lld entries, w has %lld rows",
+            return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                           "linear: bias has %lld entries, w has %lld rows",
                            (long long)bias->shape[0], (long long)w->shape[0]);
     }
     if (y->data == x->data)
@@ -1042,8 +1044,9 @@ static ms_status cpu_gather_rows(void *ctx, const ms_tensor *x, const ms_tensor 
     for (int64_t i = 0; i < rows->shape[0]; i++) {
         int32_t src = r[i * rows->stride[0]];
         if (src < -1 || src >= x->shape[0])
-            return MS_FAIL(err, MS_ERR_INVALID_ARG, "gather_rows: rows[%lld] = %d outside [-1, %lld)",
-                           (long long)i, src, (long long)x->shape[0]);
+            return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                           "gather_rows: rows[%lld] = %d outside [-1, %lld)", (long long)i, src,
+                           (long long)x->shape[0]);
         float *o = row_f32(out, i);
         if (src < 0)
             memset(o, 0, (size_t)x->shape[1] * sizeof(float));
