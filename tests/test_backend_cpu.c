@@ -920,6 +920,24 @@ static void test_cpu_init_failures_leak_nothing(void **state) {
         assert_null(be.ctx);
     }
     assert_int_equal(ms_backend_cpu_init(&be, &(ms_backend_cpu_options){-1}, &err), MS_ERR_INVALID_ARG);
+    /* allocation failures inside the backend name what failed and leak nothing */
+    assert_int_equal(ms_backend_cpu_init(&be, &(ms_backend_cpu_options){2}, &err), MS_OK);
+    void *p = NULL;
+    ms_alloc_fail_nth(1);
+    assert_int_equal(be.iface.buffer_alloc(be.ctx, 4096, "kv.arena", &p, &err), MS_ERR_OOM);
+    assert_null(p);
+    assert_non_null(strstr(err.msg, "buffer_alloc: kv.arena: out of host memory (4096 bytes)"));
+    assert_int_equal(be.iface.buffer_alloc(be.ctx, 0, "w", &p, &err), MS_ERR_INVALID_ARG);
+    ms_attn_batch *b = NULL;
+    for (int64_t k = 1; k <= 2; k++) {
+        ms_alloc_fail_nth(k);
+        assert_int_equal(be.iface.attn_batch_init(be.ctx, &(ms_attn_limits){4, 64, 64}, &b, &err),
+                         MS_ERR_OOM);
+        assert_null(b);
+    }
+    ms_alloc_fail_nth(0);
+    ms_backend_free(&be);
+    ms_backend_free(&be); /* a freed (zeroed) backend is a no-op */
 }
 
 static void test_linear_is_batch_invariant(void **state) {

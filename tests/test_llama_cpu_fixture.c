@@ -190,6 +190,10 @@ static void model_load(model *m, const ms_backend *be, const char *dir) {
     m->vocab = (int)v;
     CHECK(ms_hf_config_get_int_or(cfg, "sliding_window", 0, &v, &err));
     m->window = (int)v;
+    bool use_window; /* Qwen2/3 configs carry a sliding_window that is off unless this is set */
+    CHECK(ms_hf_config_get_bool_or(cfg, "use_sliding_window", true, &use_window, &err));
+    if (!use_window)
+        m->window = 0;
     double eps;
     CHECK(ms_hf_config_get_float_or(cfg, "rms_norm_eps", 1e-6, &eps, &err));
     m->eps = (float)eps;
