@@ -321,6 +321,72 @@ static void test_tensor_load_converts_and_reads_unaligned(void **state) {
     ms_backend_free(&be);
 }
 
+static void test_encoder_ops_layer_norm_gelu_conv1d(void **state) {
+    (void)state;
+    ms_backend be = make_cpu(2);
+    ms_error err = {0};
+    /* layer_norm against a double reference, with and without bias */
+    int n = 6, d = 40;
+    float *x = rand_buf((size_t)(n * d)), *w = rand_buf((size_t)d), *b = rand_buf((size_t)d);
+    float *out = rand_buf((size_t)(n * d));
+    ms_tensor tx = ms_tensor_2d(x, MS_DTYPE_F32, n, d), to = ms_tensor_2d(out, MS_DTYPE_F32, n, d);
+    ms_tensor tw = ms_tensor_1d(w, MS_DTYPE_F32, d), tb = ms_tensor_1d(b, MS_DTYPE_F32, d);
+    for (int with_b = 0; with_b < 2; with_b++) {
+        assert_int_equal(be.iface.layer_norm(be.ctx, &tx, &tw, with_b ? &tb : NULL, 1e-5f, &to, &err),
+                         MS_OK);
+        for (int r = 0; r < n; r++) {
+            double mean = 0.0, var = 0.0;
+            for (int i = 0; i < d; i++)
+                mean += x[r * d + i];
+            mean /= d;
+            for (int i = 0; i < d; i++)
+                var += (x[r * d + i] - mean) * (x[r * d + i] - mean);
+            var /= d;
+            for (int i = 0; i < d; i++) {
+                double want = (x[r * d + i] - mean) / sqrt(var + 1e-5) * w[i] + (with_b ? b[i] : 0.0);
+                assert_true(fabs(out[r * d + i] - want) < 1e-5);
+            }
+        }
+    }
+    /* gelu (exact erf form); known values */
+    float g[4] = {0.0f, 1.0f, -1.0f, 3.0f}, go[4];
+    ms_tensor tg = ms_tensor_2d(g, MS_DTYPE_F32, 1, 4), tgo = ms_tensor_2d(go, MS_DTYPE_F32, 1, 4);
+    assert_int_equal(be.iface.gelu(be.ctx, &tg, &tgo, &err), MS_OK);
+    assert_true(go[0] == 0.0f);
+    assert_true(fabsf(go[1] - 0.8413447f) < 1e-6f);
+    assert_true(fabsf(go[2] + 0.1586553f) < 1e-6f);
+    assert_true(fabsf(go[3] - 2.9959502f) < 1e-6f);
+    /* conv1d: stride 1 and 2, padding 1, against a direct reference */
+    int t_in = 9, c_in = 5, c_out = 7, k = 3;
+    float *cx = rand_buf((size_t)(t_in * c_in)), *cw = rand_buf((size_t)(c_out * c_in * k));
+    float *cb = rand_buf((size_t)c_out), cy[9 * 7];
+    for (int stride = 1; stride <= 2; stride++) {
+        int t_out = (t_in + 2 - k) / stride + 1;
+        ms_tensor ctx_ = ms_tensor_2d(cx, MS_DTYPE_F32, t_in, c_in);
+        ms_tensor ctw = ms_tensor_3d(cw, MS_DTYPE_F32, c_out, c_in, k);
+        ms_tensor ctb = ms_tensor_1d(cb, MS_DTYPE_F32, c_out);
+        ms_tensor cty = ms_tensor_2d(cy, MS_DTYPE_F32, t_out, c_out);
+        assert_int_equal(be.iface.conv1d(be.ctx, &ctx_, &ctw, &ctb, stride, 1, &cty, &err), MS_OK);
+        for (int t = 0; t < t_out; t++)
+            for (int o = 0; o < c_out; o++) {
+                double acc = cb[o];
+                for (int c = 0; c < c_in; c++)
+                    for (int kk = 0; kk < k; kk++) {
+                        int src = t * stride + kk - 1;
+                        if (src >= 0 && src < t_in)
+                            acc += (double)cw[(o * c_in + c) * k + kk] * cx[src * c_in + c];
+                    }
+                assert_true(fabs(cy[t * c_out + o] - acc) < 1e-5);
+            }
+        ms_tensor bad = ms_tensor_2d(cy, MS_DTYPE_F32, t_out + 1, c_out);
+        assert_int_equal(be.iface.conv1d(be.ctx, &ctx_, &ctw, &ctb, stride, 1, &bad, &err),
+                         MS_ERR_INVALID_ARG);
+        assert_non_null(strstr(err.msg, "conv1d: shapes x [9, 5], w [7, 5, 3]"));
+    }
+    ms_free(x), ms_free(w), ms_free(b), ms_free(out), ms_free(cx), ms_free(cw), ms_free(cb);
+    ms_backend_free(&be);
+}
+
 /* ---- RoPE ---- */
 
 static void test_rope_inv_freq_default_and_llama3(void **state) {
@@ -978,6 +1044,7 @@ int main(void) {
         ms_unit_test(test_rms_norm_rows_heads_and_fused_add),
         ms_unit_test(test_silu_mul_add_embedding_gather),
         ms_unit_test(test_argmax_lowest_index_on_ties),
+        ms_unit_test(test_encoder_ops_layer_norm_gelu_conv1d),
         ms_unit_test(test_tensor_load_converts_and_reads_unaligned),
         ms_unit_test(test_rope_inv_freq_default_and_llama3),
         ms_unit_test(test_rope_styles_partial_and_position_zero),
