@@ -327,7 +327,9 @@ static int mk_write_json(const char *dir, const char *name, json_t *obj) {
     char *path = ms_asprintf("%s/%s", dir, name);
     if (path == NULL)
         return die("out of memory");
-    int rc = json_dump_file(obj, path, JSON_INDENT(2) | JSON_REAL_PRECISION(10)) == 0 ? 0 : die("%s: cannot write: %s", path, strerror(errno));
+    int rc = 0;
+    if (json_dump_file(obj, path, JSON_INDENT(2) | JSON_REAL_PRECISION(10)) != 0)
+        rc = die("%s: cannot write: %s", path, strerror(errno));
     ms_free(path);
     return rc;
 }
