@@ -26,8 +26,8 @@
  * This composes what the generated forward will do (DESIGN.md §5 forward) before the code
  * generator exists: weights loaded through the loaders (checkpoint.h) into backend buffers with
  * Q/K/V and gate/up concatenated, a page table and the FlashInfer index arrays built here, ops
- * called through the vtable. The reference file holds int32 tensors, which the model loaders
- * reject by design (weights are float), so it is read here with a minimal jansson parser.
+ * called through the vtable. The reference files are read with the loaders' safetensors reader
+ * (F32 and I32 data tensors); the llama2.c golden JSON with jansson.
  */
 #include "ms_test.h"
 
@@ -55,61 +55,44 @@
             fail_msg("%s failed: %s (%s)", #expr, err.msg, ms_status_str(st_));        \
     } while (0)
 
-/* ---- reference.safetensors (minimal reader: whole file in memory, jansson header) ---- */
+/* ---- reference.safetensors (through the loaders' reader: F32 and I32 data tensors) ---- */
 
 typedef struct ref_file {
-    char *buf;
-    size_t size;
-    json_t *hdr;
-    size_t data0; /* offset of the data region */
+    ms_st_file *f;
 } ref_file;
 
 static void ref_open(ref_file *r, const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (f == NULL)
-        fail_msg("cannot open %s", path);
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    r->size = (size_t)n;
-    r->buf = ms_malloc(r->size);
-    assert_non_null(r->buf);
-    assert_int_equal(fread(r->buf, 1, r->size, f), r->size);
-    fclose(f);
-    uint64_t hl = 0;
-    for (int i = 7; i >= 0; i--)
-        hl = (hl << 8) | (uint8_t)r->buf[i];
-    assert_true(hl + 8 <= r->size);
-    json_error_t je;
-    r->hdr = json_loadb(r->buf + 8, (size_t)hl, 0, &je);
-    if (r->hdr == NULL)
-        fail_msg("%s: header: %s", path, je.text);
-    r->data0 = 8 + (size_t)hl;
+    ms_error err = {0};
+    r->f = NULL;
+    CHECK(ms_st_file_init(&r->f, path, &err));
 }
 
 static void ref_close(ref_file *r) {
-    json_decref(r->hdr);
-    ms_free(r->buf);
+    ms_st_file_free(r->f);
 }
 
-/* Copy tensor `name` (dtype F32 or I32, 4 bytes each) into a fresh buffer; *n = element count,
- * rows/cols = shape (cols 1 for 1-D). */
+static bool ref_has(const ref_file *r, const char *name) {
+    return ms_st_file_find_tensor(r->f, name) != NULL;
+}
+
+/* Copy tensor `name` ("F32" or "I32") into a fresh ms_malloc'd buffer; rows/cols = its shape
+ * (cols 1 for 1-D). */
 static void *ref_get(const ref_file *r, const char *name, const char *dtype, int64_t *rows,
                      int64_t *cols) {
-    json_t *t = json_object_get(r->hdr, name);
+    ms_error err = {0};
+    const ms_st_tensor *t = ms_st_file_find_tensor(r->f, name);
     if (t == NULL)
         fail_msg("reference tensor %s missing", name);
-    assert_string_equal(json_string_value(json_object_get(t, "dtype")), dtype);
-    json_t *shape = json_object_get(t, "shape"), *off = json_object_get(t, "data_offsets");
-    *rows = json_integer_value(json_array_get(shape, 0));
-    *cols = json_array_size(shape) > 1 ? json_integer_value(json_array_get(shape, 1)) : 1;
-    size_t b = (size_t)json_integer_value(json_array_get(off, 0));
-    size_t e = (size_t)json_integer_value(json_array_get(off, 1));
-    assert_int_equal(e - b, (size_t)(*rows * *cols) * 4);
-    assert_true(r->data0 + e <= r->size);
-    void *out = ms_malloc(e - b);
+    assert_string_equal(ms_st_dtype_name(t->dtype), dtype);
+    assert_true(t->n_dims == 1 || t->n_dims == 2);
+    *rows = t->shape[0];
+    *cols = t->n_dims > 1 ? t->shape[1] : 1;
+    void *out = ms_malloc(t->n_elems * 4);
     assert_non_null(out);
-    memcpy(out, r->buf + r->data0 + b, e - b);
+    if (t->dtype == MS_ST_DTYPE_I32)
+        CHECK(ms_st_tensor_to_i32(t, out, t->n_elems, &err));
+    else
+        CHECK(ms_st_tensor_to_f32(t, out, t->n_elems, &err));
     return out;
 }
 
@@ -566,7 +549,7 @@ static int load_prompts(const char *dir, prompt_ref *pr, ref_file *rf) {
     int n = 0;
     for (; n < MAX_SEQS; n++) {
         snprintf(name, sizeof name, "p%d.input_ids", n);
-        if (json_object_get(rf->hdr, name) == NULL)
+        if (!ref_has(rf, name))
             break;
         int64_t r, c, vr, vc;
         pr[n].ids = ref_get(rf, name, "I32", &pr[n].len, &c);
