@@ -262,7 +262,10 @@ typedef struct ms_rope_config {
  */
 ms_status ms_rope_compute_inv_freq(const ms_rope_config *c, float *inv_freq, ms_error *err);
 
+/* Most M-RoPE position streams (the same value hf_config.h uses for mrope_section). */
+#ifndef MS_ROPE_MAX_SECTIONS
 #define MS_ROPE_MAX_SECTIONS 4
+#endif
 
 /*
  * RoPE table handed to the rope ops: style, rotary width and the inverse frequencies in backend
