@@ -262,6 +262,18 @@ typedef struct ms_rope_config {
  */
 ms_status ms_rope_compute_inv_freq(const ms_rope_config *c, float *inv_freq, ms_error *err);
 
+struct ms_rope_params;
+
+/*
+ * Host: the RoPE settings of a config.json (hf_config.h ms_hf_config_get_rope, either layout) as
+ * an ms_rope_config for `style` and `head_dim`: theta, rotary_dim = head_dim *
+ * partial_rotary_factor, default / linear / llama3 scaling. MS_ERR_UNSUPPORTED names rope types
+ * the backends do not implement yet (dynamic, yarn); M-RoPE sections are copied by the caller
+ * into ms_rope_table.sections (frequencies are the default ones).
+ */
+ms_status ms_rope_config_from_hf(const struct ms_rope_params *p, ms_rope_style style,
+                                 int32_t head_dim, ms_rope_config *out, ms_error *err);
+
 /* Most M-RoPE position streams (the same value hf_config.h uses for mrope_section). */
 #ifndef MS_ROPE_MAX_SECTIONS
 #define MS_ROPE_MAX_SECTIONS 4

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "hf_config.h"
 #include "ms_test_impl.h"
 
 /* ---- helpers ---- */
@@ -423,6 +424,34 @@ static void test_rope_inv_freq_default_and_llama3(void **state) {
     c.rotary_dim = 0;
     c.high_freq_factor = 0.5;
     assert_int_equal(ms_rope_compute_inv_freq(&c, g, &err), MS_ERR_INVALID_ARG);
+}
+
+static void test_rope_config_from_hf_params(void **state) {
+    (void)state;
+    ms_error err = {0};
+    ms_rope_params p;
+    memset(&p, 0, sizeof p);
+    p.type = MS_ROPE_TYPE_LLAMA3;
+    p.theta = 500000.0, p.factor = 8.0, p.low_freq_factor = 1.0, p.high_freq_factor = 4.0;
+    p.original_max_position_embeddings = 8192;
+    p.partial_rotary_factor = 1.0;
+    ms_rope_config c;
+    assert_int_equal(ms_rope_config_from_hf(&p, MS_ROPE_ROTATE_HALF, 128, &c, &err), MS_OK);
+    assert_int_equal(c.scaling, MS_ROPE_SCALING_LLAMA3);
+    assert_int_equal(c.rotary_dim, 128);
+    assert_true(c.theta == 500000.0 && c.factor == 8.0 && c.original_max_position == 8192.0);
+    p.type = MS_ROPE_TYPE_DEFAULT;
+    p.partial_rotary_factor = 0.25;
+    assert_int_equal(ms_rope_config_from_hf(&p, MS_ROPE_INTERLEAVED, 64, &c, &err), MS_OK);
+    assert_int_equal(c.rotary_dim, 16);
+    assert_int_equal(c.style, MS_ROPE_INTERLEAVED);
+    assert_int_equal(c.scaling, MS_ROPE_SCALING_NONE);
+    p.type = MS_ROPE_TYPE_YARN;
+    assert_int_equal(ms_rope_config_from_hf(&p, MS_ROPE_ROTATE_HALF, 64, &c, &err), MS_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.msg, "rope_type 'yarn' is not supported"));
+    p.type = MS_ROPE_TYPE_DEFAULT;
+    p.partial_rotary_factor = 0.0;
+    assert_int_equal(ms_rope_config_from_hf(&p, MS_ROPE_ROTATE_HALF, 64, &c, &err), MS_ERR_INVALID_ARG);
 }
 
 /* Reference rotation in double: HF rotate_half or llama2.c interleaved pairs. */
@@ -1047,6 +1076,7 @@ int main(void) {
         ms_unit_test(test_encoder_ops_layer_norm_gelu_conv1d),
         ms_unit_test(test_tensor_load_converts_and_reads_unaligned),
         ms_unit_test(test_rope_inv_freq_default_and_llama3),
+        ms_unit_test(test_rope_config_from_hf_params),
         ms_unit_test(test_rope_styles_partial_and_position_zero),
         ms_unit_test(test_mrope_sections),
         ms_unit_test(test_paged_attention_matches_reference),

@@ -193,15 +193,8 @@ static void model_load(model *m, const ms_backend *be, const char *dir) {
     assert_true(m->n_layers <= MAX_LAYERS);
 
     ms_rope_style style = interleaved ? MS_ROPE_INTERLEAVED : MS_ROPE_ROTATE_HALF;
-    ms_rope_config rc = {style, m->d, (int32_t)lround(m->d * rp.partial_rotary_factor),
-                         rp.theta, MS_ROPE_SCALING_NONE, rp.factor, rp.low_freq_factor,
-                         rp.high_freq_factor, (double)rp.original_max_position_embeddings};
-    if (rp.type == MS_ROPE_TYPE_LLAMA3)
-        rc.scaling = MS_ROPE_SCALING_LLAMA3;
-    else if (rp.type == MS_ROPE_TYPE_LINEAR)
-        rc.scaling = MS_ROPE_SCALING_LINEAR;
-    else
-        assert_int_equal(rp.type, MS_ROPE_TYPE_DEFAULT);
+    ms_rope_config rc;
+    CHECK(ms_rope_config_from_hf(&rp, style, m->d, &rc, &err));
     float inv[512];
     assert_true(rc.rotary_dim > 0 && rc.rotary_dim / 2 <= 512);
     CHECK(ms_rope_compute_inv_freq(&rc, inv, &err));
