@@ -14,3 +14,4 @@ RUNTIME_SRCS += runtime/checkpoint.c
 RUNTIME_SRCS += runtime/hf_config.c
 RUNTIME_SRCS += runtime/llama2c.c
 RUNTIME_SRCS += runtime/tokenizer_llama2c.c
+RUNTIME_CUDA_SRCS += runtime/backend_cuda.c
