@@ -29,6 +29,7 @@ extern "C" {
 #endif
 
 #define MS_KERNEL_URI_MAX 128
+#define MS_KERNEL_MAX_ENTRIES 3
 
 /* ORDER MS_KERNEL_OP: keep the op table in cuda_kernels.c in sync. */
 typedef enum ms_kernel_op {
@@ -40,6 +41,7 @@ typedef enum ms_kernel_op {
     MS_KERNEL_OP_EMBED,           /* embed/embed.cuh */
     MS_KERNEL_OP_ARGMAX,          /* sample/sample.cuh */
     MS_KERNEL_OP_SAMPLE,          /* sample/sample.cuh */
+    MS_KERNEL_OP_MISC,            /* misc/elementwise.cuh: convert act->dtype, add, gather_rows */
     MS_KERNEL_OP_COUNT
 } ms_kernel_op;
 
@@ -72,7 +74,9 @@ typedef enum ms_kernel_rope_scaling {
  */
 typedef struct ms_kernel_spec {
     ms_kernel_op op;
-    ms_kernel_dtype dtype;               /* storage type (logits type for argmax / sample) */
+    ms_kernel_dtype dtype;               /* KV pages and weights (logits type for argmax / sample) */
+    ms_kernel_dtype act_dtype;           /* activations (q, o, x, k, v, ...); the constructors set
+                                            it to dtype, set F32 for float32 activations */
     int head_dim;                        /* attention, rope_kv: elements per head */
     int page_size;                       /* attention, rope_kv: tokens per KV page */
     int group;                           /* attention: query heads per KV head (1 = MHA) */
@@ -92,7 +96,8 @@ ms_kernel_spec ms_kernel_spec_attn_prefill(ms_kernel_dtype dt, int head_dim, int
 ms_kernel_spec ms_kernel_spec_rope_kv(ms_kernel_dtype dt, int head_dim, int page_size,
                                       ms_kernel_rope rope, ms_kernel_rope_scaling scaling);
 ms_kernel_spec ms_kernel_spec_rmsnorm(ms_kernel_dtype dt, bool add_residual);
-/* op: MS_KERNEL_OP_SILU_MUL, _EMBED, _ARGMAX or _SAMPLE (dtype only). */
+/* op: MS_KERNEL_OP_SILU_MUL, _EMBED, _ARGMAX or _SAMPLE (dtype only). MISC: dtype is the
+ * conversion target and the add / gather type is act_dtype (set it after the call). */
 ms_kernel_spec ms_kernel_spec_simple(ms_kernel_op op, ms_kernel_dtype dt);
 
 /*
@@ -104,7 +109,8 @@ ms_status ms_kernel_spec_check(const ms_kernel_spec *s, ms_error *err);
 /*
  * Readable URI from every parameter, plus "_sm<arch>" when arch > 0, e.g.
  * attn_decode_bf16_hd128_ps16_g4_sm90, attn_prefill_bf16_hd64_ps16_g8_causal_win_sm80,
- * rope_kv_bf16_hd128_ps16_neox_llama3_sm90, rmsnorm_bf16_res_sm90. It names the generated source
+ * rope_kv_bf16_hd128_ps16_neox_llama3_sm90, rmsnorm_bf16_res_sm90; "_af32" before the arch when
+ * the activation type differs from dtype (attn_decode_bf16_hd128_ps16_g4_af32_sm90). It names the generated source
  * file and keys the cubin cache. Fails on an invalid spec or when buf (cap bytes) is too small.
  */
 ms_status ms_kernel_spec_uri(const ms_kernel_spec *s, int arch, char *buf, size_t cap,
@@ -117,8 +123,8 @@ ms_status ms_kernel_spec_uri(const ms_kernel_spec *s, int arch, char *buf, size_
  */
 ms_status ms_kernel_spec_source(const ms_kernel_spec *s, char **out, ms_error *err);
 
-/* Name of entry `i` of an op's module (i = 0: main kernel; decode has i = 1: the split merge),
- * NULL past the last. */
+/* Name of entry `i` of an op's module (i = 0: main kernel; decode has i = 1: the split merge;
+ * misc has convert, add, gather_rows), NULL past the last. */
 const char *ms_kernel_op_entry(ms_kernel_op op, int i);
 /* Short op name used in URIs ("attn_decode", ...). */
 const char *ms_kernel_op_name(ms_kernel_op op);

@@ -28,7 +28,7 @@ ms_status ms_cuda_device_arch(int device, int *arch, int *n_sms, ms_error *err) 
 
 static ms_status module_load(ms_cuda_module *m, const ms_cubin *cb, ms_error *err) {
     MS_CUDA_TRY(err, cudaLibraryLoadData(&m->lib, cb->data, NULL, NULL, 0, NULL, NULL, 0));
-    for (int i = 0; i < 2; i++) {
+    for (int i = 0; i < MS_KERNEL_MAX_ENTRIES; i++) {
         const char *name = ms_kernel_op_entry(m->spec.op, i);
         if (name == NULL)
             break;
@@ -104,7 +104,7 @@ static ms_status launch(const ms_cuda_module *m, int entry, unsigned gx, unsigne
 
 /* ---- attention ---- */
 
-static ms_status check_attn(const ms_cuda_module *m, const ms_attn_params *p, ms_error *err) {
+static ms_status check_attn(const ms_cuda_module *m, const ms_attn_kernel_params *p, ms_error *err) {
     const ms_kernel_spec *s = &m->spec;
     if (p->batch < 0 || p->batch > 65535)
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: batch %d outside [0, 65535]", m->uri, p->batch);
@@ -116,7 +116,7 @@ static ms_status check_attn(const ms_cuda_module *m, const ms_attn_params *p, ms
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: q/o row stride %d/%d below %d heads x %d",
                        m->uri, p->q_stride, p->o_stride, p->n_q_heads, s->head_dim);
     if (!aligned16(p->kv) || !aligned16(p->q) || !aligned16(p->o) ||
-        p->q_stride % vec_elems(s->dtype) != 0 || p->o_stride % vec_elems(s->dtype) != 0)
+        p->q_stride % vec_elems(s->act_dtype) != 0 || p->o_stride % vec_elems(s->act_dtype) != 0)
         return MS_FAIL(err, MS_ERR_INVALID_ARG,
                        "%s: q, o and the page arena must be 16-byte aligned, with strides in "
                        "16-byte units",
@@ -130,7 +130,7 @@ static ms_status check_attn(const ms_cuda_module *m, const ms_attn_params *p, ms
     return MS_OK;
 }
 
-ms_status ms_cuda_attn_decode_launch(const ms_cuda_module *m, const ms_attn_params *p,
+ms_status ms_cuda_attn_decode_launch(const ms_cuda_module *m, const ms_attn_kernel_params *p,
                                      cudaStream_t stream, ms_error *err) {
     MS_TRY(want_op(m, MS_KERNEL_OP_ATTN_DECODE, err));
     MS_TRY(check_attn(m, p, err));
@@ -140,7 +140,7 @@ ms_status ms_cuda_attn_decode_launch(const ms_cuda_module *m, const ms_attn_para
     if (p->n_splits > 1 && (p->part_o == NULL || p->part_lse == NULL))
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: %d splits without partial buffers", m->uri,
                        p->n_splits);
-    ms_attn_params copy = *p;
+    ms_attn_kernel_params copy = *p;
     MS_TRY(launch(m, 0, (unsigned)p->n_splits, (unsigned)p->n_kv_heads, (unsigned)p->batch,
                   MS_ATTN_DECODE_THREADS, &copy, stream, err));
     if (p->n_splits > 1)
@@ -149,13 +149,13 @@ ms_status ms_cuda_attn_decode_launch(const ms_cuda_module *m, const ms_attn_para
     return MS_OK;
 }
 
-ms_status ms_cuda_attn_prefill_launch(const ms_cuda_module *m, const ms_attn_params *p,
+ms_status ms_cuda_attn_prefill_launch(const ms_cuda_module *m, const ms_attn_kernel_params *p,
                                       int n_tiles, cudaStream_t stream, ms_error *err) {
     MS_TRY(want_op(m, MS_KERNEL_OP_ATTN_PREFILL, err));
     MS_TRY(check_attn(m, p, err));
     if (n_tiles < 0 || (n_tiles > 0 && (p->tile_req == NULL || p->tile_idx == NULL)))
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: %d tiles without tile lists", m->uri, n_tiles);
-    ms_attn_params copy = *p;
+    ms_attn_kernel_params copy = *p;
     return launch(m, 0, (unsigned)n_tiles, (unsigned)p->n_kv_heads, 1, MS_ATTN_PREFILL_THREADS,
                   &copy, stream, err);
 }
@@ -165,22 +165,21 @@ ms_status ms_cuda_attn_prefill_launch(const ms_cuda_module *m, const ms_attn_par
 ms_status ms_cuda_rope_kv_launch(const ms_cuda_module *m, const ms_rope_kv_params *p,
                                  cudaStream_t stream, ms_error *err) {
     MS_TRY(want_op(m, MS_KERNEL_OP_ROPE_KV, err));
-    const int hd = m->spec.head_dim, v = vec_elems(m->spec.dtype);
-    if (p->n_tokens < 0 || p->n_kv_heads < 1 || p->n_q_heads < 0)
+    const int hd = m->spec.head_dim;
+    if (p->n_tokens < 0 || p->n_kv_heads < 0 || p->n_q_heads < 0 ||
+        (p->kv != NULL && (p->n_kv_heads < 1 || p->token_to_page == NULL || p->token_to_slot == NULL)))
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: %d tokens, %d q heads, %d kv heads", m->uri,
                        p->n_tokens, p->n_q_heads, p->n_kv_heads);
     if (p->q_stride < p->n_q_heads * hd || p->k_stride < p->n_kv_heads * hd ||
-        p->v_stride < p->n_kv_heads * hd)
+        (p->kv != NULL && p->v_stride < p->n_kv_heads * hd))
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: q/k/v row strides %d/%d/%d too small", m->uri,
                        p->q_stride, p->k_stride, p->v_stride);
-    if (!aligned16(p->kv) || !aligned16(p->k) || !aligned16(p->v) || p->k_stride % v != 0 ||
-        p->v_stride % v != 0)
-        return MS_FAIL(err, MS_ERR_INVALID_ARG,
-                       "%s: k, v and the page arena must be 16-byte aligned with 16-byte strides",
-                       m->uri);
-    if (m->spec.rope != MS_KERNEL_ROPE_NONE && !(p->theta > 0.f))
+    if (p->rotary_dim < 0 || p->rotary_dim > hd || p->rotary_dim % 2 != 0)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: rotary_dim %d (even, <= %d)", m->uri,
+                       p->rotary_dim, hd);
+    if (m->spec.rope != MS_KERNEL_ROPE_NONE && p->inv_freq == NULL && !(p->theta > 0.f))
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: rope theta %g", m->uri, (double)p->theta);
-    if (m->spec.rope_scaling == MS_KERNEL_ROPE_SCALING_LLAMA3 &&
+    if (m->spec.rope_scaling == MS_KERNEL_ROPE_SCALING_LLAMA3 && p->inv_freq == NULL &&
         !(p->factor > 0.f && p->high_freq_factor > p->low_freq_factor &&
           p->low_freq_factor > 0.f && p->original_max_pos > 0.f))
         return MS_FAIL(err, MS_ERR_INVALID_ARG,
@@ -195,7 +194,7 @@ ms_status ms_cuda_rope_kv_launch(const ms_cuda_module *m, const ms_rope_kv_param
 ms_status ms_cuda_rmsnorm_launch(const ms_cuda_module *m, const ms_rmsnorm_params *p,
                                  cudaStream_t stream, ms_error *err) {
     MS_TRY(want_op(m, MS_KERNEL_OP_RMSNORM, err));
-    const int v = vec_elems(m->spec.dtype);
+    const int v = vec_elems(m->spec.act_dtype);
     if (p->n_rows < 0 || p->dim < v || p->dim % v != 0 || p->x_stride % v != 0 ||
         p->out_stride % v != 0 || p->x_stride < p->dim || p->out_stride < p->dim)
         return MS_FAIL(err, MS_ERR_INVALID_ARG,
@@ -212,11 +211,14 @@ ms_status ms_cuda_silu_mul_launch(const ms_cuda_module *m, const ms_silu_mul_par
                                   cudaStream_t stream, ms_error *err) {
     MS_TRY(want_op(m, MS_KERNEL_OP_SILU_MUL, err));
     const int v = vec_elems(m->spec.dtype);
-    if (p->n_rows < 0 || p->inter < v || p->inter % v != 0 || !aligned16(p->gate_up) ||
-        !aligned16(p->out))
+    if (p->n_rows < 0 || p->inter < v || p->inter % v != 0 || p->gate_stride % v != 0 ||
+        p->up_stride % v != 0 || p->out_stride % v != 0 || p->gate_stride < p->inter ||
+        p->up_stride < p->inter || p->out_stride < p->inter || !aligned16(p->gate) ||
+        !aligned16(p->up) || !aligned16(p->out))
         return MS_FAIL(err, MS_ERR_INVALID_ARG,
-                       "%s: inter %d must be a multiple of %d and rows 16-byte aligned", m->uri,
-                       p->inter, v);
+                       "%s: inter %d and strides %d/%d/%d must be multiples of %d, rows 16-byte "
+                       "aligned",
+                       m->uri, p->inter, p->gate_stride, p->up_stride, p->out_stride, v);
     int64_t vecs = (int64_t)p->n_rows * (p->inter / v);
     int64_t blocks = MS_CEIL_DIV(vecs, MS_SILU_MUL_THREADS);
     if (blocks > 65536)
@@ -228,12 +230,8 @@ ms_status ms_cuda_silu_mul_launch(const ms_cuda_module *m, const ms_silu_mul_par
 ms_status ms_cuda_embed_launch(const ms_cuda_module *m, const ms_embed_params *p,
                                cudaStream_t stream, ms_error *err) {
     MS_TRY(want_op(m, MS_KERNEL_OP_EMBED, err));
-    const int v = vec_elems(m->spec.dtype);
-    if (p->n_tokens < 0 || p->vocab < 1 || p->dim < v || p->dim % v != 0 ||
-        !aligned16(p->table) || !aligned16(p->out))
-        return MS_FAIL(err, MS_ERR_INVALID_ARG,
-                       "%s: dim %d must be a multiple of %d, vocab %d >= 1, rows aligned", m->uri,
-                       p->dim, v, p->vocab);
+    if (p->n_tokens < 0 || p->vocab < 1 || p->dim < 1)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: dim %d, vocab %d", m->uri, p->dim, p->vocab);
     ms_embed_params copy = *p;
     return launch(m, 0, (unsigned)p->n_tokens, 1, 1, MS_EMBED_THREADS, &copy, stream, err);
 }
@@ -256,4 +254,21 @@ ms_status ms_cuda_sample_launch(const ms_cuda_module *m, const ms_sample_params 
                        p->stride);
     ms_sample_params copy = *p;
     return launch(m, 0, (unsigned)p->n_rows, 1, 1, MS_SAMPLE_THREADS, &copy, stream, err);
+}
+
+ms_status ms_cuda_misc_launch(const ms_cuda_module *m, int which, const ms_misc_params *p,
+                              cudaStream_t stream, ms_error *err) {
+    MS_TRY(want_op(m, MS_KERNEL_OP_MISC, err));
+    if (which < 0 || which > 2)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: no helper %d", m->uri, which);
+    if (p->n_rows < 0 || p->n_cols < 0 || p->a_stride < p->n_cols || p->out_stride < p->n_cols ||
+        (which == 1 && p->b_stride < p->n_cols) || (which == 2 && p->rows == NULL && p->n_rows > 0))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: %d x %d with strides %d/%d/%d", m->uri,
+                       p->n_rows, p->n_cols, p->a_stride, p->b_stride, p->out_stride);
+    int64_t total = (int64_t)p->n_rows * p->n_cols;
+    int64_t blocks = MS_CEIL_DIV(total, MS_MISC_THREADS);
+    if (blocks > 65536)
+        blocks = 65536;
+    ms_misc_params copy = *p;
+    return launch(m, which, (unsigned)blocks, 1, 1, MS_MISC_THREADS, &copy, stream, err);
 }

@@ -28,7 +28,7 @@ typedef struct ms_cuda_module {
     ms_kernel_spec spec;
     char uri[MS_KERNEL_URI_MAX]; /* with the arch suffix */
     cudaLibrary_t lib;
-    cudaKernel_t fn[2];          /* entries of ms_kernel_op_entry(spec.op, i); NULL past the last */
+    cudaKernel_t fn[MS_KERNEL_MAX_ENTRIES]; /* entries of ms_kernel_op_entry(spec.op, i) */
     bool from_cache;             /* the cubin came from the disk cache */
 } ms_cuda_module;
 
@@ -47,10 +47,10 @@ ms_status ms_cuda_device_arch(int device, int *arch, int *n_sms, ms_error *err);
 /* ---- launchers: each checks the module's op and the params, then launches ---- */
 
 /* Decode attention: grid (n_splits, n_kv_heads, batch), then the merge when n_splits > 1. */
-ms_status ms_cuda_attn_decode_launch(const ms_cuda_module *m, const ms_attn_params *p,
+ms_status ms_cuda_attn_decode_launch(const ms_cuda_module *m, const ms_attn_kernel_params *p,
                                      cudaStream_t stream, ms_error *err);
 /* Prefill attention over n_tiles tiles (ms_attn_prefill_plan_tiles): grid (n_tiles, n_kv_heads). */
-ms_status ms_cuda_attn_prefill_launch(const ms_cuda_module *m, const ms_attn_params *p,
+ms_status ms_cuda_attn_prefill_launch(const ms_cuda_module *m, const ms_attn_kernel_params *p,
                                       int n_tiles, cudaStream_t stream, ms_error *err);
 ms_status ms_cuda_rope_kv_launch(const ms_cuda_module *m, const ms_rope_kv_params *p,
                                  cudaStream_t stream, ms_error *err);
@@ -64,6 +64,9 @@ ms_status ms_cuda_argmax_launch(const ms_cuda_module *m, const ms_argmax_params 
                                 cudaStream_t stream, ms_error *err);
 ms_status ms_cuda_sample_launch(const ms_cuda_module *m, const ms_sample_params *p,
                                 cudaStream_t stream, ms_error *err);
+/* Misc helpers (one module): which = 0 convert, 1 add, 2 gather_rows. */
+ms_status ms_cuda_misc_launch(const ms_cuda_module *m, int which, const ms_misc_params *p,
+                              cudaStream_t stream, ms_error *err);
 
 #ifdef __cplusplus
 }

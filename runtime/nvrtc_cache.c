@@ -115,6 +115,27 @@ static bool write_file_atomic(const char *path, const void *data, size_t size) {
     return ok;
 }
 
+/* Mark the embedded templates reachable from text through #include "..." (depth first). Only
+ * those enter an instance's cache key, so editing one template recompiles only its users. */
+static void mark_includes(const char *text, bool *used) {
+    const char *p = text;
+    while ((p = strstr(p, "#include \"")) != NULL) {
+        p += strlen("#include \"");
+        const char *e = strchr(p, '"');
+        if (e == NULL)
+            return;
+        size_t n = (size_t)(e - p);
+        for (int i = 0; i < ms_nvrtc_n_templates; i++) {
+            const char *name = ms_nvrtc_templates[i].name;
+            if (!used[i] && strlen(name) == n && strncmp(name, p, n) == 0) {
+                used[i] = true;
+                mark_includes(ms_nvrtc_templates[i].text, used);
+            }
+        }
+        p = e;
+    }
+}
+
 /* ---- public helpers ---- */
 
 ms_status ms_nvrtc_parse_arch(const char *text, int *arch, ms_error *err) {
@@ -311,7 +332,13 @@ ms_status ms_nvrtc_compile(const char *uri, const char *source, int arch, const 
     h = fnv1a(h, &version, sizeof version);
     h = fnv1a(h, &arch, sizeof arch);
     h = fnv1a_str(h, source);
+    bool used[64] = {false};
+    if (ms_nvrtc_n_templates > 64)
+        return MS_FAIL(err, MS_ERR_INTERNAL, "more than 64 embedded templates");
+    mark_includes(source, used);
     for (int i = 0; i < ms_nvrtc_n_templates; i++) {
+        if (!used[i])
+            continue;
         h = fnv1a_str(h, ms_nvrtc_templates[i].name);
         h = fnv1a_str(h, ms_nvrtc_templates[i].text);
     }

@@ -5,7 +5,7 @@
  * The templates of templates/ are embedded in the library at build time (scripts/
  * embed-templates.sh) and handed to NVRTC as in-memory headers, so a deployed binary needs no
  * source tree and no toolkit headers. A cubin is cached under a key of (URI, hash of the instance
- * source and of every embedded template, NVRTC version, arch, options) in $MSTAR_CACHE, or
+ * source and of every embedded template it includes, NVRTC version, arch, options) in $MSTAR_CACHE, or
  * ~/.cache/mstar when unset; writes are atomic (temporary file + rename), so concurrent
  * processes never see a partial cubin. MSTAR_CACHE=off disables the cache.
  *

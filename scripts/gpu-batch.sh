@@ -18,11 +18,11 @@ cd "$(dirname "$0")/.."
 
 if [ "${1:-}" = "--bundle" ]; then
     dir=${2:?usage: gpu-batch.sh --bundle DIR}
-    make -j2 all build/tests/test_gpu_kernels || exit 1
+    make -j2 all build/tests/test_gpu_kernels build/tests/test_backend_cuda || exit 1
     build/tests/test_nvrtc >/dev/null || { echo "test_nvrtc failed: fix the kernels first"; exit 1; }
     rm -rf "$dir" && mkdir -p "$dir/bin" "$dir/lib"
-    cp build/tests/test_gpu_kernels build/tests/bench_kernels "$dir/bin/"
-    for lib in $(ldd build/tests/test_gpu_kernels build/tests/bench_kernels | awk '/=>/ { print $3 }' | sort -u); do
+    cp build/tests/test_gpu_kernels build/tests/test_backend_cuda build/tests/bench_kernels "$dir/bin/"
+    for lib in $(ldd "$dir"/bin/* | awk '/=>/ { print $3 }' | sort -u); do
         case "$lib" in
         /usr/local/cuda*|*/libc.so*|*/libm.so*|*/libpthread.so*|*/librt.so*|*/libdl.so*|*/ld-linux*) ;;
         *) cp -L "$lib" "$dir/lib/" ;;
@@ -66,31 +66,37 @@ if [ -n "${MS_GPU_BUNDLE:-}" ]; then
     cache=/tmp/ms-kernel-cache
     rm -rf "$cache" && cp -r "$b/cache" "$cache" && chmod -R u+w "$cache"
     export MS_KERNEL_CACHE_TEST=$cache MSTAR_CACHE=$cache
-    tests=("$b/bin/test_gpu_kernels")
+    tests=("$b/bin/test_gpu_kernels" "$b/bin/test_backend_cuda")
     bench="$b/bin/bench_kernels"
-    step gpu-test 600 "${tests[@]}"
+    step gpu-test 600 "${tests[0]}"
+    step backend 300 "${tests[1]}"
 else
     if ! pkg-config --exists cmocka jansson libmicrohttpd libpcre2-8; then
         echo "missing build dependencies (cmocka, jansson, libmicrohttpd, pcre2): run"
         echo "scripts/gpu-batch.sh --bundle DIR here and MS_GPU_BUNDLE=DIR there" | tee "$OUT/build.log"
         exit 2
     fi
-    step build 600 make -j"$(nproc)" all build/tests/test_gpu_kernels || { tail -n 40 "$OUT/build.log"; exit 1; }
+    step build 600 make -j"$(nproc)" all build/tests/test_gpu_kernels build/tests/test_backend_cuda ||
+        { tail -n 40 "$OUT/build.log"; exit 1; }
     export MSTAR_CACHE=$PWD/build/kernel-cache-test
-    tests=(build/tests/test_gpu_kernels)
+    tests=(build/tests/test_gpu_kernels build/tests/test_backend_cuda)
     bench=build/tests/bench_kernels
-    # what `make gpu-test` runs, called directly so the per-op lines land in the log
-    step gpu-test 600 "${tests[@]}"
+    # what `make gpu-test` runs, called directly so the per-op lines land in the logs
+    step gpu-test 600 "${tests[0]}"
+    step backend 300 "${tests[1]}"
 fi
 
 # memcheck: the same kernel tests under compute-sanitizer (the cubin cache is warm by now)
 if command -v compute-sanitizer >/dev/null; then
-    step memcheck 600 compute-sanitizer --tool memcheck --error-exitcode 3 "${tests[@]}"
+    step memcheck 600 compute-sanitizer --tool memcheck --error-exitcode 3 "${tests[0]}"
+    step memcheck-be 300 compute-sanitizer --tool memcheck --error-exitcode 3 "${tests[1]}"
 fi
 step bench 300 "$bench"
 
 echo "== test output (kernel / op, relative error vs reference, tolerance)"
 grep -E '^  (attn|rope|rmsnorm|silu|embed|argmax|sample)' "$OUT/gpu-test.log" | head -n 80
+echo "== CUDA backend vs CPU backend"
+grep -E '^  [a-z]' "$OUT/backend.log" | head -n 40
 echo "== benchmark"
 cat "$OUT/bench.log"
 echo "== summary (logs in $OUT)"

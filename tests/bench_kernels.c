@@ -147,7 +147,7 @@ static int bench_decode(int arch, int n_sms, double copy_bw, int batch, int ctx)
     CK(cudaMalloc((void **)&part_lse, sizeof(float) * (size_t)batch * n_splits * hq));
     CK(cudaMemset(o, 0xff, (size_t)batch * hq * hd * 2));
 
-    ms_attn_params p = {0};
+    ms_attn_kernel_params p = {0};
     p.q = q;
     p.o = o;
     p.qo_indptr = d_qo;

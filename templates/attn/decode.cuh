@@ -22,7 +22,7 @@
 
 namespace ms {
 
-/// T: element type of q, o and KV (bf16 or f16); HD: head_dim; PS: page_size;
+/// T: element type of the KV pages (bf16 or f16); HD: head_dim; PS: page_size;
 /// G: query heads per KV head (GQA group); WINDOWED: mask keys outside p.window.
 template <typename T, int HD, int PS, int G, bool WINDOWED> struct attn_decode_cfg {
     static constexpr int kThreads = MS_ATTN_DECODE_THREADS;
@@ -39,8 +39,9 @@ template <typename T, int HD, int PS, int G, bool WINDOWED> struct attn_decode_c
     static_assert(G >= 1 && G <= 16, "group must be in [1, 16]");
 };
 
-template <typename T, int HD, int PS, int G, bool WINDOWED>
-__device__ __forceinline__ void attn_decode(const ms_attn_params &p) {
+/// TA: element type of q and o (float, bf16 or f16); the rest as attn_decode_cfg.
+template <typename TA, typename T, int HD, int PS, int G, bool WINDOWED>
+__device__ __forceinline__ void attn_decode(const ms_attn_kernel_params &p) {
     using C = attn_decode_cfg<T, HD, PS, G, WINDOWED>;
     constexpr int VEC = C::kVec, TPK = C::kTpk, KPI = C::kKpi, UNROLL = C::kUnroll;
     constexpr int TILE = C::kTile;
@@ -68,14 +69,15 @@ __device__ __forceinline__ void attn_decode(const ms_attn_params &p) {
         kbeg = max(kbeg, qpos - p.window + 1 - start);
 
     paged_kv<const T, HD, PS> kv{static_cast<const T *>(p.kv), p.n_kv_heads};
-    const T *q = static_cast<const T *>(p.q);
+    const TA *q = static_cast<const TA *>(p.q);
     const float qscale = p.sm_scale * kLog2e;
 
     float qf[G][VEC];
     float acc[G][VEC];
 #pragma unroll
     for (int g = 0; g < G; g++) {
-        load_vec<T>(q + (long long)row * p.q_stride + (long long)(h * G + g) * HD + c * VEC, qf[g]);
+        load_n<TA, VEC>(q + (long long)row * p.q_stride + (long long)(h * G + g) * HD + c * VEC,
+                        qf[g]);
 #pragma unroll
         for (int e = 0; e < VEC; e++) {
             qf[g][e] *= qscale;
@@ -195,8 +197,8 @@ __device__ __forceinline__ void attn_decode(const ms_attn_params &p) {
             for (int i = 0; i < KPI; i++)
                 s += s_red[i * HD + d];
             if (p.n_splits == 1) {
-                T *o = static_cast<T *>(p.o);
-                o[(long long)row * p.o_stride + (long long)qh * HD + d] = from_float<T>(s * inv_l);
+                TA *o = static_cast<TA *>(p.o);
+                o[(long long)row * p.o_stride + (long long)qh * HD + d] = from_float<TA>(s * inv_l);
             } else {
                 long long pi = ((long long)b * p.n_splits + split) * p.n_q_heads + qh;
                 p.part_o[pi * HD + d] = s * inv_l;
@@ -209,7 +211,8 @@ __device__ __forceinline__ void attn_decode(const ms_attn_params &p) {
 }
 
 /* Merge of split partials: grid (n_q_heads, batch), MS_ATTN_MERGE_THREADS threads. */
-template <typename T, int HD> __device__ __forceinline__ void attn_decode_merge(const ms_attn_params &p) {
+template <typename TA, int HD>
+__device__ __forceinline__ void attn_decode_merge(const ms_attn_kernel_params &p) {
     const int qh = blockIdx.x, b = blockIdx.y;
     if (p.qo_indptr[b + 1] - p.qo_indptr[b] <= 0)
         return;
@@ -218,7 +221,7 @@ template <typename T, int HD> __device__ __forceinline__ void attn_decode_merge(
     float m = neg_inf();
     for (int s = 0; s < p.n_splits; s++)
         m = fmaxf(m, p.part_lse[base + (long long)s * p.n_q_heads]);
-    T *o = static_cast<T *>(p.o);
+    TA *o = static_cast<TA *>(p.o);
     for (int d = threadIdx.x; d < HD; d += blockDim.x) {
         float num = 0.f, den = 0.f;
         if (m != neg_inf()) {
@@ -233,7 +236,7 @@ template <typename T, int HD> __device__ __forceinline__ void attn_decode_merge(
             }
         }
         o[(long long)row * p.o_stride + (long long)qh * HD + d] =
-            from_float<T>(den > 0.f ? num / den : 0.f);
+            from_float<TA>(den > 0.f ? num / den : 0.f);
     }
 }
 

@@ -33,8 +33,9 @@ template <typename T, int HD, int PS, int G, bool CAUSAL, bool WINDOWED> struct 
     static_assert(sizeof(T) == 2, "tensor-core prefill needs a 16-bit type");
 };
 
-template <typename T, int HD, int PS, int G, bool CAUSAL, bool WINDOWED>
-__device__ __forceinline__ void attn_prefill(const ms_attn_params &p) {
+/// TA: element type of q and o (float, bf16 or f16); the rest as attn_prefill_cfg.
+template <typename TA, typename T, int HD, int PS, int G, bool CAUSAL, bool WINDOWED>
+__device__ __forceinline__ void attn_prefill(const ms_attn_kernel_params &p) {
     using C = attn_prefill_cfg<T, HD, PS, G, CAUSAL, WINDOWED>;
     constexpr int BK = C::kBK, LD = C::kLd, VEC = C::kVec, NT = C::kThreads;
     __shared__ __align__(16) unsigned short sK[BK * LD];
@@ -68,17 +69,22 @@ __device__ __forceinline__ void attn_prefill(const ms_attn_params &p) {
         qpos[i] = qpos0 + qtok[i];
     }
 
-    /* ---- Q fragments straight from global memory ---- */
-    const unsigned short *q = static_cast<const unsigned short *>(p.q);
+    /* ---- Q fragments straight from global memory (converted to T) ---- */
+    const TA *q = static_cast<const TA *>(p.q);
     unsigned qa[HD / 16][4];
 #pragma unroll
     for (int kk = 0; kk < HD / 16; kk++) {
 #pragma unroll
         for (int i = 0; i < 2; i++) {
-            const unsigned short *qr =
-                q + (long long)(q0 + qtok[i]) * p.q_stride + (long long)qhead[i] * HD + kk * 16 + 2 * tig;
-            qa[kk][i] = rvalid[i] ? *reinterpret_cast<const unsigned *>(qr) : 0u;
-            qa[kk][i + 2] = rvalid[i] ? *reinterpret_cast<const unsigned *>(qr + 8) : 0u;
+            const TA *qr = q + (long long)(q0 + qtok[i]) * p.q_stride + (long long)qhead[i] * HD +
+                           kk * 16 + 2 * tig;
+            float a0 = 0.f, a1 = 0.f, b0 = 0.f, b1 = 0.f;
+            if (rvalid[i]) {
+                load2(qr, a0, a1);
+                load2(qr + 8, b0, b1);
+            }
+            qa[kk][i] = pack2<T>(a0, a1);
+            qa[kk][i + 2] = pack2<T>(b0, b1);
         }
     }
 
@@ -200,7 +206,7 @@ __device__ __forceinline__ void attn_prefill(const ms_attn_params &p) {
     }
 
     /* ---- normalize and write ---- */
-    unsigned short *out = static_cast<unsigned short *>(p.o);
+    TA *out = static_cast<TA *>(p.o);
 #pragma unroll
     for (int i = 0; i < 2; i++) {
         l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
@@ -208,11 +214,10 @@ __device__ __forceinline__ void attn_prefill(const ms_attn_params &p) {
         const float inv = l[i] > 0.f ? 1.f / l[i] : 0.f;
         if (!rvalid[i])
             continue;
-        unsigned short *orow = out + (long long)(q0 + qtok[i]) * p.o_stride + (long long)qhead[i] * HD;
+        TA *orow = out + (long long)(q0 + qtok[i]) * p.o_stride + (long long)qhead[i] * HD;
 #pragma unroll
         for (int n = 0; n < HD / 8; n++)
-            *reinterpret_cast<unsigned *>(orow + n * 8 + 2 * tig) =
-                pack2<T>(o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
+            store2(orow + n * 8 + 2 * tig, o[n][2 * i] * inv, o[n][2 * i + 1] * inv);
     }
 }
 

@@ -8,7 +8,8 @@
  * Layout vocabulary (DESIGN.md section 2): the page arena of one layer is
  * [n_pages, 2, page_size, n_kv_heads, head_dim] (NHD, K at index 0, V at 1); the paged index
  * arrays are FlashInfer's (qo_indptr, kv_indptr, kv_indices, kv_last_page_len) plus kv_start.
- * "T" below is the instance's element type (bf16 or f16); pointers to T are void * here.
+ * "T" below is the instance's element type (bf16 or f16) of KV pages and weights; activations (q,
+ * o, x, ...) use the instance's activation type (f32, bf16 or f16). Pointers are void * here.
  */
 #ifndef MS_KERNEL_PARAMS_H
 #define MS_KERNEL_PARAMS_H
@@ -25,6 +26,7 @@
 #define MS_EMBED_THREADS 128         /* one CTA per token */
 #define MS_ARGMAX_THREADS 512        /* one CTA per row */
 #define MS_SAMPLE_THREADS 512        /* one CTA per row */
+#define MS_MISC_THREADS 256          /* grid-stride elementwise helpers */
 
 /* ---- attention (prefill and decode share one struct) ---- */
 
@@ -36,7 +38,7 @@
  * at position kv_start[b] + length - n_q + i. Causal: a query at position P sees keys <= P;
  * window W > 0 (windowed instances only): keys > P - W, i.e. P-W+1 .. P.
  */
-typedef struct ms_attn_params {
+typedef struct ms_attn_kernel_params {
     const void *q;               /* [n_tokens, n_q_heads, head_dim] T, token row stride q_stride */
     void *o;                     /* [n_tokens, n_q_heads, head_dim] T, token row stride o_stride */
     const void *kv;              /* this layer: [n_pages_total, 2, page_size, n_kv_heads, head_dim] T */
@@ -58,15 +60,19 @@ typedef struct ms_attn_params {
     int pages_per_split;         /* decode: pages of each split (the last split may hold fewer) */
     int window;                  /* windowed instances: W > 0 keys; ignored otherwise */
     float sm_scale;              /* softmax scale, usually 1/sqrt(head_dim) */
-} ms_attn_params;
+} ms_attn_kernel_params;
 
 /* ---- RoPE fused with the KV write ---- */
 
 /*
- * Rotates q in place and k into the pages, copies v into the pages. Token t is written to slot
- * token_to_slot[t] of page token_to_page[t] at position pos[t]. Frequencies:
- * inv_freq[i] = theta^(-2i/head_dim), i < head_dim/2, then (llama3 instances) Llama 3.1 scaling
- * with factor, low_freq_factor, high_freq_factor and original_max_pos.
+ * Rotates q in place and k into the pages, copies v into the pages (with kv == NULL: rotates q
+ * and k in place and writes no page; v is not read). Token t is written to slot
+ * token_to_slot[t] of page token_to_page[t] at position pos[t]. The first rotary_dim dims of each
+ * head rotate (pairs (i, i + rotary_dim/2) or (2i, 2i+1), i < rotary_dim/2); the rest pass.
+ * Frequencies: the table inv_freq[rotary_dim / 2] when given (the host computes it once, e.g.
+ * ms_rope_compute_inv_freq), else theta^(-2i/rotary_dim) then (llama3 instances) Llama 3.1
+ * scaling with factor, low_freq_factor, high_freq_factor and original_max_pos. cos and sin are
+ * multiplied by attn_scaling (0 means 1).
  */
 typedef struct ms_rope_kv_params {
     void *q;                  /* [n_tokens, n_q_heads, head_dim] T, row stride q_stride, in place */
@@ -87,6 +93,9 @@ typedef struct ms_rope_kv_params {
     float low_freq_factor;    /* llama3 (e.g. 1) */
     float high_freq_factor;   /* llama3 (e.g. 4) */
     float original_max_pos;   /* llama3: original_max_position_embeddings (e.g. 8192) */
+    const float *inv_freq;    /* [rotary_dim / 2] f32 or NULL (then computed from theta, ...) */
+    int rotary_dim;           /* even, <= head_dim; 0 = head_dim */
+    float attn_scaling;       /* multiplies cos and sin; 0 = 1 */
 } ms_rope_kv_params;
 
 /* ---- RMSNorm fused with the residual add ---- */
@@ -98,7 +107,7 @@ typedef struct ms_rope_kv_params {
 typedef struct ms_rmsnorm_params {
     const void *x;       /* [n_rows, dim] T, row stride x_stride */
     void *residual;      /* [n_rows, dim] T, row stride dim, in/out (add_residual only) */
-    const void *weight;  /* [dim] T */
+    const void *weight;  /* [dim] TW (the instance's dtype; activations use its act dtype) */
     void *out;           /* [n_rows, dim] T, row stride out_stride */
     int n_rows;
     int dim;             /* multiple of 16 bytes of T */
@@ -109,12 +118,17 @@ typedef struct ms_rmsnorm_params {
 
 /* ---- SiLU and multiply ---- */
 
-/* out[t, i] = silu(gate_up[t, i]) * gate_up[t, inter + i] (gate first, then up, per row). */
+/* out[t, i] = silu(gate[t, i]) * up[t, i]; gate and up are usually the halves of one gate/up
+ * GEMM output row (up = gate + inter, both with row stride 2 * inter). out may alias gate or up. */
 typedef struct ms_silu_mul_params {
-    const void *gate_up; /* [n_rows, 2 * inter] T */
-    void *out;           /* [n_rows, inter] T */
+    const void *gate;    /* [n_rows, inter] T, row stride gate_stride */
+    const void *up;      /* [n_rows, inter] T, row stride up_stride */
+    void *out;           /* [n_rows, inter] T, row stride out_stride */
     int n_rows;
-    int inter;           /* multiple of 16 bytes of T */
+    int inter;           /* multiple of 16 bytes of T; strides too */
+    int gate_stride;
+    int up_stride;
+    int out_stride;
 } ms_silu_mul_params;
 
 /* ---- embedding gather ---- */
@@ -122,8 +136,8 @@ typedef struct ms_silu_mul_params {
 /* out[t] = table[ids[t]]; an id outside [0, vocab) writes zeros and sets *bad_id = 1. */
 typedef struct ms_embed_params {
     const int *ids;      /* [n_tokens] */
-    const void *table;   /* [vocab, dim] T */
-    void *out;           /* [n_tokens, dim] T */
+    const void *table;   /* [vocab, dim] TW (the instance's dtype) */
+    void *out;           /* [n_tokens, dim] TA (the instance's act dtype) */
     int *bad_id;         /* [1] set to 1 when an id is out of range (may be NULL) */
     int n_tokens;
     int vocab;
@@ -143,12 +157,13 @@ typedef struct ms_argmax_params {
 
 /*
  * Top-k / top-p sampling per row with temperature; the random coin comes from the host.
- * Semantics (the CPU reference in tests/test_gpu_kernels.c is the same):
+ * Semantics (the CPU references in tests/test_gpu_kernels.c and sampler.h agree):
  *   temperature[r] <= 0: argmax (first index of the maximum);
  *   otherwise p_i = exp((l_i - max l) / T). Top-k (0 < k < vocab): keep l_i >= the k-th largest
  *   logit (ties at the boundary are all kept). Top-p (p < 1): of those, keep p_i >= tau with tau
- *   the largest value such that the kept mass is >= top_p * (mass kept by top-k). The token is the
- *   first index, in vocabulary order, whose running kept mass exceeds uniform[r] * (kept mass).
+ *   the largest value such that the kept mass is >= top_p * (mass kept by top-k). The token is,
+ *   walking the kept tokens by decreasing logit then increasing id, the first whose running mass
+ *   exceeds uniform[r] * (kept mass) (inverse CDF over the sorted prefix, as sampler.h).
  */
 typedef struct ms_sample_params {
     const void *logits;        /* [n_rows, vocab] TL, row stride stride */
@@ -161,5 +176,20 @@ typedef struct ms_sample_params {
     int vocab;
     int stride;
 } ms_sample_params;
+
+/* ---- elementwise helpers (convert, add, gather_rows) ---- */
+
+/* 2-D strided operands of n_rows x n_cols; strides in elements. */
+typedef struct ms_misc_params {
+    const void *a;     /* [n_rows or more, n_cols] source (convert: TS; add, gather: T) */
+    const void *b;     /* add: [n_rows, n_cols] T */
+    void *out;         /* [n_rows, n_cols] (convert: TD; else T) */
+    const int *rows;   /* gather_rows: [n_rows] source row or -1 */
+    int n_rows;
+    int n_cols;
+    int a_stride;
+    int b_stride;
+    int out_stride;
+} ms_misc_params;
 
 #endif /* MS_KERNEL_PARAMS_H */

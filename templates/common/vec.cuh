@@ -81,6 +81,52 @@ __device__ __forceinline__ void store_vec(T *p, const float (&f)[16 / sizeof(T)]
     *reinterpret_cast<uint4 *>(p) = v.u;
 }
 
+/* Load N elements of T (N * sizeof(T) a multiple of 16 bytes, 16-byte aligned) as float. */
+template <typename T, int N> __device__ __forceinline__ void load_n(const T *p, float (&f)[N]) {
+    constexpr int W = 16 / (int)sizeof(T);
+    static_assert(N % W == 0, "load_n: N elements must fill whole 16-byte chunks");
+#pragma unroll
+    for (int c = 0; c < N / W; c++) {
+        vec16<T> v;
+        v.u = reinterpret_cast<const uint4 *>(p)[c];
+#pragma unroll
+        for (int i = 0; i < W; i++)
+            f[c * W + i] = to_float(v.e[i]);
+    }
+}
+
+/* Store N floats as T (N * sizeof(T) a multiple of 16 bytes, 16-byte aligned). */
+template <typename T, int N> __device__ __forceinline__ void store_n(T *p, const float (&f)[N]) {
+    constexpr int W = 16 / (int)sizeof(T);
+    static_assert(N % W == 0, "store_n: N elements must fill whole 16-byte chunks");
+#pragma unroll
+    for (int c = 0; c < N / W; c++) {
+        vec16<T> v;
+#pragma unroll
+        for (int i = 0; i < W; i++)
+            v.e[i] = from_float<T>(f[c * W + i]);
+        reinterpret_cast<uint4 *>(p)[c] = v.u;
+    }
+}
+
+/* Load two consecutive elements (8-byte aligned for float, 4-byte for 16-bit types). */
+__device__ __forceinline__ void load2(const float *p, float &a, float &b) {
+    float2 v = *reinterpret_cast<const float2 *>(p);
+    a = v.x;
+    b = v.y;
+}
+template <typename T> __device__ __forceinline__ void load2(const T *p, float &a, float &b) {
+    a = to_float(p[0]);
+    b = to_float(p[1]);
+}
+__device__ __forceinline__ void store2(float *p, float a, float b) {
+    *reinterpret_cast<float2 *>(p) = make_float2(a, b);
+}
+template <typename T> __device__ __forceinline__ void store2(T *p, float a, float b) {
+    unsigned v = (unsigned)from_float<T>(a).x | ((unsigned)from_float<T>(b).x << 16);
+    *reinterpret_cast<unsigned *>(p) = v;
+}
+
 /* Two 16-bit values packed into one 32-bit register, lower index in the low half (mma operands). */
 template <typename T> __device__ __forceinline__ unsigned pack2(float lo, float hi) {
     T a = from_float<T>(lo), b = from_float<T>(hi);

@@ -1,9 +1,10 @@
 /*
  * rope_kv.cuh - RoPE on q (in place) and k, fused with the write of k and v into the KV pages.
  *
- * Grid (n_tokens), MS_ROPE_KV_THREADS threads. Each thread rotates whole pairs, so the in-place
+ * Grid (n_tokens), MS_ROPE_KV_THREADS threads. Each thread handles whole pairs, so the in-place
  * update of q is race-free; the angle is pos * inv_freq in float and cos/sin use the accurate
- * sincosf (positions reach 10^5 and more). v is copied with 16-byte accesses.
+ * sincosf (positions reach 10^5 and more). Dims past rotary_dim pass unrotated (to the pages for
+ * k). v is converted to the page type element by element.
  */
 #pragma once
 
@@ -14,58 +15,73 @@
 
 namespace ms {
 
-/// T: bf16 or f16; HD: head_dim; PS: page_size; STYLE: kRopeNone / kRopeNeox / kRopeInterleaved;
-/// SCALING: kRopeScalingNone / kRopeScalingLlama3.
-template <typename T, int HD, int PS, int STYLE, int SCALING>
+/// TA: element type of q, k, v (float, bf16 or f16); T: page type (bf16 or f16); HD: head_dim;
+/// PS: page_size; STYLE: kRopeNone / kRopeNeox / kRopeInterleaved;
+/// SCALING: kRopeScalingNone / kRopeScalingLlama3 (used when p.inv_freq is NULL).
+template <typename TA, typename T, int HD, int PS, int STYLE, int SCALING>
 __device__ __forceinline__ void rope_kv(const ms_rope_kv_params &p) {
     static_assert(HD % 2 == 0, "head_dim must be even");
-    constexpr int VEC = vec_width<T>::value;
-    static_assert(HD % VEC == 0, "head_dim must be a multiple of 16 bytes");
     const int t = blockIdx.x;
-    const int page = p.token_to_page[t], slot = p.token_to_slot[t];
-    const float pos = (float)p.pos[t];
+    const int page = p.kv != nullptr ? p.token_to_page[t] : 0;
+    const int slot = p.kv != nullptr ? p.token_to_slot[t] : 0;
+    const float pos = p.pos != nullptr ? (float)p.pos[t] : 0.f;
+    const int rot = (STYLE == kRopeNone) ? 0 : (p.rotary_dim > 0 ? p.rotary_dim : HD);
+    const float att = p.attn_scaling != 0.f ? p.attn_scaling : 1.f;
     paged_kv<T, HD, PS> kv{static_cast<T *>(p.kv), p.n_kv_heads};
-    T *q = static_cast<T *>(p.q) + (long long)t * p.q_stride;
-    const T *k = static_cast<const T *>(p.k) + (long long)t * p.k_stride;
-    const T *v = static_cast<const T *>(p.v) + (long long)t * p.v_stride;
+    TA *q = static_cast<TA *>(p.q) + (long long)t * p.q_stride;
+    const TA *k = static_cast<const TA *>(p.k) + (long long)t * p.k_stride;
+    const TA *v = static_cast<const TA *>(p.v) + (long long)t * p.v_stride;
 
-    if (STYLE == kRopeNone) {
-        for (int idx = threadIdx.x; idx < p.n_kv_heads * (HD / VEC); idx += blockDim.x) {
-            int hh = idx / (HD / VEC), cc = idx % (HD / VEC);
-            *reinterpret_cast<uint4 *>(kv.k_ptr(page, slot, hh) + cc * VEC) =
-                *reinterpret_cast<const uint4 *>(k + hh * HD + cc * VEC);
-        }
-    } else {
-        const int n_pairs = (p.n_q_heads + p.n_kv_heads) * (HD / 2);
-        for (int idx = threadIdx.x; idx < n_pairs; idx += blockDim.x) {
-            const int head = idx / (HD / 2), i = idx % (HD / 2);
-            int a, bb;
-            rope_pair<STYLE>(i, HD, a, bb);
-            const float inv = rope_inv_freq<SCALING>(i, HD, p.theta, p.factor, p.low_freq_factor,
-                                                     p.high_freq_factor, p.original_max_pos);
+    /* pair slot i < HD/2 of a head: i < rot/2 rotates a pair; otherwise it stands for the two
+     * passthrough dims rot + 2 (i - rot/2) and the one after */
+    const int n_slots = (p.n_q_heads + p.n_kv_heads) * (HD / 2);
+    for (int idx = threadIdx.x; idx < n_slots; idx += blockDim.x) {
+        const int head = idx / (HD / 2), i = idx % (HD / 2);
+        const bool is_q = head < p.n_q_heads;
+        const int hh = is_q ? head : head - p.n_q_heads;
+        int a, b;
+        float xa, xb;
+        const TA *src = is_q ? q + head * HD : k + hh * HD;
+        if (i < rot / 2) {
+            rope_pair<STYLE>(i, rot, a, b);
+            const float inv = p.inv_freq != nullptr
+                                  ? p.inv_freq[i]
+                                  : rope_inv_freq<SCALING>(i, rot, p.theta, p.factor,
+                                                           p.low_freq_factor, p.high_freq_factor,
+                                                           p.original_max_pos);
             float sn, cs;
             sincosf(pos * inv, &sn, &cs);
-            if (head < p.n_q_heads) {
-                T *qh = q + head * HD;
-                float xa = to_float(qh[a]), xb = to_float(qh[bb]);
-                rope_rotate(xa, xb, cs, sn);
-                qh[a] = from_float<T>(xa);
-                qh[bb] = from_float<T>(xb);
-            } else {
-                const int hh = head - p.n_q_heads;
-                const T *kh = k + hh * HD;
-                float xa = to_float(kh[a]), xb = to_float(kh[bb]);
-                rope_rotate(xa, xb, cs, sn);
-                T *dst = kv.k_ptr(page, slot, hh);
-                dst[a] = from_float<T>(xa);
-                dst[bb] = from_float<T>(xb);
+            xa = to_float(src[a]);
+            xb = to_float(src[b]);
+            rope_rotate(xa, xb, cs * att, sn * att);
+        } else {
+            if (is_q)
+                continue; /* q passthrough dims stay as they are */
+            a = rot + 2 * (i - rot / 2);
+            b = a + 1;
+            xa = to_float(src[a]);
+            xb = to_float(src[b]);
+        }
+        if (is_q) {
+            q[head * HD + a] = from_float<TA>(xa);
+            q[head * HD + b] = from_float<TA>(xb);
+        } else if (p.kv == nullptr) { /* rope only: k in place (passthrough dims stay) */
+            if (i < rot / 2) {
+                TA *kh = const_cast<TA *>(k) + hh * HD;
+                kh[a] = from_float<TA>(xa);
+                kh[b] = from_float<TA>(xb);
             }
+        } else {
+            T *dst = kv.k_ptr(page, slot, hh);
+            dst[a] = from_float<T>(xa);
+            dst[b] = from_float<T>(xb);
         }
     }
-    for (int idx = threadIdx.x; idx < p.n_kv_heads * (HD / VEC); idx += blockDim.x) {
-        int hh = idx / (HD / VEC), cc = idx % (HD / VEC);
-        *reinterpret_cast<uint4 *>(kv.v_ptr(page, slot, hh) + cc * VEC) =
-            *reinterpret_cast<const uint4 *>(v + hh * HD + cc * VEC);
+    if (p.kv == nullptr)
+        return;
+    for (int idx = threadIdx.x; idx < p.n_kv_heads * HD; idx += blockDim.x) {
+        const int hh = idx / HD, d = idx % HD;
+        kv.v_ptr(page, slot, hh)[d] = from_float<T>(to_float(v[hh * HD + d]));
     }
 }
 

@@ -1,0 +1,991 @@
+/*
+ * backend_cuda.c - the CUDA implementation of the op interface (backend.h, backend_cuda.h).
+ *
+ * Constraints: every CUDA and cuBLAS call is checked (MS_CUDA_TRY / MS_CUBLAS_TRY); ops are
+ * queued on one stream and never synchronize except copy_to_host / synchronize; host checks of
+ * shapes and dtypes mirror the CPU backend's messages ("linear: ..."); kernel instances are
+ * compiled on first use and kept in a small table keyed by URI.
+ */
+#include "backend_cuda.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "cuda_ops.h"
+
+/* ---- context ---- */
+
+#define MAX_MODULES 96
+#define MAX_SPLITS 32
+
+typedef struct cuda_ctx {
+    int device;
+    int arch;          /* 90 for sm_90 */
+    int n_sms;
+    cudaStream_t stream;
+    cublasHandle_t cublas;
+    char *cache_dir;   /* NULL: default */
+    ms_cuda_module *mods[MAX_MODULES];
+    int n_mods;
+    void *scratch;     /* bf16 copies of GEMM inputs; grows on first use */
+    size_t scratch_bytes;
+    float *ones;       /* [ones_n] 1.0f for bias rank-1 updates */
+    int64_t ones_n;
+    bool capturing;
+} cuda_ctx;
+
+/* Per-batch device state beyond the shared index arrays. */
+typedef struct cuda_batch {
+    int32_t *dev;        /* device block behind the batch's index arrays */
+    int32_t *host;       /* host mirror of the same block (layout identical) */
+    size_t n_ints;
+    int32_t *tile_dev;   /* [2 * max_tiles] prefill tile lists (req, idx) */
+    int32_t *tile_host;
+    int32_t max_tiles;
+    float *part;         /* split-KV partials: [max_seqs, MAX_SPLITS, hq * (hd + 1)] floats */
+    size_t part_floats;
+    int32_t n_splits, pages_per_split; /* decode split of the staged batch */
+} cuda_batch;
+
+static ms_status get_module(cuda_ctx *c, const ms_kernel_spec *s, ms_cuda_module **out,
+                            ms_error *err) {
+    char uri[MS_KERNEL_URI_MAX];
+    MS_TRY(ms_kernel_spec_uri(s, c->arch, uri, sizeof uri, err));
+    for (int i = 0; i < c->n_mods; i++)
+        if (strcmp(c->mods[i]->uri, uri) == 0) {
+            *out = c->mods[i];
+            return MS_OK;
+        }
+    if (c->n_mods == MAX_MODULES)
+        return MS_FAIL(err, MS_ERR_CAPACITY, "cuda backend: more than %d kernel instances",
+                       MAX_MODULES);
+    if (c->capturing)
+        return MS_FAIL(err, MS_ERR_STATE,
+                       "cuda backend: kernel %s first used during graph capture (run an eager "
+                       "warm-up step first)",
+                       uri);
+    MS_TRY(ms_cuda_module_init(&c->mods[c->n_mods], s, c->arch, c->cache_dir, err));
+    *out = c->mods[c->n_mods++];
+    return MS_OK;
+}
+
+static ms_kernel_dtype kdtype(ms_dtype dt) {
+    return dt == MS_DTYPE_F32 ? MS_KERNEL_DTYPE_F32
+                              : (dt == MS_DTYPE_F16 ? MS_KERNEL_DTYPE_F16 : MS_KERNEL_DTYPE_BF16);
+}
+
+/* Device memory that grows (only outside capture); contents are not kept. */
+static ms_status ensure_device(cuda_ctx *c, void **p, size_t *have, size_t need, const char *what,
+                               ms_error *err) {
+    if (need <= *have)
+        return MS_OK;
+    if (c->capturing)
+        return MS_FAIL(err, MS_ERR_STATE,
+                       "cuda backend: %s must grow to %zu bytes during graph capture (run an "
+                       "eager warm-up step first)",
+                       what, need);
+    MS_CUDA_TRY(err, cudaStreamSynchronize(c->stream));
+    if (*p != NULL)
+        MS_CUDA_TRY(err, cudaFree(*p));
+    *p = NULL;
+    *have = 0;
+    MS_CUDA_TRY(err, cudaMalloc(p, need));
+    *have = need;
+    return MS_OK;
+}
+
+/* ---- tensor checks (same wording as the CPU backend) ---- */
+
+#define DT_F32 (1u << MS_DTYPE_F32)
+#define DT_I32 (1u << MS_DTYPE_I32)
+#define DT_FLOATS ((1u << MS_DTYPE_F32) | (1u << MS_DTYPE_BF16) | (1u << MS_DTYPE_F16))
+
+static ms_status check_t(const char *op, const char *name, const ms_tensor *t, int lo, int hi,
+                         unsigned dtypes, ms_error *err) {
+    if (t == NULL || t->data == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: %s missing", op, name);
+    if (t->ndim < lo || t->ndim > hi)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: %s has %d dims (expected %d..%d)", op, name,
+                       t->ndim, lo, hi);
+    if ((unsigned)t->dtype >= MS_DTYPE_COUNT || !(dtypes & (1u << t->dtype)))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: %s has dtype %s", op, name,
+                       ms_dtype_str(t->dtype));
+    if (t->stride[t->ndim - 1] != 1)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: %s innermost stride %lld (must be 1)", op,
+                       name, (long long)t->stride[t->ndim - 1]);
+    return MS_OK;
+}
+
+static bool fits_int(int64_t v) { return v >= 0 && v <= 0x7fffffff; }
+
+/* Rows of a 2-D view, or of a 3-D [n, h, d] view with packed heads (stride[1] == d), as one
+ * uniformly strided 2-D matrix [rows, cols] with row stride *rs. False when not uniform. */
+static bool as_rows(const ms_tensor *t, int64_t *rows, int64_t *cols, int64_t *rs) {
+    if (t->ndim == 2) {
+        *rows = t->shape[0];
+        *cols = t->shape[1];
+        *rs = t->stride[0];
+        return true;
+    }
+    if (t->ndim == 3 && t->stride[1] == t->shape[2]) {
+        /* [n, h, d] with token stride h*d is [n*h, d]; otherwise [n, h*d] rows */
+        if (t->stride[0] == t->shape[1] * t->shape[2] || t->shape[0] == 1) {
+            *rows = t->shape[0] * t->shape[1];
+            *cols = t->shape[2];
+            *rs = t->shape[2];
+            return true;
+        }
+    }
+    return false;
+}
+
+/* ---- memory ---- */
+
+static ms_status cu_buffer_alloc(void *ctx, size_t bytes, const char *name, void **out,
+                                 ms_error *err) {
+    (void)ctx;
+    *out = NULL;
+    if (bytes == 0)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "buffer_alloc: %s: zero bytes", name ? name : "?");
+    cudaError_t e = cudaMalloc(out, bytes);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        size_t fr = 0, tot = 0;
+        (void)cudaMemGetInfo(&fr, &tot);
+        *out = NULL;
+        return MS_FAIL(err, MS_ERR_OOM, "%s: %.2f GB requested, %.2f of %.2f GB free on the GPU (%s)",
+                       name ? name : "buffer", (double)bytes / 1e9, (double)fr / 1e9,
+                       (double)tot / 1e9, cudaGetErrorString(e));
+    }
+    return MS_OK;
+}
+
+static void cu_buffer_free(void *ctx, void *ptr) {
+    (void)ctx;
+    if (ptr != NULL)
+        MS_CUDA_CHECK(cudaFree(ptr)); /* cudaFree waits for work using it */
+}
+
+static ms_status cu_buffer_fill(void *ctx, void *dst, int byte, size_t bytes, ms_error *err) {
+    cuda_ctx *c = ctx;
+    MS_CUDA_TRY(err, cudaMemsetAsync(dst, byte, bytes, c->stream));
+    return MS_OK;
+}
+
+static ms_status cu_copy_to_backend(void *ctx, void *dst, const void *src, size_t bytes,
+                                    ms_error *err) {
+    cuda_ctx *c = ctx;
+    /* pageable source: the copy is staged before the call returns, so src may be reused */
+    MS_CUDA_TRY(err, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, c->stream));
+    return MS_OK;
+}
+
+static ms_status cu_copy_to_host(void *ctx, void *dst, const void *src, size_t bytes,
+                                 ms_error *err) {
+    cuda_ctx *c = ctx;
+    MS_CUDA_TRY(err, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, c->stream));
+    MS_CUDA_TRY(err, cudaStreamSynchronize(c->stream));
+    return MS_OK;
+}
+
+static float load_elem(const char *p, ms_dtype dt) {
+    uint16_t h;
+    float f;
+    switch (dt) {
+    case MS_DTYPE_BF16:
+        memcpy(&h, p, 2);
+        return ms_bf16_to_f32(h);
+    case MS_DTYPE_F16:
+        memcpy(&h, p, 2);
+        return ms_f16_to_f32(h);
+    default:
+        memcpy(&f, p, 4);
+        return f;
+    }
+}
+
+static void store_elem(char *p, ms_dtype dt, float v) {
+    uint16_t h;
+    switch (dt) {
+    case MS_DTYPE_BF16:
+        h = ms_f32_to_bf16(v);
+        memcpy(p, &h, 2);
+        break;
+    case MS_DTYPE_F16:
+        h = ms_f32_to_f16(v);
+        memcpy(p, &h, 2);
+        break;
+    default:
+        memcpy(p, &v, 4);
+        break;
+    }
+}
+
+/* Convert on the host into a packed buffer, then one 2-D copy per leading index. */
+static ms_status cu_tensor_load(void *ctx, const ms_tensor *dst, const ms_tensor *src,
+                                ms_error *err) {
+    cuda_ctx *c = ctx;
+    MS_TRY(check_t("tensor_load", "dst", dst, 1, MS_TENSOR_MAX_DIMS, DT_FLOATS, err));
+    MS_TRY(check_t("tensor_load", "src", src, 1, MS_TENSOR_MAX_DIMS, DT_FLOATS, err));
+    if (dst->ndim != src->ndim)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "tensor_load: dst has %d dims, src %d", dst->ndim,
+                       src->ndim);
+    for (int i = 0; i < dst->ndim; i++)
+        if (dst->shape[i] != src->shape[i]) {
+            char a[64], b[64];
+            return MS_FAIL(err, MS_ERR_INVALID_ARG, "tensor_load: dst %s does not match src %s",
+                           ms_tensor_shape_str(dst, a, sizeof a), ms_tensor_shape_str(src, b, sizeof b));
+        }
+    const int nd = dst->ndim;
+    const int64_t cols = dst->shape[nd - 1];
+    const int64_t rows = nd >= 2 ? dst->shape[nd - 2] : 1;
+    int64_t outer = 1;
+    for (int i = 0; i < nd - 2; i++)
+        outer *= dst->shape[i];
+    const size_t ss = ms_dtype_size(src->dtype), ds = ms_dtype_size(dst->dtype);
+    char *buf = ms_malloc((size_t)(rows * cols) * ds);
+    if (buf == NULL)
+        return MS_FAIL(err, MS_ERR_OOM, "tensor_load: no host memory for %lld x %lld staging",
+                       (long long)rows, (long long)cols);
+    ms_status st = MS_OK;
+    for (int64_t o = 0; o < outer && st == MS_OK; o++) {
+        int64_t so = 0, dof = 0, rem = o;
+        for (int i = nd - 3; i >= 0; i--) {
+            int64_t idx = rem % dst->shape[i];
+            rem /= dst->shape[i];
+            so += idx * src->stride[i];
+            dof += idx * dst->stride[i];
+        }
+        for (int64_t r = 0; r < rows; r++) {
+            const char *s = (const char *)src->data +
+                            (size_t)(so + (nd >= 2 ? r * src->stride[nd - 2] : 0)) * ss;
+            char *d = buf + (size_t)(r * cols) * ds;
+            if (src->dtype == dst->dtype)
+                memcpy(d, s, (size_t)cols * ss);
+            else
+                for (int64_t i = 0; i < cols; i++)
+                    store_elem(d + (size_t)i * ds, dst->dtype, load_elem(s + (size_t)i * ss, src->dtype));
+        }
+        char *dbase = (char *)dst->data + (size_t)dof * ds;
+        size_t dpitch = (size_t)(nd >= 2 ? dst->stride[nd - 2] : cols) * ds;
+        cudaError_t e = cudaMemcpy2DAsync(dbase, dpitch, buf, (size_t)cols * ds, (size_t)cols * ds,
+                                          (size_t)rows, cudaMemcpyHostToDevice, c->stream);
+        if (e == cudaSuccess)
+            e = cudaStreamSynchronize(c->stream); /* buf is reused for the next slab */
+        if (e != cudaSuccess)
+            st = ms_cuda_record_failure(err, MS_ERR_CUDA, "CUDA", (int)e, cudaGetErrorString(e),
+                                        "cudaMemcpy2DAsync(dst, ...)", c->device, __FILE__,
+                                        __LINE__, __func__);
+    }
+    ms_free(buf);
+    return st;
+}
+
+static ms_status cu_synchronize(void *ctx, ms_error *err) {
+    cuda_ctx *c = ctx;
+    MS_CUDA_TRY(err, cudaStreamSynchronize(c->stream));
+    MS_CUDA_TRY(err, cudaGetLastError());
+    return MS_OK;
+}
+
+/* ---- attention batches ---- */
+
+/* Layout of the int block (device and host mirror), as the CPU backend's. */
+static void batch_point(ms_attn_batch *b, int32_t *mem) {
+    size_t s = (size_t)b->limits.max_seqs, t = (size_t)b->limits.max_tokens;
+    size_t p = (size_t)b->limits.max_pages;
+    b->qo_indptr = mem;
+    b->kv_indptr = b->qo_indptr + s + 1;
+    b->kv_indices = b->kv_indptr + s + 1;
+    b->kv_last_page_len = b->kv_indices + p;
+    b->kv_start = b->kv_last_page_len + s;
+    b->last_token = b->kv_start + s;
+    b->token_to_page = b->last_token + s;
+    b->token_to_slot = b->token_to_page + t;
+}
+
+static void cu_attn_batch_free(void *ctx, ms_attn_batch *b) {
+    (void)ctx;
+    if (b == NULL)
+        return;
+    cuda_batch *cb = b->impl;
+    if (cb != NULL) {
+        if (cb->dev != NULL)
+            MS_CUDA_CHECK(cudaFree(cb->dev));
+        if (cb->tile_dev != NULL)
+            MS_CUDA_CHECK(cudaFree(cb->tile_dev));
+        if (cb->part != NULL)
+            MS_CUDA_CHECK(cudaFree(cb->part));
+        ms_free(cb->host);
+        ms_free(cb->tile_host);
+        ms_free(cb);
+    }
+    ms_free(b);
+}
+
+static ms_status cu_attn_batch_init(void *ctx, const ms_attn_limits *lim, ms_attn_batch **out,
+                                    ms_error *err) {
+    cuda_ctx *c = ctx;
+    *out = NULL;
+    if (lim->max_seqs <= 0 || lim->max_tokens <= 0 || lim->max_pages <= 0)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "attn_batch_init: limits must be positive (seqs %d, tokens %d, pages %d)",
+                       lim->max_seqs, lim->max_tokens, lim->max_pages);
+    size_t s = (size_t)lim->max_seqs, t = (size_t)lim->max_tokens, p = (size_t)lim->max_pages;
+    ms_attn_batch *b = ms_calloc(1, sizeof *b);
+    cuda_batch *cb = ms_calloc(1, sizeof *cb);
+    if (b == NULL || cb == NULL) {
+        ms_free(b);
+        ms_free(cb);
+        return MS_FAIL(err, MS_ERR_OOM, "attn_batch_init: out of memory");
+    }
+    b->limits = *lim;
+    b->impl = cb;
+    cb->n_ints = 2 * (s + 1) + p + 3 * s + 2 * t;
+    /* tiles: sum over views of ceil(q_len * G / 64) <= max_tokens * 16 / 64 + max_seqs */
+    cb->max_tiles = (int32_t)(t * 16 / MS_ATTN_PREFILL_ROWS + s + 1);
+    cb->host = ms_calloc(cb->n_ints, sizeof(int32_t));
+    cb->tile_host = ms_calloc(2 * (size_t)cb->max_tiles, sizeof(int32_t));
+    ms_status st = MS_OK;
+    if (cb->host == NULL || cb->tile_host == NULL)
+        st = MS_FAIL(err, MS_ERR_OOM, "attn_batch_init: out of memory");
+    cudaError_t e = cudaSuccess;
+    if (st == MS_OK)
+        e = cudaMalloc((void **)&cb->dev, cb->n_ints * sizeof(int32_t));
+    if (st == MS_OK && e == cudaSuccess)
+        e = cudaMalloc((void **)&cb->tile_dev, 2 * (size_t)cb->max_tiles * sizeof(int32_t));
+    if (st == MS_OK && e == cudaSuccess)
+        /* on the backend's stream: ordered before the first stage's copy */
+        e = cudaMemsetAsync(cb->dev, 0, cb->n_ints * sizeof(int32_t), c->stream);
+    if (st == MS_OK && e != cudaSuccess)
+        st = MS_FAIL(err, MS_ERR_OOM, "attn_batch_init: %zu index entries on the GPU: %s",
+                     cb->n_ints, cudaGetErrorString(e));
+    if (st != MS_OK) {
+        cu_attn_batch_free(ctx, b);
+        return st;
+    }
+    batch_point(b, cb->dev);
+    *out = b;
+    return MS_OK;
+}
+
+static ms_status cu_attn_batch_stage(void *ctx, ms_attn_batch *b, const ms_kv_plan *plan,
+                                     const ms_paged_kv *kv, ms_error *err) {
+    cuda_ctx *c = ctx;
+    cuda_batch *cb = b->impl;
+    ms_attn_batch shape;
+    memset(&shape, 0, sizeof shape);
+    MS_TRY(ms_attn_batch_check(&b->limits, plan, kv, &shape, err));
+    /* fill the host mirror through a batch view pointing at it */
+    ms_attn_batch h = *b;
+    batch_point(&h, cb->host);
+    int32_t n = shape.n_seqs;
+    h.qo_indptr[0] = 0;
+    h.kv_indptr[0] = 0;
+    for (int32_t i = 0; i < n; i++) {
+        h.qo_indptr[i + 1] = plan->qo_indptr[i + 1];
+        h.kv_indptr[i + 1] = plan->kv_indptr[i + 1];
+        h.kv_last_page_len[i] = plan->kv_last_page_len[i];
+        h.kv_start[i] = plan->kv_start[i];
+        h.last_token[i] = plan->qo_indptr[i + 1] > plan->qo_indptr[i] ? plan->qo_indptr[i + 1] - 1 : -1;
+    }
+    if (shape.n_pages > 0)
+        memcpy(h.kv_indices, plan->kv_indices, (size_t)shape.n_pages * sizeof(int32_t));
+    if (shape.n_tokens > 0) {
+        memcpy(h.token_to_page, plan->token_to_page, (size_t)shape.n_tokens * sizeof(int32_t));
+        memcpy(h.token_to_slot, plan->token_to_slot, (size_t)shape.n_tokens * sizeof(int32_t));
+    }
+    for (int32_t t = shape.n_tokens; t < b->limits.max_tokens; t++) {
+        h.token_to_page[t] = MS_SINK_PAGE;
+        h.token_to_slot[t] = 0;
+    }
+    MS_CUDA_TRY(err, cudaMemcpyAsync(cb->dev, cb->host, cb->n_ints * sizeof(int32_t),
+                                     cudaMemcpyHostToDevice, c->stream));
+    b->page_size = shape.page_size;
+    b->n_seqs = n;
+    b->n_tokens = shape.n_tokens;
+    b->n_pages = shape.n_pages;
+    b->max_q_len = shape.max_q_len;
+    b->max_kv_len = shape.max_kv_len;
+    b->is_decode = shape.is_decode;
+    int max_pages = 0;
+    for (int32_t i = 0; i < n; i++)
+        max_pages = MS_MAX(max_pages, plan->kv_indptr[i + 1] - plan->kv_indptr[i]);
+    ms_attn_decode_plan_split(n, kv->n_kv_heads, max_pages, c->n_sms, 4, MAX_SPLITS,
+                              &cb->n_splits, &cb->pages_per_split);
+    return MS_OK;
+}
+
+/* ---- ops ---- */
+
+static ms_status cu_embedding(void *ctx, const ms_tensor *table, const ms_tensor *ids,
+                              ms_tensor *out, ms_error *err) {
+    cuda_ctx *c = ctx;
+    MS_TRY(check_t("embedding", "table", table, 2, 2, DT_FLOATS, err));
+    MS_TRY(check_t("embedding", "ids", ids, 1, 1, DT_I32, err));
+    MS_TRY(check_t("embedding", "out", out, 2, 2, DT_F32, err));
+    if (out->shape[0] != ids->shape[0] || out->shape[1] != table->shape[1])
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "embedding: out [%lld, %lld] must be [ids %lld, d %lld]",
+                       (long long)out->shape[0], (long long)out->shape[1],
+                       (long long)ids->shape[0], (long long)table->shape[1]);
+    if (table->stride[0] != table->shape[1] || out->stride[0] != out->shape[1] ||
+        !fits_int(table->shape[0]) || !fits_int(ids->shape[0]) || !fits_int(table->shape[1]))
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "embedding: table and out must be packed rows");
+    ms_kernel_spec s = ms_kernel_spec_simple(MS_KERNEL_OP_EMBED, kdtype(table->dtype));
+    s.act_dtype = MS_KERNEL_DTYPE_F32;
+    ms_cuda_module *m;
+    MS_TRY(get_module(c, &s, &m, err));
+    ms_embed_params p = {ids->data, table->data, out->data, NULL, (int)ids->shape[0],
+                         (int)table->shape[0], (int)table->shape[1]};
+    return ms_cuda_embed_launch(m, &p, c->stream, err);
+}
+
+static ms_status misc_module(cuda_ctx *c, ms_cuda_module **m, ms_error *err) {
+    ms_kernel_spec s = ms_kernel_spec_simple(MS_KERNEL_OP_MISC, MS_KERNEL_DTYPE_BF16);
+    s.act_dtype = MS_KERNEL_DTYPE_F32;
+    return get_module(c, &s, m, err);
+}
+
+static ms_status cu_linear(void *ctx, const ms_tensor *x, const ms_tensor *w,
+                           const ms_tensor *bias, ms_tensor *y, ms_error *err) {
+    cuda_ctx *c = ctx;
+    MS_TRY(check_t("linear", "x", x, 2, 2, DT_F32, err));
+    MS_TRY(check_t("linear", "w", w, 2, 2, DT_FLOATS, err));
+    MS_TRY(check_t("linear", "y", y, 2, 2, DT_F32, err));
+    const int64_t n = x->shape[0], in = x->shape[1], outd = w->shape[0];
+    if (w->shape[1] != in || y->shape[0] != n || y->shape[1] != outd)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "linear: w shape [%lld, %lld] does not match x [%lld, %lld] and y [%lld, "
+                       "%lld]",
+                       (long long)w->shape[0], (long long)w->shape[1], (long long)n,
+                       (long long)in, (long long)y->shape[0], (long long)y->shape[1]);
+    if (!fits_int(n) || !fits_int(in) || !fits_int(outd) || !fits_int(w->stride[0]) ||
+        !fits_int(x->stride[0]) || !fits_int(y->stride[0]))
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "linear: dimensions beyond int32");
+    if (n == 0 || outd == 0)
+        return MS_OK;
+    MS_CUBLAS_TRY(err, cublasSetStream(c->cublas, c->stream));
+    const float one = 1.f, zero = 0.f;
+    if (w->dtype == MS_DTYPE_F32) {
+        MS_CUBLAS_TRY(err, cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)outd, (int)n,
+                                        (int)in, &one, w->data, CUDA_R_32F, (int)w->stride[0],
+                                        x->data, CUDA_R_32F, (int)x->stride[0], &zero, y->data,
+                                        CUDA_R_32F, (int)y->stride[0], CUBLAS_COMPUTE_32F,
+                                        CUBLAS_GEMM_DEFAULT));
+    } else {
+        /* round x to the weight type, then bf16/f16 x bf16/f16 -> f32 */
+        MS_TRY(ensure_device(c, &c->scratch, &c->scratch_bytes, (size_t)(n * in) * 2,
+                             "linear input scratch", err));
+        ms_kernel_spec s = ms_kernel_spec_simple(MS_KERNEL_OP_MISC, kdtype(w->dtype));
+        s.act_dtype = MS_KERNEL_DTYPE_F32;
+        ms_cuda_module *m;
+        MS_TRY(get_module(c, &s, &m, err));
+        ms_misc_params cp = {x->data, NULL, c->scratch, NULL, (int)n, (int)in,
+                             (int)x->stride[0], 0, (int)in};
+        MS_TRY(ms_cuda_misc_launch(m, 0, &cp, c->stream, err));
+        cudaDataType_t wt = w->dtype == MS_DTYPE_F16 ? CUDA_R_16F : CUDA_R_16BF;
+        MS_CUBLAS_TRY(err, cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)outd, (int)n,
+                                        (int)in, &one, w->data, wt, (int)w->stride[0], c->scratch,
+                                        wt, (int)in, &zero, y->data, CUDA_R_32F,
+                                        (int)y->stride[0], CUBLAS_COMPUTE_32F,
+                                        CUBLAS_GEMM_DEFAULT));
+    }
+    if (bias != NULL) {
+        MS_TRY(check_t("linear", "bias", bias, 1, 1, DT_F32, err));
+        if (bias->shape[0] != outd)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG, "linear: bias has %lld entries for %lld outputs",
+                           (long long)bias->shape[0], (long long)outd);
+        if (n > c->ones_n) {
+            size_t have = (size_t)c->ones_n * sizeof(float);
+            MS_TRY(ensure_device(c, (void **)&c->ones, &have, (size_t)n * sizeof(float),
+                                 "linear bias ones", err));
+            float *h = ms_malloc((size_t)n * sizeof(float));
+            if (h == NULL)
+                return MS_FAIL(err, MS_ERR_OOM, "linear: out of memory");
+            for (int64_t i = 0; i < n; i++)
+                h[i] = 1.f;
+            cudaError_t e = cudaMemcpy(c->ones, h, (size_t)n * sizeof(float), cudaMemcpyHostToDevice);
+            ms_free(h);
+            if (e != cudaSuccess)
+                return MS_FAIL(err, MS_ERR_CUDA, "linear: bias ones: %s", cudaGetErrorString(e));
+            c->ones_n = n;
+        }
+        /* y (col-major out x n, ld = y stride) += bias * ones^T */
+        MS_CUBLAS_TRY(err, cublasSger(c->cublas, (int)outd, (int)n, &one, bias->data, 1, c->ones,
+                                      1, y->data, (int)y->stride[0]));
+    }
+    return MS_OK;
+}
+
+static ms_status norm_launch(cuda_ctx *c, const char *op, const ms_tensor *x, ms_tensor *residual,
+                             const ms_tensor *w, float eps, ms_tensor *out, ms_error *err) {
+    int64_t rows, cols, xs, orows, ocols, os;
+    if (!as_rows(x, &rows, &cols, &xs) || !as_rows(out, &orows, &ocols, &os))
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED,
+                       "%s: rows of x and out must be uniformly strided (per-head norm over "
+                       "unpacked heads is not supported on CUDA yet)",
+                       op);
+    if (orows != rows || ocols != cols || w->shape[0] != cols)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: x [%lld, %lld], w [%lld], out [%lld, %lld]",
+                       op, (long long)rows, (long long)cols, (long long)w->shape[0],
+                       (long long)orows, (long long)ocols);
+    if (!fits_int(rows) || !fits_int(cols) || !fits_int(xs) || !fits_int(os))
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "%s: dimensions beyond int32", op);
+    ms_kernel_spec s = ms_kernel_spec_rmsnorm(kdtype(w->dtype), residual != NULL);
+    s.act_dtype = MS_KERNEL_DTYPE_F32;
+    ms_cuda_module *m;
+    MS_TRY(get_module(c, &s, &m, err));
+    ms_rmsnorm_params p = {x->data, residual ? residual->data : NULL, w->data, out->data,
+                           (int)rows, (int)cols, (int)xs, (int)os, eps};
+    return ms_cuda_rmsnorm_launch(m, &p, c->stream, err);
+}
+
+static ms_status cu_rms_norm(void *ctx, const ms_tensor *x, const ms_tensor *w, float eps,
+                             ms_tensor *out, ms_error *err) {
+    MS_TRY(check_t("rms_norm", "x", x, 2, 3, DT_F32, err));
+    MS_TRY(check_t("rms_norm", "w", w, 1, 1, DT_FLOATS, err));
+    MS_TRY(check_t("rms_norm", "out", out, 2, 3, DT_F32, err));
+    return norm_launch(ctx, "rms_norm", x, NULL, w, eps, out, err);
+}
+
+static ms_status cu_add_rms_norm(void *ctx, ms_tensor *residual, const ms_tensor *x,
+                                 const ms_tensor *w, float eps, ms_tensor *out, ms_error *err) {
+    MS_TRY(check_t("add_rms_norm", "residual", residual, 2, 2, DT_F32, err));
+    MS_TRY(check_t("add_rms_norm", "x", x, 2, 2, DT_F32, err));
+    MS_TRY(check_t("add_rms_norm", "w", w, 1, 1, DT_FLOATS, err));
+    MS_TRY(check_t("add_rms_norm", "out", out, 2, 2, DT_F32, err));
+    if (residual->stride[0] != residual->shape[1] || residual->shape[0] != x->shape[0] ||
+        residual->shape[1] != x->shape[1])
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED,
+                       "add_rms_norm: residual must be packed rows shaped like x");
+    return norm_launch(ctx, "add_rms_norm", x, residual, w, eps, out, err);
+}
+
+/* RoPE and/or KV write through the rope_kv template. kv NULL: rope in place only. */
+static ms_status rope_kv_common(cuda_ctx *c, const char *op, ms_tensor *q, ms_tensor *k,
+                                const ms_tensor *v, const ms_tensor *pos,
+                                const ms_rope_table *rope, const ms_paged_kv *kv, int32_t layer,
+                                const ms_attn_batch *batch, ms_error *err) {
+    int hd = 0;
+    int64_t n = 0;
+    if (q != NULL) {
+        MS_TRY(check_t(op, "q", q, 3, 3, DT_F32, err));
+        hd = (int)q->shape[2];
+        n = q->shape[0];
+    }
+    if (k != NULL) {
+        MS_TRY(check_t(op, "k", k, 3, 3, DT_F32, err));
+        hd = (int)k->shape[2];
+        n = k->shape[0];
+    }
+    if (kv != NULL) {
+        MS_TRY(check_t(op, "v", v, 3, 3, DT_F32, err));
+        if (k == NULL || kv->head_dim != hd || k->shape[1] != kv->n_kv_heads ||
+            v->shape[0] != n || v->shape[1] != kv->n_kv_heads || v->shape[2] != hd ||
+            n != batch->n_tokens)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                           "%s: k/v must be [n_tokens %d, kv heads %d, head_dim %d]", op,
+                           batch->n_tokens, kv->n_kv_heads, kv->head_dim);
+        if (kv->dtype != MS_DTYPE_BF16 && kv->dtype != MS_DTYPE_F16)
+            return MS_FAIL(err, MS_ERR_UNSUPPORTED, "%s: KV arena dtype %s (bf16 or f16)", op,
+                           ms_dtype_str(kv->dtype));
+        if (layer < 0 || layer >= kv->n_layers)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: layer %d of %d", op, layer, kv->n_layers);
+    }
+    if ((q != NULL && q->stride[1] != hd) || (k != NULL && k->stride[1] != hd) ||
+        (v != NULL && kv != NULL && v->stride[1] != hd) || (q != NULL && q->shape[0] != n))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: heads must be packed (head stride = head_dim)",
+                       op);
+    if (rope != NULL && rope->n_sections > 0)
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "%s: M-RoPE sections are not supported on CUDA yet",
+                       op);
+    if (rope != NULL) {
+        MS_TRY(check_t(op, "pos", pos, 1, 1, DT_I32, err));
+        if (pos->shape[0] != n)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: pos has %lld entries for %lld tokens", op,
+                           (long long)pos->shape[0], (long long)n);
+    }
+    if (n == 0)
+        return MS_OK;
+    ms_kernel_rope style = MS_KERNEL_ROPE_NONE;
+    if (rope != NULL)
+        style = rope->style == MS_ROPE_INTERLEAVED ? MS_KERNEL_ROPE_INTERLEAVED : MS_KERNEL_ROPE_NEOX;
+    ms_kernel_dtype kvt = kv != NULL ? kdtype(kv->dtype) : MS_KERNEL_DTYPE_BF16;
+    ms_kernel_spec s = ms_kernel_spec_rope_kv(kvt, hd, kv != NULL ? kv->page_size : 16, style,
+                                              MS_KERNEL_ROPE_SCALING_NONE);
+    s.act_dtype = MS_KERNEL_DTYPE_F32;
+    ms_cuda_module *m;
+    MS_TRY(get_module(c, &s, &m, err));
+    ms_rope_kv_params p;
+    memset(&p, 0, sizeof p);
+    p.q = q != NULL ? q->data : NULL;
+    p.k = k != NULL ? k->data : NULL;
+    p.v = v != NULL && kv != NULL ? v->data : NULL;
+    if (kv != NULL) {
+        size_t layer_elems = (size_t)kv->n_pages * 2 * (size_t)kv->page_size *
+                             (size_t)kv->n_kv_heads * (size_t)kv->head_dim;
+        p.kv = (char *)kv->data + (size_t)layer * layer_elems * ms_dtype_size(kv->dtype);
+        p.token_to_page = batch->token_to_page;
+        p.token_to_slot = batch->token_to_slot;
+        p.v_stride = (int)v->stride[0];
+    }
+    p.pos = rope != NULL ? pos->data : NULL;
+    p.n_tokens = (int)n;
+    p.n_q_heads = q != NULL ? (int)q->shape[1] : 0;
+    p.n_kv_heads = k != NULL ? (int)k->shape[1] : 0;
+    p.q_stride = q != NULL ? (int)q->stride[0] : 0;
+    p.k_stride = k != NULL ? (int)k->stride[0] : 0;
+    if (rope != NULL) {
+        p.inv_freq = rope->inv_freq;
+        p.rotary_dim = rope->rotary_dim;
+        p.attn_scaling = rope->attention_scaling;
+    }
+    return ms_cuda_rope_kv_launch(m, &p, c->stream, err);
+}
+
+static ms_status cu_rope(void *ctx, ms_tensor *q, ms_tensor *k, const ms_tensor *pos,
+                         const ms_rope_table *rope, ms_error *err) {
+    if (rope == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "rope: table missing");
+    return rope_kv_common(ctx, "rope", q, k, NULL, pos, rope, NULL, 0, NULL, err);
+}
+
+static ms_status cu_kv_write(void *ctx, const ms_paged_kv *kv, int32_t layer, const ms_tensor *k,
+                             const ms_tensor *v, const ms_attn_batch *batch, ms_error *err) {
+    return rope_kv_common(ctx, "kv_write", NULL, (ms_tensor *)k, v, NULL, NULL, kv, layer, batch,
+                          err);
+}
+
+static ms_status cu_rope_kv_write(void *ctx, ms_tensor *q, ms_tensor *k, const ms_tensor *v,
+                                  const ms_tensor *pos, const ms_rope_table *rope,
+                                  const ms_paged_kv *kv, int32_t layer,
+                                  const ms_attn_batch *batch, ms_error *err) {
+    if (rope == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "rope_kv_write: table missing");
+    return rope_kv_common(ctx, "rope_kv_write", q, k, v, pos, rope, kv, layer, batch, err);
+}
+
+static ms_status cu_attention(void *ctx, const ms_tensor *q, const ms_paged_kv *kv, int32_t layer,
+                              const ms_attn_batch *batch, const ms_attn_params *ap,
+                              ms_tensor *out, ms_error *err) {
+    cuda_ctx *c = ctx;
+    MS_TRY(check_t("attention", "q", q, 3, 3, DT_F32, err));
+    MS_TRY(check_t("attention", "out", out, 3, 3, DT_F32, err));
+    const int64_t n = q->shape[0], hq = q->shape[1], hd = q->shape[2];
+    if (hd != kv->head_dim || n != batch->n_tokens || out->shape[0] != n || out->shape[1] != hq ||
+        out->shape[2] != hd || hq % kv->n_kv_heads != 0 || q->stride[1] != hd ||
+        out->stride[1] != hd)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "attention: q and out must be [n_tokens %d, hq, head_dim %d] with hq a "
+                       "multiple of %d KV heads and packed heads",
+                       batch->n_tokens, kv->head_dim, kv->n_kv_heads);
+    if (layer < 0 || layer >= kv->n_layers)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "attention: layer %d of %d", layer, kv->n_layers);
+    if (kv->dtype != MS_DTYPE_BF16 && kv->dtype != MS_DTYPE_F16)
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "attention: KV arena dtype %s (bf16 or f16)",
+                       ms_dtype_str(kv->dtype));
+    if (n == 0)
+        return MS_OK;
+    cuda_batch *cb = batch->impl;
+    const int G = (int)(hq / kv->n_kv_heads);
+    const bool windowed = ap->window > 0;
+    ms_attn_kernel_params p;
+    memset(&p, 0, sizeof p);
+    size_t layer_elems = (size_t)kv->n_pages * 2 * (size_t)kv->page_size * (size_t)kv->n_kv_heads *
+                         (size_t)kv->head_dim;
+    p.q = q->data;
+    p.o = out->data;
+    p.kv = (char *)kv->data + (size_t)layer * layer_elems * ms_dtype_size(kv->dtype);
+    p.qo_indptr = batch->qo_indptr;
+    p.kv_indptr = batch->kv_indptr;
+    p.kv_indices = batch->kv_indices;
+    p.kv_last_page_len = batch->kv_last_page_len;
+    p.kv_start = batch->kv_start;
+    p.batch = batch->n_seqs;
+    p.n_q_heads = (int)hq;
+    p.n_kv_heads = kv->n_kv_heads;
+    p.q_stride = (int)q->stride[0];
+    p.o_stride = (int)out->stride[0];
+    p.window = ap->window;
+    p.sm_scale = ap->scale;
+    ms_cuda_module *m;
+    if (batch->is_decode) {
+        ms_kernel_spec s = ms_kernel_spec_attn_decode(kdtype(kv->dtype), (int)hd, kv->page_size,
+                                                      G, windowed);
+        s.act_dtype = MS_KERNEL_DTYPE_F32;
+        MS_TRY(get_module(c, &s, &m, err));
+        p.n_splits = cb->n_splits;
+        p.pages_per_split = cb->pages_per_split;
+        if (p.n_splits > 1) {
+            size_t need = (size_t)batch->limits.max_seqs * MAX_SPLITS * (size_t)hq * (size_t)(hd + 1);
+            size_t have = cb->part_floats * sizeof(float);
+            MS_TRY(ensure_device(c, (void **)&cb->part, &have, need * sizeof(float),
+                                 "attention split-KV partials", err));
+            cb->part_floats = have / sizeof(float);
+            p.part_o = cb->part;
+            p.part_lse = cb->part + (size_t)batch->limits.max_seqs * MAX_SPLITS * (size_t)hq * (size_t)hd;
+        }
+        return ms_cuda_attn_decode_launch(m, &p, c->stream, err);
+    }
+    ms_kernel_spec s = ms_kernel_spec_attn_prefill(kdtype(kv->dtype), (int)hd, kv->page_size, G,
+                                                   ap->causal, windowed);
+    s.act_dtype = MS_KERNEL_DTYPE_F32;
+    MS_TRY(get_module(c, &s, &m, err));
+    /* tile lists from the host mirror of qo_indptr */
+    ms_attn_batch h = *batch;
+    batch_point(&h, cb->host);
+    int n_tiles = 0;
+    MS_TRY(ms_attn_prefill_plan_tiles(h.qo_indptr, batch->n_seqs, G, cb->tile_host,
+                                      cb->tile_host + cb->max_tiles, cb->max_tiles, &n_tiles, err));
+    MS_CUDA_TRY(err, cudaMemcpyAsync(cb->tile_dev, cb->tile_host,
+                                     2 * (size_t)cb->max_tiles * sizeof(int32_t),
+                                     cudaMemcpyHostToDevice, c->stream));
+    p.tile_req = cb->tile_dev;
+    p.tile_idx = cb->tile_dev + cb->max_tiles;
+    p.n_splits = 1;
+    p.pages_per_split = 1;
+    return ms_cuda_attn_prefill_launch(m, &p, n_tiles, c->stream, err);
+}
+
+static ms_status cu_silu_mul(void *ctx, const ms_tensor *gate, const ms_tensor *up,
+                             ms_tensor *out, ms_error *err) {
+    cuda_ctx *c = ctx;
+    MS_TRY(check_t("silu_mul", "gate", gate, 2, 2, DT_F32, err));
+    MS_TRY(check_t("silu_mul", "up", up, 2, 2, DT_F32, err));
+    MS_TRY(check_t("silu_mul", "out", out, 2, 2, DT_F32, err));
+    if (up->shape[0] != gate->shape[0] || up->shape[1] != gate->shape[1] ||
+        out->shape[0] != gate->shape[0] || out->shape[1] != gate->shape[1])
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "silu_mul: gate, up and out shapes differ");
+    if (!fits_int(gate->shape[0]) || !fits_int(gate->shape[1]))
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "silu_mul: dimensions beyond int32");
+    ms_kernel_spec s = ms_kernel_spec_simple(MS_KERNEL_OP_SILU_MUL, MS_KERNEL_DTYPE_F32);
+    ms_cuda_module *m;
+    MS_TRY(get_module(c, &s, &m, err));
+    ms_silu_mul_params p = {gate->data, up->data, out->data, (int)gate->shape[0],
+                            (int)gate->shape[1], (int)gate->stride[0], (int)up->stride[0],
+                            (int)out->stride[0]};
+    return ms_cuda_silu_mul_launch(m, &p, c->stream, err);
+}
+
+static ms_status cu_add(void *ctx, const ms_tensor *a, const ms_tensor *b, ms_tensor *out,
+                        ms_error *err) {
+    cuda_ctx *c = ctx;
+    MS_TRY(check_t("add", "a", a, 2, 2, DT_F32, err));
+    MS_TRY(check_t("add", "b", b, 2, 2, DT_F32, err));
+    MS_TRY(check_t("add", "out", out, 2, 2, DT_F32, err));
+    if (a->shape[0] != b->shape[0] || a->shape[1] != b->shape[1] ||
+        out->shape[0] != a->shape[0] || out->shape[1] != a->shape[1])
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "add: a, b and out shapes differ");
+    ms_cuda_module *m;
+    MS_TRY(misc_module(c, &m, err));
+    ms_misc_params p = {a->data, b->data, out->data, NULL, (int)a->shape[0], (int)a->shape[1],
+                        (int)a->stride[0], (int)b->stride[0], (int)out->stride[0]};
+    return ms_cuda_misc_launch(m, 1, &p, c->stream, err);
+}
+
+static ms_status cu_gather_rows(void *ctx, const ms_tensor *x, const ms_tensor *rows,
+                                ms_tensor *out, ms_error *err) {
+    cuda_ctx *c = ctx;
+    MS_TRY(check_t("gather_rows", "x", x, 2, 2, DT_F32, err));
+    MS_TRY(check_t("gather_rows", "rows", rows, 1, 1, DT_I32, err));
+    MS_TRY(check_t("gather_rows", "out", out, 2, 2, DT_F32, err));
+    if (out->shape[0] != rows->shape[0] || out->shape[1] != x->shape[1])
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "gather_rows: out must be [rows, %lld]",
+                       (long long)x->shape[1]);
+    ms_cuda_module *m;
+    MS_TRY(misc_module(c, &m, err));
+    ms_misc_params p = {x->data, NULL, out->data, rows->data, (int)out->shape[0],
+                        (int)out->shape[1], (int)x->stride[0], 0, (int)out->stride[0]};
+    return ms_cuda_misc_launch(m, 2, &p, c->stream, err);
+}
+
+static ms_status cu_argmax(void *ctx, const ms_tensor *logits, ms_tensor *ids, ms_error *err) {
+    cuda_ctx *c = ctx;
+    MS_TRY(check_t("argmax", "logits", logits, 2, 2, DT_F32, err));
+    MS_TRY(check_t("argmax", "ids", ids, 1, 1, DT_I32, err));
+    if (ids->shape[0] != logits->shape[0])
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "argmax: ids has %lld entries for %lld rows",
+                       (long long)ids->shape[0], (long long)logits->shape[0]);
+    ms_kernel_spec s = ms_kernel_spec_simple(MS_KERNEL_OP_ARGMAX, MS_KERNEL_DTYPE_F32);
+    ms_cuda_module *m;
+    MS_TRY(get_module(c, &s, &m, err));
+    ms_argmax_params p = {logits->data, ids->data, (int)logits->shape[0], (int)logits->shape[1],
+                          (int)logits->stride[0]};
+    return ms_cuda_argmax_launch(m, &p, c->stream, err);
+}
+
+/* Workspace: per row temperature, top_k, top_p, uniform (4 x 4 bytes). */
+static size_t cu_sample_workspace_size(void *ctx, int32_t m, int32_t vocab) {
+    (void)ctx;
+    (void)vocab;
+    return m > 0 ? (size_t)m * 16 : 0;
+}
+
+static ms_status cu_sample(void *ctx, const ms_tensor *logits, const ms_sample_row *rows,
+                           void *workspace, size_t workspace_bytes, ms_tensor *ids,
+                           ms_error *err) {
+    cuda_ctx *c = ctx;
+    MS_TRY(check_t("sample", "logits", logits, 2, 2, DT_F32, err));
+    MS_TRY(check_t("sample", "ids", ids, 1, 1, DT_I32, err));
+    int64_t mrows = logits->shape[0];
+    if (ids->shape[0] != mrows || !fits_int(mrows) || !fits_int(logits->shape[1]))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "sample: ids has %lld entries for %lld rows",
+                       (long long)ids->shape[0], (long long)mrows);
+    size_t need = cu_sample_workspace_size(ctx, (int32_t)mrows, (int32_t)logits->shape[1]);
+    if (workspace == NULL || workspace_bytes < need || rows == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "sample: workspace of %zu bytes, %zu needed for %lld rows (or rows missing)",
+                       workspace_bytes, need, (long long)mrows);
+    if (mrows == 0)
+        return MS_OK;
+    float *h = ms_malloc(need);
+    if (h == NULL)
+        return MS_FAIL(err, MS_ERR_OOM, "sample: out of memory");
+    float *temp = h, *top_p = h + mrows, *unif = h + 2 * mrows;
+    int32_t *top_k = (int32_t *)(h + 3 * mrows);
+    for (int64_t r = 0; r < mrows; r++) {
+        ms_status st = ms_sampler_check_params(&rows[r].params, err);
+        if (st != MS_OK) {
+            ms_free(h);
+            ms_error_prefix(err, "sample: row %lld: ", (long long)r);
+            return st;
+        }
+        bool greedy = ms_sampler_is_greedy(&rows[r].params);
+        temp[r] = greedy ? 0.f : rows[r].params.temperature;
+        top_k[r] = rows[r].params.top_k;
+        top_p[r] = rows[r].params.top_p;
+        unif[r] = ms_sampler_uniform(rows[r].params.seed, rows[r].draw);
+    }
+    cudaError_t e = cudaMemcpyAsync(workspace, h, need, cudaMemcpyHostToDevice, c->stream);
+    ms_free(h);
+    if (e != cudaSuccess)
+        return MS_FAIL(err, MS_ERR_CUDA, "sample: staging settings: %s", cudaGetErrorString(e));
+    ms_kernel_spec s = ms_kernel_spec_simple(MS_KERNEL_OP_SAMPLE, MS_KERNEL_DTYPE_F32);
+    ms_cuda_module *m;
+    MS_TRY(get_module(c, &s, &m, err));
+    float *w = workspace;
+    ms_sample_params p = {logits->data, w, (const int *)(w + 3 * mrows), w + mrows, w + 2 * mrows,
+                          ids->data, (int)mrows, (int)logits->shape[1], (int)logits->stride[0]};
+    return ms_cuda_sample_launch(m, &p, c->stream, err);
+}
+
+/* ---- graphs ---- */
+
+static ms_status cu_graph_capture_begin(void *ctx, ms_error *err) {
+    cuda_ctx *c = ctx;
+    MS_CUDA_TRY(err, cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
+    c->capturing = true;
+    return MS_OK;
+}
+
+static ms_status cu_graph_capture_end(void *ctx, void **graph, ms_error *err) {
+    cuda_ctx *c = ctx;
+    *graph = NULL;
+    cudaGraph_t g = NULL;
+    c->capturing = false;
+    MS_CUDA_TRY(err, cudaStreamEndCapture(c->stream, &g));
+    cudaGraphExec_t ex = NULL;
+    cudaError_t e = cudaGraphInstantiate(&ex, g, 0);
+    cudaGraphDestroy(g);
+    if (e != cudaSuccess)
+        return MS_FAIL(err, MS_ERR_CUDA, "graph_capture_end: instantiate: %s",
+                       cudaGetErrorString(e));
+    *graph = ex;
+    return MS_OK;
+}
+
+static ms_status cu_graph_launch(void *ctx, void *graph, ms_error *err) {
+    cuda_ctx *c = ctx;
+    MS_CUDA_TRY(err, cudaGraphLaunch((cudaGraphExec_t)graph, c->stream));
+    return MS_OK;
+}
+
+static void cu_graph_free(void *ctx, void *graph) {
+    (void)ctx;
+    if (graph != NULL)
+        MS_CUDA_CHECK(cudaGraphExecDestroy((cudaGraphExec_t)graph));
+}
+
+/* ---- construction ---- */
+
+static void cu_free(void *ctx) {
+    cuda_ctx *c = ctx;
+    if (c == NULL)
+        return;
+    if (c->stream != NULL)
+        (void)cudaStreamSynchronize(c->stream);
+    for (int i = 0; i < c->n_mods; i++)
+        ms_cuda_module_free(c->mods[i]);
+    if (c->scratch != NULL)
+        (void)cudaFree(c->scratch);
+    if (c->ones != NULL)
+        (void)cudaFree(c->ones);
+    if (c->cublas != NULL)
+        (void)cublasDestroy(c->cublas);
+    if (c->stream != NULL)
+        (void)cudaStreamDestroy(c->stream);
+    ms_free(c->cache_dir);
+    ms_free(c);
+}
+
+static ms_status cuda_setup(cuda_ctx *c, const ms_backend_cuda_options *opt, ms_error *err) {
+    c->device = opt != NULL ? opt->device : 0;
+    MS_CUDA_TRY(err, cudaSetDevice(c->device));
+    MS_TRY(ms_cuda_device_arch(c->device, &c->arch, &c->n_sms, err));
+    MS_CUDA_TRY(err, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    MS_CUBLAS_TRY(err, cublasCreate(&c->cublas));
+    MS_CUBLAS_TRY(err, cublasSetStream(c->cublas, c->stream));
+    if (opt != NULL && opt->cache_dir != NULL) {
+        c->cache_dir = ms_strdup(opt->cache_dir);
+        if (c->cache_dir == NULL)
+            return MS_FAIL(err, MS_ERR_OOM, "cuda backend: out of memory");
+    }
+    return MS_OK;
+}
+
+ms_status ms_backend_cuda_init(ms_backend *out, const ms_backend_cuda_options *opt, ms_error *err) {
+    memset(out, 0, sizeof *out);
+    cuda_ctx *c = ms_calloc(1, sizeof *c);
+    if (c == NULL)
+        return MS_FAIL(err, MS_ERR_OOM, "cuda backend: out of memory");
+    ms_status st = cuda_setup(c, opt, err);
+    if (st != MS_OK) {
+        ms_error_prefix(err, "cuda backend: ");
+        cu_free(c);
+        return st;
+    }
+    ms_backend_i *f = &out->iface;
+    f->name = "cuda";
+    f->buffer_alloc = cu_buffer_alloc;
+    f->buffer_free = cu_buffer_free;
+    f->buffer_fill = cu_buffer_fill;
+    f->copy_to_backend = cu_copy_to_backend;
+    f->copy_to_host = cu_copy_to_host;
+    f->tensor_load = cu_tensor_load;
+    f->synchronize = cu_synchronize;
+    f->attn_batch_init = cu_attn_batch_init;
+    f->attn_batch_free = cu_attn_batch_free;
+    f->attn_batch_stage = cu_attn_batch_stage;
+    f->embedding = cu_embedding;
+    f->linear = cu_linear;
+    f->rms_norm = cu_rms_norm;
+    f->add_rms_norm = cu_add_rms_norm;
+    f->rope = cu_rope;
+    f->kv_write = cu_kv_write;
+    f->rope_kv_write = cu_rope_kv_write;
+    f->attention = cu_attention;
+    f->silu_mul = cu_silu_mul;
+    f->add = cu_add;
+    f->gather_rows = cu_gather_rows;
+    f->argmax = cu_argmax;
+    f->sample_workspace_size = cu_sample_workspace_size;
+    f->sample = cu_sample;
+    f->graph_capture_begin = cu_graph_capture_begin;
+    f->graph_capture_end = cu_graph_capture_end;
+    f->graph_launch = cu_graph_launch;
+    f->graph_free = cu_graph_free;
+    f->free = cu_free;
+    out->ctx = c;
+    return MS_OK;
+}

@@ -1,0 +1,46 @@
+/*
+ * backend_cuda.h - the CUDA backend of the op interface (backend.h). CUDA builds only
+ * (MS_HAVE_CUDA).
+ *
+ * Numerics: activations are float32 (the same tensors as the CPU backend's, so generated code runs
+ * unchanged on either); weights are bf16 (converted at load by tensor_load into bf16 buffers; f32
+ * weights also work) with cuBLAS GEMMs in float32 accumulation (the activation operand is rounded
+ * to bf16 first); the KV arena is bf16 or f16; attention, RoPE + KV write, norms, SiLU, embedding,
+ * argmax and sampling run NVRTC-compiled template instances (templates/), compiled for the
+ * device's sm_XX on first use and cached on disk (nvrtc_cache.h).
+ *
+ * Limits of this first version (each returns MS_ERR_UNSUPPORTED naming the case): M-RoPE
+ * sections; per-head RMSNorm over heads that are not packed rows; a bias that is not f32; silu_mul
+ * or add_rms_norm operands whose rows are not uniformly strided; head_dim outside the templates'
+ * sets. Workspaces (the bf16 copy of GEMM inputs, split-KV partials) grow on first use, so run one
+ * eager warm-up step before capturing graphs. Sampling follows sampler.h's filtering (top-k, then
+ * top-p over the kept mass) but draws in vocabulary order (ms_sample_params): the distribution is
+ * the same as the CPU backend's, individual ids for a given uniform may differ.
+ *
+ * Ownership: as backend.h.
+ */
+#ifndef MS_BACKEND_CUDA_H
+#define MS_BACKEND_CUDA_H
+
+#include "backend.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct ms_backend_cuda_options {
+    int32_t device;        /* CUDA device ordinal */
+    const char *cache_dir; /* cubin cache folder; NULL = $MSTAR_CACHE / ~/.cache/mstar */
+} ms_backend_cuda_options;
+
+/*
+ * Make the CUDA backend on opt->device (opt NULL: device 0, default cache) into *out: a stream, a
+ * cuBLAS handle, the device's arch. MS_ERR_CUDA when no device is usable (message from the
+ * runtime, e.g. "no CUDA-capable device is detected"); *out is zeroed on failure.
+ */
+ms_status ms_backend_cuda_init(ms_backend *out, const ms_backend_cuda_options *opt, ms_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MS_BACKEND_CUDA_H */

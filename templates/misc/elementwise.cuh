@@ -1,0 +1,53 @@
+/*
+ * elementwise.cuh - small row-wise helpers of the eager CUDA path: type conversion (activations to
+ * the GEMM input type), residual add, row gather. All take ms_misc_params; 2-D strided rows.
+ *
+ * Grid-stride over rows x cols with MS_MISC_THREADS threads per block; element by element (these
+ * run on activations, which are small next to weights and KV).
+ */
+#pragma once
+
+#include "common/params.h"
+#include "common/vec.cuh"
+
+namespace ms {
+
+/// TS: source type, TD: destination type. dst[r, c] = src[r, c].
+template <typename TS, typename TD> __device__ __forceinline__ void convert(const ms_misc_params &p) {
+    const long long total = (long long)p.n_rows * p.n_cols;
+    const TS *src = static_cast<const TS *>(p.a);
+    TD *dst = static_cast<TD *>(p.out);
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        long long r = i / p.n_cols, c = i % p.n_cols;
+        dst[r * p.out_stride + c] = from_float<TD>(to_float(src[r * p.a_stride + c]));
+    }
+}
+
+/// T: element type. out[r, c] = a[r, c] + b[r, c] (out may alias a or b).
+template <typename T> __device__ __forceinline__ void add(const ms_misc_params &p) {
+    const long long total = (long long)p.n_rows * p.n_cols;
+    const T *a = static_cast<const T *>(p.a), *b = static_cast<const T *>(p.b);
+    T *out = static_cast<T *>(p.out);
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        long long r = i / p.n_cols, c = i % p.n_cols;
+        out[r * p.out_stride + c] =
+            from_float<T>(to_float(a[r * p.a_stride + c]) + to_float(b[r * p.b_stride + c]));
+    }
+}
+
+/// T: element type. out[r, :] = a[rows[r], :], zeros when rows[r] < 0.
+template <typename T> __device__ __forceinline__ void gather_rows(const ms_misc_params &p) {
+    const long long total = (long long)p.n_rows * p.n_cols;
+    const T *a = static_cast<const T *>(p.a);
+    T *out = static_cast<T *>(p.out);
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        long long r = i / p.n_cols, c = i % p.n_cols;
+        int src = p.rows[r];
+        out[r * p.out_stride + c] = src >= 0 ? a[(long long)src * p.a_stride + c] : from_float<T>(0.f);
+    }
+}
+
+} // namespace ms

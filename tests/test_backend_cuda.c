@@ -1,0 +1,424 @@
+/*
+ * test_backend_cuda.c - the CUDA backend against the CPU backend (the oracle), op by op, through
+ * the op interface only (GPU_TESTS: `make gpu-test`).
+ *
+ * Both backends get the same host data: weights and the KV arena in bf16 on both (the CPU backend
+ * converts on the fly), activations f32. Fresh random inputs every run (seed printed;
+ * MS_TEST_SEED repeats), GPU outputs poisoned with NaN before each op. Tolerances (relative
+ * error ||gpu - cpu|| / ||cpu||):
+ *   linear 1e-2 (the GPU rounds x to bf16 for the tensor cores), rms_norm / add_rms_norm /
+ *   silu_mul / rope 1e-4 (f32 on both, different reduction order and sincosf), add, gather,
+ *   embedding, argmax exact, attention prefill 2e-2 (q and P rounded to bf16 on the tensor cores),
+ *   attention decode 1e-2.
+ * The attention steps run a ragged prefill (3 sequences of 5, 17 and 300 tokens, page size 16,
+ * GQA 4, head_dim 64, RoPE + KV write fused) and then one decode step over the same pages (split
+ * KV on the long sequence), causal and with a sliding window of 8.
+ */
+#include "ms_test.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend_cuda.h"
+
+#include "ms_test_impl.h"
+
+static ms_backend g_cpu, g_gpu;
+static uint64_t g_rng;
+
+static float frand(void) {
+    uint64_t z = (g_rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return (float)((double)(z >> 11) * 0x1p-53 * 2.0 - 1.0);
+}
+
+/* Run an op that fills the `err` in scope; fail the test with its message. */
+#define OK(expr)                                                                                  \
+    do {                                                                                          \
+        if ((expr) != MS_OK)                                                                      \
+            fail_msg("%s: %s", #expr, err.msg);                                                   \
+    } while (0)
+
+/* A buffer on both backends with the same contents. */
+typedef struct both {
+    void *c, *g;
+    size_t bytes;
+} both;
+
+static both both_alloc(size_t bytes, const void *host) {
+    both b = {NULL, NULL, bytes};
+    ms_error err = {0};
+    if (g_cpu.iface.buffer_alloc(g_cpu.ctx, bytes, "test", &b.c, &err) != MS_OK ||
+        g_gpu.iface.buffer_alloc(g_gpu.ctx, bytes, "test", &b.g, &err) != MS_OK)
+        fail_msg("alloc: %s", err.msg);
+    if (host != NULL) {
+        assert_int_equal(g_cpu.iface.copy_to_backend(g_cpu.ctx, b.c, host, bytes, &err), MS_OK);
+        assert_int_equal(g_gpu.iface.copy_to_backend(g_gpu.ctx, b.g, host, bytes, &err), MS_OK);
+    } else {
+        assert_int_equal(g_cpu.iface.buffer_fill(g_cpu.ctx, b.c, 0xff, bytes, &err), MS_OK);
+        assert_int_equal(g_gpu.iface.buffer_fill(g_gpu.ctx, b.g, 0xff, bytes, &err), MS_OK);
+    }
+    return b;
+}
+
+static void both_free(both *b) {
+    g_cpu.iface.buffer_free(g_cpu.ctx, b->c);
+    g_gpu.iface.buffer_free(g_gpu.ctx, b->g);
+}
+
+static float *rand_host(size_t n, float scale) {
+    float *h = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        h[i] = frand() * scale;
+    return h;
+}
+
+/* A tensor over the CPU (which = 0) or GPU (1) copy of b: `like` carries its byte offset into
+ * the buffer in place of a data pointer (see t2). */
+static ms_tensor on(const both *b, int which, ms_tensor like) {
+    like.data = (char *)(which ? b->g : b->c) + (uintptr_t)like.data;
+    return like;
+}
+
+/* Compare the f32 contents of a view (2-D [rows, cols] with row stride rs, at element offset
+ * off) on both backends. */
+static void compare(const char *what, const both *b, int64_t off, int64_t rows, int64_t cols,
+                    int64_t rs, double tol) {
+    ms_error err = {0};
+    float *hc = malloc(b->bytes), *hg = malloc(b->bytes);
+    assert_int_equal(g_cpu.iface.copy_to_host(g_cpu.ctx, hc, b->c, b->bytes, &err), MS_OK);
+    if (g_gpu.iface.copy_to_host(g_gpu.ctx, hg, b->g, b->bytes, &err) != MS_OK)
+        fail_msg("%s: %s", what, err.msg);
+    double num = 0, den = 0, mx = 0;
+    long nan = 0;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < cols; i++) {
+            double c = hc[off + r * rs + i], g = hg[off + r * rs + i];
+            if (isnan(g) || isinf(g)) {
+                nan++;
+                continue;
+            }
+            num += (g - c) * (g - c);
+            den += c * c;
+            mx = fmax(mx, fabs(g - c));
+        }
+    double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+    printf("  %-44s rel %.2e  max|d| %.2e  (tol %.0e)%s\n", what, rel, mx, tol, nan ? " NaN!" : "");
+    free(hc);
+    free(hg);
+    if (nan > 0 || !(rel <= tol))
+        fail_msg("%s: %ld NaN, relative error %.3e > %.0e", what, nan, rel, tol);
+}
+
+/* A 2-D layout at element offset off (held as a byte offset in data until on() rebases it). */
+static ms_tensor t2(int64_t off, ms_dtype dt, int64_t n0, int64_t n1, int64_t s0) {
+    ms_tensor t = ms_tensor_2d((void *)(uintptr_t)((size_t)off * ms_dtype_size(dt)), dt, n0, n1);
+    t.stride[0] = s0;
+    return t;
+}
+
+/* ---- dense ops ---- */
+
+static void test_dense_ops(void **state) {
+    (void)state;
+    ms_error err = {0};
+    const int n = 6, in = 256, out = 384, f = 128;
+    /* linear into a column slice of a wider y */
+    float *hx = rand_host((size_t)n * in, 1.f), *hw = rand_host((size_t)out * in, 0.1f);
+    both x = both_alloc((size_t)n * in * 4, hx);
+    both w = both_alloc((size_t)out * in * 2, NULL);
+    ms_tensor wsrc = ms_tensor_2d(hw, MS_DTYPE_F32, out, in);
+    ms_tensor wd = t2(0, MS_DTYPE_BF16, out, in, in);
+    ms_tensor wc = on(&w, 0, wd), wg = on(&w, 1, wd);
+    assert_int_equal(g_cpu.iface.tensor_load(g_cpu.ctx, &wc, &wsrc, &err), MS_OK);
+    assert_int_equal(g_gpu.iface.tensor_load(g_gpu.ctx, &wg, &wsrc, &err), MS_OK);
+    both y = both_alloc((size_t)n * 512 * 4, NULL);
+    ms_tensor xt = t2(0, MS_DTYPE_F32, n, in, in), yt = t2(64, MS_DTYPE_F32, n, out, 512);
+    for (int which = 0; which < 2; which++) {
+        ms_backend *be = which ? &g_gpu : &g_cpu;
+        ms_tensor a = on(&x, which, xt), ww = on(&w, which, wd), yy = on(&y, which, yt);
+        if (be->iface.linear(be->ctx, &a, &ww, NULL, &yy, &err) != MS_OK)
+            fail_msg("linear (%s): %s", be->iface.name, err.msg);
+    }
+    compare("linear bf16 W, y column slice", &y, 64, n, out, 512, 1e-2);
+
+    /* rms_norm, add_rms_norm */
+    float *hn = rand_host(in, 0.5f);
+    for (int i = 0; i < in; i++)
+        hn[i] += 1.f;
+    both nw = both_alloc((size_t)in * 2, NULL);
+    ms_tensor nsrc = ms_tensor_1d(hn, MS_DTYPE_F32, in), nd = ms_tensor_1d(NULL, MS_DTYPE_BF16, in);
+    ms_tensor nc = on(&nw, 0, nd), ng = on(&nw, 1, nd);
+    assert_int_equal(g_cpu.iface.tensor_load(g_cpu.ctx, &nc, &nsrc, &err), MS_OK);
+    assert_int_equal(g_gpu.iface.tensor_load(g_gpu.ctx, &ng, &nsrc, &err), MS_OK);
+    float *hr = rand_host((size_t)n * in, 2.f);
+    both res = both_alloc((size_t)n * in * 4, hr);
+    both o = both_alloc((size_t)n * in * 4, NULL);
+    ms_tensor rt = t2(0, MS_DTYPE_F32, n, in, in);
+    for (int which = 0; which < 2; which++) {
+        ms_backend *be = which ? &g_gpu : &g_cpu;
+        ms_tensor a = on(&x, which, xt), ww = on(&nw, which, nd), oo = on(&o, which, rt);
+        if (be->iface.rms_norm(be->ctx, &a, &ww, 1e-5f, &oo, &err) != MS_OK)
+            fail_msg("rms_norm (%s): %s", be->iface.name, err.msg);
+    }
+    compare("rms_norm", &o, 0, n, in, in, 1e-4);
+    for (int which = 0; which < 2; which++) {
+        ms_backend *be = which ? &g_gpu : &g_cpu;
+        ms_tensor a = on(&x, which, xt), ww = on(&nw, which, nd), oo = on(&o, which, rt);
+        ms_tensor rr = on(&res, which, rt);
+        if (be->iface.add_rms_norm(be->ctx, &rr, &a, &ww, 1e-5f, &oo, &err) != MS_OK)
+            fail_msg("add_rms_norm (%s): %s", be->iface.name, err.msg);
+    }
+    compare("add_rms_norm out", &o, 0, n, in, in, 1e-4);
+    compare("add_rms_norm residual", &res, 0, n, in, in, 1e-6);
+
+    /* silu_mul over the halves of a gate/up row, in place into gate */
+    float *hgu = rand_host((size_t)n * 2 * f, 4.f);
+    both gu = both_alloc((size_t)n * 2 * f * 4, hgu);
+    ms_tensor gt = t2(0, MS_DTYPE_F32, n, f, 2 * f), ut = t2(f, MS_DTYPE_F32, n, f, 2 * f);
+    for (int which = 0; which < 2; which++) {
+        ms_backend *be = which ? &g_gpu : &g_cpu;
+        ms_tensor g = on(&gu, which, gt), u = on(&gu, which, ut), oo = on(&gu, which, gt);
+        if (be->iface.silu_mul(be->ctx, &g, &u, &oo, &err) != MS_OK)
+            fail_msg("silu_mul (%s): %s", be->iface.name, err.msg);
+    }
+    compare("silu_mul (halves, in place)", &gu, 0, n, f, 2 * f, 1e-4);
+
+    /* add, gather_rows, argmax */
+    both s = both_alloc((size_t)n * in * 4, NULL);
+    for (int which = 0; which < 2; which++) {
+        ms_backend *be = which ? &g_gpu : &g_cpu;
+        ms_tensor a = on(&x, which, xt), b = on(&res, which, rt), oo = on(&s, which, rt);
+        OK(be->iface.add(be->ctx, &a, &b, &oo, &err));
+    }
+    compare("add", &s, 0, n, in, in, 1e-7);
+    const int32_t rows[3] = {-1, 3, 0};
+    both ri = both_alloc(sizeof rows, rows);
+    both gr = both_alloc((size_t)3 * in * 4, NULL);
+    for (int which = 0; which < 2; which++) {
+        ms_backend *be = which ? &g_gpu : &g_cpu;
+        ms_tensor a = on(&s, which, rt), r = on(&ri, which, ms_tensor_1d(NULL, MS_DTYPE_I32, 3));
+        ms_tensor oo = on(&gr, which, t2(0, MS_DTYPE_F32, 3, in, in));
+        OK(be->iface.gather_rows(be->ctx, &a, &r, &oo, &err));
+    }
+    compare("gather_rows (with -1)", &gr, 0, 3, in, in, 0);
+    both am = both_alloc((size_t)n * 4, NULL);
+    int32_t ids[2][6];
+    for (int which = 0; which < 2; which++) {
+        ms_backend *be = which ? &g_gpu : &g_cpu;
+        ms_tensor a = on(&s, which, rt), ii = on(&am, which, ms_tensor_1d(NULL, MS_DTYPE_I32, n));
+        OK(be->iface.argmax(be->ctx, &a, &ii, &err));
+        OK(be->iface.copy_to_host(be->ctx, ids[which], which ? am.g : am.c, sizeof ids[0], &err));
+    }
+    assert_memory_equal(ids[0], ids[1], sizeof ids[0]);
+
+    /* embedding from a bf16 table */
+    const int vocab = 100, d = 64;
+    float *ht = rand_host((size_t)vocab * d, 1.f);
+    both tab = both_alloc((size_t)vocab * d * 2, NULL);
+    ms_tensor tsrc = ms_tensor_2d(ht, MS_DTYPE_F32, vocab, d), td = t2(0, MS_DTYPE_BF16, vocab, d, d);
+    ms_tensor tc = on(&tab, 0, td), tg = on(&tab, 1, td);
+    assert_int_equal(g_cpu.iface.tensor_load(g_cpu.ctx, &tc, &tsrc, &err), MS_OK);
+    assert_int_equal(g_gpu.iface.tensor_load(g_gpu.ctx, &tg, &tsrc, &err), MS_OK);
+    const int32_t eid[4] = {5, 99, 0, 42};
+    both ei = both_alloc(sizeof eid, eid);
+    both eo = both_alloc((size_t)4 * d * 4, NULL);
+    for (int which = 0; which < 2; which++) {
+        ms_backend *be = which ? &g_gpu : &g_cpu;
+        ms_tensor t = on(&tab, which, td), i = on(&ei, which, ms_tensor_1d(NULL, MS_DTYPE_I32, 4));
+        ms_tensor oo = on(&eo, which, t2(0, MS_DTYPE_F32, 4, d, d));
+        OK(be->iface.embedding(be->ctx, &t, &i, &oo, &err));
+    }
+    compare("embedding (bf16 table)", &eo, 0, 4, d, d, 0);
+
+    both *all[] = {&x, &w, &y, &nw, &res, &o, &gu, &s, &ri, &gr, &am, &tab, &ei, &eo};
+    for (size_t i = 0; i < MS_ARRAY_LEN(all); i++)
+        both_free(all[i]);
+    free(hx);
+    free(hw);
+    free(hn);
+    free(hr);
+    free(hgu);
+    free(ht);
+}
+
+/* ---- RoPE + KV write + attention: ragged prefill, then decode ---- */
+
+enum { NS = 3, HQ = 8, HKV = 2, HD = 64, PS = 16 };
+
+typedef struct step_plan {
+    int32_t qo[NS + 1], kvp[NS + 1], last[NS], kst[NS];
+    int32_t idx[64], t2p[512], t2s[512], pos[512];
+    ms_kv_plan plan;
+} step_plan;
+
+/* Views of lengths len[] (pages pages[i][...]) whose last q_len[] tokens are new this step. */
+static void make_plan(step_plan *s, const int *len, const int *q_len, int32_t pages[NS][32]) {
+    memset(s, 0, sizeof *s);
+    int tok = 0;
+    for (int i = 0; i < NS; i++) {
+        int np = (len[i] + PS - 1) / PS;
+        s->kvp[i + 1] = s->kvp[i] + np;
+        s->qo[i + 1] = s->qo[i] + q_len[i];
+        s->last[i] = len[i] - (np - 1) * PS;
+        for (int p = 0; p < np; p++)
+            s->idx[s->kvp[i] + p] = pages[i][p];
+        for (int k = len[i] - q_len[i]; k < len[i]; k++) {
+            s->t2p[tok] = pages[i][k / PS];
+            s->t2s[tok] = k % PS;
+            s->pos[tok] = k;
+            tok++;
+        }
+    }
+    s->plan.n_views = NS;
+    s->plan.n_tokens = tok;
+    s->plan.qo_indptr = s->qo;
+    s->plan.kv_indptr = s->kvp;
+    s->plan.kv_indices = s->idx;
+    s->plan.kv_last_page_len = s->last;
+    s->plan.kv_start = s->kst;
+    s->plan.token_to_page = s->t2p;
+    s->plan.token_to_slot = s->t2s;
+}
+
+static void run_step(const char *name, ms_paged_kv kvs[2], ms_attn_batch *batches[2],
+                     const step_plan *sp, const both *rope_inv, int window, double tol) {
+    ms_error err = {0};
+    const int n = sp->plan.n_tokens, W = (HQ + 2 * HKV) * HD;
+    float *hqkv = rand_host((size_t)n * W, 1.f);
+    both qkv = both_alloc((size_t)n * W * 4, hqkv);
+    both pos = both_alloc((size_t)n * 4, sp->pos);
+    both out = both_alloc((size_t)n * HQ * HD * 4, NULL);
+    ms_tensor all = t2(0, MS_DTYPE_F32, n, W, W);
+    for (int which = 0; which < 2; which++) {
+        ms_backend *be = which ? &g_gpu : &g_cpu;
+        if (be->iface.attn_batch_stage(be->ctx, batches[which], &sp->plan, &kvs[which], &err) != MS_OK)
+            fail_msg("stage (%s): %s", be->iface.name, err.msg);
+        ms_tensor a = on(&qkv, which, all);
+        ms_tensor q2 = ms_tensor_slice(&a, 1, 0, HQ * HD);
+        ms_tensor k2 = ms_tensor_slice(&a, 1, HQ * HD, HKV * HD);
+        ms_tensor v2 = ms_tensor_slice(&a, 1, (HQ + HKV) * HD, HKV * HD);
+        ms_tensor q = ms_tensor_split_heads(&q2, HQ, HD), k = ms_tensor_split_heads(&k2, HKV, HD);
+        ms_tensor v = ms_tensor_split_heads(&v2, HKV, HD);
+        ms_tensor p = on(&pos, which, ms_tensor_1d(NULL, MS_DTYPE_I32, n));
+        ms_rope_table rt = {MS_ROPE_ROTATE_HALF, HD, which ? rope_inv->g : rope_inv->c, 1.f, 0, {0}};
+        if (ms_backend_rope_kv_write(be, &q, &k, &v, &p, &rt, &kvs[which], 1, batches[which], &err) !=
+            MS_OK)
+            fail_msg("rope_kv_write (%s): %s", be->iface.name, err.msg);
+        ms_tensor o = on(&out, which, ms_tensor_3d(NULL, MS_DTYPE_F32, n, HQ, HD));
+        ms_attn_params ap = {1.f / sqrtf((float)HD), window, true};
+        if (be->iface.attention(be->ctx, &q, &kvs[which], 1, batches[which], &ap, &o, &err) != MS_OK)
+            fail_msg("attention (%s): %s", be->iface.name, err.msg);
+    }
+    char what[96];
+    snprintf(what, sizeof what, "%s: q after RoPE", name);
+    compare(what, &qkv, 0, n, HQ * HD, W, 1e-4);
+    snprintf(what, sizeof what, "%s: attention", name);
+    compare(what, &out, 0, n, HQ * HD, HQ * HD, tol);
+    both_free(&qkv);
+    both_free(&pos);
+    both_free(&out);
+    free(hqkv);
+}
+
+static void test_rope_kv_attention(void **state) {
+    (void)state;
+    ms_error err = {0};
+    ms_paged_kv kvs[2];
+    ms_attn_batch *batches[2];
+    const ms_attn_limits lim = {8, 512, 64};
+    kvs[0] = (ms_paged_kv){NULL, MS_DTYPE_BF16, 2, 40, PS, HKV, HD};
+    both arena = both_alloc(ms_paged_kv_bytes(&kvs[0]), NULL);
+    kvs[1] = kvs[0];
+    kvs[0].data = arena.c;
+    kvs[1].data = arena.g;
+    for (int which = 0; which < 2; which++) {
+        ms_backend *be = which ? &g_gpu : &g_cpu;
+        OK(be->iface.attn_batch_init(be->ctx, &lim, &batches[which], &err));
+    }
+    ms_rope_config rc = {MS_ROPE_ROTATE_HALF, HD, 0, 10000.0, MS_ROPE_SCALING_NONE, 1, 1, 1, 1};
+    float inv[HD / 2];
+    assert_int_equal(ms_rope_compute_inv_freq(&rc, inv, &err), MS_OK);
+    both rope_inv = both_alloc(sizeof inv, inv);
+    /* distinct shuffled pages, skipping the sink */
+    int32_t pages[NS][32], perm[39];
+    for (int i = 0; i < 39; i++)
+        perm[i] = 1 + i;
+    for (int i = 38; i > 0; i--) {
+        int j = (int)((frand() + 1.f) * 0.5f * (float)(i + 1)) % (i + 1);
+        int32_t t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    const int len0[NS] = {5, 17, 300};
+    int used = 0;
+    for (int i = 0; i < NS; i++)
+        for (int p = 0; p < (len0[i] + 1 + PS - 1) / PS; p++)
+            pages[i][p] = perm[used++];
+    for (int win = 0; win < 2; win++) {
+        int window = win ? 8 : 0;
+        step_plan pre, dec;
+        make_plan(&pre, len0, len0, pages);
+        run_step(win ? "prefill, window 8" : "prefill", kvs, batches, &pre, &rope_inv, window, 2e-2);
+        const int len1[NS] = {6, 18, 301}, one[NS] = {1, 1, 1};
+        make_plan(&dec, len1, one, pages);
+        run_step(win ? "decode, window 8" : "decode (split KV)", kvs, batches, &dec, &rope_inv,
+                 window, 1e-2);
+    }
+    for (int which = 0; which < 2; which++) {
+        ms_backend *be = which ? &g_gpu : &g_cpu;
+        be->iface.attn_batch_free(be->ctx, batches[which]);
+    }
+    both_free(&rope_inv);
+    both_free(&arena);
+}
+
+static int64_t g_live_at_setup;
+
+static int group_setup(void **state) {
+    (void)state;
+    ms_error err = {0};
+    g_live_at_setup = ms_alloc_get_stats().live_blocks;
+    const char *seed = getenv("MS_TEST_SEED");
+    g_rng = seed != NULL ? strtoull(seed, NULL, 10) : (uint64_t)time(NULL);
+    const char *c = getenv("MS_KERNEL_CACHE_TEST");
+    ms_backend_cuda_options opt = {0, c != NULL && c[0] ? c : "build/kernel-cache-test"};
+    if (ms_backend_cuda_init(&g_gpu, &opt, &err) != MS_OK) {
+        fprintf(stderr, "test_backend_cuda: %s\n", err.msg);
+        return -1;
+    }
+    ms_backend_cpu_options co = {2};
+    if (ms_backend_cpu_init(&g_cpu, &co, &err) != MS_OK) {
+        fprintf(stderr, "test_backend_cuda: %s\n", err.msg);
+        return -1;
+    }
+    printf("test_backend_cuda: seed %llu (MS_TEST_SEED to repeat)\n", (unsigned long long)g_rng);
+    return 0;
+}
+
+static int group_teardown(void **state) {
+    (void)state;
+    ms_backend_free(&g_gpu);
+    ms_backend_free(&g_cpu);
+    /* leak check over the group: the backends keep kernel modules across tests by design */
+    int64_t live = ms_alloc_get_stats().live_blocks;
+    if (live != g_live_at_setup) {
+        fprintf(stderr, "leak check: %lld block(s) still allocated\n",
+                (long long)(live - g_live_at_setup));
+        return -1;
+    }
+    return 0;
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_dense_ops),
+        cmocka_unit_test(test_rope_kv_attention),
+    };
+    return cmocka_run_group_tests(tests, group_setup, group_teardown);
+}
