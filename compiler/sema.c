@@ -326,14 +326,21 @@ static ms_type set_type(ms_ast_expr *e, ms_type t) {
     return t;
 }
 
-static const ms_param *has_guard(const sema *s, const ms_ast_expr *c) {
+/* Push the optional parameters a condition proves present: has(p), or a conjunction of
+ * conditions with has(p) among them (has(w) && use_w). Returns the number pushed. */
+static int push_guards(sema *s, const ms_ast_expr *c) {
+    if (c->kind == MS_EXPR_BINARY && c->op == MS_OP_AND)
+        return push_guards(s, c->lhs) + push_guards(s, c->rhs);
     if (c->kind == MS_EXPR_CALL && c->lhs->kind == MS_EXPR_NAME && strcmp(c->lhs->text, "has") == 0 &&
         c->args.n == 1) {
         const ms_ast_arg *a = c->args.items[0];
-        if (a->value->kind == MS_EXPR_NAME)
-            return find_param(s->m, a->value->text);
+        const ms_param *p = a->value->kind == MS_EXPR_NAME ? find_param(s->m, a->value->text) : NULL;
+        if (p != NULL && s->n_guards < 64) {
+            s->guards[s->n_guards++] = p;
+            return 1;
+        }
     }
-    return NULL;
+    return 0;
 }
 
 static int step_input(const sema *s, const char *name) {
@@ -469,7 +476,11 @@ static ms_type cexpr(sema *s, ms_ast_expr *e, cx_mode mode) {
             return set_type(e, MS_TYPE_UNKNOWN);
         }
         ms_type a = cexpr(s, e->lhs, mode);
+        int saved = s->n_guards;
+        if (e->op == MS_OP_AND)
+            push_guards(s, e->lhs); /* has(w) && w > 4 */
         ms_type b = cexpr(s, e->rhs, mode);
+        s->n_guards = saved;
         if (a == MS_TYPE_UNKNOWN || b == MS_TYPE_UNKNOWN)
             return set_type(e, e->op >= MS_OP_EQ ? MS_TYPE_BOOL : MS_TYPE_UNKNOWN);
         switch (e->op) {
@@ -506,10 +517,8 @@ static ms_type cexpr(sema *s, ms_ast_expr *e, cx_mode mode) {
         ms_type c = cexpr(s, e->cond, mode);
         if (c != MS_TYPE_BOOL && c != MS_TYPE_UNKNOWN)
             err(s, e->cond->loc, "condition must be a bool, got %s", ms_type_str(c));
-        const ms_param *g = has_guard(s, e->cond);
         int saved = s->n_guards;
-        if (g != NULL && s->n_guards < 64)
-            s->guards[s->n_guards++] = g;
+        push_guards(s, e->cond);
         ms_type a = cexpr(s, e->lhs, mode);
         s->n_guards = saved;
         ms_type b = cexpr(s, e->rhs, mode);
@@ -974,10 +983,8 @@ static void check_arg(sema *s, const ms_res_spec *spec, const ms_res_key *key, m
         ms_type c = cexpr(s, e->cond, CX_CONFIG);
         if (c != MS_TYPE_BOOL && c != MS_TYPE_UNKNOWN)
             err(s, e->cond->loc, "condition must be a bool, got %s", ms_type_str(c));
-        const ms_param *g = has_guard(s, e->cond);
         int saved = s->n_guards;
-        if (g != NULL && s->n_guards < 64)
-            s->guards[s->n_guards++] = g;
+        push_guards(s, e->cond);
         check_arg(s, spec, key, e->lhs);
         s->n_guards = saved;
         check_arg(s, spec, key, e->rhs);
