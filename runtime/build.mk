@@ -14,3 +14,6 @@ RUNTIME_SRCS += runtime/rid_map.c
 RUNTIME_SRCS += runtime/positions.c
 RUNTIME_SRCS += runtime/step_runner.c
 RUNTIME_SRCS += runtime/graph_plan.c
+RUNTIME_SRCS += runtime/device.c
+RUNTIME_SRCS += runtime/page_arena.c
+RUNTIME_SRCS += runtime/kv_pool.c

@@ -4,7 +4,7 @@
 const char *ms_admit_code_str(ms_admit_code code) {
     /* ORDER MS_ADMIT */
     static const char *const names[MS_ADMIT_CODE_COUNT] = {
-        "ok", "pending", "pages short", "offloaded", "transfer failed", "invalid",
+        "ok", "pending", "pages short", "offloaded", "transfer failed", "invalid", "no memory",
     };
     if ((int)code < 0 || code >= MS_ADMIT_CODE_COUNT)
         return "unknown";

@@ -130,6 +130,7 @@ typedef enum ms_admit_code {
     MS_ADMIT_OFFLOADED,        /* the request is offloaded (or being offloaded): reload first */
     MS_ADMIT_TRANSFER_FAILED,  /* a KV transfer for this request failed: terminal for the request */
     MS_ADMIT_INVALID,          /* the step cannot be admitted at all (unknown request, bad label) */
+    MS_ADMIT_NO_MEMORY,        /* a host allocation failed; nothing changed; retry later may succeed */
     MS_ADMIT_CODE_COUNT
 } ms_admit_code;
 

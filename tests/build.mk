@@ -13,3 +13,5 @@ TESTS += tests/test_positions
 TESTS += tests/test_step_runner
 TESTS += tests/test_graph_plan
 TSAN_TESTS += tests/test_graph_plan
+TESTS += tests/test_kv_pool
+TESTS += tests/test_page_arena
