@@ -17,3 +17,6 @@ RUNTIME_SRCS += runtime/graph_plan.c
 RUNTIME_SRCS += runtime/device.c
 RUNTIME_SRCS += runtime/page_arena.c
 RUNTIME_SRCS += runtime/kv_pool.c
+RUNTIME_SRCS += runtime/model_desc.c
+RUNTIME_SRCS += runtime/engine.c
+RUNTIME_SRCS += runtime/cli.c

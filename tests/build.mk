@@ -15,3 +15,9 @@ TESTS += tests/test_graph_plan
 TSAN_TESTS += tests/test_graph_plan
 TESTS += tests/test_kv_pool
 TESTS += tests/test_page_arena
+PROGRAMS += $(BUILD)/llama-ref
+$(BUILD)/llama-ref: $(BUILD)/obj/tests/llama_ref_main.o $(BUILD)/obj/tests/llama_desc_ref.o $(BUILD)/libmstarc.a $(BUILD)/libmstar.a
+	$(call quiet,LD,$@)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+TESTS += tests/test_engine_llama
+TEST_SCRIPTS += tests/generate_cli.sh
