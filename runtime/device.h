@@ -13,6 +13,11 @@
  * The KV pool's offload does exactly this before its device-to-host copies, and makes the compute
  * stream wait for the copy stream before released pages can be reused.
  *
+ * The offload tier is a page arena on a second device whose alloc returns pinned host memory
+ * (cudaMallocHost on the CUDA side, plain memory on the host device). Copies between the two
+ * tiers are issued on the GPU-side arena's device (cudaMemcpyAsync with unified addressing), on
+ * that device's streams.
+ *
  * Ownership: ms_device_* functions borrow their arguments; a device returned by
  * ms_device_host_init is owned by the caller and released with ms_device_free, after every
  * buffer, stream and event made from it has been freed.

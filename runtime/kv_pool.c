@@ -8,7 +8,8 @@
  *   - admit is transactional: it computes every stream's page need first (scratch fields on the
  *     streams, stamped with a per-call mark), grows host arrays, acquires all pages in one arena
  *     call, and only then changes streams. Capacity growth is the only effect of a failed admit.
- *   - plan allocates nothing when the step was admitted: admit sizes both plan buffer sets.
+ *   - plan allocates nothing when the step was admitted: admit sizes the plan buffer set the next
+ *     plan writes (never the one holding the latest plan).
  */
 #include "kv_pool.h"
 
@@ -108,7 +109,7 @@ struct ms_kv_pool {
     kv_plan_buf bufs[2];
     uint64_t plan_seq;          /* plans built; selects the buffer set */
     int64_t plan_allocs;        /* growth performed inside plan */
-    ms_device_event *offload_event; /* recorded on the compute stream before offload copies */
+    ms_device_event *offload_event; /* recorded on the compute stream before offload/reload copies */
     ms_device_event *reload_event;  /* recorded on the copy stream after reload copies */
 };
 
@@ -211,6 +212,16 @@ static int32_t stream_need(const kv_stream *s, int32_t ps) {
 }
 
 static bool stream_in_flight(const kv_stream *s) { return s->inflight != NULL; }
+
+/* Offloaded, or claimed by a running offload/reload. */
+static bool request_offloaded(const kv_request *r) {
+    if (r->offload_running)
+        return true;
+    for (int l = 0; l < MS_MAX_LABELS; l++)
+        if (r->streams[l].exists && r->streams[l].offloaded)
+            return true;
+    return false;
+}
 
 /* ---- init / free ---- */
 
@@ -658,7 +669,7 @@ static ms_admit_outcome admit_locked(ms_kv_pool *pool, const ms_kv_step *ks, con
         if (r == NULL)
             return outcome(MS_ADMIT_INVALID, 0, segs[i].label, segs[i].rid);
         kv_stream *s = &r->streams[segs[i].label];
-        if (s->offloaded || r->offload_running)
+        if (request_offloaded(r)) /* also a label the offloaded request has not created yet */
             return outcome(MS_ADMIT_OFFLOADED, 0, segs[i].label, segs[i].rid);
         ms_admit_code c = poll_read(pool, r, s);
         if (c != MS_ADMIT_OK)
@@ -670,10 +681,10 @@ static ms_admit_outcome admit_locked(ms_kv_pool *pool, const ms_kv_step *ks, con
         kv_request *r = req_live(pool, rows[i]);
         if (r == NULL)
             return outcome(MS_ADMIT_INVALID, 0, 0, rows[i]);
+        if (request_offloaded(r))
+            return outcome(MS_ADMIT_OFFLOADED, 0, 0, rows[i]); /* H5c */
         for (int l = 0; l < MS_MAX_LABELS; l++) {
             kv_stream *s = &r->streams[l];
-            if (s->offloaded || r->offload_running)
-                return outcome(MS_ADMIT_OFFLOADED, 0, (ms_label)l, rows[i]); /* H5c */
             ms_admit_code c = poll_read(pool, r, s);
             if (c != MS_ADMIT_OK)
                 return outcome(c, 0, (ms_label)l, rows[i]);
@@ -739,9 +750,10 @@ static ms_admit_outcome admit_locked(ms_kv_pool *pool, const ms_kv_step *ks, con
         oom = ms_grow((void **)&s->pages, &s->cap, (size_t)MS_MAX(s->p_need, 1),
                       sizeof(int32_t)) != MS_OK;
     }
-    for (int k = 0; k < 2 && !oom; k++)
-        oom = plan_buf_reserve(&pool->bufs[k], (size_t)n_segs, (size_t)n_indices,
-                               (size_t)n_tokens) != MS_OK;
+    /* Only the set the next plan writes: the other holds the latest plan, still in use. */
+    if (!oom)
+        oom = plan_buf_reserve(&pool->bufs[pool->plan_seq & 1], (size_t)n_segs,
+                               (size_t)n_indices, (size_t)n_tokens) != MS_OK;
     if (oom)
         return outcome(MS_ADMIT_NO_MEMORY, 0, segs != NULL && n_segs > 0 ? segs[0].label : 0,
                        n_segs > 0 ? segs[0].rid : 0);
@@ -1133,8 +1145,14 @@ static ms_status commit_locked(ms_kv_pool *pool, const ms_kv_step *ks, const ms_
     }
     for (int32_t i = 0; i < n_rows; i++) {
         kv_request *r = req_live(pool, rows[i]);
-        if (r == NULL || r->offload_running)
+        if (r == NULL)
             continue;
+        if (request_offloaded(r)) {
+            if (ks->n_post_forks > 0)
+                ms_log(MS_LOG_WARN, "kv pool: commit: request %llu is offloaded; post-forks "
+                       "dropped", (unsigned long long)r->rid);
+            continue;
+        }
         for (int32_t f = 0; f < ks->n_post_forks; f++) {
             ms_error e2 = {0};
             ms_status fs = apply_fork(pool, r, ks->post_forks[f], step, false, &e2);
@@ -1257,7 +1275,8 @@ ms_status ms_kv_pool_publish(ms_kv_pool *pool, ms_rid rid, ms_kv_published **out
             goto done;
         }
         pub->n_streams++;
-        memcpy(ps->pages, s->pages, (size_t)ps->n_pages * sizeof(int32_t));
+        if (ps->n_pages > 0)
+            memcpy(ps->pages, s->pages, (size_t)ps->n_pages * sizeof(int32_t));
     }
 done:
     pthread_mutex_unlock(&pool->mu);
@@ -1279,7 +1298,7 @@ static ms_admit_outcome retrieve_locked(ms_kv_pool *pool, kv_request *r,
                                         const ms_kv_published *pub) {
     if (r->retrieve_failed)
         return outcome(MS_ADMIT_TRANSFER_FAILED, 0, 0, r->rid);
-    if (r->offload_running)
+    if (request_offloaded(r))
         return outcome(MS_ADMIT_OFFLOADED, 0, 0, r->rid);
     if (pool->cfg.transfer == NULL || pub->world_size != pool->cfg.world_size ||
         pub->page_size != pool->ps || pub->n_streams < 0 || pub->n_streams > MS_MAX_LABELS)
@@ -1579,9 +1598,16 @@ ms_status ms_kv_pool_reload(ms_kv_pool *pool, ms_rid rid, ms_error *err) {
                        "kv pool: reload: request %llu needs %d device pages, %d free",
                        (unsigned long long)rid, need, n_free);
     }
-    /* Install the pages now (the streams stay offloaded until the copies are done). */
+    /* Install the pages now (the streams stay offloaded until the copies are done). The pages
+     * may have been released by a commit whose forward still runs: the copy stream waits for
+     * the compute stream before writing them. */
     int32_t used = 0;
     ms_status st = MS_OK;
+    if (need > 0 && pool->cfg.copy_stream != NULL) {
+        st = ms_device_event_record(dev, pool->offload_event, pool->cfg.compute_stream, err);
+        if (st == MS_OK)
+            st = ms_device_stream_wait(dev, pool->cfg.copy_stream, pool->offload_event, err);
+    }
     for (int l = 0; l < MS_MAX_LABELS; l++) {
         kv_stream *s = &r->streams[l];
         if (!s->exists || !s->offloaded)
@@ -1744,7 +1770,7 @@ int32_t ms_kv_pool_stream_pages(ms_kv_pool *pool, ms_rid rid, ms_label label, in
     int32_t n = -1;
     if (s != NULL && s->exists) {
         n = s->n_pages;
-        if (out != NULL && max > 0)
+        if (out != NULL && max > 0 && n > 0)
             memcpy(out, s->pages, (size_t)MS_MIN(n, max) * sizeof(int32_t));
     }
     pthread_mutex_unlock(&pool->mu);
@@ -1822,6 +1848,27 @@ static ms_status res_commit(void *self, int index, const ms_step *step, ms_step_
     return ms_kv_pool_commit(self, index, step, ctx, err);
 }
 static void res_free(void *self) { ms_kv_pool_free(self); }
+/* Unknown request: nothing to publish (*out = NULL, MS_OK), as the runner's sweep expects. */
+static ms_status res_publish(void *self, ms_rid rid, void **out, ms_error *err) {
+    ms_kv_published *pub = NULL;
+    ms_error e = {0};
+    ms_status st = ms_kv_pool_publish(self, rid, &pub, &e);
+    *out = pub;
+    if (st == MS_ERR_NOT_FOUND)
+        return MS_OK;
+    if (st != MS_OK && err != NULL)
+        *err = e;
+    return st;
+}
+static void res_published_free(void *self, void *published) {
+    (void)self;
+    ms_kv_published_free(published);
+}
+static ms_admit_outcome res_admit_retrieve(void *self, ms_rid rid, const void *published) {
+    if (published == NULL)
+        return ms_admit_ok(); /* the producer held nothing for rid */
+    return ms_kv_pool_admit_retrieve(self, rid, published);
+}
 
 static const ms_resource_i kv_pool_resource = {
     .kind = MS_RESOURCE_KV,
@@ -1833,6 +1880,9 @@ static const ms_resource_i kv_pool_resource = {
     .plan = res_plan,
     .commit = res_commit,
     .free = res_free,
+    .publish = res_publish,
+    .published_free = res_published_free,
+    .admit_retrieve = res_admit_retrieve,
 };
 
 const ms_resource_i *ms_kv_pool_resource_i(void) { return &kv_pool_resource; }

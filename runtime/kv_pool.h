@@ -26,8 +26,9 @@
  * Ownership: ms_kv_pool_* functions borrow their arguments. The pool returned by
  * ms_kv_pool_init is owned by the caller and released with ms_kv_pool_free; the arenas, device
  * streams and transfer interface named in its config are borrowed and must outlive it. Plan
- * results are owned by the pool and stay valid until the second-next plan() call (two buffer
- * sets alternate, so a pre-plan never overwrites the plan of the step still being launched).
+ * results are owned by the pool; two buffer sets alternate, so a plan set stays valid through
+ * the next admit() and plan() (a pre-plan of step N+1 never touches step N's plan) and may be
+ * reused by the admit after that.
  *
  * Usage (one decode step for two requests):
  *     ms_kv_pool_config cfg = {.arena = arena};
@@ -292,7 +293,7 @@ int32_t ms_kv_pool_reclaimable(ms_kv_pool *pool, ms_rid rid);
 /*
  * Offload candidates, least recently used first: requests holding device pages, not offloaded,
  * with no step in flight, no pending transfer and no offload/reload running. Writes up to `max`
- * ids to out and returns how many were written.
+ * (at most 64) ids to out and returns how many were written.
  */
 int32_t ms_kv_pool_lru_candidates(ms_kv_pool *pool, ms_rid *out, int32_t max);
 

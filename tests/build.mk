@@ -21,3 +21,8 @@ $(BUILD)/llama-ref: $(BUILD)/obj/tests/llama_ref_main.o $(BUILD)/obj/tests/llama
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 TESTS += tests/test_engine_llama
 TEST_SCRIPTS += tests/generate_cli.sh
+TESTS += tests/test_kv_retention
+TESTS += tests/test_kv_offload
+TESTS += tests/test_kv_property
+TESTS += tests/test_kv_stress
+TSAN_TESTS += tests/test_kv_stress

@@ -312,6 +312,39 @@ static void test_view_pages_are_snapshots(void **state) {
     kv_fix_free(&f);
 }
 
+/* Two buffer sets alternate: step N's plan survives the admit and plan of step N+1, even when
+ * N+1 is much larger (buffers grow), so a pre-plan never pulls memory from under a launch. */
+static void test_previous_plan_survives_next_admit_and_plan(void **state) {
+    (void)state;
+    kv_fix f;
+    kv_fix_init(&f, 128, PS, 0);
+    for (ms_rid r = 1; r <= 40; r++)
+        kv_ingest(&f, r);
+    kv_tstep a, b;
+    kv_step_init(&a, true);
+    kv_step_seg(&a, 1, 0, 3);
+    assert_int_equal(kv_admit(&f, &a).code, MS_ADMIT_OK);
+    const ms_kv_plan_set *pa = kv_plan(&f, &a);
+    const ms_kv_plan *p = &pa->plans[0];
+    int32_t page = p->views[0].pages[0];
+    kv_step_init(&b, true);
+    for (ms_rid r = 2; r <= 40; r++)
+        kv_step_seg(&b, r, 0, 17);
+    assert_int_equal(kv_admit(&f, &b).code, MS_ADMIT_OK);
+    const ms_kv_plan_set *pb = kv_plan(&f, &b);
+    assert_int_equal(pb->plans[0].n_views, 39);
+    /* step N's plan is intact */
+    assert_int_equal(pa->n_plans, 1);
+    assert_int_equal(p->n_views, 1);
+    assert_int_equal(p->views[0].length, 3);
+    assert_int_equal(p->views[0].pages[0], page);
+    assert_int_equal(p->token_to_page[2], page);
+    assert_int_equal(p->token_to_slot[2], 2);
+    kv_commit(&f, &a);
+    kv_commit(&f, &b);
+    kv_fix_free(&f);
+}
+
 static void test_flashinfer_index_arrays(void **state) {
     (void)state;
     kv_fix f;
@@ -962,6 +995,60 @@ static void test_pool_init_rejects_bad_config(void **state) {
     kv_fix_free(&f);
 }
 
+/* H17 support: page ids depend only on the sequence of operations, so tensor-parallel ranks
+ * that replay the same admissions hold identical page tables. */
+static void test_H17_allocation_is_deterministic_across_pools(void **state) {
+    (void)state;
+    kv_fix a, b;
+    kv_fix_init(&a, 40, PS, 16);
+    kv_fix_init(&b, 40, PS, 16);
+    kv_fix *both[2] = {&a, &b};
+    uint64_t x = 99;
+    for (int it = 0; it < 3000; it++) {
+        x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+        ms_rid rid = 1 + (x >> 40) % 6;
+        int op = (int)((x >> 20) % 10);
+        int32_t span = 1 + (int32_t)((x >> 50) % 20);
+        ms_admit_code codes[2];
+        for (int k = 0; k < 2; k++) {
+            kv_fix *f = both[k];
+            ms_error err = {0};
+            codes[k] = MS_ADMIT_OK;
+            if (op == 0) {
+                ms_kv_pool_remove(f->pool, rid);
+            } else if (op == 1) {
+                ms_kv_pool_reset(f->pool, rid, (x & 1) != 0);
+            } else if (op == 2) {
+                (void)ms_kv_pool_offload(f->pool, rid, NULL, &err);
+            } else if (op == 3) {
+                (void)ms_kv_pool_reload(f->pool, rid, &err);
+            } else {
+                assert_int_equal(ms_kv_pool_ingest(f->pool, rid, NULL, &err), MS_OK);
+                kv_tstep t;
+                kv_step_init(&t, op != 4);
+                kv_step_seg(&t, rid, (ms_label)(op % 3), span);
+                codes[k] = kv_admit(f, &t).code;
+                if (codes[k] == MS_ADMIT_OK) {
+                    kv_plan(f, &t);
+                    kv_commit(f, &t);
+                }
+            }
+        }
+        assert_int_equal(codes[0], codes[1]);
+        assert_int_equal(ms_page_arena_num_free(a.arena), ms_page_arena_num_free(b.arena));
+        for (ms_label l = 0; l < 3; l++) {
+            int32_t pa[64], pb[64];
+            int32_t na = ms_kv_pool_stream_pages(a.pool, rid, l, pa, 64);
+            int32_t nb = ms_kv_pool_stream_pages(b.pool, rid, l, pb, 64);
+            assert_int_equal(na, nb);
+            for (int32_t i = 0; i < na && i < 64; i++)
+                assert_int_equal(pa[i], pb[i]);
+        }
+    }
+    kv_fix_free(&a);
+    kv_fix_free(&b);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         ms_unit_test(test_admit_reserves_whole_pages),
@@ -975,6 +1062,7 @@ int main(void) {
         ms_unit_test(test_admit_host_oom_changes_nothing),
         ms_unit_test(test_view_extent_then_zero_span_sees_committed),
         ms_unit_test(test_view_pages_are_snapshots),
+        ms_unit_test(test_previous_plan_survives_next_admit_and_plan),
         ms_unit_test(test_flashinfer_index_arrays),
         ms_unit_test(test_decode_fast_path_and_H7_mixed_spans),
         ms_unit_test(test_write_addresses_fill_stream_in_order),
@@ -997,6 +1085,7 @@ int main(void) {
         ms_unit_test(test_remove_frees_everything_and_unknown_is_noop),
         ms_unit_test(test_resource_vtable_drives_a_step),
         ms_unit_test(test_pool_init_rejects_bad_config),
+        ms_unit_test(test_H17_allocation_is_deterministic_across_pools),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
