@@ -17,12 +17,22 @@ typedef struct pos_req {
     int32_t counter[MS_MAX_LABELS]; /* next position per label */
 } pos_req;
 
+/* Counter overwritten by a pre-fork mirror at plan (undone by admit_rollback). */
+typedef struct pos_undo {
+    ms_rid rid;
+    ms_label label;
+    int32_t old;
+} pos_undo;
+
 struct ms_positions {
     ms_positions_config cfg;  /* copy; kv_key not kept */
     int kv_index;             /* resource index of the KV plan set */
     ms_rid_map reqs;          /* rid -> pos_req */
     int32_t *ids;             /* [n_axes * max_tokens] plan buffer */
     ms_pos_plan plan;         /* last plan result (ids point into `ids`) */
+    const ms_step *undo_step; /* step whose pre-fork mirrors `undo` records, or NULL */
+    pos_undo *undo;           /* [n_undo] in application order */
+    size_t n_undo, cap_undo;
 };
 
 /* ---- helpers ---- */
@@ -131,6 +141,7 @@ void ms_positions_free(ms_positions *pos) {
         return;
     ms_rid_map_free(&pos->reqs);
     ms_free(pos->ids);
+    ms_free(pos->undo);
     ms_free(pos);
 }
 
@@ -250,11 +261,25 @@ static ms_status pos_plan(ms_positions *pos, int index, const ms_step *step, ms_
                                "positions: pre-fork row request %llu not ingested",
                                (unsigned long long)fork_row(ctx, segs, r));
 
+    /* the undo log of the first plan of this step keeps the pre-step values (a re-plan of the
+     * same step mirrors again, idempotently, without recording) */
+    bool record = set->n_pre_forks > 0 && pos->undo_step != step;
+    if (record) {
+        size_t need = (size_t)n_rows * (size_t)set->n_pre_forks;
+        if (ms_grow((void **)&pos->undo, &pos->cap_undo, need, sizeof *pos->undo) != MS_OK)
+            return MS_FAIL(err, MS_ERR_OOM, "positions: out of memory for the fork undo log");
+        pos->undo_step = step;
+        pos->n_undo = 0;
+    }
+
     /* pre-forks: mirror counters before reading them (KV copies pages at the same point) */
     for (int32_t f = 0; f < set->n_pre_forks; f++) {
         const ms_fork *fk = &set->pre_forks[f];
         for (int32_t r = 0; r < n_rows; r++) {
-            pos_req *st = ms_rid_map_get(&pos->reqs, fork_row(ctx, segs, r));
+            ms_rid rid = fork_row(ctx, segs, r);
+            pos_req *st = ms_rid_map_get(&pos->reqs, rid);
+            if (record)
+                pos->undo[pos->n_undo++] = (pos_undo){rid, fk->to, st->counter[fk->to]};
             st->counter[fk->to] = st->counter[fk->from];
         }
     }
@@ -303,6 +328,10 @@ static ms_status pos_commit(ms_positions *pos, int index, const ms_step *step, m
     const ms_kv_plan_set *set = kv_set_of(pos, ctx, "commit", err);
     if (set == NULL)
         return MS_ERR_STATE;
+    if (pos->undo_step == step) { /* the step ran: its pre-fork mirrors stay */
+        pos->undo_step = NULL;
+        pos->n_undo = 0;
+    }
     int32_t n_segs;
     const ms_segment *segs = ms_step_segments(step, index, &n_segs);
     if (set->commit) {
@@ -327,7 +356,26 @@ static ms_status pos_commit(ms_positions *pos, int index, const ms_step *step, m
     return MS_OK;
 }
 
+/* Undo the pre-fork mirrors the plan of `step` applied (the step will not run). */
+static void pos_rollback(ms_positions *pos, const ms_step *step) {
+    if (pos->undo_step != step)
+        return;
+    for (size_t i = pos->n_undo; i-- > 0;) {
+        pos_req *st = ms_rid_map_get(&pos->reqs, pos->undo[i].rid);
+        if (st != NULL)
+            st->counter[pos->undo[i].label] = pos->undo[i].old;
+    }
+    pos->undo_step = NULL;
+    pos->n_undo = 0;
+}
+
 /* ---- interface adapters ---- */
+
+static void iface_admit_rollback(void *self, int index, const ms_step *step, ms_step_ctx *ctx) {
+    (void)index;
+    (void)ctx;
+    pos_rollback(self, step);
+}
 
 static ms_status iface_ingest(void *self, ms_rid rid, const void *overrides, ms_error *err) {
     (void)overrides;
@@ -387,7 +435,7 @@ const ms_resource_i ms_positions_iface = {
     .remove = iface_remove,
     .reset = iface_reset,
     .admit = NULL,
-    .admit_rollback = NULL,
+    .admit_rollback = iface_admit_rollback,
     .plan = iface_plan,
     .commit = iface_commit,
     .free = iface_free,

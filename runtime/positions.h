@@ -16,7 +16,9 @@
  * non-zero custom advance on such a step is rejected at plan (H14); forks mirror counters at the
  * points KV copies pages: pre-forks at plan, post-forks after commit, both read from the KV plan
  * set (F5); publish exports the counters, admit_retrieve raises local counters to the published
- * ones and never lowers them (F5); reset rewinds a dummy row's counters to 0 (H13).
+ * ones and never lowers them (F5); reset rewinds a dummy row's counters to 0 (H13). A step that
+ * is abandoned after plan (admit_rollback: a dropped pre-plan, a later failure) gets its pre-fork
+ * mirrors undone, as the KV pool undoes its fork copies.
  *
  * Ownership: ms_positions_init returns an object owned by the caller (ms_positions_free). The
  * plan result (ms_pos_plan) is owned by the resource and valid until its next plan or free.

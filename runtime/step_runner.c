@@ -321,6 +321,16 @@ ms_admit_outcome ms_step_runner_admit(ms_step_runner *r, const ms_step *step, ms
     return ok;
 }
 
+void ms_step_runner_abandon(ms_step_runner *r, const ms_step *step, ms_step_ctx *ctx) {
+    for (int k = r->n - 1; k >= 0; k--) {
+        int i = r->order[k];
+        runner_res *rr = &r->res[i];
+        if (step->records[i].rec != NULL &&
+            rr->iface->admit_rollback != NULL)
+            rr->iface->admit_rollback(rr->self, i, step, ctx);
+    }
+}
+
 ms_status ms_step_runner_plan(ms_step_runner *r, const ms_step *step, ms_step_ctx *ctx,
                               ms_error *err) {
     for (int i = 0; i < MS_MAX_RESOURCES; i++)
@@ -339,6 +349,10 @@ ms_status ms_step_runner_plan(ms_step_runner *r, const ms_step *step, ms_step_ct
         ms_status st = rr->iface->plan(rr->self, i, step, ctx, &out, err);
         if (st != MS_OK) {
             ms_error_prefix(err, "step %s: %s: ", step->name ? step->name : "?", rr->key);
+            /* all or nothing: the step will not run, release what it holds */
+            ms_step_runner_abandon(r, step, ctx);
+            for (int j = 0; j < MS_MAX_RESOURCES; j++)
+                ctx->plan_results[j] = NULL;
             return st;
         }
         ctx->plan_results[i] = out;

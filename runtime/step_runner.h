@@ -133,10 +133,20 @@ ms_admit_outcome ms_step_runner_admit(ms_step_runner *r, const ms_step *step, ms
 /*
  * Plan the step: clears ctx->plan_results, then plans each declared resource in order and
  * files its result under its index. Errors carry "step <name>: <key>: " in front of the
- * resource's message; MS_ERR_INVALID_ARG for a record at an index the node lacks.
+ * resource's message; MS_ERR_INVALID_ARG for a record at an index the node lacks. When a
+ * resource's plan fails the step is abandoned (ms_step_runner_abandon) and plan_results cleared:
+ * nothing it reserved or applied stays.
  */
 ms_status ms_step_runner_plan(ms_step_runner *r, const ms_step *step, ms_step_ctx *ctx,
                               ms_error *err);
+
+/*
+ * Abandon an admitted (and possibly planned) step that will not run: a dropped pre-plan (after
+ * ms_graph_plan_preplan_abandon returned), or a failure after admit. Calls admit_rollback of
+ * every resource the step declares, in reverse dependency order, so reservations and plan-time
+ * fork effects are undone.
+ */
+void ms_step_runner_abandon(ms_step_runner *r, const ms_step *step, ms_step_ctx *ctx);
 
 /* Commit the step in the same order (after the forward was launched). Errors as for plan. */
 ms_status ms_step_runner_commit(ms_step_runner *r, const ms_step *step, ms_step_ctx *ctx,

@@ -332,6 +332,46 @@ static void test_F5_pre_fork_mirrors_counter_at_plan(void **state) {
     fx_free(&f);
 }
 
+static void test_F6_abandoned_step_undoes_pre_fork_mirror(void **state) {
+    (void)state;
+    fx f;
+    fx_init(&f, seq_cfg());
+    fx_ingest(&f, 1);
+    fx_ingest(&f, 2);
+    ms_segment pre[] = {{1, 0, 9}, {2, 0, 4}, {2, 3, 1}};
+    fx_step(&f, pre, 3, &KV_COMMIT, &POS_DEFAULT, true);
+    ms_fork fk = {0, 3};
+    ms_kv_step ks = {.commit = true, .pre_forks = &fk, .n_pre_forks = 1};
+    ms_segment segs[] = {{1, 3, 2}, {2, 3, 1}};
+    ms_rid rows[] = {1, 2};
+    ms_step step = {.name = "preplanned", .segments = segs, .n_segments = 2};
+    step.records[f.ikv].rec = &ks;
+    step.records[f.ipos].rec = &POS_DEFAULT;
+    ms_step_ctx ctx = {.request_ids = rows, .n_rows = 2, .n_real = 2, .is_preplan = true};
+    ms_error err = {0};
+    assert_int_equal(ms_step_runner_admit(f.r, &step, &ctx).code, MS_ADMIT_OK);
+    assert_int_equal(ms_step_runner_plan(f.r, &step, &ctx, &err), MS_OK);
+    assert_int_equal(fx_pos(&f, 1, 3), 9); /* mirrored at plan */
+    assert_int_equal(fx_pos(&f, 2, 3), 4);
+    /* a re-plan of the same step mirrors again without losing the pre-step values */
+    assert_int_equal(ms_step_runner_plan(f.r, &step, &ctx, &err), MS_OK);
+    /* the pre-plan is dropped: the mirrors are undone, as KV undoes its fork copies */
+    ms_step_runner_abandon(f.r, &step, &ctx);
+    assert_int_equal(fx_pos(&f, 1, 3), 0);
+    assert_int_equal(fx_pos(&f, 2, 3), 1);
+    /* rollback of another step, or a second time, changes nothing */
+    ms_step_runner_abandon(f.r, &step, &ctx);
+    assert_int_equal(fx_pos(&f, 2, 3), 1);
+    /* run it for real: the mirror stays after commit, a late rollback cannot undo it */
+    assert_int_equal(ms_step_runner_admit(f.r, &step, &ctx).code, MS_ADMIT_OK);
+    assert_int_equal(ms_step_runner_plan(f.r, &step, &ctx, &err), MS_OK);
+    assert_int_equal(ms_step_runner_commit(f.r, &step, &ctx, &err), MS_OK);
+    ms_positions_iface.admit_rollback(f.pos, f.ipos, &step, &ctx);
+    assert_int_equal(fx_pos(&f, 1, 3), 11);
+    assert_int_equal(fx_pos(&f, 2, 3), 5);
+    fx_free(&f);
+}
+
 static void test_F5_post_fork_mirrors_counter_after_commit(void **state) {
     (void)state;
     fx f;
@@ -545,6 +585,7 @@ int main(void) {
         ms_unit_test(test_explicit_mrope_three_axes_with_custom_advance),
         ms_unit_test(test_H14_advance_zero_when_kv_does_not_commit),
         ms_unit_test(test_F5_pre_fork_mirrors_counter_at_plan),
+        ms_unit_test(test_F6_abandoned_step_undoes_pre_fork_mirror),
         ms_unit_test(test_F5_post_fork_mirrors_counter_after_commit),
         ms_unit_test(test_F5_publish_retrieve_by_maximum),
         ms_unit_test(test_ingest_idempotent_reset_and_remove),

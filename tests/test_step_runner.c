@@ -176,7 +176,8 @@ static void test_order_deps_first_ties_by_name_transitive(void **state) {
                           pcfg("b", MS_RESOURCE_POS), pcfg("a", MS_RESOURCE_KV),
                           pcfg("d", MS_RESOURCE_SCRATCH)};
     ms_resource_spec specs[] = {
-        SPEC("e", MS_RESOURCE_SAMPLER, NULL, 0, &cc[0]), SPEC("c", MS_RESOURCE_ATTN, dep_b, 1, &cc[1]),
+        SPEC("e", MS_RESOURCE_SAMPLER, NULL, 0, &cc[0]),
+        SPEC("c", MS_RESOURCE_ATTN, dep_b, 1, &cc[1]),
         SPEC("b", MS_RESOURCE_POS, dep_a, 1, &cc[2]), SPEC("a", MS_RESOURCE_KV, NULL, 0, &cc[3]),
         SPEC("d", MS_RESOURCE_SCRATCH, NULL, 0, &cc[4]),
     };
@@ -464,6 +465,42 @@ static void test_H2_rollback_restores_real_kv_reservation(void **state) {
     ms_step_runner_free(r);
 }
 
+static void test_plan_failure_abandons_the_step(void **state) {
+    (void)state;
+    /* mock KV + positions with a tiny id buffer: positions' plan fails after KV planned; the
+     * runner rolls every declared resource back, so the KV reservation is returned */
+    static const char *const dep_kv[] = {"kv"};
+    mock_kv_config kc = {8, 16};
+    ms_positions_config pc = {MS_POS_SEQUENTIAL, 1, 1, 4, "kv"};
+    ms_resource_spec specs[] = {
+        {"kv", MS_RESOURCE_KV, NULL, 0, mock_kv_build, &kc, NULL, NULL},
+        {"pos", MS_RESOURCE_POS, dep_kv, 1, ms_positions_build, &pc, NULL, NULL},
+    };
+    ms_step_runner *r;
+    ms_error err = {0};
+    assert_int_equal(ms_step_runner_init(&r, specs, 2, &err), MS_OK);
+    mock_kv *kv = ms_step_runner_resource(r, 0);
+    assert_int_equal(ms_step_runner_ingest(r, 1, NULL, &err), MS_OK);
+    int32_t free0 = kv->n_free;
+    ms_segment seg = {1, 0, 12};
+    ms_kv_step ks = {.commit = true};
+    ms_pos_step ps = {.n_axes = 1};
+    ms_step step = {.name = "prefill", .segments = &seg, .n_segments = 1};
+    step.records[0].rec = &ks;
+    step.records[1].rec = &ps;
+    ms_step_ctx ctx = {0};
+    assert_int_equal(ms_step_runner_admit(r, &step, &ctx).code, MS_ADMIT_OK);
+    assert_int_equal(kv->n_free, free0 - 2);
+    assert_int_equal(ms_step_runner_plan(r, &step, &ctx, &err), MS_ERR_CAPACITY);
+    assert_non_null(strstr(err.msg, "step prefill: pos: positions: step has 12 tokens"));
+    assert_int_equal(kv->n_rollback, 1);
+    assert_int_equal(kv->n_free, free0);
+    for (int i = 0; i < MS_MAX_RESOURCES; i++)
+        assert_null(ctx.plan_results[i]);
+    ms_step_runner_remove(r, 1);
+    ms_step_runner_free(r);
+}
+
 /* ---- request sweeps ---- */
 
 static void test_ingest_routes_overrides_and_sweeps_all_resources(void **state) {
@@ -623,6 +660,7 @@ int main(void) {
         ms_unit_test(test_H2_admit_failure_rolls_back_earlier_resources),
         ms_unit_test(test_admit_pending_when_any_resource_waits),
         ms_unit_test(test_H2_rollback_restores_real_kv_reservation),
+        ms_unit_test(test_plan_failure_abandons_the_step),
         ms_unit_test(test_ingest_routes_overrides_and_sweeps_all_resources),
         ms_unit_test(test_publish_collects_per_key_omits_null_and_retrieves),
         ms_unit_test(test_forks_before_plans_and_post_forks_see_committed_length),
