@@ -144,38 +144,6 @@ static float dot_f32(const float *a, const float *b, int64_t n) {
     return r;
 }
 
-static float dot_bf16(const float *a, const uint16_t *b, int64_t n) {
-    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int k = 0; k < 8; k++)
-            s[k] += a[i + k] * ms_bf16_to_f32(b[i + k]);
-    float r = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
-    for (; i < n; i++)
-        r += a[i] * ms_bf16_to_f32(b[i]);
-    return r;
-}
-
-static float dot_f16(const float *a, const uint16_t *b, int64_t n) {
-    float s[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8)
-        for (int k = 0; k < 8; k++)
-            s[k] += a[i + k] * ms_f16_to_f32(b[i + k]);
-    float r = ((s[0] + s[4]) + (s[1] + s[5])) + ((s[2] + s[6]) + (s[3] + s[7]));
-    for (; i < n; i++)
-        r += a[i] * ms_f16_to_f32(b[i]);
-    return r;
-}
-
-static float dot_any(const float *a, const void *b, ms_dtype dt, int64_t n) {
-    switch (dt) {
-    case MS_DTYPE_F32: return dot_f32(a, (const float *)b, n);
-    case MS_DTYPE_BF16: return dot_bf16(a, (const uint16_t *)b, n);
-    default: return dot_f16(a, (const uint16_t *)b, n);
-    }
-}
-
 /* Split n items into tasks of at least `min_chunk` items, about 4 per thread. */
 static int32_t n_tasks_for(const cpu_ctx *c, int64_t n, int64_t min_chunk) {
     if (n <= 0)
@@ -340,17 +308,18 @@ static ms_status cpu_attn_batch_stage(void *ctx, ms_attn_batch *b, const ms_kv_p
         b->qo_indptr[i + 1] = plan->qo_indptr[i + 1];
         b->kv_indptr[i + 1] = plan->kv_indptr[i + 1];
         b->kv_last_page_len[i] = plan->kv_last_page_len[i];
-        b->kv_start[i] = plan->kv_start[i];
+        b->kv_start[i] = plan->kv_start ? plan->kv_start[i] : 0;
         b->last_token[i] = plan->qo_indptr[i + 1] > plan->qo_indptr[i] ? plan->qo_indptr[i + 1] - 1
                                                                        : -1;
     }
     if (shape.n_pages > 0)
         memcpy(b->kv_indices, plan->kv_indices, (size_t)shape.n_pages * sizeof(int32_t));
-    if (shape.n_tokens > 0) {
-        memcpy(b->token_to_page, plan->token_to_page, (size_t)shape.n_tokens * sizeof(int32_t));
-        memcpy(b->token_to_slot, plan->token_to_slot, (size_t)shape.n_tokens * sizeof(int32_t));
+    int32_t written = plan->token_to_page != NULL ? shape.n_tokens : 0;
+    if (written > 0) {
+        memcpy(b->token_to_page, plan->token_to_page, (size_t)written * sizeof(int32_t));
+        memcpy(b->token_to_slot, plan->token_to_slot, (size_t)written * sizeof(int32_t));
     }
-    for (int32_t t = shape.n_tokens; t < b->limits.max_tokens; t++) {
+    for (int32_t t = written; t < b->limits.max_tokens; t++) {
         b->token_to_page[t] = MS_SINK_PAGE;
         b->token_to_slot[t] = 0;
     }
@@ -394,20 +363,153 @@ typedef struct linear_job {
     int32_t n_tasks;
 } linear_job;
 
+/*
+ * Register-blocked GEMM microkernel: 2 tokens x 4 output rows per block with 4-lane accumulators
+ * (SSE, the x86-64 baseline: 8 accumulators and the operands fit its 16 registers). Every
+ * y[t, o] is reduced the same way whichever block it falls in (lane k sums the products of the
+ * elements i = k mod 4 in order, lanes combined as (l0 + l2) + (l1 + l3), then the tail in order);
+ * a partial block of rows recomputes the last row in the missing slot (writing the same value
+ * again) and an odd last token uses the one-token kernel with the same per-lane order. So
+ * results depend neither on the thread count nor on how many tokens share the batch.
+ */
+typedef float v4f __attribute__((vector_size(16)));
+typedef uint16_t v4u16 __attribute__((vector_size(8)));
+typedef uint32_t v4u32 __attribute__((vector_size(16)));
+
+static inline __attribute__((always_inline)) v4f load4_w(const void *w, ms_dtype dt, int64_t i) {
+    v4f out;
+    if (dt == MS_DTYPE_F32) {
+        memcpy(&out, (const float *)w + i, sizeof out);
+    } else if (dt == MS_DTYPE_BF16) {
+        v4u16 h;
+        memcpy(&h, (const uint16_t *)w + i, sizeof h);
+        v4u32 u = __builtin_convertvector(h, v4u32) << 16;
+        memcpy(&out, &u, sizeof out);
+    } else {
+        for (int k = 0; k < 4; k++)
+            out[k] = ms_f16_to_f32(((const uint16_t *)w)[i + k]);
+    }
+    return out;
+}
+
+static inline __attribute__((always_inline)) float hsum4(v4f s) {
+    return (s[0] + s[2]) + (s[1] + s[3]);
+}
+
+/* r[tb * 4 + ob] = x_tb . w_ob for 2 token rows and 4 weight rows; dt is a constant after
+ * inlining. */
+static inline __attribute__((always_inline)) void lin_kernel(const float *x0, const float *x1,
+                                                             const char *const *w, ms_dtype dt,
+                                                             int64_t in, float *r) {
+    v4f z = {0, 0, 0, 0};
+    v4f a0 = z, a1 = z, a2 = z, a3 = z, b0 = z, b1 = z, b2 = z, b3 = z;
+    int64_t in4 = in & ~(int64_t)3;
+    for (int64_t i = 0; i < in4; i += 4) {
+        v4f xa, xb;
+        memcpy(&xa, x0 + i, sizeof xa);
+        memcpy(&xb, x1 + i, sizeof xb);
+        v4f w0 = load4_w(w[0], dt, i), w1 = load4_w(w[1], dt, i);
+        v4f w2 = load4_w(w[2], dt, i), w3 = load4_w(w[3], dt, i);
+        a0 += xa * w0;
+        a1 += xa * w1;
+        a2 += xa * w2;
+        a3 += xa * w3;
+        b0 += xb * w0;
+        b1 += xb * w1;
+        b2 += xb * w2;
+        b3 += xb * w3;
+    }
+    r[0] = hsum4(a0), r[1] = hsum4(a1), r[2] = hsum4(a2), r[3] = hsum4(a3);
+    r[4] = hsum4(b0), r[5] = hsum4(b1), r[6] = hsum4(b2), r[7] = hsum4(b3);
+    for (int64_t i = in4; i < in; i++)
+        for (int ob = 0; ob < 4; ob++) {
+            float wv = load_elem(w[ob], dt, i);
+            r[ob] += x0[i] * wv;
+            r[4 + ob] += x1[i] * wv;
+        }
+}
+
+/* r[ob] = x0 . w_ob for 4 weight rows: lin_kernel's first half, for an odd last token (decode). */
+static inline __attribute__((always_inline)) void lin_kernel1(const float *x0,
+                                                              const char *const *w, ms_dtype dt,
+                                                              int64_t in, float *r) {
+    v4f z = {0, 0, 0, 0};
+    v4f a0 = z, a1 = z, a2 = z, a3 = z;
+    int64_t in4 = in & ~(int64_t)3;
+    for (int64_t i = 0; i < in4; i += 4) {
+        v4f xa;
+        memcpy(&xa, x0 + i, sizeof xa);
+        a0 += xa * load4_w(w[0], dt, i);
+        a1 += xa * load4_w(w[1], dt, i);
+        a2 += xa * load4_w(w[2], dt, i);
+        a3 += xa * load4_w(w[3], dt, i);
+    }
+    r[0] = hsum4(a0), r[1] = hsum4(a1), r[2] = hsum4(a2), r[3] = hsum4(a3);
+    for (int64_t i = in4; i < in; i++)
+        for (int ob = 0; ob < 4; ob++)
+            r[ob] += x0[i] * load_elem(w[ob], dt, i);
+}
+
+/* Output rows [o0, o0 + 4) (clamped to the last row) for every token. */
+static inline __attribute__((always_inline)) void lin_rows(const linear_job *j, int64_t o0,
+                                                           ms_dtype dt) {
+    size_t ws = ms_dtype_size(dt);
+    int64_t o[4];
+    const char *w[4];
+    float b[4];
+    for (int k = 0; k < 4; k++) {
+        o[k] = MS_MIN(o0 + k, j->out - 1);
+        w[k] = (const char *)j->w->data + (size_t)(o[k] * j->w->stride[0]) * ws;
+        b[k] = j->bias ? load_elem(j->bias->data, j->bias->dtype, o[k] * j->bias->stride[0]) : 0.0f;
+    }
+    int64_t t = 0;
+    for (; t + 2 <= j->n; t += 2) {
+        int64_t t1 = t + 1;
+        const float *x0 = (const float *)j->x->data + t * j->x->stride[0];
+        const float *x1 = (const float *)j->x->data + t1 * j->x->stride[0];
+        float r[8];
+        lin_kernel(x0, x1, w, dt, j->in, r);
+        float *y0 = (float *)j->y->data + t * j->y->stride[0];
+        float *y1 = (float *)j->y->data + t1 * j->y->stride[0];
+        for (int k = 0; k < 4; k++) {
+            y0[o[k]] = r[k] + b[k];
+            y1[o[k]] = r[4 + k] + b[k];
+        }
+    }
+    if (t < j->n) {
+        float r[4];
+        lin_kernel1((const float *)j->x->data + t * j->x->stride[0], w, dt, j->in, r);
+        float *y0 = (float *)j->y->data + t * j->y->stride[0];
+        for (int k = 0; k < 4; k++)
+            y0[o[k]] = r[k] + b[k];
+    }
+}
+
+static void lin_rows_f32(const linear_job *j, int64_t o0) {
+    lin_rows(j, o0, MS_DTYPE_F32);
+}
+
+static void lin_rows_bf16(const linear_job *j, int64_t o0) {
+    lin_rows(j, o0, MS_DTYPE_BF16);
+}
+
+static void lin_rows_f16(const linear_job *j, int64_t o0) {
+    lin_rows(j, o0, MS_DTYPE_F16);
+}
+
 static void linear_task(void *arg, int32_t task, int32_t thread) {
     (void)thread;
     const linear_job *j = arg;
-    int64_t lo, hi;
-    task_range(j->out, j->n_tasks, task, &lo, &hi);
-    size_t ws = ms_dtype_size(j->w->dtype);
-    for (int64_t o = lo; o < hi; o++) {
-        const void *wr = (const char *)j->w->data + (size_t)(o * j->w->stride[0]) * ws;
-        float b = j->bias ? load_elem(j->bias->data, j->bias->dtype, o * j->bias->stride[0]) : 0.0f;
-        for (int64_t t = 0; t < j->n; t++) {
-            const float *xr = (const float *)j->x->data + t * j->x->stride[0];
-            float *yr = (float *)j->y->data + t * j->y->stride[0];
-            yr[o] = dot_any(xr, wr, j->w->dtype, j->in) + b;
-        }
+    /* tasks own whole 4-row groups, so block boundaries never depend on the task count */
+    int64_t g_lo, g_hi;
+    task_range(MS_CEIL_DIV(j->out, 4), j->n_tasks, task, &g_lo, &g_hi);
+    for (int64_t g = g_lo; g < g_hi; g++) {
+        if (j->w->dtype == MS_DTYPE_F32)
+            lin_rows_f32(j, 4 * g);
+        else if (j->w->dtype == MS_DTYPE_BF16)
+            lin_rows_bf16(j, 4 * g);
+        else
+            lin_rows_f16(j, 4 * g);
     }
 }
 
@@ -426,7 +528,8 @@ static ms_status cpu_linear(void *ctx, const ms_tensor *x, const ms_tensor *w,
     if (bias != NULL) {
         MS_TRY(check_tensor("linear", "bias", bias, 1, 1, FLOATS, err));
         if (bias->shape[0] != w->shape[0])
-            return MS_FAIL(err, MS_ERR_INVALID_ARG, "linear: bias has %lld entries, w has %lld rows",
+            return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                           "linear: bias has %lld entries, w has %lld rows",
                            (long long)bias->shape[0], (long long)w->shape[0]);
     }
     if (y->data == x->data)
@@ -434,7 +537,7 @@ static ms_status cpu_linear(void *ctx, const ms_tensor *x, const ms_tensor *w,
     linear_job j = {x, w, bias, y, x->shape[0], x->shape[1], w->shape[0], 0};
     /* at least ~64k multiply-adds per task */
     int64_t per_row = MS_MAX(j.n * j.in, 1);
-    j.n_tasks = n_tasks_for(c, j.out, MS_MAX(65536 / per_row, 1));
+    j.n_tasks = n_tasks_for(c, MS_CEIL_DIV(j.out, 4), MS_MAX(65536 / (per_row * 4), 1));
     ms_threadpool_run(c->pool, j.n_tasks, linear_task, &j);
     return MS_OK;
 }
@@ -583,10 +686,16 @@ static ms_status cpu_silu_mul(void *ctx, const ms_tensor *gate, const ms_tensor 
 
 /* ---- RoPE and the KV write ---- */
 
+/* Position id of token t in stream s (pos is [n] or [streams, n]). */
+static int32_t pos_at(const ms_tensor *pos, int32_t s, int64_t t) {
+    const int32_t *p = pos->data;
+    return pos->ndim == 1 ? p[t * pos->stride[0]] : p[s * pos->stride[0] + t * pos->stride[1]];
+}
+
 static ms_status check_rope(const char *op, const ms_tensor *q, const ms_tensor *k,
                             const ms_tensor *pos, const ms_rope_table *rope, ms_error *err) {
     MS_TRY(check_tensor(op, "q", q, 3, 3, F32_ONLY, err));
-    MS_TRY(check_tensor(op, "pos", pos, 1, 1, I32_ONLY, err));
+    MS_TRY(check_tensor(op, "pos", pos, 1, 2, I32_ONLY, err));
     int64_t n = q->shape[0], d = q->shape[2];
     if (k != NULL) {
         MS_TRY(check_tensor(op, "k", k, 3, 3, F32_ONLY, err));
@@ -596,11 +705,33 @@ static ms_status check_rope(const char *op, const ms_tensor *q, const ms_tensor 
                            op, (long long)k->shape[0], (long long)k->shape[1],
                            (long long)k->shape[2], (long long)n, (long long)d);
     }
-    if (pos->shape[0] != n)
-        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: pos has %lld entries for %lld tokens", op,
-                       (long long)pos->shape[0], (long long)n);
     if (rope == NULL || rope->inv_freq == NULL)
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: rope table missing", op);
+    if (rope->n_sections < 0 || rope->n_sections > MS_ROPE_MAX_SECTIONS)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: %d M-RoPE sections, at most %d", op,
+                       rope->n_sections, MS_ROPE_MAX_SECTIONS);
+    int32_t streams = rope->n_sections > 0 ? rope->n_sections : 1;
+    if (rope->n_sections > 0) {
+        int32_t sum = 0;
+        for (int32_t s = 0; s < rope->n_sections; s++) {
+            if (rope->sections[s] < 0)
+                return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: M-RoPE section %d is negative", op, s);
+            sum += rope->sections[s];
+        }
+        if (sum != rope->rotary_dim / 2)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                           "%s: M-RoPE sections sum to %d pairs, rotary_dim %d has %d", op, sum,
+                           rope->rotary_dim, rope->rotary_dim / 2);
+    }
+    bool pos_ok = rope->n_sections > 0
+                      ? pos->ndim == 2 && pos->shape[0] == streams && pos->shape[1] == n
+                      : pos->ndim == 1 && pos->shape[0] == n;
+    if (!pos_ok) {
+        char sp[96];
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: pos %s must be [%s%lld] for %lld tokens", op,
+                       shape_str(pos, sp, sizeof sp), rope->n_sections > 0 ? "n_sections, " : "",
+                       (long long)n, (long long)n);
+    }
     if (rope->rotary_dim <= 0 || rope->rotary_dim % 2 != 0 || rope->rotary_dim > d ||
         rope->rotary_dim > MS_CPU_MAX_HEAD_DIM)
         return MS_FAIL(err, MS_ERR_INVALID_ARG,
@@ -608,11 +739,13 @@ static ms_status check_rope(const char *op, const ms_tensor *q, const ms_tensor 
                        rope->rotary_dim, (long long)d);
     if (rope->style < 0 || rope->style >= MS_ROPE_STYLE_COUNT)
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: unknown rope style %d", op, (int)rope->style);
-    const int32_t *p = pos->data;
-    for (int64_t t = 0; t < n; t++)
-        if (p[t * pos->stride[0]] < 0)
-            return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: token %lld has negative position %d", op,
-                           (long long)t, p[t * pos->stride[0]]);
+    for (int32_t s = 0; s < streams; s++)
+        for (int64_t t = 0; t < n; t++) {
+            int32_t p = pos_at(pos, s, t);
+            if (p < 0)
+                return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: token %lld has negative position %d",
+                               op, (long long)t, p);
+        }
     return MS_OK;
 }
 
@@ -651,12 +784,17 @@ static void rope_task(void *arg, int32_t task, int32_t thread) {
     task_range(j->n, j->n_tasks, task, &lo, &hi);
     float cs[MS_CPU_MAX_HEAD_DIM / 2], sn[MS_CPU_MAX_HEAD_DIM / 2];
     int32_t half = j->rope->rotary_dim / 2;
-    const int32_t *pos = j->pos->data;
     for (int64_t t = lo; t < hi; t++) {
         /* HF: freqs = inv_freq @ position (f32), emb = cat(freqs, freqs), cos = emb.cos() *
          * attention_scaling; llama2.c: val = pos * freq; fcr = cosf(val), fci = sinf(val) */
-        float p = (float)pos[t * j->pos->stride[0]];
+        int32_t sec = 0, sec_end = j->rope->n_sections > 0 ? j->rope->sections[0] : half;
+        float p = (float)pos_at(j->pos, 0, t);
         for (int32_t i = 0; i < half; i++) {
+            while (i >= sec_end && sec + 1 < j->rope->n_sections) {
+                sec++;
+                sec_end += j->rope->sections[sec];
+                p = (float)pos_at(j->pos, sec, t);
+            }
             float a = p * j->rope->inv_freq[i];
             cs[i] = cosf(a) * j->rope->attention_scaling;
             sn[i] = sinf(a) * j->rope->attention_scaling;
@@ -906,8 +1044,9 @@ static ms_status cpu_gather_rows(void *ctx, const ms_tensor *x, const ms_tensor 
     for (int64_t i = 0; i < rows->shape[0]; i++) {
         int32_t src = r[i * rows->stride[0]];
         if (src < -1 || src >= x->shape[0])
-            return MS_FAIL(err, MS_ERR_INVALID_ARG, "gather_rows: rows[%lld] = %d outside [-1, %lld)",
-                           (long long)i, src, (long long)x->shape[0]);
+            return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                           "gather_rows: rows[%lld] = %d outside [-1, %lld)", (long long)i, src,
+                           (long long)x->shape[0]);
         float *o = row_f32(out, i);
         if (src < 0)
             memset(o, 0, (size_t)x->shape[1] * sizeof(float));

@@ -8,6 +8,7 @@ TESTS += tests/test_sampler
 TESTS += tests/test_safetensors
 TESTS += tests/test_hf_config
 TESTS += tests/test_checkpoint_bad
+TESTS += tests/test_llama_cpu_fixture
 TESTS += tests/test_llama2c
 TESTS += tests/test_positions
 TESTS += tests/test_step_runner

@@ -397,7 +397,8 @@ static void test_rope_styles_partial_and_position_zero(void **state) {
             ms_tensor k2 = ms_tensor_slice(&all, 1, hq * d, hkv * d);
             ms_tensor q = ms_tensor_split_heads(&q2, hq, d), k = ms_tensor_split_heads(&k2, hkv, d);
             ms_tensor tp = ms_tensor_1d(pos, MS_DTYPE_I32, n);
-            ms_rope_table rt = {(ms_rope_style)style, rot, inv, 1.0f};
+            ms_rope_table rt = {.style = (ms_rope_style)style, .rotary_dim = rot, .inv_freq = inv,
+                                .attention_scaling = 1.0f};
             assert_int_equal(be.iface.rope(be.ctx, &q, &k, &tp, &rt, &err), MS_OK);
             for (int t = 0; t < n; t++)
                 ref_rope(ref + t * row, hq + hkv, d, rot, (ms_rope_style)style, inv, pos[t]);
@@ -416,7 +417,8 @@ static void test_rope_styles_partial_and_position_zero(void **state) {
         x[i] = x0[i] = frand();
     int32_t p0 = 0;
     ms_tensor tq = ms_tensor_3d(x, MS_DTYPE_F32, 1, 2, 32), tp0 = ms_tensor_1d(&p0, MS_DTYPE_I32, 1);
-    ms_rope_table rt = {MS_ROPE_ROTATE_HALF, 32, inv, 1.0f};
+    ms_rope_table rt = {.style = MS_ROPE_ROTATE_HALF, .rotary_dim = 32, .inv_freq = inv,
+                        .attention_scaling = 1.0f};
     ms_rope_config c = {MS_ROPE_ROTATE_HALF, 32, 0, 10000.0, MS_ROPE_SCALING_NONE, 0, 0, 0, 0};
     assert_int_equal(ms_rope_compute_inv_freq(&c, inv, &err), MS_OK);
     assert_int_equal(be.iface.rope(be.ctx, &tq, NULL, &tp0, &rt, &err), MS_OK);
@@ -440,6 +442,58 @@ static void test_rope_styles_partial_and_position_zero(void **state) {
     p5 = -1;
     assert_int_equal(be.iface.rope(be.ctx, &ta, NULL, &tp5, &rt, &err), MS_ERR_INVALID_ARG);
     assert_non_null(strstr(err.msg, "negative position -1"));
+    ms_backend_free(&be);
+}
+
+static void test_mrope_sections(void **state) {
+    (void)state;
+    ms_backend be = make_cpu(2);
+    ms_error err = {0};
+    int n = 5, h = 3, d = 32;
+    float inv[16];
+    ms_rope_config c = {MS_ROPE_ROTATE_HALF, d, 0, 10000.0, MS_ROPE_SCALING_NONE, 0, 0, 0, 0};
+    assert_int_equal(ms_rope_compute_inv_freq(&c, inv, &err), MS_OK);
+    /* Qwen2-VL: mrope_section [4, 6, 6] over 16 pairs; streams t, h, w (stream-major) */
+    int32_t pos[3 * 5] = {0, 1, 2, 2, 9, /* t */ 0, 1, 2, 3, 9, /* h */ 0, 1, 3, 5, 9 /* w */};
+    ms_rope_table mt = {.style = MS_ROPE_ROTATE_HALF, .rotary_dim = d, .inv_freq = inv,
+                        .attention_scaling = 1.0f, .n_sections = 3, .sections = {4, 6, 6}};
+    float *q = rand_buf((size_t)(n * h * d)), *ref = ms_malloc(sizeof(float) * (size_t)(n * h * d));
+    memcpy(ref, q, sizeof(float) * (size_t)(n * h * d));
+    ms_tensor tq = ms_tensor_3d(q, MS_DTYPE_F32, n, h, d), tp = ms_tensor_2d(pos, MS_DTYPE_I32, 3, n);
+    assert_int_equal(be.iface.rope(be.ctx, &tq, NULL, &tp, &mt, &err), MS_OK);
+    /* reference: pair j rotates by pos[stream(j)] * inv[j] */
+    for (int t = 0; t < n; t++)
+        for (int hh = 0; hh < h; hh++) {
+            float *v = ref + (t * h + hh) * d;
+            for (int j = 0; j < 16; j++) {
+                int st = j < 4 ? 0 : j < 10 ? 1 : 2;
+                double a = (double)((float)pos[st * n + t] * inv[j]), cs = cos(a), sn = sin(a);
+                double x0 = v[j], x1 = v[j + 16];
+                v[j] = (float)(x0 * cs - x1 * sn);
+                v[j + 16] = (float)(x1 * cs + x0 * sn);
+            }
+        }
+    assert_true(max_abs_diff(q, ref, (size_t)(n * h * d)) < 2e-5f);
+    /* equal streams reduce to plain RoPE, bitwise */
+    int32_t same[3 * 5], one[5] = {3, 1, 4, 1, 5};
+    for (int s = 0; s < 3; s++)
+        memcpy(same + s * n, one, sizeof one);
+    float *a = rand_buf((size_t)(n * h * d)), *b = ms_malloc(sizeof(float) * (size_t)(n * h * d));
+    memcpy(b, a, sizeof(float) * (size_t)(n * h * d));
+    ms_tensor ta = ms_tensor_3d(a, MS_DTYPE_F32, n, h, d), tb = ms_tensor_3d(b, MS_DTYPE_F32, n, h, d);
+    ms_tensor ts = ms_tensor_2d(same, MS_DTYPE_I32, 3, n), t1 = ms_tensor_1d(one, MS_DTYPE_I32, n);
+    assert_int_equal(be.iface.rope(be.ctx, &ta, NULL, &ts, &mt, &err), MS_OK);
+    ms_rope_table plain = mt;
+    plain.n_sections = 0;
+    assert_int_equal(be.iface.rope(be.ctx, &tb, NULL, &t1, &plain, &err), MS_OK);
+    assert_memory_equal(a, b, sizeof(float) * (size_t)(n * h * d));
+    /* bad tables and position shapes */
+    assert_int_equal(be.iface.rope(be.ctx, &ta, NULL, &t1, &mt, &err), MS_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "rope: pos [5] must be [n_sections, 5]"));
+    mt.sections[2] = 5;
+    assert_int_equal(be.iface.rope(be.ctx, &ta, NULL, &tp, &mt, &err), MS_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "sections sum to 15 pairs"));
+    ms_free(q), ms_free(ref), ms_free(a), ms_free(b);
     ms_backend_free(&be);
 }
 
@@ -709,6 +763,70 @@ static void test_attention_non_causal_bf16_kv_and_equal_scores(void **state) {
     ms_backend_free(&be);
 }
 
+static void test_cross_attention_read_only_plan(void **state) {
+    (void)state;
+    ms_backend be = make_cpu(2);
+    ms_error err = {0};
+    /* write two context streams (10 and 3 tokens) with an ordinary plan */
+    scen s;
+    memset(&s, 0, sizeof s);
+    s.hkv = 2, s.hq = 4, s.d = 16, s.ps = 4, s.n_layers = 1, s.n_seqs = 2;
+    s.len[0] = 10, s.q_len[0] = 10, s.len[1] = 3, s.q_len[1] = 3;
+    scen_build(&s, &be, MS_DTYPE_F32);
+    ms_attn_limits lim = {4, 64, 64};
+    ms_attn_batch *wb, *qb;
+    assert_int_equal(be.iface.attn_batch_init(be.ctx, &lim, &wb, &err), MS_OK);
+    assert_int_equal(be.iface.attn_batch_init(be.ctx, &lim, &qb, &err), MS_OK);
+    assert_int_equal(be.iface.attn_batch_stage(be.ctx, wb, &s.plan, &s.kv, &err), MS_OK);
+    float k[13 * 32], v[13 * 32];
+    memcpy(k, s.kc[0], sizeof(float) * 10 * 32), memcpy(k + 10 * 32, s.kc[1], sizeof(float) * 3 * 32);
+    memcpy(v, s.vc[0], sizeof(float) * 10 * 32), memcpy(v + 10 * 32, s.vc[1], sizeof(float) * 3 * 32);
+    ms_tensor tk = ms_tensor_3d(k, MS_DTYPE_F32, 13, 2, 16), tv = ms_tensor_3d(v, MS_DTYPE_F32, 13, 2, 16);
+    assert_int_equal(be.iface.kv_write(be.ctx, &s.kv, 0, &tk, &tv, wb, &err), MS_OK);
+    /* read-only plan: 2 query rows over context 0, 7 rows (more than its 3 tokens) over context 1 */
+    int32_t qo[3] = {0, 2, 9};
+    ms_kv_plan cp = {0, 2, NULL, 9, qo, s.kvp, s.idx, s.last, NULL, NULL, NULL, false};
+    assert_int_equal(be.iface.attn_batch_stage(be.ctx, qb, &cp, &s.kv, &err), MS_OK);
+    assert_int_equal(qb->token_to_page[0], MS_SINK_PAGE);
+    assert_int_equal(qb->last_token[1], 8);
+    float *q = rand_buf(9 * 64), out[9 * 64];
+    ms_tensor tq = ms_tensor_3d(q, MS_DTYPE_F32, 9, 4, 16), to = ms_tensor_3d(out, MS_DTYPE_F32, 9, 4, 16);
+    ms_attn_params p = {0.25f, 0, false};
+    assert_int_equal(be.iface.attention(be.ctx, &tq, &s.kv, 0, qb, &p, &to, &err), MS_OK);
+    for (int t = 0; t < 9; t++) {
+        int i = t < 2 ? 0 : 1;
+        for (int h = 0; h < 4; h++) {
+            int g = h / 2;
+            double sc[10], mx = -INFINITY, sum = 0.0;
+            for (int kk = 0; kk < s.len[i]; kk++) {
+                double dd = 0.0;
+                for (int e = 0; e < 16; e++)
+                    dd += (double)q[(t * 4 + h) * 16 + e] * s.kc[i][(kk * 2 + g) * 16 + e];
+                sc[kk] = dd * 0.25;
+                mx = fmax(mx, sc[kk]);
+            }
+            for (int kk = 0; kk < s.len[i]; kk++)
+                sum += exp(sc[kk] - mx);
+            for (int e = 0; e < 16; e++) {
+                double acc = 0.0;
+                for (int kk = 0; kk < s.len[i]; kk++)
+                    acc += exp(sc[kk] - mx) / sum * s.vc[i][(kk * 2 + g) * 16 + e];
+                assert_true(fabs(out[(t * 4 + h) * 16 + e] - acc) < 1e-5);
+            }
+        }
+    }
+    /* monotonic indptr is checked before any page is read */
+    int32_t bad_kvp[3] = {0, 100, 4};
+    cp.kv_indptr = bad_kvp;
+    assert_int_equal(be.iface.attn_batch_stage(be.ctx, qb, &cp, &s.kv, &err), MS_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "view 1: indptr decreases"));
+    ms_free(q);
+    be.iface.attn_batch_free(be.ctx, wb);
+    be.iface.attn_batch_free(be.ctx, qb);
+    scen_free(&s, &be);
+    ms_backend_free(&be);
+}
+
 static void test_attention_and_linear_independent_of_threads(void **state) {
     (void)state;
     size_t nq = 0;
@@ -804,19 +922,51 @@ static void test_cpu_init_failures_leak_nothing(void **state) {
     assert_int_equal(ms_backend_cpu_init(&be, &(ms_backend_cpu_options){-1}, &err), MS_ERR_INVALID_ARG);
 }
 
+static void test_linear_is_batch_invariant(void **state) {
+    (void)state;
+    /* a token's output is bitwise the same alone, in an even batch, or as the odd last token,
+     * for every weight dtype and for row counts that leave partial row blocks */
+    ms_backend be = make_cpu(2);
+    ms_error err = {0};
+    int n = 7, in = 45, out = 23;
+    float *x = rand_buf((size_t)(n * in)), *w = rand_buf((size_t)(out * in));
+    float *b = rand_buf((size_t)out);
+    uint16_t *w16 = ms_malloc(sizeof(uint16_t) * (size_t)(out * in));
+    float *all = ms_malloc(sizeof(float) * (size_t)(n * out)), one[23];
+    for (ms_dtype dt = MS_DTYPE_F32; dt <= MS_DTYPE_F16; dt++) {
+        for (int i = 0; i < out * in; i++)
+            w16[i] = dt == MS_DTYPE_BF16 ? ms_f32_to_bf16(w[i]) : ms_f32_to_f16(w[i]);
+        ms_tensor tw = ms_tensor_2d(dt == MS_DTYPE_F32 ? (void *)w : (void *)w16, dt, out, in);
+        ms_tensor tb = ms_tensor_1d(b, MS_DTYPE_F32, out);
+        ms_tensor tx = ms_tensor_2d(x, MS_DTYPE_F32, n, in), ty = ms_tensor_2d(all, MS_DTYPE_F32, n, out);
+        assert_int_equal(be.iface.linear(be.ctx, &tx, &tw, &tb, &ty, &err), MS_OK);
+        for (int t = 0; t < n; t++) {
+            ms_tensor x1 = ms_tensor_2d(x + t * in, MS_DTYPE_F32, 1, in);
+            ms_tensor y1 = ms_tensor_2d(one, MS_DTYPE_F32, 1, out);
+            assert_int_equal(be.iface.linear(be.ctx, &x1, &tw, &tb, &y1, &err), MS_OK);
+            assert_memory_equal(one, all + t * out, sizeof one);
+        }
+    }
+    ms_free(x), ms_free(w), ms_free(b), ms_free(w16), ms_free(all);
+    ms_backend_free(&be);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         ms_unit_test(test_dtype_conversions_round_trip),
         ms_unit_test(test_tensor_views),
         ms_unit_test(test_linear_matches_reference_all_weight_dtypes),
+        ms_unit_test(test_linear_is_batch_invariant),
         ms_unit_test(test_rms_norm_rows_heads_and_fused_add),
         ms_unit_test(test_silu_mul_add_embedding_gather),
         ms_unit_test(test_argmax_lowest_index_on_ties),
         ms_unit_test(test_tensor_load_converts_and_reads_unaligned),
         ms_unit_test(test_rope_inv_freq_default_and_llama3),
         ms_unit_test(test_rope_styles_partial_and_position_zero),
+        ms_unit_test(test_mrope_sections),
         ms_unit_test(test_paged_attention_matches_reference),
         ms_unit_test(test_attention_non_causal_bf16_kv_and_equal_scores),
+        ms_unit_test(test_cross_attention_read_only_plan),
         ms_unit_test(test_attention_and_linear_independent_of_threads),
         ms_unit_test(test_attn_batch_stage_rejects_bad_plans),
         ms_unit_test(test_cpu_init_failures_leak_nothing),
