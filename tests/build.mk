@@ -31,3 +31,4 @@ TESTS += tests/test_kv_offload
 TESTS += tests/test_kv_property
 TESTS += tests/test_kv_stress
 TSAN_TESTS += tests/test_kv_stress
+TEST_SCRIPTS += tests/mkckpt.sh
