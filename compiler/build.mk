@@ -1,1 +1,24 @@
 # compiler/build.mk - mstarc: semantic pass, diagnostics, dump, code generation (one entry per line).
+COMPILER_SRCS += compiler/arena.c
+COMPILER_SRCS += compiler/diag.c
+COMPILER_SRCS += compiler/print.c
+COMPILER_SRCS += compiler/sema.c
+COMPILER_SRCS += compiler/compile.c
+COMPILER_SRCS += compiler/dump.c
+MSTARC_MAIN += compiler/main.c
+# ---- fuzzing the front end: make fuzz-dsl FUZZ_SECONDS=N (libFuzzer via clang, ASan+UBSan) ----
+FUZZ_SECONDS ?= 60
+FUZZ_CC ?= clang
+FUZZ_DIR := $(BUILD_ROOT)/fuzz
+FUZZ_SRCS := tests/fuzz_dsl.c $(DSL_SRCS) $(COMPILER_SRCS) runtime/base.c runtime/resource.c
+$(FUZZ_DIR)/fuzz_dsl: $(FUZZ_SRCS) $(BUILD)/gen/dsl_parse.c $(BUILD)/gen/dsl_lex.c $(wildcard compiler/*.h dsl/*.h runtime/*.h)
+	$(call quiet,LD,$@)
+	@mkdir -p $(@D)
+	$(Q)$(FUZZ_CC) -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -Iruntime -Icompiler -Idsl -I$(BUILD)/gen -o $@ $(FUZZ_SRCS) $(BUILD)/gen/dsl_parse.c $(BUILD)/gen/dsl_lex.c -lm
+.PHONY: fuzz-dsl
+fuzz-dsl: $(FUZZ_DIR)/fuzz_dsl
+	$(Q)mkdir -p $(FUZZ_DIR)/corpus $(FUZZ_DIR)/seeds $(FUZZ_DIR)/crashes
+	$(Q)cp models/*.mstar $(FUZZ_DIR)/seeds/
+	$(Q)tests/dsl/split.sh $(FUZZ_DIR)/seeds tests/dsl/*.test
+	$(Q)echo "fuzz-dsl: $(FUZZ_SECONDS) s; corpus $(FUZZ_DIR)/corpus, crashes in $(FUZZ_DIR)/crashes"
+	$(Q)$(FUZZ_DIR)/fuzz_dsl -max_total_time=$(FUZZ_SECONDS) -max_len=8192 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix=$(FUZZ_DIR)/crashes/ -dict=tests/dsl/fuzz.dict $(FUZZ_DIR)/corpus $(FUZZ_DIR)/seeds

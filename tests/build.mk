@@ -32,3 +32,5 @@ TESTS += tests/test_kv_property
 TESTS += tests/test_kv_stress
 TSAN_TESTS += tests/test_kv_stress
 TEST_SCRIPTS += tests/mkckpt.sh
+TESTS += tests/test_dsl
+TEST_SCRIPTS += tests/mstarc_cli.sh
