@@ -308,17 +308,18 @@ static ms_status cpu_attn_batch_stage(void *ctx, ms_attn_batch *b, const ms_kv_p
         b->qo_indptr[i + 1] = plan->qo_indptr[i + 1];
         b->kv_indptr[i + 1] = plan->kv_indptr[i + 1];
         b->kv_last_page_len[i] = plan->kv_last_page_len[i];
-        b->kv_start[i] = plan->kv_start[i];
+        b->kv_start[i] = plan->kv_start ? plan->kv_start[i] : 0;
         b->last_token[i] = plan->qo_indptr[i + 1] > plan->qo_indptr[i] ? plan->qo_indptr[i + 1] - 1
                                                                        : -1;
     }
     if (shape.n_pages > 0)
         memcpy(b->kv_indices, plan->kv_indices, (size_t)shape.n_pages * sizeof(int32_t));
-    if (shape.n_tokens > 0) {
-        memcpy(b->token_to_page, plan->token_to_page, (size_t)shape.n_tokens * sizeof(int32_t));
-        memcpy(b->token_to_slot, plan->token_to_slot, (size_t)shape.n_tokens * sizeof(int32_t));
+    int32_t written = plan->token_to_page != NULL ? shape.n_tokens : 0;
+    if (written > 0) {
+        memcpy(b->token_to_page, plan->token_to_page, (size_t)written * sizeof(int32_t));
+        memcpy(b->token_to_slot, plan->token_to_slot, (size_t)written * sizeof(int32_t));
     }
-    for (int32_t t = shape.n_tokens; t < b->limits.max_tokens; t++) {
+    for (int32_t t = written; t < b->limits.max_tokens; t++) {
         b->token_to_page[t] = MS_SINK_PAGE;
         b->token_to_slot[t] = 0;
     }
@@ -368,7 +369,8 @@ typedef struct linear_job {
  * y[t, o] is reduced the same way whichever block it falls in (lane k sums the products of the
  * elements i = k mod 4 in order, lanes combined as (l0 + l2) + (l1 + l3), then the tail in order);
  * a partial block of rows recomputes the last row in the missing slot (writing the same value
- * again) and an odd last token uses the one-token kernel with the same per-lane order. So results depend neither on the thread count nor on how many tokens share the batch.
+ * again) and an odd last token uses the one-token kernel with the same per-lane order. So
+ * results depend neither on the thread count nor on how many tokens share the batch.
  */
 typedef float v4f __attribute__((vector_size(16)));
 typedef uint16_t v4u16 __attribute__((vector_size(8)));
@@ -526,7 +528,8 @@ static ms_status cpu_linear(void *ctx, const ms_tensor *x, const ms_tensor *w,
     if (bias != NULL) {
         MS_TRY(check_tensor("linear", "bias", bias, 1, 1, FLOATS, err));
         if (bias->shape[0] != w->shape[0])
-            return MS_FAIL(err, MS_ERR_INVALID_ARG, "linear: bias has %lld entries, w has %lld rows",
+            return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                           "linear: bias has %lld entries, w has %lld rows",
                            (long long)bias->shape[0], (long long)w->shape[0]);
     }
     if (y->data == x->data)
@@ -1041,8 +1044,9 @@ static ms_status cpu_gather_rows(void *ctx, const ms_tensor *x, const ms_tensor 
     for (int64_t i = 0; i < rows->shape[0]; i++) {
         int32_t src = r[i * rows->stride[0]];
         if (src < -1 || src >= x->shape[0])
-            return MS_FAIL(err, MS_ERR_INVALID_ARG, "gather_rows: rows[%lld] = %d outside [-1, %lld)",
-                           (long long)i, src, (long long)x->shape[0]);
+            return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                           "gather_rows: rows[%lld] = %d outside [-1, %lld)", (long long)i, src,
+                           (long long)x->shape[0]);
         float *o = row_f32(out, i);
         if (src < 0)
             memset(o, 0, (size_t)x->shape[1] * sizeof(float));

@@ -1848,6 +1848,27 @@ static ms_status res_commit(void *self, int index, const ms_step *step, ms_step_
     return ms_kv_pool_commit(self, index, step, ctx, err);
 }
 static void res_free(void *self) { ms_kv_pool_free(self); }
+/* Unknown request: nothing to publish (*out = NULL, MS_OK), as the runner's sweep expects. */
+static ms_status res_publish(void *self, ms_rid rid, void **out, ms_error *err) {
+    ms_kv_published *pub = NULL;
+    ms_error e = {0};
+    ms_status st = ms_kv_pool_publish(self, rid, &pub, &e);
+    *out = pub;
+    if (st == MS_ERR_NOT_FOUND)
+        return MS_OK;
+    if (st != MS_OK && err != NULL)
+        *err = e;
+    return st;
+}
+static void res_published_free(void *self, void *published) {
+    (void)self;
+    ms_kv_published_free(published);
+}
+static ms_admit_outcome res_admit_retrieve(void *self, ms_rid rid, const void *published) {
+    if (published == NULL)
+        return ms_admit_ok(); /* the producer held nothing for rid */
+    return ms_kv_pool_admit_retrieve(self, rid, published);
+}
 
 static const ms_resource_i kv_pool_resource = {
     .kind = MS_RESOURCE_KV,
@@ -1859,6 +1880,9 @@ static const ms_resource_i kv_pool_resource = {
     .plan = res_plan,
     .commit = res_commit,
     .free = res_free,
+    .publish = res_publish,
+    .published_free = res_published_free,
+    .admit_retrieve = res_admit_retrieve,
 };
 
 const ms_resource_i *ms_kv_pool_resource_i(void) { return &kv_pool_resource; }

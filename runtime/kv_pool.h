@@ -293,7 +293,7 @@ int32_t ms_kv_pool_reclaimable(ms_kv_pool *pool, ms_rid rid);
 /*
  * Offload candidates, least recently used first: requests holding device pages, not offloaded,
  * with no step in flight, no pending transfer and no offload/reload running. Writes up to `max`
- * ids to out and returns how many were written.
+ * (at most 64) ids to out and returns how many were written.
  */
 int32_t ms_kv_pool_lru_candidates(ms_kv_pool *pool, ms_rid *out, int32_t max);
 

@@ -255,7 +255,8 @@ typedef struct ms_resource_i {
     void (*reset)(void *self, ms_rid rid, bool free_pages);       /* optional: no-op */
     /* Reserve capacity for the step; all-or-nothing; idempotent on retry. */
     ms_admit_outcome (*admit)(void *self, int index, const ms_step *step, ms_step_ctx *ctx); /* optional: ok */
-    /* Undo what the last successful admit of this step reserved (a later resource failed). */
+    /* Undo what the last successful admit of this step reserved (a later resource failed), and
+     * what its plan applied (pre-forks) when the step is abandoned after plan (runner abandon). */
     void (*admit_rollback)(void *self, int index, const ms_step *step, ms_step_ctx *ctx); /* optional: no-op */
     /* Build this step's plan; *out is owned by the resource (see top of file). */
     ms_status (*plan)(void *self, int index, const ms_step *step, ms_step_ctx *ctx,

@@ -123,7 +123,8 @@ ms_status ms_sampler_sample_row(const float *logits, int32_t vocab, const ms_sam
         return MS_OK;
     }
     if (scratch == NULL)
-        return MS_FAIL(err, MS_ERR_INVALID_ARG, "sampling: scratch missing for non-greedy settings");
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "sampling: scratch missing for non-greedy settings");
     if (isinf(logits[best]) && logits[best] > 0) {
         *out_id = best; /* an infinite logit takes all the mass */
         return MS_OK;

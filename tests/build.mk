@@ -19,13 +19,17 @@ TESTS += tests/test_positions
 TESTS += tests/test_step_runner
 TESTS += tests/test_graph_plan
 TSAN_TESTS += tests/test_graph_plan
-TESTS += tests/test_dsl
-TEST_SCRIPTS += tests/mstarc_cli.sh
 TESTS += tests/test_attn_plan
 TESTS += tests/test_cross_attn
 TESTS += tests/test_scratch
 TESTS += tests/test_kv_pool
 TESTS += tests/test_page_arena
+PROGRAMS += $(BUILD)/llama-ref
+$(BUILD)/llama-ref: $(BUILD)/obj/tests/llama_ref_main.o $(BUILD)/obj/tests/llama_desc_ref.o $(BUILD)/libmstarc.a $(BUILD)/libmstar.a
+	$(call quiet,LD,$@)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
+TESTS += tests/test_engine_llama
+TEST_SCRIPTS += tests/generate_cli.sh
 TESTS += tests/test_runner_integration
 TESTS += tests/test_kv_retention
 TESTS += tests/test_kv_offload
@@ -33,3 +37,5 @@ TESTS += tests/test_kv_property
 TESTS += tests/test_kv_stress
 TSAN_TESTS += tests/test_kv_stress
 TEST_SCRIPTS += tests/mkckpt.sh
+TESTS += tests/test_dsl
+TEST_SCRIPTS += tests/mstarc_cli.sh

@@ -207,7 +207,8 @@ static ms_admit_outcome mock_admit(void *self, int index, const ms_step *step, m
             for (int32_t r = 0; r < rows; r++) {
                 ms_rid rid = mock_row(ctx, segs, r);
                 mock_stream *src = mock_stream_of(kv, rid, fk[f].from);
-                int32_t extra = pass == 1 && ks->commit ? mock_span_of(segs, n, rid, fk[f].from) : 0;
+                int32_t extra =
+                    pass == 1 && ks->commit ? mock_span_of(segs, n, rid, fk[f].from) : 0;
                 int32_t len = (src ? src->stored : 0) + extra;
                 if (len > 0)
                     want[n_want++] = (want_t){rid, fk[f].to, len};
@@ -373,7 +374,8 @@ static ms_status mock_plan(void *self, int index, const ms_step *step, ms_step_c
             }
             qo[v + 1] = qo[v] + sg->span;
             kvp[v + 1] = kvp[v] + np;
-            last[v] = np == 0 ? 0 : (len % kv->page_size == 0 ? kv->page_size : len % kv->page_size);
+            int32_t rem = len % kv->page_size;
+            last[v] = np == 0 ? 0 : (rem == 0 ? kv->page_size : rem);
             decode = decode && sg->span == 1;
         }
         kp->n_views = m;

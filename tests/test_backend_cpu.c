@@ -763,6 +763,70 @@ static void test_attention_non_causal_bf16_kv_and_equal_scores(void **state) {
     ms_backend_free(&be);
 }
 
+static void test_cross_attention_read_only_plan(void **state) {
+    (void)state;
+    ms_backend be = make_cpu(2);
+    ms_error err = {0};
+    /* write two context streams (10 and 3 tokens) with an ordinary plan */
+    scen s;
+    memset(&s, 0, sizeof s);
+    s.hkv = 2, s.hq = 4, s.d = 16, s.ps = 4, s.n_layers = 1, s.n_seqs = 2;
+    s.len[0] = 10, s.q_len[0] = 10, s.len[1] = 3, s.q_len[1] = 3;
+    scen_build(&s, &be, MS_DTYPE_F32);
+    ms_attn_limits lim = {4, 64, 64};
+    ms_attn_batch *wb, *qb;
+    assert_int_equal(be.iface.attn_batch_init(be.ctx, &lim, &wb, &err), MS_OK);
+    assert_int_equal(be.iface.attn_batch_init(be.ctx, &lim, &qb, &err), MS_OK);
+    assert_int_equal(be.iface.attn_batch_stage(be.ctx, wb, &s.plan, &s.kv, &err), MS_OK);
+    float k[13 * 32], v[13 * 32];
+    memcpy(k, s.kc[0], sizeof(float) * 10 * 32), memcpy(k + 10 * 32, s.kc[1], sizeof(float) * 3 * 32);
+    memcpy(v, s.vc[0], sizeof(float) * 10 * 32), memcpy(v + 10 * 32, s.vc[1], sizeof(float) * 3 * 32);
+    ms_tensor tk = ms_tensor_3d(k, MS_DTYPE_F32, 13, 2, 16), tv = ms_tensor_3d(v, MS_DTYPE_F32, 13, 2, 16);
+    assert_int_equal(be.iface.kv_write(be.ctx, &s.kv, 0, &tk, &tv, wb, &err), MS_OK);
+    /* read-only plan: 2 query rows over context 0, 7 rows (more than its 3 tokens) over context 1 */
+    int32_t qo[3] = {0, 2, 9};
+    ms_kv_plan cp = {0, 2, NULL, 9, qo, s.kvp, s.idx, s.last, NULL, NULL, NULL, false};
+    assert_int_equal(be.iface.attn_batch_stage(be.ctx, qb, &cp, &s.kv, &err), MS_OK);
+    assert_int_equal(qb->token_to_page[0], MS_SINK_PAGE);
+    assert_int_equal(qb->last_token[1], 8);
+    float *q = rand_buf(9 * 64), out[9 * 64];
+    ms_tensor tq = ms_tensor_3d(q, MS_DTYPE_F32, 9, 4, 16), to = ms_tensor_3d(out, MS_DTYPE_F32, 9, 4, 16);
+    ms_attn_params p = {0.25f, 0, false};
+    assert_int_equal(be.iface.attention(be.ctx, &tq, &s.kv, 0, qb, &p, &to, &err), MS_OK);
+    for (int t = 0; t < 9; t++) {
+        int i = t < 2 ? 0 : 1;
+        for (int h = 0; h < 4; h++) {
+            int g = h / 2;
+            double sc[10], mx = -INFINITY, sum = 0.0;
+            for (int kk = 0; kk < s.len[i]; kk++) {
+                double dd = 0.0;
+                for (int e = 0; e < 16; e++)
+                    dd += (double)q[(t * 4 + h) * 16 + e] * s.kc[i][(kk * 2 + g) * 16 + e];
+                sc[kk] = dd * 0.25;
+                mx = fmax(mx, sc[kk]);
+            }
+            for (int kk = 0; kk < s.len[i]; kk++)
+                sum += exp(sc[kk] - mx);
+            for (int e = 0; e < 16; e++) {
+                double acc = 0.0;
+                for (int kk = 0; kk < s.len[i]; kk++)
+                    acc += exp(sc[kk] - mx) / sum * s.vc[i][(kk * 2 + g) * 16 + e];
+                assert_true(fabs(out[(t * 4 + h) * 16 + e] - acc) < 1e-5);
+            }
+        }
+    }
+    /* monotonic indptr is checked before any page is read */
+    int32_t bad_kvp[3] = {0, 100, 4};
+    cp.kv_indptr = bad_kvp;
+    assert_int_equal(be.iface.attn_batch_stage(be.ctx, qb, &cp, &s.kv, &err), MS_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "view 1: indptr decreases"));
+    ms_free(q);
+    be.iface.attn_batch_free(be.ctx, wb);
+    be.iface.attn_batch_free(be.ctx, qb);
+    scen_free(&s, &be);
+    ms_backend_free(&be);
+}
+
 static void test_attention_and_linear_independent_of_threads(void **state) {
     (void)state;
     size_t nq = 0;
@@ -902,6 +966,7 @@ int main(void) {
         ms_unit_test(test_mrope_sections),
         ms_unit_test(test_paged_attention_matches_reference),
         ms_unit_test(test_attention_non_causal_bf16_kv_and_equal_scores),
+        ms_unit_test(test_cross_attention_read_only_plan),
         ms_unit_test(test_attention_and_linear_independent_of_threads),
         ms_unit_test(test_attn_batch_stage_rejects_bad_plans),
         ms_unit_test(test_cpu_init_failures_leak_nothing),

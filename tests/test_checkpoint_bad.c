@@ -300,7 +300,8 @@ static void test_bad_shard_indexes(void **state) {
                " \"d\": \"s2.safetensors\"}}");
     expect_open_fails(idx, MS_ERR_FORMAT, "model.safetensors.index.json",
                       "weight_map lists tensor 'd' but shard s2.safetensors does not hold it");
-    write_text("model.safetensors.index.json", "{\"weight_map\": {\"a\": \"s1.safetensors\", \"c\": \"s2.safetensors\"}}");
+    write_text("model.safetensors.index.json",
+               "{\"weight_map\": {\"a\": \"s1.safetensors\", \"c\": \"s2.safetensors\"}}");
     expect_open_fails(idx, MS_ERR_FORMAT, "model.safetensors.index.json",
                       "holds tensor 'b' that weight_map does not list");
     write_text("model.safetensors.index.json", "{\"weight_map\": {\"a\": \"../s1.safetensors\"}}");

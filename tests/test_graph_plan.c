@@ -650,6 +650,132 @@ static void test_F6_abandon_waits_for_running_preplan(void **state) {
     gfx_free(&f);
 }
 
+/* Plan thread of the stress test: stages pre-plans one after another. */
+typedef struct stress {
+    ms_graph_plan *g;
+    pthread_mutex_t mu;           /* guards tag */
+    ms_slot_lease tag_lease;      /* batch identity of the last begun pre-plan */
+    ms_rid tag_rid;
+    atomic_int begun, failed, done;
+} stress;
+
+static void *stress_plan_thread(void *arg) {
+    stress *x = arg;
+    for (int i = 0; i < 2000; i++) {
+        ms_slot_lease l;
+        if (ms_graph_plan_lease(x->g, WALK_DECODE, 1, 1, &l, NULL) != MS_OK)
+            continue;
+        ms_rid rid = (ms_rid)i;
+        pthread_mutex_lock(&x->mu);
+        ms_status st = ms_graph_plan_preplan_begin(x->g, &l, &rid, 1, (uint64_t)i, NULL);
+        if (st == MS_OK) {
+            x->tag_lease = l;
+            x->tag_rid = rid;
+        }
+        pthread_mutex_unlock(&x->mu);
+        if (st != MS_OK)
+            continue; /* the previous one is still staged: one per runner */
+        atomic_fetch_add(&x->begun, 1);
+        bool ok = i % 5 != 0;
+        if (!ok)
+            atomic_fetch_add(&x->failed, 1);
+        ms_graph_plan_preplan_finish(x->g, ok);
+    }
+    atomic_store(&x->done, 1);
+    return NULL;
+}
+
+static void test_F6_H8_preplan_stress_across_threads(void **state) {
+    (void)state;
+    ms_graph_plan *g;
+    ms_graph_plan_config gc = {2, MS_RID_DUMMY_BASE};
+    ms_error err = {0};
+    assert_int_equal(ms_graph_plan_init(&g, &gc, &err), MS_OK);
+    int32_t b;
+    assert_int_equal(ms_graph_plan_add_bucket(g, WALK_DECODE, 1, 1, &b, &err), MS_OK);
+    for (int s = 0; s < 2; s++)
+        assert_int_equal(ms_graph_plan_set_captured(g, b, s, true, NULL, &err), MS_OK);
+    stress x = {.g = g};
+    pthread_mutex_init(&x.mu, NULL);
+    pthread_t th;
+    assert_int_equal(pthread_create(&th, NULL, stress_plan_thread, &x), 0);
+    int promoted = 0, abandoned = 0, refused = 0, k = 0;
+    /* driver thread: promote the matching batch, refuse a mismatching one, or drop it */
+    while (!atomic_load(&x.done) || ms_graph_plan_preplan_pending(g)) {
+        pthread_mutex_lock(&x.mu);
+        ms_slot_lease l = x.tag_lease;
+        ms_rid rid = x.tag_rid;
+        pthread_mutex_unlock(&x.mu);
+        k++;
+        if (k % 7 == 0) {
+            abandoned += ms_graph_plan_preplan_abandon(g);
+            continue;
+        }
+        ms_rid asked = k % 3 == 0 ? rid + 100000 : rid;
+        ms_status st = ms_graph_plan_preplan_take(g, &l, &asked, 1, (uint64_t)rid, NULL);
+        if (st == MS_OK) {
+            assert_int_equal(asked, rid); /* never promoted for another batch */
+            promoted++;
+        } else if (st == MS_ERR_STATE) {
+            refused++;
+            abandoned += ms_graph_plan_preplan_abandon(g);
+        }
+    }
+    pthread_join(th, NULL);
+    abandoned += ms_graph_plan_preplan_abandon(g);
+    /* every staged pre-plan was promoted once, dropped once, or failed: none lost, none twice */
+    assert_int_equal(promoted + abandoned + atomic_load(&x.failed), atomic_load(&x.begun));
+    assert_true(atomic_load(&x.begun) > 0);
+    (void)refused;
+    pthread_mutex_destroy(&x.mu);
+    ms_graph_plan_free(g);
+}
+
+static void test_H9b_piecewise_region_has_its_own_slot_state(void **state) {
+    (void)state;
+    /* a node with a whole-forward decode graph and a piecewise region (always slot 0): each
+     * gets its own graph plan (and dummy range), so their slot-0 states never alias */
+    gfx f;
+    gfx_init(&f, 2);
+    ms_graph_plan *pw;
+    ms_graph_plan_config pc = {1, MS_RID_DUMMY_BASE + 4096};
+    ms_error err = {0};
+    assert_int_equal(ms_graph_plan_init(&pw, &pc, &err), MS_OK);
+    int32_t b, pb;
+    assert_int_equal(ms_graph_plan_add_bucket(f.g, WALK_DECODE, 2, 2, &b, &err), MS_OK);
+    assert_int_equal(ms_graph_plan_add_bucket(pw, 7, 2, 8, &pb, &err), MS_OK);
+    gfx_capture_all(&f, NULL);
+    gfx piece = f;
+    piece.g = pw;
+    gfx_capture_all(&piece, NULL);
+    const ms_graph_kv_state *whole = ms_graph_plan_kv_state(f.g, 0, 0, MS_LABEL_MAIN);
+    const ms_graph_kv_state *region = ms_graph_plan_kv_state(pw, 0, 0, MS_LABEL_MAIN);
+    assert_non_null(whole);
+    assert_non_null(region);
+    assert_ptr_not_equal(whole, region);
+    assert_ptr_not_equal(whole->token_to_page, region->token_to_page);
+    int32_t region_pages[8];
+    memcpy(region_pages, region->token_to_page, sizeof region_pages);
+    /* back-to-back replays of the whole forward never touch the region's slot-0 state */
+    ingest_real(&f, 1);
+    for (int i = 0; i < 4; i++) {
+        ms_slot_lease l;
+        ms_rid rows[2];
+        int32_t n;
+        assert_int_equal(ms_graph_plan_lease(f.g, WALK_DECODE, 1, 1, &l, &err), MS_OK);
+        assert_int_equal(ms_graph_plan_step_ids(f.g, &l, (ms_rid[]){1}, 1, rows, 2, &n, &err),
+                         MS_OK);
+        gfx_run(&f, &l, rows, (int32_t[]){1, 1}, 2, 1, false);
+        ms_graph_plan_release(f.g, f.r, &l, 1);
+    }
+    assert_memory_equal(region->token_to_page, region_pages, sizeof region_pages);
+    assert_false(ms_graph_plan_is_dummy(pw, ms_graph_plan_dummy_rid(f.g, 0, 0)));
+    ms_step_runner_remove(f.r, 1);
+    ms_graph_plan_remove_dummies(pw, f.r);
+    ms_graph_plan_free(pw);
+    gfx_free(&f);
+}
+
 /* ---- staging details ---- */
 
 static void test_stage_errors_and_positions_tail(void **state) {
@@ -707,6 +833,8 @@ int main(void) {
         ms_unit_test(test_H9a_two_nodes_sharing_kv_use_disjoint_dummy_rows),
         ms_unit_test(test_H8_staged_preplan_refused_for_another_batch),
         ms_unit_test(test_F6_abandon_waits_for_running_preplan),
+        ms_unit_test(test_F6_H8_preplan_stress_across_threads),
+        ms_unit_test(test_H9b_piecewise_region_has_its_own_slot_state),
         ms_unit_test(test_stage_errors_and_positions_tail),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -389,7 +389,8 @@ static void test_rope_errors_and_other_types(void **state) {
     ms_rope_params r;
     /* llama3 missing a field, in each layout */
     write_tmp("config.json", "{\"rope_parameters\": {\"rope_type\": \"llama3\", \"rope_theta\": 5e5,"
-                             " \"factor\": 8.0, \"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192}}");
+                             " \"factor\": 8.0, \"high_freq_factor\": 4.0,"
+                             " \"original_max_position_embeddings\": 8192}}");
     assert_int_equal(ms_hf_config_init(&cfg, tmp_dir, &err), MS_OK);
     assert_int_equal(ms_hf_config_get_rope(cfg, &r, &err), MS_ERR_NOT_FOUND);
     assert_msg(&err, "config.json", "required field 'rope_parameters.low_freq_factor' is missing");

@@ -935,6 +935,67 @@ static void test_retrieve_with_retention_start(void **state) {
     kv_fix_free(&c);
 }
 
+/* The request's retrieve_labels filter which published labels are pulled. */
+static void test_retrieve_only_needed_labels(void **state) {
+    (void)state;
+    kv_fix p, c;
+    xfer x;
+    init_pd(&p, &c, &x, 32);
+    x.instant = true;
+    kv_ingest(&p, 1);
+    kv_extend(&p, 1, 0, 9);
+    kv_extend(&p, 1, 1, 6);
+    kv_extend(&p, 1, 2, 3);
+    ms_error err = {0};
+    ms_kv_published *pub = NULL;
+    assert_int_equal(ms_kv_pool_publish(p.pool, 1, &pub, &err), MS_OK);
+    ms_kv_request_config rc = {.retrieve_labels = (1u << 0) | (1u << 2)};
+    assert_int_equal(ms_kv_pool_ingest(c.pool, 1, &rc, &err), MS_OK);
+    assert_int_equal(ms_kv_pool_admit_retrieve(c.pool, 1, pub).code, MS_ADMIT_OK);
+    assert_int_equal(x.n, 2);
+    assert_int_equal(kv_info(&c, 1, 0).stored, 9);
+    assert_int_equal(kv_info(&c, 1, 2).stored, 3);
+    ms_kv_stream_info none;
+    assert_int_equal(ms_kv_pool_stream_info(c.pool, 1, 1, &none), MS_ERR_NOT_FOUND);
+    /* a page-size mismatch is a failed transfer for the request */
+    ms_kv_published bad = *pub;
+    bad.page_size = PS * 2;
+    bad.n_streams = 0;
+    kv_ingest(&c, 2);
+    assert_int_equal(ms_kv_pool_admit_retrieve(c.pool, 2, &bad).code, MS_ADMIT_TRANSFER_FAILED);
+    ms_kv_published_free(pub);
+    kv_fix_free(&c);
+    kv_fix_free(&p);
+}
+
+/* The resource interface's publish / admit_retrieve, as the runner's publish sweep uses them. */
+static void test_resource_vtable_publish_and_retrieve(void **state) {
+    (void)state;
+    kv_fix p, c;
+    xfer x;
+    init_pd(&p, &c, &x, 32);
+    x.instant = true;
+    const ms_resource_i *ri = ms_kv_pool_resource_i();
+    assert_non_null(ri->publish);
+    assert_non_null(ri->published_free);
+    assert_non_null(ri->admit_retrieve);
+    kv_ingest(&p, 1);
+    kv_extend(&p, 1, 0, 11);
+    ms_error err = {0};
+    void *pub = (void *)1;
+    assert_int_equal(ri->publish(p.pool, 42, &pub, &err), MS_OK); /* holds nothing for 42 */
+    assert_null(pub);
+    assert_int_equal(ri->publish(p.pool, 1, &pub, &err), MS_OK);
+    assert_non_null(pub);
+    kv_ingest(&c, 1);
+    assert_int_equal(ri->admit_retrieve(c.pool, 1, pub).code, MS_ADMIT_OK);
+    assert_int_equal(kv_info(&c, 1, 0).stored, 11);
+    assert_int_equal(ri->admit_retrieve(c.pool, 1, NULL).code, MS_ADMIT_OK);
+    ri->published_free(p.pool, pub);
+    kv_fix_free(&c);
+    kv_fix_free(&p);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         ms_unit_test(test_offload_without_tier_declines),
@@ -956,6 +1017,8 @@ int main(void) {
         ms_unit_test(test_H12_start_failure_and_no_transfer_interface),
         ms_unit_test(test_F4_remove_waits_for_transfer_outside_lock),
         ms_unit_test(test_retrieve_with_retention_start),
+        ms_unit_test(test_retrieve_only_needed_labels),
+        ms_unit_test(test_resource_vtable_publish_and_retrieve),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

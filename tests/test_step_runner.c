@@ -176,7 +176,8 @@ static void test_order_deps_first_ties_by_name_transitive(void **state) {
                           pcfg("b", MS_RESOURCE_POS), pcfg("a", MS_RESOURCE_KV),
                           pcfg("d", MS_RESOURCE_SCRATCH)};
     ms_resource_spec specs[] = {
-        SPEC("e", MS_RESOURCE_SAMPLER, NULL, 0, &cc[0]), SPEC("c", MS_RESOURCE_ATTN, dep_b, 1, &cc[1]),
+        SPEC("e", MS_RESOURCE_SAMPLER, NULL, 0, &cc[0]),
+        SPEC("c", MS_RESOURCE_ATTN, dep_b, 1, &cc[1]),
         SPEC("b", MS_RESOURCE_POS, dep_a, 1, &cc[2]), SPEC("a", MS_RESOURCE_KV, NULL, 0, &cc[3]),
         SPEC("d", MS_RESOURCE_SCRATCH, NULL, 0, &cc[4]),
     };

@@ -327,7 +327,9 @@ static int mk_write_json(const char *dir, const char *name, json_t *obj) {
     char *path = ms_asprintf("%s/%s", dir, name);
     if (path == NULL)
         return die("out of memory");
-    int rc = json_dump_file(obj, path, JSON_INDENT(2) | JSON_REAL_PRECISION(10)) == 0 ? 0 : die("%s: cannot write: %s", path, strerror(errno));
+    int rc = 0;
+    if (json_dump_file(obj, path, JSON_INDENT(2) | JSON_REAL_PRECISION(10)) != 0)
+        rc = die("%s: cannot write: %s", path, strerror(errno));
     ms_free(path);
     return rc;
 }
@@ -696,10 +698,11 @@ static int mk_check(const char *path) {
     ms_free(t);
     if (rc == 0)
         printf("ok: %s: Llama, %lld layers, hidden %lld, heads %lld/%lld, head_dim %lld, vocab %lld, %s, rope %s "
-               "theta %g, %zu tensors in %zu file(s)\n",
+               "theta %g, %zu tensors in %zu file(s)%s\n",
                ms_ckpt_path(ck), (long long)layers, (long long)hidden, (long long)heads, (long long)kv, (long long)hd,
                (long long)vocab, m.tie ? "tied embeddings" : "lm_head", ms_rope_type_name(rope.type), rope.theta,
-               ms_ckpt_n_tensors(ck), ms_ckpt_n_files(ck));
+               ms_ckpt_n_tensors(ck), ms_ckpt_get_llama2c(ck) ? (size_t)1 : ms_ckpt_n_files(ck),
+               ms_ckpt_get_llama2c(ck) ? " (llama2.c, interleaved RoPE)" : "");
 done:
     ms_ckpt_free(ck);
     ms_hf_config_free(cfg);

@@ -1,0 +1,36 @@
+/*
+ * cli.h - the serving binary's command line: `<binary> generate ...` (later serve, bench, kernels)
+ * over one compiled model (model_desc.h) and the engine (engine.h).
+ *
+ *   generate --model PATH [--tokenizer PATH] (--prompt TEXT | --prompt-ids 1,2,3 |
+ *            --prompts-file FILE) [--max-new-tokens N | --steps N] [--temperature T] [--top-k K]
+ *            [--top-p P] [--seed S] [--ignore-eos] [--page-size N] [--device cpu|cuda]
+ *            [--threads N]
+ *
+ * Every prompt of a file runs in ONE ragged batch (continuous: finished sequences leave it). With a
+ * tokenizer (llama2.c tokenizer.bin) prompts are text, encoded with BOS as llama2.c's run.c does,
+ * and the output is text exactly as run.c prints it; without one, prompts are comma-separated ids
+ * (a prompts file: one line of ids per prompt) and the output is the generated ids. `--steps N`
+ * counts positions including BOS and the prompt, as run.c's -n (clamped to the context): one
+ * forward per position, so steps - prompt + 1 new ids.
+ * Generation stats (tokens/s) go to stderr, so stdout holds only the generated text or ids.
+ *
+ * Errors: one line "<binary>: <problem>" on stderr naming the flag, file or tensor; exit status 1
+ * (2 for usage errors). This is the only place of the runtime that calls exit (through main).
+ */
+#ifndef MS_CLI_H
+#define MS_CLI_H
+
+#include "model_desc.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Run the command line for `desc`; returns the process exit status. */
+int ms_cli_main(int argc, char **argv, const ms_model_desc *desc);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MS_CLI_H */

@@ -1,0 +1,997 @@
+/*
+ * engine.c - the generic LLM engine (engine.h): backend, config, checkpoint, weights through the
+ * descriptor's declarations, resources through the step runner, and the ragged step loop.
+ *
+ * Constraints kept:
+ *   - everything a step needs is allocated at init for the worst case (max_seqs rows, max_tokens
+ *     tokens): ms_engine_step allocates nothing (resources allocate nothing after admit);
+ *   - a sequence never feeds a token at position max_context or beyond, so positions never
+ *     wrap: the id sampled at position max_context - 1 is returned and the request finishes with
+ *     MS_FINISH_CONTEXT;
+ *   - one-line errors name the file (config.json, the shard) and the tensor or field.
+ */
+#include "engine.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "backend.h"
+#include "checkpoint.h"
+#include "device.h"
+#include "kv_pool.h"
+#include "page_arena.h"
+#include "positions.h"
+#include "rid_map.h"
+#include "step_runner.h"
+
+/* ---- engine-side resources: attention staging and the sampler ---- */
+
+/*
+ * Attention resource (kind MS_RESOURCE_ATTN) of the engine: at plan it stages the step's KV plan
+ * into the backend's attention batch (fixed addresses, allocates nothing) and files the batch and
+ * the step's causal flag as its plan result.
+ */
+typedef struct eng_attn {
+    const ms_backend *be;
+    ms_attn_batch *batch;    /* backend-owned, made at init for the worst case */
+    const ms_paged_kv *kv;
+    int kv_index;            /* resource index of the KV pool */
+    bool causal;             /* plan result: the step's attention record */
+} eng_attn;
+
+static ms_status eng_attn_plan(void *self, int index, const ms_step *step, ms_step_ctx *ctx,
+                               const void **out, ms_error *err) {
+    eng_attn *a = self;
+    const ms_attn_step *rec = step->records[index].rec;
+    const ms_kv_plan_set *set = ctx->plan_results[a->kv_index];
+    if (set == NULL || set->n_plans != 1)
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED,
+                       "attention: step %s needs exactly one plan label (got %d)", step->name,
+                       set == NULL ? 0 : (int)set->n_plans);
+    MS_TRY(a->be->iface.attn_batch_stage(a->be->ctx, a->batch, &set->plans[0], a->kv, err));
+    a->causal = rec->causal;
+    *out = a;
+    return MS_OK;
+}
+
+static void eng_attn_free(void *self) { (void)self; /* owned by the engine */ }
+
+static const ms_resource_i eng_attn_iface = {
+    .kind = MS_RESOURCE_ATTN,
+    .plan = eng_attn_plan,
+    .free = eng_attn_free,
+};
+
+/* Sampler record of a step: which segments sample an id this step. */
+typedef struct eng_sample_step {
+    const bool *sample; /* [n_segments] */
+} eng_sample_step;
+
+/*
+ * Sampler resource (kind MS_RESOURCE_SAMPLER): per-request settings (the ingest override, an
+ * ms_sampling_params) and draw counter; plan lists the step's rows in segment order; commit
+ * advances the counter of every row that sampled, so a request's ids never depend on its batch.
+ */
+typedef struct eng_sampler {
+    ms_rid_map map;          /* rid -> ms_sample_row */
+    ms_sample_row *rows;     /* [max_seqs] plan result */
+    int32_t max_seqs;
+} eng_sampler;
+
+static ms_status eng_sampler_ingest(void *self, ms_rid rid, const void *overrides,
+                                    ms_error *err) {
+    eng_sampler *s = self;
+    ms_sample_row *row;
+    bool created;
+    if (ms_rid_map_put(&s->map, rid, (void **)&row, &created) != MS_OK)
+        return MS_FAIL(err, MS_ERR_OOM, "sampler: out of memory for request %llu",
+                       (unsigned long long)rid);
+    if (created) {
+        row->params = overrides != NULL ? *(const ms_sampling_params *)overrides
+                                        : ms_sampling_greedy();
+        row->draw = 0;
+    }
+    return MS_OK;
+}
+
+static void eng_sampler_remove(void *self, ms_rid rid) {
+    eng_sampler *s = self;
+    ms_rid_map_remove(&s->map, rid);
+}
+
+static ms_admit_outcome eng_sampler_admit(void *self, int index, const ms_step *step,
+                                          ms_step_ctx *ctx) {
+    (void)ctx;
+    eng_sampler *s = self;
+    int32_t n;
+    const ms_segment *segs = ms_step_segments(step, index, &n);
+    ms_admit_outcome o = ms_admit_ok();
+    for (int32_t i = 0; i < n; i++) {
+        if (i >= s->max_seqs || ms_rid_map_get(&s->map, segs[i].rid) == NULL) {
+            o.code = MS_ADMIT_INVALID;
+            o.rid = segs[i].rid;
+            o.label = segs[i].label;
+            return o;
+        }
+    }
+    return o;
+}
+
+static ms_status eng_sampler_plan(void *self, int index, const ms_step *step, ms_step_ctx *ctx,
+                                  const void **out, ms_error *err) {
+    (void)ctx;
+    eng_sampler *s = self;
+    int32_t n;
+    const ms_segment *segs = ms_step_segments(step, index, &n);
+    for (int32_t i = 0; i < n; i++) {
+        const ms_sample_row *row = ms_rid_map_get(&s->map, segs[i].rid);
+        if (row == NULL)
+            return MS_FAIL(err, MS_ERR_NOT_FOUND, "sampler: unknown request %llu",
+                           (unsigned long long)segs[i].rid);
+        s->rows[i] = *row;
+    }
+    *out = s->rows;
+    return MS_OK;
+}
+
+static ms_status eng_sampler_commit(void *self, int index, const ms_step *step, ms_step_ctx *ctx,
+                                    ms_error *err) {
+    (void)ctx;
+    (void)err;
+    eng_sampler *s = self;
+    const eng_sample_step *rec = step->records[index].rec;
+    int32_t n;
+    const ms_segment *segs = ms_step_segments(step, index, &n);
+    for (int32_t i = 0; i < n; i++) {
+        ms_sample_row *row = ms_rid_map_get(&s->map, segs[i].rid);
+        if (row != NULL && rec->sample[i])
+            row->draw++;
+    }
+    return MS_OK;
+}
+
+static void eng_sampler_free(void *self) { (void)self; /* owned by the engine */ }
+
+static const ms_resource_i eng_sampler_iface = {
+    .kind = MS_RESOURCE_SAMPLER,
+    .ingest = eng_sampler_ingest,
+    .remove = eng_sampler_remove,
+    .admit = eng_sampler_admit,
+    .plan = eng_sampler_plan,
+    .commit = eng_sampler_commit,
+    .free = eng_sampler_free,
+};
+
+/* ---- the engine ---- */
+
+/* One request. */
+typedef struct eng_req {
+    ms_rid rid;
+    int32_t *prompt;          /* [n_prompt] owned copy */
+    int32_t n_prompt;
+    int32_t consumed;         /* prompt tokens fed so far */
+    int32_t *out;             /* [max_new] generated ids */
+    int32_t n_out;
+    int32_t max_new;
+    int32_t chunk;            /* prompt tokens per step, 0 = all */
+    bool ignore_eos;
+    bool in_runner;           /* ingested into the resources and not yet removed from them */
+    ms_finish_reason finish;
+    int32_t row;              /* row in the last step, -1 when not in it */
+} eng_req;
+
+struct ms_engine {
+    const ms_model_desc *desc;
+    ms_engine_options opt;
+    ms_backend be;
+    ms_hf_config *hf;
+    void *config;                 /* [desc->config_size] */
+    ms_md_facts facts;
+    ms_ckpt *ck;
+
+    /* weights: one slab, views per (entry, instance) */
+    void *wslab;
+    ms_tensor *weights;           /* [n_instances] */
+    int32_t *woff;                /* [n_weights] first instance of entry w */
+
+    /* RoPE */
+    float *inv_freq;              /* backend memory [rotary_dim / 2] */
+    ms_rope_table rope;
+
+    /* KV and resources */
+    ms_device *dev;
+    ms_page_arena *arena;
+    ms_kv_pool *pool;
+    ms_paged_kv kv;
+    eng_attn attn;
+    eng_sampler sampler;
+    ms_step_runner *runner;
+    int idx_kv, idx_pos, idx_attn, idx_sample;
+    ms_positions_config pos_cfg;
+
+    /* per-step buffers (worst case) */
+    int32_t max_seqs, max_tokens;
+    void *workspace;              /* backend */
+    size_t workspace_bytes;
+    int32_t *tokens_dev;          /* backend [max_tokens] */
+    int32_t *pos_dev;             /* backend [max_tokens] */
+    float *logits_dev;            /* backend [max_seqs * vocab] */
+    int32_t *ids_dev;             /* backend [max_seqs] */
+    void *sample_ws;              /* backend */
+    size_t sample_ws_bytes;
+    float *logits_host;           /* [max_seqs * vocab] */
+    int32_t *tokens_host;         /* [max_tokens] */
+    int32_t *ids_host;            /* [max_seqs] */
+    ms_segment *segs;             /* [max_seqs] */
+    ms_rid *rids;                 /* [max_seqs] */
+    bool *sample;                 /* [max_seqs] */
+    int32_t *advance;             /* [max_seqs] */
+    eng_req **step_reqs;          /* [max_seqs] */
+
+    /* requests */
+    eng_req **reqs;               /* [n_reqs] every request not yet removed */
+    size_t n_reqs, cap_reqs;
+    int32_t n_active;
+    ms_rid next_rid;
+    int32_t pages_free_initial;
+};
+
+ms_engine_options ms_engine_options_default(void) {
+    ms_engine_options o;
+    memset(&o, 0, sizeof o);
+    o.device = "cpu";
+    o.max_seqs = 8;
+    o.max_tokens = 2048;
+    return o;
+}
+
+const char *ms_finish_reason_str(ms_finish_reason r) {
+    static const char *const names[MS_FINISH_REASON_COUNT] = {"running", "length", "eos",
+                                                              "context"};
+    return (r >= 0 && r < MS_FINISH_REASON_COUNT) ? names[r] : "?";
+}
+
+const ms_md_facts *ms_engine_facts(const ms_engine *e) { return &e->facts; }
+const char *ms_engine_device(const ms_engine *e) { return e->be.iface.name; }
+int32_t ms_engine_page_size(const ms_engine *e) { return e->kv.page_size; }
+int32_t ms_engine_n_active(const ms_engine *e) { return e->n_active; }
+int32_t ms_engine_kv_pages_free(const ms_engine *e) {
+    return ms_page_arena_num_free(e->arena);
+}
+
+/* Backend allocation with a name. */
+static ms_status eng_alloc(ms_engine *e, size_t bytes, const char *name, void **out,
+                           ms_error *err) {
+    return e->be.iface.buffer_alloc(e->be.ctx, bytes == 0 ? 64 : bytes, name, out, err);
+}
+
+static void eng_bfree(ms_engine *e, void *p) {
+    if (p != NULL && e->be.ctx != NULL)
+        e->be.iface.buffer_free(e->be.ctx, p);
+}
+
+/* ---- loading: backend, config ---- */
+
+static ms_status eng_backend_init(ms_engine *e, ms_error *err) {
+    const char *dev = e->opt.device == NULL ? "cpu" : e->opt.device;
+    if (strcmp(dev, "cpu") == 0) {
+        ms_backend_cpu_options co = {.n_threads = e->opt.n_threads};
+        return ms_backend_cpu_init(&e->be, &co, err);
+    }
+    if (strcmp(dev, "cuda") == 0)
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED,
+                       "device 'cuda' is not supported yet (the CUDA backend has not landed); "
+                       "use --device cpu");
+    return MS_FAIL(err, MS_ERR_INVALID_ARG, "unknown device '%s' (expected cpu or cuda)", dev);
+}
+
+static bool path_is_dir(const char *p) {
+    struct stat st;
+    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static bool ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+/* config.json lives in the model folder; a shard index or single .safetensors file names a file
+ * inside it; a llama2.c .bin is its own config. */
+static ms_status eng_config_init(ms_engine *e, ms_error *err) {
+    const char *path = e->opt.model_path;
+    if (path_is_dir(path) || ends_with(path, ".bin"))
+        return ms_hf_config_init(&e->hf, path, err);
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return MS_FAIL(err, MS_ERR_IO, "%s: cannot open the model (no such file or folder)",
+                       path);
+    const char *slash = strrchr(path, '/');
+    char *dir = slash == NULL ? ms_strdup(".") : ms_strndup(path, (size_t)(slash - path));
+    if (dir == NULL)
+        return MS_FAIL(err, MS_ERR_OOM, "out of memory");
+    ms_status st2 = ms_hf_config_init(&e->hf, dir, err);
+    ms_free(dir);
+    return st2;
+}
+
+static ms_status eng_facts_init(ms_engine *e, ms_error *err) {
+    e->config = ms_calloc(1, e->desc->config_size);
+    if (e->config == NULL)
+        return MS_FAIL(err, MS_ERR_OOM, "out of memory for the model config");
+    MS_TRY(e->desc->config_load(e->hf, e->config, err));
+    MS_TRY(e->desc->facts(e->config, &e->facts, err));
+    int64_t eos[MS_MD_MAX_EOS];
+    size_t n_eos = 0;
+    MS_TRY(ms_hf_config_get_eos_ids(e->hf, eos, MS_MD_MAX_EOS, &n_eos, err));
+    e->facts.n_eos = 0;
+    for (size_t i = 0; i < n_eos; i++)
+        if (eos[i] < e->facts.vocab)
+            e->facts.eos_ids[e->facts.n_eos++] = (int32_t)eos[i];
+    int64_t bos = -1;
+    MS_TRY(ms_hf_config_get_int_or(e->hf, "bos_token_id", -1, &bos, err));
+    e->facts.bos_id = (bos >= 0 && bos < e->facts.vocab) ? (int32_t)bos : -1;
+    return MS_OK;
+}
+
+/* ---- loading: weights ---- */
+
+static ms_dtype eng_st_dtype(ms_st_dtype d) {
+    switch (d) {
+    case MS_ST_DTYPE_BF16: return MS_DTYPE_BF16;
+    case MS_ST_DTYPE_F16: return MS_DTYPE_F16;
+    default: return MS_DTYPE_F32;
+    }
+}
+
+/* The checkpoint tensor of (entry w, layer), trying its names in order; NULL when absent. */
+static ms_status eng_find(ms_engine *e, int32_t w, int32_t layer, const ms_st_tensor **out,
+                          char *name0, size_t cap, ms_error *err) {
+    const ms_md_weight *d = &e->desc->weights[w];
+    *out = NULL;
+    for (int k = 0; k < MS_MD_MAX_NAMES && d->names[k] != NULL; k++) {
+        char name[512];
+        MS_TRY(ms_md_expand_name(d->names[k], layer, name, sizeof name, err));
+        if (k == 0)
+            snprintf(name0, cap, "%s", name);
+        const ms_st_tensor *t = ms_ckpt_find_tensor(e->ck, name);
+        if (t != NULL) {
+            *out = t;
+            snprintf(name0, cap, "%s", name);
+            return MS_OK;
+        }
+    }
+    return MS_OK;
+}
+
+/* Validate the tensor found for (w, layer) against its declared shape. */
+static ms_status eng_expect(ms_engine *e, int32_t w, const char *name, ms_error *err) {
+    const ms_md_weight *d = &e->desc->weights[w];
+    int64_t shape[MS_TENSOR_MAX_DIMS] = {0};
+    e->desc->weight_shape(e->config, w, shape);
+    return ms_ckpt_expect_tensor(e->ck, name, MS_ST_DTYPES_FLOAT, d->rank, shape, NULL, err);
+}
+
+/* Resolve (and with `load`, load) every weight instance. Without `load` it validates every
+ * tensor and returns the slab bytes in *bytes. */
+static ms_status eng_weights_pass(ms_engine *e, bool load, size_t *bytes, ms_error *err) {
+    const ms_model_desc *d = e->desc;
+    const ms_backend_i *f = &e->be.iface;
+    size_t off = 0;
+    for (int32_t w = 0; w < d->n_weights; w++) {
+        const ms_md_weight *wd = &d->weights[w];
+        int32_t n_inst = wd->per_layer ? e->facts.n_layers : 1;
+        int64_t shape[MS_TENSOR_MAX_DIMS] = {1, 1, 1, 1};
+        d->weight_shape(e->config, w, shape);
+        size_t elems = 1;
+        for (int32_t r = 0; r < wd->rank; r++)
+            elems *= (size_t)shape[r];
+        for (int32_t l = 0; l < n_inst; l++) {
+            ms_tensor *dst = &e->weights[e->woff[w] + l];
+            char name[512] = "";
+            if (wd->kind == MS_MD_WEIGHT_PART)
+                continue; /* loaded with its FUSED entry */
+            if (wd->kind == MS_MD_WEIGHT_TENSOR) {
+                bool tied = wd->tie >= 0 && d->weight_tied(e->config, w);
+                const ms_st_tensor *t = NULL;
+                if (!tied)
+                    MS_TRY(eng_find(e, w, l, &t, name, sizeof name, err));
+                if (t == NULL && wd->tie >= 0 && wd->tie_if_missing)
+                    tied = true;
+                if (tied) {
+                    /* tie: use the other entry's tensor (declared earlier in the table) */
+                    MS_ASSERT(wd->tie < w);
+                    if (load)
+                        *dst = e->weights[e->woff[wd->tie] + (wd->per_layer ? l : 0)];
+                    continue;
+                }
+                if (t == NULL && wd->optional) {
+                    if (load)
+                        memset(dst, 0, sizeof *dst);
+                    continue;
+                }
+                if (!load) {
+                    MS_TRY(eng_expect(e, w, name, err)); /* names the missing/mismatching one */
+                    off += (elems * sizeof(float) + 63) / 64 * 64;
+                    continue;
+                }
+                *dst = ms_tensor_make((char *)e->wslab + off, MS_DTYPE_F32, wd->rank, shape);
+                ms_tensor src = ms_tensor_make((void *)t->data, eng_st_dtype(t->dtype), wd->rank,
+                                               shape);
+                MS_TRY(f->tensor_load(e->be.ctx, dst, &src, err));
+                off += (elems * sizeof(float) + 63) / 64 * 64;
+                continue;
+            }
+            /* FUSED: rows of its parts in order */
+            const ms_st_tensor *pt[MS_MD_MAX_PARTS] = {NULL};
+            char pname[MS_MD_MAX_PARTS][512];
+            int32_t n_found = 0;
+            for (int32_t p = 0; p < wd->n_parts; p++) {
+                int32_t pw = wd->parts[p];
+                MS_TRY(eng_find(e, pw, l, &pt[p], pname[p], sizeof pname[p], err));
+                if (pt[p] != NULL)
+                    n_found++;
+                else if (!d->weights[pw].optional && !load)
+                    MS_TRY(eng_expect(e, pw, pname[p], err)); /* "not found" naming it */
+            }
+            if (n_found == 0 && wd->optional) {
+                if (load)
+                    memset(dst, 0, sizeof *dst);
+                continue;
+            }
+            if (!load) {
+                for (int32_t p = 0; p < wd->n_parts; p++)
+                    if (pt[p] != NULL)
+                        MS_TRY(eng_expect(e, wd->parts[p], pname[p], err));
+                off += (elems * sizeof(float) + 63) / 64 * 64;
+                continue;
+            }
+            *dst = ms_tensor_make((char *)e->wslab + off, MS_DTYPE_F32, wd->rank, shape);
+            if (n_found < wd->n_parts)
+                MS_TRY(f->buffer_fill(e->be.ctx, dst->data, 0, elems * sizeof(float), err));
+            int64_t row = 0;
+            for (int32_t p = 0; p < wd->n_parts; p++) {
+                int64_t pshape[MS_TENSOR_MAX_DIMS] = {1, 1, 1, 1};
+                d->weight_shape(e->config, wd->parts[p], pshape);
+                if (pt[p] != NULL) {
+                    ms_tensor part = ms_tensor_slice(dst, 0, row, pshape[0]);
+                    ms_tensor src = ms_tensor_make((void *)pt[p]->data,
+                                                   eng_st_dtype(pt[p]->dtype), wd->rank, pshape);
+                    MS_TRY(f->tensor_load(e->be.ctx, &part, &src, err));
+                }
+                row += pshape[0];
+            }
+            MS_ASSERT(row == shape[0]);
+            off += (elems * sizeof(float) + 63) / 64 * 64;
+        }
+    }
+    if (bytes != NULL)
+        *bytes = off;
+    return MS_OK;
+}
+
+static ms_status eng_weights_init(ms_engine *e, ms_error *err) {
+    const ms_model_desc *d = e->desc;
+    e->woff = ms_calloc((size_t)d->n_weights, sizeof *e->woff);
+    if (e->woff == NULL)
+        return MS_FAIL(err, MS_ERR_OOM, "out of memory for the weight table");
+    int32_t n = 0;
+    for (int32_t w = 0; w < d->n_weights; w++) {
+        e->woff[w] = n;
+        n += d->weights[w].per_layer ? e->facts.n_layers : 1;
+    }
+    e->weights = ms_calloc((size_t)n, sizeof *e->weights);
+    if (e->weights == NULL)
+        return MS_FAIL(err, MS_ERR_OOM, "out of memory for the weight table");
+    size_t bytes = 0;
+    MS_TRY(eng_weights_pass(e, false, &bytes, err));
+    MS_TRY(eng_alloc(e, bytes, "weights", &e->wslab, err));
+    return eng_weights_pass(e, true, NULL, err);
+}
+
+/* ---- loading: KV, resources, step buffers ---- */
+
+static ms_status eng_resources_init(ms_engine *e, ms_error *err) {
+    const ms_md_facts *fa = &e->facts;
+    const int32_t ps = e->opt.page_size > 0 ? e->opt.page_size : fa->page_size;
+    const int32_t per_seq = MS_CEIL_DIV(fa->max_context, ps);
+    int32_t pages = e->opt.kv_pages;
+    if (pages == 0) {
+        if ((int64_t)per_seq * e->max_seqs + 1 > INT32_MAX)
+            return MS_FAIL(err, MS_ERR_LIMIT, "kv_pages: %d sequences of %d pages overflow",
+                           (int)e->max_seqs, (int)per_seq);
+        pages = per_seq * e->max_seqs + 1;
+    }
+    MS_TRY(ms_device_host_init(0, &e->dev, err));
+    ms_page_arena_config ac = {
+        .n_layers = fa->n_layers,
+        .n_pages = pages,
+        .page_size = ps,
+        .n_kv_heads = fa->n_kv_heads,
+        .head_dim = fa->head_dim,
+        .elem_bytes = 4,
+        .layout = MS_KV_LAYOUT_NHD,
+        .name = "kv",
+    };
+    MS_TRY(ms_page_arena_init(&ac, e->dev, &e->arena, err));
+    ms_kv_pool_config pc = {.arena = e->arena, .window = fa->window, .source = e};
+    MS_TRY(ms_kv_pool_init(&pc, &e->pool, err));
+    e->kv = (ms_paged_kv){
+        .data = ms_page_arena_data(e->arena),
+        .dtype = MS_DTYPE_F32,
+        .n_layers = fa->n_layers,
+        .n_pages = pages,
+        .page_size = ps,
+        .n_kv_heads = fa->n_kv_heads,
+        .head_dim = fa->head_dim,
+    };
+    e->pages_free_initial = ms_page_arena_num_free(e->arena);
+
+    /* attention batch and sampler state */
+    ms_attn_limits lim = {.max_seqs = e->max_seqs, .max_tokens = e->max_tokens,
+                          .max_pages = pages};
+    MS_TRY(e->be.iface.attn_batch_init(e->be.ctx, &lim, &e->attn.batch, err));
+    e->attn.be = &e->be;
+    e->attn.kv = &e->kv;
+    ms_rid_map_init(&e->sampler.map, sizeof(ms_sample_row));
+    e->sampler.max_seqs = e->max_seqs;
+    e->sampler.rows = ms_calloc((size_t)e->max_seqs, sizeof *e->sampler.rows);
+    if (e->sampler.rows == NULL)
+        return MS_FAIL(err, MS_ERR_OOM, "out of memory for sampler rows");
+
+    /* the step runner over the descriptor's resource table (indices kept) */
+    const ms_model_desc *d = e->desc;
+    if (d->n_resources < 1 || d->n_resources > MS_MAX_RESOURCES)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "model %s: %d resources", d->name,
+                       (int)d->n_resources);
+    ms_resource_spec specs[MS_MAX_RESOURCES];
+    memset(specs, 0, sizeof specs);
+    e->idx_kv = e->idx_pos = e->idx_attn = e->idx_sample = -1;
+    e->pos_cfg = (ms_positions_config){.scheme = MS_POS_SEQUENTIAL, .n_axes = 1,
+                                       .max_tokens = e->max_tokens, .kv_key = NULL};
+    for (int32_t i = 0; i < d->n_resources; i++) {
+        const ms_md_resource *r = &d->resources[i];
+        ms_resource_spec *s = &specs[i];
+        s->key = r->key;
+        s->kind = r->kind;
+        s->deps = r->deps;
+        s->n_deps = r->n_deps;
+        switch (r->kind) {
+        case MS_RESOURCE_KV:
+            s->instance = e->pool;
+            s->iface = ms_kv_pool_resource_i();
+            e->idx_kv = i;
+            break;
+        case MS_RESOURCE_POS:
+            s->build = ms_positions_build;
+            s->config = &e->pos_cfg;
+            e->idx_pos = i;
+            break;
+        case MS_RESOURCE_ATTN:
+            s->instance = &e->attn;
+            s->iface = &eng_attn_iface;
+            e->idx_attn = i;
+            break;
+        case MS_RESOURCE_SAMPLER:
+            s->instance = &e->sampler;
+            s->iface = &eng_sampler_iface;
+            e->idx_sample = i;
+            break;
+        default:
+            return MS_FAIL(err, MS_ERR_UNSUPPORTED,
+                           "model %s: resource '%s' of kind %s is not supported by the LLM engine",
+                           d->name, r->key, ms_resource_kind_str(r->kind));
+        }
+    }
+    if (e->idx_kv < 0 || e->idx_pos < 0 || e->idx_attn < 0 || e->idx_sample < 0)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "model %s: the LLM engine needs kv, positions, attention and sampler "
+                       "resources", d->name);
+    e->pos_cfg.kv_key = d->resources[e->idx_kv].key;
+    e->attn.kv_index = e->idx_kv;
+    return ms_step_runner_init(&e->runner, specs, d->n_resources, err);
+}
+
+static ms_status eng_buffers_init(ms_engine *e, ms_error *err) {
+    const ms_md_facts *fa = &e->facts;
+    const size_t V = (size_t)fa->vocab, S = (size_t)e->max_seqs, T = (size_t)e->max_tokens;
+    e->workspace_bytes = e->desc->workspace_size(e->config, e->max_tokens, e->max_seqs);
+    MS_TRY(eng_alloc(e, e->workspace_bytes, "forward.workspace", &e->workspace, err));
+    MS_TRY(eng_alloc(e, T * sizeof(int32_t), "step.tokens", (void **)&e->tokens_dev, err));
+    MS_TRY(eng_alloc(e, T * sizeof(int32_t), "step.positions", (void **)&e->pos_dev, err));
+    MS_TRY(eng_alloc(e, S * V * sizeof(float), "step.logits", (void **)&e->logits_dev, err));
+    MS_TRY(eng_alloc(e, S * sizeof(int32_t), "step.ids", (void **)&e->ids_dev, err));
+    e->sample_ws_bytes = e->be.iface.sample_workspace_size(e->be.ctx, e->max_seqs, fa->vocab);
+    MS_TRY(eng_alloc(e, e->sample_ws_bytes, "sampler.workspace", &e->sample_ws, err));
+
+    /* RoPE table */
+    int32_t rd = fa->rope.rotary_dim > 0 ? fa->rope.rotary_dim : fa->head_dim;
+    float *inv = ms_calloc((size_t)rd / 2 + 1, sizeof(float));
+    if (inv == NULL)
+        return MS_FAIL(err, MS_ERR_OOM, "out of memory for the RoPE table");
+    ms_status st = ms_rope_compute_inv_freq(&fa->rope, inv, err);
+    if (st == MS_OK)
+        st = eng_alloc(e, (size_t)rd / 2 * sizeof(float), "rope.inv_freq", (void **)&e->inv_freq,
+                       err);
+    if (st == MS_OK)
+        st = e->be.iface.copy_to_backend(e->be.ctx, e->inv_freq, inv,
+                                         (size_t)rd / 2 * sizeof(float), err);
+    ms_free(inv);
+    MS_TRY(st);
+    e->rope = (ms_rope_table){fa->rope.style, rd, e->inv_freq, 1.0f};
+
+    e->logits_host = ms_malloc(S * V * sizeof(float));
+    e->tokens_host = ms_malloc(T * sizeof(int32_t));
+    e->ids_host = ms_malloc(S * sizeof(int32_t));
+    e->segs = ms_calloc(S, sizeof *e->segs);
+    e->rids = ms_calloc(S, sizeof *e->rids);
+    e->sample = ms_calloc(S, sizeof *e->sample);
+    e->advance = ms_calloc(S, sizeof *e->advance);
+    e->step_reqs = ms_calloc(S, sizeof *e->step_reqs);
+    if (e->logits_host == NULL || e->tokens_host == NULL || e->ids_host == NULL ||
+        e->segs == NULL || e->rids == NULL || e->sample == NULL || e->advance == NULL ||
+        e->step_reqs == NULL)
+        return MS_FAIL(err, MS_ERR_OOM, "out of memory for step buffers");
+    return MS_OK;
+}
+
+ms_status ms_engine_init(ms_engine **out, const ms_model_desc *desc,
+                         const ms_engine_options *opt, ms_error *err) {
+    *out = NULL;
+    if (desc == NULL || opt == NULL || opt->model_path == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "engine: no model path");
+    if (opt->max_seqs < 1 || opt->max_tokens < opt->max_seqs || opt->page_size < 0 ||
+        opt->kv_pages < 0 || opt->n_threads < 0)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "engine: bad options (max_seqs %d >= 1, max_tokens %d >= max_seqs, "
+                       "page_size %d >= 0, kv_pages %d >= 0)",
+                       (int)opt->max_seqs, (int)opt->max_tokens, (int)opt->page_size,
+                       (int)opt->kv_pages);
+    ms_engine *e = ms_calloc(1, sizeof *e);
+    if (e == NULL)
+        return MS_FAIL(err, MS_ERR_OOM, "out of memory for the engine");
+    e->desc = desc;
+    e->opt = *opt;
+    e->max_seqs = opt->max_seqs;
+    e->max_tokens = opt->max_tokens;
+    e->next_rid = 1;
+    ms_status st = eng_backend_init(e, err);
+    if (st == MS_OK)
+        st = eng_config_init(e, err);
+    if (st == MS_OK)
+        st = eng_facts_init(e, err);
+    if (st == MS_OK)
+        st = ms_ckpt_init(&e->ck, opt->model_path, err);
+    if (st == MS_OK)
+        st = eng_weights_init(e, err);
+    if (st == MS_OK)
+        st = eng_resources_init(e, err);
+    if (st == MS_OK)
+        st = eng_buffers_init(e, err);
+    if (st != MS_OK) {
+        ms_engine_free(e);
+        return st;
+    }
+    *out = e;
+    return MS_OK;
+}
+
+static void eng_req_free(eng_req *r) {
+    if (r == NULL)
+        return;
+    ms_free(r->prompt);
+    ms_free(r->out);
+    ms_free(r);
+}
+
+void ms_engine_free(ms_engine *e) {
+    if (e == NULL)
+        return;
+    for (size_t i = 0; i < e->n_reqs; i++) {
+        if (e->reqs[i]->in_runner)
+            ms_step_runner_remove(e->runner, e->reqs[i]->rid);
+        eng_req_free(e->reqs[i]);
+    }
+    ms_free(e->reqs);
+    ms_step_runner_free(e->runner);
+    ms_kv_pool_free(e->pool);
+    ms_page_arena_free(e->arena);
+    ms_device_free(e->dev);
+    ms_rid_map_free(&e->sampler.map);
+    ms_free(e->sampler.rows);
+    if (e->be.ctx != NULL) {
+        e->be.iface.attn_batch_free(e->be.ctx, e->attn.batch);
+        eng_bfree(e, e->wslab);
+        eng_bfree(e, e->inv_freq);
+        eng_bfree(e, e->workspace);
+        eng_bfree(e, e->tokens_dev);
+        eng_bfree(e, e->pos_dev);
+        eng_bfree(e, e->logits_dev);
+        eng_bfree(e, e->ids_dev);
+        eng_bfree(e, e->sample_ws);
+    }
+    ms_backend_free(&e->be);
+    ms_free(e->weights);
+    ms_free(e->woff);
+    ms_ckpt_free(e->ck);
+    ms_free(e->config);
+    ms_hf_config_free(e->hf);
+    ms_free(e->logits_host);
+    ms_free(e->tokens_host);
+    ms_free(e->ids_host);
+    ms_free(e->segs);
+    ms_free(e->rids);
+    ms_free(e->sample);
+    ms_free(e->advance);
+    ms_free(e->step_reqs);
+    ms_free(e);
+}
+
+/* ---- requests ---- */
+
+static eng_req *eng_find_req(const ms_engine *e, ms_rid rid, size_t *at) {
+    for (size_t i = 0; i < e->n_reqs; i++)
+        if (e->reqs[i]->rid == rid) {
+            if (at != NULL)
+                *at = i;
+            return e->reqs[i];
+        }
+    return NULL;
+}
+
+/* Leave the batch: free what the resources hold; the output stays until ms_engine_remove. */
+static void eng_finish(ms_engine *e, eng_req *r, ms_finish_reason why) {
+    r->finish = why;
+    if (r->in_runner) {
+        ms_step_runner_remove(e->runner, r->rid);
+        r->in_runner = false;
+    }
+    e->n_active--;
+}
+
+ms_status ms_engine_add(ms_engine *e, const ms_engine_request *rq, ms_rid *rid, ms_error *err) {
+    const ms_md_facts *fa = &e->facts;
+    if (rq->n_prompt < 1 || rq->prompt == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "empty prompt: at least one token is needed");
+    if (rq->max_new_tokens < 0 || rq->prefill_chunk < 0)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "max_new_tokens (%d) must be >= 0",
+                       (int)rq->max_new_tokens);
+    MS_TRY(ms_sampler_check_params(&rq->sampling, err));
+    for (int32_t i = 0; i < rq->n_prompt; i++)
+        if (rq->prompt[i] < 0 || rq->prompt[i] >= fa->vocab)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                           "prompt token %d at index %d is outside the vocabulary [0, %d)",
+                           (int)rq->prompt[i], (int)i, (int)fa->vocab);
+    if (rq->n_prompt > fa->max_context)
+        return MS_FAIL(err, MS_ERR_LIMIT,
+                       "prompt of %d tokens is longer than the model's context (%d positions)",
+                       (int)rq->n_prompt, (int)fa->max_context);
+    if (e->n_active >= e->max_seqs)
+        return MS_FAIL(err, MS_ERR_CAPACITY,
+                       "%d requests are already running (raise max_seqs)", (int)e->n_active);
+    eng_req *r = ms_calloc(1, sizeof *r);
+    if (r == NULL)
+        return MS_FAIL(err, MS_ERR_OOM, "out of memory for a request");
+    r->prompt = ms_malloc((size_t)rq->n_prompt * sizeof(int32_t));
+    r->out = ms_malloc((size_t)(rq->max_new_tokens > 0 ? rq->max_new_tokens : 1) *
+                       sizeof(int32_t));
+    if (r->prompt == NULL || r->out == NULL ||
+        ms_grow((void **)&e->reqs, &e->cap_reqs, e->n_reqs + 1, sizeof *e->reqs) != MS_OK) {
+        eng_req_free(r);
+        return MS_FAIL(err, MS_ERR_OOM, "out of memory for a request");
+    }
+    memcpy(r->prompt, rq->prompt, (size_t)rq->n_prompt * sizeof(int32_t));
+    r->n_prompt = rq->n_prompt;
+    r->max_new = rq->max_new_tokens;
+    r->chunk = rq->prefill_chunk;
+    r->ignore_eos = rq->ignore_eos;
+    r->rid = e->next_rid++;
+    r->row = -1;
+    const void *overrides[MS_MAX_RESOURCES] = {NULL};
+    overrides[e->idx_sample] = &rq->sampling;
+    ms_status st = ms_step_runner_ingest(e->runner, r->rid, overrides, err);
+    if (st != MS_OK) {
+        ms_step_runner_remove(e->runner, r->rid);
+        eng_req_free(r);
+        return st;
+    }
+    r->in_runner = true;
+    e->reqs[e->n_reqs++] = r;
+    e->n_active++;
+    if (r->max_new == 0)
+        eng_finish(e, r, MS_FINISH_LENGTH);
+    *rid = r->rid;
+    return MS_OK;
+}
+
+ms_status ms_engine_output(const ms_engine *e, ms_rid rid, const int32_t **ids, int32_t *n,
+                           ms_finish_reason *reason) {
+    const eng_req *r = eng_find_req(e, rid, NULL);
+    if (r == NULL)
+        return MS_FAIL(NULL, MS_ERR_NOT_FOUND, "unknown request");
+    *ids = r->out;
+    *n = r->n_out;
+    if (reason != NULL)
+        *reason = r->finish;
+    return MS_OK;
+}
+
+const float *ms_engine_last_logits(const ms_engine *e, ms_rid rid) {
+    const eng_req *r = eng_find_req(e, rid, NULL);
+    if (r == NULL || r->row < 0)
+        return NULL;
+    return e->logits_host + (size_t)r->row * (size_t)e->facts.vocab;
+}
+
+void ms_engine_remove(ms_engine *e, ms_rid rid) {
+    size_t at;
+    eng_req *r = eng_find_req(e, rid, &at);
+    if (r == NULL)
+        return;
+    if (r->finish == MS_FINISH_NONE)
+        e->n_active--;
+    if (r->in_runner)
+        ms_step_runner_remove(e->runner, rid);
+    eng_req_free(r);
+    memmove(&e->reqs[at], &e->reqs[at + 1], (e->n_reqs - at - 1) * sizeof *e->reqs);
+    e->n_reqs--;
+}
+
+/* ---- the step ---- */
+
+static bool eng_is_eos(const ms_engine *e, int32_t id) {
+    for (int32_t i = 0; i < e->facts.n_eos; i++)
+        if (e->facts.eos_ids[i] == id)
+            return true;
+    return false;
+}
+
+ms_status ms_engine_step(ms_engine *e, ms_engine_step_info *info, ms_error *err) {
+    const ms_backend_i *f = &e->be.iface;
+    void *cx = e->be.ctx;
+    ms_engine_step_info inf = {0, 0, 0};
+    if (info != NULL)
+        *info = inf;
+
+    /* 1. rows: decoding requests first (one token each), then prompts within the token budget
+     *    (a prompt that does not fit continues in the next step: chunked prefill) */
+    int32_t n = 0, n_tok = 0;
+    bool all_one = true;
+    for (int pass = 0; pass < 2; pass++) {
+        for (size_t i = 0; i < e->n_reqs; i++) {
+            eng_req *r = e->reqs[i];
+            if (pass == 0)
+                r->row = -1;
+            if (r->finish != MS_FINISH_NONE || n >= e->max_seqs)
+                continue;
+            bool prefill = r->consumed < r->n_prompt;
+            if (prefill != (pass == 1))
+                continue;
+            int32_t span = 1;
+            const int32_t *src = NULL;
+            if (prefill) {
+                span = r->n_prompt - r->consumed;
+                if (r->chunk > 0 && span > r->chunk)
+                    span = r->chunk;
+                if (span > e->max_tokens - n_tok)
+                    span = e->max_tokens - n_tok;
+                if (span < 1)
+                    continue;
+                src = r->prompt + r->consumed;
+            } else {
+                src = &r->out[r->n_out - 1];
+            }
+            memcpy(e->tokens_host + n_tok, src, (size_t)span * sizeof(int32_t));
+            e->segs[n] = (ms_segment){r->rid, e->desc->prefill->label, span};
+            e->rids[n] = r->rid;
+            e->sample[n] = !prefill || r->consumed + span == r->n_prompt;
+            e->step_reqs[n] = r;
+            r->row = n;
+            if (span != 1)
+                all_one = false;
+            n_tok += span;
+            n++;
+            if (prefill)
+                inf.n_prefill += r->consumed + span == r->n_prompt;
+        }
+    }
+    if (n == 0)
+        return MS_OK;
+
+    /* 2. the step declaration (prefill covers any spans; decode is the all-ones case) */
+    const ms_md_step *decl = all_one ? e->desc->decode : e->desc->prefill;
+    for (int32_t i = 0; i < n; i++) {
+        e->segs[i].label = decl->label;
+        e->advance[i] = decl->pos_advance > 0 ? decl->pos_advance : e->segs[i].span;
+    }
+    ms_kv_step ks = {.commit = decl->kv_commit};
+    ms_pos_step ps = {.advance = decl->pos_advance > 0 ? e->advance : NULL, .n_axes = 1};
+    ms_attn_step as = {.causal = decl->attn_causal};
+    eng_sample_step ss = {.sample = e->sample};
+    ms_step step = {.name = decl->name, .segments = e->segs, .n_segments = n};
+    step.records[e->idx_kv].rec = &ks;
+    step.records[e->idx_pos].rec = &ps;
+    step.records[e->idx_attn].rec = &as;
+    step.records[e->idx_sample].rec = &ss;
+    ms_step_ctx ctx;
+    memset(&ctx, 0, sizeof ctx);
+    ctx.request_ids = e->rids;
+    ctx.n_rows = n;
+    ctx.n_real = n;
+
+    /* 3. admit -> plan */
+    ms_admit_outcome o = ms_step_runner_admit(e->runner, &step, &ctx);
+    if (o.code != MS_ADMIT_OK) {
+        if (o.code == MS_ADMIT_PAGES_SHORT)
+            return MS_FAIL(err, MS_ERR_CAPACITY,
+                           "step %s: KV pages short by %d for request %llu (raise kv_pages)",
+                           decl->name, (int)o.pages_short, (unsigned long long)o.rid);
+        return MS_FAIL(err, MS_ERR_INTERNAL, "step %s: admit failed (%s) at resource %d",
+                       decl->name, ms_admit_code_str(o.code), (int)o.resource);
+    }
+    MS_TRY(ms_step_runner_plan(e->runner, &step, &ctx, err));
+
+    /* 4. forward */
+    const ms_pos_plan *pp = ctx.plan_results[e->idx_pos];
+    int32_t n_pos = 0;
+    const int32_t *pos_ids = ms_pos_plan_ids(pp, decl->label, 0, &n_pos);
+    MS_ASSERT(pos_ids != NULL && n_pos == n_tok);
+    MS_TRY(f->copy_to_backend(cx, e->tokens_dev, e->tokens_host,
+                              (size_t)n_tok * sizeof(int32_t), err));
+    MS_TRY(f->copy_to_backend(cx, e->pos_dev, pos_ids, (size_t)n_tok * sizeof(int32_t), err));
+    ms_tensor tokens = ms_tensor_1d(e->tokens_dev, MS_DTYPE_I32, n_tok);
+    ms_tensor pos = ms_tensor_1d(e->pos_dev, MS_DTYPE_I32, n_tok);
+    ms_tensor logits = ms_tensor_2d(e->logits_dev, MS_DTYPE_F32, n, e->facts.vocab);
+    const eng_attn *ap = ctx.plan_results[e->idx_attn];
+    ms_md_forward_args args = {
+        .be = &e->be,
+        .config = e->config,
+        .facts = &e->facts,
+        .weights = e->weights,
+        .weight_offset = e->woff,
+        .kv = &e->kv,
+        .batch = ap->batch,
+        .tokens = &tokens,
+        .positions = &pos,
+        .rope = &e->rope,
+        .attn = {.scale = 1.0f / sqrtf((float)e->facts.head_dim), .window = e->facts.window,
+                 .causal = ap->causal},
+        .workspace = e->workspace,
+        .max_tokens = e->max_tokens,
+        .max_seqs = e->max_seqs,
+        .logits = &logits,
+    };
+    MS_TRY(e->desc->forward(&args, err));
+
+    /* 5. sample one id per row (rows that do not sample ignore theirs) */
+    const ms_sample_row *rows = ctx.plan_results[e->idx_sample];
+    ms_tensor ids = ms_tensor_1d(e->ids_dev, MS_DTYPE_I32, n);
+    MS_TRY(f->sample(cx, &logits, rows, e->sample_ws, e->sample_ws_bytes, &ids, err));
+    MS_TRY(f->copy_to_host(cx, e->ids_host, e->ids_dev, (size_t)n * sizeof(int32_t), err));
+    MS_TRY(f->copy_to_host(cx, e->logits_host, e->logits_dev,
+                           (size_t)n * (size_t)e->facts.vocab * sizeof(float), err));
+
+    /* 6. commit, then outputs and stops */
+    MS_TRY(ms_step_runner_commit(e->runner, &step, &ctx, err));
+    for (int32_t i = 0; i < n; i++) {
+        eng_req *r = e->step_reqs[i];
+        if (r->consumed < r->n_prompt)
+            r->consumed += e->segs[i].span;
+        if (!e->sample[i])
+            continue;
+        int32_t id = e->ids_host[i];
+        r->out[r->n_out++] = id;
+        if (!r->ignore_eos && eng_is_eos(e, id))
+            eng_finish(e, r, MS_FINISH_EOS);
+        else if (r->n_out >= r->max_new)
+            eng_finish(e, r, MS_FINISH_LENGTH);
+        else if (r->n_prompt + r->n_out > e->facts.max_context)
+            eng_finish(e, r, MS_FINISH_CONTEXT); /* the next token would sit at max_context */
+    }
+    inf.n_seqs = n;
+    inf.n_tokens = n_tok;
+    if (info != NULL)
+        *info = inf;
+    return MS_OK;
+}

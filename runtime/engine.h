@@ -1,0 +1,166 @@
+/*
+ * engine.h - the generic LLM engine: one compiled model (model_desc.h) on one backend, serving
+ * requests as one ragged continuous batch.
+ *
+ * At init the engine builds the backend (CPU today; "cuda" is recognised and refused until the
+ * CUDA backend lands), reads config.json (or a llama2.c .bin through the loaders, which derive a
+ * config and expose Hugging Face tensor names), validates and loads every declared weight into one
+ * planned set of backend buffers (fused entries concatenated), builds the node's resources through
+ * the step runner (KV pool over a page arena, positions, attention staging, sampler), and sizes
+ * every per-step buffer for the worst case: the decode path allocates nothing.
+ *
+ * Each ms_engine_step runs every active request in one ragged step: requests still holding prompt
+ * tokens contribute their whole prompt (prefill), the others one token (decode); declare -> admit
+ * -> plan -> forward -> commit; then one id is sampled per request. A request finishes on an eos id
+ * (unless ignore_eos), after max_new_tokens, or when its sequence reaches the model's context; it
+ * then leaves the batch and ms_engine_remove frees everything it held.
+ *
+ * Ownership: ms_engine_* functions borrow their arguments (prompts are copied at add); the engine
+ * returned by ms_engine_init is owned by the caller (ms_engine_free). The descriptor must outlive
+ * the engine.
+ *
+ * Usage:
+ *     ms_engine_options o = ms_engine_options_default();
+ *     o.model_path = "model_dir";  o.max_seqs = 4;  o.max_tokens = 256;
+ *     ms_engine *e;
+ *     MS_TRY(ms_engine_init(&e, &ms_llama_ref_desc, &o, err));
+ *     ms_engine_request rq = {.prompt = ids, .n_prompt = n, .max_new_tokens = 16,
+ *                             .sampling = ms_sampling_greedy()};
+ *     ms_rid rid;
+ *     MS_TRY(ms_engine_add(e, &rq, &rid, err));
+ *     while (ms_engine_n_active(e) > 0) MS_TRY(ms_engine_step(e, NULL, err));
+ *     const int32_t *out; int32_t n; ms_engine_output(e, rid, &out, &n, NULL);
+ *     ms_engine_remove(e, rid);
+ *     ms_engine_free(e);
+ */
+#ifndef MS_ENGINE_H
+#define MS_ENGINE_H
+
+#include "model_desc.h"
+#include "ms_base.h"
+#include "sampler.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- options ---- */
+
+/* Engine construction options. Start from ms_engine_options_default(). */
+typedef struct ms_engine_options {
+    const char *model_path;  /* HF folder (config.json + safetensors, sharded or not), a shard
+                                index .json, or a llama2.c .bin; required */
+    const char *device;      /* "cpu" (default) or "cuda" */
+    int32_t page_size;       /* KV page size in tokens; 0 = the model's default */
+    int32_t max_seqs;        /* requests in one batch (>= 1) */
+    int32_t max_tokens;      /* tokens in one step (prefill budget), >= max_seqs */
+    int32_t kv_pages;        /* KV pages incl. the sink page; 0 = enough for max_seqs full
+                                contexts */
+    int32_t n_threads;       /* CPU backend threads; 0 = online CPUs */
+} ms_engine_options;
+
+/* Defaults: device "cpu", page_size 0, max_seqs 8, max_tokens 2048, kv_pages 0, n_threads 0. */
+ms_engine_options ms_engine_options_default(void);
+
+/* ---- engine ---- */
+
+typedef struct ms_engine ms_engine;
+
+/*
+ * Build an engine for `desc` as described at the top of the file. Errors (one line naming the file
+ * and the problem): MS_ERR_UNSUPPORTED (device "cuda" in a build without the CUDA backend, an
+ * unknown device), MS_ERR_INVALID_ARG (bad options), the loaders' errors (MS_ERR_IO,
+ * MS_ERR_FORMAT, MS_ERR_PARSE, MS_ERR_NOT_FOUND: missing config field or tensor),
+ * MS_ERR_OOM. Nothing is left allocated on failure.
+ */
+ms_status ms_engine_init(ms_engine **out, const ms_model_desc *desc,
+                         const ms_engine_options *opt, ms_error *err);
+
+/* Free the engine and every request it still holds. NULL is a no-op. */
+void ms_engine_free(ms_engine *e);
+
+/* The loaded model's facts (bos/eos ids filled in). */
+const ms_md_facts *ms_engine_facts(const ms_engine *e);
+/* Name of the backend ("cpu"). */
+const char *ms_engine_device(const ms_engine *e);
+/* The page size in use. */
+int32_t ms_engine_page_size(const ms_engine *e);
+
+/* ---- requests ---- */
+
+/* Why a request stopped. ORDER MS_FINISH: keep ms_finish_reason_str in sync. */
+typedef enum ms_finish_reason {
+    MS_FINISH_NONE = 0,   /* still running */
+    MS_FINISH_LENGTH,     /* max_new_tokens generated */
+    MS_FINISH_EOS,        /* sampled an eos id (kept as the last output token) */
+    MS_FINISH_CONTEXT,    /* the sequence reached the model's context: the id sampled at position
+                             max_context - 1 is the last one (prompt + output = max_context + 1) */
+    MS_FINISH_REASON_COUNT
+} ms_finish_reason;
+
+/* "running", "length", "eos", "context". */
+const char *ms_finish_reason_str(ms_finish_reason r);
+
+/* A generation request. */
+typedef struct ms_engine_request {
+    const int32_t *prompt;        /* [n_prompt] token ids in [0, vocab); copied */
+    int32_t n_prompt;             /* >= 1 */
+    int32_t max_new_tokens;       /* >= 0 */
+    ms_sampling_params sampling;  /* validated with ms_sampler_check_params */
+    bool ignore_eos;              /* do not stop on the model's eos ids */
+    int32_t prefill_chunk;        /* prompt tokens consumed per step (chunked prefill); 0 = the
+                                     whole prompt in one step. Steps that do not reach the end
+                                     of the prompt sample nothing. */
+} ms_engine_request;
+
+/*
+ * Add a request; it joins the batch at the next step. A prompt longer than the model's context
+ * (n_prompt > max_context) is refused with MS_ERR_LIMIT "prompt of N tokens is longer than the
+ * model's context (M positions)"; ids out of range, an empty prompt, bad sampling settings:
+ * MS_ERR_INVALID_ARG; more than max_seqs active requests or a prompt over max_tokens:
+ * MS_ERR_CAPACITY naming the option to raise. A request with max_new_tokens 0 finishes at once.
+ */
+ms_status ms_engine_add(ms_engine *e, const ms_engine_request *rq, ms_rid *rid, ms_error *err);
+
+/* Requests added and not yet finished. */
+int32_t ms_engine_n_active(const ms_engine *e);
+
+/* Per-step report: how many requests and tokens the step ran. */
+typedef struct ms_engine_step_info {
+    int32_t n_seqs;      /* requests in the step */
+    int32_t n_tokens;    /* tokens computed (prompt tokens + one per decoding request) */
+    int32_t n_prefill;   /* requests that consumed their prompt in this step */
+} ms_engine_step_info;
+
+/*
+ * Run one ragged step over every active request (see the top of the file). Finished requests keep
+ * their output until removed. No active request: MS_OK with a zeroed info. Errors: a failing
+ * resource or op (message names the step and the resource), MS_ERR_CAPACITY when the KV pages run
+ * short (names kv_pages).
+ */
+ms_status ms_engine_step(ms_engine *e, ms_engine_step_info *info, ms_error *err);
+
+/*
+ * Output of a request so far: generated ids (*ids borrowed until the next step or remove) and the
+ * finish reason (may be NULL). MS_ERR_NOT_FOUND for an unknown rid.
+ */
+ms_status ms_engine_output(const ms_engine *e, ms_rid rid, const int32_t **ids, int32_t *n,
+                           ms_finish_reason *reason);
+
+/*
+ * Logits of rid's last token in the last step ([vocab] f32, borrowed until the next step), or NULL
+ * when rid was not in the last step. Tests compare them to reference logits (with prefill_chunk 1,
+ * every prompt position).
+ */
+const float *ms_engine_last_logits(const ms_engine *e, ms_rid rid);
+
+/* Free everything rid holds (KV pages, positions, sampler state, its record). Unknown: no-op. */
+void ms_engine_remove(ms_engine *e, ms_rid rid);
+
+/* KV pages free right now (tests: returns to its initial value after every remove). */
+int32_t ms_engine_kv_pages_free(const ms_engine *e);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MS_ENGINE_H */
