@@ -178,7 +178,7 @@ struct ms_resource {
     const char *name;
     const ms_res_spec *spec;
     ms_resource_kind kind;        /* spec->kind */
-    int index;                    /* dependency order (KV first, ties by name): the resource index
+    int index;                    /* dependency order (ties: ms_resource_kind order, then name): the resource index
                                      of ms_step.records and ms_step_ctx.plan_results */
     const ms_resource **deps;     /* [n_deps] resources this one depends on (positional args) */
     int n_deps;

@@ -1216,7 +1216,20 @@ static void check_resources(sema *s, ms_node *node, const ms_ast_node *an) {
         if (r->spec->kind == MS_RESOURCE_KV && r->n_deps > 0)
             err(s, c->loc, "kv_pool '%s' takes no resource arguments", r->name);
     }
-    /* dependency order: Kahn's algorithm, ready resources taken KV first, then by name */
+    /* windowed retention releases old pages: every attention over that pool must mask to a window */
+    for (int i = 0; i < count; i++) {
+        const ms_resource *r = list[i];
+        if (r->kind != MS_RESOURCE_ATTN || r->kv == NULL)
+            continue;
+        const ms_ast_expr *ret = r->kv->args[spec_key(r->kv->spec, "retention")];
+        const ms_ast_expr *win = r->args[spec_key(r->spec, "window")];
+        if (ret != NULL && ret->kind != MS_EXPR_NONE && (win == NULL || win->kind == MS_EXPR_NONE))
+            err(s, r->ast->name.loc,
+                "attention '%s' attends to every token, but kv_pool '%s' releases tokens outside its retention window; give '%s' a window",
+                r->name, r->kv->name, r->name);
+    }
+    /* dependency order: Kahn's algorithm; among ready resources the first kind (KV, positions,
+     * attention, cross, scratch, sampler: ms_resource_kind order), then the first name */
     bool placed[MS_MAX_RESOURCES * 4] = {false};
     ms_resource **order = NEWN(s, ms_resource *, count);
     int n_order = 0;
@@ -1233,9 +1246,8 @@ static void check_resources(sema *s, ms_node *node, const ms_ast_node *an) {
                         ready = false;
             if (!ready)
                 continue;
-            if (best < 0 || (list[i]->kind == MS_RESOURCE_KV) > (list[best]->kind == MS_RESOURCE_KV) ||
-                ((list[i]->kind == MS_RESOURCE_KV) == (list[best]->kind == MS_RESOURCE_KV) &&
-                 strcmp(list[i]->name, list[best]->name) < 0))
+            if (best < 0 || list[i]->kind < list[best]->kind ||
+                (list[i]->kind == list[best]->kind && strcmp(list[i]->name, list[best]->name) < 0))
                 best = i;
         }
         if (best < 0)
@@ -1462,7 +1474,10 @@ static const ms_ast_expr *res_arg_plain(const ms_resource *r, const char *key) {
     return e != NULL && e->kind != MS_EXPR_COND ? e : NULL;
 }
 
-static bool want_layer(sema *s, const ms_ast_expr *call, const char *fn) {
+static const ms_ast_expr *res_arg_plain(const ms_resource *r, const char *key);
+
+/* layer = <loop variable>, iterating a group with as many layers as the resource's KV pool. */
+static bool want_layer(sema *s, const ms_ast_expr *call, const char *fn, const ms_resource *r) {
     ms_ast_expr *l = named_arg(call, "layer");
     if (l == NULL) {
         err(s, call->loc, "%s needs layer = <loop variable> (which layer's KV to use)", fn);
@@ -1473,6 +1488,11 @@ static bool want_layer(sema *s, const ms_ast_expr *call, const char *fn) {
         err(s, l->loc, "layer must be a for-loop variable over a weight group, got %s", ms_type_str(v.t));
         return false;
     }
+    const ms_resource *pool = r->kind == MS_RESOURCE_KV ? r : r->kv;
+    const ms_ast_expr *layers = pool != NULL ? res_arg_plain(pool, "layers") : NULL;
+    if (v.t == MS_TYPE_LAYER && v.group != NULL && layers != NULL && !dims_eq(s, v.group->count, layers))
+        err(s, l->loc, "%s: group '%s' has %s layers but kv_pool '%s' has layers = %s", fn, v.group->name,
+            ms_expr_str(s->a, v.group->count), pool->name, ms_expr_str(s->a, layers));
     return true;
 }
 
@@ -1522,7 +1542,7 @@ static fval method_call(sema *s, ms_ast_expr *e, const ms_resource *r, const cha
                 v[i] = fexpr(s, pos_arg(e, i));
                 want_tensor(s, pos_arg(e, i), &v[i], i == 0 && !write ? "q" : i == (write ? 0 : 1) ? "k" : "v");
             }
-            want_layer(s, e, fn);
+            want_layer(s, e, fn, r);
             const ms_ast_expr *hd = res_head_dim(r);
             const ms_ast_expr *qh = res_arg_plain(r, "q_heads");
             const ms_ast_expr *kvh = r->kv != NULL ? res_arg_plain(r->kv, "kv_heads") : NULL;
