@@ -108,6 +108,38 @@ static void sh_quote(ms_strbuf *b, const char *s) {
     ms_strbuf_puts(b, "'");
 }
 
+/* DIR/kernels/<instance>.cu. A model whose kernels the templates cannot express gets a warning (the binary
+ * still runs on the CPU backend); I/O errors fail. Returns 0 or -1. */
+static int write_kernels(const ms_model *m, const char *file, const char *outdir) {
+    ms_gen_file files[32];
+    int n = 0;
+    ms_error err = {0};
+    ms_status st = ms_codegen_kernels(m, file, files, (int)MS_ARRAY_LEN(files), &n, &err);
+    if (st == MS_ERR_UNSUPPORTED) {
+        fprintf(stderr, "mstarc: warning: no CUDA kernel instances: %s\n", err.msg);
+        return 0;
+    }
+    if (st != MS_OK) {
+        fprintf(stderr, "mstarc: error: %s\n", err.msg);
+        return -1;
+    }
+    int rc = 0;
+    char *dir = ms_asprintf("%s/kernels", outdir);
+    if (dir == NULL || make_dirs(dir) != 0) {
+        fprintf(stderr, "mstarc: error: cannot create '%s/kernels'\n", outdir);
+        rc = -1;
+    }
+    for (int i = 0; i < n && rc == 0; i++) {
+        char *path = ms_asprintf("%s/%s", dir, files[i].name);
+        if (path == NULL || write_file(path, &files[i].text) != 0)
+            rc = -1;
+        ms_free(path);
+    }
+    ms_free(dir);
+    ms_gen_files_free(files, n);
+    return rc;
+}
+
 int ms_mstarc_build_main(int argc, char **argv) {
     const char *file = NULL, *outdir = NULL;
     const char *cc = NULL, *cflags = NULL, *lib = NULL, *ldlibs = NULL;
@@ -184,6 +216,8 @@ int ms_mstarc_build_main(int argc, char **argv) {
         goto done;
     }
     if (write_file(gen_path, &gen) != 0 || write_file(main_path, &main_c) != 0)
+        goto done;
+    if (write_kernels(m, file, outdir) != 0)
         goto done;
     if (emit_only) {
         printf("%s: wrote %s, %s\n", file, gen_path, main_path);

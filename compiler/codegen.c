@@ -1920,9 +1920,18 @@ static void gen_init(gen *g, const ms_model *m, const char *source, ms_strbuf *o
     g->rope_q = g->rope_k = -1;
 }
 
-static const char *base_name(const char *path) {
-    const char *s = strrchr(path, '/');
-    return s != NULL ? s + 1 : path;
+/* Checks, fusion analysis, weight table and the lowered forward (shared by the C and the kernel
+ * generators). Fails through g->jb. */
+static void prepare(gen *g) {
+    find_node(g);
+    analyze_fusion_stmts(g, &g->fwd->ast->body);
+    build_weight_table(g);
+    g->tokens = new_val(g, V_TOKENS);
+    g->logits = new_val(g, V_LOGITS);
+    g->v[g->logits].root = -1;
+    g->v[g->logits].rows = "S";
+    lower_body(g, &g->fwd->ast->body);
+    plan_buffers(g);
 }
 
 ms_status ms_codegen_model_c(const ms_model *m, const char *source, ms_strbuf *out,
@@ -1939,17 +1948,7 @@ ms_status ms_codegen_model_c(const ms_model *m, const char *source, ms_strbuf *o
         goto done;
     }
     ms_arena_set_oom_jmp(&g->a, &g->jb);
-    find_node(g);
-    analyze_fusion_stmts(g, &g->fwd->ast->body);
-    build_weight_table(g);
-
-    /* the forward first (it can fail), emitted at the end */
-    g->tokens = new_val(g, V_TOKENS);
-    g->logits = new_val(g, V_LOGITS);
-    g->v[g->logits].root = -1;
-    g->v[g->logits].rows = "S";
-    lower_body(g, &g->fwd->ast->body);
-    plan_buffers(g);
+    prepare(g);
 
     const char *file = S("%s_gen.c", m->name);
     ms_emit_banner(&g->cg, file, source, NULL);
@@ -2025,7 +2024,6 @@ ms_status ms_codegen_model_c(const ms_model *m, const char *source, ms_strbuf *o
 done:
     ms_arena_free(&g->a);
     ms_free(g);
-    (void)base_name;
     return st;
 }
 
@@ -2046,4 +2044,342 @@ ms_status ms_codegen_main_c(const ms_model *m, const char *source, ms_strbuf *ou
     if (out->oom)
         return MS_FAIL(err, MS_ERR_OOM, "out of memory while generating %s", file);
     return MS_OK;
+}
+
+/* ---- kernel instance sources ---- */
+
+/* The kernel vocabulary of runtime/cuda_kernels.h, mirrored here because that header and
+ * backend.h (through model_desc.h) cannot be included together (both declare ms_attn_params).
+ * ORDER MS_KERNEL_OP / MS_KERNEL_DTYPE / MS_KERNEL_ROPE: values, names and entries match
+ * cuda_kernels.c; tests/test_codegen_kernels.c checks every generated name against
+ * ms_kernel_spec_uri and compiles every instance with NVRTC. */
+typedef enum ms_kernel_op {
+    MS_KERNEL_OP_ATTN_DECODE = 0,
+    MS_KERNEL_OP_ATTN_PREFILL,
+    MS_KERNEL_OP_ROPE_KV,
+    MS_KERNEL_OP_RMSNORM,
+    MS_KERNEL_OP_SILU_MUL,
+    MS_KERNEL_OP_EMBED,
+    MS_KERNEL_OP_ARGMAX,
+    MS_KERNEL_OP_SAMPLE,
+    MS_KERNEL_OP_COUNT
+} ms_kernel_op;
+typedef enum ms_kernel_dtype {
+    MS_KERNEL_DTYPE_BF16 = 0,
+    MS_KERNEL_DTYPE_F16,
+    MS_KERNEL_DTYPE_F32,
+    MS_KERNEL_DTYPE_COUNT
+} ms_kernel_dtype;
+typedef enum ms_kernel_rope {
+    MS_KERNEL_ROPE_NONE = 0,
+    MS_KERNEL_ROPE_NEOX = 1,
+    MS_KERNEL_ROPE_INTERLEAVED = 2,
+    MS_KERNEL_ROPE_COUNT
+} ms_kernel_rope;
+typedef enum ms_kernel_rope_scaling {
+    MS_KERNEL_ROPE_SCALING_NONE = 0,
+    MS_KERNEL_ROPE_SCALING_LLAMA3 = 1,
+} ms_kernel_rope_scaling;
+
+static const char *const kop_name[MS_KERNEL_OP_COUNT] = {
+    "attn_decode", "attn_prefill", "rope_kv", "rmsnorm", "silu_mul", "embed", "argmax", "sample"};
+static const char *const kop_entry[MS_KERNEL_OP_COUNT][2] = {
+    {"ms_attn_decode", "ms_attn_decode_merge"}, {"ms_attn_prefill", NULL}, {"ms_rope_kv", NULL},
+    {"ms_rmsnorm", NULL}, {"ms_silu_mul", NULL}, {"ms_embed", NULL}, {"ms_argmax", NULL},
+    {"ms_sample", NULL}};
+static const char *const kdtype_name[MS_KERNEL_DTYPE_COUNT] = {"bf16", "f16", "f32"};
+
+/* A structural kernel variant of the model (shape completed at load). */
+typedef struct kvariant {
+    ms_kernel_op op;
+    ms_kernel_dtype dtype;
+    bool causal, windowed, add_residual;
+    ms_kernel_rope rope;
+    ms_kernel_rope_scaling scaling;
+    const char *when;   /* config condition under which the engine uses it, NULL always */
+} kvariant;
+
+/* Template header and wrapper of each op. ORDER MS_KERNEL_OP (mirrors runtime/cuda_kernels.c,
+ * whose ms_kernel_spec_source emits the same wrappers for a complete spec). */
+static const struct {
+    const char *header;
+    const char *threads[2];
+    const char *params;
+    const char *call[2];
+} kop[MS_KERNEL_OP_COUNT] = {
+    {"attn/decode.cuh", {"MS_ATTN_DECODE_THREADS", "MS_ATTN_MERGE_THREADS"}, "ms_attn_params",
+     {"ms::attn_decode<cfg::T, cfg::kHeadDim, cfg::kPageSize, cfg::kGroup, cfg::kWindowed>",
+      "ms::attn_decode_merge<cfg::T, cfg::kHeadDim>"}},
+    {"attn/prefill.cuh", {"MS_ATTN_PREFILL_THREADS", NULL}, "ms_attn_params",
+     {"ms::attn_prefill<cfg::T, cfg::kHeadDim, cfg::kPageSize, cfg::kGroup, cfg::kCausal, "
+      "cfg::kWindowed>", NULL}},
+    {"rope/rope_kv.cuh", {"MS_ROPE_KV_THREADS", NULL}, "ms_rope_kv_params",
+     {"ms::rope_kv<cfg::T, cfg::kHeadDim, cfg::kPageSize, cfg::kRope, cfg::kRopeScaling>", NULL}},
+    {"norm/rmsnorm.cuh", {"MS_RMSNORM_THREADS", NULL}, "ms_rmsnorm_params",
+     {"ms::rmsnorm<cfg::T, cfg::kAddResidual>", NULL}},
+    {"act/silu_mul.cuh", {"MS_SILU_MUL_THREADS", NULL}, "ms_silu_mul_params",
+     {"ms::silu_mul<cfg::T>", NULL}},
+    {"embed/embed.cuh", {"MS_EMBED_THREADS", NULL}, "ms_embed_params", {"ms::embed<cfg::T>", NULL}},
+    {"sample/sample.cuh", {"MS_ARGMAX_THREADS", NULL}, "ms_argmax_params",
+     {"ms::argmax<cfg::T>", NULL}},
+    {"sample/sample.cuh", {"MS_SAMPLE_THREADS", NULL}, "ms_sample_params",
+     {"ms::sample<cfg::T>", NULL}},
+};
+
+static const char *const ktype[MS_KERNEL_DTYPE_COUNT] = {"ms::bf16", "ms::f16", "float"};
+static const char *const krope[MS_KERNEL_ROPE_COUNT] = {"none", "neox", "interleaved"};
+
+static bool kop_shaped(ms_kernel_op kop_) {
+    return kop_ == MS_KERNEL_OP_ATTN_DECODE || kop_ == MS_KERNEL_OP_ATTN_PREFILL ||
+           kop_ == MS_KERNEL_OP_ROPE_KV;
+}
+
+/* File stem: the runtime's URI without the shape parameters (ms_kernel_spec_uri). */
+static const char *kname(gen *g, const kvariant *k) {
+    const char *on = kop_name[k->op], *dt = kdtype_name[k->dtype];
+    switch (k->op) {
+    case MS_KERNEL_OP_ATTN_DECODE:
+    case MS_KERNEL_OP_ATTN_PREFILL:
+        return S("%s_%s%s%s", on, dt, k->causal ? "_causal" : "", k->windowed ? "_win" : "");
+    case MS_KERNEL_OP_ROPE_KV:
+        return S("%s_%s_%s%s", on, dt, krope[k->rope],
+                 k->scaling == MS_KERNEL_ROPE_SCALING_LLAMA3 ? "_llama3" : "");
+    case MS_KERNEL_OP_RMSNORM:
+        return S("%s_%s%s", on, dt, k->add_residual ? "_res" : "");
+    default:
+        return S("%s_%s", on, dt);
+    }
+}
+
+static void kadd(gen *g, kvariant *ks, int *n, int cap, kvariant k) {
+    for (int i = 0; i < *n; i++)
+        if (strcmp(kname(g, &ks[i]), kname(g, &k)) == 0)
+            return;
+    if (*n == cap)
+        fail_at(g, NOLOC, "too many kernel instances");
+    ks[(*n)++] = k;
+}
+
+/* The values an ENUM/scaling/window argument can take: both branches of every condition. */
+static void arg_leaves(const ms_ast_expr *e, const ms_ast_expr **out, int *n, int cap) {
+    if (e != NULL && e->kind == MS_EXPR_COND) {
+        arg_leaves(e->lhs, out, n, cap);
+        arg_leaves(e->rhs, out, n, cap);
+    } else if (*n < cap) {
+        out[(*n)++] = e;
+    }
+}
+
+static void emit_kernel(gen *g, const kvariant *k, const char *file) {
+    const char *stem = kname(g, k);
+    ms_emit_banner(&g->cg, file, g->source, kop[k->op].header);
+    E("/*");
+    E(" * Kernel instance of model '%s': the structure is fixed by the model (element type,", g->mn);
+    E(" * variant flags); %s", kop_shaped(k->op) ? "the shape comes from the checkpoint at load: the runtime prepends" :
+      "it has no shape parameters.");
+    if (kop_shaped(k->op)) {
+        E(" *     #define MS_HEAD_DIM <head_dim>");
+        E(" *     #define MS_PAGE_SIZE <page_size>");
+        if (k->op != MS_KERNEL_OP_ROPE_KV)
+            E(" *     #define MS_GROUP <query heads per KV head>");
+    }
+    E(" * and compiles it with NVRTC for the device's sm_XX (cubin cache key: the runtime's URI).");
+    if (k->when != NULL)
+        E(" * Used when: %s.", k->when);
+    E(" */");
+    if (kop_shaped(k->op)) {
+        if (k->op == MS_KERNEL_OP_ROPE_KV) {
+            E("#if !defined(MS_HEAD_DIM) || !defined(MS_PAGE_SIZE)");
+            E("#error \"%s needs MS_HEAD_DIM and MS_PAGE_SIZE (defined by the runtime at load)\"", stem);
+        } else {
+            E("#if !defined(MS_HEAD_DIM) || !defined(MS_PAGE_SIZE) || !defined(MS_GROUP)");
+            E("#error \"%s needs MS_HEAD_DIM, MS_PAGE_SIZE and MS_GROUP (defined by the runtime at "
+              "load)\"", stem);
+        }
+        E("#endif");
+    }
+    E("#include \"%s\"", kop[k->op].header);
+    ms_emit_blank(&g->cg);
+    E("namespace cfg {");
+    E("using T = %s;", ktype[k->dtype]);
+    switch (k->op) {
+    case MS_KERNEL_OP_ATTN_DECODE:
+    case MS_KERNEL_OP_ATTN_PREFILL:
+        E("constexpr int kHeadDim = MS_HEAD_DIM;");
+        E("constexpr int kPageSize = MS_PAGE_SIZE;");
+        E("constexpr int kGroup = MS_GROUP;");
+        E("constexpr bool kCausal = %s;", k->causal ? "true" : "false");
+        E("constexpr bool kWindowed = %s;", k->windowed ? "true" : "false");
+        break;
+    case MS_KERNEL_OP_ROPE_KV:
+        E("constexpr int kHeadDim = MS_HEAD_DIM;");
+        E("constexpr int kPageSize = MS_PAGE_SIZE;");
+        E("constexpr int kRope = %d; // %s", (int)k->rope, krope[k->rope]);
+        E("constexpr int kRopeScaling = %d;", (int)k->scaling);
+        break;
+    case MS_KERNEL_OP_RMSNORM:
+        E("constexpr bool kAddResidual = %s;", k->add_residual ? "true" : "false");
+        break;
+    default:
+        break;
+    }
+    E("} // namespace cfg");
+    for (int i = 0; i < 2 && kop[k->op].call[i] != NULL; i++) {
+        ms_emit_blank(&g->cg);
+        E("extern \"C\" __global__ void __launch_bounds__(%s)", kop[k->op].threads[i]);
+        E("%s(const %s p) {", kop_entry[k->op][i], kop[k->op].params);
+        E("    %s(p);", kop[k->op].call[i]);
+        E("}");
+    }
+}
+
+/* Collect the structural kernel variants the lowered forward and the sampler need. */
+static int collect_kernels(gen *g, kvariant *ks, int cap) {
+    int n = 0;
+    static const char *const dt_w[] = {"bf16", "f16", "f32", NULL};
+    const ms_ast_expr *dte = res_arg(g->kv, "dtype");
+    ms_kernel_dtype dt = MS_KERNEL_DTYPE_BF16;
+    if (dte != NULL) {
+        if (dte->kind != MS_EXPR_NAME)
+            fail_at(g, dte->loc, "kernels: the KV dtype must be one word");
+        for (int i = 0; dt_w[i] != NULL; i++)
+            if (strcmp(dt_w[i], dte->text) == 0)
+                dt = (ms_kernel_dtype)i;
+    }
+    if (dt == MS_KERNEL_DTYPE_F32)
+        fail_at(g, dte->loc, "kernels: the CUDA templates store KV in bf16 or f16");
+    const ms_ast_expr *wins[8];
+    int nw = 0;
+    arg_leaves(res_arg(g->attn, "window"), wins, &nw, 8);
+    bool prefill_causal = true;
+    for (int s = 0; s < g->node->n_steps; s++) {
+        const ms_step_rec *r = rec_of(g->node->steps[s], g->attn);
+        if (r != NULL && is_call(g->node->steps[s]->segments[0].span, "len"))
+            prefill_causal = r->causal;
+    }
+    const char *wcond = NULL;
+    const ms_ast_expr *we = res_arg(g->attn, "window");
+    if (we != NULL && we->kind == MS_EXPR_COND)
+        wcond = src_text(g, we->cond);
+    for (int i = 0; i < g->n_o; i++) {
+        const op *o = &g->o[i];
+        switch (o->kind) {
+        case O_EMBED:
+            kadd(g, ks, &n, cap, (kvariant){.op = MS_KERNEL_OP_EMBED, .dtype = dt});
+            break;
+        case O_RMS_NORM:
+        case O_ADD_RMS_NORM:
+        case O_NORM_FIRST:
+            if (o->kind != O_ADD_RMS_NORM)
+                kadd(g, ks, &n, cap, (kvariant){.op = MS_KERNEL_OP_RMSNORM, .dtype = dt});
+            if (o->kind != O_RMS_NORM)
+                kadd(g, ks, &n, cap,
+                     (kvariant){.op = MS_KERNEL_OP_RMSNORM, .dtype = dt, .add_residual = true});
+            break;
+        case O_SILU_MUL:
+            kadd(g, ks, &n, cap, (kvariant){.op = MS_KERNEL_OP_SILU_MUL, .dtype = dt});
+            break;
+        case O_ROPE:
+        case O_ROPE_KV_WRITE: {
+            const ms_ast_expr *st[8], *sc[8];
+            int ns = 0, nsc = 0;
+            arg_leaves(res_arg(g->pos, "style"), st, &ns, 8);
+            arg_leaves(res_arg(g->pos, "scaling"), sc, &nsc, 8);
+            const ms_ast_expr *se = res_arg(g->pos, "style"), *sce = res_arg(g->pos, "scaling");
+            for (int a = 0; a < ns; a++)
+                for (int b = 0; b < nsc; b++) {
+                    kvariant k = {.op = MS_KERNEL_OP_ROPE_KV, .dtype = dt};
+                    k.rope = st[a] != NULL && strcmp(st[a]->text, "interleaved") == 0
+                                 ? MS_KERNEL_ROPE_INTERLEAVED
+                                 : MS_KERNEL_ROPE_NEOX;
+                    if (sc[b] != NULL && is_call(sc[b], "llama3"))
+                        k.scaling = MS_KERNEL_ROPE_SCALING_LLAMA3;
+                    else if (sc[b] != NULL && sc[b]->kind != MS_EXPR_NONE)
+                        fail_at(g, sc[b]->loc, "kernels: no CUDA template variant for RoPE "
+                                "scaling '%s' (none, llama3)", src_text(g, sc[b]));
+                    const char *c1 = se != NULL && se->kind == MS_EXPR_COND
+                                         ? (a == 0 ? src_text(g, se->cond) : S("not (%s)", src_text(g, se->cond)))
+                                         : NULL;
+                    const char *c2 = sce != NULL && sce->kind == MS_EXPR_COND
+                                         ? (b == 0 ? src_text(g, sce->cond) : S("not (%s)", src_text(g, sce->cond)))
+                                         : NULL;
+                    k.when = c1 != NULL && c2 != NULL ? S("%s and %s", c1, c2)
+                             : c1 != NULL             ? c1
+                                                      : c2;
+                    kadd(g, ks, &n, cap, k);
+                }
+            break;
+        }
+        case O_KV_WRITE:
+            kadd(g, ks, &n, cap, (kvariant){.op = MS_KERNEL_OP_ROPE_KV, .dtype = dt,
+                                            .rope = MS_KERNEL_ROPE_NONE});
+            break;
+        case O_ATTN:
+            for (int w = 0; w < nw; w++) {
+                bool win = wins[w] != NULL && wins[w]->kind != MS_EXPR_NONE;
+                const char *when = wcond == NULL ? NULL : win ? wcond : S("not (%s)", wcond);
+                kadd(g, ks, &n, cap, (kvariant){.op = MS_KERNEL_OP_ATTN_DECODE, .dtype = dt,
+                                                .windowed = win, .when = when});
+                kadd(g, ks, &n, cap, (kvariant){.op = MS_KERNEL_OP_ATTN_PREFILL, .dtype = dt,
+                                                .causal = prefill_causal, .windowed = win,
+                                                .when = when});
+            }
+            break;
+        default:
+            break;
+        }
+    }
+    kadd(g, ks, &n, cap, (kvariant){.op = MS_KERNEL_OP_ARGMAX, .dtype = MS_KERNEL_DTYPE_F32});
+    kadd(g, ks, &n, cap, (kvariant){.op = MS_KERNEL_OP_SAMPLE, .dtype = MS_KERNEL_DTYPE_F32});
+    return n;
+}
+
+void ms_gen_files_free(ms_gen_file *files, int n) {
+    for (int i = 0; i < n; i++) {
+        ms_free(files[i].name);
+        ms_strbuf_free(&files[i].text);
+    }
+}
+
+ms_status ms_codegen_kernels(const ms_model *m, const char *source, ms_gen_file *files, int cap,
+                             int *n_files, ms_error *err) {
+    *n_files = 0;
+    gen *g = ms_calloc(1, sizeof *g);
+    if (g == NULL)
+        return MS_FAIL(err, MS_ERR_OOM, "out of memory while generating kernels for %s", source);
+    ms_strbuf scratch = {0};
+    gen_init(g, m, source, &scratch, err);
+    ms_status st = MS_OK;
+    if (setjmp(g->jb) != 0) {
+        st = err != NULL && err->code != MS_OK ? err->code : MS_ERR_OOM;
+        if (st == MS_ERR_OOM)
+            MS_FAIL(err, MS_ERR_OOM, "out of memory while generating kernels for %s", source);
+        ms_gen_files_free(files, *n_files);
+        *n_files = 0;
+        goto done;
+    }
+    ms_arena_set_oom_jmp(&g->a, &g->jb);
+    prepare(g);
+    kvariant ks[32];
+    int n = collect_kernels(g, ks, 32);
+    if (n > cap)
+        fail_at(g, NOLOC, "kernels: %d instances, room for %d", n, cap);
+    for (int i = 0; i < n; i++) {
+        ms_gen_file *f = &files[i];
+        memset(f, 0, sizeof *f);
+        f->name = ms_asprintf("%s.cu", kname(g, &ks[i]));
+        if (f->name == NULL)
+            ms_arena_oom(&g->a);
+        (*n_files)++;
+        g->cg.out = &f->text;
+        g->cg.indent = 0;
+        emit_kernel(g, &ks[i], f->name);
+        if (f->text.oom)
+            ms_arena_oom(&g->a);
+    }
+done:
+    ms_strbuf_free(&scratch);
+    ms_arena_free(&g->a);
+    ms_free(g);
+    return st;
 }

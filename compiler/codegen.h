@@ -57,11 +57,36 @@ ms_status ms_codegen_model_c(const ms_model *m, const char *source, ms_strbuf *o
 ms_status ms_codegen_main_c(const ms_model *m, const char *source, ms_strbuf *out,
                             ms_error *err);
 
+/* ---- kernel instance sources ---- */
+
+/* A generated file: name (ms_malloc'd) and text. */
+typedef struct ms_gen_file {
+    char *name;
+    ms_strbuf text;
+} ms_gen_file;
+
+/* Release the names and texts of files[0..n). */
+void ms_gen_files_free(ms_gen_file *files, int n);
+
+/*
+ * The CUDA kernel instance sources the model needs (issue 5's instantiation): one file per
+ * structural variant of the templates/ kernels the lowered forward and the sampler use (element
+ * type and variant flags fixed by the model; both variants when a model file choice depends on
+ * config.json, e.g. the window or the RoPE style), each a banner, the template's #include, the
+ * config preamble and the extern "C" wrappers. The shape (MS_HEAD_DIM, MS_PAGE_SIZE, MS_GROUP)
+ * is left to the runtime, which prepends its #defines from the checkpoint at load. Fills
+ * files[0..*n_files) (at most cap); release with ms_gen_files_free. Errors as ms_codegen_model_c,
+ * plus MS_ERR_UNSUPPORTED for a variant the templates do not have (linear RoPE scaling).
+ */
+ms_status ms_codegen_kernels(const ms_model *m, const char *source, ms_gen_file *files, int cap,
+                             int *n_files, ms_error *err);
+
 /* ---- mstarc build ---- */
 
 /*
  * `mstarc build FILE -o DIR [options]` (argv[0] is "build"): compile FILE, write
- * DIR/<model>_gen.c and DIR/<model>_main.c, then compile and link them with libmstar into
+ * DIR/<model>_gen.c, DIR/<model>_main.c and DIR/kernels/<instance>.cu (a model without CUDA kernel
+ * variants gets a warning and no kernels), then compile and link the C with libmstar into
  * DIR/<model>. Prints errors on stderr; returns the process exit status (0 ok, 1 error, 2 usage).
  * The compiler, flags, libmstar.a and link flags default to the values baked in when mstarc was
  * built (compiler/build.mk) and can be overridden with --cc/--cflags/--libmstar/--ldlibs or the

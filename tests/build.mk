@@ -46,3 +46,7 @@ $(BUILD)/gen/llama/llama_gen.c: models/llama.mstar $(BUILD)/mstarc
 	$(call quiet,GEN,$@)
 	$(Q)$(BUILD)/mstarc build models/llama.mstar -o $(BUILD)/gen/llama --emit-only >/dev/null
 TEST_SCRIPTS += tests/codegen.sh
+ifeq ($(HAVE_CUDA),1)
+TESTS += tests/test_codegen_kernels
+endif
+$(BUILD)/tests/test_codegen_kernels: | $(BUILD)/gen/llama/llama_gen.c
