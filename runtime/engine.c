@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "attn_plan.h"
 #include "backend.h"
 #include "checkpoint.h"
 #include "device.h"
@@ -29,29 +30,35 @@
 /* ---- engine-side resources: attention staging and the sampler ---- */
 
 /*
- * Attention resource (kind MS_RESOURCE_ATTN) of the engine: at plan it stages the step's KV plan
- * into the backend's attention batch (fixed addresses, allocates nothing) and files the batch and
- * the step's causal flag as its plan result.
+ * Attention resource (kind MS_RESOURCE_ATTN) of the engine: the runner's attention resource
+ * (attn_plan.h: kernel choice per plan label, causal flag, persistent host plan buffers) plus the
+ * backend staging: at plan it stages the step's KV plan into the backend's attention batch (fixed
+ * addresses, allocates nothing) and files itself as the plan result, so the forward reads the
+ * batch and the attention plan entry.
  */
 typedef struct eng_attn {
+    ms_attn *inner;                    /* the runner's attention resource (owned) */
     const ms_backend *be;
-    ms_attn_batch *batch;    /* backend-owned, made at init for the worst case */
+    ms_attn_batch *batch;              /* backend-owned, made at init for the worst case */
     const ms_paged_kv *kv;
-    int kv_index;            /* resource index of the KV pool */
-    bool causal;             /* plan result: the step's attention record */
+    int kv_index;                      /* resource index of the KV pool */
+    const ms_attn_plan_entry *entry;   /* plan result: the main label's attention plan */
 } eng_attn;
 
 static ms_status eng_attn_plan(void *self, int index, const ms_step *step, ms_step_ctx *ctx,
                                const void **out, ms_error *err) {
     eng_attn *a = self;
-    const ms_attn_step *rec = step->records[index].rec;
     const ms_kv_plan_set *set = ctx->plan_results[a->kv_index];
     if (set == NULL || set->n_plans != 1)
         return MS_FAIL(err, MS_ERR_UNSUPPORTED,
                        "attention: step %s needs exactly one plan label (got %d)", step->name,
                        set == NULL ? 0 : (int)set->n_plans);
+    const void *inner_out = NULL;
+    MS_TRY(ms_attn_iface.plan(a->inner, index, step, ctx, &inner_out, err));
+    const ms_attn_plan_set *ap = inner_out;
+    a->entry = ms_attn_plan_find(ap, set->plans[0].plan_label);
+    MS_ASSERT(a->entry != NULL);
     MS_TRY(a->be->iface.attn_batch_stage(a->be->ctx, a->batch, &set->plans[0], a->kv, err));
-    a->causal = rec->causal;
     *out = a;
     return MS_OK;
 }
@@ -590,6 +597,9 @@ static ms_status eng_resources_init(ms_engine *e, ms_error *err) {
                        "resources", d->name);
     e->pos_cfg.kv_key = d->resources[e->idx_kv].key;
     e->attn.kv_index = e->idx_kv;
+    ms_attn_config atc = {.kv_key = d->resources[e->idx_kv].key, .max_rows = e->max_seqs,
+                          .max_pages = pages};
+    MS_TRY(ms_attn_init(&e->attn.inner, &atc, e->idx_kv, err));
     return ms_step_runner_init(&e->runner, specs, d->n_resources, err);
 }
 
@@ -619,7 +629,11 @@ static ms_status eng_buffers_init(ms_engine *e, ms_error *err) {
                                          (size_t)rd / 2 * sizeof(float), err);
     ms_free(inv);
     MS_TRY(st);
-    e->rope = (ms_rope_table){fa->rope.style, rd, e->inv_freq, 1.0f};
+    memset(&e->rope, 0, sizeof e->rope);
+    e->rope.style = fa->rope.style;
+    e->rope.rotary_dim = rd;
+    e->rope.inv_freq = e->inv_freq;
+    e->rope.attention_scaling = 1.0f;
 
     e->logits_host = ms_malloc(S * V * sizeof(float));
     e->tokens_host = ms_malloc(T * sizeof(int32_t));
@@ -698,6 +712,7 @@ void ms_engine_free(ms_engine *e) {
     ms_kv_pool_free(e->pool);
     ms_page_arena_free(e->arena);
     ms_device_free(e->dev);
+    ms_attn_free(e->attn.inner);
     ms_rid_map_free(&e->sampler.map);
     ms_free(e->sampler.rows);
     if (e->be.ctx != NULL) {
@@ -956,7 +971,7 @@ ms_status ms_engine_step(ms_engine *e, ms_engine_step_info *info, ms_error *err)
         .positions = &pos,
         .rope = &e->rope,
         .attn = {.scale = 1.0f / sqrtf((float)e->facts.head_dim), .window = e->facts.window,
-                 .causal = ap->causal},
+                 .causal = ap->entry->causal},
         .workspace = e->workspace,
         .max_tokens = e->max_tokens,
         .max_seqs = e->max_seqs,

@@ -6,7 +6,8 @@
  * CUDA backend lands), reads config.json (or a llama2.c .bin through the loaders, which derive a
  * config and expose Hugging Face tensor names), validates and loads every declared weight into one
  * planned set of backend buffers (fused entries concatenated), builds the node's resources through
- * the step runner (KV pool over a page arena, positions, attention staging, sampler), and sizes
+ * the step runner (KV pool over a page arena, positions, attention (the runner's plan + backend
+ * staging), sampler), and sizes
  * every per-step buffer for the worst case: the decode path allocates nothing.
  *
  * Each ms_engine_step runs every active request in one ragged step: requests still holding prompt
