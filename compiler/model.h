@@ -126,6 +126,8 @@ struct ms_weight {
     const ms_weight *tie;         /* use this weight instead (when tie_cond holds / when missing) */
     const ms_ast_expr *tie_cond;  /* bool config expression, NULL = only when the tensor is missing */
     bool optional;                /* may be absent (the forward then skips it, e.g. a bias) */
+    bool used;                    /* read by a forward, a resource argument or a used tie (always
+                                     true in a checked model: unused weights are errors) */
     int index;                    /* position in ms_model.weights */
     const ms_ast_weight *ast;
     ms_ast_sym sym;

@@ -1,7 +1,8 @@
 /*
- * test_dsl_fixtures.c - models/llama.mstar against real Hugging Face checkpoints
- * (../shared/fixtures/hf): its config parameters evaluate from each config.json (both the
- * transformers 5 rope_parameters layout and the legacy top-level one), and its weights name
+ * test_dsl_fixtures.c - models/llama.mstar and models/qwen3.mstar against real Hugging Face
+ * checkpoints (../shared/fixtures/hf): their config parameters evaluate from each config.json
+ * (both the transformers 5 rope_parameters layout and the legacy top-level one), and their
+ * weights name
  * exactly the tensors of each model.safetensors with the shapes the checkpoint has: every
  * required tensor present for every layer, every checkpoint tensor claimed, ties and optional
  * biases resolved as declared. Also the evaluator's error messages.
@@ -23,6 +24,7 @@ typedef struct fixture {
     json_t *config;
     json_t *tensors;   /* safetensors header: name -> {dtype, shape, data_offsets} */
     ms_value *values;  /* [n_params] */
+    const char *model; /* path of the model file */
 } fixture;
 
 static json_t *safetensors_header(const char *path) {
@@ -44,10 +46,11 @@ static json_t *safetensors_header(const char *path) {
     return j;
 }
 
-static void fixture_load(fixture *fx, const char *name) {
+static void fixture_load_model(fixture *fx, const char *model, const char *name) {
     memset(fx, 0, sizeof *fx);
     ms_error err = {0};
-    assert_int_equal(ms_compile_file("models/llama.mstar", 0, &fx->c, &err), MS_OK);
+    fx->model = model;
+    assert_int_equal(ms_compile_file(model, 0, &fx->c, &err), MS_OK);
     fx->m = ms_compile_model(fx->c);
     char rel[256];
     snprintf(rel, sizeof rel, "hf/%s/config.json", name);
@@ -63,6 +66,8 @@ static void fixture_load(fixture *fx, const char *name) {
         fprintf(stderr, "%s: %s\n", name, err.msg);
     assert_int_equal(err.code, MS_OK);
 }
+
+static void fixture_load(fixture *fx, const char *name) { fixture_load_model(fx, "models/llama.mstar", name); }
 
 static void fixture_free(fixture *fx) {
     free(fx->values);
@@ -150,7 +155,7 @@ static int check_weights(const fixture *fx, int *n_tied, int *n_absent_optional)
     json_t *val;
     json_object_foreach(fx->tensors, key, val) {
         if (strcmp(key, "__metadata__") != 0 && json_object_get(claimed, key) == NULL)
-            fail_msg("checkpoint tensor \"%s\" is not named by any weight of models/llama.mstar", key);
+            fail_msg("checkpoint tensor \"%s\" is not named by any weight of %s", key, fx->model);
     }
     json_decref(claimed);
     return matched;
@@ -227,6 +232,27 @@ static void test_llama31_rope_legacy_layout(void **state) {
     check_llama31("llama31_rope_legacy");
 }
 
+static void test_qwen3(void **state) {
+    (void)state;
+    fixture fx;
+    fixture_load_model(&fx, "models/qwen3.mstar", "qwen3");
+    assert_int_equal(param(&fx, "head_dim")->i, 48); /* its own value, not 96 / 4 */
+    assert_int_equal(param(&fx, "q_dim")->i, 192);
+    assert_int_equal(param(&fx, "sliding_window")->type, MS_TYPE_NONE); /* null in config.json */
+    assert_true(param(&fx, "rms_norm_eps")->f == 1e-6);
+    assert_true(param(&fx, "rope_theta")->f == 1000000.0);
+    int tied, absent;
+    assert_int_equal(check_weights(&fx, &tied, &absent), 1 + 2 * 11 + 1);
+    assert_int_equal(tied, 1);
+    assert_int_equal(absent, 0);
+    ms_value v;
+    ms_error err = {0};
+    assert_int_equal(ms_expr_eval(ms_resource_arg(fx.m->nodes[0]->resources[0], "retention"), fx.values, &v, &err),
+                     MS_OK);
+    assert_int_equal(v.type, MS_TYPE_NONE);
+    fixture_free(&fx);
+}
+
 static void test_eval_errors_name_the_parameter(void **state) {
     (void)state;
     ms_compile *c = NULL;
@@ -261,6 +287,7 @@ int main(void) {
         ms_unit_test(test_mistral_window),
         ms_unit_test(test_llama31_rope),
         ms_unit_test(test_llama31_rope_legacy_layout),
+        ms_unit_test(test_qwen3),
         ms_unit_test(test_eval_errors_name_the_parameter),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
