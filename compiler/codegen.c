@@ -1394,6 +1394,22 @@ static int lower(gen *g, const ms_ast_expr *e, const char *hint, int dest) {
             o->eps = eps != NULL ? S("(float)%s", cexpr(g, eps)) : "1e-6f";
             return out;
         }
+        if (is_call(e, "head_rms_norm")) {
+            /* RMSNorm of every head (Qwen3 q_norm / k_norm): the [T, heads * head_dim] value
+               viewed as [T, heads, head_dim] with a [head_dim] weight */
+            int x = use_val(g, lower(g, argv_at(e, 0), NULL, -1));
+            int w = weight_entry(g, argv_at(e, 1), "head_rms_norm()'s weight");
+            const ms_ast_expr *eps = argv_at(e, 2);
+            const char *hd = head_dim(g);
+            const char *heads = S("(%s) / %s", g->v[x].width, hd);
+            int out = out_val(g, dest, g->v[x].rows, g->v[x].width, hint);
+            op *o = new_op(g, O_RMS_NORM);
+            op_in(o, heads_of(g, x, heads, hd));
+            o->out = heads_of(g, out, heads, hd);
+            o->w = w;
+            o->eps = eps != NULL ? S("(float)%s", cexpr(g, eps)) : "1e-6f";
+            return out;
+        }
         if (is_call(e, "linear"))
             return lower_linear(g, e, hint, dest);
         if (e->lhs->kind == MS_EXPR_MEMBER && e->lhs->lhs->sym != NULL &&
@@ -1433,7 +1449,7 @@ static int lower(gen *g, const ms_ast_expr *e, const char *hint, int dest) {
             return out;
         }
         fail_at(g, e->loc, "cannot lower '%s' yet (supported: embedding, rms_norm, linear, "
-                "silu(a) * b, pos.apply, attn.run, +)", src_text(g, e));
+                "head_rms_norm, silu(a) * b, pos.apply, attn.run, +)", src_text(g, e));
     case MS_EXPR_BINARY:
         if (e->op == MS_OP_MUL && is_call(e->lhs, "silu")) {
             int gate = use_val(g, lower(g, argv_at(e->lhs, 0), NULL, -1));
