@@ -12,12 +12,14 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "codegen.h"
 #include "mstarc.h"
 
 static void usage(FILE *out) {
     fprintf(out,
             "usage: mstarc check [--max-errors N] FILE...\n"
             "       mstarc dump [--max-errors N] FILE\n"
+            "       mstarc build FILE -o DIR   (see mstarc build --help)\n"
             "\n"
             "  check   parse and check model files (see dsl/README.md); errors go to stderr\n"
             "  dump    print the checked model in canonical form (parses back to the same text)\n");
@@ -54,6 +56,8 @@ int main(int argc, char **argv) {
         return 0;
     }
     const char *cmd = argv[1];
+    if (strcmp(cmd, "build") == 0)
+        return ms_mstarc_build_main(argc - 1, argv + 1);
     if (strcmp(cmd, "check") != 0 && strcmp(cmd, "dump") != 0) {
         fprintf(stderr, "mstarc: error: unknown command '%s'\n", cmd);
         usage(stderr);

@@ -45,3 +45,14 @@ TESTS += tests/test_runner_property
 TESTS += tests/test_dsl_fixtures
 TESTS += tests/test_dsl
 TEST_SCRIPTS += tests/mstarc_cli.sh
+TESTS += tests/test_dsl_fixtures
+TESTS += tests/test_codegen_llama
+$(BUILD)/tests/test_codegen_llama: $(BUILD)/obj/gen/llama/llama_gen.o
+$(BUILD)/gen/llama/llama_gen.c: models/llama.mstar $(BUILD)/mstarc
+	$(call quiet,GEN,$@)
+	$(Q)$(BUILD)/mstarc build models/llama.mstar -o $(BUILD)/gen/llama --emit-only >/dev/null
+TEST_SCRIPTS += tests/codegen.sh
+ifeq ($(HAVE_CUDA),1)
+TESTS += tests/test_codegen_kernels
+endif
+$(BUILD)/tests/test_codegen_kernels: | $(BUILD)/gen/llama/llama_gen.c

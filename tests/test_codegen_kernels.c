@@ -1,0 +1,175 @@
+/*
+ * test_codegen_kernels.c - the CUDA kernel instance sources mstarc writes for models/llama.mstar
+ * ($MS_BUILD/gen/llama/kernels/<instance>.cu, made by `mstarc build --emit-only` through tests/build.mk):
+ *   - the expected set of instances (every variant the model can select from config.json);
+ *   - each file name is the runtime's URI (ms_kernel_spec_uri) without the shape parameters, so
+ *     the generator's mirrored kernel vocabulary cannot drift from runtime/cuda_kernels.c;
+ *   - every instance, completed with a checkpoint shape as the runtime does at load (prepended
+ *     #defines), compiles with NVRTC for sm_80 and sm_90 (no GPU needed);
+ *   - an instance without the shape defines fails with the instance's own #error message.
+ * Cubins are cached in $MS_BUILD/codegen-nvrtc-cache, so only changed instances recompile.
+ * Built only where the CUDA toolkit is (tests/build.mk).
+ */
+#include "ms_test.h"
+#include "ms_test_impl.h"
+
+#include <dirent.h>
+#include <ftw.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cuda_kernels.h"
+#include "nvrtc_cache.h"
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {
+    (void)sb;
+    (void)flag;
+    (void)ftw;
+    return remove(path);
+}
+
+static const char *kernels_dir(void) {
+    static char buf[1024];
+    const char *b = getenv("MS_BUILD");
+    snprintf(buf, sizeof buf, "%s/gen/llama/kernels", b != NULL ? b : "build");
+    return buf;
+}
+
+static char *read_text(const char *path) {
+    FILE *f = fopen(path, "rb");
+    if (f == NULL)
+        fail_msg("cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    char *t = ms_malloc((size_t)n + 1);
+    assert_non_null(t);
+    assert_int_equal(fread(t, 1, (size_t)n, f), (size_t)n);
+    t[n] = '\0';
+    fclose(f);
+    return t;
+}
+
+/* Every spec the templates have for bf16 storage, with shape hd 64, ps 16, g 4. */
+static int all_specs(ms_kernel_spec *out, int cap) {
+    int n = 0;
+    for (int w = 0; w < 2; w++) {
+        out[n++] = ms_kernel_spec_attn_decode(MS_KERNEL_DTYPE_BF16, 64, 16, 4, w == 1);
+        for (int c = 0; c < 2; c++)
+            out[n++] = ms_kernel_spec_attn_prefill(MS_KERNEL_DTYPE_BF16, 64, 16, 4, c == 1, w == 1);
+    }
+    for (int r = 0; r < MS_KERNEL_ROPE_COUNT; r++)
+        for (int s = 0; s < MS_KERNEL_ROPE_SCALING_COUNT; s++)
+            out[n++] = ms_kernel_spec_rope_kv(MS_KERNEL_DTYPE_BF16, 64, 16, (ms_kernel_rope)r,
+                                              (ms_kernel_rope_scaling)s);
+    out[n++] = ms_kernel_spec_rmsnorm(MS_KERNEL_DTYPE_BF16, false);
+    out[n++] = ms_kernel_spec_rmsnorm(MS_KERNEL_DTYPE_BF16, true);
+    out[n++] = ms_kernel_spec_simple(MS_KERNEL_OP_SILU_MUL, MS_KERNEL_DTYPE_BF16);
+    out[n++] = ms_kernel_spec_simple(MS_KERNEL_OP_EMBED, MS_KERNEL_DTYPE_BF16);
+    out[n++] = ms_kernel_spec_simple(MS_KERNEL_OP_ARGMAX, MS_KERNEL_DTYPE_F32);
+    out[n++] = ms_kernel_spec_simple(MS_KERNEL_OP_SAMPLE, MS_KERNEL_DTYPE_F32);
+    assert_true(n <= cap);
+    return n;
+}
+
+/* The URI without "_hd64", "_ps16" and "_g4" (what mstarc names the file). */
+static void strip_shape(char *uri) {
+    static const char *const parts[] = {"_hd64", "_ps16", "_g4"};
+    for (size_t i = 0; i < MS_ARRAY_LEN(parts); i++) {
+        char *p = strstr(uri, parts[i]);
+        if (p != NULL)
+            memmove(p, p + strlen(parts[i]), strlen(p + strlen(parts[i])) + 1);
+    }
+}
+
+static int cmp_str(const void *a, const void *b) {
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+static void test_llama_kernel_instances(void **state) {
+    (void)state;
+    static const char *const want[] = {
+        "argmax_f32.cu",          "attn_decode_bf16.cu",
+        "attn_decode_bf16_win.cu", "attn_prefill_bf16_causal.cu",
+        "attn_prefill_bf16_causal_win.cu", "embed_bf16.cu",
+        "rmsnorm_bf16.cu",        "rmsnorm_bf16_res.cu",
+        "rope_kv_bf16_interleaved.cu", "rope_kv_bf16_interleaved_llama3.cu",
+        "rope_kv_bf16_neox.cu",   "rope_kv_bf16_neox_llama3.cu",
+        "sample_f32.cu",          "silu_mul_bf16.cu",
+    };
+    DIR *d = opendir(kernels_dir());
+    if (d == NULL)
+        fail_msg("no generated kernels in %s", kernels_dir());
+    const char *names[64];
+    int n = 0;
+    struct dirent *de;
+    while ((de = readdir(d)) != NULL)
+        if (strstr(de->d_name, ".cu") != NULL && n < 64)
+            names[n++] = ms_strdup(de->d_name);
+    closedir(d);
+    qsort(names, (size_t)n, sizeof *names, cmp_str);
+    assert_int_equal(n, (int)MS_ARRAY_LEN(want));
+    for (int i = 0; i < n; i++)
+        assert_string_equal(names[i], want[i]);
+
+    ms_kernel_spec specs[32];
+    int ns = all_specs(specs, 32);
+    /* a cache under the build folder: an unchanged instance is compiled once per build folder
+       (the key hashes the source and every template, so any change compiles again) */
+    char cache[512], failed[600];
+    snprintf(cache, sizeof cache, "%s/codegen-nvrtc-cache",
+             getenv("MS_BUILD") != NULL ? getenv("MS_BUILD") : "build");
+    snprintf(failed, sizeof failed, "%s/failed", cache);
+    ms_error err = {0};
+    for (int i = 0; i < n; i++) {
+        /* the runtime's spec whose URI minus the shape is this file's name */
+        const ms_kernel_spec *s = NULL;
+        char uri[MS_KERNEL_URI_MAX], stem[MS_KERNEL_URI_MAX];
+        snprintf(stem, sizeof stem, "%s", names[i]);
+        stem[strlen(stem) - 3] = '\0';
+        for (int k = 0; k < ns && s == NULL; k++) {
+            assert_int_equal(ms_kernel_spec_uri(&specs[k], 0, uri, sizeof uri, &err), MS_OK);
+            strip_shape(uri);
+            if (strcmp(uri, stem) == 0)
+                s = &specs[k];
+        }
+        if (s == NULL)
+            fail_msg("%s is not the URI of any runtime kernel spec", names[i]);
+        assert_int_equal(ms_kernel_spec_uri(s, 0, uri, sizeof uri, &err), MS_OK);
+        char path[1200];
+        snprintf(path, sizeof path, "%s/%s", kernels_dir(), names[i]);
+        char *text = read_text(path);
+        assert_non_null(strstr(text, "generated by mstarc from models/llama.mstar"));
+        char *src = ms_asprintf("#define MS_HEAD_DIM 64\n#define MS_PAGE_SIZE 16\n"
+                                "#define MS_GROUP 4\n%s", text);
+        assert_non_null(src);
+        for (int a = 0; a < 2; a++) {
+            ms_cubin cb = {0};
+            ms_status st = ms_nvrtc_compile(uri, src, a == 0 ? 80 : 90, cache, &cb, &err);
+            if (st != MS_OK)
+                fail_msg("%s (sm_%d): %s", names[i], a == 0 ? 80 : 90, err.msg);
+            assert_true(cb.size > 0);
+            ms_nvrtc_cubin_free(&cb);
+        }
+        /* without the shape the instance names what it misses */
+        if (strstr(text, "MS_HEAD_DIM") != NULL && strstr(names[i], "attn_decode_bf16_win")) {
+            ms_cubin cb = {0};
+            assert_int_equal(ms_nvrtc_compile("codegen_no_shape", text, 90, cache, &cb, &err),
+                             MS_ERR_NVRTC);
+            assert_non_null(strstr(err.msg, "needs MS_HEAD_DIM"));
+        }
+        ms_free(src);
+        ms_free(text);
+        ms_free((void *)names[i]);
+    }
+    nftw(failed, rm_entry, 16, FTW_DEPTH | FTW_PHYS); /* the deliberate #error above */
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        ms_unit_test(test_llama_kernel_instances),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}

@@ -1,0 +1,330 @@
+/*
+ * test_codegen_llama.c - the descriptor mstarc generates from models/llama.mstar
+ * (build/gen/llama/llama_gen.c, `mstarc build --emit-only`, linked in by tests/build.mk) run by
+ * the engine against ../shared/fixtures, exactly as test_engine_llama.c checks the hand-written
+ * one, plus a lockstep comparison with the hand-written descriptor (tests/llama_desc_ref.c):
+ *   - the generated tables equal the hand-written ones (weights, resources, steps, facts of every
+ *     fixture config);
+ *   - hf/llama_gqa, llama31_rope, llama31_rope_legacy, mistral_window: prefill and decode logits
+ *     within 1e-3 of the reference, greedy ids equal, and bitwise equal to the hand-written
+ *     descriptor's logits at every step;
+ *   - llama2c/aidreams260K: the 4 golden cases token-exact (ids) for all 128 steps.
+ */
+#include "ms_test.h"
+#include "ms_test_impl.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+#include "hf_config.h"
+#include "tokenizer_llama2c.h"
+
+#include "llama_desc_ref.c"
+
+extern const ms_model_desc ms_llama_desc;
+
+#define TOL 1e-3f
+
+/* ---- reference.safetensors (I32 and F32 tensors; read raw) ---- */
+
+typedef struct ref_file {
+    unsigned char *bytes; /* whole file */
+    size_t size;
+    json_t *header;
+    size_t data_at;       /* 8 + header length */
+} ref_file;
+
+static void ref_open(ref_file *r, const char *fixture) {
+    memset(r, 0, sizeof *r);
+    FILE *f = fopen(ms_test_fixture(fixture), "rb");
+    assert_non_null(f);
+    fseek(f, 0, SEEK_END);
+    r->size = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    r->bytes = ms_malloc(r->size);
+    assert_non_null(r->bytes);
+    assert_int_equal(fread(r->bytes, 1, r->size, f), r->size);
+    fclose(f);
+    uint64_t n = 0;
+    for (int i = 7; i >= 0; i--)
+        n = (n << 8) | r->bytes[i];
+    json_error_t je;
+    r->header = json_loadb((const char *)r->bytes + 8, (size_t)n, 0, &je);
+    assert_non_null(r->header);
+    r->data_at = 8 + (size_t)n;
+}
+
+static void ref_close(ref_file *r) {
+    json_decref(r->header);
+    ms_free(r->bytes);
+}
+
+/* Copy of tensor `name` (ms_malloc'd), elements in *n; NULL when absent. */
+static void *ref_get(const ref_file *r, const char *name, size_t *n) {
+    json_t *t = json_object_get(r->header, name);
+    if (t == NULL)
+        return NULL;
+    json_t *off = json_object_get(t, "data_offsets");
+    size_t b = (size_t)json_integer_value(json_array_get(off, 0));
+    size_t e = (size_t)json_integer_value(json_array_get(off, 1));
+    void *p = ms_malloc(e - b);
+    assert_non_null(p);
+    memcpy(p, r->bytes + r->data_at + b, e - b);
+    *n = (e - b) / 4;
+    return p;
+}
+
+static float max_abs_diff(const float *a, const float *b, size_t n) {
+    float m = 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        float d = fabsf(a[i] - b[i]);
+        if (!(d <= m))
+            m = isnan(d) ? INFINITY : d;
+    }
+    return m;
+}
+
+static ms_engine *open_engine(const ms_model_desc *d, const char *path, int32_t page_size) {
+    ms_engine_options o = ms_engine_options_default();
+    o.model_path = path;
+    o.page_size = page_size;
+    o.max_seqs = 1;
+    o.max_tokens = 256;
+    o.n_threads = 2;
+    ms_engine *e = NULL;
+    ms_error err = {0};
+    if (ms_engine_init(&e, d, &o, &err) != MS_OK)
+        fail_msg("engine init %s (%s): %s", path, d->name, err.msg);
+    return e;
+}
+
+static ms_rid add_req(ms_engine *e, const int32_t *ids, int32_t n, int32_t max_new,
+                      int32_t chunk) {
+    ms_engine_request rq = {.prompt = ids, .n_prompt = n, .max_new_tokens = max_new,
+                            .sampling = ms_sampling_greedy(), .ignore_eos = true,
+                            .prefill_chunk = chunk};
+    ms_rid rid = 0;
+    ms_error err = {0};
+    if (ms_engine_add(e, &rq, &rid, &err) != MS_OK)
+        fail_msg("add: %s", err.msg);
+    return rid;
+}
+
+/* ---- tables: generated == hand-written ---- */
+
+static void test_tables_match_reference(void **state) {
+    (void)state;
+    const ms_model_desc *g = &ms_llama_desc, *r = &ms_llama_ref_desc;
+    assert_string_equal(g->name, r->name);
+    assert_string_equal(g->source, "models/llama.mstar");
+    assert_int_equal(g->n_weights, r->n_weights);
+    for (int32_t i = 0; i < g->n_weights; i++) {
+        const ms_md_weight *a = &g->weights[i], *b = &r->weights[i];
+        assert_string_equal(a->key, b->key);
+        assert_int_equal(a->kind, b->kind);
+        for (int k = 0; k < MS_MD_MAX_NAMES; k++) {
+            assert_true((a->names[k] == NULL) == (b->names[k] == NULL));
+            if (a->names[k] != NULL)
+                assert_string_equal(a->names[k], b->names[k]);
+        }
+        assert_int_equal(a->per_layer, b->per_layer);
+        assert_int_equal(a->optional, b->optional);
+        assert_int_equal(a->rank, b->rank);
+        assert_int_equal(a->tie, b->tie);
+        assert_int_equal(a->tie_if_missing, b->tie_if_missing);
+        assert_int_equal(a->fused, b->fused);
+        assert_int_equal(a->n_parts, b->n_parts);
+        for (int k = 0; k < a->n_parts; k++)
+            assert_int_equal(a->parts[k], b->parts[k]);
+    }
+    assert_int_equal(g->n_resources, r->n_resources);
+    for (int32_t i = 0; i < g->n_resources; i++) {
+        assert_string_equal(g->resources[i].key, r->resources[i].key);
+        assert_int_equal(g->resources[i].kind, r->resources[i].kind);
+        assert_int_equal(g->resources[i].n_deps, r->resources[i].n_deps);
+        for (int k = 0; k < g->resources[i].n_deps; k++)
+            assert_string_equal(g->resources[i].deps[k], r->resources[i].deps[k]);
+    }
+    const ms_md_step *gs[2] = {g->prefill, g->decode}, *rs[2] = {r->prefill, r->decode};
+    for (int s = 0; s < 2; s++) {
+        assert_string_equal(gs[s]->name, rs[s]->name);
+        assert_int_equal(gs[s]->span, rs[s]->span);
+        assert_int_equal(gs[s]->label, rs[s]->label);
+        assert_int_equal(gs[s]->kv_commit, rs[s]->kv_commit);
+        assert_int_equal(gs[s]->attn_causal, rs[s]->attn_causal);
+        assert_int_equal(gs[s]->capture_by_tokens, rs[s]->capture_by_tokens);
+        assert_int_equal(gs[s]->n_buckets, rs[s]->n_buckets);
+        assert_memory_equal(gs[s]->buckets, rs[s]->buckets, sizeof gs[s]->buckets);
+    }
+}
+
+/* Config, facts and shapes of every fixture's config.json agree between the descriptors. */
+static void test_config_and_facts_match_reference(void **state) {
+    (void)state;
+    static const char *const fx[] = {"hf/llama_gqa", "hf/llama31_rope", "hf/llama31_rope_legacy",
+                                     "hf/mistral_window"};
+    for (size_t i = 0; i < MS_ARRAY_LEN(fx); i++) {
+        ms_engine *eg = open_engine(&ms_llama_desc, ms_test_fixture(fx[i]), 16);
+        ms_engine *er = open_engine(&ms_llama_ref_desc, ms_test_fixture(fx[i]), 16);
+        const ms_md_facts *a = ms_engine_facts(eg), *b = ms_engine_facts(er);
+        assert_memory_equal(a, b, sizeof *a);
+        ms_engine_free(eg);
+        ms_engine_free(er);
+    }
+}
+
+/* ---- Hugging Face fixtures, lockstep with the hand-written descriptor ---- */
+
+static void check_hf_fixture(const char *fx, int32_t page_size) {
+    char path[512];
+    snprintf(path, sizeof path, "hf/%s/reference.safetensors", fx);
+    ref_file ref;
+    ref_open(&ref, path);
+    snprintf(path, sizeof path, "hf/%s", fx);
+    ms_engine *eg = open_engine(&ms_llama_desc, ms_test_fixture(path), page_size);
+    ms_engine *er = open_engine(&ms_llama_ref_desc, ms_test_fixture(path), page_size);
+    const int32_t V = ms_engine_facts(eg)->vocab;
+    ms_error err = {0};
+    for (int p = 0;; p++) {
+        char name[64];
+        size_t n_in, n_pre, n_dec, n_greedy;
+        snprintf(name, sizeof name, "p%d.input_ids", p);
+        int32_t *in = ref_get(&ref, name, &n_in);
+        if (in == NULL) {
+            assert_true(p > 0);
+            break;
+        }
+        snprintf(name, sizeof name, "p%d.prefill_logits", p);
+        float *pre = ref_get(&ref, name, &n_pre);
+        snprintf(name, sizeof name, "p%d.decode_logits", p);
+        float *dec = ref_get(&ref, name, &n_dec);
+        snprintf(name, sizeof name, "p%d.greedy_ids", p);
+        int32_t *greedy = ref_get(&ref, name, &n_greedy);
+        assert_non_null(pre);
+        assert_non_null(dec);
+        assert_non_null(greedy);
+        const int32_t N = (int32_t)n_greedy;
+        assert_int_equal(n_pre, n_in * (size_t)V);
+        assert_int_equal(n_dec, (size_t)N * (size_t)V);
+
+        ms_rid rg = add_req(eg, in, (int32_t)n_in, N + 1, 0);
+        ms_rid rr = add_req(er, in, (int32_t)n_in, N + 1, 0);
+        for (int32_t s = 0; s <= N; s++) {
+            assert_int_equal(ms_engine_step(eg, NULL, &err), MS_OK);
+            assert_int_equal(ms_engine_step(er, NULL, &err), MS_OK);
+            const float *lg = ms_engine_last_logits(eg, rg), *lr = ms_engine_last_logits(er, rr);
+            assert_non_null(lg);
+            assert_non_null(lr);
+            const float *want = s == 0 ? pre + (n_in - 1) * (size_t)V
+                                       : dec + (size_t)(s - 1) * (size_t)V;
+            float d = max_abs_diff(lg, want, (size_t)V);
+            if (!(d < TOL))
+                fail_msg("%s p%d: %s logits of step %d differ by %g", fx, p,
+                         s == 0 ? "prefill" : "decode", (int)s, (double)d);
+            if (memcmp(lg, lr, (size_t)V * sizeof *lg) != 0)
+                fail_msg("%s p%d: step %d: generated and hand-written logits differ by %g", fx,
+                         p, (int)s, (double)max_abs_diff(lg, lr, (size_t)V));
+            const int32_t *out;
+            int32_t n_out;
+            assert_int_equal(ms_engine_output(eg, rg, &out, &n_out, NULL), MS_OK);
+            assert_int_equal(n_out, s + 1);
+            if (s < N && out[s] != greedy[s])
+                fail_msg("%s p%d: greedy id %d: got %d, reference %d", fx, p, (int)s,
+                         (int)out[s], (int)greedy[s]);
+        }
+        ms_engine_remove(eg, rg);
+        ms_engine_remove(er, rr);
+        ms_free(in);
+        ms_free(pre);
+        ms_free(dec);
+        ms_free(greedy);
+    }
+    ms_engine_free(eg);
+    ms_engine_free(er);
+    ref_close(&ref);
+}
+
+static void test_hf_llama_gqa(void **state) {
+    (void)state;
+    check_hf_fixture("llama_gqa", 16);
+}
+
+static void test_hf_llama31_rope(void **state) {
+    (void)state;
+    check_hf_fixture("llama31_rope", 16);
+}
+
+static void test_hf_llama31_rope_legacy(void **state) {
+    (void)state;
+    check_hf_fixture("llama31_rope_legacy", 16);
+}
+
+static void test_hf_mistral_window(void **state) {
+    (void)state;
+    check_hf_fixture("mistral_window", 4);
+}
+
+/* ---- llama2.c golden ---- */
+
+static void test_llama2c_golden(void **state) {
+    (void)state;
+    json_error_t je;
+    json_t *g = json_load_file(ms_test_fixture("llama2c/aidreams260K.golden.json"), 0, &je);
+    assert_non_null(g);
+    ms_engine *e = open_engine(&ms_llama_desc, ms_test_fixture("llama2c/aidreams260K.bin"), 0);
+    ms_llama2c_tok *tok = NULL;
+    ms_error err = {0};
+    assert_int_equal(ms_llama2c_tok_init(&tok, ms_test_fixture("llama2c/tok512.bin"), 512, &err),
+                     MS_OK);
+    json_t *cases = json_object_get(g, "cases");
+    assert_int_equal(json_array_size(cases), 4);
+    for (size_t c = 0; c < json_array_size(cases); c++) {
+        json_t *cs = json_array_get(cases, c);
+        const char *prompt = json_string_value(json_object_get(cs, "prompt"));
+        int32_t steps = (int32_t)json_integer_value(json_object_get(cs, "steps"));
+        json_t *gold = json_object_get(cs, "token_ids");
+        int32_t *ids;
+        size_t n;
+        assert_int_equal(ms_llama2c_tok_encode(tok, prompt, true, false, &ids, &n, &err), MS_OK);
+        int32_t max_new = steps - (int32_t)n + 1;
+        ms_engine_request rq = {.prompt = ids, .n_prompt = (int32_t)n, .max_new_tokens = max_new,
+                                .sampling = ms_sampling_greedy()};
+        ms_rid rid;
+        assert_int_equal(ms_engine_add(e, &rq, &rid, &err), MS_OK);
+        while (ms_engine_n_active(e) > 0)
+            assert_int_equal(ms_engine_step(e, NULL, &err), MS_OK);
+        const int32_t *out;
+        int32_t n_out;
+        assert_int_equal(ms_engine_output(e, rid, &out, &n_out, NULL), MS_OK);
+        assert_int_equal(n_out, max_new);
+        assert_int_equal(json_array_size(gold), (size_t)steps);
+        for (int32_t i = 0; i < steps; i++) {
+            int32_t want = (int32_t)json_integer_value(json_array_get(gold, (size_t)i));
+            int32_t got = i < (int32_t)n ? ids[i] : out[i - (int32_t)n];
+            if (want != got)
+                fail_msg("case %zu: id %d: got %d, golden %d", c, (int)i, (int)got, (int)want);
+        }
+        ms_engine_remove(e, rid);
+        ms_free(ids);
+    }
+    ms_llama2c_tok_free(tok);
+    ms_engine_free(e);
+    json_decref(g);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        ms_unit_test(test_tables_match_reference),
+        ms_unit_test(test_config_and_facts_match_reference),
+        ms_unit_test(test_hf_llama_gqa),
+        ms_unit_test(test_hf_llama31_rope),
+        ms_unit_test(test_hf_llama31_rope_legacy),
+        ms_unit_test(test_hf_mistral_window),
+        ms_unit_test(test_llama2c_golden),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
