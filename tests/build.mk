@@ -43,9 +43,6 @@ TSAN_TESTS += tests/test_kv_stress
 TEST_SCRIPTS += tests/mkckpt.sh
 TESTS += tests/test_runner_property
 TESTS += tests/test_dsl_fixtures
-TESTS += tests/test_dsl
-TEST_SCRIPTS += tests/mstarc_cli.sh
-TESTS += tests/test_dsl_fixtures
 TESTS += tests/test_codegen_llama
 $(BUILD)/tests/test_codegen_llama: $(BUILD)/obj/gen/llama/llama_gen.o
 $(BUILD)/gen/llama/llama_gen.c: models/llama.mstar $(BUILD)/mstarc
