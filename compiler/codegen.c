@@ -72,6 +72,7 @@ void ms_emit_banner(ms_cg *cg, const char *file, const char *source, const char 
 #define MAX_OPS 512   /* forward ops */
 #define MAX_SLOTS 64  /* workspace buffers */
 #define MAX_ENV 128   /* forward bindings */
+#define MAX_SB 8      /* scratch text buffers in use at once */
 
 /* One row of the generated weight table. */
 typedef struct went {
@@ -179,6 +180,8 @@ typedef struct gen {
     bool used_gather;
     int n_names;
     const char *names[MAX_VALS + MAX_SLOTS];
+    ms_strbuf sb[MAX_SB];       /* scratch text (sb_get / sb_put) */
+    bool sb_used[MAX_SB];
 } gen;
 
 static _Noreturn void fail_at(gen *g, ms_loc loc, const char *fmt, ...) MS_PRINTF(3, 4);
@@ -197,6 +200,29 @@ static _Noreturn void fail_at(gen *g, ms_loc loc, const char *fmt, ...) {
 }
 
 static const ms_loc NOLOC = {0, 0, 0, 0};
+
+/* Scratch text buffers live in the generator (not on the stack), so a longjmp on out of memory
+ * cannot leak them: the entry points free every slot. */
+static ms_strbuf *sb_get(gen *g) {
+    for (int i = 0; i < MAX_SB; i++)
+        if (!g->sb_used[i]) {
+            g->sb_used[i] = true;
+            memset(&g->sb[i], 0, sizeof g->sb[i]);
+            return &g->sb[i];
+        }
+    MS_ABORT("codegen: more than %d scratch buffers in use", MAX_SB);
+}
+
+static void sb_put(gen *g, ms_strbuf *b) {
+    ms_strbuf_free(b);
+    g->sb_used[b - g->sb] = false;
+}
+
+static void sb_free_all(gen *g) {
+    for (int i = 0; i < MAX_SB; i++)
+        if (g->sb_used[i])
+            sb_put(g, &g->sb[i]);
+}
 
 #define S(...) ms_arena_sprintf(&g->a, __VA_ARGS__)
 #define E(...) ms_emit(&g->cg, __VA_ARGS__)
@@ -242,23 +268,23 @@ static const char *c_double(gen *g, double d) {
 }
 
 static const char *c_string(gen *g, const char *s) {
-    ms_strbuf b = {0};
-    ms_strbuf_puts(&b, "\"");
+    ms_strbuf *b = sb_get(g);
+    ms_strbuf_puts(b, "\"");
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
         if (*p == '"' || *p == '\\')
-            ms_strbuf_printf(&b, "\\%c", *p);
+            ms_strbuf_printf(b, "\\%c", *p);
         else if (*p < 32 || *p >= 127)
-            ms_strbuf_printf(&b, "\\%03o", *p);
+            ms_strbuf_printf(b, "\\%03o", *p);
         else
-            ms_strbuf_printf(&b, "%c", *p);
+            ms_strbuf_printf(b, "%c", *p);
     }
-    ms_strbuf_puts(&b, "\"");
-    if (b.oom) {
-        ms_strbuf_free(&b);
+    ms_strbuf_puts(b, "\"");
+    if (b->oom) {
+        sb_put(g, b);
         ms_arena_oom(&g->a);
     }
-    const char *r = ms_arena_strdup(&g->a, b.data);
-    ms_strbuf_free(&b);
+    const char *r = ms_arena_strdup(&g->a, b->data);
+    sb_put(g, b);
     return r;
 }
 
@@ -471,15 +497,15 @@ static void emit_config_load(gen *g) {
             E("c->%s = %s;", p->name, bare(g, cexpr(g, p->dflt)));
             continue;
         }
-        ms_strbuf b = {0};
+        ms_strbuf *b = sb_get(g);
         for (int k = 0; k < p->n_sources; k++)
-            ms_strbuf_printf(&b, "%s%s", k ? ", " : "", c_string(g, p->sources[k]));
-        if (b.oom)
+            ms_strbuf_printf(b, "%s%s", k ? ", " : "", c_string(g, p->sources[k]));
+        if (b->oom)
             ms_arena_oom(&g->a);
         E("{");
         g->cg.indent++;
-        E("static const char *const src[] = {%s};", b.data);
-        ms_strbuf_free(&b);
+        E("static const char *const src[] = {%s};", b->data);
+        sb_put(g, b);
         const char *dflt = "NULL";
         if (p->dflt != NULL && p->type == MS_TYPE_STRING) {
             dflt = cexpr(g, p->dflt);
@@ -561,19 +587,19 @@ static void emit_config_load(gen *g) {
         }
         if (n == n0 || other)
             continue;
-        ms_strbuf cond = {0}, names = {0};
+        ms_strbuf *cond = sb_get(g); ms_strbuf *names = sb_get(g);
         for (int k = 0; k < n; k++) {
-            ms_strbuf_printf(&cond, "%sstrcmp(c->%s, %s) == 0", k ? " || " : "", p->name,
+            ms_strbuf_printf(cond, "%sstrcmp(c->%s, %s) == 0", k ? " || " : "", p->name,
                              c_string(g, lits[k]));
-            ms_strbuf_printf(&names, "%s%s", k ? ", " : "", lits[k]);
+            ms_strbuf_printf(names, "%s%s", k ? ", " : "", lits[k]);
         }
-        if (cond.oom || names.oom)
+        if (cond->oom || names->oom)
             ms_arena_oom(&g->a);
-        E("MS_TRY(ms_md_cfg_check(hf, %s, err,", cond.data);
+        E("MS_TRY(ms_md_cfg_check(hf, %s, err,", cond->data);
         E("                       \"%s '%%s' is not supported by this model (%s)\", c->%s));",
-          p->name, names.data, p->name);
-        ms_strbuf_free(&cond);
-        ms_strbuf_free(&names);
+          p->name, names->data, p->name);
+        sb_put(g, cond);
+        sb_put(g, names);
     }
     E("return MS_OK;");
     g->cg.indent--;
@@ -871,16 +897,16 @@ static void build_weight_table(gen *g) {
         if (!last)
             continue;
         went *fe = &g->w[g->n_w];
-        ms_strbuf key = {0};
-        ms_strbuf_puts(&key, w->group != NULL ? S("%s.", w->group->name) : "");
+        ms_strbuf *key = sb_get(g);
+        ms_strbuf_puts(key, w->group != NULL ? S("%s.", w->group->name) : "");
         for (int x = 0; x < f->n; x++) {
             const ms_weight *o = is_bias ? f->bs[x] : f->ws[x];
-            ms_strbuf_printf(&key, "%s%s", x ? "+" : "", o->name);
+            ms_strbuf_printf(key, "%s%s", x ? "+" : "", o->name);
         }
-        if (key.oom)
+        if (key->oom)
             ms_arena_oom(&g->a);
-        fe->key = ms_arena_strdup(&g->a, key.data);
-        ms_strbuf_free(&key);
+        fe->key = ms_arena_strdup(&g->a, key->data);
+        sb_put(g, key);
         fe->ename = S("W_%s", upper_ident(g, fe->key));
         fe->kind = MS_MD_WEIGHT_FUSED;
         fe->group = w->group;
@@ -913,19 +939,19 @@ static const char *layer_template(gen *g, const ms_weight *w, int k) {
     if (w->group == NULL || strcmp(w->group->index_var, "i") == 0)
         return t;
     const char *var = S("{%s}", w->group->index_var);
-    ms_strbuf b = {0};
+    ms_strbuf *b = sb_get(g);
     for (const char *p = t; *p;) {
         if (strncmp(p, var, strlen(var)) == 0) {
-            ms_strbuf_puts(&b, "{i}");
+            ms_strbuf_puts(b, "{i}");
             p += strlen(var);
         } else {
-            ms_strbuf_printf(&b, "%c", *p++);
+            ms_strbuf_printf(b, "%c", *p++);
         }
     }
-    if (b.oom)
+    if (b->oom)
         ms_arena_oom(&g->a);
-    const char *r = ms_arena_strdup(&g->a, b.data);
-    ms_strbuf_free(&b);
+    const char *r = ms_arena_strdup(&g->a, b->data);
+    sb_put(g, b);
     return r;
 }
 
@@ -949,13 +975,13 @@ static void emit_weights(gen *g) {
         E(".key = %s,", c_string(g, e->key));
         E(".kind = %s,", kinds[e->kind]);
         if (e->w != NULL) {
-            ms_strbuf b = {0};
+            ms_strbuf *b = sb_get(g);
             for (int k = 0; k < e->w->n_names; k++)
-                ms_strbuf_printf(&b, "%s%s", k ? ", " : "", c_string(g, layer_template(g, e->w, k)));
-            if (b.oom)
+                ms_strbuf_printf(b, "%s%s", k ? ", " : "", c_string(g, layer_template(g, e->w, k)));
+            if (b->oom)
                 ms_arena_oom(&g->a);
-            E(".names = {%s},", b.data);
-            ms_strbuf_free(&b);
+            E(".names = {%s},", b->data);
+            sb_put(g, b);
         }
         E(".per_layer = %s,", e->group != NULL ? "true" : "false");
         E(".optional = %s,", e->optional ? "true" : "false");
@@ -969,13 +995,13 @@ static void emit_weights(gen *g) {
         }
         E(".fused = %s,", e->fused >= 0 ? g->w[e->fused].ename : "-1");
         if (e->n_parts > 0) {
-            ms_strbuf b = {0};
+            ms_strbuf *b = sb_get(g);
             for (int k = 0; k < e->n_parts; k++)
-                ms_strbuf_printf(&b, "%s%s", k ? ", " : "", g->w[e->parts[k]].ename);
-            if (b.oom)
+                ms_strbuf_printf(b, "%s%s", k ? ", " : "", g->w[e->parts[k]].ename);
+            if (b->oom)
                 ms_arena_oom(&g->a);
-            E(".parts = {%s},", b.data);
-            ms_strbuf_free(&b);
+            E(".parts = {%s},", b->data);
+            sb_put(g, b);
         }
         E(".n_parts = %d,", e->n_parts);
         g->cg.indent--;
@@ -999,13 +1025,13 @@ static void emit_weights(gen *g) {
                 E("shape[%d] = %s;", d, bare(g, cexpr(g, src->shape[d])));
                 continue;
             }
-            ms_strbuf b = {0};
+            ms_strbuf *b = sb_get(g);
             for (int k = 0; k < e->n_parts; k++)
-                ms_strbuf_printf(&b, "%s%s", k ? " + " : "", cexpr(g, g->w[e->parts[k]].w->shape[0]));
-            if (b.oom)
+                ms_strbuf_printf(b, "%s%s", k ? " + " : "", cexpr(g, g->w[e->parts[k]].w->shape[0]));
+            if (b->oom)
                 ms_arena_oom(&g->a);
-            E("shape[0] = %s;", b.data);
-            ms_strbuf_free(&b);
+            E("shape[0] = %s;", b->data);
+            sb_put(g, b);
         }
         E("break;");
         g->cg.indent--;
@@ -1058,14 +1084,14 @@ static void emit_resources(gen *g) {
         if (res->n_deps > MS_MD_MAX_DEPS)
             fail_at(g, res->ast->loc, "resource '%s' has more than %d dependencies", res->name,
                     MS_MD_MAX_DEPS);
-        ms_strbuf b = {0};
+        ms_strbuf *b = sb_get(g);
         for (int d = 0; d < res->n_deps; d++)
-            ms_strbuf_printf(&b, "%s%s", d ? ", " : "", c_string(g, res->deps[d]->name));
-        if (b.oom)
+            ms_strbuf_printf(b, "%s%s", d ? ", " : "", c_string(g, res->deps[d]->name));
+        if (b->oom)
             ms_arena_oom(&g->a);
         E("{%s, %s, {%s}, %d}, /* %s(...) */", c_string(g, res->name), kind_const(res->kind),
-          res->n_deps ? b.data : "NULL", res->n_deps, res->spec->ctor);
-        ms_strbuf_free(&b);
+          res->n_deps ? b->data : "NULL", res->n_deps, res->spec->ctor);
+        sb_put(g, b);
     }
     g->cg.indent--;
     E("};");
@@ -1102,10 +1128,10 @@ static void emit_step(gen *g, const ms_step_decl *s, const char *cname) {
                     s->name);
         adv = po->advance->ival;
     }
-    ms_strbuf b = {0};
+    ms_strbuf *b = sb_get(g);
     for (int i = 0; i < s->n_buckets; i++)
-        ms_strbuf_printf(&b, "%s%lld", i ? ", " : "", (long long)s->buckets[i]);
-    if (b.oom)
+        ms_strbuf_printf(b, "%s%lld", i ? ", " : "", (long long)s->buckets[i]);
+    if (b->oom)
         ms_arena_oom(&g->a);
     E("static const ms_md_step %s = {", cname);
     g->cg.indent++;
@@ -1116,9 +1142,9 @@ static void emit_step(gen *g, const ms_step_decl *s, const char *cname) {
     E(".attn_causal = %s,", at == NULL || at->causal ? "true" : "false");
     E(".pos_advance = %lld,", (long long)adv);
     E(".capture_by_tokens = %s,", s->capture == MS_CAPTURE_TOKENS ? "true" : "false");
-    E(".buckets = {%s},", s->n_buckets ? b.data : "0");
+    E(".buckets = {%s},", s->n_buckets ? b->data : "0");
     E(".n_buckets = %d,", s->n_buckets);
-    ms_strbuf_free(&b);
+    sb_put(g, b);
     g->cg.indent--;
     E("};");
 }
@@ -1297,17 +1323,17 @@ static int lower_linear(gen *g, const ms_ast_expr *e, const char *hint, int dest
                 continue;
             if (f->lowered < 0) {
                 int in = use_val(g, lower(g, argv_at(e, 0), NULL, -1));
-                ms_strbuf w = {0}, names = {0};
+                ms_strbuf *w = sb_get(g); ms_strbuf *names = sb_get(g);
                 for (int k = 0; k < f->n; k++) {
-                    ms_strbuf_printf(&w, "%s%s", k ? " + " : "", cexpr(g, f->ws[k]->shape[0]));
-                    ms_strbuf_printf(&names, "%s%s", k ? "_" : "", f->ws[k]->name);
+                    ms_strbuf_printf(w, "%s%s", k ? " + " : "", cexpr(g, f->ws[k]->shape[0]));
+                    ms_strbuf_printf(names, "%s%s", k ? "_" : "", f->ws[k]->name);
                 }
-                if (w.oom || names.oom)
+                if (w->oom || names->oom)
                     ms_arena_oom(&g->a);
-                const char *width = ms_arena_strdup(&g->a, w.data);
-                const char *nm = ms_arena_strdup(&g->a, names.data);
-                ms_strbuf_free(&w);
-                ms_strbuf_free(&names);
+                const char *width = ms_arena_strdup(&g->a, w->data);
+                const char *nm = ms_arena_strdup(&g->a, names->data);
+                sb_put(g, w);
+                sb_put(g, names);
                 int out = new_buf(g, g->v[in].rows, width, nm);
                 op *o = new_op(g, O_LINEAR);
                 op_in(o, in);
@@ -1481,23 +1507,23 @@ static int lower(gen *g, const ms_ast_expr *e, const char *hint, int dest) {
 }
 
 static const char *stmt_text(gen *g, const ms_ast_stmt *s) {
-    ms_strbuf b = {0};
+    ms_strbuf *b = sb_get(g);
     if (s->kind == MS_AST_STMT_RETURN)
-        ms_strbuf_puts(&b, "return ");
+        ms_strbuf_puts(b, "return ");
     for (int i = 0; i < s->lhs.n; i++) {
-        ms_strbuf_printf(&b, "%s", i ? ", " : "");
-        ms_expr_print(&b, s->lhs.items[i]);
+        ms_strbuf_printf(b, "%s", i ? ", " : "");
+        ms_expr_print(b, s->lhs.items[i]);
     }
     if (s->lhs.n > 0)
-        ms_strbuf_puts(&b, " = ");
+        ms_strbuf_puts(b, " = ");
     for (int i = 0; i < s->rhs.n; i++) {
-        ms_strbuf_printf(&b, "%s", i ? ", " : "");
-        ms_expr_print(&b, s->rhs.items[i]);
+        ms_strbuf_printf(b, "%s", i ? ", " : "");
+        ms_expr_print(b, s->rhs.items[i]);
     }
-    if (b.oom)
+    if (b->oom)
         ms_arena_oom(&g->a);
-    const char *r = ms_arena_strdup(&g->a, b.data != NULL ? b.data : "");
-    ms_strbuf_free(&b);
+    const char *r = ms_arena_strdup(&g->a, b->data != NULL ? b->data : "");
+    sb_put(g, b);
     return r;
 }
 
@@ -1745,15 +1771,15 @@ static void emit_forward(gen *g) {
     g->cg.indent++;
     E("size_t sizes[B_COUNT];");
     for (int i = 0; i < g->n_s; i++) {
-        ms_strbuf b = {0};
+        ms_strbuf *b = sb_get(g);
         for (int x = 0; x < g->n_v; x++)
             if (g->v[x].kind == V_BUF && g->v[x].slot == i)
-                ms_strbuf_printf(&b, "%s%s", b.len ? ", " : "", g->v[x].name);
-        if (b.oom)
+                ms_strbuf_printf(b, "%s%s", b->len ? ", " : "", g->v[x].name);
+        if (b->oom)
             ms_arena_oom(&g->a);
         E("sizes[B_%s] = (size_t)%s * (size_t)(%s); /* %s */", upper_ident(g, g->s[i].name + 2),
-          g->s[i].rows, bare(g, g->s[i].width), b.data);
-        ms_strbuf_free(&b);
+          g->s[i].rows, bare(g, g->s[i].width), b->data);
+        sb_put(g, b);
     }
     E("(void)c;");
     E("(void)T;");
@@ -2038,6 +2064,7 @@ ms_status ms_codegen_model_c(const ms_model *m, const char *source, ms_strbuf *o
         goto done;
     }
 done:
+    sb_free_all(g);
     ms_arena_free(&g->a);
     ms_free(g);
     return st;
@@ -2394,6 +2421,7 @@ ms_status ms_codegen_kernels(const ms_model *m, const char *source, ms_gen_file 
             ms_arena_oom(&g->a);
     }
 done:
+    sb_free_all(g);
     ms_strbuf_free(&scratch);
     ms_arena_free(&g->a);
     ms_free(g);
