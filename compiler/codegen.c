@@ -562,7 +562,7 @@ static void emit_config_load(gen *g) {
     if (g->pos != NULL && hd != NULL) {
         const char *h = bare(g, cexpr(g, hd));
         E("MS_TRY(ms_md_cfg_check(hf, %s > 0 && %s %% 2 == 0, err,", h, h);
-        E("                       \"%s (%%lld) must be positive and even (RoPE pairs)\", "
+        E("                       \"%s (%%lld) must be positive and even\", "
           "(long long)(%s)));", src_text(g, hd), h);
     }
     /* string parameters only ever compared with literals: anything else is unsupported */
