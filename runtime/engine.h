@@ -6,9 +6,9 @@
  * CUDA backend lands), reads config.json (or a llama2.c .bin through the loaders, which derive a
  * config and expose Hugging Face tensor names), validates and loads every declared weight into one
  * planned set of backend buffers (fused entries concatenated), builds the node's resources through
- * the step runner (KV pool over a page arena, positions, attention (the runner's plan + backend
- * staging), sampler), and sizes
- * every per-step buffer for the worst case: the decode path allocates nothing.
+ * the step runner (KV pool over a page arena, positions, attention: the runner's plan plus backend
+ * staging, sampler), and sizes every per-step buffer for the worst case: after the first step of
+ * each kind (which creates the attention plan buffers), decode steps allocate nothing.
  *
  * Each ms_engine_step runs every active request in one ragged step: requests still holding prompt
  * tokens contribute their whole prompt (prefill), the others one token (decode); declare -> admit

@@ -431,6 +431,45 @@ static void test_batch_continuous(void **state) {
     gqa_close(&g);
 }
 
+/* The decode hot path allocates nothing in steady state: once the engine has served a batch of
+ * this shape (the KV pool grows its plan buffers at admit, amortised), a second batch's decode
+ * steps make no host allocation in admit, plan, forward, sampling or commit. Page size 16 keeps
+ * every stream within the KV pool's initial page-list capacity (8 pages): the pool still grows a
+ * stream's page list at admit when it passes that (amortised doubling; a per-stream reserve in
+ * ms_kv_pool_config would remove it). */
+static void test_decode_allocates_nothing(void **state) {
+    (void)state;
+    gqa_ref g;
+    gqa_open(&g);
+    ms_engine *e = open_engine(ms_test_fixture("hf/llama_gqa"), 16, GQA_PROMPTS, 128);
+    ms_rid rids[GQA_PROMPTS];
+    ms_error err = {0};
+    for (int round = 0; round < 2; round++) {
+        for (int p = 0; p < GQA_PROMPTS; p++)
+            rids[p] = add_req(e, g.in[p], (int32_t)g.n[p], GQA_NEW, 0, ms_sampling_greedy());
+        for (int s = 0; s < 2; s++) /* prefill, first decode */
+            assert_int_equal(ms_engine_step(e, NULL, &err), MS_OK);
+        int64_t before = ms_alloc_get_stats().total_allocs;
+        ms_engine_step_info info;
+        for (int s = 0; s < GQA_NEW - 2; s++) {
+            assert_int_equal(ms_engine_step(e, &info, &err), MS_OK);
+            assert_int_equal(info.n_tokens, GQA_PROMPTS);
+        }
+        if (round == 1)
+            assert_int_equal(ms_alloc_get_stats().total_allocs, before);
+        assert_int_equal(ms_engine_n_active(e), 0);
+        for (int p = 0; p < GQA_PROMPTS; p++) {
+            const int32_t *out;
+            int32_t n_out;
+            assert_int_equal(ms_engine_output(e, rids[p], &out, &n_out, NULL), MS_OK);
+            assert_memory_equal(out, g.greedy[p], GQA_NEW * sizeof(int32_t));
+            ms_engine_remove(e, rids[p]);
+        }
+    }
+    ms_engine_free(e);
+    gqa_close(&g);
+}
+
 /* ---- edges ---- */
 
 static void test_max_new_tokens_0_and_1(void **state) {
@@ -706,6 +745,7 @@ int main(void) {
         ms_unit_test(test_hf_mistral_window),
         ms_unit_test(test_batch_ragged_pages),
         ms_unit_test(test_batch_continuous),
+        ms_unit_test(test_decode_allocates_nothing),
         ms_unit_test(test_max_new_tokens_0_and_1),
         ms_unit_test(test_context_limits),
         ms_unit_test(test_sharded_checkpoint),
