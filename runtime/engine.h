@@ -55,12 +55,15 @@ typedef struct ms_engine_options {
     int32_t page_size;       /* KV page size in tokens; 0 = the model's default */
     int32_t max_seqs;        /* requests in one batch (>= 1) */
     int32_t max_tokens;      /* tokens in one step (prefill budget), >= max_seqs */
-    int32_t kv_pages;        /* KV pages incl. the sink page; 0 = enough for max_seqs full
-                                contexts */
+    int32_t kv_pages;        /* KV pages incl. the sink page; 0 = enough for max_seqs
+                                sequences of max_seq_len tokens */
+    int32_t max_seq_len;     /* tokens one sequence may hold, for sizing the KV arena when
+                                kv_pages is 0; 0 = the model's context. Capped at the context. */
     int32_t n_threads;       /* CPU backend threads; 0 = online CPUs */
 } ms_engine_options;
 
-/* Defaults: device "cpu", page_size 0, max_seqs 8, max_tokens 2048, kv_pages 0, n_threads 0. */
+/* Defaults: device "cpu", page_size 0, max_seqs 8, max_tokens 2048, kv_pages 0, max_seq_len 0,
+ * n_threads 0. */
 ms_engine_options ms_engine_options_default(void);
 
 /* ---- engine ---- */

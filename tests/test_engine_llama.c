@@ -701,6 +701,37 @@ static void test_device_and_options(void **state) {
     ms_engine_free(e); /* frees the running request too */
 }
 
+/* The KV arena is sized from max_seq_len; a request that outgrows it gets a clear error naming
+ * the knob, and the pages it held come back when it is removed. */
+static void test_kv_sizing(void **state) {
+    (void)state;
+    ms_engine_options o = ms_engine_options_default();
+    o.model_path = ms_test_fixture("hf/llama_gqa");
+    o.page_size = 4;
+    o.max_seqs = 1;
+    o.max_tokens = 16;
+    o.max_seq_len = 8;
+    ms_engine *e = NULL;
+    ms_error err = {0};
+    assert_int_equal(ms_engine_init(&e, &ms_llama_ref_desc, &o, &err), MS_OK);
+    assert_int_equal(ms_engine_kv_pages_free(e), 2); /* ceil(8 / 4), the sink page apart */
+    const int32_t ids[] = {1, 2, 3, 4, 5};
+    ms_rid rid = add_req(e, ids, 5, 10, 0, ms_sampling_greedy());
+    ms_status st = MS_OK;
+    int steps = 0;
+    while (st == MS_OK && ms_engine_n_active(e) > 0 && steps++ < 20)
+        st = ms_engine_step(e, NULL, &err);
+    assert_int_equal(st, MS_ERR_CAPACITY);
+    assert_non_null(strstr(err.msg, "raise kv_pages"));
+    const int32_t *out;
+    int32_t n_out;
+    assert_int_equal(ms_engine_output(e, rid, &out, &n_out, NULL), MS_OK);
+    assert_int_equal(n_out, 4); /* positions 0..7 fit: prompt 5 + 3 decode steps */
+    ms_engine_remove(e, rid);
+    assert_int_equal(ms_engine_kv_pages_free(e), 2);
+    ms_engine_free(e);
+}
+
 /* Every allocation of init failing in turn: an error, never a crash or a leak. */
 static void test_init_allocation_failures(void **state) {
     (void)state;
@@ -751,6 +782,7 @@ int main(void) {
         ms_unit_test(test_sharded_checkpoint),
         ms_unit_test(test_seeded_sampling_batch_independent),
         ms_unit_test(test_device_and_options),
+        ms_unit_test(test_kv_sizing),
         ms_unit_test(test_init_allocation_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
