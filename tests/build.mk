@@ -35,3 +35,4 @@ TSAN_TESTS += tests/test_kv_stress
 TEST_SCRIPTS += tests/mkckpt.sh
 TESTS += tests/test_dsl
 TEST_SCRIPTS += tests/mstarc_cli.sh
+TESTS += tests/test_runner_property
