@@ -5,6 +5,7 @@ COMPILER_SRCS += compiler/print.c
 COMPILER_SRCS += compiler/sema.c
 COMPILER_SRCS += compiler/compile.c
 COMPILER_SRCS += compiler/dump.c
+COMPILER_SRCS += compiler/eval.c
 MSTARC_MAIN += compiler/main.c
 # ---- fuzzing the front end: make fuzz-dsl FUZZ_SECONDS=N (libFuzzer via clang, ASan+UBSan) ----
 FUZZ_SECONDS ?= 60
@@ -14,7 +15,7 @@ FUZZ_SRCS := tests/fuzz_dsl.c $(DSL_SRCS) $(COMPILER_SRCS) runtime/base.c runtim
 $(FUZZ_DIR)/fuzz_dsl: $(FUZZ_SRCS) $(BUILD)/gen/dsl_parse.c $(BUILD)/gen/dsl_lex.c $(wildcard compiler/*.h dsl/*.h runtime/*.h)
 	$(call quiet,LD,$@)
 	@mkdir -p $(@D)
-	$(Q)$(FUZZ_CC) -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -Iruntime -Icompiler -Idsl -I$(BUILD)/gen -o $@ $(FUZZ_SRCS) $(BUILD)/gen/dsl_parse.c $(BUILD)/gen/dsl_lex.c -lm
+	$(Q)$(FUZZ_CC) -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -Iruntime -Icompiler -Idsl -I$(BUILD)/gen $(PKG_CFLAGS) -o $@ $(FUZZ_SRCS) $(BUILD)/gen/dsl_parse.c $(BUILD)/gen/dsl_lex.c $(PKG_LIBS) -lm
 .PHONY: fuzz-dsl
 fuzz-dsl: $(FUZZ_DIR)/fuzz_dsl
 	$(Q)mkdir -p $(FUZZ_DIR)/corpus $(FUZZ_DIR)/seeds $(FUZZ_DIR)/crashes

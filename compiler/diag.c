@@ -113,7 +113,9 @@ static void print_one(const ms_diags *d, const ms_diag *g, FILE *out) {
     size_t start, len;
     if (!find_line(d, g->loc.first_line, &start, &len))
         return;
-    fputs("    ", out);
+    /* an empty line is printed empty (no trailing indentation) */
+    if (len > 0)
+        fputs("    ", out);
     for (size_t i = 0; i < len; i++) {
         unsigned char c = (unsigned char)d->src[start + i];
         fputc(c == '\t' || c >= 0x20 ? c : ' ', out);

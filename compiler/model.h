@@ -126,6 +126,8 @@ struct ms_weight {
     const ms_weight *tie;         /* use this weight instead (when tie_cond holds / when missing) */
     const ms_ast_expr *tie_cond;  /* bool config expression, NULL = only when the tensor is missing */
     bool optional;                /* may be absent (the forward then skips it, e.g. a bias) */
+    bool used;                    /* read by a forward, a resource argument or a used tie (always
+                                     true in a checked model: unused weights are errors) */
     int index;                    /* position in ms_model.weights */
     const ms_ast_weight *ast;
     ms_ast_sym sym;
@@ -178,7 +180,7 @@ struct ms_resource {
     const char *name;
     const ms_res_spec *spec;
     ms_resource_kind kind;        /* spec->kind */
-    int index;                    /* dependency order (KV first, ties by name): the resource index
+    int index;                    /* dependency order (ties: ms_resource_kind order, then name): the resource index
                                      of ms_step.records and ms_step_ctx.plan_results */
     const ms_resource **deps;     /* [n_deps] resources this one depends on (positional args) */
     int n_deps;

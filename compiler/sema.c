@@ -326,14 +326,21 @@ static ms_type set_type(ms_ast_expr *e, ms_type t) {
     return t;
 }
 
-static const ms_param *has_guard(const sema *s, const ms_ast_expr *c) {
+/* Push the optional parameters a condition proves present: has(p), or a conjunction of
+ * conditions with has(p) among them (has(w) && use_w). Returns the number pushed. */
+static int push_guards(sema *s, const ms_ast_expr *c) {
+    if (c->kind == MS_EXPR_BINARY && c->op == MS_OP_AND)
+        return push_guards(s, c->lhs) + push_guards(s, c->rhs);
     if (c->kind == MS_EXPR_CALL && c->lhs->kind == MS_EXPR_NAME && strcmp(c->lhs->text, "has") == 0 &&
         c->args.n == 1) {
         const ms_ast_arg *a = c->args.items[0];
-        if (a->value->kind == MS_EXPR_NAME)
-            return find_param(s->m, a->value->text);
+        const ms_param *p = a->value->kind == MS_EXPR_NAME ? find_param(s->m, a->value->text) : NULL;
+        if (p != NULL && s->n_guards < 64) {
+            s->guards[s->n_guards++] = p;
+            return 1;
+        }
     }
-    return NULL;
+    return 0;
 }
 
 static int step_input(const sema *s, const char *name) {
@@ -469,7 +476,11 @@ static ms_type cexpr(sema *s, ms_ast_expr *e, cx_mode mode) {
             return set_type(e, MS_TYPE_UNKNOWN);
         }
         ms_type a = cexpr(s, e->lhs, mode);
+        int saved = s->n_guards;
+        if (e->op == MS_OP_AND)
+            push_guards(s, e->lhs); /* has(w) && w > 4 */
         ms_type b = cexpr(s, e->rhs, mode);
+        s->n_guards = saved;
         if (a == MS_TYPE_UNKNOWN || b == MS_TYPE_UNKNOWN)
             return set_type(e, e->op >= MS_OP_EQ ? MS_TYPE_BOOL : MS_TYPE_UNKNOWN);
         switch (e->op) {
@@ -506,10 +517,8 @@ static ms_type cexpr(sema *s, ms_ast_expr *e, cx_mode mode) {
         ms_type c = cexpr(s, e->cond, mode);
         if (c != MS_TYPE_BOOL && c != MS_TYPE_UNKNOWN)
             err(s, e->cond->loc, "condition must be a bool, got %s", ms_type_str(c));
-        const ms_param *g = has_guard(s, e->cond);
         int saved = s->n_guards;
-        if (g != NULL && s->n_guards < 64)
-            s->guards[s->n_guards++] = g;
+        push_guards(s, e->cond);
         ms_type a = cexpr(s, e->lhs, mode);
         s->n_guards = saved;
         ms_type b = cexpr(s, e->rhs, mode);
@@ -974,10 +983,8 @@ static void check_arg(sema *s, const ms_res_spec *spec, const ms_res_key *key, m
         ms_type c = cexpr(s, e->cond, CX_CONFIG);
         if (c != MS_TYPE_BOOL && c != MS_TYPE_UNKNOWN)
             err(s, e->cond->loc, "condition must be a bool, got %s", ms_type_str(c));
-        const ms_param *g = has_guard(s, e->cond);
         int saved = s->n_guards;
-        if (g != NULL && s->n_guards < 64)
-            s->guards[s->n_guards++] = g;
+        push_guards(s, e->cond);
         check_arg(s, spec, key, e->lhs);
         s->n_guards = saved;
         check_arg(s, spec, key, e->rhs);
@@ -1062,11 +1069,12 @@ static void check_arg(sema *s, const ms_res_spec *spec, const ms_res_key *key, m
         }
         break;
     case MS_ARG_WEIGHT: {
-        const ms_weight *w = e->kind == MS_EXPR_NAME ? find_top_weight(s->m, e->text) : NULL;
+        ms_weight *w = e->kind == MS_EXPR_NAME ? find_top_weight(s->m, e->text) : NULL;
         if (w == NULL) {
             err(s, e->loc, "%s must name a top-level weight", what);
             break;
         }
+        w->used = true;
         e->sym = &w->sym;
         e->type = MS_TYPE_TENSOR;
         break;
@@ -1216,7 +1224,20 @@ static void check_resources(sema *s, ms_node *node, const ms_ast_node *an) {
         if (r->spec->kind == MS_RESOURCE_KV && r->n_deps > 0)
             err(s, c->loc, "kv_pool '%s' takes no resource arguments", r->name);
     }
-    /* dependency order: Kahn's algorithm, ready resources taken KV first, then by name */
+    /* windowed retention releases old pages: every attention over that pool must mask to a window */
+    for (int i = 0; i < count; i++) {
+        const ms_resource *r = list[i];
+        if (r->kind != MS_RESOURCE_ATTN || r->kv == NULL)
+            continue;
+        const ms_ast_expr *ret = r->kv->args[spec_key(r->kv->spec, "retention")];
+        const ms_ast_expr *win = r->args[spec_key(r->spec, "window")];
+        if (ret != NULL && ret->kind != MS_EXPR_NONE && (win == NULL || win->kind == MS_EXPR_NONE))
+            err(s, r->ast->name.loc,
+                "attention '%s' attends to every token, but kv_pool '%s' releases tokens outside its retention window; give '%s' a window",
+                r->name, r->kv->name, r->name);
+    }
+    /* dependency order: Kahn's algorithm; among ready resources the first kind (KV, positions,
+     * attention, cross, scratch, sampler: ms_resource_kind order), then the first name */
     bool placed[MS_MAX_RESOURCES * 4] = {false};
     ms_resource **order = NEWN(s, ms_resource *, count);
     int n_order = 0;
@@ -1233,9 +1254,8 @@ static void check_resources(sema *s, ms_node *node, const ms_ast_node *an) {
                         ready = false;
             if (!ready)
                 continue;
-            if (best < 0 || (list[i]->kind == MS_RESOURCE_KV) > (list[best]->kind == MS_RESOURCE_KV) ||
-                ((list[i]->kind == MS_RESOURCE_KV) == (list[best]->kind == MS_RESOURCE_KV) &&
-                 strcmp(list[i]->name, list[best]->name) < 0))
+            if (best < 0 || list[i]->kind < list[best]->kind ||
+                (list[i]->kind == list[best]->kind && strcmp(list[i]->name, list[best]->name) < 0))
                 best = i;
         }
         if (best < 0)
@@ -1462,7 +1482,10 @@ static const ms_ast_expr *res_arg_plain(const ms_resource *r, const char *key) {
     return e != NULL && e->kind != MS_EXPR_COND ? e : NULL;
 }
 
-static bool want_layer(sema *s, const ms_ast_expr *call, const char *fn) {
+static const ms_ast_expr *res_arg_plain(const ms_resource *r, const char *key);
+
+/* layer = <loop variable>, iterating a group with as many layers as the resource's KV pool. */
+static bool want_layer(sema *s, const ms_ast_expr *call, const char *fn, const ms_resource *r) {
     ms_ast_expr *l = named_arg(call, "layer");
     if (l == NULL) {
         err(s, call->loc, "%s needs layer = <loop variable> (which layer's KV to use)", fn);
@@ -1473,6 +1496,11 @@ static bool want_layer(sema *s, const ms_ast_expr *call, const char *fn) {
         err(s, l->loc, "layer must be a for-loop variable over a weight group, got %s", ms_type_str(v.t));
         return false;
     }
+    const ms_resource *pool = r->kind == MS_RESOURCE_KV ? r : r->kv;
+    const ms_ast_expr *layers = pool != NULL ? res_arg_plain(pool, "layers") : NULL;
+    if (v.t == MS_TYPE_LAYER && v.group != NULL && layers != NULL && !dims_eq(s, v.group->count, layers))
+        err(s, l->loc, "%s: group '%s' has %s layers but kv_pool '%s' has layers = %s", fn, v.group->name,
+            ms_expr_str(s->a, v.group->count), pool->name, ms_expr_str(s->a, layers));
     return true;
 }
 
@@ -1522,7 +1550,7 @@ static fval method_call(sema *s, ms_ast_expr *e, const ms_resource *r, const cha
                 v[i] = fexpr(s, pos_arg(e, i));
                 want_tensor(s, pos_arg(e, i), &v[i], i == 0 && !write ? "q" : i == (write ? 0 : 1) ? "k" : "v");
             }
-            want_layer(s, e, fn);
+            want_layer(s, e, fn, r);
             const ms_ast_expr *hd = res_head_dim(r);
             const ms_ast_expr *qh = res_arg_plain(r, "q_heads");
             const ms_ast_expr *kvh = r->kv != NULL ? res_arg_plain(r->kv, "kv_heads") : NULL;
@@ -1710,8 +1738,9 @@ static fval fname(sema *s, ms_ast_expr *e) {
         e->sym = b->sym;
         return b->v;
     }
-    const ms_weight *w = find_top_weight(s->m, e->text);
+    ms_weight *w = find_top_weight(s->m, e->text);
     if (w != NULL) {
+        w->used = true;
         e->sym = &w->sym;
         return tensor(s, w->rank, w->shape);
     }
@@ -1758,7 +1787,7 @@ static fval fexpr_inner(sema *s, ms_ast_expr *e) {
             if (b != NULL && b->v.t == MS_TYPE_LAYER) {
                 e->lhs->sym = b->sym;
                 e->lhs->type = MS_TYPE_LAYER;
-                const ms_weight *w = find_member(b->v.group, e->text);
+                ms_weight *w = find_member(b->v.group, e->text);
                 if (w == NULL) {
                     suggest g = {e->text, NULL, 0};
                     for (int i = 0; i < b->v.group->n_members; i++)
@@ -1767,6 +1796,7 @@ static fval fexpr_inner(sema *s, ms_ast_expr *e) {
                         suggest_text(s, &g));
                     return fv(MS_TYPE_UNKNOWN);
                 }
+                w->used = true;
                 e->sym = &w->sym;
                 return tensor(s, w->rank, w->shape);
             }
@@ -2531,6 +2561,19 @@ ms_status ms_sema_check(ms_arena *arena, ms_diags *diags, const ms_ast_model *as
         w->ast = aw;
         w->body = aw->body;
         s->m->walks[s->m->n_walks++] = w;
+    }
+    /* A declared weight nobody reads is a typo or dead weight (it would still be loaded onto the
+     * device). Checked only on an otherwise clean model: an error in a forward can hide a use. */
+    if (diags->n_errors == errors_before) {
+        for (int i = 0; i < s->m->n_weights; i++)
+            if (s->m->weights[i]->used && s->m->weights[i]->tie != NULL)
+                ((ms_weight *)s->m->weights[i]->tie)->used = true;
+        for (int i = 0; i < s->m->n_weights; i++) {
+            const ms_weight *w = s->m->weights[i];
+            if (!w->used)
+                err(s, w->ast->name.loc, "weight '%s%s%s' is never used: no forward or resource reads it",
+                    w->group != NULL ? w->group->name : "", w->group != NULL ? "." : "", w->name);
+        }
     }
     if (diags->n_errors > errors_before || diags->stopped || diags->oom)
         return MS_ERR_PARSE;

@@ -466,6 +466,14 @@ static void ms_dsl_yyerror(const ms_loc *loc, ms_parse_ctx *ctx, const char *msg
                        YYMAXDEPTH);
         return;
     }
+    ms_loc at = *loc;
+    if (ctx->at_eof && ctx->prev_word != NULL) {
+        /* end of file: point just after the last token, on a line the reader can see */
+        at = ctx->prev_loc;
+        at.first_line = at.last_line;
+        at.first_column = at.last_column = at.last_column + 1;
+        loc = &at;
+    }
     if (ctx->at_eof && ctx->depth > 0 && ctx->depth <= MS_PARSE_MAX_NESTING) {
         const ms_parse_bracket *b = &ctx->brackets[ctx->depth - 1];
         char close = b->open == '(' ? ')' : b->open == '[' ? ']' : '}';
@@ -483,10 +491,10 @@ static void ms_dsl_yyerror(const ms_loc *loc, ms_parse_ctx *ctx, const char *msg
     if (expect_only != NULL && strcmp(expect_only, "';'") == 0 && ctx->prev_word != NULL &&
         ctx->prev_loc.last_line < loc->first_line) {
         /* a missing ';' at the end of a line: point at the end of that line, not the next one */
-        ms_loc at = ctx->prev_loc;
-        at.first_line = at.last_line;
-        at.first_column = at.last_column = at.last_column + 1;
-        ms_diags_error(ctx->diags, at, "syntax error: expected ';' after '%s'", ctx->prev_word);
+        ms_loc semi = ctx->prev_loc;
+        semi.first_line = semi.last_line;
+        semi.first_column = semi.last_column = semi.last_column + 1;
+        ms_diags_error(ctx->diags, semi, "syntax error: expected ';' after '%s'", ctx->prev_word);
     } else {
         ms_diags_error(ctx->diags, *loc, "%s", b.data);
     }

@@ -40,9 +40,9 @@ struct ms_parse_ctx {
 };
 
 /* Start scanning buf[size], which ends in two NUL bytes, in place (lexer.l). */
-void ms_dsl_lex_start(char *buf, size_t size, void *scanner);
+MS_INTERNAL void ms_dsl_lex_start(char *buf, size_t size, void *scanner);
 
 /* Scanner fatal error (out of memory inside flex): never returns. */
-_Noreturn void ms_dsl_lex_fatal(const char *msg, void *scanner);
+MS_INTERNAL _Noreturn void ms_dsl_lex_fatal(const char *msg, void *scanner);
 
 #endif /* MS_PARSE_IMPL_H */

@@ -36,3 +36,4 @@ TEST_SCRIPTS += tests/mkckpt.sh
 TESTS += tests/test_dsl
 TEST_SCRIPTS += tests/mstarc_cli.sh
 TESTS += tests/test_runner_property
+TESTS += tests/test_dsl_fixtures

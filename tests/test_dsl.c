@@ -409,7 +409,7 @@ static void test_nul_bytes_and_empty_input(void **state) {
     assert_int_equal(ms_compile_source("empty.mstar", "", 0, 0, &c, &err), MS_ERR_PARSE);
     t = diag_text(c);
     assert_string_equal(t, "empty.mstar:1:1: error: syntax error: unexpected end of file, expected 'model'\n"
-                           "    \n    ^\n");
+                           "\n    ^\n");
     free(t);
     ms_compile_free(c);
 }
