@@ -8,6 +8,8 @@
 #include "backend.h"
 
 #include <math.h>
+
+#include "hf_config.h"
 #include <stdio.h>
 #include <string.h>
 
@@ -179,6 +181,40 @@ ms_status ms_rope_compute_inv_freq(const ms_rope_config *c, float *inv_freq, ms_
             bool medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
             inv_freq[j] = medium ? smoothed : g;
         }
+    }
+    return MS_OK;
+}
+
+ms_status ms_rope_config_from_hf(const ms_rope_params *p, ms_rope_style style,
+                                 int32_t head_dim, ms_rope_config *out, ms_error *err) {
+    memset(out, 0, sizeof *out);
+    if (head_dim <= 0)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "rope: head_dim %d must be positive", head_dim);
+    if (!(p->partial_rotary_factor > 0.0 && p->partial_rotary_factor <= 1.0))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "rope: partial_rotary_factor %g outside (0, 1]",
+                       p->partial_rotary_factor);
+    out->style = style;
+    out->head_dim = head_dim;
+    /* transformers: int(head_dim * partial_rotary_factor) */
+    out->rotary_dim = (int32_t)((double)head_dim * p->partial_rotary_factor);
+    out->theta = p->theta;
+    out->factor = p->factor;
+    switch (p->type) {
+    case MS_ROPE_TYPE_DEFAULT:
+        out->scaling = MS_ROPE_SCALING_NONE;
+        break;
+    case MS_ROPE_TYPE_LINEAR:
+        out->scaling = MS_ROPE_SCALING_LINEAR;
+        break;
+    case MS_ROPE_TYPE_LLAMA3:
+        out->scaling = MS_ROPE_SCALING_LLAMA3;
+        out->low_freq_factor = p->low_freq_factor;
+        out->high_freq_factor = p->high_freq_factor;
+        out->original_max_position = (double)p->original_max_position_embeddings;
+        break;
+    default:
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "rope: rope_type '%s' is not supported yet",
+                       ms_rope_type_name(p->type));
     }
     return MS_OK;
 }

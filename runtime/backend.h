@@ -262,7 +262,22 @@ typedef struct ms_rope_config {
  */
 ms_status ms_rope_compute_inv_freq(const ms_rope_config *c, float *inv_freq, ms_error *err);
 
+struct ms_rope_params;
+
+/*
+ * Host: the RoPE settings of a config.json (hf_config.h ms_hf_config_get_rope, either layout) as
+ * an ms_rope_config for `style` and `head_dim`: theta, rotary_dim = head_dim *
+ * partial_rotary_factor, default / linear / llama3 scaling. MS_ERR_UNSUPPORTED names rope types
+ * the backends do not implement yet (dynamic, yarn); M-RoPE sections are copied by the caller
+ * into ms_rope_table.sections (frequencies are the default ones).
+ */
+ms_status ms_rope_config_from_hf(const struct ms_rope_params *p, ms_rope_style style,
+                                 int32_t head_dim, ms_rope_config *out, ms_error *err);
+
+/* Most M-RoPE position streams (the same value hf_config.h uses for mrope_section). */
+#ifndef MS_ROPE_MAX_SECTIONS
 #define MS_ROPE_MAX_SECTIONS 4
+#endif
 
 /*
  * RoPE table handed to the rope ops: style, rotary width and the inverse frequencies in backend
@@ -431,6 +446,29 @@ typedef struct ms_backend_i {
     /* Elementwise out = a + b (residual add). a, b, out [n, d] f32; out may alias a or b. */
     ms_status (*add)(void *ctx, const ms_tensor *a, const ms_tensor *b, ms_tensor *out,
                      ms_error *err);
+
+    /* -- encoder ops (Whisper; optional for decoder-only models: NULL = MS_ERR_UNSUPPORTED) -- */
+
+    /*
+     * LayerNorm over the last dimension (torch.nn.LayerNorm, biased variance):
+     * out = (x - mean(x)) * rsqrt(mean((x - mean)^2) + eps) * w + b, in f32.
+     * x [n, d] f32; w, b [d] f32|bf16|f16 (b may be NULL); out [n, d] (may alias x).
+     */
+    ms_status (*layer_norm)(void *ctx, const ms_tensor *x, const ms_tensor *w, const ms_tensor *b,
+                            float eps, ms_tensor *out, ms_error *err);
+    /*
+     * Exact GELU (HF ACT2FN["gelu"], torch.nn.functional.gelu without approximation):
+     * out = 0.5 * x * (1 + erf(x / sqrt(2))). x, out [n, d] f32 (out may alias x).
+     */
+    ms_status (*gelu)(void *ctx, const ms_tensor *x, ms_tensor *out, ms_error *err);
+    /*
+     * 1-D convolution over time (torch.nn.Conv1d, zero padding, dilation 1), token-major:
+     * y[t, o] = b[o] + sum_{c, k} w[o, c, k] * x[t * stride + k - padding, c] (x outside
+     * [0, T_in) reads 0). x [T_in, C_in] f32; w [C_out, C_in, K] f32|bf16|f16; bias [C_out] or
+     * NULL; y [T_out, C_out] f32 with T_out = (T_in + 2 padding - K) / stride + 1.
+     */
+    ms_status (*conv1d)(void *ctx, const ms_tensor *x, const ms_tensor *w, const ms_tensor *bias,
+                        int32_t stride, int32_t padding, ms_tensor *y, ms_error *err);
     /*
      * Row gather (logits of the last token of each sequence: rows = batch->last_token):
      * out[r, :] = x[rows[r], :], or zeros when rows[r] == -1.

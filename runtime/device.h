@@ -85,7 +85,7 @@ typedef struct ms_device_i {
     /* Record `event` after the work queued so far on `stream` (cudaEventRecord). */
     ms_status (*event_record)(void *self, ms_device_event *event, ms_device_stream *stream,
                               ms_error *err);
-    /* Make later work on `stream` wait for `event` (cudaStreamWaitEvent); does not block the host. */
+    /* Make later work on `stream` wait for `event` (cudaStreamWaitEvent); never blocks the host. */
     ms_status (*stream_wait)(void *self, ms_device_stream *stream, ms_device_event *event,
                              ms_error *err);
     /* Block the calling thread until `stream` (NULL: the whole device) has finished. */

@@ -109,8 +109,9 @@ struct ms_kv_pool {
     kv_plan_buf bufs[2];
     uint64_t plan_seq;          /* plans built; selects the buffer set */
     int64_t plan_allocs;        /* growth performed inside plan */
-    ms_device_event *offload_event; /* recorded on the compute stream before offload/reload copies */
+    ms_device_event *offload_event; /* recorded on the compute stream before tier copies */
     ms_device_event *reload_event;  /* recorded on the copy stream after reload copies */
+    ms_device_event *retrieve_event; /* recorded on the compute stream before transfers start */
 };
 
 /* ---- small helpers ---- */
@@ -277,16 +278,19 @@ ms_status ms_kv_pool_init(const ms_kv_pool_config *cfg, ms_kv_pool **out, ms_err
     pool->ps = ms_page_arena_page_size(cfg->arena);
     pthread_mutex_init(&pool->mu, NULL);
     pthread_cond_init(&pool->cv, NULL);
+    ms_device *dev = ms_page_arena_device(cfg->arena);
+    ms_status st = MS_OK;
     if (cfg->host_arena != NULL) {
-        ms_device *dev = ms_page_arena_device(cfg->arena);
-        ms_status st = ms_device_event_init(dev, &pool->offload_event, err);
+        st = ms_device_event_init(dev, &pool->offload_event, err);
         if (st == MS_OK)
             st = ms_device_event_init(dev, &pool->reload_event, err);
-        if (st != MS_OK) {
-            ms_error_prefix(err, "kv pool: ");
-            ms_kv_pool_free(pool);
-            return st;
-        }
+    }
+    if (st == MS_OK && cfg->transfer != NULL)
+        st = ms_device_event_init(dev, &pool->retrieve_event, err);
+    if (st != MS_OK) {
+        ms_error_prefix(err, "kv pool: ");
+        ms_kv_pool_free(pool);
+        return st;
     }
     *out = pool;
     return MS_OK;
@@ -373,6 +377,7 @@ void ms_kv_pool_free(ms_kv_pool *pool) {
     ms_device *dev = ms_page_arena_device(pool->cfg.arena);
     ms_device_event_free(dev, pool->offload_event);
     ms_device_event_free(dev, pool->reload_event);
+    ms_device_event_free(dev, pool->retrieve_event);
     pthread_cond_destroy(&pool->cv);
     pthread_mutex_destroy(&pool->mu);
     ms_free(pool);
@@ -1304,6 +1309,7 @@ static ms_admit_outcome retrieve_locked(ms_kv_pool *pool, kv_request *r,
         pub->page_size != pool->ps || pub->n_streams < 0 || pub->n_streams > MS_MAX_LABELS)
         return retrieve_fail(r, 0);
     bool pending = false;
+    bool any = false; /* some stream starts a transfer */
     pool->mark++;
     int64_t total = 0;
     for (int32_t i = 0; i < pub->n_streams; i++) {
@@ -1332,6 +1338,7 @@ static ms_admit_outcome retrieve_locked(ms_kv_pool *pool, kv_request *r,
         if (have > 0 && s->released != ps->start)
             return retrieve_fail(r, ps->label); /* retention disagrees */
         s->mark = pool->mark;
+        any = true;
         s->p_need = pages_for(ps->length - ps->start, pool->ps);
         total += MS_MAX(0, s->p_need - s->n_pages);
         if (ms_grow((void **)&s->pages, &s->cap, (size_t)MS_MAX(s->p_need, 1),
@@ -1343,6 +1350,16 @@ static ms_admit_outcome retrieve_locked(ms_kv_pool *pool, kv_request *r,
     if (total > 0 && ms_page_arena_acquire(pool->cfg.arena, (int32_t)total, pool->acq) != MS_OK) {
         int32_t n_free = ms_page_arena_num_free(pool->cfg.arena);
         return outcome(MS_ADMIT_PAGES_SHORT, (int32_t)MS_MAX(1, total - n_free), 0, r->rid);
+    }
+    /* Transfers write pages a running forward may still read (released by its commit). */
+    ms_device_event *done = NULL;
+    if (any && pool->retrieve_event != NULL) {
+        ms_error e = {0};
+        if (ms_device_event_record(ms_page_arena_device(pool->cfg.arena), pool->retrieve_event,
+                                   pool->cfg.compute_stream, &e) == MS_OK)
+            done = pool->retrieve_event;
+        else
+            r->retrieve_failed = true; /* cannot order the writes: fail the request's transfers */
     }
     int32_t used = 0;
     for (int32_t i = 0; i < pub->n_streams; i++) {
@@ -1374,8 +1391,13 @@ static ms_admit_outcome retrieve_locked(ms_kv_pool *pool, kv_request *r,
             .remote_pages = ps->pages,
             .n_remote_pages = ps->n_pages,
             .source = pub->source,
+            .compute_done = done,
         };
         s->stored = ps->length;
+        if (r->retrieve_failed) {
+            s->read_error = true;
+            continue;
+        }
         uint64_t h = 0;
         ms_error e = {0};
         if (pool->cfg.transfer->start(pool->cfg.transfer_ctx, &d, &h, &e) != MS_OK) {

@@ -22,6 +22,10 @@
  *     pages by retention, is reloaded or receives a transfer; appending inside held pages keeps it.
  *   - one mutex per pool around every stream access; blocking waits (transfers, offload copies)
  *     happen with the mutex released (hazard F4).
+ *   - device ordering: pages released at commit may still be read by the forward just launched,
+ *     so every write into pages the pool hands out is ordered after the compute stream (fork
+ *     copies run on it; reload copies and transfers wait on an event recorded on it); offload
+ *     reads wait on the same kind of event (H4) and finish before their pages are released.
  *
  * Ownership: ms_kv_pool_* functions borrow their arguments. The pool returned by
  * ms_kv_pool_init is owned by the caller and released with ms_kv_pool_free; the arenas, device
@@ -84,6 +88,10 @@ typedef struct ms_kv_transfer_desc {
     const int32_t *remote_pages;  /* [n_remote_pages] the publisher's pages */
     int32_t n_remote_pages;
     const void *source;           /* the publisher's identity (ms_kv_published.source) */
+    ms_device_event *compute_done;/* recorded on the pool's compute stream just before start():
+                                     the local pages may have been released by a commit whose
+                                     forward still runs, so the back end orders its writes after
+                                     it (cudaStreamWaitEvent); NULL when the pool has no event */
 } ms_kv_transfer_desc;
 
 /*
@@ -134,9 +142,10 @@ typedef struct ms_kv_request_config {
 typedef struct ms_kv_pool ms_kv_pool;
 
 /*
- * Create a pool over cfg->arena. Creates one device event (for ordering offload copies) when a
- * host arena is given. Errors: MS_ERR_INVALID_ARG (no arena, negative window, host arena of
- * another geometry), MS_ERR_OOM, device errors.
+ * Create a pool over cfg->arena. Creates device events for ordering offload/reload copies (when
+ * a host arena is given) and transfers (when a transfer interface is given). Errors:
+ * MS_ERR_INVALID_ARG (no arena, negative window, host arena of another geometry), MS_ERR_OOM,
+ * device errors.
  */
 ms_status ms_kv_pool_init(const ms_kv_pool_config *cfg, ms_kv_pool **out, ms_error *err);
 

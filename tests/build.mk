@@ -40,6 +40,7 @@ TSAN_TESTS += tests/test_kv_stress
 TEST_SCRIPTS += tests/mkckpt.sh
 TESTS += tests/test_dsl
 TEST_SCRIPTS += tests/mstarc_cli.sh
+TESTS += tests/test_runner_property
 TESTS += tests/test_dsl_fixtures
 TESTS += tests/test_codegen_llama
 $(BUILD)/tests/test_codegen_llama: $(BUILD)/obj/gen/llama/llama_gen.o

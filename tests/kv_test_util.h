@@ -231,7 +231,9 @@ static KV_UNUSED void kv_ingest(kv_fix *f, ms_rid rid) {
 
 /* Write a recognisable value into every element of token `slot` of `page` (all layers, K and
  * V) and read it back. */
-static KV_UNUSED float kv_tag(int32_t layer, int kv, float v) { return v * 8.0f + (float)(layer * 2 + kv); }
+static KV_UNUSED float kv_tag(int32_t layer, int kv, float v) {
+    return v * 8.0f + (float)(layer * 2 + kv);
+}
 
 static KV_UNUSED void kv_write_token(ms_page_arena *a, int32_t page, int32_t slot, float v) {
     const ms_page_arena_config *c = ms_page_arena_get_config(a);

@@ -431,6 +431,45 @@ static void test_batch_continuous(void **state) {
     gqa_close(&g);
 }
 
+/* The decode hot path allocates nothing in steady state: once the engine has served a batch of
+ * this shape (the KV pool grows its plan buffers at admit, amortised), a second batch's decode
+ * steps make no host allocation in admit, plan, forward, sampling or commit. Page size 16 keeps
+ * every stream within the KV pool's initial page-list capacity (8 pages): the pool still grows a
+ * stream's page list at admit when it passes that (amortised doubling; a per-stream reserve in
+ * ms_kv_pool_config would remove it). */
+static void test_decode_allocates_nothing(void **state) {
+    (void)state;
+    gqa_ref g;
+    gqa_open(&g);
+    ms_engine *e = open_engine(ms_test_fixture("hf/llama_gqa"), 16, GQA_PROMPTS, 128);
+    ms_rid rids[GQA_PROMPTS];
+    ms_error err = {0};
+    for (int round = 0; round < 2; round++) {
+        for (int p = 0; p < GQA_PROMPTS; p++)
+            rids[p] = add_req(e, g.in[p], (int32_t)g.n[p], GQA_NEW, 0, ms_sampling_greedy());
+        for (int s = 0; s < 2; s++) /* prefill, first decode */
+            assert_int_equal(ms_engine_step(e, NULL, &err), MS_OK);
+        int64_t before = ms_alloc_get_stats().total_allocs;
+        ms_engine_step_info info;
+        for (int s = 0; s < GQA_NEW - 2; s++) {
+            assert_int_equal(ms_engine_step(e, &info, &err), MS_OK);
+            assert_int_equal(info.n_tokens, GQA_PROMPTS);
+        }
+        if (round == 1)
+            assert_int_equal(ms_alloc_get_stats().total_allocs, before);
+        assert_int_equal(ms_engine_n_active(e), 0);
+        for (int p = 0; p < GQA_PROMPTS; p++) {
+            const int32_t *out;
+            int32_t n_out;
+            assert_int_equal(ms_engine_output(e, rids[p], &out, &n_out, NULL), MS_OK);
+            assert_memory_equal(out, g.greedy[p], GQA_NEW * sizeof(int32_t));
+            ms_engine_remove(e, rids[p]);
+        }
+    }
+    ms_engine_free(e);
+    gqa_close(&g);
+}
+
 /* ---- edges ---- */
 
 static void test_max_new_tokens_0_and_1(void **state) {
@@ -662,6 +701,37 @@ static void test_device_and_options(void **state) {
     ms_engine_free(e); /* frees the running request too */
 }
 
+/* The KV arena is sized from max_seq_len; a request that outgrows it gets a clear error naming
+ * the knob, and the pages it held come back when it is removed. */
+static void test_kv_sizing(void **state) {
+    (void)state;
+    ms_engine_options o = ms_engine_options_default();
+    o.model_path = ms_test_fixture("hf/llama_gqa");
+    o.page_size = 4;
+    o.max_seqs = 1;
+    o.max_tokens = 16;
+    o.max_seq_len = 8;
+    ms_engine *e = NULL;
+    ms_error err = {0};
+    assert_int_equal(ms_engine_init(&e, &ms_llama_ref_desc, &o, &err), MS_OK);
+    assert_int_equal(ms_engine_kv_pages_free(e), 2); /* ceil(8 / 4), the sink page apart */
+    const int32_t ids[] = {1, 2, 3, 4, 5};
+    ms_rid rid = add_req(e, ids, 5, 10, 0, ms_sampling_greedy());
+    ms_status st = MS_OK;
+    int steps = 0;
+    while (st == MS_OK && ms_engine_n_active(e) > 0 && steps++ < 20)
+        st = ms_engine_step(e, NULL, &err);
+    assert_int_equal(st, MS_ERR_CAPACITY);
+    assert_non_null(strstr(err.msg, "raise kv_pages"));
+    const int32_t *out;
+    int32_t n_out;
+    assert_int_equal(ms_engine_output(e, rid, &out, &n_out, NULL), MS_OK);
+    assert_int_equal(n_out, 4); /* positions 0..7 fit: prompt 5 + 3 decode steps */
+    ms_engine_remove(e, rid);
+    assert_int_equal(ms_engine_kv_pages_free(e), 2);
+    ms_engine_free(e);
+}
+
 /* Every allocation of init failing in turn: an error, never a crash or a leak. */
 static void test_init_allocation_failures(void **state) {
     (void)state;
@@ -706,11 +776,13 @@ int main(void) {
         ms_unit_test(test_hf_mistral_window),
         ms_unit_test(test_batch_ragged_pages),
         ms_unit_test(test_batch_continuous),
+        ms_unit_test(test_decode_allocates_nothing),
         ms_unit_test(test_max_new_tokens_0_and_1),
         ms_unit_test(test_context_limits),
         ms_unit_test(test_sharded_checkpoint),
         ms_unit_test(test_seeded_sampling_batch_independent),
         ms_unit_test(test_device_and_options),
+        ms_unit_test(test_kv_sizing),
         ms_unit_test(test_init_allocation_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -204,6 +204,17 @@ static void test_offload_reload_round_trip(void **state) {
     kv_step_init(&t, true);
     kv_step_seg(&t, 1, 5, 4); /* a label the request has not created yet */
     assert_int_equal(kv_admit(&f, &t).code, MS_ADMIT_OFFLOADED);
+    /* plan refuses an offloaded stream and names it */
+    kv_step_init(&t, true);
+    kv_step_seg(&t, 1, 0, 0);
+    const ms_kv_plan_set *set = NULL;
+    assert_int_equal(ms_kv_pool_plan(f.pool, 0, &t.step, NULL, &set, &err), MS_ERR_STATE);
+    assert_non_null(strstr(err.msg, "offloaded"));
+    assert_null(set);
+    kv_step_init(&t, true);
+    kv_step_seg(&t, 404, 0, 0);
+    assert_int_equal(ms_kv_pool_plan(f.pool, 0, &t.step, NULL, &set, &err), MS_ERR_NOT_FOUND);
+    assert_non_null(strstr(err.msg, "404"));
     /* scribble over the freed device pages, then reload */
     int32_t scratch[15];
     int32_t n_free = ms_page_arena_num_free(f.arena);
@@ -505,7 +516,8 @@ static void test_H4_offload_copies_wait_on_compute_event(void **state) {
         }
         if (o->op == OP_RECORD && o->stream == f.copy)
             rec2 = i;
-        if (o->op == OP_WAIT && o->stream == f.compute && rec2 >= 0 && o->event == tr.ops[rec2].event)
+        if (o->op == OP_WAIT && o->stream == f.compute && rec2 >= 0 &&
+            o->event == tr.ops[rec2].event)
             wait2 = i;
     }
     assert_int_equal(copies, 6);
@@ -604,6 +616,8 @@ static ms_status xfer_start(void *ctx, const ms_kv_transfer_desc *d, uint64_t *h
     memcpy(x->t[x->n].local_pages, d->local_pages, (size_t)d->n_local_pages * sizeof(int32_t));
     memcpy(x->t[x->n].remote_pages, d->remote_pages, (size_t)d->n_remote_pages * sizeof(int32_t));
     x->t[x->n].st = MS_KV_TRANSFER_PENDING;
+    x->t[x->n].d.local_pages = NULL; /* only valid during start */
+    x->t[x->n].d.remote_pages = NULL;
     *h = (uint64_t)x->n;
     if (x->instant)
         xfer_finish(x, x->n);
@@ -693,6 +707,8 @@ static void test_publish_retrieve_round_trip(void **state) {
     ms_admit_outcome o = ms_kv_pool_admit_retrieve(c.pool, 1, pub);
     assert_int_equal(o.code, MS_ADMIT_OK); /* an instant transfer is not pending */
     assert_int_equal(x.n, 2);
+    /* writes are ordered after the compute stream (pages may come from a running step) */
+    assert_non_null(x.t[0].d.compute_done);
     assert_int_equal(kv_info(&c, 1, 0).stored, 19);
     assert_int_equal(kv_info(&c, 1, 2).stored, 5);
     assert_false(kv_info(&c, 1, 0).read_pending);
@@ -935,6 +951,41 @@ static void test_retrieve_with_retention_start(void **state) {
     kv_fix_free(&c);
 }
 
+/* H4 for transfers: pages a transfer fills may have been released by a commit whose forward is
+ * still running, so admit_retrieve hands the back end an event recorded on the compute stream. */
+static void test_H4_transfer_ordered_after_compute_event(void **state) {
+    (void)state;
+    tracer tr;
+    memset(&tr, 0, sizeof tr);
+    ms_error err = {0};
+    assert_int_equal(ms_device_host_init(0, &tr.inner, &err), MS_OK);
+    ms_device *dev = NULL;
+    assert_int_equal(ms_device_wrap_init(&tracer_iface, &tr, &dev, &err), MS_OK);
+    kv_fake_transfer fx = {.instant = true};
+    kv_fix_opts o = {.dev = dev, .transfer = &kv_fake_transfer_i, .transfer_ctx = &fx};
+    kv_fix f;
+    kv_fix_init_opts(&f, 16, PS, 0, &o);
+    kv_ingest(&f, 1);
+    ms_kv_published pub = {.rid = 1, .world_size = 1, .page_size = PS, .n_streams = 1};
+    int32_t pages[] = {3, 4};
+    pub.streams[0] = (ms_kv_published_stream){0, 12, 0, 2, pages};
+    tr.n = 0;
+    assert_int_equal(ms_kv_pool_admit_retrieve(f.pool, 1, &pub).code, MS_ADMIT_OK);
+    assert_int_equal(fx.n, 1);
+    int rec = -1;
+    for (int i = 0; i < tr.n; i++)
+        if (tr.ops[i].op == OP_RECORD && tr.ops[i].stream == f.compute)
+            rec = i;
+    assert_true(rec >= 0);
+    assert_ptr_equal(fx.descs[0].compute_done, tr.ops[rec].event);
+    /* polling a finished retrieve records nothing new */
+    tr.n = 0;
+    assert_int_equal(ms_kv_pool_admit_retrieve(f.pool, 1, &pub).code, MS_ADMIT_OK);
+    assert_int_equal(tr.n, 0);
+    kv_fix_free(&f);
+    ms_device_free(tr.inner);
+}
+
 /* The request's retrieve_labels filter which published labels are pulled. */
 static void test_retrieve_only_needed_labels(void **state) {
     (void)state;
@@ -1017,6 +1068,7 @@ int main(void) {
         ms_unit_test(test_H12_start_failure_and_no_transfer_interface),
         ms_unit_test(test_F4_remove_waits_for_transfer_outside_lock),
         ms_unit_test(test_retrieve_with_retention_start),
+        ms_unit_test(test_H4_transfer_ordered_after_compute_event),
         ms_unit_test(test_retrieve_only_needed_labels),
         ms_unit_test(test_resource_vtable_publish_and_retrieve),
     };

@@ -564,7 +564,9 @@ static void test_plan_allocates_nothing_after_admit(void **state) {
             kv_step_pre_fork(&t, 0, 1);
         ms_admit_outcome ao = kv_admit(&f, &t);
         if (ao.code != MS_ADMIT_OK)
-            fail_msg("step %d: %s short %d rid %llu label %d", step, ms_admit_code_str(ao.code), ao.pages_short, (unsigned long long)ao.rid, ao.label);
+            fail_msg("step %d: %s short %d rid %llu label %d", step,
+                     ms_admit_code_str(ao.code), ao.pages_short, (unsigned long long)ao.rid,
+                     ao.label);
         int64_t before = ms_alloc_get_stats().total_allocs;
         kv_plan(&f, &t);
         assert_int_equal(ms_alloc_get_stats().total_allocs, before);

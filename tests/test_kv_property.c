@@ -217,7 +217,9 @@ static void check_plan(prop *p, const kv_tstep *t, const ms_kv_plan_set *set) {
             int32_t pages[256];
             int32_t np = ms_kv_pool_stream_pages(p->f.pool, w->rid, w->label, pages, 256);
             if (w->n_pages > 0 && np < w->n_pages)
-                fail_msg("view rid %llu label %d: %d pages, stream holds %d (len %d start %d tc %d)", (unsigned long long)w->rid, w->label, w->n_pages, np, w->length, w->start, w->to_compute);
+                fail_msg("view rid %llu label %d: %d pages, stream holds %d (len %d start %d "
+                         "to_compute %d)", (unsigned long long)w->rid, w->label, w->n_pages, np,
+                         w->length, w->start, w->to_compute);
             for (int32_t k = 0; k < w->n_pages; k++) {
                 assert_int_equal(w->pages[k], pages[k]);
                 assert_int_equal(pl->kv_indices[pl->kv_indptr[v] + k], pages[k]);
@@ -406,7 +408,8 @@ static void run_property(uint64_t seed, int64_t ops) {
         /* the pool's page counts match the arenas; removed requests own nothing */
         kv_check_pages(&p->f);
         if (p->f.host != NULL)
-            assert_true(ms_page_arena_num_free(p->f.host) <= ms_page_arena_num_pages(p->f.host) - 1);
+            assert_true(ms_page_arena_num_free(p->f.host) <
+                        ms_page_arena_num_pages(p->f.host));
     }
     if (p->holding)
         finish_step(p, &p->held);

@@ -410,15 +410,17 @@ static void test_integration_F5_decode_node_continues_from_published_state(void 
     istep_init(&s, &a, "prefill", true);
     istep_seg(&s, 1, 0, 13);
     istep_run(&a, &s);
-    /* publish: positions through the runner sweep, KV through the pool */
+    /* publish sweep: one item per resource that holds something (KV pages, position counters) */
     ms_published pub;
     assert_int_equal(ms_step_runner_publish(a.r, 1, &pub, &err), MS_OK);
-    ms_kv_published *kpub = NULL;
-    assert_int_equal(ms_kv_pool_publish(a.kv.pool, 1, &kpub, &err), MS_OK);
-    /* node B imports both, then decodes from position 13 into the transferred stream */
+    assert_int_equal(pub.n, 2);
+    assert_string_equal(pub.items[0].key, "kv");
+    assert_string_equal(pub.items[1].key, "pos");
+    /* node B imports both through its own runner (matched by key and kind) */
     ifx_ingest(&b, 1);
-    assert_int_equal(ms_kv_pool_admit_retrieve(b.kv.pool, 1, kpub).code, MS_ADMIT_OK);
     assert_int_equal(ms_step_runner_admit_retrieve(b.r, 1, &pub).code, MS_ADMIT_OK);
+    assert_int_equal(kv_info(&b.kv, 1, 0).stored, 13);
+    assert_int_equal(xfer.n, 1); /* one transfer started for the main stream */
     istep_init(&s, &b, "decode", true);
     istep_seg(&s, 1, 0, 1);
     istep_run(&b, &s);
@@ -427,7 +429,7 @@ static void test_integration_F5_decode_node_continues_from_published_state(void 
     /* a stale re-publish from A never rewinds B */
     assert_int_equal(ms_step_runner_admit_retrieve(b.r, 1, &pub).code, MS_ADMIT_OK);
     assert_int_equal(position(&b, 1, 0), 14);
-    ms_kv_published_free(kpub);
+    assert_int_equal(xfer.n, 1); /* nothing behind any more: no second transfer */
     ms_published_free(&pub);
     ms_step_runner_remove(a.r, 1);
     ms_step_runner_remove(b.r, 1);
