@@ -17,7 +17,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${MS_BUILD:-build}
 case $build in /*) ;; *) build=$root/$build ;; esac
 mstarc=$build/mstarc
-fx=$root/../shared/fixtures
+fx=${MS_FIXTURES:-$root/../shared/fixtures}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 passed=0
