@@ -9,6 +9,7 @@
  *   node      resources in dependency order and the prefill/decode step declarations;
  *   forward   the forward body lowered to an op list, buffers planned by liveness over one
  *             workspace, emitted as straight-line ms_backend_i calls.
+ * and, separately, the CUDA kernel instance sources the lowered forward needs (ms_codegen_kernels).
  *
  * Determinism: everything iterates declaration order or op order; names are derived from source
  * names with counters; no pointer value, time or hash order reaches the output.
@@ -1549,8 +1550,11 @@ static void lower_stmt(gen *g, const ms_ast_stmt *s) {
         for (int i = 0; i < g->m->n_groups; i++)
             if (strcmp(g->m->groups[i]->name, s->group.name) == 0)
                 grp = g->m->groups[i];
-        if (grp == NULL || g->layer != NULL)
-            fail_at(g, s->loc, "only one level of layer loops is supported");
+        bool seen = false;
+        for (int i = 0; i < g->n_o; i++)
+            seen = seen || g->o[i].kind == O_LOOP_BEGIN;
+        if (grp == NULL || g->layer != NULL || seen)
+            fail_at(g, s->loc, "the forward may have one layer loop (not nested, not two)");
         flush_rope(g);
         g->stmt = S("for %s in %s", s->var.name, s->group.name);
         op *b = new_op(g, O_LOOP_BEGIN);
@@ -1688,8 +1692,6 @@ static void plan_buffers(gen *g) {
                 def = i;
             if (r || w)
                 last = i;
-            if (r && def >= 0 && a >= 0 && def > a && def < b && i > a && i < def)
-                carried = i;
             if (r && def < 0 && a >= 0 && i > a && i < b)
                 carried = i; /* read in the loop before its definition (previous iteration) */
         }

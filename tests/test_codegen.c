@@ -197,6 +197,11 @@ static void test_unsupported_constructs(void **state) {
     expect_unsupported(s2, "max_position_embeddings");
     ms_free(s);
     ms_free(s2);
+    /* a second layer loop (the buffer planner handles one) */
+    s = tiny_with("            return linear(", "            for blk in blocks {\n"
+                  "                h = rms_norm(x, blk.norm1, eps);\n            }\n            return linear(");
+    expect_unsupported(s, "one layer loop");
+    ms_free(s);
 }
 
 int main(void) {
