@@ -658,6 +658,49 @@ static void test_seeded_sampling_batch_independent(void **state) {
     gqa_close(&g);
 }
 
+/* Stop on the checkpoint's eos ids (llama_gqa: 2): the run stops at the first eos the same
+ * request produces with ignore_eos, and keeps that id as its last output. */
+static void test_stop_on_eos(void **state) {
+    (void)state;
+    ms_engine *e = open_engine(ms_test_fixture("hf/llama_gqa"), 16, 1, 64);
+    const ms_md_facts *fa = ms_engine_facts(e);
+    assert_int_equal(fa->n_eos, 1);
+    assert_int_equal(fa->eos_ids[0], 2);
+    const int32_t ids[] = {1, 40, 41};
+    ms_sampling_params sp = {.temperature = 1.5f, .top_k = 0, .top_p = 1.0f, .seed = 3};
+    ms_engine_request rq = {.prompt = ids, .n_prompt = 3, .max_new_tokens = 400,
+                            .sampling = sp, .ignore_eos = true};
+    ms_rid rid;
+    ms_error err = {0};
+    assert_int_equal(ms_engine_add(e, &rq, &rid, &err), MS_OK);
+    run_all(e);
+    const int32_t *out;
+    int32_t n_out;
+    ms_finish_reason why;
+    assert_int_equal(ms_engine_output(e, rid, &out, &n_out, &why), MS_OK);
+    assert_int_equal(n_out, 400);
+    assert_int_equal(why, MS_FINISH_LENGTH);
+    int32_t first = -1;
+    for (int32_t i = 0; i < n_out && first < 0; i++)
+        if (out[i] == 2)
+            first = i;
+    assert_true(first >= 0); /* this seed samples an eos within 400 tokens */
+    int32_t *prefix = ms_malloc((size_t)(first + 1) * sizeof *prefix);
+    assert_non_null(prefix);
+    memcpy(prefix, out, (size_t)(first + 1) * sizeof *prefix);
+    ms_engine_remove(e, rid);
+    rq.ignore_eos = false;
+    assert_int_equal(ms_engine_add(e, &rq, &rid, &err), MS_OK);
+    run_all(e);
+    assert_int_equal(ms_engine_output(e, rid, &out, &n_out, &why), MS_OK);
+    assert_int_equal(why, MS_FINISH_EOS);
+    assert_int_equal(n_out, first + 1);
+    assert_memory_equal(out, prefix, (size_t)(first + 1) * sizeof *prefix);
+    ms_engine_remove(e, rid);
+    ms_free(prefix);
+    ms_engine_free(e);
+}
+
 /* ---- failures ---- */
 
 static void test_device_and_options(void **state) {
@@ -781,6 +824,7 @@ int main(void) {
         ms_unit_test(test_context_limits),
         ms_unit_test(test_sharded_checkpoint),
         ms_unit_test(test_seeded_sampling_batch_independent),
+        ms_unit_test(test_stop_on_eos),
         ms_unit_test(test_device_and_options),
         ms_unit_test(test_kv_sizing),
         ms_unit_test(test_init_allocation_failures),
