@@ -181,6 +181,10 @@ typedef struct gen {
     bool used_gather;
     int n_names;
     const char *names[MAX_VALS + MAX_SLOTS];
+    const ms_ast_stmt *carry_stmt[MAX_ENV]; /* loop body: the last assignment of a name bound */
+    const char *carry_name[MAX_ENV];        /* before the loop writes into that name's buffer, */
+    int carry_val[MAX_ENV];                 /* so the next iteration reads it (straight-line body) */
+    int n_carry;
     ms_strbuf sb[MAX_SB];       /* scratch text (sb_get / sb_put) */
     bool sb_used[MAX_SB];
 } gen;
@@ -1530,6 +1534,15 @@ static const char *stmt_text(gen *g, const ms_ast_stmt *s) {
 
 static void lower_body(gen *g, const ms_ptr_vec *body);
 
+/* Inside a layer loop: the buffer statement s must write name into (its last assignment of a name
+ * bound before the loop), or -1. */
+static int carry_of(gen *g, const ms_ast_stmt *s, const char *name) {
+    for (int c = 0; c < g->n_carry; c++)
+        if (g->carry_stmt[c] == s && strcmp(g->carry_name[c], name) == 0)
+            return g->carry_val[c];
+    return -1;
+}
+
 /* The row-wise tail of `return`: the leaf name it starts from (NULL when not row-wise). */
 static const ms_ast_expr *rowwise_leaf(const ms_ast_expr *e) {
     if (e->kind == MS_EXPR_NAME)
@@ -1567,7 +1580,25 @@ static void lower_stmt(gen *g, const ms_ast_stmt *s) {
         for (int i = 0; i < g->n_v; i++)
             pending_before[i] = g->v[i].pending_add >= 0;
         int nv0 = g->n_v;
+        g->n_carry = 0;
+        for (int i = 0; i < s->body.n; i++) {
+            const ms_ast_stmt *st = s->body.items[i];
+            for (int k = 0; k < st->lhs.n && st->kind == MS_AST_STMT_ASSIGN; k++) {
+                const char *nm = ((const ms_ast_expr *)st->lhs.items[k])->text;
+                int v0 = env_get(g, nm), c = 0;
+                if (v0 < 0)
+                    continue;
+                while (c < g->n_carry && strcmp(g->carry_name[c], nm) != 0)
+                    c++;
+                if (c == g->n_carry)
+                    g->n_carry++;
+                g->carry_stmt[c] = st;
+                g->carry_name[c] = nm;
+                g->carry_val[c] = v0;
+            }
+        }
         lower_body(g, &s->body);
+        g->n_carry = 0;
         flush_rope(g);
         /* A residual add still pending at the end of the body: fuse it with the first
            rms_norm of the next iteration when that is the first reader of the value. */
@@ -1646,7 +1677,8 @@ static void lower_stmt(gen *g, const ms_ast_stmt *s) {
     if (s->lhs.n == 1 && r0->kind == MS_EXPR_BINARY && r0->op == MS_OP_ADD &&
         r0->lhs->kind == MS_EXPR_NAME && strcmp(r0->lhs->text, t0->text) == 0) {
         int x = env_get(g, t0->text);
-        if (x >= 0 && g->v[x].kind == V_BUF) {
+        int carried = carry_of(g, s, t0->text);
+        if (x >= 0 && g->v[x].kind == V_BUF && (carried < 0 || carried == x)) {
             flush_add(g, x);
             int t = use_val(g, lower(g, r0->rhs, "t", -1));
             g->v[x].pending_add = t;
@@ -1656,8 +1688,30 @@ static void lower_stmt(gen *g, const ms_ast_stmt *s) {
     int vals[16];
     if (s->lhs.n > 16)
         fail_at(g, s->loc, "too many names in one assignment");
-    for (int i = 0; i < s->rhs.n; i++)
-        vals[i] = lower(g, s->rhs.items[i], ((const ms_ast_expr *)s->lhs.items[i])->text, -1);
+    for (int i = 0; i < s->rhs.n; i++) {
+        const char *nm = ((const ms_ast_expr *)s->lhs.items[i])->text;
+        int dest = carry_of(g, s, nm);
+        if (dest >= 0 && s->rhs.n != 1)
+            fail_at(g, s->loc, "cannot carry '%s' to the next layer from a multiple assignment",
+                    nm);
+
+        vals[i] = lower(g, s->rhs.items[i], nm, dest);
+        if (dest >= 0 && vals[i] != dest)
+            fail_at(g, s->loc, "cannot carry '%s' to the next layer: its last assignment in the "
+                    "loop must be computed by an op (write it as x = x + ..., or end with a "
+                    "norm, linear or add)", nm);
+        if (dest >= 0) {
+            /* the op writing the carried buffer must not read it (only add and rms_norm may
+               alias their input) */
+            const op *o = &g->o[g->n_o - 1];
+            bool reads = false;
+            for (int k = 0; k < o->n_in; k++)
+                reads = reads || root_of(g, o->in[k]) == dest;
+            if (reads && o->kind != O_ADD && o->kind != O_RMS_NORM)
+                fail_at(g, s->loc, "cannot update '%s' in place for the next layer: the op "
+                        "computing it reads it", nm);
+        }
+    }
     for (int i = 0; i < s->lhs.n; i++)
         env_set(g, ((const ms_ast_expr *)s->lhs.items[i])->text, vals[i]);
 }

@@ -202,6 +202,11 @@ static void test_unsupported_constructs(void **state) {
                   "                h = rms_norm(x, blk.norm1, eps);\n            }\n            return linear(");
     expect_unsupported(s, "one layer loop");
     ms_free(s);
+    /* a value carried to the next layer must be written by an op that may alias its input */
+    s = tiny_with("            }\n            return linear(",
+                  "                x = silu(x) * x;\n            }\n            return linear(");
+    expect_unsupported(s, "cannot update 'x' in place for the next layer");
+    ms_free(s);
 }
 
 int main(void) {
