@@ -9,6 +9,7 @@
  *   node      resources in dependency order and the prefill/decode step declarations;
  *   forward   the forward body lowered to an op list, buffers planned by liveness over one
  *             workspace, emitted as straight-line ms_backend_i calls.
+ * and, separately, the CUDA kernel instance sources the lowered forward needs (ms_codegen_kernels).
  *
  * Determinism: everything iterates declaration order or op order; names are derived from source
  * names with counters; no pointer value, time or hash order reaches the output.
@@ -72,6 +73,7 @@ void ms_emit_banner(ms_cg *cg, const char *file, const char *source, const char 
 #define MAX_OPS 512   /* forward ops */
 #define MAX_SLOTS 64  /* workspace buffers */
 #define MAX_ENV 128   /* forward bindings */
+#define MAX_SB 8      /* scratch text buffers in use at once */
 
 /* One row of the generated weight table. */
 typedef struct went {
@@ -179,6 +181,12 @@ typedef struct gen {
     bool used_gather;
     int n_names;
     const char *names[MAX_VALS + MAX_SLOTS];
+    const ms_ast_stmt *carry_stmt[MAX_ENV]; /* loop body: the last assignment of a name bound */
+    const char *carry_name[MAX_ENV];        /* before the loop writes into that name's buffer, */
+    int carry_val[MAX_ENV];                 /* so the next iteration reads it (straight-line body) */
+    int n_carry;
+    ms_strbuf sb[MAX_SB];       /* scratch text (sb_get / sb_put) */
+    bool sb_used[MAX_SB];
 } gen;
 
 static _Noreturn void fail_at(gen *g, ms_loc loc, const char *fmt, ...) MS_PRINTF(3, 4);
@@ -197,6 +205,29 @@ static _Noreturn void fail_at(gen *g, ms_loc loc, const char *fmt, ...) {
 }
 
 static const ms_loc NOLOC = {0, 0, 0, 0};
+
+/* Scratch text buffers live in the generator (not on the stack), so a longjmp on out of memory
+ * cannot leak them: the entry points free every slot. */
+static ms_strbuf *sb_get(gen *g) {
+    for (int i = 0; i < MAX_SB; i++)
+        if (!g->sb_used[i]) {
+            g->sb_used[i] = true;
+            memset(&g->sb[i], 0, sizeof g->sb[i]);
+            return &g->sb[i];
+        }
+    MS_ABORT("codegen: more than %d scratch buffers in use", MAX_SB);
+}
+
+static void sb_put(gen *g, ms_strbuf *b) {
+    ms_strbuf_free(b);
+    g->sb_used[b - g->sb] = false;
+}
+
+static void sb_free_all(gen *g) {
+    for (int i = 0; i < MAX_SB; i++)
+        if (g->sb_used[i])
+            sb_put(g, &g->sb[i]);
+}
 
 #define S(...) ms_arena_sprintf(&g->a, __VA_ARGS__)
 #define E(...) ms_emit(&g->cg, __VA_ARGS__)
@@ -242,23 +273,23 @@ static const char *c_double(gen *g, double d) {
 }
 
 static const char *c_string(gen *g, const char *s) {
-    ms_strbuf b = {0};
-    ms_strbuf_puts(&b, "\"");
+    ms_strbuf *b = sb_get(g);
+    ms_strbuf_puts(b, "\"");
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
         if (*p == '"' || *p == '\\')
-            ms_strbuf_printf(&b, "\\%c", *p);
+            ms_strbuf_printf(b, "\\%c", *p);
         else if (*p < 32 || *p >= 127)
-            ms_strbuf_printf(&b, "\\%03o", *p);
+            ms_strbuf_printf(b, "\\%03o", *p);
         else
-            ms_strbuf_printf(&b, "%c", *p);
+            ms_strbuf_printf(b, "%c", *p);
     }
-    ms_strbuf_puts(&b, "\"");
-    if (b.oom) {
-        ms_strbuf_free(&b);
+    ms_strbuf_puts(b, "\"");
+    if (b->oom) {
+        sb_put(g, b);
         ms_arena_oom(&g->a);
     }
-    const char *r = ms_arena_strdup(&g->a, b.data);
-    ms_strbuf_free(&b);
+    const char *r = ms_arena_strdup(&g->a, b->data);
+    sb_put(g, b);
     return r;
 }
 
@@ -471,15 +502,15 @@ static void emit_config_load(gen *g) {
             E("c->%s = %s;", p->name, bare(g, cexpr(g, p->dflt)));
             continue;
         }
-        ms_strbuf b = {0};
+        ms_strbuf *b = sb_get(g);
         for (int k = 0; k < p->n_sources; k++)
-            ms_strbuf_printf(&b, "%s%s", k ? ", " : "", c_string(g, p->sources[k]));
-        if (b.oom)
+            ms_strbuf_printf(b, "%s%s", k ? ", " : "", c_string(g, p->sources[k]));
+        if (b->oom)
             ms_arena_oom(&g->a);
         E("{");
         g->cg.indent++;
-        E("static const char *const src[] = {%s};", b.data);
-        ms_strbuf_free(&b);
+        E("static const char *const src[] = {%s};", b->data);
+        sb_put(g, b);
         const char *dflt = "NULL";
         if (p->dflt != NULL && p->type == MS_TYPE_STRING) {
             dflt = cexpr(g, p->dflt);
@@ -536,7 +567,7 @@ static void emit_config_load(gen *g) {
     if (g->pos != NULL && hd != NULL) {
         const char *h = bare(g, cexpr(g, hd));
         E("MS_TRY(ms_md_cfg_check(hf, %s > 0 && %s %% 2 == 0, err,", h, h);
-        E("                       \"%s (%%lld) must be positive and even (RoPE pairs)\", "
+        E("                       \"%s (%%lld) must be positive and even\", "
           "(long long)(%s)));", src_text(g, hd), h);
     }
     /* string parameters only ever compared with literals: anything else is unsupported */
@@ -561,19 +592,19 @@ static void emit_config_load(gen *g) {
         }
         if (n == n0 || other)
             continue;
-        ms_strbuf cond = {0}, names = {0};
+        ms_strbuf *cond = sb_get(g); ms_strbuf *names = sb_get(g);
         for (int k = 0; k < n; k++) {
-            ms_strbuf_printf(&cond, "%sstrcmp(c->%s, %s) == 0", k ? " || " : "", p->name,
+            ms_strbuf_printf(cond, "%sstrcmp(c->%s, %s) == 0", k ? " || " : "", p->name,
                              c_string(g, lits[k]));
-            ms_strbuf_printf(&names, "%s%s", k ? ", " : "", lits[k]);
+            ms_strbuf_printf(names, "%s%s", k ? ", " : "", lits[k]);
         }
-        if (cond.oom || names.oom)
+        if (cond->oom || names->oom)
             ms_arena_oom(&g->a);
-        E("MS_TRY(ms_md_cfg_check(hf, %s, err,", cond.data);
+        E("MS_TRY(ms_md_cfg_check(hf, %s, err,", cond->data);
         E("                       \"%s '%%s' is not supported by this model (%s)\", c->%s));",
-          p->name, names.data, p->name);
-        ms_strbuf_free(&cond);
-        ms_strbuf_free(&names);
+          p->name, names->data, p->name);
+        sb_put(g, cond);
+        sb_put(g, names);
     }
     E("return MS_OK;");
     g->cg.indent--;
@@ -871,16 +902,16 @@ static void build_weight_table(gen *g) {
         if (!last)
             continue;
         went *fe = &g->w[g->n_w];
-        ms_strbuf key = {0};
-        ms_strbuf_puts(&key, w->group != NULL ? S("%s.", w->group->name) : "");
+        ms_strbuf *key = sb_get(g);
+        ms_strbuf_puts(key, w->group != NULL ? S("%s.", w->group->name) : "");
         for (int x = 0; x < f->n; x++) {
             const ms_weight *o = is_bias ? f->bs[x] : f->ws[x];
-            ms_strbuf_printf(&key, "%s%s", x ? "+" : "", o->name);
+            ms_strbuf_printf(key, "%s%s", x ? "+" : "", o->name);
         }
-        if (key.oom)
+        if (key->oom)
             ms_arena_oom(&g->a);
-        fe->key = ms_arena_strdup(&g->a, key.data);
-        ms_strbuf_free(&key);
+        fe->key = ms_arena_strdup(&g->a, key->data);
+        sb_put(g, key);
         fe->ename = S("W_%s", upper_ident(g, fe->key));
         fe->kind = MS_MD_WEIGHT_FUSED;
         fe->group = w->group;
@@ -913,19 +944,19 @@ static const char *layer_template(gen *g, const ms_weight *w, int k) {
     if (w->group == NULL || strcmp(w->group->index_var, "i") == 0)
         return t;
     const char *var = S("{%s}", w->group->index_var);
-    ms_strbuf b = {0};
+    ms_strbuf *b = sb_get(g);
     for (const char *p = t; *p;) {
         if (strncmp(p, var, strlen(var)) == 0) {
-            ms_strbuf_puts(&b, "{i}");
+            ms_strbuf_puts(b, "{i}");
             p += strlen(var);
         } else {
-            ms_strbuf_printf(&b, "%c", *p++);
+            ms_strbuf_printf(b, "%c", *p++);
         }
     }
-    if (b.oom)
+    if (b->oom)
         ms_arena_oom(&g->a);
-    const char *r = ms_arena_strdup(&g->a, b.data);
-    ms_strbuf_free(&b);
+    const char *r = ms_arena_strdup(&g->a, b->data);
+    sb_put(g, b);
     return r;
 }
 
@@ -949,13 +980,13 @@ static void emit_weights(gen *g) {
         E(".key = %s,", c_string(g, e->key));
         E(".kind = %s,", kinds[e->kind]);
         if (e->w != NULL) {
-            ms_strbuf b = {0};
+            ms_strbuf *b = sb_get(g);
             for (int k = 0; k < e->w->n_names; k++)
-                ms_strbuf_printf(&b, "%s%s", k ? ", " : "", c_string(g, layer_template(g, e->w, k)));
-            if (b.oom)
+                ms_strbuf_printf(b, "%s%s", k ? ", " : "", c_string(g, layer_template(g, e->w, k)));
+            if (b->oom)
                 ms_arena_oom(&g->a);
-            E(".names = {%s},", b.data);
-            ms_strbuf_free(&b);
+            E(".names = {%s},", b->data);
+            sb_put(g, b);
         }
         E(".per_layer = %s,", e->group != NULL ? "true" : "false");
         E(".optional = %s,", e->optional ? "true" : "false");
@@ -969,13 +1000,13 @@ static void emit_weights(gen *g) {
         }
         E(".fused = %s,", e->fused >= 0 ? g->w[e->fused].ename : "-1");
         if (e->n_parts > 0) {
-            ms_strbuf b = {0};
+            ms_strbuf *b = sb_get(g);
             for (int k = 0; k < e->n_parts; k++)
-                ms_strbuf_printf(&b, "%s%s", k ? ", " : "", g->w[e->parts[k]].ename);
-            if (b.oom)
+                ms_strbuf_printf(b, "%s%s", k ? ", " : "", g->w[e->parts[k]].ename);
+            if (b->oom)
                 ms_arena_oom(&g->a);
-            E(".parts = {%s},", b.data);
-            ms_strbuf_free(&b);
+            E(".parts = {%s},", b->data);
+            sb_put(g, b);
         }
         E(".n_parts = %d,", e->n_parts);
         g->cg.indent--;
@@ -999,13 +1030,13 @@ static void emit_weights(gen *g) {
                 E("shape[%d] = %s;", d, bare(g, cexpr(g, src->shape[d])));
                 continue;
             }
-            ms_strbuf b = {0};
+            ms_strbuf *b = sb_get(g);
             for (int k = 0; k < e->n_parts; k++)
-                ms_strbuf_printf(&b, "%s%s", k ? " + " : "", cexpr(g, g->w[e->parts[k]].w->shape[0]));
-            if (b.oom)
+                ms_strbuf_printf(b, "%s%s", k ? " + " : "", cexpr(g, g->w[e->parts[k]].w->shape[0]));
+            if (b->oom)
                 ms_arena_oom(&g->a);
-            E("shape[0] = %s;", b.data);
-            ms_strbuf_free(&b);
+            E("shape[0] = %s;", b->data);
+            sb_put(g, b);
         }
         E("break;");
         g->cg.indent--;
@@ -1058,14 +1089,14 @@ static void emit_resources(gen *g) {
         if (res->n_deps > MS_MD_MAX_DEPS)
             fail_at(g, res->ast->loc, "resource '%s' has more than %d dependencies", res->name,
                     MS_MD_MAX_DEPS);
-        ms_strbuf b = {0};
+        ms_strbuf *b = sb_get(g);
         for (int d = 0; d < res->n_deps; d++)
-            ms_strbuf_printf(&b, "%s%s", d ? ", " : "", c_string(g, res->deps[d]->name));
-        if (b.oom)
+            ms_strbuf_printf(b, "%s%s", d ? ", " : "", c_string(g, res->deps[d]->name));
+        if (b->oom)
             ms_arena_oom(&g->a);
         E("{%s, %s, {%s}, %d}, /* %s(...) */", c_string(g, res->name), kind_const(res->kind),
-          res->n_deps ? b.data : "NULL", res->n_deps, res->spec->ctor);
-        ms_strbuf_free(&b);
+          res->n_deps ? b->data : "NULL", res->n_deps, res->spec->ctor);
+        sb_put(g, b);
     }
     g->cg.indent--;
     E("};");
@@ -1102,10 +1133,10 @@ static void emit_step(gen *g, const ms_step_decl *s, const char *cname) {
                     s->name);
         adv = po->advance->ival;
     }
-    ms_strbuf b = {0};
+    ms_strbuf *b = sb_get(g);
     for (int i = 0; i < s->n_buckets; i++)
-        ms_strbuf_printf(&b, "%s%lld", i ? ", " : "", (long long)s->buckets[i]);
-    if (b.oom)
+        ms_strbuf_printf(b, "%s%lld", i ? ", " : "", (long long)s->buckets[i]);
+    if (b->oom)
         ms_arena_oom(&g->a);
     E("static const ms_md_step %s = {", cname);
     g->cg.indent++;
@@ -1116,9 +1147,9 @@ static void emit_step(gen *g, const ms_step_decl *s, const char *cname) {
     E(".attn_causal = %s,", at == NULL || at->causal ? "true" : "false");
     E(".pos_advance = %lld,", (long long)adv);
     E(".capture_by_tokens = %s,", s->capture == MS_CAPTURE_TOKENS ? "true" : "false");
-    E(".buckets = {%s},", s->n_buckets ? b.data : "0");
+    E(".buckets = {%s},", s->n_buckets ? b->data : "0");
     E(".n_buckets = %d,", s->n_buckets);
-    ms_strbuf_free(&b);
+    sb_put(g, b);
     g->cg.indent--;
     E("};");
 }
@@ -1297,17 +1328,17 @@ static int lower_linear(gen *g, const ms_ast_expr *e, const char *hint, int dest
                 continue;
             if (f->lowered < 0) {
                 int in = use_val(g, lower(g, argv_at(e, 0), NULL, -1));
-                ms_strbuf w = {0}, names = {0};
+                ms_strbuf *w = sb_get(g); ms_strbuf *names = sb_get(g);
                 for (int k = 0; k < f->n; k++) {
-                    ms_strbuf_printf(&w, "%s%s", k ? " + " : "", cexpr(g, f->ws[k]->shape[0]));
-                    ms_strbuf_printf(&names, "%s%s", k ? "_" : "", f->ws[k]->name);
+                    ms_strbuf_printf(w, "%s%s", k ? " + " : "", cexpr(g, f->ws[k]->shape[0]));
+                    ms_strbuf_printf(names, "%s%s", k ? "_" : "", f->ws[k]->name);
                 }
-                if (w.oom || names.oom)
+                if (w->oom || names->oom)
                     ms_arena_oom(&g->a);
-                const char *width = ms_arena_strdup(&g->a, w.data);
-                const char *nm = ms_arena_strdup(&g->a, names.data);
-                ms_strbuf_free(&w);
-                ms_strbuf_free(&names);
+                const char *width = ms_arena_strdup(&g->a, w->data);
+                const char *nm = ms_arena_strdup(&g->a, names->data);
+                sb_put(g, w);
+                sb_put(g, names);
                 int out = new_buf(g, g->v[in].rows, width, nm);
                 op *o = new_op(g, O_LINEAR);
                 op_in(o, in);
@@ -1481,27 +1512,36 @@ static int lower(gen *g, const ms_ast_expr *e, const char *hint, int dest) {
 }
 
 static const char *stmt_text(gen *g, const ms_ast_stmt *s) {
-    ms_strbuf b = {0};
+    ms_strbuf *b = sb_get(g);
     if (s->kind == MS_AST_STMT_RETURN)
-        ms_strbuf_puts(&b, "return ");
+        ms_strbuf_puts(b, "return ");
     for (int i = 0; i < s->lhs.n; i++) {
-        ms_strbuf_printf(&b, "%s", i ? ", " : "");
-        ms_expr_print(&b, s->lhs.items[i]);
+        ms_strbuf_printf(b, "%s", i ? ", " : "");
+        ms_expr_print(b, s->lhs.items[i]);
     }
     if (s->lhs.n > 0)
-        ms_strbuf_puts(&b, " = ");
+        ms_strbuf_puts(b, " = ");
     for (int i = 0; i < s->rhs.n; i++) {
-        ms_strbuf_printf(&b, "%s", i ? ", " : "");
-        ms_expr_print(&b, s->rhs.items[i]);
+        ms_strbuf_printf(b, "%s", i ? ", " : "");
+        ms_expr_print(b, s->rhs.items[i]);
     }
-    if (b.oom)
+    if (b->oom)
         ms_arena_oom(&g->a);
-    const char *r = ms_arena_strdup(&g->a, b.data != NULL ? b.data : "");
-    ms_strbuf_free(&b);
+    const char *r = ms_arena_strdup(&g->a, b->data != NULL ? b->data : "");
+    sb_put(g, b);
     return r;
 }
 
 static void lower_body(gen *g, const ms_ptr_vec *body);
+
+/* Inside a layer loop: the buffer statement s must write name into (its last assignment of a name
+ * bound before the loop), or -1. */
+static int carry_of(gen *g, const ms_ast_stmt *s, const char *name) {
+    for (int c = 0; c < g->n_carry; c++)
+        if (g->carry_stmt[c] == s && strcmp(g->carry_name[c], name) == 0)
+            return g->carry_val[c];
+    return -1;
+}
 
 /* The row-wise tail of `return`: the leaf name it starts from (NULL when not row-wise). */
 static const ms_ast_expr *rowwise_leaf(const ms_ast_expr *e) {
@@ -1523,8 +1563,11 @@ static void lower_stmt(gen *g, const ms_ast_stmt *s) {
         for (int i = 0; i < g->m->n_groups; i++)
             if (strcmp(g->m->groups[i]->name, s->group.name) == 0)
                 grp = g->m->groups[i];
-        if (grp == NULL || g->layer != NULL)
-            fail_at(g, s->loc, "only one level of layer loops is supported");
+        bool seen = false;
+        for (int i = 0; i < g->n_o; i++)
+            seen = seen || g->o[i].kind == O_LOOP_BEGIN;
+        if (grp == NULL || g->layer != NULL || seen)
+            fail_at(g, s->loc, "the forward may have one layer loop (not nested, not two)");
         flush_rope(g);
         g->stmt = S("for %s in %s", s->var.name, s->group.name);
         op *b = new_op(g, O_LOOP_BEGIN);
@@ -1537,7 +1580,25 @@ static void lower_stmt(gen *g, const ms_ast_stmt *s) {
         for (int i = 0; i < g->n_v; i++)
             pending_before[i] = g->v[i].pending_add >= 0;
         int nv0 = g->n_v;
+        g->n_carry = 0;
+        for (int i = 0; i < s->body.n; i++) {
+            const ms_ast_stmt *st = s->body.items[i];
+            for (int k = 0; k < st->lhs.n && st->kind == MS_AST_STMT_ASSIGN; k++) {
+                const char *nm = ((const ms_ast_expr *)st->lhs.items[k])->text;
+                int v0 = env_get(g, nm), c = 0;
+                if (v0 < 0)
+                    continue;
+                while (c < g->n_carry && strcmp(g->carry_name[c], nm) != 0)
+                    c++;
+                if (c == g->n_carry)
+                    g->n_carry++;
+                g->carry_stmt[c] = st;
+                g->carry_name[c] = nm;
+                g->carry_val[c] = v0;
+            }
+        }
         lower_body(g, &s->body);
+        g->n_carry = 0;
         flush_rope(g);
         /* A residual add still pending at the end of the body: fuse it with the first
            rms_norm of the next iteration when that is the first reader of the value. */
@@ -1616,7 +1677,8 @@ static void lower_stmt(gen *g, const ms_ast_stmt *s) {
     if (s->lhs.n == 1 && r0->kind == MS_EXPR_BINARY && r0->op == MS_OP_ADD &&
         r0->lhs->kind == MS_EXPR_NAME && strcmp(r0->lhs->text, t0->text) == 0) {
         int x = env_get(g, t0->text);
-        if (x >= 0 && g->v[x].kind == V_BUF) {
+        int carried = carry_of(g, s, t0->text);
+        if (x >= 0 && g->v[x].kind == V_BUF && (carried < 0 || carried == x)) {
             flush_add(g, x);
             int t = use_val(g, lower(g, r0->rhs, "t", -1));
             g->v[x].pending_add = t;
@@ -1626,8 +1688,30 @@ static void lower_stmt(gen *g, const ms_ast_stmt *s) {
     int vals[16];
     if (s->lhs.n > 16)
         fail_at(g, s->loc, "too many names in one assignment");
-    for (int i = 0; i < s->rhs.n; i++)
-        vals[i] = lower(g, s->rhs.items[i], ((const ms_ast_expr *)s->lhs.items[i])->text, -1);
+    for (int i = 0; i < s->rhs.n; i++) {
+        const char *nm = ((const ms_ast_expr *)s->lhs.items[i])->text;
+        int dest = carry_of(g, s, nm);
+        if (dest >= 0 && s->rhs.n != 1)
+            fail_at(g, s->loc, "cannot carry '%s' to the next layer from a multiple assignment",
+                    nm);
+
+        vals[i] = lower(g, s->rhs.items[i], nm, dest);
+        if (dest >= 0 && vals[i] != dest)
+            fail_at(g, s->loc, "cannot carry '%s' to the next layer: its last assignment in the "
+                    "loop must be computed by an op (write it as x = x + ..., or end with a "
+                    "norm, linear or add)", nm);
+        if (dest >= 0) {
+            /* the op writing the carried buffer must not read it (only add and rms_norm may
+               alias their input) */
+            const op *o = &g->o[g->n_o - 1];
+            bool reads = false;
+            for (int k = 0; k < o->n_in; k++)
+                reads = reads || root_of(g, o->in[k]) == dest;
+            if (reads && o->kind != O_ADD && o->kind != O_RMS_NORM)
+                fail_at(g, s->loc, "cannot update '%s' in place for the next layer: the op "
+                        "computing it reads it", nm);
+        }
+    }
     for (int i = 0; i < s->lhs.n; i++)
         env_set(g, ((const ms_ast_expr *)s->lhs.items[i])->text, vals[i]);
 }
@@ -1662,8 +1746,6 @@ static void plan_buffers(gen *g) {
                 def = i;
             if (r || w)
                 last = i;
-            if (r && def >= 0 && a >= 0 && def > a && def < b && i > a && i < def)
-                carried = i;
             if (r && def < 0 && a >= 0 && i > a && i < b)
                 carried = i; /* read in the loop before its definition (previous iteration) */
         }
@@ -1745,15 +1827,15 @@ static void emit_forward(gen *g) {
     g->cg.indent++;
     E("size_t sizes[B_COUNT];");
     for (int i = 0; i < g->n_s; i++) {
-        ms_strbuf b = {0};
+        ms_strbuf *b = sb_get(g);
         for (int x = 0; x < g->n_v; x++)
             if (g->v[x].kind == V_BUF && g->v[x].slot == i)
-                ms_strbuf_printf(&b, "%s%s", b.len ? ", " : "", g->v[x].name);
-        if (b.oom)
+                ms_strbuf_printf(b, "%s%s", b->len ? ", " : "", g->v[x].name);
+        if (b->oom)
             ms_arena_oom(&g->a);
         E("sizes[B_%s] = (size_t)%s * (size_t)(%s); /* %s */", upper_ident(g, g->s[i].name + 2),
-          g->s[i].rows, bare(g, g->s[i].width), b.data);
-        ms_strbuf_free(&b);
+          g->s[i].rows, bare(g, g->s[i].width), b->data);
+        sb_put(g, b);
     }
     E("(void)c;");
     E("(void)T;");
@@ -2038,6 +2120,7 @@ ms_status ms_codegen_model_c(const ms_model *m, const char *source, ms_strbuf *o
         goto done;
     }
 done:
+    sb_free_all(g);
     ms_arena_free(&g->a);
     ms_free(g);
     return st;
@@ -2394,6 +2477,7 @@ ms_status ms_codegen_kernels(const ms_model *m, const char *source, ms_gen_file 
             ms_arena_oom(&g->a);
     }
 done:
+    sb_free_all(g);
     ms_strbuf_free(&scratch);
     ms_arena_free(&g->a);
     ms_free(g);

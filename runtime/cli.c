@@ -19,6 +19,8 @@
 
 /* ---- flag parsing ---- */
 
+#define CLI_DEFAULT_NEW 256 /* --max-new-tokens when neither it nor --steps is given */
+
 typedef struct cli_opts {
     const char *model;
     const char *tokenizer;
@@ -366,8 +368,18 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
     size_t total = 0;
     for (size_t i = 0; i < ps.n; i++)
         total += ps.v[i].n;
+    /* worst-case sizes from the prompts: a batch of up to 64 rows, a prefill budget of up to
+     * 1024 tokens per step (longer prompts are prefilled in chunks), KV pages for the longest
+     * sequence a request can reach (prompt + new tokens, capped at the context by the engine) */
     eo.max_seqs = (int32_t)MS_MIN(ps.n, (size_t)64);
-    eo.max_tokens = (int32_t)MS_MAX(MS_MIN(total, (size_t)4096), (size_t)eo.max_seqs);
+    eo.max_tokens = (int32_t)MS_MAX(MS_MIN(total, (size_t)1024), (size_t)eo.max_seqs);
+    int64_t longest = 0;
+    for (size_t i = 0; i < ps.n; i++) {
+        int64_t new_tokens = o.steps >= 0 ? (int64_t)o.steps + 1
+                                          : (o.max_new >= 0 ? o.max_new : CLI_DEFAULT_NEW);
+        longest = MS_MAX(longest, (int64_t)ps.v[i].n + new_tokens);
+    }
+    eo.max_seq_len = (int32_t)MS_MIN(longest, (int64_t)INT32_MAX);
     if (ms_engine_init(&eng, desc, &eo, &err) != MS_OK) {
         rc = cli_fail("%s", err.msg);
         goto done;
@@ -401,7 +413,7 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
                 /* run.c: a forward per position < steps, each after the prompt samples */
                 rq.max_new_tokens = MS_MAX(steps - rq.n_prompt + 1, 0);
             } else {
-                rq.max_new_tokens = o.max_new >= 0 ? o.max_new : 256;
+                rq.max_new_tokens = o.max_new >= 0 ? o.max_new : CLI_DEFAULT_NEW;
             }
             if (ms_engine_add(eng, &rq, &rids[next], &err) != MS_OK) {
                 rc = ps.n > 1 ? cli_fail("prompt %zu: %s", next + 1, err.msg)

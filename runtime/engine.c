@@ -502,7 +502,10 @@ static ms_status eng_weights_init(ms_engine *e, ms_error *err) {
 static ms_status eng_resources_init(ms_engine *e, ms_error *err) {
     const ms_md_facts *fa = &e->facts;
     const int32_t ps = e->opt.page_size > 0 ? e->opt.page_size : fa->page_size;
-    const int32_t per_seq = MS_CEIL_DIV(fa->max_context, ps);
+    int32_t seq_len = fa->max_context;
+    if (e->opt.max_seq_len > 0 && e->opt.max_seq_len < seq_len)
+        seq_len = e->opt.max_seq_len;
+    const int32_t per_seq = MS_CEIL_DIV(seq_len, ps);
     int32_t pages = e->opt.kv_pages;
     if (pages == 0) {
         if ((int64_t)per_seq * e->max_seqs + 1 > INT32_MAX)
@@ -656,7 +659,7 @@ ms_status ms_engine_init(ms_engine **out, const ms_model_desc *desc,
     if (desc == NULL || opt == NULL || opt->model_path == NULL)
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "engine: no model path");
     if (opt->max_seqs < 1 || opt->max_tokens < opt->max_seqs || opt->page_size < 0 ||
-        opt->kv_pages < 0 || opt->n_threads < 0)
+        opt->kv_pages < 0 || opt->max_seq_len < 0 || opt->n_threads < 0)
         return MS_FAIL(err, MS_ERR_INVALID_ARG,
                        "engine: bad options (max_seqs %d >= 1, max_tokens %d >= max_seqs, "
                        "page_size %d >= 0, kv_pages %d >= 0)",

@@ -6,9 +6,9 @@
  * CUDA backend lands), reads config.json (or a llama2.c .bin through the loaders, which derive a
  * config and expose Hugging Face tensor names), validates and loads every declared weight into one
  * planned set of backend buffers (fused entries concatenated), builds the node's resources through
- * the step runner (KV pool over a page arena, positions, attention (the runner's plan + backend
- * staging), sampler), and sizes
- * every per-step buffer for the worst case: the decode path allocates nothing.
+ * the step runner (KV pool over a page arena, positions, attention: the runner's plan plus backend
+ * staging, sampler), and sizes every per-step buffer for the worst case: after the first step of
+ * each kind (which creates the attention plan buffers), decode steps allocate nothing.
  *
  * Each ms_engine_step runs every active request in one ragged step: requests still holding prompt
  * tokens contribute their whole prompt (prefill), the others one token (decode); declare -> admit
@@ -55,12 +55,15 @@ typedef struct ms_engine_options {
     int32_t page_size;       /* KV page size in tokens; 0 = the model's default */
     int32_t max_seqs;        /* requests in one batch (>= 1) */
     int32_t max_tokens;      /* tokens in one step (prefill budget), >= max_seqs */
-    int32_t kv_pages;        /* KV pages incl. the sink page; 0 = enough for max_seqs full
-                                contexts */
+    int32_t kv_pages;        /* KV pages incl. the sink page; 0 = enough for max_seqs
+                                sequences of max_seq_len tokens */
+    int32_t max_seq_len;     /* tokens one sequence may hold, for sizing the KV arena when
+                                kv_pages is 0; 0 = the model's context. Capped at the context. */
     int32_t n_threads;       /* CPU backend threads; 0 = online CPUs */
 } ms_engine_options;
 
-/* Defaults: device "cpu", page_size 0, max_seqs 8, max_tokens 2048, kv_pages 0, n_threads 0. */
+/* Defaults: device "cpu", page_size 0, max_seqs 8, max_tokens 2048, kv_pages 0, max_seq_len 0,
+ * n_threads 0. */
 ms_engine_options ms_engine_options_default(void);
 
 /* ---- engine ---- */

@@ -38,6 +38,28 @@
  *   - one node (`decoder`) is implemented by the engine today; the node table exists so encoder
  *     and cross-attention nodes can be described the same way later.
  *
+ * Mapping from the checked model (compiler/model.h) to what a generator emits:
+ *   - ms_param (declaration order): a field of the config struct (int64_t / double / bool /
+ *     const char *; an optional `x: T?` adds `bool has_x`), read by one ms_md_cfg_<type> call
+ *     with its `sources` (a static array) and its default (NULL when it has none; a default that
+ *     is an expression over earlier params is evaluated into a local first); `let` params are
+ *     computed after every read param; constraints that depend on config values go through
+ *     ms_md_cfg_check.
+ *   - resource arguments become `facts` assignments: kv_pool(layers, kv_heads, head_dim,
+ *     page_size, dtype, retention = window(W)) -> n_layers, n_kv_heads, head_dim, page_size,
+ *     kv_dtype, window; rope(theta, style, scaling = llama3(...)) -> rope.*; attention(q_heads,
+ *     window) -> n_q_heads, window; sampler(vocab) -> vocab. hidden comes from the embedding's
+ *     width, max_context from the `max_position_embeddings` param.
+ *   - ms_weight (with the lowering's fusion groups): one ms_md_weight row each, PART rows for
+ *     fused members and one FUSED row per group; per-layer groups set per_layer; `or w if cond`
+ *     sets tie (weight_tied evaluates cond); `or w` alone sets tie + tie_if_missing;
+ *     weight_shape is a switch over rows evaluating the shape expressions.
+ *   - ms_resource in resource-index order: ms_md_resource rows (key, kind, dep keys).
+ *   - ms_step_decl: one ms_md_step per step (`prefill` spans len(tokens), `decode` spans 1).
+ *   - the forward's op list: one backend call per op on views of the workspace, whose layout
+ *     (one slice per planned buffer, 64-byte aligned) is a static function of (max_tokens,
+ *     max_seqs) shared by workspace_size and forward.
+ *
  * Ownership: a descriptor is static, read-only data; functions it points to borrow their
  * arguments. ms_md_* helpers borrow theirs.
  *

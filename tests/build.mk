@@ -41,6 +41,8 @@ TESTS += tests/test_kv_property
 TESTS += tests/test_kv_stress
 TSAN_TESTS += tests/test_kv_stress
 TEST_SCRIPTS += tests/mkckpt.sh
+TESTS += tests/test_dsl
+TEST_SCRIPTS += tests/mstarc_cli.sh
 TESTS += tests/test_runner_property
 TESTS += tests/test_dsl_fixtures
 TESTS += tests/test_codegen_llama
@@ -53,3 +55,4 @@ ifeq ($(HAVE_CUDA),1)
 TESTS += tests/test_codegen_kernels
 endif
 $(BUILD)/tests/test_codegen_kernels: | $(BUILD)/gen/llama/llama_gen.c
+TESTS += tests/test_codegen

@@ -17,7 +17,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 build=${MS_BUILD:-build}
 case $build in /*) ;; *) build=$root/$build ;; esac
 mstarc=$build/mstarc
-fx=$root/../shared/fixtures
+fx=${MS_FIXTURES:-$root/../shared/fixtures}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 passed=0
@@ -101,7 +101,10 @@ for m in "$root"/tests/codegen/*.mstar "$root"/models/*.mstar; do
     if [ "$rc1" -ne 0 ]; then echo "note: $rel: $(head -n 1 "$tmp/d1_$name.err")"; fi
 done
 
-# ---- the golden model compiles and links with the baked-in settings ----
+# ---- the golden models compile and link with the baked-in settings ----
+if run "build plain" 0 "$mstarc" build tests/codegen/plain.mstar -o "$tmp/plain"; then
+    if [ -x "$tmp/plain/plain" ] && [ -e "$tmp/plain/kernels/rope_kv_bf16_none.cu" ]; then ok; else fail "build plain: no binary or kernels"; fi
+fi
 if run "build tiny" 0 "$mstarc" build tests/codegen/tiny.mstar -o "$tmp/tiny"; then
     if [ -x "$tmp/tiny/tiny" ] && grep -q "built $tmp/tiny/tiny" "$tmp/out"; then ok; else fail "build tiny: no binary"; fi
     # linear RoPE scaling has no CUDA template variant: a warning, no kernels, the C still builds

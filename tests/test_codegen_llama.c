@@ -8,7 +8,9 @@
  *   - hf/llama_gqa, llama31_rope, llama31_rope_legacy, mistral_window: prefill and decode logits
  *     within 1e-3 of the reference, greedy ids equal, and bitwise equal to the hand-written
  *     descriptor's logits at every step;
- *   - llama2c/aidreams260K: the 4 golden cases token-exact (ids) for all 128 steps.
+ *   - llama2c/aidreams260K: the 4 golden cases token-exact (ids) for all 128 steps;
+ *   - a bad config.json (missing field, wrong type, GQA, odd head_dim, unsupported rope_type, bad
+ *     window) fails with the same status and message as the hand-written descriptor.
  */
 #include "ms_test.h"
 #include "ms_test_impl.h"
@@ -18,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "engine.h"
 #include "hf_config.h"
@@ -177,6 +180,77 @@ static void test_config_and_facts_match_reference(void **state) {
     }
 }
 
+/* ---- bad config.json: the generated checks say what the hand-written ones say ---- */
+
+/* A model folder in a temp dir: llama_gqa's config.json edited by `edit`, its weights linked. */
+static void make_model(char *dir, size_t cap, void (*edit)(json_t *cfg)) {
+    snprintf(dir, cap, "%s/ms_codegen_cfg_XXXXXX",
+             getenv("TMPDIR") != NULL ? getenv("TMPDIR") : "/tmp");
+    assert_non_null(mkdtemp(dir));
+    json_error_t je;
+    json_t *cfg = json_load_file(ms_test_fixture("hf/llama_gqa/config.json"), 0, &je);
+    assert_non_null(cfg);
+    edit(cfg);
+    char path[1200];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    assert_int_equal(json_dump_file(cfg, path, 0), 0);
+    json_decref(cfg);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    assert_int_equal(symlink(ms_test_fixture("hf/llama_gqa/model.safetensors"), path), 0);
+}
+
+static void remove_model(const char *dir) {
+    char path[1200];
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    unlink(path);
+    rmdir(dir);
+}
+
+static void edit_no_hidden(json_t *c) { json_object_del(c, "hidden_size"); }
+static void edit_kv_heads(json_t *c) { json_object_set_new(c, "num_key_value_heads", json_integer(3)); }
+static void edit_rope_type(json_t *c) {
+    json_object_set_new(json_object_get(c, "rope_parameters"), "rope_type", json_string("yarn"));
+}
+static void edit_odd_head_dim(json_t *c) { json_object_set_new(c, "head_dim", json_integer(15)); }
+static void edit_window(json_t *c) { json_object_set_new(c, "sliding_window", json_integer(0)); }
+static void edit_layers_type(json_t *c) {
+    json_object_set_new(c, "num_hidden_layers", json_string("three"));
+}
+
+static void test_bad_config_like_reference(void **state) {
+    (void)state;
+    static const struct {
+        void (*edit)(json_t *);
+        const char *needle;
+    } cases[] = {
+        {edit_no_hidden, "hidden_size"},     {edit_kv_heads, "not a multiple of"},
+        {edit_rope_type, "rope_type 'yarn'"}, {edit_odd_head_dim, "head_dim (15)"},
+        {edit_window, "sliding_window (0)"}, {edit_layers_type, "num_hidden_layers"},
+    };
+    for (size_t i = 0; i < MS_ARRAY_LEN(cases); i++) {
+        char dir[512];
+        make_model(dir, sizeof dir, cases[i].edit);
+        ms_engine_options o = ms_engine_options_default();
+        o.model_path = dir;
+        o.max_seqs = 1;
+        o.max_tokens = 64;
+        ms_engine *e = NULL;
+        ms_error eg = {0}, er = {0};
+        ms_status sg = ms_engine_init(&e, &ms_llama_desc, &o, &eg);
+        assert_null(e);
+        ms_status sr = ms_engine_init(&e, &ms_llama_ref_desc, &o, &er);
+        assert_null(e);
+        assert_int_not_equal(sg, MS_OK);
+        assert_int_equal(sg, sr);
+        assert_string_equal(eg.msg, er.msg);
+        if (strstr(eg.msg, cases[i].needle) == NULL || strstr(eg.msg, "config.json") == NULL)
+            fail_msg("case %zu: '%s' lacks '%s' or the file", i, eg.msg, cases[i].needle);
+        remove_model(dir);
+    }
+}
+
 /* ---- Hugging Face fixtures, lockstep with the hand-written descriptor ---- */
 
 static void check_hf_fixture(const char *fx, int32_t page_size) {
@@ -320,6 +394,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         ms_unit_test(test_tables_match_reference),
         ms_unit_test(test_config_and_facts_match_reference),
+        ms_unit_test(test_bad_config_like_reference),
         ms_unit_test(test_hf_llama_gqa),
         ms_unit_test(test_hf_llama31_rope),
         ms_unit_test(test_hf_llama31_rope_legacy),

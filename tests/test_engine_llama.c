@@ -431,6 +431,45 @@ static void test_batch_continuous(void **state) {
     gqa_close(&g);
 }
 
+/* The decode hot path allocates nothing in steady state: once the engine has served a batch of
+ * this shape (the KV pool grows its plan buffers at admit, amortised), a second batch's decode
+ * steps make no host allocation in admit, plan, forward, sampling or commit. Page size 16 keeps
+ * every stream within the KV pool's initial page-list capacity (8 pages): the pool still grows a
+ * stream's page list at admit when it passes that (amortised doubling; a per-stream reserve in
+ * ms_kv_pool_config would remove it). */
+static void test_decode_allocates_nothing(void **state) {
+    (void)state;
+    gqa_ref g;
+    gqa_open(&g);
+    ms_engine *e = open_engine(ms_test_fixture("hf/llama_gqa"), 16, GQA_PROMPTS, 128);
+    ms_rid rids[GQA_PROMPTS];
+    ms_error err = {0};
+    for (int round = 0; round < 2; round++) {
+        for (int p = 0; p < GQA_PROMPTS; p++)
+            rids[p] = add_req(e, g.in[p], (int32_t)g.n[p], GQA_NEW, 0, ms_sampling_greedy());
+        for (int s = 0; s < 2; s++) /* prefill, first decode */
+            assert_int_equal(ms_engine_step(e, NULL, &err), MS_OK);
+        int64_t before = ms_alloc_get_stats().total_allocs;
+        ms_engine_step_info info;
+        for (int s = 0; s < GQA_NEW - 2; s++) {
+            assert_int_equal(ms_engine_step(e, &info, &err), MS_OK);
+            assert_int_equal(info.n_tokens, GQA_PROMPTS);
+        }
+        if (round == 1)
+            assert_int_equal(ms_alloc_get_stats().total_allocs, before);
+        assert_int_equal(ms_engine_n_active(e), 0);
+        for (int p = 0; p < GQA_PROMPTS; p++) {
+            const int32_t *out;
+            int32_t n_out;
+            assert_int_equal(ms_engine_output(e, rids[p], &out, &n_out, NULL), MS_OK);
+            assert_memory_equal(out, g.greedy[p], GQA_NEW * sizeof(int32_t));
+            ms_engine_remove(e, rids[p]);
+        }
+    }
+    ms_engine_free(e);
+    gqa_close(&g);
+}
+
 /* ---- edges ---- */
 
 static void test_max_new_tokens_0_and_1(void **state) {
@@ -619,6 +658,49 @@ static void test_seeded_sampling_batch_independent(void **state) {
     gqa_close(&g);
 }
 
+/* Stop on the checkpoint's eos ids (llama_gqa: 2): the run stops at the first eos the same
+ * request produces with ignore_eos, and keeps that id as its last output. */
+static void test_stop_on_eos(void **state) {
+    (void)state;
+    ms_engine *e = open_engine(ms_test_fixture("hf/llama_gqa"), 16, 1, 64);
+    const ms_md_facts *fa = ms_engine_facts(e);
+    assert_int_equal(fa->n_eos, 1);
+    assert_int_equal(fa->eos_ids[0], 2);
+    const int32_t ids[] = {1, 40, 41};
+    ms_sampling_params sp = {.temperature = 1.5f, .top_k = 0, .top_p = 1.0f, .seed = 3};
+    ms_engine_request rq = {.prompt = ids, .n_prompt = 3, .max_new_tokens = 400,
+                            .sampling = sp, .ignore_eos = true};
+    ms_rid rid;
+    ms_error err = {0};
+    assert_int_equal(ms_engine_add(e, &rq, &rid, &err), MS_OK);
+    run_all(e);
+    const int32_t *out;
+    int32_t n_out;
+    ms_finish_reason why;
+    assert_int_equal(ms_engine_output(e, rid, &out, &n_out, &why), MS_OK);
+    assert_int_equal(n_out, 400);
+    assert_int_equal(why, MS_FINISH_LENGTH);
+    int32_t first = -1;
+    for (int32_t i = 0; i < n_out && first < 0; i++)
+        if (out[i] == 2)
+            first = i;
+    assert_true(first >= 0); /* this seed samples an eos within 400 tokens */
+    int32_t *prefix = ms_malloc((size_t)(first + 1) * sizeof *prefix);
+    assert_non_null(prefix);
+    memcpy(prefix, out, (size_t)(first + 1) * sizeof *prefix);
+    ms_engine_remove(e, rid);
+    rq.ignore_eos = false;
+    assert_int_equal(ms_engine_add(e, &rq, &rid, &err), MS_OK);
+    run_all(e);
+    assert_int_equal(ms_engine_output(e, rid, &out, &n_out, &why), MS_OK);
+    assert_int_equal(why, MS_FINISH_EOS);
+    assert_int_equal(n_out, first + 1);
+    assert_memory_equal(out, prefix, (size_t)(first + 1) * sizeof *prefix);
+    ms_engine_remove(e, rid);
+    ms_free(prefix);
+    ms_engine_free(e);
+}
+
 /* ---- failures ---- */
 
 static void test_device_and_options(void **state) {
@@ -660,6 +742,37 @@ static void test_device_and_options(void **state) {
     assert_int_equal(ms_engine_add(e, &rq, &rid, &err), MS_ERR_CAPACITY); /* max_seqs 1 */
     assert_non_null(strstr(err.msg, "max_seqs"));
     ms_engine_free(e); /* frees the running request too */
+}
+
+/* The KV arena is sized from max_seq_len; a request that outgrows it gets a clear error naming
+ * the knob, and the pages it held come back when it is removed. */
+static void test_kv_sizing(void **state) {
+    (void)state;
+    ms_engine_options o = ms_engine_options_default();
+    o.model_path = ms_test_fixture("hf/llama_gqa");
+    o.page_size = 4;
+    o.max_seqs = 1;
+    o.max_tokens = 16;
+    o.max_seq_len = 8;
+    ms_engine *e = NULL;
+    ms_error err = {0};
+    assert_int_equal(ms_engine_init(&e, &ms_llama_ref_desc, &o, &err), MS_OK);
+    assert_int_equal(ms_engine_kv_pages_free(e), 2); /* ceil(8 / 4), the sink page apart */
+    const int32_t ids[] = {1, 2, 3, 4, 5};
+    ms_rid rid = add_req(e, ids, 5, 10, 0, ms_sampling_greedy());
+    ms_status st = MS_OK;
+    int steps = 0;
+    while (st == MS_OK && ms_engine_n_active(e) > 0 && steps++ < 20)
+        st = ms_engine_step(e, NULL, &err);
+    assert_int_equal(st, MS_ERR_CAPACITY);
+    assert_non_null(strstr(err.msg, "raise kv_pages"));
+    const int32_t *out;
+    int32_t n_out;
+    assert_int_equal(ms_engine_output(e, rid, &out, &n_out, NULL), MS_OK);
+    assert_int_equal(n_out, 4); /* positions 0..7 fit: prompt 5 + 3 decode steps */
+    ms_engine_remove(e, rid);
+    assert_int_equal(ms_engine_kv_pages_free(e), 2);
+    ms_engine_free(e);
 }
 
 /* Every allocation of init failing in turn: an error, never a crash or a leak. */
@@ -706,11 +819,14 @@ int main(void) {
         ms_unit_test(test_hf_mistral_window),
         ms_unit_test(test_batch_ragged_pages),
         ms_unit_test(test_batch_continuous),
+        ms_unit_test(test_decode_allocates_nothing),
         ms_unit_test(test_max_new_tokens_0_and_1),
         ms_unit_test(test_context_limits),
         ms_unit_test(test_sharded_checkpoint),
         ms_unit_test(test_seeded_sampling_batch_independent),
+        ms_unit_test(test_stop_on_eos),
         ms_unit_test(test_device_and_options),
+        ms_unit_test(test_kv_sizing),
         ms_unit_test(test_init_allocation_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -109,7 +109,7 @@ static ms_status tiny_config_load(const ms_hf_config *hf, void *out, ms_error *e
                            "n_heads (%lld) is not a multiple of n_kv_heads (%lld)",
                            (long long)(c->n_heads), (long long)(c->n_kv_heads)));
     MS_TRY(ms_md_cfg_check(hf, c->hd > 0 && c->hd % 2 == 0, err,
-                           "hd (%lld) must be positive and even (RoPE pairs)", (long long)(c->hd)));
+                           "hd (%lld) must be positive and even", (long long)(c->hd)));
     MS_TRY(ms_md_cfg_check(hf, strcmp(c->kind, "plain") == 0 || strcmp(c->kind, "scaled") == 0, err,
                            "kind '%s' is not supported by this model (plain, scaled)", c->kind));
     return MS_OK;
