@@ -150,6 +150,36 @@ if run "build llama" 0 "$mstarc" build models/llama.mstar -o "$tmp/llama"; then
     fi
 fi
 
+# ---- models/qwen3.mstar end to end: per-head q/k RMSNorm, head_dim != hidden / heads ----
+if [ -d "$fx/hf/qwen3" ] && command -v python3 >/dev/null; then
+    if run "build qwen3" 0 "$mstarc" build models/qwen3.mstar -o "$tmp/qwen3"; then
+        if python3 - "$tmp/qwen3/qwen3" "$fx/hf/qwen3" >"$tmp/q3" 2>&1 <<'PY'
+import array, json, struct, subprocess, sys
+binary, folder = sys.argv[1], sys.argv[2]
+raw = open(folder + "/reference.safetensors", "rb").read()
+n = struct.unpack("<Q", raw[:8])[0]
+hdr = json.loads(raw[8:8 + n])
+def ids(name):
+    b, e = hdr[name]["data_offsets"]
+    a = array.array("i"); a.frombytes(raw[8 + n + b:8 + n + e]); return list(a)
+prompts = sorted(k[:-len(".input_ids")] for k in hdr if k.endswith(".input_ids"))
+bad = 0
+for p in prompts:
+    prompt, want = ids(p + ".input_ids"), ids(p + ".greedy_ids")
+    out = subprocess.run([binary, "generate", "--model", folder, "--prompt-ids", ",".join(map(str, prompt)),
+                          "--max-new-tokens", str(len(want)), "--temperature", "0", "--ignore-eos"],
+                         capture_output=True, text=True)
+    got = [int(t) for t in out.stdout.split() if t.lstrip("-").isdigit()]
+    if out.returncode != 0 or got[-len(want):] != want:
+        bad += 1
+        print(p, "differs:", got[:8], "want", want[:8], out.stderr[-200:])
+print(len(prompts), "prompt(s) checked")
+sys.exit(1 if bad or not prompts else 0)
+PY
+        then ok; else fail "qwen3 greedy ids differ from the reference"; cat "$tmp/q3"; fi
+    fi
+fi
+
 # ---- errors ----
 if MSTARC_CC=false run "failing cc" 1 "$mstarc" build models/llama.mstar -o "$tmp/bad"; then
     if grep -q "the C compiler failed (exit status 1)" "$tmp/err" && grep -q "command: false " "$tmp/err"; then
