@@ -556,12 +556,15 @@ static void run_rope_case(int hd, int ps, ms_kernel_rope style, bool llama3) {
     char *written = calloc(arena_elems(&pk), 1);
     for (int t = 0; t < n_tok; t++) {
         memcpy(&got_q[(size_t)t * hq * hd], &all[(size_t)t * stride], sizeof(uint16_t) * (size_t)hq * hd);
-        /* k and v input columns are untouched */
-        assert_memory_equal(&all[(size_t)t * stride + (size_t)hq * hd],
-                            &qkv[(size_t)t * stride + (size_t)hq * hd], sizeof(uint16_t) * 2 * (size_t)hkv * hd);
+        /* k is rotated in place exactly as written to the pages; v is untouched */
+        assert_memory_equal(&all[(size_t)t * stride + (size_t)(hq + hkv) * hd],
+                            &qkv[(size_t)t * stride + (size_t)(hq + hkv) * hd],
+                            sizeof(uint16_t) * (size_t)hkv * hd);
         for (int h = 0; h < hkv; h++) {
             size_t ko = kv_off(&pk, page[t], slot[t], 0, h), vo = kv_off(&pk, page[t], slot[t], 1, h);
             memcpy(&got_k[((size_t)t * hkv + h) * hd], &arena[ko], sizeof(uint16_t) * (size_t)hd);
+            assert_memory_equal(&arena[ko], &all[(size_t)t * stride + (size_t)(hq + h) * hd],
+                                sizeof(uint16_t) * (size_t)hd);
             /* v is a bit-exact copy */
             assert_memory_equal(&arena[vo], &qkv[(size_t)t * stride + (size_t)(hq + hkv + h) * hd],
                                 sizeof(uint16_t) * (size_t)hd);

@@ -65,8 +65,8 @@ typedef struct ms_attn_kernel_params {
 /* ---- RoPE fused with the KV write ---- */
 
 /*
- * Rotates q in place and k into the pages, copies v into the pages (with kv == NULL: rotates q
- * and k in place and writes no page; v is not read). Token t is written to slot
+ * Rotates q and k in place, writes the rotated k and v into the pages (with kv == NULL: only the
+ * in-place rotation; v is not read). Token t is written to slot
  * token_to_slot[t] of page token_to_page[t] at position pos[t]. The first rotary_dim dims of each
  * head rotate (pairs (i, i + rotary_dim/2) or (2i, 2i+1), i < rotary_dim/2); the rest pass.
  * Frequencies: the table inv_freq[rotary_dim / 2] when given (the host computes it once, e.g.
@@ -75,9 +75,10 @@ typedef struct ms_attn_kernel_params {
  * multiplied by attn_scaling (0 means 1).
  */
 typedef struct ms_rope_kv_params {
-    void *q;                  /* [n_tokens, n_q_heads, head_dim] T, row stride q_stride, in place */
-    const void *k;            /* [n_tokens, n_kv_heads, head_dim] T, row stride k_stride */
-    const void *v;            /* [n_tokens, n_kv_heads, head_dim] T, row stride v_stride */
+    void *q;                  /* [n_tokens, n_q_heads, head_dim] TA, row stride q_stride, in place */
+    const void *k;            /* [n_tokens, n_kv_heads, head_dim] TA, row stride k_stride, rotated
+                                 in place (const: the pages are the output that matters) */
+    const void *v;            /* [n_tokens, n_kv_heads, head_dim] TA, row stride v_stride */
     void *kv;                 /* this layer: [n_pages_total, 2, page_size, n_kv_heads, head_dim] T */
     const int *pos;           /* [n_tokens] RoPE positions */
     const int *token_to_page; /* [n_tokens] */
