@@ -22,6 +22,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "backend_cuda.h"
 #include "cuda_check.h"
 #include "cuda_kernels.h"
 #include "nvrtc_cache.h"
@@ -349,6 +350,23 @@ static void test_broken_instance_reports_log_and_source(void **state) {
     rm_tree(dir);
 }
 
+/* ---- the CUDA backend on a machine without a usable GPU ---- */
+
+static void test_cuda_backend_init_fails_cleanly_without_gpu(void **state) {
+    (void)state;
+    ms_error err = {0};
+    ms_backend be;
+    ms_status st = ms_backend_cuda_init(&be, NULL, &err);
+    if (st == MS_OK) { /* a GPU is present (device machine): nothing to check here */
+        ms_backend_free(&be);
+        return;
+    }
+    assert_int_equal(st, MS_ERR_CUDA);
+    assert_non_null(strstr(err.msg, "cuda backend: CUDA error"));
+    assert_null(be.ctx);
+    assert_null(be.iface.linear);
+}
+
 /* ---- the instance matrix ---- */
 
 #define MAX_SPECS 256
@@ -542,6 +560,7 @@ int main(void) {
         ms_unit_test(test_parse_arch),
         ms_unit_test(test_cache_hits_on_second_compile),
         ms_unit_test(test_broken_instance_reports_log_and_source),
+        ms_unit_test(test_cuda_backend_init_fails_cleanly_without_gpu),
         ms_unit_test(test_every_llama_instance_compiles_for_sm80_and_sm90),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
