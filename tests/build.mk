@@ -7,6 +7,7 @@ TESTS += tests/test_nvrtc
 TSAN_TESTS += tests/test_nvrtc
 GPU_TESTS += tests/test_gpu_kernels
 GPU_TESTS += tests/test_backend_cuda
+GPU_TESTS += tests/test_llama_cuda_fixture
 PROGRAMS += $(BUILD)/tests/bench_kernels
 endif
 TESTS += tests/test_backend_cpu
