@@ -204,6 +204,29 @@ static void test_decode_split_fills_device_and_covers_pages(void **state) {
     assert_true(pps >= 1);
 }
 
+static void test_decoder_instances(void **state) {
+    (void)state;
+    ms_error err = {0};
+    ms_kernel_model_shape sh = {128, 32, 8, 16, MS_KERNEL_ROPE_NEOX, false, MS_KERNEL_DTYPE_BF16,
+                                MS_KERNEL_DTYPE_BF16};
+    ms_kernel_spec sp[16];
+    int n = 0;
+    assert_int_equal(ms_kernel_specs_for_decoder(&sh, sp, 16, &n, &err), MS_OK);
+    assert_int_equal(n, 11);
+    char uri[MS_KERNEL_URI_MAX];
+    assert_int_equal(ms_kernel_spec_uri(&sp[0], 90, uri, sizeof uri, &err), MS_OK);
+    assert_string_equal(uri, "attn_decode_bf16_hd128_ps16_g4_af32_sm90");
+    assert_int_equal(ms_kernel_spec_uri(&sp[1], 90, uri, sizeof uri, &err), MS_OK);
+    assert_string_equal(uri, "attn_prefill_bf16_hd128_ps16_g4_causal_af32_sm90");
+    assert_int_equal(ms_kernel_specs_for_decoder(&sh, sp, 5, &n, &err), MS_ERR_CAPACITY);
+    sh.n_q_heads = 30; /* not a multiple of 8 */
+    assert_int_equal(ms_kernel_specs_for_decoder(&sh, sp, 16, &n, &err), MS_ERR_INVALID_ARG);
+    sh.n_q_heads = 32;
+    sh.head_dim = 48; /* Qwen3: prefill yes, decode no */
+    assert_int_equal(ms_kernel_specs_for_decoder(&sh, sp, 16, &n, &err), MS_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.msg, "head_dim 48"));
+}
+
 /* ---- check macros ---- */
 
 static const char *fake_str(int code) { return code == 7 ? "seven" : "other"; }
@@ -443,6 +466,25 @@ static void build_llama_matrix(matrix *m) {
     add_spec(m, ms_kernel_spec_simple(MS_KERNEL_OP_ARGMAX, MS_KERNEL_DTYPE_F32));
     add_spec(m, ms_kernel_spec_simple(MS_KERNEL_OP_SAMPLE, MS_KERNEL_DTYPE_F32));
 
+    /* exactly what the CUDA backend asks for, for the repository's models and Llama 3.1 8B */
+    const ms_kernel_model_shape models[] = {
+        {16, 8, 2, 16, MS_KERNEL_ROPE_NEOX, false, bf, bf},        /* llama_gqa */
+        {16, 4, 2, 16, MS_KERNEL_ROPE_NEOX, false, bf, bf},        /* llama_cfg */
+        {16, 4, 4, 16, MS_KERNEL_ROPE_INTERLEAVED, false, bf, bf}, /* llama2.c aidreams260K */
+        {32, 4, 4, 16, MS_KERNEL_ROPE_NEOX, false, bf, bf},        /* llama31_rope */
+        {32, 4, 2, 16, MS_KERNEL_ROPE_NEOX, true, bf, bf},         /* mistral_window */
+        {128, 32, 8, 16, MS_KERNEL_ROPE_NEOX, false, bf, bf},      /* Llama 3.1 8B */
+        {128, 64, 8, 16, MS_KERNEL_ROPE_NEOX, false, bf, bf},      /* Llama 3.1 70B */
+    };
+    for (size_t i = 0; i < MS_ARRAY_LEN(models); i++) {
+        ms_kernel_spec sp[16];
+        int n = 0;
+        ms_error err = {0};
+        assert_int_equal(ms_kernel_specs_for_decoder(&models[i], sp, 16, &n, &err), MS_OK);
+        for (int j = 0; j < n; j++)
+            add_spec(m, sp[j]);
+    }
+
     /* bf16 activations: the shapes of test_gpu_kernels */
     const int ghd[] = {64, 128};
     for (int a = 0; a < 2; a++)
@@ -556,6 +598,7 @@ int main(void) {
         ms_unit_test(test_source_is_preamble_and_wrappers_only),
         ms_unit_test(test_prefill_tiles_cover_ragged_batch),
         ms_unit_test(test_decode_split_fills_device_and_covers_pages),
+        ms_unit_test(test_decoder_instances),
         ms_unit_test(test_check_macros_record_call_location_device),
         ms_unit_test(test_parse_arch),
         ms_unit_test(test_cache_hits_on_second_compile),
