@@ -227,6 +227,28 @@ static void test_decoder_instances(void **state) {
     assert_non_null(strstr(err.msg, "head_dim 48"));
 }
 
+static void test_precompile_a_model_for_two_archs(void **state) {
+    (void)state;
+    ms_error err = {0};
+    ms_kernel_model_shape sh = {16, 8, 2, 16, MS_KERNEL_ROPE_NEOX, false, MS_KERNEL_DTYPE_BF16,
+                                MS_KERNEL_DTYPE_BF16}; /* llama_gqa */
+    ms_kernel_spec sp[16];
+    int n = 0, compiled = -1;
+    assert_int_equal(ms_kernel_specs_for_decoder(&sh, sp, 16, &n, &err), MS_OK);
+    const int archs[2] = {80, 90};
+    const char *c = getenv("MS_KERNEL_CACHE_TEST");
+    const char *cache = c != NULL && c[0] != '\0' ? c : "build/kernel-cache-test";
+    assert_int_equal(ms_nvrtc_precompile(sp, n, archs, 2, cache, &compiled, &err), MS_OK);
+    assert_true(compiled >= 0 && compiled <= 2 * n);
+    /* everything is in the cache now */
+    assert_int_equal(ms_nvrtc_precompile(sp, n, archs, 2, cache, &compiled, &err), MS_OK);
+    assert_int_equal(compiled, 0);
+    /* an unsupported spec stops it with the spec's error */
+    sp[0].head_dim = 48;
+    assert_int_equal(ms_nvrtc_precompile(sp, n, archs, 2, cache, &compiled, &err),
+                     MS_ERR_UNSUPPORTED);
+}
+
 /* ---- check macros ---- */
 
 static const char *fake_str(int code) { return code == 7 ? "seven" : "other"; }
@@ -599,6 +621,7 @@ int main(void) {
         ms_unit_test(test_prefill_tiles_cover_ragged_batch),
         ms_unit_test(test_decode_split_fills_device_and_covers_pages),
         ms_unit_test(test_decoder_instances),
+        ms_unit_test(test_precompile_a_model_for_two_archs),
         ms_unit_test(test_check_macros_record_call_location_device),
         ms_unit_test(test_parse_arch),
         ms_unit_test(test_cache_hits_on_second_compile),
