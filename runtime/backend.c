@@ -8,6 +8,8 @@
 #include "backend.h"
 
 #include <math.h>
+
+#include "hf_config.h"
 #include <stdio.h>
 #include <string.h>
 
@@ -183,6 +185,40 @@ ms_status ms_rope_compute_inv_freq(const ms_rope_config *c, float *inv_freq, ms_
     return MS_OK;
 }
 
+ms_status ms_rope_config_from_hf(const ms_rope_params *p, ms_rope_style style,
+                                 int32_t head_dim, ms_rope_config *out, ms_error *err) {
+    memset(out, 0, sizeof *out);
+    if (head_dim <= 0)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "rope: head_dim %d must be positive", head_dim);
+    if (!(p->partial_rotary_factor > 0.0 && p->partial_rotary_factor <= 1.0))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "rope: partial_rotary_factor %g outside (0, 1]",
+                       p->partial_rotary_factor);
+    out->style = style;
+    out->head_dim = head_dim;
+    /* transformers: int(head_dim * partial_rotary_factor) */
+    out->rotary_dim = (int32_t)((double)head_dim * p->partial_rotary_factor);
+    out->theta = p->theta;
+    out->factor = p->factor;
+    switch (p->type) {
+    case MS_ROPE_TYPE_DEFAULT:
+        out->scaling = MS_ROPE_SCALING_NONE;
+        break;
+    case MS_ROPE_TYPE_LINEAR:
+        out->scaling = MS_ROPE_SCALING_LINEAR;
+        break;
+    case MS_ROPE_TYPE_LLAMA3:
+        out->scaling = MS_ROPE_SCALING_LLAMA3;
+        out->low_freq_factor = p->low_freq_factor;
+        out->high_freq_factor = p->high_freq_factor;
+        out->original_max_position = (double)p->original_max_position_embeddings;
+        break;
+    default:
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "rope: rope_type '%s' is not supported yet",
+                       ms_rope_type_name(p->type));
+    }
+    return MS_OK;
+}
+
 /* ---- attention plan check ---- */
 
 ms_status ms_attn_batch_check(const ms_attn_limits *limits, const ms_kv_plan *plan,
@@ -196,7 +232,7 @@ ms_status ms_attn_batch_check(const ms_attn_limits *limits, const ms_kv_plan *pl
                        "attn_batch_stage: %d views exceed the batch limit max_seqs = %d", n,
                        limits->max_seqs);
     if (n > 0 && (plan->qo_indptr == NULL || plan->kv_indptr == NULL ||
-                  plan->kv_last_page_len == NULL || plan->kv_start == NULL))
+                  plan->kv_last_page_len == NULL))
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "attn_batch_stage: plan arrays missing");
     int32_t n_tokens = n > 0 ? plan->qo_indptr[n] : 0;
     int32_t n_pages = n > 0 ? plan->kv_indptr[n] : 0;
@@ -216,13 +252,13 @@ ms_status ms_attn_batch_check(const ms_attn_limits *limits, const ms_kv_plan *pl
         return MS_FAIL(err, MS_ERR_INVALID_ARG,
                        "attn_batch_stage: plan n_tokens %d != qo_indptr[n_views] %d",
                        plan->n_tokens, n_tokens);
-    if (n_tokens > 0 && (plan->token_to_page == NULL || plan->token_to_slot == NULL))
-        return MS_FAIL(err, MS_ERR_INVALID_ARG, "attn_batch_stage: write addresses missing");
+    if ((plan->token_to_page == NULL) != (plan->token_to_slot == NULL))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "attn_batch_stage: token_to_page and token_to_slot must be both set or "
+                       "both NULL");
     if (n_pages > 0 && plan->kv_indices == NULL)
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "attn_batch_stage: kv_indices missing");
-
-    int32_t max_q = 0, max_kv = 0;
-    bool decode = n > 0;
+    /* monotonic first, so no later read goes past the arrays' ends */
     for (int32_t i = 0; i < n; i++) {
         int32_t q_len = plan->qo_indptr[i + 1] - plan->qo_indptr[i];
         int32_t np = plan->kv_indptr[i + 1] - plan->kv_indptr[i];
@@ -230,20 +266,24 @@ ms_status ms_attn_batch_check(const ms_attn_limits *limits, const ms_kv_plan *pl
             return MS_FAIL(err, MS_ERR_INVALID_ARG,
                            "attn_batch_stage: view %d: indptr decreases (q_len %d, pages %d)", i,
                            q_len, np);
+    }
+
+    int32_t max_q = 0, max_kv = 0;
+    bool decode = n > 0;
+    for (int32_t i = 0; i < n; i++) {
+        int32_t q_len = plan->qo_indptr[i + 1] - plan->qo_indptr[i];
+        int32_t np = plan->kv_indptr[i + 1] - plan->kv_indptr[i];
         int32_t last = plan->kv_last_page_len[i];
         if ((np == 0 && last != 0) || (np > 0 && (last < 1 || last > ps)))
             return MS_FAIL(err, MS_ERR_INVALID_ARG,
                            "attn_batch_stage: view %d: kv_last_page_len %d out of range for %d "
                            "page(s) of size %d", i, last, np, ps);
         int32_t len = np > 0 ? (np - 1) * ps + last : 0;
-        if (q_len > len)
-            return MS_FAIL(err, MS_ERR_INVALID_ARG,
-                           "attn_batch_stage: view %d: %d query tokens but only %d present", i,
-                           q_len, len);
-        if (plan->kv_start[i] < 0 || plan->kv_start[i] % ps != 0)
+        int32_t start = plan->kv_start ? plan->kv_start[i] : 0;
+        if (start < 0 || start % ps != 0)
             return MS_FAIL(err, MS_ERR_INVALID_ARG,
                            "attn_batch_stage: view %d: kv_start %d must be a non-negative "
-                           "multiple of the page size %d", i, plan->kv_start[i], ps);
+                           "multiple of the page size %d", i, start, ps);
         for (int32_t p = plan->kv_indptr[i]; p < plan->kv_indptr[i + 1]; p++)
             if (plan->kv_indices[p] < 0 || plan->kv_indices[p] >= kv->n_pages)
                 return MS_FAIL(err, MS_ERR_INVALID_ARG,
@@ -254,7 +294,7 @@ ms_status ms_attn_batch_check(const ms_attn_limits *limits, const ms_kv_plan *pl
         if (q_len != 1)
             decode = false;
     }
-    for (int32_t t = 0; t < n_tokens; t++) {
+    for (int32_t t = 0; plan->token_to_page != NULL && t < n_tokens; t++) {
         if (plan->token_to_page[t] < 0 || plan->token_to_page[t] >= kv->n_pages)
             return MS_FAIL(err, MS_ERR_INVALID_ARG,
                            "attn_batch_stage: token %d: write page %d outside the arena's %d pages",

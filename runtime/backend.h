@@ -36,10 +36,30 @@
  * number of threads (each output element is computed by one thread with a fixed reduction order).
  *
  * Errors: every fallible entry returns ms_status and fills the optional `err` with one line naming
- * the op and the bad operand ("linear: w shape [8, 16] does not match x [4, 32] (in = 32)").
+ * the op and the bad operand ("linear: shapes x [7, 36], w [45, 37], y [7, 45] do not fit
+ * y = x w^T").
  * Shape/dtype checks are cheap host checks done on every call. Values inside backend memory (token
  * ids, page ids) are checked by the CPU backend; a device backend checks them on the host where it
  * has them (attn_batch_stage) and documents what it cannot check.
+ *
+ * Lowering the model language's forward (DESIGN.md §5) to ops, as test_llama_cpu_fixture.c does
+ * by hand:
+ *     embedding(embed, tokens)              -> embedding (ids uploaded with copy_to_backend)
+ *     rms_norm(x, w, eps)                   -> rms_norm; after `x = x + y` -> add_rms_norm
+ *     q, k, v = linear(h, wq), (h, wk), ... -> ONE linear over the concatenated [q + k + v, in]
+ *                                              weight (tensor_load into row slices at load) and
+ *                                              column views q/k/v of its output (split_heads)
+ *     q_norm / k_norm (Qwen3)               -> rms_norm on the 3-D head views, in place
+ *     pos.apply(q, k)                       -> rope_kv_write (RoPE + this layer's KV write)
+ *     attn.run(q, k, v, layer = l)          -> attention over the staged batch of the step
+ *     x + linear(...)                       -> add (or add_rms_norm with the next norm)
+ *     silu(linear(h, g)) * linear(h, u)     -> ONE linear over [gate; up], then silu_mul on the
+ *                                              two column halves
+ *     return linear(norm(x), lm_head)       -> gather_rows(batch->last_token) before lm_head when
+ *                                              only the last token's logits are needed; then
+ *                                              argmax or sample
+ * Once per step, before the layers: attn_batch_stage(plan of the KV resource) and the copies of
+ * token ids and position ids into their planned buffers.
  *
  * Usage (one Llama layer; q/k/v are views of a QKV output; names are planned buffers):
  *     ms_backend be;
@@ -51,7 +71,7 @@
  *     MS_TRY(ms_backend_rope_kv_write(&be, &q, &k, &v, &pos, &rope, &kv, layer, batch, err));
  *     MS_TRY(f->attention(be.ctx, &q, &kv, layer, batch, &attn, &o, err));
  *     MS_TRY(f->linear(be.ctx, &o, &wo, NULL, &t, err));
- *     MS_TRY(ms_backend_add_rms_norm(&be, &x, &t, &mlp_norm, eps, &h, err));   // x += t; h = norm(x)
+ *     MS_TRY(ms_backend_add_rms_norm(&be, &x, &t, &mlp_norm, eps, &h, err)); // x += t, h = norm
  *     ...
  *     ms_backend_free(&be);
  */
@@ -129,7 +149,8 @@ const char *ms_tensor_shape_str(const ms_tensor *t, char *buf, size_t size);
  * The page arena of one KV pool (DESIGN.md §2): one buffer of
  *     [n_layers, n_pages, 2, page_size, n_kv_heads, head_dim]   (NHD; K at index 0, V at 1)
  * Element (layer, page, kv, slot, head, i) lives at
- *     ((((layer * n_pages + page) * 2 + kv) * page_size + slot) * n_kv_heads + head) * head_dim + i.
+ *     ((((layer * n_pages + page) * 2 + kv) * page_size + slot) * n_kv_heads + head) * head_dim
+ *     + i.
  * Page 0 is the sink page (MS_SINK_PAGE): padding writes land there.
  */
 typedef struct ms_paged_kv {
@@ -174,6 +195,11 @@ typedef struct ms_attn_limits {
  * Its q_len_i = qo_indptr[i+1] - qo_indptr[i] query rows are the last q_len_i present tokens:
  * query row j has absolute position kv_start[i] + len_i - q_len_i + j (this is the position the
  * causal mask and the sliding window use; RoPE takes its own position ids).
+ *
+ * Read-only plans (cross-attention over a context stream written earlier, DESIGN.md §3): the
+ * query rows are another stream's tokens, q_len_i is unrelated to len_i, the mask is off
+ * (ms_attn_params.causal = false, window 0); such a plan may leave kv_start (all 0) and
+ * token_to_page / token_to_slot NULL (every write address is then the sink page).
  */
 typedef struct ms_attn_batch {
     ms_attn_limits limits;
@@ -217,7 +243,7 @@ typedef enum ms_rope_scaling {
 typedef struct ms_rope_config {
     ms_rope_style style;
     int32_t head_dim;
-    int32_t rotary_dim;              /* even, <= head_dim; 0 means head_dim (partial rotary otherwise) */
+    int32_t rotary_dim;              /* even, <= head_dim (partial rotary); 0 means head_dim */
     double theta;                    /* rope_theta (base) */
     ms_rope_scaling scaling;
     double factor;                   /* linear / llama3 "factor" */
@@ -236,7 +262,22 @@ typedef struct ms_rope_config {
  */
 ms_status ms_rope_compute_inv_freq(const ms_rope_config *c, float *inv_freq, ms_error *err);
 
+struct ms_rope_params;
+
+/*
+ * Host: the RoPE settings of a config.json (hf_config.h ms_hf_config_get_rope, either layout) as
+ * an ms_rope_config for `style` and `head_dim`: theta, rotary_dim = head_dim *
+ * partial_rotary_factor, default / linear / llama3 scaling. MS_ERR_UNSUPPORTED names rope types
+ * the backends do not implement yet (dynamic, yarn); M-RoPE sections are copied by the caller
+ * into ms_rope_table.sections (frequencies are the default ones).
+ */
+ms_status ms_rope_config_from_hf(const struct ms_rope_params *p, ms_rope_style style,
+                                 int32_t head_dim, ms_rope_config *out, ms_error *err);
+
+/* Most M-RoPE position streams (the same value hf_config.h uses for mrope_section). */
+#ifndef MS_ROPE_MAX_SECTIONS
 #define MS_ROPE_MAX_SECTIONS 4
+#endif
 
 /*
  * RoPE table handed to the rope ops: style, rotary width and the inverse frequencies in backend
@@ -252,13 +293,14 @@ typedef struct ms_rope_table {
     ms_rope_style style;
     int32_t rotary_dim;      /* even; rotates dims [0, rotary_dim) of each head, the rest pass */
     const float *inv_freq;   /* [rotary_dim / 2] f32, backend memory */
-    float attention_scaling; /* multiplies cos and sin (HF attention_factor; 1 for default/llama3) */
+    float attention_scaling; /* multiplies cos and sin (HF attention_factor; 1: default, llama3) */
     int32_t n_sections;      /* 0: one position stream; else M-RoPE sections (<= MAX_SECTIONS) */
     int32_t sections[MS_ROPE_MAX_SECTIONS]; /* [n_sections] rotary pairs per position stream */
 } ms_rope_table;
 
 /* ---- attention parameters ---- */
 
+/* Per-call settings of `attention` (one per attention layer kind of a model). */
 typedef struct ms_attn_params {
     float scale;     /* logit scale, normally 1 / sqrt(head_dim) */
     int32_t window;  /* sliding window in tokens, 0 = none: a query at position i sees keys
@@ -310,10 +352,11 @@ typedef struct ms_backend_i {
     void (*attn_batch_free)(void *ctx, ms_attn_batch *batch);
     /*
      * Stage `plan` (host arrays, resource.h) for the arena `kv`: check counts against the limits,
-     * indptr monotonic, page ids in [0, kv->n_pages), last-page lengths and write slots in range,
-     * every view's q_len <= len; copy into the batch's fixed buffers; set the padding tail of
+     * indptr monotonic, page ids in [0, kv->n_pages), last-page lengths, kv_start and write
+     * slots in range; copy into the batch's fixed buffers; set the padding tail of
      * token_to_page/slot to the sink page; compute last_token, max_q_len, max_kv_len. Allocates
      * nothing. MS_ERR_INVALID_ARG names the view and field; MS_ERR_CAPACITY names the limit.
+     * plan->views is not read (the arrays are the contract).
      */
     ms_status (*attn_batch_stage)(void *ctx, ms_attn_batch *batch, const ms_kv_plan *plan,
                                   const ms_paged_kv *kv, ms_error *err);
@@ -353,7 +396,8 @@ typedef struct ms_backend_i {
     /*
      * Rotary position embedding, in place on q and k (HF apply_rotary_pos_emb with rotate_half, or
      * llama2.c run.c's interleaved pairs). For token t with position p = pos[t] and pair j <
-     * rotary_dim / 2: angle = p * inv_freq[j] (f32), c = cos(angle) * s_att, s = sin(angle) * s_att;
+     * rotary_dim / 2: angle = p * inv_freq[j] (f32), c = cos(angle) * s_att,
+     * s = sin(angle) * s_att;
      * (a, b) -> (a c - b s, b c + a s) where (a, b) = (x[j], x[j + r/2]) (ROTATE_HALF) or
      * (x[2j], x[2j+1]) (INTERLEAVED). Dims >= rotary_dim are unchanged. With M-RoPE sections,
      * pair j uses p = pos[s(j), t] (see ms_rope_table).
@@ -402,6 +446,29 @@ typedef struct ms_backend_i {
     /* Elementwise out = a + b (residual add). a, b, out [n, d] f32; out may alias a or b. */
     ms_status (*add)(void *ctx, const ms_tensor *a, const ms_tensor *b, ms_tensor *out,
                      ms_error *err);
+
+    /* -- encoder ops (Whisper; optional for decoder-only models: NULL = MS_ERR_UNSUPPORTED) -- */
+
+    /*
+     * LayerNorm over the last dimension (torch.nn.LayerNorm, biased variance):
+     * out = (x - mean(x)) * rsqrt(mean((x - mean)^2) + eps) * w + b, in f32.
+     * x [n, d] f32; w, b [d] f32|bf16|f16 (b may be NULL); out [n, d] (may alias x).
+     */
+    ms_status (*layer_norm)(void *ctx, const ms_tensor *x, const ms_tensor *w, const ms_tensor *b,
+                            float eps, ms_tensor *out, ms_error *err);
+    /*
+     * Exact GELU (HF ACT2FN["gelu"], torch.nn.functional.gelu without approximation):
+     * out = 0.5 * x * (1 + erf(x / sqrt(2))). x, out [n, d] f32 (out may alias x).
+     */
+    ms_status (*gelu)(void *ctx, const ms_tensor *x, ms_tensor *out, ms_error *err);
+    /*
+     * 1-D convolution over time (torch.nn.Conv1d, zero padding, dilation 1), token-major:
+     * y[t, o] = b[o] + sum_{c, k} w[o, c, k] * x[t * stride + k - padding, c] (x outside
+     * [0, T_in) reads 0). x [T_in, C_in] f32; w [C_out, C_in, K] f32|bf16|f16; bias [C_out] or
+     * NULL; y [T_out, C_out] f32 with T_out = (T_in + 2 padding - K) / stride + 1.
+     */
+    ms_status (*conv1d)(void *ctx, const ms_tensor *x, const ms_tensor *w, const ms_tensor *bias,
+                        int32_t stride, int32_t padding, ms_tensor *y, ms_error *err);
     /*
      * Row gather (logits of the last token of each sequence: rows = batch->last_token):
      * out[r, :] = x[rows[r], :], or zeros when rows[r] == -1.
@@ -450,8 +517,12 @@ void ms_backend_free(ms_backend *b);
 
 /* ---- wrappers for optional entries (fall back as documented in the table) ---- */
 
+/* iface.add_rms_norm when set, else add(residual, x, residual) then rms_norm(residual, w, eps,
+ * out). Errors: those of the entries called. */
 ms_status ms_backend_add_rms_norm(const ms_backend *b, ms_tensor *residual, const ms_tensor *x,
                                   const ms_tensor *w, float eps, ms_tensor *out, ms_error *err);
+/* iface.rope_kv_write when set, else rope(q, k, pos, rope) then kv_write(kv, layer, k, v,
+ * batch). Errors: those of the entries called. */
 ms_status ms_backend_rope_kv_write(const ms_backend *b, ms_tensor *q, ms_tensor *k,
                                    const ms_tensor *v, const ms_tensor *pos,
                                    const ms_rope_table *rope, const ms_paged_kv *kv, int32_t layer,
@@ -467,14 +538,18 @@ ms_status ms_attn_batch_check(const ms_attn_limits *limits, const ms_kv_plan *pl
 
 /* ---- the CPU backend ---- */
 
+/* Settings of the CPU backend. */
 typedef struct ms_backend_cpu_options {
     int32_t n_threads; /* worker threads incl. the caller; 0 = online CPUs (at most 64) */
 } ms_backend_cpu_options;
 
 /*
  * Make the float32 CPU backend (backend_cpu.c) into *out. opt may be NULL (defaults). Backend
- * memory is host memory (ms_malloc, 64-byte aligned). Graph entries are NULL. Returns MS_ERR_OOM /
- * MS_ERR_INVALID_ARG with a message; *out is zeroed on failure.
+ * memory is host memory: buffer_alloc returns ms_malloc'd blocks aligned to 64 bytes, and any
+ * other host pointer (an mmapped checkpoint tensor, a KV arena from the host ms_device) is a valid
+ * operand too. Ops run on the calling thread and the pool before returning, so synchronize is a
+ * no-op. Graph entries are NULL. Returns MS_ERR_OOM / MS_ERR_INVALID_ARG / MS_ERR_INTERNAL (a
+ * thread could not start) with a message; *out is zeroed on failure.
  */
 ms_status ms_backend_cpu_init(ms_backend *out, const ms_backend_cpu_options *opt, ms_error *err);
 

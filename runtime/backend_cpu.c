@@ -308,17 +308,18 @@ static ms_status cpu_attn_batch_stage(void *ctx, ms_attn_batch *b, const ms_kv_p
         b->qo_indptr[i + 1] = plan->qo_indptr[i + 1];
         b->kv_indptr[i + 1] = plan->kv_indptr[i + 1];
         b->kv_last_page_len[i] = plan->kv_last_page_len[i];
-        b->kv_start[i] = plan->kv_start[i];
+        b->kv_start[i] = plan->kv_start ? plan->kv_start[i] : 0;
         b->last_token[i] = plan->qo_indptr[i + 1] > plan->qo_indptr[i] ? plan->qo_indptr[i + 1] - 1
                                                                        : -1;
     }
     if (shape.n_pages > 0)
         memcpy(b->kv_indices, plan->kv_indices, (size_t)shape.n_pages * sizeof(int32_t));
-    if (shape.n_tokens > 0) {
-        memcpy(b->token_to_page, plan->token_to_page, (size_t)shape.n_tokens * sizeof(int32_t));
-        memcpy(b->token_to_slot, plan->token_to_slot, (size_t)shape.n_tokens * sizeof(int32_t));
+    int32_t written = plan->token_to_page != NULL ? shape.n_tokens : 0;
+    if (written > 0) {
+        memcpy(b->token_to_page, plan->token_to_page, (size_t)written * sizeof(int32_t));
+        memcpy(b->token_to_slot, plan->token_to_slot, (size_t)written * sizeof(int32_t));
     }
-    for (int32_t t = shape.n_tokens; t < b->limits.max_tokens; t++) {
+    for (int32_t t = written; t < b->limits.max_tokens; t++) {
         b->token_to_page[t] = MS_SINK_PAGE;
         b->token_to_slot[t] = 0;
     }
@@ -368,7 +369,8 @@ typedef struct linear_job {
  * y[t, o] is reduced the same way whichever block it falls in (lane k sums the products of the
  * elements i = k mod 4 in order, lanes combined as (l0 + l2) + (l1 + l3), then the tail in order);
  * a partial block of rows recomputes the last row in the missing slot (writing the same value
- * again) and an odd last token uses the one-token kernel with the same per-lane order. So results depend neither on the thread count nor on how many tokens share the batch.
+ * again) and an odd last token uses the one-token kernel with the same per-lane order. So
+ * results depend neither on the thread count nor on how many tokens share the batch.
  */
 typedef float v4f __attribute__((vector_size(16)));
 typedef uint16_t v4u16 __attribute__((vector_size(8)));
@@ -526,7 +528,8 @@ static ms_status cpu_linear(void *ctx, const ms_tensor *x, const ms_tensor *w,
     if (bias != NULL) {
         MS_TRY(check_tensor("linear", "bias", bias, 1, 1, FLOATS, err));
         if (bias->shape[0] != w->shape[0])
-            return MS_FAIL(err, MS_ERR_INVALID_ARG, "linear: bias has %lld entries, w has %lld rows",
+            return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                           "linear: bias has %lld entries, w has %lld rows",
                            (long long)bias->shape[0], (long long)w->shape[0]);
     }
     if (y->data == x->data)
@@ -678,6 +681,153 @@ static ms_status cpu_silu_mul(void *ctx, const ms_tensor *gate, const ms_tensor 
     rows_job j = {gate, up, NULL, out, NULL, 0.0f, gate->shape[0], gate->shape[1], 0};
     j.n_tasks = rows_tasks(c, j.rows, j.cols);
     ms_threadpool_run(c->pool, j.n_tasks, silu_mul_task, &j);
+    return MS_OK;
+}
+
+/* ---- encoder ops: LayerNorm, GELU, conv1d ---- */
+
+static void layer_norm_task(void *arg, int32_t task, int32_t thread) {
+    (void)thread;
+    const rows_job *j = arg;
+    int64_t lo, hi;
+    task_range(j->rows, j->n_tasks, task, &lo, &hi);
+    const ms_tensor *bias = j->b;
+    for (int64_t r = lo; r < hi; r++) {
+        const float *x = row_f32(j->a, r);
+        float *o = row_f32(j->out, r);
+        double sum = 0.0;
+        for (int64_t i = 0; i < j->cols; i++)
+            sum += x[i];
+        double mean = sum / (double)j->cols, var = 0.0;
+        for (int64_t i = 0; i < j->cols; i++)
+            var += ((double)x[i] - mean) * ((double)x[i] - mean);
+        float inv = 1.0f / sqrtf((float)(var / (double)j->cols) + j->eps);
+        float m = (float)mean;
+        for (int64_t i = 0; i < j->cols; i++) {
+            float v = (x[i] - m) * inv * load_elem(j->w->data, j->w->dtype, i * j->w->stride[0]);
+            if (bias != NULL)
+                v += load_elem(bias->data, bias->dtype, i * bias->stride[0]);
+            o[i] = v;
+        }
+    }
+}
+
+static ms_status cpu_layer_norm(void *ctx, const ms_tensor *x, const ms_tensor *w,
+                                const ms_tensor *b, float eps, ms_tensor *out, ms_error *err) {
+    cpu_ctx *c = ctx;
+    MS_TRY(check_tensor("layer_norm", "x", x, 2, 2, F32_ONLY, err));
+    MS_TRY(check_tensor("layer_norm", "w", w, 1, 1, FLOATS, err));
+    MS_TRY(check_tensor("layer_norm", "out", out, 2, 2, F32_ONLY, err));
+    MS_TRY(check_same_shape("layer_norm", "x", x, "out", out, err));
+    if (w->shape[0] != x->shape[1])
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "layer_norm: w has %lld entries, x rows have %lld",
+                       (long long)w->shape[0], (long long)x->shape[1]);
+    if (b != NULL) {
+        MS_TRY(check_tensor("layer_norm", "b", b, 1, 1, FLOATS, err));
+        if (b->shape[0] != x->shape[1])
+            return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                           "layer_norm: b has %lld entries, x rows have %lld",
+                           (long long)b->shape[0], (long long)x->shape[1]);
+    }
+    if (!(eps >= 0.0f))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "layer_norm: eps %g must be >= 0", (double)eps);
+    rows_job j = {x, b, w, out, NULL, eps, x->shape[0], x->shape[1], 0};
+    j.n_tasks = rows_tasks(c, j.rows, j.cols);
+    ms_threadpool_run(c->pool, j.n_tasks, layer_norm_task, &j);
+    return MS_OK;
+}
+
+static void gelu_task(void *arg, int32_t task, int32_t thread) {
+    (void)thread;
+    const rows_job *j = arg;
+    int64_t lo, hi;
+    task_range(j->rows, j->n_tasks, task, &lo, &hi);
+    for (int64_t r = lo; r < hi; r++) {
+        const float *x = row_f32(j->a, r);
+        float *o = row_f32(j->out, r);
+        for (int64_t i = 0; i < j->cols; i++)
+            o[i] = 0.5f * x[i] * (1.0f + erff(x[i] * (float)M_SQRT1_2));
+    }
+}
+
+static ms_status cpu_gelu(void *ctx, const ms_tensor *x, ms_tensor *out, ms_error *err) {
+    cpu_ctx *c = ctx;
+    MS_TRY(check_tensor("gelu", "x", x, 2, 2, F32_ONLY, err));
+    MS_TRY(check_tensor("gelu", "out", out, 2, 2, F32_ONLY, err));
+    MS_TRY(check_same_shape("gelu", "x", x, "out", out, err));
+    rows_job j = {x, NULL, NULL, out, NULL, 0.0f, x->shape[0], x->shape[1], 0};
+    j.n_tasks = rows_tasks(c, j.rows, j.cols);
+    ms_threadpool_run(c->pool, j.n_tasks, gelu_task, &j);
+    return MS_OK;
+}
+
+typedef struct conv_job {
+    const ms_tensor *x, *w, *bias, *y;
+    int32_t stride, padding;
+    int32_t n_tasks;
+} conv_job;
+
+static void conv1d_task(void *arg, int32_t task, int32_t thread) {
+    (void)thread;
+    const conv_job *j = arg;
+    int64_t t_in = j->x->shape[0], c_in = j->x->shape[1], k_len = j->w->shape[2];
+    int64_t c_out = j->w->shape[0];
+    int64_t lo, hi;
+    task_range(j->y->shape[0], j->n_tasks, task, &lo, &hi);
+    size_t ws = ms_dtype_size(j->w->dtype);
+    for (int64_t t = lo; t < hi; t++) {
+        float *yr = row_f32(j->y, t);
+        for (int64_t o = 0; o < c_out; o++) {
+            const char *wo = (const char *)j->w->data + (size_t)(o * j->w->stride[0]) * ws;
+            float acc = j->bias ? load_elem(j->bias->data, j->bias->dtype, o * j->bias->stride[0])
+                                : 0.0f;
+            /* fixed order: input channel, then tap */
+            for (int64_t c = 0; c < c_in; c++) {
+                const char *wc = wo + (size_t)(c * j->w->stride[1]) * ws;
+                for (int64_t k = 0; k < k_len; k++) {
+                    int64_t src = t * j->stride + k - j->padding;
+                    if (src < 0 || src >= t_in)
+                        continue;
+                    acc += load_elem(wc, j->w->dtype, k) * row_f32(j->x, src)[c];
+                }
+            }
+            yr[o] = acc;
+        }
+    }
+}
+
+static ms_status cpu_conv1d(void *ctx, const ms_tensor *x, const ms_tensor *w,
+                            const ms_tensor *bias, int32_t stride, int32_t padding, ms_tensor *y,
+                            ms_error *err) {
+    cpu_ctx *c = ctx;
+    MS_TRY(check_tensor("conv1d", "x", x, 2, 2, F32_ONLY, err));
+    MS_TRY(check_tensor("conv1d", "w", w, 3, 3, FLOATS, err));
+    MS_TRY(check_tensor("conv1d", "y", y, 2, 2, F32_ONLY, err));
+    if (w->stride[1] != w->shape[2])
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "conv1d: w must be contiguous per output channel");
+    if (stride < 1 || padding < 0)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "conv1d: stride %d must be >= 1, padding %d >= 0",
+                       stride, padding);
+    int64_t t_out = (x->shape[0] + 2 * padding - w->shape[2]) / stride + 1;
+    char sx[96], sw[96], sy[96];
+    if (w->shape[1] != x->shape[1] || y->shape[1] != w->shape[0] || y->shape[0] != t_out)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "conv1d: shapes x %s, w %s, y %s do not fit (stride %d, padding %d: "
+                       "y must be [%lld, %lld])", shape_str(x, sx, sizeof sx),
+                       shape_str(w, sw, sizeof sw), shape_str(y, sy, sizeof sy), stride, padding,
+                       (long long)t_out, (long long)w->shape[0]);
+    if (bias != NULL) {
+        MS_TRY(check_tensor("conv1d", "bias", bias, 1, 1, FLOATS, err));
+        if (bias->shape[0] != w->shape[0])
+            return MS_FAIL(err, MS_ERR_INVALID_ARG, "conv1d: bias has %lld entries for %lld "
+                           "output channels", (long long)bias->shape[0], (long long)w->shape[0]);
+    }
+    if (y->data == x->data)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "conv1d: y may not alias x");
+    conv_job j = {x, w, bias, y, stride, padding, 0};
+    int64_t per = MS_MAX(w->shape[0] * w->shape[1] * w->shape[2], 1);
+    j.n_tasks = n_tasks_for(c, t_out, MS_MAX(65536 / per, 1));
+    ms_threadpool_run(c->pool, j.n_tasks, conv1d_task, &j);
     return MS_OK;
 }
 
@@ -1041,8 +1191,9 @@ static ms_status cpu_gather_rows(void *ctx, const ms_tensor *x, const ms_tensor 
     for (int64_t i = 0; i < rows->shape[0]; i++) {
         int32_t src = r[i * rows->stride[0]];
         if (src < -1 || src >= x->shape[0])
-            return MS_FAIL(err, MS_ERR_INVALID_ARG, "gather_rows: rows[%lld] = %d outside [-1, %lld)",
-                           (long long)i, src, (long long)x->shape[0]);
+            return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                           "gather_rows: rows[%lld] = %d outside [-1, %lld)", (long long)i, src,
+                           (long long)x->shape[0]);
         float *o = row_f32(out, i);
         if (src < 0)
             memset(o, 0, (size_t)x->shape[1] * sizeof(float));
@@ -1160,6 +1311,9 @@ ms_status ms_backend_cpu_init(ms_backend *out, const ms_backend_cpu_options *opt
     f->attention = cpu_attention;
     f->silu_mul = cpu_silu_mul;
     f->add = cpu_add;
+    f->layer_norm = cpu_layer_norm;
+    f->gelu = cpu_gelu;
+    f->conv1d = cpu_conv1d;
     f->gather_rows = cpu_gather_rows;
     f->argmax = cpu_argmax;
     f->sample_workspace_size = cpu_sample_workspace_size;

@@ -69,6 +69,12 @@ static ms_status ck_build_index(ms_ckpt *ck, ms_error *err) {
     for (size_t j = 0; ck->l2c != NULL && j < ms_llama2c_n_tensors(ck->l2c); j++)
         ck->tensors[ck->n_tensors++] = ms_llama2c_tensor_at(ck->l2c, j);
     qsort(ck->tensors, ck->n_tensors, sizeof *ck->tensors, ck_cmp_tensor_ptr);
+    for (size_t i = 0; i < ck->n_tensors; i++) {
+        const ms_st_tensor *t = ck->tensors[i];
+        if (!(MS_ST_DTYPES_FLOAT & MS_ST_DTYPE_BIT(t->dtype)))
+            return MS_FAIL(err, MS_ERR_UNSUPPORTED, "%s: tensor '%s' has dtype %s, not supported for weights "
+                           "(supported: F32, BF16, F16)", t->file_path, t->name, ms_st_dtype_name(t->dtype));
+    }
     for (size_t i = 1; i < ck->n_tensors; i++) {
         if (strcmp(ck->tensors[i - 1]->name, ck->tensors[i]->name) == 0)
             return MS_FAIL(err, MS_ERR_FORMAT, "%s: tensor '%s' appears in both %s and %s", ck->path,
@@ -86,7 +92,6 @@ static ms_status ck_open_single(ms_ckpt *ck, ms_error *err) {
     return ck_build_index(ck, err);
 }
 
-/* Open every shard the weight map names (each once, in order of first mention). */
 /* Path of shard `shard` of the index ck->path: "<index folder>/<shard>" (ms_malloc'd, NULL on OOM). */
 static char *ck_shard_path(const ms_ckpt *ck, const char *shard) {
     const char *slash = strrchr(ck->path, '/');
@@ -95,6 +100,7 @@ static char *ck_shard_path(const ms_ckpt *ck, const char *shard) {
     return ms_asprintf("%.*s/%s", dir_len, dir, shard);
 }
 
+/* Open every shard the weight map names (each once, in order of first mention). */
 static ms_status ck_open_shards(ms_ckpt *ck, json_t *map, ms_error *err) {
     size_t cap = 0;
     const char *tname;
@@ -269,6 +275,10 @@ const char *ms_ckpt_path(const ms_ckpt *ck) {
 
 size_t ms_ckpt_n_files(const ms_ckpt *ck) {
     return ck->n_files;
+}
+
+const ms_llama2c *ms_ckpt_get_llama2c(const ms_ckpt *ck) {
+    return ck->l2c;
 }
 
 size_t ms_ckpt_n_tensors(const ms_ckpt *ck) {

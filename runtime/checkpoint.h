@@ -7,7 +7,8 @@
  *   - a *.json file: a shard index {"weight_map": {tensor: shard file}} (shards relative to it);
  *   - a *.bin file: a llama2.c checkpoint, its weights under Hugging Face Llama names (llama2c.h);
  *   - any other file: a single safetensors file.
- * Every shard is fully validated (see safetensors.h); the index must be consistent with its shards:
+ * Every shard is fully validated (see safetensors.h) and may hold only float tensors (F32, BF16,
+ * F16; an integer tensor is rejected by name); the index must be consistent with its shards:
  * each mapped tensor is in the shard the map names, no tensor appears in two shards, no shard holds
  * a tensor the map does not list, shard names stay inside the index's folder.
  *
@@ -31,6 +32,7 @@
 #define MS_CHECKPOINT_H
 
 #include "ms_base.h"
+#include "llama2c.h"
 #include "safetensors.h"
 
 #ifdef __cplusplus
@@ -53,6 +55,8 @@ void ms_ckpt_free(ms_ckpt *ck);
 const char *ms_ckpt_path(const ms_ckpt *ck);
 /* Number of safetensors shard files (1 for a single file, 0 for a llama2.c .bin). */
 size_t ms_ckpt_n_files(const ms_ckpt *ck);
+/* The llama2.c checkpoint behind ck (borrowed), or NULL when ck is safetensors. */
+const ms_llama2c *ms_ckpt_get_llama2c(const ms_ckpt *ck);
 /* Number of tensors over all shards. */
 size_t ms_ckpt_n_tensors(const ms_ckpt *ck);
 /* Tensor i (0 <= i < n), in ascending strcmp order of names over all shards. */

@@ -60,6 +60,12 @@ static ms_status cfg_init_llama2c(ms_hf_config **out, const char *path, ms_error
     return st;
 }
 
+/* Whether path[0 .. len) ends with `suffix`. */
+static bool cfg_ends_with(const char *path, size_t len, const char *suffix) {
+    size_t n = strlen(suffix);
+    return len >= n && strncmp(path + len - n, suffix, n) == 0;
+}
+
 ms_status ms_hf_config_init(ms_hf_config **out, const char *path, ms_error *err) {
     *out = NULL;
     size_t plen = strlen(path);
@@ -78,10 +84,14 @@ ms_status ms_hf_config_init(ms_hf_config **out, const char *path, ms_error *err)
         cfg->path = ms_asprintf("%.*s/config.json", (int)len, path);
         cfg->gen_path = ms_asprintf("%.*s/generation_config.json", (int)len, path);
     } else {
+        /* a weights file (model.safetensors or a shard index) stands for its folder */
+        bool weights = cfg_ends_with(path, len, ".safetensors") ||
+                       cfg_ends_with(path, len, "model.safetensors.index.json");
         const char *slash = strrchr(path, '/');
-        cfg->path = ms_strdup(path);
-        cfg->gen_path = slash ? ms_asprintf("%.*s/generation_config.json", (int)(slash - path), path)
-                              : ms_strdup("generation_config.json");
+        int dir_len = slash ? (int)(slash - path) : 1;
+        const char *dir = slash ? path : ".";
+        cfg->path = weights ? ms_asprintf("%.*s/config.json", dir_len, dir) : ms_strdup(path);
+        cfg->gen_path = ms_asprintf("%.*s/generation_config.json", dir_len, dir);
     }
     if (cfg->path == NULL || cfg->gen_path == NULL) {
         st = MS_FAIL(err, MS_ERR_OOM, "%s: out of memory", path);
@@ -164,18 +174,55 @@ static json_t *cfg_walk(json_t *obj, const char *key) {
     }
 }
 
-/* Resolve `key` in config.json with the text_config fallback; null counts as absent (NULL). */
-static json_t *cfg_lookup(const ms_hf_config *cfg, const char *key) {
+/* RoPE keys that transformers 5 moved from the top level into "rope_parameters". */
+static bool cfg_is_moved_rope_key(const char *key) {
+    return strcmp(key, "rope_theta") == 0 || strcmp(key, "partial_rotary_factor") == 0;
+}
+
+/*
+ * `key` in one config object, with the RoPE layouts made interchangeable: a missing "rope_theta" /
+ * "partial_rotary_factor" is read from "rope_parameters"; a missing "rope_parameters.X" from the
+ * older top-level rope_theta / partial_rotary_factor or "rope_scaling.X" (rope_type falls back to
+ * the older "type"); a missing "rope_scaling.X" from "rope_parameters.X". Null counts as absent.
+ */
+static json_t *cfg_lookup_in(json_t *obj, const char *key) {
+    json_t *v = cfg_walk(obj, key);
+    if (v != NULL && !json_is_null(v))
+        return v;
+    json_t *params = json_object_get(obj, "rope_parameters");
+    json_t *scaling = json_object_get(obj, "rope_scaling");
     const char *dot = strchr(key, '.');
-    size_t len = dot ? (size_t)(dot - key) : strlen(key);
-    json_t *v;
-    if (json_object_getn(cfg->root, key, len) != NULL) {
-        v = cfg_walk(cfg->root, key);
-    } else {
-        json_t *text = json_object_get(cfg->root, "text_config");
-        v = json_is_object(text) ? cfg_walk(text, key) : NULL;
+    v = NULL;
+    if (dot == NULL) {
+        if (cfg_is_moved_rope_key(key) && json_is_object(params))
+            v = json_object_get(params, key);
+    } else if (strncmp(key, "rope_parameters.", 16) == 0 && !json_is_object(params)) {
+        const char *sub = dot + 1;
+        if (cfg_is_moved_rope_key(sub))
+            v = json_object_get(obj, sub);
+        else if (json_is_object(scaling)) {
+            v = json_object_get(scaling, sub);
+            if ((v == NULL || json_is_null(v)) && strcmp(sub, "rope_type") == 0)
+                v = json_object_get(scaling, "type");
+        }
+    } else if (strncmp(key, "rope_scaling.", 13) == 0 && !json_is_object(scaling) && json_is_object(params)) {
+        v = json_object_get(params, dot + 1);
     }
     return json_is_null(v) ? NULL : v;
+}
+
+/* Resolve `key` in config.json (cfg_lookup_in), then in "text_config" when the key's first
+ * component is absent at the top level. NULL when absent or null. */
+static json_t *cfg_lookup(const ms_hf_config *cfg, const char *key) {
+    json_t *v = cfg_lookup_in(cfg->root, key);
+    if (v != NULL)
+        return v;
+    const char *dot = strchr(key, '.');
+    size_t len = dot ? (size_t)(dot - key) : strlen(key);
+    json_t *text = json_object_get(cfg->root, "text_config");
+    if (json_object_getn(cfg->root, key, len) == NULL && json_is_object(text))
+        return cfg_lookup_in(text, key);
+    return NULL;
 }
 
 static const char *cfg_json_kind(const json_t *v) {
@@ -291,6 +338,17 @@ ms_status ms_hf_config_require(const ms_hf_config *cfg, const char *key, ms_cfg_
     MS_TRY(ms_hf_config_get(cfg, key, type, out, err));
     if (!out->present)
         return MS_FAIL(err, MS_ERR_NOT_FOUND, "%s: required field '%s' is missing", cfg->path, key);
+    return MS_OK;
+}
+
+ms_status ms_hf_config_fill(const ms_hf_config *cfg, const ms_cfg_param *params, size_t n, ms_cfg_value *values,
+                            ms_error *err) {
+    for (size_t i = 0; i < n; i++) {
+        if (params[i].required)
+            MS_TRY(ms_hf_config_require(cfg, params[i].key, params[i].type, &values[i], err));
+        else
+            MS_TRY(ms_hf_config_get(cfg, params[i].key, params[i].type, &values[i], err));
+    }
     return MS_OK;
 }
 

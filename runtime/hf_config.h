@@ -14,7 +14,11 @@
  * RoPE parameters come in two layouts found in the wild: the older top-level "rope_theta" plus an
  * optional "rope_scaling" object (most published checkpoints), and transformers 5's
  * "rope_parameters" object holding rope_theta and the scaling fields. ms_hf_config_get_rope reads
- * both into one ms_rope_params.
+ * both into one ms_rope_params, and plain lookups treat them as one: "rope_theta" (and
+ * "partial_rotary_factor") missing at the top level is read from rope_parameters, a missing
+ * "rope_parameters.X" from the top-level rope_theta or rope_scaling.X, a missing "rope_scaling.X"
+ * from rope_parameters.X. So a model that declares `rope_theta: float = 10000.0` gets 500000 from
+ * either layout of a Llama 3.1 config, never the default by accident.
  *
  * Ownership: ms_hf_config_* functions borrow their arguments; the config returned by
  * ms_hf_config_init is owned by the caller (ms_hf_config_free, NULL accepted); strings returned by
@@ -41,8 +45,9 @@ typedef struct ms_hf_config ms_hf_config;
 
 /*
  * Load the config at `path`: a folder (reads <path>/config.json, and <path>/generation_config.json
- * when it exists) or a config .json file (its sibling generation_config.json is read when present),
- * or a llama2.c checkpoint (*.bin): the config is derived from its header (ms_llama2c_config_json).
+ * when it exists), a config .json file (its sibling generation_config.json is read when present),
+ * a weights file (*.safetensors, model.safetensors.index.json: the config.json beside it), or a
+ * llama2.c checkpoint (*.bin): the config is derived from its header (ms_llama2c_config_json).
  * Errors: MS_ERR_NOT_FOUND / MS_ERR_IO (cannot read config.json), MS_ERR_PARSE (malformed JSON,
  * with line:column), MS_ERR_FORMAT (top level is not an object), MS_ERR_OOM.
  */
@@ -123,6 +128,26 @@ ms_status ms_hf_config_get_int_list(const ms_hf_config *cfg, const char *key, bo
                                     size_t cap, size_t *n, ms_error *err);
 ms_status ms_hf_config_get_float_list(const ms_hf_config *cfg, const char *key, bool required, double *out,
                                       size_t cap, size_t *n, ms_error *err);
+
+/* One declared config parameter, as the compiler emits them (a static table per model). */
+typedef struct ms_cfg_param {
+    const char *key;    /* dotted key, e.g. "num_key_value_heads" */
+    ms_cfg_type type;
+    bool required;      /* missing/null -> MS_ERR_NOT_FOUND; else the caller applies its default */
+} ms_cfg_param;
+
+/*
+ * Look up every parameter of params[n] into values[n] (values[i].present tells whether the caller's
+ * default applies). Stops at the first error (wrong type, missing required field), which names the
+ * file and the field. Typical generated code:
+ *     static const ms_cfg_param P[] = {{"hidden_size", MS_CFG_INT, true},
+ *                                      {"num_key_value_heads", MS_CFG_INT, false}};
+ *     ms_cfg_value v[2];
+ *     MS_TRY(ms_hf_config_fill(cfg, P, 2, v, err));
+ *     int64_t kv_heads = v[1].present ? v[1].i : n_heads;
+ */
+ms_status ms_hf_config_fill(const ms_hf_config *cfg, const ms_cfg_param *params, size_t n, ms_cfg_value *values,
+                            ms_error *err);
 
 /* ---- RoPE ---- */
 

@@ -28,12 +28,12 @@
 /* ---- dtypes ---- */
 
 /* ORDER MS_ST_DTYPE */
-static const char *const st_dtype_names[MS_ST_DTYPE_COUNT] = {"F32", "BF16", "F16"};
-static const size_t st_dtype_sizes[MS_ST_DTYPE_COUNT] = {4, 2, 2};
+static const char *const st_dtype_names[MS_ST_DTYPE_COUNT] = {"F32", "BF16", "F16", "I32", "I64"};
+static const size_t st_dtype_sizes[MS_ST_DTYPE_COUNT] = {4, 2, 2, 4, 8};
 
 /* Dtypes the safetensors format defines that we do not load (rejected by name). */
 static const char *const st_unsupported_dtypes[] = {
-    "BOOL", "U8", "I8", "I16", "U16", "I32", "U32", "I64", "U64", "F64", "C64",
+    "BOOL", "U8", "I8", "I16", "U16", "U32", "U64", "F64", "C64",
     "F8_E5M2", "F8_E4M3", "F8_E8M0", "F6_E2M3", "F6_E3M2", "F4",
 };
 
@@ -211,8 +211,8 @@ static ms_status st_parse_entry(ms_st_file *f, const char *name, json_t *entry, 
     const char *dname = json_string_value(jd);
     ms_status st = ms_st_dtype_parse(dname, &t->dtype);
     if (st == MS_ERR_UNSUPPORTED)
-        return MS_FAIL(err, st, "%s: tensor '%s' has dtype %s, not supported (supported: F32, BF16, F16)",
-                       p, name, dname);
+        return MS_FAIL(err, st, "%s: tensor '%s' has dtype %s, not supported (supported: F32, BF16, F16; "
+                       "I32, I64 for data)", p, name, dname);
     if (st != MS_OK)
         return MS_FAIL(err, MS_ERR_FORMAT, "%s: tensor '%s' has unknown dtype '%s'", p, name, dname);
 
@@ -481,7 +481,11 @@ const char *ms_st_file_metadata(const ms_st_file *f, const char *key) {
 
 /* ---- conversions ---- */
 
-static ms_status st_check_count(const ms_st_tensor *t, size_t n, ms_error *err) {
+static ms_status st_check_count(const ms_st_tensor *t, size_t n, bool want_float, ms_error *err) {
+    bool is_float = MS_ST_DTYPES_FLOAT & MS_ST_DTYPE_BIT(t->dtype);
+    if (is_float != want_float)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: tensor '%s' is %s, not %s", t->file_path, t->name,
+                       ms_st_dtype_name(t->dtype), want_float ? "a float tensor" : "an integer tensor");
     if (n != t->n_elems)
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: tensor '%s' has %zu elements, destination holds %zu",
                        t->file_path, t->name, t->n_elems, n);
@@ -489,7 +493,7 @@ static ms_status st_check_count(const ms_st_tensor *t, size_t n, ms_error *err) 
 }
 
 ms_status ms_st_tensor_to_f32(const ms_st_tensor *t, float *dst, size_t n, ms_error *err) {
-    MS_TRY(st_check_count(t, n, err));
+    MS_TRY(st_check_count(t, n, true, err));
     const unsigned char *src = t->data;
     switch (t->dtype) {
     case MS_ST_DTYPE_F32:
@@ -516,7 +520,7 @@ ms_status ms_st_tensor_to_f32(const ms_st_tensor *t, float *dst, size_t n, ms_er
 }
 
 ms_status ms_st_tensor_to_bf16(const ms_st_tensor *t, uint16_t *dst, size_t n, ms_error *err) {
-    MS_TRY(st_check_count(t, n, err));
+    MS_TRY(st_check_count(t, n, true, err));
     const unsigned char *src = t->data;
     switch (t->dtype) {
     case MS_ST_DTYPE_F32:
@@ -538,6 +542,25 @@ ms_status ms_st_tensor_to_bf16(const ms_st_tensor *t, uint16_t *dst, size_t n, m
         break;
     default:
         MS_ABORT("tensor '%s' has invalid dtype %d", t->name, (int)t->dtype);
+    }
+    return MS_OK;
+}
+
+ms_status ms_st_tensor_to_i32(const ms_st_tensor *t, int32_t *dst, size_t n, ms_error *err) {
+    MS_TRY(st_check_count(t, n, false, err));
+    const unsigned char *src = t->data;
+    if (t->dtype == MS_ST_DTYPE_I32) {
+        memcpy(dst, src, n * sizeof *dst);
+        return MS_OK;
+    }
+    MS_ASSERT(t->dtype == MS_ST_DTYPE_I64);
+    for (size_t i = 0; i < n; i++) {
+        int64_t v;
+        memcpy(&v, src + 8 * i, sizeof v);
+        if (v < INT32_MIN || v > INT32_MAX)
+            return MS_FAIL(err, MS_ERR_FORMAT, "%s: tensor '%s'[%zu] = %lld does not fit in int32", t->file_path,
+                           t->name, i, (long long)v);
+        dst[i] = (int32_t)v;
     }
     return MS_OK;
 }

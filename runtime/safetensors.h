@@ -6,8 +6,9 @@
  * "__metadata__": {str: str}}, then the data region; offsets are relative to the data region.
  *
  * The reader validates everything before handing out a tensor: header length sane and inside the
- * file, JSON well formed with no duplicate names, dtype one of F32/BF16/F16 (every other safetensors
- * dtype is rejected by name), shape entries non-negative, begin <= end <= data size,
+ * file, JSON well formed with no duplicate names, dtype one of F32/BF16/F16/I32/I64 (every other
+ * safetensors dtype is rejected by name; checkpoints accept only the float ones), shape entries
+ * non-negative, begin <= end <= data size,
  * end - begin == product(shape) * dtype size, no two tensors overlapping and no holes (the spec
  * requires the data region to be fully indexed). Data of a valid file need not be aligned (the
  * data region starts at 8 + N for any N): read it through ms_st_tensor_to_f32/_to_bf16, which copy
@@ -37,11 +38,17 @@ extern "C" {
 
 /* ---- dtypes ---- */
 
-/* Element types the loaders accept. ORDER MS_ST_DTYPE: keep the tables in safetensors.c in sync. */
+/*
+ * Element types the reader accepts. Weights are F32/BF16/F16 (checkpoint.h rejects any other dtype
+ * in a checkpoint); I32/I64 are for data files such as the fixtures' reference.safetensors (token
+ * ids). ORDER MS_ST_DTYPE: keep the tables in safetensors.c in sync.
+ */
 typedef enum ms_st_dtype {
     MS_ST_DTYPE_F32 = 0,   /* IEEE binary32 */
     MS_ST_DTYPE_BF16 = 1,  /* bfloat16: the upper 16 bits of a binary32 */
     MS_ST_DTYPE_F16 = 2,   /* IEEE binary16 */
+    MS_ST_DTYPE_I32 = 3,   /* int32 (data files only) */
+    MS_ST_DTYPE_I64 = 4,   /* int64 (data files only) */
     MS_ST_DTYPE_COUNT
 } ms_st_dtype;
 
@@ -50,9 +57,9 @@ typedef enum ms_st_dtype {
 #define MS_ST_DTYPES_FLOAT \
     (MS_ST_DTYPE_BIT(MS_ST_DTYPE_F32) | MS_ST_DTYPE_BIT(MS_ST_DTYPE_BF16) | MS_ST_DTYPE_BIT(MS_ST_DTYPE_F16))
 
-/* The safetensors name of a dtype ("F32", "BF16", "F16"); "?" for values out of range. */
+/* The safetensors name of a dtype ("F32", "BF16", "F16", "I32", "I64"); "?" for values out of range. */
 const char *ms_st_dtype_name(ms_st_dtype d);
-/* Bytes per element (4 or 2); 0 for values out of range. */
+/* Bytes per element (8, 4 or 2); 0 for values out of range. */
 size_t ms_st_dtype_size(ms_st_dtype d);
 /* Parse a safetensors dtype name; MS_ERR_UNSUPPORTED for a known but unsupported name (I64, F64,
  * ...), MS_ERR_FORMAT for an unknown one. Does not fill an ms_error. */
@@ -96,7 +103,7 @@ typedef struct ms_st_file ms_st_file;
  * Map and validate the safetensors file at `path`. On success *out owns the mapping and every
  * tensor descriptor. Errors: MS_ERR_IO (cannot open/stat/map), MS_ERR_FORMAT (any validation
  * failure above, file too short, header length insane), MS_ERR_PARSE (header is not JSON),
- * MS_ERR_UNSUPPORTED (dtype outside F32/BF16/F16, rank > MS_ST_MAX_DIMS), MS_ERR_OOM.
+ * MS_ERR_UNSUPPORTED (dtype outside F32/BF16/F16/I32/I64, rank > MS_ST_MAX_DIMS), MS_ERR_OOM.
  */
 ms_status ms_st_file_init(ms_st_file **out, const char *path, ms_error *err);
 /* Unmap and free. NULL accepted. */
@@ -114,12 +121,16 @@ const ms_st_tensor *ms_st_file_find_tensor(const ms_st_file *f, const char *name
 const char *ms_st_file_metadata(const ms_st_file *f, const char *key);
 
 /*
- * Convert the tensor to float32 into dst[n] (n must equal t->n_elems: MS_ERR_INVALID_ARG
- * otherwise, naming the tensor). Works for unaligned data (byte copies, no unaligned loads).
+ * Convert a float tensor (F32/BF16/F16) to float32 into dst[n] (n must equal t->n_elems; a count
+ * mismatch or an integer tensor is MS_ERR_INVALID_ARG naming the tensor). Works for unaligned data
+ * (byte copies, no unaligned loads).
  */
 ms_status ms_st_tensor_to_f32(const ms_st_tensor *t, float *dst, size_t n, ms_error *err);
 /* Same, into bf16 bits (F32 rounds to nearest even; F16 goes through float exactly). */
 ms_status ms_st_tensor_to_bf16(const ms_st_tensor *t, uint16_t *dst, size_t n, ms_error *err);
+/* Convert an integer tensor (I32, or I64 with every value in int32 range: MS_ERR_FORMAT otherwise)
+ * into dst[n]; a float tensor or a count mismatch is MS_ERR_INVALID_ARG. */
+ms_status ms_st_tensor_to_i32(const ms_st_tensor *t, int32_t *dst, size_t n, ms_error *err);
 /* Zero-copy view: the data as floats when the tensor is F32 and 4-byte aligned, else NULL. */
 const float *ms_st_tensor_f32_data(const ms_st_tensor *t);
 

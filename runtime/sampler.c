@@ -1,7 +1,8 @@
 /*
- * sampler.c - host-side sampling (sampler.h): argmax, temperature, top-k (heap selection),
- * top-p (nucleus over the sorted candidates) and a counter-based PRNG (splitmix64 of seed and
- * draw index), so a request's draws never depend on its batch, thread count or backend.
+ * sampler.c - host-side sampling (sampler.h): argmax, temperature, top-k (heap selection of the
+ * threshold), top-p (threshold from the sorted candidates), a draw in vocabulary order, and a
+ * counter-based PRNG (splitmix64 of seed and draw index), so a request's draws never depend on
+ * its batch or thread count.
  */
 #include "sampler.h"
 
@@ -48,7 +49,7 @@ ms_status ms_sampler_check_params(const ms_sampling_params *p, ms_error *err) {
 }
 
 size_t ms_sampler_scratch_size(int32_t vocab) {
-    return vocab > 0 ? (size_t)vocab * sizeof(cand) : 0;
+    return vocab > 0 ? (size_t)vocab * (sizeof(float) + sizeof(cand)) : 0;
 }
 
 int32_t ms_sampler_argmax(const float *logits, int32_t n) {
@@ -123,65 +124,73 @@ ms_status ms_sampler_sample_row(const float *logits, int32_t vocab, const ms_sam
         return MS_OK;
     }
     if (scratch == NULL)
-        return MS_FAIL(err, MS_ERR_INVALID_ARG, "sampling: scratch missing for non-greedy settings");
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "sampling: scratch missing for non-greedy settings");
     if (isinf(logits[best]) && logits[best] > 0) {
         *out_id = best; /* an infinite logit takes all the mass */
         return MS_OK;
     }
 
-    /* softmax(z / T) numerators, max subtracted (HF: scores / T, then softmax) */
-    cand *c = scratch;
+    /* p_i = exp(z_i / T - max z / T) (HF: scores / T, then softmax) */
+    float *prob = scratch;
+    cand *c = (cand *)(prob + vocab);
     float inv_t = 1.0f / p->temperature;
     float zmax = logits[best] * inv_t;
-    for (int32_t i = 0; i < vocab; i++) {
-        c[i].p = expf(logits[i] * inv_t - zmax);
-        c[i].id = i;
-    }
-    int32_t n = vocab;
-    double mass = 0.0; /* probability mass the top-p threshold refers to */
+    for (int32_t i = 0; i < vocab; i++)
+        prob[i] = expf(logits[i] * inv_t - zmax);
+
+    /* top-k: keep p_i >= the k-th largest (ties at the boundary kept) */
+    float thr = 0.0f;
     if (p->top_k > 0 && p->top_k < vocab) {
+        for (int32_t i = 0; i < vocab; i++)
+            c[i] = (cand){prob[i], i};
         select_top_k(c, vocab, p->top_k);
-        n = p->top_k;
-        for (int32_t i = 0; i < n; i++)
-            mass += c[i].p;
-    } else if (p->top_p < 1.0f) {
-        /* llama2.c sample_topp: ids below (1 - top_p) / (n - 1) of the total mass can never be in
-         * the nucleus; drop them before sorting */
-        for (int32_t i = 0; i < vocab; i++)
-            mass += c[i].p;
+        thr = c[p->top_k - 1].p;
+    }
+    double mass = 0.0; /* mass kept by top-k: the top-p threshold refers to it */
+    for (int32_t i = 0; i < vocab; i++)
+        if (prob[i] >= thr)
+            mass += prob[i];
+
+    /* top-p: the largest tau such that the mass of p_i >= tau reaches top_p * mass. Only
+     * candidates above (1 - top_p) / (n - 1) of the mass can be needed (llama2.c sample_topp). */
+    if (p->top_p < 1.0f) {
         float cutoff = vocab > 1 ? (float)((1.0 - p->top_p) / (vocab - 1) * mass) : 0.0f;
-        int32_t kept = 0;
+        int32_t n = 0;
         for (int32_t i = 0; i < vocab; i++)
-            if (c[i].p >= cutoff)
-                c[kept++] = c[i];
-        qsort(c, (size_t)kept, sizeof *c, cand_cmp);
-        n = kept;
-    } else {
-        qsort(c, (size_t)vocab, sizeof *c, cand_cmp);
-        for (int32_t i = 0; i < n; i++)
-            mass += c[i].p;
-    }
-
-    /* top-p over the candidates, relative to what top-k kept (HF warper order) */
-    double total = 0.0;
-    for (int32_t i = 0; i < n; i++) {
-        total += c[i].p;
-        if (p->top_p < 1.0f && total >= (double)p->top_p * mass) {
-            n = i + 1;
-            break;
+            if (prob[i] >= thr && prob[i] >= cutoff)
+                c[n++] = (cand){prob[i], i};
+        qsort(c, (size_t)n, sizeof *c, cand_cmp);
+        double cum = 0.0, want = (double)p->top_p * mass;
+        float tau = n > 0 ? c[n - 1].p : thr;
+        for (int32_t i = 0; i < n; i++) {
+            cum += c[i].p;
+            if (cum >= want) {
+                tau = c[i].p;
+                break;
+            }
         }
+        thr = fmaxf(thr, tau);
     }
 
-    /* inverse CDF with one uniform (llama2.c sample_mult) */
-    double r = (double)ms_sampler_uniform(p->seed, draw) * total;
-    double cdf = 0.0;
-    for (int32_t i = 0; i < n; i++) {
-        cdf += c[i].p;
+    /* one uniform, inverse CDF over the kept ids in vocabulary order (a device sampler draws the
+     * same way without sorting) */
+    double total = 0.0;
+    for (int32_t i = 0; i < vocab; i++)
+        if (prob[i] >= thr)
+            total += prob[i];
+    double r = (double)ms_sampler_uniform(p->seed, draw) * total, cdf = 0.0;
+    int32_t last = best;
+    for (int32_t i = 0; i < vocab; i++) {
+        if (!(prob[i] >= thr))
+            continue;
+        cdf += prob[i];
+        last = i;
         if (r < cdf) {
-            *out_id = c[i].id;
+            *out_id = i;
             return MS_OK;
         }
     }
-    *out_id = c[n - 1].id; /* rounding */
+    *out_id = last; /* rounding */
     return MS_OK;
 }

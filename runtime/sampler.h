@@ -10,13 +10,15 @@
  * Semantics (one row of logits z[0..V)):
  *   - greedy (temperature == 0, or top_k == 1): argmax z, lowest index on ties (llama2.c
  *     `sample_argmax` keeps the first maximum; so does torch.argmax on CPU).
- *   - otherwise, in Hugging Face `generate` warper order (TemperatureLogitsWarper, TopKLogitsWarper,
- *     TopPLogitsWarper): p = softmax(z / temperature) in float32 with the max subtracted; keep the
- *     top_k most probable ids (top_k <= 0 or >= V: all); then keep the smallest prefix of the
- *     remaining ids sorted by probability (descending, ties by lower id) whose cumulative
- *     probability reaches top_p (top_p >= 1: all; the first id is always kept, as llama2.c's
- *     `sample_topp` and HF's min_tokens_to_keep = 1); renormalise and draw with one uniform
- *     u in [0, 1) by inverse CDF over that sorted prefix (llama2.c `sample_mult`).
+ *   - otherwise, in Hugging Face `generate` warper order (TemperatureLogitsWarper,
+ *     TopKLogitsWarper, TopPLogitsWarper): p_i = exp(z_i / T - max z / T) in float32; top-k
+ *     (0 < top_k < V) keeps p_i >= the k-th largest (ties at the boundary kept); top-p (< 1)
+ *     then keeps p_i >= tau, tau the largest value whose kept mass reaches top_p times the mass
+ *     top-k kept (the smallest nucleus, as HF's TopPLogitsWarper and llama2.c's `sample_topp`;
+ *     at least one id); the id is the first one, in vocabulary order, whose running kept mass
+ *     exceeds u * (kept mass) for one uniform u in [0, 1). The same semantics as the CUDA
+ *     backend's device sampler (templates/common/params.h ms_sample_params), so both pick the
+ *     same id for the same uniform up to float rounding at the boundaries.
  *   - the uniform is a pure function of (seed, draw): u = top 24 bits of splitmix64(seed, draw)
  *     / 2^24. `draw` is the number of tokens this request sampled before (the caller's counter),
  *     so a request's ids do not depend on the batch it ran in, nor on thread count or backend.

@@ -18,3 +18,4 @@ TESTS += tests/test_hf_config
 TESTS += tests/test_checkpoint_bad
 TESTS += tests/test_llama_cpu_fixture
 TESTS += tests/test_llama2c
+TEST_SCRIPTS += tests/mkckpt.sh

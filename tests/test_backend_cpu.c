@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "hf_config.h"
 #include "ms_test_impl.h"
 
 /* ---- helpers ---- */
@@ -321,6 +322,72 @@ static void test_tensor_load_converts_and_reads_unaligned(void **state) {
     ms_backend_free(&be);
 }
 
+static void test_encoder_ops_layer_norm_gelu_conv1d(void **state) {
+    (void)state;
+    ms_backend be = make_cpu(2);
+    ms_error err = {0};
+    /* layer_norm against a double reference, with and without bias */
+    int n = 6, d = 40;
+    float *x = rand_buf((size_t)(n * d)), *w = rand_buf((size_t)d), *b = rand_buf((size_t)d);
+    float *out = rand_buf((size_t)(n * d));
+    ms_tensor tx = ms_tensor_2d(x, MS_DTYPE_F32, n, d), to = ms_tensor_2d(out, MS_DTYPE_F32, n, d);
+    ms_tensor tw = ms_tensor_1d(w, MS_DTYPE_F32, d), tb = ms_tensor_1d(b, MS_DTYPE_F32, d);
+    for (int with_b = 0; with_b < 2; with_b++) {
+        assert_int_equal(be.iface.layer_norm(be.ctx, &tx, &tw, with_b ? &tb : NULL, 1e-5f, &to, &err),
+                         MS_OK);
+        for (int r = 0; r < n; r++) {
+            double mean = 0.0, var = 0.0;
+            for (int i = 0; i < d; i++)
+                mean += x[r * d + i];
+            mean /= d;
+            for (int i = 0; i < d; i++)
+                var += (x[r * d + i] - mean) * (x[r * d + i] - mean);
+            var /= d;
+            for (int i = 0; i < d; i++) {
+                double want = (x[r * d + i] - mean) / sqrt(var + 1e-5) * w[i] + (with_b ? b[i] : 0.0);
+                assert_true(fabs(out[r * d + i] - want) < 1e-5);
+            }
+        }
+    }
+    /* gelu (exact erf form); known values */
+    float g[4] = {0.0f, 1.0f, -1.0f, 3.0f}, go[4];
+    ms_tensor tg = ms_tensor_2d(g, MS_DTYPE_F32, 1, 4), tgo = ms_tensor_2d(go, MS_DTYPE_F32, 1, 4);
+    assert_int_equal(be.iface.gelu(be.ctx, &tg, &tgo, &err), MS_OK);
+    assert_true(go[0] == 0.0f);
+    assert_true(fabsf(go[1] - 0.8413447f) < 1e-6f);
+    assert_true(fabsf(go[2] + 0.1586553f) < 1e-6f);
+    assert_true(fabsf(go[3] - 2.9959502f) < 1e-6f);
+    /* conv1d: stride 1 and 2, padding 1, against a direct reference */
+    int t_in = 9, c_in = 5, c_out = 7, k = 3;
+    float *cx = rand_buf((size_t)(t_in * c_in)), *cw = rand_buf((size_t)(c_out * c_in * k));
+    float *cb = rand_buf((size_t)c_out), cy[9 * 7];
+    for (int stride = 1; stride <= 2; stride++) {
+        int t_out = (t_in + 2 - k) / stride + 1;
+        ms_tensor ctx_ = ms_tensor_2d(cx, MS_DTYPE_F32, t_in, c_in);
+        ms_tensor ctw = ms_tensor_3d(cw, MS_DTYPE_F32, c_out, c_in, k);
+        ms_tensor ctb = ms_tensor_1d(cb, MS_DTYPE_F32, c_out);
+        ms_tensor cty = ms_tensor_2d(cy, MS_DTYPE_F32, t_out, c_out);
+        assert_int_equal(be.iface.conv1d(be.ctx, &ctx_, &ctw, &ctb, stride, 1, &cty, &err), MS_OK);
+        for (int t = 0; t < t_out; t++)
+            for (int o = 0; o < c_out; o++) {
+                double acc = cb[o];
+                for (int c = 0; c < c_in; c++)
+                    for (int kk = 0; kk < k; kk++) {
+                        int src = t * stride + kk - 1;
+                        if (src >= 0 && src < t_in)
+                            acc += (double)cw[(o * c_in + c) * k + kk] * cx[src * c_in + c];
+                    }
+                assert_true(fabs(cy[t * c_out + o] - acc) < 1e-5);
+            }
+        ms_tensor bad = ms_tensor_2d(cy, MS_DTYPE_F32, t_out + 1, c_out);
+        assert_int_equal(be.iface.conv1d(be.ctx, &ctx_, &ctw, &ctb, stride, 1, &bad, &err),
+                         MS_ERR_INVALID_ARG);
+        assert_non_null(strstr(err.msg, "conv1d: shapes x [9, 5], w [7, 5, 3]"));
+    }
+    ms_free(x), ms_free(w), ms_free(b), ms_free(out), ms_free(cx), ms_free(cw), ms_free(cb);
+    ms_backend_free(&be);
+}
+
 /* ---- RoPE ---- */
 
 static void test_rope_inv_freq_default_and_llama3(void **state) {
@@ -357,6 +424,34 @@ static void test_rope_inv_freq_default_and_llama3(void **state) {
     c.rotary_dim = 0;
     c.high_freq_factor = 0.5;
     assert_int_equal(ms_rope_compute_inv_freq(&c, g, &err), MS_ERR_INVALID_ARG);
+}
+
+static void test_rope_config_from_hf_params(void **state) {
+    (void)state;
+    ms_error err = {0};
+    ms_rope_params p;
+    memset(&p, 0, sizeof p);
+    p.type = MS_ROPE_TYPE_LLAMA3;
+    p.theta = 500000.0, p.factor = 8.0, p.low_freq_factor = 1.0, p.high_freq_factor = 4.0;
+    p.original_max_position_embeddings = 8192;
+    p.partial_rotary_factor = 1.0;
+    ms_rope_config c;
+    assert_int_equal(ms_rope_config_from_hf(&p, MS_ROPE_ROTATE_HALF, 128, &c, &err), MS_OK);
+    assert_int_equal(c.scaling, MS_ROPE_SCALING_LLAMA3);
+    assert_int_equal(c.rotary_dim, 128);
+    assert_true(c.theta == 500000.0 && c.factor == 8.0 && c.original_max_position == 8192.0);
+    p.type = MS_ROPE_TYPE_DEFAULT;
+    p.partial_rotary_factor = 0.25;
+    assert_int_equal(ms_rope_config_from_hf(&p, MS_ROPE_INTERLEAVED, 64, &c, &err), MS_OK);
+    assert_int_equal(c.rotary_dim, 16);
+    assert_int_equal(c.style, MS_ROPE_INTERLEAVED);
+    assert_int_equal(c.scaling, MS_ROPE_SCALING_NONE);
+    p.type = MS_ROPE_TYPE_YARN;
+    assert_int_equal(ms_rope_config_from_hf(&p, MS_ROPE_ROTATE_HALF, 64, &c, &err), MS_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.msg, "rope_type 'yarn' is not supported"));
+    p.type = MS_ROPE_TYPE_DEFAULT;
+    p.partial_rotary_factor = 0.0;
+    assert_int_equal(ms_rope_config_from_hf(&p, MS_ROPE_ROTATE_HALF, 64, &c, &err), MS_ERR_INVALID_ARG);
 }
 
 /* Reference rotation in double: HF rotate_half or llama2.c interleaved pairs. */
@@ -763,6 +858,70 @@ static void test_attention_non_causal_bf16_kv_and_equal_scores(void **state) {
     ms_backend_free(&be);
 }
 
+static void test_cross_attention_read_only_plan(void **state) {
+    (void)state;
+    ms_backend be = make_cpu(2);
+    ms_error err = {0};
+    /* write two context streams (10 and 3 tokens) with an ordinary plan */
+    scen s;
+    memset(&s, 0, sizeof s);
+    s.hkv = 2, s.hq = 4, s.d = 16, s.ps = 4, s.n_layers = 1, s.n_seqs = 2;
+    s.len[0] = 10, s.q_len[0] = 10, s.len[1] = 3, s.q_len[1] = 3;
+    scen_build(&s, &be, MS_DTYPE_F32);
+    ms_attn_limits lim = {4, 64, 64};
+    ms_attn_batch *wb, *qb;
+    assert_int_equal(be.iface.attn_batch_init(be.ctx, &lim, &wb, &err), MS_OK);
+    assert_int_equal(be.iface.attn_batch_init(be.ctx, &lim, &qb, &err), MS_OK);
+    assert_int_equal(be.iface.attn_batch_stage(be.ctx, wb, &s.plan, &s.kv, &err), MS_OK);
+    float k[13 * 32], v[13 * 32];
+    memcpy(k, s.kc[0], sizeof(float) * 10 * 32), memcpy(k + 10 * 32, s.kc[1], sizeof(float) * 3 * 32);
+    memcpy(v, s.vc[0], sizeof(float) * 10 * 32), memcpy(v + 10 * 32, s.vc[1], sizeof(float) * 3 * 32);
+    ms_tensor tk = ms_tensor_3d(k, MS_DTYPE_F32, 13, 2, 16), tv = ms_tensor_3d(v, MS_DTYPE_F32, 13, 2, 16);
+    assert_int_equal(be.iface.kv_write(be.ctx, &s.kv, 0, &tk, &tv, wb, &err), MS_OK);
+    /* read-only plan: 2 query rows over context 0, 7 rows (more than its 3 tokens) over context 1 */
+    int32_t qo[3] = {0, 2, 9};
+    ms_kv_plan cp = {0, 2, NULL, 9, qo, s.kvp, s.idx, s.last, NULL, NULL, NULL, false};
+    assert_int_equal(be.iface.attn_batch_stage(be.ctx, qb, &cp, &s.kv, &err), MS_OK);
+    assert_int_equal(qb->token_to_page[0], MS_SINK_PAGE);
+    assert_int_equal(qb->last_token[1], 8);
+    float *q = rand_buf(9 * 64), out[9 * 64];
+    ms_tensor tq = ms_tensor_3d(q, MS_DTYPE_F32, 9, 4, 16), to = ms_tensor_3d(out, MS_DTYPE_F32, 9, 4, 16);
+    ms_attn_params p = {0.25f, 0, false};
+    assert_int_equal(be.iface.attention(be.ctx, &tq, &s.kv, 0, qb, &p, &to, &err), MS_OK);
+    for (int t = 0; t < 9; t++) {
+        int i = t < 2 ? 0 : 1;
+        for (int h = 0; h < 4; h++) {
+            int g = h / 2;
+            double sc[10], mx = -INFINITY, sum = 0.0;
+            for (int kk = 0; kk < s.len[i]; kk++) {
+                double dd = 0.0;
+                for (int e = 0; e < 16; e++)
+                    dd += (double)q[(t * 4 + h) * 16 + e] * s.kc[i][(kk * 2 + g) * 16 + e];
+                sc[kk] = dd * 0.25;
+                mx = fmax(mx, sc[kk]);
+            }
+            for (int kk = 0; kk < s.len[i]; kk++)
+                sum += exp(sc[kk] - mx);
+            for (int e = 0; e < 16; e++) {
+                double acc = 0.0;
+                for (int kk = 0; kk < s.len[i]; kk++)
+                    acc += exp(sc[kk] - mx) / sum * s.vc[i][(kk * 2 + g) * 16 + e];
+                assert_true(fabs(out[(t * 4 + h) * 16 + e] - acc) < 1e-5);
+            }
+        }
+    }
+    /* monotonic indptr is checked before any page is read */
+    int32_t bad_kvp[3] = {0, 100, 4};
+    cp.kv_indptr = bad_kvp;
+    assert_int_equal(be.iface.attn_batch_stage(be.ctx, qb, &cp, &s.kv, &err), MS_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "view 1: indptr decreases"));
+    ms_free(q);
+    be.iface.attn_batch_free(be.ctx, wb);
+    be.iface.attn_batch_free(be.ctx, qb);
+    scen_free(&s, &be);
+    ms_backend_free(&be);
+}
+
 static void test_attention_and_linear_independent_of_threads(void **state) {
     (void)state;
     size_t nq = 0;
@@ -856,6 +1015,24 @@ static void test_cpu_init_failures_leak_nothing(void **state) {
         assert_null(be.ctx);
     }
     assert_int_equal(ms_backend_cpu_init(&be, &(ms_backend_cpu_options){-1}, &err), MS_ERR_INVALID_ARG);
+    /* allocation failures inside the backend name what failed and leak nothing */
+    assert_int_equal(ms_backend_cpu_init(&be, &(ms_backend_cpu_options){2}, &err), MS_OK);
+    void *p = NULL;
+    ms_alloc_fail_nth(1);
+    assert_int_equal(be.iface.buffer_alloc(be.ctx, 4096, "kv.arena", &p, &err), MS_ERR_OOM);
+    assert_null(p);
+    assert_non_null(strstr(err.msg, "buffer_alloc: kv.arena: out of host memory (4096 bytes)"));
+    assert_int_equal(be.iface.buffer_alloc(be.ctx, 0, "w", &p, &err), MS_ERR_INVALID_ARG);
+    ms_attn_batch *b = NULL;
+    for (int64_t k = 1; k <= 2; k++) {
+        ms_alloc_fail_nth(k);
+        assert_int_equal(be.iface.attn_batch_init(be.ctx, &(ms_attn_limits){4, 64, 64}, &b, &err),
+                         MS_ERR_OOM);
+        assert_null(b);
+    }
+    ms_alloc_fail_nth(0);
+    ms_backend_free(&be);
+    ms_backend_free(&be); /* a freed (zeroed) backend is a no-op */
 }
 
 static void test_linear_is_batch_invariant(void **state) {
@@ -896,12 +1073,15 @@ int main(void) {
         ms_unit_test(test_rms_norm_rows_heads_and_fused_add),
         ms_unit_test(test_silu_mul_add_embedding_gather),
         ms_unit_test(test_argmax_lowest_index_on_ties),
+        ms_unit_test(test_encoder_ops_layer_norm_gelu_conv1d),
         ms_unit_test(test_tensor_load_converts_and_reads_unaligned),
         ms_unit_test(test_rope_inv_freq_default_and_llama3),
+        ms_unit_test(test_rope_config_from_hf_params),
         ms_unit_test(test_rope_styles_partial_and_position_zero),
         ms_unit_test(test_mrope_sections),
         ms_unit_test(test_paged_attention_matches_reference),
         ms_unit_test(test_attention_non_causal_bf16_kv_and_equal_scores),
+        ms_unit_test(test_cross_attention_read_only_plan),
         ms_unit_test(test_attention_and_linear_independent_of_threads),
         ms_unit_test(test_attn_batch_stage_rejects_bad_plans),
         ms_unit_test(test_cpu_init_failures_leak_nothing),

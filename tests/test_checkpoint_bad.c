@@ -195,9 +195,21 @@ static void test_header_not_json_or_insane_length(void **state) {
 
 static void test_wrong_dtypes(void **state) {
     (void)state;
-    expect_open_fails(write_raw("i64.safetensors", "{" ENTRY("ids", "I64", "[2]", 0, 16) "}", 16),
-                      MS_ERR_UNSUPPORTED, "i64.safetensors",
-                      "tensor 'ids' has dtype I64, not supported (supported: F32, BF16, F16)");
+    /* integer tensors are data, not weights: the reader takes them, a checkpoint refuses them */
+    const char *i64 = write_raw("i64.safetensors", "{" ENTRY("ids", "I64", "[2]", 0, 16) "}", 16);
+    expect_open_fails(i64, MS_ERR_UNSUPPORTED, "i64.safetensors",
+                      "tensor 'ids' has dtype I64, not supported for weights (supported: F32, BF16, F16)");
+    ms_st_file *sf = NULL;
+    ms_error ferr = {0};
+    assert_int_equal(ms_st_file_init(&sf, i64, &ferr), MS_OK);
+    ms_st_file_free(sf);
+    const char *u8 = write_raw("u8.safetensors", "{" ENTRY("mask", "U8", "[4]", 0, 4) "}", 4);
+    expect_open_fails(u8, MS_ERR_UNSUPPORTED, "u8.safetensors",
+                      "tensor 'mask' has dtype U8, not supported (supported: F32, BF16, F16; I32, I64 for data)");
+    assert_int_equal(ms_st_file_init(&sf, u8, &ferr), MS_ERR_UNSUPPORTED);
+    assert_null(sf);
+    expect_open_fails(write_raw("f64.safetensors", "{" ENTRY("w", "F64", "[2]", 0, 16) "}", 16), MS_ERR_UNSUPPORTED,
+                      "f64.safetensors", "tensor 'w' has dtype F64, not supported");
     expect_open_fails(write_raw("q4.safetensors", "{" ENTRY("w", "Q4_K", "[2]", 0, 16) "}", 16), MS_ERR_FORMAT,
                       "q4.safetensors", "unknown dtype 'Q4_K'");
     /* a valid BF16 tensor where the model only accepts F32 */
@@ -288,7 +300,8 @@ static void test_bad_shard_indexes(void **state) {
                " \"d\": \"s2.safetensors\"}}");
     expect_open_fails(idx, MS_ERR_FORMAT, "model.safetensors.index.json",
                       "weight_map lists tensor 'd' but shard s2.safetensors does not hold it");
-    write_text("model.safetensors.index.json", "{\"weight_map\": {\"a\": \"s1.safetensors\", \"c\": \"s2.safetensors\"}}");
+    write_text("model.safetensors.index.json",
+               "{\"weight_map\": {\"a\": \"s1.safetensors\", \"c\": \"s2.safetensors\"}}");
     expect_open_fails(idx, MS_ERR_FORMAT, "model.safetensors.index.json",
                       "holds tensor 'b' that weight_map does not list");
     write_text("model.safetensors.index.json", "{\"weight_map\": {\"a\": \"../s1.safetensors\"}}");
@@ -309,6 +322,78 @@ static void test_bad_shard_indexes(void **state) {
     write_text("model.safetensors.index.json",
                "{\"weight_map\": {\"a\": \"s1.safetensors\", \"b\": \"s1.safetensors\", \"c\": \"s2.safetensors\"}}");
     expect_open_fails(idx, MS_ERR_FORMAT, "s2.safetensors", "tensor 'c'");
+}
+
+/* Seeded random corruption of a small valid file: each open either fails with a one-line message or
+ * succeeds and every tensor converts; ASan/UBSan (make test) catch any out-of-bounds read. */
+static void test_random_corruption_never_crashes(void **state) {
+    (void)state;
+    ms_error err = {0};
+    const char *good = tmp_path("good.safetensors");
+    ms_st_writer *w = NULL;
+    assert_int_equal(ms_st_writer_init(&w, good, &err), MS_OK);
+    assert_int_equal(ms_st_writer_add_tensor(w, "a", MS_ST_DTYPE_F32, 2, (const int64_t[]){3, 4}, &err), MS_OK);
+    assert_int_equal(ms_st_writer_add_tensor(w, "b", MS_ST_DTYPE_BF16, 1, (const int64_t[]){5}, &err), MS_OK);
+    assert_int_equal(ms_st_writer_add_tensor(w, "c", MS_ST_DTYPE_F16, 1, (const int64_t[]){3}, &err), MS_OK);
+    unsigned char data[48 + 10 + 6];
+    for (size_t i = 0; i < sizeof data; i++)
+        data[i] = (unsigned char)(i * 7);
+    assert_int_equal(ms_st_writer_write(w, data, sizeof data, &err), MS_OK);
+    assert_int_equal(ms_st_writer_finish(w, &err), MS_OK);
+    ms_st_writer_free(w);
+    FILE *fp = fopen(good, "rb");
+    assert_non_null(fp);
+    unsigned char orig[1024];
+    size_t n = fread(orig, 1, sizeof orig, fp);
+    fclose(fp);
+    assert_true(n > 64 && n < sizeof orig);
+
+    uint64_t rng = 12345;
+    int opened = 0, failed = 0;
+    const char *bad = tmp_path("mut.safetensors");
+    for (int iter = 0; iter < 400; iter++) {
+        unsigned char buf[1024];
+        memcpy(buf, orig, n);
+        size_t len = n;
+        int edits = 1 + (int)((rng = rng * 6364136223846793005ull + 1442695040888963407ull) >> 62);
+        for (int e = 0; e < edits; e++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            size_t pos = (size_t)(rng >> 33) % len;
+            unsigned kind = (unsigned)(rng >> 20) % 4;
+            if (kind == 0)
+                buf[pos] = (unsigned char)(rng >> 8);          /* random byte */
+            else if (kind == 1)
+                buf[pos] = (unsigned char)"0123456789,[]{}\":-"[(rng >> 8) % 16];  /* JSON-ish byte */
+            else if (kind == 2)
+                len = pos + 1;                                 /* truncate */
+            else if (pos < 8)
+                buf[pos] ^= 0x01;                              /* header length off by a bit */
+        }
+        fp = fopen(bad, "wb");
+        assert_non_null(fp);
+        fwrite(buf, 1, len, fp);
+        fclose(fp);
+        ms_ckpt *ck = NULL;
+        ms_status st = ms_ckpt_init(&ck, bad, &err);
+        if (st != MS_OK) {
+            assert_null(ck);
+            assert_non_null(strstr(err.msg, "mut.safetensors"));
+            assert_null(strchr(err.msg, '\n'));
+            failed++;
+            continue;
+        }
+        for (size_t i = 0; i < ms_ckpt_n_tensors(ck); i++) {
+            const ms_st_tensor *t = ms_ckpt_tensor_at(ck, i);
+            float *f = ms_malloc(t->n_elems * sizeof *f + 1);
+            assert_non_null(f);
+            assert_int_equal(ms_st_tensor_to_f32(t, f, t->n_elems, &err), MS_OK);
+            ms_free(f);
+        }
+        ms_ckpt_free(ck);
+        opened++;
+    }
+    printf("  corruption: %d rejected, %d still valid\n", failed, opened);
+    assert_true(failed > 300);
 }
 
 /* Allocation failures while opening a single file: OOM or success, never a leak. */
@@ -343,6 +428,7 @@ int main(void) {
         tmp_test(test_wrong_dtypes),
         ms_unit_test(test_missing_tensor_and_shape_mismatch),
         tmp_test(test_bad_shard_indexes),
+        tmp_test(test_random_corruption_never_crashes),
         ms_unit_test(test_single_open_survives_allocation_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -138,6 +138,22 @@ static void test_both_rope_layouts_agree(void **state) {
     assert_int_equal(ra.original_max_position_embeddings, 64);
     assert_true(ra.partial_rotary_factor == 1.0);
     assert_memory_equal(&ra, &rb, sizeof ra);
+    /* plain lookups see one layout: rope_theta and the scaling fields read the same from both */
+    static const char *const keys[] = {"rope_theta", "rope_parameters.rope_theta", "rope_parameters.factor",
+                                       "rope_scaling.factor", "rope_scaling.high_freq_factor",
+                                       "rope_parameters.original_max_position_embeddings"};
+    static const double want[] = {500000.0, 500000.0, 8.0, 8.0, 4.0, 64.0};
+    for (size_t k = 0; k < MS_ARRAY_LEN(keys); k++) {
+        double x = 0, y = 0;
+        assert_int_equal(ms_hf_config_get_float(a, keys[k], &x, &err), MS_OK);
+        assert_int_equal(ms_hf_config_get_float(b, keys[k], &y, &err), MS_OK);
+        assert_true(x == want[k] && y == want[k]);
+    }
+    const char *ta, *tb;
+    assert_int_equal(ms_hf_config_get_string(a, "rope_scaling.rope_type", &ta, &err), MS_OK);
+    assert_int_equal(ms_hf_config_get_string(b, "rope_parameters.rope_type", &tb, &err), MS_OK);
+    assert_string_equal(ta, "llama3");
+    assert_string_equal(tb, "llama3");
     assert_string_equal(ms_rope_type_name(ra.type), "llama3");
     ms_hf_config_free(a);
     ms_hf_config_free(b);
@@ -154,6 +170,16 @@ static void test_rope_default_qwen3_and_mrope(void **state) {
     assert_true(r.factor == 1.0);
     assert_int_equal(r.n_mrope_sections, 0);
     ms_hf_config_free(cfg);
+    /* a weights file stands for its folder */
+    cfg = load_fixture("hf/qwen3/model.safetensors");
+    assert_non_null(strstr(ms_hf_config_path(cfg), "hf/qwen3/config.json"));
+    ms_hf_config_free(cfg);
+    {
+        ms_error e2 = {0};
+        ms_hf_config *c2 = NULL;
+        assert_int_equal(ms_hf_config_init(&c2, "/nonexistent/model.safetensors.index.json", &e2), MS_ERR_NOT_FOUND);
+        assert_msg(&e2, "/nonexistent/config.json", "cannot read");
+    }
     cfg = load_fixture("hf/qwen2vl_mrope/config.json");
     assert_int_equal(ms_hf_config_get_rope(cfg, &r, &err), MS_OK);
     assert_int_equal(r.type, MS_ROPE_TYPE_DEFAULT);
@@ -221,6 +247,59 @@ static void test_generic_accessor_types(void **state) {
     int64_t ps;
     assert_int_equal(ms_hf_config_get_int(cfg, "vision_config.patch_size", &ps, &err), MS_OK);
     assert_int_equal(ps, 14);
+    ms_hf_config_free(cfg);
+}
+
+/* Every hf fixture's config loads, fills a declared table, and has eos ids; whisper's own fields. */
+static void test_every_fixture_config_and_fill(void **state) {
+    (void)state;
+    static const char *const dirs[] = {"hf/llama_gqa", "hf/llama31_rope", "hf/llama31_rope_legacy", "hf/qwen3",
+                                       "hf/mistral_window", "hf/llama_cfg", "hf/qwen2vl_mrope", "hf/whisper_tiny"};
+    for (size_t k = 0; k < MS_ARRAY_LEN(dirs); k++) {
+        ms_hf_config *cfg = load_fixture(dirs[k]);
+        ms_error err = {0};
+        static const ms_cfg_param common[] = {
+            {"vocab_size", MS_CFG_INT, true},
+            {"tie_word_embeddings", MS_CFG_BOOL, false},
+            {"model_type", MS_CFG_STRING, true},
+            {"architectures", MS_CFG_STRING, false},
+        };
+        ms_cfg_value v[4];
+        /* architectures is a list: the declared type is wrong, and the error says so */
+        assert_int_equal(ms_hf_config_fill(cfg, common, 4, v, &err), MS_ERR_FORMAT);
+        assert_msg(&err, dirs[k], "field 'architectures' is a list, expected a string");
+        assert_int_equal(ms_hf_config_fill(cfg, common, 3, v, &err), MS_OK);
+        assert_int_equal(v[0].i, 512);
+        assert_true(v[1].present);
+        assert_non_null(v[2].s);
+        int64_t eos[4];
+        size_t n;
+        assert_int_equal(ms_hf_config_get_eos_ids(cfg, eos, 4, &n, &err), MS_OK);
+        assert_int_equal(n, 1);
+        ms_hf_config_free(cfg);
+    }
+    ms_hf_config *cfg = load_fixture("hf/whisper_tiny");
+    ms_error err = {0};
+    static const ms_cfg_param whisper[] = {
+        {"d_model", MS_CFG_INT, true},           {"encoder_layers", MS_CFG_INT, true},
+        {"decoder_layers", MS_CFG_INT, true},    {"num_mel_bins", MS_CFG_INT, true},
+        {"max_source_positions", MS_CFG_INT, true}, {"decoder_start_token_id", MS_CFG_INT, true},
+        {"scale_embedding", MS_CFG_BOOL, true},  {"suppress_tokens", MS_CFG_INT_LIST, false},
+        {"activation_function", MS_CFG_STRING, true},
+    };
+    ms_cfg_value v[MS_ARRAY_LEN(whisper)];
+    assert_int_equal(ms_hf_config_fill(cfg, whisper, MS_ARRAY_LEN(whisper), v, &err), MS_OK);
+    assert_int_equal(v[0].i, 64);
+    assert_int_equal(v[1].i, 2);
+    assert_int_equal(v[3].i, 80);
+    assert_int_equal(v[4].i, 32);
+    assert_int_equal(v[5].i, 3);
+    assert_false(v[6].b);
+    assert_false(v[7].present);  /* null */
+    assert_string_equal(v[8].s, "gelu");
+    static const ms_cfg_param missing[] = {{"d_model", MS_CFG_INT, true}, {"hidden_size", MS_CFG_INT, true}};
+    assert_int_equal(ms_hf_config_fill(cfg, missing, 2, v, &err), MS_ERR_NOT_FOUND);
+    assert_msg(&err, "whisper_tiny/config.json", "required field 'hidden_size' is missing");
     ms_hf_config_free(cfg);
 }
 
@@ -310,7 +389,8 @@ static void test_rope_errors_and_other_types(void **state) {
     ms_rope_params r;
     /* llama3 missing a field, in each layout */
     write_tmp("config.json", "{\"rope_parameters\": {\"rope_type\": \"llama3\", \"rope_theta\": 5e5,"
-                             " \"factor\": 8.0, \"high_freq_factor\": 4.0, \"original_max_position_embeddings\": 8192}}");
+                             " \"factor\": 8.0, \"high_freq_factor\": 4.0,"
+                             " \"original_max_position_embeddings\": 8192}}");
     assert_int_equal(ms_hf_config_init(&cfg, tmp_dir, &err), MS_OK);
     assert_int_equal(ms_hf_config_get_rope(cfg, &r, &err), MS_ERR_NOT_FOUND);
     assert_msg(&err, "config.json", "required field 'rope_parameters.low_freq_factor' is missing");
@@ -327,6 +407,9 @@ static void test_rope_errors_and_other_types(void **state) {
     assert_int_equal(ms_hf_config_get_rope(cfg, &r, &err), MS_OK);
     assert_int_equal(r.type, MS_ROPE_TYPE_LINEAR);
     assert_true(r.factor == 4.0 && r.theta == 1000.0);
+    const char *ty;
+    assert_int_equal(ms_hf_config_get_string(cfg, "rope_parameters.rope_type", &ty, &err), MS_OK);
+    assert_string_equal(ty, "linear");  /* from the older "type" key */
     ms_hf_config_free(cfg);
     /* yarn defaults */
     write_tmp("config.json", "{\"rope_parameters\": {\"rope_type\": \"yarn\", \"rope_theta\": 1e6, \"factor\": 4,"
@@ -394,6 +477,7 @@ int main(void) {
         ms_unit_test(test_both_rope_layouts_agree),
         ms_unit_test(test_rope_default_qwen3_and_mrope),
         ms_unit_test(test_generic_accessor_types),
+        ms_unit_test(test_every_fixture_config_and_fill),
         tmp_test(test_missing_required_field_names_file_and_field),
         tmp_test(test_malformed_json_names_line_and_column),
         tmp_test(test_missing_config_file),

@@ -152,6 +152,8 @@ static void test_checkpoint_and_config_from_bin(void **state) {
     if (ms_ckpt_init(&ck, ms_test_fixture(MODEL), &err) != MS_OK)
         fail_msg("%s", err.msg);
     assert_int_equal(ms_ckpt_n_files(ck), 0);
+    assert_non_null(ms_ckpt_get_llama2c(ck));
+    assert_int_equal(ms_llama2c_get_config(ms_ckpt_get_llama2c(ck))->vocab_size, 512);
     assert_int_equal(ms_ckpt_n_tensors(ck), 2 + 9 * 4);
     assert_false(ms_ckpt_has_tensor(ck, "lm_head.weight"));
     const ms_st_tensor *t;
@@ -572,6 +574,59 @@ static void test_bad_tokenizer_files(void **state) {
     check_err(ms_llama2c_tok_init(&tok, p, 1, &err), MS_ERR_FORMAT, &err, "neglen.bin", "token 0 has length -1");
 }
 
+/* Seeded random corruption of tok512.bin: init fails with one line naming the file, or succeeds and
+ * encode/decode stay in bounds (ASan/UBSan in make test). */
+static void test_tokenizer_corruption_never_crashes(void **state) {
+    (void)state;
+    size_t size;
+    unsigned char *orig = read_fixture(TOKENIZER, &size);
+    unsigned char *buf = malloc(size);
+    assert_non_null(buf);
+    uint64_t rng = 777;
+    int ok = 0, bad = 0;
+    for (int iter = 0; iter < 200; iter++) {
+        memcpy(buf, orig, size);
+        size_t len = size;
+        for (int e = 0; e < 3; e++) {
+            rng = rng * 6364136223846793005ull + 1442695040888963407ull;
+            size_t pos = (size_t)(rng >> 33) % len;
+            switch ((rng >> 20) % 4) {
+            case 0: buf[pos] = (unsigned char)(rng >> 8); break;
+            case 1: buf[pos] ^= 0x80; break;
+            case 2: if (iter % 4 == 0) len = pos + 1; break;
+            default: buf[pos] = (unsigned char)(pos % 2 ? '<' : ' '); break;
+            }
+        }
+        const char *p = write_bytes("mut.bin", buf, len);
+        ms_error err = {0};
+        ms_llama2c_tok *tok = NULL;
+        ms_status st = ms_llama2c_tok_init(&tok, p, 512, &err);
+        if (st != MS_OK) {
+            assert_null(tok);
+            assert_non_null(strstr(err.msg, "mut.bin"));
+            assert_null(strchr(err.msg, '\n'));
+            bad++;
+            continue;
+        }
+        int32_t *ids = NULL;
+        size_t n = 0;
+        st = ms_llama2c_tok_encode(tok, "Once upon a time, \xc3\xa9t\xc3\xa9 <0x41>!", true, true, &ids, &n, &err);
+        if (st == MS_OK) {
+            for (size_t i = 1; i < n; i++)
+                assert_non_null(ms_llama2c_tok_decode(tok, ids[i - 1], ids[i]));
+            ms_free(ids);
+        }
+        for (int id = 0; id < 512; id++)
+            (void)ms_llama2c_tok_piece_printable(ms_llama2c_tok_decode(tok, 1, id));
+        ms_llama2c_tok_free(tok);
+        ok++;
+    }
+    printf("  corruption: %d rejected, %d still loadable\n", bad, ok);
+    assert_true(bad > 20 && ok > 20);
+    free(buf);
+    free(orig);
+}
+
 static void test_tokenizer_survives_allocation_failures(void **state) {
     (void)state;
     int failures = 0;
@@ -607,6 +662,7 @@ int main(void) {
         ms_unit_test(test_tokenizer_matches_golden),
         ms_unit_test(test_tokenizer_encode_edges),
         tmp_test(test_bad_tokenizer_files),
+        tmp_test(test_tokenizer_corruption_never_crashes),
         ms_unit_test(test_tokenizer_survives_allocation_failures),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -109,7 +109,11 @@ static void test_dtype_names(void **state) {
     ms_st_dtype d;
     assert_int_equal(ms_st_dtype_parse("BF16", &d), MS_OK);
     assert_int_equal(d, MS_ST_DTYPE_BF16);
-    assert_int_equal(ms_st_dtype_parse("I64", &d), MS_ERR_UNSUPPORTED);
+    assert_int_equal(ms_st_dtype_parse("I64", &d), MS_OK);
+    assert_int_equal(d, MS_ST_DTYPE_I64);
+    assert_int_equal(ms_st_dtype_size(d), 8);
+    assert_int_equal(ms_st_dtype_parse("U8", &d), MS_ERR_UNSUPPORTED);
+    assert_int_equal(ms_st_dtype_parse("F64", &d), MS_ERR_UNSUPPORTED);
     assert_int_equal(ms_st_dtype_parse("F8_E4M3", &d), MS_ERR_UNSUPPORTED);
     assert_int_equal(ms_st_dtype_parse("f32", &d), MS_ERR_FORMAT);
     char buf[64];
@@ -151,6 +155,7 @@ static void test_llama_gqa_tensors(void **state) {
     assert_int_equal(ms_ckpt_init(&ck, ms_test_fixture("hf/llama_gqa"), &err), MS_OK);
     assert_non_null(strstr(ms_ckpt_path(ck), "hf/llama_gqa/model.safetensors"));
     assert_int_equal(ms_ckpt_n_tensors(ck), 30);  /* 3 layers * 9 + embed + norm + lm_head */
+    assert_null(ms_ckpt_get_llama2c(ck));
     const int64_t q_shape[2] = {8 * 16, 128}, k_shape[2] = {2 * 16, 128}, down[2] = {128, 344};
     char name[96];
     for (int l = 0; l < 3; l++) {
@@ -198,6 +203,60 @@ static void test_tied_embeddings_have_no_lm_head(void **state) {
     assert_true(ms_ckpt_has_tensor(ck, "model.embed_tokens.weight"));
     assert_true(ms_ckpt_has_tensor(ck, "model.layers.1.self_attn.q_norm.weight"));
     ms_ckpt_free(ck);
+}
+
+/* The reference outputs hold I32 ids next to F32 logits: readable through the file reader. */
+static void test_reference_outputs_read(void **state) {
+    (void)state;
+    ms_error err = {0};
+    ms_st_file *f = NULL;
+    if (ms_st_file_init(&f, ms_test_fixture("hf/llama_gqa/reference.safetensors"), &err) != MS_OK)
+        fail_msg("%s", err.msg);
+    static const int64_t prompt_len[4] = {37, 5, 64, 1};
+    for (int p = 0; p < 4; p++) {
+        char name[64];
+        snprintf(name, sizeof name, "p%d.input_ids", p);
+        const ms_st_tensor *ids = ms_st_file_find_tensor(f, name);
+        assert_non_null(ids);
+        assert_int_equal(ids->dtype, MS_ST_DTYPE_I32);
+        assert_int_equal(ids->n_dims, 1);
+        assert_int_equal(ids->shape[0], prompt_len[p]);
+        int32_t v[64];
+        assert_int_equal(ms_st_tensor_to_i32(ids, v, ids->n_elems, &err), MS_OK);
+        for (size_t i = 0; i < ids->n_elems; i++)
+            assert_true(v[i] >= 0 && v[i] < 512);
+        float x;
+        assert_int_equal(ms_st_tensor_to_f32(ids, &x, 1, &err), MS_ERR_INVALID_ARG);
+        assert_non_null(strstr(err.msg, "is I32, not a float tensor"));
+        snprintf(name, sizeof name, "p%d.prefill_logits", p);
+        const ms_st_tensor *lg = ms_st_file_find_tensor(f, name);
+        assert_non_null(lg);
+        assert_int_equal(lg->dtype, MS_ST_DTYPE_F32);
+        assert_int_equal(lg->shape[0], prompt_len[p]);
+        assert_int_equal(lg->shape[1], 512);
+        assert_int_equal(ms_st_tensor_to_i32(lg, v, 1, &err), MS_ERR_INVALID_ARG);
+        snprintf(name, sizeof name, "p%d.greedy_ids", p);
+        assert_int_equal(ms_st_file_find_tensor(f, name)->shape[0], 40);
+    }
+    ms_st_file_free(f);
+    /* I64 -> I32 with a range check */
+    const char *path = tmp_path("i64.safetensors");
+    ms_st_writer *w = NULL;
+    assert_int_equal(ms_st_writer_init(&w, path, &err), MS_OK);
+    assert_int_equal(ms_st_writer_add_tensor(w, "ok", MS_ST_DTYPE_I64, 1, (const int64_t[]){2}, &err), MS_OK);
+    assert_int_equal(ms_st_writer_add_tensor(w, "big", MS_ST_DTYPE_I64, 1, (const int64_t[]){1}, &err), MS_OK);
+    const int64_t vals[3] = {-5, 7, (int64_t)1 << 40};
+    assert_int_equal(ms_st_writer_write(w, vals, sizeof vals, &err), MS_OK);
+    assert_int_equal(ms_st_writer_finish(w, &err), MS_OK);
+    ms_st_writer_free(w);
+    assert_int_equal(ms_st_file_init(&f, path, &err), MS_OK);
+    int32_t out[2];
+    assert_int_equal(ms_st_tensor_to_i32(ms_st_file_find_tensor(f, "ok"), out, 2, &err), MS_OK);
+    assert_int_equal(out[0], -5);
+    assert_int_equal(out[1], 7);
+    assert_int_equal(ms_st_tensor_to_i32(ms_st_file_find_tensor(f, "big"), out, 1, &err), MS_ERR_FORMAT);
+    assert_non_null(strstr(err.msg, "tensor 'big'[0] = 1099511627776 does not fit in int32"));
+    ms_st_file_free(f);
 }
 
 /* ---- writer ---- */
@@ -425,6 +484,7 @@ int main(void) {
         ms_unit_test(test_fixtures_load_and_validate),
         ms_unit_test(test_llama_gqa_tensors),
         ms_unit_test(test_tied_embeddings_have_no_lm_head),
+        tmp_test(test_reference_outputs_read),
         tmp_test(test_writer_round_trip_all_dtypes),
         tmp_test(test_writer_unfinished_removes_file),
         tmp_test(test_unaligned_data_is_converted),

@@ -154,11 +154,46 @@ static void test_distribution_follows_filters(void **state) {
     check_distribution(z, 8, (ms_sampling_params){2.0f, 5, 0.8f, 5}, 40000);
 }
 
+static void test_draw_in_vocabulary_order_with_boundary_ties(void **state) {
+    (void)state;
+    ms_error err = {0};
+    /* top_k = 2 with a tie at the boundary keeps both tied ids (the device sampler's rule) */
+    float z[5] = {3.0f, 2.0f, -1.0f, 2.0f, 0.5f};
+    char scratch[5 * 16];
+    assert_true(sizeof scratch >= ms_sampler_scratch_size(5));
+    ms_sampling_params p = {1.0f, 2, 1.0f, 11};
+    int seen[5] = {0};
+    for (uint64_t d = 0; d < 400; d++) {
+        int32_t id;
+        assert_int_equal(ms_sampler_sample_row(z, 5, &p, d, scratch, &id, &err), MS_OK);
+        seen[id]++;
+        /* reference: inverse CDF over kept ids {0, 1, 3} in vocabulary order */
+        double pr[5], tot = 0.0;
+        for (int i = 0; i < 5; i++) {
+            pr[i] = (i == 0 || i == 1 || i == 3) ? exp((double)z[i] - 3.0) : 0.0;
+            tot += pr[i];
+        }
+        double r = ms_sampler_uniform(11, d) * tot, cdf = 0.0;
+        int want = 3;
+        for (int i = 0; i < 5; i++) {
+            cdf += pr[i];
+            if (pr[i] > 0.0 && r < cdf) {
+                want = i;
+                break;
+            }
+        }
+        assert_int_equal(id, want);
+    }
+    assert_true(seen[0] > 0 && seen[1] > 0 && seen[3] > 0);
+    assert_int_equal(seen[2] + seen[4], 0);
+}
+
 static void test_bad_settings_and_nan(void **state) {
     (void)state;
     ms_error err = {0};
     float z[3] = {0.0f, 1.0f, 2.0f};
     char scratch[64];
+    assert_true(sizeof scratch >= ms_sampler_scratch_size(3));
     int32_t id;
     ms_sampling_params p = {-1.0f, 0, 1.0f, 0};
     assert_int_equal(ms_sampler_sample_row(z, 3, &p, 0, scratch, &id, &err), MS_ERR_INVALID_ARG);
@@ -217,6 +252,7 @@ int main(void) {
         ms_unit_test(test_greedy_equivalents),
         ms_unit_test(test_same_seed_same_ids),
         ms_unit_test(test_distribution_follows_filters),
+        ms_unit_test(test_draw_in_vocabulary_order_with_boundary_ties),
         ms_unit_test(test_bad_settings_and_nan),
         ms_unit_test(test_backend_sample_rows),
     };

@@ -1,0 +1,730 @@
+/*
+ * mkckpt.c - mstar-mkckpt: write seeded random-weight Llama checkpoints (config.json,
+ * generation_config.json, model.safetensors with Hugging Face names), split a checkpoint into
+ * shards with an index, or check that a checkpoint holds a consistent Llama.
+ *
+ *   mstar-mkckpt [--out DIR] [--preset tiny|small|llama3-8b] [--dtype f32|bf16] [--seed N]
+ *                [--hidden N] [--layers N] [--heads N] [--kv-heads N] [--head-dim N]
+ *                [--intermediate N] [--vocab N] [--max-pos N] [--rope-theta X] [--tie | --no-tie]
+ *                [--legacy-config] [--shards N]
+ *   mstar-mkckpt --split SRC --shards N --out DIR
+ *   mstar-mkckpt --check PATH...
+ *
+ * Default: the "small" preset into build/demo-llama (what `make demo` uses). Weights are uniform with
+ * standard deviation 0.02 (norm weights 1.0), drawn per tensor from a stream seeded by (seed, tensor
+ * name), so a tensor's values do not depend on the others or on the chunking. Data is generated
+ * and written in chunks: an 8B checkpoint never sits in memory.
+ *
+ * Constraints: a CLI main: errors are one line "mstar-mkckpt: <problem>" on stderr and exit status 1;
+ * a failed write leaves no partial model file (the writer removes it).
+ */
+#include <errno.h>
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "checkpoint.h"
+#include "hf_config.h"
+#include "ms_base.h"
+#include "safetensors.h"
+
+#define MK_CHUNK ((size_t)1 << 20)  /* elements generated per write */
+#define MK_MAX_SHARDS 64
+
+/* ---- options ---- */
+
+typedef struct mk_model {
+    int64_t hidden, layers, heads, kv_heads, head_dim, inter, vocab, max_pos;
+    double theta, eps;
+    bool tie;
+    bool llama3_rope;        /* Llama 3.1 rope scaling (factor 8, 1, 4, original 8192) */
+    int64_t bos;
+    int64_t eos[3];
+    int n_eos;
+} mk_model;
+
+typedef struct mk_opts {
+    const char *out;         /* output folder */
+    const char *split;       /* --split SRC */
+    const char *check;       /* --check PATH (more paths follow in argv[check_next ..]) */
+    int check_next;          /* argv index after the first --check path */
+    int argc;
+    char **argv;
+    ms_st_dtype dtype;
+    bool dtype_set;
+    uint64_t seed;
+    int shards;              /* 1 = single model.safetensors */
+    bool legacy_config;      /* rope_theta + rope_scaling instead of rope_parameters */
+    mk_model m;
+} mk_opts;
+
+static void mk_preset(mk_model *m, const char *name, bool *ok) {
+    *ok = true;
+    memset(m, 0, sizeof *m);
+    m->theta = 10000.0;
+    m->eps = 1e-5;
+    m->bos = 1;
+    m->eos[0] = 2;
+    m->n_eos = 1;
+    if (strcmp(name, "tiny") == 0) {
+        *m = (mk_model){.hidden = 64, .layers = 2, .heads = 4, .kv_heads = 2, .head_dim = 16, .inter = 128,
+                        .vocab = 256, .max_pos = 256, .theta = 10000.0, .eps = 1e-5, .tie = false, .bos = 1,
+                        .eos = {2}, .n_eos = 1};
+    } else if (strcmp(name, "small") == 0) {
+        *m = (mk_model){.hidden = 256, .layers = 4, .heads = 8, .kv_heads = 2, .head_dim = 32, .inter = 768,
+                        .vocab = 4096, .max_pos = 1024, .theta = 10000.0, .eps = 1e-5, .tie = false, .bos = 1,
+                        .eos = {2}, .n_eos = 1};
+    } else if (strcmp(name, "llama3-8b") == 0) {
+        *m = (mk_model){.hidden = 4096, .layers = 32, .heads = 32, .kv_heads = 8, .head_dim = 128, .inter = 14336,
+                        .vocab = 128256, .max_pos = 131072, .theta = 500000.0, .eps = 1e-5, .tie = false,
+                        .llama3_rope = true, .bos = 128000, .eos = {128001, 128008, 128009}, .n_eos = 3};
+    } else {
+        *ok = false;
+    }
+}
+
+static void usage(FILE *fp) {
+    fputs("usage: mstar-mkckpt [--out DIR] [--preset tiny|small|llama3-8b] [--dtype f32|bf16] [--seed N]\n"
+          "                    [--hidden N] [--layers N] [--heads N] [--kv-heads N] [--head-dim N]\n"
+          "                    [--intermediate N] [--vocab N] [--max-pos N] [--rope-theta X]\n"
+          "                    [--tie | --no-tie] [--legacy-config] [--shards N]\n"
+          "       mstar-mkckpt --split SRC --shards N --out DIR\n"
+          "       mstar-mkckpt --check PATH...   (stops at the first failing checkpoint)\n"
+          "Writes a seeded random-weight Llama checkpoint (config.json, generation_config.json,\n"
+          "model.safetensors) with Hugging Face tensor names; default: --preset small --dtype f32\n"
+          "--seed 1 --out build/demo-llama. llama3-8b defaults to bf16 (about 16 GB).\n",
+          fp);
+}
+
+static int die(const char *fmt, ...) MS_PRINTF(1, 2);
+static int die(const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("mstar-mkckpt: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+    return 1;
+}
+
+static bool parse_int(const char *s, int64_t lo, int64_t hi, int64_t *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno != 0 || end == s || *end != '\0' || v < lo || v > hi)
+        return false;
+    *out = v;
+    return true;
+}
+
+/* Parse argv into o. Returns 0, or 1 after printing the error, or 2 for --help. */
+static int parse_args(int argc, char **argv, mk_opts *o) {
+    bool ok;
+    memset(o, 0, sizeof *o);
+    o->out = "build/demo-llama";
+    o->dtype = MS_ST_DTYPE_F32;
+    o->seed = 1;
+    o->shards = 1;
+    mk_preset(&o->m, "small", &ok);
+    /* the preset first, so explicit sizes override it wherever they appear */
+    for (int i = 1; i + 1 < argc; i++) {
+        if (strcmp(argv[i], "--preset") == 0) {
+            mk_preset(&o->m, argv[i + 1], &ok);
+            if (!ok)
+                return die("unknown preset '%s' (tiny, small, llama3-8b)", argv[i + 1]);
+            if (strcmp(argv[i + 1], "llama3-8b") == 0)
+                o->dtype = MS_ST_DTYPE_BF16;
+        }
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0)
+            return 2;
+        if (strcmp(a, "--tie") == 0) {
+            o->m.tie = true;
+            continue;
+        }
+        if (strcmp(a, "--no-tie") == 0) {
+            o->m.tie = false;
+            continue;
+        }
+        if (strcmp(a, "--legacy-config") == 0) {
+            o->legacy_config = true;
+            continue;
+        }
+        if (i + 1 >= argc)
+            return die("%s needs a value (or is unknown); see --help", a);
+        const char *v = argv[++i];
+        int64_t n;
+        struct {
+            const char *flag;
+            int64_t *dst;
+            int64_t hi;
+        } ints[] = {
+            {"--hidden", &o->m.hidden, 1 << 20},   {"--layers", &o->m.layers, 4096},
+            {"--heads", &o->m.heads, 4096},        {"--kv-heads", &o->m.kv_heads, 4096},
+            {"--head-dim", &o->m.head_dim, 4096},  {"--intermediate", &o->m.inter, 1 << 22},
+            {"--vocab", &o->m.vocab, 1 << 24},     {"--max-pos", &o->m.max_pos, 1 << 24},
+        };
+        bool handled = false;
+        for (size_t k = 0; k < MS_ARRAY_LEN(ints) && !handled; k++) {
+            if (strcmp(a, ints[k].flag) != 0)
+                continue;
+            if (!parse_int(v, 1, ints[k].hi, ints[k].dst))
+                return die("%s '%s' is not an integer in 1 .. %lld", a, v, (long long)ints[k].hi);
+            handled = true;
+        }
+        if (handled)
+            continue;
+        if (strcmp(a, "--preset") == 0) {
+            continue;  /* applied above */
+        } else if (strcmp(a, "--out") == 0) {
+            o->out = v;
+        } else if (strcmp(a, "--split") == 0) {
+            o->split = v;
+        } else if (strcmp(a, "--check") == 0) {
+            o->check = v;
+            o->check_next = i + 1;
+            o->argc = argc;
+            o->argv = argv;
+            break;  /* every later argument is another checkpoint to check */
+        } else if (strcmp(a, "--dtype") == 0) {
+            if (strcmp(v, "f32") == 0)
+                o->dtype = MS_ST_DTYPE_F32;
+            else if (strcmp(v, "bf16") == 0)
+                o->dtype = MS_ST_DTYPE_BF16;
+            else
+                return die("--dtype '%s' is not f32 or bf16", v);
+        } else if (strcmp(a, "--seed") == 0) {
+            if (!parse_int(v, 0, INT64_MAX, &n))
+                return die("--seed '%s' is not a non-negative integer", v);
+            o->seed = (uint64_t)n;
+        } else if (strcmp(a, "--shards") == 0) {
+            if (!parse_int(v, 1, MK_MAX_SHARDS, &n))
+                return die("--shards '%s' is not an integer in 1 .. %d", v, MK_MAX_SHARDS);
+            o->shards = (int)n;
+        } else if (strcmp(a, "--rope-theta") == 0) {
+            char *end;
+            o->m.theta = strtod(v, &end);
+            if (end == v || *end != '\0' || !(o->m.theta > 0.0) || !isfinite(o->m.theta))
+                return die("--rope-theta '%s' is not a positive number", v);
+        } else {
+            return die("unknown option '%s'; see --help", a);
+        }
+    }
+    const mk_model *m = &o->m;
+    if (m->heads % m->kv_heads != 0)
+        return die("--heads %lld is not a multiple of --kv-heads %lld", (long long)m->heads, (long long)m->kv_heads);
+    if (m->head_dim % 2 != 0)
+        return die("--head-dim %lld is odd; RoPE needs pairs", (long long)m->head_dim);
+    return 0;
+}
+
+/* ---- random weights ---- */
+
+static uint64_t splitmix64(uint64_t *s) {
+    uint64_t z = (*s += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+/* FNV-1a of a tensor name, mixed with the seed: the tensor's own stream. */
+static uint64_t stream_seed(uint64_t seed, const char *name) {
+    uint64_t h = 0xcbf29ce484222325ull;
+    for (const char *p = name; *p; p++)
+        h = (h ^ (unsigned char)*p) * 0x100000001b3ull;
+    uint64_t s = seed ^ h;
+    return splitmix64(&s);
+}
+
+/* A declared tensor: name, shape, and whether it is a norm weight (all ones). */
+typedef struct mk_tensor {
+    char name[96];
+    int n_dims;
+    int64_t shape[2];
+    bool is_norm;
+} mk_tensor;
+
+static void mk_add(mk_tensor *t, size_t *n, size_t cap, const char *name, int n_dims, int64_t d0, int64_t d1,
+                   bool is_norm) {
+    MS_ASSERT(*n < cap);
+    mk_tensor *x = &t[(*n)++];
+    snprintf(x->name, sizeof x->name, "%s", name);
+    x->n_dims = n_dims;
+    x->shape[0] = d0;
+    x->shape[1] = d1;
+    x->is_norm = is_norm;
+}
+
+/* The tensors of a Hugging Face Llama with shape m (names as in fixtures/hf/llama_gqa), in file order. */
+static size_t mk_declare(const mk_model *m, mk_tensor *t, size_t cap) {
+    size_t n = 0;
+    int64_t q = m->heads * m->head_dim, kv = m->kv_heads * m->head_dim;
+    char name[96];
+    mk_add(t, &n, cap, "model.embed_tokens.weight", 2, m->vocab, m->hidden, false);
+    for (int64_t l = 0; l < m->layers; l++) {
+        static const struct {
+            const char *suffix;
+            int n_dims;
+            int rows, cols;  /* 0 hidden, 1 q, 2 kv, 3 inter */
+            bool is_norm;
+        } layer[] = {
+            {"input_layernorm", 1, 0, 0, true},       {"self_attn.q_proj", 2, 1, 0, false},
+            {"self_attn.k_proj", 2, 2, 0, false},     {"self_attn.v_proj", 2, 2, 0, false},
+            {"self_attn.o_proj", 2, 0, 1, false},     {"post_attention_layernorm", 1, 0, 0, true},
+            {"mlp.gate_proj", 2, 3, 0, false},        {"mlp.up_proj", 2, 3, 0, false},
+            {"mlp.down_proj", 2, 0, 3, false},
+        };
+        const int64_t dims[4] = {m->hidden, q, kv, m->inter};
+        for (size_t k = 0; k < MS_ARRAY_LEN(layer); k++) {
+            snprintf(name, sizeof name, "model.layers.%lld.%s.weight", (long long)l, layer[k].suffix);
+            mk_add(t, &n, cap, name, layer[k].n_dims, dims[layer[k].rows],
+                   layer[k].n_dims == 2 ? dims[layer[k].cols] : 0, layer[k].is_norm);
+        }
+    }
+    mk_add(t, &n, cap, "model.norm.weight", 1, m->hidden, 0, true);
+    if (!m->tie)
+        mk_add(t, &n, cap, "lm_head.weight", 2, m->vocab, m->hidden, false);
+    return n;
+}
+
+/* Stream one tensor's values through the writer. f32 / u16 are MK_CHUNK-element scratch buffers. */
+static ms_status mk_write_tensor(ms_st_writer *w, const mk_tensor *t, ms_st_dtype dtype, uint64_t seed, float *f32,
+                                 uint16_t *u16, ms_error *err) {
+    size_t n = (size_t)t->shape[0] * (size_t)(t->n_dims == 2 ? t->shape[1] : 1);
+    uint64_t s = stream_seed(seed, t->name);
+    const float amp = 0.02f * 1.7320508f;  /* uniform(-a, a) has std a / sqrt(3) = 0.02 */
+    for (size_t done = 0; done < n;) {
+        size_t k = MS_MIN(MK_CHUNK, n - done);
+        for (size_t i = 0; i < k; i++) {
+            if (t->is_norm) {
+                f32[i] = 1.0f;
+            } else {
+                /* 24 random bits -> [-1, 1) */
+                float u = (float)(splitmix64(&s) >> 40) * 0x1p-23f - 1.0f;
+                f32[i] = u * amp;
+            }
+        }
+        if (dtype == MS_ST_DTYPE_BF16) {
+            for (size_t i = 0; i < k; i++)
+                u16[i] = ms_f32_to_bf16(f32[i]);
+            MS_TRY(ms_st_writer_write(w, u16, k * sizeof *u16, err));
+        } else {
+            MS_TRY(ms_st_writer_write(w, f32, k * sizeof *f32, err));
+        }
+        done += k;
+    }
+    return MS_OK;
+}
+
+/* ---- config files ---- */
+
+static int mk_write_json(const char *dir, const char *name, json_t *obj) {
+    char *path = ms_asprintf("%s/%s", dir, name);
+    if (path == NULL)
+        return die("out of memory");
+    int rc = 0;
+    if (json_dump_file(obj, path, JSON_INDENT(2) | JSON_REAL_PRECISION(10)) != 0)
+        rc = die("%s: cannot write: %s", path, strerror(errno));
+    ms_free(path);
+    return rc;
+}
+
+static json_t *mk_eos_json(const mk_model *m) {
+    if (m->n_eos == 1)
+        return json_integer(m->eos[0]);
+    json_t *a = json_array();
+    for (int i = 0; i < m->n_eos; i++)
+        json_array_append_new(a, json_integer(m->eos[i]));
+    return a;
+}
+
+static int mk_write_configs(const mk_opts *o) {
+    const mk_model *m = &o->m;
+    json_t *rope = json_object();
+    if (m->llama3_rope) {
+        json_object_set_new(rope, "rope_type", json_string("llama3"));
+        json_object_set_new(rope, "factor", json_real(8.0));
+        json_object_set_new(rope, "low_freq_factor", json_real(1.0));
+        json_object_set_new(rope, "high_freq_factor", json_real(4.0));
+        json_object_set_new(rope, "original_max_position_embeddings", json_integer(8192));
+    } else {
+        json_object_set_new(rope, "rope_type", json_string("default"));
+    }
+    json_t *cfg = json_object();
+    json_t *arch = json_array();
+    json_array_append_new(arch, json_string("LlamaForCausalLM"));
+    json_object_set_new(cfg, "architectures", arch);
+    json_object_set_new(cfg, "model_type", json_string("llama"));
+    json_object_set_new(cfg, "hidden_size", json_integer(m->hidden));
+    json_object_set_new(cfg, "intermediate_size", json_integer(m->inter));
+    json_object_set_new(cfg, "num_hidden_layers", json_integer(m->layers));
+    json_object_set_new(cfg, "num_attention_heads", json_integer(m->heads));
+    json_object_set_new(cfg, "num_key_value_heads", json_integer(m->kv_heads));
+    json_object_set_new(cfg, "head_dim", json_integer(m->head_dim));
+    json_object_set_new(cfg, "vocab_size", json_integer(m->vocab));
+    json_object_set_new(cfg, "max_position_embeddings", json_integer(m->max_pos));
+    json_object_set_new(cfg, "rms_norm_eps", json_real(m->eps));
+    json_object_set_new(cfg, "hidden_act", json_string("silu"));
+    json_object_set_new(cfg, "attention_bias", json_false());
+    json_object_set_new(cfg, "mlp_bias", json_false());
+    json_object_set_new(cfg, "tie_word_embeddings", json_boolean(m->tie));
+    json_object_set_new(cfg, "bos_token_id", json_integer(m->bos));
+    json_object_set_new(cfg, "eos_token_id", mk_eos_json(m));
+    json_object_set_new(cfg, "dtype", json_string(o->dtype == MS_ST_DTYPE_BF16 ? "bfloat16" : "float32"));
+    if (o->legacy_config) {
+        /* the older layout: top-level rope_theta, rope_scaling null for default frequencies */
+        json_object_set_new(cfg, "rope_theta", json_real(m->theta));
+        if (m->llama3_rope) {
+            json_object_set(cfg, "rope_scaling", rope);
+        } else {
+            json_object_set_new(cfg, "rope_scaling", json_null());
+        }
+    } else {
+        json_object_set_new(rope, "rope_theta", json_real(m->theta));
+        json_object_set(cfg, "rope_parameters", rope);
+    }
+    json_object_set_new(cfg, "generated_by", json_string("mstar-mkckpt (random weights)"));
+    json_decref(rope);
+    int rc = mk_write_json(o->out, "config.json", cfg);
+    json_decref(cfg);
+    if (rc != 0)
+        return rc;
+    json_t *gen = json_object();
+    json_object_set_new(gen, "bos_token_id", json_integer(m->bos));
+    json_object_set_new(gen, "eos_token_id", mk_eos_json(m));
+    rc = mk_write_json(o->out, "generation_config.json", gen);
+    json_decref(gen);
+    return rc;
+}
+
+/* ---- writing a model, possibly sharded ---- */
+
+static int mk_mkdir(const char *dir) {
+    if (mkdir(dir, 0777) != 0 && errno != EEXIST)
+        return die("%s: cannot create folder: %s", dir, strerror(errno));
+    struct stat sb;
+    if (stat(dir, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return die("%s: not a folder", dir);
+    return 0;
+}
+
+/* Shard file name k (0-based) of n, Hugging Face style. */
+static void mk_shard_name(char *buf, size_t cap, int k, int n) {
+    if (n == 1)
+        snprintf(buf, cap, "model.safetensors");
+    else
+        snprintf(buf, cap, "model-%05d-of-%05d.safetensors", k + 1, n);
+}
+
+/* Split tensors [0, n) with byte sizes bytes[] into `shards` contiguous groups of about equal size:
+ * first[k] is the first tensor of shard k; first[shards] = n. */
+static void mk_plan_shards(const uint64_t *bytes, size_t n, int shards, size_t *first) {
+    MS_ASSERT(shards >= 1 && (size_t)shards <= n);
+    uint64_t total = 0, acc = 0;
+    for (size_t i = 0; i < n; i++)
+        total += bytes[i];
+    size_t i = 0;
+    for (int k = 0; k < shards; k++) {
+        first[k] = i;
+        uint64_t target = total / (uint64_t)shards * (uint64_t)(k + 1);
+        if (k == shards - 1)
+            target = total;
+        acc += bytes[i++];  /* every shard holds at least one tensor */
+        size_t keep = (size_t)(shards - k - 1);  /* tensors left for the shards after this one */
+        while (i < n - keep && acc + bytes[i] / 2 <= target)
+            acc += bytes[i++];
+    }
+    first[shards] = n;
+}
+
+static int mk_write_index(const char *dir, const char *const *names, const size_t *first, int shards,
+                          uint64_t total) {
+    json_t *idx = json_object();
+    json_t *meta = json_object();
+    json_t *map = json_object();
+    json_object_set_new(meta, "total_size", json_integer((json_int_t)total));
+    for (int k = 0; k < shards; k++) {
+        char shard[64];
+        mk_shard_name(shard, sizeof shard, k, shards);
+        for (size_t i = first[k]; i < first[k + 1]; i++)
+            json_object_set_new(map, names[i], json_string(shard));
+    }
+    json_object_set_new(idx, "metadata", meta);
+    json_object_set_new(idx, "weight_map", map);
+    int rc = mk_write_json(dir, "model.safetensors.index.json", idx);
+    json_decref(idx);
+    return rc;
+}
+
+static int mk_cmp_tensor(const void *a, const void *b) {
+    return strcmp(((const mk_tensor *)a)->name, ((const mk_tensor *)b)->name);
+}
+
+static int mk_generate(const mk_opts *o) {
+    const mk_model *m = &o->m;
+    size_t cap = 3 + 9 * (size_t)m->layers;
+    mk_tensor *t = ms_calloc(cap, sizeof *t);
+    float *f32 = ms_malloc(MK_CHUNK * sizeof *f32);
+    uint16_t *u16 = ms_malloc(MK_CHUNK * sizeof *u16);
+    uint64_t *bytes = ms_calloc(cap, sizeof *bytes);
+    const char **names = ms_calloc(cap, sizeof *names);
+    size_t first[MK_MAX_SHARDS + 1];
+    ms_st_writer *w = NULL;
+    int rc = 0;
+    if (!t || !f32 || !u16 || !bytes || !names) {
+        rc = die("out of memory");
+        goto done;
+    }
+    size_t n = mk_declare(m, t, cap);
+    /* file order = name order, as a split of the same checkpoint writes it */
+    qsort(t, n, sizeof *t, mk_cmp_tensor);
+    if ((size_t)o->shards > n) {
+        rc = die("--shards %d is more than the %zu tensors", o->shards, n);
+        goto done;
+    }
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        bytes[i] = (uint64_t)t[i].shape[0] * (uint64_t)(t[i].n_dims == 2 ? t[i].shape[1] : 1) *
+                   ms_st_dtype_size(o->dtype);
+        total += bytes[i];
+        names[i] = t[i].name;
+    }
+    if ((rc = mk_mkdir(o->out)) != 0 || (rc = mk_write_configs(o)) != 0)
+        goto done;
+    mk_plan_shards(bytes, n, o->shards, first);
+    for (int k = 0; k < o->shards; k++) {
+        char shard[64];
+        mk_shard_name(shard, sizeof shard, k, o->shards);
+        char *path = ms_asprintf("%s/%s", o->out, shard);
+        ms_error err = {0};
+        ms_status st = path ? ms_st_writer_init(&w, path, &err) : MS_FAIL(&err, MS_ERR_OOM, "out of memory");
+        ms_free(path);
+        if (st == MS_OK)
+            st = ms_st_writer_set_metadata(w, "format", "pt", &err);
+        for (size_t i = first[k]; st == MS_OK && i < first[k + 1]; i++)
+            st = ms_st_writer_add_tensor(w, t[i].name, o->dtype, t[i].n_dims, t[i].shape, &err);
+        for (size_t i = first[k]; st == MS_OK && i < first[k + 1]; i++)
+            st = mk_write_tensor(w, &t[i], o->dtype, o->seed, f32, u16, &err);
+        if (st == MS_OK)
+            st = ms_st_writer_finish(w, &err);
+        ms_st_writer_free(w);
+        w = NULL;
+        if (st != MS_OK) {
+            rc = die("%s", err.msg);
+            goto done;
+        }
+    }
+    if (o->shards > 1 && (rc = mk_write_index(o->out, names, first, o->shards, total)) != 0)
+        goto done;
+    printf("wrote %s: Llama %lld layers, hidden %lld, heads %lld/%lld, head_dim %lld, ffn %lld, vocab %lld, "
+           "%s, %zu tensors, %.1f MB in %d file(s), seed %llu\n",
+           o->out, (long long)m->layers, (long long)m->hidden, (long long)m->heads, (long long)m->kv_heads,
+           (long long)m->head_dim, (long long)m->inter, (long long)m->vocab, ms_st_dtype_name(o->dtype), n,
+           (double)total / 1e6, o->shards, (unsigned long long)o->seed);
+done:
+    ms_free(t);
+    ms_free(f32);
+    ms_free(u16);
+    ms_free(bytes);
+    ms_free(names);
+    return rc;
+}
+
+/* ---- split an existing checkpoint into shards ---- */
+
+static int mk_copy_file(const char *src_dir, const char *dst_dir, const char *name, bool required) {
+    char *src = ms_asprintf("%s/%s", src_dir, name);
+    char *dst = ms_asprintf("%s/%s", dst_dir, name);
+    int rc = 0;
+    FILE *in = NULL, *out = NULL;
+    if (src == NULL || dst == NULL) {
+        rc = die("out of memory");
+        goto done;
+    }
+    in = fopen(src, "rb");
+    if (in == NULL) {
+        if (required)
+            rc = die("%s: cannot open: %s", src, strerror(errno));
+        goto done;
+    }
+    out = fopen(dst, "wb");
+    if (out == NULL) {
+        rc = die("%s: cannot create: %s", dst, strerror(errno));
+        goto done;
+    }
+    char buf[65536];
+    size_t got;
+    while ((got = fread(buf, 1, sizeof buf, in)) > 0) {
+        if (fwrite(buf, 1, got, out) != got) {
+            rc = die("%s: write failed: %s", dst, strerror(errno));
+            goto done;
+        }
+    }
+done:
+    if (in)
+        fclose(in);
+    if (out && fclose(out) != 0 && rc == 0)
+        rc = die("%s: close failed: %s", dst, strerror(errno));
+    ms_free(src);
+    ms_free(dst);
+    return rc;
+}
+
+static int mk_split(const mk_opts *o) {
+    ms_error err = {0};
+    ms_ckpt *ck = NULL;
+    if (ms_ckpt_init(&ck, o->split, &err) != MS_OK)
+        return die("%s", err.msg);
+    size_t n = ms_ckpt_n_tensors(ck);
+    uint64_t *bytes = ms_calloc(n ? n : 1, sizeof *bytes);
+    const char **names = ms_calloc(n ? n : 1, sizeof *names);
+    size_t first[MK_MAX_SHARDS + 1];
+    int rc = 0;
+    if (bytes == NULL || names == NULL) {
+        rc = die("out of memory");
+        goto done;
+    }
+    if ((size_t)o->shards > n) {
+        rc = die("%s: --shards %d is more than its %zu tensors", o->split, o->shards, n);
+        goto done;
+    }
+    uint64_t total = 0;
+    for (size_t i = 0; i < n; i++) {
+        bytes[i] = ms_ckpt_tensor_at(ck, i)->n_bytes;
+        names[i] = ms_ckpt_tensor_at(ck, i)->name;
+        total += bytes[i];
+    }
+    if ((rc = mk_mkdir(o->out)) != 0)
+        goto done;
+    struct stat sb;
+    if (stat(o->split, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        if ((rc = mk_copy_file(o->split, o->out, "config.json", false)) != 0 ||
+            (rc = mk_copy_file(o->split, o->out, "generation_config.json", false)) != 0)
+            goto done;
+    }
+    mk_plan_shards(bytes, n, o->shards, first);
+    for (int k = 0; k < o->shards; k++) {
+        char shard[64];
+        mk_shard_name(shard, sizeof shard, k, o->shards);
+        char *path = ms_asprintf("%s/%s", o->out, shard);
+        ms_st_writer *w = NULL;
+        ms_status st = path ? ms_st_writer_init(&w, path, &err) : MS_FAIL(&err, MS_ERR_OOM, "out of memory");
+        ms_free(path);
+        if (st == MS_OK)
+            st = ms_st_writer_set_metadata(w, "format", "pt", &err);
+        for (size_t i = first[k]; st == MS_OK && i < first[k + 1]; i++) {
+            const ms_st_tensor *t = ms_ckpt_tensor_at(ck, i);
+            st = ms_st_writer_add_tensor(w, t->name, t->dtype, t->n_dims, t->shape, &err);
+        }
+        for (size_t i = first[k]; st == MS_OK && i < first[k + 1]; i++) {
+            const ms_st_tensor *t = ms_ckpt_tensor_at(ck, i);
+            st = ms_st_writer_write(w, t->data, t->n_bytes, &err);
+        }
+        if (st == MS_OK)
+            st = ms_st_writer_finish(w, &err);
+        ms_st_writer_free(w);
+        if (st != MS_OK) {
+            rc = die("%s", err.msg);
+            goto done;
+        }
+    }
+    if (o->shards > 1 && (rc = mk_write_index(o->out, names, first, o->shards, total)) != 0)
+        goto done;
+    printf("wrote %s: %zu tensors of %s in %d shard(s)\n", o->out, n, o->split, o->shards);
+done:
+    ms_free(bytes);
+    ms_free(names);
+    ms_ckpt_free(ck);
+    return rc;
+}
+
+/* ---- check a checkpoint as a Llama ---- */
+
+static int mk_check(const char *path) {
+    ms_error err = {0};
+    ms_hf_config *cfg = NULL;
+    ms_ckpt *ck = NULL;
+    int rc = 0;
+    int64_t hidden, layers, heads, kv, hd, inter, vocab;
+    bool tie;
+    ms_rope_params rope;
+    ms_status st = ms_hf_config_init(&cfg, path, &err);
+    if (st == MS_OK)
+        st = ms_hf_config_get_int(cfg, "hidden_size", &hidden, &err);
+    if (st == MS_OK)
+        st = ms_hf_config_get_int(cfg, "num_hidden_layers", &layers, &err);
+    if (st == MS_OK)
+        st = ms_hf_config_get_int(cfg, "num_attention_heads", &heads, &err);
+    if (st == MS_OK)
+        st = ms_hf_config_get_int_or(cfg, "num_key_value_heads", heads, &kv, &err);
+    if (st == MS_OK && heads > 0)
+        st = ms_hf_config_get_int_or(cfg, "head_dim", hidden / heads, &hd, &err);
+    if (st == MS_OK)
+        st = ms_hf_config_get_int(cfg, "intermediate_size", &inter, &err);
+    if (st == MS_OK)
+        st = ms_hf_config_get_int(cfg, "vocab_size", &vocab, &err);
+    if (st == MS_OK)
+        st = ms_hf_config_get_bool_or(cfg, "tie_word_embeddings", false, &tie, &err);
+    if (st == MS_OK)
+        st = ms_hf_config_get_rope(cfg, &rope, &err);
+    if (st == MS_OK)
+        st = ms_ckpt_init(&ck, path, &err);
+    if (st != MS_OK) {
+        rc = die("%s", err.msg);
+        goto done;
+    }
+    if (!ms_ckpt_has_tensor(ck, "lm_head.weight") && !tie) {
+        rc = die("%s: tensor 'lm_head.weight' not found and tie_word_embeddings is false", ms_ckpt_path(ck));
+        goto done;
+    }
+    mk_model m = {.hidden = hidden, .layers = layers, .heads = heads, .kv_heads = kv, .head_dim = hd,
+                  .inter = inter, .vocab = vocab, .tie = !ms_ckpt_has_tensor(ck, "lm_head.weight")};
+    size_t cap = 3 + 9 * (size_t)(layers > 0 ? layers : 0);
+    mk_tensor *t = ms_calloc(cap, sizeof *t);
+    if (t == NULL) {
+        rc = die("out of memory");
+        goto done;
+    }
+    size_t n = mk_declare(&m, t, cap);
+    for (size_t i = 0; i < n && rc == 0; i++) {
+        if (ms_ckpt_expect_tensor(ck, t[i].name, MS_ST_DTYPES_FLOAT, t[i].n_dims, t[i].shape, NULL, &err) != MS_OK)
+            rc = die("%s", err.msg);
+    }
+    ms_free(t);
+    if (rc == 0)
+        printf("ok: %s: Llama, %lld layers, hidden %lld, heads %lld/%lld, head_dim %lld, vocab %lld, %s, rope %s "
+               "theta %g, %zu tensors in %zu file(s)%s\n",
+               ms_ckpt_path(ck), (long long)layers, (long long)hidden, (long long)heads, (long long)kv, (long long)hd,
+               (long long)vocab, m.tie ? "tied embeddings" : "lm_head", ms_rope_type_name(rope.type), rope.theta,
+               ms_ckpt_n_tensors(ck), ms_ckpt_get_llama2c(ck) ? (size_t)1 : ms_ckpt_n_files(ck),
+               ms_ckpt_get_llama2c(ck) ? " (llama2.c, interleaved RoPE)" : "");
+done:
+    ms_ckpt_free(ck);
+    ms_hf_config_free(cfg);
+    return rc;
+}
+
+int main(int argc, char **argv) {
+    mk_opts o;
+    int rc = parse_args(argc, argv, &o);
+    if (rc == 2) {
+        usage(stdout);
+        return 0;
+    }
+    if (rc != 0)
+        return rc;
+    if (o.check != NULL) {
+        rc = mk_check(o.check);
+        for (int i = o.check_next; rc == 0 && i < o.argc; i++)
+            rc = mk_check(o.argv[i]);
+        return rc;
+    }
+    if (o.split != NULL)
+        return mk_split(&o);
+    return mk_generate(&o);
+}
