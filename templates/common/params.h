@@ -158,13 +158,13 @@ typedef struct ms_argmax_params {
 
 /*
  * Top-k / top-p sampling per row with temperature; the random coin comes from the host.
- * Semantics (the CPU references in tests/test_gpu_kernels.c and sampler.h agree):
+ * Semantics (the same as the CPU sampler, sampler.h, and the reference in
+ * tests/test_gpu_kernels.c):
  *   temperature[r] <= 0: argmax (first index of the maximum);
  *   otherwise p_i = exp((l_i - max l) / T). Top-k (0 < k < vocab): keep l_i >= the k-th largest
  *   logit (ties at the boundary are all kept). Top-p (p < 1): of those, keep p_i >= tau with tau
- *   the largest value such that the kept mass is >= top_p * (mass kept by top-k). The token is,
- *   walking the kept tokens by decreasing logit then increasing id, the first whose running mass
- *   exceeds uniform[r] * (kept mass) (inverse CDF over the sorted prefix, as sampler.h).
+ *   the largest value such that the kept mass is >= top_p * (mass kept by top-k). The token is the
+ *   first index, in vocabulary order, whose running kept mass exceeds uniform[r] * (kept mass).
  */
 typedef struct ms_sample_params {
     const void *logits;        /* [n_rows, vocab] TL, row stride stride */
