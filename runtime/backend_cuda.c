@@ -386,16 +386,18 @@ static ms_status cu_attn_batch_stage(void *ctx, ms_attn_batch *b, const ms_kv_pl
         h.qo_indptr[i + 1] = plan->qo_indptr[i + 1];
         h.kv_indptr[i + 1] = plan->kv_indptr[i + 1];
         h.kv_last_page_len[i] = plan->kv_last_page_len[i];
-        h.kv_start[i] = plan->kv_start[i];
+        h.kv_start[i] = plan->kv_start != NULL ? plan->kv_start[i] : 0;
         h.last_token[i] = plan->qo_indptr[i + 1] > plan->qo_indptr[i] ? plan->qo_indptr[i + 1] - 1 : -1;
     }
     if (shape.n_pages > 0)
         memcpy(h.kv_indices, plan->kv_indices, (size_t)shape.n_pages * sizeof(int32_t));
-    if (shape.n_tokens > 0) {
-        memcpy(h.token_to_page, plan->token_to_page, (size_t)shape.n_tokens * sizeof(int32_t));
-        memcpy(h.token_to_slot, plan->token_to_slot, (size_t)shape.n_tokens * sizeof(int32_t));
+    /* a read-only plan (cross-attention) has no write addresses: every row goes to the sink */
+    int32_t written = plan->token_to_page != NULL ? shape.n_tokens : 0;
+    if (written > 0) {
+        memcpy(h.token_to_page, plan->token_to_page, (size_t)written * sizeof(int32_t));
+        memcpy(h.token_to_slot, plan->token_to_slot, (size_t)written * sizeof(int32_t));
     }
-    for (int32_t t = shape.n_tokens; t < b->limits.max_tokens; t++) {
+    for (int32_t t = written; t < b->limits.max_tokens; t++) {
         h.token_to_page[t] = MS_SINK_PAGE;
         h.token_to_slot[t] = 0;
     }

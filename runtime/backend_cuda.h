@@ -13,9 +13,8 @@
  * sections; per-head RMSNorm over heads that are not packed rows; a bias that is not f32; silu_mul
  * or add_rms_norm operands whose rows are not uniformly strided; head_dim outside the templates'
  * sets. Workspaces (the bf16 copy of GEMM inputs, split-KV partials) grow on first use, so run one
- * eager warm-up step before capturing graphs. Sampling follows sampler.h's filtering (top-k, then
- * top-p over the kept mass) but draws in vocabulary order (ms_sample_params): the distribution is
- * the same as the CPU backend's, individual ids for a given uniform may differ.
+ * eager warm-up step before capturing graphs. Sampling has sampler.h's semantics (the same id as
+ * the CPU backend for the same uniform, up to float rounding at the boundaries).
  *
  * Ownership: as backend.h.
  */

@@ -333,6 +333,45 @@ ms_status ms_kernel_spec_source(const ms_kernel_spec *s, char **out, ms_error *e
     return MS_OK;
 }
 
+/* ---- the instances of a decoder ---- */
+
+ms_status ms_kernel_specs_for_decoder(const ms_kernel_model_shape *shape, ms_kernel_spec *out,
+                                      int cap, int *n, ms_error *err) {
+    *n = 0;
+    if (shape->n_kv_heads < 1 || shape->n_q_heads % shape->n_kv_heads != 0)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "kernel instances: %d query heads are not a multiple of %d KV heads",
+                       shape->n_q_heads, shape->n_kv_heads);
+    const int g = shape->n_q_heads / shape->n_kv_heads;
+    const ms_kernel_dtype kv = shape->kv_dtype, w = shape->weight_dtype;
+    ms_kernel_spec s[12];
+    int k = 0;
+    s[k++] = ms_kernel_spec_attn_decode(kv, shape->head_dim, shape->page_size, g, shape->windowed);
+    s[k++] = ms_kernel_spec_attn_prefill(kv, shape->head_dim, shape->page_size, g, true,
+                                         shape->windowed);
+    s[k++] = ms_kernel_spec_rope_kv(kv, shape->head_dim, shape->page_size, shape->rope,
+                                    MS_KERNEL_ROPE_SCALING_NONE);
+    s[k++] = ms_kernel_spec_rope_kv(kv, shape->head_dim, shape->page_size, MS_KERNEL_ROPE_NONE,
+                                    MS_KERNEL_ROPE_SCALING_NONE);
+    s[k++] = ms_kernel_spec_rmsnorm(w, false);
+    s[k++] = ms_kernel_spec_rmsnorm(w, true);
+    s[k++] = ms_kernel_spec_simple(MS_KERNEL_OP_EMBED, w);
+    s[k++] = ms_kernel_spec_simple(MS_KERNEL_OP_MISC, w);
+    for (int i = 0; i < k; i++)
+        s[i].act_dtype = MS_KERNEL_DTYPE_F32;
+    s[k++] = ms_kernel_spec_simple(MS_KERNEL_OP_SILU_MUL, MS_KERNEL_DTYPE_F32);
+    s[k++] = ms_kernel_spec_simple(MS_KERNEL_OP_ARGMAX, MS_KERNEL_DTYPE_F32);
+    s[k++] = ms_kernel_spec_simple(MS_KERNEL_OP_SAMPLE, MS_KERNEL_DTYPE_F32);
+    if (k > cap)
+        return MS_FAIL(err, MS_ERR_CAPACITY, "kernel instances: %d needed, room for %d", k, cap);
+    for (int i = 0; i < k; i++) {
+        MS_TRY(ms_kernel_spec_check(&s[i], err));
+        out[i] = s[i];
+    }
+    *n = k;
+    return MS_OK;
+}
+
 /* ---- attention planning ---- */
 
 ms_status ms_attn_prefill_plan_tiles(const int32_t *qo_indptr, int batch, int group,

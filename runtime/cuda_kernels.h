@@ -131,6 +131,32 @@ const char *ms_kernel_op_name(ms_kernel_op op);
 /* Short dtype name used in URIs ("bf16", "f16", "f32"). */
 const char *ms_kernel_dtype_name(ms_kernel_dtype dt);
 
+/* ---- the instances a decoder model needs ---- */
+
+/* What decides a decoder's kernel instances (read from config.json and the model file). */
+typedef struct ms_kernel_model_shape {
+    int head_dim;
+    int n_q_heads;
+    int n_kv_heads;
+    int page_size;
+    ms_kernel_rope rope;          /* NEOX (rotate-half) or INTERLEAVED */
+    bool windowed;                /* sliding-window attention */
+    ms_kernel_dtype weight_dtype; /* bf16 or f16 (f32 weights need no template instance) */
+    ms_kernel_dtype kv_dtype;     /* bf16 or f16 */
+} ms_kernel_model_shape;
+
+/*
+ * The kernel instances the CUDA backend (backend_cuda.c) runs for a decoder of this shape with
+ * float32 activations: attention decode and causal prefill, RoPE + KV write (frequencies come as
+ * a table, so no scaling variant), RMSNorm with and without the residual add, the elementwise
+ * helpers, SiLU-and-multiply, embedding, argmax and sampling. Writes up to cap specs to out and
+ * their number to *n. MS_ERR_UNSUPPORTED (naming the value) when a shape is outside the templates;
+ * MS_ERR_CAPACITY when cap is too small. Used to precompile (mstarc --arch, `kernels --arch`)
+ * and by the CI test that compiles every instance of the repository's models.
+ */
+ms_status ms_kernel_specs_for_decoder(const ms_kernel_model_shape *shape, ms_kernel_spec *out,
+                                      int cap, int *n, ms_error *err);
+
 /* ---- host planning for the attention kernels ---- */
 
 /*

@@ -380,3 +380,28 @@ ms_status ms_nvrtc_compile(const char *uri, const char *source, int arch, const 
     }
     return MS_OK;
 }
+
+ms_status ms_nvrtc_precompile(const ms_kernel_spec *specs, int n_specs, const int *archs,
+                              int n_archs, const char *cache_dir, int *n_compiled, ms_error *err) {
+    if (n_compiled != NULL)
+        *n_compiled = 0;
+    for (int i = 0; i < n_specs; i++) {
+        char uri[MS_KERNEL_URI_MAX];
+        char *src = NULL;
+        MS_TRY(ms_kernel_spec_uri(&specs[i], 0, uri, sizeof uri, err));
+        MS_TRY(ms_kernel_spec_source(&specs[i], &src, err));
+        for (int a = 0; a < n_archs; a++) {
+            ms_cubin cb = {0};
+            ms_status st = ms_nvrtc_compile(uri, src, archs[a], cache_dir, &cb, err);
+            if (st == MS_OK && !cb.from_cache && n_compiled != NULL)
+                (*n_compiled)++;
+            ms_nvrtc_cubin_free(&cb);
+            if (st != MS_OK) {
+                ms_free(src);
+                return st;
+            }
+        }
+        ms_free(src);
+    }
+    return MS_OK;
+}

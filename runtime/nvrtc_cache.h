@@ -24,6 +24,7 @@
 #ifndef MS_NVRTC_CACHE_H
 #define MS_NVRTC_CACHE_H
 
+#include "cuda_kernels.h"
 #include "ms_base.h"
 
 #ifdef __cplusplus
@@ -59,6 +60,15 @@ typedef struct ms_cubin {
  */
 ms_status ms_nvrtc_compile(const char *uri, const char *source, int arch, const char *cache_dir,
                            ms_cubin *out, ms_error *err);
+
+/*
+ * Compile, or find in the cache, every spec for every arch (the work of `mstarc --arch sm_80,sm_90`
+ * and the binary's `kernels --arch` verb; the specs of a model from ms_kernel_specs_for_decoder).
+ * *n_compiled (may be NULL) counts NVRTC runs, i.e. cache misses. Stops at the first failure:
+ * the spec's MS_ERR_UNSUPPORTED, or MS_ERR_NVRTC with the log and the generated source's path.
+ */
+ms_status ms_nvrtc_precompile(const ms_kernel_spec *specs, int n_specs, const int *archs,
+                              int n_archs, const char *cache_dir, int *n_compiled, ms_error *err);
 
 /* Release a cubin's buffers and zero it (NULL or zeroed structs are fine). */
 void ms_nvrtc_cubin_free(ms_cubin *c);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpu-batch.sh - everything GPU-side in one call: environment, build, `make gpu-test` (kernels
 # against references), compute-sanitizer memcheck on the kernel tests, the kernel benchmark.
-# Logs go to $OUT (or build/gpu-out); a short summary is printed last.
+# Logs go to $OUT (or build/gpu-out); a short summary is printed last. Step time limits add up to
+# under 10 minutes with a prebuilt bundle (the device tool's limit for one command).
 #
 #   on the device machine, from the repository root:   scripts/gpu-batch.sh
 #   here (no GPU), to build once and skip the build there:
@@ -18,13 +19,16 @@ cd "$(dirname "$0")/.."
 
 if [ "${1:-}" = "--bundle" ]; then
     dir=${2:?usage: gpu-batch.sh --bundle DIR}
-    make -j2 all build/tests/test_gpu_kernels build/tests/test_backend_cuda || exit 1
+    make -j2 all build/tests/test_gpu_kernels build/tests/test_backend_cuda \
+        build/tests/test_llama_cuda_fixture || exit 1
     build/tests/test_nvrtc >/dev/null || { echo "test_nvrtc failed: fix the kernels first"; exit 1; }
     rm -rf "$dir" && mkdir -p "$dir/bin" "$dir/lib"
-    cp build/tests/test_gpu_kernels build/tests/test_backend_cuda build/tests/bench_kernels "$dir/bin/"
+    cp build/tests/test_gpu_kernels build/tests/test_backend_cuda build/tests/test_llama_cuda_fixture \
+        build/tests/bench_kernels "$dir/bin/"
     for lib in $(ldd "$dir"/bin/* | awk '/=>/ { print $3 }' | sort -u); do
         case "$lib" in
         /usr/local/cuda*|*/libc.so*|*/libm.so*|*/libpthread.so*|*/librt.so*|*/libdl.so*|*/ld-linux*) ;;
+        */libgcc_s.so*|*/libstdc++.so*) ;; # the device's own (newer) copies must win
         *) cp -L "$lib" "$dir/lib/" ;;
         esac
     done
@@ -62,41 +66,46 @@ step() { # step NAME LIMIT_SECONDS COMMAND... : run, log to $OUT/NAME.log, recor
 
 if [ -n "${MS_GPU_BUNDLE:-}" ]; then
     b=$MS_GPU_BUNDLE
-    export LD_LIBRARY_PATH="$PWD/$b/lib:${LD_LIBRARY_PATH:-}"
+    [[ $b = /* ]] || b=$PWD/$b
+    export LD_LIBRARY_PATH="$b/lib:${LD_LIBRARY_PATH:-}"
     cache=/tmp/ms-kernel-cache
     rm -rf "$cache" && cp -r "$b/cache" "$cache" && chmod -R u+w "$cache"
     export MS_KERNEL_CACHE_TEST=$cache MSTAR_CACHE=$cache
-    tests=("$b/bin/test_gpu_kernels" "$b/bin/test_backend_cuda")
+    tests=("$b/bin/test_gpu_kernels" "$b/bin/test_backend_cuda" "$b/bin/test_llama_cuda_fixture")
     bench="$b/bin/bench_kernels"
-    step gpu-test 600 "${tests[0]}"
-    step backend 300 "${tests[1]}"
+    step gpu-test 120 "${tests[0]}"
+    step backend 60 "${tests[1]}"
+    step fixtures 60 "${tests[2]}"
 else
     if ! pkg-config --exists cmocka jansson libmicrohttpd libpcre2-8; then
         echo "missing build dependencies (cmocka, jansson, libmicrohttpd, pcre2): run"
         echo "scripts/gpu-batch.sh --bundle DIR here and MS_GPU_BUNDLE=DIR there" | tee "$OUT/build.log"
         exit 2
     fi
-    step build 600 make -j"$(nproc)" all build/tests/test_gpu_kernels build/tests/test_backend_cuda ||
-        { tail -n 40 "$OUT/build.log"; exit 1; }
+    step build 600 make -j"$(nproc)" all build/tests/test_gpu_kernels build/tests/test_backend_cuda \
+        build/tests/test_llama_cuda_fixture || { tail -n 40 "$OUT/build.log"; exit 1; }
     export MSTAR_CACHE=$PWD/build/kernel-cache-test
-    tests=(build/tests/test_gpu_kernels build/tests/test_backend_cuda)
+    tests=(build/tests/test_gpu_kernels build/tests/test_backend_cuda build/tests/test_llama_cuda_fixture)
     bench=build/tests/bench_kernels
     # what `make gpu-test` runs, called directly so the per-op lines land in the logs
-    step gpu-test 600 "${tests[0]}"
-    step backend 300 "${tests[1]}"
+    step gpu-test 120 "${tests[0]}"
+    step backend 60 "${tests[1]}"
+    step fixtures 60 "${tests[2]}"
 fi
 
 # memcheck: the same kernel tests under compute-sanitizer (the cubin cache is warm by now)
 if command -v compute-sanitizer >/dev/null; then
-    step memcheck 600 compute-sanitizer --tool memcheck --error-exitcode 3 "${tests[0]}"
-    step memcheck-be 300 compute-sanitizer --tool memcheck --error-exitcode 3 "${tests[1]}"
+    step memcheck 150 compute-sanitizer --tool memcheck --error-exitcode 3 "${tests[0]}"
+    step memcheck-fx 100 compute-sanitizer --tool memcheck --error-exitcode 3 "${tests[2]}"
 fi
-step bench 300 "$bench"
+step bench 90 "$bench"
 
 echo "== test output (kernel / op, relative error vs reference, tolerance)"
 grep -E '^  (attn|rope|rmsnorm|silu|embed|argmax|sample)' "$OUT/gpu-test.log" | head -n 80
 echo "== CUDA backend vs CPU backend"
 grep -E '^  [a-z]' "$OUT/backend.log" | head -n 40
+echo "== fixtures on the GPU"
+grep -E '^fixture' "$OUT/fixtures.log"
 echo "== benchmark"
 cat "$OUT/bench.log"
 echo "== summary (logs in $OUT)"

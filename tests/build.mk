@@ -4,8 +4,10 @@
 TESTS += tests/test_base
 ifeq ($(HAVE_CUDA),1)
 TESTS += tests/test_nvrtc
+TSAN_TESTS += tests/test_nvrtc
 GPU_TESTS += tests/test_gpu_kernels
 GPU_TESTS += tests/test_backend_cuda
+GPU_TESTS += tests/test_llama_cuda_fixture
 PROGRAMS += $(BUILD)/tests/bench_kernels
 endif
 TESTS += tests/test_backend_cpu

@@ -318,6 +318,8 @@ static void run_step(const char *name, ms_paged_kv kvs[2], ms_attn_batch *batche
     char what[96];
     snprintf(what, sizeof what, "%s: q after RoPE", name);
     compare(what, &qkv, 0, n, HQ * HD, W, 1e-4);
+    snprintf(what, sizeof what, "%s: k after RoPE (in place)", name);
+    compare(what, &qkv, HQ * HD, n, HKV * HD, W, 1e-4);
     snprintf(what, sizeof what, "%s: attention", name);
     compare(what, &out, 0, n, HQ * HD, HQ * HD, tol);
     both_free(&qkv);

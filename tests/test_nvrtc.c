@@ -22,6 +22,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "backend_cuda.h"
 #include "cuda_check.h"
 #include "cuda_kernels.h"
 #include "nvrtc_cache.h"
@@ -203,6 +204,51 @@ static void test_decode_split_fills_device_and_covers_pages(void **state) {
     assert_true(pps >= 1);
 }
 
+static void test_decoder_instances(void **state) {
+    (void)state;
+    ms_error err = {0};
+    ms_kernel_model_shape sh = {128, 32, 8, 16, MS_KERNEL_ROPE_NEOX, false, MS_KERNEL_DTYPE_BF16,
+                                MS_KERNEL_DTYPE_BF16};
+    ms_kernel_spec sp[16];
+    int n = 0;
+    assert_int_equal(ms_kernel_specs_for_decoder(&sh, sp, 16, &n, &err), MS_OK);
+    assert_int_equal(n, 11);
+    char uri[MS_KERNEL_URI_MAX];
+    assert_int_equal(ms_kernel_spec_uri(&sp[0], 90, uri, sizeof uri, &err), MS_OK);
+    assert_string_equal(uri, "attn_decode_bf16_hd128_ps16_g4_af32_sm90");
+    assert_int_equal(ms_kernel_spec_uri(&sp[1], 90, uri, sizeof uri, &err), MS_OK);
+    assert_string_equal(uri, "attn_prefill_bf16_hd128_ps16_g4_causal_af32_sm90");
+    assert_int_equal(ms_kernel_specs_for_decoder(&sh, sp, 5, &n, &err), MS_ERR_CAPACITY);
+    sh.n_q_heads = 30; /* not a multiple of 8 */
+    assert_int_equal(ms_kernel_specs_for_decoder(&sh, sp, 16, &n, &err), MS_ERR_INVALID_ARG);
+    sh.n_q_heads = 32;
+    sh.head_dim = 48; /* Qwen3: prefill yes, decode no */
+    assert_int_equal(ms_kernel_specs_for_decoder(&sh, sp, 16, &n, &err), MS_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.msg, "head_dim 48"));
+}
+
+static void test_precompile_a_model_for_two_archs(void **state) {
+    (void)state;
+    ms_error err = {0};
+    ms_kernel_model_shape sh = {16, 8, 2, 16, MS_KERNEL_ROPE_NEOX, false, MS_KERNEL_DTYPE_BF16,
+                                MS_KERNEL_DTYPE_BF16}; /* llama_gqa */
+    ms_kernel_spec sp[16];
+    int n = 0, compiled = -1;
+    assert_int_equal(ms_kernel_specs_for_decoder(&sh, sp, 16, &n, &err), MS_OK);
+    const int archs[2] = {80, 90};
+    const char *c = getenv("MS_KERNEL_CACHE_TEST");
+    const char *cache = c != NULL && c[0] != '\0' ? c : "build/kernel-cache-test";
+    assert_int_equal(ms_nvrtc_precompile(sp, n, archs, 2, cache, &compiled, &err), MS_OK);
+    assert_true(compiled >= 0 && compiled <= 2 * n);
+    /* everything is in the cache now */
+    assert_int_equal(ms_nvrtc_precompile(sp, n, archs, 2, cache, &compiled, &err), MS_OK);
+    assert_int_equal(compiled, 0);
+    /* an unsupported spec stops it with the spec's error */
+    sp[0].head_dim = 48;
+    assert_int_equal(ms_nvrtc_precompile(sp, n, archs, 2, cache, &compiled, &err),
+                     MS_ERR_UNSUPPORTED);
+}
+
 /* ---- check macros ---- */
 
 static const char *fake_str(int code) { return code == 7 ? "seven" : "other"; }
@@ -349,6 +395,23 @@ static void test_broken_instance_reports_log_and_source(void **state) {
     rm_tree(dir);
 }
 
+/* ---- the CUDA backend on a machine without a usable GPU ---- */
+
+static void test_cuda_backend_init_fails_cleanly_without_gpu(void **state) {
+    (void)state;
+    ms_error err = {0};
+    ms_backend be;
+    ms_status st = ms_backend_cuda_init(&be, NULL, &err);
+    if (st == MS_OK) { /* a GPU is present (device machine): nothing to check here */
+        ms_backend_free(&be);
+        return;
+    }
+    assert_int_equal(st, MS_ERR_CUDA);
+    assert_non_null(strstr(err.msg, "cuda backend: CUDA error"));
+    assert_null(be.ctx);
+    assert_null(be.iface.linear);
+}
+
 /* ---- the instance matrix ---- */
 
 #define MAX_SPECS 256
@@ -424,6 +487,25 @@ static void build_llama_matrix(matrix *m) {
     add_spec(m, ms_kernel_spec_simple(MS_KERNEL_OP_SILU_MUL, MS_KERNEL_DTYPE_F32));
     add_spec(m, ms_kernel_spec_simple(MS_KERNEL_OP_ARGMAX, MS_KERNEL_DTYPE_F32));
     add_spec(m, ms_kernel_spec_simple(MS_KERNEL_OP_SAMPLE, MS_KERNEL_DTYPE_F32));
+
+    /* exactly what the CUDA backend asks for, for the repository's models and Llama 3.1 8B */
+    const ms_kernel_model_shape models[] = {
+        {16, 8, 2, 16, MS_KERNEL_ROPE_NEOX, false, bf, bf},        /* llama_gqa */
+        {16, 4, 2, 16, MS_KERNEL_ROPE_NEOX, false, bf, bf},        /* llama_cfg */
+        {16, 4, 4, 16, MS_KERNEL_ROPE_INTERLEAVED, false, bf, bf}, /* llama2.c aidreams260K */
+        {32, 4, 4, 16, MS_KERNEL_ROPE_NEOX, false, bf, bf},        /* llama31_rope */
+        {32, 4, 2, 16, MS_KERNEL_ROPE_NEOX, true, bf, bf},         /* mistral_window */
+        {128, 32, 8, 16, MS_KERNEL_ROPE_NEOX, false, bf, bf},      /* Llama 3.1 8B */
+        {128, 64, 8, 16, MS_KERNEL_ROPE_NEOX, false, bf, bf},      /* Llama 3.1 70B */
+    };
+    for (size_t i = 0; i < MS_ARRAY_LEN(models); i++) {
+        ms_kernel_spec sp[16];
+        int n = 0;
+        ms_error err = {0};
+        assert_int_equal(ms_kernel_specs_for_decoder(&models[i], sp, 16, &n, &err), MS_OK);
+        for (int j = 0; j < n; j++)
+            add_spec(m, sp[j]);
+    }
 
     /* bf16 activations: the shapes of test_gpu_kernels */
     const int ghd[] = {64, 128};
@@ -538,10 +620,13 @@ int main(void) {
         ms_unit_test(test_source_is_preamble_and_wrappers_only),
         ms_unit_test(test_prefill_tiles_cover_ragged_batch),
         ms_unit_test(test_decode_split_fills_device_and_covers_pages),
+        ms_unit_test(test_decoder_instances),
+        ms_unit_test(test_precompile_a_model_for_two_archs),
         ms_unit_test(test_check_macros_record_call_location_device),
         ms_unit_test(test_parse_arch),
         ms_unit_test(test_cache_hits_on_second_compile),
         ms_unit_test(test_broken_instance_reports_log_and_source),
+        ms_unit_test(test_cuda_backend_init_fails_cleanly_without_gpu),
         ms_unit_test(test_every_llama_instance_compiles_for_sm80_and_sm90),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -10,7 +10,8 @@
  * the 128 threads read KPI = 128 / TPK keys per pass, UNROLL passes per tile of TILE keys. Each
  * thread keeps q and the output accumulator of its HD/TPK slice for all G heads in registers.
  * Per tile: scores to shared memory, then one warp per head updates the online softmax (running
- * max m, sum l, rescale alpha), then the V pass accumulates p * v. Keys outside the view or the
+ * max m, sum l, rescale alpha), then the V pass accumulates p * v. For G <= 4 the V rows are
+ * loaded with the K rows, so they are in flight during the scores and the softmax. Keys outside the view or the
  * window are never loaded, so stale page contents (even NaN) cannot leak into the result.
  */
 #pragma once
@@ -37,6 +38,9 @@ template <typename T, int HD, int PS, int G, bool WINDOWED> struct attn_decode_c
     static constexpr int kUnroll = kUnrollWant < 1 ? 1 : (kUnrollWant > 8 ? 8 : kUnrollWant);
     static constexpr int kTile = kKpi * kUnroll;
     static_assert(G >= 1 && G <= 16, "group must be in [1, 16]");
+    /* Load V together with K (twice the bytes in flight) when registers allow: q and the
+     * accumulators take 2 * G * kVec registers per thread, so not for G > 4. */
+    static constexpr bool kPrefetchV = G <= 4;
 };
 
 /// TA: element type of q and o (float, bf16 or f16); the rest as attn_decode_cfg.
@@ -93,15 +97,21 @@ __device__ __forceinline__ void attn_decode(const ms_attn_kernel_params &p) {
     for (int t0 = kbeg; t0 < kend; t0 += TILE) {
         /* ---- K pass: scores of TILE keys for all G heads ---- */
         uint4 raw[UNROLL];
+        uint4 vraw[C::kPrefetchV ? UNROLL : 1];
         bool valid[UNROLL];
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
             int j = t0 + u * KPI + r;
             valid[u] = j < kend;
             raw[u] = make_uint4(0u, 0u, 0u, 0u);
+            if (C::kPrefetchV)
+                vraw[C::kPrefetchV ? u : 0] = raw[u];
             if (valid[u]) {
                 int page = p.kv_indices[p0 + j / PS];
                 raw[u] = *reinterpret_cast<const uint4 *>(kv.k_ptr(page, j % PS, h) + c * VEC);
+                if (C::kPrefetchV) /* V in flight during the scores and the softmax */
+                    vraw[C::kPrefetchV ? u : 0] =
+                        *reinterpret_cast<const uint4 *>(kv.v_ptr(page, j % PS, h) + c * VEC);
             }
         }
 #pragma unroll
@@ -151,6 +161,10 @@ __device__ __forceinline__ void attn_decode(const ms_attn_kernel_params &p) {
         /* ---- V pass ---- */
 #pragma unroll
         for (int u = 0; u < UNROLL; u++) {
+            if (C::kPrefetchV) {
+                raw[u] = vraw[C::kPrefetchV ? u : 0];
+                continue;
+            }
             int j = t0 + u * KPI + r;
             raw[u] = make_uint4(0u, 0u, 0u, 0u);
             if (valid[u]) {

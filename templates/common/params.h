@@ -65,8 +65,8 @@ typedef struct ms_attn_kernel_params {
 /* ---- RoPE fused with the KV write ---- */
 
 /*
- * Rotates q in place and k into the pages, copies v into the pages (with kv == NULL: rotates q
- * and k in place and writes no page; v is not read). Token t is written to slot
+ * Rotates q and k in place, writes the rotated k and v into the pages (with kv == NULL: only the
+ * in-place rotation; v is not read). Token t is written to slot
  * token_to_slot[t] of page token_to_page[t] at position pos[t]. The first rotary_dim dims of each
  * head rotate (pairs (i, i + rotary_dim/2) or (2i, 2i+1), i < rotary_dim/2); the rest pass.
  * Frequencies: the table inv_freq[rotary_dim / 2] when given (the host computes it once, e.g.
@@ -75,9 +75,10 @@ typedef struct ms_attn_kernel_params {
  * multiplied by attn_scaling (0 means 1).
  */
 typedef struct ms_rope_kv_params {
-    void *q;                  /* [n_tokens, n_q_heads, head_dim] T, row stride q_stride, in place */
-    const void *k;            /* [n_tokens, n_kv_heads, head_dim] T, row stride k_stride */
-    const void *v;            /* [n_tokens, n_kv_heads, head_dim] T, row stride v_stride */
+    void *q;                  /* [n_tokens, n_q_heads, head_dim] TA, row stride q_stride, in place */
+    const void *k;            /* [n_tokens, n_kv_heads, head_dim] TA, row stride k_stride, rotated
+                                 in place (const: the pages are the output that matters) */
+    const void *v;            /* [n_tokens, n_kv_heads, head_dim] TA, row stride v_stride */
     void *kv;                 /* this layer: [n_pages_total, 2, page_size, n_kv_heads, head_dim] T */
     const int *pos;           /* [n_tokens] RoPE positions */
     const int *token_to_page; /* [n_tokens] */
@@ -157,13 +158,13 @@ typedef struct ms_argmax_params {
 
 /*
  * Top-k / top-p sampling per row with temperature; the random coin comes from the host.
- * Semantics (the CPU references in tests/test_gpu_kernels.c and sampler.h agree):
+ * Semantics (the same as the CPU sampler, sampler.h, and the reference in
+ * tests/test_gpu_kernels.c):
  *   temperature[r] <= 0: argmax (first index of the maximum);
  *   otherwise p_i = exp((l_i - max l) / T). Top-k (0 < k < vocab): keep l_i >= the k-th largest
  *   logit (ties at the boundary are all kept). Top-p (p < 1): of those, keep p_i >= tau with tau
- *   the largest value such that the kept mass is >= top_p * (mass kept by top-k). The token is,
- *   walking the kept tokens by decreasing logit then increasing id, the first whose running mass
- *   exceeds uniform[r] * (kept mass) (inverse CDF over the sorted prefix, as sampler.h).
+ *   the largest value such that the kept mass is >= top_p * (mass kept by top-k). The token is the
+ *   first index, in vocabulary order, whose running kept mass exceeds uniform[r] * (kept mass).
  */
 typedef struct ms_sample_params {
     const void *logits;        /* [n_rows, vocab] TL, row stride stride */

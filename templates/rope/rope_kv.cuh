@@ -65,16 +65,17 @@ __device__ __forceinline__ void rope_kv(const ms_rope_kv_params &p) {
         if (is_q) {
             q[head * HD + a] = from_float<TA>(xa);
             q[head * HD + b] = from_float<TA>(xb);
-        } else if (p.kv == nullptr) { /* rope only: k in place (passthrough dims stay) */
-            if (i < rot / 2) {
+        } else {
+            if (i < rot / 2) { /* k is rotated in place too, as the unfused rope would */
                 TA *kh = const_cast<TA *>(k) + hh * HD;
                 kh[a] = from_float<TA>(xa);
                 kh[b] = from_float<TA>(xb);
             }
-        } else {
-            T *dst = kv.k_ptr(page, slot, hh);
-            dst[a] = from_float<T>(xa);
-            dst[b] = from_float<T>(xb);
+            if (p.kv != nullptr) {
+                T *dst = kv.k_ptr(page, slot, hh);
+                dst[a] = from_float<T>(xa);
+                dst[b] = from_float<T>(xb);
+            }
         }
     }
     if (p.kv == nullptr)

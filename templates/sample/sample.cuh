@@ -4,10 +4,9 @@
  * Exact, sort-free: thresholds are found by bisection over the 32-bit order keys of the logits
  * (a monotone map float -> uint32), so the top-k threshold is exactly the k-th largest logit and
  * the top-p threshold exactly one of the logits. Each bisection step is one pass over the row
- * with a block reduction: 32 passes for top-k (counts), 32 for top-p (masses) and 32 for the draw,
- * which walks the kept tokens by decreasing logit then increasing id (sampler.h, llama2.c
- * sample_mult) without sorting: the largest key whose mass above reaches the target, then the
- * right tie by a block scan of counts. Semantics: see ms_sample_params in params.h.
+ * with a block reduction: 32 passes for top-k (counts) and 32 for top-p (masses). The final draw
+ * walks the kept tokens in vocabulary order: per-thread contiguous chunks, a block scan of the
+ * chunk masses, then one thread scans its chunk. Semantics: see ms_sample_params in params.h.
  */
 #pragma once
 
@@ -141,80 +140,70 @@ template <typename TL> __device__ __forceinline__ void sample(const ms_sample_pa
         }
     }
 
-    /* ---- draw (sampler.h order): walking the kept tokens by decreasing logit, then increasing
-     * id, the first whose running mass exceeds u * kept mass. Found as the largest key vstar
-     * with mass(key >= vstar) > target, then the right one among the ties at vstar. ---- */
-    float zk = 0.f;
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-        float l = to_float(row[i]);
-        if (order_key(l) >= lo)
-            zk += exp2f((l - mx) * sc);
-    }
-    zk = block_sum(zk, s_val);
-    const float target = u * zk;
-    unsigned vlo = lo, vhi = 0xffffffffu;
-    while (vlo < vhi) {
-        unsigned mid = vlo + (unsigned)(((unsigned long long)vhi - vlo + 1ull) / 2ull);
-        float mass = 0.f;
-        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-            float l = to_float(row[i]);
-            if (order_key(l) >= mid)
-                mass += exp2f((l - mx) * sc);
-        }
-        mass = block_sum(mass, s_val);
-        if (mass > target)
-            vlo = mid;
-        else
-            vhi = mid - 1u;
-    }
-    const unsigned vstar = vlo;
-    float above = 0.f;
-    int ties = 0;
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
-        float l = to_float(row[i]);
-        unsigned kk = order_key(l);
-        if (kk > vstar)
-            above += exp2f((l - mx) * sc);
-        ties += kk == vstar;
-    }
-    above = block_sum(above, s_val);
-    ties = block_sum_int(ties, s_idx);
-    const unsigned vbits = (vstar & 0x80000000u) ? (vstar & 0x7fffffffu) : ~vstar;
-    const float pstar = exp2f((__uint_as_float(vbits) - mx) * sc);
-    int j = pstar > 0.f ? (int)((target - above) / pstar) : 0;
-    j = j < 0 ? 0 : (j >= ties ? ties - 1 : j);
-    if (ties <= 0)
-        j = 0;
-    /* the j-th tie in vocabulary order: per-thread contiguous chunks, serial scan of counts */
+    /* ---- draw: first index (vocabulary order) whose running kept mass exceeds u * total ---- */
     const int chunk = (vocab + blockDim.x - 1) / blockDim.x;
     const int c0 = threadIdx.x * chunk, c1 = min(vocab, c0 + chunk);
-    int mine = 0;
-    for (int i = c0; i < c1; i++)
-        mine += order_key(to_float(row[i])) == vstar;
-    int *s_cnt = reinterpret_cast<int *>(s_scan);
-    s_cnt[threadIdx.x] = mine;
-    __syncthreads();
-    if (threadIdx.x == 0) {
-        int run = 0;
-        for (int i = 0; i < (int)blockDim.x; i++) {
-            int v = s_cnt[i];
-            s_cnt[i] = run;
-            run += v;
+    float mine = 0.f;
+    int last_kept = -1;
+    for (int i = c0; i < c1; i++) {
+        float l = to_float(row[i]);
+        if (order_key(l) >= lo) {
+            mine += exp2f((l - mx) * sc);
+            last_kept = i;
         }
     }
+    s_scan[threadIdx.x] = mine;
     __syncthreads();
-    const int before = s_cnt[threadIdx.x];
-    if (mine > 0 && j >= before && j < before + mine) {
-        int seen = before;
+    if (threadIdx.x == 0) { /* exclusive scan, serial: 512 adds, once per row */
+        float run = 0.f;
+        for (int i = 0; i < (int)blockDim.x; i++) {
+            float v = s_scan[i];
+            s_scan[i] = run;
+            run += v;
+        }
+        s_val[0] = run;
+    }
+    __syncthreads();
+    const float total = s_val[0];
+    const float target = u * total;
+    const float before = s_scan[threadIdx.x];
+    int found = 0x7fffffff;
+    if (mine > 0.f && target >= before && target < before + mine) {
+        float run = before;
         for (int i = c0; i < c1; i++) {
-            if (order_key(to_float(row[i])) == vstar) {
-                if (seen == j) {
-                    p.ids[r] = i;
+            float l = to_float(row[i]);
+            if (order_key(l) >= lo) {
+                run += exp2f((l - mx) * sc);
+                if (target < run) {
+                    found = i;
                     break;
                 }
-                seen++;
             }
         }
+        if (found == 0x7fffffff)
+            found = last_kept; /* rounding between the chunk sum and the rescan */
+    }
+    /* fallback when rounding put the target past the total: the last kept index */
+    int fallback = last_kept;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+        found = min(found, __shfl_xor_sync(0xffffffffu, found, off));
+        fallback = max(fallback, __shfl_xor_sync(0xffffffffu, fallback, off));
+    }
+    __syncthreads();
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    if (lane == 0) {
+        s_idx[warp] = found;
+        reinterpret_cast<int *>(s_val)[warp] = fallback;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int f = 0x7fffffff, fb = -1;
+        for (int w = 0; w < nwarps; w++) {
+            f = min(f, s_idx[w]);
+            fb = max(fb, reinterpret_cast<int *>(s_val)[w]);
+        }
+        p.ids[r] = f != 0x7fffffff ? f : (fb >= 0 ? fb : 0);
     }
 }
 
