@@ -26,6 +26,7 @@
 #include <string.h>
 
 #include "codegen.h"
+#include "cuda_kernels.h"
 #include "model_desc.h"
 
 /* ---- the emitter ---- */
@@ -2147,112 +2148,51 @@ ms_status ms_codegen_main_c(const ms_model *m, const char *source, ms_strbuf *ou
 
 /* ---- kernel instance sources ---- */
 
-/* The kernel vocabulary of runtime/cuda_kernels.h, mirrored here because that header and
- * backend.h (through model_desc.h) cannot be included together (both declare ms_attn_params).
- * ORDER MS_KERNEL_OP / MS_KERNEL_DTYPE / MS_KERNEL_ROPE: values, names and entries match
- * cuda_kernels.c; tests/test_codegen_kernels.c checks every generated name against
- * ms_kernel_spec_uri and compiles every instance with NVRTC. */
-typedef enum ms_kernel_op {
-    MS_KERNEL_OP_ATTN_DECODE = 0,
-    MS_KERNEL_OP_ATTN_PREFILL,
-    MS_KERNEL_OP_ROPE_KV,
-    MS_KERNEL_OP_RMSNORM,
-    MS_KERNEL_OP_SILU_MUL,
-    MS_KERNEL_OP_EMBED,
-    MS_KERNEL_OP_ARGMAX,
-    MS_KERNEL_OP_SAMPLE,
-    MS_KERNEL_OP_COUNT
-} ms_kernel_op;
-typedef enum ms_kernel_dtype {
-    MS_KERNEL_DTYPE_BF16 = 0,
-    MS_KERNEL_DTYPE_F16,
-    MS_KERNEL_DTYPE_F32,
-    MS_KERNEL_DTYPE_COUNT
-} ms_kernel_dtype;
-typedef enum ms_kernel_rope {
-    MS_KERNEL_ROPE_NONE = 0,
-    MS_KERNEL_ROPE_NEOX = 1,
-    MS_KERNEL_ROPE_INTERLEAVED = 2,
-    MS_KERNEL_ROPE_COUNT
-} ms_kernel_rope;
-typedef enum ms_kernel_rope_scaling {
-    MS_KERNEL_ROPE_SCALING_NONE = 0,
-    MS_KERNEL_ROPE_SCALING_LLAMA3 = 1,
-} ms_kernel_rope_scaling;
+/* The kernel vocabulary is the runtime's (runtime/cuda_kernels.h: specs, names, instance
+ * sources), so the instances mstarc writes are exactly the ones the CUDA backend compiles, with
+ * the shape fields left to the checkpoint. Shape used only to build specs; it never reaches a
+ * file (names are stems, sources use the MS_HEAD_DIM / MS_PAGE_SIZE / MS_GROUP macros). */
+enum { KSHAPE_HEAD_DIM = 64, KSHAPE_PAGE_SIZE = 16, KSHAPE_GROUP = 4 };
 
-static const char *const kop_name[MS_KERNEL_OP_COUNT] = {
-    "attn_decode", "attn_prefill", "rope_kv", "rmsnorm", "silu_mul", "embed", "argmax", "sample"};
-static const char *const kop_entry[MS_KERNEL_OP_COUNT][2] = {
-    {"ms_attn_decode", "ms_attn_decode_merge"}, {"ms_attn_prefill", NULL}, {"ms_rope_kv", NULL},
-    {"ms_rmsnorm", NULL}, {"ms_silu_mul", NULL}, {"ms_embed", NULL}, {"ms_argmax", NULL},
-    {"ms_sample", NULL}};
-static const char *const kdtype_name[MS_KERNEL_DTYPE_COUNT] = {"bf16", "f16", "f32"};
-
-/* A structural kernel variant of the model (shape completed at load). */
+/* A structural kernel instance of the model (shape completed at load). */
 typedef struct kvariant {
-    ms_kernel_op op;
-    ms_kernel_dtype dtype;
-    bool causal, windowed, add_residual;
-    ms_kernel_rope rope;
-    ms_kernel_rope_scaling scaling;
-    const char *when;   /* config condition under which the engine uses it, NULL always */
+    ms_kernel_spec spec;
+    const char *when; /* config condition under which the engine uses it, NULL always */
 } kvariant;
-
-/* Template header and wrapper of each op. ORDER MS_KERNEL_OP (mirrors runtime/cuda_kernels.c,
- * whose ms_kernel_spec_source emits the same wrappers for a complete spec). */
-static const struct {
-    const char *header;
-    const char *threads[2];
-    const char *params;
-    const char *call[2];
-} kop[MS_KERNEL_OP_COUNT] = {
-    {"attn/decode.cuh", {"MS_ATTN_DECODE_THREADS", "MS_ATTN_MERGE_THREADS"}, "ms_attn_params",
-     {"ms::attn_decode<cfg::T, cfg::kHeadDim, cfg::kPageSize, cfg::kGroup, cfg::kWindowed>",
-      "ms::attn_decode_merge<cfg::T, cfg::kHeadDim>"}},
-    {"attn/prefill.cuh", {"MS_ATTN_PREFILL_THREADS", NULL}, "ms_attn_params",
-     {"ms::attn_prefill<cfg::T, cfg::kHeadDim, cfg::kPageSize, cfg::kGroup, cfg::kCausal, "
-      "cfg::kWindowed>", NULL}},
-    {"rope/rope_kv.cuh", {"MS_ROPE_KV_THREADS", NULL}, "ms_rope_kv_params",
-     {"ms::rope_kv<cfg::T, cfg::kHeadDim, cfg::kPageSize, cfg::kRope, cfg::kRopeScaling>", NULL}},
-    {"norm/rmsnorm.cuh", {"MS_RMSNORM_THREADS", NULL}, "ms_rmsnorm_params",
-     {"ms::rmsnorm<cfg::T, cfg::kAddResidual>", NULL}},
-    {"act/silu_mul.cuh", {"MS_SILU_MUL_THREADS", NULL}, "ms_silu_mul_params",
-     {"ms::silu_mul<cfg::T>", NULL}},
-    {"embed/embed.cuh", {"MS_EMBED_THREADS", NULL}, "ms_embed_params", {"ms::embed<cfg::T>", NULL}},
-    {"sample/sample.cuh", {"MS_ARGMAX_THREADS", NULL}, "ms_argmax_params",
-     {"ms::argmax<cfg::T>", NULL}},
-    {"sample/sample.cuh", {"MS_SAMPLE_THREADS", NULL}, "ms_sample_params",
-     {"ms::sample<cfg::T>", NULL}},
-};
-
-static const char *const ktype[MS_KERNEL_DTYPE_COUNT] = {"ms::bf16", "ms::f16", "float"};
-static const char *const krope[MS_KERNEL_ROPE_COUNT] = {"none", "neox", "interleaved"};
 
 static bool kop_shaped(ms_kernel_op kop_) {
     return kop_ == MS_KERNEL_OP_ATTN_DECODE || kop_ == MS_KERNEL_OP_ATTN_PREFILL ||
            kop_ == MS_KERNEL_OP_ROPE_KV;
 }
 
-/* File stem: the runtime's URI without the shape parameters (ms_kernel_spec_uri). */
+/* File stem: the runtime's URI without the shape parameters (ms_kernel_spec_stem). */
 static const char *kname(gen *g, const kvariant *k) {
-    const char *on = kop_name[k->op], *dt = kdtype_name[k->dtype];
-    switch (k->op) {
-    case MS_KERNEL_OP_ATTN_DECODE:
-    case MS_KERNEL_OP_ATTN_PREFILL:
-        return S("%s_%s%s%s", on, dt, k->causal ? "_causal" : "", k->windowed ? "_win" : "");
-    case MS_KERNEL_OP_ROPE_KV:
-        return S("%s_%s_%s%s", on, dt, krope[k->rope],
-                 k->scaling == MS_KERNEL_ROPE_SCALING_LLAMA3 ? "_llama3" : "");
-    case MS_KERNEL_OP_RMSNORM:
-        return S("%s_%s%s", on, dt, k->add_residual ? "_res" : "");
-    default:
-        return S("%s_%s", on, dt);
-    }
+    char stem[MS_KERNEL_URI_MAX];
+    ms_error e = {0};
+    if (ms_kernel_spec_stem(&k->spec, stem, sizeof stem, &e) != MS_OK)
+        fail_at(g, NOLOC, "kernels: %s", e.msg);
+    return S("%s", stem);
 }
 
-static void kadd(gen *g, kvariant *ks, int *n, int cap, kvariant k) {
+/* Add a spec with the backend's conventions: float32 activations for every op that has an
+ * activation type distinct from its storage type (see ms_kernel_specs_for_decoder). */
+static void kadd(gen *g, kvariant *ks, int *n, int cap, ms_kernel_spec spec, const char *when) {
+    switch (spec.op) {
+    case MS_KERNEL_OP_ATTN_DECODE:
+    case MS_KERNEL_OP_ATTN_PREFILL:
+    case MS_KERNEL_OP_ROPE_KV:
+    case MS_KERNEL_OP_RMSNORM:
+    case MS_KERNEL_OP_EMBED:
+    case MS_KERNEL_OP_MISC:
+        spec.act_dtype = MS_KERNEL_DTYPE_F32;
+        break;
+    default:
+        break;
+    }
+    kvariant k = {spec, when};
+    const char *name = kname(g, &k);
     for (int i = 0; i < *n; i++)
-        if (strcmp(kname(g, &ks[i]), kname(g, &k)) == 0)
+        if (strcmp(kname(g, &ks[i]), name) == 0)
             return;
     if (*n == cap)
         fail_at(g, NOLOC, "too many kernel instances");
@@ -2271,23 +2211,24 @@ static void arg_leaves(const ms_ast_expr *e, const ms_ast_expr **out, int *n, in
 
 static void emit_kernel(gen *g, const kvariant *k, const char *file) {
     const char *stem = kname(g, k);
-    ms_emit_banner(&g->cg, file, g->source, kop[k->op].header);
+    ms_kernel_op kop_ = k->spec.op;
+    ms_emit_banner(&g->cg, file, g->source, ms_kernel_op_header(kop_));
     E("/*");
-    E(" * Kernel instance of model '%s': the structure is fixed by the model (element type,", g->mn);
-    E(" * variant flags); %s", kop_shaped(k->op) ? "the shape comes from the checkpoint at load: the runtime prepends" :
+    E(" * Kernel instance of model '%s': the structure is fixed by the model (element types,", g->mn);
+    E(" * variant flags); %s", kop_shaped(kop_) ? "the shape comes from the checkpoint at load: the runtime prepends" :
       "it has no shape parameters.");
-    if (kop_shaped(k->op)) {
+    if (kop_shaped(kop_)) {
         E(" *     #define MS_HEAD_DIM <head_dim>");
         E(" *     #define MS_PAGE_SIZE <page_size>");
-        if (k->op != MS_KERNEL_OP_ROPE_KV)
+        if (kop_ != MS_KERNEL_OP_ROPE_KV)
             E(" *     #define MS_GROUP <query heads per KV head>");
     }
     E(" * and compiles it with NVRTC for the device's sm_XX (cubin cache key: the runtime's URI).");
     if (k->when != NULL)
         E(" * Used when: %s.", k->when);
     E(" */");
-    if (kop_shaped(k->op)) {
-        if (k->op == MS_KERNEL_OP_ROPE_KV) {
+    if (kop_shaped(kop_)) {
+        if (kop_ == MS_KERNEL_OP_ROPE_KV) {
             E("#if !defined(MS_HEAD_DIM) || !defined(MS_PAGE_SIZE)");
             E("#error \"%s needs MS_HEAD_DIM and MS_PAGE_SIZE (defined by the runtime at load)\"", stem);
         } else {
@@ -2297,42 +2238,31 @@ static void emit_kernel(gen *g, const kvariant *k, const char *file) {
         }
         E("#endif");
     }
-    E("#include \"%s\"", kop[k->op].header);
-    ms_emit_blank(&g->cg);
-    E("namespace cfg {");
-    E("using T = %s;", ktype[k->dtype]);
-    switch (k->op) {
-    case MS_KERNEL_OP_ATTN_DECODE:
-    case MS_KERNEL_OP_ATTN_PREFILL:
-        E("constexpr int kHeadDim = MS_HEAD_DIM;");
-        E("constexpr int kPageSize = MS_PAGE_SIZE;");
-        E("constexpr int kGroup = MS_GROUP;");
-        E("constexpr bool kCausal = %s;", k->causal ? "true" : "false");
-        E("constexpr bool kWindowed = %s;", k->windowed ? "true" : "false");
-        break;
-    case MS_KERNEL_OP_ROPE_KV:
-        E("constexpr int kHeadDim = MS_HEAD_DIM;");
-        E("constexpr int kPageSize = MS_PAGE_SIZE;");
-        E("constexpr int kRope = %d; // %s", (int)k->rope, krope[k->rope]);
-        E("constexpr int kRopeScaling = %d;", (int)k->scaling);
-        break;
-    case MS_KERNEL_OP_RMSNORM:
-        E("constexpr bool kAddResidual = %s;", k->add_residual ? "true" : "false");
-        break;
-    default:
-        break;
+    /* the include, config preamble and wrappers: the runtime's text, shape as macros */
+    char *body = NULL;
+    ms_error e = {0};
+    if (ms_kernel_spec_body(&k->spec, true, &body, &e) != MS_OK) {
+        if (e.code == MS_ERR_OOM)
+            ms_arena_oom(&g->a);
+        fail_at(g, NOLOC, "kernels: %s", e.msg);
     }
-    E("} // namespace cfg");
-    for (int i = 0; i < 2 && kop[k->op].call[i] != NULL; i++) {
-        ms_emit_blank(&g->cg);
-        E("extern \"C\" __global__ void __launch_bounds__(%s)", kop[k->op].threads[i]);
-        E("%s(const %s p) {", kop_entry[k->op][i], kop[k->op].params);
-        E("    %s(p);", kop[k->op].call[i]);
-        E("}");
+    /* one E() per line keeps the emitter's indentation and OOM handling in charge */
+    for (char *line = body, *nl; line != NULL && *line != '\0'; line = nl != NULL ? nl + 1 : NULL) {
+        nl = strchr(line, '\n');
+        if (nl != NULL)
+            *nl = '\0';
+        if (*line == '\0')
+            ms_emit_blank(&g->cg);
+        else
+            E("%s", line);
     }
+    ms_free(body);
 }
 
-/* Collect the structural kernel variants the lowered forward and the sampler need. */
+/* Collect the structural kernel instances the lowered forward and the sampler need, as the CUDA
+ * backend requests them (runtime/backend_cuda.c): float32 activations, KV and weights in the
+ * kv_pool's dtype, RoPE frequencies from a table (so one instance per RoPE style: llama3 scaling
+ * changes the table, not the kernel), SiLU-and-multiply and sampling on float32. */
 static int collect_kernels(gen *g, kvariant *ks, int cap) {
     int n = 0;
     static const char *const dt_w[] = {"bf16", "f16", "f32", NULL};
@@ -2347,6 +2277,7 @@ static int collect_kernels(gen *g, kvariant *ks, int cap) {
     }
     if (dt == MS_KERNEL_DTYPE_F32)
         fail_at(g, dte->loc, "kernels: the CUDA templates store KV in bf16 or f16");
+    const int hd = KSHAPE_HEAD_DIM, ps = KSHAPE_PAGE_SIZE, grp = KSHAPE_GROUP;
     const ms_ast_expr *wins[8];
     int nw = 0;
     arg_leaves(res_arg(g->attn, "window"), wins, &nw, 8);
@@ -2364,19 +2295,19 @@ static int collect_kernels(gen *g, kvariant *ks, int cap) {
         const op *o = &g->o[i];
         switch (o->kind) {
         case O_EMBED:
-            kadd(g, ks, &n, cap, (kvariant){.op = MS_KERNEL_OP_EMBED, .dtype = dt});
+            kadd(g, ks, &n, cap, ms_kernel_spec_simple(MS_KERNEL_OP_EMBED, dt), NULL);
             break;
         case O_RMS_NORM:
         case O_ADD_RMS_NORM:
         case O_NORM_FIRST:
             if (o->kind != O_ADD_RMS_NORM)
-                kadd(g, ks, &n, cap, (kvariant){.op = MS_KERNEL_OP_RMSNORM, .dtype = dt});
+                kadd(g, ks, &n, cap, ms_kernel_spec_rmsnorm(dt, false), NULL);
             if (o->kind != O_RMS_NORM)
-                kadd(g, ks, &n, cap,
-                     (kvariant){.op = MS_KERNEL_OP_RMSNORM, .dtype = dt, .add_residual = true});
+                kadd(g, ks, &n, cap, ms_kernel_spec_rmsnorm(dt, true), NULL);
             break;
         case O_SILU_MUL:
-            kadd(g, ks, &n, cap, (kvariant){.op = MS_KERNEL_OP_SILU_MUL, .dtype = dt});
+            kadd(g, ks, &n, cap, ms_kernel_spec_simple(MS_KERNEL_OP_SILU_MUL, MS_KERNEL_DTYPE_F32),
+                 NULL);
             break;
         case O_ROPE:
         case O_ROPE_KV_WRITE: {
@@ -2384,52 +2315,45 @@ static int collect_kernels(gen *g, kvariant *ks, int cap) {
             int ns = 0, nsc = 0;
             arg_leaves(res_arg(g->pos, "style"), st, &ns, 8);
             arg_leaves(res_arg(g->pos, "scaling"), sc, &nsc, 8);
-            const ms_ast_expr *se = res_arg(g->pos, "style"), *sce = res_arg(g->pos, "scaling");
-            for (int a = 0; a < ns; a++)
-                for (int b = 0; b < nsc; b++) {
-                    kvariant k = {.op = MS_KERNEL_OP_ROPE_KV, .dtype = dt};
-                    k.rope = st[a] != NULL && strcmp(st[a]->text, "interleaved") == 0
-                                 ? MS_KERNEL_ROPE_INTERLEAVED
-                                 : MS_KERNEL_ROPE_NEOX;
-                    if (sc[b] != NULL && is_call(sc[b], "llama3"))
-                        k.scaling = MS_KERNEL_ROPE_SCALING_LLAMA3;
-                    else if (sc[b] != NULL && sc[b]->kind != MS_EXPR_NONE)
-                        fail_at(g, sc[b]->loc, "kernels: no CUDA template variant for RoPE "
-                                "scaling '%s' (none, llama3)", src_text(g, sc[b]));
-                    const char *c1 = se != NULL && se->kind == MS_EXPR_COND
-                                         ? (a == 0 ? src_text(g, se->cond) : S("not (%s)", src_text(g, se->cond)))
-                                         : NULL;
-                    const char *c2 = sce != NULL && sce->kind == MS_EXPR_COND
-                                         ? (b == 0 ? src_text(g, sce->cond) : S("not (%s)", src_text(g, sce->cond)))
-                                         : NULL;
-                    k.when = c1 != NULL && c2 != NULL ? S("%s and %s", c1, c2)
-                             : c1 != NULL             ? c1
-                                                      : c2;
-                    kadd(g, ks, &n, cap, k);
-                }
+            for (int b = 0; b < nsc; b++)
+                if (sc[b] != NULL && sc[b]->kind != MS_EXPR_NONE && !is_call(sc[b], "llama3"))
+                    fail_at(g, sc[b]->loc, "kernels: no CUDA RoPE table for scaling '%s' (none, "
+                            "llama3)", src_text(g, sc[b]));
+            const ms_ast_expr *se = res_arg(g->pos, "style");
+            for (int a = 0; a < ns; a++) {
+                ms_kernel_rope rope = st[a] != NULL && strcmp(st[a]->text, "interleaved") == 0
+                                          ? MS_KERNEL_ROPE_INTERLEAVED
+                                          : MS_KERNEL_ROPE_NEOX;
+                const char *when = se != NULL && se->kind == MS_EXPR_COND
+                                       ? (a == 0 ? src_text(g, se->cond) : S("not (%s)", src_text(g, se->cond)))
+                                       : NULL;
+                kadd(g, ks, &n, cap,
+                     ms_kernel_spec_rope_kv(dt, hd, ps, rope, MS_KERNEL_ROPE_SCALING_NONE), when);
+            }
             break;
         }
         case O_KV_WRITE:
-            kadd(g, ks, &n, cap, (kvariant){.op = MS_KERNEL_OP_ROPE_KV, .dtype = dt,
-                                            .rope = MS_KERNEL_ROPE_NONE});
+            kadd(g, ks, &n, cap,
+                 ms_kernel_spec_rope_kv(dt, hd, ps, MS_KERNEL_ROPE_NONE, MS_KERNEL_ROPE_SCALING_NONE),
+                 NULL);
             break;
         case O_ATTN:
             for (int w = 0; w < nw; w++) {
                 bool win = wins[w] != NULL && wins[w]->kind != MS_EXPR_NONE;
                 const char *when = wcond == NULL ? NULL : win ? wcond : S("not (%s)", wcond);
-                kadd(g, ks, &n, cap, (kvariant){.op = MS_KERNEL_OP_ATTN_DECODE, .dtype = dt,
-                                                .windowed = win, .when = when});
-                kadd(g, ks, &n, cap, (kvariant){.op = MS_KERNEL_OP_ATTN_PREFILL, .dtype = dt,
-                                                .causal = prefill_causal, .windowed = win,
-                                                .when = when});
+                kadd(g, ks, &n, cap, ms_kernel_spec_attn_decode(dt, hd, ps, grp, win), when);
+                kadd(g, ks, &n, cap,
+                     ms_kernel_spec_attn_prefill(dt, hd, ps, grp, prefill_causal, win), when);
             }
             break;
         default:
             break;
         }
     }
-    kadd(g, ks, &n, cap, (kvariant){.op = MS_KERNEL_OP_ARGMAX, .dtype = MS_KERNEL_DTYPE_F32});
-    kadd(g, ks, &n, cap, (kvariant){.op = MS_KERNEL_OP_SAMPLE, .dtype = MS_KERNEL_DTYPE_F32});
+    /* dtype conversion of GEMM inputs, residual adds and last-token gathers */
+    kadd(g, ks, &n, cap, ms_kernel_spec_simple(MS_KERNEL_OP_MISC, dt), NULL);
+    kadd(g, ks, &n, cap, ms_kernel_spec_simple(MS_KERNEL_OP_ARGMAX, MS_KERNEL_DTYPE_F32), NULL);
+    kadd(g, ks, &n, cap, ms_kernel_spec_simple(MS_KERNEL_OP_SAMPLE, MS_KERNEL_DTYPE_F32), NULL);
     return n;
 }
 

@@ -123,6 +123,26 @@ ms_status ms_kernel_spec_uri(const ms_kernel_spec *s, int arch, char *buf, size_
  */
 ms_status ms_kernel_spec_source(const ms_kernel_spec *s, char **out, ms_error *err);
 
+/*
+ * The URI of `s` without its shape fields (head_dim, page size, group) and without an arch, e.g.
+ * attn_prefill_bf16_causal_win_af32: the name of a model's structural kernel instance, whose shape
+ * comes from the checkpoint at load (mstarc build writes <stem>.cu). Errors as ms_kernel_spec_uri.
+ */
+ms_status ms_kernel_spec_stem(const ms_kernel_spec *s, char *buf, size_t cap, ms_error *err);
+
+/*
+ * The instance source without its banner: the template's #include, the config preamble and the
+ * extern "C" wrappers. shape_macros: the shape fields are written as MS_HEAD_DIM, MS_PAGE_SIZE and
+ * MS_GROUP, which the compiling side defines (mstarc's per-model instances); otherwise as the
+ * spec's numbers (exactly the text of ms_kernel_spec_source after its first line). *out is
+ * ms_malloc'd (caller frees).
+ */
+ms_status ms_kernel_spec_body(const ms_kernel_spec *s, bool shape_macros, char **out,
+                              ms_error *err);
+
+/* Template header of an op ("attn/decode.cuh"), NULL for an invalid op. */
+const char *ms_kernel_op_header(ms_kernel_op op);
+
 /* Name of entry `i` of an op's module (i = 0: main kernel; decode has i = 1: the split merge;
  * misc has convert, add, gather_rows), NULL past the last. */
 const char *ms_kernel_op_entry(ms_kernel_op op, int i);
