@@ -364,6 +364,7 @@ static ms_status spec_body(const ms_kernel_spec *s, bool shape_macros, const cha
 }
 
 ms_status ms_kernel_spec_source(const ms_kernel_spec *s, char **out, ms_error *err) {
+    *out = NULL;
     char uri[MS_KERNEL_URI_MAX], banner[MS_KERNEL_URI_MAX + 128];
     MS_TRY(ms_kernel_spec_uri(s, 0, uri, sizeof uri, err));
     snprintf(banner, sizeof banner,
