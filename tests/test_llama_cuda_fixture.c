@@ -5,7 +5,9 @@
  *
  * Acceptance (issue 5): prefill and decode logits within 2e-2 relative error (||gpu - ref|| /
  * ||ref|| per row, worst row) of the float32 reference, and greedy ids equal to the CPU
- * backend's for at least the first 16 generated tokens. Decode rows are compared with the
+ * backend's for at least the first 16 generated tokens; the CPU backend runs over the same bf16
+ * weights and KV (with float32 weights, llama_gqa prompt 1 parts at step 10 on a near tie that
+ * bf16 weight rounding alone flips, device run of 2026-11-29). Decode rows are compared with the
  * reference only while the GPU's ids still equal the reference's (after a divergence the
  * reference logits describe another sequence). Fixtures: llama_gqa (GQA 4, head_dim 16, ragged
  * batch of 37/5/64/1 tokens), mistral_window (window 8 with released pages), llama31_rope (llama3
@@ -106,8 +108,8 @@ typedef struct layer_w {
 
 typedef struct model {
     const ms_backend *be;
-    ms_dtype wdt;  /* weights: f32 on the CPU, bf16 on CUDA */
-    ms_dtype kvdt; /* KV arena: f32 on the CPU, bf16 on CUDA */
+    ms_dtype wdt;  /* weights (bf16 on both backends in check_fixture) */
+    ms_dtype kvdt; /* KV arena (same as wdt) */
     int hidden, n_layers, hq, hkv, d, ff, vocab, window;
     float eps;
     bool tied, qk_norm, qkv_bias;
@@ -585,9 +587,9 @@ static void free_prompts(prompt_ref *pr, int n, ref_file *rf) {
     ref_close(rf);
 }
 
-/* One fixture: the CPU backend (f32) and the CUDA backend (bf16 weights and KV) run all prompts
- * as one ragged batch with page size 16; the GPU's logits against the reference, its ids against
- * the CPU's. */
+/* One fixture: the CPU backend and the CUDA backend, both over bf16 weights and KV, run all
+ * prompts as one ragged batch with page size 16; the GPU's logits against the float32 reference,
+ * its ids against the CPU backend's on the same rounded parameters. */
 static void check_fixture(const char *rel) {
     ms_error err = {0};
     char dir[1024];
@@ -613,7 +615,9 @@ static void check_fixture(const char *rel) {
             CHECK(ms_backend_cuda_init(&be, &o, &err));
         }
         model m;
-        model_load(&m, &be, dir, which == 0 ? MS_DTYPE_F32 : MS_DTYPE_BF16);
+        /* both backends hold the same bf16 weights and KV, so their greedy ids can only part
+           where activation rounding (bf16 GEMM inputs on CUDA) flips a near tie */
+        model_load(&m, &be, dir, MS_DTYPE_BF16);
         model_plan(&m, MS_MAX(total, np), np * (most / ps + 2) + 2, ps);
         run_batch(&m, pr, all, np, ps, &r[which]);
         model_free(&m);
