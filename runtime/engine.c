@@ -329,6 +329,7 @@ static ms_status eng_facts_init(ms_engine *e, ms_error *err) {
         return MS_FAIL(err, MS_ERR_OOM, "out of memory for the model config");
     MS_TRY(e->desc->config_load(e->hf, e->config, err));
     MS_TRY(e->desc->facts(e->config, &e->facts, err));
+    MS_TRY(ms_md_check_shapes(e->desc, e->config, err));
     int64_t eos[MS_MD_MAX_EOS];
     size_t n_eos = 0;
     MS_TRY(ms_hf_config_get_eos_ids(e->hf, eos, MS_MD_MAX_EOS, &n_eos, err));
@@ -665,6 +666,7 @@ ms_status ms_engine_init(ms_engine **out, const ms_model_desc *desc,
                        "page_size %d >= 0, kv_pages %d >= 0)",
                        (int)opt->max_seqs, (int)opt->max_tokens, (int)opt->page_size,
                        (int)opt->kv_pages);
+    MS_TRY(ms_md_check_desc(desc, err));
     ms_engine *e = ms_calloc(1, sizeof *e);
     if (e == NULL)
         return MS_FAIL(err, MS_ERR_OOM, "out of memory for the engine");

@@ -37,3 +37,4 @@ TESTS += tests/test_dsl
 TEST_SCRIPTS += tests/mstarc_cli.sh
 TESTS += tests/test_runner_property
 TESTS += tests/test_dsl_fixtures
+TESTS += tests/test_engine_desc
