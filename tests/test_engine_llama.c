@@ -256,7 +256,8 @@ static void check_hf_fixture(const char *fx, int32_t page_size) {
             assert_int_equal(ms_engine_step(e, NULL, &err), MS_OK);
             const float *lg = ms_engine_last_logits(e, rid);
             assert_non_null(lg);
-            const float *want = s == 0 ? pre + (n_in - 1) * (size_t)V : dec + (size_t)(s - 1) * (size_t)V;
+            const float *want = s == 0 ? pre + (n_in - 1) * (size_t)V
+                                       : dec + (size_t)(s - 1) * (size_t)V;
             float d = max_abs_diff(lg, want, (size_t)V);
             if (!(d < TOL))
                 fail_msg("%s p%d: %s logits of step %d differ by %g", fx, p,
