@@ -329,6 +329,7 @@ static ms_status eng_facts_init(ms_engine *e, ms_error *err) {
         return MS_FAIL(err, MS_ERR_OOM, "out of memory for the model config");
     MS_TRY(e->desc->config_load(e->hf, e->config, err));
     MS_TRY(e->desc->facts(e->config, &e->facts, err));
+    MS_TRY(ms_md_check_shapes(e->desc, e->config, err));
     int64_t eos[MS_MD_MAX_EOS];
     size_t n_eos = 0;
     MS_TRY(ms_hf_config_get_eos_ids(e->hf, eos, MS_MD_MAX_EOS, &n_eos, err));
@@ -665,6 +666,7 @@ ms_status ms_engine_init(ms_engine **out, const ms_model_desc *desc,
                        "page_size %d >= 0, kv_pages %d >= 0)",
                        (int)opt->max_seqs, (int)opt->max_tokens, (int)opt->page_size,
                        (int)opt->kv_pages);
+    MS_TRY(ms_md_check_desc(desc, err));
     ms_engine *e = ms_calloc(1, sizeof *e);
     if (e == NULL)
         return MS_FAIL(err, MS_ERR_OOM, "out of memory for the engine");
@@ -865,9 +867,55 @@ static bool eng_is_eos(const ms_engine *e, int32_t id) {
     return false;
 }
 
-ms_status ms_engine_step(ms_engine *e, ms_engine_step_info *info, ms_error *err) {
+/* Queue the forward of a planned step and sample one id per row into e->ids_host (and the logits
+ * into e->logits_host). */
+static ms_status eng_forward_sample(ms_engine *e, const ms_md_step *decl,
+                                    const ms_step_ctx *ctx, int32_t n, int32_t n_tok,
+                                    ms_error *err) {
     const ms_backend_i *f = &e->be.iface;
     void *cx = e->be.ctx;
+    const ms_pos_plan *pp = ctx->plan_results[e->idx_pos];
+    int32_t n_pos = 0;
+    const int32_t *pos_ids = ms_pos_plan_ids(pp, decl->label, 0, &n_pos);
+    MS_ASSERT(pos_ids != NULL && n_pos == n_tok);
+    MS_TRY(f->copy_to_backend(cx, e->tokens_dev, e->tokens_host,
+                              (size_t)n_tok * sizeof(int32_t), err));
+    MS_TRY(f->copy_to_backend(cx, e->pos_dev, pos_ids, (size_t)n_tok * sizeof(int32_t), err));
+    ms_tensor tokens = ms_tensor_1d(e->tokens_dev, MS_DTYPE_I32, n_tok);
+    ms_tensor pos = ms_tensor_1d(e->pos_dev, MS_DTYPE_I32, n_tok);
+    ms_tensor logits = ms_tensor_2d(e->logits_dev, MS_DTYPE_F32, n, e->facts.vocab);
+    const eng_attn *ap = ctx->plan_results[e->idx_attn];
+    ms_md_forward_args args = {
+        .be = &e->be,
+        .config = e->config,
+        .facts = &e->facts,
+        .weights = e->weights,
+        .weight_offset = e->woff,
+        .kv = &e->kv,
+        .batch = ap->batch,
+        .tokens = &tokens,
+        .positions = &pos,
+        .rope = &e->rope,
+        .attn = {.scale = 1.0f / sqrtf((float)e->facts.head_dim), .window = e->facts.window,
+                 .causal = ap->entry->causal},
+        .workspace = e->workspace,
+        .max_tokens = e->max_tokens,
+        .max_seqs = e->max_seqs,
+        .logits = &logits,
+    };
+    MS_TRY(e->desc->forward(&args, err));
+
+    /* 5. sample one id per row (rows that do not sample ignore theirs) */
+    const ms_sample_row *rows = ctx->plan_results[e->idx_sample];
+    ms_tensor ids = ms_tensor_1d(e->ids_dev, MS_DTYPE_I32, n);
+    MS_TRY(f->sample(cx, &logits, rows, e->sample_ws, e->sample_ws_bytes, &ids, err));
+    MS_TRY(f->copy_to_host(cx, e->ids_host, e->ids_dev, (size_t)n * sizeof(int32_t), err));
+    MS_TRY(f->copy_to_host(cx, e->logits_host, e->logits_dev,
+                           (size_t)n * (size_t)e->facts.vocab * sizeof(float), err));
+    return MS_OK;
+}
+
+ms_status ms_engine_step(ms_engine *e, ms_engine_step_info *info, ms_error *err) {
     ms_engine_step_info inf = {0, 0, 0};
     if (info != NULL)
         *info = inf;
@@ -950,45 +998,12 @@ ms_status ms_engine_step(ms_engine *e, ms_engine_step_info *info, ms_error *err)
     }
     MS_TRY(ms_step_runner_plan(e->runner, &step, &ctx, err));
 
-    /* 4. forward */
-    const ms_pos_plan *pp = ctx.plan_results[e->idx_pos];
-    int32_t n_pos = 0;
-    const int32_t *pos_ids = ms_pos_plan_ids(pp, decl->label, 0, &n_pos);
-    MS_ASSERT(pos_ids != NULL && n_pos == n_tok);
-    MS_TRY(f->copy_to_backend(cx, e->tokens_dev, e->tokens_host,
-                              (size_t)n_tok * sizeof(int32_t), err));
-    MS_TRY(f->copy_to_backend(cx, e->pos_dev, pos_ids, (size_t)n_tok * sizeof(int32_t), err));
-    ms_tensor tokens = ms_tensor_1d(e->tokens_dev, MS_DTYPE_I32, n_tok);
-    ms_tensor pos = ms_tensor_1d(e->pos_dev, MS_DTYPE_I32, n_tok);
-    ms_tensor logits = ms_tensor_2d(e->logits_dev, MS_DTYPE_F32, n, e->facts.vocab);
-    const eng_attn *ap = ctx.plan_results[e->idx_attn];
-    ms_md_forward_args args = {
-        .be = &e->be,
-        .config = e->config,
-        .facts = &e->facts,
-        .weights = e->weights,
-        .weight_offset = e->woff,
-        .kv = &e->kv,
-        .batch = ap->batch,
-        .tokens = &tokens,
-        .positions = &pos,
-        .rope = &e->rope,
-        .attn = {.scale = 1.0f / sqrtf((float)e->facts.head_dim), .window = e->facts.window,
-                 .causal = ap->entry->causal},
-        .workspace = e->workspace,
-        .max_tokens = e->max_tokens,
-        .max_seqs = e->max_seqs,
-        .logits = &logits,
-    };
-    MS_TRY(e->desc->forward(&args, err));
-
-    /* 5. sample one id per row (rows that do not sample ignore theirs) */
-    const ms_sample_row *rows = ctx.plan_results[e->idx_sample];
-    ms_tensor ids = ms_tensor_1d(e->ids_dev, MS_DTYPE_I32, n);
-    MS_TRY(f->sample(cx, &logits, rows, e->sample_ws, e->sample_ws_bytes, &ids, err));
-    MS_TRY(f->copy_to_host(cx, e->ids_host, e->ids_dev, (size_t)n * sizeof(int32_t), err));
-    MS_TRY(f->copy_to_host(cx, e->logits_host, e->logits_dev,
-                           (size_t)n * (size_t)e->facts.vocab * sizeof(float), err));
+    /* 4. forward and 5. sampling; a failure abandons the step (nothing it reserved stays) */
+    ms_status st = eng_forward_sample(e, decl, &ctx, n, n_tok, err);
+    if (st != MS_OK) {
+        ms_step_runner_abandon(e->runner, &step, &ctx);
+        return st;
+    }
 
     /* 6. commit, then outputs and stops */
     MS_TRY(ms_step_runner_commit(e->runner, &step, &ctx, err));

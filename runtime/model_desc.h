@@ -279,6 +279,25 @@ typedef struct ms_model_desc {
 ms_status ms_md_expand_name(const char *tmpl, int32_t layer, char *buf, size_t cap,
                             ms_error *err);
 
+/*
+ * Check a descriptor's tables for consistency (what a code generator bug would break), without a
+ * config: every function pointer set; weights: kind valid, rank 1 or 2, TENSOR/PART entries name
+ * at least one template (a per-layer one containing "{i}", a global one none), a tie points to an
+ * earlier TENSOR/FUSED entry of the same rank and layering, a PART names a FUSED entry that lists
+ * it, a FUSED entry has 2..MS_MD_MAX_PARTS PART entries of its rank and layering, each listing it;
+ * resources: unique keys, dependencies among earlier keys (dependency order), at most one of each
+ * kind; steps: spans valid, buckets ascending. Errors: MS_ERR_INVALID_ARG
+ * "model <name>: weight 'x': <problem>". The engine runs it first at init.
+ */
+ms_status ms_md_check_desc(const ms_model_desc *d, ms_error *err);
+
+/*
+ * Check a descriptor's shapes under a loaded config: every dim positive, and each FUSED entry's
+ * rows the sum of its parts' rows with equal trailing dims. Errors: MS_ERR_FORMAT naming the
+ * entry and the dims.
+ */
+ms_status ms_md_check_shapes(const ms_model_desc *d, const void *config, ms_error *err);
+
 /* Resource index of `key` in the descriptor's table, or -1. */
 int32_t ms_md_resource_index(const ms_model_desc *d, const char *key);
 

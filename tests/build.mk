@@ -56,3 +56,4 @@ TESTS += tests/test_codegen_kernels
 endif
 $(BUILD)/tests/test_codegen_kernels: | $(BUILD)/gen/llama/llama_gen.c
 TESTS += tests/test_codegen
+TESTS += tests/test_engine_desc

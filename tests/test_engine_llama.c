@@ -256,7 +256,8 @@ static void check_hf_fixture(const char *fx, int32_t page_size) {
             assert_int_equal(ms_engine_step(e, NULL, &err), MS_OK);
             const float *lg = ms_engine_last_logits(e, rid);
             assert_non_null(lg);
-            const float *want = s == 0 ? pre + (n_in - 1) * (size_t)V : dec + (size_t)(s - 1) * (size_t)V;
+            const float *want = s == 0 ? pre + (n_in - 1) * (size_t)V
+                                       : dec + (size_t)(s - 1) * (size_t)V;
             float d = max_abs_diff(lg, want, (size_t)V);
             if (!(d < TOL))
                 fail_msg("%s p%d: %s logits of step %d differ by %g", fx, p,
@@ -703,6 +704,65 @@ static void test_stop_on_eos(void **state) {
 
 /* ---- failures ---- */
 
+/* A forward that fails on demand (the op errors a backend reports). */
+static int g_fail_forward_at = -1; /* forward call index that fails, -1 never */
+static int g_forward_calls;
+
+static ms_status failing_forward(const ms_md_forward_args *a, ms_error *err) {
+    if (g_forward_calls++ == g_fail_forward_at)
+        return MS_FAIL(err, MS_ERR_INTERNAL, "injected forward failure");
+    return ms_llama_ref_desc.forward(a, err);
+}
+
+/* A step whose forward fails is abandoned: nothing it reserved stays, and retrying it gives the
+ * same ids as a run that never failed (KV lengths, positions and draw counters untouched). */
+static void test_failed_step_is_abandoned(void **state) {
+    (void)state;
+    gqa_ref g;
+    gqa_open(&g);
+    ms_model_desc d = ms_llama_ref_desc;
+    d.forward = failing_forward;
+    ms_engine_options o = ms_engine_options_default();
+    o.model_path = ms_test_fixture("hf/llama_gqa");
+    o.page_size = 4;
+    o.max_seqs = 2;
+    o.max_tokens = 128;
+    ms_engine *e = NULL;
+    ms_error err = {0};
+    assert_int_equal(ms_engine_init(&e, &d, &o, &err), MS_OK);
+    const int32_t free0 = ms_engine_kv_pages_free(e);
+    g_forward_calls = 0;
+    g_fail_forward_at = 0; /* the prefill */
+    ms_rid r0 = add_req(e, g.in[0], (int32_t)g.n[0], GQA_NEW, 0, ms_sampling_greedy());
+    ms_rid r1 = add_req(e, g.in[1], (int32_t)g.n[1], GQA_NEW, 0, ms_sampling_greedy());
+    assert_int_equal(ms_engine_step(e, NULL, &err), MS_ERR_INTERNAL);
+    assert_non_null(strstr(err.msg, "injected forward failure"));
+    assert_int_equal(ms_engine_kv_pages_free(e), free0);
+    g_fail_forward_at = 7; /* a decode step */
+    assert_int_equal(ms_engine_step(e, NULL, &err), MS_OK);
+    ms_status st = MS_OK;
+    while (ms_engine_n_active(e) > 0) {
+        st = ms_engine_step(e, NULL, &err);
+        if (st != MS_OK) {
+            assert_int_equal(st, MS_ERR_INTERNAL);
+            g_fail_forward_at = -1;
+        }
+    }
+    assert_int_equal(g_fail_forward_at, -1); /* the decode failure happened */
+    const int32_t *out;
+    int32_t n_out;
+    assert_int_equal(ms_engine_output(e, r0, &out, &n_out, NULL), MS_OK);
+    assert_memory_equal(out, g.greedy[0], GQA_NEW * sizeof(int32_t));
+    assert_int_equal(ms_engine_output(e, r1, &out, &n_out, NULL), MS_OK);
+    assert_memory_equal(out, g.greedy[1], GQA_NEW * sizeof(int32_t));
+    ms_engine_remove(e, r0);
+    ms_engine_remove(e, r1);
+    assert_int_equal(ms_engine_kv_pages_free(e), free0);
+    ms_engine_free(e);
+    gqa_close(&g);
+}
+
+
 static void test_device_and_options(void **state) {
     (void)state;
     ms_engine_options o = ms_engine_options_default();
@@ -825,6 +885,7 @@ int main(void) {
         ms_unit_test(test_sharded_checkpoint),
         ms_unit_test(test_seeded_sampling_batch_independent),
         ms_unit_test(test_stop_on_eos),
+        ms_unit_test(test_failed_step_is_abandoned),
         ms_unit_test(test_device_and_options),
         ms_unit_test(test_kv_sizing),
         ms_unit_test(test_init_allocation_failures),
