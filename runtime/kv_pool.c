@@ -1460,10 +1460,11 @@ ms_status ms_kv_pool_offload(ms_kv_pool *pool, ms_rid rid, int32_t *pages_freed,
             continue;
         already = already || s->offloaded;
         if (stream_in_flight(s) || s->read_pending) {
+            /* read the stream before unlocking: another thread may change it right after */
+            const char *why = s->read_pending ? "a transfer pending" : "a step in flight";
             pthread_mutex_unlock(&pool->mu);
-            return MS_FAIL(err, MS_ERR_STATE,
-                           "kv pool: offload: request %llu label %d has %s", (unsigned long long)
-                           rid, l, s->read_pending ? "a transfer pending" : "a step in flight");
+            return MS_FAIL(err, MS_ERR_STATE, "kv pool: offload: request %llu label %d has %s",
+                           (unsigned long long)rid, l, why);
         }
         need += stream_need(s, pool->ps);
     }
