@@ -56,3 +56,5 @@ ifeq ($(HAVE_CUDA),1)
 TESTS += tests/test_codegen_kernels
 endif
 $(BUILD)/tests/test_codegen_kernels: | $(BUILD)/gen/llama/llama_gen.c
+TESTS += tests/test_tokenizer_hf
+TSAN_TESTS += tests/test_tokenizer_hf
