@@ -283,7 +283,71 @@ static void tok_pcre2_free(void *ptr, void *user) {
     ms_free(ptr);
 }
 
-/* Compile `pattern` (UTF + UCP; literal when `literal`). `what` names it in errors. */
+/* Unicode White_Space, the meaning of \s in the library's Oniguruma, as class members. */
+static const char tok_ws_class[] =
+    "\\x{09}-\\x{0D}\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}";
+
+/*
+ * Rewrite \s and \S of an Oniguruma pattern into explicit White_Space classes: with UCP, PCRE2's \s
+ * also matches U+180E (it includes \h), which Oniguruma's does not. \S inside a class is left
+ * alone (no real tokenizer uses it). Returns a fresh NUL-terminated pattern or NULL (out of memory).
+ */
+static char *tok_rewrite_spaces(const char *pat, size_t len, size_t *out_len) {
+    size_t ws = strlen(tok_ws_class);
+    size_t n_esc = 0;
+    for (size_t i = 0; i + 1 < len; i++)
+        n_esc += pat[i] == '\\';
+    char *out = ms_malloc(len + n_esc * (ws + 3) + 1);
+    if (out == NULL)
+        return NULL;
+    size_t o = 0;
+    bool in_class = false;
+    for (size_t i = 0; i < len; i++) {
+        char c = pat[i];
+        if (c == '\\' && i + 1 < len) {
+            char x = pat[i + 1];
+            if (x == 's' || (x == 'S' && !in_class)) {
+                if (!in_class)
+                    out[o++] = '[';
+                if (x == 'S')
+                    out[o++] = '^';
+                memcpy(out + o, tok_ws_class, ws);
+                o += ws;
+                if (!in_class)
+                    out[o++] = ']';
+            } else {
+                out[o++] = c;
+                out[o++] = x;
+            }
+            i++;
+            continue;
+        }
+        out[o++] = c;
+        if (!in_class && c == '[') {
+            in_class = true;
+            if (i + 1 < len && pat[i + 1] == '^')
+                out[o++] = pat[++i];
+            if (i + 1 < len && pat[i + 1] == ']')  /* a leading ']' is a member */
+                out[o++] = pat[++i];
+        } else if (in_class && c == '[' && i + 1 < len && pat[i + 1] == ':') {
+            const char *end = strstr(pat + i, ":]");  /* POSIX class [:name:] */
+            if (end != NULL && (size_t)(end - pat) + 2 <= len) {
+                size_t k = (size_t)(end - pat) + 2 - (i + 1);
+                memcpy(out + o, pat + i + 1, k);
+                o += k;
+                i += k;
+            }
+        } else if (in_class && c == ']') {
+            in_class = false;
+        }
+    }
+    out[o] = '\0';
+    *out_len = o;
+    return out;
+}
+
+/* Compile `pattern` (UTF + UCP, \s as White_Space; literal when `literal`). `what` names it in
+ * errors. */
 static ms_status tok_compile(ms_tok_hf *tok, const char *pattern, size_t len, bool literal, const char *what,
                              pcre2_code **out, ms_error *err) {
     *out = NULL;
@@ -293,8 +357,19 @@ static ms_status tok_compile(ms_tok_hf *tok, const char *pattern, size_t len, bo
     int ecode = 0;
     PCRE2_SIZE eoff = 0;
     uint32_t flags = PCRE2_UTF | (literal ? PCRE2_LITERAL : PCRE2_UCP);  /* LITERAL refuses UCP */
-    pcre2_code *re = pcre2_compile((PCRE2_SPTR)pattern, len, flags, &ecode, &eoff, cctx);
+    char *rewritten = NULL;
+    if (!literal) {
+        if (len == PCRE2_ZERO_TERMINATED)
+            len = strlen(pattern);
+        rewritten = tok_rewrite_spaces(pattern, len, &len);
+        if (rewritten == NULL) {
+            pcre2_compile_context_free(cctx);
+            return MS_FAIL(err, MS_ERR_OOM, "%s: out of memory compiling the %s regex", tok->path, what);
+        }
+    }
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)(literal ? pattern : rewritten), len, flags, &ecode, &eoff, cctx);
     pcre2_compile_context_free(cctx);
+    ms_free(rewritten);
     if (re == NULL) {
         PCRE2_UCHAR msg[256];
         if (pcre2_get_error_message(ecode, msg, sizeof msg) < 0)
@@ -303,8 +378,9 @@ static ms_status tok_compile(ms_tok_hf *tok, const char *pattern, size_t len, bo
          * memory"). */
         if (ecode == 121)
             return MS_FAIL(err, MS_ERR_OOM, "%s: out of memory compiling the %s regex", tok->path, what);
-        return MS_FAIL(err, MS_ERR_FORMAT, "%s: %s regex does not compile with PCRE2 at offset %zu: %s", tok->path,
-                       what, (size_t)eoff, (const char *)msg);
+        /* (the offset is into the pattern with \s expanded, so it is only a hint) */
+        return MS_FAIL(err, MS_ERR_FORMAT, "%s: %s regex does not compile with PCRE2 (near offset %zu): %s",
+                       tok->path, what, (size_t)eoff, (const char *)msg);
     }
     /* JIT speeds matching up; without it (no JIT support, or no memory) matching still works. */
     (void)pcre2_jit_compile(re, PCRE2_JIT_COMPLETE);
@@ -1577,6 +1653,7 @@ ms_status ms_tok_hf_encode(const ms_tok_hf *tok, const char *text, size_t len, b
                            size_t *n, ms_error *err) {
     *ids = NULL;
     *n = 0;
+    MS_ASSERT(text != NULL || len == 0);
     for (size_t i = 0; i < len;) {
         size_t bad = 0;
         size_t cl = tok_utf8_check((const unsigned char *)text, len, i, &bad);
@@ -1634,6 +1711,7 @@ ms_status ms_tok_hf_decode(const ms_tok_hf *tok, const int32_t *ids, size_t n, b
                            size_t *len, ms_error *err) {
     *text = NULL;
     *len = 0;
+    MS_ASSERT(ids != NULL || n == 0);
     size_t raw_len = 0;
     for (size_t i = 0; i < n; i++)
         if (ids[i] >= 0 && ids[i] < tok->n_ids && tok->id_str[ids[i]] != NULL &&
@@ -1693,6 +1771,8 @@ bool ms_tok_hf_is_special(const ms_tok_hf *tok, int32_t id) {
 }
 
 void ms_tok_hf_clear_cache(ms_tok_hf *tok) {
+    if (tok == NULL)
+        return;
     pthread_mutex_lock(&tok->cache_mu);
     for (size_t i = 0; i < TOK_CACHE_SLOTS; i++) {
         ms_free(tok->cache[i]);

@@ -687,6 +687,12 @@ static void test_split_behaviors(void **state) {
         {"c", "Removed", "true", "abc", {2}, 1},                   /* inverted: "ab" removed */
         {"c", "Isolated", "true", "abc", {4, 2}, 2},               /* ab | c */
         {"a", "MergedWithPrevious", "true", "abc", {5}, 1},        /* inverted: "bc" joins "a" */
+        /* \s is Unicode White_Space as in Oniguruma: U+3000 is removed (a | b), U+180E is not
+         * (PCRE2's own \s would match it); its bytes have no vocabulary entry, so a and b merge. */
+        {"\\\\s", "Removed", "false", "a\xe3\x80\x80" "b", {0, 1}, 2},
+        {"\\\\s", "Removed", "false", "a\xe1\xa0\x8e" "b", {4}, 1},
+        {"\\\\S+", "Removed", "false", "a\xe1\xa0\x8e" "b", {0}, 0},  /* all of it is \S */
+        {"[\\\\s]", "Removed", "false", "a b\xe1\xa0\x8e", {0, 1}, 2},
     };
     for (size_t i = 0; i < MS_ARRAY_LEN(cases); i++) {
         char pretok[512];
