@@ -57,3 +57,5 @@ endif
 $(BUILD)/tests/test_codegen_kernels: | $(BUILD)/gen/llama/llama_gen.c
 TESTS += tests/test_codegen
 TESTS += tests/test_engine_desc
+TESTS += tests/test_tokenizer_hf
+TSAN_TESTS += tests/test_tokenizer_hf
