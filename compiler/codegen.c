@@ -520,6 +520,15 @@ static void emit_config_load(gen *g) {
         }
         E("MS_TRY(%s(hf, src, %d, %s, &c->%s, %s, err));", cfg_fn(p->type), p->n_sources, dflt,
           p->name, p->optional ? S("&c->has_%s", p->name) : "NULL");
+        if (p->type == MS_TYPE_INT) {
+            /* sizes reach the runtime as int32 (ms_md_facts) and products of two of them must
+             * not overflow int64: a value past int32 would otherwise be truncated silently
+             * (max_position_embeddings 2^32 + 512 ran as 512) */
+            E("MS_TRY(ms_md_cfg_check(hf, %s(c->%s >= -2147483647 && c->%s <= 2147483647), err,",
+              p->optional ? S("!c->has_%s || ", p->name) : "", p->name, p->name);
+            E("                       \"%s (%%lld) is out of range (at most 2147483647 in "
+              "magnitude)\", (long long)c->%s));", p->name, p->name);
+        }
         g->cg.indent--;
         E("}");
     }
