@@ -447,6 +447,48 @@ static ms_type unify(ms_type a, ms_type b) {
     return MS_TYPE_COUNT;
 }
 
+/*
+ * Value of an int constant expression: int literals under unary '-' and '+ - * / %'. False when
+ * e is not one, or when its value does not fit in int64 (or divides by zero): the caller reports
+ * the overflow where both operands are constants that fit (so once, at the innermost operator).
+ */
+static bool const_int(const ms_ast_expr *e, int64_t *v) {
+    int64_t a, b;
+    switch (e->kind) {
+    case MS_EXPR_INT: *v = e->ival; return true;
+    case MS_EXPR_UNARY:
+        return e->op == MS_OP_NEG && const_int(e->lhs, &a) && !__builtin_sub_overflow(0, a, v);
+    case MS_EXPR_BINARY:
+        if (!const_int(e->lhs, &a) || !const_int(e->rhs, &b))
+            return false;
+        switch (e->op) {
+        case MS_OP_ADD: return !__builtin_add_overflow(a, b, v);
+        case MS_OP_SUB: return !__builtin_sub_overflow(a, b, v);
+        case MS_OP_MUL: return !__builtin_mul_overflow(a, b, v);
+        case MS_OP_DIV:
+        case MS_OP_MOD:
+            if (b == 0 || (a == INT64_MIN && b == -1))
+                return false;
+            *v = e->op == MS_OP_DIV ? a / b : a % b;
+            return true;
+        default: return false;
+        }
+    default: return false;
+    }
+}
+
+/* Report an int constant operator whose operands fit but whose result does not. */
+static void check_const_overflow(sema *s, const ms_ast_expr *e) {
+    int64_t a = 0, b = 0, v = 0;
+    bool operands = e->kind == MS_EXPR_UNARY ? const_int(e->lhs, &a)
+                                             : const_int(e->lhs, &a) && const_int(e->rhs, &b);
+    if (!operands || const_int(e, &v))
+        return;
+    if (e->kind == MS_EXPR_BINARY && (e->op == MS_OP_DIV || e->op == MS_OP_MOD) && b == 0)
+        return; /* "division by zero", reported already */
+    err(s, e->loc, "integer overflow: this constant does not fit in 64 bits");
+}
+
 static ms_type cexpr(sema *s, ms_ast_expr *e, cx_mode mode) {
     switch (e->kind) {
     case MS_EXPR_INT: return set_type(e, MS_TYPE_INT);
@@ -469,6 +511,8 @@ static ms_type cexpr(sema *s, ms_ast_expr *e, cx_mode mode) {
             err(s, e->loc, "'-' needs a number, got %s", ms_type_str(t));
             return set_type(e, MS_TYPE_UNKNOWN);
         }
+        if (t == MS_TYPE_INT)
+            check_const_overflow(s, e);
         return set_type(e, t);
     }
     case MS_EXPR_BINARY: {
@@ -511,6 +555,8 @@ static ms_type cexpr(sema *s, ms_ast_expr *e, cx_mode mode) {
                 err(s, e->loc, "'%%' needs ints");
             if ((e->op == MS_OP_DIV || e->op == MS_OP_MOD) && e->rhs->kind == MS_EXPR_INT && e->rhs->ival == 0)
                 err(s, e->rhs->loc, "division by zero");
+            if (a == MS_TYPE_INT && b == MS_TYPE_INT)
+                check_const_overflow(s, e);
             return set_type(e, a == MS_TYPE_INT && b == MS_TYPE_INT ? MS_TYPE_INT : MS_TYPE_FLOAT);
         }
     }
@@ -574,7 +620,9 @@ static void canon_flat(sema *s, const ms_ast_expr *e, ms_op op, const char **out
         return;
     }
     if (e->kind == MS_EXPR_INT) {
-        *konst = op == MS_OP_ADD ? *konst + e->ival : *konst * e->ival;
+        /* wrapping (defined) arithmetic: the text only has to be the same for equal inputs */
+        uint64_t k = (uint64_t)*konst, x = (uint64_t)e->ival;
+        *konst = (int64_t)(op == MS_OP_ADD ? k + x : k * x);
         return;
     }
     ms_strbuf b = {0};
