@@ -406,8 +406,30 @@ static const char *cfg_fn(ms_type t) {
     }
 }
 
+/* Whether `name` cannot be a field of the generated config struct: a C11 keyword or a standard
+ * macro the generated file sees (`c->while`, `c->NULL` do not compile). */
+static bool c_reserved(const char *name) {
+    static const char *const words[] = {
+        "auto", "break", "case", "char", "const", "continue", "default", "do", "double", "else",
+        "enum", "extern", "float", "for", "goto", "if", "inline", "int", "long", "register",
+        "restrict", "return", "short", "signed", "sizeof", "static", "struct", "switch",
+        "typedef", "union", "unsigned", "void", "volatile", "while", "bool", "true", "false",
+        "NULL", "errno", "stdin", "stdout", "stderr", "assert", "EOF", "offsetof", "alignas",
+        "alignof", "noreturn", "static_assert", "thread_local", "complex", "imaginary",
+    };
+    for (size_t i = 0; i < MS_ARRAY_LEN(words); i++)
+        if (strcmp(name, words[i]) == 0)
+            return true;
+    return name[0] == '_' && (name[1] == '_' || (name[1] >= 'A' && name[1] <= 'Z'));
+}
+
 static void emit_config_struct(gen *g) {
     const ms_model *m = g->m;
+    for (int i = 0; i < m->n_params; i++)
+        if (c_reserved(m->params[i]->name))
+            fail_at(g, m->params[i]->ast->name.loc, "config parameter '%s' is reserved in C, where "
+                    "it becomes a struct field: rename it (keep the key with from \"%s\")",
+                    m->params[i]->name, m->params[i]->sources[0]);
     E("typedef struct %s_config {", g->mn);
     g->cg.indent++;
     bool lets = false;
