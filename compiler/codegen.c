@@ -511,6 +511,8 @@ static const ms_ast_expr *res_arg(const ms_resource *r, const char *key) {
     return r == NULL ? NULL : ms_resource_arg(r, key);
 }
 
+static const ms_ast_expr *find_call_stmts(const ms_ptr_vec *body, const char *fn);
+
 static void emit_config_load(gen *g) {
     const ms_model *m = g->m;
     E("static ms_status %s_config_load(const ms_hf_config *hf, void *out, ms_error *err) {",
@@ -600,6 +602,21 @@ static void emit_config_load(gen *g) {
         E("MS_TRY(ms_md_cfg_check(hf, %s > 0 && %s %% 2 == 0, err,", h, h);
         E("                       \"%s (%%lld) must be positive and even\", "
           "(long long)(%s)));", src_text(g, hd), h);
+    }
+    /* values the kernels would refuse later without naming config.json ("rope: theta 0 must be a
+     * positive number"): RoPE's theta and the RMSNorm epsilon */
+    const ms_ast_expr *theta = g->pos != NULL ? res_arg(g->pos, "theta") : NULL;
+    if (theta != NULL && theta->kind != MS_EXPR_FLOAT && theta->kind != MS_EXPR_INT) {
+        const char *t = bare(g, cexpr(g, theta));
+        E("MS_TRY(ms_md_cfg_check(hf, (double)(%s) > 0.0, err, \"%s (%%g) must be positive\", "
+          "(double)(%s)));", t, src_text(g, theta), t);
+    }
+    const ms_ast_expr *norm = find_call_stmts(&g->fwd->ast->body, "rms_norm");
+    const ms_ast_expr *eps = norm != NULL ? argv_at(norm, 2) : NULL;
+    if (eps != NULL && eps->kind != MS_EXPR_FLOAT && eps->kind != MS_EXPR_INT) {
+        const char *t = bare(g, cexpr(g, eps));
+        E("MS_TRY(ms_md_cfg_check(hf, (double)(%s) >= 0.0, err, \"%s (%%g) must not be negative\", "
+          "(double)(%s)));", t, src_text(g, eps), t);
     }
     /* string parameters only ever compared with literals: anything else is unsupported */
     for (int i = 0; i < m->n_params; i++) {

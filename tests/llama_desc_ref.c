@@ -180,6 +180,10 @@ static ms_status llama_config_load(const ms_hf_config *hf, void *out, ms_error *
     MS_TRY(ms_md_cfg_check(hf, !c->has_sliding_window || c->sliding_window > 0, err,
                            "sliding_window (%lld) must be positive",
                            (long long)c->sliding_window));
+    MS_TRY(ms_md_cfg_check(hf, c->rope_theta > 0.0, err, "rope_theta (%g) must be positive",
+                           c->rope_theta));
+    MS_TRY(ms_md_cfg_check(hf, c->rms_norm_eps >= 0.0, err, "rms_norm_eps (%g) must not be negative",
+                           c->rms_norm_eps));
     MS_TRY(ms_md_cfg_check(hf, strcmp(c->rope_type, "default") == 0 ||
                                    strcmp(c->rope_type, "llama3") == 0,
                            err, "rope_type '%s' is not supported by this model (default, llama3)",

@@ -126,6 +126,8 @@ static ms_status tiny_config_load(const ms_hf_config *hf, void *out, ms_error *e
                            (long long)(c->n_heads), (long long)(c->n_kv_heads)));
     MS_TRY(ms_md_cfg_check(hf, c->hd > 0 && c->hd % 2 == 0, err,
                            "hd (%lld) must be positive and even", (long long)(c->hd)));
+    MS_TRY(ms_md_cfg_check(hf, (double)(c->theta) > 0.0, err, "theta (%g) must be positive", (double)(c->theta)));
+    MS_TRY(ms_md_cfg_check(hf, (double)(c->eps) >= 0.0, err, "eps (%g) must not be negative", (double)(c->eps)));
     MS_TRY(ms_md_cfg_check(hf, strcmp(c->kind, "plain") == 0 || strcmp(c->kind, "scaled") == 0, err,
                            "kind '%s' is not supported by this model (plain, scaled)", c->kind));
     return MS_OK;
