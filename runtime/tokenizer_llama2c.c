@@ -99,9 +99,12 @@ static ms_status tok_scan(const char *path, const unsigned char *data, size_t si
     int n = 0;
     while (limit == 0 ? pos < size : n < limit) {
         if (size - pos < 8) {
+            if (limit == 0 && n == 0)
+                return MS_FAIL(err, MS_ERR_FORMAT, "%s: truncated inside the first token record (%zu bytes "
+                               "after the header, a record needs at least 8)", path, size - pos);
             if (limit == 0)
-                return MS_FAIL(err, MS_ERR_FORMAT, "%s: truncated after token %d (%zu stray bytes)", path, n,
-                               size - pos);
+                return MS_FAIL(err, MS_ERR_FORMAT, "%s: truncated after token %d (%zu stray bytes: a cut token "
+                               "record, or extra bytes after the last token)", path, n - 1, size - pos);
             return MS_FAIL(err, MS_ERR_FORMAT, "%s: truncated at token %d of %d (file is %zu bytes)", path, n,
                            limit, size);
         }

@@ -616,6 +616,20 @@ static void test_bad_tokenizer_files(void **state) {
     check_err(ms_llama2c_tok_init(&tok, p, 512, &err), MS_ERR_FORMAT, &err, "cut.bin", "truncated");
     assert_null(tok);
     check_err(ms_llama2c_tok_init(&tok, p, 0, &err), MS_ERR_FORMAT, &err, "cut.bin", "truncated");
+    /* extra bytes after the last token, read without a vocab size: named as such (the message
+     * said "truncated after token 512", an id the file does not hold) */
+    unsigned char *plus = malloc(size + 4);
+    assert_non_null(plus);
+    memcpy(plus, file, size);
+    memcpy(plus + size, "junk", 4);
+    p = write_bytes("plus.bin", plus, size + 4);
+    free(plus);
+    check_err(ms_llama2c_tok_init(&tok, p, 0, &err), MS_ERR_FORMAT, &err, "plus.bin",
+              "truncated after token 511 (4 stray bytes: a cut token record, or extra bytes after the "
+              "last token)");
+    p = write_bytes("five.bin", file, 5);
+    check_err(ms_llama2c_tok_init(&tok, p, 0, &err), MS_ERR_FORMAT, &err, "five.bin",
+              "truncated inside the first token record (1 bytes after the header");
     p = write_bytes("two.bin", file, 2);
     check_err(ms_llama2c_tok_init(&tok, p, 512, &err), MS_ERR_FORMAT, &err, "two.bin", "too short");
     p = write_bytes("full.bin", file, size);
