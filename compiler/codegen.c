@@ -407,8 +407,30 @@ static const char *cfg_fn(ms_type t) {
     }
 }
 
+/* Whether `name` cannot be a field of the generated config struct: a C11 keyword or a standard
+ * macro the generated file sees (`c->while`, `c->NULL` do not compile). */
+static bool c_reserved(const char *name) {
+    static const char *const words[] = {
+        "auto", "break", "case", "char", "const", "continue", "default", "do", "double", "else",
+        "enum", "extern", "float", "for", "goto", "if", "inline", "int", "long", "register",
+        "restrict", "return", "short", "signed", "sizeof", "static", "struct", "switch",
+        "typedef", "union", "unsigned", "void", "volatile", "while", "bool", "true", "false",
+        "NULL", "errno", "stdin", "stdout", "stderr", "assert", "EOF", "offsetof", "alignas",
+        "alignof", "noreturn", "static_assert", "thread_local", "complex", "imaginary",
+    };
+    for (size_t i = 0; i < MS_ARRAY_LEN(words); i++)
+        if (strcmp(name, words[i]) == 0)
+            return true;
+    return name[0] == '_' && (name[1] == '_' || (name[1] >= 'A' && name[1] <= 'Z'));
+}
+
 static void emit_config_struct(gen *g) {
     const ms_model *m = g->m;
+    for (int i = 0; i < m->n_params; i++)
+        if (c_reserved(m->params[i]->name))
+            fail_at(g, m->params[i]->ast->name.loc, "config parameter '%s' is reserved in C, where "
+                    "it becomes a struct field: rename it (keep the key with from \"%s\")",
+                    m->params[i]->name, m->params[i]->sources[0]);
     E("typedef struct %s_config {", g->mn);
     g->cg.indent++;
     bool lets = false;
@@ -490,6 +512,8 @@ static const ms_ast_expr *res_arg(const ms_resource *r, const char *key) {
     return r == NULL ? NULL : ms_resource_arg(r, key);
 }
 
+static const ms_ast_expr *find_call_stmts(const ms_ptr_vec *body, const char *fn);
+
 static void emit_config_load(gen *g) {
     const ms_model *m = g->m;
     E("static ms_status %s_config_load(const ms_hf_config *hf, void *out, ms_error *err) {",
@@ -521,6 +545,15 @@ static void emit_config_load(gen *g) {
         }
         E("MS_TRY(%s(hf, src, %d, %s, &c->%s, %s, err));", cfg_fn(p->type), p->n_sources, dflt,
           p->name, p->optional ? S("&c->has_%s", p->name) : "NULL");
+        if (p->type == MS_TYPE_INT) {
+            /* sizes reach the runtime as int32 (ms_md_facts) and products of two of them must
+             * not overflow int64: a value past int32 would otherwise be truncated silently
+             * (max_position_embeddings 2^32 + 512 ran as 512) */
+            E("MS_TRY(ms_md_cfg_check(hf, %s(c->%s >= -2147483647 && c->%s <= 2147483647), err,",
+              p->optional ? S("!c->has_%s || ", p->name) : "", p->name, p->name);
+            E("                       \"%s (%%lld) is out of range (at most 2147483647 in "
+              "magnitude)\", (long long)c->%s));", p->name, p->name);
+        }
         g->cg.indent--;
         E("}");
     }
@@ -570,6 +603,21 @@ static void emit_config_load(gen *g) {
         E("MS_TRY(ms_md_cfg_check(hf, %s > 0 && %s %% 2 == 0, err,", h, h);
         E("                       \"%s (%%lld) must be positive and even\", "
           "(long long)(%s)));", src_text(g, hd), h);
+    }
+    /* values the kernels would refuse later without naming config.json ("rope: theta 0 must be a
+     * positive number"): RoPE's theta and the RMSNorm epsilon */
+    const ms_ast_expr *theta = g->pos != NULL ? res_arg(g->pos, "theta") : NULL;
+    if (theta != NULL && theta->kind != MS_EXPR_FLOAT && theta->kind != MS_EXPR_INT) {
+        const char *t = bare(g, cexpr(g, theta));
+        E("MS_TRY(ms_md_cfg_check(hf, (double)(%s) > 0.0, err, \"%s (%%g) must be positive\", "
+          "(double)(%s)));", t, src_text(g, theta), t);
+    }
+    const ms_ast_expr *norm = find_call_stmts(&g->fwd->ast->body, "rms_norm");
+    const ms_ast_expr *eps = norm != NULL ? argv_at(norm, 2) : NULL;
+    if (eps != NULL && eps->kind != MS_EXPR_FLOAT && eps->kind != MS_EXPR_INT) {
+        const char *t = bare(g, cexpr(g, eps));
+        E("MS_TRY(ms_md_cfg_check(hf, (double)(%s) >= 0.0, err, \"%s (%%g) must not be negative\", "
+          "(double)(%s)));", t, src_text(g, eps), t);
     }
     /* string parameters only ever compared with literals: anything else is unsupported */
     for (int i = 0; i < m->n_params; i++) {

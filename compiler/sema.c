@@ -64,6 +64,7 @@ typedef struct sema {
     int n_locals;
     ms_ast_sym *builtin_sym;
     ms_ast_sym *word_sym;
+    int canon_budget;              /* nodes canon() may still visit (expansion is exponential) */
 } sema;
 
 #define NEW(s, T) ((T *)ms_arena_alloc((s)->a, sizeof(T)))
@@ -446,6 +447,48 @@ static ms_type unify(ms_type a, ms_type b) {
     return MS_TYPE_COUNT;
 }
 
+/*
+ * Value of an int constant expression: int literals under unary '-' and '+ - * / %'. False when
+ * e is not one, or when its value does not fit in int64 (or divides by zero): the caller reports
+ * the overflow where both operands are constants that fit (so once, at the innermost operator).
+ */
+static bool const_int(const ms_ast_expr *e, int64_t *v) {
+    int64_t a, b;
+    switch (e->kind) {
+    case MS_EXPR_INT: *v = e->ival; return true;
+    case MS_EXPR_UNARY:
+        return e->op == MS_OP_NEG && const_int(e->lhs, &a) && !__builtin_sub_overflow(0, a, v);
+    case MS_EXPR_BINARY:
+        if (!const_int(e->lhs, &a) || !const_int(e->rhs, &b))
+            return false;
+        switch (e->op) {
+        case MS_OP_ADD: return !__builtin_add_overflow(a, b, v);
+        case MS_OP_SUB: return !__builtin_sub_overflow(a, b, v);
+        case MS_OP_MUL: return !__builtin_mul_overflow(a, b, v);
+        case MS_OP_DIV:
+        case MS_OP_MOD:
+            if (b == 0 || (a == INT64_MIN && b == -1))
+                return false;
+            *v = e->op == MS_OP_DIV ? a / b : a % b;
+            return true;
+        default: return false;
+        }
+    default: return false;
+    }
+}
+
+/* Report an int constant operator whose operands fit but whose result does not. */
+static void check_const_overflow(sema *s, const ms_ast_expr *e) {
+    int64_t a = 0, b = 0, v = 0;
+    bool operands = e->kind == MS_EXPR_UNARY ? const_int(e->lhs, &a)
+                                             : const_int(e->lhs, &a) && const_int(e->rhs, &b);
+    if (!operands || const_int(e, &v))
+        return;
+    if (e->kind == MS_EXPR_BINARY && (e->op == MS_OP_DIV || e->op == MS_OP_MOD) && b == 0)
+        return; /* "division by zero", reported already */
+    err(s, e->loc, "integer overflow: this constant does not fit in 64 bits");
+}
+
 static ms_type cexpr(sema *s, ms_ast_expr *e, cx_mode mode) {
     switch (e->kind) {
     case MS_EXPR_INT: return set_type(e, MS_TYPE_INT);
@@ -468,6 +511,8 @@ static ms_type cexpr(sema *s, ms_ast_expr *e, cx_mode mode) {
             err(s, e->loc, "'-' needs a number, got %s", ms_type_str(t));
             return set_type(e, MS_TYPE_UNKNOWN);
         }
+        if (t == MS_TYPE_INT)
+            check_const_overflow(s, e);
         return set_type(e, t);
     }
     case MS_EXPR_BINARY: {
@@ -510,6 +555,8 @@ static ms_type cexpr(sema *s, ms_ast_expr *e, cx_mode mode) {
                 err(s, e->loc, "'%%' needs ints");
             if ((e->op == MS_OP_DIV || e->op == MS_OP_MOD) && e->rhs->kind == MS_EXPR_INT && e->rhs->ival == 0)
                 err(s, e->rhs->loc, "division by zero");
+            if (a == MS_TYPE_INT && b == MS_TYPE_INT)
+                check_const_overflow(s, e);
             return set_type(e, a == MS_TYPE_INT && b == MS_TYPE_INT ? MS_TYPE_INT : MS_TYPE_FLOAT);
         }
     }
@@ -557,6 +604,11 @@ static int cmp_str(const void *x, const void *y) {
 /* Flatten a chain of the same commutative op into canonical operand texts, folding ints. */
 static void canon_flat(sema *s, const ms_ast_expr *e, ms_op op, const char **out, int *n, int max,
                        int64_t *konst, int depth) {
+    if (--s->canon_budget < 0) {
+        if (*n < max)
+            out[(*n)++] = "...";
+        return;
+    }
     if (e->kind == MS_EXPR_BINARY && e->op == op) {
         canon_flat(s, e->lhs, op, out, n, max, konst, depth + 1);
         canon_flat(s, e->rhs, op, out, n, max, konst, depth + 1);
@@ -568,7 +620,9 @@ static void canon_flat(sema *s, const ms_ast_expr *e, ms_op op, const char **out
         return;
     }
     if (e->kind == MS_EXPR_INT) {
-        *konst = op == MS_OP_ADD ? *konst + e->ival : *konst * e->ival;
+        /* wrapping (defined) arithmetic: the text only has to be the same for equal inputs */
+        uint64_t k = (uint64_t)*konst, x = (uint64_t)e->ival;
+        *konst = (int64_t)(op == MS_OP_ADD ? k + x : k * x);
         return;
     }
     ms_strbuf b = {0};
@@ -579,7 +633,7 @@ static void canon_flat(sema *s, const ms_ast_expr *e, ms_op op, const char **out
 }
 
 static void canon_into(sema *s, ms_strbuf *b, const ms_ast_expr *e, int depth) {
-    if (depth > 64) {
+    if (depth > 64 || --s->canon_budget < 0) {
         ms_strbuf_puts(b, "...");
         return;
     }
@@ -621,7 +675,15 @@ static void canon_into(sema *s, ms_strbuf *b, const ms_ast_expr *e, int depth) {
     ms_expr_print(b, e);
 }
 
+/*
+ * Canonical text of a dimension. Expanding `let` parameters can grow a chain of lets
+ * exponentially (`let a2 = a1 + a1; let a3 = a2 + a2; ...`), so one text visits at most
+ * MS_CANON_BUDGET nodes; past that it holds "..." and compares unequal to a full text (a shape
+ * error naming both dimensions instead of a hang).
+ */
+#define MS_CANON_BUDGET 20000
 static const char *canon(sema *s, const ms_ast_expr *e) {
+    s->canon_budget = MS_CANON_BUDGET;
     ms_strbuf b = {0};
     canon_into(s, &b, e, 0);
     const char *t = take(s, &b);
@@ -667,28 +729,29 @@ static bool type_from_name(const char *n, ms_type *t) {
     return true;
 }
 
-/* Depth-first search over default expressions for a cycle through `p`. */
-static bool param_refs(const ms_ast_expr *e, const ms_param *target, int depth);
-
-static bool param_reaches(const ms_param *from, const ms_param *target, int depth) {
-    if (depth > 64 || from->dflt == NULL)
-        return false;
-    return param_refs(from->dflt, target, depth + 1);
-}
-
-static bool param_refs(const ms_ast_expr *e, const ms_param *target, int depth) {
-    if (e == NULL || depth > 64)
+/*
+ * Whether expression e reaches `target` through parameter names and their defaults. seen[] (one
+ * flag per parameter index) marks parameters already searched, so each default is walked once:
+ * linear in the size of the config, not exponential in a chain of lets, and cycles of any length
+ * are found.
+ */
+static bool param_refs(const ms_ast_expr *e, const ms_param *target, bool *seen) {
+    if (e == NULL)
         return false;
     if (e->kind == MS_EXPR_NAME && e->sym != NULL && e->sym->kind == MS_SYM_PARAM) {
-        if (e->sym->param == target)
+        const ms_param *q = e->sym->param;
+        if (q == target)
             return true;
-        return param_reaches(e->sym->param, target, depth + 1);
+        if (seen[q->index])
+            return false;
+        seen[q->index] = true;
+        return param_refs(q->dflt, target, seen);
     }
-    if (param_refs(e->lhs, target, depth) || param_refs(e->rhs, target, depth) ||
-        param_refs(e->cond, target, depth))
+    if (param_refs(e->lhs, target, seen) || param_refs(e->rhs, target, seen) ||
+        param_refs(e->cond, target, seen))
         return true;
     for (int i = 0; i < e->args.n; i++)
-        if (param_refs(((const ms_ast_arg *)e->args.items[i])->value, target, depth))
+        if (param_refs(((const ms_ast_arg *)e->args.items[i])->value, target, seen))
             return true;
     return false;
 }
@@ -757,7 +820,8 @@ static void check_config(sema *s) {
     }
     for (int i = 0; i < s->m->n_params; i++) {
         ms_param *p = s->m->params[i];
-        if (p->dflt != NULL && param_refs(p->dflt, p, 0))
+        bool *seen = NEWN(s, bool, s->m->n_params);
+        if (p->dflt != NULL && param_refs(p->dflt, p, seen))
             err(s, p->ast->name.loc, "config parameter '%s' depends on itself through its default", p->name);
     }
 }

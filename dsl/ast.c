@@ -24,7 +24,38 @@ static ms_ast_expr *expr_new(ms_parse_ctx *ctx, ms_expr_kind kind, ms_loc loc) {
     ms_ast_expr *e = NEW(ctx, ms_ast_expr);
     e->kind = kind;
     e->loc = loc;
+    e->height = 1;
     return e;
+}
+
+static int height_of(const ms_ast_expr *e) { return e != NULL ? e->height : 0; }
+
+static int args_height(const ms_ptr_vec *args) {
+    int h = 0;
+    for (int i = 0; i < args->n; i++) {
+        const ms_ast_arg *a = args->items[i];
+        if (a != NULL && height_of(a->value) > h)
+            h = height_of(a->value);
+    }
+    return h;
+}
+
+/*
+ * Bound the tree height so that the recursive checks, evaluators and code generators cannot
+ * overflow the stack on an operator chain of any length (`1 + 1 + ... + 1` is left-recursive:
+ * it never deepens the parser's stack nor the bracket count). Past the limit the error is
+ * reported once per file and the builder returns `keep` (an operand) instead of a new node, so
+ * the tree stays bounded and the rest of the file is still checked.
+ */
+static ms_ast_expr *bounded(ms_parse_ctx *ctx, ms_ast_expr *e, ms_ast_expr *keep) {
+    if (e->height <= MS_PARSE_MAX_EXPR_HEIGHT)
+        return e;
+    if (!ctx->expr_too_deep) {
+        ctx->expr_too_deep = true;
+        ms_diags_error(ctx->diags, e->loc, "expression nested deeper than %d levels "
+                       "(split it with 'let' parameters or forward names)", MS_PARSE_MAX_EXPR_HEIGHT);
+    }
+    return keep != NULL ? keep : e;
 }
 
 ms_ast_expr *ms_ast_int(ms_parse_ctx *ctx, ms_loc loc, int64_t v) {
@@ -63,21 +94,24 @@ ms_ast_expr *ms_ast_member(ms_parse_ctx *ctx, ms_loc loc, ms_ast_expr *obj, cons
     ms_ast_expr *e = expr_new(ctx, MS_EXPR_MEMBER, loc);
     e->lhs = obj;
     e->text = field;
-    return e;
+    e->height = 1 + height_of(obj);
+    return bounded(ctx, e, obj);
 }
 
 ms_ast_expr *ms_ast_call(ms_parse_ctx *ctx, ms_loc loc, ms_ast_expr *callee, ms_ptr_vec *args) {
     ms_ast_expr *e = expr_new(ctx, MS_EXPR_CALL, loc);
     e->lhs = callee;
     e->args = *args;
-    return e;
+    e->height = 1 + (height_of(callee) > args_height(args) ? height_of(callee) : args_height(args));
+    return bounded(ctx, e, NULL); /* arguments nest only inside brackets, which are bounded */
 }
 
 ms_ast_expr *ms_ast_unary(ms_parse_ctx *ctx, ms_loc loc, ms_op op, ms_ast_expr *a) {
     ms_ast_expr *e = expr_new(ctx, MS_EXPR_UNARY, loc);
     e->op = op;
     e->lhs = a;
-    return e;
+    e->height = 1 + height_of(a);
+    return bounded(ctx, e, a);
 }
 
 ms_ast_expr *ms_ast_binary(ms_parse_ctx *ctx, ms_loc loc, ms_op op, ms_ast_expr *a, ms_ast_expr *b) {
@@ -85,7 +119,8 @@ ms_ast_expr *ms_ast_binary(ms_parse_ctx *ctx, ms_loc loc, ms_op op, ms_ast_expr 
     e->op = op;
     e->lhs = a;
     e->rhs = b;
-    return e;
+    e->height = 1 + (height_of(a) > height_of(b) ? height_of(a) : height_of(b));
+    return bounded(ctx, e, a);
 }
 
 ms_ast_expr *ms_ast_cond(ms_parse_ctx *ctx, ms_loc loc, ms_ast_expr *c, ms_ast_expr *a, ms_ast_expr *b) {
@@ -93,13 +128,16 @@ ms_ast_expr *ms_ast_cond(ms_parse_ctx *ctx, ms_loc loc, ms_ast_expr *c, ms_ast_e
     e->cond = c;
     e->lhs = a;
     e->rhs = b;
-    return e;
+    int h = height_of(c) > height_of(a) ? height_of(c) : height_of(a);
+    e->height = 1 + (h > height_of(b) ? h : height_of(b));
+    return bounded(ctx, e, a);
 }
 
 ms_ast_expr *ms_ast_list(ms_parse_ctx *ctx, ms_loc loc, ms_ptr_vec *items) {
     ms_ast_expr *e = expr_new(ctx, MS_EXPR_LIST, loc);
     e->args = *items;
-    return e;
+    e->height = 1 + args_height(items);
+    return bounded(ctx, e, NULL);
 }
 
 ms_ast_arg *ms_ast_arg_new(ms_parse_ctx *ctx, ms_loc name_loc, const char *name, ms_ast_expr *v) {

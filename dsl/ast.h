@@ -84,6 +84,7 @@ struct ms_ast_expr {
     ms_ast_expr *rhs;      /* BINARY right, COND else */
     ms_ast_expr *cond;     /* COND condition */
     ms_ptr_vec args;       /* CALL arguments, LIST elements: ms_ast_arg* */
+    int height;            /* parser: levels of the tree below and including this node (leaf 1) */
     /* sema: what a NAME (or the object of a MEMBER) refers to; NULL until checked. */
     const ms_ast_sym *sym;
     /* sema: the value's type (an ms_type, see compiler/model.h) and, for tensors in a forward,

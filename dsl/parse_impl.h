@@ -10,6 +10,8 @@
 #include "ast.h"
 
 #define MS_PARSE_MAX_NESTING 256
+/* Deepest expression tree the parser builds (checks and code generation recurse over it). */
+#define MS_PARSE_MAX_EXPR_HEIGHT 256
 
 /* An open bracket, for "expected '}' (to close '{' at line N)" messages. */
 typedef struct ms_parse_bracket {
@@ -29,6 +31,7 @@ struct ms_parse_ctx {
     ms_parse_bracket brackets[MS_PARSE_MAX_NESTING]; /* [depth] open brackets, innermost last */
     int depth;             /* may exceed MS_PARSE_MAX_NESTING: deeper levels are not recorded */
     bool too_deep;         /* nesting limit reported (once) */
+    bool expr_too_deep;    /* expression height limit reported (once) */
     bool at_eof;           /* the scanner returned end of file */
     const char *tok_text;  /* text of the last token (arena), for messages */
     ms_loc tok_loc;        /* location of the last token returned to the parser */

@@ -32,6 +32,9 @@ static ms_status cfg_load_object(const char *path, bool optional, json_t **out, 
     *out = NULL;
     if (optional && access(path, F_OK) != 0)
         return MS_OK;
+    struct stat sb;
+    if (stat(path, &sb) == 0 && !S_ISREG(sb.st_mode)) /* jansson reads a folder as an empty file */
+        return MS_FAIL(err, MS_ERR_IO, "%s: cannot read: not a regular file", path);
     json_error_t jerr;
     json_t *v = json_load_file(path, JSON_REJECT_DUPLICATES, &jerr);
     if (v == NULL) {

@@ -99,9 +99,12 @@ static ms_status tok_scan(const char *path, const unsigned char *data, size_t si
     int n = 0;
     while (limit == 0 ? pos < size : n < limit) {
         if (size - pos < 8) {
+            if (limit == 0 && n == 0)
+                return MS_FAIL(err, MS_ERR_FORMAT, "%s: truncated inside the first token record (%zu bytes "
+                               "after the header, a record needs at least 8)", path, size - pos);
             if (limit == 0)
-                return MS_FAIL(err, MS_ERR_FORMAT, "%s: truncated after token %d (%zu stray bytes)", path, n,
-                               size - pos);
+                return MS_FAIL(err, MS_ERR_FORMAT, "%s: truncated after token %d (%zu stray bytes: a cut token "
+                               "record, or extra bytes after the last token)", path, n - 1, size - pos);
             return MS_FAIL(err, MS_ERR_FORMAT, "%s: truncated at token %d of %d (file is %zu bytes)", path, n,
                            limit, size);
         }
@@ -237,6 +240,114 @@ float ms_llama2c_tok_score(const ms_llama2c_tok *tok, int id) {
 
 /* ---- encode ---- */
 
+/* A candidate merge of the pair starting at token `left`: valid while that token and its right
+ * neighbour still hold the ids it was made from. */
+typedef struct tok_pair {
+    float score;    /* score of the merged token */
+    size_t left;    /* original index of the left token */
+    int32_t lid;    /* ids of the pair when pushed */
+    int32_t rid;
+    int32_t merged; /* id of the concatenation */
+} tok_pair;
+
+/* Heap order: higher score first, then the leftmost pair (run.c's strict '>' scan). */
+static bool tok_pair_before(const tok_pair *a, const tok_pair *b) {
+    return a->score > b->score || (a->score == b->score && a->left < b->left);
+}
+
+static void tok_heap_push(tok_pair *h, size_t *n, tok_pair v) {
+    size_t i = (*n)++;
+    while (i > 0 && tok_pair_before(&v, &h[(i - 1) / 2])) {
+        h[i] = h[(i - 1) / 2];
+        i = (i - 1) / 2;
+    }
+    h[i] = v;
+}
+
+static tok_pair tok_heap_pop(tok_pair *h, size_t *n) {
+    tok_pair top = h[0], last = h[--*n];
+    size_t i = 0;
+    for (;;) {
+        size_t c = 2 * i + 1;
+        if (c >= *n)
+            break;
+        if (c + 1 < *n && tok_pair_before(&h[c + 1], &h[c]))
+            c++;
+        if (!tok_pair_before(&h[c], &last))
+            break;
+        h[i] = h[c];
+        i = c;
+    }
+    if (*n > 0)
+        h[i] = last;
+    return top;
+}
+
+/* Push the merge of tokens[l] and tokens[r] when their concatenation is a token that run.c could
+ * pick (score above its -1e10 start; NaN never). */
+static void tok_push_pair(const ms_llama2c_tok *tok, char *buf, const int32_t *tokens, size_t l, size_t r,
+                          tok_pair *heap, size_t *n_heap) {
+    size_t la = (size_t)tok->lens[tokens[l]], lb = (size_t)tok->lens[tokens[r]];
+    memcpy(buf, tok->vocab[tokens[l]], la);
+    memcpy(buf + la, tok->vocab[tokens[r]], lb);
+    buf[la + lb] = '\0';
+    int id = tok_lookup(tok, buf);
+    if (id != -1 && tok->scores[id] > -1e10f)
+        tok_heap_push(heap, n_heap, (tok_pair){tok->scores[id], l, tokens[l], tokens[r], id});
+}
+
+/*
+ * run.c's merge loop: merge the best-scoring adjacent pair (the leftmost among equals) until no
+ * pair merges. run.c rescans every pair after each merge, O(n^2): an 80 KB prompt took minutes
+ * before it could be refused as too long. The same merges in the same order, in O(n log n): the
+ * tokens form a linked list and the candidate pairs a heap; a merge pushes the two pairs it
+ * creates, and pairs whose tokens changed are dropped when popped. Compacts tokens[0 .. *n).
+ */
+static ms_status tok_merge(const ms_llama2c_tok *tok, char *buf, int32_t *tokens, size_t *n, ms_error *err) {
+    if (*n < 2)
+        return MS_OK;
+    const size_t none = SIZE_MAX, cnt = *n;
+    size_t *next = ms_malloc(cnt * sizeof *next), *prev = ms_malloc(cnt * sizeof *prev);
+    tok_pair *heap = ms_malloc(3 * cnt * sizeof *heap);
+    ms_status st = MS_OK;
+    if (next == NULL || prev == NULL || heap == NULL) {
+        st = MS_FAIL(err, MS_ERR_OOM, "%s: out of memory merging %zu tokens", tok->path, cnt);
+        goto done;
+    }
+    size_t n_heap = 0;
+    for (size_t i = 0; i < cnt; i++) {
+        next[i] = i + 1 < cnt ? i + 1 : none;
+        prev[i] = i > 0 ? i - 1 : none;
+    }
+    for (size_t i = 0; i + 1 < cnt; i++)
+        tok_push_pair(tok, buf, tokens, i, i + 1, heap, &n_heap);
+    while (n_heap > 0) {
+        tok_pair p = tok_heap_pop(heap, &n_heap);
+        size_t l = p.left, r = next[l];
+        /* stale: the left token was merged away (prev[l] marks it) or either id changed */
+        if (prev[l] == l || r == none || tokens[l] != p.lid || tokens[r] != p.rid)
+            continue;
+        tokens[l] = p.merged;
+        next[l] = next[r];
+        if (next[r] != none)
+            prev[next[r]] = l;
+        prev[r] = r; /* removed */
+        if (prev[l] != none)
+            tok_push_pair(tok, buf, tokens, prev[l], l, heap, &n_heap);
+        if (next[l] != none)
+            tok_push_pair(tok, buf, tokens, l, next[l], heap, &n_heap);
+    }
+    size_t k = 0;
+    for (size_t i = 0; i != none; i = next[i])
+        tokens[k++] = tokens[i];
+    *n = k;
+done:
+    ms_free(next);
+    ms_free(prev);
+    ms_free(heap);
+    return st;
+}
+
 ms_status ms_llama2c_tok_encode(const ms_llama2c_tok *tok, const char *text, bool bos, bool eos, int32_t **ids,
                                 size_t *n_out, ms_error *err) {
     *ids = NULL;
@@ -289,31 +400,9 @@ ms_status ms_llama2c_tok_encode(const ms_llama2c_tok *tok, const char *text, boo
         }
         len = 0;
     }
-    /* merge the best-scoring adjacent pair until none merges */
-    for (;;) {
-        float best_score = -1e10f;
-        int best_id = -1;
-        size_t best_idx = 0;
-        bool found = false;
-        for (size_t i = 0; i + 1 < n; i++) {
-            size_t la = (size_t)tok->lens[tokens[i]], lb = (size_t)tok->lens[tokens[i + 1]];
-            memcpy(buf, tok->vocab[tokens[i]], la);
-            memcpy(buf + la, tok->vocab[tokens[i + 1]], lb);
-            buf[la + lb] = '\0';
-            int id = tok_lookup(tok, buf);
-            if (id != -1 && tok->scores[id] > best_score) {
-                best_score = tok->scores[id];
-                best_id = id;
-                best_idx = i;
-                found = true;
-            }
-        }
-        if (!found)
-            break;
-        tokens[best_idx] = best_id;
-        memmove(&tokens[best_idx + 1], &tokens[best_idx + 2], (n - best_idx - 2) * sizeof *tokens);
-        n--;
-    }
+    st = tok_merge(tok, buf, tokens, &n, err);
+    if (st != MS_OK)
+        goto fail;
     if (eos)
         tokens[n++] = MS_LLAMA2C_TOK_EOS;
     ms_free(buf);

@@ -196,6 +196,13 @@ sed -e '/max_position_embeddings: int/d' -e 's/min(window, max_position_embeddin
 if run "no context limit" 1 "$mstarc" build "$tmp/noctx.mstar" -o "$tmp/noctx" --emit-only; then
     if grep -q "max_position_embeddings" "$tmp/err"; then ok; else fail "no context limit: $(cat "$tmp/err")"; fi
 fi
+# a config parameter named like a C keyword or macro: refused with the way out (was a failing C
+# compile of 'c->while')
+sed -e 's/\bvocab\b/while/g' -e 's/(while = while)/(vocab = while)/' "$root/tests/codegen/tiny.mstar" >"$tmp/kw.mstar"
+if run "C keyword parameter" 1 "$mstarc" build "$tmp/kw.mstar" -o "$tmp/kw"; then
+    if grep -Eq "kw.mstar:[0-9]+:[0-9]+: config parameter 'while' is reserved in C" "$tmp/err" &&
+        ! grep -q "C compiler failed" "$tmp/err"; then ok; else fail "C keyword parameter: $(cat "$tmp/err")"; fi
+fi
 if run "no -o" 2 "$mstarc" build models/llama.mstar; then ok; fi
 if run "bad option" 2 "$mstarc" build models/llama.mstar -o "$tmp/x" --frobnicate; then ok; fi
 if run "missing file" 1 "$mstarc" build "$tmp/none.mstar" -o "$tmp/x"; then

@@ -47,6 +47,12 @@ typedef struct llama_config {
     int64_t kv_dim;
 } llama_config;
 
+/* int values past int32 are refused (the generated loader's check, compiler/codegen.c) */
+#define REF_INT32(name)                                                                        \
+    MS_TRY(ms_md_cfg_check(hf, c->name >= -2147483647 && c->name <= 2147483647, err,           \
+                           #name " (%lld) is out of range (at most 2147483647 in magnitude)",  \
+                           (long long)c->name))
+
 static ms_status llama_config_load(const ms_hf_config *hf, void *out, ms_error *err) {
     llama_config *c = out;
     static const char *const s_hidden_size[] = {"hidden_size"};
@@ -74,12 +80,16 @@ static ms_status llama_config_load(const ms_hf_config *hf, void *out, ms_error *
     static const char *const s_sliding_window[] = {"sliding_window"};
 
     MS_TRY(ms_md_cfg_int(hf, s_hidden_size, 1, NULL, &c->hidden_size, NULL, err));
+    REF_INT32(hidden_size);
     MS_TRY(ms_md_cfg_int(hf, s_num_hidden_layers, 1, NULL, &c->num_hidden_layers, NULL, err));
+    REF_INT32(num_hidden_layers);
     MS_TRY(ms_md_cfg_int(hf, s_num_attention_heads, 1, NULL, &c->num_attention_heads, NULL, err));
+    REF_INT32(num_attention_heads);
     {
         const int64_t d = c->num_attention_heads;
         MS_TRY(ms_md_cfg_int(hf, s_num_key_value_heads, 1, &d, &c->num_key_value_heads, NULL,
                              err));
+        REF_INT32(num_key_value_heads);
     }
     MS_TRY(ms_md_cfg_check(hf, c->num_attention_heads > 0,
                            err, "num_attention_heads (%lld) must be positive",
@@ -87,13 +97,17 @@ static ms_status llama_config_load(const ms_hf_config *hf, void *out, ms_error *
     {
         const int64_t d = c->hidden_size / c->num_attention_heads;
         MS_TRY(ms_md_cfg_int(hf, s_head_dim, 1, &d, &c->head_dim, NULL, err));
+        REF_INT32(head_dim);
     }
     MS_TRY(ms_md_cfg_int(hf, s_intermediate_size, 1, NULL, &c->intermediate_size, NULL, err));
+    REF_INT32(intermediate_size);
     MS_TRY(ms_md_cfg_int(hf, s_vocab_size, 1, NULL, &c->vocab_size, NULL, err));
+    REF_INT32(vocab_size);
     {
         const int64_t d = 2048;
         MS_TRY(ms_md_cfg_int(hf, s_max_position_embeddings, 1, &d, &c->max_position_embeddings,
                              NULL, err));
+        REF_INT32(max_position_embeddings);
     }
     {
         const double d = 1e-5;
@@ -127,6 +141,7 @@ static ms_status llama_config_load(const ms_hf_config *hf, void *out, ms_error *
         const int64_t d = 8192;
         MS_TRY(ms_md_cfg_int(hf, s_rope_original_max_positions, 2, &d,
                              &c->rope_original_max_positions, NULL, err));
+        REF_INT32(rope_original_max_positions);
     }
     {
         const bool d = false;
@@ -134,6 +149,10 @@ static ms_status llama_config_load(const ms_hf_config *hf, void *out, ms_error *
     }
     MS_TRY(ms_md_cfg_int(hf, s_sliding_window, 1, NULL, &c->sliding_window,
                          &c->has_sliding_window, err));
+    MS_TRY(ms_md_cfg_check(hf, !c->has_sliding_window || (c->sliding_window >= -2147483647 &&
+                                                         c->sliding_window <= 2147483647),
+                           err, "sliding_window (%lld) is out of range (at most 2147483647 in "
+                           "magnitude)", (long long)c->sliding_window));
     c->q_dim = c->num_attention_heads * c->head_dim;
     c->kv_dim = c->num_key_value_heads * c->head_dim;
 
@@ -161,6 +180,10 @@ static ms_status llama_config_load(const ms_hf_config *hf, void *out, ms_error *
     MS_TRY(ms_md_cfg_check(hf, !c->has_sliding_window || c->sliding_window > 0, err,
                            "sliding_window (%lld) must be positive",
                            (long long)c->sliding_window));
+    MS_TRY(ms_md_cfg_check(hf, c->rope_theta > 0.0, err, "rope_theta (%g) must be positive",
+                           c->rope_theta));
+    MS_TRY(ms_md_cfg_check(hf, c->rms_norm_eps >= 0.0, err, "rms_norm_eps (%g) must not be negative",
+                           c->rms_norm_eps));
     MS_TRY(ms_md_cfg_check(hf, strcmp(c->rope_type, "default") == 0 ||
                                    strcmp(c->rope_type, "llama3") == 0,
                            err, "rope_type '%s' is not supported by this model (default, llama3)",

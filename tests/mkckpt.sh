@@ -61,6 +61,13 @@ check "check output" bash -c "[ \$('$tool' --check '$tmp/small' '$tmp/t3' '$fixt
 # ---- bad input ----
 check_fails "unknown option" "unknown option '--bogus'" "$tool" --bogus 1
 check_fails "bad number" "--layers 'x' is not an integer" "$tool" --layers x
+check_fails "unknown switch last" "unknown option '--bogus'" "$tool" --preset tiny --bogus
+check_fails "value missing" "--seed needs a value" "$tool" --preset tiny --seed
+check_fails "tie conflict" "give --tie or --no-tie, not both" "$tool" --tie --no-tie --out "$tmp/never"
+# sizes that cannot fit on the disk are refused before writing (and leave no folder behind)
+check_fails "too big for the disk" "GB but only" "$tool" --hidden 1048576 --intermediate 4194304 \
+    --layers 4096 --vocab 16777216 --out "$tmp/huge"
+check "no folder left" test ! -e "$tmp/huge"
 check_fails "missing checkpoint" "nope: cannot read" "$tool" --check "$tmp/nope"
 head -c 100000 "$tmp/a/model.safetensors" >"$tmp/trunc.safetensors"
 mkdir -p "$tmp/trunc" && cp "$tmp/a/config.json" "$tmp/trunc/" && mv "$tmp/trunc.safetensors" "$tmp/trunc/model.safetensors"

@@ -122,6 +122,29 @@ if check "max errors" 1 "$mstarc" check --max-errors 3 many.mstar; then
     fi
 fi
 
+# ---- hostile inputs: one clear error, status 1, no crash ----
+mkdir -p "$tmp/adir.mstar"
+if check "directory" 1 "$mstarc" check adir.mstar; then
+    if [ "$(cat "$tmp/err")" = "mstarc: error: cannot read 'adir.mstar': Is a directory" ]; then ok
+    else fail "directory: unexpected message: $(cat "$tmp/err")"; fi
+fi
+: >"$tmp/empty.mstar"
+check "empty file" 1 "$mstarc" check empty.mstar &&
+    { grep -q "^empty.mstar:1:1: error: syntax error: unexpected end of file, expected 'model'" "$tmp/err" && ok ||
+        fail "empty file: $(cat "$tmp/err")"; }
+# a left-recursive operator chain deepens neither the parser stack nor the bracket count: the
+# tree height limit keeps the recursive checks off the end of the stack (was a segfault)
+{ printf 'model m { config { a: int = 1'; for i in $(seq 1 2000); do printf '+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1+1'; done
+  echo '; } }'; } >"$tmp/chain.mstar"
+check "100k-term expression" 1 "$mstarc" check chain.mstar &&
+    { [ "$(grep -c ': error: ' "$tmp/err")" = 1 ] &&
+        grep -q "chain.mstar:1:29: error: expression nested deeper than 256 levels" "$tmp/err" && ok ||
+        fail "100k-term expression: $(head -c 300 "$tmp/err")"; }
+printf 'model m {\001\377\376 }' >"$tmp/binary.mstar"
+check "binary bytes" 1 "$mstarc" check binary.mstar &&
+    { grep -aqF "binary.mstar:1:10: error: unexpected character '\\x01'" "$tmp/err" && ok ||
+        fail "binary bytes: $(cat "$tmp/err")"; }
+
 # ---- usage errors exit 2 ----
 check "no arguments" 2 "$mstarc" && ok
 check "unknown command" 2 "$mstarc" compile x.mstar && ok

@@ -10,7 +10,8 @@
  *     descriptor's logits at every step;
  *   - llama2c/aidreams260K: the 4 golden cases token-exact (ids) for all 128 steps;
  *   - a bad config.json (missing field, wrong type, GQA, odd head_dim, unsupported rope_type, bad
- *     window) fails with the same status and message as the hand-written descriptor.
+ *     window, an int past int32, theta 0, negative epsilon) fails with the same status and
+ *     message as the hand-written descriptor.
  */
 #include "ms_test.h"
 #include "ms_test_impl.h"
@@ -215,6 +216,18 @@ static void edit_rope_type(json_t *c) {
 }
 static void edit_odd_head_dim(json_t *c) { json_object_set_new(c, "head_dim", json_integer(15)); }
 static void edit_window(json_t *c) { json_object_set_new(c, "sliding_window", json_integer(0)); }
+static void edit_huge_context(json_t *c) {
+    /* 2^32 + 2: was truncated to a context of 2 positions */
+    json_object_set_new(c, "max_position_embeddings", json_integer(4294967298LL));
+}
+static void edit_huge_window(json_t *c) {
+    json_object_set_new(c, "sliding_window", json_integer(-4294967296LL));
+}
+static void edit_theta(json_t *c) {
+    /* was "rope: theta 0 must be a positive number", naming neither the file nor the key */
+    json_object_set_new(json_object_get(c, "rope_parameters"), "rope_theta", json_real(0.0));
+}
+static void edit_eps(json_t *c) { json_object_set_new(c, "rms_norm_eps", json_real(-1e-5)); }
 static void edit_layers_type(json_t *c) {
     json_object_set_new(c, "num_hidden_layers", json_string("three"));
 }
@@ -228,6 +241,10 @@ static void test_bad_config_like_reference(void **state) {
         {edit_no_hidden, "hidden_size"},     {edit_kv_heads, "not a multiple of"},
         {edit_rope_type, "rope_type 'yarn'"}, {edit_odd_head_dim, "head_dim (15)"},
         {edit_window, "sliding_window (0)"}, {edit_layers_type, "num_hidden_layers"},
+        {edit_huge_context, "max_position_embeddings (4294967298) is out of range"},
+        {edit_huge_window, "sliding_window (-4294967296) is out of range"},
+        {edit_theta, "rope_theta (0) must be positive"},
+        {edit_eps, "rms_norm_eps (-1e-05) must not be negative"},
     };
     for (size_t i = 0; i < MS_ARRAY_LEN(cases); i++) {
         char dir[512];

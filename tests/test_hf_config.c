@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "hf_config.h"
@@ -351,6 +352,22 @@ static void test_missing_config_file(void **state) {
     ms_hf_config *cfg = NULL;
     assert_int_equal(ms_hf_config_init(&cfg, tmp_dir, &err), MS_ERR_NOT_FOUND);
     assert_msg(&err, "config.json", "cannot read");
+    /* a folder named config.json: jansson read it as an empty file ("malformed JSON ... near end
+     * of file"); it is now named for what it is */
+    char dir[600];
+    snprintf(dir, sizeof dir, "%s/config.json", tmp_dir);
+    assert_int_equal(mkdir(dir, 0700), 0);
+    assert_int_equal(ms_hf_config_init(&cfg, tmp_dir, &err), MS_ERR_IO);
+    assert_null(cfg);
+    assert_msg(&err, "config.json", "cannot read: not a regular file");
+    assert_int_equal(rmdir(dir), 0);
+    /* the same for the optional generation_config.json */
+    write_tmp("config.json", "{\"eos_token_id\": 2}");
+    snprintf(dir, sizeof dir, "%s/generation_config.json", tmp_dir);
+    assert_int_equal(mkdir(dir, 0700), 0);
+    assert_int_equal(ms_hf_config_init(&cfg, tmp_dir, &err), MS_ERR_IO);
+    assert_msg(&err, "generation_config.json", "not a regular file");
+    assert_int_equal(rmdir(dir), 0);
 }
 
 static void test_eos_lists_and_precedence(void **state) {

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "checkpoint.h"
@@ -490,6 +491,101 @@ static void test_tokenizer_encode_edges(void **state) {
     ms_llama2c_tok_free(tok);
 }
 
+/* ---- encode: the merge order of run.c, fast ---- */
+
+/* run.c's encode, written as run.c does it (linear lookups, a full rescan after every merge): the
+ * reference the tokenizer's heap-based merge must agree with id for id. */
+static size_t runc_encode(const ms_llama2c_tok *tok, const char *text, int32_t *out) {
+    int nv = ms_llama2c_tok_vocab_size(tok);
+    size_t n = 0;
+    out[n++] = 1;
+    char buf[64];
+#define RUNC_LOOKUP(str, id)                                      \
+    do {                                                          \
+        id = -1;                                                  \
+        for (int v_ = 0; v_ < nv && id < 0; v_++)                 \
+            if (strcmp(ms_llama2c_tok_piece(tok, v_), str) == 0)  \
+                id = v_;                                          \
+    } while (0)
+    int id;
+    if (text[0] != '\0') {
+        RUNC_LOOKUP(" ", id);
+        out[n++] = id;
+    }
+    for (const char *c = text; *c != '\0'; c++) {
+        buf[0] = *c; /* the texts below are ASCII: one byte, one code point */
+        buf[1] = '\0';
+        RUNC_LOOKUP(buf, id);
+        out[n++] = id >= 0 ? id : (unsigned char)*c + 3;
+    }
+    for (;;) {
+        float best = -1e10f;
+        int best_id = -1;
+        size_t best_i = 0;
+        for (size_t i = 0; i + 1 < n; i++) {
+            snprintf(buf, sizeof buf, "%s%s", ms_llama2c_tok_piece(tok, out[i]),
+                     ms_llama2c_tok_piece(tok, out[i + 1]));
+            RUNC_LOOKUP(buf, id);
+            if (id != -1 && ms_llama2c_tok_score(tok, id) > best) {
+                best = ms_llama2c_tok_score(tok, id);
+                best_id = id;
+                best_i = i;
+            }
+        }
+        if (best_id == -1)
+            break;
+        out[best_i] = best_id;
+        memmove(&out[best_i + 1], &out[best_i + 2], (n - best_i - 2) * sizeof *out);
+        n--;
+    }
+#undef RUNC_LOOKUP
+    return n;
+}
+
+static void test_tokenizer_merge_order_and_speed(void **state) {
+    (void)state;
+    ms_llama2c_tok *tok = load_tok();
+    ms_error err = {0};
+    int32_t *ids = NULL;
+    size_t n = 0;
+    /* seeded random texts over letters, spaces and punctuation: many merges, long words */
+    static const char alphabet[] = "eeeeaaaoooiiinnnsssttthhrrdllu  ..,'!wcmfygpb";
+    uint64_t seed = 12345;
+    char text[200];
+    int32_t want[210];
+    for (int k = 0; k < 150; k++) {
+        size_t len = (size_t)(k % 60) + 1;
+        for (size_t i = 0; i < len; i++) {
+            seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+            text[i] = alphabet[(seed >> 33) % (sizeof alphabet - 1)];
+        }
+        text[len] = '\0';
+        size_t nw = runc_encode(tok, text, want);
+        assert_int_equal(ms_llama2c_tok_encode(tok, text, true, false, &ids, &n, &err), MS_OK);
+        if (n != nw || memcmp(ids, want, n * sizeof *ids) != 0)
+            fail_msg("'%s': %zu ids, run.c's loop gives %zu", text, n, nw);
+        ms_free(ids);
+    }
+    /* 400 KB: was O(n^2) (an 80 KB prompt took minutes before the context check could refuse it) */
+    size_t big = 400000;
+    char *t = malloc(big + 1);
+    assert_non_null(t);
+    for (size_t i = 0; i < big; i++)
+        t[i] = "the cat sat on a mat. "[i % 22];
+    t[big] = '\0';
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    assert_int_equal(ms_llama2c_tok_encode(tok, t, true, false, &ids, &n, &err), MS_OK);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    double sec = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+    printf("  400 KB encoded into %zu ids in %.3f s\n", n, sec);
+    assert_true(n > 1000 && n < big);
+    assert_true(sec < 5.0);
+    ms_free(ids);
+    free(t);
+    ms_llama2c_tok_free(tok);
+}
+
 /* Tokenizer file builder: max_len, then (score, len, bytes) per token string. */
 static const char *write_tok(const char *name, int32_t max_len, const char *const *strs, size_t n) {
     unsigned char buf[4096];
@@ -520,6 +616,20 @@ static void test_bad_tokenizer_files(void **state) {
     check_err(ms_llama2c_tok_init(&tok, p, 512, &err), MS_ERR_FORMAT, &err, "cut.bin", "truncated");
     assert_null(tok);
     check_err(ms_llama2c_tok_init(&tok, p, 0, &err), MS_ERR_FORMAT, &err, "cut.bin", "truncated");
+    /* extra bytes after the last token, read without a vocab size: named as such (the message
+     * said "truncated after token 512", an id the file does not hold) */
+    unsigned char *plus = malloc(size + 4);
+    assert_non_null(plus);
+    memcpy(plus, file, size);
+    memcpy(plus + size, "junk", 4);
+    p = write_bytes("plus.bin", plus, size + 4);
+    free(plus);
+    check_err(ms_llama2c_tok_init(&tok, p, 0, &err), MS_ERR_FORMAT, &err, "plus.bin",
+              "truncated after token 511 (4 stray bytes: a cut token record, or extra bytes after the "
+              "last token)");
+    p = write_bytes("five.bin", file, 5);
+    check_err(ms_llama2c_tok_init(&tok, p, 0, &err), MS_ERR_FORMAT, &err, "five.bin",
+              "truncated inside the first token record (1 bytes after the header");
     p = write_bytes("two.bin", file, 2);
     check_err(ms_llama2c_tok_init(&tok, p, 512, &err), MS_ERR_FORMAT, &err, "two.bin", "too short");
     p = write_bytes("full.bin", file, size);
@@ -661,6 +771,7 @@ int main(void) {
         ms_unit_test(test_tokenizer_vocab),
         ms_unit_test(test_tokenizer_matches_golden),
         ms_unit_test(test_tokenizer_encode_edges),
+        ms_unit_test(test_tokenizer_merge_order_and_speed),
         tmp_test(test_bad_tokenizer_files),
         tmp_test(test_tokenizer_corruption_never_crashes),
         ms_unit_test(test_tokenizer_survives_allocation_failures),

@@ -25,6 +25,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
 
 #include "checkpoint.h"
 #include "hf_config.h"
@@ -139,24 +141,35 @@ static int parse_args(int argc, char **argv, mk_opts *o) {
                 o->dtype = MS_ST_DTYPE_BF16;
         }
     }
+    /* flags that take a value: anything else that is not a switch is unknown */
+    static const char *const valued[] = {
+        "--out", "--preset", "--dtype", "--seed", "--hidden", "--layers", "--heads", "--kv-heads",
+        "--head-dim", "--intermediate", "--vocab", "--max-pos", "--rope-theta", "--shards",
+        "--split", "--check",
+    };
+    const char *tie_flag = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0)
             return 2;
-        if (strcmp(a, "--tie") == 0) {
-            o->m.tie = true;
-            continue;
-        }
-        if (strcmp(a, "--no-tie") == 0) {
-            o->m.tie = false;
+        if (strcmp(a, "--tie") == 0 || strcmp(a, "--no-tie") == 0) {
+            if (tie_flag != NULL && strcmp(tie_flag, a) != 0)
+                return die("give --tie or --no-tie, not both");
+            tie_flag = a;
+            o->m.tie = strcmp(a, "--tie") == 0;
             continue;
         }
         if (strcmp(a, "--legacy-config") == 0) {
             o->legacy_config = true;
             continue;
         }
+        bool takes_value = false;
+        for (size_t k = 0; k < MS_ARRAY_LEN(valued) && !takes_value; k++)
+            takes_value = strcmp(a, valued[k]) == 0;
+        if (!takes_value)
+            return die("unknown option '%s'; see --help", a);
         if (i + 1 >= argc)
-            return die("%s needs a value (or is unknown); see --help", a);
+            return die("%s needs a value; see --help", a);
         const char *v = argv[++i];
         int64_t n;
         struct {
@@ -494,7 +507,20 @@ static int mk_generate(const mk_opts *o) {
         total += bytes[i];
         names[i] = t[i].name;
     }
-    if ((rc = mk_mkdir(o->out)) != 0 || (rc = mk_write_configs(o)) != 0)
+    struct stat out_sb;
+    bool out_existed = stat(o->out, &out_sb) == 0;
+    if ((rc = mk_mkdir(o->out)) != 0)
+        goto done;
+    /* refuse up front what cannot fit (a mistyped size once wrote 13 GB in a minute) */
+    struct statvfs fs;
+    if (statvfs(o->out, &fs) == 0 && total > (uint64_t)fs.f_bavail * fs.f_frsize) {
+        rc = die("%s: the checkpoint needs %.1f GB but only %.1f GB are free there", o->out,
+                 (double)total / 1e9, (double)fs.f_bavail * (double)fs.f_frsize / 1e9);
+        if (!out_existed)
+            rmdir(o->out);
+        goto done;
+    }
+    if ((rc = mk_write_configs(o)) != 0)
         goto done;
     mk_plan_shards(bytes, n, o->shards, first);
     for (int k = 0; k < o->shards; k++) {

@@ -31,28 +31,40 @@ static ms_status plain_config_load(const ms_hf_config *hf, void *out, ms_error *
     {
         static const char *const src[] = {"d"};
         MS_TRY(ms_md_cfg_int(hf, src, 1, NULL, &c->d, NULL, err));
+        MS_TRY(ms_md_cfg_check(hf, (c->d >= -2147483647 && c->d <= 2147483647), err,
+                               "d (%lld) is out of range (at most 2147483647 in magnitude)", (long long)c->d));
     }
     {
         static const char *const src[] = {"layers"};
         MS_TRY(ms_md_cfg_int(hf, src, 1, NULL, &c->layers, NULL, err));
+        MS_TRY(ms_md_cfg_check(hf, (c->layers >= -2147483647 && c->layers <= 2147483647), err,
+                               "layers (%lld) is out of range (at most 2147483647 in magnitude)", (long long)c->layers));
     }
     {
         static const char *const src[] = {"heads"};
         MS_TRY(ms_md_cfg_int(hf, src, 1, NULL, &c->heads, NULL, err));
+        MS_TRY(ms_md_cfg_check(hf, (c->heads >= -2147483647 && c->heads <= 2147483647), err,
+                               "heads (%lld) is out of range (at most 2147483647 in magnitude)", (long long)c->heads));
     }
     {
         static const char *const src[] = {"vocab"};
         MS_TRY(ms_md_cfg_int(hf, src, 1, NULL, &c->vocab, NULL, err));
+        MS_TRY(ms_md_cfg_check(hf, (c->vocab >= -2147483647 && c->vocab <= 2147483647), err,
+                               "vocab (%lld) is out of range (at most 2147483647 in magnitude)", (long long)c->vocab));
     }
     {
         static const char *const src[] = {"n_ctx"};
         const int64_t d = 128;
         MS_TRY(ms_md_cfg_int(hf, src, 1, &d, &c->ctx, NULL, err));
+        MS_TRY(ms_md_cfg_check(hf, (c->ctx >= -2147483647 && c->ctx <= 2147483647), err,
+                               "ctx (%lld) is out of range (at most 2147483647 in magnitude)", (long long)c->ctx));
     }
     {
         static const char *const src[] = {"max_position_embeddings"};
         const int64_t d = c->ctx;
         MS_TRY(ms_md_cfg_int(hf, src, 1, &d, &c->max_position_embeddings, NULL, err));
+        MS_TRY(ms_md_cfg_check(hf, (c->max_position_embeddings >= -2147483647 && c->max_position_embeddings <= 2147483647), err,
+                               "max_position_embeddings (%lld) is out of range (at most 2147483647 in magnitude)", (long long)c->max_position_embeddings));
     }
     {
         static const char *const src[] = {"tie"};
@@ -63,6 +75,8 @@ static ms_status plain_config_load(const ms_hf_config *hf, void *out, ms_error *
         static const char *const src[] = {"hd"};
         const int64_t d = 16;
         MS_TRY(ms_md_cfg_int(hf, src, 1, &d, &c->hd, NULL, err));
+        MS_TRY(ms_md_cfg_check(hf, (c->hd >= -2147483647 && c->hd <= 2147483647), err,
+                               "hd (%lld) is out of range (at most 2147483647 in magnitude)", (long long)c->hd));
     }
     c->qd = c->heads * c->hd;
 

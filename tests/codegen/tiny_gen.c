@@ -38,33 +38,47 @@ static ms_status tiny_config_load(const ms_hf_config *hf, void *out, ms_error *e
     {
         static const char *const src[] = {"dim"};
         MS_TRY(ms_md_cfg_int(hf, src, 1, NULL, &c->dim, NULL, err));
+        MS_TRY(ms_md_cfg_check(hf, (c->dim >= -2147483647 && c->dim <= 2147483647), err,
+                               "dim (%lld) is out of range (at most 2147483647 in magnitude)", (long long)c->dim));
     }
     {
         static const char *const src[] = {"num_hidden_layers", "n_layers"};
         MS_TRY(ms_md_cfg_int(hf, src, 2, NULL, &c->n_layers, NULL, err));
+        MS_TRY(ms_md_cfg_check(hf, (c->n_layers >= -2147483647 && c->n_layers <= 2147483647), err,
+                               "n_layers (%lld) is out of range (at most 2147483647 in magnitude)", (long long)c->n_layers));
     }
     {
         static const char *const src[] = {"n_heads"};
         MS_TRY(ms_md_cfg_int(hf, src, 1, NULL, &c->n_heads, NULL, err));
+        MS_TRY(ms_md_cfg_check(hf, (c->n_heads >= -2147483647 && c->n_heads <= 2147483647), err,
+                               "n_heads (%lld) is out of range (at most 2147483647 in magnitude)", (long long)c->n_heads));
     }
     {
         static const char *const src[] = {"n_kv_heads"};
         const int64_t d = c->n_heads;
         MS_TRY(ms_md_cfg_int(hf, src, 1, &d, &c->n_kv_heads, NULL, err));
+        MS_TRY(ms_md_cfg_check(hf, (c->n_kv_heads >= -2147483647 && c->n_kv_heads <= 2147483647), err,
+                               "n_kv_heads (%lld) is out of range (at most 2147483647 in magnitude)", (long long)c->n_kv_heads));
     }
     {
         static const char *const src[] = {"ffn"};
         const int64_t d = 4 * c->dim;
         MS_TRY(ms_md_cfg_int(hf, src, 1, &d, &c->ffn, NULL, err));
+        MS_TRY(ms_md_cfg_check(hf, (c->ffn >= -2147483647 && c->ffn <= 2147483647), err,
+                               "ffn (%lld) is out of range (at most 2147483647 in magnitude)", (long long)c->ffn));
     }
     {
         static const char *const src[] = {"vocab"};
         MS_TRY(ms_md_cfg_int(hf, src, 1, NULL, &c->vocab, NULL, err));
+        MS_TRY(ms_md_cfg_check(hf, (c->vocab >= -2147483647 && c->vocab <= 2147483647), err,
+                               "vocab (%lld) is out of range (at most 2147483647 in magnitude)", (long long)c->vocab));
     }
     {
         static const char *const src[] = {"max_position_embeddings"};
         const int64_t d = 256;
         MS_TRY(ms_md_cfg_int(hf, src, 1, &d, &c->max_position_embeddings, NULL, err));
+        MS_TRY(ms_md_cfg_check(hf, (c->max_position_embeddings >= -2147483647 && c->max_position_embeddings <= 2147483647), err,
+                               "max_position_embeddings (%lld) is out of range (at most 2147483647 in magnitude)", (long long)c->max_position_embeddings));
     }
     {
         static const char *const src[] = {"eps"};
@@ -85,6 +99,8 @@ static ms_status tiny_config_load(const ms_hf_config *hf, void *out, ms_error *e
         static const char *const src[] = {"window"};
         const int64_t d = 64;
         MS_TRY(ms_md_cfg_int(hf, src, 1, &d, &c->window, NULL, err));
+        MS_TRY(ms_md_cfg_check(hf, (c->window >= -2147483647 && c->window <= 2147483647), err,
+                               "window (%lld) is out of range (at most 2147483647 in magnitude)", (long long)c->window));
     }
     {
         static const char *const src[] = {"kind"};
@@ -110,6 +126,8 @@ static ms_status tiny_config_load(const ms_hf_config *hf, void *out, ms_error *e
                            (long long)(c->n_heads), (long long)(c->n_kv_heads)));
     MS_TRY(ms_md_cfg_check(hf, c->hd > 0 && c->hd % 2 == 0, err,
                            "hd (%lld) must be positive and even", (long long)(c->hd)));
+    MS_TRY(ms_md_cfg_check(hf, (double)(c->theta) > 0.0, err, "theta (%g) must be positive", (double)(c->theta)));
+    MS_TRY(ms_md_cfg_check(hf, (double)(c->eps) >= 0.0, err, "eps (%g) must not be negative", (double)(c->eps)));
     MS_TRY(ms_md_cfg_check(hf, strcmp(c->kind, "plain") == 0 || strcmp(c->kind, "scaled") == 0, err,
                            "kind '%s' is not supported by this model (plain, scaled)", c->kind));
     return MS_OK;
