@@ -31,8 +31,5 @@ RUNTIME_CUDA_SRCS += runtime/backend_cuda.c
 RUNTIME_SRCS += runtime/model_desc.c
 RUNTIME_SRCS += runtime/engine.c
 RUNTIME_SRCS += runtime/cli.c
-PROGRAMS += $(BUILD)/mstar-mkckpt
-# mstar-mkckpt uses no CUDA: linked without the CUDA libraries, an ASan build starts in 0.03 s instead of ~1 s.
-$(BUILD)/mstar-mkckpt: $(BUILD)/obj/runtime/tools/mkckpt.o $(BUILD)/libmstar.a ; $(if $(filter 1,$(V)),,@printf '  %-6s %s\n' LD $@ &&) $(CC) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) -lm
 RUNTIME_SRCS += runtime/tokenizer_hf.c
 RUNTIME_SRCS += runtime/tokenizer_hf_nfc.c

@@ -479,6 +479,62 @@ static ms_status eng_weights_pass(ms_engine *e, bool load, size_t *bytes, ms_err
     return MS_OK;
 }
 
+/* Index of the checkpoint tensor named `name` (tensors are in ascending strcmp order), or -1. */
+static ptrdiff_t eng_tensor_index(const ms_ckpt *ck, const char *name) {
+    size_t lo = 0, hi = ms_ckpt_n_tensors(ck);
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        int c = strcmp(ms_ckpt_tensor_at(ck, mid)->name, name);
+        if (c == 0)
+            return (ptrdiff_t)mid;
+        if (c < 0)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    return -1;
+}
+
+/*
+ * Every checkpoint tensor must be one the model declares: a checkpoint of another family (Qwen3's
+ * q_norm / k_norm, a vision tower, attention biases the model lacks) would otherwise run as this
+ * model and print plausible but wrong ids with exit status 0. MS_ERR_FORMAT names the first
+ * unclaimed tensor, its file and how many there are.
+ */
+static ms_status eng_check_unclaimed(ms_engine *e, ms_error *err) {
+    const ms_model_desc *d = e->desc;
+    size_t n = ms_ckpt_n_tensors(e->ck);
+    bool *claimed = ms_calloc(n > 0 ? n : 1, sizeof *claimed);
+    if (claimed == NULL)
+        return MS_FAIL(err, MS_ERR_OOM, "out of memory checking the checkpoint's tensors");
+    ms_status st = MS_OK;
+    for (int32_t w = 0; w < d->n_weights && st == MS_OK; w++) {
+        const ms_md_weight *wd = &d->weights[w];
+        int32_t n_inst = wd->per_layer ? e->facts.n_layers : 1;
+        for (int32_t l = 0; l < n_inst && st == MS_OK; l++)
+            for (int k = 0; k < MS_MD_MAX_NAMES && wd->names[k] != NULL && st == MS_OK; k++) {
+                char name[512];
+                st = ms_md_expand_name(wd->names[k], l, name, sizeof name, err);
+                ptrdiff_t i = st == MS_OK ? eng_tensor_index(e->ck, name) : -1;
+                if (i >= 0)
+                    claimed[i] = true;
+            }
+    }
+    size_t n_extra = 0, first = 0;
+    for (size_t i = 0; i < n && st == MS_OK; i++)
+        if (!claimed[i] && n_extra++ == 0)
+            first = i;
+    if (st == MS_OK && n_extra > 0) {
+        const ms_st_tensor *t = ms_ckpt_tensor_at(e->ck, first);
+        st = MS_FAIL(err, MS_ERR_FORMAT,
+                     "%s: tensor '%s' is not a weight of model '%s' (%zu such tensor%s): the "
+                     "checkpoint is of another model family or variant",
+                     t->file_path, t->name, d->name, n_extra, n_extra == 1 ? "" : "s");
+    }
+    ms_free(claimed);
+    return st;
+}
+
 static ms_status eng_weights_init(ms_engine *e, ms_error *err) {
     const ms_model_desc *d = e->desc;
     e->woff = ms_calloc((size_t)d->n_weights, sizeof *e->woff);
@@ -494,6 +550,7 @@ static ms_status eng_weights_init(ms_engine *e, ms_error *err) {
         return MS_FAIL(err, MS_ERR_OOM, "out of memory for the weight table");
     size_t bytes = 0;
     MS_TRY(eng_weights_pass(e, false, &bytes, err));
+    MS_TRY(eng_check_unclaimed(e, err));
     MS_TRY(eng_alloc(e, bytes, "weights", &e->wslab, err));
     return eng_weights_pass(e, true, NULL, err);
 }

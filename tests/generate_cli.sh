@@ -151,6 +151,8 @@ mk && perl -pi -e 's/"model.norm.weight"/"model.norm.weighX"/' "$st"
 expect_error "missing tensor" 1 "$st: tensor 'model.norm.weight' not found" -- --model "$tmp/m" "${g[@]}"
 mk && perl -pi -e 's/"lm_head.weight":\{"dtype":"F32","shape":\[512,128\]/"lm_head.weight":{"dtype":"F32","shape":[128,512]/' "$st"
 expect_error "shape mismatch" 1 "$st: tensor 'lm_head.weight' has shape \[128, 512\], the model declares \[512, 128\]" -- --model "$tmp/m" "${g[@]}"
+# a checkpoint of another family (Qwen3: q_norm / k_norm the Llama model lacks) is refused, not run
+expect_error "checkpoint of another family" 1 "model.safetensors: tensor 'model.layers.0.self_attn.k_norm.weight' is not a weight of model 'llama' \(4 such tensors\)" -- --model "$fx/hf/qwen3" "${g[@]}"
 mk && grep -v '"hidden_size"' "$gqa/config.json" >"$tmp/m/config.json"
 expect_error "config.json missing a field" 1 "$tmp/m/config.json: required field 'hidden_size' is missing" -- --model "$tmp/m" "${g[@]}"
 mk && sed 's/"num_key_value_heads": 2/"num_key_value_heads": 3/' "$gqa/config.json" >"$tmp/m/config.json"
