@@ -31,3 +31,4 @@ RUNTIME_CUDA_SRCS += runtime/backend_cuda.c
 RUNTIME_SRCS += runtime/model_desc.c
 RUNTIME_SRCS += runtime/engine.c
 RUNTIME_SRCS += runtime/cli.c
+RUNTIME_CUDA_SRCS += runtime/device_cuda.c

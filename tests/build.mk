@@ -4,6 +4,7 @@
 TESTS += tests/test_base
 ifeq ($(HAVE_CUDA),1)
 TESTS += tests/test_nvrtc
+TESTS += tests/test_device_cuda
 TSAN_TESTS += tests/test_nvrtc
 GPU_TESTS += tests/test_gpu_kernels
 GPU_TESTS += tests/test_backend_cuda
