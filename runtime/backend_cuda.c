@@ -946,6 +946,15 @@ static ms_status cuda_setup(cuda_ctx *c, const ms_backend_cuda_options *opt, ms_
     return MS_OK;
 }
 
+bool ms_backend_cuda_available(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return false;
+    }
+    return n > 0;
+}
+
 ms_status ms_backend_cuda_init(ms_backend *out, const ms_backend_cuda_options *opt, ms_error *err) {
     memset(out, 0, sizeof *out);
     cuda_ctx *c = ms_calloc(1, sizeof *c);

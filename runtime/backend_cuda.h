@@ -39,6 +39,13 @@ typedef struct ms_backend_cuda_options {
  */
 ms_status ms_backend_cuda_init(ms_backend *out, const ms_backend_cuda_options *opt, ms_error *err);
 
+/*
+ * True when at least one CUDA device is usable (cudaGetDeviceCount succeeds with a count > 0).
+ * False without a driver or a GPU; never fails (the runtime's error is cleared). Used by the
+ * engine's device "auto".
+ */
+bool ms_backend_cuda_available(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -33,6 +33,7 @@ typedef struct cli_opts {
     bool ignore_eos;
     int32_t page_size;
     int32_t threads;
+    const char *dtype;
     const char *device;
 } cli_opts;
 
@@ -91,7 +92,7 @@ static void usage(FILE *to) {
             "           (--prompt TEXT | --prompt-ids 1,2,3 | --prompts-file FILE)\n"
             "           [--max-new-tokens N | --steps N] [--temperature T] [--top-k K]\n"
             "           [--top-p P] [--seed S] [--ignore-eos] [--page-size N]\n"
-            "           [--device cpu|cuda] [--threads N]\n",
+            "           [--device auto|cpu|cuda] [--dtype auto|f32|bf16] [--threads N]\n",
             g_prog);
 }
 
@@ -101,7 +102,7 @@ static int parse_generate(int argc, char **argv, cli_opts *o) {
     o->max_new = -1;
     o->steps = -1;
     o->sampling = (ms_sampling_params){1.0f, 0, 1.0f, 0};
-    o->device = "cpu";
+    o->device = "auto";
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--ignore-eos") == 0) {
@@ -120,7 +121,7 @@ static int parse_generate(int argc, char **argv, cli_opts *o) {
         static const char *const with_value[] = {
             "--model", "--tokenizer", "--prompt", "--prompt-ids", "--prompts-file",
             "--max-new-tokens", "--steps", "--temperature", "--top-k", "--top-p", "--seed",
-            "--page-size", "--device", "--threads"};
+            "--page-size", "--device", "--threads", "--dtype"};
         bool known = false;
         for (size_t k = 0; k < MS_ARRAY_LEN(with_value); k++)
             known = known || strcmp(a, with_value[k]) == 0;
@@ -176,9 +177,13 @@ static int parse_generate(int argc, char **argv, cli_opts *o) {
                 return cli_fail("--threads: '%s' is not an integer in [1, 1024]", v);
             o->threads = (int32_t)n;
         } else if (strcmp(a, "--device") == 0) {
-            if (strcmp(v, "cpu") != 0 && strcmp(v, "cuda") != 0)
-                return cli_fail("--device: '%s' is not cpu or cuda", v);
+            if (strcmp(v, "auto") != 0 && strcmp(v, "cpu") != 0 && strcmp(v, "cuda") != 0)
+                return cli_fail("--device: '%s' is not auto, cpu or cuda", v);
             o->device = v;
+        } else if (strcmp(a, "--dtype") == 0) {
+            if (strcmp(v, "auto") != 0 && strcmp(v, "f32") != 0 && strcmp(v, "bf16") != 0)
+                return cli_fail("--dtype: '%s' is not auto, f32 or bf16", v);
+            o->dtype = v;
         }
     }
     if (o->model == NULL) {
@@ -348,6 +353,7 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
     eo.device = o.device;
     eo.page_size = o.page_size;
     eo.n_threads = o.threads;
+    eo.dtype = o.dtype;
 
     if (o.tokenizer != NULL) {
         /* vocab 0: as many tokens as the file holds; checked against the model below */

@@ -21,6 +21,10 @@
 #include "backend.h"
 #include "checkpoint.h"
 #include "device.h"
+#ifdef MS_HAVE_CUDA
+#include "backend_cuda.h"
+#include "device_cuda.h"
+#endif
 #include "kv_pool.h"
 #include "page_arena.h"
 #include "positions.h"
@@ -199,6 +203,8 @@ struct ms_engine {
     ms_ckpt *ck;
 
     /* weights: one slab, views per (entry, instance) */
+    ms_dtype wdtype;              /* storage dtype of the weights: f32 on CPU, bf16 on CUDA */
+    ms_dtype kvdtype;             /* KV arena dtype: f32 on CPU, bf16 on CUDA */
     void *wslab;
     ms_tensor *weights;           /* [n_instances] */
     int32_t *woff;                /* [n_weights] first instance of entry w */
@@ -281,17 +287,54 @@ static void eng_bfree(ms_engine *e, void *p) {
 
 /* ---- loading: backend, config ---- */
 
+/* True when device "auto" resolves to cuda: a CUDA build with a usable GPU. */
+static bool eng_cuda_usable(void) {
+#ifdef MS_HAVE_CUDA
+    return ms_backend_cuda_available();
+#else
+    return false;
+#endif
+}
+
+/* Make the backend and the KV device named by opt.device ("auto": cuda when a GPU is usable,
+ * else cpu), and pick the weight and KV storage dtypes that backend computes with. */
 static ms_status eng_backend_init(ms_engine *e, ms_error *err) {
-    const char *dev = e->opt.device == NULL ? "cpu" : e->opt.device;
+    const char *dev = e->opt.device == NULL ? "auto" : e->opt.device;
+    if (strcmp(dev, "auto") == 0)
+        dev = eng_cuda_usable() ? "cuda" : "cpu";
+    const char *dt = e->opt.dtype == NULL ? "auto" : e->opt.dtype;
+    bool bf16 = strcmp(dt, "bf16") == 0;
+    if (!bf16 && strcmp(dt, "auto") != 0 && strcmp(dt, "f32") != 0)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "unknown dtype '%s' (expected auto, f32 or bf16)",
+                       dt);
     if (strcmp(dev, "cpu") == 0) {
         ms_backend_cpu_options co = {.n_threads = e->opt.n_threads};
-        return ms_backend_cpu_init(&e->be, &co, err);
+        e->wdtype = bf16 ? MS_DTYPE_BF16 : MS_DTYPE_F32;
+        e->kvdtype = e->wdtype;
+        MS_TRY(ms_backend_cpu_init(&e->be, &co, err));
+        return ms_device_host_init(0, &e->dev, err);
     }
-    if (strcmp(dev, "cuda") == 0)
+    if (strcmp(dev, "cuda") == 0) {
+        if (strcmp(dt, "f32") == 0)
+            return MS_FAIL(err, MS_ERR_UNSUPPORTED,
+                           "dtype 'f32' on device 'cuda': the CUDA backend keeps weights and KV "
+                           "in bf16 (use --dtype bf16 or auto)");
+#ifdef MS_HAVE_CUDA
+        e->wdtype = MS_DTYPE_BF16;
+        e->kvdtype = MS_DTYPE_BF16;
+        ms_status st = ms_device_cuda_init(0, &e->dev, err);
+        if (st != MS_OK) {
+            ms_error_prefix(err, "device 'cuda': ");
+            return st;
+        }
+        return ms_backend_cuda_init(&e->be, NULL, err);
+#else
         return MS_FAIL(err, MS_ERR_UNSUPPORTED,
-                       "device 'cuda' is not supported yet (the CUDA backend has not landed); "
-                       "use --device cpu");
-    return MS_FAIL(err, MS_ERR_INVALID_ARG, "unknown device '%s' (expected cpu or cuda)", dev);
+                       "device 'cuda': this binary was built without CUDA; use --device cpu");
+#endif
+    }
+    return MS_FAIL(err, MS_ERR_INVALID_ARG, "unknown device '%s' (expected auto, cpu or cuda)",
+                   dev);
 }
 
 static bool path_is_dir(const char *p) {
@@ -386,6 +429,7 @@ static ms_status eng_expect(ms_engine *e, int32_t w, const char *name, ms_error 
 static ms_status eng_weights_pass(ms_engine *e, bool load, size_t *bytes, ms_error *err) {
     const ms_model_desc *d = e->desc;
     const ms_backend_i *f = &e->be.iface;
+    const size_t es = ms_dtype_size(e->wdtype);
     size_t off = 0;
     for (int32_t w = 0; w < d->n_weights; w++) {
         const ms_md_weight *wd = &d->weights[w];
@@ -421,14 +465,14 @@ static ms_status eng_weights_pass(ms_engine *e, bool load, size_t *bytes, ms_err
                 }
                 if (!load) {
                     MS_TRY(eng_expect(e, w, name, err)); /* names the missing/mismatching one */
-                    off += (elems * sizeof(float) + 63) / 64 * 64;
+                    off += (elems * es + 63) / 64 * 64;
                     continue;
                 }
-                *dst = ms_tensor_make((char *)e->wslab + off, MS_DTYPE_F32, wd->rank, shape);
+                *dst = ms_tensor_make((char *)e->wslab + off, e->wdtype, wd->rank, shape);
                 ms_tensor src = ms_tensor_make((void *)t->data, eng_st_dtype(t->dtype), wd->rank,
                                                shape);
                 MS_TRY(f->tensor_load(e->be.ctx, dst, &src, err));
-                off += (elems * sizeof(float) + 63) / 64 * 64;
+                off += (elems * es + 63) / 64 * 64;
                 continue;
             }
             /* FUSED: rows of its parts in order */
@@ -452,12 +496,12 @@ static ms_status eng_weights_pass(ms_engine *e, bool load, size_t *bytes, ms_err
                 for (int32_t p = 0; p < wd->n_parts; p++)
                     if (pt[p] != NULL)
                         MS_TRY(eng_expect(e, wd->parts[p], pname[p], err));
-                off += (elems * sizeof(float) + 63) / 64 * 64;
+                off += (elems * es + 63) / 64 * 64;
                 continue;
             }
-            *dst = ms_tensor_make((char *)e->wslab + off, MS_DTYPE_F32, wd->rank, shape);
+            *dst = ms_tensor_make((char *)e->wslab + off, e->wdtype, wd->rank, shape);
             if (n_found < wd->n_parts)
-                MS_TRY(f->buffer_fill(e->be.ctx, dst->data, 0, elems * sizeof(float), err));
+                MS_TRY(f->buffer_fill(e->be.ctx, dst->data, 0, elems * es, err));
             int64_t row = 0;
             for (int32_t p = 0; p < wd->n_parts; p++) {
                 int64_t pshape[MS_TENSOR_MAX_DIMS] = {1, 1, 1, 1};
@@ -471,7 +515,7 @@ static ms_status eng_weights_pass(ms_engine *e, bool load, size_t *bytes, ms_err
                 row += pshape[0];
             }
             MS_ASSERT(row == shape[0]);
-            off += (elems * sizeof(float) + 63) / 64 * 64;
+            off += (elems * es + 63) / 64 * 64;
         }
     }
     if (bytes != NULL)
@@ -571,14 +615,13 @@ static ms_status eng_resources_init(ms_engine *e, ms_error *err) {
                            (int)e->max_seqs, (int)per_seq);
         pages = per_seq * e->max_seqs + 1;
     }
-    MS_TRY(ms_device_host_init(0, &e->dev, err));
     ms_page_arena_config ac = {
         .n_layers = fa->n_layers,
         .n_pages = pages,
         .page_size = ps,
         .n_kv_heads = fa->n_kv_heads,
         .head_dim = fa->head_dim,
-        .elem_bytes = 4,
+        .elem_bytes = (int32_t)ms_dtype_size(e->kvdtype),
         .layout = MS_KV_LAYOUT_NHD,
         .name = "kv",
     };
@@ -587,7 +630,7 @@ static ms_status eng_resources_init(ms_engine *e, ms_error *err) {
     MS_TRY(ms_kv_pool_init(&pc, &e->pool, err));
     e->kv = (ms_paged_kv){
         .data = ms_page_arena_data(e->arena),
-        .dtype = MS_DTYPE_F32,
+        .dtype = e->kvdtype,
         .n_layers = fa->n_layers,
         .n_pages = pages,
         .page_size = ps,

@@ -2,9 +2,11 @@
  * engine.h - the generic LLM engine: one compiled model (model_desc.h) on one backend, serving
  * requests as one ragged continuous batch.
  *
- * At init the engine builds the backend (CPU today; "cuda" is recognised and refused until the
- * CUDA backend lands), reads config.json (or a llama2.c .bin through the loaders, which derive a
- * config and expose Hugging Face tensor names), validates and loads every declared weight into one
+ * At init the engine builds the backend and the device its KV arena lives on (cpu: the CPU
+ * backend, f32 weights and KV in host memory; cuda: the CUDA backend, bf16 weights and KV, the
+ * arena in device memory through device_cuda.h; auto: cuda when a GPU is usable), reads
+ * config.json (or a llama2.c .bin through the loaders, which derive a config and expose Hugging
+ * Face tensor names), validates and loads every declared weight into one
  * planned set of backend buffers (fused entries concatenated), builds the node's resources through
  * the step runner (KV pool over a page arena, positions, attention: the runner's plan plus backend
  * staging, sampler), and sizes every per-step buffer for the worst case: after the first step of
@@ -51,7 +53,9 @@ extern "C" {
 typedef struct ms_engine_options {
     const char *model_path;  /* HF folder (config.json + safetensors, sharded or not), a shard
                                 index .json, or a llama2.c .bin; required */
-    const char *device;      /* "cpu" (default) or "cuda" */
+    const char *device;      /* "cpu" (default; deterministic for library users), "cuda", or
+                                "auto" ("cuda" when a GPU is usable, else "cpu"; the serving
+                                binary's default). Weights and KV are f32 on cpu, bf16 on cuda. */
     int32_t page_size;       /* KV page size in tokens; 0 = the model's default */
     int32_t max_seqs;        /* requests in one batch (>= 1) */
     int32_t max_tokens;      /* tokens in one step (prefill budget), >= max_seqs */
@@ -60,6 +64,9 @@ typedef struct ms_engine_options {
     int32_t max_seq_len;     /* tokens one sequence may hold, for sizing the KV arena when
                                 kv_pages is 0; 0 = the model's context. Capped at the context. */
     int32_t n_threads;       /* CPU backend threads; 0 = online CPUs */
+    const char *dtype;       /* storage of the weights and the KV cache: NULL or "auto" = the
+                                backend's (f32 on cpu, bf16 on cuda), "f32" (cpu only) or "bf16"
+                                (cpu: the numbers the cuda device computes with) */
 } ms_engine_options;
 
 /* Defaults: device "cpu", page_size 0, max_seqs 8, max_tokens 2048, kv_pages 0, max_seq_len 0,
@@ -72,8 +79,9 @@ typedef struct ms_engine ms_engine;
 
 /*
  * Build an engine for `desc` as described at the top of the file. Errors (one line naming the file
- * and the problem): MS_ERR_UNSUPPORTED (device "cuda" in a build without the CUDA backend, an
- * unknown device), MS_ERR_INVALID_ARG (bad options), the loaders' errors (MS_ERR_IO,
+ * and the problem): MS_ERR_UNSUPPORTED (device "cuda" in a build without the CUDA backend),
+ * MS_ERR_CUDA (device "cuda" without a usable GPU), MS_ERR_INVALID_ARG (bad options, an unknown
+ * device), the loaders' errors (MS_ERR_IO,
  * MS_ERR_FORMAT, MS_ERR_PARSE, MS_ERR_NOT_FOUND: missing config field or tensor),
  * MS_ERR_OOM. Nothing is left allocated on failure.
  */

@@ -4,6 +4,7 @@
 TESTS += tests/test_base
 ifeq ($(HAVE_CUDA),1)
 TESTS += tests/test_nvrtc
+TESTS += tests/test_device_cuda
 TSAN_TESTS += tests/test_nvrtc
 GPU_TESTS += tests/test_gpu_kernels
 GPU_TESTS += tests/test_backend_cuda
@@ -30,10 +31,10 @@ TESTS += tests/test_scratch
 TESTS += tests/test_kv_pool
 TESTS += tests/test_page_arena
 PROGRAMS += $(BUILD)/llama-ref
-# llama-ref links no CUDA library until the engine uses the CUDA backend (an ASan build then starts in 0.03 s, not ~1 s).
+# llama-ref links the CUDA libraries when HAVE_CUDA: the engine builds the CUDA backend for --device cuda/auto.
 $(BUILD)/llama-ref: $(BUILD)/obj/tests/llama_ref_main.o $(BUILD)/obj/tests/llama_desc_ref.o $(BUILD)/libmstarc.a $(BUILD)/libmstar.a
 	$(call quiet,LD,$@)
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) -lm
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 TESTS += tests/test_engine_llama
 TEST_SCRIPTS += tests/generate_cli.sh
 TESTS += tests/test_runner_integration
@@ -59,3 +60,11 @@ TESTS += tests/test_codegen
 TESTS += tests/test_engine_desc
 TESTS += tests/test_tokenizer_hf
 TSAN_TESTS += tests/test_tokenizer_hf
+ifeq ($(HAVE_CUDA),1)
+# the generated binary on the GPU: cuda against cpu on hf/llama_gqa, the llama2.c golden on cuda
+.PHONY: gpu-generate
+gpu-generate: $(BUILD)/mstarc
+	$(Q)$(BUILD)/mstarc build models/llama.mstar -o $(BUILD)/llama >/dev/null
+	$(Q)MS_BUILD=$(BUILD) tests/gpu_generate.sh
+gpu-test: gpu-generate
+endif

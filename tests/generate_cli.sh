@@ -124,8 +124,28 @@ expect_error "--seed -3" 1 "--seed: '-3'" -- "${m[@]}" --seed -3
 expect_error "--steps 0" 1 "--steps: '0'" -- "${m[@]}" --steps 0
 expect_error "--max-new-tokens -1" 1 "--max-new-tokens: '-1'" -- "${m[@]}" --max-new-tokens -1
 expect_error "--page-size 0" 1 "--page-size: '0'" -- "${m[@]}" --page-size 0
-expect_error "--device tpu" 1 "--device: 'tpu' is not cpu or cuda" -- "${m[@]}" --device tpu
-expect_error "--device cuda" 1 "device 'cuda' is not supported yet" -- "${m[@]}" --device cuda
+expect_error "--dtype f16" 1 "--dtype: 'f16' is not auto, f32 or bf16" -- "${m[@]}" --dtype f16
+expect_error "--dtype f32 on cuda" 1 "dtype 'f32' on device 'cuda': the CUDA backend keeps weights and KV in bf16" -- "${m[@]}" --device cuda --dtype f32
+# bf16 weights and KV on the CPU (what the CUDA device computes with): runs, same count of ids
+out=$("$bin" generate --model "$gqa" --prompt-ids 1,17,33,250 --max-new-tokens 16 --temperature 0 --device cpu --dtype bf16 2>"$tmp/err")
+if [ "$(echo "$out" | wc -w)" -eq 16 ] && grep -q ' on cpu,' "$tmp/err"; then
+    ok "--dtype bf16 on cpu: 16 ids"
+else
+    bad "--dtype bf16 on cpu" "$out" "$(head -c 300 "$tmp/err")"
+fi
+expect_error "--device tpu" 1 "--device: 'tpu' is not auto, cpu or cuda" -- "${m[@]}" --device tpu
+# without a usable GPU (no driver, no device, or a build without CUDA) --device auto falls back to
+# the CPU silently and --device cuda is a one-line error; with one, auto picks cuda
+"$bin" generate "${m[@]}" --max-new-tokens 2 >"$tmp/out" 2>"$tmp/err"
+rc=$?
+if [ $rc -eq 0 ] && [ "$(wc -l <"$tmp/err")" -eq 1 ] && grep -q ' on cpu,' "$tmp/err"; then
+    ok "--device auto (the default) without a GPU: cpu, no warning"
+    expect_error "--device cuda without a GPU" 1 "device 'cuda': (cuda:0: no usable CUDA device|this binary was built without CUDA)" -- "${m[@]}" --device cuda
+elif [ $rc -eq 0 ] && grep -q ' on cuda,' "$tmp/err"; then
+    ok "--device auto (the default) with a GPU: cuda"
+else
+    bad "--device auto" "rc $rc" "$(head -c 600 "$tmp/err")"
+fi
 expect_error "--prompt-ids 1,x" 1 "--prompt-ids: '1,x' is not a comma-separated list" -- --model "$gqa" --prompt-ids 1,x
 expect_error "token id out of range" 1 "prompt token 512 at index 1 is outside the vocabulary \[0, 512\)" -- --model "$gqa" --prompt-ids 1,512
 expect_error "--prompt without tokenizer" 1 "--prompt needs --tokenizer" -- --model "$gqa" --prompt hello

@@ -25,6 +25,9 @@
 
 #include "checkpoint.h"
 #include "engine.h"
+#ifdef MS_HAVE_CUDA
+#include "backend_cuda.h"
+#endif
 #include "safetensors.h"
 #include "tokenizer_llama2c.h"
 
@@ -770,9 +773,22 @@ static void test_device_and_options(void **state) {
     o.device = "cuda";
     ms_engine *e = NULL;
     ms_error err = {0};
+#ifdef MS_HAVE_CUDA
+    if (!ms_backend_cuda_available()) { /* the GPU path itself is tests/gpu_generate.sh's */
+        assert_int_equal(ms_engine_init(&e, &ms_llama_ref_desc, &o, &err), MS_ERR_CUDA);
+        assert_non_null(strstr(err.msg, "device 'cuda': cuda:0: no usable CUDA device"));
+        assert_null(e);
+    }
+#else
     assert_int_equal(ms_engine_init(&e, &ms_llama_ref_desc, &o, &err), MS_ERR_UNSUPPORTED);
-    assert_non_null(strstr(err.msg, "cuda"));
+    assert_non_null(strstr(err.msg, "built without CUDA"));
     assert_null(e);
+#endif
+    o.device = "cpu";
+    o.dtype = "f16";
+    assert_int_equal(ms_engine_init(&e, &ms_llama_ref_desc, &o, &err), MS_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "unknown dtype 'f16'"));
+    o.dtype = NULL;
     o.device = "tpu";
     assert_int_equal(ms_engine_init(&e, &ms_llama_ref_desc, &o, &err), MS_ERR_INVALID_ARG);
     assert_non_null(strstr(err.msg, "tpu"));
