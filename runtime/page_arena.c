@@ -48,7 +48,7 @@ ms_status ms_page_arena_measure(const ms_page_arena_config *cfg, ms_page_arena_s
                        "page arena '%s': elem_bytes %d must be 1, 2 or 4", name, cfg->elem_bytes);
     if (cfg->layout != MS_KV_LAYOUT_NHD)
         return MS_FAIL(err, MS_ERR_UNSUPPORTED,
-                       "page arena '%s': layout %d is not implemented (only NHD)", name,
+                       "page arena '%s': layout %d is unsupported (only NHD is)", name,
                        (int)cfg->layout);
     if (cfg->n_pages < 0)
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "page arena '%s': kv_num_pages %d is negative",
