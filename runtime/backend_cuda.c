@@ -9,6 +9,7 @@
 #include "backend_cuda.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "cuda_ops.h"
@@ -953,6 +954,68 @@ bool ms_backend_cuda_available(void) {
         return false;
     }
     return n > 0;
+}
+
+static int cmp_float(const void *a, const void *b) {
+    float x = *(const float *)a, y = *(const float *)b;
+    return (x > y) - (x < y);
+}
+
+/* Timed copies for ms_backend_cuda_copy_bandwidth; t[reps] gets milliseconds per copy. */
+static ms_status copy_bw_run(cuda_ctx *c, void *dst, void *src, size_t bytes, int32_t reps,
+                             cudaEvent_t e0, cudaEvent_t e1, float *t, ms_error *err) {
+    MS_CUDA_TRY(err, cudaMemsetAsync(src, 1, bytes, c->stream));
+    MS_CUDA_TRY(err, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream));
+    for (int32_t i = 0; i < reps; i++) {
+        MS_CUDA_TRY(err, cudaEventRecord(e0, c->stream));
+        MS_CUDA_TRY(err, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, c->stream));
+        MS_CUDA_TRY(err, cudaEventRecord(e1, c->stream));
+        MS_CUDA_TRY(err, cudaEventSynchronize(e1));
+        MS_CUDA_TRY(err, cudaEventElapsedTime(&t[i], e0, e1));
+    }
+    return MS_OK;
+}
+
+ms_status ms_backend_cuda_copy_bandwidth(const ms_backend *be, size_t bytes, int32_t reps,
+                                         double *gbps, ms_error *err) {
+    MS_ASSERT(be != NULL && be->ctx != NULL && gbps != NULL);
+    if (bytes < ((size_t)1 << 20) || reps < 1)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "copy bandwidth: %zu bytes x %d copies (need >= 1 MiB, >= 1 copy)", bytes,
+                       (int)reps);
+    cuda_ctx *c = be->ctx;
+    float *t = ms_calloc((size_t)reps, sizeof *t);
+    if (t == NULL)
+        return MS_FAIL(err, MS_ERR_OOM, "copy bandwidth: out of memory");
+    void *a = NULL, *b = NULL;
+    cudaEvent_t e0 = NULL, e1 = NULL;
+    ms_status st = MS_OK;
+    cudaError_t ce = cudaMalloc(&a, bytes);
+    if (ce == cudaSuccess)
+        ce = cudaMalloc(&b, bytes);
+    if (ce == cudaSuccess)
+        ce = cudaEventCreate(&e0);
+    if (ce == cudaSuccess)
+        ce = cudaEventCreate(&e1);
+    if (ce != cudaSuccess)
+        st = ms_cuda_record_failure(err, MS_ERR_CUDA, "CUDA", (int)ce, cudaGetErrorString(ce),
+                                    "copy bandwidth buffers", c->device, __FILE__, __LINE__,
+                                    __func__);
+    if (st == MS_OK)
+        st = copy_bw_run(c, b, a, bytes, reps, e0, e1, t, err);
+    if (st == MS_OK) {
+        qsort(t, (size_t)reps, sizeof *t, cmp_float);
+        double ms = (double)t[reps / 2];
+        *gbps = ms > 0.0 ? 2.0 * (double)bytes / (ms * 1e-3) / 1e9 : 0.0;
+    }
+    if (e1 != NULL)
+        (void)cudaEventDestroy(e1);
+    if (e0 != NULL)
+        (void)cudaEventDestroy(e0);
+    (void)cudaFree(b);
+    (void)cudaFree(a);
+    ms_free(t);
+    return st;
 }
 
 ms_status ms_backend_cuda_init(ms_backend *out, const ms_backend_cuda_options *opt, ms_error *err) {

@@ -46,6 +46,16 @@ ms_status ms_backend_cuda_init(ms_backend *out, const ms_backend_cuda_options *o
  */
 bool ms_backend_cuda_available(void);
 
+/*
+ * Device copy bandwidth of be (a CUDA backend from ms_backend_cuda_init): `reps` device-to-device
+ * cudaMemcpyAsync copies of `bytes` bytes (>= 1 MiB) on the backend's stream, each timed with
+ * events; *gbps = read + write bytes (2 * bytes) over the median time, in GB/s (1e9 bytes/s). The
+ * two buffers are allocated and freed here. Errors: MS_ERR_INVALID_ARG (bytes < 1 MiB, reps < 1),
+ * MS_ERR_CUDA (allocation or copy failed; nothing left allocated), MS_ERR_OOM.
+ */
+ms_status ms_backend_cuda_copy_bandwidth(const ms_backend *be, size_t bytes, int32_t reps,
+                                         double *gbps, ms_error *err);
+
 #ifdef __cplusplus
 }
 #endif

@@ -34,3 +34,4 @@ RUNTIME_SRCS += runtime/cli.c
 RUNTIME_SRCS += runtime/tokenizer_hf.c
 RUNTIME_SRCS += runtime/tokenizer_hf_nfc.c
 RUNTIME_CUDA_SRCS += runtime/device_cuda.c
+RUNTIME_SRCS += runtime/bench.c

@@ -1,5 +1,5 @@
 /*
- * cli.c - the `generate` verb of a serving binary (cli.h).
+ * cli.c - the verbs of a serving binary (cli.h): `generate` here, `bench` in bench.c.
  *
  * Constraints: every bad flag value gets a one-line error naming the flag and the value; every
  * load error is the engine's one-line message (file and problem); nothing leaks on any path.
@@ -92,8 +92,9 @@ static void usage(FILE *to) {
             "           (--prompt TEXT | --prompt-ids 1,2,3 | --prompts-file FILE)\n"
             "           [--max-new-tokens N | --steps N] [--temperature T] [--top-k K]\n"
             "           [--top-p P] [--seed S] [--ignore-eos] [--page-size N]\n"
-            "           [--device auto|cpu|cuda] [--dtype auto|f32|bf16] [--threads N]\n",
-            g_prog);
+            "           [--device auto|cpu|cuda] [--dtype auto|f32|bf16] [--threads N]\n"
+            "       %s bench --model PATH [...]   (%s bench --help)\n",
+            g_prog, g_prog, g_prog);
 }
 
 /* Returns 0 on success, else the exit status (message printed). */
@@ -492,11 +493,14 @@ int ms_cli_main(int argc, char **argv, const ms_model_desc *desc) {
     }
     if (strcmp(argv[1], "generate") == 0)
         return cmd_generate(argc - 2, argv + 2, desc);
+    if (strcmp(argv[1], "bench") == 0)
+        return ms_cli_bench(argc - 2, argv + 2, desc, g_prog);
     if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         usage(stdout);
         return 0;
     }
     usage(stderr);
-    fprintf(stderr, "%s: unknown verb '%s' (this binary serves: generate)\n", g_prog, argv[1]);
+    fprintf(stderr, "%s: unknown verb '%s' (this binary serves: generate, bench)\n", g_prog,
+            argv[1]);
     return 2;
 }

@@ -1,5 +1,6 @@
 /*
- * cli.h - the serving binary's command line: `<binary> generate ...` (later serve, bench, kernels)
+ * cli.h - the serving binary's command line: `<binary> generate ...` and `<binary> bench ...`
+ * (later serve, kernels)
  * over one compiled model (model_desc.h) and the engine (engine.h).
  *
  *   generate --model PATH [--tokenizer PATH] (--prompt TEXT | --prompt-ids 1,2,3 |
@@ -29,6 +30,16 @@ extern "C" {
 
 /* Run the command line for `desc`; returns the process exit status. */
 int ms_cli_main(int argc, char **argv, const ms_model_desc *desc);
+
+/*
+ * The `bench` verb (bench.c): argv holds the flags after "bench"; `prog` names the binary in
+ * messages. Loads the model once, measures the copy bandwidth of its device, then decode
+ * tokens/s per --batch and prefill tokens/s per --prefill shape on seeded random prompts (median
+ * of --runs after --warmup, backend synchronised around every timed region), and prints a markdown
+ * table (optional --json FILE). Returns the exit status: 0, 1 (bad value, load or run error: one
+ * line on stderr), 2 (usage).
+ */
+int ms_cli_bench(int argc, char **argv, const ms_model_desc *desc, const char *prog);
 
 #ifdef __cplusplus
 }

@@ -15,6 +15,8 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 
 #include "attn_plan.h"
@@ -206,6 +208,7 @@ struct ms_engine {
     ms_dtype wdtype;              /* storage dtype of the weights: f32 on CPU, bf16 on CUDA */
     ms_dtype kvdtype;             /* KV arena dtype: f32 on CPU, bf16 on CUDA */
     void *wslab;
+    size_t wslab_bytes;           /* bytes of wslab */
     ms_tensor *weights;           /* [n_instances] */
     int32_t *woff;                /* [n_weights] first instance of entry w */
 
@@ -269,6 +272,60 @@ const char *ms_finish_reason_str(ms_finish_reason r) {
 const ms_md_facts *ms_engine_facts(const ms_engine *e) { return &e->facts; }
 const char *ms_engine_device(const ms_engine *e) { return e->be.iface.name; }
 int32_t ms_engine_page_size(const ms_engine *e) { return e->kv.page_size; }
+
+ms_status ms_engine_synchronize(ms_engine *e, ms_error *err) {
+    return e->be.iface.synchronize(e->be.ctx, err);
+}
+
+size_t ms_engine_weight_bytes(const ms_engine *e) { return e->wslab_bytes; }
+
+static int eng_cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double eng_now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+ms_status ms_engine_copy_bandwidth(ms_engine *e, size_t bytes, int32_t reps, double *gbps,
+                                   ms_error *err) {
+    if (bytes < ((size_t)1 << 20) || reps < 1)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "copy bandwidth: %zu bytes x %d copies (need >= 1 MiB, >= 1 copy)", bytes,
+                       (int)reps);
+#ifdef MS_HAVE_CUDA
+    if (strcmp(e->be.iface.name, "cuda") == 0)
+        return ms_backend_cuda_copy_bandwidth(&e->be, bytes, reps, gbps, err);
+#endif
+    char *a = ms_malloc(bytes), *b = ms_malloc(bytes);
+    double *t = ms_calloc((size_t)reps, sizeof *t);
+    if (a == NULL || b == NULL || t == NULL) {
+        ms_free(a);
+        ms_free(b);
+        ms_free(t);
+        return MS_FAIL(err, MS_ERR_OOM, "copy bandwidth: out of memory for 2 x %zu bytes", bytes);
+    }
+    memset(a, 1, bytes);
+    memcpy(b, a, bytes); /* first touch of b outside the timing */
+    for (int32_t i = 0; i < reps; i++) {
+        a[(size_t)i % bytes] = (char)i; /* the copy cannot be elided */
+        double t0 = eng_now_s();
+        memcpy(b, a, bytes);
+        t[i] = eng_now_s() - t0;
+    }
+    volatile char sink = b[(size_t)(reps - 1) % bytes];
+    (void)sink;
+    qsort(t, (size_t)reps, sizeof *t, eng_cmp_double);
+    double s = t[reps / 2];
+    *gbps = s > 0.0 ? 2.0 * (double)bytes / s / 1e9 : 0.0;
+    ms_free(a);
+    ms_free(b);
+    ms_free(t);
+    return MS_OK;
+}
 int32_t ms_engine_n_active(const ms_engine *e) { return e->n_active; }
 int32_t ms_engine_kv_pages_free(const ms_engine *e) {
     return ms_page_arena_num_free(e->arena);
@@ -596,6 +653,7 @@ static ms_status eng_weights_init(ms_engine *e, ms_error *err) {
     MS_TRY(eng_weights_pass(e, false, &bytes, err));
     MS_TRY(eng_check_unclaimed(e, err));
     MS_TRY(eng_alloc(e, bytes, "weights", &e->wslab, err));
+    e->wslab_bytes = bytes;
     return eng_weights_pass(e, true, NULL, err);
 }
 

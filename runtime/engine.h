@@ -98,6 +98,26 @@ const char *ms_engine_device(const ms_engine *e);
 /* The page size in use. */
 int32_t ms_engine_page_size(const ms_engine *e);
 
+/* ---- measurement (bench verb) ---- */
+
+/* Wait until the backend finished every queued op (its synchronize entry); a host clock read after
+ * it covers the device work. Errors: the backend's asynchronous failure (MS_ERR_CUDA on cuda). */
+ms_status ms_engine_synchronize(ms_engine *e, ms_error *err);
+
+/* Bytes of the loaded weights in backend memory (the one weight slab; a tied weight counted
+ * once): what a decode step reads at least once. */
+size_t ms_engine_weight_bytes(const ms_engine *e);
+
+/*
+ * Copy bandwidth of the engine's memory in GB/s (1e9 bytes/s), read + write bytes counted, median
+ * of `reps` copies of `bytes` bytes (>= 1 MiB): cuda: device-to-device cudaMemcpyAsync timed with
+ * events (ms_backend_cuda_copy_bandwidth); cpu: host memcpy between two fresh buffers timed with
+ * the monotonic clock. Errors: MS_ERR_INVALID_ARG (bytes < 1 MiB, reps < 1), MS_ERR_OOM,
+ * MS_ERR_CUDA. Allocates and frees its own buffers.
+ */
+ms_status ms_engine_copy_bandwidth(ms_engine *e, size_t bytes, int32_t reps, double *gbps,
+                                   ms_error *err);
+
 /* ---- requests ---- */
 
 /* Why a request stopped. ORDER MS_FINISH: keep ms_finish_reason_str in sync. */

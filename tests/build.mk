@@ -68,3 +68,4 @@ gpu-generate: $(BUILD)/mstarc
 	$(Q)MS_BUILD=$(BUILD) tests/gpu_generate.sh
 gpu-test: gpu-generate
 endif
+TEST_SCRIPTS += tests/bench_cli.sh
