@@ -6,6 +6,9 @@
 # stderr line naming the flag for bad values, and nothing from a sanitizer (under
 # `make SAN=asan`, MS_BUILD=build/asan).
 set -uo pipefail
+# The binaries default to --device auto: hide any GPU so these CPU-exact checks run on the CPU
+# backend on GPU hosts too (tests/gpu_generate.sh covers the CUDA path).
+export CUDA_VISIBLE_DEVICES=
 build=${MS_BUILD:-build}
 bin="$build/llama-ref"
 fx=${MS_FIXTURES:-../shared/fixtures}

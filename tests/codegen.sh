@@ -13,6 +13,9 @@
 #     engine cannot run names file:line:col, usage errors exit 2.
 # Prints "N passed, N failed" (read by scripts/run-tests.sh) and exits 1 on any failure.
 set -uo pipefail
+# The binaries default to --device auto: hide any GPU so these CPU-exact checks run on the CPU
+# backend on GPU hosts too (tests/gpu_generate.sh covers the CUDA path).
+export CUDA_VISIBLE_DEVICES=
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${MS_BUILD:-build}
 case $build in /*) ;; *) build=$root/$build ;; esac

@@ -8,6 +8,9 @@
 # Files are mutated in a temporary folder (fixtures stay read-only): header edits keep the header's
 # length so only the intended field lies.
 set -uo pipefail
+# The binaries default to --device auto: hide any GPU so these CPU-exact checks run on the CPU
+# backend on GPU hosts too (tests/gpu_generate.sh covers the CUDA path).
+export CUDA_VISIBLE_DEVICES=
 build=${MS_BUILD:-build}
 bin="$build/llama-ref"
 fx=${MS_FIXTURES:-../shared/fixtures}
