@@ -17,7 +17,7 @@
 /* ---- context ---- */
 
 #define MAX_MODULES 96
-#define MAX_SPLITS 32
+#define MAX_SPLITS MS_ATTN_DECODE_MAX_SPLITS
 
 typedef struct cuda_ctx {
     int device;
@@ -43,9 +43,11 @@ typedef struct cuda_batch {
     int32_t *tile_dev;   /* [2 * max_tiles] prefill tile lists (req, idx) */
     int32_t *tile_host;
     int32_t max_tiles;
-    float *part;         /* split-KV partials: [max_seqs, MAX_SPLITS, hq * (hd + 1)] floats */
+    float *part;         /* split-KV partials: [n_seqs, n_splits, hq * (hd + 1)] floats; grows */
     size_t part_floats;
-    int32_t n_splits, pages_per_split; /* decode split of the staged batch */
+    int32_t *split_counter; /* [counter_ints] split arrival counters, all 0 between launches */
+    size_t counter_ints;
+    int32_t max_pages;   /* longest view of the staged batch, in pages (sets the decode split) */
 } cuda_batch;
 
 static ms_status get_module(cuda_ctx *c, const ms_kernel_spec *s, ms_cuda_module **out,
@@ -317,6 +319,8 @@ static void cu_attn_batch_free(void *ctx, ms_attn_batch *b) {
             MS_CUDA_CHECK(cudaFree(cb->tile_dev));
         if (cb->part != NULL)
             MS_CUDA_CHECK(cudaFree(cb->part));
+        if (cb->split_counter != NULL)
+            MS_CUDA_CHECK(cudaFree(cb->split_counter));
         ms_free(cb->host);
         ms_free(cb->tile_host);
         ms_free(cb);
@@ -414,8 +418,7 @@ static ms_status cu_attn_batch_stage(void *ctx, ms_attn_batch *b, const ms_kv_pl
     int max_pages = 0;
     for (int32_t i = 0; i < n; i++)
         max_pages = MS_MAX(max_pages, plan->kv_indptr[i + 1] - plan->kv_indptr[i]);
-    ms_attn_decode_plan_split(n, kv->n_kv_heads, max_pages, c->n_sms, 4, MAX_SPLITS,
-                              &cb->n_splits, &cb->pages_per_split);
+    cb->max_pages = max_pages;
     return MS_OK;
 }
 
@@ -718,16 +721,27 @@ static ms_status cu_attention(void *ctx, const ms_tensor *q, const ms_paged_kv *
                                                       G, windowed);
         s.act_dtype = MS_KERNEL_DTYPE_F32;
         MS_TRY(get_module(c, &s, &m, err));
-        p.n_splits = cb->n_splits;
-        p.pages_per_split = cb->pages_per_split;
+        /* split the keys so that one wave of resident CTAs covers the batch */
+        ms_attn_decode_plan_split(batch->n_seqs, kv->n_kv_heads, cb->max_pages,
+                                  c->n_sms * MS_MAX(m->blocks_per_sm, 1), 4, MAX_SPLITS,
+                                  &p.n_splits, &p.pages_per_split);
         if (p.n_splits > 1) {
-            size_t need = (size_t)batch->limits.max_seqs * MAX_SPLITS * (size_t)hq * (size_t)(hd + 1);
+            size_t rows = (size_t)batch->n_seqs * (size_t)p.n_splits * (size_t)hq;
             size_t have = cb->part_floats * sizeof(float);
-            MS_TRY(ensure_device(c, (void **)&cb->part, &have, need * sizeof(float),
+            MS_TRY(ensure_device(c, (void **)&cb->part, &have, rows * (size_t)(hd + 1) * sizeof(float),
                                  "attention split-KV partials", err));
             cb->part_floats = have / sizeof(float);
             p.part_o = cb->part;
-            p.part_lse = cb->part + (size_t)batch->limits.max_seqs * MAX_SPLITS * (size_t)hq * (size_t)hd;
+            p.part_lse = cb->part + rows * (size_t)hd;
+            size_t counters = (size_t)batch->limits.max_seqs * (size_t)kv->n_kv_heads;
+            if (cb->counter_ints < counters) {
+                size_t cbytes = cb->counter_ints * sizeof(int32_t);
+                MS_TRY(ensure_device(c, (void **)&cb->split_counter, &cbytes,
+                                     counters * sizeof(int32_t), "attention split counters", err));
+                MS_CUDA_TRY(err, cudaMemsetAsync(cb->split_counter, 0, cbytes, c->stream));
+                cb->counter_ints = cbytes / sizeof(int32_t);
+            }
+            p.split_counter = cb->split_counter;
         }
         return ms_cuda_attn_decode_launch(m, &p, c->stream, err);
     }

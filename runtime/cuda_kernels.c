@@ -20,7 +20,7 @@ typedef struct kernel_op_info {
 
 /* ORDER MS_KERNEL_OP */
 static const kernel_op_info op_info[MS_KERNEL_OP_COUNT] = {
-    {"attn_decode", "attn/decode.cuh", {"ms_attn_decode", "ms_attn_decode_merge"}},
+    {"attn_decode", "attn/decode.cuh", {"ms_attn_decode", NULL}},
     {"attn_prefill", "attn/prefill.cuh", {"ms_attn_prefill", NULL}},
     {"rope_kv", "rope/rope_kv.cuh", {"ms_rope_kv", NULL}},
     {"rmsnorm", "norm/rmsnorm.cuh", {"ms_rmsnorm", NULL}},
@@ -105,7 +105,6 @@ ms_kernel_spec ms_kernel_spec_simple(ms_kernel_op op, ms_kernel_dtype dt) {
 
 /* ---- validation ---- */
 
-static bool is_pow2(int v) { return v > 0 && (v & (v - 1)) == 0; }
 
 ms_status ms_kernel_spec_check(const ms_kernel_spec *s, ms_error *err) {
     if (s == NULL)
@@ -132,9 +131,10 @@ ms_status ms_kernel_spec_check(const ms_kernel_spec *s, ms_error *err) {
                        s->page_size);
     switch (s->op) {
     case MS_KERNEL_OP_ATTN_DECODE:
-        if (!is_pow2(s->head_dim) || s->head_dim < 8 || s->head_dim > 256)
+        /* a key row is read in 16-byte pieces by at most one warp (templates/attn/decode.cuh) */
+        if (s->head_dim < 8 || s->head_dim > 256 || s->head_dim % 8 != 0)
             return MS_FAIL(err, MS_ERR_UNSUPPORTED,
-                           "attn_decode: head_dim %d unsupported (8, 16, 32, 64, 128, 256)",
+                           "attn_decode: head_dim %d unsupported (multiples of 8 up to 256)",
                            s->head_dim);
         break;
     case MS_KERNEL_OP_ATTN_PREFILL:
@@ -299,10 +299,7 @@ static ms_status spec_body(const ms_kernel_spec *s, bool shape_macros, const cha
         emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_ATTN_DECODE_THREADS)\n"
                  "ms_attn_decode(const ms_attn_kernel_params p) {\n"
                  "    ms::attn_decode<cfg::TA, cfg::T, cfg::kHeadDim, cfg::kPageSize, cfg::kGroup, "
-                 "cfg::kWindowed>(p);\n}\n\n"
-                 "extern \"C\" __global__ void __launch_bounds__(MS_ATTN_MERGE_THREADS)\n"
-                 "ms_attn_decode_merge(const ms_attn_kernel_params p) {\n"
-                 "    ms::attn_decode_merge<cfg::TA, cfg::kHeadDim>(p);\n}\n");
+                 "cfg::kWindowed>(p);\n}\n");
         break;
     case MS_KERNEL_OP_ATTN_PREFILL:
         emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_ATTN_PREFILL_THREADS)\n"
@@ -455,7 +452,7 @@ ms_status ms_attn_prefill_plan_tiles(const int32_t *qo_indptr, int batch, int gr
     return MS_OK;
 }
 
-void ms_attn_decode_plan_split(int batch, int n_kv_heads, int max_pages, int n_sms,
+void ms_attn_decode_plan_split(int batch, int n_kv_heads, int max_pages, int n_slots,
                                int min_pages, int max_splits, int *n_splits,
                                int *pages_per_split) {
     if (max_pages < 1)
@@ -465,7 +462,7 @@ void ms_attn_decode_plan_split(int batch, int n_kv_heads, int max_pages, int n_s
     if (max_splits < 1)
         max_splits = 1;
     int64_t ctas = (int64_t)(batch > 0 ? batch : 1) * (n_kv_heads > 0 ? n_kv_heads : 1);
-    int64_t want = (2 * (int64_t)(n_sms > 0 ? n_sms : 1) + ctas - 1) / ctas;
+    int64_t want = (int64_t)(n_slots > 0 ? n_slots : 1) / ctas; /* 0: more pairs than slots */
     int64_t by_len = max_pages / min_pages;
     int64_t s = want < by_len ? want : by_len;
     if (s > max_splits)

@@ -33,7 +33,7 @@ extern "C" {
 
 /* ORDER MS_KERNEL_OP: keep the op table in cuda_kernels.c in sync. */
 typedef enum ms_kernel_op {
-    MS_KERNEL_OP_ATTN_DECODE = 0, /* attn/decode.cuh (+ split merge) */
+    MS_KERNEL_OP_ATTN_DECODE = 0, /* attn/decode.cuh (split-KV merged in the same launch) */
     MS_KERNEL_OP_ATTN_PREFILL,    /* attn/prefill.cuh */
     MS_KERNEL_OP_ROPE_KV,         /* rope/rope_kv.cuh */
     MS_KERNEL_OP_RMSNORM,         /* norm/rmsnorm.cuh */
@@ -143,8 +143,8 @@ ms_status ms_kernel_spec_body(const ms_kernel_spec *s, bool shape_macros, char *
 /* Template header of an op ("attn/decode.cuh"), NULL for an invalid op. */
 const char *ms_kernel_op_header(ms_kernel_op op);
 
-/* Name of entry `i` of an op's module (i = 0: main kernel; decode has i = 1: the split merge;
- * misc has convert, add, gather_rows), NULL past the last. */
+/* Name of entry `i` of an op's module (i = 0: main kernel; misc has convert, add, gather_rows),
+ * NULL past the last. */
 const char *ms_kernel_op_entry(ms_kernel_op op, int i);
 /* Short op name used in URIs ("attn_decode", ...). */
 const char *ms_kernel_op_name(ms_kernel_op op);
@@ -191,12 +191,14 @@ ms_status ms_attn_prefill_plan_tiles(const int32_t *qo_indptr, int batch, int gr
                                      int *n_tiles, ms_error *err);
 
 /*
- * Decode KV split: pick n_splits and pages_per_split so that batch * n_kv_heads * n_splits CTAs
- * fill the device (about 2 CTAs per multiprocessor) without splits shorter than min_pages pages.
- * max_pages is the longest view's page count. Always n_splits >= 1 and
+ * Decode KV split: pick n_splits and pages_per_split so that the batch * n_kv_heads * n_splits
+ * CTAs fit in one wave of n_slots resident CTAs (multiprocessors x ms_cuda_module.blocks_per_sm)
+ * without splits shorter than min_pages pages: a second, partial wave would leave most of the
+ * device idle while it runs. Batches with at least n_slots (request, KV head) pairs get no
+ * split. max_pages is the longest view's page count. Always n_splits >= 1 and
  * n_splits * pages_per_split >= max_pages; n_splits <= max_splits (the partial buffers' size).
  */
-void ms_attn_decode_plan_split(int batch, int n_kv_heads, int max_pages, int n_sms,
+void ms_attn_decode_plan_split(int batch, int n_kv_heads, int max_pages, int n_slots,
                                int min_pages, int max_splits, int *n_splits,
                                int *pages_per_split);
 

@@ -34,6 +34,12 @@ static ms_status module_load(ms_cuda_module *m, const ms_cubin *cb, ms_error *er
             break;
         MS_CUDA_TRY(err, cudaLibraryGetKernel(&m->fn[i], m->lib, name));
     }
+    if (m->spec.op == MS_KERNEL_OP_ATTN_DECODE) {
+        int n = 0;
+        MS_CUDA_TRY(err, cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+                             &n, (const void *)m->fn[0], MS_ATTN_DECODE_THREADS, 0));
+        m->blocks_per_sm = n;
+    }
     return MS_OK;
 }
 
@@ -134,19 +140,18 @@ ms_status ms_cuda_attn_decode_launch(const ms_cuda_module *m, const ms_attn_kern
                                      cudaStream_t stream, ms_error *err) {
     MS_TRY(want_op(m, MS_KERNEL_OP_ATTN_DECODE, err));
     MS_TRY(check_attn(m, p, err));
-    if (p->n_splits < 1 || p->n_splits > 65535 || p->pages_per_split < 1)
+    if (p->n_splits < 1 || p->n_splits > MS_ATTN_DECODE_MAX_SPLITS || p->pages_per_split < 1)
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: %d splits of %d pages", m->uri, p->n_splits,
                        p->pages_per_split);
-    if (p->n_splits > 1 && (p->part_o == NULL || p->part_lse == NULL))
-        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: %d splits without partial buffers", m->uri,
-                       p->n_splits);
+    if (p->n_splits > 1 &&
+        (p->part_o == NULL || p->part_lse == NULL || p->split_counter == NULL ||
+         !aligned16(p->part_o)))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "%s: %d splits without 16-byte aligned partial buffers or split counters",
+                       m->uri, p->n_splits);
     ms_attn_kernel_params copy = *p;
-    MS_TRY(launch(m, 0, (unsigned)p->n_splits, (unsigned)p->n_kv_heads, (unsigned)p->batch,
-                  MS_ATTN_DECODE_THREADS, &copy, stream, err));
-    if (p->n_splits > 1)
-        MS_TRY(launch(m, 1, (unsigned)p->n_q_heads, (unsigned)p->batch, 1, MS_ATTN_MERGE_THREADS,
-                      &copy, stream, err));
-    return MS_OK;
+    return launch(m, 0, (unsigned)p->n_splits, (unsigned)p->n_kv_heads, (unsigned)p->batch,
+                  MS_ATTN_DECODE_THREADS, &copy, stream, err);
 }
 
 ms_status ms_cuda_attn_prefill_launch(const ms_cuda_module *m, const ms_attn_kernel_params *p,

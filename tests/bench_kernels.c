@@ -86,7 +86,9 @@ static double copy_bandwidth(void) {
     return 2.0 * (double)bytes / (t[2 + 5] * 1e-3);
 }
 
-static int bench_decode(int arch, int n_sms, double copy_bw, int batch, int ctx) {
+/* One decode attention shape; force_splits > 0 overrides the planned split count (a sweep shows
+ * whether the planner's choice is the best one). */
+static int bench_decode(int arch, int n_sms, double copy_bw, int batch, int ctx, int force_splits) {
     const int hq = 32, hkv = 8, hd = 128, ps = 16, G = hq / hkv;
     const int pages_per_req = ctx / ps;
     const int pages = batch * pages_per_req + 1; /* + the sink page */
@@ -141,10 +143,19 @@ static int bench_decode(int arch, int n_sms, double copy_bw, int batch, int ctx)
     CK(cudaMemcpy(d_last, h_last, sizeof(int32_t) * (size_t)batch, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(d_start, h_start, sizeof(int32_t) * (size_t)batch, cudaMemcpyHostToDevice));
     int n_splits = 1, pps = pages_per_req;
-    ms_attn_decode_plan_split(batch, hkv, pages_per_req, n_sms, 4, 64, &n_splits, &pps);
+    ms_attn_decode_plan_split(batch, hkv, pages_per_req, n_sms * m->blocks_per_sm, 4,
+                              MS_ATTN_DECODE_MAX_SPLITS,
+                              &n_splits, &pps);
+    if (force_splits > 0) {
+        pps = (pages_per_req + force_splits - 1) / force_splits;
+        n_splits = (pages_per_req + pps - 1) / pps;
+    }
     float *part_o, *part_lse;
+    int *counters;
     CK(cudaMalloc((void **)&part_o, sizeof(float) * (size_t)batch * n_splits * hq * hd));
     CK(cudaMalloc((void **)&part_lse, sizeof(float) * (size_t)batch * n_splits * hq));
+    CK(cudaMalloc((void **)&counters, sizeof(int) * (size_t)batch * hkv));
+    CK(cudaMemset(counters, 0, sizeof(int) * (size_t)batch * hkv));
     CK(cudaMemset(o, 0xff, (size_t)batch * hq * hd * 2));
 
     ms_attn_kernel_params p = {0};
@@ -157,6 +168,7 @@ static int bench_decode(int arch, int n_sms, double copy_bw, int batch, int ctx)
     p.kv_start = d_start;
     p.part_o = part_o;
     p.part_lse = part_lse;
+    p.split_counter = counters;
     p.batch = batch;
     p.n_q_heads = hq;
     p.n_kv_heads = hkv;
@@ -191,9 +203,9 @@ static int bench_decode(int arch, int n_sms, double copy_bw, int batch, int ctx)
     size_t nan = 0;
     for (size_t i = 0; i < (size_t)batch * hq * hd; i++)
         nan += (h_o[i] & 0x7f80u) == 0x7f80u;
-    printf("| decode attn %2d x %5d | %-34s | %3d | %6d | %9.1f | %7.0f | %5.1f%% |%s\n", batch,
-           ctx, m->uri, n_splits, layers, ms * 1e3, bw * 1e-9, 100.0 * bw / copy_bw,
-           nan ? " NaN in output!" : "");
+    printf("| decode attn %3d x %5d | %-34s | %3d%s | %d | %6d | %9.1f | %7.0f | %5.1f%% |%s\n",
+           batch, ctx, m->uri, n_splits, force_splits > 0 ? " (forced)" : "", m->blocks_per_sm,
+           layers, ms * 1e3, bw * 1e-9, 100.0 * bw / copy_bw, nan ? " NaN in output!" : "");
     free(h_o);
     free(h_qo);
     free(h_kvp);
@@ -210,6 +222,7 @@ static int bench_decode(int arch, int n_sms, double copy_bw, int batch, int ctx)
     CK(cudaFree(d_start));
     CK(cudaFree(part_o));
     CK(cudaFree(part_lse));
+    CK(cudaFree(counters));
     CK(cudaEventDestroy(e0));
     CK(cudaEventDestroy(e1));
     ms_cuda_module_free(m);
@@ -234,12 +247,21 @@ int main(void) {
     printf("device: %s, sm_%d, %d SMs, L2 %d MB; copy bandwidth %.0f GB/s (read + write, 2 GiB, "
            "median of 10)\n\n",
            prop.name, arch, sms, prop.l2CacheSize >> 20, bw * 1e-9);
-    printf("| case | kernel | splits | layers | us/launch | GB/s | of copy |\n");
-    printf("|---|---|---|---|---|---|---|\n");
+    printf("| case | kernel | splits | CTAs/SM | layers | us/launch | GB/s | of copy |\n");
+    printf("|---|---|---|---|---|---|---|---|\n");
     int rc = 0;
-    rc |= bench_decode(arch, sms, bw, 1, 8192);
-    rc |= bench_decode(arch, sms, bw, 8, 8192);
-    rc |= bench_decode(arch, sms, bw, 32, 2048);
-    rc |= bench_decode(arch, sms, bw, 128, 640);
+    rc |= bench_decode(arch, sms, bw, 1, 8192, 0);
+    rc |= bench_decode(arch, sms, bw, 8, 8192, 0);
+    rc |= bench_decode(arch, sms, bw, 32, 2048, 0);
+    rc |= bench_decode(arch, sms, bw, 128, 640, 0);
+    rc |= bench_decode(arch, sms, bw, 1, 32768, 0);
+    rc |= bench_decode(arch, sms, bw, 32, 8192, 0);
+    /* the planner's split count against others */
+    static const int sweep[] = {8, 16, 24, 32, 64};
+    for (size_t i = 0; i < sizeof sweep / sizeof sweep[0]; i++)
+        rc |= bench_decode(arch, sms, bw, 1, 8192, sweep[i]);
+    rc |= bench_decode(arch, sms, bw, 8, 8192, 4);
+    rc |= bench_decode(arch, sms, bw, 8, 8192, 12);
+    rc |= bench_decode(arch, sms, bw, 32, 2048, 2);
     return rc;
 }

@@ -327,6 +327,9 @@ static void run_decode_case(int hd, int ps, int G, int window, int split_pages) 
     int n_splits = split_pages > 0 ? MS_CEIL_DIV(max_pages, split_pages) : 1;
     float *part_o = dalloc(&l, sizeof(float) * 5 * (size_t)n_splits * hq * hd);
     float *part_lse = dalloc(&l, sizeof(float) * 5 * (size_t)n_splits * hq);
+    int32_t *counters = dalloc(&l, sizeof(int32_t) * 5 * (size_t)hkv);
+    if (cudaMemset(counters, 0, sizeof(int32_t) * 5 * (size_t)hkv) != cudaSuccess)
+        fail_msg("cudaMemset of the split counters failed");
 
     ms_cuda_module *m = load(ms_kernel_spec_attn_decode(MS_KERNEL_DTYPE_BF16, hd, ps, G, window > 0));
     ms_attn_kernel_params p = {0};
@@ -340,6 +343,7 @@ static void run_decode_case(int hd, int ps, int G, int window, int split_pages) 
     p.kv_start = d.start;
     p.part_o = part_o;
     p.part_lse = part_lse;
+    p.split_counter = counters;
     p.batch = 5;
     p.n_q_heads = hq;
     p.n_kv_heads = hkv;
@@ -358,6 +362,23 @@ static void run_decode_case(int hd, int ps, int G, int window, int split_pages) 
     char what[160];
     snprintf(what, sizeof what, "%s win%d splits %d", m->uri, window, n_splits);
     check_close(what, got, ref, (size_t)n_tok * hq * hd, 1e-2);
+    /* the last CTA of every (request, KV head) reset its counter: a second launch on the same
+     * counters (output poisoned again) gives the same result */
+    int32_t hc[5 * 8];
+    d2h(hc, counters, sizeof(int32_t) * 5 * (size_t)hkv);
+    for (int i = 0; i < 5 * hkv; i++)
+        if (hc[i] != 0)
+            fail_msg("%s: split counter %d is %d after the launch", what, i, hc[i]);
+    if (cudaMemset(dout, 0xff, sizeof(uint16_t) * (size_t)n_tok * hq * hd) != cudaSuccess)
+        fail_msg("cudaMemset of the output failed");
+    if (ms_cuda_attn_decode_launch(m, &p, 0, &err) != MS_OK)
+        fail_msg("decode launch: %s", err.msg);
+    sync_ok("attn_decode (second launch)");
+    uint16_t *again = malloc(sizeof(uint16_t) * (size_t)n_tok * hq * hd);
+    d2h(again, dout, sizeof(uint16_t) * (size_t)n_tok * hq * hd);
+    if (memcmp(again, got, sizeof(uint16_t) * (size_t)n_tok * hq * hd) != 0)
+        fail_msg("%s: a second launch on the same split counters differs", what);
+    free(again);
 
     ms_cuda_module_free(m);
     dfree_all(&l);
@@ -380,6 +401,11 @@ static void test_attn_decode(void **state) {
     run_decode_case(128, 128, 4, 0, 0);
     run_decode_case(128, 128, 4, 300, 2);
     run_decode_case(16, 16, 4, 0, 2); /* llama_gqa fixture shape */
+    run_decode_case(48, 16, 2, 0, 0); /* qwen3 fixture: 6 lanes per key, padded to 8 */
+    run_decode_case(48, 16, 2, 0, 3);
+    run_decode_case(96, 16, 1, 8, 5); /* 12 lanes per key, padded to 16 */
+    run_decode_case(256, 16, 4, 0, 4); /* one key per warp load */
+    run_decode_case(128, 16, 16, 0, 3);
 }
 
 /* ---- attention prefill ---- */

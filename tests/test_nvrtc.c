@@ -84,9 +84,13 @@ static void test_uri_names_every_parameter(void **state) {
 static void test_unsupported_specs_name_the_value(void **state) {
     (void)state;
     ms_error err = {0};
-    ms_kernel_spec s = ms_kernel_spec_attn_decode(MS_KERNEL_DTYPE_BF16, 48, 16, 4, false);
+    ms_kernel_spec s = ms_kernel_spec_attn_decode(MS_KERNEL_DTYPE_BF16, 44, 16, 4, false);
     assert_int_equal(ms_kernel_spec_check(&s, &err), MS_ERR_UNSUPPORTED);
-    assert_non_null(strstr(err.msg, "head_dim 48"));
+    assert_non_null(strstr(err.msg, "head_dim 44"));
+    s = ms_kernel_spec_attn_decode(MS_KERNEL_DTYPE_BF16, 48, 16, 4, false); /* Qwen3-style */
+    assert_int_equal(ms_kernel_spec_check(&s, &err), MS_OK);
+    s = ms_kernel_spec_attn_decode(MS_KERNEL_DTYPE_BF16, 264, 16, 4, false);
+    assert_int_equal(ms_kernel_spec_check(&s, &err), MS_ERR_UNSUPPORTED);
     s = ms_kernel_spec_attn_prefill(MS_KERNEL_DTYPE_BF16, 48, 16, 4, true, false);
     assert_int_equal(ms_kernel_spec_check(&s, &err), MS_OK); /* prefill takes multiples of 16 */
     s = ms_kernel_spec_attn_prefill(MS_KERNEL_DTYPE_BF16, 40, 16, 4, true, false);
@@ -108,7 +112,7 @@ static void test_unsupported_specs_name_the_value(void **state) {
     s = ms_kernel_spec_simple((ms_kernel_op)99, MS_KERNEL_DTYPE_BF16);
     assert_int_equal(ms_kernel_spec_check(&s, &err), MS_ERR_INVALID_ARG);
     char *src = (char *)1;
-    s = ms_kernel_spec_attn_decode(MS_KERNEL_DTYPE_BF16, 48, 16, 4, false);
+    s = ms_kernel_spec_attn_decode(MS_KERNEL_DTYPE_BF16, 44, 16, 4, false);
     assert_int_equal(ms_kernel_spec_source(&s, &src, &err), MS_ERR_UNSUPPORTED);
     assert_null(src);
 }
@@ -130,7 +134,7 @@ static void test_source_is_preamble_and_wrappers_only(void **state) {
     assert_non_null(strstr(a, "constexpr bool kWindowed = true;"));
     assert_non_null(strstr(a, "extern \"C\" __global__"));
     assert_non_null(strstr(a, ms_kernel_op_entry(MS_KERNEL_OP_ATTN_DECODE, 0)));
-    assert_non_null(strstr(a, ms_kernel_op_entry(MS_KERNEL_OP_ATTN_DECODE, 1)));
+    assert_null(ms_kernel_op_entry(MS_KERNEL_OP_ATTN_DECODE, 1)); /* splits merge in-kernel */
     assert_null(strstr(a, "__syncthreads")); /* no pasted kernel body */
     ms_free(a);
     ms_free(b);
@@ -185,13 +189,18 @@ static void test_prefill_tiles_cover_ragged_batch(void **state) {
 static void test_decode_split_fills_device_and_covers_pages(void **state) {
     (void)state;
     int s = 0, pps = 0;
-    /* 1 sequence x 8 KV heads x 8k tokens in pages of 16 = 512 pages, 132 SMs */
-    ms_attn_decode_plan_split(1, 8, 512, 132, 4, 64, &s, &pps);
+    /* 1 sequence x 8 KV heads x 8k tokens in pages of 16 = 512 pages, 132 SMs x 3 CTAs */
+    ms_attn_decode_plan_split(1, 8, 512, 396, 4, 64, &s, &pps);
     assert_true(s > 1 && s <= 64);
     assert_true(s * pps >= 512 && (s - 1) * pps < 512);
     assert_true(8 * s >= 132);
-    /* a big batch needs no split */
-    ms_attn_decode_plan_split(128, 8, 64, 132, 4, 64, &s, &pps);
+    assert_true(8 * s <= 396); /* one wave */
+    /* the partial buffers cap the split */
+    ms_attn_decode_plan_split(1, 1, 4096, 396, 4, 64, &s, &pps);
+    assert_int_equal(s, 64);
+    assert_int_equal(pps, 64);
+    /* a batch with more (request, KV head) pairs than slots needs no split */
+    ms_attn_decode_plan_split(128, 8, 64, 396, 4, 64, &s, &pps);
     assert_int_equal(s, 1);
     assert_int_equal(pps, 64);
     /* short views are not split below min_pages */
@@ -222,9 +231,11 @@ static void test_decoder_instances(void **state) {
     sh.n_q_heads = 30; /* not a multiple of 8 */
     assert_int_equal(ms_kernel_specs_for_decoder(&sh, sp, 16, &n, &err), MS_ERR_INVALID_ARG);
     sh.n_q_heads = 32;
-    sh.head_dim = 48; /* Qwen3: prefill yes, decode no */
+    sh.head_dim = 40; /* prefill needs multiples of 16, decode multiples of 8 */
     assert_int_equal(ms_kernel_specs_for_decoder(&sh, sp, 16, &n, &err), MS_ERR_UNSUPPORTED);
-    assert_non_null(strstr(err.msg, "head_dim 48"));
+    assert_non_null(strstr(err.msg, "head_dim 40"));
+    sh.head_dim = 48; /* Qwen3 */
+    assert_int_equal(ms_kernel_specs_for_decoder(&sh, sp, 16, &n, &err), MS_OK);
 }
 
 static void test_precompile_a_model_for_two_archs(void **state) {
@@ -244,7 +255,7 @@ static void test_precompile_a_model_for_two_archs(void **state) {
     assert_int_equal(ms_nvrtc_precompile(sp, n, archs, 2, cache, &compiled, &err), MS_OK);
     assert_int_equal(compiled, 0);
     /* an unsupported spec stops it with the spec's error */
-    sp[0].head_dim = 48;
+    sp[0].head_dim = 44;
     assert_int_equal(ms_nvrtc_precompile(sp, n, archs, 2, cache, &compiled, &err),
                      MS_ERR_UNSUPPORTED);
 }
@@ -358,20 +369,20 @@ static void test_broken_instance_reports_log_and_source(void **state) {
     char dir[512];
     make_temp_dir(dir, sizeof dir);
     ms_error err = {0};
-    /* head_dim 48 is refused by the spec check; instantiate it by hand to reach the template's
+    /* head_dim 44 is refused by the spec check; instantiate it by hand to reach the template's
      * static_assert, as a hand-edited or future generator bug would */
     const char *src = "// broken on purpose\n#include \"attn/decode.cuh\"\n"
                       "extern \"C\" __global__ void ms_attn_decode(const ms_attn_kernel_params p) {\n"
-                      "    ms::attn_decode<ms::bf16, ms::bf16, 48, 16, 4, false>(p);\n}\n";
+                      "    ms::attn_decode<ms::bf16, ms::bf16, 44, 16, 4, false>(p);\n}\n";
     ms_cubin cb = {0};
-    assert_int_equal(ms_nvrtc_compile("attn_decode_bf16_hd48_ps16_g4", src, 90, dir, &cb, &err),
+    assert_int_equal(ms_nvrtc_compile("attn_decode_bf16_hd44_ps16_g4", src, 90, dir, &cb, &err),
                      MS_ERR_NVRTC);
     assert_null(cb.data);
-    assert_non_null(strstr(err.msg, "attn_decode_bf16_hd48_ps16_g4_sm90"));
-    assert_non_null(strstr(err.msg, "must divide the warp size")); /* NVRTC's log */
+    assert_non_null(strstr(err.msg, "attn_decode_bf16_hd44_ps16_g4_sm90"));
+    assert_non_null(strstr(err.msg, "multiple of 16 bytes")); /* NVRTC's log */
     /* the generated source is on disk at the path the message names */
     char path[1024];
-    snprintf(path, sizeof path, "%s/failed/attn_decode_bf16_hd48_ps16_g4_sm90.cu", dir);
+    snprintf(path, sizeof path, "%s/failed/attn_decode_bf16_hd44_ps16_g4_sm90.cu", dir);
     assert_non_null(strstr(err.msg, path));
     FILE *f = fopen(path, "rb");
     assert_non_null(f);
@@ -380,7 +391,7 @@ static void test_broken_instance_reports_log_and_source(void **state) {
     fclose(f);
     assert_int_equal(n, strlen(src));
     assert_string_equal(buf, src);
-    snprintf(path, sizeof path, "%s/failed/attn_decode_bf16_hd48_ps16_g4_sm90.log", dir);
+    snprintf(path, sizeof path, "%s/failed/attn_decode_bf16_hd44_ps16_g4_sm90.log", dir);
     assert_int_equal(access(path, R_OK), 0);
     /* a syntax error too */
     assert_int_equal(ms_nvrtc_compile("broken_syntax", "extern \"C\" __global__ void k( {}\n", 80,

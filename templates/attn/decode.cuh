@@ -1,21 +1,36 @@
 /*
  * decode.cuh - paged attention for decode: one query row per request.
  *
- * Grid (n_splits, n_kv_heads, batch). One CTA serves all G query heads of one KV head, so each
- * K/V byte is read once per KV head, and one split of the request's pages. With n_splits > 1 the
- * CTA writes a normalized partial output and its log-sum-exp (log2 units) and
- * ms_attn_decode_merge combines them; with one split it writes the final output.
+ * Grid (n_splits, n_kv_heads, batch), MS_ATTN_DECODE_THREADS threads. One CTA serves all G query
+ * heads of one KV head (each K/V byte is read once per KV head) over one split of the request's
+ * keys: split s covers keys [s * pages_per_split * PS, (s + 1) * pages_per_split * PS).
+ * Two key loops share the same epilogue: a tensor-core one for GQA (attn_decode_mma, below) and
+ * a CUDA-core one for G = 1 and head dims that are not a multiple of 16 (attn_decode_simt):
  *
- * Thread layout: a key row (HD elements) is read by TPK = HD / VEC threads with 16-byte loads;
- * the 128 threads read KPI = 128 / TPK keys per pass, UNROLL passes per tile of TILE keys. Each
- * thread keeps q and the output accumulator of its HD/TPK slice for all G heads in registers.
- * Per tile: scores to shared memory, then one warp per head updates the online softmax (running
- * max m, sum l, rescale alpha), then the V pass accumulates p * v. For G <= 4 the V rows are
- * loaded with the K rows, so they are in flight during the scores and the softmax. Keys outside the view or the
- * window are never loaded, so stale page contents (even NaN) cannot leak into the result.
+ * CUDA-core layout (after FlashDecoding / FlashInfer's decode kernels, with warps that never wait for each
+ * other inside the key loop): a key row of HD elements is read by TPK = HD / VEC lanes with
+ * 16-byte loads, padded to TPL (the next power of two) lanes so that a score reduces with xor
+ * shuffles; a warp therefore reads KPL = 32 / TPL keys per load and a chunk of KW = KPL * UNROLL
+ * keys per step. Warp w takes chunks w, w + NW, w + 2 NW, ... of the split. The loads of the next
+ * chunk (K and V) are issued before the current chunk is computed, so two chunks per warp are in
+ * flight. Every group of TPL lanes (one key of each load) keeps its own online softmax (running
+ * max m and sum l in log2 units, output accumulator of its HD/TPK slice for all G heads), so the
+ * loop has no barrier and no shared memory. At the end the KPL groups of a warp merge with
+ * shuffles, the warps through shared memory.
+ *
+ * Splits (n_splits > 1): each CTA writes its normalized partial output and log-sum-exp to
+ * part_o / part_lse, then counts itself in split_counter[b * n_kv_heads + h]; the last CTA of
+ * (b, h) to arrive merges all splits and writes o, then resets the counter to 0 (threadfence
+ * reduction, CUDA programming guide "Memory fence functions"). So one launch does the whole
+ * decode attention: no merge kernel, and the counters are ready for the next launch. Launches
+ * that share split_counter must not run concurrently.
+ *
+ * Keys outside the view or the window are never loaded, so stale page contents (even NaN) cannot
+ * leak into the result.
  */
 #pragma once
 
+#include "common/mma.cuh"
 #include "common/params.h"
 #include "common/paged_kv.cuh"
 #include "common/reduce.cuh"
@@ -23,54 +38,159 @@
 
 namespace ms {
 
+/* Smallest power of two >= n (n >= 1). */
+__host__ __device__ constexpr int pow2_ceil(int n) { return n <= 1 ? 1 : 2 * pow2_ceil((n + 1) / 2); }
+
 /// T: element type of the KV pages (bf16 or f16); HD: head_dim; PS: page_size;
 /// G: query heads per KV head (GQA group); WINDOWED: mask keys outside p.window.
 template <typename T, int HD, int PS, int G, bool WINDOWED> struct attn_decode_cfg {
     static constexpr int kThreads = MS_ATTN_DECODE_THREADS;
     static constexpr int kWarps = kThreads / 32;
     static constexpr int kVec = vec_width<T>::value;
-    static constexpr int kTpk = HD / kVec;
     static_assert(HD % kVec == 0, "head_dim must be a multiple of 16 bytes");
-    static_assert(kTpk >= 1 && kTpk <= 32 && (32 % kTpk) == 0,
-                  "head_dim / (16 bytes) must divide the warp size");
-    static constexpr int kKpi = kThreads / kTpk;
-    static constexpr int kUnrollWant = 64 / kKpi;
-    static constexpr int kUnroll = kUnrollWant < 1 ? 1 : (kUnrollWant > 8 ? 8 : kUnrollWant);
-    static constexpr int kTile = kKpi * kUnroll;
+    static constexpr int kTpk = HD / kVec;          /* lanes that hold a key row */
+    static constexpr int kTpl = pow2_ceil(kTpk);    /* lanes per key, padded to a power of 2 */
+    static_assert(kTpl <= 32, "head_dim above 32 x 16 bytes");
+    static constexpr int kKpl = 32 / kTpl;          /* keys per warp load */
     static_assert(G >= 1 && G <= 16, "group must be in [1, 16]");
-    /* Load V together with K (twice the bytes in flight) when registers allow: q and the
-     * accumulators take 2 * G * kVec registers per thread, so not for G > 4. */
-    static constexpr bool kPrefetchV = G <= 4;
+    /* Loads per chunk: q and the accumulators take 2 * G * kVec registers per lane, the two
+     * chunks in flight 4 * kUnroll * 4 (K and V, current and next). */
+    static constexpr int kUnroll = G <= 2 ? 8 : (G <= 4 ? 4 : 2);
+    static constexpr int kChunk = kKpl * kUnroll;   /* keys per warp step */
 };
 
-/// TA: element type of q and o (float, bf16 or f16); the rest as attn_decode_cfg.
+/* Per-warp results of the key loop, merged by attn_decode_finish. */
+template <int HD, int G, int NW> struct attn_decode_smem {
+    float m[NW][G];       /* running max per warp and head (log2 units, scaled) */
+    float l[NW][G];       /* sum of exp2(score - m) */
+    float acc[NW][G][HD]; /* sum of exp2(score - m) * v, not normalized */
+    float w[G][MS_ATTN_DECODE_MAX_SPLITS]; /* split weights of the final merge */
+    int last;             /* this CTA is the last split of its (request, KV head) */
+};
+
+/* Merge the warps of the CTA (every warp filled its m, l, acc) and write o, or the split's
+ * partial and then, in the last split CTA of (b, h), the merge of all splits. Every thread of
+ * the CTA calls it. */
+template <typename TA, int HD, int G, int NW>
+__device__ __forceinline__ void attn_decode_finish(const ms_attn_kernel_params &p,
+                                                   attn_decode_smem<HD, G, NW> &sm, int row) {
+    const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    constexpr int NT = NW * 32;
+    __syncthreads();
+
+    /* ---- merge the warps: thread i writes (head g, dim d) pairs i, i + kThreads, ... ---- */
+    TA *o = static_cast<TA *>(p.o);
+    for (int i = tid; i < G * HD; i += NT) {
+        const int g = i / HD, d = i % HD, qh = h * G + g;
+        float mm = neg_inf();
+#pragma unroll
+        for (int w = 0; w < NW; w++)
+            mm = fmaxf(mm, sm.m[w][g]);
+        float num = 0.f, den = 0.f;
+        if (mm != neg_inf()) {
+#pragma unroll
+            for (int w = 0; w < NW; w++) {
+                const float sw = sm.m[w][g] == neg_inf() ? 0.f : exp2f(sm.m[w][g] - mm);
+                num += sm.acc[w][g][d] * sw;
+                den += sm.l[w][g] * sw;
+            }
+        }
+        const float out = den > 0.f ? num / den : 0.f;
+        if (p.n_splits == 1) {
+            o[(long long)row * p.o_stride + (long long)qh * HD + d] = from_float<TA>(out);
+        } else {
+            const long long pi = ((long long)b * p.n_splits + split) * p.n_q_heads + qh;
+            p.part_o[pi * HD + d] = out;
+            if (d == 0)
+                p.part_lse[pi] = den > 0.f ? mm + log2f(den) : neg_inf();
+        }
+    }
+    if (p.n_splits == 1)
+        return;
+
+    /* ---- the last split CTA of (b, h) merges all splits ---- */
+    __threadfence(); /* partials visible device-wide before the count */
+    __syncthreads();
+    int *counter = p.split_counter + (long long)b * p.n_kv_heads + h;
+    if (tid == 0)
+        sm.last = atomicAdd(counter, 1) == p.n_splits - 1;
+    __syncthreads();
+    if (!sm.last)
+        return;
+    __threadfence();
+    /* weights of the splits per head: w = exp2(lse_s - max_s lse), one warp per head */
+    const long long base = (long long)b * p.n_splits * p.n_q_heads;
+    for (int g = warp; g < G; g += NW) {
+        const int qh = h * G + g;
+        float mm = neg_inf();
+        for (int sp = lane; sp < p.n_splits; sp += 32)
+            mm = fmaxf(mm, __ldcg(p.part_lse + base + (long long)sp * p.n_q_heads + qh));
+        mm = warp_max(mm);
+        float den = 0.f;
+        for (int sp = lane; sp < p.n_splits; sp += 32) {
+            const float lse = __ldcg(p.part_lse + base + (long long)sp * p.n_q_heads + qh);
+            const float w = lse == neg_inf() ? 0.f : exp2f(lse - mm);
+            sm.w[g][sp] = w;
+            den += w;
+        }
+        den = warp_sum(den);
+        if (lane == 0)
+            sm.m[0][g] = den > 0.f ? 1.f / den : 0.f;
+    }
+    __syncthreads();
+    /* thread i: 4 consecutive dims of one head; the split loads are independent (unrolled) */
+    for (int i = tid; i < G * HD / 4; i += NT) {
+        const int g = (4 * i) / HD, d = (4 * i) % HD, qh = h * G + g;
+        const float4 *src = reinterpret_cast<const float4 *>(p.part_o + (base + qh) * HD + d);
+        const long long step = (long long)p.n_q_heads * HD / 4; /* one split, in float4 */
+        float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 16
+        for (int sp = 0; sp < p.n_splits; sp++) {
+            const float w = sm.w[g][sp];
+            const float4 v = __ldcg(src + sp * step);
+            sum.x += w * v.x;
+            sum.y += w * v.y;
+            sum.z += w * v.z;
+            sum.w += w * v.w;
+        }
+        const float inv = sm.m[0][g];
+        float out[4] = {sum.x * inv, sum.y * inv, sum.z * inv, sum.w * inv};
+        TA *dst = o + (long long)row * p.o_stride + (long long)qh * HD + d;
+#pragma unroll
+        for (int e = 0; e < 4; e++)
+            dst[e] = from_float<TA>(out[e]);
+    }
+    if (tid == 0)
+        *counter = 0; /* ready for the next launch */
+}
+
+/// CUDA-core path. TA: element type of q and o (float, bf16 or f16); the rest as attn_decode_cfg.
 template <typename TA, typename T, int HD, int PS, int G, bool WINDOWED>
-__device__ __forceinline__ void attn_decode(const ms_attn_kernel_params &p) {
+__device__ __forceinline__ void attn_decode_simt(const ms_attn_kernel_params &p) {
     using C = attn_decode_cfg<T, HD, PS, G, WINDOWED>;
-    constexpr int VEC = C::kVec, TPK = C::kTpk, KPI = C::kKpi, UNROLL = C::kUnroll;
-    constexpr int TILE = C::kTile;
-    __shared__ float s_score[G][TILE];
-    __shared__ float s_alpha[G];
-    __shared__ float s_m[G];
-    __shared__ float s_l[G];
-    __shared__ float s_red[KPI * HD];
+    constexpr int VEC = C::kVec, TPK = C::kTpk, TPL = C::kTpl, KPL = C::kKpl;
+    constexpr int U = C::kUnroll, CH = C::kChunk, NW = C::kWarps;
+    __shared__ attn_decode_smem<HD, G, NW> sm;
 
     const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const int c = tid % TPK, r = tid / TPK;
+    const int c = lane % TPL, r = lane / TPL;
+    const bool active = c < TPK; /* padding lanes hold zeros */
 
     const int n_q = p.qo_indptr[b + 1] - p.qo_indptr[b];
     if (n_q <= 0)
-        return; /* no query row for this request: nothing to write */
+        return; /* no query row for this request: nothing to write (uniform over the splits) */
     const int row = p.qo_indptr[b + 1] - 1;
     const int p0 = p.kv_indptr[b];
     const int length = view_length<PS>(p.kv_indptr, p.kv_last_page_len, b);
     const int start = p.kv_start[b];
     const int qpos = start + length - 1;
-    int kbeg = split * p.pages_per_split * PS;
-    int kend = min(length, (split + 1) * p.pages_per_split * PS);
+    const int kbeg = split * p.pages_per_split * PS;
+    const int kend = min(length, (split + 1) * p.pages_per_split * PS);
+    int kmin = kbeg;
     if (WINDOWED)
-        kbeg = max(kbeg, qpos - p.window + 1 - start);
+        kmin = max(kbeg, qpos - p.window + 1 - start);
 
     paged_kv<const T, HD, PS> kv{static_cast<const T *>(p.kv), p.n_kv_heads};
     const TA *q = static_cast<const TA *>(p.q);
@@ -78,46 +198,64 @@ __device__ __forceinline__ void attn_decode(const ms_attn_kernel_params &p) {
 
     float qf[G][VEC];
     float acc[G][VEC];
+    float m[G], l[G];
 #pragma unroll
     for (int g = 0; g < G; g++) {
-        load_n<TA, VEC>(q + (long long)row * p.q_stride + (long long)(h * G + g) * HD + c * VEC,
-                        qf[g]);
 #pragma unroll
         for (int e = 0; e < VEC; e++) {
-            qf[g][e] *= qscale;
+            qf[g][e] = 0.f;
             acc[g][e] = 0.f;
         }
-    }
-    if (tid < G) {
-        s_m[tid] = neg_inf();
-        s_l[tid] = 0.f;
-    }
-    __syncthreads();
-
-    for (int t0 = kbeg; t0 < kend; t0 += TILE) {
-        /* ---- K pass: scores of TILE keys for all G heads ---- */
-        uint4 raw[UNROLL];
-        uint4 vraw[C::kPrefetchV ? UNROLL : 1];
-        bool valid[UNROLL];
+        if (active) {
+            load_n<TA, VEC>(q + (long long)row * p.q_stride + (long long)(h * G + g) * HD +
+                                c * VEC,
+                            qf[g]);
 #pragma unroll
-        for (int u = 0; u < UNROLL; u++) {
-            int j = t0 + u * KPI + r;
-            valid[u] = j < kend;
-            raw[u] = make_uint4(0u, 0u, 0u, 0u);
-            if (C::kPrefetchV)
-                vraw[C::kPrefetchV ? u : 0] = raw[u];
-            if (valid[u]) {
-                int page = p.kv_indices[p0 + j / PS];
-                raw[u] = *reinterpret_cast<const uint4 *>(kv.k_ptr(page, j % PS, h) + c * VEC);
-                if (C::kPrefetchV) /* V in flight during the scores and the softmax */
-                    vraw[C::kPrefetchV ? u : 0] =
-                        *reinterpret_cast<const uint4 *>(kv.v_ptr(page, j % PS, h) + c * VEC);
+            for (int e = 0; e < VEC; e++)
+                qf[g][e] *= qscale;
+        }
+        m[g] = neg_inf();
+        l[g] = 0.f;
+    }
+
+    /* Chunk k covers keys [kbeg + k * CH, kbeg + (k + 1) * CH); skip the chunks before kmin. */
+    const int first = (kmin - kbeg) / CH;
+    const int n_chunks = kend > kbeg ? (kend - kbeg + CH - 1) / CH : 0;
+
+    /* Page ids of chunk k's keys for this lane (-1 for keys outside [kmin, kend)):
+     * loaded two chunk steps before the K/V loads that need them, so a page-table read never
+     * stalls the loads behind it. */
+    auto load_pages = [&](int k, int (&pg)[U]) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int j = kbeg + k * CH + u * KPL + r;
+            pg[u] = k < n_chunks && j >= kmin && j < kend ? p.kv_indices[p0 + j / PS] : -1;
+        }
+    };
+    /* K and V rows of chunk k into registers (zeros for keys outside [kmin, kend)). */
+    auto load_chunk = [&](int k, const int (&pg)[U], uint4 (&kr)[U], uint4 (&vr)[U]) {
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            const int j = kbeg + k * CH + u * KPL + r;
+            kr[u] = make_uint4(0u, 0u, 0u, 0u);
+            vr[u] = kr[u];
+            if (active && pg[u] >= 0) {
+                const T *kp = kv.k_ptr(pg[u], j % PS, h) + c * VEC;
+                kr[u] = *reinterpret_cast<const uint4 *>(kp);
+                vr[u] = *reinterpret_cast<const uint4 *>(kp + (long long)PS * kv.token_stride());
             }
         }
+    };
+
+    /* Chunk k: scores, online softmax update, p * v (the chunk's K and V rows in kr, vr). */
+    auto compute_chunk = [&](int k, const uint4 (&kr)[U], const uint4 (&vr)[U]) {
+        float s[G][U];
 #pragma unroll
-        for (int u = 0; u < UNROLL; u++) {
+        for (int u = 0; u < U; u++) {
+            const int j = kbeg + k * CH + u * KPL + r;
+            const bool valid = j >= kmin && j < kend;
             float kf[VEC];
-            unpack_vec<T>(raw[u], kf);
+            unpack_vec<T>(kr[u], kf);
 #pragma unroll
             for (int g = 0; g < G; g++) {
                 float dot = 0.f;
@@ -125,133 +263,377 @@ __device__ __forceinline__ void attn_decode(const ms_attn_kernel_params &p) {
                 for (int e = 0; e < VEC; e++)
                     dot += qf[g][e] * kf[e];
 #pragma unroll
-                for (int off = TPK / 2; off > 0; off >>= 1)
+                for (int off = TPL / 2; off > 0; off >>= 1)
                     dot += __shfl_xor_sync(0xffffffffu, dot, off);
-                if (c == 0)
-                    s_score[g][u * KPI + r] = valid[u] ? dot : neg_inf();
-            }
-        }
-        __syncthreads();
-
-        /* ---- online softmax update, one warp per head (key t0 is valid: m_new is finite) ---- */
-        for (int g = warp; g < G; g += C::kWarps) {
-            float mt = neg_inf();
-            for (int i = lane; i < TILE; i += 32)
-                mt = fmaxf(mt, s_score[g][i]);
-            mt = warp_max(mt);
-            float m_old = s_m[g];
-            float m_new = fmaxf(m_old, mt);
-            float sum = 0.f;
-            for (int i = lane; i < TILE; i += 32) {
-                float e = exp2f(s_score[g][i] - m_new);
-                s_score[g][i] = e;
-                sum += e;
-            }
-            sum = warp_sum(sum);
-            __syncwarp();
-            if (lane == 0) {
-                float alpha = exp2f(m_old - m_new);
-                s_alpha[g] = alpha;
-                s_l[g] = s_l[g] * alpha + sum;
-                s_m[g] = m_new;
-            }
-        }
-        __syncthreads();
-
-        /* ---- V pass ---- */
-#pragma unroll
-        for (int u = 0; u < UNROLL; u++) {
-            if (C::kPrefetchV) {
-                raw[u] = vraw[C::kPrefetchV ? u : 0];
-                continue;
-            }
-            int j = t0 + u * KPI + r;
-            raw[u] = make_uint4(0u, 0u, 0u, 0u);
-            if (valid[u]) {
-                int page = p.kv_indices[p0 + j / PS];
-                raw[u] = *reinterpret_cast<const uint4 *>(kv.v_ptr(page, j % PS, h) + c * VEC);
+                s[g][u] = valid ? dot : neg_inf();
             }
         }
 #pragma unroll
         for (int g = 0; g < G; g++) {
-            float a = s_alpha[g];
+            float mx = s[g][0];
+#pragma unroll
+            for (int u = 1; u < U; u++)
+                mx = fmaxf(mx, s[g][u]);
+            const float m_new = fmaxf(m[g], mx);
+            /* m_new = -inf: no valid key yet in this lane group; exp2(-inf - -inf) is NaN */
+            const float alpha = m_new == neg_inf() ? 1.f : exp2f(m[g] - m_new);
+            m[g] = m_new;
+            l[g] *= alpha;
 #pragma unroll
             for (int e = 0; e < VEC; e++)
-                acc[g][e] *= a;
+                acc[g][e] *= alpha;
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                s[g][u] = m_new == neg_inf() ? 0.f : exp2f(s[g][u] - m_new);
+                l[g] += s[g][u];
+            }
         }
 #pragma unroll
-        for (int u = 0; u < UNROLL; u++) {
-            if (!valid[u])
-                continue;
+        for (int u = 0; u < U; u++) {
             float vf[VEC];
-            unpack_vec<T>(raw[u], vf);
+            unpack_vec<T>(vr[u], vf);
 #pragma unroll
-            for (int g = 0; g < G; g++) {
-                float pw = s_score[g][u * KPI + r];
+            for (int g = 0; g < G; g++)
 #pragma unroll
                 for (int e = 0; e < VEC; e++)
-                    acc[g][e] += pw * vf[e];
-            }
+                    acc[g][e] += s[g][u] * vf[e];
         }
-        __syncthreads();
+    };
+
+    /* Two register buffers, no copies between them (a register move would wait for the load):
+     * while one chunk is computed the next is in flight, and a buffer is refilled as soon as
+     * its chunk is done. */
+    uint4 ka[U], va[U], kb[U], vb[U];
+    int pa[U], pb[U];
+    int k = first + warp;
+    load_pages(k, pa);
+    load_pages(k + NW, pb);
+    load_chunk(k, pa, ka, va);
+    load_pages(k + 2 * NW, pa);
+    load_chunk(k + NW, pb, kb, vb);
+    load_pages(k + 3 * NW, pb);
+    for (; k < n_chunks; k += 2 * NW) {
+        compute_chunk(k, ka, va);
+        load_chunk(k + 2 * NW, pa, ka, va);
+        load_pages(k + 4 * NW, pa);
+        if (k + NW >= n_chunks)
+            break;
+        compute_chunk(k + NW, kb, vb);
+        load_chunk(k + 3 * NW, pb, kb, vb);
+        load_pages(k + 5 * NW, pb);
     }
 
-    /* ---- reduce the KPI partial accumulators of each head and write ---- */
+    /* ---- merge the KPL lane groups of the warp (lanes c, c + TPL, ...) ---- */
 #pragma unroll
-    for (int g = 0; g < G; g++) {
+    for (int off = TPL; off < 32; off <<= 1) {
 #pragma unroll
-        for (int e = 0; e < VEC; e++)
-            s_red[r * HD + c * VEC + e] = acc[g][e];
-        __syncthreads();
-        const int qh = h * G + g;
-        const float l = s_l[g];
-        const float inv_l = l > 0.f ? 1.f / l : 0.f;
-        for (int d = tid; d < HD; d += C::kThreads) {
-            float s = 0.f;
-            for (int i = 0; i < KPI; i++)
-                s += s_red[i * HD + d];
-            if (p.n_splits == 1) {
-                TA *o = static_cast<TA *>(p.o);
-                o[(long long)row * p.o_stride + (long long)qh * HD + d] = from_float<TA>(s * inv_l);
-            } else {
-                long long pi = ((long long)b * p.n_splits + split) * p.n_q_heads + qh;
-                p.part_o[pi * HD + d] = s * inv_l;
-                if (d == 0)
-                    p.part_lse[pi] = l > 0.f ? s_m[g] + log2f(l) : neg_inf();
+        for (int g = 0; g < G; g++) {
+            const float mo = __shfl_xor_sync(0xffffffffu, m[g], off);
+            const float lo = __shfl_xor_sync(0xffffffffu, l[g], off);
+            const float mn = fmaxf(m[g], mo);
+            const float a = m[g] == neg_inf() ? 0.f : exp2f(m[g] - mn);
+            const float bb = mo == neg_inf() ? 0.f : exp2f(mo - mn);
+            m[g] = mn;
+            l[g] = l[g] * a + lo * bb;
+#pragma unroll
+            for (int e = 0; e < VEC; e++)
+                acc[g][e] = acc[g][e] * a + __shfl_xor_sync(0xffffffffu, acc[g][e], off) * bb;
+        }
+    }
+    if (r == 0) {
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            if (active)
+#pragma unroll
+                for (int e = 0; e < VEC; e++)
+                    sm.acc[warp][g][c * VEC + e] = acc[g][e];
+            if (c == 0) {
+                sm.m[warp][g] = m[g];
+                sm.l[warp][g] = l[g];
             }
         }
-        __syncthreads();
     }
+
+    attn_decode_finish<TA, HD, G, NW>(p, sm, row);
 }
 
-/* Merge of split partials: grid (n_q_heads, batch), MS_ATTN_MERGE_THREADS threads. */
-template <typename TA, int HD>
-__device__ __forceinline__ void attn_decode_merge(const ms_attn_kernel_params &p) {
-    const int qh = blockIdx.x, b = blockIdx.y;
-    if (p.qo_indptr[b + 1] - p.qo_indptr[b] <= 0)
-        return;
+
+/* ---- tensor-core path (GQA groups >= 2, head_dim a multiple of 16) ---- */
+
+/*
+ * The G query heads of the KV head are the rows of a 16-row mma.m16n8k16 tile (rows >= G are
+ * zero), keys its columns, FlashInfer's "decode with tensor cores" for GQA: QK^T and PV cost
+ * 32 mma per 16 keys instead of G * HD * 32 / 32 FMA per lane, which left the CUDA-core loop
+ * issue-bound at about 60% of copy bandwidth for G = 4.
+ * Fragments come straight from 16-byte global loads, with no shared memory: the head dimensions
+ * are permuted consistently in Q and K (a dot product does not care about the order), so a lane
+ * loading 8 consecutive elements of a key row holds its B operands for two k-steps; for PV each
+ * lane loads a contiguous slice of HD/8 dims of 4 keys and pairs them with a byte permute, so
+ * the output dims of a lane are contiguous too. Warp w takes 16-key steps w, w + NW, ...; two
+ * steps are in flight per warp (register double buffer, page ids two steps ahead).
+ */
+template <int HD> struct attn_decode_mma_cfg {
+    static_assert(HD % 16 == 0 && HD <= 256, "tensor-core decode: head_dim multiple of 16");
+    static constexpr int kSteps = HD / 16;   /* k-steps of QK^T */
+    static constexpr int kTiles = HD / 8;    /* n-tiles of PV (output dims per lane: 2 * kTiles / 8) */
+    static constexpr int kVWords = HD / 16;  /* 32-bit words of one key's V slice per lane */
+};
+
+/* First of the 4 head dims that lane quad position c feeds to k-step t (Q and K agree). */
+template <int HD> __device__ __forceinline__ int mma_kdim(int t, int c) {
+    return (t / 2) * 32 + 32 <= HD ? (t / 2) * 32 + 8 * c + 4 * (t % 2) : 16 * t + 4 * c;
+}
+
+template <typename TA, typename T, int HD, int PS, int G, bool WINDOWED>
+__device__ __forceinline__ void attn_decode_mma(const ms_attn_kernel_params &p) {
+    using C = attn_decode_mma_cfg<HD>;
+    constexpr int KS = C::kSteps, NTL = C::kTiles, VW = C::kVWords;
+    constexpr int NW = MS_ATTN_DECODE_THREADS / 32, STEP = 16;
+    static_assert(G <= 16, "group above the 16 rows of an mma tile");
+    __shared__ attn_decode_smem<HD, G, NW> sm;
+
+    const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int gid = lane >> 2, tig = lane & 3;
+
+    const int n_q = p.qo_indptr[b + 1] - p.qo_indptr[b];
+    if (n_q <= 0)
+        return; /* no query row for this request: nothing to write (uniform over the splits) */
     const int row = p.qo_indptr[b + 1] - 1;
-    const long long base = (long long)b * p.n_splits * p.n_q_heads + qh;
-    float m = neg_inf();
-    for (int s = 0; s < p.n_splits; s++)
-        m = fmaxf(m, p.part_lse[base + (long long)s * p.n_q_heads]);
-    TA *o = static_cast<TA *>(p.o);
-    for (int d = threadIdx.x; d < HD; d += blockDim.x) {
-        float num = 0.f, den = 0.f;
-        if (m != neg_inf()) {
-            for (int s = 0; s < p.n_splits; s++) {
-                long long pi = base + (long long)s * p.n_q_heads;
-                float lse = p.part_lse[pi];
-                if (lse == neg_inf())
-                    continue;
-                float w = exp2f(lse - m);
-                num += w * p.part_o[pi * HD + d];
-                den += w;
+    const int p0 = p.kv_indptr[b];
+    const int length = view_length<PS>(p.kv_indptr, p.kv_last_page_len, b);
+    const int start = p.kv_start[b];
+    const int qpos = start + length - 1;
+    const int kbeg = split * p.pages_per_split * PS;
+    const int kend = min(length, (split + 1) * p.pages_per_split * PS);
+    int kmin = kbeg;
+    if (WINDOWED)
+        kmin = max(kbeg, qpos - p.window + 1 - start);
+
+    paged_kv<const T, HD, PS> kv{static_cast<const T *>(p.kv), p.n_kv_heads};
+    const float scale = p.sm_scale * kLog2e;
+
+    /* ---- Q as the A operand: rows gid and gid + 8 (heads), permuted dims ---- */
+    const TA *q = static_cast<const TA *>(p.q) + (long long)row * p.q_stride + (long long)h * G * HD;
+    unsigned qa[KS][4];
+#pragma unroll
+    for (int t = 0; t < KS; t++) {
+        const int d = mma_kdim<HD>(t, tig);
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int r = gid + 8 * i;
+            float a0 = 0.f, a1 = 0.f, b0 = 0.f, b1 = 0.f;
+            if (r < G) {
+                load2(q + r * HD + d, a0, a1);
+                load2(q + r * HD + d + 2, b0, b1);
+            }
+            qa[t][i] = pack2<T>(a0, a1);
+            qa[t][i + 2] = pack2<T>(b0, b1);
+        }
+    }
+
+    float o[NTL][4];
+#pragma unroll
+    for (int n = 0; n < NTL; n++)
+        o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+    float m[2] = {neg_inf(), neg_inf()};
+    float l[2] = {0.f, 0.f};
+
+    const int first = (kmin - kbeg) / STEP;
+    const int n_steps = kend > kbeg ? (kend - kbeg + STEP - 1) / STEP : 0;
+
+    /* Page ids: [0] for the K key of each tile (keys 8t + gid), [2..5] for the V keys
+     * (2 tig + {0, 1, 8, 9}); -1 outside [kmin, kend) or past the split. */
+    struct pages {
+        int k[2], v[4];
+    };
+    auto key_k = [&](int st, int t) { return kbeg + st * STEP + 8 * t + gid; };
+    auto key_v = [&](int st, int i) { return kbeg + st * STEP + 2 * tig + (i & 1) + 8 * (i >> 1); };
+    auto page_of = [&](int st, int j) {
+        return st < n_steps && j >= kmin && j < kend ? p.kv_indices[p0 + j / PS] : -1;
+    };
+    auto load_pages = [&](int st, pages &pg) {
+#pragma unroll
+        for (int t = 0; t < 2; t++)
+            pg.k[t] = page_of(st, key_k(st, t));
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            pg.v[i] = page_of(st, key_v(st, i));
+    };
+    /* raw operands of one step: K words [tile][k-step][b0, b1], V words [key][VW] */
+    struct operands {
+        unsigned k[2][KS][2];
+        unsigned v[4][VW];
+    };
+    auto load_step = [&](int st, const pages &pg, operands &op) {
+#pragma unroll
+        for (int t = 0; t < 2; t++) {
+            const int j = key_k(st, t);
+            const bool ok = pg.k[t] >= 0;
+            const T *kp = ok ? kv.k_ptr(pg.k[t], j % PS, h) : nullptr;
+#pragma unroll
+            for (int s2 = 0; s2 < KS / 2; s2++) {
+                uint4 w = make_uint4(0u, 0u, 0u, 0u);
+                if (ok)
+                    w = *reinterpret_cast<const uint4 *>(kp + s2 * 32 + 8 * tig);
+                op.k[t][2 * s2][0] = w.x;
+                op.k[t][2 * s2][1] = w.y;
+                op.k[t][2 * s2 + 1][0] = w.z;
+                op.k[t][2 * s2 + 1][1] = w.w;
+            }
+            if (KS % 2) {
+                uint2 w = make_uint2(0u, 0u);
+                if (ok)
+                    w = *reinterpret_cast<const uint2 *>(kp + 16 * (KS - 1) + 4 * tig);
+                op.k[t][KS - 1][0] = w.x;
+                op.k[t][KS - 1][1] = w.y;
             }
         }
-        o[(long long)row * p.o_stride + (long long)qh * HD + d] =
-            from_float<TA>(den > 0.f ? num / den : 0.f);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int j = key_v(st, i);
+            const bool ok = pg.v[i] >= 0;
+            const T *vp = ok ? kv.v_ptr(pg.v[i], j % PS, h) + NTL * gid : nullptr;
+            if (VW % 4 == 0) {
+#pragma unroll
+                for (int w4 = 0; w4 < VW / 4; w4++) {
+                    uint4 w = make_uint4(0u, 0u, 0u, 0u);
+                    if (ok)
+                        w = reinterpret_cast<const uint4 *>(vp)[w4];
+                    op.v[i][4 * w4] = w.x;
+                    op.v[i][4 * w4 + 1] = w.y;
+                    op.v[i][4 * w4 + 2] = w.z;
+                    op.v[i][4 * w4 + 3] = w.w;
+                }
+            } else if (VW % 2 == 0) {
+#pragma unroll
+                for (int w2 = 0; w2 < VW / 2; w2++) {
+                    uint2 w = make_uint2(0u, 0u);
+                    if (ok)
+                        w = reinterpret_cast<const uint2 *>(vp)[w2];
+                    op.v[i][2 * w2] = w.x;
+                    op.v[i][2 * w2 + 1] = w.y;
+                }
+            } else {
+#pragma unroll
+                for (int w1 = 0; w1 < VW; w1++)
+                    op.v[i][w1] = ok ? reinterpret_cast<const unsigned *>(vp)[w1] : 0u;
+            }
+        }
+    };
+    auto compute_step = [&](int st, const operands &op) {
+        float s[2][4];
+#pragma unroll
+        for (int t = 0; t < 2; t++) {
+            s[t][0] = s[t][1] = s[t][2] = s[t][3] = 0.f;
+#pragma unroll
+            for (int kk = 0; kk < KS; kk++)
+                mma_m16n8k16<T>::run(s[t], qa[kk], op.k[t][kk][0], op.k[t][kk][1]);
+        }
+        /* C layout: s[t][e] = S[row gid + 8 (e >> 1)][key 8t + 2 tig + (e & 1)] */
+        float mx[2] = {neg_inf(), neg_inf()};
+#pragma unroll
+        for (int t = 0; t < 2; t++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const int j = kbeg + st * STEP + 8 * t + 2 * tig + (e & 1);
+                const float v = j >= kmin && j < kend ? s[t][e] * scale : neg_inf();
+                s[t][e] = v;
+                mx[e >> 1] = fmaxf(mx[e >> 1], v);
+            }
+        float alpha[2], muse[2];
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
+            mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
+            const float m_new = fmaxf(m[i], mx[i]);
+            muse[i] = m_new == neg_inf() ? 0.f : m_new;
+            alpha[i] = exp2f(m[i] - muse[i]); /* m = -inf: 0, and o, l are 0 anyway */
+            m[i] = m_new;
+            l[i] *= alpha[i];
+        }
+        /* rescale o only when some row's max moved (rare once a few keys are seen) */
+        if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
+#pragma unroll
+            for (int n = 0; n < NTL; n++) {
+                o[n][0] *= alpha[0];
+                o[n][1] *= alpha[0];
+                o[n][2] *= alpha[1];
+                o[n][3] *= alpha[1];
+            }
+        }
+#pragma unroll
+        for (int t = 0; t < 2; t++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float pe = exp2f(s[t][e] - muse[e >> 1]);
+                s[t][e] = pe;
+                l[e >> 1] += pe;
+            }
+        unsigned pa[4];
+        pa[0] = pack2<T>(s[0][0], s[0][1]);
+        pa[1] = pack2<T>(s[0][2], s[0][3]);
+        pa[2] = pack2<T>(s[1][0], s[1][1]);
+        pa[3] = pack2<T>(s[1][2], s[1][3]);
+#pragma unroll
+        for (int n = 0; n < NTL; n++) {
+            const unsigned sel = (n & 1) ? 0x7632u : 0x5410u;
+            const unsigned b0 = __byte_perm(op.v[0][n >> 1], op.v[1][n >> 1], sel);
+            const unsigned b1 = __byte_perm(op.v[2][n >> 1], op.v[3][n >> 1], sel);
+            mma_m16n8k16<T>::run(o[n], pa, b0, b1);
+        }
+    };
+
+    operands A, B;
+    pages pA, pB;
+    int st = first + warp;
+    load_pages(st, pA);
+    load_pages(st + NW, pB);
+    load_step(st, pA, A);
+    load_pages(st + 2 * NW, pA);
+    load_step(st + NW, pB, B);
+    load_pages(st + 3 * NW, pB);
+    for (; st < n_steps; st += 2 * NW) {
+        compute_step(st, A);
+        load_step(st + 2 * NW, pA, A);
+        load_pages(st + 4 * NW, pA);
+        if (st + NW >= n_steps)
+            break;
+        compute_step(st + NW, B);
+        load_step(st + 3 * NW, pB, B);
+        load_pages(st + 5 * NW, pB);
     }
+
+    /* ---- this warp's rows into shared memory: lane (gid, tig) holds dims
+     * NTL * (2 tig + c) + n of row gid + 8 i in o[n][2 i + c] ---- */
+#pragma unroll
+    for (int i = 0; i < 2; i++) {
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 1);
+        l[i] += __shfl_xor_sync(0xffffffffu, l[i], 2);
+        const int r = gid + 8 * i;
+        if (r < G) {
+#pragma unroll
+            for (int n = 0; n < NTL; n++) {
+                sm.acc[warp][r][NTL * (2 * tig) + n] = o[n][2 * i];
+                sm.acc[warp][r][NTL * (2 * tig + 1) + n] = o[n][2 * i + 1];
+            }
+            if (tig == 0) {
+                sm.m[warp][r] = m[i];
+                sm.l[warp][r] = l[i];
+            }
+        }
+    }
+    attn_decode_finish<TA, HD, G, NW>(p, sm, row);
+}
+
+/// Decode attention (see the file comment): the tensor-core path for GQA groups >= 2 with a
+/// 16-bit KV type and head_dim a multiple of 16, the CUDA-core path otherwise.
+template <typename TA, typename T, int HD, int PS, int G, bool WINDOWED>
+__device__ __forceinline__ void attn_decode(const ms_attn_kernel_params &p) {
+    if constexpr (G >= 2 && HD % 16 == 0 && sizeof(T) == 2)
+        attn_decode_mma<TA, T, HD, PS, G, WINDOWED>(p);
+    else
+        attn_decode_simt<TA, T, HD, PS, G, WINDOWED>(p);
 }
 
 } // namespace ms

@@ -17,7 +17,7 @@
 /* ---- block sizes (host launcher and template must agree) ---- */
 
 #define MS_ATTN_DECODE_THREADS 128   /* one CTA: all query heads of one KV head, one KV split */
-#define MS_ATTN_MERGE_THREADS 128    /* merge of split-KV partials: one CTA per (request, q head) */
+#define MS_ATTN_DECODE_MAX_SPLITS 64 /* KV splits per request (the in-kernel merge's table) */
 #define MS_ATTN_PREFILL_THREADS 128  /* 4 warps x 16 packed (token, head-in-group) rows */
 #define MS_ATTN_PREFILL_ROWS 64      /* packed query rows per CTA (MS_ATTN_PREFILL_THREADS / 2) */
 #define MS_ROPE_KV_THREADS 128       /* one CTA per token */
@@ -51,6 +51,8 @@ typedef struct ms_attn_kernel_params {
     const int *tile_idx;         /* prefill: [n_tiles] tile number within the request */
     float *part_o;               /* decode, n_splits > 1: [batch, n_splits, n_q_heads, head_dim] f32 */
     float *part_lse;             /* decode, n_splits > 1: [batch, n_splits, n_q_heads], log2 units */
+    int *split_counter;          /* decode, n_splits > 1: [batch, n_kv_heads], all 0 before the
+                                    launch and again after it (the kernel resets them) */
     int batch;                   /* requests */
     int n_q_heads;               /* = n_kv_heads * group */
     int n_kv_heads;
