@@ -15,6 +15,7 @@
  *   rmsnorm_heads   1e-2  (bf16 activations) / 1e-5 (f32 activations, as the CUDA backend runs
  *                         it: f32 sums and rsqrtf); columns it does not own stay bit-exact
  *   rope_kv M-RoPE  1e-2  as rope_kv, each pair's position from its section's stream
+ *   prefill as decode 2e-2  as attn prefill (head_dim 48, one query row per view)
  *   silu_mul        1e-2  f32, output rounded to bf16
  *   embed, argmax: exact; sample: exact kept set, the draw equal to a reference that sums in the
  *   kernel's float order (or within 1e-5 of the mass of a boundary: exp2f may differ by an ulp).
@@ -387,16 +388,13 @@ static void test_attn_decode(void **state) {
 
 /* ---- attention prefill ---- */
 
-static void run_prefill_case(int hd, int ps, int G, bool causal, int window) {
+/* The prefill kernel over the views rq[0..n_req) (at most 64). */
+static void run_prefill_rq(int hd, int ps, int G, bool causal, int window, const req *rq,
+                           int n_req) {
     const int hkv = 2, hq = hkv * G;
-    /* ragged: fresh prompts, continuations over stored keys, a 1-token row, a long prompt;
-     * windowed: one view with released pages (start > 0) */
-    req rq[5] = {{37, 37, 0}, {5, 25, 0}, {64, 64, 0}, {1, 41, 0}, {130, 133, 0}};
-    if (window > 0)
-        rq[1] = (req){20, 50 + window, 128}; /* keys [128, 178+W): queries see >= 128 */
     paged pk;
-    paged_init(&pk, hd, ps, hkv, rq, 5);
-    const int n_tok = pk.qo[5], q_stride = hq * hd;
+    paged_init(&pk, hd, ps, hkv, rq, n_req);
+    const int n_tok = pk.qo[n_req], q_stride = hq * hd;
     uint16_t *q = malloc(sizeof(uint16_t) * (size_t)n_tok * q_stride);
     for (size_t i = 0; i < (size_t)n_tok * q_stride; i++)
         q[i] = f2bf(frand());
@@ -406,8 +404,8 @@ static void run_prefill_case(int hd, int ps, int G, bool causal, int window) {
     int32_t tile_req[256], tile_idx[256];
     int n_tiles = 0;
     ms_error err = {0};
-    assert_int_equal(ms_attn_prefill_plan_tiles(pk.qo, 5, G, tile_req, tile_idx, 256, &n_tiles,
-                                                &err), MS_OK);
+    assert_int_equal(ms_attn_prefill_plan_tiles(pk.qo, n_req, G, tile_req, tile_idx, 256,
+                                                &n_tiles, &err), MS_OK);
     dev_list l = {0};
     paged_dev d = paged_upload(&l, &pk);
     void *dq = dup_h2d(&l, q, sizeof(uint16_t) * (size_t)n_tok * q_stride);
@@ -428,7 +426,7 @@ static void run_prefill_case(int hd, int ps, int G, bool causal, int window) {
     p.kv_start = d.start;
     p.tile_req = dtr;
     p.tile_idx = dti;
-    p.batch = 5;
+    p.batch = n_req;
     p.n_q_heads = hq;
     p.n_kv_heads = hkv;
     p.q_stride = q_stride;
@@ -454,6 +452,15 @@ static void run_prefill_case(int hd, int ps, int G, bool causal, int window) {
     paged_free(&pk);
 }
 
+static void run_prefill_case(int hd, int ps, int G, bool causal, int window) {
+    /* ragged: fresh prompts, continuations over stored keys, a 1-token row, a long prompt;
+     * windowed: one view with released pages (start > 0) */
+    req rq[5] = {{37, 37, 0}, {5, 25, 0}, {64, 64, 0}, {1, 41, 0}, {130, 133, 0}};
+    if (window > 0)
+        rq[1] = (req){20, 50 + window, 128}; /* keys [128, 178+W): queries see >= 128 */
+    run_prefill_rq(hd, ps, G, causal, window, rq, 5);
+}
+
 static void test_attn_prefill(void **state) {
     (void)state;
     const int hds[] = {64, 128}, gs[] = {1, 4, 8};
@@ -467,6 +474,20 @@ static void test_attn_prefill(void **state) {
     run_prefill_case(64, 16, 1, false, 0); /* non-causal (cross-attention style) */
     run_prefill_case(16, 16, 4, true, 0);  /* llama_gqa fixture shape */
     run_prefill_case(32, 16, 2, true, 8);  /* mistral_window fixture shape */
+}
+
+/* Qwen3's head_dim 48 has no decode instance: the CUDA backend runs its decode steps (one query
+ * row per view) through the prefill kernel. Ragged prefill at head_dim 48, then decode-shaped
+ * batches: lengths across page boundaries (1, 16, 17, 33, 130), a view with released pages
+ * (start > 0) under a window. */
+static void test_attn_prefill_as_decode(void **state) {
+    (void)state;
+    run_prefill_case(48, 16, 2, true, 0); /* qwen3 fixture shape */
+    const req dec[6] = {{1, 1, 0}, {1, 16, 0}, {1, 17, 0}, {1, 33, 0}, {1, 130, 0}, {1, 77, 0}};
+    run_prefill_rq(48, 16, 2, true, 0, dec, 6);
+    run_prefill_rq(48, 16, 4, true, 0, dec, 6);
+    const req win[3] = {{1, 40, 32}, {1, 9, 0}, {1, 100, 0}};
+    run_prefill_rq(48, 16, 2, true, 8, win, 3);
 }
 
 /* ---- RoPE + KV write ---- */
@@ -1215,6 +1236,7 @@ int main(void) {
         ms_unit_test(test_rope_kv_mrope),
         ms_unit_test(test_attn_decode),
         ms_unit_test(test_attn_prefill),
+        ms_unit_test(test_attn_prefill_as_decode),
     };
     return cmocka_run_group_tests(tests, group_setup, NULL);
 }

@@ -641,7 +641,12 @@ static void build_llama_matrix(matrix *m) {
     add_spec(m, ms_kernel_spec_rmsnorm(bf, true));
     add_spec(m, ms_kernel_spec_simple(MS_KERNEL_OP_SILU_MUL, bf));
     add_spec(m, ms_kernel_spec_simple(MS_KERNEL_OP_EMBED, bf));
-    /* test_gpu_kernels: per-head RMSNorm (bf16 and f32 activations), M-RoPE */
+    /* test_gpu_kernels: per-head RMSNorm (bf16 and f32 activations), M-RoPE, and prefill at
+     * Qwen3's head_dim 48 (also its decode steps) */
+    for (int w = 0; w < 2; w++) {
+        add_spec(m, ms_kernel_spec_attn_prefill(bf, 48, 16, 2, true, w == 1));
+        add_spec(m, ms_kernel_spec_attn_prefill(bf, 48, 16, 4, true, false));
+    }
     const int nhd[] = {48, 64, 128};
     for (int a = 0; a < 3; a++) {
         add_spec(m, ms_kernel_spec_rmsnorm_heads(bf, nhd[a]));
