@@ -543,8 +543,47 @@ static ms_status norm_launch(cuda_ctx *c, const char *op, const ms_tensor *x, ms
     ms_cuda_module *m;
     MS_TRY(get_module(c, &s, &m, err));
     ms_rmsnorm_params p = {x->data, residual ? residual->data : NULL, w->data, out->data,
-                           (int)rows, (int)cols, (int)xs, (int)os, eps};
+                           (int)rows, (int)cols, (int)xs, (int)os, eps, 0};
     return ms_cuda_rmsnorm_launch(m, &p, c->stream, err);
+}
+
+/* Per-head RMSNorm (Qwen3 q_norm / k_norm): x, out [n, h, d] with packed heads (head stride d)
+ * and any token stride, e.g. the q or k columns of a fused QKV output; w [d]. */
+static ms_status norm_heads_launch(cuda_ctx *c, const ms_tensor *x, const ms_tensor *w, float eps,
+                                   ms_tensor *out, ms_error *err) {
+    const int64_t n = x->shape[0], h = x->shape[1], d = x->shape[2];
+    if (out->shape[0] != n || out->shape[1] != h || out->shape[2] != d || w->shape[0] != d)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "rms_norm: x [%lld, %lld, %lld], w [%lld], out [%lld, %lld, %lld]",
+                       (long long)n, (long long)h, (long long)d, (long long)w->shape[0],
+                       (long long)out->shape[0], (long long)out->shape[1],
+                       (long long)out->shape[2]);
+    if ((h > 1 && (x->stride[1] != d || out->stride[1] != d)) || w->stride[0] != 1)
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED,
+                       "rms_norm: per-head norm needs packed heads (head stride %lld / %lld, "
+                       "head_dim %lld)",
+                       (long long)x->stride[1], (long long)out->stride[1], (long long)d);
+    const int64_t xs = n > 1 ? x->stride[0] : h * d, os = n > 1 ? out->stride[0] : h * d;
+    if (!fits_int(n) || !fits_int(h * d) || !fits_int(xs) || !fits_int(os))
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "rms_norm: dimensions beyond int32");
+    if (n == 0)
+        return MS_OK;
+    ms_kernel_spec s = ms_kernel_spec_rmsnorm_heads(kdtype(w->dtype), (int)d);
+    s.act_dtype = MS_KERNEL_DTYPE_F32;
+    ms_cuda_module *m;
+    MS_TRY(get_module(c, &s, &m, err));
+    ms_rmsnorm_params p;
+    memset(&p, 0, sizeof p);
+    p.x = x->data;
+    p.weight = w->data;
+    p.out = out->data;
+    p.n_rows = (int)n;
+    p.n_heads = (int)h;
+    p.dim = (int)d;
+    p.x_stride = (int)xs;
+    p.out_stride = (int)os;
+    p.eps = eps;
+    return ms_cuda_rmsnorm_heads_launch(m, &p, c->stream, err);
 }
 
 static ms_status cu_rms_norm(void *ctx, const ms_tensor *x, const ms_tensor *w, float eps,
@@ -552,6 +591,14 @@ static ms_status cu_rms_norm(void *ctx, const ms_tensor *x, const ms_tensor *w, 
     MS_TRY(check_t("rms_norm", "x", x, 2, 3, DT_F32, err));
     MS_TRY(check_t("rms_norm", "w", w, 1, 1, DT_FLOATS, err));
     MS_TRY(check_t("rms_norm", "out", out, 2, 3, DT_F32, err));
+    if (!(eps >= 0.0f))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "rms_norm: eps %g must be >= 0", (double)eps);
+    if (x->ndim == 3 || out->ndim == 3) {
+        if (x->ndim != 3 || out->ndim != 3)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG, "rms_norm: x has %d dims, out %d", x->ndim,
+                           out->ndim);
+        return norm_heads_launch(ctx, x, w, eps, out, err);
+    }
     return norm_launch(ctx, "rms_norm", x, NULL, w, eps, out, err);
 }
 
@@ -603,14 +650,40 @@ static ms_status rope_kv_common(cuda_ctx *c, const char *op, ms_tensor *q, ms_te
         (v != NULL && kv != NULL && v->stride[1] != hd) || (q != NULL && q->shape[0] != n))
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: heads must be packed (head stride = head_dim)",
                        op);
-    if (rope != NULL && rope->n_sections > 0)
-        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "%s: M-RoPE sections are not supported on CUDA yet",
-                       op);
+    const bool mrope = rope != NULL && rope->n_sections > 0;
     if (rope != NULL) {
-        MS_TRY(check_t(op, "pos", pos, 1, 1, DT_I32, err));
-        if (pos->shape[0] != n)
-            return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: pos has %lld entries for %lld tokens", op,
-                           (long long)pos->shape[0], (long long)n);
+        if (rope->inv_freq == NULL)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: rope table missing", op);
+        if (rope->n_sections < 0 || rope->n_sections > MS_ROPE_MAX_SECTIONS)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: %d M-RoPE sections, at most %d", op,
+                           rope->n_sections, MS_ROPE_MAX_SECTIONS);
+        if (rope->rotary_dim <= 0 || rope->rotary_dim % 2 != 0 || rope->rotary_dim > hd)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                           "%s: rotary_dim %d must be even and in (0, head_dim %d]", op,
+                           rope->rotary_dim, hd);
+        if (mrope) {
+            int32_t sum = 0;
+            for (int32_t i = 0; i < rope->n_sections; i++) {
+                if (rope->sections[i] < 0)
+                    return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: M-RoPE section %d is negative",
+                                   op, i);
+                sum += rope->sections[i];
+            }
+            if (sum != rope->rotary_dim / 2)
+                return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                               "%s: M-RoPE sections sum to %d pairs, rotary_dim %d has %d", op,
+                               sum, rope->rotary_dim, rope->rotary_dim / 2);
+        }
+        MS_TRY(check_t(op, "pos", pos, 1, 2, DT_I32, err));
+        bool pos_ok = mrope ? pos->ndim == 2 && pos->shape[0] == rope->n_sections &&
+                                  pos->shape[1] == n && fits_int(pos->stride[0])
+                            : pos->ndim == 1 && pos->shape[0] == n;
+        if (!pos_ok) {
+            char sp[64];
+            return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: pos %s must be [%s%lld] for %lld tokens",
+                           op, ms_tensor_shape_str(pos, sp, sizeof sp),
+                           mrope ? "n_sections, " : "", (long long)n, (long long)n);
+        }
     }
     if (n == 0)
         return MS_OK;
@@ -618,8 +691,10 @@ static ms_status rope_kv_common(cuda_ctx *c, const char *op, ms_tensor *q, ms_te
     if (rope != NULL)
         style = rope->style == MS_ROPE_INTERLEAVED ? MS_KERNEL_ROPE_INTERLEAVED : MS_KERNEL_ROPE_NEOX;
     ms_kernel_dtype kvt = kv != NULL ? kdtype(kv->dtype) : MS_KERNEL_DTYPE_BF16;
-    ms_kernel_spec s = ms_kernel_spec_rope_kv(kvt, hd, kv != NULL ? kv->page_size : 16, style,
-                                              MS_KERNEL_ROPE_SCALING_NONE);
+    const int ps = kv != NULL ? kv->page_size : 16;
+    ms_kernel_spec s = mrope ? ms_kernel_spec_rope_kv_mrope(kvt, hd, ps, style)
+                             : ms_kernel_spec_rope_kv(kvt, hd, ps, style,
+                                                      MS_KERNEL_ROPE_SCALING_NONE);
     s.act_dtype = MS_KERNEL_DTYPE_F32;
     ms_cuda_module *m;
     MS_TRY(get_module(c, &s, &m, err));
@@ -646,6 +721,14 @@ static ms_status rope_kv_common(cuda_ctx *c, const char *op, ms_tensor *q, ms_te
         p.inv_freq = rope->inv_freq;
         p.rotary_dim = rope->rotary_dim;
         p.attn_scaling = rope->attention_scaling;
+    }
+    if (mrope) {
+        _Static_assert(MS_ROPE_MAX_SECTIONS == MS_ROPE_KV_MAX_SECTIONS,
+                       "host and kernel M-RoPE section limits differ");
+        p.n_sections = rope->n_sections;
+        for (int32_t i = 0; i < rope->n_sections; i++)
+            p.sections[i] = rope->sections[i];
+        p.pos_stride = (int)pos->stride[0];
     }
     return ms_cuda_rope_kv_launch(m, &p, c->stream, err);
 }
@@ -716,10 +799,11 @@ static ms_status cu_attention(void *ctx, const ms_tensor *q, const ms_paged_kv *
     p.window = ap->window;
     p.sm_scale = ap->scale;
     ms_cuda_module *m;
-    if (batch->is_decode) {
-        ms_kernel_spec s = ms_kernel_spec_attn_decode(kdtype(kv->dtype), (int)hd, kv->page_size,
-                                                      G, windowed);
-        s.act_dtype = MS_KERNEL_DTYPE_F32;
+    ms_kernel_spec ds = ms_kernel_spec_attn_decode(kdtype(kv->dtype), (int)hd, kv->page_size, G,
+                                                   windowed);
+    ds.act_dtype = MS_KERNEL_DTYPE_F32;
+    if (batch->is_decode) { /* decode takes every head_dim prefill takes (multiples of 8) */
+        ms_kernel_spec s = ds;
         MS_TRY(get_module(c, &s, &m, err));
         /* split the keys so that one wave of resident CTAs covers the batch */
         ms_attn_decode_plan_split(batch->n_seqs, kv->n_kv_heads, cb->max_pages,

@@ -9,10 +9,14 @@
  * argmax and sampling run NVRTC-compiled template instances (templates/), compiled for the
  * device's sm_XX on first use and cached on disk (nvrtc_cache.h).
  *
- * Limits of this first version (each returns MS_ERR_UNSUPPORTED naming the case): M-RoPE
- * sections; per-head RMSNorm over heads that are not packed rows; a bias that is not f32; silu_mul
- * or add_rms_norm operands whose rows are not uniformly strided; head_dim outside the templates'
- * sets. Workspaces (the bf16 copy of GEMM inputs, split-KV partials) grow on first use, so run one
+ * RMSNorm over a 3-D [n, h, d] view is the per-head norm (Qwen3 q_norm / k_norm; any token
+ * stride, packed heads); RoPE takes M-RoPE sections (Qwen2-VL, positions [n_sections, n]).
+ * Attention takes head_dim in multiples of 16 up to 256 (decode alone: multiples of 8).
+ *
+ * Limits of this first version (each returns MS_ERR_UNSUPPORTED naming the case): per-head
+ * RMSNorm over heads that are not packed; a bias that is not f32; silu_mul or add_rms_norm
+ * operands whose rows are not uniformly strided; head_dim outside the templates' sets.
+ * Workspaces (the bf16 copy of GEMM inputs, split-KV partials) grow on first use, so run one
  * eager warm-up step before capturing graphs. Sampling has sampler.h's semantics (the same id as
  * the CPU backend for the same uniform, up to float rounding at the boundaries).
  *

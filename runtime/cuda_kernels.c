@@ -29,6 +29,7 @@ static const kernel_op_info op_info[MS_KERNEL_OP_COUNT] = {
     {"argmax", "sample/sample.cuh", {"ms_argmax", NULL}},
     {"sample", "sample/sample.cuh", {"ms_sample", NULL}},
     {"misc", "misc/elementwise.cuh", {"ms_convert", "ms_add", "ms_gather_rows"}},
+    {"rmsnorm_heads", "norm/rmsnorm.cuh", {"ms_rmsnorm_heads", NULL}},
 };
 
 /* ORDER MS_KERNEL_DTYPE */
@@ -86,6 +87,23 @@ ms_kernel_spec ms_kernel_spec_rope_kv(ms_kernel_dtype dt, int head_dim, int page
     return s;
 }
 
+ms_kernel_spec ms_kernel_spec_rope_kv_mrope(ms_kernel_dtype dt, int head_dim, int page_size,
+                                            ms_kernel_rope rope) {
+    ms_kernel_spec s = ms_kernel_spec_rope_kv(dt, head_dim, page_size, rope,
+                                              MS_KERNEL_ROPE_SCALING_NONE);
+    s.mrope = true;
+    return s;
+}
+
+ms_kernel_spec ms_kernel_spec_rmsnorm_heads(ms_kernel_dtype dt, int head_dim) {
+    ms_kernel_spec s = {0};
+    s.op = MS_KERNEL_OP_RMSNORM_HEADS;
+    s.dtype = dt;
+    s.act_dtype = dt;
+    s.head_dim = head_dim;
+    return s;
+}
+
 ms_kernel_spec ms_kernel_spec_rmsnorm(ms_kernel_dtype dt, bool add_residual) {
     ms_kernel_spec s = {0};
     s.op = MS_KERNEL_OP_RMSNORM;
@@ -121,7 +139,7 @@ ms_status ms_kernel_spec_check(const ms_kernel_spec *s, ms_error *err) {
     if ((logits_op || s->op == MS_KERNEL_OP_SILU_MUL) && s->act_dtype != s->dtype)
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: has one dtype (act_dtype must equal dtype)", op);
     bool f32_ok = logits_op || s->op == MS_KERNEL_OP_SILU_MUL || s->op == MS_KERNEL_OP_RMSNORM ||
-                  s->op == MS_KERNEL_OP_EMBED;
+                  s->op == MS_KERNEL_OP_EMBED || s->op == MS_KERNEL_OP_RMSNORM_HEADS;
     if (!f32_ok && s->dtype == MS_KERNEL_DTYPE_F32)
         return MS_FAIL(err, MS_ERR_UNSUPPORTED, "%s: dtype f32 unsupported (bf16, f16)", op);
     bool paged = s->op == MS_KERNEL_OP_ATTN_DECODE || s->op == MS_KERNEL_OP_ATTN_PREFILL ||
@@ -153,10 +171,19 @@ ms_status ms_kernel_spec_check(const ms_kernel_spec *s, ms_error *err) {
         if ((unsigned)s->rope_scaling >= MS_KERNEL_ROPE_SCALING_COUNT)
             return MS_FAIL(err, MS_ERR_INVALID_ARG, "rope_kv: unknown rope scaling %d",
                            (int)s->rope_scaling);
+        if (s->mrope && s->rope == MS_KERNEL_ROPE_NONE)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG, "rope_kv: M-RoPE without a rotation style");
+        break;
+    case MS_KERNEL_OP_RMSNORM_HEADS:
+        if (s->head_dim < 1 || s->head_dim > 1024)
+            return MS_FAIL(err, MS_ERR_UNSUPPORTED,
+                           "rmsnorm_heads: head_dim %d unsupported (1 .. 1024)", s->head_dim);
         break;
     default:
         break;
     }
+    if (s->mrope && s->op != MS_KERNEL_OP_ROPE_KV)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: M-RoPE is a rope_kv variant", op);
     if ((s->op == MS_KERNEL_OP_ATTN_DECODE || s->op == MS_KERNEL_OP_ATTN_PREFILL) &&
         (s->group < 1 || s->group > 16))
         return MS_FAIL(err, MS_ERR_UNSUPPORTED, "%s: group %d unsupported (1 .. 16)", op, s->group);
@@ -189,12 +216,20 @@ static ms_status spec_name(const ms_kernel_spec *s, int arch, bool with_shape, c
         break;
     case MS_KERNEL_OP_ROPE_KV:
         if (with_shape)
-            n = snprintf(buf, cap, "%s_%s_hd%d_ps%d_%s%s%s", op, dt, s->head_dim, s->page_size,
+            n = snprintf(buf, cap, "%s_%s_hd%d_ps%d_%s%s%s%s", op, dt, s->head_dim, s->page_size,
                          rope_names[s->rope],
-                         s->rope_scaling == MS_KERNEL_ROPE_SCALING_LLAMA3 ? "_llama3" : "", sm);
+                         s->rope_scaling == MS_KERNEL_ROPE_SCALING_LLAMA3 ? "_llama3" : "",
+                         s->mrope ? "_mrope" : "", sm);
         else
-            n = snprintf(buf, cap, "%s_%s_%s%s%s", op, dt, rope_names[s->rope],
-                         s->rope_scaling == MS_KERNEL_ROPE_SCALING_LLAMA3 ? "_llama3" : "", sm);
+            n = snprintf(buf, cap, "%s_%s_%s%s%s%s", op, dt, rope_names[s->rope],
+                         s->rope_scaling == MS_KERNEL_ROPE_SCALING_LLAMA3 ? "_llama3" : "",
+                         s->mrope ? "_mrope" : "", sm);
+        break;
+    case MS_KERNEL_OP_RMSNORM_HEADS:
+        if (with_shape)
+            n = snprintf(buf, cap, "%s_%s_hd%d%s", op, dt, s->head_dim, sm);
+        else
+            n = snprintf(buf, cap, "%s_%s%s", op, dt, sm);
         break;
     case MS_KERNEL_OP_RMSNORM:
         n = snprintf(buf, cap, "%s_%s%s%s", op, dt, s->add_residual ? "_res" : "", sm);
@@ -286,6 +321,11 @@ static ms_status spec_body(const ms_kernel_spec *s, bool shape_macros, const cha
              "constexpr int kRope = %d; // %s\nconstexpr int kRopeScaling = %d;\n",
              shape_macros ? "MS_HEAD_DIM" : hd, shape_macros ? "MS_PAGE_SIZE" : ps, (int)s->rope,
              rope_names[s->rope], (int)s->rope_scaling);
+        if (s->mrope) /* only then: the sources of plain instances stay as they were */
+            emit(&b, "constexpr bool kMrope = true;\n");
+        break;
+    case MS_KERNEL_OP_RMSNORM_HEADS:
+        emit(&b, "constexpr int kHeadDim = %s;\n", shape_macros ? "MS_HEAD_DIM" : hd);
         break;
     case MS_KERNEL_OP_RMSNORM:
         emit(&b, "constexpr bool kAddResidual = %s;\n", cbool(s->add_residual));
@@ -311,7 +351,13 @@ static ms_status spec_body(const ms_kernel_spec *s, bool shape_macros, const cha
         emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_ROPE_KV_THREADS)\n"
                  "ms_rope_kv(const ms_rope_kv_params p) {\n"
                  "    ms::rope_kv<cfg::TA, cfg::T, cfg::kHeadDim, cfg::kPageSize, cfg::kRope, "
-                 "cfg::kRopeScaling>(p);\n}\n");
+                 "cfg::kRopeScaling%s>(p);\n}\n",
+             s->mrope ? ", cfg::kMrope" : "");
+        break;
+    case MS_KERNEL_OP_RMSNORM_HEADS:
+        emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_RMSNORM_THREADS)\n"
+                 "ms_rmsnorm_heads(const ms_rmsnorm_params p) {\n"
+                 "    ms::rmsnorm_heads<cfg::TA, cfg::T, cfg::kHeadDim>(p);\n}\n");
         break;
     case MS_KERNEL_OP_RMSNORM:
         emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_RMSNORM_THREADS)\n"
@@ -385,6 +431,12 @@ const char *ms_kernel_op_header(ms_kernel_op op) {
 
 ms_status ms_kernel_specs_for_decoder(const ms_kernel_model_shape *shape, ms_kernel_spec *out,
                                       int cap, int *n, ms_error *err) {
+    return ms_kernel_specs_for_decoder_variant(shape, false, false, out, cap, n, err);
+}
+
+ms_status ms_kernel_specs_for_decoder_variant(const ms_kernel_model_shape *shape, bool qk_norm,
+                                              bool mrope, ms_kernel_spec *out, int cap, int *n,
+                                              ms_error *err) {
     *n = 0;
     if (shape->n_kv_heads < 1 || shape->n_q_heads % shape->n_kv_heads != 0)
         return MS_FAIL(err, MS_ERR_INVALID_ARG,
@@ -392,17 +444,23 @@ ms_status ms_kernel_specs_for_decoder(const ms_kernel_model_shape *shape, ms_ker
                        shape->n_q_heads, shape->n_kv_heads);
     const int g = shape->n_q_heads / shape->n_kv_heads;
     const ms_kernel_dtype kv = shape->kv_dtype, w = shape->weight_dtype;
-    ms_kernel_spec s[12];
+    ms_kernel_spec s[16];
     int k = 0;
-    s[k++] = ms_kernel_spec_attn_decode(kv, shape->head_dim, shape->page_size, g, shape->windowed);
+    s[k++] = ms_kernel_spec_attn_decode(kv, shape->head_dim, shape->page_size, g,
+                                        shape->windowed);
     s[k++] = ms_kernel_spec_attn_prefill(kv, shape->head_dim, shape->page_size, g, true,
                                          shape->windowed);
-    s[k++] = ms_kernel_spec_rope_kv(kv, shape->head_dim, shape->page_size, shape->rope,
-                                    MS_KERNEL_ROPE_SCALING_NONE);
+    if (mrope)
+        s[k++] = ms_kernel_spec_rope_kv_mrope(kv, shape->head_dim, shape->page_size, shape->rope);
+    else
+        s[k++] = ms_kernel_spec_rope_kv(kv, shape->head_dim, shape->page_size, shape->rope,
+                                        MS_KERNEL_ROPE_SCALING_NONE);
     s[k++] = ms_kernel_spec_rope_kv(kv, shape->head_dim, shape->page_size, MS_KERNEL_ROPE_NONE,
                                     MS_KERNEL_ROPE_SCALING_NONE);
     s[k++] = ms_kernel_spec_rmsnorm(w, false);
     s[k++] = ms_kernel_spec_rmsnorm(w, true);
+    if (qk_norm)
+        s[k++] = ms_kernel_spec_rmsnorm_heads(w, shape->head_dim);
     s[k++] = ms_kernel_spec_simple(MS_KERNEL_OP_EMBED, w);
     s[k++] = ms_kernel_spec_simple(MS_KERNEL_OP_MISC, w);
     for (int i = 0; i < k; i++)

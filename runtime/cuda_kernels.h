@@ -42,6 +42,7 @@ typedef enum ms_kernel_op {
     MS_KERNEL_OP_ARGMAX,          /* sample/sample.cuh */
     MS_KERNEL_OP_SAMPLE,          /* sample/sample.cuh */
     MS_KERNEL_OP_MISC,            /* misc/elementwise.cuh: convert act->dtype, add, gather_rows */
+    MS_KERNEL_OP_RMSNORM_HEADS,   /* norm/rmsnorm.cuh: per-head RMSNorm (Qwen3 q_norm / k_norm) */
     MS_KERNEL_OP_COUNT
 } ms_kernel_op;
 
@@ -77,7 +78,7 @@ typedef struct ms_kernel_spec {
     ms_kernel_dtype dtype;               /* KV pages and weights (logits type for argmax / sample) */
     ms_kernel_dtype act_dtype;           /* activations (q, o, x, k, v, ...); the constructors set
                                             it to dtype, set F32 for float32 activations */
-    int head_dim;                        /* attention, rope_kv: elements per head */
+    int head_dim;                        /* attention, rope_kv, rmsnorm_heads: elements per head */
     int page_size;                       /* attention, rope_kv: tokens per KV page */
     int group;                           /* attention: query heads per KV head (1 = MHA) */
     bool causal;                         /* prefill: mask keys after the query */
@@ -85,6 +86,7 @@ typedef struct ms_kernel_spec {
     bool add_residual;                   /* rmsnorm: fused residual add */
     ms_kernel_rope rope;                 /* rope_kv */
     ms_kernel_rope_scaling rope_scaling; /* rope_kv */
+    bool mrope;                          /* rope_kv: M-RoPE position streams per section */
 } ms_kernel_spec;
 
 /* ---- constructors (zero the fields the op ignores) ---- */
@@ -95,7 +97,15 @@ ms_kernel_spec ms_kernel_spec_attn_prefill(ms_kernel_dtype dt, int head_dim, int
                                            int group, bool causal, bool windowed);
 ms_kernel_spec ms_kernel_spec_rope_kv(ms_kernel_dtype dt, int head_dim, int page_size,
                                       ms_kernel_rope rope, ms_kernel_rope_scaling scaling);
+/* M-RoPE (Qwen2-VL) RoPE + KV write: frequencies from the table (no scaling variant), position
+ * streams per section (ms_rope_kv_params.n_sections / sections / pos_stride). rope: NEOX or
+ * INTERLEAVED. */
+ms_kernel_spec ms_kernel_spec_rope_kv_mrope(ms_kernel_dtype dt, int head_dim, int page_size,
+                                            ms_kernel_rope rope);
 ms_kernel_spec ms_kernel_spec_rmsnorm(ms_kernel_dtype dt, bool add_residual);
+/* Per-head RMSNorm (Qwen3 q_norm / k_norm) of head_dim elements per head; dt: the weight type
+ * (activations: act_dtype, set it after the call). */
+ms_kernel_spec ms_kernel_spec_rmsnorm_heads(ms_kernel_dtype dt, int head_dim);
 /* op: MS_KERNEL_OP_SILU_MUL, _EMBED, _ARGMAX or _SAMPLE (dtype only). MISC: dtype is the
  * conversion target and the add / gather type is act_dtype (set it after the call). */
 ms_kernel_spec ms_kernel_spec_simple(ms_kernel_op op, ms_kernel_dtype dt);
@@ -109,7 +119,8 @@ ms_status ms_kernel_spec_check(const ms_kernel_spec *s, ms_error *err);
 /*
  * Readable URI from every parameter, plus "_sm<arch>" when arch > 0, e.g.
  * attn_decode_bf16_hd128_ps16_g4_sm90, attn_prefill_bf16_hd64_ps16_g8_causal_win_sm80,
- * rope_kv_bf16_hd128_ps16_neox_llama3_sm90, rmsnorm_bf16_res_sm90; "_af32" before the arch when
+ * rope_kv_bf16_hd128_ps16_neox_llama3_sm90, rope_kv_bf16_hd32_ps16_neox_mrope_sm90,
+ * rmsnorm_bf16_res_sm90, rmsnorm_heads_bf16_hd48_sm90; "_af32" before the arch when
  * the activation type differs from dtype (attn_decode_bf16_hd128_ps16_g4_af32_sm90). It names the generated source
  * file and keys the cubin cache. Fails on an invalid spec or when buf (cap bytes) is too small.
  */
@@ -169,13 +180,25 @@ typedef struct ms_kernel_model_shape {
  * The kernel instances the CUDA backend (backend_cuda.c) runs for a decoder of this shape with
  * float32 activations: attention decode and causal prefill, RoPE + KV write (frequencies come as
  * a table, so no scaling variant), RMSNorm with and without the residual add, the elementwise
- * helpers, SiLU-and-multiply, embedding, argmax and sampling. Writes up to cap specs to out and
+ * helpers, SiLU-and-multiply, embedding, argmax and sampling. A head_dim the decode template does
+ * not take (e.g. 48) gets no decode instance: the backend runs decode steps with the prefill
+ * kernel. Writes up to cap specs to out and
  * their number to *n. MS_ERR_UNSUPPORTED (naming the value) when a shape is outside the templates;
  * MS_ERR_CAPACITY when cap is too small. Used to precompile (mstarc --arch, `kernels --arch`)
  * and by the CI test that compiles every instance of the repository's models.
  */
 ms_status ms_kernel_specs_for_decoder(const ms_kernel_model_shape *shape, ms_kernel_spec *out,
                                       int cap, int *n, ms_error *err);
+
+/*
+ * ms_kernel_specs_for_decoder for a decoder variant: qk_norm adds the per-head RMSNorm of q and k
+ * (Qwen3 q_norm / k_norm, rmsnorm_heads with the shape's head_dim and weight dtype); mrope takes
+ * the M-RoPE RoPE + KV write (Qwen2-VL mrope_section) instead of the plain one. Errors as
+ * ms_kernel_specs_for_decoder.
+ */
+ms_status ms_kernel_specs_for_decoder_variant(const ms_kernel_model_shape *shape, bool qk_norm,
+                                              bool mrope, ms_kernel_spec *out, int cap, int *n,
+                                              ms_error *err);
 
 /* ---- host planning for the attention kernels ---- */
 

@@ -192,6 +192,27 @@ ms_status ms_cuda_rope_kv_launch(const ms_cuda_module *m, const ms_rope_kv_param
                        "low_freq_factor > 0 (got %g, %g, %g)",
                        m->uri, (double)p->factor, (double)p->low_freq_factor,
                        (double)p->high_freq_factor);
+    if (m->spec.mrope) {
+        if (p->pos == NULL || p->n_sections < 1 || p->n_sections > MS_ROPE_KV_MAX_SECTIONS ||
+            p->pos_stride < p->n_tokens)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                           "%s: M-RoPE needs positions and 1..%d sections with a stream stride "
+                           ">= %d tokens (got %d sections, stride %d)",
+                           m->uri, MS_ROPE_KV_MAX_SECTIONS, p->n_tokens, p->n_sections,
+                           p->pos_stride);
+        int sum = 0;
+        for (int i = 0; i < p->n_sections; i++) {
+            if (p->sections[i] < 0)
+                return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: M-RoPE section %d is negative",
+                               m->uri, i);
+            sum += p->sections[i];
+        }
+        const int rot = p->rotary_dim > 0 ? p->rotary_dim : hd;
+        if (sum != rot / 2)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                           "%s: M-RoPE sections sum to %d pairs, rotary_dim %d has %d", m->uri, sum,
+                           rot, rot / 2);
+    }
     ms_rope_kv_params copy = *p;
     return launch(m, 0, (unsigned)p->n_tokens, 1, 1, MS_ROPE_KV_THREADS, &copy, stream, err);
 }
@@ -210,6 +231,27 @@ ms_status ms_cuda_rmsnorm_launch(const ms_cuda_module *m, const ms_rmsnorm_param
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: rows must be 16-byte aligned", m->uri);
     ms_rmsnorm_params copy = *p;
     return launch(m, 0, (unsigned)p->n_rows, 1, 1, MS_RMSNORM_THREADS, &copy, stream, err);
+}
+
+ms_status ms_cuda_rmsnorm_heads_launch(const ms_cuda_module *m, const ms_rmsnorm_params *p,
+                                       cudaStream_t stream, ms_error *err) {
+    MS_TRY(want_op(m, MS_KERNEL_OP_RMSNORM_HEADS, err));
+    const int hd = m->spec.head_dim;
+    if (p->n_rows < 0 || p->n_heads < 1 || p->dim != hd ||
+        (int64_t)p->x_stride < (int64_t)p->n_heads * hd ||
+        (int64_t)p->out_stride < (int64_t)p->n_heads * hd)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "%s: %d tokens x %d heads of %d (head_dim %d) with token strides %d/%d",
+                       m->uri, p->n_rows, p->n_heads, p->dim, hd, p->x_stride, p->out_stride);
+    if (p->x == NULL || p->out == NULL || p->weight == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: x, weight and out are required", m->uri);
+    const int64_t rows_per_cta = MS_RMSNORM_THREADS / 32;
+    int64_t blocks = MS_CEIL_DIV((int64_t)p->n_rows * p->n_heads, rows_per_cta);
+    if (blocks > 0x7fffffff)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: %d x %d rows exceed one grid", m->uri,
+                       p->n_rows, p->n_heads);
+    ms_rmsnorm_params copy = *p;
+    return launch(m, 0, (unsigned)blocks, 1, 1, MS_RMSNORM_THREADS, &copy, stream, err);
 }
 
 ms_status ms_cuda_silu_mul_launch(const ms_cuda_module *m, const ms_silu_mul_params *p,

@@ -56,10 +56,16 @@ ms_status ms_cuda_attn_decode_launch(const ms_cuda_module *m, const ms_attn_kern
 /* Prefill attention over n_tiles tiles (ms_attn_prefill_plan_tiles): grid (n_tiles, n_kv_heads). */
 ms_status ms_cuda_attn_prefill_launch(const ms_cuda_module *m, const ms_attn_kernel_params *p,
                                       int n_tiles, cudaStream_t stream, ms_error *err);
+/* RoPE + KV write: grid (n_tokens). M-RoPE instances also check the sections (1 .. 4, none
+ * negative, summing to rotary_dim / 2) and the position streams. */
 ms_status ms_cuda_rope_kv_launch(const ms_cuda_module *m, const ms_rope_kv_params *p,
                                  cudaStream_t stream, ms_error *err);
 ms_status ms_cuda_rmsnorm_launch(const ms_cuda_module *m, const ms_rmsnorm_params *p,
                                  cudaStream_t stream, ms_error *err);
+/* Per-head RMSNorm: p->n_rows tokens x p->n_heads heads of p->dim == the instance's head_dim
+ * elements; grid ceil(tokens * heads / (MS_RMSNORM_THREADS / 32)), one warp per head. */
+ms_status ms_cuda_rmsnorm_heads_launch(const ms_cuda_module *m, const ms_rmsnorm_params *p,
+                                       cudaStream_t stream, ms_error *err);
 ms_status ms_cuda_silu_mul_launch(const ms_cuda_module *m, const ms_silu_mul_params *p,
                                   cudaStream_t stream, ms_error *err);
 ms_status ms_cuda_embed_launch(const ms_cuda_module *m, const ms_embed_params *p,

@@ -12,6 +12,10 @@
  *   attn prefill    2e-2  P is rounded to bf16 for the PV tensor-core product, output to bf16
  *   rope_kv         1e-2  f32 angle (as Hugging Face), output rounded to bf16; v copied bit-exact
  *   rmsnorm         1e-2  f32 sum of squares, output rounded to bf16; residual bit-exact
+ *   rmsnorm_heads   1e-2  (bf16 activations) / 1e-5 (f32 activations, as the CUDA backend runs
+ *                         it: f32 sums and rsqrtf); columns it does not own stay bit-exact
+ *   rope_kv M-RoPE  1e-2  as rope_kv, each pair's position from its section's stream
+ *   prefill as decode 2e-2  as attn prefill (head_dim 48, one query row per view)
  *   silu_mul        1e-2  f32, output rounded to bf16
  *   embed, argmax: exact; sample: exact kept set, the draw equal to a reference that sums in the
  *   kernel's float order (or within 1e-5 of the mass of a boundary: exp2f may differ by an ulp).
@@ -410,16 +414,13 @@ static void test_attn_decode(void **state) {
 
 /* ---- attention prefill ---- */
 
-static void run_prefill_case(int hd, int ps, int G, bool causal, int window) {
+/* The prefill kernel over the views rq[0..n_req) (at most 64). */
+static void run_prefill_rq(int hd, int ps, int G, bool causal, int window, const req *rq,
+                           int n_req) {
     const int hkv = 2, hq = hkv * G;
-    /* ragged: fresh prompts, continuations over stored keys, a 1-token row, a long prompt;
-     * windowed: one view with released pages (start > 0) */
-    req rq[5] = {{37, 37, 0}, {5, 25, 0}, {64, 64, 0}, {1, 41, 0}, {130, 133, 0}};
-    if (window > 0)
-        rq[1] = (req){20, 50 + window, 128}; /* keys [128, 178+W): queries see >= 128 */
     paged pk;
-    paged_init(&pk, hd, ps, hkv, rq, 5);
-    const int n_tok = pk.qo[5], q_stride = hq * hd;
+    paged_init(&pk, hd, ps, hkv, rq, n_req);
+    const int n_tok = pk.qo[n_req], q_stride = hq * hd;
     uint16_t *q = malloc(sizeof(uint16_t) * (size_t)n_tok * q_stride);
     for (size_t i = 0; i < (size_t)n_tok * q_stride; i++)
         q[i] = f2bf(frand());
@@ -429,8 +430,8 @@ static void run_prefill_case(int hd, int ps, int G, bool causal, int window) {
     int32_t tile_req[256], tile_idx[256];
     int n_tiles = 0;
     ms_error err = {0};
-    assert_int_equal(ms_attn_prefill_plan_tiles(pk.qo, 5, G, tile_req, tile_idx, 256, &n_tiles,
-                                                &err), MS_OK);
+    assert_int_equal(ms_attn_prefill_plan_tiles(pk.qo, n_req, G, tile_req, tile_idx, 256,
+                                                &n_tiles, &err), MS_OK);
     dev_list l = {0};
     paged_dev d = paged_upload(&l, &pk);
     void *dq = dup_h2d(&l, q, sizeof(uint16_t) * (size_t)n_tok * q_stride);
@@ -451,7 +452,7 @@ static void run_prefill_case(int hd, int ps, int G, bool causal, int window) {
     p.kv_start = d.start;
     p.tile_req = dtr;
     p.tile_idx = dti;
-    p.batch = 5;
+    p.batch = n_req;
     p.n_q_heads = hq;
     p.n_kv_heads = hkv;
     p.q_stride = q_stride;
@@ -477,6 +478,15 @@ static void run_prefill_case(int hd, int ps, int G, bool causal, int window) {
     paged_free(&pk);
 }
 
+static void run_prefill_case(int hd, int ps, int G, bool causal, int window) {
+    /* ragged: fresh prompts, continuations over stored keys, a 1-token row, a long prompt;
+     * windowed: one view with released pages (start > 0) */
+    req rq[5] = {{37, 37, 0}, {5, 25, 0}, {64, 64, 0}, {1, 41, 0}, {130, 133, 0}};
+    if (window > 0)
+        rq[1] = (req){20, 50 + window, 128}; /* keys [128, 178+W): queries see >= 128 */
+    run_prefill_rq(hd, ps, G, causal, window, rq, 5);
+}
+
 static void test_attn_prefill(void **state) {
     (void)state;
     const int hds[] = {64, 128}, gs[] = {1, 4, 8};
@@ -490,6 +500,19 @@ static void test_attn_prefill(void **state) {
     run_prefill_case(64, 16, 1, false, 0); /* non-causal (cross-attention style) */
     run_prefill_case(16, 16, 4, true, 0);  /* llama_gqa fixture shape */
     run_prefill_case(32, 16, 2, true, 8);  /* mistral_window fixture shape */
+}
+
+/* The prefill kernel at Qwen3's head_dim 48 (4 lanes per 16-dim k-step, no 32-dim pairs):
+ * ragged prefill, then one-query-row batches as chunked prefill sends them: lengths across page
+ * boundaries (1, 16, 17, 33, 130), a view with released pages (start > 0) under a window. */
+static void test_attn_prefill_as_decode(void **state) {
+    (void)state;
+    run_prefill_case(48, 16, 2, true, 0); /* qwen3 fixture shape */
+    const req dec[6] = {{1, 1, 0}, {1, 16, 0}, {1, 17, 0}, {1, 33, 0}, {1, 130, 0}, {1, 77, 0}};
+    run_prefill_rq(48, 16, 2, true, 0, dec, 6);
+    run_prefill_rq(48, 16, 4, true, 0, dec, 6);
+    const req win[3] = {{1, 40, 32}, {1, 9, 0}, {1, 100, 0}};
+    run_prefill_rq(48, 16, 2, true, 8, win, 3);
 }
 
 /* ---- RoPE + KV write ---- */
@@ -510,8 +533,24 @@ static float ref_inv_freq(int i, int hd, float theta, bool llama3, float factor,
     return inv;
 }
 
-static void run_rope_case(int hd, int ps, ms_kernel_rope style, bool llama3) {
+/* Position stream of rotary pair i under M-RoPE sections (the CPU backend's walk). */
+static int ref_mrope_stream(int i, const int *sections, int n_sections) {
+    int sec = 0, end = sections[0];
+    while (i >= end && sec + 1 < n_sections) {
+        sec++;
+        end += sections[sec];
+    }
+    return sec;
+}
+
+/* RoPE + KV write of 7 tokens (8 q heads, 2 KV heads) over a 5-page arena. n_sections == 0:
+ * frequencies computed in the kernel from theta (llama3 scaling or not), one position per token;
+ * n_sections > 0: the M-RoPE instance with a frequency table, positions [n_sections, 7] with a
+ * padded stream stride (the pad holds huge positions: reading it shows). */
+static void run_rope_case_ex(int hd, int ps, ms_kernel_rope style, bool llama3, const int *sections,
+                             int n_sections) {
     const int hq = 8, hkv = 2, n_tok = 7, stride = (hq + 2 * hkv) * hd;
+    const int pos_stride = n_tok + 3;
     const req rq[1] = {{0, 5 * ps, 0}}; /* an arena of 5 pages; contents replaced below */
     paged pk;
     paged_init(&pk, hd, ps, hkv, rq, 1);
@@ -519,23 +558,33 @@ static void run_rope_case(int hd, int ps, ms_kernel_rope style, bool llama3) {
     uint16_t *qkv = malloc(sizeof(uint16_t) * (size_t)n_tok * stride);
     for (size_t i = 0; i < (size_t)n_tok * stride; i++)
         qkv[i] = f2bf(frand());
-    int32_t pos[7], page[7], slot[7];
+    int32_t pos[7], page[7], slot[7], pos3[MS_ROPE_KV_MAX_SECTIONS * 10];
     for (int t = 0; t < n_tok; t++) {
         pos[t] = t == 0 ? 0 : irand(t < 3 ? 64 : 20000);
         page[t] = pk.indices[t % 5];
         slot[t] = (t * 7 + 3) % ps; /* distinct (page, slot) for the 7 tokens */
     }
-    const float theta = 500000.f, factor = 8.f, lo = 1.f, hi = 4.f, orig = 8192.f;
+    for (int i = 0; i < MS_ROPE_KV_MAX_SECTIONS * pos_stride; i++) /* streams differ per token */
+        pos3[i] = i % pos_stride >= n_tok ? 1000000 + irand(1000) : (i % pos_stride == 0 ? 0 : irand(5000));
+    const float theta = n_sections > 0 ? 10000.f : 500000.f, factor = 8.f, lo = 1.f, hi = 4.f,
+                orig = 8192.f;
+    float inv_tab[512];
+    for (int i = 0; i < hd / 2; i++)
+        inv_tab[i] = ref_inv_freq(i, hd, theta, llama3, factor, lo, hi, orig);
 
     dev_list l = {0};
     uint16_t *dqkv = dup_h2d(&l, qkv, sizeof(uint16_t) * (size_t)n_tok * stride);
     void *darena = dup_h2d(&l, pk.arena, arena_elems(&pk) * 2);
-    int32_t *dpos = dup_h2d(&l, pos, sizeof pos);
+    int32_t *dpos = n_sections > 0 ? dup_h2d(&l, pos3, sizeof(int32_t) * (size_t)(n_sections * pos_stride))
+                                   : dup_h2d(&l, pos, sizeof pos);
     int32_t *dpage = dup_h2d(&l, page, sizeof page);
     int32_t *dslot = dup_h2d(&l, slot, sizeof slot);
-    ms_cuda_module *m = load(ms_kernel_spec_rope_kv(
-        MS_KERNEL_DTYPE_BF16, hd, ps, style,
-        llama3 ? MS_KERNEL_ROPE_SCALING_LLAMA3 : MS_KERNEL_ROPE_SCALING_NONE));
+    float *dinv = dup_h2d(&l, inv_tab, sizeof(float) * (size_t)(hd / 2));
+    ms_cuda_module *m = load(
+        n_sections > 0 ? ms_kernel_spec_rope_kv_mrope(MS_KERNEL_DTYPE_BF16, hd, ps, style)
+                       : ms_kernel_spec_rope_kv(MS_KERNEL_DTYPE_BF16, hd, ps, style,
+                                                llama3 ? MS_KERNEL_ROPE_SCALING_LLAMA3
+                                                       : MS_KERNEL_ROPE_SCALING_NONE));
     ms_rope_kv_params p = {0};
     p.q = dqkv;
     p.k = dqkv + (size_t)hq * hd;
@@ -553,6 +602,13 @@ static void run_rope_case(int hd, int ps, ms_kernel_rope style, bool llama3) {
     p.low_freq_factor = lo;
     p.high_freq_factor = hi;
     p.original_max_pos = orig;
+    if (n_sections > 0) {
+        p.inv_freq = dinv;
+        p.n_sections = n_sections;
+        for (int i = 0; i < n_sections; i++)
+            p.sections[i] = sections[i];
+        p.pos_stride = pos_stride;
+    }
     ms_error err = {0};
     if (ms_cuda_rope_kv_launch(m, &p, 0, &err) != MS_OK)
         fail_msg("rope launch: %s", err.msg);
@@ -568,7 +624,10 @@ static void run_rope_case(int hd, int ps, ms_kernel_rope style, bool llama3) {
             for (int i = 0; i < hd / 2; i++) {
                 int a = style == MS_KERNEL_ROPE_INTERLEAVED ? 2 * i : i;
                 int b = style == MS_KERNEL_ROPE_INTERLEAVED ? 2 * i + 1 : i + hd / 2;
-                float ang = (float)pos[t] * ref_inv_freq(i, hd, theta, llama3, factor, lo, hi, orig);
+                float tp = n_sections > 0
+                               ? (float)pos3[ref_mrope_stream(i, sections, n_sections) * pos_stride + t]
+                               : (float)pos[t];
+                float ang = tp * inv_tab[i];
                 double c = cos((double)ang), s = sin((double)ang);
                 double xa = bf2f(x[a]), xb = bf2f(x[b]);
                 o[a] = xa * c - xb * s;
@@ -603,10 +662,13 @@ static void run_rope_case(int hd, int ps, ms_kernel_rope style, bool llama3) {
     for (size_t i = 0; i < arena_elems(&pk); i++)
         if (!written[i] && arena[i] != 0xffff)
             fail_msg("rope_kv wrote arena element %zu it does not own", i);
-    char what[160];
-    snprintf(what, sizeof what, "%s q", m->uri);
+    char what[160], sec[48] = "";
+    if (n_sections > 0)
+        snprintf(sec, sizeof sec, " [%d/%d/%d]", sections[0], sections[1],
+                 n_sections > 2 ? sections[2] : 0);
+    snprintf(what, sizeof what, "%s%s q", m->uri, sec);
     check_close(what, got_q, rq_, nq, 1e-2);
-    snprintf(what, sizeof what, "%s k (in pages)", m->uri);
+    snprintf(what, sizeof what, "%s%s k (in pages)", m->uri, sec);
     check_close(what, got_k, rk, nk, 1e-2);
 
     ms_cuda_module_free(m);
@@ -622,6 +684,10 @@ static void run_rope_case(int hd, int ps, ms_kernel_rope style, bool llama3) {
     paged_free(&pk);
 }
 
+static void run_rope_case(int hd, int ps, ms_kernel_rope style, bool llama3) {
+    run_rope_case_ex(hd, ps, style, llama3, NULL, 0);
+}
+
 static void test_rope_kv(void **state) {
     (void)state;
     const int hds[] = {64, 128};
@@ -631,6 +697,44 @@ static void test_rope_kv(void **state) {
                 run_rope_case(hds[a], 16, (ms_kernel_rope)st, sc == 1);
     run_rope_case(128, 128, MS_KERNEL_ROPE_NEOX, true);
     run_rope_case(16, 16, MS_KERNEL_ROPE_INTERLEAVED, false); /* llama2.c fixture shape */
+}
+
+/* M-RoPE (Qwen2-VL): each rotary pair's position from the stream of its section; sections as
+ * Qwen2-VL's [16, 24, 24] at head_dim 128 and scaled down at 64, an empty middle section, and a
+ * first section covering everything but one pair. */
+static void test_rope_kv_mrope(void **state) {
+    (void)state;
+    const int s64[3] = {8, 12, 12}, s128[3] = {16, 24, 24}, empty[3] = {16, 0, 16};
+    const int lopsided[3] = {31, 1, 0};
+    for (int st = MS_KERNEL_ROPE_NEOX; st <= MS_KERNEL_ROPE_INTERLEAVED; st++) {
+        run_rope_case_ex(64, 16, (ms_kernel_rope)st, false, s64, 3);
+        run_rope_case_ex(128, 16, (ms_kernel_rope)st, false, s128, 3);
+    }
+    run_rope_case_ex(64, 16, MS_KERNEL_ROPE_NEOX, false, empty, 3);
+    run_rope_case_ex(64, 16, MS_KERNEL_ROPE_NEOX, false, lopsided, 3);
+    /* the launcher checks the sections against rotary_dim */
+    ms_cuda_module *m = load(ms_kernel_spec_rope_kv_mrope(MS_KERNEL_DTYPE_BF16, 64, 16,
+                                                          MS_KERNEL_ROPE_NEOX));
+    ms_rope_kv_params p = {0};
+    ms_error err = {0};
+    int dummy = 0;
+    p.pos = &dummy; /* never launched */
+    p.n_tokens = 1;
+    p.q_stride = p.k_stride = 64;
+    p.n_q_heads = 1;
+    p.inv_freq = (const float *)&dummy;
+    p.n_sections = 3;
+    p.sections[0] = 8, p.sections[1] = 12, p.sections[2] = 11; /* 31 pairs, 32 needed */
+    p.pos_stride = 1;
+    assert_int_equal(ms_cuda_rope_kv_launch(m, &p, 0, &err), MS_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "sum to 31 pairs"));
+    p.sections[2] = 12;
+    p.n_sections = 5;
+    assert_int_equal(ms_cuda_rope_kv_launch(m, &p, 0, &err), MS_ERR_INVALID_ARG);
+    p.n_sections = 3;
+    p.pos_stride = 0; /* below n_tokens */
+    assert_int_equal(ms_cuda_rope_kv_launch(m, &p, 0, &err), MS_ERR_INVALID_ARG);
+    ms_cuda_module_free(m);
 }
 
 /* ---- RMSNorm, SiLU-mul, embedding ---- */
@@ -665,7 +769,7 @@ static void run_rmsnorm_case(bool add_residual) {
     void *dx = dup_h2d(&l, x, n * 2), *dres = dup_h2d(&l, res, n * 2), *dw = dup_h2d(&l, w, (size_t)dim * 2);
     void *dout = dalloc(&l, n * 2);
     ms_cuda_module *m = load(ms_kernel_spec_rmsnorm(MS_KERNEL_DTYPE_BF16, add_residual));
-    ms_rmsnorm_params p = {dx, dres, dw, dout, rows, dim, dim, dim, 1e-5f};
+    ms_rmsnorm_params p = {dx, dres, dw, dout, rows, dim, dim, dim, 1e-5f, 0};
     ms_error err = {0};
     if (ms_cuda_rmsnorm_launch(m, &p, 0, &err) != MS_OK)
         fail_msg("rmsnorm launch: %s", err.msg);
@@ -693,6 +797,166 @@ static void test_rmsnorm(void **state) {
     (void)state;
     run_rmsnorm_case(false);
     run_rmsnorm_case(true);
+}
+
+/* Compare n f32 outputs with a double reference; fails on NaN or rel error > tol. */
+static void check_close_f32(const char *what, const float *got, const double *ref, size_t n,
+                            double tol) {
+    double num = 0, den = 0, max_abs = 0;
+    size_t nan = 0;
+    for (size_t i = 0; i < n; i++) {
+        double g = got[i];
+        if (isnan(g) || isinf(g)) {
+            if (nan++ < 3)
+                fprintf(stderr, "  %s: element %zu is %g (ref %g)\n", what, i, g, ref[i]);
+            continue;
+        }
+        double d = fabs(g - ref[i]);
+        num += d * d;
+        den += ref[i] * ref[i];
+        max_abs = fmax(max_abs, d);
+    }
+    double rel = den > 0 ? sqrt(num / den) : sqrt(num);
+    printf("  %-58s rel %.2e  max|d| %.2e  (tol %.0e)%s\n", what, rel, max_abs, tol,
+           nan ? "  NaN!" : "");
+    if (nan > 0 || !(rel <= tol))
+        fail_msg("%s: %zu NaN/inf, relative error %.3e (tolerance %.0e)", what, nan, rel, tol);
+}
+
+/* Per-head RMSNorm over 7 tokens of a fused QKV-like row [q: 8 heads | k: 2 heads | v: 2 heads]
+ * of head_dim hd: in place on the q columns (k and v must stay bit-exact), then from the k
+ * columns into a separate buffer with a padded token stride (the pad must keep its poison).
+ * act_f32: float32 activations (what the CUDA backend runs), else bf16. Weights bf16. One head is
+ * all zeros (the result is zeros: eps keeps the scale finite). */
+static void run_rmsnorm_heads_case(int hd, bool act_f32) {
+    const int n_tok = 7, hq = 8, hkv = 2, stride = (hq + 2 * hkv) * hd, ostride = hkv * hd + 8;
+    const size_t es = act_f32 ? 4 : 2, n = (size_t)n_tok * (size_t)stride;
+    const size_t n_out = (size_t)n_tok * (size_t)ostride;
+    const float eps = 1e-6f;
+    float *xf = malloc(n * sizeof(float)); /* the input values as the kernel sees them */
+    void *xh = malloc(n * es);
+    uint16_t *w = malloc((size_t)hd * 2);
+    for (size_t i = 0; i < n; i++) {
+        float v = frand() * (i % 3 == 0 ? 4.f : 0.5f);
+        if (i < (size_t)hd)
+            v = 0.f; /* token 0, q head 0 */
+        xf[i] = act_f32 ? v : rbf(v);
+        if (act_f32)
+            ((float *)xh)[i] = xf[i];
+        else
+            ((uint16_t *)xh)[i] = f2bf(xf[i]);
+    }
+    for (int i = 0; i < hd; i++)
+        w[i] = f2bf(1.f + 0.5f * frand());
+    /* reference of every (token, head) of q and k in double */
+    double *ref_q = malloc(sizeof(double) * (size_t)n_tok * hq * hd);
+    double *ref_k = malloc(sizeof(double) * (size_t)n_tok * hkv * hd);
+    for (int t = 0; t < n_tok; t++)
+        for (int h = 0; h < hq + hkv; h++) {
+            const float *x = xf + (size_t)t * stride + (size_t)h * hd;
+            double ss = 0;
+            for (int i = 0; i < hd; i++)
+                ss += (double)x[i] * x[i];
+            double inv = 1.0 / sqrt(ss / hd + eps);
+            double *o = h < hq ? &ref_q[((size_t)t * hq + h) * hd]
+                               : &ref_k[((size_t)t * hkv + h - hq) * hd];
+            for (int i = 0; i < hd; i++)
+                o[i] = (double)x[i] * inv * bf2f(w[i]);
+        }
+    dev_list l = {0};
+    void *dx = dup_h2d(&l, xh, n * es), *dw = dup_h2d(&l, w, (size_t)hd * 2);
+    void *dout = dalloc(&l, n_out * es); /* poisoned */
+    ms_kernel_spec spec = ms_kernel_spec_rmsnorm_heads(MS_KERNEL_DTYPE_BF16, hd);
+    if (act_f32)
+        spec.act_dtype = MS_KERNEL_DTYPE_F32;
+    ms_cuda_module *m = load(spec);
+    ms_error err = {0};
+    /* q: in place on the QKV row */
+    ms_rmsnorm_params p = {0};
+    p.x = dx;
+    p.out = dx;
+    p.weight = dw;
+    p.n_rows = n_tok;
+    p.n_heads = hq;
+    p.dim = hd;
+    p.x_stride = p.out_stride = stride;
+    p.eps = eps;
+    if (ms_cuda_rmsnorm_heads_launch(m, &p, 0, &err) != MS_OK)
+        fail_msg("rmsnorm_heads launch: %s", err.msg);
+    /* k: out of place into the padded buffer */
+    p.x = (char *)dx + (size_t)hq * hd * es;
+    p.out = dout;
+    p.n_heads = hkv;
+    p.out_stride = ostride;
+    if (ms_cuda_rmsnorm_heads_launch(m, &p, 0, &err) != MS_OK)
+        fail_msg("rmsnorm_heads launch: %s", err.msg);
+    sync_ok("rmsnorm_heads");
+    void *all = malloc(n * es), *out = malloc(n_out * es);
+    d2h(all, dx, n * es);
+    d2h(out, dout, n_out * es);
+    size_t nq = (size_t)n_tok * hq * hd, nk = (size_t)n_tok * hkv * hd;
+    void *got_q = malloc(nq * es), *got_k = malloc(nk * es);
+    for (int t = 0; t < n_tok; t++) {
+        memcpy((char *)got_q + (size_t)t * hq * hd * es, (char *)all + (size_t)t * stride * es,
+               (size_t)hq * hd * es);
+        memcpy((char *)got_k + (size_t)t * hkv * hd * es, (char *)out + (size_t)t * ostride * es,
+               (size_t)hkv * hd * es);
+        /* k and v columns of the QKV row are untouched */
+        size_t kv0 = ((size_t)t * stride + (size_t)hq * hd) * es;
+        assert_memory_equal((char *)all + kv0, (char *)xh + kv0, (size_t)2 * hkv * hd * es);
+        /* the pad of the out-of-place rows keeps its poison */
+        for (size_t b = (size_t)hkv * hd * es; b < (size_t)ostride * es; b++)
+            assert_int_equal(((unsigned char *)out)[(size_t)t * ostride * es + b], 0xff);
+    }
+    char what[160];
+    snprintf(what, sizeof what, "%s q (in place)", m->uri);
+    if (act_f32)
+        check_close_f32(what, got_q, ref_q, nq, 1e-5);
+    else
+        check_close(what, got_q, ref_q, nq, 1e-2);
+    snprintf(what, sizeof what, "%s k (padded rows)", m->uri);
+    if (act_f32)
+        check_close_f32(what, got_k, ref_k, nk, 1e-5);
+    else
+        check_close(what, got_k, ref_k, nk, 1e-2);
+    ms_cuda_module_free(m);
+    dfree_all(&l);
+    free(got_q);
+    free(got_k);
+    free(all);
+    free(out);
+    free(ref_q);
+    free(ref_k);
+    free(xf);
+    free(xh);
+    free(w);
+}
+
+static void test_rmsnorm_heads(void **state) {
+    (void)state;
+    const int hds[] = {48, 64, 128};
+    for (int a = 0; a < 3; a++) {
+        run_rmsnorm_heads_case(hds[a], false);
+        run_rmsnorm_heads_case(hds[a], true);
+    }
+    /* the launcher checks dim against the instance's head_dim */
+    ms_cuda_module *m = load(ms_kernel_spec_rmsnorm_heads(MS_KERNEL_DTYPE_BF16, 48));
+    ms_rmsnorm_params p = {0};
+    ms_error err = {0};
+    int dummy = 0;
+    p.x = &dummy; /* never launched */
+    p.out = &dummy;
+    p.weight = &dummy;
+    p.n_rows = 1;
+    p.n_heads = 2;
+    p.dim = 64;
+    p.x_stride = p.out_stride = 128;
+    assert_int_equal(ms_cuda_rmsnorm_heads_launch(m, &p, 0, &err), MS_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "head_dim 48"));
+    p.dim = 48;
+    p.x_stride = 95; /* below 2 heads x 48 */
+    assert_int_equal(ms_cuda_rmsnorm_heads_launch(m, &p, 0, &err), MS_ERR_INVALID_ARG);
+    ms_cuda_module_free(m);
 }
 
 static void test_silu_mul(void **state) {
@@ -989,12 +1253,15 @@ int main(void) {
         ms_unit_test(test_launchers_reject_bad_params),
         ms_unit_test(test_embed),
         ms_unit_test(test_rmsnorm),
+        ms_unit_test(test_rmsnorm_heads),
         ms_unit_test(test_silu_mul),
         ms_unit_test(test_argmax),
         ms_unit_test(test_sample),
         ms_unit_test(test_rope_kv),
+        ms_unit_test(test_rope_kv_mrope),
         ms_unit_test(test_attn_decode),
         ms_unit_test(test_attn_prefill),
+        ms_unit_test(test_attn_prefill_as_decode),
     };
     return cmocka_run_group_tests(tests, group_setup, NULL);
 }

@@ -5,8 +5,10 @@
  * The instance matrix test compiles, for sm_80 and sm_90, every kernel instance the Llama family
  * needs: attention decode and prefill for head_dim 16/64/128 x page size 16/128 x GQA 1/4/8 x
  * windowed or not, plus the repository fixtures' own shapes (head_dim 16 and 32, GQA 2), RoPE+KV
- * write for both styles with and without llama3 scaling, and the norm, activation, embedding,
- * elementwise, argmax and sampling kernels, all with float32 activations over bf16 weights and
+ * write for both styles with and without llama3 scaling, the M-RoPE variant (Qwen2-VL) and the
+ * per-head RMSNorm (Qwen3 q_norm / k_norm, head_dim 48/64/128), and the norm, activation,
+ * embedding, elementwise, argmax and sampling kernels, all with float32 activations over bf16
+ * weights and
  * KV (the CUDA backend's choice), and with bf16 activations for the shapes of test_gpu_kernels. It compiles into a persistent cache (build/kernel-cache-test, or
  * $MS_KERNEL_CACHE_TEST), keyed by the source and template hashes, so only the first run after a
  * template change pays for NVRTC; a cache hit still proves that NVRTC compiled exactly this
@@ -231,11 +233,86 @@ static void test_decoder_instances(void **state) {
     sh.n_q_heads = 30; /* not a multiple of 8 */
     assert_int_equal(ms_kernel_specs_for_decoder(&sh, sp, 16, &n, &err), MS_ERR_INVALID_ARG);
     sh.n_q_heads = 32;
-    sh.head_dim = 40; /* prefill needs multiples of 16, decode multiples of 8 */
+    sh.head_dim = 48; /* Qwen3: both attention kernels */
+    assert_int_equal(ms_kernel_specs_for_decoder(&sh, sp, 16, &n, &err), MS_OK);
+    assert_int_equal(sp[0].op, MS_KERNEL_OP_ATTN_DECODE);
+    assert_int_equal(sp[0].head_dim, 48);
+    sh.head_dim = 40; /* decode takes multiples of 8, prefill multiples of 16 */
     assert_int_equal(ms_kernel_specs_for_decoder(&sh, sp, 16, &n, &err), MS_ERR_UNSUPPORTED);
     assert_non_null(strstr(err.msg, "head_dim 40"));
-    sh.head_dim = 48; /* Qwen3 */
-    assert_int_equal(ms_kernel_specs_for_decoder(&sh, sp, 16, &n, &err), MS_OK);
+}
+
+static void test_variant_specs_uris_and_sources(void **state) {
+    (void)state;
+    ms_error err = {0};
+    char uri[MS_KERNEL_URI_MAX];
+    /* M-RoPE: a rope_kv variant with its own URI; plain rope_kv sources do not change */
+    ms_kernel_spec s = ms_kernel_spec_rope_kv_mrope(MS_KERNEL_DTYPE_BF16, 32, 16,
+                                                    MS_KERNEL_ROPE_NEOX);
+    s.act_dtype = MS_KERNEL_DTYPE_F32;
+    assert_int_equal(ms_kernel_spec_uri(&s, 90, uri, sizeof uri, &err), MS_OK);
+    assert_string_equal(uri, "rope_kv_bf16_hd32_ps16_neox_mrope_af32_sm90");
+    assert_int_equal(ms_kernel_spec_stem(&s, uri, sizeof uri, &err), MS_OK);
+    assert_string_equal(uri, "rope_kv_bf16_neox_mrope_af32");
+    char *src = NULL;
+    assert_int_equal(ms_kernel_spec_source(&s, &src, &err), MS_OK);
+    assert_non_null(strstr(src, "constexpr bool kMrope = true;"));
+    assert_non_null(strstr(src, "cfg::kRopeScaling, cfg::kMrope>(p);"));
+    ms_free(src);
+    s = ms_kernel_spec_rope_kv(MS_KERNEL_DTYPE_BF16, 32, 16, MS_KERNEL_ROPE_NEOX,
+                               MS_KERNEL_ROPE_SCALING_NONE);
+    assert_int_equal(ms_kernel_spec_source(&s, &src, &err), MS_OK);
+    assert_null(strstr(src, "kMrope"));
+    ms_free(src);
+    s = ms_kernel_spec_rope_kv_mrope(MS_KERNEL_DTYPE_BF16, 32, 16, MS_KERNEL_ROPE_NONE);
+    assert_int_equal(ms_kernel_spec_check(&s, &err), MS_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "M-RoPE"));
+    s = ms_kernel_spec_attn_prefill(MS_KERNEL_DTYPE_BF16, 64, 16, 4, true, false);
+    s.mrope = true;
+    assert_int_equal(ms_kernel_spec_check(&s, &err), MS_ERR_INVALID_ARG);
+    /* per-head RMSNorm: shaped by head_dim (a macro in mstarc's per-model sources) */
+    s = ms_kernel_spec_rmsnorm_heads(MS_KERNEL_DTYPE_BF16, 48);
+    s.act_dtype = MS_KERNEL_DTYPE_F32;
+    assert_int_equal(ms_kernel_spec_uri(&s, 80, uri, sizeof uri, &err), MS_OK);
+    assert_string_equal(uri, "rmsnorm_heads_bf16_hd48_af32_sm80");
+    assert_int_equal(ms_kernel_spec_stem(&s, uri, sizeof uri, &err), MS_OK);
+    assert_string_equal(uri, "rmsnorm_heads_bf16_af32");
+    assert_int_equal(ms_kernel_spec_source(&s, &src, &err), MS_OK);
+    assert_non_null(strstr(src, "#include \"norm/rmsnorm.cuh\""));
+    assert_non_null(strstr(src, "constexpr int kHeadDim = 48;"));
+    assert_non_null(strstr(src, "ms::rmsnorm_heads<cfg::TA, cfg::T, cfg::kHeadDim>(p);"));
+    ms_free(src);
+    assert_int_equal(ms_kernel_spec_body(&s, true, &src, &err), MS_OK);
+    assert_non_null(strstr(src, "constexpr int kHeadDim = MS_HEAD_DIM;"));
+    ms_free(src);
+    s = ms_kernel_spec_rmsnorm_heads(MS_KERNEL_DTYPE_F32, 128); /* f32 weights are fine */
+    assert_int_equal(ms_kernel_spec_check(&s, &err), MS_OK);
+    s = ms_kernel_spec_rmsnorm_heads(MS_KERNEL_DTYPE_BF16, 0);
+    assert_int_equal(ms_kernel_spec_check(&s, &err), MS_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.msg, "head_dim 0"));
+    /* the variants of a decoder: Qwen3 (q/k norm, head_dim 48) and Qwen2-VL (M-RoPE) */
+    ms_kernel_model_shape q3 = {48, 4, 2, 16, MS_KERNEL_ROPE_NEOX, false, MS_KERNEL_DTYPE_BF16,
+                                MS_KERNEL_DTYPE_BF16};
+    ms_kernel_spec sp[16];
+    int n = 0;
+    assert_int_equal(ms_kernel_specs_for_decoder_variant(&q3, true, false, sp, 16, &n, &err), MS_OK);
+    assert_int_equal(n, 11);
+    bool heads = false, mrope = false;
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(ms_kernel_spec_uri(&sp[i], 0, uri, sizeof uri, &err), MS_OK);
+        heads = heads || strcmp(uri, "rmsnorm_heads_bf16_hd48_af32") == 0;
+    }
+    assert_true(heads);
+    ms_kernel_model_shape vl = {32, 4, 2, 16, MS_KERNEL_ROPE_NEOX, false, MS_KERNEL_DTYPE_BF16,
+                                MS_KERNEL_DTYPE_BF16};
+    assert_int_equal(ms_kernel_specs_for_decoder_variant(&vl, false, true, sp, 16, &n, &err), MS_OK);
+    assert_int_equal(n, 11);
+    for (int i = 0; i < n; i++) {
+        assert_int_equal(ms_kernel_spec_uri(&sp[i], 0, uri, sizeof uri, &err), MS_OK);
+        mrope = mrope || strcmp(uri, "rope_kv_bf16_hd32_ps16_neox_mrope_af32") == 0;
+        assert_null(strstr(uri, "_neox_af32")); /* the plain rope_kv is replaced */
+    }
+    assert_true(mrope);
 }
 
 static void test_precompile_a_model_for_two_archs(void **state) {
@@ -517,6 +594,30 @@ static void build_llama_matrix(matrix *m) {
         for (int j = 0; j < n; j++)
             add_spec(m, sp[j]);
     }
+    /* decoder variants: q/k per-head norm (Qwen3) and M-RoPE (Qwen2-VL) */
+    const struct {
+        ms_kernel_model_shape sh;
+        bool qk_norm, mrope;
+    } variants[] = {
+        {{48, 4, 2, 16, MS_KERNEL_ROPE_NEOX, false, bf, bf}, true, false},   /* qwen3 fixture */
+        {{128, 32, 8, 16, MS_KERNEL_ROPE_NEOX, false, bf, bf}, true, false}, /* Qwen3 8B */
+        {{64, 16, 8, 16, MS_KERNEL_ROPE_NEOX, false, bf, bf}, true, false},  /* head_dim 64 */
+        {{32, 4, 2, 16, MS_KERNEL_ROPE_NEOX, false, bf, bf}, false, true},   /* qwen2vl fixture */
+        {{128, 28, 4, 16, MS_KERNEL_ROPE_NEOX, false, bf, bf}, false, true}, /* Qwen2-VL 7B */
+    };
+    for (size_t i = 0; i < MS_ARRAY_LEN(variants); i++) {
+        ms_kernel_spec sp[16];
+        int n = 0;
+        ms_error err = {0};
+        assert_int_equal(ms_kernel_specs_for_decoder_variant(&variants[i].sh, variants[i].qk_norm,
+                                                             variants[i].mrope, sp, 16, &n, &err),
+                         MS_OK);
+        for (int j = 0; j < n; j++)
+            add_spec(m, sp[j]);
+    }
+    /* the rope-only (no KV write) path and the interleaved M-RoPE, float32 activations */
+    for (int st = MS_KERNEL_ROPE_NEOX; st <= MS_KERNEL_ROPE_INTERLEAVED; st++)
+        add_spec(m, f32_act(ms_kernel_spec_rope_kv_mrope(bf, 32, 16, (ms_kernel_rope)st)));
 
     /* bf16 activations: the shapes of test_gpu_kernels */
     const int ghd[] = {64, 128};
@@ -547,6 +648,20 @@ static void build_llama_matrix(matrix *m) {
     add_spec(m, ms_kernel_spec_rmsnorm(bf, true));
     add_spec(m, ms_kernel_spec_simple(MS_KERNEL_OP_SILU_MUL, bf));
     add_spec(m, ms_kernel_spec_simple(MS_KERNEL_OP_EMBED, bf));
+    /* test_gpu_kernels: per-head RMSNorm (bf16 and f32 activations), M-RoPE, and prefill at
+     * Qwen3's head_dim 48 (also its decode steps) */
+    for (int w = 0; w < 2; w++) {
+        add_spec(m, ms_kernel_spec_attn_prefill(bf, 48, 16, 2, true, w == 1));
+        add_spec(m, ms_kernel_spec_attn_prefill(bf, 48, 16, 4, true, false));
+    }
+    const int nhd[] = {48, 64, 128};
+    for (int a = 0; a < 3; a++) {
+        add_spec(m, ms_kernel_spec_rmsnorm_heads(bf, nhd[a]));
+        add_spec(m, f32_act(ms_kernel_spec_rmsnorm_heads(bf, nhd[a])));
+    }
+    for (int a = 0; a < 2; a++)
+        for (int st = MS_KERNEL_ROPE_NEOX; st <= MS_KERNEL_ROPE_INTERLEAVED; st++)
+            add_spec(m, ms_kernel_spec_rope_kv_mrope(bf, ghd[a], 16, (ms_kernel_rope)st));
 }
 
 /* Compile one (spec, arch) job; true on success with every entry symbol in the cubin. */
@@ -632,6 +747,7 @@ int main(void) {
         ms_unit_test(test_prefill_tiles_cover_ragged_batch),
         ms_unit_test(test_decode_split_fills_device_and_covers_pages),
         ms_unit_test(test_decoder_instances),
+        ms_unit_test(test_variant_specs_uris_and_sources),
         ms_unit_test(test_precompile_a_model_for_two_archs),
         ms_unit_test(test_check_macros_record_call_location_device),
         ms_unit_test(test_parse_arch),

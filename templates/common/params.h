@@ -21,12 +21,15 @@
 #define MS_ATTN_PREFILL_THREADS 128  /* 4 warps x 16 packed (token, head-in-group) rows */
 #define MS_ATTN_PREFILL_ROWS 64      /* packed query rows per CTA (MS_ATTN_PREFILL_THREADS / 2) */
 #define MS_ROPE_KV_THREADS 128       /* one CTA per token */
-#define MS_RMSNORM_THREADS 256       /* one CTA per row */
+#define MS_RMSNORM_THREADS 256       /* one CTA per row; per-head norm: one warp per head row */
 #define MS_SILU_MUL_THREADS 256      /* grid-stride over 16-byte vectors */
 #define MS_EMBED_THREADS 128         /* one CTA per token */
 #define MS_ARGMAX_THREADS 512        /* one CTA per row */
 #define MS_SAMPLE_THREADS 512        /* one CTA per row */
 #define MS_MISC_THREADS 256          /* grid-stride elementwise helpers */
+
+/* Most M-RoPE position streams of rope_kv (the host's MS_ROPE_MAX_SECTIONS, backend.h). */
+#define MS_ROPE_KV_MAX_SECTIONS 4
 
 /* ---- attention (prefill and decode share one struct) ---- */
 
@@ -99,6 +102,12 @@ typedef struct ms_rope_kv_params {
     const float *inv_freq;    /* [rotary_dim / 2] f32 or NULL (then computed from theta, ...) */
     int rotary_dim;           /* even, <= head_dim; 0 = head_dim */
     float attn_scaling;       /* multiplies cos and sin; 0 = 1 */
+    /* M-RoPE instances only (Qwen2-VL): rotary pair i takes its position from stream s(i), the
+     * section it falls in: pairs [0, sections[0]) stream 0, the next sections[1] pairs stream 1,
+     * ...; pos is then [n_sections, n_tokens] with pos[s * pos_stride + t]. */
+    int n_sections;           /* 1 .. MS_ROPE_KV_MAX_SECTIONS; sum(sections) == rotary_dim / 2 */
+    int sections[MS_ROPE_KV_MAX_SECTIONS]; /* [n_sections] rotary pairs per position stream */
+    int pos_stride;           /* elements between the position streams (>= n_tokens) */
 } ms_rope_kv_params;
 
 /* ---- RMSNorm fused with the residual add ---- */
@@ -106,6 +115,10 @@ typedef struct ms_rope_kv_params {
 /*
  * add_residual instances: h = x + residual (rounded to T), residual = h, out = rmsnorm(h) * weight.
  * Plain instances: out = rmsnorm(x) * weight. out may alias x.
+ * Per-head instances (rmsnorm_heads, Qwen3 q_norm / k_norm): each of the n_heads heads of
+ * dim = head_dim elements of a token row is normalized on its own with the [head_dim] weight:
+ * head h of token t is x + t * x_stride + h * dim (heads packed in the row; the token stride is
+ * free, e.g. the q or k columns of a fused QKV output). residual is not used.
  */
 typedef struct ms_rmsnorm_params {
     const void *x;       /* [n_rows, dim] T, row stride x_stride */
@@ -117,6 +130,7 @@ typedef struct ms_rmsnorm_params {
     int x_stride;
     int out_stride;
     float eps;
+    int n_heads;         /* per-head instances: heads per token row (n_rows counts tokens) */
 } ms_rmsnorm_params;
 
 /* ---- SiLU and multiply ---- */

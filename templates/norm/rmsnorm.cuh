@@ -1,9 +1,16 @@
 /*
- * rmsnorm.cuh - RMSNorm, optionally fused with the residual add that precedes it.
+ * rmsnorm.cuh - RMSNorm, optionally fused with the residual add that precedes it; and the
+ * per-head RMSNorm of q and k (Qwen3 q_norm / k_norm).
  *
- * Grid (n_rows), MS_RMSNORM_THREADS threads, 16-byte vectors of activations. Pass 1 forms h (= x, or x + residual
- * rounded to T and stored back to residual) and its sum of squares in float; pass 2 re-reads h
- * (the same thread wrote it, so no barrier is needed) and writes h * rsqrt(mean + eps) * weight.
+ * rmsnorm: grid (n_rows), MS_RMSNORM_THREADS threads, 16-byte vectors of activations. Pass 1
+ * forms h (= x, or x + residual rounded to T and stored back to residual) and its sum of squares
+ * in float; pass 2 re-reads h (the same thread wrote it, so no barrier is needed) and writes
+ * h * rsqrt(mean + eps) * weight.
+ *
+ * rmsnorm_heads: one warp per (token, head) row of HD elements, MS_RMSNORM_THREADS / 32 rows per
+ * CTA, grid ceil(n_rows * n_heads / (MS_RMSNORM_THREADS / 32)). Lane l holds elements
+ * l, l + 32, ... in registers, so the row is read once and may be normalized in place; scalar
+ * accesses (head_dim need not be a multiple of 16 bytes, e.g. 48 bf16).
  */
 #pragma once
 
@@ -52,6 +59,40 @@ __device__ __forceinline__ void rmsnorm(const ms_rmsnorm_params &p) {
         for (int e = 0; e < VEC; e++)
             hv[e] = hv[e] * inv * to_float(w[i * VEC + e]);
         store_vec<T>(out + i * VEC, hv);
+    }
+}
+
+/// TA: activation type of x and out (float, bf16, f16); TW: weight type; HD: head_dim.
+template <typename TA, typename TW, int HD>
+__device__ __forceinline__ void rmsnorm_heads(const ms_rmsnorm_params &p) {
+    static_assert(HD >= 1 && HD <= 1024, "head_dim must be in [1, 1024]");
+    constexpr int PER = (HD + 31) / 32; /* elements per lane */
+    constexpr int ROWS = MS_RMSNORM_THREADS / 32;
+    const int lane = threadIdx.x & 31;
+    const long long row = (long long)blockIdx.x * ROWS + (threadIdx.x >> 5);
+    if (row >= (long long)p.n_rows * p.n_heads)
+        return; /* the whole warp leaves: row is uniform across it */
+    const long long t = row / p.n_heads;
+    const int h = (int)(row - t * p.n_heads);
+    const TA *x = static_cast<const TA *>(p.x) + t * p.x_stride + (long long)h * HD;
+    TA *out = static_cast<TA *>(p.out) + t * p.out_stride + (long long)h * HD;
+    const TW *w = static_cast<const TW *>(p.weight);
+
+    float v[PER];
+    float ss = 0.f;
+#pragma unroll
+    for (int k = 0; k < PER; k++) {
+        const int i = lane + 32 * k;
+        v[k] = (HD % 32 == 0 || i < HD) ? to_float(x[i]) : 0.f;
+        ss += v[k] * v[k];
+    }
+    ss = warp_sum(ss);
+    const float inv = rsqrtf(ss / (float)HD + p.eps);
+#pragma unroll
+    for (int k = 0; k < PER; k++) {
+        const int i = lane + 32 * k;
+        if (HD % 32 == 0 || i < HD)
+            out[i] = from_float<TA>(v[k] * inv * to_float(w[i]));
     }
 }
 

@@ -5,6 +5,11 @@
  * update of q is race-free; the angle is pos * inv_freq in float and cos/sin use the accurate
  * sincosf (positions reach 10^5 and more). Dims past rotary_dim pass unrotated (to the pages for
  * k). v is converted to the page type element by element.
+ *
+ * M-RoPE (MROPE instances, Qwen2-VL): rotary pair i takes its position from the stream of the
+ * section it falls in (pairs [0, sections[0]) stream 0, the next sections[1] pairs stream 1, ...),
+ * the same pair in both rotate-half halves, as the CPU backend and HF's
+ * apply_multimodal_rotary_pos_emb do.
  */
 #pragma once
 
@@ -15,16 +20,30 @@
 
 namespace ms {
 
+/* Position stream of rotary pair i under M-RoPE sections (the CPU backend's walk: advance while
+ * i is past the section's end and a next section exists). */
+__device__ __forceinline__ int mrope_stream(int i, const ms_rope_kv_params &p) {
+    const int n = p.n_sections < MS_ROPE_KV_MAX_SECTIONS ? p.n_sections : MS_ROPE_KV_MAX_SECTIONS;
+    int s = 0, end = p.sections[0];
+    while (i >= end && s + 1 < n) {
+        s++;
+        end += p.sections[s];
+    }
+    return s;
+}
+
 /// TA: element type of q, k, v (float, bf16 or f16); T: page type (bf16 or f16); HD: head_dim;
 /// PS: page_size; STYLE: kRopeNone / kRopeNeox / kRopeInterleaved;
-/// SCALING: kRopeScalingNone / kRopeScalingLlama3 (used when p.inv_freq is NULL).
-template <typename TA, typename T, int HD, int PS, int STYLE, int SCALING>
+/// SCALING: kRopeScalingNone / kRopeScalingLlama3 (used when p.inv_freq is NULL);
+/// MROPE: positions per M-RoPE section (p.n_sections streams of p.pos).
+template <typename TA, typename T, int HD, int PS, int STYLE, int SCALING, bool MROPE = false>
 __device__ __forceinline__ void rope_kv(const ms_rope_kv_params &p) {
     static_assert(HD % 2 == 0, "head_dim must be even");
+    static_assert(!MROPE || STYLE != kRopeNone, "M-RoPE needs a rotation style");
     const int t = blockIdx.x;
     const int page = p.kv != nullptr ? p.token_to_page[t] : 0;
     const int slot = p.kv != nullptr ? p.token_to_slot[t] : 0;
-    const float pos = p.pos != nullptr ? (float)p.pos[t] : 0.f;
+    const float pos = (!MROPE && p.pos != nullptr) ? (float)p.pos[t] : 0.f;
     const int rot = (STYLE == kRopeNone) ? 0 : (p.rotary_dim > 0 ? p.rotary_dim : HD);
     const float att = p.attn_scaling != 0.f ? p.attn_scaling : 1.f;
     paged_kv<T, HD, PS> kv{static_cast<T *>(p.kv), p.n_kv_heads};
@@ -49,8 +68,10 @@ __device__ __forceinline__ void rope_kv(const ms_rope_kv_params &p) {
                                   : rope_inv_freq<SCALING>(i, rot, p.theta, p.factor,
                                                            p.low_freq_factor, p.high_freq_factor,
                                                            p.original_max_pos);
+            const float pp =
+                MROPE ? (float)p.pos[(long long)mrope_stream(i, p) * p.pos_stride + t] : pos;
             float sn, cs;
-            sincosf(pos * inv, &sn, &cs);
+            sincosf(pp * inv, &sn, &cs);
             xa = to_float(src[a]);
             xb = to_float(src[b]);
             rope_rotate(xa, xb, cs * att, sn * att);
