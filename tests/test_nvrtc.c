@@ -296,7 +296,7 @@ static void test_variant_specs_uris_and_sources(void **state) {
     ms_kernel_spec sp[16];
     int n = 0;
     assert_int_equal(ms_kernel_specs_for_decoder_variant(&q3, true, false, sp, 16, &n, &err), MS_OK);
-    assert_int_equal(n, 11);
+    assert_int_equal(n, 12); /* Llama's 11 + the per-head norm */
     bool heads = false, mrope = false;
     for (int i = 0; i < n; i++) {
         assert_int_equal(ms_kernel_spec_uri(&sp[i], 0, uri, sizeof uri, &err), MS_OK);
