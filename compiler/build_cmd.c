@@ -7,6 +7,19 @@
  * LDLIBS with absolute paths), so a built tree needs no configuration; flags and environment
  * variables override each value. A failing compiler run is reported with its command and exit
  * status. Only main() exits; this returns the status.
+ *
+ * --arch sm_80,sm_90 (CUDA builds: NVRTC) compiles the kernel instance files just written, read
+ * back from DIR/kernels/<stem>.cu with the shape defines in front exactly as the runtime puts them
+ * (ms_kernel_spec_shape_defines), once per architecture:
+ *   --config CKPT   the shape of that checkpoint (its config.json evaluated through the model's
+ *                   config and resource arguments); the instances that checkpoint runs go into
+ *                   the cubin cache under the runtime's key (nvrtc_cache.h), so the serving
+ *                   binary finds them at load; files the checkpoint does not use are skipped.
+ *   without it      a compile check at a representative shape set (KSHAPES below: head_dim 64
+ *                   and 128, query heads per KV head 1, 4 and 8, the model's page size), nothing
+ *                   cached.
+ * A failing instance prints NVRTC's error (URI, the emitted file's path) and its whole log; the
+ * log's line numbers are the emitted file's.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -15,8 +28,17 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 
+#include <jansson.h>
+#include <time.h>
+
 #include "codegen.h"
+#include "cuda_kernels.h"
+#include "eval.h"
 #include "mstarc.h"
+
+#if defined(MS_HAVE_CUDA)
+#include "nvrtc_cache.h"
+#endif
 
 #ifndef MS_BUILD_CC
 #define MS_BUILD_CC "cc"
@@ -35,10 +57,16 @@ static void build_usage(FILE *out) {
     fprintf(out,
             "usage: mstarc build FILE -o DIR [--emit-only] [--cc CC] [--cflags FLAGS]\n"
             "                    [--libmstar PATH] [--ldlibs FLAGS]\n"
+            "                    [--arch sm_80,sm_90 [--config CKPT_DIR|config.json]]\n"
             "\n"
-            "  writes DIR/<model>_gen.c (the compiled model) and DIR/<model>_main.c, then links\n"
-            "  DIR/<model> with libmstar (the serving binary: generate, ...).\n"
-            "  --emit-only  write the C sources only (no compiler run)\n"
+            "  writes DIR/<model>_gen.c (the compiled model), DIR/<model>_main.c and the CUDA\n"
+            "  kernel instances DIR/kernels/*.cu, then links DIR/<model> with libmstar (the\n"
+            "  serving binary: generate, bench, kernels).\n"
+            "  --emit-only  write the sources only (no C compiler run)\n"
+            "  --arch       compile DIR/kernels/*.cu with NVRTC for each architecture: at the\n"
+            "               shape of --config's checkpoint into the kernel cache ($MSTAR_CACHE,\n"
+            "               ~/.cache/mstar), or without --config as a check at head_dim 64/128,\n"
+            "               groups 1/4/8 and the model's page size (nothing cached)\n"
             "  defaults: MSTARC_CC (%s), MSTARC_CFLAGS, MSTARC_LIBMSTAR (%s), MSTARC_LDLIBS\n",
             MS_BUILD_CC, MS_BUILD_LIBMSTAR);
 }
@@ -108,12 +136,17 @@ static void sh_quote(ms_strbuf *b, const char *s) {
     ms_strbuf_puts(b, "'");
 }
 
-/* DIR/kernels/<instance>.cu. A model whose kernels the templates cannot express gets a warning (the binary
- * still runs on the CPU backend); I/O errors fail. Returns 0 or -1. */
-static int write_kernels(const ms_model *m, const char *file, const char *outdir) {
-    ms_gen_file files[32];
+#define MAX_KERNEL_FILES 32
+
+/* DIR/kernels/<instance>.cu; their names go to names[0..*n_names) (ms_malloc'd, caller frees).
+ * A model whose kernels the templates cannot express gets a warning (the binary still runs on the
+ * CPU backend); I/O errors fail. Returns 0 or -1. */
+static int write_kernels(const ms_model *m, const char *file, const char *outdir, char **names,
+                         int *n_names) {
+    ms_gen_file files[MAX_KERNEL_FILES];
     int n = 0;
     ms_error err = {0};
+    *n_names = 0;
     ms_status st = ms_codegen_kernels(m, file, files, (int)MS_ARRAY_LEN(files), &n, &err);
     if (st == MS_ERR_UNSUPPORTED) {
         fprintf(stderr, "mstarc: warning: no CUDA kernel instances: %s\n", err.msg);
@@ -134,15 +167,371 @@ static int write_kernels(const ms_model *m, const char *file, const char *outdir
         if (path == NULL || write_file(path, &files[i].text) != 0)
             rc = -1;
         ms_free(path);
+        names[i] = rc == 0 ? ms_strdup(files[i].name) : NULL;
+        if (rc == 0 && names[i] == NULL) {
+            fprintf(stderr, "mstarc: error: out of memory\n");
+            rc = -1;
+        }
+        if (rc == 0)
+            *n_names = i + 1;
     }
     ms_free(dir);
     ms_gen_files_free(files, n);
     return rc;
 }
 
+/* ---- --arch: NVRTC over the emitted kernel files ---- */
+
+/* The value of a resource argument for one checkpoint: conditions resolved (enum words and
+ * none are leaves the evaluator does not take). NULL when the argument is not given. */
+static ms_status arg_leaf(const ms_resource *r, const char *key, const ms_value *values,
+                          const ms_ast_expr **out, ms_error *err) {
+    const ms_ast_expr *e = r != NULL ? ms_resource_arg(r, key) : NULL;
+    while (e != NULL && e->kind == MS_EXPR_COND) {
+        ms_value c;
+        MS_TRY(ms_expr_eval(e->cond, values, &c, err));
+        e = c.b ? e->lhs : e->rhs;
+    }
+    *out = e;
+    return MS_OK;
+}
+
+/* An int resource argument (dflt when not given). */
+static ms_status arg_int(const ms_resource *r, const char *key, const ms_value *values, int dflt,
+                         int *out, ms_error *err) {
+    const ms_ast_expr *e = NULL;
+    MS_TRY(arg_leaf(r, key, values, &e, err));
+    if (e == NULL) {
+        *out = dflt;
+        return MS_OK;
+    }
+    ms_value v;
+    MS_TRY(ms_expr_eval(e, values, &v, err));
+    if (v.type != MS_TYPE_INT || v.i < 1 || v.i > 1 << 20)
+        return MS_FAIL(err, MS_ERR_FORMAT, "%s.%s: %lld is not a positive size", r->name, key,
+                       (long long)v.i);
+    *out = (int)v.i;
+    return MS_OK;
+}
+
+/* The checkpoint's kernel shape: config.json evaluated through the model's resources. */
+static ms_status checkpoint_shape(const ms_model *m, const char *config, ms_kernel_model_shape *sh,
+                                  ms_error *err) {
+    memset(sh, 0, sizeof *sh);
+    struct stat st;
+    char *path = stat(config, &st) == 0 && S_ISDIR(st.st_mode)
+                     ? ms_asprintf("%s/config.json", config)
+                     : ms_strdup(config);
+    if (path == NULL)
+        return MS_FAIL(err, MS_ERR_OOM, "out of memory");
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    if (root == NULL) {
+        ms_status s2 = MS_FAIL(err, MS_ERR_PARSE, "--config %s: %s (line %d)", path, je.text,
+                               je.line);
+        ms_free(path);
+        return s2;
+    }
+    ms_value *values = ms_calloc((size_t)(m->n_params > 0 ? m->n_params : 1), sizeof *values);
+    ms_status s2 = values == NULL ? MS_FAIL(err, MS_ERR_OOM, "out of memory") : MS_OK;
+    const ms_resource *kv = NULL, *attn = NULL, *pos = NULL;
+    if (s2 == MS_OK && m->n_nodes != 1)
+        s2 = MS_FAIL(err, MS_ERR_UNSUPPORTED, "model %s has %d nodes (kernels: one decoder node)",
+                     m->name, m->n_nodes);
+    for (int i = 0; s2 == MS_OK && i < m->nodes[0]->n_resources; i++) {
+        const ms_resource *r = m->nodes[0]->resources[i];
+        if (r->kind == MS_RESOURCE_KV)
+            kv = r;
+        else if (r->kind == MS_RESOURCE_ATTN)
+            attn = r;
+        else if (r->kind == MS_RESOURCE_POS)
+            pos = r;
+    }
+    if (s2 == MS_OK && (kv == NULL || attn == NULL))
+        s2 = MS_FAIL(err, MS_ERR_UNSUPPORTED, "model %s has no kv_pool / attention", m->name);
+    if (s2 == MS_OK)
+        s2 = ms_config_eval(m, root, values, err);
+    if (s2 == MS_OK)
+        s2 = arg_int(kv, "head_dim", values, 0, &sh->head_dim, err);
+    if (s2 == MS_OK)
+        s2 = arg_int(kv, "kv_heads", values, 0, &sh->n_kv_heads, err);
+    if (s2 == MS_OK)
+        s2 = arg_int(kv, "page_size", values, 16, &sh->page_size, err);
+    if (s2 == MS_OK)
+        s2 = arg_int(attn, "q_heads", values, 0, &sh->n_q_heads, err);
+    const ms_ast_expr *win = NULL, *style = NULL, *dt = NULL;
+    if (s2 == MS_OK)
+        s2 = arg_leaf(attn, "window", values, &win, err);
+    if (s2 == MS_OK)
+        s2 = arg_leaf(kv, "dtype", values, &dt, err);
+    bool rope = pos != NULL && strcmp(pos->spec->ctor, "rope") == 0;
+    if (s2 == MS_OK && rope)
+        s2 = arg_leaf(pos, "style", values, &style, err);
+    if (s2 == MS_OK) {
+        sh->windowed = win != NULL && win->kind != MS_EXPR_NONE;
+        sh->rope = !rope ? MS_KERNEL_ROPE_NONE
+                   : style != NULL && style->kind == MS_EXPR_NAME &&
+                           strcmp(style->text, "interleaved") == 0
+                       ? MS_KERNEL_ROPE_INTERLEAVED
+                       : MS_KERNEL_ROPE_NEOX;
+        sh->kv_dtype = dt != NULL && dt->kind == MS_EXPR_NAME && strcmp(dt->text, "f16") == 0
+                           ? MS_KERNEL_DTYPE_F16
+                           : MS_KERNEL_DTYPE_BF16;
+        sh->weight_dtype = sh->kv_dtype;
+    }
+    if (s2 != MS_OK && err->msg[0] != '\0' && strncmp(err->msg, "--config", 8) != 0)
+        ms_error_prefix(err, "--config %s: ", path);
+    ms_free(values);
+    json_decref(root);
+    ms_free(path);
+    return s2;
+}
+
+/* The model's page size when it is a literal (kv_pool page_size = 16), else 16. */
+static int model_page_size(const ms_model *m) {
+    for (int n = 0; n < m->n_nodes; n++)
+        for (int i = 0; i < m->nodes[n]->n_resources; i++) {
+            const ms_resource *r = m->nodes[n]->resources[i];
+            if (r->kind != MS_RESOURCE_KV)
+                continue;
+            const ms_ast_expr *e = ms_resource_arg(r, "page_size");
+            if (e != NULL && e->kind == MS_EXPR_INT && e->ival > 0 && e->ival <= 4096)
+                return (int)e->ival;
+        }
+    return 16;
+}
+
+#if defined(MS_HAVE_CUDA)
+
+/* The representative shapes of a compile check without --config: head_dim x group pairs that
+ * cover the template branches the shipped models take (64 and 128; MHA, Llama-3-8B's 4 and
+ * Llama-3-70B's 8 query heads per KV head); the page size is the model's. */
+static const struct {
+    int head_dim, group;
+} KSHAPES[] = {{64, 1}, {128, 4}, {128, 8}};
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* Read DIR/kernels/<name> back; NULL (message printed) when it cannot be read. */
+static char *read_back(const char *path) {
+    FILE *f = fopen(path, "rb");
+    char *text = NULL;
+    size_t len = 0, cap = 0;
+    if (f != NULL) {
+        char buf[4096];
+        size_t r;
+        while ((r = fread(buf, 1, sizeof buf, f)) > 0) {
+            if (ms_grow((void **)&text, &cap, len + r + 1, 1) != MS_OK) {
+                ms_free(text);
+                text = NULL;
+                break;
+            }
+            memcpy(text + len, buf, r);
+            len += r;
+        }
+        bool bad = ferror(f) != 0;
+        fclose(f);
+        if (bad) {
+            ms_free(text);
+            text = NULL;
+        } else if (text == NULL) {
+            text = ms_strdup("");
+        } else {
+            text[len] = '\0';
+        }
+    }
+    if (text == NULL)
+        fprintf(stderr, "mstarc: error: cannot read back '%s': %s\n", path,
+                f == NULL ? strerror(errno) : "read failed");
+    return text;
+}
+
+/* Compile one emitted file (defines + text) for arch; print its line. Returns 0 or -1. */
+static int compile_one(const char *uri, const char *path, const char *defines, const char *text,
+                       int arch, bool cache, const char *what) {
+    char *src = ms_asprintf("%s%s", defines, text);
+    if (src == NULL) {
+        fprintf(stderr, "mstarc: error: out of memory\n");
+        return -1;
+    }
+    char *log = NULL;
+    ms_nvrtc_options o = {.no_cache = !cache, .source_path = path, .log = &log};
+    ms_cubin cb = {0};
+    ms_error err = {0};
+    double t0 = now_ms();
+    ms_status st = ms_nvrtc_compile_ex(uri, src, arch, &o, &cb, &err);
+    double ms = now_ms() - t0;
+    int rc = 0;
+    if (st != MS_OK) {
+        fprintf(stderr, "mstarc: error: %s\n", err.msg);
+        if (log != NULL)
+            fprintf(stderr, "---- NVRTC log of %s (sm_%d, %s) ----\n%s%s", path, arch, what, log,
+                    log[0] != '\0' && log[strlen(log) - 1] == '\n' ? "" : "\n");
+        rc = -1;
+    } else {
+        printf("  %-44s sm_%-4d %-9s %8.1f ms  %s\n", uri, arch,
+               cb.from_cache ? "cached" : cache ? "compiled" : "ok", ms, what);
+    }
+    fflush(stdout);
+    ms_free(log);
+    ms_nvrtc_cubin_free(&cb);
+    ms_free(src);
+    return rc;
+}
+
+/* --arch with --config: the checkpoint's instances into the cache. */
+static int precompile_config(const ms_model *m, const char *kdir, char **names, int n_names,
+                             const char *config, const int *archs, int n_archs) {
+    ms_error err = {0};
+    ms_kernel_model_shape sh;
+    ms_kernel_spec specs[32];
+    int n_specs = 0;
+    if (checkpoint_shape(m, config, &sh, &err) != MS_OK ||
+        ms_kernel_specs_for_decoder(&sh, specs, (int)MS_ARRAY_LEN(specs), &n_specs, &err) !=
+            MS_OK) {
+        fprintf(stderr, "mstarc: error: %s\n", err.msg);
+        return -1;
+    }
+    char cache[4096];
+    if (ms_nvrtc_cache_dir(NULL, cache, sizeof cache, &err) != MS_OK) {
+        fprintf(stderr, "mstarc: error: --config: %s (set MSTAR_CACHE to a folder)\n", err.msg);
+        return -1;
+    }
+    printf("kernels: %s at head_dim=%d, page_size=%d, group=%d (%s) into %s\n", m->name,
+           sh.head_dim, sh.page_size, sh.n_kv_heads > 0 ? sh.n_q_heads / sh.n_kv_heads : 0,
+           config, cache);
+    bool used[MAX_KERNEL_FILES] = {false};
+    int compiled = 0;
+    for (int i = 0; i < n_specs; i++) {
+        char stem[MS_KERNEL_URI_MAX], uri[MS_KERNEL_URI_MAX], file[MS_KERNEL_URI_MAX + 8];
+        char defines[256];
+        if (ms_kernel_spec_stem(&specs[i], stem, sizeof stem, &err) != MS_OK ||
+            ms_kernel_spec_uri(&specs[i], 0, uri, sizeof uri, &err) != MS_OK ||
+            ms_kernel_spec_shape_defines(&specs[i], defines, sizeof defines, &err) != MS_OK) {
+            fprintf(stderr, "mstarc: error: %s\n", err.msg);
+            return -1;
+        }
+        snprintf(file, sizeof file, "%s.cu", stem);
+        int k = -1;
+        for (int j = 0; j < n_names; j++)
+            if (strcmp(names[j], file) == 0)
+                k = j;
+        if (k < 0) {
+            printf("  %-44s not emitted for model %s (it does not run this instance)\n", uri,
+                   m->name);
+            continue;
+        }
+        used[k] = true;
+        char *path = ms_asprintf("%s/%s", kdir, file);
+        char *text = path != NULL ? read_back(path) : NULL;
+        int rc = text == NULL ? -1 : 0;
+        for (int a = 0; a < n_archs && rc == 0; a++, compiled++)
+            rc = compile_one(uri, path, defines, text, archs[a], true, file);
+        ms_free(text);
+        ms_free(path);
+        if (rc != 0)
+            return -1;
+    }
+    for (int j = 0; j < n_names; j++)
+        if (!used[j])
+            printf("  %-44s skipped: not used with this checkpoint\n", names[j]);
+    printf("kernels: %d instance%s x %d arch%s in the cache for %s\n", compiled / n_archs,
+           compiled / n_archs == 1 ? "" : "s", n_archs, n_archs == 1 ? "" : "s", config);
+    return 0;
+}
+
+/* --arch without --config: every emitted file at the KSHAPES, nothing cached. */
+static int check_representative(const ms_model *m, const char *kdir, char **names, int n_names,
+                                const int *archs, int n_archs) {
+    const int ps = model_page_size(m);
+    int checks = 0;
+    for (int j = 0; j < n_names; j++) {
+        char *path = ms_asprintf("%s/%s", kdir, names[j]);
+        char *text = path != NULL ? read_back(path) : NULL;
+        if (text == NULL) {
+            ms_free(path);
+            return -1;
+        }
+        bool grouped = strstr(text, "MS_GROUP") != NULL;
+        bool shaped = grouped || strstr(text, "MS_HEAD_DIM") != NULL;
+        int n_shapes = grouped ? (int)MS_ARRAY_LEN(KSHAPES) : shaped ? 2 : 1;
+        int rc = 0;
+        for (int s = 0; s < n_shapes && rc == 0; s++) {
+            int hd = grouped ? KSHAPES[s].head_dim : s == 0 ? 64 : 128;
+            int g = grouped ? KSHAPES[s].group : 1;
+            char defines[256] = "", uri[MS_KERNEL_URI_MAX];
+            size_t stem_len = strlen(names[j]) - 3; /* without .cu */
+            if (grouped)
+                snprintf(defines, sizeof defines,
+                         "#define MS_HEAD_DIM %d\n#define MS_PAGE_SIZE %d\n#define MS_GROUP %d\n"
+                         "#line 1\n", hd, ps, g);
+            else if (shaped)
+                snprintf(defines, sizeof defines,
+                         "#define MS_HEAD_DIM %d\n#define MS_PAGE_SIZE %d\n#line 1\n", hd, ps);
+            if (grouped)
+                snprintf(uri, sizeof uri, "%.*s_hd%d_ps%d_g%d", (int)stem_len, names[j], hd, ps, g);
+            else if (shaped)
+                snprintf(uri, sizeof uri, "%.*s_hd%d_ps%d", (int)stem_len, names[j], hd, ps);
+            else
+                snprintf(uri, sizeof uri, "%.*s", (int)stem_len, names[j]);
+            for (int a = 0; a < n_archs && rc == 0; a++, checks++)
+                rc = compile_one(uri, path, defines, text, archs[a], false, names[j]);
+        }
+        ms_free(text);
+        ms_free(path);
+        if (rc != 0)
+            return -1;
+    }
+    printf("kernels: %d compile check%s of %d instance file%s: compile-checked at head_dim=64,128, "
+           "group=1,4,8 (pairs 64/1, 128/4, 128/8), page_size=%d; no cache entries: pass --config "
+           "for the checkpoint's shape\n",
+           checks, checks == 1 ? "" : "s", n_names, n_names == 1 ? "" : "s", ps);
+    return 0;
+}
+
+#endif /* MS_HAVE_CUDA */
+
+/* --arch: compile the emitted kernel files for every arch. Returns 0 or -1 (message printed). */
+static int precompile_kernels(const ms_model *m, const char *outdir, char **names, int n_names,
+                              const char *config, const int *archs, int n_archs) {
+#if defined(MS_HAVE_CUDA)
+    if (n_names == 0) {
+        fprintf(stderr, "mstarc: warning: --arch: model %s has no kernel instances to compile\n",
+                m->name);
+        return 0;
+    }
+    ms_error err = {0};
+    for (int a = 0; a < n_archs; a++)
+        if (ms_nvrtc_check_arch(archs[a], &err) != MS_OK) {
+            fprintf(stderr, "mstarc: error: --arch: %s\n", err.msg);
+            return -1;
+        }
+    char *kdir = ms_asprintf("%s/kernels", outdir);
+    if (kdir == NULL) {
+        fprintf(stderr, "mstarc: error: out of memory\n");
+        return -1;
+    }
+    int rc = config != NULL ? precompile_config(m, kdir, names, n_names, config, archs, n_archs)
+                            : check_representative(m, kdir, names, n_names, archs, n_archs);
+    ms_free(kdir);
+    return rc;
+#else
+    (void)m, (void)outdir, (void)names, (void)n_names, (void)config, (void)archs, (void)n_archs;
+    (void)checkpoint_shape, (void)model_page_size;
+    fprintf(stderr, "mstarc: error: --arch: this mstarc was built without CUDA, so there is no "
+                    "NVRTC to compile kernels with (build mstar-c with the CUDA toolkit)\n");
+    return -1;
+#endif
+}
+
 int ms_mstarc_build_main(int argc, char **argv) {
     const char *file = NULL, *outdir = NULL;
     const char *cc = NULL, *cflags = NULL, *lib = NULL, *ldlibs = NULL;
+    const char *arch = NULL, *config = NULL;
     bool emit_only = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -151,6 +540,8 @@ int ms_mstarc_build_main(int argc, char **argv) {
                            : strcmp(a, "--cflags") == 0   ? &cflags
                            : strcmp(a, "--libmstar") == 0 ? &lib
                            : strcmp(a, "--ldlibs") == 0   ? &ldlibs
+                           : strcmp(a, "--arch") == 0     ? &arch
+                           : strcmp(a, "--config") == 0   ? &config
                                                           : NULL;
         if (dst != NULL) {
             if (i + 1 >= argc) {
@@ -180,6 +571,20 @@ int ms_mstarc_build_main(int argc, char **argv) {
         build_usage(stderr);
         return 2;
     }
+    int archs[16], n_archs = 0;
+    if (arch != NULL) {
+        ms_error aerr = {0};
+        if (ms_kernel_parse_arch_list("--arch", arch, archs, (int)MS_ARRAY_LEN(archs), &n_archs,
+                                      &aerr) != MS_OK) {
+            fprintf(stderr, "mstarc: error: %s\n", aerr.msg);
+            return 2;
+        }
+    }
+    if (config != NULL && arch == NULL) {
+        fprintf(stderr, "mstarc: error: --config needs --arch (it gives the shape the kernels are "
+                        "precompiled at)\n");
+        return 2;
+    }
 
     ms_compile *c = NULL;
     ms_error err = {0};
@@ -199,6 +604,8 @@ int ms_mstarc_build_main(int argc, char **argv) {
         st = ms_codegen_main_c(m, file, &main_c, &err);
     int rc = 1;
     char *gen_path = NULL, *main_path = NULL, *bin_path = NULL;
+    char *knames[MAX_KERNEL_FILES];
+    int n_knames = 0;
     ms_strbuf cmd = {0};
     if (st != MS_OK) {
         fprintf(stderr, "mstarc: error: %s\n", err.msg);
@@ -217,7 +624,10 @@ int ms_mstarc_build_main(int argc, char **argv) {
     }
     if (write_file(gen_path, &gen) != 0 || write_file(main_path, &main_c) != 0)
         goto done;
-    if (write_kernels(m, file, outdir) != 0)
+    if (write_kernels(m, file, outdir, knames, &n_knames) != 0)
+        goto done;
+    if (arch != NULL &&
+        precompile_kernels(m, outdir, knames, n_knames, config, archs, n_archs) != 0)
         goto done;
     if (emit_only) {
         printf("%s: wrote %s, %s\n", file, gen_path, main_path);
@@ -258,6 +668,8 @@ int ms_mstarc_build_main(int argc, char **argv) {
     printf("%s: built %s (C in %s)\n", file, bin_path, gen_path);
     rc = 0;
 done:
+    for (int i = 0; i < n_knames; i++)
+        ms_free(knames[i]);
     ms_strbuf_free(&cmd);
     ms_free(gen_path);
     ms_free(main_path);

@@ -3,6 +3,8 @@
  *
  *   mstarc check FILE...     parse and check each model file; diagnostics on stderr
  *   mstarc dump FILE         print the checked model in canonical form on stdout
+ *   mstarc build FILE -o DIR the serving binary and its kernel instances (build_cmd.c; --arch
+ *                            precompiles the kernels with NVRTC)
  *   options: --max-errors N (default 20), -h/--help
  *
  * Exit status: 0 when every file checks clean, 1 when any file has errors or cannot be read,
@@ -19,7 +21,8 @@ static void usage(FILE *out) {
     fprintf(out,
             "usage: mstarc check [--max-errors N] FILE...\n"
             "       mstarc dump [--max-errors N] FILE\n"
-            "       mstarc build FILE -o DIR   (see mstarc build --help)\n"
+            "       mstarc build FILE -o DIR [--arch sm_80,sm_90 [--config CKPT]]\n"
+            "                                  (see mstarc build --help)\n"
             "\n"
             "  check   parse and check model files (see dsl/README.md); errors go to stderr\n"
             "  dump    print the checked model in canonical form (parses back to the same text)\n");

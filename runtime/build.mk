@@ -35,3 +35,4 @@ RUNTIME_SRCS += runtime/tokenizer_hf.c
 RUNTIME_SRCS += runtime/tokenizer_hf_nfc.c
 RUNTIME_CUDA_SRCS += runtime/device_cuda.c
 RUNTIME_SRCS += runtime/bench.c
+RUNTIME_SRCS += runtime/kernels_cmd.c

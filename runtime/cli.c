@@ -495,12 +495,14 @@ int ms_cli_main(int argc, char **argv, const ms_model_desc *desc) {
         return cmd_generate(argc - 2, argv + 2, desc);
     if (strcmp(argv[1], "bench") == 0)
         return ms_cli_bench(argc - 2, argv + 2, desc, g_prog);
+    if (strcmp(argv[1], "kernels") == 0)
+        return ms_cli_kernels(argc - 2, argv + 2, desc, g_prog);
     if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         usage(stdout);
         return 0;
     }
     usage(stderr);
-    fprintf(stderr, "%s: unknown verb '%s' (this binary serves: generate, bench)\n", g_prog,
-            argv[1]);
+    fprintf(stderr, "%s: unknown verb '%s' (this binary serves: generate, bench, kernels)\n",
+            g_prog, argv[1]);
     return 2;
 }

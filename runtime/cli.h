@@ -1,6 +1,6 @@
 /*
- * cli.h - the serving binary's command line: `<binary> generate ...` and `<binary> bench ...`
- * (later serve, kernels)
+ * cli.h - the serving binary's command line: `<binary> generate ...`, `<binary> bench ...` and
+ * `<binary> kernels ...` (later serve)
  * over one compiled model (model_desc.h) and the engine (engine.h).
  *
  *   generate --model PATH [--tokenizer PATH] (--prompt TEXT | --prompt-ids 1,2,3 |
@@ -40,6 +40,16 @@ int ms_cli_main(int argc, char **argv, const ms_model_desc *desc);
  * line on stderr), 2 (usage).
  */
 int ms_cli_bench(int argc, char **argv, const ms_model_desc *desc, const char *prog);
+
+/*
+ * The `kernels` verb (kernels_cmd.c): argv holds the flags after "kernels". Compiles into the
+ * cubin cache every CUDA kernel instance `generate --device cuda` loads for --model's checkpoint,
+ * for each --arch (default: the present GPU's), and prints one row per instance and arch (URI,
+ * arch, hit / compiled, ms); --list only prints each instance's cache status. Returns the exit
+ * status: 0, 1 (bad value, no GPU and no --arch, a compile error with NVRTC's log: one line on
+ * stderr, then the log), 2 (usage).
+ */
+int ms_cli_kernels(int argc, char **argv, const ms_model_desc *desc, const char *prog);
 
 #ifdef __cplusplus
 }

@@ -151,6 +151,34 @@ ms_status ms_kernel_spec_stem(const ms_kernel_spec *s, char *buf, size_t cap, ms
 ms_status ms_kernel_spec_body(const ms_kernel_spec *s, bool shape_macros, char **out,
                               ms_error *err);
 
+/*
+ * The shape macros the compiling side puts in front of a shape-free instance (the text mstarc
+ * writes to DIR/kernels/<stem>.cu): "#define MS_HEAD_DIM <hd>\n#define MS_PAGE_SIZE <ps>\n"
+ * (attention also "#define MS_GROUP <g>\n"), then "#line 1\n" so NVRTC's log numbers the lines
+ * of the instance file. Ops without shape parameters get "". Written to buf (cap bytes).
+ * Errors: those of ms_kernel_spec_check; MS_ERR_INVALID_ARG when buf is too small.
+ */
+ms_status ms_kernel_spec_shape_defines(const ms_kernel_spec *s, char *buf, size_t cap,
+                                       ms_error *err);
+
+/*
+ * The text the runtime compiles for an instance at load: ms_kernel_spec_shape_defines, a
+ * do-not-edit comment, the guard that names the missing macros (shaped ops) and
+ * ms_kernel_spec_body(s, true, ...). Apart from comments it is the text mstarc compiles for the
+ * same spec (the shape defines followed by DIR/kernels/<stem>.cu), so both share one cubin cache
+ * entry (nvrtc_cache.h hashes sources without their comments). *out is ms_malloc'd (caller frees).
+ */
+ms_status ms_kernel_spec_instance_source(const ms_kernel_spec *s, char **out, ms_error *err);
+
+/*
+ * Parse a comma-separated architecture list for `flag` ("sm_80,sm_90"; each item sm_XX, smXX,
+ * compute_XX or XX with 50 <= XX <= 199) into archs[0..*n) (at most cap). MS_ERR_INVALID_ARG,
+ * naming the flag and the item, for an empty list or item, a malformed or too old architecture
+ * (sm_7, sm_abc) and a duplicate.
+ */
+ms_status ms_kernel_parse_arch_list(const char *flag, const char *text, int *archs, int cap,
+                                    int *n, ms_error *err);
+
 /* Template header of an op ("attn/decode.cuh"), NULL for an invalid op. */
 const char *ms_kernel_op_header(ms_kernel_op op);
 
@@ -170,7 +198,7 @@ typedef struct ms_kernel_model_shape {
     int n_q_heads;
     int n_kv_heads;
     int page_size;
-    ms_kernel_rope rope;          /* NEOX (rotate-half) or INTERLEAVED */
+    ms_kernel_rope rope;          /* NEOX (rotate-half), INTERLEAVED, or NONE (no RoPE) */
     bool windowed;                /* sliding-window attention */
     ms_kernel_dtype weight_dtype; /* bf16 or f16 (f32 weights need no template instance) */
     ms_kernel_dtype kv_dtype;     /* bf16 or f16 */
@@ -178,11 +206,11 @@ typedef struct ms_kernel_model_shape {
 
 /*
  * The kernel instances the CUDA backend (backend_cuda.c) runs for a decoder of this shape with
- * float32 activations: attention decode and causal prefill, RoPE + KV write (frequencies come as
- * a table, so no scaling variant), RMSNorm with and without the residual add, the elementwise
- * helpers, SiLU-and-multiply, embedding, argmax and sampling. A head_dim the decode template does
- * not take (e.g. 48) gets no decode instance: the backend runs decode steps with the prefill
- * kernel. Writes up to cap specs to out and
+ * float32 activations: attention decode and causal prefill, RoPE + KV write in the model's style
+ * (frequencies come as a table, so no scaling variant; rope NONE: the plain KV write of a model
+ * without RoPE; the M-RoPE variant for mrope), RMSNorm with and without the residual add (and
+ * the per-head norm for qk_norm), the elementwise helpers, SiLU-and-multiply, embedding, argmax
+ * and sampling. Writes up to cap specs to out and
  * their number to *n. MS_ERR_UNSUPPORTED (naming the value) when a shape is outside the templates;
  * MS_ERR_CAPACITY when cap is too small. Used to precompile (mstarc --arch, `kernels --arch`)
  * and by the CI test that compiles every instance of the repository's models.

@@ -57,7 +57,7 @@ ms_status ms_cuda_module_init(ms_cuda_module **out, const ms_kernel_spec *spec, 
     if (st == MS_OK)
         st = ms_kernel_spec_uri(spec, arch, m->uri, sizeof m->uri, err);
     if (st == MS_OK)
-        st = ms_kernel_spec_source(spec, &src, err);
+        st = ms_kernel_spec_instance_source(spec, &src, err);
     if (st == MS_OK)
         st = ms_nvrtc_compile(uri, src, arch, cache_dir, &cb, err);
     if (st == MS_OK) {

@@ -7,10 +7,23 @@
  * source tree and no toolkit headers. A cubin is cached under a key of (URI, hash of the instance
  * source and of every embedded template it includes, NVRTC version, arch, options) in $MSTAR_CACHE, or
  * ~/.cache/mstar when unset; writes are atomic (temporary file + rename), so concurrent
- * processes never see a partial cubin. MSTAR_CACHE=off disables the cache.
+ * processes never see a partial cubin. MSTAR_CACHE=off disables the cache. The source enters the
+ * key without its comments and blank lines (they cannot change a cubin), so the commented
+ * instance files mstarc writes (DIR/kernels/<stem>.cu after the shape defines) and the runtime's
+ * ms_kernel_spec_instance_source share one entry per URI and arch.
  *
- * A compile error returns MS_ERR_NVRTC whose message names the URI, the generated source written
- * to <cache>/failed/<uri>.cu, its full log (<uri>.log beside it) and the log's first lines.
+ * MSTAR_TEMPLATES_DIR=<dir> (for template development and tests): every embedded template whose
+ * file exists under <dir> (same relative name, e.g. <dir>/attn/decode.cuh) is read from there
+ * instead, and its text enters the cache key, so an edit recompiles without rebuilding.
+ *
+ * A compile error returns MS_ERR_NVRTC whose message names the URI, the arch, the path of the
+ * source, the full log's path and the log's first lines (on one line); ms_nvrtc_options.log hands
+ * the caller the whole log. With ms_nvrtc_options.source_path (mstarc's DIR/kernels/<stem>.cu)
+ * the message names that file and nothing is written; otherwise the failing full source (with
+ * the shape defines) is written to <cache>/<uri>_sm<arch>.failed.cu and its log to
+ * <cache>/<uri>_sm<arch>.failed.log ($TMPDIR/mstar-failed/ when the cache is off). Line
+ * numbers in the log count from the "#line 1" after the shape defines, i.e. they are the lines of
+ * mstarc's DIR/kernels/<stem>.cu.
  *
  * Ownership: functions borrow their arguments; ms_cubin contents are owned by the struct and
  * released with ms_nvrtc_cubin_free.
@@ -61,9 +74,44 @@ typedef struct ms_cubin {
 ms_status ms_nvrtc_compile(const char *uri, const char *source, int arch, const char *cache_dir,
                            ms_cubin *out, ms_error *err);
 
+/* Options of ms_nvrtc_compile_ex (zero-initialise; every field optional). */
+typedef struct ms_nvrtc_options {
+    const char *cache_dir;   /* NULL: $MSTAR_CACHE / ~/.cache/mstar */
+    bool no_cache;           /* neither read nor write the cache (compile check only) */
+    const char *source_path; /* where the source text lives (mstarc: DIR/kernels/<stem>.cu):
+                                names the NVRTC program and the error; no .failed.cu copy */
+    char **log;              /* on MS_ERR_NVRTC from the compiler: NVRTC's whole log
+                                (ms_malloc'd, caller frees); NULL otherwise */
+} ms_nvrtc_options;
+
+/* ms_nvrtc_compile with options (o NULL: the defaults, as ms_nvrtc_compile). */
+ms_status ms_nvrtc_compile_ex(const char *uri, const char *source, int arch,
+                              const ms_nvrtc_options *o, ms_cubin *out, ms_error *err);
+
+/*
+ * The cache file of (uri, source, arch) into path (cap bytes) and whether it holds a cubin
+ * (*hit), without compiling. Errors: MS_ERR_NOT_FOUND when the cache is off, those of the key
+ * (bad uri or arch, MSTAR_TEMPLATES_DIR unreadable), MS_ERR_NVRTC (version query).
+ */
+ms_status ms_nvrtc_cache_probe(const char *uri, const char *source, int arch,
+                               const char *cache_dir, char *path, size_t cap, bool *hit,
+                               ms_error *err);
+
+/*
+ * The 64-bit cache key of (uri, source, arch) as ms_nvrtc_compile computes it: the URI with the
+ * arch, the NVRTC version, the options, the source without comments and blank lines, and every
+ * template the source includes (MSTAR_TEMPLATES_DIR applied). Errors as ms_nvrtc_cache_probe.
+ */
+ms_status ms_nvrtc_cache_key(const char *uri, const char *source, int arch, uint64_t *key,
+                             ms_error *err);
+
+/* Is sm_<arch> among this NVRTC's real architectures? MS_ERR_UNSUPPORTED names the range. */
+ms_status ms_nvrtc_check_arch(int arch, ms_error *err);
+
 /*
  * Compile, or find in the cache, every spec for every arch (the work of `mstarc --arch sm_80,sm_90`
  * and the binary's `kernels --arch` verb; the specs of a model from ms_kernel_specs_for_decoder).
+ * Each spec compiles its ms_kernel_spec_instance_source (the text the runtime loads).
  * *n_compiled (may be NULL) counts NVRTC runs, i.e. cache misses. Stops at the first failure:
  * the spec's MS_ERR_UNSUPPORTED, or MS_ERR_NVRTC with the log and the generated source's path.
  */

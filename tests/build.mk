@@ -69,3 +69,8 @@ gpu-generate: $(BUILD)/mstarc
 gpu-test: gpu-generate
 endif
 TEST_SCRIPTS += tests/bench_cli.sh
+TEST_SCRIPTS += tests/kernels_cli.sh
+# tests/kernels_gpu.sh (device machine): what mstarc --arch --config precompiles is all that generate --device cuda loads
+gpu-test: gpu-kernels-cache
+.PHONY: gpu-kernels-cache
+gpu-kernels-cache: $(BUILD)/mstarc $(BUILD)/libmstar.a ; $(if $(HAVE_CUDA),$(Q)MS_BUILD=$(BUILD) bash tests/kernels_gpu.sh,@echo "gpu-kernels-cache: this build has no CUDA")

@@ -8,11 +8,17 @@
  * write for both styles with and without llama3 scaling, the M-RoPE variant (Qwen2-VL) and the
  * per-head RMSNorm (Qwen3 q_norm / k_norm, head_dim 48/64/128), and the norm, activation,
  * embedding, elementwise, argmax and sampling kernels, all with float32 activations over bf16
- * weights and
- * KV (the CUDA backend's choice), and with bf16 activations for the shapes of test_gpu_kernels. It compiles into a persistent cache (build/kernel-cache-test, or
+ * weights and KV (the CUDA backend's choice), and with bf16 activations for the shapes of
+ * test_gpu_kernels, each as the runtime compiles it (ms_kernel_spec_instance_source). It compiles
+ * into a persistent cache (build/kernel-cache-test, or
  * $MS_KERNEL_CACHE_TEST), keyed by the source and template hashes, so only the first run after a
  * template change pays for NVRTC; a cache hit still proves that NVRTC compiled exactly this
  * source for this arch. Two threads share the work (NVRTC programs are independent).
+ *
+ * Precompiling (mstarc build --arch --config, the binary's `kernels` verb) rests on the text
+ * mstarc compiles (the shape defines + the emitted DIR/kernels/<stem>.cu) having the runtime's
+ * cache key: test_emitted_instances_share_the_runtime_cache_key checks it for every instance of
+ * models/llama.mstar at several shapes, without running NVRTC.
  */
 #include "ms_test.h"
 
@@ -28,6 +34,9 @@
 #include "cuda_check.h"
 #include "cuda_kernels.h"
 #include "nvrtc_cache.h"
+
+#include "codegen.h"
+#include "mstarc.h"
 
 #include "ms_test_impl.h"
 
@@ -223,8 +232,23 @@ static void test_decoder_instances(void **state) {
     ms_kernel_spec sp[16];
     int n = 0;
     assert_int_equal(ms_kernel_specs_for_decoder(&sh, sp, 16, &n, &err), MS_OK);
-    assert_int_equal(n, 11);
+    assert_int_equal(n, 10);
     char uri[MS_KERNEL_URI_MAX];
+    /* one RoPE + KV write instance, in the model's style; NONE for a model without RoPE */
+    int n_rope = 0;
+    for (int i = 0; i < n; i++)
+        if (sp[i].op == MS_KERNEL_OP_ROPE_KV) {
+            n_rope++;
+            assert_int_equal(sp[i].rope, MS_KERNEL_ROPE_NEOX);
+        }
+    assert_int_equal(n_rope, 1);
+    sh.rope = MS_KERNEL_ROPE_NONE;
+    assert_int_equal(ms_kernel_specs_for_decoder(&sh, sp, 16, &n, &err), MS_OK);
+    assert_int_equal(n, 10);
+    assert_int_equal(sp[2].op, MS_KERNEL_OP_ROPE_KV);
+    assert_int_equal(ms_kernel_spec_uri(&sp[2], 0, uri, sizeof uri, &err), MS_OK);
+    assert_string_equal(uri, "rope_kv_bf16_hd128_ps16_none_af32");
+    sh.rope = MS_KERNEL_ROPE_NEOX;
     assert_int_equal(ms_kernel_spec_uri(&sp[0], 90, uri, sizeof uri, &err), MS_OK);
     assert_string_equal(uri, "attn_decode_bf16_hd128_ps16_g4_af32_sm90");
     assert_int_equal(ms_kernel_spec_uri(&sp[1], 90, uri, sizeof uri, &err), MS_OK);
@@ -296,7 +320,7 @@ static void test_variant_specs_uris_and_sources(void **state) {
     ms_kernel_spec sp[16];
     int n = 0;
     assert_int_equal(ms_kernel_specs_for_decoder_variant(&q3, true, false, sp, 16, &n, &err), MS_OK);
-    assert_int_equal(n, 12); /* Llama's 11 + the per-head norm */
+    assert_int_equal(n, 11); /* Llama's 10 + the per-head norm */
     bool heads = false, mrope = false;
     for (int i = 0; i < n; i++) {
         assert_int_equal(ms_kernel_spec_uri(&sp[i], 0, uri, sizeof uri, &err), MS_OK);
@@ -306,7 +330,7 @@ static void test_variant_specs_uris_and_sources(void **state) {
     ms_kernel_model_shape vl = {32, 4, 2, 16, MS_KERNEL_ROPE_NEOX, false, MS_KERNEL_DTYPE_BF16,
                                 MS_KERNEL_DTYPE_BF16};
     assert_int_equal(ms_kernel_specs_for_decoder_variant(&vl, false, true, sp, 16, &n, &err), MS_OK);
-    assert_int_equal(n, 11);
+    assert_int_equal(n, 10); /* M-RoPE replaces the RoPE instance */
     for (int i = 0; i < n; i++) {
         assert_int_equal(ms_kernel_spec_uri(&sp[i], 0, uri, sizeof uri, &err), MS_OK);
         mrope = mrope || strcmp(uri, "rope_kv_bf16_hd32_ps16_neox_mrope_af32") == 0;
@@ -459,7 +483,7 @@ static void test_broken_instance_reports_log_and_source(void **state) {
     assert_non_null(strstr(err.msg, "multiple of 16 bytes")); /* NVRTC's log */
     /* the generated source is on disk at the path the message names */
     char path[1024];
-    snprintf(path, sizeof path, "%s/failed/attn_decode_bf16_hd44_ps16_g4_sm90.cu", dir);
+    snprintf(path, sizeof path, "%s/attn_decode_bf16_hd44_ps16_g4_sm90.failed.cu", dir);
     assert_non_null(strstr(err.msg, path));
     FILE *f = fopen(path, "rb");
     assert_non_null(f);
@@ -468,8 +492,21 @@ static void test_broken_instance_reports_log_and_source(void **state) {
     fclose(f);
     assert_int_equal(n, strlen(src));
     assert_string_equal(buf, src);
-    snprintf(path, sizeof path, "%s/failed/attn_decode_bf16_hd44_ps16_g4_sm90.log", dir);
+    snprintf(path, sizeof path, "%s/attn_decode_bf16_hd44_ps16_g4_sm90.failed.log", dir);
     assert_int_equal(access(path, R_OK), 0);
+    assert_non_null(strstr(err.msg, path));
+    /* the whole log for the caller; with the caller's source path, that path is named and no
+     * .failed.cu copy is written */
+    char *log = NULL;
+    ms_nvrtc_options o = {.cache_dir = dir, .source_path = "out/kernels/x.cu", .log = &log};
+    assert_int_equal(ms_nvrtc_compile_ex("broken_named", src, 80, &o, &cb, &err), MS_ERR_NVRTC);
+    assert_non_null(log);
+    assert_non_null(strstr(log, "must divide the warp size"));
+    assert_non_null(strstr(log, "out/kernels/x.cu")); /* NVRTC names the program so */
+    ms_free(log);
+    assert_non_null(strstr(err.msg, "source: out/kernels/x.cu;"));
+    snprintf(path, sizeof path, "%s/broken_named_sm80.failed.cu", dir);
+    assert_int_equal(access(path, F_OK), -1);
     /* a syntax error too */
     assert_int_equal(ms_nvrtc_compile("broken_syntax", "extern \"C\" __global__ void k( {}\n", 80,
                                       dir, &cb, &err),
@@ -480,6 +517,200 @@ static void test_broken_instance_reports_log_and_source(void **state) {
     assert_int_equal(ms_nvrtc_compile("a/b", src, 90, dir, &cb, &err), MS_ERR_INVALID_ARG);
     assert_int_equal(ms_nvrtc_compile("x", src, 12, dir, &cb, &err), MS_ERR_UNSUPPORTED);
     assert_non_null(strstr(err.msg, "sm_12"));
+    rm_tree(dir);
+}
+
+/* ---- precompiling: arch lists, cache keys of emitted files, failures, template override ---- */
+
+static void test_arch_list_names_the_flag(void **state) {
+    (void)state;
+    ms_error err = {0};
+    int a[4], n = -1;
+    assert_int_equal(ms_kernel_parse_arch_list("--arch", "sm_80,sm_90", a, 4, &n, &err), MS_OK);
+    assert_int_equal(n, 2);
+    assert_int_equal(a[0], 80);
+    assert_int_equal(a[1], 90);
+    assert_int_equal(ms_kernel_parse_arch_list("--arch", "90", a, 4, &n, &err), MS_OK);
+    assert_int_equal(n, 1);
+    assert_int_equal(a[0], 90);
+    static const struct {
+        const char *text, *want;
+    } bad[] = {
+        {"sm_7", "'sm_7' not understood"},      {"sm_abc", "'sm_abc' not understood"},
+        {"", "empty architecture list"},        {"sm_80,sm_80", "sm_80 listed twice"},
+        {"sm_80,", "empty item"},               {",sm_90", "empty item"},
+        {"sm_90a", "'sm_90a' not understood"},  {"sm_80,sm_86,sm_89,sm_90,sm_100", "more than 4"},
+        {"sm_-80", "not understood"},
+    };
+    for (size_t i = 0; i < MS_ARRAY_LEN(bad); i++) {
+        assert_int_equal(ms_kernel_parse_arch_list("--arch", bad[i].text, a, 4, &n, &err),
+                         MS_ERR_INVALID_ARG);
+        if (strstr(err.msg, bad[i].want) == NULL || strncmp(err.msg, "--arch: ", 8) != 0)
+            fail_msg("'%s': got '%s', want '--arch: ...%s...'", bad[i].text, err.msg,
+                     bad[i].want);
+    }
+    assert_int_equal(ms_nvrtc_check_arch(90, &err), MS_OK);
+    assert_int_equal(ms_nvrtc_check_arch(51, &err), MS_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.msg, "sm_51"));
+}
+
+static void test_key_ignores_comments_only(void **state) {
+    (void)state;
+    ms_error err = {0};
+    const char *a = "#include \"act/silu_mul.cuh\"\nint x = 1;\n#error \"a // b\"\n";
+    const char *b = "/* banner\n * more */\n#include \"act/silu_mul.cuh\" // why\n\n"
+                    "int x = 1;   /* one */\n#error \"a // b\"\n// end\n";
+    const char *c = "#include \"act/silu_mul.cuh\"\nint x = 2;\n#error \"a // b\"\n";
+    const char *d = "#include \"act/silu_mul.cuh\"\nint x = 1;\n#error \"a \"\n";
+    uint64_t ka = 0, kb = 1, kc = 2, kd = 3, k80 = 4, ko = 5;
+    assert_int_equal(ms_nvrtc_cache_key("k", a, 90, &ka, &err), MS_OK);
+    assert_int_equal(ms_nvrtc_cache_key("k", b, 90, &kb, &err), MS_OK);
+    assert_int_equal(ms_nvrtc_cache_key("k", c, 90, &kc, &err), MS_OK);
+    assert_int_equal(ms_nvrtc_cache_key("k", d, 90, &kd, &err), MS_OK);
+    assert_int_equal(ms_nvrtc_cache_key("k", a, 80, &k80, &err), MS_OK);
+    assert_int_equal(ms_nvrtc_cache_key("other", a, 90, &ko, &err), MS_OK);
+    assert_true(ka == kb); /* comments, blank lines, trailing blanks */
+    assert_true(ka != kc); /* code */
+    assert_true(ka != kd); /* "//" inside a string literal is code */
+    assert_true(ka != k80 && ka != ko);
+    assert_int_equal(ms_nvrtc_cache_key("a/b", a, 90, &ka, &err), MS_ERR_INVALID_ARG);
+}
+
+/* The text mstarc compiles for an instance (shape defines + the emitted file) has the cache key
+ * of the text the runtime compiles at load, for every instance models/llama.mstar emits. */
+static void test_emitted_instances_share_the_runtime_cache_key(void **state) {
+    (void)state;
+    ms_error err = {0};
+    ms_compile *c = NULL;
+    assert_int_equal(ms_compile_file("models/llama.mstar", 0, &c, &err), MS_OK);
+    ms_gen_file files[32];
+    int n_files = 0;
+    assert_int_equal(ms_codegen_kernels(ms_compile_model(c), "models/llama.mstar", files, 32,
+                                        &n_files, &err),
+                     MS_OK);
+    assert_true(n_files >= 10);
+    /* llama_gqa, Llama-3-8B, a windowed interleaved MHA model: every emitted file is matched */
+    const ms_kernel_model_shape shapes[] = {
+        {16, 8, 2, 16, MS_KERNEL_ROPE_NEOX, false, MS_KERNEL_DTYPE_BF16, MS_KERNEL_DTYPE_BF16},
+        {128, 32, 8, 16, MS_KERNEL_ROPE_NEOX, false, MS_KERNEL_DTYPE_BF16, MS_KERNEL_DTYPE_BF16},
+        {64, 8, 8, 32, MS_KERNEL_ROPE_INTERLEAVED, true, MS_KERNEL_DTYPE_BF16,
+         MS_KERNEL_DTYPE_BF16},
+    };
+    bool matched[32] = {false};
+    int checked = 0;
+    for (size_t k = 0; k < MS_ARRAY_LEN(shapes); k++) {
+        ms_kernel_spec sp[16];
+        int n = 0;
+        assert_int_equal(ms_kernel_specs_for_decoder(&shapes[k], sp, 16, &n, &err), MS_OK);
+        for (int i = 0; i < n; i++) {
+            char stem[MS_KERNEL_URI_MAX], uri[MS_KERNEL_URI_MAX], file[MS_KERNEL_URI_MAX + 4];
+            char defines[256], *rt = NULL;
+            assert_int_equal(ms_kernel_spec_stem(&sp[i], stem, sizeof stem, &err), MS_OK);
+            assert_int_equal(ms_kernel_spec_uri(&sp[i], 0, uri, sizeof uri, &err), MS_OK);
+            assert_int_equal(ms_kernel_spec_shape_defines(&sp[i], defines, sizeof defines, &err),
+                             MS_OK);
+            assert_int_equal(ms_kernel_spec_instance_source(&sp[i], &rt, &err), MS_OK);
+            snprintf(file, sizeof file, "%s.cu", stem);
+            int f = -1;
+            for (int j = 0; j < n_files; j++)
+                if (strcmp(files[j].name, file) == 0)
+                    f = j;
+            if (f < 0)
+                fail_msg("%s: llama.mstar emits no %s", uri, file);
+            matched[f] = true;
+            char *mc = ms_asprintf("%s%s", defines, files[f].text.data);
+            assert_non_null(mc);
+            assert_string_not_equal(mc, rt); /* the comments differ ... */
+            uint64_t km = 0, kr = 1;
+            assert_int_equal(ms_nvrtc_cache_key(uri, mc, 90, &km, &err), MS_OK);
+            assert_int_equal(ms_nvrtc_cache_key(uri, rt, 90, &kr, &err), MS_OK);
+            if (km != kr) /* ... the key does not */
+                fail_msg("%s: mstarc's text and the runtime's differ:\n%s\n----\n%s", uri, mc, rt);
+            checked++;
+            ms_free(mc);
+            ms_free(rt);
+        }
+    }
+    for (int j = 0; j < n_files; j++)
+        if (!matched[j])
+            fail_msg("emitted %s matches no runtime instance", files[j].name);
+    assert_int_equal(checked, 30);
+    ms_gen_files_free(files, n_files);
+    ms_compile_free(c);
+}
+
+/* Copy the file src to dst, appending extra. */
+static void copy_with(const char *src, const char *dst, const char *extra) {
+    FILE *in = fopen(src, "rb"), *out = fopen(dst, "wb");
+    assert_non_null(in);
+    assert_non_null(out);
+    char buf[4096];
+    size_t r;
+    while ((r = fread(buf, 1, sizeof buf, in)) > 0)
+        assert_int_equal(fwrite(buf, 1, r, out), r);
+    fputs(extra, out);
+    fclose(in);
+    assert_int_equal(fclose(out), 0);
+}
+
+static void test_templates_dir_overrides_and_failure_names_the_source(void **state) {
+    (void)state;
+    char dir[512], tdir[600], cache[600], path[800];
+    make_temp_dir(dir, sizeof dir);
+    snprintf(tdir, sizeof tdir, "%s/templates", dir);
+    snprintf(cache, sizeof cache, "%s/cache", dir);
+    assert_int_equal(mkdir(tdir, 0755), 0);
+    snprintf(path, sizeof path, "%s/act", tdir);
+    assert_int_equal(mkdir(path, 0755), 0);
+    ms_error err = {0};
+    ms_kernel_spec s = ms_kernel_spec_simple(MS_KERNEL_OP_SILU_MUL, MS_KERNEL_DTYPE_F32);
+    char uri[MS_KERNEL_URI_MAX], *src = NULL;
+    assert_int_equal(ms_kernel_spec_uri(&s, 0, uri, sizeof uri, &err), MS_OK);
+    assert_int_equal(ms_kernel_spec_instance_source(&s, &src, &err), MS_OK);
+    uint64_t k0 = 0, k1 = 0;
+    assert_int_equal(ms_nvrtc_cache_key(uri, src, 80, &k0, &err), MS_OK);
+    /* a broken copy of the template the instance includes */
+    snprintf(path, sizeof path, "%s/act/silu_mul.cuh", tdir);
+    copy_with("templates/act/silu_mul.cuh", path, "\nthis is not C++;\n");
+    setenv("MSTAR_TEMPLATES_DIR", tdir, 1);
+    assert_int_equal(ms_nvrtc_cache_key(uri, src, 80, &k1, &err), MS_OK);
+    assert_true(k0 != k1); /* the override's text is in the key */
+    ms_cubin cb = {0};
+    char *log = NULL;
+    ms_nvrtc_options o = {.cache_dir = cache, .log = &log};
+    assert_int_equal(ms_nvrtc_compile_ex(uri, src, 80, &o, &cb, &err), MS_ERR_NVRTC);
+    assert_non_null(log);
+    assert_non_null(strstr(log, "silu_mul.cuh"));
+    ms_free(log);
+    snprintf(path, sizeof path, "%s/silu_mul_f32_sm80.failed.cu", cache);
+    assert_non_null(strstr(err.msg, path));
+    assert_int_equal(access(path, R_OK), 0);
+    /* a folder that is not there */
+    snprintf(path, sizeof path, "%s/none", dir);
+    setenv("MSTAR_TEMPLATES_DIR", path, 1);
+    assert_int_equal(ms_nvrtc_cache_key(uri, src, 80, &k1, &err), MS_ERR_IO);
+    assert_non_null(strstr(err.msg, "MSTAR_TEMPLATES_DIR"));
+    unsetenv("MSTAR_TEMPLATES_DIR");
+    /* without the override it compiles, and the probe finds it afterwards */
+    bool hit = true;
+    char cpath[1024];
+    assert_int_equal(ms_nvrtc_cache_probe(uri, src, 80, cache, cpath, sizeof cpath, &hit, &err),
+                     MS_OK);
+    assert_false(hit);
+    assert_int_equal(ms_nvrtc_compile_ex(uri, src, 80, &o, &cb, &err), MS_OK);
+    assert_false(cb.from_cache);
+    assert_string_equal(cb.path, cpath);
+    ms_nvrtc_cubin_free(&cb);
+    assert_int_equal(ms_nvrtc_cache_probe(uri, src, 80, cache, cpath, sizeof cpath, &hit, &err),
+                     MS_OK);
+    assert_true(hit);
+    /* no_cache neither reads nor writes */
+    ms_nvrtc_options nc = {.cache_dir = cache, .no_cache = true};
+    assert_int_equal(ms_nvrtc_compile_ex(uri, src, 80, &nc, &cb, &err), MS_OK);
+    assert_false(cb.from_cache);
+    assert_null(cb.path);
+    ms_nvrtc_cubin_free(&cb);
+    ms_free(src);
     rm_tree(dir);
 }
 
@@ -671,7 +902,7 @@ static bool compile_job(matrix *m, int job, bool *fresh, char *msg, size_t cap) 
     ms_error err = {0};
     char uri[MS_KERNEL_URI_MAX], *src = NULL;
     if (ms_kernel_spec_uri(s, 0, uri, sizeof uri, &err) != MS_OK ||
-        ms_kernel_spec_source(s, &src, &err) != MS_OK) {
+        ms_kernel_spec_instance_source(s, &src, &err) != MS_OK) {
         snprintf(msg, cap, "%s", err.msg);
         return false;
     }
@@ -753,6 +984,10 @@ int main(void) {
         ms_unit_test(test_parse_arch),
         ms_unit_test(test_cache_hits_on_second_compile),
         ms_unit_test(test_broken_instance_reports_log_and_source),
+        ms_unit_test(test_arch_list_names_the_flag),
+        ms_unit_test(test_key_ignores_comments_only),
+        ms_unit_test(test_emitted_instances_share_the_runtime_cache_key),
+        ms_unit_test(test_templates_dir_overrides_and_failure_names_the_source),
         ms_unit_test(test_cuda_backend_init_fails_cleanly_without_gpu),
         ms_unit_test(test_every_llama_instance_compiles_for_sm80_and_sm90),
     };
