@@ -225,11 +225,8 @@ static ms_status spec_name(const ms_kernel_spec *s, int arch, bool with_shape, c
                          s->rope_scaling == MS_KERNEL_ROPE_SCALING_LLAMA3 ? "_llama3" : "",
                          s->mrope ? "_mrope" : "", sm);
         break;
-    case MS_KERNEL_OP_RMSNORM_HEADS:
-        if (with_shape)
-            n = snprintf(buf, cap, "%s_%s_hd%d%s", op, dt, s->head_dim, sm);
-        else
-            n = snprintf(buf, cap, "%s_%s%s", op, dt, sm);
+    case MS_KERNEL_OP_RMSNORM_HEADS: /* head_dim is structure here, not shape */
+        n = snprintf(buf, cap, "%s_%s_hd%d%s", op, dt, s->head_dim, sm);
         break;
     case MS_KERNEL_OP_RMSNORM:
         n = snprintf(buf, cap, "%s_%s%s%s", op, dt, s->add_residual ? "_res" : "", sm);
@@ -324,8 +321,8 @@ static ms_status spec_body(const ms_kernel_spec *s, bool shape_macros, const cha
         if (s->mrope) /* only then: the sources of plain instances stay as they were */
             emit(&b, "constexpr bool kMrope = true;\n");
         break;
-    case MS_KERNEL_OP_RMSNORM_HEADS:
-        emit(&b, "constexpr int kHeadDim = %s;\n", shape_macros ? "MS_HEAD_DIM" : hd);
+    case MS_KERNEL_OP_RMSNORM_HEADS: /* head_dim is part of its structure (URI stem) */
+        emit(&b, "constexpr int kHeadDim = %s;\n", hd);
         break;
     case MS_KERNEL_OP_RMSNORM:
         emit(&b, "constexpr bool kAddResidual = %s;\n", cbool(s->add_residual));
