@@ -69,3 +69,4 @@ gpu-generate: $(BUILD)/mstarc
 gpu-test: gpu-generate
 endif
 TEST_SCRIPTS += tests/bench_cli.sh
+TESTS += tests/test_cli
