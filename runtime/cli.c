@@ -777,9 +777,10 @@ static void printer_end(cli_printer *pr) {
     fputc('\n', stdout);
 }
 
-/* Output ids to print: all but a final eos id. */
-static int32_t printable(int32_t n_out, ms_finish_reason why) {
-    return n_out - (why == MS_FINISH_EOS && n_out > 0 ? 1 : 0);
+/* Output ids to print: as text, all but a final eos id; as ids, all (the eos id included, as the
+ * engine keeps it). */
+static int32_t printable(const cli_printer *pr, int32_t n_out, ms_finish_reason why) {
+    return n_out - (pr->tok != NULL && why == MS_FINISH_EOS && n_out > 0 ? 1 : 0);
 }
 
 static double now_s(void) {
@@ -940,7 +941,7 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
             int32_t n_out;
             ms_finish_reason why;
             MS_ASSERT(ms_engine_output(eng, rids[0], &out, &n_out, &why) == MS_OK);
-            printer_feed(&pr, out, printable(n_out, why));
+            printer_feed(&pr, out, printable(&pr, n_out, why));
             fflush(stdout);
         }
     }
@@ -954,7 +955,7 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
         n_gen += (size_t)n_out;
         if (!stream)
             printer_begin(&pr, i + 1, &ps.v[i], echo);
-        printer_feed(&pr, out, printable(n_out, why));
+        printer_feed(&pr, out, printable(&pr, n_out, why));
         printer_end(&pr);
         if (why == MS_FINISH_CONTEXT)
             fprintf(stderr,
@@ -967,8 +968,9 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
     double dec_secs = t1 - t_first;
     fprintf(stderr,
             "%s: %zu prompt(s), %zu prompt tokens, %zu new tokens in %.3f s: %.1f tokens/s "
-            "(decode %.1f tokens/s) on %s, page size %d\n",
+            "(first step %.1f ms, decode %.1f tokens/s) on %s, page size %d\n",
             g_prog, ps.n, total, n_gen, secs, secs > 0 ? (double)n_gen / secs : 0.0,
+            first_done ? 1e3 * (t_first - t0) : 0.0,
             dec_secs > 0 && n_gen > ps.n ? (double)(n_gen - ps.n) / dec_secs : 0.0,
             ms_engine_device(eng), (int)ms_engine_page_size(eng));
 

@@ -27,13 +27,14 @@
  * are honoured where present), special-token text in the prompt becomes the special id. The output
  * is text (`--output text`, the default with a tokenizer): the prompt then the generated text
  * (`--no-display-prompt`: the generated text only), streamed while a single prompt generates, a
- * final eos id not printed; a llama2.c tokenizer prints exactly as run.c does, a tokenizer.json
- * skips special tokens and holds back the bytes of a UTF-8 character split across tokens until it
- * is complete (invalid bytes print as U+FFFD, as the tokenizers library decodes). Without a
- * tokenizer (or with `--output ids`), prompts are comma-separated ids (a prompts file: one line of
- * ids per prompt) and the output is the generated ids, one line per prompt ("[k] ..." for several).
+ * final eos id not printed (ids output keeps it); a llama2.c tokenizer prints exactly as run.c
+ * does, a tokenizer.json skips special tokens and holds back the bytes of a UTF-8 character split
+ * across tokens until it is complete (invalid bytes print as U+FFFD, as the tokenizers library
+ * decodes). Without a tokenizer, prompts are comma-separated ids (a prompts file: one line of ids
+ * per prompt; --prompt-ids are ids in any case) and the output is the generated ids (also with
+ * `--output ids`), one line per prompt ("[k] ..." for several).
  * `--steps N` counts positions including the prompt, as run.c's -n (clamped to the context): one
- * forward per position, so steps - prompt + 1 new ids; a prompt of N or more tokens is an error.
+ * forward per position, so steps - prompt + 1 new ids; a prompt of more than N tokens is an error.
  * Generation stats (tokens/s) go to stderr (`--verbose-prompt` adds the prompt ids), so stdout
  * holds only the generated text or ids.
  *

@@ -203,6 +203,27 @@ if [ "$(echo "$out" | wc -w)" -eq 2 ]; then ok "--steps 5 after 4 prompt ids: 2 
 printf '1,2\n1,2,3,4,5,6\n' >"$tmp/steps_prompts"
 expect_error "--steps shorter than prompt 2 of a file" 1 "--steps 4 counts .*prompt 2 has 6 tokens" -- --model "$gqa" --prompts-file "$tmp/steps_prompts" --steps 4
 
+# ---- eos: generation stops on the checkpoint's eos id (mstar-mkckpt --eos, same seed: same
+# weights); ids output keeps it as the last id, text output does not print it ----
+"$build/mstar-mkckpt" --preset tiny --vocab 512 --out "$tmp/e0" >/dev/null
+read -ra gv <<<"$("$bin" generate --model "$tmp/e0" --prompt-ids 1,2,3 --max-new-tokens 6 --temperature 0 --ignore-eos 2>/dev/null)"
+k=-1
+for ((j = 2; j < ${#gv[@]} && k < 0; j++)); do
+    seen=0
+    for ((i = 0; i < j; i++)); do [ "${gv[$i]}" = "${gv[$j]}" ] && seen=1; done
+    [ $seen -eq 0 ] && k=$j
+done
+if [ $k -lt 0 ]; then
+    bad "eos test setup" "no id of '${gv[*]}' is new after the second"
+else
+    "$build/mstar-mkckpt" --preset tiny --vocab 512 --eos "${gv[$k]}" --out "$tmp/e1" >/dev/null
+    ids=$("$bin" generate --model "$tmp/e1" --prompt-ids 1,2,3 --max-new-tokens 6 --temperature 0 2>/dev/null)
+    if [ "$ids" = "${gv[*]:0:$((k + 1))}" ]; then ok "eos id ${gv[$k]}: stops after $((k + 1)) ids, the eos last"; else bad "eos stop (ids)" "got '$ids', generated '${gv[*]}', eos ${gv[$k]}"; fi
+    t1=$("$bin" generate --model "$tmp/e1" --tokenizer "$tok" --prompt-ids 1,2,3 --max-new-tokens 6 --temperature 0 --no-display-prompt 2>/dev/null | od -An -c)
+    t2=$("$bin" generate --model "$tmp/e1" --tokenizer "$tok" --prompt-ids 1,2,3 --max-new-tokens "$k" --temperature 0 --ignore-eos --no-display-prompt 2>/dev/null | od -An -c)
+    if [ -n "$t1" ] && [ "$t1" = "$t2" ]; then ok "eos as text: the text of the ids before it"; else bad "eos stop (text)" "$t1" "$t2"; fi
+fi
+
 # ---- id lists: every empty entry is an error naming the flag (or file:line) and the entry ----
 # (tests/test_cli.c checks every form the parser accepts and rejects)
 expect_error "--prompt-ids trailing comma" 1 "^llama-ref: --prompt-ids: entry 3 is empty" -- --model "$gqa" --prompt-ids 1,2,
@@ -321,6 +342,16 @@ if [ "$out" = "llama-ref: prompt 1: 4 tokens: 9906 11 1917 0" ]; then
     ok "add_bos_token false: no <|begin_of_text|>"
 else
     bad "add_bos_token false" "$out"
+fi
+# add_bos_token / add_eos_token true: Qwen3's tokenizer with a BOS and an EOS it does not add itself
+mkdir -p "$tmp/q3both"
+ln -s "$(realpath "$fx/tokenizers/qwen3/tokenizer.json")" "$tmp/q3both/tokenizer.json"
+echo '{"bos_token": "<|endoftext|>", "eos_token": "<|im_end|>", "add_bos_token": true, "add_eos_token": true}' >"$tmp/q3both/tokenizer_config.json"
+out=$("$bin" generate --model "$tmp/l3" --tokenizer "$tmp/q3both" --prompt "Hello, world!" --max-new-tokens 0 --verbose-prompt 2>&1 >/dev/null | grep '^llama-ref: prompt 1:')
+if [ "$out" = "llama-ref: prompt 1: 6 tokens: 151643 9707 11 1879 0 151645" ]; then
+    ok "add_bos_token / add_eos_token true: BOS and EOS around the text"
+else
+    bad "add_bos_token / add_eos_token true" "$out"
 fi
 
 echo "$passed passed, $failed failed"
