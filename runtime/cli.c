@@ -571,15 +571,19 @@ static int tok_init(cli_tok *t, const char *given, const char *model_dir, int32_
         i++;
     bool is_json = i < got && head[i] == '{';
     ms_error err = {0};
+    /* the checkpoint's own tokenizer.json was not asked for: say how to run without it */
+    const char *hint = given == NULL ? " (the checkpoint folder's tokenizer.json; --tokenizer none "
+                                       "runs on token ids without it)"
+                                     : "";
     if (is_json) {
         if (ms_tok_hf_init(&t->hf, t->path, &err) != MS_OK)
-            return cli_fail("%s", err.msg);
+            return cli_fail("%s%s", err.msg, hint);
         tok_read_config(t);
         int32_t n = ms_tok_hf_vocab_size(t->hf);
         if (n > vocab)
             return cli_fail("%s: the tokenizer's ids go up to %d, beyond the model's vocabulary "
-                            "of %d ids: this tokenizer is not the model's",
-                            t->path, (int)n - 1, (int)vocab);
+                            "of %d ids: this tokenizer is not the model's%s",
+                            t->path, (int)n - 1, (int)vocab, hint);
     } else {
         /* vocab 0: as many tokens as the file holds, so that a size mismatch is named below */
         if (ms_llama2c_tok_init(&t->l2c, t->path, 0, &err) != MS_OK)

@@ -262,6 +262,14 @@ else
     bad "--prompt-ids with a tokenizer" "text: $out" "ids: $ids"
 fi
 
+# a checkpoint folder whose tokenizer.json this runtime cannot read: one line that says how to run
+# on ids without it, and --tokenizer none does
+mk && echo '{"model": {"type": "Unigram", "vocab": []}}' >"$tmp/m/tokenizer.json"
+expect_error "unsupported tokenizer.json of the checkpoint" 1 "$tmp/m/tokenizer.json: .*Unigram.*\(the checkpoint folder's tokenizer.json; --tokenizer none runs on token ids without it\)" \
+    -- --model "$tmp/m" --prompt-ids 1,2 --max-new-tokens 2
+out=$("$bin" generate --model "$tmp/m" --tokenizer none --prompt-ids 1,2 --max-new-tokens 2 2>/dev/null)
+if [[ $out =~ ^[0-9]+\ [0-9]+$ ]]; then ok "--tokenizer none: ids in, ids out beside an unreadable tokenizer.json"; else bad "--tokenizer none" "$out"; fi
+
 # ---- tokenizer.json: checked against the model's vocabulary before any work ----
 # (the weights are truncated: the tokenizer error must come first, before loading them)
 mk && truncate -s 100000 "$st"
