@@ -14,8 +14,12 @@
  * batch beyond the step budget (--max-tokens; default: every prefill shape in one step, decode
  * prompts up to 16384 ids per step) prefill in chunks; the decode phase still runs the whole batch.
  * The limit of a decode step is reading every weight once: B / (weight bytes / copy bandwidth)
- * tokens/s. Prefill shapes BxL time B requests of L ids with one new id each: B * L / time.
- * Figures are medians over the timed runs.
+ * tokens/s. Prefill shapes BxL time B requests of L ids with one new id each: B * L / time; its
+ * limit is compute: the device's dense bf16 peak (a table of datasheet figures per GPU; none on
+ * the CPU or an unknown GPU: "-") over the FLOPs per prompt token (ms_cli_prefill_flops_per_token:
+ * 2 x the per-layer matmul parameters + the lm_head once per sequence + 4 x layers x attention
+ * width x average causal context), the parameters read from the config before loading
+ * (ms_cli_model_probe). Figures are medians over the timed runs.
  *
  * Constraints: every bad flag gets one line on stderr (exit 2 usage, exit 1 bad value); nothing
  * leaks on any path.
@@ -31,6 +35,10 @@
 #include <time.h>
 
 #include "engine.h"
+
+#ifdef MS_HAVE_CUDA
+#include <cuda_runtime.h>
+#endif
 
 /* ---- options ---- */
 
@@ -188,6 +196,7 @@ static int parse_bench(int argc, char **argv, bench_opts *o) {
             return 2;
         }
         if (i + 1 >= argc) {
+            bench_usage(stderr);
             bench_fail("flag %s needs a value", a);
             return 2;
         }
@@ -257,6 +266,72 @@ static int parse_bench(int argc, char **argv, bench_opts *o) {
         return 2;
     }
     return 0;
+}
+
+/* ---- compute limit ---- */
+
+/* Dense (no sparsity) bf16 tensor-core peaks from NVIDIA's datasheets (H200, H100 SXM5: 1,979
+ * TFLOPS with sparsity; A100: 624). A GPU matches a row when its name holds `pattern`, does not
+ * hold `exclude` (the PCIe / NVL parts of the same chip have other clocks and peaks and are not
+ * listed) and its compute capability is the row's. */
+typedef struct bench_peak {
+    const char *pattern;     /* substring of cudaDeviceProp.name */
+    const char *exclude;     /* substring that rules the row out, or NULL */
+    int cc_major, cc_minor;
+    double tflops;           /* dense bf16, 1e12 FLOP/s */
+} bench_peak;
+
+static const bench_peak k_peaks[] = {
+    {"H200", "NVL", 9, 0, 989.0},           /* "NVIDIA H200" (SXM) */
+    {"H100 80GB HBM3", NULL, 9, 0, 989.0},  /* the name the H100 SXM5 reports */
+    {"H100 SXM", NULL, 9, 0, 989.0},
+    {"A100", NULL, 8, 0, 312.0},            /* A100 SXM4 and PCIe, 40 and 80 GB */
+};
+
+double ms_cli_bf16_peak_tflops(const char *gpu_name, int cc_major, int cc_minor) {
+    if (gpu_name == NULL)
+        return 0.0;
+    for (size_t i = 0; i < MS_ARRAY_LEN(k_peaks); i++) {
+        const bench_peak *p = &k_peaks[i];
+        if (p->cc_major == cc_major && p->cc_minor == cc_minor &&
+            strstr(gpu_name, p->pattern) != NULL &&
+            (p->exclude == NULL || strstr(gpu_name, p->exclude) == NULL))
+            return p->tflops;
+    }
+    return 0.0;
+}
+
+double ms_cli_prefill_flops_per_token(int64_t layer_matmul_params, int64_t head_params,
+                                      int32_t n_layers, int64_t attn_width, int32_t len,
+                                      int32_t window) {
+    MS_ASSERT(len >= 1 && window >= 0);
+    double l = (double)len, avg;
+    if (window == 0 || window >= len) {
+        avg = (l + 1.0) / 2.0;
+    } else {
+        double w = (double)window; /* min(i, w) summed over i = 1 .. len */
+        avg = (w * (w + 1.0) / 2.0 + (l - w) * w) / l;
+    }
+    return 2.0 * (double)layer_matmul_params + 2.0 * (double)head_params / l +
+           4.0 * (double)n_layers * (double)attn_width * avg;
+}
+
+/* The bf16 peak of the engine's device in TFLOPS (0: the CPU or a GPU not in the table); its name
+ * into name[cap]. */
+static double bench_device_peak(const char *device, char *name, size_t cap) {
+    snprintf(name, cap, "%s", device);
+#ifdef MS_HAVE_CUDA
+    if (strcmp(device, "cuda") == 0) {
+        int dev = 0;
+        struct cudaDeviceProp p;
+        if (cudaGetDevice(&dev) == cudaSuccess &&
+            cudaGetDeviceProperties(&p, dev) == cudaSuccess) {
+            snprintf(name, cap, "%s (sm_%d%d)", p.name, p.major, p.minor);
+            return ms_cli_bf16_peak_tflops(p.name, p.major, p.minor);
+        }
+    }
+#endif
+    return 0.0;
 }
 
 /* ---- measurement ---- */
@@ -395,14 +470,16 @@ typedef struct bench_row {
     int32_t batch, len, new_tokens;
     double tok_s;        /* median tokens/s */
     double ms;           /* decode: median ms/token (per step); prefill: median ms per prefill */
-    double limit_tok_s;  /* decode: B * copy bandwidth / weight bytes; prefill: 0 (none) */
+    double limit_tok_s;  /* decode: B * copy bandwidth / weight bytes; prefill: bf16 peak /
+                            FLOPs per token, 0 when the peak is unknown */
+    double flops_tok;    /* prefill: FLOPs per prompt token */
     double runs_tok_s[1000]; /* [runs] per timed run, in run order */
 } bench_row;
 
 static bool finite_pos(double x) { return isfinite(x) && x > 0.0; }
 
 static int write_json(const bench_opts *o, const char *device, size_t wbytes, double gbps,
-                      const bench_row *dec, const bench_row *pre) {
+                      double peak, const bench_row *dec, const bench_row *pre) {
     json_t *root = json_object(), *jd = json_array(), *jp = json_array();
     if (root == NULL || jd == NULL || jp == NULL) {
         json_decref(root);
@@ -414,6 +491,7 @@ static int write_json(const bench_opts *o, const char *device, size_t wbytes, do
     json_object_set_new(root, "device", json_string(device));
     json_object_set_new(root, "weight_bytes", json_integer((json_int_t)wbytes));
     json_object_set_new(root, "copy_gbps", json_real(gbps));
+    json_object_set_new(root, "bf16_peak_tflops", peak > 0.0 ? json_real(peak) : json_null());
     json_object_set_new(root, "runs", json_integer(o->runs));
     json_object_set_new(root, "warmup", json_integer(o->warmup));
     json_object_set_new(root, "seed", json_integer((json_int_t)o->seed));
@@ -433,9 +511,14 @@ static int write_json(const bench_opts *o, const char *device, size_t wbytes, do
         json_t *runs = json_array();
         for (int32_t k = 0; k < o->runs; k++)
             json_array_append_new(runs, json_real(r->runs_tok_s[k]));
-        json_array_append_new(jp, json_pack("{s:i, s:i, s:f, s:f, s:o}", "batch", (int)r->batch,
-                                            "len", (int)r->len, "tok_s", r->tok_s, "ms", r->ms,
-                                            "runs_tok_s", runs));
+        bool lim = r->limit_tok_s > 0.0;
+        json_array_append_new(
+            jp, json_pack("{s:i, s:i, s:f, s:f, s:f, s:o, s:o, s:o}", "batch", (int)r->batch,
+                          "len", (int)r->len, "tok_s", r->tok_s, "ms", r->ms, "flops_per_token",
+                          r->flops_tok, "limit_tok_s",
+                          lim ? json_real(r->limit_tok_s) : json_null(), "fraction",
+                          lim ? json_real(r->tok_s / r->limit_tok_s) : json_null(),
+                          "runs_tok_s", runs));
     }
     json_object_set_new(root, "decode", jd);
     json_object_set_new(root, "prefill", jp);
@@ -474,6 +557,12 @@ int ms_cli_bench(int argc, char **argv, const ms_model_desc *desc, const char *p
     bench_ctx c = {0};
     bench_row *dec = NULL, *pre = NULL;
     double *tmp = NULL;
+    /* the config first: a bad --model is named before any loading; the matmul parameters give
+     * the prefill FLOPs */
+    ms_md_facts pf;
+    int64_t layer_params = 0;
+    if (ms_cli_model_probe(desc, o.model, &pf, &layer_params, NULL, &c.err) != MS_OK)
+        return bench_fail("%s", c.err.msg);
     ms_engine_options eo = ms_engine_options_default();
     eo.model_path = o.model;
     eo.device = o.device;
@@ -529,6 +618,8 @@ int ms_cli_bench(int argc, char **argv, const ms_model_desc *desc, const char *p
                         wbytes);
         goto done;
     }
+    char gpu[320];
+    double peak = bench_device_peak(device, gpu, sizeof gpu);
     c.ids = ms_malloc((size_t)max_tok * sizeof *c.ids);
     c.rids = ms_calloc((size_t)max_b, sizeof *c.rids);
     dec = ms_calloc((size_t)o.n_batch + 1, sizeof *dec);
@@ -587,13 +678,24 @@ int ms_cli_bench(int argc, char **argv, const ms_model_desc *desc, const char *p
         memcpy(tmp, r->runs_tok_s, (size_t)o.runs * sizeof *tmp);
         r->tok_s = b_median(tmp, o.runs);
         r->ms = b_median(ms, o.runs);
+        r->flops_tok = ms_cli_prefill_flops_per_token(
+            layer_params, (int64_t)fa->vocab * fa->hidden, fa->n_layers,
+            (int64_t)fa->n_q_heads * fa->head_dim, r->len, fa->window);
+        r->limit_tok_s = peak > 0.0 ? peak * 1e12 / r->flops_tok : 0.0;
         fprintf(stderr, "%s: prefill %dx%d: %.1f tokens/s\n", b_prog, (int)r->batch,
                 (int)r->len, r->tok_s);
     }
 
+    char peak_s[64] = "-";
+    if (peak > 0.0)
+        snprintf(peak_s, sizeof peak_s, "%.0f TFLOPS", peak);
     printf("device %s, weights %.3f GB, copy bandwidth %.1f GB/s (read + write, median of %d), "
-           "%d timed run(s) after %d warm-up, median; limit = batch x bandwidth / weight bytes\n\n",
+           "%d timed run(s) after %d warm-up, median; limit = batch x bandwidth / weight bytes\n",
            device, (double)wbytes / 1e9, gbps, BENCH_COPY_REPS, (int)o.runs, (int)o.warmup);
+    printf("%s: dense bf16 peak %s; prefill limit = peak / FLOPs per prompt token (2 x matmul "
+           "parameters + lm_head once per sequence + 4 x layers x attention width x average "
+           "context)\n\n",
+           gpu, peak_s);
     printf("| batch | prompt | new | decode tok/s | ms/token | limit tok/s | fraction |\n");
     printf("|---|---|---|---|---|---|---|\n");
     for (int32_t i = 0; i < o.n_batch; i++) {
@@ -603,17 +705,24 @@ int ms_cli_bench(int argc, char **argv, const ms_model_desc *desc, const char *p
                100.0 * r->tok_s / r->limit_tok_s);
     }
     if (o.n_prefill > 0) {
-        printf("\n| prefill | tokens | prefill tok/s | ms |\n");
-        printf("|---|---|---|---|\n");
+        printf("\n| prefill | tokens | prefill tok/s | ms | GFLOP/token | limit tok/s | "
+               "fraction |\n");
+        printf("|---|---|---|---|---|---|---|\n");
         for (int32_t i = 0; i < o.n_prefill; i++) {
             const bench_row *r = &pre[i];
-            printf("| %dx%d | %lld | %.1f | %.3f |\n", (int)r->batch, (int)r->len,
-                   (long long)r->batch * r->len, r->tok_s, r->ms);
+            char lim[32] = "-", frac[32] = "-";
+            if (r->limit_tok_s > 0.0) {
+                snprintf(lim, sizeof lim, "%.1f", r->limit_tok_s);
+                snprintf(frac, sizeof frac, "%.1f%%", 100.0 * r->tok_s / r->limit_tok_s);
+            }
+            printf("| %dx%d | %lld | %.1f | %.3f | %.4g | %s | %s |\n", (int)r->batch,
+                   (int)r->len, (long long)r->batch * r->len, r->tok_s, r->ms,
+                   r->flops_tok / 1e9, lim, frac);
         }
     }
     fflush(stdout);
     if (o.json != NULL)
-        rc = write_json(&o, device, wbytes, gbps, dec, pre);
+        rc = write_json(&o, device, wbytes, gbps, peak, dec, pre);
 
 done:
     ms_free(tmp);

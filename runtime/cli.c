@@ -1,29 +1,281 @@
 /*
- * cli.c - the verbs of a serving binary (cli.h): `generate` here, `bench` in bench.c.
+ * cli.c - the verbs of a serving binary (cli.h): `generate` here, `bench` in bench.c, and the
+ * helpers both share (model probe, id lists, streaming UTF-8).
+ *
+ * Order of work in generate: flags, then the model's config (ms_cli_model_probe: the path and the
+ * vocabulary), then the tokenizer and its check against the vocabulary, then the prompts, then the
+ * engine (weights), so that a mistake in any input is reported before the expensive steps.
  *
  * Constraints: every bad flag value gets a one-line error naming the flag and the value; every
- * load error is the engine's one-line message (file and problem); nothing leaks on any path.
+ * load error is the engine's or loader's one-line message (file and problem); nothing leaks on any
+ * path.
  */
 #include "cli.h"
 
 #include <errno.h>
+#include <jansson.h>
 #include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "engine.h"
+#include "hf_config.h"
+#include "tokenizer_hf.h"
 #include "tokenizer_llama2c.h"
+
+/* ---- id lists ---- */
+
+ms_status ms_cli_parse_ids(const char *s, int32_t **ids, size_t *n, ms_error *err) {
+    *ids = NULL;
+    *n = 0;
+    size_t cap = 0, k = 0;
+    int32_t *v = NULL;
+    const char *p = s;
+    for (;;) {
+        size_t entry = k + 1;
+        while (*p == ' ' || *p == '\t')
+            p++;
+        const char *digits = p;
+        int64_t x = 0;
+        bool big = false;
+        while (*p >= '0' && *p <= '9') {
+            x = x * 10 + (*p - '0');
+            big = big || x > INT32_MAX;
+            if (big)
+                x = 0; /* keep scanning the digits without overflowing */
+            p++;
+        }
+        size_t n_digits = (size_t)(p - digits);
+        while (*p == ' ' || *p == '\t')
+            p++;
+        if (n_digits == 0 && (*p == ',' || *p == '\0')) {
+            ms_free(v);
+            if (*p == '\0' && k == 0)
+                return MS_FAIL(err, MS_ERR_PARSE,
+                               "no token ids (expected comma-separated ids such as 1,2,3)");
+            return MS_FAIL(err, MS_ERR_PARSE,
+                           "entry %zu is empty (a leading, trailing or doubled comma)", entry);
+        }
+        if (n_digits == 0 || (*p != ',' && *p != '\0')) {
+            const char *bad = digits;
+            size_t len = strcspn(bad, ",");
+            ms_free(v);
+            return MS_FAIL(err, MS_ERR_PARSE, "entry %zu '%.*s' is not a token id (a decimal "
+                                              "integer >= 0)",
+                           entry, (int)MS_MIN(len, (size_t)40), bad);
+        }
+        if (big) {
+            ms_free(v);
+            return MS_FAIL(err, MS_ERR_PARSE, "entry %zu '%.*s' is above the largest id %d",
+                           entry, (int)MS_MIN(n_digits, (size_t)40), digits, INT32_MAX);
+        }
+        if (ms_grow((void **)&v, &cap, k + 1, sizeof *v) != MS_OK) {
+            ms_free(v);
+            return MS_FAIL(err, MS_ERR_OOM, "out of memory for %zu token ids", k + 1);
+        }
+        v[k++] = (int32_t)x;
+        if (*p == '\0')
+            break;
+        p++; /* the comma */
+    }
+    *ids = v;
+    *n = k;
+    return MS_OK;
+}
+
+/* ---- streaming UTF-8 ---- */
+
+/* Bytes in the sequence led by b (1 .. 4; 0: b cannot lead one) and the range of its second byte
+ * (Unicode table 3-7, as Rust's from_utf8 checks it). */
+static int utf8_lead(unsigned b, unsigned *lo, unsigned *hi) {
+    *lo = 0x80;
+    *hi = 0xBF;
+    if (b < 0x80)
+        return 1;
+    if (b >= 0xC2 && b <= 0xDF)
+        return 2;
+    if (b >= 0xE0 && b <= 0xEF) {
+        if (b == 0xE0)
+            *lo = 0xA0;
+        else if (b == 0xED)
+            *hi = 0x9F;
+        return 3;
+    }
+    if (b >= 0xF0 && b <= 0xF4) {
+        if (b == 0xF0)
+            *lo = 0x90;
+        else if (b == 0xF4)
+            *hi = 0x8F;
+        return 4;
+    }
+    return 0;
+}
+
+static size_t utf8_fffd(char *out) {
+    memcpy(out, "\xEF\xBF\xBD", 3);
+    return 3;
+}
+
+size_t ms_cli_utf8_push(ms_cli_utf8 *s, const char *bytes, size_t n, char *out) {
+    MS_ASSERT(s->n_pend >= 0 && s->n_pend <= 3);
+    size_t np = (size_t)s->n_pend, total = np + n, i = 0, w = 0;
+    unsigned char held[3];
+    memcpy(held, s->pend, np);
+#define AT(k) ((k) < np ? held[(k)] : (unsigned char)bytes[(k) - np])
+    s->n_pend = 0;
+    while (i < total) {
+        unsigned lo, hi;
+        unsigned b = AT(i);
+        int len = utf8_lead(b, &lo, &hi);
+        if (len == 1) {
+            out[w++] = (char)b;
+            i++;
+            continue;
+        }
+        if (len == 0) {
+            w += utf8_fffd(out + w);
+            i++;
+            continue;
+        }
+        size_t k = 1;
+        bool bad = false;
+        for (; k < (size_t)len && i + k < total; k++) {
+            unsigned c = AT(i + k);
+            if (c < (k == 1 ? lo : 0x80) || c > (k == 1 ? hi : 0xBF)) {
+                bad = true;
+                break;
+            }
+        }
+        if (bad) {
+            w += utf8_fffd(out + w); /* the maximal subpart i .. i + k - 1 */
+            i += k;
+        } else if (k < (size_t)len) {
+            for (size_t j = 0; j < k; j++) /* incomplete at the end: hold back */
+                s->pend[j] = AT(i + j);
+            s->n_pend = (int32_t)k;
+            i += k;
+        } else {
+            for (size_t j = 0; j < k; j++)
+                out[w++] = (char)AT(i + j);
+            i += k;
+        }
+    }
+#undef AT
+    return w;
+}
+
+size_t ms_cli_utf8_flush(ms_cli_utf8 *s, char *out) {
+    bool any = s->n_pend > 0;
+    s->n_pend = 0;
+    return any ? utf8_fffd(out) : 0;
+}
+
+/* ---- model probe ---- */
+
+static bool ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+static const char *file_kind(mode_t m) {
+    if (S_ISCHR(m))
+        return "a character device";
+    if (S_ISBLK(m))
+        return "a block device";
+    if (S_ISFIFO(m))
+        return "a pipe";
+    if (S_ISSOCK(m))
+        return "a socket";
+    return "neither a folder nor a regular file";
+}
+
+#define CLI_MODEL_KINDS                                                                           \
+    "expected a checkpoint folder (config.json + *.safetensors), a .safetensors file or "         \
+    "shard index .json inside one, or a llama2.c .bin file"
+
+ms_status ms_cli_model_probe(const ms_model_desc *desc, const char *path, ms_md_facts *facts,
+                             int64_t *layer_matmul_params, char **dir, ms_error *err) {
+    if (dir != NULL)
+        *dir = NULL;
+    struct stat st;
+    if (stat(path, &st) != 0)
+        return MS_FAIL(err, MS_ERR_IO, "%s: cannot open the model (%s)", path,
+                       errno == ENOENT ? "no such file or folder" : strerror(errno));
+    char *folder = NULL;
+    if (S_ISDIR(st.st_mode)) {
+        char *cfg = ms_asprintf("%s/config.json", path);
+        if (cfg == NULL)
+            return MS_FAIL(err, MS_ERR_OOM, "out of memory");
+        struct stat cst;
+        bool has = stat(cfg, &cst) == 0;
+        ms_free(cfg);
+        if (!has)
+            return MS_FAIL(err, MS_ERR_NOT_FOUND,
+                           "%s: not a model: the folder has no config.json (%s)", path,
+                           CLI_MODEL_KINDS);
+        folder = ms_strdup(path);
+    } else if (!S_ISREG(st.st_mode)) {
+        return MS_FAIL(err, MS_ERR_FORMAT, "%s: not a model: %s (%s)", path, file_kind(st.st_mode),
+                       CLI_MODEL_KINDS);
+    } else if (ends_with(path, ".safetensors") || ends_with(path, ".json")) {
+        const char *slash = strrchr(path, '/');
+        folder = slash == NULL ? ms_strdup(".") : ms_strndup(path, (size_t)(slash - path));
+    } else if (!ends_with(path, ".bin")) {
+        return MS_FAIL(err, MS_ERR_FORMAT, "%s: not a model: unknown file type (%s)", path,
+                       CLI_MODEL_KINDS);
+    }
+    if ((S_ISDIR(st.st_mode) || !ends_with(path, ".bin")) && folder == NULL)
+        return MS_FAIL(err, MS_ERR_OOM, "out of memory");
+
+    ms_hf_config *hf = NULL;
+    void *config = NULL;
+    ms_status rc = ms_hf_config_init(&hf, path, err);
+    if (rc == MS_OK) {
+        config = ms_calloc(1, desc->config_size);
+        if (config == NULL)
+            rc = MS_FAIL(err, MS_ERR_OOM, "out of memory for the model config");
+    }
+    if (rc == MS_OK) {
+        memset(facts, 0, sizeof *facts);
+        rc = desc->config_load(hf, config, err);
+    }
+    if (rc == MS_OK)
+        rc = desc->facts(config, facts, err);
+    if (rc == MS_OK && layer_matmul_params != NULL) {
+        int64_t sum = 0;
+        for (int32_t w = 0; w < desc->n_weights; w++) {
+            const ms_md_weight *wd = &desc->weights[w];
+            if (!wd->per_layer || wd->rank != 2 || wd->kind == MS_MD_WEIGHT_PART)
+                continue;
+            int64_t shape[2] = {0, 0};
+            desc->weight_shape(config, w, shape);
+            sum += shape[0] * shape[1];
+        }
+        *layer_matmul_params = sum * facts->n_layers;
+    }
+    ms_free(config);
+    ms_hf_config_free(hf);
+    if (rc == MS_OK && dir != NULL) {
+        *dir = folder;
+        folder = NULL;
+    }
+    ms_free(folder);
+    return rc;
+}
 
 /* ---- flag parsing ---- */
 
 #define CLI_DEFAULT_NEW 256 /* --max-new-tokens when neither it nor --steps is given */
 
+typedef enum cli_output { CLI_OUT_AUTO = 0, CLI_OUT_TEXT, CLI_OUT_IDS } cli_output;
+
 typedef struct cli_opts {
     const char *model;
-    const char *tokenizer;
+    const char *tokenizer;  /* NULL: the checkpoint's tokenizer.json if any; "none": none */
     const char *prompt;
     const char *prompt_ids;
     const char *prompts_file;
@@ -31,6 +283,9 @@ typedef struct cli_opts {
     int32_t steps;          /* -1 = not given */
     ms_sampling_params sampling;
     bool ignore_eos;
+    bool no_display_prompt; /* text output: the generated text only */
+    bool verbose_prompt;    /* the prompts' ids on stderr */
+    cli_output output;
     int32_t page_size;
     int32_t threads;
     const char *dtype;
@@ -88,16 +343,17 @@ static bool parse_f(const char *s, float *out) {
 
 static void usage(FILE *to) {
     fprintf(to,
-            "usage: %s generate --model PATH [--tokenizer PATH]\n"
+            "usage: %s generate --model PATH [--tokenizer PATH|none]\n"
             "           (--prompt TEXT | --prompt-ids 1,2,3 | --prompts-file FILE)\n"
             "           [--max-new-tokens N | --steps N] [--temperature T] [--top-k K]\n"
-            "           [--top-p P] [--seed S] [--ignore-eos] [--page-size N]\n"
+            "           [--top-p P] [--seed S] [--ignore-eos] [--output text|ids]\n"
+            "           [--no-display-prompt] [--verbose-prompt] [--page-size N]\n"
             "           [--device auto|cpu|cuda] [--dtype auto|f32|bf16] [--threads N]\n"
             "       %s bench --model PATH [...]   (%s bench --help)\n",
             g_prog, g_prog, g_prog);
 }
 
-/* Returns 0 on success, else the exit status (message printed). */
+/* Returns 0 on success, -1 for --help, else the exit status (message printed). */
 static int parse_generate(int argc, char **argv, cli_opts *o) {
     memset(o, 0, sizeof *o);
     o->max_new = -1;
@@ -108,6 +364,14 @@ static int parse_generate(int argc, char **argv, cli_opts *o) {
         const char *a = argv[i];
         if (strcmp(a, "--ignore-eos") == 0) {
             o->ignore_eos = true;
+            continue;
+        }
+        if (strcmp(a, "--no-display-prompt") == 0) {
+            o->no_display_prompt = true;
+            continue;
+        }
+        if (strcmp(a, "--verbose-prompt") == 0) {
+            o->verbose_prompt = true;
             continue;
         }
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
@@ -122,7 +386,7 @@ static int parse_generate(int argc, char **argv, cli_opts *o) {
         static const char *const with_value[] = {
             "--model", "--tokenizer", "--prompt", "--prompt-ids", "--prompts-file",
             "--max-new-tokens", "--steps", "--temperature", "--top-k", "--top-p", "--seed",
-            "--page-size", "--device", "--threads", "--dtype"};
+            "--page-size", "--device", "--threads", "--dtype", "--output"};
         bool known = false;
         for (size_t k = 0; k < MS_ARRAY_LEN(with_value); k++)
             known = known || strcmp(a, with_value[k]) == 0;
@@ -132,14 +396,19 @@ static int parse_generate(int argc, char **argv, cli_opts *o) {
             return 2;
         }
         if (i + 1 >= argc) {
+            usage(stderr);
             cli_fail("flag %s needs a value", a);
             return 2;
         }
         const char *v = argv[++i];
         int64_t n;
         if (strcmp(a, "--model") == 0) {
+            if (*v == '\0')
+                return cli_fail("--model: the path is empty");
             o->model = v;
         } else if (strcmp(a, "--tokenizer") == 0) {
+            if (*v == '\0')
+                return cli_fail("--tokenizer: the path is empty (give a path or 'none')");
             o->tokenizer = v;
         } else if (strcmp(a, "--prompt") == 0) {
             o->prompt = v;
@@ -185,6 +454,13 @@ static int parse_generate(int argc, char **argv, cli_opts *o) {
             if (strcmp(v, "auto") != 0 && strcmp(v, "f32") != 0 && strcmp(v, "bf16") != 0)
                 return cli_fail("--dtype: '%s' is not auto, f32 or bf16", v);
             o->dtype = v;
+        } else if (strcmp(a, "--output") == 0) {
+            if (strcmp(v, "text") == 0)
+                o->output = CLI_OUT_TEXT;
+            else if (strcmp(v, "ids") == 0)
+                o->output = CLI_OUT_IDS;
+            else
+                return cli_fail("--output: '%s' is not text or ids", v);
         }
     }
     if (o->model == NULL) {
@@ -199,12 +475,161 @@ static int parse_generate(int argc, char **argv, cli_opts *o) {
         return 2;
     }
     if (o->max_new >= 0 && o->steps >= 0) {
+        usage(stderr);
         cli_fail("give --max-new-tokens or --steps, not both");
         return 2;
     }
-    if (o->prompt != NULL && o->tokenizer == NULL)
-        return cli_fail("--prompt needs --tokenizer (this binary reads llama2.c tokenizer.bin); "
-                        "give token ids with --prompt-ids instead");
+    return 0;
+}
+
+/* ---- tokenizer ---- */
+
+/* The tokenizer in use: at most one of l2c / hf. */
+typedef struct cli_tok {
+    char *path;             /* the file read (ms_malloc'd) */
+    ms_llama2c_tok *l2c;
+    ms_tok_hf *hf;
+    int add_bos;            /* hf: tokenizer_config.json add_bos_token: 1, 0, -1 absent */
+    int add_eos;            /* hf: add_eos_token, likewise */
+} cli_tok;
+
+static void tok_free(cli_tok *t) {
+    ms_llama2c_tok_free(t->l2c);
+    ms_tok_hf_free(t->hf);
+    ms_free(t->path);
+    memset(t, 0, sizeof *t);
+}
+
+static bool tok_any(const cli_tok *t) { return t->l2c != NULL || t->hf != NULL; }
+
+/* tokenizer_config.json beside `path`: add_bos_token / add_eos_token when they are booleans (the
+ * file's syntax was checked by ms_tok_hf_init). */
+static void tok_read_config(cli_tok *t) {
+    t->add_bos = t->add_eos = -1;
+    const char *slash = strrchr(t->path, '/');
+    char *cfg = slash == NULL ? ms_strdup("tokenizer_config.json")
+                              : ms_asprintf("%.*s/tokenizer_config.json",
+                                            (int)(slash - t->path), t->path);
+    if (cfg == NULL)
+        return;
+    json_t *root = json_load_file(cfg, 0, NULL);
+    ms_free(cfg);
+    if (root == NULL)
+        return;
+    json_t *b = json_object_get(root, "add_bos_token"), *e = json_object_get(root, "add_eos_token");
+    if (json_is_boolean(b))
+        t->add_bos = json_is_true(b) ? 1 : 0;
+    if (json_is_boolean(e))
+        t->add_eos = json_is_true(e) ? 1 : 0;
+    json_decref(root);
+}
+
+/*
+ * Choose and load the tokenizer (see cli.h): `given` is --tokenizer's value (NULL when absent),
+ * `model_dir` the checkpoint folder (NULL for a llama2.c file); then check it against the model's
+ * vocabulary. No tokenizer leaves *t empty. Returns 0 or the exit status (message printed).
+ */
+static int tok_init(cli_tok *t, const char *given, const char *model_dir, int32_t vocab) {
+    memset(t, 0, sizeof *t);
+    struct stat st;
+    if (given != NULL && strcmp(given, "none") == 0)
+        return 0;
+    if (given != NULL) {
+        if (stat(given, &st) != 0)
+            return cli_fail("--tokenizer: %s: cannot open the tokenizer (%s)", given,
+                            errno == ENOENT ? "no such file or folder" : strerror(errno));
+        t->path = S_ISDIR(st.st_mode) ? ms_asprintf("%s/tokenizer.json", given) : ms_strdup(given);
+        if (t->path == NULL)
+            return cli_fail("out of memory");
+        if (S_ISDIR(st.st_mode) && stat(t->path, &st) != 0)
+            return cli_fail("--tokenizer: %s: the folder has no tokenizer.json", given);
+        if (!S_ISREG(st.st_mode))
+            return cli_fail("--tokenizer: %s: not a tokenizer: %s (expected a tokenizer.json or "
+                            "a llama2.c tokenizer .bin)",
+                            t->path, file_kind(st.st_mode));
+    } else {
+        if (model_dir == NULL)
+            return 0;
+        t->path = ms_asprintf("%s/tokenizer.json", model_dir);
+        if (t->path == NULL)
+            return cli_fail("out of memory");
+        if (stat(t->path, &st) != 0) {
+            ms_free(t->path);
+            t->path = NULL;
+            return 0;
+        }
+    }
+    /* the kind by content: a JSON object (after an optional UTF-8 BOM and white space) */
+    FILE *f = fopen(t->path, "rb");
+    if (f == NULL)
+        return cli_fail("%s: cannot open the tokenizer (%s)", t->path, strerror(errno));
+    unsigned char head[64];
+    size_t got = fread(head, 1, sizeof head, f);
+    fclose(f);
+    size_t i = got >= 3 && memcmp(head, "\xEF\xBB\xBF", 3) == 0 ? 3 : 0;
+    while (i < got && (head[i] == ' ' || head[i] == '\t' || head[i] == '\n' || head[i] == '\r'))
+        i++;
+    bool is_json = i < got && head[i] == '{';
+    ms_error err = {0};
+    /* the checkpoint's own tokenizer.json was not asked for: say how to run without it */
+    const char *hint = given == NULL ? " (the checkpoint folder's tokenizer.json; --tokenizer none "
+                                       "runs on token ids without it)"
+                                     : "";
+    if (is_json) {
+        if (ms_tok_hf_init(&t->hf, t->path, &err) != MS_OK)
+            return cli_fail("%s%s", err.msg, hint);
+        tok_read_config(t);
+        int32_t n = ms_tok_hf_vocab_size(t->hf);
+        if (n > vocab)
+            return cli_fail("%s: the tokenizer's ids go up to %d, beyond the model's vocabulary "
+                            "of %d ids: this tokenizer is not the model's%s",
+                            t->path, (int)n - 1, (int)vocab, hint);
+    } else {
+        /* vocab 0: as many tokens as the file holds, so that a size mismatch is named below */
+        if (ms_llama2c_tok_init(&t->l2c, t->path, 0, &err) != MS_OK)
+            return cli_fail("%s", err.msg);
+        int n = ms_llama2c_tok_vocab_size(t->l2c);
+        if (n != vocab)
+            return cli_fail("%s: the tokenizer has %d tokens, the model's vocabulary is %d",
+                            t->path, n, (int)vocab);
+    }
+    return 0;
+}
+
+/* Encode NUL-terminated `text` into a fresh array (BOS / special tokens as cli.h says). */
+static int tok_encode(const cli_tok *t, const char *text, const char *where, int32_t **ids,
+                      size_t *n) {
+    ms_error err = {0};
+    *ids = NULL;
+    *n = 0;
+    if (t->l2c != NULL) {
+        if (ms_llama2c_tok_encode(t->l2c, text, true, false, ids, n, &err) != MS_OK)
+            return cli_fail("%s: %s", where, err.msg);
+        return 0;
+    }
+    if (ms_tok_hf_encode(t->hf, text, strlen(text), t->add_bos != 0, ids, n, &err) != MS_OK)
+        return cli_fail("%s: %s", where, err.msg);
+    int32_t bos = ms_tok_hf_bos_id(t->hf), eos = ms_tok_hf_eos_id(t->hf);
+    bool want_bos = t->add_bos == 1 && bos >= 0 && (*n == 0 || (*ids)[0] != bos);
+    bool want_eos = t->add_eos == 1 && eos >= 0 && (*n == 0 || (*ids)[*n - 1] != eos);
+    if (want_bos || want_eos) {
+        size_t m = *n + (want_bos ? 1 : 0) + (want_eos ? 1 : 0);
+        int32_t *v = ms_malloc(m * sizeof *v);
+        if (v == NULL)
+            return cli_fail("out of memory");
+        size_t k = 0;
+        if (want_bos)
+            v[k++] = bos;
+        for (size_t i = 0; i < *n; i++)
+            v[k++] = (*ids)[i];
+        if (want_eos)
+            v[k++] = eos;
+        ms_free(*ids);
+        *ids = v;
+        *n = m;
+    }
+    if (*n == 0)
+        return cli_fail("%s: the text encodes to no tokens", where);
     return 0;
 }
 
@@ -227,65 +652,32 @@ static void prompts_free(cli_prompts *p) {
     memset(p, 0, sizeof *p);
 }
 
-/* Parse "1,2, 3" into a fresh array. `where` names the source for messages. */
-static int parse_ids(const char *s, const char *where, cli_prompt *out) {
-    size_t cap = 0, n = 0;
-    int32_t *ids = NULL;
-    const char *p = s;
-    while (*p != '\0') {
-        while (*p == ' ' || *p == '\t')
-            p++;
-        char *end;
-        errno = 0;
-        long v = strtol(p, &end, 10);
-        if (end == p || errno != 0 || v < 0 || v > INT32_MAX) {
-            ms_free(ids);
-            return cli_fail("%s: '%s' is not a comma-separated list of token ids", where, s);
-        }
-        if (ms_grow((void **)&ids, &cap, n + 1, sizeof *ids) != MS_OK) {
-            ms_free(ids);
-            return cli_fail("out of memory");
-        }
-        ids[n++] = (int32_t)v;
-        p = end;
-        while (*p == ' ' || *p == '\t' || *p == '\r')
-            p++;
-        if (*p == ',')
-            p++;
-        else if (*p != '\0') {
-            ms_free(ids);
-            return cli_fail("%s: '%s' is not a comma-separated list of token ids", where, s);
-        }
-    }
-    if (n == 0)
-        return cli_fail("%s: no token ids", where);
-    out->ids = ids;
-    out->n = n;
-    return 0;
-}
-
-static int add_prompt(cli_prompts *ps, const char *text, const char *where,
-                      const ms_llama2c_tok *tok) {
+/* Add one prompt: text through the tokenizer, or an id list when tok is NULL. */
+static int add_prompt(cli_prompts *ps, const char *text, const char *where, const cli_tok *tok) {
     if (ms_grow((void **)&ps->v, &ps->cap, ps->n + 1, sizeof *ps->v) != MS_OK)
         return cli_fail("out of memory");
     cli_prompt *p = &ps->v[ps->n];
     if (tok != NULL) {
-        ms_error err = {0};
-        if (ms_llama2c_tok_encode(tok, text, true, false, &p->ids, &p->n, &err) != MS_OK)
-            return cli_fail("%s: %s", where, err.msg);
-    } else {
-        int rc = parse_ids(text, where, p);
-        if (rc != 0)
+        int rc = tok_encode(tok, text, where, &p->ids, &p->n);
+        if (rc != 0) {
+            ms_free(p->ids);
+            p->ids = NULL;
             return rc;
+        }
+    } else {
+        ms_error err = {0};
+        if (ms_cli_parse_ids(text, &p->ids, &p->n, &err) != MS_OK)
+            return cli_fail("%s: %s", where, err.msg);
     }
     ps->n++;
     return 0;
 }
 
-static int read_prompts_file(const char *path, const ms_llama2c_tok *tok, cli_prompts *ps) {
+static int read_prompts_file(const char *path, const cli_tok *tok, cli_prompts *ps) {
     FILE *f = fopen(path, "r");
     if (f == NULL)
-        return cli_fail("%s: cannot open the prompts file: %s", path, strerror(errno));
+        return cli_fail("--prompts-file: %s: cannot open the prompts file: %s", path,
+                        strerror(errno));
     char *line = NULL;
     size_t cap = 0;
     ssize_t len;
@@ -296,6 +688,10 @@ static int read_prompts_file(const char *path, const ms_llama2c_tok *tok, cli_pr
             line[--len] = '\0';
         if (len == 0)
             continue;
+        if (strlen(line) != (size_t)len) {
+            rc = cli_fail("%s:%d: the line holds a NUL byte", path, lineno);
+            break;
+        }
         char where[600];
         snprintf(where, sizeof where, "%s:%d", path, lineno);
         rc = add_prompt(ps, line, where, tok);
@@ -309,23 +705,86 @@ static int read_prompts_file(const char *path, const ms_llama2c_tok *tok, cli_pr
 
 /* ---- output ---- */
 
-/* Print a sequence as run.c does: every piece after BOS, non-printable single bytes skipped. */
-static void print_text(const ms_llama2c_tok *tok, const int32_t *prompt, size_t n_prompt,
-                       const int32_t *out, int32_t n_out, bool drop_last) {
-    int prev = -1;
-    size_t total = n_prompt + (size_t)n_out - (drop_last ? 1 : 0);
-    for (size_t i = 0; i < total; i++) {
-        int t = i < n_prompt ? prompt[i] : out[i - n_prompt];
-        if (i == 0 && t == MS_LLAMA2C_TOK_BOS) {
-            prev = t;
-            continue;
-        }
-        const char *piece = ms_llama2c_tok_decode(tok, prev, t);
-        if (ms_llama2c_tok_piece_printable(piece))
-            fputs(piece, stdout);
-        prev = t;
+/* The output of one prompt, printed as it grows (streaming) or at the end. */
+typedef struct cli_printer {
+    const cli_tok *tok;     /* NULL: ids */
+    bool several;           /* ids: "[k]" prefixes */
+    int32_t printed;        /* output ids printed so far */
+    int prev;               /* llama2.c: the previous token (run.c's decode needs it) */
+    ms_cli_utf8 utf8;       /* tokenizer.json: bytes of a split character held back */
+} cli_printer;
+
+static void hf_put(cli_printer *pr, int32_t id) {
+    if (ms_tok_hf_is_special(pr->tok->hf, id))
+        return;
+    size_t len;
+    const char *b = ms_tok_hf_token_bytes(pr->tok->hf, id, &len);
+    while (b != NULL && len > 0) { /* in slices: the output buffer stays on the stack */
+        char out[MS_CLI_UTF8_OUT_MAX(64)];
+        size_t take = MS_MIN(len, (size_t)64);
+        size_t w = ms_cli_utf8_push(&pr->utf8, b, take, out);
+        fwrite(out, 1, w, stdout);
+        b += take;
+        len -= take;
     }
+}
+
+/* Start prompt k (1-based) of `prompt`: the "[k]" prefix or the echoed prompt text. */
+static void printer_begin(cli_printer *pr, size_t k, const cli_prompt *prompt, bool echo) {
+    pr->printed = 0;
+    pr->prev = -1;
+    memset(&pr->utf8, 0, sizeof pr->utf8);
+    if (pr->tok == NULL) {
+        if (pr->several)
+            printf("[%zu]", k);
+        return;
+    }
+    if (pr->tok->l2c != NULL) {
+        /* run.c prints every piece after BOS, non-printable single bytes skipped */
+        for (size_t i = 0; i < prompt->n; i++) {
+            int t = prompt->ids[i];
+            if (echo && !(i == 0 && t == MS_LLAMA2C_TOK_BOS)) {
+                const char *piece = ms_llama2c_tok_decode(pr->tok->l2c, pr->prev, t);
+                if (ms_llama2c_tok_piece_printable(piece))
+                    fputs(piece, stdout);
+            }
+            pr->prev = t;
+        }
+    } else if (echo) {
+        for (size_t i = 0; i < prompt->n; i++)
+            hf_put(pr, prompt->ids[i]);
+    }
+}
+
+/* Print out[pr->printed .. upto). */
+static void printer_feed(cli_printer *pr, const int32_t *out, int32_t upto) {
+    for (int32_t k = pr->printed; k < upto; k++) {
+        int t = out[k];
+        if (pr->tok == NULL) {
+            printf("%s%d", (k > 0 || pr->several) ? " " : "", t);
+        } else if (pr->tok->l2c != NULL) {
+            const char *piece = ms_llama2c_tok_decode(pr->tok->l2c, pr->prev, t);
+            if (ms_llama2c_tok_piece_printable(piece))
+                fputs(piece, stdout);
+            pr->prev = t;
+        } else {
+            hf_put(pr, t);
+        }
+    }
+    pr->printed = MS_MAX(pr->printed, upto);
+}
+
+static void printer_end(cli_printer *pr) {
+    char out[3];
+    size_t w = ms_cli_utf8_flush(&pr->utf8, out);
+    fwrite(out, 1, w, stdout);
     fputc('\n', stdout);
+}
+
+/* Output ids to print: as text, all but a final eos id; as ids, all (the eos id included, as the
+ * engine keeps it). */
+static int32_t printable(const cli_printer *pr, int32_t n_out, ms_finish_reason why) {
+    return n_out - (pr->tok != NULL && why == MS_FINISH_EOS && n_out > 0 ? 1 : 0);
 }
 
 static double now_s(void) {
@@ -343,41 +802,79 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
         return rc < 0 ? 0 : rc;
 
     ms_error err = {0};
-    ms_llama2c_tok *tok = NULL;
+    cli_tok tok = {0};
     ms_engine *eng = NULL;
     cli_prompts ps = {0};
     ms_rid *rids = NULL;
+    char *model_dir = NULL;
 
-    /* the model's facts first: the tokenizer needs the vocabulary size */
+    /* the model's facts first (config only): the tokenizer is checked against the vocabulary */
+    ms_md_facts fa;
+    if (ms_cli_model_probe(desc, o.model, &fa, NULL, &model_dir, &err) != MS_OK) {
+        rc = cli_fail("%s", err.msg);
+        goto done;
+    }
+    if ((rc = tok_init(&tok, o.tokenizer, model_dir, fa.vocab)) != 0)
+        goto done;
+    if (o.prompt != NULL && !tok_any(&tok)) {
+        if (o.tokenizer != NULL) /* "none" */
+            rc = cli_fail("--prompt needs a tokenizer (--tokenizer none was given); give token "
+                          "ids with --prompt-ids instead");
+        else
+            rc = cli_fail("--prompt needs a tokenizer: %s has no tokenizer.json; give "
+                          "--tokenizer PATH (tokenizer.json or a llama2.c tokenizer .bin) or "
+                          "token ids with --prompt-ids",
+                          o.model);
+        goto done;
+    }
+    if (o.output == CLI_OUT_TEXT && !tok_any(&tok)) {
+        rc = cli_fail("--output text needs a tokenizer: %s has no tokenizer.json; give "
+                      "--tokenizer PATH",
+                      o.model);
+        goto done;
+    }
+    bool text_out = tok_any(&tok) && o.output != CLI_OUT_IDS;
+    /* --prompt-ids are always ids; prompts-file lines are text when a tokenizer is in use */
+    if (o.prompt != NULL)
+        rc = add_prompt(&ps, o.prompt, "--prompt", &tok);
+    else if (o.prompt_ids != NULL)
+        rc = add_prompt(&ps, o.prompt_ids, "--prompt-ids", NULL);
+    else
+        rc = read_prompts_file(o.prompts_file, tok_any(&tok) ? &tok : NULL, &ps);
+    if (rc != 0)
+        goto done;
+
+    size_t total = 0;
+    for (size_t i = 0; i < ps.n; i++) {
+        total += ps.v[i].n;
+        if (o.verbose_prompt) {
+            fprintf(stderr, "%s: prompt %zu: %zu tokens:", g_prog, i + 1, ps.v[i].n);
+            for (size_t k = 0; k < ps.v[i].n; k++)
+                fprintf(stderr, " %d", (int)ps.v[i].ids[k]);
+            fputc('\n', stderr);
+        }
+        /* run.c's -n counts positions from the first prompt token: a prompt as long as --steps
+         * leaves nothing to generate (a longer-than-context prompt is the engine's error) */
+        if (o.steps >= 0 && ps.v[i].n <= (size_t)fa.max_context && ps.v[i].n > (size_t)o.steps) {
+            char which[48] = "the prompt";
+            if (ps.n > 1)
+                snprintf(which, sizeof which, "prompt %zu", i + 1);
+            rc = cli_fail("--steps %d counts positions including the prompt (as llama2.c's -n), "
+                          "and %s has %zu tokens, which leaves none to generate: give --steps "
+                          "%zu or more, or --max-new-tokens N to count new tokens only",
+                          (int)o.steps, which, ps.v[i].n, ps.v[i].n);
+            goto done;
+        }
+    }
+    /* worst-case sizes from the prompts: a batch of up to 64 rows, a prefill budget of up to
+     * 1024 tokens per step (longer prompts are prefilled in chunks), KV pages for the longest
+     * sequence a request can reach (prompt + new tokens, capped at the context by the engine) */
     ms_engine_options eo = ms_engine_options_default();
     eo.model_path = o.model;
     eo.device = o.device;
     eo.page_size = o.page_size;
     eo.n_threads = o.threads;
     eo.dtype = o.dtype;
-
-    if (o.tokenizer != NULL) {
-        /* vocab 0: as many tokens as the file holds; checked against the model below */
-        if (ms_llama2c_tok_init(&tok, o.tokenizer, 0, &err) != MS_OK) {
-            rc = cli_fail("%s", err.msg);
-            goto done;
-        }
-    }
-    if (o.prompt != NULL)
-        rc = add_prompt(&ps, o.prompt, "--prompt", tok);
-    else if (o.prompt_ids != NULL)
-        rc = add_prompt(&ps, o.prompt_ids, "--prompt-ids", NULL);
-    else
-        rc = read_prompts_file(o.prompts_file, tok, &ps);
-    if (rc != 0)
-        goto done;
-
-    size_t total = 0;
-    for (size_t i = 0; i < ps.n; i++)
-        total += ps.v[i].n;
-    /* worst-case sizes from the prompts: a batch of up to 64 rows, a prefill budget of up to
-     * 1024 tokens per step (longer prompts are prefilled in chunks), KV pages for the longest
-     * sequence a request can reach (prompt + new tokens, capped at the context by the engine) */
     eo.max_seqs = (int32_t)MS_MIN(ps.n, (size_t)64);
     eo.max_tokens = (int32_t)MS_MAX(MS_MIN(total, (size_t)1024), (size_t)eo.max_seqs);
     int64_t longest = 0;
@@ -391,18 +888,17 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
         rc = cli_fail("%s", err.msg);
         goto done;
     }
-    const ms_md_facts *fa = ms_engine_facts(eng);
-    if (tok != NULL && ms_llama2c_tok_vocab_size(tok) < fa->vocab) {
-        rc = cli_fail("%s: the tokenizer has %d tokens, the model's vocabulary is %d",
-                      o.tokenizer, ms_llama2c_tok_vocab_size(tok), (int)fa->vocab);
-        goto done;
-    }
+    const ms_md_facts *efa = ms_engine_facts(eng);
 
     rids = ms_calloc(ps.n, sizeof *rids);
     if (rids == NULL) {
         rc = cli_fail("out of memory");
         goto done;
     }
+    /* one prompt streams its output step by step; several print in order at the end */
+    bool stream = ps.n == 1;
+    cli_printer pr = {.tok = text_out ? &tok : NULL, .several = ps.n > 1};
+    bool echo = !o.no_display_prompt;
     size_t next = 0, n_gen = 0;
     double t0 = now_s(), t_first = 0.0;
     bool first_done = false;
@@ -416,7 +912,7 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
                 .ignore_eos = o.ignore_eos,
             };
             if (o.steps >= 0) {
-                int32_t steps = MS_MIN(o.steps, fa->max_context);
+                int32_t steps = MS_MIN(o.steps, efa->max_context);
                 /* run.c: a forward per position < steps, each after the prompt samples */
                 rq.max_new_tokens = MS_MAX(steps - rq.n_prompt + 1, 0);
             } else {
@@ -426,6 +922,10 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
                 rc = ps.n > 1 ? cli_fail("prompt %zu: %s", next + 1, err.msg)
                               : cli_fail("%s", err.msg);
                 goto done;
+            }
+            if (stream) {
+                printer_begin(&pr, next + 1, &ps.v[next], echo);
+                fflush(stdout);
             }
             next++;
         }
@@ -440,6 +940,14 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
             t_first = now_s();
             first_done = true;
         }
+        if (stream) {
+            const int32_t *out;
+            int32_t n_out;
+            ms_finish_reason why;
+            MS_ASSERT(ms_engine_output(eng, rids[0], &out, &n_out, &why) == MS_OK);
+            printer_feed(&pr, out, printable(&pr, n_out, why));
+            fflush(stdout);
+        }
     }
     double t1 = now_s();
 
@@ -449,28 +957,24 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
         ms_finish_reason why;
         MS_ASSERT(ms_engine_output(eng, rids[i], &out, &n_out, &why) == MS_OK);
         n_gen += (size_t)n_out;
-        if (tok != NULL) {
-            print_text(tok, ps.v[i].ids, ps.v[i].n, out, n_out, why == MS_FINISH_EOS);
-        } else {
-            if (ps.n > 1)
-                printf("[%zu]", i + 1);
-            for (int32_t k = 0; k < n_out; k++)
-                printf("%s%d", (k > 0 || ps.n > 1) ? " " : "", (int)out[k]);
-            printf("\n");
-        }
+        if (!stream)
+            printer_begin(&pr, i + 1, &ps.v[i], echo);
+        printer_feed(&pr, out, printable(&pr, n_out, why));
+        printer_end(&pr);
         if (why == MS_FINISH_CONTEXT)
             fprintf(stderr,
                     "%s: note: prompt %zu stopped after %d new tokens: the sequence reached the "
                     "model's context (%d tokens)\n",
-                    g_prog, i + 1, (int)n_out, (int)fa->max_context);
+                    g_prog, i + 1, (int)n_out, (int)efa->max_context);
     }
     fflush(stdout);
     double secs = t1 - t0;
     double dec_secs = t1 - t_first;
     fprintf(stderr,
             "%s: %zu prompt(s), %zu prompt tokens, %zu new tokens in %.3f s: %.1f tokens/s "
-            "(decode %.1f tokens/s) on %s, page size %d\n",
+            "(first step %.1f ms, decode %.1f tokens/s) on %s, page size %d\n",
             g_prog, ps.n, total, n_gen, secs, secs > 0 ? (double)n_gen / secs : 0.0,
+            first_done ? 1e3 * (t_first - t0) : 0.0,
             dec_secs > 0 && n_gen > ps.n ? (double)(n_gen - ps.n) / dec_secs : 0.0,
             ms_engine_device(eng), (int)ms_engine_page_size(eng));
 
@@ -478,7 +982,8 @@ done:
     ms_free(rids);
     prompts_free(&ps);
     ms_engine_free(eng);
-    ms_llama2c_tok_free(tok);
+    tok_free(&tok);
+    ms_free(model_dir);
     return rc;
 }
 

@@ -3,21 +3,44 @@
  * `<binary> kernels ...` (later serve)
  * over one compiled model (model_desc.h) and the engine (engine.h).
  *
- *   generate --model PATH [--tokenizer PATH] (--prompt TEXT | --prompt-ids 1,2,3 |
+ *   generate --model PATH [--tokenizer PATH|none] (--prompt TEXT | --prompt-ids 1,2,3 |
  *            --prompts-file FILE) [--max-new-tokens N | --steps N] [--temperature T] [--top-k K]
- *            [--top-p P] [--seed S] [--ignore-eos] [--page-size N] [--device cpu|cuda]
+ *            [--top-p P] [--seed S] [--ignore-eos] [--output text|ids] [--no-display-prompt]
+ *            [--verbose-prompt] [--page-size N] [--device auto|cpu|cuda] [--dtype ...]
  *            [--threads N]
  *
+ * --model is a Hugging Face checkpoint folder (config.json + *.safetensors), a .safetensors file or
+ * shard index .json inside one, or a llama2.c .bin file; anything else (a missing path, a folder
+ * without config.json, /dev/null) is refused naming the path and the problem before any work.
+ *
+ * Tokenizer: `--tokenizer PATH` (a Hugging Face tokenizer.json, a folder holding one, or a
+ * llama2.c tokenizer .bin; the kind is told by content: JSON starts with '{'), else the
+ * checkpoint folder's tokenizer.json when it has one, else none (`--tokenizer none` forces none).
+ * It is checked against the model's vocabulary (config.json) before anything is encoded or loaded:
+ * a tokenizer.json's ids must lie inside the vocabulary (a model may have padding rows beyond), a
+ * llama2.c tokenizer must have exactly the vocabulary's size (its ids are the model's rows).
+ *
  * Every prompt of a file runs in ONE ragged batch (continuous: finished sequences leave it). With a
- * tokenizer (llama2.c tokenizer.bin) prompts are text, encoded with BOS as llama2.c's run.c does,
- * and the output is text exactly as run.c prints it; without one, prompts are comma-separated ids
- * (a prompts file: one line of ids per prompt) and the output is the generated ids. `--steps N`
- * counts positions including BOS and the prompt, as run.c's -n (clamped to the context): one
- * forward per position, so steps - prompt + 1 new ids.
- * Generation stats (tokens/s) go to stderr, so stdout holds only the generated text or ids.
+ * tokenizer, prompts are text: a llama2.c tokenizer encodes with BOS as llama2.c's run.c does; a
+ * tokenizer.json encodes as transformers' tokenizer(text) does (its post-processor adds the special
+ * tokens, e.g. Llama 3's <|begin_of_text|>; tokenizer_config.json's add_bos_token / add_eos_token
+ * are honoured where present), special-token text in the prompt becomes the special id. The output
+ * is text (`--output text`, the default with a tokenizer): the prompt then the generated text
+ * (`--no-display-prompt`: the generated text only), streamed while a single prompt generates, a
+ * final eos id not printed (ids output keeps it); a llama2.c tokenizer prints exactly as run.c
+ * does, a tokenizer.json skips special tokens and holds back the bytes of a UTF-8 character split
+ * across tokens until it is complete (invalid bytes print as U+FFFD, as the tokenizers library
+ * decodes). Without a tokenizer, prompts are comma-separated ids (a prompts file: one line of ids
+ * per prompt; --prompt-ids are ids in any case) and the output is the generated ids (also with
+ * `--output ids`), one line per prompt ("[k] ..." for several).
+ * `--steps N` counts positions including the prompt, as run.c's -n (clamped to the context): one
+ * forward per position, so steps - prompt + 1 new ids; a prompt of more than N tokens is an error.
+ * Generation stats (tokens/s) go to stderr (`--verbose-prompt` adds the prompt ids), so stdout
+ * holds only the generated text or ids.
  *
  * Errors: one line "<binary>: <problem>" on stderr naming the flag, file or tensor; exit status 1
- * (2 for usage errors). This is the only place of the runtime that calls exit (through main).
+ * (2 for usage errors: unknown flag, missing value or required flag, conflicting flags). This is
+ * the only place of the runtime that calls exit (through main).
  */
 #ifndef MS_CLI_H
 #define MS_CLI_H
@@ -50,6 +73,68 @@ int ms_cli_bench(int argc, char **argv, const ms_model_desc *desc, const char *p
  * stderr, then the log), 2 (usage).
  */
 int ms_cli_kernels(int argc, char **argv, const ms_model_desc *desc, const char *prog);
+
+/* ---- helpers of the verbs (exposed for tests) ---- */
+
+/*
+ * Parse a comma-separated list of token ids ("1,2, 3": decimal integers in [0, INT32_MAX], spaces
+ * or tabs around each) into a fresh ms_malloc'd *ids of *n >= 1 entries (release with ms_free).
+ * Errors (MS_ERR_PARSE; the message names the 1-based entry and starts lower case, for the caller
+ * to prefix with the flag or file): no ids at all, an empty entry (a leading, trailing or doubled
+ * comma), an entry that is not a decimal integer, a number above INT32_MAX; MS_ERR_OOM. On
+ * failure *ids is NULL and *n 0.
+ */
+ms_status ms_cli_parse_ids(const char *s, int32_t **ids, size_t *n, ms_error *err);
+
+/*
+ * Streaming UTF-8 output: bytes pushed in pieces (a token's bytes may end inside a character) come
+ * out as the text String::from_utf8_lossy gives for all of them at once: valid sequences as they
+ * are, each maximal invalid subpart as U+FFFD, and the bytes of a sequence still incomplete at the
+ * end of a push held back until the next push or the flush. Zero-initialise to start.
+ */
+typedef struct ms_cli_utf8 {
+    unsigned char pend[3];  /* [n_pend] bytes of an incomplete sequence held back */
+    int32_t n_pend;         /* 0 .. 3 */
+} ms_cli_utf8;
+
+/* Output bytes one push of n bytes may write at most (3 per byte held or pushed). */
+#define MS_CLI_UTF8_OUT_MAX(n) (3 * ((size_t)(n) + 3))
+
+/* Push n bytes; writes the text now complete to out (capacity MS_CLI_UTF8_OUT_MAX(n)) and returns
+ * its length. */
+size_t ms_cli_utf8_push(ms_cli_utf8 *s, const char *bytes, size_t n, char *out);
+/* End of the stream: held-back bytes become one U+FFFD in out (capacity 3); returns 0 or 3. */
+size_t ms_cli_utf8_flush(ms_cli_utf8 *s, char *out);
+
+/*
+ * What the verbs learn about --model before loading any weight: checks the path (see the top of
+ * the file), reads the config through desc, and fills *facts (bos/eos not filled: the engine's),
+ * *layer_matmul_params (elements of the per-layer rank-2 weights, summed over layers: the matmuls
+ * every token runs through; may be NULL) and *dir (the checkpoint folder, a fresh ms_malloc'd
+ * string, NULL for a llama2.c file; may be NULL). Errors: MS_ERR_IO (no such path),
+ * MS_ERR_NOT_FOUND (a folder without config.json), MS_ERR_FORMAT (not a folder nor a model
+ * file), the config loader's errors; messages name the path.
+ */
+ms_status ms_cli_model_probe(const ms_model_desc *desc, const char *path, ms_md_facts *facts,
+                             int64_t *layer_matmul_params, char **dir, ms_error *err);
+
+/*
+ * Dense (no sparsity) bf16 tensor-core peak of a GPU in TFLOPS (1e12 FLOP/s) from bench.c's table
+ * of NVIDIA datasheet figures, matched by the device name (cudaDeviceProp.name) and compute
+ * capability; 0 when the GPU is not in the table.
+ */
+double ms_cli_bf16_peak_tflops(const char *gpu_name, int cc_major, int cc_minor);
+
+/*
+ * FLOPs per prompt token of a prefill of `len` tokens per sequence:
+ * 2 x layer_matmul_params + 2 x head_params / len (the lm_head runs on the last token only)
+ * + 4 x n_layers x attn_width x average context (QK^T and PV: 2 FLOPs per multiply-add each; the
+ * average over the prompt of the keys a causal query sees, min(i, window) for i = 1 .. len, window
+ * 0 = none).
+ */
+double ms_cli_prefill_flops_per_token(int64_t layer_matmul_params, int64_t head_params,
+                                      int32_t n_layers, int64_t attn_width, int32_t len,
+                                      int32_t window);
 
 #ifdef __cplusplus
 }

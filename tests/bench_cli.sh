@@ -86,21 +86,32 @@ else
     bad "decode rows" "$rows"
 fi
 
-phdr='| prefill | tokens | prefill tok/s | ms |'
+# prefill table: the compute limit columns read "-" on the CPU (no bf16 peak in the table)
+phdr='| prefill | tokens | prefill tok/s | ms | GFLOP/token | limit tok/s | fraction |'
+if grep -A1 -xF -- "$phdr" "$tmp/out" | tail -1 | grep -qx '|---|---|---|---|---|---|---|'; then
+    ok "prefill table header and rule (7 columns)"
+else
+    bad "prefill table header" "$(head -c 900 "$tmp/out")"
+fi
 prows=$(grep -A4 -xF -- "$phdr" "$tmp/out" | tail -n +3 | grep '^| [0-9]')
 want_s=(1x8 2x4)
 n=0
 row_ok=1
-while IFS='|' read -r _ s t tps ms _; do
-    s=${s// /} t=${t// /} tps=${tps// /} ms=${ms// /}
-    [ "$s" = "${want_s[$n]:-x}" ] && [ "$t" = 8 ] || row_ok=0
-    positive_finite "$tps" && positive_finite "$ms" || row_ok=0
+while IFS='|' read -r _ s t tps ms gf lim frac _; do
+    s=${s// /} t=${t// /} tps=${tps// /} ms=${ms// /} gf=${gf// /} lim=${lim// /} frac=${frac// /}
+    [ "$s" = "${want_s[$n]:-x}" ] && [ "$t" = 8 ] && [ "$lim" = - ] && [ "$frac" = - ] || row_ok=0
+    positive_finite "$tps" && positive_finite "$ms" && positive_finite "$gf" || row_ok=0
     n=$((n + 1))
 done <<<"$prows"
 if [ "$n" -eq 2 ] && [ "$row_ok" -eq 1 ]; then
-    ok "prefill rows: 1x8 then 2x4, 8 tokens, figures positive and finite"
+    ok "prefill rows: 1x8 then 2x4, 8 tokens, figures positive and finite, limit '-' on the cpu"
 else
     bad "prefill rows" "$prows"
+fi
+if grep -qxE 'cpu: dense bf16 peak -; prefill limit = peak / FLOPs per prompt token .*' "$tmp/out"; then
+    ok "peak line: '-' for the cpu, formula named"
+else
+    bad "peak line" "$(head -3 "$tmp/out")"
 fi
 
 if grep -qE '^device cpu, weights [0-9.]+ GB, copy bandwidth [0-9.]+ GB/s' "$tmp/out"; then
@@ -117,12 +128,24 @@ if jq -e '
             and (.runs_tok_s | length == 2 and all(.[]; . > 0))
             and ((.fraction - .tok_s / .limit_tok_s) | fabs) < 1e-9)
     and ([.prefill[] | "\(.batch)x\(.len)"] == ["1x8", "2x4"])
-    and all(.prefill[]; .tok_s > 0 and .ms > 0 and (.runs_tok_s | length == 2))
+    and all(.prefill[]; .tok_s > 0 and .ms > 0 and (.runs_tok_s | length == 2)
+            and .flops_per_token > 0 and .limit_tok_s == null and .fraction == null)
+    and .bf16_peak_tflops == null
     and (.decode[1].limit_tok_s / .decode[0].limit_tok_s - 2 | fabs) < 1e-9
     ' "$tmp/b.json" >/dev/null; then
-    ok "JSON report: rows, positive figures, fraction = tok/s / limit, limit scales with batch"
+    ok "JSON report: rows, positive figures, fraction = tok/s / limit, limit scales with batch, no compute limit on the cpu"
 else
     bad "JSON report" "$(head -c 800 "$tmp/b.json")"
+fi
+
+# FLOPs per prompt token of llama_gqa (hidden 128, 8 heads / 2 KV heads of 16, ffn 344, 3 layers,
+# vocab 512): 2 x matmul parameters + 2 x lm_head / L + 4 x layers x 128 x (L + 1) / 2
+want_f=$(awk 'BEGIN { p = 3 * (128*128 + 2*128*32 + 128*128 + 3*128*344); for (L = 8; L >= 4; L -= 4) printf "%d ", 2*p + 2*512*128/L + 4*3*128*(L+1)/2 }')
+got_f=$(jq -r '[.prefill[].flops_per_token | floor] | map(tostring) | join(" ")' "$tmp/b.json")
+if [ "$got_f " = "$want_f" ]; then
+    ok "prefill FLOPs per token as the documented formula: $got_f"
+else
+    bad "prefill FLOPs per token" "got '$got_f', want '$want_f'"
 fi
 
 # --prefill none: no prefill table, still a decode row; default runs give 5 entries
@@ -169,6 +192,7 @@ expect_error "dtype f16" 1 "--dtype: 'f16' is not" -- "${base[@]}" --dtype f16
 expect_error "over the context" 1 "--prompt-len 510 \+ --new-tokens 4 .*context of 512" -- "${base[@]}" --batch 1 --prompt-len 510 --prefill none
 expect_error "prefill over the context" 1 "context of 512" -- "${base[@]}" --batch 1 --prefill 1x600
 expect_error "no such model" 1 "$tmp/nothing: cannot open the model" -- --model "$tmp/nothing" --device cpu
+expect_error "model /dev/null" 1 "^[^:]*: /dev/null: not a model: a character device" -- --model /dev/null --device cpu
 
 # an unwritable JSON path: the table is printed, then one error line, exit 1
 "$bin" bench "${base[@]}" --batch 1 --prefill none --runs 1 --json "$tmp/no/such/dir/b.json" >"$tmp/out" 2>"$tmp/err"

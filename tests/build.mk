@@ -74,3 +74,4 @@ TEST_SCRIPTS += tests/kernels_cli.sh
 gpu-test: gpu-kernels-cache
 .PHONY: gpu-kernels-cache
 gpu-kernels-cache: $(BUILD)/mstarc $(BUILD)/libmstar.a ; $(if $(HAVE_CUDA),$(Q)MS_BUILD=$(BUILD) bash tests/kernels_gpu.sh,@echo "gpu-kernels-cache: this build has no CUDA")
+TESTS += tests/test_cli

@@ -46,6 +46,7 @@ check "same seed, same bytes" bash -c "'$tool' --preset tiny --out '$tmp/a' >/de
 check "other seed, other bytes" bash -c "'$tool' --preset tiny --seed 2 --out '$tmp/c' >/dev/null && ! cmp -s '$tmp/a/model.safetensors' '$tmp/c/model.safetensors'"
 check "bf16 tied legacy-config sharded" "$tool" --preset tiny --dtype bf16 --tie --legacy-config --shards 3 --out "$tmp/t3"
 check "index lists 3 shards" bash -c "[ \$(grep -o 'model-0000[0-9]-of-00003.safetensors' '$tmp/t3/model.safetensors.index.json' | sort -u | wc -l) -eq 3 ]"
+check "bos and eos ids" bash -c "'$tool' --preset tiny --bos 7 --eos 3,5 --out '$tmp/be' >/dev/null && [ \"\$(jq -c '[.bos_token_id, .eos_token_id]' '$tmp/be/config.json')\" = '[7,[3,5]]' ] && [ \"\$(jq -c '[.bos_token_id, .eos_token_id]' '$tmp/be/generation_config.json')\" = '[7,[3,5]]' ]"
 check "custom shape" "$tool" --preset tiny --hidden 96 --heads 6 --kv-heads 3 --head-dim 16 --layers 3 --intermediate 200 --vocab 300 --out "$tmp/custom"
 # a direct 2-shard write and a --split of the single file give byte-identical shards
 check "split equals direct shards" bash -c "'$tool' --preset tiny --shards 2 --out '$tmp/d2' >/dev/null && '$tool' --split '$tmp/a' --shards 2 --out '$tmp/s2' >/dev/null && cmp '$tmp/d2/model-00001-of-00002.safetensors' '$tmp/s2/model-00001-of-00002.safetensors' && cmp '$tmp/d2/model-00002-of-00002.safetensors' '$tmp/s2/model-00002-of-00002.safetensors' && cmp '$tmp/d2/model.safetensors.index.json' '$tmp/s2/model.safetensors.index.json'"
@@ -63,6 +64,9 @@ check_fails "unknown option" "unknown option '--bogus'" "$tool" --bogus 1
 check_fails "bad number" "--layers 'x' is not an integer" "$tool" --layers x
 check_fails "unknown switch last" "unknown option '--bogus'" "$tool" --preset tiny --bogus
 check_fails "value missing" "--seed needs a value" "$tool" --preset tiny --seed
+check_fails "eos outside the vocabulary" "--eos 300 is outside the vocabulary of 256 ids" "$tool" --preset tiny --eos 300 --out "$tmp/never"
+check_fails "eos empty entry" "--eos '3,' is not one to three comma-separated token ids" "$tool" --preset tiny --eos 3, --out "$tmp/never"
+check_fails "bos not an id" "--bos 'x' is not a token id" "$tool" --preset tiny --bos x --out "$tmp/never"
 check_fails "tie conflict" "give --tie or --no-tie, not both" "$tool" --tie --no-tie --out "$tmp/never"
 # sizes that cannot fit on the disk are refused before writing (and leave no folder behind)
 check_fails "too big for the disk" "GB but only" "$tool" --hidden 1048576 --intermediate 4194304 \

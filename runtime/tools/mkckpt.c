@@ -6,7 +6,7 @@
  *   mstar-mkckpt [--out DIR] [--preset tiny|small|llama3-8b] [--dtype f32|bf16] [--seed N]
  *                [--hidden N] [--layers N] [--heads N] [--kv-heads N] [--head-dim N]
  *                [--intermediate N] [--vocab N] [--max-pos N] [--rope-theta X] [--tie | --no-tie]
- *                [--legacy-config] [--shards N]
+ *                [--legacy-config] [--shards N] [--bos ID] [--eos ID[,ID[,ID]]]
  *   mstar-mkckpt --split SRC --shards N --out DIR
  *   mstar-mkckpt --check PATH...
  *
@@ -93,6 +93,7 @@ static void usage(FILE *fp) {
           "                    [--hidden N] [--layers N] [--heads N] [--kv-heads N] [--head-dim N]\n"
           "                    [--intermediate N] [--vocab N] [--max-pos N] [--rope-theta X]\n"
           "                    [--tie | --no-tie] [--legacy-config] [--shards N]\n"
+          "                    [--bos ID] [--eos ID[,ID[,ID]]]   (bos_token_id / eos_token_id)\n"
           "       mstar-mkckpt --split SRC --shards N --out DIR\n"
           "       mstar-mkckpt --check PATH...   (stops at the first failing checkpoint)\n"
           "Writes a seeded random-weight Llama checkpoint (config.json, generation_config.json,\n"
@@ -145,7 +146,7 @@ static int parse_args(int argc, char **argv, mk_opts *o) {
     static const char *const valued[] = {
         "--out", "--preset", "--dtype", "--seed", "--hidden", "--layers", "--heads", "--kv-heads",
         "--head-dim", "--intermediate", "--vocab", "--max-pos", "--rope-theta", "--shards",
-        "--split", "--check",
+        "--split", "--check", "--bos", "--eos",
     };
     const char *tie_flag = NULL;
     for (int i = 1; i < argc; i++) {
@@ -219,6 +220,27 @@ static int parse_args(int argc, char **argv, mk_opts *o) {
             if (!parse_int(v, 1, MK_MAX_SHARDS, &n))
                 return die("--shards '%s' is not an integer in 1 .. %d", v, MK_MAX_SHARDS);
             o->shards = (int)n;
+        } else if (strcmp(a, "--bos") == 0) {
+            if (!parse_int(v, 0, INT32_MAX, &o->m.bos))
+                return die("--bos '%s' is not a token id (an integer >= 0)", v);
+        } else if (strcmp(a, "--eos") == 0) {
+            /* one to three ids, comma-separated; every entry non-empty */
+            const char *p = v;
+            o->m.n_eos = 0;
+            for (;;) {
+                char item[24];
+                size_t len = strcspn(p, ",");
+                if (o->m.n_eos == (int)MS_ARRAY_LEN(o->m.eos) || len == 0 || len >= sizeof item)
+                    return die("--eos '%s' is not one to three comma-separated token ids", v);
+                memcpy(item, p, len);
+                item[len] = '\0';
+                if (!parse_int(item, 0, INT32_MAX, &o->m.eos[o->m.n_eos]))
+                    return die("--eos '%s': '%s' is not a token id (an integer >= 0)", v, item);
+                o->m.n_eos++;
+                if (p[len] == '\0')
+                    break;
+                p += len + 1;
+            }
         } else if (strcmp(a, "--rope-theta") == 0) {
             char *end;
             o->m.theta = strtod(v, &end);
@@ -233,6 +255,13 @@ static int parse_args(int argc, char **argv, mk_opts *o) {
         return die("--heads %lld is not a multiple of --kv-heads %lld", (long long)m->heads, (long long)m->kv_heads);
     if (m->head_dim % 2 != 0)
         return die("--head-dim %lld is odd; RoPE needs pairs", (long long)m->head_dim);
+    if (m->bos >= m->vocab)
+        return die("--bos %lld is outside the vocabulary of %lld ids", (long long)m->bos,
+                   (long long)m->vocab);
+    for (int i = 0; i < m->n_eos; i++)
+        if (m->eos[i] >= m->vocab)
+            return die("--eos %lld is outside the vocabulary of %lld ids", (long long)m->eos[i],
+                       (long long)m->vocab);
     return 0;
 }
 
