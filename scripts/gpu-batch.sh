@@ -10,9 +10,12 @@
 #                                              .git/info/exclude; name it in the call's carry)
 #     then on the device machine:              MS_GPU_BUNDLE=DIR scripts/gpu-batch.sh
 #
-# The bundle holds the GPU test and benchmark binaries, the shared libraries they need that a
-# bare CUDA image may lack (cmocka), and the NVRTC cubin cache already filled for sm_80/sm_90 by
-# test_nvrtc, so the device spends no time compiling. Without a bundle the script builds there
+# The bundle holds the GPU test and benchmark binaries, mstarc, mstar-mkckpt, the generated llama
+# and qwen3 serving binaries, a llama binary with its kernels precompiled by `mstarc --arch sm_90
+# --config hf/llama_gqa` (and that cache), a copy of the hf/ and llama2c/ fixtures (the device
+# sees only the carried tree), the shared libraries a bare CUDA image may lack (cmocka, jansson),
+# and the NVRTC cubin cache already filled for sm_80/sm_90 by test_nvrtc, so the device spends no
+# time compiling. About 45 MB: under the device tool's 64 MiB carry limit. Without a bundle the script builds there
 # with make, which needs cmocka and the other dependencies installed (scripts/install-deps.sh).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -22,10 +25,19 @@ if [ "${1:-}" = "--bundle" ]; then
     make -j2 all build/tests/test_gpu_kernels build/tests/test_backend_cuda \
         build/tests/test_llama_cuda_fixture || exit 1
     build/tests/test_nvrtc >/dev/null || { echo "test_nvrtc failed: fix the kernels first"; exit 1; }
-    rm -rf "$dir" && mkdir -p "$dir/bin" "$dir/lib"
+    rm -rf "$dir" && mkdir -p "$dir/bin/llama" "$dir/bin/qwen3" "$dir/lib" "$dir/pre" "$dir/fixtures"
     cp build/tests/test_gpu_kernels build/tests/test_backend_cuda build/tests/test_llama_cuda_fixture \
-        build/tests/bench_kernels "$dir/bin/"
-    for lib in $(ldd "$dir"/bin/* | awk '/=>/ { print $3 }' | sort -u); do
+        build/tests/bench_kernels build/mstarc build/mstar-mkckpt "$dir/bin/"
+    # the serving binaries (llama: gpu_generate.sh and bench-8b.sh; qwen3: per-head norm end to end)
+    build/mstarc build models/llama.mstar -o "$dir/bin/llama" >/dev/null || exit 1
+    build/mstarc build models/qwen3.mstar -o "$dir/bin/qwen3" >/dev/null || exit 1
+    rm -f "$dir"/bin/*/*.c
+    # precompiled here for sm_90 from llama_gqa's shape: generate on the GPU must add no cubin
+    MSTAR_CACHE="$PWD/$dir/precache" build/mstarc build models/llama.mstar -o "$dir/pre" \
+        --arch sm_90 --config ../shared/fixtures/hf/llama_gqa >/dev/null || exit 1
+    rm -f "$dir"/pre/*.c && rm -rf "$dir/pre/kernels"
+    cp -r ../shared/fixtures/hf ../shared/fixtures/llama2c ../shared/fixtures/README.md "$dir/fixtures/"
+    for lib in $(ldd "$dir"/bin/* "$dir"/bin/*/* 2>/dev/null | awk '/=>/ { print $3 }' | sort -u); do
         case "$lib" in
         /usr/local/cuda*|*/libc.so*|*/libm.so*|*/libpthread.so*|*/librt.so*|*/libdl.so*|*/ld-linux*) ;;
         */libgcc_s.so*|*/libstdc++.so*) ;; # the device's own (newer) copies must win
@@ -70,12 +82,41 @@ if [ -n "${MS_GPU_BUNDLE:-}" ]; then
     export LD_LIBRARY_PATH="$b/lib:${LD_LIBRARY_PATH:-}"
     cache=/tmp/ms-kernel-cache
     rm -rf "$cache" && cp -r "$b/cache" "$cache" && chmod -R u+w "$cache"
-    export MS_KERNEL_CACHE_TEST=$cache MSTAR_CACHE=$cache
+    export MS_KERNEL_CACHE_TEST=$cache MSTAR_CACHE=$cache MS_FIXTURES=$b/fixtures
     tests=("$b/bin/test_gpu_kernels" "$b/bin/test_backend_cuda" "$b/bin/test_llama_cuda_fixture")
     bench="$b/bin/bench_kernels"
-    step gpu-test 120 "${tests[0]}"
+    step gpu-test 150 "${tests[0]}"
     step backend 60 "${tests[1]}"
-    step fixtures 60 "${tests[2]}"
+    step fixtures 90 "${tests[2]}"
+    step generate 90 env MS_BUILD="$b/bin" BIN="$b/bin/llama/llama" bash tests/gpu_generate.sh
+    # what mstarc --arch sm_90 --config hf/llama_gqa precompiled (here: the bundle) is all that
+    # generate --device cuda loads: the cache must not grow (tests/kernels_gpu.sh without a compiler)
+    pc=/tmp/ms-precache
+    rm -rf "$pc" && cp -r "$b/precache" "$pc" && chmod -R u+w "$pc"
+    n0=$(ls "$pc"/*.cubin | wc -l)
+    {
+        for t in "--temperature 0" "--temperature 0.8 --top-p 0.9 --seed 1"; do
+            # shellcheck disable=SC2086
+            MSTAR_CACHE=$pc "$b/pre/llama" generate --device cuda --model "$b/fixtures/hf/llama_gqa" \
+                --prompt-ids 1,79,64 --max-new-tokens 8 $t
+        done
+        MSTAR_CACHE=$pc "$b/pre/llama" kernels --model "$b/fixtures/hf/llama_gqa"
+        n1=$(ls "$pc"/*.cubin | wc -l)
+        echo "cubins in the precompiled cache: $n0 before generate, $n1 after"
+        [ "$n0" = "$n1" ] && echo "1 passed, 0 failed" || echo "0 passed, 1 failed"
+    } >"$OUT/precompiled.log" 2>&1
+    summary+=("$(printf '%-14s %s' precompiled "$(tail -n 2 "$OUT/precompiled.log" | tr '\n' ' ')")")
+    # Qwen3 (per-head q/k norm, head_dim 48) end to end: greedy ids on cuda and on the bf16 CPU
+    q3=(generate --model "$b/fixtures/hf/qwen3" --prompt-ids 1,5,9,13,200,31 --max-new-tokens 20
+        --temperature 0 --output ids)
+    {
+        g=$("$b/bin/qwen3/qwen3" "${q3[@]}" --device cuda 2>/dev/null)
+        c=$("$b/bin/qwen3/qwen3" "${q3[@]}" --device cpu --dtype bf16 2>/dev/null)
+        echo "cuda: $g"
+        echo "cpu:  $c"
+        [ -n "$g" ] && [ "$g" = "$c" ] && echo "1 passed, 0 failed" || echo "0 passed, 1 failed"
+    } >"$OUT/qwen3.log" 2>&1
+    summary+=("$(printf '%-14s %s' qwen3 "$(tail -n 1 "$OUT/qwen3.log")")")
 else
     if ! pkg-config --exists cmocka jansson libmicrohttpd libpcre2-8; then
         echo "missing build dependencies (cmocka, jansson, libmicrohttpd, pcre2): run"
@@ -106,6 +147,7 @@ echo "== CUDA backend vs CPU backend"
 grep -E '^  [a-z]' "$OUT/backend.log" | head -n 40
 echo "== fixtures on the GPU"
 grep -E '^fixture' "$OUT/fixtures.log"
+[ -f "$OUT/generate.log" ] && { echo "== generated binary on the GPU"; grep -E '^(ok|FAIL)' "$OUT/generate.log"; }
 echo "== benchmark"
 cat "$OUT/bench.log"
 echo "== summary (logs in $OUT)"
