@@ -22,5 +22,5 @@ echo "== mstarc build models/llama.mstar -o $build/llama"
 
 echo "== $bin generate --model $model (4 prompts in one ragged batch)"
 printf '1,15,300,42\n1,7\n1,99,100,101,102,103,104,105\n1\n' >"$build/demo-prompts.txt"
-"$bin" generate --model "$model" --prompts-file "$build/demo-prompts.txt" --max-new-tokens 32 \
+"$bin" generate --model "$model" --tokenizer none --prompts-file "$build/demo-prompts.txt" --max-new-tokens 32 \
     --temperature 0.8 --top-k 40 --top-p 0.95 --seed 1 --ignore-eos
