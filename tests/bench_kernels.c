@@ -255,6 +255,10 @@ int main(void) {
     rc |= bench_decode(arch, sms, bw, 32, 2048, 0);
     rc |= bench_decode(arch, sms, bw, 128, 640, 0);
     rc |= bench_decode(arch, sms, bw, 1, 32768, 0);
+    /* batch 1 against context: the intercept is the per-launch latency floor */
+    rc |= bench_decode(arch, sms, bw, 1, 512, 0);
+    rc |= bench_decode(arch, sms, bw, 1, 2048, 0);
+    rc |= bench_decode(arch, sms, bw, 1, 16384, 0);
     rc |= bench_decode(arch, sms, bw, 32, 8192, 0);
     /* the planner's split count against others */
     static const int sweep[] = {8, 16, 24, 32, 64};
