@@ -64,7 +64,6 @@ template <int HD, int G, int NW> struct attn_decode_smem {
     float m[NW][G];       /* running max per warp and head (log2 units, scaled) */
     float l[NW][G];       /* sum of exp2(score - m) */
     float acc[NW][G][HD]; /* sum of exp2(score - m) * v, not normalized */
-    float w[G][MS_ATTN_DECODE_MAX_SPLITS]; /* split weights of the final merge */
     int last;             /* this CTA is the last split of its (request, KV head) */
 };
 
@@ -75,7 +74,7 @@ template <typename TA, int HD, int G, int NW>
 __device__ __forceinline__ void attn_decode_finish(const ms_attn_kernel_params &p,
                                                    attn_decode_smem<HD, G, NW> &sm, int row) {
     const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int tid = threadIdx.x;
     constexpr int NT = NW * 32;
     __syncthreads();
 
@@ -119,42 +118,51 @@ __device__ __forceinline__ void attn_decode_finish(const ms_attn_kernel_params &
     if (!sm.last)
         return;
     __threadfence();
-    /* weights of the splits per head: w = exp2(lse_s - max_s lse), one warp per head */
+    /* one pass over the splits with a running max (online softmax over the partials): thread i
+     * owns 4 consecutive dims of one head; the log-sum-exp and partial loads of 16 splits are
+     * issued together */
+    constexpr int SC = 16;
     const long long base = (long long)b * p.n_splits * p.n_q_heads;
-    for (int g = warp; g < G; g += NW) {
-        const int qh = h * G + g;
-        float mm = neg_inf();
-        for (int sp = lane; sp < p.n_splits; sp += 32)
-            mm = fmaxf(mm, __ldcg(p.part_lse + base + (long long)sp * p.n_q_heads + qh));
-        mm = warp_max(mm);
-        float den = 0.f;
-        for (int sp = lane; sp < p.n_splits; sp += 32) {
-            const float lse = __ldcg(p.part_lse + base + (long long)sp * p.n_q_heads + qh);
-            const float w = lse == neg_inf() ? 0.f : exp2f(lse - mm);
-            sm.w[g][sp] = w;
-            den += w;
-        }
-        den = warp_sum(den);
-        if (lane == 0)
-            sm.m[0][g] = den > 0.f ? 1.f / den : 0.f;
-    }
-    __syncthreads();
-    /* thread i: 4 consecutive dims of one head; the split loads are independent (unrolled) */
     for (int i = tid; i < G * HD / 4; i += NT) {
         const int g = (4 * i) / HD, d = (4 * i) % HD, qh = h * G + g;
+        const float *lse_p = p.part_lse + base + qh;
         const float4 *src = reinterpret_cast<const float4 *>(p.part_o + (base + qh) * HD + d);
         const long long step = (long long)p.n_q_heads * HD / 4; /* one split, in float4 */
+        float mm = neg_inf(), den = 0.f;
         float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll 16
-        for (int sp = 0; sp < p.n_splits; sp++) {
-            const float w = sm.w[g][sp];
-            const float4 v = __ldcg(src + sp * step);
-            sum.x += w * v.x;
-            sum.y += w * v.y;
-            sum.z += w * v.z;
-            sum.w += w * v.w;
+        for (int s0 = 0; s0 < p.n_splits; s0 += SC) {
+            float ls[SC];
+            float4 v[SC];
+#pragma unroll
+            for (int k = 0; k < SC; k++) {
+                const bool in = s0 + k < p.n_splits;
+                ls[k] = in ? __ldcg(lse_p + (long long)(s0 + k) * p.n_q_heads) : neg_inf();
+                v[k] = in ? __ldcg(src + (s0 + k) * step) : make_float4(0.f, 0.f, 0.f, 0.f);
+            }
+            float mc = mm;
+#pragma unroll
+            for (int k = 0; k < SC; k++)
+                mc = fmaxf(mc, ls[k]);
+            if (mc == neg_inf())
+                continue; /* no split with keys yet */
+            const float sc = mm == neg_inf() ? 0.f : exp2f(mm - mc);
+            den *= sc;
+            sum.x *= sc;
+            sum.y *= sc;
+            sum.z *= sc;
+            sum.w *= sc;
+#pragma unroll
+            for (int k = 0; k < SC; k++) {
+                const float w = ls[k] == neg_inf() ? 0.f : exp2f(ls[k] - mc);
+                den += w;
+                sum.x += w * v[k].x;
+                sum.y += w * v[k].y;
+                sum.z += w * v[k].z;
+                sum.w += w * v[k].w;
+            }
+            mm = mc;
         }
-        const float inv = sm.m[0][g];
+        const float inv = den > 0.f ? 1.f / den : 0.f;
         float out[4] = {sum.x * inv, sum.y * inv, sum.z * inv, sum.w * inv};
         TA *dst = o + (long long)row * p.o_stride + (long long)qh * HD + d;
 #pragma unroll
@@ -178,13 +186,14 @@ __device__ __forceinline__ void attn_decode_simt(const ms_attn_kernel_params &p)
     const int c = lane % TPL, r = lane / TPL;
     const bool active = c < TPK; /* padding lanes hold zeros */
 
-    const int n_q = p.qo_indptr[b + 1] - p.qo_indptr[b];
-    if (n_q <= 0)
+    /* the request's bounds in one round of independent loads, before any branch */
+    const int qo0 = p.qo_indptr[b], qo1 = p.qo_indptr[b + 1];
+    const int p0 = p.kv_indptr[b], p1 = p.kv_indptr[b + 1];
+    const int last_len = p.kv_last_page_len[b], start = p.kv_start[b];
+    if (qo1 - qo0 <= 0)
         return; /* no query row for this request: nothing to write (uniform over the splits) */
-    const int row = p.qo_indptr[b + 1] - 1;
-    const int p0 = p.kv_indptr[b];
-    const int length = view_length<PS>(p.kv_indptr, p.kv_last_page_len, b);
-    const int start = p.kv_start[b];
+    const int row = qo1 - 1;
+    const int length = p1 == p0 ? 0 : (p1 - p0 - 1) * PS + last_len;
     const int qpos = start + length - 1;
     const int kbeg = split * p.pages_per_split * PS;
     const int kend = min(length, (split + 1) * p.pages_per_split * PS);
@@ -396,13 +405,14 @@ __device__ __forceinline__ void attn_decode_mma(const ms_attn_kernel_params &p) 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gid = lane >> 2, tig = lane & 3;
 
-    const int n_q = p.qo_indptr[b + 1] - p.qo_indptr[b];
-    if (n_q <= 0)
+    /* the request's bounds in one round of independent loads, before any branch */
+    const int qo0 = p.qo_indptr[b], qo1 = p.qo_indptr[b + 1];
+    const int p0 = p.kv_indptr[b], p1 = p.kv_indptr[b + 1];
+    const int last_len = p.kv_last_page_len[b], start = p.kv_start[b];
+    if (qo1 - qo0 <= 0)
         return; /* no query row for this request: nothing to write (uniform over the splits) */
-    const int row = p.qo_indptr[b + 1] - 1;
-    const int p0 = p.kv_indptr[b];
-    const int length = view_length<PS>(p.kv_indptr, p.kv_last_page_len, b);
-    const int start = p.kv_start[b];
+    const int row = qo1 - 1;
+    const int length = p1 == p0 ? 0 : (p1 - p0 - 1) * PS + last_len;
     const int qpos = start + length - 1;
     const int kbeg = split * p.pages_per_split * PS;
     const int kend = min(length, (split + 1) * p.pages_per_split * PS);
