@@ -390,9 +390,13 @@ static int precompile_config(const ms_model *m, const char *kdir, char **names, 
     ms_kernel_model_shape sh;
     ms_kernel_spec specs[32];
     int n_specs = 0;
+    /* the per-head RMSNorm (Qwen3 q_norm / k_norm) when codegen found one in the forward */
+    bool qk_norm = false;
+    for (int j = 0; j < n_names; j++)
+        qk_norm = qk_norm || strncmp(names[j], "rmsnorm_heads_", 14) == 0;
     if (checkpoint_shape(m, config, &sh, &err) != MS_OK ||
-        ms_kernel_specs_for_decoder(&sh, specs, (int)MS_ARRAY_LEN(specs), &n_specs, &err) !=
-            MS_OK) {
+        ms_kernel_specs_for_decoder_variant(&sh, qk_norm, false, specs, (int)MS_ARRAY_LEN(specs),
+                                            &n_specs, &err) != MS_OK) {
         fprintf(stderr, "mstarc: error: %s\n", err.msg);
         return -1;
     }
@@ -457,7 +461,8 @@ static int check_representative(const ms_model *m, const char *kdir, char **name
             return -1;
         }
         bool grouped = strstr(text, "MS_GROUP") != NULL;
-        bool shaped = grouped || strstr(text, "MS_HEAD_DIM") != NULL;
+        bool paged = grouped || strstr(text, "MS_PAGE_SIZE") != NULL;
+        bool shaped = paged || strstr(text, "MS_HEAD_DIM") != NULL;
         int n_shapes = grouped ? (int)MS_ARRAY_LEN(KSHAPES) : shaped ? 2 : 1;
         int rc = 0;
         for (int s = 0; s < n_shapes && rc == 0; s++) {
@@ -469,13 +474,17 @@ static int check_representative(const ms_model *m, const char *kdir, char **name
                 snprintf(defines, sizeof defines,
                          "#define MS_HEAD_DIM %d\n#define MS_PAGE_SIZE %d\n#define MS_GROUP %d\n"
                          "#line 1\n", hd, ps, g);
-            else if (shaped)
+            else if (paged)
                 snprintf(defines, sizeof defines,
                          "#define MS_HEAD_DIM %d\n#define MS_PAGE_SIZE %d\n#line 1\n", hd, ps);
+            else if (shaped)
+                snprintf(defines, sizeof defines, "#define MS_HEAD_DIM %d\n#line 1\n", hd);
             if (grouped)
                 snprintf(uri, sizeof uri, "%.*s_hd%d_ps%d_g%d", (int)stem_len, names[j], hd, ps, g);
-            else if (shaped)
+            else if (paged)
                 snprintf(uri, sizeof uri, "%.*s_hd%d_ps%d", (int)stem_len, names[j], hd, ps);
+            else if (shaped)
+                snprintf(uri, sizeof uri, "%.*s_hd%d", (int)stem_len, names[j], hd);
             else
                 snprintf(uri, sizeof uri, "%.*s", (int)stem_len, names[j]);
             for (int a = 0; a < n_archs && rc == 0; a++, checks++)

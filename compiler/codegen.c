@@ -2208,11 +2208,6 @@ typedef struct kvariant {
     const char *when; /* config condition under which the engine uses it, NULL always */
 } kvariant;
 
-static bool kop_shaped(ms_kernel_op kop_) {
-    return kop_ == MS_KERNEL_OP_ATTN_DECODE || kop_ == MS_KERNEL_OP_ATTN_PREFILL ||
-           kop_ == MS_KERNEL_OP_ROPE_KV;
-}
-
 /* File stem: the runtime's URI without the shape parameters (ms_kernel_spec_stem). */
 static const char *kname(gen *g, const kvariant *k) {
     char stem[MS_KERNEL_URI_MAX];
@@ -2230,6 +2225,7 @@ static void kadd(gen *g, kvariant *ks, int *n, int cap, ms_kernel_spec spec, con
     case MS_KERNEL_OP_ATTN_PREFILL:
     case MS_KERNEL_OP_ROPE_KV:
     case MS_KERNEL_OP_RMSNORM:
+    case MS_KERNEL_OP_RMSNORM_HEADS:
     case MS_KERNEL_OP_EMBED:
     case MS_KERNEL_OP_MISC:
         spec.act_dtype = MS_KERNEL_DTYPE_F32;
@@ -2257,45 +2253,10 @@ static void arg_leaves(const ms_ast_expr *e, const ms_ast_expr **out, int *n, in
     }
 }
 
-static void emit_kernel(gen *g, const kvariant *k, const char *file) {
-    const char *stem = kname(g, k);
-    ms_kernel_op kop_ = k->spec.op;
-    ms_emit_banner(&g->cg, file, g->source, ms_kernel_op_header(kop_));
-    E("/*");
-    E(" * Kernel instance of model '%s': the structure is fixed by the model (element types,", g->mn);
-    E(" * variant flags); %s", kop_shaped(kop_) ? "the shape comes from the checkpoint at load: the runtime prepends" :
-      "it has no shape parameters.");
-    if (kop_shaped(kop_)) {
-        E(" *     #define MS_HEAD_DIM <head_dim>");
-        E(" *     #define MS_PAGE_SIZE <page_size>");
-        if (kop_ != MS_KERNEL_OP_ROPE_KV)
-            E(" *     #define MS_GROUP <query heads per KV head>");
-    }
-    E(" * and compiles it with NVRTC for the device's sm_XX (cubin cache key: the runtime's URI).");
-    if (k->when != NULL)
-        E(" * Used when: %s.", k->when);
-    E(" */");
-    if (kop_shaped(kop_)) {
-        if (kop_ == MS_KERNEL_OP_ROPE_KV) {
-            E("#if !defined(MS_HEAD_DIM) || !defined(MS_PAGE_SIZE)");
-            E("#error \"%s needs MS_HEAD_DIM and MS_PAGE_SIZE (defined by the runtime at load)\"", stem);
-        } else {
-            E("#if !defined(MS_HEAD_DIM) || !defined(MS_PAGE_SIZE) || !defined(MS_GROUP)");
-            E("#error \"%s needs MS_HEAD_DIM, MS_PAGE_SIZE and MS_GROUP (defined by the runtime at "
-              "load)\"", stem);
-        }
-        E("#endif");
-    }
-    /* the include, config preamble and wrappers: the runtime's text, shape as macros */
-    char *body = NULL;
-    ms_error e = {0};
-    if (ms_kernel_spec_body(&k->spec, true, &body, &e) != MS_OK) {
-        if (e.code == MS_ERR_OOM)
-            ms_arena_oom(&g->a);
-        fail_at(g, NOLOC, "kernels: %s", e.msg);
-    }
-    /* one E() per line keeps the emitter's indentation and OOM handling in charge */
-    for (char *line = body, *nl; line != NULL && *line != '\0'; line = nl != NULL ? nl + 1 : NULL) {
+/* Emit text line by line (one E() per line keeps the emitter's indentation and OOM handling in
+ * charge); text is modified (newlines cut). */
+static void emit_lines(gen *g, char *text) {
+    for (char *line = text, *nl; line != NULL && *line != '\0'; line = nl != NULL ? nl + 1 : NULL) {
         nl = strchr(line, '\n');
         if (nl != NULL)
             *nl = '\0';
@@ -2304,6 +2265,39 @@ static void emit_kernel(gen *g, const kvariant *k, const char *file) {
         else
             E("%s", line);
     }
+}
+
+static void emit_kernel(gen *g, const kvariant *k, const char *file) {
+    ms_kernel_op kop_ = k->spec.op;
+    ms_kernel_shape shape = ms_kernel_op_shape(kop_);
+    ms_emit_banner(&g->cg, file, g->source, ms_kernel_op_header(kop_));
+    E("/*");
+    E(" * Kernel instance of model '%s': the structure is fixed by the model (element types,", g->mn);
+    E(" * variant flags); %s", shape != MS_KERNEL_SHAPE_NONE ? "the shape comes from the checkpoint at load: the runtime prepends" :
+      "it has no shape parameters.");
+    if (shape != MS_KERNEL_SHAPE_NONE)
+        E(" *     #define MS_HEAD_DIM <head_dim>");
+    if (shape == MS_KERNEL_SHAPE_PAGED || shape == MS_KERNEL_SHAPE_GROUPED)
+        E(" *     #define MS_PAGE_SIZE <page_size>");
+    if (shape == MS_KERNEL_SHAPE_GROUPED)
+        E(" *     #define MS_GROUP <query heads per KV head>");
+    E(" * and compiles it with NVRTC for the device's sm_XX (cubin cache key: the runtime's URI).");
+    if (k->when != NULL)
+        E(" * Used when: %s.", k->when);
+    E(" */");
+    /* the guard, include, config preamble and wrappers: the runtime's text, shape as macros */
+    char guard[512];
+    char *body = NULL;
+    ms_error e = {0};
+    if (ms_kernel_spec_shape_guard(&k->spec, guard, sizeof guard, &e) != MS_OK)
+        fail_at(g, NOLOC, "kernels: %s", e.msg);
+    emit_lines(g, guard);
+    if (ms_kernel_spec_body(&k->spec, true, &body, &e) != MS_OK) {
+        if (e.code == MS_ERR_OOM)
+            ms_arena_oom(&g->a);
+        fail_at(g, NOLOC, "kernels: %s", e.msg);
+    }
+    emit_lines(g, body);
     ms_free(body);
 }
 
@@ -2348,7 +2342,11 @@ static int collect_kernels(gen *g, kvariant *ks, int cap) {
         case O_RMS_NORM:
         case O_ADD_RMS_NORM:
         case O_NORM_FIRST:
-            if (o->kind != O_ADD_RMS_NORM)
+            /* an rms_norm of a [T, heads, head_dim] view (head_rms_norm: Qwen3 q_norm / k_norm)
+               runs the per-head kernel (backend_cuda.c: rms_norm of a 3-D tensor) */
+            if (o->kind == O_RMS_NORM && g->v[o->in[0]].kind == V_HEADS)
+                kadd(g, ks, &n, cap, ms_kernel_spec_rmsnorm_heads(dt, hd), NULL);
+            else if (o->kind != O_ADD_RMS_NORM)
                 kadd(g, ks, &n, cap, ms_kernel_spec_rmsnorm(dt, false), NULL);
             if (o->kind != O_RMS_NORM)
                 kadd(g, ks, &n, cap, ms_kernel_spec_rmsnorm(dt, true), NULL);

@@ -225,8 +225,11 @@ static ms_status spec_name(const ms_kernel_spec *s, int arch, bool with_shape, c
                          s->rope_scaling == MS_KERNEL_ROPE_SCALING_LLAMA3 ? "_llama3" : "",
                          s->mrope ? "_mrope" : "", sm);
         break;
-    case MS_KERNEL_OP_RMSNORM_HEADS: /* head_dim is structure here, not shape */
-        n = snprintf(buf, cap, "%s_%s_hd%d%s", op, dt, s->head_dim, sm);
+    case MS_KERNEL_OP_RMSNORM_HEADS:
+        if (with_shape)
+            n = snprintf(buf, cap, "%s_%s_hd%d%s", op, dt, s->head_dim, sm);
+        else
+            n = snprintf(buf, cap, "%s_%s%s", op, dt, sm);
         break;
     case MS_KERNEL_OP_RMSNORM:
         n = snprintf(buf, cap, "%s_%s%s%s", op, dt, s->add_residual ? "_res" : "", sm);
@@ -321,8 +324,8 @@ static ms_status spec_body(const ms_kernel_spec *s, bool shape_macros, const cha
         if (s->mrope) /* only then: the sources of plain instances stay as they were */
             emit(&b, "constexpr bool kMrope = true;\n");
         break;
-    case MS_KERNEL_OP_RMSNORM_HEADS: /* head_dim is part of its structure (URI stem) */
-        emit(&b, "constexpr int kHeadDim = %s;\n", hd);
+    case MS_KERNEL_OP_RMSNORM_HEADS:
+        emit(&b, "constexpr int kHeadDim = %s;\n", shape_macros ? "MS_HEAD_DIM" : hd);
         break;
     case MS_KERNEL_OP_RMSNORM:
         emit(&b, "constexpr bool kAddResidual = %s;\n", cbool(s->add_residual));
@@ -418,32 +421,80 @@ ms_status ms_kernel_spec_body(const ms_kernel_spec *s, bool shape_macros, char *
     return spec_body(s, shape_macros, NULL, out, err);
 }
 
-/* Ops whose source takes the shape macros; attention also takes MS_GROUP. */
-static bool op_shaped(ms_kernel_op op) {
-    return op == MS_KERNEL_OP_ATTN_DECODE || op == MS_KERNEL_OP_ATTN_PREFILL ||
-           op == MS_KERNEL_OP_ROPE_KV;
-}
-
-static bool op_grouped(ms_kernel_op op) {
-    return op == MS_KERNEL_OP_ATTN_DECODE || op == MS_KERNEL_OP_ATTN_PREFILL;
+ms_kernel_shape ms_kernel_op_shape(ms_kernel_op op) {
+    switch (op) {
+    case MS_KERNEL_OP_ATTN_DECODE:
+    case MS_KERNEL_OP_ATTN_PREFILL:
+        return MS_KERNEL_SHAPE_GROUPED;
+    case MS_KERNEL_OP_ROPE_KV:
+        return MS_KERNEL_SHAPE_PAGED;
+    case MS_KERNEL_OP_RMSNORM_HEADS:
+        return MS_KERNEL_SHAPE_HEAD_DIM;
+    default:
+        return MS_KERNEL_SHAPE_NONE;
+    }
 }
 
 ms_status ms_kernel_spec_shape_defines(const ms_kernel_spec *s, char *buf, size_t cap,
                                        ms_error *err) {
     MS_TRY(ms_kernel_spec_check(s, err));
     int n = 0;
-    if (!op_shaped(s->op))
+    switch (ms_kernel_op_shape(s->op)) {
+    case MS_KERNEL_SHAPE_NONE:
         n = snprintf(buf, cap, "%s", "");
-    else if (op_grouped(s->op))
+        break;
+    case MS_KERNEL_SHAPE_HEAD_DIM:
+        n = snprintf(buf, cap, "#define MS_HEAD_DIM %d\n#line 1\n", s->head_dim);
+        break;
+    case MS_KERNEL_SHAPE_PAGED:
+        n = snprintf(buf, cap, "#define MS_HEAD_DIM %d\n#define MS_PAGE_SIZE %d\n#line 1\n",
+                     s->head_dim, s->page_size);
+        break;
+    case MS_KERNEL_SHAPE_GROUPED:
         n = snprintf(buf, cap,
                      "#define MS_HEAD_DIM %d\n#define MS_PAGE_SIZE %d\n#define MS_GROUP %d\n"
                      "#line 1\n",
                      s->head_dim, s->page_size, s->group);
-    else
-        n = snprintf(buf, cap, "#define MS_HEAD_DIM %d\n#define MS_PAGE_SIZE %d\n#line 1\n",
-                     s->head_dim, s->page_size);
+        break;
+    }
     if (n < 0 || (size_t)n >= cap)
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: shape defines buffer of %zu bytes too small",
+                       op_info[s->op].name, cap);
+    return MS_OK;
+}
+
+ms_status ms_kernel_spec_shape_guard(const ms_kernel_spec *s, char *buf, size_t cap,
+                                     ms_error *err) {
+    char stem[MS_KERNEL_URI_MAX];
+    MS_TRY(ms_kernel_spec_stem(s, stem, sizeof stem, err));
+    int n = 0;
+    switch (ms_kernel_op_shape(s->op)) {
+    case MS_KERNEL_SHAPE_NONE:
+        n = snprintf(buf, cap, "%s", "");
+        break;
+    case MS_KERNEL_SHAPE_HEAD_DIM:
+        n = snprintf(buf, cap,
+                     "#if !defined(MS_HEAD_DIM)\n"
+                     "#error \"%s needs MS_HEAD_DIM (defined by the runtime at load)\"\n#endif\n",
+                     stem);
+        break;
+    case MS_KERNEL_SHAPE_PAGED:
+        n = snprintf(buf, cap,
+                     "#if !defined(MS_HEAD_DIM) || !defined(MS_PAGE_SIZE)\n"
+                     "#error \"%s needs MS_HEAD_DIM and MS_PAGE_SIZE (defined by the runtime at "
+                     "load)\"\n#endif\n",
+                     stem);
+        break;
+    case MS_KERNEL_SHAPE_GROUPED:
+        n = snprintf(buf, cap,
+                     "#if !defined(MS_HEAD_DIM) || !defined(MS_PAGE_SIZE) || !defined(MS_GROUP)\n"
+                     "#error \"%s needs MS_HEAD_DIM, MS_PAGE_SIZE and MS_GROUP (defined by the "
+                     "runtime at load)\"\n#endif\n",
+                     stem);
+        break;
+    }
+    if (n < 0 || (size_t)n >= cap)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: shape guard buffer of %zu bytes too small",
                        op_info[s->op].name, cap);
     return MS_OK;
 }
@@ -456,19 +507,8 @@ ms_status ms_kernel_spec_instance_source(const ms_kernel_spec *s, char **out, ms
     MS_TRY(ms_kernel_spec_uri(s, 0, uri, sizeof uri, err));
     /* The guard is the one compiler/codegen.c writes into DIR/kernels/<stem>.cu: the two texts
      * must agree outside comments (tests/test_nvrtc.c compares their cache keys). */
-    char guard[512] = "";
-    if (op_grouped(s->op))
-        snprintf(guard, sizeof guard,
-                 "#if !defined(MS_HEAD_DIM) || !defined(MS_PAGE_SIZE) || !defined(MS_GROUP)\n"
-                 "#error \"%s needs MS_HEAD_DIM, MS_PAGE_SIZE and MS_GROUP (defined by the runtime "
-                 "at load)\"\n#endif\n",
-                 stem);
-    else if (op_shaped(s->op))
-        snprintf(guard, sizeof guard,
-                 "#if !defined(MS_HEAD_DIM) || !defined(MS_PAGE_SIZE)\n"
-                 "#error \"%s needs MS_HEAD_DIM and MS_PAGE_SIZE (defined by the runtime at "
-                 "load)\"\n#endif\n",
-                 stem);
+    char guard[512];
+    MS_TRY(ms_kernel_spec_shape_guard(s, guard, sizeof guard, err));
     char *head = ms_asprintf("%s// Kernel instance %s (structure %s, template %s), generated by "
                              "mstar-c. Do not edit.\n%s",
                              defines, uri, stem, op_info[s->op].header, guard);

@@ -104,7 +104,9 @@ ms_kernel_spec ms_kernel_spec_rope_kv_mrope(ms_kernel_dtype dt, int head_dim, in
                                             ms_kernel_rope rope);
 ms_kernel_spec ms_kernel_spec_rmsnorm(ms_kernel_dtype dt, bool add_residual);
 /* Per-head RMSNorm (Qwen3 q_norm / k_norm) of head_dim elements per head; dt: the weight type
- * (activations: act_dtype, set it after the call). */
+ * (activations: act_dtype, set it after the call). head_dim is shape (MS_HEAD_DIM in the
+ * shape-free source, like attention and rope_kv): stem rmsnorm_heads_bf16_af32, URI
+ * rmsnorm_heads_bf16_hd48_af32. */
 ms_kernel_spec ms_kernel_spec_rmsnorm_heads(ms_kernel_dtype dt, int head_dim);
 /* op: MS_KERNEL_OP_SILU_MUL, _EMBED, _ARGMAX or _SAMPLE (dtype only). MISC: dtype is the
  * conversion target and the add / gather type is act_dtype (set it after the call). */
@@ -154,12 +156,23 @@ ms_status ms_kernel_spec_body(const ms_kernel_spec *s, bool shape_macros, char *
 /*
  * The shape macros the compiling side puts in front of a shape-free instance (the text mstarc
  * writes to DIR/kernels/<stem>.cu): "#define MS_HEAD_DIM <hd>\n#define MS_PAGE_SIZE <ps>\n"
- * (attention also "#define MS_GROUP <g>\n"), then "#line 1\n" so NVRTC's log numbers the lines
- * of the instance file. Ops without shape parameters get "". Written to buf (cap bytes).
+ * (attention also "#define MS_GROUP <g>\n"; rmsnorm_heads only "#define MS_HEAD_DIM <hd>\n"), then
+ * "#line 1\n" so NVRTC's log numbers the lines of the instance file (ms_kernel_op_shape says
+ * which). Ops without shape parameters get "". Written to buf (cap bytes).
  * Errors: those of ms_kernel_spec_check; MS_ERR_INVALID_ARG when buf is too small.
  */
 ms_status ms_kernel_spec_shape_defines(const ms_kernel_spec *s, char *buf, size_t cap,
                                        ms_error *err);
+
+/*
+ * The guard of a shape-free instance source: "#if !defined(MS_HEAD_DIM) ..." over the macros of
+ * ms_kernel_op_shape, an #error naming the stem and the missing macros, "#endif"; "" for ops
+ * without shape parameters. The one text both the runtime (ms_kernel_spec_instance_source) and
+ * mstarc (DIR/kernels/<stem>.cu) write. Written to buf (cap bytes). Errors: those of
+ * ms_kernel_spec_stem; MS_ERR_INVALID_ARG when buf is too small.
+ */
+ms_status ms_kernel_spec_shape_guard(const ms_kernel_spec *s, char *buf, size_t cap,
+                                     ms_error *err);
 
 /*
  * The text the runtime compiles for an instance at load: ms_kernel_spec_shape_defines, a
@@ -178,6 +191,17 @@ ms_status ms_kernel_spec_instance_source(const ms_kernel_spec *s, char **out, ms
  */
 ms_status ms_kernel_parse_arch_list(const char *flag, const char *text, int *archs, int cap,
                                     int *n, ms_error *err);
+
+/* The shape macros an op's shape-free source reads (defined by the compiling side). */
+typedef enum ms_kernel_shape {
+    MS_KERNEL_SHAPE_NONE = 0, /* none: the stem is the whole structure */
+    MS_KERNEL_SHAPE_HEAD_DIM, /* MS_HEAD_DIM (rmsnorm_heads) */
+    MS_KERNEL_SHAPE_PAGED,    /* MS_HEAD_DIM, MS_PAGE_SIZE (rope_kv) */
+    MS_KERNEL_SHAPE_GROUPED,  /* MS_HEAD_DIM, MS_PAGE_SIZE, MS_GROUP (attention) */
+} ms_kernel_shape;
+
+/* Which shape macros an op's source reads (MS_KERNEL_SHAPE_NONE for an invalid op). */
+ms_kernel_shape ms_kernel_op_shape(ms_kernel_op op);
 
 /* Template header of an op ("attn/decode.cuh"), NULL for an invalid op. */
 const char *ms_kernel_op_header(ms_kernel_op op);

@@ -6,7 +6,9 @@
 # clear line naming the flag; an NVRTC failure (a deliberately broken template through
 # MSTAR_TEMPLATES_DIR) shows NVRTC's log and the path of the source: the emitted
 # DIR/kernels/<stem>.cu for mstarc, <cache>/<uri>.failed.cu (with the shape defines) for the
-# binary. One temporary cache serves the whole script (about 25 NVRTC compiles, ~0.5 s each).
+# binary. Qwen3 adds its per-head q/k RMSNorm (rmsnorm_heads_bf16_af32.cu, head_dim a shape
+# macro): precompiled at the fixture's head_dim 48 and listed cached by its binary (sm_90 only).
+# One temporary cache serves the whole script (about 30 NVRTC compiles, ~0.5 s each).
 #
 # Needs NVRTC (a CUDA build; no GPU): in a build without CUDA it checks that --arch and the
 # `kernels` verb say so, and prints which checks it skipped.
@@ -136,6 +138,32 @@ fi
 if run "mstarc --arch again" 0 "$mstarc" build models/llama.mstar -o "$tmp/b" --emit-only --arch sm_90 --config "$gqa"/config.json; then
     if [ "$(count ' sm_90 +cached ' "$tmp/out")" -eq 10 ]; then ok "mstarc --arch again: 10 cached";
     else bad "mstarc --arch again: 10 cached" "$(cat "$tmp/out")"; fi
+fi
+
+# ---- Qwen3: the per-head q/k RMSNorm (rmsnorm_heads, head_dim a shape macro) is emitted,
+#      precompiled at the checkpoint's head_dim (48) and found by the binary (one arch) ----
+q3="$fx/hf/qwen3"
+if run "mstarc build qwen3 --arch sm_90 --config qwen3" 0 \
+    "$mstarc" build models/qwen3.mstar -o "$tmp/q3" --arch sm_90 --config "$q3"; then
+    n_done=$(count ' sm_90 +(compiled|cached) ' "$tmp/out")
+    n_skip=$(count 'skipped: not used with this checkpoint' "$tmp/out")
+    if [ "$n_done" -eq 11 ] && [ "$n_skip" -eq 2 ] && [ -x "$tmp/q3/qwen3" ] &&
+        [ -f "$tmp/q3/kernels/rmsnorm_heads_bf16_af32.cu" ] &&
+        grep -q 'head_dim=48, page_size=16, group=2' "$tmp/out" &&
+        grep -q 'rmsnorm_heads_bf16_hd48_af32 *sm_90 *compiled .*rmsnorm_heads_bf16_af32.cu' "$tmp/out" &&
+        ! grep -q 'not emitted' "$tmp/out"; then
+        ok "mstarc qwen3: 11 instances in the cache (rmsnorm_heads at hd48 from rmsnorm_heads_bf16_af32.cu), 2 skipped"
+    else
+        bad "mstarc qwen3: 11 instances in the cache" "done $n_done (want 11), skipped $n_skip (want 2)" "$(cat "$tmp/out")"
+    fi
+    if run "qwen3 kernels --list" 0 "$tmp/q3/qwen3" kernels --model "$q3" --arch sm_90 --list; then
+        if [ "$(count ' sm_90 +cached$' "$tmp/out")" -eq 11 ] && grep -q '^11 cached, 0 missing$' "$tmp/out" &&
+            grep -q '^rmsnorm_heads_bf16_hd48_af32 *sm_90 *cached$' "$tmp/out"; then
+            ok "qwen3 kernels --list: all 11 instances (rmsnorm_heads included) cached"
+        else
+            bad "qwen3 kernels --list: all 11 cached" "$(cat "$tmp/out")"
+        fi
+    fi
 fi
 if run "kernels --help" 0 "$bin" kernels --help && grep -q 'usage: llama kernels --model PATH' "$tmp/out"; then
     ok "kernels --help"

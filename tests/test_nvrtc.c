@@ -18,7 +18,7 @@
  * Precompiling (mstarc build --arch --config, the binary's `kernels` verb) rests on the text
  * mstarc compiles (the shape defines + the emitted DIR/kernels/<stem>.cu) having the runtime's
  * cache key: test_emitted_instances_share_the_runtime_cache_key checks it for every instance of
- * models/llama.mstar at several shapes, without running NVRTC.
+ * models/llama.mstar and models/qwen3.mstar at several shapes, without running NVRTC.
  */
 #include "ms_test.h"
 
@@ -300,15 +300,29 @@ static void test_variant_specs_uris_and_sources(void **state) {
     assert_int_equal(ms_kernel_spec_uri(&s, 80, uri, sizeof uri, &err), MS_OK);
     assert_string_equal(uri, "rmsnorm_heads_bf16_hd48_af32_sm80");
     assert_int_equal(ms_kernel_spec_stem(&s, uri, sizeof uri, &err), MS_OK);
-    assert_string_equal(uri, "rmsnorm_heads_bf16_hd48_af32");
+    assert_string_equal(uri, "rmsnorm_heads_bf16_af32"); /* head_dim is shape, not structure */
     assert_int_equal(ms_kernel_spec_source(&s, &src, &err), MS_OK);
     assert_non_null(strstr(src, "#include \"norm/rmsnorm.cuh\""));
     assert_non_null(strstr(src, "constexpr int kHeadDim = 48;"));
     assert_non_null(strstr(src, "ms::rmsnorm_heads<cfg::TA, cfg::T, cfg::kHeadDim>(p);"));
     ms_free(src);
     assert_int_equal(ms_kernel_spec_body(&s, true, &src, &err), MS_OK);
-    assert_non_null(strstr(src, "constexpr int kHeadDim = 48;")); /* never a shape macro */
+    assert_non_null(strstr(src, "constexpr int kHeadDim = MS_HEAD_DIM;"));
     ms_free(src);
+    char defines[256];
+    assert_int_equal(ms_kernel_spec_shape_defines(&s, defines, sizeof defines, &err), MS_OK);
+    assert_string_equal(defines, "#define MS_HEAD_DIM 48\n#line 1\n");
+    assert_int_equal(ms_kernel_spec_instance_source(&s, &src, &err), MS_OK);
+    assert_true(strncmp(src, "#define MS_HEAD_DIM 48\n#line 1\n", 31) == 0);
+    assert_non_null(strstr(src, "#if !defined(MS_HEAD_DIM)\n#error \"rmsnorm_heads_bf16_af32 needs "
+                                "MS_HEAD_DIM (defined by the runtime at load)\"\n#endif\n"));
+    assert_null(strstr(src, "MS_PAGE_SIZE"));
+    assert_non_null(strstr(src, "constexpr int kHeadDim = MS_HEAD_DIM;"));
+    ms_free(src);
+    assert_int_equal(ms_kernel_op_shape(MS_KERNEL_OP_RMSNORM_HEADS), MS_KERNEL_SHAPE_HEAD_DIM);
+    assert_int_equal(ms_kernel_op_shape(MS_KERNEL_OP_ROPE_KV), MS_KERNEL_SHAPE_PAGED);
+    assert_int_equal(ms_kernel_op_shape(MS_KERNEL_OP_ATTN_DECODE), MS_KERNEL_SHAPE_GROUPED);
+    assert_int_equal(ms_kernel_op_shape(MS_KERNEL_OP_RMSNORM), MS_KERNEL_SHAPE_NONE);
     s = ms_kernel_spec_rmsnorm_heads(MS_KERNEL_DTYPE_F32, 128); /* f32 weights are fine */
     assert_int_equal(ms_kernel_spec_check(&s, &err), MS_OK);
     s = ms_kernel_spec_rmsnorm_heads(MS_KERNEL_DTYPE_BF16, 0);
@@ -578,45 +592,42 @@ static void test_key_ignores_comments_only(void **state) {
 
 /* The text mstarc compiles for an instance (shape defines + the emitted file) has the cache key
  * of the text the runtime compiles at load, for every instance models/llama.mstar emits. */
-static void test_emitted_instances_share_the_runtime_cache_key(void **state) {
-    (void)state;
+/* Every file mstarc emits for `file` matches a runtime instance of one of the shapes (qk_norm:
+ * the per-head norm variant), with the same cache key; returns the number of (shape, instance)
+ * pairs checked. */
+static int check_emitted_keys(const char *file, const ms_kernel_model_shape *shapes,
+                              size_t n_shapes, bool qk_norm) {
     ms_error err = {0};
     ms_compile *c = NULL;
-    assert_int_equal(ms_compile_file("models/llama.mstar", 0, &c, &err), MS_OK);
+    assert_int_equal(ms_compile_file(file, 0, &c, &err), MS_OK);
     ms_gen_file files[32];
     int n_files = 0;
-    assert_int_equal(ms_codegen_kernels(ms_compile_model(c), "models/llama.mstar", files, 32,
-                                        &n_files, &err),
+    assert_int_equal(ms_codegen_kernels(ms_compile_model(c), file, files, 32, &n_files, &err),
                      MS_OK);
     assert_true(n_files >= 10);
-    /* llama_gqa, Llama-3-8B, a windowed interleaved MHA model: every emitted file is matched */
-    const ms_kernel_model_shape shapes[] = {
-        {16, 8, 2, 16, MS_KERNEL_ROPE_NEOX, false, MS_KERNEL_DTYPE_BF16, MS_KERNEL_DTYPE_BF16},
-        {128, 32, 8, 16, MS_KERNEL_ROPE_NEOX, false, MS_KERNEL_DTYPE_BF16, MS_KERNEL_DTYPE_BF16},
-        {64, 8, 8, 32, MS_KERNEL_ROPE_INTERLEAVED, true, MS_KERNEL_DTYPE_BF16,
-         MS_KERNEL_DTYPE_BF16},
-    };
     bool matched[32] = {false};
     int checked = 0;
-    for (size_t k = 0; k < MS_ARRAY_LEN(shapes); k++) {
+    for (size_t k = 0; k < n_shapes; k++) {
         ms_kernel_spec sp[16];
         int n = 0;
-        assert_int_equal(ms_kernel_specs_for_decoder(&shapes[k], sp, 16, &n, &err), MS_OK);
+        assert_int_equal(ms_kernel_specs_for_decoder_variant(&shapes[k], qk_norm, false, sp, 16, &n,
+                                                             &err),
+                         MS_OK);
         for (int i = 0; i < n; i++) {
-            char stem[MS_KERNEL_URI_MAX], uri[MS_KERNEL_URI_MAX], file[MS_KERNEL_URI_MAX + 4];
+            char stem[MS_KERNEL_URI_MAX], uri[MS_KERNEL_URI_MAX], name[MS_KERNEL_URI_MAX + 4];
             char defines[256], *rt = NULL;
             assert_int_equal(ms_kernel_spec_stem(&sp[i], stem, sizeof stem, &err), MS_OK);
             assert_int_equal(ms_kernel_spec_uri(&sp[i], 0, uri, sizeof uri, &err), MS_OK);
             assert_int_equal(ms_kernel_spec_shape_defines(&sp[i], defines, sizeof defines, &err),
                              MS_OK);
             assert_int_equal(ms_kernel_spec_instance_source(&sp[i], &rt, &err), MS_OK);
-            snprintf(file, sizeof file, "%s.cu", stem);
+            snprintf(name, sizeof name, "%s.cu", stem);
             int f = -1;
             for (int j = 0; j < n_files; j++)
-                if (strcmp(files[j].name, file) == 0)
+                if (strcmp(files[j].name, name) == 0)
                     f = j;
             if (f < 0)
-                fail_msg("%s: llama.mstar emits no %s", uri, file);
+                fail_msg("%s: %s emits no %s", uri, file, name);
             matched[f] = true;
             char *mc = ms_asprintf("%s%s", defines, files[f].text.data);
             assert_non_null(mc);
@@ -633,10 +644,33 @@ static void test_emitted_instances_share_the_runtime_cache_key(void **state) {
     }
     for (int j = 0; j < n_files; j++)
         if (!matched[j])
-            fail_msg("emitted %s matches no runtime instance", files[j].name);
-    assert_int_equal(checked, 30);
+            fail_msg("%s: emitted %s matches no runtime instance", file, files[j].name);
     ms_gen_files_free(files, n_files);
     ms_compile_free(c);
+    return checked;
+}
+
+static void test_emitted_instances_share_the_runtime_cache_key(void **state) {
+    (void)state;
+    /* llama_gqa, Llama-3-8B, a windowed interleaved MHA model: every emitted file is matched */
+    const ms_kernel_model_shape llama[] = {
+        {16, 8, 2, 16, MS_KERNEL_ROPE_NEOX, false, MS_KERNEL_DTYPE_BF16, MS_KERNEL_DTYPE_BF16},
+        {128, 32, 8, 16, MS_KERNEL_ROPE_NEOX, false, MS_KERNEL_DTYPE_BF16, MS_KERNEL_DTYPE_BF16},
+        {64, 8, 8, 32, MS_KERNEL_ROPE_INTERLEAVED, true, MS_KERNEL_DTYPE_BF16,
+         MS_KERNEL_DTYPE_BF16},
+    };
+    assert_int_equal(check_emitted_keys("models/llama.mstar", llama, MS_ARRAY_LEN(llama), false),
+                     30);
+    /* the Qwen3 fixture (head_dim 48), Qwen3-8B, and one with its sliding window on: Llama's
+       instances and the per-head norm, which mstarc emits as rmsnorm_heads_bf16_af32.cu
+       (head_dim a macro) */
+    const ms_kernel_model_shape qwen3[] = {
+        {48, 4, 2, 16, MS_KERNEL_ROPE_NEOX, false, MS_KERNEL_DTYPE_BF16, MS_KERNEL_DTYPE_BF16},
+        {128, 32, 8, 16, MS_KERNEL_ROPE_NEOX, false, MS_KERNEL_DTYPE_BF16, MS_KERNEL_DTYPE_BF16},
+        {128, 32, 8, 16, MS_KERNEL_ROPE_NEOX, true, MS_KERNEL_DTYPE_BF16, MS_KERNEL_DTYPE_BF16},
+    };
+    assert_int_equal(check_emitted_keys("models/qwen3.mstar", qwen3, MS_ARRAY_LEN(qwen3), true),
+                     33);
 }
 
 /* Copy the file src to dst, appending extra. */
