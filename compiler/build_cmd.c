@@ -390,13 +390,23 @@ static int precompile_config(const ms_model *m, const char *kdir, char **names, 
     ms_kernel_model_shape sh;
     ms_kernel_spec specs[32];
     int n_specs = 0;
-    /* the per-head RMSNorm (Qwen3 q_norm / k_norm) when codegen found one in the forward */
-    bool qk_norm = false;
-    for (int j = 0; j < n_names; j++)
-        qk_norm = qk_norm || strncmp(names[j], "rmsnorm_heads_", 14) == 0;
+    /* the emitted stems (names without ".cu") pick the instances of the checkpoint's shape,
+       as the serving binary's `kernels` verb does with the same list (ms_model_desc.kernels) */
+    char stem_buf[MAX_KERNEL_FILES][MS_KERNEL_URI_MAX];
+    const char *stems[MAX_KERNEL_FILES];
+    int n_stems = 0;
+    for (int j = 0; j < n_names && j < MAX_KERNEL_FILES; j++) {
+        size_t len = strlen(names[j]);
+        if (len >= 3 && len - 3 < MS_KERNEL_URI_MAX && strcmp(names[j] + len - 3, ".cu") == 0) {
+            memcpy(stem_buf[n_stems], names[j], len - 3);
+            stem_buf[n_stems][len - 3] = '\0';
+            stems[n_stems] = stem_buf[n_stems];
+            n_stems++;
+        }
+    }
     if (checkpoint_shape(m, config, &sh, &err) != MS_OK ||
-        ms_kernel_specs_for_decoder_variant(&sh, qk_norm, false, specs, (int)MS_ARRAY_LEN(specs),
-                                            &n_specs, &err) != MS_OK) {
+        ms_kernel_specs_for_stems(&sh, stems, n_stems, specs, (int)MS_ARRAY_LEN(specs), &n_specs,
+                                  &err) != MS_OK) {
         fprintf(stderr, "mstarc: error: %s\n", err.msg);
         return -1;
     }
@@ -424,11 +434,7 @@ static int precompile_config(const ms_model *m, const char *kdir, char **names, 
         for (int j = 0; j < n_names; j++)
             if (strcmp(names[j], file) == 0)
                 k = j;
-        if (k < 0) {
-            printf("  %-44s not emitted for model %s (it does not run this instance)\n", uri,
-                   m->name);
-            continue;
-        }
+        MS_ASSERT(k >= 0); /* ms_kernel_specs_for_stems keeps listed stems only */
         used[k] = true;
         char *path = ms_asprintf("%s/%s", kdir, file);
         char *text = path != NULL ? read_back(path) : NULL;

@@ -2047,6 +2047,12 @@ static void find_node(gen *g) {
             fail_at(g, res->ast->loc, "the engine runs one %s per node", res->spec->ctor);
         *slotp = res;
     }
+    /* M-RoPE: the engine's positions are one sequential stream and its RoPE table has no
+       sections, so a model declaring them would run plain RoPE (and load the plain rope_kv) */
+    const ms_ast_expr *sec = res_arg(g->pos, "sections");
+    if (sec != NULL && sec->kind != MS_EXPR_NONE)
+        fail_at(g, sec->loc, "rope sections (M-RoPE) are not run by the engine yet (its positions "
+                "are one sequential stream)");
     if (g->kv == NULL || g->attn == NULL || g->sampler == NULL)
         fail_at(g, g->node->ast->loc, "node '%s' needs a kv_pool, an attention and a sampler",
                 g->node->name);
@@ -2079,6 +2085,40 @@ static void prepare(gen *g) {
     g->v[g->logits].rows = "S";
     lower_body(g, &g->fwd->ast->body);
     plan_buffers(g);
+}
+
+/* A structural kernel instance of the model (shape completed at load). */
+typedef struct kvariant {
+    ms_kernel_spec spec;
+    const char *when; /* config condition under which the engine uses it, NULL always */
+} kvariant;
+
+static int collect_kernels(gen *g, kvariant *ks, int cap);
+static const char *kname(gen *g, const kvariant *k);
+
+/* The kernel instances ms_codegen_kernels writes for the model, or 0 when it refuses them
+ * (MS_ERR_UNSUPPORTED: mstarc warns and writes none); out of memory still fails through g->jb. */
+static int collect_kernels_or_none(gen *g, kvariant *ks, int cap) {
+    jmp_buf outer;
+    memcpy(&outer, &g->jb, sizeof outer);
+    ms_error *saved = g->err;
+    ms_error local = {0};
+    g->err = &local;
+    volatile int n = 0;
+    volatile bool jumped = false;
+    if (setjmp(g->jb) == 0)
+        n = collect_kernels(g, ks, cap);
+    else
+        jumped = true;
+    memcpy(&g->jb, &outer, sizeof outer);
+    g->err = saved;
+    if (jumped && local.code != MS_ERR_UNSUPPORTED) {
+        /* out of memory (the arena jumps without a message) or a failure of another kind */
+        if (local.code != MS_OK && g->err != NULL)
+            *g->err = local;
+        longjmp(g->jb, 1);
+    }
+    return jumped ? 0 : n;
 }
 
 ms_status ms_codegen_model_c(const ms_model *m, const char *source, ms_strbuf *out,
@@ -2143,6 +2183,22 @@ ms_status ms_codegen_model_c(const ms_model *m, const char *source, ms_strbuf *o
     ms_emit_blank(&g->cg);
     emit_forward(g);
     ms_emit_blank(&g->cg);
+    E("/* ---- CUDA kernel instances ---- */");
+    ms_emit_blank(&g->cg);
+    kvariant ks[32];
+    int n_ks = collect_kernels_or_none(g, ks, 32);
+    if (n_ks > 0) {
+        E("/* The stems of the instances mstarc writes to kernels/<stem>.cu (shape at load). */");
+        E("static const char *const %s_kernels[] = {", m->name);
+        g->cg.indent++;
+        for (int i = 0; i < n_ks; i++)
+            E("%s,", c_string(g, kname(g, &ks[i])));
+        g->cg.indent--;
+        E("};");
+    } else {
+        E("/* none: the CUDA templates cannot express this model's kernels (CPU backend only) */");
+    }
+    ms_emit_blank(&g->cg);
     E("/* ---- the descriptor ---- */");
     ms_emit_blank(&g->cg);
     E("const ms_model_desc ms_%s_desc = {", m->name);
@@ -2162,6 +2218,10 @@ ms_status ms_codegen_model_c(const ms_model *m, const char *source, ms_strbuf *o
     E(".decode = &%s_step_%s,", m->name, dec->name);
     E(".workspace_size = %s_workspace_size,", m->name);
     E(".forward = %s_forward,", m->name);
+    if (n_ks > 0) {
+        E(".kernels = %s_kernels,", m->name);
+        E(".n_kernels = (int32_t)MS_ARRAY_LEN(%s_kernels),", m->name);
+    }
     g->cg.indent--;
     E("};");
     if (out->oom) {
@@ -2201,12 +2261,6 @@ ms_status ms_codegen_main_c(const ms_model *m, const char *source, ms_strbuf *ou
  * the shape fields left to the checkpoint. Shape used only to build specs; it never reaches a
  * file (names are stems, sources use the MS_HEAD_DIM / MS_PAGE_SIZE / MS_GROUP macros). */
 enum { KSHAPE_HEAD_DIM = 64, KSHAPE_PAGE_SIZE = 16, KSHAPE_GROUP = 4 };
-
-/* A structural kernel instance of the model (shape completed at load). */
-typedef struct kvariant {
-    ms_kernel_spec spec;
-    const char *when; /* config condition under which the engine uses it, NULL always */
-} kvariant;
 
 /* File stem: the runtime's URI without the shape parameters (ms_kernel_spec_stem). */
 static const char *kname(gen *g, const kvariant *k) {

@@ -630,6 +630,61 @@ ms_status ms_kernel_specs_for_decoder_variant(const ms_kernel_model_shape *shape
     return MS_OK;
 }
 
+ms_status ms_kernel_specs_for_stems(const ms_kernel_model_shape *shape, const char *const *stems,
+                                    int n_stems, ms_kernel_spec *out, int cap, int *n,
+                                    ms_error *err) {
+    *n = 0;
+    if (shape->n_kv_heads < 1 || shape->n_q_heads % shape->n_kv_heads != 0)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "kernel instances: %d query heads are not a multiple of %d KV heads",
+                       shape->n_q_heads, shape->n_kv_heads);
+    const int g = shape->n_q_heads / shape->n_kv_heads, hd = shape->head_dim;
+    const int ps = shape->page_size;
+    const ms_kernel_dtype kv = shape->kv_dtype, w = shape->weight_dtype;
+    /* every variant the CUDA backend can load for this shape (the order of
+       ms_kernel_specs_for_decoder_variant); the stems pick the model's */
+    ms_kernel_spec c[16];
+    int k = 0;
+    c[k++] = ms_kernel_spec_attn_decode(kv, hd, ps, g, shape->windowed);
+    c[k++] = ms_kernel_spec_attn_prefill(kv, hd, ps, g, true, shape->windowed);
+    c[k++] = ms_kernel_spec_attn_prefill(kv, hd, ps, g, false, shape->windowed);
+    c[k++] = ms_kernel_spec_rope_kv(kv, hd, ps, shape->rope, MS_KERNEL_ROPE_SCALING_NONE);
+    if (shape->rope != MS_KERNEL_ROPE_NONE)
+        c[k++] = ms_kernel_spec_rope_kv_mrope(kv, hd, ps, shape->rope);
+    c[k++] = ms_kernel_spec_rmsnorm(w, false);
+    c[k++] = ms_kernel_spec_rmsnorm(w, true);
+    c[k++] = ms_kernel_spec_rmsnorm_heads(w, hd);
+    c[k++] = ms_kernel_spec_simple(MS_KERNEL_OP_EMBED, w);
+    c[k++] = ms_kernel_spec_simple(MS_KERNEL_OP_MISC, w);
+    for (int i = 0; i < k; i++)
+        c[i].act_dtype = MS_KERNEL_DTYPE_F32;
+    c[k++] = ms_kernel_spec_simple(MS_KERNEL_OP_SILU_MUL, MS_KERNEL_DTYPE_F32);
+    c[k++] = ms_kernel_spec_simple(MS_KERNEL_OP_ARGMAX, MS_KERNEL_DTYPE_F32);
+    c[k++] = ms_kernel_spec_simple(MS_KERNEL_OP_SAMPLE, MS_KERNEL_DTYPE_F32);
+    int m = 0;
+    for (int i = 0; i < k; i++) {
+        /* the stem has no shape fields: take it at a shape every template supports, so a
+           variant the model does not list never fails on this checkpoint's shape */
+        ms_kernel_spec t = c[i];
+        t.head_dim = t.head_dim != 0 ? 64 : 0;
+        t.page_size = t.page_size != 0 ? 16 : 0;
+        t.group = t.group != 0 ? 4 : 0;
+        char stem[MS_KERNEL_URI_MAX];
+        MS_TRY(ms_kernel_spec_stem(&t, stem, sizeof stem, err));
+        bool listed = false;
+        for (int j = 0; j < n_stems && !listed; j++)
+            listed = stems[j] != NULL && strcmp(stems[j], stem) == 0;
+        if (!listed)
+            continue;
+        MS_TRY(ms_kernel_spec_check(&c[i], err));
+        if (m == cap)
+            return MS_FAIL(err, MS_ERR_CAPACITY, "kernel instances: more than %d needed", cap);
+        out[m++] = c[i];
+    }
+    *n = m;
+    return MS_OK;
+}
+
 /* ---- attention planning ---- */
 
 ms_status ms_attn_prefill_plan_tiles(const int32_t *qo_indptr, int batch, int group,

@@ -236,8 +236,9 @@ typedef struct ms_kernel_model_shape {
  * the per-head norm for qk_norm), the elementwise helpers, SiLU-and-multiply, embedding, argmax
  * and sampling. Writes up to cap specs to out and
  * their number to *n. MS_ERR_UNSUPPORTED (naming the value) when a shape is outside the templates;
- * MS_ERR_CAPACITY when cap is too small. Used to precompile (mstarc --arch, `kernels --arch`)
- * and by the CI test that compiles every instance of the repository's models.
+ * MS_ERR_CAPACITY when cap is too small. Used by the CI test that compiles every instance of the
+ * repository's models; precompiling a model (mstarc --arch --config, `kernels`) takes the exact
+ * set of ms_kernel_specs_for_stems instead.
  */
 ms_status ms_kernel_specs_for_decoder(const ms_kernel_model_shape *shape, ms_kernel_spec *out,
                                       int cap, int *n, ms_error *err);
@@ -251,6 +252,21 @@ ms_status ms_kernel_specs_for_decoder(const ms_kernel_model_shape *shape, ms_ker
 ms_status ms_kernel_specs_for_decoder_variant(const ms_kernel_model_shape *shape, bool qk_norm,
                                               bool mrope, ms_kernel_spec *out, int cap, int *n,
                                               ms_error *err);
+
+/*
+ * The instances a model loads for a checkpoint of this shape, exact: of every variant the CUDA
+ * backend can request for the shape (attention decode at shape->windowed, prefill causal and not,
+ * RoPE + KV write plain and M-RoPE in shape->rope, RMSNorm with and without the residual add,
+ * the per-head RMSNorm, embedding, elementwise helpers, SiLU-and-multiply, argmax, sampling;
+ * float32 activations), those whose stem (ms_kernel_spec_stem) is in stems[0..n_stems): the
+ * list mstarc emitted for the model (ms_model_desc.kernels, the files DIR/kernels/<stem>.cu). A
+ * stem of a variant this shape does not take (the windowed attention of an unwindowed
+ * checkpoint) matches nothing. Order: that of ms_kernel_specs_for_decoder_variant. Errors as
+ * ms_kernel_specs_for_decoder (only the listed specs are checked).
+ */
+ms_status ms_kernel_specs_for_stems(const ms_kernel_model_shape *shape, const char *const *stems,
+                                    int n_stems, ms_kernel_spec *out, int cap, int *n,
+                                    ms_error *err);
 
 /* ---- host planning for the attention kernels ---- */
 

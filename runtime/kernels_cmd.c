@@ -3,11 +3,12 @@
  * every kernel instance `generate --device cuda` loads for a checkpoint, or list them with their
  * cache status.
  *
- * The instances are those of ms_kernel_specs_for_decoder_variant for the checkpoint's shape as
- * the engine sees it on the CUDA backend: head_dim, query and KV heads, RoPE style (none without
- * RoPE) and sliding window from config.json through the model's own config loader, the page size
- * of --page-size or the model's default, bf16 weights and KV, and the per-head RMSNorm when the
- * model has per-head norm weights (Qwen3 q_norm / k_norm, desc_qk_norm). Each is compiled from
+ * The instances are those of ms_kernel_specs_for_stems: of the stems the descriptor lists (the
+ * kernel instances mstarc emitted for the model: which norms, which RoPE + KV write), the variants
+ * the checkpoint's shape takes as the engine sees it on the CUDA backend: head_dim, query and KV
+ * heads, RoPE style (none without RoPE) and sliding window from config.json through the model's
+ * own config loader, the page size of --page-size or the model's default, bf16 weights and KV. A
+ * descriptor listing no instances is refused. Each is compiled from
  * ms_kernel_spec_instance_source, the text the backend compiles at load, so the entries written
  * here are the ones a later run finds (and the ones `mstarc build --arch --config` writes).
  *
@@ -146,30 +147,15 @@ static ms_status load_hf(const char *path, ms_hf_config **hf, ms_error *err) {
     return s2;
 }
 
-/* Whether the model normalizes q and k per head (Qwen3 q_norm / k_norm), so that the CUDA
- * backend loads rmsnorm_heads: the descriptor has a required per-layer [head_dim] vector that is
- * not [hidden] (the per-head norm weights; every other required per-layer vector of a decoder is
- * [hidden]: biases are optional). The descriptor carries no flag for it. */
-static bool desc_qk_norm(const ms_model_desc *desc, const void *config, const ms_md_facts *f) {
-    if (f->head_dim == f->hidden)
-        return false;
-    for (int32_t i = 0; i < desc->n_weights; i++) {
-        const ms_md_weight *w = &desc->weights[i];
-        if (w->kind != MS_MD_WEIGHT_TENSOR || !w->per_layer || w->optional || w->rank != 1)
-            continue;
-        int64_t shape[2] = {0, 0};
-        desc->weight_shape(config, i, shape);
-        if (shape[0] == f->head_dim)
-            return true;
-    }
-    return false;
-}
-
 /* The specs generate --device cuda loads for the checkpoint (see the top of the file). */
 static ms_status checkpoint_specs(const ms_model_desc *desc, const kernels_opts *o,
                                   ms_kernel_spec *specs, int cap, int *n, int32_t *page_size,
                                   ms_error *err) {
     *n = 0;
+    if (desc->n_kernels == 0)
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED,
+                       "model %s lists no CUDA kernel instances (mstarc emitted none for it, or "
+                       "its descriptor is not generated)", desc->name);
     ms_hf_config *hf = NULL;
     void *config = NULL;
     ms_md_facts f;
@@ -186,7 +172,6 @@ static ms_status checkpoint_specs(const ms_model_desc *desc, const kernels_opts 
         st = desc->facts(config, &f, err);
     if (st == MS_OK)
         st = ms_md_check_shapes(desc, config, err);
-    bool qk_norm = st == MS_OK && desc_qk_norm(desc, config, &f);
     ms_free(config);
     ms_hf_config_free(hf);
     MS_TRY(st);
@@ -203,7 +188,7 @@ static ms_status checkpoint_specs(const ms_model_desc *desc, const kernels_opts 
         .kv_dtype = MS_KERNEL_DTYPE_BF16,
     };
     *page_size = sh.page_size;
-    st = ms_kernel_specs_for_decoder_variant(&sh, qk_norm, false, specs, cap, n, err);
+    st = ms_kernel_specs_for_stems(&sh, desc->kernels, desc->n_kernels, specs, cap, n, err);
     if (st != MS_OK)
         ms_error_prefix(err, "%s: ", o->model);
     return st;

@@ -248,6 +248,13 @@ ms_status ms_md_check_desc(const ms_model_desc *d, ms_error *err) {
     }
     MS_TRY(check_step(d, d->prefill, "prefill", err));
     MS_TRY(check_step(d, d->decode, "decode", err));
+    if (d->n_kernels < 0 || (d->n_kernels > 0 && d->kernels == NULL))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "model %s: %d kernel instances without a list",
+                       name, (int)d->n_kernels);
+    for (int32_t i = 0; i < d->n_kernels; i++)
+        if (d->kernels[i] == NULL || d->kernels[i][0] == '\0')
+            return MS_FAIL(err, MS_ERR_INVALID_ARG, "model %s: kernel instance %d has no stem",
+                           name, (int)i);
     return MS_OK;
 }
 

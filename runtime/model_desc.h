@@ -56,6 +56,8 @@
  *     weight_shape is a switch over rows evaluating the shape expressions.
  *   - ms_resource in resource-index order: ms_md_resource rows (key, kind, dep keys).
  *   - ms_step_decl: one ms_md_step per step (`prefill` spans len(tokens), `decode` spans 1).
+ *   - the kernel instances of ms_codegen_kernels (DIR/kernels/<stem>.cu): a static array of their
+ *     stems, `kernels` (none, NULL and 0, when the model's kernels are not expressible).
  *   - the forward's op list: one backend call per op on views of the workspace, whose layout
  *     (one slice per planned buffer, 64-byte aligned) is a static function of (max_tokens,
  *     max_seqs) shared by workspace_size and forward.
@@ -270,6 +272,18 @@ typedef struct ms_model_desc {
     size_t (*workspace_size)(const void *config, int32_t max_tokens, int32_t max_seqs);
     /* Queue one step's forward. Errors: the first failing op's status and message. */
     ms_status (*forward)(const ms_md_forward_args *args, ms_error *err);
+
+    /* CUDA kernel instances */
+    /* [n_kernels] stems (ms_kernel_spec_stem, e.g. "rmsnorm_heads_bf16_af32") of every kernel
+     * instance the forward can load on the CUDA backend: exactly the files mstarc writes to
+     * DIR/kernels/<stem>.cu, config-dependent variants included (both attention variants of a
+     * conditional window, both RoPE styles of a conditional style). The instances a checkpoint
+     * loads are those of ms_kernel_specs_for_stems at its shape (the `kernels` verb and
+     * `mstarc build --arch --config` both take them so): which norms (residual, per-head), which
+     * RoPE + KV write (plain, none, M-RoPE) are facts of this list, not guessed from weights. */
+    const char *const *kernels;
+    int32_t n_kernels;            /* 0: no CUDA instances (a model the templates cannot express, or
+                                     a hand-written descriptor): the `kernels` verb refuses it */
 } ms_model_desc;
 
 /*
@@ -286,7 +300,8 @@ ms_status ms_md_expand_name(const char *tmpl, int32_t layer, char *buf, size_t c
  * earlier TENSOR/FUSED entry of the same rank and layering, a PART names a FUSED entry that lists
  * it, a FUSED entry has 2..MS_MD_MAX_PARTS PART entries of its rank and layering, each listing it;
  * resources: unique keys, dependencies among earlier keys (dependency order), at most one of each
- * kind; steps: spans valid, buckets ascending. Errors: MS_ERR_INVALID_ARG
+ * kind; steps: spans valid, buckets ascending; kernels: n_kernels >= 0, each stem a non-empty
+ * string (kernels non-NULL when n_kernels > 0). Errors: MS_ERR_INVALID_ARG
  * "model <name>: weight 'x': <problem>". The engine runs it first at init.
  */
 ms_status ms_md_check_desc(const ms_model_desc *d, ms_error *err);

@@ -10,7 +10,8 @@
 #     exactly and the same greedy ids as the hand-written descriptor (build/llama-ref) on
 #     hf/llama_gqa;
 #   - errors: a failing C compiler is reported with its command and exit status, a construct the
-#     engine cannot run names file:line:col, usage errors exit 2.
+#     engine cannot run (M-RoPE sections included) names file:line:col, usage errors exit 2;
+#   - the generated descriptor lists its kernel instance stems (the golden files show them).
 # Prints "N passed, N failed" (read by scripts/run-tests.sh) and exits 1 on any failure.
 set -uo pipefail
 # The binaries default to --device auto: hide any GPU so these CPU-exact checks run on the CPU
@@ -198,6 +199,13 @@ fi
 sed -e '/max_position_embeddings: int/d' -e 's/min(window, max_position_embeddings)/window/' "$root/tests/codegen/tiny.mstar" >"$tmp/noctx.mstar"
 if run "no context limit" 1 "$mstarc" build "$tmp/noctx.mstar" -o "$tmp/noctx" --emit-only; then
     if grep -q "max_position_embeddings" "$tmp/err"; then ok; else fail "no context limit: $(cat "$tmp/err")"; fi
+fi
+# M-RoPE sections: the engine's positions are one sequential stream, so a model declaring them is
+# refused at the sections argument (it used to build and run plain RoPE with plain rope_kv)
+sed -e 's/style = rotate_half);/style = rotate_half, sections = [16, 4, 4]);/' "$root/models/qwen3.mstar" >"$tmp/mrope.mstar"
+if grep -q 'sections = ' "$tmp/mrope.mstar" && run "M-RoPE sections" 1 "$mstarc" build "$tmp/mrope.mstar" -o "$tmp/mrope" --emit-only; then
+    if grep -Eq "mrope.mstar:[0-9]+:[0-9]+: rope sections \(M-RoPE\) are not run by the engine yet" "$tmp/err" &&
+        [ ! -e "$tmp/mrope/qwen3_gen.c" ] && [ ! -e "$tmp/mrope/kernels" ]; then ok; else fail "M-RoPE sections: $(cat "$tmp/err")"; fi
 fi
 # a config parameter named like a C keyword or macro: refused with the way out (was a failing C
 # compile of 'c->while')

@@ -8,6 +8,8 @@
 # DIR/kernels/<stem>.cu for mstarc, <cache>/<uri>.failed.cu (with the shape defines) for the
 # binary. Qwen3 adds its per-head q/k RMSNorm (rmsnorm_heads_bf16_af32.cu, head_dim a shape
 # macro): precompiled at the fixture's head_dim 48 and listed cached by its binary (sm_90 only).
+# The verb's instance set is the stem list the generated descriptor carries: plain.mstar (no
+# residual RMSNorm) lists exactly its 9 emitted files; tiny.mstar (none emitted) is refused.
 # One temporary cache serves the whole script (about 30 NVRTC compiles, ~0.5 s each).
 #
 # Needs NVRTC (a CUDA build; no GPU): in a build without CUDA it checks that --arch and the
@@ -164,6 +166,28 @@ if run "mstarc build qwen3 --arch sm_90 --config qwen3" 0 \
             bad "qwen3 kernels --list: all 11 cached" "$(cat "$tmp/out")"
         fi
     fi
+fi
+# ---- the instance set is the list mstarc emitted (ms_model_desc.kernels), not a guess:
+#      plain.mstar (post-norm, no residual RMSNorm, no RoPE) lists exactly its 9 emitted files;
+#      tiny.mstar (no CUDA instances) is refused in one line ----
+if run "mstarc build plain" 0 "$mstarc" build tests/codegen/plain.mstar -o "$tmp/pl"; then
+    mkdir -p "$tmp/plcfg"
+    echo '{"d": 64, "layers": 2, "heads": 4, "vocab": 32}' >"$tmp/plcfg/config.json"
+    if run "plain kernels --list" 0 "$tmp/pl/plain" kernels --model "$tmp/plcfg" --arch sm_90 --list; then
+        want=$(ls "$tmp/pl/kernels" | sed 's/\.cu$//' | sort | tr '\n' ' ')
+        got=$(grep -E ' sm_90 +(cached|missing)$' "$tmp/out" | awk '{print $1}' |
+            sed -E 's/_hd[0-9]+//; s/_ps[0-9]+//; s/_g[0-9]+//' | sort | tr '\n' ' ')
+        if [ "$want" = "$got" ] && grep -q '^plain: 9 kernel instances x 1 arch' "$tmp/out" &&
+            ! grep -q '^rmsnorm_bf16_res' "$tmp/out"; then
+            ok "plain kernels --list: exactly the 9 emitted instances (no rmsnorm_res)"
+        else
+            bad "plain kernels --list: exactly the emitted instances" "want: $want" "got:  $got" "$(cat "$tmp/out")"
+        fi
+    fi
+fi
+if run "mstarc build tiny" 0 "$mstarc" build tests/codegen/tiny.mstar -o "$tmp/ti"; then
+    expect_error "tiny kernels: no instances listed" 1 "kernels: model tiny lists no CUDA kernel instances" \
+        "$tmp/ti/tiny" kernels --model "$gqa" --arch sm_90 --list
 fi
 if run "kernels --help" 0 "$bin" kernels --help && grep -q 'usage: llama kernels --model PATH' "$tmp/out"; then
     ok "kernels --help"

@@ -129,13 +129,15 @@ static void test_desc_check_catches_bugs(void **state) {
     ms_error err = {0};
     static const struct {
         const char *what;
-        int kind; /* 0 weight field, 1 resource */
+        int kind; /* 0 weight field, 1 resource, 2 kernel list */
     } cases[] = {
         {"per-layer names must contain {i}", 0}, {"tie must name an earlier", 0},
         {"a part must name a fused entry that lists it", 0}, {"a fused entry needs 2..4 parts", 0},
         {"rank must be 1 or 2", 0}, {"optional exactly when", 0},
         {"not an earlier resource", 1}, {"declared twice", 1}, {"are both of kind", 1},
+        {"2 kernel instances without a list", 2}, {"kernel instance 1 has no stem", 2},
     };
+    static const char *const stems[] = {"argmax_f32", ""};
     for (size_t c = 0; c < MS_ARRAY_LEN(cases); c++) {
         memcpy(w, llama_weights, sizeof w);
         memcpy(r, llama_resources, sizeof r);
@@ -152,6 +154,8 @@ static void test_desc_check_catches_bugs(void **state) {
         case 6: r[1].deps[0] = "attn"; break;
         case 7: r[3].key = "kv"; r[3].kind = MS_RESOURCE_SCRATCH; break;
         case 8: r[3].kind = MS_RESOURCE_POS; break;
+        case 9: d.n_kernels = 2; break;
+        case 10: d.kernels = stems; d.n_kernels = 2; break;
         }
         assert_int_equal(ms_md_check_desc(&d, &err), MS_ERR_INVALID_ARG);
         if (strstr(err.msg, cases[c].what) == NULL)

@@ -353,6 +353,75 @@ static void test_variant_specs_uris_and_sources(void **state) {
     assert_true(mrope);
 }
 
+/* The instances of a model are its emitted stems at the checkpoint's shape
+ * (ms_kernel_specs_for_stems): nothing the model does not list (no residual RMSNorm without
+ * one, no rmsnorm_heads without q/k norms), the variant the shape takes (unwindowed attention),
+ * M-RoPE when the stem says so; counted failures for bad heads and capacity. */
+static bool has_uri(const ms_kernel_spec *sp, int n, const char *want) {
+    for (int i = 0; i < n; i++) {
+        char uri[MS_KERNEL_URI_MAX];
+        ms_error err = {0};
+        assert_int_equal(ms_kernel_spec_uri(&sp[i], 0, uri, sizeof uri, &err), MS_OK);
+        if (strcmp(uri, want) == 0)
+            return true;
+    }
+    return false;
+}
+
+static void test_instances_from_emitted_stems(void **state) {
+    (void)state;
+    ms_error err = {0};
+    /* models/qwen3.mstar's list (windowed variants for use_sliding_window) at hf/qwen3 */
+    static const char *const q3_stems[] = {
+        "embed_bf16_af32", "rmsnorm_bf16_af32", "rmsnorm_bf16_res_af32",
+        "rmsnorm_heads_bf16_af32", "rope_kv_bf16_neox_af32", "attn_decode_bf16_win_af32",
+        "attn_prefill_bf16_causal_win_af32", "attn_decode_bf16_af32",
+        "attn_prefill_bf16_causal_af32", "silu_mul_f32", "misc_bf16_af32", "argmax_f32",
+        "sample_f32"};
+    ms_kernel_model_shape q3 = {48, 4, 2, 16, MS_KERNEL_ROPE_NEOX, false, MS_KERNEL_DTYPE_BF16,
+                                MS_KERNEL_DTYPE_BF16};
+    ms_kernel_spec sp[16];
+    int n = 0;
+    assert_int_equal(ms_kernel_specs_for_stems(&q3, q3_stems, 13, sp, 16, &n, &err), MS_OK);
+    assert_int_equal(n, 11);
+    assert_true(has_uri(sp, n, "rmsnorm_heads_bf16_hd48_af32"));
+    assert_true(has_uri(sp, n, "attn_prefill_bf16_hd48_ps16_g2_causal_af32"));
+    assert_false(has_uri(sp, n, "attn_decode_bf16_hd48_ps16_g2_win_af32"));
+    q3.windowed = true;
+    assert_int_equal(ms_kernel_specs_for_stems(&q3, q3_stems, 13, sp, 16, &n, &err), MS_OK);
+    assert_int_equal(n, 11);
+    assert_true(has_uri(sp, n, "attn_decode_bf16_hd48_ps16_g2_win_af32"));
+    /* tests/codegen/plain.mstar: no RoPE, no residual RMSNorm, no per-head norm */
+    static const char *const plain_stems[] = {
+        "embed_bf16_af32", "rmsnorm_bf16_af32", "rope_kv_bf16_none_af32", "attn_decode_bf16_af32",
+        "attn_prefill_bf16_causal_af32", "silu_mul_f32", "misc_bf16_af32", "argmax_f32",
+        "sample_f32"};
+    ms_kernel_model_shape pl = {16, 4, 4, 32, MS_KERNEL_ROPE_NONE, false, MS_KERNEL_DTYPE_BF16,
+                                MS_KERNEL_DTYPE_BF16};
+    assert_int_equal(ms_kernel_specs_for_stems(&pl, plain_stems, 9, sp, 16, &n, &err), MS_OK);
+    assert_int_equal(n, 9);
+    assert_false(has_uri(sp, n, "rmsnorm_bf16_res_af32"));
+    assert_true(has_uri(sp, n, "rope_kv_bf16_hd16_ps32_none_af32"));
+    /* an M-RoPE model's stem takes the M-RoPE RoPE + KV write, not the plain one */
+    static const char *const vl_stems[] = {"rope_kv_bf16_neox_mrope_af32", "sample_f32"};
+    ms_kernel_model_shape vl = {32, 4, 2, 16, MS_KERNEL_ROPE_NEOX, false, MS_KERNEL_DTYPE_BF16,
+                                MS_KERNEL_DTYPE_BF16};
+    assert_int_equal(ms_kernel_specs_for_stems(&vl, vl_stems, 2, sp, 16, &n, &err), MS_OK);
+    assert_int_equal(n, 2);
+    assert_true(has_uri(sp, n, "rope_kv_bf16_hd32_ps16_neox_mrope_af32"));
+    /* a stem no variant of this shape has: nothing (interleaved RoPE of a rotate-half model) */
+    static const char *const other[] = {"rope_kv_bf16_interleaved_af32"};
+    assert_int_equal(ms_kernel_specs_for_stems(&vl, other, 1, sp, 16, &n, &err), MS_OK);
+    assert_int_equal(n, 0);
+    /* errors */
+    assert_int_equal(ms_kernel_specs_for_stems(&q3, q3_stems, 13, sp, 5, &n, &err),
+                     MS_ERR_CAPACITY);
+    q3.n_q_heads = 5;
+    assert_int_equal(ms_kernel_specs_for_stems(&q3, q3_stems, 13, sp, 16, &n, &err),
+                     MS_ERR_INVALID_ARG);
+    assert_int_equal(n, 0);
+}
+
 static void test_precompile_a_model_for_two_archs(void **state) {
     (void)state;
     ms_error err = {0};
@@ -1013,6 +1082,7 @@ int main(void) {
         ms_unit_test(test_decode_split_fills_device_and_covers_pages),
         ms_unit_test(test_decoder_instances),
         ms_unit_test(test_variant_specs_uris_and_sources),
+        ms_unit_test(test_instances_from_emitted_stems),
         ms_unit_test(test_precompile_a_model_for_two_archs),
         ms_unit_test(test_check_macros_record_call_location_device),
         ms_unit_test(test_parse_arch),

@@ -493,6 +493,21 @@ static ms_status plain_forward(const ms_md_forward_args *a, ms_error *err) {
     return MS_OK;
 }
 
+/* ---- CUDA kernel instances ---- */
+
+/* The stems of the instances mstarc writes to kernels/<stem>.cu (shape at load). */
+static const char *const plain_kernels[] = {
+    "embed_bf16_af32",
+    "rmsnorm_bf16_af32",
+    "rope_kv_bf16_none_af32",
+    "attn_decode_bf16_af32",
+    "attn_prefill_bf16_causal_af32",
+    "silu_mul_f32",
+    "misc_bf16_af32",
+    "argmax_f32",
+    "sample_f32",
+};
+
 /* ---- the descriptor ---- */
 
 const ms_model_desc ms_plain_desc = {
@@ -511,4 +526,6 @@ const ms_model_desc ms_plain_desc = {
     .decode = &plain_step_decode,
     .workspace_size = plain_workspace_size,
     .forward = plain_forward,
+    .kernels = plain_kernels,
+    .n_kernels = (int32_t)MS_ARRAY_LEN(plain_kernels),
 };

@@ -552,6 +552,10 @@ static ms_status tiny_forward(const ms_md_forward_args *a, ms_error *err) {
     return MS_OK;
 }
 
+/* ---- CUDA kernel instances ---- */
+
+/* none: the CUDA templates cannot express this model's kernels (CPU backend only) */
+
 /* ---- the descriptor ---- */
 
 const ms_model_desc ms_tiny_desc = {
