@@ -28,8 +28,8 @@ typedef struct kv_stream {
                                   tokens [released + i * ps, released + (i + 1) * ps) */
     int32_t n_pages;           /* pages held (high-water, >= pages the length needs) */
     size_t cap;                /* capacity of pages: 0 until the first reservation, then
-                                  >= pool->max_pages_per_stream (sized once, never regrown by
-                                  admit: no host allocation on the decode path) */
+                                  >= pool->max_pages_per_stream (sized once; admit regrows it
+                                  only for a stream past that limit) */
     int32_t stored;            /* committed logical tokens (including released ones) */
     int32_t released;          /* tokens dropped from the front by retention, multiple of ps */
     int32_t window;            /* retention window in tokens, 0 = keep all */
@@ -114,8 +114,8 @@ struct ms_kv_pool {
     kv_plan_buf bufs[2];
     uint64_t plan_seq;          /* plans built; selects the buffer set */
     int64_t plan_allocs;        /* growth performed inside plan */
-    int32_t max_pages_per_stream; /* usable arena pages (all but the sink): the most pages one
-                                     stream can hold; a page list is sized to it at the
+    int32_t max_pages_per_stream; /* cfg.max_pages_per_stream, at most the usable arena pages
+                                     (all but the sink); a page list is sized to it at the
                                      stream's first reservation */
     int64_t admit_allocs;       /* host array growths performed inside admit */
     ms_device_event *offload_event; /* recorded on the compute stream before tier copies */
@@ -286,6 +286,8 @@ ms_status ms_kv_pool_init(const ms_kv_pool_config *cfg, ms_kv_pool **out, ms_err
         pool->cfg.world_size = 1;
     pool->ps = ms_page_arena_page_size(cfg->arena);
     pool->max_pages_per_stream = MS_MAX(1, ms_page_arena_num_pages(cfg->arena) - 1);
+    if (cfg->max_pages_per_stream > 0 && cfg->max_pages_per_stream < pool->max_pages_per_stream)
+        pool->max_pages_per_stream = cfg->max_pages_per_stream;
     pthread_mutex_init(&pool->mu, NULL);
     pthread_cond_init(&pool->cv, NULL);
     ms_device *dev = ms_page_arena_device(cfg->arena);

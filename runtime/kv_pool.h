@@ -131,6 +131,11 @@ typedef struct ms_kv_pool_config {
     const ms_kv_transfer_i *transfer;   /* NULL: admit_retrieve fails (transfer failed) */
     void *transfer_ctx;
     const void *source;                 /* identity put into published info (e.g. an engine) */
+    int32_t max_pages_per_stream;       /* pages one stream holds at most in normal use (the
+                                           context limit in pages): its page list is sized to this
+                                           at its first reservation, so admit allocates nothing
+                                           on decode; 0 = every usable arena page. A stream that
+                                           needs more still gets them (the list then grows). */
 } ms_kv_pool_config;
 
 /* Per-request overrides passed to ingest (the resource's `overrides`). */

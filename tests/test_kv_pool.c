@@ -615,6 +615,34 @@ static void test_decode_admit_allocates_nothing_after_first(void **state) {
     kv_fix_free(&f);
 }
 
+/* A per-stream limit below the arena (the engine passes the context in pages): decode within it
+ * allocates nothing after the first admit; a stream past it still gets its pages (the list grows)
+ * and its contents survive the growth. */
+static void test_stream_past_its_page_limit_still_admits(void **state) {
+    (void)state;
+    kv_fix f;
+    kv_fix_opts o = {.max_pages_per_stream = 2};
+    kv_fix_init_opts(&f, 64, PS, 0, &o);
+    kv_ingest(&f, 1);
+    kv_tstep t;
+    kv_step_init(&t, true);
+    kv_step_seg(&t, 1, 0, 2 * PS); /* exactly the limit */
+    assert_int_equal(kv_admit(&f, &t).code, MS_ADMIT_OK);
+    kv_plan(&f, &t);
+    kv_commit(&f, &t);
+    int64_t first = ms_kv_pool_admit_allocs(f.pool);
+    kv_step_init(&t, true);
+    kv_step_seg(&t, 1, 0, 38 * PS); /* far past it: 40 pages */
+    assert_int_equal(kv_admit(&f, &t).code, MS_ADMIT_OK);
+    assert_true(ms_kv_pool_admit_allocs(f.pool) > first); /* the list grew */
+    kv_plan(&f, &t);
+    kv_commit(&f, &t);
+    assert_int_equal(kv_info(&f, 1, 0).stored, 40 * PS);
+    assert_int_equal(kv_info(&f, 1, 0).n_pages, 40);
+    kv_check_pages(&f);
+    kv_fix_free(&f);
+}
+
 /* H1: the page list is a high-water mark; views and addresses use only what the length needs. */
 static void test_H1_plan_slices_high_water_pages(void **state) {
     (void)state;
@@ -1112,6 +1140,7 @@ int main(void) {
         ms_unit_test(test_combined_label_is_label_major),
         ms_unit_test(test_plan_allocates_nothing_after_admit),
         ms_unit_test(test_decode_admit_allocates_nothing_after_first),
+        ms_unit_test(test_stream_past_its_page_limit_still_admits),
         ms_unit_test(test_H1_plan_slices_high_water_pages),
         ms_unit_test(test_noncommit_step_reuses_reservation),
         ms_unit_test(test_H6_zero_span_absent_label_empty_view),
