@@ -685,7 +685,9 @@ static ms_status eng_resources_init(ms_engine *e, ms_error *err) {
         .name = "kv",
     };
     MS_TRY(ms_page_arena_init(&ac, e->dev, &e->arena, err));
-    ms_kv_pool_config pc = {.arena = e->arena, .window = fa->window, .source = e};
+    /* a stream holds at most its context in pages (+1: a view need not start page-aligned) */
+    ms_kv_pool_config pc = {.arena = e->arena, .window = fa->window, .source = e,
+                            .max_pages_per_stream = per_seq + 1};
     MS_TRY(ms_kv_pool_init(&pc, &e->pool, err));
     e->kv = (ms_paged_kv){
         .data = ms_page_arena_data(e->arena),

@@ -8,6 +8,9 @@
  *   - admit is transactional: it computes every stream's page need first (scratch fields on the
  *     streams, stamped with a per-call mark), grows host arrays, acquires all pages in one arena
  *     call, and only then changes streams. Capacity growth is the only effect of a failed admit.
+ *   - no host allocation on the decode path: a stream's page list is sized for
+ *     max_pages_per_stream at its first reservation and the plan buffers' kv_indices for the whole
+ *     arena, so admit grows only when a step's shape (segments, tokens, forks) exceeds any before.
  *   - plan allocates nothing when the step was admitted: admit sizes the plan buffer set the next
  *     plan writes (never the one holding the latest plan).
  */
@@ -24,7 +27,9 @@ typedef struct kv_stream {
     int32_t *pages;            /* [cap] device pages; [0, n_pages) held; pages[i] holds logical
                                   tokens [released + i * ps, released + (i + 1) * ps) */
     int32_t n_pages;           /* pages held (high-water, >= pages the length needs) */
-    size_t cap;                /* capacity of pages */
+    size_t cap;                /* capacity of pages: 0 until the first reservation, then
+                                  >= pool->max_pages_per_stream (sized once; admit regrows it
+                                  only for a stream past that limit) */
     int32_t stored;            /* committed logical tokens (including released ones) */
     int32_t released;          /* tokens dropped from the front by retention, multiple of ps */
     int32_t window;            /* retention window in tokens, 0 = keep all */
@@ -109,6 +114,10 @@ struct ms_kv_pool {
     kv_plan_buf bufs[2];
     uint64_t plan_seq;          /* plans built; selects the buffer set */
     int64_t plan_allocs;        /* growth performed inside plan */
+    int32_t max_pages_per_stream; /* cfg.max_pages_per_stream, at most the usable arena pages
+                                     (all but the sink); a page list is sized to it at the
+                                     stream's first reservation */
+    int64_t admit_allocs;       /* host array growths performed inside admit */
     ms_device_event *offload_event; /* recorded on the compute stream before tier copies */
     ms_device_event *reload_event;  /* recorded on the copy stream after reload copies */
     ms_device_event *retrieve_event; /* recorded on the compute stream before transfers start */
@@ -276,6 +285,9 @@ ms_status ms_kv_pool_init(const ms_kv_pool_config *cfg, ms_kv_pool **out, ms_err
     if (pool->cfg.world_size == 0)
         pool->cfg.world_size = 1;
     pool->ps = ms_page_arena_page_size(cfg->arena);
+    pool->max_pages_per_stream = MS_MAX(1, ms_page_arena_num_pages(cfg->arena) - 1);
+    if (cfg->max_pages_per_stream > 0 && cfg->max_pages_per_stream < pool->max_pages_per_stream)
+        pool->max_pages_per_stream = cfg->max_pages_per_stream;
     pthread_mutex_init(&pool->mu, NULL);
     pthread_cond_init(&pool->cv, NULL);
     ms_device *dev = ms_page_arena_device(cfg->arena);
@@ -531,19 +543,47 @@ static ms_admit_outcome outcome(ms_admit_code code, int32_t short_by, ms_label l
     return o;
 }
 
-/* Grow one plan buffer set for the given sizes. */
+/* ms_grow that adds 1 to *count (may be NULL) when it reallocated. */
+static ms_status grow_counted(void **data, size_t *cap, size_t need, size_t elem,
+                              int64_t *count) {
+    size_t before = *cap;
+    MS_TRY(ms_grow(data, cap, need, elem));
+    if (count != NULL && *cap != before)
+        (*count)++;
+    return MS_OK;
+}
+
+/* Make s->pages hold `need` pages; the first growth sizes it for the pool's per-stream maximum
+ * so later reservations of the stream never reallocate. *count as in grow_counted. */
+static ms_status stream_reserve(const ms_kv_pool *pool, kv_stream *s, int32_t need,
+                                int64_t *count) {
+    size_t n = (size_t)MS_MAX(need, 1);
+    if (s->cap >= n)
+        return MS_OK;
+    n = MS_MAX(n, (size_t)pool->max_pages_per_stream);
+    return grow_counted((void **)&s->pages, &s->cap, n, sizeof(int32_t), count);
+}
+
+/* Grow one plan buffer set for the given sizes; *count (may be NULL) gets one per array grown. */
 static ms_status plan_buf_reserve(kv_plan_buf *b, size_t n_views, size_t n_indices,
-                                  size_t n_tokens) {
+                                  size_t n_tokens, int64_t *count) {
     size_t n_ptr = 2 * n_views + 1;
-    MS_TRY(ms_grow((void **)&b->plans, &b->plans_cap, n_views + 1, sizeof *b->plans));
-    MS_TRY(ms_grow((void **)&b->views, &b->views_cap, n_views + 1, sizeof *b->views));
-    MS_TRY(ms_grow((void **)&b->qo_indptr, &b->qo_cap, n_ptr, sizeof(int32_t)));
-    MS_TRY(ms_grow((void **)&b->kv_indptr, &b->kvp_cap, n_ptr, sizeof(int32_t)));
-    MS_TRY(ms_grow((void **)&b->kv_indices, &b->ind_cap, n_indices + 1, sizeof(int32_t)));
-    MS_TRY(ms_grow((void **)&b->last_page_len, &b->lpl_cap, n_views + 1, sizeof(int32_t)));
-    MS_TRY(ms_grow((void **)&b->kv_start, &b->start_cap, n_views + 1, sizeof(int32_t)));
-    MS_TRY(ms_grow((void **)&b->token_to_page, &b->ttp_cap, n_tokens + 1, sizeof(int32_t)));
-    MS_TRY(ms_grow((void **)&b->token_to_slot, &b->tts_cap, n_tokens + 1, sizeof(int32_t)));
+    MS_TRY(grow_counted((void **)&b->plans, &b->plans_cap, n_views + 1, sizeof *b->plans,
+                        count));
+    MS_TRY(grow_counted((void **)&b->views, &b->views_cap, n_views + 1, sizeof *b->views,
+                        count));
+    MS_TRY(grow_counted((void **)&b->qo_indptr, &b->qo_cap, n_ptr, sizeof(int32_t), count));
+    MS_TRY(grow_counted((void **)&b->kv_indptr, &b->kvp_cap, n_ptr, sizeof(int32_t), count));
+    MS_TRY(grow_counted((void **)&b->kv_indices, &b->ind_cap, n_indices + 1, sizeof(int32_t),
+                        count));
+    MS_TRY(grow_counted((void **)&b->last_page_len, &b->lpl_cap, n_views + 1, sizeof(int32_t),
+                        count));
+    MS_TRY(grow_counted((void **)&b->kv_start, &b->start_cap, n_views + 1, sizeof(int32_t),
+                        count));
+    MS_TRY(grow_counted((void **)&b->token_to_page, &b->ttp_cap, n_tokens + 1, sizeof(int32_t),
+                        count));
+    MS_TRY(grow_counted((void **)&b->token_to_slot, &b->tts_cap, n_tokens + 1, sizeof(int32_t),
+                        count));
     return MS_OK;
 }
 
@@ -663,10 +703,10 @@ static ms_admit_outcome admit_locked(ms_kv_pool *pool, const ms_kv_step *ks, con
     int32_t n_rows_max = ctx != NULL && ctx->n_rows > 0 ? ctx->n_rows : 0;
     size_t n_forks = (size_t)ks->n_pre_forks + (size_t)ks->n_post_forks;
     size_t max_touch = (size_t)n_segs + 2 * n_forks * (size_t)MS_MAX(n_rows_max, n_segs);
-    if (ms_grow((void **)&pool->touched, &pool->touched_cap, max_touch + 1,
-                sizeof *pool->touched) != MS_OK ||
-        ms_grow((void **)&pool->rows, &pool->rows_cap, (size_t)n_segs + 1,
-                sizeof *pool->rows) != MS_OK)
+    if (grow_counted((void **)&pool->touched, &pool->touched_cap, max_touch + 1,
+                     sizeof *pool->touched, &pool->admit_allocs) != MS_OK ||
+        grow_counted((void **)&pool->rows, &pool->rows_cap, (size_t)n_segs + 1,
+                     sizeof *pool->rows, &pool->admit_allocs) != MS_OK)
         return outcome(MS_ADMIT_NO_MEMORY, 0, 0, 0);
     /* Requests: known, not offloaded, no failed or pending transfer. */
     for (int32_t i = 0; i < n_segs; i++) {
@@ -748,17 +788,20 @@ static ms_admit_outcome admit_locked(ms_kv_pool *pool, const ms_kv_step *ks, con
                        who.label, who.req->rid);
     }
     /* Host arrays first (growth is harmless if a later part fails). */
-    bool oom = ms_grow((void **)&pool->acq, &pool->acq_cap, (size_t)total + 1,
-                       sizeof(int32_t)) != MS_OK;
+    bool oom = grow_counted((void **)&pool->acq, &pool->acq_cap, (size_t)total + 1,
+                            sizeof(int32_t), &pool->admit_allocs) != MS_OK;
     for (int32_t t = 0; t < n_touched && !oom; t++) {
         kv_stream *s = &pool->touched[t].req->streams[pool->touched[t].label];
-        oom = ms_grow((void **)&s->pages, &s->cap, (size_t)MS_MAX(s->p_need, 1),
-                      sizeof(int32_t)) != MS_OK;
+        oom = stream_reserve(pool, s, s->p_need, &pool->admit_allocs) != MS_OK;
     }
-    /* Only the set the next plan writes: the other holds the latest plan, still in use. */
-    if (!oom)
-        oom = plan_buf_reserve(&pool->bufs[pool->plan_seq & 1], (size_t)n_segs,
-                               (size_t)n_indices, (size_t)n_tokens) != MS_OK;
+    /* Only the set the next plan writes: the other holds the latest plan, still in use (before
+     * the first plan neither holds one: size both, so the alternation needs no second warm-up
+     * admit). The indices are sized for the whole arena (every view page is a distinct held
+     * page), so a growing decode never regrows them. */
+    for (uint64_t k = 0; k < (pool->plan_seq == 0 ? 2u : 1u) && !oom; k++)
+        oom = plan_buf_reserve(&pool->bufs[(pool->plan_seq + k) & 1], (size_t)n_segs,
+                               (size_t)MS_MAX(n_indices, pool->max_pages_per_stream),
+                               (size_t)n_tokens, &pool->admit_allocs) != MS_OK;
     if (oom)
         return outcome(MS_ADMIT_NO_MEMORY, 0, segs != NULL && n_segs > 0 ? segs[0].label : 0,
                        n_segs > 0 ? segs[0].rid : 0);
@@ -991,7 +1034,7 @@ static ms_status plan_locked(ms_kv_pool *pool, const ms_kv_step *ks, const ms_st
         b->qo_cap < 2 * (size_t)n_segs + 1) {
 
         pool->plan_allocs++;
-        if (plan_buf_reserve(b, (size_t)n_segs, n_ind, n_tok) != MS_OK)
+        if (plan_buf_reserve(b, (size_t)n_segs, n_ind, n_tok, NULL) != MS_OK)
             return MS_FAIL(err, MS_ERR_OOM, "kv pool: plan: out of host memory");
     }
     pool->plan_seq++;
@@ -1341,8 +1384,7 @@ static ms_admit_outcome retrieve_locked(ms_kv_pool *pool, kv_request *r,
         any = true;
         s->p_need = pages_for(ps->length - ps->start, pool->ps);
         total += MS_MAX(0, s->p_need - s->n_pages);
-        if (ms_grow((void **)&s->pages, &s->cap, (size_t)MS_MAX(s->p_need, 1),
-                    sizeof(int32_t)) != MS_OK)
+        if (stream_reserve(pool, s, s->p_need, NULL) != MS_OK)
             return outcome(MS_ADMIT_NO_MEMORY, 0, ps->label, r->rid);
     }
     if (ms_grow((void **)&pool->acq, &pool->acq_cap, (size_t)total + 1, sizeof(int32_t)) != MS_OK)
@@ -1599,8 +1641,7 @@ ms_status ms_kv_pool_reload(ms_kv_pool *pool, ms_rid rid, ms_error *err) {
         if (s->exists && s->offloaded) {
             any = true;
             need += s->n_host_pages;
-            if (ms_grow((void **)&s->pages, &s->cap, (size_t)MS_MAX(1, s->n_host_pages),
-                        sizeof(int32_t)) != MS_OK) {
+            if (stream_reserve(pool, s, s->n_host_pages, NULL) != MS_OK) {
                 pthread_mutex_unlock(&pool->mu);
                 return MS_FAIL(err, MS_ERR_OOM, "kv pool: reload: out of host memory");
             }
@@ -1832,6 +1873,13 @@ void ms_kv_pool_count_pages(ms_kv_pool *pool, int32_t *dev_counts, int32_t *host
         }
     }
     pthread_mutex_unlock(&pool->mu);
+}
+
+int64_t ms_kv_pool_admit_allocs(ms_kv_pool *pool) {
+    pthread_mutex_lock(&pool->mu);
+    int64_t n = pool->admit_allocs;
+    pthread_mutex_unlock(&pool->mu);
+    return n;
 }
 
 int64_t ms_kv_pool_plan_allocs(ms_kv_pool *pool) {

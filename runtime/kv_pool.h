@@ -4,7 +4,8 @@
  * publish / admit_retrieve (KV transfer), offload / reload (host tier) and windowed retention.
  *
  * A stream holds a page list (a high-water mark: it grows at admit and shrinks only at reset with
- * free, offload, retention or remove), the committed length `stored` (logical tokens, including
+ * free, offload, retention or remove; its host array is sized for the pool's per-stream maximum,
+ * all usable arena pages, at the stream's first reservation, so admit never reallocates it), the committed length `stored` (logical tokens, including
  * those released from the front), `released` (tokens dropped by retention, a multiple of the page
  * size; pages[0] holds logical token `released`), a retention window, a generation counter and
  * flags. Page ids are never the sink page.
@@ -130,6 +131,11 @@ typedef struct ms_kv_pool_config {
     const ms_kv_transfer_i *transfer;   /* NULL: admit_retrieve fails (transfer failed) */
     void *transfer_ctx;
     const void *source;                 /* identity put into published info (e.g. an engine) */
+    int32_t max_pages_per_stream;       /* pages one stream holds at most in normal use (the
+                                           context limit in pages): its page list is sized to this
+                                           at its first reservation, so admit allocates nothing
+                                           on decode; 0 = every usable arena page. A stream that
+                                           needs more still gets them (the list then grows). */
 } ms_kv_pool_config;
 
 /* Per-request overrides passed to ingest (the resource's `overrides`). */
@@ -351,6 +357,15 @@ void ms_kv_pool_count_pages(ms_kv_pool *pool, int32_t *dev_counts, int32_t *host
 
 /* Host allocations made inside plan() since init (0 when every step was admitted first). */
 int64_t ms_kv_pool_plan_allocs(ms_kv_pool *pool);
+
+/*
+ * Host array growths made inside admit() and its resource verb since init. A stream's page list
+ * is sized once, at its first reservation, for the pool's per-stream maximum (every usable arena
+ * page: ms_page_arena_num_pages - 1), and the plan buffers' page indices for the whole arena, so
+ * this grows only when a step's shape (segments, tokens, forks) exceeds every earlier one: a
+ * decode that adds one token per step performs none after its first admit.
+ */
+int64_t ms_kv_pool_admit_allocs(ms_kv_pool *pool);
 
 #ifdef __cplusplus
 }

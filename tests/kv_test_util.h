@@ -36,6 +36,7 @@ typedef struct kv_fix_opts {
     void *transfer_ctx;
     ms_device *dev;             /* use this device (borrowed) instead of a fresh host device */
     int32_t world_size;
+    int32_t max_pages_per_stream; /* 0: the pool default (every usable arena page) */
 } kv_fix_opts;
 
 /* Arena of 2 layers, 2 kv heads, head_dim 4, float32, `n_pages` pages of `ps` tokens. */
@@ -64,6 +65,7 @@ static KV_UNUSED void kv_fix_init_opts(kv_fix *f, int32_t n_pages, int32_t ps, i
         pc.transfer = o->transfer;
         pc.transfer_ctx = o->transfer_ctx;
         pc.world_size = o->world_size;
+        pc.max_pages_per_stream = o->max_pages_per_stream;
     }
     ms_status st = ms_kv_pool_init(&pc, &f->pool, &err);
     if (st != MS_OK)

@@ -576,6 +576,73 @@ static void test_plan_allocates_nothing_after_admit(void **state) {
     kv_fix_free(&f);
 }
 
+/* No host allocation on the decode path: two requests prefill 17 tokens, then decode 4096
+ * tokens one per step (513 pages each, far past the old doubling points 8, 16, ... 512). Only
+ * the first admit sizes the page lists (for the per-stream maximum) and the plan buffers; every
+ * later admit allocates nothing, by the pool's counter and by the allocator's own count. */
+static void test_decode_admit_allocates_nothing_after_first(void **state) {
+    (void)state;
+    enum { PROMPT = 17, DECODE = 4096, N_PAGES = 2 * ((PROMPT + DECODE + PS - 1) / PS) + 1 };
+    kv_fix f;
+    kv_fix_init(&f, N_PAGES, PS, 0);
+    kv_ingest(&f, 1);
+    kv_ingest(&f, 2);
+    int64_t first = -1, host_allocs = 0;
+    for (int step = 0; step <= DECODE; step++) {
+        kv_tstep t;
+        kv_step_init(&t, true);
+        kv_step_seg(&t, 1, 0, step == 0 ? PROMPT : 1);
+        kv_step_seg(&t, 2, 0, step == 0 ? PROMPT : 1);
+        int64_t before = ms_alloc_get_stats().total_allocs;
+        ms_admit_outcome ao = kv_admit(&f, &t);
+        if (ao.code != MS_ADMIT_OK)
+            fail_msg("step %d: %s short %d", step, ms_admit_code_str(ao.code), ao.pages_short);
+        if (step == 0)
+            first = ms_kv_pool_admit_allocs(f.pool);
+        else
+            host_allocs += ms_alloc_get_stats().total_allocs - before;
+        kv_plan(&f, &t);
+        kv_commit(&f, &t);
+    }
+    assert_true(first > 0); /* the first admit did size the arrays (the counter counts) */
+    assert_int_equal(ms_kv_pool_admit_allocs(f.pool), first);
+    assert_int_equal(host_allocs, 0);
+    assert_int_equal(ms_kv_pool_plan_allocs(f.pool), 0);
+    assert_int_equal(kv_info(&f, 1, 0).stored, PROMPT + DECODE);
+    assert_int_equal(kv_info(&f, 2, 0).n_pages, (PROMPT + DECODE + PS - 1) / PS);
+    assert_int_equal(ms_page_arena_num_free(f.arena), 0);
+    kv_check_pages(&f);
+    kv_fix_free(&f);
+}
+
+/* A per-stream limit below the arena (the engine passes the context in pages): decode within it
+ * allocates nothing after the first admit; a stream past it still gets its pages (the list grows)
+ * and its contents survive the growth. */
+static void test_stream_past_its_page_limit_still_admits(void **state) {
+    (void)state;
+    kv_fix f;
+    kv_fix_opts o = {.max_pages_per_stream = 2};
+    kv_fix_init_opts(&f, 64, PS, 0, &o);
+    kv_ingest(&f, 1);
+    kv_tstep t;
+    kv_step_init(&t, true);
+    kv_step_seg(&t, 1, 0, 2 * PS); /* exactly the limit */
+    assert_int_equal(kv_admit(&f, &t).code, MS_ADMIT_OK);
+    kv_plan(&f, &t);
+    kv_commit(&f, &t);
+    int64_t first = ms_kv_pool_admit_allocs(f.pool);
+    kv_step_init(&t, true);
+    kv_step_seg(&t, 1, 0, 38 * PS); /* far past it: 40 pages */
+    assert_int_equal(kv_admit(&f, &t).code, MS_ADMIT_OK);
+    assert_true(ms_kv_pool_admit_allocs(f.pool) > first); /* the list grew */
+    kv_plan(&f, &t);
+    kv_commit(&f, &t);
+    assert_int_equal(kv_info(&f, 1, 0).stored, 40 * PS);
+    assert_int_equal(kv_info(&f, 1, 0).n_pages, 40);
+    kv_check_pages(&f);
+    kv_fix_free(&f);
+}
+
 /* H1: the page list is a high-water mark; views and addresses use only what the length needs. */
 static void test_H1_plan_slices_high_water_pages(void **state) {
     (void)state;
@@ -1072,6 +1139,8 @@ int main(void) {
         ms_unit_test(test_write_once_context_then_zero_span_reads),
         ms_unit_test(test_combined_label_is_label_major),
         ms_unit_test(test_plan_allocates_nothing_after_admit),
+        ms_unit_test(test_decode_admit_allocates_nothing_after_first),
+        ms_unit_test(test_stream_past_its_page_limit_still_admits),
         ms_unit_test(test_H1_plan_slices_high_water_pages),
         ms_unit_test(test_noncommit_step_reuses_reservation),
         ms_unit_test(test_H6_zero_span_absent_label_empty_view),
