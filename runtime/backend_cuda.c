@@ -799,11 +799,10 @@ static ms_status cu_attention(void *ctx, const ms_tensor *q, const ms_paged_kv *
     p.window = ap->window;
     p.sm_scale = ap->scale;
     ms_cuda_module *m;
-    ms_kernel_spec ds = ms_kernel_spec_attn_decode(kdtype(kv->dtype), (int)hd, kv->page_size, G,
-                                                   windowed);
-    ds.act_dtype = MS_KERNEL_DTYPE_F32;
     if (batch->is_decode) { /* decode takes every head_dim prefill takes (multiples of 8) */
-        ms_kernel_spec s = ds;
+        ms_kernel_spec s = ms_kernel_spec_attn_decode(kdtype(kv->dtype), (int)hd, kv->page_size,
+                                                      G, windowed);
+        s.act_dtype = MS_KERNEL_DTYPE_F32;
         MS_TRY(get_module(c, &s, &m, err));
         /* split the keys so that one wave of resident CTAs covers the batch */
         ms_attn_decode_plan_split(batch->n_seqs, kv->n_kv_heads, cb->max_pages,

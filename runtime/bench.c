@@ -91,18 +91,6 @@ static void bench_usage(FILE *to) {
             b_prog);
 }
 
-static bool b_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out) {
-    if (s == NULL || *s == '\0')
-        return false;
-    char *end;
-    errno = 0;
-    long long v = strtoll(s, &end, 10);
-    if (errno != 0 || *end != '\0' || v < lo || v > hi)
-        return false;
-    *out = v;
-    return true;
-}
-
 /* Parse a positive integer at *p (digits only) up to `hi`; advances *p. */
 static bool b_take_int(const char **p, int64_t hi, int32_t *out) {
     const char *s = *p;
@@ -225,37 +213,37 @@ static int parse_bench(int argc, char **argv, bench_opts *o) {
                                   "most %d shapes BxL (e.g. 1x2048,8x512; B in [1, %d], L >= 1)",
                                   v, BENCH_MAX_LIST, BENCH_MAX_BATCH);
         } else if (strcmp(a, "--prompt-len") == 0) {
-            if (!b_parse_i64(v, 1, INT32_MAX, &n))
+            if (!ms_cli_parse_i64(v, 1, INT32_MAX, &n))
                 return bench_fail("--prompt-len: '%s' is not an integer >= 1", v);
             o->prompt_len = (int32_t)n;
         } else if (strcmp(a, "--new-tokens") == 0) {
-            if (!b_parse_i64(v, 2, INT32_MAX, &n))
+            if (!ms_cli_parse_i64(v, 2, INT32_MAX, &n))
                 return bench_fail("--new-tokens: '%s' is not an integer >= 2 (the first new "
                                   "token comes from the prefill step)",
                                   v);
             o->new_tokens = (int32_t)n;
         } else if (strcmp(a, "--runs") == 0) {
-            if (!b_parse_i64(v, 1, 1000, &n))
+            if (!ms_cli_parse_i64(v, 1, 1000, &n))
                 return bench_fail("--runs: '%s' is not an integer in [1, 1000]", v);
             o->runs = (int32_t)n;
         } else if (strcmp(a, "--warmup") == 0) {
-            if (!b_parse_i64(v, 0, 1000, &n))
+            if (!ms_cli_parse_i64(v, 0, 1000, &n))
                 return bench_fail("--warmup: '%s' is not an integer in [0, 1000]", v);
             o->warmup = (int32_t)n;
         } else if (strcmp(a, "--seed") == 0) {
-            if (!b_parse_i64(v, 0, INT64_MAX, &n))
+            if (!ms_cli_parse_i64(v, 0, INT64_MAX, &n))
                 return bench_fail("--seed: '%s' is not an unsigned integer", v);
             o->seed = (uint64_t)n;
         } else if (strcmp(a, "--page-size") == 0) {
-            if (!b_parse_i64(v, 1, 65536, &n))
+            if (!ms_cli_parse_i64(v, 1, 65536, &n))
                 return bench_fail("--page-size: '%s' is not an integer in [1, 65536]", v);
             o->page_size = (int32_t)n;
         } else if (strcmp(a, "--threads") == 0) {
-            if (!b_parse_i64(v, 1, 1024, &n))
+            if (!ms_cli_parse_i64(v, 1, 1024, &n))
                 return bench_fail("--threads: '%s' is not an integer in [1, 1024]", v);
             o->threads = (int32_t)n;
         } else if (strcmp(a, "--max-tokens") == 0) {
-            if (!b_parse_i64(v, 1, INT32_MAX, &n))
+            if (!ms_cli_parse_i64(v, 1, INT32_MAX, &n))
                 return bench_fail("--max-tokens: '%s' is not an integer >= 1", v);
             o->max_tokens = (int32_t)n;
         }

@@ -305,7 +305,7 @@ static int cli_fail(const char *fmt, ...) {
     return 1;
 }
 
-static bool parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out) {
+bool ms_cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out) {
     if (s == NULL || *s == '\0')
         return false;
     char *end;
@@ -417,18 +417,18 @@ static int parse_generate(int argc, char **argv, cli_opts *o) {
         } else if (strcmp(a, "--prompts-file") == 0) {
             o->prompts_file = v;
         } else if (strcmp(a, "--max-new-tokens") == 0) {
-            if (!parse_i64(v, 0, INT32_MAX, &n))
+            if (!ms_cli_parse_i64(v, 0, INT32_MAX, &n))
                 return cli_fail("--max-new-tokens: '%s' is not an integer >= 0", v);
             o->max_new = (int32_t)n;
         } else if (strcmp(a, "--steps") == 0) {
-            if (!parse_i64(v, 1, INT32_MAX, &n))
+            if (!ms_cli_parse_i64(v, 1, INT32_MAX, &n))
                 return cli_fail("--steps: '%s' is not an integer >= 1", v);
             o->steps = (int32_t)n;
         } else if (strcmp(a, "--temperature") == 0) {
             if (!parse_f(v, &o->sampling.temperature) || o->sampling.temperature < 0.0f)
                 return cli_fail("--temperature: '%s' is not a number >= 0", v);
         } else if (strcmp(a, "--top-k") == 0) {
-            if (!parse_i64(v, 0, INT32_MAX, &n))
+            if (!ms_cli_parse_i64(v, 0, INT32_MAX, &n))
                 return cli_fail("--top-k: '%s' is not an integer >= 0 (0 disables it)", v);
             o->sampling.top_k = (int32_t)n;
         } else if (strcmp(a, "--top-p") == 0) {
@@ -439,11 +439,11 @@ static int parse_generate(int argc, char **argv, cli_opts *o) {
             if (!parse_u64(v, &o->sampling.seed))
                 return cli_fail("--seed: '%s' is not an unsigned integer", v);
         } else if (strcmp(a, "--page-size") == 0) {
-            if (!parse_i64(v, 1, 65536, &n))
+            if (!ms_cli_parse_i64(v, 1, 65536, &n))
                 return cli_fail("--page-size: '%s' is not an integer in [1, 65536]", v);
             o->page_size = (int32_t)n;
         } else if (strcmp(a, "--threads") == 0) {
-            if (!parse_i64(v, 1, 1024, &n))
+            if (!ms_cli_parse_i64(v, 1, 1024, &n))
                 return cli_fail("--threads: '%s' is not an integer in [1, 1024]", v);
             o->threads = (int32_t)n;
         } else if (strcmp(a, "--device") == 0) {

@@ -76,6 +76,10 @@ int ms_cli_kernels(int argc, char **argv, const ms_model_desc *desc, const char 
 
 /* ---- helpers of the verbs (exposed for tests) ---- */
 
+/* Parse a whole string as a decimal integer in [lo, hi] into *out; false (and *out untouched) for
+ * NULL, empty, trailing characters, overflow or a value out of range. Shared by every verb. */
+bool ms_cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
+
 /*
  * Parse a comma-separated list of token ids ("1,2, 3": decimal integers in [0, INT32_MAX], spaces
  * or tabs around each) into a fresh ms_malloc'd *ids of *n >= 1 entries (release with ms_free).

@@ -104,10 +104,8 @@ static int parse_kernels(int argc, char **argv, const char *prog, kernels_opts *
             *dst = v;
             continue;
         }
-        char *end = NULL;
-        errno = 0;
-        long ps = strtol(v, &end, 10);
-        if (errno != 0 || end == v || *end != '\0' || ps < 1 || ps > 65536)
+        int64_t ps = 0;
+        if (!ms_cli_parse_i64(v, 1, 65536, &ps))
             return kfail(prog, 1, "--page-size '%s' is not a number from 1 to 65536", v);
         o->page_size = (int32_t)ps;
     }
