@@ -11,11 +11,11 @@ MSTARC_MAIN += compiler/main.c
 FUZZ_SECONDS ?= 60
 FUZZ_CC ?= clang
 FUZZ_DIR := $(BUILD_ROOT)/fuzz
-FUZZ_SRCS := tests/fuzz_dsl.c $(DSL_SRCS) $(COMPILER_SRCS) runtime/base.c runtime/resource.c
-$(FUZZ_DIR)/fuzz_dsl: $(FUZZ_SRCS) $(BUILD)/gen/dsl_parse.c $(BUILD)/gen/dsl_lex.c $(wildcard compiler/*.h dsl/*.h runtime/*.h)
+FUZZ_SRCS := tests/fuzz_dsl.c $(DSL_SRCS) $(COMPILER_SRCS) runtime/core/base.c runtime/resources/resource.c
+$(FUZZ_DIR)/fuzz_dsl: $(FUZZ_SRCS) $(BUILD)/gen/dsl_parse.c $(BUILD)/gen/dsl_lex.c $(wildcard compiler/*.h dsl/*.h runtime/*/*.h)
 	$(call quiet,LD,$@)
 	@mkdir -p $(@D)
-	$(Q)$(FUZZ_CC) -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -Iruntime -Icompiler -Idsl -I$(BUILD)/gen $(PKG_CFLAGS) -o $@ $(FUZZ_SRCS) $(BUILD)/gen/dsl_parse.c $(BUILD)/gen/dsl_lex.c $(PKG_LIBS) -lm
+	$(Q)$(FUZZ_CC) -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $(RUNTIME_INC) -Icompiler -Idsl -I$(BUILD)/gen $(PKG_CFLAGS) -o $@ $(FUZZ_SRCS) $(BUILD)/gen/dsl_parse.c $(BUILD)/gen/dsl_lex.c $(PKG_LIBS) -lm
 .PHONY: fuzz-dsl
 fuzz-dsl: $(FUZZ_DIR)/fuzz_dsl
 	$(Q)mkdir -p $(FUZZ_DIR)/corpus $(FUZZ_DIR)/seeds $(FUZZ_DIR)/crashes
@@ -26,5 +26,5 @@ fuzz-dsl: $(FUZZ_DIR)/fuzz_dsl
 COMPILER_SRCS += compiler/codegen.c
 COMPILER_SRCS += compiler/build_cmd.c
 # ---- mstarc build: the compiler, flags, libmstar.a and link flags baked into mstarc (absolute) ----
-MSTARC_GEN_CFLAGS = -std=c11 $(OPT) -pthread $(SAN_FLAGS) -I$(abspath runtime) -D_GNU_SOURCE $(CUDA_CPPFLAGS) $(PKG_CFLAGS) $(GEN_WARN)
+MSTARC_GEN_CFLAGS = -std=c11 $(OPT) -pthread $(SAN_FLAGS) $(addprefix -I$(abspath runtime)/,$(RUNTIME_DIRS)) -D_GNU_SOURCE $(CUDA_CPPFLAGS) $(PKG_CFLAGS) $(GEN_WARN)
 $(BUILD)/obj/compiler/build_cmd.o: CPPFLAGS += -DMS_BUILD_CC='"$(CC)"' -DMS_BUILD_CFLAGS='"$(MSTARC_GEN_CFLAGS)"' -DMS_BUILD_LIBMSTAR='"$(abspath $(BUILD)/libmstar.a)"' -DMS_BUILD_LDLIBS='"$(LDFLAGS) $(LDLIBS)"'

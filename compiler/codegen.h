@@ -1,6 +1,6 @@
 /*
  * codegen.h - mstarc's back end: lowers a checked model (model.h) to the C descriptor that the
- * runtime's engine runs (runtime/model_desc.h), and drives `mstarc build` (write the generated
+ * runtime's engine runs (runtime/engine/model_desc.h), and drives `mstarc build` (write the generated
  * sources, compile them with libmstar into the serving binary).
  *
  * Everything generated goes through one emitter, ms_emit(), which indents and checks its

@@ -2,7 +2,7 @@
  * model.h - the checked model: what compiler/sema.c builds from the syntax tree once every name,
  * type, shape and resource relation has been proven consistent. This is the structure the code
  * generator walks (op list of the forward, resource specs per node, step declarations in the
- * runtime/resource.h vocabulary); the dumper prints it back as canonical source.
+ * runtime/resources/resource.h vocabulary); the dumper prints it back as canonical source.
  *
  * Ownership: everything lives in the compilation's arena (see mstarc.h) and is read-only for
  * users. Expressions are the syntax tree's (dsl/ast.h): config expressions are evaluated against
@@ -165,7 +165,7 @@ typedef struct ms_res_key {
 /* A resource constructor (kv_pool, rope, positions, attention, cross, scratch, sampler). */
 typedef struct ms_res_spec {
     const char *ctor;             /* constructor name in the language */
-    ms_resource_kind kind;        /* runtime kind (runtime/resource.h) */
+    ms_resource_kind kind;        /* runtime kind (runtime/resources/resource.h) */
     bool needs_kv;                /* must depend on exactly one kv_pool */
     ms_res_key keys[MS_RES_MAX_KEYS]; /* terminated by a NULL name */
 } ms_res_spec;
@@ -212,7 +212,7 @@ typedef struct ms_combined_decl {
     int plan_label;
 } ms_combined_decl;
 
-/* What a step declares for one resource (mirrors the records of runtime/resource.h). Defaults
+/* What a step declares for one resource (mirrors the records of runtime/resources/resource.h). Defaults
  * apply to fields the step does not write. */
 typedef struct ms_step_rec {
     const ms_resource *resource;

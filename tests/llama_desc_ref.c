@@ -1,6 +1,6 @@
 /*
  * llama_desc_ref.c - the Llama descriptor written BY HAND in exactly the form mstarc will emit for
- * models/llama.mstar (runtime/model_desc.h). It is the code generator's golden target and the
+ * models/llama.mstar (runtime/engine/model_desc.h). It is the code generator's golden target and the
  * engine's test model until code generation lands: keep it mechanical (tables mirroring the
  * source, switch functions over config expressions, one straight-line forward), never clever.
  *

@@ -1,5 +1,5 @@
 /*
- * test_engine_desc.c - the model descriptor contract (runtime/model_desc.h): config parameter
+ * test_engine_desc.c - the model descriptor contract (runtime/engine/model_desc.h): config parameter
  * helpers (sources in order, defaults, optional values, wrong types, checks), name templates,
  * and the table checks that catch code generator bugs, run against the hand-written Llama
  * descriptor and mutations of it.

@@ -1,5 +1,5 @@
 /*
- * cli.c - the verbs of a serving binary (cli.h): `generate` here, `bench` in bench.c, and the
+ * cli.c - the verbs of a serving binary (cli.h): `generate` here, `bench` in cli_bench.c, and the
  * helpers both share (model probe, id lists, streaming UTF-8).
  *
  * Order of work in generate: flags, then the model's config (ms_cli_model_probe: the path and the

@@ -22,7 +22,7 @@
 #define MS_CUDA_KERNELS_H
 
 #include "ms_base.h"
-#include "../templates/common/params.h"
+#include "../../templates/common/params.h"
 
 #ifdef __cplusplus
 extern "C" {

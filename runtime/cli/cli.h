@@ -55,7 +55,7 @@ extern "C" {
 int ms_cli_main(int argc, char **argv, const ms_model_desc *desc);
 
 /*
- * The `bench` verb (bench.c): argv holds the flags after "bench"; `prog` names the binary in
+ * The `bench` verb (cli_bench.c): argv holds the flags after "bench"; `prog` names the binary in
  * messages. Loads the model once, measures the copy bandwidth of its device, then decode
  * tokens/s per --batch and prefill tokens/s per --prefill shape on seeded random prompts (median
  * of --runs after --warmup, backend synchronised around every timed region), and prints a markdown
@@ -65,7 +65,7 @@ int ms_cli_main(int argc, char **argv, const ms_model_desc *desc);
 int ms_cli_bench(int argc, char **argv, const ms_model_desc *desc, const char *prog);
 
 /*
- * The `kernels` verb (kernels_cmd.c): argv holds the flags after "kernels". Compiles into the
+ * The `kernels` verb (cli_kernels.c): argv holds the flags after "kernels". Compiles into the
  * cubin cache every CUDA kernel instance `generate --device cuda` loads for --model's checkpoint,
  * for each --arch (default: the present GPU's), and prints one row per instance and arch (URI,
  * arch, hit / compiled, ms); --list only prints each instance's cache status. Returns the exit
@@ -123,7 +123,7 @@ ms_status ms_cli_model_probe(const ms_model_desc *desc, const char *path, ms_md_
                              int64_t *layer_matmul_params, char **dir, ms_error *err);
 
 /*
- * Dense (no sparsity) bf16 tensor-core peak of a GPU in TFLOPS (1e12 FLOP/s) from bench.c's table
+ * Dense (no sparsity) bf16 tensor-core peak of a GPU in TFLOPS (1e12 FLOP/s) from cli_bench.c's table
  * of NVIDIA datasheet figures, matched by the device name (cudaDeviceProp.name) and compute
  * capability; 0 when the GPU is not in the table.
  */

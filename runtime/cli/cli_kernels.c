@@ -1,5 +1,5 @@
 /*
- * kernels_cmd.c - the `kernels` verb of a serving binary (cli.h): precompile into the cubin cache
+ * cli_kernels.c - the `kernels` verb of a serving binary (cli.h): precompile into the cubin cache
  * every kernel instance `generate --device cuda` loads for a checkpoint, or list them with their
  * cache status.
  *

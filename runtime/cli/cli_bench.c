@@ -1,5 +1,5 @@
 /*
- * bench.c - the `bench` verb of a serving binary (cli.h): decode and prefill throughput of the
+ * cli_bench.c - the `bench` verb of a serving binary (cli.h): decode and prefill throughput of the
  * loaded model on random prompts, each figure against the memory-bandwidth limit measured in the
  * same run.
  *
