@@ -317,6 +317,9 @@ static void model_forward(model *m, int n) {
     ms_tensor act = ms_tensor_2d(m->act, MS_DTYPE_F32, n, m->ff);
     ms_tensor logits = ms_tensor_2d(m->logits, MS_DTYPE_F32, n, m->vocab);
     ms_attn_params ap = {1.0f / sqrtf((float)m->d), m->window, true};
+    /* the staged batch's attention plan, once per step as the engine makes it */
+    if (f->attn_batch_plan != NULL)
+        CHECK(f->attn_batch_plan(c, m->batch, &m->kv, m->hq, &ap, &err));
 
     CHECK(f->embedding(c, &m->embed, &ids, &x, &err));
     CHECK(f->rms_norm(c, &x, &m->L[0].attn_norm, m->eps, &h, &err));

@@ -297,7 +297,8 @@ static void run_step(const char *name, ms_paged_kv kvs[2], ms_attn_batch *batche
     ms_tensor all = t2(0, MS_DTYPE_F32, n, W, W);
     for (int which = 0; which < 2; which++) {
         ms_backend *be = which ? &g_gpu : &g_cpu;
-        if (be->iface.attn_batch_stage(be->ctx, batches[which], &sp->plan, &kvs[which], &err) != MS_OK)
+        ms_attn_params ap = {1.f / sqrtf((float)HD), window, true};
+        if (ms_backend_attn_stage(be, batches[which], &sp->plan, &kvs[which], HQ, &ap, &err) != MS_OK)
             fail_msg("stage (%s): %s", be->iface.name, err.msg);
         ms_tensor a = on(&qkv, which, all);
         ms_tensor q2 = ms_tensor_slice(&a, 1, 0, HQ * HD);
@@ -311,7 +312,6 @@ static void run_step(const char *name, ms_paged_kv kvs[2], ms_attn_batch *batche
             MS_OK)
             fail_msg("rope_kv_write (%s): %s", be->iface.name, err.msg);
         ms_tensor o = on(&out, which, ms_tensor_3d(NULL, MS_DTYPE_F32, n, HQ, HD));
-        ms_attn_params ap = {1.f / sqrtf((float)HD), window, true};
         if (be->iface.attention(be->ctx, &q, &kvs[which], 1, batches[which], &ap, &o, &err) != MS_OK)
             fail_msg("attention (%s): %s", be->iface.name, err.msg);
     }

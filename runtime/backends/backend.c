@@ -317,6 +317,15 @@ ms_status ms_attn_batch_check(const ms_attn_limits *limits, const ms_kv_plan *pl
 
 /* ---- wrappers and fallbacks ---- */
 
+ms_status ms_backend_attn_stage(const ms_backend *b, ms_attn_batch *batch, const ms_kv_plan *plan,
+                                const ms_paged_kv *kv, int32_t n_q_heads,
+                                const ms_attn_params *params, ms_error *err) {
+    MS_TRY(b->iface.attn_batch_stage(b->ctx, batch, plan, kv, err));
+    if (b->iface.attn_batch_plan == NULL)
+        return MS_OK;
+    return b->iface.attn_batch_plan(b->ctx, batch, kv, n_q_heads, params, err);
+}
+
 void ms_backend_free(ms_backend *b) {
     if (b == NULL)
         return;

@@ -310,6 +310,8 @@ typedef struct ms_attn_params {
 
 /* ---- the vtable ---- */
 
+struct ms_kernel_spec; /* cuda_kernels.h */
+
 /*
  * Entries marked "optional" may be NULL; use the ms_backend_* wrappers below, which fall back as
  * the trailing comment says. Unless stated, an output may not alias an input.
@@ -360,6 +362,29 @@ typedef struct ms_backend_i {
      */
     ms_status (*attn_batch_stage)(void *ctx, ms_attn_batch *batch, const ms_kv_plan *plan,
                                   const ms_paged_kv *kv, ms_error *err);
+    /*
+     * Plan attention over the batch just staged, once per step, for every layer's `attention`
+     * call of the step (optional, default: none; the CPU backend plans nothing): the kernel kind
+     * (decode when every view has one query row, else prefill), its instance for (kv dtype,
+     * head_dim, page size, n_q_heads / kv->n_kv_heads, params->causal, params->window > 0), the
+     * decode split-KV count from the device's occupancy, the prefill tile list (uploaded here).
+     * After it `attention` only launches: no kernel lookup, no allocation, no host planning or
+     * upload inside a layer. Staging again clears the plan; an `attention` call whose batch was
+     * not planned, or was planned for other heads or mask, is MS_ERR_STATE. Errors: a kernel
+     * instance that is neither loaded (kernels_load) nor compilable, MS_ERR_CAPACITY (tiles).
+     */
+    ms_status (*attn_batch_plan)(void *ctx, ms_attn_batch *batch, const ms_paged_kv *kv,
+                                 int32_t n_q_heads, const ms_attn_params *params, ms_error *err);
+    /*
+     * Load the kernel instances a model runs (specs [n], struct ms_kernel_spec of
+     * cuda_kernels.h: the model's generated kernel list at the checkpoint's shape, as
+     * ms_kernel_specs_for_stems gives it), once at init (optional, default: none). From then on
+     * the backend's instance table is sealed: an op needing an instance outside it fails with
+     * MS_ERR_STATE naming the instance (the generated list missed it) instead of compiling in
+     * the middle of a step. Errors: NVRTC / driver failures naming the instance.
+     */
+    ms_status (*kernels_load)(void *ctx, const struct ms_kernel_spec *specs, int n,
+                              ms_error *err);
 
     /* -- ops (all queued; shapes in the comments; n = tokens of the step) -- */
 
@@ -527,6 +552,15 @@ ms_status ms_backend_rope_kv_write(const ms_backend *b, ms_tensor *q, ms_tensor 
                                    const ms_tensor *v, const ms_tensor *pos,
                                    const ms_rope_table *rope, const ms_paged_kv *kv, int32_t layer,
                                    const ms_attn_batch *batch, ms_error *err);
+
+/*
+ * Stage `plan` into `batch` (attn_batch_stage) and plan attention over it for n_q_heads query
+ * heads and `params` (attn_batch_plan, when the backend has it): what every caller does once per
+ * step before the layers. Errors: those of the two entries.
+ */
+ms_status ms_backend_attn_stage(const ms_backend *b, ms_attn_batch *batch, const ms_kv_plan *plan,
+                                const ms_paged_kv *kv, int32_t n_q_heads,
+                                const ms_attn_params *params, ms_error *err);
 
 /*
  * Host-side check shared by every backend's attn_batch_stage: validates `plan` against `limits`

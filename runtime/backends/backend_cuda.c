@@ -33,6 +33,7 @@ typedef struct cuda_ctx {
     float *ones;       /* [ones_n] 1.0f for bias rank-1 updates */
     int64_t ones_n;
     bool capturing;
+    bool sealed;       /* kernels_load ran: the instance table is the model's, complete */
 } cuda_ctx;
 
 /* Per-batch device state beyond the shared index arrays. */
@@ -48,6 +49,15 @@ typedef struct cuda_batch {
     int32_t *split_counter; /* [counter_ints] split arrival counters, all 0 between launches */
     size_t counter_ints;
     int32_t max_pages;   /* longest view of the staged batch, in pages (sets the decode split) */
+    /* the attention plan of the staged batch (attn_batch_plan; cleared by every stage) */
+    bool planned;
+    int32_t plan_hq;     /* query heads, mask and window it was planned for */
+    bool plan_causal;
+    int32_t plan_window;
+    ms_cuda_module *plan_mod; /* the decode or prefill instance */
+    int plan_splits;     /* decode: split-KV count and pages per split; prefill: 1, 1 */
+    int plan_pages_per_split;
+    int plan_tiles;      /* prefill: tiles in tile_dev */
 } cuda_batch;
 
 static ms_status get_module(cuda_ctx *c, const ms_kernel_spec *s, ms_cuda_module **out,
@@ -59,6 +69,11 @@ static ms_status get_module(cuda_ctx *c, const ms_kernel_spec *s, ms_cuda_module
             *out = c->mods[i];
             return MS_OK;
         }
+    if (c->sealed)
+        return MS_FAIL(err, MS_ERR_STATE,
+                       "cuda backend: kernel instance %s is not in the model's kernel list (the "
+                       "instances loaded at init); the generated list misses it",
+                       uri);
     if (c->n_mods == MAX_MODULES)
         return MS_FAIL(err, MS_ERR_CAPACITY, "cuda backend: more than %d kernel instances",
                        MAX_MODULES);
@@ -419,6 +434,92 @@ static ms_status cu_attn_batch_stage(void *ctx, ms_attn_batch *b, const ms_kv_pl
     for (int32_t i = 0; i < n; i++)
         max_pages = MS_MAX(max_pages, plan->kv_indptr[i + 1] - plan->kv_indptr[i]);
     cb->max_pages = max_pages;
+    cb->planned = false; /* a new batch needs its own attention plan */
+    return MS_OK;
+}
+
+/*
+ * Attention plan of the staged batch (backend.h attn_batch_plan): the instance, the decode split
+ * count (one wave of resident CTAs over the batch's (request, KV head) pairs) with its partial
+ * buffers, or the prefill tile list uploaded to tile_dev. Runs once per step; every layer's
+ * attention then only launches.
+ */
+static ms_status cu_attn_batch_plan(void *ctx, ms_attn_batch *batch, const ms_paged_kv *kv,
+                                    int32_t n_q_heads, const ms_attn_params *ap, ms_error *err) {
+    cuda_ctx *c = ctx;
+    cuda_batch *cb = batch->impl;
+    cb->planned = false;
+    if (kv->dtype != MS_DTYPE_BF16 && kv->dtype != MS_DTYPE_F16)
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "attention: KV arena dtype %s (bf16 or f16)",
+                       ms_dtype_str(kv->dtype));
+    if (n_q_heads < 1 || kv->n_kv_heads < 1 || n_q_heads % kv->n_kv_heads != 0)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "attention plan: %d query heads is not a multiple of %d KV heads",
+                       (int)n_q_heads, kv->n_kv_heads);
+    const int G = n_q_heads / kv->n_kv_heads;
+    const int hd = kv->head_dim;
+    const bool windowed = ap->window > 0;
+    ms_cuda_module *m;
+    int n_splits = 1, pages_per_split = 1, n_tiles = 0;
+    if (batch->is_decode) { /* decode takes every head_dim prefill takes (multiples of 8) */
+        ms_kernel_spec sp = ms_kernel_spec_attn_decode(kdtype(kv->dtype), hd, kv->page_size, G,
+                                                       windowed);
+        sp.act_dtype = MS_KERNEL_DTYPE_F32;
+        MS_TRY(get_module(c, &sp, &m, err));
+        /* split the keys so that one wave of resident CTAs covers the batch */
+        ms_attn_decode_plan_split(batch->n_seqs, kv->n_kv_heads, cb->max_pages,
+                                  c->n_sms * MS_MAX(m->blocks_per_sm, 1), 4, MAX_SPLITS,
+                                  &n_splits, &pages_per_split);
+        if (n_splits > 1) {
+            size_t rows = (size_t)batch->n_seqs * (size_t)n_splits * (size_t)n_q_heads;
+            size_t have = cb->part_floats * sizeof(float);
+            MS_TRY(ensure_device(c, (void **)&cb->part, &have,
+                                 rows * (size_t)(hd + 1) * sizeof(float),
+                                 "attention split-KV partials", err));
+            cb->part_floats = have / sizeof(float);
+            size_t counters = (size_t)batch->limits.max_seqs * (size_t)kv->n_kv_heads;
+            if (cb->counter_ints < counters) {
+                size_t cbytes = cb->counter_ints * sizeof(int32_t);
+                MS_TRY(ensure_device(c, (void **)&cb->split_counter, &cbytes,
+                                     counters * sizeof(int32_t), "attention split counters", err));
+                MS_CUDA_TRY(err, cudaMemsetAsync(cb->split_counter, 0, cbytes, c->stream));
+                cb->counter_ints = cbytes / sizeof(int32_t);
+            }
+        }
+    } else {
+        ms_kernel_spec sp = ms_kernel_spec_attn_prefill(kdtype(kv->dtype), hd, kv->page_size, G,
+                                                        ap->causal, windowed);
+        sp.act_dtype = MS_KERNEL_DTYPE_F32;
+        MS_TRY(get_module(c, &sp, &m, err));
+        /* tile lists from the host mirror of qo_indptr */
+        ms_attn_batch h = *batch;
+        batch_point(&h, cb->host);
+        MS_TRY(ms_attn_prefill_plan_tiles(h.qo_indptr, batch->n_seqs, G, cb->tile_host,
+                                          cb->tile_host + cb->max_tiles, cb->max_tiles, &n_tiles,
+                                          err));
+        MS_CUDA_TRY(err, cudaMemcpyAsync(cb->tile_dev, cb->tile_host,
+                                         2 * (size_t)cb->max_tiles * sizeof(int32_t),
+                                         cudaMemcpyHostToDevice, c->stream));
+    }
+    cb->plan_mod = m;
+    cb->plan_splits = n_splits;
+    cb->plan_pages_per_split = pages_per_split;
+    cb->plan_tiles = n_tiles;
+    cb->plan_hq = n_q_heads;
+    cb->plan_causal = ap->causal;
+    cb->plan_window = ap->window;
+    cb->planned = true;
+    return MS_OK;
+}
+
+/* Load the model's kernel instances (backend.h kernels_load) and seal the table. */
+static ms_status cu_kernels_load(void *ctx, const ms_kernel_spec *specs, int n, ms_error *err) {
+    cuda_ctx *c = ctx;
+    for (int i = 0; i < n; i++) {
+        ms_cuda_module *m;
+        MS_TRY(get_module(c, &specs[i], &m, err));
+    }
+    c->sealed = true;
     return MS_OK;
 }
 
@@ -776,9 +877,13 @@ static ms_status cu_attention(void *ctx, const ms_tensor *q, const ms_paged_kv *
                        ms_dtype_str(kv->dtype));
     if (n == 0)
         return MS_OK;
-    cuda_batch *cb = batch->impl;
-    const int G = (int)(hq / kv->n_kv_heads);
-    const bool windowed = ap->window > 0;
+    const cuda_batch *cb = batch->impl;
+    if (!cb->planned || cb->plan_hq != (int32_t)hq || cb->plan_causal != ap->causal ||
+        cb->plan_window != ap->window)
+        return MS_FAIL(err, MS_ERR_STATE,
+                       "attention: the staged batch was not planned for %d query heads, %s mask, "
+                       "window %d (call attn_batch_plan once per step after attn_batch_stage)",
+                       (int)hq, ap->causal ? "causal" : "bidirectional", (int)ap->window);
     ms_attn_kernel_params p;
     memset(&p, 0, sizeof p);
     size_t layer_elems = (size_t)kv->n_pages * 2 * (size_t)kv->page_size * (size_t)kv->n_kv_heads *
@@ -798,54 +903,20 @@ static ms_status cu_attention(void *ctx, const ms_tensor *q, const ms_paged_kv *
     p.o_stride = (int)out->stride[0];
     p.window = ap->window;
     p.sm_scale = ap->scale;
-    ms_cuda_module *m;
-    if (batch->is_decode) { /* decode takes every head_dim prefill takes (multiples of 8) */
-        ms_kernel_spec s = ms_kernel_spec_attn_decode(kdtype(kv->dtype), (int)hd, kv->page_size,
-                                                      G, windowed);
-        s.act_dtype = MS_KERNEL_DTYPE_F32;
-        MS_TRY(get_module(c, &s, &m, err));
-        /* split the keys so that one wave of resident CTAs covers the batch */
-        ms_attn_decode_plan_split(batch->n_seqs, kv->n_kv_heads, cb->max_pages,
-                                  c->n_sms * MS_MAX(m->blocks_per_sm, 1), 4, MAX_SPLITS,
-                                  &p.n_splits, &p.pages_per_split);
+    p.n_splits = cb->plan_splits;
+    p.pages_per_split = cb->plan_pages_per_split;
+    if (batch->is_decode) {
         if (p.n_splits > 1) {
             size_t rows = (size_t)batch->n_seqs * (size_t)p.n_splits * (size_t)hq;
-            size_t have = cb->part_floats * sizeof(float);
-            MS_TRY(ensure_device(c, (void **)&cb->part, &have, rows * (size_t)(hd + 1) * sizeof(float),
-                                 "attention split-KV partials", err));
-            cb->part_floats = have / sizeof(float);
             p.part_o = cb->part;
             p.part_lse = cb->part + rows * (size_t)hd;
-            size_t counters = (size_t)batch->limits.max_seqs * (size_t)kv->n_kv_heads;
-            if (cb->counter_ints < counters) {
-                size_t cbytes = cb->counter_ints * sizeof(int32_t);
-                MS_TRY(ensure_device(c, (void **)&cb->split_counter, &cbytes,
-                                     counters * sizeof(int32_t), "attention split counters", err));
-                MS_CUDA_TRY(err, cudaMemsetAsync(cb->split_counter, 0, cbytes, c->stream));
-                cb->counter_ints = cbytes / sizeof(int32_t);
-            }
             p.split_counter = cb->split_counter;
         }
-        return ms_cuda_attn_decode_launch(m, &p, c->stream, err);
+        return ms_cuda_attn_decode_launch(cb->plan_mod, &p, c->stream, err);
     }
-    ms_kernel_spec s = ms_kernel_spec_attn_prefill(kdtype(kv->dtype), (int)hd, kv->page_size, G,
-                                                   ap->causal, windowed);
-    s.act_dtype = MS_KERNEL_DTYPE_F32;
-    MS_TRY(get_module(c, &s, &m, err));
-    /* tile lists from the host mirror of qo_indptr */
-    ms_attn_batch h = *batch;
-    batch_point(&h, cb->host);
-    int n_tiles = 0;
-    MS_TRY(ms_attn_prefill_plan_tiles(h.qo_indptr, batch->n_seqs, G, cb->tile_host,
-                                      cb->tile_host + cb->max_tiles, cb->max_tiles, &n_tiles, err));
-    MS_CUDA_TRY(err, cudaMemcpyAsync(cb->tile_dev, cb->tile_host,
-                                     2 * (size_t)cb->max_tiles * sizeof(int32_t),
-                                     cudaMemcpyHostToDevice, c->stream));
     p.tile_req = cb->tile_dev;
     p.tile_idx = cb->tile_dev + cb->max_tiles;
-    p.n_splits = 1;
-    p.pages_per_split = 1;
-    return ms_cuda_attn_prefill_launch(m, &p, n_tiles, c->stream, err);
+    return ms_cuda_attn_prefill_launch(cb->plan_mod, &p, cb->plan_tiles, c->stream, err);
 }
 
 static ms_status cu_silu_mul(void *ctx, const ms_tensor *gate, const ms_tensor *up,
@@ -1138,6 +1209,8 @@ ms_status ms_backend_cuda_init(ms_backend *out, const ms_backend_cuda_options *o
     f->attn_batch_init = cu_attn_batch_init;
     f->attn_batch_free = cu_attn_batch_free;
     f->attn_batch_stage = cu_attn_batch_stage;
+    f->attn_batch_plan = cu_attn_batch_plan;
+    f->kernels_load = cu_kernels_load;
     f->embedding = cu_embedding;
     f->linear = cu_linear;
     f->rms_norm = cu_rms_norm;

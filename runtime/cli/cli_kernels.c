@@ -35,7 +35,7 @@
 #endif
 
 #define KERNELS_MAX_ARCHS 16
-#define KERNELS_MAX_SPECS 32
+#define KERNELS_MAX_SPECS MS_MD_MAX_KERNEL_SPECS
 
 /* ---- options ---- */
 
@@ -173,20 +173,8 @@ static ms_status checkpoint_specs(const ms_model_desc *desc, const kernels_opts 
     ms_free(config);
     ms_hf_config_free(hf);
     MS_TRY(st);
-    ms_kernel_model_shape sh = {
-        .head_dim = f.head_dim,
-        .n_q_heads = f.n_q_heads,
-        .n_kv_heads = f.n_kv_heads,
-        .page_size = o->page_size > 0 ? o->page_size : f.page_size,
-        .rope = f.rope.theta <= 0.0 ? MS_KERNEL_ROPE_NONE
-                : f.rope.style == MS_ROPE_INTERLEAVED ? MS_KERNEL_ROPE_INTERLEAVED
-                                                      : MS_KERNEL_ROPE_NEOX,
-        .windowed = f.window > 0,
-        .weight_dtype = MS_KERNEL_DTYPE_BF16,
-        .kv_dtype = MS_KERNEL_DTYPE_BF16,
-    };
-    *page_size = sh.page_size;
-    st = ms_kernel_specs_for_stems(&sh, desc->kernels, desc->n_kernels, specs, cap, n, err);
+    *page_size = o->page_size > 0 ? o->page_size : f.page_size;
+    st = ms_md_kernel_specs(desc, &f, *page_size, specs, cap, n, err);
     if (st != MS_OK)
         ms_error_prefix(err, "%s: ", o->model);
     return st;

@@ -49,6 +49,10 @@ typedef struct eng_attn {
     const ms_paged_kv *kv;
     int kv_index;                      /* resource index of the KV pool */
     const ms_attn_plan_entry *entry;   /* plan result: the main label's attention plan */
+    int32_t n_q_heads;                 /* query heads (the attention resource's q_heads) */
+    float scale;                       /* logit scale */
+    int32_t window;                    /* sliding window, 0 none */
+    ms_attn_params params;             /* plan result: what every layer's attention runs with */
 } eng_attn;
 
 static ms_status eng_attn_plan(void *self, int index, const ms_step *step, ms_step_ctx *ctx,
@@ -64,7 +68,11 @@ static ms_status eng_attn_plan(void *self, int index, const ms_step *step, ms_st
     const ms_attn_plan_set *ap = inner_out;
     a->entry = ms_attn_plan_find(ap, set->plans[0].plan_label);
     MS_ASSERT(a->entry != NULL);
-    MS_TRY(a->be->iface.attn_batch_stage(a->be->ctx, a->batch, &set->plans[0], a->kv, err));
+    a->params = (ms_attn_params){.scale = a->scale, .window = a->window,
+                                 .causal = a->entry->causal};
+    /* staged and planned once per step: each layer's attention only launches */
+    MS_TRY(ms_backend_attn_stage(a->be, a->batch, &set->plans[0], a->kv, a->n_q_heads,
+                                 &a->params, err));
     *out = a;
     return MS_OK;
 }
@@ -706,6 +714,9 @@ static ms_status eng_resources_init(ms_engine *e, ms_error *err) {
     MS_TRY(e->be.iface.attn_batch_init(e->be.ctx, &lim, &e->attn.batch, err));
     e->attn.be = &e->be;
     e->attn.kv = &e->kv;
+    e->attn.n_q_heads = fa->n_q_heads;
+    e->attn.scale = 1.0f / sqrtf((float)fa->head_dim);
+    e->attn.window = fa->window;
     ms_rid_map_init(&e->sampler.map, sizeof(ms_sample_row));
     e->sampler.max_seqs = e->max_seqs;
     e->sampler.rows = ms_calloc((size_t)e->max_seqs, sizeof *e->sampler.rows);
@@ -766,6 +777,19 @@ static ms_status eng_resources_init(ms_engine *e, ms_error *err) {
                           .max_pages = pages};
     MS_TRY(ms_attn_init(&e->attn.inner, &atc, e->idx_kv, err));
     return ms_step_runner_init(&e->runner, specs, d->n_resources, err);
+}
+
+/* The model's CUDA kernel instances at this checkpoint's shape, loaded once (backend.h
+ * kernels_load): no step compiles or looks up an instance it was not built with. Backends
+ * without the entry (CPU) and descriptors listing no kernels load nothing here. */
+static ms_status eng_kernels_init(ms_engine *e, ms_error *err) {
+    if (e->be.iface.kernels_load == NULL || e->desc->n_kernels == 0)
+        return MS_OK;
+    ms_kernel_spec specs[MS_MD_MAX_KERNEL_SPECS];
+    int n = 0;
+    MS_TRY(ms_md_kernel_specs(e->desc, &e->facts, e->kv.page_size, specs, MS_MD_MAX_KERNEL_SPECS,
+                              &n, err));
+    return e->be.iface.kernels_load(e->be.ctx, specs, n, err);
 }
 
 static ms_status eng_buffers_init(ms_engine *e, ms_error *err) {
@@ -847,6 +871,8 @@ ms_status ms_engine_init(ms_engine **out, const ms_model_desc *desc,
         st = eng_weights_init(e, err);
     if (st == MS_OK)
         st = eng_resources_init(e, err);
+    if (st == MS_OK)
+        st = eng_kernels_init(e, err);
     if (st == MS_OK)
         st = eng_buffers_init(e, err);
     if (st != MS_OK) {
@@ -1057,8 +1083,7 @@ static ms_status eng_forward_sample(ms_engine *e, const ms_md_step *decl,
         .tokens = &tokens,
         .positions = &pos,
         .rope = &e->rope,
-        .attn = {.scale = 1.0f / sqrtf((float)e->facts.head_dim), .window = e->facts.window,
-                 .causal = ap->entry->causal},
+        .attn = ap->params,
         .workspace = e->workspace,
         .max_tokens = e->max_tokens,
         .max_seqs = e->max_seqs,

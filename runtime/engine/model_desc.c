@@ -288,3 +288,23 @@ ms_status ms_md_check_shapes(const ms_model_desc *d, const void *config, ms_erro
     }
     return MS_OK;
 }
+
+ms_status ms_md_kernel_specs(const ms_model_desc *d, const ms_md_facts *f, int32_t page_size,
+                             ms_kernel_spec *out, int cap, int *n, ms_error *err) {
+    *n = 0;
+    if (d->n_kernels == 0)
+        return MS_OK;
+    ms_kernel_model_shape sh = {
+        .head_dim = f->head_dim,
+        .n_q_heads = f->n_q_heads,
+        .n_kv_heads = f->n_kv_heads,
+        .page_size = page_size,
+        .rope = f->rope.theta <= 0.0 ? MS_KERNEL_ROPE_NONE
+                : f->rope.style == MS_ROPE_INTERLEAVED ? MS_KERNEL_ROPE_INTERLEAVED
+                                                       : MS_KERNEL_ROPE_NEOX,
+        .windowed = f->window > 0,
+        .weight_dtype = MS_KERNEL_DTYPE_BF16,
+        .kv_dtype = MS_KERNEL_DTYPE_BF16,
+    };
+    return ms_kernel_specs_for_stems(&sh, d->kernels, d->n_kernels, out, cap, n, err);
+}

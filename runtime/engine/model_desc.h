@@ -78,6 +78,7 @@
 #define MS_MODEL_DESC_H
 
 #include "backend.h"
+#include "cuda_kernels.h"
 #include "hf_config.h"
 #include "ms_base.h"
 #include "resource.h"
@@ -312,6 +313,20 @@ ms_status ms_md_check_desc(const ms_model_desc *d, ms_error *err);
  * entry and the dims.
  */
 ms_status ms_md_check_shapes(const ms_model_desc *d, const void *config, ms_error *err);
+
+/* Most kernel instances one model loads for one checkpoint shape (ms_kernel_specs_for_stems). */
+#define MS_MD_MAX_KERNEL_SPECS 64
+
+/*
+ * The CUDA kernel instances a loaded model runs (what the CUDA backend loads at engine init, the
+ * `kernels` verb compiles and `mstarc build --arch --config` precompiles): the descriptor's
+ * kernel stems at the checkpoint's shape as the CUDA backend sees it — head_dim, query and KV
+ * heads, `page_size` (the one in use), RoPE style (none when the model has no RoPE: theta <= 0),
+ * sliding window, bf16 weights and KV — through ms_kernel_specs_for_stems. Writes up to cap specs
+ * and *n. A descriptor listing no kernels gives *n = 0. Errors: ms_kernel_specs_for_stems's.
+ */
+ms_status ms_md_kernel_specs(const ms_model_desc *d, const ms_md_facts *facts, int32_t page_size,
+                             ms_kernel_spec *out, int cap, int *n, ms_error *err);
 
 /* Resource index of `key` in the descriptor's table, or -1. */
 int32_t ms_md_resource_index(const ms_model_desc *d, const char *key);
