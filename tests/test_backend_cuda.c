@@ -23,6 +23,7 @@
 #include <time.h>
 
 #include "backend_cuda.h"
+#include "cuda_kernels.h"
 
 #include "ms_test_impl.h"
 
@@ -380,6 +381,86 @@ static void test_rope_kv_attention(void **state) {
     both_free(&arena);
 }
 
+/* attention launches only over a batch planned for it: unplanned or planned for another mask is
+ * MS_ERR_STATE, never a silent re-plan inside a layer */
+static void test_attention_needs_plan(void **state) {
+    (void)state;
+    ms_error err = {0};
+    const ms_attn_limits lim = {8, 512, 64};
+    ms_paged_kv kv = {NULL, MS_DTYPE_BF16, 2, 40, PS, HKV, HD};
+    both arena = both_alloc(ms_paged_kv_bytes(&kv), NULL);
+    kv.data = arena.g;
+    ms_attn_batch *b;
+    OK(g_gpu.iface.attn_batch_init(g_gpu.ctx, &lim, &b, &err));
+    int32_t pages[NS][32];
+    for (int i = 0; i < NS; i++)
+        for (int p = 0; p < 32; p++)
+            pages[i][p] = 1 + (i * 13 + p) % 39;
+    const int len[NS] = {6, 18, 40}, one[NS] = {1, 1, 1};
+    step_plan dec;
+    make_plan(&dec, len, one, pages);
+    both q = both_alloc((size_t)NS * HQ * HD * 4, rand_host((size_t)NS * HQ * HD, 1.f));
+    both o = both_alloc((size_t)NS * HQ * HD * 4, NULL);
+    ms_tensor tq = ms_tensor_3d(q.g, MS_DTYPE_F32, NS, HQ, HD);
+    ms_tensor to = ms_tensor_3d(o.g, MS_DTYPE_F32, NS, HQ, HD);
+    ms_attn_params ap = {1.f / sqrtf((float)HD), 0, true};
+    OK(g_gpu.iface.attn_batch_stage(g_gpu.ctx, b, &dec.plan, &kv, &err));
+    assert_int_equal(g_gpu.iface.attention(g_gpu.ctx, &tq, &kv, 0, b, &ap, &to, &err),
+                     MS_ERR_STATE);
+    assert_non_null(strstr(err.msg, "not planned"));
+    OK(g_gpu.iface.attn_batch_plan(g_gpu.ctx, b, &kv, HQ, &ap, &err));
+    OK(g_gpu.iface.attention(g_gpu.ctx, &tq, &kv, 0, b, &ap, &to, &err));
+    OK(g_gpu.iface.attention(g_gpu.ctx, &tq, &kv, 1, b, &ap, &to, &err)); /* every layer */
+    ms_attn_params windowed = ap;
+    windowed.window = 8;
+    assert_int_equal(g_gpu.iface.attention(g_gpu.ctx, &tq, &kv, 0, b, &windowed, &to, &err),
+                     MS_ERR_STATE);
+    /* staging again clears the plan */
+    OK(g_gpu.iface.attn_batch_stage(g_gpu.ctx, b, &dec.plan, &kv, &err));
+    assert_int_equal(g_gpu.iface.attention(g_gpu.ctx, &tq, &kv, 0, b, &ap, &to, &err),
+                     MS_ERR_STATE);
+    OK(g_gpu.iface.synchronize(g_gpu.ctx, &err));
+    g_gpu.iface.attn_batch_free(g_gpu.ctx, b);
+    both_free(&q);
+    both_free(&o);
+    both_free(&arena);
+}
+
+/* after kernels_load the instance table is sealed: an instance outside the loaded list is
+ * MS_ERR_STATE naming it, not a compile in the middle of a step */
+static void test_sealed_kernel_table(void **state) {
+    (void)state;
+    ms_error err = {0};
+    ms_backend be;
+    const char *c = getenv("MS_KERNEL_CACHE_TEST");
+    ms_backend_cuda_options opt = {0, c != NULL && c[0] ? c : "build/kernel-cache-test"};
+    OK(ms_backend_cuda_init(&be, &opt, &err));
+    ms_kernel_spec only = ms_kernel_spec_attn_decode(MS_KERNEL_DTYPE_BF16, HD, PS, HQ / HKV, false);
+    only.act_dtype = MS_KERNEL_DTYPE_F32;
+    OK(be.iface.kernels_load(be.ctx, &only, 1, &err));
+    const ms_attn_limits lim = {8, 512, 64};
+    ms_paged_kv kv = {NULL, MS_DTYPE_BF16, 2, 40, PS, HKV, HD};
+    both arena = both_alloc(ms_paged_kv_bytes(&kv), NULL);
+    kv.data = arena.g;
+    ms_attn_batch *b;
+    OK(be.iface.attn_batch_init(be.ctx, &lim, &b, &err));
+    int32_t pages[NS][32];
+    for (int i = 0; i < NS; i++)
+        for (int p = 0; p < 32; p++)
+            pages[i][p] = 1 + (i * 13 + p) % 39;
+    const int len[NS] = {6, 18, 40}, one[NS] = {1, 1, 1};
+    step_plan st;
+    make_plan(&st, len, one, pages);
+    ms_attn_params ap = {1.f / sqrtf((float)HD), 0, true};
+    OK(ms_backend_attn_stage(&be, b, &st.plan, &kv, HQ, &ap, &err)); /* decode: loaded */
+    make_plan(&st, len, len, pages);
+    assert_int_equal(ms_backend_attn_stage(&be, b, &st.plan, &kv, HQ, &ap, &err), MS_ERR_STATE);
+    assert_non_null(strstr(err.msg, "not in the model's kernel list"));
+    be.iface.attn_batch_free(be.ctx, b);
+    both_free(&arena);
+    ms_backend_free(&be);
+}
+
 static int64_t g_live_at_setup;
 
 static int group_setup(void **state) {
@@ -421,6 +502,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dense_ops),
         cmocka_unit_test(test_rope_kv_attention),
+        cmocka_unit_test(test_attention_needs_plan),
+        cmocka_unit_test(test_sealed_kernel_table),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }
