@@ -617,7 +617,7 @@ static void canon_into(sema *s, ms_strbuf *b, const ms_ast_expr *e, int depth);
  *   - text: canon_into of its definition;
  *   - flat, op, ops, konst: when the definition is a sum (product), its flattened operand texts and
  *     folded constant, which a sum (product) using the parameter splices in;
- *   - is_const, value: the definition is an int literal (folded like one).
+ *   - is_const, value: the definition is an int constant (folded like a literal).
  */
 typedef struct canon_memo {
     bool done;
@@ -891,10 +891,9 @@ static void config_memos(sema *s, const bool *on_cycle, const int *order) {
             m->text = ms_arena_sprintf(s->a, "#%s", p->name);
         } else if (alias != NULL) {
             *m = *alias;
-        } else if (d->kind == MS_EXPR_INT) {
-            m->is_const = true;
-            m->value = d->ival;
-            m->text = ms_arena_sprintf(s->a, "%lld", (long long)d->ival);
+        } else if (const_int(d, &m->value)) {
+            m->is_const = true; /* `let ps: int = -16;` folds like the literal */
+            m->text = ms_arena_sprintf(s->a, "%lld", (long long)m->value);
         } else {
             s->canon_budget = MS_CANON_BUDGET;
             ms_strbuf b = {0};
@@ -1341,6 +1340,109 @@ static bool dep_path(const ms_resource *cur, const ms_resource *target, const ms
     return false;
 }
 
+/* ---- 3a'. resource argument values known at check time ---- */
+
+/* The value of an int expression known without config.json: constant arithmetic, or a derived
+ * parameter defined as an int literal (through any chain of lets). */
+static bool known_int(const sema *s, const ms_ast_expr *e, int64_t *v) {
+    if (const_int(e, v))
+        return true;
+    const canon_memo *m = memo_of(s, e);
+    if (m != NULL && m->is_const) {
+        *v = m->value;
+        return true;
+    }
+    return false;
+}
+
+/* The branches of an argument that are values (a conditional's both sides, window(W)'s W; a none
+ * leaf is skipped), [*n] of at most cap. */
+static void value_leaves(const ms_ast_expr *e, const ms_ast_expr **out, int *n, int cap) {
+    if (e == NULL || e->kind == MS_EXPR_NONE)
+        return;
+    if (e->kind == MS_EXPR_COND) {
+        value_leaves(e->lhs, out, n, cap);
+        value_leaves(e->rhs, out, n, cap);
+        return;
+    }
+    if (e->kind == MS_EXPR_CALL && e->lhs->kind == MS_EXPR_NAME && strcmp(e->lhs->text, "window") == 0 &&
+        e->args.n == 1) {
+        value_leaves(((const ms_ast_arg *)e->args.items[0])->value, out, n, cap);
+        return;
+    }
+    if (*n < cap)
+        out[(*n)++] = e;
+}
+
+/* Keys whose every value must be a positive int (ORDER: none). A zero page size divided the
+ * runtime by zero; rotary_dim = 0 was read as "the whole head" and window = 0 as "no window". */
+static const struct {
+    const char *ctor, *key, *what, *hint;
+} POSITIVE_KEYS[] = {
+    {"kv_pool", "layers", "'layers'", ""},
+    {"kv_pool", "kv_heads", "'kv_heads'", ""},
+    {"kv_pool", "head_dim", "'head_dim'", ""},
+    {"kv_pool", "page_size", "'page_size'", ""},
+    {"kv_pool", "retention", "the 'retention' window", " (none: keep every token)"},
+    {"rope", "head_dim", "'head_dim'", ""},
+    {"rope", "rotary_dim", "'rotary_dim'", ""},
+    {"attention", "q_heads", "'q_heads'", ""},
+    {"attention", "window", "'window'", " (none: no window)"},
+    {"cross", "q_heads", "'q_heads'", ""},
+    {"scratch", "rows", "'rows'", ""},
+    {"sampler", "vocab", "'vocab'", ""},
+};
+
+/*
+ * Refuse resource argument values that are wrong whatever config.json says: a non-positive size
+ * (page_size, head counts, window, ...), and a rope rotary_dim that is odd or larger than the
+ * head (pairs of dimensions are rotated, within one head). Values that depend on config.json are
+ * checked when the compiled model loads (codegen.c, emit_config_load).
+ */
+static void check_values(sema *s, const ms_resource *r) {
+    for (size_t i = 0; i < MS_ARRAY_LEN(POSITIVE_KEYS); i++) {
+        if (strcmp(POSITIVE_KEYS[i].ctor, r->spec->ctor) != 0)
+            continue;
+        const ms_ast_expr *leaves[16];
+        int n = 0;
+        value_leaves(r->args[spec_key(r->spec, POSITIVE_KEYS[i].key)], leaves, &n, 16);
+        for (int k = 0; k < n; k++) {
+            int64_t v;
+            if (known_int(s, leaves[k], &v) && v <= 0)
+                err(s, leaves[k]->loc, "%s of %s must be positive, got %lld%s", POSITIVE_KEYS[i].what,
+                    r->spec->ctor, (long long)v, POSITIVE_KEYS[i].hint);
+        }
+    }
+    if (strcmp(r->spec->ctor, "rope") != 0)
+        return;
+    const ms_ast_expr *rd[16], *hd[16];
+    int n_rd = 0, n_hd = 0;
+    value_leaves(r->args[spec_key(r->spec, "rotary_dim")], rd, &n_rd, 16);
+    const ms_ast_expr *head = r->args[spec_key(r->spec, "head_dim")];
+    if (head == NULL && r->kv != NULL)
+        head = r->kv->args[spec_key(r->kv->spec, "head_dim")];
+    value_leaves(head, hd, &n_hd, 16);
+    bool head_known = n_hd > 0; /* every branch of head_dim is a known int: the largest is head_max */
+    int64_t head_max = 0, h;
+    for (int k = 0; k < n_hd; k++) {
+        if (!known_int(s, hd[k], &h))
+            head_known = false;
+        else if (h > head_max)
+            head_max = h;
+    }
+    for (int k = 0; k < n_rd; k++) {
+        int64_t v;
+        if (!known_int(s, rd[k], &v) || v <= 0)
+            continue;
+        if (v % 2 != 0)
+            err(s, rd[k]->loc, "'rotary_dim' of rope must be even (dimensions rotate in pairs), got %lld",
+                (long long)v);
+        else if (head_known && v > head_max)
+            err(s, rd[k]->loc, "'rotary_dim' of rope is %lld, more than its head_dim %lld", (long long)v,
+                (long long)head_max);
+    }
+}
+
 static void check_resources(sema *s, ms_node *node, const ms_ast_node *an) {
     int n = an->resources.n;
     ms_resource **list = NEWN(s, ms_resource *, n);
@@ -1458,6 +1560,8 @@ static void check_resources(sema *s, ms_node *node, const ms_ast_node *an) {
         if (r->spec->kind == MS_RESOURCE_KV && r->n_deps > 0)
             err(s, c->loc, "kv_pool '%s' takes no resource arguments", r->name);
     }
+    for (int i = 0; i < count; i++)
+        check_values(s, list[i]);
     /* windowed retention releases old pages: every attention over that pool must mask to a window */
     for (int i = 0; i < count; i++) {
         const ms_resource *r = list[i];
