@@ -2,6 +2,7 @@
 COMPILER_SRCS += compiler/arena.c
 COMPILER_SRCS += compiler/diag.c
 COMPILER_SRCS += compiler/print.c
+COMPILER_SRCS += compiler/strmap.c
 COMPILER_SRCS += compiler/sema.c
 COMPILER_SRCS += compiler/compile.c
 COMPILER_SRCS += compiler/dump.c

@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "print.h"
+#include "strmap.h"
 
 #define MAX_RANK 8
 
@@ -42,6 +43,7 @@ typedef struct binding {
     fval v;
     ms_ast_sym *sym;
     int depth;                     /* loop nesting where it was introduced */
+    int prev;                      /* the binding of the same name it hides, -1 none */
 } binding;
 
 typedef enum cx_mode {
@@ -64,7 +66,18 @@ typedef struct sema {
     int n_locals;
     ms_ast_sym *builtin_sym;
     ms_ast_sym *word_sym;
-    int canon_budget;              /* nodes canon() may still visit (expansion is exponential) */
+    int canon_budget;              /* nodes canon() may still visit (a guard on huge expressions) */
+    /* name lookups (strmap.h), so checking is linear in the model's size */
+    ms_strmap params;              /* name -> ms_param */
+    ms_strmap weights;             /* top-level name -> ms_weight */
+    ms_strmap groups;              /* name -> ms_group */
+    ms_strmap members;             /* "group.member" -> ms_weight */
+    ms_strmap nodes;               /* name -> ms_node */
+    ms_strmap steps;               /* "node.step" -> ms_step_decl */
+    ms_strmap resources;           /* name -> ms_resource of s->node */
+    ms_strmap bind_map;            /* name -> index + 1 of its newest binding in binds */
+    ms_strmap forwards;            /* name -> ms_forward of s->node ("forward": the unnamed one) */
+    struct canon_memo *memos;      /* [n_params] canonical forms of derived parameters */
 } sema;
 
 #define NEW(s, T) ((T *)ms_arena_alloc((s)->a, sizeof(T)))
@@ -154,39 +167,28 @@ static const char *suggest_text(sema *s, const suggest *g) {
 
 /* ---- lookups ---- */
 
-static ms_param *find_param(const ms_model *m, const char *name) {
-    for (int i = 0; i < m->n_params; i++)
-        if (strcmp(m->params[i]->name, name) == 0)
-            return m->params[i];
-    return NULL;
+/* The pass's lookups go through its maps (filled as declarations are checked, so a lookup sees
+ * the declarations before the current one, as a duplicate check needs); the public ms_model_find_*
+ * below scan the checked model. */
+static ms_param *find_param(sema *s, const char *name) { return ms_strmap_get(&s->params, name); }
+
+static ms_weight *find_top_weight(sema *s, const char *name) { return ms_strmap_get(&s->weights, name); }
+
+static ms_group *find_group(sema *s, const char *name) { return ms_strmap_get(&s->groups, name); }
+
+static const char *member_key(sema *s, const ms_group *g, const char *name) {
+    return ms_arena_sprintf(s->a, "%s.%s", g->name, name);
 }
 
-static ms_weight *find_top_weight(const ms_model *m, const char *name) {
-    for (int i = 0; i < m->n_weights; i++)
-        if (m->weights[i]->group == NULL && strcmp(m->weights[i]->name, name) == 0)
-            return m->weights[i];
-    return NULL;
+static ms_weight *find_member(sema *s, const ms_group *g, const char *name) {
+    return ms_strmap_get(&s->members, member_key(s, g, name));
 }
 
-static ms_group *find_group(const ms_model *m, const char *name) {
-    for (int i = 0; i < m->n_groups; i++)
-        if (strcmp(m->groups[i]->name, name) == 0)
-            return m->groups[i];
-    return NULL;
-}
+/* A resource of s->node (the node being checked). */
+static ms_resource *find_resource(sema *s, const char *name) { return ms_strmap_get(&s->resources, name); }
 
-static ms_weight *find_member(const ms_group *g, const char *name) {
-    for (int i = 0; i < g->n_members; i++)
-        if (strcmp(g->members[i]->name, name) == 0)
-            return g->members[i];
-    return NULL;
-}
-
-static ms_resource *find_resource(const ms_node *n, const char *name) {
-    for (int i = 0; i < n->n_resources; i++)
-        if (strcmp(n->resources[i]->name, name) == 0)
-            return n->resources[i];
-    return NULL;
+static const char *step_key(sema *s, const ms_node *n, const char *name) {
+    return ms_arena_sprintf(s->a, "%s.%s", n->name, name);
 }
 
 static ms_label_decl *find_label(const ms_node *n, const char *name) {
@@ -196,10 +198,18 @@ static ms_label_decl *find_label(const ms_node *n, const char *name) {
     return NULL;
 }
 
-const ms_param *ms_model_find_param(const ms_model *m, const char *name) { return find_param(m, name); }
+const ms_param *ms_model_find_param(const ms_model *m, const char *name) {
+    for (int i = 0; i < m->n_params; i++)
+        if (strcmp(m->params[i]->name, name) == 0)
+            return m->params[i];
+    return NULL;
+}
 
 const ms_weight *ms_model_find_weight(const ms_model *m, const char *name) {
-    return find_top_weight(m, name);
+    for (int i = 0; i < m->n_weights; i++)
+        if (m->weights[i]->group == NULL && strcmp(m->weights[i]->name, name) == 0)
+            return m->weights[i];
+    return NULL;
 }
 
 const ms_node *ms_model_find_node(const ms_model *m, const char *name) {
@@ -335,7 +345,7 @@ static int push_guards(sema *s, const ms_ast_expr *c) {
     if (c->kind == MS_EXPR_CALL && c->lhs->kind == MS_EXPR_NAME && strcmp(c->lhs->text, "has") == 0 &&
         c->args.n == 1) {
         const ms_ast_arg *a = c->args.items[0];
-        const ms_param *p = a->value->kind == MS_EXPR_NAME ? find_param(s->m, a->value->text) : NULL;
+        const ms_param *p = a->value->kind == MS_EXPR_NAME ? find_param(s, a->value->text) : NULL;
         if (p != NULL && s->n_guards < 64) {
             s->guards[s->n_guards++] = p;
             return 1;
@@ -356,7 +366,7 @@ static int step_input(const sema *s, const char *name) {
 }
 
 static ms_type cname(sema *s, ms_ast_expr *e, cx_mode mode) {
-    ms_param *p = find_param(s->m, e->text);
+    ms_param *p = find_param(s, e->text);
     if (p != NULL) {
         e->sym = &p->sym;
         if (p->optional && !is_guarded(s, p))
@@ -395,7 +405,7 @@ static ms_type ccall(sema *s, ms_ast_expr *e, cx_mode mode) {
             err(s, e->loc, "has() takes one config parameter name");
             return MS_TYPE_BOOL;
         }
-        ms_param *p = find_param(s->m, a->value->text);
+        ms_param *p = find_param(s, a->value->text);
         if (p == NULL) {
             cname(s, a->value, mode); /* reports the unknown name */
             return MS_TYPE_BOOL;
@@ -597,6 +607,44 @@ static void cexpr_want(sema *s, ms_ast_expr *e, ms_type want, const char *what) 
 
 static void canon_into(sema *s, ms_strbuf *b, const ms_ast_expr *e, int depth);
 
+#define MS_CANON_MAX_OPS 64        /* operands kept per flattened sum or product */
+#define MS_CANON_MAX_MEMO 1024     /* a derived parameter's canonical text longer than this is
+                                      replaced by an opaque "#name" (equal only to itself) */
+
+/*
+ * The canonical form of a derived parameter, computed once (config_memos, dependencies first) and
+ * reused wherever the parameter appears, so a chain of n lets costs O(n), not O(n^2) or worse:
+ *   - text: canon_into of its definition;
+ *   - flat, op, ops, konst: when the definition is a sum (product), its flattened operand texts and
+ *     folded constant, which a sum (product) using the parameter splices in;
+ *   - is_const, value: the definition is an int constant (folded like a literal).
+ */
+typedef struct canon_memo {
+    bool done;
+    const char *text;
+    bool flat;                     /* a sum or product: op, ops and konst are set */
+    ms_op op;                      /* MS_OP_ADD or MS_OP_MUL */
+    const char **ops;              /* [n_ops] */
+    int n_ops;
+    int64_t konst;
+    bool is_const;
+    int64_t value;
+} canon_memo;
+
+/* The memo of e when e names a derived parameter whose memo is ready, else NULL. */
+static const canon_memo *memo_of(const sema *s, const ms_ast_expr *e) {
+    if (s->memos == NULL || e->kind != MS_EXPR_NAME || e->sym == NULL || e->sym->kind != MS_SYM_PARAM ||
+        !e->sym->param->derived || e->sym->param->dflt == NULL)
+        return NULL;
+    const canon_memo *m = &s->memos[e->sym->param->index];
+    return m->done ? m : NULL;
+}
+
+static int64_t fold(ms_op op, int64_t k, int64_t x) {
+    /* wrapping (defined) arithmetic: the text only has to be the same for equal inputs */
+    return (int64_t)(op == MS_OP_ADD ? (uint64_t)k + (uint64_t)x : (uint64_t)k * (uint64_t)x);
+}
+
 static int cmp_str(const void *x, const void *y) {
     return strcmp(*(const char *const *)x, *(const char *const *)y);
 }
@@ -614,15 +662,22 @@ static void canon_flat(sema *s, const ms_ast_expr *e, ms_op op, const char **out
         canon_flat(s, e->rhs, op, out, n, max, konst, depth + 1);
         return;
     }
-    if (e->kind == MS_EXPR_NAME && e->sym != NULL && e->sym->kind == MS_SYM_PARAM &&
-        e->sym->param->derived && e->sym->param->dflt != NULL && depth < 32) {
-        canon_flat(s, e->sym->param->dflt, op, out, n, max, konst, depth + 1);
+    const canon_memo *m = memo_of(s, e);
+    if (m != NULL) {
+        if (m->is_const) {
+            *konst = fold(op, *konst, m->value);
+        } else if (m->flat && m->op == op) {
+            for (int i = 0; i < m->n_ops; i++)
+                if (*n < max)
+                    out[(*n)++] = m->ops[i];
+            *konst = fold(op, *konst, m->konst);
+        } else if (*n < max) {
+            out[(*n)++] = m->text;
+        }
         return;
     }
     if (e->kind == MS_EXPR_INT) {
-        /* wrapping (defined) arithmetic: the text only has to be the same for equal inputs */
-        uint64_t k = (uint64_t)*konst, x = (uint64_t)e->ival;
-        *konst = (int64_t)(op == MS_OP_ADD ? k + x : k * x);
+        *konst = fold(op, *konst, e->ival);
         return;
     }
     ms_strbuf b = {0};
@@ -637,16 +692,16 @@ static void canon_into(sema *s, ms_strbuf *b, const ms_ast_expr *e, int depth) {
         ms_strbuf_puts(b, "...");
         return;
     }
-    if (e->kind == MS_EXPR_NAME && e->sym != NULL && e->sym->kind == MS_SYM_PARAM &&
-        e->sym->param->derived && e->sym->param->dflt != NULL) {
-        canon_into(s, b, e->sym->param->dflt, depth + 1);
+    const canon_memo *m = memo_of(s, e);
+    if (m != NULL) {
+        ms_strbuf_puts(b, m->text);
         return;
     }
     if (e->kind == MS_EXPR_BINARY && (e->op == MS_OP_ADD || e->op == MS_OP_MUL)) {
-        const char *ops[64];
+        const char *ops[MS_CANON_MAX_OPS];
         int n = 0;
         int64_t k = e->op == MS_OP_ADD ? 0 : 1;
-        canon_flat(s, e, e->op, ops, &n, 64, &k, depth);
+        canon_flat(s, e, e->op, ops, &n, MS_CANON_MAX_OPS, &k, depth);
         qsort(ops, (size_t)n, sizeof ops[0], cmp_str);
         bool first = true;
         if ((e->op == MS_OP_ADD && k != 0) || (e->op == MS_OP_MUL && k != 1) || n == 0) {
@@ -676,10 +731,11 @@ static void canon_into(sema *s, ms_strbuf *b, const ms_ast_expr *e, int depth) {
 }
 
 /*
- * Canonical text of a dimension. Expanding `let` parameters can grow a chain of lets
- * exponentially (`let a2 = a1 + a1; let a3 = a2 + a2; ...`), so one text visits at most
- * MS_CANON_BUDGET nodes; past that it holds "..." and compares unequal to a full text (a shape
- * error naming both dimensions instead of a hang).
+ * Canonical text of a dimension. Derived parameters come from their memos (above), so a chain of
+ * lets, even one that doubles at each step (`let a2 = a1 + a1; ...`), costs one splice per use;
+ * a sum keeps at most MS_CANON_MAX_OPS operands. As a guard on huge expressions one text visits
+ * at most MS_CANON_BUDGET nodes; past that it holds "..." and compares unequal to a full text (a
+ * shape error naming both dimensions instead of a hang).
  */
 #define MS_CANON_BUDGET 20000
 static const char *canon(sema *s, const ms_ast_expr *e) {
@@ -729,31 +785,136 @@ static bool type_from_name(const char *n, ms_type *t) {
     return true;
 }
 
-/*
- * Whether expression e reaches `target` through parameter names and their defaults. seen[] (one
- * flag per parameter index) marks parameters already searched, so each default is walked once:
- * linear in the size of the config, not exponential in a chain of lets, and cycles of any length
- * are found.
- */
-static bool param_refs(const ms_ast_expr *e, const ms_param *target, bool *seen) {
+/* ---- config dependency graph: default cycles and memo order ---- */
+
+/* The parameters e names (resolved), appended to *out (duplicates allowed). */
+static void param_edges(sema *s, const ms_ast_expr *e, int **out, int *n, int *cap) {
     if (e == NULL)
-        return false;
+        return;
     if (e->kind == MS_EXPR_NAME && e->sym != NULL && e->sym->kind == MS_SYM_PARAM) {
-        const ms_param *q = e->sym->param;
-        if (q == target)
-            return true;
-        if (seen[q->index])
-            return false;
-        seen[q->index] = true;
-        return param_refs(q->dflt, target, seen);
+        if (*n == *cap) {
+            int ncap = *cap < 8 ? 8 : *cap * 2;
+            int *nb = NEWN(s, int, ncap);
+            if (*n > 0)
+                memcpy(nb, *out, sizeof *nb * (size_t)*n);
+            *out = nb;
+            *cap = ncap;
+        }
+        (*out)[(*n)++] = e->sym->param->index;
+        return;
     }
-    if (param_refs(e->lhs, target, seen) || param_refs(e->rhs, target, seen) ||
-        param_refs(e->cond, target, seen))
-        return true;
+    param_edges(s, e->lhs, out, n, cap);
+    param_edges(s, e->rhs, out, n, cap);
+    param_edges(s, e->cond, out, n, cap);
     for (int i = 0; i < e->args.n; i++)
-        if (param_refs(((const ms_ast_arg *)e->args.items[i])->value, target, seen))
-            return true;
-    return false;
+        param_edges(s, ((const ms_ast_arg *)e->args.items[i])->value, out, n, cap);
+}
+
+/*
+ * Strongly connected components of "p's default names q" (Tarjan, iterative: a chain of 100k
+ * lets must not recurse 100k deep), linear in the size of the config. Sets on_cycle[p] when p
+ * reaches itself (a component of two or more, or a self reference) and fills order[] with every
+ * parameter, each after the parameters its default names (components in reverse topological
+ * order), the order in which derived parameters' memos can be built.
+ */
+static void param_sccs(sema *s, bool *on_cycle, int *order) {
+    int n = s->m->n_params;
+    int **to = NEWN(s, int *, n);
+    int *n_to = NEWN(s, int, n);
+    for (int p = 0; p < n; p++) {
+        int cap = 0;
+        param_edges(s, s->m->params[p]->dflt, &to[p], &n_to[p], &cap);
+    }
+    int *index = NEWN(s, int, n), *low = NEWN(s, int, n), *edge = NEWN(s, int, n);
+    int *stack = NEWN(s, int, n), *calls = NEWN(s, int, n);
+    bool *on_stack = NEWN(s, bool, n);
+    for (int p = 0; p < n; p++)
+        index[p] = -1;
+    int next = 0, n_stack = 0, n_order = 0;
+    for (int root = 0; root < n; root++) {
+        if (index[root] >= 0)
+            continue;
+        int n_calls = 0;
+        calls[n_calls++] = root;
+        index[root] = low[root] = next++;
+        stack[n_stack++] = root;
+        on_stack[root] = true;
+        while (n_calls > 0) {
+            int v = calls[n_calls - 1];
+            if (edge[v] < n_to[v]) {
+                int w = to[v][edge[v]++];
+                if (w == v) {
+                    on_cycle[v] = true;
+                } else if (index[w] < 0) {
+                    index[w] = low[w] = next++;
+                    stack[n_stack++] = w;
+                    on_stack[w] = true;
+                    calls[n_calls++] = w;
+                } else if (on_stack[w] && index[w] < low[v]) {
+                    low[v] = index[w];
+                }
+                continue;
+            }
+            n_calls--;
+            if (n_calls > 0 && low[v] < low[calls[n_calls - 1]])
+                low[calls[n_calls - 1]] = low[v];
+            if (low[v] != index[v])
+                continue;
+            int first = n_stack;
+            do
+                first--;
+            while (stack[first] != v);
+            for (int i = first; i < n_stack; i++) {
+                on_stack[stack[i]] = false;
+                on_cycle[stack[i]] = on_cycle[stack[i]] || n_stack - first > 1;
+                order[n_order++] = stack[i];
+            }
+            n_stack = first;
+        }
+    }
+}
+
+/* Build the canonical memo of every derived parameter, dependencies first (order from
+ * param_sccs); a parameter on a cycle gets an opaque text. */
+static void config_memos(sema *s, const bool *on_cycle, const int *order) {
+    int n = s->m->n_params;
+    canon_memo *memos = NEWN(s, canon_memo, n);
+    s->memos = memos;
+    for (int i = 0; i < n; i++) {
+        const ms_param *p = s->m->params[order[i]];
+        canon_memo *m = &memos[p->index];
+        if (!p->derived || p->dflt == NULL)
+            continue;
+        const ms_ast_expr *d = p->dflt;
+        const canon_memo *alias = on_cycle[p->index] ? NULL : memo_of(s, d);
+        if (on_cycle[p->index]) {
+            m->text = ms_arena_sprintf(s->a, "#%s", p->name);
+        } else if (alias != NULL) {
+            *m = *alias;
+        } else if (const_int(d, &m->value)) {
+            m->is_const = true; /* `let ps: int = -16;` folds like the literal */
+            m->text = ms_arena_sprintf(s->a, "%lld", (long long)m->value);
+        } else {
+            s->canon_budget = MS_CANON_BUDGET;
+            ms_strbuf b = {0};
+            canon_into(s, &b, d, 0);
+            m->text = take(s, &b);
+            if (strlen(m->text) > MS_CANON_MAX_MEMO)
+                m->text = ms_arena_sprintf(s->a, "#%s", p->name);
+            if (d->kind == MS_EXPR_BINARY && (d->op == MS_OP_ADD || d->op == MS_OP_MUL)) {
+                const char *ops[MS_CANON_MAX_OPS];
+                int64_t k = d->op == MS_OP_ADD ? 0 : 1;
+                s->canon_budget = MS_CANON_BUDGET;
+                canon_flat(s, d, d->op, ops, &m->n_ops, MS_CANON_MAX_OPS, &k, 0);
+                m->flat = true;
+                m->op = d->op;
+                m->konst = k;
+                m->ops = NEWN(s, const char *, m->n_ops);
+                memcpy(m->ops, ops, sizeof *ops * (size_t)m->n_ops);
+            }
+        }
+        m->done = true;
+    }
 }
 
 static void check_config(sema *s) {
@@ -761,7 +922,7 @@ static void check_config(sema *s) {
     s->m->params = NEWN(s, ms_param *, ast->params.n);
     for (int i = 0; i < ast->params.n; i++) {
         const ms_ast_param *ap = ast->params.items[i];
-        ms_param *prev = find_param(s->m, ap->name.name);
+        ms_param *prev = find_param(s, ap->name.name);
         if (prev != NULL) {
             err(s, ap->name.loc, "config parameter '%s' is declared twice (first at line %d)",
                 ap->name.name, prev->ast->name.loc.first_line);
@@ -809,6 +970,7 @@ static void check_config(sema *s) {
             err(s, ap->dflt->loc, "optional parameter '%s' has a default, so it is never absent; drop the '?'",
                 p->name);
         s->m->params[s->m->n_params++] = p;
+        ms_strmap_put(&s->params, p->name, p);
     }
     /* defaults: types and cycles (after every name is known) */
     for (int i = 0; i < s->m->n_params; i++) {
@@ -818,12 +980,15 @@ static void check_config(sema *s) {
         cexpr_want(s, (ms_ast_expr *)p->dflt, p->type,
                    ms_arena_sprintf(s->a, "default of '%s'", p->name));
     }
+    bool *on_cycle = NEWN(s, bool, s->m->n_params);
+    int *order = NEWN(s, int, s->m->n_params);
+    param_sccs(s, on_cycle, order);
     for (int i = 0; i < s->m->n_params; i++) {
         ms_param *p = s->m->params[i];
-        bool *seen = NEWN(s, bool, s->m->n_params);
-        if (p->dflt != NULL && param_refs(p->dflt, p, seen))
+        if (p->dflt != NULL && on_cycle[i])
             err(s, p->ast->name.loc, "config parameter '%s' depends on itself through its default", p->name);
     }
+    config_memos(s, on_cycle, order);
 }
 
 /* ---- 2. weights ---- */
@@ -906,15 +1071,17 @@ static void check_weights(sema *s) {
     for (int i = 0; i < ast->weights.n; i++) {
         const ms_ast_weight *aw = ast->weights.items[i];
         const char *name = aw->name.name;
-        const ms_weight *pw = find_top_weight(s->m, name);
-        const ms_group *pg = find_group(s->m, name);
+        const ms_weight *pw = find_top_weight(s, name);
+        const ms_group *pg = find_group(s, name);
         if (pw != NULL || pg != NULL) {
             err(s, aw->name.loc, "weight '%s' is declared twice (first at line %d)", name,
                 pw != NULL ? pw->ast->name.loc.first_line : pg->ast->name.loc.first_line);
             continue;
         }
         if (aw->kind == MS_AST_WEIGHT_TENSOR) {
-            s->m->weights[s->m->n_weights++] = make_tensor(s, aw, NULL);
+            ms_weight *w = make_tensor(s, aw, NULL);
+            s->m->weights[s->m->n_weights++] = w;
+            ms_strmap_put(&s->weights, w->name, w);
             continue;
         }
         ms_group *g = NEW(s, ms_group);
@@ -928,13 +1095,14 @@ static void check_weights(sema *s) {
         cexpr_want(s, aw->count, MS_TYPE_INT, "the layer count");
         g->members = NEWN(s, ms_weight *, aw->members.n);
         s->m->groups[s->m->n_groups++] = g;
+        ms_strmap_put(&s->groups, g->name, g);
         for (int k = 0; k < aw->members.n; k++) {
             const ms_ast_weight *am = aw->members.items[k];
             if (am->kind == MS_AST_WEIGHT_GROUP) {
                 err(s, am->name.loc, "weight groups cannot be nested ('%s' inside '%s')", am->name.name, name);
                 continue;
             }
-            const ms_weight *dup = find_member(g, am->name.name);
+            const ms_weight *dup = find_member(s, g, am->name.name);
             if (dup != NULL) {
                 err(s, am->name.loc, "weight '%s.%s' is declared twice (first at line %d)", name,
                     am->name.name, dup->ast->name.loc.first_line);
@@ -943,31 +1111,30 @@ static void check_weights(sema *s) {
             ms_weight *w = make_tensor(s, am, g);
             g->members[g->n_members++] = w;
             s->m->weights[s->m->n_weights++] = w;
+            ms_strmap_put(&s->members, member_key(s, g, w->name), w);
         }
     }
-    /* duplicate checkpoint names, ties */
+    /* duplicate checkpoint names (against the earlier weights' names), ties */
+    ms_strmap names;
+    ms_strmap_init(&names, s->a);
     for (int i = 0; i < s->m->n_weights; i++) {
         ms_weight *w = s->m->weights[i];
         for (int k = 0; k < w->n_names; k++) {
-            for (int j = 0; j < i; j++) {
-                const ms_weight *o = s->m->weights[j];
-                for (int q = 0; q < o->n_names; q++) {
-                    if (strcmp(o->names[q], w->names[k]) == 0) {
-                        err(s, ((ms_ast_expr *)w->ast->names.items[k])->loc,
-                            "checkpoint name \"%s\" is already used by weight '%s' (line %d)", w->names[k],
-                            o->name, o->ast->name.loc.first_line);
-                        goto next_name;
-                    }
-                }
-            }
-        next_name:;
+            const ms_weight *o = ms_strmap_get(&names, w->names[k]);
+            if (o != NULL && o != w)
+                err(s, ((ms_ast_expr *)w->ast->names.items[k])->loc,
+                    "checkpoint name \"%s\" is already used by weight '%s' (line %d)", w->names[k],
+                    o->name, o->ast->name.loc.first_line);
         }
+        for (int k = 0; k < w->n_names; k++)
+            if (ms_strmap_get(&names, w->names[k]) == NULL)
+                ms_strmap_put(&names, w->names[k], w);
         if (w->ast->tie.name == NULL)
             continue;
         const ms_ast_ident *tie = &w->ast->tie;
-        const ms_weight *t = w->group != NULL ? find_member(w->group, tie->name) : NULL;
+        const ms_weight *t = w->group != NULL ? find_member(s, w->group, tie->name) : NULL;
         if (t == NULL)
-            t = find_top_weight(s->m, tie->name);
+            t = find_top_weight(s, tie->name);
         if (t == NULL) {
             suggest g = {tie->name, NULL, 0};
             for (int j = 0; j < s->m->n_weights; j++)
@@ -1133,7 +1300,7 @@ static void check_arg(sema *s, const ms_res_spec *spec, const ms_res_key *key, m
         }
         break;
     case MS_ARG_WEIGHT: {
-        ms_weight *w = e->kind == MS_EXPR_NAME ? find_top_weight(s->m, e->text) : NULL;
+        ms_weight *w = e->kind == MS_EXPR_NAME ? find_top_weight(s, e->text) : NULL;
         if (w == NULL) {
             err(s, e->loc, "%s must name a top-level weight", what);
             break;
@@ -1173,15 +1340,119 @@ static bool dep_path(const ms_resource *cur, const ms_resource *target, const ms
     return false;
 }
 
+/* ---- 3a'. resource argument values known at check time ---- */
+
+/* The value of an int expression known without config.json: constant arithmetic, or a derived
+ * parameter defined as an int literal (through any chain of lets). */
+static bool known_int(const sema *s, const ms_ast_expr *e, int64_t *v) {
+    if (const_int(e, v))
+        return true;
+    const canon_memo *m = memo_of(s, e);
+    if (m != NULL && m->is_const) {
+        *v = m->value;
+        return true;
+    }
+    return false;
+}
+
+/* The branches of an argument that are values (a conditional's both sides, window(W)'s W; a none
+ * leaf is skipped), [*n] of at most cap. */
+static void value_leaves(const ms_ast_expr *e, const ms_ast_expr **out, int *n, int cap) {
+    if (e == NULL || e->kind == MS_EXPR_NONE)
+        return;
+    if (e->kind == MS_EXPR_COND) {
+        value_leaves(e->lhs, out, n, cap);
+        value_leaves(e->rhs, out, n, cap);
+        return;
+    }
+    if (e->kind == MS_EXPR_CALL && e->lhs->kind == MS_EXPR_NAME && strcmp(e->lhs->text, "window") == 0 &&
+        e->args.n == 1) {
+        value_leaves(((const ms_ast_arg *)e->args.items[0])->value, out, n, cap);
+        return;
+    }
+    if (*n < cap)
+        out[(*n)++] = e;
+}
+
+/* Keys whose every value must be a positive int (ORDER: none). A zero page size divided the
+ * runtime by zero; rotary_dim = 0 was read as "the whole head" and window = 0 as "no window". */
+static const struct {
+    const char *ctor, *key, *what, *hint;
+} POSITIVE_KEYS[] = {
+    {"kv_pool", "layers", "'layers'", ""},
+    {"kv_pool", "kv_heads", "'kv_heads'", ""},
+    {"kv_pool", "head_dim", "'head_dim'", ""},
+    {"kv_pool", "page_size", "'page_size'", ""},
+    {"kv_pool", "retention", "the 'retention' window", " (none: keep every token)"},
+    {"rope", "head_dim", "'head_dim'", ""},
+    {"rope", "rotary_dim", "'rotary_dim'", ""},
+    {"attention", "q_heads", "'q_heads'", ""},
+    {"attention", "window", "'window'", " (none: no window)"},
+    {"cross", "q_heads", "'q_heads'", ""},
+    {"scratch", "rows", "'rows'", ""},
+    {"sampler", "vocab", "'vocab'", ""},
+};
+
+/*
+ * Refuse resource argument values that are wrong whatever config.json says: a non-positive size
+ * (page_size, head counts, window, ...), and a rope rotary_dim that is odd or larger than the
+ * head (pairs of dimensions are rotated, within one head). Values that depend on config.json are
+ * checked when the compiled model loads (codegen.c, emit_config_load).
+ */
+static void check_values(sema *s, const ms_resource *r) {
+    for (size_t i = 0; i < MS_ARRAY_LEN(POSITIVE_KEYS); i++) {
+        if (strcmp(POSITIVE_KEYS[i].ctor, r->spec->ctor) != 0)
+            continue;
+        const ms_ast_expr *leaves[16];
+        int n = 0;
+        value_leaves(r->args[spec_key(r->spec, POSITIVE_KEYS[i].key)], leaves, &n, 16);
+        for (int k = 0; k < n; k++) {
+            int64_t v;
+            if (known_int(s, leaves[k], &v) && v <= 0)
+                err(s, leaves[k]->loc, "%s of %s must be positive, got %lld%s", POSITIVE_KEYS[i].what,
+                    r->spec->ctor, (long long)v, POSITIVE_KEYS[i].hint);
+        }
+    }
+    if (strcmp(r->spec->ctor, "rope") != 0)
+        return;
+    const ms_ast_expr *rd[16], *hd[16];
+    int n_rd = 0, n_hd = 0;
+    value_leaves(r->args[spec_key(r->spec, "rotary_dim")], rd, &n_rd, 16);
+    const ms_ast_expr *head = r->args[spec_key(r->spec, "head_dim")];
+    if (head == NULL && r->kv != NULL)
+        head = r->kv->args[spec_key(r->kv->spec, "head_dim")];
+    value_leaves(head, hd, &n_hd, 16);
+    bool head_known = n_hd > 0; /* every branch of head_dim is a known int: the largest is head_max */
+    int64_t head_max = 0, h;
+    for (int k = 0; k < n_hd; k++) {
+        if (!known_int(s, hd[k], &h))
+            head_known = false;
+        else if (h > head_max)
+            head_max = h;
+    }
+    for (int k = 0; k < n_rd; k++) {
+        int64_t v;
+        if (!known_int(s, rd[k], &v) || v <= 0)
+            continue;
+        if (v % 2 != 0)
+            err(s, rd[k]->loc, "'rotary_dim' of rope must be even (dimensions rotate in pairs), got %lld",
+                (long long)v);
+        else if (head_known && v > head_max)
+            err(s, rd[k]->loc, "'rotary_dim' of rope is %lld, more than its head_dim %lld", (long long)v,
+                (long long)head_max);
+    }
+}
+
 static void check_resources(sema *s, ms_node *node, const ms_ast_node *an) {
     int n = an->resources.n;
     ms_resource **list = NEWN(s, ms_resource *, n);
     int count = 0;
     node->resources = list;
+    ms_strmap_init(&s->resources, s->a);
     for (int i = 0; i < n; i++) {
         const ms_ast_resource *ar = an->resources.items[i];
         node->n_resources = count;
-        const ms_resource *prev = find_resource(node, ar->name.name);
+        const ms_resource *prev = find_resource(s, ar->name.name);
         if (prev != NULL) {
             err(s, ar->name.loc, "resource '%s' is declared twice in node '%s' (first at line %d)",
                 ar->name.name, node->name, prev->ast->name.loc.first_line);
@@ -1214,6 +1485,7 @@ static void check_resources(sema *s, ms_node *node, const ms_ast_node *an) {
         r->sym.resource = r;
         c->lhs->sym = word_sym(s, spec->ctor);
         list[count++] = r;
+        ms_strmap_put(&s->resources, r->name, r);
     }
     node->n_resources = count;
     if (count > MS_MAX_RESOURCES)
@@ -1226,7 +1498,7 @@ static void check_resources(sema *s, ms_node *node, const ms_ast_node *an) {
         for (int k = 0; k < c->args.n; k++) {
             ms_ast_arg *a = c->args.items[k];
             if (a->name == NULL) {
-                const ms_resource *d = a->value->kind == MS_EXPR_NAME ? find_resource(node, a->value->text) : NULL;
+                const ms_resource *d = a->value->kind == MS_EXPR_NAME ? find_resource(s, a->value->text) : NULL;
                 if (d == NULL) {
                     if (a->value->kind != MS_EXPR_NAME) {
                         err(s, a->value->loc, "positional arguments of %s() are resources it depends on; "
@@ -1288,6 +1560,8 @@ static void check_resources(sema *s, ms_node *node, const ms_ast_node *an) {
         if (r->spec->kind == MS_RESOURCE_KV && r->n_deps > 0)
             err(s, c->loc, "kv_pool '%s' takes no resource arguments", r->name);
     }
+    for (int i = 0; i < count; i++)
+        check_values(s, list[i]);
     /* windowed retention releases old pages: every attention over that pool must mask to a window */
     for (int i = 0; i < count; i++) {
         const ms_resource *r = list[i];
@@ -1379,10 +1653,15 @@ static void annotate(ms_ast_expr *e, const fval *v) {
 }
 
 static binding *lookup(sema *s, const char *name) {
-    for (int i = s->n_binds - 1; i >= 0; i--)
-        if (strcmp(s->binds[i].name, name) == 0)
-            return &s->binds[i];
-    return NULL;
+    intptr_t i = (intptr_t)ms_strmap_get(&s->bind_map, name);
+    return i > 0 ? &s->binds[i - 1] : NULL;
+}
+
+/* Drop the bindings made since there were n (a loop body's), unhiding what they hid. */
+static void unbind_to(sema *s, int n) {
+    for (int i = s->n_binds - 1; i >= n; i--)
+        ms_strmap_put(&s->bind_map, s->binds[i].name, (void *)(intptr_t)(s->binds[i].prev + 1));
+    s->n_binds = n;
 }
 
 static void bind(sema *s, const char *name, fval v, ms_sym_kind kind, int index) {
@@ -1394,7 +1673,10 @@ static void bind(sema *s, const char *name, fval v, ms_sym_kind kind, int index)
         s->binds = nb;
         s->cap_binds = ncap;
     }
-    binding *b = &s->binds[s->n_binds++];
+    binding *b = &s->binds[s->n_binds];
+    b->prev = (int)(intptr_t)ms_strmap_get(&s->bind_map, name) - 1;
+    ms_strmap_put(&s->bind_map, name, (void *)(intptr_t)(s->n_binds + 1));
+    s->n_binds++;
     b->name = name;
     b->v = v;
     b->depth = s->depth;
@@ -1767,7 +2049,7 @@ static fval builtin_call(sema *s, ms_ast_expr *e, const char *fn) {
 static fval fcall(sema *s, ms_ast_expr *e) {
     ms_ast_expr *callee = e->lhs;
     if (callee->kind == MS_EXPR_MEMBER && callee->lhs->kind == MS_EXPR_NAME) {
-        const ms_resource *r = find_resource(s->node, callee->lhs->text);
+        const ms_resource *r = find_resource(s, callee->lhs->text);
         if (r != NULL && lookup(s, callee->lhs->text) == NULL) {
             callee->lhs->sym = &r->sym;
             callee->lhs->type = MS_TYPE_RESOURCE;
@@ -1802,24 +2084,24 @@ static fval fname(sema *s, ms_ast_expr *e) {
         e->sym = b->sym;
         return b->v;
     }
-    ms_weight *w = find_top_weight(s->m, e->text);
+    ms_weight *w = find_top_weight(s, e->text);
     if (w != NULL) {
         w->used = true;
         e->sym = &w->sym;
         return tensor(s, w->rank, w->shape);
     }
-    const ms_param *p = find_param(s->m, e->text);
+    const ms_param *p = find_param(s, e->text);
     if (p != NULL) {
         e->sym = &p->sym;
         if (p->optional)
             err(s, e->loc, "optional parameter '%s' cannot be used in a forward", p->name);
         return fv(p->type);
     }
-    if (find_group(s->m, e->text) != NULL) {
+    if (find_group(s, e->text) != NULL) {
         err(s, e->loc, "'%s' is a per-layer weight group; iterate it with 'for l in %s { ... }'", e->text, e->text);
         return fv(MS_TYPE_UNKNOWN);
     }
-    if (find_resource(s->node, e->text) != NULL) {
+    if (find_resource(s, e->text) != NULL) {
         err(s, e->loc, "resource '%s' is not a value; call one of its methods", e->text);
         return fv(MS_TYPE_UNKNOWN);
     }
@@ -1851,7 +2133,7 @@ static fval fexpr_inner(sema *s, ms_ast_expr *e) {
             if (b != NULL && b->v.t == MS_TYPE_LAYER) {
                 e->lhs->sym = b->sym;
                 e->lhs->type = MS_TYPE_LAYER;
-                ms_weight *w = find_member(b->v.group, e->text);
+                ms_weight *w = find_member(s, b->v.group, e->text);
                 if (w == NULL) {
                     suggest g = {e->text, NULL, 0};
                     for (int i = 0; i < b->v.group->n_members; i++)
@@ -1864,7 +2146,7 @@ static fval fexpr_inner(sema *s, ms_ast_expr *e) {
                 e->sym = &w->sym;
                 return tensor(s, w->rank, w->shape);
             }
-            if (find_resource(s->node, e->lhs->text) != NULL && b == NULL) {
+            if (find_resource(s, e->lhs->text) != NULL && b == NULL) {
                 err(s, e->loc, "'%s.%s' is a method; call it", e->lhs->text, e->text);
                 return fv(MS_TYPE_UNKNOWN);
             }
@@ -1985,12 +2267,12 @@ static void check_assign(sema *s, ms_forward *f, ms_ast_stmt *st) {
             if (o->kind == MS_EXPR_NAME && strcmp(o->text, t->text) == 0)
                 err(s, t->loc, "'%s' is bound twice in one statement", t->text);
         }
-        if (find_top_weight(s->m, t->text) != NULL || find_param(s->m, t->text) != NULL ||
-            find_resource(s->node, t->text) != NULL || find_group(s->m, t->text) != NULL) {
+        if (find_top_weight(s, t->text) != NULL || find_param(s, t->text) != NULL ||
+            find_resource(s, t->text) != NULL || find_group(s, t->text) != NULL) {
             err(s, t->loc, "cannot bind '%s': it names a %s", t->text,
-                find_top_weight(s->m, t->text) != NULL ? "weight"
-                : find_param(s->m, t->text) != NULL   ? "config parameter"
-                : find_group(s->m, t->text) != NULL   ? "weight group"
+                find_top_weight(s, t->text) != NULL ? "weight"
+                : find_param(s, t->text) != NULL   ? "config parameter"
+                : find_group(s, t->text) != NULL   ? "weight group"
                                                        : "resource");
             continue;
         }
@@ -2039,7 +2321,7 @@ static void check_stmts(sema *s, ms_forward *f, const ms_ptr_vec *body, bool top
             break;
         }
         case MS_AST_STMT_FOR: {
-            const ms_group *g = find_group(s->m, st->group.name);
+            const ms_group *g = find_group(s, st->group.name);
             if (g == NULL) {
                 suggest sg = {st->group.name, NULL, 0};
                 for (int k = 0; k < s->m->n_groups; k++)
@@ -2050,7 +2332,7 @@ static void check_stmts(sema *s, ms_forward *f, const ms_ptr_vec *body, bool top
             s->depth++;
             fval lv = fv(g != NULL ? MS_TYPE_LAYER : MS_TYPE_UNKNOWN);
             lv.group = g;
-            if (lookup(s, st->var.name) != NULL || find_top_weight(s->m, st->var.name) != NULL)
+            if (lookup(s, st->var.name) != NULL || find_top_weight(s, st->var.name) != NULL)
                 err(s, st->var.loc, "loop variable '%s' hides another name", st->var.name);
             bind(s, st->var.name, lv, MS_SYM_LAYER, 0);
             check_stmts(s, f, &st->body, false, returned);
@@ -2059,7 +2341,7 @@ static void check_stmts(sema *s, ms_forward *f, const ms_ptr_vec *body, bool top
                 *returned = false;
             }
             s->depth--;
-            s->n_binds = saved;
+            unbind_to(s, saved);
             break;
         }
         case MS_AST_STMT_RETURN: {
@@ -2084,7 +2366,7 @@ static void check_stmts(sema *s, ms_forward *f, const ms_ptr_vec *body, bool top
 
 static void check_forward(sema *s, ms_node *node, ms_forward *f) {
     const ms_ast_forward *af = f->ast;
-    s->n_binds = 0;
+    unbind_to(s, 0);
     s->depth = 0;
     for (int i = 0; i < af->params.n; i++) {
         const ms_ast_fparam *p = af->params.items[i];
@@ -2211,7 +2493,7 @@ static bool bool_literal(sema *s, const ms_ast_arg *f, bool *out) {
 }
 
 static void check_record(sema *s, ms_step_decl *d, const ms_ast_step_item *it) {
-    const ms_resource *r = find_resource(s->node, it->resource.name);
+    const ms_resource *r = find_resource(s, it->resource.name);
     if (r == NULL) {
         suggest g = {it->resource.name, NULL, 0};
         for (int i = 0; i < s->node->n_resources; i++)
@@ -2447,13 +2729,9 @@ static void check_step(sema *s, ms_node *node, ms_step_decl *d) {
             }
     }
     /* the forward */
-    const ms_forward *fw = NULL;
-    for (int i = 0; i < node->n_forwards; i++)
-        if (strcmp(node->forwards[i]->name, d->name) == 0)
-            fw = node->forwards[i];
-    for (int i = 0; i < node->n_forwards && fw == NULL; i++)
-        if (node->forwards[i]->ast->name.name == NULL)
-            fw = node->forwards[i];
+    const ms_forward *fw = ms_strmap_get(&s->forwards, d->name);
+    if (fw == NULL)
+        fw = ms_strmap_get(&s->forwards, "forward"); /* the unnamed forward ("forward" is a keyword) */
     if (fw == NULL) {
         err(s, as->name.loc, "step '%s' has no forward to run (declare 'forward(...) -> out { ... }' or 'forward %s(...)')",
             d->name, d->name);
@@ -2501,6 +2779,7 @@ static void check_node(sema *s, ms_node *node) {
     }
     check_resources(s, node, an);
     /* forwards */
+    ms_strmap_init(&s->forwards, s->a);
     node->forwards = NEWN(s, ms_forward *, an->forwards.n);
     for (int i = 0; i < an->forwards.n; i++) {
         const ms_ast_forward *af = an->forwards.items[i];
@@ -2508,23 +2787,21 @@ static void check_node(sema *s, ms_node *node) {
         f->ast = af;
         f->name = af->name.name != NULL ? af->name.name : "forward";
         f->n_inputs = af->params.n;
-        bool dup = false;
-        for (int k = 0; k < node->n_forwards; k++)
-            if (strcmp(node->forwards[k]->name, f->name) == 0) {
-                err(s, af->name.name != NULL ? af->name.loc : af->loc, "node '%s' has two forwards named '%s'",
-                    node->name, f->name);
-                dup = true;
-            }
-        if (dup)
+        if (ms_strmap_get(&s->forwards, f->name) != NULL) {
+            err(s, af->name.name != NULL ? af->name.loc : af->loc, "node '%s' has two forwards named '%s'",
+                node->name, f->name);
             continue;
+        }
         check_forward(s, node, f);
         node->forwards[node->n_forwards++] = f;
+        ms_strmap_put(&s->forwards, f->name, f);
     }
     /* steps */
     node->steps = NEWN(s, ms_step_decl *, an->steps.n);
     for (int i = 0; i < an->steps.n; i++) {
         const ms_ast_step *as = an->steps.items[i];
-        if (ms_node_find_step(node, as->name.name) != NULL) {
+        const char *key = step_key(s, node, as->name.name);
+        if (ms_strmap_get(&s->steps, key) != NULL) {
             err(s, as->name.loc, "step '%s' is declared twice in node '%s'", as->name.name, node->name);
             continue;
         }
@@ -2533,6 +2810,7 @@ static void check_node(sema *s, ms_node *node) {
         d->ast = as;
         check_step(s, node, d);
         node->steps[node->n_steps++] = d;
+        ms_strmap_put(&s->steps, key, d);
     }
     if (an->steps.n == 0)
         err(s, an->name.loc, "node '%s' declares no step", node->name);
@@ -2544,7 +2822,7 @@ static void check_node(sema *s, ms_node *node) {
 static void check_walk_item(sema *s, const ms_ast_walk_item *w, int loops) {
     switch (w->kind) {
     case MS_AST_WALK_STEP: {
-        const ms_node *n = ms_model_find_node(s->m, w->node.name);
+        const ms_node *n = ms_strmap_get(&s->nodes, w->node.name);
         if (n == NULL) {
             suggest g = {w->node.name, NULL, 0};
             for (int i = 0; i < s->m->n_nodes; i++)
@@ -2552,7 +2830,7 @@ static void check_walk_item(sema *s, const ms_ast_walk_item *w, int loops) {
             err(s, w->node.loc, "walk uses unknown node '%s'%s", w->node.name, suggest_text(s, &g));
             return;
         }
-        if (ms_node_find_step(n, w->step.name) == NULL) {
+        if (ms_strmap_get(&s->steps, step_key(s, n, w->step.name)) == NULL) {
             suggest g = {w->step.name, NULL, 0};
             for (int i = 0; i < n->n_steps; i++)
                 suggest_add(&g, n->steps[i]->name);
@@ -2594,13 +2872,17 @@ ms_status ms_sema_check(ms_arena *arena, ms_diags *diags, const ms_ast_model *as
     s->builtin_sym = NEW(s, ms_ast_sym);
     s->builtin_sym->kind = MS_SYM_BUILTIN;
     s->builtin_sym->name = "builtin";
+    ms_strmap *maps[] = {&s->params, &s->weights, &s->groups, &s->members, &s->nodes, &s->steps,
+                         &s->resources, &s->bind_map};
+    for (size_t i = 0; i < MS_ARRAY_LEN(maps); i++)
+        ms_strmap_init(maps[i], arena);
 
     check_config(s);
     check_weights(s);
     s->m->nodes = NEWN(s, ms_node *, ast->nodes.n);
     for (int i = 0; i < ast->nodes.n; i++) {
         const ms_ast_node *an = ast->nodes.items[i];
-        if (ms_model_find_node(s->m, an->name.name) != NULL) {
+        if (ms_strmap_get(&s->nodes, an->name.name) != NULL) {
             err(s, an->name.loc, "node '%s' is declared twice", an->name.name);
             continue;
         }
@@ -2608,17 +2890,21 @@ ms_status ms_sema_check(ms_arena *arena, ms_diags *diags, const ms_ast_model *as
         n->name = an->name.name;
         n->ast = an;
         s->m->nodes[s->m->n_nodes++] = n;
+        ms_strmap_put(&s->nodes, n->name, n);
     }
     for (int i = 0; i < s->m->n_nodes; i++)
         check_node(s, s->m->nodes[i]);
     if (s->m->n_nodes == 0)
         err(s, ast->name.loc, "model '%s' declares no node", s->m->name);
     s->m->walks = NEWN(s, ms_walk *, ast->walks.n);
+    ms_strmap walks;
+    ms_strmap_init(&walks, s->a);
     for (int i = 0; i < ast->walks.n; i++) {
         const ms_ast_walk *aw = ast->walks.items[i];
-        for (int k = 0; k < s->m->n_walks; k++)
-            if (strcmp(s->m->walks[k]->name, aw->name.name) == 0)
-                err(s, aw->name.loc, "walk '%s' is declared twice", aw->name.name);
+        if (ms_strmap_get(&walks, aw->name.name) != NULL)
+            err(s, aw->name.loc, "walk '%s' is declared twice", aw->name.name);
+        else
+            ms_strmap_put(&walks, aw->name.name, (void *)aw);
         check_walk_item(s, aw->body, 0);
         ms_walk *w = NEW(s, ms_walk);
         w->name = aw->name.name;

@@ -26,6 +26,7 @@ TSAN_TESTS += tests/test_graph_plan
 TESTS += tests/test_dsl
 TEST_SCRIPTS += tests/mstarc_cli.sh
 TEST_SCRIPTS += tests/layers.sh
+TEST_SCRIPTS += tests/dsl_scale.sh
 TESTS += tests/test_attn_plan
 TESTS += tests/test_cross_attn
 TESTS += tests/test_scratch
