@@ -855,7 +855,19 @@ static ms_status tok_load_decoder(ms_tok_hf *tok, const json_t *dec, ms_error *e
     return MS_OK;
 }
 
-/* Ids of a TemplateProcessing SpecialToken item (looked up in its special_tokens map). */
+/* Whether `id` names a token: an added token or a vocabulary entry (a scan; load time only). */
+static bool tok_id_exists(const ms_tok_hf *tok, int32_t id) {
+    for (size_t i = 0; i < tok->n_added; i++)
+        if (tok->added[i].id == id)
+            return true;
+    for (size_t i = 0; i < tok->vocab_cap; i++)
+        if (tok->vocab[i].s != NULL && tok->vocab[i].id == id)
+            return true;
+    return false;
+}
+
+/* Ids of a TemplateProcessing SpecialToken item (looked up in its special_tokens map). Each must
+ * be a token: the library would emit any id, past the vocabulary the model is checked against. */
 static ms_status tok_tmpl_special(ms_tok_hf *tok, const json_t *proc, const json_t *item, int32_t **ids, size_t *n,
                                   size_t *cap, ms_error *err) {
     const char *name = json_string_value(json_object_get(item, "id"));
@@ -867,6 +879,9 @@ static ms_status tok_tmpl_special(ms_tok_hf *tok, const json_t *proc, const json
     for (size_t i = 0; i < json_array_size(list); i++) {
         int32_t id;
         MS_TRY(tok_get_id(tok, json_array_get(list, i), "post_processor special token", &id, err));
+        if (!tok_id_exists(tok, id))
+            return MS_FAIL(err, MS_ERR_FORMAT, "%s: post_processor TemplateProcessing: special token \"%.60s\" has id "
+                           "%d, which is no token (neither in model.vocab nor in added_tokens)", tok->path, name, id);
         if (ms_grow((void **)ids, cap, *n + 1, sizeof **ids) != MS_OK)
             return MS_FAIL(err, MS_ERR_OOM, "%s: out of memory", tok->path);
         (*ids)[(*n)++] = id;

@@ -13,8 +13,9 @@
  *     Isolated, MergedWithPrevious, MergedWithNext, Contiguous; invert) ending in ByteLevel
  *     (add_prefix_space, use_regex). Regexes are compiled with PCRE2 (UTF + UCP), so \p{L} etc.
  *     have their Unicode meaning, as with the library's Oniguruma;
- *   - decoder: ByteLevel; post_processor: null, ByteLevel, TemplateProcessing (single) or a
- *     Sequence of those (used only when add_special is true).
+ *   - decoder: ByteLevel; post_processor: null, ByteLevel, TemplateProcessing (single; its special
+ *     tokens' ids must be tokens of the vocabulary or added_tokens) or a Sequence of those (used
+ *     only when add_special is true).
  *
  * Encoding follows the library step by step: added tokens are split out first (leftmost-longest
  * match; tokens with normalized=false on the raw text, then the rest is normalized and tokens with

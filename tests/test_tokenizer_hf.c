@@ -953,6 +953,19 @@ static void test_bad_files(void **state) {
                                             " \"vocab\": {\"a\": 0}, \"merges\": []}}"),
                       MS_ERR_FORMAT, "added_tokens[0].content is missing");
     expect_load_error(write_text("nomodel.json", "{\"added_tokens\": []}"), MS_ERR_FORMAT, "\"model\" is missing");
+    /* The post-processor's special tokens must be tokens: an id that is neither in the vocabulary
+     * nor an added token was emitted by encode, past ms_tok_hf_vocab_size (found by fuzzing). */
+    {
+        static char buf[16384];
+        const char *ok_post = "\"post_processor\": {\"type\": \"TemplateProcessing\"";
+        synth_json(buf, sizeof buf, "BPE", "\"ab c\"", "null", SYNTH_PRETOK);
+        char *at = strstr(buf, "\"ids\": [20]");
+        assert_non_null(at);
+        assert_non_null(strstr(buf, ok_post));
+        memcpy(at, "\"ids\": [19]", 11);  /* 19: no token (18 and 19 are gaps) */
+        expect_load_error(write_text("post.json", buf), MS_ERR_FORMAT,
+                          "post_processor TemplateProcessing: special token \"<x>\" has id 19, which is no token");
+    }
     /* Components this loader does not implement are named. */
     expect_load_error(write_synth("n.json", "BPE", "\"ab c\"", "{\"type\": \"NFKC\"}", SYNTH_PRETOK),
                       MS_ERR_UNSUPPORTED, "normalizer \"NFKC\"");
