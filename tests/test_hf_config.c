@@ -455,6 +455,55 @@ static void test_rope_errors_and_other_types(void **state) {
     ms_hf_config_free(cfg);
 }
 
+/* Every float -> integer conversion is range-checked, the message naming the field: a real
+ * original_max_position_embeddings past int64 used to be converted anyway (undefined behaviour,
+ * found by fuzzing). */
+static void test_out_of_range_numbers_name_the_field(void **state) {
+    (void)state;
+    ms_error err = {0};
+    ms_hf_config *cfg = NULL;
+    ms_rope_params r;
+    static const char *const origs[] = {"1e300", "9223372036854775808.0", "-1e300", "1.5"};
+    for (size_t i = 0; i < MS_ARRAY_LEN(origs); i++) {
+        char text[512];
+        snprintf(text, sizeof text, "{\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0,"
+                 " \"low_freq_factor\": 1, \"high_freq_factor\": 4, \"original_max_position_embeddings\": %s}}",
+                 origs[i]);
+        assert_int_equal(ms_hf_config_init_from_string(&cfg, "cfg.json", text, &err), MS_OK);
+        assert_int_equal(ms_hf_config_get_rope(cfg, &r, &err), MS_ERR_FORMAT);
+        assert_msg(&err, "cfg.json", i < 2 ? "field 'rope_scaling.original_max_position_embeddings' is"
+                                            : "original_max_position_embeddings");
+        ms_hf_config_free(cfg);
+    }
+    /* dynamic / yarn read it as optional: the same check */
+    assert_int_equal(ms_hf_config_init_from_string(&cfg, "cfg.json", "{\"rope_parameters\": {\"rope_type\": \"yarn\","
+                     " \"factor\": 4, \"original_max_position_embeddings\": 1e19}}", &err), MS_OK);
+    assert_int_equal(ms_hf_config_get_rope(cfg, &r, &err), MS_ERR_FORMAT);
+    assert_msg(&err, "cfg.json", "'rope_parameters.original_max_position_embeddings' is 1e+19, not a count");
+    ms_hf_config_free(cfg);
+    /* the largest double below 2^63 converts exactly */
+    assert_int_equal(ms_hf_config_init_from_string(&cfg, "cfg.json", "{\"rope_parameters\": {\"rope_type\": \"yarn\","
+                     " \"factor\": 4, \"original_max_position_embeddings\": 9223372036854774784.0}}", &err), MS_OK);
+    assert_int_equal(ms_hf_config_get_rope(cfg, &r, &err), MS_OK);
+    assert_true(r.original_max_position_embeddings == INT64_C(9223372036854774784));
+    ms_hf_config_free(cfg);
+    /* integer fields given as integral reals: in range converts, out of range names the field */
+    assert_int_equal(ms_hf_config_init_from_string(&cfg, "cfg.json", "{\"a\": 8192.0, \"b\": 1e300, \"c\": -1e19,"
+                     " \"d\": [1, 2e19]}", &err), MS_OK);
+    int64_t v;
+    assert_int_equal(ms_hf_config_get_int(cfg, "a", &v, &err), MS_OK);
+    assert_int_equal(v, 8192);
+    assert_int_equal(ms_hf_config_get_int(cfg, "b", &v, &err), MS_ERR_FORMAT);
+    assert_msg(&err, "cfg.json", "field 'b' is 1e+300, outside the 64-bit integer range");
+    assert_int_equal(ms_hf_config_get_int(cfg, "c", &v, &err), MS_ERR_FORMAT);
+    assert_msg(&err, "cfg.json", "field 'c' is -1e+19, outside the 64-bit integer range");
+    int64_t list[4];
+    size_t n;
+    assert_int_equal(ms_hf_config_get_int_list(cfg, "d", true, list, 4, &n, &err), MS_ERR_FORMAT);
+    assert_msg(&err, "cfg.json", "field 'd'[1] is 2e+19, outside the 64-bit integer range");
+    ms_hf_config_free(cfg);
+}
+
 static void test_config_from_string(void **state) {
     (void)state;
     ms_error err = {0};
@@ -500,6 +549,7 @@ int main(void) {
         tmp_test(test_missing_config_file),
         tmp_test(test_eos_lists_and_precedence),
         tmp_test(test_rope_errors_and_other_types),
+        ms_unit_test(test_out_of_range_numbers_name_the_field),
         ms_unit_test(test_config_from_string),
         ms_unit_test(test_config_survives_allocation_failures),
     };

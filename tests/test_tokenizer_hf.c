@@ -682,8 +682,48 @@ static void test_concurrent_encode(void **state) {
 
 /* ---- a small synthetic tokenizer ---- */
 
+/* GPT-2's bytes_to_unicode: the byte-level character of byte b, as JSON-escaped text. */
+static const char *synth_byte_char(unsigned b) {
+    static char buf[4][16];
+    static int k;
+    k = (k + 1) % 4;
+    bool same = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || b >= 174;
+    unsigned c = b;
+    if (!same) {
+        c = 256;
+        for (unsigned x = 0; x < b; x++)
+            c += !((x >= 33 && x <= 126) || (x >= 161 && x <= 172) || x >= 174);
+    }
+    if (c == '"' || c == '\\')
+        snprintf(buf[k], sizeof buf[k], "\\%c", (char)c);
+    else if (c < 128)
+        snprintf(buf[k], sizeof buf[k], "%c", (char)c);
+    else
+        snprintf(buf[k], sizeof buf[k], "\\u%04x", c);
+    return buf[k];
+}
+
+
+/* The byte-level characters the synthetic vocabulary does not spell out, as SYNTH_BYTE_ID(b):
+ * a ByteLevel BPE must have one for every byte (tok_check_bytes). */
+#define SYNTH_BYTE_ID(b) (100 + (b))
+static const char *synth_byte_vocab(void) {
+    static char buf[8192];
+    size_t n = 0;
+    for (unsigned b = 0; b < 256; b++) {
+        if (strchr("abctok_<>xy", (int)b) != NULL && b != 0)
+            continue;
+        if (b == ' ' || b == 0xC3 || b == 0xA9)  /* Ġ, Ã, © */
+            continue;
+        n += (size_t)snprintf(buf + n, sizeof buf - n, ", \"%s\": %u", synth_byte_char(b), SYNTH_BYTE_ID(b));
+        assert_true(n < sizeof buf);
+    }
+    return buf;
+}
+
 /*
- * Byte-level vocabulary of a few letters, merges in both formats ("ab c" and ["a", "b"]), added
+ * Byte-level vocabulary of a few letters (and every other byte's character at SYNTH_BYTE_ID),
+ * merges in both formats ("ab c" and ["a", "b"]), added
  * tokens <x> (special, lstrip), <y> (rstrip), tok (single_word, normalized), a Split + ByteLevel
  * pre-tokenizer and a TemplateProcessing post-processor <x> A <y>. The %s slots let tests break one
  * part: model type, the second merge, normalizer, pre-tokenizer.
@@ -711,9 +751,9 @@ static const char *synth_json(char *buf, size_t cap, const char *model_type, con
         " \"end_of_word_suffix\": null, \"fuse_unk\": false, \"byte_fallback\": false, \"ignore_merges\": false,\n"
         "  \"vocab\": {\"a\": 0, \"b\": 1, \"c\": 2, \"\\u0120\": 3, \"ab\": 4, \"abc\": 5, \"\\u0120a\": 6,"
         " \"t\": 7, \"o\": 8, \"k\": 9, \"_\": 10, \"<\": 11, \">\": 12, \"x\": 13, \"y\": 14, \"\\u00c3\": 15,"
-        " \"\\u00a9\": 16, \"\\u00c3\\u00a9\": 17},\n"
+        " \"\\u00a9\": 16, \"\\u00c3\\u00a9\": 17%s},\n"
         "  \"merges\": [[\"a\", \"b\"], %s, \"\\u0120 a\", \"\\u00c3 \\u00a9\"]}}\n",
-        normalizer, pretok, model_type, merge2);
+        normalizer, pretok, model_type, synth_byte_vocab(), merge2);
     assert_true(n > 0 && (size_t)n < cap);
     return buf;
 }
@@ -725,7 +765,7 @@ static const char *synth_json(char *buf, size_t cap, const char *model_type, con
 
 static const char *write_synth(const char *name, const char *model_type, const char *merge2, const char *norm,
                                const char *pretok) {
-    static char buf[8192];
+    static char buf[16384];
     return write_text(name, synth_json(buf, sizeof buf, model_type, merge2, norm, pretok));
 }
 
@@ -740,7 +780,7 @@ static void test_synthetic_tokenizer(void **state) {
     ms_tok_hf *t = NULL;
     ms_error err = {0};
     assert_int_equal(ms_tok_hf_init(&t, path, &err), MS_OK);
-    assert_int_equal(ms_tok_hf_vocab_size(t), 23);
+    assert_int_equal(ms_tok_hf_vocab_size(t), SYNTH_BYTE_ID(255) + 1);
     assert_int_equal(ms_tok_hf_bos_id(t), 20);
     assert_int_equal(ms_tok_hf_eos_id(t), 21);
     assert_string_equal(ms_tok_hf_chat_template(t), "T");
@@ -765,9 +805,8 @@ static void test_synthetic_tokenizer(void **state) {
     expect_encode(t, "e\xcc\x81", false, (int32_t[]){17}, 1);
     /* Post-processor: <x> A <y>. */
     expect_encode(t, "ab", true, (int32_t[]){20, 4, 21}, 3);
-    /* Characters without a vocabulary entry are dropped (no unk_token), as the library does, so
-     * their neighbours become adjacent and merge. */
-    expect_encode(t, "azb", false, (int32_t[]){4}, 1);
+    /* A letter without merges is its byte's token, between its neighbours (a, b not merged). */
+    expect_encode(t, "azb", false, (int32_t[]){0, SYNTH_BYTE_ID('z'), 1}, 3);
     /* Decode: skip_special drops <x> only. */
     int32_t ids[] = {20, 4, 21, 22, 3, 17};
     expect_decode(t, ids, 6, false, "<x>ab<y>tok \xc3\xa9", 14);
@@ -775,13 +814,16 @@ static void test_synthetic_tokenizer(void **state) {
     ms_tok_hf_free(t);
 }
 
+/* The byte tokens of U+180E (e1 a0 8e) in the synthetic vocabulary. */
+#define U180E SYNTH_BYTE_ID(0xE1), SYNTH_BYTE_ID(0xA0), SYNTH_BYTE_ID(0x8E)
+
 static void test_split_behaviors(void **state) {
     (void)state;
     /* Where a Split cuts decides which merges can happen (a b -> ab = 4, ab c -> abc = 5; a = 0,
      * b = 1, c = 2), so the ids show the pieces each behaviour makes. */
     static const struct {
         const char *pattern, *behavior, *invert, *text;
-        int32_t want[3];
+        int32_t want[5];
         size_t n;
     } cases[] = {
         {"b", "Removed", "false", "abc", {0, 2}, 2},               /* a | c */
@@ -795,11 +837,11 @@ static void test_split_behaviors(void **state) {
         {"c", "Isolated", "true", "abc", {4, 2}, 2},               /* ab | c */
         {"a", "MergedWithPrevious", "true", "abc", {5}, 1},        /* inverted: "bc" joins "a" */
         /* \s is Unicode White_Space as in Oniguruma: U+3000 is removed (a | b), U+180E is not
-         * (PCRE2's own \s would match it); its bytes have no vocabulary entry, so a and b merge. */
+         * (PCRE2's own \s would match it), so it stays, as its three byte tokens. */
         {"\\\\s", "Removed", "false", "a\xe3\x80\x80" "b", {0, 1}, 2},
-        {"\\\\s", "Removed", "false", "a\xe1\xa0\x8e" "b", {4}, 1},
+        {"\\\\s", "Removed", "false", "a\xe1\xa0\x8e" "b", {0, U180E, 1}, 5},
         {"\\\\S+", "Removed", "false", "a\xe1\xa0\x8e" "b", {0}, 0},  /* all of it is \S */
-        {"[\\\\s]", "Removed", "false", "a b\xe1\xa0\x8e", {0, 1}, 2},
+        {"[\\\\s]", "Removed", "false", "a b\xe1\xa0\x8e", {0, 1, U180E}, 5},
     };
     for (size_t i = 0; i < MS_ARRAY_LEN(cases); i++) {
         char pretok[512];
@@ -834,6 +876,42 @@ static void test_split_behaviors(void **state) {
     assert_int_equal(ms_tok_hf_init(&t, path, &err), MS_OK);
     expect_encode(t, "a ab", false, (int32_t[]){6, 3, 4}, 3);  /* " a" | " ab": Ġa, then Ġ + ab */
     ms_tok_hf_free(t);
+}
+
+/* A byte-level BPE whose vocabulary lacks byte characters, with no unk_token and no byte fallback,
+ * is refused at load, naming the first missing byte: encoding it used to drop the text and do
+ * pointer arithmetic on NULL and memcpy from NULL (UBSan, found by fuzzing). Bytes that valid UTF-8
+ * never holds (0xC0, 0xC1, 0xF5 .. 0xFF) need no token, since encode takes valid UTF-8 only. */
+static void test_uncovered_bytes_refused(void **state) {
+    (void)state;
+    const char *bare = write_text("bare.json", "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]},"
+                                  "\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":false,"
+                                  "\"use_regex\":false},\"decoder\":{\"type\":\"ByteLevel\"}}");
+    ms_tok_hf *t = NULL;
+    ms_error err = {0};
+    if (ms_tok_hf_init(&t, bare, &err) == MS_OK) {  /* before the fix: encoding this was undefined */
+        int32_t *ids = NULL;
+        size_t n = 0;
+        ms_tok_hf_encode(t, "Hello", 5, false, &ids, &n, &err);
+        ms_free(ids);
+        ms_tok_hf_free(t);
+        fail_msg("%s loaded without the byte-level characters of 255 bytes", bare);
+    }
+    expect_load_error(bare, MS_ERR_UNSUPPORTED, "model.vocab has no token for byte 0x00 (\"\xc4\x80\") and 241 "
+                      "more bytes");
+    /* Every byte of UTF-8 text but one: the message names it. */
+    char *buf = malloc(16384);
+    assert_non_null(buf);
+    size_t n = (size_t)snprintf(buf, 16384, "{\"model\":{\"type\":\"BPE\",\"merges\":[],\"vocab\":{");
+    for (unsigned b = 0; b < 256; b++) {
+        if (b == 'H' || b == 0xC0 || b == 0xC1 || b >= 0xF5)
+            continue;
+        n += (size_t)snprintf(buf + n, 16384 - n, "%s\"%s\":%u", b ? "," : "", synth_byte_char(b), b);
+    }
+    snprintf(buf + n, 16384 - n, "}},\"pre_tokenizer\":{\"type\":\"ByteLevel\",\"add_prefix_space\":false,"
+             "\"use_regex\":false},\"decoder\":{\"type\":\"ByteLevel\"}}");
+    expect_load_error(write_text("noH.json", buf), MS_ERR_UNSUPPORTED, "no token for byte 0x48 (\"H\")");
+    free(buf);
 }
 
 /* ---- bad files ---- */
@@ -875,6 +953,19 @@ static void test_bad_files(void **state) {
                                             " \"vocab\": {\"a\": 0}, \"merges\": []}}"),
                       MS_ERR_FORMAT, "added_tokens[0].content is missing");
     expect_load_error(write_text("nomodel.json", "{\"added_tokens\": []}"), MS_ERR_FORMAT, "\"model\" is missing");
+    /* The post-processor's special tokens must be tokens: an id that is neither in the vocabulary
+     * nor an added token was emitted by encode, past ms_tok_hf_vocab_size (found by fuzzing). */
+    {
+        static char buf[16384];
+        const char *ok_post = "\"post_processor\": {\"type\": \"TemplateProcessing\"";
+        synth_json(buf, sizeof buf, "BPE", "\"ab c\"", "null", SYNTH_PRETOK);
+        char *at = strstr(buf, "\"ids\": [20]");
+        assert_non_null(at);
+        assert_non_null(strstr(buf, ok_post));
+        memcpy(at, "\"ids\": [19]", 11);  /* 19: no token (18 and 19 are gaps) */
+        expect_load_error(write_text("post.json", buf), MS_ERR_FORMAT,
+                          "post_processor TemplateProcessing: special token \"<x>\" has id 19, which is no token");
+    }
     /* Components this loader does not implement are named. */
     expect_load_error(write_synth("n.json", "BPE", "\"ab c\"", "{\"type\": \"NFKC\"}", SYNTH_PRETOK),
                       MS_ERR_UNSUPPORTED, "normalizer \"NFKC\"");
@@ -999,6 +1090,7 @@ int main(void) {
         tmp_test(test_synthetic_tokenizer),
         tmp_test(test_split_behaviors),
         tmp_test(test_bad_files),
+        tmp_test(test_uncovered_bytes_refused),
         tmp_test(test_allocation_failures),
     };
     int failed = cmocka_run_group_tests_name("tokenizer_hf_fixtures", shared, group_setup, group_teardown);

@@ -252,6 +252,11 @@ const char *ms_cfg_type_name(ms_cfg_type t) {
     return names[t];
 }
 
+/* Whether the double d converts to int64_t without undefined behaviour: [-2^63, 2^63) (NaN not). */
+static bool cfg_in_int64(double d) {
+    return d >= -0x1p63 && d < 0x1p63;
+}
+
 /* Integer value of v (integer, or real with an integral value in int64 range). */
 static bool cfg_as_int(const json_t *v, int64_t *out) {
     if (json_is_integer(v)) {
@@ -260,12 +265,19 @@ static bool cfg_as_int(const json_t *v, int64_t *out) {
     }
     if (json_is_real(v)) {
         double d = json_real_value(v);
-        if (d == floor(d) && d >= -9.2e18 && d <= 9.2e18) {
+        if (d == floor(d) && cfg_in_int64(d)) {
             *out = (int64_t)d;
             return true;
         }
     }
     return false;
+}
+
+/* Whether v is a real with an integral value outside int64 (1e300): not "a real number", which
+ * would misdescribe it. */
+static bool cfg_is_huge_integral(const json_t *v) {
+    double d = json_is_real(v) ? json_real_value(v) : 0.0;
+    return d == floor(d) && !cfg_in_int64(d);
 }
 
 /* Convert a present, non-null value `v` of field `where.key` (display name) to `type`. */
@@ -311,6 +323,9 @@ static ms_status cfg_convert(const char *path, const char *key, const json_t *v,
             const json_t *e = json_array_get(v, i);
             int64_t dummy;
             bool ok = type == MS_CFG_INT_LIST ? cfg_as_int(e, &dummy) : json_is_number(e);
+            if (!ok && type == MS_CFG_INT_LIST && cfg_is_huge_integral(e))
+                return MS_FAIL(err, MS_ERR_FORMAT, "%s: field '%s'[%zu] is %g, outside the 64-bit integer range",
+                               path, key, i, json_real_value(e));
             if (!ok)
                 return MS_FAIL(err, MS_ERR_FORMAT, "%s: field '%s'[%zu] is %s, expected %s", path, key, i,
                                cfg_json_kind(e), type == MS_CFG_INT_LIST ? "an integer" : "a number");
@@ -322,6 +337,9 @@ static ms_status cfg_convert(const char *path, const char *key, const json_t *v,
         MS_ABORT("invalid config type %d", (int)type);
     }
     out->present = false;
+    if ((type == MS_CFG_INT || type == MS_CFG_INT_LIST) && cfg_is_huge_integral(v))
+        return MS_FAIL(err, MS_ERR_FORMAT, "%s: field '%s' is %g, outside the 64-bit integer range", path, key,
+                       json_real_value(v));
     return MS_FAIL(err, MS_ERR_FORMAT, "%s: field '%s' is %s, expected %s", path, key, cfg_json_kind(v),
                    ms_cfg_type_name(type));
 }
@@ -592,9 +610,10 @@ ms_status ms_hf_config_get_rope(const ms_hf_config *cfg, ms_rope_params *out, ms
     default:
         MS_ABORT("rope type %d", (int)out->type);
     }
-    if (orig != floor(orig) || orig < 0.0)
-        return MS_FAIL(err, MS_ERR_FORMAT, "%s: %s.original_max_position_embeddings %g is not a count",
-                       cfg->path, prefix, orig);
+    /* Read as a number (8192.0 is common); a count in int64 before the conversion. */
+    if (orig != floor(orig) || orig < 0.0 || !cfg_in_int64(orig))
+        return MS_FAIL(err, MS_ERR_FORMAT, "%s: field '%s.original_max_position_embeddings' is %g, not a count in "
+                       "0 .. 2^63-1", cfg->path, prefix, orig);
     out->original_max_position_embeddings = (int64_t)orig;
     if (out->type != MS_ROPE_TYPE_DEFAULT && !(out->factor > 0.0))
         return MS_FAIL(err, MS_ERR_FORMAT, "%s: %s.factor %g is not positive", cfg->path, prefix, out->factor);

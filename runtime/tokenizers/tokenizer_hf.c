@@ -855,7 +855,19 @@ static ms_status tok_load_decoder(ms_tok_hf *tok, const json_t *dec, ms_error *e
     return MS_OK;
 }
 
-/* Ids of a TemplateProcessing SpecialToken item (looked up in its special_tokens map). */
+/* Whether `id` names a token: an added token or a vocabulary entry (a scan; load time only). */
+static bool tok_id_exists(const ms_tok_hf *tok, int32_t id) {
+    for (size_t i = 0; i < tok->n_added; i++)
+        if (tok->added[i].id == id)
+            return true;
+    for (size_t i = 0; i < tok->vocab_cap; i++)
+        if (tok->vocab[i].s != NULL && tok->vocab[i].id == id)
+            return true;
+    return false;
+}
+
+/* Ids of a TemplateProcessing SpecialToken item (looked up in its special_tokens map). Each must
+ * be a token: the library would emit any id, past the vocabulary the model is checked against. */
 static ms_status tok_tmpl_special(ms_tok_hf *tok, const json_t *proc, const json_t *item, int32_t **ids, size_t *n,
                                   size_t *cap, ms_error *err) {
     const char *name = json_string_value(json_object_get(item, "id"));
@@ -867,6 +879,9 @@ static ms_status tok_tmpl_special(ms_tok_hf *tok, const json_t *proc, const json
     for (size_t i = 0; i < json_array_size(list); i++) {
         int32_t id;
         MS_TRY(tok_get_id(tok, json_array_get(list, i), "post_processor special token", &id, err));
+        if (!tok_id_exists(tok, id))
+            return MS_FAIL(err, MS_ERR_FORMAT, "%s: post_processor TemplateProcessing: special token \"%.60s\" has id "
+                           "%d, which is no token (neither in model.vocab nor in added_tokens)", tok->path, name, id);
         if (ms_grow((void **)ids, cap, *n + 1, sizeof **ids) != MS_OK)
             return MS_FAIL(err, MS_ERR_OOM, "%s: out of memory", tok->path);
         (*ids)[(*n)++] = id;
@@ -929,6 +944,34 @@ static ms_status tok_load_post(ms_tok_hf *tok, const json_t *post, ms_error *err
 
 /* ---- loading: derived tables ---- */
 
+/*
+ * Every byte that valid UTF-8 text can hold (all but 0xC0, 0xC1, 0xF5 .. 0xFF; encode refuses
+ * invalid UTF-8) must have its byte-level character in the vocabulary. Without one, the library
+ * drops that byte (no unk_token) or emits unk / <0xXX> tokens, neither of which this loader
+ * implements, and silently losing prompt text is worse than refusing the file. Real byte-level
+ * vocabularies hold all 256 (the trainer seeds them with the whole alphabet).
+ */
+static ms_status tok_check_bytes(const ms_tok_hf *tok, ms_error *err) {
+    int first = -1, n_missing = 0;
+    for (unsigned b = 0; b < 256; b++) {
+        bool in_utf8 = b != 0xC0 && b != 0xC1 && b < 0xF5;
+        if (in_utf8 && tok->byte_id[b] < 0) {
+            if (first < 0)
+                first = (int)b;
+            n_missing++;
+        }
+    }
+    if (first < 0)
+        return MS_OK;
+    char more[48] = "";
+    if (n_missing > 1)
+        snprintf(more, sizeof more, " and %d more bytes", n_missing - 1);
+    return MS_FAIL(err, MS_ERR_UNSUPPORTED, "%s: model.vocab has no token for byte 0x%02X (\"%.*s\")%s; a "
+                   "ByteLevel BPE needs one for every byte of UTF-8 text (unk_token and byte_fallback are not "
+                   "supported), or text holding it could not be encoded", tok->path, (unsigned)first,
+                   (int)tok->byte_utf8_len[first], tok->byte_utf8[first], more);
+}
+
 /* id -> spelling, special flags, decoded bytes, byte -> id. */
 static ms_status tok_build_tables(ms_tok_hf *tok, ms_error *err) {
     size_t n = (size_t)tok->n_ids;
@@ -959,6 +1002,7 @@ static ms_status tok_build_tables(ms_tok_hf *tok, ms_error *err) {
         tok->byte_utf8_len[b] = (uint8_t)len;
         tok->byte_id[b] = tok_vocab_get(tok, u, len);
     }
+    MS_TRY(tok_check_bytes(tok, err));
     size_t total = 0;
     for (size_t i = 0; i < n; i++)
         total += tok->id_str[i] != NULL ? strlen(tok->id_str[i]) : 0;
@@ -1233,8 +1277,9 @@ static ms_status tok_bpe_merge(const ms_tok_hf *tok, const char *word, size_t le
         st = MS_FAIL(err, MS_ERR_OOM, "%s: out of memory merging a %zu-byte word", tok->path, len);
         goto done;
     }
-    /* Initial symbols: one per byte (its byte-level character); bytes without a vocabulary entry
-     * are dropped, as the library does without unk_token. */
+    /* Initial symbols: one per byte (its byte-level character). Load refuses a vocabulary without
+     * the byte-level character of a byte UTF-8 text can hold (tok_check_bytes), so the skip below
+     * is only a guard. */
     size_t n = 0;
     for (size_t i = 0; i < len; i++) {
         int32_t id = tok->byte_id[(unsigned char)word[i]];
@@ -1372,7 +1417,9 @@ static ms_status tok_bpe_word(const ms_tok_hf *ctok, const char *word, size_t le
         return st;
     size_t first = o->n;
     MS_TRY(tok_bpe_merge(tok, word, len, o, err));
-    if (cacheable)
+    /* o->ids is still NULL when nothing was pushed (a word of bytes without tokens, which load
+     * refuses); such a word is not cached. */
+    if (cacheable && o->n > first)
         tok_cache_put(tok, word, len, h, o->ids + first, o->n - first);
     return MS_OK;
 }

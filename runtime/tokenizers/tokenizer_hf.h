@@ -5,15 +5,17 @@
  * What is supported (anything else fails to load with MS_ERR_UNSUPPORTED naming the component):
  *   - model: BPE (vocab; merges as "a b" strings or ["a", "b"] pairs, rank = position; a later
  *     duplicate merge replaces an earlier one, as the library's map does; ignore_merges), without
- *     dropout, byte_fallback, continuing_subword_prefix or end_of_word_suffix;
+ *     dropout, byte_fallback, continuing_subword_prefix or end_of_word_suffix; unk_token is never
+ *     used (the vocabulary covers every byte);
  *   - added_tokens with their special / normalized / lstrip / rstrip / single_word flags;
  *   - normalizer: null, NFC, or a Sequence of those;
  *   - pre_tokenizer: ByteLevel, or a Sequence of Split (Regex or String pattern; behaviours Removed,
  *     Isolated, MergedWithPrevious, MergedWithNext, Contiguous; invert) ending in ByteLevel
  *     (add_prefix_space, use_regex). Regexes are compiled with PCRE2 (UTF + UCP), so \p{L} etc.
  *     have their Unicode meaning, as with the library's Oniguruma;
- *   - decoder: ByteLevel; post_processor: null, ByteLevel, TemplateProcessing (single) or a
- *     Sequence of those (used only when add_special is true).
+ *   - decoder: ByteLevel; post_processor: null, ByteLevel, TemplateProcessing (single; its special
+ *     tokens' ids must be tokens of the vocabulary or added_tokens) or a Sequence of those (used
+ *     only when add_special is true).
  *
  * Encoding follows the library step by step: added tokens are split out first (leftmost-longest
  * match; tokens with normalized=false on the raw text, then the rest is normalized and tokens with
@@ -21,9 +23,12 @@
  * white space, single_word requires non-word characters around the match); each remaining piece
  * is pre-tokenized, every pre-token mapped through GPT-2's bytes_to_unicode and merged by rank
  * (priority queue over a linked list of symbols: O(n log n) per word; words shorter than 256 bytes
- * are cached). Characters without a vocabulary entry are dropped (the library does the same when
- * there is no unk_token). Input text must be valid UTF-8 (the library only takes Rust strings):
- * invalid input fails with MS_ERR_INVALID_ARG naming the byte offset.
+ * are cached). The vocabulary must hold the byte-level character of every byte UTF-8 text can hold
+ * (all but 0xC0, 0xC1, 0xF5 .. 0xFF), as real byte-level vocabularies do; one lacking any fails to
+ * load with MS_ERR_UNSUPPORTED naming the first missing byte (the library would drop such bytes
+ * without unk_token, or emit unk / byte-fallback tokens, which are not supported). Input text must
+ * be valid UTF-8 (the library only takes Rust strings): invalid input fails with
+ * MS_ERR_INVALID_ARG naming the byte offset.
  *
  * Decoding maps every id to its token (added tokens first), skips special tokens on request and
  * unknown ids always (as the library does), turns byte-level characters back into bytes (a token
