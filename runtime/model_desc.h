@@ -102,6 +102,27 @@ ms_status ms_md_cfg_float(const ms_hf_config *hf, const char *const *sources, in
                           const double *dflt, double *out, bool *present, ms_error *err);
 ms_status ms_md_cfg_bool(const ms_hf_config *hf, const char *const *sources, int n_sources,
                          const bool *dflt, bool *out, bool *present, ms_error *err);
+/* Most elements of an `int[]` config parameter (mrope_section has 3). */
+#define MS_MD_MAX_LIST 8
+
+/* The value of an `int[]` config parameter: a field of the generated config struct. */
+typedef struct ms_md_int_list {
+    int32_t n;                    /* elements, 0 .. MS_MD_MAX_LIST */
+    int64_t v[MS_MD_MAX_LIST];    /* [n], each within int32 */
+} ms_md_int_list;
+
+/*
+ * An `int[]` parameter (`mrope_section: int[] from "rope_parameters.mrope_section"`): the first
+ * present source, else *dflt, else absent / missing as for ms_md_cfg_int. The value must be a JSON
+ * array of integers (a bare integer counts as a list of one, as config.json's eos_token_id does):
+ * MS_ERR_FORMAT "<config.json>: field 'k' is a string, expected a list of integers" or
+ * "field 'k'[1] is a real, expected an integer"; more than MS_MD_MAX_LIST elements is
+ * MS_ERR_LIMIT "field 'k' has 9 entries, at most 8 supported"; an element past int32 is
+ * MS_ERR_FORMAT naming it.
+ */
+ms_status ms_md_cfg_int_list(const ms_hf_config *hf, const char *const *sources, int n_sources,
+                             const ms_md_int_list *dflt, ms_md_int_list *out, bool *present,
+                             ms_error *err);
 /* Strings are borrowed from hf (valid while the config lives; the engine keeps it). */
 ms_status ms_md_cfg_string(const ms_hf_config *hf, const char *const *sources, int n_sources,
                            const char *dflt, const char **out, bool *present, ms_error *err);
@@ -128,7 +149,8 @@ typedef struct ms_md_facts {
     int32_t vocab;          /* logits per token */
     int32_t max_context;    /* positions the model was trained for (max_position_embeddings);
                                a sequence never holds more tokens than this */
-    ms_rope_config rope;    /* style (rotate-half / interleaved), theta, llama3 scaling */
+    ms_rope_config rope;    /* style (rotate-half / interleaved), theta, llama3 scaling,
+                               M-RoPE sections (n_sections 0: one position stream) */
     int32_t window;         /* sliding window in tokens (attention mask and KV retention); 0 none */
     int32_t page_size;      /* default KV page size (the kv_pool's page_size argument) */
     ms_dtype kv_dtype;      /* KV dtype the model asks for on a device backend (CPU uses f32) */
@@ -284,6 +306,10 @@ typedef struct ms_model_desc {
     const char *const *kernels;
     int32_t n_kernels;            /* 0: no CUDA instances (a model the templates cannot express, or
                                      a hand-written descriptor): the `kernels` verb refuses it */
+
+    /* checkpoint tensors present but unused (DSL `ignore "visual.*";` in weights) */
+    const char *const *ignored;   /* [n_ignored] patterns, '*' matching any run of characters */
+    int32_t n_ignored;            /* 0: every checkpoint tensor must be a declared weight */
 } ms_model_desc;
 
 /*
@@ -312,6 +338,14 @@ ms_status ms_md_check_desc(const ms_model_desc *d, ms_error *err);
  * entry and the dims.
  */
 ms_status ms_md_check_shapes(const ms_model_desc *d, const void *config, ms_error *err);
+
+/*
+ * Whether checkpoint tensor `name` is one the model declares present but unused: it matches one
+ * of d->ignored, where '*' matches any run of characters (dots included) and every other
+ * character itself ("visual.*" matches "visual.blocks.0.attn.qkv.weight"). Such tensors are
+ * neither loaded nor an error; the engine's unclaimed-tensor check skips them.
+ */
+bool ms_md_tensor_ignored(const ms_model_desc *d, const char *name);
 
 /* Resource index of `key` in the descriptor's table, or -1. */
 int32_t ms_md_resource_index(const ms_model_desc *d, const char *key);
