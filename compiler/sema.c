@@ -979,20 +979,20 @@ static void add_ignores(sema *s, const ms_ast_weight *aw) {
 /* An ignore pattern must not match a tensor the model loads: the checkpoint would then be
  * checked less than the model claims. Templates are matched with {i} as layer 0. */
 static void check_ignores(sema *s) {
+    if (s->m->n_ignores == 0)
+        return;
     for (int i = 0; i < s->m->n_weights; i++) {
         const ms_weight *w = s->m->weights[i];
         for (int k = 0; k < w->n_names; k++) {
-            ms_strbuf b = {0};
-            for (const char *p = w->names[k]; *p != '\0'; p++) {
+            char name[1024]; /* checkpoint names are far shorter; a longer one is cut */
+            size_t at = 0;
+            for (const char *p = w->names[k]; *p != '\0' && at + 1 < sizeof name; p++) {
                 const char *end = *p == '{' ? strchr(p, '}') : NULL;
-                if (end != NULL) {
-                    ms_strbuf_puts(&b, "0");
+                name[at++] = end != NULL ? '0' : *p;
+                if (end != NULL)
                     p = end;
-                } else {
-                    ms_strbuf_printf(&b, "%c", *p);
-                }
             }
-            const char *name = take(s, &b);
+            name[at] = '\0';
             for (int q = 0; q < s->m->n_ignores; q++)
                 if (glob_match(s->m->ignores[q], name))
                     err(s, s->m->ignore_exprs[q]->loc,

@@ -128,6 +128,31 @@ ms_status ms_md_cfg_check(const ms_hf_config *hf, bool cond, ms_error *err, cons
     return MS_FAIL(err, MS_ERR_FORMAT, "%s: %s", ms_hf_config_path(hf), what);
 }
 
+ms_status ms_md_cfg_check_sections(const ms_hf_config *hf, const char *what, ms_md_int_list sec,
+                                   int64_t rotary_dim, ms_error *err) {
+    if (sec.n == 0)
+        return MS_OK;
+    char text[160];
+    size_t at = 0;
+    int64_t sum = 0;
+    bool negative = false;
+    for (int32_t k = 0; k < sec.n && k < MS_MD_MAX_LIST; k++) {
+        int w = snprintf(text + at, sizeof text - at, "%s%lld", k ? ", " : "[", (long long)sec.v[k]);
+        at = w > 0 && (size_t)w < sizeof text - at ? at + (size_t)w : at;
+        sum += sec.v[k];
+        negative = negative || sec.v[k] < 0;
+    }
+    snprintf(text + at, sizeof text - at, "]");
+    if (sec.n > MS_ROPE_MAX_SECTIONS || negative)
+        return MS_FAIL(err, MS_ERR_FORMAT, "%s: %s %s: M-RoPE takes 1 to %d non-negative sections",
+                       ms_hf_config_path(hf), what, text, MS_ROPE_MAX_SECTIONS);
+    if (sum * 2 != rotary_dim)
+        return MS_FAIL(err, MS_ERR_FORMAT, "%s: %s %s covers %lld rotary pairs, rotary_dim %lld "
+                       "has %lld", ms_hf_config_path(hf), what, text, (long long)sum,
+                       (long long)rotary_dim, (long long)(rotary_dim / 2));
+    return MS_OK;
+}
+
 /* ---- names and tables ---- */
 
 ms_status ms_md_expand_name(const char *tmpl, int32_t layer, char *buf, size_t cap,

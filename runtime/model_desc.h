@@ -135,6 +135,15 @@ ms_status ms_md_cfg_string(const ms_hf_config *hf, const char *const *sources, i
 ms_status ms_md_cfg_check(const ms_hf_config *hf, bool cond, ms_error *err, const char *fmt, ...)
     MS_PRINTF(4, 5);
 
+/*
+ * Check a rope resource's M-RoPE sections (`what`: their source text, e.g. "mrope_section") for
+ * a rotary width of rotary_dim: none (n 0: plain RoPE) passes; otherwise 1..MS_ROPE_MAX_SECTIONS
+ * non-negative sections summing to rotary_dim / 2, else MS_ERR_FORMAT "<config.json>:
+ * mrope_section [4, 6, 5] covers 15 rotary pairs, rotary_dim 32 has 16".
+ */
+ms_status ms_md_cfg_check_sections(const ms_hf_config *hf, const char *what, ms_md_int_list sec,
+                                   int64_t rotary_dim, ms_error *err);
+
 /* ---- shape facts ---- */
 
 #define MS_MD_MAX_EOS 8
