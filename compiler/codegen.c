@@ -529,6 +529,8 @@ static const ms_ast_expr *res_arg(const ms_resource *r, const char *key) {
 
 static const ms_ast_expr *find_call_stmts(const ms_ptr_vec *body, const char *fn);
 
+static void arg_leaves(const ms_ast_expr *e, const ms_ast_expr **out, int *n, int cap);
+
 /* The rope resource's `sections` argument as an ms_md_int_list C expression (none: n = 0, plain
  * RoPE), or NULL when the model declares no sections. */
 static const char *sections_expr(gen *g, const ms_ast_expr *e) {
@@ -642,9 +644,21 @@ static void emit_config_load(gen *g) {
      * without naming config.json) */
     const char *sec = g->pos != NULL ? sections_expr(g, res_arg(g->pos, "sections")) : NULL;
     if (sec != NULL) {
-        const ms_ast_expr *se = res_arg(g->pos, "sections");
-        E("MS_TRY(ms_md_cfg_check_sections(hf, %s, %s, %s, err));", c_string(g, src_text(g, se)),
-          bare(g, sec), bare(g, rotary_dim_expr(g)));
+        /* messages name the parameter the sections come from (mrope_section) */
+        const ms_ast_expr *leaves[8];
+        int nl = 0;
+        arg_leaves(res_arg(g->pos, "sections"), leaves, &nl, 8);
+        const char *what = "sections";
+        for (int i = nl - 1; i >= 0; i--)
+            if (leaves[i] != NULL && leaves[i]->kind == MS_EXPR_NAME)
+                what = leaves[i]->text;
+        E("{");
+        g->cg.indent++;
+        E("const ms_md_int_list sec = %s;", bare(g, sec));
+        E("MS_TRY(ms_md_cfg_check_sections(hf, %s, sec, %s, err));", c_string(g, what),
+          bare(g, rotary_dim_expr(g)));
+        g->cg.indent--;
+        E("}");
     }
     /* values the kernels would refuse later without naming config.json ("rope: theta 0 must be a
      * positive number"): RoPE's theta and the RMSNorm epsilon */

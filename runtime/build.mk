@@ -16,6 +16,7 @@ RUNTIME_SRCS += runtime/llama2c.c
 RUNTIME_SRCS += runtime/tokenizer_llama2c.c
 RUNTIME_SRCS += runtime/rid_map.c
 RUNTIME_SRCS += runtime/positions.c
+RUNTIME_SRCS += runtime/position_ids.c
 RUNTIME_SRCS += runtime/step_runner.c
 RUNTIME_SRCS += runtime/graph_plan.c
 RUNTIME_SRCS += runtime/attn_plan.c

@@ -20,6 +20,7 @@ TESTS += tests/test_checkpoint_bad
 TESTS += tests/test_llama_cpu_fixture
 TESTS += tests/test_llama2c
 TESTS += tests/test_positions
+TESTS += tests/test_position_ids
 TESTS += tests/test_step_runner
 TESTS += tests/test_graph_plan
 TSAN_TESTS += tests/test_graph_plan
