@@ -116,7 +116,7 @@ typedef struct ms_md_int_list {
  * present source, else *dflt, else absent / missing as for ms_md_cfg_int. The value must be a JSON
  * array of integers (a bare integer counts as a list of one, as config.json's eos_token_id does):
  * MS_ERR_FORMAT "<config.json>: field 'k' is a string, expected a list of integers" or
- * "field 'k'[1] is a real, expected an integer"; more than MS_MD_MAX_LIST elements is
+ * "field 'k'[1] is a real number, expected an integer"; more than MS_MD_MAX_LIST elements is
  * MS_ERR_LIMIT "field 'k' has 9 entries, at most 8 supported"; an element past int32 is
  * MS_ERR_FORMAT naming it.
  */
