@@ -21,6 +21,7 @@ TESTS += tests/test_llama_cpu_fixture
 TESTS += tests/test_llama2c
 TESTS += tests/test_positions
 TESTS += tests/test_position_ids
+TESTS += tests/test_model_desc
 TESTS += tests/test_step_runner
 TESTS += tests/test_graph_plan
 TSAN_TESTS += tests/test_graph_plan
