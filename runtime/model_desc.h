@@ -40,14 +40,16 @@
  *
  * Mapping from the checked model (compiler/model.h) to what a generator emits:
  *   - ms_param (declaration order): a field of the config struct (int64_t / double / bool /
- *     const char *; an optional `x: T?` adds `bool has_x`), read by one ms_md_cfg_<type> call
+ *     const char * / ms_md_int_list for `int[]`; an optional `x: T?` adds `bool has_x`), read by
+ *     one ms_md_cfg_<type> call (ms_md_cfg_int_list for `int[]`)
  *     with its `sources` (a static array) and its default (NULL when it has none; a default that
  *     is an expression over earlier params is evaluated into a local first); `let` params are
  *     computed after every read param; constraints that depend on config values go through
  *     ms_md_cfg_check.
  *   - resource arguments become `facts` assignments: kv_pool(layers, kv_heads, head_dim,
  *     page_size, dtype, retention = window(W)) -> n_layers, n_kv_heads, head_dim, page_size,
- *     kv_dtype, window; rope(theta, style, scaling = llama3(...)) -> rope.*; attention(q_heads,
+ *     kv_dtype, window; rope(theta, style, scaling = llama3(...), sections) -> rope.* (sections:
+ *     rope.n_sections / rope.sections, checked in config_load by ms_md_cfg_check_sections); attention(q_heads,
  *     window) -> n_q_heads, window; sampler(vocab) -> vocab. hidden comes from the embedding's
  *     width, max_context from the `max_position_embeddings` param.
  *   - ms_weight (with the lowering's fusion groups): one ms_md_weight row each, PART rows for
@@ -58,6 +60,8 @@
  *   - ms_step_decl: one ms_md_step per step (`prefill` spans len(tokens), `decode` spans 1).
  *   - the kernel instances of ms_codegen_kernels (DIR/kernels/<stem>.cu): a static array of their
  *     stems, `kernels` (none, NULL and 0, when the model's kernels are not expressible).
+ *   - `ignore "visual.*";` patterns of the weights blocks: a static array, `ignored` (none: NULL
+ *     and 0).
  *   - the forward's op list: one backend call per op on views of the workspace, whose layout
  *     (one slice per planned buffer, 64-byte aligned) is a static function of (max_tokens,
  *     max_seqs) shared by workspace_size and forward.
