@@ -19,7 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "model_desc.h" /* MS_MD_MAX_LIST, MS_ROPE_MAX_SECTIONS, ms_md_tensor_ignored */
+#include "model_desc.h" /* MS_MD_MAX_LIST, MS_ROPE_MAX_SECTIONS: limits the runtime keeps */
 #include "print.h"
 
 #define MAX_RANK 8
@@ -912,6 +912,32 @@ static ms_weight *make_tensor(sema *s, const ms_ast_weight *aw, ms_group *g) {
     return w;
 }
 
+/*
+ * Whether checkpoint name `name` matches an ignore pattern: `*` matches any run of characters
+ * (dots included), everything else itself. The runtime's ms_md_tensor_ignored matches the same
+ * way. Iterative with one backtrack point, so linear-ish in practice and never recursive.
+ */
+static bool glob_match(const char *pat, const char *name) {
+    const char *star = NULL, *retry = NULL;
+    while (*name != '\0') {
+        if (*pat == '*') {
+            star = pat++;
+            retry = name;
+        } else if (*pat == *name) {
+            pat++;
+            name++;
+        } else if (star != NULL) {
+            pat = star + 1;
+            name = ++retry;
+        } else {
+            return false;
+        }
+    }
+    while (*pat == '*')
+        pat++;
+    return *pat == '\0';
+}
+
 /* `ignore "p", ...;`: checkpoint tensors that are present but unused (a vision tower). */
 static void add_ignores(sema *s, const ms_ast_weight *aw) {
     int cap = s->m->n_ignores + aw->names.n;
@@ -967,15 +993,12 @@ static void check_ignores(sema *s) {
                     p = end;
             }
             name[at] = '\0';
-            for (int q = 0; q < s->m->n_ignores; q++) {
-                /* the runtime's matcher, so the compiler and the engine agree on every name */
-                const ms_model_desc one = {.ignored = &s->m->ignores[q], .n_ignored = 1};
-                if (ms_md_tensor_ignored(&one, name))
+            for (int q = 0; q < s->m->n_ignores; q++)
+                if (glob_match(s->m->ignores[q], name))
                     err(s, s->m->ignore_exprs[q]->loc,
                         "ignore pattern \"%s\" matches \"%s\" of weight '%s%s%s', which the model "
                         "loads", s->m->ignores[q], w->names[k], w->group != NULL ? w->group->name : "",
                         w->group != NULL ? "." : "", w->name);
-            }
         }
     }
 }
