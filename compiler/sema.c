@@ -914,8 +914,9 @@ static ms_weight *make_tensor(sema *s, const ms_ast_weight *aw, ms_group *g) {
 
 /*
  * Whether checkpoint name `name` matches an ignore pattern: `*` matches any run of characters
- * (dots included), everything else itself. The runtime's ms_md_tensor_ignored matches the same
- * way. Iterative with one backtrack point, so linear-ish in practice and never recursive.
+ * (dots included), everything else itself: the rule of the runtime's ms_md_tensor_ignored
+ * (model_desc.c), repeated here because the front end links without the runtime's config code
+ * (fuzz_dsl). Iterative, backtracking only to the last '*'.
  */
 static bool glob_match(const char *pat, const char *name) {
     const char *star = NULL, *retry = NULL;
