@@ -350,6 +350,19 @@ static const char *cexpr(gen *g, const ms_ast_expr *e) {
     }
     case MS_EXPR_COND:
         return S("(%s ? %s : %s)", cexpr(g, e->cond), cexpr(g, e->lhs), cexpr(g, e->rhs));
+    case MS_EXPR_LIST: {
+        /* an int[] value: a compound literal of model_desc.h's ms_md_int_list */
+        ms_strbuf *b = sb_get(g);
+        for (int i = 0; i < e->args.n; i++)
+            ms_strbuf_printf(b, "%s%s", i ? ", " : "",
+                             cexpr(g, ((const ms_ast_arg *)e->args.items[i])->value));
+        if (b->oom)
+            ms_arena_oom(&g->a);
+        const char *r = e->args.n > 0 ? S("((ms_md_int_list){.n = %d, .v = {%s}})", e->args.n, b->data)
+                                      : "((ms_md_int_list){.n = 0})";
+        sb_put(g, b);
+        return r;
+    }
     default:
         fail_at(g, e->loc, "cannot lower '%s' as a config value", src_text(g, e));
     }
@@ -394,6 +407,7 @@ static const char *ctype_of(ms_type t) {
     case MS_TYPE_INT: return "int64_t";
     case MS_TYPE_FLOAT: return "double";
     case MS_TYPE_BOOL: return "bool";
+    case MS_TYPE_LIST: return "ms_md_int_list";
     default: return "const char *";
     }
 }
@@ -403,6 +417,7 @@ static const char *cfg_fn(ms_type t) {
     case MS_TYPE_INT: return "ms_md_cfg_int";
     case MS_TYPE_FLOAT: return "ms_md_cfg_float";
     case MS_TYPE_BOOL: return "ms_md_cfg_bool";
+    case MS_TYPE_LIST: return "ms_md_cfg_int_list";
     default: return "ms_md_cfg_string";
     }
 }
@@ -514,6 +529,27 @@ static const ms_ast_expr *res_arg(const ms_resource *r, const char *key) {
 
 static const ms_ast_expr *find_call_stmts(const ms_ptr_vec *body, const char *fn);
 
+static void arg_leaves(const ms_ast_expr *e, const ms_ast_expr **out, int *n, int cap);
+
+/* The rope resource's `sections` argument as an ms_md_int_list C expression (none: n = 0, plain
+ * RoPE), or NULL when the model declares no sections. */
+static const char *sections_expr(gen *g, const ms_ast_expr *e) {
+    if (e == NULL)
+        return NULL;
+    if (e->kind == MS_EXPR_NONE)
+        return "((ms_md_int_list){.n = 0})";
+    if (e->kind == MS_EXPR_COND)
+        return S("(%s ? %s : %s)", cexpr(g, e->cond), sections_expr(g, e->lhs),
+                 sections_expr(g, e->rhs));
+    return cexpr(g, e);
+}
+
+/* The rope resource's rotary width as C text (rotary_dim, else its head_dim, else the pool's). */
+static const char *rotary_dim_expr(gen *g) {
+    const ms_ast_expr *rd = res_arg(g->pos, "rotary_dim"), *rhd = res_arg(g->pos, "head_dim");
+    return cexpr(g, rd != NULL ? rd : rhd != NULL ? rhd : res_arg(g->kv, "head_dim"));
+}
+
 static void emit_config_load(gen *g) {
     const ms_model *m = g->m;
     E("static ms_status %s_config_load(const ms_hf_config *hf, void *out, ms_error *err) {",
@@ -603,6 +639,26 @@ static void emit_config_load(gen *g) {
         E("MS_TRY(ms_md_cfg_check(hf, %s > 0 && %s %% 2 == 0, err,", h, h);
         E("                       \"%s (%%lld) must be positive and even\", "
           "(long long)(%s)));", src_text(g, hd), h);
+    }
+    /* M-RoPE sections: 1..4 of them covering the rotary pairs (the kernels check it per call,
+     * without naming config.json) */
+    const char *sec = g->pos != NULL ? sections_expr(g, res_arg(g->pos, "sections")) : NULL;
+    if (sec != NULL) {
+        /* messages name the parameter the sections come from (mrope_section) */
+        const ms_ast_expr *leaves[8];
+        int nl = 0;
+        arg_leaves(res_arg(g->pos, "sections"), leaves, &nl, 8);
+        const char *what = "sections";
+        for (int i = nl - 1; i >= 0; i--)
+            if (leaves[i] != NULL && leaves[i]->kind == MS_EXPR_NAME)
+                what = leaves[i]->text;
+        E("{");
+        g->cg.indent++;
+        E("const ms_md_int_list sec = %s;", bare(g, sec));
+        E("MS_TRY(ms_md_cfg_check_sections(hf, %s, sec, %s, err));", c_string(g, what),
+          bare(g, rotary_dim_expr(g)));
+        g->cg.indent--;
+        E("}");
     }
     /* values the kernels would refuse later without naming config.json ("rope: theta 0 must be a
      * positive number"): RoPE's theta and the RMSNorm epsilon */
@@ -808,6 +864,18 @@ static void emit_facts(gen *g) {
         E("out->rope.rotary_dim = (int32_t)%s;", rd != NULL ? cexpr(g, rd) : rh);
         E("out->rope.theta = %s;", bare(g, cexpr(g, res_arg(g->pos, "theta"))));
         emit_scaling(g, res_arg(g->pos, "scaling"));
+        const char *sec = sections_expr(g, res_arg(g->pos, "sections"));
+        if (sec != NULL) {
+            /* M-RoPE: rotary pairs per position stream (checked in config_load) */
+            E("{");
+            g->cg.indent++;
+            E("const ms_md_int_list sec = %s;", bare(g, sec));
+            E("out->rope.n_sections = sec.n;");
+            E("for (int32_t k = 0; k < sec.n && k < MS_ROPE_MAX_SECTIONS; k++)");
+            E("    out->rope.sections[k] = (int32_t)sec.v[k];");
+            g->cg.indent--;
+            E("}");
+        }
     }
     E("out->window = %s;", bare(g, int_or_none(g, res_arg(g->attn, "window"))));
     const ms_ast_expr *ps = res_arg(g->kv, "page_size");
@@ -1117,6 +1185,20 @@ static void emit_weights(gen *g) {
     }
     g->cg.indent--;
     E("}");
+}
+
+/* The `ignore` patterns: checkpoint tensors present but not loaded (ms_md_tensor_ignored). */
+static void emit_ignored(gen *g) {
+    if (g->m->n_ignores == 0)
+        return;
+    ms_emit_blank(&g->cg);
+    E("/* checkpoint tensors present but unused (ignore): not loaded, not an error */");
+    E("static const char *const %s_ignored[] = {", g->mn);
+    g->cg.indent++;
+    for (int i = 0; i < g->m->n_ignores; i++)
+        E("%s,", c_string(g, g->m->ignores[i]));
+    g->cg.indent--;
+    E("};");
 }
 
 /* ---- resources and steps ---- */
@@ -2047,12 +2129,6 @@ static void find_node(gen *g) {
             fail_at(g, res->ast->loc, "the engine runs one %s per node", res->spec->ctor);
         *slotp = res;
     }
-    /* M-RoPE: the engine's positions are one sequential stream and its RoPE table has no
-       sections, so a model declaring them would run plain RoPE (and load the plain rope_kv) */
-    const ms_ast_expr *sec = res_arg(g->pos, "sections");
-    if (sec != NULL && sec->kind != MS_EXPR_NONE)
-        fail_at(g, sec->loc, "rope sections (M-RoPE) are not run by the engine yet (its positions "
-                "are one sequential stream)");
     if (g->kv == NULL || g->attn == NULL || g->sampler == NULL)
         fail_at(g, g->node->ast->loc, "node '%s' needs a kv_pool, an attention and a sampler",
                 g->node->name);
@@ -2159,6 +2235,7 @@ ms_status ms_codegen_model_c(const ms_model *m, const char *source, ms_strbuf *o
     E("/* ---- weights ---- */");
     ms_emit_blank(&g->cg);
     emit_weights(g);
+    emit_ignored(g);
     ms_emit_blank(&g->cg);
     E("/* ---- node %s: resources and steps ---- */", g->node->name);
     ms_emit_blank(&g->cg);
@@ -2221,6 +2298,10 @@ ms_status ms_codegen_model_c(const ms_model *m, const char *source, ms_strbuf *o
     if (n_ks > 0) {
         E(".kernels = %s_kernels,", m->name);
         E(".n_kernels = (int32_t)MS_ARRAY_LEN(%s_kernels),", m->name);
+    }
+    if (m->n_ignores > 0) {
+        E(".ignored = %s_ignored,", m->name);
+        E(".n_ignored = (int32_t)MS_ARRAY_LEN(%s_ignored),", m->name);
     }
     g->cg.indent--;
     E("};");
@@ -2420,6 +2501,12 @@ static int collect_kernels(gen *g, kvariant *ks, int cap) {
                     fail_at(g, sc[b]->loc, "kernels: no CUDA RoPE table for scaling '%s' (none, "
                             "llama3)", src_text(g, sc[b]));
             const ms_ast_expr *se = res_arg(g->pos, "style");
+            /* M-RoPE sections select the mrope rope_kv (backend_cuda.c: n_sections > 0); a
+               conditional `sections` needs both */
+            const ms_ast_expr *sl[8];
+            int nsl = 0;
+            arg_leaves(res_arg(g->pos, "sections"), sl, &nsl, 8);
+            const ms_ast_expr *sce = res_arg(g->pos, "sections");
             for (int a = 0; a < ns; a++) {
                 ms_kernel_rope rope = st[a] != NULL && strcmp(st[a]->text, "interleaved") == 0
                                           ? MS_KERNEL_ROPE_INTERLEAVED
@@ -2427,8 +2514,19 @@ static int collect_kernels(gen *g, kvariant *ks, int cap) {
                 const char *when = se != NULL && se->kind == MS_EXPR_COND
                                        ? (a == 0 ? src_text(g, se->cond) : S("not (%s)", src_text(g, se->cond)))
                                        : NULL;
-                kadd(g, ks, &n, cap,
-                     ms_kernel_spec_rope_kv(dt, hd, ps, rope, MS_KERNEL_ROPE_SCALING_NONE), when);
+                for (int b = 0; b < nsl; b++) {
+                    bool mrope = sl[b] != NULL && sl[b]->kind != MS_EXPR_NONE;
+                    const char *w = when;
+                    if (sce != NULL && sce->kind == MS_EXPR_COND) {
+                        const char *c = mrope ? src_text(g, sce->cond)
+                                              : S("not (%s)", src_text(g, sce->cond));
+                        w = w != NULL ? S("%s and %s", w, c) : c;
+                    }
+                    kadd(g, ks, &n, cap,
+                         mrope ? ms_kernel_spec_rope_kv_mrope(dt, hd, ps, rope)
+                               : ms_kernel_spec_rope_kv(dt, hd, ps, rope, MS_KERNEL_ROPE_SCALING_NONE),
+                         w);
+                }
             }
             break;
         }

@@ -334,6 +334,13 @@ ms_status ms_model_dump(const ms_model *m, ms_strbuf *out) {
                 dump_tensor(d, w);
                 continue;
             }
+            if (w->kind == MS_AST_WEIGHT_IGNORE) {
+                line_start(d);
+                ms_strbuf_puts(d->b, "ignore ");
+                exprs(d, &w->names);
+                ms_strbuf_puts(d->b, ";  # present in the checkpoint, not loaded\n");
+                continue;
+            }
             line_start(d);
             ms_strbuf_printf(d->b, "%s[%s < ", w->name.name, w->index.name);
             ms_expr_print(d->b, w->count);

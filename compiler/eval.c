@@ -84,11 +84,31 @@ static ms_status from_json(evaluator *ev, const ms_param *p, const char *key, co
             return MS_OK;
         }
         break;
+    case MS_TYPE_LIST: {
+        /* an array of integers; a bare integer is a list of one (as the runtime reads it) */
+        if (!json_is_array(j) && !json_is_integer(j))
+            break;
+        size_t n = json_is_array(j) ? json_array_size(j) : 1;
+        if (n > MS_MD_MAX_LIST)
+            return MS_FAIL(ev->err, MS_ERR_FORMAT, "config.json: \"%s\" (parameter '%s') has %zu "
+                           "elements, at most %d", key, p->name, n, MS_MD_MAX_LIST);
+        for (size_t k = 0; k < n; k++) {
+            const json_t *e = json_is_array(j) ? json_array_get(j, k) : j;
+            if (!json_is_integer(e))
+                return MS_FAIL(ev->err, MS_ERR_FORMAT, "config.json: \"%s\"[%zu] (parameter '%s') "
+                               "should be an int, got %s", key, k, p->name, json_kind(e));
+            out->list[k] = (int64_t)json_integer_value(e);
+        }
+        out->type = MS_TYPE_LIST;
+        out->n = (int32_t)n;
+        return MS_OK;
+    }
     default:
         break;
     }
     return MS_FAIL(ev->err, MS_ERR_FORMAT, "config.json: \"%s\" (parameter '%s') should be %s %s, got %s", key,
-                   p->name, p->type == MS_TYPE_INT ? "an" : "a", ms_type_str(p->type), json_kind(j));
+                   p->name, p->type == MS_TYPE_INT || p->type == MS_TYPE_LIST ? "an" : "a",
+                   ms_type_str(p->type), json_kind(j));
 }
 
 static ms_status eval_param(evaluator *ev, const ms_param *p, int depth) {
@@ -261,6 +281,21 @@ static ms_status eval_expr(evaluator *ev, const ms_ast_expr *e, ms_value *out, i
         MS_TRY(eval_expr(ev, e->rhs, &b, depth + 1));
         return eval_binary(ev, e, &a, &b, out);
     }
+    case MS_EXPR_LIST:
+        if (e->args.n > MS_MD_MAX_LIST)
+            return MS_FAIL(ev->err, MS_ERR_FORMAT, "line %d: a list of more than %d elements",
+                           e->loc.first_line, MS_MD_MAX_LIST);
+        for (int k = 0; k < e->args.n; k++) {
+            ms_value v;
+            MS_TRY(eval_expr(ev, ((const ms_ast_arg *)e->args.items[k])->value, &v, depth + 1));
+            if (v.type != MS_TYPE_INT)
+                return MS_FAIL(ev->err, MS_ERR_FORMAT, "line %d: list element %d is not an int",
+                               e->loc.first_line, k);
+            out->list[k] = v.i;
+        }
+        out->type = MS_TYPE_LIST;
+        out->n = (int32_t)e->args.n;
+        return MS_OK;
     case MS_EXPR_COND: {
         ms_value c;
         MS_TRY(eval_expr(ev, e->cond, &c, depth + 1));

@@ -20,14 +20,17 @@
 #include <jansson.h>
 
 #include "model.h"
+#include "model_desc.h" /* MS_MD_MAX_LIST: the runtime's bound on int[] values */
 
 /* A config value. */
 typedef struct ms_value {
-    ms_type type;      /* INT, FLOAT, BOOL, STRING, or NONE (absent optional / `none`) */
+    ms_type type;      /* INT, FLOAT, BOOL, STRING, LIST (int[]), or NONE (absent optional / `none`) */
     int64_t i;         /* INT */
     double f;          /* FLOAT (also set for INT) */
     bool b;            /* BOOL */
     const char *s;     /* STRING (borrowed) */
+    int32_t n;         /* LIST: elements */
+    int64_t list[MS_MD_MAX_LIST]; /* LIST [n] */
 } ms_value;
 
 /*

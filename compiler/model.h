@@ -47,7 +47,7 @@ typedef enum ms_type {
     MS_TYPE_WORD,        /* an enum word (rotate_half, bf16, ...) */
     MS_TYPE_WINDOW,      /* window(W) */
     MS_TYPE_SCALING,     /* llama3(...) / linear(...) RoPE scaling */
-    MS_TYPE_LIST,        /* [a, b, ...] */
+    MS_TYPE_LIST,        /* [a, b, ...] of ints: list literals and `int[]` config parameters */
     MS_TYPE_TENSOR,      /* forward value with a shape (ms_ast_expr.dims) */
     MS_TYPE_TUPLE,       /* several values (pos.apply returns (q, k)) */
     MS_TYPE_LAYER,       /* loop variable over a weight group */
@@ -91,7 +91,7 @@ struct ms_ast_sym {
  * `sources` present in config.json; else dflt; else absent (only allowed when optional). */
 struct ms_param {
     const char *name;
-    ms_type type;                 /* INT, FLOAT, BOOL or STRING */
+    ms_type type;                 /* INT, FLOAT, BOOL, STRING or LIST (`int[]`) */
     bool optional;                /* may be absent; uses must be guarded with has(name) */
     bool derived;                 /* `let`: never read from config.json */
     const ms_ast_expr *dflt;      /* default / definition, or NULL */
@@ -307,6 +307,10 @@ typedef struct ms_model {
     int n_nodes;
     ms_walk **walks;              /* [n_walks] */
     int n_walks;
+    const char **ignores;         /* [n_ignores] `ignore` patterns of the weights blocks, in order:
+                                     checkpoint tensors present but not loaded ('*' = any run) */
+    const ms_ast_expr **ignore_exprs; /* [n_ignores] their STRING expressions (locations) */
+    int n_ignores;
     const ms_ast_model *ast;
 } ms_model;
 

@@ -19,6 +19,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "model_desc.h" /* MS_MD_MAX_LIST, MS_ROPE_MAX_SECTIONS: limits the runtime keeps */
 #include "print.h"
 #include "strmap.h"
 
@@ -95,7 +96,7 @@ const char *ms_type_str(ms_type t) {
     /* ORDER MS_TYPE */
     static const char *const names[MS_TYPE_COUNT] = {
         "unknown", "int", "float", "bool", "string", "none", "word", "window", "scaling",
-        "list", "tensor", "tuple", "layer", "resource",
+        "int[]", "tensor", "tuple", "layer", "resource",
     };
     return (unsigned)t < MS_TYPE_COUNT ? names[t] : "unknown";
 }
@@ -499,6 +500,8 @@ static void check_const_overflow(sema *s, const ms_ast_expr *e) {
     err(s, e->loc, "integer overflow: this constant does not fit in 64 bits");
 }
 
+static void cexpr_want(sema *s, ms_ast_expr *e, ms_type want, const char *what);
+
 static ms_type cexpr(sema *s, ms_ast_expr *e, cx_mode mode) {
     switch (e->kind) {
     case MS_EXPR_INT: return set_type(e, MS_TYPE_INT);
@@ -547,7 +550,9 @@ static ms_type cexpr(sema *s, ms_ast_expr *e, cx_mode mode) {
             return set_type(e, MS_TYPE_BOOL);
         case MS_OP_EQ:
         case MS_OP_NE:
-            if (unify(a, b) == MS_TYPE_COUNT)
+            if (a == MS_TYPE_LIST || b == MS_TYPE_LIST)
+                err(s, e->loc, "int[] values cannot be compared");
+            else if (unify(a, b) == MS_TYPE_COUNT)
                 err(s, e->loc, "cannot compare %s with %s", ms_type_str(a), ms_type_str(b));
             return set_type(e, MS_TYPE_BOOL);
         case MS_OP_LT: case MS_OP_LE: case MS_OP_GT: case MS_OP_GE:
@@ -586,10 +591,20 @@ static ms_type cexpr(sema *s, ms_ast_expr *e, cx_mode mode) {
         }
         return set_type(e, u);
     }
-    case MS_EXPR_MEMBER:
     case MS_EXPR_LIST:
+        /* an int[] value: [16, 24, 24], elements int expressions */
+        for (int i = 0; i < e->args.n; i++) {
+            ms_ast_arg *a = e->args.items[i];
+            if (a->name != NULL)
+                err(s, a->name_loc, "a list takes no named elements");
+            cexpr_want(s, a->value, MS_TYPE_INT, "a list element");
+        }
+        if (e->args.n > MS_MD_MAX_LIST)
+            err(s, e->loc, "a list holds at most %d elements, this one %d", MS_MD_MAX_LIST, e->args.n);
+        return set_type(e, MS_TYPE_LIST);
+    case MS_EXPR_MEMBER:
     default:
-        err(s, e->loc, "a config expression holds numbers, bools, strings and parameters only");
+        err(s, e->loc, "a config expression holds numbers, bools, strings, int lists and parameters only");
         return set_type(e, MS_TYPE_UNKNOWN);
     }
 }
@@ -599,7 +614,8 @@ static void cexpr_want(sema *s, ms_ast_expr *e, ms_type want, const char *what) 
     ms_type t = cexpr(s, e, CX_CONFIG);
     if (t == MS_TYPE_UNKNOWN || t == want || (want == MS_TYPE_FLOAT && t == MS_TYPE_INT))
         return;
-    err(s, e->loc, "%s must be %s %s, got %s", what, want == MS_TYPE_INT ? "an" : "a", ms_type_str(want),
+    err(s, e->loc, "%s must be %s %s, got %s", what,
+        want == MS_TYPE_INT || want == MS_TYPE_LIST ? "an" : "a", ms_type_str(want),
         ms_type_str(t));
 }
 
@@ -780,6 +796,8 @@ static bool type_from_name(const char *n, ms_type *t) {
         *t = MS_TYPE_BOOL;
     else if (strcmp(n, "string") == 0)
         *t = MS_TYPE_STRING;
+    else if (strcmp(n, "int[]") == 0)
+        *t = MS_TYPE_LIST;
     else
         return false;
     return true;
@@ -939,7 +957,7 @@ static void check_config(sema *s) {
         p->sym.name = p->name;
         p->sym.param = p;
         if (!type_from_name(ap->type.name, &p->type)) {
-            err(s, ap->type.loc, "unknown type '%s' (int, float, bool or string)", ap->type.name);
+            err(s, ap->type.loc, "unknown type '%s' (int, float, bool, string or int[])", ap->type.name);
             p->type = MS_TYPE_UNKNOWN;
         }
         if (ap->sources.n > 0) {
@@ -1059,6 +1077,98 @@ static ms_weight *make_tensor(sema *s, const ms_ast_weight *aw, ms_group *g) {
     return w;
 }
 
+/*
+ * Whether checkpoint name `name` matches an ignore pattern: `*` matches any run of characters
+ * (dots included), everything else itself: the rule of the runtime's ms_md_tensor_ignored
+ * (model_desc.c), repeated here because the front end links without the runtime's config code
+ * (fuzz_dsl). Iterative, backtracking only to the last '*'.
+ */
+static bool glob_match(const char *pat, const char *name) {
+    const char *star = NULL, *retry = NULL;
+    while (*name != '\0') {
+        if (*pat == '*') {
+            star = pat++;
+            retry = name;
+        } else if (*pat == *name) {
+            pat++;
+            name++;
+        } else if (star != NULL) {
+            pat = star + 1;
+            name = ++retry;
+        } else {
+            return false;
+        }
+    }
+    while (*pat == '*')
+        pat++;
+    return *pat == '\0';
+}
+
+/* `ignore "p", ...;`: checkpoint tensors that are present but unused (a vision tower). */
+static void add_ignores(sema *s, const ms_ast_weight *aw) {
+    int cap = s->m->n_ignores + aw->names.n;
+    const char **next = NEWN(s, const char *, cap);
+    const ms_ast_expr **locs = NEWN(s, const ms_ast_expr *, cap);
+    for (int i = 0; i < s->m->n_ignores; i++) {
+        next[i] = s->m->ignores[i];
+        locs[i] = s->m->ignore_exprs[i];
+    }
+    s->m->ignores = next;
+    s->m->ignore_exprs = locs;
+    for (int k = 0; k < aw->names.n; k++) {
+        const ms_ast_expr *str = aw->names.items[k];
+        const char *t = str->text;
+        if (t[0] == '\0' || strcmp(t, "*") == 0) {
+            err(s, str->loc, "ignore pattern \"%s\" would hide every tensor of the checkpoint; name a "
+                "prefix like \"visual.*\"", t);
+            continue;
+        }
+        if (strchr(t, '{') != NULL || strchr(t, '}') != NULL) {
+            err(s, str->loc, "ignore pattern \"%s\" has '{' or '}': patterns take '*' (any run of "
+                "characters), not name templates", t);
+            continue;
+        }
+        bool dup = false;
+        for (int i = 0; i < s->m->n_ignores && !dup; i++)
+            if (strcmp(s->m->ignores[i], t) == 0) {
+                err(s, str->loc, "ignore pattern \"%s\" is given twice (first at line %d)", t,
+                    s->m->ignore_exprs[i]->loc.first_line);
+                dup = true;
+            }
+        if (dup)
+            continue;
+        s->m->ignore_exprs[s->m->n_ignores] = str;
+        s->m->ignores[s->m->n_ignores++] = t;
+    }
+}
+
+/* An ignore pattern must not match a tensor the model loads: the checkpoint would then be
+ * checked less than the model claims. Templates are matched with {i} as layer 0. */
+static void check_ignores(sema *s) {
+    if (s->m->n_ignores == 0)
+        return;
+    for (int i = 0; i < s->m->n_weights; i++) {
+        const ms_weight *w = s->m->weights[i];
+        for (int k = 0; k < w->n_names; k++) {
+            char name[1024]; /* checkpoint names are far shorter; a longer one is cut */
+            size_t at = 0;
+            for (const char *p = w->names[k]; *p != '\0' && at + 1 < sizeof name; p++) {
+                const char *end = *p == '{' ? strchr(p, '}') : NULL;
+                name[at++] = end != NULL ? '0' : *p;
+                if (end != NULL)
+                    p = end;
+            }
+            name[at] = '\0';
+            for (int q = 0; q < s->m->n_ignores; q++)
+                if (glob_match(s->m->ignores[q], name))
+                    err(s, s->m->ignore_exprs[q]->loc,
+                        "ignore pattern \"%s\" matches \"%s\" of weight '%s%s%s', which the model "
+                        "loads", s->m->ignores[q], w->names[k], w->group != NULL ? w->group->name : "",
+                        w->group != NULL ? "." : "", w->name);
+        }
+    }
+}
+
 static void check_weights(sema *s) {
     const ms_ast_model *ast = s->m->ast;
     int total = 0;
@@ -1070,6 +1180,10 @@ static void check_weights(sema *s) {
     s->m->groups = NEWN(s, ms_group *, ast->weights.n);
     for (int i = 0; i < ast->weights.n; i++) {
         const ms_ast_weight *aw = ast->weights.items[i];
+        if (aw->kind == MS_AST_WEIGHT_IGNORE) {
+            add_ignores(s, aw);
+            continue;
+        }
         const char *name = aw->name.name;
         const ms_weight *pw = find_top_weight(s, name);
         const ms_group *pg = find_group(s, name);
@@ -1098,6 +1212,11 @@ static void check_weights(sema *s) {
         ms_strmap_put(&s->groups, g->name, g);
         for (int k = 0; k < aw->members.n; k++) {
             const ms_ast_weight *am = aw->members.items[k];
+            if (am->kind == MS_AST_WEIGHT_IGNORE) {
+                err(s, am->loc, "'ignore' belongs in the weights block, not in group '%s' (patterns "
+                    "match whole checkpoint names)", name);
+                continue;
+            }
             if (am->kind == MS_AST_WEIGHT_GROUP) {
                 err(s, am->name.loc, "weight groups cannot be nested ('%s' inside '%s')", am->name.name, name);
                 continue;
@@ -1166,6 +1285,7 @@ static void check_weights(sema *s) {
         if (w->tie_cond != NULL)
             cexpr_want(s, (ms_ast_expr *)w->tie_cond, MS_TYPE_BOOL, "a tie condition");
     }
+    check_ignores(s);
 }
 
 /* ---- 3a. resources ---- */
@@ -1287,10 +1407,17 @@ static void check_arg(sema *s, const ms_res_spec *spec, const ms_res_key *key, m
         break;
     }
     case MS_ARG_INT_LIST:
-        if (e->kind != MS_EXPR_LIST || e->args.n == 0) {
-            err(s, e->loc, "%s must be a list of ints like [16, 24, 24]", what);
+        if (e->kind == MS_EXPR_NAME && find_param(s, e->text) != NULL) {
+            /* an int[] config parameter (mrope_section: int[] from "rope_parameters....") */
+            cexpr_want(s, e, MS_TYPE_LIST, what);
             break;
         }
+        if (e->kind != MS_EXPR_LIST || e->args.n == 0) {
+            err(s, e->loc, "%s must be a list of ints like [16, 24, 24] or an int[] parameter", what);
+            break;
+        }
+        if (strcmp(key->name, "sections") == 0 && e->args.n > MS_ROPE_MAX_SECTIONS)
+            err(s, e->loc, "%s has %d sections, at most %d", what, e->args.n, MS_ROPE_MAX_SECTIONS);
         e->type = MS_TYPE_LIST;
         for (int i = 0; i < e->args.n; i++) {
             ms_ast_arg *a = e->args.items[i];

@@ -155,6 +155,14 @@ ms_ast_ident *ms_ast_ident_new(ms_parse_ctx *ctx, ms_loc loc, const char *name) 
     return i;
 }
 
+ms_ast_ident *ms_ast_list_type(ms_parse_ctx *ctx, ms_loc loc, ms_ast_ident *elem) {
+    size_t n = strlen(elem->name);
+    char *name = ms_arena_alloc(ctx->arena, n + 3);
+    memcpy(name, elem->name, n);
+    memcpy(name + n, "[]", 3);
+    return ms_ast_ident_new(ctx, loc, name);
+}
+
 /* ---- lists ---- */
 
 ms_ptr_vec *ms_ast_vec(ms_parse_ctx *ctx) { return NEW(ctx, ms_ptr_vec); }
@@ -239,6 +247,14 @@ ms_ast_weight *ms_ast_weight_tensor(ms_parse_ctx *ctx, ms_loc loc, ms_ast_ident 
     w->name = *name;
     w->names = *names;
     w->shape = *shape;
+    return w;
+}
+
+ms_ast_weight *ms_ast_weight_ignore(ms_parse_ctx *ctx, ms_loc loc, ms_ptr_vec *patterns) {
+    ms_ast_weight *w = NEW(ctx, ms_ast_weight);
+    w->kind = MS_AST_WEIGHT_IGNORE;
+    w->loc = loc;
+    w->names = *patterns;
     return w;
 }
 

@@ -120,16 +120,19 @@ typedef struct ms_ast_param {
 typedef enum ms_ast_weight_kind {
     MS_AST_WEIGHT_TENSOR = 0,  /* one checkpoint tensor */
     MS_AST_WEIGHT_GROUP,       /* per-layer group: name[index < count] { tensors } */
+    MS_AST_WEIGHT_IGNORE,      /* ignore "pattern", ...: checkpoint tensors present but unused */
     MS_AST_WEIGHT_KIND_COUNT
 } ms_ast_weight_kind;
 
-/* `name = "ckpt.name" | "alt.name" [d0, d1] [or other [if cond]] [optional];` or a group. */
+/* `name = "ckpt.name" | "alt.name" [d0, d1] [or other [if cond]] [optional];`, a group, or
+ * `ignore "visual.*", ...;` (IGNORE: no name; the patterns are in `names`). */
 typedef struct ms_ast_weight {
     ms_ast_weight_kind kind;
     ms_ast_ident name;
     ms_loc loc;
     /* TENSOR */
-    ms_ptr_vec names;      /* checkpoint name templates tried in order, ms_ast_expr* STRING */
+    ms_ptr_vec names;      /* checkpoint name templates tried in order, ms_ast_expr* STRING
+                              (IGNORE: the patterns, `*` matching any run of characters) */
     ms_ptr_vec shape;      /* dimensions, ms_ast_expr* (int expressions over config) */
     ms_ast_ident tie;      /* `or other`: use weight `other` instead (name NULL when none) */
     ms_ast_expr *tie_cond; /* `if cond`: tie only when cond holds (NULL: when the tensor is missing) */
@@ -298,6 +301,8 @@ ms_ast_expr *ms_ast_cond(ms_parse_ctx *ctx, ms_loc loc, ms_ast_expr *c, ms_ast_e
 ms_ast_expr *ms_ast_list(ms_parse_ctx *ctx, ms_loc loc, ms_ptr_vec *items);
 ms_ast_arg *ms_ast_arg_new(ms_parse_ctx *ctx, ms_loc name_loc, const char *name, ms_ast_expr *v);
 ms_ast_ident *ms_ast_ident_new(ms_parse_ctx *ctx, ms_loc loc, const char *name);
+/* The list type `elem[]` of a config parameter: an identifier named "<elem>[]" at loc. */
+ms_ast_ident *ms_ast_list_type(ms_parse_ctx *ctx, ms_loc loc, ms_ast_ident *elem);
 
 /* An empty list / a list with one element / the list with `item` appended (returns `v`). */
 ms_ptr_vec *ms_ast_vec(ms_parse_ctx *ctx);
@@ -321,6 +326,8 @@ ms_ast_weight *ms_ast_weight_tensor(ms_parse_ctx *ctx, ms_loc loc, ms_ast_ident 
  * ms_ast_weight_tensor. NULL tie: none. */
 ms_ast_weight *ms_ast_weight_suffix(ms_parse_ctx *ctx, ms_ast_ident *tie, ms_ast_expr *tie_cond,
                                     bool optional);
+/* `ignore "pattern", ...;` in a weights block (loc: the keyword). */
+ms_ast_weight *ms_ast_weight_ignore(ms_parse_ctx *ctx, ms_loc loc, ms_ptr_vec *patterns);
 ms_ast_weight *ms_ast_weight_group(ms_parse_ctx *ctx, ms_loc loc, ms_ast_ident *name,
                                    ms_ast_ident *index, ms_ast_expr *count, ms_ptr_vec *members);
 

@@ -79,13 +79,13 @@ static void ms_dsl_yyerror(const ms_loc *loc, ms_parse_ctx *ctx, const char *msg
 %token T_CAPTURE "capture" T_FORWARD "forward" T_WALK "walk" T_FOR "for" T_IN "in"
 %token T_RETURN "return" T_LET "let" T_FROM "from" T_OR "or" T_IF "if"
 %token T_OPTIONAL "optional" T_THEN "then" T_LOOP "loop" T_UNTIL "until"
-%token T_TRUE "true" T_FALSE "false" T_NONE "none"
+%token T_TRUE "true" T_FALSE "false" T_NONE "none" T_IGNORE "ignore"
 %token T_ARROW "->" T_DOTDOT ".." T_PLUSEQ "+=" T_EQ "==" T_NE "!=" T_LE "<=" T_GE ">="
 %token T_ANDAND "&&" T_OROR "||"
 
 %type <expr> expr primary opt_default opt_tie_cond
 %type <arg> arg field
-%type <ident> ident opt_ident
+%type <ident> ident opt_ident type
 %type <vec> args opt_args exprs opt_sources strings config_items weight_items
 %type <vec> names idents opt_idents fields segments fparams opt_fparams stmts block
 %type <flag> opt_question opt_let opt_optional
@@ -141,8 +141,13 @@ config_items
     ;
 
 param
-    : opt_let ident ':' ident opt_question opt_default opt_sources ';'
+    : opt_let ident ':' type opt_question opt_default opt_sources ';'
                                     { $$ = ms_ast_param_new(ctx, @$, $1, $2, $4, $5, $6, $7); }
+    ;
+
+type
+    : ident                         { $$ = $1; }
+    | ident '[' ']'                 { $$ = ms_ast_list_type(ctx, @$, $1); }
     ;
 
 opt_let
@@ -175,6 +180,8 @@ strings
 weight_items
     : %empty                        { $$ = ms_ast_vec(ctx); }
     | weight_items weight           { $$ = ms_ast_vec_push(ctx, $1, $2); }
+    | weight_items T_IGNORE strings ';'
+                                    { $$ = ms_ast_vec_push(ctx, $1, ms_ast_weight_ignore(ctx, @2, $3)); }
     | weight_items error ';'        { $$ = $1; }
     ;
 

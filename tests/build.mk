@@ -20,6 +20,8 @@ TESTS += tests/test_checkpoint_bad
 TESTS += tests/test_llama_cpu_fixture
 TESTS += tests/test_llama2c
 TESTS += tests/test_positions
+TESTS += tests/test_position_ids
+TESTS += tests/test_model_desc
 TESTS += tests/test_step_runner
 TESTS += tests/test_graph_plan
 TSAN_TESTS += tests/test_graph_plan
@@ -54,6 +56,15 @@ $(BUILD)/gen/llama/llama_gen.c: models/llama.mstar $(BUILD)/mstarc
 	$(call quiet,GEN,$@)
 	$(Q)$(BUILD)/mstarc build models/llama.mstar -o $(BUILD)/gen/llama --emit-only >/dev/null
 TEST_SCRIPTS += tests/codegen.sh
+TESTS += tests/test_codegen_qwen2vl
+# the generated descriptor before the libraries (nothing else pulls in what its forward calls)
+$(BUILD)/tests/test_codegen_qwen2vl: $(BUILD)/obj/tests/test_codegen_qwen2vl.o $(BUILD)/obj/gen/qwen2vl/qwen2vl_gen.o $(BUILD)/libmstarc.a $(BUILD)/libmstar.a
+	$(call quiet,LD,$@)
+	@mkdir -p $(@D)
+	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(CMOCKA_LIBS) $(LDLIBS)
+$(BUILD)/gen/qwen2vl/qwen2vl_gen.c: models/qwen2vl.mstar $(BUILD)/mstarc
+	$(call quiet,GEN,$@)
+	$(Q)$(BUILD)/mstarc build models/qwen2vl.mstar -o $(BUILD)/gen/qwen2vl --emit-only >/dev/null
 ifeq ($(HAVE_CUDA),1)
 TESTS += tests/test_codegen_kernels
 endif

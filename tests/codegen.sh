@@ -10,7 +10,9 @@
 #     exactly and the same greedy ids as the hand-written descriptor (build/llama-ref) on
 #     hf/llama_gqa;
 #   - errors: a failing C compiler is reported with its command and exit status, a construct the
-#     engine cannot run (M-RoPE sections included) names file:line:col, usage errors exit 2;
+#     engine cannot run names file:line:col, usage errors exit 2;
+#   - M-RoPE: models/qwen2vl.mstar lowers its int[] sections, the mrope kernel and its ignore
+#     patterns;
 #   - the generated descriptor lists its kernel instance stems (the golden files show them).
 # Prints "N passed, N failed" (read by scripts/run-tests.sh) and exits 1 on any failure.
 set -uo pipefail
@@ -200,12 +202,28 @@ sed -e '/max_position_embeddings: int/d' -e 's/min(window, max_position_embeddin
 if run "no context limit" 1 "$mstarc" build "$tmp/noctx.mstar" -o "$tmp/noctx" --emit-only; then
     if grep -q "max_position_embeddings" "$tmp/err"; then ok; else fail "no context limit: $(cat "$tmp/err")"; fi
 fi
-# M-RoPE sections: the engine's positions are one sequential stream, so a model declaring them is
-# refused at the sections argument (it used to build and run plain RoPE with plain rope_kv)
-sed -e 's/style = rotate_half);/style = rotate_half, sections = [16, 4, 4]);/' "$root/models/qwen3.mstar" >"$tmp/mrope.mstar"
-if grep -q 'sections = ' "$tmp/mrope.mstar" && run "M-RoPE sections" 1 "$mstarc" build "$tmp/mrope.mstar" -o "$tmp/mrope" --emit-only; then
-    if grep -Eq "mrope.mstar:[0-9]+:[0-9]+: rope sections \(M-RoPE\) are not run by the engine yet" "$tmp/err" &&
-        [ ! -e "$tmp/mrope/qwen3_gen.c" ] && [ ! -e "$tmp/mrope/kernels" ]; then ok; else fail "M-RoPE sections: $(cat "$tmp/err")"; fi
+# M-RoPE (models/qwen2vl.mstar): the int[] mrope_section is read from config.json and checked
+# against the rotary width, its sections reach the facts, the kernel list holds the mrope rope_kv
+# (and no plain one), and the vision tower's patterns are in the descriptor
+if run "qwen2vl M-RoPE" 0 "$mstarc" build models/qwen2vl.mstar -o "$tmp/q2vl" --emit-only; then
+    g=$tmp/q2vl/qwen2vl_gen.c
+    if grep -q 'ms_md_cfg_int_list(hf, src, 3, NULL, &c->mrope_section, NULL, err)' "$g" &&
+        grep -q 'ms_md_cfg_check_sections(hf, "mrope_section", sec, c->head_dim, err)' "$g" &&
+        grep -q 'out->rope.n_sections = sec.n;' "$g" && grep -q '"rope_kv_bf16_neox_mrope_af32",' "$g" &&
+        [ -e "$tmp/q2vl/kernels/rope_kv_bf16_neox_mrope_af32.cu" ] &&
+        [ ! -e "$tmp/q2vl/kernels/rope_kv_bf16_neox_af32.cu" ] &&
+        grep -q '"visual\.\*",' "$g" && grep -q '\.n_ignored = ' "$g"; then ok; else fail "qwen2vl M-RoPE: sections, kernels or ignore patterns missing from $g"; fi
+fi
+# the vision tower is declared present but unused: the qwen2vl binary loads the checkpoint and
+# generates (the unclaimed-tensor check skips visual.*), while a model without those patterns
+# (llama, which claims the text tensors) is still refused naming a vision tensor
+if [ -d "$fx/hf/qwen2vl_mrope" ] && run "build qwen2vl" 0 "$mstarc" build models/qwen2vl.mstar -o "$tmp/q2vlb"; then
+    if run "qwen2vl loads" 0 "$tmp/q2vlb/qwen2vl" generate --model "$fx/hf/qwen2vl_mrope" \
+        --prompt-ids 161,183,232,103 --max-new-tokens 2 --temperature 0 --tokenizer none; then ok; fi
+    if [ -x "$tmp/llama/llama" ] && run "llama refuses qwen2vl" 1 "$tmp/llama/llama" generate \
+        --model "$fx/hf/qwen2vl_mrope" --prompt-ids 1,2 --max-new-tokens 1 --tokenizer none; then
+        if grep -q "tensor 'visual\..*' is not a weight of model 'llama'" "$tmp/err"; then ok; else fail "llama on qwen2vl: $(cat "$tmp/err")"; fi
+    fi
 fi
 # a config parameter named like a C keyword or macro: refused with the way out (was a failing C
 # compile of 'c->while')

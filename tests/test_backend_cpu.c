@@ -394,7 +394,7 @@ static void test_rope_inv_freq_default_and_llama3(void **state) {
     (void)state;
     ms_error err = {0};
     float f[64], g[64];
-    ms_rope_config c = {MS_ROPE_ROTATE_HALF, 128, 0, 500000.0, MS_ROPE_SCALING_NONE, 0, 0, 0, 0};
+    ms_rope_config c = {MS_ROPE_ROTATE_HALF, 128, 0, 500000.0, MS_ROPE_SCALING_NONE, 0, 0, 0, 0, 0, {0}};
     assert_int_equal(ms_rope_compute_inv_freq(&c, f, &err), MS_OK);
     assert_true(f[0] == 1.0f);
     for (int j = 0; j < 64; j++)
@@ -480,7 +480,7 @@ static void test_rope_styles_partial_and_position_zero(void **state) {
     float inv[16];
     for (int style = 0; style < MS_ROPE_STYLE_COUNT; style++) {
         for (int rot = d; rot >= d / 2; rot -= d / 2) {
-            ms_rope_config c = {(ms_rope_style)style, d, rot, 10000.0, MS_ROPE_SCALING_NONE, 0, 0, 0, 0};
+            ms_rope_config c = {(ms_rope_style)style, d, rot, 10000.0, MS_ROPE_SCALING_NONE, 0, 0, 0, 0, 0, {0}};
             assert_int_equal(ms_rope_compute_inv_freq(&c, inv, &err), MS_OK);
             /* q and k as views of one fused QKV buffer [n, (hq + 2 hkv) d] */
             int row = (hq + 2 * hkv) * d;
@@ -514,7 +514,7 @@ static void test_rope_styles_partial_and_position_zero(void **state) {
     ms_tensor tq = ms_tensor_3d(x, MS_DTYPE_F32, 1, 2, 32), tp0 = ms_tensor_1d(&p0, MS_DTYPE_I32, 1);
     ms_rope_table rt = {.style = MS_ROPE_ROTATE_HALF, .rotary_dim = 32, .inv_freq = inv,
                         .attention_scaling = 1.0f};
-    ms_rope_config c = {MS_ROPE_ROTATE_HALF, 32, 0, 10000.0, MS_ROPE_SCALING_NONE, 0, 0, 0, 0};
+    ms_rope_config c = {MS_ROPE_ROTATE_HALF, 32, 0, 10000.0, MS_ROPE_SCALING_NONE, 0, 0, 0, 0, 0, {0}};
     assert_int_equal(ms_rope_compute_inv_freq(&c, inv, &err), MS_OK);
     assert_int_equal(be.iface.rope(be.ctx, &tq, NULL, &tp0, &rt, &err), MS_OK);
     assert_memory_equal(x, x0, sizeof x);
@@ -546,7 +546,7 @@ static void test_mrope_sections(void **state) {
     ms_error err = {0};
     int n = 5, h = 3, d = 32;
     float inv[16];
-    ms_rope_config c = {MS_ROPE_ROTATE_HALF, d, 0, 10000.0, MS_ROPE_SCALING_NONE, 0, 0, 0, 0};
+    ms_rope_config c = {MS_ROPE_ROTATE_HALF, d, 0, 10000.0, MS_ROPE_SCALING_NONE, 0, 0, 0, 0, 0, {0}};
     assert_int_equal(ms_rope_compute_inv_freq(&c, inv, &err), MS_OK);
     /* Qwen2-VL: mrope_section [4, 6, 6] over 16 pairs; streams t, h, w (stream-major) */
     int32_t pos[3 * 5] = {0, 1, 2, 2, 9, /* t */ 0, 1, 2, 3, 9, /* h */ 0, 1, 3, 5, 9 /* w */};

@@ -344,7 +344,7 @@ static void test_rope_kv_attention(void **state) {
         ms_backend *be = which ? &g_gpu : &g_cpu;
         OK(be->iface.attn_batch_init(be->ctx, &lim, &batches[which], &err));
     }
-    ms_rope_config rc = {MS_ROPE_ROTATE_HALF, HD, 0, 10000.0, MS_ROPE_SCALING_NONE, 1, 1, 1, 1};
+    ms_rope_config rc = {MS_ROPE_ROTATE_HALF, HD, 0, 10000.0, MS_ROPE_SCALING_NONE, 1, 1, 1, 1, 0, {0}};
     float inv[HD / 2];
     assert_int_equal(ms_rope_compute_inv_freq(&rc, inv, &err), MS_OK);
     both rope_inv = both_alloc(sizeof inv, inv);

@@ -1,5 +1,5 @@
 /*
- * test_dsl_fixtures.c - models/llama.mstar and models/qwen3.mstar against real Hugging Face
+ * test_dsl_fixtures.c - models/llama.mstar, qwen3.mstar and qwen2vl.mstar against real Hugging Face
  * checkpoints (../shared/fixtures/hf): their config parameters evaluate from each config.json
  * (both the transformers 5 rope_parameters layout and the legacy top-level one), and their
  * weights name
@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "eval.h"
+#include "model_desc.h"
 #include "mstarc.h"
 
 #include "ms_test_impl.h"
@@ -25,6 +26,7 @@ typedef struct fixture {
     json_t *tensors;   /* safetensors header: name -> {dtype, shape, data_offsets} */
     ms_value *values;  /* [n_params] */
     const char *model; /* path of the model file */
+    int n_ignored;     /* checkpoint tensors matched by the model's `ignore` patterns */
 } fixture;
 
 static json_t *safetensors_header(const char *path) {
@@ -104,7 +106,7 @@ static void expand(char *out, size_t n, const char *tmpl, const char *var, int l
 
 /* Every weight present with its declared shape (or tied / optional), every tensor claimed.
  * Returns the number of tensors matched. */
-static int check_weights(const fixture *fx, int *n_tied, int *n_absent_optional) {
+static int check_weights(fixture *fx, int *n_tied, int *n_absent_optional) {
     json_t *claimed = json_object();
     int matched = 0;
     *n_tied = *n_absent_optional = 0;
@@ -153,8 +155,15 @@ static int check_weights(const fixture *fx, int *n_tied, int *n_absent_optional)
     }
     const char *key;
     json_t *val;
+    /* tensors the model declares present but unused (`ignore`), matched as the engine does */
+    const ms_model_desc ign = {.name = fx->m->name, .ignored = fx->m->ignores,
+                               .n_ignored = fx->m->n_ignores};
     json_object_foreach(fx->tensors, key, val) {
-        if (strcmp(key, "__metadata__") != 0 && json_object_get(claimed, key) == NULL)
+        if (strcmp(key, "__metadata__") == 0 || json_object_get(claimed, key) != NULL)
+            continue;
+        if (ms_md_tensor_ignored(&ign, key))
+            fx->n_ignored++;
+        else
             fail_msg("checkpoint tensor \"%s\" is not named by any weight of %s", key, fx->model);
     }
     json_decref(claimed);
@@ -253,6 +262,38 @@ static void test_qwen3(void **state) {
     fixture_free(&fx);
 }
 
+/* Qwen2-VL's text path: config under text_config, mrope_section read as an int[], q/k/v biases,
+ * and the vision tower (visual.*) present but unused. */
+static void test_qwen2vl(void **state) {
+    (void)state;
+    fixture fx;
+    fixture_load_model(&fx, "models/qwen2vl.mstar", "qwen2vl_mrope");
+    assert_int_equal(param(&fx, "hidden_size")->i, 128); /* text_config.hidden_size */
+    assert_int_equal(param(&fx, "head_dim")->i, 32);
+    assert_int_equal(param(&fx, "num_key_value_heads")->i, 2);
+    assert_int_equal(param(&fx, "max_position_embeddings")->i, 512);
+    assert_true(param(&fx, "rope_theta")->f == 10000.0);
+    const ms_value *sec = param(&fx, "mrope_section");
+    assert_int_equal(sec->type, MS_TYPE_LIST);
+    assert_int_equal(sec->n, 3);
+    assert_int_equal(sec->list[0], 4);
+    assert_int_equal(sec->list[1], 6);
+    assert_int_equal(sec->list[2], 6);
+    int tied, absent;
+    assert_int_equal(check_weights(&fx, &tied, &absent), 1 + 2 * 12 + 1 + 1);
+    assert_int_equal(tied, 0);
+    assert_int_equal(absent, 0);
+    assert_int_equal(fx.n_ignored, 19); /* visual.blocks.0.*, visual.merger.*, patch_embed */
+    /* the rope resource's sections evaluate to the config's list */
+    ms_value v;
+    ms_error err = {0};
+    const ms_node *n = fx.m->nodes[0];
+    assert_int_equal(ms_expr_eval(ms_resource_arg(n->resources[1], "sections"), fx.values, &v, &err), MS_OK);
+    assert_int_equal(v.type, MS_TYPE_LIST);
+    assert_int_equal(v.n, 3);
+    fixture_free(&fx);
+}
+
 static void test_eval_errors_name_the_parameter(void **state) {
     (void)state;
     ms_compile *c = NULL;
@@ -288,6 +329,7 @@ int main(void) {
         ms_unit_test(test_llama31_rope),
         ms_unit_test(test_llama31_rope_legacy_layout),
         ms_unit_test(test_qwen3),
+        ms_unit_test(test_qwen2vl),
         ms_unit_test(test_eval_errors_name_the_parameter),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

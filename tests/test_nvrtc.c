@@ -18,7 +18,8 @@
  * Precompiling (mstarc build --arch --config, the binary's `kernels` verb) rests on the text
  * mstarc compiles (the shape defines + the emitted DIR/kernels/<stem>.cu) having the runtime's
  * cache key: test_emitted_instances_share_the_runtime_cache_key checks it for every instance of
- * models/llama.mstar and models/qwen3.mstar at several shapes, without running NVRTC.
+ * models/llama.mstar, models/qwen3.mstar and models/qwen2vl.mstar (M-RoPE) at several shapes,
+ * without running NVRTC.
  */
 #include "ms_test.h"
 
@@ -662,10 +663,10 @@ static void test_key_ignores_comments_only(void **state) {
 /* The text mstarc compiles for an instance (shape defines + the emitted file) has the cache key
  * of the text the runtime compiles at load, for every instance models/llama.mstar emits. */
 /* Every file mstarc emits for `file` matches a runtime instance of one of the shapes (qk_norm:
- * the per-head norm variant), with the same cache key; returns the number of (shape, instance)
- * pairs checked. */
+ * the per-head norm variant; mrope: the M-RoPE RoPE + KV write), with the same cache key; returns
+ * the number of (shape, instance) pairs checked. */
 static int check_emitted_keys(const char *file, const ms_kernel_model_shape *shapes,
-                              size_t n_shapes, bool qk_norm) {
+                              size_t n_shapes, bool qk_norm, bool mrope) {
     ms_error err = {0};
     ms_compile *c = NULL;
     assert_int_equal(ms_compile_file(file, 0, &c, &err), MS_OK);
@@ -679,7 +680,7 @@ static int check_emitted_keys(const char *file, const ms_kernel_model_shape *sha
     for (size_t k = 0; k < n_shapes; k++) {
         ms_kernel_spec sp[16];
         int n = 0;
-        assert_int_equal(ms_kernel_specs_for_decoder_variant(&shapes[k], qk_norm, false, sp, 16, &n,
+        assert_int_equal(ms_kernel_specs_for_decoder_variant(&shapes[k], qk_norm, mrope, sp, 16, &n,
                                                              &err),
                          MS_OK);
         for (int i = 0; i < n; i++) {
@@ -728,7 +729,8 @@ static void test_emitted_instances_share_the_runtime_cache_key(void **state) {
         {64, 8, 8, 32, MS_KERNEL_ROPE_INTERLEAVED, true, MS_KERNEL_DTYPE_BF16,
          MS_KERNEL_DTYPE_BF16},
     };
-    assert_int_equal(check_emitted_keys("models/llama.mstar", llama, MS_ARRAY_LEN(llama), false),
+    assert_int_equal(check_emitted_keys("models/llama.mstar", llama, MS_ARRAY_LEN(llama), false,
+                                        false),
                      30);
     /* the Qwen3 fixture (head_dim 48), Qwen3-8B, and one with its sliding window on: Llama's
        instances and the per-head norm, which mstarc emits as rmsnorm_heads_bf16_af32.cu
@@ -738,8 +740,19 @@ static void test_emitted_instances_share_the_runtime_cache_key(void **state) {
         {128, 32, 8, 16, MS_KERNEL_ROPE_NEOX, false, MS_KERNEL_DTYPE_BF16, MS_KERNEL_DTYPE_BF16},
         {128, 32, 8, 16, MS_KERNEL_ROPE_NEOX, true, MS_KERNEL_DTYPE_BF16, MS_KERNEL_DTYPE_BF16},
     };
-    assert_int_equal(check_emitted_keys("models/qwen3.mstar", qwen3, MS_ARRAY_LEN(qwen3), true),
+    assert_int_equal(check_emitted_keys("models/qwen3.mstar", qwen3, MS_ARRAY_LEN(qwen3), true,
+                                        false),
                      33);
+    /* the Qwen2-VL fixture (head_dim 32, mrope_section [4, 6, 6]), Qwen2-VL-7B, and one with its
+       sliding window on: Llama's instances with the M-RoPE rope_kv instead of the plain one */
+    const ms_kernel_model_shape qwen2vl[] = {
+        {32, 4, 2, 16, MS_KERNEL_ROPE_NEOX, false, MS_KERNEL_DTYPE_BF16, MS_KERNEL_DTYPE_BF16},
+        {128, 28, 4, 16, MS_KERNEL_ROPE_NEOX, false, MS_KERNEL_DTYPE_BF16, MS_KERNEL_DTYPE_BF16},
+        {128, 28, 4, 16, MS_KERNEL_ROPE_NEOX, true, MS_KERNEL_DTYPE_BF16, MS_KERNEL_DTYPE_BF16},
+    };
+    assert_int_equal(check_emitted_keys("models/qwen2vl.mstar", qwen2vl, MS_ARRAY_LEN(qwen2vl),
+                                        false, true),
+                     30);
 }
 
 /* Copy the file src to dst, appending extra. */

@@ -239,6 +239,11 @@ typedef enum ms_rope_scaling {
     MS_ROPE_SCALING_COUNT
 } ms_rope_scaling;
 
+/* Most M-RoPE position streams (the same value hf_config.h uses for mrope_section). */
+#ifndef MS_ROPE_MAX_SECTIONS
+#define MS_ROPE_MAX_SECTIONS 4
+#endif
+
 /* RoPE settings of a model, as read from its config. */
 typedef struct ms_rope_config {
     ms_rope_style style;
@@ -250,6 +255,10 @@ typedef struct ms_rope_config {
     double low_freq_factor;          /* llama3 */
     double high_freq_factor;         /* llama3 */
     double original_max_position;    /* llama3 original_max_position_embeddings */
+    int32_t n_sections;              /* M-RoPE (Qwen2-VL): position streams, 0 = one (plain RoPE);
+                                        frequencies stay the default ones */
+    int32_t sections[MS_ROPE_MAX_SECTIONS]; /* [n_sections] rotary pairs per stream (t, h, w),
+                                               summing to rotary_dim / 2 (ms_rope_table.sections) */
 } ms_rope_config;
 
 /*
@@ -273,11 +282,6 @@ struct ms_rope_params;
  */
 ms_status ms_rope_config_from_hf(const struct ms_rope_params *p, ms_rope_style style,
                                  int32_t head_dim, ms_rope_config *out, ms_error *err);
-
-/* Most M-RoPE position streams (the same value hf_config.h uses for mrope_section). */
-#ifndef MS_ROPE_MAX_SECTIONS
-#define MS_ROPE_MAX_SECTIONS 4
-#endif
 
 /*
  * RoPE table handed to the rope ops: style, rotary width and the inverse frequencies in backend

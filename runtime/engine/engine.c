@@ -632,7 +632,8 @@ static ms_status eng_check_unclaimed(ms_engine *e, ms_error *err) {
     }
     size_t n_extra = 0, first = 0;
     for (size_t i = 0; i < n && st == MS_OK; i++)
-        if (!claimed[i] && n_extra++ == 0)
+        if (!claimed[i] && !ms_md_tensor_ignored(d, ms_ckpt_tensor_at(e->ck, i)->name) &&
+            n_extra++ == 0)
             first = i;
     if (st == MS_OK && n_extra > 0) {
         const ms_st_tensor *t = ms_ckpt_tensor_at(e->ck, first);

@@ -1,6 +1,7 @@
 /*
  * model_desc.c - helpers that code generated against model_desc.h calls: typed config parameters
- * with sources, defaults and optional values; name template expansion.
+ * with sources, defaults and optional values (int lists included); name template expansion;
+ * the descriptor's ignore patterns (checkpoint tensors present but unused).
  *
  * Constraints: every failure is one line naming config.json and the field.
  */
@@ -83,6 +84,39 @@ ms_status ms_md_cfg_string(const ms_hf_config *hf, const char *const *sources, i
     return MS_OK;
 }
 
+ms_status ms_md_cfg_int_list(const ms_hf_config *hf, const char *const *sources, int n_sources,
+                             const ms_md_int_list *dflt, ms_md_int_list *out, bool *present,
+                             ms_error *err) {
+    MS_ASSERT(n_sources >= 1);
+    for (int i = 0; i < n_sources; i++) {
+        ms_cfg_value v;
+        MS_TRY(ms_hf_config_get(hf, sources[i], MS_CFG_INT_LIST, &v, err));
+        if (!v.present)
+            continue;
+        int64_t vals[MS_MD_MAX_LIST];
+        size_t n = 0;
+        MS_TRY(ms_hf_config_get_int_list(hf, sources[i], true, vals, MS_MD_MAX_LIST, &n, err));
+        for (size_t k = 0; k < n; k++)
+            if (vals[k] < -2147483647 || vals[k] > 2147483647)
+                return MS_FAIL(err, MS_ERR_FORMAT, "%s: field '%s'[%zu] (%lld) is out of range (at "
+                               "most 2147483647 in magnitude)", ms_hf_config_path(hf), sources[i],
+                               k, (long long)vals[k]);
+        memset(out, 0, sizeof *out);
+        out->n = (int32_t)n;
+        memcpy(out->v, vals, n * sizeof vals[0]);
+        if (present != NULL)
+            *present = true;
+        return MS_OK;
+    }
+    if (dflt == NULL)
+        return cfg_absent(hf, sources, present, err);
+    MS_ASSERT(dflt->n >= 0 && dflt->n <= MS_MD_MAX_LIST);
+    *out = *dflt;
+    if (present != NULL)
+        *present = true;
+    return MS_OK;
+}
+
 ms_status ms_md_cfg_check(const ms_hf_config *hf, bool cond, ms_error *err, const char *fmt, ...) {
     if (cond)
         return MS_OK;
@@ -92,6 +126,31 @@ ms_status ms_md_cfg_check(const ms_hf_config *hf, bool cond, ms_error *err, cons
     vsnprintf(what, sizeof what, fmt, ap);
     va_end(ap);
     return MS_FAIL(err, MS_ERR_FORMAT, "%s: %s", ms_hf_config_path(hf), what);
+}
+
+ms_status ms_md_cfg_check_sections(const ms_hf_config *hf, const char *what, ms_md_int_list sec,
+                                   int64_t rotary_dim, ms_error *err) {
+    if (sec.n == 0)
+        return MS_OK;
+    char text[160];
+    size_t at = 0;
+    int64_t sum = 0;
+    bool negative = false;
+    for (int32_t k = 0; k < sec.n && k < MS_MD_MAX_LIST; k++) {
+        int w = snprintf(text + at, sizeof text - at, "%s%lld", k ? ", " : "[", (long long)sec.v[k]);
+        at = w > 0 && (size_t)w < sizeof text - at ? at + (size_t)w : at;
+        sum += sec.v[k];
+        negative = negative || sec.v[k] < 0;
+    }
+    snprintf(text + at, sizeof text - at, "]");
+    if (sec.n > MS_ROPE_MAX_SECTIONS || negative)
+        return MS_FAIL(err, MS_ERR_FORMAT, "%s: %s %s: M-RoPE takes 1 to %d non-negative sections",
+                       ms_hf_config_path(hf), what, text, MS_ROPE_MAX_SECTIONS);
+    if (sum * 2 != rotary_dim)
+        return MS_FAIL(err, MS_ERR_FORMAT, "%s: %s %s covers %lld rotary pairs, rotary_dim %lld "
+                       "has %lld", ms_hf_config_path(hf), what, text, (long long)sum,
+                       (long long)rotary_dim, (long long)(rotary_dim / 2));
+    return MS_OK;
 }
 
 /* ---- names and tables ---- */
@@ -118,6 +177,35 @@ ms_status ms_md_expand_name(const char *tmpl, int32_t layer, char *buf, size_t c
     }
     buf[n] = '\0';
     return MS_OK;
+}
+
+/* '*' matches any run of characters; iterative, backtracking only to the last '*'. */
+static bool glob_match(const char *pat, const char *name) {
+    const char *star = NULL, *retry = NULL;
+    while (*name != '\0') {
+        if (*pat == '*') {
+            star = pat++;
+            retry = name;
+        } else if (*pat == *name) {
+            pat++;
+            name++;
+        } else if (star != NULL) {
+            pat = star + 1;
+            name = ++retry;
+        } else {
+            return false;
+        }
+    }
+    while (*pat == '*')
+        pat++;
+    return *pat == '\0';
+}
+
+bool ms_md_tensor_ignored(const ms_model_desc *d, const char *name) {
+    for (int32_t i = 0; i < d->n_ignored; i++)
+        if (d->ignored[i] != NULL && glob_match(d->ignored[i], name))
+            return true;
+    return false;
 }
 
 int32_t ms_md_resource_index(const ms_model_desc *d, const char *key) {
@@ -255,6 +343,13 @@ ms_status ms_md_check_desc(const ms_model_desc *d, ms_error *err) {
         if (d->kernels[i] == NULL || d->kernels[i][0] == '\0')
             return MS_FAIL(err, MS_ERR_INVALID_ARG, "model %s: kernel instance %d has no stem",
                            name, (int)i);
+    if (d->n_ignored < 0 || (d->n_ignored > 0 && d->ignored == NULL))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "model %s: %d ignore patterns without a list",
+                       name, (int)d->n_ignored);
+    for (int32_t i = 0; i < d->n_ignored; i++)
+        if (d->ignored[i] == NULL || d->ignored[i][0] == '\0')
+            return MS_FAIL(err, MS_ERR_INVALID_ARG, "model %s: ignore pattern %d is empty", name,
+                           (int)i);
     return MS_OK;
 }
 

@@ -40,14 +40,16 @@
  *
  * Mapping from the checked model (compiler/model.h) to what a generator emits:
  *   - ms_param (declaration order): a field of the config struct (int64_t / double / bool /
- *     const char *; an optional `x: T?` adds `bool has_x`), read by one ms_md_cfg_<type> call
+ *     const char * / ms_md_int_list for `int[]`; an optional `x: T?` adds `bool has_x`), read by
+ *     one ms_md_cfg_<type> call (ms_md_cfg_int_list for `int[]`)
  *     with its `sources` (a static array) and its default (NULL when it has none; a default that
  *     is an expression over earlier params is evaluated into a local first); `let` params are
  *     computed after every read param; constraints that depend on config values go through
  *     ms_md_cfg_check.
  *   - resource arguments become `facts` assignments: kv_pool(layers, kv_heads, head_dim,
  *     page_size, dtype, retention = window(W)) -> n_layers, n_kv_heads, head_dim, page_size,
- *     kv_dtype, window; rope(theta, style, scaling = llama3(...)) -> rope.*; attention(q_heads,
+ *     kv_dtype, window; rope(theta, style, scaling = llama3(...), sections) -> rope.* (sections:
+ *     rope.n_sections / rope.sections, checked in config_load by ms_md_cfg_check_sections); attention(q_heads,
  *     window) -> n_q_heads, window; sampler(vocab) -> vocab. hidden comes from the embedding's
  *     width, max_context from the `max_position_embeddings` param.
  *   - ms_weight (with the lowering's fusion groups): one ms_md_weight row each, PART rows for
@@ -58,6 +60,8 @@
  *   - ms_step_decl: one ms_md_step per step (`prefill` spans len(tokens), `decode` spans 1).
  *   - the kernel instances of ms_codegen_kernels (DIR/kernels/<stem>.cu): a static array of their
  *     stems, `kernels` (none, NULL and 0, when the model's kernels are not expressible).
+ *   - `ignore "visual.*";` patterns of the weights blocks: a static array, `ignored` (none: NULL
+ *     and 0).
  *   - the forward's op list: one backend call per op on views of the workspace, whose layout
  *     (one slice per planned buffer, 64-byte aligned) is a static function of (max_tokens,
  *     max_seqs) shared by workspace_size and forward.
@@ -103,6 +107,27 @@ ms_status ms_md_cfg_float(const ms_hf_config *hf, const char *const *sources, in
                           const double *dflt, double *out, bool *present, ms_error *err);
 ms_status ms_md_cfg_bool(const ms_hf_config *hf, const char *const *sources, int n_sources,
                          const bool *dflt, bool *out, bool *present, ms_error *err);
+/* Most elements of an `int[]` config parameter (mrope_section has 3). */
+#define MS_MD_MAX_LIST 8
+
+/* The value of an `int[]` config parameter: a field of the generated config struct. */
+typedef struct ms_md_int_list {
+    int32_t n;                    /* elements, 0 .. MS_MD_MAX_LIST */
+    int64_t v[MS_MD_MAX_LIST];    /* [n], each within int32 */
+} ms_md_int_list;
+
+/*
+ * An `int[]` parameter (`mrope_section: int[] from "rope_parameters.mrope_section"`): the first
+ * present source, else *dflt, else absent / missing as for ms_md_cfg_int. The value must be a JSON
+ * array of integers (a bare integer counts as a list of one, as config.json's eos_token_id does):
+ * MS_ERR_FORMAT "<config.json>: field 'k' is a string, expected a list of integers" or
+ * "field 'k'[1] is a real number, expected an integer"; more than MS_MD_MAX_LIST elements is
+ * MS_ERR_LIMIT "field 'k' has 9 entries, at most 8 supported"; an element past int32 is
+ * MS_ERR_FORMAT naming it.
+ */
+ms_status ms_md_cfg_int_list(const ms_hf_config *hf, const char *const *sources, int n_sources,
+                             const ms_md_int_list *dflt, ms_md_int_list *out, bool *present,
+                             ms_error *err);
 /* Strings are borrowed from hf (valid while the config lives; the engine keeps it). */
 ms_status ms_md_cfg_string(const ms_hf_config *hf, const char *const *sources, int n_sources,
                            const char *dflt, const char **out, bool *present, ms_error *err);
@@ -114,6 +139,15 @@ ms_status ms_md_cfg_string(const ms_hf_config *hf, const char *const *sources, i
  */
 ms_status ms_md_cfg_check(const ms_hf_config *hf, bool cond, ms_error *err, const char *fmt, ...)
     MS_PRINTF(4, 5);
+
+/*
+ * Check a rope resource's M-RoPE sections (`what`: their source text, e.g. "mrope_section") for
+ * a rotary width of rotary_dim: none (n 0: plain RoPE) passes; otherwise 1..MS_ROPE_MAX_SECTIONS
+ * non-negative sections summing to rotary_dim / 2, else MS_ERR_FORMAT "<config.json>:
+ * mrope_section [4, 6, 5] covers 15 rotary pairs, rotary_dim 32 has 16".
+ */
+ms_status ms_md_cfg_check_sections(const ms_hf_config *hf, const char *what, ms_md_int_list sec,
+                                   int64_t rotary_dim, ms_error *err);
 
 /* ---- shape facts ---- */
 
@@ -129,7 +163,8 @@ typedef struct ms_md_facts {
     int32_t vocab;          /* logits per token */
     int32_t max_context;    /* positions the model was trained for (max_position_embeddings);
                                a sequence never holds more tokens than this */
-    ms_rope_config rope;    /* style (rotate-half / interleaved), theta, llama3 scaling */
+    ms_rope_config rope;    /* style (rotate-half / interleaved), theta, llama3 scaling,
+                               M-RoPE sections (n_sections 0: one position stream) */
     int32_t window;         /* sliding window in tokens (attention mask and KV retention); 0 none */
     int32_t page_size;      /* default KV page size (the kv_pool's page_size argument) */
     ms_dtype kv_dtype;      /* KV dtype the model asks for on a device backend (CPU uses f32) */
@@ -285,6 +320,10 @@ typedef struct ms_model_desc {
     const char *const *kernels;
     int32_t n_kernels;            /* 0: no CUDA instances (a model the templates cannot express, or
                                      a hand-written descriptor): the `kernels` verb refuses it */
+
+    /* checkpoint tensors present but unused (DSL `ignore "visual.*";` in weights) */
+    const char *const *ignored;   /* [n_ignored] patterns, '*' matching any run of characters */
+    int32_t n_ignored;            /* 0: every checkpoint tensor must be a declared weight */
 } ms_model_desc;
 
 /*
@@ -327,6 +366,14 @@ ms_status ms_md_check_shapes(const ms_model_desc *d, const void *config, ms_erro
  */
 ms_status ms_md_kernel_specs(const ms_model_desc *d, const ms_md_facts *facts, int32_t page_size,
                              ms_kernel_spec *out, int cap, int *n, ms_error *err);
+
+/*
+ * Whether checkpoint tensor `name` is one the model declares present but unused: it matches one
+ * of d->ignored, where '*' matches any run of characters (dots included) and every other
+ * character itself ("visual.*" matches "visual.blocks.0.attn.qkv.weight"). Such tensors are
+ * neither loaded nor an error; the engine's unclaimed-tensor check skips them.
+ */
+bool ms_md_tensor_ignored(const ms_model_desc *d, const char *name);
 
 /* Resource index of `key` in the descriptor's table, or -1. */
 int32_t ms_md_resource_index(const ms_model_desc *d, const char *key);
