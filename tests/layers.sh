@@ -47,6 +47,10 @@ for layer in "${!allowed[@]}"; do
     fi
     if [ $bad -eq 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); fi
 done
+# every source runtime/build.mk lists exists (a union merge of build.mk can bring back a moved path)
+for c in $(grep -o 'runtime/[A-Za-z0-9_/]*\.c' runtime/build.mk); do
+    [ -f "$c" ] || { echo "runtime/build.mk lists $c, which does not exist"; failed=$((failed + 1)); }
+done
 # no source left at the top of runtime/
 for f in runtime/*.[ch]; do
     [ -e "$f" ] && { echo "$f: runtime/ keeps sources in its layer folders"; failed=$((failed + 1)); }
