@@ -5,9 +5,10 @@
 #
 # Per target, under FUZZ_DIR (default build/fuzz): <target>/seeds (rewritten by tests/fuzz/seeds.sh
 # on every run), <target>/corpus (kept: later runs start from what earlier ones found),
-# <target>/crashes (reproducers) and <target>/log (libFuzzer's output). A crash, leak, UBSan report,
-# timeout (-timeout 10 s per input) or memory blow-up (-rss_limit_mb 2048) fails the target: its log
-# tail is printed with the reproducer's path and the command that replays it. Ends with one line
+# <target>/crashes (reproducers), <target>/log (libFuzzer's output) and <target>/tmp (the target's
+# scratch files, left behind by a crash). A crash, leak, UBSan report, timeout (-timeout 10 s per
+# input) or memory blow-up (-rss_limit_mb 2048) fails the target: its log tail is printed with the
+# reproducer's path and the command that replays it. Ends with one line
 # "N passed, N failed" (also appended to MS_SUMMARY when set, as scripts/run-tests.sh does); exit
 # status 1 when any target failed.
 set -uo pipefail
@@ -30,9 +31,9 @@ opts() {
 
 run_one() {
     local t=$1 d=$dir/$1
-    mkdir -p "$d/corpus" "$d/crashes"
+    mkdir -p "$d/corpus" "$d/crashes" "$d/tmp"
     # shellcheck disable=SC2046
-    "$dir/fuzz_$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+    TMPDIR=$d/tmp "$dir/fuzz_$t" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
         -artifact_prefix="$d/crashes/" $(opts "$t") "$d/corpus" "$d/seeds" >"$d/log" 2>&1
 }
 
