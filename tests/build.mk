@@ -88,3 +88,26 @@ gpu-test: gpu-kernels-cache
 .PHONY: gpu-kernels-cache
 gpu-kernels-cache: $(BUILD)/mstarc $(BUILD)/libmstar.a ; $(if $(HAVE_CUDA),$(Q)MS_BUILD=$(BUILD) bash tests/kernels_gpu.sh,@echo "gpu-kernels-cache: this build has no CUDA")
 TESTS += tests/test_cli
+# ---- libFuzzer targets: `make fuzz` builds build/fuzz/fuzz_<t> (tests/fuzz_<t>.c, clang,
+# ASan+UBSan) and runs each for FUZZ_SECONDS, FUZZ_JOBS at a time (tests/fuzz.sh; `make test` runs
+# them last). `make fuzz-<t>` runs one; FUZZ_TARGETS="a b" a few. fuzz_dsl's rule is in compiler/build.mk.
+FUZZ_TARGETS ?= dsl config tokenizer_hf safetensors llama2c
+FUZZ_JOBS ?= 2
+FUZZ_RUNTIME_SRCS := runtime/base.c runtime/hf_config.c runtime/llama2c.c runtime/backend.c runtime/safetensors.c \
+                     runtime/checkpoint.c runtime/tokenizer_hf.c runtime/tokenizer_hf_nfc.c runtime/tokenizer_llama2c.c
+FUZZ_OBJS := $(patsubst %.c,$(FUZZ_DIR)/obj/%.o,$(FUZZ_RUNTIME_SRCS))
+FUZZ_RUNTIME_BINS := $(FUZZ_DIR)/fuzz_config $(FUZZ_DIR)/fuzz_tokenizer_hf $(FUZZ_DIR)/fuzz_safetensors $(FUZZ_DIR)/fuzz_llama2c
+FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=address,undefined -fno-sanitize-recover=all -Iruntime $(PKG_CFLAGS)
+$(FUZZ_DIR)/obj/%.o: %.c
+	$(call quiet,CC,$@)
+	@mkdir -p $(@D)
+	$(Q)$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer-no-link -MMD -MP -c $< -o $@
+$(FUZZ_RUNTIME_BINS): $(FUZZ_DIR)/fuzz_%: tests/fuzz_%.c tests/fuzz_util.h $(FUZZ_OBJS)
+	$(call quiet,LD,$@)
+	$(Q)$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer -Itests $(WARN) -MMD -MP -o $@ $< $(FUZZ_OBJS) $(PKG_LIBS) -lm -pthread
+-include $(FUZZ_OBJS:.o=.d) $(FUZZ_RUNTIME_BINS:=.d)
+.PHONY: fuzz
+fuzz: $(patsubst %,$(FUZZ_DIR)/fuzz_%,$(FUZZ_TARGETS))
+	$(Q)FUZZ_DIR=$(FUZZ_DIR) FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_JOBS=$(FUZZ_JOBS) MS_SUMMARY=$(MS_SUMMARY) bash tests/fuzz.sh $(FUZZ_TARGETS)
+fuzz-%:
+	$(Q)$(MAKE) --no-print-directory fuzz FUZZ_TARGETS=$*

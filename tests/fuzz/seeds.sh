@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# seeds.sh OUTDIR TARGET... - write the seed inputs of the fuzz targets into OUTDIR/<target>/.
+#
+# Seeds are small valid examples: text files committed beside this script (tests/fuzz/<target>/),
+# binary ones generated here with printf (safetensors files, llama2.c checkpoints and tokenizers),
+# the DSL's models and golden cases, and, when the shared fixtures are present (MS_FIXTURES, else
+# ../shared/fixtures), their small files: every hf/*/config.json (+ generation_config.json) and the
+# llama2.c tokenizer tok512.bin. The large fixtures (weights, the real tokenizer.json files) are
+# not used: inputs are capped far below their size. Multi-file inputs join their parts with a NUL
+# byte, as the targets split them (tests/fuzz_util.h).
+set -euo pipefail
+out=$1
+shift
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/../.." && pwd)
+fix=${MS_FIXTURES:-$root/../shared/fixtures}
+
+# le32 N / le64 N: N as little-endian bytes
+le32() { local n=$1 i; for i in 0 1 2 3; do printf "\\x$(printf %02x $(((n >> (8 * i)) & 255)))"; done; }
+le64() { local n=$1 i; for i in 0 1 2 3 4 5 6 7; do printf "\\x$(printf %02x $(((n >> (8 * i)) & 255)))"; done; }
+# safetensors HEADER_JSON DATA_BYTES: a safetensors file with that header and DATA_BYTES bytes of 0x3f
+safetensors() { le64 ${#1}; printf '%s' "$1"; head -c "$2" /dev/zero | tr '\0' '\077'; }
+# llama2c_ckpt DIM HIDDEN LAYERS HEADS KV_HEADS VOCAB SEQ: header + zero weights of the right size
+llama2c_ckpt() {
+    local dim=$1 hid=$2 nl=$3 nh=$4 nkv=$5 voc=$6 seq=$7
+    local hs=$((dim / nh)) av=${6#-}
+    local n=$((av * dim + nl * dim + nl * dim * nh * hs + 2 * nl * dim * nkv * hs + nl * nh * hs * dim))
+    n=$((n + nl * dim + 3 * nl * dim * hid + dim + seq * hs))
+    [ "$voc" -lt 0 ] && n=$((n + av * dim))
+    for v in "$dim" "$hid" "$nl" "$nh" "$nkv" "$voc" "$seq"; do le32 $((v & 0xffffffff)); done
+    head -c $((4 * n)) /dev/zero
+}
+# tok_record SCORE_BITS STRING: one llama2.c tokenizer record
+tok_record() { le32 "$1"; le32 ${#2}; printf '%s' "$2"; }
+
+for t in "$@"; do
+    d=$out/$t
+    rm -rf "$d"
+    mkdir -p "$d"
+    case $t in
+    dsl)
+        cp "$root"/models/*.mstar "$d"/
+        "$root"/tests/dsl/split.sh "$d" "$root"/tests/dsl/*.test
+        rm -f "$d"/*.expected
+        ;;
+    config)
+        cp "$here"/config/*.json "$d"/
+        { cat "$here/config/llama31_rope_parameters.json"; printf '\0'; cat "$here/config/generation_config.json"; } \
+            >"$d/with_generation_config"
+        for c in "$fix"/hf/*/config.json; do
+            [ -f "$c" ] || continue
+            name=$(basename "$(dirname "$c")")
+            g=$(dirname "$c")/generation_config.json
+            if [ -f "$g" ]; then
+                { cat "$c"; printf '\0'; cat "$g"; } >"$d/fixture_$name"
+            else
+                cp "$c" "$d/fixture_$name"
+            fi
+        done
+        ;;
+    tokenizer_hf)
+        for j in gpt2_like llama3_like issue15_bare_vocab; do
+            { cat "$here/tokenizer_hf/$j.json"; printf '\0Hello world caf\xc3\xa9 <|im_start|>user tok 123\n'; } >"$d/$j"
+            { cat "$here/tokenizer_hf/$j.json"; printf '\0 the  world\t\xe3\x80\x80e\xcc\x81\0'
+              cat "$here/tokenizer_hf/tokenizer_config.json"; } >"$d/${j}_config"
+        done
+        ;;
+    safetensors)
+        cp "$here/safetensors/index.json" "$d/index.json"
+        safetensors '{"__metadata__":{"format":"pt"},"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"BF16","shape":[1,2],"data_offsets":[8,12]}}' 12 >"$d/f32_bf16.safetensors"
+        safetensors '{"i":{"dtype":"I32","shape":[3],"data_offsets":[0,12]},"l":{"dtype":"I64","shape":[],"data_offsets":[12,20]},"h":{"dtype":"F16","shape":[2,0],"data_offsets":[20,20]},"g":{"dtype":"F16","shape":[1],"data_offsets":[20,22]}}' 22 >"$d/int_f16_scalar.safetensors"
+        safetensors '{"model.embed_tokens.weight":{"dtype":"F32","shape":[4,2],"data_offsets":[0,32]},"model.norm.weight":{"dtype":"F32","shape":[2],"data_offsets":[32,40]}}   ' 40 >"$d/llama_names.safetensors"
+        ;;
+    llama2c)
+        llama2c_ckpt 4 4 1 2 1 3 2 >"$d/shared.bin"
+        llama2c_ckpt 4 6 2 2 2 -5 3 >"$d/unshared.bin"
+        { le32 6
+          tok_record 0 '<unk>'; tok_record 0 '<s>'; tok_record 0 '</s>'
+          for b in $(seq 0 2); do tok_record 0 "<0x0$b>"; done
+          tok_record 0 ' '; tok_record 0 'a'; tok_record 0 'b'; tok_record 1065353216 'ab'; tok_record 1073741824 ' a'
+        } >"$d/tokenizer.bin"
+        [ -f "$fix/llama2c/tok512.bin" ] && cp "$fix/llama2c/tok512.bin" "$d/tok512.bin"
+        ;;
+    *)
+        echo "seeds.sh: unknown target '$t'" >&2
+        exit 2
+        ;;
+    esac
+done
