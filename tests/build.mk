@@ -93,11 +93,14 @@ TESTS += tests/test_cli
 # them last). `make fuzz-<t>` runs one; FUZZ_TARGETS="a b" a few. fuzz_dsl's rule is in compiler/build.mk.
 FUZZ_TARGETS ?= dsl config tokenizer_hf safetensors llama2c
 FUZZ_JOBS ?= 2
-FUZZ_RUNTIME_SRCS := runtime/base.c runtime/hf_config.c runtime/llama2c.c runtime/backend.c runtime/safetensors.c \
-                     runtime/checkpoint.c runtime/tokenizer_hf.c runtime/tokenizer_hf_nfc.c runtime/tokenizer_llama2c.c
+FUZZ_RUNTIME_SRCS := runtime/core/base.c runtime/loaders/hf_config.c runtime/loaders/llama2c.c \
+                     runtime/backends/backend.c runtime/backends/tensor.c runtime/backends/rope.c \
+                     runtime/loaders/safetensors.c runtime/loaders/checkpoint.c \
+                     runtime/tokenizers/tokenizer_hf.c runtime/tokenizers/tokenizer_hf_nfc.c \
+                     runtime/tokenizers/tokenizer_llama2c.c
 FUZZ_OBJS := $(patsubst %.c,$(FUZZ_DIR)/obj/%.o,$(FUZZ_RUNTIME_SRCS))
 FUZZ_RUNTIME_BINS := $(FUZZ_DIR)/fuzz_config $(FUZZ_DIR)/fuzz_tokenizer_hf $(FUZZ_DIR)/fuzz_safetensors $(FUZZ_DIR)/fuzz_llama2c
-FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=address,undefined -fno-sanitize-recover=all -Iruntime $(PKG_CFLAGS)
+FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=address,undefined -fno-sanitize-recover=all $(RUNTIME_INC) $(PKG_CFLAGS)
 $(FUZZ_DIR)/obj/%.o: %.c
 	$(call quiet,CC,$@)
 	@mkdir -p $(@D)
