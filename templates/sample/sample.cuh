@@ -80,7 +80,9 @@ template <typename TL> __device__ __forceinline__ void sample(const ms_sample_pa
     const int r = blockIdx.x, vocab = p.vocab;
     const TL *row = static_cast<const TL *>(p.logits) + (long long)r * p.stride;
     const float temp = p.temperature[r];
-    if (!(temp > 0.f)) {
+    /* below 1e-5 (MS_SAMPLER_MIN_TEMPERATURE, sampler.h): greedy, as the CPU sampler; a denormal
+     * temp would make kLog2e / temp infinite and (l - mx) * sc NaN at the maximum */
+    if (!(temp >= 1e-5f)) {
         int id = block_argmax<TL>(row, vocab, s_val, s_idx);
         if (threadIdx.x == 0)
             p.ids[r] = id;
