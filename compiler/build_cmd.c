@@ -543,6 +543,20 @@ static int precompile_kernels(const ms_model *m, const char *outdir, char **name
 #endif
 }
 
+/* Flush stdout and check it for a write error: 0, or 1 with a message (as main.c's). */
+static int stdout_check(void) {
+    int before = errno; /* a failed implicit flush (a full buffer) left its reason here */
+    errno = 0;
+    int e = fflush(stdout) != 0 ? errno : 0;
+    if (e == 0 && !ferror(stdout))
+        return 0;
+    if (e == 0)
+        e = before;
+    fprintf(stderr, "mstarc: error: cannot write the output to stdout: %s\n",
+            e != 0 ? strerror(e) : "a write failed");
+    return 1;
+}
+
 int ms_mstarc_build_main(int argc, char **argv) {
     const char *file = NULL, *outdir = NULL;
     const char *cc = NULL, *cflags = NULL, *lib = NULL, *ldlibs = NULL;
@@ -568,7 +582,7 @@ int ms_mstarc_build_main(int argc, char **argv) {
             emit_only = true;
         } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
             build_usage(stdout);
-            return 0;
+            return stdout_check();
         } else if (a[0] == '-' && a[1] != '\0') {
             fprintf(stderr, "mstarc: error: unknown option '%s' for build\n", a);
             build_usage(stderr);
@@ -646,7 +660,7 @@ int ms_mstarc_build_main(int argc, char **argv) {
         goto done;
     if (emit_only) {
         printf("%s: wrote %s, %s\n", file, gen_path, main_path);
-        rc = 0;
+        rc = stdout_check();
         goto done;
     }
     ms_strbuf_printf(&cmd, "%s %s ", pick(cc, "MSTARC_CC", MS_BUILD_CC),
@@ -681,7 +695,7 @@ int ms_mstarc_build_main(int argc, char **argv) {
         goto done;
     }
     printf("%s: built %s (C in %s)\n", file, bin_path, gen_path);
-    rc = 0;
+    rc = stdout_check();
 done:
     for (int i = 0; i < n_knames; i++)
         ms_free(knames[i]);

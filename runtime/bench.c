@@ -524,7 +524,7 @@ int ms_cli_bench(int argc, char **argv, const ms_model_desc *desc, const char *p
     bench_opts o;
     int rc = parse_bench(argc, argv, &o);
     if (rc != 0)
-        return rc < 0 ? 0 : rc;
+        return rc < 0 ? ms_cli_stdout_check(b_prog) : rc;
 
     int32_t max_b = 1;
     int64_t max_dec_tok = 1, max_pre_tok = 1, seq_len = 1;
@@ -708,8 +708,8 @@ int ms_cli_bench(int argc, char **argv, const ms_model_desc *desc, const char *p
                    r->flops_tok / 1e9, lim, frac);
         }
     }
-    fflush(stdout);
-    if (o.json != NULL)
+    rc = ms_cli_stdout_check(b_prog);
+    if (rc == 0 && o.json != NULL)
         rc = write_json(&o, device, wbytes, gbps, peak, dec, pre);
 
 done:

@@ -305,6 +305,19 @@ static int cli_fail(const char *fmt, ...) {
     return 1;
 }
 
+int ms_cli_stdout_check(const char *prog) {
+    int before = errno; /* a failed implicit flush (a full buffer) left its reason here */
+    errno = 0;
+    int e = fflush(stdout) != 0 ? errno : 0;
+    if (e == 0 && !ferror(stdout))
+        return 0;
+    if (e == 0)
+        e = before;
+    fprintf(stderr, "%s: cannot write the output to stdout: %s\n", prog,
+            e != 0 ? strerror(e) : "a write failed");
+    return 1;
+}
+
 bool ms_cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out) {
     if (s == NULL || *s == '\0')
         return false;
@@ -799,7 +812,7 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
     cli_opts o;
     int rc = parse_generate(argc, argv, &o);
     if (rc != 0)
-        return rc < 0 ? 0 : rc;
+        return rc < 0 ? ms_cli_stdout_check(g_prog) : rc;
 
     ms_error err = {0};
     cli_tok tok = {0};
@@ -925,7 +938,10 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
             }
             if (stream) {
                 printer_begin(&pr, next + 1, &ps.v[next], echo);
-                fflush(stdout);
+                if (fflush(stdout) != 0 || ferror(stdout)) {
+                    rc = ms_cli_stdout_check(g_prog);
+                    goto done;
+                }
             }
             next++;
         }
@@ -946,7 +962,10 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
             ms_finish_reason why;
             MS_ASSERT(ms_engine_output(eng, rids[0], &out, &n_out, &why) == MS_OK);
             printer_feed(&pr, out, printable(&pr, n_out, why));
-            fflush(stdout);
+            if (fflush(stdout) != 0 || ferror(stdout)) { /* nothing left to write to: stop */
+                rc = ms_cli_stdout_check(g_prog);
+                goto done;
+            }
         }
     }
     double t1 = now_s();
@@ -967,7 +986,8 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
                     "model's context (%d tokens)\n",
                     g_prog, i + 1, (int)n_out, (int)efa->max_context);
     }
-    fflush(stdout);
+    if ((rc = ms_cli_stdout_check(g_prog)) != 0)
+        goto done;
     double secs = t1 - t0;
     double dec_secs = t1 - t_first;
     fprintf(stderr,
@@ -1004,7 +1024,7 @@ int ms_cli_main(int argc, char **argv, const ms_model_desc *desc) {
         return ms_cli_kernels(argc - 2, argv + 2, desc, g_prog);
     if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         usage(stdout);
-        return 0;
+        return ms_cli_stdout_check(g_prog);
     }
     usage(stderr);
     fprintf(stderr, "%s: unknown verb '%s' (this binary serves: generate, bench, kernels)\n",

@@ -76,6 +76,11 @@ int ms_cli_kernels(int argc, char **argv, const ms_model_desc *desc, const char 
 
 /* ---- helpers of the verbs (exposed for tests) ---- */
 
+/* Flush stdout and check it for a write error (a full disk, a closed pipe, /dev/full): 0 when
+ * everything written reached it, else 1 after printing "<prog>: cannot write the output to
+ * stdout: <reason>" on stderr. Every verb calls it before returning success. */
+int ms_cli_stdout_check(const char *prog);
+
 /* Parse a whole string as a decimal integer in [lo, hi] into *out; false (and *out untouched) for
  * NULL, empty, trailing characters, overflow or a value out of range. Shared by every verb. */
 bool ms_cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);

@@ -50,5 +50,30 @@ for t in 1e-45 1e-40 1e-39 1e-38 1e-6; do
     if [ -n "$greedy" ] && [ "$out" = "$greedy" ]; then ok "--temperature $t is greedy"; else bad "--temperature $t" "got '$out', greedy '$greedy'"; fi
 done
 
+# ---- 3. a failed write to stdout is an error, exit 1 ----
+# expect_write_error NAME CMD...: CMD > /dev/full exits 1 with "cannot write the output to stdout"
+expect_write_error() {
+    local name=$1
+    shift
+    "$@" >/dev/full 2>"$tmp/err"
+    local rc=$?
+    if [ $rc -eq 1 ] && grep -q "cannot write the output to stdout: No space left on device" "$tmp/err"; then
+        ok "$name > /dev/full: exit 1, says so"
+    else
+        bad "$name > /dev/full" "exit $rc" "$(head -c 300 "$tmp/err")"
+    fi
+}
+if [ -w /dev/full ]; then
+    printf '1,2\n3\n' >"$tmp/two"
+    expect_write_error "generate (streamed)" "$bin" generate --model "$gqa" --prompt-ids 1,2,3 --max-new-tokens 4
+    expect_write_error "generate (prompts file)" "$bin" generate --model "$gqa" --prompts-file "$tmp/two" --max-new-tokens 4
+    expect_write_error "generate --help" "$bin" generate --help
+    expect_write_error "mstarc dump" "$mstarc" dump models/llama.mstar
+    expect_write_error "mstarc check" "$mstarc" check models/llama.mstar
+    expect_write_error "mstarc build --emit-only" "$mstarc" build models/llama.mstar -o "$tmp/emit" --emit-only
+else
+    echo "skip /dev/full checks: no writable /dev/full"
+fi
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
