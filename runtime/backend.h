@@ -540,7 +540,8 @@ ms_status ms_attn_batch_check(const ms_attn_limits *limits, const ms_kv_plan *pl
 
 /* Settings of the CPU backend. */
 typedef struct ms_backend_cpu_options {
-    int32_t n_threads; /* worker threads incl. the caller; 0 = online CPUs (at most 64) */
+    int32_t n_threads; /* worker threads incl. the caller, <= MS_THREADPOOL_MAX_THREADS (256);
+                          0 = online CPUs (at most 64) */
 } ms_backend_cpu_options;
 
 /*

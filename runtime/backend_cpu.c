@@ -1274,8 +1274,9 @@ static void cpu_free(void *ctx) {
 ms_status ms_backend_cpu_init(ms_backend *out, const ms_backend_cpu_options *opt, ms_error *err) {
     memset(out, 0, sizeof *out);
     int32_t n = opt ? opt->n_threads : 0;
-    if (n < 0 || n > 256)
-        return MS_FAIL(err, MS_ERR_INVALID_ARG, "cpu backend: n_threads %d outside [0, 256]", n);
+    if (n < 0 || n > MS_THREADPOOL_MAX_THREADS)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "cpu backend: n_threads %d outside [0, %d]", n,
+                       MS_THREADPOOL_MAX_THREADS);
     if (n == 0) {
         long online = sysconf(_SC_NPROCESSORS_ONLN);
         n = (int32_t)MS_MIN(MS_MAX(online, 1), 64);

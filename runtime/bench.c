@@ -35,6 +35,7 @@
 #include <time.h>
 
 #include "engine.h"
+#include "threadpool.h"
 
 #ifdef MS_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -239,8 +240,9 @@ static int parse_bench(int argc, char **argv, bench_opts *o) {
                 return bench_fail("--page-size: '%s' is not an integer in [1, 65536]", v);
             o->page_size = (int32_t)n;
         } else if (strcmp(a, "--threads") == 0) {
-            if (!ms_cli_parse_i64(v, 1, 1024, &n))
-                return bench_fail("--threads: '%s' is not an integer in [1, 1024]", v);
+            if (!ms_cli_parse_i64(v, 1, MS_THREADPOOL_MAX_THREADS, &n))
+                return bench_fail("--threads: '%s' is not an integer in [1, %d]", v,
+                                  MS_THREADPOOL_MAX_THREADS);
             o->threads = (int32_t)n;
         } else if (strcmp(a, "--max-tokens") == 0) {
             if (!ms_cli_parse_i64(v, 1, INT32_MAX, &n))

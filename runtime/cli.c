@@ -24,6 +24,7 @@
 
 #include "engine.h"
 #include "hf_config.h"
+#include "threadpool.h"
 #include "tokenizer_hf.h"
 #include "tokenizer_llama2c.h"
 
@@ -456,8 +457,9 @@ static int parse_generate(int argc, char **argv, cli_opts *o) {
                 return cli_fail("--page-size: '%s' is not an integer in [1, 65536]", v);
             o->page_size = (int32_t)n;
         } else if (strcmp(a, "--threads") == 0) {
-            if (!ms_cli_parse_i64(v, 1, 1024, &n))
-                return cli_fail("--threads: '%s' is not an integer in [1, 1024]", v);
+            if (!ms_cli_parse_i64(v, 1, MS_THREADPOOL_MAX_THREADS, &n))
+                return cli_fail("--threads: '%s' is not an integer in [1, %d]", v,
+                                MS_THREADPOOL_MAX_THREADS);
             o->threads = (int32_t)n;
         } else if (strcmp(a, "--device") == 0) {
             if (strcmp(v, "auto") != 0 && strcmp(v, "cpu") != 0 && strcmp(v, "cuda") != 0)

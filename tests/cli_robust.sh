@@ -75,5 +75,19 @@ else
     echo "skip /dev/full checks: no writable /dev/full"
 fi
 
+# ---- 4. --threads: one limit (the CPU thread pool's, 256), checked at the flag ----
+out=$("$bin" generate --model "$gqa" --prompt-ids 1,2 --max-new-tokens 2 --device cpu --threads 256 2>/dev/null)
+if [ -n "$out" ]; then ok "--threads 256 runs"; else bad "--threads 256" "no output"; fi
+for t in 257 1024; do
+    expect_error "generate --threads $t" 1 "^llama-ref: --threads: '$t' is not an integer in \[1, 256\]$" \
+        -- --model "$gqa" --prompt-ids 1,2 --max-new-tokens 2 --device cpu --threads "$t"
+done
+"$bin" bench --model "$gqa" --device cpu --threads 300 >"$tmp/out" 2>"$tmp/err"
+if [ $? -eq 1 ] && grep -q "^llama-ref: --threads: '300' is not an integer in \[1, 256\]$" "$tmp/err"; then
+    ok "bench --threads 300 refused at the flag"
+else
+    bad "bench --threads 300" "$(head -c 300 "$tmp/err")"
+fi
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
