@@ -12,10 +12,13 @@
  */
 #include "cli.h"
 
+#include <ctype.h>
 #include <errno.h>
+#include <float.h>
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -320,7 +323,7 @@ int ms_cli_stdout_check(const char *prog) {
 }
 
 bool ms_cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out) {
-    if (s == NULL || *s == '\0')
+    if (s == NULL || *s == '\0' || isspace((unsigned char)*s))
         return false;
     char *end;
     errno = 0;
@@ -331,8 +334,79 @@ bool ms_cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out) {
     return true;
 }
 
+void ms_cli_put_escaped(FILE *f, const char *s, size_t max) {
+    size_t i = 0;
+    for (; s[i] != '\0' && i < max; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '\n')
+            fputs("\\n", f);
+        else if (c == '\t')
+            fputs("\\t", f);
+        else if (c == '\r')
+            fputs("\\r", f);
+        else if (c == '\\')
+            fputs("\\\\", f);
+        else if (c < 0x20 || c == 0x7f)
+            fprintf(f, "\\x%02x", c);
+        else
+            fputc(c, f);
+    }
+    if (s[i] != '\0')
+        fputs("...", f);
+}
+
+/* "<prog>: FLAG: 'V' WHAT" on stderr (V escaped, at most 200 bytes); returns 1. */
+static int flag_fail(const char *prog, const char *flag, const char *v, const char *fmt, ...)
+    MS_PRINTF(4, 5);
+static int flag_fail(const char *prog, const char *flag, const char *v, const char *fmt, ...) {
+    fprintf(stderr, "%s: %s: '", prog, flag);
+    ms_cli_put_escaped(stderr, v, 200);
+    fputs("' ", stderr);
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    return 1;
+}
+
+int ms_cli_flag_i64(const char *prog, const char *flag, const char *v, int64_t lo, int64_t hi,
+                    const char *expect, int64_t *out) {
+    if (ms_cli_parse_i64(v, lo, hi, out))
+        return 0;
+    /* a plain decimal integer (optional sign, digits only) above hi: say so, not "not an integer" */
+    const char *d = v + (*v == '+' || *v == '-');
+    bool digits = *d != '\0' && strspn(d, "0123456789") == strlen(d);
+    if (digits && *v != '-') {
+        errno = 0;
+        long long x = strtoll(v, NULL, 10);
+        if (errno == ERANGE || x > hi)
+            return flag_fail(prog, flag, v, "is too large (at most %lld)", (long long)hi);
+    }
+    return flag_fail(prog, flag, v, "is not %s", expect);
+}
+
+int ms_cli_flag_f32(const char *prog, const char *flag, const char *v, double lo, bool lo_open,
+                    double hi, const char *expect, float *out) {
+    /* plain decimal only: strtod would also take hex floats, inf, nan and leading spaces */
+    bool plain = *v != '\0' && strspn(v, "0123456789+-.eE") == strlen(v) &&
+                 strpbrk(v, "0123456789") != NULL;
+    char *end = NULL;
+    errno = 0;
+    double x = plain ? strtod(v, &end) : 0.0;
+    if (!plain || end == v || *end != '\0')
+        return flag_fail(prog, flag, v, "is not %s", expect);
+    bool overflow = (errno == ERANGE && fabs(x) > 1.0) || fabs(x) > FLT_MAX;
+    if (overflow && x > 0 && hi >= FLT_MAX)
+        return flag_fail(prog, flag, v, "is too large (at most %g)", (double)FLT_MAX);
+    if (overflow || (lo_open ? !(x > lo) : !(x >= lo)) || !(x <= hi))
+        return flag_fail(prog, flag, v, "is not %s", expect);
+    *out = (float)x; /* an underflow (1e-400) is its nearest float, 0 or a denormal */
+    return 0;
+}
+
 static bool parse_u64(const char *s, uint64_t *out) {
-    if (s == NULL || *s == '\0' || *s == '-')
+    if (s == NULL || *s == '\0' || *s == '-' || isspace((unsigned char)*s))
         return false;
     char *end;
     errno = 0;
@@ -340,18 +414,6 @@ static bool parse_u64(const char *s, uint64_t *out) {
     if (errno != 0 || *end != '\0')
         return false;
     *out = v;
-    return true;
-}
-
-static bool parse_f(const char *s, float *out) {
-    if (s == NULL || *s == '\0')
-        return false;
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno != 0 || *end != '\0' || !isfinite(v))
-        return false;
-    *out = (float)v;
     return true;
 }
 
@@ -374,6 +436,12 @@ static int parse_generate(int argc, char **argv, cli_opts *o) {
     o->steps = -1;
     o->sampling = (ms_sampling_params){1.0f, 0, 1.0f, 0};
     o->device = "auto";
+    static const char *const with_value[] = {
+        "--model", "--tokenizer", "--prompt", "--prompt-ids", "--prompts-file",
+        "--max-new-tokens", "--steps", "--temperature", "--top-k", "--top-p", "--seed",
+        "--page-size", "--device", "--threads", "--dtype", "--output"};
+    bool seen[MS_ARRAY_LEN(with_value)] = {false}; /* a second value is an error, not a silent
+                                                     replacement of the first */
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--ignore-eos") == 0) {
@@ -397,18 +465,21 @@ static int parse_generate(int argc, char **argv, cli_opts *o) {
             cli_fail("unexpected argument '%s'", a);
             return 2;
         }
-        static const char *const with_value[] = {
-            "--model", "--tokenizer", "--prompt", "--prompt-ids", "--prompts-file",
-            "--max-new-tokens", "--steps", "--temperature", "--top-k", "--top-p", "--seed",
-            "--page-size", "--device", "--threads", "--dtype", "--output"};
-        bool known = false;
+        size_t which = MS_ARRAY_LEN(with_value);
         for (size_t k = 0; k < MS_ARRAY_LEN(with_value); k++)
-            known = known || strcmp(a, with_value[k]) == 0;
-        if (!known) {
+            if (strcmp(a, with_value[k]) == 0)
+                which = k;
+        if (which == MS_ARRAY_LEN(with_value)) {
             usage(stderr);
             cli_fail("unknown flag '%s'", a);
             return 2;
         }
+        if (seen[which]) {
+            usage(stderr);
+            cli_fail("flag %s given twice (give each flag once)", a);
+            return 2;
+        }
+        seen[which] = true;
         if (i + 1 >= argc) {
             usage(stderr);
             cli_fail("flag %s needs a value", a);
@@ -431,35 +502,41 @@ static int parse_generate(int argc, char **argv, cli_opts *o) {
         } else if (strcmp(a, "--prompts-file") == 0) {
             o->prompts_file = v;
         } else if (strcmp(a, "--max-new-tokens") == 0) {
-            if (!ms_cli_parse_i64(v, 0, INT32_MAX, &n))
-                return cli_fail("--max-new-tokens: '%s' is not an integer >= 0", v);
+            if (ms_cli_flag_i64(g_prog, a, v, 0, INT32_MAX, "an integer >= 0", &n) != 0)
+                return 1;
             o->max_new = (int32_t)n;
         } else if (strcmp(a, "--steps") == 0) {
-            if (!ms_cli_parse_i64(v, 1, INT32_MAX, &n))
-                return cli_fail("--steps: '%s' is not an integer >= 1", v);
+            if (ms_cli_flag_i64(g_prog, a, v, 1, INT32_MAX, "an integer >= 1", &n) != 0)
+                return 1;
             o->steps = (int32_t)n;
         } else if (strcmp(a, "--temperature") == 0) {
-            if (!parse_f(v, &o->sampling.temperature) || o->sampling.temperature < 0.0f)
-                return cli_fail("--temperature: '%s' is not a number >= 0", v);
+            if (ms_cli_flag_f32(g_prog, a, v, 0.0, false, FLT_MAX, "a number >= 0",
+                                &o->sampling.temperature) != 0)
+                return 1;
         } else if (strcmp(a, "--top-k") == 0) {
-            if (!ms_cli_parse_i64(v, 0, INT32_MAX, &n))
-                return cli_fail("--top-k: '%s' is not an integer >= 0 (0 disables it)", v);
+            if (ms_cli_flag_i64(g_prog, a, v, 0, INT32_MAX, "an integer >= 0 (0 disables it)",
+                                &n) != 0)
+                return 1;
             o->sampling.top_k = (int32_t)n;
         } else if (strcmp(a, "--top-p") == 0) {
-            if (!parse_f(v, &o->sampling.top_p) || !(o->sampling.top_p > 0.0f) ||
-                o->sampling.top_p > 1.0f)
-                return cli_fail("--top-p: '%s' is not a number in (0, 1]", v);
+            if (ms_cli_flag_f32(g_prog, a, v, 0.0, true, 1.0, "a number in (0, 1]",
+                                &o->sampling.top_p) != 0)
+                return 1;
         } else if (strcmp(a, "--seed") == 0) {
             if (!parse_u64(v, &o->sampling.seed))
-                return cli_fail("--seed: '%s' is not an unsigned integer", v);
+                return *v != '\0' && strspn(v, "0123456789") == strlen(v)
+                           ? flag_fail(g_prog, a, v, "is too large (at most %llu)",
+                                       (unsigned long long)UINT64_MAX)
+                           : flag_fail(g_prog, a, v, "is not an unsigned integer");
         } else if (strcmp(a, "--page-size") == 0) {
-            if (!ms_cli_parse_i64(v, 1, 65536, &n))
-                return cli_fail("--page-size: '%s' is not an integer in [1, 65536]", v);
+            if (ms_cli_flag_i64(g_prog, a, v, 1, 65536, "an integer in [1, 65536]", &n) != 0)
+                return 1;
             o->page_size = (int32_t)n;
         } else if (strcmp(a, "--threads") == 0) {
-            if (!ms_cli_parse_i64(v, 1, MS_THREADPOOL_MAX_THREADS, &n))
-                return cli_fail("--threads: '%s' is not an integer in [1, %d]", v,
-                                MS_THREADPOOL_MAX_THREADS);
+            char expect[48];
+            snprintf(expect, sizeof expect, "an integer in [1, %d]", MS_THREADPOOL_MAX_THREADS);
+            if (ms_cli_flag_i64(g_prog, a, v, 1, MS_THREADPOOL_MAX_THREADS, expect, &n) != 0)
+                return 1;
             o->threads = (int32_t)n;
         } else if (strcmp(a, "--device") == 0) {
             if (strcmp(v, "auto") != 0 && strcmp(v, "cpu") != 0 && strcmp(v, "cuda") != 0)

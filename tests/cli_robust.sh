@@ -79,14 +79,38 @@ fi
 out=$("$bin" generate --model "$gqa" --prompt-ids 1,2 --max-new-tokens 2 --device cpu --threads 256 2>/dev/null)
 if [ -n "$out" ]; then ok "--threads 256 runs"; else bad "--threads 256" "no output"; fi
 for t in 257 1024; do
-    expect_error "generate --threads $t" 1 "^llama-ref: --threads: '$t' is not an integer in \[1, 256\]$" \
+    expect_error "generate --threads $t" 1 "^llama-ref: --threads: '$t' is too large \(at most 256\)$" \
         -- --model "$gqa" --prompt-ids 1,2 --max-new-tokens 2 --device cpu --threads "$t"
 done
 "$bin" bench --model "$gqa" --device cpu --threads 300 >"$tmp/out" 2>"$tmp/err"
-if [ $? -eq 1 ] && grep -q "^llama-ref: --threads: '300' is not an integer in \[1, 256\]$" "$tmp/err"; then
+if [ $? -eq 1 ] && grep -q "^llama-ref: --threads: '300' is too large (at most 256)$" "$tmp/err"; then
     ok "bench --threads 300 refused at the flag"
 else
     bad "bench --threads 300" "$(head -c 300 "$tmp/err")"
+fi
+
+# ---- 6. numbers: too large is said so; plain decimal only; a flag once ----
+m=(--model "$gqa" --prompt-ids 1,2 --max-new-tokens 2)
+expect_error "--max-new-tokens 2147483648" 1 "^llama-ref: --max-new-tokens: '2147483648' is too large \(at most 2147483647\)$" -- --model "$gqa" --prompt-ids 1,2 --max-new-tokens 2147483648
+expect_error "--top-k 99999999999" 1 "^llama-ref: --top-k: '99999999999' is too large \(at most 2147483647\)$" -- "${m[@]}" --top-k 99999999999
+expect_error "--steps 99999999999999999999" 1 "^llama-ref: --steps: '99999999999999999999' is too large" -- --model "$gqa" --prompt-ids 1,2 --steps 99999999999999999999
+expect_error "--temperature 1e309" 1 "^llama-ref: --temperature: '1e309' is too large \(at most 3.40282e\+38\)$" -- "${m[@]}" --temperature 1e309
+expect_error "--temperature 1e308" 1 "^llama-ref: --temperature: '1e308' is too large \(at most 3.40282e\+38\)$" -- "${m[@]}" --temperature 1e308
+expect_error "--seed 2^64" 1 "^llama-ref: --seed: '18446744073709551616' is too large \(at most 18446744073709551615\)$" -- "${m[@]}" --seed 18446744073709551616
+expect_error "--top-p 1.0000000001" 1 "^llama-ref: --top-p: '1.0000000001' is not a number in \(0, 1\]$" -- "${m[@]}" --top-p 1.0000000001
+expect_error "--temperature 0x10 (hex)" 1 "^llama-ref: --temperature: '0x10' is not a number >= 0$" -- "${m[@]}" --temperature 0x10
+expect_error "--top-p 0x1p-1 (hex)" 1 "^llama-ref: --top-p: '0x1p-1' is not a number in" -- "${m[@]}" --top-p 0x1p-1
+expect_error "--temperature inf" 1 "^llama-ref: --temperature: 'inf' is not a number >= 0$" -- "${m[@]}" --temperature inf
+expect_error "--max-new-tokens ' 4' (leading space)" 1 "^llama-ref: --max-new-tokens: ' 4' is not an integer >= 0$" -- --model "$gqa" --prompt-ids 1,2 --max-new-tokens " 4"
+expect_error "--temperature ' 0.5' (leading space)" 1 "^llama-ref: --temperature: ' 0.5' is not a number >= 0$" -- "${m[@]}" --temperature " 0.5"
+expect_error "--seed ' 1' (leading space)" 1 "^llama-ref: --seed: ' 1' is not an unsigned integer$" -- "${m[@]}" --seed " 1"
+expect_error "--prompt-ids twice" 2 "^llama-ref: flag --prompt-ids given twice" -- "${m[@]}" --prompt-ids 3,4
+expect_error "--temperature twice" 2 "^llama-ref: flag --temperature given twice" -- "${m[@]}" --temperature 0 --temperature 1
+"$bin" bench --model "$gqa" --device cpu --runs 99999999999 >"$tmp/out" 2>"$tmp/err"
+if [ $? -eq 1 ] && grep -q "^llama-ref: --runs: '99999999999' is too large (at most 1000)$" "$tmp/err"; then
+    ok "bench --runs 99999999999: too large"
+else
+    bad "bench --runs 99999999999" "$(head -c 300 "$tmp/err")"
 fi
 
 echo "$passed passed, $failed failed"
