@@ -287,18 +287,37 @@ static ms_status checkpoint_shape(const ms_model *m, const char *config, ms_kern
     return s2;
 }
 
-/* The model's page size when it is a literal (kv_pool page_size = 16), else 16. */
-static int model_page_size(const ms_model *m) {
+/*
+ * The page size of a compile check without --config: the model's kv_pool page_size when it is a
+ * literal (page_size = 16), 16 when absent (its default), 16 standing in when it is an expression
+ * of the config (*stand_in set: the check says so). A literal outside 1 .. MS_KERNEL_MAX_PAGE_SIZE
+ * cannot be compiled for: -1 after printing so (checking at 16 would claim what is not true).
+ */
+static int model_page_size(const ms_model *m, int *ps, bool *stand_in) {
+    *ps = 16;
+    *stand_in = false;
     for (int n = 0; n < m->n_nodes; n++)
         for (int i = 0; i < m->nodes[n]->n_resources; i++) {
             const ms_resource *r = m->nodes[n]->resources[i];
             if (r->kind != MS_RESOURCE_KV)
                 continue;
             const ms_ast_expr *e = ms_resource_arg(r, "page_size");
-            if (e != NULL && e->kind == MS_EXPR_INT && e->ival > 0 && e->ival <= 4096)
-                return (int)e->ival;
+            if (e == NULL || e->kind == MS_EXPR_NONE)
+                continue;
+            if (e->kind != MS_EXPR_INT) {
+                *stand_in = true;
+                continue;
+            }
+            if (e->ival < 1 || e->ival > MS_KERNEL_MAX_PAGE_SIZE) {
+                fprintf(stderr,
+                        "mstarc: error: --arch: kv_pool %s has page_size %lld, outside the page "
+                        "sizes the CUDA kernels take (1 .. %d): no kernel can be compiled for it\n",
+                        r->name, (long long)e->ival, MS_KERNEL_MAX_PAGE_SIZE);
+                return -1;
+            }
+            *ps = (int)e->ival;
         }
-    return 16;
+    return 0;
 }
 
 #if defined(MS_HAVE_CUDA)
@@ -457,7 +476,10 @@ static int precompile_config(const ms_model *m, const char *kdir, char **names, 
 /* --arch without --config: every emitted file at the KSHAPES, nothing cached. */
 static int check_representative(const ms_model *m, const char *kdir, char **names, int n_names,
                                 const int *archs, int n_archs) {
-    const int ps = model_page_size(m);
+    int ps;
+    bool stand_in;
+    if (model_page_size(m, &ps, &stand_in) != 0)
+        return -1;
     int checks = 0;
     for (int j = 0; j < n_names; j++) {
         char *path = ms_asprintf("%s/%s", kdir, names[j]);
@@ -502,9 +524,10 @@ static int check_representative(const ms_model *m, const char *kdir, char **name
             return -1;
     }
     printf("kernels: %d compile check%s of %d instance file%s: compile-checked at head_dim=64,128, "
-           "group=1,4,8 (pairs 64/1, 128/4, 128/8), page_size=%d; no cache entries: pass --config "
-           "for the checkpoint's shape\n",
-           checks, checks == 1 ? "" : "s", n_names, n_names == 1 ? "" : "s", ps);
+           "group=1,4,8 (pairs 64/1, 128/4, 128/8), page_size=%d%s; no cache entries: pass "
+           "--config for the checkpoint's shape\n",
+           checks, checks == 1 ? "" : "s", n_names, n_names == 1 ? "" : "s", ps,
+           stand_in ? " (the model's page_size comes from the config: 16 stands in)" : "");
     return 0;
 }
 

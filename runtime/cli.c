@@ -425,8 +425,9 @@ static void usage(FILE *to) {
             "           [--top-p P] [--seed S] [--ignore-eos] [--output text|ids]\n"
             "           [--no-display-prompt] [--verbose-prompt] [--page-size N]\n"
             "           [--device auto|cpu|cuda] [--dtype auto|f32|bf16] [--threads N]\n"
-            "       %s bench --model PATH [...]   (%s bench --help)\n",
-            g_prog, g_prog, g_prog);
+            "       %s bench --model PATH [...]   (%s bench --help)\n"
+            "       %s kernels --model PATH [...] (%s kernels --help)\n",
+            g_prog, g_prog, g_prog, g_prog, g_prog);
 }
 
 /* Returns 0 on success, -1 for --help, else the exit status (message printed). */
@@ -1059,14 +1060,21 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
             printer_begin(&pr, i + 1, &ps.v[i], echo);
         printer_feed(&pr, out, printable(&pr, n_out, why));
         printer_end(&pr);
+    }
+    if ((rc = ms_cli_stdout_check(g_prog)) != 0)
+        goto done;
+    /* notes after stdout is complete, so that with 2>&1 they follow the text's final newline */
+    for (size_t i = 0; i < ps.n; i++) {
+        const int32_t *out;
+        int32_t n_out;
+        ms_finish_reason why;
+        MS_ASSERT(ms_engine_output(eng, rids[i], &out, &n_out, &why) == MS_OK);
         if (why == MS_FINISH_CONTEXT)
             fprintf(stderr,
                     "%s: note: prompt %zu stopped after %d new tokens: the sequence reached the "
                     "model's context (%d tokens)\n",
                     g_prog, i + 1, (int)n_out, (int)efa->max_context);
     }
-    if ((rc = ms_cli_stdout_check(g_prog)) != 0)
-        goto done;
     double secs = t1 - t0;
     double dec_secs = t1 - t_first;
     fprintf(stderr,

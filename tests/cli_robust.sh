@@ -113,5 +113,31 @@ else
     bad "bench --runs 99999999999" "$(head -c 300 "$tmp/err")"
 fi
 
+# ---- 9. the context note follows stdout's final newline; --help lists every verb; page sizes ----
+l2c="$fx/llama2c/aidreams260K.bin"
+"$bin" generate --model "$l2c" --prompt-ids "$(seq -s, 3 122)" --max-new-tokens 50 --ignore-eos >"$tmp/both" 2>&1
+if [ "$(sed -n 1p "$tmp/both" | wc -w)" -eq 9 ] && sed -n 2p "$tmp/both" | grep -q "^llama-ref: note: prompt 1 stopped after 9 new tokens"; then
+    ok "context note on its own line after the ids (2>&1)"
+else
+    bad "context note placement" "$(head -c 400 "$tmp/both")"
+fi
+"$bin" --help >"$tmp/help" 2>&1
+if grep -q "llama-ref generate" "$tmp/help" && grep -q "llama-ref bench" "$tmp/help" && grep -q "llama-ref kernels" "$tmp/help"; then
+    ok "--help lists generate, bench and kernels"
+else
+    bad "--help verbs" "$(cat "$tmp/help")"
+fi
+sed 's/page_size = 16/page_size = 8192/' models/llama.mstar >"$tmp/ps8192.mstar"
+"$mstarc" build "$tmp/ps8192.mstar" -o "$tmp/ps8192" --arch sm_80 >"$tmp/out" 2>"$tmp/err"
+rc=$?
+if grep -q "built without CUDA" "$tmp/err"; then
+    echo "skip mstarc --arch page size: no CUDA in this build"
+elif [ $rc -eq 1 ] && grep -q "kv_pool kv has page_size 8192, outside the page sizes the CUDA kernels take (1 .. 1024)" "$tmp/err" &&
+    ! grep -q "page_size=16" "$tmp/out"; then
+    ok "mstarc build --arch: page_size 8192 refused, not checked as 16"
+else
+    bad "mstarc build --arch page_size 8192" "exit $rc" "$(tail -c 300 "$tmp/out")" "$(head -c 300 "$tmp/err")"
+fi
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
