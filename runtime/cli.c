@@ -275,7 +275,7 @@ ms_status ms_cli_model_probe(const ms_model_desc *desc, const char *path, ms_md_
 
 #define CLI_DEFAULT_NEW 256 /* --max-new-tokens when neither it nor --steps is given */
 
-typedef enum cli_output { CLI_OUT_AUTO = 0, CLI_OUT_TEXT, CLI_OUT_IDS } cli_output;
+typedef enum cli_output { CLI_OUT_AUTO = 0, CLI_OUT_TEXT, CLI_OUT_IDS, CLI_OUT_JSONL } cli_output;
 
 typedef struct cli_opts {
     const char *model;
@@ -334,9 +334,8 @@ bool ms_cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out) {
     return true;
 }
 
-void ms_cli_put_escaped(FILE *f, const char *s, size_t max) {
-    size_t i = 0;
-    for (; s[i] != '\0' && i < max; i++) {
+void ms_cli_write_escaped(FILE *f, const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
         if (c == '\n')
             fputs("\\n", f);
@@ -351,7 +350,12 @@ void ms_cli_put_escaped(FILE *f, const char *s, size_t max) {
         else
             fputc(c, f);
     }
-    if (s[i] != '\0')
+}
+
+void ms_cli_put_escaped(FILE *f, const char *s, size_t max) {
+    size_t n = strnlen(s, max);
+    ms_cli_write_escaped(f, s, n);
+    if (s[n] != '\0')
         fputs("...", f);
 }
 
@@ -422,7 +426,7 @@ static void usage(FILE *to) {
             "usage: %s generate --model PATH [--tokenizer PATH|none]\n"
             "           (--prompt TEXT | --prompt-ids 1,2,3 | --prompts-file FILE)\n"
             "           [--max-new-tokens N | --steps N] [--temperature T] [--top-k K]\n"
-            "           [--top-p P] [--seed S] [--ignore-eos] [--output text|ids]\n"
+            "           [--top-p P] [--seed S] [--ignore-eos] [--output text|ids|jsonl]\n"
             "           [--no-display-prompt] [--verbose-prompt] [--page-size N]\n"
             "           [--device auto|cpu|cuda] [--dtype auto|f32|bf16] [--threads N]\n"
             "       %s bench --model PATH [...]   (%s bench --help)\n"
@@ -552,8 +556,10 @@ static int parse_generate(int argc, char **argv, cli_opts *o) {
                 o->output = CLI_OUT_TEXT;
             else if (strcmp(v, "ids") == 0)
                 o->output = CLI_OUT_IDS;
+            else if (strcmp(v, "jsonl") == 0)
+                o->output = CLI_OUT_JSONL;
             else
-                return cli_fail("--output: '%s' is not text or ids", v);
+                return cli_fail("--output: '%s' is not text, ids or jsonl", v);
         }
     }
     if (o->model == NULL) {
@@ -731,6 +737,7 @@ static int tok_encode(const cli_tok *t, const char *text, const char *where, int
 typedef struct cli_prompt {
     int32_t *ids;
     size_t n;
+    char *where; /* where it came from: "--prompt", "--prompt-ids" or "FILE:LINE" */
 } cli_prompt;
 
 typedef struct cli_prompts {
@@ -739,8 +746,10 @@ typedef struct cli_prompts {
 } cli_prompts;
 
 static void prompts_free(cli_prompts *p) {
-    for (size_t i = 0; i < p->n; i++)
+    for (size_t i = 0; i < p->n; i++) {
         ms_free(p->v[i].ids);
+        ms_free(p->v[i].where);
+    }
     ms_free(p->v);
     memset(p, 0, sizeof *p);
 }
@@ -761,6 +770,12 @@ static int add_prompt(cli_prompts *ps, const char *text, const char *where, cons
         ms_error err = {0};
         if (ms_cli_parse_ids(text, &p->ids, &p->n, &err) != MS_OK)
             return cli_fail("%s: %s", where, err.msg);
+    }
+    p->where = ms_strdup(where);
+    if (p->where == NULL) {
+        ms_free(p->ids);
+        p->ids = NULL;
+        return cli_fail("out of memory");
     }
     ps->n++;
     return 0;
@@ -798,14 +813,42 @@ static int read_prompts_file(const char *path, const cli_tok *tok, cli_prompts *
 
 /* ---- output ---- */
 
-/* The output of one prompt, printed as it grows (streaming) or at the end. */
+/*
+ * The output of one prompt, printed as it grows (streaming) or at the end. Three forms:
+ *   - one prompt, text: the text exactly as decoded (run.c's output for llama2.c), streamed;
+ *   - several prompts, text: "[k] " then the text with newlines, carriage returns, backslashes
+ *     and other control bytes escaped (\n, \r, \\, \t, \xHH), so one line is one prompt;
+ *   - ids: the ids, "[k]" first when there are several prompts;
+ *   - jsonl (capture set): the text is collected for one JSON object per prompt.
+ */
 typedef struct cli_printer {
     const cli_tok *tok;     /* NULL: ids */
-    bool several;           /* ids: "[k]" prefixes */
+    bool several;           /* "[k]" prefixes and, for text, escaped control bytes */
+    bool capture;           /* jsonl: text into buf, nothing printed */
     int32_t printed;        /* output ids printed so far */
     int prev;               /* llama2.c: the previous token (run.c's decode needs it) */
     ms_cli_utf8 utf8;       /* tokenizer.json: bytes of a split character held back */
+    char *buf;              /* capture: the text so far (ms_malloc'd) */
+    size_t n_buf, cap_buf;  /* its length and capacity, bytes */
+    bool oom;               /* capture: an append failed */
 } cli_printer;
+
+/* Text bytes of the output: to the capture buffer, escaped (several prompts), or as they are. */
+static void pr_out(cli_printer *pr, const char *s, size_t n) {
+    if (pr->capture) {
+        if (ms_grow((void **)&pr->buf, &pr->cap_buf, pr->n_buf + n + 1, 1) != MS_OK) {
+            pr->oom = true;
+            return;
+        }
+        memcpy(pr->buf + pr->n_buf, s, n);
+        pr->n_buf += n;
+        pr->buf[pr->n_buf] = '\0';
+    } else if (pr->several) {
+        ms_cli_write_escaped(stdout, s, n);
+    } else {
+        fwrite(s, 1, n, stdout);
+    }
+}
 
 static void hf_put(cli_printer *pr, int32_t id) {
     if (ms_tok_hf_is_special(pr->tok->hf, id))
@@ -816,22 +859,24 @@ static void hf_put(cli_printer *pr, int32_t id) {
         char out[MS_CLI_UTF8_OUT_MAX(64)];
         size_t take = MS_MIN(len, (size_t)64);
         size_t w = ms_cli_utf8_push(&pr->utf8, b, take, out);
-        fwrite(out, 1, w, stdout);
+        pr_out(pr, out, w);
         b += take;
         len -= take;
     }
 }
 
-/* Start prompt k (1-based) of `prompt`: the "[k]" prefix or the echoed prompt text. */
+/* Start prompt k (1-based) of `prompt`: the "[k]" prefix and the echoed prompt text. */
 static void printer_begin(cli_printer *pr, size_t k, const cli_prompt *prompt, bool echo) {
     pr->printed = 0;
     pr->prev = -1;
+    pr->n_buf = 0;
     memset(&pr->utf8, 0, sizeof pr->utf8);
-    if (pr->tok == NULL) {
-        if (pr->several)
-            printf("[%zu]", k);
+    if (pr->capture)
+        echo = false; /* jsonl: "text" is the generated text only */
+    else if (pr->several)
+        printf(pr->tok == NULL ? "[%zu]" : "[%zu] ", k);
+    if (pr->tok == NULL)
         return;
-    }
     if (pr->tok->l2c != NULL) {
         /* run.c prints every piece after BOS, non-printable single bytes skipped */
         for (size_t i = 0; i < prompt->n; i++) {
@@ -839,7 +884,7 @@ static void printer_begin(cli_printer *pr, size_t k, const cli_prompt *prompt, b
             if (echo && !(i == 0 && t == MS_LLAMA2C_TOK_BOS)) {
                 const char *piece = ms_llama2c_tok_decode(pr->tok->l2c, pr->prev, t);
                 if (ms_llama2c_tok_piece_printable(piece))
-                    fputs(piece, stdout);
+                    pr_out(pr, piece, strlen(piece));
             }
             pr->prev = t;
         }
@@ -854,11 +899,12 @@ static void printer_feed(cli_printer *pr, const int32_t *out, int32_t upto) {
     for (int32_t k = pr->printed; k < upto; k++) {
         int t = out[k];
         if (pr->tok == NULL) {
-            printf("%s%d", (k > 0 || pr->several) ? " " : "", t);
+            if (!pr->capture)
+                printf("%s%d", (k > 0 || pr->several) ? " " : "", t);
         } else if (pr->tok->l2c != NULL) {
             const char *piece = ms_llama2c_tok_decode(pr->tok->l2c, pr->prev, t);
             if (ms_llama2c_tok_piece_printable(piece))
-                fputs(piece, stdout);
+                pr_out(pr, piece, strlen(piece));
             pr->prev = t;
         } else {
             hf_put(pr, t);
@@ -870,8 +916,43 @@ static void printer_feed(cli_printer *pr, const int32_t *out, int32_t upto) {
 static void printer_end(cli_printer *pr) {
     char out[3];
     size_t w = ms_cli_utf8_flush(&pr->utf8, out);
-    fwrite(out, 1, w, stdout);
+    pr_out(pr, out, w);
+    if (!pr->capture)
+        fputc('\n', stdout);
+}
+
+/* jsonl: one object for prompt k on one line: {"index", "source", "text" (with a tokenizer),
+ * "ids", "finish_reason"}. The text is made valid UTF-8 first (a llama2.c piece may not be). */
+static int print_jsonl(cli_printer *pr, size_t k, const char *source, const int32_t *ids,
+                       int32_t n_ids, ms_finish_reason why) {
+    json_t *o = json_object(), *arr = json_array();
+    bool bad = o == NULL || arr == NULL || pr->oom;
+    bad = bad || json_object_set_new(o, "index", json_integer((json_int_t)k)) != 0;
+    bad = bad || json_object_set_new(o, "source", json_string(source)) != 0;
+    if (!bad && pr->tok != NULL) {
+        ms_cli_utf8 u = {0};
+        char *t = ms_malloc(MS_CLI_UTF8_OUT_MAX(pr->n_buf) + 3);
+        bad = t == NULL;
+        if (!bad) {
+            size_t w = ms_cli_utf8_push(&u, pr->buf != NULL ? pr->buf : "", pr->n_buf, t);
+            w += ms_cli_utf8_flush(&u, t + w);
+            bad = json_object_set_new(o, "text", json_stringn(t, w)) != 0;
+        }
+        ms_free(t);
+    }
+    for (int32_t i = 0; !bad && i < n_ids; i++)
+        bad = json_array_append_new(arr, json_integer(ids[i])) != 0;
+    bad = bad || json_object_set(o, "ids", arr) != 0;
+    bad = bad || json_object_set_new(o, "finish_reason", json_string(ms_finish_reason_str(why)));
+    char *line = bad ? NULL : json_dumps(o, JSON_COMPACT);
+    json_decref(arr);
+    json_decref(o);
+    if (line == NULL)
+        return cli_fail("out of memory for the JSON output of prompt %zu", k);
+    fputs(line, stdout);
     fputc('\n', stdout);
+    free(line); /* jansson's allocator: malloc */
+    return 0;
 }
 
 /* Output ids to print: as text, all but a final eos id; as ids, all (the eos id included, as the
@@ -900,6 +981,7 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
     cli_prompts ps = {0};
     ms_rid *rids = NULL;
     char *model_dir = NULL;
+    cli_printer pr = {0}; /* before any goto done: done frees its capture buffer */
 
     /* the model's facts first (config only): the tokenizer is checked against the vocabulary */
     ms_md_facts fa;
@@ -926,6 +1008,7 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
                       o.model);
         goto done;
     }
+    bool jsonl = o.output == CLI_OUT_JSONL;
     bool text_out = tok_any(&tok) && o.output != CLI_OUT_IDS;
     /* --prompt-ids are always ids; prompts-file lines are text when a tokenizer is in use */
     if (o.prompt != NULL)
@@ -988,9 +1071,12 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
         rc = cli_fail("out of memory");
         goto done;
     }
-    /* one prompt streams its output step by step; several print in order at the end */
-    bool stream = ps.n == 1;
-    cli_printer pr = {.tok = text_out ? &tok : NULL, .several = ps.n > 1};
+    /* one prompt streams its output step by step; several print in order at the end, one line
+     * each ("[k] ", text escaped); jsonl: one object per prompt at the end */
+    bool stream = ps.n == 1 && !jsonl;
+    pr.tok = text_out ? &tok : NULL;
+    pr.several = ps.n > 1 && !jsonl;
+    pr.capture = jsonl;
     bool echo = !o.no_display_prompt;
     size_t next = 0, n_gen = 0;
     double t0 = now_s(), t_first = 0.0;
@@ -1060,6 +1146,8 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
             printer_begin(&pr, i + 1, &ps.v[i], echo);
         printer_feed(&pr, out, printable(&pr, n_out, why));
         printer_end(&pr);
+        if (jsonl && (rc = print_jsonl(&pr, i + 1, ps.v[i].where, out, n_out, why)) != 0)
+            goto done;
     }
     if ((rc = ms_cli_stdout_check(g_prog)) != 0)
         goto done;
@@ -1086,6 +1174,7 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
             ms_engine_device(eng), (int)ms_engine_page_size(eng));
 
 done:
+    ms_free(pr.buf);
     ms_free(rids);
     prompts_free(&ps);
     ms_engine_free(eng);

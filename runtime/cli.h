@@ -111,6 +111,9 @@ int ms_cli_flag_f32(const char *prog, const char *flag, const char *v, double lo
  * \xHH, at most max bytes of s (then "..."): error lines and prompt echoes stay one line. */
 void ms_cli_put_escaped(FILE *f, const char *s, size_t max);
 
+/* Write s[0..n) to f escaped as ms_cli_put_escaped does (no limit; NUL bytes as \x00). */
+void ms_cli_write_escaped(FILE *f, const char *s, size_t n);
+
 /*
  * Parse a comma-separated list of token ids ("1,2, 3": decimal integers in [0, INT32_MAX], spaces
  * or tabs around each) into a fresh ms_malloc'd *ids of *n >= 1 entries (release with ms_free).

@@ -89,6 +89,43 @@ else
     bad "bench --threads 300" "$(head -c 300 "$tmp/err")"
 fi
 
+# ---- 5. several prompts of text: one line each, "[k] " and escaped control bytes; jsonl ----
+l2c="$fx/llama2c/aidreams260K.bin"
+tok="$fx/llama2c/tok512.bin"
+s=(--model "$l2c" --tokenizer "$tok" --max-new-tokens 300 --temperature 1 --seed 5)
+"$bin" generate "${s[@]}" --prompt "Hi" >"$tmp/alone" 2>/dev/null
+printf 'Hi\nHi\n' >"$tmp/hi2"
+"$bin" generate "${s[@]}" --prompts-file "$tmp/hi2" >"$tmp/batch" 2>/dev/null
+# the text alone (streamed, raw) has newlines of its own; the batch escapes them
+printf '%b\n' "$(sed -n 2p "$tmp/batch" | sed 's/^\[2\] //')" >"$tmp/unescaped"
+if [ "$(wc -l <"$tmp/alone")" -gt 1 ] && [ "$(wc -l <"$tmp/batch")" -eq 2 ] &&
+    sed -n 1p "$tmp/batch" | grep -q '^\[1\] Hi' && sed -n 2p "$tmp/batch" | grep -q '^\[2\] Hi' &&
+    cmp -s "$tmp/unescaped" "$tmp/alone"; then
+    ok "prompts file of text: one line per prompt, [k] prefix, newlines escaped (unescaped = alone)"
+else
+    bad "prompts file text lines" "$(head -c 300 "$tmp/batch")" "$(diff "$tmp/unescaped" "$tmp/alone" | head -4)"
+fi
+printf 'Once\tupon a \\ time\n' >"$tmp/tab"
+"$bin" generate --model "$l2c" --tokenizer "$tok" --prompts-file "$tmp/hi2" --max-new-tokens 4 --temperature 0 --output jsonl >"$tmp/jsonl" 2>/dev/null
+if [ "$(wc -l <"$tmp/jsonl")" -eq 2 ] &&
+    [ "$(jq -s -c '[.[] | [.index, .source, (.ids | length), .finish_reason, (.text | type)]]' "$tmp/jsonl")" = "[[1,\"$tmp/hi2:1\",4,\"length\",\"string\"],[2,\"$tmp/hi2:2\",4,\"length\",\"string\"]]" ]; then
+    ok "--output jsonl: one object per prompt (index, source, text, ids, finish_reason)"
+else
+    bad "--output jsonl" "$(head -c 400 "$tmp/jsonl")"
+fi
+"$bin" generate "${s[@]}" --prompts-file "$tmp/hi2" --output jsonl >"$tmp/jsonl" 2>/dev/null
+if [ "$(jq -r 'select(.index == 2) | .text' "$tmp/jsonl")" = "$(sed 's/^Hi//' "$tmp/alone")" ]; then
+    ok "--output jsonl: text with its newlines, as generated"
+else
+    bad "--output jsonl text" "$(head -c 300 "$tmp/jsonl")"
+fi
+"$bin" generate --model "$gqa" --prompt-ids 1,2 --max-new-tokens 2 --output jsonl >"$tmp/jsonl" 2>/dev/null
+if [ "$(jq -c '[.index, .source, has("text"), (.ids | length)]' "$tmp/jsonl")" = '[1,"--prompt-ids",false,2]' ]; then
+    ok "--output jsonl without a tokenizer: ids only"
+else
+    bad "--output jsonl ids" "$(cat "$tmp/jsonl")"
+fi
+
 # ---- 6. numbers: too large is said so; plain decimal only; a flag once ----
 m=(--model "$gqa" --prompt-ids 1,2 --max-new-tokens 2)
 expect_error "--max-new-tokens 2147483648" 1 "^llama-ref: --max-new-tokens: '2147483648' is too large \(at most 2147483647\)$" -- --model "$gqa" --prompt-ids 1,2 --max-new-tokens 2147483648
