@@ -921,6 +921,14 @@ static void printer_end(cli_printer *pr) {
         fputc('\n', stdout);
 }
 
+/* Why a request finished with MS_FINISH_ERROR, after n_out tokens (a static buffer). */
+static const char *nan_reason(int32_t n_out) {
+    static char buf[128];
+    snprintf(buf, sizeof buf,
+             "generation failed after %d new tokens: the model's logits hold NaN", (int)n_out);
+    return buf;
+}
+
 /* jsonl: one object for prompt k on one line: {"index", "source", "text" (with a tokenizer),
  * "ids", "finish_reason"}. The text is made valid UTF-8 first (a llama2.c piece may not be). */
 static int print_jsonl(cli_printer *pr, size_t k, const char *source, const int32_t *ids,
@@ -944,6 +952,8 @@ static int print_jsonl(cli_printer *pr, size_t k, const char *source, const int3
         bad = json_array_append_new(arr, json_integer(ids[i])) != 0;
     bad = bad || json_object_set(o, "ids", arr) != 0;
     bad = bad || json_object_set_new(o, "finish_reason", json_string(ms_finish_reason_str(why)));
+    if (why == MS_FINISH_ERROR)
+        bad = bad || json_object_set_new(o, "error", json_string(nan_reason(n_ids))) != 0;
     char *line = bad ? NULL : json_dumps(o, JSON_COMPACT);
     json_decref(arr);
     json_decref(o);
@@ -1172,6 +1182,21 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
             first_done ? 1e3 * (t_first - t0) : 0.0,
             dec_secs > 0 && n_gen > ps.n ? (double)(n_gen - ps.n) / dec_secs : 0.0,
             ms_engine_device(eng), (int)ms_engine_page_size(eng));
+    /* a request whose logits went NaN failed alone: its line is what it made before, the others
+     * are complete; name it by its number and where it came from, exit 1 */
+    for (size_t i = 0; i < ps.n; i++) {
+        const int32_t *out;
+        int32_t n_out;
+        ms_finish_reason why;
+        MS_ASSERT(ms_engine_output(eng, rids[i], &out, &n_out, &why) == MS_OK);
+        if (why != MS_FINISH_ERROR)
+            continue;
+        fprintf(stderr, "%s: prompt %zu (", g_prog, i + 1);
+        ms_cli_put_escaped(stderr, ps.v[i].where, 300);
+        fprintf(stderr, "): %s%s\n", nan_reason(n_out),
+                ps.n > 1 ? "; the output of the other prompts is complete" : "");
+        rc = 1;
+    }
 
 done:
     ms_free(pr.buf);

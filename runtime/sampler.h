@@ -53,6 +53,10 @@ typedef struct ms_sampling_params {
  * useless or overflows float. */
 #define MS_SAMPLER_MIN_TEMPERATURE 1e-5f
 
+/* The id a backend's batched sample writes for a row whose logits hold NaN: that row's request
+ * fails alone (the engine finishes it with MS_FINISH_ERROR), the batch's other rows sample. */
+#define MS_SAMPLE_ID_NAN (-1)
+
 /* Greedy settings: temperature 0, top_k 0, top_p 1, seed 0. */
 static inline ms_sampling_params ms_sampling_greedy(void) {
     ms_sampling_params p = {0.0f, 0, 1.0f, 0};

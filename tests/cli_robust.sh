@@ -50,6 +50,46 @@ for t in 1e-45 1e-40 1e-39 1e-38 1e-6; do
     if [ -n "$greedy" ] && [ "$out" = "$greedy" ]; then ok "--temperature $t is greedy"; else bad "--temperature $t" "got '$out', greedy '$greedy'"; fi
 done
 
+# ---- 2. a NaN logit row fails that request alone, naming the prompt ----
+# token 90's embedding row is NaN: 1,2,3 (greedy 308 90 474 262) fails at the step that feeds 90
+nanm="$tmp/nan_model"
+mkdir -p "$nanm" && cp "$gqa/config.json" "$gqa/model.safetensors" "$nanm/"
+python3 - "$nanm/model.safetensors" <<'PY'
+import json, struct, sys
+with open(sys.argv[1], "r+b") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    t = json.loads(f.read(n))["model.embed_tokens.weight"]
+    hidden = t["shape"][1]
+    f.seek(8 + n + t["data_offsets"][0] + 90 * hidden * 4)
+    f.write(struct.pack("<f", float("nan")) * hidden)
+PY
+printf '5,6\n1,2,3\n17,33\n' >"$tmp/nan_prompts"
+"$bin" generate --model "$gqa" --prompts-file "$tmp/nan_prompts" --max-new-tokens 4 --temperature 0 --ignore-eos >"$tmp/want" 2>/dev/null
+"$bin" generate --model "$nanm" --prompts-file "$tmp/nan_prompts" --max-new-tokens 4 --temperature 0 --ignore-eos >"$tmp/out" 2>"$tmp/err"
+rc=$?
+if [ $rc -eq 1 ] && [ "$(sed -n 1p "$tmp/out")" = "$(sed -n 1p "$tmp/want")" ] &&
+    [ "$(sed -n 3p "$tmp/out")" = "$(sed -n 3p "$tmp/want")" ] && [ "$(sed -n 2p "$tmp/out")" = "[2] 308 90" ] &&
+    grep -q "^llama-ref: prompt 2 ($tmp/nan_prompts:2): generation failed after 2 new tokens: the model's logits hold NaN; the output of the other prompts is complete$" "$tmp/err"; then
+    ok "NaN logits fail prompt 2 alone (named by number and line), the others complete, exit 1"
+else
+    bad "NaN logit row" "exit $rc" "$(cat "$tmp/out")" "$(head -c 400 "$tmp/err")"
+fi
+"$bin" generate --model "$nanm" --prompts-file <(printf '5,6\n3,90\n4\n') --max-new-tokens 4 --temperature 0.8 --seed 1 --ignore-eos --output jsonl >"$tmp/out" 2>/dev/null
+if [ "$(jq -r 'select(.index == 2) | .finish_reason + ": " + .error' "$tmp/out")" = "error: generation failed after 0 new tokens: the model's logits hold NaN" ] &&
+    [ "$(jq -s '[.[] | select(.finish_reason == "length")] | length' "$tmp/out")" -eq 2 ]; then
+    ok "NaN logits, sampled, jsonl: finish_reason error for prompt 2, length for the others"
+else
+    bad "NaN logit row jsonl" "$(cat "$tmp/out")"
+fi
+"$bin" generate --model "$nanm" --prompt-ids 90 --max-new-tokens 4 >"$tmp/out" 2>"$tmp/err"
+rc=$?
+if [ $rc -eq 1 ] && [ "$(cat "$tmp/out")" = "" ] &&
+    tail -n 1 "$tmp/err" | grep -q "^llama-ref: prompt 1 (--prompt-ids): generation failed after 0 new tokens: the model's logits hold NaN$"; then
+    ok "NaN logits, one prompt: the last stderr line says so, exit 1"
+else
+    bad "NaN logits, one prompt" "exit $rc" "$(cat "$tmp/out")" "$(cat "$tmp/err")"
+fi
+
 # ---- 3. a failed write to stdout is an error, exit 1 ----
 # expect_write_error NAME CMD...: CMD > /dev/full exits 1 with "cannot write the output to stdout"
 expect_write_error() {

@@ -275,6 +275,21 @@ static void test_backend_sample_rows(void **state) {
     assert_int_equal(ids[1], one);
     assert_int_equal(be.iface.sample(be.ctx, &tl, rows, work, ws - 1, &ti, &err), MS_ERR_INVALID_ARG);
     assert_non_null(strstr(err.msg, "sample: workspace"));
+    /* issue 15.2: a NaN row gets MS_SAMPLE_ID_NAN, the other rows still sample (it used to fail
+     * the whole batch with "sample: row 0: sampling: logit 0 of 64 is NaN") */
+    for (int k = 0; k < 2; k++) {
+        float keep = z[k * V + 5];
+        z[k * V + 5] = NAN;
+        ids[0] = ids[1] = ids[2] = 12345;
+        assert_int_equal(be.iface.sample(be.ctx, &tl, rows, work, ws, &ti, &err), MS_OK);
+        assert_int_equal(ids[k], MS_SAMPLE_ID_NAN);
+        assert_int_equal(ids[2], ms_sampler_argmax(z + 2 * V, V));
+        if (k == 0)
+            assert_int_equal(ids[1], one);
+        else
+            assert_int_equal(ids[0], ms_sampler_argmax(z, V));
+        z[k * V + 5] = keep;
+    }
     rows[1].params.top_p = 2.0f;
     assert_int_equal(be.iface.sample(be.ctx, &tl, rows, work, ws, &ti, &err), MS_ERR_INVALID_ARG);
     assert_non_null(strstr(err.msg, "sample: row 1: sampling: top_p 2"));

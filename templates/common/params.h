@@ -176,6 +176,7 @@ typedef struct ms_argmax_params {
  * Top-k / top-p sampling per row with temperature; the random coin comes from the host.
  * Semantics (the same as the CPU sampler, sampler.h, and the reference in
  * tests/test_gpu_kernels.c):
+ *   a row holding a NaN logit: ids[r] = -1 (MS_SAMPLE_ID_NAN; the engine fails that request);
  *   temperature[r] < 1e-5 (MS_SAMPLER_MIN_TEMPERATURE), 0 included: argmax (first index of the
  *   maximum);
  *   otherwise p_i = exp((l_i - max l) / T). Top-k (0 < k < vocab): keep l_i >= the k-th largest
