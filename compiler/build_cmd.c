@@ -227,8 +227,11 @@ static ms_status checkpoint_shape(const ms_model *m, const char *config, ms_kern
     json_error_t je;
     json_t *root = json_load_file(path, 0, &je);
     if (root == NULL) {
-        ms_status s2 = MS_FAIL(err, MS_ERR_PARSE, "--config %s: %s (line %d)", path, je.text,
-                               je.line);
+        /* jansson's line is -1 when the file could not be read at all */
+        ms_status s2 = je.line > 0
+                           ? MS_FAIL(err, MS_ERR_PARSE, "--config %s: %s (line %d)", path,
+                                     je.text, je.line)
+                           : MS_FAIL(err, MS_ERR_IO, "--config %s: %s", path, je.text);
         ms_free(path);
         return s2;
     }
@@ -636,6 +639,22 @@ int ms_mstarc_build_main(int argc, char **argv) {
         fprintf(stderr, "mstarc: error: --config needs --arch (it gives the shape the kernels are "
                         "precompiled at)\n");
         return 2;
+    }
+    if (*outdir == '\0') {
+        fprintf(stderr, "mstarc: error: -o: the output folder is empty (give a folder path)\n");
+        return 2;
+    }
+    if (config != NULL) {
+        /* before any work: a missing or unreadable checkpoint is the user's to fix first */
+        struct stat cst;
+        if (*config == '\0' || stat(config, &cst) != 0) {
+            fprintf(stderr, "mstarc: error: --config %s: %s\n", config,
+                    *config == '\0' ? "the path is empty"
+                    : errno == ENOENT ? "no such file or folder (give a checkpoint folder or its "
+                                        "config.json)"
+                                      : strerror(errno));
+            return 1;
+        }
     }
 
     ms_compile *c = NULL;

@@ -216,7 +216,11 @@ ms_status ms_cli_model_probe(const ms_model_desc *desc, const char *path, ms_md_
             return MS_FAIL(err, MS_ERR_OOM, "out of memory");
         struct stat cst;
         bool has = stat(cfg, &cst) == 0;
+        int e = errno;
         ms_free(cfg);
+        if (!has && e != ENOENT)
+            return MS_FAIL(err, MS_ERR_IO, "%s: cannot read the model folder's config.json (%s)",
+                           path, strerror(e));
         if (!has)
             return MS_FAIL(err, MS_ERR_NOT_FOUND,
                            "%s: not a model: the folder has no config.json (%s)", path,
@@ -300,12 +304,15 @@ static const char *g_prog = "mstar";
 
 static int cli_fail(const char *fmt, ...) MS_PRINTF(1, 2);
 static int cli_fail(const char *fmt, ...) {
+    /* one line, whatever a prompt file or flag held: control bytes are escaped (\x1b, \n) */
+    char buf[2048];
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "%s: ", g_prog);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    int n = vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
+    fprintf(stderr, "%s: ", g_prog);
+    ms_cli_write_escaped(stderr, buf, n < 0 ? 0 : MS_MIN((size_t)n, sizeof buf - 1));
+    fputs(n >= (int)sizeof buf ? "...\n" : "\n", stderr);
     return 1;
 }
 
@@ -668,6 +675,10 @@ static int tok_init(cli_tok *t, const char *given, const char *model_dir, int32_
     size_t i = got >= 3 && memcmp(head, "\xEF\xBB\xBF", 3) == 0 ? 3 : 0;
     while (i < got && (head[i] == ' ' || head[i] == '\t' || head[i] == '\n' || head[i] == '\r'))
         i++;
+    if (got == 0)
+        return cli_fail("%s: the tokenizer file is empty (expected a tokenizer.json or a llama2.c "
+                        "tokenizer .bin)",
+                        t->path);
     bool is_json = i < got && head[i] == '{';
     ms_error err = {0};
     /* the checkpoint's own tokenizer.json was not asked for: say how to run without it */
@@ -782,6 +793,10 @@ static int add_prompt(cli_prompts *ps, const char *text, const char *where, cons
 }
 
 static int read_prompts_file(const char *path, const cli_tok *tok, cli_prompts *ps) {
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        return cli_fail("--prompts-file: %s: a folder, not a prompts file (one prompt per line)",
+                        path);
     FILE *f = fopen(path, "r");
     if (f == NULL)
         return cli_fail("--prompts-file: %s: cannot open the prompts file: %s", path,
@@ -805,6 +820,9 @@ static int read_prompts_file(const char *path, const cli_tok *tok, cli_prompts *
         rc = add_prompt(ps, line, where, tok);
     }
     free(line); /* from getline (libc), not ms_malloc */
+    if (rc == 0 && ferror(f))
+        rc = cli_fail("--prompts-file: %s: cannot read the prompts file: %s", path,
+                      strerror(errno));
     fclose(f);
     if (rc == 0 && ps->n == 0)
         rc = cli_fail("%s: no prompts (the file has no non-empty line)", path);

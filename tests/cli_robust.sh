@@ -190,6 +190,39 @@ else
     bad "bench --runs 99999999999" "$(head -c 300 "$tmp/err")"
 fi
 
+# ---- 7. each message says what is really wrong ----
+expect_error "--prompts-file a folder" 1 "^llama-ref: --prompts-file: $tmp: a folder, not a prompts file" -- --model "$gqa" --prompts-file "$tmp"
+mkdir -p "$tmp/loop" && ln -s config.json "$tmp/loop/config.json"
+expect_error "model folder whose config.json cannot be read" 1 "^llama-ref: $tmp/loop: cannot read the model folder's config.json \(Too many levels of symbolic links\)$" -- --model "$tmp/loop" --prompt-ids 1
+if [ "$(id -u)" -eq 0 ] && command -v setpriv >/dev/null; then
+    mkdir -p "$tmp/m000" && cp "$gqa/config.json" "$tmp/m000/" && chmod 000 "$tmp/m000" && chmod o+x "$tmp"
+    setpriv --reuid=65534 --regid=65534 --clear-groups "$bin" generate --model "$tmp/m000" --prompt-ids 1 >"$tmp/out" 2>"$tmp/err.000"
+    rc=$?
+    chmod 755 "$tmp/m000"
+    if [ $rc -eq 1 ] && grep -q "^llama-ref: $tmp/m000: cannot read the model folder's config.json (Permission denied)$" "$tmp/err.000"; then
+        ok "model folder of mode 000 (as nobody): permission denied, not 'no config.json'"
+    elif grep -q "Permission denied" "$tmp/err.000" && ! grep -q "$tmp/m000" "$tmp/err.000"; then
+        echo "skip mode-000 folder: nobody cannot run $bin here"
+    else
+        bad "model folder of mode 000" "exit $rc" "$(cat "$tmp/err.000")"
+    fi
+fi
+: >"$tmp/tokenizer.json"
+expect_error "empty tokenizer.json" 1 "^llama-ref: $tmp/tokenizer.json: the tokenizer file is empty" -- --model "$gqa" --tokenizer "$tmp/tokenizer.json" --prompt hi
+printf '1,2\n\033[31mred\n' >"$tmp/ctl"
+expect_error "control bytes in a prompts file are escaped" 1 "^llama-ref: $tmp/ctl:2: entry 1 '\\\\x1b\[31mred' is not a token id" -- --model "$gqa" --prompts-file "$tmp/ctl"
+if grep -q $'\033' "$tmp/err"; then bad "control bytes" "raw ESC on stderr"; fi
+"$mstarc" build models/llama.mstar -o "" >"$tmp/out" 2>"$tmp/err"
+rc=$?
+if [ $rc -eq 2 ] && grep -q "^mstarc: error: -o: the output folder is empty" "$tmp/err"; then ok "mstarc build -o '': says the folder is empty"; else bad "mstarc -o ''" "exit $rc" "$(cat "$tmp/err")"; fi
+"$mstarc" build models/llama.mstar -o "$tmp/o" --arch sm_80 --config /nonexistent >"$tmp/out" 2>"$tmp/err"
+rc=$?
+if [ $rc -eq 1 ] && grep -q "^mstarc: error: --config /nonexistent: no such file or folder" "$tmp/err" && ! grep -q "line -1" "$tmp/err"; then
+    ok "mstarc --config /nonexistent: no such file, no '(line -1)'"
+else
+    bad "mstarc --config /nonexistent" "exit $rc" "$(cat "$tmp/err")"
+fi
+
 # ---- 9. the context note follows stdout's final newline; --help lists every verb; page sizes ----
 l2c="$fx/llama2c/aidreams260K.bin"
 "$bin" generate --model "$l2c" --prompt-ids "$(seq -s, 3 122)" --max-new-tokens 50 --ignore-eos >"$tmp/both" 2>&1
