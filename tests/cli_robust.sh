@@ -223,6 +223,45 @@ else
     bad "mstarc --config /nonexistent" "exit $rc" "$(cat "$tmp/err")"
 fi
 
+# ---- 8. config fields that change the maths: what the model file declares is checked ----
+# the generated binary (the checks are emitted from models/llama.mstar: its architectures and
+# its forward's activation)
+if "$mstarc" build models/llama.mstar -o "$tmp/gen" >/dev/null 2>"$tmp/err"; then
+    gen="$tmp/gen/llama"
+    # expect_gen_error NAME PATTERN -- ARGS: `llama generate ARGS` exits 1, one stderr line
+    expect_gen_error() {
+        local name=$1 pat=$2
+        shift 3
+        "$gen" generate "$@" >"$tmp/out" 2>"$tmp/err"
+        local rc=$?
+        if [ $rc -eq 1 ] && [ "$(wc -l <"$tmp/err")" -eq 1 ] && grep -qE -- "$pat" "$tmp/err" && [ ! -s "$tmp/out" ]; then
+            ok "$name"
+        else
+            bad "$name" "exit $rc" "$(head -c 400 "$tmp/err")"
+        fi
+    }
+    mkm() { rm -rf "$tmp/m8" && mkdir "$tmp/m8" && cp "$gqa/config.json" "$gqa/model.safetensors" "$tmp/m8/"; }
+    mkm && sed -i 's/"hidden_act": "silu"/"hidden_act": "gelu"/' "$tmp/m8/config.json"
+    expect_gen_error "hidden_act gelu refused (the forward computes silu)" "config.json: hidden_act 'gelu' is not the activation this model computes \(silu, swish\)$" -- --model "$tmp/m8" --prompt-ids 1,2
+    mkm && sed -i 's/"hidden_act": "silu"/"hidden_act": "swish"/' "$tmp/m8/config.json"
+    out=$("$gen" generate --model "$tmp/m8" --prompt-ids 1,2 --max-new-tokens 2 --temperature 0 2>/dev/null)
+    want=$("$gen" generate --model "$gqa" --prompt-ids 1,2 --max-new-tokens 2 --temperature 0 2>/dev/null)
+    if [ -n "$out" ] && [ "$out" = "$want" ]; then ok "hidden_act swish (= silu) runs"; else bad "hidden_act swish" "$out" "$want"; fi
+    mkm && sed -i 's/"LlamaForCausalLM"/"BertModel"/' "$tmp/m8/config.json"
+    expect_gen_error "architectures BertModel refused" "config.json: architecture 'BertModel' is not supported by this model \(LlamaForCausalLM, MistralForCausalLM\)$" -- --model "$tmp/m8" --prompt-ids 1,2
+    expect_gen_error "whisper_tiny: its architecture, not a missing field" "whisper_tiny/config.json: architecture 'WhisperForConditionalGeneration' is not supported by this model" -- --model "$fx/hf/whisper_tiny" --prompt-ids 1,2
+    out=$("$gen" generate --model "$fx/hf/mistral_window" --prompt-ids 1,2 --max-new-tokens 2 2>/dev/null)
+    if [ -n "$out" ]; then ok "MistralForCausalLM runs"; else bad "mistral_window" "no output"; fi
+    out=$("$gen" generate --model "$fx/llama2c/aidreams260K.bin" --prompt-ids 1,2 --max-new-tokens 2 2>/dev/null)
+    if [ -n "$out" ]; then ok "llama2.c checkpoint (no architectures of its own) runs"; else bad "llama2.c with the generated binary" "no output"; fi
+    mkm && echo '{"metadata": {}, "weight_map": {}}' >"$tmp/m8/model.safetensors.index.json"
+    expect_gen_error "a shard index beside a stray model.safetensors" "$tmp/m8: holds both model.safetensors.index.json and model.safetensors, so which one is the checkpoint is ambiguous" -- --model "$tmp/m8" --prompt-ids 1,2
+    out=$("$gen" generate --model "$tmp/m8/model.safetensors" --prompt-ids 1,2 --max-new-tokens 2 --temperature 0 2>/dev/null)
+    if [ -n "$out" ] && [ "$out" = "$want" ]; then ok "the single file given itself runs"; else bad "model.safetensors given itself" "$out"; fi
+else
+    bad "mstarc build models/llama.mstar" "$(head -c 400 "$tmp/err")"
+fi
+
 # ---- 9. the context note follows stdout's final newline; --help lists every verb; page sizes ----
 l2c="$fx/llama2c/aidreams260K.bin"
 "$bin" generate --model "$l2c" --prompt-ids "$(seq -s, 3 122)" --max-new-tokens 50 --ignore-eos >"$tmp/both" 2>&1
