@@ -227,8 +227,11 @@ static ms_status checkpoint_shape(const ms_model *m, const char *config, ms_kern
     json_error_t je;
     json_t *root = json_load_file(path, 0, &je);
     if (root == NULL) {
-        ms_status s2 = MS_FAIL(err, MS_ERR_PARSE, "--config %s: %s (line %d)", path, je.text,
-                               je.line);
+        /* jansson's line is -1 when the file could not be read at all */
+        ms_status s2 = je.line > 0
+                           ? MS_FAIL(err, MS_ERR_PARSE, "--config %s: %s (line %d)", path,
+                                     je.text, je.line)
+                           : MS_FAIL(err, MS_ERR_IO, "--config %s: %s", path, je.text);
         ms_free(path);
         return s2;
     }
@@ -287,18 +290,37 @@ static ms_status checkpoint_shape(const ms_model *m, const char *config, ms_kern
     return s2;
 }
 
-/* The model's page size when it is a literal (kv_pool page_size = 16), else 16. */
-static int model_page_size(const ms_model *m) {
+/*
+ * The page size of a compile check without --config: the model's kv_pool page_size when it is a
+ * literal (page_size = 16), 16 when absent (its default), 16 standing in when it is an expression
+ * of the config (*stand_in set: the check says so). A literal outside 1 .. MS_KERNEL_MAX_PAGE_SIZE
+ * cannot be compiled for: -1 after printing so (checking at 16 would claim what is not true).
+ */
+static int model_page_size(const ms_model *m, int *ps, bool *stand_in) {
+    *ps = 16;
+    *stand_in = false;
     for (int n = 0; n < m->n_nodes; n++)
         for (int i = 0; i < m->nodes[n]->n_resources; i++) {
             const ms_resource *r = m->nodes[n]->resources[i];
             if (r->kind != MS_RESOURCE_KV)
                 continue;
             const ms_ast_expr *e = ms_resource_arg(r, "page_size");
-            if (e != NULL && e->kind == MS_EXPR_INT && e->ival > 0 && e->ival <= 4096)
-                return (int)e->ival;
+            if (e == NULL || e->kind == MS_EXPR_NONE)
+                continue;
+            if (e->kind != MS_EXPR_INT) {
+                *stand_in = true;
+                continue;
+            }
+            if (e->ival < 1 || e->ival > MS_KERNEL_MAX_PAGE_SIZE) {
+                fprintf(stderr,
+                        "mstarc: error: --arch: kv_pool %s has page_size %lld, outside the page "
+                        "sizes the CUDA kernels take (1 .. %d): no kernel can be compiled for it\n",
+                        r->name, (long long)e->ival, MS_KERNEL_MAX_PAGE_SIZE);
+                return -1;
+            }
+            *ps = (int)e->ival;
         }
-    return 16;
+    return 0;
 }
 
 #if defined(MS_HAVE_CUDA)
@@ -457,7 +479,10 @@ static int precompile_config(const ms_model *m, const char *kdir, char **names, 
 /* --arch without --config: every emitted file at the KSHAPES, nothing cached. */
 static int check_representative(const ms_model *m, const char *kdir, char **names, int n_names,
                                 const int *archs, int n_archs) {
-    const int ps = model_page_size(m);
+    int ps;
+    bool stand_in;
+    if (model_page_size(m, &ps, &stand_in) != 0)
+        return -1;
     int checks = 0;
     for (int j = 0; j < n_names; j++) {
         char *path = ms_asprintf("%s/%s", kdir, names[j]);
@@ -502,9 +527,10 @@ static int check_representative(const ms_model *m, const char *kdir, char **name
             return -1;
     }
     printf("kernels: %d compile check%s of %d instance file%s: compile-checked at head_dim=64,128, "
-           "group=1,4,8 (pairs 64/1, 128/4, 128/8), page_size=%d; no cache entries: pass --config "
-           "for the checkpoint's shape\n",
-           checks, checks == 1 ? "" : "s", n_names, n_names == 1 ? "" : "s", ps);
+           "group=1,4,8 (pairs 64/1, 128/4, 128/8), page_size=%d%s; no cache entries: pass "
+           "--config for the checkpoint's shape\n",
+           checks, checks == 1 ? "" : "s", n_names, n_names == 1 ? "" : "s", ps,
+           stand_in ? " (the model's page_size comes from the config: 16 stands in)" : "");
     return 0;
 }
 
@@ -543,6 +569,20 @@ static int precompile_kernels(const ms_model *m, const char *outdir, char **name
 #endif
 }
 
+/* Flush stdout and check it for a write error: 0, or 1 with a message (as main.c's). */
+static int stdout_check(void) {
+    int before = errno; /* a failed implicit flush (a full buffer) left its reason here */
+    errno = 0;
+    int e = fflush(stdout) != 0 ? errno : 0;
+    if (e == 0 && !ferror(stdout))
+        return 0;
+    if (e == 0)
+        e = before;
+    fprintf(stderr, "mstarc: error: cannot write the output to stdout: %s\n",
+            e != 0 ? strerror(e) : "a write failed");
+    return 1;
+}
+
 int ms_mstarc_build_main(int argc, char **argv) {
     const char *file = NULL, *outdir = NULL;
     const char *cc = NULL, *cflags = NULL, *lib = NULL, *ldlibs = NULL;
@@ -568,7 +608,7 @@ int ms_mstarc_build_main(int argc, char **argv) {
             emit_only = true;
         } else if (strcmp(a, "-h") == 0 || strcmp(a, "--help") == 0) {
             build_usage(stdout);
-            return 0;
+            return stdout_check();
         } else if (a[0] == '-' && a[1] != '\0') {
             fprintf(stderr, "mstarc: error: unknown option '%s' for build\n", a);
             build_usage(stderr);
@@ -599,6 +639,22 @@ int ms_mstarc_build_main(int argc, char **argv) {
         fprintf(stderr, "mstarc: error: --config needs --arch (it gives the shape the kernels are "
                         "precompiled at)\n");
         return 2;
+    }
+    if (*outdir == '\0') {
+        fprintf(stderr, "mstarc: error: -o: the output folder is empty (give a folder path)\n");
+        return 2;
+    }
+    if (config != NULL) {
+        /* before any work: a missing or unreadable checkpoint is the user's to fix first */
+        struct stat cst;
+        if (*config == '\0' || stat(config, &cst) != 0) {
+            fprintf(stderr, "mstarc: error: --config %s: %s\n", config,
+                    *config == '\0' ? "the path is empty"
+                    : errno == ENOENT ? "no such file or folder (give a checkpoint folder or its "
+                                        "config.json)"
+                                      : strerror(errno));
+            return 1;
+        }
     }
 
     ms_compile *c = NULL;
@@ -646,7 +702,7 @@ int ms_mstarc_build_main(int argc, char **argv) {
         goto done;
     if (emit_only) {
         printf("%s: wrote %s, %s\n", file, gen_path, main_path);
-        rc = 0;
+        rc = stdout_check();
         goto done;
     }
     ms_strbuf_printf(&cmd, "%s %s ", pick(cc, "MSTARC_CC", MS_BUILD_CC),
@@ -681,7 +737,7 @@ int ms_mstarc_build_main(int argc, char **argv) {
         goto done;
     }
     printf("%s: built %s (C in %s)\n", file, bin_path, gen_path);
-    rc = 0;
+    rc = stdout_check();
 done:
     for (int i = 0; i < n_knames; i++)
         ms_free(knames[i]);

@@ -550,6 +550,92 @@ static const char *rotary_dim_expr(gen *g) {
     return cexpr(g, rd != NULL ? rd : rhd != NULL ? rhd : res_arg(g->kv, "head_dim"));
 }
 
+/*
+ * A string parameter only ever compared with literals (in resource arguments or other parameters'
+ * expressions, `let` included) accepts only those literals: anything else is refused at load,
+ * right after the parameter is read, so that a parameter declared first (the checkpoint's
+ * architecture) is checked before any other field of a config.json it does not describe.
+ */
+static void emit_string_choice_check(gen *g, const ms_param *p) {
+    const ms_model *m = g->m;
+    {
+        if (p->type != MS_TYPE_STRING || p->derived)
+            return;
+        const char *cmp[16], *lits[17];
+        int n_cmp = 0, n = 0;
+        bool other = false;
+        for (int r = 0; r < g->node->n_resources; r++)
+            for (int k = 0; k < MS_RES_MAX_KEYS; k++) {
+                collect_string_cmp(g->node->resources[r]->args[k], p, cmp, &n_cmp, 16);
+                other = other || string_used_otherwise(g->node->resources[r]->args[k], p);
+            }
+        for (int j = 0; j < m->n_params; j++) {
+            collect_string_cmp(m->params[j]->dflt, p, cmp, &n_cmp, 16);
+            other = other || string_used_otherwise(m->params[j]->dflt, p);
+        }
+        if (n_cmp == 0 || other)
+            return;
+        /* the default first, then the compared literals */
+        if (p->dflt != NULL && p->dflt->kind == MS_EXPR_STRING)
+            lits[n++] = p->dflt->text;
+        for (int k = 0; k < n_cmp; k++)
+            if (n == 0 || strcmp(lits[0], cmp[k]) != 0)
+                lits[n++] = cmp[k];
+        ms_strbuf *cond = sb_get(g); ms_strbuf *names = sb_get(g);
+        for (int k = 0; k < n; k++) {
+            ms_strbuf_printf(cond, "%sstrcmp(c->%s, %s) == 0", k ? " || " : "", p->name,
+                             c_string(g, lits[k]));
+            ms_strbuf_printf(names, "%s%s", k ? ", " : "", lits[k]);
+        }
+        if (cond->oom || names->oom)
+            ms_arena_oom(&g->a);
+        E("MS_TRY(ms_md_cfg_check(hf, %s, err,", cond->data);
+        E("                       \"%s '%%s' is not supported by this model (%s)\", c->%s));",
+          p->name, names->data, p->name);
+        sb_put(g, cond);
+        sb_put(g, names);
+    }
+}
+
+/*
+ * config.json's hidden_act against the activation the forward computes (the model file declares
+ * its maths there, so nothing else has to repeat it): a checkpoint trained with GELU must not run
+ * as SiLU. Emitted when the forward uses exactly one of silu / gelu / relu and the model has no
+ * `hidden_act` parameter of its own; an absent hidden_act is accepted.
+ */
+static void emit_activation_check(gen *g) {
+    static const struct {
+        const char *fn;      /* the DSL builtin */
+        const char *values;  /* the hidden_act values transformers maps to it (ACT2FN) */
+        const char *cond;    /* the same as a C condition on `act` */
+    } acts[] = {
+        {"silu", "silu, swish", "strcmp(act, \"silu\") == 0 || strcmp(act, \"swish\") == 0"},
+        {"gelu", "gelu", "strcmp(act, \"gelu\") == 0"},
+        {"relu", "relu", "strcmp(act, \"relu\") == 0"},
+    };
+    if (g->fwd == NULL || ms_model_find_param(g->m, "hidden_act") != NULL)
+        return;
+    int found = -1, n_found = 0;
+    for (int i = 0; i < (int)MS_ARRAY_LEN(acts); i++)
+        if (find_call_stmts(&g->fwd->ast->body, acts[i].fn) != NULL) {
+            found = i;
+            n_found++;
+        }
+    if (n_found != 1)
+        return;
+    E("{ /* hidden_act: the activation the forward computes (%s) */", acts[found].fn);
+    g->cg.indent++;
+    E("const char *act;");
+    E("MS_TRY(ms_hf_config_get_string_or(hf, \"hidden_act\", \"%s\", &act, err));",
+      acts[found].fn);
+    E("MS_TRY(ms_md_cfg_check(hf, %s, err,", acts[found].cond);
+    E("                       \"hidden_act '%%s' is not the activation this model computes (%s)\",",
+      acts[found].values);
+    E("                       act));");
+    g->cg.indent--;
+    E("}");
+}
+
 static void emit_config_load(gen *g) {
     const ms_model *m = g->m;
     E("static ms_status %s_config_load(const ms_hf_config *hf, void *out, ms_error *err) {",
@@ -590,9 +676,11 @@ static void emit_config_load(gen *g) {
             E("                       \"%s (%%lld) is out of range (at most 2147483647 in "
               "magnitude)\", (long long)c->%s));", p->name, p->name);
         }
+        emit_string_choice_check(g, p);
         g->cg.indent--;
         E("}");
     }
+    emit_activation_check(g);
 
     /* Shape checks sema cannot prove: sizes that come from config.json. */
     ms_emit_blank(&g->cg);
@@ -674,42 +762,6 @@ static void emit_config_load(gen *g) {
         const char *t = bare(g, cexpr(g, eps));
         E("MS_TRY(ms_md_cfg_check(hf, (double)(%s) >= 0.0, err, \"%s (%%g) must not be negative\", "
           "(double)(%s)));", t, src_text(g, eps), t);
-    }
-    /* string parameters only ever compared with literals: anything else is unsupported */
-    for (int i = 0; i < m->n_params; i++) {
-        const ms_param *p = m->params[i];
-        if (p->type != MS_TYPE_STRING || p->derived)
-            continue;
-        const char *lits[16];
-        int n = 0;
-        if (p->dflt != NULL && p->dflt->kind == MS_EXPR_STRING)
-            lits[n++] = p->dflt->text;
-        bool other = false;
-        int n0 = n;
-        for (int r = 0; r < g->node->n_resources; r++)
-            for (int k = 0; k < MS_RES_MAX_KEYS; k++) {
-                collect_string_cmp(g->node->resources[r]->args[k], p, lits, &n, 16);
-                other = other || string_used_otherwise(g->node->resources[r]->args[k], p);
-            }
-        for (int j = 0; j < m->n_params; j++) {
-            collect_string_cmp(m->params[j]->dflt, p, lits, &n, 16);
-            other = other || string_used_otherwise(m->params[j]->dflt, p);
-        }
-        if (n == n0 || other)
-            continue;
-        ms_strbuf *cond = sb_get(g); ms_strbuf *names = sb_get(g);
-        for (int k = 0; k < n; k++) {
-            ms_strbuf_printf(cond, "%sstrcmp(c->%s, %s) == 0", k ? " || " : "", p->name,
-                             c_string(g, lits[k]));
-            ms_strbuf_printf(names, "%s%s", k ? ", " : "", lits[k]);
-        }
-        if (cond->oom || names->oom)
-            ms_arena_oom(&g->a);
-        E("MS_TRY(ms_md_cfg_check(hf, %s, err,", cond->data);
-        E("                       \"%s '%%s' is not supported by this model (%s)\", c->%s));",
-          p->name, names->data, p->name);
-        sb_put(g, cond);
-        sb_put(g, names);
     }
     E("return MS_OK;");
     g->cg.indent--;

@@ -10,6 +10,7 @@
  * Exit status: 0 when every file checks clean, 1 when any file has errors or cannot be read,
  * 2 on a usage error. Only this file calls exit().
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,21 @@ static void usage(FILE *out) {
             "\n"
             "  check   parse and check model files (see dsl/README.md); errors go to stderr\n"
             "  dump    print the checked model in canonical form (parses back to the same text)\n");
+}
+
+/* Flush stdout and check it for a write error (a full disk, a closed pipe): 0, or 1 with a
+ * message. Every command calls it before returning success. */
+static int stdout_check(void) {
+    int before = errno; /* a failed implicit flush (a full buffer) left its reason here */
+    errno = 0;
+    int e = fflush(stdout) != 0 ? errno : 0;
+    if (e == 0 && !ferror(stdout))
+        return 0;
+    if (e == 0)
+        e = before;
+    fprintf(stderr, "mstarc: error: cannot write the output to stdout: %s\n",
+            e != 0 ? strerror(e) : "a write failed");
+    return 1;
 }
 
 /* Compile one file; print diagnostics. Returns the session on success (caller frees). */
@@ -56,7 +72,7 @@ int main(int argc, char **argv) {
     }
     if (strcmp(argv[1], "-h") == 0 || strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "help") == 0) {
         usage(stdout);
-        return 0;
+        return stdout_check();
     }
     const char *cmd = argv[1];
     if (strcmp(cmd, "build") == 0)
@@ -113,7 +129,7 @@ int main(int argc, char **argv) {
         }
         fputs(b.data, stdout);
         ms_strbuf_free(&b);
-        return fflush(stdout) == 0 ? 0 : 1;
+        return stdout_check();
     }
     int failed = 0;
     for (int i = 0; i < n_files; i++) {
@@ -132,5 +148,6 @@ int main(int argc, char **argv) {
                m->n_weights == 1 ? "" : "s");
         ms_compile_free(c);
     }
-    return failed > 0 ? 1 : 0;
+    int out_rc = stdout_check();
+    return failed > 0 ? 1 : out_rc;
 }

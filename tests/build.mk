@@ -41,6 +41,7 @@ $(BUILD)/llama-ref: $(BUILD)/obj/tests/llama_ref_main.o $(BUILD)/obj/tests/llama
 	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 TESTS += tests/test_engine_llama
 TEST_SCRIPTS += tests/generate_cli.sh
+TEST_SCRIPTS += tests/cli_robust.sh
 TESTS += tests/test_runner_integration
 TESTS += tests/test_kv_retention
 TESTS += tests/test_kv_offload

@@ -68,7 +68,8 @@ else
     bad "golden case 0" "$(diff "$tmp/got" "$tmp/want" | head -5)" "$(head -c 300 "$tmp/err")"
 fi
 jq -r '.cases[].prompt' "$golden" >"$tmp/golden_prompts"
-jq -j '.cases[].text' "$golden" >"$tmp/want"
+# several prompts: one line each, "[k] " and the text with control bytes escaped (\n, \t, \\ ...)
+jq -r '.cases | to_entries[] | "[\(.key + 1)] " + (.value.text | rtrimstr("\n") | gsub("\\\\"; "\\\\\\\\") | gsub("\n"; "\\n") | gsub("\t"; "\\t") | gsub("\r"; "\\r"))' "$golden" >"$tmp/want"
 if [ "$(jq '[.cases[].steps] | unique | length' "$golden")" -eq 1 ] &&
     "$bin" generate --model "$l2c" --tokenizer "$tok" --prompts-file "$tmp/golden_prompts" \
         --temperature 0 --steps "$(jq -r '.cases[0].steps' "$golden")" >"$tmp/got" 2>"$tmp/err" &&
@@ -238,7 +239,7 @@ expect_error "--model folder without config.json" 1 "^llama-ref: $tmp/empty: not
 expect_error "--model ''" 1 "--model: the path is empty" -- --model '' --prompt-ids 1
 
 # ---- tokenizer flags ----
-expect_error "--output xml" 1 "--output: 'xml' is not text or ids" -- "${m[@]}" --output xml
+expect_error "--output xml" 1 "--output: 'xml' is not text, ids or jsonl" -- "${m[@]}" --output xml
 expect_error "--output text without a tokenizer" 1 "--output text needs a tokenizer: $gqa has no tokenizer.json" -- "${m[@]}" --output text
 expect_error "--tokenizer none with --prompt" 1 "--prompt needs a tokenizer \(--tokenizer none was given\)" -- --model "$l2c" --tokenizer none --prompt hi
 expect_error "--tokenizer /dev/null" 1 "--tokenizer: /dev/null: not a tokenizer: a character device" -- "${m[@]}" --tokenizer /dev/null
@@ -289,7 +290,7 @@ ln -s "$l3tok/tokenizer_config.json" "$tmp/l3t/tokenizer_config.json"
 # encode: the checkpoint folder's tokenizer.json by default; its post-processor adds
 # <|begin_of_text|> (128000) as transformers does; the echoed prompt decodes back to the text
 jq -r '.llama3_1[] | select(.text != "" and (.text | contains("\n") | not)) | .text' "$ref" >"$tmp/l3_prompts"
-jq -r '.llama3_1[] | select(.text != "" and (.text | contains("\n") | not)) | .decoded' "$ref" >"$tmp/l3_want"
+jq -r '[.llama3_1[] | select(.text != "" and (.text | contains("\n") | not)) | .decoded] | to_entries[] | "[\(.key + 1)] " + (.value | gsub("\\\\"; "\\\\\\\\") | gsub("\n"; "\\n") | gsub("\t"; "\\t") | gsub("\r"; "\\r"))' "$ref" >"$tmp/l3_want"
 jq -r '.llama3_1[] | select(.text != "" and (.text | contains("\n") | not)) | [128000] + .ids | map(tostring) | join(" ")' "$ref" |
     awk '{ n = split($0, a, " "); printf "llama-ref: prompt %d: %d tokens: %s\n", NR, n, $0 }' >"$tmp/l3_want_ids"
 "$bin" generate --model "$tmp/l3t" --prompts-file "$tmp/l3_prompts" --max-new-tokens 0 --verbose-prompt >"$tmp/out" 2>"$tmp/err"

@@ -8,6 +8,7 @@
  */
 #include "ms_test.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -122,6 +123,42 @@ static void expect_stream(const char *const *parts, const char *want) {
 }
 
 #define FFFD "\xEF\xBF\xBD"
+
+/* issue 15.6 / 15.7: numbers are plain decimal, whole, in range; values print escaped */
+static void test_flag_numbers(void **state) {
+    (void)state;
+    int64_t n = -7;
+    assert_true(ms_cli_parse_i64("42", 0, 100, &n) && n == 42);
+    assert_false(ms_cli_parse_i64(" 4", 0, 100, &n));
+    assert_false(ms_cli_parse_i64("4 ", 0, 100, &n));
+    assert_false(ms_cli_parse_i64("\t4", 0, 100, &n));
+    assert_int_equal(ms_cli_flag_i64("t", "--n", "2147483648", 0, INT32_MAX, "an int", &n), 1);
+    assert_int_equal(ms_cli_flag_i64("t", "--n", "7", 0, INT32_MAX, "an int", &n), 0);
+    assert_int_equal(n, 7);
+    float f = -1.0f;
+    assert_int_equal(ms_cli_flag_f32("t", "--f", "0.5", 0.0, true, 1.0, "x", &f), 0);
+    assert_true(f == 0.5f);
+    assert_int_equal(ms_cli_flag_f32("t", "--f", "1", 0.0, true, 1.0, "x", &f), 0);
+    assert_true(f == 1.0f);
+    static const char *const refused[] = {"1.0000000001", "0", "0x10", "0x1p-3", " 0.5", "0.5 ",
+                                          "inf", "nan", "-0.1", "", "1e309", ".", "e5", "1e"};
+    for (size_t i = 0; i < MS_ARRAY_LEN(refused); i++) {
+        f = -1.0f;
+        if (ms_cli_flag_f32("t", "--f", refused[i], 0.0, true, 1.0, "x", &f) != 1)
+            fail_msg("'%s' was accepted as %g", refused[i], (double)f);
+    }
+    assert_int_equal(ms_cli_flag_f32("t", "--f", "1e308", 0.0, false, FLT_MAX, "x", &f), 1);
+    assert_int_equal(ms_cli_flag_f32("t", "--f", "1e-39", 0.0, false, FLT_MAX, "x", &f), 0);
+    assert_true(f > 0.0f && f < 1e-38f);
+    char *buf = NULL;
+    size_t len = 0;
+    FILE *m = open_memstream(&buf, &len);
+    ms_cli_put_escaped(m, "a\nb\tc\x1b[31m\\d\x7f", 100);
+    ms_cli_put_escaped(m, "|abcdef", 3);
+    fclose(m);
+    assert_string_equal(buf, "a\\nb\\tc\\x1b[31m\\\\d\\x7f|ab...");
+    free(buf);
+}
 
 static void test_utf8_stream(void **state) {
     (void)state;
@@ -319,6 +356,7 @@ int main(void) {
         ms_unit_test(test_parse_ids_accepts),
         ms_unit_test(test_parse_ids_rejects),
         ms_unit_test(test_parse_ids_oom),
+        ms_unit_test(test_flag_numbers),
         ms_unit_test(test_utf8_stream),
         ms_unit_test(test_utf8_stream_tokens),
         ms_unit_test(test_model_probe),

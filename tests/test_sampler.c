@@ -212,6 +212,42 @@ static void test_bad_settings_and_nan(void **state) {
     assert_int_equal(id, 1);
 }
 
+/* issue 15.1: a temperature whose scaling 1 / T overflows float (denormal T) used to turn every
+ * probability into NaN and pick the last id; below MS_SAMPLER_MIN_TEMPERATURE it is greedy. */
+static void test_tiny_temperature_is_greedy(void **state) {
+    (void)state;
+    ms_error err = {0};
+    enum { V = 300 };
+    float z[V];
+    void *scratch = ms_malloc(ms_sampler_scratch_size(V));
+    static const float temps[] = {1e-45f, 1e-40f, 1e-39f, 1e-38f, 1e-20f, 9e-6f};
+    for (uint64_t row = 0; row < 8; row++) {
+        fill_logits(z, V, row + 500);
+        int32_t want = ms_sampler_argmax(z, V), id;
+        for (size_t t = 0; t < MS_ARRAY_LEN(temps); t++) {
+            ms_sampling_params p = {temps[t], 0, 1.0f, row};
+            assert_true(ms_sampler_is_greedy(&p));
+            assert_int_equal(ms_sampler_sample_row(z, V, &p, row, scratch, &id, &err), MS_OK);
+            assert_int_equal(id, want);
+            p.top_k = 40;
+            p.top_p = 0.9f;
+            assert_int_equal(ms_sampler_sample_row(z, V, &p, row, scratch, &id, &err), MS_OK);
+            assert_int_equal(id, want);
+        }
+        /* huge logits with a small (not tiny) temperature: max z / T overflows, still greedy */
+        for (int32_t i = 0; i < V; i++)
+            z[i] *= 1e34f;
+        want = ms_sampler_argmax(z, V);
+        ms_sampling_params p = {1e-4f, 0, 1.0f, row};
+        assert_false(ms_sampler_is_greedy(&p));
+        assert_int_equal(ms_sampler_sample_row(z, V, &p, row, scratch, &id, &err), MS_OK);
+        assert_int_equal(id, want);
+    }
+    ms_sampling_params p = {1e-5f, 0, 1.0f, 0};
+    assert_false(ms_sampler_is_greedy(&p));
+    ms_free(scratch);
+}
+
 static void test_backend_sample_rows(void **state) {
     (void)state;
     ms_error err = {0};
@@ -239,6 +275,21 @@ static void test_backend_sample_rows(void **state) {
     assert_int_equal(ids[1], one);
     assert_int_equal(be.iface.sample(be.ctx, &tl, rows, work, ws - 1, &ti, &err), MS_ERR_INVALID_ARG);
     assert_non_null(strstr(err.msg, "sample: workspace"));
+    /* issue 15.2: a NaN row gets MS_SAMPLE_ID_NAN, the other rows still sample (it used to fail
+     * the whole batch with "sample: row 0: sampling: logit 0 of 64 is NaN") */
+    for (int k = 0; k < 2; k++) {
+        float keep = z[k * V + 5];
+        z[k * V + 5] = NAN;
+        ids[0] = ids[1] = ids[2] = 12345;
+        assert_int_equal(be.iface.sample(be.ctx, &tl, rows, work, ws, &ti, &err), MS_OK);
+        assert_int_equal(ids[k], MS_SAMPLE_ID_NAN);
+        assert_int_equal(ids[2], ms_sampler_argmax(z + 2 * V, V));
+        if (k == 0)
+            assert_int_equal(ids[1], one);
+        else
+            assert_int_equal(ids[0], ms_sampler_argmax(z, V));
+        z[k * V + 5] = keep;
+    }
     rows[1].params.top_p = 2.0f;
     assert_int_equal(be.iface.sample(be.ctx, &tl, rows, work, ws, &ti, &err), MS_ERR_INVALID_ARG);
     assert_non_null(strstr(err.msg, "sample: row 1: sampling: top_p 2"));
@@ -254,6 +305,7 @@ int main(void) {
         ms_unit_test(test_distribution_follows_filters),
         ms_unit_test(test_draw_in_vocabulary_order_with_boundary_ties),
         ms_unit_test(test_bad_settings_and_nan),
+        ms_unit_test(test_tiny_temperature_is_greedy),
         ms_unit_test(test_backend_sample_rows),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -516,6 +516,8 @@ typedef struct ms_backend_i {
      * Sample one id per row with the semantics of sampler.h (greedy rows = argmax; others
      * temperature / top-k / top-p with the uniform of (seed, draw)). logits [m, V] f32; rows [m]
      * host array; workspace: backend memory of sample_workspace_size(m, V) bytes; ids [m] i32.
+     * A row whose logits hold NaN gets MS_SAMPLE_ID_NAN (-1), not an error: one broken
+     * sequence must not fail the batch. Bad settings are an error naming the row.
      */
     ms_status (*sample)(void *ctx, const ms_tensor *logits, const ms_sample_row *rows,
                         void *workspace, size_t workspace_bytes, ms_tensor *ids, ms_error *err);
@@ -578,7 +580,8 @@ ms_status ms_attn_batch_check(const ms_attn_limits *limits, const ms_kv_plan *pl
 
 /* Settings of the CPU backend. */
 typedef struct ms_backend_cpu_options {
-    int32_t n_threads; /* worker threads incl. the caller; 0 = online CPUs (at most 64) */
+    int32_t n_threads; /* worker threads incl. the caller, <= MS_THREADPOOL_MAX_THREADS (256);
+                          0 = online CPUs (at most 64) */
 } ms_backend_cpu_options;
 
 /*

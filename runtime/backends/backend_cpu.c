@@ -1250,8 +1250,16 @@ static ms_status cpu_sample(void *ctx, const ms_tensor *logits, const ms_sample_
     size_t per = ms_sampler_scratch_size(v);
     for (int32_t r = 0; r < m; r++) {
         int32_t id;
-        ms_status st = ms_sampler_sample_row(row_f32(logits, r), v, &rows[r].params, rows[r].draw,
-                                             (char *)workspace + (size_t)r * per, &id, err);
+        const float *z = row_f32(logits, r);
+        ms_status st = MS_OK;
+        bool nan = false;
+        for (int32_t i = 0; i < v && !nan; i++)
+            nan = isnan(z[i]);
+        if (nan)
+            id = MS_SAMPLE_ID_NAN; /* this row's request fails alone (backend.h) */
+        else
+            st = ms_sampler_sample_row(z, v, &rows[r].params, rows[r].draw,
+                                       (char *)workspace + (size_t)r * per, &id, err);
         if (st != MS_OK) {
             ms_error_prefix(err, "sample: row %d: ", r);
             return st;
@@ -1274,8 +1282,9 @@ static void cpu_free(void *ctx) {
 ms_status ms_backend_cpu_init(ms_backend *out, const ms_backend_cpu_options *opt, ms_error *err) {
     memset(out, 0, sizeof *out);
     int32_t n = opt ? opt->n_threads : 0;
-    if (n < 0 || n > 256)
-        return MS_FAIL(err, MS_ERR_INVALID_ARG, "cpu backend: n_threads %d outside [0, 256]", n);
+    if (n < 0 || n > MS_THREADPOOL_MAX_THREADS)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "cpu backend: n_threads %d outside [0, %d]", n,
+                       MS_THREADPOOL_MAX_THREADS);
     if (n == 0) {
         long online = sysconf(_SC_NPROCESSORS_ONLN);
         n = (int32_t)MS_MIN(MS_MAX(online, 1), 64);

@@ -144,9 +144,9 @@ ms_status ms_kernel_spec_check(const ms_kernel_spec *s, ms_error *err) {
         return MS_FAIL(err, MS_ERR_UNSUPPORTED, "%s: dtype f32 unsupported (bf16, f16)", op);
     bool paged = s->op == MS_KERNEL_OP_ATTN_DECODE || s->op == MS_KERNEL_OP_ATTN_PREFILL ||
                  s->op == MS_KERNEL_OP_ROPE_KV;
-    if (paged && (s->page_size < 1 || s->page_size > 1024))
-        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "%s: page_size %d unsupported (1 .. 1024)", op,
-                       s->page_size);
+    if (paged && (s->page_size < 1 || s->page_size > MS_KERNEL_MAX_PAGE_SIZE))
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "%s: page_size %d unsupported (1 .. %d)", op,
+                       s->page_size, MS_KERNEL_MAX_PAGE_SIZE);
     switch (s->op) {
     case MS_KERNEL_OP_ATTN_DECODE:
         /* a key row is read in 16-byte pieces by at most one warp (templates/attn/decode.cuh) */

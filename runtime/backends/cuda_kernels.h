@@ -73,13 +73,17 @@ typedef enum ms_kernel_rope_scaling {
  * One kernel specialization: every compile-time choice. Fields an op does not use must be zero
  * (the constructors below do that), so equal instances have equal URIs.
  */
+/* The largest KV page size the paged kernels (attention, rope_kv) take. */
+#define MS_KERNEL_MAX_PAGE_SIZE 1024
+
 typedef struct ms_kernel_spec {
     ms_kernel_op op;
     ms_kernel_dtype dtype;               /* KV pages and weights (logits type for argmax / sample) */
     ms_kernel_dtype act_dtype;           /* activations (q, o, x, k, v, ...); the constructors set
                                             it to dtype, set F32 for float32 activations */
     int head_dim;                        /* attention, rope_kv, rmsnorm_heads: elements per head */
-    int page_size;                       /* attention, rope_kv: tokens per KV page */
+    int page_size;                       /* attention, rope_kv: tokens per KV page, in
+                                            1 .. MS_KERNEL_MAX_PAGE_SIZE */
     int group;                           /* attention: query heads per KV head (1 = MHA) */
     bool causal;                         /* prefill: mask keys after the query */
     bool windowed;                       /* attention: sliding window (size is a launch param) */

@@ -12,10 +12,13 @@
  */
 #include "cli.h"
 
+#include <ctype.h>
 #include <errno.h>
+#include <float.h>
 #include <jansson.h>
 #include <limits.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +27,7 @@
 
 #include "engine.h"
 #include "hf_config.h"
+#include "threadpool.h"
 #include "tokenizer_hf.h"
 #include "tokenizer_llama2c.h"
 
@@ -212,7 +216,11 @@ ms_status ms_cli_model_probe(const ms_model_desc *desc, const char *path, ms_md_
             return MS_FAIL(err, MS_ERR_OOM, "out of memory");
         struct stat cst;
         bool has = stat(cfg, &cst) == 0;
+        int e = errno;
         ms_free(cfg);
+        if (!has && e != ENOENT)
+            return MS_FAIL(err, MS_ERR_IO, "%s: cannot read the model folder's config.json (%s)",
+                           path, strerror(e));
         if (!has)
             return MS_FAIL(err, MS_ERR_NOT_FOUND,
                            "%s: not a model: the folder has no config.json (%s)", path,
@@ -271,7 +279,7 @@ ms_status ms_cli_model_probe(const ms_model_desc *desc, const char *path, ms_md_
 
 #define CLI_DEFAULT_NEW 256 /* --max-new-tokens when neither it nor --steps is given */
 
-typedef enum cli_output { CLI_OUT_AUTO = 0, CLI_OUT_TEXT, CLI_OUT_IDS } cli_output;
+typedef enum cli_output { CLI_OUT_AUTO = 0, CLI_OUT_TEXT, CLI_OUT_IDS, CLI_OUT_JSONL } cli_output;
 
 typedef struct cli_opts {
     const char *model;
@@ -296,17 +304,33 @@ static const char *g_prog = "mstar";
 
 static int cli_fail(const char *fmt, ...) MS_PRINTF(1, 2);
 static int cli_fail(const char *fmt, ...) {
+    /* one line, whatever a prompt file or flag held: control bytes are escaped (\x1b, \n) */
+    char buf[2048];
     va_list ap;
     va_start(ap, fmt);
-    fprintf(stderr, "%s: ", g_prog);
-    vfprintf(stderr, fmt, ap);
-    fputc('\n', stderr);
+    int n = vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
+    fprintf(stderr, "%s: ", g_prog);
+    ms_cli_write_escaped(stderr, buf, n < 0 ? 0 : MS_MIN((size_t)n, sizeof buf - 1));
+    fputs(n >= (int)sizeof buf ? "...\n" : "\n", stderr);
+    return 1;
+}
+
+int ms_cli_stdout_check(const char *prog) {
+    int before = errno; /* a failed implicit flush (a full buffer) left its reason here */
+    errno = 0;
+    int e = fflush(stdout) != 0 ? errno : 0;
+    if (e == 0 && !ferror(stdout))
+        return 0;
+    if (e == 0)
+        e = before;
+    fprintf(stderr, "%s: cannot write the output to stdout: %s\n", prog,
+            e != 0 ? strerror(e) : "a write failed");
     return 1;
 }
 
 bool ms_cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out) {
-    if (s == NULL || *s == '\0')
+    if (s == NULL || *s == '\0' || isspace((unsigned char)*s))
         return false;
     char *end;
     errno = 0;
@@ -317,8 +341,83 @@ bool ms_cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out) {
     return true;
 }
 
+void ms_cli_write_escaped(FILE *f, const char *s, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '\n')
+            fputs("\\n", f);
+        else if (c == '\t')
+            fputs("\\t", f);
+        else if (c == '\r')
+            fputs("\\r", f);
+        else if (c == '\\')
+            fputs("\\\\", f);
+        else if (c < 0x20 || c == 0x7f)
+            fprintf(f, "\\x%02x", c);
+        else
+            fputc(c, f);
+    }
+}
+
+void ms_cli_put_escaped(FILE *f, const char *s, size_t max) {
+    size_t n = strnlen(s, max);
+    ms_cli_write_escaped(f, s, n);
+    if (s[n] != '\0')
+        fputs("...", f);
+}
+
+/* "<prog>: FLAG: 'V' WHAT" on stderr (V escaped, at most 200 bytes); returns 1. */
+static int flag_fail(const char *prog, const char *flag, const char *v, const char *fmt, ...)
+    MS_PRINTF(4, 5);
+static int flag_fail(const char *prog, const char *flag, const char *v, const char *fmt, ...) {
+    fprintf(stderr, "%s: %s: '", prog, flag);
+    ms_cli_put_escaped(stderr, v, 200);
+    fputs("' ", stderr);
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+    return 1;
+}
+
+int ms_cli_flag_i64(const char *prog, const char *flag, const char *v, int64_t lo, int64_t hi,
+                    const char *expect, int64_t *out) {
+    if (ms_cli_parse_i64(v, lo, hi, out))
+        return 0;
+    /* a plain decimal integer (optional sign, digits only) above hi: say so, not "not an integer" */
+    const char *d = v + (*v == '+' || *v == '-');
+    bool digits = *d != '\0' && strspn(d, "0123456789") == strlen(d);
+    if (digits && *v != '-') {
+        errno = 0;
+        long long x = strtoll(v, NULL, 10);
+        if (errno == ERANGE || x > hi)
+            return flag_fail(prog, flag, v, "is too large (at most %lld)", (long long)hi);
+    }
+    return flag_fail(prog, flag, v, "is not %s", expect);
+}
+
+int ms_cli_flag_f32(const char *prog, const char *flag, const char *v, double lo, bool lo_open,
+                    double hi, const char *expect, float *out) {
+    /* plain decimal only: strtod would also take hex floats, inf, nan and leading spaces */
+    bool plain = *v != '\0' && strspn(v, "0123456789+-.eE") == strlen(v) &&
+                 strpbrk(v, "0123456789") != NULL;
+    char *end = NULL;
+    errno = 0;
+    double x = plain ? strtod(v, &end) : 0.0;
+    if (!plain || end == v || *end != '\0')
+        return flag_fail(prog, flag, v, "is not %s", expect);
+    bool overflow = (errno == ERANGE && fabs(x) > 1.0) || fabs(x) > FLT_MAX;
+    if (overflow && x > 0 && hi >= FLT_MAX)
+        return flag_fail(prog, flag, v, "is too large (at most %g)", (double)FLT_MAX);
+    if (overflow || (lo_open ? !(x > lo) : !(x >= lo)) || !(x <= hi))
+        return flag_fail(prog, flag, v, "is not %s", expect);
+    *out = (float)x; /* an underflow (1e-400) is its nearest float, 0 or a denormal */
+    return 0;
+}
+
 static bool parse_u64(const char *s, uint64_t *out) {
-    if (s == NULL || *s == '\0' || *s == '-')
+    if (s == NULL || *s == '\0' || *s == '-' || isspace((unsigned char)*s))
         return false;
     char *end;
     errno = 0;
@@ -329,28 +428,17 @@ static bool parse_u64(const char *s, uint64_t *out) {
     return true;
 }
 
-static bool parse_f(const char *s, float *out) {
-    if (s == NULL || *s == '\0')
-        return false;
-    char *end;
-    errno = 0;
-    double v = strtod(s, &end);
-    if (errno != 0 || *end != '\0' || !isfinite(v))
-        return false;
-    *out = (float)v;
-    return true;
-}
-
 static void usage(FILE *to) {
     fprintf(to,
             "usage: %s generate --model PATH [--tokenizer PATH|none]\n"
             "           (--prompt TEXT | --prompt-ids 1,2,3 | --prompts-file FILE)\n"
             "           [--max-new-tokens N | --steps N] [--temperature T] [--top-k K]\n"
-            "           [--top-p P] [--seed S] [--ignore-eos] [--output text|ids]\n"
+            "           [--top-p P] [--seed S] [--ignore-eos] [--output text|ids|jsonl]\n"
             "           [--no-display-prompt] [--verbose-prompt] [--page-size N]\n"
             "           [--device auto|cpu|cuda] [--dtype auto|f32|bf16] [--threads N]\n"
-            "       %s bench --model PATH [...]   (%s bench --help)\n",
-            g_prog, g_prog, g_prog);
+            "       %s bench --model PATH [...]   (%s bench --help)\n"
+            "       %s kernels --model PATH [...] (%s kernels --help)\n",
+            g_prog, g_prog, g_prog, g_prog, g_prog);
 }
 
 /* Returns 0 on success, -1 for --help, else the exit status (message printed). */
@@ -360,6 +448,12 @@ static int parse_generate(int argc, char **argv, cli_opts *o) {
     o->steps = -1;
     o->sampling = (ms_sampling_params){1.0f, 0, 1.0f, 0};
     o->device = "auto";
+    static const char *const with_value[] = {
+        "--model", "--tokenizer", "--prompt", "--prompt-ids", "--prompts-file",
+        "--max-new-tokens", "--steps", "--temperature", "--top-k", "--top-p", "--seed",
+        "--page-size", "--device", "--threads", "--dtype", "--output"};
+    bool seen[MS_ARRAY_LEN(with_value)] = {false}; /* a second value is an error, not a silent
+                                                     replacement of the first */
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--ignore-eos") == 0) {
@@ -383,18 +477,21 @@ static int parse_generate(int argc, char **argv, cli_opts *o) {
             cli_fail("unexpected argument '%s'", a);
             return 2;
         }
-        static const char *const with_value[] = {
-            "--model", "--tokenizer", "--prompt", "--prompt-ids", "--prompts-file",
-            "--max-new-tokens", "--steps", "--temperature", "--top-k", "--top-p", "--seed",
-            "--page-size", "--device", "--threads", "--dtype", "--output"};
-        bool known = false;
+        size_t which = MS_ARRAY_LEN(with_value);
         for (size_t k = 0; k < MS_ARRAY_LEN(with_value); k++)
-            known = known || strcmp(a, with_value[k]) == 0;
-        if (!known) {
+            if (strcmp(a, with_value[k]) == 0)
+                which = k;
+        if (which == MS_ARRAY_LEN(with_value)) {
             usage(stderr);
             cli_fail("unknown flag '%s'", a);
             return 2;
         }
+        if (seen[which]) {
+            usage(stderr);
+            cli_fail("flag %s given twice (give each flag once)", a);
+            return 2;
+        }
+        seen[which] = true;
         if (i + 1 >= argc) {
             usage(stderr);
             cli_fail("flag %s needs a value", a);
@@ -417,34 +514,41 @@ static int parse_generate(int argc, char **argv, cli_opts *o) {
         } else if (strcmp(a, "--prompts-file") == 0) {
             o->prompts_file = v;
         } else if (strcmp(a, "--max-new-tokens") == 0) {
-            if (!ms_cli_parse_i64(v, 0, INT32_MAX, &n))
-                return cli_fail("--max-new-tokens: '%s' is not an integer >= 0", v);
+            if (ms_cli_flag_i64(g_prog, a, v, 0, INT32_MAX, "an integer >= 0", &n) != 0)
+                return 1;
             o->max_new = (int32_t)n;
         } else if (strcmp(a, "--steps") == 0) {
-            if (!ms_cli_parse_i64(v, 1, INT32_MAX, &n))
-                return cli_fail("--steps: '%s' is not an integer >= 1", v);
+            if (ms_cli_flag_i64(g_prog, a, v, 1, INT32_MAX, "an integer >= 1", &n) != 0)
+                return 1;
             o->steps = (int32_t)n;
         } else if (strcmp(a, "--temperature") == 0) {
-            if (!parse_f(v, &o->sampling.temperature) || o->sampling.temperature < 0.0f)
-                return cli_fail("--temperature: '%s' is not a number >= 0", v);
+            if (ms_cli_flag_f32(g_prog, a, v, 0.0, false, FLT_MAX, "a number >= 0",
+                                &o->sampling.temperature) != 0)
+                return 1;
         } else if (strcmp(a, "--top-k") == 0) {
-            if (!ms_cli_parse_i64(v, 0, INT32_MAX, &n))
-                return cli_fail("--top-k: '%s' is not an integer >= 0 (0 disables it)", v);
+            if (ms_cli_flag_i64(g_prog, a, v, 0, INT32_MAX, "an integer >= 0 (0 disables it)",
+                                &n) != 0)
+                return 1;
             o->sampling.top_k = (int32_t)n;
         } else if (strcmp(a, "--top-p") == 0) {
-            if (!parse_f(v, &o->sampling.top_p) || !(o->sampling.top_p > 0.0f) ||
-                o->sampling.top_p > 1.0f)
-                return cli_fail("--top-p: '%s' is not a number in (0, 1]", v);
+            if (ms_cli_flag_f32(g_prog, a, v, 0.0, true, 1.0, "a number in (0, 1]",
+                                &o->sampling.top_p) != 0)
+                return 1;
         } else if (strcmp(a, "--seed") == 0) {
             if (!parse_u64(v, &o->sampling.seed))
-                return cli_fail("--seed: '%s' is not an unsigned integer", v);
+                return *v != '\0' && strspn(v, "0123456789") == strlen(v)
+                           ? flag_fail(g_prog, a, v, "is too large (at most %llu)",
+                                       (unsigned long long)UINT64_MAX)
+                           : flag_fail(g_prog, a, v, "is not an unsigned integer");
         } else if (strcmp(a, "--page-size") == 0) {
-            if (!ms_cli_parse_i64(v, 1, 65536, &n))
-                return cli_fail("--page-size: '%s' is not an integer in [1, 65536]", v);
+            if (ms_cli_flag_i64(g_prog, a, v, 1, 65536, "an integer in [1, 65536]", &n) != 0)
+                return 1;
             o->page_size = (int32_t)n;
         } else if (strcmp(a, "--threads") == 0) {
-            if (!ms_cli_parse_i64(v, 1, 1024, &n))
-                return cli_fail("--threads: '%s' is not an integer in [1, 1024]", v);
+            char expect[48];
+            snprintf(expect, sizeof expect, "an integer in [1, %d]", MS_THREADPOOL_MAX_THREADS);
+            if (ms_cli_flag_i64(g_prog, a, v, 1, MS_THREADPOOL_MAX_THREADS, expect, &n) != 0)
+                return 1;
             o->threads = (int32_t)n;
         } else if (strcmp(a, "--device") == 0) {
             if (strcmp(v, "auto") != 0 && strcmp(v, "cpu") != 0 && strcmp(v, "cuda") != 0)
@@ -459,8 +563,10 @@ static int parse_generate(int argc, char **argv, cli_opts *o) {
                 o->output = CLI_OUT_TEXT;
             else if (strcmp(v, "ids") == 0)
                 o->output = CLI_OUT_IDS;
+            else if (strcmp(v, "jsonl") == 0)
+                o->output = CLI_OUT_JSONL;
             else
-                return cli_fail("--output: '%s' is not text or ids", v);
+                return cli_fail("--output: '%s' is not text, ids or jsonl", v);
         }
     }
     if (o->model == NULL) {
@@ -569,6 +675,10 @@ static int tok_init(cli_tok *t, const char *given, const char *model_dir, int32_
     size_t i = got >= 3 && memcmp(head, "\xEF\xBB\xBF", 3) == 0 ? 3 : 0;
     while (i < got && (head[i] == ' ' || head[i] == '\t' || head[i] == '\n' || head[i] == '\r'))
         i++;
+    if (got == 0)
+        return cli_fail("%s: the tokenizer file is empty (expected a tokenizer.json or a llama2.c "
+                        "tokenizer .bin)",
+                        t->path);
     bool is_json = i < got && head[i] == '{';
     ms_error err = {0};
     /* the checkpoint's own tokenizer.json was not asked for: say how to run without it */
@@ -638,6 +748,7 @@ static int tok_encode(const cli_tok *t, const char *text, const char *where, int
 typedef struct cli_prompt {
     int32_t *ids;
     size_t n;
+    char *where; /* where it came from: "--prompt", "--prompt-ids" or "FILE:LINE" */
 } cli_prompt;
 
 typedef struct cli_prompts {
@@ -646,8 +757,10 @@ typedef struct cli_prompts {
 } cli_prompts;
 
 static void prompts_free(cli_prompts *p) {
-    for (size_t i = 0; i < p->n; i++)
+    for (size_t i = 0; i < p->n; i++) {
         ms_free(p->v[i].ids);
+        ms_free(p->v[i].where);
+    }
     ms_free(p->v);
     memset(p, 0, sizeof *p);
 }
@@ -669,11 +782,21 @@ static int add_prompt(cli_prompts *ps, const char *text, const char *where, cons
         if (ms_cli_parse_ids(text, &p->ids, &p->n, &err) != MS_OK)
             return cli_fail("%s: %s", where, err.msg);
     }
+    p->where = ms_strdup(where);
+    if (p->where == NULL) {
+        ms_free(p->ids);
+        p->ids = NULL;
+        return cli_fail("out of memory");
+    }
     ps->n++;
     return 0;
 }
 
 static int read_prompts_file(const char *path, const cli_tok *tok, cli_prompts *ps) {
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISDIR(st.st_mode))
+        return cli_fail("--prompts-file: %s: a folder, not a prompts file (one prompt per line)",
+                        path);
     FILE *f = fopen(path, "r");
     if (f == NULL)
         return cli_fail("--prompts-file: %s: cannot open the prompts file: %s", path,
@@ -697,6 +820,9 @@ static int read_prompts_file(const char *path, const cli_tok *tok, cli_prompts *
         rc = add_prompt(ps, line, where, tok);
     }
     free(line); /* from getline (libc), not ms_malloc */
+    if (rc == 0 && ferror(f))
+        rc = cli_fail("--prompts-file: %s: cannot read the prompts file: %s", path,
+                      strerror(errno));
     fclose(f);
     if (rc == 0 && ps->n == 0)
         rc = cli_fail("%s: no prompts (the file has no non-empty line)", path);
@@ -705,14 +831,42 @@ static int read_prompts_file(const char *path, const cli_tok *tok, cli_prompts *
 
 /* ---- output ---- */
 
-/* The output of one prompt, printed as it grows (streaming) or at the end. */
+/*
+ * The output of one prompt, printed as it grows (streaming) or at the end. Three forms:
+ *   - one prompt, text: the text exactly as decoded (run.c's output for llama2.c), streamed;
+ *   - several prompts, text: "[k] " then the text with newlines, carriage returns, backslashes
+ *     and other control bytes escaped (\n, \r, \\, \t, \xHH), so one line is one prompt;
+ *   - ids: the ids, "[k]" first when there are several prompts;
+ *   - jsonl (capture set): the text is collected for one JSON object per prompt.
+ */
 typedef struct cli_printer {
     const cli_tok *tok;     /* NULL: ids */
-    bool several;           /* ids: "[k]" prefixes */
+    bool several;           /* "[k]" prefixes and, for text, escaped control bytes */
+    bool capture;           /* jsonl: text into buf, nothing printed */
     int32_t printed;        /* output ids printed so far */
     int prev;               /* llama2.c: the previous token (run.c's decode needs it) */
     ms_cli_utf8 utf8;       /* tokenizer.json: bytes of a split character held back */
+    char *buf;              /* capture: the text so far (ms_malloc'd) */
+    size_t n_buf, cap_buf;  /* its length and capacity, bytes */
+    bool oom;               /* capture: an append failed */
 } cli_printer;
+
+/* Text bytes of the output: to the capture buffer, escaped (several prompts), or as they are. */
+static void pr_out(cli_printer *pr, const char *s, size_t n) {
+    if (pr->capture) {
+        if (ms_grow((void **)&pr->buf, &pr->cap_buf, pr->n_buf + n + 1, 1) != MS_OK) {
+            pr->oom = true;
+            return;
+        }
+        memcpy(pr->buf + pr->n_buf, s, n);
+        pr->n_buf += n;
+        pr->buf[pr->n_buf] = '\0';
+    } else if (pr->several) {
+        ms_cli_write_escaped(stdout, s, n);
+    } else {
+        fwrite(s, 1, n, stdout);
+    }
+}
 
 static void hf_put(cli_printer *pr, int32_t id) {
     if (ms_tok_hf_is_special(pr->tok->hf, id))
@@ -723,22 +877,24 @@ static void hf_put(cli_printer *pr, int32_t id) {
         char out[MS_CLI_UTF8_OUT_MAX(64)];
         size_t take = MS_MIN(len, (size_t)64);
         size_t w = ms_cli_utf8_push(&pr->utf8, b, take, out);
-        fwrite(out, 1, w, stdout);
+        pr_out(pr, out, w);
         b += take;
         len -= take;
     }
 }
 
-/* Start prompt k (1-based) of `prompt`: the "[k]" prefix or the echoed prompt text. */
+/* Start prompt k (1-based) of `prompt`: the "[k]" prefix and the echoed prompt text. */
 static void printer_begin(cli_printer *pr, size_t k, const cli_prompt *prompt, bool echo) {
     pr->printed = 0;
     pr->prev = -1;
+    pr->n_buf = 0;
     memset(&pr->utf8, 0, sizeof pr->utf8);
-    if (pr->tok == NULL) {
-        if (pr->several)
-            printf("[%zu]", k);
+    if (pr->capture)
+        echo = false; /* jsonl: "text" is the generated text only */
+    else if (pr->several)
+        printf(pr->tok == NULL ? "[%zu]" : "[%zu] ", k);
+    if (pr->tok == NULL)
         return;
-    }
     if (pr->tok->l2c != NULL) {
         /* run.c prints every piece after BOS, non-printable single bytes skipped */
         for (size_t i = 0; i < prompt->n; i++) {
@@ -746,7 +902,7 @@ static void printer_begin(cli_printer *pr, size_t k, const cli_prompt *prompt, b
             if (echo && !(i == 0 && t == MS_LLAMA2C_TOK_BOS)) {
                 const char *piece = ms_llama2c_tok_decode(pr->tok->l2c, pr->prev, t);
                 if (ms_llama2c_tok_piece_printable(piece))
-                    fputs(piece, stdout);
+                    pr_out(pr, piece, strlen(piece));
             }
             pr->prev = t;
         }
@@ -761,11 +917,12 @@ static void printer_feed(cli_printer *pr, const int32_t *out, int32_t upto) {
     for (int32_t k = pr->printed; k < upto; k++) {
         int t = out[k];
         if (pr->tok == NULL) {
-            printf("%s%d", (k > 0 || pr->several) ? " " : "", t);
+            if (!pr->capture)
+                printf("%s%d", (k > 0 || pr->several) ? " " : "", t);
         } else if (pr->tok->l2c != NULL) {
             const char *piece = ms_llama2c_tok_decode(pr->tok->l2c, pr->prev, t);
             if (ms_llama2c_tok_piece_printable(piece))
-                fputs(piece, stdout);
+                pr_out(pr, piece, strlen(piece));
             pr->prev = t;
         } else {
             hf_put(pr, t);
@@ -777,8 +934,53 @@ static void printer_feed(cli_printer *pr, const int32_t *out, int32_t upto) {
 static void printer_end(cli_printer *pr) {
     char out[3];
     size_t w = ms_cli_utf8_flush(&pr->utf8, out);
-    fwrite(out, 1, w, stdout);
+    pr_out(pr, out, w);
+    if (!pr->capture)
+        fputc('\n', stdout);
+}
+
+/* Why a request finished with MS_FINISH_ERROR, after n_out tokens (a static buffer). */
+static const char *nan_reason(int32_t n_out) {
+    static char buf[128];
+    snprintf(buf, sizeof buf,
+             "generation failed after %d new tokens: the model's logits hold NaN", (int)n_out);
+    return buf;
+}
+
+/* jsonl: one object for prompt k on one line: {"index", "source", "text" (with a tokenizer),
+ * "ids", "finish_reason"}. The text is made valid UTF-8 first (a llama2.c piece may not be). */
+static int print_jsonl(cli_printer *pr, size_t k, const char *source, const int32_t *ids,
+                       int32_t n_ids, ms_finish_reason why) {
+    json_t *o = json_object(), *arr = json_array();
+    bool bad = o == NULL || arr == NULL || pr->oom;
+    bad = bad || json_object_set_new(o, "index", json_integer((json_int_t)k)) != 0;
+    bad = bad || json_object_set_new(o, "source", json_string(source)) != 0;
+    if (!bad && pr->tok != NULL) {
+        ms_cli_utf8 u = {0};
+        char *t = ms_malloc(MS_CLI_UTF8_OUT_MAX(pr->n_buf) + 3);
+        bad = t == NULL;
+        if (!bad) {
+            size_t w = ms_cli_utf8_push(&u, pr->buf != NULL ? pr->buf : "", pr->n_buf, t);
+            w += ms_cli_utf8_flush(&u, t + w);
+            bad = json_object_set_new(o, "text", json_stringn(t, w)) != 0;
+        }
+        ms_free(t);
+    }
+    for (int32_t i = 0; !bad && i < n_ids; i++)
+        bad = json_array_append_new(arr, json_integer(ids[i])) != 0;
+    bad = bad || json_object_set(o, "ids", arr) != 0;
+    bad = bad || json_object_set_new(o, "finish_reason", json_string(ms_finish_reason_str(why)));
+    if (why == MS_FINISH_ERROR)
+        bad = bad || json_object_set_new(o, "error", json_string(nan_reason(n_ids))) != 0;
+    char *line = bad ? NULL : json_dumps(o, JSON_COMPACT);
+    json_decref(arr);
+    json_decref(o);
+    if (line == NULL)
+        return cli_fail("out of memory for the JSON output of prompt %zu", k);
+    fputs(line, stdout);
     fputc('\n', stdout);
+    free(line); /* jansson's allocator: malloc */
+    return 0;
 }
 
 /* Output ids to print: as text, all but a final eos id; as ids, all (the eos id included, as the
@@ -799,7 +1001,7 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
     cli_opts o;
     int rc = parse_generate(argc, argv, &o);
     if (rc != 0)
-        return rc < 0 ? 0 : rc;
+        return rc < 0 ? ms_cli_stdout_check(g_prog) : rc;
 
     ms_error err = {0};
     cli_tok tok = {0};
@@ -807,6 +1009,7 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
     cli_prompts ps = {0};
     ms_rid *rids = NULL;
     char *model_dir = NULL;
+    cli_printer pr = {0}; /* before any goto done: done frees its capture buffer */
 
     /* the model's facts first (config only): the tokenizer is checked against the vocabulary */
     ms_md_facts fa;
@@ -833,6 +1036,7 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
                       o.model);
         goto done;
     }
+    bool jsonl = o.output == CLI_OUT_JSONL;
     bool text_out = tok_any(&tok) && o.output != CLI_OUT_IDS;
     /* --prompt-ids are always ids; prompts-file lines are text when a tokenizer is in use */
     if (o.prompt != NULL)
@@ -895,9 +1099,12 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
         rc = cli_fail("out of memory");
         goto done;
     }
-    /* one prompt streams its output step by step; several print in order at the end */
-    bool stream = ps.n == 1;
-    cli_printer pr = {.tok = text_out ? &tok : NULL, .several = ps.n > 1};
+    /* one prompt streams its output step by step; several print in order at the end, one line
+     * each ("[k] ", text escaped); jsonl: one object per prompt at the end */
+    bool stream = ps.n == 1 && !jsonl;
+    pr.tok = text_out ? &tok : NULL;
+    pr.several = ps.n > 1 && !jsonl;
+    pr.capture = jsonl;
     bool echo = !o.no_display_prompt;
     size_t next = 0, n_gen = 0;
     double t0 = now_s(), t_first = 0.0;
@@ -925,7 +1132,10 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
             }
             if (stream) {
                 printer_begin(&pr, next + 1, &ps.v[next], echo);
-                fflush(stdout);
+                if (fflush(stdout) != 0 || ferror(stdout)) {
+                    rc = ms_cli_stdout_check(g_prog);
+                    goto done;
+                }
             }
             next++;
         }
@@ -946,7 +1156,10 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
             ms_finish_reason why;
             MS_ASSERT(ms_engine_output(eng, rids[0], &out, &n_out, &why) == MS_OK);
             printer_feed(&pr, out, printable(&pr, n_out, why));
-            fflush(stdout);
+            if (fflush(stdout) != 0 || ferror(stdout)) { /* nothing left to write to: stop */
+                rc = ms_cli_stdout_check(g_prog);
+                goto done;
+            }
         }
     }
     double t1 = now_s();
@@ -961,13 +1174,23 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
             printer_begin(&pr, i + 1, &ps.v[i], echo);
         printer_feed(&pr, out, printable(&pr, n_out, why));
         printer_end(&pr);
+        if (jsonl && (rc = print_jsonl(&pr, i + 1, ps.v[i].where, out, n_out, why)) != 0)
+            goto done;
+    }
+    if ((rc = ms_cli_stdout_check(g_prog)) != 0)
+        goto done;
+    /* notes after stdout is complete, so that with 2>&1 they follow the text's final newline */
+    for (size_t i = 0; i < ps.n; i++) {
+        const int32_t *out;
+        int32_t n_out;
+        ms_finish_reason why;
+        MS_ASSERT(ms_engine_output(eng, rids[i], &out, &n_out, &why) == MS_OK);
         if (why == MS_FINISH_CONTEXT)
             fprintf(stderr,
                     "%s: note: prompt %zu stopped after %d new tokens: the sequence reached the "
                     "model's context (%d tokens)\n",
                     g_prog, i + 1, (int)n_out, (int)efa->max_context);
     }
-    fflush(stdout);
     double secs = t1 - t0;
     double dec_secs = t1 - t_first;
     fprintf(stderr,
@@ -977,8 +1200,24 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
             first_done ? 1e3 * (t_first - t0) : 0.0,
             dec_secs > 0 && n_gen > ps.n ? (double)(n_gen - ps.n) / dec_secs : 0.0,
             ms_engine_device(eng), (int)ms_engine_page_size(eng));
+    /* a request whose logits went NaN failed alone: its line is what it made before, the others
+     * are complete; name it by its number and where it came from, exit 1 */
+    for (size_t i = 0; i < ps.n; i++) {
+        const int32_t *out;
+        int32_t n_out;
+        ms_finish_reason why;
+        MS_ASSERT(ms_engine_output(eng, rids[i], &out, &n_out, &why) == MS_OK);
+        if (why != MS_FINISH_ERROR)
+            continue;
+        fprintf(stderr, "%s: prompt %zu (", g_prog, i + 1);
+        ms_cli_put_escaped(stderr, ps.v[i].where, 300);
+        fprintf(stderr, "): %s%s\n", nan_reason(n_out),
+                ps.n > 1 ? "; the output of the other prompts is complete" : "");
+        rc = 1;
+    }
 
 done:
+    ms_free(pr.buf);
     ms_free(rids);
     prompts_free(&ps);
     ms_engine_free(eng);
@@ -1004,7 +1243,7 @@ int ms_cli_main(int argc, char **argv, const ms_model_desc *desc) {
         return ms_cli_kernels(argc - 2, argv + 2, desc, g_prog);
     if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         usage(stdout);
-        return 0;
+        return ms_cli_stdout_check(g_prog);
     }
     usage(stderr);
     fprintf(stderr, "%s: unknown verb '%s' (this binary serves: generate, bench, kernels)\n",

@@ -45,6 +45,8 @@
 #ifndef MS_CLI_H
 #define MS_CLI_H
 
+#include <stdio.h>
+
 #include "model_desc.h"
 
 #ifdef __cplusplus
@@ -76,9 +78,41 @@ int ms_cli_kernels(int argc, char **argv, const ms_model_desc *desc, const char 
 
 /* ---- helpers of the verbs (exposed for tests) ---- */
 
+/* Flush stdout and check it for a write error (a full disk, a closed pipe, /dev/full): 0 when
+ * everything written reached it, else 1 after printing "<prog>: cannot write the output to
+ * stdout: <reason>" on stderr. Every verb calls it before returning success. */
+int ms_cli_stdout_check(const char *prog);
+
 /* Parse a whole string as a decimal integer in [lo, hi] into *out; false (and *out untouched) for
- * NULL, empty, trailing characters, overflow or a value out of range. Shared by every verb. */
+ * NULL, empty, leading white space, trailing characters, overflow or a value out of range. Shared
+ * by every verb. */
 bool ms_cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
+
+/*
+ * A flag's integer value: 0 with *out set when v is a decimal integer in [lo, hi]; else 1 after
+ * printing one line on stderr: "<prog>: FLAG: 'V' is too large (at most HI)" for a decimal
+ * integer above hi (overflowing int64 included), else "<prog>: FLAG: 'V' is not EXPECT" (EXPECT
+ * such as "an integer >= 0"). V is printed with control bytes escaped.
+ */
+int ms_cli_flag_i64(const char *prog, const char *flag, const char *v, int64_t lo, int64_t hi,
+                    const char *expect, int64_t *out);
+
+/*
+ * A flag's real value: 0 with *out set when v is a plain decimal number (digits, an optional
+ * fraction and exponent; no hex, inf, nan or white space) within [lo, hi] ((lo, hi] when lo_open);
+ * else 1 after printing "<prog>: FLAG: 'V' is too large (at most HI)" for a number above hi
+ * that is past float's range, else "<prog>: FLAG: 'V' is not EXPECT". The range is checked on the
+ * double before it is rounded to float (so 1.0000000001 is above 1).
+ */
+int ms_cli_flag_f32(const char *prog, const char *flag, const char *v, double lo, bool lo_open,
+                    double hi, const char *expect, float *out);
+
+/* Write s to f with control bytes (and DEL, and a backslash) escaped as \n, \t, \r, \\ or
+ * \xHH, at most max bytes of s (then "..."): error lines and prompt echoes stay one line. */
+void ms_cli_put_escaped(FILE *f, const char *s, size_t max);
+
+/* Write s[0..n) to f escaped as ms_cli_put_escaped does (no limit; NUL bytes as \x00). */
+void ms_cli_write_escaped(FILE *f, const char *s, size_t n);
 
 /*
  * Parse a comma-separated list of token ids ("1,2, 3": decimal integers in [0, INT32_MAX], spaces

@@ -35,6 +35,7 @@
 #include <time.h>
 
 #include "engine.h"
+#include "threadpool.h"
 
 #ifdef MS_HAVE_CUDA
 #include <cuda_runtime.h>
@@ -213,38 +214,41 @@ static int parse_bench(int argc, char **argv, bench_opts *o) {
                                   "most %d shapes BxL (e.g. 1x2048,8x512; B in [1, %d], L >= 1)",
                                   v, BENCH_MAX_LIST, BENCH_MAX_BATCH);
         } else if (strcmp(a, "--prompt-len") == 0) {
-            if (!ms_cli_parse_i64(v, 1, INT32_MAX, &n))
-                return bench_fail("--prompt-len: '%s' is not an integer >= 1", v);
+            if (ms_cli_flag_i64(b_prog, a, v, 1, INT32_MAX, "an integer >= 1", &n) != 0)
+                return 1;
             o->prompt_len = (int32_t)n;
         } else if (strcmp(a, "--new-tokens") == 0) {
-            if (!ms_cli_parse_i64(v, 2, INT32_MAX, &n))
-                return bench_fail("--new-tokens: '%s' is not an integer >= 2 (the first new "
-                                  "token comes from the prefill step)",
-                                  v);
+            if (ms_cli_flag_i64(b_prog, a, v, 2, INT32_MAX,
+                                "an integer >= 2 (the first new token comes from the prefill "
+                                "step)",
+                                &n) != 0)
+                return 1;
             o->new_tokens = (int32_t)n;
         } else if (strcmp(a, "--runs") == 0) {
-            if (!ms_cli_parse_i64(v, 1, 1000, &n))
-                return bench_fail("--runs: '%s' is not an integer in [1, 1000]", v);
+            if (ms_cli_flag_i64(b_prog, a, v, 1, 1000, "an integer in [1, 1000]", &n) != 0)
+                return 1;
             o->runs = (int32_t)n;
         } else if (strcmp(a, "--warmup") == 0) {
-            if (!ms_cli_parse_i64(v, 0, 1000, &n))
-                return bench_fail("--warmup: '%s' is not an integer in [0, 1000]", v);
+            if (ms_cli_flag_i64(b_prog, a, v, 0, 1000, "an integer in [0, 1000]", &n) != 0)
+                return 1;
             o->warmup = (int32_t)n;
         } else if (strcmp(a, "--seed") == 0) {
-            if (!ms_cli_parse_i64(v, 0, INT64_MAX, &n))
-                return bench_fail("--seed: '%s' is not an unsigned integer", v);
+            if (ms_cli_flag_i64(b_prog, a, v, 0, INT64_MAX, "an unsigned integer", &n) != 0)
+                return 1;
             o->seed = (uint64_t)n;
         } else if (strcmp(a, "--page-size") == 0) {
-            if (!ms_cli_parse_i64(v, 1, 65536, &n))
-                return bench_fail("--page-size: '%s' is not an integer in [1, 65536]", v);
+            if (ms_cli_flag_i64(b_prog, a, v, 1, 65536, "an integer in [1, 65536]", &n) != 0)
+                return 1;
             o->page_size = (int32_t)n;
         } else if (strcmp(a, "--threads") == 0) {
-            if (!ms_cli_parse_i64(v, 1, 1024, &n))
-                return bench_fail("--threads: '%s' is not an integer in [1, 1024]", v);
+            char expect[48];
+            snprintf(expect, sizeof expect, "an integer in [1, %d]", MS_THREADPOOL_MAX_THREADS);
+            if (ms_cli_flag_i64(b_prog, a, v, 1, MS_THREADPOOL_MAX_THREADS, expect, &n) != 0)
+                return 1;
             o->threads = (int32_t)n;
         } else if (strcmp(a, "--max-tokens") == 0) {
-            if (!ms_cli_parse_i64(v, 1, INT32_MAX, &n))
-                return bench_fail("--max-tokens: '%s' is not an integer >= 1", v);
+            if (ms_cli_flag_i64(b_prog, a, v, 1, INT32_MAX, "an integer >= 1", &n) != 0)
+                return 1;
             o->max_tokens = (int32_t)n;
         }
     }
@@ -524,7 +528,7 @@ int ms_cli_bench(int argc, char **argv, const ms_model_desc *desc, const char *p
     bench_opts o;
     int rc = parse_bench(argc, argv, &o);
     if (rc != 0)
-        return rc < 0 ? 0 : rc;
+        return rc < 0 ? ms_cli_stdout_check(b_prog) : rc;
 
     int32_t max_b = 1;
     int64_t max_dec_tok = 1, max_pre_tok = 1, seq_len = 1;
@@ -708,8 +712,8 @@ int ms_cli_bench(int argc, char **argv, const ms_model_desc *desc, const char *p
                    r->flops_tok / 1e9, lim, frac);
         }
     }
-    fflush(stdout);
-    if (o.json != NULL)
+    rc = ms_cli_stdout_check(b_prog);
+    if (rc == 0 && o.json != NULL)
         rc = write_json(&o, device, wbytes, gbps, peak, dec, pre);
 
 done:

@@ -291,7 +291,7 @@ static int run_kernels(const ms_model_desc *desc, const kernels_opts *o, const c
     else
         printf("%d hit%s, %d compiled in %.1f s\n", n_hit, n_hit == 1 ? "" : "s", n_new,
                (now_ms() - t0) / 1e3);
-    return 0;
+    return ms_cli_stdout_check(prog);
 }
 
 #endif /* MS_HAVE_CUDA */
@@ -302,7 +302,7 @@ int ms_cli_kernels(int argc, char **argv, const ms_model_desc *desc, const char 
     int rc = parse_kernels(argc, argv, prog, &o, &help);
     if (help) {
         kernels_usage(stdout, prog);
-        return 0;
+        return ms_cli_stdout_check(prog);
     }
     if (rc != 0)
         return rc;

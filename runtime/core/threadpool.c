@@ -67,9 +67,9 @@ static void *worker_main(void *p) {
 
 ms_status ms_threadpool_init(ms_threadpool **out, int32_t n_threads, ms_error *err) {
     *out = NULL;
-    if (n_threads < 1 || n_threads > 256)
-        return MS_FAIL(err, MS_ERR_INVALID_ARG, "threadpool: n_threads %d outside [1, 256]",
-                       n_threads);
+    if (n_threads < 1 || n_threads > MS_THREADPOOL_MAX_THREADS)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "threadpool: n_threads %d outside [1, %d]",
+                       n_threads, MS_THREADPOOL_MAX_THREADS);
     ms_threadpool *pool = ms_calloc(1, sizeof *pool);
     if (pool == NULL)
         return MS_FAIL(err, MS_ERR_OOM, "threadpool: out of memory");

@@ -27,11 +27,15 @@ extern "C" {
 
 typedef struct ms_threadpool ms_threadpool;
 
+/* The most threads a pool runs (the caller included): the one limit of every --threads flag and
+ * of ms_backend_cpu_options.n_threads. */
+#define MS_THREADPOOL_MAX_THREADS 256
+
 /* One task of a job: `task` in [0, n_tasks), `thread` in [0, n_threads) (0 = the caller). */
 typedef void (*ms_threadpool_task_fn)(void *arg, int32_t task, int32_t thread);
 
 /* Start a pool of n_threads (>= 1, including the caller: n_threads - 1 workers are started).
- * Returns MS_ERR_INVALID_ARG for n_threads outside [1, 256], MS_ERR_OOM / MS_ERR_INTERNAL when
+ * Returns MS_ERR_INVALID_ARG for n_threads outside [1, MS_THREADPOOL_MAX_THREADS], MS_ERR_OOM / MS_ERR_INTERNAL when
  * memory or a thread cannot be had (message names it). */
 ms_status ms_threadpool_init(ms_threadpool **out, int32_t n_threads, ms_error *err);
 

@@ -273,7 +273,7 @@ ms_engine_options ms_engine_options_default(void) {
 
 const char *ms_finish_reason_str(ms_finish_reason r) {
     static const char *const names[MS_FINISH_REASON_COUNT] = {"running", "length", "eos",
-                                                              "context"};
+                                                              "context", "error"};
     return (r >= 0 && r < MS_FINISH_REASON_COUNT) ? names[r] : "?";
 }
 
@@ -1201,6 +1201,10 @@ ms_status ms_engine_step(ms_engine *e, ms_engine_step_info *info, ms_error *err)
         if (!e->sample[i])
             continue;
         int32_t id = e->ids_host[i];
+        if (id == MS_SAMPLE_ID_NAN) { /* NaN logits: this request fails alone */
+            eng_finish(e, r, MS_FINISH_ERROR);
+            continue;
+        }
         r->out[r->n_out++] = id;
         if (!r->ignore_eos && eng_is_eos(e, id))
             eng_finish(e, r, MS_FINISH_EOS);

@@ -127,10 +127,12 @@ typedef enum ms_finish_reason {
     MS_FINISH_EOS,        /* sampled an eos id (kept as the last output token) */
     MS_FINISH_CONTEXT,    /* the sequence reached the model's context: the id sampled at position
                              max_context - 1 is the last one (prompt + output = max_context + 1) */
+    MS_FINISH_ERROR,      /* its logits held NaN (MS_SAMPLE_ID_NAN): it stopped, nothing appended;
+                             the other requests of the batch go on */
     MS_FINISH_REASON_COUNT
 } ms_finish_reason;
 
-/* "running", "length", "eos", "context". */
+/* "running", "length", "eos", "context", "error". */
 const char *ms_finish_reason_str(ms_finish_reason r);
 
 /* A generation request. */

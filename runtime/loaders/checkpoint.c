@@ -218,6 +218,19 @@ ms_status ms_ckpt_init(ms_ckpt **out, const char *path, ms_error *err) {
             goto fail;
         }
         index = access(ck->path, F_OK) == 0;
+        char *single = index ? ms_asprintf("%.*s/model.safetensors", (int)len, path) : NULL;
+        bool both = single != NULL && access(single, F_OK) == 0;
+        ms_free(single);
+        if (both) {
+            /* transformers would load the single file, an index-first loader the shards: which
+             * one is meant is the user's call, not a silent pick */
+            st = MS_FAIL(err, MS_ERR_FORMAT,
+                         "%s: holds both model.safetensors.index.json and model.safetensors, so "
+                         "which one is the checkpoint is ambiguous: remove the stray one, or give "
+                         "the file itself as the model",
+                         path);
+            goto fail;
+        }
         if (!index) {
             ms_free(ck->path);
             ck->path = ms_asprintf("%.*s/model.safetensors", (int)len, path);

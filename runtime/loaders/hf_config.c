@@ -162,14 +162,27 @@ const char *ms_hf_config_path(const ms_hf_config *cfg) {
 
 /* ---- lookup ---- */
 
-/* Follow a dotted key from `obj`; NULL when any component is missing or not an object. */
+/* Follow a dotted key from `obj`; a decimal component indexes an array ("architectures.0");
+ * NULL when any component is missing or neither an object nor an array. */
 static json_t *cfg_walk(json_t *obj, const char *key) {
     const char *p = key;
     for (;;) {
-        if (!json_is_object(obj))
-            return NULL;
         const char *dot = strchr(p, '.');
         size_t len = dot ? (size_t)(dot - p) : strlen(p);
+        if (json_is_array(obj)) {
+            size_t idx = 0, k = 0;
+            for (; k < len && k < 9 && p[k] >= '0' && p[k] <= '9'; k++)
+                idx = idx * 10 + (size_t)(p[k] - '0');
+            if (len == 0 || k != len)
+                return NULL;
+            obj = json_array_get(obj, idx);
+            if (obj == NULL || dot == NULL)
+                return obj;
+            p = dot + 1;
+            continue;
+        }
+        if (!json_is_object(obj))
+            return NULL;
         obj = json_object_getn(obj, p, len);
         if (obj == NULL || dot == NULL)
             return obj;

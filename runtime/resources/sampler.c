@@ -33,7 +33,7 @@ float ms_sampler_uniform(uint64_t seed, uint64_t draw) {
 /* ---- parameters ---- */
 
 bool ms_sampler_is_greedy(const ms_sampling_params *p) {
-    return p->temperature == 0.0f || p->top_k == 1;
+    return p->temperature < MS_SAMPLER_MIN_TEMPERATURE || p->top_k == 1;
 }
 
 ms_status ms_sampler_check_params(const ms_sampling_params *p, ms_error *err) {
@@ -136,6 +136,10 @@ ms_status ms_sampler_sample_row(const float *logits, int32_t vocab, const ms_sam
     cand *c = (cand *)(prob + vocab);
     float inv_t = 1.0f / p->temperature;
     float zmax = logits[best] * inv_t;
+    if (!isfinite(zmax)) {
+        *out_id = best; /* max z / T overflows float: the max takes all the mass */
+        return MS_OK;
+    }
     for (int32_t i = 0; i < vocab; i++)
         prob[i] = expf(logits[i] * inv_t - zmax);
 

@@ -8,8 +8,11 @@
  * hot path.
  *
  * Semantics (one row of logits z[0..V)):
- *   - greedy (temperature == 0, or top_k == 1): argmax z, lowest index on ties (llama2.c
- *     `sample_argmax` keeps the first maximum; so does torch.argmax on CPU).
+ *   - greedy (temperature < MS_SAMPLER_MIN_TEMPERATURE, 0 included, or top_k == 1): argmax z,
+ *     lowest index on ties (llama2.c `sample_argmax` keeps the first maximum; so does
+ *     torch.argmax on CPU). A temperature below 1e-5 is greedy as in vLLM (_SAMPLING_EPS): 1 / T
+ *     would overflow float for a denormal T and exp(z / T - max z / T) would be NaN; a row whose
+ *     max z / T still overflows (huge logits, tiny T) is greedy too.
  *   - otherwise, in Hugging Face `generate` warper order (TemperatureLogitsWarper,
  *     TopKLogitsWarper, TopPLogitsWarper): p_i = exp(z_i / T - max z / T) in float32; top-k
  *     (0 < top_k < V) keeps p_i >= the k-th largest (ties at the boundary kept); top-p (< 1)
@@ -46,6 +49,14 @@ typedef struct ms_sampling_params {
     uint64_t seed;     /* PRNG seed of this request */
 } ms_sampling_params;
 
+/* Temperatures below this are greedy (vLLM's _SAMPLING_EPS): their logit scaling 1 / T is
+ * useless or overflows float. */
+#define MS_SAMPLER_MIN_TEMPERATURE 1e-5f
+
+/* The id a backend's batched sample writes for a row whose logits hold NaN: that row's request
+ * fails alone (the engine finishes it with MS_FINISH_ERROR), the batch's other rows sample. */
+#define MS_SAMPLE_ID_NAN (-1)
+
 /* Greedy settings: temperature 0, top_k 0, top_p 1, seed 0. */
 static inline ms_sampling_params ms_sampling_greedy(void) {
     ms_sampling_params p = {0.0f, 0, 1.0f, 0};
@@ -58,7 +69,8 @@ typedef struct ms_sample_row {
     uint64_t draw; /* tokens this request sampled before (selects the uniform) */
 } ms_sample_row;
 
-/* True when the settings reduce to argmax (temperature 0 or top_k 1). */
+/* True when the settings reduce to argmax (temperature < MS_SAMPLER_MIN_TEMPERATURE, 0 included,
+ * or top_k 1). */
 bool ms_sampler_is_greedy(const ms_sampling_params *p);
 
 /*

@@ -176,7 +176,9 @@ typedef struct ms_argmax_params {
  * Top-k / top-p sampling per row with temperature; the random coin comes from the host.
  * Semantics (the same as the CPU sampler, sampler.h, and the reference in
  * tests/test_gpu_kernels.c):
- *   temperature[r] <= 0: argmax (first index of the maximum);
+ *   a row holding a NaN logit: ids[r] = -1 (MS_SAMPLE_ID_NAN; the engine fails that request);
+ *   temperature[r] < 1e-5 (MS_SAMPLER_MIN_TEMPERATURE), 0 included: argmax (first index of the
+ *   maximum);
  *   otherwise p_i = exp((l_i - max l) / T). Top-k (0 < k < vocab): keep l_i >= the k-th largest
  *   logit (ties at the boundary are all kept). Top-p (p < 1): of those, keep p_i >= tau with tau
  *   the largest value such that the kept mass is >= top_p * (mass kept by top-k). The token is the

@@ -22,13 +22,17 @@ __device__ __forceinline__ unsigned order_key(float f) {
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
-/* Block argmax: largest value, first index on ties. Every thread gets the result. */
+/* Block argmax: largest value, first index on ties (NaN never chosen). Every thread gets the
+ * result, and in *any_nan whether the row holds a NaN. */
 template <typename TL>
-__device__ __forceinline__ int block_argmax(const TL *row, int vocab, float *s_val, int *s_idx) {
+__device__ __forceinline__ int block_argmax(const TL *row, int vocab, float *s_val, int *s_idx,
+                                            int *any_nan) {
     float best = neg_inf();
     int best_i = 0x7fffffff;
+    int nan = 0;
     for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
         float v = to_float(row[i]);
+        nan |= v != v;
         if (v > best) { /* strided ascending: the first hit of a value is its smallest index */
             best = v;
             best_i = i;
@@ -58,7 +62,7 @@ __device__ __forceinline__ int block_argmax(const TL *row, int vocab, float *s_v
             best_i = s_idx[w];
         }
     }
-    __syncthreads();
+    *any_nan = __syncthreads_or(nan); /* also the barrier before s_val / s_idx are reused */
     return best_i == 0x7fffffff ? 0 : best_i;
 }
 
@@ -67,7 +71,8 @@ template <typename TL> __device__ __forceinline__ void argmax(const ms_argmax_pa
     __shared__ float s_val[32];
     __shared__ int s_idx[32];
     const TL *row = static_cast<const TL *>(p.logits) + (long long)blockIdx.x * p.stride;
-    int id = block_argmax<TL>(row, p.vocab, s_val, s_idx);
+    int any_nan;
+    int id = block_argmax<TL>(row, p.vocab, s_val, s_idx, &any_nan);
     if (threadIdx.x == 0)
         p.ids[blockIdx.x] = id;
 }
@@ -80,10 +85,13 @@ template <typename TL> __device__ __forceinline__ void sample(const ms_sample_pa
     const int r = blockIdx.x, vocab = p.vocab;
     const TL *row = static_cast<const TL *>(p.logits) + (long long)r * p.stride;
     const float temp = p.temperature[r];
-    if (!(temp > 0.f)) {
-        int id = block_argmax<TL>(row, vocab, s_val, s_idx);
+    /* below 1e-5 (MS_SAMPLER_MIN_TEMPERATURE, sampler.h): greedy, as the CPU sampler; a denormal
+     * temp would make kLog2e / temp infinite and (l - mx) * sc NaN at the maximum */
+    if (!(temp >= 1e-5f)) {
+        int any_nan;
+        int id = block_argmax<TL>(row, vocab, s_val, s_idx, &any_nan);
         if (threadIdx.x == 0)
-            p.ids[r] = id;
+            p.ids[r] = any_nan ? -1 : id; /* a NaN row fails its request alone (params.h) */
         return;
     }
     const int k = p.top_k[r];
@@ -91,8 +99,17 @@ template <typename TL> __device__ __forceinline__ void sample(const ms_sample_pa
     const float u = p.uniform[r];
 
     float mx = neg_inf();
-    for (int i = threadIdx.x; i < vocab; i += blockDim.x)
-        mx = fmaxf(mx, to_float(row[i]));
+    int nan = 0;
+    for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+        float l = to_float(row[i]);
+        nan |= l != l;
+        mx = fmaxf(mx, l);
+    }
+    if (__syncthreads_or(nan)) { /* the same answer in every thread: the whole block returns */
+        if (threadIdx.x == 0)
+            p.ids[r] = -1;
+        return;
+    }
     mx = block_max(mx, s_val);
     const float sc = kLog2e / temp;
 

@@ -110,6 +110,13 @@ static ms_status mrope_config_load(const ms_hf_config *hf, void *out, ms_error *
     c->head_dim = c->hidden_size / c->num_attention_heads;
     c->q_dim = c->num_attention_heads * c->head_dim;
     c->kv_dim = c->num_key_value_heads * c->head_dim;
+    { /* hidden_act: the activation the forward computes (silu) */
+        const char *act;
+        MS_TRY(ms_hf_config_get_string_or(hf, "hidden_act", "silu", &act, err));
+        MS_TRY(ms_md_cfg_check(hf, strcmp(act, "silu") == 0 || strcmp(act, "swish") == 0, err,
+                               "hidden_act '%s' is not the activation this model computes (silu, swish)",
+                               act));
+    }
 
     /* shape constraints that depend on config.json values */
     MS_TRY(ms_md_cfg_check(hf, c->hidden_size > 0, err, "hidden_size (%lld) must be positive", (long long)c->hidden_size));

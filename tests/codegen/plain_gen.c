@@ -79,6 +79,13 @@ static ms_status plain_config_load(const ms_hf_config *hf, void *out, ms_error *
                                "hd (%lld) is out of range (at most 2147483647 in magnitude)", (long long)c->hd));
     }
     c->qd = c->heads * c->hd;
+    { /* hidden_act: the activation the forward computes (silu) */
+        const char *act;
+        MS_TRY(ms_hf_config_get_string_or(hf, "hidden_act", "silu", &act, err));
+        MS_TRY(ms_md_cfg_check(hf, strcmp(act, "silu") == 0 || strcmp(act, "swish") == 0, err,
+                               "hidden_act '%s' is not the activation this model computes (silu, swish)",
+                               act));
+    }
 
     /* shape constraints that depend on config.json values */
     MS_TRY(ms_md_cfg_check(hf, c->d > 0, err, "d (%lld) must be positive", (long long)c->d));

@@ -105,6 +105,8 @@ static ms_status tiny_config_load(const ms_hf_config *hf, void *out, ms_error *e
     {
         static const char *const src[] = {"kind"};
         MS_TRY(ms_md_cfg_string(hf, src, 1, "plain", &c->kind, NULL, err));
+        MS_TRY(ms_md_cfg_check(hf, strcmp(c->kind, "plain") == 0 || strcmp(c->kind, "scaled") == 0, err,
+                               "kind '%s' is not supported by this model (plain, scaled)", c->kind));
     }
     MS_TRY(ms_md_cfg_check(hf, c->n_heads > 0, err, "n_heads (%lld) must be positive",
                            (long long)(c->n_heads)));
@@ -112,6 +114,13 @@ static ms_status tiny_config_load(const ms_hf_config *hf, void *out, ms_error *e
     c->qd = c->n_heads * c->hd;
     c->kvd = c->n_kv_heads * c->hd;
     c->short_window = (c->window) < (c->max_position_embeddings) ? (c->window) : (c->max_position_embeddings);
+    { /* hidden_act: the activation the forward computes (silu) */
+        const char *act;
+        MS_TRY(ms_hf_config_get_string_or(hf, "hidden_act", "silu", &act, err));
+        MS_TRY(ms_md_cfg_check(hf, strcmp(act, "silu") == 0 || strcmp(act, "swish") == 0, err,
+                               "hidden_act '%s' is not the activation this model computes (silu, swish)",
+                               act));
+    }
 
     /* shape constraints that depend on config.json values */
     MS_TRY(ms_md_cfg_check(hf, c->dim > 0, err, "dim (%lld) must be positive", (long long)c->dim));
@@ -128,8 +137,6 @@ static ms_status tiny_config_load(const ms_hf_config *hf, void *out, ms_error *e
                            "hd (%lld) must be positive and even", (long long)(c->hd)));
     MS_TRY(ms_md_cfg_check(hf, (double)(c->theta) > 0.0, err, "theta (%g) must be positive", (double)(c->theta)));
     MS_TRY(ms_md_cfg_check(hf, (double)(c->eps) >= 0.0, err, "eps (%g) must not be negative", (double)(c->eps)));
-    MS_TRY(ms_md_cfg_check(hf, strcmp(c->kind, "plain") == 0 || strcmp(c->kind, "scaled") == 0, err,
-                           "kind '%s' is not supported by this model (plain, scaled)", c->kind));
     return MS_OK;
 }
 
