@@ -36,3 +36,5 @@ RUNTIME_SRCS += runtime/tokenizer_hf_nfc.c
 RUNTIME_CUDA_SRCS += runtime/device_cuda.c
 RUNTIME_SRCS += runtime/bench.c
 RUNTIME_SRCS += runtime/kernels_cmd.c
+RUNTIME_SRCS += runtime/sample_res.c
+RUNTIME_SRCS += runtime/scheduler.c

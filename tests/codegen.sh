@@ -7,8 +7,8 @@
 #   - determinism: two runs give identical bytes (golden models and models/*.mstar);
 #   - the golden model compiles and links into a binary with the baked-in compiler settings;
 #   - end to end: models/llama.mstar built ONCE into a binary that prints the llama2.c golden text
-#     exactly and the same greedy ids as the hand-written descriptor (build/llama-ref) on
-#     hf/llama_gqa;
+#     exactly and 16 greedy ids on hf/llama_gqa (the generated descriptor is the reference: the
+#     fixture tests compare its logits and ids with transformers');
 #   - errors: a failing C compiler is reported with its command and exit status, a construct the
 #     engine cannot run (M-RoPE sections included) names file:line:col, usage errors exit 2;
 #   - the generated descriptor lists its kernel instance stems (the golden files show them).
@@ -140,17 +140,9 @@ if run "build llama" 0 "$mstarc" build models/llama.mstar -o "$tmp/llama"; then
         if grep -q "tokens/s" "$tmp/err"; then ok; else fail "llama2c: no tokens/s line"; fi
     fi
     ids=1,15,300,42,7,99,100,101
-    if [ -x "$build/llama-ref" ] &&
-        run "gqa generated" 0 "$bin" generate --model "$fx/hf/llama_gqa" --prompt-ids "$ids" \
-            --max-new-tokens 16 --temperature 0 --ignore-eos; then
-        cp "$tmp/out" "$tmp/gen_ids"
-        if run "gqa reference" 0 "$build/llama-ref" generate --model "$fx/hf/llama_gqa" \
-            --prompt-ids "$ids" --max-new-tokens 16 --temperature 0 --ignore-eos &&
-            [ -s "$tmp/gen_ids" ] && cmp -s "$tmp/out" "$tmp/gen_ids"; then
-            ok
-        else
-            fail "hf/llama_gqa: generated binary's ids differ from build/llama-ref's"
-        fi
+    if run "gqa generated" 0 "$bin" generate --model "$fx/hf/llama_gqa" --prompt-ids "$ids" \
+        --max-new-tokens 16 --temperature 0 --ignore-eos; then
+        if [ "$(wc -w <"$tmp/out")" -eq 16 ]; then ok; else fail "hf/llama_gqa: not 16 ids: $(cat "$tmp/out")"; fi
     fi
 fi
 

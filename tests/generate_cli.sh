@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# generate_cli.sh - drives `$MS_BUILD/llama-ref generate` (the serving binary over the hand-written
-# Llama descriptor) as a user would: the acceptance line on the llama2.c golden, output counts,
+# generate_cli.sh - drives `$MS_BUILD/llama/llama generate` (the serving binary mstarc builds from
+# models/llama.mstar) as a user would: the acceptance line on the llama2.c golden, output counts,
 # context limits, every bad flag value and every kind of bad input file. Each failure case must
 # exit 1 (2 for usage errors) with ONE line on stderr naming the file/flag and the problem, and
 # nothing from a sanitizer (under `make SAN=asan`, MS_BUILD=build/asan: ASan+UBSan+LeakSanitizer).
@@ -18,7 +18,7 @@ set -uo pipefail
 # backend on GPU hosts too (tests/gpu_generate.sh covers the CUDA path).
 export CUDA_VISIBLE_DEVICES=
 build=${MS_BUILD:-build}
-bin="$build/llama-ref"
+bin="$build/llama/llama"
 fx=${MS_FIXTURES:-../shared/fixtures}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -226,15 +226,15 @@ fi
 
 # ---- id lists: every empty entry is an error naming the flag (or file:line) and the entry ----
 # (tests/test_cli.c checks every form the parser accepts and rejects)
-expect_error "--prompt-ids trailing comma" 1 "^llama-ref: --prompt-ids: entry 3 is empty" -- --model "$gqa" --prompt-ids 1,2,
-expect_error "--prompt-ids doubled comma" 1 "^llama-ref: --prompt-ids: entry 2 is empty" -- --model "$gqa" --prompt-ids 1,,2
+expect_error "--prompt-ids trailing comma" 1 "^llama: --prompt-ids: entry 3 is empty" -- --model "$gqa" --prompt-ids 1,2,
+expect_error "--prompt-ids doubled comma" 1 "^llama: --prompt-ids: entry 2 is empty" -- --model "$gqa" --prompt-ids 1,,2
 printf '1,2\n3,,4\n' >"$tmp/bad_ids"
 expect_error "prompts file empty entry" 1 "$tmp/bad_ids:2: entry 2 is empty" -- --model "$gqa" --prompts-file "$tmp/bad_ids"
 
 # ---- --model names what the user gave and what is wrong with it ----
-expect_error "--model /dev/null" 1 "^llama-ref: /dev/null: not a model: a character device \(expected a checkpoint folder" -- --model /dev/null --prompt-ids 1
+expect_error "--model /dev/null" 1 "^llama: /dev/null: not a model: a character device \(expected a checkpoint folder" -- --model /dev/null --prompt-ids 1
 mkdir -p "$tmp/empty"
-expect_error "--model folder without config.json" 1 "^llama-ref: $tmp/empty: not a model: the folder has no config.json" -- --model "$tmp/empty" --prompt-ids 1
+expect_error "--model folder without config.json" 1 "^llama: $tmp/empty: not a model: the folder has no config.json" -- --model "$tmp/empty" --prompt-ids 1
 expect_error "--model ''" 1 "--model: the path is empty" -- --model '' --prompt-ids 1
 
 # ---- tokenizer flags ----
@@ -291,13 +291,13 @@ ln -s "$l3tok/tokenizer_config.json" "$tmp/l3t/tokenizer_config.json"
 jq -r '.llama3_1[] | select(.text != "" and (.text | contains("\n") | not)) | .text' "$ref" >"$tmp/l3_prompts"
 jq -r '.llama3_1[] | select(.text != "" and (.text | contains("\n") | not)) | .decoded' "$ref" >"$tmp/l3_want"
 jq -r '.llama3_1[] | select(.text != "" and (.text | contains("\n") | not)) | [128000] + .ids | map(tostring) | join(" ")' "$ref" |
-    awk '{ n = split($0, a, " "); printf "llama-ref: prompt %d: %d tokens: %s\n", NR, n, $0 }' >"$tmp/l3_want_ids"
+    awk '{ n = split($0, a, " "); printf "llama: prompt %d: %d tokens: %s\n", NR, n, $0 }' >"$tmp/l3_want_ids"
 "$bin" generate --model "$tmp/l3t" --prompts-file "$tmp/l3_prompts" --max-new-tokens 0 --verbose-prompt >"$tmp/out" 2>"$tmp/err"
 rc=$?
-if [ $rc -eq 0 ] && grep '^llama-ref: prompt ' "$tmp/err" | cmp -s - "$tmp/l3_want_ids" && [ "$(wc -l <"$tmp/l3_want_ids")" -ge 8 ]; then
+if [ $rc -eq 0 ] && grep '^llama: prompt ' "$tmp/err" | cmp -s - "$tmp/l3_want_ids" && [ "$(wc -l <"$tmp/l3_want_ids")" -ge 8 ]; then
     ok "tokenizer.json by default: $(wc -l <"$tmp/l3_want_ids") reference strings encode to the library's ids after <|begin_of_text|>"
 else
-    bad "tokenizer.json encode" "rc $rc" "$(diff <(grep '^llama-ref: prompt ' "$tmp/err") "$tmp/l3_want_ids" | head -4)" "$(grep -E 'Sanitizer|error' "$tmp/err" | head -3)"
+    bad "tokenizer.json encode" "rc $rc" "$(diff <(grep '^llama: prompt ' "$tmp/err") "$tmp/l3_want_ids" | head -4)" "$(grep -E 'Sanitizer|error' "$tmp/err" | head -3)"
 fi
 if [ $rc -eq 0 ] && cmp -s "$tmp/out" "$tmp/l3_want"; then
     ok "tokenizer.json: the echoed prompts decode to the reference text (special tokens skipped)"
@@ -335,7 +335,7 @@ qtext=$(jq -r '.qwen3[] | select(.text | startswith("<|im_start|>")) | .text' "$
 rc=$?
 want_ids=$(jq -r '.qwen3[] | select(.text | startswith("<|im_start|>")) | .ids | map(tostring) | join(" ")' "$ref")
 { jq -j '.qwen3[] | select(.text | startswith("<|im_start|>")) | .decoded' "$ref"; echo; } >"$tmp/want"
-if [ $rc -eq 0 ] && grep -qx "llama-ref: prompt 1: 5 tokens: $want_ids" "$tmp/err" && cmp -s "$tmp/out" "$tmp/want"; then
+if [ $rc -eq 0 ] && grep -qx "llama: prompt 1: 5 tokens: $want_ids" "$tmp/err" && cmp -s "$tmp/out" "$tmp/want"; then
     ok "Qwen3 tokenizer: no BOS, <|im_start|>/<|im_end|> as special ids, skipped in the text"
 else
     bad "Qwen3 tokenizer" "rc $rc, want ids $want_ids" "$(head -c 300 "$tmp/err")" "$(od -c "$tmp/out" | head -2)"
@@ -345,8 +345,8 @@ mkdir -p "$tmp/l3nobos"
 for f in config.json generation_config.json model.safetensors; do ln -s "$tmp/l3/$f" "$tmp/l3nobos/$f"; done
 ln -s "$l3tok/tokenizer.json" "$tmp/l3nobos/tokenizer.json"
 echo '{"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "add_bos_token": false}' >"$tmp/l3nobos/tokenizer_config.json"
-out=$("$bin" generate --model "$tmp/l3nobos" --prompt "Hello, world!" --max-new-tokens 0 --verbose-prompt 2>&1 >/dev/null | grep '^llama-ref: prompt 1:')
-if [ "$out" = "llama-ref: prompt 1: 4 tokens: 9906 11 1917 0" ]; then
+out=$("$bin" generate --model "$tmp/l3nobos" --prompt "Hello, world!" --max-new-tokens 0 --verbose-prompt 2>&1 >/dev/null | grep '^llama: prompt 1:')
+if [ "$out" = "llama: prompt 1: 4 tokens: 9906 11 1917 0" ]; then
     ok "add_bos_token false: no <|begin_of_text|>"
 else
     bad "add_bos_token false" "$out"
@@ -355,8 +355,8 @@ fi
 mkdir -p "$tmp/q3both"
 ln -s "$(realpath "$fx/tokenizers/qwen3/tokenizer.json")" "$tmp/q3both/tokenizer.json"
 echo '{"bos_token": "<|endoftext|>", "eos_token": "<|im_end|>", "add_bos_token": true, "add_eos_token": true}' >"$tmp/q3both/tokenizer_config.json"
-out=$("$bin" generate --model "$tmp/l3" --tokenizer "$tmp/q3both" --prompt "Hello, world!" --max-new-tokens 0 --verbose-prompt 2>&1 >/dev/null | grep '^llama-ref: prompt 1:')
-if [ "$out" = "llama-ref: prompt 1: 6 tokens: 151643 9707 11 1879 0 151645" ]; then
+out=$("$bin" generate --model "$tmp/l3" --tokenizer "$tmp/q3both" --prompt "Hello, world!" --max-new-tokens 0 --verbose-prompt 2>&1 >/dev/null | grep '^llama: prompt 1:')
+if [ "$out" = "llama: prompt 1: 6 tokens: 151643 9707 11 1879 0 151645" ]; then
     ok "add_bos_token / add_eos_token true: BOS and EOS around the text"
 else
     bad "add_bos_token / add_eos_token true" "$out"

@@ -1,8 +1,8 @@
 /*
  * test_engine_desc.c - the model descriptor contract (runtime/model_desc.h): config parameter
  * helpers (sources in order, defaults, optional values, wrong types, checks), name templates,
- * and the table checks that catch code generator bugs, run against the hand-written Llama
- * descriptor and mutations of it.
+ * the table checks that catch code generator bugs, run against the generated Llama descriptor
+ * (models/llama.mstar) and mutations of it, and the generated step runners and walks.
  */
 #include "ms_test.h"
 #include "ms_test_impl.h"
@@ -12,7 +12,16 @@
 #include "engine.h"
 #include "model_desc.h"
 
-#include "llama_desc_ref.c"
+extern const ms_model_desc ms_llama_desc;
+
+/* Index of the weight row `key` of the generated table. */
+static int32_t wix(const char *key) {
+    for (int32_t i = 0; i < ms_llama_desc.n_weights; i++)
+        if (strcmp(ms_llama_desc.weights[i].key, key) == 0)
+            return i;
+    fail_msg("no weight %s", key);
+    return -1;
+}
 
 static ms_hf_config *cfg_from(const char *json) {
     ms_hf_config *hf = NULL;
@@ -92,30 +101,30 @@ static void test_expand_name(void **state) {
 static void test_llama_desc_tables(void **state) {
     (void)state;
     ms_error err = {0};
-    assert_int_equal(ms_md_check_desc(&ms_llama_ref_desc, &err), MS_OK);
-    assert_int_equal(ms_md_resource_index(&ms_llama_ref_desc, "kv"), 0);
-    assert_int_equal(ms_md_resource_index(&ms_llama_ref_desc, "attn"), 2);
-    assert_int_equal(ms_md_resource_index(&ms_llama_ref_desc, "nope"), -1);
+    assert_int_equal(ms_md_check_desc(&ms_llama_desc, &err), MS_OK);
+    assert_int_equal(ms_md_resource_index(&ms_llama_desc, "kv"), 0);
+    assert_int_equal(ms_md_resource_index(&ms_llama_desc, "attn"), 2);
+    assert_int_equal(ms_md_resource_index(&ms_llama_desc, "nope"), -1);
 
     /* shapes under the llama_gqa config: fused QKV = 128 + 2 * 32 rows */
     ms_hf_config *hf = NULL;
     assert_int_equal(ms_hf_config_init(&hf, ms_test_fixture("hf/llama_gqa"), &err), MS_OK);
-    void *cfg = ms_calloc(1, ms_llama_ref_desc.config_size);
-    assert_int_equal(ms_llama_ref_desc.config_load(hf, cfg, &err), MS_OK);
-    assert_int_equal(ms_md_check_shapes(&ms_llama_ref_desc, cfg, &err), MS_OK);
+    void *cfg = ms_calloc(1, ms_llama_desc.config_size);
+    assert_int_equal(ms_llama_desc.config_load(hf, cfg, &err), MS_OK);
+    assert_int_equal(ms_md_check_shapes(&ms_llama_desc, cfg, &err), MS_OK);
     int64_t shape[4] = {0};
-    ms_llama_ref_desc.weight_shape(cfg, W_WQKV, shape);
+    ms_llama_desc.weight_shape(cfg, wix("layers.wq+wk+wv"), shape);
     assert_int_equal(shape[0], 8 * 16 + 2 * 2 * 16);
     assert_int_equal(shape[1], 128);
     ms_md_facts fa;
-    assert_int_equal(ms_llama_ref_desc.facts(cfg, &fa, &err), MS_OK);
+    assert_int_equal(ms_llama_desc.facts(cfg, &fa, &err), MS_OK);
     assert_int_equal(fa.n_q_heads, 8);
     assert_int_equal(fa.n_kv_heads, 2);
     assert_int_equal(fa.head_dim, 16);
     assert_int_equal(fa.max_context, 512);
     assert_int_equal(fa.rope.style, MS_ROPE_ROTATE_HALF);
     assert_int_equal(fa.window, 0);
-    assert_false(ms_llama_ref_desc.weight_tied(cfg, W_LM_HEAD));
+    assert_false(ms_llama_desc.weight_tied(cfg, wix("lm_head")));
     ms_free(cfg);
     ms_hf_config_free(hf);
 }
@@ -123,8 +132,9 @@ static void test_llama_desc_tables(void **state) {
 /* Each mutation of the tables is a generator bug the check names. */
 static void test_desc_check_catches_bugs(void **state) {
     (void)state;
-    ms_md_weight w[W_COUNT];
+    ms_md_weight w[64];
     ms_md_resource r[4];
+    assert_true(ms_llama_desc.n_weights <= 64 && ms_llama_desc.n_resources == 4);
     ms_model_desc d;
     ms_error err = {0};
     static const struct {
@@ -139,22 +149,22 @@ static void test_desc_check_catches_bugs(void **state) {
     };
     static const char *const stems[] = {"argmax_f32", ""};
     for (size_t c = 0; c < MS_ARRAY_LEN(cases); c++) {
-        memcpy(w, llama_weights, sizeof w);
-        memcpy(r, llama_resources, sizeof r);
-        d = ms_llama_ref_desc;
+        memcpy(w, ms_llama_desc.weights, (size_t)ms_llama_desc.n_weights * sizeof *w);
+        memcpy(r, ms_llama_desc.resources, sizeof r);
+        d = ms_llama_desc;
         d.weights = w;
         d.resources = r;
         switch (c) {
-        case 0: w[W_WO].names[0] = "model.layers.self_attn.o_proj.weight"; break;
-        case 1: w[W_LM_HEAD].tie = W_LM_HEAD; break;
-        case 2: w[W_WQ].fused = W_GATE_UP; break;
-        case 3: w[W_GATE_UP].n_parts = 5; break;
-        case 4: w[W_FINAL_NORM].rank = 3; break;
-        case 5: w[W_BQKV].optional = false; break;
+        case 0: w[wix("layers.wo")].names[0] = "model.layers.self_attn.o_proj.weight"; break;
+        case 1: w[wix("lm_head")].tie = wix("lm_head"); break;
+        case 2: w[wix("layers.wq")].fused = wix("layers.w_gate+w_up"); break;
+        case 3: w[wix("layers.w_gate+w_up")].n_parts = 5; break;
+        case 4: w[wix("final_norm")].rank = 3; break;
+        case 5: w[wix("layers.bq+bk+bv")].optional = false; break;
         case 6: r[1].deps[0] = "attn"; break;
         case 7: r[3].key = "kv"; r[3].kind = MS_RESOURCE_SCRATCH; break;
         case 8: r[3].kind = MS_RESOURCE_POS; break;
-        case 9: d.n_kernels = 2; break;
+        case 9: d.kernels = NULL; d.n_kernels = 2; break;
         case 10: d.kernels = stems; d.n_kernels = 2; break;
         }
         assert_int_equal(ms_md_check_desc(&d, &err), MS_ERR_INVALID_ARG);
@@ -163,7 +173,7 @@ static void test_desc_check_catches_bugs(void **state) {
         assert_non_null(strstr(err.msg, "model llama"));
     }
     /* a broken descriptor never reaches the loaders */
-    d = ms_llama_ref_desc;
+    d = ms_llama_desc;
     d.forward = NULL;
     ms_engine_options o = ms_engine_options_default();
     o.model_path = ms_test_fixture("hf/llama_gqa");
