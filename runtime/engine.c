@@ -937,6 +937,16 @@ ms_status ms_engine_add(ms_engine *e, const ms_engine_request *rq, ms_rid *rid, 
     if (walk < 0)
         return MS_FAIL(err, MS_ERR_UNSUPPORTED, "model %s has no walk starting with a step over "
                        "%s", e->desc->name, guided ? "main and cfg_uncond" : "main alone");
+    if (rq->position_ids != NULL) {
+        bool takes = false;
+        const ms_md_walk *wk = &e->desc->walks[walk];
+        for (int32_t i = 0; i < wk->loop_begin; i++)
+            takes = takes || e->desc->steps[wk->steps[i]].explicit_positions;
+        if (!takes)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                           "position ids given, but no prompt step of walk '%s' declares "
+                           "`pos explicit`", wk->name);
+    }
     int32_t n_streams = ms_walk_n_streams(e->desc, walk);
     if (e->n_streams_active + n_streams > e->max_seqs)
         return MS_FAIL(err, MS_ERR_CAPACITY,

@@ -35,6 +35,8 @@ TESTS += tests/test_engine_llama
 $(BUILD)/tests/test_engine_llama: $(BUILD)/obj/gen/llama/llama_gen.o
 $(BUILD)/tests/test_engine_desc: $(BUILD)/obj/gen/llama/llama_gen.o
 $(BUILD)/tests/test_cli: $(BUILD)/obj/gen/llama/llama_gen.o
+TESTS += tests/test_engine_cfg
+$(BUILD)/tests/test_engine_cfg: $(BUILD)/obj/gen/llama/llama_gen.o
 TEST_SCRIPTS += tests/generate_cli.sh
 # the serving binary of models/llama.mstar (generate_cli.sh, bench_cli.sh drive it)
 PROGRAMS += $(BUILD)/llama/llama

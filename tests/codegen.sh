@@ -192,6 +192,32 @@ sed -e '/max_position_embeddings: int/d' -e 's/min(window, max_position_embeddin
 if run "no context limit" 1 "$mstarc" build "$tmp/noctx.mstar" -o "$tmp/noctx" --emit-only; then
     if grep -q "max_position_embeddings" "$tmp/err"; then ok; else fail "no context limit: $(cat "$tmp/err")"; fi
 fi
+# steps and walks the engine cannot run are refused at file:line:col, never dropped
+sed -e '/step decode_guided/,/}/ s/kv combine = \[main, cfg_uncond\] -> cfg;//' "$root/models/llama.mstar" >"$tmp/nocomb.mstar"
+if run "labels without combine" 1 "$mstarc" build "$tmp/nocomb.mstar" -o "$tmp/nocomb" --emit-only; then
+    if grep -Eq "nocomb.mstar:[0-9]+:[0-9]+: .*segments over several labels need .kv combine" "$tmp/err"; then ok; else fail "labels without combine: $(cat "$tmp/err")"; fi
+fi
+sed -e '/step decode_guided/,/}/ s/kv combine = \[main, cfg_uncond\]/kv combine = [cfg_uncond, main]/' "$root/models/llama.mstar" >"$tmp/order.mstar"
+if run "combine order" 1 "$mstarc" build "$tmp/order.mstar" -o "$tmp/order" --emit-only; then
+    if grep -Eq "order.mstar:[0-9]+:[0-9]+: .*declare the segments in the combine's order" "$tmp/err"; then ok; else fail "combine order: $(cat "$tmp/err")"; fi
+fi
+sed -e 's/^    walk guided = .*/    walk bad = decoder.prefill then loop decoder.decode until stop then decoder.decode;/' "$root/models/llama.mstar" >"$tmp/after.mstar"
+if run "walk item after a loop" 1 "$mstarc" build "$tmp/after.mstar" -o "$tmp/after" --emit-only; then
+    if grep -Eq "after.mstar:[0-9]+:[0-9]+: .*after a loop is never reached" "$tmp/err"; then ok; else fail "walk after loop: $(cat "$tmp/err")"; fi
+fi
+# the sampler's declared settings are the request defaults: temperature = 0.0 makes the binary
+# greedy without --temperature (flags still override)
+sed -e 's/sampler(vocab = vocab_size)/sampler(vocab = vocab_size, temperature = 0.0)/' "$root/models/llama.mstar" >"$tmp/greedy.mstar"
+if grep -q 'temperature = 0.0' "$tmp/greedy.mstar" && [ -n "${bin:-}" ] &&
+    run "build greedy-default llama" 0 "$mstarc" build "$tmp/greedy.mstar" -o "$tmp/greedy"; then
+    gargs=(generate --model "$fx/hf/llama_gqa" --prompt-ids 1,15,300 --max-new-tokens 12 --ignore-eos)
+    a=$("$tmp/greedy/llama" "${gargs[@]}" --seed 1 2>/dev/null)
+    b=$("$tmp/greedy/llama" "${gargs[@]}" --seed 2 2>/dev/null)
+    c=$("$bin" "${gargs[@]}" --temperature 0 2>/dev/null)
+    d=$("$tmp/greedy/llama" "${gargs[@]}" --temperature 1 --seed 3 2>/dev/null)
+    e=$("$bin" "${gargs[@]}" --temperature 1 --seed 3 2>/dev/null)
+    if [ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" = "$c" ] && [ "$d" = "$e" ]; then ok; else fail "sampler defaults: '$a' '$b' '$c' / '$d' '$e'"; fi
+fi
 # M-RoPE sections: the engine's positions are one sequential stream, so a model declaring them is
 # refused at the sections argument (it used to build and run plain RoPE with plain rope_kv)
 sed -e 's/style = rotate_half);/style = rotate_half, sections = [16, 4, 4]);/' "$root/models/qwen3.mstar" >"$tmp/mrope.mstar"

@@ -103,6 +103,40 @@ else
     bad "prompts file batch" "$(diff "$tmp/batch" "$tmp/alone" | head -6)"
 fi
 
+# ---- batched CFG: hf/llama_cfg, one request over two streams, greedy ids of the reference ----
+cfg="$fx/hf/llama_cfg"
+if [ -d "$cfg" ] && command -v python3 >/dev/null; then
+    python3 - "$cfg/reference.safetensors" >"$tmp/cfg_ids" <<'PY'
+import json, struct, sys, array
+b = open(sys.argv[1], 'rb').read()
+n = struct.unpack('<Q', b[:8])[0]
+h = json.loads(b[8:8 + n])
+for k in ('cond_ids', 'uncond_ids', 'greedy_ids'):
+    s, e = h[k]['data_offsets']
+    print(','.join(str(x) for x in array.array('i', b[8 + n + s:8 + n + e])))
+PY
+    cond=$(sed -n 1p "$tmp/cfg_ids"); uncond=$(sed -n 2p "$tmp/cfg_ids"); want=$(sed -n 3p "$tmp/cfg_ids" | tr , ' ')
+    got=$("$bin" generate --model "$cfg" --prompt-ids "$cond" --negative-prompt-ids "$uncond" \
+        --guidance-scale 3 --max-new-tokens 25 --temperature 0 2>"$tmp/err")
+    if [ "$got" = "$want" ]; then ok "CFG --negative-prompt-ids --guidance-scale 3: the reference's 25 ids"
+    else bad "CFG hf/llama_cfg" "got  $got" "want $want" "$(head -c 300 "$tmp/err")"; fi
+    plain=$("$bin" generate --model "$cfg" --prompt-ids "$cond" --max-new-tokens 25 --temperature 0 2>/dev/null)
+    if [ -n "$plain" ] && [ "$plain" != "$want" ]; then ok "CFG: the unguided walk gives other ids"
+    else bad "CFG unguided" "$plain"; fi
+fi
+if [ -d "$cfg" ]; then
+    # --negative-prompt TEXT through a tokenizer of the model's vocabulary (tok512: 512 tokens)
+    g=$("$bin" generate --model "$cfg" --tokenizer "$tok" --prompt "Once upon a time" \
+        --negative-prompt "The end" --guidance-scale 3 --max-new-tokens 12 --temperature 0 --output ids 2>"$tmp/err")
+    u=$("$bin" generate --model "$cfg" --tokenizer "$tok" --prompt "Once upon a time" \
+        --max-new-tokens 12 --temperature 0 --output ids 2>/dev/null)
+    if [ "$(echo "$g" | wc -w)" -eq 12 ] && [ "$g" != "$u" ]; then ok "CFG --negative-prompt TEXT: 12 guided ids"
+    else bad "CFG --negative-prompt" "guided $g" "plain $u" "$(head -c 300 "$tmp/err")"; fi
+fi
+expect_error "--guidance-scale without a negative prompt" 2 "--guidance-scale needs --negative-prompt" -- --model "$gqa" --prompt-ids 1 --guidance-scale 2
+expect_error "--negative-prompt without a tokenizer" 1 "--negative-prompt needs a tokenizer" -- --model "$gqa" --prompt-ids 1 --negative-prompt hi
+expect_error "--negative-prompt-ids out of vocabulary" 1 "negative prompt token 9999 at index 0 is outside" -- --model "$gqa" --prompt-ids 1 --negative-prompt-ids 9999
+
 # seeded sampling is reproducible
 a=$("$bin" generate --model "$gqa" --prompt-ids 1,2,3 --max-new-tokens 12 --temperature 0.8 --top-k 40 --top-p 0.9 --seed 7 --ignore-eos 2>/dev/null)
 b=$("$bin" generate --model "$gqa" --prompt-ids 1,2,3 --max-new-tokens 12 --temperature 0.8 --top-k 40 --top-p 0.9 --seed 7 --ignore-eos 2>/dev/null)
