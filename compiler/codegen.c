@@ -2374,6 +2374,9 @@ ms_status ms_codegen_model_c(const ms_model *m, const char *source, ms_strbuf *o
         E("static const char *const %s_labels[] = {%s};", m->name, b->data);
         sb_put(g, b);
     }
+    if (g->node->n_steps > MS_MD_MAX_STEPS)
+        fail_at(g, g->node->steps[MS_MD_MAX_STEPS]->ast->loc, "more than %d steps in a node",
+                MS_MD_MAX_STEPS);
     for (int s = 0; s < g->node->n_steps; s++) {
         ms_emit_blank(&g->cg);
         emit_step(g, g->node->steps[s], s);

@@ -1082,6 +1082,8 @@ static int32_t eng_rows(ms_engine *e, int32_t k, int32_t *n_prefill) {
                 row.len[sd->labels[s]] = 1;
             need = sd->n_segments;
             row.sample = true;
+            if (need > budget)
+                continue;
         } else {
             bool done = true;
             for (int32_t s = 0; s < sd->n_segments; s++) {
@@ -1211,9 +1213,8 @@ ms_status ms_engine_step(ms_engine *e, ms_engine_step_info *info, ms_error *err)
     const ms_model_desc *d = e->desc;
 
     /* 1. the scheduler picks the step: requests waiting at each step */
-    int32_t waiting[64] = {0};
-    bool in_loop[64] = {false};
-    MS_ASSERT(d->n_steps <= 64);
+    int32_t waiting[MS_MD_MAX_STEPS] = {0};
+    bool in_loop[MS_MD_MAX_STEPS] = {false};
     for (size_t i = 0; i < e->n_reqs; i++) {
         eng_req *r = e->reqs[i];
         r->row = -1;

@@ -262,8 +262,10 @@ ms_status ms_md_check_desc(const ms_model_desc *d, ms_error *err) {
         d->labels[0] == NULL || strcmp(d->labels[0], "main") != 0)
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "model %s: labels must start with main (1..%d)",
                        name, MS_MAX_LABELS);
-    if (d->steps == NULL || d->n_steps < 1 || d->walks == NULL || d->n_walks < 1)
-        return MS_FAIL(err, MS_ERR_INVALID_ARG, "model %s: no steps or no walk", name);
+    if (d->steps == NULL || d->n_steps < 1 || d->n_steps > MS_MD_MAX_STEPS || d->walks == NULL ||
+        d->n_walks < 1)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "model %s: no steps (or more than %d), or no walk",
+                       name, MS_MD_MAX_STEPS);
     for (int32_t i = 0; i < d->n_steps; i++)
         MS_TRY(check_step(d, &d->steps[i], err));
     for (int32_t i = 0; i < d->n_walks; i++)

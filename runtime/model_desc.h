@@ -205,6 +205,7 @@ typedef struct ms_md_resource {
 
 #define MS_MD_MAX_BUCKETS 16
 #define MS_MD_MAX_AXES 3        /* explicit position axes (t/h/w M-RoPE ids) */
+#define MS_MD_MAX_STEPS 64      /* steps of a node */
 
 /*
  * One batch row handed to a step runner: one request standing at this step. A step has one token
