@@ -1323,6 +1323,11 @@ static void emit_step_row(gen *g, const ms_step_decl *s) {
     E(".n_segments = %d,", s->n_segments);
     E(".labels = {%s},", l->data);
     E(".explicit_positions = %s,", po != NULL && po->explicit_ids ? "true" : "false");
+    const ms_step_rec *at = rec_of(s, g->attn);
+    if (at != NULL && !at->causal && !g->used_gather)
+        fail_at(g, s->ast->loc, "step '%s': a block step returns every token's logits, which "
+                "needs a forward that gathers its output rows", s->name);
+    E(".all_logits = %s,", at != NULL && !at->causal ? "true" : "false");
     E(".run = %s_run_%s,", g->mn, s->name);
     E(".capture_by_tokens = %s,", s->capture == MS_CAPTURE_TOKENS ? "true" : "false");
     E(".buckets = {%s},", s->n_buckets ? b->data : "0");
@@ -1352,6 +1357,11 @@ static void flatten_walk(gen *g, const ms_ast_walk_item *it, int *steps, int *n,
         if (strcmp(it->node.name, g->node->name) != 0 || k < 0)
             fail_at(g, it->loc, "walk: '%s.%s' is not a step of node '%s'", it->node.name,
                     it->step.name, g->node->name);
+        const ms_step_rec *at = rec_of(g->node->steps[k], g->attn);
+        if (at != NULL && !at->causal)
+            fail_at(g, it->loc, "walk: '%s' is a block step (attn causal = false: every token's "
+                    "logits, nothing sampled); it runs through ms_engine_run_step, not in a walk",
+                    it->step.name);
         if (*n >= cap)
             fail_at(g, it->loc, "walk: more than %d items", cap);
         steps[(*n)++] = k;
@@ -2110,7 +2120,8 @@ static void emit_forward(gen *g) {
     E("const ms_backend *be = a->be;");
     E("const ms_backend_i *f = &be->iface;");
     E("void *cx = be->ctx;");
-    E("const int64_t T = a->batch->n_tokens, S = a->batch->n_seqs;");
+    E("const int64_t T = a->batch->n_tokens;");
+    E("const int64_t S = a->out_rows != NULL ? a->out_rows->shape[0] : a->batch->n_seqs;");
     E("size_t off[B_COUNT];");
     E("%s_layout(c, a->max_tokens, a->max_seqs, off);", mn);
     E("float *ws = a->workspace;");
@@ -2131,8 +2142,10 @@ static void emit_forward(gen *g) {
             E("ms_tensor %s = ms_tensor_split_heads(%s, %s, %s);", v->name, tref(g, v->parent),
               bare(g, v->heads), bare(g, v->hdim));
     }
-    if (g->used_gather)
-        E("ms_tensor last = ms_tensor_1d(a->batch->last_token, MS_DTYPE_I32, S);");
+    if (g->used_gather) {
+        E("ms_tensor last = a->out_rows != NULL ? *a->out_rows");
+        E("                                     : ms_tensor_1d(a->batch->last_token, MS_DTYPE_I32, S);");
+    }
     for (int i = 0; i < g->n_o; i++) {
         const op *o = &g->o[i];
         if (o->kind == O_LOOP_END) {
@@ -2595,12 +2608,16 @@ static int collect_kernels(gen *g, kvariant *ks, int cap) {
     const ms_ast_expr *wins[8];
     int nw = 0;
     arg_leaves(res_arg(g->attn, "window"), wins, &nw, 8);
-    bool prefill_causal = true;
+    /* the prefill variants the steps run: causal and/or not (a block step of dense generation),
+       one instance each (it used to take the flag of the last step only) */
+    bool prefill_causal[2] = {false, false}; /* [0]: non-causal, [1]: causal */
     for (int s = 0; s < g->node->n_steps; s++) {
         const ms_step_rec *r = rec_of(g->node->steps[s], g->attn);
         if (r != NULL && is_call(g->node->steps[s]->segments[0].span, "len"))
-            prefill_causal = r->causal;
+            prefill_causal[r->causal ? 1 : 0] = true;
     }
+    if (!prefill_causal[0] && !prefill_causal[1])
+        prefill_causal[1] = true;
     const char *wcond = NULL;
     const ms_ast_expr *we = res_arg(g->attn, "window");
     if (we != NULL && we->kind == MS_EXPR_COND)
@@ -2660,8 +2677,10 @@ static int collect_kernels(gen *g, kvariant *ks, int cap) {
                 bool win = wins[w] != NULL && wins[w]->kind != MS_EXPR_NONE;
                 const char *when = wcond == NULL ? NULL : win ? wcond : S("not (%s)", wcond);
                 kadd(g, ks, &n, cap, ms_kernel_spec_attn_decode(dt, hd, ps, grp, win), when);
-                kadd(g, ks, &n, cap,
-                     ms_kernel_spec_attn_prefill(dt, hd, ps, grp, prefill_causal, win), when);
+                for (int c = 1; c >= 0; c--)
+                    if (prefill_causal[c])
+                        kadd(g, ks, &n, cap,
+                             ms_kernel_spec_attn_prefill(dt, hd, ps, grp, c == 1, win), when);
             }
             break;
         default:

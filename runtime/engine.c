@@ -137,6 +137,9 @@ struct ms_engine {
 
     /* per-step buffers (worst case: max_seqs rows, max_seqs views, max_tokens tokens) */
     int32_t max_seqs, max_tokens;
+    int32_t max_out;              /* logits rows of a step: max_seqs, or max_tokens when a step
+                                     returns every token's logits (a block step) */
+    int32_t *out_rows_dev;        /* backend [max_tokens] 0, 1, 2, ...: the rows of a block step */
     void *workspace;              /* backend */
     size_t workspace_bytes;
     int32_t *tokens_dev;          /* backend [max_tokens] */
@@ -237,6 +240,13 @@ ms_status ms_engine_copy_bandwidth(ms_engine *e, size_t bytes, int32_t reps, dou
     return MS_OK;
 }
 int32_t ms_engine_n_active(const ms_engine *e) { return e->n_active; }
+int32_t ms_engine_stream_length(const ms_engine *e, ms_rid rid, ms_label label) {
+    ms_kv_stream_info si;
+    if (ms_kv_pool_stream_info(e->pool, rid, label, &si) != MS_OK)
+        return -1;
+    return si.stored;
+}
+
 int32_t ms_engine_kv_pages_free(const ms_engine *e) {
     return ms_page_arena_num_free(e->arena);
 }
@@ -711,14 +721,32 @@ static ms_status eng_runner_init(ms_engine *e, ms_error *err) {
 
 static ms_status eng_buffers_init(ms_engine *e, ms_error *err) {
     const ms_md_facts *fa = &e->facts;
-    const size_t V = (size_t)fa->vocab, S = (size_t)e->max_seqs, T = (size_t)e->max_tokens;
-    e->workspace_bytes = e->desc->workspace_size(e->config, e->max_tokens, e->max_seqs);
+    e->max_out = e->max_seqs;
+    for (int32_t k = 0; k < e->desc->n_steps; k++)
+        if (e->desc->steps[k].all_logits)
+            e->max_out = MS_MAX(e->max_seqs, e->max_tokens);
+    const size_t V = (size_t)fa->vocab, S = (size_t)e->max_out, T = (size_t)e->max_tokens;
+    e->workspace_bytes = e->desc->workspace_size(e->config, e->max_tokens, e->max_out);
     MS_TRY(eng_alloc(e, e->workspace_bytes, "forward.workspace", &e->workspace, err));
     MS_TRY(eng_alloc(e, T * sizeof(int32_t), "step.tokens", (void **)&e->tokens_dev, err));
     MS_TRY(eng_alloc(e, T * sizeof(int32_t), "step.positions", (void **)&e->pos_dev, err));
     MS_TRY(eng_alloc(e, S * V * sizeof(float), "step.logits", (void **)&e->logits_dev, err));
     MS_TRY(eng_alloc(e, S * sizeof(int32_t), "step.ids", (void **)&e->ids_dev, err));
     e->sample_ws_bytes = e->be.iface.sample_workspace_size(e->be.ctx, e->max_seqs, fa->vocab);
+    if (e->max_out > e->max_seqs) {
+        int32_t *iota = ms_malloc(T * sizeof(int32_t));
+        if (iota == NULL)
+            return MS_FAIL(err, MS_ERR_OOM, "out of memory for the block rows");
+        for (size_t t = 0; t < T; t++)
+            iota[t] = (int32_t)t;
+        ms_status st = eng_alloc(e, T * sizeof(int32_t), "step.out_rows",
+                                 (void **)&e->out_rows_dev, err);
+        if (st == MS_OK)
+            st = e->be.iface.copy_to_backend(e->be.ctx, e->out_rows_dev, iota,
+                                             T * sizeof(int32_t), err);
+        ms_free(iota);
+        MS_TRY(st);
+    }
     MS_TRY(eng_alloc(e, e->sample_ws_bytes, "sampler.workspace", &e->sample_ws, err));
 
     /* RoPE table */
@@ -834,6 +862,7 @@ void ms_engine_free(ms_engine *e) {
         eng_bfree(e, e->logits_dev);
         eng_bfree(e, e->ids_dev);
         eng_bfree(e, e->sample_ws);
+        eng_bfree(e, e->out_rows_dev);
     }
     ms_backend_free(&e->be);
     ms_free(e->weights);
@@ -1149,11 +1178,13 @@ static ms_status eng_pack_tokens(ms_engine *e, int32_t k, ms_error *err) {
 
 /* Queue the forward of a planned step, mix guided rows, sample one id per segment into
  * e->ids_host (the logits land in e->logits_host). */
-static ms_status eng_forward_sample(ms_engine *e, const ms_step_ctx *ctx, ms_error *err) {
+static ms_status eng_forward_sample(ms_engine *e, const ms_md_step *sd, const ms_step_ctx *ctx,
+                                    bool sample, ms_error *err) {
     const ms_backend_i *f = &e->be.iface;
     void *cx = e->be.ctx;
     const ms_step *step = &e->build.step;
-    const int32_t n = step->n_segments, n_tok = e->build.n_tokens;
+    const int32_t n_tok = e->build.n_tokens;
+    const int32_t n = sd->all_logits ? n_tok : step->n_segments; /* logits rows */
     const size_t V = (size_t)e->facts.vocab;
     const ms_kv_plan_set *set = ctx->plan_results[e->idx[MS_RESOURCE_KV]];
     const ms_pos_plan *pp = ctx->plan_results[e->idx[MS_RESOURCE_POS]];
@@ -1166,6 +1197,7 @@ static ms_status eng_forward_sample(ms_engine *e, const ms_step_ctx *ctx, ms_err
     ms_tensor tokens = ms_tensor_1d(e->tokens_dev, MS_DTYPE_I32, n_tok);
     ms_tensor pos = ms_tensor_1d(e->pos_dev, MS_DTYPE_I32, n_tok);
     ms_tensor logits = ms_tensor_2d(e->logits_dev, MS_DTYPE_F32, n, e->facts.vocab);
+    ms_tensor out_rows = ms_tensor_1d(e->out_rows_dev, MS_DTYPE_I32, n_tok);
     const eng_attn *ap = ctx->plan_results[e->idx[MS_RESOURCE_ATTN]];
     float scale = e->facts.attn_scale > 0.0f ? e->facts.attn_scale
                                              : 1.0f / sqrtf((float)e->facts.head_dim);
@@ -1183,12 +1215,15 @@ static ms_status eng_forward_sample(ms_engine *e, const ms_step_ctx *ctx, ms_err
         .attn = {.scale = scale, .window = e->facts.window, .causal = ap->entry->causal},
         .workspace = e->workspace,
         .max_tokens = e->max_tokens,
-        .max_seqs = e->max_seqs,
+        .max_seqs = e->max_out,
+        .out_rows = sd->all_logits ? &out_rows : NULL,
         .logits = &logits,
     };
     MS_TRY(e->desc->forward(&args, err));
     MS_TRY(f->copy_to_host(cx, e->logits_host, e->logits_dev, (size_t)n * V * sizeof(float),
                            err));
+    if (!sample)
+        return MS_OK; /* ms_engine_run_step: the caller reads the logits */
 
     /* batched CFG: the sampler mixes each guided row with its unconditional row (host logits),
        and the mixed rows go back for the backend's sample call */
@@ -1203,6 +1238,89 @@ static ms_status eng_forward_sample(ms_engine *e, const ms_step_ctx *ctx, ms_err
     ms_tensor ids = ms_tensor_1d(e->ids_dev, MS_DTYPE_I32, n);
     MS_TRY(f->sample(cx, &logits, rows, e->sample_ws, e->sample_ws_bytes, &ids, err));
     MS_TRY(f->copy_to_host(cx, e->ids_host, e->ids_dev, (size_t)n * sizeof(int32_t), err));
+    return MS_OK;
+}
+
+/* Run the step declared in e->build over rows [0, n) (tokens packed): admit -> plan -> forward
+ * (-> sampling when `sample`) -> commit. A failure after admit abandons the step. */
+static ms_status eng_run_built(ms_engine *e, const ms_md_step *sd, int32_t n, bool sample,
+                               ms_error *err) {
+    ms_step *step = &e->build.step;
+    ms_step_ctx ctx;
+    memset(&ctx, 0, sizeof ctx);
+    ctx.request_ids = e->rids;
+    ctx.n_rows = n;
+    ctx.n_real = n;
+    ms_admit_outcome o = ms_step_runner_admit(e->runner, step, &ctx);
+    if (o.code != MS_ADMIT_OK) {
+        if (o.code == MS_ADMIT_PAGES_SHORT)
+            return MS_FAIL(err, MS_ERR_CAPACITY,
+                           "step %s: KV pages short by %d for request %llu (raise kv_pages)",
+                           sd->name, (int)o.pages_short, (unsigned long long)o.rid);
+        return MS_FAIL(err, MS_ERR_INTERNAL, "step %s: admit failed (%s) at resource %d",
+                       sd->name, ms_admit_code_str(o.code), (int)o.resource);
+    }
+    MS_TRY(ms_step_runner_plan(e->runner, step, &ctx, err));
+    ms_status st = eng_forward_sample(e, sd, &ctx, sample, err);
+    if (st != MS_OK) {
+        ms_step_runner_abandon(e->runner, step, &ctx);
+        return st;
+    }
+    return ms_step_runner_commit(e->runner, step, &ctx, err);
+}
+
+ms_status ms_engine_run_step(ms_engine *e, ms_rid rid, const char *step_name,
+                             const int32_t *tokens, int32_t n_tokens, const float **logits,
+                             int32_t *n_rows, ms_error *err) {
+    *logits = NULL;
+    *n_rows = 0;
+    eng_req *r = eng_find_req(e, rid, NULL);
+    if (r == NULL || !r->in_runner || r->finish != MS_FINISH_NONE)
+        return MS_FAIL(err, MS_ERR_NOT_FOUND, "run step %s: request %llu is not running",
+                       step_name, (unsigned long long)rid);
+    int32_t k = -1;
+    for (int32_t i = 0; i < e->desc->n_steps; i++)
+        if (strcmp(e->desc->steps[i].name, step_name) == 0)
+            k = i;
+    if (k < 0)
+        return MS_FAIL(err, MS_ERR_NOT_FOUND, "model %s has no step '%s'", e->desc->name,
+                       step_name);
+    const ms_md_step *sd = &e->desc->steps[k];
+    if (sd->n_segments != 1 || sd->labels[0] != MS_LABEL_MAIN)
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED,
+                       "run step %s: only steps over the main stream alone run this way",
+                       sd->name);
+    if (n_tokens < 1 || n_tokens > e->max_tokens || tokens == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "run step %s: %d tokens (1 .. max_tokens %d)",
+                       sd->name, (int)n_tokens, (int)e->max_tokens);
+    for (int32_t i = 0; i < n_tokens; i++)
+        if (tokens[i] < 0 || tokens[i] >= e->facts.vocab)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                           "run step %s: token %d at index %d is outside the vocabulary [0, %d)",
+                           sd->name, (int)tokens[i], (int)i, (int)e->facts.vocab);
+    ms_md_row row;
+    memset(&row, 0, sizeof row);
+    row.rid = rid;
+    row.len[MS_LABEL_MAIN] = n_tokens;
+    e->rows[0] = row;
+    e->row_reqs[0] = r;
+    e->rids[0] = rid;
+    MS_TRY(sd->run(e->config, e->rows, 1, &e->build, err));
+    if (e->build.n_tokens != n_tokens)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "run step %s: it declares %d tokens, %d given",
+                       sd->name, (int)e->build.n_tokens, (int)n_tokens);
+    if (r->longest + r->n_out + n_tokens > e->facts.max_context)
+        return MS_FAIL(err, MS_ERR_LIMIT, "run step %s: %d more tokens pass the model's context "
+                       "(%d positions)", sd->name, (int)n_tokens, (int)e->facts.max_context);
+    memcpy(e->tokens_host, tokens, (size_t)n_tokens * sizeof(int32_t));
+    for (size_t i = 0; i < e->n_reqs; i++)
+        e->reqs[i]->row = -1;
+    MS_TRY(eng_run_built(e, sd, 1, false, err));
+    if (e->build.kv.commit)
+        r->longest += n_tokens; /* the stream grew outside its walk */
+    r->row = 0;
+    *logits = e->logits_host;
+    *n_rows = sd->all_logits ? n_tokens : 1;
     return MS_OK;
 }
 
@@ -1237,34 +1355,9 @@ ms_status ms_engine_step(ms_engine *e, ms_engine_step_info *info, ms_error *err)
         return MS_OK;
     MS_TRY(sd->run(e->config, e->rows, n, &e->build, err));
     MS_TRY(eng_pack_tokens(e, k, err));
-    ms_step *step = &e->build.step;
-    ms_step_ctx ctx;
-    memset(&ctx, 0, sizeof ctx);
-    ctx.request_ids = e->rids;
-    ctx.n_rows = n;
-    ctx.n_real = n;
+    MS_TRY(eng_run_built(e, sd, n, true, err));
 
-    /* 3. admit -> plan */
-    ms_admit_outcome o = ms_step_runner_admit(e->runner, step, &ctx);
-    if (o.code != MS_ADMIT_OK) {
-        if (o.code == MS_ADMIT_PAGES_SHORT)
-            return MS_FAIL(err, MS_ERR_CAPACITY,
-                           "step %s: KV pages short by %d for request %llu (raise kv_pages)",
-                           sd->name, (int)o.pages_short, (unsigned long long)o.rid);
-        return MS_FAIL(err, MS_ERR_INTERNAL, "step %s: admit failed (%s) at resource %d",
-                       sd->name, ms_admit_code_str(o.code), (int)o.resource);
-    }
-    MS_TRY(ms_step_runner_plan(e->runner, step, &ctx, err));
-
-    /* 4. forward and 5. sampling; a failure abandons the step (nothing it reserved stays) */
-    ms_status st = eng_forward_sample(e, &ctx, err);
-    if (st != MS_OK) {
-        ms_step_runner_abandon(e->runner, step, &ctx);
-        return st;
-    }
-
-    /* 6. commit, then each request's walk moves on: prompts consumed, ids appended, stops */
-    MS_TRY(ms_step_runner_commit(e->runner, step, &ctx, err));
+    /* 6. each request's walk moves on: prompts consumed, ids appended, stops */
     const ms_md_step_build *b = &e->build;
     for (int32_t i = 0; i < b->step.n_segments; i++) {
         eng_req *r = e->row_reqs[b->seg_row[i]];

@@ -192,6 +192,24 @@ typedef struct ms_engine_step_info {
 ms_status ms_engine_step(ms_engine *e, ms_engine_step_info *info, ms_error *err);
 
 /*
+ * Run the step named `step_name` of the node for request rid alone, outside its walk, over
+ * `tokens` [n_tokens] given by the caller (its main stream): dense generation's block steps
+ * (`refine`: kv commit = false, pos advance = 0, attn causal = false; a committing block step), or
+ * an ordinary step fed an id of the caller's choosing. Nothing is sampled and the request's walk
+ * and output do not move; a committing step grows the stream. *logits = the step's logits
+ * ([*n_rows, vocab] f32 host, borrowed until the next step): every token's for a step declared
+ * `attn causal = false`, else the last token's. Errors: MS_ERR_NOT_FOUND (unknown or finished
+ * request, unknown step), MS_ERR_UNSUPPORTED (a step over other labels), MS_ERR_INVALID_ARG (bad
+ * tokens, a count the step does not declare), MS_ERR_LIMIT (past the context), the step's own.
+ */
+ms_status ms_engine_run_step(ms_engine *e, ms_rid rid, const char *step_name,
+                             const int32_t *tokens, int32_t n_tokens, const float **logits,
+                             int32_t *n_rows, ms_error *err);
+
+/* Committed tokens of rid's stream `label` (0 main), or -1 when it holds none. */
+int32_t ms_engine_stream_length(const ms_engine *e, ms_rid rid, ms_label label);
+
+/*
  * Output of a request so far: generated ids (*ids borrowed until the next step or remove) and the
  * finish reason (may be NULL). MS_ERR_NOT_FOUND for an unknown rid.
  */

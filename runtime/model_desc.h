@@ -36,7 +36,8 @@
  *     others one (layer 0). PART entries have no tensor of their own (the forward reads the FUSED
  *     entry); an absent optional tensor is a tensor with data == NULL.
  *   - the forward's outputs are the logits of the LAST token of each view of the step, in view
- *     order: [n_seqs, vocab] float32, which the engine samples.
+ *     order (or, with ms_md_forward_args.out_rows, of the rows it lists: a step declared with
+ *     `attn causal = false`, a block step of dense generation, returns every token's logits): [n_seqs, vocab] float32, which the engine samples.
  *   - one node (`decoder`) is implemented by the engine today; the node table exists so encoder
  *     and cross-attention nodes can be described the same way later.
  *
@@ -278,6 +279,8 @@ typedef struct ms_md_step {
                                               request's walk starts at a step over exactly the
                                               streams it brings prompts for) */
     bool explicit_positions;               /* `pos explicit`: rows carry position ids */
+    bool all_logits;                       /* `attn causal = false` (a block step): the logits
+                                              of every token, not only each view's last */
     ms_md_step_run_fn run;                 /* the generated step runner */
     bool capture_by_tokens;                /* capture buckets count tokens (prefill) or rows */
     int32_t buckets[MS_MD_MAX_BUCKETS];    /* capture buckets, ascending (CUDA graphs) */
@@ -352,7 +355,10 @@ typedef struct ms_md_forward_args {
     void *workspace;                 /* backend memory of workspace_size(max_tokens, max_seqs) */
     int32_t max_tokens;              /* the workspace's token capacity (layout is fixed by it) */
     int32_t max_seqs;                /* the workspace's row capacity */
-    ms_tensor *logits;               /* out: [batch->n_seqs, vocab] f32, backend memory */
+    const ms_tensor *out_rows;       /* [n_out] i32 backend memory: the packed token rows whose
+                                        logits are returned, in order (all rows of a block step),
+                                        n_out <= max_seqs; NULL: the last token of each view */
+    ms_tensor *logits;               /* out: [n_out or batch->n_seqs, vocab] f32, backend memory */
 } ms_md_forward_args;
 
 /* Tensor of weight entry `w`, layer `layer` (0 for global weights). Data NULL when an optional

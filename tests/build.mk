@@ -37,6 +37,12 @@ $(BUILD)/tests/test_engine_desc: $(BUILD)/obj/gen/llama/llama_gen.o
 $(BUILD)/tests/test_cli: $(BUILD)/obj/gen/llama/llama_gen.o
 TESTS += tests/test_engine_cfg
 $(BUILD)/tests/test_engine_cfg: $(BUILD)/obj/gen/llama/llama_gen.o
+# dense generation: the block steps of tests/codegen/dense.mstar against hf/llama_dense
+TESTS += tests/test_engine_dense
+$(BUILD)/tests/test_engine_dense: $(BUILD)/obj/gen/dense/llama_dense_gen.o
+$(BUILD)/gen/dense/llama_dense_gen.c: tests/codegen/dense.mstar $(BUILD)/mstarc
+	$(call quiet,GEN,$@)
+	$(Q)$(BUILD)/mstarc build tests/codegen/dense.mstar -o $(BUILD)/gen/dense --emit-only >/dev/null
 TEST_SCRIPTS += tests/generate_cli.sh
 # the serving binary of models/llama.mstar (generate_cli.sh, bench_cli.sh drive it)
 PROGRAMS += $(BUILD)/llama/llama

@@ -205,6 +205,10 @@ sed -e 's/^    walk guided = .*/    walk bad = decoder.prefill then loop decoder
 if run "walk item after a loop" 1 "$mstarc" build "$tmp/after.mstar" -o "$tmp/after" --emit-only; then
     if grep -Eq "after.mstar:[0-9]+:[0-9]+: .*after a loop is never reached" "$tmp/err"; then ok; else fail "walk after loop: $(cat "$tmp/err")"; fi
 fi
+sed -e 's/^    walk generate = .*/    walk generate = decoder.prefill then loop decoder.refine until stop;/' "$root/tests/codegen/dense.mstar" >"$tmp/blockwalk.mstar"
+if run "block step in a walk" 1 "$mstarc" build "$tmp/blockwalk.mstar" -o "$tmp/blockwalk" --emit-only; then
+    if grep -Eq "blockwalk.mstar:[0-9]+:[0-9]+: .*'refine' is a block step" "$tmp/err"; then ok; else fail "block step in a walk: $(cat "$tmp/err")"; fi
+fi
 # the sampler's declared settings are the request defaults: temperature = 0.0 makes the binary
 # greedy without --temperature (flags still override)
 sed -e 's/sampler(vocab = vocab_size)/sampler(vocab = vocab_size, temperature = 0.0)/' "$root/models/llama.mstar" >"$tmp/greedy.mstar"

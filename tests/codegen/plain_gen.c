@@ -389,6 +389,7 @@ static const ms_md_step plain_steps[] = {
         .n_segments = 1,
         .labels = {0},
         .explicit_positions = false,
+        .all_logits = false,
         .run = plain_run_prefill,
         .capture_by_tokens = false,
         .buckets = {0},
@@ -399,6 +400,7 @@ static const ms_md_step plain_steps[] = {
         .n_segments = 1,
         .labels = {0},
         .explicit_positions = false,
+        .all_logits = false,
         .run = plain_run_decode,
         .capture_by_tokens = false,
         .buckets = {0},
@@ -463,7 +465,8 @@ static ms_status plain_forward(const ms_md_forward_args *a, ms_error *err) {
     const ms_backend *be = a->be;
     const ms_backend_i *f = &be->iface;
     void *cx = be->ctx;
-    const int64_t T = a->batch->n_tokens, S = a->batch->n_seqs;
+    const int64_t T = a->batch->n_tokens;
+    const int64_t S = a->out_rows != NULL ? a->out_rows->shape[0] : a->batch->n_seqs;
     size_t off[B_COUNT];
     plain_layout(c, a->max_tokens, a->max_seqs, off);
     float *ws = a->workspace;
@@ -487,7 +490,8 @@ static ms_status plain_forward(const ms_md_forward_args *a, ms_error *err) {
     ms_tensor t_a_heads = ms_tensor_split_heads(&t_k, c->heads, c->hd);
     ms_tensor t_gate = ms_tensor_slice(&t_gate_up, 1, 0, c->d);
     ms_tensor t_up = ms_tensor_slice(&t_gate_up, 1, c->d, c->d);
-    ms_tensor last = ms_tensor_1d(a->batch->last_token, MS_DTYPE_I32, S);
+    ms_tensor last = a->out_rows != NULL ? *a->out_rows
+                                         : ms_tensor_1d(a->batch->last_token, MS_DTYPE_I32, S);
 
     /* x = embedding(wte, tokens) */
     MS_TRY(f->embedding(cx, ms_md_weight_get(a, W_WTE, 0), a->tokens, &t_x, err));

@@ -441,6 +441,7 @@ static const ms_md_step tiny_steps[] = {
         .n_segments = 1,
         .labels = {0},
         .explicit_positions = false,
+        .all_logits = false,
         .run = tiny_run_prefill,
         .capture_by_tokens = true,
         .buckets = {16, 32, 64, 128},
@@ -451,6 +452,7 @@ static const ms_md_step tiny_steps[] = {
         .n_segments = 1,
         .labels = {0},
         .explicit_positions = false,
+        .all_logits = false,
         .run = tiny_run_decode,
         .capture_by_tokens = false,
         .buckets = {1, 2, 4, 8},
@@ -517,7 +519,8 @@ static ms_status tiny_forward(const ms_md_forward_args *a, ms_error *err) {
     const ms_backend *be = a->be;
     const ms_backend_i *f = &be->iface;
     void *cx = be->ctx;
-    const int64_t T = a->batch->n_tokens, S = a->batch->n_seqs;
+    const int64_t T = a->batch->n_tokens;
+    const int64_t S = a->out_rows != NULL ? a->out_rows->shape[0] : a->batch->n_seqs;
     size_t off[B_COUNT];
     tiny_layout(c, a->max_tokens, a->max_seqs, off);
     float *ws = a->workspace;
@@ -542,7 +545,8 @@ static ms_status tiny_forward(const ms_md_forward_args *a, ms_error *err) {
     ms_tensor t_a_heads = ms_tensor_split_heads(&t_a, c->n_heads, c->hd);
     ms_tensor t_w1 = ms_tensor_slice(&t_w1_w3, 1, 0, c->ffn);
     ms_tensor t_w3 = ms_tensor_slice(&t_w1_w3, 1, c->ffn, c->ffn);
-    ms_tensor last = ms_tensor_1d(a->batch->last_token, MS_DTYPE_I32, S);
+    ms_tensor last = a->out_rows != NULL ? *a->out_rows
+                                         : ms_tensor_1d(a->batch->last_token, MS_DTYPE_I32, S);
 
     /* x = embedding(tok, tokens) */
     MS_TRY(f->embedding(cx, ms_md_weight_get(a, W_TOK, 0), a->tokens, &t_x, err));
