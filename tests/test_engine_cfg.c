@@ -9,13 +9,22 @@
  *   - the pair is ONE request (one rid, one output), its two streams take two of max_seqs;
  *   - a plain request batched beside it gives the ids it gives alone; free pages return to their
  *     initial count after remove;
- *   - explicit position ids are refused by a walk that declares none.
+ *   - explicit position ids are refused by a walk that declares none;
+ *   - a randomized property run: plain requests and guided pairs join and leave at random (some
+ *     removed mid-walk) while the scheduler interleaves prefill, decode and guided steps; after
+ *     every step each stream holds exactly its prompt plus its ids so far (a pair's two streams
+ *     the same ids) and the free-page count equals the initial count less every stream's pages;
+ *     every request's ids equal those it gives alone. The seed is printed; MS_SEED=<n>
+ *     reproduces a run.
  */
 #include "ms_test.h"
 #include "ms_test_impl.h"
 
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "engine.h"
 #include "safetensors.h"
@@ -167,10 +176,164 @@ static void test_cfg_bad_requests(void **state) {
     ms_engine_free(e);
 }
 
+/* ---- randomized property run ---- */
+
+#define P_REQS 48
+
+typedef struct p_req {
+    int32_t prompt[24], neg[12];
+    int32_t n_prompt, n_neg, max_new;
+    ms_rid rid;
+    bool live;
+    int32_t out[16];
+    int32_t n_out;
+    bool done;      /* finished normally: its ids are compared with a run alone */
+} p_req;
+
+static uint64_t p_next(uint64_t *s) {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+
+static ms_engine_request p_request(const p_req *q) {
+    ms_engine_request rq = {.prompt = q->prompt, .n_prompt = q->n_prompt,
+                            .max_new_tokens = q->max_new, .sampling = ms_sampling_greedy(),
+                            .ignore_eos = true};
+    if (q->n_neg > 0) {
+        rq.negative_prompt = q->neg;
+        rq.n_negative_prompt = q->n_neg;
+        rq.guidance_scale = 2.5f;
+    }
+    return rq;
+}
+
+static int32_t pages_of(int32_t len, int32_t ps) { return (len + ps - 1) / ps; }
+
+static void test_cfg_property(void **state) {
+    (void)state;
+    uint64_t seed = (uint64_t)time(NULL);
+    const char *env = getenv("MS_SEED");
+    if (env != NULL)
+        seed = strtoull(env, NULL, 10);
+    printf("engine walk property: seed %llu (MS_SEED=%llu reproduces)\n",
+           (unsigned long long)seed, (unsigned long long)seed);
+    uint64_t rs = seed * 2654435761u + 1;
+    ms_engine_options o = ms_engine_options_default();
+    o.model_path = ms_test_fixture("hf/llama_cfg");
+    o.max_seqs = 6;
+    o.max_tokens = 48;
+    o.page_size = 4;
+    ms_engine *e = NULL;
+    ms_error err = {0};
+    if (ms_engine_init(&e, &ms_llama_desc, &o, &err) != MS_OK)
+        fail_msg("engine: %s", err.msg);
+    const int32_t V = ms_engine_facts(e)->vocab, ps = ms_engine_page_size(e);
+    const int32_t free0 = ms_engine_kv_pages_free(e);
+    p_req *q = ms_calloc(P_REQS, sizeof *q);
+    assert_non_null(q);
+    int32_t n_made = 0, n_steps = 0;
+    while (n_steps < 400 && (n_made < P_REQS || ms_engine_n_active(e) > 0)) {
+        /* join: a plain request or a guided pair, when there is room */
+        if (n_made < P_REQS && p_next(&rs) % 3 != 0) {
+            p_req *r = &q[n_made];
+            r->n_prompt = 1 + (int32_t)(p_next(&rs) % 20);
+            r->n_neg = p_next(&rs) % 2 ? 1 + (int32_t)(p_next(&rs) % 10) : 0;
+            r->max_new = 1 + (int32_t)(p_next(&rs) % 12);
+            for (int32_t i = 0; i < r->n_prompt; i++)
+                r->prompt[i] = (int32_t)(p_next(&rs) % (uint64_t)V);
+            for (int32_t i = 0; i < r->n_neg; i++)
+                r->neg[i] = (int32_t)(p_next(&rs) % (uint64_t)V);
+            ms_engine_request rq = p_request(r);
+            ms_status st = ms_engine_add(e, &rq, &r->rid, &err);
+            if (st == MS_OK) {
+                r->live = true;
+                n_made++;
+            } else if (st != MS_ERR_CAPACITY) {
+                fail_msg("seed %llu: add: %s", (unsigned long long)seed, err.msg);
+            }
+        }
+        ms_engine_step_info info;
+        if (ms_engine_step(e, &info, &err) != MS_OK)
+            fail_msg("seed %llu step %d: %s", (unsigned long long)seed, (int)n_steps, err.msg);
+        n_steps++;
+        /* leave: finished requests, and now and then one in the middle of its walk */
+        int32_t used = 0;
+        for (int32_t i = 0; i < n_made; i++) {
+            p_req *r = &q[i];
+            if (!r->live)
+                continue;
+            const int32_t *out;
+            int32_t n_out;
+            ms_finish_reason why;
+            assert_int_equal(ms_engine_output(e, r->rid, &out, &n_out, &why), MS_OK);
+            if (why != MS_FINISH_NONE || p_next(&rs) % 16 == 0) {
+                r->done = why == MS_FINISH_LENGTH;
+                assert_true(n_out <= 16);
+                memcpy(r->out, out, (size_t)n_out * sizeof *out);
+                r->n_out = n_out;
+                ms_engine_remove(e, r->rid);
+                r->live = false;
+                continue;
+            }
+            /* every stream holds its prompt and the ids fed back so far */
+            int32_t fed = n_out > 0 ? n_out - 1 : 0;
+            int32_t lm = ms_engine_stream_length(e, r->rid, 0);
+            if (n_out > 0 && lm != r->n_prompt + fed)
+                fail_msg("seed %llu step %d: request %d main holds %d, want %d + %d",
+                         (unsigned long long)seed, (int)n_steps, (int)i, (int)lm,
+                         (int)r->n_prompt, (int)fed);
+            if (lm > 0)
+                used += pages_of(lm, ps);
+            if (r->n_neg > 0) {
+                int32_t lu = ms_engine_stream_length(e, r->rid, 1);
+                if (n_out > 0 && lu != r->n_neg + fed)
+                    fail_msg("seed %llu step %d: pair %d cfg_uncond holds %d, want %d + %d",
+                             (unsigned long long)seed, (int)n_steps, (int)i, (int)lu,
+                             (int)r->n_neg, (int)fed);
+                if (lu > 0)
+                    used += pages_of(lu, ps);
+            }
+        }
+        if (ms_engine_kv_pages_free(e) != free0 - used)
+            fail_msg("seed %llu step %d: %d pages free, want %d - %d", (unsigned long long)seed,
+                     (int)n_steps, (int)ms_engine_kv_pages_free(e), (int)free0, (int)used);
+    }
+    assert_int_equal(ms_engine_n_active(e), 0);
+    assert_int_equal(ms_engine_kv_pages_free(e), free0);
+    /* ids do not depend on the batch: each finished request alone gives the same */
+    int32_t checked = 0;
+    for (int32_t i = 0; i < n_made; i++) {
+        p_req *r = &q[i];
+        if (!r->done)
+            continue;
+        ms_engine_request rq = p_request(r);
+        ms_rid rid;
+        assert_int_equal(ms_engine_add(e, &rq, &rid, &err), MS_OK);
+        while (ms_engine_n_active(e) > 0)
+            assert_int_equal(ms_engine_step(e, NULL, &err), MS_OK);
+        const int32_t *out;
+        int32_t n_out;
+        assert_int_equal(ms_engine_output(e, rid, &out, &n_out, NULL), MS_OK);
+        if (n_out != r->n_out || memcmp(out, r->out, (size_t)n_out * sizeof *out) != 0)
+            fail_msg("seed %llu: request %d (%s) gives other ids alone", (unsigned long long)seed,
+                     (int)i, r->n_neg > 0 ? "guided" : "plain");
+        ms_engine_remove(e, rid);
+        checked++;
+    }
+    printf("engine walk property: %d requests, %d steps, %d compared alone\n", (int)n_made,
+           (int)n_steps, (int)checked);
+    assert_int_equal(ms_engine_kv_pages_free(e), free0);
+    ms_free(q);
+    ms_engine_free(e);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         ms_unit_test(test_cfg_reference),
         ms_unit_test(test_cfg_bad_requests),
+        ms_unit_test(test_cfg_property),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
