@@ -1,6 +1,9 @@
 /*
  * engine.c - the generic LLM engine (engine.h): backend, config, checkpoint, weights through the
- * descriptor's declarations, resources through the step runner, and the ragged step loop.
+ * descriptor's declarations, resources from a table of makers keyed by kind (through the step
+ * runner), and the walk executor: each step the scheduler (scheduler.h) picks one step of the
+ * node, the requests standing there become its rows, the model's generated step runner declares
+ * the step, and admit -> plan -> forward -> (CFG mixing, sampling) -> commit runs it.
  *
  * Constraints kept:
  *   - everything a step needs is allocated at init for the worst case (max_seqs rows, max_tokens
@@ -579,6 +582,7 @@ static ms_status eng_weights_init(ms_engine *e, ms_error *err) {
 
 /* ---- loading: KV, resources, step buffers ---- */
 
+/* The page arena and the KV pool over it (the engine's KV resource). */
 static ms_status eng_resources_init(ms_engine *e, ms_error *err) {
     const ms_md_facts *fa = &e->facts;
     const int32_t ps = e->opt.page_size > 0 ? e->opt.page_size : fa->page_size;

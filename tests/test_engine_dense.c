@@ -7,7 +7,9 @@
  * prefilled and committed; K refine steps over blocks of B ids at positions P..P+B-1, each
  * seeing the same prefix; a committing block step; one ordinary decode step feeding next_id.
  * Every logits tensor within 1e-3 (every block token's, the forward's all-rows output), and the
- * refine steps leave the free-page count and the stream length unchanged.
+ * refine steps leave the free-page count and the stream length unchanged. A `branch` step
+ * (kv pre_fork = main -> draft) forks the committed stream before main grows: draft holds the
+ * prefix, main the prefix and the new tokens; remove frees both.
  */
 #include "ms_test.h"
 #include "ms_test_impl.h"
@@ -132,6 +134,14 @@ static void test_dense_reference(void **state) {
     print_message("decode after the block: %.3g\n", d);
     assert_true(d < TOL);
     assert_int_equal(ms_engine_stream_length(e, rid, 0), (int32_t)(np + nb + 1));
+
+    /* a fork before plan: draft gets main's committed tokens, then main grows */
+    const int32_t main_len = ms_engine_stream_length(e, rid, 0);
+    assert_int_equal(ms_engine_stream_length(e, rid, 1), -1);
+    static const int32_t two[] = {5, 6};
+    assert_int_equal(ms_engine_run_step(e, rid, "branch", two, 2, &got, &rows, &err), MS_OK);
+    assert_int_equal(ms_engine_stream_length(e, rid, 1), main_len);
+    assert_int_equal(ms_engine_stream_length(e, rid, 0), main_len + 2);
 
     /* refusals */
     assert_int_equal(ms_engine_run_step(e, rid, "nope", next, 1, &got, &rows, &err),

@@ -520,7 +520,7 @@ static const ms_md_resource llama_dense_resources[] = {
 };
 
 /* the node's stream labels (the ms_label values) */
-static const char *const llama_dense_labels[] = {"main"};
+static const char *const llama_dense_labels[] = {"main", "draft"};
 
 /* step prefill */
 static ms_status llama_dense_run_prefill(const void *config, const ms_md_row *rows, int32_t n_rows,
@@ -582,6 +582,22 @@ static ms_status llama_dense_run_commit_block(const void *config, const ms_md_ro
     return MS_OK;
 }
 
+/* step branch */
+static const ms_fork llama_dense_branch_pre_forks[] = {{0, 1}};
+static ms_status llama_dense_run_branch(const void *config, const ms_md_row *rows, int32_t n_rows,
+                                        ms_md_step_build *b, ms_error *err) {
+    const llama_dense_config *c = config;
+    (void)c;
+    ms_md_step_begin(b, "branch", rows);
+    for (int32_t r = 0; r < n_rows; r++) /* main += len(tokens) */
+        MS_TRY(ms_md_step_segment(b, r, 0, (int64_t)rows[r].len[0], -1, err));
+    ms_md_step_kv(b, 0, true, NULL, 0, llama_dense_branch_pre_forks, 1, NULL, 0);
+    MS_TRY(ms_md_step_pos(b, 1, false, false, err));
+    ms_md_step_attn(b, 2, true);
+    ms_md_step_sampler(b, 3);
+    return MS_OK;
+}
+
 static const ms_md_step llama_dense_steps[] = {
     {
         .name = "prefill",
@@ -623,6 +639,17 @@ static const ms_md_step llama_dense_steps[] = {
         .explicit_positions = false,
         .all_logits = true,
         .run = llama_dense_run_commit_block,
+        .capture_by_tokens = false,
+        .buckets = {0},
+        .n_buckets = 0,
+    },
+    {
+        .name = "branch",
+        .n_segments = 1,
+        .labels = {0},
+        .explicit_positions = false,
+        .all_logits = false,
+        .run = llama_dense_run_branch,
         .capture_by_tokens = false,
         .buckets = {0},
         .n_buckets = 0,
