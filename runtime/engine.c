@@ -646,6 +646,9 @@ static ms_status eng_make_pos(ms_engine *e, int32_t index, ms_resource_spec *spe
                               ms_error *err) {
     (void)index;
     (void)err;
+    /* one axis: explicit ids of a `pos explicit` step pass through when the request gives them
+       (ms_md_row.position_ids); 3-axis M-RoPE ids need n_axes = 3 here and the forward's
+       positions tensor per axis, from facts the M-RoPE lowering adds */
     e->pos_cfg = (ms_positions_config){.scheme = MS_POS_SEQUENTIAL, .n_axes = 1,
                                        .max_tokens = e->max_tokens,
                                        .kv_key = e->desc->resources[e->idx[MS_RESOURCE_KV]].key};
