@@ -186,6 +186,10 @@ typedef struct gen {
     const char *carry_name[MAX_ENV];        /* before the loop writes into that name's buffer, */
     int carry_val[MAX_ENV];                 /* so the next iteration reads it (straight-line body) */
     int n_carry;
+    int walk_loop[16];          /* per walk: loop_begin, steps */
+    int walk_len[16];
+    const ms_step_decl *cur_step; /* step runner being emitted: len(input) is allowed */
+    int cur_label;              /* label of the segment whose span is being lowered */
     ms_strbuf sb[MAX_SB];       /* scratch text (sb_get / sb_put) */
     bool sb_used[MAX_SB];
 } gen;
@@ -314,6 +318,8 @@ static const char *cexpr(gen *g, const ms_ast_expr *e) {
     case MS_EXPR_CALL:
         if (is_call(e, "has") && argv_at(e, 0) != NULL)
             return S("c->has_%s", argv_at(e, 0)->text);
+        if (is_call(e, "len") && g->cur_step != NULL && argv_at(e, 0) != NULL)
+            return S("(int64_t)rows[r].len[%d]", g->cur_label); /* the stream's tokens */
         if ((is_call(e, "min") || is_call(e, "max")) && e->args.n == 2) {
             const char *x = cexpr(g, argv_at(e, 0)), *y = cexpr(g, argv_at(e, 1));
             return S("((%s) %s (%s) ? (%s) : (%s))", x, is_call(e, "min") ? "<" : ">", y, x, y);
@@ -933,6 +939,15 @@ static void emit_facts(gen *g) {
     const ms_ast_expr *ps = res_arg(g->kv, "page_size");
     E("out->page_size = (int32_t)%s;", ps != NULL ? cexpr(g, ps) : "16");
     E("out->kv_dtype = %s;", word_expr(g, res_arg(g->kv, "dtype"), dt_w, dt_c, "MS_DTYPE_BF16"));
+    const ms_ast_expr *sc = res_arg(g->attn, "scale");
+    if (sc != NULL)
+        E("out->attn_scale = (float)%s;", bare(g, cexpr(g, sc)));
+    /* the sampler's declared settings: the request defaults */
+    const ms_ast_expr *te = res_arg(g->sampler, "temperature"), *tk = res_arg(g->sampler, "top_k"),
+                      *tp = res_arg(g->sampler, "top_p");
+    E("out->temperature = (float)%s;", te != NULL ? bare(g, cexpr(g, te)) : "1.0");
+    E("out->top_k = (int32_t)%s;", tk != NULL ? bare(g, cexpr(g, tk)) : "0");
+    E("out->top_p = (float)%s;", tp != NULL ? bare(g, cexpr(g, tp)) : "1.0");
     E("return MS_OK;");
     g->cg.indent--;
     E("}");
@@ -1289,50 +1304,245 @@ static const ms_step_rec *rec_of(const ms_step_decl *s, const ms_resource *r) {
     return r == NULL ? NULL : &s->recs[r->index];
 }
 
-static void emit_step(gen *g, const ms_step_decl *s, const char *cname) {
-    if (s->n_segments != 1)
-        fail_at(g, s->ast->loc, "step '%s': the engine runs steps of exactly one segment",
-                s->name);
-    const ms_segment_decl *seg = &s->segments[0];
-    const char *span;
-    if (is_call(seg->span, "len"))
-        span = "MS_MD_SPAN_TOKENS";
-    else if (seg->span->kind == MS_EXPR_INT && seg->span->ival == 1)
-        span = "MS_MD_SPAN_ONE";
-    else
-        fail_at(g, seg->span->loc, "step '%s': the engine supports spans len(<input>) and 1",
-                s->name);
+/* C name of label `l` of the node, for comments. */
+static const char *label_name(gen *g, int l) {
+    return l >= 0 && l < g->node->n_labels ? g->node->labels[l].name : "?";
+}
+
+static const char *fork_list(gen *g, const ms_fork_decl *f, int n) {
+    ms_strbuf *b = sb_get(g);
+    for (int i = 0; i < n; i++)
+        ms_strbuf_printf(b, "%s{%d, %d}", i ? ", " : "", f[i].from, f[i].to);
+    if (b->oom)
+        ms_arena_oom(&g->a);
+    const char *t = S("%s", b->data);
+    sb_put(g, b);
+    return t;
+}
+
+/*
+ * One step: its static record data (combined labels, forks), the generated step runner that fills
+ * the declaration for a batch of rows, and its ms_md_step row (emitted later into the table).
+ */
+static void emit_step(gen *g, const ms_step_decl *s, int index) {
+    const char *fn = S("%s_run_%s", g->mn, s->name);
+    if (s->n_inputs != 1)
+        fail_at(g, s->ast->loc, "step '%s': the engine runs steps of one token input (a "
+                "request's input holds one token list per stream), not %d", s->name,
+                s->n_inputs);
     if (s->n_buckets > MS_MD_MAX_BUCKETS)
         fail_at(g, s->ast->loc, "step '%s': at most %d capture buckets", s->name,
                 MS_MD_MAX_BUCKETS);
     const ms_step_rec *kv = rec_of(s, g->kv), *at = rec_of(s, g->attn), *po = rec_of(s, g->pos);
-    if (kv != NULL && (kv->n_combined || kv->n_pre_forks || kv->n_post_forks))
-        fail_at(g, s->ast->loc, "step '%s': forks and combined labels are not run by the "
-                "engine yet", s->name);
-    int64_t adv = 0;
-    if (po != NULL && po->advance != NULL) {
-        if (po->advance->kind != MS_EXPR_INT)
-            fail_at(g, po->advance->loc, "step '%s': the position advance must be a number",
-                    s->name);
-        adv = po->advance->ival;
+    if (kv != NULL && kv->n_combined > 1)
+        fail_at(g, s->ast->loc, "step '%s': the engine plans one combined label per step (its "
+                "attention runs one plan label)", s->name);
+    if (kv != NULL && kv->n_combined == 0) {
+        /* without a combine every label is its own plan label: one label per step */
+        for (int i = 1; i < s->n_segments; i++)
+            if (s->segments[i].label != s->segments[0].label)
+                fail_at(g, s->segments[i].span->loc, "step '%s': segments over several labels "
+                        "need `kv combine = [...] -> plan` (the engine's attention runs one plan "
+                        "label per step)", s->name);
+    } else if (kv != NULL) {
+        const ms_combined_decl *c = &kv->combined[0];
+        for (int i = 0; i < s->n_segments; i++) {
+            bool in = false;
+            for (int k = 0; k < c->n_labels; k++)
+                in = in || c->labels[k] == s->segments[i].label;
+            if (!in)
+                fail_at(g, s->segments[i].span->loc, "step '%s': label '%s' is outside the "
+                        "combined label (the engine's attention runs one plan label per step)",
+                        s->name, label_name(g, s->segments[i].label));
+        }
+        /* the runner emits segments label-major in declaration order: that must be the
+           combine's plan order, so logits rows and segments agree */
+        for (int k = 0; k < c->n_labels && k < s->n_segments; k++)
+            if (c->labels[k] != s->segments[k].label)
+                fail_at(g, s->segments[k].span->loc, "step '%s': declare the segments in the "
+                        "combine's order ([%s, ...])", s->name, label_name(g, c->labels[0]));
     }
-    ms_strbuf *b = sb_get(g);
+    if (po != NULL && po->explicit_ids && po->advance != NULL)
+        fail_at(g, po->advance->loc, "step '%s': explicit positions take no advance", s->name);
+
+    E("/* step %s */", s->name);
+    const char *comb = "NULL", *pre = "NULL", *post = "NULL";
+    int n_comb = 0, n_pre = 0, n_post = 0;
+    if (kv != NULL && kv->n_combined == 1) {
+        const ms_combined_decl *c = &kv->combined[0];
+        ms_strbuf *b = sb_get(g);
+        for (int k = 0; k < c->n_labels; k++)
+            ms_strbuf_printf(b, "%s%d", k ? ", " : "", c->labels[k]);
+        if (b->oom)
+            ms_arena_oom(&g->a);
+        comb = S("%s_%s_combined", g->mn, s->name);
+        E("static const ms_combined_label %s[] = {{{%s}, %d, %d}}; /* -> %s */", comb, b->data,
+          c->n_labels, c->plan_label, label_name(g, c->plan_label));
+        sb_put(g, b);
+        n_comb = 1;
+    }
+    if (kv != NULL && kv->n_pre_forks > 0) {
+        pre = S("%s_%s_pre_forks", g->mn, s->name);
+        E("static const ms_fork %s[] = {%s};", pre, fork_list(g, kv->pre_forks, kv->n_pre_forks));
+        n_pre = kv->n_pre_forks;
+    }
+    if (kv != NULL && kv->n_post_forks > 0) {
+        post = S("%s_%s_post_forks", g->mn, s->name);
+        E("static const ms_fork %s[] = {%s};", post,
+          fork_list(g, kv->post_forks, kv->n_post_forks));
+        n_post = kv->n_post_forks;
+    }
+    E("static ms_status %s(const void *config, const ms_md_row *rows, int32_t n_rows,", fn);
+    E("%*sms_md_step_build *b, ms_error *err) {", (int)(strlen(fn) + 18), "");
+    g->cg.indent++;
+    E("const %s_config *c = config;", g->mn);
+    E("(void)c;");
+    E("ms_md_step_begin(b, %s, rows);", c_string(g, s->name));
+    g->cur_step = s;
+    for (int i = 0; i < s->n_segments; i++) {
+        const ms_segment_decl *seg = &s->segments[i];
+        g->cur_label = seg->label;
+        const char *span = cexpr(g, seg->span);
+        const char *adv = "-1";
+        if (po != NULL && po->advance != NULL)
+            adv = cexpr(g, po->advance);
+        else if (kv != NULL && !kv->commit)
+            adv = "0"; /* a step that does not commit does not advance positions */
+        E("for (int32_t r = 0; r < n_rows; r++) /* %s += %s */", label_name(g, seg->label),
+          src_text(g, seg->span));
+        E("    MS_TRY(ms_md_step_segment(b, r, %d, %s, %s, err));", seg->label, bare(g, span),
+          bare(g, adv));
+    }
+    g->cur_step = NULL;
+    for (int r = 0; r < g->node->n_resources; r++) {
+        const ms_resource *res = g->node->resources[r];
+        switch (res->kind) {
+        case MS_RESOURCE_KV:
+            E("ms_md_step_kv(b, %d, %s, %s, %d, %s, %d, %s, %d);", r,
+              kv == NULL || kv->commit ? "true" : "false", comb, n_comb, pre, n_pre, post, n_post);
+            break;
+        case MS_RESOURCE_POS: {
+            bool custom = po != NULL && po->advance != NULL;
+            if (!custom && kv != NULL && !kv->commit)
+                custom = true;
+            E("MS_TRY(ms_md_step_pos(b, %d, %s, %s, err));", r, custom ? "true" : "false",
+              po != NULL && po->explicit_ids ? "true" : "false");
+            break;
+        }
+        case MS_RESOURCE_ATTN:
+            E("ms_md_step_attn(b, %d, %s);", r, at == NULL || at->causal ? "true" : "false");
+            break;
+        case MS_RESOURCE_SAMPLER: E("ms_md_step_sampler(b, %d);", r); break;
+        default: fail_at(g, res->ast->loc, "resource '%s' has no step record", res->name);
+        }
+    }
+    E("return MS_OK;");
+    g->cg.indent--;
+    E("}");
+    (void)index;
+}
+
+static void emit_step_row(gen *g, const ms_step_decl *s) {
+    const ms_step_rec *po = rec_of(s, g->pos);
+    ms_strbuf *b = sb_get(g), *l = sb_get(g);
     for (int i = 0; i < s->n_buckets; i++)
         ms_strbuf_printf(b, "%s%lld", i ? ", " : "", (long long)s->buckets[i]);
-    if (b->oom)
+    for (int i = 0; i < s->n_segments; i++)
+        ms_strbuf_printf(l, "%s%d", i ? ", " : "", s->segments[i].label);
+    if (b->oom || l->oom)
         ms_arena_oom(&g->a);
-    E("static const ms_md_step %s = {", cname);
+    E("{");
     g->cg.indent++;
     E(".name = %s,", c_string(g, s->name));
-    E(".span = %s,", span);
-    E(".label = %s,", seg->label == 0 ? "MS_LABEL_MAIN" : S("(ms_label)%d", seg->label));
-    E(".kv_commit = %s,", kv == NULL || kv->commit ? "true" : "false");
-    E(".attn_causal = %s,", at == NULL || at->causal ? "true" : "false");
-    E(".pos_advance = %lld,", (long long)adv);
+    E(".n_segments = %d,", s->n_segments);
+    E(".labels = {%s},", l->data);
+    E(".explicit_positions = %s,", po != NULL && po->explicit_ids ? "true" : "false");
+    const ms_step_rec *at = rec_of(s, g->attn);
+    if (at != NULL && !at->causal && !g->used_gather)
+        fail_at(g, s->ast->loc, "step '%s': a block step returns every token's logits, which "
+                "needs a forward that gathers its output rows", s->name);
+    E(".all_logits = %s,", at != NULL && !at->causal ? "true" : "false");
+    E(".run = %s_run_%s,", g->mn, s->name);
     E(".capture_by_tokens = %s,", s->capture == MS_CAPTURE_TOKENS ? "true" : "false");
     E(".buckets = {%s},", s->n_buckets ? b->data : "0");
     E(".n_buckets = %d,", s->n_buckets);
+    g->cg.indent--;
+    E("},");
+    sb_put(g, l);
     sb_put(g, b);
+}
+
+static int step_index(gen *g, const char *name) {
+    for (int i = 0; i < g->node->n_steps; i++)
+        if (strcmp(g->node->steps[i]->name, name) == 0)
+            return i;
+    return -1;
+}
+
+/* Flatten a walk item into steps[]; *loop_begin is set at the loop. */
+static void flatten_walk(gen *g, const ms_ast_walk_item *it, int *steps, int *n, int cap,
+                         int *loop_begin, bool in_loop) {
+    switch (it->kind) {
+    case MS_AST_WALK_STEP: {
+        if (*loop_begin >= 0 && !in_loop)
+            fail_at(g, it->loc, "walk: '%s.%s' after a loop is never reached (a loop runs "
+                    "until the request stops)", it->node.name, it->step.name);
+        int k = step_index(g, it->step.name);
+        if (strcmp(it->node.name, g->node->name) != 0 || k < 0)
+            fail_at(g, it->loc, "walk: '%s.%s' is not a step of node '%s'", it->node.name,
+                    it->step.name, g->node->name);
+        const ms_step_rec *at = rec_of(g->node->steps[k], g->attn);
+        if (at != NULL && !at->causal)
+            fail_at(g, it->loc, "walk: '%s' is a block step (attn causal = false: every token's "
+                    "logits, nothing sampled); it runs through ms_engine_run_step, not in a walk",
+                    it->step.name);
+        if (*n >= cap)
+            fail_at(g, it->loc, "walk: more than %d items", cap);
+        steps[(*n)++] = k;
+        break;
+    }
+    case MS_AST_WALK_SEQ:
+        for (int i = 0; i < it->items.n; i++)
+            flatten_walk(g, it->items.items[i], steps, n, cap, loop_begin, in_loop);
+        break;
+    case MS_AST_WALK_LOOP:
+        if (in_loop || *loop_begin >= 0)
+            fail_at(g, it->loc, "walk: one loop per walk (loops do not nest)");
+        if (it->until.name == NULL || strcmp(it->until.name, "stop") != 0)
+            fail_at(g, it->until.loc, "walk: loops end `until stop`");
+        *loop_begin = *n;
+        flatten_walk(g, it->body, steps, n, cap, loop_begin, true);
+        break;
+    default: fail_at(g, it->loc, "walk: cannot lower this item");
+    }
+}
+
+static void emit_walks(gen *g) {
+    const ms_model *m = g->m;
+    if (m->n_walks > (int)MS_ARRAY_LEN(g->walk_len))
+        fail_at(g, m->walks[MS_ARRAY_LEN(g->walk_len)]->ast->loc, "more than %d walks",
+                (int)MS_ARRAY_LEN(g->walk_len));
+    if (m->n_walks < 1)
+        fail_at(g, m->ast->loc, "the engine needs a walk (e.g. `walk generate = %s.prefill then "
+                "loop %s.decode until stop;`)", g->node->name, g->node->name);
+    for (int w = 0; w < m->n_walks; w++) {
+        int steps[64], n = 0, loop = -1;
+        flatten_walk(g, m->walks[w]->body, steps, &n, 64, &loop, false);
+        ms_strbuf *b = sb_get(g);
+        for (int i = 0; i < n; i++)
+            ms_strbuf_printf(b, "%s%d", i ? ", " : "", steps[i]);
+        if (b->oom)
+            ms_arena_oom(&g->a);
+        E("static const int32_t %s_walk_%s[] = {%s};", g->mn, m->walks[w]->name, b->data);
+        sb_put(g, b);
+        g->walk_loop[w] = loop < 0 ? n : loop;
+        g->walk_len[w] = n;
+    }
+    E("static const ms_md_walk %s_walks[] = {", g->mn);
+    g->cg.indent++;
+    for (int w = 0; w < m->n_walks; w++)
+        E("{%s, %s_walk_%s, %d, %d},", c_string(g, m->walks[w]->name), g->mn,
+          m->walks[w]->name, g->walk_len[w], g->walk_loop[w]);
     g->cg.indent--;
     E("};");
 }
@@ -2044,7 +2254,8 @@ static void emit_forward(gen *g) {
     E("const ms_backend *be = a->be;");
     E("const ms_backend_i *f = &be->iface;");
     E("void *cx = be->ctx;");
-    E("const int64_t T = a->batch->n_tokens, S = a->batch->n_seqs;");
+    E("const int64_t T = a->batch->n_tokens;");
+    E("const int64_t S = a->out_rows != NULL ? a->out_rows->shape[0] : a->batch->n_seqs;");
     E("size_t off[B_COUNT];");
     E("%s_layout(c, a->max_tokens, a->max_seqs, off);", mn);
     E("float *ws = a->workspace;");
@@ -2065,8 +2276,10 @@ static void emit_forward(gen *g) {
             E("ms_tensor %s = ms_tensor_split_heads(%s, %s, %s);", v->name, tref(g, v->parent),
               bare(g, v->heads), bare(g, v->hdim));
     }
-    if (g->used_gather)
-        E("ms_tensor last = ms_tensor_1d(a->batch->last_token, MS_DTYPE_I32, S);");
+    if (g->used_gather) {
+        E("ms_tensor last = a->out_rows != NULL ? *a->out_rows");
+        E("                                     : ms_tensor_1d(a->batch->last_token, MS_DTYPE_I32, S);");
+    }
     for (int i = 0; i < g->n_o; i++) {
         const op *o = &g->o[i];
         if (o->kind == O_LOOP_END) {
@@ -2292,21 +2505,35 @@ ms_status ms_codegen_model_c(const ms_model *m, const char *source, ms_strbuf *o
     E("/* ---- node %s: resources and steps ---- */", g->node->name);
     ms_emit_blank(&g->cg);
     emit_resources(g);
-    const ms_step_decl *pre = NULL, *dec = NULL;
-    for (int s = 0; s < g->node->n_steps; s++) {
-        const ms_step_decl *sd = g->node->steps[s];
-        if (sd->n_segments == 1 && is_call(sd->segments[0].span, "len") && pre == NULL)
-            pre = sd;
-        else if (sd->n_segments == 1 && sd->segments[0].span->kind == MS_EXPR_INT && dec == NULL)
-            dec = sd;
+    ms_emit_blank(&g->cg);
+    E("/* the node's stream labels (the ms_label values) */");
+    {
+        ms_strbuf *b = sb_get(g);
+        for (int l = 0; l < g->node->n_labels; l++)
+            ms_strbuf_printf(b, "%s%s", l ? ", " : "", c_string(g, g->node->labels[l].name));
+        if (b->oom)
+            ms_arena_oom(&g->a);
+        E("static const char *const %s_labels[] = {%s};", m->name, b->data);
+        sb_put(g, b);
     }
-    if (pre == NULL || dec == NULL)
-        fail_at(g, g->node->ast->loc, "node '%s' needs a prefill step (segments main += "
-                "len(tokens)) and a decode step (segments main += 1)", g->node->name);
+    if (g->node->n_steps > MS_MD_MAX_STEPS)
+        fail_at(g, g->node->steps[MS_MD_MAX_STEPS]->ast->loc, "more than %d steps in a node",
+                MS_MD_MAX_STEPS);
+    for (int s = 0; s < g->node->n_steps; s++) {
+        ms_emit_blank(&g->cg);
+        emit_step(g, g->node->steps[s], s);
+    }
     ms_emit_blank(&g->cg);
-    emit_step(g, pre, S("%s_step_%s", m->name, pre->name));
+    E("static const ms_md_step %s_steps[] = {", m->name);
+    g->cg.indent++;
+    for (int s = 0; s < g->node->n_steps; s++)
+        emit_step_row(g, g->node->steps[s]);
+    g->cg.indent--;
+    E("};");
     ms_emit_blank(&g->cg);
-    emit_step(g, dec, S("%s_step_%s", m->name, dec->name));
+    E("/* ---- walks ---- */");
+    ms_emit_blank(&g->cg);
+    emit_walks(g);
     ms_emit_blank(&g->cg);
     E("/* ---- forward ---- */");
     ms_emit_blank(&g->cg);
@@ -2343,8 +2570,12 @@ ms_status ms_codegen_model_c(const ms_model *m, const char *source, ms_strbuf *o
     E(".weight_tied = %s_weight_tied,", m->name);
     E(".resources = %s_resources,", m->name);
     E(".n_resources = (int32_t)MS_ARRAY_LEN(%s_resources),", m->name);
-    E(".prefill = &%s_step_%s,", m->name, pre->name);
-    E(".decode = &%s_step_%s,", m->name, dec->name);
+    E(".labels = %s_labels,", m->name);
+    E(".n_labels = (int32_t)MS_ARRAY_LEN(%s_labels),", m->name);
+    E(".steps = %s_steps,", m->name);
+    E(".n_steps = (int32_t)MS_ARRAY_LEN(%s_steps),", m->name);
+    E(".walks = %s_walks,", m->name);
+    E(".n_walks = (int32_t)MS_ARRAY_LEN(%s_walks),", m->name);
     E(".workspace_size = %s_workspace_size,", m->name);
     E(".forward = %s_forward,", m->name);
     if (n_ks > 0) {
@@ -2510,12 +2741,16 @@ static int collect_kernels(gen *g, kvariant *ks, int cap) {
     const ms_ast_expr *wins[8];
     int nw = 0;
     arg_leaves(res_arg(g->attn, "window"), wins, &nw, 8);
-    bool prefill_causal = true;
+    /* the prefill variants the steps run: causal and/or not (a block step of dense generation),
+       one instance each (it used to take the flag of the last step only) */
+    bool prefill_causal[2] = {false, false}; /* [0]: non-causal, [1]: causal */
     for (int s = 0; s < g->node->n_steps; s++) {
         const ms_step_rec *r = rec_of(g->node->steps[s], g->attn);
         if (r != NULL && is_call(g->node->steps[s]->segments[0].span, "len"))
-            prefill_causal = r->causal;
+            prefill_causal[r->causal ? 1 : 0] = true;
     }
+    if (!prefill_causal[0] && !prefill_causal[1])
+        prefill_causal[1] = true;
     const char *wcond = NULL;
     const ms_ast_expr *we = res_arg(g->attn, "window");
     if (we != NULL && we->kind == MS_EXPR_COND)
@@ -2592,8 +2827,10 @@ static int collect_kernels(gen *g, kvariant *ks, int cap) {
                 bool win = wins[w] != NULL && wins[w]->kind != MS_EXPR_NONE;
                 const char *when = wcond == NULL ? NULL : win ? wcond : S("not (%s)", wcond);
                 kadd(g, ks, &n, cap, ms_kernel_spec_attn_decode(dt, hd, ps, grp, win), when);
-                kadd(g, ks, &n, cap,
-                     ms_kernel_spec_attn_prefill(dt, hd, ps, grp, prefill_causal, win), when);
+                for (int c = 1; c >= 0; c--)
+                    if (prefill_causal[c])
+                        kadd(g, ks, &n, cap,
+                             ms_kernel_spec_attn_prefill(dt, hd, ps, grp, c == 1, win), when);
             }
             break;
         default:

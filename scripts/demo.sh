@@ -5,7 +5,7 @@
 #   2. compile models/llama.mstar into the serving binary build/llama/llama
 #      (`mstarc build models/llama.mstar -o build/llama`: generated C + libmstar);
 #   3. generate from the checkpoint with that binary, printing ids and tokens/s.
-# MS_DEMO_BIN picks another binary (build/llama-ref: the engine over the hand-written descriptor).
+# MS_DEMO_BIN picks another binary (default: build/llama/llama, the one mstarc builds).
 # Point it at a real checkpoint with MS_DEMO_MODEL=/path/to/hf_folder (see README.md).
 set -euo pipefail
 build=${MS_BUILD:-build}

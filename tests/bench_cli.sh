@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# bench_cli.sh - drives `$MS_BUILD/llama-ref bench` (the serving binary's benchmark verb) on the
+# bench_cli.sh - drives `$MS_BUILD/llama/llama bench` (the serving binary's benchmark verb) on the
 # tiny hf/llama_gqa fixture on the CPU: the markdown table and the JSON report have the promised
 # structure (one row per batch size and prefill shape, in order) and every figure is positive and
 # finite. Speed is never asserted. Then every bad flag: exit 2 for usage errors, exit 1 with ONE
@@ -10,7 +10,7 @@ set -uo pipefail
 # backend on GPU hosts too (tests/gpu_generate.sh covers the CUDA path).
 export CUDA_VISIBLE_DEVICES=
 build=${MS_BUILD:-build}
-bin="$build/llama-ref"
+bin="$build/llama/llama"
 fx=${MS_FIXTURES:-../shared/fixtures}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT

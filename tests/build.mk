@@ -34,14 +34,28 @@ TESTS += tests/test_cross_attn
 TESTS += tests/test_scratch
 TESTS += tests/test_kv_pool
 TESTS += tests/test_page_arena
-PROGRAMS += $(BUILD)/llama-ref
-# llama-ref links the CUDA libraries when HAVE_CUDA: the engine builds the CUDA backend for --device cuda/auto.
-$(BUILD)/llama-ref: $(BUILD)/obj/tests/llama_ref_main.o $(BUILD)/obj/tests/llama_desc_ref.o $(BUILD)/libmstarc.a $(BUILD)/libmstar.a
-	$(call quiet,LD,$@)
-	$(Q)$(CC) $(LDFLAGS) -o $@ $^ $(LDLIBS)
 TESTS += tests/test_engine_llama
+# tests that run the engine over the descriptor mstarc generates from models/llama.mstar
+$(BUILD)/tests/test_engine_llama: $(BUILD)/obj/gen/llama/llama_gen.o
+$(BUILD)/tests/test_engine_desc: $(BUILD)/obj/gen/llama/llama_gen.o
+$(BUILD)/tests/test_cli: $(BUILD)/obj/gen/llama/llama_gen.o
+TESTS += tests/test_engine_cfg
+$(BUILD)/tests/test_engine_cfg: $(BUILD)/obj/gen/llama/llama_gen.o
+# dense generation: the block steps of tests/codegen/dense.mstar against hf/llama_dense
+TESTS += tests/test_engine_mrope
+$(BUILD)/tests/test_engine_mrope: $(BUILD)/obj/gen/qwen2vl/qwen2vl_gen.o
+TESTS += tests/test_engine_dense
+$(BUILD)/tests/test_engine_dense: $(BUILD)/obj/gen/dense/llama_dense_gen.o
+$(BUILD)/gen/dense/llama_dense_gen.c: tests/codegen/dense.mstar $(BUILD)/mstarc
+	$(call quiet,GEN,$@)
+	$(Q)$(BUILD)/mstarc build tests/codegen/dense.mstar -o $(BUILD)/gen/dense --emit-only >/dev/null
 TEST_SCRIPTS += tests/generate_cli.sh
 TEST_SCRIPTS += tests/cli_robust.sh
+# the serving binary of models/llama.mstar (generate_cli.sh, bench_cli.sh drive it)
+PROGRAMS += $(BUILD)/llama/llama
+$(BUILD)/llama/llama: models/llama.mstar $(BUILD)/mstarc $(BUILD)/libmstar.a
+	$(call quiet,GEN,$@)
+	$(Q)$(BUILD)/mstarc build models/llama.mstar -o $(BUILD)/llama >/dev/null
 TESTS += tests/test_runner_integration
 TESTS += tests/test_kv_retention
 TESTS += tests/test_kv_offload

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# generate_cli.sh - drives `$MS_BUILD/llama-ref generate` (the serving binary over the hand-written
-# Llama descriptor) as a user would: the acceptance line on the llama2.c golden, output counts,
+# generate_cli.sh - drives `$MS_BUILD/llama/llama generate` (the serving binary mstarc builds from
+# models/llama.mstar) as a user would: the acceptance line on the llama2.c golden, output counts,
 # context limits, every bad flag value and every kind of bad input file. Each failure case must
 # exit 1 (2 for usage errors) with ONE line on stderr naming the file/flag and the problem, and
 # nothing from a sanitizer (under `make SAN=asan`, MS_BUILD=build/asan: ASan+UBSan+LeakSanitizer).
@@ -18,7 +18,7 @@ set -uo pipefail
 # backend on GPU hosts too (tests/gpu_generate.sh covers the CUDA path).
 export CUDA_VISIBLE_DEVICES=
 build=${MS_BUILD:-build}
-bin="$build/llama-ref"
+bin="$build/llama/llama"
 fx=${MS_FIXTURES:-../shared/fixtures}
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
@@ -104,6 +104,40 @@ else
     bad "prompts file batch" "$(diff "$tmp/batch" "$tmp/alone" | head -6)"
 fi
 
+# ---- batched CFG: hf/llama_cfg, one request over two streams, greedy ids of the reference ----
+cfg="$fx/hf/llama_cfg"
+if [ -d "$cfg" ] && command -v python3 >/dev/null; then
+    python3 - "$cfg/reference.safetensors" >"$tmp/cfg_ids" <<'PY'
+import json, struct, sys, array
+b = open(sys.argv[1], 'rb').read()
+n = struct.unpack('<Q', b[:8])[0]
+h = json.loads(b[8:8 + n])
+for k in ('cond_ids', 'uncond_ids', 'greedy_ids'):
+    s, e = h[k]['data_offsets']
+    print(','.join(str(x) for x in array.array('i', b[8 + n + s:8 + n + e])))
+PY
+    cond=$(sed -n 1p "$tmp/cfg_ids"); uncond=$(sed -n 2p "$tmp/cfg_ids"); want=$(sed -n 3p "$tmp/cfg_ids" | tr , ' ')
+    got=$("$bin" generate --model "$cfg" --prompt-ids "$cond" --negative-prompt-ids "$uncond" \
+        --guidance-scale 3 --max-new-tokens 25 --temperature 0 2>"$tmp/err")
+    if [ "$got" = "$want" ]; then ok "CFG --negative-prompt-ids --guidance-scale 3: the reference's 25 ids"
+    else bad "CFG hf/llama_cfg" "got  $got" "want $want" "$(head -c 300 "$tmp/err")"; fi
+    plain=$("$bin" generate --model "$cfg" --prompt-ids "$cond" --max-new-tokens 25 --temperature 0 2>/dev/null)
+    if [ -n "$plain" ] && [ "$plain" != "$want" ]; then ok "CFG: the unguided walk gives other ids"
+    else bad "CFG unguided" "$plain"; fi
+fi
+if [ -d "$cfg" ]; then
+    # --negative-prompt TEXT through a tokenizer of the model's vocabulary (tok512: 512 tokens)
+    g=$("$bin" generate --model "$cfg" --tokenizer "$tok" --prompt "Once upon a time" \
+        --negative-prompt "The end" --guidance-scale 3 --max-new-tokens 12 --temperature 0 --output ids 2>"$tmp/err")
+    u=$("$bin" generate --model "$cfg" --tokenizer "$tok" --prompt "Once upon a time" \
+        --max-new-tokens 12 --temperature 0 --output ids 2>/dev/null)
+    if [ "$(echo "$g" | wc -w)" -eq 12 ] && [ "$g" != "$u" ]; then ok "CFG --negative-prompt TEXT: 12 guided ids"
+    else bad "CFG --negative-prompt" "guided $g" "plain $u" "$(head -c 300 "$tmp/err")"; fi
+fi
+expect_error "--guidance-scale without a negative prompt" 2 "--guidance-scale needs --negative-prompt" -- --model "$gqa" --prompt-ids 1 --guidance-scale 2
+expect_error "--negative-prompt without a tokenizer" 1 "--negative-prompt needs a tokenizer" -- --model "$gqa" --prompt-ids 1 --negative-prompt hi
+expect_error "--negative-prompt-ids out of vocabulary" 1 "negative prompt token 9999 at index 0 is outside" -- --model "$gqa" --prompt-ids 1 --negative-prompt-ids 9999
+
 # seeded sampling is reproducible
 a=$("$bin" generate --model "$gqa" --prompt-ids 1,2,3 --max-new-tokens 12 --temperature 0.8 --top-k 40 --top-p 0.9 --seed 7 --ignore-eos 2>/dev/null)
 b=$("$bin" generate --model "$gqa" --prompt-ids 1,2,3 --max-new-tokens 12 --temperature 0.8 --top-k 40 --top-p 0.9 --seed 7 --ignore-eos 2>/dev/null)
@@ -181,8 +215,11 @@ mk && perl -pi -e 's/"model.norm.weight"/"model.norm.weighX"/' "$st"
 expect_error "missing tensor" 1 "$st: tensor 'model.norm.weight' not found" -- --model "$tmp/m" "${g[@]}"
 mk && perl -pi -e 's/"lm_head.weight":\{"dtype":"F32","shape":\[512,128\]/"lm_head.weight":{"dtype":"F32","shape":[128,512]/' "$st"
 expect_error "shape mismatch" 1 "$st: tensor 'lm_head.weight' has shape \[128, 512\], the model declares \[512, 128\]" -- --model "$tmp/m" "${g[@]}"
-# a checkpoint of another family (Qwen3: q_norm / k_norm the Llama model lacks) is refused, not run
-expect_error "checkpoint of another family" 1 "model.safetensors: tensor 'model.layers.0.self_attn.k_norm.weight' is not a weight of model 'llama' \(4 such tensors\)" -- --model "$fx/hf/qwen3" "${g[@]}"
+# a checkpoint of another family (Qwen3: q_norm / k_norm the Llama model lacks) is refused, not
+# run: by its architecture, and with that entry removed by the tensors the model does not declare
+expect_error "checkpoint of another family" 1 "config.json: architecture 'Qwen3ForCausalLM' is not supported by this model \(LlamaForCausalLM, MistralForCausalLM\)" -- --model "$fx/hf/qwen3" "${g[@]}"
+mk && grep -v 'ForCausalLM' "$fx/hf/qwen3/config.json" | sed 's/"architectures": \[/"architectures_": [/' >"$tmp/m/config.json" && cp "$fx/hf/qwen3/model.safetensors" "$tmp/m/"
+expect_error "undeclared tensors" 1 "model.safetensors: tensor 'model.layers.0.self_attn.k_norm.weight' is not a weight of model 'llama' \(4 such tensors\)" -- --model "$tmp/m" "${g[@]}"
 mk && grep -v '"hidden_size"' "$gqa/config.json" >"$tmp/m/config.json"
 expect_error "config.json missing a field" 1 "$tmp/m/config.json: required field 'hidden_size' is missing" -- --model "$tmp/m" "${g[@]}"
 mk && sed 's/"num_key_value_heads": 2/"num_key_value_heads": 3/' "$gqa/config.json" >"$tmp/m/config.json"
@@ -227,15 +264,15 @@ fi
 
 # ---- id lists: every empty entry is an error naming the flag (or file:line) and the entry ----
 # (tests/test_cli.c checks every form the parser accepts and rejects)
-expect_error "--prompt-ids trailing comma" 1 "^llama-ref: --prompt-ids: entry 3 is empty" -- --model "$gqa" --prompt-ids 1,2,
-expect_error "--prompt-ids doubled comma" 1 "^llama-ref: --prompt-ids: entry 2 is empty" -- --model "$gqa" --prompt-ids 1,,2
+expect_error "--prompt-ids trailing comma" 1 "^llama: --prompt-ids: entry 3 is empty" -- --model "$gqa" --prompt-ids 1,2,
+expect_error "--prompt-ids doubled comma" 1 "^llama: --prompt-ids: entry 2 is empty" -- --model "$gqa" --prompt-ids 1,,2
 printf '1,2\n3,,4\n' >"$tmp/bad_ids"
 expect_error "prompts file empty entry" 1 "$tmp/bad_ids:2: entry 2 is empty" -- --model "$gqa" --prompts-file "$tmp/bad_ids"
 
 # ---- --model names what the user gave and what is wrong with it ----
-expect_error "--model /dev/null" 1 "^llama-ref: /dev/null: not a model: a character device \(expected a checkpoint folder" -- --model /dev/null --prompt-ids 1
+expect_error "--model /dev/null" 1 "^llama: /dev/null: not a model: a character device \(expected a checkpoint folder" -- --model /dev/null --prompt-ids 1
 mkdir -p "$tmp/empty"
-expect_error "--model folder without config.json" 1 "^llama-ref: $tmp/empty: not a model: the folder has no config.json" -- --model "$tmp/empty" --prompt-ids 1
+expect_error "--model folder without config.json" 1 "^llama: $tmp/empty: not a model: the folder has no config.json" -- --model "$tmp/empty" --prompt-ids 1
 expect_error "--model ''" 1 "--model: the path is empty" -- --model '' --prompt-ids 1
 
 # ---- tokenizer flags ----
@@ -292,13 +329,13 @@ ln -s "$l3tok/tokenizer_config.json" "$tmp/l3t/tokenizer_config.json"
 jq -r '.llama3_1[] | select(.text != "" and (.text | contains("\n") | not)) | .text' "$ref" >"$tmp/l3_prompts"
 jq -r '[.llama3_1[] | select(.text != "" and (.text | contains("\n") | not)) | .decoded] | to_entries[] | "[\(.key + 1)] " + (.value | gsub("\\\\"; "\\\\\\\\") | gsub("\n"; "\\n") | gsub("\t"; "\\t") | gsub("\r"; "\\r"))' "$ref" >"$tmp/l3_want"
 jq -r '.llama3_1[] | select(.text != "" and (.text | contains("\n") | not)) | [128000] + .ids | map(tostring) | join(" ")' "$ref" |
-    awk '{ n = split($0, a, " "); printf "llama-ref: prompt %d: %d tokens: %s\n", NR, n, $0 }' >"$tmp/l3_want_ids"
+    awk '{ n = split($0, a, " "); printf "llama: prompt %d: %d tokens: %s\n", NR, n, $0 }' >"$tmp/l3_want_ids"
 "$bin" generate --model "$tmp/l3t" --prompts-file "$tmp/l3_prompts" --max-new-tokens 0 --verbose-prompt >"$tmp/out" 2>"$tmp/err"
 rc=$?
-if [ $rc -eq 0 ] && grep '^llama-ref: prompt ' "$tmp/err" | cmp -s - "$tmp/l3_want_ids" && [ "$(wc -l <"$tmp/l3_want_ids")" -ge 8 ]; then
+if [ $rc -eq 0 ] && grep '^llama: prompt ' "$tmp/err" | cmp -s - "$tmp/l3_want_ids" && [ "$(wc -l <"$tmp/l3_want_ids")" -ge 8 ]; then
     ok "tokenizer.json by default: $(wc -l <"$tmp/l3_want_ids") reference strings encode to the library's ids after <|begin_of_text|>"
 else
-    bad "tokenizer.json encode" "rc $rc" "$(diff <(grep '^llama-ref: prompt ' "$tmp/err") "$tmp/l3_want_ids" | head -4)" "$(grep -E 'Sanitizer|error' "$tmp/err" | head -3)"
+    bad "tokenizer.json encode" "rc $rc" "$(diff <(grep '^llama: prompt ' "$tmp/err") "$tmp/l3_want_ids" | head -4)" "$(grep -E 'Sanitizer|error' "$tmp/err" | head -3)"
 fi
 if [ $rc -eq 0 ] && cmp -s "$tmp/out" "$tmp/l3_want"; then
     ok "tokenizer.json: the echoed prompts decode to the reference text (special tokens skipped)"
@@ -336,7 +373,7 @@ qtext=$(jq -r '.qwen3[] | select(.text | startswith("<|im_start|>")) | .text' "$
 rc=$?
 want_ids=$(jq -r '.qwen3[] | select(.text | startswith("<|im_start|>")) | .ids | map(tostring) | join(" ")' "$ref")
 { jq -j '.qwen3[] | select(.text | startswith("<|im_start|>")) | .decoded' "$ref"; echo; } >"$tmp/want"
-if [ $rc -eq 0 ] && grep -qx "llama-ref: prompt 1: 5 tokens: $want_ids" "$tmp/err" && cmp -s "$tmp/out" "$tmp/want"; then
+if [ $rc -eq 0 ] && grep -qx "llama: prompt 1: 5 tokens: $want_ids" "$tmp/err" && cmp -s "$tmp/out" "$tmp/want"; then
     ok "Qwen3 tokenizer: no BOS, <|im_start|>/<|im_end|> as special ids, skipped in the text"
 else
     bad "Qwen3 tokenizer" "rc $rc, want ids $want_ids" "$(head -c 300 "$tmp/err")" "$(od -c "$tmp/out" | head -2)"
@@ -346,8 +383,8 @@ mkdir -p "$tmp/l3nobos"
 for f in config.json generation_config.json model.safetensors; do ln -s "$tmp/l3/$f" "$tmp/l3nobos/$f"; done
 ln -s "$l3tok/tokenizer.json" "$tmp/l3nobos/tokenizer.json"
 echo '{"bos_token": "<|begin_of_text|>", "eos_token": "<|eot_id|>", "add_bos_token": false}' >"$tmp/l3nobos/tokenizer_config.json"
-out=$("$bin" generate --model "$tmp/l3nobos" --prompt "Hello, world!" --max-new-tokens 0 --verbose-prompt 2>&1 >/dev/null | grep '^llama-ref: prompt 1:')
-if [ "$out" = "llama-ref: prompt 1: 4 tokens: 9906 11 1917 0" ]; then
+out=$("$bin" generate --model "$tmp/l3nobos" --prompt "Hello, world!" --max-new-tokens 0 --verbose-prompt 2>&1 >/dev/null | grep '^llama: prompt 1:')
+if [ "$out" = "llama: prompt 1: 4 tokens: 9906 11 1917 0" ]; then
     ok "add_bos_token false: no <|begin_of_text|>"
 else
     bad "add_bos_token false" "$out"
@@ -356,8 +393,8 @@ fi
 mkdir -p "$tmp/q3both"
 ln -s "$(realpath "$fx/tokenizers/qwen3/tokenizer.json")" "$tmp/q3both/tokenizer.json"
 echo '{"bos_token": "<|endoftext|>", "eos_token": "<|im_end|>", "add_bos_token": true, "add_eos_token": true}' >"$tmp/q3both/tokenizer_config.json"
-out=$("$bin" generate --model "$tmp/l3" --tokenizer "$tmp/q3both" --prompt "Hello, world!" --max-new-tokens 0 --verbose-prompt 2>&1 >/dev/null | grep '^llama-ref: prompt 1:')
-if [ "$out" = "llama-ref: prompt 1: 6 tokens: 151643 9707 11 1879 0 151645" ]; then
+out=$("$bin" generate --model "$tmp/l3" --tokenizer "$tmp/q3both" --prompt "Hello, world!" --max-new-tokens 0 --verbose-prompt 2>&1 >/dev/null | grep '^llama: prompt 1:')
+if [ "$out" = "llama: prompt 1: 6 tokens: 151643 9707 11 1879 0 151645" ]; then
     ok "add_bos_token / add_eos_token true: BOS and EOS around the text"
 else
     bad "add_bos_token / add_eos_token true" "$out"

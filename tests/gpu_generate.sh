@@ -4,7 +4,8 @@
 # (--prompts-file, greedy, --max-new-tokens 16) with --device cuda and --device cpu --dtype bf16:
 # the first 16 ids of every prompt must be equal (the float32 CPU's are reported). On the llama2.c aidreams260K golden (greedy, 128 steps) the
 # CUDA text must equal the golden text; the script reports how many leading characters match and
-# the tokens/s lines of both devices.
+# the tokens/s lines of both devices. On hf/llama_cfg the guided pair (--negative-prompt-ids,
+# --guidance-scale 3) must give on cuda the first 16 ids of the CPU bf16 run.
 #
 # Environment: MS_BUILD (build folder, default build), BIN (the binary; default $MS_BUILD/llama/llama,
 # built with $MS_BUILD/mstarc when missing), MS_FIXTURES (default ../shared/fixtures), PREP (a
@@ -99,6 +100,33 @@ else
         "got:  $(head -c 300 "$tmp/l2c.cuda")" "want: $(head -c 300 "$tmp/want")" "$(head -c 300 "$tmp/l2c.cuda.err")"
 fi
 if cmp -s "$tmp/l2c.cpu" "$tmp/want"; then ok "llama2c golden on cpu: text exact"; else bad "llama2c golden on cpu"; fi
+
+# ---- batched CFG on cuda: hf/llama_cfg, the guided pair as one request (host-side mixing over
+# the copied logits); ids equal to the CPU over bf16 weights and KV, the reference's reported ----
+if [ -d "$fx/hf/llama_cfg" ]; then
+    python3 - "$fx/hf/llama_cfg/reference.safetensors" >"$tmp/cfg_ids" <<'PY'
+import json, struct, sys, array
+b = open(sys.argv[1], 'rb').read()
+n = struct.unpack('<Q', b[:8])[0]
+h = json.loads(b[8:8 + n])
+for k in ('cond_ids', 'uncond_ids', 'greedy_ids'):
+    s, e = h[k]['data_offsets']
+    print(','.join(str(x) for x in array.array('i', b[8 + n + s:8 + n + e])))
+PY
+    cond=$(sed -n 1p "$tmp/cfg_ids"); uncond=$(sed -n 2p "$tmp/cfg_ids"); want=$(sed -n 3p "$tmp/cfg_ids" | tr , ' ')
+    for d in "cuda" "cpu --dtype bf16"; do
+        # shellcheck disable=SC2086
+        "$bin" generate --model "$fx/hf/llama_cfg" --prompt-ids "$cond" --negative-prompt-ids "$uncond" \
+            --guidance-scale 3 --max-new-tokens 25 --temperature 0 --device $d >"$tmp/cfg.${d%% *}" 2>"$tmp/cfg.${d%% *}.err"
+        echo "rc $? (cfg $d): $(tail -n 1 "$tmp/cfg.${d%% *}.err")"
+    done
+    [ "$(cat "$tmp/cfg.cuda")" = "$want" ] && echo "cfg cuda: the reference's 25 ids" || echo "cfg cuda: $(cat "$tmp/cfg.cuda") (reference $want)"
+    if [ -s "$tmp/cfg.cuda" ] && [ "$(cut -d' ' -f1-16 "$tmp/cfg.cuda")" = "$(cut -d' ' -f1-16 "$tmp/cfg.cpu")" ]; then
+        ok "llama_cfg guided on cuda: 16 first ids equal to cpu bf16"
+    else
+        bad "llama_cfg guided cuda vs cpu bf16" "cuda: $(cat "$tmp/cfg.cuda")" "cpu:  $(cat "$tmp/cfg.cpu")" "$(head -c 300 "$tmp/cfg.cuda.err")"
+    fi
+fi
 
 echo "gpu_generate.sh: $passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -19,7 +19,7 @@
 #include "tokenizer_hf.h"
 
 /* the hand-written Llama descriptor, as test_codegen_llama.c uses it */
-#include "llama_desc_ref.c"
+extern const ms_model_desc ms_llama_desc;
 
 #include "ms_test_impl.h"
 
@@ -247,7 +247,7 @@ static void test_model_probe(void **state) {
     const char *gqa = ms_test_fixture("hf/llama_gqa");
     char gqa_path[4096];
     snprintf(gqa_path, sizeof gqa_path, "%s", gqa);
-    if (ms_cli_model_probe(&ms_llama_ref_desc, gqa_path, &fa, &params, &dir, &err) != MS_OK)
+    if (ms_cli_model_probe(&ms_llama_desc, gqa_path, &fa, &params, &dir, &err) != MS_OK)
         fail_msg("%s", err.msg);
     assert_int_equal(fa.vocab, 512);
     assert_int_equal(fa.n_layers, 3);
@@ -262,11 +262,11 @@ static void test_model_probe(void **state) {
     /* a .safetensors file names its folder; a llama2.c file has none */
     char st_path[4200];
     snprintf(st_path, sizeof st_path, "%s/model.safetensors", gqa_path);
-    assert_int_equal(ms_cli_model_probe(&ms_llama_ref_desc, st_path, &fa, NULL, &dir, &err), MS_OK);
+    assert_int_equal(ms_cli_model_probe(&ms_llama_desc, st_path, &fa, NULL, &dir, &err), MS_OK);
     assert_string_equal(dir, gqa_path);
     ms_free(dir);
     const char *l2c = ms_test_fixture("llama2c/aidreams260K.bin");
-    assert_int_equal(ms_cli_model_probe(&ms_llama_ref_desc, l2c, &fa, NULL, &dir, &err), MS_OK);
+    assert_int_equal(ms_cli_model_probe(&ms_llama_desc, l2c, &fa, NULL, &dir, &err), MS_OK);
     assert_null(dir);
     assert_int_equal(fa.vocab, 512);
     assert_int_equal(fa.max_context, 128);
@@ -276,7 +276,7 @@ static void expect_probe_error(const char *path, ms_status want, const char *wan
     ms_error err = {0};
     ms_md_facts fa;
     char *dir = (char *)&err;
-    assert_int_equal(ms_cli_model_probe(&ms_llama_ref_desc, path, &fa, NULL, &dir, &err), want);
+    assert_int_equal(ms_cli_model_probe(&ms_llama_desc, path, &fa, NULL, &dir, &err), want);
     assert_null(dir);
     if (strstr(err.msg, want_msg) == NULL || strstr(err.msg, path) != err.msg)
         fail_msg("%s: message '%s' does not start with the path or lacks '%s'", path, err.msg,
@@ -307,7 +307,7 @@ static void test_model_probe_errors(void **state) {
     ms_error err = {0};
     ms_md_facts fa;
     char *dir = NULL;
-    assert_int_not_equal(ms_cli_model_probe(&ms_llama_ref_desc, tmp, &fa, NULL, &dir, &err), MS_OK);
+    assert_int_not_equal(ms_cli_model_probe(&ms_llama_desc, tmp, &fa, NULL, &dir, &err), MS_OK);
     assert_null(dir);
     assert_non_null(strstr(err.msg, "config.json: required field"));
     unlink(cfg);

@@ -273,8 +273,10 @@ static void test_llama_checked_model_structure(void **state) {
     /* node and resources in dependency order */
     assert_int_equal(m->n_nodes, 1);
     const ms_node *n = m->nodes[0];
-    assert_int_equal(n->n_labels, 1);
+    assert_int_equal(n->n_labels, 3); /* main and the batched CFG labels */
     assert_string_equal(n->labels[0].name, "main");
+    assert_string_equal(n->labels[1].name, "cfg_uncond");
+    assert_string_equal(n->labels[2].name, "cfg");
     assert_int_equal(n->n_resources, 4);
     static const char *const order[] = {"kv", "pos", "attn", "sample"};
     static const ms_resource_kind kinds[] = {MS_RESOURCE_KV, MS_RESOURCE_POS, MS_RESOURCE_ATTN,
@@ -294,7 +296,12 @@ static void test_llama_checked_model_structure(void **state) {
     assert_int_equal(attn->n_deps, 2);
     assert_null(ms_resource_arg(attn, "scale"));
     /* steps */
-    assert_int_equal(n->n_steps, 2);
+    assert_int_equal(n->n_steps, 4); /* prefill, decode and their guided (CFG) forms */
+    const ms_step_decl *dg = ms_node_find_step(n, "decode_guided");
+    assert_int_equal(dg->n_segments, 2);
+    assert_int_equal(dg->recs[0].n_combined, 1);
+    assert_int_equal(dg->recs[0].combined[0].n_labels, 2);
+    assert_int_equal(dg->recs[0].combined[0].plan_label, 2);
     const ms_step_decl *pre = ms_node_find_step(n, "prefill");
     assert_int_equal(pre->n_segments, 1);
     assert_int_equal(pre->segments[0].label, 0);
@@ -329,7 +336,7 @@ static void test_llama_checked_model_structure(void **state) {
     assert_int_equal(q->sym->kind, MS_SYM_LOCAL);
     assert_string_equal(canon_text(q->dims[1], buf, sizeof buf), "q_dim");
     /* walk */
-    assert_int_equal(m->n_walks, 1);
+    assert_int_equal(m->n_walks, 2); /* generate and guided */
     assert_int_equal(m->walks[0]->body->kind, MS_AST_WALK_SEQ);
     ms_compile_free(c);
 }

@@ -1,6 +1,6 @@
 /*
  * test_engine_llama.c - end-to-end tests of the engine with the hand-written Llama descriptor
- * (tests/llama_desc_ref.c), real resources (KV pool, positions, step runner) and the CPU backend,
+ * (the one mstarc generates from models/llama.mstar), real resources (KV pool, positions, step runner) and the CPU backend,
  * against ../shared/fixtures:
  *   - llama2c/aidreams260K: the 4 golden cases token-exact for all 128 steps, ids and text;
  *   - hf/llama_gqa, llama31_rope, llama31_rope_legacy, mistral_window: prefill logits at every
@@ -31,7 +31,7 @@
 #include "safetensors.h"
 #include "tokenizer_llama2c.h"
 
-#include "llama_desc_ref.c"
+extern const ms_model_desc ms_llama_desc;
 
 #define TOL 1e-3f
 
@@ -110,7 +110,7 @@ static ms_engine *open_engine(const char *path, int32_t page_size, int32_t max_s
     o.n_threads = 2;
     ms_engine *e = NULL;
     ms_error err = {0};
-    ms_status st = ms_engine_init(&e, &ms_llama_ref_desc, &o, &err);
+    ms_status st = ms_engine_init(&e, &ms_llama_desc, &o, &err);
     if (st != MS_OK)
         fail_msg("engine init %s: %s", path, err.msg);
     return e;
@@ -714,7 +714,7 @@ static int g_forward_calls;
 static ms_status failing_forward(const ms_md_forward_args *a, ms_error *err) {
     if (g_forward_calls++ == g_fail_forward_at)
         return MS_FAIL(err, MS_ERR_INTERNAL, "injected forward failure");
-    return ms_llama_ref_desc.forward(a, err);
+    return ms_llama_desc.forward(a, err);
 }
 
 /* A step whose forward fails is abandoned: nothing it reserved stays, and retrying it gives the
@@ -723,7 +723,7 @@ static void test_failed_step_is_abandoned(void **state) {
     (void)state;
     gqa_ref g;
     gqa_open(&g);
-    ms_model_desc d = ms_llama_ref_desc;
+    ms_model_desc d = ms_llama_desc;
     d.forward = failing_forward;
     ms_engine_options o = ms_engine_options_default();
     o.model_path = ms_test_fixture("hf/llama_gqa");
@@ -775,29 +775,29 @@ static void test_device_and_options(void **state) {
     ms_error err = {0};
 #ifdef MS_HAVE_CUDA
     if (!ms_backend_cuda_available()) { /* the GPU path itself is tests/gpu_generate.sh's */
-        assert_int_equal(ms_engine_init(&e, &ms_llama_ref_desc, &o, &err), MS_ERR_CUDA);
+        assert_int_equal(ms_engine_init(&e, &ms_llama_desc, &o, &err), MS_ERR_CUDA);
         assert_non_null(strstr(err.msg, "device 'cuda': cuda:0: no usable CUDA device"));
         assert_null(e);
     }
 #else
-    assert_int_equal(ms_engine_init(&e, &ms_llama_ref_desc, &o, &err), MS_ERR_UNSUPPORTED);
+    assert_int_equal(ms_engine_init(&e, &ms_llama_desc, &o, &err), MS_ERR_UNSUPPORTED);
     assert_non_null(strstr(err.msg, "built without CUDA"));
     assert_null(e);
 #endif
     o.device = "cpu";
     o.dtype = "f16";
-    assert_int_equal(ms_engine_init(&e, &ms_llama_ref_desc, &o, &err), MS_ERR_INVALID_ARG);
+    assert_int_equal(ms_engine_init(&e, &ms_llama_desc, &o, &err), MS_ERR_INVALID_ARG);
     assert_non_null(strstr(err.msg, "unknown dtype 'f16'"));
     o.dtype = NULL;
     o.device = "tpu";
-    assert_int_equal(ms_engine_init(&e, &ms_llama_ref_desc, &o, &err), MS_ERR_INVALID_ARG);
+    assert_int_equal(ms_engine_init(&e, &ms_llama_desc, &o, &err), MS_ERR_INVALID_ARG);
     assert_non_null(strstr(err.msg, "tpu"));
     o.device = "cpu";
     o.max_seqs = 0;
-    assert_int_equal(ms_engine_init(&e, &ms_llama_ref_desc, &o, &err), MS_ERR_INVALID_ARG);
+    assert_int_equal(ms_engine_init(&e, &ms_llama_desc, &o, &err), MS_ERR_INVALID_ARG);
     o.max_seqs = 2;
     o.model_path = "/nonexistent/model";
-    assert_int_equal(ms_engine_init(&e, &ms_llama_ref_desc, &o, &err), MS_ERR_IO);
+    assert_int_equal(ms_engine_init(&e, &ms_llama_desc, &o, &err), MS_ERR_IO);
     assert_non_null(strstr(err.msg, "/nonexistent/model"));
 
     /* bad requests */
@@ -832,7 +832,7 @@ static void test_kv_sizing(void **state) {
     o.max_seq_len = 8;
     ms_engine *e = NULL;
     ms_error err = {0};
-    assert_int_equal(ms_engine_init(&e, &ms_llama_ref_desc, &o, &err), MS_OK);
+    assert_int_equal(ms_engine_init(&e, &ms_llama_desc, &o, &err), MS_OK);
     assert_int_equal(ms_engine_kv_pages_free(e), 2); /* ceil(8 / 4), the sink page apart */
     const int32_t ids[] = {1, 2, 3, 4, 5};
     ms_rid rid = add_req(e, ids, 5, 10, 0, ms_sampling_greedy());
@@ -862,7 +862,7 @@ static void test_init_allocation_failures(void **state) {
     int64_t before = ms_alloc_get_stats().total_allocs;
     ms_engine *e = NULL;
     ms_error err = {0};
-    assert_int_equal(ms_engine_init(&e, &ms_llama_ref_desc, &o, &err), MS_OK);
+    assert_int_equal(ms_engine_init(&e, &ms_llama_desc, &o, &err), MS_OK);
     ms_engine_free(e);
     int64_t n_allocs = ms_alloc_get_stats().total_allocs - before;
     assert_true(n_allocs > 10);
@@ -872,7 +872,7 @@ static void test_init_allocation_failures(void **state) {
     for (int64_t k = 1; k <= n_allocs; k += (k < 40 ? 1 : MS_MAX(n_allocs / 40, 1))) {
         int64_t live = ms_alloc_get_stats().live_blocks;
         ms_alloc_fail_nth(k);
-        ms_status st = ms_engine_init(&e, &ms_llama_ref_desc, &o, &err);
+        ms_status st = ms_engine_init(&e, &ms_llama_desc, &o, &err);
         ms_alloc_fail_nth(0);
         if (st == MS_OK) {
             ms_engine_free(e);

@@ -144,17 +144,29 @@ static bool no_tie(const void *c, int32_t w) { (void)c, (void)w; return false; }
 static size_t no_ws(const void *c, int32_t t, int32_t s) { (void)c, (void)t, (void)s; return 0; }
 static ms_status no_fwd(const ms_md_forward_args *a, ms_error *err) { (void)a, (void)err; return MS_OK; }
 
+static ms_status no_run(const void *c, const ms_md_row *rows, int32_t n, ms_md_step_build *b,
+                        ms_error *err) {
+    (void)c, (void)rows, (void)n, (void)b, (void)err;
+    return MS_OK;
+}
+
 static void test_desc_check_ignore_list(void **state) {
     (void)state;
     static const ms_md_weight w[] = {{.key = "embed", .names = {"embed"}, .rank = 2, .tie = -1,
                                       .fused = -1}};
     static const ms_md_resource r[] = {{.key = "kv", .kind = MS_RESOURCE_KV}};
-    static const ms_md_step step = {.name = "s", .span = MS_MD_SPAN_TOKENS, .kv_commit = true};
+    static const ms_md_step step = {.name = "s", .n_segments = 1, .labels = {MS_LABEL_MAIN},
+                                    .run = no_run};
+    static const int32_t walk_steps[] = {0};
+    static const ms_md_walk walk = {.name = "w", .steps = walk_steps, .n_steps = 1,
+                                    .loop_begin = 1};
+    static const char *const labels[] = {"main"};
     static const char *const pats[] = {"visual.*", ""};
     ms_model_desc d = {.name = "m", .config_size = 8, .config_load = no_cfg, .facts = no_facts,
                        .weights = w, .n_weights = 1, .weight_shape = no_shape,
-                       .weight_tied = no_tie, .resources = r, .n_resources = 1, .prefill = &step,
-                       .decode = &step, .workspace_size = no_ws, .forward = no_fwd,
+                       .weight_tied = no_tie, .resources = r, .n_resources = 1, .labels = labels,
+                       .n_labels = 1, .steps = &step, .n_steps = 1, .walks = &walk, .n_walks = 1,
+                       .workspace_size = no_ws, .forward = no_fwd,
                        .ignored = pats, .n_ignored = 1};
     ms_error err = {0};
     assert_int_equal(ms_md_check_desc(&d, &err), MS_OK);

@@ -206,6 +206,40 @@ static void test_explicit_ids_pass_through(void **state) {
     fx_free(&f);
 }
 
+/* explicit ids without a custom advance: the stream continues one past its largest id on any
+ * axis (Qwen2-VL: text after a t/h/w grid starts at max + 1), per stream of the step; text ids
+ * counting up give the span; a non-committing step moves nothing */
+static void test_explicit_ids_advance_to_max_plus_one(void **state) {
+    (void)state;
+    fx f;
+    ms_positions_config pc = {MS_POS_EXPLICIT, 1, 3, 256, NULL};
+    fx_init(&f, pc);
+    fx_ingest(&f, 1);
+    fx_ingest(&f, 2);
+    /* request 1: 2 text tokens and a 1x2x2 grid at 2 (max 3: h/w reach 3); request 2: 3 text */
+    ms_segment segs[] = {{1, 0, 6}, {2, 0, 3}};
+    int32_t ids[] = {0, 1, 2, 2, 2, 2, 0, 1, 2, /* t */
+                     0, 1, 2, 2, 3, 3, 0, 1, 2, /* h */
+                     0, 1, 2, 3, 2, 3, 0, 1, 2 /* w */};
+    ms_pos_step ps = {.explicit_ids = ids, .n_axes = 3};
+    fx_step(&f, segs, 2, &KV_COMMIT, &ps, true);
+    assert_int_equal(fx_pos(&f, 1, 0), 4); /* max 3 + 1, not the 6 tokens */
+    assert_int_equal(fx_pos(&f, 2, 0), 3); /* text: the span */
+    /* the next text token of request 1 gets 4 on every axis */
+    ms_segment one[] = {{1, 0, 1}};
+    ms_pos_step text = {.n_axes = 3};
+    const ms_pos_plan *pp = fx_step(&f, one, 1, &KV_COMMIT, &text, true);
+    assert_ids(pp, (int32_t[]){4, 4, 4}, 1);
+    assert_int_equal(fx_pos(&f, 1, 0), 5);
+    /* explicit ids on a step that does not commit leave the counter */
+    static const ms_kv_step no_commit = {.commit = false};
+    int32_t far[] = {40, 40, 40};
+    ms_pos_step ex = {.explicit_ids = far, .n_axes = 3};
+    fx_step(&f, one, 1, &no_commit, &ex, true);
+    assert_int_equal(fx_pos(&f, 1, 0), 5);
+    fx_free(&f);
+}
+
 static void test_block_scheme_shares_position_and_steps_per_segment(void **state) {
     (void)state;
     fx f;
@@ -581,6 +615,7 @@ int main(void) {
         ms_unit_test(test_batched_cfg_advances_every_label),
         ms_unit_test(test_separate_plan_labels_pack_in_set_order),
         ms_unit_test(test_explicit_ids_pass_through),
+        ms_unit_test(test_explicit_ids_advance_to_max_plus_one),
         ms_unit_test(test_block_scheme_shares_position_and_steps_per_segment),
         ms_unit_test(test_explicit_mrope_three_axes_with_custom_advance),
         ms_unit_test(test_H14_advance_zero_when_kv_does_not_commit),

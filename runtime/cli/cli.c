@@ -27,6 +27,7 @@
 
 #include "engine.h"
 #include "hf_config.h"
+#include "position_ids.h"
 #include "threadpool.h"
 #include "tokenizer_hf.h"
 #include "tokenizer_llama2c.h"
@@ -290,6 +291,15 @@ typedef struct cli_opts {
     int32_t max_new;        /* -1 = not given */
     int32_t steps;          /* -1 = not given */
     ms_sampling_params sampling;
+    bool set_temperature;   /* the sampling flags given: the others take the model's declared */
+    bool set_top_k;         /* sampler(temperature, top_k, top_p) defaults */
+    bool set_top_p;
+    const char *negative_prompt;      /* batched CFG: text (needs a tokenizer) */
+    const char *negative_prompt_ids;  /* or ids */
+    const char *position_ids;         /* --position-ids FILE: JSON [3][S] or [S] ids of the one
+                                         prompt (M-RoPE t/h/w), for a `pos explicit` model */
+    float guidance_scale;             /* 1 unless --guidance-scale */
+    bool set_guidance;
     bool ignore_eos;
     bool no_display_prompt; /* text output: the generated text only */
     bool verbose_prompt;    /* the prompts' ids on stderr */
@@ -434,6 +444,8 @@ static void usage(FILE *to) {
             "           (--prompt TEXT | --prompt-ids 1,2,3 | --prompts-file FILE)\n"
             "           [--max-new-tokens N | --steps N] [--temperature T] [--top-k K]\n"
             "           [--top-p P] [--seed S] [--ignore-eos] [--output text|ids|jsonl]\n"
+            "           [--negative-prompt TEXT | --negative-prompt-ids 1,2,3]\n"
+            "           [--guidance-scale S] [--position-ids FILE]\n"
             "           [--no-display-prompt] [--verbose-prompt] [--page-size N]\n"
             "           [--device auto|cpu|cuda] [--dtype auto|f32|bf16] [--threads N]\n"
             "       %s bench --model PATH [...]   (%s bench --help)\n"
@@ -451,9 +463,11 @@ static int parse_generate(int argc, char **argv, cli_opts *o) {
     static const char *const with_value[] = {
         "--model", "--tokenizer", "--prompt", "--prompt-ids", "--prompts-file",
         "--max-new-tokens", "--steps", "--temperature", "--top-k", "--top-p", "--seed",
-        "--page-size", "--device", "--threads", "--dtype", "--output"};
+        "--page-size", "--device", "--threads", "--dtype", "--output",
+        "--negative-prompt", "--negative-prompt-ids", "--guidance-scale", "--position-ids"};
     bool seen[MS_ARRAY_LEN(with_value)] = {false}; /* a second value is an error, not a silent
                                                      replacement of the first */
+    o->guidance_scale = 1.0f;
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--ignore-eos") == 0) {
@@ -525,15 +539,31 @@ static int parse_generate(int argc, char **argv, cli_opts *o) {
             if (ms_cli_flag_f32(g_prog, a, v, 0.0, false, FLT_MAX, "a number >= 0",
                                 &o->sampling.temperature) != 0)
                 return 1;
+            o->set_temperature = true;
         } else if (strcmp(a, "--top-k") == 0) {
             if (ms_cli_flag_i64(g_prog, a, v, 0, INT32_MAX, "an integer >= 0 (0 disables it)",
                                 &n) != 0)
                 return 1;
             o->sampling.top_k = (int32_t)n;
+            o->set_top_k = true;
         } else if (strcmp(a, "--top-p") == 0) {
             if (ms_cli_flag_f32(g_prog, a, v, 0.0, true, 1.0, "a number in (0, 1]",
                                 &o->sampling.top_p) != 0)
                 return 1;
+            o->set_top_p = true;
+        } else if (strcmp(a, "--negative-prompt") == 0) {
+            o->negative_prompt = v;
+        } else if (strcmp(a, "--negative-prompt-ids") == 0) {
+            o->negative_prompt_ids = v;
+        } else if (strcmp(a, "--position-ids") == 0) {
+            if (*v == '\0')
+                return cli_fail("--position-ids: the path is empty");
+            o->position_ids = v;
+        } else if (strcmp(a, "--guidance-scale") == 0) {
+            if (ms_cli_flag_f32(g_prog, a, v, -FLT_MAX, false, FLT_MAX, "a number",
+                                &o->guidance_scale) != 0)
+                return 1;
+            o->set_guidance = true;
         } else if (strcmp(a, "--seed") == 0) {
             if (!parse_u64(v, &o->sampling.seed))
                 return *v != '\0' && strspn(v, "0123456789") == strlen(v)
@@ -578,6 +608,21 @@ static int parse_generate(int argc, char **argv, cli_opts *o) {
     if (n_src != 1) {
         usage(stderr);
         cli_fail("give exactly one of --prompt, --prompt-ids, --prompts-file");
+        return 2;
+    }
+    if (o->negative_prompt != NULL && o->negative_prompt_ids != NULL) {
+        usage(stderr);
+        cli_fail("give --negative-prompt or --negative-prompt-ids, not both");
+        return 2;
+    }
+    if (o->set_guidance && o->negative_prompt == NULL && o->negative_prompt_ids == NULL) {
+        usage(stderr);
+        cli_fail("--guidance-scale needs --negative-prompt or --negative-prompt-ids");
+        return 2;
+    }
+    if (o->position_ids != NULL && o->prompts_file != NULL) {
+        usage(stderr);
+        cli_fail("--position-ids describes one prompt: use --prompt or --prompt-ids with it");
         return 2;
     }
     if (o->max_new >= 0 && o->steps >= 0) {
@@ -1006,7 +1051,8 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
     ms_error err = {0};
     cli_tok tok = {0};
     ms_engine *eng = NULL;
-    cli_prompts ps = {0};
+    cli_prompts ps = {0}, neg = {0};
+    ms_position_ids pids = {0};
     ms_rid *rids = NULL;
     char *model_dir = NULL;
     cli_printer pr = {0}; /* before any goto done: done frees its capture buffer */
@@ -1019,6 +1065,17 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
     }
     if ((rc = tok_init(&tok, o.tokenizer, model_dir, fa.vocab)) != 0)
         goto done;
+    /* the model's declared sampler settings are the defaults of the flags not given */
+    if (!o.set_temperature)
+        o.sampling.temperature = fa.temperature;
+    if (!o.set_top_k)
+        o.sampling.top_k = fa.top_k;
+    if (!o.set_top_p)
+        o.sampling.top_p = fa.top_p;
+    if (o.negative_prompt != NULL && !tok_any(&tok)) {
+        rc = cli_fail("--negative-prompt needs a tokenizer; give --negative-prompt-ids instead");
+        goto done;
+    }
     if (o.prompt != NULL && !tok_any(&tok)) {
         if (o.tokenizer != NULL) /* "none" */
             rc = cli_fail("--prompt needs a tokenizer (--tokenizer none was given); give token "
@@ -1047,6 +1104,23 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
         rc = read_prompts_file(o.prompts_file, tok_any(&tok) ? &tok : NULL, &ps);
     if (rc != 0)
         goto done;
+    /* batched CFG: one negative prompt guides every prompt (each pair is one request) */
+    if (o.negative_prompt != NULL)
+        rc = add_prompt(&neg, o.negative_prompt, "--negative-prompt", &tok);
+    else if (o.negative_prompt_ids != NULL)
+        rc = add_prompt(&neg, o.negative_prompt_ids, "--negative-prompt-ids", NULL);
+    if (rc != 0)
+        goto done;
+    const bool guided = neg.n > 0;
+    const size_t n_neg = guided ? neg.v[0].n : 0;
+    /* explicit position ids of the one prompt (checked against its length here, against the
+       model's position axes when the request is added) */
+    if (o.position_ids != NULL) {
+        if (ms_position_ids_init(&pids, o.position_ids, (int32_t)ps.v[0].n, &err) != MS_OK) {
+            rc = cli_fail("--position-ids: %s", err.msg);
+            goto done;
+        }
+    }
 
     size_t total = 0;
     for (size_t i = 0; i < ps.n; i++) {
@@ -1079,13 +1153,19 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
     eo.page_size = o.page_size;
     eo.n_threads = o.threads;
     eo.dtype = o.dtype;
-    eo.max_seqs = (int32_t)MS_MIN(ps.n, (size_t)64);
-    eo.max_tokens = (int32_t)MS_MAX(MS_MIN(total, (size_t)1024), (size_t)eo.max_seqs);
+    /* a guided pair takes two of max_seqs (two streams) and prefills both prompts in one step */
+    const int32_t per_req = guided ? 2 : 1;
+    eo.max_seqs = (int32_t)MS_MIN(ps.n, (size_t)64) * per_req;
+    eo.max_tokens = (int32_t)MS_MAX(MS_MIN(total + ps.n * n_neg, (size_t)1024),
+                                    (size_t)eo.max_seqs);
     int64_t longest = 0;
     for (size_t i = 0; i < ps.n; i++) {
         int64_t new_tokens = o.steps >= 0 ? (int64_t)o.steps + 1
                                           : (o.max_new >= 0 ? o.max_new : CLI_DEFAULT_NEW);
-        longest = MS_MAX(longest, (int64_t)ps.v[i].n + new_tokens);
+        longest = MS_MAX(longest, (int64_t)MS_MAX(ps.v[i].n, n_neg) + new_tokens);
+        if (guided)
+            eo.max_tokens = (int32_t)MS_MAX((size_t)eo.max_tokens,
+                                            MS_MIN(ps.v[i].n + n_neg, (size_t)INT32_MAX));
     }
     eo.max_seq_len = (int32_t)MS_MIN(longest, (int64_t)INT32_MAX);
     if (ms_engine_init(&eng, desc, &eo, &err) != MS_OK) {
@@ -1111,12 +1191,17 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
     bool first_done = false;
     for (;;) {
         /* continuous batching: requests join at step boundaries */
-        while (next < ps.n && ms_engine_n_active(eng) < eo.max_seqs) {
+        while (next < ps.n && ms_engine_n_active(eng) * per_req < eo.max_seqs) {
             ms_engine_request rq = {
                 .prompt = ps.v[next].ids,
                 .n_prompt = (int32_t)ps.v[next].n,
                 .sampling = o.sampling,
                 .ignore_eos = o.ignore_eos,
+                .negative_prompt = guided ? neg.v[0].ids : NULL,
+                .n_negative_prompt = (int32_t)n_neg,
+                .guidance_scale = o.guidance_scale,
+                .position_ids = pids.ids,
+                .n_position_axes = pids.n_axes,
             };
             if (o.steps >= 0) {
                 int32_t steps = MS_MIN(o.steps, efa->max_context);
@@ -1217,9 +1302,11 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
     }
 
 done:
+    ms_position_ids_free(&pids);
     ms_free(pr.buf);
     ms_free(rids);
     prompts_free(&ps);
+    prompts_free(&neg);
     ms_engine_free(eng);
     tok_free(&tok);
     ms_free(model_dir);

@@ -1,6 +1,9 @@
 /*
  * engine.c - the generic LLM engine (engine.h): backend, config, checkpoint, weights through the
- * descriptor's declarations, resources through the step runner, and the ragged step loop.
+ * descriptor's declarations, resources from a table of makers keyed by kind (through the step
+ * runner), and the walk executor: each step the scheduler (scheduler.h) picks one step of the
+ * node, the requests standing there become its rows, the model's generated step runner declares
+ * the step, and admit -> plan -> forward -> (CFG mixing, sampling) -> commit runs it.
  *
  * Constraints kept:
  *   - everything a step needs is allocated at init for the worst case (max_seqs rows, max_tokens
@@ -31,6 +34,8 @@
 #include "page_arena.h"
 #include "positions.h"
 #include "rid_map.h"
+#include "sample_res.h"
+#include "scheduler.h"
 #include "step_runner.h"
 
 /* ---- engine-side resources: attention staging and the sampler ---- */
@@ -85,122 +90,27 @@ static const ms_resource_i eng_attn_iface = {
     .free = eng_attn_free,
 };
 
-/* Sampler record of a step: which segments sample an id this step. */
-typedef struct eng_sample_step {
-    const bool *sample; /* [n_segments] */
-} eng_sample_step;
-
-/*
- * Sampler resource (kind MS_RESOURCE_SAMPLER): per-request settings (the ingest override, an
- * ms_sampling_params) and draw counter; plan lists the step's rows in segment order; commit
- * advances the counter of every row that sampled, so a request's ids never depend on its batch.
- */
-typedef struct eng_sampler {
-    ms_rid_map map;          /* rid -> ms_sample_row */
-    ms_sample_row *rows;     /* [max_seqs] plan result */
-    int32_t max_seqs;
-} eng_sampler;
-
-static ms_status eng_sampler_ingest(void *self, ms_rid rid, const void *overrides,
-                                    ms_error *err) {
-    eng_sampler *s = self;
-    ms_sample_row *row;
-    bool created;
-    if (ms_rid_map_put(&s->map, rid, (void **)&row, &created) != MS_OK)
-        return MS_FAIL(err, MS_ERR_OOM, "sampler: out of memory for request %llu",
-                       (unsigned long long)rid);
-    if (created) {
-        row->params = overrides != NULL ? *(const ms_sampling_params *)overrides
-                                        : ms_sampling_greedy();
-        row->draw = 0;
-    }
-    return MS_OK;
-}
-
-static void eng_sampler_remove(void *self, ms_rid rid) {
-    eng_sampler *s = self;
-    ms_rid_map_remove(&s->map, rid);
-}
-
-static ms_admit_outcome eng_sampler_admit(void *self, int index, const ms_step *step,
-                                          ms_step_ctx *ctx) {
-    (void)ctx;
-    eng_sampler *s = self;
-    int32_t n;
-    const ms_segment *segs = ms_step_segments(step, index, &n);
-    ms_admit_outcome o = ms_admit_ok();
-    for (int32_t i = 0; i < n; i++) {
-        if (i >= s->max_seqs || ms_rid_map_get(&s->map, segs[i].rid) == NULL) {
-            o.code = MS_ADMIT_INVALID;
-            o.rid = segs[i].rid;
-            o.label = segs[i].label;
-            return o;
-        }
-    }
-    return o;
-}
-
-static ms_status eng_sampler_plan(void *self, int index, const ms_step *step, ms_step_ctx *ctx,
-                                  const void **out, ms_error *err) {
-    (void)ctx;
-    eng_sampler *s = self;
-    int32_t n;
-    const ms_segment *segs = ms_step_segments(step, index, &n);
-    for (int32_t i = 0; i < n; i++) {
-        const ms_sample_row *row = ms_rid_map_get(&s->map, segs[i].rid);
-        if (row == NULL)
-            return MS_FAIL(err, MS_ERR_NOT_FOUND, "sampler: unknown request %llu",
-                           (unsigned long long)segs[i].rid);
-        s->rows[i] = *row;
-    }
-    *out = s->rows;
-    return MS_OK;
-}
-
-static ms_status eng_sampler_commit(void *self, int index, const ms_step *step, ms_step_ctx *ctx,
-                                    ms_error *err) {
-    (void)ctx;
-    (void)err;
-    eng_sampler *s = self;
-    const eng_sample_step *rec = step->records[index].rec;
-    int32_t n;
-    const ms_segment *segs = ms_step_segments(step, index, &n);
-    for (int32_t i = 0; i < n; i++) {
-        ms_sample_row *row = ms_rid_map_get(&s->map, segs[i].rid);
-        if (row != NULL && rec->sample[i])
-            row->draw++;
-    }
-    return MS_OK;
-}
-
-static void eng_sampler_free(void *self) { (void)self; /* owned by the engine */ }
-
-static const ms_resource_i eng_sampler_iface = {
-    .kind = MS_RESOURCE_SAMPLER,
-    .ingest = eng_sampler_ingest,
-    .remove = eng_sampler_remove,
-    .admit = eng_sampler_admit,
-    .plan = eng_sampler_plan,
-    .commit = eng_sampler_commit,
-    .free = eng_sampler_free,
-};
-
 /* ---- the engine ---- */
 
-/* One request. */
+/* One request: its streams' prompts, its position in its walk, its output. */
 typedef struct eng_req {
     ms_rid rid;
-    int32_t *prompt;          /* [n_prompt] owned copy */
-    int32_t n_prompt;
-    int32_t consumed;         /* prompt tokens fed so far */
-    int32_t *out;             /* [max_new] generated ids */
+    int32_t *prompt[MS_MAX_LABELS];   /* [n_prompt[l]] owned copy per stream label, or NULL */
+    int32_t n_prompt[MS_MAX_LABELS];
+    int32_t consumed[MS_MAX_LABELS];  /* prompt tokens fed so far per stream */
+    int32_t longest;                  /* longest prompt (the context check) */
+    int32_t n_streams;                /* streams it holds (slots of max_seqs it takes) */
+    ms_walk_pos walk;                 /* where it stands */
+    int32_t *positions;               /* [n_axes * n_prompt[main]] explicit prompt ids, or NULL */
+    int32_t n_position_axes;
+    int32_t *out;                     /* [max_new] generated ids */
     int32_t n_out;
     int32_t max_new;
-    int32_t chunk;            /* prompt tokens per step, 0 = all */
+    int32_t chunk;                    /* prompt tokens per step, 0 = all */
     bool ignore_eos;
-    bool in_runner;           /* ingested into the resources and not yet removed from them */
+    bool in_runner;                   /* ingested into the resources and not yet removed */
     ms_finish_reason finish;
-    int32_t row;              /* row in the last step, -1 when not in it */
+    int32_t row;                      /* logits row (segment) of its id in the last step, -1 */
 } eng_req;
 
 struct ms_engine {
@@ -229,18 +139,22 @@ struct ms_engine {
     ms_page_arena *arena;
     ms_kv_pool *pool;
     ms_paged_kv kv;
+    int32_t kv_pages;             /* pages of the arena */
     eng_attn attn;
-    eng_sampler sampler;
+    ms_sample_res *sampler;
     ms_step_runner *runner;
-    int idx_kv, idx_pos, idx_attn, idx_sample;
+    int idx[MS_RESOURCE_KIND_COUNT]; /* resource index of each kind, -1 absent */
     ms_positions_config pos_cfg;
 
-    /* per-step buffers (worst case) */
+    /* per-step buffers (worst case: max_seqs rows, max_seqs views, max_tokens tokens) */
     int32_t max_seqs, max_tokens;
+    int32_t max_out;              /* logits rows of a step: max_seqs, or max_tokens when a step
+                                     returns every token's logits (a block step) */
+    int32_t *out_rows_dev;        /* backend [max_tokens] 0, 1, 2, ...: the rows of a block step */
     void *workspace;              /* backend */
     size_t workspace_bytes;
     int32_t *tokens_dev;          /* backend [max_tokens] */
-    int32_t *pos_dev;             /* backend [max_tokens] */
+    int32_t *pos_dev;             /* backend [n_axes * max_tokens] */
     float *logits_dev;            /* backend [max_seqs * vocab] */
     int32_t *ids_dev;             /* backend [max_seqs] */
     void *sample_ws;              /* backend */
@@ -248,16 +162,17 @@ struct ms_engine {
     float *logits_host;           /* [max_seqs * vocab] */
     int32_t *tokens_host;         /* [max_tokens] */
     int32_t *ids_host;            /* [max_seqs] */
-    ms_segment *segs;             /* [max_seqs] */
+    ms_md_row *rows;              /* [max_seqs] the step's batch rows */
+    eng_req **row_reqs;           /* [max_seqs] their requests */
     ms_rid *rids;                 /* [max_seqs] */
-    bool *sample;                 /* [max_seqs] */
-    int32_t *advance;             /* [max_seqs] */
-    eng_req **step_reqs;          /* [max_seqs] */
+    ms_md_step_build build;       /* the step declaration the generated runner fills */
+    ms_sched sched;
 
     /* requests */
-    eng_req **reqs;               /* [n_reqs] every request not yet removed */
+    eng_req **reqs;               /* [n_reqs] every request not yet removed, in arrival order */
     size_t n_reqs, cap_reqs;
     int32_t n_active;
+    int32_t n_streams_active;     /* streams of the active requests (<= max_seqs) */
     ms_rid next_rid;
     int32_t pages_free_initial;
 };
@@ -336,6 +251,13 @@ ms_status ms_engine_copy_bandwidth(ms_engine *e, size_t bytes, int32_t reps, dou
     return MS_OK;
 }
 int32_t ms_engine_n_active(const ms_engine *e) { return e->n_active; }
+int32_t ms_engine_stream_length(const ms_engine *e, ms_rid rid, ms_label label) {
+    ms_kv_stream_info si;
+    if (ms_kv_pool_stream_info(e->pool, rid, label, &si) != MS_OK)
+        return -1;
+    return si.stored;
+}
+
 int32_t ms_engine_kv_pages_free(const ms_engine *e) {
     return ms_page_arena_num_free(e->arena);
 }
@@ -669,6 +591,7 @@ static ms_status eng_weights_init(ms_engine *e, ms_error *err) {
 
 /* ---- loading: KV, resources, step buffers ---- */
 
+/* The page arena and the KV pool over it (the engine's KV resource). */
 static ms_status eng_resources_init(ms_engine *e, ms_error *err) {
     const ms_md_facts *fa = &e->facts;
     const int32_t ps = e->opt.page_size > 0 ? e->opt.page_size : fa->page_size;
@@ -709,31 +632,103 @@ static ms_status eng_resources_init(ms_engine *e, ms_error *err) {
     };
     e->pages_free_initial = ms_page_arena_num_free(e->arena);
 
-    /* attention batch and sampler state */
+    e->kv_pages = pages;
+    return MS_OK;
+}
+
+/* ---- resources: one interface maker per kind ---- */
+
+/* Fill spec (key, kind, deps already set) with the engine's resource of its kind. */
+typedef ms_status (*eng_res_make_fn)(ms_engine *e, int32_t index, ms_resource_spec *spec,
+                                     ms_error *err);
+
+static ms_status eng_make_kv(ms_engine *e, int32_t index, ms_resource_spec *spec,
+                             ms_error *err) {
+    (void)index;
+    (void)err;
+    spec->instance = e->pool;
+    spec->iface = ms_kv_pool_resource_i();
+    return MS_OK;
+}
+
+static ms_status eng_make_pos(ms_engine *e, int32_t index, ms_resource_spec *spec,
+                              ms_error *err) {
+    (void)index;
+    /* M-RoPE (facts.rope sections, Qwen2-VL): one position stream per section (t, h, w), ids
+       from the request on a `pos explicit` step, else one id repeated on every axis; plain RoPE:
+       one axis, explicit ids of a `pos explicit` step pass through when the request gives them
+       (ms_md_row.position_ids) */
+    const int32_t ns = e->facts.rope.n_sections;
+    if (ns > MS_POS_MAX_AXES)
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED,
+                       "model %s: %d M-RoPE sections, the positions resource takes at most %d "
+                       "position streams", e->desc->name, (int)ns, MS_POS_MAX_AXES);
+    const int32_t axes = ns > 1 ? ns : 1;
+    e->pos_cfg = (ms_positions_config){.scheme = axes > 1 ? MS_POS_EXPLICIT : MS_POS_SEQUENTIAL,
+                                       .n_axes = axes,
+                                       .max_tokens = e->max_tokens,
+                                       .kv_key = e->desc->resources[e->idx[MS_RESOURCE_KV]].key};
+    spec->build = ms_positions_build;
+    spec->config = &e->pos_cfg;
+    return MS_OK;
+}
+
+static ms_status eng_make_attn(ms_engine *e, int32_t index, ms_resource_spec *spec,
+                               ms_error *err) {
+    (void)index;
+    int kv = e->idx[MS_RESOURCE_KV];
     ms_attn_limits lim = {.max_seqs = e->max_seqs, .max_tokens = e->max_tokens,
-                          .max_pages = pages};
+                          .max_pages = e->kv_pages};
     MS_TRY(e->be.iface.attn_batch_init(e->be.ctx, &lim, &e->attn.batch, err));
     e->attn.be = &e->be;
     e->attn.kv = &e->kv;
-    e->attn.n_q_heads = fa->n_q_heads;
-    e->attn.scale = 1.0f / sqrtf((float)fa->head_dim);
-    e->attn.window = fa->window;
-    ms_rid_map_init(&e->sampler.map, sizeof(ms_sample_row));
-    e->sampler.max_seqs = e->max_seqs;
-    e->sampler.rows = ms_calloc((size_t)e->max_seqs, sizeof *e->sampler.rows);
-    if (e->sampler.rows == NULL)
-        return MS_FAIL(err, MS_ERR_OOM, "out of memory for sampler rows");
+    e->attn.n_q_heads = e->facts.n_q_heads;
+    e->attn.scale = e->facts.attn_scale > 0.0f ? e->facts.attn_scale
+                                               : 1.0f / sqrtf((float)e->facts.head_dim);
+    e->attn.window = e->facts.window;
+    e->attn.kv_index = kv;
+    ms_attn_config atc = {.kv_key = e->desc->resources[kv].key, .max_rows = e->max_seqs,
+                          .max_pages = e->kv_pages};
+    MS_TRY(ms_attn_init(&e->attn.inner, &atc, kv, err));
+    spec->instance = &e->attn;
+    spec->iface = &eng_attn_iface;
+    return MS_OK;
+}
 
-    /* the step runner over the descriptor's resource table (indices kept) */
+static ms_status eng_make_sampler(ms_engine *e, int32_t index, ms_resource_spec *spec,
+                                  ms_error *err) {
+    (void)index;
+    MS_TRY(ms_sample_res_init(&e->sampler, e->max_seqs, err));
+    spec->instance = e->sampler;
+    spec->iface = ms_sample_res_iface();
+    return MS_OK;
+}
+
+/* The resource interfaces the engine runs, by kind (NULL: not run by the engine). Kinds are
+ * made in the descriptor's dependency order, so the KV pool exists before what reads it. */
+static const eng_res_make_fn eng_res_makers[MS_RESOURCE_KIND_COUNT] = {
+    [MS_RESOURCE_KV] = eng_make_kv,
+    [MS_RESOURCE_POS] = eng_make_pos,
+    [MS_RESOURCE_ATTN] = eng_make_attn,
+    [MS_RESOURCE_SAMPLER] = eng_make_sampler,
+};
+
+static ms_status eng_runner_init(ms_engine *e, ms_error *err) {
     const ms_model_desc *d = e->desc;
     if (d->n_resources < 1 || d->n_resources > MS_MAX_RESOURCES)
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "model %s: %d resources", d->name,
                        (int)d->n_resources);
+    for (int k = 0; k < MS_RESOURCE_KIND_COUNT; k++)
+        e->idx[k] = -1;
+    for (int32_t i = 0; i < d->n_resources; i++)
+        e->idx[d->resources[i].kind] = i; /* ms_md_check_desc: one of each kind */
+    if (e->idx[MS_RESOURCE_KV] < 0 || e->idx[MS_RESOURCE_POS] < 0 ||
+        e->idx[MS_RESOURCE_ATTN] < 0 || e->idx[MS_RESOURCE_SAMPLER] < 0)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "model %s: the LLM engine needs kv, positions, attention and sampler "
+                       "resources", d->name);
     ms_resource_spec specs[MS_MAX_RESOURCES];
     memset(specs, 0, sizeof specs);
-    e->idx_kv = e->idx_pos = e->idx_attn = e->idx_sample = -1;
-    e->pos_cfg = (ms_positions_config){.scheme = MS_POS_SEQUENTIAL, .n_axes = 1,
-                                       .max_tokens = e->max_tokens, .kv_key = NULL};
     for (int32_t i = 0; i < d->n_resources; i++) {
         const ms_md_resource *r = &d->resources[i];
         ms_resource_spec *s = &specs[i];
@@ -741,42 +736,13 @@ static ms_status eng_resources_init(ms_engine *e, ms_error *err) {
         s->kind = r->kind;
         s->deps = r->deps;
         s->n_deps = r->n_deps;
-        switch (r->kind) {
-        case MS_RESOURCE_KV:
-            s->instance = e->pool;
-            s->iface = ms_kv_pool_resource_i();
-            e->idx_kv = i;
-            break;
-        case MS_RESOURCE_POS:
-            s->build = ms_positions_build;
-            s->config = &e->pos_cfg;
-            e->idx_pos = i;
-            break;
-        case MS_RESOURCE_ATTN:
-            s->instance = &e->attn;
-            s->iface = &eng_attn_iface;
-            e->idx_attn = i;
-            break;
-        case MS_RESOURCE_SAMPLER:
-            s->instance = &e->sampler;
-            s->iface = &eng_sampler_iface;
-            e->idx_sample = i;
-            break;
-        default:
+        eng_res_make_fn make = eng_res_makers[r->kind];
+        if (make == NULL)
             return MS_FAIL(err, MS_ERR_UNSUPPORTED,
                            "model %s: resource '%s' of kind %s is not supported by the LLM engine",
                            d->name, r->key, ms_resource_kind_str(r->kind));
-        }
+        MS_TRY(make(e, i, s, err));
     }
-    if (e->idx_kv < 0 || e->idx_pos < 0 || e->idx_attn < 0 || e->idx_sample < 0)
-        return MS_FAIL(err, MS_ERR_INVALID_ARG,
-                       "model %s: the LLM engine needs kv, positions, attention and sampler "
-                       "resources", d->name);
-    e->pos_cfg.kv_key = d->resources[e->idx_kv].key;
-    e->attn.kv_index = e->idx_kv;
-    ms_attn_config atc = {.kv_key = d->resources[e->idx_kv].key, .max_rows = e->max_seqs,
-                          .max_pages = pages};
-    MS_TRY(ms_attn_init(&e->attn.inner, &atc, e->idx_kv, err));
     return ms_step_runner_init(&e->runner, specs, d->n_resources, err);
 }
 
@@ -795,14 +761,33 @@ static ms_status eng_kernels_init(ms_engine *e, ms_error *err) {
 
 static ms_status eng_buffers_init(ms_engine *e, ms_error *err) {
     const ms_md_facts *fa = &e->facts;
-    const size_t V = (size_t)fa->vocab, S = (size_t)e->max_seqs, T = (size_t)e->max_tokens;
-    e->workspace_bytes = e->desc->workspace_size(e->config, e->max_tokens, e->max_seqs);
+    e->max_out = e->max_seqs;
+    for (int32_t k = 0; k < e->desc->n_steps; k++)
+        if (e->desc->steps[k].all_logits)
+            e->max_out = MS_MAX(e->max_seqs, e->max_tokens);
+    const size_t V = (size_t)fa->vocab, S = (size_t)e->max_out, T = (size_t)e->max_tokens;
+    e->workspace_bytes = e->desc->workspace_size(e->config, e->max_tokens, e->max_out);
     MS_TRY(eng_alloc(e, e->workspace_bytes, "forward.workspace", &e->workspace, err));
     MS_TRY(eng_alloc(e, T * sizeof(int32_t), "step.tokens", (void **)&e->tokens_dev, err));
-    MS_TRY(eng_alloc(e, T * sizeof(int32_t), "step.positions", (void **)&e->pos_dev, err));
+    MS_TRY(eng_alloc(e, (size_t)e->pos_cfg.n_axes * T * sizeof(int32_t), "step.positions",
+                     (void **)&e->pos_dev, err));
     MS_TRY(eng_alloc(e, S * V * sizeof(float), "step.logits", (void **)&e->logits_dev, err));
     MS_TRY(eng_alloc(e, S * sizeof(int32_t), "step.ids", (void **)&e->ids_dev, err));
     e->sample_ws_bytes = e->be.iface.sample_workspace_size(e->be.ctx, e->max_seqs, fa->vocab);
+    if (e->max_out > e->max_seqs) {
+        int32_t *iota = ms_malloc(T * sizeof(int32_t));
+        if (iota == NULL)
+            return MS_FAIL(err, MS_ERR_OOM, "out of memory for the block rows");
+        for (size_t t = 0; t < T; t++)
+            iota[t] = (int32_t)t;
+        ms_status st = eng_alloc(e, T * sizeof(int32_t), "step.out_rows",
+                                 (void **)&e->out_rows_dev, err);
+        if (st == MS_OK)
+            st = e->be.iface.copy_to_backend(e->be.ctx, e->out_rows_dev, iota,
+                                             T * sizeof(int32_t), err);
+        ms_free(iota);
+        MS_TRY(st);
+    }
     MS_TRY(eng_alloc(e, e->sample_ws_bytes, "sampler.workspace", &e->sample_ws, err));
 
     /* RoPE table */
@@ -824,20 +809,21 @@ static ms_status eng_buffers_init(ms_engine *e, ms_error *err) {
     e->rope.rotary_dim = rd;
     e->rope.inv_freq = e->inv_freq;
     e->rope.attention_scaling = 1.0f;
+    e->rope.n_sections = fa->rope.n_sections > 1 ? fa->rope.n_sections : 0;
+    for (int32_t k = 0; k < e->rope.n_sections; k++)
+        e->rope.sections[k] = fa->rope.sections[k];
 
     e->logits_host = ms_malloc(S * V * sizeof(float));
     e->tokens_host = ms_malloc(T * sizeof(int32_t));
     e->ids_host = ms_malloc(S * sizeof(int32_t));
-    e->segs = ms_calloc(S, sizeof *e->segs);
+    e->rows = ms_calloc(S, sizeof *e->rows);
+    e->row_reqs = ms_calloc(S, sizeof *e->row_reqs);
     e->rids = ms_calloc(S, sizeof *e->rids);
-    e->sample = ms_calloc(S, sizeof *e->sample);
-    e->advance = ms_calloc(S, sizeof *e->advance);
-    e->step_reqs = ms_calloc(S, sizeof *e->step_reqs);
     if (e->logits_host == NULL || e->tokens_host == NULL || e->ids_host == NULL ||
-        e->segs == NULL || e->rids == NULL || e->sample == NULL || e->advance == NULL ||
-        e->step_reqs == NULL)
+        e->rows == NULL || e->row_reqs == NULL || e->rids == NULL)
         return MS_FAIL(err, MS_ERR_OOM, "out of memory for step buffers");
-    return MS_OK;
+    /* a step has at most max_seqs segments: a request takes one slot of max_seqs per stream */
+    return ms_md_step_build_init(&e->build, e->max_seqs, e->max_tokens, err);
 }
 
 ms_status ms_engine_init(ms_engine **out, const ms_model_desc *desc,
@@ -873,6 +859,8 @@ ms_status ms_engine_init(ms_engine **out, const ms_model_desc *desc,
     if (st == MS_OK)
         st = eng_resources_init(e, err);
     if (st == MS_OK)
+        st = eng_runner_init(e, err);
+    if (st == MS_OK)
         st = eng_kernels_init(e, err);
     if (st == MS_OK)
         st = eng_buffers_init(e, err);
@@ -887,7 +875,9 @@ ms_status ms_engine_init(ms_engine **out, const ms_model_desc *desc,
 static void eng_req_free(eng_req *r) {
     if (r == NULL)
         return;
-    ms_free(r->prompt);
+    for (int l = 0; l < MS_MAX_LABELS; l++)
+        ms_free(r->prompt[l]);
+    ms_free(r->positions);
     ms_free(r->out);
     ms_free(r);
 }
@@ -906,10 +896,10 @@ void ms_engine_free(ms_engine *e) {
     ms_page_arena_free(e->arena);
     ms_device_free(e->dev);
     ms_attn_free(e->attn.inner);
-    ms_rid_map_free(&e->sampler.map);
-    ms_free(e->sampler.rows);
+    ms_sample_res_free(e->sampler);
     if (e->be.ctx != NULL) {
-        e->be.iface.attn_batch_free(e->be.ctx, e->attn.batch);
+        if (e->attn.batch != NULL)
+            e->be.iface.attn_batch_free(e->be.ctx, e->attn.batch);
         eng_bfree(e, e->wslab);
         eng_bfree(e, e->inv_freq);
         eng_bfree(e, e->workspace);
@@ -918,6 +908,7 @@ void ms_engine_free(ms_engine *e) {
         eng_bfree(e, e->logits_dev);
         eng_bfree(e, e->ids_dev);
         eng_bfree(e, e->sample_ws);
+        eng_bfree(e, e->out_rows_dev);
     }
     ms_backend_free(&e->be);
     ms_free(e->weights);
@@ -928,11 +919,10 @@ void ms_engine_free(ms_engine *e) {
     ms_free(e->logits_host);
     ms_free(e->tokens_host);
     ms_free(e->ids_host);
-    ms_free(e->segs);
+    ms_free(e->rows);
+    ms_free(e->row_reqs);
     ms_free(e->rids);
-    ms_free(e->sample);
-    ms_free(e->advance);
-    ms_free(e->step_reqs);
+    ms_md_step_build_free(&e->build);
     ms_free(e);
 }
 
@@ -956,48 +946,147 @@ static void eng_finish(ms_engine *e, eng_req *r, ms_finish_reason why) {
         r->in_runner = false;
     }
     e->n_active--;
+    e->n_streams_active -= r->n_streams;
+}
+
+/* Label named `name` in the descriptor, or -1. */
+static int32_t eng_label(const ms_engine *e, const char *name) {
+    for (int32_t l = 0; l < e->desc->n_labels; l++)
+        if (strcmp(e->desc->labels[l], name) == 0)
+            return l;
+    return -1;
+}
+
+ms_sampling_params ms_engine_sampling_defaults(const ms_engine *e) {
+    ms_sampling_params p = {e->facts.temperature, e->facts.top_k, e->facts.top_p, 0};
+    return p;
+}
+
+/* Validate one stream's prompt. */
+static ms_status eng_check_prompt(const ms_engine *e, const int32_t *ids, int32_t n,
+                                  const char *what, ms_error *err) {
+    const ms_md_facts *fa = &e->facts;
+    if (n < 1 || ids == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "empty %s: at least one token is needed", what);
+    for (int32_t i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= fa->vocab)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                           "%s token %d at index %d is outside the vocabulary [0, %d)", what,
+                           (int)ids[i], (int)i, (int)fa->vocab);
+    if (n > fa->max_context)
+        return MS_FAIL(err, MS_ERR_LIMIT,
+                       "%s of %d tokens is longer than the model's context (%d positions)", what,
+                       (int)n, (int)fa->max_context);
+    return MS_OK;
 }
 
 ms_status ms_engine_add(ms_engine *e, const ms_engine_request *rq, ms_rid *rid, ms_error *err) {
-    const ms_md_facts *fa = &e->facts;
-    if (rq->n_prompt < 1 || rq->prompt == NULL)
-        return MS_FAIL(err, MS_ERR_INVALID_ARG, "empty prompt: at least one token is needed");
+    MS_TRY(eng_check_prompt(e, rq->prompt, rq->n_prompt, "prompt", err));
     if (rq->max_new_tokens < 0 || rq->prefill_chunk < 0)
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "max_new_tokens (%d) must be >= 0",
                        (int)rq->max_new_tokens);
     MS_TRY(ms_sampler_check_params(&rq->sampling, err));
-    for (int32_t i = 0; i < rq->n_prompt; i++)
-        if (rq->prompt[i] < 0 || rq->prompt[i] >= fa->vocab)
+    bool guided = rq->negative_prompt != NULL || rq->n_negative_prompt > 0;
+    int32_t uncond = -1;
+    if (guided) {
+        MS_TRY(eng_check_prompt(e, rq->negative_prompt, rq->n_negative_prompt,
+                                "negative prompt", err));
+        if (!isfinite(rq->guidance_scale))
+            return MS_FAIL(err, MS_ERR_INVALID_ARG, "guidance scale %g is not a finite number",
+                           (double)rq->guidance_scale);
+        uncond = eng_label(e, "cfg_uncond");
+        if (uncond < 0)
+            return MS_FAIL(err, MS_ERR_UNSUPPORTED,
+                           "model %s declares no cfg_uncond label: it has no guided walk (a "
+                           "negative prompt needs one)", e->desc->name);
+    }
+    if (rq->position_ids != NULL &&
+        (rq->n_position_axes < 1 || rq->n_position_axes > MS_MD_MAX_AXES))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "position ids with %d axes (1 or 3)",
+                       (int)rq->n_position_axes);
+    bool has_prompt[MS_MAX_LABELS] = {false};
+    has_prompt[MS_LABEL_MAIN] = true;
+    if (uncond >= 0)
+        has_prompt[uncond] = true;
+    int32_t walk = ms_walk_find(e->desc, has_prompt);
+    if (walk < 0)
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "model %s has no walk starting with a step over "
+                       "%s", e->desc->name, guided ? "main and cfg_uncond" : "main alone");
+    bool takes_ids = false;
+    {
+        const ms_md_walk *wk = &e->desc->walks[walk];
+        for (int32_t i = 0; i < wk->loop_begin; i++)
+            takes_ids = takes_ids || e->desc->steps[wk->steps[i]].explicit_positions;
+        if (rq->position_ids != NULL && !takes_ids)
             return MS_FAIL(err, MS_ERR_INVALID_ARG,
-                           "prompt token %d at index %d is outside the vocabulary [0, %d)",
-                           (int)rq->prompt[i], (int)i, (int)fa->vocab);
-    if (rq->n_prompt > fa->max_context)
-        return MS_FAIL(err, MS_ERR_LIMIT,
-                       "prompt of %d tokens is longer than the model's context (%d positions)",
-                       (int)rq->n_prompt, (int)fa->max_context);
-    if (e->n_active >= e->max_seqs)
+                           "position ids given, but no prompt step of walk '%s' declares "
+                           "`pos explicit`", wk->name);
+        if (rq->position_ids != NULL && rq->n_position_axes != e->pos_cfg.n_axes)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                           "position ids with %d axes, model %s takes %d (%s)",
+                           (int)rq->n_position_axes, e->desc->name, (int)e->pos_cfg.n_axes,
+                           e->pos_cfg.n_axes > 1 ? "t, h, w" : "one");
+    }
+    /* a `pos explicit` prompt without ids is text: ids 0 .. n - 1, the same on every axis (what
+       transformers' get_rope_index gives a prompt without image or video tokens) */
+    const bool own_ids = takes_ids && rq->position_ids == NULL;
+    const int32_t n_axes_ids = rq->position_ids != NULL ? rq->n_position_axes : e->pos_cfg.n_axes;
+    int32_t n_streams = ms_walk_n_streams(e->desc, walk);
+    if (e->n_streams_active + n_streams > e->max_seqs)
         return MS_FAIL(err, MS_ERR_CAPACITY,
-                       "%d requests are already running (raise max_seqs)", (int)e->n_active);
+                       "%d requests (%d streams) are already running (raise max_seqs)",
+                       (int)e->n_active, (int)e->n_streams_active);
+    if (guided && rq->n_prompt + rq->n_negative_prompt > e->max_tokens)
+        return MS_FAIL(err, MS_ERR_CAPACITY,
+                       "a guided prompt pair of %d + %d tokens is prefilled in one step: above "
+                       "max_tokens %d (raise max_tokens)", (int)rq->n_prompt,
+                       (int)rq->n_negative_prompt, (int)e->max_tokens);
     eng_req *r = ms_calloc(1, sizeof *r);
     if (r == NULL)
         return MS_FAIL(err, MS_ERR_OOM, "out of memory for a request");
-    r->prompt = ms_malloc((size_t)rq->n_prompt * sizeof(int32_t));
+    r->prompt[MS_LABEL_MAIN] = ms_malloc((size_t)rq->n_prompt * sizeof(int32_t));
+    if (uncond >= 0)
+        r->prompt[uncond] = ms_malloc((size_t)rq->n_negative_prompt * sizeof(int32_t));
+    if (rq->position_ids != NULL || own_ids)
+        r->positions = ms_malloc((size_t)n_axes_ids * (size_t)rq->n_prompt * sizeof(int32_t));
     r->out = ms_malloc((size_t)(rq->max_new_tokens > 0 ? rq->max_new_tokens : 1) *
                        sizeof(int32_t));
-    if (r->prompt == NULL || r->out == NULL ||
+    if (r->prompt[MS_LABEL_MAIN] == NULL || (uncond >= 0 && r->prompt[uncond] == NULL) ||
+        ((rq->position_ids != NULL || own_ids) && r->positions == NULL) || r->out == NULL ||
         ms_grow((void **)&e->reqs, &e->cap_reqs, e->n_reqs + 1, sizeof *e->reqs) != MS_OK) {
         eng_req_free(r);
         return MS_FAIL(err, MS_ERR_OOM, "out of memory for a request");
     }
-    memcpy(r->prompt, rq->prompt, (size_t)rq->n_prompt * sizeof(int32_t));
-    r->n_prompt = rq->n_prompt;
+    memcpy(r->prompt[MS_LABEL_MAIN], rq->prompt, (size_t)rq->n_prompt * sizeof(int32_t));
+    r->n_prompt[MS_LABEL_MAIN] = rq->n_prompt;
+    r->longest = rq->n_prompt;
+    if (uncond >= 0) {
+        memcpy(r->prompt[uncond], rq->negative_prompt,
+               (size_t)rq->n_negative_prompt * sizeof(int32_t));
+        r->n_prompt[uncond] = rq->n_negative_prompt;
+        r->longest = MS_MAX(r->longest, rq->n_negative_prompt);
+    }
+    if (rq->position_ids != NULL) {
+        memcpy(r->positions, rq->position_ids,
+               (size_t)rq->n_position_axes * (size_t)rq->n_prompt * sizeof(int32_t));
+        r->n_position_axes = rq->n_position_axes;
+    } else if (own_ids) {
+        for (int32_t a = 0; a < n_axes_ids; a++)
+            for (int32_t t = 0; t < rq->n_prompt; t++)
+                r->positions[(size_t)a * (size_t)rq->n_prompt + (size_t)t] = t;
+        r->n_position_axes = n_axes_ids;
+    }
+    r->n_streams = n_streams;
+    r->walk = (ms_walk_pos){walk, 0};
     r->max_new = rq->max_new_tokens;
     r->chunk = rq->prefill_chunk;
     r->ignore_eos = rq->ignore_eos;
     r->rid = e->next_rid++;
     r->row = -1;
     const void *overrides[MS_MAX_RESOURCES] = {NULL};
-    overrides[e->idx_sample] = &rq->sampling;
+    ms_sample_settings ss = {.params = rq->sampling,
+                             .guidance_scale = guided ? rq->guidance_scale : 1.0f};
+    overrides[e->idx[MS_RESOURCE_SAMPLER]] = &ss;
     ms_status st = ms_step_runner_ingest(e->runner, r->rid, overrides, err);
     if (st != MS_OK) {
         ms_step_runner_remove(e->runner, r->rid);
@@ -1007,6 +1096,7 @@ ms_status ms_engine_add(ms_engine *e, const ms_engine_request *rq, ms_rid *rid, 
     r->in_runner = true;
     e->reqs[e->n_reqs++] = r;
     e->n_active++;
+    e->n_streams_active += n_streams;
     if (r->max_new == 0)
         eng_finish(e, r, MS_FINISH_LENGTH);
     *rid = r->rid;
@@ -1037,8 +1127,10 @@ void ms_engine_remove(ms_engine *e, ms_rid rid) {
     eng_req *r = eng_find_req(e, rid, &at);
     if (r == NULL)
         return;
-    if (r->finish == MS_FINISH_NONE)
+    if (r->finish == MS_FINISH_NONE) {
         e->n_active--;
+        e->n_streams_active -= r->n_streams;
+    }
     if (r->in_runner)
         ms_step_runner_remove(e->runner, rid);
     eng_req_free(r);
@@ -1046,7 +1138,7 @@ void ms_engine_remove(ms_engine *e, ms_rid rid) {
     e->n_reqs--;
 }
 
-/* ---- the step ---- */
+/* ---- the step: pick a (node, step), batch the requests standing there, run it ---- */
 
 static bool eng_is_eos(const ms_engine *e, int32_t id) {
     for (int32_t i = 0; i < e->facts.n_eos; i++)
@@ -1055,24 +1147,122 @@ static bool eng_is_eos(const ms_engine *e, int32_t id) {
     return false;
 }
 
-/* Queue the forward of a planned step and sample one id per row into e->ids_host (and the logits
- * into e->logits_host). */
-static ms_status eng_forward_sample(ms_engine *e, const ms_md_step *decl,
-                                    const ms_step_ctx *ctx, int32_t n, int32_t n_tok,
-                                    ms_error *err) {
+/*
+ * Rows of step k: every active request standing at k, in arrival order, within max_seqs rows and
+ * the max_tokens budget. A prefix step feeds the remaining prompt of each stream (a one-stream
+ * prompt is cut to the chunk and to what is left of the budget: chunked prefill; several streams
+ * go whole or wait); a loop step feeds one token (the last id) per stream.
+ */
+static int32_t eng_rows(ms_engine *e, int32_t k, int32_t *n_prefill) {
+    const ms_md_step *sd = &e->desc->steps[k];
+    int32_t n = 0, budget = e->max_tokens;
+    *n_prefill = 0;
+    for (size_t i = 0; i < e->n_reqs && n < e->max_seqs; i++) {
+        eng_req *r = e->reqs[i];
+        if (r->finish != MS_FINISH_NONE || ms_walk_step(e->desc, r->walk) != k)
+            continue;
+        ms_md_row row;
+        memset(&row, 0, sizeof row);
+        row.rid = r->rid;
+        int32_t need = 0;
+        if (ms_walk_in_loop(e->desc, r->walk)) {
+            for (int32_t s = 0; s < sd->n_segments; s++)
+                row.len[sd->labels[s]] = 1;
+            need = sd->n_segments;
+            row.sample = true;
+            if (need > budget)
+                continue;
+        } else {
+            bool done = true;
+            for (int32_t s = 0; s < sd->n_segments; s++) {
+                ms_label l = sd->labels[s];
+                int32_t left = r->n_prompt[l] - r->consumed[l];
+                if (sd->n_segments == 1) {
+                    if (r->chunk > 0 && left > r->chunk)
+                        left = r->chunk;
+                    if (left > budget)
+                        left = budget;
+                }
+                row.len[l] = left;
+                need += left;
+                done = done && r->consumed[l] + left == r->n_prompt[l];
+            }
+            if (need < 1 || need > budget)
+                continue; /* waits for a step with room */
+            row.sample = done;
+            if (r->positions != NULL && sd->explicit_positions) {
+                row.position_ids = r->positions + r->consumed[MS_LABEL_MAIN];
+                row.n_position_axes = r->n_position_axes;
+                row.position_stride = r->n_prompt[MS_LABEL_MAIN];
+            }
+            *n_prefill += done;
+        }
+        budget -= need;
+        e->rows[n] = row;
+        e->row_reqs[n] = r;
+        e->rids[n] = r->rid;
+        n++;
+    }
+    return n;
+}
+
+/* Pack the step's tokens in segment order: each segment takes its row's tokens for its label. */
+static ms_status eng_pack_tokens(ms_engine *e, int32_t k, ms_error *err) {
+    const ms_md_step_build *b = &e->build;
+    int32_t t = 0;
+    for (int32_t i = 0; i < b->step.n_segments; i++) {
+        const ms_segment *sg = &b->segments[i];
+        eng_req *r = e->row_reqs[b->seg_row[i]];
+        if (ms_walk_in_loop(e->desc, r->walk)) {
+            if (sg->span > 1 || (sg->span == 1 && r->n_out < 1))
+                return MS_FAIL(err, MS_ERR_UNSUPPORTED,
+                               "step %s: a loop step feeds the last sampled id (span %d)",
+                               e->desc->steps[k].name, (int)sg->span);
+            if (sg->span == 1)
+                e->tokens_host[t] = r->out[r->n_out - 1];
+        } else {
+            if (r->prompt[sg->label] == NULL ||
+                r->consumed[sg->label] + sg->span > r->n_prompt[sg->label])
+                return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                               "step %s: request %llu has no %d prompt tokens for label %s",
+                               e->desc->steps[k].name, (unsigned long long)r->rid,
+                               (int)sg->span, e->desc->labels[sg->label]);
+            memcpy(e->tokens_host + t, r->prompt[sg->label] + r->consumed[sg->label],
+                   (size_t)sg->span * sizeof(int32_t));
+        }
+        t += sg->span;
+    }
+    return MS_OK;
+}
+
+/* Queue the forward of a planned step, mix guided rows, sample one id per segment into
+ * e->ids_host (the logits land in e->logits_host). */
+static ms_status eng_forward_sample(ms_engine *e, const ms_md_step *sd, const ms_step_ctx *ctx,
+                                    bool sample, ms_error *err) {
     const ms_backend_i *f = &e->be.iface;
     void *cx = e->be.ctx;
-    const ms_pos_plan *pp = ctx->plan_results[e->idx_pos];
+    const ms_step *step = &e->build.step;
+    const int32_t n_tok = e->build.n_tokens;
+    const int32_t n = sd->all_logits ? n_tok : step->n_segments; /* logits rows */
+    const size_t V = (size_t)e->facts.vocab;
+    const ms_kv_plan_set *set = ctx->plan_results[e->idx[MS_RESOURCE_KV]];
+    const ms_pos_plan *pp = ctx->plan_results[e->idx[MS_RESOURCE_POS]];
     int32_t n_pos = 0;
-    const int32_t *pos_ids = ms_pos_plan_ids(pp, decl->label, 0, &n_pos);
+    const int32_t *pos_ids = ms_pos_plan_ids(pp, set->plans[0].plan_label, 0, &n_pos);
     MS_ASSERT(pos_ids != NULL && n_pos == n_tok);
     MS_TRY(f->copy_to_backend(cx, e->tokens_dev, e->tokens_host,
                               (size_t)n_tok * sizeof(int32_t), err));
-    MS_TRY(f->copy_to_backend(cx, e->pos_dev, pos_ids, (size_t)n_tok * sizeof(int32_t), err));
+    /* every axis (M-RoPE t/h/w: [n_axes, n_tok], axis-major as the plan holds them) */
+    const int32_t n_axes = pp->n_axes;
+    MS_ASSERT(pp->n_tokens == n_tok && pos_ids == pp->ids);
+    MS_TRY(f->copy_to_backend(cx, e->pos_dev, pp->ids,
+                              (size_t)n_axes * (size_t)n_tok * sizeof(int32_t), err));
     ms_tensor tokens = ms_tensor_1d(e->tokens_dev, MS_DTYPE_I32, n_tok);
-    ms_tensor pos = ms_tensor_1d(e->pos_dev, MS_DTYPE_I32, n_tok);
+    ms_tensor pos = n_axes > 1 ? ms_tensor_2d(e->pos_dev, MS_DTYPE_I32, n_axes, n_tok)
+                               : ms_tensor_1d(e->pos_dev, MS_DTYPE_I32, n_tok);
     ms_tensor logits = ms_tensor_2d(e->logits_dev, MS_DTYPE_F32, n, e->facts.vocab);
-    const eng_attn *ap = ctx->plan_results[e->idx_attn];
+    ms_tensor out_rows = ms_tensor_1d(e->out_rows_dev, MS_DTYPE_I32, n_tok);
+    const eng_attn *ap = ctx->plan_results[e->idx[MS_RESOURCE_ATTN]];
     ms_md_forward_args args = {
         .be = &e->be,
         .config = e->config,
@@ -1087,18 +1277,112 @@ static ms_status eng_forward_sample(ms_engine *e, const ms_md_step *decl,
         .attn = ap->params,
         .workspace = e->workspace,
         .max_tokens = e->max_tokens,
-        .max_seqs = e->max_seqs,
+        .max_seqs = e->max_out,
+        .out_rows = sd->all_logits ? &out_rows : NULL,
         .logits = &logits,
     };
     MS_TRY(e->desc->forward(&args, err));
+    MS_TRY(f->copy_to_host(cx, e->logits_host, e->logits_dev, (size_t)n * V * sizeof(float),
+                           err));
+    if (!sample)
+        return MS_OK; /* ms_engine_run_step: the caller reads the logits */
 
-    /* 5. sample one id per row (rows that do not sample ignore theirs) */
-    const ms_sample_row *rows = ctx->plan_results[e->idx_sample];
+    /* batched CFG: the sampler mixes each guided row with its unconditional row (host logits),
+       and the mixed rows go back for the backend's sample call */
+    int sidx = e->idx[MS_RESOURCE_SAMPLER];
+    int32_t n_mixed = 0;
+    ms_sample_res_mix(e->sampler, sidx, step, e->logits_host, e->facts.vocab, &n_mixed);
+    if (n_mixed > 0)
+        MS_TRY(f->copy_to_backend(cx, e->logits_dev, e->logits_host,
+                                  (size_t)n * V * sizeof(float), err));
+
+    const ms_sample_row *rows = ctx->plan_results[sidx];
     ms_tensor ids = ms_tensor_1d(e->ids_dev, MS_DTYPE_I32, n);
     MS_TRY(f->sample(cx, &logits, rows, e->sample_ws, e->sample_ws_bytes, &ids, err));
     MS_TRY(f->copy_to_host(cx, e->ids_host, e->ids_dev, (size_t)n * sizeof(int32_t), err));
-    MS_TRY(f->copy_to_host(cx, e->logits_host, e->logits_dev,
-                           (size_t)n * (size_t)e->facts.vocab * sizeof(float), err));
+    return MS_OK;
+}
+
+/* Run the step declared in e->build over rows [0, n) (tokens packed): admit -> plan -> forward
+ * (-> sampling when `sample`) -> commit. A failure after admit abandons the step. */
+static ms_status eng_run_built(ms_engine *e, const ms_md_step *sd, int32_t n, bool sample,
+                               ms_error *err) {
+    ms_step *step = &e->build.step;
+    ms_step_ctx ctx;
+    memset(&ctx, 0, sizeof ctx);
+    ctx.request_ids = e->rids;
+    ctx.n_rows = n;
+    ctx.n_real = n;
+    ms_admit_outcome o = ms_step_runner_admit(e->runner, step, &ctx);
+    if (o.code != MS_ADMIT_OK) {
+        if (o.code == MS_ADMIT_PAGES_SHORT)
+            return MS_FAIL(err, MS_ERR_CAPACITY,
+                           "step %s: KV pages short by %d for request %llu (raise kv_pages)",
+                           sd->name, (int)o.pages_short, (unsigned long long)o.rid);
+        return MS_FAIL(err, MS_ERR_INTERNAL, "step %s: admit failed (%s) at resource %d",
+                       sd->name, ms_admit_code_str(o.code), (int)o.resource);
+    }
+    MS_TRY(ms_step_runner_plan(e->runner, step, &ctx, err));
+    ms_status st = eng_forward_sample(e, sd, &ctx, sample, err);
+    if (st != MS_OK) {
+        ms_step_runner_abandon(e->runner, step, &ctx);
+        return st;
+    }
+    return ms_step_runner_commit(e->runner, step, &ctx, err);
+}
+
+ms_status ms_engine_run_step(ms_engine *e, ms_rid rid, const char *step_name,
+                             const int32_t *tokens, int32_t n_tokens, const float **logits,
+                             int32_t *n_rows, ms_error *err) {
+    *logits = NULL;
+    *n_rows = 0;
+    eng_req *r = eng_find_req(e, rid, NULL);
+    if (r == NULL || !r->in_runner || r->finish != MS_FINISH_NONE)
+        return MS_FAIL(err, MS_ERR_NOT_FOUND, "run step %s: request %llu is not running",
+                       step_name, (unsigned long long)rid);
+    int32_t k = -1;
+    for (int32_t i = 0; i < e->desc->n_steps; i++)
+        if (strcmp(e->desc->steps[i].name, step_name) == 0)
+            k = i;
+    if (k < 0)
+        return MS_FAIL(err, MS_ERR_NOT_FOUND, "model %s has no step '%s'", e->desc->name,
+                       step_name);
+    const ms_md_step *sd = &e->desc->steps[k];
+    if (sd->n_segments != 1 || sd->labels[0] != MS_LABEL_MAIN)
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED,
+                       "run step %s: only steps over the main stream alone run this way",
+                       sd->name);
+    if (n_tokens < 1 || n_tokens > e->max_tokens || tokens == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "run step %s: %d tokens (1 .. max_tokens %d)",
+                       sd->name, (int)n_tokens, (int)e->max_tokens);
+    for (int32_t i = 0; i < n_tokens; i++)
+        if (tokens[i] < 0 || tokens[i] >= e->facts.vocab)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                           "run step %s: token %d at index %d is outside the vocabulary [0, %d)",
+                           sd->name, (int)tokens[i], (int)i, (int)e->facts.vocab);
+    ms_md_row row;
+    memset(&row, 0, sizeof row);
+    row.rid = rid;
+    row.len[MS_LABEL_MAIN] = n_tokens;
+    e->rows[0] = row;
+    e->row_reqs[0] = r;
+    e->rids[0] = rid;
+    MS_TRY(sd->run(e->config, e->rows, 1, &e->build, err));
+    if (e->build.n_tokens != n_tokens)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "run step %s: it declares %d tokens, %d given",
+                       sd->name, (int)e->build.n_tokens, (int)n_tokens);
+    if (r->longest + r->n_out + n_tokens > e->facts.max_context)
+        return MS_FAIL(err, MS_ERR_LIMIT, "run step %s: %d more tokens pass the model's context "
+                       "(%d positions)", sd->name, (int)n_tokens, (int)e->facts.max_context);
+    memcpy(e->tokens_host, tokens, (size_t)n_tokens * sizeof(int32_t));
+    for (size_t i = 0; i < e->n_reqs; i++)
+        e->reqs[i]->row = -1;
+    MS_TRY(eng_run_built(e, sd, 1, false, err));
+    if (e->build.kv.commit)
+        r->longest += n_tokens; /* the stream grew outside its walk */
+    r->row = 0;
+    *logits = e->logits_host;
+    *n_rows = sd->all_logits ? n_tokens : 1;
     return MS_OK;
 }
 
@@ -1106,101 +1390,55 @@ ms_status ms_engine_step(ms_engine *e, ms_engine_step_info *info, ms_error *err)
     ms_engine_step_info inf = {0, 0, 0};
     if (info != NULL)
         *info = inf;
+    const ms_model_desc *d = e->desc;
 
-    /* 1. rows: decoding requests first (one token each), then prompts within the token budget
-     *    (a prompt that does not fit continues in the next step: chunked prefill) */
-    int32_t n = 0, n_tok = 0;
-    bool all_one = true;
-    for (int pass = 0; pass < 2; pass++) {
-        for (size_t i = 0; i < e->n_reqs; i++) {
-            eng_req *r = e->reqs[i];
-            if (pass == 0)
-                r->row = -1;
-            if (r->finish != MS_FINISH_NONE || n >= e->max_seqs)
-                continue;
-            bool prefill = r->consumed < r->n_prompt;
-            if (prefill != (pass == 1))
-                continue;
-            int32_t span = 1;
-            const int32_t *src = NULL;
-            if (prefill) {
-                span = r->n_prompt - r->consumed;
-                if (r->chunk > 0 && span > r->chunk)
-                    span = r->chunk;
-                if (span > e->max_tokens - n_tok)
-                    span = e->max_tokens - n_tok;
-                if (span < 1)
-                    continue;
-                src = r->prompt + r->consumed;
-            } else {
-                src = &r->out[r->n_out - 1];
-            }
-            memcpy(e->tokens_host + n_tok, src, (size_t)span * sizeof(int32_t));
-            e->segs[n] = (ms_segment){r->rid, e->desc->prefill->label, span};
-            e->rids[n] = r->rid;
-            e->sample[n] = !prefill || r->consumed + span == r->n_prompt;
-            e->step_reqs[n] = r;
-            r->row = n;
-            if (span != 1)
-                all_one = false;
-            n_tok += span;
-            n++;
-            if (prefill)
-                inf.n_prefill += r->consumed + span == r->n_prompt;
+    /* 1. the scheduler picks the step: requests waiting at each step */
+    int32_t waiting[MS_MD_MAX_STEPS] = {0};
+    bool in_loop[MS_MD_MAX_STEPS] = {false};
+    for (size_t i = 0; i < e->n_reqs; i++) {
+        eng_req *r = e->reqs[i];
+        r->row = -1;
+        if (r->finish != MS_FINISH_NONE)
+            continue;
+        int32_t k = ms_walk_step(d, r->walk);
+        if (k >= 0) {
+            waiting[k]++;
+            in_loop[k] = in_loop[k] || ms_walk_in_loop(d, r->walk);
         }
     }
+    int32_t k = ms_sched_pick(&e->sched, waiting, in_loop, d->n_steps);
+    if (k < 0)
+        return MS_OK;
+    const ms_md_step *sd = &d->steps[k];
+
+    /* 2. its rows, and the declaration from the generated step runner */
+    int32_t n = eng_rows(e, k, &inf.n_prefill);
     if (n == 0)
         return MS_OK;
+    MS_TRY(sd->run(e->config, e->rows, n, &e->build, err));
+    MS_TRY(eng_pack_tokens(e, k, err));
+    MS_TRY(eng_run_built(e, sd, n, true, err));
 
-    /* 2. the step declaration (prefill covers any spans; decode is the all-ones case) */
-    const ms_md_step *decl = all_one ? e->desc->decode : e->desc->prefill;
-    for (int32_t i = 0; i < n; i++) {
-        e->segs[i].label = decl->label;
-        e->advance[i] = decl->pos_advance > 0 ? decl->pos_advance : e->segs[i].span;
+    /* 6. each request's walk moves on: prompts consumed, ids appended, stops */
+    const ms_md_step_build *b = &e->build;
+    for (int32_t i = 0; i < b->step.n_segments; i++) {
+        eng_req *r = e->row_reqs[b->seg_row[i]];
+        if (!ms_walk_in_loop(d, r->walk))
+            r->consumed[b->segments[i].label] += b->segments[i].span;
+        if (r->row < 0)
+            r->row = i; /* the row's first segment: its logits (mixed for a CFG pair), its id */
     }
-    ms_kv_step ks = {.commit = decl->kv_commit};
-    ms_pos_step ps = {.advance = decl->pos_advance > 0 ? e->advance : NULL, .n_axes = 1};
-    ms_attn_step as = {.causal = decl->attn_causal};
-    eng_sample_step ss = {.sample = e->sample};
-    ms_step step = {.name = decl->name, .segments = e->segs, .n_segments = n};
-    step.records[e->idx_kv].rec = &ks;
-    step.records[e->idx_pos].rec = &ps;
-    step.records[e->idx_attn].rec = &as;
-    step.records[e->idx_sample].rec = &ss;
-    ms_step_ctx ctx;
-    memset(&ctx, 0, sizeof ctx);
-    ctx.request_ids = e->rids;
-    ctx.n_rows = n;
-    ctx.n_real = n;
-
-    /* 3. admit -> plan */
-    ms_admit_outcome o = ms_step_runner_admit(e->runner, &step, &ctx);
-    if (o.code != MS_ADMIT_OK) {
-        if (o.code == MS_ADMIT_PAGES_SHORT)
-            return MS_FAIL(err, MS_ERR_CAPACITY,
-                           "step %s: KV pages short by %d for request %llu (raise kv_pages)",
-                           decl->name, (int)o.pages_short, (unsigned long long)o.rid);
-        return MS_FAIL(err, MS_ERR_INTERNAL, "step %s: admit failed (%s) at resource %d",
-                       decl->name, ms_admit_code_str(o.code), (int)o.resource);
-    }
-    MS_TRY(ms_step_runner_plan(e->runner, &step, &ctx, err));
-
-    /* 4. forward and 5. sampling; a failure abandons the step (nothing it reserved stays) */
-    ms_status st = eng_forward_sample(e, decl, &ctx, n, n_tok, err);
-    if (st != MS_OK) {
-        ms_step_runner_abandon(e->runner, &step, &ctx);
-        return st;
-    }
-
-    /* 6. commit, then outputs and stops */
-    MS_TRY(ms_step_runner_commit(e->runner, &step, &ctx, err));
-    for (int32_t i = 0; i < n; i++) {
-        eng_req *r = e->step_reqs[i];
-        if (r->consumed < r->n_prompt)
-            r->consumed += e->segs[i].span;
-        if (!e->sample[i])
+    for (int32_t j = 0; j < n; j++) {
+        eng_req *r = e->row_reqs[j];
+        if (!e->rows[j].sample)
+            continue; /* a prompt chunk: the request stays at this step */
+        ms_walk_pos prev = r->walk;
+        ms_walk_advance(d, &r->walk);
+        if (!ms_walk_in_loop(d, prev) && !ms_walk_in_loop(d, r->walk))
+            memset(r->consumed, 0, sizeof r->consumed); /* the next prefix step reads again */
+        if (r->row < 0)
             continue;
-        int32_t id = e->ids_host[i];
+        int32_t id = e->ids_host[r->row];
         if (id == MS_SAMPLE_ID_NAN) { /* NaN logits: this request fails alone */
             eng_finish(e, r, MS_FINISH_ERROR);
             continue;
@@ -1210,11 +1448,13 @@ ms_status ms_engine_step(ms_engine *e, ms_engine_step_info *info, ms_error *err)
             eng_finish(e, r, MS_FINISH_EOS);
         else if (r->n_out >= r->max_new)
             eng_finish(e, r, MS_FINISH_LENGTH);
-        else if (r->n_prompt + r->n_out > e->facts.max_context)
+        else if (r->longest + r->n_out > e->facts.max_context)
             eng_finish(e, r, MS_FINISH_CONTEXT); /* the next token would sit at max_context */
+        else if (ms_walk_step(d, r->walk) < 0)
+            eng_finish(e, r, MS_FINISH_LENGTH);  /* a walk without a loop ended */
     }
     inf.n_seqs = n;
-    inf.n_tokens = n_tok;
+    inf.n_tokens = b->n_tokens;
     if (info != NULL)
         *info = inf;
     return MS_OK;

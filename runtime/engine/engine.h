@@ -12,9 +12,11 @@
  * staging, sampler), and sizes every per-step buffer for the worst case: after the first step of
  * each kind (which creates the attention plan buffers), decode steps allocate nothing.
  *
- * Each ms_engine_step runs every active request in one ragged step: requests still holding prompt
- * tokens contribute their whole prompt (prefill), the others one token (decode); declare -> admit
- * -> plan -> forward -> commit; then one id is sampled per request. A request finishes on an eos id
+ * Each request walks the model's walk (model_desc.h ms_md_walk; a guided pair the walk over its
+ * two streams). Each ms_engine_step the scheduler (scheduler.h) picks one step of the node and
+ * batches every request standing there as one ragged step (prefill rows within the token budget,
+ * chunked; decode rows one token per stream); the model's generated step runner declares it;
+ * admit -> plan -> forward -> commit; then one id is sampled per request and its walk moves on. A request finishes on an eos id
  * (unless ignore_eos), after max_new_tokens, or when its sequence reaches the model's context; it
  * then leaves the batch and ms_engine_remove frees everything it held.
  *
@@ -26,7 +28,7 @@
  *     ms_engine_options o = ms_engine_options_default();
  *     o.model_path = "model_dir";  o.max_seqs = 4;  o.max_tokens = 256;
  *     ms_engine *e;
- *     MS_TRY(ms_engine_init(&e, &ms_llama_ref_desc, &o, err));
+ *     MS_TRY(ms_engine_init(&e, &ms_llama_desc, &o, err));
  *     ms_engine_request rq = {.prompt = ids, .n_prompt = n, .max_new_tokens = 16,
  *                             .sampling = ms_sampling_greedy()};
  *     ms_rid rid;
@@ -144,15 +146,32 @@ typedef struct ms_engine_request {
     bool ignore_eos;              /* do not stop on the model's eos ids */
     int32_t prefill_chunk;        /* prompt tokens consumed per step (chunked prefill); 0 = the
                                      whole prompt in one step. Steps that do not reach the end
-                                     of the prompt sample nothing. */
+                                     of the prompt sample nothing. A guided pair is never cut. */
+    /* batched CFG: a negative prompt makes the request a guided pair, ONE request over two
+       streams (main: prompt, cfg_uncond: negative prompt) on the model's guided walk; each id is
+       sampled from mixed = logsoftmax(uncond) + guidance_scale * (logsoftmax(cond) -
+       logsoftmax(uncond)) and appended to both streams. NULL / 0: unguided. */
+    const int32_t *negative_prompt;  /* [n_negative_prompt] ids; copied */
+    int32_t n_negative_prompt;
+    float guidance_scale;            /* finite; used only with a negative prompt */
+    /* explicit positions of the prompt ([n_position_axes][n_prompt], copied) for steps that
+       declare `pos explicit`; NULL: the positions resource's scheme */
+    const int32_t *position_ids;
+    int32_t n_position_axes;         /* 1, or 3 (t/h/w M-RoPE) */
 } ms_engine_request;
+
+/* The model's declared sampler settings (sampler(temperature, top_k, top_p)) as request
+ * defaults, seed 0. Callers start a request's `sampling` from it and override what they set. */
+ms_sampling_params ms_engine_sampling_defaults(const ms_engine *e);
 
 /*
  * Add a request; it joins the batch at the next step. A prompt longer than the model's context
  * (n_prompt > max_context) is refused with MS_ERR_LIMIT "prompt of N tokens is longer than the
  * model's context (M positions)"; ids out of range, an empty prompt, bad sampling settings:
  * MS_ERR_INVALID_ARG; more than max_seqs active requests or a prompt over max_tokens:
- * MS_ERR_CAPACITY naming the option to raise. A request with max_new_tokens 0 finishes at once.
+ * MS_ERR_CAPACITY naming the option to raise (a request takes one of max_seqs per stream: a guided
+ * pair two). A negative prompt on a model without a cfg_uncond label: MS_ERR_UNSUPPORTED. A
+ * request with max_new_tokens 0 finishes at once.
  */
 ms_status ms_engine_add(ms_engine *e, const ms_engine_request *rq, ms_rid *rid, ms_error *err);
 
@@ -167,12 +186,30 @@ typedef struct ms_engine_step_info {
 } ms_engine_step_info;
 
 /*
- * Run one ragged step over every active request (see the top of the file). Finished requests keep
+ * Run one step of the node over the requests standing at it (see the top of the file). Finished requests keep
  * their output until removed. No active request: MS_OK with a zeroed info. Errors: a failing
  * resource or op (message names the step and the resource), MS_ERR_CAPACITY when the KV pages run
  * short (names kv_pages).
  */
 ms_status ms_engine_step(ms_engine *e, ms_engine_step_info *info, ms_error *err);
+
+/*
+ * Run the step named `step_name` of the node for request rid alone, outside its walk, over
+ * `tokens` [n_tokens] given by the caller (its main stream): dense generation's block steps
+ * (`refine`: kv commit = false, pos advance = 0, attn causal = false; a committing block step), or
+ * an ordinary step fed an id of the caller's choosing. Nothing is sampled and the request's walk
+ * and output do not move; a committing step grows the stream. *logits = the step's logits
+ * ([*n_rows, vocab] f32 host, borrowed until the next step): every token's for a step declared
+ * `attn causal = false`, else the last token's. Errors: MS_ERR_NOT_FOUND (unknown or finished
+ * request, unknown step), MS_ERR_UNSUPPORTED (a step over other labels), MS_ERR_INVALID_ARG (bad
+ * tokens, a count the step does not declare), MS_ERR_LIMIT (past the context), the step's own.
+ */
+ms_status ms_engine_run_step(ms_engine *e, ms_rid rid, const char *step_name,
+                             const int32_t *tokens, int32_t n_tokens, const float **logits,
+                             int32_t *n_rows, ms_error *err);
+
+/* Committed tokens of rid's stream `label` (0 main), or -1 when it holds none. */
+int32_t ms_engine_stream_length(const ms_engine *e, ms_rid rid, ms_label label);
 
 /*
  * Output of a request so far: generated ids (*ids borrowed until the next step or remove) and the
@@ -183,7 +220,7 @@ ms_status ms_engine_output(const ms_engine *e, ms_rid rid, const int32_t **ids, 
 
 /*
  * Logits of rid's last token in the last step ([vocab] f32, borrowed until the next step), or NULL
- * when rid was not in the last step. Tests compare them to reference logits (with prefill_chunk 1,
+ * when rid was not in the last step. For a guided pair: the mixed log-probs it sampled from. Tests compare them to reference logits (with prefill_chunk 1,
  * every prompt position).
  */
 const float *ms_engine_last_logits(const ms_engine *e, ms_rid rid);

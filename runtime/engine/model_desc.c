@@ -224,23 +224,35 @@ static bool weight_layered_ok(const ms_md_weight *w) {
     return true;
 }
 
-static ms_status check_step(const ms_model_desc *d, const ms_md_step *s, const char *which,
-                            ms_error *err) {
-    if (s == NULL)
-        return MS_FAIL(err, MS_ERR_INVALID_ARG, "model %s: no %s step", d->name, which);
-    if (s->span < 0 || s->span >= MS_MD_SPAN_COUNT || s->name == NULL)
-        return MS_FAIL(err, MS_ERR_INVALID_ARG, "model %s: step %s: bad span or name", d->name,
-                       which);
-    if (s->label < 0 || s->label >= MS_MAX_LABELS || s->pos_advance < 0 || s->n_buckets < 0 ||
-        s->n_buckets > MS_MD_MAX_BUCKETS)
+static ms_status check_step(const ms_model_desc *d, const ms_md_step *s, ms_error *err) {
+    if (s->name == NULL || s->run == NULL || s->n_segments < 1 || s->n_segments > MS_MAX_LABELS)
         return MS_FAIL(err, MS_ERR_INVALID_ARG,
-                       "model %s: step %s: label, position advance or bucket count out of range",
+                       "model %s: step %s: no name or runner, or segments out of range", d->name,
+                       s->name != NULL ? s->name : "?");
+    for (int32_t i = 0; i < s->n_segments; i++)
+        if (s->labels[i] < 0 || s->labels[i] >= d->n_labels)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG, "model %s: step %s: label %d out of range",
+                           d->name, s->name, (int)s->labels[i]);
+    if (s->n_buckets < 0 || s->n_buckets > MS_MD_MAX_BUCKETS)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "model %s: step %s: bucket count out of range",
                        d->name, s->name);
     for (int32_t b = 0; b < s->n_buckets; b++)
         if (s->buckets[b] < 1 || (b > 0 && s->buckets[b] <= s->buckets[b - 1]))
             return MS_FAIL(err, MS_ERR_INVALID_ARG,
                            "model %s: step %s: capture buckets must be positive and ascending",
                            d->name, s->name);
+    return MS_OK;
+}
+
+static ms_status check_walk(const ms_model_desc *d, const ms_md_walk *w, ms_error *err) {
+    if (w->name == NULL || w->steps == NULL || w->n_steps < 1 || w->loop_begin < 0 ||
+        w->loop_begin > w->n_steps)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "model %s: walk %s: no steps or a bad loop",
+                       d->name, w->name != NULL ? w->name : "?");
+    for (int32_t i = 0; i < w->n_steps; i++)
+        if (w->steps[i] < 0 || w->steps[i] >= d->n_steps)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG, "model %s: walk %s: step %d out of range",
+                           d->name, w->name, (int)w->steps[i]);
     return MS_OK;
 }
 
@@ -334,8 +346,18 @@ ms_status ms_md_check_desc(const ms_model_desc *d, ms_error *err) {
                                name, r->key, r->deps[k] != NULL ? r->deps[k] : "?");
         }
     }
-    MS_TRY(check_step(d, d->prefill, "prefill", err));
-    MS_TRY(check_step(d, d->decode, "decode", err));
+    if (d->labels == NULL || d->n_labels < 1 || d->n_labels > MS_MAX_LABELS ||
+        d->labels[0] == NULL || strcmp(d->labels[0], "main") != 0)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "model %s: labels must start with main (1..%d)",
+                       name, MS_MAX_LABELS);
+    if (d->steps == NULL || d->n_steps < 1 || d->n_steps > MS_MD_MAX_STEPS || d->walks == NULL ||
+        d->n_walks < 1)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "model %s: no steps (or more than %d), or no walk",
+                       name, MS_MD_MAX_STEPS);
+    for (int32_t i = 0; i < d->n_steps; i++)
+        MS_TRY(check_step(d, &d->steps[i], err));
+    for (int32_t i = 0; i < d->n_walks; i++)
+        MS_TRY(check_walk(d, &d->walks[i], err));
     if (d->n_kernels < 0 || (d->n_kernels > 0 && d->kernels == NULL))
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "model %s: %d kernel instances without a list",
                        name, (int)d->n_kernels);
@@ -402,4 +424,141 @@ ms_status ms_md_kernel_specs(const ms_model_desc *d, const ms_md_facts *f, int32
         .kv_dtype = MS_KERNEL_DTYPE_BF16,
     };
     return ms_kernel_specs_for_stems(&sh, d->kernels, d->n_kernels, out, cap, n, err);
+}
+
+/* ---- step-runner helpers ---- */
+
+ms_status ms_md_step_build_init(ms_md_step_build *b, int32_t max_segments, int32_t max_tokens,
+                                ms_error *err) {
+    memset(b, 0, sizeof *b);
+    size_t S = (size_t)(max_segments > 0 ? max_segments : 1);
+    size_t T = (size_t)(max_tokens > 0 ? max_tokens : 1);
+    b->segments = ms_calloc(S, sizeof *b->segments);
+    b->seg_row = ms_calloc(S, sizeof *b->seg_row);
+    b->advance = ms_calloc(S, sizeof *b->advance);
+    b->sample = ms_calloc(S, sizeof *b->sample);
+    b->guide = ms_calloc(S, sizeof *b->guide);
+    b->explicit_ids = ms_calloc(MS_MD_MAX_AXES * T, sizeof *b->explicit_ids);
+    if (b->segments == NULL || b->seg_row == NULL || b->advance == NULL || b->sample == NULL || b->guide == NULL || b->explicit_ids == NULL) {
+        ms_md_step_build_free(b);
+        return MS_FAIL(err, MS_ERR_OOM, "out of memory for step declarations");
+    }
+    b->cap_segments = (int32_t)S;
+    b->cap_tokens = (int32_t)T;
+    return MS_OK;
+}
+
+void ms_md_step_build_free(ms_md_step_build *b) {
+    ms_free(b->segments);
+    ms_free(b->seg_row);
+    ms_free(b->advance);
+    ms_free(b->sample);
+    ms_free(b->guide);
+    ms_free(b->explicit_ids);
+    memset(b, 0, sizeof *b);
+}
+
+void ms_md_step_begin(ms_md_step_build *b, const char *name, const ms_md_row *rows) {
+    memset(&b->step, 0, sizeof b->step);
+    b->step.name = name;
+    b->rows = rows;
+    b->step.segments = b->segments;
+    b->step.n_segments = 0;
+    b->n_tokens = 0;
+}
+
+ms_status ms_md_step_segment(ms_md_step_build *b, int32_t row, ms_label label, int64_t span,
+                             int64_t advance, ms_error *err) {
+    int32_t n = b->step.n_segments;
+    if (span < 0 || span > INT32_MAX)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "step %s: segment span %lld is out of range",
+                       b->step.name, (long long)span);
+    if (n >= b->cap_segments || span > (int64_t)(b->cap_tokens - b->n_tokens))
+        return MS_FAIL(err, MS_ERR_CAPACITY,
+                       "step %s: %d segments / %lld more tokens exceed the step's capacity "
+                       "(%d segments, %d tokens)", b->step.name, (int)n + 1, (long long)span,
+                       (int)b->cap_segments, (int)b->cap_tokens);
+    b->segments[n] = (ms_segment){b->rows[row].rid, label, (int32_t)span};
+    b->seg_row[n] = row;
+    b->advance[n] = advance < 0 ? (int32_t)span : (int32_t)advance;
+    b->step.n_segments = n + 1;
+    b->n_tokens += (int32_t)span;
+    return MS_OK;
+}
+
+void ms_md_step_kv(ms_md_step_build *b, int index, bool commit,
+                   const ms_combined_label *combined, int32_t n_combined,
+                   const ms_fork *pre_forks, int32_t n_pre_forks, const ms_fork *post_forks,
+                   int32_t n_post_forks) {
+    b->kv = (ms_kv_step){.commit = commit, .combined = combined, .n_combined = n_combined,
+                         .pre_forks = pre_forks, .n_pre_forks = n_pre_forks,
+                         .post_forks = post_forks, .n_post_forks = n_post_forks};
+    b->step.records[index].rec = &b->kv;
+}
+
+ms_status ms_md_step_pos(ms_md_step_build *b, int index, bool custom_advance, bool explicit_ids,
+                         ms_error *err) {
+    b->pos = (ms_pos_step){.advance = custom_advance ? b->advance : NULL, .n_axes = 1};
+    if (explicit_ids) {
+        int32_t n_axes = 0;
+        for (int32_t i = 0; i < b->step.n_segments; i++) {
+            const ms_md_row *r = &b->rows[b->seg_row[i]];
+            if (r->position_ids == NULL || r->n_position_axes < 1 ||
+                r->n_position_axes > MS_MD_MAX_AXES || (n_axes && r->n_position_axes != n_axes))
+                return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                               "step %s: request %llu has no explicit position ids (or another "
+                               "number of axes than the batch)", b->step.name,
+                               (unsigned long long)r->rid);
+            n_axes = r->n_position_axes;
+        }
+        /* the row's ids cover its tokens in its segments' order: offset = its earlier spans */
+        int32_t T = b->n_tokens, t = 0;
+        for (int32_t i = 0; i < b->step.n_segments; i++) {
+            const ms_md_row *r = &b->rows[b->seg_row[i]];
+            int32_t off = 0, row_tokens = 0;
+            for (int32_t j = 0; j < b->step.n_segments; j++)
+                if (b->seg_row[j] == b->seg_row[i]) {
+                    if (j < i)
+                        off += b->segments[j].span;
+                    row_tokens += b->segments[j].span;
+                }
+            int32_t stride = r->position_stride > 0 ? r->position_stride : row_tokens;
+            for (int32_t a = 0; a < n_axes; a++)
+                memcpy(b->explicit_ids + (size_t)a * (size_t)T + (size_t)t,
+                       r->position_ids + (size_t)a * (size_t)stride + (size_t)off,
+                       (size_t)b->segments[i].span * sizeof(int32_t));
+            t += b->segments[i].span;
+        }
+        b->pos.explicit_ids = b->explicit_ids;
+        b->pos.n_axes = n_axes > 0 ? n_axes : 1;
+    }
+    b->step.records[index].rec = &b->pos;
+    return MS_OK;
+}
+
+void ms_md_step_attn(ms_md_step_build *b, int index, bool causal) {
+    b->attn = (ms_attn_step){.causal = causal};
+    b->step.records[index].rec = &b->attn;
+}
+
+void ms_md_step_sampler(ms_md_step_build *b, int index) {
+    int32_t n = b->step.n_segments;
+    ms_label cond = MS_LABEL_MAIN, uncond = -1;
+    if (b->kv.n_combined > 0 && b->kv.combined[0].n_labels >= 2) {
+        cond = b->kv.combined[0].labels[0];
+        uncond = b->kv.combined[0].labels[1];
+    } else if (n > 0) {
+        cond = b->segments[0].label;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        b->sample[i] = b->segments[i].label == cond && b->rows[b->seg_row[i]].sample;
+        b->guide[i] = -1;
+        if (!b->sample[i] || uncond < 0)
+            continue;
+        for (int32_t j = 0; j < n; j++)
+            if (b->seg_row[j] == b->seg_row[i] && b->segments[j].label == uncond)
+                b->guide[i] = j;
+    }
+    b->sampler = (ms_sample_step){.sample = b->sample, .guide = b->guide};
+    b->step.records[index].rec = &b->sampler;
 }

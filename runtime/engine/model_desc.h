@@ -23,8 +23,10 @@
  *      one GEMM each), `weight_shape` (dims per entry) and `weight_tied` (tie conditions).
  *   4. resources: a static ms_md_resource table for each node in dependency order (KV first),
  *      whose index is the resource index of ms_step.records (what mstarc's sema computed).
- *   5. steps: static ms_md_step declarations (prefill: main += len(tokens); decode: main += 1;
- *      their per-resource records and capture buckets).
+ *   5. steps: per declared step an ms_md_step row and a generated step runner that fills the
+ *      step's declaration (ms_step: segments, KV / positions / attention / sampler records) for a
+ *      batch of rows through the ms_md_step_* helpers below; the node's label names; the walks
+ *      as data (ms_md_walk: node.step items, `then` sequences, `loop ... until stop`).
  *   6. forward: `forward` queues the model on a backend for one staged step, reading its weights
  *      with ms_md_weight_get and carving activations out of a workspace sized up front by
  *      `workspace_size` for the worst-case step (no allocation on the decode hot path).
@@ -34,7 +36,8 @@
  *     others one (layer 0). PART entries have no tensor of their own (the forward reads the FUSED
  *     entry); an absent optional tensor is a tensor with data == NULL.
  *   - the forward's outputs are the logits of the LAST token of each view of the step, in view
- *     order: [n_seqs, vocab] float32, which the engine samples.
+ *     order (or, with ms_md_forward_args.out_rows, of the rows it lists: a step declared with
+ *     `attn causal = false`, a block step of dense generation, returns every token's logits): [n_seqs, vocab] float32, which the engine samples.
  *   - one node (`decoder`) is implemented by the engine today; the node table exists so encoder
  *     and cross-attention nodes can be described the same way later.
  *
@@ -57,7 +60,13 @@
  *     sets tie (weight_tied evaluates cond); `or w` alone sets tie + tie_if_missing;
  *     weight_shape is a switch over rows evaluating the shape expressions.
  *   - ms_resource in resource-index order: ms_md_resource rows (key, kind, dep keys).
- *   - ms_step_decl: one ms_md_step per step (`prefill` spans len(tokens), `decode` spans 1).
+ *   - labels: the node's label names (main first), `labels`.
+ *   - ms_step_decl: one ms_md_step per step with its generated runner `<model>_run_<step>`:
+ *     for each segment declaration (in order) and each row, one ms_md_step_segment call with the
+ *     span expression in C (len(tokens) is rows[r].len[<the segment's label>]); then one ms_md_step_<kind> call per resource
+ *     the step uses (kv: commit, combined labels and forks as static arrays; pos: custom
+ *     advance, explicit ids; attn: causal; sampler) with its resource index.
+ *   - walks: one ms_md_walk each (node.step items flattened, the loop's range).
  *   - the kernel instances of ms_codegen_kernels (DIR/kernels/<stem>.cu): a static array of their
  *     stems, `kernels` (none, NULL and 0, when the model's kernels are not expressible).
  *   - `ignore "visual.*";` patterns of the weights blocks: a static array, `ignored` (none: NULL
@@ -69,7 +78,7 @@
  * Ownership: a descriptor is static, read-only data; functions it points to borrow their
  * arguments. ms_md_* helpers borrow theirs.
  *
- * Usage (what a generated file looks like; tests/llama_desc_ref.c is the golden example):
+ * Usage (what a generated file looks like; the tests/codegen goldens are examples):
  *     static ms_status llama_config_load(const ms_hf_config *hf, void *out, ms_error *err) {
  *         llama_config *c = out;
  *         static const char *const src_hidden[] = {"hidden_size"};
@@ -168,6 +177,12 @@ typedef struct ms_md_facts {
     int32_t window;         /* sliding window in tokens (attention mask and KV retention); 0 none */
     int32_t page_size;      /* default KV page size (the kv_pool's page_size argument) */
     ms_dtype kv_dtype;      /* KV dtype the model asks for on a device backend (CPU uses f32) */
+    float attn_scale;       /* attention(scale = ...): softmax scale; 0 = 1 / sqrt(head_dim) */
+    /* sampler(temperature = ..., top_k = ..., top_p = ...): the request defaults (the CLI's
+       flags override them); the language's defaults are 1.0, off (0), off (1.0) */
+    float temperature;
+    int32_t top_k;
+    float top_p;
     /* filled by the engine from config.json / generation_config.json (generated code leaves
        them): */
     int32_t bos_id;         /* bos_token_id, -1 none */
@@ -223,30 +238,140 @@ typedef struct ms_md_resource {
     int32_t n_deps;
 } ms_md_resource;
 
-/* ---- steps ---- */
-
-/* How a step's main segment span is formed. ORDER MS_MD_SPAN */
-typedef enum ms_md_span {
-    MS_MD_SPAN_TOKENS = 0, /* segments main += len(tokens) */
-    MS_MD_SPAN_ONE,        /* segments main += 1 */
-    MS_MD_SPAN_COUNT
-} ms_md_span;
+/* ---- steps: generated step runners ---- */
 
 #define MS_MD_MAX_BUCKETS 16
+#define MS_MD_MAX_AXES 3        /* explicit position axes (t/h/w M-RoPE ids) */
+#define MS_MD_MAX_STEPS 64      /* steps of a node */
 
-/* One step declaration (the records the engine puts in ms_step.records[resource index]). */
+/*
+ * One batch row handed to a step runner: one request standing at this step. A step has one token
+ * input (`step prefill(tokens)`), and a request's input holds one token list per stream it feeds:
+ * a CFG pair's prompt is the prompt for `main` and the negative prompt for `cfg_uncond`; in a
+ * loop step every stream gets the last sampled id. So `len(tokens)` in the segment of label l is
+ * len[l], and that segment's tokens are the row's tokens for stream l.
+ */
+typedef struct ms_md_row {
+    ms_rid rid;
+    int32_t len[MS_MAX_LABELS];     /* tokens of the input for stream label l this step */
+    bool sample;                    /* the row samples an id after this step (its inputs end
+                                       here; false for a prompt chunk that is not the last) */
+    const int32_t *position_ids;    /* [n_position_axes][tokens of the row, in its segments'
+                                       order] explicit ids for a `pos explicit` step, or NULL */
+    int32_t n_position_axes;        /* 1 or 3 (M-RoPE t/h/w) when position_ids != NULL */
+    int32_t position_stride;        /* ids between one axis and the next; 0 = the row's tokens */
+} ms_md_row;
+
+/* Sampler record of a step (the sampler resource reads it at plan and commit). */
+typedef struct ms_sample_step {
+    const bool *sample;    /* [n_segments] the segment's last-token logits give the row's id */
+    const int32_t *guide;  /* [n_segments] batched CFG: index of the segment whose logits are the
+                              unconditional side mixed into this one, -1 none */
+} ms_sample_step;
+
+/*
+ * What a step runner fills: the step declaration (segments and one record per resource) in
+ * runtime-owned buffers sized for the worst case at engine init (ms_md_step_build_init), so
+ * building a step allocates nothing. Segment i carries its row (seg_row); the engine packs the
+ * row's tokens for the segment's label, segment by segment.
+ */
+typedef struct ms_md_step_build {
+    /* capacities (set by ms_md_step_build_init) */
+    int32_t cap_segments;
+    int32_t cap_tokens;
+    /* the declaration */
+    const ms_md_row *rows;         /* the batch being built (borrowed, set by begin) */
+    ms_step step;                  /* name, segments, records[resource index] */
+    ms_segment *segments;          /* [cap_segments] label-major: every row's first segment,
+                                      then every row's second, ... (the combined-label order) */
+    int32_t *seg_row;              /* [cap_segments] row of segment i */
+    int32_t *advance;              /* [cap_segments] position advance (records with a custom
+                                      advance) */
+    bool *sample;                  /* [cap_segments] sampler record */
+    int32_t *guide;                /* [cap_segments] sampler record */
+    int32_t *explicit_ids;         /* [MS_MD_MAX_AXES * cap_tokens] packed axis-major */
+    int32_t n_tokens;              /* sum of spans */
+    ms_kv_step kv;
+    ms_pos_step pos;
+    ms_attn_step attn;
+    ms_sample_step sampler;
+} ms_md_step_build;
+
+/*
+ * A step runner (generated, one per declared step): fill b for rows[0..n_rows) standing at the
+ * step, under the loaded config: segments with labels and spans (span expressions evaluated from
+ * config and len(input)), then the records of the resources the step uses, each through one
+ * ms_md_step_* call. Errors: MS_ERR_CAPACITY when the batch exceeds b's capacities,
+ * MS_ERR_INVALID_ARG for a negative span or an explicit step without ids.
+ */
+typedef ms_status (*ms_md_step_run_fn)(const void *config, const ms_md_row *rows,
+                                       int32_t n_rows, ms_md_step_build *b, ms_error *err);
+
+/* One step declaration of a node. */
 typedef struct ms_md_step {
     const char *name;                      /* "prefill", "decode" */
-    ms_md_span span;
-    ms_label label;                        /* stream the segment extends (MS_LABEL_MAIN) */
-    bool kv_commit;                        /* kv record: lengths advance at commit */
-    bool attn_causal;                      /* attention record: causal mask */
-    int32_t pos_advance;                   /* positions advance per segment; 0 = the scheme's
-                                              rule (span) */
+    int32_t n_segments;                    /* segments per row */
+    ms_label labels[MS_MAX_LABELS];        /* [n_segments] the label of each, in order (a
+                                              request's walk starts at a step over exactly the
+                                              streams it brings prompts for) */
+    bool explicit_positions;               /* `pos explicit`: rows carry position ids */
+    bool all_logits;                       /* `attn causal = false` (a block step): the logits
+                                              of every token, not only each view's last */
+    ms_md_step_run_fn run;                 /* the generated step runner */
     bool capture_by_tokens;                /* capture buckets count tokens (prefill) or rows */
     int32_t buckets[MS_MD_MAX_BUCKETS];    /* capture buckets, ascending (CUDA graphs) */
     int32_t n_buckets;
 } ms_md_step;
+
+/*
+ * A walk as data: the steps a request runs in order, `steps[0 .. n_steps)`, with
+ * `loop ... until stop` as the range [loop_begin, n_steps) that repeats until the request stops
+ * (loop_begin == n_steps: no loop; items after a loop are refused by mstarc). Steps before the
+ * loop consume the request's prompt inputs (input k = prompt k); steps in the loop consume the
+ * last sampled id in every input.
+ */
+typedef struct ms_md_walk {
+    const char *name;                      /* "generate", "guided" */
+    const int32_t *steps;                  /* [n_steps] indices into ms_model_desc.steps */
+    int32_t n_steps;
+    int32_t loop_begin;                    /* first step of the loop; n_steps: none */
+} ms_md_walk;
+
+/* ---- step-runner helpers (runtime side of the generated runners) ---- */
+
+/* Allocate b's buffers for steps of up to max_segments segments and max_tokens tokens. */
+ms_status ms_md_step_build_init(ms_md_step_build *b, int32_t max_segments, int32_t max_tokens,
+                                ms_error *err);
+void ms_md_step_build_free(ms_md_step_build *b);
+
+/* Start a step named `name` over `rows` (borrowed until the step is built): no segments, no
+ * records. */
+void ms_md_step_begin(ms_md_step_build *b, const char *name, const ms_md_row *rows);
+
+/* Append row `row`'s segment `label += span` with position advance `advance` (-1: the scheme's
+ * rule, the span). Errors as for ms_md_step_run_fn. */
+ms_status ms_md_step_segment(ms_md_step_build *b, int32_t row, ms_label label, int64_t span,
+                             int64_t advance, ms_error *err);
+
+/* The KV record at resource index `index` (arrays are static data of the generated file). */
+void ms_md_step_kv(ms_md_step_build *b, int index, bool commit,
+                   const ms_combined_label *combined, int32_t n_combined,
+                   const ms_fork *pre_forks, int32_t n_pre_forks, const ms_fork *post_forks,
+                   int32_t n_post_forks);
+
+/* The positions record: custom advance per segment when `custom_advance`; explicit ids gathered
+ * from the rows (their position_ids) into packed order when `explicit_ids`. Errors:
+ * MS_ERR_INVALID_ARG when an explicit step's row has no ids. */
+ms_status ms_md_step_pos(ms_md_step_build *b, int index, bool custom_advance, bool explicit_ids,
+                         ms_error *err);
+
+/* The attention record. */
+void ms_md_step_attn(ms_md_step_build *b, int index, bool causal);
+
+/* The sampler record: the first segment of each sampling row samples; under a combined label of
+ * two or more labels (batched CFG) the row's segment of the combine's second label guides the one
+ * of its first (mixed = uncond + s * (cond - uncond) over log-softmaxes). */
+void ms_md_step_sampler(ms_md_step_build *b, int index);
 
 /* ---- forward ---- */
 
@@ -266,7 +391,10 @@ typedef struct ms_md_forward_args {
     void *workspace;                 /* backend memory of workspace_size(max_tokens, max_seqs) */
     int32_t max_tokens;              /* the workspace's token capacity (layout is fixed by it) */
     int32_t max_seqs;                /* the workspace's row capacity */
-    ms_tensor *logits;               /* out: [batch->n_seqs, vocab] f32, backend memory */
+    const ms_tensor *out_rows;       /* [n_out] i32 backend memory: the packed token rows whose
+                                        logits are returned, in order (all rows of a block step),
+                                        n_out <= max_seqs; NULL: the last token of each view */
+    ms_tensor *logits;               /* out: [n_out or batch->n_seqs, vocab] f32, backend memory */
 } ms_md_forward_args;
 
 /* Tensor of weight entry `w`, layer `layer` (0 for global weights). Data NULL when an optional
@@ -297,10 +425,15 @@ typedef struct ms_model_desc {
     bool (*weight_tied)(const void *config, int32_t w);
 
     /* the decoder node */
+    const char *const *labels;    /* [n_labels] stream label names; labels[0] is "main" */
+    int32_t n_labels;
     const ms_md_resource *resources; /* [n_resources] in dependency order */
     int32_t n_resources;
-    const ms_md_step *prefill;    /* the step that consumes a prompt */
-    const ms_md_step *decode;     /* the step that consumes one sampled token */
+    const ms_md_step *steps;      /* [n_steps] in declaration order */
+    int32_t n_steps;
+    const ms_md_walk *walks;      /* [n_walks] in declaration order; a request takes the first
+                                     whose first step has as many inputs as it gives prompts */
+    int32_t n_walks;
 
     /* forward */
     /* Bytes of workspace the forward needs for steps of up to max_tokens tokens over max_seqs

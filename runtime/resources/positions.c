@@ -334,7 +334,24 @@ static ms_status pos_commit(ms_positions *pos, int index, const ms_step *step, m
     }
     int32_t n_segs;
     const ms_segment *segs = ms_step_segments(step, index, &n_segs);
-    if (set->commit) {
+    if (set->commit && rec->explicit_ids != NULL && rec->advance == NULL) {
+        /* explicit ids: each stream continues after the largest id its tokens took on any axis
+         * (transformers' Qwen2-VL get_rope_index: text after an image grid starts at max + 1);
+         * for ids that count up from the counter this is the span, as for sequential ids */
+        int32_t t = 0;
+        for (int32_t p = 0; p < set->n_plans; p++)
+            for (int32_t v = 0; v < set->plans[p].n_views; v++) {
+                const ms_kv_view *vw = &set->plans[p].views[v];
+                int32_t top = -1;
+                for (int32_t k = 0; k < vw->to_compute; k++, t++)
+                    for (int32_t a = 0; a < rec->n_axes; a++)
+                        top = MS_MAX(top, rec->explicit_ids[(size_t)a * (size_t)pos->plan.n_tokens +
+                                                            (size_t)t]);
+                pos_req *st = ms_rid_map_get(&pos->reqs, vw->rid);
+                if (st != NULL && vw->to_compute > 0) /* NULL: removed while in flight */
+                    st->counter[vw->label] = top + 1;
+            }
+    } else if (set->commit) {
         for (int32_t s = 0; s < n_segs; s++) {
             pos_req *st = ms_rid_map_get(&pos->reqs, segs[s].rid);
             if (st == NULL)

@@ -9,7 +9,11 @@
  *     the counter advances by block_step per non-empty segment.
  *   - MS_POS_EXPLICIT: ids are supplied per step (ms_pos_step.explicit_ids, n_axes = 3 for
  *     M-RoPE t/h/w); a step that supplies none gets sequential ids repeated on every axis (text
- *     tokens); advance n unless a custom advance is declared (vision grids).
+ *     tokens); advance n unless a custom advance is declared.
+ * A step that supplies explicit ids (any scheme) and declares no custom advance moves each
+ * stream's counter to one past the largest id its tokens took on any axis (transformers'
+ * Qwen2-VL get_rope_index: the text after a t/h/w image grid continues at max + 1); for ids that
+ * count up from the counter that is the span, as the sequential rule gives.
  * Any scheme passes explicit ids through when the step supplies them (n_axes must match).
  *
  * Rules kept (reference §10): the advance is 0 when the step's KV plan does not commit, and a

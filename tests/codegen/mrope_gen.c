@@ -165,6 +165,9 @@ static ms_status mrope_facts(const void *config, ms_md_facts *out, ms_error *err
     out->window = 0;
     out->page_size = (int32_t)16;
     out->kv_dtype = MS_DTYPE_BF16;
+    out->temperature = (float)1.0;
+    out->top_k = (int32_t)0;
+    out->top_p = (float)1.0;
     return MS_OK;
 }
 
@@ -488,28 +491,69 @@ static const ms_md_resource mrope_resources[] = {
     {"sample", MS_RESOURCE_SAMPLER, {NULL}, 0}, /* sampler(...) */
 };
 
-static const ms_md_step mrope_step_prefill = {
-    .name = "prefill",
-    .span = MS_MD_SPAN_TOKENS,
-    .label = MS_LABEL_MAIN,
-    .kv_commit = true,
-    .attn_causal = true,
-    .pos_advance = 0,
-    .capture_by_tokens = false,
-    .buckets = {0},
-    .n_buckets = 0,
+/* the node's stream labels (the ms_label values) */
+static const char *const mrope_labels[] = {"main"};
+
+/* step prefill */
+static ms_status mrope_run_prefill(const void *config, const ms_md_row *rows, int32_t n_rows,
+                                   ms_md_step_build *b, ms_error *err) {
+    const mrope_config *c = config;
+    (void)c;
+    ms_md_step_begin(b, "prefill", rows);
+    for (int32_t r = 0; r < n_rows; r++) /* main += len(tokens) */
+        MS_TRY(ms_md_step_segment(b, r, 0, (int64_t)rows[r].len[0], -1, err));
+    ms_md_step_kv(b, 0, true, NULL, 0, NULL, 0, NULL, 0);
+    MS_TRY(ms_md_step_pos(b, 1, false, true, err));
+    ms_md_step_attn(b, 2, true);
+    ms_md_step_sampler(b, 3);
+    return MS_OK;
+}
+
+/* step decode */
+static ms_status mrope_run_decode(const void *config, const ms_md_row *rows, int32_t n_rows,
+                                  ms_md_step_build *b, ms_error *err) {
+    const mrope_config *c = config;
+    (void)c;
+    ms_md_step_begin(b, "decode", rows);
+    for (int32_t r = 0; r < n_rows; r++) /* main += 1 */
+        MS_TRY(ms_md_step_segment(b, r, 0, 1, 1, err));
+    ms_md_step_kv(b, 0, true, NULL, 0, NULL, 0, NULL, 0);
+    MS_TRY(ms_md_step_pos(b, 1, true, false, err));
+    ms_md_step_attn(b, 2, true);
+    ms_md_step_sampler(b, 3);
+    return MS_OK;
+}
+
+static const ms_md_step mrope_steps[] = {
+    {
+        .name = "prefill",
+        .n_segments = 1,
+        .labels = {0},
+        .explicit_positions = true,
+        .all_logits = false,
+        .run = mrope_run_prefill,
+        .capture_by_tokens = false,
+        .buckets = {0},
+        .n_buckets = 0,
+    },
+    {
+        .name = "decode",
+        .n_segments = 1,
+        .labels = {0},
+        .explicit_positions = false,
+        .all_logits = false,
+        .run = mrope_run_decode,
+        .capture_by_tokens = false,
+        .buckets = {0},
+        .n_buckets = 0,
+    },
 };
 
-static const ms_md_step mrope_step_decode = {
-    .name = "decode",
-    .span = MS_MD_SPAN_ONE,
-    .label = MS_LABEL_MAIN,
-    .kv_commit = true,
-    .attn_causal = true,
-    .pos_advance = 1,
-    .capture_by_tokens = false,
-    .buckets = {0},
-    .n_buckets = 0,
+/* ---- walks ---- */
+
+static const int32_t mrope_walk_generate[] = {0, 1};
+static const ms_md_walk mrope_walks[] = {
+    {"generate", mrope_walk_generate, 2, 1},
 };
 
 /* ---- forward ---- */
@@ -560,7 +604,8 @@ static ms_status mrope_forward(const ms_md_forward_args *a, ms_error *err) {
     const ms_backend *be = a->be;
     const ms_backend_i *f = &be->iface;
     void *cx = be->ctx;
-    const int64_t T = a->batch->n_tokens, S = a->batch->n_seqs;
+    const int64_t T = a->batch->n_tokens;
+    const int64_t S = a->out_rows != NULL ? a->out_rows->shape[0] : a->batch->n_seqs;
     size_t off[B_COUNT];
     mrope_layout(c, a->max_tokens, a->max_seqs, off);
     float *ws = a->workspace;
@@ -586,7 +631,8 @@ static ms_status mrope_forward(const ms_md_forward_args *a, ms_error *err) {
     ms_tensor t_attn_heads = ms_tensor_split_heads(&t_attn, c->num_attention_heads, c->head_dim);
     ms_tensor t_w_gate = ms_tensor_slice(&t_w_gate_w_up, 1, 0, c->intermediate_size);
     ms_tensor t_w_up = ms_tensor_slice(&t_w_gate_w_up, 1, c->intermediate_size, c->intermediate_size);
-    ms_tensor last = ms_tensor_1d(a->batch->last_token, MS_DTYPE_I32, S);
+    ms_tensor last = a->out_rows != NULL ? *a->out_rows
+                                         : ms_tensor_1d(a->batch->last_token, MS_DTYPE_I32, S);
 
     /* x = embedding(embed, tokens) */
     MS_TRY(f->embedding(cx, ms_md_weight_get(a, W_EMBED, 0), a->tokens, &t_x, err));
@@ -665,8 +711,12 @@ const ms_model_desc ms_mrope_desc = {
     .weight_tied = mrope_weight_tied,
     .resources = mrope_resources,
     .n_resources = (int32_t)MS_ARRAY_LEN(mrope_resources),
-    .prefill = &mrope_step_prefill,
-    .decode = &mrope_step_decode,
+    .labels = mrope_labels,
+    .n_labels = (int32_t)MS_ARRAY_LEN(mrope_labels),
+    .steps = mrope_steps,
+    .n_steps = (int32_t)MS_ARRAY_LEN(mrope_steps),
+    .walks = mrope_walks,
+    .n_walks = (int32_t)MS_ARRAY_LEN(mrope_walks),
     .workspace_size = mrope_workspace_size,
     .forward = mrope_forward,
     .kernels = mrope_kernels,

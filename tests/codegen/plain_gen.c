@@ -114,6 +114,9 @@ static ms_status plain_facts(const void *config, ms_md_facts *out, ms_error *err
     out->window = 0;
     out->page_size = (int32_t)32;
     out->kv_dtype = MS_DTYPE_BF16;
+    out->temperature = (float)1.0;
+    out->top_k = (int32_t)0;
+    out->top_p = (float)1.0;
     return MS_OK;
 }
 
@@ -356,28 +359,67 @@ static const ms_md_resource plain_resources[] = {
     {"s", MS_RESOURCE_SAMPLER, {NULL}, 0}, /* sampler(...) */
 };
 
-static const ms_md_step plain_step_prefill = {
-    .name = "prefill",
-    .span = MS_MD_SPAN_TOKENS,
-    .label = MS_LABEL_MAIN,
-    .kv_commit = true,
-    .attn_causal = true,
-    .pos_advance = 0,
-    .capture_by_tokens = false,
-    .buckets = {0},
-    .n_buckets = 0,
+/* the node's stream labels (the ms_label values) */
+static const char *const plain_labels[] = {"main"};
+
+/* step prefill */
+static ms_status plain_run_prefill(const void *config, const ms_md_row *rows, int32_t n_rows,
+                                   ms_md_step_build *b, ms_error *err) {
+    const plain_config *c = config;
+    (void)c;
+    ms_md_step_begin(b, "prefill", rows);
+    for (int32_t r = 0; r < n_rows; r++) /* main += len(tokens) */
+        MS_TRY(ms_md_step_segment(b, r, 0, (int64_t)rows[r].len[0], -1, err));
+    ms_md_step_kv(b, 0, true, NULL, 0, NULL, 0, NULL, 0);
+    ms_md_step_attn(b, 1, true);
+    ms_md_step_sampler(b, 2);
+    return MS_OK;
+}
+
+/* step decode */
+static ms_status plain_run_decode(const void *config, const ms_md_row *rows, int32_t n_rows,
+                                  ms_md_step_build *b, ms_error *err) {
+    const plain_config *c = config;
+    (void)c;
+    ms_md_step_begin(b, "decode", rows);
+    for (int32_t r = 0; r < n_rows; r++) /* main += 1 */
+        MS_TRY(ms_md_step_segment(b, r, 0, 1, -1, err));
+    ms_md_step_kv(b, 0, true, NULL, 0, NULL, 0, NULL, 0);
+    ms_md_step_attn(b, 1, true);
+    ms_md_step_sampler(b, 2);
+    return MS_OK;
+}
+
+static const ms_md_step plain_steps[] = {
+    {
+        .name = "prefill",
+        .n_segments = 1,
+        .labels = {0},
+        .explicit_positions = false,
+        .all_logits = false,
+        .run = plain_run_prefill,
+        .capture_by_tokens = false,
+        .buckets = {0},
+        .n_buckets = 0,
+    },
+    {
+        .name = "decode",
+        .n_segments = 1,
+        .labels = {0},
+        .explicit_positions = false,
+        .all_logits = false,
+        .run = plain_run_decode,
+        .capture_by_tokens = false,
+        .buckets = {0},
+        .n_buckets = 0,
+    },
 };
 
-static const ms_md_step plain_step_decode = {
-    .name = "decode",
-    .span = MS_MD_SPAN_ONE,
-    .label = MS_LABEL_MAIN,
-    .kv_commit = true,
-    .attn_causal = true,
-    .pos_advance = 0,
-    .capture_by_tokens = false,
-    .buckets = {0},
-    .n_buckets = 0,
+/* ---- walks ---- */
+
+static const int32_t plain_walk_generate[] = {0, 1};
+static const ms_md_walk plain_walks[] = {
+    {"generate", plain_walk_generate, 2, 1},
 };
 
 /* ---- forward ---- */
@@ -430,7 +472,8 @@ static ms_status plain_forward(const ms_md_forward_args *a, ms_error *err) {
     const ms_backend *be = a->be;
     const ms_backend_i *f = &be->iface;
     void *cx = be->ctx;
-    const int64_t T = a->batch->n_tokens, S = a->batch->n_seqs;
+    const int64_t T = a->batch->n_tokens;
+    const int64_t S = a->out_rows != NULL ? a->out_rows->shape[0] : a->batch->n_seqs;
     size_t off[B_COUNT];
     plain_layout(c, a->max_tokens, a->max_seqs, off);
     float *ws = a->workspace;
@@ -454,7 +497,8 @@ static ms_status plain_forward(const ms_md_forward_args *a, ms_error *err) {
     ms_tensor t_a_heads = ms_tensor_split_heads(&t_k, c->heads, c->hd);
     ms_tensor t_gate = ms_tensor_slice(&t_gate_up, 1, 0, c->d);
     ms_tensor t_up = ms_tensor_slice(&t_gate_up, 1, c->d, c->d);
-    ms_tensor last = ms_tensor_1d(a->batch->last_token, MS_DTYPE_I32, S);
+    ms_tensor last = a->out_rows != NULL ? *a->out_rows
+                                         : ms_tensor_1d(a->batch->last_token, MS_DTYPE_I32, S);
 
     /* x = embedding(wte, tokens) */
     MS_TRY(f->embedding(cx, ms_md_weight_get(a, W_WTE, 0), a->tokens, &t_x, err));
@@ -529,8 +573,12 @@ const ms_model_desc ms_plain_desc = {
     .weight_tied = plain_weight_tied,
     .resources = plain_resources,
     .n_resources = (int32_t)MS_ARRAY_LEN(plain_resources),
-    .prefill = &plain_step_prefill,
-    .decode = &plain_step_decode,
+    .labels = plain_labels,
+    .n_labels = (int32_t)MS_ARRAY_LEN(plain_labels),
+    .steps = plain_steps,
+    .n_steps = (int32_t)MS_ARRAY_LEN(plain_steps),
+    .walks = plain_walks,
+    .n_walks = (int32_t)MS_ARRAY_LEN(plain_walks),
     .workspace_size = plain_workspace_size,
     .forward = plain_forward,
     .kernels = plain_kernels,

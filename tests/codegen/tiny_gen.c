@@ -164,6 +164,9 @@ static ms_status tiny_facts(const void *config, ms_md_facts *out, ms_error *err)
     out->window = (int32_t)c->short_window;
     out->page_size = (int32_t)8;
     out->kv_dtype = MS_DTYPE_F16;
+    out->temperature = (float)1.0;
+    out->top_k = (int32_t)0;
+    out->top_p = (float)1.0;
     return MS_OK;
 }
 
@@ -406,28 +409,69 @@ static const ms_md_resource tiny_resources[] = {
     {"pick", MS_RESOURCE_SAMPLER, {NULL}, 0}, /* sampler(...) */
 };
 
-static const ms_md_step tiny_step_prefill = {
-    .name = "prefill",
-    .span = MS_MD_SPAN_TOKENS,
-    .label = MS_LABEL_MAIN,
-    .kv_commit = true,
-    .attn_causal = true,
-    .pos_advance = 0,
-    .capture_by_tokens = true,
-    .buckets = {16, 32, 64, 128},
-    .n_buckets = 4,
+/* the node's stream labels (the ms_label values) */
+static const char *const tiny_labels[] = {"main"};
+
+/* step prefill */
+static ms_status tiny_run_prefill(const void *config, const ms_md_row *rows, int32_t n_rows,
+                                  ms_md_step_build *b, ms_error *err) {
+    const tiny_config *c = config;
+    (void)c;
+    ms_md_step_begin(b, "prefill", rows);
+    for (int32_t r = 0; r < n_rows; r++) /* main += len(tokens) */
+        MS_TRY(ms_md_step_segment(b, r, 0, (int64_t)rows[r].len[0], -1, err));
+    ms_md_step_kv(b, 0, true, NULL, 0, NULL, 0, NULL, 0);
+    MS_TRY(ms_md_step_pos(b, 1, false, false, err));
+    ms_md_step_attn(b, 2, true);
+    ms_md_step_sampler(b, 3);
+    return MS_OK;
+}
+
+/* step decode */
+static ms_status tiny_run_decode(const void *config, const ms_md_row *rows, int32_t n_rows,
+                                 ms_md_step_build *b, ms_error *err) {
+    const tiny_config *c = config;
+    (void)c;
+    ms_md_step_begin(b, "decode", rows);
+    for (int32_t r = 0; r < n_rows; r++) /* main += 1 */
+        MS_TRY(ms_md_step_segment(b, r, 0, 1, 1, err));
+    ms_md_step_kv(b, 0, true, NULL, 0, NULL, 0, NULL, 0);
+    MS_TRY(ms_md_step_pos(b, 1, true, false, err));
+    ms_md_step_attn(b, 2, true);
+    ms_md_step_sampler(b, 3);
+    return MS_OK;
+}
+
+static const ms_md_step tiny_steps[] = {
+    {
+        .name = "prefill",
+        .n_segments = 1,
+        .labels = {0},
+        .explicit_positions = false,
+        .all_logits = false,
+        .run = tiny_run_prefill,
+        .capture_by_tokens = true,
+        .buckets = {16, 32, 64, 128},
+        .n_buckets = 4,
+    },
+    {
+        .name = "decode",
+        .n_segments = 1,
+        .labels = {0},
+        .explicit_positions = false,
+        .all_logits = false,
+        .run = tiny_run_decode,
+        .capture_by_tokens = false,
+        .buckets = {1, 2, 4, 8},
+        .n_buckets = 4,
+    },
 };
 
-static const ms_md_step tiny_step_decode = {
-    .name = "decode",
-    .span = MS_MD_SPAN_ONE,
-    .label = MS_LABEL_MAIN,
-    .kv_commit = true,
-    .attn_causal = true,
-    .pos_advance = 1,
-    .capture_by_tokens = false,
-    .buckets = {1, 2, 4, 8},
-    .n_buckets = 4,
+/* ---- walks ---- */
+
+static const int32_t tiny_walk_generate[] = {0, 1};
+static const ms_md_walk tiny_walks[] = {
+    {"generate", tiny_walk_generate, 2, 1},
 };
 
 /* ---- forward ---- */
@@ -482,7 +526,8 @@ static ms_status tiny_forward(const ms_md_forward_args *a, ms_error *err) {
     const ms_backend *be = a->be;
     const ms_backend_i *f = &be->iface;
     void *cx = be->ctx;
-    const int64_t T = a->batch->n_tokens, S = a->batch->n_seqs;
+    const int64_t T = a->batch->n_tokens;
+    const int64_t S = a->out_rows != NULL ? a->out_rows->shape[0] : a->batch->n_seqs;
     size_t off[B_COUNT];
     tiny_layout(c, a->max_tokens, a->max_seqs, off);
     float *ws = a->workspace;
@@ -507,7 +552,8 @@ static ms_status tiny_forward(const ms_md_forward_args *a, ms_error *err) {
     ms_tensor t_a_heads = ms_tensor_split_heads(&t_a, c->n_heads, c->hd);
     ms_tensor t_w1 = ms_tensor_slice(&t_w1_w3, 1, 0, c->ffn);
     ms_tensor t_w3 = ms_tensor_slice(&t_w1_w3, 1, c->ffn, c->ffn);
-    ms_tensor last = ms_tensor_1d(a->batch->last_token, MS_DTYPE_I32, S);
+    ms_tensor last = a->out_rows != NULL ? *a->out_rows
+                                         : ms_tensor_1d(a->batch->last_token, MS_DTYPE_I32, S);
 
     /* x = embedding(tok, tokens) */
     MS_TRY(f->embedding(cx, ms_md_weight_get(a, W_TOK, 0), a->tokens, &t_x, err));
@@ -577,8 +623,12 @@ const ms_model_desc ms_tiny_desc = {
     .weight_tied = tiny_weight_tied,
     .resources = tiny_resources,
     .n_resources = (int32_t)MS_ARRAY_LEN(tiny_resources),
-    .prefill = &tiny_step_prefill,
-    .decode = &tiny_step_decode,
+    .labels = tiny_labels,
+    .n_labels = (int32_t)MS_ARRAY_LEN(tiny_labels),
+    .steps = tiny_steps,
+    .n_steps = (int32_t)MS_ARRAY_LEN(tiny_steps),
+    .walks = tiny_walks,
+    .n_walks = (int32_t)MS_ARRAY_LEN(tiny_walks),
     .workspace_size = tiny_workspace_size,
     .forward = tiny_forward,
 };

@@ -1,0 +1,76 @@
+/*
+ * scheduler.c - walk positions and the step choice (scheduler.h).
+ *
+ * Constraints: no allocation; deterministic (ties broken by step index), so a run's batches and
+ * therefore its outputs do not depend on timing.
+ */
+#include "scheduler.h"
+
+int32_t ms_walk_step(const ms_model_desc *d, ms_walk_pos p) {
+    if (p.walk < 0 || p.walk >= d->n_walks)
+        return -1;
+    const ms_md_walk *w = &d->walks[p.walk];
+    return p.at >= 0 && p.at < w->n_steps ? w->steps[p.at] : -1;
+}
+
+bool ms_walk_in_loop(const ms_model_desc *d, ms_walk_pos p) {
+    const ms_md_walk *w = &d->walks[p.walk];
+    return p.at >= w->loop_begin && p.at < w->n_steps;
+}
+
+void ms_walk_advance(const ms_model_desc *d, ms_walk_pos *p) {
+    const ms_md_walk *w = &d->walks[p->walk];
+    p->at++;
+    if (p->at == w->n_steps && w->loop_begin < w->n_steps)
+        p->at = w->loop_begin;
+}
+
+int32_t ms_walk_find(const ms_model_desc *d, const bool *has_prompt) {
+    for (int32_t w = 0; w < d->n_walks; w++) {
+        const ms_md_step *s = &d->steps[d->walks[w].steps[0]];
+        bool covers[MS_MAX_LABELS] = {false};
+        for (int32_t i = 0; i < s->n_segments; i++)
+            covers[s->labels[i]] = true;
+        bool same = true;
+        for (int32_t l = 0; l < d->n_labels; l++)
+            same = same && covers[l] == has_prompt[l];
+        if (same)
+            return w;
+    }
+    return -1;
+}
+
+int32_t ms_walk_n_streams(const ms_model_desc *d, int32_t w) {
+    bool seen[MS_MAX_LABELS] = {false};
+    int32_t n = 0;
+    const ms_md_walk *wk = &d->walks[w];
+    for (int32_t i = 0; i < wk->n_steps; i++) {
+        const ms_md_step *s = &d->steps[wk->steps[i]];
+        for (int32_t k = 0; k < s->n_segments; k++)
+            if (!seen[s->labels[k]]) {
+                seen[s->labels[k]] = true;
+                n++;
+            }
+    }
+    return n;
+}
+
+int32_t ms_sched_pick(ms_sched *s, const int32_t *waiting, const bool *in_loop, int32_t n_steps) {
+    int32_t loop = -1, prefix = -1;
+    for (int32_t k = 0; k < n_steps; k++) {
+        if (waiting[k] <= 0)
+            continue;
+        if (in_loop[k]) {
+            if (loop < 0 || waiting[k] > waiting[loop])
+                loop = k;
+        } else if (prefix < 0) {
+            prefix = k;
+        }
+    }
+    int32_t pick = loop;
+    if (pick < 0 || (prefix >= 0 && s->last_was_loop))
+        pick = prefix;
+    if (pick >= 0)
+        s->last_was_loop = in_loop[pick];
+    return pick;
+}
