@@ -24,6 +24,7 @@ fuzz-dsl: $(FUZZ_DIR)/fuzz_dsl
 	$(Q)tests/dsl/split.sh $(FUZZ_DIR)/seeds tests/dsl/*.test
 	$(Q)echo "fuzz-dsl: $(FUZZ_SECONDS) s; corpus $(FUZZ_DIR)/corpus, crashes in $(FUZZ_DIR)/crashes"
 	$(Q)$(FUZZ_DIR)/fuzz_dsl -max_total_time=$(FUZZ_SECONDS) -max_len=8192 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix=$(FUZZ_DIR)/crashes/ -dict=tests/dsl/fuzz.dict $(FUZZ_DIR)/corpus $(FUZZ_DIR)/seeds
+COMPILER_SRCS += compiler/lower_check.c
 COMPILER_SRCS += compiler/codegen.c
 COMPILER_SRCS += compiler/build_cmd.c
 # ---- mstarc build: the compiler, flags, libmstar.a and link flags baked into mstarc (absolute) ----

@@ -27,6 +27,7 @@
 
 #include "codegen.h"
 #include "cuda_kernels.h"
+#include "lower_check.h"
 #include "model_desc.h"
 
 /* ---- the emitter ---- */
@@ -2076,6 +2077,12 @@ static void gen_init(gen *g, const ms_model *m, const char *source, ms_strbuf *o
 /* Checks, fusion analysis, weight table and the lowered forward (shared by the C and the kernel
  * generators). Fails through g->jb. */
 static void prepare(gen *g) {
+    ms_error unsupported = {0};
+    if (ms_lower_check(g->m, g->source, &unsupported) != MS_OK) {
+        if (g->err != NULL)
+            *g->err = unsupported;
+        longjmp(g->jb, 1);
+    }
     find_node(g);
     analyze_fusion_stmts(g, &g->fwd->ast->body);
     build_weight_table(g);

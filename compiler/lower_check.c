@@ -1,0 +1,139 @@
+/*
+ * lower_check.c - refuse, with file:line:col, the constructs of a checked model that the code
+ * generator cannot lower yet (see lower_check.h). One place lists them, so the generator's
+ * lowering code does not have to notice each one it would otherwise skip.
+ */
+#include "lower_check.h"
+
+#include <string.h>
+
+/* The builtins the generator lowers (codegen.c, lower): silu only as silu(a) * b. */
+static const char *const LOWERED_BUILTINS[] = {
+    "embedding", "rms_norm", "head_rms_norm", "linear", "silu", NULL,
+};
+
+typedef struct lcheck {
+    const char *source;
+    ms_error *err;
+    bool failed;
+} lcheck;
+
+static void refuse(lcheck *c, ms_loc loc, const char *fmt, ...) MS_PRINTF(3, 4);
+static void refuse(lcheck *c, ms_loc loc, const char *fmt, ...) {
+    if (c->failed)
+        return; /* the first construct in source order is reported */
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    MS_FAIL(c->err, MS_ERR_UNSUPPORTED, "%s:%d:%d: %s", c->source, loc.first_line, loc.first_column, msg);
+    c->failed = true;
+}
+
+/* A resource argument, NULL when not given (or not a key of this constructor). */
+static const ms_ast_expr *arg_of(const ms_resource *r, const char *key) {
+    for (int k = 0; k < MS_RES_MAX_KEYS && r->spec->keys[k].name != NULL; k++)
+        if (strcmp(r->spec->keys[k].name, key) == 0)
+            return r->args[k];
+    return NULL;
+}
+
+/* The first leaf of e (both branches of conditionals) that is the word `word`, or NULL. */
+static const ms_ast_expr *find_word(const ms_ast_expr *e, const char *word) {
+    if (e == NULL)
+        return NULL;
+    if (e->kind == MS_EXPR_COND) {
+        const ms_ast_expr *a = find_word(e->lhs, word);
+        return a != NULL ? a : find_word(e->rhs, word);
+    }
+    return e->kind == MS_EXPR_NAME && strcmp(e->text, word) == 0 ? e : NULL;
+}
+
+/* Whether e is the literal 0 (0 or 0.0: soft_cap off). */
+static bool is_zero(const ms_ast_expr *e) {
+    return (e->kind == MS_EXPR_INT && e->ival == 0) || (e->kind == MS_EXPR_FLOAT && e->fval == 0.0);
+}
+
+static void check_resource(lcheck *c, const ms_resource *r) {
+    switch (r->kind) {
+    case MS_RESOURCE_CROSS:
+        refuse(c, r->ast->name.loc, "resource '%s': cross-attention (cross) is not lowered by mstarc build yet",
+               r->name);
+        return;
+    case MS_RESOURCE_SCRATCH:
+        refuse(c, r->ast->name.loc, "resource '%s': a scratch pool (scratch) is not lowered by mstarc build yet",
+               r->name);
+        return;
+    case MS_RESOURCE_POS: {
+        if (strcmp(r->spec->ctor, "positions") == 0) {
+            refuse(c, r->ast->name.loc, "resource '%s': learned position tables (positions(kv, table = ...)) "
+                   "are not lowered by mstarc build yet (it lowers rope)", r->name);
+            return;
+        }
+        const ms_ast_expr *block = find_word(arg_of(r, "scheme"), "block");
+        if (block != NULL)
+            refuse(c, block->loc, "%s '%s': scheme = block is not lowered by mstarc build yet", r->spec->ctor,
+                   r->name);
+        return;
+    }
+    case MS_RESOURCE_ATTN: {
+        const ms_ast_expr *cap = arg_of(r, "soft_cap");
+        if (cap != NULL && !is_zero(cap))
+            refuse(c, cap->loc, "attention '%s': soft_cap (logit soft-capping) is not lowered by mstarc "
+                   "build yet", r->name);
+        return;
+    }
+    default:
+        return;
+    }
+}
+
+static void check_expr(lcheck *c, const ms_ast_expr *e) {
+    if (e == NULL || c->failed)
+        return;
+    if (e->kind == MS_EXPR_CALL && e->lhs->kind == MS_EXPR_NAME && e->lhs->sym != NULL &&
+        e->lhs->sym->kind == MS_SYM_BUILTIN) {
+        bool lowered = false;
+        for (int i = 0; LOWERED_BUILTINS[i] != NULL; i++)
+            lowered = lowered || strcmp(LOWERED_BUILTINS[i], e->lhs->text) == 0;
+        if (!lowered)
+            refuse(c, e->loc, "cannot lower the builtin '%s' yet: mstarc build lowers embedding, rms_norm, "
+                   "head_rms_norm, linear and silu(a) * b", e->lhs->text);
+    }
+    check_expr(c, e->lhs);
+    check_expr(c, e->rhs);
+    check_expr(c, e->cond);
+    for (int i = 0; i < e->args.n; i++)
+        check_expr(c, ((const ms_ast_arg *)e->args.items[i])->value);
+}
+
+static void check_stmts(lcheck *c, const ms_ptr_vec *body) {
+    for (int i = 0; i < body->n && !c->failed; i++) {
+        const ms_ast_stmt *st = body->items[i];
+        for (int k = 0; k < st->rhs.n; k++)
+            check_expr(c, st->rhs.items[k]);
+        if (st->kind == MS_AST_STMT_FOR)
+            check_stmts(c, &st->body);
+    }
+}
+
+ms_status ms_lower_check(const ms_model *m, const char *source, ms_error *err) {
+    lcheck c = {source, err, false};
+    if (m->n_nodes > 1)
+        refuse(&c, m->nodes[1]->ast->name.loc, "node '%s': mstarc build lowers models of one node yet (this one "
+               "has %d)", m->nodes[1]->name, m->n_nodes);
+    for (int n = 0; n < m->n_nodes && !c.failed; n++) {
+        const ms_node *node = m->nodes[n];
+        /* resources in source order (node->resources is in dependency order) */
+        for (int i = 0; i < node->ast->resources.n && !c.failed; i++) {
+            const ms_ast_resource *ar = node->ast->resources.items[i];
+            for (int r = 0; r < node->n_resources; r++)
+                if (node->resources[r]->ast == ar)
+                    check_resource(&c, node->resources[r]);
+        }
+        for (int f = 0; f < node->n_forwards && !c.failed; f++)
+            check_stmts(&c, &node->forwards[f]->ast->body);
+    }
+    return c.failed ? MS_ERR_UNSUPPORTED : MS_OK;
+}
