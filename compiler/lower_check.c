@@ -5,6 +5,8 @@
  */
 #include "lower_check.h"
 
+#include "print.h"
+
 #include <string.h>
 
 /* The builtins the generator lowers (codegen.c, lower): silu only as silu(a) * b. */
@@ -97,9 +99,14 @@ static void check_expr(lcheck *c, const ms_ast_expr *e) {
         bool lowered = false;
         for (int i = 0; LOWERED_BUILTINS[i] != NULL; i++)
             lowered = lowered || strcmp(LOWERED_BUILTINS[i], e->lhs->text) == 0;
-        if (!lowered)
-            refuse(c, e->loc, "cannot lower the builtin '%s' yet: mstarc build lowers embedding, rms_norm, "
-                   "head_rms_norm, linear and silu(a) * b", e->lhs->text);
+        if (!lowered && !c->failed) {
+            ms_strbuf b = {0};
+            ms_expr_print(&b, e);
+            refuse(c, e->loc, "cannot lower '%.200s' yet: mstarc build lowers the builtins embedding, "
+                   "rms_norm, head_rms_norm, linear and silu(a) * b, not %s", b.data != NULL ? b.data : "",
+                   e->lhs->text);
+            ms_strbuf_free(&b);
+        }
     }
     check_expr(c, e->lhs);
     check_expr(c, e->rhs);

@@ -248,7 +248,7 @@ s/x = embedding(tok, tokens);/x = embedding(tok, tokens) + rot.embed(tokens);/' 
 refused two_nodes '/^    walk generate/i node lm2 { resource pick2 = sampler(vocab = vocab); step s(t) { } forward(t) -> y { x = embedding(tok, t); return x; } }' \
     "node 'lm2': mstarc build lowers models of one node yet \(this one has 2\)"
 refused layer_norm 's/h = rms_norm(x, blk.norm2, eps);/h = layer_norm(x, blk.norm2, none, eps);/' \
-    "cannot lower the builtin 'layer_norm' yet: mstarc build lowers embedding, rms_norm"
+    "cannot lower 'layer_norm\(x, blk.norm2, none, eps\)' yet: mstarc build lowers the builtins embedding, rms_norm, head_rms_norm, linear and silu\(a\) \* b, not layer_norm"
 # a config parameter named like a C keyword or macro: refused with the way out (was a failing C
 # compile of 'c->while')
 sed -e 's/\bvocab\b/while/g' -e 's/(while = while)/(vocab = while)/' "$root/tests/codegen/tiny.mstar" >"$tmp/kw.mstar"
