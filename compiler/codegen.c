@@ -2384,12 +2384,21 @@ static int collect_kernels(gen *g, kvariant *ks, int cap) {
     const ms_ast_expr *wins[8];
     int nw = 0;
     arg_leaves(res_arg(g->attn, "window"), wins, &nw, 8);
-    bool prefill_causal = true;
+    /* every attention variant the steps use: a step of more than one token per segment runs the
+       prefill kernel with its own causal flag (a non-causal refine step next to a causal prefill
+       needs both instances), a one-token step the decode kernel */
+    bool prefill_causal[2] = {false, false}; /* [0] non-causal, [1] causal */
     for (int s = 0; s < g->node->n_steps; s++) {
-        const ms_step_rec *r = rec_of(g->node->steps[s], g->attn);
-        if (r != NULL && is_call(g->node->steps[s]->segments[0].span, "len"))
-            prefill_causal = r->causal;
+        const ms_step_decl *sd = g->node->steps[s];
+        const ms_step_rec *r = rec_of(sd, g->attn);
+        bool multi = false;
+        for (int k = 0; k < sd->n_segments; k++)
+            multi = multi || sd->segments[k].span->kind != MS_EXPR_INT || sd->segments[k].span->ival > 1;
+        if (r != NULL && multi)
+            prefill_causal[r->causal] = true;
     }
+    if (!prefill_causal[0] && !prefill_causal[1])
+        prefill_causal[1] = true;
     const char *wcond = NULL;
     const ms_ast_expr *we = res_arg(g->attn, "window");
     if (we != NULL && we->kind == MS_EXPR_COND)
@@ -2449,8 +2458,10 @@ static int collect_kernels(gen *g, kvariant *ks, int cap) {
                 bool win = wins[w] != NULL && wins[w]->kind != MS_EXPR_NONE;
                 const char *when = wcond == NULL ? NULL : win ? wcond : S("not (%s)", wcond);
                 kadd(g, ks, &n, cap, ms_kernel_spec_attn_decode(dt, hd, ps, grp, win), when);
-                kadd(g, ks, &n, cap,
-                     ms_kernel_spec_attn_prefill(dt, hd, ps, grp, prefill_causal, win), when);
+                for (int causal = 1; causal >= 0; causal--)
+                    if (prefill_causal[causal])
+                        kadd(g, ks, &n, cap,
+                             ms_kernel_spec_attn_prefill(dt, hd, ps, grp, causal == 1, win), when);
             }
             break;
         default:

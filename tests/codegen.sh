@@ -88,6 +88,18 @@ if run "emit llama kernels" 0 "$mstarc" build models/llama.mstar -o "$tmp/k" --e
     fi
 fi
 
+# ---- every attention variant the steps use: a non-causal refine step after the causal prefill
+#      (the list used to take the causal flag of the last multi-token step only) ----
+sed -e 's/^        forward(tokens) -> logits {/        step refine(tokens) { segments main += len(tokens); kv commit = false; attn causal = false; }\n\n&/' \
+    "$root/models/llama.mstar" >"$tmp/refine.mstar"
+if grep -q 'step refine' "$tmp/refine.mstar" && run "emit refine kernels" 0 "$mstarc" build "$tmp/refine.mstar" -o "$tmp/r" --emit-only; then
+    missing=
+    for k in attn_prefill_bf16_causal_af32 attn_prefill_bf16_af32 attn_prefill_bf16_causal_win_af32 attn_prefill_bf16_win_af32; do
+        if [ ! -e "$tmp/r/kernels/$k.cu" ] || ! grep -q "^    \"$k\",$" "$tmp/r/llama_gen.c"; then missing="$missing $k"; fi
+    done
+    if [ -z "$missing" ]; then ok; else fail "refine kernels: causal and non-causal prefill instances missing:$missing"; fi
+fi
+
 # ---- determinism: two runs, identical bytes (and identical diagnostics for a model the
 #      generator cannot lower yet) ----
 for m in "$root"/tests/codegen/*.mstar "$root"/models/*.mstar; do
