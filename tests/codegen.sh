@@ -167,6 +167,34 @@ if run "build llama" 0 "$mstarc" build models/llama.mstar -o "$tmp/llama"; then
     fi
 fi
 
+# ---- resource sizes from config.json are checked when the binary loads: a page size of 0
+#      through a let died of SIGFPE (MS_CEIL_DIV), an odd rotary_dim was taken ----
+sed -e 's/^        max_position_embeddings: int = 2048;.*/&\n        kv_page_tokens: int = 32;\n        let kv_page: int = kv_page_tokens - 16;\n        rope_dims: int = head_dim;/' \
+    -e 's/page_size = 16,/page_size = kv_page,/' -e 's/resource pos = rope(kv, theta = rope_theta,/resource pos = rope(kv, theta = rope_theta, rotary_dim = rope_dims,/' \
+    "$root/models/llama.mstar" >"$tmp/sizes.mstar"
+if grep -q 'page_size = kv_page' "$tmp/sizes.mstar" && grep -q 'rotary_dim = rope_dims' "$tmp/sizes.mstar" &&
+    run "build sizes" 0 "$mstarc" build "$tmp/sizes.mstar" -o "$tmp/sizes"; then
+    # sizes_ckpt KEY VALUE: hf/llama_gqa with KEY = VALUE added to its config.json
+    sizes_ckpt() {
+        rm -rf "$tmp/ck" && mkdir -p "$tmp/ck"
+        ln -s "$fx/hf/llama_gqa/model.safetensors" "$tmp/ck/model.safetensors"
+        sed -e "1s/{/{ \"$1\": $2,/" "$fx/hf/llama_gqa/config.json" >"$tmp/ck/config.json"
+    }
+    sizes_ckpt kv_page_tokens 32
+    if run "sizes: valid config" 0 "$tmp/sizes/llama" generate --model "$tmp/ck" --prompt-ids 1,15,300 \
+        --max-new-tokens 2 --temperature 0; then ok; fi
+    sizes_ckpt kv_page_tokens 16
+    if run "sizes: page size 0" 1 "$tmp/sizes/llama" generate --model "$tmp/ck" --prompt-ids 1,15,300 \
+        --max-new-tokens 2 --temperature 0; then
+        if grep -q "page_size of kv_pool 'kv' (kv_page = 0) must be positive" "$tmp/err"; then ok; else fail "sizes: page size 0: $(cat "$tmp/err")"; fi
+    fi
+    sizes_ckpt rope_dims 7
+    if run "sizes: odd rotary_dim" 1 "$tmp/sizes/llama" generate --model "$tmp/ck" --prompt-ids 1,15,300 \
+        --max-new-tokens 2 --temperature 0; then
+        if grep -q "rotary_dim of rope 'pos' (rope_dims = 7) must be positive, even and at most its head_dim (16)" "$tmp/err"; then ok; else fail "sizes: odd rotary_dim: $(cat "$tmp/err")"; fi
+    fi
+fi
+
 # ---- models/qwen3.mstar end to end: per-head q/k RMSNorm, head_dim != hidden / heads ----
 if [ -d "$fx/hf/qwen3" ] && command -v python3 >/dev/null; then
     if run "build qwen3" 0 "$mstarc" build models/qwen3.mstar -o "$tmp/qwen3"; then
