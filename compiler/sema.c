@@ -753,7 +753,11 @@ static const char *canon(sema *s, const ms_ast_expr *e) {
 static bool dims_eq(sema *s, const ms_ast_expr *a, const ms_ast_expr *b) {
     if (a == NULL || b == NULL)
         return true;
-    return strcmp(canon(s, a), canon(s, b)) == 0;
+    const char *ca = canon(s, a), *cb = canon(s, b);
+    /* a parameter on a default cycle ("?name", reported already) matches anything: no cascade */
+    if (strchr(ca, '?') != NULL || strchr(cb, '?') != NULL)
+        return true;
+    return strcmp(ca, cb) == 0;
 }
 
 static const char *dim_text(sema *s, const ms_ast_expr *d) {
@@ -875,7 +879,7 @@ static void param_sccs(sema *s, bool *on_cycle, int *order) {
 }
 
 /* Build the canonical memo of every derived parameter, dependencies first (order from
- * param_sccs); a parameter on a cycle gets an opaque text. */
+ * param_sccs); a parameter on a cycle gets the text "?name" (an unknown dimension). */
 static void config_memos(sema *s, const bool *on_cycle, const int *order) {
     int n = s->m->n_params;
     canon_memo *memos = NEWN(s, canon_memo, n);
@@ -888,7 +892,7 @@ static void config_memos(sema *s, const bool *on_cycle, const int *order) {
         const ms_ast_expr *d = p->dflt;
         const canon_memo *alias = on_cycle[p->index] ? NULL : memo_of(s, d);
         if (on_cycle[p->index]) {
-            m->text = ms_arena_sprintf(s->a, "#%s", p->name);
+            m->text = ms_arena_sprintf(s->a, "?%s", p->name); /* no value: dims_eq accepts it */
         } else if (alias != NULL) {
             *m = *alias;
         } else if (const_int(d, &m->value)) {
