@@ -168,8 +168,9 @@ if run "build llama" 0 "$mstarc" build models/llama.mstar -o "$tmp/llama"; then
 fi
 
 # ---- resource sizes from config.json are checked when the binary loads: a page size of 0
-#      through a let died of SIGFPE (MS_CEIL_DIV), an odd rotary_dim was taken ----
-sed -e 's/^        max_position_embeddings: int = 2048;.*/&\n        kv_page_tokens: int = 32;\n        let kv_page: int = kv_page_tokens - 16;\n        rope_dims: int = head_dim;/' \
+#      through a let died of SIGFPE (MS_CEIL_DIV), a rotary_dim of 0 through a let ran as the
+#      whole head ----
+sed -e 's/^        max_position_embeddings: int = 2048;.*/&\n        kv_page_tokens: int = 32;\n        let kv_page: int = kv_page_tokens - 16;\n        rope_cut: int = 0;\n        let rope_dims: int = head_dim - rope_cut;/' \
     -e 's/page_size = 16,/page_size = kv_page,/' -e 's/resource pos = rope(kv, theta = rope_theta,/resource pos = rope(kv, theta = rope_theta, rotary_dim = rope_dims,/' \
     "$root/models/llama.mstar" >"$tmp/sizes.mstar"
 if grep -q 'page_size = kv_page' "$tmp/sizes.mstar" && grep -q 'rotary_dim = rope_dims' "$tmp/sizes.mstar" &&
@@ -188,11 +189,17 @@ if grep -q 'page_size = kv_page' "$tmp/sizes.mstar" && grep -q 'rotary_dim = rop
         --max-new-tokens 2 --temperature 0; then
         if grep -q "page_size of kv_pool 'kv' (kv_page = 0) must be positive" "$tmp/err"; then ok; else fail "sizes: page size 0: $(cat "$tmp/err")"; fi
     fi
-    sizes_ckpt rope_dims 7
-    if run "sizes: odd rotary_dim" 1 "$tmp/sizes/llama" generate --model "$tmp/ck" --prompt-ids 1,15,300 \
-        --max-new-tokens 2 --temperature 0; then
-        if grep -q "rotary_dim of rope 'pos' (rope_dims = 7) must be positive, even and at most its head_dim (16)" "$tmp/err"; then ok; else fail "sizes: odd rotary_dim: $(cat "$tmp/err")"; fi
-    fi
+    for cut in 16 9; do
+        sizes_ckpt rope_cut $cut
+        if run "sizes: rotary_dim $((16 - cut))" 1 "$tmp/sizes/llama" generate --model "$tmp/ck" \
+            --prompt-ids 1,15,300 --max-new-tokens 2 --temperature 0; then
+            if grep -q "rotary_dim of rope 'pos' (rope_dims = $((16 - cut))) must be positive, even and at most its head_dim (16)" "$tmp/err"; then
+                ok
+            else
+                fail "sizes: rotary_dim $((16 - cut)): $(cat "$tmp/err")"
+            fi
+        fi
+    done
 fi
 
 # ---- models/qwen3.mstar end to end: per-head q/k RMSNorm, head_dim != hidden / heads ----
