@@ -91,6 +91,69 @@ static void check_resource(lcheck *c, const ms_resource *r) {
     }
 }
 
+/* The text of a window-valued argument with window(W) written as W (a retention and an attention
+ * window compare equal when they hold the same values under the same conditions). */
+static void window_text(ms_strbuf *b, const ms_ast_expr *e) {
+    if (e->kind == MS_EXPR_COND) {
+        ms_strbuf_puts(b, "(");
+        ms_expr_print(b, e->cond);
+        ms_strbuf_puts(b, " ? ");
+        window_text(b, e->lhs);
+        ms_strbuf_puts(b, " : ");
+        window_text(b, e->rhs);
+        ms_strbuf_puts(b, ")");
+        return;
+    }
+    if (e->kind == MS_EXPR_CALL && e->lhs->kind == MS_EXPR_NAME && strcmp(e->lhs->text, "window") == 0 &&
+        e->args.n == 1) {
+        window_text(b, ((const ms_ast_arg *)e->args.items[0])->value);
+        return;
+    }
+    ms_expr_print(b, e);
+}
+
+/* The engine has one window (ms_md_facts.window, the attention's) for masking and for releasing
+ * KV pages, so a kv_pool retention is lowered only when it is that same window. */
+static void check_retention(lcheck *c, const ms_node *node) {
+    for (int r = 0; r < node->n_resources; r++) {
+        const ms_resource *kv = node->resources[r];
+        const ms_ast_expr *ret = kv->kind == MS_RESOURCE_KV ? arg_of(kv, "retention") : NULL;
+        if (ret == NULL || ret->kind == MS_EXPR_NONE)
+            continue;
+        for (int a = 0; a < node->n_resources; a++) {
+            const ms_resource *at = node->resources[a];
+            if (at->kind != MS_RESOURCE_ATTN || at->kv != kv)
+                continue;
+            const ms_ast_expr *win = arg_of(at, "window");
+            ms_strbuf x = {0}, y = {0};
+            window_text(&x, ret);
+            if (win != NULL)
+                window_text(&y, win);
+            bool same = win != NULL && x.data != NULL && y.data != NULL && strcmp(x.data, y.data) == 0;
+            ms_strbuf_free(&x);
+            ms_strbuf_free(&y);
+            if (!same)
+                refuse(c, ret->loc, "kv_pool '%s': a retention other than attention '%s''s window is not "
+                       "lowered by mstarc build yet (the engine releases KV pages by the attention window)",
+                       kv->name, at->name);
+        }
+    }
+}
+
+/* The engine passes one list of token ids to the forward. */
+static void check_inputs(lcheck *c, const ms_forward *f) {
+    const ms_ast_forward *af = f->ast;
+    for (int i = 0; i < af->params.n; i++) {
+        const ms_ast_fparam *p = af->params.items[i];
+        if (p->has_shape)
+            refuse(c, p->name.loc, "forward parameter '%s' is a shaped tensor; mstarc build lowers "
+                   "forwards over token ids only yet", p->name.name);
+        else if (i > 0)
+            refuse(c, p->name.loc, "forward parameter '%s': mstarc build lowers forwards of one "
+                   "token input yet", p->name.name);
+    }
+}
+
 static void check_expr(lcheck *c, const ms_ast_expr *e) {
     if (e == NULL || c->failed)
         return;
@@ -139,8 +202,11 @@ ms_status ms_lower_check(const ms_model *m, const char *source, ms_error *err) {
                 if (node->resources[r]->ast == ar)
                     check_resource(&c, node->resources[r]);
         }
-        for (int f = 0; f < node->n_forwards && !c.failed; f++)
+        check_retention(&c, node);
+        for (int f = 0; f < node->n_forwards && !c.failed; f++) {
+            check_inputs(&c, node->forwards[f]);
             check_stmts(&c, &node->forwards[f]->ast->body);
+        }
     }
     return c.failed ? MS_ERR_UNSUPPORTED : MS_OK;
 }

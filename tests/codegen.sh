@@ -294,6 +294,10 @@ s/x = embedding(tok, tokens);/x = embedding(tok, tokens) + rot.embed(tokens);/' 
     "resource 'rot': learned position tables \(positions\(kv, table = ...\)\) are not lowered by mstarc build yet"
 refused two_nodes '/^    walk generate/i node lm2 { resource pick2 = sampler(vocab = vocab); step s(t) { } forward(t) -> y { x = embedding(tok, t); return x; } }' \
     "node 'lm2': mstarc build lowers models of one node yet \(this one has 2\)"
+refused retention 's/retention = window(short_window));/retention = window(2 * short_window));/' \
+    "kv_pool 'cache': a retention other than attention 'att''s window is not lowered by mstarc build yet"
+refused shaped_input 's/forward(tokens) -> logits {/forward(tokens: [_, dim]) -> logits {/' \
+    "forward parameter 'tokens' is a shaped tensor; mstarc build lowers forwards over token ids only yet"
 refused layer_norm 's/h = rms_norm(x, blk.norm2, eps);/h = layer_norm(x, blk.norm2, none, eps);/' \
     "cannot lower 'layer_norm\(x, blk.norm2, none, eps\)' yet: mstarc build lowers the builtins embedding, rms_norm, head_rms_norm, linear and silu\(a\) \* b, not layer_norm"
 # a config parameter named like a C keyword or macro: refused with the way out (was a failing C
