@@ -17,7 +17,8 @@ static const char *const LOWERED_BUILTINS[] = {
 typedef struct lcheck {
     const char *source;
     ms_error *err;
-    bool failed;
+    bool failed;                /* a construct was refused (err filled) */
+    bool oom;                   /* a text buffer could not grow: MS_ERR_OOM, not a refusal */
 } lcheck;
 
 static void refuse(lcheck *c, ms_loc loc, const char *fmt, ...) MS_PRINTF(3, 4);
@@ -130,9 +131,10 @@ static void check_retention(lcheck *c, const ms_node *node) {
             if (win != NULL)
                 window_text(&y, win);
             bool same = win != NULL && x.data != NULL && y.data != NULL && strcmp(x.data, y.data) == 0;
+            c->oom = c->oom || x.oom || y.oom;
             ms_strbuf_free(&x);
             ms_strbuf_free(&y);
-            if (!same)
+            if (!same && !c->oom)
                 refuse(c, ret->loc, "kv_pool '%s': a retention other than attention '%s''s window is not "
                        "lowered by mstarc build yet (the engine releases KV pages by the attention window)",
                        kv->name, at->name);
@@ -165,9 +167,11 @@ static void check_expr(lcheck *c, const ms_ast_expr *e) {
         if (!lowered && !c->failed) {
             ms_strbuf b = {0};
             ms_expr_print(&b, e);
-            refuse(c, e->loc, "cannot lower '%.200s' yet: mstarc build lowers the builtins embedding, "
-                   "rms_norm, head_rms_norm, linear and silu(a) * b, not %s", b.data != NULL ? b.data : "",
-                   e->lhs->text);
+            c->oom = c->oom || b.oom;
+            if (!c->oom)
+                refuse(c, e->loc, "cannot lower '%.200s' yet: mstarc build lowers the builtins embedding, "
+                       "rms_norm, head_rms_norm, linear and silu(a) * b, not %s", b.data != NULL ? b.data : "",
+                       e->lhs->text);
             ms_strbuf_free(&b);
         }
     }
@@ -189,7 +193,7 @@ static void check_stmts(lcheck *c, const ms_ptr_vec *body) {
 }
 
 ms_status ms_lower_check(const ms_model *m, const char *source, ms_error *err) {
-    lcheck c = {source, err, false};
+    lcheck c = {source, err, false, false};
     if (m->n_nodes > 1)
         refuse(&c, m->nodes[1]->ast->name.loc, "node '%s': mstarc build lowers models of one node yet (this one "
                "has %d)", m->nodes[1]->name, m->n_nodes);
@@ -208,5 +212,7 @@ ms_status ms_lower_check(const ms_model *m, const char *source, ms_error *err) {
             check_stmts(&c, &node->forwards[f]->ast->body);
         }
     }
+    if (c.oom)
+        return MS_FAIL(err, MS_ERR_OOM, "out of memory while checking %s for mstarc build", source);
     return c.failed ? MS_ERR_UNSUPPORTED : MS_OK;
 }
