@@ -610,6 +610,8 @@ static void canon_into(sema *s, ms_strbuf *b, const ms_ast_expr *e, int depth);
 #define MS_CANON_MAX_OPS 64        /* operands kept per flattened sum or product */
 #define MS_CANON_MAX_MEMO 1024     /* a derived parameter's canonical text longer than this is
                                       replaced by an opaque "#name" (equal only to itself) */
+#define CANON_UNKNOWN "\001"       /* starts the text of a parameter on a default cycle: no
+                                      printed expression holds it (ASCII control character) */
 
 /*
  * The canonical form of a derived parameter, computed once (config_memos, dependencies first) and
@@ -754,8 +756,8 @@ static bool dims_eq(sema *s, const ms_ast_expr *a, const ms_ast_expr *b) {
     if (a == NULL || b == NULL)
         return true;
     const char *ca = canon(s, a), *cb = canon(s, b);
-    /* a parameter on a default cycle ("?name", reported already) matches anything: no cascade */
-    if (strchr(ca, '?') != NULL || strchr(cb, '?') != NULL)
+    /* a parameter on a default cycle (reported already) matches anything: no cascade */
+    if (strstr(ca, CANON_UNKNOWN) != NULL || strstr(cb, CANON_UNKNOWN) != NULL)
         return true;
     return strcmp(ca, cb) == 0;
 }
@@ -879,7 +881,7 @@ static void param_sccs(sema *s, bool *on_cycle, int *order) {
 }
 
 /* Build the canonical memo of every derived parameter, dependencies first (order from
- * param_sccs); a parameter on a cycle gets the text "?name" (an unknown dimension). */
+ * param_sccs); a parameter on a cycle gets the text CANON_UNKNOWN "name" (an unknown dimension). */
 static void config_memos(sema *s, const bool *on_cycle, const int *order) {
     int n = s->m->n_params;
     canon_memo *memos = NEWN(s, canon_memo, n);
@@ -892,7 +894,7 @@ static void config_memos(sema *s, const bool *on_cycle, const int *order) {
         const ms_ast_expr *d = p->dflt;
         const canon_memo *alias = on_cycle[p->index] ? NULL : memo_of(s, d);
         if (on_cycle[p->index]) {
-            m->text = ms_arena_sprintf(s->a, "?%s", p->name); /* no value: dims_eq accepts it */
+            m->text = ms_arena_sprintf(s->a, "%s%s", CANON_UNKNOWN, p->name); /* dims_eq accepts it */
         } else if (alias != NULL) {
             *m = *alias;
         } else if (const_int(d, &m->value)) {
