@@ -5,14 +5,17 @@
  * Order of checks (each phase records errors and keeps going, so one run shows many):
  *   1. config: types, duplicates, defaults (types, cycles), optional/derived rules;
  *   2. weights: groups, name templates ({i}), shapes (int config expressions), ties;
- *   3. per node: labels, resources (constructor keys and types, dependencies, cycles, order),
+ *   3. per node: labels, resources (constructor keys and types, dependencies, cycles, order, sizes
+ *      known without config.json),
  *      forwards (names, bindings, calls, tensor shapes against the declared weights), steps
  *      (segments, records of declared resources, commit/advance, capture buckets);
  *   4. walks: node.step references, loop stop conditions.
  * Shapes are compared symbolically: each dimension is put in a canonical form (derived `let`
  * parameters expanded, sums and products flattened and sorted, integer constants folded) and
  * two dimensions match when their canonical texts are equal. A dynamic dimension (token count)
- * matches anything.
+ * matches anything. Checking is linear in the size of the model: names are looked up in hash
+ * tables (strmap.h), default cycles are found in one pass, and each derived parameter's canonical
+ * form is built once (canon_memo).
  */
 #include "model.h"
 
@@ -1349,7 +1352,7 @@ static bool dep_path(const ms_resource *cur, const ms_resource *target, const ms
 /* ---- 3a'. resource argument values known at check time ---- */
 
 /* The value of an int expression known without config.json: constant arithmetic, or a derived
- * parameter defined as an int literal (through any chain of lets). */
+ * parameter defined as an int constant (through any chain of lets). */
 static bool known_int(const sema *s, const ms_ast_expr *e, int64_t *v) {
     if (const_int(e, v))
         return true;
@@ -1380,8 +1383,8 @@ static void value_leaves(const ms_ast_expr *e, const ms_ast_expr **out, int *n, 
         out[(*n)++] = e;
 }
 
-/* Keys whose every value must be a positive int (ORDER: none). A zero page size divided the
- * runtime by zero; rotary_dim = 0 was read as "the whole head" and window = 0 as "no window". */
+/* Keys whose every value must be a positive int. A zero page size divided the runtime by zero;
+ * rotary_dim = 0 was read as "the whole head" and window = 0 as "no window". */
 static const struct {
     const char *ctor, *key, *what, *hint;
 } POSITIVE_KEYS[] = {
