@@ -27,6 +27,7 @@
 
 #include "codegen.h"
 #include "cuda_kernels.h"
+#include "lower_check.h"
 #include "model_desc.h"
 
 /* ---- the emitter ---- */
@@ -642,6 +643,68 @@ static void emit_activation_check(gen *g) {
     E("}");
 }
 
+/* ---- load-time checks of resource sizes (sema refuses the constant ones at check time) ---- */
+
+static const char *int_or_none(gen *g, const ms_ast_expr *e);
+
+/* A C condition that every value e can take is a positive int: none branches hold, window(W)
+ * checks W. */
+static const char *positive_cond(gen *g, const ms_ast_expr *e) {
+    if (e == NULL || e->kind == MS_EXPR_NONE)
+        return "true";
+    if (e->kind == MS_EXPR_COND)
+        return S("(%s ? %s : %s)", cexpr(g, e->cond), positive_cond(g, e->lhs), positive_cond(g, e->rhs));
+    if (is_call(e, "window") && argv_at(e, 0) != NULL)
+        return positive_cond(g, argv_at(e, 0));
+    return S("%s > 0", cexpr(g, e));
+}
+
+/* Whether some value e can take depends on config.json beyond one plain parameter (those are
+ * checked positive on their own, above). */
+static bool needs_value_check(const ms_ast_expr *e) {
+    if (e == NULL || e->kind == MS_EXPR_NONE || e->kind == MS_EXPR_INT)
+        return false;
+    if (e->kind == MS_EXPR_COND)
+        return needs_value_check(e->lhs) || needs_value_check(e->rhs);
+    if (is_call(e, "window") && argv_at(e, 0) != NULL)
+        return needs_value_check(argv_at(e, 0));
+    if (e->kind == MS_EXPR_NAME && e->sym != NULL && e->sym->kind == MS_SYM_PARAM && !e->sym->param->derived)
+        return false;
+    return true;
+}
+
+/* page_size, the retention and attention windows and rotary_dim, where they depend on config.json
+ * through an expression or a let: page_size 0 divided the runtime by zero, window 0 read as no
+ * window, rotary_dim 0 as the whole head. */
+static void emit_value_checks(gen *g) {
+    const struct {
+        const ms_resource *r;
+        const char *key, *what;
+    } sizes[] = {{g->kv, "page_size", "page_size"}, {g->kv, "retention", "retention window"},
+                 {g->attn, "window", "window"}};
+    for (size_t i = 0; i < MS_ARRAY_LEN(sizes); i++) {
+        const ms_ast_expr *e = sizes[i].r != NULL ? res_arg(sizes[i].r, sizes[i].key) : NULL;
+        if (!needs_value_check(e))
+            continue;
+        E("MS_TRY(ms_md_cfg_check(hf, %s, err,", bare(g, positive_cond(g, e)));
+        E("                       \"%s of %s '%s' (%%s = %%lld) must be positive\",", sizes[i].what,
+          sizes[i].r->spec->ctor, sizes[i].r->name);
+        E("                       %s, (long long)%s));", c_string(g, src_text(g, e)),
+          bare(g, int_or_none(g, e)));
+    }
+    const ms_ast_expr *rd = g->pos != NULL ? res_arg(g->pos, "rotary_dim") : NULL;
+    if (rd != NULL && rd->kind != MS_EXPR_INT) {
+        const ms_ast_expr *rhd = res_arg(g->pos, "head_dim");
+        const char *r = bare(g, cexpr(g, rd));
+        const char *h = bare(g, cexpr(g, rhd != NULL ? rhd : res_arg(g->kv, "head_dim")));
+        E("MS_TRY(ms_md_cfg_check(hf, %s > 0 && %s %% 2 == 0 && %s <= %s, err,", r, r, r, h);
+        E("                       \"rotary_dim of rope '%s' (%%s = %%lld) must be positive, even "
+          "and at most its head_dim (%%lld)\",", g->pos->name);
+        E("                       %s, (long long)(%s), (long long)(%s)));", c_string(g, src_text(g, rd)),
+          r, h);
+    }
+}
+
 static void emit_config_load(gen *g) {
     const ms_model *m = g->m;
     E("static ms_status %s_config_load(const ms_hf_config *hf, void *out, ms_error *err) {",
@@ -719,6 +782,7 @@ static void emit_config_load(gen *g) {
             E("MS_TRY(ms_md_cfg_check(hf, c->%s > 0, err, \"%s (%%lld) must be positive\", "
               "(long long)c->%s));", p->name, p->name, p->name);
     }
+    emit_value_checks(g);
     const ms_ast_expr *qh = res_arg(g->attn, "q_heads"), *kvh = res_arg(g->kv, "kv_heads");
     if (qh != NULL && kvh != NULL) {
         const char *q = bare(g, cexpr(g, qh)), *k = bare(g, cexpr(g, kvh));
@@ -2417,6 +2481,12 @@ static void gen_init(gen *g, const ms_model *m, const char *source, ms_strbuf *o
 /* Checks, fusion analysis, weight table and the lowered forward (shared by the C and the kernel
  * generators). Fails through g->jb. */
 static void prepare(gen *g) {
+    ms_error unsupported = {0};
+    if (ms_lower_check(g->m, g->source, &unsupported) != MS_OK) {
+        if (g->err != NULL)
+            *g->err = unsupported;
+        longjmp(g->jb, 1);
+    }
     find_node(g);
     analyze_fusion_stmts(g, &g->fwd->ast->body);
     build_weight_table(g);
@@ -2741,13 +2811,18 @@ static int collect_kernels(gen *g, kvariant *ks, int cap) {
     const ms_ast_expr *wins[8];
     int nw = 0;
     arg_leaves(res_arg(g->attn, "window"), wins, &nw, 8);
-    /* the prefill variants the steps run: causal and/or not (a block step of dense generation),
-       one instance each (it used to take the flag of the last step only) */
-    bool prefill_causal[2] = {false, false}; /* [0]: non-causal, [1]: causal */
+    /* every attention variant the steps use: a step of more than one token per segment runs the
+       prefill kernel with its own causal flag (a non-causal refine step next to a causal prefill
+       needs both instances), a one-token step the decode kernel */
+    bool prefill_causal[2] = {false, false}; /* [0] non-causal, [1] causal */
     for (int s = 0; s < g->node->n_steps; s++) {
-        const ms_step_rec *r = rec_of(g->node->steps[s], g->attn);
-        if (r != NULL && is_call(g->node->steps[s]->segments[0].span, "len"))
-            prefill_causal[r->causal ? 1 : 0] = true;
+        const ms_step_decl *sd = g->node->steps[s];
+        const ms_step_rec *r = rec_of(sd, g->attn);
+        bool multi = false;
+        for (int k = 0; k < sd->n_segments; k++)
+            multi = multi || sd->segments[k].span->kind != MS_EXPR_INT || sd->segments[k].span->ival > 1;
+        if (r != NULL && multi)
+            prefill_causal[r->causal] = true;
     }
     if (!prefill_causal[0] && !prefill_causal[1])
         prefill_causal[1] = true;
@@ -2827,10 +2902,10 @@ static int collect_kernels(gen *g, kvariant *ks, int cap) {
                 bool win = wins[w] != NULL && wins[w]->kind != MS_EXPR_NONE;
                 const char *when = wcond == NULL ? NULL : win ? wcond : S("not (%s)", wcond);
                 kadd(g, ks, &n, cap, ms_kernel_spec_attn_decode(dt, hd, ps, grp, win), when);
-                for (int c = 1; c >= 0; c--)
-                    if (prefill_causal[c])
+                for (int causal = 1; causal >= 0; causal--)
+                    if (prefill_causal[causal])
                         kadd(g, ks, &n, cap,
-                             ms_kernel_spec_attn_prefill(dt, hd, ps, grp, c == 1, win), when);
+                             ms_kernel_spec_attn_prefill(dt, hd, ps, grp, causal == 1, win), when);
             }
             break;
         default:

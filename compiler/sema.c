@@ -5,14 +5,17 @@
  * Order of checks (each phase records errors and keeps going, so one run shows many):
  *   1. config: types, duplicates, defaults (types, cycles), optional/derived rules;
  *   2. weights: groups, name templates ({i}), shapes (int config expressions), ties;
- *   3. per node: labels, resources (constructor keys and types, dependencies, cycles, order),
+ *   3. per node: labels, resources (constructor keys and types, dependencies, cycles, order, sizes
+ *      known without config.json),
  *      forwards (names, bindings, calls, tensor shapes against the declared weights), steps
  *      (segments, records of declared resources, commit/advance, capture buckets);
  *   4. walks: node.step references, loop stop conditions.
  * Shapes are compared symbolically: each dimension is put in a canonical form (derived `let`
  * parameters expanded, sums and products flattened and sorted, integer constants folded) and
  * two dimensions match when their canonical texts are equal. A dynamic dimension (token count)
- * matches anything.
+ * matches anything. Checking is linear in the size of the model: names are looked up in hash
+ * tables (strmap.h), default cycles are found in one pass, and each derived parameter's canonical
+ * form is built once (canon_memo).
  */
 #include "model.h"
 
@@ -626,6 +629,8 @@ static void canon_into(sema *s, ms_strbuf *b, const ms_ast_expr *e, int depth);
 #define MS_CANON_MAX_OPS 64        /* operands kept per flattened sum or product */
 #define MS_CANON_MAX_MEMO 1024     /* a derived parameter's canonical text longer than this is
                                       replaced by an opaque "#name" (equal only to itself) */
+#define CANON_UNKNOWN "\001"       /* starts the text of a parameter on a default cycle: no
+                                      printed expression holds it (ASCII control character) */
 
 /*
  * The canonical form of a derived parameter, computed once (config_memos, dependencies first) and
@@ -769,7 +774,11 @@ static const char *canon(sema *s, const ms_ast_expr *e) {
 static bool dims_eq(sema *s, const ms_ast_expr *a, const ms_ast_expr *b) {
     if (a == NULL || b == NULL)
         return true;
-    return strcmp(canon(s, a), canon(s, b)) == 0;
+    const char *ca = canon(s, a), *cb = canon(s, b);
+    /* a parameter on a default cycle (reported already) matches anything: no cascade */
+    if (strstr(ca, CANON_UNKNOWN) != NULL || strstr(cb, CANON_UNKNOWN) != NULL)
+        return true;
+    return strcmp(ca, cb) == 0;
 }
 
 static const char *dim_text(sema *s, const ms_ast_expr *d) {
@@ -893,7 +902,7 @@ static void param_sccs(sema *s, bool *on_cycle, int *order) {
 }
 
 /* Build the canonical memo of every derived parameter, dependencies first (order from
- * param_sccs); a parameter on a cycle gets an opaque text. */
+ * param_sccs); a parameter on a cycle gets the text CANON_UNKNOWN "name" (an unknown dimension). */
 static void config_memos(sema *s, const bool *on_cycle, const int *order) {
     int n = s->m->n_params;
     canon_memo *memos = NEWN(s, canon_memo, n);
@@ -906,7 +915,7 @@ static void config_memos(sema *s, const bool *on_cycle, const int *order) {
         const ms_ast_expr *d = p->dflt;
         const canon_memo *alias = on_cycle[p->index] ? NULL : memo_of(s, d);
         if (on_cycle[p->index]) {
-            m->text = ms_arena_sprintf(s->a, "#%s", p->name);
+            m->text = ms_arena_sprintf(s->a, "%s%s", CANON_UNKNOWN, p->name); /* dims_eq accepts it */
         } else if (alias != NULL) {
             *m = *alias;
         } else if (const_int(d, &m->value)) {
@@ -1470,7 +1479,7 @@ static bool dep_path(const ms_resource *cur, const ms_resource *target, const ms
 /* ---- 3a'. resource argument values known at check time ---- */
 
 /* The value of an int expression known without config.json: constant arithmetic, or a derived
- * parameter defined as an int literal (through any chain of lets). */
+ * parameter defined as an int constant (through any chain of lets). */
 static bool known_int(const sema *s, const ms_ast_expr *e, int64_t *v) {
     if (const_int(e, v))
         return true;
@@ -1501,8 +1510,8 @@ static void value_leaves(const ms_ast_expr *e, const ms_ast_expr **out, int *n, 
         out[(*n)++] = e;
 }
 
-/* Keys whose every value must be a positive int (ORDER: none). A zero page size divided the
- * runtime by zero; rotary_dim = 0 was read as "the whole head" and window = 0 as "no window". */
+/* Keys whose every value must be a positive int. A zero page size divided the runtime by zero;
+ * rotary_dim = 0 was read as "the whole head" and window = 0 as "no window". */
 static const struct {
     const char *ctor, *key, *what, *hint;
 } POSITIVE_KEYS[] = {

@@ -124,6 +124,14 @@ static void test_llama_desc_tables(void **state) {
     assert_int_equal(fa.max_context, 512);
     assert_int_equal(fa.rope.style, MS_ROPE_ROTATE_HALF);
     assert_int_equal(fa.window, 0);
+    assert_int_equal(ms_md_check_facts(&ms_llama_desc, &fa, &err), MS_OK);
+    /* a zero page size divided the engine by zero (MS_CEIL_DIV): refused with the value */
+    fa.page_size = 0;
+    assert_int_equal(ms_md_check_facts(&ms_llama_desc, &fa, &err), MS_ERR_FORMAT);
+    assert_non_null(strstr(err.msg, "KV page size 0 under this config is not positive"));
+    fa.page_size = 16;
+    fa.window = -1;
+    assert_int_equal(ms_md_check_facts(&ms_llama_desc, &fa, &err), MS_ERR_FORMAT);
     assert_false(ms_llama_desc.weight_tied(cfg, wix("lm_head")));
     ms_free(cfg);
     ms_hf_config_free(hf);

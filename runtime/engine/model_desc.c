@@ -375,7 +375,24 @@ ms_status ms_md_check_desc(const ms_model_desc *d, ms_error *err) {
     return MS_OK;
 }
 
+ms_status ms_md_check_facts(const ms_model_desc *d, const ms_md_facts *f, ms_error *err) {
+    /* mstarc refuses these at check time or in the generated config_load; this keeps a descriptor
+       from elsewhere from dividing by a zero page size (MS_CEIL_DIV in the KV sizing) */
+    if (f->page_size < 1)
+        return MS_FAIL(err, MS_ERR_FORMAT,
+                       "model %s: KV page size %d under this config is not positive (the "
+                       "kv_pool's page_size)", d->name, (int)f->page_size);
+    if (f->window < 0)
+        return MS_FAIL(err, MS_ERR_FORMAT,
+                       "model %s: attention window %d under this config is negative (0 = none)",
+                       d->name, (int)f->window);
+    return MS_OK;
+}
+
 ms_status ms_md_check_shapes(const ms_model_desc *d, const void *config, ms_error *err) {
+    ms_md_facts facts;
+    MS_TRY(d->facts(config, &facts, err));
+    MS_TRY(ms_md_check_facts(d, &facts, err));
     for (int32_t i = 0; i < d->n_weights; i++) {
         const ms_md_weight *w = &d->weights[i];
         int64_t shape[MS_TENSOR_MAX_DIMS] = {1, 1, 1, 1};

@@ -480,9 +480,15 @@ ms_status ms_md_expand_name(const char *tmpl, int32_t layer, char *buf, size_t c
 ms_status ms_md_check_desc(const ms_model_desc *d, ms_error *err);
 
 /*
+ * Check the facts of a loaded config (d->facts' output): a positive KV page size and a
+ * non-negative window. Errors: MS_ERR_FORMAT naming the model and the value.
+ */
+ms_status ms_md_check_facts(const ms_model_desc *d, const ms_md_facts *f, ms_error *err);
+
+/*
  * Check a descriptor's shapes under a loaded config: every dim positive, and each FUSED entry's
- * rows the sum of its parts' rows with equal trailing dims. Errors: MS_ERR_FORMAT naming the
- * entry and the dims.
+ * rows the sum of its parts' rows with equal trailing dims; and its facts (ms_md_check_facts).
+ * Errors: MS_ERR_FORMAT naming the entry and the dims (or the fact).
  */
 ms_status ms_md_check_shapes(const ms_model_desc *d, const void *config, ms_error *err);
 

@@ -130,6 +130,12 @@ static ms_status tiny_config_load(const ms_hf_config *hf, void *out, ms_error *e
     MS_TRY(ms_md_cfg_check(hf, c->ffn > 0, err, "ffn (%lld) must be positive", (long long)c->ffn));
     MS_TRY(ms_md_cfg_check(hf, c->vocab > 0, err, "vocab (%lld) must be positive", (long long)c->vocab));
     MS_TRY(ms_md_cfg_check(hf, c->max_position_embeddings > 0, err, "max_position_embeddings (%lld) must be positive", (long long)c->max_position_embeddings));
+    MS_TRY(ms_md_cfg_check(hf, c->short_window > 0, err,
+                           "retention window of kv_pool 'cache' (%s = %lld) must be positive",
+                           "window(short_window)", (long long)(int32_t)c->short_window));
+    MS_TRY(ms_md_cfg_check(hf, c->short_window > 0, err,
+                           "window of attention 'att' (%s = %lld) must be positive",
+                           "short_window", (long long)(int32_t)c->short_window));
     MS_TRY(ms_md_cfg_check(hf, c->n_kv_heads > 0 && c->n_heads % c->n_kv_heads == 0, err,
                            "n_heads (%lld) is not a multiple of n_kv_heads (%lld)",
                            (long long)(c->n_heads), (long long)(c->n_kv_heads)));

@@ -1,0 +1,218 @@
+/*
+ * lower_check.c - refuse, with file:line:col, the constructs of a checked model that the code
+ * generator cannot lower yet (see lower_check.h). One place lists them, so the generator's
+ * lowering code does not have to notice each one it would otherwise skip.
+ */
+#include "lower_check.h"
+
+#include "print.h"
+
+#include <string.h>
+
+/* The builtins the generator lowers (codegen.c, lower): silu only as silu(a) * b. */
+static const char *const LOWERED_BUILTINS[] = {
+    "embedding", "rms_norm", "head_rms_norm", "linear", "silu", NULL,
+};
+
+typedef struct lcheck {
+    const char *source;
+    ms_error *err;
+    bool failed;                /* a construct was refused (err filled) */
+    bool oom;                   /* a text buffer could not grow: MS_ERR_OOM, not a refusal */
+} lcheck;
+
+static void refuse(lcheck *c, ms_loc loc, const char *fmt, ...) MS_PRINTF(3, 4);
+static void refuse(lcheck *c, ms_loc loc, const char *fmt, ...) {
+    if (c->failed)
+        return; /* the first construct in source order is reported */
+    char msg[400];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    MS_FAIL(c->err, MS_ERR_UNSUPPORTED, "%s:%d:%d: %s", c->source, loc.first_line, loc.first_column, msg);
+    c->failed = true;
+}
+
+/* A resource argument, NULL when not given (or not a key of this constructor). */
+static const ms_ast_expr *arg_of(const ms_resource *r, const char *key) {
+    for (int k = 0; k < MS_RES_MAX_KEYS && r->spec->keys[k].name != NULL; k++)
+        if (strcmp(r->spec->keys[k].name, key) == 0)
+            return r->args[k];
+    return NULL;
+}
+
+/* The first leaf of e (both branches of conditionals) that is the word `word`, or NULL. */
+static const ms_ast_expr *find_word(const ms_ast_expr *e, const char *word) {
+    if (e == NULL)
+        return NULL;
+    if (e->kind == MS_EXPR_COND) {
+        const ms_ast_expr *a = find_word(e->lhs, word);
+        return a != NULL ? a : find_word(e->rhs, word);
+    }
+    return e->kind == MS_EXPR_NAME && strcmp(e->text, word) == 0 ? e : NULL;
+}
+
+/* Whether e is the literal 0 (0 or 0.0: soft_cap off). */
+static bool is_zero(const ms_ast_expr *e) {
+    return (e->kind == MS_EXPR_INT && e->ival == 0) || (e->kind == MS_EXPR_FLOAT && e->fval == 0.0);
+}
+
+static void check_resource(lcheck *c, const ms_resource *r) {
+    switch (r->kind) {
+    case MS_RESOURCE_CROSS:
+        refuse(c, r->ast->name.loc, "resource '%s': cross-attention (cross) is not lowered by mstarc build yet",
+               r->name);
+        return;
+    case MS_RESOURCE_SCRATCH:
+        refuse(c, r->ast->name.loc, "resource '%s': a scratch pool (scratch) is not lowered by mstarc build yet",
+               r->name);
+        return;
+    case MS_RESOURCE_POS: {
+        if (strcmp(r->spec->ctor, "positions") == 0) {
+            refuse(c, r->ast->name.loc, "resource '%s': learned position tables (positions(kv, table = ...)) "
+                   "are not lowered by mstarc build yet (it lowers rope)", r->name);
+            return;
+        }
+        const ms_ast_expr *block = find_word(arg_of(r, "scheme"), "block");
+        if (block != NULL)
+            refuse(c, block->loc, "%s '%s': scheme = block is not lowered by mstarc build yet", r->spec->ctor,
+                   r->name);
+        return;
+    }
+    case MS_RESOURCE_ATTN: {
+        const ms_ast_expr *cap = arg_of(r, "soft_cap");
+        if (cap != NULL && !is_zero(cap))
+            refuse(c, cap->loc, "attention '%s': soft_cap (logit soft-capping) is not lowered by mstarc "
+                   "build yet", r->name);
+        return;
+    }
+    default:
+        return;
+    }
+}
+
+/* The text of a window-valued argument with window(W) written as W (a retention and an attention
+ * window compare equal when they hold the same values under the same conditions). */
+static void window_text(ms_strbuf *b, const ms_ast_expr *e) {
+    if (e->kind == MS_EXPR_COND) {
+        ms_strbuf_puts(b, "(");
+        ms_expr_print(b, e->cond);
+        ms_strbuf_puts(b, " ? ");
+        window_text(b, e->lhs);
+        ms_strbuf_puts(b, " : ");
+        window_text(b, e->rhs);
+        ms_strbuf_puts(b, ")");
+        return;
+    }
+    if (e->kind == MS_EXPR_CALL && e->lhs->kind == MS_EXPR_NAME && strcmp(e->lhs->text, "window") == 0 &&
+        e->args.n == 1) {
+        window_text(b, ((const ms_ast_arg *)e->args.items[0])->value);
+        return;
+    }
+    ms_expr_print(b, e);
+}
+
+/* The engine has one window (ms_md_facts.window, the attention's) for masking and for releasing
+ * KV pages, so a kv_pool retention is lowered only when it is that same window. */
+static void check_retention(lcheck *c, const ms_node *node) {
+    for (int r = 0; r < node->n_resources; r++) {
+        const ms_resource *kv = node->resources[r];
+        const ms_ast_expr *ret = kv->kind == MS_RESOURCE_KV ? arg_of(kv, "retention") : NULL;
+        if (ret == NULL || ret->kind == MS_EXPR_NONE)
+            continue;
+        for (int a = 0; a < node->n_resources; a++) {
+            const ms_resource *at = node->resources[a];
+            if (at->kind != MS_RESOURCE_ATTN || at->kv != kv)
+                continue;
+            const ms_ast_expr *win = arg_of(at, "window");
+            ms_strbuf x = {0}, y = {0};
+            window_text(&x, ret);
+            if (win != NULL)
+                window_text(&y, win);
+            bool same = win != NULL && x.data != NULL && y.data != NULL && strcmp(x.data, y.data) == 0;
+            c->oom = c->oom || x.oom || y.oom;
+            ms_strbuf_free(&x);
+            ms_strbuf_free(&y);
+            if (!same && !c->oom)
+                refuse(c, ret->loc, "kv_pool '%s': a retention other than attention '%s''s window is not "
+                       "lowered by mstarc build yet (the engine releases KV pages by the attention window)",
+                       kv->name, at->name);
+        }
+    }
+}
+
+/* The engine passes one list of token ids to the forward. */
+static void check_inputs(lcheck *c, const ms_forward *f) {
+    const ms_ast_forward *af = f->ast;
+    for (int i = 0; i < af->params.n; i++) {
+        const ms_ast_fparam *p = af->params.items[i];
+        if (p->has_shape)
+            refuse(c, p->name.loc, "forward parameter '%s' is a shaped tensor; mstarc build lowers "
+                   "forwards over token ids only yet", p->name.name);
+        else if (i > 0)
+            refuse(c, p->name.loc, "forward parameter '%s': mstarc build lowers forwards of one "
+                   "token input yet", p->name.name);
+    }
+}
+
+static void check_expr(lcheck *c, const ms_ast_expr *e) {
+    if (e == NULL || c->failed)
+        return;
+    if (e->kind == MS_EXPR_CALL && e->lhs->kind == MS_EXPR_NAME && e->lhs->sym != NULL &&
+        e->lhs->sym->kind == MS_SYM_BUILTIN) {
+        bool lowered = false;
+        for (int i = 0; LOWERED_BUILTINS[i] != NULL; i++)
+            lowered = lowered || strcmp(LOWERED_BUILTINS[i], e->lhs->text) == 0;
+        if (!lowered && !c->failed) {
+            ms_strbuf b = {0};
+            ms_expr_print(&b, e);
+            c->oom = c->oom || b.oom;
+            if (!c->oom)
+                refuse(c, e->loc, "cannot lower '%.200s' yet: mstarc build lowers the builtins embedding, "
+                       "rms_norm, head_rms_norm, linear and silu(a) * b, not %s", b.data != NULL ? b.data : "",
+                       e->lhs->text);
+            ms_strbuf_free(&b);
+        }
+    }
+    check_expr(c, e->lhs);
+    check_expr(c, e->rhs);
+    check_expr(c, e->cond);
+    for (int i = 0; i < e->args.n; i++)
+        check_expr(c, ((const ms_ast_arg *)e->args.items[i])->value);
+}
+
+static void check_stmts(lcheck *c, const ms_ptr_vec *body) {
+    for (int i = 0; i < body->n && !c->failed; i++) {
+        const ms_ast_stmt *st = body->items[i];
+        for (int k = 0; k < st->rhs.n; k++)
+            check_expr(c, st->rhs.items[k]);
+        if (st->kind == MS_AST_STMT_FOR)
+            check_stmts(c, &st->body);
+    }
+}
+
+ms_status ms_lower_check(const ms_model *m, const char *source, ms_error *err) {
+    lcheck c = {source, err, false, false};
+    if (m->n_nodes > 1)
+        refuse(&c, m->nodes[1]->ast->name.loc, "node '%s': mstarc build lowers models of one node yet (this one "
+               "has %d)", m->nodes[1]->name, m->n_nodes);
+    for (int n = 0; n < m->n_nodes && !c.failed; n++) {
+        const ms_node *node = m->nodes[n];
+        /* resources in source order (node->resources is in dependency order) */
+        for (int i = 0; i < node->ast->resources.n && !c.failed; i++) {
+            const ms_ast_resource *ar = node->ast->resources.items[i];
+            for (int r = 0; r < node->n_resources; r++)
+                if (node->resources[r]->ast == ar)
+                    check_resource(&c, node->resources[r]);
+        }
+        check_retention(&c, node);
+        for (int f = 0; f < node->n_forwards && !c.failed; f++) {
+            check_inputs(&c, node->forwards[f]);
+            check_stmts(&c, &node->forwards[f]->ast->body);
+        }
+    }
+    if (c.oom)
+        return MS_FAIL(err, MS_ERR_OOM, "out of memory while checking %s for mstarc build", source);
+    return c.failed ? MS_ERR_UNSUPPORTED : MS_OK;
+}

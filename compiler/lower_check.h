@@ -1,0 +1,24 @@
+/*
+ * lower_check.h - what `mstarc build` cannot lower yet, refused up front with the construct's
+ * location, so nothing a model declares is silently dropped by the code generator (issue 9,
+ * item 3). The code generator calls it first (codegen.c, prepare); constructs it does lower are
+ * not listed here, and a construct leaves this list when its lowering lands.
+ */
+#ifndef MS_LOWER_CHECK_H
+#define MS_LOWER_CHECK_H
+
+#include "model.h"
+
+/*
+ * MS_OK when every construct of the checked model `m` is one the build lowers; else
+ * MS_ERR_UNSUPPORTED with err->msg "<source>:<line>:<col>: <what> is not lowered by mstarc build
+ * yet ..." naming the first such construct (the second node, then per node its resources in
+ * source order, the retention, each forward's inputs and body): a second node, cross-attention and
+ * scratch resources, learned position tables (positions(kv, table = ...)), a positions
+ * `scheme = block`, an attention `soft_cap`, a kv_pool retention other than its attention's
+ * window, forward inputs other than one token list, and forward builtins the generator has no
+ * lowering for. Borrows its arguments.
+ */
+MS_INTERNAL ms_status ms_lower_check(const ms_model *m, const char *source, ms_error *err);
+
+#endif /* MS_LOWER_CHECK_H */
