@@ -32,6 +32,7 @@ PROGRAMS += $(BUILD)/mstar-mkckpt
 $(BUILD)/mstar-mkckpt: $(BUILD)/obj/runtime/tools/mkckpt.o $(BUILD)/libmstar.a ; $(if $(filter 1,$(V)),,@printf '  %-6s %s\n' LD $@ &&) $(CC) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) -lm
 RUNTIME_CUDA_SRCS += runtime/backends/backend_cuda.c
 RUNTIME_SRCS += runtime/engine/model_desc.c
+RUNTIME_SRCS += runtime/engine/model_probe.c
 RUNTIME_SRCS += runtime/engine/engine.c
 RUNTIME_SRCS += runtime/cli/cli.c
 RUNTIME_SRCS += runtime/tokenizers/tokenizer_hf.c

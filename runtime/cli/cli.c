@@ -27,6 +27,7 @@
 
 #include "engine.h"
 #include "hf_config.h"
+#include "model_probe.h"
 #include "position_ids.h"
 #include "threadpool.h"
 #include "tokenizer_hf.h"
@@ -181,99 +182,31 @@ size_t ms_cli_utf8_flush(ms_cli_utf8 *s, char *out) {
 
 /* ---- model probe ---- */
 
-static bool ends_with(const char *s, const char *suffix) {
-    size_t n = strlen(s), m = strlen(suffix);
-    return n >= m && strcmp(s + n - m, suffix) == 0;
-}
-
-static const char *file_kind(mode_t m) {
-    if (S_ISCHR(m))
-        return "a character device";
-    if (S_ISBLK(m))
-        return "a block device";
-    if (S_ISFIFO(m))
-        return "a pipe";
-    if (S_ISSOCK(m))
-        return "a socket";
-    return "neither a folder nor a regular file";
-}
-
-#define CLI_MODEL_KINDS                                                                           \
-    "expected a checkpoint folder (config.json + *.safetensors), a .safetensors file or "         \
-    "shard index .json inside one, or a llama2.c .bin file"
-
 ms_status ms_cli_model_probe(const ms_model_desc *desc, const char *path, ms_md_facts *facts,
                              int64_t *layer_matmul_params, char **dir, ms_error *err) {
     if (dir != NULL)
         *dir = NULL;
-    struct stat st;
-    if (stat(path, &st) != 0)
-        return MS_FAIL(err, MS_ERR_IO, "%s: cannot open the model (%s)", path,
-                       errno == ENOENT ? "no such file or folder" : strerror(errno));
-    char *folder = NULL;
-    if (S_ISDIR(st.st_mode)) {
-        char *cfg = ms_asprintf("%s/config.json", path);
-        if (cfg == NULL)
-            return MS_FAIL(err, MS_ERR_OOM, "out of memory");
-        struct stat cst;
-        bool has = stat(cfg, &cst) == 0;
-        int e = errno;
-        ms_free(cfg);
-        if (!has && e != ENOENT)
-            return MS_FAIL(err, MS_ERR_IO, "%s: cannot read the model folder's config.json (%s)",
-                           path, strerror(e));
-        if (!has)
-            return MS_FAIL(err, MS_ERR_NOT_FOUND,
-                           "%s: not a model: the folder has no config.json (%s)", path,
-                           CLI_MODEL_KINDS);
-        folder = ms_strdup(path);
-    } else if (!S_ISREG(st.st_mode)) {
-        return MS_FAIL(err, MS_ERR_FORMAT, "%s: not a model: %s (%s)", path, file_kind(st.st_mode),
-                       CLI_MODEL_KINDS);
-    } else if (ends_with(path, ".safetensors") || ends_with(path, ".json")) {
-        const char *slash = strrchr(path, '/');
-        folder = slash == NULL ? ms_strdup(".") : ms_strndup(path, (size_t)(slash - path));
-    } else if (!ends_with(path, ".bin")) {
-        return MS_FAIL(err, MS_ERR_FORMAT, "%s: not a model: unknown file type (%s)", path,
-                       CLI_MODEL_KINDS);
-    }
-    if ((S_ISDIR(st.st_mode) || !ends_with(path, ".bin")) && folder == NULL)
-        return MS_FAIL(err, MS_ERR_OOM, "out of memory");
-
-    ms_hf_config *hf = NULL;
-    void *config = NULL;
-    ms_status rc = ms_hf_config_init(&hf, path, err);
-    if (rc == MS_OK) {
-        config = ms_calloc(1, desc->config_size);
-        if (config == NULL)
-            rc = MS_FAIL(err, MS_ERR_OOM, "out of memory for the model config");
-    }
-    if (rc == MS_OK) {
-        memset(facts, 0, sizeof *facts);
-        rc = desc->config_load(hf, config, err);
-    }
-    if (rc == MS_OK)
-        rc = desc->facts(config, facts, err);
-    if (rc == MS_OK && layer_matmul_params != NULL) {
+    ms_model_probe p;
+    MS_TRY(ms_model_probe_init(&p, desc, path, err));
+    *facts = p.facts;
+    if (layer_matmul_params != NULL) {
         int64_t sum = 0;
         for (int32_t w = 0; w < desc->n_weights; w++) {
             const ms_md_weight *wd = &desc->weights[w];
             if (!wd->per_layer || wd->rank != 2 || wd->kind == MS_MD_WEIGHT_PART)
                 continue;
             int64_t shape[2] = {0, 0};
-            desc->weight_shape(config, w, shape);
+            desc->weight_shape(p.config, w, shape);
             sum += shape[0] * shape[1];
         }
         *layer_matmul_params = sum * facts->n_layers;
     }
-    ms_free(config);
-    ms_hf_config_free(hf);
-    if (rc == MS_OK && dir != NULL) {
-        *dir = folder;
-        folder = NULL;
+    if (dir != NULL) {
+        *dir = p.folder;
+        p.folder = NULL;
     }
-    ms_free(folder);
-    return rc;
+    ms_model_probe_free(&p);
+    return MS_OK;
 }
 
 /* ---- flag parsing ---- */
@@ -697,7 +630,7 @@ static int tok_init(cli_tok *t, const char *given, const char *model_dir, int32_
         if (!S_ISREG(st.st_mode))
             return cli_fail("--tokenizer: %s: not a tokenizer: %s (expected a tokenizer.json or "
                             "a llama2.c tokenizer .bin)",
-                            t->path, file_kind(st.st_mode));
+                            t->path, ms_model_probe_file_kind(st.st_mode));
     } else {
         if (model_dir == NULL)
             return 0;

@@ -145,8 +145,8 @@ size_t ms_cli_utf8_push(ms_cli_utf8 *s, const char *bytes, size_t n, char *out);
 size_t ms_cli_utf8_flush(ms_cli_utf8 *s, char *out);
 
 /*
- * What the verbs learn about --model before loading any weight: checks the path (see the top of
- * the file), reads the config through desc, and fills *facts (bos/eos not filled: the engine's),
+ * What the verbs learn about --model before loading any weight: the engine's probe
+ * (ms_model_probe_init, model_probe.h: the path, the config through desc, its shapes) fills *facts (bos/eos not filled: the engine's),
  * *layer_matmul_params (elements of the per-layer rank-2 weights, summed over layers: the matmuls
  * every token runs through; may be NULL) and *dir (the checkpoint folder, a fresh ms_malloc'd
  * string, NULL for a llama2.c file; may be NULL). Errors: MS_ERR_IO (no such path),

@@ -17,6 +17,7 @@
  * leaks on any path. CUDA builds only do work; without CUDA the verb says so.
  */
 #include "cli.h"
+#include "model_probe.h"
 
 #include <errno.h>
 #include <stdarg.h>
@@ -127,24 +128,6 @@ static int parse_kernels(int argc, char **argv, const char *prog, kernels_opts *
 
 /* ---- the instances of a checkpoint ---- */
 
-/* The config of a model path as the engine reads it: a folder or .bin as is, else its folder. */
-static ms_status load_hf(const char *path, ms_hf_config **hf, ms_error *err) {
-    struct stat st;
-    size_t n = strlen(path);
-    bool is_bin = n >= 4 && strcmp(path + n - 4, ".bin") == 0;
-    if ((stat(path, &st) == 0 && S_ISDIR(st.st_mode)) || is_bin)
-        return ms_hf_config_init(hf, path, err);
-    if (stat(path, &st) != 0)
-        return MS_FAIL(err, MS_ERR_IO, "%s: cannot open the model (no such file or folder)", path);
-    const char *slash = strrchr(path, '/');
-    char *dir = slash == NULL ? ms_strdup(".") : ms_strndup(path, (size_t)(slash - path));
-    if (dir == NULL)
-        return MS_FAIL(err, MS_ERR_OOM, "out of memory");
-    ms_status s2 = ms_hf_config_init(hf, dir, err);
-    ms_free(dir);
-    return s2;
-}
-
 /* The specs generate --device cuda loads for the checkpoint (see the top of the file). */
 static ms_status checkpoint_specs(const ms_model_desc *desc, const kernels_opts *o,
                                   ms_kernel_spec *specs, int cap, int *n, int32_t *page_size,
@@ -154,25 +137,11 @@ static ms_status checkpoint_specs(const ms_model_desc *desc, const kernels_opts 
         return MS_FAIL(err, MS_ERR_UNSUPPORTED,
                        "model %s lists no CUDA kernel instances (mstarc emitted none for it, or "
                        "its descriptor is not generated)", desc->name);
-    ms_hf_config *hf = NULL;
-    void *config = NULL;
-    ms_md_facts f;
-    memset(&f, 0, sizeof f);
-    ms_status st = load_hf(o->model, &hf, err);
-    if (st == MS_OK) {
-        config = ms_calloc(1, desc->config_size > 0 ? desc->config_size : 1);
-        if (config == NULL)
-            st = MS_FAIL(err, MS_ERR_OOM, "out of memory for the model config");
-    }
-    if (st == MS_OK)
-        st = desc->config_load(hf, config, err);
-    if (st == MS_OK)
-        st = desc->facts(config, &f, err);
-    if (st == MS_OK)
-        st = ms_md_check_shapes(desc, config, err);
-    ms_free(config);
-    ms_hf_config_free(hf);
-    MS_TRY(st);
+    ms_model_probe p;
+    MS_TRY(ms_model_probe_init(&p, desc, o->model, err));
+    ms_md_facts f = p.facts;
+    ms_model_probe_free(&p);
+    ms_status st;
     *page_size = o->page_size > 0 ? o->page_size : f.page_size;
     st = ms_md_kernel_specs(desc, &f, *page_size, specs, cap, n, err);
     if (st != MS_OK)

@@ -31,6 +31,7 @@
 #include "device_cuda.h"
 #endif
 #include "kv_pool.h"
+#include "model_probe.h"
 #include "page_arena.h"
 #include "positions.h"
 #include "rid_map.h"
@@ -325,42 +326,15 @@ static ms_status eng_backend_init(ms_engine *e, ms_error *err) {
                    dev);
 }
 
-static bool path_is_dir(const char *p) {
-    struct stat st;
-    return stat(p, &st) == 0 && S_ISDIR(st.st_mode);
-}
-
-static bool ends_with(const char *s, const char *suffix) {
-    size_t n = strlen(s), m = strlen(suffix);
-    return n >= m && strcmp(s + n - m, suffix) == 0;
-}
-
-/* config.json lives in the model folder; a shard index or single .safetensors file names a file
- * inside it; a llama2.c .bin is its own config. */
-static ms_status eng_config_init(ms_engine *e, ms_error *err) {
-    const char *path = e->opt.model_path;
-    if (path_is_dir(path) || ends_with(path, ".bin"))
-        return ms_hf_config_init(&e->hf, path, err);
-    struct stat st;
-    if (stat(path, &st) != 0)
-        return MS_FAIL(err, MS_ERR_IO, "%s: cannot open the model (no such file or folder)",
-                       path);
-    const char *slash = strrchr(path, '/');
-    char *dir = slash == NULL ? ms_strdup(".") : ms_strndup(path, (size_t)(slash - path));
-    if (dir == NULL)
-        return MS_FAIL(err, MS_ERR_OOM, "out of memory");
-    ms_status st2 = ms_hf_config_init(&e->hf, dir, err);
-    ms_free(dir);
-    return st2;
-}
-
+/* The model path and its config through the one probe every verb uses (model_probe.h); the
+ * engine keeps the config and adds the eos / bos ids. */
 static ms_status eng_facts_init(ms_engine *e, ms_error *err) {
-    e->config = ms_calloc(1, e->desc->config_size);
-    if (e->config == NULL)
-        return MS_FAIL(err, MS_ERR_OOM, "out of memory for the model config");
-    MS_TRY(e->desc->config_load(e->hf, e->config, err));
-    MS_TRY(e->desc->facts(e->config, &e->facts, err));
-    MS_TRY(ms_md_check_shapes(e->desc, e->config, err));
+    ms_model_probe p;
+    MS_TRY(ms_model_probe_init(&p, e->desc, e->opt.model_path, err));
+    e->hf = ms_model_probe_take_hf(&p);
+    e->config = ms_model_probe_take_config(&p);
+    e->facts = p.facts;
+    ms_model_probe_free(&p);
     int64_t eos[MS_MD_MAX_EOS];
     size_t n_eos = 0;
     MS_TRY(ms_hf_config_get_eos_ids(e->hf, eos, MS_MD_MAX_EOS, &n_eos, err));
@@ -848,8 +822,6 @@ ms_status ms_engine_init(ms_engine **out, const ms_model_desc *desc,
     e->max_tokens = opt->max_tokens;
     e->next_rid = 1;
     ms_status st = eng_backend_init(e, err);
-    if (st == MS_OK)
-        st = eng_config_init(e, err);
     if (st == MS_OK)
         st = eng_facts_init(e, err);
     if (st == MS_OK)
