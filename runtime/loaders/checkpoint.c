@@ -219,6 +219,10 @@ ms_status ms_ckpt_init(ms_ckpt **out, const char *path, ms_error *err) {
         }
         index = access(ck->path, F_OK) == 0;
         char *single = index ? ms_asprintf("%.*s/model.safetensors", (int)len, path) : NULL;
+        if (index && single == NULL) {
+            st = MS_FAIL(err, MS_ERR_OOM, "%s: out of memory", path);
+            goto fail;
+        }
         bool both = single != NULL && access(single, F_OK) == 0;
         ms_free(single);
         if (both) {
