@@ -23,14 +23,29 @@ cd "$(dirname "$0")/.."
 if [ "${1:-}" = "--bundle" ]; then
     dir=${2:?usage: gpu-batch.sh --bundle DIR}
     make -j2 all build/tests/test_gpu_kernels build/tests/test_backend_cuda \
-        build/tests/test_llama_cuda_fixture || exit 1
+        build/tests/test_llama_cuda_fixture build/tests/test_engine_features_cuda || exit 1
     build/tests/test_nvrtc >/dev/null || { echo "test_nvrtc failed: fix the kernels first"; exit 1; }
     rm -rf "$dir" && mkdir -p "$dir/bin/llama" "$dir/bin/qwen3" "$dir/lib" "$dir/pre" "$dir/fixtures"
     cp build/tests/test_gpu_kernels build/tests/test_backend_cuda build/tests/test_llama_cuda_fixture \
-        build/tests/bench_kernels build/mstarc build/mstar-mkckpt "$dir/bin/"
+        build/tests/test_engine_features_cuda build/tests/bench_kernels build/mstarc build/mstar-mkckpt "$dir/bin/"
     # the serving binaries (llama: gpu_generate.sh and bench-8b.sh; qwen3: per-head norm end to end)
     build/mstarc build models/llama.mstar -o "$dir/bin/llama" >/dev/null || exit 1
     build/mstarc build models/qwen3.mstar -o "$dir/bin/qwen3" >/dev/null || exit 1
+    build/mstarc build models/qwen2vl.mstar -o "$dir/bin/qwen2vl" >/dev/null || exit 1
+    # hf/qwen2vl_mrope's prompt and t/h/w ids as the CLI takes them (--prompt-ids, --position-ids)
+    python3 - ../shared/fixtures/hf/qwen2vl_mrope/reference.safetensors "$dir" <<'PY' || exit 1
+import json, struct, sys
+b = open(sys.argv[1], 'rb').read()
+n = struct.unpack('<Q', b[:8])[0]
+h = json.loads(b[8:8 + n])
+def get(name):
+    s, e = h[name]['data_offsets']
+    return list(struct.unpack('<%di' % ((e - s) // 4), b[8 + n + s:8 + n + e])), h[name]['shape']
+ids, _ = get('input_ids')
+pos, (axes, S) = get('position_ids_thw')
+open(sys.argv[2] + '/q2vl_ids.txt', 'w').write(','.join(map(str, ids)))
+json.dump([pos[a * S:(a + 1) * S] for a in range(axes)], open(sys.argv[2] + '/q2vl_thw.json', 'w'))
+PY
     rm -f "$dir"/bin/*/*.c
     # precompiled here for sm_90 from llama_gqa's shape: generate on the GPU must add no cubin
     MSTAR_CACHE="$PWD/$dir/precache" build/mstarc build models/llama.mstar -o "$dir/pre" \
@@ -94,6 +109,7 @@ if [ -n "${MS_GPU_BUNDLE:-}" ]; then
     step gpu-test 150 "${tests[0]}"
     step backend 60 "${tests[1]}"
     step fixtures 90 "${tests[2]}"
+    step features 120 "$b/bin/test_engine_features_cuda"
     step generate 90 env MS_BUILD="$b/bin" BIN="$b/bin/llama/llama" bash tests/gpu_generate.sh
     # what mstarc --arch sm_90 --config hf/llama_gqa precompiled (here: the bundle) is all that
     # generate --device cuda loads: the cache must not grow (tests/kernels_gpu.sh without a compiler)
@@ -123,6 +139,18 @@ if [ -n "${MS_GPU_BUNDLE:-}" ]; then
         [ -n "$g" ] && [ "$g" = "$c" ] && echo "1 passed, 0 failed" || echo "0 passed, 1 failed"
     } >"$OUT/qwen3.log" 2>&1
     summary+=("$(printf '%-14s %s' qwen3 "$(tail -n 1 "$OUT/qwen3.log")")")
+    # Qwen2-VL (M-RoPE, explicit t/h/w ids from --position-ids) end to end: cuda == cpu bf16
+    q2=(generate --model "$b/fixtures/hf/qwen2vl_mrope" --prompt-ids "$(cat "$b/q2vl_ids.txt")"
+        --position-ids "$b/q2vl_thw.json" --max-new-tokens 16 --temperature 0 --output ids
+        --tokenizer none --ignore-eos)
+    {
+        g=$("$b/bin/qwen2vl/qwen2vl" "${q2[@]}" --device cuda 2>/dev/null)
+        c=$("$b/bin/qwen2vl/qwen2vl" "${q2[@]}" --device cpu --dtype bf16 2>/dev/null)
+        echo "cuda: $g"
+        echo "cpu:  $c"
+        [ -n "$g" ] && [ "$g" = "$c" ] && echo "1 passed, 0 failed" || echo "0 passed, 1 failed"
+    } >"$OUT/qwen2vl.log" 2>&1
+    summary+=("$(printf '%-14s %s' qwen2vl "$(tail -n 1 "$OUT/qwen2vl.log")")")
 else
     if ! pkg-config --exists cmocka jansson libmicrohttpd libpcre2-8; then
         echo "missing build dependencies (cmocka, jansson, libmicrohttpd, pcre2): run"
@@ -153,6 +181,7 @@ echo "== CUDA backend vs CPU backend"
 grep -E '^  [a-z]' "$OUT/backend.log" | head -n 40
 echo "== fixtures on the GPU"
 grep -E '^fixture' "$OUT/fixtures.log"
+[ -f "$OUT/features.log" ] && { echo "== model features through the engine on the GPU"; grep -E '^engine' "$OUT/features.log"; }
 [ -f "$OUT/generate.log" ] && { echo "== generated binary on the GPU"; grep -E '^(ok|FAIL)' "$OUT/generate.log"; }
 echo "== benchmark"
 cat "$OUT/bench.log"
