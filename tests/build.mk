@@ -43,7 +43,7 @@ $(BUILD)/tests/test_engine_llama: $(BUILD)/obj/gen/llama/llama_gen.o
 $(BUILD)/tests/test_engine_desc: $(BUILD)/obj/gen/llama/llama_gen.o
 $(BUILD)/tests/test_cli: $(BUILD)/obj/gen/llama/llama_gen.o
 TESTS += tests/test_engine_cfg
-$(BUILD)/tests/test_engine_cfg: $(BUILD)/obj/gen/llama/llama_gen.o
+$(BUILD)/tests/test_engine_cfg: $(BUILD)/obj/gen/llama/llama_gen.o $(BUILD)/obj/gen/dense/llama_dense_gen.o
 # dense generation: the block steps of tests/codegen/dense.mstar against hf/llama_dense
 TESTS += tests/test_engine_mrope
 $(BUILD)/tests/test_engine_mrope: $(BUILD)/obj/gen/qwen2vl/qwen2vl_gen.o

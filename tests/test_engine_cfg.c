@@ -10,8 +10,12 @@
  *   - a plain request batched beside it gives the ids it gives alone; free pages return to their
  *     initial count after remove;
  *   - explicit position ids are refused by a walk that declares none;
- *   - a randomized property run: plain requests and guided pairs join and leave at random (some
- *     removed mid-walk) while the scheduler interleaves prefill, decode and guided steps; after
+ *   - a randomized property run over tests/codegen/dense.mstar's descriptor (llama's walks plus
+ *     dense generation's block steps): plain requests and guided pairs join and leave at random
+ *     (some removed mid-walk) while the scheduler interleaves prefill, decode and guided steps,
+ *     and non-committing `refine` blocks of random length run between steps on random decoding
+ *     requests (ms_engine_run_step: the stream's length never moves, and a block takes the
+ *     pages it needs beyond those held once, keeping them for the next refine); after
  *     every step each stream holds exactly its prompt plus its ids so far (a pair's two streams
  *     the same ids) and the free-page count equals the initial count less every stream's pages;
  *     every request's ids equal those it gives alone. The seed is printed; MS_SEED=<n>
@@ -30,6 +34,7 @@
 #include "safetensors.h"
 
 extern const ms_model_desc ms_llama_desc;
+extern const ms_model_desc ms_llama_dense_desc; /* llama + refine / commit_block / branch steps */
 
 #define TOL 1e-3f
 
@@ -188,6 +193,9 @@ typedef struct p_req {
     int32_t out[16];
     int32_t n_out;
     bool done;      /* finished normally: its ids are compared with a run alone */
+    int32_t reach;  /* furthest token a refine block reached: its pages stay reserved (a
+                       non-committing step keeps its reservation for the next refine and the
+                       block's commit, kv_pool.h), so the main stream holds pages up to here */
 } p_req;
 
 static uint64_t p_next(uint64_t *s) {
@@ -227,10 +235,16 @@ static void test_cfg_property(void **state) {
     o.page_size = 4;
     ms_engine *e = NULL;
     ms_error err = {0};
-    if (ms_engine_init(&e, &ms_llama_desc, &o, &err) != MS_OK)
+    if (ms_engine_init(&e, &ms_llama_dense_desc, &o, &err) != MS_OK)
         fail_msg("engine: %s", err.msg);
     const int32_t V = ms_engine_facts(e)->vocab, ps = ms_engine_page_size(e);
     const int32_t free0 = ms_engine_kv_pages_free(e);
+    int32_t uncond = -1;
+    for (int32_t l = 0; l < ms_llama_dense_desc.n_labels; l++)
+        if (strcmp(ms_llama_dense_desc.labels[l], "cfg_uncond") == 0)
+            uncond = l;
+    assert_true(uncond > 0);
+    int32_t n_refine = 0;
     p_req *q = ms_calloc(P_REQS, sizeof *q);
     assert_non_null(q);
     int32_t n_made = 0, n_steps = 0;
@@ -258,6 +272,42 @@ static void test_cfg_property(void **state) {
         if (ms_engine_step(e, &info, &err) != MS_OK)
             fail_msg("seed %llu step %d: %s", (unsigned long long)seed, (int)n_steps, err.msg);
         n_steps++;
+        /* dense generation between steps: a refine block on a plain request past its prompt
+           (recomputed over the committed stream, nothing committed: lengths and pages stay) */
+        for (int32_t i = 0; i < n_made; i++) {
+            p_req *r = &q[i];
+            if (!r->live || r->n_neg > 0 || p_next(&rs) % 4 != 0)
+                continue;
+            const int32_t *out;
+            int32_t n_out;
+            ms_finish_reason why;
+            assert_int_equal(ms_engine_output(e, r->rid, &out, &n_out, &why), MS_OK);
+            if (why != MS_FINISH_NONE || n_out == 0)
+                continue;
+            int32_t block[8], nb = 1 + (int32_t)(p_next(&rs) % 8);
+            for (int32_t k = 0; k < nb; k++)
+                block[k] = (int32_t)(p_next(&rs) % (uint64_t)V);
+            const int32_t len0 = ms_engine_stream_length(e, r->rid, 0);
+            const int32_t free_before = ms_engine_kv_pages_free(e);
+            /* the block takes the pages it needs beyond those the stream holds, once */
+            const int32_t held = pages_of(MS_MAX(len0, r->reach), ps);
+            const int32_t takes = MS_MAX(0, pages_of(len0 + nb, ps) - held);
+            const float *lg;
+            int32_t rows;
+            if (ms_engine_run_step(e, r->rid, "refine", block, nb, &lg, &rows, &err) != MS_OK)
+                fail_msg("seed %llu step %d: refine of %d on request %d: %s",
+                         (unsigned long long)seed, (int)n_steps, (int)nb, (int)i, err.msg);
+            assert_int_equal(rows, nb);
+            if (ms_engine_stream_length(e, r->rid, 0) != len0 ||
+                ms_engine_kv_pages_free(e) != free_before - takes)
+                fail_msg("seed %llu step %d: refine of %d on request %d moved the stream (%d -> "
+                         "%d tokens) or the pages (%d -> %d free, want %d)",
+                         (unsigned long long)seed, (int)n_steps, (int)nb, (int)i, (int)len0,
+                         (int)ms_engine_stream_length(e, r->rid, 0), (int)free_before,
+                         (int)ms_engine_kv_pages_free(e), (int)(free_before - takes));
+            r->reach = MS_MAX(r->reach, len0 + nb);
+            n_refine++;
+        }
         /* leave: finished requests, and now and then one in the middle of its walk */
         int32_t used = 0;
         for (int32_t i = 0; i < n_made; i++) {
@@ -285,9 +335,9 @@ static void test_cfg_property(void **state) {
                          (unsigned long long)seed, (int)n_steps, (int)i, (int)lm,
                          (int)r->n_prompt, (int)fed);
             if (lm > 0)
-                used += pages_of(lm, ps);
+                used += pages_of(MS_MAX(lm, r->reach), ps);
             if (r->n_neg > 0) {
-                int32_t lu = ms_engine_stream_length(e, r->rid, 1);
+                int32_t lu = ms_engine_stream_length(e, r->rid, uncond);
                 if (n_out > 0 && lu != r->n_neg + fed)
                     fail_msg("seed %llu step %d: pair %d cfg_uncond holds %d, want %d + %d",
                              (unsigned long long)seed, (int)n_steps, (int)i, (int)lu,
@@ -322,8 +372,9 @@ static void test_cfg_property(void **state) {
         ms_engine_remove(e, rid);
         checked++;
     }
-    printf("engine walk property: %d requests, %d steps, %d compared alone\n", (int)n_made,
-           (int)n_steps, (int)checked);
+    printf("engine walk property: %d requests, %d steps, %d refine blocks, %d compared alone\n",
+           (int)n_made, (int)n_steps, (int)n_refine, (int)checked);
+    assert_true(n_refine > 0);
     assert_int_equal(ms_engine_kv_pages_free(e), free0);
     ms_free(q);
     ms_engine_free(e);

@@ -527,7 +527,7 @@ static const ms_md_resource llama_dense_resources[] = {
 };
 
 /* the node's stream labels (the ms_label values) */
-static const char *const llama_dense_labels[] = {"main", "draft"};
+static const char *const llama_dense_labels[] = {"main", "draft", "cfg_uncond", "cfg"};
 
 /* step prefill */
 static ms_status llama_dense_run_prefill(const void *config, const ms_md_row *rows, int32_t n_rows,
@@ -553,6 +553,42 @@ static ms_status llama_dense_run_decode(const void *config, const ms_md_row *row
     for (int32_t r = 0; r < n_rows; r++) /* main += 1 */
         MS_TRY(ms_md_step_segment(b, r, 0, 1, 1, err));
     ms_md_step_kv(b, 0, true, NULL, 0, NULL, 0, NULL, 0);
+    MS_TRY(ms_md_step_pos(b, 1, true, false, err));
+    ms_md_step_attn(b, 2, true);
+    ms_md_step_sampler(b, 3);
+    return MS_OK;
+}
+
+/* step prefill_guided */
+static const ms_combined_label llama_dense_prefill_guided_combined[] = {{{0, 2}, 2, 3}}; /* -> cfg */
+static ms_status llama_dense_run_prefill_guided(const void *config, const ms_md_row *rows, int32_t n_rows,
+                                                ms_md_step_build *b, ms_error *err) {
+    const llama_dense_config *c = config;
+    (void)c;
+    ms_md_step_begin(b, "prefill_guided", rows);
+    for (int32_t r = 0; r < n_rows; r++) /* main += len(tokens) */
+        MS_TRY(ms_md_step_segment(b, r, 0, (int64_t)rows[r].len[0], -1, err));
+    for (int32_t r = 0; r < n_rows; r++) /* cfg_uncond += len(tokens) */
+        MS_TRY(ms_md_step_segment(b, r, 2, (int64_t)rows[r].len[2], -1, err));
+    ms_md_step_kv(b, 0, true, llama_dense_prefill_guided_combined, 1, NULL, 0, NULL, 0);
+    MS_TRY(ms_md_step_pos(b, 1, false, false, err));
+    ms_md_step_attn(b, 2, true);
+    ms_md_step_sampler(b, 3);
+    return MS_OK;
+}
+
+/* step decode_guided */
+static const ms_combined_label llama_dense_decode_guided_combined[] = {{{0, 2}, 2, 3}}; /* -> cfg */
+static ms_status llama_dense_run_decode_guided(const void *config, const ms_md_row *rows, int32_t n_rows,
+                                               ms_md_step_build *b, ms_error *err) {
+    const llama_dense_config *c = config;
+    (void)c;
+    ms_md_step_begin(b, "decode_guided", rows);
+    for (int32_t r = 0; r < n_rows; r++) /* main += 1 */
+        MS_TRY(ms_md_step_segment(b, r, 0, 1, 1, err));
+    for (int32_t r = 0; r < n_rows; r++) /* cfg_uncond += 1 */
+        MS_TRY(ms_md_step_segment(b, r, 2, 1, 1, err));
+    ms_md_step_kv(b, 0, true, llama_dense_decode_guided_combined, 1, NULL, 0, NULL, 0);
     MS_TRY(ms_md_step_pos(b, 1, true, false, err));
     ms_md_step_attn(b, 2, true);
     ms_md_step_sampler(b, 3);
@@ -629,6 +665,28 @@ static const ms_md_step llama_dense_steps[] = {
         .n_buckets = 9,
     },
     {
+        .name = "prefill_guided",
+        .n_segments = 2,
+        .labels = {0, 2},
+        .explicit_positions = false,
+        .all_logits = false,
+        .run = llama_dense_run_prefill_guided,
+        .capture_by_tokens = false,
+        .buckets = {0},
+        .n_buckets = 0,
+    },
+    {
+        .name = "decode_guided",
+        .n_segments = 2,
+        .labels = {0, 2},
+        .explicit_positions = false,
+        .all_logits = false,
+        .run = llama_dense_run_decode_guided,
+        .capture_by_tokens = false,
+        .buckets = {0},
+        .n_buckets = 0,
+    },
+    {
         .name = "refine",
         .n_segments = 1,
         .labels = {0},
@@ -666,8 +724,10 @@ static const ms_md_step llama_dense_steps[] = {
 /* ---- walks ---- */
 
 static const int32_t llama_dense_walk_generate[] = {0, 1};
+static const int32_t llama_dense_walk_guided[] = {2, 3};
 static const ms_md_walk llama_dense_walks[] = {
     {"generate", llama_dense_walk_generate, 2, 1},
+    {"guided", llama_dense_walk_guided, 2, 1},
 };
 
 /* ---- forward ---- */
