@@ -2,12 +2,12 @@
 # cli_robust.sh - edge cases a new user hits (issue 15): degenerate sampling settings, a NaN logit
 # row, write errors on stdout, flag limits and number parsing, messages that say what is really
 # wrong, config fields that change the maths, output that tells prompts apart. Drives
-# `$MS_BUILD/llama-ref` (and `$MS_BUILD/mstarc`) on the shared fixtures; files are mutated in a
+# `$MS_BUILD/llama/llama` (and `$MS_BUILD/mstarc`) on the shared fixtures; files are mutated in a
 # temporary folder. Kept apart from generate_cli.sh so that the two grow without merge churn.
 set -uo pipefail
 export CUDA_VISIBLE_DEVICES=
 build=${MS_BUILD:-build}
-bin="$build/llama-ref"
+bin="$build/llama/llama"
 mstarc="$build/mstarc"
 fx=${MS_FIXTURES:-../shared/fixtures}
 tmp=$(mktemp -d)
@@ -69,7 +69,7 @@ printf '5,6\n1,2,3\n17,33\n' >"$tmp/nan_prompts"
 rc=$?
 if [ $rc -eq 1 ] && [ "$(sed -n 1p "$tmp/out")" = "$(sed -n 1p "$tmp/want")" ] &&
     [ "$(sed -n 3p "$tmp/out")" = "$(sed -n 3p "$tmp/want")" ] && [ "$(sed -n 2p "$tmp/out")" = "[2] 308 90" ] &&
-    grep -q "^llama-ref: prompt 2 ($tmp/nan_prompts:2): generation failed after 2 new tokens: the model's logits hold NaN; the output of the other prompts is complete$" "$tmp/err"; then
+    grep -q "^llama: prompt 2 ($tmp/nan_prompts:2): generation failed after 2 new tokens: the model's logits hold NaN; the output of the other prompts is complete$" "$tmp/err"; then
     ok "NaN logits fail prompt 2 alone (named by number and line), the others complete, exit 1"
 else
     bad "NaN logit row" "exit $rc" "$(cat "$tmp/out")" "$(head -c 400 "$tmp/err")"
@@ -84,7 +84,7 @@ fi
 "$bin" generate --model "$nanm" --prompt-ids 90 --max-new-tokens 4 >"$tmp/out" 2>"$tmp/err"
 rc=$?
 if [ $rc -eq 1 ] && [ "$(cat "$tmp/out")" = "" ] &&
-    tail -n 1 "$tmp/err" | grep -q "^llama-ref: prompt 1 (--prompt-ids): generation failed after 0 new tokens: the model's logits hold NaN$"; then
+    tail -n 1 "$tmp/err" | grep -q "^llama: prompt 1 (--prompt-ids): generation failed after 0 new tokens: the model's logits hold NaN$"; then
     ok "NaN logits, one prompt: the last stderr line says so, exit 1"
 else
     bad "NaN logits, one prompt" "exit $rc" "$(cat "$tmp/out")" "$(cat "$tmp/err")"
@@ -119,11 +119,11 @@ fi
 out=$("$bin" generate --model "$gqa" --prompt-ids 1,2 --max-new-tokens 2 --device cpu --threads 256 2>/dev/null)
 if [ -n "$out" ]; then ok "--threads 256 runs"; else bad "--threads 256" "no output"; fi
 for t in 257 1024; do
-    expect_error "generate --threads $t" 1 "^llama-ref: --threads: '$t' is too large \(at most 256\)$" \
+    expect_error "generate --threads $t" 1 "^llama: --threads: '$t' is too large \(at most 256\)$" \
         -- --model "$gqa" --prompt-ids 1,2 --max-new-tokens 2 --device cpu --threads "$t"
 done
 "$bin" bench --model "$gqa" --device cpu --threads 300 >"$tmp/out" 2>"$tmp/err"
-if [ $? -eq 1 ] && grep -q "^llama-ref: --threads: '300' is too large (at most 256)$" "$tmp/err"; then
+if [ $? -eq 1 ] && grep -q "^llama: --threads: '300' is too large (at most 256)$" "$tmp/err"; then
     ok "bench --threads 300 refused at the flag"
 else
     bad "bench --threads 300" "$(head -c 300 "$tmp/err")"
@@ -168,38 +168,38 @@ fi
 
 # ---- 6. numbers: too large is said so; plain decimal only; a flag once ----
 m=(--model "$gqa" --prompt-ids 1,2 --max-new-tokens 2)
-expect_error "--max-new-tokens 2147483648" 1 "^llama-ref: --max-new-tokens: '2147483648' is too large \(at most 2147483647\)$" -- --model "$gqa" --prompt-ids 1,2 --max-new-tokens 2147483648
-expect_error "--top-k 99999999999" 1 "^llama-ref: --top-k: '99999999999' is too large \(at most 2147483647\)$" -- "${m[@]}" --top-k 99999999999
-expect_error "--steps 99999999999999999999" 1 "^llama-ref: --steps: '99999999999999999999' is too large" -- --model "$gqa" --prompt-ids 1,2 --steps 99999999999999999999
-expect_error "--temperature 1e309" 1 "^llama-ref: --temperature: '1e309' is too large \(at most 3.40282e\+38\)$" -- "${m[@]}" --temperature 1e309
-expect_error "--temperature 1e308" 1 "^llama-ref: --temperature: '1e308' is too large \(at most 3.40282e\+38\)$" -- "${m[@]}" --temperature 1e308
-expect_error "--seed 2^64" 1 "^llama-ref: --seed: '18446744073709551616' is too large \(at most 18446744073709551615\)$" -- "${m[@]}" --seed 18446744073709551616
-expect_error "--top-p 1.0000000001" 1 "^llama-ref: --top-p: '1.0000000001' is not a number in \(0, 1\]$" -- "${m[@]}" --top-p 1.0000000001
-expect_error "--temperature 0x10 (hex)" 1 "^llama-ref: --temperature: '0x10' is not a number >= 0$" -- "${m[@]}" --temperature 0x10
-expect_error "--top-p 0x1p-1 (hex)" 1 "^llama-ref: --top-p: '0x1p-1' is not a number in" -- "${m[@]}" --top-p 0x1p-1
-expect_error "--temperature inf" 1 "^llama-ref: --temperature: 'inf' is not a number >= 0$" -- "${m[@]}" --temperature inf
-expect_error "--max-new-tokens ' 4' (leading space)" 1 "^llama-ref: --max-new-tokens: ' 4' is not an integer >= 0$" -- --model "$gqa" --prompt-ids 1,2 --max-new-tokens " 4"
-expect_error "--temperature ' 0.5' (leading space)" 1 "^llama-ref: --temperature: ' 0.5' is not a number >= 0$" -- "${m[@]}" --temperature " 0.5"
-expect_error "--seed ' 1' (leading space)" 1 "^llama-ref: --seed: ' 1' is not an unsigned integer$" -- "${m[@]}" --seed " 1"
-expect_error "--prompt-ids twice" 2 "^llama-ref: flag --prompt-ids given twice" -- "${m[@]}" --prompt-ids 3,4
-expect_error "--temperature twice" 2 "^llama-ref: flag --temperature given twice" -- "${m[@]}" --temperature 0 --temperature 1
+expect_error "--max-new-tokens 2147483648" 1 "^llama: --max-new-tokens: '2147483648' is too large \(at most 2147483647\)$" -- --model "$gqa" --prompt-ids 1,2 --max-new-tokens 2147483648
+expect_error "--top-k 99999999999" 1 "^llama: --top-k: '99999999999' is too large \(at most 2147483647\)$" -- "${m[@]}" --top-k 99999999999
+expect_error "--steps 99999999999999999999" 1 "^llama: --steps: '99999999999999999999' is too large" -- --model "$gqa" --prompt-ids 1,2 --steps 99999999999999999999
+expect_error "--temperature 1e309" 1 "^llama: --temperature: '1e309' is too large \(at most 3.40282e\+38\)$" -- "${m[@]}" --temperature 1e309
+expect_error "--temperature 1e308" 1 "^llama: --temperature: '1e308' is too large \(at most 3.40282e\+38\)$" -- "${m[@]}" --temperature 1e308
+expect_error "--seed 2^64" 1 "^llama: --seed: '18446744073709551616' is too large \(at most 18446744073709551615\)$" -- "${m[@]}" --seed 18446744073709551616
+expect_error "--top-p 1.0000000001" 1 "^llama: --top-p: '1.0000000001' is not a number in \(0, 1\]$" -- "${m[@]}" --top-p 1.0000000001
+expect_error "--temperature 0x10 (hex)" 1 "^llama: --temperature: '0x10' is not a number >= 0$" -- "${m[@]}" --temperature 0x10
+expect_error "--top-p 0x1p-1 (hex)" 1 "^llama: --top-p: '0x1p-1' is not a number in" -- "${m[@]}" --top-p 0x1p-1
+expect_error "--temperature inf" 1 "^llama: --temperature: 'inf' is not a number >= 0$" -- "${m[@]}" --temperature inf
+expect_error "--max-new-tokens ' 4' (leading space)" 1 "^llama: --max-new-tokens: ' 4' is not an integer >= 0$" -- --model "$gqa" --prompt-ids 1,2 --max-new-tokens " 4"
+expect_error "--temperature ' 0.5' (leading space)" 1 "^llama: --temperature: ' 0.5' is not a number >= 0$" -- "${m[@]}" --temperature " 0.5"
+expect_error "--seed ' 1' (leading space)" 1 "^llama: --seed: ' 1' is not an unsigned integer$" -- "${m[@]}" --seed " 1"
+expect_error "--prompt-ids twice" 2 "^llama: flag --prompt-ids given twice" -- "${m[@]}" --prompt-ids 3,4
+expect_error "--temperature twice" 2 "^llama: flag --temperature given twice" -- "${m[@]}" --temperature 0 --temperature 1
 "$bin" bench --model "$gqa" --device cpu --runs 99999999999 >"$tmp/out" 2>"$tmp/err"
-if [ $? -eq 1 ] && grep -q "^llama-ref: --runs: '99999999999' is too large (at most 1000)$" "$tmp/err"; then
+if [ $? -eq 1 ] && grep -q "^llama: --runs: '99999999999' is too large (at most 1000)$" "$tmp/err"; then
     ok "bench --runs 99999999999: too large"
 else
     bad "bench --runs 99999999999" "$(head -c 300 "$tmp/err")"
 fi
 
 # ---- 7. each message says what is really wrong ----
-expect_error "--prompts-file a folder" 1 "^llama-ref: --prompts-file: $tmp: a folder, not a prompts file" -- --model "$gqa" --prompts-file "$tmp"
+expect_error "--prompts-file a folder" 1 "^llama: --prompts-file: $tmp: a folder, not a prompts file" -- --model "$gqa" --prompts-file "$tmp"
 mkdir -p "$tmp/loop" && ln -s config.json "$tmp/loop/config.json"
-expect_error "model folder whose config.json cannot be read" 1 "^llama-ref: $tmp/loop: cannot read the model folder's config.json \(Too many levels of symbolic links\)$" -- --model "$tmp/loop" --prompt-ids 1
+expect_error "model folder whose config.json cannot be read" 1 "^llama: $tmp/loop: cannot read the model folder's config.json \(Too many levels of symbolic links\)$" -- --model "$tmp/loop" --prompt-ids 1
 if [ "$(id -u)" -eq 0 ] && command -v setpriv >/dev/null; then
     mkdir -p "$tmp/m000" && cp "$gqa/config.json" "$tmp/m000/" && chmod 000 "$tmp/m000" && chmod o+x "$tmp"
     setpriv --reuid=65534 --regid=65534 --clear-groups "$bin" generate --model "$tmp/m000" --prompt-ids 1 >"$tmp/out" 2>"$tmp/err.000"
     rc=$?
     chmod 755 "$tmp/m000"
-    if [ $rc -eq 1 ] && grep -q "^llama-ref: $tmp/m000: cannot read the model folder's config.json (Permission denied)$" "$tmp/err.000"; then
+    if [ $rc -eq 1 ] && grep -q "^llama: $tmp/m000: cannot read the model folder's config.json (Permission denied)$" "$tmp/err.000"; then
         ok "model folder of mode 000 (as nobody): permission denied, not 'no config.json'"
     elif grep -q "Permission denied" "$tmp/err.000" && ! grep -q "$tmp/m000" "$tmp/err.000"; then
         echo "skip mode-000 folder: nobody cannot run $bin here"
@@ -208,9 +208,9 @@ if [ "$(id -u)" -eq 0 ] && command -v setpriv >/dev/null; then
     fi
 fi
 : >"$tmp/tokenizer.json"
-expect_error "empty tokenizer.json" 1 "^llama-ref: $tmp/tokenizer.json: the tokenizer file is empty" -- --model "$gqa" --tokenizer "$tmp/tokenizer.json" --prompt hi
+expect_error "empty tokenizer.json" 1 "^llama: $tmp/tokenizer.json: the tokenizer file is empty" -- --model "$gqa" --tokenizer "$tmp/tokenizer.json" --prompt hi
 printf '1,2\n\033[31mred\n' >"$tmp/ctl"
-expect_error "control bytes in a prompts file are escaped" 1 "^llama-ref: $tmp/ctl:2: entry 1 '\\\\x1b\[31mred' is not a token id" -- --model "$gqa" --prompts-file "$tmp/ctl"
+expect_error "control bytes in a prompts file are escaped" 1 "^llama: $tmp/ctl:2: entry 1 '\\\\x1b\[31mred' is not a token id" -- --model "$gqa" --prompts-file "$tmp/ctl"
 if grep -q $'\033' "$tmp/err"; then bad "control bytes" "raw ESC on stderr"; fi
 "$mstarc" build models/llama.mstar -o "" >"$tmp/out" 2>"$tmp/err"
 rc=$?
@@ -265,13 +265,13 @@ fi
 # ---- 9. the context note follows stdout's final newline; --help lists every verb; page sizes ----
 l2c="$fx/llama2c/aidreams260K.bin"
 "$bin" generate --model "$l2c" --prompt-ids "$(seq -s, 3 122)" --max-new-tokens 50 --ignore-eos >"$tmp/both" 2>&1
-if [ "$(sed -n 1p "$tmp/both" | wc -w)" -eq 9 ] && sed -n 2p "$tmp/both" | grep -q "^llama-ref: note: prompt 1 stopped after 9 new tokens"; then
+if [ "$(sed -n 1p "$tmp/both" | wc -w)" -eq 9 ] && sed -n 2p "$tmp/both" | grep -q "^llama: note: prompt 1 stopped after 9 new tokens"; then
     ok "context note on its own line after the ids (2>&1)"
 else
     bad "context note placement" "$(head -c 400 "$tmp/both")"
 fi
 "$bin" --help >"$tmp/help" 2>&1
-if grep -q "llama-ref generate" "$tmp/help" && grep -q "llama-ref bench" "$tmp/help" && grep -q "llama-ref kernels" "$tmp/help"; then
+if grep -q "llama generate" "$tmp/help" && grep -q "llama bench" "$tmp/help" && grep -q "llama kernels" "$tmp/help"; then
     ok "--help lists generate, bench and kernels"
 else
     bad "--help verbs" "$(cat "$tmp/help")"
