@@ -147,6 +147,26 @@ static void test_dense_ops(void **state) {
             fail_msg("linear (%s): %s", be->iface.name, err.msg);
     }
     compare("linear bf16 W, y column slice", &y, 64, n, out, 512, 1e-2);
+    {
+        /* a bf16 bias (a checkpoint's q/k/v biases loaded with the weights: Qwen2-VL) */
+        float *hb = rand_host((size_t)out, 1.f);
+        both b = both_alloc((size_t)out * 2, NULL);
+        ms_tensor bsrc = ms_tensor_1d(hb, MS_DTYPE_F32, out);
+        ms_tensor bd = ms_tensor_1d(NULL, MS_DTYPE_BF16, out);
+        ms_tensor bc = on(&b, 0, bd), bg = on(&b, 1, bd);
+        assert_int_equal(g_cpu.iface.tensor_load(g_cpu.ctx, &bc, &bsrc, &err), MS_OK);
+        assert_int_equal(g_gpu.iface.tensor_load(g_gpu.ctx, &bg, &bsrc, &err), MS_OK);
+        for (int which = 0; which < 2; which++) {
+            ms_backend *be = which ? &g_gpu : &g_cpu;
+            ms_tensor a = on(&x, which, xt), ww = on(&w, which, wd), yy = on(&y, which, yt);
+            ms_tensor bb = on(&b, which, bd);
+            if (be->iface.linear(be->ctx, &a, &ww, &bb, &yy, &err) != MS_OK)
+                fail_msg("linear + bf16 bias (%s): %s", be->iface.name, err.msg);
+        }
+        compare("linear bf16 W + bf16 bias", &y, 64, n, out, 512, 1e-2);
+        both_free(&b);
+        free(hb);
+    }
 
     /* rms_norm, add_rms_norm */
     float *hn = rand_host(in, 0.5f);

@@ -32,6 +32,9 @@ typedef struct cuda_ctx {
     size_t scratch_bytes;
     float *ones;       /* [ones_n] 1.0f for bias rank-1 updates */
     int64_t ones_n;
+    uint16_t *ones16;  /* [ones16_n] 1.0 in ones16_dt (bf16 / f16 biases, a k = 1 GEMM) */
+    int64_t ones16_n;
+    ms_dtype ones16_dt;
     bool capturing;
     bool sealed;       /* kernels_load ran: the instance table is the model's, complete */
 } cuda_ctx;
@@ -598,7 +601,37 @@ static ms_status cu_linear(void *ctx, const ms_tensor *x, const ms_tensor *w,
                                         (int)y->stride[0], CUBLAS_COMPUTE_32F,
                                         CUBLAS_GEMM_DEFAULT));
     }
-    if (bias != NULL) {
+    if (bias != NULL && bias->dtype != MS_DTYPE_F32) {
+        /* a bf16 / f16 bias (a checkpoint's q/k/v biases stored with the weights): y += bias *
+           ones^T as a k = 1 GEMM over 16-bit ones, accumulated in f32 */
+        MS_TRY(check_t("linear", "bias", bias, 1, 1, DT_FLOATS, err));
+        if (bias->shape[0] != outd)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG, "linear: bias has %lld entries for %lld outputs",
+                           (long long)bias->shape[0], (long long)outd);
+        if (n > c->ones16_n || c->ones16_dt != bias->dtype) {
+            size_t have = (size_t)c->ones16_n * sizeof(uint16_t);
+            MS_TRY(ensure_device(c, (void **)&c->ones16, &have, (size_t)n * sizeof(uint16_t),
+                                 "linear bias ones", err));
+            uint16_t *h = ms_malloc((size_t)n * sizeof(uint16_t));
+            if (h == NULL)
+                return MS_FAIL(err, MS_ERR_OOM, "linear: out of memory");
+            const uint16_t one16 = bias->dtype == MS_DTYPE_F16 ? 0x3C00u : 0x3F80u;
+            for (int64_t i = 0; i < n; i++)
+                h[i] = one16;
+            cudaError_t e = cudaMemcpy(c->ones16, h, (size_t)n * sizeof(uint16_t),
+                                       cudaMemcpyHostToDevice);
+            ms_free(h);
+            if (e != cudaSuccess)
+                return MS_FAIL(err, MS_ERR_CUDA, "linear: bias ones: %s", cudaGetErrorString(e));
+            c->ones16_n = n;
+            c->ones16_dt = bias->dtype;
+        }
+        cudaDataType_t bt = bias->dtype == MS_DTYPE_F16 ? CUDA_R_16F : CUDA_R_16BF;
+        MS_CUBLAS_TRY(err, cublasGemmEx(c->cublas, CUBLAS_OP_N, CUBLAS_OP_N, (int)outd, (int)n, 1,
+                                        &one, bias->data, bt, (int)outd, c->ones16, bt, 1, &one,
+                                        y->data, CUDA_R_32F, (int)y->stride[0],
+                                        CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    } else if (bias != NULL) {
         MS_TRY(check_t("linear", "bias", bias, 1, 1, DT_F32, err));
         if (bias->shape[0] != outd)
             return MS_FAIL(err, MS_ERR_INVALID_ARG, "linear: bias has %lld entries for %lld outputs",
@@ -1092,6 +1125,8 @@ static void cu_free(void *ctx) {
         (void)cudaFree(c->scratch);
     if (c->ones != NULL)
         (void)cudaFree(c->ones);
+    if (c->ones16 != NULL)
+        (void)cudaFree(c->ones16);
     if (c->cublas != NULL)
         (void)cublasDestroy(c->cublas);
     if (c->stream != NULL)
