@@ -18,17 +18,9 @@ $(FUZZ_DIR)/fuzz_dsl: $(FUZZ_SRCS) $(BUILD)/gen/dsl_parse.c $(BUILD)/gen/dsl_lex
 	@mkdir -p $(@D)
 	$(Q)$(FUZZ_CC) -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all $(RUNTIME_INC) -Icompiler -Idsl -I$(BUILD)/gen $(PKG_CFLAGS) -o $@ $(FUZZ_SRCS) $(BUILD)/gen/dsl_parse.c $(BUILD)/gen/dsl_lex.c $(PKG_LIBS) -lm
 # `make fuzz-dsl` runs it (tests/fuzz.sh, with the other targets' rules in tests/build.mk).
-	$(Q)$(FUZZ_CC) -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=all -Iruntime -Icompiler -Idsl -I$(BUILD)/gen $(PKG_CFLAGS) -o $@ $(FUZZ_SRCS) $(BUILD)/gen/dsl_parse.c $(BUILD)/gen/dsl_lex.c $(PKG_LIBS) -lm
-.PHONY: fuzz-dsl
-fuzz-dsl: $(FUZZ_DIR)/fuzz_dsl
-	$(Q)mkdir -p $(FUZZ_DIR)/corpus $(FUZZ_DIR)/seeds $(FUZZ_DIR)/crashes
-	$(Q)cp models/*.mstar $(FUZZ_DIR)/seeds/
-	$(Q)tests/dsl/split.sh $(FUZZ_DIR)/seeds tests/dsl/*.test
-	$(Q)echo "fuzz-dsl: $(FUZZ_SECONDS) s; corpus $(FUZZ_DIR)/corpus, crashes in $(FUZZ_DIR)/crashes"
-	$(Q)$(FUZZ_DIR)/fuzz_dsl -max_total_time=$(FUZZ_SECONDS) -max_len=8192 -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 -artifact_prefix=$(FUZZ_DIR)/crashes/ -dict=tests/dsl/fuzz.dict $(FUZZ_DIR)/corpus $(FUZZ_DIR)/seeds
-COMPILER_SRCS += compiler/lower_check.c
 COMPILER_SRCS += compiler/codegen.c
 COMPILER_SRCS += compiler/build_cmd.c
+COMPILER_SRCS += compiler/lower_check.c
 # ---- mstarc build: the compiler, flags, libmstar.a and link flags baked into mstarc (absolute) ----
 MSTARC_GEN_CFLAGS = -std=c11 $(OPT) -pthread $(SAN_FLAGS) $(addprefix -I$(abspath runtime)/,$(RUNTIME_DIRS)) -D_GNU_SOURCE $(CUDA_CPPFLAGS) $(PKG_CFLAGS) $(GEN_WARN)
 $(BUILD)/obj/compiler/build_cmd.o: CPPFLAGS += -DMS_BUILD_CC='"$(CC)"' -DMS_BUILD_CFLAGS='"$(MSTARC_GEN_CFLAGS)"' -DMS_BUILD_LIBMSTAR='"$(abspath $(BUILD)/libmstar.a)"' -DMS_BUILD_LDLIBS='"$(LDFLAGS) $(LDLIBS)"'

@@ -44,9 +44,10 @@ $(BUILD)/tests/test_engine_desc: $(BUILD)/obj/gen/llama/llama_gen.o
 $(BUILD)/tests/test_cli: $(BUILD)/obj/gen/llama/llama_gen.o
 TESTS += tests/test_engine_cfg
 $(BUILD)/tests/test_engine_cfg: $(BUILD)/obj/gen/llama/llama_gen.o $(BUILD)/obj/gen/dense/llama_dense_gen.o
-# dense generation: the block steps of tests/codegen/dense.mstar against hf/llama_dense
+# M-RoPE: models/qwen2vl.mstar against hf/qwen2vl_mrope
 TESTS += tests/test_engine_mrope
 $(BUILD)/tests/test_engine_mrope: $(BUILD)/obj/gen/qwen2vl/qwen2vl_gen.o
+# dense generation: the block steps of tests/codegen/dense.mstar against hf/llama_dense
 TESTS += tests/test_engine_dense
 $(BUILD)/tests/test_engine_dense: $(BUILD)/obj/gen/dense/llama_dense_gen.o
 $(BUILD)/gen/dense/llama_dense_gen.c: tests/codegen/dense.mstar $(BUILD)/mstarc
