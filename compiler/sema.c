@@ -1086,33 +1086,6 @@ static ms_weight *make_tensor(sema *s, const ms_ast_weight *aw, ms_group *g) {
     return w;
 }
 
-/*
- * Whether checkpoint name `name` matches an ignore pattern: `*` matches any run of characters
- * (dots included), everything else itself: the rule of the runtime's ms_md_tensor_ignored
- * (model_desc.c), repeated here because the front end links without the runtime's config code
- * (fuzz_dsl). Iterative, backtracking only to the last '*'.
- */
-static bool glob_match(const char *pat, const char *name) {
-    const char *star = NULL, *retry = NULL;
-    while (*name != '\0') {
-        if (*pat == '*') {
-            star = pat++;
-            retry = name;
-        } else if (*pat == *name) {
-            pat++;
-            name++;
-        } else if (star != NULL) {
-            pat = star + 1;
-            name = ++retry;
-        } else {
-            return false;
-        }
-    }
-    while (*pat == '*')
-        pat++;
-    return *pat == '\0';
-}
-
 /* `ignore "p", ...;`: checkpoint tensors that are present but unused (a vision tower). */
 static void add_ignores(sema *s, const ms_ast_weight *aw) {
     int cap = s->m->n_ignores + aw->names.n;
@@ -1169,7 +1142,7 @@ static void check_ignores(sema *s) {
             }
             name[at] = '\0';
             for (int q = 0; q < s->m->n_ignores; q++)
-                if (glob_match(s->m->ignores[q], name))
+                if (ms_glob_match(s->m->ignores[q], name))
                     err(s, s->m->ignore_exprs[q]->loc,
                         "ignore pattern \"%s\" matches \"%s\" of weight '%s%s%s', which the model "
                         "loads", s->m->ignores[q], w->names[k], w->group != NULL ? w->group->name : "",

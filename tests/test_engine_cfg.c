@@ -31,27 +31,13 @@
 #include <time.h>
 
 #include "engine.h"
+#include "fixture_ref.h"
 #include "safetensors.h"
 
 extern const ms_model_desc ms_llama_desc;
 extern const ms_model_desc ms_llama_dense_desc; /* llama + refine / commit_block / branch steps */
 
 #define TOL 1e-3f
-
-static void *ref_tensor(ms_st_file *f, const char *name, bool i32, size_t *n) {
-    ms_error err = {0};
-    const ms_st_tensor *t = ms_st_file_find_tensor(f, name);
-    if (t == NULL)
-        fail_msg("reference tensor %s missing", name);
-    void *out = ms_malloc(t->n_elems * 4);
-    assert_non_null(out);
-    ms_status st = i32 ? ms_st_tensor_to_i32(t, out, t->n_elems, &err)
-                       : ms_st_tensor_to_f32(t, out, t->n_elems, &err);
-    if (st != MS_OK)
-        fail_msg("%s: %s", name, err.msg);
-    *n = t->n_elems;
-    return out;
-}
 
 static ms_engine *open_cfg(int32_t max_seqs) {
     ms_engine_options o = ms_engine_options_default();
@@ -73,10 +59,10 @@ static void test_cfg_reference(void **state) {
     ms_error err = {0};
     assert_int_equal(ms_st_file_init(&f, path, &err), MS_OK);
     size_t nc, nu, ng, nm;
-    int32_t *cond = ref_tensor(f, "cond_ids", true, &nc);
-    int32_t *uncond = ref_tensor(f, "uncond_ids", true, &nu);
-    int32_t *greedy = ref_tensor(f, "greedy_ids", true, &ng);
-    float *mixed = ref_tensor(f, "mixed_logprobs", false, &nm);
+    int32_t *cond = ms_test_ref_tensor(f, "cond_ids", true, &nc);
+    int32_t *uncond = ms_test_ref_tensor(f, "uncond_ids", true, &nu);
+    int32_t *greedy = ms_test_ref_tensor(f, "greedy_ids", true, &ng);
+    float *mixed = ms_test_ref_tensor(f, "mixed_logprobs", false, &nm);
     ms_engine *e = open_cfg(4);
     const int32_t V = ms_engine_facts(e)->vocab;
     assert_int_equal(nm, ng * (size_t)V);

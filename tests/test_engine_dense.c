@@ -18,26 +18,12 @@
 #include <string.h>
 
 #include "engine.h"
+#include "fixture_ref.h"
 #include "safetensors.h"
 
 extern const ms_model_desc ms_llama_dense_desc;
 
 #define TOL 1e-3f
-
-static void *ref_tensor(ms_st_file *f, const char *name, bool i32, size_t *n) {
-    ms_error err = {0};
-    const ms_st_tensor *t = ms_st_file_find_tensor(f, name);
-    if (t == NULL)
-        fail_msg("reference tensor %s missing", name);
-    void *out = ms_malloc(t->n_elems * 4);
-    assert_non_null(out);
-    ms_status st = i32 ? ms_st_tensor_to_i32(t, out, t->n_elems, &err)
-                       : ms_st_tensor_to_f32(t, out, t->n_elems, &err);
-    if (st != MS_OK)
-        fail_msg("%s: %s", name, err.msg);
-    *n = t->n_elems;
-    return out;
-}
 
 static double max_diff(const float *a, const float *b, size_t n) {
     double m = 0.0;
@@ -57,8 +43,8 @@ static void test_dense_reference(void **state) {
     ms_error err = {0};
     assert_int_equal(ms_st_file_init(&f, path, &err), MS_OK);
     size_t np, n;
-    int32_t *prompt = ref_tensor(f, "prompt_ids", true, &np);
-    float *pre = ref_tensor(f, "prefill_logits", false, &n);
+    int32_t *prompt = ms_test_ref_tensor(f, "prompt_ids", true, &np);
+    float *pre = ms_test_ref_tensor(f, "prefill_logits", false, &n);
 
     ms_engine_options o = ms_engine_options_default();
     o.model_path = ms_test_fixture("hf/llama_gqa"); /* reference.json: "checkpoint" */
@@ -95,9 +81,9 @@ static void test_dense_reference(void **state) {
             break;
         }
         size_t nb, nl;
-        int32_t *block = ref_tensor(f, name, true, &nb);
+        int32_t *block = ms_test_ref_tensor(f, name, true, &nb);
         snprintf(name, sizeof name, "refine%d.logits", k);
-        float *want = ref_tensor(f, name, false, &nl);
+        float *want = ms_test_ref_tensor(f, name, false, &nl);
         assert_int_equal(nl, nb * V);
         const float *got;
         int32_t rows;
@@ -115,8 +101,8 @@ static void test_dense_reference(void **state) {
 
     /* the committing block step, then one ordinary decode step over the committed block */
     size_t nb, nl, nn;
-    int32_t *block = ref_tensor(f, "commit.block_ids", true, &nb);
-    float *want = ref_tensor(f, "commit.logits", false, &nl);
+    int32_t *block = ms_test_ref_tensor(f, "commit.block_ids", true, &nb);
+    float *want = ms_test_ref_tensor(f, "commit.logits", false, &nl);
     const float *got;
     int32_t rows;
     assert_int_equal(ms_engine_run_step(e, rid, "commit_block", block, (int32_t)nb, &got, &rows,
@@ -126,8 +112,8 @@ static void test_dense_reference(void **state) {
     print_message("commit block: %.3g\n", d);
     assert_true(d < TOL);
     assert_int_equal(ms_engine_stream_length(e, rid, 0), (int32_t)(np + nb));
-    int32_t *next = ref_tensor(f, "decode.next_id", true, &nn);
-    float *dec = ref_tensor(f, "decode.logits", false, &nl);
+    int32_t *next = ms_test_ref_tensor(f, "decode.next_id", true, &nn);
+    float *dec = ms_test_ref_tensor(f, "decode.logits", false, &nl);
     assert_int_equal(ms_engine_run_step(e, rid, "decode", next, 1, &got, &rows, &err), MS_OK);
     assert_int_equal(rows, 1);
     d = max_diff(got, dec, V);

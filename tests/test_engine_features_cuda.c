@@ -20,6 +20,7 @@
 #include <string.h>
 
 #include "engine.h"
+#include "fixture_ref.h"
 #include "safetensors.h"
 
 extern const ms_model_desc ms_llama_desc;
@@ -28,31 +29,6 @@ extern const ms_model_desc ms_llama_dense_desc;
 
 #define REL_TOL 2e-2
 #define N_IDS 16
-
-static void *ref_tensor(ms_st_file *f, const char *name, bool i32, size_t *n) {
-    ms_error err = {0};
-    const ms_st_tensor *t = ms_st_file_find_tensor(f, name);
-    if (t == NULL)
-        fail_msg("reference tensor %s missing", name);
-    void *out = ms_malloc(t->n_elems * 4);
-    assert_non_null(out);
-    ms_status st = i32 ? ms_st_tensor_to_i32(t, out, t->n_elems, &err)
-                       : ms_st_tensor_to_f32(t, out, t->n_elems, &err);
-    if (st != MS_OK)
-        fail_msg("%s: %s", name, err.msg);
-    *n = t->n_elems;
-    return out;
-}
-
-static ms_st_file *ref_open(const char *fixture) {
-    char path[1024];
-    snprintf(path, sizeof path, "%s/reference.safetensors", ms_test_fixture(fixture));
-    ms_st_file *f = NULL;
-    ms_error err = {0};
-    if (ms_st_file_init(&f, path, &err) != MS_OK)
-        fail_msg("%s", err.msg);
-    return f;
-}
 
 /* Squared-error accumulator of a relative error over several rows. */
 typedef struct rel_acc {
@@ -133,12 +109,12 @@ static int32_t same_prefix(const int32_t *a, const int32_t *b, int32_t n) {
 
 static void test_cfg_on_cuda(void **state) {
     (void)state;
-    ms_st_file *f = ref_open("hf/llama_cfg");
+    ms_st_file *f = ms_test_ref_open("hf/llama_cfg");
     size_t nc, nu, ng, nm;
-    int32_t *cond = ref_tensor(f, "cond_ids", true, &nc);
-    int32_t *uncond = ref_tensor(f, "uncond_ids", true, &nu);
-    int32_t *greedy = ref_tensor(f, "greedy_ids", true, &ng);
-    float *mixed = ref_tensor(f, "mixed_logprobs", false, &nm);
+    int32_t *cond = ms_test_ref_tensor(f, "cond_ids", true, &nc);
+    int32_t *uncond = ms_test_ref_tensor(f, "uncond_ids", true, &nu);
+    int32_t *greedy = ms_test_ref_tensor(f, "greedy_ids", true, &ng);
+    float *mixed = ms_test_ref_tensor(f, "mixed_logprobs", false, &nm);
     ms_engine_request rq = {.prompt = cond, .n_prompt = (int32_t)nc,
                             .max_new_tokens = (int32_t)ng, .sampling = ms_sampling_greedy(),
                             .ignore_eos = true, .negative_prompt = uncond,
@@ -167,11 +143,11 @@ static void test_cfg_on_cuda(void **state) {
 
 static void test_mrope_on_cuda(void **state) {
     (void)state;
-    ms_st_file *f = ref_open("hf/qwen2vl_mrope");
+    ms_st_file *f = ms_test_ref_open("hf/qwen2vl_mrope");
     size_t n, np, nl;
-    int32_t *ids = ref_tensor(f, "input_ids", true, &n);
-    int32_t *thw = ref_tensor(f, "position_ids_thw", true, &np);
-    float *logits = ref_tensor(f, "logits", false, &nl);
+    int32_t *ids = ms_test_ref_tensor(f, "input_ids", true, &n);
+    int32_t *thw = ms_test_ref_tensor(f, "position_ids_thw", true, &np);
+    float *logits = ms_test_ref_tensor(f, "logits", false, &nl);
     /* every prompt position: one token per step, its logits the request's last */
     ms_engine_request rq = {.prompt = ids, .n_prompt = (int32_t)n, .max_new_tokens = N_IDS,
                             .sampling = ms_sampling_greedy(), .ignore_eos = true,
@@ -201,7 +177,7 @@ static void dense_run(const char *device, ms_st_file *f, rel_acc *acc, int32_t *
                       int32_t *free_ok) {
     ms_error err = {0};
     size_t np, n;
-    int32_t *prompt = ref_tensor(f, "prompt_ids", true, &np);
+    int32_t *prompt = ms_test_ref_tensor(f, "prompt_ids", true, &np);
     ms_engine *e = open_on(&ms_llama_dense_desc, "hf/llama_gqa", device);
     const size_t V = (size_t)ms_engine_facts(e)->vocab;
     ms_engine_request rq = {.prompt = prompt, .n_prompt = (int32_t)np,
@@ -218,9 +194,9 @@ static void dense_run(const char *device, ms_st_file *f, rel_acc *acc, int32_t *
         if (ms_st_file_find_tensor(f, name) == NULL)
             break;
         size_t nb, nl;
-        int32_t *block = ref_tensor(f, name, true, &nb);
+        int32_t *block = ms_test_ref_tensor(f, name, true, &nb);
         snprintf(name, sizeof name, "refine%d.logits", k);
-        float *want = ref_tensor(f, name, false, &nl);
+        float *want = ms_test_ref_tensor(f, name, false, &nl);
         const float *got;
         int32_t rows;
         if (ms_engine_run_step(e, rid, "refine", block, (int32_t)nb, &got, &rows, &err) != MS_OK)
@@ -234,8 +210,8 @@ static void dense_run(const char *device, ms_st_file *f, rel_acc *acc, int32_t *
         ms_free(want);
     }
     size_t nb, nl;
-    int32_t *block = ref_tensor(f, "commit.block_ids", true, &nb);
-    float *want = ref_tensor(f, "commit.logits", false, &nl);
+    int32_t *block = ms_test_ref_tensor(f, "commit.block_ids", true, &nb);
+    float *want = ms_test_ref_tensor(f, "commit.logits", false, &nl);
     const float *got;
     int32_t rows;
     if (ms_engine_run_step(e, rid, "commit_block", block, (int32_t)nb, &got, &rows, &err) != MS_OK)
@@ -266,7 +242,7 @@ static void dense_run(const char *device, ms_st_file *f, rel_acc *acc, int32_t *
 
 static void test_dense_on_cuda(void **state) {
     (void)state;
-    ms_st_file *f = ref_open("hf/llama_dense");
+    ms_st_file *f = ms_test_ref_open("hf/llama_dense");
     rel_acc acc = {0, 0};
     int32_t gpu[N_IDS], cpu[N_IDS], ok_g = 0, ok_c = 0;
     dense_run(gpu_device(), f, &acc, gpu, &ok_g);

@@ -23,26 +23,12 @@
 #include <string.h>
 
 #include "engine.h"
+#include "fixture_ref.h"
 #include "safetensors.h"
 
 extern const ms_model_desc ms_qwen2vl_desc;
 
 #define TOL 1e-3f
-
-static void *ref_tensor(ms_st_file *f, const char *name, bool i32, size_t *n) {
-    ms_error err = {0};
-    const ms_st_tensor *t = ms_st_file_find_tensor(f, name);
-    if (t == NULL)
-        fail_msg("reference tensor %s missing", name);
-    void *out = ms_malloc(t->n_elems * 4);
-    assert_non_null(out);
-    ms_status st = i32 ? ms_st_tensor_to_i32(t, out, t->n_elems, &err)
-                       : ms_st_tensor_to_f32(t, out, t->n_elems, &err);
-    if (st != MS_OK)
-        fail_msg("%s: %s", name, err.msg);
-    *n = t->n_elems;
-    return out;
-}
 
 static ms_engine *open_q2vl(void) {
     ms_engine_options o = ms_engine_options_default();
@@ -69,9 +55,9 @@ static void fixture_load(fixture *fx) {
     ms_error err = {0};
     assert_int_equal(ms_st_file_init(&fx->f, path, &err), MS_OK);
     size_t np, nl;
-    fx->ids = ref_tensor(fx->f, "input_ids", true, &fx->n);
-    fx->thw = ref_tensor(fx->f, "position_ids_thw", true, &np);
-    fx->logits = ref_tensor(fx->f, "logits", false, &nl);
+    fx->ids = ms_test_ref_tensor(fx->f, "input_ids", true, &fx->n);
+    fx->thw = ms_test_ref_tensor(fx->f, "position_ids_thw", true, &np);
+    fx->logits = ms_test_ref_tensor(fx->f, "logits", false, &nl);
     assert_int_equal(np, 3 * fx->n);
 }
 

@@ -279,3 +279,24 @@ void ms_log(ms_log_level level, const char *fmt, ...) {
     va_end(ap);
     fprintf(stderr, "mstar: %s: %s\n", names[level], msg);
 }
+
+bool ms_glob_match(const char *pat, const char *name) {
+    const char *star = NULL, *retry = NULL;
+    while (*name != '\0') {
+        if (*pat == '*') {
+            star = pat++;
+            retry = name;
+        } else if (*pat == *name) {
+            pat++;
+            name++;
+        } else if (star != NULL) {
+            pat = star + 1;
+            name = ++retry;
+        } else {
+            return false;
+        }
+    }
+    while (*pat == '*')
+        pat++;
+    return *pat == '\0';
+}

@@ -177,6 +177,14 @@ void ms_log_set_level(ms_log_level level);
 /* One line to stderr: "mstar: warn: ...". */
 void ms_log(ms_log_level level, const char *fmt, ...) MS_PRINTF(2, 3);
 
+/*
+ * Whether `name` matches `pat`, where '*' matches any run of characters (dots and slashes
+ * included) and every other character itself ("visual.*" matches "visual.blocks.0.attn.qkv");
+ * the rule of a model file's weights `ignore` patterns, checked by mstarc and the engine alike.
+ * Iterative, backtracking only to the last '*' (linear in practice, no recursion).
+ */
+bool ms_glob_match(const char *pat, const char *name);
+
 #ifdef __cplusplus
 }
 #endif

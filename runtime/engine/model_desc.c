@@ -179,31 +179,9 @@ ms_status ms_md_expand_name(const char *tmpl, int32_t layer, char *buf, size_t c
     return MS_OK;
 }
 
-/* '*' matches any run of characters; iterative, backtracking only to the last '*'. */
-static bool glob_match(const char *pat, const char *name) {
-    const char *star = NULL, *retry = NULL;
-    while (*name != '\0') {
-        if (*pat == '*') {
-            star = pat++;
-            retry = name;
-        } else if (*pat == *name) {
-            pat++;
-            name++;
-        } else if (star != NULL) {
-            pat = star + 1;
-            name = ++retry;
-        } else {
-            return false;
-        }
-    }
-    while (*pat == '*')
-        pat++;
-    return *pat == '\0';
-}
-
 bool ms_md_tensor_ignored(const ms_model_desc *d, const char *name) {
     for (int32_t i = 0; i < d->n_ignored; i++)
-        if (d->ignored[i] != NULL && glob_match(d->ignored[i], name))
+        if (d->ignored[i] != NULL && ms_glob_match(d->ignored[i], name))
             return true;
     return false;
 }
