@@ -41,4 +41,4 @@ RUNTIME_CUDA_SRCS += runtime/backends/device_cuda.c
 RUNTIME_SRCS += runtime/cli/cli_bench.c
 RUNTIME_SRCS += runtime/cli/cli_kernels.c
 RUNTIME_SRCS += runtime/engine/sample_res.c
-RUNTIME_SRCS += runtime/engine/scheduler.c
+RUNTIME_SRCS += runtime/engine/walk.c

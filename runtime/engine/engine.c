@@ -1,7 +1,7 @@
 /*
  * engine.c - the generic LLM engine (engine.h): backend, config, checkpoint, weights through the
  * descriptor's declarations, resources from a table of makers keyed by kind (through the step
- * runner), and the walk executor: each step the scheduler (scheduler.h) picks one step of the
+ * runner), and the walk executor: each step the scheduler (walk.h) picks one step of the
  * node, the requests standing there become its rows, the model's generated step runner declares
  * the step, and admit -> plan -> forward -> (CFG mixing, sampling) -> commit runs it.
  *
@@ -36,7 +36,7 @@
 #include "positions.h"
 #include "rid_map.h"
 #include "sample_res.h"
-#include "scheduler.h"
+#include "walk.h"
 #include "step_runner.h"
 
 /* ---- engine-side resources: attention staging and the sampler ---- */
@@ -1378,7 +1378,7 @@ ms_status ms_engine_step(ms_engine *e, ms_engine_step_info *info, ms_error *err)
             in_loop[k] = in_loop[k] || ms_walk_in_loop(d, r->walk);
         }
     }
-    int32_t k = ms_sched_pick(&e->sched, waiting, in_loop, d->n_steps);
+    int32_t k = ms_walk_pick(&e->sched, waiting, in_loop, d->n_steps);
     if (k < 0)
         return MS_OK;
     const ms_md_step *sd = &d->steps[k];

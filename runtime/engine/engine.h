@@ -13,7 +13,7 @@
  * each kind (which creates the attention plan buffers), decode steps allocate nothing.
  *
  * Each request walks the model's walk (model_desc.h ms_md_walk; a guided pair the walk over its
- * two streams). Each ms_engine_step the scheduler (scheduler.h) picks one step of the node and
+ * two streams). Each ms_engine_step the scheduler (walk.h) picks one step of the node and
  * batches every request standing there as one ragged step (prefill rows within the token budget,
  * chunked; decode rows one token per stream); the model's generated step runner declares it;
  * admit -> plan -> forward -> commit; then one id is sampled per request and its walk moves on. A request finishes on an eos id

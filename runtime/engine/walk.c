@@ -1,10 +1,10 @@
 /*
- * scheduler.c - walk positions and the step choice (scheduler.h).
+ * walk.c - walk positions and the step choice (walk.h).
  *
  * Constraints: no allocation; deterministic (ties broken by step index), so a run's batches and
  * therefore its outputs do not depend on timing.
  */
-#include "scheduler.h"
+#include "walk.h"
 
 int32_t ms_walk_step(const ms_model_desc *d, ms_walk_pos p) {
     if (p.walk < 0 || p.walk >= d->n_walks)
@@ -55,7 +55,7 @@ int32_t ms_walk_n_streams(const ms_model_desc *d, int32_t w) {
     return n;
 }
 
-int32_t ms_sched_pick(ms_sched *s, const int32_t *waiting, const bool *in_loop, int32_t n_steps) {
+int32_t ms_walk_pick(ms_sched *s, const int32_t *waiting, const bool *in_loop, int32_t n_steps) {
     int32_t loop = -1, prefix = -1;
     for (int32_t k = 0; k < n_steps; k++) {
         if (waiting[k] <= 0)

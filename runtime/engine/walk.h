@@ -1,10 +1,10 @@
 /*
- * scheduler.h - the walk executor's bookkeeping and the step choice of the engine (engine.h).
+ * walk.h - the walk executor's bookkeeping and the scheduler's step choice (engine.h).
  *
  * Every request stands at a position of its walk (ms_md_walk, model_desc.h): the index of the
  * step it runs next. Steps before the walk's loop consume the request's prompts; the loop's steps
  * repeat until the request stops. Each engine step the scheduler picks ONE step of the node and
- * the engine batches every request standing there (ms_sched_pick): loop steps (decode) first, but
+ * the engine batches every request standing there (ms_walk_pick): loop steps (decode) first, but
  * a waiting prefix step (prefill) runs at least every other engine step, so requests joining at
  * a step boundary are never starved by a running decode batch. Within a step the engine takes
  * rows in arrival order within the row and token budgets (chunked prefill: a one-stream prompt
@@ -12,8 +12,8 @@
  *
  * Ownership: plain values; functions borrow their arguments.
  */
-#ifndef MS_SCHEDULER_H
-#define MS_SCHEDULER_H
+#ifndef MS_WALK_H
+#define MS_WALK_H
 
 #include "model_desc.h"
 
@@ -57,9 +57,9 @@ typedef struct ms_sched {
  * lowest index), except that after a loop step a waiting prefix step (the lowest index) goes
  * next. -1 when nothing waits.
  */
-int32_t ms_sched_pick(ms_sched *s, const int32_t *waiting, const bool *in_loop, int32_t n_steps);
+int32_t ms_walk_pick(ms_sched *s, const int32_t *waiting, const bool *in_loop, int32_t n_steps);
 
 #ifdef __cplusplus
 }
 #endif
-#endif /* MS_SCHEDULER_H */
+#endif /* MS_WALK_H */
