@@ -32,7 +32,7 @@
 #include <time.h>
 
 #include "codegen.h"
-#include "cuda_kernels.h"
+#include "kernel.h"
 #include "eval.h"
 #include "mstarc.h"
 

@@ -26,7 +26,7 @@
 #include <string.h>
 
 #include "codegen.h"
-#include "cuda_kernels.h"
+#include "kernel.h"
 #include "lower_check.h"
 #include "model_desc.h"
 
@@ -2690,7 +2690,7 @@ ms_status ms_codegen_main_c(const ms_model *m, const char *source, ms_strbuf *ou
 
 /* ---- kernel instance sources ---- */
 
-/* The kernel vocabulary is the runtime's (runtime/cuda_kernels.h: specs, names, instance
+/* The kernel vocabulary is the runtime's (runtime/kernel.h: specs, names, instance
  * sources), so the instances mstarc writes are exactly the ones the CUDA backend compiles, with
  * the shape fields left to the checkpoint. Shape used only to build specs; it never reaches a
  * file (names are stems, sources use the MS_HEAD_DIM / MS_PAGE_SIZE / MS_GROUP macros). */

@@ -1,7 +1,7 @@
 # runtime/build.mk - sources of libmstar.a, one per line (merge=union in .gitattributes).
 RUNTIME_SRCS += runtime/core/base.c
 RUNTIME_SRCS += runtime/resources/resource.c
-RUNTIME_SRCS += runtime/backends/cuda_kernels.c
+RUNTIME_SRCS += runtime/backends/kernel.c
 RUNTIME_CUDA_SRCS += runtime/backends/cuda_check.c
 RUNTIME_CUDA_SRCS += runtime/backends/nvrtc_cache.c
 RUNTIME_CUDA_SRCS += runtime/backends/cuda_ops.c

@@ -144,7 +144,7 @@ static int bench_decode(int arch, int n_sms, double copy_bw, int batch, int ctx,
     CK(cudaMemcpy(d_last, h_last, sizeof(int32_t) * (size_t)batch, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(d_start, h_start, sizeof(int32_t) * (size_t)batch, cudaMemcpyHostToDevice));
     int n_splits = 1, pps = pages_per_req;
-    ms_attn_decode_plan_split(batch, hkv, pages_per_req, n_sms * m->blocks_per_sm, 4,
+    ms_kernel_attn_decode_split(batch, hkv, pages_per_req, n_sms * m->blocks_per_sm, 4,
                               MS_ATTN_DECODE_MAX_SPLITS,
                               &n_splits, &pps);
     if (force_splits > 0) {

@@ -23,7 +23,7 @@
 #include <time.h>
 
 #include "backend_cuda.h"
-#include "cuda_kernels.h"
+#include "kernel.h"
 
 #include "ms_test_impl.h"
 

@@ -3,7 +3,7 @@
  * ($MS_BUILD/gen/llama/kernels/<instance>.cu, made by `mstarc build --emit-only` through tests/build.mk):
  *   - the expected set of instances (every variant the model can select from config.json);
  *   - each file name is the runtime's URI (ms_kernel_spec_uri) without the shape parameters, so
- *     the generator's mirrored kernel vocabulary cannot drift from runtime/backends/cuda_kernels.c;
+ *     the generator's mirrored kernel vocabulary cannot drift from runtime/backends/kernel.c;
  *   - every instance, completed with a checkpoint shape as the runtime does at load (prepended
  *     #defines), compiles with NVRTC for sm_80 and sm_90 (no GPU needed);
  *   - an instance without the shape defines fails with the instance's own #error message.
@@ -20,7 +20,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "cuda_kernels.h"
+#include "kernel.h"
 #include "nvrtc_cache.h"
 
 static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw) {

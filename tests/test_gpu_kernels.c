@@ -430,7 +430,7 @@ static void run_prefill_rq(int hd, int ps, int G, bool causal, int window, const
     int32_t tile_req[256], tile_idx[256];
     int n_tiles = 0;
     ms_error err = {0};
-    assert_int_equal(ms_attn_prefill_plan_tiles(pk.qo, n_req, G, tile_req, tile_idx, 256,
+    assert_int_equal(ms_kernel_attn_prefill_tiles(pk.qo, n_req, G, tile_req, tile_idx, 256,
                                                 &n_tiles, &err), MS_OK);
     dev_list l = {0};
     paged_dev d = paged_upload(&l, &pk);

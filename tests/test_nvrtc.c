@@ -33,7 +33,7 @@
 
 #include "backend_cuda.h"
 #include "cuda_check.h"
-#include "cuda_kernels.h"
+#include "kernel.h"
 #include "nvrtc_cache.h"
 
 #include "codegen.h"
@@ -176,7 +176,7 @@ static void test_prefill_tiles_cover_ragged_batch(void **state) {
     const int32_t qo[] = {0, 37, 42, 106, 107};
     int32_t req[16], idx[16];
     int n = -1;
-    assert_int_equal(ms_attn_prefill_plan_tiles(qo, 4, 4, req, idx, 16, &n, &err), MS_OK);
+    assert_int_equal(ms_kernel_attn_prefill_tiles(qo, 4, 4, req, idx, 16, &n, &err), MS_OK);
     assert_int_equal(n, 9);
     const int32_t want_req[] = {0, 0, 0, 1, 2, 2, 2, 2, 3};
     const int32_t want_idx[] = {0, 1, 2, 0, 0, 1, 2, 3, 0};
@@ -184,16 +184,16 @@ static void test_prefill_tiles_cover_ragged_batch(void **state) {
         assert_int_equal(req[i], want_req[i]);
         assert_int_equal(idx[i], want_idx[i]);
     }
-    assert_int_equal(ms_attn_prefill_plan_tiles(qo, 4, 4, NULL, NULL, 100, &n, &err), MS_OK);
+    assert_int_equal(ms_kernel_attn_prefill_tiles(qo, 4, 4, NULL, NULL, 100, &n, &err), MS_OK);
     assert_int_equal(n, 9);
-    assert_int_equal(ms_attn_prefill_plan_tiles(qo, 4, 4, req, idx, 8, &n, &err), MS_ERR_CAPACITY);
+    assert_int_equal(ms_kernel_attn_prefill_tiles(qo, 4, 4, req, idx, 8, &n, &err), MS_ERR_CAPACITY);
     const int32_t bad[] = {0, 5, 3};
-    assert_int_equal(ms_attn_prefill_plan_tiles(bad, 2, 1, req, idx, 16, &n, &err),
+    assert_int_equal(ms_kernel_attn_prefill_tiles(bad, 2, 1, req, idx, 16, &n, &err),
                      MS_ERR_INVALID_ARG);
     assert_non_null(strstr(err.msg, "request 1"));
     /* an empty request (span 0) gets no tile */
     const int32_t empty[] = {0, 0, 1};
-    assert_int_equal(ms_attn_prefill_plan_tiles(empty, 2, 8, req, idx, 16, &n, &err), MS_OK);
+    assert_int_equal(ms_kernel_attn_prefill_tiles(empty, 2, 8, req, idx, 16, &n, &err), MS_OK);
     assert_int_equal(n, 1);
     assert_int_equal(req[0], 1);
 }
@@ -202,25 +202,25 @@ static void test_decode_split_fills_device_and_covers_pages(void **state) {
     (void)state;
     int s = 0, pps = 0;
     /* 1 sequence x 8 KV heads x 8k tokens in pages of 16 = 512 pages, 132 SMs x 3 CTAs */
-    ms_attn_decode_plan_split(1, 8, 512, 396, 4, 64, &s, &pps);
+    ms_kernel_attn_decode_split(1, 8, 512, 396, 4, 64, &s, &pps);
     assert_true(s > 1 && s <= 64);
     assert_true(s * pps >= 512 && (s - 1) * pps < 512);
     assert_true(8 * s >= 132);
     assert_true(8 * s <= 396); /* one wave */
     /* the partial buffers cap the split */
-    ms_attn_decode_plan_split(1, 1, 4096, 396, 4, 64, &s, &pps);
+    ms_kernel_attn_decode_split(1, 1, 4096, 396, 4, 64, &s, &pps);
     assert_int_equal(s, 64);
     assert_int_equal(pps, 64);
     /* a batch with more (request, KV head) pairs than slots needs no split */
-    ms_attn_decode_plan_split(128, 8, 64, 396, 4, 64, &s, &pps);
+    ms_kernel_attn_decode_split(128, 8, 64, 396, 4, 64, &s, &pps);
     assert_int_equal(s, 1);
     assert_int_equal(pps, 64);
     /* short views are not split below min_pages */
-    ms_attn_decode_plan_split(1, 1, 6, 132, 4, 64, &s, &pps);
+    ms_kernel_attn_decode_split(1, 1, 6, 132, 4, 64, &s, &pps);
     assert_int_equal(s, 1);
     assert_int_equal(pps, 6);
     /* zero pages still yields one split of one page */
-    ms_attn_decode_plan_split(1, 1, 0, 132, 4, 64, &s, &pps);
+    ms_kernel_attn_decode_split(1, 1, 0, 132, 4, 64, &s, &pps);
     assert_int_equal(s, 1);
     assert_true(pps >= 1);
 }

@@ -314,7 +314,7 @@ typedef struct ms_attn_params {
 
 /* ---- the vtable ---- */
 
-struct ms_kernel_spec; /* cuda_kernels.h */
+struct ms_kernel_spec; /* kernel.h */
 
 /*
  * Entries marked "optional" may be NULL; use the ms_backend_* wrappers below, which fall back as
@@ -381,7 +381,7 @@ typedef struct ms_backend_i {
                                  int32_t n_q_heads, const ms_attn_params *params, ms_error *err);
     /*
      * Load the kernel instances a model runs (specs [n], struct ms_kernel_spec of
-     * cuda_kernels.h: the model's generated kernel list at the checkpoint's shape, as
+     * kernel.h: the model's generated kernel list at the checkpoint's shape, as
      * ms_kernel_specs_for_stems gives it), once at init (optional, default: none). From then on
      * the backend's instance table is sealed: an op needing an instance outside it fails with
      * MS_ERR_STATE naming the instance (the generated list missed it) instead of compiling in

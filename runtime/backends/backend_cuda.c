@@ -470,7 +470,7 @@ static ms_status cu_attn_batch_plan(void *ctx, ms_attn_batch *batch, const ms_pa
         sp.act_dtype = MS_KERNEL_DTYPE_F32;
         MS_TRY(get_module(c, &sp, &m, err));
         /* split the keys so that one wave of resident CTAs covers the batch */
-        ms_attn_decode_plan_split(batch->n_seqs, kv->n_kv_heads, cb->max_pages,
+        ms_kernel_attn_decode_split(batch->n_seqs, kv->n_kv_heads, cb->max_pages,
                                   c->n_sms * MS_MAX(m->blocks_per_sm, 1), 4, MAX_SPLITS,
                                   &n_splits, &pages_per_split);
         if (n_splits > 1) {
@@ -497,7 +497,7 @@ static ms_status cu_attn_batch_plan(void *ctx, ms_attn_batch *batch, const ms_pa
         /* tile lists from the host mirror of qo_indptr */
         ms_attn_batch h = *batch;
         batch_point(&h, cb->host);
-        MS_TRY(ms_attn_prefill_plan_tiles(h.qo_indptr, batch->n_seqs, G, cb->tile_host,
+        MS_TRY(ms_kernel_attn_prefill_tiles(h.qo_indptr, batch->n_seqs, G, cb->tile_host,
                                           cb->tile_host + cb->max_tiles, cb->max_tiles, &n_tiles,
                                           err));
         MS_CUDA_TRY(err, cudaMemcpyAsync(cb->tile_dev, cb->tile_host,

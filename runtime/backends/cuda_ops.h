@@ -17,7 +17,7 @@
 #define MS_CUDA_OPS_H
 
 #include "cuda_check.h"
-#include "cuda_kernels.h"
+#include "kernel.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -53,7 +53,7 @@ ms_status ms_cuda_device_arch(int device, int *arch, int *n_sms, ms_error *err);
  * part_lse and split_counter (zeroed, [batch * n_kv_heads]) are required then. */
 ms_status ms_cuda_attn_decode_launch(const ms_cuda_module *m, const ms_attn_kernel_params *p,
                                      cudaStream_t stream, ms_error *err);
-/* Prefill attention over n_tiles tiles (ms_attn_prefill_plan_tiles): grid (n_tiles, n_kv_heads). */
+/* Prefill attention over n_tiles tiles (ms_kernel_attn_prefill_tiles): grid (n_tiles, n_kv_heads). */
 ms_status ms_cuda_attn_prefill_launch(const ms_cuda_module *m, const ms_attn_kernel_params *p,
                                       int n_tiles, cudaStream_t stream, ms_error *err);
 /* RoPE + KV write: grid (n_tokens). M-RoPE instances also check the sections (1 .. 4, none

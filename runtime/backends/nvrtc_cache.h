@@ -37,7 +37,7 @@
 #ifndef MS_NVRTC_CACHE_H
 #define MS_NVRTC_CACHE_H
 
-#include "cuda_kernels.h"
+#include "kernel.h"
 #include "ms_base.h"
 
 #ifdef __cplusplus

@@ -27,7 +27,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
-#include "cuda_kernels.h"
+#include "kernel.h"
 #include "hf_config.h"
 
 #if defined(MS_HAVE_CUDA)

@@ -91,7 +91,7 @@
 #define MS_MODEL_DESC_H
 
 #include "backend.h"
-#include "cuda_kernels.h"
+#include "kernel.h"
 #include "hf_config.h"
 #include "ms_base.h"
 #include "resource.h"

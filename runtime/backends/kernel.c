@@ -1,11 +1,11 @@
 /*
- * cuda_kernels.c - kernel specs, URIs, instance sources and attention planning (cuda_kernels.h).
+ * kernel.c - kernel specs, URIs, instance sources and attention planning (kernel.h).
  *
  * Constraints: output is deterministic (no pointers, times or locale in sources or URIs); the
  * emitted source never pastes a kernel body, only the config preamble and wrappers
  * (CONVENTIONS.md item 11).
  */
-#include "cuda_kernels.h"
+#include "kernel.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -687,7 +687,7 @@ ms_status ms_kernel_specs_for_stems(const ms_kernel_model_shape *shape, const ch
 
 /* ---- attention planning ---- */
 
-ms_status ms_attn_prefill_plan_tiles(const int32_t *qo_indptr, int batch, int group,
+ms_status ms_kernel_attn_prefill_tiles(const int32_t *qo_indptr, int batch, int group,
                                      int32_t *tile_req, int32_t *tile_idx, int cap,
                                      int *n_tiles, ms_error *err) {
     *n_tiles = 0;
@@ -717,7 +717,7 @@ ms_status ms_attn_prefill_plan_tiles(const int32_t *qo_indptr, int batch, int gr
     return MS_OK;
 }
 
-void ms_attn_decode_plan_split(int batch, int n_kv_heads, int max_pages, int n_slots,
+void ms_kernel_attn_decode_split(int batch, int n_kv_heads, int max_pages, int n_slots,
                                int min_pages, int max_splits, int *n_splits,
                                int *pages_per_split) {
     if (max_pages < 1)

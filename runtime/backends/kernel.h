@@ -1,5 +1,5 @@
 /*
- * cuda_kernels.h - kernel instances: what a specialization is (ms_kernel_spec), its readable URI,
+ * kernel.h - kernel instances: what a specialization is (ms_kernel_spec), its readable URI,
  * its generated instance source (config preamble + extern "C" wrappers around a template of
  * templates/), and the host-side planning the attention kernels need (prefill tile lists, decode
  * KV splits).
@@ -18,8 +18,8 @@
  *     char *src;
  *     MS_TRY(ms_kernel_spec_source(&s, &src, err));
  */
-#ifndef MS_CUDA_KERNELS_H
-#define MS_CUDA_KERNELS_H
+#ifndef MS_KERNEL_H
+#define MS_KERNEL_H
 
 #include "ms_base.h"
 #include "../../templates/common/params.h"
@@ -31,7 +31,7 @@ extern "C" {
 #define MS_KERNEL_URI_MAX 128
 #define MS_KERNEL_MAX_ENTRIES 3
 
-/* ORDER MS_KERNEL_OP: keep the op table in cuda_kernels.c in sync. */
+/* ORDER MS_KERNEL_OP: keep the op table in kernel.c in sync. */
 typedef enum ms_kernel_op {
     MS_KERNEL_OP_ATTN_DECODE = 0, /* attn/decode.cuh (split-KV merged in the same launch) */
     MS_KERNEL_OP_ATTN_PREFILL,    /* attn/prefill.cuh */
@@ -281,7 +281,7 @@ ms_status ms_kernel_specs_for_stems(const ms_kernel_model_shape *shape, const ch
  * *n_tiles. tile_req / tile_idx may be NULL to only count. MS_ERR_CAPACITY when more than cap
  * tiles are needed; MS_ERR_INVALID_ARG for a decreasing qo_indptr.
  */
-ms_status ms_attn_prefill_plan_tiles(const int32_t *qo_indptr, int batch, int group,
+ms_status ms_kernel_attn_prefill_tiles(const int32_t *qo_indptr, int batch, int group,
                                      int32_t *tile_req, int32_t *tile_idx, int cap,
                                      int *n_tiles, ms_error *err);
 
@@ -293,11 +293,11 @@ ms_status ms_attn_prefill_plan_tiles(const int32_t *qo_indptr, int batch, int gr
  * split. max_pages is the longest view's page count. Always n_splits >= 1 and
  * n_splits * pages_per_split >= max_pages; n_splits <= max_splits (the partial buffers' size).
  */
-void ms_attn_decode_plan_split(int batch, int n_kv_heads, int max_pages, int n_slots,
+void ms_kernel_attn_decode_split(int batch, int n_kv_heads, int max_pages, int n_slots,
                                int min_pages, int max_splits, int *n_splits,
                                int *pages_per_split);
 
 #ifdef __cplusplus
 }
 #endif
-#endif /* MS_CUDA_KERNELS_H */
+#endif /* MS_KERNEL_H */
