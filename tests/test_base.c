@@ -38,6 +38,27 @@ static void test_fail_records_message_and_location(void **state) {
     assert_int_equal(failing_function(NULL, "y"), MS_ERR_IO);
 }
 
+/* an error message is one line whatever it quotes: control bytes are escaped at the source (a
+ * shard named "a\nb" in a weight map printed a two-line error; found by fuzz_safetensors) */
+static void test_fail_messages_are_one_line(void **state) {
+    (void)state;
+    ms_error err = {0};
+    assert_int_equal(MS_FAIL(&err, MS_ERR_IO, "%s: cannot open", "dir/a.safet\nsors\x1b\t\\x"),
+                     MS_ERR_IO);
+    assert_string_equal(err.msg, "dir/a.safet\\nsors\\x1b\\t\\x: cannot open");
+    ms_error_prefix(&err, "shard %s: ", "b\r");
+    assert_string_equal(err.msg, "shard b\\r: dir/a.safet\\nsors\\x1b\\t\\x: cannot open");
+    /* truncation never cuts an escape in half */
+    char big[MS_ERROR_MSG_MAX + 8];
+    memset(big, '\n', sizeof big - 1);
+    big[sizeof big - 1] = '\0';
+    MS_FAIL(&err, MS_ERR_IO, "%s", big);
+    size_t n = strlen(err.msg);
+    assert_true(n < sizeof err.msg);
+    assert_int_equal(n % 2, 0);
+    assert_null(strchr(err.msg, '\n'));
+}
+
 static void test_alloc_counts_blocks_and_bytes(void **state) {
     (void)state;
     ms_alloc_stats before = ms_alloc_get_stats();
@@ -104,6 +125,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         ms_unit_test(test_status_strings_cover_every_code),
         ms_unit_test(test_fail_records_message_and_location),
+        ms_unit_test(test_fail_messages_are_one_line),
         ms_unit_test(test_alloc_counts_blocks_and_bytes),
         ms_unit_test(test_alloc_fail_nth_injects_one_failure),
         ms_unit_test(test_calloc_overflow_and_grow),

@@ -254,7 +254,16 @@ static int cli_fail(const char *fmt, ...) {
     int n = vsnprintf(buf, sizeof buf, fmt, ap);
     va_end(ap);
     fprintf(stderr, "%s: ", g_prog);
-    ms_cli_write_escaped(stderr, buf, n < 0 ? 0 : MS_MIN((size_t)n, sizeof buf - 1));
+    /* control bytes only: a backslash stays as is, since messages of the loaders (ms_error)
+       arrive with their quoted names already escaped */
+    size_t len = n < 0 ? 0 : MS_MIN((size_t)n, sizeof buf - 1);
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)buf[i];
+        if (c == '\\' || (c >= 0x20 && c != 0x7f))
+            fputc(c, stderr);
+        else
+            ms_cli_write_escaped(stderr, &buf[i], 1);
+    }
     fputs(n >= (int)sizeof buf ? "...\n" : "\n", stderr);
     return 1;
 }

@@ -42,6 +42,33 @@ const char *ms_status_str(ms_status st) {
 
 /* ---- errors ---- */
 
+/* Copy src into dst (cap bytes, NUL included) with control bytes and DEL escaped C-style (\n,
+ * \r, \t, \xHH): a message is one line whatever a file name, tensor name or prompt it quotes
+ * holds (a shard called "a\nb" in a weight map). Truncated to fit, never mid-escape. */
+static void error_escape(char *dst, size_t cap, const char *src) {
+    size_t n = 0;
+    for (const unsigned char *p = (const unsigned char *)src; *p != '\0'; p++) {
+        char esc[5];
+        size_t k;
+        if (*p == '\n' || *p == '\r' || *p == '\t') {
+            esc[0] = '\\';
+            esc[1] = *p == '\n' ? 'n' : *p == '\r' ? 'r' : 't';
+            k = 2;
+        } else if (*p < 0x20 || *p == 0x7f) {
+            snprintf(esc, sizeof esc, "\\x%02x", (unsigned)*p);
+            k = 4;
+        } else {
+            esc[0] = (char)*p;
+            k = 1;
+        }
+        if (n + k >= cap)
+            break;
+        memcpy(dst + n, esc, k);
+        n += k;
+    }
+    dst[n] = '\0';
+}
+
 ms_status ms_error_set(ms_error *err, ms_status code, const char *file, int line, const char *func,
                        const char *fmt, ...) {
     if (err == NULL)
@@ -52,19 +79,22 @@ ms_status ms_error_set(ms_error *err, ms_status code, const char *file, int line
     err->func = func;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(err->msg, sizeof err->msg, fmt, ap);
+    char raw[MS_ERROR_MSG_MAX];
+    vsnprintf(raw, sizeof raw, fmt, ap);
     va_end(ap);
+    error_escape(err->msg, sizeof err->msg, raw);
     return code;
 }
 
 void ms_error_prefix(ms_error *err, const char *fmt, ...) {
     if (err == NULL)
         return;
-    char prefix[MS_ERROR_MSG_MAX];
+    char raw[MS_ERROR_MSG_MAX], prefix[MS_ERROR_MSG_MAX];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(prefix, sizeof prefix, fmt, ap);
+    vsnprintf(raw, sizeof raw, fmt, ap);
     va_end(ap);
+    error_escape(prefix, sizeof prefix, raw);
     /* Truncation is intended: the message keeps as much of the prefix and old text as fits. */
     size_t plen = strlen(prefix);
     size_t olen = strnlen(err->msg, sizeof err->msg - 1);

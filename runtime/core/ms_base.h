@@ -74,7 +74,8 @@ const char *ms_status_str(ms_status st);
  */
 typedef struct ms_error {
     ms_status code;              /* MS_OK when nothing failed */
-    char msg[MS_ERROR_MSG_MAX];  /* NUL-terminated message, truncated to fit */
+    char msg[MS_ERROR_MSG_MAX];  /* NUL-terminated message, truncated to fit; one line: control
+                                    bytes of quoted names are escaped (\n, \xHH) */
     const char *file;            /* source file of the MS_FAIL that set it (static string) */
     int line;                    /* its line */
     const char *func;            /* its function (static string) */
