@@ -227,15 +227,29 @@ typedef struct ms_md_weight {
 
 #define MS_MD_MAX_DEPS 4
 
+/* One declared argument of a resource, as data: its key and the source text of its value in the
+ * canonical spelling of `mstarc dump` ({"page_size", "16"}, {"window", "has(sliding_window) ?
+ * sliding_window : none"}). For tools and messages (a dump, `kernels --list`); the values the
+ * runtime uses come through ms_md_facts, evaluated by the generated `facts` under the loaded
+ * config, never from this text. */
+typedef struct ms_md_arg {
+    const char *key;                      /* the constructor key, e.g. "page_size" */
+    const char *text;                     /* the value's source text */
+} ms_md_arg;
+
 /* One resource of a node, in dependency order (its position is its resource index). The
  * engine takes the parameters of each kind from ms_md_facts (kv: layers, kv heads, head_dim,
  * page size, retention = window; pos: sequential scheme + rope; attn: q heads, window;
- * sampler: vocab). */
+ * sampler: vocab); `args` are the declared arguments as text (ms_md_arg). */
 typedef struct ms_md_resource {
     const char *key;                      /* "kv", "pos", "attn", "sample" */
     ms_resource_kind kind;
     const char *deps[MS_MD_MAX_DEPS];     /* keys it reads plan results of */
     int32_t n_deps;
+    const ms_md_arg *args;                /* [n_args] the keyed arguments given in the source,
+                                             in declaration order (defaults not listed); NULL
+                                             when n_args is 0 */
+    int32_t n_args;
 } ms_md_resource;
 
 /* ---- steps: generated step runners ---- */
@@ -323,18 +337,25 @@ typedef struct ms_md_step {
     int32_t n_buckets;
 } ms_md_step;
 
+/* One item of a walk: step `step` of node `node` (indices into ms_model_desc.nodes and that
+ * node's steps). */
+typedef struct ms_md_walk_item {
+    int32_t node;
+    int32_t step;
+} ms_md_walk_item;
+
 /*
- * A walk as data: the steps a request runs in order, `steps[0 .. n_steps)`, with
- * `loop ... until stop` as the range [loop_begin, n_steps) that repeats until the request stops
- * (loop_begin == n_steps: no loop; items after a loop are refused by mstarc). Steps before the
- * loop consume the request's prompt inputs (input k = prompt k); steps in the loop consume the
+ * A walk as data: the (node, step) items a request runs in order, `items[0 .. n_items)`, with
+ * `loop ... until stop` as the range [loop_begin, n_items) that repeats until the request stops
+ * (loop_begin == n_items: no loop; items after a loop are refused by mstarc). Items before the
+ * loop consume the request's prompt inputs (input k = prompt k); items in the loop consume the
  * last sampled id in every input.
  */
 typedef struct ms_md_walk {
     const char *name;                      /* "generate", "guided" */
-    const int32_t *steps;                  /* [n_steps] indices into ms_model_desc.steps */
-    int32_t n_steps;
-    int32_t loop_begin;                    /* first step of the loop; n_steps: none */
+    const ms_md_walk_item *items;          /* [n_items] node.step in order */
+    int32_t n_items;
+    int32_t loop_begin;                    /* first item of the loop; n_items: none */
 } ms_md_walk;
 
 /* ---- step-runner helpers (runtime side of the generated runners) ---- */
@@ -404,6 +425,31 @@ static inline const ms_tensor *ms_md_weight_get(const ms_md_forward_args *a, int
     return &a->weights[a->weight_offset[w] + layer];
 }
 
+/* ---- nodes ---- */
+
+#define MS_MD_MAX_NODES 8       /* nodes of a model */
+
+/* Bytes of workspace a node's forward needs for steps of up to max_tokens tokens over max_seqs
+ * views (the layout depends only on these capacities). */
+typedef size_t (*ms_md_workspace_fn)(const void *config, int32_t max_tokens, int32_t max_seqs);
+/* Queue one step's forward. Errors: the first failing op's status and message. */
+typedef ms_status (*ms_md_forward_fn)(const ms_md_forward_args *args, ms_error *err);
+
+/* One node of the model (`node decoder { ... }`): its stream labels, resources, steps and
+ * forward. Resource indices (ms_step.records), label values (ms_label) and step indices are the
+ * node's own. */
+typedef struct ms_md_node {
+    const char *name;                /* "decoder" */
+    const char *const *labels;       /* [n_labels] stream label names; labels[0] is "main" */
+    int32_t n_labels;
+    const ms_md_resource *resources; /* [n_resources] in dependency order */
+    int32_t n_resources;
+    const ms_md_step *steps;         /* [n_steps] in declaration order */
+    int32_t n_steps;
+    ms_md_workspace_fn workspace_size;
+    ms_md_forward_fn forward;
+} ms_md_node;
+
 /* ---- the descriptor ---- */
 
 /* A compiled model. Generated as one `const ms_model_desc ms_<model>_desc`. */
@@ -424,23 +470,13 @@ typedef struct ms_model_desc {
     /* Whether entry w is replaced by its `tie` entry under this config (DSL `or x if cond`). */
     bool (*weight_tied)(const void *config, int32_t w);
 
-    /* the decoder node */
-    const char *const *labels;    /* [n_labels] stream label names; labels[0] is "main" */
-    int32_t n_labels;
-    const ms_md_resource *resources; /* [n_resources] in dependency order */
-    int32_t n_resources;
-    const ms_md_step *steps;      /* [n_steps] in declaration order */
-    int32_t n_steps;
+    /* nodes and walks */
+    const ms_md_node *nodes;      /* [n_nodes] in declaration order (the engine runs one today:
+                                     it refuses n_nodes != 1) */
+    int32_t n_nodes;
     const ms_md_walk *walks;      /* [n_walks] in declaration order; a request takes the first
-                                     whose first step has as many inputs as it gives prompts */
+                                     whose first item has as many inputs as it gives prompts */
     int32_t n_walks;
-
-    /* forward */
-    /* Bytes of workspace the forward needs for steps of up to max_tokens tokens over max_seqs
-     * views (the layout depends only on these capacities). */
-    size_t (*workspace_size)(const void *config, int32_t max_tokens, int32_t max_seqs);
-    /* Queue one step's forward. Errors: the first failing op's status and message. */
-    ms_status (*forward)(const ms_md_forward_args *args, ms_error *err);
 
     /* CUDA kernel instances */
     /* [n_kernels] stems (ms_kernel_spec_stem, e.g. "rmsnorm_heads_bf16_af32") of every kernel
@@ -472,10 +508,14 @@ ms_status ms_md_expand_name(const char *tmpl, int32_t layer, char *buf, size_t c
  * at least one template (a per-layer one containing "{i}", a global one none), a tie points to an
  * earlier TENSOR/FUSED entry of the same rank and layering, a PART names a FUSED entry that lists
  * it, a FUSED entry has 2..MS_MD_MAX_PARTS PART entries of its rank and layering, each listing it;
- * resources: unique keys, dependencies among earlier keys (dependency order), at most one of each
- * kind; steps: spans valid, buckets ascending; kernels: n_kernels >= 0, each stem a non-empty
- * string (kernels non-NULL when n_kernels > 0). Errors: MS_ERR_INVALID_ARG
- * "model <name>: weight 'x': <problem>". The engine runs it first at init.
+ * nodes: 1..MS_MD_MAX_NODES with unique names, each with a forward and workspace_size, its
+ * resources (unique keys, dependencies among earlier keys (dependency order), at most one of
+ * each kind, every argument with a key and a text), labels (main first) and 1..MS_MD_MAX_STEPS
+ * steps (labels within the node's, buckets ascending); walks: at least one, each item naming a
+ * valid (node, step) pair, the loop within the items; kernels: n_kernels >= 0, each stem a
+ * non-empty string (kernels non-NULL when n_kernels > 0). Errors: MS_ERR_INVALID_ARG
+ * "model <name>: weight 'x': <problem>" ("model <name>: node <node>: ..." for a node's tables).
+ * The engine runs it first at init.
  */
 ms_status ms_md_check_desc(const ms_model_desc *d, ms_error *err);
 
@@ -514,8 +554,8 @@ ms_status ms_md_kernel_specs(const ms_model_desc *d, const ms_md_facts *facts, i
  */
 bool ms_md_tensor_ignored(const ms_model_desc *d, const char *name);
 
-/* Resource index of `key` in the descriptor's table, or -1. */
-int32_t ms_md_resource_index(const ms_model_desc *d, const char *key);
+/* Resource index of `key` in node n's table, or -1. */
+int32_t ms_md_resource_index(const ms_md_node *n, const char *key);
 
 #ifdef __cplusplus
 }
