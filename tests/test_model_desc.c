@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "model_desc.h"
+#include "walk.h"
 
 static ms_hf_config *cfg_from(const char *json) {
     ms_hf_config *hf = NULL;
@@ -331,6 +332,54 @@ static void test_desc_check_walk_items(void **state) {
     assert_string_equal(err.msg, "model m: no walk");
 }
 
+/* The walk executor's bookkeeping goes through each item's node: its step, the labels of the
+ * first item's node, and streams counted per (node, label). */
+static void test_walk_items_across_nodes(void **state) {
+    (void)state;
+    ms_model_desc d = fx_desc();
+    static const char *const two_labels[] = {"main", "cfg_uncond"};
+    ms_md_step enc_steps[2] = {fx_step, fx_step};
+    enc_steps[1].name = "t";
+    enc_steps[1].n_segments = 2;
+    enc_steps[1].labels[1] = 1;
+    ms_md_node nodes[2] = {fx_node, fx_node};
+    nodes[1].name = "encoder";
+    nodes[1].labels = two_labels;
+    nodes[1].n_labels = 2;
+    nodes[1].steps = enc_steps;
+    nodes[1].n_steps = 2;
+    ms_md_walk_item items[3] = {{1, 0}, {0, 0}, {1, 1}};
+    ms_md_walk w = {.name = "w", .items = items, .n_items = 3, .loop_begin = 2};
+    d.nodes = nodes;
+    d.n_nodes = 2;
+    d.walks = &w;
+    ms_error err = {0};
+    assert_int_equal(ms_md_check_desc(&d, &err), MS_OK);
+
+    ms_walk_pos p = {0, 0};
+    assert_int_equal(ms_walk_item(&d, p).node, 1);
+    assert_int_equal(ms_walk_step(&d, p), 0);
+    ms_walk_advance(&d, &p);
+    assert_int_equal(ms_walk_item(&d, p).node, 0);
+    assert_false(ms_walk_in_loop(&d, p));
+    ms_walk_advance(&d, &p);
+    assert_int_equal(ms_walk_item(&d, p).node, 1);
+    assert_int_equal(ms_walk_step(&d, p), 1);
+    assert_true(ms_walk_in_loop(&d, p));
+    ms_walk_advance(&d, &p); /* the loop repeats its one item */
+    assert_int_equal(p.at, 2);
+    assert_int_equal(ms_walk_item(&d, (ms_walk_pos){0, 3}).node, -1);
+    assert_int_equal(ms_walk_step(&d, (ms_walk_pos){1, 0}), -1);
+
+    /* encoder.main, decoder.main, encoder.cfg_uncond */
+    assert_int_equal(ms_walk_n_streams(&d, 0), 3);
+    /* the first item is the encoder's: a prompt for its main stream alone takes the walk */
+    bool has[MS_MAX_LABELS] = {true};
+    assert_int_equal(ms_walk_find(&d, has), 0);
+    has[1] = true;
+    assert_int_equal(ms_walk_find(&d, has), -1);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         ms_unit_test(test_int_list_sources_defaults_optional),
@@ -341,6 +390,7 @@ int main(void) {
         ms_unit_test(test_desc_check_nodes),
         ms_unit_test(test_desc_check_resource_args),
         ms_unit_test(test_desc_check_walk_items),
+        ms_unit_test(test_walk_items_across_nodes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
