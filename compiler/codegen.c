@@ -6,9 +6,12 @@
  *             `let` values, the shape checks sema cannot prove) + facts;
  *   weights   the ms_md_weight table with the fusion decisions (linears of one statement that
  *             read the same input become one FUSED entry: Q/K/V, gate/up), shapes, ties;
- *   node      resources in dependency order and the prefill/decode step declarations;
+ *   nodes     per node: its resources in dependency order with their declared arguments as
+ *             text, its labels, its step runners and step table (`<model>_<node>_*`);
+ *   walks     (node, step) items per walk;
  *   forward   the forward body lowered to an op list, buffers planned by liveness over one
- *             workspace, emitted as straight-line ms_backend_i calls.
+ *             workspace, emitted as straight-line ms_backend_i calls;
+ *   the node table `<model>_nodes` (one ms_md_node per node) and the descriptor.
  * and, separately, the CUDA kernel instance sources the lowered forward needs (ms_codegen_kernels).
  *
  * Determinism: everything iterates declaration order or op order; names are derived from source

@@ -4,9 +4,9 @@
  *
  * A model file (models/llama.mstar) compiles into ONE `const ms_model_desc` object plus the few
  * functions it points to. The generated side stays small and mechanical: static tables that mirror
- * the source's config, weights, resources and steps, switch functions that evaluate the source's
- * config expressions, and a forward function that is a straight line of ms_backend_i calls over
- * buffers planned up front. Everything else (reading config.json and checkpoints, validating and
+ * the source's config, weights, nodes (resources, labels, steps) and walks, switch functions that
+ * evaluate the source's config expressions, and per node a forward function that is a straight
+ * line of ms_backend_i calls over buffers planned up front. Everything else (reading config.json and checkpoints, validating and
  * uploading weights, building resources through the step runner, batching, sampling, stopping,
  * context limits, the CLI) is the engine's.
  *
@@ -21,15 +21,23 @@
  *      layer, alternatives, optional tensors, ties, fusion: a FUSED entry is the row-wise
  *      concatenation of its PART entries, loaded once at startup, so Q/K/V and gate/up run as
  *      one GEMM each), `weight_shape` (dims per entry) and `weight_tied` (tie conditions).
- *   4. resources: a static ms_md_resource table for each node in dependency order (KV first),
- *      whose index is the resource index of ms_step.records (what mstarc's sema computed).
- *   5. steps: per declared step an ms_md_step row and a generated step runner that fills the
- *      step's declaration (ms_step: segments, KV / positions / attention / sampler records) for a
- *      batch of rows through the ms_md_step_* helpers below; the node's label names; the walks
- *      as data (ms_md_walk: node.step items, `then` sequences, `loop ... until stop`).
- *   6. forward: `forward` queues the model on a backend for one staged step, reading its weights
- *      with ms_md_weight_get and carving activations out of a workspace sized up front by
- *      `workspace_size` for the worst-case step (no allocation on the decode hot path).
+ *   4. per node (`nodes`: one ms_md_node each, in declaration order), its tables:
+ *      a. resources: a static ms_md_resource table in dependency order (KV first), whose index
+ *         is the resource index of ms_step.records (what mstarc's sema computed), each row with
+ *         the resource's declared keyed arguments as data (ms_md_arg: key and the value's
+ *         source text, for tools and messages; the values the runtime uses come from facts);
+ *      b. labels: the node's stream label names (main first);
+ *      c. steps: per declared step an ms_md_step row and a generated step runner that fills the
+ *         step's declaration (ms_step: segments, KV / positions / attention / sampler records)
+ *         for a batch of rows through the ms_md_step_* helpers below;
+ *      d. forward: the node's `forward` queues it on a backend for one staged step, reading its
+ *         weights with ms_md_weight_get and carving activations out of a workspace sized up
+ *         front by its `workspace_size` for the worst-case step (no allocation on the decode
+ *         hot path).
+ *   5. walks (model-level, they may cross nodes): ms_md_walk as data, items (node, step) pairs
+ *      (ms_md_walk_item) in order, `then` sequences flattened, `loop ... until stop` as a range.
+ *   (mstarc emits each node's resources, labels and steps, then the walks, then the forward,
+ *   then the `<model>_nodes` table that points to them.)
  *
  * Conventions fixed by this contract:
  *   - weights are addressed by (weight index, layer); per-layer entries have `n_layers` instances,
@@ -38,8 +46,10 @@
  *   - the forward's outputs are the logits of the LAST token of each view of the step, in view
  *     order (or, with ms_md_forward_args.out_rows, of the rows it lists: a step declared with
  *     `attn causal = false`, a block step of dense generation, returns every token's logits): [n_seqs, vocab] float32, which the engine samples.
- *   - one node (`decoder`) is implemented by the engine today; the node table exists so encoder
- *     and cross-attention nodes can be described the same way later.
+ *   - resource indices, label values (ms_label) and step indices are per node; a walk item names
+ *     its node. The table shape is general, but mstarc build lowers one node and the engine runs
+ *     descriptors of exactly one node (nodes[0]; ms_engine_init refuses n_nodes != 1), so
+ *     encoder and cross-attention nodes can be described the same way later.
  *
  * Mapping from the checked model (compiler/model.h) to what a generator emits:
  *   - ms_param (declaration order): a field of the config struct (int64_t / double / bool /
@@ -59,14 +69,21 @@
  *     fused members and one FUSED row per group; per-layer groups set per_layer; `or w if cond`
  *     sets tie (weight_tied evaluates cond); `or w` alone sets tie + tie_if_missing;
  *     weight_shape is a switch over rows evaluating the shape expressions.
- *   - ms_resource in resource-index order: ms_md_resource rows (key, kind, dep keys).
+ *   - ms_node (ms_model.nodes, in order): one ms_md_node row of `<model>_nodes` (name, the
+ *     tables below named `<model>_<node>_resources` / `_labels` / `_steps`, the forward).
+ *   - ms_resource in resource-index order: ms_md_resource rows (key, kind, dep keys, and the
+ *     keyed arguments of its constructor call in source order as `<model>_<node>_<res>_args`:
+ *     the key as written and the canonical source text of the value (print.h), e.g.
+ *     {"page_size", "16"}, {"window", "has(sliding_window) ? sliding_window : none"}; positional
+ *     arguments are the dependencies; defaults not written are not listed).
  *   - labels: the node's label names (main first), `labels`.
  *   - ms_step_decl: one ms_md_step per step with its generated runner `<model>_run_<step>`:
  *     for each segment declaration (in order) and each row, one ms_md_step_segment call with the
  *     span expression in C (len(tokens) is rows[r].len[<the segment's label>]); then one ms_md_step_<kind> call per resource
  *     the step uses (kv: commit, combined labels and forks as static arrays; pos: custom
  *     advance, explicit ids; attn: causal; sampler) with its resource index.
- *   - walks: one ms_md_walk each (node.step items flattened, the loop's range).
+ *   - walks: one ms_md_walk each: its node.step items flattened into (node index, step index
+ *     within that node) pairs, the loop's range.
  *   - the kernel instances of ms_codegen_kernels (DIR/kernels/<stem>.cu): a static array of their
  *     stems, `kernels` (none, NULL and 0, when the model's kernels are not expressible).
  *   - `ignore "visual.*";` patterns of the weights blocks: a static array, `ignored` (none: NULL
