@@ -6,9 +6,12 @@
  *             `let` values, the shape checks sema cannot prove) + facts;
  *   weights   the ms_md_weight table with the fusion decisions (linears of one statement that
  *             read the same input become one FUSED entry: Q/K/V, gate/up), shapes, ties;
- *   node      resources in dependency order and the prefill/decode step declarations;
+ *   nodes     per node: its resources in dependency order with their declared arguments as
+ *             text, its labels, its step runners and step table (`<model>_<node>_*`);
+ *   walks     (node, step) items per walk;
  *   forward   the forward body lowered to an op list, buffers planned by liveness over one
- *             workspace, emitted as straight-line ms_backend_i calls.
+ *             workspace, emitted as straight-line ms_backend_i calls;
+ *   the node table `<model>_nodes` (one ms_md_node per node) and the descriptor.
  * and, separately, the CUDA kernel instance sources the lowered forward needs (ms_codegen_kernels).
  *
  * Determinism: everything iterates declaration order or op order; names are derived from source
@@ -1341,10 +1344,56 @@ static const char *kind_const(ms_resource_kind k) {
     return (int)k >= 0 && (int)k < (int)MS_ARRAY_LEN(names) ? names[k] : "MS_RESOURCE_KV";
 }
 
+/* Keyed argument i of the resource's constructor call in source order (positional arguments,
+ * the dependencies, are not arguments), or NULL past the last. */
+static const ms_ast_arg *resource_arg_at(const ms_resource *res, int i) {
+    const ms_ast_expr *call = res->ast->ctor;
+    for (int k = 0; k < call->args.n; k++) {
+        const ms_ast_arg *a = call->args.items[k];
+        if (a->name != NULL && i-- == 0)
+            return a;
+    }
+    return NULL;
+}
+
+static int resource_n_args(const ms_resource *res) {
+    int n_args = 0;
+    while (resource_arg_at(res, n_args) != NULL)
+        n_args++;
+    return n_args;
+}
+
+/* The declared keyed arguments of each resource of the node with their source text (what a dump
+ * or `kernels --list` shows; the values reach the runtime through facts). */
+static void emit_resource_args(gen *g) {
+    const ms_node *n = g->node;
+    bool any = false;
+    for (int r = 0; r < n->n_resources && !any; r++)
+        any = resource_n_args(n->resources[r]) > 0;
+    if (!any)
+        return;
+    E("/* the declared arguments as source text (messages, tools); the values the runtime uses");
+    E("   come through facts */");
+    for (int r = 0; r < n->n_resources; r++) {
+        const ms_resource *res = n->resources[r];
+        if (resource_n_args(res) == 0)
+            continue;
+        E("static const ms_md_arg %s_%s_%s_args[] = {", g->mn, n->name, res->name);
+        g->cg.indent++;
+        const ms_ast_arg *a;
+        for (int k = 0; (a = resource_arg_at(res, k)) != NULL; k++)
+            E("{%s, %s},", c_string(g, a->name), c_string(g, src_text(g, a->value)));
+        g->cg.indent--;
+        E("};");
+    }
+    ms_emit_blank(&g->cg);
+}
+
 static void emit_resources(gen *g) {
     const ms_node *n = g->node;
+    emit_resource_args(g);
     E("/* node %s, in dependency order (the resource index of ms_step.records) */", n->name);
-    E("static const ms_md_resource %s_resources[] = {", g->mn);
+    E("static const ms_md_resource %s_%s_resources[] = {", g->mn, n->name);
     g->cg.indent++;
     for (int r = 0; r < n->n_resources; r++) {
         const ms_resource *res = n->resources[r];
@@ -1356,8 +1405,11 @@ static void emit_resources(gen *g) {
             ms_strbuf_printf(b, "%s%s", d ? ", " : "", c_string(g, res->deps[d]->name));
         if (b->oom)
             ms_arena_oom(&g->a);
-        E("{%s, %s, {%s}, %d}, /* %s(...) */", c_string(g, res->name), kind_const(res->kind),
-          res->n_deps ? b->data : "NULL", res->n_deps, res->spec->ctor);
+        int n_args = resource_n_args(res);
+        const char *args = n_args ? S("%s_%s_%s_args", g->mn, n->name, res->name) : "NULL";
+        E("{%s, %s, {%s}, %d, %s, %d}, /* %s(...) */", c_string(g, res->name),
+          kind_const(res->kind), res->n_deps ? b->data : "NULL", res->n_deps, args, n_args,
+          res->spec->ctor);
         sb_put(g, b);
     }
     g->cg.indent--;
@@ -1536,33 +1588,58 @@ static void emit_step_row(gen *g, const ms_step_decl *s) {
     sb_put(g, b);
 }
 
-static int step_index(gen *g, const char *name) {
-    for (int i = 0; i < g->node->n_steps; i++)
-        if (strcmp(g->node->steps[i]->name, name) == 0)
+/* A flattened walk item: step `step` of node `node` (indices of the descriptor's tables). */
+typedef struct witem {
+    int node, step;
+} witem;
+
+static int node_index(gen *g, const char *name) {
+    for (int i = 0; i < g->m->n_nodes; i++)
+        if (strcmp(g->m->nodes[i]->name, name) == 0)
             return i;
     return -1;
 }
 
+static int step_index(const ms_node *n, const char *name) {
+    for (int i = 0; i < n->n_steps; i++)
+        if (strcmp(n->steps[i]->name, name) == 0)
+            return i;
+    return -1;
+}
+
+/* The attention record of step s of node n (NULL when the node has no attention). */
+static const ms_step_rec *attn_rec(const ms_node *n, const ms_step_decl *s) {
+    for (int r = 0; r < n->n_resources; r++)
+        if (n->resources[r]->kind == MS_RESOURCE_ATTN)
+            return &s->recs[n->resources[r]->index];
+    return NULL;
+}
+
 /* Flatten a walk item into steps[]; *loop_begin is set at the loop. */
-static void flatten_walk(gen *g, const ms_ast_walk_item *it, int *steps, int *n, int cap,
+static void flatten_walk(gen *g, const ms_ast_walk_item *it, witem *steps, int *n, int cap,
                          int *loop_begin, bool in_loop) {
     switch (it->kind) {
     case MS_AST_WALK_STEP: {
         if (*loop_begin >= 0 && !in_loop)
             fail_at(g, it->loc, "walk: '%s.%s' after a loop is never reached (a loop runs "
                     "until the request stops)", it->node.name, it->step.name);
-        int k = step_index(g, it->step.name);
-        if (strcmp(it->node.name, g->node->name) != 0 || k < 0)
+        int ni = node_index(g, it->node.name);
+        if (ni < 0)
+            fail_at(g, it->loc, "walk: '%s.%s': no node '%s'", it->node.name, it->step.name,
+                    it->node.name);
+        const ms_node *node = g->m->nodes[ni];
+        int k = step_index(node, it->step.name);
+        if (k < 0)
             fail_at(g, it->loc, "walk: '%s.%s' is not a step of node '%s'", it->node.name,
-                    it->step.name, g->node->name);
-        const ms_step_rec *at = rec_of(g->node->steps[k], g->attn);
+                    it->step.name, node->name);
+        const ms_step_rec *at = attn_rec(node, node->steps[k]);
         if (at != NULL && !at->causal)
             fail_at(g, it->loc, "walk: '%s' is a block step (attn causal = false: every token's "
                     "logits, nothing sampled); it runs through ms_engine_run_step, not in a walk",
                     it->step.name);
         if (*n >= cap)
             fail_at(g, it->loc, "walk: more than %d items", cap);
-        steps[(*n)++] = k;
+        steps[(*n)++] = (witem){ni, k};
         break;
     }
     case MS_AST_WALK_SEQ:
@@ -1590,14 +1667,16 @@ static void emit_walks(gen *g) {
         fail_at(g, m->ast->loc, "the engine needs a walk (e.g. `walk generate = %s.prefill then "
                 "loop %s.decode until stop;`)", g->node->name, g->node->name);
     for (int w = 0; w < m->n_walks; w++) {
-        int steps[64], n = 0, loop = -1;
+        witem steps[64];
+        int n = 0, loop = -1;
         flatten_walk(g, m->walks[w]->body, steps, &n, 64, &loop, false);
         ms_strbuf *b = sb_get(g);
         for (int i = 0; i < n; i++)
-            ms_strbuf_printf(b, "%s%d", i ? ", " : "", steps[i]);
+            ms_strbuf_printf(b, "%s{%d, %d}", i ? ", " : "", steps[i].node, steps[i].step);
         if (b->oom)
             ms_arena_oom(&g->a);
-        E("static const int32_t %s_walk_%s[] = {%s};", g->mn, m->walks[w]->name, b->data);
+        E("static const ms_md_walk_item %s_walk_%s[] = {%s};", g->mn, m->walks[w]->name,
+          b->data);
         sb_put(g, b);
         g->walk_loop[w] = loop < 0 ? n : loop;
         g->walk_len[w] = n;
@@ -2434,14 +2513,86 @@ static void emit_forward(gen *g) {
     E("}");
 }
 
+/* One node's tables: resources (with their arguments), labels, step runners and the step table. */
+static void emit_node(gen *g) {
+    E("/* ---- node %s: resources and steps ---- */", g->node->name);
+    ms_emit_blank(&g->cg);
+    emit_resources(g);
+    ms_emit_blank(&g->cg);
+    E("/* the node's stream labels (the ms_label values) */");
+    {
+        ms_strbuf *b = sb_get(g);
+        for (int l = 0; l < g->node->n_labels; l++)
+            ms_strbuf_printf(b, "%s%s", l ? ", " : "", c_string(g, g->node->labels[l].name));
+        if (b->oom)
+            ms_arena_oom(&g->a);
+        E("static const char *const %s_%s_labels[] = {%s};", g->mn, g->node->name, b->data);
+        sb_put(g, b);
+    }
+    if (g->node->n_steps > MS_MD_MAX_STEPS)
+        fail_at(g, g->node->steps[MS_MD_MAX_STEPS]->ast->loc, "more than %d steps in a node",
+                MS_MD_MAX_STEPS);
+    for (int s = 0; s < g->node->n_steps; s++) {
+        ms_emit_blank(&g->cg);
+        emit_step(g, g->node->steps[s], s);
+    }
+    ms_emit_blank(&g->cg);
+    E("static const ms_md_step %s_%s_steps[] = {", g->mn, g->node->name);
+    g->cg.indent++;
+    for (int s = 0; s < g->node->n_steps; s++)
+        emit_step_row(g, g->node->steps[s]);
+    g->cg.indent--;
+    E("};");
+    ms_emit_blank(&g->cg);
+}
+
+/* The node table: one ms_md_node per node of the model, in declaration order. */
+static void emit_node_table(gen *g) {
+    const ms_model *m = g->m;
+    E("static const ms_md_node %s_nodes[] = {", g->mn);
+    g->cg.indent++;
+    for (int ni = 0; ni < m->n_nodes; ni++) {
+        const char *nn = m->nodes[ni]->name;
+        if (m->nodes[ni] != g->node)
+            fail_at(g, m->nodes[ni]->ast->loc, "node '%s': only one node's forward is lowered",
+                    nn);
+        E("{");
+        g->cg.indent++;
+        E(".name = %s,", c_string(g, nn));
+        E(".labels = %s_%s_labels,", g->mn, nn);
+        E(".n_labels = (int32_t)MS_ARRAY_LEN(%s_%s_labels),", g->mn, nn);
+        E(".resources = %s_%s_resources,", g->mn, nn);
+        E(".n_resources = (int32_t)MS_ARRAY_LEN(%s_%s_resources),", g->mn, nn);
+        E(".steps = %s_%s_steps,", g->mn, nn);
+        E(".n_steps = (int32_t)MS_ARRAY_LEN(%s_%s_steps),", g->mn, nn);
+        E(".workspace_size = %s_workspace_size,", g->mn);
+        E(".forward = %s_forward,", g->mn);
+        g->cg.indent--;
+        E("},");
+    }
+    g->cg.indent--;
+    E("};");
+}
+
 /* ---- the whole file ---- */
+
+static void node_slots(gen *g, const ms_node *n);
 
 static void find_node(gen *g) {
     const ms_model *m = g->m;
     if (m->n_nodes != 1)
         fail_at(g, m->ast->loc, "the engine runs models of one node (this one has %d)",
                 m->n_nodes);
-    g->node = m->nodes[0];
+    node_slots(g, m->nodes[0]);
+    if (g->node->n_forwards != 1)
+        fail_at(g, g->node->ast->loc, "node '%s' needs exactly one forward", g->node->name);
+    g->fwd = g->node->forwards[0];
+}
+
+/* Make `n` the node being emitted: g->node and its kv, pos, attn and sampler resources. */
+static void node_slots(gen *g, const ms_node *n) {
+    g->node = n;
+    g->kv = g->pos = g->attn = g->sampler = NULL;
     for (int r = 0; r < g->node->n_resources; r++) {
         const ms_resource *res = g->node->resources[r];
         const ms_resource **slotp = NULL;
@@ -2461,9 +2612,6 @@ static void find_node(gen *g) {
     if (g->kv == NULL || g->attn == NULL || g->sampler == NULL)
         fail_at(g, g->node->ast->loc, "node '%s' needs a kv_pool, an attention and a sampler",
                 g->node->name);
-    if (g->node->n_forwards != 1)
-        fail_at(g, g->node->ast->loc, "node '%s' needs exactly one forward", g->node->name);
-    g->fwd = g->node->forwards[0];
 }
 
 static void gen_init(gen *g, const ms_model *m, const char *source, ms_strbuf *out,
@@ -2572,35 +2720,13 @@ ms_status ms_codegen_model_c(const ms_model *m, const char *source, ms_strbuf *o
     emit_weights(g);
     emit_ignored(g);
     ms_emit_blank(&g->cg);
-    E("/* ---- node %s: resources and steps ---- */", g->node->name);
-    ms_emit_blank(&g->cg);
-    emit_resources(g);
-    ms_emit_blank(&g->cg);
-    E("/* the node's stream labels (the ms_label values) */");
-    {
-        ms_strbuf *b = sb_get(g);
-        for (int l = 0; l < g->node->n_labels; l++)
-            ms_strbuf_printf(b, "%s%s", l ? ", " : "", c_string(g, g->node->labels[l].name));
-        if (b->oom)
-            ms_arena_oom(&g->a);
-        E("static const char *const %s_labels[] = {%s};", m->name, b->data);
-        sb_put(g, b);
+    /* every node's tables (mstarc build lowers one node yet: ms_lower_check and find_node refuse
+       a second, but the descriptor's shape is the general one) */
+    for (int ni = 0; ni < m->n_nodes; ni++) {
+        node_slots(g, m->nodes[ni]);
+        emit_node(g);
     }
-    if (g->node->n_steps > MS_MD_MAX_STEPS)
-        fail_at(g, g->node->steps[MS_MD_MAX_STEPS]->ast->loc, "more than %d steps in a node",
-                MS_MD_MAX_STEPS);
-    for (int s = 0; s < g->node->n_steps; s++) {
-        ms_emit_blank(&g->cg);
-        emit_step(g, g->node->steps[s], s);
-    }
-    ms_emit_blank(&g->cg);
-    E("static const ms_md_step %s_steps[] = {", m->name);
-    g->cg.indent++;
-    for (int s = 0; s < g->node->n_steps; s++)
-        emit_step_row(g, g->node->steps[s]);
-    g->cg.indent--;
-    E("};");
-    ms_emit_blank(&g->cg);
+    node_slots(g, m->nodes[0]);
     E("/* ---- walks ---- */");
     ms_emit_blank(&g->cg);
     emit_walks(g);
@@ -2608,6 +2734,10 @@ ms_status ms_codegen_model_c(const ms_model *m, const char *source, ms_strbuf *o
     E("/* ---- forward ---- */");
     ms_emit_blank(&g->cg);
     emit_forward(g);
+    ms_emit_blank(&g->cg);
+    E("/* ---- nodes ---- */");
+    ms_emit_blank(&g->cg);
+    emit_node_table(g);
     ms_emit_blank(&g->cg);
     E("/* ---- CUDA kernel instances ---- */");
     ms_emit_blank(&g->cg);
@@ -2638,16 +2768,10 @@ ms_status ms_codegen_model_c(const ms_model *m, const char *source, ms_strbuf *o
     E(".n_weights = W_COUNT,");
     E(".weight_shape = %s_weight_shape,", m->name);
     E(".weight_tied = %s_weight_tied,", m->name);
-    E(".resources = %s_resources,", m->name);
-    E(".n_resources = (int32_t)MS_ARRAY_LEN(%s_resources),", m->name);
-    E(".labels = %s_labels,", m->name);
-    E(".n_labels = (int32_t)MS_ARRAY_LEN(%s_labels),", m->name);
-    E(".steps = %s_steps,", m->name);
-    E(".n_steps = (int32_t)MS_ARRAY_LEN(%s_steps),", m->name);
+    E(".nodes = %s_nodes,", m->name);
+    E(".n_nodes = (int32_t)MS_ARRAY_LEN(%s_nodes),", m->name);
     E(".walks = %s_walks,", m->name);
     E(".n_walks = (int32_t)MS_ARRAY_LEN(%s_walks),", m->name);
-    E(".workspace_size = %s_workspace_size,", m->name);
-    E(".forward = %s_forward,", m->name);
     if (n_ks > 0) {
         E(".kernels = %s_kernels,", m->name);
         E(".n_kernels = (int32_t)MS_ARRAY_LEN(%s_kernels),", m->name);

@@ -124,19 +124,28 @@ static void test_node_tables(void **state) {
     assert_int_equal(ms_md_check_desc(g, &err), MS_OK);
     assert_string_equal(g->name, "llama");
     assert_string_equal(g->source, "models/llama.mstar");
-    assert_string_equal(g->labels[0], "main");
-    assert_int_equal(g->n_resources, 4);
-    assert_string_equal(g->resources[0].key, "kv");
-    assert_string_equal(g->resources[3].key, "sample");
-    assert_true(g->n_steps >= 2);
-    assert_string_equal(g->steps[0].name, "prefill");
-    assert_string_equal(g->steps[1].name, "decode");
-    assert_true(g->steps[0].capture_by_tokens);
-    assert_int_equal(g->steps[1].n_buckets, 9);
+    assert_int_equal(g->n_nodes, 1);
+    const ms_md_node *n = &g->nodes[0];
+    assert_string_equal(n->name, "decoder");
+    assert_string_equal(n->labels[0], "main");
+    assert_int_equal(n->n_resources, 4);
+    assert_string_equal(n->resources[0].key, "kv");
+    assert_string_equal(n->resources[3].key, "sample");
+    /* sampler(vocab = vocab_size): its one argument as data */
+    assert_int_equal(n->resources[3].n_args, 1);
+    assert_string_equal(n->resources[3].args[0].key, "vocab");
+    assert_string_equal(n->resources[3].args[0].text, "vocab_size");
+    assert_true(n->n_steps >= 2);
+    assert_string_equal(n->steps[0].name, "prefill");
+    assert_string_equal(n->steps[1].name, "decode");
+    assert_true(n->steps[0].capture_by_tokens);
+    assert_int_equal(n->steps[1].n_buckets, 9);
     assert_string_equal(g->walks[0].name, "generate");
-    assert_int_equal(g->walks[0].n_steps, 2);
-    assert_int_equal(g->walks[0].steps[0], 0);
-    assert_int_equal(g->walks[0].steps[1], 1);
+    assert_int_equal(g->walks[0].n_items, 2);
+    assert_int_equal(g->walks[0].items[0].node, 0);
+    assert_int_equal(g->walks[0].items[0].step, 0);
+    assert_int_equal(g->walks[0].items[1].node, 0);
+    assert_int_equal(g->walks[0].items[1].step, 1);
     assert_int_equal(g->walks[0].loop_begin, 1);
 }
 

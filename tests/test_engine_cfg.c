@@ -226,8 +226,9 @@ static void test_cfg_property(void **state) {
     const int32_t V = ms_engine_facts(e)->vocab, ps = ms_engine_page_size(e);
     const int32_t free0 = ms_engine_kv_pages_free(e);
     int32_t uncond = -1;
-    for (int32_t l = 0; l < ms_llama_dense_desc.n_labels; l++)
-        if (strcmp(ms_llama_dense_desc.labels[l], "cfg_uncond") == 0)
+    const ms_md_node *node = &ms_llama_dense_desc.nodes[0];
+    for (int32_t l = 0; l < node->n_labels; l++)
+        if (strcmp(node->labels[l], "cfg_uncond") == 0)
             uncond = l;
     assert_true(uncond > 0);
     int32_t n_refine = 0;

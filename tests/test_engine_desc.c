@@ -102,9 +102,22 @@ static void test_llama_desc_tables(void **state) {
     (void)state;
     ms_error err = {0};
     assert_int_equal(ms_md_check_desc(&ms_llama_desc, &err), MS_OK);
-    assert_int_equal(ms_md_resource_index(&ms_llama_desc, "kv"), 0);
-    assert_int_equal(ms_md_resource_index(&ms_llama_desc, "attn"), 2);
-    assert_int_equal(ms_md_resource_index(&ms_llama_desc, "nope"), -1);
+    assert_int_equal(ms_llama_desc.n_nodes, 1);
+    const ms_md_node *n = &ms_llama_desc.nodes[0];
+    assert_string_equal(n->name, "decoder");
+    assert_int_equal(ms_md_resource_index(n, "kv"), 0);
+    assert_int_equal(ms_md_resource_index(n, "attn"), 2);
+    assert_int_equal(ms_md_resource_index(n, "nope"), -1);
+    /* every declared argument as data: key and source text, in declaration order */
+    const ms_md_resource *kv = &n->resources[0];
+    assert_true(kv->n_args >= 4);
+    assert_string_equal(kv->args[0].key, "layers");
+    assert_string_equal(kv->args[0].text, "num_hidden_layers");
+    bool page_size = false;
+    for (int32_t i = 0; i < kv->n_args; i++)
+        page_size = page_size || (strcmp(kv->args[i].key, "page_size") == 0 &&
+                                  strcmp(kv->args[i].text, "16") == 0);
+    assert_true(page_size);
 
     /* shapes under the llama_gqa config: fused QKV = 128 + 2 * 32 rows */
     ms_hf_config *hf = NULL;
@@ -142,8 +155,9 @@ static void test_desc_check_catches_bugs(void **state) {
     (void)state;
     ms_md_weight w[64];
     ms_md_resource r[4];
-    assert_true(ms_llama_desc.n_weights <= 64 && ms_llama_desc.n_resources == 4);
+    assert_true(ms_llama_desc.n_weights <= 64 && ms_llama_desc.nodes[0].n_resources == 4);
     ms_model_desc d;
+    ms_md_node node;
     ms_error err = {0};
     static const struct {
         const char *what;
@@ -158,10 +172,12 @@ static void test_desc_check_catches_bugs(void **state) {
     static const char *const stems[] = {"argmax_f32", ""};
     for (size_t c = 0; c < MS_ARRAY_LEN(cases); c++) {
         memcpy(w, ms_llama_desc.weights, (size_t)ms_llama_desc.n_weights * sizeof *w);
-        memcpy(r, ms_llama_desc.resources, sizeof r);
+        memcpy(r, ms_llama_desc.nodes[0].resources, sizeof r);
         d = ms_llama_desc;
         d.weights = w;
-        d.resources = r;
+        node = ms_llama_desc.nodes[0];
+        node.resources = r;
+        d.nodes = &node;
         switch (c) {
         case 0: w[wix("layers.wo")].names[0] = "model.layers.self_attn.o_proj.weight"; break;
         case 1: w[wix("lm_head")].tie = wix("lm_head"); break;
@@ -182,19 +198,34 @@ static void test_desc_check_catches_bugs(void **state) {
     }
     /* a broken descriptor never reaches the loaders */
     d = ms_llama_desc;
-    d.forward = NULL;
+    node = ms_llama_desc.nodes[0];
+    node.forward = NULL;
+    d.nodes = &node;
     ms_engine_options o = ms_engine_options_default();
     o.model_path = ms_test_fixture("hf/llama_gqa");
     ms_engine *e = NULL;
     assert_int_equal(ms_engine_init(&e, &d, &o, &err), MS_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "model llama: node decoder: no resource table, "
+                                    "workspace_size or forward"));
+    assert_null(e);
+    /* nor does a descriptor of two nodes: it is well formed, but the engine runs one node */
+    ms_md_node two[2] = {ms_llama_desc.nodes[0], ms_llama_desc.nodes[0]};
+    two[1].name = "encoder";
+    d = ms_llama_desc;
+    d.nodes = two;
+    d.n_nodes = 2;
+    assert_int_equal(ms_md_check_desc(&d, &err), MS_OK);
+    assert_int_equal(ms_engine_init(&e, &d, &o, &err), MS_ERR_UNSUPPORTED);
+    assert_string_equal(err.msg, "model llama has 2 nodes; the engine runs models of one node yet");
     assert_null(e);
 }
 
 /* The generated step runners: llama's guided decode declares both streams label-major under one
  * combined plan label, and the sampler record pairs each row's cond segment with its uncond one. */
 static int32_t step_ix(const char *name) {
-    for (int32_t i = 0; i < ms_llama_desc.n_steps; i++)
-        if (strcmp(ms_llama_desc.steps[i].name, name) == 0)
+    const ms_md_node *n = &ms_llama_desc.nodes[0];
+    for (int32_t i = 0; i < n->n_steps; i++)
+        if (strcmp(n->steps[i].name, name) == 0)
             return i;
     fail_msg("no step %s", name);
     return -1;
@@ -213,7 +244,7 @@ static void test_step_runners(void **state) {
         rows[r].len[0] = rows[r].len[1] = 1;
         rows[r].sample = true;
     }
-    const ms_md_step *dg = &ms_llama_desc.steps[step_ix("decode_guided")];
+    const ms_md_step *dg = &ms_llama_desc.nodes[0].steps[step_ix("decode_guided")];
     assert_int_equal(dg->n_segments, 2);
     assert_int_equal(dg->run(NULL, rows, 2, &b, &err), MS_OK);
     assert_string_equal(b.step.name, "decode_guided");
@@ -244,7 +275,7 @@ static void test_step_runners(void **state) {
     rows[0].len[0] = 5;
     rows[1].len[0] = 3;
     rows[1].sample = false; /* a prompt chunk */
-    const ms_md_step *pf = &ms_llama_desc.steps[step_ix("prefill")];
+    const ms_md_step *pf = &ms_llama_desc.nodes[0].steps[step_ix("prefill")];
     assert_int_equal(pf->run(NULL, rows, 2, &b, &err), MS_OK);
     assert_int_equal(b.step.n_segments, 2);
     assert_int_equal(b.n_tokens, 8);
@@ -298,9 +329,13 @@ static void test_walks_and_sampler_defaults(void **state) {
     assert_int_equal(d->n_walks, 2);
     assert_string_equal(d->walks[1].name, "guided");
     assert_int_equal(d->walks[1].loop_begin, 1);
-    assert_string_equal(d->steps[d->walks[1].steps[0]].name, "prefill_guided");
-    assert_string_equal(d->labels[1], "cfg_uncond");
-    assert_string_equal(d->labels[2], "cfg");
+    assert_int_equal(d->walks[1].n_items, 2);
+    assert_int_equal(d->walks[1].items[0].node, 0);
+    const ms_md_node *n = &d->nodes[d->walks[1].items[0].node];
+    assert_string_equal(n->steps[d->walks[1].items[0].step].name, "prefill_guided");
+    assert_string_equal(n->steps[d->walks[1].items[1].step].name, "decode_guided");
+    assert_string_equal(n->labels[1], "cfg_uncond");
+    assert_string_equal(n->labels[2], "cfg");
     ms_error err = {0};
     ms_hf_config *hf = NULL;
     assert_int_equal(ms_hf_config_init(&hf, ms_test_fixture("hf/llama_gqa"), &err), MS_OK);

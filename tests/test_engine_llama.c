@@ -714,7 +714,7 @@ static int g_forward_calls;
 static ms_status failing_forward(const ms_md_forward_args *a, ms_error *err) {
     if (g_forward_calls++ == g_fail_forward_at)
         return MS_FAIL(err, MS_ERR_INTERNAL, "injected forward failure");
-    return ms_llama_desc.forward(a, err);
+    return ms_llama_desc.nodes[0].forward(a, err);
 }
 
 /* A step whose forward fails is abandoned: nothing it reserved stays, and retrying it gives the
@@ -724,7 +724,9 @@ static void test_failed_step_is_abandoned(void **state) {
     gqa_ref g;
     gqa_open(&g);
     ms_model_desc d = ms_llama_desc;
-    d.forward = failing_forward;
+    ms_md_node node = ms_llama_desc.nodes[0];
+    node.forward = failing_forward;
+    d.nodes = &node;
     ms_engine_options o = ms_engine_options_default();
     o.model_path = ms_test_fixture("hf/llama_gqa");
     o.page_size = 4;

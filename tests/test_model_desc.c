@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "model_desc.h"
+#include "walk.h"
 
 static ms_hf_config *cfg_from(const char *json) {
     ms_hf_config *hf = NULL;
@@ -150,24 +151,36 @@ static ms_status no_run(const void *c, const ms_md_row *rows, int32_t n, ms_md_s
     return MS_OK;
 }
 
+/* The fixture: one weight, one node of one resource and one step, one walk over it. */
+static const ms_md_weight fx_w[] = {{.key = "embed", .names = {"embed"}, .rank = 2, .tie = -1,
+                                     .fused = -1}};
+static const ms_md_arg fx_args[] = {{"page_size", "16"},
+                                    {"window", "has(sliding_window) ? sliding_window : none"}};
+static const ms_md_resource fx_r[] = {{.key = "kv", .kind = MS_RESOURCE_KV, .args = fx_args,
+                                       .n_args = 2}};
+static const ms_md_step fx_step = {.name = "s", .n_segments = 1, .labels = {MS_LABEL_MAIN},
+                                   .run = no_run};
+static const char *const fx_labels[] = {"main"};
+static const ms_md_node fx_node = {.name = "decoder", .labels = fx_labels, .n_labels = 1,
+                                   .resources = fx_r, .n_resources = 1, .steps = &fx_step,
+                                   .n_steps = 1, .workspace_size = no_ws, .forward = no_fwd};
+static const ms_md_walk_item fx_items[] = {{0, 0}};
+static const ms_md_walk fx_walk = {.name = "w", .items = fx_items, .n_items = 1,
+                                   .loop_begin = 1};
+
+static ms_model_desc fx_desc(void) {
+    return (ms_model_desc){.name = "m", .config_size = 8, .config_load = no_cfg,
+                           .facts = no_facts, .weights = fx_w, .n_weights = 1,
+                           .weight_shape = no_shape, .weight_tied = no_tie, .nodes = &fx_node,
+                           .n_nodes = 1, .walks = &fx_walk, .n_walks = 1};
+}
+
 static void test_desc_check_ignore_list(void **state) {
     (void)state;
-    static const ms_md_weight w[] = {{.key = "embed", .names = {"embed"}, .rank = 2, .tie = -1,
-                                      .fused = -1}};
-    static const ms_md_resource r[] = {{.key = "kv", .kind = MS_RESOURCE_KV}};
-    static const ms_md_step step = {.name = "s", .n_segments = 1, .labels = {MS_LABEL_MAIN},
-                                    .run = no_run};
-    static const int32_t walk_steps[] = {0};
-    static const ms_md_walk walk = {.name = "w", .steps = walk_steps, .n_steps = 1,
-                                    .loop_begin = 1};
-    static const char *const labels[] = {"main"};
     static const char *const pats[] = {"visual.*", ""};
-    ms_model_desc d = {.name = "m", .config_size = 8, .config_load = no_cfg, .facts = no_facts,
-                       .weights = w, .n_weights = 1, .weight_shape = no_shape,
-                       .weight_tied = no_tie, .resources = r, .n_resources = 1, .labels = labels,
-                       .n_labels = 1, .steps = &step, .n_steps = 1, .walks = &walk, .n_walks = 1,
-                       .workspace_size = no_ws, .forward = no_fwd,
-                       .ignored = pats, .n_ignored = 1};
+    ms_model_desc d = fx_desc();
+    d.ignored = pats;
+    d.n_ignored = 1;
     ms_error err = {0};
     assert_int_equal(ms_md_check_desc(&d, &err), MS_OK);
     d.n_ignored = 2;
@@ -178,6 +191,195 @@ static void test_desc_check_ignore_list(void **state) {
     assert_string_equal(err.msg, "model m: 2 ignore patterns without a list");
 }
 
+/* The node table: a count within 1..MS_MD_MAX_NODES, unique names, each node's forward and
+ * tables; the check is general (two nodes pass it; the engine refuses them at init). */
+static void test_desc_check_nodes(void **state) {
+    (void)state;
+    ms_error err = {0};
+    ms_model_desc d = fx_desc();
+    ms_md_node nodes[2] = {fx_node, fx_node};
+    nodes[1].name = "encoder";
+    d.nodes = nodes;
+    d.n_nodes = 2;
+    assert_int_equal(ms_md_check_desc(&d, &err), MS_OK);
+
+    d.n_nodes = 0;
+    assert_int_equal(ms_md_check_desc(&d, &err), MS_ERR_INVALID_ARG);
+    assert_string_equal(err.msg, "model m: 0 nodes (1..8)");
+    d.n_nodes = 2;
+
+    nodes[1].name = "decoder";
+    assert_int_equal(ms_md_check_desc(&d, &err), MS_ERR_INVALID_ARG);
+    assert_string_equal(err.msg, "model m: node 'decoder' declared twice");
+    nodes[1].name = NULL;
+    assert_int_equal(ms_md_check_desc(&d, &err), MS_ERR_INVALID_ARG);
+    assert_string_equal(err.msg, "model m: node 1 has no name");
+    nodes[1].name = "encoder";
+
+    nodes[1].forward = NULL;
+    assert_int_equal(ms_md_check_desc(&d, &err), MS_ERR_INVALID_ARG);
+    assert_string_equal(err.msg, "model m: node encoder: no resource table, workspace_size or "
+                                 "forward");
+    nodes[1].forward = fx_node.forward;
+
+    static const char *const bad_labels[] = {"cond"};
+    nodes[1].labels = bad_labels;
+    assert_int_equal(ms_md_check_desc(&d, &err), MS_ERR_INVALID_ARG);
+    assert_string_equal(err.msg, "model m: node encoder: labels must start with main (1..16)");
+    nodes[1].labels = fx_labels;
+
+    nodes[1].n_steps = 0;
+    assert_int_equal(ms_md_check_desc(&d, &err), MS_ERR_INVALID_ARG);
+    assert_string_equal(err.msg, "model m: node encoder: no steps (or more than 64)");
+    nodes[1].n_steps = 1;
+
+    /* a step's label is checked against its own node's labels */
+    ms_md_step two = fx_step;
+    two.labels[0] = 1;
+    nodes[1].steps = &two;
+    assert_int_equal(ms_md_check_desc(&d, &err), MS_ERR_INVALID_ARG);
+    assert_string_equal(err.msg, "model m: node encoder: step s: label 1 out of range");
+    static const char *const two_labels[] = {"main", "cfg_uncond"};
+    nodes[1].labels = two_labels;
+    nodes[1].n_labels = 2;
+    assert_int_equal(ms_md_check_desc(&d, &err), MS_OK);
+}
+
+/* Resource arguments: each with a key and a text; a count without a list. */
+static void test_desc_check_resource_args(void **state) {
+    (void)state;
+    ms_error err = {0};
+    ms_model_desc d = fx_desc();
+    ms_md_node node = fx_node;
+    ms_md_resource r = fx_r[0];
+    ms_md_arg args[2] = {fx_args[0], fx_args[1]};
+    r.args = args;
+    node.resources = &r;
+    d.nodes = &node;
+    assert_int_equal(ms_md_check_desc(&d, &err), MS_OK);
+    assert_string_equal(d.nodes[0].resources[0].args[1].text,
+                        "has(sliding_window) ? sliding_window : none");
+
+    args[1].text = NULL;
+    assert_int_equal(ms_md_check_desc(&d, &err), MS_ERR_INVALID_ARG);
+    assert_string_equal(err.msg, "model m: node decoder: resource 'kv': argument 1 has no key "
+                                 "or text");
+    args[1] = fx_args[1];
+    args[0].key = "";
+    assert_int_equal(ms_md_check_desc(&d, &err), MS_ERR_INVALID_ARG);
+    assert_string_equal(err.msg, "model m: node decoder: resource 'kv': argument 0 has no key "
+                                 "or text");
+    args[0] = fx_args[0];
+
+    r.args = NULL;
+    assert_int_equal(ms_md_check_desc(&d, &err), MS_ERR_INVALID_ARG);
+    assert_string_equal(err.msg, "model m: node decoder: resource 'kv': 2 arguments without a "
+                                 "list");
+    r.n_args = 0;
+    assert_int_equal(ms_md_check_desc(&d, &err), MS_OK); /* a resource with none */
+    r.n_args = -1;
+    r.args = args;
+    assert_int_equal(ms_md_check_desc(&d, &err), MS_ERR_INVALID_ARG);
+}
+
+/* Walk items name a valid (node, step) pair; the loop lies within the items. */
+static void test_desc_check_walk_items(void **state) {
+    (void)state;
+    ms_error err = {0};
+    ms_model_desc d = fx_desc();
+    ms_md_node nodes[2] = {fx_node, fx_node};
+    nodes[1].name = "encoder";
+    ms_md_step steps2[2] = {fx_step, fx_step};
+    steps2[1].name = "t";
+    nodes[1].steps = steps2;
+    nodes[1].n_steps = 2;
+    d.nodes = nodes;
+    d.n_nodes = 2;
+    ms_md_walk_item items[3] = {{1, 0}, {0, 0}, {1, 1}};
+    ms_md_walk w = {.name = "w", .items = items, .n_items = 3, .loop_begin = 2};
+    d.walks = &w;
+    assert_int_equal(ms_md_check_desc(&d, &err), MS_OK);
+
+    items[2] = (ms_md_walk_item){2, 0};
+    assert_int_equal(ms_md_check_desc(&d, &err), MS_ERR_INVALID_ARG);
+    assert_string_equal(err.msg, "model m: walk w: item 2 names node 2, not one of the 2 nodes");
+    items[2] = (ms_md_walk_item){-1, 0};
+    assert_int_equal(ms_md_check_desc(&d, &err), MS_ERR_INVALID_ARG);
+    assert_string_equal(err.msg, "model m: walk w: item 2 names node -1, not one of the 2 nodes");
+
+    /* step 1 exists in node 1 (two steps) but not in node 0 (one) */
+    items[2] = (ms_md_walk_item){0, 1};
+    assert_int_equal(ms_md_check_desc(&d, &err), MS_ERR_INVALID_ARG);
+    assert_string_equal(err.msg, "model m: walk w: item 2 names step 1 of node decoder, which "
+                                 "has 1");
+    items[2] = (ms_md_walk_item){1, -1};
+    assert_int_equal(ms_md_check_desc(&d, &err), MS_ERR_INVALID_ARG);
+    assert_string_equal(err.msg, "model m: walk w: item 2 names step -1 of node encoder, which "
+                                 "has 2");
+    items[2] = (ms_md_walk_item){1, 1};
+
+    w.loop_begin = 4;
+    assert_int_equal(ms_md_check_desc(&d, &err), MS_ERR_INVALID_ARG);
+    assert_string_equal(err.msg, "model m: walk w: no items or a bad loop");
+    w.loop_begin = 3;
+    w.items = NULL;
+    assert_int_equal(ms_md_check_desc(&d, &err), MS_ERR_INVALID_ARG);
+    assert_string_equal(err.msg, "model m: walk w: no items or a bad loop");
+    w.items = items;
+    assert_int_equal(ms_md_check_desc(&d, &err), MS_OK);
+    d.n_walks = 0;
+    assert_int_equal(ms_md_check_desc(&d, &err), MS_ERR_INVALID_ARG);
+    assert_string_equal(err.msg, "model m: no walk");
+}
+
+/* The walk executor's bookkeeping goes through each item's node: its step, the labels of the
+ * first item's node, and streams counted per (node, label). */
+static void test_walk_items_across_nodes(void **state) {
+    (void)state;
+    ms_model_desc d = fx_desc();
+    static const char *const two_labels[] = {"main", "cfg_uncond"};
+    ms_md_step enc_steps[2] = {fx_step, fx_step};
+    enc_steps[1].name = "t";
+    enc_steps[1].n_segments = 2;
+    enc_steps[1].labels[1] = 1;
+    ms_md_node nodes[2] = {fx_node, fx_node};
+    nodes[1].name = "encoder";
+    nodes[1].labels = two_labels;
+    nodes[1].n_labels = 2;
+    nodes[1].steps = enc_steps;
+    nodes[1].n_steps = 2;
+    ms_md_walk_item items[3] = {{1, 0}, {0, 0}, {1, 1}};
+    ms_md_walk w = {.name = "w", .items = items, .n_items = 3, .loop_begin = 2};
+    d.nodes = nodes;
+    d.n_nodes = 2;
+    d.walks = &w;
+    ms_error err = {0};
+    assert_int_equal(ms_md_check_desc(&d, &err), MS_OK);
+
+    ms_walk_pos p = {0, 0};
+    assert_int_equal(ms_walk_item(&d, p).node, 1);
+    assert_int_equal(ms_walk_step(&d, p), 0);
+    ms_walk_advance(&d, &p);
+    assert_int_equal(ms_walk_item(&d, p).node, 0);
+    assert_false(ms_walk_in_loop(&d, p));
+    ms_walk_advance(&d, &p);
+    assert_int_equal(ms_walk_item(&d, p).node, 1);
+    assert_int_equal(ms_walk_step(&d, p), 1);
+    assert_true(ms_walk_in_loop(&d, p));
+    ms_walk_advance(&d, &p); /* the loop repeats its one item */
+    assert_int_equal(p.at, 2);
+    assert_int_equal(ms_walk_item(&d, (ms_walk_pos){0, 3}).node, -1);
+    assert_int_equal(ms_walk_step(&d, (ms_walk_pos){1, 0}), -1);
+
+    /* encoder.main, decoder.main, encoder.cfg_uncond */
+    assert_int_equal(ms_walk_n_streams(&d, 0), 3);
+    /* the first item is the encoder's: a prompt for its main stream alone takes the walk */
+    bool has[MS_MAX_LABELS] = {true};
+    assert_int_equal(ms_walk_find(&d, has), 0);
+    has[1] = true;
+    assert_int_equal(ms_walk_find(&d, has), -1);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         ms_unit_test(test_int_list_sources_defaults_optional),
@@ -185,6 +387,10 @@ int main(void) {
         ms_unit_test(test_check_sections),
         ms_unit_test(test_tensor_ignored_patterns),
         ms_unit_test(test_desc_check_ignore_list),
+        ms_unit_test(test_desc_check_nodes),
+        ms_unit_test(test_desc_check_resource_args),
+        ms_unit_test(test_desc_check_walk_items),
+        ms_unit_test(test_walk_items_across_nodes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -116,6 +116,7 @@ typedef struct eng_req {
 
 struct ms_engine {
     const ms_model_desc *desc;
+    const ms_md_node *node;       /* the node the engine runs: desc->nodes[0] (n_nodes is 1) */
     ms_engine_options opt;
     ms_backend be;
     ms_hf_config *hf;
@@ -641,7 +642,7 @@ static ms_status eng_make_pos(ms_engine *e, int32_t index, ms_resource_spec *spe
     e->pos_cfg = (ms_positions_config){.scheme = axes > 1 ? MS_POS_EXPLICIT : MS_POS_SEQUENTIAL,
                                        .n_axes = axes,
                                        .max_tokens = e->max_tokens,
-                                       .kv_key = e->desc->resources[e->idx[MS_RESOURCE_KV]].key};
+                                       .kv_key = e->node->resources[e->idx[MS_RESOURCE_KV]].key};
     spec->build = ms_positions_build;
     spec->config = &e->pos_cfg;
     return MS_OK;
@@ -661,7 +662,7 @@ static ms_status eng_make_attn(ms_engine *e, int32_t index, ms_resource_spec *sp
                                                : 1.0f / sqrtf((float)e->facts.head_dim);
     e->attn.window = e->facts.window;
     e->attn.kv_index = kv;
-    ms_attn_config atc = {.kv_key = e->desc->resources[kv].key, .max_rows = e->max_seqs,
+    ms_attn_config atc = {.kv_key = e->node->resources[kv].key, .max_rows = e->max_seqs,
                           .max_pages = e->kv_pages};
     MS_TRY(ms_attn_init(&e->attn.inner, &atc, kv, err));
     spec->instance = &e->attn;
@@ -688,9 +689,9 @@ static const eng_res_make_fn eng_res_makers[MS_RESOURCE_KIND_COUNT] = {
 };
 
 static ms_status eng_runner_init(ms_engine *e, ms_error *err) {
-    const ms_model_desc *d = e->desc;
+    const ms_md_node *d = e->node;
     if (d->n_resources < 1 || d->n_resources > MS_MAX_RESOURCES)
-        return MS_FAIL(err, MS_ERR_INVALID_ARG, "model %s: %d resources", d->name,
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "model %s: %d resources", e->desc->name,
                        (int)d->n_resources);
     for (int k = 0; k < MS_RESOURCE_KIND_COUNT; k++)
         e->idx[k] = -1;
@@ -700,7 +701,7 @@ static ms_status eng_runner_init(ms_engine *e, ms_error *err) {
         e->idx[MS_RESOURCE_ATTN] < 0 || e->idx[MS_RESOURCE_SAMPLER] < 0)
         return MS_FAIL(err, MS_ERR_INVALID_ARG,
                        "model %s: the LLM engine needs kv, positions, attention and sampler "
-                       "resources", d->name);
+                       "resources", e->desc->name);
     ms_resource_spec specs[MS_MAX_RESOURCES];
     memset(specs, 0, sizeof specs);
     for (int32_t i = 0; i < d->n_resources; i++) {
@@ -714,7 +715,7 @@ static ms_status eng_runner_init(ms_engine *e, ms_error *err) {
         if (make == NULL)
             return MS_FAIL(err, MS_ERR_UNSUPPORTED,
                            "model %s: resource '%s' of kind %s is not supported by the LLM engine",
-                           d->name, r->key, ms_resource_kind_str(r->kind));
+                           e->desc->name, r->key, ms_resource_kind_str(r->kind));
         MS_TRY(make(e, i, s, err));
     }
     return ms_step_runner_init(&e->runner, specs, d->n_resources, err);
@@ -736,11 +737,11 @@ static ms_status eng_kernels_init(ms_engine *e, ms_error *err) {
 static ms_status eng_buffers_init(ms_engine *e, ms_error *err) {
     const ms_md_facts *fa = &e->facts;
     e->max_out = e->max_seqs;
-    for (int32_t k = 0; k < e->desc->n_steps; k++)
-        if (e->desc->steps[k].all_logits)
+    for (int32_t k = 0; k < e->node->n_steps; k++)
+        if (e->node->steps[k].all_logits)
             e->max_out = MS_MAX(e->max_seqs, e->max_tokens);
     const size_t V = (size_t)fa->vocab, S = (size_t)e->max_out, T = (size_t)e->max_tokens;
-    e->workspace_bytes = e->desc->workspace_size(e->config, e->max_tokens, e->max_out);
+    e->workspace_bytes = e->node->workspace_size(e->config, e->max_tokens, e->max_out);
     MS_TRY(eng_alloc(e, e->workspace_bytes, "forward.workspace", &e->workspace, err));
     MS_TRY(eng_alloc(e, T * sizeof(int32_t), "step.tokens", (void **)&e->tokens_dev, err));
     MS_TRY(eng_alloc(e, (size_t)e->pos_cfg.n_axes * T * sizeof(int32_t), "step.positions",
@@ -813,10 +814,15 @@ ms_status ms_engine_init(ms_engine **out, const ms_model_desc *desc,
                        (int)opt->max_seqs, (int)opt->max_tokens, (int)opt->page_size,
                        (int)opt->kv_pages);
     MS_TRY(ms_md_check_desc(desc, err));
+    if (desc->n_nodes != 1)
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED,
+                       "model %s has %d nodes; the engine runs models of one node yet",
+                       desc->name, (int)desc->n_nodes);
     ms_engine *e = ms_calloc(1, sizeof *e);
     if (e == NULL)
         return MS_FAIL(err, MS_ERR_OOM, "out of memory for the engine");
     e->desc = desc;
+    e->node = &desc->nodes[0];
     e->opt = *opt;
     e->max_seqs = opt->max_seqs;
     e->max_tokens = opt->max_tokens;
@@ -923,8 +929,8 @@ static void eng_finish(ms_engine *e, eng_req *r, ms_finish_reason why) {
 
 /* Label named `name` in the descriptor, or -1. */
 static int32_t eng_label(const ms_engine *e, const char *name) {
-    for (int32_t l = 0; l < e->desc->n_labels; l++)
-        if (strcmp(e->desc->labels[l], name) == 0)
+    for (int32_t l = 0; l < e->node->n_labels; l++)
+        if (strcmp(e->node->labels[l], name) == 0)
             return l;
     return -1;
 }
@@ -988,7 +994,8 @@ ms_status ms_engine_add(ms_engine *e, const ms_engine_request *rq, ms_rid *rid, 
     {
         const ms_md_walk *wk = &e->desc->walks[walk];
         for (int32_t i = 0; i < wk->loop_begin; i++)
-            takes_ids = takes_ids || e->desc->steps[wk->steps[i]].explicit_positions;
+            takes_ids = takes_ids || e->desc->nodes[wk->items[i].node]
+                                                  .steps[wk->items[i].step].explicit_positions;
         if (rq->position_ids != NULL && !takes_ids)
             return MS_FAIL(err, MS_ERR_INVALID_ARG,
                            "position ids given, but no prompt step of walk '%s' declares "
@@ -1126,7 +1133,7 @@ static bool eng_is_eos(const ms_engine *e, int32_t id) {
  * go whole or wait); a loop step feeds one token (the last id) per stream.
  */
 static int32_t eng_rows(ms_engine *e, int32_t k, int32_t *n_prefill) {
-    const ms_md_step *sd = &e->desc->steps[k];
+    const ms_md_step *sd = &e->node->steps[k];
     int32_t n = 0, budget = e->max_tokens;
     *n_prefill = 0;
     for (size_t i = 0; i < e->n_reqs && n < e->max_seqs; i++) {
@@ -1189,7 +1196,7 @@ static ms_status eng_pack_tokens(ms_engine *e, int32_t k, ms_error *err) {
             if (sg->span > 1 || (sg->span == 1 && r->n_out < 1))
                 return MS_FAIL(err, MS_ERR_UNSUPPORTED,
                                "step %s: a loop step feeds the last sampled id (span %d)",
-                               e->desc->steps[k].name, (int)sg->span);
+                               e->node->steps[k].name, (int)sg->span);
             if (sg->span == 1)
                 e->tokens_host[t] = r->out[r->n_out - 1];
         } else {
@@ -1197,8 +1204,8 @@ static ms_status eng_pack_tokens(ms_engine *e, int32_t k, ms_error *err) {
                 r->consumed[sg->label] + sg->span > r->n_prompt[sg->label])
                 return MS_FAIL(err, MS_ERR_INVALID_ARG,
                                "step %s: request %llu has no %d prompt tokens for label %s",
-                               e->desc->steps[k].name, (unsigned long long)r->rid,
-                               (int)sg->span, e->desc->labels[sg->label]);
+                               e->node->steps[k].name, (unsigned long long)r->rid,
+                               (int)sg->span, e->node->labels[sg->label]);
             memcpy(e->tokens_host + t, r->prompt[sg->label] + r->consumed[sg->label],
                    (size_t)sg->span * sizeof(int32_t));
         }
@@ -1253,7 +1260,7 @@ static ms_status eng_forward_sample(ms_engine *e, const ms_md_step *sd, const ms
         .out_rows = sd->all_logits ? &out_rows : NULL,
         .logits = &logits,
     };
-    MS_TRY(e->desc->forward(&args, err));
+    MS_TRY(e->node->forward(&args, err));
     MS_TRY(f->copy_to_host(cx, e->logits_host, e->logits_dev, (size_t)n * V * sizeof(float),
                            err));
     if (!sample)
@@ -1313,13 +1320,13 @@ ms_status ms_engine_run_step(ms_engine *e, ms_rid rid, const char *step_name,
         return MS_FAIL(err, MS_ERR_NOT_FOUND, "run step %s: request %llu is not running",
                        step_name, (unsigned long long)rid);
     int32_t k = -1;
-    for (int32_t i = 0; i < e->desc->n_steps; i++)
-        if (strcmp(e->desc->steps[i].name, step_name) == 0)
+    for (int32_t i = 0; i < e->node->n_steps; i++)
+        if (strcmp(e->node->steps[i].name, step_name) == 0)
             k = i;
     if (k < 0)
         return MS_FAIL(err, MS_ERR_NOT_FOUND, "model %s has no step '%s'", e->desc->name,
                        step_name);
-    const ms_md_step *sd = &e->desc->steps[k];
+    const ms_md_step *sd = &e->node->steps[k];
     if (sd->n_segments != 1 || sd->labels[0] != MS_LABEL_MAIN)
         return MS_FAIL(err, MS_ERR_UNSUPPORTED,
                        "run step %s: only steps over the main stream alone run this way",
@@ -1378,10 +1385,10 @@ ms_status ms_engine_step(ms_engine *e, ms_engine_step_info *info, ms_error *err)
             in_loop[k] = in_loop[k] || ms_walk_in_loop(d, r->walk);
         }
     }
-    int32_t k = ms_walk_pick(&e->sched, waiting, in_loop, d->n_steps);
+    int32_t k = ms_walk_pick(&e->sched, waiting, in_loop, e->node->n_steps);
     if (k < 0)
         return MS_OK;
-    const ms_md_step *sd = &d->steps[k];
+    const ms_md_step *sd = &e->node->steps[k];
 
     /* 2. its rows, and the declaration from the generated step runner */
     int32_t n = eng_rows(e, k, &inf.n_prefill);

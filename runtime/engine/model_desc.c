@@ -186,9 +186,9 @@ bool ms_md_tensor_ignored(const ms_model_desc *d, const char *name) {
     return false;
 }
 
-int32_t ms_md_resource_index(const ms_model_desc *d, const char *key) {
-    for (int32_t i = 0; i < d->n_resources; i++)
-        if (strcmp(d->resources[i].key, key) == 0)
+int32_t ms_md_resource_index(const ms_md_node *n, const char *key) {
+    for (int32_t i = 0; i < n->n_resources; i++)
+        if (strcmp(n->resources[i].key, key) == 0)
             return i;
     return -1;
 }
@@ -202,43 +202,120 @@ static bool weight_layered_ok(const ms_md_weight *w) {
     return true;
 }
 
-static ms_status check_step(const ms_model_desc *d, const ms_md_step *s, ms_error *err) {
+static ms_status check_step(const ms_model_desc *d, const ms_md_node *n, const ms_md_step *s,
+                            ms_error *err) {
     if (s->name == NULL || s->run == NULL || s->n_segments < 1 || s->n_segments > MS_MAX_LABELS)
         return MS_FAIL(err, MS_ERR_INVALID_ARG,
-                       "model %s: step %s: no name or runner, or segments out of range", d->name,
-                       s->name != NULL ? s->name : "?");
+                       "model %s: node %s: step %s: no name or runner, or segments out of range",
+                       d->name, n->name, s->name != NULL ? s->name : "?");
     for (int32_t i = 0; i < s->n_segments; i++)
-        if (s->labels[i] < 0 || s->labels[i] >= d->n_labels)
-            return MS_FAIL(err, MS_ERR_INVALID_ARG, "model %s: step %s: label %d out of range",
-                           d->name, s->name, (int)s->labels[i]);
+        if (s->labels[i] < 0 || s->labels[i] >= n->n_labels)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                           "model %s: node %s: step %s: label %d out of range", d->name, n->name,
+                           s->name, (int)s->labels[i]);
     if (s->n_buckets < 0 || s->n_buckets > MS_MD_MAX_BUCKETS)
-        return MS_FAIL(err, MS_ERR_INVALID_ARG, "model %s: step %s: bucket count out of range",
-                       d->name, s->name);
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "model %s: node %s: step %s: bucket count out of range", d->name, n->name,
+                       s->name);
     for (int32_t b = 0; b < s->n_buckets; b++)
         if (s->buckets[b] < 1 || (b > 0 && s->buckets[b] <= s->buckets[b - 1]))
             return MS_FAIL(err, MS_ERR_INVALID_ARG,
-                           "model %s: step %s: capture buckets must be positive and ascending",
-                           d->name, s->name);
+                           "model %s: node %s: step %s: capture buckets must be positive and "
+                           "ascending", d->name, n->name, s->name);
+    return MS_OK;
+}
+
+/* A node's tables: resources (unique keys and kinds, dependency order, arguments with key and
+ * text), labels (main first), steps. */
+static ms_status check_node(const ms_model_desc *d, int32_t ni, ms_error *err) {
+    const char *name = d->name;
+    const ms_md_node *n = &d->nodes[ni];
+    if (n->name == NULL || n->name[0] == '\0')
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "model %s: node %d has no name", name, (int)ni);
+    for (int32_t j = 0; j < ni; j++)
+        if (d->nodes[j].name != NULL && strcmp(d->nodes[j].name, n->name) == 0)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG, "model %s: node '%s' declared twice", name,
+                           n->name);
+    const char *nn = n->name;
+    if (n->resources == NULL || n->workspace_size == NULL || n->forward == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "model %s: node %s: no resource table, "
+                       "workspace_size or forward", name, nn);
+    if (n->n_resources < 1 || n->n_resources > MS_MAX_RESOURCES)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "model %s: node %s: %d resources (1..%d)", name,
+                       nn, (int)n->n_resources, MS_MAX_RESOURCES);
+    for (int32_t i = 0; i < n->n_resources; i++) {
+        const ms_md_resource *r = &n->resources[i];
+        if (r->key == NULL || r->kind < 0 || r->kind >= MS_RESOURCE_KIND_COUNT || r->n_deps < 0 ||
+            r->n_deps > MS_MD_MAX_DEPS)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG, "model %s: node %s: resource %d: bad key, "
+                           "kind or dependency count", name, nn, (int)i);
+        for (int32_t j = 0; j < i; j++) {
+            if (strcmp(n->resources[j].key, r->key) == 0)
+                return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                               "model %s: node %s: resource '%s' declared twice", name, nn,
+                               r->key);
+            if (n->resources[j].kind == r->kind)
+                return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                               "model %s: node %s: resources '%s' and '%s' are both of kind %s",
+                               name, nn, n->resources[j].key, r->key,
+                               ms_resource_kind_str(r->kind));
+        }
+        for (int32_t k = 0; k < r->n_deps; k++) {
+            int32_t at = r->deps[k] != NULL ? ms_md_resource_index(n, r->deps[k]) : -1;
+            if (at < 0 || at >= i)
+                return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                               "model %s: node %s: resource '%s' depends on '%s', which is not "
+                               "an earlier resource (the table must be in dependency order)",
+                               name, nn, r->key, r->deps[k] != NULL ? r->deps[k] : "?");
+        }
+        if (r->n_args < 0 || (r->n_args > 0 && r->args == NULL))
+            return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                           "model %s: node %s: resource '%s': %d arguments without a list", name,
+                           nn, r->key, (int)r->n_args);
+        for (int32_t k = 0; k < r->n_args; k++)
+            if (r->args[k].key == NULL || r->args[k].key[0] == '\0' || r->args[k].text == NULL)
+                return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                               "model %s: node %s: resource '%s': argument %d has no key or text",
+                               name, nn, r->key, (int)k);
+    }
+    if (n->labels == NULL || n->n_labels < 1 || n->n_labels > MS_MAX_LABELS ||
+        n->labels[0] == NULL || strcmp(n->labels[0], "main") != 0)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "model %s: node %s: labels must start with main (1..%d)", name, nn,
+                       MS_MAX_LABELS);
+    if (n->steps == NULL || n->n_steps < 1 || n->n_steps > MS_MD_MAX_STEPS)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "model %s: node %s: no steps (or more than %d)",
+                       name, nn, MS_MD_MAX_STEPS);
+    for (int32_t i = 0; i < n->n_steps; i++)
+        MS_TRY(check_step(d, n, &n->steps[i], err));
     return MS_OK;
 }
 
 static ms_status check_walk(const ms_model_desc *d, const ms_md_walk *w, ms_error *err) {
-    if (w->name == NULL || w->steps == NULL || w->n_steps < 1 || w->loop_begin < 0 ||
-        w->loop_begin > w->n_steps)
-        return MS_FAIL(err, MS_ERR_INVALID_ARG, "model %s: walk %s: no steps or a bad loop",
+    if (w->name == NULL || w->items == NULL || w->n_items < 1 || w->loop_begin < 0 ||
+        w->loop_begin > w->n_items)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "model %s: walk %s: no items or a bad loop",
                        d->name, w->name != NULL ? w->name : "?");
-    for (int32_t i = 0; i < w->n_steps; i++)
-        if (w->steps[i] < 0 || w->steps[i] >= d->n_steps)
-            return MS_FAIL(err, MS_ERR_INVALID_ARG, "model %s: walk %s: step %d out of range",
-                           d->name, w->name, (int)w->steps[i]);
+    for (int32_t i = 0; i < w->n_items; i++) {
+        ms_md_walk_item it = w->items[i];
+        if (it.node < 0 || it.node >= d->n_nodes)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                           "model %s: walk %s: item %d names node %d, not one of the %d nodes",
+                           d->name, w->name, (int)i, (int)it.node, (int)d->n_nodes);
+        if (it.step < 0 || it.step >= d->nodes[it.node].n_steps)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                           "model %s: walk %s: item %d names step %d of node %s, which has %d",
+                           d->name, w->name, (int)i, (int)it.step, d->nodes[it.node].name,
+                           (int)d->nodes[it.node].n_steps);
+    }
     return MS_OK;
 }
 
 ms_status ms_md_check_desc(const ms_model_desc *d, ms_error *err) {
     const char *name = d->name != NULL ? d->name : "?";
     if (d->name == NULL || d->config_load == NULL || d->facts == NULL || d->weights == NULL ||
-        d->weight_shape == NULL || d->weight_tied == NULL || d->resources == NULL ||
-        d->workspace_size == NULL || d->forward == NULL || d->config_size == 0)
+        d->weight_shape == NULL || d->weight_tied == NULL || d->nodes == NULL ||
+        d->config_size == 0)
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "model %s: descriptor is missing a table or "
                        "function", name);
     if (d->n_weights < 1)
@@ -297,43 +374,13 @@ ms_status ms_md_check_desc(const ms_model_desc *d, ms_error *err) {
         }
 #undef WFAIL
     }
-    if (d->n_resources < 1 || d->n_resources > MS_MAX_RESOURCES)
-        return MS_FAIL(err, MS_ERR_INVALID_ARG, "model %s: %d resources (1..%d)", name,
-                       (int)d->n_resources, MS_MAX_RESOURCES);
-    for (int32_t i = 0; i < d->n_resources; i++) {
-        const ms_md_resource *r = &d->resources[i];
-        if (r->key == NULL || r->kind < 0 || r->kind >= MS_RESOURCE_KIND_COUNT || r->n_deps < 0 ||
-            r->n_deps > MS_MD_MAX_DEPS)
-            return MS_FAIL(err, MS_ERR_INVALID_ARG, "model %s: resource %d: bad key, kind or "
-                           "dependency count", name, (int)i);
-        for (int32_t j = 0; j < i; j++) {
-            if (strcmp(d->resources[j].key, r->key) == 0)
-                return MS_FAIL(err, MS_ERR_INVALID_ARG, "model %s: resource '%s' declared twice",
-                               name, r->key);
-            if (d->resources[j].kind == r->kind)
-                return MS_FAIL(err, MS_ERR_INVALID_ARG,
-                               "model %s: resources '%s' and '%s' are both of kind %s", name,
-                               d->resources[j].key, r->key, ms_resource_kind_str(r->kind));
-        }
-        for (int32_t k = 0; k < r->n_deps; k++) {
-            int32_t at = r->deps[k] != NULL ? ms_md_resource_index(d, r->deps[k]) : -1;
-            if (at < 0 || at >= i)
-                return MS_FAIL(err, MS_ERR_INVALID_ARG,
-                               "model %s: resource '%s' depends on '%s', which is not an earlier "
-                               "resource (the table must be in dependency order)",
-                               name, r->key, r->deps[k] != NULL ? r->deps[k] : "?");
-        }
-    }
-    if (d->labels == NULL || d->n_labels < 1 || d->n_labels > MS_MAX_LABELS ||
-        d->labels[0] == NULL || strcmp(d->labels[0], "main") != 0)
-        return MS_FAIL(err, MS_ERR_INVALID_ARG, "model %s: labels must start with main (1..%d)",
-                       name, MS_MAX_LABELS);
-    if (d->steps == NULL || d->n_steps < 1 || d->n_steps > MS_MD_MAX_STEPS || d->walks == NULL ||
-        d->n_walks < 1)
-        return MS_FAIL(err, MS_ERR_INVALID_ARG, "model %s: no steps (or more than %d), or no walk",
-                       name, MS_MD_MAX_STEPS);
-    for (int32_t i = 0; i < d->n_steps; i++)
-        MS_TRY(check_step(d, &d->steps[i], err));
+    if (d->n_nodes < 1 || d->n_nodes > MS_MD_MAX_NODES)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "model %s: %d nodes (1..%d)", name,
+                       (int)d->n_nodes, MS_MD_MAX_NODES);
+    for (int32_t i = 0; i < d->n_nodes; i++)
+        MS_TRY(check_node(d, i, err));
+    if (d->walks == NULL || d->n_walks < 1)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "model %s: no walk", name);
     for (int32_t i = 0; i < d->n_walks; i++)
         MS_TRY(check_walk(d, &d->walks[i], err));
     if (d->n_kernels < 0 || (d->n_kernels > 0 && d->kernels == NULL))

@@ -4,9 +4,9 @@
  *
  * A model file (models/llama.mstar) compiles into ONE `const ms_model_desc` object plus the few
  * functions it points to. The generated side stays small and mechanical: static tables that mirror
- * the source's config, weights, resources and steps, switch functions that evaluate the source's
- * config expressions, and a forward function that is a straight line of ms_backend_i calls over
- * buffers planned up front. Everything else (reading config.json and checkpoints, validating and
+ * the source's config, weights, nodes (resources, labels, steps) and walks, switch functions that
+ * evaluate the source's config expressions, and per node a forward function that is a straight
+ * line of ms_backend_i calls over buffers planned up front. Everything else (reading config.json and checkpoints, validating and
  * uploading weights, building resources through the step runner, batching, sampling, stopping,
  * context limits, the CLI) is the engine's.
  *
@@ -21,15 +21,23 @@
  *      layer, alternatives, optional tensors, ties, fusion: a FUSED entry is the row-wise
  *      concatenation of its PART entries, loaded once at startup, so Q/K/V and gate/up run as
  *      one GEMM each), `weight_shape` (dims per entry) and `weight_tied` (tie conditions).
- *   4. resources: a static ms_md_resource table for each node in dependency order (KV first),
- *      whose index is the resource index of ms_step.records (what mstarc's sema computed).
- *   5. steps: per declared step an ms_md_step row and a generated step runner that fills the
- *      step's declaration (ms_step: segments, KV / positions / attention / sampler records) for a
- *      batch of rows through the ms_md_step_* helpers below; the node's label names; the walks
- *      as data (ms_md_walk: node.step items, `then` sequences, `loop ... until stop`).
- *   6. forward: `forward` queues the model on a backend for one staged step, reading its weights
- *      with ms_md_weight_get and carving activations out of a workspace sized up front by
- *      `workspace_size` for the worst-case step (no allocation on the decode hot path).
+ *   4. per node (`nodes`: one ms_md_node each, in declaration order), its tables:
+ *      a. resources: a static ms_md_resource table in dependency order (KV first), whose index
+ *         is the resource index of ms_step.records (what mstarc's sema computed), each row with
+ *         the resource's declared keyed arguments as data (ms_md_arg: key and the value's
+ *         source text, for tools and messages; the values the runtime uses come from facts);
+ *      b. labels: the node's stream label names (main first);
+ *      c. steps: per declared step an ms_md_step row and a generated step runner that fills the
+ *         step's declaration (ms_step: segments, KV / positions / attention / sampler records)
+ *         for a batch of rows through the ms_md_step_* helpers below;
+ *      d. forward: the node's `forward` queues it on a backend for one staged step, reading its
+ *         weights with ms_md_weight_get and carving activations out of a workspace sized up
+ *         front by its `workspace_size` for the worst-case step (no allocation on the decode
+ *         hot path).
+ *   5. walks (model-level, they may cross nodes): ms_md_walk as data, items (node, step) pairs
+ *      (ms_md_walk_item) in order, `then` sequences flattened, `loop ... until stop` as a range.
+ *   (mstarc emits each node's resources, labels and steps, then the walks, then the forward,
+ *   then the `<model>_nodes` table that points to them.)
  *
  * Conventions fixed by this contract:
  *   - weights are addressed by (weight index, layer); per-layer entries have `n_layers` instances,
@@ -38,8 +46,10 @@
  *   - the forward's outputs are the logits of the LAST token of each view of the step, in view
  *     order (or, with ms_md_forward_args.out_rows, of the rows it lists: a step declared with
  *     `attn causal = false`, a block step of dense generation, returns every token's logits): [n_seqs, vocab] float32, which the engine samples.
- *   - one node (`decoder`) is implemented by the engine today; the node table exists so encoder
- *     and cross-attention nodes can be described the same way later.
+ *   - resource indices, label values (ms_label) and step indices are per node; a walk item names
+ *     its node. The table shape is general, but mstarc build lowers one node and the engine runs
+ *     descriptors of exactly one node (nodes[0]; ms_engine_init refuses n_nodes != 1), so
+ *     encoder and cross-attention nodes can be described the same way later.
  *
  * Mapping from the checked model (compiler/model.h) to what a generator emits:
  *   - ms_param (declaration order): a field of the config struct (int64_t / double / bool /
@@ -59,14 +69,21 @@
  *     fused members and one FUSED row per group; per-layer groups set per_layer; `or w if cond`
  *     sets tie (weight_tied evaluates cond); `or w` alone sets tie + tie_if_missing;
  *     weight_shape is a switch over rows evaluating the shape expressions.
- *   - ms_resource in resource-index order: ms_md_resource rows (key, kind, dep keys).
+ *   - ms_node (ms_model.nodes, in order): one ms_md_node row of `<model>_nodes` (name, the
+ *     tables below named `<model>_<node>_resources` / `_labels` / `_steps`, the forward).
+ *   - ms_resource in resource-index order: ms_md_resource rows (key, kind, dep keys, and the
+ *     keyed arguments of its constructor call in source order as `<model>_<node>_<res>_args`:
+ *     the key as written and the canonical source text of the value (print.h), e.g.
+ *     {"page_size", "16"}, {"window", "has(sliding_window) ? sliding_window : none"}; positional
+ *     arguments are the dependencies; defaults not written are not listed).
  *   - labels: the node's label names (main first), `labels`.
  *   - ms_step_decl: one ms_md_step per step with its generated runner `<model>_run_<step>`:
  *     for each segment declaration (in order) and each row, one ms_md_step_segment call with the
  *     span expression in C (len(tokens) is rows[r].len[<the segment's label>]); then one ms_md_step_<kind> call per resource
  *     the step uses (kv: commit, combined labels and forks as static arrays; pos: custom
  *     advance, explicit ids; attn: causal; sampler) with its resource index.
- *   - walks: one ms_md_walk each (node.step items flattened, the loop's range).
+ *   - walks: one ms_md_walk each: its node.step items flattened into (node index, step index
+ *     within that node) pairs, the loop's range.
  *   - the kernel instances of ms_codegen_kernels (DIR/kernels/<stem>.cu): a static array of their
  *     stems, `kernels` (none, NULL and 0, when the model's kernels are not expressible).
  *   - `ignore "visual.*";` patterns of the weights blocks: a static array, `ignored` (none: NULL
@@ -227,15 +244,29 @@ typedef struct ms_md_weight {
 
 #define MS_MD_MAX_DEPS 4
 
+/* One declared argument of a resource, as data: its key and the source text of its value in the
+ * canonical spelling of `mstarc dump` ({"page_size", "16"}, {"window", "has(sliding_window) ?
+ * sliding_window : none"}). For tools and messages (a dump, `kernels --list`); the values the
+ * runtime uses come through ms_md_facts, evaluated by the generated `facts` under the loaded
+ * config, never from this text. */
+typedef struct ms_md_arg {
+    const char *key;                      /* the constructor key, e.g. "page_size" */
+    const char *text;                     /* the value's source text */
+} ms_md_arg;
+
 /* One resource of a node, in dependency order (its position is its resource index). The
  * engine takes the parameters of each kind from ms_md_facts (kv: layers, kv heads, head_dim,
  * page size, retention = window; pos: sequential scheme + rope; attn: q heads, window;
- * sampler: vocab). */
+ * sampler: vocab); `args` are the declared arguments as text (ms_md_arg). */
 typedef struct ms_md_resource {
     const char *key;                      /* "kv", "pos", "attn", "sample" */
     ms_resource_kind kind;
     const char *deps[MS_MD_MAX_DEPS];     /* keys it reads plan results of */
     int32_t n_deps;
+    const ms_md_arg *args;                /* [n_args] the keyed arguments given in the source,
+                                             in declaration order (defaults not listed); NULL
+                                             when n_args is 0 */
+    int32_t n_args;
 } ms_md_resource;
 
 /* ---- steps: generated step runners ---- */
@@ -323,18 +354,25 @@ typedef struct ms_md_step {
     int32_t n_buckets;
 } ms_md_step;
 
+/* One item of a walk: step `step` of node `node` (indices into ms_model_desc.nodes and that
+ * node's steps). */
+typedef struct ms_md_walk_item {
+    int32_t node;
+    int32_t step;
+} ms_md_walk_item;
+
 /*
- * A walk as data: the steps a request runs in order, `steps[0 .. n_steps)`, with
- * `loop ... until stop` as the range [loop_begin, n_steps) that repeats until the request stops
- * (loop_begin == n_steps: no loop; items after a loop are refused by mstarc). Steps before the
- * loop consume the request's prompt inputs (input k = prompt k); steps in the loop consume the
+ * A walk as data: the (node, step) items a request runs in order, `items[0 .. n_items)`, with
+ * `loop ... until stop` as the range [loop_begin, n_items) that repeats until the request stops
+ * (loop_begin == n_items: no loop; items after a loop are refused by mstarc). Items before the
+ * loop consume the request's prompt inputs (input k = prompt k); items in the loop consume the
  * last sampled id in every input.
  */
 typedef struct ms_md_walk {
     const char *name;                      /* "generate", "guided" */
-    const int32_t *steps;                  /* [n_steps] indices into ms_model_desc.steps */
-    int32_t n_steps;
-    int32_t loop_begin;                    /* first step of the loop; n_steps: none */
+    const ms_md_walk_item *items;          /* [n_items] node.step in order */
+    int32_t n_items;
+    int32_t loop_begin;                    /* first item of the loop; n_items: none */
 } ms_md_walk;
 
 /* ---- step-runner helpers (runtime side of the generated runners) ---- */
@@ -404,6 +442,31 @@ static inline const ms_tensor *ms_md_weight_get(const ms_md_forward_args *a, int
     return &a->weights[a->weight_offset[w] + layer];
 }
 
+/* ---- nodes ---- */
+
+#define MS_MD_MAX_NODES 8       /* nodes of a model */
+
+/* Bytes of workspace a node's forward needs for steps of up to max_tokens tokens over max_seqs
+ * views (the layout depends only on these capacities). */
+typedef size_t (*ms_md_workspace_fn)(const void *config, int32_t max_tokens, int32_t max_seqs);
+/* Queue one step's forward. Errors: the first failing op's status and message. */
+typedef ms_status (*ms_md_forward_fn)(const ms_md_forward_args *args, ms_error *err);
+
+/* One node of the model (`node decoder { ... }`): its stream labels, resources, steps and
+ * forward. Resource indices (ms_step.records), label values (ms_label) and step indices are the
+ * node's own. */
+typedef struct ms_md_node {
+    const char *name;                /* "decoder" */
+    const char *const *labels;       /* [n_labels] stream label names; labels[0] is "main" */
+    int32_t n_labels;
+    const ms_md_resource *resources; /* [n_resources] in dependency order */
+    int32_t n_resources;
+    const ms_md_step *steps;         /* [n_steps] in declaration order */
+    int32_t n_steps;
+    ms_md_workspace_fn workspace_size;
+    ms_md_forward_fn forward;
+} ms_md_node;
+
 /* ---- the descriptor ---- */
 
 /* A compiled model. Generated as one `const ms_model_desc ms_<model>_desc`. */
@@ -424,23 +487,13 @@ typedef struct ms_model_desc {
     /* Whether entry w is replaced by its `tie` entry under this config (DSL `or x if cond`). */
     bool (*weight_tied)(const void *config, int32_t w);
 
-    /* the decoder node */
-    const char *const *labels;    /* [n_labels] stream label names; labels[0] is "main" */
-    int32_t n_labels;
-    const ms_md_resource *resources; /* [n_resources] in dependency order */
-    int32_t n_resources;
-    const ms_md_step *steps;      /* [n_steps] in declaration order */
-    int32_t n_steps;
+    /* nodes and walks */
+    const ms_md_node *nodes;      /* [n_nodes] in declaration order (the engine runs one today:
+                                     it refuses n_nodes != 1) */
+    int32_t n_nodes;
     const ms_md_walk *walks;      /* [n_walks] in declaration order; a request takes the first
-                                     whose first step has as many inputs as it gives prompts */
+                                     whose first item has as many inputs as it gives prompts */
     int32_t n_walks;
-
-    /* forward */
-    /* Bytes of workspace the forward needs for steps of up to max_tokens tokens over max_seqs
-     * views (the layout depends only on these capacities). */
-    size_t (*workspace_size)(const void *config, int32_t max_tokens, int32_t max_seqs);
-    /* Queue one step's forward. Errors: the first failing op's status and message. */
-    ms_status (*forward)(const ms_md_forward_args *args, ms_error *err);
 
     /* CUDA kernel instances */
     /* [n_kernels] stems (ms_kernel_spec_stem, e.g. "rmsnorm_heads_bf16_af32") of every kernel
@@ -472,10 +525,14 @@ ms_status ms_md_expand_name(const char *tmpl, int32_t layer, char *buf, size_t c
  * at least one template (a per-layer one containing "{i}", a global one none), a tie points to an
  * earlier TENSOR/FUSED entry of the same rank and layering, a PART names a FUSED entry that lists
  * it, a FUSED entry has 2..MS_MD_MAX_PARTS PART entries of its rank and layering, each listing it;
- * resources: unique keys, dependencies among earlier keys (dependency order), at most one of each
- * kind; steps: spans valid, buckets ascending; kernels: n_kernels >= 0, each stem a non-empty
- * string (kernels non-NULL when n_kernels > 0). Errors: MS_ERR_INVALID_ARG
- * "model <name>: weight 'x': <problem>". The engine runs it first at init.
+ * nodes: 1..MS_MD_MAX_NODES with unique names, each with a forward and workspace_size, its
+ * resources (unique keys, dependencies among earlier keys (dependency order), at most one of
+ * each kind, every argument with a key and a text), labels (main first) and 1..MS_MD_MAX_STEPS
+ * steps (labels within the node's, buckets ascending); walks: at least one, each item naming a
+ * valid (node, step) pair, the loop within the items; kernels: n_kernels >= 0, each stem a
+ * non-empty string (kernels non-NULL when n_kernels > 0). Errors: MS_ERR_INVALID_ARG
+ * "model <name>: weight 'x': <problem>" ("model <name>: node <node>: ..." for a node's tables).
+ * The engine runs it first at init.
  */
 ms_status ms_md_check_desc(const ms_model_desc *d, ms_error *err);
 
@@ -514,8 +571,8 @@ ms_status ms_md_kernel_specs(const ms_model_desc *d, const ms_md_facts *facts, i
  */
 bool ms_md_tensor_ignored(const ms_model_desc *d, const char *name);
 
-/* Resource index of `key` in the descriptor's table, or -1. */
-int32_t ms_md_resource_index(const ms_model_desc *d, const char *key);
+/* Resource index of `key` in node n's table, or -1. */
+int32_t ms_md_resource_index(const ms_md_node *n, const char *key);
 
 #ifdef __cplusplus
 }

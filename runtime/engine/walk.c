@@ -6,33 +6,44 @@
  */
 #include "walk.h"
 
-int32_t ms_walk_step(const ms_model_desc *d, ms_walk_pos p) {
+ms_md_walk_item ms_walk_item(const ms_model_desc *d, ms_walk_pos p) {
+    ms_md_walk_item none = {-1, -1};
     if (p.walk < 0 || p.walk >= d->n_walks)
-        return -1;
+        return none;
     const ms_md_walk *w = &d->walks[p.walk];
-    return p.at >= 0 && p.at < w->n_steps ? w->steps[p.at] : -1;
+    return p.at >= 0 && p.at < w->n_items ? w->items[p.at] : none;
+}
+
+int32_t ms_walk_step(const ms_model_desc *d, ms_walk_pos p) {
+    return ms_walk_item(d, p).step;
 }
 
 bool ms_walk_in_loop(const ms_model_desc *d, ms_walk_pos p) {
     const ms_md_walk *w = &d->walks[p.walk];
-    return p.at >= w->loop_begin && p.at < w->n_steps;
+    return p.at >= w->loop_begin && p.at < w->n_items;
 }
 
 void ms_walk_advance(const ms_model_desc *d, ms_walk_pos *p) {
     const ms_md_walk *w = &d->walks[p->walk];
     p->at++;
-    if (p->at == w->n_steps && w->loop_begin < w->n_steps)
+    if (p->at == w->n_items && w->loop_begin < w->n_items)
         p->at = w->loop_begin;
+}
+
+/* The step declaration of walk item `it`. */
+static const ms_md_step *item_step(const ms_model_desc *d, ms_md_walk_item it) {
+    return &d->nodes[it.node].steps[it.step];
 }
 
 int32_t ms_walk_find(const ms_model_desc *d, const bool *has_prompt) {
     for (int32_t w = 0; w < d->n_walks; w++) {
-        const ms_md_step *s = &d->steps[d->walks[w].steps[0]];
+        ms_md_walk_item first = d->walks[w].items[0];
+        const ms_md_step *s = item_step(d, first);
         bool covers[MS_MAX_LABELS] = {false};
         for (int32_t i = 0; i < s->n_segments; i++)
             covers[s->labels[i]] = true;
         bool same = true;
-        for (int32_t l = 0; l < d->n_labels; l++)
+        for (int32_t l = 0; l < d->nodes[first.node].n_labels; l++)
             same = same && covers[l] == has_prompt[l];
         if (same)
             return w;
@@ -41,14 +52,15 @@ int32_t ms_walk_find(const ms_model_desc *d, const bool *has_prompt) {
 }
 
 int32_t ms_walk_n_streams(const ms_model_desc *d, int32_t w) {
-    bool seen[MS_MAX_LABELS] = {false};
+    bool seen[MS_MD_MAX_NODES][MS_MAX_LABELS] = {{false}};
     int32_t n = 0;
     const ms_md_walk *wk = &d->walks[w];
-    for (int32_t i = 0; i < wk->n_steps; i++) {
-        const ms_md_step *s = &d->steps[wk->steps[i]];
+    for (int32_t i = 0; i < wk->n_items; i++) {
+        ms_md_walk_item it = wk->items[i];
+        const ms_md_step *s = item_step(d, it);
         for (int32_t k = 0; k < s->n_segments; k++)
-            if (!seen[s->labels[k]]) {
-                seen[s->labels[k]] = true;
+            if (!seen[it.node][s->labels[k]]) {
+                seen[it.node][s->labels[k]] = true;
                 n++;
             }
     }

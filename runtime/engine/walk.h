@@ -2,7 +2,7 @@
  * walk.h - the walk executor's bookkeeping and the scheduler's step choice (engine.h).
  *
  * Every request stands at a position of its walk (ms_md_walk, model_desc.h): the index of the
- * step it runs next. Steps before the walk's loop consume the request's prompts; the loop's steps
+ * (node, step) item it runs next. Steps before the walk's loop consume the request's prompts; the loop's steps
  * repeat until the request stops. Each engine step the scheduler picks ONE step of the node and
  * the engine batches every request standing there (ms_walk_pick): loop steps (decode) first, but
  * a waiting prefix step (prefill) runs at least every other engine step, so requests joining at
@@ -24,26 +24,31 @@ extern "C" {
 /* Where a request stands in its walk. */
 typedef struct ms_walk_pos {
     int32_t walk;   /* index into ms_model_desc.walks */
-    int32_t at;     /* index into the walk's steps; == n_steps: the walk is over */
+    int32_t at;     /* index into the walk's items; == n_items: the walk is over */
 } ms_walk_pos;
 
-/* Step index (into ms_model_desc.steps) the request runs next, or -1 when its walk is over. */
+/* The (node, step) item the request runs next, or {-1, -1} when its walk is over. */
+ms_md_walk_item ms_walk_item(const ms_model_desc *d, ms_walk_pos p);
+
+/* Step index (into the steps of the item's node) the request runs next, or -1 when its walk is
+ * over: ms_walk_item(d, p).step. */
 int32_t ms_walk_step(const ms_model_desc *d, ms_walk_pos p);
 
 /* True when p stands inside the walk's loop (its steps consume the last sampled id). */
 bool ms_walk_in_loop(const ms_model_desc *d, ms_walk_pos p);
 
-/* Move past the step just run: the next item, the loop's first step after its last, or the end. */
+/* Move past the item just run: the next item, the loop's first item after its last, or the end. */
 void ms_walk_advance(const ms_model_desc *d, ms_walk_pos *p);
 
 /*
- * The walk a request takes: the first (declaration order) whose first step's segments cover
- * exactly the labels in has_prompt[0 .. n_labels) (the streams the request brings prompts for),
- * or -1.
+ * The walk a request takes: the first (declaration order) whose first item's segments cover
+ * exactly the labels in has_prompt[0 .. n_labels of that item's node) (the streams the request
+ * brings prompts for), or -1.
  */
 int32_t ms_walk_find(const ms_model_desc *d, const bool *has_prompt);
 
-/* Distinct labels the steps of walk w extend or read (the streams a request on it holds). */
+/* Distinct (node, label) streams the items of walk w extend or read (the streams a request on it
+ * holds). */
 int32_t ms_walk_n_streams(const ms_model_desc *d, int32_t w);
 
 /* Scheduler state across engine steps. */

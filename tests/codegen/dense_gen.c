@@ -518,16 +518,40 @@ static bool llama_dense_weight_tied(const void *config, int32_t w) {
 
 /* ---- node decoder: resources and steps ---- */
 
+/* the declared arguments as source text (messages, tools); the values the runtime uses
+   come through facts */
+static const ms_md_arg llama_dense_decoder_kv_args[] = {
+    {"layers", "num_hidden_layers"},
+    {"kv_heads", "num_key_value_heads"},
+    {"head_dim", "head_dim"},
+    {"page_size", "16"},
+    {"dtype", "bf16"},
+    {"retention", "has(sliding_window) ? window(sliding_window) : none"},
+};
+static const ms_md_arg llama_dense_decoder_pos_args[] = {
+    {"theta", "rope_theta"},
+    {"style", "rope_interleaved ? interleaved : rotate_half"},
+    {"scaling", "rope_type == \"llama3\" ? llama3(factor = rope_factor, low_freq_factor = rope_low_freq_factor, high_freq_factor = rope_high_freq_factor, original_max_positions = rope_original_max_positions) : none"},
+};
+static const ms_md_arg llama_dense_decoder_attn_args[] = {
+    {"q_heads", "num_attention_heads"},
+    {"causal", "true"},
+    {"window", "has(sliding_window) ? sliding_window : none"},
+};
+static const ms_md_arg llama_dense_decoder_sample_args[] = {
+    {"vocab", "vocab_size"},
+};
+
 /* node decoder, in dependency order (the resource index of ms_step.records) */
-static const ms_md_resource llama_dense_resources[] = {
-    {"kv", MS_RESOURCE_KV, {NULL}, 0}, /* kv_pool(...) */
-    {"pos", MS_RESOURCE_POS, {"kv"}, 1}, /* rope(...) */
-    {"attn", MS_RESOURCE_ATTN, {"kv", "pos"}, 2}, /* attention(...) */
-    {"sample", MS_RESOURCE_SAMPLER, {NULL}, 0}, /* sampler(...) */
+static const ms_md_resource llama_dense_decoder_resources[] = {
+    {"kv", MS_RESOURCE_KV, {NULL}, 0, llama_dense_decoder_kv_args, 6}, /* kv_pool(...) */
+    {"pos", MS_RESOURCE_POS, {"kv"}, 1, llama_dense_decoder_pos_args, 3}, /* rope(...) */
+    {"attn", MS_RESOURCE_ATTN, {"kv", "pos"}, 2, llama_dense_decoder_attn_args, 3}, /* attention(...) */
+    {"sample", MS_RESOURCE_SAMPLER, {NULL}, 0, llama_dense_decoder_sample_args, 1}, /* sampler(...) */
 };
 
 /* the node's stream labels (the ms_label values) */
-static const char *const llama_dense_labels[] = {"main", "draft", "cfg_uncond", "cfg"};
+static const char *const llama_dense_decoder_labels[] = {"main", "draft", "cfg_uncond", "cfg"};
 
 /* step prefill */
 static ms_status llama_dense_run_prefill(const void *config, const ms_md_row *rows, int32_t n_rows,
@@ -641,7 +665,7 @@ static ms_status llama_dense_run_branch(const void *config, const ms_md_row *row
     return MS_OK;
 }
 
-static const ms_md_step llama_dense_steps[] = {
+static const ms_md_step llama_dense_decoder_steps[] = {
     {
         .name = "prefill",
         .n_segments = 1,
@@ -723,8 +747,8 @@ static const ms_md_step llama_dense_steps[] = {
 
 /* ---- walks ---- */
 
-static const int32_t llama_dense_walk_generate[] = {0, 1};
-static const int32_t llama_dense_walk_guided[] = {2, 3};
+static const ms_md_walk_item llama_dense_walk_generate[] = {{0, 0}, {0, 1}};
+static const ms_md_walk_item llama_dense_walk_guided[] = {{0, 2}, {0, 3}};
 static const ms_md_walk llama_dense_walks[] = {
     {"generate", llama_dense_walk_generate, 2, 1},
     {"guided", llama_dense_walk_guided, 2, 1},
@@ -854,6 +878,22 @@ static ms_status llama_dense_forward(const ms_md_forward_args *a, ms_error *err)
     return MS_OK;
 }
 
+/* ---- nodes ---- */
+
+static const ms_md_node llama_dense_nodes[] = {
+    {
+        .name = "decoder",
+        .labels = llama_dense_decoder_labels,
+        .n_labels = (int32_t)MS_ARRAY_LEN(llama_dense_decoder_labels),
+        .resources = llama_dense_decoder_resources,
+        .n_resources = (int32_t)MS_ARRAY_LEN(llama_dense_decoder_resources),
+        .steps = llama_dense_decoder_steps,
+        .n_steps = (int32_t)MS_ARRAY_LEN(llama_dense_decoder_steps),
+        .workspace_size = llama_dense_workspace_size,
+        .forward = llama_dense_forward,
+    },
+};
+
 /* ---- CUDA kernel instances ---- */
 
 /* The stems of the instances mstarc writes to kernels/<stem>.cu (shape at load). */
@@ -887,16 +927,10 @@ const ms_model_desc ms_llama_dense_desc = {
     .n_weights = W_COUNT,
     .weight_shape = llama_dense_weight_shape,
     .weight_tied = llama_dense_weight_tied,
-    .resources = llama_dense_resources,
-    .n_resources = (int32_t)MS_ARRAY_LEN(llama_dense_resources),
-    .labels = llama_dense_labels,
-    .n_labels = (int32_t)MS_ARRAY_LEN(llama_dense_labels),
-    .steps = llama_dense_steps,
-    .n_steps = (int32_t)MS_ARRAY_LEN(llama_dense_steps),
+    .nodes = llama_dense_nodes,
+    .n_nodes = (int32_t)MS_ARRAY_LEN(llama_dense_nodes),
     .walks = llama_dense_walks,
     .n_walks = (int32_t)MS_ARRAY_LEN(llama_dense_walks),
-    .workspace_size = llama_dense_workspace_size,
-    .forward = llama_dense_forward,
     .kernels = llama_dense_kernels,
     .n_kernels = (int32_t)MS_ARRAY_LEN(llama_dense_kernels),
 };

@@ -483,16 +483,35 @@ static const char *const mrope_ignored[] = {
 
 /* ---- node decoder: resources and steps ---- */
 
+/* the declared arguments as source text (messages, tools); the values the runtime uses
+   come through facts */
+static const ms_md_arg mrope_decoder_kv_args[] = {
+    {"layers", "num_hidden_layers"},
+    {"kv_heads", "num_key_value_heads"},
+    {"head_dim", "head_dim"},
+};
+static const ms_md_arg mrope_decoder_pos_args[] = {
+    {"theta", "rope_theta"},
+    {"sections", "use_mrope ? mrope_section : none"},
+    {"scheme", "explicit"},
+};
+static const ms_md_arg mrope_decoder_attn_args[] = {
+    {"q_heads", "num_attention_heads"},
+};
+static const ms_md_arg mrope_decoder_sample_args[] = {
+    {"vocab", "vocab_size"},
+};
+
 /* node decoder, in dependency order (the resource index of ms_step.records) */
-static const ms_md_resource mrope_resources[] = {
-    {"kv", MS_RESOURCE_KV, {NULL}, 0}, /* kv_pool(...) */
-    {"pos", MS_RESOURCE_POS, {"kv"}, 1}, /* rope(...) */
-    {"attn", MS_RESOURCE_ATTN, {"kv", "pos"}, 2}, /* attention(...) */
-    {"sample", MS_RESOURCE_SAMPLER, {NULL}, 0}, /* sampler(...) */
+static const ms_md_resource mrope_decoder_resources[] = {
+    {"kv", MS_RESOURCE_KV, {NULL}, 0, mrope_decoder_kv_args, 3}, /* kv_pool(...) */
+    {"pos", MS_RESOURCE_POS, {"kv"}, 1, mrope_decoder_pos_args, 3}, /* rope(...) */
+    {"attn", MS_RESOURCE_ATTN, {"kv", "pos"}, 2, mrope_decoder_attn_args, 1}, /* attention(...) */
+    {"sample", MS_RESOURCE_SAMPLER, {NULL}, 0, mrope_decoder_sample_args, 1}, /* sampler(...) */
 };
 
 /* the node's stream labels (the ms_label values) */
-static const char *const mrope_labels[] = {"main"};
+static const char *const mrope_decoder_labels[] = {"main"};
 
 /* step prefill */
 static ms_status mrope_run_prefill(const void *config, const ms_md_row *rows, int32_t n_rows,
@@ -524,7 +543,7 @@ static ms_status mrope_run_decode(const void *config, const ms_md_row *rows, int
     return MS_OK;
 }
 
-static const ms_md_step mrope_steps[] = {
+static const ms_md_step mrope_decoder_steps[] = {
     {
         .name = "prefill",
         .n_segments = 1,
@@ -551,7 +570,7 @@ static const ms_md_step mrope_steps[] = {
 
 /* ---- walks ---- */
 
-static const int32_t mrope_walk_generate[] = {0, 1};
+static const ms_md_walk_item mrope_walk_generate[] = {{0, 0}, {0, 1}};
 static const ms_md_walk mrope_walks[] = {
     {"generate", mrope_walk_generate, 2, 1},
 };
@@ -680,6 +699,22 @@ static ms_status mrope_forward(const ms_md_forward_args *a, ms_error *err) {
     return MS_OK;
 }
 
+/* ---- nodes ---- */
+
+static const ms_md_node mrope_nodes[] = {
+    {
+        .name = "decoder",
+        .labels = mrope_decoder_labels,
+        .n_labels = (int32_t)MS_ARRAY_LEN(mrope_decoder_labels),
+        .resources = mrope_decoder_resources,
+        .n_resources = (int32_t)MS_ARRAY_LEN(mrope_decoder_resources),
+        .steps = mrope_decoder_steps,
+        .n_steps = (int32_t)MS_ARRAY_LEN(mrope_decoder_steps),
+        .workspace_size = mrope_workspace_size,
+        .forward = mrope_forward,
+    },
+};
+
 /* ---- CUDA kernel instances ---- */
 
 /* The stems of the instances mstarc writes to kernels/<stem>.cu (shape at load). */
@@ -709,16 +744,10 @@ const ms_model_desc ms_mrope_desc = {
     .n_weights = W_COUNT,
     .weight_shape = mrope_weight_shape,
     .weight_tied = mrope_weight_tied,
-    .resources = mrope_resources,
-    .n_resources = (int32_t)MS_ARRAY_LEN(mrope_resources),
-    .labels = mrope_labels,
-    .n_labels = (int32_t)MS_ARRAY_LEN(mrope_labels),
-    .steps = mrope_steps,
-    .n_steps = (int32_t)MS_ARRAY_LEN(mrope_steps),
+    .nodes = mrope_nodes,
+    .n_nodes = (int32_t)MS_ARRAY_LEN(mrope_nodes),
     .walks = mrope_walks,
     .n_walks = (int32_t)MS_ARRAY_LEN(mrope_walks),
-    .workspace_size = mrope_workspace_size,
-    .forward = mrope_forward,
     .kernels = mrope_kernels,
     .n_kernels = (int32_t)MS_ARRAY_LEN(mrope_kernels),
     .ignored = mrope_ignored,

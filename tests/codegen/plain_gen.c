@@ -352,15 +352,30 @@ static bool plain_weight_tied(const void *config, int32_t w) {
 
 /* ---- node dec: resources and steps ---- */
 
+/* the declared arguments as source text (messages, tools); the values the runtime uses
+   come through facts */
+static const ms_md_arg plain_dec_kv_args[] = {
+    {"layers", "layers"},
+    {"kv_heads", "heads"},
+    {"head_dim", "hd"},
+    {"page_size", "32"},
+};
+static const ms_md_arg plain_dec_attn_args[] = {
+    {"q_heads", "heads"},
+};
+static const ms_md_arg plain_dec_s_args[] = {
+    {"vocab", "vocab"},
+};
+
 /* node dec, in dependency order (the resource index of ms_step.records) */
-static const ms_md_resource plain_resources[] = {
-    {"kv", MS_RESOURCE_KV, {NULL}, 0}, /* kv_pool(...) */
-    {"attn", MS_RESOURCE_ATTN, {"kv"}, 1}, /* attention(...) */
-    {"s", MS_RESOURCE_SAMPLER, {NULL}, 0}, /* sampler(...) */
+static const ms_md_resource plain_dec_resources[] = {
+    {"kv", MS_RESOURCE_KV, {NULL}, 0, plain_dec_kv_args, 4}, /* kv_pool(...) */
+    {"attn", MS_RESOURCE_ATTN, {"kv"}, 1, plain_dec_attn_args, 1}, /* attention(...) */
+    {"s", MS_RESOURCE_SAMPLER, {NULL}, 0, plain_dec_s_args, 1}, /* sampler(...) */
 };
 
 /* the node's stream labels (the ms_label values) */
-static const char *const plain_labels[] = {"main"};
+static const char *const plain_dec_labels[] = {"main"};
 
 /* step prefill */
 static ms_status plain_run_prefill(const void *config, const ms_md_row *rows, int32_t n_rows,
@@ -390,7 +405,7 @@ static ms_status plain_run_decode(const void *config, const ms_md_row *rows, int
     return MS_OK;
 }
 
-static const ms_md_step plain_steps[] = {
+static const ms_md_step plain_dec_steps[] = {
     {
         .name = "prefill",
         .n_segments = 1,
@@ -417,7 +432,7 @@ static const ms_md_step plain_steps[] = {
 
 /* ---- walks ---- */
 
-static const int32_t plain_walk_generate[] = {0, 1};
+static const ms_md_walk_item plain_walk_generate[] = {{0, 0}, {0, 1}};
 static const ms_md_walk plain_walks[] = {
     {"generate", plain_walk_generate, 2, 1},
 };
@@ -544,6 +559,22 @@ static ms_status plain_forward(const ms_md_forward_args *a, ms_error *err) {
     return MS_OK;
 }
 
+/* ---- nodes ---- */
+
+static const ms_md_node plain_nodes[] = {
+    {
+        .name = "dec",
+        .labels = plain_dec_labels,
+        .n_labels = (int32_t)MS_ARRAY_LEN(plain_dec_labels),
+        .resources = plain_dec_resources,
+        .n_resources = (int32_t)MS_ARRAY_LEN(plain_dec_resources),
+        .steps = plain_dec_steps,
+        .n_steps = (int32_t)MS_ARRAY_LEN(plain_dec_steps),
+        .workspace_size = plain_workspace_size,
+        .forward = plain_forward,
+    },
+};
+
 /* ---- CUDA kernel instances ---- */
 
 /* The stems of the instances mstarc writes to kernels/<stem>.cu (shape at load). */
@@ -571,16 +602,10 @@ const ms_model_desc ms_plain_desc = {
     .n_weights = W_COUNT,
     .weight_shape = plain_weight_shape,
     .weight_tied = plain_weight_tied,
-    .resources = plain_resources,
-    .n_resources = (int32_t)MS_ARRAY_LEN(plain_resources),
-    .labels = plain_labels,
-    .n_labels = (int32_t)MS_ARRAY_LEN(plain_labels),
-    .steps = plain_steps,
-    .n_steps = (int32_t)MS_ARRAY_LEN(plain_steps),
+    .nodes = plain_nodes,
+    .n_nodes = (int32_t)MS_ARRAY_LEN(plain_nodes),
     .walks = plain_walks,
     .n_walks = (int32_t)MS_ARRAY_LEN(plain_walks),
-    .workspace_size = plain_workspace_size,
-    .forward = plain_forward,
     .kernels = plain_kernels,
     .n_kernels = (int32_t)MS_ARRAY_LEN(plain_kernels),
 };

@@ -407,16 +407,39 @@ static bool tiny_weight_tied(const void *config, int32_t w) {
 
 /* ---- node lm: resources and steps ---- */
 
+/* the declared arguments as source text (messages, tools); the values the runtime uses
+   come through facts */
+static const ms_md_arg tiny_lm_cache_args[] = {
+    {"layers", "n_layers"},
+    {"kv_heads", "n_kv_heads"},
+    {"head_dim", "hd"},
+    {"page_size", "8"},
+    {"dtype", "f16"},
+    {"retention", "window(short_window)"},
+};
+static const ms_md_arg tiny_lm_rot_args[] = {
+    {"theta", "theta"},
+    {"style", "interleaved"},
+    {"scaling", "kind == \"scaled\" ? linear(factor = scale) : none"},
+};
+static const ms_md_arg tiny_lm_att_args[] = {
+    {"q_heads", "n_heads"},
+    {"window", "short_window"},
+};
+static const ms_md_arg tiny_lm_pick_args[] = {
+    {"vocab", "vocab"},
+};
+
 /* node lm, in dependency order (the resource index of ms_step.records) */
-static const ms_md_resource tiny_resources[] = {
-    {"cache", MS_RESOURCE_KV, {NULL}, 0}, /* kv_pool(...) */
-    {"rot", MS_RESOURCE_POS, {"cache"}, 1}, /* rope(...) */
-    {"att", MS_RESOURCE_ATTN, {"cache", "rot"}, 2}, /* attention(...) */
-    {"pick", MS_RESOURCE_SAMPLER, {NULL}, 0}, /* sampler(...) */
+static const ms_md_resource tiny_lm_resources[] = {
+    {"cache", MS_RESOURCE_KV, {NULL}, 0, tiny_lm_cache_args, 6}, /* kv_pool(...) */
+    {"rot", MS_RESOURCE_POS, {"cache"}, 1, tiny_lm_rot_args, 3}, /* rope(...) */
+    {"att", MS_RESOURCE_ATTN, {"cache", "rot"}, 2, tiny_lm_att_args, 2}, /* attention(...) */
+    {"pick", MS_RESOURCE_SAMPLER, {NULL}, 0, tiny_lm_pick_args, 1}, /* sampler(...) */
 };
 
 /* the node's stream labels (the ms_label values) */
-static const char *const tiny_labels[] = {"main"};
+static const char *const tiny_lm_labels[] = {"main"};
 
 /* step prefill */
 static ms_status tiny_run_prefill(const void *config, const ms_md_row *rows, int32_t n_rows,
@@ -448,7 +471,7 @@ static ms_status tiny_run_decode(const void *config, const ms_md_row *rows, int3
     return MS_OK;
 }
 
-static const ms_md_step tiny_steps[] = {
+static const ms_md_step tiny_lm_steps[] = {
     {
         .name = "prefill",
         .n_segments = 1,
@@ -475,7 +498,7 @@ static const ms_md_step tiny_steps[] = {
 
 /* ---- walks ---- */
 
-static const int32_t tiny_walk_generate[] = {0, 1};
+static const ms_md_walk_item tiny_walk_generate[] = {{0, 0}, {0, 1}};
 static const ms_md_walk tiny_walks[] = {
     {"generate", tiny_walk_generate, 2, 1},
 };
@@ -611,6 +634,22 @@ static ms_status tiny_forward(const ms_md_forward_args *a, ms_error *err) {
     return MS_OK;
 }
 
+/* ---- nodes ---- */
+
+static const ms_md_node tiny_nodes[] = {
+    {
+        .name = "lm",
+        .labels = tiny_lm_labels,
+        .n_labels = (int32_t)MS_ARRAY_LEN(tiny_lm_labels),
+        .resources = tiny_lm_resources,
+        .n_resources = (int32_t)MS_ARRAY_LEN(tiny_lm_resources),
+        .steps = tiny_lm_steps,
+        .n_steps = (int32_t)MS_ARRAY_LEN(tiny_lm_steps),
+        .workspace_size = tiny_workspace_size,
+        .forward = tiny_forward,
+    },
+};
+
 /* ---- CUDA kernel instances ---- */
 
 /* none: the CUDA templates cannot express this model's kernels (CPU backend only) */
@@ -627,14 +666,8 @@ const ms_model_desc ms_tiny_desc = {
     .n_weights = W_COUNT,
     .weight_shape = tiny_weight_shape,
     .weight_tied = tiny_weight_tied,
-    .resources = tiny_resources,
-    .n_resources = (int32_t)MS_ARRAY_LEN(tiny_resources),
-    .labels = tiny_labels,
-    .n_labels = (int32_t)MS_ARRAY_LEN(tiny_labels),
-    .steps = tiny_steps,
-    .n_steps = (int32_t)MS_ARRAY_LEN(tiny_steps),
+    .nodes = tiny_nodes,
+    .n_nodes = (int32_t)MS_ARRAY_LEN(tiny_nodes),
     .walks = tiny_walks,
     .n_walks = (int32_t)MS_ARRAY_LEN(tiny_walks),
-    .workspace_size = tiny_workspace_size,
-    .forward = tiny_forward,
 };
