@@ -40,5 +40,6 @@ RUNTIME_SRCS += runtime/tokenizers/tokenizer_hf_nfc.c
 RUNTIME_CUDA_SRCS += runtime/backends/device_cuda.c
 RUNTIME_SRCS += runtime/cli/cli_bench.c
 RUNTIME_SRCS += runtime/cli/cli_kernels.c
+RUNTIME_SRCS += runtime/cli/cli_serve.c
 RUNTIME_SRCS += runtime/engine/sample_res.c
 RUNTIME_SRCS += runtime/engine/walk.c

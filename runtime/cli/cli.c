@@ -1,6 +1,7 @@
 /*
- * cli.c - the verbs of a serving binary (cli.h): `generate` here, `bench` in cli_bench.c, and the
- * helpers both share (model probe, id lists, streaming UTF-8).
+ * cli.c - the verbs of a serving binary (cli.h): `generate` here, `bench` in cli_bench.c, `serve`
+ * in cli_serve.c, and the helpers they share (model probe, id lists, streaming UTF-8, the
+ * tokenizer).
  *
  * Order of work in generate: flags, then the model's config (ms_cli_model_probe: the path and the
  * vocabulary), then the tokenizer and its check against the vocabulary, then the prompts, then the
@@ -390,9 +391,10 @@ static void usage(FILE *to) {
             "           [--guidance-scale S] [--position-ids FILE]\n"
             "           [--no-display-prompt] [--verbose-prompt] [--page-size N]\n"
             "           [--device auto|cpu|cuda] [--dtype auto|f32|bf16] [--threads N]\n"
+            "       %s serve --model PATH [...]   (%s serve --help)\n"
             "       %s bench --model PATH [...]   (%s bench --help)\n"
             "       %s kernels --model PATH [...] (%s kernels --help)\n",
-            g_prog, g_prog, g_prog, g_prog, g_prog);
+            g_prog, g_prog, g_prog, g_prog, g_prog, g_prog, g_prog);
 }
 
 /* Returns 0 on success, -1 for --help, else the exit status (message printed). */
@@ -577,14 +579,8 @@ static int parse_generate(int argc, char **argv, cli_opts *o) {
 
 /* ---- tokenizer ---- */
 
-/* The tokenizer in use: at most one of l2c / hf. */
-typedef struct cli_tok {
-    char *path;             /* the file read (ms_malloc'd) */
-    ms_llama2c_tok *l2c;
-    ms_tok_hf *hf;
-    int add_bos;            /* hf: tokenizer_config.json add_bos_token: 1, 0, -1 absent */
-    int add_eos;            /* hf: add_eos_token, likewise */
-} cli_tok;
+/* The tokenizer in use (cli.h ms_cli_tok): at most one of l2c / hf. */
+typedef ms_cli_tok cli_tok;
 
 static void tok_free(cli_tok *t) {
     ms_llama2c_tok_free(t->l2c);
@@ -729,6 +725,18 @@ static int tok_encode(const cli_tok *t, const char *text, const char *where, int
         return cli_fail("%s: the text encodes to no tokens", where);
     return 0;
 }
+
+/* The tokenizer for the other verbs (serve): cli.h. */
+int ms_cli_tok_init(ms_cli_tok *t, const char *given, const char *model_dir, int32_t vocab) {
+    return tok_init(t, given, model_dir, vocab);
+}
+
+int ms_cli_tok_encode(const ms_cli_tok *t, const char *text, const char *where, int32_t **ids,
+                      size_t *n) {
+    return tok_encode(t, text, where, ids, n);
+}
+
+void ms_cli_tok_free(ms_cli_tok *t) { tok_free(t); }
 
 /* ---- prompts ---- */
 
@@ -1270,12 +1278,14 @@ int ms_cli_main(int argc, char **argv, const ms_model_desc *desc) {
         return ms_cli_bench(argc - 2, argv + 2, desc, g_prog);
     if (strcmp(argv[1], "kernels") == 0)
         return ms_cli_kernels(argc - 2, argv + 2, desc, g_prog);
+    if (strcmp(argv[1], "serve") == 0)
+        return ms_cli_serve(argc - 2, argv + 2, desc, g_prog);
     if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         usage(stdout);
         return ms_cli_stdout_check(g_prog);
     }
     usage(stderr);
-    fprintf(stderr, "%s: unknown verb '%s' (this binary serves: generate, bench, kernels)\n",
+    fprintf(stderr, "%s: unknown verb '%s' (this binary serves: generate, serve, bench, kernels)\n",
             g_prog, argv[1]);
     return 2;
 }

@@ -1,6 +1,6 @@
 /*
  * cli.h - the serving binary's command line: `<binary> generate ...`, `<binary> bench ...` and
- * `<binary> kernels ...` (later serve)
+ * `<binary> kernels ...` and `<binary> serve ...`
  * over one compiled model (model_desc.h) and the engine (engine.h).
  *
  *   generate --model PATH [--tokenizer PATH|none] (--prompt TEXT | --prompt-ids 1,2,3 |
@@ -76,7 +76,37 @@ int ms_cli_bench(int argc, char **argv, const ms_model_desc *desc, const char *p
  */
 int ms_cli_kernels(int argc, char **argv, const ms_model_desc *desc, const char *prog);
 
+/*
+ * The `serve` verb (cli_serve.c): argv holds the flags after "serve". An OpenAI-compatible HTTP
+ * server (libmicrohttpd + jansson) over one engine owned by a scheduler thread: POST
+ * /v1/completions (streaming with server-sent events), GET /v1/models, /health, /metrics.
+ * Runs until SIGINT or SIGTERM, then frees everything and returns 0; 1 for a bad value or a load
+ * error (one line on stderr), 2 for usage.
+ */
+int ms_cli_serve(int argc, char **argv, const ms_model_desc *desc, const char *prog);
+
 /* ---- helpers of the verbs (exposed for tests) ---- */
+
+/* The tokenizer of a verb: at most one of l2c / hf (both NULL: none). */
+typedef struct ms_cli_tok {
+    char *path;                 /* the file read (ms_malloc'd) */
+    struct ms_llama2c_tok *l2c;
+    struct ms_tok_hf *hf;
+    int add_bos;                /* hf: tokenizer_config.json add_bos_token: 1, 0, -1 absent */
+    int add_eos;                /* hf: add_eos_token, likewise */
+} ms_cli_tok;
+
+/* Choose and load the tokenizer as generate does (the top of this file): `given` is --tokenizer's
+ * value (NULL when absent, "none"), `model_dir` the checkpoint folder (NULL for a llama2.c file),
+ * checked against `vocab`. No tokenizer leaves *t zeroed. Returns 0, or 1 after one line on
+ * stderr. Release with ms_cli_tok_free (also after a failure). */
+int ms_cli_tok_init(ms_cli_tok *t, const char *given, const char *model_dir, int32_t vocab);
+/* Encode NUL-terminated text into a fresh ms_malloc'd *ids of *n ids (llama2.c: with BOS;
+ * tokenizer.json: its special tokens and add_bos/add_eos); returns 0, or 1 after one line on
+ * stderr naming `where`. The tokenizers are safe to use from several threads. */
+int ms_cli_tok_encode(const ms_cli_tok *t, const char *text, const char *where, int32_t **ids,
+                      size_t *n);
+void ms_cli_tok_free(ms_cli_tok *t);
 
 /* Flush stdout and check it for a write error (a full disk, a closed pipe, /dev/full): 0 when
  * everything written reached it, else 1 after printing "<prog>: cannot write the output to

@@ -1,0 +1,1362 @@
+/*
+ * cli_serve.c - the `serve` verb (cli.h ms_cli_serve): an OpenAI-compatible HTTP server over one
+ * compiled model.
+ *
+ * Threads: libmicrohttpd runs one thread per connection (MHD_USE_THREAD_PER_CONNECTION); ONE
+ * scheduler thread owns the engine (engine.h is not thread-safe) and runs ms_engine_step in a
+ * loop. A handler parses and validates a request completely (JSON, types, ranges, ids against the
+ * vocabulary, the prompt against the context), tokenizes it, and enqueues one choice per prompt
+ * into a FIFO; the scheduler moves queued choices into the engine at step boundaries (continuous
+ * batching), decodes each new id to text, matches stop strings on the decoded text, and hands text
+ * back through the job's buffer and condition variable. A stream is a callback response whose
+ * reader blocks on that condition variable; when the client goes away libmicrohttpd destroys the
+ * response, its free callback marks the job aborted, and the scheduler removes its requests from
+ * the engine (ms_engine_remove) at the next step boundary.
+ *
+ * Locking: one mutex (srv.mu) guards the queue, every job's state and the counters; the engine is
+ * touched by the scheduler thread only (the handlers read the KV page counts it publishes).
+ * A job is freed by whoever drops the last of its references: the handler's (a plain reply: when
+ * it has been built; a stream: the response's free callback) and one per choice the scheduler
+ * still holds (queued or running).
+ *
+ * Constraints: every bad request gets a 4xx with OpenAI's error body and the server keeps serving;
+ * stop strings never reach the client (text that may begin a stop string is held back); text sent
+ * is valid UTF-8 (a character split across tokens waits for its last byte); SIGINT / SIGTERM stop
+ * the server, abort what runs, free everything and return 0.
+ */
+#include "cli.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <float.h>
+#include <jansson.h>
+#include <microhttpd.h>
+#include <netdb.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "engine.h"
+#include "threadpool.h"
+#include "tokenizer_hf.h"
+#include "tokenizer_llama2c.h"
+
+#define SRV_MAX_BODY (1u << 20)   /* request body limit, bytes (413 above) */
+#define SRV_MAX_STOPS 16          /* stop strings per request */
+#define SRV_MAX_STOP_LEN 256      /* bytes per stop string */
+#define SRV_DEFAULT_MAX_TOKENS 16 /* OpenAI's default max_tokens for completions */
+
+/* ---- types ---- */
+
+typedef struct srv srv;
+typedef struct srv_job srv_job;
+
+typedef enum srv_state { CH_QUEUED = 0, CH_RUNNING, CH_DONE } srv_state;
+
+/* One prompt of a job: one engine request. */
+typedef struct srv_choice {
+    srv_job *job;
+    int32_t index;              /* the choice's index in the reply */
+    int32_t *prompt;            /* [n_prompt] ids (ms_malloc'd) */
+    int32_t n_prompt;
+    srv_state state;
+    ms_rid rid;                 /* valid while RUNNING */
+    int32_t n_seen;             /* output ids decoded so far */
+    int32_t n_gen;              /* completion tokens (up to and including a stop's token) */
+    int prev;                   /* llama2.c: the previous token (its decode needs it) */
+    ms_cli_utf8 utf8;           /* bytes of a split character held back */
+    char *text;                 /* [n_text] decoded generated text, valid UTF-8 (ms_malloc'd) */
+    size_t n_text, cap_text;
+    size_t n_sent;              /* bytes of text streamed */
+    int32_t *ids_new;           /* no tokenizer: ids not streamed yet; [n_ids_new] */
+    size_t n_ids_new, cap_ids_new;
+    const char *finish;         /* "length" / "stop" / "error" once done */
+    struct srv_choice *next_q;  /* FIFO link */
+} srv_choice;
+
+struct srv_job {
+    srv *s;
+    srv_choice *ch;             /* [n_ch] */
+    int32_t n_ch;
+    ms_sampling_params sampling;
+    int32_t max_tokens;
+    bool ignore_eos;
+    char *stops[SRV_MAX_STOPS]; /* ms_malloc'd */
+    int32_t n_stops;
+    bool stream, include_usage;
+    char id[40];
+    long long created;
+    pthread_cond_t cv;          /* admission, finished choices, stream bytes */
+    int32_t n_admitted, n_done;
+    unsigned fail_status;       /* != 0: failed (HTTP status) */
+    char fail_msg[256];
+    bool aborted;               /* the client went away */
+    bool handler_done;          /* the handler's reference is dropped */
+    int32_t sched_refs;         /* choices queued or running */
+    char *sse;                  /* stream bytes (ms_malloc'd), [n_sse], sse_off read */
+    size_t n_sse, cap_sse, sse_off;
+    bool sse_end;
+    bool counted;               /* its outcome counted in the metrics */
+};
+
+typedef struct srv_opts {
+    const char *model, *tokenizer, *host, *api_key, *device, *dtype;
+    int32_t port, max_seqs, max_tokens_per_step, page_size, threads, max_queue, kv_pages;
+} srv_opts;
+
+struct srv {
+    srv_opts o;
+    const char *prog;
+    char *name;                 /* the model's id in /v1/models (ms_malloc'd) */
+    ms_engine *eng;
+    ms_cli_tok tok;
+    bool has_tok;
+    ms_md_facts fa;             /* the engine's facts (read-only after init) */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;          /* the scheduler waits for work here */
+    srv_choice *q_head, *q_tail;
+    int32_t n_queued;
+    srv_choice **run;           /* [n_run] choices in the engine (capacity max_seqs) */
+    int32_t n_run;
+    bool stopping;
+    uint64_t next_id;
+    /* metrics (under mu) */
+    uint64_t n_success, n_error, n_aborted, prompt_tokens, gen_tokens;
+    int32_t kv_free, kv_total;  /* published by the scheduler */
+};
+
+static void srv_log(const srv *s, const char *fmt, ...) MS_PRINTF(2, 3);
+static void srv_log(const srv *s, const char *fmt, ...) {
+    char buf[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    fprintf(stderr, "%s: serve: ", s->prog);
+    ms_cli_put_escaped(stderr, buf, sizeof buf);
+    fputc('\n', stderr);
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* ---- jobs ---- */
+
+static void job_free(srv_job *j) {
+    if (j == NULL)
+        return;
+    for (int32_t i = 0; i < j->n_ch; i++) {
+        ms_free(j->ch[i].prompt);
+        ms_free(j->ch[i].text);
+        ms_free(j->ch[i].ids_new);
+    }
+    for (int32_t i = 0; i < j->n_stops; i++)
+        ms_free(j->stops[i]);
+    ms_free(j->ch);
+    ms_free(j->sse);
+    pthread_cond_destroy(&j->cv);
+    ms_free(j);
+}
+
+/* Count the job's outcome once (under mu). */
+static void job_count(srv_job *j, bool ok) {
+    if (j->counted)
+        return;
+    j->counted = true;
+    srv *s = j->s;
+    if (j->aborted)
+        s->n_aborted++;
+    else if (ok && j->fail_status == 0)
+        s->n_success++;
+    else
+        s->n_error++;
+}
+
+/* Drop the handler's reference (under mu). */
+static void job_release_handler(srv_job *j) {
+    j->handler_done = true;
+    if (j->n_done < j->n_ch && j->fail_status == 0)
+        j->aborted = true; /* the client left before the end */
+    if (j->sched_refs == 0) {
+        job_count(j, true);
+        job_free(j);
+    } else {
+        pthread_cond_signal(&j->s->cv);
+    }
+}
+
+/* Drop one scheduler reference (under mu). */
+static void job_release_sched(srv_job *j) {
+    MS_ASSERT(j->sched_refs > 0);
+    if (--j->sched_refs == 0 && j->handler_done) {
+        job_count(j, true);
+        job_free(j);
+    }
+}
+
+static void sse_append(srv_job *j, const char *s, size_t n) {
+    if (ms_grow((void **)&j->sse, &j->cap_sse, j->n_sse + n + 1, 1) != MS_OK)
+        return; /* out of memory: the chunk is lost, the stream still ends */
+    memcpy(j->sse + j->n_sse, s, n);
+    j->n_sse += n;
+    j->sse[j->n_sse] = '\0';
+}
+
+/* "data: <obj>\n\n" (obj consumed). */
+static void sse_event(srv_job *j, json_t *obj) {
+    char *line = obj != NULL ? json_dumps(obj, JSON_COMPACT) : NULL;
+    json_decref(obj);
+    if (line == NULL)
+        return;
+    sse_append(j, "data: ", 6);
+    sse_append(j, line, strlen(line));
+    sse_append(j, "\n\n", 2);
+    free(line); /* jansson's allocator: malloc */
+}
+
+static json_t *usage_json(const srv_job *j) {
+    int64_t p = 0, c = 0;
+    for (int32_t i = 0; i < j->n_ch; i++) {
+        p += j->ch[i].n_prompt;
+        c += j->ch[i].n_gen;
+    }
+    return json_pack("{s:I, s:I, s:I}", "prompt_tokens", (json_int_t)p, "completion_tokens",
+                     (json_int_t)c, "total_tokens", (json_int_t)(p + c));
+}
+
+/* A completion object (a reply, or one stream chunk holding `choices`). */
+static json_t *completion_json(const srv_job *j, json_t *choices) {
+    json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:o}", "id", j->id, "object", "text_completion",
+                          "created", (json_int_t)j->created, "model", j->s->name, "choices",
+                          choices);
+    return o;
+}
+
+static json_t *ids_json(const int32_t *ids, size_t n) {
+    json_t *a = json_array();
+    for (size_t i = 0; a != NULL && i < n; i++)
+        json_array_append_new(a, json_integer(ids[i]));
+    return a;
+}
+
+/* One choice of a chunk or reply: text [n] bytes, finish (NULL: null). */
+static json_t *choice_json(const srv_job *j, const srv_choice *c, const char *text, size_t n,
+                           const int32_t *ids, size_t n_ids, const char *finish) {
+    json_t *o = json_pack("{s:i, s:s%, s:n, s:o}", "index", (int)c->index, "text", text, n,
+                          "logprobs", "finish_reason",
+                          finish != NULL ? json_string(finish) : json_null());
+    if (o != NULL && !j->s->has_tok)
+        json_object_set_new(o, "token_ids", ids_json(ids, n_ids));
+    return o;
+}
+
+/* ---- scheduler ---- */
+
+/* Bytes at the end of text[from..n) that could begin a stop string (held back). */
+static size_t stop_holdback(const srv_job *j, const char *text, size_t from, size_t n) {
+    size_t hold = 0;
+    for (int32_t k = 0; k < j->n_stops; k++) {
+        size_t sl = strlen(j->stops[k]);
+        for (size_t m = MS_MIN(sl - 1, n - from); m > hold; m--)
+            if (memcmp(text + n - m, j->stops[k], m) == 0) {
+                hold = m;
+                break;
+            }
+    }
+    return hold;
+}
+
+static void text_push(srv_choice *c, const char *bytes, size_t n) {
+    if (n == 0)
+        return;
+    if (ms_grow((void **)&c->text, &c->cap_text, c->n_text + MS_CLI_UTF8_OUT_MAX(n) + 4, 1) !=
+        MS_OK)
+        return;
+    c->n_text += ms_cli_utf8_push(&c->utf8, bytes, n, c->text + c->n_text);
+}
+
+static void text_flush(srv_choice *c) {
+    if (ms_grow((void **)&c->text, &c->cap_text, c->n_text + 4, 1) != MS_OK)
+        return;
+    c->n_text += ms_cli_utf8_flush(&c->utf8, c->text + c->n_text);
+}
+
+/* Decode id onto c's text (a special token of a tokenizer.json prints nothing). */
+static void decode_id(srv *s, srv_choice *c, int32_t id) {
+    if (s->tok.l2c != NULL) {
+        const char *piece = ms_llama2c_tok_decode(s->tok.l2c, c->prev, id);
+        if (ms_llama2c_tok_piece_printable(piece))
+            text_push(c, piece, strlen(piece));
+        c->prev = id;
+    } else if (s->tok.hf != NULL) {
+        if (ms_tok_hf_is_special(s->tok.hf, id))
+            return;
+        size_t len;
+        const char *b = ms_tok_hf_token_bytes(s->tok.hf, id, &len);
+        if (b != NULL)
+            text_push(c, b, len);
+    }
+}
+
+/* Stream what c may send now; a finished choice sends its last chunk. */
+static void choice_emit(srv_choice *c, bool final) {
+    srv_job *j = c->job;
+    if (!j->stream)
+        return;
+    size_t safe = final ? c->n_text : c->n_text - stop_holdback(j, c->text, c->n_sent, c->n_text);
+    safe = MS_MAX(safe, c->n_sent);
+    bool any = safe > c->n_sent || c->n_ids_new > 0;
+    if (any || final) {
+        json_t *arr = json_array();
+        json_array_append_new(arr, choice_json(j, c, c->text != NULL ? c->text + c->n_sent : "",
+                                               safe - c->n_sent, c->ids_new, c->n_ids_new,
+                                               final ? c->finish : NULL));
+        json_t *o = completion_json(j, arr);
+        if (o != NULL && j->include_usage)
+            json_object_set_new(o, "usage", json_null());
+        sse_event(j, o);
+        c->n_sent = safe;
+        c->n_ids_new = 0;
+    }
+}
+
+/* The job's stream ends: the usage chunk (stream_options.include_usage) and [DONE]. */
+static void job_end_stream(srv_job *j) {
+    if (j->stream && !j->sse_end) {
+        if (j->include_usage && j->fail_status == 0) {
+            json_t *o = completion_json(j, json_array());
+            if (o != NULL)
+                json_object_set_new(o, "usage", usage_json(j));
+            sse_event(j, o);
+        }
+        sse_append(j, "data: [DONE]\n\n", 14);
+        j->sse_end = true;
+    }
+}
+
+/* c leaves the engine (under mu): remove, count, wake the handler. */
+static void choice_finish(srv *s, srv_choice *c, int32_t slot) {
+    srv_job *j = c->job;
+    ms_engine_remove(s->eng, c->rid);
+    s->run[slot] = s->run[--s->n_run];
+    c->state = CH_DONE;
+    s->gen_tokens += (uint64_t)c->n_gen;
+    j->n_done++;
+    if (j->n_done == j->n_ch)
+        job_end_stream(j);
+    pthread_cond_broadcast(&j->cv);
+    job_release_sched(j);
+}
+
+/* Take c's new output ids (under mu); true when it is finished. */
+static bool choice_harvest(srv *s, srv_choice *c) {
+    srv_job *j = c->job;
+    const int32_t *out;
+    int32_t n;
+    ms_finish_reason why;
+    if (ms_engine_output(s->eng, c->rid, &out, &n, &why) != MS_OK) {
+        c->finish = "error";
+        return true;
+    }
+    bool stopped = false;
+    for (int32_t k = c->n_seen; k < n && !stopped; k++) {
+        c->n_gen = k + 1;
+        if (!s->has_tok) { /* ids out, the eos id included (as generate prints ids) */
+            if (ms_grow((void **)&c->ids_new, &c->cap_ids_new, c->n_ids_new + 1,
+                        sizeof *c->ids_new) == MS_OK)
+                c->ids_new[c->n_ids_new++] = out[k];
+            continue;
+        }
+        if (k == n - 1 && why == MS_FINISH_EOS)
+            break; /* the eos id is counted, not printed */
+        size_t before = c->n_text;
+        decode_id(s, c, out[k]);
+        /* the earliest stop string the new bytes complete: the text ends before it */
+        size_t best = SIZE_MAX;
+        for (int32_t q = 0; q < j->n_stops; q++) {
+            size_t sl = strlen(j->stops[q]);
+            size_t from = before >= sl - 1 ? before - (sl - 1) : 0;
+            if (c->n_text < from + sl)
+                continue;
+            const char *hit = memmem(c->text + from, c->n_text - from, j->stops[q], sl);
+            if (hit != NULL)
+                best = MS_MIN(best, (size_t)(hit - c->text));
+        }
+        if (best != SIZE_MAX) {
+            c->n_text = best;
+            memset(&c->utf8, 0, sizeof c->utf8);
+            stopped = true;
+        }
+    }
+    c->n_seen = n;
+    if (stopped)
+        c->finish = "stop";
+    else if (why == MS_FINISH_EOS)
+        c->finish = "stop";
+    else if (why == MS_FINISH_LENGTH || why == MS_FINISH_CONTEXT)
+        c->finish = "length";
+    else if (why == MS_FINISH_ERROR)
+        c->finish = "error";
+    bool done = c->finish != NULL;
+    if (done && !stopped)
+        text_flush(c);
+    choice_emit(c, done);
+    return done;
+}
+
+/* Fail a job that is not streaming yet (under mu): its handler replies `status`. */
+static void job_fail(srv_job *j, unsigned status, const char *msg) {
+    if (j->fail_status == 0) {
+        j->fail_status = status;
+        snprintf(j->fail_msg, sizeof j->fail_msg, "%s", msg);
+    }
+    if (j->stream && j->n_admitted > 0) {
+        json_t *e = json_pack("{s:{s:s, s:s, s:n, s:n}}", "error", "message", msg, "type",
+                              status >= 500 ? "server_error" : "invalid_request_error", "param",
+                              "code");
+        sse_event(j, e);
+        sse_append(j, "data: [DONE]\n\n", 14);
+        j->sse_end = true;
+    }
+    pthread_cond_broadcast(&j->cv);
+}
+
+static void sched_publish(srv *s) { s->kv_free = ms_engine_kv_pages_free(s->eng); }
+
+static void *sched_main(void *arg) {
+    srv *s = arg;
+    const char *delay_env = getenv("MS_SERVE_STEP_DELAY_MS"); /* tests: slow steps */
+    long delay_ms = delay_env != NULL ? atol(delay_env) : 0;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        /* requests of aborted or failed jobs leave at the step boundary */
+        for (int32_t i = s->n_run - 1; i >= 0; i--) {
+            srv_choice *c = s->run[i];
+            if (c->job->aborted || c->job->fail_status != 0 || s->stopping) {
+                if (s->stopping && !c->job->aborted)
+                    job_fail(c->job, 503, "the server is shutting down");
+                c->finish = c->finish != NULL ? c->finish : "abort";
+                choice_finish(s, c, i);
+            }
+        }
+        /* continuous batching: queued requests join at the step boundary */
+        while (s->q_head != NULL && (s->n_run < s->o.max_seqs || s->stopping)) {
+            srv_choice *c = s->q_head;
+            s->q_head = c->next_q;
+            if (s->q_head == NULL)
+                s->q_tail = NULL;
+            s->n_queued--;
+            srv_job *j = c->job;
+            if (s->stopping || j->aborted || j->fail_status != 0) {
+                if (s->stopping)
+                    job_fail(j, 503, "the server is shutting down");
+                c->state = CH_DONE;
+                job_release_sched(j);
+                continue;
+            }
+            ms_engine_request rq = {.prompt = c->prompt,
+                                    .n_prompt = c->n_prompt,
+                                    .max_new_tokens = j->max_tokens,
+                                    .sampling = j->sampling,
+                                    .ignore_eos = j->ignore_eos};
+            ms_error err = {0};
+            if (ms_engine_add(s->eng, &rq, &c->rid, &err) != MS_OK) {
+                srv_log(s, "%s: cannot add the request: %s", j->id, err.msg);
+                job_fail(j, 500, err.msg);
+                c->state = CH_DONE;
+                job_release_sched(j);
+                continue;
+            }
+            c->state = CH_RUNNING;
+            c->prev = c->prompt[c->n_prompt - 1];
+            s->run[s->n_run++] = c;
+            s->prompt_tokens += (uint64_t)c->n_prompt;
+            j->n_admitted++;
+            pthread_cond_broadcast(&j->cv);
+        }
+        for (int32_t i = s->n_run - 1; i >= 0; i--) /* max_tokens 0 finishes at once */
+            if (choice_harvest(s, s->run[i]))
+                choice_finish(s, s->run[i], i);
+        sched_publish(s);
+        if (s->stopping && s->n_run == 0 && s->q_head == NULL)
+            break;
+        if (s->n_run == 0) {
+            pthread_cond_wait(&s->cv, &s->mu);
+            continue;
+        }
+        pthread_mutex_unlock(&s->mu);
+        ms_error err = {0};
+        ms_status st = ms_engine_step(s->eng, NULL, &err);
+        if (delay_ms > 0)
+            nanosleep(&(struct timespec){delay_ms / 1000, (delay_ms % 1000) * 1000000L}, NULL);
+        pthread_mutex_lock(&s->mu);
+        if (st != MS_OK) {
+            srv_log(s, "step failed: %s", err.msg);
+            for (int32_t i = s->n_run - 1; i >= 0; i--) {
+                job_fail(s->run[i]->job, 500, err.msg);
+                s->run[i]->finish = "error";
+                choice_finish(s, s->run[i], i);
+            }
+            continue;
+        }
+        for (int32_t i = s->n_run - 1; i >= 0; i--)
+            if (choice_harvest(s, s->run[i]))
+                choice_finish(s, s->run[i], i);
+    }
+    sched_publish(s);
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+/* ---- HTTP replies ---- */
+
+static enum MHD_Result reply_raw(struct MHD_Connection *con, unsigned status, const char *type,
+                                 const char *body, size_t n) {
+    struct MHD_Response *r =
+        MHD_create_response_from_buffer(n, (void *)body, MHD_RESPMEM_MUST_COPY);
+    if (r == NULL)
+        return MHD_NO;
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, type);
+    enum MHD_Result ret = MHD_queue_response(con, status, r);
+    MHD_destroy_response(r);
+    return ret;
+}
+
+static enum MHD_Result reply_json(struct MHD_Connection *con, unsigned status, json_t *o) {
+    char *body = o != NULL ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    if (body == NULL)
+        return reply_raw(con, 500, "application/json",
+                         "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
+                         "\"param\":null,\"code\":null}}",
+                         89);
+    enum MHD_Result ret = reply_raw(con, status, "application/json", body, strlen(body));
+    free(body);
+    return ret;
+}
+
+/* OpenAI's error body: {"error": {"message", "type", "param", "code"}}. */
+static enum MHD_Result reply_error(struct MHD_Connection *con, unsigned status, const char *param,
+                                   const char *code, const char *fmt, ...) MS_PRINTF(5, 6);
+static enum MHD_Result reply_error(struct MHD_Connection *con, unsigned status, const char *param,
+                                   const char *code, const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    const char *type = status == 401   ? "authentication_error"
+                       : status == 404 ? "not_found_error"
+                       : status == 501 ? "not_implemented"
+                       : status >= 500 ? "server_error"
+                                       : "invalid_request_error";
+    /* the message may quote request bytes: json_string refuses invalid UTF-8, so replace it */
+    json_t *m = json_string(msg);
+    if (m == NULL)
+        m = json_string("invalid request");
+    json_t *o = json_pack("{s:{s:o, s:s, s:s?, s:s?}}", "error", "message", m, "type", type,
+                          "param", param, "code", code);
+    return reply_json(con, status, o);
+}
+
+/* ---- request parsing ---- */
+
+typedef struct srv_err {
+    unsigned status;
+    const char *param;
+    const char *code;
+    char msg[400];
+} srv_err;
+
+static bool perr(srv_err *e, unsigned status, const char *param, const char *fmt, ...)
+    MS_PRINTF(4, 5);
+static bool perr(srv_err *e, unsigned status, const char *param, const char *fmt, ...) {
+    e->status = status;
+    e->param = param;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    va_end(ap);
+    return false;
+}
+
+static bool get_number(json_t *v, double *out) {
+    if (json_is_integer(v))
+        *out = (double)json_integer_value(v);
+    else if (json_is_real(v))
+        *out = json_real_value(v);
+    else
+        return false;
+    return true;
+}
+
+/* One prompt of the request into choice c: ids, or text through the tokenizer. */
+static bool parse_prompt_one(srv *s, json_t *p, srv_choice *c, srv_err *e) {
+    if (json_is_string(p)) {
+        if (!s->has_tok)
+            return perr(e, 400, "prompt",
+                        "a text prompt needs a tokenizer and the server has none: give token ids "
+                        "(a list of integers)");
+        if (json_string_length(p) == 0)
+            return perr(e, 400, "prompt", "the prompt is empty");
+        if (strlen(json_string_value(p)) != json_string_length(p))
+            return perr(e, 400, "prompt", "the prompt holds a NUL character");
+        size_t n = 0;
+        int32_t *ids = NULL;
+        if (ms_cli_tok_encode(&s->tok, json_string_value(p), "prompt", &ids, &n) != 0 || n == 0) {
+            ms_free(ids);
+            return perr(e, 400, "prompt", "the prompt cannot be tokenized");
+        }
+        c->prompt = ids;
+        c->n_prompt = (int32_t)n;
+    } else if (json_is_array(p)) {
+        size_t n = json_array_size(p);
+        if (n == 0)
+            return perr(e, 400, "prompt", "the prompt's token id list is empty");
+        if (n > (size_t)s->fa.max_context)
+            return perr(e, 400, "prompt",
+                        "the prompt of %zu tokens is longer than the model's context (%d)", n,
+                        (int)s->fa.max_context);
+        c->prompt = ms_malloc(n * sizeof *c->prompt);
+        if (c->prompt == NULL)
+            return perr(e, 500, NULL, "out of memory");
+        for (size_t i = 0; i < n; i++) {
+            json_t *x = json_array_get(p, i);
+            if (!json_is_integer(x))
+                return perr(e, 400, "prompt",
+                            "prompt[%zu] is not an integer (a prompt is a string, a list of "
+                            "strings, or token ids)",
+                            i);
+            json_int_t v = json_integer_value(x);
+            if (v < 0 || v >= s->fa.vocab)
+                return perr(e, 400, "prompt",
+                            "prompt token %lld at index %zu is outside the vocabulary [0, %d)",
+                            (long long)v, i, (int)s->fa.vocab);
+            c->prompt[i] = (int32_t)v;
+        }
+        c->n_prompt = (int32_t)n;
+    } else {
+        return perr(e, 400, "prompt",
+                    "'prompt' must be a string, a list of strings, or a list of token ids");
+    }
+    if (c->n_prompt > s->fa.max_context)
+        return perr(e, 400, "prompt",
+                    "the prompt of %d tokens is longer than the model's context (%d)",
+                    (int)c->n_prompt, (int)s->fa.max_context);
+    return true;
+}
+
+static bool parse_stop(srv_job *j, json_t *v, srv_err *e, bool has_tok) {
+    if (v == NULL || json_is_null(v))
+        return true;
+    json_t *one = json_is_string(v) ? v : NULL;
+    if (one == NULL && !json_is_array(v))
+        return perr(e, 400, "stop", "'stop' must be a string or a list of strings");
+    size_t n = one != NULL ? 1 : json_array_size(v);
+    if (n > SRV_MAX_STOPS)
+        return perr(e, 400, "stop", "at most %d stop strings", SRV_MAX_STOPS);
+    if (n > 0 && !has_tok)
+        return perr(e, 400, "stop", "stop strings need a tokenizer and the server has none");
+    for (size_t i = 0; i < n; i++) {
+        json_t *x = one != NULL ? one : json_array_get(v, i);
+        if (!json_is_string(x))
+            return perr(e, 400, "stop", "stop[%zu] is not a string", i);
+        size_t len = json_string_length(x);
+        if (len == 0 || len > SRV_MAX_STOP_LEN || strlen(json_string_value(x)) != len)
+            return perr(e, 400, "stop", "stop[%zu] must hold 1 to %d bytes and no NUL", i,
+                        SRV_MAX_STOP_LEN);
+        j->stops[j->n_stops] = ms_strdup(json_string_value(x));
+        if (j->stops[j->n_stops] == NULL)
+            return perr(e, 500, NULL, "out of memory");
+        j->n_stops++;
+    }
+    return true;
+}
+
+/* Parse and validate a /v1/completions body into *job (ms_calloc'd, cv set up). */
+static bool parse_completion(srv *s, json_t *root, srv_job **out, srv_err *e) {
+    *out = NULL;
+    if (!json_is_object(root))
+        return perr(e, 400, NULL, "the request body must be a JSON object");
+    srv_job *j = ms_calloc(1, sizeof *j);
+    if (j == NULL)
+        return perr(e, 500, NULL, "out of memory");
+    pthread_cond_init(&j->cv, NULL);
+    j->s = s;
+    *out = j;
+    static const char *const known[] = {
+        "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
+        "ignore_eos", "stream", "stream_options", "n", "user", "logprobs", "echo", "best_of",
+        "presence_penalty", "frequency_penalty", "suffix", "logit_bias"};
+    const char *key;
+    json_t *v;
+    json_object_foreach(root, key, v) {
+        bool k = false;
+        for (size_t i = 0; i < MS_ARRAY_LEN(known); i++)
+            k = k || strcmp(key, known[i]) == 0;
+        if (!k)
+            srv_log(s, "ignoring the unknown request field '%s'", key);
+    }
+    v = json_object_get(root, "model");
+    if (v != NULL && !json_is_null(v)) {
+        if (!json_is_string(v))
+            return perr(e, 400, "model", "'model' must be a string");
+        if (strcmp(json_string_value(v), s->name) != 0) {
+            e->code = "model_not_found";
+            return perr(e, 404, "model", "the model '%.200s' does not exist (this server serves "
+                                         "'%.200s')",
+                        json_string_value(v), s->name);
+        }
+    }
+    /* sampling: the model's declared defaults, then the request's values */
+    j->sampling = (ms_sampling_params){s->fa.temperature, s->fa.top_k, s->fa.top_p, 0};
+    double x;
+    if ((v = json_object_get(root, "temperature")) != NULL && !json_is_null(v)) {
+        if (!get_number(v, &x))
+            return perr(e, 400, "temperature", "'temperature' must be a number");
+        if (!(x >= 0.0) || x > FLT_MAX)
+            return perr(e, 400, "temperature", "'temperature' must be a finite number >= 0");
+        j->sampling.temperature = (float)x;
+    }
+    if ((v = json_object_get(root, "top_p")) != NULL && !json_is_null(v)) {
+        if (!get_number(v, &x))
+            return perr(e, 400, "top_p", "'top_p' must be a number");
+        if (!(x > 0.0 && x <= 1.0))
+            return perr(e, 400, "top_p", "'top_p' must be in (0, 1]");
+        j->sampling.top_p = (float)x;
+    }
+    if ((v = json_object_get(root, "top_k")) != NULL && !json_is_null(v)) {
+        if (!json_is_integer(v))
+            return perr(e, 400, "top_k", "'top_k' must be an integer");
+        json_int_t k = json_integer_value(v);
+        if (k < -1 || k > INT32_MAX)
+            return perr(e, 400, "top_k", "'top_k' must be -1 or 0 (off) or a positive integer");
+        j->sampling.top_k = k < 0 ? 0 : (int32_t)k;
+    }
+    if ((v = json_object_get(root, "seed")) != NULL && !json_is_null(v)) {
+        if (!json_is_integer(v) || json_integer_value(v) < 0)
+            return perr(e, 400, "seed", "'seed' must be an integer >= 0");
+        j->sampling.seed = (uint64_t)json_integer_value(v);
+    } else {
+        j->sampling.seed = (uint64_t)time(NULL) * 6364136223846793005ULL ^ (uint64_t)(uintptr_t)j;
+    }
+    ms_error merr = {0};
+    if (ms_sampler_check_params(&j->sampling, &merr) != MS_OK)
+        return perr(e, 400, NULL, "bad sampling settings: %s", merr.msg);
+    j->max_tokens = SRV_DEFAULT_MAX_TOKENS;
+    if ((v = json_object_get(root, "max_tokens")) != NULL && !json_is_null(v)) {
+        if (!json_is_integer(v))
+            return perr(e, 400, "max_tokens", "'max_tokens' must be an integer");
+        json_int_t m = json_integer_value(v);
+        if (m < 0 || m > s->fa.max_context)
+            return perr(e, 400, "max_tokens",
+                        "'max_tokens' %lld is not in [0, %d] (the model's context)",
+                        (long long)m, (int)s->fa.max_context);
+        j->max_tokens = (int32_t)m;
+    }
+    if ((v = json_object_get(root, "ignore_eos")) != NULL && !json_is_null(v)) {
+        if (!json_is_boolean(v))
+            return perr(e, 400, "ignore_eos", "'ignore_eos' must be a boolean");
+        j->ignore_eos = json_is_true(v);
+    }
+    if ((v = json_object_get(root, "stream")) != NULL && !json_is_null(v)) {
+        if (!json_is_boolean(v))
+            return perr(e, 400, "stream", "'stream' must be a boolean");
+        j->stream = json_is_true(v);
+    }
+    if ((v = json_object_get(root, "stream_options")) != NULL && !json_is_null(v)) {
+        json_t *u = json_object_get(v, "include_usage");
+        if (!json_is_object(v) || (u != NULL && !json_is_null(u) && !json_is_boolean(u)))
+            return perr(e, 400, "stream_options",
+                        "'stream_options' must be an object {\"include_usage\": boolean}");
+        j->include_usage = json_is_true(u);
+    }
+    if ((v = json_object_get(root, "n")) != NULL && !json_is_null(v)) {
+        if (!json_is_integer(v) || json_integer_value(v) != 1)
+            return perr(e, 400, "n", "only n = 1 is supported yet");
+    }
+    if ((v = json_object_get(root, "best_of")) != NULL && !json_is_null(v) &&
+        !(json_is_integer(v) && json_integer_value(v) == 1))
+        return perr(e, 400, "best_of", "only best_of = 1 is supported yet");
+    if ((v = json_object_get(root, "logprobs")) != NULL && !json_is_null(v) &&
+        !(json_is_integer(v) && json_integer_value(v) == 0) && !json_is_false(v))
+        return perr(e, 400, "logprobs", "logprobs are not supported yet");
+    if ((v = json_object_get(root, "echo")) != NULL && json_is_true(v))
+        return perr(e, 400, "echo", "echo is not supported yet");
+    if ((v = json_object_get(root, "suffix")) != NULL && !json_is_null(v))
+        return perr(e, 400, "suffix", "suffix is not supported");
+    static const char *const penalties[] = {"presence_penalty", "frequency_penalty"};
+    for (size_t i = 0; i < MS_ARRAY_LEN(penalties); i++) {
+        v = json_object_get(root, penalties[i]);
+        if (v != NULL && !json_is_null(v) && !(get_number(v, &x) && x == 0.0))
+            return perr(e, 400, penalties[i], "'%s' is not supported yet (only 0)",
+                        penalties[i]);
+    }
+    if (!parse_stop(j, json_object_get(root, "stop"), e, s->has_tok))
+        return false;
+    /* prompt: a string, a list of strings, token ids, or a list of token id lists */
+    json_t *p = json_object_get(root, "prompt");
+    if (p == NULL || json_is_null(p))
+        return perr(e, 400, "prompt", "'prompt' is required");
+    bool batch = json_is_array(p) && json_array_size(p) > 0 &&
+                 (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0)));
+    size_t n_ch = batch ? json_array_size(p) : 1;
+    if (n_ch > (size_t)s->o.max_queue)
+        return perr(e, 400, "prompt", "%zu prompts in one request: at most %d (--max-queue)",
+                    n_ch, (int)s->o.max_queue);
+    j->ch = ms_calloc(n_ch, sizeof *j->ch);
+    if (j->ch == NULL)
+        return perr(e, 500, NULL, "out of memory");
+    j->n_ch = (int32_t)n_ch;
+    for (size_t i = 0; i < n_ch; i++) {
+        j->ch[i].job = j;
+        j->ch[i].index = (int32_t)i;
+        json_t *pi = batch ? json_array_get(p, i) : p;
+        if (batch && !json_is_string(pi) && !json_is_array(pi))
+            return perr(e, 400, "prompt", "prompt[%zu] must be a string or a list of token ids",
+                        i);
+        if (!parse_prompt_one(s, pi, &j->ch[i], e))
+            return false;
+    }
+    return true;
+}
+
+/* ---- connections ---- */
+
+typedef struct srv_conn {
+    char *body;                 /* [n] bytes (ms_malloc'd) */
+    size_t n, cap;
+    bool too_big;
+} srv_conn;
+
+static ssize_t sse_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    (void)pos;
+    srv_job *j = cls;
+    pthread_mutex_lock(&j->s->mu);
+    while (j->sse_off == j->n_sse && !j->sse_end)
+        pthread_cond_wait(&j->cv, &j->s->mu);
+    size_t n = MS_MIN(max, j->n_sse - j->sse_off);
+    memcpy(buf, j->sse + j->sse_off, n);
+    j->sse_off += n;
+    pthread_mutex_unlock(&j->s->mu);
+    return n > 0 ? (ssize_t)n : MHD_CONTENT_READER_END_OF_STREAM;
+}
+
+/* The stream's response is gone (complete, or the client left): drop the handler's reference. */
+static void sse_free(void *cls) {
+    srv_job *j = cls;
+    srv *s = j->s;
+    pthread_mutex_lock(&s->mu);
+    if (!j->sse_end)
+        srv_log(s, "%s: the client went away: aborting its request", j->id);
+    job_release_handler(j);
+    pthread_mutex_unlock(&s->mu);
+}
+
+static enum MHD_Result handle_completion(srv *s, struct MHD_Connection *con, srv_conn *cc) {
+    json_error_t jerr;
+    json_t *root = json_loadb(cc->body != NULL ? cc->body : "", cc->n, JSON_REJECT_DUPLICATES,
+                              &jerr);
+    if (root == NULL)
+        return reply_error(con, 400, NULL, NULL, "the request body is not valid JSON: %s (line %d, "
+                                                 "column %d)",
+                           jerr.text, jerr.line, jerr.column);
+    srv_job *j = NULL;
+    srv_err e = {0};
+    bool ok = parse_completion(s, root, &j, &e);
+    json_decref(root);
+    if (!ok) {
+        pthread_mutex_lock(&s->mu);
+        s->n_error++;
+        pthread_mutex_unlock(&s->mu);
+        job_free(j);
+        return reply_error(con, e.status, e.param, e.code, "%s", e.msg);
+    }
+    pthread_mutex_lock(&s->mu);
+    if (s->stopping || s->n_queued + j->n_ch > s->o.max_queue) {
+        bool stopping = s->stopping;
+        s->n_error++;
+        pthread_mutex_unlock(&s->mu);
+        job_free(j);
+        return stopping ? reply_error(con, 503, NULL, NULL, "the server is shutting down")
+                        : reply_error(con, 503, NULL, NULL,
+                                      "the queue is full (%d requests waiting; --max-queue)",
+                                      (int)s->o.max_queue);
+    }
+    snprintf(j->id, sizeof j->id, "cmpl-%llu", (unsigned long long)++s->next_id);
+    j->created = (long long)time(NULL);
+    for (int32_t i = 0; i < j->n_ch; i++) {
+        srv_choice *c = &j->ch[i];
+        if (s->q_tail != NULL)
+            s->q_tail->next_q = c;
+        else
+            s->q_head = c;
+        s->q_tail = c;
+        s->n_queued++;
+        j->sched_refs++;
+    }
+    pthread_cond_signal(&s->cv);
+    /* a stream starts once its first prompt runs; a plain reply waits for all of them */
+    while (j->fail_status == 0 && (j->stream ? j->n_admitted == 0 : j->n_done < j->n_ch))
+        pthread_cond_wait(&j->cv, &s->mu);
+    if (j->fail_status != 0) {
+        unsigned st = j->fail_status;
+        char msg[256];
+        snprintf(msg, sizeof msg, "%s", j->fail_msg);
+        job_release_handler(j);
+        pthread_mutex_unlock(&s->mu);
+        return reply_error(con, st, NULL, NULL, "%s", msg);
+    }
+    if (j->stream) {
+        pthread_mutex_unlock(&s->mu);
+        struct MHD_Response *r =
+            MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 4096, sse_read, j, sse_free);
+        if (r == NULL) {
+            pthread_mutex_lock(&s->mu);
+            job_release_handler(j);
+            pthread_mutex_unlock(&s->mu);
+            return MHD_NO;
+        }
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
+        MHD_add_response_header(r, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
+        enum MHD_Result ret = MHD_queue_response(con, 200, r);
+        MHD_destroy_response(r); /* the free callback runs once the connection is done with it */
+        return ret;
+    }
+    json_t *arr = json_array();
+    for (int32_t i = 0; i < j->n_ch; i++) {
+        srv_choice *c = &j->ch[i];
+        json_array_append_new(arr, choice_json(j, c, c->text != NULL ? c->text : "", c->n_text,
+                                               c->ids_new, c->n_ids_new, c->finish));
+    }
+    json_t *o = completion_json(j, arr);
+    if (o != NULL)
+        json_object_set_new(o, "usage", usage_json(j));
+    job_release_handler(j);
+    pthread_mutex_unlock(&s->mu);
+    return reply_json(con, 200, o);
+}
+
+static enum MHD_Result handle_models(srv *s, struct MHD_Connection *con, const char *which) {
+    json_t *m = json_pack("{s:s, s:s, s:I, s:s, s:i}", "id", s->name, "object", "model",
+                          "created", (json_int_t)0, "owned_by", "mstar", "max_model_len",
+                          (int)s->fa.max_context);
+    if (which != NULL) {
+        if (strcmp(which, s->name) != 0) {
+            json_decref(m);
+            return reply_error(con, 404, "model", "model_not_found",
+                               "the model '%.200s' does not exist", which);
+        }
+        return reply_json(con, 200, m);
+    }
+    return reply_json(con, 200, json_pack("{s:s, s:[o]}", "object", "list", "data", m));
+}
+
+static enum MHD_Result handle_metrics(srv *s, struct MHD_Connection *con) {
+    pthread_mutex_lock(&s->mu);
+    char *t = ms_asprintf(
+        "# HELP mstar_requests_total Completion requests by outcome.\n"
+        "# TYPE mstar_requests_total counter\n"
+        "mstar_requests_total{outcome=\"success\"} %llu\n"
+        "mstar_requests_total{outcome=\"error\"} %llu\n"
+        "mstar_requests_total{outcome=\"aborted\"} %llu\n"
+        "# HELP mstar_prompt_tokens_total Prompt tokens admitted.\n"
+        "# TYPE mstar_prompt_tokens_total counter\n"
+        "mstar_prompt_tokens_total %llu\n"
+        "# HELP mstar_generation_tokens_total Tokens generated.\n"
+        "# TYPE mstar_generation_tokens_total counter\n"
+        "mstar_generation_tokens_total %llu\n"
+        "# HELP mstar_requests_running Requests (prompts) in the engine.\n"
+        "# TYPE mstar_requests_running gauge\n"
+        "mstar_requests_running %d\n"
+        "# HELP mstar_queue_depth Prompts waiting to join the engine.\n"
+        "# TYPE mstar_queue_depth gauge\n"
+        "mstar_queue_depth %d\n"
+        "# HELP mstar_kv_pages_free KV pages free.\n"
+        "# TYPE mstar_kv_pages_free gauge\n"
+        "mstar_kv_pages_free %d\n"
+        "# HELP mstar_kv_pages_used KV pages held by requests.\n"
+        "# TYPE mstar_kv_pages_used gauge\n"
+        "mstar_kv_pages_used %d\n",
+        (unsigned long long)s->n_success, (unsigned long long)s->n_error,
+        (unsigned long long)s->n_aborted, (unsigned long long)s->prompt_tokens,
+        (unsigned long long)s->gen_tokens, (int)s->n_run, (int)s->n_queued, (int)s->kv_free,
+        (int)(s->kv_total - s->kv_free));
+    pthread_mutex_unlock(&s->mu);
+    if (t == NULL)
+        return MHD_NO;
+    enum MHD_Result r = reply_raw(con, 200, "text/plain; version=0.0.4", t, strlen(t));
+    ms_free(t);
+    return r;
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *con, const char *url,
+                                  const char *method, const char *version,
+                                  const char *upload_data, size_t *upload_data_size,
+                                  void **con_cls) {
+    (void)version;
+    srv *s = cls;
+    srv_conn *cc = *con_cls;
+    bool post = strcmp(method, "POST") == 0;
+    if (cc == NULL) {
+        cc = ms_calloc(1, sizeof *cc);
+        if (cc == NULL)
+            return MHD_NO;
+        *con_cls = cc;
+        const char *cl = MHD_lookup_connection_value(con, MHD_HEADER_KIND, "Content-Length");
+        if (post && cl != NULL && strtoull(cl, NULL, 10) > SRV_MAX_BODY) {
+            cc->too_big = true;
+            return reply_error(con, 413, NULL, NULL,
+                               "the request body of %.30s bytes is over the limit of %u bytes", cl,
+                               SRV_MAX_BODY);
+        }
+        return MHD_YES;
+    }
+    if (*upload_data_size > 0) {
+        size_t n = *upload_data_size;
+        *upload_data_size = 0;
+        if (cc->too_big || cc->n + n > SRV_MAX_BODY) {
+            cc->too_big = true;
+            return MHD_YES;
+        }
+        if (ms_grow((void **)&cc->body, &cc->cap, cc->n + n + 1, 1) != MS_OK)
+            return MHD_NO;
+        memcpy(cc->body + cc->n, upload_data, n);
+        cc->n += n;
+        return MHD_YES;
+    }
+    if (cc->too_big)
+        return reply_error(con, 413, NULL, NULL, "the request body is over the limit of %u bytes",
+                           SRV_MAX_BODY);
+    bool v1 = strncmp(url, "/v1/", 4) == 0;
+    if (v1 && s->o.api_key != NULL) {
+        const char *auth = MHD_lookup_connection_value(con, MHD_HEADER_KIND, "Authorization");
+        if (auth == NULL || strncmp(auth, "Bearer ", 7) != 0 ||
+            strcmp(auth + 7, s->o.api_key) != 0)
+            return reply_error(con, 401, NULL, "invalid_api_key",
+                               "a valid API key is required (Authorization: Bearer KEY)");
+    }
+    bool get = strcmp(method, "GET") == 0;
+    if (strcmp(url, "/v1/completions") == 0) {
+        if (!post)
+            return reply_error(con, 405, NULL, NULL, "use POST for /v1/completions");
+        return handle_completion(s, con, cc);
+    }
+    if (strcmp(url, "/v1/chat/completions") == 0)
+        return reply_error(con, 501, NULL, "not_implemented",
+                           "chat templates are not available yet: /v1/chat/completions is not "
+                           "served; use /v1/completions");
+    if (strcmp(url, "/v1/models") == 0 && get)
+        return handle_models(s, con, NULL);
+    if (strncmp(url, "/v1/models/", 11) == 0 && get)
+        return handle_models(s, con, url + 11);
+    if (strcmp(url, "/health") == 0 && get)
+        return reply_raw(con, 200, "application/json", "{\"status\":\"ok\"}", 15);
+    if (strcmp(url, "/metrics") == 0 && get)
+        return handle_metrics(s, con);
+    return reply_error(con, 404, NULL, NULL, "no such endpoint: %s %.200s", method, url);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *con, void **con_cls,
+                         enum MHD_RequestTerminationCode toe) {
+    (void)cls;
+    (void)con;
+    (void)toe;
+    srv_conn *cc = *con_cls;
+    if (cc != NULL) {
+        ms_free(cc->body);
+        ms_free(cc);
+        *con_cls = NULL;
+    }
+}
+
+/* ---- flags ---- */
+
+static void serve_usage(FILE *to, const char *prog) {
+    fprintf(to,
+            "usage: %s serve --model PATH [--tokenizer PATH|none] [--host ADDR] [--port N]\n"
+            "           [--api-key KEY] [--max-seqs N] [--max-tokens-per-step N]\n"
+            "           [--max-queue N] [--kv-pages N] [--page-size N]\n"
+            "           [--device auto|cpu|cuda] [--dtype auto|f32|bf16] [--threads N]\n"
+            "  OpenAI-compatible HTTP server: POST /v1/completions, GET /v1/models, /health,\n"
+            "  /metrics. --host defaults to 127.0.0.1, --port to 8000 (0: a free port, printed\n"
+            "  as 'listening on http://HOST:PORT' on stderr). SIGINT / SIGTERM stop it.\n",
+            prog);
+}
+
+static int parse_serve(int argc, char **argv, srv_opts *o, const char *prog) {
+    memset(o, 0, sizeof *o);
+    o->host = "127.0.0.1";
+    o->port = 8000;
+    o->device = "auto";
+    o->max_seqs = 16;
+    o->max_tokens_per_step = 2048;
+    o->max_queue = 256;
+    static const char *const with_value[] = {
+        "--model", "--tokenizer", "--host", "--port", "--api-key", "--max-seqs",
+        "--max-tokens-per-step", "--device", "--dtype", "--page-size", "--threads",
+        "--max-queue", "--kv-pages"};
+    bool seen[MS_ARRAY_LEN(with_value)] = {false};
+    for (int i = 0; i < argc; i++) {
+        const char *a = argv[i];
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
+            serve_usage(stdout, prog);
+            return -1;
+        }
+        size_t which = MS_ARRAY_LEN(with_value);
+        for (size_t k = 0; k < MS_ARRAY_LEN(with_value); k++)
+            if (strcmp(a, with_value[k]) == 0)
+                which = k;
+        if (which == MS_ARRAY_LEN(with_value)) {
+            serve_usage(stderr, prog);
+            fprintf(stderr, "%s: %s '", prog,
+                    strncmp(a, "--", 2) == 0 ? "unknown flag" : "unexpected argument");
+            ms_cli_put_escaped(stderr, a, 200);
+            fputs("'\n", stderr);
+            return 2;
+        }
+        if (seen[which] || i + 1 >= argc) {
+            serve_usage(stderr, prog);
+            fprintf(stderr, "%s: flag %s %s\n", prog, a,
+                    seen[which] ? "given twice (give each flag once)" : "needs a value");
+            return 2;
+        }
+        seen[which] = true;
+        const char *v = argv[++i];
+        int64_t n;
+        char expect[64];
+        if (strcmp(a, "--model") == 0) {
+            o->model = v;
+        } else if (strcmp(a, "--tokenizer") == 0) {
+            o->tokenizer = v;
+        } else if (strcmp(a, "--host") == 0) {
+            o->host = v;
+        } else if (strcmp(a, "--api-key") == 0) {
+            if (*v == '\0') {
+                fprintf(stderr, "%s: --api-key: the key is empty\n", prog);
+                return 1;
+            }
+            o->api_key = v;
+        } else if (strcmp(a, "--port") == 0) {
+            if (ms_cli_flag_i64(prog, a, v, 0, 65535, "a port in [0, 65535]", &n) != 0)
+                return 1;
+            o->port = (int32_t)n;
+        } else if (strcmp(a, "--max-seqs") == 0) {
+            if (ms_cli_flag_i64(prog, a, v, 1, 4096, "an integer in [1, 4096]", &n) != 0)
+                return 1;
+            o->max_seqs = (int32_t)n;
+        } else if (strcmp(a, "--max-tokens-per-step") == 0) {
+            if (ms_cli_flag_i64(prog, a, v, 1, 1 << 20, "an integer in [1, 1048576]", &n) != 0)
+                return 1;
+            o->max_tokens_per_step = (int32_t)n;
+        } else if (strcmp(a, "--max-queue") == 0) {
+            if (ms_cli_flag_i64(prog, a, v, 1, 1 << 20, "an integer in [1, 1048576]", &n) != 0)
+                return 1;
+            o->max_queue = (int32_t)n;
+        } else if (strcmp(a, "--kv-pages") == 0) {
+            if (ms_cli_flag_i64(prog, a, v, 0, INT32_MAX, "an integer >= 0 (0: enough)", &n) !=
+                0)
+                return 1;
+            o->kv_pages = (int32_t)n;
+        } else if (strcmp(a, "--page-size") == 0) {
+            if (ms_cli_flag_i64(prog, a, v, 1, 65536, "an integer in [1, 65536]", &n) != 0)
+                return 1;
+            o->page_size = (int32_t)n;
+        } else if (strcmp(a, "--threads") == 0) {
+            snprintf(expect, sizeof expect, "an integer in [1, %d]", MS_THREADPOOL_MAX_THREADS);
+            if (ms_cli_flag_i64(prog, a, v, 1, MS_THREADPOOL_MAX_THREADS, expect, &n) != 0)
+                return 1;
+            o->threads = (int32_t)n;
+        } else if (strcmp(a, "--device") == 0) {
+            if (strcmp(v, "auto") != 0 && strcmp(v, "cpu") != 0 && strcmp(v, "cuda") != 0) {
+                fprintf(stderr, "%s: --device: '", prog);
+                ms_cli_put_escaped(stderr, v, 200);
+                fputs("' is not auto, cpu or cuda\n", stderr);
+                return 1;
+            }
+            o->device = v;
+        } else if (strcmp(a, "--dtype") == 0) {
+            if (strcmp(v, "auto") != 0 && strcmp(v, "f32") != 0 && strcmp(v, "bf16") != 0) {
+                fprintf(stderr, "%s: --dtype: '", prog);
+                ms_cli_put_escaped(stderr, v, 200);
+                fputs("' is not auto, f32 or bf16\n", stderr);
+                return 1;
+            }
+            o->dtype = v;
+        }
+    }
+    if (o->model == NULL || *o->model == '\0') {
+        serve_usage(stderr, prog);
+        fprintf(stderr, "%s: --model is required\n", prog);
+        return 2;
+    }
+    if (o->max_tokens_per_step < o->max_seqs) {
+        fprintf(stderr, "%s: --max-tokens-per-step %d is below --max-seqs %d (a step holds one "
+                        "token of every running request)\n",
+                prog, (int)o->max_tokens_per_step, (int)o->max_seqs);
+        return 1;
+    }
+    return 0;
+}
+
+/* The model's name in /v1/models: the last component of --model. */
+static char *model_name(const char *path) {
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/')
+        n--;
+    size_t b = n;
+    while (b > 0 && path[b - 1] != '/')
+        b--;
+    return ms_asprintf("%.*s", (int)(n - b), path + b);
+}
+
+/* ---- serve ---- */
+
+int ms_cli_serve(int argc, char **argv, const ms_model_desc *desc, const char *prog) {
+    srv s;
+    memset(&s, 0, sizeof s);
+    s.prog = prog;
+    int rc = parse_serve(argc, argv, &s.o, prog);
+    if (rc != 0)
+        return rc < 0 ? ms_cli_stdout_check(prog) : rc;
+    ms_error err = {0};
+    char *dir = NULL;
+    struct MHD_Daemon *d = NULL;
+    pthread_t sched;
+    bool sched_started = false, mu_ready = false;
+    ms_md_facts fa;
+    if (ms_cli_model_probe(desc, s.o.model, &fa, NULL, &dir, &err) != MS_OK) {
+        fprintf(stderr, "%s: %s\n", prog, err.msg);
+        rc = 1;
+        goto done;
+    }
+    if ((rc = ms_cli_tok_init(&s.tok, s.o.tokenizer, dir, fa.vocab)) != 0)
+        goto done;
+    s.has_tok = s.tok.l2c != NULL || s.tok.hf != NULL;
+    s.name = model_name(s.o.model);
+    s.run = ms_calloc((size_t)s.o.max_seqs, sizeof *s.run);
+    if (s.name == NULL || s.run == NULL) {
+        fprintf(stderr, "%s: out of memory\n", prog);
+        rc = 1;
+        goto done;
+    }
+    ms_engine_options eo = ms_engine_options_default();
+    eo.model_path = s.o.model;
+    eo.device = s.o.device;
+    eo.dtype = s.o.dtype;
+    eo.page_size = s.o.page_size;
+    eo.n_threads = s.o.threads;
+    eo.max_seqs = s.o.max_seqs;
+    eo.max_tokens = s.o.max_tokens_per_step;
+    eo.kv_pages = s.o.kv_pages;
+    double t0 = now_s();
+    if (ms_engine_init(&s.eng, desc, &eo, &err) != MS_OK) {
+        fprintf(stderr, "%s: %s\n", prog, err.msg);
+        rc = 1;
+        goto done;
+    }
+    s.fa = *ms_engine_facts(s.eng);
+    s.kv_total = s.kv_free = ms_engine_kv_pages_free(s.eng);
+    pthread_mutex_init(&s.mu, NULL);
+    pthread_cond_init(&s.cv, NULL);
+    mu_ready = true;
+
+    /* SIGINT / SIGTERM are taken by sigwait below: block them in every thread started here */
+    sigset_t sigs, old;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, &old);
+    signal(SIGPIPE, SIG_IGN);
+
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM,
+                             .ai_flags = AI_PASSIVE | AI_NUMERICSERV};
+    struct addrinfo *ai = NULL;
+    char port_s[16];
+    snprintf(port_s, sizeof port_s, "%d", (int)s.o.port);
+    int gai = getaddrinfo(s.o.host, port_s, &hints, &ai);
+    if (gai != 0) {
+        fprintf(stderr, "%s: --host: '%s': %s\n", prog, s.o.host, gai_strerror(gai));
+        rc = 1;
+        goto done;
+    }
+    unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD |
+                     MHD_USE_ERROR_LOG | (ai->ai_family == AF_INET6 ? MHD_USE_IPv6 : 0);
+    d = MHD_start_daemon(flags, (uint16_t)s.o.port, NULL, NULL, on_request, &s,
+                         MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED,
+                         on_completed, &s, MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
+                         MHD_OPTION_END);
+    freeaddrinfo(ai);
+    if (d == NULL) {
+        fprintf(stderr, "%s: cannot listen on %s port %d (in use, or not an address of this "
+                        "host)\n",
+                prog, s.o.host, (int)s.o.port);
+        rc = 1;
+        goto done;
+    }
+    if (pthread_create(&sched, NULL, sched_main, &s) != 0) {
+        fprintf(stderr, "%s: cannot start the scheduler thread\n", prog);
+        rc = 1;
+        goto done;
+    }
+    sched_started = true;
+    const union MHD_DaemonInfo *info = MHD_get_daemon_info(d, MHD_DAEMON_INFO_BIND_PORT);
+    int port = info != NULL ? (int)info->port : (int)s.o.port;
+    bool v6 = strchr(s.o.host, ':') != NULL;
+    fprintf(stderr,
+            "%s: serving %s on %s (%d KV pages of %d tokens, max %d sequences) loaded in %.2f s\n"
+            "listening on http://%s%s%s:%d\n",
+            prog, s.name, ms_engine_device(s.eng), (int)s.kv_total,
+            (int)ms_engine_page_size(s.eng), (int)s.o.max_seqs, now_s() - t0, v6 ? "[" : "",
+            s.o.host, v6 ? "]" : "", port);
+    fflush(stderr);
+
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    srv_log(&s, "%s: stopping", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    pthread_mutex_lock(&s.mu);
+    s.stopping = true;
+    pthread_cond_signal(&s.cv);
+    pthread_mutex_unlock(&s.mu);
+    pthread_join(sched, NULL);
+    sched_started = false;
+    /* every job is finished or failed now: the connection threads end */
+    MHD_stop_daemon(d);
+    d = NULL;
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    srv_log(&s, "stopped: %llu completed, %llu failed, %llu aborted; %d of %d KV pages free",
+            (unsigned long long)s.n_success, (unsigned long long)s.n_error,
+            (unsigned long long)s.n_aborted, (int)ms_engine_kv_pages_free(s.eng),
+            (int)s.kv_total);
+    rc = 0;
+
+done:
+    if (sched_started) {
+        pthread_mutex_lock(&s.mu);
+        s.stopping = true;
+        pthread_cond_signal(&s.cv);
+        pthread_mutex_unlock(&s.mu);
+        pthread_join(sched, NULL);
+    }
+    if (d != NULL)
+        MHD_stop_daemon(d);
+    if (mu_ready) {
+        pthread_cond_destroy(&s.cv);
+        pthread_mutex_destroy(&s.mu);
+    }
+    ms_engine_free(s.eng);
+    ms_cli_tok_free(&s.tok);
+    ms_free(s.run);
+    ms_free(s.name);
+    ms_free(dir);
+    return rc;
+}
