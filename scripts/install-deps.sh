@@ -7,7 +7,8 @@
 set -euo pipefail
 
 # Build tools and libraries (DESIGN.md §7): flex/bison for the language front end, cmocka for the
-# tests, jansson (JSON), libmicrohttpd (HTTP), PCRE2 (tokenizer regexes); clang for the fuzz target.
+# tests, jansson (JSON), libmicrohttpd (HTTP), PCRE2 (tokenizer regexes); clang for the fuzz target;
+# curl and jq for the shell tests (tests/serve.sh talks HTTP with curl).
 PACKAGES=(
     make
     gcc
@@ -20,6 +21,8 @@ PACKAGES=(
     libpcre2-dev
     clang
     python3
+    curl
+    jq
 )
 
 missing=()
@@ -29,7 +32,20 @@ for p in "${PACKAGES[@]}"; do
     fi
 done
 
+# Python packages (PyPI, with pip): the official openai client that tests/serve.sh drives the
+# server with. Not fatal: without it (no pip, no network) serve.sh says it skips those tests.
+OPENAI_PIN=openai==1.109.1
+pip_deps() {
+    command -v python3 >/dev/null 2>&1 || return 0
+    python3 -c 'import openai' 2>/dev/null && return 0
+    if ! python3 -m pip install -q --disable-pip-version-check "$OPENAI_PIN" >/dev/null 2>&1; then
+        echo "install-deps: could not pip-install $OPENAI_PIN; tests/serve.sh will skip its openai client tests" >&2
+    fi
+    return 0
+}
+
 if [ ${#missing[@]} -eq 0 ]; then
+    pip_deps
     exit 0
 fi
 
@@ -51,3 +67,4 @@ export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
 $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 echo "install-deps: installed ${missing[*]}"
+pip_deps

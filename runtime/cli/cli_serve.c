@@ -209,6 +209,7 @@ static void sse_append(srv_job *j, const char *s, size_t n) {
     memcpy(j->sse + j->n_sse, s, n);
     j->n_sse += n;
     j->sse[j->n_sse] = '\0';
+    pthread_cond_broadcast(&j->cv); /* the stream's reader */
 }
 
 /* "data: <obj>\n\n" (obj consumed). */
@@ -534,21 +535,25 @@ static enum MHD_Result reply_raw(struct MHD_Connection *con, unsigned status, co
 static enum MHD_Result reply_json(struct MHD_Connection *con, unsigned status, json_t *o) {
     char *body = o != NULL ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
-    if (body == NULL)
-        return reply_raw(con, 500, "application/json",
-                         "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\","
-                         "\"param\":null,\"code\":null}}",
-                         89);
+    if (body == NULL) {
+        static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":"
+                                  "\"server_error\",\"param\":null,\"code\":null}}";
+        return reply_raw(con, 500, "application/json", oom, sizeof oom - 1);
+    }
     enum MHD_Result ret = reply_raw(con, status, "application/json", body, strlen(body));
     free(body);
     return ret;
 }
 
 /* OpenAI's error body: {"error": {"message", "type", "param", "code"}}. */
-static enum MHD_Result reply_error(struct MHD_Connection *con, unsigned status, const char *param,
-                                   const char *code, const char *fmt, ...) MS_PRINTF(5, 6);
-static enum MHD_Result reply_error(struct MHD_Connection *con, unsigned status, const char *param,
-                                   const char *code, const char *fmt, ...) {
+static enum MHD_Result reply_error(srv *s, struct MHD_Connection *con, unsigned status,
+                                   const char *param, const char *code, const char *fmt, ...)
+    MS_PRINTF(6, 7);
+static enum MHD_Result reply_error(srv *s, struct MHD_Connection *con, unsigned status,
+                                   const char *param, const char *code, const char *fmt, ...) {
+    pthread_mutex_lock(&s->mu);
+    s->n_error++;
+    pthread_mutex_unlock(&s->mu);
     char msg[512];
     va_list ap;
     va_start(ap, fmt);
@@ -867,7 +872,7 @@ static enum MHD_Result handle_completion(srv *s, struct MHD_Connection *con, srv
     json_t *root = json_loadb(cc->body != NULL ? cc->body : "", cc->n, JSON_REJECT_DUPLICATES,
                               &jerr);
     if (root == NULL)
-        return reply_error(con, 400, NULL, NULL, "the request body is not valid JSON: %s (line %d, "
+        return reply_error(s, con, 400, NULL, NULL, "the request body is not valid JSON: %s (line %d, "
                                                  "column %d)",
                            jerr.text, jerr.line, jerr.column);
     srv_job *j = NULL;
@@ -875,20 +880,16 @@ static enum MHD_Result handle_completion(srv *s, struct MHD_Connection *con, srv
     bool ok = parse_completion(s, root, &j, &e);
     json_decref(root);
     if (!ok) {
-        pthread_mutex_lock(&s->mu);
-        s->n_error++;
-        pthread_mutex_unlock(&s->mu);
         job_free(j);
-        return reply_error(con, e.status, e.param, e.code, "%s", e.msg);
+        return reply_error(s, con, e.status, e.param, e.code, "%s", e.msg);
     }
     pthread_mutex_lock(&s->mu);
     if (s->stopping || s->n_queued + j->n_ch > s->o.max_queue) {
         bool stopping = s->stopping;
-        s->n_error++;
         pthread_mutex_unlock(&s->mu);
         job_free(j);
-        return stopping ? reply_error(con, 503, NULL, NULL, "the server is shutting down")
-                        : reply_error(con, 503, NULL, NULL,
+        return stopping ? reply_error(s, con, 503, NULL, NULL, "the server is shutting down")
+                        : reply_error(s, con, 503, NULL, NULL,
                                       "the queue is full (%d requests waiting; --max-queue)",
                                       (int)s->o.max_queue);
     }
@@ -912,9 +913,10 @@ static enum MHD_Result handle_completion(srv *s, struct MHD_Connection *con, srv
         unsigned st = j->fail_status;
         char msg[256];
         snprintf(msg, sizeof msg, "%s", j->fail_msg);
+        j->counted = true; /* as the error reply */
         job_release_handler(j);
         pthread_mutex_unlock(&s->mu);
-        return reply_error(con, st, NULL, NULL, "%s", msg);
+        return reply_error(s, con, st, NULL, NULL, "%s", msg);
     }
     if (j->stream) {
         pthread_mutex_unlock(&s->mu);
@@ -953,7 +955,7 @@ static enum MHD_Result handle_models(srv *s, struct MHD_Connection *con, const c
     if (which != NULL) {
         if (strcmp(which, s->name) != 0) {
             json_decref(m);
-            return reply_error(con, 404, "model", "model_not_found",
+            return reply_error(s, con, 404, "model", "model_not_found",
                                "the model '%.200s' does not exist", which);
         }
         return reply_json(con, 200, m);
@@ -1015,7 +1017,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *con, const c
         const char *cl = MHD_lookup_connection_value(con, MHD_HEADER_KIND, "Content-Length");
         if (post && cl != NULL && strtoull(cl, NULL, 10) > SRV_MAX_BODY) {
             cc->too_big = true;
-            return reply_error(con, 413, NULL, NULL,
+            return reply_error(s, con, 413, NULL, NULL,
                                "the request body of %.30s bytes is over the limit of %u bytes", cl,
                                SRV_MAX_BODY);
         }
@@ -1035,24 +1037,24 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *con, const c
         return MHD_YES;
     }
     if (cc->too_big)
-        return reply_error(con, 413, NULL, NULL, "the request body is over the limit of %u bytes",
+        return reply_error(s, con, 413, NULL, NULL, "the request body is over the limit of %u bytes",
                            SRV_MAX_BODY);
     bool v1 = strncmp(url, "/v1/", 4) == 0;
     if (v1 && s->o.api_key != NULL) {
         const char *auth = MHD_lookup_connection_value(con, MHD_HEADER_KIND, "Authorization");
         if (auth == NULL || strncmp(auth, "Bearer ", 7) != 0 ||
             strcmp(auth + 7, s->o.api_key) != 0)
-            return reply_error(con, 401, NULL, "invalid_api_key",
+            return reply_error(s, con, 401, NULL, "invalid_api_key",
                                "a valid API key is required (Authorization: Bearer KEY)");
     }
     bool get = strcmp(method, "GET") == 0;
     if (strcmp(url, "/v1/completions") == 0) {
         if (!post)
-            return reply_error(con, 405, NULL, NULL, "use POST for /v1/completions");
+            return reply_error(s, con, 405, NULL, NULL, "use POST for /v1/completions");
         return handle_completion(s, con, cc);
     }
     if (strcmp(url, "/v1/chat/completions") == 0)
-        return reply_error(con, 501, NULL, "not_implemented",
+        return reply_error(s, con, 501, NULL, "not_implemented",
                            "chat templates are not available yet: /v1/chat/completions is not "
                            "served; use /v1/completions");
     if (strcmp(url, "/v1/models") == 0 && get)
@@ -1063,7 +1065,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *con, const c
         return reply_raw(con, 200, "application/json", "{\"status\":\"ok\"}", 15);
     if (strcmp(url, "/metrics") == 0 && get)
         return handle_metrics(s, con);
-    return reply_error(con, 404, NULL, NULL, "no such endpoint: %s %.200s", method, url);
+    return reply_error(s, con, 404, NULL, NULL, "no such endpoint: %s %.200s", method, url);
 }
 
 static void on_completed(void *cls, struct MHD_Connection *con, void **con_cls,

@@ -1,0 +1,274 @@
+#!/usr/bin/env bash
+# serve.sh - drives `$MS_BUILD/llama/llama serve` (the OpenAI-compatible HTTP server) with curl on
+# 127.0.0.1 as a client would: completions equal to `generate` (greedy), token-id prompts, SSE
+# streams that reassemble to the same text and end with [DONE], stop strings (never in the output),
+# 16 concurrent requests, a client that disconnects mid-stream, malformed requests (each a 4xx with
+# OpenAI's error body, the server still healthy after it), the API key, and SIGTERM / SIGINT
+# exiting 0 with nothing from a sanitizer (under `make SAN=asan`: ASan+UBSan+LeakSanitizer).
+# Then the official `openai` Python client (tests/serve_openai.py) against the same server; it is
+# skipped, saying so, only when the package cannot be imported (install-deps.sh pip-installs it).
+#
+# Every server is started with --port 0 (it prints the port it got), every request is bounded
+# (curl -m), and every server is stopped by this script (and killed on exit if a check failed).
+set -uo pipefail
+export CUDA_VISIBLE_DEVICES=
+build=${MS_BUILD:-build}
+bin="$build/llama/llama"
+fx=${MS_FIXTURES:-../shared/fixtures}
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+    for p in "${pids[@]}"; do kill -KILL "$p" 2>/dev/null; done
+    rm -rf "$tmp"
+}
+trap cleanup EXIT
+passed=0
+failed=0
+ok() { passed=$((passed + 1)); echo "ok   $1"; }
+bad() { failed=$((failed + 1)); echo "FAIL $1"; shift; printf '     %s\n' "$@"; }
+check() { # check NAME CONDITION-COMMAND... (details printed on failure: $detail)
+    local name=$1
+    shift
+    if "$@"; then ok "$name"; else bad "$name" "${detail:-}"; fi
+    detail=
+}
+
+l2c="$fx/llama2c/aidreams260K.bin"
+tok="$fx/llama2c/tok512.bin"
+gqa="$fx/hf/llama_gqa"
+
+# start NAME ARGS...: a server in the background; sets url and pid (stderr in $tmp/NAME.err)
+start() {
+    local name=$1
+    shift
+    "$bin" serve "$@" --port 0 2>"$tmp/$name.err" &
+    pid=$!
+    pids+=("$pid")
+    url=
+    for _ in $(seq 300); do
+        url=$(sed -n 's/^listening on //p' "$tmp/$name.err")
+        [ -n "$url" ] && break
+        kill -0 "$pid" 2>/dev/null || break
+        sleep 0.1
+    done
+    if [ -z "$url" ]; then
+        bad "$name: starts" "$(head -c 600 "$tmp/$name.err")"
+        return 1
+    fi
+    ok "$name: starts and prints its address ($url)"
+}
+
+# stop NAME SIGNAL: the server exits 0 within 20 s, no sanitizer report
+stop() {
+    local name=$1 sig=$2 rc
+    kill -"$sig" "$pid"
+    for _ in $(seq 200); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    if kill -0 "$pid" 2>/dev/null; then
+        bad "$name: $sig stops it" "still running after 20 s"
+        kill -KILL "$pid"
+        wait "$pid" 2>/dev/null
+        return
+    fi
+    wait "$pid"
+    rc=$?
+    if [ $rc -ne 0 ]; then
+        bad "$name: $sig exits 0" "exit $rc" "$(tail -c 800 "$tmp/$name.err")"
+    elif grep -qE 'Sanitizer|runtime error|leak' "$tmp/$name.err"; then
+        bad "$name: $sig exits 0" "sanitizer report:" "$(grep -m3 -E 'Sanitizer|runtime error|leak' "$tmp/$name.err")"
+    else
+        ok "$name: $sig exits 0, nothing from a sanitizer"
+    fi
+}
+
+# post PATH BODY-FILE OUT: prints the HTTP status
+post() { curl -s -m 30 -o "$3" -w '%{http_code}' -H 'Content-Type: application/json' --data-binary @"$2" "$url$1"; }
+postj() { printf '%s' "$2" >"$tmp/body"; post "$1" "$tmp/body" "$3"; }
+metric() { curl -s -m 10 "$url/metrics" | awk -v m="$1" '$1 == m { print $2 }'; }
+healthy() { [ "$(curl -s -m 10 -o /dev/null -w '%{http_code}' "$url/health")" = 200 ]; }
+# sse_text FILE: the concatenated text of the stream's chunks
+sse_text() { sed -n 's/^data: //p' "$1" | grep -v '^\[DONE\]$' | jq -j '.choices[]?.text'; }
+
+# ---- llama2.c model with its tokenizer ----
+if start l2c --model "$l2c" --tokenizer "$tok" --max-seqs 8; then
+    pages0=$(metric mstar_kv_pages_free)
+    check "l2c: /health" healthy
+    st=$(curl -s -m 10 -o "$tmp/models" -w '%{http_code}' "$url/v1/models")
+    detail="$st $(head -c 300 "$tmp/models")"
+    check "l2c: /v1/models names the model" [ "$st" = 200 -a "$(jq -r '.data[0].id' "$tmp/models")" = aidreams260K.bin ]
+
+    # greedy completions equal generate's text (generate ends its output with a newline)
+    for prompt in "Once upon a time" "The little dog"; do
+        "$bin" generate --model "$l2c" --tokenizer "$tok" --prompt "$prompt" --temperature 0 \
+            --max-new-tokens 40 --no-display-prompt >"$tmp/want" 2>/dev/null
+        st=$(postj /v1/completions "{\"prompt\": \"$prompt\", \"max_tokens\": 40, \"temperature\": 0}" "$tmp/got.json")
+        { jq -j '.choices[0].text' "$tmp/got.json"; echo; } >"$tmp/got"
+        detail="status $st; want $(head -c 200 "$tmp/want"); got $(head -c 300 "$tmp/got.json")"
+        check "l2c: completion of '$prompt' equals generate's text" cmp -s "$tmp/want" "$tmp/got"
+    done
+    detail="$(head -c 300 "$tmp/got.json")"
+    check "l2c: usage and finish_reason" [ "$(jq -c '[.usage.completion_tokens, .usage.total_tokens - .usage.prompt_tokens, .choices[0].finish_reason]' "$tmp/got.json")" = '[40,40,"length"]' ]
+    text_greedy=$(jq -j '.choices[0].text' "$tmp/got.json")
+
+    # token-id prompts: the ids generate encodes, in and out as text
+    ids=$("$bin" generate --model "$l2c" --tokenizer "$tok" --prompt "The little dog" --max-new-tokens 0 --verbose-prompt 2>&1 >/dev/null | sed -n 's/.*tokens: //p' | tr ' ' ',')
+    st=$(postj /v1/completions "{\"prompt\": [$ids], \"max_tokens\": 40, \"temperature\": 0}" "$tmp/ids.json")
+    detail="status $st ids [$ids] $(head -c 300 "$tmp/ids.json")"
+    check "l2c: a token-id prompt gives the same text" [ "$st" = 200 -a "$(jq -j '.choices[0].text' "$tmp/ids.json")" = "$text_greedy" ]
+    st=$(postj /v1/completions "{\"prompt\": [\"The little dog\", [$ids]], \"max_tokens\": 40, \"temperature\": 0}" "$tmp/batch.json")
+    detail="status $st $(head -c 400 "$tmp/batch.json")"
+    check "l2c: a list of prompts gives one choice each" [ "$st" = 200 -a "$(jq -r '[.choices[].index] | join(",")' "$tmp/batch.json")" = "0,1" -a "$(jq -j '.choices[1].text' "$tmp/batch.json")" = "$text_greedy" ]
+
+    # streaming: chunks reassemble to the same text, end with a finish_reason, usage and [DONE]
+    printf '%s' '{"prompt": "The little dog", "max_tokens": 40, "temperature": 0, "stream": true, "stream_options": {"include_usage": true}}' >"$tmp/body"
+    curl -s -N -m 30 -H 'Content-Type: application/json' --data-binary @"$tmp/body" "$url/v1/completions" >"$tmp/sse"
+    detail="$(head -c 600 "$tmp/sse")"
+    check "l2c: stream reassembles to the same text" [ "$(sse_text "$tmp/sse")" = "$text_greedy" ]
+    check "l2c: stream ends with data: [DONE]" [ "$(grep -v '^$' "$tmp/sse" | tail -n 1)" = "data: [DONE]" ]
+    check "l2c: stream has finish_reason length and a usage chunk" \
+        [ "$(sed -n 's/^data: {/{/p' "$tmp/sse" | jq -s -c '[(map(.choices[]?.finish_reason | select(. != null))), (map(.usage | select(. != null)) | .[0].completion_tokens)]')" = '[["length"],40]' ]
+    check "l2c: stream chunks are blank-line separated SSE events" [ "$(grep -c '^data: ' "$tmp/sse")" -eq "$(grep -c '^$' "$tmp/sse")" ]
+
+    # stop strings: matched on the text across tokens, never in the output or a stream
+    stop_s=${text_greedy:12:7}
+    want_stop=${text_greedy%%"$stop_s"*}
+    jq -n --arg s "$stop_s" '{prompt: "The little dog", max_tokens: 40, temperature: 0, stop: ["zzzz", $s]}' >"$tmp/body"
+    st=$(post /v1/completions "$tmp/body" "$tmp/stop.json")
+    detail="stop '$stop_s' want '$want_stop' got $(head -c 300 "$tmp/stop.json")"
+    check "l2c: stop string cuts the text before it, finish_reason stop" \
+        [ "$st" = 200 -a "$(jq -j '.choices[0].text' "$tmp/stop.json")" = "$want_stop" -a "$(jq -r '.choices[0].finish_reason' "$tmp/stop.json")" = stop ]
+    jq -c '. + {stream: true}' "$tmp/body" >"$tmp/body2"
+    curl -s -N -m 30 --data-binary @"$tmp/body2" "$url/v1/completions" >"$tmp/sse_stop"
+    detail="$(head -c 600 "$tmp/sse_stop")"
+    check "l2c: a stream with a stop string holds it back" [ "$(sse_text "$tmp/sse_stop")" = "$want_stop" ]
+    if grep -qF -- "$stop_s" <(sse_text "$tmp/sse_stop"); then bad "l2c: stop string leaked into the stream"; fi
+
+    # 16 concurrent requests (8 run at once, the rest queue), streaming and not
+    for i in $(seq 16); do
+        if [ $((i % 2)) -eq 0 ]; then s=true; else s=false; fi
+        printf '{"prompt": "Once upon a time", "max_tokens": 30, "temperature": 0.8, "seed": %d, "stream": %s}' "$i" "$s" >"$tmp/c$i.body"
+        curl -s -N -m 60 -o "$tmp/c$i.out" -w '%{http_code}' --data-binary @"$tmp/c$i.body" "$url/v1/completions" >"$tmp/c$i.st" &
+    done
+    wait $(jobs -p | grep -v -x "$pid") 2>/dev/null
+    n_ok=0
+    for i in $(seq 16); do
+        if [ "$(cat "$tmp/c$i.st")" = 200 ] && { grep -q '"finish_reason":"length"' "$tmp/c$i.out"; }; then
+            n_ok=$((n_ok + 1))
+        fi
+    done
+    detail="$n_ok of 16 complete"
+    check "l2c: 16 concurrent requests all complete" [ $n_ok -eq 16 ]
+    detail="running $(metric mstar_requests_running), queue $(metric mstar_queue_depth), pages $(metric mstar_kv_pages_free) of $pages0"
+    check "l2c: afterwards 0 running, 0 queued, every KV page free" \
+        [ "$(metric mstar_requests_running)" = 0 -a "$(metric mstar_queue_depth)" = 0 -a "$(metric mstar_kv_pages_free)" = "$pages0" ]
+    # the same seed gives the same text alone as it did in the batch
+    st=$(post /v1/completions "$tmp/c1.body" "$tmp/c1.again")
+    detail="$(head -c 200 "$tmp/c1.out") vs $(head -c 200 "$tmp/c1.again")"
+    check "l2c: a seeded request alone equals itself batched" [ "$(jq -r '.choices[0].text' "$tmp/c1.again")" = "$(jq -r '.choices[0].text' "$tmp/c1.out")" ]
+
+    # malformed requests: each a 4xx with an error body, and the server keeps serving
+    bad_req() { # NAME STATUS BODY-FILE [PATH]
+        local st
+        st=$(post "${4:-/v1/completions}" "$3" "$tmp/err.json")
+        if [ "$st" != "$2" ]; then
+            bad "l2c: $1 -> $2" "status $st: $(head -c 300 "$tmp/err.json")"
+        elif ! jq -e '.error.message and .error.type and (.error | has("param") and has("code"))' "$tmp/err.json" >/dev/null 2>&1; then
+            bad "l2c: $1 -> $2" "no OpenAI error body: $(head -c 300 "$tmp/err.json")"
+        elif ! healthy; then
+            bad "l2c: $1 -> $2" "/health fails afterwards"
+        else
+            ok "l2c: $1 -> $2 $(jq -r .error.message "$tmp/err.json" | head -c 90)"
+        fi
+    }
+    b() { printf '%s' "$1" >"$tmp/b"; echo "$tmp/b"; }
+    bad_req "bad JSON" 400 "$(b '{"prompt": "x", ')"
+    bad_req "not an object" 400 "$(b '[1, 2]')"
+    bad_req "empty body" 400 "$(b '')"
+    bad_req "no prompt" 400 "$(b '{"max_tokens": 4}')"
+    bad_req "prompt of the wrong type" 400 "$(b '{"prompt": 5}')"
+    bad_req "max_tokens a string" 400 "$(b '{"prompt": "x", "max_tokens": "4"}')"
+    bad_req "NaN temperature" 400 "$(b '{"prompt": "x", "temperature": NaN}')"
+    bad_req "negative temperature" 400 "$(b '{"prompt": "x", "temperature": -1}')"
+    bad_req "temperature 1e999" 400 "$(b '{"prompt": "x", "temperature": 1e999}')"
+    bad_req "top_p 2" 400 "$(b '{"prompt": "x", "top_p": 2}')"
+    bad_req "top_k a float" 400 "$(b '{"prompt": "x", "top_k": 1.5}')"
+    bad_req "negative seed" 400 "$(b '{"prompt": "x", "seed": -3}')"
+    bad_req "huge max_tokens" 400 "$(b '{"prompt": "x", "max_tokens": 1000000000000}')"
+    bad_req "ids outside the vocabulary" 400 "$(b '{"prompt": [1, 99999]}')"
+    bad_req "negative id" 400 "$(b '{"prompt": [1, -1]}')"
+    bad_req "empty id list" 400 "$(b '{"prompt": []}')"
+    bad_req "stop of the wrong type" 400 "$(b '{"prompt": "x", "stop": [1]}')"
+    bad_req "n = 2 (not yet)" 400 "$(b '{"prompt": "x", "n": 2}')"
+    bad_req "stream not a boolean" 400 "$(b '{"prompt": "x", "stream": "yes"}')"
+    printf '{"prompt": "\xff\xfe abc"}' >"$tmp/nonutf8"
+    bad_req "non-UTF-8 bytes" 400 "$tmp/nonutf8"
+    bad_req "duplicate keys" 400 "$(b '{"prompt": "x", "prompt": "y"}')"
+    head -c 2000000 /dev/zero | tr '\0' ' ' >"$tmp/big"
+    bad_req "oversize body" 413 "$tmp/big"
+    bad_req "unknown model" 404 "$(b '{"prompt": "x", "model": "gpt-9"}')"
+    bad_req "unknown path" 404 "$(b '{}')" /v1/nothing
+    bad_req "chat (no templates yet)" 501 "$(b '{"messages": []}')" /v1/chat/completions
+    st=$(postj /v1/completions '{"prompt": "Once", "max_tokens": 2, "whatever": 1}' "$tmp/unk.json")
+    detail="$st $(head -c 200 "$tmp/unk.json"); $(grep -c whatever "$tmp/l2c.err")"
+    logged=no
+    grep -q "unknown request field 'whatever'" "$tmp/l2c.err" && logged=yes
+    check "l2c: an unknown field is ignored with a log line" [ "$st" = 200 -a $logged = yes ]
+    detail="$(metric 'mstar_requests_total{outcome="error"}')"
+    check "l2c: /metrics counts the failed requests" [ "${detail:-0}" -ge 20 ]
+    # the official openai client (tests/serve_openai.py; scripts/install-deps.sh installs it)
+    "${PYTHON:-python3}" tests/serve_openai.py "$url/v1" "$text_greedy" >"$tmp/openai.out" 2>&1
+    rc=$?
+    if [ $rc -eq 77 ]; then
+        echo "skip openai client tests: $(head -n 1 "$tmp/openai.out")"
+    else
+        passed=$((passed + $(grep -c '^ok ' "$tmp/openai.out")))
+        failed=$((failed + $(grep -c '^FAIL ' "$tmp/openai.out")))
+        cat "$tmp/openai.out"
+        if [ $rc -ne 0 ] && ! grep -q '^FAIL ' "$tmp/openai.out"; then
+            bad "openai client tests" "exit $rc" "$(tail -c 600 "$tmp/openai.out")"
+        fi
+    fi
+    stop l2c TERM
+fi
+
+# ---- hf/llama_gqa: no tokenizer, ids in and out; an API key ----
+if start gqa --model "$gqa" --api-key sekrit --max-seqs 4; then
+    want=$("$bin" generate --model "$gqa" --prompt-ids 1,79,64 --max-new-tokens 8 --temperature 0 2>/dev/null)
+    st=$(curl -s -m 30 -o "$tmp/g.json" -w '%{http_code}' -H 'Authorization: Bearer sekrit' -d '{"prompt": [1, 79, 64], "max_tokens": 8, "temperature": 0}' "$url/v1/completions")
+    detail="status $st want '$want' got $(head -c 300 "$tmp/g.json")"
+    check "gqa: token ids equal generate's ids" [ "$st" = 200 -a "$(jq -r '.choices[0].token_ids | map(tostring) | join(" ")' "$tmp/g.json")" = "$want" ]
+    curl -s -N -m 30 -H 'Authorization: Bearer sekrit' -d '{"prompt": [1, 79, 64], "max_tokens": 8, "temperature": 0, "stream": true}' "$url/v1/completions" >"$tmp/gsse"
+    detail="$(head -c 400 "$tmp/gsse")"
+    check "gqa: a stream's token_ids reassemble" [ "$(sed -n 's/^data: {/{/p' "$tmp/gsse" | jq -s -r '[.[].choices[].token_ids[]] | map(tostring) | join(" ")')" = "$want" ]
+    st=$(curl -s -m 10 -o "$tmp/g401" -w '%{http_code}' -d '{"prompt": [1]}' "$url/v1/completions")
+    detail="$st $(head -c 200 "$tmp/g401")"
+    check "gqa: no API key -> 401 with an error body" [ "$st" = 401 -a "$(jq -r .error.type "$tmp/g401")" = authentication_error ]
+    st=$(curl -s -m 10 -o "$tmp/g401" -w '%{http_code}' -H 'Authorization: Bearer nope' "$url/v1/models")
+    check "gqa: a wrong API key -> 401" [ "$st" = 401 ]
+    st=$(curl -s -m 10 -o "$tmp/gtext" -w '%{http_code}' -H 'Authorization: Bearer sekrit' -d '{"prompt": "hello"}' "$url/v1/completions")
+    detail="$st $(head -c 200 "$tmp/gtext")"
+    check "gqa: a text prompt without a tokenizer -> 400" [ "$st" = 400 ]
+    check "gqa: /health needs no key" healthy
+    stop gqa TERM
+fi
+
+# ---- a client that disconnects mid-stream is freed; SIGINT ----
+if MS_SERVE_STEP_DELAY_MS=20 start slow --model "$l2c" --tokenizer "$tok"; then
+    pages0=$(metric mstar_kv_pages_free)
+    curl -s -N -m 0.6 -d '{"prompt": "Once upon a time", "max_tokens": 100, "stream": true, "ignore_eos": true}' "$url/v1/completions" >"$tmp/cut" 2>/dev/null
+    for _ in $(seq 100); do [ "$(metric mstar_requests_running)" = 0 ] && break; sleep 0.1; done
+    detail="running $(metric mstar_requests_running) aborted $(metric 'mstar_requests_total{outcome="aborted"}') pages $(metric mstar_kv_pages_free)/$pages0 got $(grep -c '^data' "$tmp/cut") chunks"
+    check "slow: a client gone mid-stream is aborted and its pages freed" \
+        [ "$(metric mstar_requests_running)" = 0 -a "$(metric 'mstar_requests_total{outcome="aborted"}')" = 1 -a "$(metric mstar_kv_pages_free)" = "$pages0" ]
+    check "slow: the abort is logged" grep -q "went away" "$tmp/slow.err"
+    # SIGINT while a request runs: the request ends, the server exits 0
+    curl -s -N -m 20 -d '{"prompt": "Once upon a time", "max_tokens": 100, "stream": true, "ignore_eos": true}' "$url/v1/completions" >"$tmp/int" 2>/dev/null &
+    cpid=$!
+    sleep 0.5
+    stop slow INT
+    wait $cpid
+    detail="$(tail -c 300 "$tmp/int")"
+    check "slow: the stream in flight at SIGINT ends with [DONE]" grep -q '^data: \[DONE\]' "$tmp/int"
+fi
+
+echo "serve.sh: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
