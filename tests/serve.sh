@@ -251,6 +251,30 @@ if start gqa --model "$gqa" --api-key sekrit --max-seqs 4; then
     stop gqa TERM
 fi
 
+# ---- a tokenizer.json (Llama 3.1's) on a tiny random checkpoint of its vocabulary ----
+# random ids decode to any bytes: characters split across tokens must reach the client whole
+"$build/mstar-mkckpt" --preset tiny --vocab 128256 --seed 7 --out "$tmp/l3" >/dev/null ||
+    bad "hf: mstar-mkckpt writes the checkpoint"
+mkdir -p "$tmp/l3t"
+for f in config.json generation_config.json model.safetensors; do [ -e "$tmp/l3/$f" ] && ln -s "$tmp/l3/$f" "$tmp/l3t/$f"; done
+ln -s "$(realpath "$fx/tokenizers/llama3_1")/tokenizer.json" "$tmp/l3t/tokenizer.json"
+ln -s "$(realpath "$fx/tokenizers/llama3_1")/tokenizer_config.json" "$tmp/l3t/tokenizer_config.json"
+if start hf --model "$tmp/l3t" --max-seqs 2; then
+    "$bin" generate --model "$tmp/l3t" --prompt "Héllo wörld, 日本語" --temperature 0 --ignore-eos \
+        --max-new-tokens 48 --no-display-prompt >"$tmp/hwant" 2>/dev/null
+    jq -n '{prompt: "Héllo wörld, 日本語", max_tokens: 48, temperature: 0, ignore_eos: true}' >"$tmp/body"
+    st=$(post /v1/completions "$tmp/body" "$tmp/h.json")
+    { jq -j '.choices[0].text' "$tmp/h.json"; echo; } >"$tmp/hgot"
+    detail="status $st want $(head -c 200 "$tmp/hwant" | od -c | head -3) got $(head -c 300 "$tmp/h.json")"
+    check "hf: completion equals generate's text (tokenizer.json)" cmp -s "$tmp/hwant" "$tmp/hgot"
+    jq -c '. + {stream: true}' "$tmp/body" >"$tmp/body2"
+    curl -s -N -m 30 --data-binary @"$tmp/body2" "$url/v1/completions" >"$tmp/hsse"
+    { sse_text "$tmp/hsse"; echo; } >"$tmp/hsgot"
+    detail="$(head -c 400 "$tmp/hsse")"
+    check "hf: its stream reassembles to the same text, every chunk valid JSON" cmp -s "$tmp/hwant" "$tmp/hsgot"
+    stop hf TERM
+fi
+
 # ---- a client that disconnects mid-stream is freed; SIGINT ----
 if MS_SERVE_STEP_DELAY_MS=20 start slow --model "$l2c" --tokenizer "$tok"; then
     pages0=$(metric mstar_kv_pages_free)
