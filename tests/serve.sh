@@ -284,6 +284,12 @@ if MS_SERVE_STEP_DELAY_MS=20 start slow --model "$l2c" --tokenizer "$tok"; then
     check "slow: a client gone mid-stream is aborted and its pages freed" \
         [ "$(metric mstar_requests_running)" = 0 -a "$(metric 'mstar_requests_total{outcome="aborted"}')" = 1 -a "$(metric mstar_kv_pages_free)" = "$pages0" ]
     check "slow: the abort is logged" grep -q "went away" "$tmp/slow.err"
+    # a client that leaves while waiting for a whole (not streamed) reply: aborted too
+    curl -s -m 0.6 -d '{"prompt": "Once upon a time", "max_tokens": 100, "ignore_eos": true}' "$url/v1/completions" >/dev/null 2>&1
+    for _ in $(seq 100); do [ "$(metric mstar_requests_running)" = 0 ] && break; sleep 0.1; done
+    detail="running $(metric mstar_requests_running) aborted $(metric 'mstar_requests_total{outcome="aborted"}') pages $(metric mstar_kv_pages_free)/$pages0"
+    check "slow: a client gone before its reply is aborted and its pages freed" \
+        [ "$(metric mstar_requests_running)" = 0 -a "$(metric 'mstar_requests_total{outcome="aborted"}')" = 2 -a "$(metric mstar_kv_pages_free)" = "$pages0" ]
     # SIGINT while a request runs: the request ends, the server exits 0
     curl -s -N -m 20 -d '{"prompt": "Once upon a time", "max_tokens": 100, "stream": true, "ignore_eos": true}' "$url/v1/completions" >"$tmp/int" 2>/dev/null &
     cpid=$!

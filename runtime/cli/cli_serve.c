@@ -32,6 +32,7 @@
 #include <jansson.h>
 #include <microhttpd.h>
 #include <netdb.h>
+#include <poll.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -867,6 +868,21 @@ static void sse_free(void *cls) {
     pthread_mutex_unlock(&s->mu);
 }
 
+/* Whether the client closed its end of the connection (it sends nothing more while it waits). */
+static bool client_gone(struct MHD_Connection *con) {
+    const union MHD_ConnectionInfo *ci =
+        MHD_get_connection_info(con, MHD_CONNECTION_INFO_CONNECTION_FD);
+    if (ci == NULL)
+        return false;
+    struct pollfd p = {.fd = ci->connect_fd, .events = POLLIN | POLLRDHUP};
+    if (poll(&p, 1, 0) <= 0)
+        return false;
+    if (p.revents & (POLLRDHUP | POLLHUP | POLLERR))
+        return true;
+    char c;
+    return (p.revents & POLLIN) && recv(ci->connect_fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
+}
+
 static enum MHD_Result handle_completion(srv *s, struct MHD_Connection *con, srv_conn *cc) {
     json_error_t jerr;
     json_t *root = json_loadb(cc->body != NULL ? cc->body : "", cc->n, JSON_REJECT_DUPLICATES,
@@ -906,9 +922,23 @@ static enum MHD_Result handle_completion(srv *s, struct MHD_Connection *con, srv
         j->sched_refs++;
     }
     pthread_cond_signal(&s->cv);
-    /* a stream starts once its first prompt runs; a plain reply waits for all of them */
-    while (j->fail_status == 0 && (j->stream ? j->n_admitted == 0 : j->n_done < j->n_ch))
-        pthread_cond_wait(&j->cv, &s->mu);
+    /* a stream starts once its first prompt runs; a plain reply waits for all of them, watching
+       the client's socket meanwhile: a client that hung up aborts its job */
+    while (j->fail_status == 0 && (j->stream ? j->n_admitted == 0 : j->n_done < j->n_ch)) {
+        struct timespec until;
+        clock_gettime(CLOCK_REALTIME, &until);
+        until.tv_nsec += 100 * 1000000L;
+        if (until.tv_nsec >= 1000000000L) {
+            until.tv_sec++;
+            until.tv_nsec -= 1000000000L;
+        }
+        if (pthread_cond_timedwait(&j->cv, &s->mu, &until) == ETIMEDOUT && client_gone(con)) {
+            srv_log(s, "%s: the client went away: aborting its request", j->id);
+            job_release_handler(j);
+            pthread_mutex_unlock(&s->mu);
+            return MHD_NO; /* close the connection */
+        }
+    }
     if (j->fail_status != 0) {
         unsigned st = j->fail_status;
         char msg[256];
