@@ -196,6 +196,7 @@ if start l2c --model "$l2c" --tokenizer "$tok" --max-seqs 8; then
     bad_req "ids outside the vocabulary" 400 "$(b '{"prompt": [1, 99999]}')"
     bad_req "negative id" 400 "$(b '{"prompt": [1, -1]}')"
     bad_req "empty id list" 400 "$(b '{"prompt": []}')"
+    bad_req "prompt over the context" 400 "$(b "{\"prompt\": [$(seq -s, 1 200)]}")"
     bad_req "stop of the wrong type" 400 "$(b '{"prompt": "x", "stop": [1]}')"
     bad_req "n = 2 (not yet)" 400 "$(b '{"prompt": "x", "n": 2}')"
     bad_req "stream not a boolean" 400 "$(b '{"prompt": "x", "stream": "yes"}')"
@@ -290,14 +291,37 @@ if MS_SERVE_STEP_DELAY_MS=20 start slow --model "$l2c" --tokenizer "$tok"; then
     detail="running $(metric mstar_requests_running) aborted $(metric 'mstar_requests_total{outcome="aborted"}') pages $(metric mstar_kv_pages_free)/$pages0"
     check "slow: a client gone before its reply is aborted and its pages freed" \
         [ "$(metric mstar_requests_running)" = 0 -a "$(metric 'mstar_requests_total{outcome="aborted"}')" = 2 -a "$(metric mstar_kv_pages_free)" = "$pages0" ]
-    # SIGINT while a request runs: the request ends, the server exits 0
+    stop slow TERM
+fi
+
+# ---- a full queue: 503 (one running, one queued, the third refused) ----
+if MS_SERVE_STEP_DELAY_MS=20 start queue --model "$l2c" --tokenizer "$tok" --max-seqs 1 --max-queue 1; then
+    body='{"prompt": "Once upon a time", "max_tokens": 100, "ignore_eos": true}'
+    curl -s -m 1.5 -d "$body" "$url/v1/completions" >/dev/null 2>&1 &
+    a=$!
+    for _ in $(seq 50); do [ "$(metric mstar_requests_running)" = 1 ] && break; sleep 0.05; done
+    curl -s -m 1.5 -d "$body" "$url/v1/completions" >/dev/null 2>&1 &
+    b=$!
+    for _ in $(seq 50); do [ "$(metric mstar_queue_depth)" = 1 ] && break; sleep 0.05; done
+    st=$(postj /v1/completions "$body" "$tmp/q.json")
+    detail="status $st $(head -c 300 "$tmp/q.json")"
+    check "queue: a request beyond --max-queue -> 503 with an error body" [ "$st" = 503 -a "$(jq -r .error.type "$tmp/q.json")" = server_error ]
+    wait $a $b
+    for _ in $(seq 100); do [ "$(metric mstar_requests_running)" = 0 -a "$(metric mstar_queue_depth)" = 0 ] && break; sleep 0.1; done
+    detail="running $(metric mstar_requests_running) queued $(metric mstar_queue_depth)"
+    check "queue: the running and the queued client, gone, are both dropped" [ "$(metric mstar_requests_running)" = 0 -a "$(metric mstar_queue_depth)" = 0 -a "$(metric 'mstar_requests_total{outcome="aborted"}')" = 2 ]
+    stop queue TERM
+fi
+
+# ---- SIGINT while a request runs: the request ends, the server exits 0 ----
+if MS_SERVE_STEP_DELAY_MS=20 start sigint --model "$l2c" --tokenizer "$tok"; then
     curl -s -N -m 20 -d '{"prompt": "Once upon a time", "max_tokens": 100, "stream": true, "ignore_eos": true}' "$url/v1/completions" >"$tmp/int" 2>/dev/null &
     cpid=$!
     sleep 0.5
-    stop slow INT
+    stop sigint INT
     wait $cpid
     detail="$(tail -c 300 "$tmp/int")"
-    check "slow: the stream in flight at SIGINT ends with [DONE]" grep -q '^data: \[DONE\]' "$tmp/int"
+    check "sigint: the stream in flight at SIGINT ends with [DONE]" grep -q '^data: \[DONE\]' "$tmp/int"
 fi
 
 echo "serve.sh: $passed passed, $failed failed"

@@ -104,6 +104,7 @@ struct srv_job {
     size_t n_sse, cap_sse, sse_off;
     bool sse_end;
     bool counted;               /* its outcome counted in the metrics */
+    bool enqueued;              /* counted in srv.n_jobs */
 };
 
 typedef struct srv_opts {
@@ -126,6 +127,8 @@ struct srv {
     srv_choice **run;           /* [n_run] choices in the engine (capacity max_seqs) */
     int32_t n_run;
     bool stopping;
+    int32_t n_jobs;             /* jobs enqueued and not yet freed */
+    pthread_cond_t idle_cv;     /* n_jobs reached 0 */
     uint64_t next_id;
     /* metrics (under mu) */
     uint64_t n_success, n_error, n_aborted, prompt_tokens, gen_tokens;
@@ -152,9 +155,12 @@ static double now_s(void) {
 
 /* ---- jobs ---- */
 
+/* Free a job; one that was enqueued is freed under mu. */
 static void job_free(srv_job *j) {
     if (j == NULL)
         return;
+    if (j->enqueued && --j->s->n_jobs == 0)
+        pthread_cond_broadcast(&j->s->idle_cv);
     for (int32_t i = 0; i < j->n_ch; i++) {
         ms_free(j->ch[i].prompt);
         ms_free(j->ch[i].text);
@@ -700,7 +706,7 @@ static bool parse_completion(srv *s, json_t *root, srv_job **out, srv_err *e) {
     j->s = s;
     *out = j;
     static const char *const known[] = {
-        "model", "prompt", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop",
+        "model", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop",
         "ignore_eos", "stream", "stream_options", "n", "user", "logprobs", "echo", "best_of",
         "presence_penalty", "frequency_penalty", "suffix", "logit_bias"};
     const char *key;
@@ -759,7 +765,10 @@ static bool parse_completion(srv *s, json_t *root, srv_job **out, srv_err *e) {
     if (ms_sampler_check_params(&j->sampling, &merr) != MS_OK)
         return perr(e, 400, NULL, "bad sampling settings: %s", merr.msg);
     j->max_tokens = SRV_DEFAULT_MAX_TOKENS;
-    if ((v = json_object_get(root, "max_tokens")) != NULL && !json_is_null(v)) {
+    v = json_object_get(root, "max_tokens");
+    if (v == NULL || json_is_null(v))
+        v = json_object_get(root, "max_completion_tokens"); /* the newer name */
+    if (v != NULL && !json_is_null(v)) {
         if (!json_is_integer(v))
             return perr(e, 400, "max_tokens", "'max_tokens' must be an integer");
         json_int_t m = json_integer_value(v);
@@ -910,6 +919,8 @@ static enum MHD_Result handle_completion(srv *s, struct MHD_Connection *con, srv
                                       (int)s->o.max_queue);
     }
     snprintf(j->id, sizeof j->id, "cmpl-%llu", (unsigned long long)++s->next_id);
+    j->enqueued = true;
+    s->n_jobs++;
     j->created = (long long)time(NULL);
     for (int32_t i = 0; i < j->n_ch; i++) {
         srv_choice *c = &j->ch[i];
@@ -1300,6 +1311,7 @@ int ms_cli_serve(int argc, char **argv, const ms_model_desc *desc, const char *p
     s.kv_total = s.kv_free = ms_engine_kv_pages_free(s.eng);
     pthread_mutex_init(&s.mu, NULL);
     pthread_cond_init(&s.cv, NULL);
+    pthread_cond_init(&s.idle_cv, NULL);
     mu_ready = true;
 
     /* SIGINT / SIGTERM are taken by sigwait below: block them in every thread started here */
@@ -1361,7 +1373,15 @@ int ms_cli_serve(int argc, char **argv, const ms_model_desc *desc, const char *p
     pthread_mutex_unlock(&s.mu);
     pthread_join(sched, NULL);
     sched_started = false;
-    /* every job is finished or failed now: the connection threads end */
+    /* every job is finished or failed now: give the streams up to 2 s to send their last chunks
+       (an error event and [DONE]), then close every connection */
+    struct timespec until;
+    clock_gettime(CLOCK_REALTIME, &until);
+    until.tv_sec += 2;
+    pthread_mutex_lock(&s.mu);
+    while (s.n_jobs > 0 && pthread_cond_timedwait(&s.idle_cv, &s.mu, &until) != ETIMEDOUT) {
+    }
+    pthread_mutex_unlock(&s.mu);
     MHD_stop_daemon(d);
     d = NULL;
     pthread_sigmask(SIG_SETMASK, &old, NULL);
@@ -1383,6 +1403,7 @@ done:
         MHD_stop_daemon(d);
     if (mu_ready) {
         pthread_cond_destroy(&s.cv);
+        pthread_cond_destroy(&s.idle_cv);
         pthread_mutex_destroy(&s.mu);
     }
     ms_engine_free(s.eng);
