@@ -160,6 +160,9 @@ if start l2c --model "$l2c" --tokenizer "$tok" --max-seqs 8; then
     detail="running $(metric mstar_requests_running), queue $(metric mstar_queue_depth), pages $(metric mstar_kv_pages_free) of $pages0"
     check "l2c: afterwards 0 running, 0 queued, every KV page free" \
         [ "$(metric mstar_requests_running)" = 0 -a "$(metric mstar_queue_depth)" = 0 -a "$(metric mstar_kv_pages_free)" = "$pages0" ]
+    detail="ttft count $(metric mstar_time_to_first_token_seconds_count), itl count $(metric mstar_inter_token_latency_seconds_count)"
+    check "l2c: /metrics has TTFT and inter-token histograms" \
+        [ "$(metric mstar_time_to_first_token_seconds_count)" -ge 16 -a "$(metric mstar_inter_token_latency_seconds_count)" -ge 16 -a "$(metric 'mstar_time_to_first_token_seconds_bucket{le="+Inf"}')" = "$(metric mstar_time_to_first_token_seconds_count)" ]
     # the same seed gives the same text alone as it did in the batch
     st=$(post /v1/completions "$tmp/c1.body" "$tmp/c1.again")
     detail="$(head -c 200 "$tmp/c1.out") vs $(head -c 200 "$tmp/c1.again")"

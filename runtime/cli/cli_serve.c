@@ -58,6 +58,25 @@
 typedef struct srv srv;
 typedef struct srv_job srv_job;
 
+/* A Prometheus histogram of seconds over fixed buckets. */
+static const double srv_buckets[] = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                     0.25,  0.5,    1.0,   2.5,  5.0,   10.0};
+#define SRV_N_BUCKETS ((int)MS_ARRAY_LEN(srv_buckets))
+typedef struct srv_hist {
+    uint64_t n[SRV_N_BUCKETS + 1]; /* per bucket (not cumulative); the last: above them all */
+    uint64_t count;
+    double sum;                    /* seconds */
+} srv_hist;
+
+static void hist_observe(srv_hist *h, double secs) {
+    int b = 0;
+    while (b < SRV_N_BUCKETS && secs > srv_buckets[b])
+        b++;
+    h->n[b]++;
+    h->count++;
+    h->sum += secs;
+}
+
 typedef enum srv_state { CH_QUEUED = 0, CH_RUNNING, CH_DONE } srv_state;
 
 /* One prompt of a job: one engine request. */
@@ -78,6 +97,7 @@ typedef struct srv_choice {
     int32_t *ids_new;           /* no tokenizer: ids not streamed yet; [n_ids_new] */
     size_t n_ids_new, cap_ids_new;
     const char *finish;         /* "length" / "stop" / "error" once done */
+    double t_last;              /* when its last token came (monotonic seconds) */
     struct srv_choice *next_q;  /* FIFO link */
 } srv_choice;
 
@@ -93,6 +113,7 @@ struct srv_job {
     bool stream, include_usage;
     char id[40];
     long long created;
+    double t_arrival;           /* monotonic seconds */
     pthread_cond_t cv;          /* admission, finished choices, stream bytes */
     int32_t n_admitted, n_done;
     unsigned fail_status;       /* != 0: failed (HTTP status) */
@@ -133,6 +154,7 @@ struct srv {
     /* metrics (under mu) */
     uint64_t n_success, n_error, n_aborted, prompt_tokens, gen_tokens;
     int32_t kv_free, kv_total;  /* published by the scheduler */
+    srv_hist ttft, itl;         /* time to first token (from arrival), between tokens */
 };
 
 static void srv_log(const srv *s, const char *fmt, ...) MS_PRINTF(2, 3);
@@ -376,6 +398,14 @@ static bool choice_harvest(srv *s, srv_choice *c) {
         return true;
     }
     bool stopped = false;
+    if (n > c->n_seen) {
+        double t = now_s();
+        if (c->n_seen == 0)
+            hist_observe(&s->ttft, t - j->t_arrival);
+        else
+            hist_observe(&s->itl, (t - c->t_last) / (double)(n - c->n_seen));
+        c->t_last = t;
+    }
     for (int32_t k = c->n_seen; k < n && !stopped; k++) {
         c->n_gen = k + 1;
         if (!s->has_tok) { /* ids out, the eos id included (as generate prints ids) */
@@ -922,6 +952,7 @@ static enum MHD_Result handle_completion(srv *s, struct MHD_Connection *con, srv
     j->enqueued = true;
     s->n_jobs++;
     j->created = (long long)time(NULL);
+    j->t_arrival = now_s();
     for (int32_t i = 0; i < j->n_ch; i++) {
         srv_choice *c = &j->ch[i];
         if (s->q_tail != NULL)
@@ -1034,6 +1065,35 @@ static enum MHD_Result handle_metrics(srv *s, struct MHD_Connection *con) {
         (unsigned long long)s->n_aborted, (unsigned long long)s->prompt_tokens,
         (unsigned long long)s->gen_tokens, (int)s->n_run, (int)s->n_queued, (int)s->kv_free,
         (int)(s->kv_total - s->kv_free));
+    const srv_hist *hs[2] = {&s->ttft, &s->itl};
+    static const char *const hname[2] = {"mstar_time_to_first_token_seconds",
+                                         "mstar_inter_token_latency_seconds"};
+    static const char *const hhelp[2] = {"From the request's arrival to its first token.",
+                                         "Between consecutive tokens of a request."};
+    for (int h = 0; h < 2 && t != NULL; h++) {
+        char *u = ms_asprintf("%s# HELP %s %s\n# TYPE %s histogram\n", t, hname[h], hhelp[h],
+                              hname[h]);
+        uint64_t cum = 0;
+        for (int b = 0; b <= SRV_N_BUCKETS && u != NULL; b++) {
+            cum += hs[h]->n[b];
+            char le[32];
+            if (b < SRV_N_BUCKETS)
+                snprintf(le, sizeof le, "%g", srv_buckets[b]);
+            else
+                snprintf(le, sizeof le, "+Inf");
+            char *w = ms_asprintf("%s%s_bucket{le=\"%s\"} %llu\n", u, hname[h], le,
+                                  (unsigned long long)cum);
+            ms_free(u);
+            u = w;
+        }
+        char *w = u == NULL ? NULL
+                            : ms_asprintf("%s%s_sum %.6f\n%s_count %llu\n", u, hname[h],
+                                          hs[h]->sum, hname[h],
+                                          (unsigned long long)hs[h]->count);
+        ms_free(u);
+        ms_free(t);
+        t = w;
+    }
     pthread_mutex_unlock(&s->mu);
     if (t == NULL)
         return MHD_NO;
