@@ -327,5 +327,5 @@ if MS_SERVE_STEP_DELAY_MS=20 start sigint --model "$l2c" --tokenizer "$tok"; the
     check "sigint: the stream in flight at SIGINT ends with [DONE]" grep -q '^data: \[DONE\]' "$tmp/int"
 fi
 
-echo "serve.sh: $passed passed, $failed failed"
+echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
