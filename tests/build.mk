@@ -133,3 +133,4 @@ fuzz: $(patsubst %,$(FUZZ_DIR)/fuzz_%,$(FUZZ_TARGETS))
 	$(Q)FUZZ_DIR=$(FUZZ_DIR) FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_JOBS=$(FUZZ_JOBS) MS_SUMMARY=$(MS_SUMMARY) bash tests/fuzz.sh $(FUZZ_TARGETS)
 fuzz-%:
 	$(Q)$(MAKE) --no-print-directory fuzz FUZZ_TARGETS=$*
+TESTS += tests/test_chat_template
