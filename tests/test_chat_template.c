@@ -135,6 +135,48 @@ static void test_goldens(void **state) {
     assert_true(n_ok >= 50);
 }
 
+/* tests/chat/goldens/snippets.json: small templates over cases.json's snippet_messages; a snippet
+ * jinja2 refused must fail here too (at load or render). */
+static void test_snippets(void **state) {
+    (void)state;
+    json_error_t je;
+    json_t *cases = json_load_file(CASES, 0, &je);
+    json_t *snips = json_load_file("tests/chat/goldens/snippets.json", 0, &je);
+    assert_non_null(cases);
+    assert_non_null(snips);
+    const json_t *msgs = json_object_get(cases, "snippet_messages");
+    size_t i;
+    json_t *c;
+    int bad = 0;
+    json_array_foreach(snips, i, c) {
+        const char *src = json_string_value(json_object_get(c, "template"));
+        const char *want = json_string_value(json_object_get(c, "output"));
+        ms_error err = {0};
+        ms_chat_template *t = NULL;
+        char *out = NULL;
+        ms_status st = ms_chat_template_init(&t, src, "snippet", &err);
+        if (st == MS_OK)
+            st = ms_chat_template_render(t, msgs, true, "<s>", "</s>", &out, &err);
+        if (want == NULL && st == MS_OK) {
+            fprintf(stderr, "snippet %zu: jinja2 fails (%s), we render \"%s\"\n  %s\n", i,
+                    json_string_value(json_object_get(c, "error")), out, src);
+            bad++;
+        } else if (want != NULL && st != MS_OK) {
+            fprintf(stderr, "snippet %zu: %s\n  %s\n", i, err.msg, src);
+            bad++;
+        } else if (want != NULL && strcmp(out, want) != 0) {
+            fprintf(stderr, "snippet %zu differs:\n  src:  %s\n  got:  \"%s\"\n  want: \"%s\"\n", i, src, out, want);
+            bad++;
+        }
+        ms_free(out);
+        ms_chat_template_free(t);
+    }
+    fprintf(stderr, "snippets: %zu, %d wrong\n", json_array_size(snips), bad);
+    json_decref(snips);
+    json_decref(cases);
+    assert_int_equal(bad, 0);
+}
+
 /* ---- helpers for the error cases ---- */
 
 /* Render `src` with messages = [{"role": "user", "content": "hi"}]; returns the status. */
@@ -190,6 +232,7 @@ static void test_load_errors(void **state) {
     expect_fail("{{ x", MS_ERR_PARSE, "unterminated '{{' tag");
     expect_fail("{{ 99999999999999999999 }}", MS_ERR_UNSUPPORTED, "beyond 64 bits");
     expect_fail("{{ x @ y }}", MS_ERR_PARSE, "unexpected character '@'");
+    expect_fail("{% set a, b = 1, 2 %}", MS_ERR_UNSUPPORTED, "t.jinja:1:9: unsupported: set with several targets");
     /* NULL text */
     ms_chat_template *t = (ms_chat_template *)1;
     ms_error err = {0};
@@ -396,6 +439,7 @@ static void test_load_config(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         ms_unit_test(test_goldens),
+        ms_unit_test(test_snippets),
         ms_unit_test(test_load_errors),
         ms_unit_test(test_render_errors),
         ms_unit_test(test_undefined_and_semantics),

@@ -103,7 +103,8 @@ typedef struct ct_val {
 struct ct_list {
     ct_val *v;
     size_t n, cap;
-    int depth;  /* 1 + the deepest element's depth */
+    int depth;   /* 1 + the deepest element's depth */
+    bool tuple;  /* a Python tuple: (a, b) literals, items() pairs; only repr and == differ */
 };
 
 struct ct_dict {
@@ -677,9 +678,11 @@ static node *parse_unary(parser *p, bool with_filter);
 /* Builtins: ORDER of these tables is the op index stored in the node. */
 static const char *const filters[] = {"trim", "tojson", "length", "count", "default", "d", "upper", "lower",
                                       "replace", "string", "first", "last", "join", "list", "int", "float",
-                                      "abs", "capitalize", "title", "safe", "items", "reverse"};
+                                      "abs", "capitalize", "title", "safe", "items", "reverse", "map", "select",
+                                      "reject", "selectattr", "rejectattr"};
 enum { F_TRIM, F_TOJSON, F_LENGTH, F_COUNT, F_DEFAULT, F_D, F_UPPER, F_LOWER, F_REPLACE, F_STRING, F_FIRST,
-       F_LAST, F_JOIN, F_LIST, F_INT, F_FLOAT, F_ABS, F_CAPITALIZE, F_TITLE, F_SAFE, F_ITEMS, F_REVERSE };
+       F_LAST, F_JOIN, F_LIST, F_INT, F_FLOAT, F_ABS, F_CAPITALIZE, F_TITLE, F_SAFE, F_ITEMS, F_REVERSE, F_MAP,
+       F_SELECT, F_REJECT, F_SELECTATTR, F_REJECTATTR };
 static const char *const tests[] = {"defined", "undefined", "none", "string", "number", "integer", "float",
                                     "boolean", "true", "false", "mapping", "iterable", "sequence", "odd",
                                     "even", "divisibleby", "eq", "equalto", "ne", "lower", "upper"};
@@ -821,6 +824,7 @@ static node *parse_primary(parser *p) {
                 goto fail_list;
         }
         p->pos++;
+        l->op = paren;  /* a tuple */
         if (paren && l->args.n == 1 && !comma) {
             node *e = l->args.v[0];
             ms_free(l->args.v);
@@ -1802,32 +1806,119 @@ static ct_val str_strip(ct_val s, int mode, const ct_val *chars) {
     return v_str(p + a, b - a);
 }
 
+/* Case mappings of Python's str for ASCII, Latin-1, Latin Extended-A, Greek and Cyrillic (other
+ * code points are left as they are; ß upper-cases to "SS", final sigma is not special-cased). */
+static uint32_t cp_upper(uint32_t c) {
+    if (c >= 'a' && c <= 'z')
+        return c - 32;
+    if (c < 0x80)
+        return c;
+    if (c >= 0xE0 && c <= 0xFE && c != 0xF7)
+        return c - 32;
+    if (c == 0xFF)
+        return 0x178;
+    if (c == 0xB5)
+        return 0x39C;
+    if (c >= 0x100 && c <= 0x17F) {
+        if ((c >= 0x139 && c <= 0x148) || (c >= 0x179 && c <= 0x17E))
+            return c % 2 == 0 ? c - 1 : c;
+        if (c == 0x131)
+            return 'I';
+        if (c == 0x17F)
+            return 'S';
+        if (c == 0x130 || c == 0x138 || c == 0x149 || c == 0x178)
+            return c;
+        return c % 2 == 1 ? c - 1 : c;
+    }
+    if (c >= 0x3B1 && c <= 0x3CB)
+        return c == 0x3C2 ? 0x3A3 : c - 32;
+    if (c == 0x3AC)
+        return 0x386;
+    if (c >= 0x3AD && c <= 0x3AF)
+        return c - 37;
+    if (c == 0x3CC)
+        return 0x38C;
+    if (c == 0x3CD || c == 0x3CE)
+        return c - 63;
+    if (c >= 0x430 && c <= 0x44F)
+        return c - 32;
+    if (c >= 0x450 && c <= 0x45F)
+        return c - 80;
+    return c;
+}
+
+static uint32_t cp_lower(uint32_t c) {
+    if (c >= 'A' && c <= 'Z')
+        return c + 32;
+    if (c < 0x80)
+        return c;
+    if (c >= 0xC0 && c <= 0xDE && c != 0xD7)
+        return c + 32;
+    if (c == 0x178)
+        return 0xFF;
+    if (c >= 0x100 && c <= 0x17F) {
+        if ((c >= 0x139 && c <= 0x148) || (c >= 0x179 && c <= 0x17E))
+            return c % 2 == 1 ? c + 1 : c;
+        if (c == 0x130 || c == 0x131 || c == 0x138 || c == 0x149 || c == 0x17F)
+            return c;
+        return c % 2 == 0 ? c + 1 : c;
+    }
+    if (c >= 0x391 && c <= 0x3AB && c != 0x3A2)
+        return c + 32;
+    if (c == 0x386)
+        return 0x3AC;
+    if (c >= 0x388 && c <= 0x38A)
+        return c + 37;
+    if (c == 0x38C)
+        return 0x3CC;
+    if (c == 0x38E || c == 0x38F)
+        return c + 63;
+    if (c >= 0x410 && c <= 0x42F)
+        return c + 32;
+    if (c >= 0x400 && c <= 0x40F)
+        return c + 80;
+    return c;
+}
+
+static bool cp_cased(uint32_t c) { return c == 0xDF || cp_upper(c) != c || cp_lower(c) != c; }
+
+/* mode 0: str.upper, 1: str.lower, 2: str.capitalize, 3: str.title, 4: jinja2's title filter
+ * (words split at runs of - ( { [ < and white space; first character upper, the rest lower). */
 static ct_val str_case(render *r, const node *n, ct_val s, int mode) {
-    char *o = ralloc(r, n, s.u.s.n + 1);
+    char *o = ralloc(r, n, 2 * s.u.s.n + 1);
     if (o == NULL)
         return v_undef();
+    size_t w = 0;
     bool word_start = true;
-    for (size_t i = 0; i < s.u.s.n; i++) {
-        char c = s.u.s.p[i];
-        bool lower = c >= 'a' && c <= 'z', upper = c >= 'A' && c <= 'Z';
+    for (size_t i = 0; i < s.u.s.n;) {
+        size_t l = cp_len(s.u.s.p + i, s.u.s.n - i);
+        uint32_t c = cp_at(s.u.s.p + i, l);
+        bool valid = l > 1 || (unsigned char)s.u.s.p[i] < 0x80;
         bool up;
         if (mode == 0)
-            up = true;  /* upper */
+            up = true;
         else if (mode == 1)
-            up = false; /* lower */
+            up = false;
         else if (mode == 2)
-            up = i == 0; /* capitalize */
+            up = i == 0;
         else
-            up = word_start; /* title */
-        if (up && lower)
-            c = (char)(c - 32);
-        else if (!up && upper)
-            c = (char)(c + 32);
-        word_start = !(lower || upper || ((unsigned char)c & 0x80));
-        o[i] = c;
+            up = word_start;
+        if (mode == 3)
+            word_start = !cp_cased(c);
+        else if (mode == 4)
+            word_start = c == '-' || c == '(' || c == '{' || c == '[' || c == '<' || py_space(c);
+        if (!valid) {
+            o[w++] = s.u.s.p[i];
+        } else if (c == 0xDF && up) {
+            o[w++] = 'S';
+            o[w++] = mode == 0 || mode == 4 ? 'S' : 's';
+        } else {
+            put_utf8(o, &w, up ? cp_upper(c) : cp_lower(c));
+        }
+        i += l;
     }
-    o[s.u.s.n] = '\0';
-    return v_str(o, s.u.s.n);
+    o[w] = '\0';
+    return v_str(o, w);
 }
 
 static ct_val str_cat(render *r, const node *n, const char *a, size_t an, const char *b, size_t bn) {
@@ -2111,12 +2202,14 @@ static bool write_val(render *r, const node *n, buf *b, ct_val v, int how) {
     case V_FLOAT: py_float(v.u.f, tmp, sizeof tmp, false); return buf_add(r, n, b, tmp, strlen(tmp));
     case V_STR: return how == W_REPR ? write_repr_str(r, n, b, v) : buf_add(r, n, b, v.u.s.p, v.u.s.n);
     case V_LIST:
-        if (!buf_add(r, n, b, "[", 1))
+        if (!buf_add(r, n, b, v.u.l->tuple ? "(" : "[", 1))
             return false;
         for (size_t i = 0; i < v.u.l->n; i++)
             if ((i > 0 && !buf_add(r, n, b, ", ", 2)) || !write_val(r, n, b, v.u.l->v[i], W_REPR))
                 return false;
-        return buf_add(r, n, b, "]", 1);
+        if (v.u.l->tuple && v.u.l->n == 1 && !buf_add(r, n, b, ",", 1))
+            return false;
+        return buf_add(r, n, b, v.u.l->tuple ? ")" : "]", 1);
     case V_DICT:
         if (v.u.d->ns)
             return buf_add(r, n, b, "<Namespace>", 11);
@@ -2176,7 +2269,7 @@ static bool val_eq(ct_val a, ct_val b) {
     case V_UNDEF: case V_NONE: return true;
     case V_STR: return a.u.s.n == b.u.s.n && memcmp(a.u.s.p, b.u.s.p, a.u.s.n) == 0;
     case V_LIST:
-        if (a.u.l->n != b.u.l->n)
+        if (a.u.l->n != b.u.l->n || a.u.l->tuple != b.u.l->tuple)
             return false;
         for (size_t i = 0; i < a.u.l->n; i++)
             if (!val_eq(a.u.l->v[i], b.u.l->v[i]))
@@ -2538,6 +2631,19 @@ static bool arith(render *r, const node *n, int op, ct_val a, ct_val b, ct_val *
         *out = v_str(o, total);
         return true;
     }
+    if (op == OP_MUL && ((a.k == V_LIST && (b.k == V_INT || b.k == V_BOOL)) || (b.k == V_LIST && (a.k == V_INT || a.k == V_BOOL)))) {
+        const ct_list *src = a.k == V_LIST ? a.u.l : b.u.l;
+        int64_t k = num_i(a.k == V_LIST ? b : a);
+        ct_list *l = new_list(r, n, 0);
+        if (l == NULL)
+            return false;
+        for (int64_t i = 0; i < k; i++)
+            for (size_t j = 0; j < src->n; j++)
+                if (!list_push(r, n, l, src->v[j]) || !step(r, n))
+                    return false;
+        *out = (ct_val){.k = V_LIST, .u.l = l};
+        return true;
+    }
     if (!is_num(a) || !is_num(b)) {
         static const char *const names[] = {"+", "-", "*", "/", "//", "%", "**"};
         return rerr(r, MS_ERR_FORMAT, n, "unsupported operand types for %s: %s and %s", names[op], type_name(a), type_name(b));
@@ -2754,6 +2860,8 @@ static bool items_list(render *r, const node *n, ct_val d, ct_val *out) {
         return false;
     for (size_t i = 0; i < d.u.d->n; i++) {
         ct_list *pair = new_list(r, n, 2);
+        if (pair != NULL)
+            pair->tuple = true;
         if (pair == NULL || !list_push(r, n, pair, d.u.d->keys[i]) || !list_push(r, n, pair, d.u.d->vals[i]) ||
             !list_push(r, n, l, (ct_val){.k = V_LIST, .u.l = pair}))
             return false;
@@ -2799,7 +2907,7 @@ static bool eval_method(render *r, const node *n, ct_val *out) {
         return true;
     }
     case M_STARTSWITH: case M_ENDSWITH: {
-        bool res;
+        bool res = false;
         if (!starts_ends(r, n, obj, a0, m == M_ENDSWITH, &res))
             return false;
         *out = v_bool(res);
@@ -2858,6 +2966,9 @@ static bool eval_method(render *r, const node *n, ct_val *out) {
     }
     return r->st == MS_OK;
 }
+
+static bool filter_select(render *r, const node *n, ct_val seq, const ct_val *attr, const ct_val *tname, ct_val targ,
+                          bool keep, ct_val *out);
 
 static bool eval_filter(render *r, const node *n, ct_val *out) {
     ct_val v;
@@ -2929,7 +3040,7 @@ static bool eval_filter(render *r, const node *n, ct_val *out) {
         ct_val s;
         if (!to_str(r, n, v, &s))
             return false;
-        *out = str_case(r, n, s, f == F_UPPER ? 0 : f == F_LOWER ? 1 : f == F_CAPITALIZE ? 2 : 3);
+        *out = str_case(r, n, s, f == F_UPPER ? 0 : f == F_LOWER ? 1 : f == F_CAPITALIZE ? 2 : 4);
         return r->st == MS_OK;
     }
     case F_REPLACE: {
@@ -3028,21 +3139,68 @@ static bool eval_filter(render *r, const node *n, ct_val *out) {
         return true;
     case F_ITEMS:
         return items_list(r, n, v, out);
+    case F_SELECT: case F_REJECT:
+        return filter_select(r, n, v, NULL, p0 ? &a0 : NULL, a1, f == F_SELECT, out);
+    case F_SELECTATTR: case F_REJECTATTR:
+        if (!p0 || a0.k != V_STR)
+            return rerr(r, MS_ERR_FORMAT, n, "%s needs an attribute name", filters[f]);
+        return filter_select(r, n, v, &a0, p1 ? &a1 : NULL, a2, f == F_SELECTATTR, out);
+    case F_MAP: {
+        /* map(attribute='x'[, default=...]) or map('filter') for a filter without arguments */
+        const node *an = arg_node(n, 99, "attribute"), *dn = arg_node(n, 99, "default");
+        ct_val attr = v_undef(), dflt = v_undef();
+        if ((an != NULL && !eval(r, an, &attr)) || (dn != NULL && !eval(r, dn, &dflt)))
+            return false;
+        int mf = -1;
+        if (an == NULL) {
+            if (!p0 || a0.k != V_STR)
+                return rerr(r, MS_ERR_FORMAT, n, "map needs attribute= or a filter name");
+            static const char *const ok[] = {"trim", "upper", "lower", "string", "length", "count", "int", "float",
+                                             "tojson", "first", "last", "capitalize", "title", "list", "abs", "safe"};
+            if (lookup(ok, MS_ARRAY_LEN(ok), a0.u.s.p, a0.u.s.n) < 0)
+                return rerr(r, MS_ERR_UNSUPPORTED, n, "map: unsupported filter '%.*s'", (int)MS_MIN(a0.u.s.n, (size_t)64), a0.u.s.p);
+            mf = lookup(filters, MS_ARRAY_LEN(filters), a0.u.s.p, a0.u.s.n);
+        } else if (attr.k != V_STR) {
+            return rerr(r, MS_ERR_FORMAT, n, "map: attribute must be a string");
+        }
+        ct_list *items;
+        if (!iterate(r, n, v, &items))
+            return false;
+        ct_list *l = new_list(r, n, items->n);
+        if (l == NULL)
+            return false;
+        for (size_t i = 0; i < items->n; i++) {
+            ct_val x = items->v[i];
+            if (mf < 0) {
+                if (!get_attr(r, n, x, attr.u.s.p, attr.u.s.n, &x))
+                    return false;
+                if (x.k == V_UNDEF && dn != NULL)
+                    x = dflt;
+            } else {
+                node fake = *n;
+                node lit = {.k = E_LIT, .lit = x, .off = n->off};
+                fake.a = &lit;
+                fake.op = mf;
+                fake.args.n = 0;
+                fake.kw = NULL;
+                if (!eval_filter(r, &fake, &x))
+                    return false;
+            }
+            if (!list_push(r, n, l, x) || !step(r, n))
+                return false;
+        }
+        *out = (ct_val){.k = V_LIST, .u.l = l};
+        return true;
+    }
     default:
         return rerr(r, MS_ERR_INTERNAL, n, "filter not implemented");
     }
 }
 
-static bool eval_test(render *r, const node *n, ct_val *out) {
-    ct_val v;
-    if (!eval(r, n->a, &v))
-        return false;
-    ct_val a0;
-    bool p0;
-    if (!eval_arg(r, n, 0, NULL, &a0, &p0))
-        return false;
+/* Test number `op` (tests[]) on v with argument a0: *res. */
+static bool apply_test(render *r, const node *n, int op, ct_val v, ct_val a0, bool *resp) {
     bool res = false;
-    switch (n->op) {
+    switch (op) {
     case X_DEFINED: res = v.k != V_UNDEF; break;
     case X_UNDEFINED: res = v.k == V_UNDEF; break;
     case X_NONE: res = v.k == V_NONE; break;
@@ -3058,8 +3216,8 @@ static bool eval_test(render *r, const node *n, ct_val *out) {
     case X_SEQUENCE: res = v.k == V_LIST || v.k == V_STR || (v.k == V_DICT && !v.u.d->ns); break;
     case X_ODD: case X_EVEN:
         if (v.k != V_INT && v.k != V_BOOL)
-            return rerr(r, MS_ERR_FORMAT, n, "%s of a %s", tests[n->op], type_name(v));
-        res = (num_i(v) % 2 != 0) == (n->op == X_ODD);
+            return rerr(r, MS_ERR_FORMAT, n, "%s of a %s", tests[op], type_name(v));
+        res = (num_i(v) % 2 != 0) == (op == X_ODD);
         break;
     case X_DIVISIBLEBY:
         if ((v.k != V_INT && v.k != V_BOOL) || (a0.k != V_INT && a0.k != V_BOOL))
@@ -3074,7 +3232,7 @@ static bool eval_test(render *r, const node *n, ct_val *out) {
         ct_val s;
         if (!to_str(r, n, v, &s))
             return false;
-        ct_val c = str_case(r, n, s, n->op == X_UPPER ? 0 : 1);
+        ct_val c = str_case(r, n, s, op == X_UPPER ? 0 : 1);
         if (r->st != MS_OK)
             return false;
         bool cased = false;
@@ -3086,7 +3244,52 @@ static bool eval_test(render *r, const node *n, ct_val *out) {
     }
     default: return rerr(r, MS_ERR_INTERNAL, n, "test not implemented");
     }
+    *resp = res;
+    return true;
+}
+
+static bool eval_test(render *r, const node *n, ct_val *out) {
+    ct_val v, a0;
+    bool p0, res = false;
+    if (!eval(r, n->a, &v) || !eval_arg(r, n, 0, NULL, &a0, &p0) || !apply_test(r, n, n->op, v, a0, &res))
+        return false;
     *out = v_bool(res != n->negate);
+    return true;
+}
+
+/* select / reject (attr == NULL) and selectattr / rejectattr: items passing test `tname`
+ * (truthiness when absent) with argument targ. */
+static bool filter_select(render *r, const node *n, ct_val seq, const ct_val *attr, const ct_val *tname, ct_val targ,
+                          bool keep, ct_val *out) {
+    ct_list *items;
+    if (!iterate(r, n, seq, &items))
+        return false;
+    int op = -1;
+    if (tname != NULL) {
+        if (tname->k != V_STR)
+            return rerr(r, MS_ERR_FORMAT, n, "the test name must be a string");
+        static const char *const aliases[] = {"==", "!=", "equalto"};
+        int al = lookup(aliases, 3, tname->u.s.p, tname->u.s.n);
+        op = al == 0 || al == 2 ? X_EQ : al == 1 ? X_NE : lookup(tests, MS_ARRAY_LEN(tests), tname->u.s.p, tname->u.s.n);
+        if (op < 0)
+            return rerr(r, MS_ERR_UNSUPPORTED, n, "unsupported test '%.*s'", (int)MS_MIN(tname->u.s.n, (size_t)64), tname->u.s.p);
+    }
+    ct_list *l = new_list(r, n, 0);
+    if (l == NULL)
+        return false;
+    for (size_t i = 0; i < items->n; i++) {
+        ct_val v = items->v[i];
+        if (attr != NULL && !get_attr(r, n, v, attr->u.s.p, attr->u.s.n, &v))
+            return false;
+        bool res = truthy(v);
+        if (op >= 0 && !apply_test(r, n, op, v, targ, &res))
+            return false;
+        if (res == keep && !list_push(r, n, l, items->v[i]))
+            return false;
+        if (!step(r, n))
+            return false;
+    }
+    *out = (ct_val){.k = V_LIST, .u.l = l};
     return true;
 }
 
@@ -3278,7 +3481,7 @@ static bool eval(render *r, const node *n, ct_val *out) {
             return true;
         }
         if (n->op == OP_IN || n->op == OP_NOTIN) {
-            bool res;
+            bool res = false;
             if (!contains(r, n, b, a, &res))
                 return false;
             *out = v_bool(res == (n->op == OP_IN));
@@ -3298,6 +3501,7 @@ static bool eval(render *r, const node *n, ct_val *out) {
         ct_list *l = new_list(r, n, n->args.n);
         if (l == NULL)
             return false;
+        l->tuple = n->op != 0;
         for (size_t i = 0; i < n->args.n; i++) {
             ct_val v;
             if (!eval(r, n->args.v[i], &v) || !list_push(r, n, l, v))

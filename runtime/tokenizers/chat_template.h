@@ -18,16 +18,21 @@
  *     `x if c else y`, and/or/not, == != < > <= >=, in / not in, + - * / // % ** ~, unary - +;
  *   - globals: raise_exception(msg), namespace(k=v, ...), range(...), strftime_now(fmt);
  *   - filters: trim, tojson(indent=), length / count, default / d, upper, lower, replace, string,
- *     first, last, join, list, int, float, abs, capitalize, title, safe, items, reverse;
+ *     first, last, join, list, int, float, abs, capitalize, title, safe, items, reverse,
+ *     map(attribute=, default=) / map('<filter without arguments>'), select / reject and
+ *     selectattr / rejectattr (with a test name and argument, or truthiness);
  *   - tests: defined, undefined, none, string, number, integer, float, boolean, true, false,
  *     mapping, iterable, sequence, odd, even, divisibleby, eq / ne / equalto, lower, upper;
  *   - methods: str.strip / lstrip / rstrip / startswith / endswith / split / upper / lower /
  *     replace / title / capitalize / find / count / join, dict.get / items / keys / values.
- * Values: none, bool, int (64-bit; overflow is an error, not a big integer), float, string (UTF-8;
- * length, indexing and slicing count code points), list, dict (string keys, insertion order),
- * namespace, undefined (jinja2's default Undefined: prints as "", is false, iterates as empty;
- * an attribute of it, or arithmetic on it, is an error). upper / lower / title / capitalize change
- * ASCII letters only (Python changes every cased letter).
+ * Values: none, bool, int (64-bit; overflow is an error, not a big integer), float (printed as
+ * Python's repr), string (UTF-8; length, indexing and slicing count code points), list and tuple,
+ * dict (string keys, insertion order), namespace, undefined (jinja2's default Undefined: prints as
+ * "", is false, iterates as empty; an attribute of it, or arithmetic on it, is an error).
+ * upper / lower / title / capitalize map ASCII, Latin-1, Latin Extended-A, Greek and Cyrillic
+ * letters as Python does, other scripts are left as they are; strip / trim / split() use Python's
+ * white space. Not supported: macros, call blocks, include / import / extends, filter blocks,
+ * `{% set a, b = ... %}`, recursive loops, loop.cycle, the `is sameas` family of rare tests.
  *
  * Limits (errors, never crashes): 128 levels of nesting in expressions and 64 of blocks, 64 levels
  * of list/dict nesting in values, 10,000,000 evaluation steps and 512 MiB of memory per render.

@@ -6,7 +6,9 @@ Pinned: jinja2==3.1.6 (PyPI). Regenerate (from the project root):
     /tmp/chatvenv/bin/python tests/chat/gen_goldens.py
 It reads the templates (tests/chat/*.jinja and the shared fixtures' tokenizer_config.json files),
 the conversations of tests/chat/cases.json, and writes tests/chat/goldens/<template>.<case>.<gen|nogen>.txt:
-the exact rendered text, or, when the template raises, "ERROR: <message>\n" in a .err file.
+the exact rendered text, or, when the template raises, "ERROR: <message>\n" in a .err file; and
+tests/chat/goldens/snippets.json: each template of tests/chat/snippets.json rendered over cases.json's
+snippet_messages ({"template", "output"} or {"template", "error"}).
 The environment is the one transformers' apply_chat_template builds (transformers/utils/chat_template_utils.py):
 ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]), raise_exception
 and tojson (json.dumps with ensure_ascii=False) as it defines them.
@@ -75,7 +77,23 @@ def main():
                     with open(base + ".err", "w", encoding="utf-8", newline="") as f:
                         f.write(f"ERROR: {e}\n")
                 n += 1
-    print(f"jinja2 {jinja2.__version__}: {n} goldens in {os.path.relpath(out, root)}")
+    # snippets.json: small templates, each rendered over one fixed conversation
+    with open(os.path.join(here, "snippets.json"), encoding="utf-8") as f:
+        snippets = json.load(f)
+    res = []
+    for s in snippets:
+        try:
+            text = env().from_string(s).render(messages=cases["snippet_messages"], add_generation_prompt=True,
+                                               bos_token="<s>", eos_token="</s>", tools=None)
+            res.append({"template": s, "output": text})
+        except jinja2.exceptions.TemplateSyntaxError as e:
+            res.append({"template": s, "error": f"TemplateSyntaxError: {e}"})
+        except Exception as e:  # noqa: BLE001 - any render error: the C engine must fail too
+            res.append({"template": s, "error": f"{type(e).__name__}: {e}"})
+    with open(os.path.join(out, "snippets.json"), "w", encoding="utf-8", newline="") as f:
+        json.dump(res, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    print(f"jinja2 {jinja2.__version__}: {n} goldens and {len(res)} snippets in {os.path.relpath(out, root)}")
 
 
 if __name__ == "__main__":
