@@ -276,6 +276,7 @@ static void test_undefined_and_semantics(void **state) {
                "{\"a\": \"é\\\"\\u0001\"} \"x\\ty\" [1.5e+300, 1e-07]");
     expect_out("  {%- if true -%}  a  {%- endif -%}  \n b", "ab");
     expect_out("x\r\ny\n", "x\ny");
+    expect_out("{% for m in messages %}{% generation %}[{{ m.content }}]{% endgeneration %}{% endfor %}", "[hi]");
     expect_out("{{ \"it's\" }} {{ ['it\\'s', \"q\"] }}", "it's [\"it's\", 'q']");
 }
 

@@ -1424,12 +1424,24 @@ static bool parse_body(parser *p, nodelist *out, const char *const *ends, int *w
                 n = mk(p, N_SET, nm->off, NULL, NULL, NULL);
                 if (n == NULL || !parse_set(p, n))
                     goto fail;
+            } else if (tok_is(nm, T_NAME, "generation")) {
+                /* transformers' AssistantTracker: marks assistant text, renders its body as is */
+                n = mk(p, N_IF, nm->off, NULL, NULL, NULL);
+                node *yes = mk(p, E_LIT, nm->off, NULL, NULL, NULL);
+                if (n == NULL || yes == NULL || !expect_block_end(p))
+                    goto fail;
+                yes->lit = v_bool(true);
+                n->a = yes;
+                static const char *const gen_end[] = {"endgeneration", NULL};
+                int w;
+                if (!parse_body(p, &n->body, gen_end, &w, nm->off, "generation") || !expect_block_end(p))
+                    goto fail;
             } else if (tok_is(nm, T_NAME, "break") || tok_is(nm, T_NAME, "continue")) {
                 n = mk(p, nm->s[0] == 'b' ? N_BREAK : N_CONTINUE, nm->off, NULL, NULL, NULL);
                 if (n == NULL || !expect_block_end(p))
                     goto fail;
             } else {
-                static const char *const known_ends[] = {"endfor", "endif", "elif", "else", "endset"};
+                static const char *const known_ends[] = {"endfor", "endif", "elif", "else", "endset", "endgeneration"};
                 if (lookup(known_ends, MS_ARRAY_LEN(known_ends), nm->s, nm->n) >= 0)
                     perr(p, MS_ERR_PARSE, nm->off, "unexpected '{%% %.*s %%}'", (int)nm->n, nm->s);
                 else

@@ -11,7 +11,8 @@
  *     trailing newline is dropped, as jinja2 does;
  *   - statements: if / elif / else, for (one name or a tuple of names; `if` filter; else; loop.index,
  *     index0, revindex, revindex0, first, last, length, previtem, nextitem), break / continue,
- *     set NAME = expr, set NS.ATTR = expr (NS a namespace()), {% set NAME %}...{% endset %};
+ *     set NAME = expr, set NS.ATTR = expr (NS a namespace()), {% set NAME %}...{% endset %},
+ *     {% generation %}...{% endgeneration %} (transformers' marker: renders its body);
  *     scoping as jinja2's: a for body is a fresh scope per iteration, if does not open one;
  *   - expressions: none/true/false (any case jinja2 allows), ints, floats, strings (Python
  *     escapes), lists, tuples, dicts, NAME, a.b, a[b], slices a[b:c:d], calls, filters, tests,
