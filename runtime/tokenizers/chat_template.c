@@ -2491,9 +2491,7 @@ static bool get_item(render *r, const node *n, ct_val obj, ct_val key, ct_val *o
         }
         return true;
     }
-    if (obj.k == V_NONE)
-        return rerr(r, MS_ERR_FORMAT, n, "none has no items");
-    return true;  /* jinja2: undefined */
+    return true;  /* jinja2: undefined (none, numbers, a missing key or index) */
 }
 
 static bool get_attr(render *r, const node *n, ct_val obj, const char *s, size_t len, ct_val *out) {
@@ -2524,9 +2522,7 @@ static bool get_attr(render *r, const node *n, ct_val obj, const char *s, size_t
 #undef IS
         return true;
     }
-    if (obj.k == V_NONE)
-        return rerr(r, MS_ERR_FORMAT, n, "none has no attribute '%.*s'", (int)MS_MIN(len, (size_t)64), s);
-    return true;
+    return true;  /* jinja2: undefined */
 }
 
 /* Python slice of a list or string. */
@@ -2550,7 +2546,8 @@ static bool do_slice(render *r, const node *n, ct_val obj, ct_val a, ct_val b, c
     } else if (obj.k == V_UNDEF) {
         return rerr(r, MS_ERR_FORMAT, n, "an undefined value cannot be sliced");
     } else {
-        return rerr(r, MS_ERR_FORMAT, n, "a value of type %s cannot be sliced", type_name(obj));
+        *out = v_undef();  /* jinja2: a TypeError in getitem gives undefined */
+        return true;
     }
     int64_t L = (int64_t)len, lo, hi;
     for (int k = 0; k < 2; k++) {
@@ -2578,6 +2575,7 @@ static bool do_slice(render *r, const node *n, ct_val obj, ct_val a, ct_val b, c
     if (res == NULL)
         return false;
     const ct_list *src = obj.k == V_LIST ? obj.u.l : items;
+    res->tuple = src->tuple;
     for (int64_t i = lo; stepv > 0 ? i < hi : i > hi; i += stepv) {
         if (i < 0 || i >= L)
             break;
@@ -3224,9 +3222,18 @@ static bool apply_test(render *r, const node *n, int op, ct_val v, ct_val a0, bo
     case X_TRUE: res = v.k == V_BOOL && v.u.b; break;
     case X_FALSE: res = v.k == V_BOOL && !v.u.b; break;
     case X_MAPPING: res = v.k == V_DICT && !v.u.d->ns; break;
-    case X_ITERABLE: res = v.k == V_LIST || v.k == V_STR || (v.k == V_DICT && !v.u.d->ns); break;
-    case X_SEQUENCE: res = v.k == V_LIST || v.k == V_STR || (v.k == V_DICT && !v.u.d->ns); break;
+    case X_ITERABLE: case X_SEQUENCE:  /* jinja2's Undefined iterates (empty) and has a length */
+        res = v.k == V_LIST || v.k == V_STR || v.k == V_UNDEF || (v.k == V_DICT && !v.u.d->ns);
+        break;
     case X_ODD: case X_EVEN:
+        if (v.k == V_FLOAT) {
+            /* Python: value % 2 == 1 (odd) / value % 2 == 0 (even), floor modulo */
+            double m = fmod(v.u.f, 2.0);
+            if (m < 0)
+                m += 2.0;
+            res = op == X_ODD ? m == 1.0 : m == 0.0;
+            break;
+        }
         if (v.k != V_INT && v.k != V_BOOL)
             return rerr(r, MS_ERR_FORMAT, n, "%s of a %s", tests[op], type_name(v));
         res = (num_i(v) % 2 != 0) == (op == X_ODD);
