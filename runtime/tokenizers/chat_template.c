@@ -2546,8 +2546,8 @@ static bool do_slice(render *r, const node *n, ct_val obj, ct_val a, ct_val b, c
     } else if (obj.k == V_UNDEF) {
         return rerr(r, MS_ERR_FORMAT, n, "an undefined value cannot be sliced");
     } else {
-        *out = v_undef();  /* jinja2: a TypeError in getitem gives undefined */
-        return true;
+        /* jinja2 slices with Python's own [] (not environment.getitem): a TypeError */
+        return rerr(r, MS_ERR_FORMAT, n, "a value of type %s cannot be sliced", type_name(obj));
     }
     int64_t L = (int64_t)len, lo, hi;
     for (int k = 0; k < 2; k++) {
@@ -2745,6 +2745,8 @@ static bool contains(render *r, const node *n, ct_val hay, ct_val needle, bool *
         return true;
     }
     if (hay.k == V_DICT && !hay.u.d->ns) {
+        if (needle.k == V_LIST || needle.k == V_DICT)
+            return rerr(r, MS_ERR_FORMAT, n, "unhashable type: '%s'", type_name(needle));
         *res = needle.k == V_STR && dict_find(hay.u.d, needle.u.s.p, needle.u.s.n) != NULL;
         return true;
     }
@@ -3094,7 +3096,11 @@ static bool eval_filter(render *r, const node *n, ct_val *out) {
             return false;
         return do_slice(r, n, (ct_val){.k = V_LIST, .u.l = items}, v_undef(), v_undef(), v_int(-1), out);
     }
-    case F_INT: {
+    case F_INT: case F_FLOAT:
+        if (v.k == V_UNDEF)  /* int(Undefined) raises in jinja2 */
+            return rerr(r, MS_ERR_FORMAT, n, "%s of an undefined value", filters[f]);
+        if (f == F_FLOAT)
+            goto do_float;
         if (v.k == V_INT || v.k == V_BOOL) {
             *out = v_int(num_i(v));
         } else if (v.k == V_FLOAT) {
@@ -3117,8 +3123,7 @@ static bool eval_filter(render *r, const node *n, ct_val *out) {
             *out = p0 ? a0 : v_int(0);
         }
         return true;
-    }
-    case F_FLOAT: {
+    do_float: {
         if (is_num(v)) {
             *out = v_float(num_f(v));
         } else if (v.k == V_STR) {
