@@ -78,7 +78,7 @@ static void arena_free(ct_arena *a) {
 
 /* ---- values ---- */
 
-typedef enum { V_UNDEF, V_NONE, V_BOOL, V_INT, V_FLOAT, V_STR, V_LIST, V_DICT, V_LOOP } vkind;
+typedef enum { V_UNDEF, V_NONE, V_BOOL, V_INT, V_FLOAT, V_STR, V_LIST, V_DICT, V_LOOP, V_FUNC } vkind;  /* V_FUNC: a global function named as a value (u.i: funcs[] index) */
 
 typedef struct ct_list ct_list;
 typedef struct ct_dict ct_dict;
@@ -1629,6 +1629,7 @@ static const char *type_name(ct_val v) {
     case V_LIST: return "list";
     case V_DICT: return v.u.d->ns ? "namespace" : "dict";
     case V_LOOP: return "loop";
+    case V_FUNC: return "function";
     }
     return "?";
 }
@@ -1642,7 +1643,7 @@ static bool truthy(ct_val v) {
     case V_STR: return v.u.s.n > 0;
     case V_LIST: return v.u.l->n > 0;
     case V_DICT: return v.u.d->ns || v.u.d->n > 0;
-    case V_LOOP: return true;
+    case V_LOOP: case V_FUNC: return true;
     }
     return false;
 }
@@ -2233,6 +2234,11 @@ static bool write_val(render *r, const node *n, buf *b, ct_val v, int how) {
                 return false;
         return buf_add(r, n, b, "}", 1);
     case V_LOOP: return buf_add(r, n, b, "<LoopContext>", 13);
+    case V_FUNC: {
+        char tmp2[64];
+        snprintf(tmp2, sizeof tmp2, "<function %s>", funcs[v.u.i]);
+        return buf_add(r, n, b, tmp2, strlen(tmp2));
+    }
     }
     return true;
 }
@@ -2299,6 +2305,7 @@ static bool val_eq(ct_val a, ct_val b) {
         }
         return true;
     case V_LOOP: return a.u.loop == b.u.loop;
+    case V_FUNC: return a.u.i == b.u.i;
     default: return false;
     }
 }
@@ -3416,8 +3423,14 @@ static bool eval(render *r, const node *n, ct_val *out) {
     case E_LIT: *out = n->lit; return true;
     case E_NAME: {
         const ct_val *v = scope_find(r, n->s, n->n);
-        if (v != NULL)
+        if (v != NULL) {
             *out = *v;
+        } else {
+            /* the globals are defined (`strftime_now is defined`, as Llama 3.2's template asks) */
+            int g = lookup(funcs, MS_ARRAY_LEN(funcs), n->s, n->n);
+            if (g >= 0)
+                *out = (ct_val){.k = V_FUNC, .u.i = g};
+        }
         return true;
     }
     case E_ATTR: {

@@ -10,11 +10,12 @@ the exact rendered text, or, when the template raises, "ERROR: <message>\n" in a
 tests/chat/goldens/snippets.json: each template of tests/chat/snippets.json rendered over cases.json's
 snippet_messages ({"template", "output"} or {"template", "error"}).
 The environment is the one transformers' apply_chat_template builds (transformers/utils/chat_template_utils.py):
-ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]), raise_exception
-and tojson (json.dumps with ensure_ascii=False) as it defines them.
+ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols]), raise_exception,
+strftime_now and tojson (json.dumps with ensure_ascii=False) as it defines them.
 """
 import json
 import os
+from datetime import datetime
 import sys
 
 import jinja2
@@ -32,6 +33,10 @@ def raise_exception(message):
     raise jinja2.exceptions.TemplateError(message)
 
 
+def strftime_now(format):
+    return datetime.now().strftime(format)
+
+
 def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
@@ -40,6 +45,7 @@ def env():
     e = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[loopcontrols])
     e.filters["tojson"] = tojson
     e.globals["raise_exception"] = raise_exception
+    e.globals["strftime_now"] = strftime_now
     return e
 
 
