@@ -59,8 +59,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
         ms_free(a);
         ms_free(b);
-        json_t *vars = json_pack("{s:O,s:b,s:n,s:s,s:b,s:[{s:s}]}", "messages", messages, "add_generation_prompt", !agp,
-                                 "tools", "date_string", "26 Jul 2024", "enable_thinking", false, "documents", "title", "d");
+        json_t *vars =
+            json_pack("{s:O,s:b,s:n,s:s,s:b,s:[{s:s}]}", "messages", messages, "add_generation_prompt", !agp, "tools",
+                      "date_string", "26 Jul 2024", "enable_thinking", false, "documents", "title", "d");
         if (vars != NULL) {
             size_t len = 0;
             st = ms_chat_template_render_vars(t, vars, &a, &len, &err);

@@ -102,8 +102,10 @@ static void test_goldens(void **state) {
                         size_t d = 0;
                         while (d < got_len && d < want_len && got[d] == want[d])
                             d++;
-                        fprintf(stderr, "%s: differs at byte %zu (got %zu bytes, want %zu)\n  got:  \"%.60s\"\n  want: \"%.60s\"\n",
-                                gpath, d, got_len, want_len, got + d, want + d);
+                        fprintf(
+                            stderr,
+                            "%s: differs at byte %zu (got %zu bytes, want %zu)\n  got:  \"%.60s\"\n  want: \"%.60s\"\n",
+                            gpath, d, got_len, want_len, got + d, want + d);
                         n_bad++;
                     } else {
                         n_ok++;
@@ -114,7 +116,8 @@ static void test_goldens(void **state) {
                     assert_non_null(want);
                     char *msg = want + strlen("ERROR: ");
                     msg[strcspn(msg, "\n")] = '\0';
-                    if (st != MS_ERR_INVALID_ARG || strstr(err.msg, "raise_exception: ") == NULL || strstr(err.msg, msg) == NULL) {
+                    if (st != MS_ERR_INVALID_ARG || strstr(err.msg, "raise_exception: ") == NULL ||
+                        strstr(err.msg, msg) == NULL) {
                         fprintf(stderr, "%s: want raise_exception '%s', got status %d: %s\n", gpath, msg, (int)st,
                                 st == MS_OK ? got : err.msg);
                         n_bad++;
@@ -220,7 +223,8 @@ static void test_load_errors(void **state) {
     (void)state;
     expect_fail("hello\n{% macro m() %}{% endmacro %}", MS_ERR_UNSUPPORTED, "t.jinja:2:4: unsupported tag 'macro'");
     expect_fail("{{ x | wordwrap }}", MS_ERR_UNSUPPORTED, "t.jinja:1:8: unsupported filter 'wordwrap'");
-    expect_fail("a\n  {% if x is sameas 1 %}{% endif %}", MS_ERR_UNSUPPORTED, "t.jinja:2:14: unsupported test 'sameas'");
+    expect_fail("a\n  {% if x is sameas 1 %}{% endif %}", MS_ERR_UNSUPPORTED,
+                "t.jinja:2:14: unsupported test 'sameas'");
     expect_fail("{{ cycler(1) }}", MS_ERR_UNSUPPORTED, "t.jinja:1:4: unsupported function 'cycler'");
     expect_fail("{{ 'a'.zfill(3) }}", MS_ERR_UNSUPPORTED, "t.jinja:1:8: unsupported method 'zfill'");
     expect_fail("{% raw %}x{% endraw %}", MS_ERR_UNSUPPORTED, "unsupported tag 'raw'");
@@ -255,7 +259,8 @@ static void test_render_errors(void **state) {
     expect_fail("{{ none | tojson }}{{ (messages[0], loop) | tojson }}", MS_ERR_FORMAT, "not JSON serializable");
     expect_fail("{{ 'a' < 1 }}", MS_ERR_FORMAT, "'<' not supported between string and int");
     expect_fail("{{ 'x' * 1000000000 * 1000 }}", MS_ERR_LIMIT, "MiB");
-    expect_fail("{% set r = range(5000) %}{% for i in r %}{% for j in r %}{% endfor %}{% endfor %}", MS_ERR_LIMIT, "steps");
+    expect_fail("{% set r = range(5000) %}{% for i in r %}{% for j in r %}{% endfor %}{% endfor %}", MS_ERR_LIMIT,
+                "steps");
     expect_fail("{% set ns = namespace(x=[]) %}{% for i in range(100) %}{% set ns.x = [ns.x] %}{% endfor %}",
                 MS_ERR_LIMIT, "nested deeper than 64");
     expect_fail("{% for x in 5 %}{% endfor %}", MS_ERR_FORMAT, "int is not iterable");
@@ -263,13 +268,17 @@ static void test_render_errors(void **state) {
 
 static void test_undefined_and_semantics(void **state) {
     (void)state;
-    expect_out("[{{ nope }}][{{ nope | length }}][{{ nope is defined }}][{% for x in nope %}x{% endfor %}][{{ nope ~ 'a' }}]",
-               "[][0][False][][a]");
-    expect_out("{{ messages[5] is defined }}{{ messages[0].nokey is defined }}{{ messages[-1]['content'] }}", "FalseFalsehi");
-    expect_out("{% set x = 1 %}{% for i in range(3) %}{{ x }}{% set x = x + 1 %}{{ x }};{% endfor %}{{ x }}", "12;12;12;1");
+    expect_out(
+        "[{{ nope }}][{{ nope | length }}][{{ nope is defined }}][{% for x in nope %}x{% endfor %}][{{ nope ~ 'a' }}]",
+        "[][0][False][][a]");
+    expect_out("{{ messages[5] is defined }}{{ messages[0].nokey is defined }}{{ messages[-1]['content'] }}",
+               "FalseFalsehi");
+    expect_out("{% set x = 1 %}{% for i in range(3) %}{{ x }}{% set x = x + 1 %}{{ x }};{% endfor %}{{ x }}",
+               "12;12;12;1");
     expect_out("{% for i in range(3) %}{% if i == 1 %}{% set y = 5 %}{% endif %}{{ y }};{% endfor %}", ";5;;");
     expect_out("{{ bos_token }}{{ eos_token }}{{ add_generation_prompt }}{{ tools }}", "<s></s>TrueNone");
-    expect_out("{{ 'abc'[::-1] }}{{ [1,2,3][1:] }}{{ 'héllo'[1:3] }}{{ 'abcdef'[::2] }}{{ [1,2,3][-5:-1] }}", "cba[2, 3]élace[1, 2]");
+    expect_out("{{ 'abc'[::-1] }}{{ [1,2,3][1:] }}{{ 'héllo'[1:3] }}{{ 'abcdef'[::2] }}{{ [1,2,3][-5:-1] }}",
+               "cba[2, 3]élace[1, 2]");
     expect_out("{{ 1 if 0 }}|{{ 'a' and 'b' }}|{{ '' or 'c' }}|{{ not 1 == 2 }}|{{ 1 in [1] }}|{{ 'k' in {'k': 1} }}",
                "|b|c|True|True|True");
     expect_out("{{ 0.1 + 0.2 }} {{ 1.0 }} {{ 1e16 }} {{ 123456789.123 }} {{ -0.0 }} {{ 2 ** -1 }} {{ 10 / 4 }}",
@@ -343,7 +352,8 @@ static void test_huge_input(void **state) {
     (void)state;
     ms_error err = {0};
     char *text = NULL;
-    assert_int_equal(ms_chat_template_load_config(ms_test_fixture("tokenizers/qwen3/tokenizer_config.json"), &text, &err), MS_OK);
+    assert_int_equal(
+        ms_chat_template_load_config(ms_test_fixture("tokenizers/qwen3/tokenizer_config.json"), &text, &err), MS_OK);
     ms_chat_template *t = NULL;
     assert_int_equal(ms_chat_template_init(&t, text, "qwen3", &err), MS_OK);
     ms_free(text);
@@ -363,7 +373,8 @@ static void test_huge_input(void **state) {
     json_decref(msgs);
     msgs = json_array();
     for (int i = 0; i < 20000; i++)
-        json_array_append_new(msgs, json_pack("{s:s,s:s}", "role", i % 2 ? "assistant" : "user", "content", "hello there"));
+        json_array_append_new(msgs,
+                              json_pack("{s:s,s:s}", "role", i % 2 ? "assistant" : "user", "content", "hello there"));
     st = ms_chat_template_render(t, msgs, true, NULL, "<|im_end|>", &out, &err);
     if (st != MS_OK)
         fail_msg("%s", err.msg);
@@ -416,7 +427,9 @@ static void test_load_config(void **state) {
     ms_error err = {0};
     char *text = NULL;
     FILE *f = fopen(p, "w");
-    fputs("{\"chat_template\": [{\"name\": \"tool_use\", \"template\": \"T\"}, {\"name\": \"default\", \"template\": \"D{{ 1 }}\"}]}", f);
+    fputs("{\"chat_template\": [{\"name\": \"tool_use\", \"template\": \"T\"}, {\"name\": \"default\", \"template\": "
+          "\"D{{ 1 }}\"}]}",
+          f);
     fclose(f);
     assert_int_equal(ms_chat_template_load_config(p, &text, &err), MS_OK);
     assert_string_equal(text, "D{{ 1 }}");

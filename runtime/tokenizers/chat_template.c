@@ -78,7 +78,18 @@ static void arena_free(ct_arena *a) {
 
 /* ---- values ---- */
 
-typedef enum { V_UNDEF, V_NONE, V_BOOL, V_INT, V_FLOAT, V_STR, V_LIST, V_DICT, V_LOOP, V_FUNC } vkind;  /* V_FUNC: a global function named as a value (u.i: funcs[] index) */
+typedef enum {
+    V_UNDEF,
+    V_NONE,
+    V_BOOL,
+    V_INT,
+    V_FLOAT,
+    V_STR,
+    V_LIST,
+    V_DICT,
+    V_LOOP,
+    V_FUNC
+} vkind; /* V_FUNC: a global function named as a value (u.i: funcs[] index) */
 
 typedef struct ct_list ct_list;
 typedef struct ct_dict ct_dict;
@@ -145,7 +156,23 @@ typedef enum {
     E_BIN, E_AND, E_OR, E_COND, E_LIST, E_DICT, E_CONCAT
 } nkind;
 
-typedef enum { OP_ADD, OP_SUB, OP_MUL, OP_DIV, OP_FLOORDIV, OP_MOD, OP_POW, OP_EQ, OP_NE, OP_LT, OP_GT, OP_LE, OP_GE, OP_IN, OP_NOTIN } binop;
+typedef enum {
+    OP_ADD,
+    OP_SUB,
+    OP_MUL,
+    OP_DIV,
+    OP_FLOORDIV,
+    OP_MOD,
+    OP_POW,
+    OP_EQ,
+    OP_NE,
+    OP_LT,
+    OP_GT,
+    OP_LE,
+    OP_GE,
+    OP_IN,
+    OP_NOTIN
+} binop;
 
 typedef struct node node;
 typedef struct nodelist {
@@ -195,7 +222,19 @@ static void src_pos(const char *src, size_t off, int *line, int *col) {
 
 /* ---- lexer ---- */
 
-typedef enum { T_TEXT, T_VAR_BEGIN, T_VAR_END, T_BLOCK_BEGIN, T_BLOCK_END, T_NAME, T_STR, T_INT, T_FLOAT, T_OP, T_EOF } tkind;
+typedef enum {
+    T_TEXT,
+    T_VAR_BEGIN,
+    T_VAR_END,
+    T_BLOCK_BEGIN,
+    T_BLOCK_END,
+    T_NAME,
+    T_STR,
+    T_INT,
+    T_FLOAT,
+    T_OP,
+    T_EOF
+} tkind;
 
 typedef struct tok {
     tkind k;
@@ -895,7 +934,8 @@ static node *parse_postfix(parser *p, node *n) {
             if (is_op(p, "(")) {
                 int m = lookup(methods, MS_ARRAY_LEN(methods), nm->s, nm->n);
                 if (m < 0) {
-                    perr(p, MS_ERR_UNSUPPORTED, nm->off, "unsupported method '%.*s'", (int)MS_MIN(nm->n, (size_t)64), nm->s);
+                    perr(p, MS_ERR_UNSUPPORTED, nm->off, "unsupported method '%.*s'", (int)MS_MIN(nm->n, (size_t)64),
+                         nm->s);
                     return NULL;
                 }
                 node *c = mk(p, E_METHOD, nm->off, n, NULL, NULL);
@@ -961,7 +1001,8 @@ static node *parse_postfix(parser *p, node *n) {
             }
         } else if (tok_is(t, T_OP, "(")) {
             if (n->k != E_NAME) {
-                perr(p, MS_ERR_UNSUPPORTED, t->off, "only the functions raise_exception, namespace, range, strftime_now and dict can be called");
+                perr(p, MS_ERR_UNSUPPORTED, t->off,
+                     "only the functions raise_exception, namespace, range, strftime_now and dict can be called");
                 return NULL;
             }
             int g = lookup(funcs, MS_ARRAY_LEN(funcs), n->s, n->n);
@@ -998,7 +1039,8 @@ static node *parse_filters(parser *p, node *n) {
             p->pos++;
             int f = lookup(filters, MS_ARRAY_LEN(filters), nm->s, nm->n);
             if (f < 0) {
-                perr(p, MS_ERR_UNSUPPORTED, nm->off, "unsupported filter '%.*s'", (int)MS_MIN(nm->n, (size_t)64), nm->s);
+                perr(p, MS_ERR_UNSUPPORTED, nm->off, "unsupported filter '%.*s'", (int)MS_MIN(nm->n, (size_t)64),
+                     nm->s);
                 return NULL;
             }
             node *c = mk(p, E_FILTER, nm->off, n, NULL, NULL);
@@ -1035,7 +1077,8 @@ static node *parse_filters(parser *p, node *n) {
                     return NULL;
             } else {
                 tok *a = peek(p);
-                bool arg = a->k == T_STR || a->k == T_INT || a->k == T_FLOAT || tok_is(a, T_OP, "[") || tok_is(a, T_OP, "{") ||
+                bool arg = a->k == T_STR || a->k == T_INT || a->k == T_FLOAT || tok_is(a, T_OP, "[") ||
+                           tok_is(a, T_OP, "{") ||
                            (a->k == T_NAME && !tok_is(a, T_NAME, "else") && !tok_is(a, T_NAME, "or") &&
                             !tok_is(a, T_NAME, "and") && !tok_is(a, T_NAME, "if") && !tok_is(a, T_NAME, "is") &&
                             !tok_is(a, T_NAME, "in") && !tok_is(a, T_NAME, "not"));
@@ -1093,7 +1136,11 @@ static node *parse_pow(parser *p) {
 static node *parse_math2(parser *p) {
     node *l = parse_pow(p);
     for (;;) {
-        int op = is_op(p, "*") ? OP_MUL : is_op(p, "/") ? OP_DIV : is_op(p, "//") ? OP_FLOORDIV : is_op(p, "%") ? OP_MOD : -1;
+        int op = is_op(p, "*")    ? OP_MUL
+                 : is_op(p, "/")  ? OP_DIV
+                 : is_op(p, "//") ? OP_FLOORDIV
+                 : is_op(p, "%")  ? OP_MOD
+                                  : -1;
         if (l == NULL || op < 0)
             return l;
         tok *t = next_tok(p);
@@ -1225,7 +1272,8 @@ static bool expect_block_end(parser *p) {
 
 /* Parse statements until a block tag named in `ends` (NULL-terminated); the BLOCK_BEGIN and the
  * tag name are consumed, *which receives the index of the end tag. */
-static bool parse_body(parser *p, nodelist *out, const char *const *ends, int *which, size_t open_off, const char *opener);
+static bool parse_body(parser *p, nodelist *out, const char *const *ends, int *which, size_t open_off,
+                       const char *opener);
 
 static bool parse_for(parser *p, node *n) {
     size_t cap = 0;
@@ -1327,7 +1375,8 @@ static bool parse_set(parser *p, node *n) {
         tok *a = peek(p);
         if (a->k != T_NAME) {
             char b[64];
-            return perr(p, MS_ERR_PARSE, a->off, "expected an attribute name, found %s", tok_desc(a, b, sizeof b)), false;
+            return perr(p, MS_ERR_PARSE, a->off, "expected an attribute name, found %s", tok_desc(a, b, sizeof b)),
+                   false;
         }
         p->pos++;
         n->k = N_SETATTR;
@@ -1358,7 +1407,8 @@ static bool parse_set(parser *p, node *n) {
     return expect_block_end(p);
 }
 
-static bool parse_body(parser *p, nodelist *out, const char *const *ends, int *which, size_t open_off, const char *opener) {
+static bool parse_body(parser *p, nodelist *out, const char *const *ends, int *which, size_t open_off,
+                       const char *opener) {
     size_t cap = 0;
     if (++p->block_depth > CT_MAX_BLOCK_DEPTH) {
         perr(p, MS_ERR_LIMIT, open_off, "blocks nested deeper than %d", CT_MAX_BLOCK_DEPTH);
@@ -1372,7 +1422,8 @@ static bool parse_body(parser *p, nodelist *out, const char *const *ends, int *w
                 break;
             int line, col;
             src_pos(p->src, open_off, &line, &col);
-            perr(p, MS_ERR_PARSE, t->off, "missing '{%% %s %%}' (to close '{%% %s %%}' at %d:%d)", ends[0], opener, line, col);
+            perr(p, MS_ERR_PARSE, t->off, "missing '{%% %s %%}' (to close '{%% %s %%}' at %d:%d)", ends[0], opener,
+                 line, col);
             goto fail;
         }
         if (t->k == T_TEXT) {
@@ -1445,7 +1496,8 @@ static bool parse_body(parser *p, nodelist *out, const char *const *ends, int *w
                 if (lookup(known_ends, MS_ARRAY_LEN(known_ends), nm->s, nm->n) >= 0)
                     perr(p, MS_ERR_PARSE, nm->off, "unexpected '{%% %.*s %%}'", (int)nm->n, nm->s);
                 else
-                    perr(p, MS_ERR_UNSUPPORTED, nm->off, "unsupported tag '%.*s'", (int)MS_MIN(nm->n, (size_t)64), nm->s);
+                    perr(p, MS_ERR_UNSUPPORTED, nm->off, "unsupported tag '%.*s'", (int)MS_MIN(nm->n, (size_t)64),
+                         nm->s);
                 goto fail;
             }
         } else {
@@ -1747,7 +1799,9 @@ static uint32_t cp_at(const char *s, size_t l) {
     switch (l) {
     case 2: return ((uint32_t)(u[0] & 0x1F) << 6) | (u[1] & 0x3F);
     case 3: return ((uint32_t)(u[0] & 0x0F) << 12) | ((uint32_t)(u[1] & 0x3F) << 6) | (u[2] & 0x3F);
-    case 4: return ((uint32_t)(u[0] & 0x07) << 18) | ((uint32_t)(u[1] & 0x3F) << 12) | ((uint32_t)(u[2] & 0x3F) << 6) | (u[3] & 0x3F);
+    case 4:
+        return ((uint32_t)(u[0] & 0x07) << 18) | ((uint32_t)(u[1] & 0x3F) << 12) | ((uint32_t)(u[2] & 0x3F) << 6) |
+               (u[3] & 0x3F);
     default: return u[0];
     }
 }
@@ -2629,7 +2683,8 @@ static bool arith(render *r, const node *n, int op, ct_val a, ct_val b, ct_val *
         *out = (ct_val){.k = V_LIST, .u.l = l};
         return true;
     }
-    if (op == OP_MUL && ((a.k == V_STR && (b.k == V_INT || b.k == V_BOOL)) || (b.k == V_STR && (a.k == V_INT || a.k == V_BOOL)))) {
+    if (op == OP_MUL &&
+        ((a.k == V_STR && (b.k == V_INT || b.k == V_BOOL)) || (b.k == V_STR && (a.k == V_INT || a.k == V_BOOL)))) {
         ct_val s = a.k == V_STR ? a : b;
         int64_t k = num_i(a.k == V_STR ? b : a);
         if (k <= 0) {
@@ -2648,7 +2703,8 @@ static bool arith(render *r, const node *n, int op, ct_val a, ct_val b, ct_val *
         *out = v_str(o, total);
         return true;
     }
-    if (op == OP_MUL && ((a.k == V_LIST && (b.k == V_INT || b.k == V_BOOL)) || (b.k == V_LIST && (a.k == V_INT || a.k == V_BOOL)))) {
+    if (op == OP_MUL &&
+        ((a.k == V_LIST && (b.k == V_INT || b.k == V_BOOL)) || (b.k == V_LIST && (a.k == V_INT || a.k == V_BOOL)))) {
         const ct_list *src = a.k == V_LIST ? a.u.l : b.u.l;
         int64_t k = num_i(a.k == V_LIST ? b : a);
         ct_list *l = new_list(r, n, 0);
@@ -2663,7 +2719,8 @@ static bool arith(render *r, const node *n, int op, ct_val a, ct_val b, ct_val *
     }
     if (!is_num(a) || !is_num(b)) {
         static const char *const names[] = {"+", "-", "*", "/", "//", "%", "**"};
-        return rerr(r, MS_ERR_FORMAT, n, "unsupported operand types for %s: %s and %s", names[op], type_name(a), type_name(b));
+        return rerr(r, MS_ERR_FORMAT, n, "unsupported operand types for %s: %s and %s", names[op], type_name(a),
+                    type_name(b));
     }
     bool fl = a.k == V_FLOAT || b.k == V_FLOAT;
     if (op == OP_DIV) {
@@ -2804,7 +2861,8 @@ static bool str_split(render *r, const node *n, ct_val s, const ct_val *sep, int
         if (sep->u.s.n == 0)
             return rerr(r, MS_ERR_FORMAT, n, "split: empty separator");
         for (;;) {
-            const char *f = (maxsplit >= 0 && splits >= maxsplit) ? NULL : find_sub(p + i, len - i, sep->u.s.p, sep->u.s.n);
+            const char *f =
+                (maxsplit >= 0 && splits >= maxsplit) ? NULL : find_sub(p + i, len - i, sep->u.s.p, sep->u.s.n);
             if (f == NULL) {
                 if (!list_push(r, n, l, v_str(p + i, len - i)))
                     return false;
@@ -2996,7 +3054,8 @@ static bool eval_filter(render *r, const node *n, ct_val *out) {
     ct_val a0, a1, a2;
     bool p0, p1, p2;
     int f = n->op;
-    if (f != F_TOJSON && (!eval_arg(r, n, 0, NULL, &a0, &p0) || !eval_arg(r, n, 1, NULL, &a1, &p1) || !eval_arg(r, n, 2, NULL, &a2, &p2)))
+    if (f != F_TOJSON && (!eval_arg(r, n, 0, NULL, &a0, &p0) || !eval_arg(r, n, 1, NULL, &a1, &p1) ||
+                          !eval_arg(r, n, 2, NULL, &a2, &p2)))
         return false;
     *out = v_undef();
     switch (f) {
@@ -3125,7 +3184,8 @@ static bool eval_filter(render *r, const node *n, ct_val *out) {
             long long x = strtoll(tmp, &end, 10);
             while (*end == ' ')
                 end++;
-            *out = (end != tmp && *end == '\0' && errno == 0 && l == v.u.s.n) ? v_int((int64_t)x) : (p0 ? a0 : v_int(0));
+            *out =
+                (end != tmp && *end == '\0' && errno == 0 && l == v.u.s.n) ? v_int((int64_t)x) : (p0 ? a0 : v_int(0));
         } else {
             *out = p0 ? a0 : v_int(0);
         }
@@ -3180,7 +3240,8 @@ static bool eval_filter(render *r, const node *n, ct_val *out) {
             static const char *const ok[] = {"trim", "upper", "lower", "string", "length", "count", "int", "float",
                                              "tojson", "first", "last", "capitalize", "title", "list", "abs", "safe"};
             if (lookup(ok, MS_ARRAY_LEN(ok), a0.u.s.p, a0.u.s.n) < 0)
-                return rerr(r, MS_ERR_UNSUPPORTED, n, "map: unsupported filter '%.*s'", (int)MS_MIN(a0.u.s.n, (size_t)64), a0.u.s.p);
+                return rerr(r, MS_ERR_UNSUPPORTED, n, "map: unsupported filter '%.*s'",
+                            (int)MS_MIN(a0.u.s.n, (size_t)64), a0.u.s.p);
             mf = lookup(filters, MS_ARRAY_LEN(filters), a0.u.s.p, a0.u.s.n);
         } else if (attr.k != V_STR) {
             return rerr(r, MS_ERR_FORMAT, n, "map: attribute must be a string");
@@ -3301,9 +3362,12 @@ static bool filter_select(render *r, const node *n, ct_val seq, const ct_val *at
             return rerr(r, MS_ERR_FORMAT, n, "the test name must be a string");
         static const char *const aliases[] = {"==", "!=", "equalto"};
         int al = lookup(aliases, 3, tname->u.s.p, tname->u.s.n);
-        op = al == 0 || al == 2 ? X_EQ : al == 1 ? X_NE : lookup(tests, MS_ARRAY_LEN(tests), tname->u.s.p, tname->u.s.n);
+        op = al == 0 || al == 2 ? X_EQ
+             : al == 1          ? X_NE
+                                : lookup(tests, MS_ARRAY_LEN(tests), tname->u.s.p, tname->u.s.n);
         if (op < 0)
-            return rerr(r, MS_ERR_UNSUPPORTED, n, "unsupported test '%.*s'", (int)MS_MIN(tname->u.s.n, (size_t)64), tname->u.s.p);
+            return rerr(r, MS_ERR_UNSUPPORTED, n, "unsupported test '%.*s'", (int)MS_MIN(tname->u.s.n, (size_t)64),
+                        tname->u.s.p);
     }
     ct_list *l = new_list(r, n, 0);
     if (l == NULL)
@@ -3475,7 +3539,8 @@ static bool eval(render *r, const node *n, ct_val *out) {
                 return rerr(r, MS_ERR_LIMIT, n, "integer overflow (values beyond 64 bits are not supported)");
             *out = v_int(n->k == E_NEG ? -x : x);
         } else {
-            return rerr(r, MS_ERR_FORMAT, n, "bad operand type for unary %c: %s", n->k == E_NEG ? '-' : '+', type_name(v));
+            return rerr(r, MS_ERR_FORMAT, n, "bad operand type for unary %c: %s", n->k == E_NEG ? '-' : '+',
+                        type_name(v));
         }
         return true;
     }
@@ -3527,7 +3592,8 @@ static bool eval(render *r, const node *n, ct_val *out) {
         int c;
         if (!val_cmp(a, b, &c)) {
             static const char *const names[] = {"<", ">", "<=", ">="};
-            return rerr(r, MS_ERR_FORMAT, n, "'%s' not supported between %s and %s", names[n->op - OP_LT], type_name(a), type_name(b));
+            return rerr(r, MS_ERR_FORMAT, n, "'%s' not supported between %s and %s", names[n->op - OP_LT], type_name(a),
+                        type_name(b));
         }
         bool res = c == 2 ? false
                  : n->op == OP_LT ? c < 0 : n->op == OP_GT ? c > 0 : n->op == OP_LE ? c <= 0 : c >= 0;
@@ -3556,7 +3622,8 @@ static bool eval(render *r, const node *n, ct_val *out) {
             if (!eval(r, n->args.v[i], &k) || !eval(r, n->args.v[i + 1], &v))
                 return false;
             if (k.k != V_STR)
-                return rerr(r, MS_ERR_UNSUPPORTED, n->args.v[i], "dict keys must be strings here, not %s", type_name(k));
+                return rerr(r, MS_ERR_UNSUPPORTED, n->args.v[i], "dict keys must be strings here, not %s",
+                            type_name(k));
             if (!dict_set(r, n, d, k, v))
                 return false;
         }
@@ -3596,7 +3663,8 @@ static bool exec_for(render *r, const node *n) {
                     ct_val it = items->v[i];
                     ok = it.k == V_LIST && it.u.l->n == n->nnames;
                     ok = ok ? scope_set(r, n, n->names[k], strlen(n->names[k]), it.u.l->v[k])
-                            : rerr(r, MS_ERR_FORMAT, n, "cannot unpack a %s into %zu loop variables", type_name(it), n->nnames);
+                            : rerr(r, MS_ERR_FORMAT, n, "cannot unpack a %s into %zu loop variables", type_name(it),
+                                   n->nnames);
                 }
             }
             ct_val c;
@@ -3814,8 +3882,9 @@ ms_status ms_chat_template_render(const ms_chat_template *t, const json_t *messa
         bad |= json_object_set_new(vars, "bos_token", json_string(bos_token));
     if (eos_token != NULL)
         bad |= json_object_set_new(vars, "eos_token", json_string(eos_token));
-    ms_status st = bad ? MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: bad messages, bos_token or eos_token (not UTF-8?)", t->name)
-                       : ms_chat_template_render_vars(t, vars, out, NULL, err);
+    ms_status st =
+        bad ? MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: bad messages, bos_token or eos_token (not UTF-8?)", t->name)
+            : ms_chat_template_render_vars(t, vars, out, NULL, err);
     json_decref(vars);
     return st;
 }
