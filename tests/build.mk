@@ -112,15 +112,16 @@ TESTS += tests/test_cli
 # ---- libFuzzer targets: `make fuzz` builds build/fuzz/fuzz_<t> (tests/fuzz_<t>.c, clang,
 # ASan+UBSan) and runs each for FUZZ_SECONDS, FUZZ_JOBS at a time (tests/fuzz.sh; `make test` runs
 # them last). `make fuzz-<t>` runs one; FUZZ_TARGETS="a b" a few. fuzz_dsl's rule is in compiler/build.mk.
-FUZZ_TARGETS ?= dsl config tokenizer_hf safetensors llama2c
+FUZZ_TARGETS ?= dsl config tokenizer_hf safetensors llama2c chat_template
 FUZZ_JOBS ?= 2
 FUZZ_RUNTIME_SRCS := runtime/core/base.c runtime/loaders/hf_config.c runtime/loaders/llama2c.c \
                      runtime/backends/backend.c runtime/backends/tensor.c runtime/backends/rope.c \
                      runtime/loaders/safetensors.c runtime/loaders/checkpoint.c \
                      runtime/tokenizers/tokenizer_hf.c runtime/tokenizers/tokenizer_hf_nfc.c \
-                     runtime/tokenizers/tokenizer_llama2c.c
+                     runtime/tokenizers/tokenizer_llama2c.c runtime/tokenizers/chat_template.c
 FUZZ_OBJS := $(patsubst %.c,$(FUZZ_DIR)/obj/%.o,$(FUZZ_RUNTIME_SRCS))
-FUZZ_RUNTIME_BINS := $(FUZZ_DIR)/fuzz_config $(FUZZ_DIR)/fuzz_tokenizer_hf $(FUZZ_DIR)/fuzz_safetensors $(FUZZ_DIR)/fuzz_llama2c
+FUZZ_RUNTIME_BINS := $(FUZZ_DIR)/fuzz_config $(FUZZ_DIR)/fuzz_tokenizer_hf $(FUZZ_DIR)/fuzz_safetensors $(FUZZ_DIR)/fuzz_llama2c \
+                     $(FUZZ_DIR)/fuzz_chat_template
 FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=address,undefined -fno-sanitize-recover=all $(RUNTIME_INC) $(PKG_CFLAGS)
 $(FUZZ_DIR)/obj/%.o: %.c
 	$(call quiet,CC,$@)
@@ -135,3 +136,4 @@ fuzz: $(patsubst %,$(FUZZ_DIR)/fuzz_%,$(FUZZ_TARGETS))
 	$(Q)FUZZ_DIR=$(FUZZ_DIR) FUZZ_SECONDS=$(FUZZ_SECONDS) FUZZ_JOBS=$(FUZZ_JOBS) MS_SUMMARY=$(MS_SUMMARY) bash tests/fuzz.sh $(FUZZ_TARGETS)
 fuzz-%:
 	$(Q)$(MAKE) --no-print-directory fuzz FUZZ_TARGETS=$*
+TESTS += tests/test_chat_template

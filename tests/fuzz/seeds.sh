@@ -81,6 +81,25 @@ for t in "$@"; do
         } >"$d/tokenizer.bin"
         [ -f "$fix/llama2c/tok512.bin" ] && cp "$fix/llama2c/tok512.bin" "$d/tok512.bin"
         ;;
+    chat_template)
+        # every golden template (tests/chat) and the fixtures' chat templates, each with one of the
+        # golden conversations; the hand-written seeds of tests/fuzz/chat_template/ as they are
+        convs=$(python3 -c 'import json,sys; c=json.load(open(sys.argv[1]))["conversations"]; [print(json.dumps(v, ensure_ascii=False)) for v in c.values()]' "$root/tests/chat/cases.json" 2>/dev/null || true)
+        k=0
+        for j in "$root"/tests/chat/*.jinja; do
+            while IFS= read -r conv; do
+                [ -n "$conv" ] || continue
+                k=$((k + 1))
+                { cat "$j"; printf '\0%s\0\001' "$conv"; } >"$d/$(basename "$j" .jinja)_$k"
+            done <<<"$convs"
+        done
+        for c in "$fix"/tokenizers/*/tokenizer_config.json; do
+            [ -f "$c" ] || continue
+            python3 -c 'import json,sys; t=json.load(open(sys.argv[1])).get("chat_template"); sys.stdout.write(t if isinstance(t, str) else "")' "$c" \
+                >"$d/fixture_$(basename "$(dirname "$c")")" 2>/dev/null || true
+        done
+        cp "$here"/chat_template/* "$d"/
+        ;;
     *)
         echo "seeds.sh: unknown target '$t'" >&2
         exit 2
