@@ -43,6 +43,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "chat_template.h"
 #include "engine.h"
 #include "threadpool.h"
 #include "tokenizer_hf.h"
@@ -97,6 +98,7 @@ typedef struct srv_choice {
     int32_t *ids_new;           /* no tokenizer: ids not streamed yet; [n_ids_new] */
     size_t n_ids_new, cap_ids_new;
     const char *finish;         /* "length" / "stop" / "error" once done */
+    bool role_sent;             /* chat stream: the {"role": "assistant"} delta went out */
     double t_last;              /* when its last token came (monotonic seconds) */
     struct srv_choice *next_q;  /* FIFO link */
 } srv_choice;
@@ -111,6 +113,8 @@ struct srv_job {
     char *stops[SRV_MAX_STOPS]; /* ms_malloc'd */
     int32_t n_stops;
     bool stream, include_usage;
+    bool chat;                  /* /v1/chat/completions: chat objects, message / delta */
+    int32_t stop_id;            /* chat: the template's eos id, a stop id too (-1: none) */
     char id[40];
     long long created;
     double t_arrival;           /* monotonic seconds */
@@ -129,7 +133,7 @@ struct srv_job {
 };
 
 typedef struct srv_opts {
-    const char *model, *tokenizer, *host, *api_key, *device, *dtype;
+    const char *model, *tokenizer, *host, *api_key, *device, *dtype, *chat_template;
     int32_t port, max_seqs, max_tokens_per_step, page_size, threads, max_queue, kv_pages;
 } srv_opts;
 
@@ -140,6 +144,10 @@ struct srv {
     ms_engine *eng;
     ms_cli_tok tok;
     bool has_tok;
+    ms_chat_template *tmpl;     /* NULL: no chat template (chat requests get tmpl_why) */
+    char *bos_tok, *eos_tok;    /* the template's bos_token / eos_token (ms_malloc'd, NULL: unset) */
+    int32_t chat_eos_id;        /* eos_tok's id (-1: none): chat requests stop on it */
+    char tmpl_why[320];
     ms_md_facts fa;             /* the engine's facts (read-only after init) */
     pthread_mutex_t mu;
     pthread_cond_t cv;          /* the scheduler waits for work here */
@@ -265,7 +273,8 @@ static json_t *usage_json(const srv_job *j) {
 
 /* A completion object (a reply, or one stream chunk holding `choices`). */
 static json_t *completion_json(const srv_job *j, json_t *choices) {
-    json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:o}", "id", j->id, "object", "text_completion",
+    const char *obj = !j->chat ? "text_completion" : j->stream ? "chat.completion.chunk" : "chat.completion";
+    json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:o}", "id", j->id, "object", obj,
                           "created", (json_int_t)j->created, "model", j->s->name, "choices",
                           choices);
     return o;
@@ -281,6 +290,20 @@ static json_t *ids_json(const int32_t *ids, size_t n) {
 /* One choice of a chunk or reply: text [n] bytes, finish (NULL: null). */
 static json_t *choice_json(const srv_job *j, const srv_choice *c, const char *text, size_t n,
                            const int32_t *ids, size_t n_ids, const char *finish) {
+    if (j->chat) { /* a reply's message, or a chunk's delta (role first, then content pieces) */
+        json_t *m;
+        if (!j->stream)
+            m = json_pack("{s:s, s:s%}", "role", "assistant", "content", text, n);
+        else if (!c->role_sent)
+            m = json_pack("{s:s, s:s}", "role", "assistant", "content", "");
+        else if (n > 0)
+            m = json_pack("{s:s%}", "content", text, n);
+        else
+            m = json_object();
+        return json_pack("{s:i, s:o, s:n, s:o}", "index", (int)c->index,
+                         j->stream ? "delta" : "message", m, "logprobs", "finish_reason",
+                         finish != NULL ? json_string(finish) : json_null());
+    }
     json_t *o = json_pack("{s:i, s:s%, s:n, s:o}", "index", (int)c->index, "text", text, n,
                           "logprobs", "finish_reason",
                           finish != NULL ? json_string(finish) : json_null());
@@ -342,14 +365,30 @@ static void choice_emit(srv_choice *c, bool final) {
     srv_job *j = c->job;
     if (!j->stream)
         return;
+    if (j->chat && !c->role_sent) { /* the first chunk: {"role": "assistant", "content": ""} */
+        json_t *arr = json_array();
+        json_array_append_new(arr, choice_json(j, c, "", 0, NULL, 0, NULL));
+        json_t *o = completion_json(j, arr);
+        if (o != NULL && j->include_usage)
+            json_object_set_new(o, "usage", json_null());
+        sse_event(j, o);
+        c->role_sent = true;
+    }
     size_t safe = final ? c->n_text : c->n_text - stop_holdback(j, c->text, c->n_sent, c->n_text);
     safe = MS_MAX(safe, c->n_sent);
     bool any = safe > c->n_sent || c->n_ids_new > 0;
-    if (any || final) {
+    /* chat: the content pieces, then a last chunk with an empty delta and the finish_reason */
+    for (int part = 0; part < 2 && (any || final); part++) {
+        bool last = j->chat ? part == 1 : final;
+        if (j->chat && (part == 0 ? !any : !final))
+            continue;
+        if (!j->chat && part == 1)
+            break;
         json_t *arr = json_array();
+        size_t n = j->chat && part == 1 ? 0 : safe - c->n_sent;
         json_array_append_new(arr, choice_json(j, c, c->text != NULL ? c->text + c->n_sent : "",
-                                               safe - c->n_sent, c->ids_new, c->n_ids_new,
-                                               final ? c->finish : NULL));
+                                               n, c->ids_new, c->n_ids_new,
+                                               last ? c->finish : NULL));
         json_t *o = completion_json(j, arr);
         if (o != NULL && j->include_usage)
             json_object_set_new(o, "usage", json_null());
@@ -416,6 +455,11 @@ static bool choice_harvest(srv *s, srv_choice *c) {
         }
         if (k == n - 1 && why == MS_FINISH_EOS)
             break; /* the eos id is counted, not printed */
+        if (out[k] == j->stop_id) { /* chat: the template's eos ends the turn (counted) */
+            text_flush(c);
+            stopped = true;
+            break;
+        }
         size_t before = c->n_text;
         decode_id(s, c, out[k]);
         /* the earliest stop string the new bytes complete: the text ends before it */
@@ -724,8 +768,64 @@ static bool parse_stop(srv_job *j, json_t *v, srv_err *e, bool has_tok) {
     return true;
 }
 
-/* Parse and validate a /v1/completions body into *job (ms_calloc'd, cv set up). */
-static bool parse_completion(srv *s, json_t *root, srv_job **out, srv_err *e) {
+/* A chat request's messages (validated) through the chat template into c's prompt ids. */
+static bool parse_messages(srv *s, json_t *msgs, srv_choice *c, srv_err *e) {
+    if (msgs == NULL || json_is_null(msgs))
+        return perr(e, 400, "messages", "'messages' is required");
+    if (!json_is_array(msgs) || json_array_size(msgs) == 0)
+        return perr(e, 400, "messages", "'messages' must be a non-empty list of messages");
+    for (size_t i = 0; i < json_array_size(msgs); i++) {
+        json_t *m = json_array_get(msgs, i);
+        if (!json_is_object(m))
+            return perr(e, 400, "messages", "messages[%zu] is not an object", i);
+        json_t *r = json_object_get(m, "role"), *t = json_object_get(m, "content");
+        if (!json_is_string(r))
+            return perr(e, 400, "messages", "messages[%zu].role %s", i,
+                        r == NULL ? "is missing" : "is not a string");
+        if (!json_is_string(t))
+            return perr(e, 400, "messages", "messages[%zu].content %s", i,
+                        t == NULL ? "is missing" : "is not a string (only text content is supported)");
+        if (strlen(json_string_value(t)) != json_string_length(t) ||
+            strlen(json_string_value(r)) != json_string_length(r))
+            return perr(e, 400, "messages", "messages[%zu] holds a NUL character", i);
+    }
+    if (s->tmpl == NULL) {
+        e->code = "not_implemented";
+        return perr(e, 501, NULL, "%s", s->tmpl_why);
+    }
+    ms_error merr = {0};
+    char *text = NULL;
+    ms_status st = ms_chat_template_render(s->tmpl, msgs, true, s->bos_tok, s->eos_tok, &text, &merr);
+    if (st != MS_OK)
+        return st == MS_ERR_OOM ? perr(e, 500, NULL, "out of memory")
+                                : perr(e, 400, "messages", "%s", merr.msg);
+    /* the template wrote bos_token itself: encode WITHOUT adding special tokens (as transformers'
+       apply_chat_template(tokenize=True) does); special tokens in the text are still matched */
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (s->tok.hf != NULL)
+        st = ms_tok_hf_encode(s->tok.hf, text, strlen(text), false, &ids, &n, &merr);
+    else
+        st = ms_llama2c_tok_encode(s->tok.l2c, text, false, false, &ids, &n, &merr);
+    ms_free(text);
+    if (st != MS_OK || n == 0) {
+        ms_free(ids);
+        return st == MS_ERR_OOM ? perr(e, 500, NULL, "out of memory")
+                                : perr(e, 400, "messages", "the rendered conversation cannot be tokenized%s%s",
+                                       st != MS_OK ? ": " : " (no tokens)", st != MS_OK ? merr.msg : "");
+    }
+    c->prompt = ids;
+    c->n_prompt = (int32_t)n;
+    if (c->n_prompt > s->fa.max_context)
+        return perr(e, 400, "messages",
+                    "the conversation of %d tokens is longer than the model's context (%d)",
+                    (int)c->n_prompt, (int)s->fa.max_context);
+    return true;
+}
+
+/* Parse and validate a /v1/completions (chat: /v1/chat/completions) body into *job (ms_calloc'd,
+   cv set up). */
+static bool parse_completion(srv *s, json_t *root, bool chat, srv_job **out, srv_err *e) {
     *out = NULL;
     if (!json_is_object(root))
         return perr(e, 400, NULL, "the request body must be a JSON object");
@@ -734,11 +834,13 @@ static bool parse_completion(srv *s, json_t *root, srv_job **out, srv_err *e) {
         return perr(e, 500, NULL, "out of memory");
     pthread_cond_init(&j->cv, NULL);
     j->s = s;
+    j->chat = chat;
+    j->stop_id = -1;
     *out = j;
     static const char *const known[] = {
         "model", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop",
         "ignore_eos", "stream", "stream_options", "n", "user", "logprobs", "echo", "best_of",
-        "presence_penalty", "frequency_penalty", "suffix", "logit_bias"};
+        "presence_penalty", "frequency_penalty", "suffix", "logit_bias", "messages"};
     const char *key;
     json_t *v;
     json_object_foreach(root, key, v) {
@@ -794,7 +896,8 @@ static bool parse_completion(srv *s, json_t *root, srv_job **out, srv_err *e) {
     ms_error merr = {0};
     if (ms_sampler_check_params(&j->sampling, &merr) != MS_OK)
         return perr(e, 400, NULL, "bad sampling settings: %s", merr.msg);
-    j->max_tokens = SRV_DEFAULT_MAX_TOKENS;
+    /* chat's default, as OpenAI's: up to the context (the engine stops there) */
+    j->max_tokens = chat ? s->fa.max_context : SRV_DEFAULT_MAX_TOKENS;
     v = json_object_get(root, "max_tokens");
     if (v == NULL || json_is_null(v))
         v = json_object_get(root, "max_completion_tokens"); /* the newer name */
@@ -848,6 +951,18 @@ static bool parse_completion(srv *s, json_t *root, srv_job **out, srv_err *e) {
     }
     if (!parse_stop(j, json_object_get(root, "stop"), e, s->has_tok))
         return false;
+    if (chat) {
+        if (json_object_get(root, "prompt") != NULL)
+            return perr(e, 400, "prompt", "a chat request has 'messages', not 'prompt'");
+        j->ch = ms_calloc(1, sizeof *j->ch);
+        if (j->ch == NULL)
+            return perr(e, 500, NULL, "out of memory");
+        j->n_ch = 1;
+        j->ch[0].job = j;
+        if (!j->ignore_eos)
+            j->stop_id = s->chat_eos_id;
+        return parse_messages(s, json_object_get(root, "messages"), &j->ch[0], e);
+    }
     /* prompt: a string, a list of strings, token ids, or a list of token id lists */
     json_t *p = json_object_get(root, "prompt");
     if (p == NULL || json_is_null(p))
@@ -922,7 +1037,7 @@ static bool client_gone(struct MHD_Connection *con) {
     return (p.revents & POLLIN) && recv(ci->connect_fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
 }
 
-static enum MHD_Result handle_completion(srv *s, struct MHD_Connection *con, srv_conn *cc) {
+static enum MHD_Result handle_completion(srv *s, struct MHD_Connection *con, srv_conn *cc, bool chat) {
     json_error_t jerr;
     json_t *root = json_loadb(cc->body != NULL ? cc->body : "", cc->n, JSON_REJECT_DUPLICATES,
                               &jerr);
@@ -932,7 +1047,7 @@ static enum MHD_Result handle_completion(srv *s, struct MHD_Connection *con, srv
                            jerr.text, jerr.line, jerr.column);
     srv_job *j = NULL;
     srv_err e = {0};
-    bool ok = parse_completion(s, root, &j, &e);
+    bool ok = parse_completion(s, root, chat, &j, &e);
     json_decref(root);
     if (!ok) {
         job_free(j);
@@ -948,7 +1063,7 @@ static enum MHD_Result handle_completion(srv *s, struct MHD_Connection *con, srv
                                       "the queue is full (%d requests waiting; --max-queue)",
                                       (int)s->o.max_queue);
     }
-    snprintf(j->id, sizeof j->id, "cmpl-%llu", (unsigned long long)++s->next_id);
+    snprintf(j->id, sizeof j->id, "%s-%llu", chat ? "chatcmpl" : "cmpl", (unsigned long long)++s->next_id);
     j->enqueued = true;
     s->n_jobs++;
     j->created = (long long)time(NULL);
@@ -1152,12 +1267,17 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *con, const c
     if (strcmp(url, "/v1/completions") == 0) {
         if (!post)
             return reply_error(s, con, 405, NULL, NULL, "use POST for /v1/completions");
-        return handle_completion(s, con, cc);
+        return handle_completion(s, con, cc, false);
     }
-    if (strcmp(url, "/v1/chat/completions") == 0)
-        return reply_error(s, con, 501, NULL, "not_implemented",
-                           "chat templates are not available yet: /v1/chat/completions is not "
-                           "served; use /v1/completions");
+    if (strcmp(url, "/v1/chat/completions") == 0) {
+        if (!post)
+            return reply_error(s, con, 405, NULL, NULL, "use POST for /v1/chat/completions");
+        if (!s->has_tok)
+            return reply_error(s, con, 501, NULL, "not_implemented",
+                               "chat needs a tokenizer and the server has none: use /v1/completions "
+                               "with token ids");
+        return handle_completion(s, con, cc, true);
+    }
     if (strcmp(url, "/v1/models") == 0 && get)
         return handle_models(s, con, NULL);
     if (strncmp(url, "/v1/models/", 11) == 0 && get)
@@ -1190,8 +1310,10 @@ static void serve_usage(FILE *to, const char *prog) {
             "           [--api-key KEY] [--max-seqs N] [--max-tokens-per-step N]\n"
             "           [--max-queue N] [--kv-pages N] [--page-size N]\n"
             "           [--device auto|cpu|cuda] [--dtype auto|f32|bf16] [--threads N]\n"
-            "  OpenAI-compatible HTTP server: POST /v1/completions, GET /v1/models, /health,\n"
-            "  /metrics. --host defaults to 127.0.0.1, --port to 8000 (0: a free port, printed\n"
+            "           [--chat-template FILE.jinja|tokenizer_config.json]\n"
+            "  OpenAI-compatible HTTP server: POST /v1/completions, /v1/chat/completions (the\n"
+            "  chat template: --chat-template, else the tokenizer's or the model folder's\n"
+            "  tokenizer_config.json), GET /v1/models, /health, /metrics. --host defaults to 127.0.0.1, --port to 8000 (0: a free port, printed\n"
             "  as 'listening on http://HOST:PORT' on stderr). SIGINT / SIGTERM stop it.\n",
             prog);
 }
@@ -1207,7 +1329,7 @@ static int parse_serve(int argc, char **argv, srv_opts *o, const char *prog) {
     static const char *const with_value[] = {
         "--model", "--tokenizer", "--host", "--port", "--api-key", "--max-seqs",
         "--max-tokens-per-step", "--device", "--dtype", "--page-size", "--threads",
-        "--max-queue", "--kv-pages"};
+        "--max-queue", "--kv-pages", "--chat-template"};
     bool seen[MS_ARRAY_LEN(with_value)] = {false};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
@@ -1243,6 +1365,8 @@ static int parse_serve(int argc, char **argv, srv_opts *o, const char *prog) {
             o->tokenizer = v;
         } else if (strcmp(a, "--host") == 0) {
             o->host = v;
+        } else if (strcmp(a, "--chat-template") == 0) {
+            o->chat_template = v;
         } else if (strcmp(a, "--api-key") == 0) {
             if (*v == '\0') {
                 fprintf(stderr, "%s: --api-key: the key is empty\n", prog);
@@ -1322,6 +1446,127 @@ static char *model_name(const char *path) {
     return ms_asprintf("%.*s", (int)(n - b), path + b);
 }
 
+/* ---- the chat template ---- */
+
+/* A whole file into a fresh NUL-terminated ms_malloc block; NULL (and a message) on failure. */
+static char *read_text_file(const char *path, ms_error *err) {
+    FILE *f = fopen(path, "rb");
+    if (f == NULL) {
+        MS_FAIL(err, MS_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+        return NULL;
+    }
+    char *buf = NULL;
+    size_t n = 0, cap = 0, got;
+    do {
+        if (ms_grow((void **)&buf, &cap, n + 65536 + 1, 1) != MS_OK) {
+            fclose(f);
+            ms_free(buf);
+            MS_FAIL(err, MS_ERR_OOM, "%s: out of memory", path);
+            return NULL;
+        }
+        got = fread(buf + n, 1, 65536, f);
+        n += got;
+    } while (got > 0);
+    bool bad = ferror(f) != 0;
+    fclose(f);
+    if (bad || memchr(buf, '\0', n) != NULL) {
+        ms_free(buf);
+        MS_FAIL(err, MS_ERR_IO, "%s: %s", path, bad ? "read error" : "holds a NUL byte (not a template)");
+        return NULL;
+    }
+    buf[n] = '\0';
+    return buf;
+}
+
+/* bos_token / eos_token of a tokenizer_config.json: a string or {"content": string}; NULL else. */
+static char *config_token(const char *cfg_path, const char *key) {
+    json_t *root = json_load_file(cfg_path, 0, NULL);
+    json_t *v = json_object_get(root, key);
+    if (json_is_object(v))
+        v = json_object_get(v, "content");
+    char *out = json_is_string(v) ? ms_strdup(json_string_value(v)) : NULL;
+    json_decref(root);
+    return out;
+}
+
+/* Load s->tmpl: --chat-template (a .json is a tokenizer_config.json), else the tokenizer's
+   tokenizer_config.json (ms_tok_hf read it), else the model folder's. No template leaves
+   tmpl NULL and tmpl_why set; a template that does not parse is an error (returns 1). */
+static int load_chat_template(srv *s, const char *model_dir) {
+    ms_error err = {0};
+    char *text = NULL, *name = NULL, *cfg = NULL;
+    const char *ct = s->o.chat_template;
+    size_t ctl = ct != NULL ? strlen(ct) : 0;
+    if (ct != NULL && ctl >= 5 && strcmp(ct + ctl - 5, ".json") == 0) {
+        cfg = ms_strdup(ct);
+    } else if (ct != NULL) {
+        text = read_text_file(ct, &err);
+        if (text == NULL) {
+            fprintf(stderr, "%s: --chat-template: %s\n", s->prog, err.msg);
+            return 1;
+        }
+        name = ms_strdup(ct);
+    } else if (s->tok.hf != NULL && ms_tok_hf_chat_template(s->tok.hf) != NULL) {
+        text = ms_strdup(ms_tok_hf_chat_template(s->tok.hf));
+        const char *slash = strrchr(s->tok.path, '/');
+        name = slash != NULL ? ms_asprintf("%.*s/tokenizer_config.json", (int)(slash - s->tok.path), s->tok.path)
+                             : ms_strdup("tokenizer_config.json");
+    } else if (model_dir != NULL) {
+        char *p = ms_asprintf("%s/tokenizer_config.json", model_dir);
+        if (p != NULL && access(p, R_OK) == 0)
+            cfg = p;
+        else
+            ms_free(p);
+    }
+    if (cfg != NULL) {
+        ms_status st = ms_chat_template_load_config(cfg, &text, &err);
+        if (st == MS_ERR_NOT_FOUND && ct == NULL) {
+            ms_free(cfg);
+            cfg = NULL;
+        } else if (st != MS_OK) {
+            fprintf(stderr, "%s: %s%s\n", s->prog, ct != NULL ? "--chat-template: " : "", err.msg);
+            ms_free(cfg);
+            return 1;
+        } else {
+            name = ms_strdup(cfg);
+        }
+    }
+    if (text == NULL) {
+        snprintf(s->tmpl_why, sizeof s->tmpl_why,
+                 "the model has no chat template (no chat_template in a tokenizer_config.json); "
+                 "give --chat-template FILE, or use /v1/completions");
+        ms_free(cfg);
+        ms_free(name);
+        return 0;
+    }
+    /* bos / eos: the config the template came from, else the tokenizer's */
+    if (cfg != NULL) {
+        s->bos_tok = config_token(cfg, "bos_token");
+        s->eos_tok = config_token(cfg, "eos_token");
+    }
+    if (s->tok.hf != NULL) {
+        if (s->bos_tok == NULL && ms_tok_hf_bos_token(s->tok.hf) != NULL)
+            s->bos_tok = ms_strdup(ms_tok_hf_bos_token(s->tok.hf));
+        if (s->eos_tok == NULL && ms_tok_hf_eos_token(s->tok.hf) != NULL)
+            s->eos_tok = ms_strdup(ms_tok_hf_eos_token(s->tok.hf));
+    }
+    s->chat_eos_id = -1;
+    if (s->eos_tok != NULL && s->tok.hf != NULL) {
+        int32_t id = ms_tok_hf_token_id(s->tok.hf, s->eos_tok);
+        if (id >= 0 && id < s->fa.vocab)
+            s->chat_eos_id = id;
+    }
+    ms_status st = ms_chat_template_init(&s->tmpl, text, name != NULL ? name : "chat_template", &err);
+    ms_free(text);
+    ms_free(cfg);
+    ms_free(name);
+    if (st != MS_OK) {
+        fprintf(stderr, "%s: the chat template does not load: %s\n", s->prog, err.msg);
+        return 1;
+    }
+    return 0;
+}
+
 /* ---- serve ---- */
 
 int ms_cli_serve(int argc, char **argv, const ms_model_desc *desc, const char *prog) {
@@ -1345,6 +1590,12 @@ int ms_cli_serve(int argc, char **argv, const ms_model_desc *desc, const char *p
     if ((rc = ms_cli_tok_init(&s.tok, s.o.tokenizer, dir, fa.vocab)) != 0)
         goto done;
     s.has_tok = s.tok.l2c != NULL || s.tok.hf != NULL;
+    s.chat_eos_id = -1;
+    s.fa.vocab = fa.vocab;
+    if (s.has_tok && (rc = load_chat_template(&s, dir)) != 0)
+        goto done;
+    if (!s.has_tok)
+        snprintf(s.tmpl_why, sizeof s.tmpl_why, "chat needs a tokenizer and the server has none");
     s.name = model_name(s.o.model);
     s.run = ms_calloc((size_t)s.o.max_seqs, sizeof *s.run);
     if (s.name == NULL || s.run == NULL) {
@@ -1468,6 +1719,9 @@ done:
     }
     ms_engine_free(s.eng);
     ms_cli_tok_free(&s.tok);
+    ms_chat_template_free(s.tmpl);
+    ms_free(s.bos_tok);
+    ms_free(s.eos_tok);
     ms_free(s.run);
     ms_free(s.name);
     ms_free(dir);
