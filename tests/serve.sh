@@ -5,6 +5,9 @@
 # 16 concurrent requests, a client that disconnects mid-stream, malformed requests (each a 4xx with
 # OpenAI's error body, the server still healthy after it), the API key, and SIGTERM / SIGINT
 # exiting 0 with nothing from a sanitizer (under `make SAN=asan`: ASan+UBSan+LeakSanitizer).
+# Chat: /v1/chat/completions through Llama 3.1's template equals the completion of the rendered
+# prompt, streamed chat, malformed messages, no template, --chat-template (.jinja and .json: its
+# eos stops a chat) and a template that does not parse.
 # Then the official `openai` Python client (tests/serve_openai.py) against the same server; it is
 # skipped, saying so, only when the package cannot be imported (install-deps.sh pip-installs it).
 #
@@ -87,6 +90,23 @@ metric() { curl -s -m 10 "$url/metrics" | awk -v m="$1" '$1 == m { print $2 }'; 
 healthy() { [ "$(curl -s -m 10 -o /dev/null -w '%{http_code}' "$url/health")" = 200 ]; }
 # sse_text FILE: the concatenated text of the stream's chunks
 sse_text() { sed -n 's/^data: //p' "$1" | grep -v '^\[DONE\]$' | jq -j '.choices[]?.text'; }
+
+# openai_tests ARGS...: tests/serve_openai.py ARGS, its ok / FAIL lines counted (exit 77: a skip)
+openai_tests() {
+    local rc
+    "${PYTHON:-python3}" tests/serve_openai.py "$@" >"$tmp/openai.out" 2>&1
+    rc=$?
+    if [ $rc -eq 77 ]; then
+        echo "skip openai client tests: $(head -n 1 "$tmp/openai.out")"
+    else
+        passed=$((passed + $(grep -c '^ok ' "$tmp/openai.out")))
+        failed=$((failed + $(grep -c '^FAIL ' "$tmp/openai.out")))
+        cat "$tmp/openai.out"
+        if [ $rc -ne 0 ] && ! grep -q '^FAIL ' "$tmp/openai.out"; then
+            bad "openai client tests" "exit $rc" "$(tail -c 600 "$tmp/openai.out")"
+        fi
+    fi
+}
 
 # ---- llama2.c model with its tokenizer ----
 if start l2c --model "$l2c" --tokenizer "$tok" --max-seqs 8; then
@@ -221,18 +241,7 @@ if start l2c --model "$l2c" --tokenizer "$tok" --max-seqs 8; then
     detail="$(metric 'mstar_requests_total{outcome="error"}')"
     check "l2c: /metrics counts the failed requests" [ "${detail:-0}" -ge 20 ]
     # the official openai client (tests/serve_openai.py; scripts/install-deps.sh installs it)
-    "${PYTHON:-python3}" tests/serve_openai.py "$url/v1" "$text_greedy" >"$tmp/openai.out" 2>&1
-    rc=$?
-    if [ $rc -eq 77 ]; then
-        echo "skip openai client tests: $(head -n 1 "$tmp/openai.out")"
-    else
-        passed=$((passed + $(grep -c '^ok ' "$tmp/openai.out")))
-        failed=$((failed + $(grep -c '^FAIL ' "$tmp/openai.out")))
-        cat "$tmp/openai.out"
-        if [ $rc -ne 0 ] && ! grep -q '^FAIL ' "$tmp/openai.out"; then
-            bad "openai client tests" "exit $rc" "$(tail -c 600 "$tmp/openai.out")"
-        fi
-    fi
+    openai_tests "$url/v1" "$text_greedy"
     stop l2c TERM
 fi
 
@@ -340,6 +349,7 @@ sys.stdout.write(t.render(messages=[{"role": "user", "content": "Hi there"}], ad
     chat_bad "with a prompt" '{"prompt": "x", "messages": [{"role": "user", "content": "a"}]}' "not 'prompt'"
     st=$(curl -s -m 10 -o /dev/null -w '%{http_code}' "$url/v1/chat/completions")
     check "hf: GET /v1/chat/completions -> 405" [ "$st" = 405 ]
+    openai_tests --chat "$url/v1" "$chat_text"
     stop hf TERM
 fi
 

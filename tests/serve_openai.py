@@ -2,8 +2,12 @@
 """serve_openai.py - the official `openai` Python package (1.x) against a running `serve`.
 
 Usage: serve_openai.py BASE_URL EXPECTED_TEXT
-  BASE_URL       e.g. http://127.0.0.1:PORT/v1
-  EXPECTED_TEXT  the greedy 40-token completion of "The little dog" (what `generate` prints)
+       serve_openai.py --chat BASE_URL EXPECTED_CONTENT
+  BASE_URL          e.g. http://127.0.0.1:PORT/v1
+  EXPECTED_TEXT     the greedy 40-token completion of "The little dog" (what `generate` prints)
+  EXPECTED_CONTENT  --chat: the greedy 24-token chat reply to one user message "Hi there" (a
+                    server with a chat template); only chat.completions is checked: plain,
+                    stream=True with include_usage, and a malformed message raising BadRequestError
 
 Checks completions (text, finish_reason, usage), streaming (chunks reassemble to the same text,
 one finish_reason, include_usage), stop strings, and that a bad request raises the client's
@@ -18,6 +22,9 @@ except ImportError:
     print("skip: the openai package is not installed (pip install openai==1.109.1)")
     sys.exit(77)
 
+chat = len(sys.argv) > 1 and sys.argv[1] == "--chat"
+if chat:
+    del sys.argv[1]
 base, want = sys.argv[1], sys.argv[2]
 client = openai.OpenAI(base_url=base, api_key="unused", timeout=30, max_retries=0)
 failed = 0
@@ -35,6 +42,39 @@ def check(name, cond, detail=""):
 models = client.models.list()
 model = models.data[0].id
 check("models.list", len(models.data) == 1, repr(models))
+
+if chat:
+    msgs = [{"role": "user", "content": "Hi there"}]
+    r = client.chat.completions.create(model=model, messages=msgs, max_tokens=24, temperature=0)
+    check("chat content", r.choices[0].message.content == want, repr(r.choices[0].message))
+    check("chat role and finish_reason", r.choices[0].message.role == "assistant"
+          and r.choices[0].finish_reason == "length" and r.object == "chat.completion", repr(r))
+    check("chat usage", r.usage is not None and r.usage.completion_tokens == 24
+          and r.usage.total_tokens == r.usage.prompt_tokens + 24, repr(r.usage))
+    parts, finishes, roles, usage = [], [], [], None
+    for chunk in client.chat.completions.create(model=model, messages=msgs, max_tokens=24,
+                                                temperature=0, stream=True,
+                                                stream_options={"include_usage": True}):
+        for c in chunk.choices:
+            if c.delta.role is not None:
+                roles.append(c.delta.role)
+            if c.delta.content is not None:
+                parts.append(c.delta.content)
+            if c.finish_reason is not None:
+                finishes.append(c.finish_reason)
+        if chunk.usage is not None:
+            usage = chunk.usage
+    check("chat stream reassembles", "".join(parts) == want, repr("".join(parts)))
+    check("chat stream role once, finish_reason length", roles == ["assistant"]
+          and finishes == ["length"], repr((roles, finishes)))
+    check("chat stream usage", usage is not None and usage.completion_tokens == 24, repr(usage))
+    try:
+        client.chat.completions.create(model=model, messages=[{"role": "user"}])
+        check("chat bad message raises", False, "no exception")
+    except openai.BadRequestError as e:
+        check("chat bad message raises BadRequestError", e.status_code == 400
+              and "messages[0].content" in str(e), str(e))
+    sys.exit(1 if failed else 0)
 
 r = client.completions.create(model=model, prompt="The little dog", max_tokens=40, temperature=0)
 check("completion text", r.choices[0].text == want, repr(r.choices[0].text))
