@@ -262,6 +262,9 @@ if start gqa --model "$gqa" --api-key sekrit --max-seqs 4; then
     st=$(curl -s -m 10 -o "$tmp/gtext" -w '%{http_code}' -H 'Authorization: Bearer sekrit' -d '{"prompt": "hello"}' "$url/v1/completions")
     detail="$st $(head -c 200 "$tmp/gtext")"
     check "gqa: a text prompt without a tokenizer -> 400" [ "$st" = 400 ]
+    st=$(curl -s -m 10 -o "$tmp/gchat" -w '%{http_code}' -H 'Authorization: Bearer sekrit' -d '{"messages": [{"role": "user", "content": "x"}]}' "$url/v1/chat/completions")
+    detail="$st $(head -c 200 "$tmp/gchat")"
+    check "gqa: chat without a tokenizer -> 501 saying so" [ "$st" = 501 -a "$(jq -r .error.message "$tmp/gchat" | grep -c tokenizer)" = 1 ]
     check "gqa: /health needs no key" healthy
     stop gqa TERM
 fi

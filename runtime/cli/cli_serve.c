@@ -145,7 +145,7 @@ struct srv {
     ms_cli_tok tok;
     bool has_tok;
     ms_chat_template *tmpl;     /* NULL: no chat template (chat requests get tmpl_why) */
-    char *bos_tok, *eos_tok;    /* the template's bos_token / eos_token (ms_malloc'd, NULL: unset) */
+    char *bos_tok, *eos_tok;    /* the template's bos / eos tokens (ms_malloc'd; NULL: unset) */
     int32_t chat_eos_id;        /* eos_tok's id (-1: none): chat requests stop on it */
     char tmpl_why[320];
     ms_md_facts fa;             /* the engine's facts (read-only after init) */
@@ -273,7 +273,9 @@ static json_t *usage_json(const srv_job *j) {
 
 /* A completion object (a reply, or one stream chunk holding `choices`). */
 static json_t *completion_json(const srv_job *j, json_t *choices) {
-    const char *obj = !j->chat ? "text_completion" : j->stream ? "chat.completion.chunk" : "chat.completion";
+    const char *obj = !j->chat    ? "text_completion"
+                      : j->stream ? "chat.completion.chunk"
+                                  : "chat.completion";
     json_t *o = json_pack("{s:s, s:s, s:I, s:s, s:o}", "id", j->id, "object", obj,
                           "created", (json_int_t)j->created, "model", j->s->name, "choices",
                           choices);
@@ -784,7 +786,8 @@ static bool parse_messages(srv *s, json_t *msgs, srv_choice *c, srv_err *e) {
                         r == NULL ? "is missing" : "is not a string");
         if (!json_is_string(t))
             return perr(e, 400, "messages", "messages[%zu].content %s", i,
-                        t == NULL ? "is missing" : "is not a string (only text content is supported)");
+                        t == NULL ? "is missing"
+                                  : "is not a string (only text content is supported)");
         if (strlen(json_string_value(t)) != json_string_length(t) ||
             strlen(json_string_value(r)) != json_string_length(r))
             return perr(e, 400, "messages", "messages[%zu] holds a NUL character", i);
@@ -795,7 +798,8 @@ static bool parse_messages(srv *s, json_t *msgs, srv_choice *c, srv_err *e) {
     }
     ms_error merr = {0};
     char *text = NULL;
-    ms_status st = ms_chat_template_render(s->tmpl, msgs, true, s->bos_tok, s->eos_tok, &text, &merr);
+    ms_status st =
+        ms_chat_template_render(s->tmpl, msgs, true, s->bos_tok, s->eos_tok, &text, &merr);
     if (st != MS_OK)
         return st == MS_ERR_OOM ? perr(e, 500, NULL, "out of memory")
                                 : perr(e, 400, "messages", "%s", merr.msg);
@@ -810,9 +814,10 @@ static bool parse_messages(srv *s, json_t *msgs, srv_choice *c, srv_err *e) {
     ms_free(text);
     if (st != MS_OK || n == 0) {
         ms_free(ids);
-        return st == MS_ERR_OOM ? perr(e, 500, NULL, "out of memory")
-                                : perr(e, 400, "messages", "the rendered conversation cannot be tokenized%s%s",
-                                       st != MS_OK ? ": " : " (no tokens)", st != MS_OK ? merr.msg : "");
+        if (st == MS_ERR_OOM)
+            return perr(e, 500, NULL, "out of memory");
+        return perr(e, 400, "messages", "the rendered conversation cannot be tokenized%s%s",
+                    st != MS_OK ? ": " : " (no tokens)", st != MS_OK ? merr.msg : "");
     }
     c->prompt = ids;
     c->n_prompt = (int32_t)n;
@@ -1037,7 +1042,8 @@ static bool client_gone(struct MHD_Connection *con) {
     return (p.revents & POLLIN) && recv(ci->connect_fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
 }
 
-static enum MHD_Result handle_completion(srv *s, struct MHD_Connection *con, srv_conn *cc, bool chat) {
+static enum MHD_Result handle_completion(srv *s, struct MHD_Connection *con, srv_conn *cc,
+                                         bool chat) {
     json_error_t jerr;
     json_t *root = json_loadb(cc->body != NULL ? cc->body : "", cc->n, JSON_REJECT_DUPLICATES,
                               &jerr);
@@ -1063,7 +1069,8 @@ static enum MHD_Result handle_completion(srv *s, struct MHD_Connection *con, srv
                                       "the queue is full (%d requests waiting; --max-queue)",
                                       (int)s->o.max_queue);
     }
-    snprintf(j->id, sizeof j->id, "%s-%llu", chat ? "chatcmpl" : "cmpl", (unsigned long long)++s->next_id);
+    snprintf(j->id, sizeof j->id, "%s-%llu", chat ? "chatcmpl" : "cmpl",
+             (unsigned long long)++s->next_id);
     j->enqueued = true;
     s->n_jobs++;
     j->created = (long long)time(NULL);
@@ -1313,8 +1320,9 @@ static void serve_usage(FILE *to, const char *prog) {
             "           [--chat-template FILE.jinja|tokenizer_config.json]\n"
             "  OpenAI-compatible HTTP server: POST /v1/completions, /v1/chat/completions (the\n"
             "  chat template: --chat-template, else the tokenizer's or the model folder's\n"
-            "  tokenizer_config.json), GET /v1/models, /health, /metrics. --host defaults to 127.0.0.1, --port to 8000 (0: a free port, printed\n"
-            "  as 'listening on http://HOST:PORT' on stderr). SIGINT / SIGTERM stop it.\n",
+            "  tokenizer_config.json), GET /v1/models, /health, /metrics. --host defaults to\n"
+            "  127.0.0.1, --port to 8000 (0: a free port, printed as 'listening on\n"
+            "  http://HOST:PORT' on stderr). SIGINT / SIGTERM stop it.\n",
             prog);
 }
 
@@ -1471,7 +1479,8 @@ static char *read_text_file(const char *path, ms_error *err) {
     fclose(f);
     if (bad || memchr(buf, '\0', n) != NULL) {
         ms_free(buf);
-        MS_FAIL(err, MS_ERR_IO, "%s: %s", path, bad ? "read error" : "holds a NUL byte (not a template)");
+        MS_FAIL(err, MS_ERR_IO, "%s: %s", path,
+                bad ? "read error" : "holds a NUL byte (not a template)");
         return NULL;
     }
     buf[n] = '\0';
@@ -1509,7 +1518,8 @@ static int load_chat_template(srv *s, const char *model_dir) {
     } else if (s->tok.hf != NULL && ms_tok_hf_chat_template(s->tok.hf) != NULL) {
         text = ms_strdup(ms_tok_hf_chat_template(s->tok.hf));
         const char *slash = strrchr(s->tok.path, '/');
-        name = slash != NULL ? ms_asprintf("%.*s/tokenizer_config.json", (int)(slash - s->tok.path), s->tok.path)
+        name = slash != NULL ? ms_asprintf("%.*s/tokenizer_config.json",
+                                           (int)(slash - s->tok.path), s->tok.path)
                              : ms_strdup("tokenizer_config.json");
     } else if (model_dir != NULL) {
         char *p = ms_asprintf("%s/tokenizer_config.json", model_dir);
@@ -1556,7 +1566,8 @@ static int load_chat_template(srv *s, const char *model_dir) {
         if (id >= 0 && id < s->fa.vocab)
             s->chat_eos_id = id;
     }
-    ms_status st = ms_chat_template_init(&s->tmpl, text, name != NULL ? name : "chat_template", &err);
+    ms_status st =
+        ms_chat_template_init(&s->tmpl, text, name != NULL ? name : "chat_template", &err);
     ms_free(text);
     ms_free(cfg);
     ms_free(name);
