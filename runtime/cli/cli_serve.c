@@ -13,6 +13,11 @@
  * response, its free callback marks the job aborted, and the scheduler removes its requests from
  * the engine (ms_engine_remove) at the next step boundary.
  *
+ * Chat: /v1/chat/completions renders `messages` with the chat template loaded at start
+ * (chat_template.h; --chat-template, else tokenizer_config.json's), encodes the text without
+ * adding special tokens (the template wrote bos_token), and runs it as a completion whose replies
+ * are chat objects; the template's eos token is a stop id of the job (besides the model's eos).
+ *
  * Locking: one mutex (srv.mu) guards the queue, every job's state and the counters; the engine is
  * touched by the scheduler thread only (the handlers read the KV page counts it publishes).
  * A job is freed by whoever drops the last of its references: the handler's (a plain reply: when
