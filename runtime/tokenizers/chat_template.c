@@ -1820,6 +1820,20 @@ static bool py_space(uint32_t c) {
 }
 
 /* Strip from the left (mode 1), right (2) or both (3): whitespace, or the code points of chars. */
+/* Whether the code point at q (l bytes, value c) is one strip() removes: Python whitespace when
+ * chars is NULL, else one of the code points of the string chars. */
+static bool strip_hit(const ct_val *chars, const char *q, size_t l, uint32_t c) {
+    if (chars == NULL)
+        return py_space(c);
+    for (size_t i = 0; i < chars->u.s.n;) {
+        size_t l2 = cp_len(chars->u.s.p + i, chars->u.s.n - i);
+        if (l2 == l && memcmp(chars->u.s.p + i, q, l) == 0)
+            return true;
+        i += l2;
+    }
+    return false;
+}
+
 static ct_val str_strip(ct_val s, int mode, const ct_val *chars) {
     const char *p = s.u.s.p;
     size_t a = 0, b = s.u.s.n;
@@ -1827,17 +1841,7 @@ static ct_val str_strip(ct_val s, int mode, const ct_val *chars) {
         while (a < b) {
             size_t l = cp_len(p + a, b - a);
             uint32_t c = cp_at(p + a, l);
-            bool hit = false;
-            if (chars == NULL) {
-                hit = py_space(c);
-            } else {
-                for (size_t i = 0; i < chars->u.s.n;) {
-                    size_t l2 = cp_len(chars->u.s.p + i, chars->u.s.n - i);
-                    if (l2 == l && memcmp(chars->u.s.p + i, p + a, l) == 0)
-                        hit = true;
-                    i += l2;
-                }
-            }
+            bool hit = strip_hit(chars, p + a, l, c);
             if (!hit)
                 break;
             a += l;
@@ -1854,17 +1858,7 @@ static ct_val str_strip(ct_val s, int mode, const ct_val *chars) {
                 l = 1;
             }
             uint32_t c = cp_at(p + st, l);
-            bool hit = false;
-            if (chars == NULL) {
-                hit = py_space(c);
-            } else {
-                for (size_t i = 0; i < chars->u.s.n;) {
-                    size_t l2 = cp_len(chars->u.s.p + i, chars->u.s.n - i);
-                    if (l2 == l && memcmp(chars->u.s.p + i, p + st, l) == 0)
-                        hit = true;
-                    i += l2;
-                }
-            }
+            bool hit = strip_hit(chars, p + st, l, c);
             if (!hit)
                 break;
             b = st;
@@ -3276,7 +3270,7 @@ static bool eval_filter(render *r, const node *n, ct_val *out) {
         return true;
     }
     default:
-        return rerr(r, MS_ERR_INTERNAL, n, "filter not implemented");
+        return rerr(r, MS_ERR_INTERNAL, n, "internal: a filter the parser resolved has no evaluator");
     }
 }
 
@@ -3334,7 +3328,7 @@ static bool apply_test(render *r, const node *n, int op, ct_val v, ct_val a0, bo
         res = cased && val_eq(s, c);
         break;
     }
-    default: return rerr(r, MS_ERR_INTERNAL, n, "test not implemented");
+    default: return rerr(r, MS_ERR_INTERNAL, n, "internal: a test the parser resolved has no evaluator");
     }
     *resp = res;
     return true;
@@ -3475,7 +3469,7 @@ static bool eval_call(render *r, const node *n, ct_val *out) {
         return true;
     }
     default:
-        return rerr(r, MS_ERR_INTERNAL, n, "function not implemented");
+        return rerr(r, MS_ERR_INTERNAL, n, "internal: a function the parser resolved has no evaluator");
     }
 }
 
