@@ -213,8 +213,14 @@ ms_status ms_cuda_rope_kv_launch(const ms_cuda_module *m, const ms_rope_kv_param
                            "%s: M-RoPE sections sum to %d pairs, rotary_dim %d has %d", m->uri, sum,
                            rot, rot / 2);
     }
+    /* CTAs per token: enough for one pair slot (or v element) per thread, at most 64 */
+    const long long slots = (long long)(p->n_q_heads + p->n_kv_heads) * (hd / 2);
+    const long long vals = (long long)p->n_kv_heads * hd;
+    long long chunks = ((slots > vals ? slots : vals) + MS_ROPE_KV_THREADS - 1) / MS_ROPE_KV_THREADS;
+    chunks = chunks < 1 ? 1 : chunks > 64 ? 64 : chunks;
     ms_rope_kv_params copy = *p;
-    return launch(m, 0, (unsigned)p->n_tokens, 1, 1, MS_ROPE_KV_THREADS, &copy, stream, err);
+    return launch(m, 0, (unsigned)p->n_tokens, (unsigned)chunks, 1, MS_ROPE_KV_THREADS, &copy,
+                  stream, err);
 }
 
 ms_status ms_cuda_rmsnorm_launch(const ms_cuda_module *m, const ms_rmsnorm_params *p,
@@ -301,6 +307,26 @@ ms_status ms_cuda_sample_launch(const ms_cuda_module *m, const ms_sample_params 
                        p->stride);
     ms_sample_params copy = *p;
     return launch(m, 0, (unsigned)p->n_rows, 1, 1, MS_SAMPLE_THREADS, &copy, stream, err);
+}
+
+bool ms_cuda_gemv_fits(const ms_gemv_params *p) {
+    return p->n_rows >= 1 && p->n_rows <= MS_GEMV_MAX_ROWS && p->n_in > 0 && p->n_in % 8 == 0 &&
+           p->n_out > 0 && p->w_stride >= p->n_in && p->w_stride % 8 == 0 &&
+           p->x_stride >= p->n_in && p->x_stride % 4 == 0 && p->y_stride >= p->n_out &&
+           ((uintptr_t)p->x % 16) == 0 && ((uintptr_t)p->w % 16) == 0;
+}
+
+ms_status ms_cuda_gemv_launch(const ms_cuda_module *m, const ms_gemv_params *p,
+                              cudaStream_t stream, ms_error *err) {
+    MS_TRY(want_op(m, MS_KERNEL_OP_MISC, err));
+    if (m->spec.dtype == MS_KERNEL_DTYPE_F32 || !ms_cuda_gemv_fits(p))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "%s: gemv of %d rows x %d -> %d (strides %d/%d/%d) does not fit the kernel",
+                       m->uri, p->n_rows, p->n_in, p->n_out, p->x_stride, p->w_stride,
+                       p->y_stride);
+    ms_gemv_params copy = *p;
+    return launch(m, 3, (unsigned)MS_CEIL_DIV(p->n_out, MS_GEMV_WARPS), 1, 1, MS_GEMV_WARPS * 32,
+                  &copy, stream, err);
 }
 
 ms_status ms_cuda_misc_launch(const ms_cuda_module *m, int which, const ms_misc_params *p,

@@ -20,7 +20,7 @@
 #define MS_ATTN_DECODE_MAX_SPLITS 64 /* KV splits per request (the in-kernel merge's table) */
 #define MS_ATTN_PREFILL_THREADS 128  /* 4 warps x 16 packed (token, head-in-group) rows */
 #define MS_ATTN_PREFILL_ROWS 64      /* packed query rows per CTA (MS_ATTN_PREFILL_THREADS / 2) */
-#define MS_ROPE_KV_THREADS 128       /* one CTA per token */
+#define MS_ROPE_KV_THREADS 128       /* per CTA; a token takes up to 64 CTAs */
 #define MS_RMSNORM_THREADS 256       /* one CTA per row; per-head norm: one warp per head row */
 #define MS_SILU_MUL_THREADS 256      /* grid-stride over 16-byte vectors */
 #define MS_EMBED_THREADS 128         /* one CTA per token */
@@ -210,5 +210,25 @@ typedef struct ms_misc_params {
     int b_stride;
     int out_stride;
 } ms_misc_params;
+
+/* ---- small-batch linear (misc/gemv.cuh, an entry of the misc module) ---- */
+
+#define MS_GEMV_MAX_ROWS 2 /* rows of x one launch takes; more go to cuBLAS */
+#define MS_GEMV_WARPS 8    /* output rows (one warp each) per CTA */
+#define MS_GEMV_UNROLL 4   /* 16-byte weight loads in flight per lane */
+
+/* y [n_rows, n_out] f32 = round_T(x [n_rows, n_in] f32) . W [n_out, n_in]^T (T: the module's
+ * weight type). Strides in elements; see gemv.cuh for the alignment it needs. */
+typedef struct ms_gemv_params {
+    const void *x;
+    const void *w;
+    void *y;
+    int n_rows; /* 1 .. MS_GEMV_MAX_ROWS */
+    int n_in;
+    int n_out;
+    int x_stride;
+    int w_stride;
+    int y_stride;
+} ms_gemv_params;
 
 #endif /* MS_KERNEL_PARAMS_H */
