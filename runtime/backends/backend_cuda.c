@@ -583,18 +583,6 @@ static ms_status cu_linear(void *ctx, const ms_tensor *x, const ms_tensor *w,
                                         x->data, CUDA_R_32F, (int)x->stride[0], &zero, y->data,
                                         CUDA_R_32F, (int)y->stride[0], CUBLAS_COMPUTE_32F,
                                         CUBLAS_GEMM_DEFAULT));
-    } else if (ms_cuda_gemv_fits(&(ms_gemv_params){x->data, w->data, y->data, (int)n, (int)in,
-                                                    (int)outd, (int)x->stride[0],
-                                                    (int)w->stride[0], (int)y->stride[0]})) {
-        /* decode at batch 1-2: our GEMV reads x in f32 and rounds it in registers (no convert
-           kernel, no split-K reduce); same operand precision as the cuBLAS path below */
-        ms_kernel_spec s = ms_kernel_spec_simple(MS_KERNEL_OP_MISC, kdtype(w->dtype));
-        s.act_dtype = MS_KERNEL_DTYPE_F32;
-        ms_cuda_module *m;
-        MS_TRY(get_module(c, &s, &m, err));
-        ms_gemv_params gp = {x->data, w->data, y->data, (int)n, (int)in, (int)outd,
-                             (int)x->stride[0], (int)w->stride[0], (int)y->stride[0]};
-        MS_TRY(ms_cuda_gemv_launch(m, &gp, c->stream, err));
     } else {
         /* round x to the weight type, then bf16/f16 x bf16/f16 -> f32 */
         MS_TRY(ensure_device(c, &c->scratch, &c->scratch_bytes, (size_t)(n * in) * 2,

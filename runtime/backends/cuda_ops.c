@@ -309,26 +309,6 @@ ms_status ms_cuda_sample_launch(const ms_cuda_module *m, const ms_sample_params 
     return launch(m, 0, (unsigned)p->n_rows, 1, 1, MS_SAMPLE_THREADS, &copy, stream, err);
 }
 
-bool ms_cuda_gemv_fits(const ms_gemv_params *p) {
-    return p->n_rows >= 1 && p->n_rows <= MS_GEMV_MAX_ROWS && p->n_in > 0 && p->n_in % 8 == 0 &&
-           p->n_out > 0 && p->w_stride >= p->n_in && p->w_stride % 8 == 0 &&
-           p->x_stride >= p->n_in && p->x_stride % 4 == 0 && p->y_stride >= p->n_out &&
-           ((uintptr_t)p->x % 16) == 0 && ((uintptr_t)p->w % 16) == 0;
-}
-
-ms_status ms_cuda_gemv_launch(const ms_cuda_module *m, const ms_gemv_params *p,
-                              cudaStream_t stream, ms_error *err) {
-    MS_TRY(want_op(m, MS_KERNEL_OP_MISC, err));
-    if (m->spec.dtype == MS_KERNEL_DTYPE_F32 || !ms_cuda_gemv_fits(p))
-        return MS_FAIL(err, MS_ERR_INVALID_ARG,
-                       "%s: gemv of %d rows x %d -> %d (strides %d/%d/%d) does not fit the kernel",
-                       m->uri, p->n_rows, p->n_in, p->n_out, p->x_stride, p->w_stride,
-                       p->y_stride);
-    ms_gemv_params copy = *p;
-    return launch(m, 3, (unsigned)MS_CEIL_DIV(p->n_out, MS_GEMV_WARPS), 1, 1, MS_GEMV_WARPS * 32,
-                  &copy, stream, err);
-}
-
 ms_status ms_cuda_misc_launch(const ms_cuda_module *m, int which, const ms_misc_params *p,
                               cudaStream_t stream, ms_error *err) {
     MS_TRY(want_op(m, MS_KERNEL_OP_MISC, err));

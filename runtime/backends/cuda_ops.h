@@ -77,16 +77,6 @@ ms_status ms_cuda_sample_launch(const ms_cuda_module *m, const ms_sample_params 
 /* Misc helpers (one module): which = 0 convert, 1 add, 2 gather_rows. */
 ms_status ms_cuda_misc_launch(const ms_cuda_module *m, int which, const ms_misc_params *p,
                               cudaStream_t stream, ms_error *err);
-/*
- * The misc module's small-batch linear (entry 3, templates/misc/gemv.cuh): y = round_T(x) . W^T
- * for 1 .. MS_GEMV_MAX_ROWS rows. MS_ERR_INVALID_ARG when the shape or alignment does not fit
- * the kernel (ms_cuda_gemv_fits says beforehand).
- */
-ms_status ms_cuda_gemv_launch(const ms_cuda_module *m, const ms_gemv_params *p,
-                              cudaStream_t stream, ms_error *err);
-/* True when gemv.cuh takes this shape: 1 .. MS_GEMV_MAX_ROWS rows, in % 8 == 0, 16-byte aligned
- * pointers and row strides (x f32, w 16-bit). */
-bool ms_cuda_gemv_fits(const ms_gemv_params *p);
 
 #ifdef __cplusplus
 }

@@ -28,7 +28,7 @@ static const kernel_op_info op_info[MS_KERNEL_OP_COUNT] = {
     {"embed", "embed/embed.cuh", {"ms_embed", NULL}},
     {"argmax", "sample/sample.cuh", {"ms_argmax", NULL}},
     {"sample", "sample/sample.cuh", {"ms_sample", NULL}},
-    {"misc", "misc/elementwise.cuh", {"ms_convert", "ms_add", "ms_gather_rows", "ms_gemv"}},
+    {"misc", "misc/elementwise.cuh", {"ms_convert", "ms_add", "ms_gather_rows"}},
     {"rmsnorm_heads", "norm/rmsnorm.cuh", {"ms_rmsnorm_heads", NULL}},
 };
 
@@ -393,13 +393,7 @@ static ms_status spec_body(const ms_kernel_spec *s, bool shape_macros, const cha
                  "    ms::add<cfg::TA>(p);\n}\n\n"
                  "extern \"C\" __global__ void __launch_bounds__(MS_MISC_THREADS)\n"
                  "ms_gather_rows(const ms_misc_params p) {\n"
-                 "    ms::gather_rows<cfg::TA>(p);\n}\n\n"
-                 /* the small-batch linear shares the module: its only parameter is the
-                    weight type, like the conversion that feeds cuBLAS */
-                 "#include \"misc/gemv.cuh\"\n\n"
-                 "extern \"C\" __global__ void __launch_bounds__(MS_GEMV_WARPS * 32)\n"
-                 "ms_gemv(const ms_gemv_params p) {\n"
-                 "    ms::gemv<cfg::T>(p);\n}\n");
+                 "    ms::gather_rows<cfg::TA>(p);\n}\n");
         break;
     default:
         break;

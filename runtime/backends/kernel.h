@@ -29,7 +29,7 @@ extern "C" {
 #endif
 
 #define MS_KERNEL_URI_MAX 128
-#define MS_KERNEL_MAX_ENTRIES 4
+#define MS_KERNEL_MAX_ENTRIES 3
 
 /* ORDER MS_KERNEL_OP: keep the op table in kernel.c in sync. */
 typedef enum ms_kernel_op {

@@ -211,24 +211,4 @@ typedef struct ms_misc_params {
     int out_stride;
 } ms_misc_params;
 
-/* ---- small-batch linear (misc/gemv.cuh, an entry of the misc module) ---- */
-
-#define MS_GEMV_MAX_ROWS 2 /* rows of x one launch takes; more go to cuBLAS */
-#define MS_GEMV_WARPS 8    /* output rows (one warp each) per CTA */
-#define MS_GEMV_UNROLL 4   /* 16-byte weight loads in flight per lane */
-
-/* y [n_rows, n_out] f32 = round_T(x [n_rows, n_in] f32) . W [n_out, n_in]^T (T: the module's
- * weight type). Strides in elements; see gemv.cuh for the alignment it needs. */
-typedef struct ms_gemv_params {
-    const void *x;
-    const void *w;
-    void *y;
-    int n_rows; /* 1 .. MS_GEMV_MAX_ROWS */
-    int n_in;
-    int n_out;
-    int x_stride;
-    int w_stride;
-    int y_stride;
-} ms_gemv_params;
-
 #endif /* MS_KERNEL_PARAMS_H */
