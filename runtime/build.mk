@@ -26,6 +26,7 @@ RUNTIME_SRCS += runtime/resources/scratch.c
 RUNTIME_SRCS += runtime/resources/device.c
 RUNTIME_SRCS += runtime/resources/page_arena.c
 RUNTIME_SRCS += runtime/resources/kv_pool.c
+RUNTIME_SRCS += runtime/resources/prefix_cache.c
 RUNTIME_SRCS += runtime/loaders/position_ids.c
 PROGRAMS += $(BUILD)/mstar-mkckpt
 # mstar-mkckpt uses no CUDA: linked without the CUDA libraries, an ASan build starts in 0.03 s instead of ~1 s.

@@ -7,8 +7,9 @@
 set -euo pipefail
 
 # Build tools and libraries (DESIGN.md §7): flex/bison for the language front end, cmocka for the
-# tests, jansson (JSON), libmicrohttpd (HTTP), PCRE2 (tokenizer regexes); clang for the fuzz target;
-# curl and jq for the shell tests (tests/serve.sh talks HTTP with curl).
+# tests, jansson (JSON), libmicrohttpd (HTTP), PCRE2 (tokenizer regexes), xxHash (prefix-cache
+# keys); clang for the fuzz target; curl and jq for the shell tests (tests/serve.sh talks HTTP
+# with curl).
 PACKAGES=(
     make
     gcc
@@ -19,6 +20,7 @@ PACKAGES=(
     libjansson-dev
     libmicrohttpd-dev
     libpcre2-dev
+    libxxhash-dev
     clang
     python3
     curl
