@@ -39,6 +39,7 @@ TESTS += tests/test_kv_pool
 TESTS += tests/test_page_arena
 TESTS += tests/test_prefix_cache
 TSAN_TESTS += tests/test_prefix_cache
+TESTS += tests/test_kv_prefix
 TESTS += tests/test_engine_llama
 # tests that run the engine over the descriptor mstarc generates from models/llama.mstar
 $(BUILD)/tests/test_engine_llama: $(BUILD)/obj/gen/llama/llama_gen.o

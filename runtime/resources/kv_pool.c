@@ -1800,6 +1800,52 @@ uint64_t ms_kv_pool_last_active(ms_kv_pool *pool, ms_rid rid) {
     return t;
 }
 
+/* ---- prefix caching ---- */
+
+ms_status ms_kv_pool_adopt_prefix(ms_kv_pool *pool, ms_rid rid, ms_label label,
+                                  const int32_t *pages, int32_t n, ms_error *err) {
+    if (n < 0 || (n > 0 && pages == NULL))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "kv pool: request %llu: adopt of %d pages",
+                       (unsigned long long)rid, n);
+    pthread_mutex_lock(&pool->mu);
+    kv_request *r = req_live(pool, rid);
+    kv_stream *s = r != NULL ? stream_of(r, label) : NULL;
+    ms_status st = MS_OK;
+    if (r == NULL) {
+        st = MS_FAIL(err, MS_ERR_NOT_FOUND, "kv pool: request %llu is not ingested",
+                     (unsigned long long)rid);
+    } else if (s == NULL) {
+        st = MS_FAIL(err, MS_ERR_INVALID_ARG, "kv pool: request %llu: label %d out of range",
+                     (unsigned long long)rid, (int)label);
+    } else if ((s->exists && (s->stored > 0 || s->n_pages > 0)) || s->offloaded ||
+               s->read_pending || stream_in_flight(s) || request_offloaded(r)) {
+        st = MS_FAIL(err, MS_ERR_STATE,
+                     "kv pool: request %llu label %d: a prefix can only be adopted by an empty "
+                     "stream (it holds %d tokens in %d pages)",
+                     (unsigned long long)rid, (int)label, s->stored, s->n_pages);
+    } else if (n > 0) {
+        for (int32_t i = 0; i < n && st == MS_OK; i++)
+            if (pages[i] == MS_SINK_PAGE || ms_page_arena_owners(pool->cfg.arena, pages[i]) < 1)
+                st = MS_FAIL(err, MS_ERR_INVALID_ARG,
+                             "kv pool: request %llu: adopted page %d is free, the sink page or "
+                             "out of range",
+                             (unsigned long long)rid, pages[i]);
+        if (st == MS_OK && stream_reserve(pool, s, n, NULL) != MS_OK)
+            st = MS_FAIL(err, MS_ERR_OOM, "kv pool: out of host memory adopting %d pages", n);
+        if (st == MS_OK) {
+            memcpy(s->pages, pages, (size_t)n * sizeof(int32_t));
+            s->n_pages = n;
+            s->stored = n * pool->ps;
+            s->released = 0;
+            s->exists = true;
+            s->generation++;
+            r->last_active = ++pool->tick;
+        }
+    }
+    pthread_mutex_unlock(&pool->mu);
+    return st;
+}
+
 /* ---- inspection ---- */
 
 ms_status ms_kv_pool_stream_info(ms_kv_pool *pool, ms_rid rid, ms_label label,
