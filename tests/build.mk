@@ -5,6 +5,8 @@ TESTS += tests/test_base
 ifeq ($(HAVE_CUDA),1)
 TESTS += tests/test_nvrtc
 TESTS += tests/test_device_cuda
+# NCCL loaded lazily (no GPU: library and argument checks; MS_NCCL_GPU=1: one rank on device 0)
+TESTS += tests/test_nccl
 TSAN_TESTS += tests/test_nvrtc
 GPU_TESTS += tests/test_gpu_kernels
 GPU_TESTS += tests/test_backend_cuda
@@ -40,6 +42,8 @@ TESTS += tests/test_page_arena
 TESTS += tests/test_prefix_cache
 TSAN_TESTS += tests/test_prefix_cache
 TESTS += tests/test_kv_prefix
+TESTS += tests/test_tp_check
+TSAN_TESTS += tests/test_tp_check
 TESTS += tests/test_engine_llama
 # tests that run the engine over the descriptor mstarc generates from models/llama.mstar
 $(BUILD)/tests/test_engine_llama: $(BUILD)/obj/gen/llama/llama_gen.o

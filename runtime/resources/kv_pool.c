@@ -19,6 +19,10 @@
 #include <pthread.h>
 #include <string.h>
 
+/* XXH3 streaming state on the stack (ms_kv_pool_allocation_digest) */
+#define XXH_STATIC_LINKING_ONLY
+#include <xxhash.h>
+
 /* ---- data ---- */
 
 /* One (request, label) stream. */
@@ -1919,6 +1923,43 @@ void ms_kv_pool_count_pages(ms_kv_pool *pool, int32_t *dev_counts, int32_t *host
         }
     }
     pthread_mutex_unlock(&pool->mu);
+}
+
+ms_kv_pool_digest ms_kv_pool_allocation_digest(ms_kv_pool *pool) {
+    ms_kv_pool_digest d = {0};
+    pthread_mutex_lock(&pool->mu);
+    for (size_t i = 0; i < pool->n_slots; i++) {
+        kv_request *r = pool->table[i];
+        if (r == NULL || r->removing)
+            continue;
+        XXH3_state_t st;
+        XXH3_INITSTATE(&st);
+        XXH3_128bits_reset(&st);
+        uint64_t rid = (uint64_t)r->rid;
+        XXH3_128bits_update(&st, &rid, sizeof rid);
+        for (int l = 0; l < MS_MAX_LABELS; l++) {
+            const kv_stream *s = &r->streams[l];
+            if (!s->exists)
+                continue;
+            int32_t head[6] = {l, s->stored, s->released, s->n_pages, s->n_host_pages,
+                               s->offloaded ? 1 : 0};
+            XXH3_128bits_update(&st, head, sizeof head);
+            if (s->n_pages > 0)
+                XXH3_128bits_update(&st, s->pages, (size_t)s->n_pages * sizeof(int32_t));
+            if (s->n_host_pages > 0)
+                XXH3_128bits_update(&st, s->host_pages,
+                                    (size_t)s->n_host_pages * sizeof(int32_t));
+        }
+        XXH128_hash_t h = XXH3_128bits_digest(&st);
+        /* order-independent: the table's slot order depends on its growth history */
+        d.lo += h.low64;
+        d.hi += h.high64;
+        d.n_requests++;
+    }
+    pthread_mutex_unlock(&pool->mu);
+    d.n_free = ms_page_arena_num_free(pool->cfg.arena);
+    d.n_host_free = pool->cfg.host_arena != NULL ? ms_page_arena_num_free(pool->cfg.host_arena) : 0;
+    return d;
 }
 
 int64_t ms_kv_pool_admit_allocs(ms_kv_pool *pool) {

@@ -367,6 +367,21 @@ ms_page_arena *ms_kv_pool_arena(const ms_kv_pool *pool);
  */
 void ms_kv_pool_count_pages(ms_kv_pool *pool, int32_t *dev_counts, int32_t *host_counts);
 
+/*
+ * A digest of the pool's page allocation: every live request's streams (label, stored, released,
+ * device and host page lists, offloaded flag) hashed with XXH3-128 per request and summed
+ * (independent of hash-table order), plus the free page counts. Tensor-parallel ranks that ran
+ * the same admissions hold equal digests; tp_check.h compares them across ranks (reference
+ * §7.6 post_warmup_validate, hazard H17).
+ */
+typedef struct ms_kv_pool_digest {
+    uint64_t lo, hi;      /* sum over requests of their XXH3-128 (low, high) */
+    int32_t n_requests;
+    int32_t n_free;       /* free device pages */
+    int32_t n_host_free;  /* free host-tier pages (0 without a host arena) */
+} ms_kv_pool_digest;
+ms_kv_pool_digest ms_kv_pool_allocation_digest(ms_kv_pool *pool);
+
 /* Host allocations made inside plan() since init (0 when every step was admitted first). */
 int64_t ms_kv_pool_plan_allocs(ms_kv_pool *pool);
 
