@@ -18,6 +18,7 @@
 
 #define MAX_MODULES 96
 #define MAX_SPLITS MS_ATTN_DECODE_MAX_SPLITS
+#define CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20)
 
 typedef struct cuda_ctx {
     int device;
@@ -25,6 +26,8 @@ typedef struct cuda_ctx {
     int n_sms;
     cudaStream_t stream;
     cublasHandle_t cublas;
+    void *cublas_ws;   /* cuBLAS workspace (cublasSetWorkspace): GEMMs under graph capture
+                          allocate nothing */
     char *cache_dir;   /* NULL: default */
     ms_cuda_module *mods[MAX_MODULES];
     int n_mods;
@@ -469,10 +472,16 @@ static ms_status cu_attn_batch_plan(void *ctx, ms_attn_batch *batch, const ms_pa
                                                        windowed);
         sp.act_dtype = MS_KERNEL_DTYPE_F32;
         MS_TRY(get_module(c, &sp, &m, err));
-        /* split the keys so that one wave of resident CTAs covers the batch */
-        ms_kernel_attn_decode_split(batch->n_seqs, kv->n_kv_heads, cb->max_pages,
+        /* split the keys so that one wave of resident CTAs covers the batch. The split count
+           depends on the batch's rows alone (the view length given is the batch's page
+           capacity, not the longest view), and each view sizes its own splits in the kernel
+           (decode.cuh): a captured graph replays with the count of its capture for any
+           lengths, and graph and eager launches of the same rows split alike (bitwise equal).
+           pages_per_split is the least pages a split covers. */
+        ms_kernel_attn_decode_split(batch->n_seqs, kv->n_kv_heads, batch->limits.max_pages,
                                   c->n_sms * MS_MAX(m->blocks_per_sm, 1), 4, MAX_SPLITS,
                                   &n_splits, &pages_per_split);
+        pages_per_split = 4;
         if (n_splits > 1) {
             size_t rows = (size_t)batch->n_seqs * (size_t)n_splits * (size_t)n_q_heads;
             size_t have = cb->part_floats * sizeof(float);
@@ -575,7 +584,8 @@ static ms_status cu_linear(void *ctx, const ms_tensor *x, const ms_tensor *w,
         return MS_FAIL(err, MS_ERR_UNSUPPORTED, "linear: dimensions beyond int32");
     if (n == 0 || outd == 0)
         return MS_OK;
-    MS_CUBLAS_TRY(err, cublasSetStream(c->cublas, c->stream));
+    /* the handle is bound to c->stream once (cuda_setup): cublasSetStream here would reset the
+       workspace set there to cuBLAS's own pool (cuBLAS docs, cublasSetStream) */
     const float one = 1.f, zero = 0.f;
     if (w->dtype == MS_DTYPE_F32) {
         MS_CUBLAS_TRY(err, cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)outd, (int)n,
@@ -1078,6 +1088,8 @@ static ms_status cu_sample(void *ctx, const ms_tensor *logits, const ms_sample_r
 
 static ms_status cu_graph_capture_begin(void *ctx, ms_error *err) {
     cuda_ctx *c = ctx;
+    if (c->capturing)
+        return MS_FAIL(err, MS_ERR_STATE, "graph_capture_begin: a capture is already running");
     MS_CUDA_TRY(err, cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
     c->capturing = true;
     return MS_OK;
@@ -1129,6 +1141,8 @@ static void cu_free(void *ctx) {
         (void)cudaFree(c->ones16);
     if (c->cublas != NULL)
         (void)cublasDestroy(c->cublas);
+    if (c->cublas_ws != NULL)
+        (void)cudaFree(c->cublas_ws);
     if (c->stream != NULL)
         (void)cudaStreamDestroy(c->stream);
     ms_free(c->cache_dir);
@@ -1142,6 +1156,10 @@ static ms_status cuda_setup(cuda_ctx *c, const ms_backend_cuda_options *opt, ms_
     MS_CUDA_TRY(err, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     MS_CUBLAS_TRY(err, cublasCreate(&c->cublas));
     MS_CUBLAS_TRY(err, cublasSetStream(c->cublas, c->stream));
+    /* a fixed workspace of the size NVIDIA recommends for Hopper (cuBLAS docs, "cuBLAS
+       workspace": 32 MiB), set after the stream: GEMMs under graph capture allocate nothing */
+    MS_CUDA_TRY(err, cudaMalloc(&c->cublas_ws, CUBLAS_WORKSPACE_BYTES));
+    MS_CUBLAS_TRY(err, cublasSetWorkspace(c->cublas, c->cublas_ws, CUBLAS_WORKSPACE_BYTES));
     if (opt != NULL && opt->cache_dir != NULL) {
         c->cache_dir = ms_strdup(opt->cache_dir);
         if (c->cache_dir == NULL)

@@ -41,6 +41,7 @@
 #ifndef MS_ENGINE_H
 #define MS_ENGINE_H
 
+#include "graph_exec.h"
 #include "model_desc.h"
 #include "ms_base.h"
 #include "sampler.h"
@@ -69,10 +70,17 @@ typedef struct ms_engine_options {
     const char *dtype;       /* storage of the weights and the KV cache: NULL or "auto" = the
                                 backend's (f32 on cpu, bf16 on cuda), "f32" (cpu only) or "bf16"
                                 (cpu: the numbers the cuda device computes with) */
+    ms_graph_mode graphs;    /* the captured path (graph_exec.h): MS_GRAPHS_AUTO captures every
+                                decode bucket of the model's `capture batch in [...]` up to
+                                max_seqs at init (CUDA; off on cpu) and replays batches they
+                                cover; MS_GRAPHS_OFF (the default here; the CLI's --no-graphs)
+                                runs every step eager; MS_GRAPHS_PADDED pads like a replay and
+                                runs eager (tests). With graphs the arena gets one extra KV page
+                                per dummy row. */
 } ms_engine_options;
 
 /* Defaults: device "cpu", page_size 0, max_seqs 8, max_tokens 2048, kv_pages 0, max_seq_len 0,
- * n_threads 0. */
+ * n_threads 0, graphs MS_GRAPHS_OFF. */
 ms_engine_options ms_engine_options_default(void);
 
 /* ---- engine ---- */
@@ -119,6 +127,13 @@ size_t ms_engine_weight_bytes(const ms_engine *e);
  */
 ms_status ms_engine_copy_bandwidth(ms_engine *e, size_t bytes, int32_t reps, double *gbps,
                                    ms_error *err);
+
+/* Counters of the captured path (capture time, buckets, replays; mode OFF when the engine has
+ * none): the CLI prints the capture time at start-up. */
+void ms_engine_graph_stats(const ms_engine *e, ms_graph_exec_stats *st);
+
+/* The engine's captured path (tests: its graph plan's static states), or NULL (eager; NULL e). */
+const ms_graph_exec *ms_engine_graphs(const ms_engine *e);
 
 /* ---- requests ---- */
 

@@ -1,0 +1,338 @@
+/*
+ * test_graph_exec.c - the host side of the captured path (runtime/engine/graph_exec.h) on the
+ * CPU backend, where MS_GRAPHS_PADDED takes the leases, padding, staging and checks of a replay
+ * and runs the forward eagerly:
+ *   - bucket choice from a node's capture declarations (dropped above max_seqs, prefill-by-token
+ *     and multi-segment steps refused), dummy pages;
+ *   - the padding check: a padding write address on a real row's page is refused, the sink page
+ *     and the dummy rows' own pages are not;
+ *   - models/llama.mstar on hf/llama_gqa: padded decode (batches between buckets padded to the
+ *     next bucket, requests finishing mid-batch so the bucket switches 4 -> 2 -> 1) gives exactly
+ *     the ids and the bitwise logits of the unpadded eager run (the CPU backend computes each
+ *     row alone), allocates nothing per step, returns every page;
+ *   - the static write addresses of the lease's slot: past the bucket's tokens all sink;
+ *   - a batch above the largest kept bucket runs eager (counted) with the same outputs.
+ */
+#include "ms_test.h"
+#include "ms_test_impl.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "engine.h"
+#include "graph_exec.h"
+
+extern const ms_model_desc ms_llama_desc;
+
+#define VOCAB 512
+
+/* ---- buckets from declarations ---- */
+
+static void test_buckets(void **state) {
+    (void)state;
+    static ms_md_node node;
+    static ms_md_step steps[3];
+    memset(&node, 0, sizeof node);
+    node.n_steps = 3;
+    node.steps = steps;
+    steps[0] = (ms_md_step){.name = "prefill", .n_segments = 1, .capture_by_tokens = true,
+                                 .buckets = {32, 64}, .n_buckets = 2};
+    steps[1] = (ms_md_step){.name = "decode", .n_segments = 1,
+                                 .buckets = {1, 2, 4, 8, 16}, .n_buckets = 5};
+    steps[2] = (ms_md_step){.name = "guided", .n_segments = 2, .labels = {0, 1},
+                                 .buckets = {1, 2}, .n_buckets = 2};
+    int32_t b[MS_MD_MAX_BUCKETS];
+    assert_false(ms_graph_exec_step_capturable(&node, 0)); /* tokens: not yet */
+    assert_true(ms_graph_exec_step_capturable(&node, 1));
+    assert_false(ms_graph_exec_step_capturable(&node, 2)); /* two segments per row */
+    assert_false(ms_graph_exec_step_capturable(&node, 3));
+    assert_int_equal(ms_graph_exec_buckets(&node, 0, 12, b, MS_MD_MAX_BUCKETS), 0);
+    assert_int_equal(ms_graph_exec_buckets(&node, 1, 12, b, MS_MD_MAX_BUCKETS), 4);
+    assert_int_equal(b[0], 1);
+    assert_int_equal(b[3], 8); /* 16 > max_seqs 12: it could never be filled */
+    assert_int_equal(ms_graph_exec_buckets(&node, 1, 100, b, MS_MD_MAX_BUCKETS), 5);
+    assert_int_equal(ms_graph_exec_dummy_pages(&node, 12), 8);
+    assert_int_equal(ms_graph_exec_dummy_pages(&node, 1), 1);
+    steps[1].all_logits = true;
+    assert_int_equal(ms_graph_exec_dummy_pages(&node, 12), 0);
+    assert_string_equal(ms_graph_mode_str(MS_GRAPHS_PADDED), "padded");
+}
+
+/* ---- the padding check ---- */
+
+static void test_check_padding(void **state) {
+    (void)state;
+    /* views 0, 1 real (pages 3, 4 and 5), view 2 padding (page 7); 3 tokens, capacity 5 */
+    int32_t qo[] = {0, 1, 2, 3}, kvp[] = {0, 2, 3, 4}, idx[] = {3, 4, 5, 7};
+    int32_t last[] = {1, 1, 1}, start[] = {0, 0, 0};
+    int32_t t2p[] = {4, 5, 7, MS_SINK_PAGE, MS_SINK_PAGE}, t2s[] = {0, 0, 0, 0, 0};
+    ms_kv_plan p = {.n_views = 3, .n_tokens = 3, .qo_indptr = qo, .kv_indptr = kvp,
+                    .kv_indices = idx, .kv_last_page_len = last, .kv_start = start,
+                    .token_to_page = t2p, .token_to_slot = t2s, .is_decode = true};
+    uint8_t mark[2] = {0, 0};
+    ms_error err = {0};
+    assert_int_equal(ms_graph_exec_check_padding(&p, 2, 16, mark, &err), MS_OK);
+    assert_int_equal(mark[0] | mark[1], 0); /* cleared again */
+    t2p[2] = 4; /* the padding row writes a real row's page (vllm #43810) */
+    assert_int_equal(ms_graph_exec_check_padding(&p, 2, 16, mark, &err), MS_ERR_STATE);
+    assert_non_null(strstr(err.msg, "padding token 2 writes page 4"));
+    assert_int_equal(mark[0] | mark[1], 0);
+    t2p[2] = 7;
+    idx[3] = 3; /* a padding view reading a real page: the pool gave it out twice */
+    assert_int_equal(ms_graph_exec_check_padding(&p, 2, 16, mark, &err), MS_ERR_STATE);
+    assert_non_null(strstr(err.msg, "padding view page 3"));
+    idx[3] = 7;
+    assert_int_equal(ms_graph_exec_check_padding(&p, 3, 16, mark, &err), MS_OK); /* no padding */
+    assert_int_equal(ms_graph_exec_check_padding(&p, 4, 16, mark, &err), MS_ERR_INVALID_ARG);
+    idx[0] = 40; /* outside the arena */
+    assert_int_equal(ms_graph_exec_check_padding(&p, 2, 16, mark, &err), MS_ERR_STATE);
+}
+
+/* ---- the engine over models/llama.mstar ---- */
+
+#define N_REQ 4
+#define MAX_NEW_MAX 12
+static const int32_t k_new[N_REQ] = {12, 6, 9, 3};
+
+typedef struct run_rec {
+    int32_t out[N_REQ][MAX_NEW_MAX];
+    int32_t n_out[N_REQ];
+    float *logits;      /* [steps][N_REQ][VOCAB], NAN where the request was not in the step */
+    int32_t n_steps;
+    int32_t n_seqs[64]; /* rows per step */
+    int32_t n_tok[64];
+} run_rec;
+
+static ms_engine *open_llama(ms_graph_mode mode, int32_t max_seqs) {
+    ms_engine_options o = ms_engine_options_default();
+    o.model_path = ms_test_fixture("hf/llama_gqa");
+    o.page_size = 4;
+    o.max_seqs = max_seqs;
+    o.max_tokens = 128;
+    o.n_threads = 2;
+    o.graphs = mode;
+    ms_engine *e = NULL;
+    ms_error err = {0};
+    if (ms_engine_init(&e, &ms_llama_desc, &o, &err) != MS_OK)
+        fail_msg("engine init: %s", err.msg);
+    return e;
+}
+
+static void prompt(int32_t r, int32_t *ids, int32_t *n) {
+    *n = 3 + 2 * r;
+    for (int32_t i = 0; i < *n; i++)
+        ids[i] = (int32_t)((r * 97 + i * 31 + 7) % VOCAB);
+}
+
+/* Run the N_REQ requests (greedy for even r, seeded sampling for odd r) to the end. */
+static void run_all(ms_engine *e, run_rec *rec) {
+    memset(rec, 0, sizeof *rec);
+    rec->logits = malloc(sizeof(float) * 64 * N_REQ * VOCAB);
+    assert_non_null(rec->logits);
+    ms_rid rids[N_REQ];
+    ms_error err = {0};
+    for (int32_t r = 0; r < N_REQ; r++) {
+        int32_t ids[16], n;
+        prompt(r, ids, &n);
+        ms_sampling_params sp = ms_sampling_greedy();
+        if (r % 2 == 1)
+            sp = (ms_sampling_params){.temperature = 0.9f, .top_k = 0, .top_p = 0.95f,
+                                      .seed = (uint64_t)(11 + r)};
+        ms_engine_request rq = {.prompt = ids, .n_prompt = n, .max_new_tokens = k_new[r],
+                                .sampling = sp, .ignore_eos = true};
+        assert_int_equal(ms_engine_add(e, &rq, &rids[r], &err), MS_OK);
+    }
+    while (ms_engine_n_active(e) > 0) {
+        assert_true(rec->n_steps < 64);
+        ms_engine_step_info info;
+        if (ms_engine_step(e, &info, &err) != MS_OK)
+            fail_msg("step %d: %s", (int)rec->n_steps, err.msg);
+        rec->n_seqs[rec->n_steps] = info.n_seqs;
+        rec->n_tok[rec->n_steps] = info.n_tokens;
+        for (int32_t r = 0; r < N_REQ; r++) {
+            const float *lg = ms_engine_last_logits(e, rids[r]);
+            float *dst = rec->logits + ((size_t)rec->n_steps * N_REQ + (size_t)r) * VOCAB;
+            if (lg != NULL)
+                memcpy(dst, lg, sizeof(float) * VOCAB);
+            else
+                for (int v = 0; v < VOCAB; v++)
+                    dst[v] = -1.0f;
+        }
+        rec->n_steps++;
+    }
+    for (int32_t r = 0; r < N_REQ; r++) {
+        const int32_t *out;
+        int32_t n;
+        assert_int_equal(ms_engine_output(e, rids[r], &out, &n, NULL), MS_OK);
+        assert_int_equal(n, k_new[r]);
+        memcpy(rec->out[r], out, (size_t)n * sizeof(int32_t));
+        rec->n_out[r] = n;
+        ms_engine_remove(e, rids[r]);
+    }
+}
+
+static int32_t next_pow2(int32_t n) {
+    int32_t b = 1;
+    while (b < n)
+        b *= 2;
+    return b;
+}
+
+static void test_padded_equals_eager(void **state) {
+    (void)state;
+    run_rec eager, padded;
+    ms_engine *e = open_llama(MS_GRAPHS_OFF, N_REQ);
+    ms_graph_exec_stats st;
+    ms_engine_graph_stats(e, &st);
+    assert_int_equal(st.mode, MS_GRAPHS_OFF);
+    run_all(e, &eager);
+    ms_engine_free(e);
+
+    /* AUTO on the CPU backend (no graph entries) is the eager path: no padding, no pages */
+    e = open_llama(MS_GRAPHS_AUTO, N_REQ);
+    ms_engine_graph_stats(e, &st);
+    assert_int_equal(st.mode, MS_GRAPHS_OFF);
+    ms_engine_free(e);
+
+    e = open_llama(MS_GRAPHS_PADDED, N_REQ);
+    ms_engine_graph_stats(e, &st);
+    assert_int_equal(st.mode, MS_GRAPHS_PADDED);
+    assert_int_equal(st.n_buckets, 3);  /* 1, 2, 4 of [1, 2, 4, 8 .. 256] fit max_seqs 4 */
+    assert_int_equal(st.n_captured, 3); /* one slot each */
+    assert_int_equal(st.n_failed, 0);
+    const int32_t free0 = ms_engine_kv_pages_free(e);
+    run_all(e, &padded);
+    assert_int_equal(ms_engine_kv_pages_free(e), free0);
+
+    /* the same steps, rows and ids; logits bitwise */
+    assert_int_equal(padded.n_steps, eager.n_steps);
+    assert_memory_equal(padded.n_seqs, eager.n_seqs, sizeof(int32_t) * (size_t)eager.n_steps);
+    assert_memory_equal(padded.n_tok, eager.n_tok, sizeof(int32_t) * (size_t)eager.n_steps);
+    for (int32_t r = 0; r < N_REQ; r++)
+        assert_memory_equal(padded.out[r], eager.out[r], sizeof(int32_t) * (size_t)k_new[r]);
+    assert_memory_equal(padded.logits, eager.logits,
+                        sizeof(float) * (size_t)eager.n_steps * N_REQ * VOCAB);
+
+    /* every decode step was padded to the next power of two: 4, 4, 3 -> 4, ..., 1 */
+    ms_engine_graph_stats(e, &st);
+    uint64_t want_pad = 0, want_steps = 0;
+    bool saw[5] = {false};
+    for (int32_t s = 1; s < eager.n_steps; s++) { /* step 0 is the prefill (eager) */
+        want_pad += (uint64_t)(next_pow2(eager.n_seqs[s]) - eager.n_seqs[s]);
+        want_steps++;
+        saw[next_pow2(eager.n_seqs[s])] = true;
+    }
+    assert_true(saw[4] && saw[2] && saw[1]); /* the bucket switched mid-run */
+    assert_true(want_pad > 0);
+    assert_int_equal(st.n_replays, want_steps);
+    assert_int_equal(st.n_padding_rows, want_pad);
+    assert_int_equal(st.n_eager, 0);
+    assert_int_equal(st.last_bucket, 1);
+
+    free(eager.logits);
+    free(padded.logits);
+
+    /* a second round: the same ids, and no allocation past the prefill (run_all's own buffer
+       and the engine's per-request records are counted apart) */
+    run_rec again;
+    int64_t before = ms_alloc_get_stats().total_allocs;
+    run_all(e, &again);
+    int64_t per_round = ms_alloc_get_stats().total_allocs - before;
+    before = ms_alloc_get_stats().total_allocs;
+    run_rec third;
+    run_all(e, &third);
+    assert_int_equal(ms_alloc_get_stats().total_allocs - before, per_round); /* steady */
+    for (int32_t r = 0; r < N_REQ; r++)
+        assert_memory_equal(third.out[r], again.out[r], sizeof(int32_t) * (size_t)k_new[r]);
+    free(again.logits);
+    free(third.logits);
+    ms_engine_free(e);
+}
+
+static void test_static_write_addresses(void **state) {
+    (void)state;
+    /* the graph plan's static state of the (KV resource, slot 0, main) after padded steps */
+    ms_engine *e = open_llama(MS_GRAPHS_PADDED, N_REQ);
+    run_rec rec;
+    run_all(e, &rec);
+    free(rec.logits);
+    const ms_graph_plan *gp = ms_graph_exec_plan(ms_engine_graphs(e));
+    assert_non_null(gp);
+    const ms_graph_kv_state *ks = NULL;
+    for (int i = 0; i < MS_MAX_RESOURCES && ks == NULL; i++)
+        ks = ms_graph_plan_kv_state(gp, i, 0, MS_LABEL_MAIN);
+    assert_non_null(ks);
+    assert_int_equal(ks->capacity, 4);  /* the largest bucket's tokens */
+    assert_int_equal(ks->n_tokens, 1);  /* the last step: one real row, bucket 1 */
+    assert_true(ks->n_stagings > 0);
+    for (int32_t t = ks->n_tokens; t < ks->capacity; t++) {
+        assert_int_equal(ks->token_to_page[t], MS_SINK_PAGE);
+        assert_int_equal(ks->token_to_slot[t], 0);
+    }
+    assert_true(ks->token_to_page[0] != MS_SINK_PAGE); /* the real row writes its own page */
+    ms_engine_free(e);
+    assert_null(ms_engine_graphs(NULL) != NULL ? (void *)1 : NULL);
+}
+
+/* Above the largest kept bucket (max_seqs 12 keeps 1, 2, 4, 8): 10 rows run eager. */
+static void test_above_largest_bucket(void **state) {
+    (void)state;
+    enum { N = 10 };
+    int32_t out_e[N][8], out_p[N][8];
+    for (int pass = 0; pass < 2; pass++) {
+        ms_engine *e = open_llama(pass == 0 ? MS_GRAPHS_OFF : MS_GRAPHS_PADDED, 12);
+        ms_rid rids[N];
+        ms_error err = {0};
+        for (int32_t r = 0; r < N; r++) {
+            int32_t ids[4] = {1 + r, 2 * r + 3, 5, 7};
+            ms_engine_request rq = {.prompt = ids, .n_prompt = 4, .max_new_tokens = 3 + r % 5,
+                                    .sampling = ms_sampling_greedy(), .ignore_eos = true};
+            assert_int_equal(ms_engine_add(e, &rq, &rids[r], &err), MS_OK);
+        }
+        while (ms_engine_n_active(e) > 0)
+            if (ms_engine_step(e, NULL, &err) != MS_OK)
+                fail_msg("step: %s", err.msg);
+        for (int32_t r = 0; r < N; r++) {
+            const int32_t *o;
+            int32_t n;
+            assert_int_equal(ms_engine_output(e, rids[r], &o, &n, NULL), MS_OK);
+            assert_int_equal(n, 3 + r % 5);
+            memcpy(pass == 0 ? out_e[r] : out_p[r], o, (size_t)n * sizeof(int32_t));
+            ms_engine_remove(e, rids[r]);
+        }
+        if (pass == 1) {
+            ms_graph_exec_stats st;
+            ms_engine_graph_stats(e, &st);
+            assert_int_equal(st.n_buckets, 4);
+            assert_true(st.n_eager >= 1);   /* 10 rows: no bucket (sglang PR #33900) */
+            assert_true(st.n_replays >= 1); /* then 8, 6, 4, 2 rows: padded */
+        }
+        ms_engine_free(e);
+    }
+    for (int32_t r = 0; r < N; r++)
+        assert_memory_equal(out_p[r], out_e[r], (size_t)(3 + r % 5) * sizeof(int32_t));
+}
+
+static void test_bad_mode(void **state) {
+    (void)state;
+    ms_engine_options o = ms_engine_options_default();
+    o.model_path = ms_test_fixture("hf/llama_gqa");
+    o.graphs = (ms_graph_mode)7;
+    ms_engine *e = NULL;
+    ms_error err = {0};
+    assert_int_equal(ms_engine_init(&e, &ms_llama_desc, &o, &err), MS_ERR_INVALID_ARG);
+    assert_null(e);
+    assert_non_null(strstr(err.msg, "graphs mode 7"));
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        ms_unit_test(test_buckets),
+        ms_unit_test(test_check_padding),
+        ms_unit_test(test_padded_equals_eager),
+        ms_unit_test(test_static_write_addresses),
+        ms_unit_test(test_above_largest_bucket),
+        ms_unit_test(test_bad_mode),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
