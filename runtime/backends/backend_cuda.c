@@ -19,6 +19,7 @@
 #define MAX_MODULES 96
 #define MAX_SPLITS MS_ATTN_DECODE_MAX_SPLITS
 #define CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20)
+#define MAX_RETIRED 64
 
 typedef struct cuda_ctx {
     int device;
@@ -39,6 +40,9 @@ typedef struct cuda_ctx {
     int64_t ones16_n;
     ms_dtype ones16_dt;
     bool capturing;
+    int n_graphs;      /* executable graphs alive (graph_capture_end .. graph_free) */
+    void *retired[MAX_RETIRED]; /* buffers ensure_device grew past while graphs were alive: a */
+    int n_retired;              /* recorded graph may read them; freed with the last graph */
     bool sealed;       /* kernels_load ran: the instance table is the model's, complete */
 } cuda_ctx;
 
@@ -109,6 +113,21 @@ static ms_status ensure_device(cuda_ctx *c, void **p, size_t *have, size_t need,
                        "eager warm-up step first)",
                        what, need);
     MS_CUDA_TRY(err, cudaStreamSynchronize(c->stream));
+    if (*p != NULL && c->n_graphs > 0) {
+        /* a graph recorded earlier reads the old buffer at its fixed address: keep it alive
+           until the last graph is freed, and grow to a power of two so that it happens rarely */
+        if (c->n_retired == MAX_RETIRED)
+            return MS_FAIL(err, MS_ERR_CAPACITY,
+                           "cuda backend: %s must grow to %zu bytes, but %d buffers were already "
+                           "grown past while graphs are alive",
+                           what, need, MAX_RETIRED);
+        size_t grown = 1;
+        while (grown < need && grown < ((size_t)1 << 62))
+            grown <<= 1;
+        need = grown;
+        c->retired[c->n_retired++] = *p;
+        *p = NULL;
+    }
     if (*p != NULL)
         MS_CUDA_TRY(err, cudaFree(*p));
     *p = NULL;
@@ -1108,6 +1127,7 @@ static ms_status cu_graph_capture_end(void *ctx, void **graph, ms_error *err) {
         return MS_FAIL(err, MS_ERR_CUDA, "graph_capture_end: instantiate: %s",
                        cudaGetErrorString(e));
     *graph = ex;
+    c->n_graphs++;
     return MS_OK;
 }
 
@@ -1117,10 +1137,22 @@ static ms_status cu_graph_launch(void *ctx, void *graph, ms_error *err) {
     return MS_OK;
 }
 
+/* Free every retired buffer (no graph reads them any more). */
+static void free_retired(cuda_ctx *c) {
+    if (c->n_retired > 0 && c->stream != NULL)
+        (void)cudaStreamSynchronize(c->stream); /* a launch of the last graph may still run */
+    for (int i = 0; i < c->n_retired; i++)
+        (void)cudaFree(c->retired[i]);
+    c->n_retired = 0;
+}
+
 static void cu_graph_free(void *ctx, void *graph) {
-    (void)ctx;
-    if (graph != NULL)
-        MS_CUDA_CHECK(cudaGraphExecDestroy((cudaGraphExec_t)graph));
+    cuda_ctx *c = ctx;
+    if (graph == NULL)
+        return;
+    MS_CUDA_CHECK(cudaGraphExecDestroy((cudaGraphExec_t)graph));
+    if (c->n_graphs > 0 && --c->n_graphs == 0)
+        free_retired(c);
 }
 
 /* ---- construction ---- */
@@ -1131,6 +1163,7 @@ static void cu_free(void *ctx) {
         return;
     if (c->stream != NULL)
         (void)cudaStreamSynchronize(c->stream);
+    free_retired(c);
     for (int i = 0; i < c->n_mods; i++)
         ms_cuda_module_free(c->mods[i]);
     if (c->scratch != NULL)

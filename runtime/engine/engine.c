@@ -1523,3 +1523,16 @@ void ms_engine_graph_stats(const ms_engine *e, ms_graph_exec_stats *st) {
 }
 
 const ms_graph_exec *ms_engine_graphs(const ms_engine *e) { return e != NULL ? e->gx : NULL; }
+
+size_t ms_engine_kv_bytes(const ms_engine *e) {
+    const ms_paged_kv *kv = &e->kv;
+    return (size_t)kv->n_layers * (size_t)kv->n_pages * 2 * (size_t)kv->page_size *
+           (size_t)kv->n_kv_heads * (size_t)kv->head_dim * ms_dtype_size(kv->dtype);
+}
+
+ms_status ms_engine_kv_copy(ms_engine *e, void *host, size_t bytes, ms_error *err) {
+    if (host == NULL || bytes != ms_engine_kv_bytes(e))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "kv copy: %zu bytes given, the arena has %zu",
+                       bytes, ms_engine_kv_bytes(e));
+    return e->be.iface.copy_to_host(e->be.ctx, host, e->kv.data, bytes, err);
+}

@@ -135,6 +135,15 @@ void ms_engine_graph_stats(const ms_engine *e, ms_graph_exec_stats *st);
 /* The engine's captured path (tests: its graph plan's static states), or NULL (eager; NULL e). */
 const ms_graph_exec *ms_engine_graphs(const ms_engine *e);
 
+/* Bytes of the KV page arena (every layer, K and V, the sink page included). */
+size_t ms_engine_kv_bytes(const ms_engine *e);
+
+/* Copy the whole KV page arena (ms_engine_kv_bytes bytes, layout of backend.h
+ * ms_paged_kv_offset) into host memory `host` after the queued work finished: tests compare the
+ * pages' bytes of two runs (padding rows never write a real request's pages).
+ * MS_ERR_INVALID_ARG when bytes is not the arena's size; the backend's copy errors. */
+ms_status ms_engine_kv_copy(ms_engine *e, void *host, size_t bytes, ms_error *err);
+
 /* ---- requests ---- */
 
 /* Why a request stopped. ORDER MS_FINISH: keep ms_finish_reason_str in sync. */
