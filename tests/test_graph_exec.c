@@ -16,9 +16,13 @@
 #include "ms_test.h"
 #include "ms_test_impl.h"
 
+#include <fcntl.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "cli.h"
 #include "engine.h"
 #include "graph_exec.h"
 
@@ -325,6 +329,39 @@ static void test_bad_mode(void **state) {
     assert_non_null(strstr(err.msg, "graphs mode 7"));
 }
 
+/* Run a CLI verb with stdout sent to /dev/null; returns its exit status. */
+static int quiet_cli(int argc, char **argv, bool bench) {
+    fflush(stdout);
+    int saved = dup(1), null = open("/dev/null", O_WRONLY);
+    assert_true(saved >= 0 && null >= 0);
+    dup2(null, 1);
+    int rc = bench ? ms_cli_bench(argc, argv, &ms_llama_desc, "llama")
+                   : ms_cli_main(argc, argv, &ms_llama_desc);
+    fflush(stdout);
+    dup2(saved, 1);
+    close(saved);
+    close(null);
+    return rc;
+}
+
+/* --no-graphs is a flag of generate and bench (on the CPU both run eager either way). */
+static void test_cli_flag(void **state) {
+    (void)state;
+    char model[512];
+    snprintf(model, sizeof model, "%s", ms_test_fixture("hf/llama_gqa"));
+    char *gen[] = {"llama", "generate", "--model", model, "--prompt-ids", "1,79,64",
+                   "--max-new-tokens", "3", "--output", "ids", "--tokenizer", "none",
+                   "--device", "cpu", "--no-graphs"};
+    assert_int_equal(quiet_cli((int)MS_ARRAY_LEN(gen), gen, false), 0);
+    gen[14] = "--no-graph"; /* a misspelt flag is a usage error, not ignored */
+    assert_int_equal(quiet_cli((int)MS_ARRAY_LEN(gen), gen, false), 2);
+    char *bench[] = {"--model", model, "--device", "cpu", "--batch", "1,3", "--prompt-len",
+                     "4", "--new-tokens", "2", "--prefill", "none", "--runs", "1", "--warmup",
+                     "0", "--no-graphs"};
+    assert_int_equal(quiet_cli((int)MS_ARRAY_LEN(bench), bench, true), 0);
+    assert_int_equal(quiet_cli((int)MS_ARRAY_LEN(bench) - 1, bench, true), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         ms_unit_test(test_buckets),
@@ -333,6 +370,7 @@ int main(void) {
         ms_unit_test(test_static_write_addresses),
         ms_unit_test(test_above_largest_bucket),
         ms_unit_test(test_bad_mode),
+        ms_unit_test(test_cli_flag),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
