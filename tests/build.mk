@@ -32,7 +32,7 @@ TESTS += tests/test_step_runner
 TESTS += tests/test_graph_plan
 # the captured path's host side (graph_exec.c) over models/llama.mstar on the CPU backend
 TESTS += tests/test_graph_exec
-$(BUILD)/tests/test_graph_exec: $(BUILD)/obj/gen/llama/llama_gen.o
+$(BUILD)/tests/test_graph_exec: $(BUILD)/obj/gen/llama/llama_gen.o $(BUILD)/obj/gen/qwen2vl/qwen2vl_gen.o
 TSAN_TESTS += tests/test_graph_plan
 TESTS += tests/test_dsl
 TEST_SCRIPTS += tests/mstarc_cli.sh

@@ -4,6 +4,10 @@
  * and runs the forward eagerly:
  *   - bucket choice from a node's capture declarations (dropped above max_seqs, prefill-by-token
  *     and multi-segment steps refused), dummy pages;
+ *   - over a fake step: warm-ups then captures largest first, a failed capture leaves its bucket
+ *     out (the next bucket up is leased), a failed warm-up captures nothing, padding to the
+ *     bucket with dummy rows after the real ones, eager above the largest bucket and for rows
+ *     that are not one-token decode rows, refusals (dummy ids as real rows, too little room);
  *   - the padding check: a padding write address on a real row's page is refused, the sink page
  *     and the dummy rows' own pages are not;
  *   - models/llama.mstar on hf/llama_gqa: padded decode (batches between buckets padded to the
@@ -11,7 +15,9 @@
  *     the ids and the bitwise logits of the unpadded eager run (the CPU backend computes each
  *     row alone), allocates nothing per step, returns every page;
  *   - the static write addresses of the lease's slot: past the bucket's tokens all sink;
- *   - a batch above the largest kept bucket runs eager (counted) with the same outputs.
+ *   - a batch above the largest kept bucket runs eager (counted) with the same outputs;
+ *   - models/qwen2vl.mstar (M-RoPE, three position streams) padded == eager, bitwise;
+ *   - `--no-graphs` accepted by generate and bench, a misspelling refused.
  */
 #include "ms_test.h"
 #include "ms_test_impl.h"
@@ -25,8 +31,10 @@
 #include "cli.h"
 #include "engine.h"
 #include "graph_exec.h"
+#include "sample_res.h"
 
 extern const ms_model_desc ms_llama_desc;
+extern const ms_model_desc ms_qwen2vl_desc;
 
 #define VOCAB 512
 
@@ -60,6 +68,177 @@ static void test_buckets(void **state) {
     steps[1].all_logits = true;
     assert_int_equal(ms_graph_exec_dummy_pages(&node, 12), 0);
     assert_string_equal(ms_graph_mode_str(MS_GRAPHS_PADDED), "padded");
+}
+
+/* ---- bucket choice, padding and fallbacks over a fake run (no forward) ---- */
+
+typedef struct fake_run {
+    int32_t fail_capture_bs; /* a capture of this bucket fails (0: none) */
+    int32_t fail_warmup_bs;  /* a warm-up of this bucket fails (0: none) */
+    int32_t n_warm, n_capture;
+    int32_t order[16];       /* bucket rows in run order */
+} fake_run;
+
+static ms_status fake_step(void *user, const ms_graph_step *gs, ms_md_row *rows, ms_rid *rids,
+                           ms_error *err) {
+    fake_run *f = user;
+    for (int32_t i = 0; i < gs->n_rows; i++) { /* all dummy rows of slot 0, one token each */
+        assert_true(rids[i] >= MS_RID_DUMMY_BASE);
+        assert_int_equal(rows[i].rid, rids[i]);
+        assert_int_equal(rows[i].len[0], 1);
+        assert_false(rows[i].sample);
+    }
+    if (f->n_warm + f->n_capture < 16)
+        f->order[f->n_warm + f->n_capture] = gs->n_rows;
+    if (!gs->capture) {
+        f->n_warm++;
+        if (gs->n_rows == f->fail_warmup_bs)
+            return MS_FAIL(err, MS_ERR_INTERNAL, "warm-up failed on purpose");
+        return MS_OK;
+    }
+    f->n_capture++;
+    assert_true(gs->leased);
+    assert_int_equal(gs->lease.bs, gs->n_rows);
+    if (gs->n_rows == f->fail_capture_bs)
+        return MS_FAIL(err, MS_ERR_INTERNAL, "capture failed on purpose");
+    return MS_OK;
+}
+
+static void test_pad_and_fallbacks(void **state) {
+    (void)state;
+    static ms_md_node node;
+    static ms_md_step steps[2];
+    memset(&node, 0, sizeof node);
+    node.n_steps = 2;
+    node.steps = steps;
+    steps[0] = (ms_md_step){.name = "prefill", .n_segments = 1, .capture_by_tokens = true,
+                            .buckets = {32}, .n_buckets = 1};
+    steps[1] = (ms_md_step){.name = "decode", .n_segments = 1, .buckets = {1, 2, 4, 8, 16},
+                            .n_buckets = 5};
+    for (int variant = 0; variant < 2; variant++) {
+        ms_backend be;
+        ms_error err = {0};
+        assert_int_equal(ms_backend_cpu_init(&be, NULL, &err), MS_OK);
+        ms_sample_res *sr = NULL;
+        assert_int_equal(ms_sample_res_init(&sr, 16, &err), MS_OK);
+        ms_resource_spec spec = {.key = "sampler", .kind = MS_RESOURCE_SAMPLER, .instance = sr,
+                                 .iface = ms_sample_res_iface()};
+        ms_step_runner *runner = NULL;
+        assert_int_equal(ms_step_runner_init(&runner, &spec, 1, &err), MS_OK);
+        ms_graph_exec_config gc = {.mode = MS_GRAPHS_PADDED, .node = &node, .be = &be,
+                                   .runner = runner, .max_rows = 12, .n_pages = 64,
+                                   .kv_resource = 0};
+        ms_graph_exec *gx = NULL;
+        assert_int_equal(ms_graph_exec_init(&gx, &gc, &err), MS_OK);
+        assert_non_null(gx);
+        ms_md_row rows[12];
+        ms_rid rids[12];
+        fake_run f = {.fail_capture_bs = variant == 0 ? 4 : 0,
+                      .fail_warmup_bs = variant == 1 ? 2 : 0};
+        assert_int_equal(ms_graph_exec_capture(gx, fake_step, &f, rows, rids, 12, &err), MS_OK);
+        ms_graph_exec_stats st;
+        ms_graph_exec_get_stats(gx, &st);
+        assert_int_equal(st.n_buckets, 4); /* 16 > max_rows 12 */
+        if (variant == 0) {
+            /* warm-ups largest first, then captures largest first */
+            int32_t want[8] = {8, 4, 2, 1, 8, 4, 2, 1};
+            assert_memory_equal(f.order, want, sizeof want);
+            assert_int_equal(st.n_captured, 3);
+            assert_int_equal(st.n_failed, 1);
+            assert_non_null(strstr(st.first_failure, "decode bucket 4: capture failed"));
+        } else {
+            assert_int_equal(f.n_capture, 0); /* the warm-up failed: nothing captured */
+            assert_int_equal(st.n_captured, 0);
+            assert_int_equal(st.n_failed, 4);
+            assert_non_null(strstr(st.first_failure, "warm-up of decode bucket 2"));
+        }
+        /* 3 real rows: bucket 4 (its capture failed in variant 0: bucket 8 instead) */
+        for (int32_t i = 0; i < 12; i++) {
+            memset(&rows[i], 0, sizeof rows[i]);
+            rows[i].rid = rids[i] = (ms_rid)(100 + i);
+            rows[i].len[0] = 1;
+            rows[i].sample = true;
+        }
+        ms_graph_step gs;
+        assert_int_equal(ms_graph_exec_pad(gx, 1, rows, rids, 3, 12, &gs, &err), MS_OK);
+        if (variant == 0) {
+            assert_true(gs.padded && gs.leased && !gs.capture);
+            assert_int_equal(gs.n_real, 3);
+            assert_int_equal(gs.n_rows, 8);
+            assert_int_equal(gs.lease.bs, 8);
+            for (int32_t i = 0; i < 3; i++)
+                assert_int_equal(rids[i], (ms_rid)(100 + i)); /* real rows first, unchanged */
+            for (int32_t i = 3; i < 8; i++) {
+                assert_true(ms_graph_exec_is_dummy(gx, rids[i]));
+                assert_int_equal(rows[i].rid, rids[i]);
+                assert_int_equal(rows[i].len[0], 1);
+                assert_false(rows[i].sample);
+            }
+            assert_int_equal(rids[8], (ms_rid)108); /* past the bucket: untouched */
+            ms_graph_exec_done(gx, &gs);
+            /* 2 rows: bucket 2, on it: no padding rows, still the captured path */
+            assert_int_equal(ms_graph_exec_pad(gx, 1, rows, rids, 2, 12, &gs, &err), MS_OK);
+            assert_true(gs.padded);
+            assert_int_equal(gs.n_rows, 2);
+            ms_graph_exec_done(gx, &gs);
+        } else {
+            assert_false(gs.padded); /* nothing captured: eager */
+            assert_int_equal(gs.n_rows, 3);
+        }
+        /* 9 rows: above the largest kept bucket: eager, unpadded, nothing written */
+        for (int32_t i = 0; i < 12; i++)
+            rows[i].rid = rids[i] = (ms_rid)(100 + i);
+        assert_int_equal(ms_graph_exec_pad(gx, 1, rows, rids, 9, 12, &gs, &err), MS_OK);
+        assert_false(gs.padded);
+        assert_int_equal(gs.n_rows, 9);
+        assert_int_equal(rids[9], (ms_rid)109);
+        /* a row feeding two tokens (not a decode row): eager */
+        rows[0].len[0] = 2;
+        assert_int_equal(ms_graph_exec_pad(gx, 1, rows, rids, 1, 12, &gs, &err), MS_OK);
+        assert_false(gs.padded);
+        rows[0].len[0] = 1;
+        /* the prefill step (token buckets) is not on the captured path */
+        assert_int_equal(ms_graph_exec_pad(gx, 0, rows, rids, 1, 12, &gs, &err), MS_OK);
+        assert_false(gs.padded);
+        /* a real row with a dummy id is refused */
+        if (variant == 0) {
+            rows[0].rid = rids[0] = MS_RID_DUMMY_BASE + 1;
+            assert_int_equal(ms_graph_exec_pad(gx, 1, rows, rids, 1, 12, &gs, &err),
+                             MS_ERR_INVALID_ARG);
+            rows[0].rid = rids[0] = 100;
+            /* too little room for the bucket's rows */
+            assert_int_equal(ms_graph_exec_pad(gx, 1, rows, rids, 3, 5, &gs, &err),
+                             MS_ERR_INVALID_ARG);
+        }
+        ms_graph_exec_get_stats(gx, &st);
+        assert_int_equal(st.n_eager, variant == 0 ? 2 : 3);
+        ms_graph_exec_free(gx);
+        ms_step_runner_free(runner);
+        ms_sample_res_free(sr);
+        ms_backend_free(&be);
+    }
+    /* AUTO on a backend without graph entries: no captured path at all */
+    ms_backend be;
+    ms_error err = {0};
+    assert_int_equal(ms_backend_cpu_init(&be, NULL, &err), MS_OK);
+    ms_sample_res *sr = NULL;
+    assert_int_equal(ms_sample_res_init(&sr, 16, &err), MS_OK);
+    ms_resource_spec spec = {.key = "sampler", .kind = MS_RESOURCE_SAMPLER, .instance = sr,
+                             .iface = ms_sample_res_iface()};
+    ms_step_runner *runner = NULL;
+    assert_int_equal(ms_step_runner_init(&runner, &spec, 1, &err), MS_OK);
+    ms_graph_exec_config gc = {.mode = MS_GRAPHS_AUTO, .node = &node, .be = &be,
+                               .runner = runner, .max_rows = 12, .n_pages = 64};
+    ms_graph_exec *gx = NULL;
+    assert_int_equal(ms_graph_exec_init(&gx, &gc, &err), MS_OK);
+    assert_null(gx);
+    gc.mode = MS_GRAPHS_OFF; /* the engine makes none for OFF: asking is a caller bug */
+    assert_int_equal(ms_graph_exec_init(&gx, &gc, &err), MS_ERR_INVALID_ARG);
+    assert_null(gx);
+    ms_graph_exec_free(NULL);
+    ms_step_runner_free(runner);
+    ms_sample_res_free(sr);
+    ms_backend_free(&be);
 }
 
 /* ---- the padding check ---- */
@@ -329,6 +508,69 @@ static void test_bad_mode(void **state) {
     assert_non_null(strstr(err.msg, "graphs mode 7"));
 }
 
+/* M-RoPE (models/qwen2vl.mstar, three position streams): dummy rows get positions like real
+ * decode rows; padded decode gives the eager ids and logits bitwise. */
+static void test_mrope_padded(void **state) {
+    (void)state;
+    enum { N = 3, NEW = 6 };
+    int32_t out[2][N][NEW];
+    float *lg[2];
+    size_t n_lg[2] = {0, 0};
+    for (int pass = 0; pass < 2; pass++) {
+        ms_engine_options o = ms_engine_options_default();
+        o.model_path = ms_test_fixture("hf/qwen2vl_mrope");
+        o.max_seqs = 4;
+        o.max_tokens = 64;
+        o.n_threads = 2;
+        o.graphs = pass == 0 ? MS_GRAPHS_OFF : MS_GRAPHS_PADDED;
+        ms_engine *e = NULL;
+        ms_error err = {0};
+        if (ms_engine_init(&e, &ms_qwen2vl_desc, &o, &err) != MS_OK)
+            fail_msg("qwen2vl init: %s", err.msg);
+        const int32_t V = ms_engine_facts(e)->vocab;
+        lg[pass] = malloc(sizeof(float) * (size_t)V * N * (NEW + 1));
+        assert_non_null(lg[pass]);
+        ms_rid rids[N];
+        for (int32_t r = 0; r < N; r++) {
+            int32_t ids[5] = {1 + r, 7, 9 + r, 3, 2};
+            ms_engine_request rq = {.prompt = ids, .n_prompt = 3 + r, .max_new_tokens = NEW - r,
+                                    .sampling = ms_sampling_greedy(), .ignore_eos = true};
+            assert_int_equal(ms_engine_add(e, &rq, &rids[r], &err), MS_OK);
+        }
+        while (ms_engine_n_active(e) > 0) {
+            if (ms_engine_step(e, NULL, &err) != MS_OK)
+                fail_msg("qwen2vl step: %s", err.msg);
+            for (int32_t r = 0; r < N; r++) {
+                const float *l = ms_engine_last_logits(e, rids[r]);
+                if (l != NULL) {
+                    memcpy(lg[pass] + n_lg[pass], l, sizeof(float) * (size_t)V);
+                    n_lg[pass] += (size_t)V;
+                }
+            }
+        }
+        for (int32_t r = 0; r < N; r++) {
+            const int32_t *ids;
+            int32_t n;
+            assert_int_equal(ms_engine_output(e, rids[r], &ids, &n, NULL), MS_OK);
+            assert_int_equal(n, NEW - r);
+            memcpy(out[pass][r], ids, (size_t)n * sizeof(int32_t));
+            ms_engine_remove(e, rids[r]);
+        }
+        if (pass == 1) {
+            ms_graph_exec_stats st;
+            ms_engine_graph_stats(e, &st);
+            assert_true(st.n_replays > 0 && st.n_padding_rows > 0);
+        }
+        ms_engine_free(e);
+    }
+    for (int32_t r = 0; r < N; r++)
+        assert_memory_equal(out[1][r], out[0][r], (size_t)(NEW - r) * sizeof(int32_t));
+    assert_int_equal(n_lg[1], n_lg[0]);
+    assert_memory_equal(lg[1], lg[0], n_lg[0] * sizeof(float));
+    free(lg[0]);
+    free(lg[1]);
+}
+
 /* Run a CLI verb with stdout sent to /dev/null; returns its exit status. */
 static int quiet_cli(int argc, char **argv, bool bench) {
     fflush(stdout);
@@ -366,11 +608,13 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         ms_unit_test(test_buckets),
         ms_unit_test(test_check_padding),
+        ms_unit_test(test_pad_and_fallbacks),
         ms_unit_test(test_padded_equals_eager),
         ms_unit_test(test_static_write_addresses),
         ms_unit_test(test_above_largest_bucket),
         ms_unit_test(test_bad_mode),
         ms_unit_test(test_cli_flag),
+        ms_unit_test(test_mrope_padded),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -385,11 +385,16 @@ ms_status ms_graph_exec_capture(ms_graph_exec *gx, ms_graph_exec_run_fn run, voi
                         if (slot > 0)
                             break; /* one warm-up per bucket */
                         gs.lease.slot = 0;
-                        ms_status st = run(user, &gs, rows, rids, err);
-                        if (st != MS_OK) {
-                            ms_error_prefix(err, "graphs: warm-up of %s bucket %d: ",
-                                            node->steps[k].name, (int)b[i]);
-                            return st;
+                        ms_error e0;
+                        if (run(user, &gs, rows, rids, &e0) != MS_OK) {
+                            /* nothing is captured: every step stays eager (the stats and the
+                               CLI's start-up line say why) */
+                            snprintf(gx->st.first_failure, sizeof gx->st.first_failure,
+                                     "warm-up of %.16s bucket %d: %.120s", node->steps[k].name,
+                                     (int)b[i], e0.msg);
+                            gx->st.n_failed = gx->st.n_buckets * GX_SLOTS;
+                            gx->st.capture_s = now_s() - t0;
+                            return MS_OK;
                         }
                         continue;
                     }

@@ -163,8 +163,9 @@ typedef ms_status (*ms_graph_exec_run_fn)(void *user, const ms_graph_step *gs, m
 
 /*
  * Warm up every bucket (largest first), then capture every (bucket, slot), through run. Capture
- * failures are counted (ms_graph_exec_stats) and leave their bucket eager; a warm-up failure is
- * returned (the eager path itself is broken). rows/rids: room for the largest bucket.
+ * failures are counted (ms_graph_exec_stats, first_failure) and leave their bucket eager; a
+ * warm-up failure captures nothing (every step eager, every pair counted as failed). rows/rids:
+ * room for the largest bucket. Errors: MS_ERR_INVALID_ARG (cap), the backend's synchronize.
  */
 ms_status ms_graph_exec_capture(ms_graph_exec *gx, ms_graph_exec_run_fn run, void *user,
                                 ms_md_row *rows, ms_rid *rids, int32_t cap, ms_error *err);
