@@ -10,7 +10,10 @@
  * planned set of backend buffers (fused entries concatenated), builds the node's resources through
  * the step runner (KV pool over a page arena, positions, attention: the runner's plan plus backend
  * staging, sampler), and sizes every per-step buffer for the worst case: after the first step of
- * each kind (which creates the attention plan buffers), decode steps allocate nothing.
+ * each kind (which creates the attention plan buffers), decode steps allocate nothing. With
+ * options.graphs (graph_exec.h) the decode buckets the model declares are warmed up and captured
+ * as CUDA graphs at init, and a decode batch a bucket covers is padded with dummy rows and
+ * replayed.
  *
  * Each request walks the model's walk (model_desc.h ms_md_walk; a guided pair the walk over its
  * two streams). Each ms_engine_step the scheduler (walk.h) picks one step of the node and
