@@ -1309,8 +1309,10 @@ static ms_status eng_forward_sample(ms_engine *e, const ms_md_step *sd, const ms
     return MS_OK;
 }
 
-/* Run the step declared in e->build over rows [0, n) (tokens packed): admit -> plan -> forward
- * (-> sampling when `sample`) -> commit. A failure after admit abandons the step. */
+/* Run the step declared in e->build over gs's rows (tokens packed; [graphs] real rows first,
+ * padding up to gs->n_rows): admit -> plan -> forward (-> sampling of the real rows when
+ * `sample`) -> commit. A failure after admit abandons the step. eng_run_built then resets the
+ * padding rows either way. */
 static ms_status eng_run_built_rows(ms_engine *e, const ms_md_step *sd, const ms_graph_step *gs,
                                     bool sample, ms_error *err);
 
@@ -1321,7 +1323,6 @@ static ms_status eng_run_built(ms_engine *e, const ms_md_step *sd, const ms_grap
     return st;
 }
 
-/* eng_run_built over gs's rows ([graphs]: n_real real rows first, padding up to n_rows). */
 static ms_status eng_run_built_rows(ms_engine *e, const ms_md_step *sd, const ms_graph_step *gs,
                                     bool sample, ms_error *err) {
     ms_step *step = &e->build.step;
