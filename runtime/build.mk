@@ -37,6 +37,7 @@ RUNTIME_CUDA_SRCS += runtime/backends/backend_cuda.c
 RUNTIME_SRCS += runtime/engine/model_desc.c
 RUNTIME_SRCS += runtime/engine/model_probe.c
 RUNTIME_SRCS += runtime/engine/engine.c
+RUNTIME_SRCS += runtime/engine/graph_exec.c
 RUNTIME_SRCS += runtime/cli/cli.c
 RUNTIME_SRCS += runtime/tokenizers/tokenizer_hf.c
 RUNTIME_SRCS += runtime/tokenizers/tokenizer_hf_nfc.c

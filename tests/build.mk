@@ -14,6 +14,9 @@ GPU_TESTS += tests/test_llama_cuda_fixture
 # CFG, M-RoPE and dense generation through the engine on the GPU (the generated descriptors)
 GPU_TESTS += tests/test_engine_features_cuda
 $(BUILD)/tests/test_engine_features_cuda: $(BUILD)/obj/gen/llama/llama_gen.o $(BUILD)/obj/gen/qwen2vl/qwen2vl_gen.o $(BUILD)/obj/gen/dense/llama_dense_gen.o
+# CUDA graphs against the padded eager path, bitwise (graph_exec.h); MS_GRAPHS_DRY_RUN=1: on the CPU
+GPU_TESTS += tests/test_graphs_cuda
+$(BUILD)/tests/test_graphs_cuda: $(BUILD)/obj/gen/llama/llama_gen.o
 PROGRAMS += $(BUILD)/tests/bench_kernels
 endif
 TESTS += tests/test_backend_cpu
@@ -29,6 +32,9 @@ TESTS += tests/test_position_ids
 TESTS += tests/test_model_desc
 TESTS += tests/test_step_runner
 TESTS += tests/test_graph_plan
+# the captured path's host side (graph_exec.c) over models/llama.mstar on the CPU backend
+TESTS += tests/test_graph_exec
+$(BUILD)/tests/test_graph_exec: $(BUILD)/obj/gen/llama/llama_gen.o $(BUILD)/obj/gen/qwen2vl/qwen2vl_gen.o
 TSAN_TESTS += tests/test_graph_plan
 TESTS += tests/test_dsl
 TEST_SCRIPTS += tests/mstarc_cli.sh

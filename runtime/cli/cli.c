@@ -235,6 +235,7 @@ typedef struct cli_opts {
     float guidance_scale;             /* 1 unless --guidance-scale */
     bool set_guidance;
     bool ignore_eos;
+    bool no_graphs;         /* --no-graphs: every step eager (engine.h graphs) */
     bool no_display_prompt; /* text output: the generated text only */
     bool verbose_prompt;    /* the prompts' ids on stderr */
     cli_output output;
@@ -391,10 +392,21 @@ static void usage(FILE *to) {
             "           [--guidance-scale S] [--position-ids FILE]\n"
             "           [--no-display-prompt] [--verbose-prompt] [--page-size N]\n"
             "           [--device auto|cpu|cuda] [--dtype auto|f32|bf16] [--threads N]\n"
+            "           [--no-graphs]\n"
             "       %s serve --model PATH [...]   (%s serve --help)\n"
             "       %s bench --model PATH [...]   (%s bench --help)\n"
             "       %s kernels --model PATH [...] (%s kernels --help)\n",
             g_prog, g_prog, g_prog, g_prog, g_prog, g_prog, g_prog);
+}
+
+void ms_cli_print_graphs(const struct ms_engine *e, FILE *to) {
+    ms_graph_exec_stats st;
+    ms_engine_graph_stats(e, &st);
+    if (st.mode == MS_GRAPHS_OFF)
+        return;
+    fprintf(to, "graphs: %d of %d decode buckets captured in %.2f s%s%s\n", (int)st.n_captured,
+            (int)st.n_buckets, st.capture_s, st.n_failed > 0 ? "; first failure: " : "",
+            st.first_failure);
 }
 
 /* Returns 0 on success, -1 for --help, else the exit status (message printed). */
@@ -416,6 +428,10 @@ static int parse_generate(int argc, char **argv, cli_opts *o) {
         const char *a = argv[i];
         if (strcmp(a, "--ignore-eos") == 0) {
             o->ignore_eos = true;
+            continue;
+        }
+        if (strcmp(a, "--no-graphs") == 0) {
+            o->no_graphs = true;
             continue;
         }
         if (strcmp(a, "--no-display-prompt") == 0) {
@@ -1103,6 +1119,7 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
     eo.page_size = o.page_size;
     eo.n_threads = o.threads;
     eo.dtype = o.dtype;
+    eo.graphs = o.no_graphs ? MS_GRAPHS_OFF : MS_GRAPHS_AUTO;
     /* a guided pair takes two of max_seqs (two streams) and prefills both prompts in one step */
     const int32_t per_req = guided ? 2 : 1;
     eo.max_seqs = (int32_t)MS_MIN(ps.n, (size_t)64) * per_req;
@@ -1122,6 +1139,7 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
         rc = cli_fail("%s", err.msg);
         goto done;
     }
+    ms_cli_print_graphs(eng, stderr);
     const ms_md_facts *efa = ms_engine_facts(eng);
 
     rids = ms_calloc(ps.n, sizeof *rids);

@@ -53,6 +53,12 @@
 extern "C" {
 #endif
 
+/* The captured path's start-up line on `to` (cli.c): "graphs: N of M decode buckets captured in
+ * S s" (and the first capture failure), when the engine has graphs; nothing when it runs eager
+ * (--no-graphs, cpu). The verbs generate, bench and serve print it after loading. */
+struct ms_engine;
+void ms_cli_print_graphs(const struct ms_engine *e, FILE *to);
+
 /* Run the command line for `desc`; returns the process exit status. */
 int ms_cli_main(int argc, char **argv, const ms_model_desc *desc);
 

@@ -62,7 +62,8 @@ typedef struct ms_attn_kernel_params {
     int q_stride;                /* elements between consecutive tokens of q (>= n_q_heads*head_dim) */
     int o_stride;                /* elements between consecutive tokens of o */
     int n_splits;                /* decode: KV splits per request (1 = no merge pass) */
-    int pages_per_split;         /* decode: pages of each split (the last split may hold fewer) */
+    int pages_per_split;         /* decode: least pages of a split; view b splits its own pages
+                                    into n_splits parts of max(this, ceil(pages_b / n_splits)) */
     int window;                  /* windowed instances: W > 0 keys; ignored otherwise */
     float sm_scale;              /* softmax scale, usually 1/sqrt(head_dim) */
 } ms_attn_kernel_params;
