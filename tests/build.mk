@@ -138,3 +138,6 @@ fuzz-%:
 	$(Q)$(MAKE) --no-print-directory fuzz FUZZ_TARGETS=$*
 TESTS += tests/test_chat_template
 TESTS += tests/test_gguf
+# SmolLM2-135M-Instruct Q4_1 GGUF (scripts/fetch-model.sh; skips without network) through models/llama.mstar on the CPU
+TESTS += tests/test_gguf_smollm2
+$(BUILD)/tests/test_gguf_smollm2: $(BUILD)/obj/gen/llama/llama_gen.o
