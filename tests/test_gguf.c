@@ -237,6 +237,8 @@ static void check_valid(uint32_t version) {
     assert_int_equal(ms_gguf_kv_str(toks, 1)->len, 0);
     assert_string_equal(ms_gguf_kv_str(toks, 2)->s, "\xc4\xa0the");
     assert_int_equal(ms_gguf_kv_str(toks, 2)->len, 5);
+    assert_false(ms_gguf_kv_float(toks, 0, &d));
+    assert_false(ms_gguf_kv_int(toks, 0, &i));
     assert_int_equal(ms_gguf_get_array(g, "test.tokens", MS_GGUF_INT32, &toks, &err), MS_ERR_FORMAT);
     assert_non_null(strstr(err.msg, "is an array of string, expected an array of int32"));
     const ms_gguf_kv *sc;

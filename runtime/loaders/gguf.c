@@ -541,6 +541,8 @@ bool ms_gguf_kv_int(const ms_gguf_kv *kv, size_t i, int64_t *out) {
 
 bool ms_gguf_kv_float(const ms_gguf_kv *kv, size_t i, double *out) {
     MS_ASSERT(i < kv->n);
+    if (kv->elem_type == MS_GGUF_STRING)
+        return false;
     const uint8_t *p = (const uint8_t *)kv->data + i * vtype_size[kv->elem_type];
     if (kv->elem_type == MS_GGUF_FLOAT32) {
         uint32_t u = le_u32(p);
