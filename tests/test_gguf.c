@@ -12,8 +12,10 @@
  *   - models: a tiny llama GGUF written here opens as a checkpoint with Hugging Face names, the
  *     Q/K rows un-permuted (checked against LlamaModel.permute applied in the test), the config
  *     derived from llama.* keys; qwen2 is not permuted;
- *   - quantizers: q4_0, q8_0, q4_k round trips stay within their step size and re-quantizing the
- *     dequantized values is stable.
+ *   - quantizers: q4_0 and q8_0 blocks byte-identical to gguf.quants.quantize (goldens); q4_0, q8_0,
+ *     q4_k round trips within their step size, re-quantizing dequantized values stable;
+ *   - mstar-mkckpt --format gguf (q8_0, q4_0, q4_k): the file loads back to exactly
+ *     dequantize(quantize(x)) of the f32 safetensors checkpoint of the same seed and shape.
  */
 #include "ms_test.h"
 
@@ -182,6 +184,39 @@ static void test_dequant_goldens(void **state) {
                      types[k], bad, first, (double)got[first], (double)want);
         }
         ms_free(got);
+    }
+    ms_gguf_free(g);
+}
+
+/* Our reference quantizers reproduce gguf-py's (= ggml's quantize_row_*_ref) blocks byte for byte. */
+static void test_quant_goldens(void **state) {
+    (void)state;
+    ms_error err = {0};
+    ms_gguf *g = NULL;
+    if (ms_gguf_init(&g, GOLDENS, &err) != MS_OK)
+        fail_msg("%s", err.msg);
+    static const char *const types[] = {"Q4_0", "Q8_0"};
+    for (size_t k = 0; k < MS_ARRAY_LEN(types); k++) {
+        char xn[32], zn[32];
+        snprintf(xn, sizeof xn, "x.%s", types[k]);
+        snprintf(zn, sizeof zn, "z.%s", types[k]);
+        const ms_gguf_tensor *x = ms_gguf_find_tensor(g, xn), *z = ms_gguf_find_tensor(g, zn);
+        assert_non_null(x);
+        assert_non_null(z);
+        float *xf = ms_malloc(x->n_elems * sizeof *xf);
+        uint8_t *q = ms_malloc(z->n_bytes);
+        assert_int_equal(ms_gguf_tensor_to_f32(g, x, xf, x->n_elems, &err), MS_OK);
+        assert_int_equal(ms_ggml_quantize(z->type, xf, q, x->n_elems), MS_OK);
+        size_t first = z->n_bytes;
+        for (size_t i = 0; i < z->n_bytes && first == z->n_bytes; i++)
+            if (q[i] != ((const uint8_t *)z->data)[i])
+                first = i;
+        ms_free(xf);
+        ms_free(q);
+        if (first != z->n_bytes) {
+            ms_gguf_free(g);
+            fail_msg("%s: quantized blocks differ from gguf.quants.quantize from byte %zu", types[k], first);
+        }
     }
     ms_gguf_free(g);
 }
@@ -769,9 +804,73 @@ static void test_quant_roundtrip(void **state) {
     ms_free(q2);
 }
 
+/* ---- mstar-mkckpt --format gguf ---- */
+
+/* mstar-mkckpt of $MS_BUILD (default build) with `args`; fails the test unless it exits 0. */
+static void run_mkckpt(const char *args) {
+    const char *b = getenv("MS_BUILD");
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd, "%s/mstar-mkckpt %s >/dev/null", b != NULL && *b ? b : "build", args);
+    int rc = system(cmd);
+    if (rc != 0)
+        fail_msg("'%s' exited with %d", cmd, rc);
+}
+
+/* The GGUF written by mkckpt (quant `q`) holds, after load, exactly dequantize(quantize(x)) of the
+ * f32 safetensors checkpoint x written with the same seed and shape (norms: x itself). */
+static void check_mkckpt_quant(const char *dir, const char *quant, uint32_t type) {
+    const char *shape = "--hidden 256 --intermediate 512 --heads 4 --kv-heads 2 --head-dim 64 --vocab 512 "
+                        "--layers 2 --seed 7";
+    char args[1024], gpath[600];
+    snprintf(gpath, sizeof gpath, "%s/%s.gguf", dir, quant);
+    snprintf(args, sizeof args, "%s --format gguf --quant %s --out %s", shape, quant, gpath);
+    run_mkckpt(args);
+    snprintf(args, sizeof args, "%s --dtype f32 --out %s/st", shape, dir);
+    run_mkckpt(args);
+    ms_error err = {0};
+    ms_ckpt *gk = NULL, *sk = NULL;
+    char spath[600];
+    snprintf(spath, sizeof spath, "%s/st", dir);
+    if (ms_ckpt_init(&gk, gpath, &err) != MS_OK || ms_ckpt_init(&sk, spath, &err) != MS_OK)
+        fail_msg("%s", err.msg);
+    assert_int_equal(ms_ckpt_n_tensors(gk), ms_ckpt_n_tensors(sk));
+    for (size_t i = 0; i < ms_ckpt_n_tensors(sk); i++) {
+        const ms_st_tensor *x = ms_ckpt_tensor_at(sk, i);
+        float *got = NULL, *xv = NULL, *want = ms_malloc(x->n_elems * sizeof *want);
+        uint8_t *q = ms_malloc(x->n_elems * 4);
+        if (ms_ckpt_load_f32(gk, x->name, MS_ST_DTYPES_FLOAT, x->n_dims, x->shape, &got, &err) != MS_OK ||
+            ms_ckpt_load_f32(sk, x->name, MS_ST_DTYPES_FLOAT, x->n_dims, x->shape, &xv, &err) != MS_OK)
+            fail_msg("%s", err.msg);
+        uint32_t t = x->n_dims == 2 ? type : MS_GGML_TYPE_F32;
+        assert_int_equal(ms_ggml_quantize(t, xv, q, x->n_elems), MS_OK);
+        assert_int_equal(ms_ggml_dequantize(t, q, want, x->n_elems), MS_OK);
+        if (memcmp(got, want, x->n_elems * sizeof *want) != 0)
+            fail_msg("%s: %s differs from dequantize(quantize(x)) of the safetensors checkpoint", quant, x->name);
+        ms_free(got);
+        ms_free(xv);
+        ms_free(want);
+        ms_free(q);
+    }
+    ms_ckpt_free(gk);
+    ms_ckpt_free(sk);
+}
+
+static void test_mkckpt_gguf(void **state) {
+    (void)state;
+    char dir[] = "/tmp/ms_test_gguf_mk_XXXXXX";
+    assert_non_null(mkdtemp(dir));
+    check_mkckpt_quant(dir, "q8_0", MS_GGML_TYPE_Q8_0);
+    check_mkckpt_quant(dir, "q4_0", MS_GGML_TYPE_Q4_0);
+    check_mkckpt_quant(dir, "q4_k", MS_GGML_TYPE_Q4_K);
+    char cmd[700];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    assert_int_equal(system(cmd), 0);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         ms_unit_test(test_dequant_goldens),
+        ms_unit_test(test_quant_goldens),
         ms_unit_test(test_metadata_v3),
         ms_unit_test(test_metadata_v2),
         ms_unit_test(test_alignment_key),
@@ -783,6 +882,7 @@ int main(void) {
         ms_unit_test(test_model_qwen2_untied),
         ms_unit_test(test_model_bad),
         ms_unit_test(test_quant_roundtrip),
+        ms_unit_test(test_mkckpt_gguf),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

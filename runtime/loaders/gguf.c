@@ -705,3 +705,260 @@ ms_status ms_gguf_tensor_to_f32(const ms_gguf *g, const ms_gguf_tensor *t, float
         return MS_FAIL(err, st, "%s: tensor '%s': cannot dequantize", g->path, t->name);
     return MS_OK;
 }
+
+/* ---- writing ---- */
+
+#define GGUF_WRITE_ALIGN 32
+
+typedef struct wr_tensor {
+    char *name;
+    uint32_t type;
+    int n_dims;
+    int64_t ne[MS_GGUF_MAX_DIMS];
+    uint64_t n_bytes;
+    uint64_t offset;  /* relative to the data region */
+} wr_tensor;
+
+struct ms_gguf_writer {
+    char *path;
+    FILE *fp;
+    uint8_t *kv;          /* encoded metadata entries */
+    size_t kv_len, kv_cap;
+    size_t n_kv;
+    char **keys;          /* [n_kv] for the duplicate check */
+    size_t keys_cap;
+    wr_tensor *ts;
+    size_t n_ts, ts_cap;
+    uint64_t data_total;  /* bytes of the data region, padding included */
+    size_t cur;           /* tensor being written */
+    uint64_t cur_done;    /* bytes of it written */
+    bool header_done, finished, closed;
+};
+
+static ms_status wr_bytes(ms_gguf_writer *w, const void *p, size_t n, ms_error *err) {
+    if (ms_grow((void **)&w->kv, &w->kv_cap, w->kv_len + n, 1) != MS_OK)
+        return MS_FAIL(err, MS_ERR_OOM, "%s: out of memory for metadata", w->path);
+    memcpy(w->kv + w->kv_len, p, n);
+    w->kv_len += n;
+    return MS_OK;
+}
+
+static ms_status wr_u32(ms_gguf_writer *w, uint32_t v, ms_error *err) {
+    uint8_t b[4] = {(uint8_t)v, (uint8_t)(v >> 8), (uint8_t)(v >> 16), (uint8_t)(v >> 24)};
+    return wr_bytes(w, b, 4, err);
+}
+
+static ms_status wr_u64(ms_gguf_writer *w, uint64_t v, ms_error *err) {
+    MS_TRY(wr_u32(w, (uint32_t)v, err));
+    return wr_u32(w, (uint32_t)(v >> 32), err);
+}
+
+static ms_status wr_string(ms_gguf_writer *w, const char *s, ms_error *err) {
+    size_t n = strlen(s);
+    MS_TRY(wr_u64(w, n, err));
+    return wr_bytes(w, s, n, err);
+}
+
+/* Start an entry: refuse after the header, or a duplicate key; write the key and the type. */
+static ms_status wr_key(ms_gguf_writer *w, const char *key, ms_gguf_vtype t, ms_error *err) {
+    if (w->header_done)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: metadata key '%s' set after the data started", w->path, key);
+    if (key[0] == '\0')
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: empty metadata key", w->path);
+    for (size_t i = 0; i < w->n_kv; i++)
+        if (strcmp(w->keys[i], key) == 0)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: metadata key '%s' set twice", w->path, key);
+    if (ms_grow((void **)&w->keys, &w->keys_cap, w->n_kv + 1, sizeof *w->keys) != MS_OK ||
+        (w->keys[w->n_kv] = ms_strdup(key)) == NULL)
+        return MS_FAIL(err, MS_ERR_OOM, "%s: out of memory", w->path);
+    w->n_kv++;
+    MS_TRY(wr_string(w, key, err));
+    return wr_u32(w, (uint32_t)t, err);
+}
+
+ms_status ms_gguf_writer_init(ms_gguf_writer **out, const char *path, ms_error *err) {
+    *out = NULL;
+    ms_gguf_writer *w = ms_calloc(1, sizeof *w);
+    if (w == NULL || (w->path = ms_strdup(path)) == NULL) {
+        ms_free(w);
+        return MS_FAIL(err, MS_ERR_OOM, "%s: out of memory", path);
+    }
+    w->fp = fopen(path, "wb");
+    if (w->fp == NULL) {
+        ms_status st = MS_FAIL(err, MS_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+        ms_free(w->path);
+        ms_free(w);
+        return st;
+    }
+    *out = w;
+    return MS_OK;
+}
+
+ms_status ms_gguf_writer_set_u32(ms_gguf_writer *w, const char *key, uint32_t v, ms_error *err) {
+    MS_TRY(wr_key(w, key, MS_GGUF_UINT32, err));
+    return wr_u32(w, v, err);
+}
+
+ms_status ms_gguf_writer_set_f32(ms_gguf_writer *w, const char *key, float v, ms_error *err) {
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    MS_TRY(wr_key(w, key, MS_GGUF_FLOAT32, err));
+    return wr_u32(w, u, err);
+}
+
+ms_status ms_gguf_writer_set_bool(ms_gguf_writer *w, const char *key, bool v, ms_error *err) {
+    uint8_t b = v ? 1 : 0;
+    MS_TRY(wr_key(w, key, MS_GGUF_BOOL, err));
+    return wr_bytes(w, &b, 1, err);
+}
+
+ms_status ms_gguf_writer_set_str(ms_gguf_writer *w, const char *key, const char *v, ms_error *err) {
+    MS_TRY(wr_key(w, key, MS_GGUF_STRING, err));
+    return wr_string(w, v, err);
+}
+
+ms_status ms_gguf_writer_set_str_array(ms_gguf_writer *w, const char *key, const char *const *v, size_t n,
+                                       ms_error *err) {
+    MS_TRY(wr_key(w, key, MS_GGUF_ARRAY, err));
+    MS_TRY(wr_u32(w, MS_GGUF_STRING, err));
+    MS_TRY(wr_u64(w, n, err));
+    for (size_t i = 0; i < n; i++)
+        MS_TRY(wr_string(w, v[i], err));
+    return MS_OK;
+}
+
+ms_status ms_gguf_writer_add_tensor(ms_gguf_writer *w, const char *name, uint32_t type, int n_dims,
+                                    const int64_t *ne, ms_error *err) {
+    if (w->header_done)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: tensor '%s' declared after the data started", w->path, name);
+    if (name[0] == '\0' || !ms_ggml_type_known(type) || n_dims < 1 || n_dims > MS_GGUF_MAX_DIMS)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: tensor '%s': bad name, ggml type %u or rank %d", w->path, name,
+                       type, n_dims);
+    for (size_t i = 0; i < w->n_ts; i++)
+        if (strcmp(w->ts[i].name, name) == 0)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: tensor '%s' declared twice", w->path, name);
+    uint64_t n = 1;
+    for (int d = 0; d < n_dims; d++) {
+        if (ne[d] < 1 || (uint64_t)ne[d] > GGUF_MAX_ELEMS / n)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: tensor '%s': dimension %d is %lld", w->path, name, d,
+                           (long long)ne[d]);
+        n *= (uint64_t)ne[d];
+    }
+    if ((uint64_t)ne[0] % ms_ggml_type_block(type) != 0)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: tensor '%s': row length %lld is not a multiple of the %s block "
+                       "size %zu", w->path, name, (long long)ne[0], ms_ggml_type_name(type), ms_ggml_type_block(type));
+    if (ms_grow((void **)&w->ts, &w->ts_cap, w->n_ts + 1, sizeof *w->ts) != MS_OK)
+        return MS_FAIL(err, MS_ERR_OOM, "%s: out of memory", w->path);
+    wr_tensor *t = &w->ts[w->n_ts];
+    memset(t, 0, sizeof *t);
+    if ((t->name = ms_strdup(name)) == NULL)
+        return MS_FAIL(err, MS_ERR_OOM, "%s: out of memory", w->path);
+    w->n_ts++;
+    t->type = type;
+    t->n_dims = n_dims;
+    for (int d = 0; d < n_dims; d++)
+        t->ne[d] = ne[d];
+    t->n_bytes = n / ms_ggml_type_block(type) * ms_ggml_type_block_bytes(type);
+    t->offset = w->data_total;
+    w->data_total = (t->offset + t->n_bytes + GGUF_WRITE_ALIGN - 1) / GGUF_WRITE_ALIGN * GGUF_WRITE_ALIGN;
+    return MS_OK;
+}
+
+static ms_status wr_file(ms_gguf_writer *w, const void *p, size_t n, ms_error *err) {
+    if (n > 0 && fwrite(p, 1, n, w->fp) != n)
+        return MS_FAIL(err, MS_ERR_IO, "%s: write failed: %s", w->path, strerror(errno));
+    return MS_OK;
+}
+
+static ms_status wr_pad(ms_gguf_writer *w, uint64_t at, ms_error *err) {
+    static const uint8_t zeros[GGUF_WRITE_ALIGN];
+    return wr_file(w, zeros, (size_t)((GGUF_WRITE_ALIGN - at % GGUF_WRITE_ALIGN) % GGUF_WRITE_ALIGN), err);
+}
+
+static ms_status wr_header(ms_gguf_writer *w, ms_error *err) {
+    /* the tensor infos go after the metadata in the same buffer */
+    for (size_t i = 0; i < w->n_ts; i++) {
+        const wr_tensor *t = &w->ts[i];
+        MS_TRY(wr_string(w, t->name, err));
+        MS_TRY(wr_u32(w, (uint32_t)t->n_dims, err));
+        for (int d = 0; d < t->n_dims; d++)
+            MS_TRY(wr_u64(w, (uint64_t)t->ne[d], err));
+        MS_TRY(wr_u32(w, t->type, err));
+        MS_TRY(wr_u64(w, t->offset, err));
+    }
+    uint8_t head[24] = {'G', 'G', 'U', 'F', 3, 0, 0, 0};
+    for (int i = 0; i < 8; i++) {
+        head[8 + i] = (uint8_t)((uint64_t)w->n_ts >> (8 * i));
+        head[16 + i] = (uint8_t)((uint64_t)w->n_kv >> (8 * i));
+    }
+    MS_TRY(wr_file(w, head, sizeof head, err));
+    MS_TRY(wr_file(w, w->kv, w->kv_len, err));
+    MS_TRY(wr_pad(w, sizeof head + w->kv_len, err));
+    w->header_done = true;
+    return MS_OK;
+}
+
+ms_status ms_gguf_writer_write(ms_gguf_writer *w, const void *bytes, size_t n, ms_error *err) {
+    if (w->closed)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: write after finish", w->path);
+    if (!w->header_done)
+        MS_TRY(wr_header(w, err));
+    const uint8_t *p = bytes;
+    while (n > 0) {
+        /* skip finished (or empty) tensors, padding each */
+        while (w->cur < w->n_ts && w->cur_done == w->ts[w->cur].n_bytes) {
+            MS_TRY(wr_pad(w, w->ts[w->cur].n_bytes, err));
+            w->cur++;
+            w->cur_done = 0;
+        }
+        if (w->cur == w->n_ts)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: %zu bytes written past the declared tensors", w->path, n);
+        uint64_t left = w->ts[w->cur].n_bytes - w->cur_done;
+        size_t k = left < n ? (size_t)left : n;
+        MS_TRY(wr_file(w, p, k, err));
+        w->cur_done += k;
+        p += k;
+        n -= k;
+    }
+    return MS_OK;
+}
+
+ms_status ms_gguf_writer_finish(ms_gguf_writer *w, ms_error *err) {
+    ms_status st = MS_OK;
+    if (w->closed)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: finish called twice", w->path);
+    if (!w->header_done)
+        st = wr_header(w, err);
+    while (st == MS_OK && w->cur < w->n_ts && w->cur_done == w->ts[w->cur].n_bytes) {
+        st = wr_pad(w, w->ts[w->cur].n_bytes, err);
+        w->cur++;
+        w->cur_done = 0;
+    }
+    if (st == MS_OK && w->cur < w->n_ts)
+        st = MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: tensor '%s' got %llu of its %llu bytes", w->path,
+                     w->ts[w->cur].name, (unsigned long long)w->cur_done, (unsigned long long)w->ts[w->cur].n_bytes);
+    int rc = fclose(w->fp);
+    w->closed = true;
+    if (st == MS_OK && rc != 0)
+        st = MS_FAIL(err, MS_ERR_IO, "%s: close failed: %s", w->path, strerror(errno));
+    w->finished = st == MS_OK;
+    return st;
+}
+
+void ms_gguf_writer_free(ms_gguf_writer *w) {
+    if (w == NULL)
+        return;
+    if (!w->closed)
+        fclose(w->fp);
+    if (!w->finished)
+        unlink(w->path);
+    for (size_t i = 0; i < w->n_kv; i++)
+        ms_free(w->keys[i]);
+    for (size_t i = 0; i < w->n_ts; i++)
+        ms_free(w->ts[i].name);
+    ms_free(w->keys);
+    ms_free(w->ts);
+    ms_free(w->kv);
+    ms_free(w->path);
+    ms_free(w);
+}

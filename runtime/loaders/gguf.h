@@ -24,6 +24,9 @@
  * GGUF string may contain NUL bytes; use the length). Numeric arrays stay in the mapping and are
  * read element-wise with ms_gguf_kv_int / ms_gguf_kv_float (any integer / float element type).
  *
+ * Writing: ms_gguf_writer streams a v3 file (metadata, tensor infos, aligned data) without holding
+ * the data in memory (mstar-mkckpt writes 8B-shaped quantized checkpoints with it).
+ *
  * Ownership: ms_gguf_* functions borrow their arguments; ms_gguf_init's result is owned by the
  * caller (ms_gguf_free, NULL accepted); every kv, string and tensor descriptor handed out, and the
  * tensor data pointers into the mapping, live as long as it.
@@ -180,6 +183,43 @@ const ms_gguf_tensor *ms_gguf_find_tensor(const ms_gguf *g, const char *name);
  */
 ms_status ms_gguf_tensor_to_f32(const ms_gguf *g, const ms_gguf_tensor *t, float *dst, size_t n,
                                 ms_error *err);
+
+/* ---- writing ---- */
+
+typedef struct ms_gguf_writer ms_gguf_writer;
+
+/*
+ * Start writing a GGUF v3 file at `path` (created or truncated), alignment 32. Usage: set metadata
+ * (ms_gguf_writer_set_*) and declare every tensor (ms_gguf_writer_add_tensor), then stream the
+ * tensors' data in declaration order with ms_gguf_writer_write (any chunk sizes; the header is
+ * written on the first call and the padding between tensors is inserted automatically), then
+ * ms_gguf_writer_finish. Freeing an unfinished writer removes the partial file.
+ * Errors: MS_ERR_IO (cannot create), MS_ERR_OOM.
+ */
+ms_status ms_gguf_writer_init(ms_gguf_writer **out, const char *path, ms_error *err);
+/* Metadata entries (before the first write; a key set twice is MS_ERR_INVALID_ARG). */
+ms_status ms_gguf_writer_set_u32(ms_gguf_writer *w, const char *key, uint32_t v, ms_error *err);
+ms_status ms_gguf_writer_set_f32(ms_gguf_writer *w, const char *key, float v, ms_error *err);
+ms_status ms_gguf_writer_set_bool(ms_gguf_writer *w, const char *key, bool v, ms_error *err);
+ms_status ms_gguf_writer_set_str(ms_gguf_writer *w, const char *key, const char *v, ms_error *err);
+/* An array of n strings. */
+ms_status ms_gguf_writer_set_str_array(ms_gguf_writer *w, const char *key, const char *const *v, size_t n,
+                                       ms_error *err);
+/*
+ * Declare the next tensor: unique non-empty name, a known ggml type (gguf_quant.h), 1..4 dims in
+ * ggml order (ne[0] fastest, a multiple of the type's block size). Errors: MS_ERR_INVALID_ARG
+ * (any of these, or after the first write), MS_ERR_OOM.
+ */
+ms_status ms_gguf_writer_add_tensor(ms_gguf_writer *w, const char *name, uint32_t type, int n_dims,
+                                    const int64_t *ne, ms_error *err);
+/* Append n bytes of tensor data. Writing past the declared total is MS_ERR_INVALID_ARG; a failed
+ * write MS_ERR_IO. */
+ms_status ms_gguf_writer_write(ms_gguf_writer *w, const void *bytes, size_t n, ms_error *err);
+/* Check every declared byte was written, flush and close. Errors: MS_ERR_INVALID_ARG (short),
+ * MS_ERR_IO. After finish (success or not) only ms_gguf_writer_free is allowed. */
+ms_status ms_gguf_writer_finish(ms_gguf_writer *w, ms_error *err);
+/* Free; removes the file unless finish succeeded. NULL accepted. */
+void ms_gguf_writer_free(ms_gguf_writer *w);
 
 #ifdef __cplusplus
 }

@@ -6,6 +6,10 @@ Q5_K, Q6_K) it draws random but valid blocks (random bytes; every f16 scale a fi
 from a normal distribution, so no NaN/inf enters), and stores in one GGUF file:
     q.<TYPE>  the raw blocks, as a [2, 256] tensor of that ggml type
     f.<TYPE>  gguf.quants.dequantize(raw, TYPE) as an F32 [2, 256] tensor
+and, for the two types gguf-py can quantize bit-exactly like ggml's reference quantizers (Q4_0,
+Q8_0: quantize_row_q4_0_ref, quantize_row_q8_0_ref):
+    x.<TYPE>  random float32 input [2, 256] (one row scaled down, one block all zeros)
+    z.<TYPE>  gguf.quants.quantize(x, TYPE), the blocks our ms_ggml_quantize must reproduce
 The file is written with gguf-py's GGUFWriter, so it also checks that our parser reads what the
 reference writer produces. Pinned: gguf==0.19.0 (scripts/install-deps.sh installs it).
 Run: python3 tests/gguf/make_goldens.py [OUT] (default tests/gguf/dequant_goldens.gguf).
@@ -18,7 +22,7 @@ import numpy as np
 import gguf
 from gguf import GGMLQuantizationType as T
 from gguf.constants import GGML_QUANT_SIZES
-from gguf.quants import dequantize
+from gguf.quants import dequantize, quantize
 
 ROWS, COLS = 2, 256
 TYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K"]
@@ -60,6 +64,13 @@ def main():
         assert np.isfinite(ref).all(), name
         w.add_tensor("q." + name, raw2, raw_dtype=qt)
         w.add_tensor("f." + name, ref)
+    for name in ["Q4_0", "Q8_0"]:
+        x = rng.standard_normal((ROWS, COLS)).astype(np.float32)
+        x[1] *= 0.01
+        x[0, :32] = 0.0
+        z = quantize(x, T[name])
+        w.add_tensor("x." + name, x)
+        w.add_tensor("z." + name, z, raw_dtype=T[name])
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
