@@ -146,3 +146,4 @@ TESTS += tests/test_gguf_smollm2
 $(BUILD)/tests/test_gguf_smollm2: $(BUILD)/obj/gen/llama/llama_gen.o
 # test_gguf runs mstar-mkckpt --format gguf
 $(BUILD)/tests/test_gguf: | $(BUILD)/mstar-mkckpt
+TESTS += tests/test_gguf_fixtures
