@@ -23,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "checkpoint.h"
@@ -867,6 +868,35 @@ static void test_mkckpt_gguf(void **state) {
     assert_int_equal(system(cmd), 0);
 }
 
+/* mstar-mkckpt `args` must exit 1 with one stderr line containing `want`. */
+static void expect_mkckpt_fails(const char *args, const char *want) {
+    const char *b = getenv("MS_BUILD");
+    char cmd[2048], line[1024], all[4096] = "";
+    snprintf(cmd, sizeof cmd, "%s/mstar-mkckpt %s 2>&1 >/dev/null", b != NULL && *b ? b : "build", args);
+    FILE *p = popen(cmd, "r");
+    assert_non_null(p);
+    int lines = 0;
+    while (fgets(line, sizeof line, p) != NULL) {
+        lines++;
+        strncat(all, line, sizeof all - strlen(all) - 1);
+    }
+    int rc = pclose(p);
+    if (!WIFEXITED(rc) || WEXITSTATUS(rc) != 1 || lines != 1 || strstr(all, want) == NULL)
+        fail_msg("'%s': status %d, %d line(s) '%s', expected exit 1 and one line with '%s'", cmd, rc, lines, all,
+                 want);
+}
+
+static void test_mkckpt_gguf_bad(void **state) {
+    (void)state;
+    expect_mkckpt_fails("--quant q4_0 --out /tmp/x", "--quant needs --format gguf");
+    expect_mkckpt_fails("--format gguf --quant q5_1 --out /tmp/x.gguf", "--quant 'q5_1' is not q4_0, q4_k, q8_0");
+    expect_mkckpt_fails("--format gguf --dtype bf16 --out /tmp/x.gguf", "--format gguf takes --quant, not --dtype");
+    expect_mkckpt_fails("--format gguf --shards 2 --out /tmp/x.gguf", "--format gguf writes one file");
+    expect_mkckpt_fails("--format ggml", "--format 'ggml' is not safetensors or gguf");
+    expect_mkckpt_fails("--preset tiny --format gguf --out /nonexistent/dir/x.gguf",
+                        "/nonexistent/dir/x.gguf: cannot create");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         ms_unit_test(test_dequant_goldens),
@@ -883,6 +913,7 @@ int main(void) {
         ms_unit_test(test_model_bad),
         ms_unit_test(test_quant_roundtrip),
         ms_unit_test(test_mkckpt_gguf),
+        ms_unit_test(test_mkckpt_gguf_bad),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
