@@ -147,3 +147,5 @@ $(BUILD)/tests/test_gguf_smollm2: $(BUILD)/obj/gen/llama/llama_gen.o
 # test_gguf runs mstar-mkckpt --format gguf
 $(BUILD)/tests/test_gguf: | $(BUILD)/mstar-mkckpt
 TESTS += tests/test_gguf_fixtures
+# scripts/fetch-model.sh: one path on stdout, pinned sha256, exit 2 without a registry
+TEST_SCRIPTS += tests/gguf_fetch.sh
