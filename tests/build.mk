@@ -119,7 +119,7 @@ FUZZ_RUNTIME_SRCS := runtime/core/base.c runtime/loaders/hf_config.c runtime/loa
                      runtime/loaders/safetensors.c runtime/loaders/checkpoint.c \
                      runtime/tokenizers/tokenizer_hf.c runtime/tokenizers/tokenizer_hf_nfc.c \
                      runtime/tokenizers/tokenizer_llama2c.c runtime/tokenizers/chat_template.c
-FUZZ_RUNTIME_SRCS += runtime/loaders/gguf.c runtime/loaders/gguf_quant.c runtime/loaders/gguf_model.c
+FUZZ_RUNTIME_SRCS += runtime/loaders/gguf.c runtime/loaders/gguf_quant.c runtime/loaders/gguf_model.c runtime/core/threadpool.c
 FUZZ_TARGETS += gguf
 FUZZ_OBJS := $(patsubst %.c,$(FUZZ_DIR)/obj/%.o,$(FUZZ_RUNTIME_SRCS))
 FUZZ_RUNTIME_BINS := $(FUZZ_DIR)/fuzz_config $(FUZZ_DIR)/fuzz_tokenizer_hf $(FUZZ_DIR)/fuzz_safetensors $(FUZZ_DIR)/fuzz_llama2c \
@@ -149,3 +149,5 @@ $(BUILD)/tests/test_gguf: | $(BUILD)/mstar-mkckpt
 TESTS += tests/test_gguf_fixtures
 # scripts/fetch-model.sh: one path on stdout, pinned sha256, exit 2 without a registry
 TEST_SCRIPTS += tests/gguf_fetch.sh
+# gguf_model.c converts tensors on a thread pool
+TSAN_TESTS += tests/test_gguf

@@ -1,6 +1,9 @@
 /*
  * gguf_model.c - GGUF models under Hugging Face names and config keys (gguf_model.h).
  *
+ * Dequantization (and the un-permutation) runs one tensor per task on a thread pool of the online
+ * CPUs (at most 16): an 8B checkpoint is 8e9 values to convert.
+ *
  * Constraints: the mapping tables are the only place a GGUF name or key is spelled; every tensor in
  * the file must map (no silent drops); the config is derived from metadata alone (no tensor data
  * is touched), so ms_hf_config_init on a .gguf stays cheap.
@@ -11,14 +14,18 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "gguf_quant.h"
+#include "threadpool.h"
 
 struct ms_gguf_model {
     ms_gguf *g;
     ms_st_tensor *tensors;  /* [n] sorted by name; data points into bufs */
     char **names;           /* [n] owned Hugging Face names */
     float **bufs;           /* [n] owned float32 data */
+    int64_t *permute_groups; /* [n] heads to un-permute (q: n_head, k: n_head_kv), 0 = none */
+    ms_status *status;      /* [n] conversion results of the parallel pass */
     size_t n;
 };
 
@@ -282,7 +289,9 @@ static int cmp_st(const void *x, const void *y) {
     return strcmp(((const ms_st_tensor *)x)->name, ((const ms_st_tensor *)y)->name);
 }
 
-static ms_status load_tensor(ms_gguf_model *m, const gguf_arch *a, const arch_dims *d, size_t i, ms_error *err) {
+/* Serial part of loading tensor i: map its name, check type and shape, allocate its float32
+ * buffer and fill its descriptor. The conversion itself runs in parallel (convert_task). */
+static ms_status prepare_tensor(ms_gguf_model *m, const gguf_arch *a, const arch_dims *d, size_t i, ms_error *err) {
     const ms_gguf *g = m->g;
     const char *path = ms_gguf_path(g);
     const ms_gguf_tensor *gt = ms_gguf_tensor_at(g, i);
@@ -299,12 +308,6 @@ static ms_status load_tensor(ms_gguf_model *m, const gguf_arch *a, const arch_di
     if (gt->n_elems > ((size_t)1 << 40))
         return MS_FAIL(err, MS_ERR_FORMAT, "%s: tensor '%s' is absurdly large (%zu elements)", path, gt->name,
                        gt->n_elems);
-    float *buf = ms_malloc(gt->n_elems * sizeof *buf);
-    if (buf == NULL)
-        return MS_FAIL(err, MS_ERR_OOM, "%s: out of memory for tensor '%s' (%zu floats)", path, gt->name,
-                       gt->n_elems);
-    m->bufs[i] = buf;
-    MS_TRY(ms_gguf_tensor_to_f32(g, gt, buf, gt->n_elems, err));
     ms_st_tensor *t = &m->tensors[i];
     t->name = nm.hf;
     t->dtype = MS_ST_DTYPE_F32;
@@ -314,17 +317,44 @@ static ms_status load_tensor(ms_gguf_model *m, const gguf_arch *a, const arch_di
     t->n_elems = gt->n_elems;
     t->n_bytes = gt->n_elems * sizeof(float);
     t->file_offset = gt->file_offset;
-    t->data = buf;
     t->file_path = path;
     if (a->permuted_qk && nm.permute != 0) {
         int64_t groups = nm.permute == 1 ? d->heads : d->kv_heads;
-        int64_t rows = t->shape[0], cols = t->n_dims == 2 ? t->shape[1] : 1;
-        if (rows != groups * d->head_dim)
+        if (t->shape[0] != groups * d->head_dim)
             return MS_FAIL(err, MS_ERR_FORMAT, "%s: tensor '%s' has %lld rows, the metadata implies %lld heads x "
-                           "%lld", path, gt->name, (long long)rows, (long long)groups, (long long)d->head_dim);
-        MS_TRY(unpermute_rows(buf, rows, cols, groups, path, gt->name, err));
+                           "%lld", path, gt->name, (long long)t->shape[0], (long long)groups, (long long)d->head_dim);
+        m->permute_groups[i] = groups;
     }
+    float *buf = ms_malloc(gt->n_elems * sizeof *buf);
+    if (buf == NULL)
+        return MS_FAIL(err, MS_ERR_OOM, "%s: out of memory for tensor '%s' (%zu floats)", path, gt->name,
+                       gt->n_elems);
+    m->bufs[i] = buf;
+    t->data = buf;
     return MS_OK;
+}
+
+/* Parallel part: dequantize tensor `task` and undo the permutation; the status goes to
+ * m->status[task] (the message is made afterwards, in tensor order, on the calling thread). */
+static void convert_task(void *arg, int32_t task, int32_t thread) {
+    (void)thread;
+    ms_gguf_model *m = arg;
+    size_t i = (size_t)task;
+    const ms_gguf_tensor *gt = ms_gguf_tensor_at(m->g, i);
+    ms_status st = ms_ggml_dequantize(gt->type, gt->data, m->bufs[i], gt->n_elems);
+    if (st == MS_OK && m->permute_groups[i] > 0) {
+        const ms_st_tensor *t = &m->tensors[i];
+        ms_error local = {0};
+        st = unpermute_rows(m->bufs[i], t->shape[0], t->n_dims == 2 ? t->shape[1] : 1, m->permute_groups[i],
+                            ms_gguf_path(m->g), gt->name, &local);
+    }
+    m->status[i] = st;
+}
+
+/* Threads for the conversion: the online CPUs, at most 16 (memory bandwidth saturates first). */
+static int32_t convert_threads(void) {
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n < 1 ? 1 : n > 16 ? 16 : (int32_t)n;
 }
 
 ms_status ms_gguf_model_init(ms_gguf_model **out, const char *path, ms_error *err) {
@@ -339,17 +369,32 @@ ms_status ms_gguf_model_init(ms_gguf_model **out, const char *path, ms_error *er
         st = find_arch(m->g, &a, err);
     if (st == MS_OK)
         st = read_dims(m->g, a, &d, err);
+    size_t n = st == MS_OK ? ms_gguf_n_tensors(m->g) : 0;
     if (st == MS_OK) {
-        size_t n = ms_gguf_n_tensors(m->g);
         m->tensors = ms_calloc(n ? n : 1, sizeof *m->tensors);
         m->names = ms_calloc(n ? n : 1, sizeof *m->names);
         m->bufs = ms_calloc(n ? n : 1, sizeof *m->bufs);
-        if (m->tensors == NULL || m->names == NULL || m->bufs == NULL)
+        m->permute_groups = ms_calloc(n ? n : 1, sizeof *m->permute_groups);
+        m->status = ms_calloc(n ? n : 1, sizeof *m->status);
+        if (!m->tensors || !m->names || !m->bufs || !m->permute_groups || !m->status)
             st = MS_FAIL(err, MS_ERR_OOM, "%s: out of memory", path);
         else
             m->n = n;
         for (size_t i = 0; st == MS_OK && i < n; i++)
-            st = load_tensor(m, a, &d, i, err);
+            st = prepare_tensor(m, a, &d, i, err);
+    }
+    if (st == MS_OK && n > 0) {
+        ms_threadpool *pool = NULL;
+        int32_t threads = n > 1 ? convert_threads() : 1;
+        st = ms_threadpool_init(&pool, threads, err);
+        if (st == MS_OK) {
+            ms_threadpool_run(pool, (int32_t)n, convert_task, m);
+            ms_threadpool_free(pool);
+        }
+        for (size_t i = 0; st == MS_OK && i < n; i++)
+            if (m->status[i] != MS_OK)
+                st = MS_FAIL(err, m->status[i], "%s: tensor '%s': cannot convert to float32 (%s)", path,
+                             ms_gguf_tensor_at(m->g, i)->name, ms_status_str(m->status[i]));
     }
     if (st == MS_OK) {
         /* sort descriptors; the name/buffer arrays are only for freeing, order does not matter */
@@ -375,6 +420,8 @@ void ms_gguf_model_free(ms_gguf_model *m) {
     }
     ms_free(m->names);
     ms_free(m->bufs);
+    ms_free(m->permute_groups);
+    ms_free(m->status);
     ms_free(m->tensors);
     ms_gguf_free(m->g);
     ms_free(m);
