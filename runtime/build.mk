@@ -48,3 +48,6 @@ RUNTIME_SRCS += runtime/cli/cli_serve.c
 RUNTIME_SRCS += runtime/engine/sample_res.c
 RUNTIME_SRCS += runtime/engine/walk.c
 RUNTIME_SRCS += runtime/tokenizers/chat_template.c
+RUNTIME_SRCS += runtime/loaders/gguf.c
+RUNTIME_SRCS += runtime/loaders/gguf_quant.c
+RUNTIME_SRCS += runtime/loaders/gguf_model.c

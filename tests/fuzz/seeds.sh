@@ -100,6 +100,11 @@ for t in "$@"; do
         done
         cp "$here"/chat_template/* "$d"/
         ;;
+    gguf)
+        # the committed tiny models (tests/fuzz/gguf/make_seeds.py) and the dequantization goldens
+        cp "$here"/gguf/*.gguf "$d"/
+        cp "$root/tests/gguf/dequant_goldens.gguf" "$d"/
+        ;;
     *)
         echo "seeds.sh: unknown target '$t'" >&2
         exit 2
