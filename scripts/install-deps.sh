@@ -37,10 +37,13 @@ done
 OPENAI_PIN=openai==1.109.1
 pip_deps() {
     command -v python3 >/dev/null 2>&1 || return 0
-    python3 -c 'import openai' 2>/dev/null && return 0
-    if ! python3 -m pip install -q --disable-pip-version-check "$OPENAI_PIN" >/dev/null 2>&1; then
+    if ! python3 -c 'import openai' 2>/dev/null &&
+        ! python3 -m pip install -q --disable-pip-version-check "$OPENAI_PIN" >/dev/null 2>&1; then
         echo "install-deps: could not pip-install $OPENAI_PIN; tests/serve.sh will skip its openai client tests" >&2
     fi
+    # gguf: tests/tok_vocab.sh reads a GGUF's tokenizer metadata with it (it skips without it).
+    python3 -c 'import gguf' 2>/dev/null || python3 -m pip install -q --disable-pip-version-check gguf==0.19.0 \
+        >/dev/null 2>&1 || echo "install-deps: could not pip-install gguf==0.19.0; tests/tok_vocab.sh will skip" >&2
     return 0
 }
 

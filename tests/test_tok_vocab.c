@@ -1,0 +1,419 @@
+/*
+ * test_tok_vocab.c - tokenizers built from vocabulary arrays (ms_tok_hf_from_vocab, the form GGUF
+ * metadata carries) and the SentencePiece path of tokenizer.json (byte_fallback, Metaspace):
+ *   - SmolLM2's GGUF vocabulary (gpt2, pre smollm): ids equal llama.cpp's on every
+ *     tokenizer_cases entry of ../shared/fixtures/gguf/smollm2/reference.json, decode round trips,
+ *     special tokens, end of turn. The vocabulary comes as JSON from tests/tok/gguf_vocab.py (the
+ *     `gguf` package); tests/tok_vocab.sh fetches the model and sets MS_TOK_SMOLLM2_JSON; without
+ *     it this test says it skips.
+ *   - a SentencePiece BPE model trained with the real `sentencepiece` library
+ *     (tests/tok/spm_tiny.json, made by tests/tok/make_spm.py): ids and decoded text equal
+ *     sentencepiece's own encode / decode (byte fallback, U+2581, add_dummy_prefix, control tokens);
+ *   - the same model as Llama-2-style and Metaspace tokenizer.json files, ids and text equal to the
+ *     Hugging Face `tokenizers` library's (tests/tok/llama_style*.json);
+ *   - bad arrays (lying counts, unknown merge tokens, invalid UTF-8, NaN scores, ids out of range,
+ *     unknown model / pre): one line naming the array and index, no leak.
+ */
+#include "ms_test.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "tokenizer_hf.h"
+
+#include "ms_test_impl.h"
+
+/* ---- vocabulary JSON (gguf_vocab.py's format) -> ms_tok_vocab ---- */
+
+typedef struct vocab_arrays {
+    ms_tok_vocab v;
+    const char **tokens;
+    size_t *lens;
+    float *scores;
+    int32_t *types;
+    const char **merges;
+    json_t *root;  /* owns the strings */
+} vocab_arrays;
+
+static int32_t json_id(const json_t *o, const char *key) {
+    const json_t *v = json_object_get(o, key);
+    return json_is_integer(v) ? (int32_t)json_integer_value(v) : -1;
+}
+
+/* Fill `va` from a gguf_vocab.py JSON object (borrowed into va->root). */
+static void vocab_from_json(vocab_arrays *va, json_t *root, const char *source) {
+    memset(va, 0, sizeof *va);
+    va->root = json_incref(root);
+    va->v = ms_tok_vocab_default();
+    ms_tok_vocab *v = &va->v;
+    v->source = source;
+    v->model = json_string_value(json_object_get(root, "model"));
+    v->pre = json_string_value(json_object_get(root, "pre"));
+    const json_t *toks = json_object_get(root, "tokens");
+    size_t n = json_array_size(toks);
+    va->tokens = calloc(n + 1, sizeof *va->tokens);
+    va->lens = calloc(n + 1, sizeof *va->lens);
+    va->types = calloc(n + 1, sizeof *va->types);
+    va->scores = calloc(n + 1, sizeof *va->scores);
+    assert_true(va->tokens && va->lens && va->types && va->scores);
+    const json_t *types = json_object_get(root, "token_type");
+    const json_t *scores = json_object_get(root, "scores");
+    for (size_t i = 0; i < n; i++) {
+        va->tokens[i] = json_string_value(json_array_get(toks, i));
+        va->lens[i] = json_string_length(json_array_get(toks, i));
+        va->types[i] = json_is_array(types) ? (int32_t)json_integer_value(json_array_get(types, i)) : 1;
+        va->scores[i] = json_is_array(scores) ? (float)json_number_value(json_array_get(scores, i)) : 0.0f;
+    }
+    v->tokens = va->tokens;
+    v->token_lens = va->lens;
+    v->n_tokens = n;
+    v->token_types = va->types;
+    v->scores = json_is_array(scores) ? va->scores : NULL;
+    const json_t *merges = json_object_get(root, "merges");
+    size_t nm = json_array_size(merges);
+    va->merges = calloc(nm + 1, sizeof *va->merges);
+    assert_non_null(va->merges);
+    for (size_t i = 0; i < nm; i++)
+        va->merges[i] = json_string_value(json_array_get(merges, i));
+    v->merges = va->merges;
+    v->n_merges = nm;
+    v->bos_id = json_id(root, "bos_id");
+    v->eos_id = json_id(root, "eos_id");
+    v->eot_id = json_id(root, "eot_id");
+    v->unk_id = json_id(root, "unk_id");
+    v->pad_id = json_id(root, "pad_id");
+    v->add_bos = json_is_true(json_object_get(root, "add_bos"));
+    v->add_eos = json_is_true(json_object_get(root, "add_eos"));
+    const json_t *asp = json_object_get(root, "add_space_prefix");
+    v->add_space_prefix = json_is_boolean(asp) ? json_is_true(asp) : true;  /* llama.cpp's default */
+    v->chat_template = json_string_value(json_object_get(root, "chat_template"));
+}
+
+static void vocab_release(vocab_arrays *va) {
+    free(va->tokens);
+    free(va->lens);
+    free(va->types);
+    free(va->scores);
+    free(va->merges);
+    json_decref(va->root);
+}
+
+static json_t *load_json(const char *path) {
+    json_error_t jerr;
+    json_t *j = json_load_file(path, 0, &jerr);
+    if (j == NULL)
+        fprintf(stderr, "%s:%d: %s\n", path, jerr.line, jerr.text);
+    assert_non_null(j);
+    return j;
+}
+
+/* ---- helpers ---- */
+
+static void expect_ids(const ms_tok_hf *tok, const char *text, size_t len, bool add_special, const json_t *want) {
+    ms_error err = {0};
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (ms_tok_hf_encode(tok, text, len, add_special, &ids, &n, &err) != MS_OK)
+        fprintf(stderr, "encode: %s\n", err.msg);
+    bool same = n == json_array_size(want);
+    for (size_t i = 0; same && i < n; i++)
+        same = ids[i] == (int32_t)json_integer_value(json_array_get(want, i));
+    if (!same) {
+        fprintf(stderr, "encode \"%.*s\": got", (int)len, text);
+        for (size_t i = 0; i < n; i++)
+            fprintf(stderr, " %d", ids[i]);
+        fprintf(stderr, "\n  want");
+        for (size_t i = 0; i < json_array_size(want); i++)
+            fprintf(stderr, " %lld", (long long)json_integer_value(json_array_get(want, i)));
+        fprintf(stderr, "\n");
+    }
+    ms_free(ids);
+    assert_true(same);
+}
+
+static void expect_text(const ms_tok_hf *tok, const json_t *ids_json, bool skip, const char *want, size_t want_len) {
+    size_t n = json_array_size(ids_json);
+    int32_t *ids = calloc(n + 1, sizeof *ids);
+    assert_non_null(ids);
+    for (size_t i = 0; i < n; i++)
+        ids[i] = (int32_t)json_integer_value(json_array_get(ids_json, i));
+    ms_error err = {0};
+    char *text = NULL;
+    size_t len = 0;
+    assert_int_equal(ms_tok_hf_decode(tok, ids, n, skip, &text, &len, &err), MS_OK);
+    if (len != want_len || memcmp(text, want, len) != 0)
+        fprintf(stderr, "decode: got \"%s\", want \"%.*s\"\n", text, (int)want_len, want);
+    assert_int_equal(len, want_len);
+    assert_memory_equal(text, want, len);
+    free(ids);
+    ms_free(text);
+}
+
+/* ---- SmolLM2 GGUF vocabulary against llama.cpp ---- */
+
+static void test_smollm2_gguf(void **state) {
+    (void)state;
+    const char *path = getenv("MS_TOK_SMOLLM2_JSON");
+    if (path == NULL || path[0] == '\0') {
+        fprintf(stderr, "test_smollm2_gguf: skipped: MS_TOK_SMOLLM2_JSON is not set (tests/tok_vocab.sh fetches the "
+                        "model and sets it)\n");
+        skip();
+    }
+    json_t *root = load_json(path);
+    json_t *ref = load_json(ms_test_fixture("gguf/smollm2/reference.json"));
+    vocab_arrays va;
+    vocab_from_json(&va, root, "smollm2.gguf");
+    ms_tok_hf *tok = NULL;
+    ms_error err = {0};
+    if (ms_tok_hf_from_vocab(&tok, &va.v, &err) != MS_OK)
+        fprintf(stderr, "%s\n", err.msg);
+    assert_non_null(tok);
+    assert_int_equal(ms_tok_hf_vocab_size(tok), 49152);
+    const json_t *cases = json_object_get(ref, "tokenizer_cases");
+    assert_int_equal(json_array_size(cases), 16);
+    for (size_t i = 0; i < json_array_size(cases); i++) {
+        const json_t *c = json_array_get(cases, i);
+        const json_t *text = json_object_get(c, "text");
+        const json_t *ids = json_object_get(c, "ids");
+        /* no BOS: add_bos_token is false, so add_special changes nothing either */
+        expect_ids(tok, json_string_value(text), json_string_length(text), false, ids);
+        expect_ids(tok, json_string_value(text), json_string_length(text), true, ids);
+        expect_text(tok, ids, false, json_string_value(text), json_string_length(text));
+    }
+    /* The chat cases' prompt_text: ids must decode back to it (special tokens included). */
+    const json_t *chat = json_object_get(ref, "cases");
+    for (size_t i = 0; i < json_array_size(chat); i++) {
+        const json_t *pt = json_object_get(json_array_get(chat, i), "prompt_text");
+        if (!json_is_string(pt))
+            continue;
+        int32_t *ids = NULL;
+        size_t n = 0;
+        assert_int_equal(ms_tok_hf_encode(tok, json_string_value(pt), json_string_length(pt), false, &ids, &n, &err),
+                         MS_OK);
+        assert_int_equal((int)n, (int)json_integer_value(json_object_get(json_array_get(chat, i), "n_prompt")));
+        char *back = NULL;
+        size_t blen = 0;
+        assert_int_equal(ms_tok_hf_decode(tok, ids, n, false, &back, &blen, &err), MS_OK);
+        assert_string_equal(back, json_string_value(pt));
+        ms_free(back);
+        ms_free(ids);
+    }
+    assert_int_equal(ms_tok_hf_eos_id(tok), 2);
+    assert_string_equal(ms_tok_hf_eos_token(tok), "<|im_end|>");
+    assert_true(ms_tok_hf_is_eog(tok, 2));                                       /* <|im_end|> */
+    assert_true(ms_tok_hf_is_eog(tok, 0));                                       /* <|endoftext|> */
+    assert_false(ms_tok_hf_is_eog(tok, 1));                                      /* <|im_start|> */
+    assert_false(ms_tok_hf_is_eog(tok, 19556));                                  /* "Hello" */
+    assert_true(ms_tok_hf_is_special(tok, 1));
+    assert_non_null(ms_tok_hf_chat_template(tok));
+    assert_non_null(strstr(ms_tok_hf_chat_template(tok), "<|im_start|>"));
+    /* skip_special drops the control tokens */
+    const json_t *c10 = json_array_get(cases, 10);
+    expect_text(tok, json_object_get(c10, "ids"), true, "user\nhi", 7);
+    ms_tok_hf_free(tok);
+    vocab_release(&va);
+    json_decref(root);
+    json_decref(ref);
+}
+
+/* ---- bad arrays ---- */
+
+/* A small valid byte-level vocabulary: all 256 byte characters, then "ab", "abc". */
+typedef struct small_vocab {
+    char strs[260][8];
+    const char *tokens[260];
+    int32_t types[260];
+    float scores[260];
+    const char *merges[4];
+    ms_tok_vocab v;
+} small_vocab;
+
+/* GPT-2's bytes_to_unicode of byte b, UTF-8 into out. */
+static void byte_char(unsigned b, char *out) {
+    unsigned c;
+    if ((b >= 0x21 && b <= 0x7E) || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF)) {
+        c = b;
+    } else {
+        unsigned k = 0;
+        for (unsigned x = 0; x < b; x++)
+            if (!((x >= 0x21 && x <= 0x7E) || (x >= 0xA1 && x <= 0xAC) || (x >= 0xAE && x <= 0xFF)))
+                k++;
+        c = 256 + k;
+    }
+    if (c < 0x80) {
+        out[0] = (char)c;
+        out[1] = 0;
+    } else {
+        out[0] = (char)(0xC0 | (c >> 6));
+        out[1] = (char)(0x80 | (c & 0x3F));
+        out[2] = 0;
+    }
+}
+
+static void small_init(small_vocab *s) {
+    memset(s, 0, sizeof *s);
+    for (unsigned b = 0; b < 256; b++) {
+        byte_char(b, s->strs[b]);
+        s->types[b] = MS_TOK_TYPE_NORMAL;
+    }
+    strcpy(s->strs[256], "ab");
+    strcpy(s->strs[257], "abc");
+    strcpy(s->strs[258], "<|end|>");
+    s->types[256] = s->types[257] = MS_TOK_TYPE_NORMAL;
+    s->types[258] = MS_TOK_TYPE_CONTROL;
+    for (int i = 0; i < 259; i++)
+        s->tokens[i] = s->strs[i];
+    s->merges[0] = "a b";
+    s->merges[1] = "ab c";
+    s->v = ms_tok_vocab_default();
+    s->v.source = "bad.gguf";
+    s->v.model = "gpt2";
+    s->v.pre = "gpt2";
+    s->v.tokens = s->tokens;
+    s->v.n_tokens = 259;
+    s->v.token_types = s->types;
+    s->v.merges = s->merges;
+    s->v.n_merges = 2;
+    s->v.eos_id = 258;
+}
+
+static void expect_fail(const ms_tok_vocab *v, ms_status code, const char *needle) {
+    ms_tok_hf *tok = (ms_tok_hf *)1;
+    ms_error err = {0};
+    ms_status st = ms_tok_hf_from_vocab(&tok, v, &err);
+    if (st != code || strstr(err.msg, needle) == NULL || strchr(err.msg, '\n') != NULL)
+        fprintf(stderr, "want %d \"%s\", got %d: %s\n", code, needle, st, err.msg);
+    assert_int_equal(st, code);
+    assert_null(tok);
+    assert_non_null(strstr(err.msg, needle));
+    assert_non_null(strstr(err.msg, "bad.gguf"));
+    assert_null(strchr(err.msg, '\n'));
+}
+
+static void test_small_valid(void **state) {
+    (void)state;
+    small_vocab s;
+    small_init(&s);
+    ms_tok_hf *tok = NULL;
+    ms_error err = {0};
+    assert_int_equal(ms_tok_hf_from_vocab(&tok, &s.v, &err), MS_OK);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    assert_int_equal(ms_tok_hf_encode(tok, "abc ab<|end|>", 13, false, &ids, &n, &err), MS_OK);
+    /* "abc", " ab" is byte-level "Ġab": Ġ then "ab" (no merge Ġ+ab), then the control token */
+    assert_int_equal(n, 4);
+    assert_int_equal(ids[0], 257);
+    assert_int_equal(ids[1], ms_tok_hf_token_id(tok, "\xC4\xA0"));  /* byte 0x20 */
+    assert_int_equal(ids[1], 32);
+    assert_int_equal(ids[2], 256);
+    assert_int_equal(ids[3], 258);
+    assert_true(ms_tok_hf_is_eog(tok, 258));
+    ms_free(ids);
+    ms_tok_hf_free(tok);
+}
+
+static void test_bad_vocab(void **state) {
+    (void)state;
+    small_vocab s;
+    small_init(&s);
+    s.v.model = "bert";
+    expect_fail(&s.v, MS_ERR_UNSUPPORTED, "tokenizer.ggml.model \"bert\"");
+    small_init(&s);
+    s.v.pre = "mystery";
+    expect_fail(&s.v, MS_ERR_UNSUPPORTED, "tokenizer.ggml.pre \"mystery\"");
+    small_init(&s);
+    s.v.n_tokens = 0;
+    expect_fail(&s.v, MS_ERR_FORMAT, "tokenizer.ggml.tokens has 0 entries");
+    small_init(&s);
+    s.v.n_tokens = (size_t)1 << 40;  /* a lying count */
+    expect_fail(&s.v, MS_ERR_FORMAT, "tokenizer.ggml.tokens has");
+    small_init(&s);
+    s.merges[1] = "ab zz";
+    expect_fail(&s.v, MS_ERR_FORMAT, "tokenizer.ggml.merges[1] names token \"zz\"");
+    small_init(&s);
+    s.merges[0] = "abc";
+    expect_fail(&s.v, MS_ERR_FORMAT, "tokenizer.ggml.merges[0] \"abc\" is not two tokens");
+    small_init(&s);
+    s.merges[1] = "c c";  /* "cc" is no token */
+    expect_fail(&s.v, MS_ERR_FORMAT, "tokenizer.ggml.merges[1] makes \"cc\"");
+    small_init(&s);
+    s.v.merges = NULL;
+    expect_fail(&s.v, MS_ERR_FORMAT, "tokenizer.ggml.merges: 2 entries but no array");
+    small_init(&s);
+    strcpy(s.strs[257], "a\xC3(");
+    expect_fail(&s.v, MS_ERR_FORMAT, "tokenizer.ggml.tokens[257] is not valid UTF-8");
+    small_init(&s);
+    size_t lens[259];
+    for (int i = 0; i < 259; i++)
+        lens[i] = strlen(s.tokens[i]);
+    lens[256] = 3;  /* "ab\0" */
+    s.v.token_lens = lens;
+    expect_fail(&s.v, MS_ERR_FORMAT, "tokenizer.ggml.tokens[256] holds a NUL byte");
+    small_init(&s);
+    s.types[5] = 9;
+    expect_fail(&s.v, MS_ERR_FORMAT, "tokenizer.ggml.token_type[5] = 9");
+    small_init(&s);
+    s.v.eos_id = 259;
+    expect_fail(&s.v, MS_ERR_FORMAT, "tokenizer.ggml.eos_token_id 259 is not a token id");
+    small_init(&s);
+    s.v.bos_id = -7;
+    expect_fail(&s.v, MS_ERR_FORMAT, "tokenizer.ggml.bos_token_id -7");
+    small_init(&s);
+    s.v.add_bos = true;
+    expect_fail(&s.v, MS_ERR_FORMAT, "add_bos_token is set but there is no bos_token_id");
+    small_init(&s);
+    s.tokens[65] = NULL;
+    expect_fail(&s.v, MS_ERR_FORMAT, "tokenizer.ggml.tokens[65] is missing");
+    small_init(&s);
+    strcpy(s.strs[66], "ab");  /* byte 'B' has no token now (a duplicate took its place) */
+    {
+        ms_tok_hf *tok = NULL;
+        ms_error err = {0};
+        assert_int_equal(ms_tok_hf_from_vocab(&tok, &s.v, &err), MS_OK);  /* as real GGUFs lacking bytes */
+        int32_t *ids = NULL;
+        size_t n = 0;
+        assert_int_equal(ms_tok_hf_encode(tok, "aB", 2, false, &ids, &n, &err), MS_ERR_INVALID_ARG);
+        assert_non_null(strstr(err.msg, "cannot encode byte 0x42"));
+        assert_null(ids);
+        assert_int_equal(ms_tok_hf_encode(tok, "abc", 3, false, &ids, &n, &err), MS_OK);
+        assert_int_equal(n, 1);
+        assert_int_equal(ids[0], 257);  /* "ab" is now id 66 and 256; "abc" still merges */
+        ms_free(ids);
+        ms_tok_hf_free(tok);
+    }
+    /* llama: scores required, NaN refused, bytes or unk needed */
+    small_init(&s);
+    s.v.model = "llama";
+    expect_fail(&s.v, MS_ERR_FORMAT, "tokenizer.ggml.scores is missing");
+    s.v.scores = s.scores;
+    s.scores[3] = NAN;
+    expect_fail(&s.v, MS_ERR_FORMAT, "tokenizer.ggml.scores[3] is NaN");
+    s.scores[3] = 0;
+    expect_fail(&s.v, MS_ERR_FORMAT, "no byte token <0x00> and no unknown token");
+    /* allocation failures anywhere: an error, never a crash or leak */
+    small_init(&s);
+    for (int k = 1; k < 400; k++) {
+        ms_alloc_fail_nth(k);
+        ms_tok_hf *tok = NULL;
+        ms_error err = {0};
+        ms_status st = ms_tok_hf_from_vocab(&tok, &s.v, &err);
+        ms_alloc_fail_nth(0);
+        if (st == MS_OK) {
+            ms_tok_hf_free(tok);
+            break;
+        }
+        assert_null(tok);
+    }
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        ms_unit_test(test_smollm2_gguf),
+        ms_unit_test(test_small_valid),
+        ms_unit_test(test_bad_vocab),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
