@@ -219,6 +219,99 @@ static void test_smollm2_gguf(void **state) {
     json_decref(ref);
 }
 
+
+/* ---- SentencePiece goldens (tests/tok/, made by make_spm.py from the real libraries) ---- */
+
+static void check_cases(const ms_tok_hf *tok, const json_t *cases) {
+    assert_true(json_array_size(cases) > 10);
+    for (size_t i = 0; i < json_array_size(cases); i++) {
+        const json_t *c = json_array_get(cases, i);
+        const json_t *text = json_object_get(c, "text");
+        const json_t *dec = json_object_get(c, "decoded");
+        expect_ids(tok, json_string_value(text), json_string_length(text), false, json_object_get(c, "ids"));
+        expect_text(tok, json_object_get(c, "ids"), false, json_string_value(dec), json_string_length(dec));
+    }
+}
+
+/* GGUF-style llama vocabulary: ids and text equal sentencepiece's encode / decode. */
+static void test_spm_vocab(void **state) {
+    (void)state;
+    json_t *root = load_json("tests/tok/spm_tiny.json");
+    vocab_arrays va;
+    vocab_from_json(&va, root, "spm_tiny.json");
+    ms_tok_hf *tok = NULL;
+    ms_error err = {0};
+    if (ms_tok_hf_from_vocab(&tok, &va.v, &err) != MS_OK)
+        fprintf(stderr, "%s\n", err.msg);
+    assert_non_null(tok);
+    check_cases(tok, json_object_get(root, "cases"));
+    /* control tokens split out of the text (llama.cpp's parse_special), each text piece after one
+     * gets the dummy prefix again; add_special puts BOS / EOS around when asked */
+    int32_t *ids = NULL;
+    size_t n = 0;
+    assert_int_equal(ms_tok_hf_encode(tok, "<s>Hello</s>", 12, false, &ids, &n, &err), MS_OK);
+    int32_t *ref = NULL;
+    size_t nref = 0;
+    assert_int_equal(ms_tok_hf_encode(tok, "Hello", 5, false, &ref, &nref, &err), MS_OK);
+    assert_int_equal(n, nref + 2);
+    assert_int_equal(ids[0], 1);
+    assert_memory_equal(ids + 1, ref, nref * sizeof *ref);
+    assert_int_equal(ids[n - 1], 2);
+    ms_free(ids);
+    ms_free(ref);
+    assert_true(ms_tok_hf_is_eog(tok, 2));
+    assert_true(ms_tok_hf_is_special(tok, 0));  /* <unk> */
+    ms_tok_hf_free(tok);
+    va.v.add_bos = va.v.add_eos = true;
+    assert_int_equal(ms_tok_hf_from_vocab(&tok, &va.v, &err), MS_OK);
+    assert_int_equal(ms_tok_hf_encode(tok, "Hello", 5, true, &ids, &n, &err), MS_OK);
+    assert_int_equal(ids[0], 1);
+    assert_int_equal(ids[n - 1], 2);
+    ms_free(ids);
+    ms_tok_hf_free(tok);
+    /* without add_space_prefix: no dummy prefix, nothing stripped on decode */
+    va.v.add_bos = va.v.add_eos = false;
+    va.v.add_space_prefix = false;
+    assert_int_equal(ms_tok_hf_from_vocab(&tok, &va.v, &err), MS_OK);
+    assert_int_equal(ms_tok_hf_encode(tok, " Hello", 6, false, &ids, &n, &err), MS_OK);
+    /* " Hello" without the prefix is sentencepiece's "Hello" (the first case's first word) */
+    const json_t *hello = json_object_get(json_array_get(json_object_get(root, "cases"), 0), "ids");
+    assert_int_equal(n, 4);  /* U+2581, <0x48> (no "H" piece: byte fallback), "e", "llo" */
+    for (size_t i = 0; i < n; i++)
+        assert_int_equal(ids[i], (int32_t)json_integer_value(json_array_get(hello, i)));
+    assert_int_equal(ms_tok_hf_encode(tok, "Hello", 5, false, &ref, &nref, &err), MS_OK);
+    assert_int_equal(nref, 3);  /* no dummy prefix */
+    assert_int_equal(ref[0], ids[1]);
+    char *text = NULL;
+    size_t len = 0;
+    assert_int_equal(ms_tok_hf_decode(tok, ids, n, false, &text, &len, &err), MS_OK);
+    assert_string_equal(text, " Hello");
+    ms_free(text);
+    ms_free(ids);
+    ms_free(ref);
+    ms_tok_hf_free(tok);
+    vocab_release(&va);
+    json_decref(root);
+}
+
+/* Llama-2 / Mistral style tokenizer.json (byte_fallback): ids and text equal the tokenizers library's. */
+static void test_spm_tokenizer_json(void **state) {
+    (void)state;
+    static const char *const files[] = {"tests/tok/llama_legacy.json", "tests/tok/llama_metaspace.json",
+                                        "tests/tok/llama_split.json"};
+    for (size_t f = 0; f < MS_ARRAY_LEN(files); f++) {
+        ms_tok_hf *tok = NULL;
+        ms_error err = {0};
+        if (ms_tok_hf_init(&tok, files[f], &err) != MS_OK)
+            fprintf(stderr, "%s\n", err.msg);
+        assert_non_null(tok);
+        json_t *root = load_json(files[f]);
+        check_cases(tok, json_object_get(root, "cases"));
+        json_decref(root);
+        ms_tok_hf_free(tok);
+    }
+}
+
 /* ---- bad arrays ---- */
 
 /* A small valid byte-level vocabulary: all 256 byte characters, then "ab", "abc". */
@@ -413,6 +506,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         ms_unit_test(test_smollm2_gguf),
         ms_unit_test(test_small_valid),
+        ms_unit_test(test_spm_vocab),
+        ms_unit_test(test_spm_tokenizer_json),
         ms_unit_test(test_bad_vocab),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
