@@ -97,6 +97,8 @@ TSAN_TESTS += tests/test_tokenizer_hf
 # tokenizers from vocabulary arrays (GGUF) and SentencePiece (tests/tok/; tok_vocab.sh adds SmolLM2's GGUF)
 TESTS += tests/test_tok_vocab
 TEST_SCRIPTS += tests/tok_vocab.sh
+# the chat verb and generate --chat (a tokenizer.json with a chat template on a tiny checkpoint)
+TEST_SCRIPTS += tests/chat.sh
 ifeq ($(HAVE_CUDA),1)
 # the generated binary on the GPU: cuda against cpu on hf/llama_gqa, the llama2.c golden on cuda
 .PHONY: gpu-generate
