@@ -3,7 +3,8 @@
  * metadata carries) and the SentencePiece path of tokenizer.json (byte_fallback, Metaspace):
  *   - SmolLM2's GGUF vocabulary (gpt2, pre smollm): ids equal llama.cpp's on every
  *     tokenizer_cases entry of ../shared/fixtures/gguf/smollm2/reference.json, decode round trips,
- *     special tokens, end of turn. The vocabulary comes as JSON from tests/tok/gguf_vocab.py (the
+ *     special tokens, end of turn; its chat template renders every case's messages to prompt_text
+ *     byte for byte, whose ids are the reference's pK.input_ids. The vocabulary comes as JSON from tests/tok/gguf_vocab.py (the
  *     `gguf` package); tests/tok_vocab.sh fetches the model and sets MS_TOK_SMOLLM2_JSON; without
  *     it this test says it skips.
  *   - a SentencePiece BPE model trained with the real `sentencepiece` library
@@ -22,6 +23,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "chat_template.h"
+#include "safetensors.h"
 #include "tokenizer_hf.h"
 
 #include "ms_test_impl.h"
@@ -183,17 +186,45 @@ static void test_smollm2_gguf(void **state) {
         expect_ids(tok, json_string_value(text), json_string_length(text), true, ids);
         expect_text(tok, ids, false, json_string_value(text), json_string_length(text));
     }
-    /* The chat cases' prompt_text: ids must decode back to it (special tokens included). */
+    /* Every case: the GGUF's chat template renders the messages to prompt_text byte for byte
+     * (transformers' apply_chat_template), whose ids are the reference's pK.input_ids and decode
+     * back to it (special tokens included). */
+    ms_chat_template *tmpl = NULL;
+    assert_int_equal(ms_chat_template_init(&tmpl, ms_tok_hf_chat_template(tok), "smollm2.gguf", &err), MS_OK);
+    ms_st_file *st = NULL;
+    if (ms_st_file_init(&st, ms_test_fixture("gguf/smollm2/reference.safetensors"), &err) != MS_OK)
+        fprintf(stderr, "%s\n", err.msg);
+    assert_non_null(st);
     const json_t *chat = json_object_get(ref, "cases");
+    assert_int_equal(json_array_size(chat), 5);
     for (size_t i = 0; i < json_array_size(chat); i++) {
-        const json_t *pt = json_object_get(json_array_get(chat, i), "prompt_text");
-        if (!json_is_string(pt))
-            continue;
+        const json_t *cs = json_array_get(chat, i);
+        const json_t *pt = json_object_get(cs, "prompt_text");
+        assert_true(json_is_string(pt));
+        const char *kind = json_string_value(json_object_get(cs, "kind"));
+        if (kind != NULL && strcmp(kind, "chat") == 0) {
+            char *rendered = NULL;
+            assert_int_equal(ms_chat_template_render(tmpl, json_object_get(cs, "messages"), true,
+                                                     ms_tok_hf_bos_token(tok), ms_tok_hf_eos_token(tok), &rendered,
+                                                     &err),
+                             MS_OK);
+            assert_string_equal(rendered, json_string_value(pt));
+            ms_free(rendered);
+        }
         int32_t *ids = NULL;
         size_t n = 0;
         assert_int_equal(ms_tok_hf_encode(tok, json_string_value(pt), json_string_length(pt), false, &ids, &n, &err),
                          MS_OK);
-        assert_int_equal((int)n, (int)json_integer_value(json_object_get(json_array_get(chat, i), "n_prompt")));
+        assert_int_equal((int)n, (int)json_integer_value(json_object_get(cs, "n_prompt")));
+        char name[32];
+        snprintf(name, sizeof name, "p%zu.input_ids", i);
+        const ms_st_tensor *t = ms_st_file_find_tensor(st, name);
+        assert_non_null(t);
+        int32_t *want = calloc(n + 1, sizeof *want);
+        assert_non_null(want);
+        assert_int_equal(ms_st_tensor_to_i32(t, want, n, &err), MS_OK);
+        assert_memory_equal(ids, want, n * sizeof *ids);
+        free(want);
         char *back = NULL;
         size_t blen = 0;
         assert_int_equal(ms_tok_hf_decode(tok, ids, n, false, &back, &blen, &err), MS_OK);
@@ -201,6 +232,8 @@ static void test_smollm2_gguf(void **state) {
         ms_free(back);
         ms_free(ids);
     }
+    ms_st_file_free(st);
+    ms_chat_template_free(tmpl);
     assert_int_equal(ms_tok_hf_eos_id(tok), 2);
     assert_string_equal(ms_tok_hf_eos_token(tok), "<|im_end|>");
     assert_true(ms_tok_hf_is_eog(tok, 2));                                       /* <|im_end|> */
