@@ -137,8 +137,17 @@ typedef enum ms_tok_type {
  *   into their bytes and drops one leading space when add_space_prefix.
  *
  * Tokens of type CONTROL, UNKNOWN and USER_DEFINED are added tokens (split out of the text before
- * anything else, longest match first, as llama.cpp's tokenizer_st_partition with parse_special).
- * add_bos / add_eos put bos_id / eos_id around ms_tok_hf_encode(add_special = true).
+ * anything else, as llama.cpp's tokenizer_st_partition with parse_special; here leftmost-longest,
+ * where llama.cpp takes the longest token first over the whole text: the two differ only for
+ * overlapping special tokens). add_bos / add_eos put bos_id / eos_id around
+ * ms_tok_hf_encode(add_special = true).
+ *
+ * The caller applies llama.cpp's defaults (llama_vocab::load) for keys a file lacks: add_bos_token
+ * true for llama and for gpt2 with pre llama-bpe, false for other gpt2; add_eos_token false;
+ * add_space_prefix true (llama). A gpt2 vocabulary may lack some bytes (SmolLM2's lacks 8 control
+ * bytes): text holding one fails to encode naming the byte, where llama.cpp would drop it.
+ * Not applied: the per-model lstrip / rstrip attributes llama.cpp gives a few special tokens
+ * (e.g. Phi-3's <|end|>), and its clean_spaces decode option.
  */
 typedef struct ms_tok_vocab {
     const char *source;            /* names the origin in errors, e.g. the GGUF path; NULL: "vocab" */
