@@ -22,6 +22,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "chat_template.h"
 #include "safetensors.h"
@@ -345,6 +346,68 @@ static void test_spm_tokenizer_json(void **state) {
     }
 }
 
+
+/* byte_fallback tokenizer.json variants that are refused, each with one line naming the part. */
+static void expect_json_fail(json_t *root, const char *needle) {
+    char path[] = "/tmp/ms_test_tokvocab_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    close(fd);
+    assert_int_equal(json_dump_file(root, path, 0), 0);
+    ms_tok_hf *tok = (ms_tok_hf *)1;
+    ms_error err = {0};
+    ms_status st = ms_tok_hf_init(&tok, path, &err);
+    unlink(path);
+    if (st == MS_OK || strstr(err.msg, needle) == NULL)
+        fprintf(stderr, "want \"%s\", got %d: %s\n", needle, st, err.msg);
+    assert_int_not_equal(st, MS_OK);
+    assert_null(tok);
+    assert_non_null(strstr(err.msg, needle));
+    assert_null(strchr(err.msg, '\n'));
+}
+
+static void test_spm_tokenizer_json_bad(void **state) {
+    (void)state;
+    json_t *base = load_json("tests/tok/llama_legacy.json");
+    json_t *j = json_deep_copy(base);
+    json_object_set_new(j, "normalizer", json_pack("{s:s}", "type", "NFC"));
+    expect_json_fail(j, "normalizer \"NFC\" with model.byte_fallback is not supported");
+    json_decref(j);
+    j = json_deep_copy(base);
+    json_object_set_new(j, "normalizer", json_null());
+    expect_json_fail(j, "without a Metaspace pre_tokenizer or a Replace");
+    json_decref(j);
+    j = json_deep_copy(base);
+    json_object_set_new(j, "pre_tokenizer", json_pack("{s:s}", "type", "ByteLevel"));
+    expect_json_fail(j, "pre_tokenizer \"ByteLevel\" with model.byte_fallback");
+    json_decref(j);
+    j = json_deep_copy(base);
+    json_object_set_new(j, "normalizer", json_null());
+    json_object_set_new(j, "pre_tokenizer", json_pack("{s:s, s:s, s:s}", "type", "Metaspace", "replacement", "_",
+                                                      "prepend_scheme", "first"));
+    expect_json_fail(j, "only replacement U+2581");
+    json_decref(j);
+    j = json_deep_copy(base);
+    json_object_set_new(j, "normalizer", json_null());
+    json_object_set_new(j, "pre_tokenizer", json_pack("{s:s, s:s, s:s}", "type", "Metaspace", "replacement",
+                                                      "\xE2\x96\x81", "prepend_scheme", "sometimes"));
+    expect_json_fail(j, "prepend_scheme is not");
+    json_decref(j);
+    j = json_deep_copy(base);
+    json_object_set_new(j, "decoder", json_pack("{s:s}", "type", "ByteLevel"));
+    expect_json_fail(j, "decoder \"ByteLevel\" with model.byte_fallback");
+    json_decref(j);
+    j = json_deep_copy(base);
+    json_array_remove(json_object_get(json_object_get(j, "decoder"), "decoders"), 1);  /* no ByteFallback */
+    expect_json_fail(j, "ByteFallback");
+    json_decref(j);
+    j = json_deep_copy(base);
+    json_object_del(json_object_get(json_object_get(j, "model"), "vocab"), "<0x41>");
+    expect_json_fail(j, "no byte token <0x41>");
+    json_decref(j);
+    json_decref(base);
+}
+
 /* ---- bad arrays ---- */
 
 /* A small valid byte-level vocabulary: all 256 byte characters, then "ab", "abc". */
@@ -541,6 +604,7 @@ int main(void) {
         ms_unit_test(test_small_valid),
         ms_unit_test(test_spm_vocab),
         ms_unit_test(test_spm_tokenizer_json),
+        ms_unit_test(test_spm_tokenizer_json_bad),
         ms_unit_test(test_bad_vocab),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
