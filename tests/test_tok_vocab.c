@@ -7,6 +7,8 @@
  *     byte for byte, whose ids are the reference's pK.input_ids. The vocabulary comes as JSON from tests/tok/gguf_vocab.py (the
  *     `gguf` package); tests/tok_vocab.sh fetches the model and sets MS_TOK_SMOLLM2_JSON; without
  *     it this test says it skips.
+ *   - Qwen3's and Llama 3.1's real tokenizer.json as GGUF arrays (pre qwen2 / llama-bpe): the
+ *     tokenizers library's ids of ../shared/fixtures/tokenizers/reference.json;
  *   - a SentencePiece BPE model trained with the real `sentencepiece` library
  *     (tests/tok/spm_tiny.json, made by tests/tok/make_spm.py): ids and decoded text equal
  *     sentencepiece's own encode / decode (byte fallback, U+2581, add_dummy_prefix, control tokens);
@@ -253,6 +255,114 @@ static void test_smollm2_gguf(void **state) {
     json_decref(ref);
 }
 
+
+
+/* ---- real byte-level tokenizers as GGUF arrays (llama.cpp's converter layout) ---- */
+
+/*
+ * Qwen3's and Llama 3.1's tokenizer.json turned into the arrays convert_hf_to_gguf.py writes
+ * (tokens by id, "a b" merges, added tokens CONTROL when special else USER_DEFINED), built with
+ * pre "qwen2" / "llama-bpe": llama.cpp's regexes must give the tokenizers library's ids of
+ * ../shared/fixtures/tokenizers/reference.json (for Qwen3 on the NFC strings only: GGUF tokenizers
+ * do not normalize).
+ */
+static void check_hf_as_gguf(const char *name, const char *pre) {
+    char rel[128];
+    snprintf(rel, sizeof rel, "tokenizers/%s/tokenizer.json", name);
+    json_t *tj = load_json(ms_test_fixture(rel));
+    json_t *ref = load_json(ms_test_fixture("tokenizers/reference.json"));
+    const json_t *vocab = json_object_get(json_object_get(tj, "model"), "vocab");
+    const json_t *added = json_object_get(tj, "added_tokens");
+    size_t n = 0;
+    const char *key;
+    json_t *val;
+    json_object_foreach((json_t *)vocab, key, val) n = MS_MAX(n, (size_t)json_integer_value(val) + 1);
+    for (size_t i = 0; i < json_array_size(added); i++)
+        n = MS_MAX(n, (size_t)json_integer_value(json_object_get(json_array_get(added, i), "id")) + 1);
+    const char **toks = calloc(n, sizeof *toks);
+    int32_t *types = calloc(n, sizeof *types);
+    assert_true(toks && types);
+    json_object_foreach((json_t *)vocab, key, val) {
+        toks[json_integer_value(val)] = key;
+        types[json_integer_value(val)] = MS_TOK_TYPE_NORMAL;
+    }
+    for (size_t i = 0; i < json_array_size(added); i++) {
+        const json_t *a = json_array_get(added, i);
+        int64_t id = json_integer_value(json_object_get(a, "id"));
+        toks[id] = json_string_value(json_object_get(a, "content"));
+        types[id] = json_is_true(json_object_get(a, "special")) ? MS_TOK_TYPE_CONTROL : MS_TOK_TYPE_USER_DEFINED;
+    }
+    for (size_t i = 0; i < n; i++)
+        if (toks[i] == NULL) {
+            toks[i] = "";  /* a gap: an empty unused token, as a converter pads */
+            types[i] = MS_TOK_TYPE_UNUSED;
+        }
+    const json_t *mj = json_object_get(json_object_get(tj, "model"), "merges");
+    size_t nm = json_array_size(mj);
+    char **merges = calloc(nm, sizeof *merges);
+    assert_non_null(merges);
+    for (size_t i = 0; i < nm; i++) {
+        const json_t *m = json_array_get(mj, i);
+        if (json_is_string(m)) { /* already "a b" */
+            merges[i] = strdup(json_string_value(m));
+            assert_non_null(merges[i]);
+            continue;
+        }
+        const char *a = json_string_value(json_array_get(m, 0)), *b = json_string_value(json_array_get(m, 1));
+        assert_true(a != NULL && b != NULL);
+        merges[i] = malloc(strlen(a) + strlen(b) + 2);
+        assert_non_null(merges[i]);
+        sprintf(merges[i], "%s %s", a, b);
+    }
+    ms_tok_vocab v = ms_tok_vocab_default();
+    v.source = rel;
+    v.model = "gpt2";
+    v.pre = pre;
+    v.tokens = toks;
+    v.n_tokens = n;
+    v.token_types = types;
+    v.merges = (const char *const *)merges;
+    v.n_merges = nm;
+    ms_tok_hf *tok = NULL;
+    ms_error err = {0};
+    if (ms_tok_hf_from_vocab(&tok, &v, &err) != MS_OK)
+        fprintf(stderr, "%s\n", err.msg);
+    assert_non_null(tok);
+    const json_t *cases = json_object_get(ref, name);
+    size_t checked = 0;
+    for (size_t i = 0; i < json_array_size(cases); i++) {
+        const json_t *c = json_array_get(cases, i);
+        const json_t *text = json_object_get(c, "text");
+        char *nfc = NULL;
+        size_t nfc_len = 0;
+        assert_int_equal(ms_tok_hf_nfc(json_string_value(text), json_string_length(text), &nfc, &nfc_len, &err), MS_OK);
+        bool is_nfc = nfc_len == json_string_length(text) && memcmp(nfc, json_string_value(text), nfc_len) == 0;
+        ms_free(nfc);
+        if (!is_nfc && strcmp(name, "qwen3") == 0)
+            continue;
+        expect_ids(tok, json_string_value(text), json_string_length(text), false, json_object_get(c, "ids"));
+        checked++;
+    }
+    assert_true(checked >= 10);
+    ms_tok_hf_free(tok);
+    for (size_t i = 0; i < nm; i++)
+        free(merges[i]);
+    free(merges);
+    free(toks);
+    free(types);
+    json_decref(ref);
+    json_decref(tj);
+}
+
+static void test_qwen3_as_gguf(void **state) {
+    (void)state;
+    check_hf_as_gguf("qwen3", "qwen2");
+}
+
+static void test_llama3_as_gguf(void **state) {
+    (void)state;
+    check_hf_as_gguf("llama3_1", "llama-bpe");
+}
 
 /* ---- SentencePiece goldens (tests/tok/, made by make_spm.py from the real libraries) ---- */
 
@@ -602,6 +712,8 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         ms_unit_test(test_smollm2_gguf),
         ms_unit_test(test_small_valid),
+        ms_unit_test(test_qwen3_as_gguf),
+        ms_unit_test(test_llama3_as_gguf),
         ms_unit_test(test_spm_vocab),
         ms_unit_test(test_spm_tokenizer_json),
         ms_unit_test(test_spm_tokenizer_json_bad),
