@@ -59,7 +59,7 @@ for t in "$@"; do
         done
         ;;
     tokenizer_hf)
-        for j in gpt2_like llama3_like issue15_bare_vocab; do
+        for j in gpt2_like llama3_like issue15_bare_vocab spm_like metaspace_like; do
             { cat "$here/tokenizer_hf/$j.json"; printf '\0Hello world caf\xc3\xa9 <|im_start|>user tok 123\n'; } >"$d/$j"
             { cat "$here/tokenizer_hf/$j.json"; printf '\0 the  world\t\xe3\x80\x80e\xcc\x81\0'
               cat "$here/tokenizer_hf/tokenizer_config.json"; } >"$d/${j}_config"
