@@ -782,9 +782,6 @@ static ms_status tok_load_normalizer(ms_tok_hf *tok, const json_t *norm, ms_erro
     const char *type = tok_type_of(norm);
     if (type == NULL)
         return MS_FAIL(err, MS_ERR_FORMAT, "%s: normalizer has no \"type\"", tok->path);
-    if (tok->spm)
-        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "%s: normalizer \"%s\" with model.byte_fallback is not supported "
-                       "(only Prepend and Replace of \" \" by U+2581)", tok->path, type);
     if (strcmp(type, "NFC") == 0) {
         tok->nfc = true;
         return MS_OK;
