@@ -200,5 +200,5 @@ else
     echo "skip smollm2: no scripts/fetch-model.sh"
 fi
 
-echo "chat.sh: $passed passed, $failed failed"
+echo "$passed passed, $failed failed"
 [ $failed -eq 0 ]
