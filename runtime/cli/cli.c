@@ -391,10 +391,12 @@ static void usage(FILE *to) {
             "           [--guidance-scale S] [--position-ids FILE]\n"
             "           [--no-display-prompt] [--verbose-prompt] [--page-size N]\n"
             "           [--device auto|cpu|cuda] [--dtype auto|f32|bf16] [--threads N]\n"
+            "       %s generate --chat MESSAGE [--system TEXT] --model PATH [...] (one chat turn)\n"
+            "       %s chat --model PATH [...]    (%s chat --help)\n"
             "       %s serve --model PATH [...]   (%s serve --help)\n"
             "       %s bench --model PATH [...]   (%s bench --help)\n"
             "       %s kernels --model PATH [...] (%s kernels --help)\n",
-            g_prog, g_prog, g_prog, g_prog, g_prog, g_prog, g_prog);
+            g_prog, g_prog, g_prog, g_prog, g_prog, g_prog, g_prog, g_prog, g_prog, g_prog);
 }
 
 /* Returns 0 on success, -1 for --help, else the exit status (message printed). */
@@ -993,6 +995,9 @@ static double now_s(void) {
 /* ---- generate ---- */
 
 static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
+    for (int i = 0; i < argc; i++) /* generate --chat MESSAGE: one chat turn (cli_chat.c) */
+        if (strcmp(argv[i], "--chat") == 0)
+            return ms_cli_chat(argc, argv, desc, g_prog, true);
     cli_opts o;
     int rc = parse_generate(argc, argv, &o);
     if (rc != 0)
@@ -1280,12 +1285,14 @@ int ms_cli_main(int argc, char **argv, const ms_model_desc *desc) {
         return ms_cli_kernels(argc - 2, argv + 2, desc, g_prog);
     if (strcmp(argv[1], "serve") == 0)
         return ms_cli_serve(argc - 2, argv + 2, desc, g_prog);
+    if (strcmp(argv[1], "chat") == 0)
+        return ms_cli_chat(argc - 2, argv + 2, desc, g_prog, false);
     if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         usage(stdout);
         return ms_cli_stdout_check(g_prog);
     }
     usage(stderr);
-    fprintf(stderr, "%s: unknown verb '%s' (this binary serves: generate, serve, bench, kernels)\n",
+    fprintf(stderr, "%s: unknown verb '%s' (this binary serves: generate, chat, serve, bench, kernels)\n",
             g_prog, argv[1]);
     return 2;
 }

@@ -85,6 +85,16 @@ int ms_cli_kernels(int argc, char **argv, const ms_model_desc *desc, const char 
  */
 int ms_cli_serve(int argc, char **argv, const ms_model_desc *desc, const char *prog);
 
+/*
+ * The `chat` verb and `generate --chat MESSAGE` (cli_chat.c): argv holds the flags after the
+ * verb; from_generate: one turn (--chat required). A conversation through the tokenizer's chat
+ * template, the reply streamed to stdout and ended by an end-of-turn token (ms_tok_hf_is_eog);
+ * interactive: a line of stdin per message, Ctrl-C stops a reply, end of input leaves. Returns the
+ * exit status: 0, 1 (bad value, load error, a one-turn chat that failed: one line on stderr), 2
+ * (usage).
+ */
+int ms_cli_chat(int argc, char **argv, const ms_model_desc *desc, const char *prog, bool from_generate);
+
 /* ---- helpers of the verbs (exposed for tests) ---- */
 
 /* The tokenizer of a verb: at most one of l2c / hf (both NULL: none). */
