@@ -36,6 +36,7 @@ $(BUILD)/mstar-mkckpt: $(BUILD)/obj/runtime/tools/mkckpt.o $(BUILD)/libmstar.a ;
 RUNTIME_CUDA_SRCS += runtime/backends/backend_cuda.c
 RUNTIME_SRCS += runtime/engine/model_desc.c
 RUNTIME_SRCS += runtime/engine/model_probe.c
+RUNTIME_SRCS += runtime/engine/gguf_tokenizer.c
 RUNTIME_SRCS += runtime/engine/engine.c
 RUNTIME_SRCS += runtime/cli/cli.c
 RUNTIME_SRCS += runtime/tokenizers/tokenizer_hf.c

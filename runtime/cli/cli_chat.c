@@ -435,7 +435,7 @@ int ms_cli_chat(int argc, char **argv, const ms_model_desc *desc, const char *pr
         rc = chat_fail(&c, "%s", err.msg);
         goto done;
     }
-    if ((rc = ms_cli_tok_init(&c.tok, c.o.tokenizer, model_dir, fa.vocab)) != 0)
+    if ((rc = ms_cli_tok_init(&c.tok, c.o.tokenizer, model_dir, c.o.model, fa.vocab)) != 0)
         goto done;
     if (c.tok.hf == NULL) {
         rc = chat_fail(&c, "chat needs a tokenizer with a chat template: %s%s",
