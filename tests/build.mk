@@ -155,6 +155,7 @@ TESTS += tests/test_chat_template
 TESTS += tests/test_gguf
 # SmolLM2-135M-Instruct Q4_1 GGUF (scripts/fetch-model.sh; skips without network) through models/llama.mstar on the CPU
 TESTS += tests/test_gguf_smollm2
+TESTS += tests/test_gguf_tokenizer
 $(BUILD)/tests/test_gguf_smollm2: $(BUILD)/obj/gen/llama/llama_gen.o
 # test_gguf runs mstar-mkckpt --format gguf
 $(BUILD)/tests/test_gguf: | $(BUILD)/mstar-mkckpt
