@@ -37,12 +37,19 @@ done
 # Python packages (PyPI, with pip): the official openai client that tests/serve.sh drives the
 # server with. Not fatal: without it (no pip, no network) serve.sh says it skips those tests.
 OPENAI_PIN=openai==1.109.1
+# gguf-py: tests/tok_vocab.sh reads GGUF tokenizer metadata with it; tests/gguf/make_goldens.py
+# regenerates the committed GGUF dequantization goldens with it (the C tests do not need it).
+GGUF_PIN=gguf==0.19.0
 pip_deps() {
     command -v python3 >/dev/null 2>&1 || return 0
-    python3 -c 'import openai' 2>/dev/null && return 0
-    if ! python3 -m pip install -q --disable-pip-version-check "$OPENAI_PIN" >/dev/null 2>&1; then
+    if ! python3 -c 'import openai' 2>/dev/null &&
+        ! python3 -m pip install -q --disable-pip-version-check "$OPENAI_PIN" >/dev/null 2>&1; then
         echo "install-deps: could not pip-install $OPENAI_PIN; tests/serve.sh will skip its openai client tests" >&2
     fi
+    # gguf: tests/tok_vocab.sh reads a GGUF's tokenizer metadata with it (it skips without it);
+    # tests/gguf/make_goldens.py regenerates the dequantization goldens with it.
+    python3 -c 'import gguf' 2>/dev/null || python3 -m pip install -q --disable-pip-version-check "$GGUF_PIN" \
+        >/dev/null 2>&1 || echo "install-deps: could not pip-install $GGUF_PIN; tests/tok_vocab.sh will skip" >&2
     return 0
 }
 

@@ -107,6 +107,11 @@ TESTS += tests/test_codegen
 TESTS += tests/test_engine_desc
 TESTS += tests/test_tokenizer_hf
 TSAN_TESTS += tests/test_tokenizer_hf
+# tokenizers from vocabulary arrays (GGUF) and SentencePiece (tests/tok/; tok_vocab.sh adds SmolLM2's GGUF)
+TESTS += tests/test_tok_vocab
+TEST_SCRIPTS += tests/tok_vocab.sh
+# the chat verb and generate --chat (a tokenizer.json with a chat template on a tiny checkpoint)
+TEST_SCRIPTS += tests/chat.sh
 ifeq ($(HAVE_CUDA),1)
 # the generated binary on the GPU: cuda against cpu on hf/llama_gqa, the llama2.c golden on cuda
 .PHONY: gpu-generate
@@ -125,16 +130,19 @@ TESTS += tests/test_cli
 # ---- libFuzzer targets: `make fuzz` builds build/fuzz/fuzz_<t> (tests/fuzz_<t>.c, clang,
 # ASan+UBSan) and runs each for FUZZ_SECONDS, FUZZ_JOBS at a time (tests/fuzz.sh; `make test` runs
 # them last). `make fuzz-<t>` runs one; FUZZ_TARGETS="a b" a few. fuzz_dsl's rule is in compiler/build.mk.
-FUZZ_TARGETS ?= dsl config tokenizer_hf safetensors llama2c chat_template
+FUZZ_TARGETS ?= dsl config tokenizer_hf safetensors llama2c chat_template tokenizer_vocab
 FUZZ_JOBS ?= 2
 FUZZ_RUNTIME_SRCS := runtime/core/base.c runtime/loaders/hf_config.c runtime/loaders/llama2c.c \
                      runtime/backends/backend.c runtime/backends/tensor.c runtime/backends/rope.c \
                      runtime/loaders/safetensors.c runtime/loaders/checkpoint.c \
                      runtime/tokenizers/tokenizer_hf.c runtime/tokenizers/tokenizer_hf_nfc.c \
                      runtime/tokenizers/tokenizer_llama2c.c runtime/tokenizers/chat_template.c
+FUZZ_RUNTIME_SRCS += runtime/loaders/gguf.c runtime/loaders/gguf_quant.c runtime/loaders/gguf_model.c runtime/core/threadpool.c
+FUZZ_TARGETS += gguf
 FUZZ_OBJS := $(patsubst %.c,$(FUZZ_DIR)/obj/%.o,$(FUZZ_RUNTIME_SRCS))
 FUZZ_RUNTIME_BINS := $(FUZZ_DIR)/fuzz_config $(FUZZ_DIR)/fuzz_tokenizer_hf $(FUZZ_DIR)/fuzz_safetensors $(FUZZ_DIR)/fuzz_llama2c \
-                     $(FUZZ_DIR)/fuzz_chat_template
+                     $(FUZZ_DIR)/fuzz_chat_template $(FUZZ_DIR)/fuzz_tokenizer_vocab
+FUZZ_RUNTIME_BINS += $(FUZZ_DIR)/fuzz_gguf
 FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=address,undefined -fno-sanitize-recover=all $(RUNTIME_INC) $(PKG_CFLAGS)
 $(FUZZ_DIR)/obj/%.o: %.c
 	$(call quiet,CC,$@)
@@ -150,3 +158,15 @@ fuzz: $(patsubst %,$(FUZZ_DIR)/fuzz_%,$(FUZZ_TARGETS))
 fuzz-%:
 	$(Q)$(MAKE) --no-print-directory fuzz FUZZ_TARGETS=$*
 TESTS += tests/test_chat_template
+TESTS += tests/test_gguf
+# SmolLM2-135M-Instruct Q4_1 GGUF (scripts/fetch-model.sh; skips without network) through models/llama.mstar on the CPU
+TESTS += tests/test_gguf_smollm2
+TESTS += tests/test_gguf_tokenizer
+$(BUILD)/tests/test_gguf_smollm2: $(BUILD)/obj/gen/llama/llama_gen.o
+# test_gguf runs mstar-mkckpt --format gguf
+$(BUILD)/tests/test_gguf: | $(BUILD)/mstar-mkckpt
+TESTS += tests/test_gguf_fixtures
+# scripts/fetch-model.sh: one path on stdout, pinned sha256, exit 2 without a registry
+TEST_SCRIPTS += tests/gguf_fetch.sh
+# gguf_model.c converts tensors on a thread pool
+TSAN_TESTS += tests/test_gguf

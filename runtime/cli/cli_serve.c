@@ -1608,7 +1608,7 @@ int ms_cli_serve(int argc, char **argv, const ms_model_desc *desc, const char *p
         rc = 1;
         goto done;
     }
-    if ((rc = ms_cli_tok_init(&s.tok, s.o.tokenizer, dir, fa.vocab)) != 0)
+    if ((rc = ms_cli_tok_init(&s.tok, s.o.tokenizer, dir, s.o.model, fa.vocab)) != 0)
         goto done;
     s.has_tok = s.tok.l2c != NULL || s.tok.hf != NULL;
     s.chat_eos_id = -1;
