@@ -41,9 +41,9 @@ pip_deps() {
         ! python3 -m pip install -q --disable-pip-version-check "$OPENAI_PIN" >/dev/null 2>&1; then
         echo "install-deps: could not pip-install $OPENAI_PIN; tests/serve.sh will skip its openai client tests" >&2
     fi
-    # gguf, sentencepiece: tests/tok_vocab.sh reads a GGUF's tokenizer metadata and a SentencePiece
-    # model's goldens with them (it skips those parts without them).
-    for pin in gguf==0.19.0 sentencepiece==0.2.0; do
+    # gguf, sentencepiece, tokenizers: tests/tok_vocab.sh reads a GGUF's tokenizer metadata and makes a
+    # SentencePiece model's goldens with them (it skips those parts without them).
+    for pin in gguf==0.19.0 sentencepiece==0.2.0 tokenizers==0.22.1; do
         python3 -c "import ${pin%%=*}" 2>/dev/null || python3 -m pip install -q --disable-pip-version-check "$pin" \
             >/dev/null 2>&1 || echo "install-deps: could not pip-install $pin; tests/tok_vocab.sh will skip a part" >&2
     done

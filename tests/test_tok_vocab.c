@@ -11,7 +11,8 @@
  *     tokenizers library's ids of ../shared/fixtures/tokenizers/reference.json;
  *   - Mistral 7B's real SentencePiece model (tokenizer.model.v1 of the mistral_common wheel, which
  *     tests/tok_vocab.sh fetches and dumps with tests/tok/spm_vocab.py; MS_TOK_MISTRAL_JSON): ids
- *     and text equal sentencepiece's on 20 strings;
+ *     and text equal sentencepiece's on 20 strings, and as a Llama-2-style tokenizer.json the
+ *     tokenizers library's (MS_TOK_MISTRAL_HF, when that library is installed);
  *   - a SentencePiece BPE model trained with the real `sentencepiece` library
  *     (tests/tok/spm_tiny.json, made by tests/tok/make_spm.py): ids and decoded text equal
  *     sentencepiece's own encode / decode (byte fallback, U+2581, add_dummy_prefix, control tokens);
@@ -466,6 +467,19 @@ static void test_spm_real(void **state) {
     ms_tok_hf_free(tok);
     vocab_release(&va);
     json_decref(root);
+    /* the same model as a Llama-2-style tokenizer.json: the tokenizers library's ids and text
+     * (which differ from sentencepiece's on a few strings: merges by rank, not by score) */
+    const char *hf = getenv("MS_TOK_MISTRAL_HF");
+    if (hf == NULL || hf[0] == '\0') {
+        fprintf(stderr, "test_spm_real: tokenizer.json part skipped: MS_TOK_MISTRAL_HF is not set (needs the "
+                        "tokenizers package)\n");
+        return;
+    }
+    assert_int_equal(ms_tok_hf_init(&tok, hf, &err), MS_OK);
+    root = load_json(hf);
+    check_cases(tok, json_object_get(root, "cases"));
+    json_decref(root);
+    ms_tok_hf_free(tok);
 }
 
 /* Llama-2 / Mistral style tokenizer.json (byte_fallback): ids and text equal the tokenizers library's. */

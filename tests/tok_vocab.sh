@@ -7,7 +7,8 @@
 #   - Mistral 7B's SentencePiece model (tokenizer.model.v1 in the PyPI wheel mistral_common 1.5.4,
 #     Apache-2.0; fetched with pip, sha256 checked, cached under $MSTAR_MODELS, default
 #     ~/.cache/mstar/models) against the `sentencepiece` library's own encode and decode
-#     (tests/tok/spm_vocab.py, sentencepiece 0.2.0).
+#     (tests/tok/spm_vocab.py, sentencepiece 0.2.0), and as a Llama-2-style tokenizer.json against
+#     the `tokenizers` library (0.22.1) when it is installed.
 # Each part that cannot be had (no registry, no package) says it skips; the rest still runs.
 set -uo pipefail
 build=${MS_BUILD:-build}
@@ -71,10 +72,16 @@ if [ ! -f "$spm_model" ]; then
     fi
 fi
 if [ -f "$spm_model" ]; then
-    python3 tests/tok/spm_vocab.py "$spm_model" >"$tmp/mistral.json" 2>"$tmp/err"
+    mkdir -p "$tmp/mistral_hf"
+    python3 tests/tok/spm_vocab.py "$spm_model" "$tmp/mistral_hf/tokenizer.json" >"$tmp/mistral.json" 2>"$tmp/err"
     rc=$?
-    if [ $rc -eq 0 ]; then
+    if [ $rc -eq 0 ] || [ $rc -eq 4 ]; then
         export MS_TOK_MISTRAL_JSON="$tmp/mistral.json"
+        if [ $rc -eq 0 ]; then
+            export MS_TOK_MISTRAL_HF="$tmp/mistral_hf/tokenizer.json"
+        else
+            echo "skip mistral tokenizer.json: $(cat "$tmp/err")"
+        fi
     elif [ $rc -eq 3 ]; then
         echo "skip mistral: $(cat "$tmp/err")"
     else

@@ -1,10 +1,13 @@
 #!/usr/bin/env python3
-"""spm_vocab.py MODEL > vocab.json - a SentencePiece model's vocabulary as GGUF's tokenizer.ggml.*
+"""spm_vocab.py MODEL [HF_OUT.json] > vocab.json - a SentencePiece model's vocabulary as GGUF's tokenizer.ggml.*
 arrays (the piece, score and type of every id, mapped as llama.cpp's convert_hf_to_gguf.py
 _set_vocab_sentencepiece does), in tests/tok/gguf_vocab.py's format, plus "cases": the
 `sentencepiece` library's own encode (ids) and decode (text) of test strings. tests/tok_vocab.sh
 runs it on a real Mistral tokenizer.model (from the pinned mistral_common wheel) for
-tests/test_tok_vocab.c. Exit 3 when sentencepiece (pinned 0.2.0) is missing: the test then skips."""
+tests/test_tok_vocab.c. Exit 3 when sentencepiece (pinned 0.2.0) is missing: the test then skips.
+With HF_OUT.json and the `tokenizers` library (pinned 0.22.1) importable, also writes the model as
+a Llama-2-style tokenizer.json (make_spm.py's LlamaConverter layout) with "cases" from the
+tokenizers library's encode / decode; exit 4 when tokenizers is missing (that file is not written)."""
 import json
 import sys
 
@@ -62,3 +65,46 @@ out = {
     "cases": [{"text": t, "ids": sp.encode(t), "decoded": sp.decode(sp.encode(t))} for t in CASES],
 }
 json.dump(out, sys.stdout, ensure_ascii=False)
+
+if len(sys.argv) > 2:
+    try:
+        import tokenizers
+        from tokenizers import Tokenizer
+    except ImportError:
+        print("spm_vocab.py: the tokenizers Python package is not installed (pip install tokenizers==0.22.1)",
+              file=sys.stderr)
+        sys.exit(4)
+    pieces = out["tokens"]
+    ids = {p: i for i, p in enumerate(pieces)}
+    merges = []
+    for p, i in ids.items():
+        if sp.IsControl(i) or sp.IsUnknown(i) or sp.IsByte(i):
+            continue
+        for k in range(1, len(p)):
+            a, b = p[:k], p[k:]
+            if a in ids and b in ids:
+                merges.append((i, ids[a], ids[b], a, b))
+    merges.sort()
+    specials = [i for i in range(n) if sp.IsControl(i) or sp.IsUnknown(i)]
+    tj = {"version": "1.0", "truncation": None, "padding": None,
+          "added_tokens": [{"id": i, "content": pieces[i], "single_word": False, "lstrip": False, "rstrip": False,
+                            "normalized": False, "special": True} for i in specials],
+          "normalizer": {"type": "Sequence", "normalizers": [
+              {"type": "Prepend", "prepend": "\u2581"},
+              {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}]},
+          "pre_tokenizer": None, "post_processor": None,
+          "decoder": {"type": "Sequence", "decoders": [
+              {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "}, {"type": "ByteFallback"},
+              {"type": "Fuse"}, {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+          "model": {"type": "BPE", "dropout": None, "unk_token": pieces[sp.unk_id()], "continuing_subword_prefix": None,
+                    "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
+                    "vocab": ids, "merges": [[a, b] for _, _, _, a, b in merges]}}
+    tok = Tokenizer.from_str(json.dumps(tj))
+    cases = []
+    for t in CASES + ["<s>hi</s>there", "a <s> b"]:
+        e = tok.encode(t, add_special_tokens=False).ids
+        cases.append({"text": t, "ids": e, "decoded": tok.decode(e, skip_special_tokens=False)})
+    tj["cases"] = cases
+    tj["generated_with"] = f"tokenizers {tokenizers.__version__}"
+    with open(sys.argv[2], "w", encoding="utf-8") as f:
+        json.dump(tj, f, ensure_ascii=False)
