@@ -4,9 +4,9 @@
  *   - SmolLM2's GGUF vocabulary (gpt2, pre smollm): ids equal llama.cpp's on every
  *     tokenizer_cases entry of ../shared/fixtures/gguf/smollm2/reference.json, decode round trips,
  *     special tokens, end of turn; its chat template renders every case's messages to prompt_text
- *     byte for byte, whose ids are the reference's pK.input_ids. The vocabulary comes as JSON from tests/tok/gguf_vocab.py (the
- *     `gguf` package); tests/tok_vocab.sh fetches the model and sets MS_TOK_SMOLLM2_JSON; without
- *     it this test says it skips.
+ *     byte for byte, whose ids are the reference's pK.input_ids. The vocabulary comes as JSON from
+ *     tests/tok/gguf_vocab.py (the `gguf` package); tests/tok_vocab.sh fetches the model and sets
+ *     MS_TOK_SMOLLM2_JSON; without it this test says it skips.
  *   - Qwen3's and Llama 3.1's real tokenizer.json as GGUF arrays (pre qwen2 / llama-bpe): the
  *     tokenizers library's ids of ../shared/fixtures/tokenizers/reference.json;
  *   - Mistral 7B's real SentencePiece model (tokenizer.model.v1 of the mistral_common wheel, which
@@ -339,7 +339,8 @@ static void check_hf_as_gguf(const char *name, const char *pre) {
         const json_t *text = json_object_get(c, "text");
         char *nfc = NULL;
         size_t nfc_len = 0;
-        assert_int_equal(ms_tok_hf_nfc(json_string_value(text), json_string_length(text), &nfc, &nfc_len, &err), MS_OK);
+        assert_int_equal(ms_tok_hf_nfc(json_string_value(text), json_string_length(text), &nfc, &nfc_len, &err),
+                         MS_OK);
         bool is_nfc = nfc_len == json_string_length(text) && memcmp(nfc, json_string_value(text), nfc_len) == 0;
         ms_free(nfc);
         if (!is_nfc && strcmp(name, "qwen3") == 0)
