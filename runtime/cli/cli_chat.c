@@ -300,8 +300,7 @@ static int chat_turn(chat *c, const char *message, size_t len) {
     if (n == 0 || n >= (size_t)c->max_context) {
         rc = chat_fail(c,
                        "the conversation is %zu tokens, the model's context %d: no room for a "
-                       "reply (start a new "
-                       "chat)",
+                       "reply (start a new chat)",
                        n, (int)c->max_context);
         goto done;
     }
@@ -322,7 +321,7 @@ static int chat_turn(chat *c, const char *message, size_t len) {
     const int32_t *out = NULL;
     int32_t n_out = 0, n_reply = 0;
     size_t printed = 0;
-    bool stop = false;
+    bool stop = false, nan = false;
     while (!stop && ms_engine_n_active(c->eng) > 0 && !chat_interrupted) {
         ms_engine_step_info info;
         if (ms_engine_step(c->eng, &info, &err) != MS_OK) {
@@ -331,11 +330,8 @@ static int chat_turn(chat *c, const char *message, size_t len) {
         }
         ms_finish_reason why;
         MS_ASSERT(ms_engine_output(c->eng, rid, &out, &n_out, &why) == MS_OK);
-        if (why == MS_FINISH_ERROR) {
-            rc = chat_fail(c, "the model's logits became NaN after %d tokens: the reply stops",
-                           (int)n_out);
-            stop = true;
-        }
+        if (why == MS_FINISH_ERROR)
+            stop = nan = true; /* what came before is printed, then the turn fails */
         while (n_reply < n_out && !stop) {
             if (ms_tok_hf_is_eog(c->tok.hf, out[n_reply]) ||
                 (why == MS_FINISH_EOS && n_reply == n_out - 1))
@@ -352,6 +348,11 @@ static int chat_turn(chat *c, const char *message, size_t len) {
     fputc('\n', stdout);
     if ((rc = ms_cli_stdout_check(c->prog)) != 0)
         goto done;
+    if (nan) {
+        rc = chat_fail(c, "the model's logits became NaN after %d tokens: the reply stopped",
+                       (int)n_out);
+        goto done;
+    }
     if (!chat_push(c->messages, "assistant", reply, reply_len))
         rc = chat_fail(c, "out of memory keeping the reply");
 done:
