@@ -134,7 +134,7 @@ static int chat_parse(chat *c, int argc, char **argv, bool from_generate) {
                 chat_fail(c, "unexpected argument '%s'", a);
             else
                 chat_fail(c, "unknown flag '%s'%s", a,
-                          from_generate ? " with --chat (see generate --chat --help)" : "");
+                          from_generate ? " with --chat (see chat --help)" : "");
             return 2;
         }
         if (seen[which]) {
