@@ -46,10 +46,13 @@ pip_deps() {
         ! python3 -m pip install -q --disable-pip-version-check "$OPENAI_PIN" >/dev/null 2>&1; then
         echo "install-deps: could not pip-install $OPENAI_PIN; tests/serve.sh will skip its openai client tests" >&2
     fi
-    # gguf: tests/tok_vocab.sh reads a GGUF's tokenizer metadata with it (it skips without it);
-    # tests/gguf/make_goldens.py regenerates the dequantization goldens with it.
-    python3 -c 'import gguf' 2>/dev/null || python3 -m pip install -q --disable-pip-version-check "$GGUF_PIN" \
-        >/dev/null 2>&1 || echo "install-deps: could not pip-install $GGUF_PIN; tests/tok_vocab.sh will skip" >&2
+    # gguf, sentencepiece, tokenizers: tests/tok_vocab.sh reads a GGUF's tokenizer metadata and makes a
+    # SentencePiece model's goldens with them (it skips those parts without them);
+    # tests/gguf/make_goldens.py regenerates the dequantization goldens with gguf.
+    for pin in "$GGUF_PIN" sentencepiece==0.2.0 tokenizers==0.22.1; do
+        python3 -c "import ${pin%%=*}" 2>/dev/null || python3 -m pip install -q --disable-pip-version-check "$pin" \
+            >/dev/null 2>&1 || echo "install-deps: could not pip-install $pin; tests/tok_vocab.sh will skip a part" >&2
+    done
     return 0
 }
 

@@ -166,6 +166,10 @@ check "a template failing at render: exit 1, one line" [ $rc = 1 ] && check "  .
 "$bin" generate --chat "Hi" --prompt "x" --model "$tmp/m" >/dev/null 2>"$tmp/b4"
 rc=$?
 check "generate --chat with --prompt: usage error 2 naming the flag" [ $rc = 2 ] && grep -q "unknown flag '--prompt' with --chat" "$tmp/b4" && ok "  ... named"
+"$bin" generate --model "$tmp/m" --prompt --chat --max-new-tokens 2 >/dev/null 2>"$tmp/b4b"
+rc=$?
+detail="rc $rc $(cat "$tmp/b4b")"
+check "generate --prompt --chat: '--chat' is the prompt's text here, not the chat flag" [ $rc = 0 ] && check "  ... a generate run" grep -q "1 prompt(s), 3 prompt tokens" "$tmp/b4b"
 "$bin" chat --model "$tmp/m" --max-new-tokens 0 </dev/null >/dev/null 2>"$tmp/b5"
 rc=$?
 detail="rc $rc $(cat "$tmp/b5")"

@@ -4,11 +4,15 @@
  *   - SmolLM2's GGUF vocabulary (gpt2, pre smollm): ids equal llama.cpp's on every
  *     tokenizer_cases entry of ../shared/fixtures/gguf/smollm2/reference.json, decode round trips,
  *     special tokens, end of turn; its chat template renders every case's messages to prompt_text
- *     byte for byte, whose ids are the reference's pK.input_ids. The vocabulary comes as JSON from tests/tok/gguf_vocab.py (the
- *     `gguf` package); tests/tok_vocab.sh fetches the model and sets MS_TOK_SMOLLM2_JSON; without
- *     it this test says it skips.
+ *     byte for byte, whose ids are the reference's pK.input_ids. The vocabulary comes as JSON from
+ *     tests/tok/gguf_vocab.py (the `gguf` package); tests/tok_vocab.sh fetches the model and sets
+ *     MS_TOK_SMOLLM2_JSON; without it this test says it skips.
  *   - Qwen3's and Llama 3.1's real tokenizer.json as GGUF arrays (pre qwen2 / llama-bpe): the
  *     tokenizers library's ids of ../shared/fixtures/tokenizers/reference.json;
+ *   - Mistral 7B's real SentencePiece model (tokenizer.model.v1 of the mistral_common wheel, which
+ *     tests/tok_vocab.sh fetches and dumps with tests/tok/spm_vocab.py; MS_TOK_MISTRAL_JSON): ids
+ *     and text equal sentencepiece's on 20 strings, and as a Llama-2-style tokenizer.json the
+ *     tokenizers library's (MS_TOK_MISTRAL_HF, when that library is installed);
  *   - a SentencePiece BPE model trained with the real `sentencepiece` library
  *     (tests/tok/spm_tiny.json, made by tests/tok/make_spm.py): ids and decoded text equal
  *     sentencepiece's own encode / decode (byte fallback, U+2581, add_dummy_prefix, control tokens);
@@ -335,7 +339,8 @@ static void check_hf_as_gguf(const char *name, const char *pre) {
         const json_t *text = json_object_get(c, "text");
         char *nfc = NULL;
         size_t nfc_len = 0;
-        assert_int_equal(ms_tok_hf_nfc(json_string_value(text), json_string_length(text), &nfc, &nfc_len, &err), MS_OK);
+        assert_int_equal(ms_tok_hf_nfc(json_string_value(text), json_string_length(text), &nfc, &nfc_len, &err),
+                         MS_OK);
         bool is_nfc = nfc_len == json_string_length(text) && memcmp(nfc, json_string_value(text), nfc_len) == 0;
         ms_free(nfc);
         if (!is_nfc && strcmp(name, "qwen3") == 0)
@@ -436,6 +441,46 @@ static void test_spm_vocab(void **state) {
     ms_tok_hf_free(tok);
     vocab_release(&va);
     json_decref(root);
+}
+
+
+/* A real SentencePiece model (Mistral 7B's tokenizer.model, from the mistral_common wheel that
+ * tests/tok_vocab.sh fetches): GGUF-style arrays give sentencepiece's own ids and text. */
+static void test_spm_real(void **state) {
+    (void)state;
+    const char *path = getenv("MS_TOK_MISTRAL_JSON");
+    if (path == NULL || path[0] == '\0') {
+        fprintf(stderr, "test_spm_real: skipped: MS_TOK_MISTRAL_JSON is not set (tests/tok_vocab.sh fetches the "
+                        "model and sets it)\n");
+        skip();
+    }
+    json_t *root = load_json(path);
+    vocab_arrays va;
+    vocab_from_json(&va, root, "mistral tokenizer.model.v1");
+    ms_tok_hf *tok = NULL;
+    ms_error err = {0};
+    if (ms_tok_hf_from_vocab(&tok, &va.v, &err) != MS_OK)
+        fprintf(stderr, "%s\n", err.msg);
+    assert_non_null(tok);
+    assert_int_equal(ms_tok_hf_vocab_size(tok), 32000);
+    check_cases(tok, json_object_get(root, "cases"));
+    assert_true(ms_tok_hf_is_eog(tok, 2));  /* </s> */
+    ms_tok_hf_free(tok);
+    vocab_release(&va);
+    json_decref(root);
+    /* the same model as a Llama-2-style tokenizer.json: the tokenizers library's ids and text
+     * (which differ from sentencepiece's on a few strings: merges by rank, not by score) */
+    const char *hf = getenv("MS_TOK_MISTRAL_HF");
+    if (hf == NULL || hf[0] == '\0') {
+        fprintf(stderr, "test_spm_real: tokenizer.json part skipped: MS_TOK_MISTRAL_HF is not set (needs the "
+                        "tokenizers package)\n");
+        return;
+    }
+    assert_int_equal(ms_tok_hf_init(&tok, hf, &err), MS_OK);
+    root = load_json(hf);
+    check_cases(tok, json_object_get(root, "cases"));
+    json_decref(root);
+    ms_tok_hf_free(tok);
 }
 
 /* Llama-2 / Mistral style tokenizer.json (byte_fallback): ids and text equal the tokenizers library's. */
@@ -715,6 +760,7 @@ int main(void) {
         ms_unit_test(test_qwen3_as_gguf),
         ms_unit_test(test_llama3_as_gguf),
         ms_unit_test(test_spm_vocab),
+        ms_unit_test(test_spm_real),
         ms_unit_test(test_spm_tokenizer_json),
         ms_unit_test(test_spm_tokenizer_json_bad),
         ms_unit_test(test_bad_vocab),

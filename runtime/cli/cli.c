@@ -1043,9 +1043,16 @@ static double now_s(void) {
 /* ---- generate ---- */
 
 static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
-    for (int i = 0; i < argc; i++) /* generate --chat MESSAGE: one chat turn (cli_chat.c) */
+    /* generate --chat MESSAGE: one chat turn (cli_chat.c); a flag's value is not a flag */
+    for (int i = 0; i < argc; i++) {
         if (strcmp(argv[i], "--chat") == 0)
             return ms_cli_chat(argc, argv, desc, g_prog, true);
+        bool boolean = strcmp(argv[i], "--ignore-eos") == 0 ||
+                       strcmp(argv[i], "--no-display-prompt") == 0 ||
+                       strcmp(argv[i], "--verbose-prompt") == 0;
+        if (strncmp(argv[i], "--", 2) == 0 && !boolean)
+            i++;
+    }
     cli_opts o;
     int rc = parse_generate(argc, argv, &o);
     if (rc != 0)

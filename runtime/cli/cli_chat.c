@@ -39,18 +39,18 @@
 #include "threadpool.h"
 #include "tokenizer_hf.h"
 
-#define CHAT_DEFAULT_NEW 1024  /* --max-new-tokens when not given (capped by the context) */
-#define CHAT_PREFILL 512       /* prompt tokens per step (chunked prefill) and the step budget */
+#define CHAT_DEFAULT_NEW 1024 /* --max-new-tokens when not given (capped by the context) */
+#define CHAT_PREFILL 512      /* prompt tokens per step (chunked prefill) and the step budget */
 
 typedef struct chat_opts {
     const char *model;
     const char *tokenizer;
-    const char *message;    /* --chat: one turn, then exit */
-    const char *system;     /* --system */
-    int32_t max_new;        /* -1: not given */
+    const char *message; /* --chat: one turn, then exit */
+    const char *system;  /* --system */
+    int32_t max_new;     /* -1: not given */
     ms_sampling_params sampling;
     bool set_temperature, set_top_k, set_top_p;
-    bool verbose_prompt;    /* each turn's prompt ids on stderr */
+    bool verbose_prompt; /* each turn's prompt ids on stderr */
     int32_t page_size;
     int32_t threads;
     const char *device;
@@ -65,7 +65,7 @@ typedef struct chat {
     ms_engine *eng;
     json_t *messages;
     int32_t max_context;
-    size_t n_prompt_total, n_new_total;  /* one-turn statistics */
+    size_t n_prompt_total, n_new_total; /* one-turn statistics */
 } chat;
 
 static volatile sig_atomic_t chat_interrupted;
@@ -89,16 +89,17 @@ static int chat_fail(const chat *c, const char *fmt, ...) {
 }
 
 static void chat_usage(FILE *to, const char *prog) {
-    fprintf(to,
-            "usage: %s chat --model PATH [--tokenizer PATH] [--system TEXT] [--chat MESSAGE]\n"
-            "           [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
-            "           [--verbose-prompt] [--page-size N] [--device auto|cpu|cuda]\n"
-            "           [--dtype auto|f32|bf16] [--threads N]\n"
-            "       %s generate --chat MESSAGE [--system TEXT] --model PATH [the flags above]\n"
-            "  A conversation through the model's chat template: one line of input is one message,\n"
-            "  the reply streams as it is generated; Ctrl-C stops a reply, Ctrl-D leaves.\n"
-            "  --chat MESSAGE: one turn, then exit.\n",
-            prog, prog);
+    fprintf(
+        to,
+        "usage: %s chat --model PATH [--tokenizer PATH] [--system TEXT] [--chat MESSAGE]\n"
+        "           [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]\n"
+        "           [--verbose-prompt] [--page-size N] [--device auto|cpu|cuda]\n"
+        "           [--dtype auto|f32|bf16] [--threads N]\n"
+        "       %s generate --chat MESSAGE [--system TEXT] --model PATH [the flags above]\n"
+        "  A conversation through the model's chat template: one line of input is one message,\n"
+        "  the reply streams as it is generated; Ctrl-C stops a reply, Ctrl-D leaves.\n"
+        "  --chat MESSAGE: one turn, then exit.\n",
+        prog, prog);
 }
 
 /* Returns 0, -1 for --help, else the exit status (message printed). */
@@ -108,9 +109,10 @@ static int chat_parse(chat *c, int argc, char **argv, bool from_generate) {
     o->max_new = -1;
     o->sampling = (ms_sampling_params){1.0f, 0, 1.0f, 0};
     o->device = "auto";
-    static const char *const with_value[] = {"--model", "--tokenizer", "--chat", "--system", "--max-new-tokens",
-                                             "--temperature", "--top-k", "--top-p", "--seed", "--page-size",
-                                             "--device", "--dtype", "--threads"};
+    static const char *const with_value[] = {
+        "--model",       "--tokenizer", "--chat",   "--system", "--max-new-tokens",
+        "--temperature", "--top-k",     "--top-p",  "--seed",   "--page-size",
+        "--device",      "--dtype",     "--threads"};
     bool seen[MS_ARRAY_LEN(with_value)] = {false};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
@@ -131,7 +133,8 @@ static int chat_parse(chat *c, int argc, char **argv, bool from_generate) {
             if (strncmp(a, "--", 2) != 0)
                 chat_fail(c, "unexpected argument '%s'", a);
             else
-                chat_fail(c, "unknown flag '%s'%s", a, from_generate ? " with --chat (see generate --chat --help)" : "");
+                chat_fail(c, "unknown flag '%s'%s", a,
+                          from_generate ? " with --chat (see chat --help)" : "");
             return 2;
         }
         if (seen[which]) {
@@ -153,7 +156,8 @@ static int chat_parse(chat *c, int argc, char **argv, bool from_generate) {
             o->model = v;
         } else if (strcmp(a, "--tokenizer") == 0) {
             if (*v == '\0' || strcmp(v, "none") == 0)
-                return chat_fail(c, "--tokenizer: '%s': chat needs a tokenizer with a chat template", v);
+                return chat_fail(
+                    c, "--tokenizer: '%s': chat needs a tokenizer with a chat template", v);
             o->tokenizer = v;
         } else if (strcmp(a, "--chat") == 0) {
             o->message = v;
@@ -164,16 +168,19 @@ static int chat_parse(chat *c, int argc, char **argv, bool from_generate) {
                 return 1;
             o->max_new = (int32_t)n;
         } else if (strcmp(a, "--temperature") == 0) {
-            if (ms_cli_flag_f32(c->prog, a, v, 0.0, false, FLT_MAX, "a number >= 0", &o->sampling.temperature) != 0)
+            if (ms_cli_flag_f32(c->prog, a, v, 0.0, false, FLT_MAX, "a number >= 0",
+                                &o->sampling.temperature) != 0)
                 return 1;
             o->set_temperature = true;
         } else if (strcmp(a, "--top-k") == 0) {
-            if (ms_cli_flag_i64(c->prog, a, v, 0, INT32_MAX, "an integer >= 0 (0 disables it)", &n) != 0)
+            if (ms_cli_flag_i64(c->prog, a, v, 0, INT32_MAX, "an integer >= 0 (0 disables it)",
+                                &n) != 0)
                 return 1;
             o->sampling.top_k = (int32_t)n;
             o->set_top_k = true;
         } else if (strcmp(a, "--top-p") == 0) {
-            if (ms_cli_flag_f32(c->prog, a, v, 0.0, true, 1.0, "a number in (0, 1]", &o->sampling.top_p) != 0)
+            if (ms_cli_flag_f32(c->prog, a, v, 0.0, true, 1.0, "a number in (0, 1]",
+                                &o->sampling.top_p) != 0)
                 return 1;
             o->set_top_p = true;
         } else if (strcmp(a, "--seed") == 0) {
@@ -236,8 +243,8 @@ static double chat_now(void) {
  * Print the text of reply ids[0 .. n) past the *printed bytes already out. Unless `final`, a
  * trailing U+FFFD (a character whose bytes have not all come yet) is held back.
  */
-static int chat_stream(chat *c, const int32_t *ids, size_t n, bool final, size_t *printed, char **text_out,
-                       size_t *len_out) {
+static int chat_stream(chat *c, const int32_t *ids, size_t n, bool final, size_t *printed,
+                       char **text_out, size_t *len_out) {
     ms_error err = {0};
     char *text = NULL;
     size_t len = 0;
@@ -291,8 +298,10 @@ static int chat_turn(chat *c, const char *message, size_t len) {
         fputc('\n', stderr);
     }
     if (n == 0 || n >= (size_t)c->max_context) {
-        rc = chat_fail(c, "the conversation is %zu tokens, the model's context %d: no room for a reply (start a new "
-                       "chat)", n, (int)c->max_context);
+        rc = chat_fail(c,
+                       "the conversation is %zu tokens, the model's context %d: no room for a "
+                       "reply (start a new chat)",
+                       n, (int)c->max_context);
         goto done;
     }
     ms_engine_request rq = {
@@ -312,7 +321,7 @@ static int chat_turn(chat *c, const char *message, size_t len) {
     const int32_t *out = NULL;
     int32_t n_out = 0, n_reply = 0;
     size_t printed = 0;
-    bool stop = false;
+    bool stop = false, nan = false;
     while (!stop && ms_engine_n_active(c->eng) > 0 && !chat_interrupted) {
         ms_engine_step_info info;
         if (ms_engine_step(c->eng, &info, &err) != MS_OK) {
@@ -321,13 +330,12 @@ static int chat_turn(chat *c, const char *message, size_t len) {
         }
         ms_finish_reason why;
         MS_ASSERT(ms_engine_output(c->eng, rid, &out, &n_out, &why) == MS_OK);
-        if (why == MS_FINISH_ERROR) {
-            rc = chat_fail(c, "the model's logits became NaN after %d tokens: the reply stops", (int)n_out);
-            stop = true;
-        }
+        if (why == MS_FINISH_ERROR)
+            stop = nan = true; /* what came before is printed, then the turn fails */
         while (n_reply < n_out && !stop) {
-            if (ms_tok_hf_is_eog(c->tok.hf, out[n_reply]) || (why == MS_FINISH_EOS && n_reply == n_out - 1))
-                stop = true;  /* the end-of-turn token: neither printed nor kept */
+            if (ms_tok_hf_is_eog(c->tok.hf, out[n_reply]) ||
+                (why == MS_FINISH_EOS && n_reply == n_out - 1))
+                stop = true; /* the end-of-turn token: neither printed nor kept */
             else
                 n_reply++;
         }
@@ -340,6 +348,11 @@ static int chat_turn(chat *c, const char *message, size_t len) {
     fputc('\n', stdout);
     if ((rc = ms_cli_stdout_check(c->prog)) != 0)
         goto done;
+    if (nan) {
+        rc = chat_fail(c, "the model's logits became NaN after %d tokens: the reply stopped",
+                       (int)n_out);
+        goto done;
+    }
     if (!chat_push(c->messages, "assistant", reply, reply_len))
         rc = chat_fail(c, "out of memory keeping the reply");
 done:
@@ -409,7 +422,7 @@ static int chat_loop(chat *c) {
             continue;
         }
         chat_sigint(true, NULL);
-        (void)chat_turn(c, line, len);  /* a failed turn said why and is dropped; the chat goes on */
+        (void)chat_turn(c, line, len); /* a failed turn said why and is dropped; the chat goes on */
         chat_sigint(false, NULL);
         if (ferror(stdout))
             break;
@@ -421,7 +434,8 @@ static int chat_loop(chat *c) {
     return rc;
 }
 
-int ms_cli_chat(int argc, char **argv, const ms_model_desc *desc, const char *prog, bool from_generate) {
+int ms_cli_chat(int argc, char **argv, const ms_model_desc *desc, const char *prog,
+                bool from_generate) {
     chat c;
     memset(&c, 0, sizeof c);
     c.prog = prog;
@@ -446,8 +460,11 @@ int ms_cli_chat(int argc, char **argv, const ms_model_desc *desc, const char *pr
     }
     const char *src = ms_tok_hf_chat_template(c.tok.hf);
     if (src == NULL) {
-        rc = chat_fail(&c, "%s: the tokenizer has no chat template (no chat_template in tokenizer_config.json): chat "
-                       "needs one; generate --prompt runs plain text", c.tok.path);
+        rc = chat_fail(&c,
+                       "%s: the tokenizer has no chat template (no chat_template in "
+                       "tokenizer_config.json): chat "
+                       "needs one; generate --prompt runs plain text",
+                       c.tok.path);
         goto done;
     }
     if (ms_chat_template_init(&c.tmpl, src, "chat_template", &err) != MS_OK) {
@@ -461,8 +478,10 @@ int ms_cli_chat(int argc, char **argv, const ms_model_desc *desc, const char *pr
     if (!c.o.set_top_p)
         c.o.sampling.top_p = fa.top_p;
     c.messages = json_array();
-    if (c.messages == NULL || (c.o.system != NULL && !chat_push(c.messages, "system", c.o.system, strlen(c.o.system)))) {
-        rc = chat_fail(&c, c.messages == NULL ? "out of memory" : "--system: the text is not valid UTF-8");
+    if (c.messages == NULL ||
+        (c.o.system != NULL && !chat_push(c.messages, "system", c.o.system, strlen(c.o.system)))) {
+        rc = chat_fail(&c, c.messages == NULL ? "out of memory"
+                                              : "--system: the text is not valid UTF-8");
         goto done;
     }
     ms_engine_options eo = ms_engine_options_default();
@@ -484,9 +503,10 @@ int ms_cli_chat(int argc, char **argv, const ms_model_desc *desc, const char *pr
         rc = chat_turn(&c, c.o.message, strlen(c.o.message));
         double secs = chat_now() - t0;
         if (rc == 0)
-            fprintf(stderr, "%s: chat: %zu prompt tokens, %zu new tokens in %.3f s (%.1f tokens/s) on %s\n", prog,
-                    c.n_prompt_total, c.n_new_total, secs, secs > 0 ? (double)c.n_new_total / secs : 0.0,
-                    ms_engine_device(c.eng));
+            fprintf(stderr,
+                    "%s: chat: %zu prompt tokens, %zu new tokens in %.3f s (%.1f tokens/s) on %s\n",
+                    prog, c.n_prompt_total, c.n_new_total, secs,
+                    secs > 0 ? (double)c.n_new_total / secs : 0.0, ms_engine_device(c.eng));
     } else {
         rc = chat_loop(&c);
     }

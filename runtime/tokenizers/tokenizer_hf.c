@@ -1283,7 +1283,8 @@ static ms_status tok_load_spm_parts(ms_tok_hf *tok, const json_t *root, ms_error
         } else if (type != NULL && strcmp(type, "Fuse") == 0) {
             continue;
         } else if (type != NULL && strcmp(type, "Strip") == 0 && tok_str_is(d, "content", " ") &&
-                   json_is_integer(json_object_get(d, "start")) && json_integer_value(json_object_get(d, "start")) <= 1 &&
+                   json_is_integer(json_object_get(d, "start")) &&
+                   json_integer_value(json_object_get(d, "start")) <= 1 &&
                    json_integer_value(json_object_get(d, "start")) >= 0 &&
                    json_integer_value(json_object_get(d, "stop")) == 0 && i + 1 == n) {
             tok->strip_space = json_integer_value(json_object_get(d, "start")) == 1;
@@ -1295,8 +1296,8 @@ static ms_status tok_load_spm_parts(ms_tok_hf *tok, const json_t *root, ms_error
             unescaped = true;
         } else {
             return MS_FAIL(err, MS_ERR_UNSUPPORTED, "%s: decoder \"%s\" with model.byte_fallback is not supported "
-                           "(only Replace(U+2581 -> \" \"), ByteFallback, Fuse, Strip(\" \", start <= 1, stop 0) last, "
-                           "Metaspace)", tok->path, type != NULL ? type : "(no type)");
+                           "(only Replace(U+2581 -> \" \"), ByteFallback, Fuse, Strip(\" \", start <= 1, stop 0) "
+                           "last, Metaspace)", tok->path, type != NULL ? type : "(no type)");
         }
     }
     if (!unescaped || !byte_fb)
@@ -2285,8 +2286,8 @@ static ms_status tok_gpt2_merges(ms_tok_hf *tok, const ms_tok_vocab *v, ms_error
         size_t len = v->merge_lens != NULL ? v->merge_lens[r] : strlen(m);
         const char *sp = len > 1 ? memchr(m + 1, ' ', len - 1) : NULL;  /* llama.cpp: find(' ', 1) */
         if (sp == NULL || memchr(m, '\0', len) != NULL) {
-            st = MS_FAIL(err, MS_ERR_FORMAT, "%s: tokenizer.ggml.merges[%zu] \"%.*s\" is not two tokens separated by a "
-                         "space", tok->path, r, (int)MS_MIN(len, 60), m);
+            st = MS_FAIL(err, MS_ERR_FORMAT, "%s: tokenizer.ggml.merges[%zu] \"%.*s\" is not two tokens separated "
+                         "by a space", tok->path, r, (int)MS_MIN(len, 60), m);
             break;
         }
         size_t a_len = (size_t)(sp - m), b_len = len - a_len - 1;
@@ -2323,8 +2324,8 @@ static ms_status tok_gpt2_pretok(ms_tok_hf *tok, const char *pre, ms_error *err)
         if (strcmp(pre, tok_pre_defs[i].name) == 0)
             d = &tok_pre_defs[i];
     if (d == NULL)
-        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "%s: tokenizer.ggml.pre \"%.60s\" is not supported (only default, gpt2, "
-                       "smollm, llama-bpe, qwen2)", tok->path, pre);
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "%s: tokenizer.ggml.pre \"%.60s\" is not supported (only default, "
+                       "gpt2, smollm, llama-bpe, qwen2)", tok->path, pre);
     size_t n_re = 0;
     while (n_re < MS_ARRAY_LEN(d->regex) && d->regex[n_re] != NULL)
         n_re++;
@@ -2349,8 +2350,8 @@ static ms_status tok_from_vocab(ms_tok_hf *tok, const ms_tok_vocab *v, size_t **
                        "llama)", tok->path, v->model != NULL ? v->model : "(missing)");
     size_t n = v->n_tokens;
     if (n == 0 || n > TOK_MAX_ID || v->tokens == NULL)
-        return MS_FAIL(err, MS_ERR_FORMAT, "%s: tokenizer.ggml.tokens has %zu entries (expected 1 .. %d)", tok->path, n,
-                       TOK_MAX_ID);
+        return MS_FAIL(err, MS_ERR_FORMAT, "%s: tokenizer.ggml.tokens has %zu entries (expected 1 .. %d)", tok->path,
+                       n, TOK_MAX_ID);
     if (llama && v->scores == NULL)
         return MS_FAIL(err, MS_ERR_FORMAT, "%s: tokenizer.ggml.scores is missing (model llama merges by score)",
                        tok->path);
@@ -2359,9 +2360,11 @@ static ms_status tok_from_vocab(ms_tok_hf *tok, const ms_tok_vocab *v, size_t **
     MS_TRY(tok_check_vocab_id(tok, v->eot_id, n, "eot_token_id", err));
     MS_TRY(tok_check_vocab_id(tok, v->unk_id, n, "unknown_token_id", err));
     MS_TRY(tok_check_vocab_id(tok, v->pad_id, n, "padding_token_id", err));
-    if ((v->add_bos && v->bos_id < 0) || (v->add_eos && v->eos_id < 0))
+    if ((v->add_bos && v->bos_id < 0) || (v->add_eos && v->eos_id < 0)) {
+        const char *which = v->add_bos && v->bos_id < 0 ? "bos" : "eos";
         return MS_FAIL(err, MS_ERR_FORMAT, "%s: tokenizer.ggml.add_%s_token is set but there is no %s_token_id",
-                       tok->path, v->add_bos && v->bos_id < 0 ? "bos" : "eos", v->add_bos && v->bos_id < 0 ? "bos" : "eos");
+                       tok->path, which, which);
+    }
     size_t *lens = ms_malloc(n * sizeof *lens);
     *lens_out = lens;
     if (lens == NULL)

@@ -164,7 +164,8 @@ typedef struct ms_tok_vocab {
     int32_t bos_id;                /* tokenizer.ggml.bos_token_id, -1 when absent */
     int32_t eos_id;                /* tokenizer.ggml.eos_token_id, -1 when absent */
     int32_t eot_id;                /* tokenizer.ggml.eot_token_id, -1 when absent (also ends a chat turn) */
-    int32_t unk_id;                /* tokenizer.ggml.unknown_token_id, -1 when absent */
+    int32_t unk_id;                /* tokenizer.ggml.unknown_token_id, -1 when absent (llama: stands for a
+                                      byte without a <0xNN> token; gpt2: checked, not used) */
     int32_t pad_id;                /* tokenizer.ggml.padding_token_id, -1 when absent (checked, not used) */
     bool add_bos;                  /* tokenizer.ggml.add_bos_token */
     bool add_eos;                  /* tokenizer.ggml.add_eos_token */
