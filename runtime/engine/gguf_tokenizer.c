@@ -118,6 +118,12 @@ ms_status ms_gguf_tokenizer_load(const char *path, ms_tok_hf **out, ms_error *er
         st = get_id(g, "tokenizer.ggml.unknown_token_id", &v.unk_id, err);
     if (st == MS_OK)
         st = get_id(g, "tokenizer.ggml.padding_token_id", &v.pad_id, err);
+    /* llama.cpp's defaults for an absent add_bos_token (llama_vocab::load): true for SentencePiece
+       and for gpt2 with a llama-bpe pre-tokenizer, false for other gpt2 vocabularies */
+    if (st == MS_OK)
+        v.add_bos = strcmp(v.model, "llama") == 0 ||
+                    (v.pre != NULL && (strcmp(v.pre, "llama-bpe") == 0 ||
+                                       strcmp(v.pre, "llama3") == 0 || strcmp(v.pre, "llama-v3") == 0));
     if (st == MS_OK)
         st = ms_gguf_get_bool_or(g, "tokenizer.ggml.add_bos_token", v.add_bos, &v.add_bos, err);
     if (st == MS_OK)
