@@ -65,13 +65,16 @@ PY
         *) cp -L "$lib" "$dir/lib/" ;;
         esac
     done
-    # newest cubin per instance (older hashes are left over from earlier template versions)
+    # newest sm_90 cubin per instance (the H200's; older hashes are left over from earlier
+    # template versions, sm_80 ones would only take carry room)
     mkdir -p "$dir/cache"
-    ls -t build/kernel-cache-test/*.cubin | awk -F/ '{ f = $NF; sub(/-[0-9a-f]+\.cubin$/, "", f); if (!seen[f]++) print }' |
+    ls -t build/kernel-cache-test/*_sm90-*.cubin | awk -F/ '{ f = $NF; sub(/-[0-9a-f]+\.cubin$/, "", f); if (!seen[f]++) print }' |
         xargs -r cp -t "$dir/cache"
     # CUDA graphs against the padded eager path (test_graphs_cuda.c; runtime/engine/graph_exec.h)
-    make -j2 build/tests/test_graphs_cuda && cp build/tests/test_graphs_cuda "$dir/bin/" &&
-        strip "$dir/bin/test_graphs_cuda" || exit 1 # stripped: the bundle is near the carry limit
+    make -j2 build/tests/test_graphs_cuda && cp build/tests/test_graphs_cuda "$dir/bin/" || exit 1
+    # debug sections off every binary: the bundle plus the working tree must stay under the
+    # device tool's 64 MiB carry limit
+    find "$dir/bin" "$dir/pre" -type f -perm -u+x -exec strip --strip-debug {} + || exit 1
     du -sh "$dir"
     exit 0
 fi
