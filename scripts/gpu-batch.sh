@@ -72,6 +72,8 @@ PY
         xargs -r cp -t "$dir/cache"
     # CUDA graphs against the padded eager path (test_graphs_cuda.c; runtime/engine/graph_exec.h)
     make -j2 build/tests/test_graphs_cuda && cp build/tests/test_graphs_cuda "$dir/bin/" || exit 1
+    # NCCL communicators (issue [K]): one rank on device 0 (test_nccl.c, MS_NCCL_GPU=1)
+    make -j2 build/tests/test_nccl && cp build/tests/test_nccl "$dir/bin/" || exit 1
     # debug sections off every binary: the bundle plus the working tree must stay under the
     # device tool's 64 MiB carry limit
     find "$dir/bin" "$dir/pre" -type f -perm -u+x -exec strip --strip-debug {} + || exit 1
@@ -117,6 +119,12 @@ if [ -n "${MS_GPU_BUNDLE:-}" ]; then
     step fixtures 90 "${tests[2]}"
     step features 120 "$b/bin/test_engine_features_cuda"
     step graphs 150 "$b/bin/test_graphs_cuda" # graphs vs padded eager, bitwise; capture time
+    # NCCL is loaded with dlopen (backends/nccl_comm.h): the toolkit's, else PyTorch's copy there
+    nccl_dir=$(ldconfig -p 2>/dev/null | awk '/libnccl\.so\.2 / { print $NF; exit }' | xargs -r dirname)
+    [ -n "$nccl_dir" ] || nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
+    [ -n "$nccl_dir" ] || nccl_dir=$(find /usr /opt -name libnccl.so.2 2>/dev/null | head -n 1 | xargs -r dirname)
+    echo "libnccl.so.2 from: ${nccl_dir:-not found}" >"$OUT/nccl-where.log"
+    step nccl 60 env MS_NCCL_GPU=1 LD_LIBRARY_PATH="${nccl_dir:+$nccl_dir:}$LD_LIBRARY_PATH" "$b/bin/test_nccl"
     # one prompt: bucket 1 is the batch itself, so generate with graphs == --no-graphs, bitwise
     gg=(generate --model "$b/fixtures/hf/llama_gqa" --prompt-ids 1,79,64 --max-new-tokens 24
         --temperature 0 --output ids --tokenizer none --ignore-eos --device cuda)
