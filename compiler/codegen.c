@@ -104,6 +104,8 @@ typedef struct fuse {
     int lowered;                               /* value of the fused output in the current
                                                   statement, -1 */
     int slices[MS_MD_MAX_PARTS];
+    int twin;                                  /* -1, or the set of the same weights (another
+                                                  node's statement) whose FUSED rows it reads */
 } fuse;
 
 typedef enum vkind { V_BUF = 0, V_SLICE, V_HEADS, V_TOKENS, V_LOGITS } vkind;
@@ -1076,14 +1078,24 @@ static void analyze_fusion_stmts(gen *g, const ms_ptr_vec *body) {
             }
             if (f.n < 2)
                 continue;
-            /* a weight used by two fusion sets cannot be stored twice: keep the first */
+            /* a weight used by two fusion sets cannot be stored twice: keep the first; a set of
+               the same weights in the same order (another node's forward) reads its rows */
             bool clash = false;
-            for (int q = 0; q < g->n_fu; q++)
+            f.twin = -1;
+            for (int q = 0; q < g->n_fu; q++) {
+                bool same = g->fu[q].twin < 0 && g->fu[q].n == f.n;
+                for (int x = 0; same && x < f.n; x++)
+                    same = g->fu[q].ws[x] == f.ws[x] && g->fu[q].bs[x] == f.bs[x];
+                if (same) {
+                    f.twin = q;
+                    break;
+                }
                 for (int x = 0; x < g->fu[q].n; x++)
                     for (int y = 0; y < f.n; y++)
                         clash = clash || g->fu[q].ws[x] == f.ws[y] ||
                                 (f.bs[y] != NULL && g->fu[q].bs[x] == f.bs[y]);
-            if (clash)
+            }
+            if (clash && f.twin < 0)
                 continue;
             if (g->n_fu == MAX_FUSE)
                 fail_at(g, s->loc, "too many fused linears (at most %d)", MAX_FUSE);
@@ -1096,7 +1108,7 @@ static void analyze_fusion_stmts(gen *g, const ms_ptr_vec *body) {
 
 static int fuse_of_weight(gen *g, const ms_weight *w, bool *is_bias, int *part) {
     for (int q = 0; q < g->n_fu; q++)
-        for (int x = 0; x < g->fu[q].n; x++) {
+        for (int x = 0; x < g->fu[q].n && g->fu[q].twin < 0; x++) {
             if (g->fu[q].ws[x] == w || g->fu[q].bs[x] == w) {
                 *is_bias = g->fu[q].bs[x] == w;
                 *part = x;
@@ -1181,6 +1193,11 @@ static void build_weight_table(gen *g) {
             f->w_entry = g->n_w;
         g->n_w++;
     }
+    for (int q = 0; q < g->n_fu; q++)
+        if (g->fu[q].twin >= 0) {
+            g->fu[q].w_entry = g->fu[g->fu[q].twin].w_entry;
+            g->fu[q].b_entry = g->fu[g->fu[q].twin].b_entry;
+        }
     /* unique enum names: W_<KEY> with '+' and '.' mapped to '_' could collide in odd files */
     for (int i = 0; i < g->n_w; i++)
         for (int j = 0; j < i; j++)
@@ -1441,7 +1458,7 @@ static const char *fork_list(gen *g, const ms_fork_decl *f, int n) {
  * the declaration for a batch of rows, and its ms_md_step row (emitted later into the table).
  */
 static void emit_step(gen *g, const ms_step_decl *s, int index) {
-    const char *fn = S("%s_run_%s", g->mn, s->name);
+    const char *fn = S("%s_%s_run_%s", g->mn, g->node->name, s->name);
     if (s->n_inputs != 1)
         fail_at(g, s->ast->loc, "step '%s': the engine runs steps of one token input (a "
                 "request's input holds one token list per stream), not %d", s->name,
@@ -1578,7 +1595,7 @@ static void emit_step_row(gen *g, const ms_step_decl *s) {
         fail_at(g, s->ast->loc, "step '%s': a block step returns every token's logits, which "
                 "needs a forward that gathers its output rows", s->name);
     E(".all_logits = %s,", at != NULL && !at->causal ? "true" : "false");
-    E(".run = %s_run_%s,", g->mn, s->name);
+    E(".run = %s_%s_run_%s,", g->mn, g->node->name, s->name);
     E(".capture_by_tokens = %s,", s->capture == MS_CAPTURE_TOKENS ? "true" : "false");
     E(".buckets = {%s},", s->n_buckets ? b->data : "0");
     E(".n_buckets = %d,", s->n_buckets);
@@ -2348,20 +2365,23 @@ static const char *tref(gen *g, int x) {
 
 static void emit_forward(gen *g) {
     const char *mn = g->mn;
+    /* names carry the node (two nodes' forwards, layouts and buffer enums share one file) */
+    const char *fn = S("%s_%s", mn, g->node->name);
+    const char *bp = S("B_%s_", upper_ident(g, g->node->name));
     E("/* Workspace: float32 buffers planned by liveness (a buffer is reused once its value is");
     E(" * dead and the next one has the same shape), each slice 64-byte aligned; capacities T");
     E(" * tokens and S sequences. */");
     E("enum {");
     g->cg.indent++;
     for (int i = 0; i < g->n_s; i++)
-        E("B_%s%s,", upper_ident(g, g->s[i].name + 2), i == 0 ? " = 0" : "");
-    E("B_COUNT");
+        E("%s%s%s,", bp, upper_ident(g, g->s[i].name + 2), i == 0 ? " = 0" : "");
+    E("%sCOUNT", bp);
     g->cg.indent--;
     E("};");
     ms_emit_blank(&g->cg);
-    E("static size_t %s_layout(const %s_config *c, int32_t T, int32_t S, size_t *off) {", mn, mn);
+    E("static size_t %s_layout(const %s_config *c, int32_t T, int32_t S, size_t *off) {", fn, mn);
     g->cg.indent++;
-    E("size_t sizes[B_COUNT];");
+    E("size_t sizes[%sCOUNT];", bp);
     for (int i = 0; i < g->n_s; i++) {
         ms_strbuf *b = sb_get(g);
         for (int x = 0; x < g->n_v; x++)
@@ -2369,7 +2389,7 @@ static void emit_forward(gen *g) {
                 ms_strbuf_printf(b, "%s%s", b->len ? ", " : "", g->v[x].name);
         if (b->oom)
             ms_arena_oom(&g->a);
-        E("sizes[B_%s] = (size_t)%s * (size_t)(%s); /* %s */", upper_ident(g, g->s[i].name + 2),
+        E("sizes[%s%s] = (size_t)%s * (size_t)(%s); /* %s */", bp, upper_ident(g, g->s[i].name + 2),
           g->s[i].rows, bare(g, g->s[i].width), b->data);
         sb_put(g, b);
     }
@@ -2377,7 +2397,7 @@ static void emit_forward(gen *g) {
     E("(void)T;");
     E("(void)S;");
     E("size_t n = 0;");
-    E("for (int b = 0; b < B_COUNT; b++) {");
+    E("for (int b = 0; b < %sCOUNT; b++) {", bp);
     E("    off[b] = n;");
     E("    n += (sizes[b] + 15) / 16 * 16;");
     E("}");
@@ -2386,12 +2406,12 @@ static void emit_forward(gen *g) {
     E("}");
     ms_emit_blank(&g->cg);
     E("static size_t %s_workspace_size(const void *config, int32_t max_tokens, int32_t max_seqs) {",
-      mn);
-    E("    size_t off[B_COUNT];");
-    E("    return %s_layout(config, max_tokens, max_seqs, off);", mn);
+      fn);
+    E("    size_t off[%sCOUNT];", bp);
+    E("    return %s_layout(config, max_tokens, max_seqs, off);", fn);
     E("}");
     ms_emit_blank(&g->cg);
-    E("static ms_status %s_forward(const ms_md_forward_args *a, ms_error *err) {", mn);
+    E("static ms_status %s_forward(const ms_md_forward_args *a, ms_error *err) {", fn);
     g->cg.indent++;
     E("const %s_config *c = a->config;", mn);
     E("const ms_backend *be = a->be;");
@@ -2399,16 +2419,16 @@ static void emit_forward(gen *g) {
     E("void *cx = be->ctx;");
     E("const int64_t T = a->batch->n_tokens;");
     E("const int64_t S = a->out_rows != NULL ? a->out_rows->shape[0] : a->batch->n_seqs;");
-    E("size_t off[B_COUNT];");
-    E("%s_layout(c, a->max_tokens, a->max_seqs, off);", mn);
+    E("size_t off[%sCOUNT];", bp);
+    E("%s_layout(c, a->max_tokens, a->max_seqs, off);", fn);
     E("float *ws = a->workspace;");
     E("(void)be;");
     E("(void)S;");
     ms_emit_blank(&g->cg);
     E("/* planned buffers */");
     for (int i = 0; i < g->n_s; i++)
-        E("ms_tensor %s = ms_tensor_2d(ws + off[B_%s], MS_DTYPE_F32, %s, %s);", g->s[i].name,
-          upper_ident(g, g->s[i].name + 2), g->s[i].rows, bare(g, g->s[i].width));
+        E("ms_tensor %s = ms_tensor_2d(ws + off[%s%s], MS_DTYPE_F32, %s, %s);", g->s[i].name,
+          bp, upper_ident(g, g->s[i].name + 2), g->s[i].rows, bare(g, g->s[i].width));
     E("/* views */");
     for (int x = 0; x < g->n_v; x++) {
         const val *v = &g->v[x];
@@ -2553,9 +2573,6 @@ static void emit_node_table(gen *g) {
     g->cg.indent++;
     for (int ni = 0; ni < m->n_nodes; ni++) {
         const char *nn = m->nodes[ni]->name;
-        if (m->nodes[ni] != g->node)
-            fail_at(g, m->nodes[ni]->ast->loc, "node '%s': only one node's forward is lowered",
-                    nn);
         E("{");
         g->cg.indent++;
         E(".name = %s,", c_string(g, nn));
@@ -2565,8 +2582,8 @@ static void emit_node_table(gen *g) {
         E(".n_resources = (int32_t)MS_ARRAY_LEN(%s_%s_resources),", g->mn, nn);
         E(".steps = %s_%s_steps,", g->mn, nn);
         E(".n_steps = (int32_t)MS_ARRAY_LEN(%s_%s_steps),", g->mn, nn);
-        E(".workspace_size = %s_workspace_size,", g->mn);
-        E(".forward = %s_forward,", g->mn);
+        E(".workspace_size = %s_%s_workspace_size,", g->mn, nn);
+        E(".forward = %s_%s_forward,", g->mn, nn);
         g->cg.indent--;
         E("},");
     }
@@ -2578,15 +2595,19 @@ static void emit_node_table(gen *g) {
 
 static void node_slots(gen *g, const ms_node *n);
 
+/* Every node has its resources in slots and exactly one forward; node 0 is left selected (its
+ * resources give the model's facts). */
 static void find_node(gen *g) {
     const ms_model *m = g->m;
-    if (m->n_nodes != 1)
-        fail_at(g, m->ast->loc, "the engine runs models of one node (this one has %d)",
-                m->n_nodes);
-    node_slots(g, m->nodes[0]);
-    if (g->node->n_forwards != 1)
-        fail_at(g, g->node->ast->loc, "node '%s' needs exactly one forward", g->node->name);
-    g->fwd = g->node->forwards[0];
+    if (m->n_nodes < 1 || m->n_nodes > MS_MD_MAX_NODES)
+        fail_at(g, m->ast->loc, "the engine runs models of 1 to %d nodes (this one has %d)",
+                MS_MD_MAX_NODES, m->n_nodes);
+    for (int ni = m->n_nodes - 1; ni >= 0; ni--) {
+        node_slots(g, m->nodes[ni]);
+        if (g->node->n_forwards != 1)
+            fail_at(g, g->node->ast->loc, "node '%s' needs exactly one forward", g->node->name);
+        g->fwd = g->node->forwards[0];
+    }
 }
 
 /* Make `n` the node being emitted: g->node and its kv, pos, attn and sampler resources. */
@@ -2626,6 +2647,94 @@ static void gen_init(gen *g, const ms_model *m, const char *source, ms_strbuf *o
     g->rope_q = g->rope_k = -1;
 }
 
+/*
+ * Make node `ni` the one being emitted and lower its forward: the per-forward state (values, ops,
+ * buffer slots, bindings, RoPE and gather bookkeeping) starts empty, so each node's forward is
+ * planned on its own; the weight table and its fusion decisions are shared.
+ */
+static void lower_node(gen *g, int ni) {
+    node_slots(g, g->m->nodes[ni]);
+    g->fwd = g->node->forwards[0];
+    g->n_v = g->n_o = g->n_s = g->n_env = g->n_carry = g->n_names = 0;
+    g->rope_q = g->rope_k = -1;
+    g->layer = g->layer_var = NULL;
+    g->stmt = NULL;
+    g->stmt_used = g->in_return = g->used_gather = false;
+    g->ret_dest = -1;
+    g->gather_name = NULL;
+    g->gather_val = -1;
+    g->tokens = new_val(g, V_TOKENS);
+    g->logits = new_val(g, V_LOGITS);
+    g->v[g->logits].root = -1;
+    g->v[g->logits].rows = "S";
+    lower_body(g, &g->fwd->ast->body);
+    plan_buffers(g);
+}
+
+/* The original of fusion set q (itself, or the set it is a twin of). */
+static int fuse_family(const gen *g, int q) { return g->fu[q].twin >= 0 ? g->fu[q].twin : q; }
+
+/* Whether a weight expression (argument `arg` of call `call`, NULL outside a call) is a weight
+ * or bias argument of a linear of fusion set q's family (the set and its twins). */
+static bool fused_use(const gen *g, int q, const ms_ast_expr *call, int arg) {
+    for (int r = 0; r < g->n_fu; r++)
+        for (int x = 0; x < g->fu[r].n; x++)
+            if (fuse_family(g, r) == fuse_family(g, q) && g->fu[r].calls[x] == call &&
+                (arg == 1 || arg == 2))
+                return true;
+    return false;
+}
+
+/* The fusion sets some use of whose weights lies outside the set (another node's linear over
+ * one part alone, a part read as a table): such a set is not fused, since a PART entry has no
+ * tensor of its own. */
+static void mark_split(gen *g, const ms_ast_expr *e, const ms_ast_expr *call, int arg,
+                       bool *split) {
+    if (e == NULL)
+        return;
+    const ms_weight *w = weight_of(e);
+    if (w != NULL) {
+        for (int q = 0; q < g->n_fu; q++)
+            for (int x = 0; x < g->fu[q].n; x++)
+                if ((g->fu[q].ws[x] == w || g->fu[q].bs[x] == w) && !fused_use(g, q, call, arg))
+                    split[fuse_family(g, q)] = true;
+        return;
+    }
+    bool is_fn = e->kind == MS_EXPR_CALL;
+    mark_split(g, e->lhs, NULL, -1, split);
+    mark_split(g, e->rhs, NULL, -1, split);
+    mark_split(g, e->cond, NULL, -1, split);
+    for (int i = 0; i < e->args.n; i++)
+        mark_split(g, ((const ms_ast_arg *)e->args.items[i])->value, is_fn ? e : NULL, i, split);
+}
+
+static void mark_split_stmts(gen *g, const ms_ptr_vec *body, bool *split) {
+    for (int i = 0; i < body->n; i++) {
+        const ms_ast_stmt *st = body->items[i];
+        for (int k = 0; k < st->rhs.n; k++)
+            mark_split(g, st->rhs.items[k], NULL, -1, split);
+        mark_split_stmts(g, &st->body, split);
+    }
+}
+
+static void drop_split_fusions(gen *g) {
+    bool split[MAX_FUSE] = {false};
+    for (int ni = 0; ni < g->m->n_nodes; ni++)
+        mark_split_stmts(g, &g->m->nodes[ni]->forwards[0]->ast->body, split);
+    int n = 0, moved[MAX_FUSE];
+    for (int q = 0; q < g->n_fu; q++) {
+        moved[q] = -1;
+        if (split[fuse_family(g, q)])
+            continue;
+        moved[q] = n;
+        g->fu[n] = g->fu[q];
+        if (g->fu[n].twin >= 0)
+            g->fu[n].twin = moved[g->fu[n].twin]; /* an original precedes its twins */
+        n++;
+    }
+    g->n_fu = n;
+}
+
 /* Checks, fusion analysis, weight table and the lowered forward (shared by the C and the kernel
  * generators). Fails through g->jb. */
 static void prepare(gen *g) {
@@ -2636,14 +2745,12 @@ static void prepare(gen *g) {
         longjmp(g->jb, 1);
     }
     find_node(g);
-    analyze_fusion_stmts(g, &g->fwd->ast->body);
+    /* fusion is a property of the weight table, which every node's forward reads */
+    for (int ni = 0; ni < g->m->n_nodes; ni++)
+        analyze_fusion_stmts(g, &g->m->nodes[ni]->forwards[0]->ast->body);
+    drop_split_fusions(g);
     build_weight_table(g);
-    g->tokens = new_val(g, V_TOKENS);
-    g->logits = new_val(g, V_LOGITS);
-    g->v[g->logits].root = -1;
-    g->v[g->logits].rows = "S";
-    lower_body(g, &g->fwd->ast->body);
-    plan_buffers(g);
+    lower_node(g, 0);
 }
 
 /* A structural kernel instance of the model (shape completed at load). */
@@ -2652,7 +2759,7 @@ typedef struct kvariant {
     const char *when; /* config condition under which the engine uses it, NULL always */
 } kvariant;
 
-static int collect_kernels(gen *g, kvariant *ks, int cap);
+static int collect_kernels(gen *g, kvariant *ks, int n, int cap);
 static const char *kname(gen *g, const kvariant *k);
 
 /* The kernel instances ms_codegen_kernels writes for the model, or 0 when it refuses them
@@ -2666,7 +2773,10 @@ static int collect_kernels_or_none(gen *g, kvariant *ks, int cap) {
     volatile int n = 0;
     volatile bool jumped = false;
     if (setjmp(g->jb) == 0)
-        n = collect_kernels(g, ks, cap);
+        for (int ni = 0; ni < g->m->n_nodes; ni++) {
+            lower_node(g, ni);
+            n = collect_kernels(g, ks, n, cap);
+        }
     else
         jumped = true;
     memcpy(&g->jb, &outer, sizeof outer);
@@ -2720,21 +2830,24 @@ ms_status ms_codegen_model_c(const ms_model *m, const char *source, ms_strbuf *o
     emit_weights(g);
     emit_ignored(g);
     ms_emit_blank(&g->cg);
-    /* every node's tables (mstarc build lowers one node yet: ms_lower_check and find_node refuse
-       a second, but the descriptor's shape is the general one) */
+    /* every node's tables (a step row reads what its node's lowered forward does) */
     for (int ni = 0; ni < m->n_nodes; ni++) {
-        node_slots(g, m->nodes[ni]);
+        lower_node(g, ni);
         emit_node(g);
     }
-    node_slots(g, m->nodes[0]);
+    lower_node(g, 0);
     E("/* ---- walks ---- */");
     ms_emit_blank(&g->cg);
     emit_walks(g);
     ms_emit_blank(&g->cg);
     E("/* ---- forward ---- */");
     ms_emit_blank(&g->cg);
-    emit_forward(g);
-    ms_emit_blank(&g->cg);
+    for (int ni = 0; ni < m->n_nodes; ni++) {
+        lower_node(g, ni);
+        emit_forward(g);
+        ms_emit_blank(&g->cg);
+    }
+    lower_node(g, 0);
     E("/* ---- nodes ---- */");
     ms_emit_blank(&g->cg);
     emit_node_table(g);
@@ -2743,6 +2856,7 @@ ms_status ms_codegen_model_c(const ms_model *m, const char *source, ms_strbuf *o
     ms_emit_blank(&g->cg);
     kvariant ks[32];
     int n_ks = collect_kernels_or_none(g, ks, 32);
+    lower_node(g, 0);
     if (n_ks > 0) {
         E("/* The stems of the instances mstarc writes to kernels/<stem>.cu (shape at load). */");
         E("static const char *const %s_kernels[] = {", m->name);
@@ -2917,8 +3031,9 @@ static void emit_kernel(gen *g, const kvariant *k, const char *file) {
  * backend requests them (runtime/backend_cuda.c): float32 activations, KV and weights in the
  * kv_pool's dtype, RoPE frequencies from a table (so one instance per RoPE style: llama3 scaling
  * changes the table, not the kernel), SiLU-and-multiply and sampling on float32. */
-static int collect_kernels(gen *g, kvariant *ks, int cap) {
-    int n = 0;
+/* Append the instances of the selected node (g->node, its lowered forward) to ks[0 .. n) without
+ * duplicates; returns the new count. */
+static int collect_kernels(gen *g, kvariant *ks, int n, int cap) {
     static const char *const dt_w[] = {"bf16", "f16", "f32", NULL};
     const ms_ast_expr *dte = res_arg(g->kv, "dtype");
     ms_kernel_dtype dt = MS_KERNEL_DTYPE_BF16;
@@ -3070,7 +3185,11 @@ ms_status ms_codegen_kernels(const ms_model *m, const char *source, ms_gen_file 
     ms_arena_set_oom_jmp(&g->a, &g->jb);
     prepare(g);
     kvariant ks[32];
-    int n = collect_kernels(g, ks, 32);
+    int n = 0;
+    for (int ni = 0; ni < m->n_nodes; ni++) {
+        lower_node(g, ni);
+        n = collect_kernels(g, ks, n, 32);
+    }
     if (n > cap)
         fail_at(g, NOLOC, "kernels: %d instances, room for %d", n, cap);
     for (int i = 0; i < n; i++) {

@@ -53,6 +53,12 @@ $(BUILD)/tests/test_engine_dense: $(BUILD)/obj/gen/dense/llama_dense_gen.o
 $(BUILD)/gen/dense/llama_dense_gen.c: tests/codegen/dense.mstar $(BUILD)/mstarc
 	$(call quiet,GEN,$@)
 	$(Q)$(BUILD)/mstarc build tests/codegen/dense.mstar -o $(BUILD)/gen/dense --emit-only >/dev/null
+# several nodes: tests/codegen/two_nodes.mstar (a walk across two nodes) against hf/llama_gqa
+TESTS += tests/test_engine_nodes
+$(BUILD)/tests/test_engine_nodes: $(BUILD)/obj/gen/two_nodes/two_nodes_gen.o
+$(BUILD)/gen/two_nodes/two_nodes_gen.c: tests/codegen/two_nodes.mstar $(BUILD)/mstarc
+	$(call quiet,GEN,$@)
+	$(Q)$(BUILD)/mstarc build tests/codegen/two_nodes.mstar -o $(BUILD)/gen/two_nodes --emit-only >/dev/null
 TEST_SCRIPTS += tests/generate_cli.sh
 TEST_SCRIPTS += tests/cli_robust.sh
 # the serve verb over HTTP on 127.0.0.1 (curl, jq)

@@ -11,7 +11,7 @@
 #     fixture tests compare its logits and ids with transformers');
 #   - errors: a failing C compiler is reported with its command and exit status, a construct the
 #     engine cannot run (soft_cap, scheme = block, cross, scratch, learned positions, a second
-#     node, an unlowered builtin) names file:line:col, usage errors exit 2;
+#     node of another KV layout, an unlowered builtin) names file:line:col, usage errors exit 2;
 #   - M-RoPE: models/qwen2vl.mstar lowers its int[] sections, the mrope kernel and its ignore
 #     patterns;
 #   - the generated descriptor lists its kernel instance stems (the golden files show them).
@@ -366,7 +366,11 @@ s/resource rot = rope(cache, theta = theta, style = interleaved,/resource rot = 
 s/x = embedding(tok, tokens);/x = embedding(tok, tokens) + rot.embed(tokens);/' \
     "resource 'rot': learned position tables \(positions\(kv, table = ...\)\) are not lowered by mstarc build yet"
 refused two_nodes '/^    walk generate/i node lm2 { resource pick2 = sampler(vocab = vocab); step s(t) { } forward(t) -> y { x = embedding(tok, t); return x; } }' \
-    "node 'lm2': mstarc build lowers models of one node yet \(this one has 2\)"
+    "node 'lm2': a kv_pool in one node only \('cache' of node 'lm'\): mstarc build lowers several nodes that declare the same kv_pool, positions, attention and sampler yet"
+# a second node is lowered when its KV layout is the first node's (tests/codegen/two_nodes.mstar);
+# another page size is refused at the second node's resource
+refused node_layout '/^    walk generate/i node lm2 { resource c2 = kv_pool(layers = n_layers, kv_heads = n_kv_heads, head_dim = hd, page_size = 4, dtype = f16, retention = window(short_window)); resource r2 = rope(c2, theta = theta, style = interleaved, scaling = kind == "scaled" ? linear(factor = scale) : none); resource a2 = attention(c2, r2, q_heads = n_heads, window = short_window); resource p2 = sampler(vocab = vocab); step s(t) { segments main += len(t); } forward(t) -> y { x = embedding(tok, t); return linear(x, out); } }' \
+    "node 'lm2': kv_pool 'c2' differs from kv_pool 'cache' of node 'lm': the engine keeps one KV layout, positions, attention and vocabulary per model \(the first node's\), so later nodes must declare the same arguments"
 refused retention 's/retention = window(short_window));/retention = window(2 * short_window));/' \
     "kv_pool 'cache': a retention other than attention 'att''s window is not lowered by mstarc build yet"
 refused shaped_input 's/forward(tokens) -> logits {/forward(tokens: [_, dim]) -> logits {/' \

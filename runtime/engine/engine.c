@@ -114,9 +114,32 @@ typedef struct eng_req {
     int32_t row;                      /* logits row (segment) of its id in the last step, -1 */
 } eng_req;
 
+/*
+ * One node of the model as the engine runs it: its KV page arena and pool, its resources through
+ * its own step runner (a request is ingested into every node's runner at add and removed from
+ * all of them when it finishes). Each node's streams are its own: a walk that crosses nodes
+ * prefills each node it visits.
+ */
+typedef struct eng_node {
+    const ms_md_node *node;       /* desc->nodes[i] */
+    int32_t step0;                /* scheduler index of its step 0 (steps of all nodes in a row) */
+    ms_page_arena *arena;
+    ms_kv_pool *pool;
+    ms_paged_kv kv;
+    int32_t kv_pages;             /* pages of the arena */
+    int32_t pages_free_initial;
+    eng_attn attn;
+    ms_sample_res *sampler;
+    ms_step_runner *runner;
+    int idx[MS_RESOURCE_KIND_COUNT]; /* resource index of each kind, -1 absent */
+    ms_positions_config pos_cfg;
+} eng_node;
+
 struct ms_engine {
     const ms_model_desc *desc;
-    const ms_md_node *node;       /* the node the engine runs: desc->nodes[0] (n_nodes is 1) */
+    eng_node nodes[MS_MD_MAX_NODES]; /* [n_nodes] desc->nodes in order */
+    int32_t n_nodes;
+    int32_t n_sched_steps;        /* steps of all nodes (the scheduler's indices) */
     ms_engine_options opt;
     ms_backend be;
     ms_hf_config *hf;
@@ -136,17 +159,8 @@ struct ms_engine {
     float *inv_freq;              /* backend memory [rotary_dim / 2] */
     ms_rope_table rope;
 
-    /* KV and resources */
+    /* the KV device (every node's arena lives on it) */
     ms_device *dev;
-    ms_page_arena *arena;
-    ms_kv_pool *pool;
-    ms_paged_kv kv;
-    int32_t kv_pages;             /* pages of the arena */
-    eng_attn attn;
-    ms_sample_res *sampler;
-    ms_step_runner *runner;
-    int idx[MS_RESOURCE_KIND_COUNT]; /* resource index of each kind, -1 absent */
-    ms_positions_config pos_cfg;
 
     /* per-step buffers (worst case: max_seqs rows, max_seqs views, max_tokens tokens) */
     int32_t max_seqs, max_tokens;
@@ -176,7 +190,6 @@ struct ms_engine {
     int32_t n_active;
     int32_t n_streams_active;     /* streams of the active requests (<= max_seqs) */
     ms_rid next_rid;
-    int32_t pages_free_initial;
 };
 
 ms_engine_options ms_engine_options_default(void) {
@@ -196,7 +209,7 @@ const char *ms_finish_reason_str(ms_finish_reason r) {
 
 const ms_md_facts *ms_engine_facts(const ms_engine *e) { return &e->facts; }
 const char *ms_engine_device(const ms_engine *e) { return e->be.iface.name; }
-int32_t ms_engine_page_size(const ms_engine *e) { return e->kv.page_size; }
+int32_t ms_engine_page_size(const ms_engine *e) { return e->nodes[0].kv.page_size; }
 
 ms_status ms_engine_synchronize(ms_engine *e, ms_error *err) {
     return e->be.iface.synchronize(e->be.ctx, err);
@@ -253,15 +266,25 @@ ms_status ms_engine_copy_bandwidth(ms_engine *e, size_t bytes, int32_t reps, dou
     return MS_OK;
 }
 int32_t ms_engine_n_active(const ms_engine *e) { return e->n_active; }
+static eng_req *eng_find_req(const ms_engine *e, ms_rid rid, size_t *at);
+
 int32_t ms_engine_stream_length(const ms_engine *e, ms_rid rid, ms_label label) {
+    const eng_req *r = eng_find_req(e, rid, NULL);
+    if (r == NULL)
+        return -1;
+    ms_md_walk_item it = ms_walk_item(e->desc, r->walk);
+    int32_t node = it.node >= 0 ? it.node : 0;
     ms_kv_stream_info si;
-    if (ms_kv_pool_stream_info(e->pool, rid, label, &si) != MS_OK)
+    if (ms_kv_pool_stream_info(e->nodes[node].pool, rid, label, &si) != MS_OK)
         return -1;
     return si.stored;
 }
 
 int32_t ms_engine_kv_pages_free(const ms_engine *e) {
-    return ms_page_arena_num_free(e->arena);
+    int32_t n = 0;
+    for (int32_t i = 0; i < e->n_nodes; i++)
+        n += ms_page_arena_num_free(e->nodes[i].arena);
+    return n;
 }
 
 /* Backend allocation with a name. */
@@ -566,8 +589,8 @@ static ms_status eng_weights_init(ms_engine *e, ms_error *err) {
 
 /* ---- loading: KV, resources, step buffers ---- */
 
-/* The page arena and the KV pool over it (the engine's KV resource). */
-static ms_status eng_resources_init(ms_engine *e, ms_error *err) {
+/* The page arena and the KV pool over it (node nd's KV resource). */
+static ms_status eng_resources_init(ms_engine *e, eng_node *nd, ms_error *err) {
     const ms_md_facts *fa = &e->facts;
     const int32_t ps = e->opt.page_size > 0 ? e->opt.page_size : fa->page_size;
     int32_t seq_len = fa->max_context;
@@ -589,15 +612,15 @@ static ms_status eng_resources_init(ms_engine *e, ms_error *err) {
         .head_dim = fa->head_dim,
         .elem_bytes = (int32_t)ms_dtype_size(e->kvdtype),
         .layout = MS_KV_LAYOUT_NHD,
-        .name = "kv",
+        .name = nd->node->name,
     };
-    MS_TRY(ms_page_arena_init(&ac, e->dev, &e->arena, err));
+    MS_TRY(ms_page_arena_init(&ac, e->dev, &nd->arena, err));
     /* a stream holds at most its context in pages (+1: a view need not start page-aligned) */
-    ms_kv_pool_config pc = {.arena = e->arena, .window = fa->window, .source = e,
+    ms_kv_pool_config pc = {.arena = nd->arena, .window = fa->window, .source = e,
                             .max_pages_per_stream = per_seq + 1};
-    MS_TRY(ms_kv_pool_init(&pc, &e->pool, err));
-    e->kv = (ms_paged_kv){
-        .data = ms_page_arena_data(e->arena),
+    MS_TRY(ms_kv_pool_init(&pc, &nd->pool, err));
+    nd->kv = (ms_paged_kv){
+        .data = ms_page_arena_data(nd->arena),
         .dtype = e->kvdtype,
         .n_layers = fa->n_layers,
         .n_pages = pages,
@@ -605,29 +628,30 @@ static ms_status eng_resources_init(ms_engine *e, ms_error *err) {
         .n_kv_heads = fa->n_kv_heads,
         .head_dim = fa->head_dim,
     };
-    e->pages_free_initial = ms_page_arena_num_free(e->arena);
+    nd->pages_free_initial = ms_page_arena_num_free(nd->arena);
 
-    e->kv_pages = pages;
+    nd->kv_pages = pages;
     return MS_OK;
 }
 
 /* ---- resources: one interface maker per kind ---- */
 
 /* Fill spec (key, kind, deps already set) with the engine's resource of its kind. */
-typedef ms_status (*eng_res_make_fn)(ms_engine *e, int32_t index, ms_resource_spec *spec,
-                                     ms_error *err);
+typedef ms_status (*eng_res_make_fn)(ms_engine *e, eng_node *nd, int32_t index,
+                                     ms_resource_spec *spec, ms_error *err);
 
-static ms_status eng_make_kv(ms_engine *e, int32_t index, ms_resource_spec *spec,
-                             ms_error *err) {
+static ms_status eng_make_kv(ms_engine *e, eng_node *nd, int32_t index,
+                             ms_resource_spec *spec, ms_error *err) {
+    (void)e;
     (void)index;
     (void)err;
-    spec->instance = e->pool;
+    spec->instance = nd->pool;
     spec->iface = ms_kv_pool_resource_i();
     return MS_OK;
 }
 
-static ms_status eng_make_pos(ms_engine *e, int32_t index, ms_resource_spec *spec,
-                              ms_error *err) {
+static ms_status eng_make_pos(ms_engine *e, eng_node *nd, int32_t index,
+                              ms_resource_spec *spec, ms_error *err) {
     (void)index;
     /* M-RoPE (facts.rope sections, Qwen2-VL): one position stream per section (t, h, w), ids
        from the request on a `pos explicit` step, else one id repeated on every axis; plain RoPE:
@@ -639,42 +663,42 @@ static ms_status eng_make_pos(ms_engine *e, int32_t index, ms_resource_spec *spe
                        "model %s: %d M-RoPE sections, the positions resource takes at most %d "
                        "position streams", e->desc->name, (int)ns, MS_POS_MAX_AXES);
     const int32_t axes = ns > 1 ? ns : 1;
-    e->pos_cfg = (ms_positions_config){.scheme = axes > 1 ? MS_POS_EXPLICIT : MS_POS_SEQUENTIAL,
+    nd->pos_cfg = (ms_positions_config){.scheme = axes > 1 ? MS_POS_EXPLICIT : MS_POS_SEQUENTIAL,
                                        .n_axes = axes,
                                        .max_tokens = e->max_tokens,
-                                       .kv_key = e->node->resources[e->idx[MS_RESOURCE_KV]].key};
+                                       .kv_key = nd->node->resources[nd->idx[MS_RESOURCE_KV]].key};
     spec->build = ms_positions_build;
-    spec->config = &e->pos_cfg;
+    spec->config = &nd->pos_cfg;
     return MS_OK;
 }
 
-static ms_status eng_make_attn(ms_engine *e, int32_t index, ms_resource_spec *spec,
-                               ms_error *err) {
+static ms_status eng_make_attn(ms_engine *e, eng_node *nd, int32_t index,
+                               ms_resource_spec *spec, ms_error *err) {
     (void)index;
-    int kv = e->idx[MS_RESOURCE_KV];
+    int kv = nd->idx[MS_RESOURCE_KV];
     ms_attn_limits lim = {.max_seqs = e->max_seqs, .max_tokens = e->max_tokens,
-                          .max_pages = e->kv_pages};
-    MS_TRY(e->be.iface.attn_batch_init(e->be.ctx, &lim, &e->attn.batch, err));
-    e->attn.be = &e->be;
-    e->attn.kv = &e->kv;
-    e->attn.n_q_heads = e->facts.n_q_heads;
-    e->attn.scale = e->facts.attn_scale > 0.0f ? e->facts.attn_scale
+                          .max_pages = nd->kv_pages};
+    MS_TRY(e->be.iface.attn_batch_init(e->be.ctx, &lim, &nd->attn.batch, err));
+    nd->attn.be = &e->be;
+    nd->attn.kv = &nd->kv;
+    nd->attn.n_q_heads = e->facts.n_q_heads;
+    nd->attn.scale = e->facts.attn_scale > 0.0f ? e->facts.attn_scale
                                                : 1.0f / sqrtf((float)e->facts.head_dim);
-    e->attn.window = e->facts.window;
-    e->attn.kv_index = kv;
-    ms_attn_config atc = {.kv_key = e->node->resources[kv].key, .max_rows = e->max_seqs,
-                          .max_pages = e->kv_pages};
-    MS_TRY(ms_attn_init(&e->attn.inner, &atc, kv, err));
-    spec->instance = &e->attn;
+    nd->attn.window = e->facts.window;
+    nd->attn.kv_index = kv;
+    ms_attn_config atc = {.kv_key = nd->node->resources[kv].key, .max_rows = e->max_seqs,
+                          .max_pages = nd->kv_pages};
+    MS_TRY(ms_attn_init(&nd->attn.inner, &atc, kv, err));
+    spec->instance = &nd->attn;
     spec->iface = &eng_attn_iface;
     return MS_OK;
 }
 
-static ms_status eng_make_sampler(ms_engine *e, int32_t index, ms_resource_spec *spec,
-                                  ms_error *err) {
+static ms_status eng_make_sampler(ms_engine *e, eng_node *nd, int32_t index,
+                                  ms_resource_spec *spec, ms_error *err) {
     (void)index;
-    MS_TRY(ms_sample_res_init(&e->sampler, e->max_seqs, err));
-    spec->instance = e->sampler;
+    MS_TRY(ms_sample_res_init(&nd->sampler, e->max_seqs, err));
+    spec->instance = nd->sampler;
     spec->iface = ms_sample_res_iface();
     return MS_OK;
 }
@@ -688,20 +712,20 @@ static const eng_res_make_fn eng_res_makers[MS_RESOURCE_KIND_COUNT] = {
     [MS_RESOURCE_SAMPLER] = eng_make_sampler,
 };
 
-static ms_status eng_runner_init(ms_engine *e, ms_error *err) {
-    const ms_md_node *d = e->node;
+static ms_status eng_runner_init(ms_engine *e, eng_node *nd, ms_error *err) {
+    const ms_md_node *d = nd->node;
     if (d->n_resources < 1 || d->n_resources > MS_MAX_RESOURCES)
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "model %s: %d resources", e->desc->name,
                        (int)d->n_resources);
     for (int k = 0; k < MS_RESOURCE_KIND_COUNT; k++)
-        e->idx[k] = -1;
+        nd->idx[k] = -1;
     for (int32_t i = 0; i < d->n_resources; i++)
-        e->idx[d->resources[i].kind] = i; /* ms_md_check_desc: one of each kind */
-    if (e->idx[MS_RESOURCE_KV] < 0 || e->idx[MS_RESOURCE_POS] < 0 ||
-        e->idx[MS_RESOURCE_ATTN] < 0 || e->idx[MS_RESOURCE_SAMPLER] < 0)
+        nd->idx[d->resources[i].kind] = i; /* ms_md_check_desc: one of each kind */
+    if (nd->idx[MS_RESOURCE_KV] < 0 || nd->idx[MS_RESOURCE_POS] < 0 ||
+        nd->idx[MS_RESOURCE_ATTN] < 0 || nd->idx[MS_RESOURCE_SAMPLER] < 0)
         return MS_FAIL(err, MS_ERR_INVALID_ARG,
-                       "model %s: the LLM engine needs kv, positions, attention and sampler "
-                       "resources", e->desc->name);
+                       "model %s: node %s: the LLM engine needs kv, positions, attention and "
+                       "sampler resources", e->desc->name, d->name);
     ms_resource_spec specs[MS_MAX_RESOURCES];
     memset(specs, 0, sizeof specs);
     for (int32_t i = 0; i < d->n_resources; i++) {
@@ -714,11 +738,11 @@ static ms_status eng_runner_init(ms_engine *e, ms_error *err) {
         eng_res_make_fn make = eng_res_makers[r->kind];
         if (make == NULL)
             return MS_FAIL(err, MS_ERR_UNSUPPORTED,
-                           "model %s: resource '%s' of kind %s is not supported by the LLM engine",
-                           e->desc->name, r->key, ms_resource_kind_str(r->kind));
-        MS_TRY(make(e, i, s, err));
+                           "model %s: node %s: resource '%s' of kind %s is not supported by the "
+                           "LLM engine", e->desc->name, d->name, r->key, ms_resource_kind_str(r->kind));
+        MS_TRY(make(e, nd, i, s, err));
     }
-    return ms_step_runner_init(&e->runner, specs, d->n_resources, err);
+    return ms_step_runner_init(&nd->runner, specs, d->n_resources, err);
 }
 
 /* The model's CUDA kernel instances at this checkpoint's shape, loaded once (backend.h
@@ -729,22 +753,32 @@ static ms_status eng_kernels_init(ms_engine *e, ms_error *err) {
         return MS_OK;
     ms_kernel_spec specs[MS_MD_MAX_KERNEL_SPECS];
     int n = 0;
-    MS_TRY(ms_md_kernel_specs(e->desc, &e->facts, e->kv.page_size, specs, MS_MD_MAX_KERNEL_SPECS,
-                              &n, err));
+    MS_TRY(ms_md_kernel_specs(e->desc, &e->facts, e->nodes[0].kv.page_size, specs,
+                              MS_MD_MAX_KERNEL_SPECS, &n, err));
     return e->be.iface.kernels_load(e->be.ctx, specs, n, err);
 }
 
 static ms_status eng_buffers_init(ms_engine *e, ms_error *err) {
     const ms_md_facts *fa = &e->facts;
     e->max_out = e->max_seqs;
-    for (int32_t k = 0; k < e->node->n_steps; k++)
-        if (e->node->steps[k].all_logits)
-            e->max_out = MS_MAX(e->max_seqs, e->max_tokens);
+    int32_t n_axes = 1;
+    for (int32_t i = 0; i < e->n_nodes; i++) {
+        const ms_md_node *nd = e->nodes[i].node;
+        for (int32_t k = 0; k < nd->n_steps; k++)
+            if (nd->steps[k].all_logits)
+                e->max_out = MS_MAX(e->max_seqs, e->max_tokens);
+        n_axes = MS_MAX(n_axes, e->nodes[i].pos_cfg.n_axes);
+    }
     const size_t V = (size_t)fa->vocab, S = (size_t)e->max_out, T = (size_t)e->max_tokens;
-    e->workspace_bytes = e->node->workspace_size(e->config, e->max_tokens, e->max_out);
+    /* one workspace, the largest node's: the nodes' steps run one at a time */
+    e->workspace_bytes = 0;
+    for (int32_t i = 0; i < e->n_nodes; i++)
+        e->workspace_bytes = MS_MAX(e->workspace_bytes,
+                                    e->nodes[i].node->workspace_size(e->config, e->max_tokens,
+                                                                     e->max_out));
     MS_TRY(eng_alloc(e, e->workspace_bytes, "forward.workspace", &e->workspace, err));
     MS_TRY(eng_alloc(e, T * sizeof(int32_t), "step.tokens", (void **)&e->tokens_dev, err));
-    MS_TRY(eng_alloc(e, (size_t)e->pos_cfg.n_axes * T * sizeof(int32_t), "step.positions",
+    MS_TRY(eng_alloc(e, (size_t)n_axes * T * sizeof(int32_t), "step.positions",
                      (void **)&e->pos_dev, err));
     MS_TRY(eng_alloc(e, S * V * sizeof(float), "step.logits", (void **)&e->logits_dev, err));
     MS_TRY(eng_alloc(e, S * sizeof(int32_t), "step.ids", (void **)&e->ids_dev, err));
@@ -813,16 +847,17 @@ ms_status ms_engine_init(ms_engine **out, const ms_model_desc *desc,
                        "page_size %d >= 0, kv_pages %d >= 0)",
                        (int)opt->max_seqs, (int)opt->max_tokens, (int)opt->page_size,
                        (int)opt->kv_pages);
-    MS_TRY(ms_md_check_desc(desc, err));
-    if (desc->n_nodes != 1)
-        return MS_FAIL(err, MS_ERR_UNSUPPORTED,
-                       "model %s has %d nodes; the engine runs models of one node yet",
-                       desc->name, (int)desc->n_nodes);
+    MS_TRY(ms_md_check_desc(desc, err)); /* 1 .. MS_MD_MAX_NODES nodes */
     ms_engine *e = ms_calloc(1, sizeof *e);
     if (e == NULL)
         return MS_FAIL(err, MS_ERR_OOM, "out of memory for the engine");
     e->desc = desc;
-    e->node = &desc->nodes[0];
+    e->n_nodes = desc->n_nodes;
+    for (int32_t i = 0; i < e->n_nodes; i++) {
+        e->nodes[i].node = &desc->nodes[i];
+        e->nodes[i].step0 = e->n_sched_steps;
+        e->n_sched_steps += desc->nodes[i].n_steps;
+    }
     e->opt = *opt;
     e->max_seqs = opt->max_seqs;
     e->max_tokens = opt->max_tokens;
@@ -834,10 +869,11 @@ ms_status ms_engine_init(ms_engine **out, const ms_model_desc *desc,
         st = ms_ckpt_init(&e->ck, opt->model_path, err);
     if (st == MS_OK)
         st = eng_weights_init(e, err);
-    if (st == MS_OK)
-        st = eng_resources_init(e, err);
-    if (st == MS_OK)
-        st = eng_runner_init(e, err);
+    for (int32_t i = 0; i < e->n_nodes && st == MS_OK; i++) {
+        st = eng_resources_init(e, &e->nodes[i], err);
+        if (st == MS_OK)
+            st = eng_runner_init(e, &e->nodes[i], err);
+    }
     if (st == MS_OK)
         st = eng_kernels_init(e, err);
     if (st == MS_OK)
@@ -860,24 +896,34 @@ static void eng_req_free(eng_req *r) {
     ms_free(r);
 }
 
+/* Remove rid from every node's runner (a request not in one is a no-op there). */
+static void eng_runners_remove(ms_engine *e, ms_rid rid) {
+    for (int32_t i = 0; i < e->n_nodes; i++)
+        if (e->nodes[i].runner != NULL)
+            ms_step_runner_remove(e->nodes[i].runner, rid);
+}
+
 void ms_engine_free(ms_engine *e) {
     if (e == NULL)
         return;
     for (size_t i = 0; i < e->n_reqs; i++) {
         if (e->reqs[i]->in_runner)
-            ms_step_runner_remove(e->runner, e->reqs[i]->rid);
+            eng_runners_remove(e, e->reqs[i]->rid);
         eng_req_free(e->reqs[i]);
     }
     ms_free(e->reqs);
-    ms_step_runner_free(e->runner);
-    ms_kv_pool_free(e->pool);
-    ms_page_arena_free(e->arena);
+    for (int32_t i = 0; i < e->n_nodes; i++) {
+        eng_node *nd = &e->nodes[i];
+        ms_step_runner_free(nd->runner);
+        ms_kv_pool_free(nd->pool);
+        ms_page_arena_free(nd->arena);
+        ms_attn_free(nd->attn.inner);
+        ms_sample_res_free(nd->sampler);
+        if (e->be.ctx != NULL && nd->attn.batch != NULL)
+            e->be.iface.attn_batch_free(e->be.ctx, nd->attn.batch);
+    }
     ms_device_free(e->dev);
-    ms_attn_free(e->attn.inner);
-    ms_sample_res_free(e->sampler);
     if (e->be.ctx != NULL) {
-        if (e->attn.batch != NULL)
-            e->be.iface.attn_batch_free(e->be.ctx, e->attn.batch);
         eng_bfree(e, e->wslab);
         eng_bfree(e, e->inv_freq);
         eng_bfree(e, e->workspace);
@@ -920,17 +966,18 @@ static eng_req *eng_find_req(const ms_engine *e, ms_rid rid, size_t *at) {
 static void eng_finish(ms_engine *e, eng_req *r, ms_finish_reason why) {
     r->finish = why;
     if (r->in_runner) {
-        ms_step_runner_remove(e->runner, r->rid);
+        eng_runners_remove(e, r->rid);
         r->in_runner = false;
     }
     e->n_active--;
     e->n_streams_active -= r->n_streams;
 }
 
-/* Label named `name` in the descriptor, or -1. */
+/* Label named `name` of the first node (where a request's walk starts), or -1. */
 static int32_t eng_label(const ms_engine *e, const char *name) {
-    for (int32_t l = 0; l < e->node->n_labels; l++)
-        if (strcmp(e->node->labels[l], name) == 0)
+    const ms_md_node *nd = e->nodes[0].node;
+    for (int32_t l = 0; l < nd->n_labels; l++)
+        if (strcmp(nd->labels[l], name) == 0)
             return l;
     return -1;
 }
@@ -1000,16 +1047,18 @@ ms_status ms_engine_add(ms_engine *e, const ms_engine_request *rq, ms_rid *rid, 
             return MS_FAIL(err, MS_ERR_INVALID_ARG,
                            "position ids given, but no prompt step of walk '%s' declares "
                            "`pos explicit`", wk->name);
-        if (rq->position_ids != NULL && rq->n_position_axes != e->pos_cfg.n_axes)
+        const int32_t axes = e->nodes[0].pos_cfg.n_axes; /* every node's: one facts.rope */
+        if (rq->position_ids != NULL && rq->n_position_axes != axes)
             return MS_FAIL(err, MS_ERR_INVALID_ARG,
                            "position ids with %d axes, model %s takes %d (%s)",
-                           (int)rq->n_position_axes, e->desc->name, (int)e->pos_cfg.n_axes,
-                           e->pos_cfg.n_axes > 1 ? "t, h, w" : "one");
+                           (int)rq->n_position_axes, e->desc->name, (int)axes,
+                           axes > 1 ? "t, h, w" : "one");
     }
     /* a `pos explicit` prompt without ids is text: ids 0 .. n - 1, the same on every axis (what
        transformers' get_rope_index gives a prompt without image or video tokens) */
     const bool own_ids = takes_ids && rq->position_ids == NULL;
-    const int32_t n_axes_ids = rq->position_ids != NULL ? rq->n_position_axes : e->pos_cfg.n_axes;
+    const int32_t n_axes_ids =
+        rq->position_ids != NULL ? rq->n_position_axes : e->nodes[0].pos_cfg.n_axes;
     int32_t n_streams = ms_walk_n_streams(e->desc, walk);
     if (e->n_streams_active + n_streams > e->max_seqs)
         return MS_FAIL(err, MS_ERR_CAPACITY,
@@ -1062,13 +1111,16 @@ ms_status ms_engine_add(ms_engine *e, const ms_engine_request *rq, ms_rid *rid, 
     r->ignore_eos = rq->ignore_eos;
     r->rid = e->next_rid++;
     r->row = -1;
-    const void *overrides[MS_MAX_RESOURCES] = {NULL};
     ms_sample_settings ss = {.params = rq->sampling,
                              .guidance_scale = guided ? rq->guidance_scale : 1.0f};
-    overrides[e->idx[MS_RESOURCE_SAMPLER]] = &ss;
-    ms_status st = ms_step_runner_ingest(e->runner, r->rid, overrides, err);
+    ms_status st = MS_OK;
+    for (int32_t i = 0; i < e->n_nodes && st == MS_OK; i++) {
+        const void *overrides[MS_MAX_RESOURCES] = {NULL};
+        overrides[e->nodes[i].idx[MS_RESOURCE_SAMPLER]] = &ss;
+        st = ms_step_runner_ingest(e->nodes[i].runner, r->rid, overrides, err);
+    }
     if (st != MS_OK) {
-        ms_step_runner_remove(e->runner, r->rid);
+        eng_runners_remove(e, r->rid);
         eng_req_free(r);
         return st;
     }
@@ -1111,7 +1163,7 @@ void ms_engine_remove(ms_engine *e, ms_rid rid) {
         e->n_streams_active -= r->n_streams;
     }
     if (r->in_runner)
-        ms_step_runner_remove(e->runner, rid);
+        eng_runners_remove(e, rid);
     eng_req_free(r);
     memmove(&e->reqs[at], &e->reqs[at + 1], (e->n_reqs - at - 1) * sizeof *e->reqs);
     e->n_reqs--;
@@ -1132,13 +1184,14 @@ static bool eng_is_eos(const ms_engine *e, int32_t id) {
  * prompt is cut to the chunk and to what is left of the budget: chunked prefill; several streams
  * go whole or wait); a loop step feeds one token (the last id) per stream.
  */
-static int32_t eng_rows(ms_engine *e, int32_t k, int32_t *n_prefill) {
-    const ms_md_step *sd = &e->node->steps[k];
+static int32_t eng_rows(ms_engine *e, ms_md_walk_item item, int32_t *n_prefill) {
+    const ms_md_step *sd = &e->nodes[item.node].node->steps[item.step];
     int32_t n = 0, budget = e->max_tokens;
     *n_prefill = 0;
     for (size_t i = 0; i < e->n_reqs && n < e->max_seqs; i++) {
         eng_req *r = e->reqs[i];
-        if (r->finish != MS_FINISH_NONE || ms_walk_step(e->desc, r->walk) != k)
+        ms_md_walk_item at = ms_walk_item(e->desc, r->walk);
+        if (r->finish != MS_FINISH_NONE || at.node != item.node || at.step != item.step)
             continue;
         ms_md_row row;
         memset(&row, 0, sizeof row);
@@ -1186,7 +1239,7 @@ static int32_t eng_rows(ms_engine *e, int32_t k, int32_t *n_prefill) {
 }
 
 /* Pack the step's tokens in segment order: each segment takes its row's tokens for its label. */
-static ms_status eng_pack_tokens(ms_engine *e, int32_t k, ms_error *err) {
+static ms_status eng_pack_tokens(ms_engine *e, const ms_md_node *nd, int32_t k, ms_error *err) {
     const ms_md_step_build *b = &e->build;
     int32_t t = 0;
     for (int32_t i = 0; i < b->step.n_segments; i++) {
@@ -1196,7 +1249,7 @@ static ms_status eng_pack_tokens(ms_engine *e, int32_t k, ms_error *err) {
             if (sg->span > 1 || (sg->span == 1 && r->n_out < 1))
                 return MS_FAIL(err, MS_ERR_UNSUPPORTED,
                                "step %s: a loop step feeds the last sampled id (span %d)",
-                               e->node->steps[k].name, (int)sg->span);
+                               nd->steps[k].name, (int)sg->span);
             if (sg->span == 1)
                 e->tokens_host[t] = r->out[r->n_out - 1];
         } else {
@@ -1204,8 +1257,8 @@ static ms_status eng_pack_tokens(ms_engine *e, int32_t k, ms_error *err) {
                 r->consumed[sg->label] + sg->span > r->n_prompt[sg->label])
                 return MS_FAIL(err, MS_ERR_INVALID_ARG,
                                "step %s: request %llu has no %d prompt tokens for label %s",
-                               e->node->steps[k].name, (unsigned long long)r->rid,
-                               (int)sg->span, e->node->labels[sg->label]);
+                               nd->steps[k].name, (unsigned long long)r->rid,
+                               (int)sg->span, nd->labels[sg->label]);
             memcpy(e->tokens_host + t, r->prompt[sg->label] + r->consumed[sg->label],
                    (size_t)sg->span * sizeof(int32_t));
         }
@@ -1216,16 +1269,16 @@ static ms_status eng_pack_tokens(ms_engine *e, int32_t k, ms_error *err) {
 
 /* Queue the forward of a planned step, mix guided rows, sample one id per segment into
  * e->ids_host (the logits land in e->logits_host). */
-static ms_status eng_forward_sample(ms_engine *e, const ms_md_step *sd, const ms_step_ctx *ctx,
-                                    bool sample, ms_error *err) {
+static ms_status eng_forward_sample(ms_engine *e, eng_node *nd, const ms_md_step *sd,
+                                    const ms_step_ctx *ctx, bool sample, ms_error *err) {
     const ms_backend_i *f = &e->be.iface;
     void *cx = e->be.ctx;
     const ms_step *step = &e->build.step;
     const int32_t n_tok = e->build.n_tokens;
     const int32_t n = sd->all_logits ? n_tok : step->n_segments; /* logits rows */
     const size_t V = (size_t)e->facts.vocab;
-    const ms_kv_plan_set *set = ctx->plan_results[e->idx[MS_RESOURCE_KV]];
-    const ms_pos_plan *pp = ctx->plan_results[e->idx[MS_RESOURCE_POS]];
+    const ms_kv_plan_set *set = ctx->plan_results[nd->idx[MS_RESOURCE_KV]];
+    const ms_pos_plan *pp = ctx->plan_results[nd->idx[MS_RESOURCE_POS]];
     int32_t n_pos = 0;
     const int32_t *pos_ids = ms_pos_plan_ids(pp, set->plans[0].plan_label, 0, &n_pos);
     MS_ASSERT(pos_ids != NULL && n_pos == n_tok);
@@ -1241,14 +1294,14 @@ static ms_status eng_forward_sample(ms_engine *e, const ms_md_step *sd, const ms
                                : ms_tensor_1d(e->pos_dev, MS_DTYPE_I32, n_tok);
     ms_tensor logits = ms_tensor_2d(e->logits_dev, MS_DTYPE_F32, n, e->facts.vocab);
     ms_tensor out_rows = ms_tensor_1d(e->out_rows_dev, MS_DTYPE_I32, n_tok);
-    const eng_attn *ap = ctx->plan_results[e->idx[MS_RESOURCE_ATTN]];
+    const eng_attn *ap = ctx->plan_results[nd->idx[MS_RESOURCE_ATTN]];
     ms_md_forward_args args = {
         .be = &e->be,
         .config = e->config,
         .facts = &e->facts,
         .weights = e->weights,
         .weight_offset = e->woff,
-        .kv = &e->kv,
+        .kv = &nd->kv,
         .batch = ap->batch,
         .tokens = &tokens,
         .positions = &pos,
@@ -1260,7 +1313,7 @@ static ms_status eng_forward_sample(ms_engine *e, const ms_md_step *sd, const ms
         .out_rows = sd->all_logits ? &out_rows : NULL,
         .logits = &logits,
     };
-    MS_TRY(e->node->forward(&args, err));
+    MS_TRY(nd->node->forward(&args, err));
     MS_TRY(f->copy_to_host(cx, e->logits_host, e->logits_dev, (size_t)n * V * sizeof(float),
                            err));
     if (!sample)
@@ -1268,9 +1321,9 @@ static ms_status eng_forward_sample(ms_engine *e, const ms_md_step *sd, const ms
 
     /* batched CFG: the sampler mixes each guided row with its unconditional row (host logits),
        and the mixed rows go back for the backend's sample call */
-    int sidx = e->idx[MS_RESOURCE_SAMPLER];
+    int sidx = nd->idx[MS_RESOURCE_SAMPLER];
     int32_t n_mixed = 0;
-    ms_sample_res_mix(e->sampler, sidx, step, e->logits_host, e->facts.vocab, &n_mixed);
+    ms_sample_res_mix(nd->sampler, sidx, step, e->logits_host, e->facts.vocab, &n_mixed);
     if (n_mixed > 0)
         MS_TRY(f->copy_to_backend(cx, e->logits_dev, e->logits_host,
                                   (size_t)n * V * sizeof(float), err));
@@ -1284,15 +1337,15 @@ static ms_status eng_forward_sample(ms_engine *e, const ms_md_step *sd, const ms
 
 /* Run the step declared in e->build over rows [0, n) (tokens packed): admit -> plan -> forward
  * (-> sampling when `sample`) -> commit. A failure after admit abandons the step. */
-static ms_status eng_run_built(ms_engine *e, const ms_md_step *sd, int32_t n, bool sample,
-                               ms_error *err) {
+static ms_status eng_run_built(ms_engine *e, eng_node *nd, const ms_md_step *sd, int32_t n,
+                               bool sample, ms_error *err) {
     ms_step *step = &e->build.step;
     ms_step_ctx ctx;
     memset(&ctx, 0, sizeof ctx);
     ctx.request_ids = e->rids;
     ctx.n_rows = n;
     ctx.n_real = n;
-    ms_admit_outcome o = ms_step_runner_admit(e->runner, step, &ctx);
+    ms_admit_outcome o = ms_step_runner_admit(nd->runner, step, &ctx);
     if (o.code != MS_ADMIT_OK) {
         if (o.code == MS_ADMIT_PAGES_SHORT)
             return MS_FAIL(err, MS_ERR_CAPACITY,
@@ -1301,13 +1354,13 @@ static ms_status eng_run_built(ms_engine *e, const ms_md_step *sd, int32_t n, bo
         return MS_FAIL(err, MS_ERR_INTERNAL, "step %s: admit failed (%s) at resource %d",
                        sd->name, ms_admit_code_str(o.code), (int)o.resource);
     }
-    MS_TRY(ms_step_runner_plan(e->runner, step, &ctx, err));
-    ms_status st = eng_forward_sample(e, sd, &ctx, sample, err);
+    MS_TRY(ms_step_runner_plan(nd->runner, step, &ctx, err));
+    ms_status st = eng_forward_sample(e, nd, sd, &ctx, sample, err);
     if (st != MS_OK) {
-        ms_step_runner_abandon(e->runner, step, &ctx);
+        ms_step_runner_abandon(nd->runner, step, &ctx);
         return st;
     }
-    return ms_step_runner_commit(e->runner, step, &ctx, err);
+    return ms_step_runner_commit(nd->runner, step, &ctx, err);
 }
 
 ms_status ms_engine_run_step(ms_engine *e, ms_rid rid, const char *step_name,
@@ -1319,14 +1372,19 @@ ms_status ms_engine_run_step(ms_engine *e, ms_rid rid, const char *step_name,
     if (r == NULL || !r->in_runner || r->finish != MS_FINISH_NONE)
         return MS_FAIL(err, MS_ERR_NOT_FOUND, "run step %s: request %llu is not running",
                        step_name, (unsigned long long)rid);
+    /* the step of that name in the first node declaring one */
     int32_t k = -1;
-    for (int32_t i = 0; i < e->node->n_steps; i++)
-        if (strcmp(e->node->steps[i].name, step_name) == 0)
-            k = i;
+    eng_node *nd = NULL;
+    for (int32_t ni = 0; ni < e->n_nodes && k < 0; ni++)
+        for (int32_t i = 0; i < e->nodes[ni].node->n_steps && k < 0; i++)
+            if (strcmp(e->nodes[ni].node->steps[i].name, step_name) == 0) {
+                k = i;
+                nd = &e->nodes[ni];
+            }
     if (k < 0)
         return MS_FAIL(err, MS_ERR_NOT_FOUND, "model %s has no step '%s'", e->desc->name,
                        step_name);
-    const ms_md_step *sd = &e->node->steps[k];
+    const ms_md_step *sd = &nd->node->steps[k];
     if (sd->n_segments != 1 || sd->labels[0] != MS_LABEL_MAIN)
         return MS_FAIL(err, MS_ERR_UNSUPPORTED,
                        "run step %s: only steps over the main stream alone run this way",
@@ -1356,7 +1414,7 @@ ms_status ms_engine_run_step(ms_engine *e, ms_rid rid, const char *step_name,
     memcpy(e->tokens_host, tokens, (size_t)n_tokens * sizeof(int32_t));
     for (size_t i = 0; i < e->n_reqs; i++)
         e->reqs[i]->row = -1;
-    MS_TRY(eng_run_built(e, sd, 1, false, err));
+    MS_TRY(eng_run_built(e, nd, sd, 1, false, err));
     if (e->build.kv.commit)
         r->longest += n_tokens; /* the stream grew outside its walk */
     r->row = 0;
@@ -1371,32 +1429,39 @@ ms_status ms_engine_step(ms_engine *e, ms_engine_step_info *info, ms_error *err)
         *info = inf;
     const ms_model_desc *d = e->desc;
 
-    /* 1. the scheduler picks the step: requests waiting at each step */
-    int32_t waiting[MS_MD_MAX_STEPS] = {0};
-    bool in_loop[MS_MD_MAX_STEPS] = {false};
+    /* 1. the scheduler picks the step: requests waiting at each step of each node (the
+       scheduler's index of node i's step k is nodes[i].step0 + k) */
+    int32_t waiting[MS_MD_MAX_NODES * MS_MD_MAX_STEPS] = {0};
+    bool in_loop[MS_MD_MAX_NODES * MS_MD_MAX_STEPS] = {false};
     for (size_t i = 0; i < e->n_reqs; i++) {
         eng_req *r = e->reqs[i];
         r->row = -1;
         if (r->finish != MS_FINISH_NONE)
             continue;
-        int32_t k = ms_walk_step(d, r->walk);
-        if (k >= 0) {
+        ms_md_walk_item it = ms_walk_item(d, r->walk);
+        if (it.step >= 0) {
+            int32_t k = e->nodes[it.node].step0 + it.step;
             waiting[k]++;
             in_loop[k] = in_loop[k] || ms_walk_in_loop(d, r->walk);
         }
     }
-    int32_t k = ms_walk_pick(&e->sched, waiting, in_loop, e->node->n_steps);
+    int32_t k = ms_walk_pick(&e->sched, waiting, in_loop, e->n_sched_steps);
     if (k < 0)
         return MS_OK;
-    const ms_md_step *sd = &e->node->steps[k];
+    ms_md_walk_item item = {e->n_nodes - 1, 0};
+    while (e->nodes[item.node].step0 > k)
+        item.node--;
+    item.step = k - e->nodes[item.node].step0;
+    eng_node *nd = &e->nodes[item.node];
+    const ms_md_step *sd = &nd->node->steps[item.step];
 
     /* 2. its rows, and the declaration from the generated step runner */
-    int32_t n = eng_rows(e, k, &inf.n_prefill);
+    int32_t n = eng_rows(e, item, &inf.n_prefill);
     if (n == 0)
         return MS_OK;
     MS_TRY(sd->run(e->config, e->rows, n, &e->build, err));
-    MS_TRY(eng_pack_tokens(e, k, err));
-    MS_TRY(eng_run_built(e, sd, n, true, err));
+    MS_TRY(eng_pack_tokens(e, nd->node, item.step, err));
+    MS_TRY(eng_run_built(e, nd, sd, n, true, err));
 
     /* 6. each request's walk moves on: prompts consumed, ids appended, stops */
     const ms_md_step_build *b = &e->build;

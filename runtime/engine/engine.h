@@ -7,14 +7,17 @@
  * arena in device memory through device_cuda.h; auto: cuda when a GPU is usable), reads
  * config.json (or a llama2.c .bin through the loaders, which derive a config and expose Hugging
  * Face tensor names), validates and loads every declared weight into one
- * planned set of backend buffers (fused entries concatenated), builds the node's resources through
- * the step runner (KV pool over a page arena, positions, attention: the runner's plan plus backend
- * staging, sampler), and sizes every per-step buffer for the worst case: after the first step of
+ * planned set of backend buffers (fused entries concatenated), builds each node's resources through
+ * its own step runner (KV pool over its own page arena, positions, attention: the runner's plan
+ * plus backend staging, sampler; every node of the descriptor, in order), and sizes every per-step buffer for the worst case: after the first step of
  * each kind (which creates the attention plan buffers), decode steps allocate nothing.
  *
  * Each request walks the model's walk (model_desc.h ms_md_walk; a guided pair the walk over its
- * two streams). Each ms_engine_step the scheduler (walk.h) picks one step of the node and
- * batches every request standing there as one ragged step (prefill rows within the token budget,
+ * two streams); a walk may cross nodes (node A's prefill, then node B's prefill and decode loop):
+ * a request is ingested into every node's runner at add, each node's streams are its own (a node's
+ * prefix step reads the prompt again), and it leaves every runner when it finishes. Each
+ * ms_engine_step the scheduler (walk.h) picks one (node, step) and batches every request standing
+ * there as one ragged step (prefill rows within the token budget,
  * chunked; decode rows one token per stream); the model's generated step runner declares it;
  * admit -> plan -> forward -> commit; then one id is sampled per request and its walk moves on. A request finishes on an eos id
  * (unless ignore_eos), after max_new_tokens, or when its sequence reaches the model's context; it
@@ -186,7 +189,7 @@ typedef struct ms_engine_step_info {
 } ms_engine_step_info;
 
 /*
- * Run one step of the node over the requests standing at it (see the top of the file). Finished requests keep
+ * Run one (node, step) over the requests standing at it (see the top of the file). Finished requests keep
  * their output until removed. No active request: MS_OK with a zeroed info. Errors: a failing
  * resource or op (message names the step and the resource), MS_ERR_CAPACITY when the KV pages run
  * short (names kv_pages).
@@ -194,7 +197,7 @@ typedef struct ms_engine_step_info {
 ms_status ms_engine_step(ms_engine *e, ms_engine_step_info *info, ms_error *err);
 
 /*
- * Run the step named `step_name` of the node for request rid alone, outside its walk, over
+ * Run the step named `step_name` (of the first node declaring one) for request rid alone, outside its walk, over
  * `tokens` [n_tokens] given by the caller (its main stream): dense generation's block steps
  * (`refine`: kv commit = false, pos advance = 0, attn causal = false; a committing block step), or
  * an ordinary step fed an id of the caller's choosing. Nothing is sampled and the request's walk
@@ -208,7 +211,8 @@ ms_status ms_engine_run_step(ms_engine *e, ms_rid rid, const char *step_name,
                              const int32_t *tokens, int32_t n_tokens, const float **logits,
                              int32_t *n_rows, ms_error *err);
 
-/* Committed tokens of rid's stream `label` (0 main), or -1 when it holds none. */
+/* Committed tokens of rid's stream `label` (0 main) in the node of the walk item rid stands at
+ * (node 0 once its walk is over), or -1 when it holds none there. */
 int32_t ms_engine_stream_length(const ms_engine *e, ms_rid rid, ms_label label);
 
 /*
@@ -228,7 +232,8 @@ const float *ms_engine_last_logits(const ms_engine *e, ms_rid rid);
 /* Free everything rid holds (KV pages, positions, sampler state, its record). Unknown: no-op. */
 void ms_engine_remove(ms_engine *e, ms_rid rid);
 
-/* KV pages free right now (tests: returns to its initial value after every remove). */
+/* KV pages free right now, summed over the nodes' page arenas (tests: returns to its initial
+ * value after every remove). */
 int32_t ms_engine_kv_pages_free(const ms_engine *e);
 
 #ifdef __cplusplus

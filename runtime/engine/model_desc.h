@@ -47,9 +47,12 @@
  *     order (or, with ms_md_forward_args.out_rows, of the rows it lists: a step declared with
  *     `attn causal = false`, a block step of dense generation, returns every token's logits): [n_seqs, vocab] float32, which the engine samples.
  *   - resource indices, label values (ms_label) and step indices are per node; a walk item names
- *     its node. The table shape is general, but mstarc build lowers one node and the engine runs
- *     descriptors of exactly one node (nodes[0]; ms_engine_init refuses n_nodes != 1), so
- *     encoder and cross-attention nodes can be described the same way later.
+ *     its node. Generated names carry the node: `<model>_<node>_run_<step>`,
+ *     `<model>_<node>_forward`, `<model>_<node>_workspace_size`, buffer enums `B_<NODE>_*`. The
+ *     engine runs descriptors of 1..MS_MD_MAX_NODES nodes, each with its own KV pool, positions,
+ *     attention and sampler (engine.h); ms_md_facts (one KV layout, one vocabulary) describe
+ *     them all, so mstarc build lowers a later node only when those resources' arguments equal
+ *     the first node's (compiler/lower_check.c).
  *
  * Mapping from the checked model (compiler/model.h) to what a generator emits:
  *   - ms_param (declaration order): a field of the config struct (int64_t / double / bool /
@@ -488,8 +491,8 @@ typedef struct ms_model_desc {
     bool (*weight_tied)(const void *config, int32_t w);
 
     /* nodes and walks */
-    const ms_md_node *nodes;      /* [n_nodes] in declaration order (the engine runs one today:
-                                     it refuses n_nodes != 1) */
+    const ms_md_node *nodes;      /* [n_nodes] in declaration order (the engine builds every
+                                     node's resources; walks cross them) */
     int32_t n_nodes;
     const ms_md_walk *walks;      /* [n_walks] in declaration order; a request takes the first
                                      whose first item has as many inputs as it gives prompts */
