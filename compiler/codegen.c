@@ -108,7 +108,11 @@ typedef struct fuse {
                                                   node's statement) whose FUSED rows it reads */
 } fuse;
 
-typedef enum vkind { V_BUF = 0, V_SLICE, V_HEADS, V_TOKENS, V_LOGITS } vkind;
+/* V_INPUT: a node's shaped forward input as the engine stages it (token-major, a->input);
+ * V_POSITIONS: the step's position ids (a->positions). */
+typedef enum vkind {
+    V_BUF = 0, V_SLICE, V_HEADS, V_TOKENS, V_LOGITS, V_INPUT, V_POSITIONS
+} vkind;
 
 /* A tensor value of the forward. */
 typedef struct val {
@@ -129,7 +133,8 @@ typedef struct val {
 
 typedef enum okind {
     O_EMBED = 0, O_RMS_NORM, O_ADD_RMS_NORM, O_NORM_FIRST, O_LINEAR, O_SILU_MUL, O_ROPE_KV_WRITE,
-    O_ROPE, O_KV_WRITE, O_ATTN, O_ADD, O_GATHER, O_LOOP_BEGIN, O_LOOP_END
+    O_ROPE, O_KV_WRITE, O_ATTN, O_ADD, O_GATHER, O_LOOP_BEGIN, O_LOOP_END, O_LAYER_NORM, O_GELU,
+    O_CONV1D
 } okind;
 
 typedef struct op {
@@ -142,6 +147,7 @@ typedef struct op {
     const char *comment;  /* source statement */
     const char *note;     /* fusion decision */
     const char *count;    /* LOOP_BEGIN: layer count */
+    const char *stride, *padding; /* CONV1D: C expressions */
 } op;
 
 typedef struct slot {
@@ -176,6 +182,10 @@ typedef struct gen {
     int env_val[MAX_ENV];
     int n_env;
     int tokens, logits;         /* the V_TOKENS / V_LOGITS values */
+    int input;                  /* the V_INPUT value of a shaped forward input, -1 */
+    int positions;              /* the V_POSITIONS value, -1 until read */
+    bool hidden;                /* the node has no sampler: its forward returns every token's
+                                   row of hidden states (an encoder), not logits */
     int rope_q, rope_k;         /* values rotated by pos.apply, not yet applied (-1) */
     const char *layer;          /* C expr of the loop variable inside a loop, else NULL */
     const char *layer_var;      /* its source name */
@@ -535,8 +545,15 @@ static bool string_used_otherwise(const ms_ast_expr *e, const ms_param *p) {
     return false;
 }
 
+/* Argument `key` of r, NULL when r is NULL, the argument was not written, or `key` is not a
+ * key of r's constructor (rope's theta asked of a learned positions table). */
 static const ms_ast_expr *res_arg(const ms_resource *r, const char *key) {
-    return r == NULL ? NULL : ms_resource_arg(r, key);
+    if (r == NULL)
+        return NULL;
+    for (int k = 0; k < MS_RES_MAX_KEYS && r->spec->keys[k].name != NULL; k++)
+        if (strcmp(r->spec->keys[k].name, key) == 0)
+            return ms_resource_arg(r, key);
+    return NULL;
 }
 
 static const ms_ast_expr *find_call_stmts(const ms_ptr_vec *body, const char *fn);
@@ -961,9 +978,14 @@ static void emit_facts(gen *g) {
     static const char *const dt_c[] = {"MS_DTYPE_BF16", "MS_DTYPE_F16", "MS_DTYPE_F32"};
     const ms_ast_expr *emb = find_call_stmts(&g->fwd->ast->body, "embedding");
     const ms_weight *ew = emb != NULL ? weight_of(argv_at(emb, 0)) : NULL;
-    if (ew == NULL || ew->rank != 2)
+    /* a node returning hidden states (an encoder) gives the width of its output */
+    const char *width = ew != NULL && ew->rank == 2 ? cexpr(g, ew->shape[1])
+                        : g->hidden                 ? g->v[g->logits].width
+                                                    : NULL;
+    if (width == NULL)
         fail_at(g, g->fwd->ast->loc, "the forward needs an embedding(<table>, tokens) call (it "
                 "gives the model width)");
+    const bool rope = g->pos != NULL && strcmp(g->pos->spec->ctor, "rope") == 0;
     const ms_param *mp = ms_model_find_param(g->m, "max_position_embeddings");
     if (mp == NULL || mp->type != MS_TYPE_INT)
         fail_at(g, g->m->ast->loc, "the engine needs the context limit: declare "
@@ -979,10 +1001,11 @@ static void emit_facts(gen *g) {
     E("out->n_kv_heads = (int32_t)%s;", cexpr(g, res_arg(g->kv, "kv_heads")));
     const char *hd = cexpr(g, res_arg(g->kv, "head_dim"));
     E("out->head_dim = (int32_t)%s;", hd);
-    E("out->hidden = (int32_t)%s;", cexpr(g, ew->shape[1]));
-    E("out->vocab = (int32_t)%s;", cexpr(g, res_arg(g->sampler, "vocab")));
+    E("out->hidden = (int32_t)%s;", bare(g, width));
+    /* no sampler (an encoder): no vocabulary */
+    E("out->vocab = (int32_t)%s;", g->sampler != NULL ? cexpr(g, res_arg(g->sampler, "vocab")) : "0");
     E("out->max_context = (int32_t)c->%s;", mp->name);
-    if (g->pos != NULL) {
+    if (rope) {
         E("out->rope.style = %s;", bare(g, word_expr(g, res_arg(g->pos, "style"), style_w,
                                                      style_c, "MS_ROPE_ROTATE_HALF")));
         const ms_ast_expr *rhd = res_arg(g->pos, "head_dim"), *rd = res_arg(g->pos, "rotary_dim");
@@ -1590,7 +1613,9 @@ static void emit_step_row(gen *g, const ms_step_decl *s) {
     E(".n_segments = %d,", s->n_segments);
     E(".labels = {%s},", l->data);
     E(".explicit_positions = %s,", po != NULL && po->explicit_ids ? "true" : "false");
-    const ms_step_rec *at = rec_of(s, g->attn);
+    /* a node without a sampler returns every token's hidden row whatever its attention; in a
+       node with one, a non-causal step is a block step (every token's logits) */
+    const ms_step_rec *at = g->hidden ? NULL : rec_of(s, g->attn);
     if (at != NULL && !at->causal && !g->used_gather)
         fail_at(g, s->ast->loc, "step '%s': a block step returns every token's logits, which "
                 "needs a forward that gathers its output rows", s->name);
@@ -1649,8 +1674,11 @@ static void flatten_walk(gen *g, const ms_ast_walk_item *it, witem *steps, int *
         if (k < 0)
             fail_at(g, it->loc, "walk: '%s.%s' is not a step of node '%s'", it->node.name,
                     it->step.name, node->name);
+        bool sampled = false;
+        for (int r = 0; r < node->n_resources; r++)
+            sampled = sampled || node->resources[r]->kind == MS_RESOURCE_SAMPLER;
         const ms_step_rec *at = attn_rec(node, node->steps[k]);
-        if (at != NULL && !at->causal)
+        if (at != NULL && !at->causal && sampled)
             fail_at(g, it->loc, "walk: '%s' is a block step (attn causal = false: every token's "
                     "logits, nothing sampled); it runs through ms_engine_run_step, not in a walk",
                     it->step.name);
@@ -1930,6 +1958,9 @@ static int lower_linear(gen *g, const ms_ast_expr *e, const char *hint, int dest
 static int lower(gen *g, const ms_ast_expr *e, const char *hint, int dest) {
     switch (e->kind) {
     case MS_EXPR_NAME: {
+        if (e->sym != NULL && e->sym->kind == MS_SYM_INPUT && g->input >= 0)
+            fail_at(g, e->loc, "'%s' is staged token-major by the engine: read it as "
+                    "transpose(%s)", e->text, e->text);
         if (e->sym != NULL && e->sym->kind == MS_SYM_INPUT)
             return g->tokens;
         if (g->gather_name != NULL && strcmp(e->text, g->gather_name) == 0)
@@ -1996,6 +2027,92 @@ static int lower(gen *g, const ms_ast_expr *e, const char *hint, int dest) {
         }
         if (is_call(e, "linear"))
             return lower_linear(g, e, hint, dest);
+        if (is_call(e, "transpose")) {
+            const ms_ast_expr *x = argv_at(e, 0);
+            if (g->input < 0 || x->kind != MS_EXPR_NAME || x->sym == NULL ||
+                x->sym->kind != MS_SYM_INPUT)
+                fail_at(g, e->loc, "transpose() is lowered for the node's shaped input only (the "
+                        "engine stages it token-major)");
+            return g->input;
+        }
+        if (is_call(e, "gelu")) {
+            int x = use_val(g, lower(g, argv_at(e, 0), NULL, -1));
+            int out = dest >= 0 ? dest
+                      : (g->v[x].kind == V_BUF && !g->v[x].bound)
+                          ? x
+                          : new_buf(g, g->v[x].rows, g->v[x].width, hint);
+            op *o = new_op(g, O_GELU);
+            op_in(o, x);
+            o->out = out;
+            return out;
+        }
+        if (is_call(e, "layer_norm")) {
+            int x = use_val(g, lower(g, argv_at(e, 0), NULL, -1));
+            int w = weight_entry(g, argv_at(e, 1), "layer_norm()'s weight");
+            const ms_ast_expr *be = argv_at(e, 2);
+            int b = be->kind != MS_EXPR_NONE ? weight_entry(g, be, "layer_norm()'s bias") : -1;
+            int out = out_val(g, dest, g->v[x].rows, g->v[x].width, hint);
+            op *o = new_op(g, O_LAYER_NORM);
+            op_in(o, x);
+            o->out = out;
+            o->w = w;
+            o->b = b;
+            o->eps = S("(float)%s", cexpr(g, argv_at(e, 3)));
+            return out;
+        }
+        if (is_call(e, "conv1d")) {
+            int x = use_val(g, lower(g, argv_at(e, 0), NULL, -1));
+            int w = weight_entry(g, argv_at(e, 1), "conv1d()'s weight");
+            int b = argv_at(e, 2) != NULL ? weight_entry(g, argv_at(e, 2), "conv1d()'s bias") : -1;
+            const ms_weight *ww = weight_of(argv_at(e, 1));
+            const ms_ast_expr *st = named_arg(e, "stride"), *pd = named_arg(e, "padding");
+            const char *stride = st != NULL ? bare(g, cexpr(g, st)) : "1";
+            const char *pad = pd != NULL ? bare(g, cexpr(g, pd)) : "0";
+            const char *k = bare(g, cexpr(g, ww->shape[2]));
+            if (strcmp(g->v[x].rows, "S") == 0)
+                fail_at(g, e->loc, "conv1d() runs over the frames of one sequence");
+            /* torch.nn.Conv1d: T_out = (T_in + 2 padding - K) / stride + 1 */
+            const char *rows = S("(((%s) + 2 * (%s) - (%s)) / (%s) + 1)", g->v[x].rows, pad, k,
+                                 stride);
+            int out = dest >= 0 ? dest : new_buf(g, rows, cexpr(g, ww->shape[0]), hint);
+            op *o = new_op(g, O_CONV1D);
+            op_in(o, x);
+            o->out = out;
+            o->w = w;
+            o->b = b;
+            o->stride = stride;
+            o->padding = pad;
+            return out;
+        }
+        if (e->lhs->kind == MS_EXPR_MEMBER && e->lhs->lhs->sym != NULL &&
+            e->lhs->lhs->sym->kind == MS_SYM_RESOURCE &&
+            e->lhs->lhs->sym->resource->kind == MS_RESOURCE_POS &&
+            strcmp(e->lhs->text, "embed") == 0) {
+            /* learned absolute positions: rows of the table gathered by each token's position
+               (the positions resource's ids; HF WhisperEncoder adds embed_positions[:T], a
+               decoder embed_positions(position ids)) */
+            const ms_resource *pr = e->lhs->lhs->sym->resource;
+            if (pr != g->pos || strcmp(pr->spec->ctor, "positions") != 0)
+                fail_at(g, e->loc, "%s.embed() reads a positions(kv, table = ...) resource of "
+                        "this node", pr->name);
+            const ms_ast_expr *tab = res_arg(pr, "table");
+            if (tab == NULL)
+                fail_at(g, pr->ast->loc, "positions '%s' has no table", pr->name);
+            int w = weight_entry(g, tab, "the positions table");
+            if (g->positions < 0) {
+                g->positions = new_val(g, V_POSITIONS);
+                g->v[g->positions].rows = "T";
+                g->v[g->positions].name = "positions";
+            }
+            const ms_weight *tw = weight_of(tab);
+            int out = out_val(g, dest, "T", cexpr(g, tw->shape[1]), hint);
+            op *o = new_op(g, O_EMBED);
+            op_in(o, g->positions);
+            o->out = out;
+            o->w = w;
+            o->note = "learned positions: table rows by position id";
+            return out;
+        }
         if (e->lhs->kind == MS_EXPR_MEMBER && e->lhs->lhs->sym != NULL &&
             e->lhs->lhs->sym->kind == MS_SYM_RESOURCE &&
             e->lhs->lhs->sym->resource->kind == MS_RESOURCE_ATTN &&
@@ -2122,6 +2239,12 @@ static void lower_stmt(gen *g, const ms_ast_stmt *s) {
         if (grp == NULL || g->layer != NULL || seen)
             fail_at(g, s->loc, "the forward may have one layer loop (not nested, not two)");
         flush_rope(g);
+        /* an add deferred before the loop happens once, before it */
+        for (int x = 0; x < g->n_v; x++)
+            if (g->v[x].kind == V_BUF && g->v[x].pending_add >= 0) {
+                g->stmt_used = true;
+                flush_add(g, x);
+            }
         g->stmt = S("for %s in %s", s->var.name, s->group.name);
         op *b = new_op(g, O_LOOP_BEGIN);
         b->count = bare(g, cexpr(g, grp->count));
@@ -2186,6 +2309,18 @@ static void lower_stmt(gen *g, const ms_ast_stmt *s) {
         const ms_ast_expr *e = s->rhs.items[0];
         const ms_ast_expr *leaf = rowwise_leaf(e);
         flush_rope(g);
+        if (g->hidden) {
+            /* every token's row: the hidden states another node reads */
+            if (e->kind != MS_EXPR_CALL)
+                fail_at(g, e->loc, "the returned hidden states must be computed by an op (end "
+                        "with a norm, linear or activation)");
+            g->v[g->logits].width = e->rank == 2 && e->dims[1] != NULL ? cexpr(g, e->dims[1])
+                                                                       : NULL;
+            if (g->v[g->logits].width == NULL)
+                fail_at(g, e->loc, "the width of the returned hidden states is not known");
+            lower(g, e, NULL, g->logits);
+            return;
+        }
         if (leaf != NULL && leaf != e) {
             int x = use_val(g, lower(g, leaf, NULL, -1));
             int xl = new_buf(g, "S", g->v[x].width, S("%s_last", leaf->text));
@@ -2350,6 +2485,8 @@ static const char *tname(gen *g, int x) {
     switch (v->kind) {
     case V_BUF: return x == g->logits ? "a->logits" : g->s[v->slot].name;
     case V_TOKENS: return "a->tokens";
+    case V_INPUT: return "a->input";
+    case V_POSITIONS: return "a->positions";
     default: return v->name;
     }
 }
@@ -2360,6 +2497,8 @@ static const char *tref(gen *g, int x) {
         return "a->logits";
     if (x == g->tokens)
         return "a->tokens";
+    if (g->v[x].kind == V_INPUT || g->v[x].kind == V_POSITIONS)
+        return tname(g, x);
     return S("&%s", tname(g, x));
 }
 
@@ -2424,6 +2563,21 @@ static void emit_forward(gen *g) {
     E("float *ws = a->workspace;");
     E("(void)be;");
     E("(void)S;");
+    if (g->hidden) {
+        /* its buffers hold the frames of one sequence; the engine stages the input */
+        E("if (a->batch->n_seqs != 1)");
+        E("    return MS_FAIL(err, MS_ERR_UNSUPPORTED, \"node %s: one sequence per step (%%d given)\",",
+          g->node->name);
+        E("                   (int)a->batch->n_seqs);");
+        if (g->input >= 0) {
+            E("if (a->input == NULL || a->input->shape[0] != (int64_t)(%s) ||", g->v[g->input].rows);
+            E("    a->input->shape[1] != (int64_t)(%s))", g->v[g->input].width);
+            E("    return MS_FAIL(err, MS_ERR_INVALID_ARG, \"node %s: input %s must be [%%lld, %%lld] \"",
+              g->node->name, g->v[g->input].name);
+            E("                   \"(token-major)\", (long long)(%s), (long long)(%s));",
+              g->v[g->input].rows, g->v[g->input].width);
+        }
+    }
     ms_emit_blank(&g->cg);
     E("/* planned buffers */");
     for (int i = 0; i < g->n_s; i++)
@@ -2495,6 +2649,28 @@ static void emit_forward(gen *g) {
                   tref(g, o->out));
             }
             break;
+        case O_GELU:
+            E("MS_TRY(f->gelu(cx, %s, %s, err));", tref(g, o->in[0]), tref(g, o->out));
+            break;
+        case O_LAYER_NORM:
+        case O_CONV1D:
+            E("{");
+            g->cg.indent++;
+            if (o->b >= 0) {
+                E("const ms_tensor *bias = %s;", wref(g, o->b));
+                E("bias = bias->data != NULL ? bias : NULL;");
+            } else {
+                E("const ms_tensor *bias = NULL;");
+            }
+            if (o->kind == O_LAYER_NORM)
+                E("MS_TRY(f->layer_norm(cx, %s, %s, bias, %s, %s, err));", tref(g, o->in[0]), W,
+                  o->eps, tref(g, o->out));
+            else
+                E("MS_TRY(f->conv1d(cx, %s, %s, bias, (int32_t)(%s), (int32_t)(%s), %s, err));",
+                  tref(g, o->in[0]), W, o->stride, o->padding, tref(g, o->out));
+            g->cg.indent--;
+            E("}");
+            break;
         case O_SILU_MUL:
             E("MS_TRY(f->silu_mul(cx, %s, %s, %s, err));", tref(g, o->in[0]), tref(g, o->in[1]),
               tref(g, o->out));
@@ -2530,6 +2706,26 @@ static void emit_forward(gen *g) {
     }
     E("return MS_OK;");
     g->cg.indent--;
+    E("}");
+    if (!g->hidden)
+        return;
+    ms_emit_blank(&g->cg);
+    E("/* the width of the hidden rows the forward returns (an encoder's output) */");
+    E("static int64_t %s_hidden_width(const void *config) {", fn);
+    E("    const %s_config *c = config;", mn);
+    E("    (void)c;");
+    E("    return (int64_t)(%s);", bare(g, g->v[g->logits].width));
+    E("}");
+    if (g->input < 0)
+        return;
+    ms_emit_blank(&g->cg);
+    E("/* the shaped input as the forward reads it: %s transposed, [frames, channels] */",
+      g->v[g->input].name);
+    E("static void %s_input_shape(const void *config, int64_t *rows, int64_t *cols) {", fn);
+    E("    const %s_config *c = config;", mn);
+    E("    (void)c;");
+    E("    *rows = (int64_t)(%s);", g->v[g->input].rows);
+    E("    *cols = (int64_t)(%s);", g->v[g->input].width);
     E("}");
 }
 
@@ -2584,6 +2780,15 @@ static void emit_node_table(gen *g) {
         E(".n_steps = (int32_t)MS_ARRAY_LEN(%s_%s_steps),", g->mn, nn);
         E(".workspace_size = %s_%s_workspace_size,", g->mn, nn);
         E(".forward = %s_%s_forward,", g->mn, nn);
+        bool sampled = false, shaped = false;
+        for (int r = 0; r < m->nodes[ni]->n_resources; r++)
+            sampled = sampled || m->nodes[ni]->resources[r]->kind == MS_RESOURCE_SAMPLER;
+        const ms_ast_forward *af = m->nodes[ni]->forwards[0]->ast;
+        shaped = af->params.n > 0 && ((const ms_ast_fparam *)af->params.items[0])->has_shape;
+        if (!sampled)
+            E(".hidden_width = %s_%s_hidden_width,", g->mn, nn);
+        if (shaped)
+            E(".input_shape = %s_%s_input_shape,", g->mn, nn);
         g->cg.indent--;
         E("},");
     }
@@ -2627,11 +2832,13 @@ static void node_slots(gen *g, const ms_node *n) {
                     res->name, res->spec->ctor);
         }
         if (*slotp != NULL)
-            fail_at(g, res->ast->loc, "the engine runs one %s per node", res->spec->ctor);
+            fail_at(g, res->ast->loc, "resource '%s': the engine runs one %s per node", res->name,
+                    res->kind == MS_RESOURCE_POS ? "positions resource (rope or positions)"
+                                                 : res->spec->ctor);
         *slotp = res;
     }
-    if (g->kv == NULL || g->attn == NULL || g->sampler == NULL)
-        fail_at(g, g->node->ast->loc, "node '%s' needs a kv_pool, an attention and a sampler",
+    if (g->kv == NULL || g->attn == NULL)
+        fail_at(g, g->node->ast->loc, "node '%s' needs a kv_pool and an attention",
                 g->node->name);
 }
 
@@ -2666,7 +2873,20 @@ static void lower_node(gen *g, int ni) {
     g->tokens = new_val(g, V_TOKENS);
     g->logits = new_val(g, V_LOGITS);
     g->v[g->logits].root = -1;
-    g->v[g->logits].rows = "S";
+    g->hidden = g->sampler == NULL;
+    g->v[g->logits].rows = g->hidden ? "T" : "S";
+    g->input = g->positions = -1;
+    const ms_ast_fparam *p0 = g->fwd->ast->params.n > 0 ? g->fwd->ast->params.items[0] : NULL;
+    if (p0 != NULL && p0->has_shape) {
+        /* declared [C, L]; staged token-major [L, C] (read as transpose(x)) */
+        if (p0->shape.n != 2 || !g->hidden)
+            fail_at(g, p0->name.loc, "forward parameter '%s': the engine stages one 2-D input "
+                    "[channels, frames] for a node without a sampler", p0->name.name);
+        g->input = new_val(g, V_INPUT);
+        g->v[g->input].rows = bare(g, cexpr(g, p0->shape.items[1]));
+        g->v[g->input].width = bare(g, cexpr(g, p0->shape.items[0]));
+        g->v[g->input].name = p0->name.name;
+    }
     lower_body(g, &g->fwd->ast->body);
     plan_buffers(g);
 }
@@ -3147,6 +3367,12 @@ static int collect_kernels(gen *g, kvariant *ks, int n, int cap) {
                              ms_kernel_spec_attn_prefill(dt, hd, ps, grp, causal == 1, win), when);
             }
             break;
+        case O_LAYER_NORM:
+        case O_GELU:
+        case O_CONV1D:
+            fail_at(g, NOLOC, "kernels: no CUDA template instance for %s yet (it runs on the CPU "
+                    "backend)", o->kind == O_GELU ? "gelu" : o->kind == O_CONV1D ? "conv1d"
+                                                                                 : "layer_norm");
         default:
             break;
         }

@@ -9,9 +9,11 @@
 
 #include <string.h>
 
-/* The builtins the generator lowers (codegen.c, lower): silu only as silu(a) * b. */
+/* The builtins the generator lowers (codegen.c, lower): silu only as silu(a) * b, transpose
+ * only of a node's shaped input. */
 static const char *const LOWERED_BUILTINS[] = {
-    "embedding", "rms_norm", "head_rms_norm", "linear", "silu", NULL,
+    "embedding", "rms_norm", "head_rms_norm", "linear", "silu", "layer_norm", "gelu", "conv1d",
+    "transpose", NULL,
 };
 
 typedef struct lcheck {
@@ -69,11 +71,7 @@ static void check_resource(lcheck *c, const ms_resource *r) {
                r->name);
         return;
     case MS_RESOURCE_POS: {
-        if (strcmp(r->spec->ctor, "positions") == 0) {
-            refuse(c, r->ast->name.loc, "resource '%s': learned position tables (positions(kv, table = ...)) "
-                   "are not lowered by mstarc build yet (it lowers rope)", r->name);
-            return;
-        }
+        /* rope and learned tables (positions(kv, table = ...), read by pos.embed) are lowered */
         const ms_ast_expr *block = find_word(arg_of(r, "scheme"), "block");
         if (block != NULL)
             refuse(c, block->loc, "%s '%s': scheme = block is not lowered by mstarc build yet", r->spec->ctor,
@@ -142,14 +140,24 @@ static void check_retention(lcheck *c, const ms_node *node) {
     }
 }
 
-/* The engine passes one list of token ids to the forward. */
-static void check_inputs(lcheck *c, const ms_forward *f) {
+/* Whether node n declares a sampler (its forward returns logits). */
+static bool has_sampler(const ms_node *n) {
+    for (int r = 0; r < n->n_resources; r++)
+        if (n->resources[r]->kind == MS_RESOURCE_SAMPLER)
+            return true;
+    return false;
+}
+
+/* The engine passes one list of token ids to the forward, or to a node without a sampler (an
+ * encoder, ms_engine_encode) one 2-D input. */
+static void check_inputs(lcheck *c, const ms_node *node, const ms_forward *f) {
     const ms_ast_forward *af = f->ast;
     for (int i = 0; i < af->params.n; i++) {
         const ms_ast_fparam *p = af->params.items[i];
-        if (p->has_shape)
+        if (p->has_shape && (i > 0 || p->shape.n != 2 || has_sampler(node)))
             refuse(c, p->name.loc, "forward parameter '%s' is a shaped tensor; mstarc build lowers "
-                   "forwards over token ids only yet", p->name.name);
+                   "forwards over token ids, or one 2-D input of a node without a sampler, only "
+                   "yet", p->name.name);
         else if (i > 0)
             refuse(c, p->name.loc, "forward parameter '%s': mstarc build lowers forwards of one "
                    "token input yet", p->name.name);
@@ -170,7 +178,8 @@ static void check_expr(lcheck *c, const ms_ast_expr *e) {
             c->oom = c->oom || b.oom;
             if (!c->oom)
                 refuse(c, e->loc, "cannot lower '%.200s' yet: mstarc build lowers the builtins embedding, "
-                       "rms_norm, head_rms_norm, linear and silu(a) * b, not %s", b.data != NULL ? b.data : "",
+                       "rms_norm, head_rms_norm, layer_norm, linear, silu(a) * b, gelu, conv1d and "
+                       "transpose (of a shaped input), not %s", b.data != NULL ? b.data : "",
                        e->lhs->text);
             ms_strbuf_free(&b);
         }
@@ -263,7 +272,7 @@ ms_status ms_lower_check(const ms_model *m, const char *source, ms_error *err) {
         }
         check_retention(&c, node);
         for (int f = 0; f < node->n_forwards && !c.failed; f++) {
-            check_inputs(&c, node->forwards[f]);
+            check_inputs(&c, node, node->forwards[f]);
             check_stmts(&c, &node->forwards[f]->ast->body);
         }
     }

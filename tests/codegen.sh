@@ -357,14 +357,24 @@ refused scratch '/resource pick = /a resource code = scratch(shape = [4, hd], ro
     "resource 'code': a scratch pool \(scratch\) is not lowered by mstarc build yet"
 refused learned_positions '/norm = "norm.weight"/a pos_table = "pos.weight" [max_position_embeddings, dim];
 /resource pick = /a resource lpos = positions(cache, table = pos_table);' \
-    "resource 'lpos': learned position tables \(positions\(kv, table = ...\)\) are not lowered by mstarc build yet"
-# ... also as the node's only positions resource, where the generator's RoPE code aborted mstarc
-refused learned_positions_only '/norm = "norm.weight"/a pos_table = "pos.weight" [max_position_embeddings, dim];
-s/resource rot = rope(cache, theta = theta, style = interleaved,/resource rot = positions(cache, table = pos_table);/
-/scaling = kind == "scaled"/d
-/q, k = rot.apply(q, k);/d
-s/x = embedding(tok, tokens);/x = embedding(tok, tokens) + rot.embed(tokens);/' \
-    "resource 'rot': learned position tables \(positions\(kv, table = ...\)\) are not lowered by mstarc build yet"
+    "resource 'rot': the engine runs one positions resource \(rope or positions\) per node"
+# ... as the node's only positions resource a learned table is lowered (where the generator's
+# RoPE code once aborted mstarc): pos.embed gathers table rows by the step's position ids
+sed -e '/norm = "norm.weight"/a pos_table = "pos.weight" [max_position_embeddings, dim];' \
+    -e 's/resource rot = rope(cache, theta = theta, style = interleaved,/resource rot = positions(cache, table = pos_table);/' \
+    -e '/scaling = kind == "scaled"/d' -e '/q, k = rot.apply(q, k);/d' \
+    -e 's/x = embedding(tok, tokens);/x = embedding(tok, tokens) + rot.embed(tokens);/' \
+    "$root/tests/codegen/tiny.mstar" >"$tmp/lpos.mstar"
+if run "learned positions" 0 "$mstarc" build "$tmp/lpos.mstar" -o "$tmp/lpos" --emit-only; then
+    if grep -q 'f->embedding(cx, ms_md_weight_get(a, W_POS_TABLE, 0), a->positions, ' "$tmp/lpos"/*_gen.c &&
+        grep -q 'out->rope.theta' "$tmp/lpos"/*_gen.c; then
+        fail "learned positions: no table gather, or a RoPE theta emitted for a learned table"
+    elif grep -q 'f->embedding(cx, ms_md_weight_get(a, W_POS_TABLE, 0), a->positions, ' "$tmp/lpos"/*_gen.c; then
+        ok
+    else
+        fail "learned positions: the table is not gathered by position"
+    fi
+fi
 refused two_nodes '/^    walk generate/i node lm2 { resource pick2 = sampler(vocab = vocab); step s(t) { } forward(t) -> y { x = embedding(tok, t); return x; } }' \
     "node 'lm2': a kv_pool in one node only \('cache' of node 'lm'\): mstarc build lowers several nodes that declare the same kv_pool, positions, attention and sampler yet"
 # a second node is lowered when its KV layout is the first node's (tests/codegen/two_nodes.mstar);
@@ -374,9 +384,9 @@ refused node_layout '/^    walk generate/i node lm2 { resource c2 = kv_pool(laye
 refused retention 's/retention = window(short_window));/retention = window(2 * short_window));/' \
     "kv_pool 'cache': a retention other than attention 'att''s window is not lowered by mstarc build yet"
 refused shaped_input 's/forward(tokens) -> logits {/forward(tokens: [_, dim]) -> logits {/' \
-    "forward parameter 'tokens' is a shaped tensor; mstarc build lowers forwards over token ids only yet"
-refused layer_norm 's/h = rms_norm(x, blk.norm2, eps);/h = layer_norm(x, blk.norm2, none, eps);/' \
-    "cannot lower 'layer_norm\(x, blk.norm2, none, eps\)' yet: mstarc build lowers the builtins embedding, rms_norm, head_rms_norm, linear and silu\(a\) \* b, not layer_norm"
+    "forward parameter 'tokens' is a shaped tensor; mstarc build lowers forwards over token ids, or one 2-D input of a node without a sampler, only yet"
+refused tanh 's/h = rms_norm(x, blk.norm2, eps);/h = tanh(rms_norm(x, blk.norm2, eps));/' \
+    "cannot lower 'tanh\(rms_norm\(x, blk.norm2, eps\)\)' yet: mstarc build lowers the builtins embedding, rms_norm, head_rms_norm, layer_norm, linear, silu\(a\) \* b, gelu, conv1d and transpose \(of a shaped input\), not tanh"
 # a config parameter named like a C keyword or macro: refused with the way out (was a failing C
 # compile of 'c->while')
 sed -e 's/\bvocab\b/while/g' -e 's/(while = while)/(vocab = while)/' "$root/tests/codegen/tiny.mstar" >"$tmp/kw.mstar"

@@ -165,7 +165,7 @@ static void test_desc_check_catches_bugs(void **state) {
     } cases[] = {
         {"per-layer names must contain {i}", 0}, {"tie must name an earlier", 0},
         {"a part must name a fused entry that lists it", 0}, {"a fused entry needs 2..4 parts", 0},
-        {"rank must be 1 or 2", 0}, {"optional exactly when", 0},
+        {"rank must be 1, 2 or 3", 0}, {"optional exactly when", 0},
         {"not an earlier resource", 1}, {"declared twice", 1}, {"are both of kind", 1},
         {"2 kernel instances without a list", 2}, {"kernel instance 1 has no stem", 2},
     };
@@ -183,7 +183,7 @@ static void test_desc_check_catches_bugs(void **state) {
         case 1: w[wix("lm_head")].tie = wix("lm_head"); break;
         case 2: w[wix("layers.wq")].fused = wix("layers.w_gate+w_up"); break;
         case 3: w[wix("layers.w_gate+w_up")].n_parts = 5; break;
-        case 4: w[wix("final_norm")].rank = 3; break;
+        case 4: w[wix("final_norm")].rank = 4; break;
         case 5: w[wix("layers.bq+bk+bv")].optional = false; break;
         case 6: r[1].deps[0] = "attn"; break;
         case 7: r[3].key = "kv"; r[3].kind = MS_RESOURCE_SCRATCH; break;

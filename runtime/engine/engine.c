@@ -172,6 +172,12 @@ struct ms_engine {
     int32_t *tokens_dev;          /* backend [max_tokens] */
     int32_t *pos_dev;             /* backend [n_axes * max_tokens] */
     float *logits_dev;            /* backend [max_seqs * vocab] */
+    /* nodes returning hidden states (ms_engine_encode; none: NULL, 0) */
+    float *hidden_dev;            /* backend [max_tokens * hidden_cap_width] their output */
+    int64_t hidden_cap_width;     /* widest hidden row of those nodes */
+    float *input_dev;             /* backend [input_cap] a shaped input, token-major */
+    float *input_host;            /* [input_cap] staging (the transpose) */
+    int64_t input_cap;            /* elements of the largest declared shaped input */
     int32_t *ids_dev;             /* backend [max_seqs] */
     void *sample_ws;              /* backend */
     size_t sample_ws_bytes;
@@ -721,8 +727,10 @@ static ms_status eng_runner_init(ms_engine *e, eng_node *nd, ms_error *err) {
         nd->idx[k] = -1;
     for (int32_t i = 0; i < d->n_resources; i++)
         nd->idx[d->resources[i].kind] = i; /* ms_md_check_desc: one of each kind */
+    /* a node returning hidden states (an encoder) samples nothing */
+    const bool sampled = d->hidden_width == NULL;
     if (nd->idx[MS_RESOURCE_KV] < 0 || nd->idx[MS_RESOURCE_POS] < 0 ||
-        nd->idx[MS_RESOURCE_ATTN] < 0 || nd->idx[MS_RESOURCE_SAMPLER] < 0)
+        nd->idx[MS_RESOURCE_ATTN] < 0 || (sampled && nd->idx[MS_RESOURCE_SAMPLER] < 0))
         return MS_FAIL(err, MS_ERR_INVALID_ARG,
                        "model %s: node %s: the LLM engine needs kv, positions, attention and "
                        "sampler resources", e->desc->name, d->name);
@@ -781,6 +789,29 @@ static ms_status eng_buffers_init(ms_engine *e, ms_error *err) {
     MS_TRY(eng_alloc(e, (size_t)n_axes * T * sizeof(int32_t), "step.positions",
                      (void **)&e->pos_dev, err));
     MS_TRY(eng_alloc(e, S * V * sizeof(float), "step.logits", (void **)&e->logits_dev, err));
+    for (int32_t i = 0; i < e->n_nodes; i++) {
+        const ms_md_node *nd = e->nodes[i].node;
+        if (nd->hidden_width != NULL)
+            e->hidden_cap_width = MS_MAX(e->hidden_cap_width, nd->hidden_width(e->config));
+        if (nd->input_shape != NULL) {
+            int64_t rows = 0, cols = 0;
+            nd->input_shape(e->config, &rows, &cols);
+            if (rows < 1 || cols < 1 || rows > INT32_MAX / cols)
+                return MS_FAIL(err, MS_ERR_FORMAT, "model %s: node %s: input of %lld x %lld",
+                               e->desc->name, nd->name, (long long)rows, (long long)cols);
+            e->input_cap = MS_MAX(e->input_cap, rows * cols);
+        }
+    }
+    if (e->hidden_cap_width > 0)
+        MS_TRY(eng_alloc(e, T * (size_t)e->hidden_cap_width * sizeof(float), "step.hidden",
+                         (void **)&e->hidden_dev, err));
+    if (e->input_cap > 0) {
+        MS_TRY(eng_alloc(e, (size_t)e->input_cap * sizeof(float), "step.input",
+                         (void **)&e->input_dev, err));
+        e->input_host = ms_malloc((size_t)e->input_cap * sizeof(float));
+        if (e->input_host == NULL)
+            return MS_FAIL(err, MS_ERR_OOM, "out of memory for the input staging buffer");
+    }
     MS_TRY(eng_alloc(e, S * sizeof(int32_t), "step.ids", (void **)&e->ids_dev, err));
     e->sample_ws_bytes = e->be.iface.sample_workspace_size(e->be.ctx, e->max_seqs, fa->vocab);
     if (e->max_out > e->max_seqs) {
@@ -799,12 +830,14 @@ static ms_status eng_buffers_init(ms_engine *e, ms_error *err) {
     }
     MS_TRY(eng_alloc(e, e->sample_ws_bytes, "sampler.workspace", &e->sample_ws, err));
 
-    /* RoPE table */
+    /* RoPE table (a model of learned position tables has none: theta 0) */
     int32_t rd = fa->rope.rotary_dim > 0 ? fa->rope.rotary_dim : fa->head_dim;
+    if (fa->rope.theta <= 0.0)
+        rd = 0;
     float *inv = ms_calloc((size_t)rd / 2 + 1, sizeof(float));
     if (inv == NULL)
         return MS_FAIL(err, MS_ERR_OOM, "out of memory for the RoPE table");
-    ms_status st = ms_rope_compute_inv_freq(&fa->rope, inv, err);
+    ms_status st = rd > 0 ? ms_rope_compute_inv_freq(&fa->rope, inv, err) : MS_OK;
     if (st == MS_OK)
         st = eng_alloc(e, (size_t)rd / 2 * sizeof(float), "rope.inv_freq", (void **)&e->inv_freq,
                        err);
@@ -933,7 +966,10 @@ void ms_engine_free(ms_engine *e) {
         eng_bfree(e, e->ids_dev);
         eng_bfree(e, e->sample_ws);
         eng_bfree(e, e->out_rows_dev);
+        eng_bfree(e, e->hidden_dev);
+        eng_bfree(e, e->input_dev);
     }
+    ms_free(e->input_host);
     ms_backend_free(&e->be);
     ms_free(e->weights);
     ms_free(e->woff);
@@ -1040,6 +1076,13 @@ ms_status ms_engine_add(ms_engine *e, const ms_engine_request *rq, ms_rid *rid, 
     bool takes_ids = false;
     {
         const ms_md_walk *wk = &e->desc->walks[walk];
+        for (int32_t i = 0; i < wk->n_items; i++) {
+            const ms_md_node *nd = &e->desc->nodes[wk->items[i].node];
+            if (nd->hidden_width != NULL)
+                return MS_FAIL(err, MS_ERR_UNSUPPORTED,
+                               "walk '%s' runs node %s, whose forward returns hidden states: "
+                               "run it through ms_engine_encode", wk->name, nd->name);
+        }
         for (int32_t i = 0; i < wk->loop_begin; i++)
             takes_ids = takes_ids || e->desc->nodes[wk->items[i].node]
                                                   .steps[wk->items[i].step].explicit_positions;
@@ -1116,7 +1159,8 @@ ms_status ms_engine_add(ms_engine *e, const ms_engine_request *rq, ms_rid *rid, 
     ms_status st = MS_OK;
     for (int32_t i = 0; i < e->n_nodes && st == MS_OK; i++) {
         const void *overrides[MS_MAX_RESOURCES] = {NULL};
-        overrides[e->nodes[i].idx[MS_RESOURCE_SAMPLER]] = &ss;
+        if (e->nodes[i].idx[MS_RESOURCE_SAMPLER] >= 0)
+            overrides[e->nodes[i].idx[MS_RESOURCE_SAMPLER]] = &ss;
         st = ms_step_runner_ingest(e->nodes[i].runner, r->rid, overrides, err);
     }
     if (st != MS_OK) {
@@ -1293,6 +1337,18 @@ static ms_status eng_forward_sample(ms_engine *e, eng_node *nd, const ms_md_step
     ms_tensor pos = n_axes > 1 ? ms_tensor_2d(e->pos_dev, MS_DTYPE_I32, n_axes, n_tok)
                                : ms_tensor_1d(e->pos_dev, MS_DTYPE_I32, n_tok);
     ms_tensor logits = ms_tensor_2d(e->logits_dev, MS_DTYPE_F32, n, e->facts.vocab);
+    /* a node returning hidden states: every token's row, and its shaped input staged */
+    const bool hidden = nd->node->hidden_width != NULL;
+    if (hidden)
+        logits = ms_tensor_2d(e->hidden_dev, MS_DTYPE_F32, n_tok,
+                              nd->node->hidden_width(e->config));
+    ms_tensor input;
+    memset(&input, 0, sizeof input);
+    if (nd->node->input_shape != NULL) {
+        int64_t rows = 0, cols = 0;
+        nd->node->input_shape(e->config, &rows, &cols);
+        input = ms_tensor_2d(e->input_dev, MS_DTYPE_F32, rows, cols);
+    }
     ms_tensor out_rows = ms_tensor_1d(e->out_rows_dev, MS_DTYPE_I32, n_tok);
     const eng_attn *ap = ctx->plan_results[nd->idx[MS_RESOURCE_ATTN]];
     ms_md_forward_args args = {
@@ -1312,8 +1368,11 @@ static ms_status eng_forward_sample(ms_engine *e, eng_node *nd, const ms_md_step
         .max_seqs = e->max_out,
         .out_rows = sd->all_logits ? &out_rows : NULL,
         .logits = &logits,
+        .input = nd->node->input_shape != NULL ? &input : NULL,
     };
     MS_TRY(nd->node->forward(&args, err));
+    if (hidden)
+        return MS_OK; /* ms_engine_encode reads hidden_dev */
     MS_TRY(f->copy_to_host(cx, e->logits_host, e->logits_dev, (size_t)n * V * sizeof(float),
                            err));
     if (!sample)
@@ -1420,6 +1479,67 @@ ms_status ms_engine_run_step(ms_engine *e, ms_rid rid, const char *step_name,
     r->row = 0;
     *logits = e->logits_host;
     *n_rows = sd->all_logits ? n_tokens : 1;
+    return MS_OK;
+}
+
+ms_status ms_engine_encode(ms_engine *e, const char *node, const float *input, int64_t n_channels,
+                           int64_t n_frames, float *out, int64_t cap, int64_t *n_rows,
+                           int64_t *width, ms_error *err) {
+    *n_rows = 0;
+    *width = 0;
+    eng_node *nd = NULL;
+    for (int32_t i = 0; i < e->n_nodes; i++)
+        if (node != NULL && strcmp(e->nodes[i].node->name, node) == 0)
+            nd = &e->nodes[i];
+    if (nd == NULL || nd->node->hidden_width == NULL || nd->node->input_shape == NULL)
+        return MS_FAIL(err, MS_ERR_NOT_FOUND,
+                       "encode: model %s has no node '%s' reading a shaped input and returning "
+                       "hidden states", e->desc->name, node != NULL ? node : "(null)");
+    if (nd->node->n_steps != 1)
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "encode: node %s has %d steps (one expected)",
+                       nd->node->name, (int)nd->node->n_steps);
+    int64_t rows = 0, cols = 0; /* as the forward reads it: [frames, channels] */
+    nd->node->input_shape(e->config, &rows, &cols);
+    if (input == NULL || n_channels != cols || n_frames != rows)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "encode: node %s takes input [%lld, %lld] (channels, frames), got "
+                       "[%lld, %lld]", nd->node->name, (long long)cols, (long long)rows,
+                       (long long)n_channels, (long long)n_frames);
+    const ms_md_step *sd = &nd->node->steps[0];
+    ms_md_row row;
+    memset(&row, 0, sizeof row);
+    row.rid = e->next_rid++; /* a request of this call alone */
+    e->rows[0] = row;
+    e->row_reqs[0] = NULL;
+    e->rids[0] = row.rid;
+    MS_TRY(sd->run(e->config, e->rows, 1, &e->build, err));
+    const int32_t n_tok = e->build.n_tokens;
+    const int64_t w = nd->node->hidden_width(e->config);
+    if (n_tok < 1 || n_tok > e->max_tokens)
+        return MS_FAIL(err, MS_ERR_CAPACITY,
+                       "encode: step %s of node %s declares %d tokens (max_tokens %d: raise it)",
+                       sd->name, nd->node->name, (int)n_tok, (int)e->max_tokens);
+    if (out == NULL || cap < (int64_t)n_tok * w)
+        return MS_FAIL(err, MS_ERR_CAPACITY,
+                       "encode: node %s returns [%d, %lld], the output holds %lld floats",
+                       nd->node->name, (int)n_tok, (long long)w, (long long)cap);
+    /* token-major staging: input[c, t] -> input_host[t, c] */
+    for (int64_t t = 0; t < rows; t++)
+        for (int64_t c = 0; c < cols; c++)
+            e->input_host[t * cols + c] = input[c * rows + t];
+    const ms_backend_i *f = &e->be.iface;
+    MS_TRY(f->copy_to_backend(e->be.ctx, e->input_dev, e->input_host,
+                              (size_t)(rows * cols) * sizeof(float), err));
+    memset(e->tokens_host, 0, (size_t)n_tok * sizeof(int32_t)); /* the forward reads no ids */
+    MS_TRY(ms_step_runner_ingest(nd->runner, row.rid, NULL, err));
+    ms_status st = eng_run_built(e, nd, sd, 1, false, err);
+    if (st == MS_OK)
+        st = f->copy_to_host(e->be.ctx, out, e->hidden_dev,
+                             (size_t)n_tok * (size_t)w * sizeof(float), err);
+    ms_step_runner_remove(nd->runner, row.rid);
+    MS_TRY(st);
+    *n_rows = n_tok;
+    *width = w;
     return MS_OK;
 }
 

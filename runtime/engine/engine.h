@@ -211,6 +211,21 @@ ms_status ms_engine_run_step(ms_engine *e, ms_rid rid, const char *step_name,
                              const int32_t *tokens, int32_t n_tokens, const float **logits,
                              int32_t *n_rows, ms_error *err);
 
+/*
+ * Run node `node`'s forward over one shaped input (an encoder: log-mel features) and return its
+ * hidden states: input [n_channels, n_frames] f32 host, channel-major as the model file declares
+ * it (`forward encode(features: [num_mel_bins, n_frames])`, transformers' input_features[0]); the
+ * engine stages it token-major, runs the node's one step (admit -> plan -> forward -> commit over
+ * a stream of this call alone, removed after it: its KV pages return) and copies the rows to
+ * out [*n_rows, *width] f32 host (cap floats). Other requests are untouched. Errors:
+ * MS_ERR_NOT_FOUND (no such node, or not one returning hidden states), MS_ERR_INVALID_ARG (the
+ * input's shape is not the declared one), MS_ERR_CAPACITY (out too small, the step over
+ * max_tokens), the step's own.
+ */
+ms_status ms_engine_encode(ms_engine *e, const char *node, const float *input, int64_t n_channels,
+                           int64_t n_frames, float *out, int64_t cap, int64_t *n_rows,
+                           int64_t *width, ms_error *err);
+
 /* Committed tokens of rid's stream `label` (0 main) in the node of the walk item rid stands at
  * (node 0 once its walk is over), or -1 when it holds none there. */
 int32_t ms_engine_stream_length(const ms_engine *e, ms_rid rid, ms_label label);

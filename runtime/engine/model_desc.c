@@ -327,8 +327,8 @@ ms_status ms_md_check_desc(const ms_model_desc *d, ms_error *err) {
                            __VA_ARGS__)
         if (w->key == NULL || w->kind < 0 || w->kind >= MS_MD_WEIGHT_KIND_COUNT)
             return WFAIL("no key or a bad kind");
-        if (w->rank < 1 || w->rank > 2)
-            return WFAIL("rank must be 1 or 2");
+        if (w->rank < 1 || w->rank > 3)
+            return WFAIL("rank must be 1, 2 or 3 (a conv1d kernel)");
         bool has_name = w->names[0] != NULL;
         if (w->kind == MS_MD_WEIGHT_FUSED ? has_name : !has_name)
             return WFAIL(w->kind == MS_MD_WEIGHT_FUSED ? "a fused entry names no tensor"

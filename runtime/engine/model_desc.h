@@ -231,7 +231,7 @@ typedef struct ms_md_weight {
                                             layer index; unused entries NULL (FUSED: none) */
     bool per_layer;                      /* one instance per layer ("{i}" in the names) */
     bool optional;                       /* may be absent: data NULL (the forward skips it) */
-    int32_t rank;                        /* 1 or 2 */
+    int32_t rank;                        /* 1, 2, or 3 (conv1d [out, in, kernel]) */
     int32_t tie;                         /* index of the weight used instead (declared earlier
                                             in the table) when weight_tied() says so (DSL
                                             `or embed if cond`), or, with tie_if_missing, when
@@ -426,6 +426,8 @@ typedef struct ms_md_forward_args {
     const ms_paged_kv *kv;           /* the KV page arena */
     const ms_attn_batch *batch;      /* the step's staged plan (views, write addresses) */
     const ms_tensor *tokens;         /* [n_tokens] i32, backend memory, packed segment order */
+    const ms_tensor *input;          /* a node's shaped input (ms_md_node.input_shape), token-
+                                        major [rows, cols] f32 backend memory; NULL otherwise */
     const ms_tensor *positions;      /* [n_tokens] i32, backend memory (positions resource) */
     const ms_rope_table *rope;       /* inv_freq in backend memory */
     ms_attn_params attn;             /* scale, window, causal (from the step declaration) */
@@ -435,7 +437,9 @@ typedef struct ms_md_forward_args {
     const ms_tensor *out_rows;       /* [n_out] i32 backend memory: the packed token rows whose
                                         logits are returned, in order (all rows of a block step),
                                         n_out <= max_seqs; NULL: the last token of each view */
-    ms_tensor *logits;               /* out: [n_out or batch->n_seqs, vocab] f32, backend memory */
+    ms_tensor *logits;               /* out: [n_out or batch->n_seqs, vocab] f32, backend memory;
+                                        a node without a sampler (hidden_width set): every
+                                        token's row, [batch->n_tokens, hidden_width] f32 */
 } ms_md_forward_args;
 
 /* Tensor of weight entry `w`, layer `layer` (0 for global weights). Data NULL when an optional
@@ -454,6 +458,11 @@ static inline const ms_tensor *ms_md_weight_get(const ms_md_forward_args *a, int
 typedef size_t (*ms_md_workspace_fn)(const void *config, int32_t max_tokens, int32_t max_seqs);
 /* Queue one step's forward. Errors: the first failing op's status and message. */
 typedef ms_status (*ms_md_forward_fn)(const ms_md_forward_args *args, ms_error *err);
+/* Columns of the hidden rows a node's forward returns, under a loaded config. */
+typedef int64_t (*ms_md_width_fn)(const void *config);
+/* The [rows, cols] of a node's shaped input as its forward reads it (token-major: the declared
+ * `features: [C, L]` is read as transpose(features), [L, C]), under a loaded config. */
+typedef void (*ms_md_shape_fn)(const void *config, int64_t *rows, int64_t *cols);
 
 /* One node of the model (`node decoder { ... }`): its stream labels, resources, steps and
  * forward. Resource indices (ms_step.records), label values (ms_label) and step indices are the
@@ -468,6 +477,13 @@ typedef struct ms_md_node {
     int32_t n_steps;
     ms_md_workspace_fn workspace_size;
     ms_md_forward_fn forward;
+    /* a node without a sampler (an encoder): its forward returns every token's row of hidden
+       states, hidden_width(config) columns, run through ms_engine_encode; NULL: a node whose
+       forward returns logits that the engine samples */
+    ms_md_width_fn hidden_width;
+    /* its forward reads a shaped input (audio features) instead of token ids: the shape the
+       engine stages; NULL: token ids */
+    ms_md_shape_fn input_shape;
 } ms_md_node;
 
 /* ---- the descriptor ---- */
@@ -524,7 +540,7 @@ ms_status ms_md_expand_name(const char *tmpl, int32_t layer, char *buf, size_t c
 
 /*
  * Check a descriptor's tables for consistency (what a code generator bug would break), without a
- * config: every function pointer set; weights: kind valid, rank 1 or 2, TENSOR/PART entries name
+ * config: every function pointer set; weights: kind valid, rank 1 to 3, TENSOR/PART entries name
  * at least one template (a per-layer one containing "{i}", a global one none), a tie points to an
  * earlier TENSOR/FUSED entry of the same rank and layering, a PART names a FUSED entry that lists
  * it, a FUSED entry has 2..MS_MD_MAX_PARTS PART entries of its rank and layering, each listing it;
