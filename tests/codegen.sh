@@ -387,6 +387,13 @@ refused shaped_input 's/forward(tokens) -> logits {/forward(tokens: [_, dim]) ->
     "forward parameter 'tokens' is a shaped tensor; mstarc build lowers forwards over token ids, or one 2-D input of a node without a sampler, only yet"
 refused tanh 's/h = rms_norm(x, blk.norm2, eps);/h = tanh(rms_norm(x, blk.norm2, eps));/' \
     "cannot lower 'tanh\(rms_norm\(x, blk.norm2, eps\)\)' yet: mstarc build lowers the builtins embedding, rms_norm, head_rms_norm, layer_norm, linear, silu\(a\) \* b, gelu, conv1d and transpose \(of a shaped input\), not tanh"
+# models/whisper.mstar checks clean (tests/mstarc_cli.sh); its encoder node builds alone
+# (tests/codegen/whisper_encoder.mstar), the whole model is refused at the decoder's KV pool
+# (another layout than the encoder's; its cross resource is not lowered either)
+if run "whisper refused" 1 "$mstarc" build models/whisper.mstar -o "$tmp/whisper" --emit-only; then
+    if grep -Eq "^mstarc: error: models/whisper.mstar:[0-9]+:[0-9]+: node 'decoder': kv_pool 'kv' differs from kv_pool 'kv' of node 'encoder'" "$tmp/err" &&
+        [ ! -e "$tmp/whisper" ]; then ok; else fail "whisper refused: $(cat "$tmp/err")"; fi
+fi
 # a config parameter named like a C keyword or macro: refused with the way out (was a failing C
 # compile of 'c->while')
 sed -e 's/\bvocab\b/while/g' -e 's/(while = while)/(vocab = while)/' "$root/tests/codegen/tiny.mstar" >"$tmp/kw.mstar"
