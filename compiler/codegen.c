@@ -991,7 +991,8 @@ static void emit_facts(gen *g) {
         fail_at(g, g->m->ast->loc, "the engine needs the context limit: declare "
                 "'max_position_embeddings: int = <default>;' in config");
 
-    E("static ms_status %s_facts(const void *config, ms_md_facts *out, ms_error *err) {", g->mn);
+    E("static ms_status %s_%s_facts(const void *config, ms_md_facts *out, ms_error *err) {", g->mn,
+      g->node->name);
     g->cg.indent++;
     E("(void)err;");
     E("const %s_config *c = config;", g->mn);
@@ -1004,7 +1005,19 @@ static void emit_facts(gen *g) {
     E("out->hidden = (int32_t)%s;", bare(g, width));
     /* no sampler (an encoder): no vocabulary */
     E("out->vocab = (int32_t)%s;", g->sampler != NULL ? cexpr(g, res_arg(g->sampler, "vocab")) : "0");
-    E("out->max_context = (int32_t)c->%s;", mp->name);
+    if (!g->hidden) {
+        E("out->max_context = (int32_t)c->%s;", mp->name);
+    } else {
+        /* a node returning hidden states holds what its steps write (their spans) */
+        const char *mc = NULL;
+        for (int k = 0; k < g->node->n_steps; k++)
+            for (int q = 0; q < g->node->steps[k]->n_segments; q++) {
+                const ms_ast_expr *sp = g->node->steps[k]->segments[q].span;
+                const char *t = bare(g, cexpr(g, sp));
+                mc = mc == NULL ? t : S("MS_MAX(%s, %s)", mc, t);
+            }
+        E("out->max_context = (int32_t)(%s);", mc != NULL ? mc : "0");
+    }
     if (rope) {
         E("out->rope.style = %s;", bare(g, word_expr(g, res_arg(g->pos, "style"), style_w,
                                                      style_c, "MS_ROPE_ROTATE_HALF")));
@@ -1357,6 +1370,21 @@ static void emit_weights(gen *g) {
         E("default: return false;");
         E("}");
     }
+    g->cg.indent--;
+    E("}");
+    if (g->m->n_groups < 2)
+        return; /* one group: its count is facts.n_layers */
+    ms_emit_blank(&g->cg);
+    E("/* instances of a per-layer entry: its group's count (groups of different counts) */");
+    E("static int32_t %s_weight_layers(const void *config, int32_t w) {", g->mn);
+    g->cg.indent++;
+    E("const %s_config *c = config;", g->mn);
+    E("switch (w) {");
+    for (int i = 0; i < g->n_w; i++)
+        if (g->w[i].group != NULL)
+            E("case %s: return (int32_t)(%s);", g->w[i].ename, bare(g, cexpr(g, g->w[i].group->count)));
+    E("default: return 1;");
+    E("}");
     g->cg.indent--;
     E("}");
 }
@@ -2780,6 +2808,7 @@ static void emit_node_table(gen *g) {
         E(".n_steps = (int32_t)MS_ARRAY_LEN(%s_%s_steps),", g->mn, nn);
         E(".workspace_size = %s_%s_workspace_size,", g->mn, nn);
         E(".forward = %s_%s_forward,", g->mn, nn);
+        E(".facts = %s_%s_facts,", g->mn, nn);
         bool sampled = false, shaped = false;
         for (int r = 0; r < m->nodes[ni]->n_resources; r++)
             sampled = sampled || m->nodes[ni]->resources[r]->kind == MS_RESOURCE_SAMPLER;
@@ -3043,7 +3072,21 @@ ms_status ms_codegen_model_c(const ms_model *m, const char *source, ms_strbuf *o
     ms_emit_blank(&g->cg);
     emit_config_load(g);
     ms_emit_blank(&g->cg);
-    emit_facts(g);
+    /* each node's facts (its KV layout, attention, vocabulary); the model's are those of the
+       first node with a sampler (the one whose ids a request returns), else of node 0 */
+    int facts_node = 0;
+    for (int ni = m->n_nodes - 1; ni >= 0; ni--) {
+        lower_node(g, ni);
+        if (!g->hidden)
+            facts_node = ni;
+    }
+    for (int ni = 0; ni < m->n_nodes; ni++) {
+        if (ni > 0)
+            ms_emit_blank(&g->cg);
+        lower_node(g, ni);
+        emit_facts(g);
+    }
+    lower_node(g, 0);
     ms_emit_blank(&g->cg);
     E("/* ---- weights ---- */");
     ms_emit_blank(&g->cg);
@@ -3097,11 +3140,13 @@ ms_status ms_codegen_model_c(const ms_model *m, const char *source, ms_strbuf *o
     E(".source = %s,", c_string(g, source));
     E(".config_size = sizeof(%s_config),", m->name);
     E(".config_load = %s_config_load,", m->name);
-    E(".facts = %s_facts,", m->name);
+    E(".facts = %s_%s_facts,", m->name, m->nodes[facts_node]->name);
     E(".weights = %s_weights,", m->name);
     E(".n_weights = W_COUNT,");
     E(".weight_shape = %s_weight_shape,", m->name);
     E(".weight_tied = %s_weight_tied,", m->name);
+    if (m->n_groups > 1)
+        E(".weight_layers = %s_weight_layers,", m->name);
     E(".nodes = %s_nodes,", m->name);
     E(".n_nodes = (int32_t)MS_ARRAY_LEN(%s_nodes),", m->name);
     E(".walks = %s_walks,", m->name);

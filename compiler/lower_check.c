@@ -221,46 +221,33 @@ static void args_text(ms_strbuf *b, const ms_resource *r) {
 }
 
 /*
- * The engine describes a model's KV layout, positions, attention and vocabulary once (ms_md_facts,
- * from the first node), so a later node is lowered when its kv_pool, positions, attention and
- * sampler are those of the first node: the same constructor and the same arguments as written.
+ * The engine keeps one RoPE table per model (from the model's facts: the first sampling node's),
+ * so a later node's rope must be the first node's: the same arguments as written. Each node has
+ * its own KV layout, attention and learned position table (its ms_md_node.facts).
  */
-static void check_same_layout(lcheck *c, const ms_node *first, const ms_node *node) {
-    static const ms_resource_kind kinds[] = {MS_RESOURCE_KV, MS_RESOURCE_POS, MS_RESOURCE_ATTN,
-                                             MS_RESOURCE_SAMPLER};
-    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0] && !c->failed; i++) {
-        const ms_resource *a = res_of_kind(first, kinds[i]), *b = res_of_kind(node, kinds[i]);
-        if (a == NULL && b == NULL)
-            continue;
-        if (a == NULL || b == NULL) {
-            const ms_resource *has = a != NULL ? a : b;
-            refuse(c, (b != NULL ? b->ast->name.loc : node->ast->name.loc),
-                   "node '%s': a %s in one node only ('%s' of node '%s'): mstarc build lowers "
-                   "several nodes that declare the same kv_pool, positions, attention and sampler "
-                   "yet", node->name, has->spec->ctor, has->name, a != NULL ? first->name : node->name);
-            return;
-        }
-        ms_strbuf x = {0}, y = {0};
-        args_text(&x, a);
-        args_text(&y, b);
-        bool same = strcmp(a->spec->ctor, b->spec->ctor) == 0 && x.data != NULL && y.data != NULL &&
-                    strcmp(x.data, y.data) == 0;
-        bool empty = x.data == NULL && y.data == NULL && !x.oom && !y.oom;
-        c->oom = c->oom || x.oom || y.oom;
-        ms_strbuf_free(&x);
-        ms_strbuf_free(&y);
-        if (!same && !empty && !c->oom)
-            refuse(c, b->ast->name.loc, "node '%s': %s '%s' differs from %s '%s' of node '%s': the "
-                   "engine keeps one KV layout, positions, attention and vocabulary per model "
-                   "(the first node's), so later nodes must declare the same arguments",
-                   node->name, b->spec->ctor, b->name, a->spec->ctor, a->name, first->name);
-    }
+static void check_same_rope(lcheck *c, const ms_node *first, const ms_node *node) {
+    const ms_resource *a = res_of_kind(first, MS_RESOURCE_POS), *b = res_of_kind(node, MS_RESOURCE_POS);
+    if (a == NULL || b == NULL || strcmp(b->spec->ctor, "rope") != 0)
+        return;
+    ms_strbuf x = {0}, y = {0};
+    args_text(&x, a);
+    args_text(&y, b);
+    bool same = strcmp(a->spec->ctor, "rope") == 0 && x.data != NULL && y.data != NULL &&
+                strcmp(x.data, y.data) == 0;
+    bool empty = strcmp(a->spec->ctor, "rope") == 0 && x.data == NULL && y.data == NULL;
+    c->oom = c->oom || x.oom || y.oom;
+    ms_strbuf_free(&x);
+    ms_strbuf_free(&y);
+    if (!same && !empty && !c->oom)
+        refuse(c, b->ast->name.loc, "node '%s': rope '%s' differs from %s '%s' of node '%s': the "
+               "engine keeps one RoPE table per model, so a later node's rope must declare the "
+               "first node's arguments", node->name, b->name, a->spec->ctor, a->name, first->name);
 }
 
 ms_status ms_lower_check(const ms_model *m, const char *source, ms_error *err) {
     lcheck c = {source, err, false, false};
     for (int n = 1; n < m->n_nodes && !c.failed; n++)
-        check_same_layout(&c, m->nodes[0], m->nodes[n]);
+        check_same_rope(&c, m->nodes[0], m->nodes[n]);
     for (int n = 0; n < m->n_nodes && !c.failed; n++) {
         const ms_node *node = m->nodes[n];
         /* resources in source order (node->resources is in dependency order) */

@@ -122,6 +122,7 @@ typedef struct eng_req {
  */
 typedef struct eng_node {
     const ms_md_node *node;       /* desc->nodes[i] */
+    ms_md_facts facts;            /* its own (ms_md_node.facts), else the model's */
     int32_t step0;                /* scheduler index of its step 0 (steps of all nodes in a row) */
     ms_page_arena *arena;
     ms_kv_pool *pool;
@@ -388,6 +389,14 @@ static ms_dtype eng_st_dtype(ms_st_dtype d) {
     }
 }
 
+/* Instances of weight entry w: its layer group's count, 1 for a global entry. */
+static int32_t eng_instances(const ms_engine *e, int32_t w) {
+    if (!e->desc->weights[w].per_layer)
+        return 1;
+    return e->desc->weight_layers != NULL ? e->desc->weight_layers(e->config, w)
+                                          : e->facts.n_layers;
+}
+
 /* The checkpoint tensor of (entry w, layer), trying its names in order; NULL when absent. */
 static ms_status eng_find(ms_engine *e, int32_t w, int32_t layer, const ms_st_tensor **out,
                           char *name0, size_t cap, ms_error *err) {
@@ -425,7 +434,7 @@ static ms_status eng_weights_pass(ms_engine *e, bool load, size_t *bytes, ms_err
     size_t off = 0;
     for (int32_t w = 0; w < d->n_weights; w++) {
         const ms_md_weight *wd = &d->weights[w];
-        int32_t n_inst = wd->per_layer ? e->facts.n_layers : 1;
+        int32_t n_inst = eng_instances(e, w);
         int64_t shape[MS_TENSOR_MAX_DIMS] = {1, 1, 1, 1};
         d->weight_shape(e->config, w, shape);
         size_t elems = 1;
@@ -546,7 +555,7 @@ static ms_status eng_check_unclaimed(ms_engine *e, ms_error *err) {
     ms_status st = MS_OK;
     for (int32_t w = 0; w < d->n_weights && st == MS_OK; w++) {
         const ms_md_weight *wd = &d->weights[w];
-        int32_t n_inst = wd->per_layer ? e->facts.n_layers : 1;
+        int32_t n_inst = eng_instances(e, w);
         for (int32_t l = 0; l < n_inst && st == MS_OK; l++)
             for (int k = 0; k < MS_MD_MAX_NAMES && wd->names[k] != NULL && st == MS_OK; k++) {
                 char name[512];
@@ -580,7 +589,7 @@ static ms_status eng_weights_init(ms_engine *e, ms_error *err) {
     int32_t n = 0;
     for (int32_t w = 0; w < d->n_weights; w++) {
         e->woff[w] = n;
-        n += d->weights[w].per_layer ? e->facts.n_layers : 1;
+        n += eng_instances(e, w);
     }
     e->weights = ms_calloc((size_t)n, sizeof *e->weights);
     if (e->weights == NULL)
@@ -597,11 +606,15 @@ static ms_status eng_weights_init(ms_engine *e, ms_error *err) {
 
 /* The page arena and the KV pool over it (node nd's KV resource). */
 static ms_status eng_resources_init(ms_engine *e, eng_node *nd, ms_error *err) {
-    const ms_md_facts *fa = &e->facts;
+    const ms_md_facts *fa = &nd->facts;
     const int32_t ps = e->opt.page_size > 0 ? e->opt.page_size : fa->page_size;
     int32_t seq_len = fa->max_context;
     if (e->opt.max_seq_len > 0 && e->opt.max_seq_len < seq_len)
         seq_len = e->opt.max_seq_len;
+    /* a cross-attention context stream is written in one step: up to max_tokens rows */
+    for (int32_t r = 0; r < nd->node->n_resources; r++)
+        if (nd->node->resources[r].kind == MS_RESOURCE_CROSS)
+            seq_len = MS_MAX(seq_len, e->max_tokens);
     const int32_t per_seq = MS_CEIL_DIV(seq_len, ps);
     int32_t pages = e->opt.kv_pages;
     if (pages == 0) {
@@ -663,7 +676,7 @@ static ms_status eng_make_pos(ms_engine *e, eng_node *nd, int32_t index,
        from the request on a `pos explicit` step, else one id repeated on every axis; plain RoPE:
        one axis, explicit ids of a `pos explicit` step pass through when the request gives them
        (ms_md_row.position_ids) */
-    const int32_t ns = e->facts.rope.n_sections;
+    const int32_t ns = nd->facts.rope.n_sections;
     if (ns > MS_POS_MAX_AXES)
         return MS_FAIL(err, MS_ERR_UNSUPPORTED,
                        "model %s: %d M-RoPE sections, the positions resource takes at most %d "
@@ -687,10 +700,10 @@ static ms_status eng_make_attn(ms_engine *e, eng_node *nd, int32_t index,
     MS_TRY(e->be.iface.attn_batch_init(e->be.ctx, &lim, &nd->attn.batch, err));
     nd->attn.be = &e->be;
     nd->attn.kv = &nd->kv;
-    nd->attn.n_q_heads = e->facts.n_q_heads;
-    nd->attn.scale = e->facts.attn_scale > 0.0f ? e->facts.attn_scale
-                                               : 1.0f / sqrtf((float)e->facts.head_dim);
-    nd->attn.window = e->facts.window;
+    nd->attn.n_q_heads = nd->facts.n_q_heads;
+    nd->attn.scale = nd->facts.attn_scale > 0.0f ? nd->facts.attn_scale
+                                               : 1.0f / sqrtf((float)nd->facts.head_dim);
+    nd->attn.window = nd->facts.window;
     nd->attn.kv_index = kv;
     ms_attn_config atc = {.kv_key = nd->node->resources[kv].key, .max_rows = e->max_seqs,
                           .max_pages = nd->kv_pages};
@@ -903,7 +916,14 @@ ms_status ms_engine_init(ms_engine **out, const ms_model_desc *desc,
     if (st == MS_OK)
         st = eng_weights_init(e, err);
     for (int32_t i = 0; i < e->n_nodes && st == MS_OK; i++) {
-        st = eng_resources_init(e, &e->nodes[i], err);
+        eng_node *nd = &e->nodes[i];
+        nd->facts = e->facts;
+        if (nd->node->facts != NULL)
+            st = nd->node->facts(e->config, &nd->facts, err);
+        if (st == MS_OK)
+            st = ms_md_check_facts(e->desc, &nd->facts, err);
+        if (st == MS_OK)
+            st = eng_resources_init(e, nd, err);
         if (st == MS_OK)
             st = eng_runner_init(e, &e->nodes[i], err);
     }

@@ -48,11 +48,12 @@
  *     `attn causal = false`, a block step of dense generation, returns every token's logits): [n_seqs, vocab] float32, which the engine samples.
  *   - resource indices, label values (ms_label) and step indices are per node; a walk item names
  *     its node. Generated names carry the node: `<model>_<node>_run_<step>`,
- *     `<model>_<node>_forward`, `<model>_<node>_workspace_size`, buffer enums `B_<NODE>_*`. The
- *     engine runs descriptors of 1..MS_MD_MAX_NODES nodes, each with its own KV pool, positions,
- *     attention and sampler (engine.h); ms_md_facts (one KV layout, one vocabulary) describe
- *     them all, so mstarc build lowers a later node only when those resources' arguments equal
- *     the first node's (compiler/lower_check.c).
+ *     `<model>_<node>_forward`, `<model>_<node>_workspace_size`, `<model>_<node>_facts`, buffer
+ *     enums `B_<NODE>_*`. The engine runs descriptors of 1..MS_MD_MAX_NODES nodes, each with its
+ *     own KV pool, positions, attention and sampler (engine.h) under its own facts (KV layout,
+ *     heads, what its streams hold); the model's facts (vocabulary, context, sampling defaults)
+ *     are the first sampling node's, and its RoPE table is shared, so mstarc build lowers a
+ *     later node's rope only when it equals the first node's (compiler/lower_check.c).
  *
  * Mapping from the checked model (compiler/model.h) to what a generator emits:
  *   - ms_param (declaration order): a field of the config struct (int64_t / double / bool /
@@ -481,6 +482,9 @@ typedef struct ms_md_node {
        states, hidden_width(config) columns, run through ms_engine_encode; NULL: a node whose
        forward returns logits that the engine samples */
     ms_md_width_fn hidden_width;
+    /* the node's own facts (KV layout, attention, max_context: what its streams hold); NULL:
+       the model's (ms_model_desc.facts, which are the first sampling node's) */
+    ms_status (*facts)(const void *config, ms_md_facts *out, ms_error *err);
     /* its forward reads a shaped input (audio features) instead of token ids: the shape the
        engine stages; NULL: token ids */
     ms_md_shape_fn input_shape;
@@ -505,6 +509,9 @@ typedef struct ms_model_desc {
     void (*weight_shape)(const void *config, int32_t w, int64_t *shape);
     /* Whether entry w is replaced by its `tie` entry under this config (DSL `or x if cond`). */
     bool (*weight_tied)(const void *config, int32_t w);
+    /* Instances of per-layer entry w: its group's count (a model of several layer groups, an
+       encoder's and a decoder's); NULL: facts.n_layers for every per-layer entry. */
+    int32_t (*weight_layers)(const void *config, int32_t w);
 
     /* nodes and walks */
     const ms_md_node *nodes;      /* [n_nodes] in declaration order (the engine builds every

@@ -177,7 +177,7 @@ static ms_status llama_dense_config_load(const ms_hf_config *hf, void *out, ms_e
     return MS_OK;
 }
 
-static ms_status llama_dense_facts(const void *config, ms_md_facts *out, ms_error *err) {
+static ms_status llama_dense_decoder_facts(const void *config, ms_md_facts *out, ms_error *err) {
     (void)err;
     const llama_dense_config *c = config;
     memset(out, 0, sizeof *out);
@@ -891,6 +891,7 @@ static const ms_md_node llama_dense_nodes[] = {
         .n_steps = (int32_t)MS_ARRAY_LEN(llama_dense_decoder_steps),
         .workspace_size = llama_dense_decoder_workspace_size,
         .forward = llama_dense_decoder_forward,
+        .facts = llama_dense_decoder_facts,
     },
 };
 
@@ -922,7 +923,7 @@ const ms_model_desc ms_llama_dense_desc = {
     .source = "tests/codegen/dense.mstar",
     .config_size = sizeof(llama_dense_config),
     .config_load = llama_dense_config_load,
-    .facts = llama_dense_facts,
+    .facts = llama_dense_decoder_facts,
     .weights = llama_dense_weights,
     .n_weights = W_COUNT,
     .weight_shape = llama_dense_weight_shape,

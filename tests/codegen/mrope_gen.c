@@ -140,7 +140,7 @@ static ms_status mrope_config_load(const ms_hf_config *hf, void *out, ms_error *
     return MS_OK;
 }
 
-static ms_status mrope_facts(const void *config, ms_md_facts *out, ms_error *err) {
+static ms_status mrope_decoder_facts(const void *config, ms_md_facts *out, ms_error *err) {
     (void)err;
     const mrope_config *c = config;
     memset(out, 0, sizeof *out);
@@ -712,6 +712,7 @@ static const ms_md_node mrope_nodes[] = {
         .n_steps = (int32_t)MS_ARRAY_LEN(mrope_decoder_steps),
         .workspace_size = mrope_decoder_workspace_size,
         .forward = mrope_decoder_forward,
+        .facts = mrope_decoder_facts,
     },
 };
 
@@ -739,7 +740,7 @@ const ms_model_desc ms_mrope_desc = {
     .source = "tests/codegen/mrope.mstar",
     .config_size = sizeof(mrope_config),
     .config_load = mrope_config_load,
-    .facts = mrope_facts,
+    .facts = mrope_decoder_facts,
     .weights = mrope_weights,
     .n_weights = W_COUNT,
     .weight_shape = mrope_weight_shape,

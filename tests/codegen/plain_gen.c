@@ -100,7 +100,7 @@ static ms_status plain_config_load(const ms_hf_config *hf, void *out, ms_error *
     return MS_OK;
 }
 
-static ms_status plain_facts(const void *config, ms_md_facts *out, ms_error *err) {
+static ms_status plain_dec_facts(const void *config, ms_md_facts *out, ms_error *err) {
     (void)err;
     const plain_config *c = config;
     memset(out, 0, sizeof *out);
@@ -572,6 +572,7 @@ static const ms_md_node plain_nodes[] = {
         .n_steps = (int32_t)MS_ARRAY_LEN(plain_dec_steps),
         .workspace_size = plain_dec_workspace_size,
         .forward = plain_dec_forward,
+        .facts = plain_dec_facts,
     },
 };
 
@@ -597,7 +598,7 @@ const ms_model_desc ms_plain_desc = {
     .source = "tests/codegen/plain.mstar",
     .config_size = sizeof(plain_config),
     .config_load = plain_config_load,
-    .facts = plain_facts,
+    .facts = plain_dec_facts,
     .weights = plain_weights,
     .n_weights = W_COUNT,
     .weight_shape = plain_weight_shape,

@@ -146,7 +146,7 @@ static ms_status tiny_config_load(const ms_hf_config *hf, void *out, ms_error *e
     return MS_OK;
 }
 
-static ms_status tiny_facts(const void *config, ms_md_facts *out, ms_error *err) {
+static ms_status tiny_lm_facts(const void *config, ms_md_facts *out, ms_error *err) {
     (void)err;
     const tiny_config *c = config;
     memset(out, 0, sizeof *out);
@@ -647,6 +647,7 @@ static const ms_md_node tiny_nodes[] = {
         .n_steps = (int32_t)MS_ARRAY_LEN(tiny_lm_steps),
         .workspace_size = tiny_lm_workspace_size,
         .forward = tiny_lm_forward,
+        .facts = tiny_lm_facts,
     },
 };
 
@@ -661,7 +662,7 @@ const ms_model_desc ms_tiny_desc = {
     .source = "tests/codegen/tiny.mstar",
     .config_size = sizeof(tiny_config),
     .config_load = tiny_config_load,
-    .facts = tiny_facts,
+    .facts = tiny_lm_facts,
     .weights = tiny_weights,
     .n_weights = W_COUNT,
     .weight_shape = tiny_weight_shape,

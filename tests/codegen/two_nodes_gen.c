@@ -123,7 +123,32 @@ static ms_status two_nodes_config_load(const ms_hf_config *hf, void *out, ms_err
     return MS_OK;
 }
 
-static ms_status two_nodes_facts(const void *config, ms_md_facts *out, ms_error *err) {
+static ms_status two_nodes_reader_facts(const void *config, ms_md_facts *out, ms_error *err) {
+    (void)err;
+    const two_nodes_config *c = config;
+    memset(out, 0, sizeof *out);
+    out->n_layers = (int32_t)c->num_hidden_layers;
+    out->n_q_heads = (int32_t)c->num_attention_heads;
+    out->n_kv_heads = (int32_t)c->num_key_value_heads;
+    out->head_dim = (int32_t)c->head_dim;
+    out->hidden = (int32_t)c->hidden_size;
+    out->vocab = (int32_t)c->vocab_size;
+    out->max_context = (int32_t)c->max_position_embeddings;
+    out->rope.style = MS_ROPE_ROTATE_HALF;
+    out->rope.head_dim = (int32_t)c->head_dim;
+    out->rope.rotary_dim = (int32_t)c->head_dim;
+    out->rope.theta = c->rope_theta;
+    out->rope.scaling = MS_ROPE_SCALING_NONE;
+    out->window = 0;
+    out->page_size = (int32_t)16;
+    out->kv_dtype = MS_DTYPE_BF16;
+    out->temperature = (float)1.0;
+    out->top_k = (int32_t)0;
+    out->top_p = (float)1.0;
+    return MS_OK;
+}
+
+static ms_status two_nodes_writer_facts(const void *config, ms_md_facts *out, ms_error *err) {
     (void)err;
     const two_nodes_config *c = config;
     memset(out, 0, sizeof *out);
@@ -794,6 +819,7 @@ static const ms_md_node two_nodes_nodes[] = {
         .n_steps = (int32_t)MS_ARRAY_LEN(two_nodes_reader_steps),
         .workspace_size = two_nodes_reader_workspace_size,
         .forward = two_nodes_reader_forward,
+        .facts = two_nodes_reader_facts,
     },
     {
         .name = "writer",
@@ -805,6 +831,7 @@ static const ms_md_node two_nodes_nodes[] = {
         .n_steps = (int32_t)MS_ARRAY_LEN(two_nodes_writer_steps),
         .workspace_size = two_nodes_writer_workspace_size,
         .forward = two_nodes_writer_forward,
+        .facts = two_nodes_writer_facts,
     },
 };
 
@@ -831,7 +858,7 @@ const ms_model_desc ms_two_nodes_desc = {
     .source = "tests/codegen/two_nodes.mstar",
     .config_size = sizeof(two_nodes_config),
     .config_load = two_nodes_config_load,
-    .facts = two_nodes_facts,
+    .facts = two_nodes_reader_facts,
     .weights = two_nodes_weights,
     .n_weights = W_COUNT,
     .weight_shape = two_nodes_weight_shape,

@@ -103,7 +103,7 @@ static ms_status whisper_encoder_config_load(const ms_hf_config *hf, void *out, 
     return MS_OK;
 }
 
-static ms_status whisper_encoder_facts(const void *config, ms_md_facts *out, ms_error *err) {
+static ms_status whisper_encoder_encoder_facts(const void *config, ms_md_facts *out, ms_error *err) {
     (void)err;
     const whisper_encoder_config *c = config;
     memset(out, 0, sizeof *out);
@@ -113,7 +113,7 @@ static ms_status whisper_encoder_facts(const void *config, ms_md_facts *out, ms_
     out->head_dim = (int32_t)c->head_dim;
     out->hidden = (int32_t)c->d_model;
     out->vocab = (int32_t)0;
-    out->max_context = (int32_t)c->max_position_embeddings;
+    out->max_context = (int32_t)(c->max_source_positions);
     out->window = 0;
     out->page_size = (int32_t)16;
     out->kv_dtype = MS_DTYPE_BF16;
@@ -769,6 +769,7 @@ static const ms_md_node whisper_encoder_nodes[] = {
         .n_steps = (int32_t)MS_ARRAY_LEN(whisper_encoder_encoder_steps),
         .workspace_size = whisper_encoder_encoder_workspace_size,
         .forward = whisper_encoder_encoder_forward,
+        .facts = whisper_encoder_encoder_facts,
         .hidden_width = whisper_encoder_encoder_hidden_width,
         .input_shape = whisper_encoder_encoder_input_shape,
     },
@@ -785,7 +786,7 @@ const ms_model_desc ms_whisper_encoder_desc = {
     .source = "tests/codegen/whisper_encoder.mstar",
     .config_size = sizeof(whisper_encoder_config),
     .config_load = whisper_encoder_config_load,
-    .facts = whisper_encoder_facts,
+    .facts = whisper_encoder_encoder_facts,
     .weights = whisper_encoder_weights,
     .n_weights = W_COUNT,
     .weight_shape = whisper_encoder_weight_shape,
