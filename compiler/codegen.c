@@ -134,7 +134,7 @@ typedef struct val {
 typedef enum okind {
     O_EMBED = 0, O_RMS_NORM, O_ADD_RMS_NORM, O_NORM_FIRST, O_LINEAR, O_SILU_MUL, O_ROPE_KV_WRITE,
     O_ROPE, O_KV_WRITE, O_ATTN, O_ADD, O_GATHER, O_LOOP_BEGIN, O_LOOP_END, O_LAYER_NORM, O_GELU,
-    O_CONV1D
+    O_CONV1D, O_CROSS_WRITE, O_CROSS_ATTN
 } okind;
 
 typedef struct op {
@@ -148,6 +148,7 @@ typedef struct op {
     const char *note;     /* fusion decision */
     const char *count;    /* LOOP_BEGIN: layer count */
     const char *stride, *padding; /* CONV1D: C expressions */
+    bool guarded;         /* runs only when the step brings input rows (A > 0) */
 } op;
 
 typedef struct slot {
@@ -165,7 +166,7 @@ typedef struct gen {
     ms_error *err;
     ms_cg cg;
     const ms_node *node;
-    const ms_resource *kv, *pos, *attn, *sampler;
+    const ms_resource *kv, *pos, *attn, *sampler, *cross;
     const ms_forward *fwd;
     went w[MAX_W];
     int n_w;
@@ -183,6 +184,9 @@ typedef struct gen {
     int n_env;
     int tokens, logits;         /* the V_TOKENS / V_LOGITS values */
     int input;                  /* the V_INPUT value of a shaped forward input, -1 */
+    const ms_ast_fparam *in_param; /* the shaped forward parameter, NULL */
+    bool in_transposed;         /* it is read as transpose(x) ([L, C] of a declared [C, L]) */
+    bool guard;                 /* ops being lowered run only when A > 0 (xattn.write) */
     int positions;              /* the V_POSITIONS value, -1 until read */
     bool hidden;                /* the node has no sampler: its forward returns every token's
                                    row of hidden states (an encoder), not logits */
@@ -1504,13 +1508,25 @@ static const char *fork_list(gen *g, const ms_fork_decl *f, int n) {
     return t;
 }
 
+/* The label index of the node's cross resource's context stream, or -1 (no cross resource). */
+static int cross_label(gen *g) {
+    const ms_ast_expr *c = res_arg(g->cross, "context");
+    if (c == NULL || c->kind != MS_EXPR_NAME)
+        return -1;
+    for (int l = 0; l < g->node->n_labels; l++)
+        if (strcmp(g->node->labels[l].name, c->text) == 0)
+            return l;
+    return -1;
+}
+
 /*
  * One step: its static record data (combined labels, forks), the generated step runner that fills
  * the declaration for a batch of rows, and its ms_md_step row (emitted later into the table).
  */
 static void emit_step(gen *g, const ms_step_decl *s, int index) {
     const char *fn = S("%s_%s_run_%s", g->mn, g->node->name, s->name);
-    if (s->n_inputs != 1)
+    /* one token input; a node with a cross resource also takes the context rows */
+    if (s->n_inputs != 1 && !(g->cross != NULL && s->n_inputs == 2))
         fail_at(g, s->ast->loc, "step '%s': the engine runs steps of one token input (a "
                 "request's input holds one token list per stream), not %d", s->name,
                 s->n_inputs);
@@ -1521,10 +1537,16 @@ static void emit_step(gen *g, const ms_step_decl *s, int index) {
     if (kv != NULL && kv->n_combined > 1)
         fail_at(g, s->ast->loc, "step '%s': the engine plans one combined label per step (its "
                 "attention runs one plan label)", s->name);
+    const int ctx_label = cross_label(g);
+    if (ctx_label >= 0 && s->n_segments > 0 && s->segments[0].label == ctx_label)
+        fail_at(g, s->segments[0].span->loc, "step '%s': its first segment is on '%s', the "
+                "context label of cross '%s': the queries' label comes first (the context rows "
+                "are packed after them)", s->name, label_name(g, ctx_label), g->cross->name);
     if (kv != NULL && kv->n_combined == 0) {
-        /* without a combine every label is its own plan label: one label per step */
+        /* without a combine every label is its own plan label: one label per step (and the
+           cross resource's context, whose rows the forward writes and reads apart) */
         for (int i = 1; i < s->n_segments; i++)
-            if (s->segments[i].label != s->segments[0].label)
+            if (s->segments[i].label != s->segments[0].label && s->segments[i].label != ctx_label)
                 fail_at(g, s->segments[i].span->loc, "step '%s': segments over several labels "
                         "need `kv combine = [...] -> plan` (the engine's attention runs one plan "
                         "label per step)", s->name);
@@ -1617,6 +1639,7 @@ static void emit_step(gen *g, const ms_step_decl *s, int index) {
             E("ms_md_step_attn(b, %d, %s);", r, at == NULL || at->causal ? "true" : "false");
             break;
         case MS_RESOURCE_SAMPLER: E("ms_md_step_sampler(b, %d);", r); break;
+        case MS_RESOURCE_CROSS: E("ms_md_step_cross(b, %d);", r); break;
         default: fail_at(g, res->ast->loc, "resource '%s' has no step record", res->name);
         }
     }
@@ -1839,6 +1862,7 @@ static op *new_op(gen *g, okind k) {
     o->kind = k;
     o->out = -1;
     o->w = o->b = -1;
+    o->guarded = g->guard;
     if (!g->stmt_used && k != O_LOOP_BEGIN && k != O_LOOP_END) {
         o->comment = g->stmt;
         g->stmt_used = true;
@@ -1983,12 +2007,39 @@ static int lower_linear(gen *g, const ms_ast_expr *e, const char *hint, int dest
     return out;
 }
 
+/* Whether d is the dynamic dimension `_`. */
+static bool dyn_dim(const ms_ast_expr *d) {
+    return d == NULL || (d->kind == MS_EXPR_NAME && strcmp(d->text, "_") == 0);
+}
+
+/* The node's shaped input as the forward reads it: transposed ([L, C] of a declared [C, L], an
+ * encoder's features) or as declared ([A, C]: a decoder's context rows, A the step's rows). */
+static int input_val(gen *g, const ms_ast_expr *at, bool transposed) {
+    if (g->input >= 0) {
+        if (g->in_transposed != transposed)
+            fail_at(g, at->loc, "'%s' is read both as declared and transposed",
+                    g->in_param->name.name);
+        return g->input;
+    }
+    const ms_ast_expr *d0 = g->in_param->shape.items[0], *d1 = g->in_param->shape.items[1];
+    const ms_ast_expr *rows = transposed ? d1 : d0, *cols = transposed ? d0 : d1;
+    if (dyn_dim(cols) || (transposed && dyn_dim(rows)))
+        fail_at(g, at->loc, "'%s': its %s must be a config expression", g->in_param->name.name,
+                dyn_dim(cols) ? "width" : "frame count");
+    g->input = new_val(g, V_INPUT);
+    g->in_transposed = transposed;
+    g->v[g->input].rows = dyn_dim(rows) ? "A" : bare(g, cexpr(g, rows));
+    g->v[g->input].width = bare(g, cexpr(g, cols));
+    g->v[g->input].name = g->in_param->name.name;
+    return g->input;
+}
+
 static int lower(gen *g, const ms_ast_expr *e, const char *hint, int dest) {
     switch (e->kind) {
     case MS_EXPR_NAME: {
-        if (e->sym != NULL && e->sym->kind == MS_SYM_INPUT && g->input >= 0)
-            fail_at(g, e->loc, "'%s' is staged token-major by the engine: read it as "
-                    "transpose(%s)", e->text, e->text);
+        if (e->sym != NULL && e->sym->kind == MS_SYM_INPUT && g->in_param != NULL &&
+            strcmp(e->text, g->in_param->name.name) == 0)
+            return input_val(g, e, false);
         if (e->sym != NULL && e->sym->kind == MS_SYM_INPUT)
             return g->tokens;
         if (g->gather_name != NULL && strcmp(e->text, g->gather_name) == 0)
@@ -2057,11 +2108,11 @@ static int lower(gen *g, const ms_ast_expr *e, const char *hint, int dest) {
             return lower_linear(g, e, hint, dest);
         if (is_call(e, "transpose")) {
             const ms_ast_expr *x = argv_at(e, 0);
-            if (g->input < 0 || x->kind != MS_EXPR_NAME || x->sym == NULL ||
-                x->sym->kind != MS_SYM_INPUT)
+            if (g->in_param == NULL || x->kind != MS_EXPR_NAME || x->sym == NULL ||
+                x->sym->kind != MS_SYM_INPUT || strcmp(x->text, g->in_param->name.name) != 0)
                 fail_at(g, e->loc, "transpose() is lowered for the node's shaped input only (the "
                         "engine stages it token-major)");
-            return g->input;
+            return input_val(g, e, true);
         }
         if (is_call(e, "gelu")) {
             int x = use_val(g, lower(g, argv_at(e, 0), NULL, -1));
@@ -2110,6 +2161,23 @@ static int lower(gen *g, const ms_ast_expr *e, const char *hint, int dest) {
             o->b = b;
             o->stride = stride;
             o->padding = pad;
+            return out;
+        }
+        if (e->lhs->kind == MS_EXPR_MEMBER && e->lhs->lhs->sym != NULL &&
+            e->lhs->lhs->sym->kind == MS_SYM_RESOURCE &&
+            e->lhs->lhs->sym->resource->kind == MS_RESOURCE_CROSS &&
+            strcmp(e->lhs->text, "run") == 0) {
+            /* cross-attention: the step's queries over each row's context view (not causal;
+               the engine stages a->cross_batch from the cross resource's plan) */
+            if (g->layer == NULL)
+                fail_at(g, e->loc, "cross-attention runs inside a layer loop (layer = <loop "
+                        "variable>)");
+            int q = use_val(g, lower(g, argv_at(e, 0), NULL, -1));
+            const char *qh = cexpr(g, res_arg(g->cross, "q_heads")), *hd = head_dim(g);
+            int out = out_val(g, dest, g->v[q].rows, g->v[q].width, hint);
+            op *o = new_op(g, O_CROSS_ATTN);
+            op_in(o, heads_of(g, q, qh, hd));
+            o->out = heads_of(g, out, qh, hd);
             return out;
         }
         if (e->lhs->kind == MS_EXPR_MEMBER && e->lhs->lhs->sym != NULL &&
@@ -2245,7 +2313,7 @@ static int carry_of(gen *g, const ms_ast_stmt *s, const char *name) {
 static const ms_ast_expr *rowwise_leaf(const ms_ast_expr *e) {
     if (e->kind == MS_EXPR_NAME)
         return e;
-    if (is_call(e, "linear") || is_call(e, "rms_norm"))
+    if (is_call(e, "linear") || is_call(e, "rms_norm") || is_call(e, "layer_norm"))
         return rowwise_leaf(argv_at(e, 0));
     return NULL;
 }
@@ -2367,12 +2435,39 @@ static void lower_stmt(gen *g, const ms_ast_stmt *s) {
         fail_at(g, e->loc, "the returned logits must be linear/rms_norm of a forward value");
     }
     case MS_AST_STMT_ASSIGN:
+    case MS_AST_STMT_EXPR:
         break;
     default:
         fail_at(g, s->loc, "cannot lower this statement yet");
     }
     /* q, k = pos.apply(q, k): rotation deferred (fused with the KV write of attn.run) */
     const ms_ast_expr *r0 = s->rhs.items[0];
+    if (s->kind == MS_AST_STMT_EXPR && r0->kind == MS_EXPR_CALL &&
+        r0->lhs->kind == MS_EXPR_MEMBER && r0->lhs->lhs->sym != NULL &&
+        r0->lhs->lhs->sym->kind == MS_SYM_RESOURCE &&
+        r0->lhs->lhs->sym->resource->kind == MS_RESOURCE_CROSS &&
+        strcmp(r0->lhs->text, "write") == 0) {
+        /* the context K/V of this layer from the step's input rows, into the context stream's
+           write addresses (a->context_batch); a step without context rows skips it */
+        if (g->layer == NULL)
+            fail_at(g, s->loc, "xattn.write runs inside a layer loop (layer = <loop variable>)");
+        g->guard = true;
+        int k = use_val(g, lower(g, argv_at(r0, 0), NULL, -1));
+        int v = use_val(g, lower(g, argv_at(r0, 1), NULL, -1));
+        if (g->input < 0 || strcmp(g->v[k].rows, g->v[g->input].rows) != 0 ||
+            strcmp(g->v[v].rows, g->v[g->input].rows) != 0)
+            fail_at(g, s->loc, "xattn.write writes rows computed from the node's input (%s)",
+                    g->in_param != NULL ? g->in_param->name.name : "none");
+        const char *kh = kv_heads(g), *hd = head_dim(g);
+        op *o = new_op(g, O_CROSS_WRITE);
+        op_in(o, heads_of(g, k, kh, hd));
+        op_in(o, heads_of(g, v, kh, hd));
+        g->guard = false;
+        return;
+    }
+    if (s->kind == MS_AST_STMT_EXPR)
+        fail_at(g, s->loc, "cannot lower this statement yet (a call for its effect: only "
+                "xattn.write)");
     if (s->rhs.n == 1 && r0->kind == MS_EXPR_CALL && r0->lhs->kind == MS_EXPR_MEMBER &&
         strcmp(r0->lhs->text, "apply") == 0) {
         if (s->lhs.n != 2 || r0->args.n != 2)
@@ -2548,6 +2643,9 @@ static void emit_forward(gen *g) {
     ms_emit_blank(&g->cg);
     E("static size_t %s_layout(const %s_config *c, int32_t T, int32_t S, size_t *off) {", fn, mn);
     g->cg.indent++;
+    const bool dyn_input = g->input >= 0 && strcmp(g->v[g->input].rows, "A") == 0;
+    if (dyn_input)
+        E("const int64_t A = T; /* input rows (a cross resource's context): within the tokens */");
     E("size_t sizes[%sCOUNT];", bp);
     for (int i = 0; i < g->n_s; i++) {
         ms_strbuf *b = sb_get(g);
@@ -2585,6 +2683,8 @@ static void emit_forward(gen *g) {
     E("const ms_backend_i *f = &be->iface;");
     E("void *cx = be->ctx;");
     E("const int64_t T = a->batch->n_tokens;");
+    if (dyn_input)
+        E("const int64_t A = a->input != NULL ? a->input->shape[0] : 0; /* context rows */");
     E("const int64_t S = a->out_rows != NULL ? a->out_rows->shape[0] : a->batch->n_seqs;");
     E("size_t off[%sCOUNT];", bp);
     E("%s_layout(c, a->max_tokens, a->max_seqs, off);", fn);
@@ -2625,13 +2725,25 @@ static void emit_forward(gen *g) {
         E("ms_tensor last = a->out_rows != NULL ? *a->out_rows");
         E("                                     : ms_tensor_1d(a->batch->last_token, MS_DTYPE_I32, S);");
     }
+    bool in_guard = false; /* inside `if (A > 0) {`: ops of a step with input rows */
     for (int i = 0; i < g->n_o; i++) {
         const op *o = &g->o[i];
+        if (in_guard && (!o->guarded || o->kind == O_LOOP_END)) {
+            g->cg.indent--;
+            E("}");
+            in_guard = false;
+        }
         if (o->kind == O_LOOP_END) {
             g->layer = NULL;
             g->cg.indent--;
             E("}");
             continue;
+        }
+        if (o->guarded && !in_guard) {
+            ms_emit_blank(&g->cg);
+            E("if (A > 0) { /* the step writes context rows */");
+            g->cg.indent++;
+            in_guard = true;
         }
         if (o->comment != NULL || o->kind == O_LOOP_BEGIN)
             ms_emit_blank(&g->cg);
@@ -2679,6 +2791,14 @@ static void emit_forward(gen *g) {
             break;
         case O_GELU:
             E("MS_TRY(f->gelu(cx, %s, %s, err));", tref(g, o->in[0]), tref(g, o->out));
+            break;
+        case O_CROSS_WRITE:
+            E("MS_TRY(f->kv_write(cx, a->kv, l, %s, %s, a->context_batch, err));",
+              tref(g, o->in[0]), tref(g, o->in[1]));
+            break;
+        case O_CROSS_ATTN:
+            E("MS_TRY(f->attention(cx, %s, a->kv, l, a->cross_batch, &a->cross_attn, %s, err));",
+              tref(g, o->in[0]), tref(g, o->out));
             break;
         case O_LAYER_NORM:
         case O_CONV1D:
@@ -2735,24 +2855,28 @@ static void emit_forward(gen *g) {
     E("return MS_OK;");
     g->cg.indent--;
     E("}");
-    if (!g->hidden)
-        return;
-    ms_emit_blank(&g->cg);
-    E("/* the width of the hidden rows the forward returns (an encoder's output) */");
-    E("static int64_t %s_hidden_width(const void *config) {", fn);
-    E("    const %s_config *c = config;", mn);
-    E("    (void)c;");
-    E("    return (int64_t)(%s);", bare(g, g->v[g->logits].width));
-    E("}");
+    if (g->hidden) {
+        ms_emit_blank(&g->cg);
+        E("/* the width of the hidden rows the forward returns (an encoder's output) */");
+        E("static int64_t %s_hidden_width(const void *config) {", fn);
+        E("    const %s_config *c = config;", mn);
+        E("    (void)c;");
+        E("    return (int64_t)(%s);", bare(g, g->v[g->logits].width));
+        E("}");
+    }
     if (g->input < 0)
         return;
     ms_emit_blank(&g->cg);
-    E("/* the shaped input as the forward reads it: %s transposed, [frames, channels] */",
-      g->v[g->input].name);
+    if (g->in_transposed)
+        E("/* the shaped input as the forward reads it: %s transposed, [frames, channels] */",
+          g->v[g->input].name);
+    else
+        E("/* the shaped input as the forward reads it: %s, [rows, width] (-1 rows: the step's) */",
+          g->v[g->input].name);
     E("static void %s_input_shape(const void *config, int64_t *rows, int64_t *cols) {", fn);
     E("    const %s_config *c = config;", mn);
     E("    (void)c;");
-    E("    *rows = (int64_t)(%s);", g->v[g->input].rows);
+    E("    *rows = (int64_t)(%s);", dyn_input ? "-1" : g->v[g->input].rows);
     E("    *cols = (int64_t)(%s);", g->v[g->input].width);
     E("}");
 }
@@ -2790,6 +2914,8 @@ static void emit_node(gen *g) {
     ms_emit_blank(&g->cg);
 }
 
+static void lower_node(gen *g, int ni);
+
 /* The node table: one ms_md_node per node of the model, in declaration order. */
 static void emit_node_table(gen *g) {
     const ms_model *m = g->m;
@@ -2809,14 +2935,10 @@ static void emit_node_table(gen *g) {
         E(".workspace_size = %s_%s_workspace_size,", g->mn, nn);
         E(".forward = %s_%s_forward,", g->mn, nn);
         E(".facts = %s_%s_facts,", g->mn, nn);
-        bool sampled = false, shaped = false;
-        for (int r = 0; r < m->nodes[ni]->n_resources; r++)
-            sampled = sampled || m->nodes[ni]->resources[r]->kind == MS_RESOURCE_SAMPLER;
-        const ms_ast_forward *af = m->nodes[ni]->forwards[0]->ast;
-        shaped = af->params.n > 0 && ((const ms_ast_fparam *)af->params.items[0])->has_shape;
-        if (!sampled)
+        lower_node(g, ni); /* whether it returns hidden rows, whether it reads an input */
+        if (g->hidden)
             E(".hidden_width = %s_%s_hidden_width,", g->mn, nn);
-        if (shaped)
+        if (g->input >= 0)
             E(".input_shape = %s_%s_input_shape,", g->mn, nn);
         g->cg.indent--;
         E("},");
@@ -2847,7 +2969,7 @@ static void find_node(gen *g) {
 /* Make `n` the node being emitted: g->node and its kv, pos, attn and sampler resources. */
 static void node_slots(gen *g, const ms_node *n) {
     g->node = n;
-    g->kv = g->pos = g->attn = g->sampler = NULL;
+    g->kv = g->pos = g->attn = g->sampler = g->cross = NULL;
     for (int r = 0; r < g->node->n_resources; r++) {
         const ms_resource *res = g->node->resources[r];
         const ms_resource **slotp = NULL;
@@ -2856,6 +2978,7 @@ static void node_slots(gen *g, const ms_node *n) {
         case MS_RESOURCE_POS: slotp = &g->pos; break;
         case MS_RESOURCE_ATTN: slotp = &g->attn; break;
         case MS_RESOURCE_SAMPLER: slotp = &g->sampler; break;
+        case MS_RESOURCE_CROSS: slotp = &g->cross; break;
         default:
             fail_at(g, res->ast->loc, "resource '%s' (%s) is not run by the engine yet",
                     res->name, res->spec->ctor);
@@ -2905,16 +3028,18 @@ static void lower_node(gen *g, int ni) {
     g->hidden = g->sampler == NULL;
     g->v[g->logits].rows = g->hidden ? "T" : "S";
     g->input = g->positions = -1;
-    const ms_ast_fparam *p0 = g->fwd->ast->params.n > 0 ? g->fwd->ast->params.items[0] : NULL;
-    if (p0 != NULL && p0->has_shape) {
-        /* declared [C, L]; staged token-major [L, C] (read as transpose(x)) */
-        if (p0->shape.n != 2 || !g->hidden)
-            fail_at(g, p0->name.loc, "forward parameter '%s': the engine stages one 2-D input "
-                    "[channels, frames] for a node without a sampler", p0->name.name);
-        g->input = new_val(g, V_INPUT);
-        g->v[g->input].rows = bare(g, cexpr(g, p0->shape.items[1]));
-        g->v[g->input].width = bare(g, cexpr(g, p0->shape.items[0]));
-        g->v[g->input].name = p0->name.name;
+    g->in_param = NULL;
+    g->guard = false;
+    for (int i = 0; i < g->fwd->ast->params.n; i++) {
+        const ms_ast_fparam *p = g->fwd->ast->params.items[i];
+        if (!p->has_shape)
+            continue;
+        /* an encoder's features (read transposed), or a decoder's context rows */
+        if (p->shape.n != 2 || g->in_param != NULL || (!g->hidden && g->cross == NULL))
+            fail_at(g, p->name.loc, "forward parameter '%s': the engine stages one 2-D input: "
+                    "an encoder's [channels, frames] or the rows a cross resource writes",
+                    p->name.name);
+        g->in_param = p;
     }
     lower_body(g, &g->fwd->ast->body);
     plan_buffers(g);
@@ -3415,9 +3540,11 @@ static int collect_kernels(gen *g, kvariant *ks, int n, int cap) {
         case O_LAYER_NORM:
         case O_GELU:
         case O_CONV1D:
+        case O_CROSS_WRITE:
+        case O_CROSS_ATTN:
             fail_at(g, NOLOC, "kernels: no CUDA template instance for %s yet (it runs on the CPU "
                     "backend)", o->kind == O_GELU ? "gelu" : o->kind == O_CONV1D ? "conv1d"
-                                                                                 : "layer_norm");
+                                : o->kind == O_LAYER_NORM ? "layer_norm" : "cross-attention");
         default:
             break;
         }

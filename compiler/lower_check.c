@@ -62,9 +62,7 @@ static bool is_zero(const ms_ast_expr *e) {
 
 static void check_resource(lcheck *c, const ms_resource *r) {
     switch (r->kind) {
-    case MS_RESOURCE_CROSS:
-        refuse(c, r->ast->name.loc, "resource '%s': cross-attention (cross) is not lowered by mstarc build yet",
-               r->name);
+    case MS_RESOURCE_CROSS: /* lowered: xattn.write of the context rows, xattn.run */
         return;
     case MS_RESOURCE_SCRATCH:
         refuse(c, r->ast->name.loc, "resource '%s': a scratch pool (scratch) is not lowered by mstarc build yet",
@@ -148,17 +146,30 @@ static bool has_sampler(const ms_node *n) {
     return false;
 }
 
-/* The engine passes one list of token ids to the forward, or to a node without a sampler (an
- * encoder, ms_engine_encode) one 2-D input. */
+/* Whether node n declares a cross resource (its forward may read the context rows). */
+static bool has_cross(const ms_node *n) {
+    for (int r = 0; r < n->n_resources; r++)
+        if (n->resources[r]->kind == MS_RESOURCE_CROSS)
+            return true;
+    return false;
+}
+
+/* The engine passes one list of token ids to the forward, plus one 2-D input: an encoder's
+ * features (a node without a sampler, ms_engine_encode) or the context rows a node's cross
+ * resource writes (another node's output). */
 static void check_inputs(lcheck *c, const ms_node *node, const ms_forward *f) {
     const ms_ast_forward *af = f->ast;
+    int n_shaped = 0, n_ids = 0;
     for (int i = 0; i < af->params.n; i++) {
         const ms_ast_fparam *p = af->params.items[i];
-        if (p->has_shape && (i > 0 || p->shape.n != 2 || has_sampler(node)))
+        n_shaped += p->has_shape;
+        n_ids += !p->has_shape;
+        if (p->has_shape && (p->shape.n != 2 || n_shaped > 1 ||
+                             (has_sampler(node) && !has_cross(node))))
             refuse(c, p->name.loc, "forward parameter '%s' is a shaped tensor; mstarc build lowers "
                    "forwards over token ids, or one 2-D input of a node without a sampler, only "
                    "yet", p->name.name);
-        else if (i > 0)
+        else if (!p->has_shape && n_ids > 1)
             refuse(c, p->name.loc, "forward parameter '%s': mstarc build lowers forwards of one "
                    "token input yet", p->name.name);
     }

@@ -66,6 +66,13 @@ $(BUILD)/tests/test_whisper_encoder: $(BUILD)/obj/gen/whisper_encoder/whisper_en
 $(BUILD)/gen/whisper_encoder/whisper_encoder_gen.c: tests/codegen/whisper_encoder.mstar $(BUILD)/mstarc
 	$(call quiet,GEN,$@)
 	$(Q)$(BUILD)/mstarc build tests/codegen/whisper_encoder.mstar -o $(BUILD)/gen/whisper_encoder --emit-only >/dev/null
+# Whisper end to end (models/whisper.mstar: encoder, cross-attention decoder) against
+# hf/whisper_tiny and hf/whisper_base (clip a0; MS_WHISPER_ALL=1 all three batched)
+TESTS += tests/test_whisper
+$(BUILD)/tests/test_whisper: $(BUILD)/obj/gen/whisper/whisper_gen.o
+$(BUILD)/gen/whisper/whisper_gen.c: models/whisper.mstar $(BUILD)/mstarc
+	$(call quiet,GEN,$@)
+	$(Q)$(BUILD)/mstarc build models/whisper.mstar -o $(BUILD)/gen/whisper --emit-only >/dev/null
 TEST_SCRIPTS += tests/generate_cli.sh
 TEST_SCRIPTS += tests/cli_robust.sh
 # the serve verb over HTTP on 127.0.0.1 (curl, jq)

@@ -30,6 +30,7 @@
 #include "backend_cuda.h"
 #include "device_cuda.h"
 #endif
+#include "cross_attn.h"
 #include "kv_pool.h"
 #include "model_probe.h"
 #include "page_arena.h"
@@ -54,31 +55,42 @@ typedef struct eng_attn {
     ms_attn_batch *batch;              /* backend-owned, made at init for the worst case */
     const ms_paged_kv *kv;
     int kv_index;                      /* resource index of the KV pool */
+    ms_label context_label;            /* a cross resource's context label (not a query plan
+                                          label), -1 none */
     const ms_attn_plan_entry *entry;   /* plan result: the main label's attention plan */
     int32_t n_q_heads;                 /* query heads (the attention resource's q_heads) */
     float scale;                       /* logit scale */
     int32_t window;                    /* sliding window, 0 none */
     ms_attn_params params;             /* plan result: what every layer's attention runs with */
+    const ms_kv_plan *query_plan;      /* plan result: the KV plan staged into batch */
 } eng_attn;
 
 static ms_status eng_attn_plan(void *self, int index, const ms_step *step, ms_step_ctx *ctx,
                                const void **out, ms_error *err) {
     eng_attn *a = self;
     const ms_kv_plan_set *set = ctx->plan_results[a->kv_index];
-    if (set == NULL || set->n_plans != 1)
+    /* the query plan: the one plan label besides a cross resource's context */
+    const ms_kv_plan *qp = NULL;
+    int32_t n_q = 0;
+    for (int32_t p = 0; set != NULL && p < set->n_plans; p++)
+        if (set->plans[p].plan_label != a->context_label) {
+            qp = qp != NULL ? qp : &set->plans[p];
+            n_q++;
+        }
+    if (n_q != 1)
         return MS_FAIL(err, MS_ERR_UNSUPPORTED,
                        "attention: step %s needs exactly one plan label (got %d)", step->name,
-                       set == NULL ? 0 : (int)set->n_plans);
+                       (int)n_q);
     const void *inner_out = NULL;
     MS_TRY(ms_attn_iface.plan(a->inner, index, step, ctx, &inner_out, err));
     const ms_attn_plan_set *ap = inner_out;
-    a->entry = ms_attn_plan_find(ap, set->plans[0].plan_label);
+    a->entry = ms_attn_plan_find(ap, qp->plan_label);
     MS_ASSERT(a->entry != NULL);
     a->params = (ms_attn_params){.scale = a->scale, .window = a->window,
                                  .causal = a->entry->causal};
     /* staged and planned once per step: each layer's attention only launches */
-    MS_TRY(ms_backend_attn_stage(a->be, a->batch, &set->plans[0], a->kv, a->n_q_heads,
-                                 &a->params, err));
+    a->query_plan = qp;
+    MS_TRY(ms_backend_attn_stage(a->be, a->batch, qp, a->kv, a->n_q_heads, &a->params, err));
     *out = a;
     return MS_OK;
 }
@@ -112,6 +124,12 @@ typedef struct eng_req {
     bool in_runner;                   /* ingested into the resources and not yet removed */
     ms_finish_reason finish;
     int32_t row;                      /* logits row (segment) of its id in the last step, -1 */
+    /* a walk starting at a node that reads features (an encoder): */
+    float *features;                  /* [n_channels * n_frames] copy, channel-major; NULL */
+    int64_t n_channels, n_frames;
+    float *context;                   /* [n_context * context_width] the encoder's rows, NULL */
+    int32_t n_context;
+    int64_t context_width;
 } eng_req;
 
 /*
@@ -134,6 +152,15 @@ typedef struct eng_node {
     ms_step_runner *runner;
     int idx[MS_RESOURCE_KIND_COUNT]; /* resource index of each kind, -1 absent */
     ms_positions_config pos_cfg;
+    /* cross-attention (a node with a cross resource): the context stream is a label of its own
+       KV pool, written by the step that brings the context rows, read by every later step */
+    ms_cross_config cross_cfg;
+    ms_label context_label;       /* -1 none */
+    ms_attn_batch *ctx_batch;     /* the context rows' write addresses (staged per step) */
+    ms_attn_batch *cross_batch;   /* the queries over the context views (staged per step) */
+    ms_attn_params cross_params;  /* not causal, no window, the attention's scale */
+    int32_t ctx_rows;             /* context rows of the step being run (its input) */
+    int32_t *zeros;               /* [max_seqs] kv_start of the cross views */
 } eng_node;
 
 struct ms_engine {
@@ -722,6 +749,53 @@ static ms_status eng_make_sampler(ms_engine *e, eng_node *nd, int32_t index,
     return MS_OK;
 }
 
+static ms_status eng_make_cross(ms_engine *e, eng_node *nd, int32_t index,
+                               ms_resource_spec *spec, ms_error *err) {
+    (void)index;
+    /* the context stream is a label of the node's KV pool, which also gives the query rows */
+    const char *kv_key = nd->node->resources[nd->idx[MS_RESOURCE_KV]].key;
+    nd->cross_cfg = (ms_cross_config){.context_kv_key = kv_key, .query_kv_key = kv_key,
+                                      .context_label = nd->context_label,
+                                      .max_rows = e->max_seqs, .max_pages = nd->kv_pages};
+    ms_attn_limits lim = {.max_seqs = e->max_seqs, .max_tokens = e->max_tokens,
+                          .max_pages = nd->kv_pages};
+    MS_TRY(e->be.iface.attn_batch_init(e->be.ctx, &lim, &nd->ctx_batch, err));
+    MS_TRY(e->be.iface.attn_batch_init(e->be.ctx, &lim, &nd->cross_batch, err));
+    nd->zeros = ms_calloc((size_t)e->max_seqs, sizeof *nd->zeros);
+    if (nd->zeros == NULL)
+        return MS_FAIL(err, MS_ERR_OOM, "out of memory for the cross views");
+    nd->cross_params = (ms_attn_params){
+        .scale = nd->facts.attn_scale > 0.0f ? nd->facts.attn_scale
+                                              : 1.0f / sqrtf((float)nd->facts.head_dim),
+        .window = 0,
+        .causal = false};
+    spec->build = ms_cross_build;
+    spec->config = &nd->cross_cfg;
+    return MS_OK;
+}
+
+/* The label a node's cross resource reads as its context (its `context = <label>` argument),
+ * -1 without a cross resource; MS_ERR_FORMAT when the label is not one of the node's. */
+static ms_status eng_context_label(const ms_engine *e, const ms_md_node *d, ms_label *out,
+                                   ms_error *err) {
+    *out = -1;
+    for (int32_t i = 0; i < d->n_resources; i++) {
+        const ms_md_resource *r = &d->resources[i];
+        if (r->kind != MS_RESOURCE_CROSS)
+            continue;
+        for (int32_t a = 0; a < r->n_args; a++)
+            if (strcmp(r->args[a].key, "context") == 0)
+                for (int32_t l = 0; l < d->n_labels; l++)
+                    if (strcmp(d->labels[l], r->args[a].text) == 0)
+                        *out = l;
+        if (*out < 0)
+            return MS_FAIL(err, MS_ERR_FORMAT,
+                           "model %s: node %s: cross resource '%s' names no context label of "
+                           "the node", e->desc->name, d->name, r->key);
+    }
+    return MS_OK;
+}
+
 /* The resource interfaces the engine runs, by kind (NULL: not run by the engine). Kinds are
  * made in the descriptor's dependency order, so the KV pool exists before what reads it. */
 static const eng_res_make_fn eng_res_makers[MS_RESOURCE_KIND_COUNT] = {
@@ -729,6 +803,7 @@ static const eng_res_make_fn eng_res_makers[MS_RESOURCE_KIND_COUNT] = {
     [MS_RESOURCE_POS] = eng_make_pos,
     [MS_RESOURCE_ATTN] = eng_make_attn,
     [MS_RESOURCE_SAMPLER] = eng_make_sampler,
+    [MS_RESOURCE_CROSS] = eng_make_cross,
 };
 
 static ms_status eng_runner_init(ms_engine *e, eng_node *nd, ms_error *err) {
@@ -747,6 +822,8 @@ static ms_status eng_runner_init(ms_engine *e, eng_node *nd, ms_error *err) {
         return MS_FAIL(err, MS_ERR_INVALID_ARG,
                        "model %s: node %s: the LLM engine needs kv, positions, attention and "
                        "sampler resources", e->desc->name, d->name);
+    MS_TRY(eng_context_label(e, d, &nd->context_label, err));
+    nd->attn.context_label = nd->context_label;
     ms_resource_spec specs[MS_MAX_RESOURCES];
     memset(specs, 0, sizeof specs);
     for (int32_t i = 0; i < d->n_resources; i++) {
@@ -809,6 +886,8 @@ static ms_status eng_buffers_init(ms_engine *e, ms_error *err) {
         if (nd->input_shape != NULL) {
             int64_t rows = 0, cols = 0;
             nd->input_shape(e->config, &rows, &cols);
+            if (rows == -1)
+                rows = e->max_tokens; /* a step's context rows: within its tokens */
             if (rows < 1 || cols < 1 || rows > INT32_MAX / cols)
                 return MS_FAIL(err, MS_ERR_FORMAT, "model %s: node %s: input of %lld x %lld",
                                e->desc->name, nd->name, (long long)rows, (long long)cols);
@@ -946,6 +1025,8 @@ static void eng_req_free(eng_req *r) {
         ms_free(r->prompt[l]);
     ms_free(r->positions);
     ms_free(r->out);
+    ms_free(r->features);
+    ms_free(r->context);
     ms_free(r);
 }
 
@@ -972,8 +1053,15 @@ void ms_engine_free(ms_engine *e) {
         ms_page_arena_free(nd->arena);
         ms_attn_free(nd->attn.inner);
         ms_sample_res_free(nd->sampler);
-        if (e->be.ctx != NULL && nd->attn.batch != NULL)
-            e->be.iface.attn_batch_free(e->be.ctx, nd->attn.batch);
+        ms_free(nd->zeros);
+        if (e->be.ctx != NULL) {
+            if (nd->attn.batch != NULL)
+                e->be.iface.attn_batch_free(e->be.ctx, nd->attn.batch);
+            if (nd->ctx_batch != NULL)
+                e->be.iface.attn_batch_free(e->be.ctx, nd->ctx_batch);
+            if (nd->cross_batch != NULL)
+                e->be.iface.attn_batch_free(e->be.ctx, nd->cross_batch);
+        }
     }
     ms_device_free(e->dev);
     if (e->be.ctx != NULL) {
@@ -1096,13 +1184,41 @@ ms_status ms_engine_add(ms_engine *e, const ms_engine_request *rq, ms_rid *rid, 
     bool takes_ids = false;
     {
         const ms_md_walk *wk = &e->desc->walks[walk];
+        /* a node returning hidden states runs as the walk's first item, over the request's
+           features; the next item's node reads its rows as its cross resource's context */
         for (int32_t i = 0; i < wk->n_items; i++) {
-            const ms_md_node *nd = &e->desc->nodes[wk->items[i].node];
-            if (nd->hidden_width != NULL)
+            const eng_node *nd = &e->nodes[wk->items[i].node];
+            if (nd->node->hidden_width == NULL)
+                continue;
+            const eng_node *next = i + 1 < wk->n_items ? &e->nodes[wk->items[i + 1].node] : NULL;
+            if (i != 0 || nd->node->input_shape == NULL || next == NULL ||
+                next->context_label < 0 || i + 1 >= wk->loop_begin)
                 return MS_FAIL(err, MS_ERR_UNSUPPORTED,
-                               "walk '%s' runs node %s, whose forward returns hidden states: "
-                               "run it through ms_engine_encode", wk->name, nd->name);
+                               "walk '%s' runs node %s, whose forward returns hidden states, "
+                               "other than as its first item feeding the next node's cross "
+                               "resource: run it through ms_engine_encode", wk->name,
+                               nd->node->name);
+            int64_t rows = 0, cols = 0;
+            nd->node->input_shape(e->config, &rows, &cols);
+            if (rq->features == NULL || rq->n_feature_channels != cols ||
+                rq->n_feature_frames != rows)
+                return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                               "walk '%s' starts at node %s, which takes features [%lld, %lld] "
+                               "(channels, frames); the request gives %s [%lld, %lld]",
+                               wk->name, nd->node->name, (long long)cols, (long long)rows,
+                               rq->features == NULL ? "none" : "features",
+                               (long long)rq->n_feature_channels, (long long)rq->n_feature_frames);
+            /* the context step takes the prompt and the rows in one step */
+            if ((int64_t)rq->n_prompt + nd->facts.max_context > e->max_tokens)
+                return MS_FAIL(err, MS_ERR_CAPACITY,
+                               "a prompt of %d tokens and %d context rows are prefilled in one "
+                               "step: above max_tokens %d (raise max_tokens)", (int)rq->n_prompt,
+                               (int)nd->facts.max_context, (int)e->max_tokens);
         }
+        if (rq->features != NULL && !e->nodes[wk->items[0].node].node->hidden_width)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                           "features given, but walk '%s' does not start at a node reading them",
+                           wk->name);
         for (int32_t i = 0; i < wk->loop_begin; i++)
             takes_ids = takes_ids || e->desc->nodes[wk->items[i].node]
                                                   .steps[wk->items[i].step].explicit_positions;
@@ -1140,9 +1256,18 @@ ms_status ms_engine_add(ms_engine *e, const ms_engine_request *rq, ms_rid *rid, 
         r->prompt[uncond] = ms_malloc((size_t)rq->n_negative_prompt * sizeof(int32_t));
     if (rq->position_ids != NULL || own_ids)
         r->positions = ms_malloc((size_t)n_axes_ids * (size_t)rq->n_prompt * sizeof(int32_t));
+    if (rq->features != NULL) {
+        size_t nf = (size_t)rq->n_feature_channels * (size_t)rq->n_feature_frames;
+        r->features = ms_malloc(nf * sizeof(float));
+        if (r->features != NULL)
+            memcpy(r->features, rq->features, nf * sizeof(float));
+        r->n_channels = rq->n_feature_channels;
+        r->n_frames = rq->n_feature_frames;
+    }
     r->out = ms_malloc((size_t)(rq->max_new_tokens > 0 ? rq->max_new_tokens : 1) *
                        sizeof(int32_t));
     if (r->prompt[MS_LABEL_MAIN] == NULL || (uncond >= 0 && r->prompt[uncond] == NULL) ||
+        (rq->features != NULL && r->features == NULL) ||
         ((rq->position_ids != NULL || own_ids) && r->positions == NULL) || r->out == NULL ||
         ms_grow((void **)&e->reqs, &e->cap_reqs, e->n_reqs + 1, sizeof *e->reqs) != MS_OK) {
         eng_req_free(r);
@@ -1303,12 +1428,18 @@ static int32_t eng_rows(ms_engine *e, ms_md_walk_item item, int32_t *n_prefill) 
 }
 
 /* Pack the step's tokens in segment order: each segment takes its row's tokens for its label. */
-static ms_status eng_pack_tokens(ms_engine *e, const ms_md_node *nd, int32_t k, ms_error *err) {
+static ms_status eng_pack_tokens(ms_engine *e, const eng_node *en, int32_t k, ms_error *err) {
+    const ms_md_node *nd = en->node;
     const ms_md_step_build *b = &e->build;
     int32_t t = 0;
     for (int32_t i = 0; i < b->step.n_segments; i++) {
         const ms_segment *sg = &b->segments[i];
         eng_req *r = e->row_reqs[b->seg_row[i]];
+        if (sg->label == en->context_label) {
+            /* context rows, not ids: staged as the forward's input (eng_stage_cross) */
+            t += sg->span;
+            continue;
+        }
         if (ms_walk_in_loop(e->desc, r->walk)) {
             if (sg->span > 1 || (sg->span == 1 && r->n_out < 1))
                 return MS_FAIL(err, MS_ERR_UNSUPPORTED,
@@ -1331,6 +1462,74 @@ static ms_status eng_pack_tokens(ms_engine *e, const ms_md_node *nd, int32_t k, 
     return MS_OK;
 }
 
+/*
+ * A step of a node with a cross resource: stage the context rows' write addresses (the context
+ * label's KV plan) into ctx_batch and their rows (each row's encoder output, segment order) into
+ * the input buffer, and the queries over each row's context view (the cross resource's plan:
+ * zero-span reads after the write) into cross_batch.
+ */
+static ms_status eng_stage_cross(ms_engine *e, eng_node *nd, const ms_kv_plan_set *set,
+                                 const ms_step_ctx *ctx, const eng_attn *ap, ms_error *err) {
+    const ms_backend_i *f = &e->be.iface;
+    const ms_md_step_build *b = &e->build;
+    const ms_kv_plan *cp = ms_kv_plan_find(set, nd->context_label);
+    if (cp == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "step %s: node %s reads its context, but the step declares no segment "
+                       "on label %s", b->step.name, nd->node->name,
+                       nd->node->labels[nd->context_label]);
+    nd->ctx_rows = cp->n_tokens;
+    if (cp->n_tokens > 0) {
+        const int64_t w = e->input_cap / e->max_tokens;
+        int64_t at = 0;
+        for (int32_t i = 0; i < b->step.n_segments; i++) {
+            const ms_segment *sg = &b->segments[i];
+            if (sg->label != nd->context_label || sg->span == 0)
+                continue;
+            const eng_req *r = e->row_reqs[b->seg_row[i]];
+            if (r == NULL || r->context == NULL || r->n_context != sg->span ||
+                r->context_width != w)
+                return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                               "step %s: request %llu brings no %d context rows of width %lld",
+                               b->step.name, (unsigned long long)sg->rid, (int)sg->span,
+                               (long long)w);
+            memcpy(e->input_host + at * w, r->context, (size_t)sg->span * (size_t)w * sizeof(float));
+            at += sg->span;
+        }
+        MS_ASSERT(at == cp->n_tokens);
+        MS_TRY(f->copy_to_backend(e->be.ctx, e->input_dev, e->input_host,
+                                  (size_t)(at * w) * sizeof(float), err));
+        MS_TRY(ms_backend_attn_stage(&e->be, nd->ctx_batch, cp, &nd->kv, nd->attn.n_q_heads,
+                                     &nd->cross_params, err));
+    }
+    const ms_cross_plan_set *xs = ctx->plan_results[nd->idx[MS_RESOURCE_CROSS]];
+    const ms_cross_buffers *xb = NULL;
+    for (int32_t k = 0; xs != NULL && k < xs->n_plans; k++)
+        if (xs->plans[k].plan_label == ap->query_plan->plan_label)
+            xb = xs->plans[k].buffers;
+    if (xb == NULL || xb->n_rows != ap->query_plan->n_views ||
+        xb->qo_indptr[xb->n_rows] != ap->query_plan->n_tokens)
+        return MS_FAIL(err, MS_ERR_INTERNAL, "step %s: the cross plan does not cover the queries",
+                       b->step.name);
+    const ms_kv_plan *qp = ap->query_plan;
+    ms_kv_plan xp = {
+        .plan_label = qp->plan_label,
+        .n_views = xb->n_rows,
+        .views = qp->views, /* not read by staging */
+        .n_tokens = qp->n_tokens,
+        .qo_indptr = xb->qo_indptr,
+        .kv_indptr = xb->kv_indptr,
+        .kv_indices = xb->kv_indices,
+        .kv_last_page_len = xb->kv_last_page_len,
+        .kv_start = nd->zeros,
+        .token_to_page = qp->token_to_page, /* nothing is written through this batch */
+        .token_to_slot = qp->token_to_slot,
+        .is_decode = qp->is_decode,
+    };
+    return ms_backend_attn_stage(&e->be, nd->cross_batch, &xp, &nd->kv, nd->attn.n_q_heads,
+                                 &nd->cross_params, err);
+}
+
 /* Queue the forward of a planned step, mix guided rows, sample one id per segment into
  * e->ids_host (the logits land in e->logits_host). */
 static ms_status eng_forward_sample(ms_engine *e, eng_node *nd, const ms_md_step *sd,
@@ -1338,11 +1537,18 @@ static ms_status eng_forward_sample(ms_engine *e, eng_node *nd, const ms_md_step
     const ms_backend_i *f = &e->be.iface;
     void *cx = e->be.ctx;
     const ms_step *step = &e->build.step;
-    const int32_t n_tok = e->build.n_tokens;
-    const int32_t n = sd->all_logits ? n_tok : step->n_segments; /* logits rows */
-    const size_t V = (size_t)e->facts.vocab;
     const ms_kv_plan_set *set = ctx->plan_results[nd->idx[MS_RESOURCE_KV]];
     const ms_pos_plan *pp = ctx->plan_results[nd->idx[MS_RESOURCE_POS]];
+    const eng_attn *ap = ctx->plan_results[nd->idx[MS_RESOURCE_ATTN]];
+    /* with a cross resource the context rows are packed after the queries' tokens (segments are
+       label-major, the queries' label first): the forward reads the queries' tokens and
+       positions, and the context rows as its input */
+    const bool cross = nd->context_label >= 0;
+    const int32_t n_tok = cross ? ap->query_plan->n_tokens : e->build.n_tokens;
+    const int32_t n = sd->all_logits ? n_tok
+                      : cross        ? ap->query_plan->n_views
+                                     : step->n_segments; /* logits rows */
+    const size_t V = (size_t)e->facts.vocab;
     int32_t n_pos = 0;
     const int32_t *pos_ids = ms_pos_plan_ids(pp, set->plans[0].plan_label, 0, &n_pos);
     MS_ASSERT(pos_ids != NULL && n_pos == n_tok);
@@ -1350,9 +1556,11 @@ static ms_status eng_forward_sample(ms_engine *e, eng_node *nd, const ms_md_step
                               (size_t)n_tok * sizeof(int32_t), err));
     /* every axis (M-RoPE t/h/w: [n_axes, n_tok], axis-major as the plan holds them) */
     const int32_t n_axes = pp->n_axes;
-    MS_ASSERT(pp->n_tokens == n_tok && pos_ids == pp->ids);
+    MS_ASSERT((cross ? n_axes == 1 : pp->n_tokens == n_tok) && pos_ids == pp->ids);
     MS_TRY(f->copy_to_backend(cx, e->pos_dev, pp->ids,
                               (size_t)n_axes * (size_t)n_tok * sizeof(int32_t), err));
+    if (cross)
+        MS_TRY(eng_stage_cross(e, nd, set, ctx, ap, err));
     ms_tensor tokens = ms_tensor_1d(e->tokens_dev, MS_DTYPE_I32, n_tok);
     ms_tensor pos = n_axes > 1 ? ms_tensor_2d(e->pos_dev, MS_DTYPE_I32, n_axes, n_tok)
                                : ms_tensor_1d(e->pos_dev, MS_DTYPE_I32, n_tok);
@@ -1367,10 +1575,11 @@ static ms_status eng_forward_sample(ms_engine *e, eng_node *nd, const ms_md_step
     if (nd->node->input_shape != NULL) {
         int64_t rows = 0, cols = 0;
         nd->node->input_shape(e->config, &rows, &cols);
+        if (rows == -1) /* the context rows of this step */
+            rows = nd->ctx_rows;
         input = ms_tensor_2d(e->input_dev, MS_DTYPE_F32, rows, cols);
     }
     ms_tensor out_rows = ms_tensor_1d(e->out_rows_dev, MS_DTYPE_I32, n_tok);
-    const eng_attn *ap = ctx->plan_results[nd->idx[MS_RESOURCE_ATTN]];
     ms_md_forward_args args = {
         .be = &e->be,
         .config = e->config,
@@ -1389,6 +1598,9 @@ static ms_status eng_forward_sample(ms_engine *e, eng_node *nd, const ms_md_step
         .out_rows = sd->all_logits ? &out_rows : NULL,
         .logits = &logits,
         .input = nd->node->input_shape != NULL ? &input : NULL,
+        .context_batch = cross ? nd->ctx_batch : NULL,
+        .cross_batch = cross ? nd->cross_batch : NULL,
+        .cross_attn = nd->cross_params,
     };
     MS_TRY(nd->node->forward(&args, err));
     if (hidden)
@@ -1502,19 +1714,13 @@ ms_status ms_engine_run_step(ms_engine *e, ms_rid rid, const char *step_name,
     return MS_OK;
 }
 
-ms_status ms_engine_encode(ms_engine *e, const char *node, const float *input, int64_t n_channels,
-                           int64_t n_frames, float *out, int64_t cap, int64_t *n_rows,
-                           int64_t *width, ms_error *err) {
+/* The rows node nd (a node returning hidden states) gives for one shaped input: its one step
+ * over a stream of this call alone (see ms_engine_encode). */
+static ms_status eng_encode(ms_engine *e, eng_node *nd, const float *input, int64_t n_channels,
+                            int64_t n_frames, float *out, int64_t cap, int64_t *n_rows,
+                            int64_t *width, ms_error *err) {
     *n_rows = 0;
     *width = 0;
-    eng_node *nd = NULL;
-    for (int32_t i = 0; i < e->n_nodes; i++)
-        if (node != NULL && strcmp(e->nodes[i].node->name, node) == 0)
-            nd = &e->nodes[i];
-    if (nd == NULL || nd->node->hidden_width == NULL || nd->node->input_shape == NULL)
-        return MS_FAIL(err, MS_ERR_NOT_FOUND,
-                       "encode: model %s has no node '%s' reading a shaped input and returning "
-                       "hidden states", e->desc->name, node != NULL ? node : "(null)");
     if (nd->node->n_steps != 1)
         return MS_FAIL(err, MS_ERR_UNSUPPORTED, "encode: node %s has %d steps (one expected)",
                        nd->node->name, (int)nd->node->n_steps);
@@ -1563,6 +1769,62 @@ ms_status ms_engine_encode(ms_engine *e, const char *node, const float *input, i
     return MS_OK;
 }
 
+/* Node `name` of e when it reads a shaped input and returns hidden states, else NULL. */
+static eng_node *eng_encoder_node(ms_engine *e, const char *name) {
+    for (int32_t i = 0; i < e->n_nodes; i++)
+        if (name != NULL && strcmp(e->nodes[i].node->name, name) == 0 &&
+            e->nodes[i].node->hidden_width != NULL && e->nodes[i].node->input_shape != NULL)
+            return &e->nodes[i];
+    return NULL;
+}
+
+ms_status ms_engine_encode(ms_engine *e, const char *node, const float *input, int64_t n_channels,
+                           int64_t n_frames, float *out, int64_t cap, int64_t *n_rows,
+                           int64_t *width, ms_error *err) {
+    *n_rows = 0;
+    *width = 0;
+    eng_node *nd = eng_encoder_node(e, node);
+    if (nd == NULL)
+        return MS_FAIL(err, MS_ERR_NOT_FOUND,
+                       "encode: model %s has no node '%s' reading a shaped input and returning "
+                       "hidden states", e->desc->name, node != NULL ? node : "(null)");
+    return eng_encode(e, nd, input, n_channels, n_frames, out, cap, n_rows, width, err);
+}
+
+/*
+ * An engine step at a node returning hidden states (the walk's first item, ms_engine_add): the
+ * first request standing there (arrival order) runs it over its features; its rows become the
+ * context prompt of the next item's node, and its walk moves on (nothing is sampled).
+ */
+static ms_status eng_step_encode(ms_engine *e, eng_node *nd, ms_md_walk_item item,
+                                 ms_engine_step_info *info, ms_error *err) {
+    eng_req *r = NULL;
+    for (size_t i = 0; i < e->n_reqs && r == NULL; i++) {
+        ms_md_walk_item at = ms_walk_item(e->desc, e->reqs[i]->walk);
+        if (e->reqs[i]->finish == MS_FINISH_NONE && at.node == item.node && at.step == item.step)
+            r = e->reqs[i];
+    }
+    MS_ASSERT(r != NULL && r->features != NULL);
+    const int64_t w = nd->node->hidden_width(e->config);
+    const int64_t cap = (int64_t)nd->facts.max_context * w;
+    r->context = ms_malloc((size_t)cap * sizeof(float));
+    if (r->context == NULL)
+        return MS_FAIL(err, MS_ERR_OOM, "out of memory for %lld context rows", (long long)cap);
+    int64_t rows = 0;
+    MS_TRY(eng_encode(e, nd, r->features, r->n_channels, r->n_frames, r->context, cap, &rows,
+                      &r->context_width, err));
+    ms_free(r->features); /* the features are not read again */
+    r->features = NULL;
+    r->n_context = (int32_t)rows;
+    ms_walk_advance(e->desc, &r->walk);
+    const eng_node *next = &e->nodes[ms_walk_item(e->desc, r->walk).node];
+    r->n_prompt[next->context_label] = r->n_context;
+    r->consumed[next->context_label] = 0;
+    if (info != NULL)
+        *info = (ms_engine_step_info){.n_seqs = 1, .n_tokens = (int32_t)rows, .n_prefill = 0};
+    return MS_OK;
+}
+
 ms_status ms_engine_step(ms_engine *e, ms_engine_step_info *info, ms_error *err) {
     ms_engine_step_info inf = {0, 0, 0};
     if (info != NULL)
@@ -1594,13 +1856,15 @@ ms_status ms_engine_step(ms_engine *e, ms_engine_step_info *info, ms_error *err)
     item.step = k - e->nodes[item.node].step0;
     eng_node *nd = &e->nodes[item.node];
     const ms_md_step *sd = &nd->node->steps[item.step];
+    if (nd->node->hidden_width != NULL)
+        return eng_step_encode(e, nd, item, info, err);
 
     /* 2. its rows, and the declaration from the generated step runner */
     int32_t n = eng_rows(e, item, &inf.n_prefill);
     if (n == 0)
         return MS_OK;
     MS_TRY(sd->run(e->config, e->rows, n, &e->build, err));
-    MS_TRY(eng_pack_tokens(e, nd->node, item.step, err));
+    MS_TRY(eng_pack_tokens(e, nd, item.step, err));
     MS_TRY(eng_run_built(e, nd, sd, n, true, err));
 
     /* 6. each request's walk moves on: prompts consumed, ids appended, stops */

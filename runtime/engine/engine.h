@@ -161,6 +161,13 @@ typedef struct ms_engine_request {
        declare `pos explicit`; NULL: the positions resource's scheme */
     const int32_t *position_ids;
     int32_t n_position_axes;         /* 1, or 3 (t/h/w M-RoPE) */
+    /* a walk that starts at a node reading features (Whisper's encoder): the features
+       [n_feature_channels, n_feature_frames] f32, channel-major (transformers' input_features[0],
+       [80, 3000] for Whisper), copied. The encoder's rows become the context of the next node's
+       cross resource, prefilled with the prompt in one step. NULL: a token-only walk. */
+    const float *features;
+    int64_t n_feature_channels;
+    int64_t n_feature_frames;
 } ms_engine_request;
 
 /* The model's declared sampler settings (sampler(temperature, top_k, top_p)) as request

@@ -583,6 +583,11 @@ void ms_md_step_attn(ms_md_step_build *b, int index, bool causal) {
     b->step.records[index].rec = &b->attn;
 }
 
+void ms_md_step_cross(ms_md_step_build *b, int index) {
+    static const int used = 1; /* the resource reads the step itself */
+    b->step.records[index].rec = &used;
+}
+
 void ms_md_step_sampler(ms_md_step_build *b, int index) {
     int32_t n = b->step.n_segments;
     ms_label cond = MS_LABEL_MAIN, uncond = -1;

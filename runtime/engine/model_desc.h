@@ -410,6 +410,10 @@ ms_status ms_md_step_pos(ms_md_step_build *b, int index, bool custom_advance, bo
 /* The attention record. */
 void ms_md_step_attn(ms_md_step_build *b, int index, bool causal);
 
+/* The cross-attention record (cross_attn.h: the resource reads the step's segments and the KV
+ * plans; the record only marks it used). */
+void ms_md_step_cross(ms_md_step_build *b, int index);
+
 /* The sampler record: the first segment of each sampling row samples; under a combined label of
  * two or more labels (batched CFG) the row's segment of the combine's second label guides the one
  * of its first (mixed = uncond + s * (cond - uncond) over log-softmaxes). */
@@ -432,6 +436,12 @@ typedef struct ms_md_forward_args {
     const ms_tensor *positions;      /* [n_tokens] i32, backend memory (positions resource) */
     const ms_rope_table *rope;       /* inv_freq in backend memory */
     ms_attn_params attn;             /* scale, window, causal (from the step declaration) */
+    /* a node with a cross resource (NULL otherwise): */
+    const ms_attn_batch *context_batch; /* write addresses of the step's context rows (the
+                                        input's rows, segment order); 0 tokens: none */
+    const ms_attn_batch *cross_batch;   /* the step's queries (batch's tokens) over each row's
+                                        context view, from the cross resource's plan */
+    ms_attn_params cross_attn;          /* not causal, no window, the model's scale */
     void *workspace;                 /* backend memory of workspace_size(max_tokens, max_seqs) */
     int32_t max_tokens;              /* the workspace's token capacity (layout is fixed by it) */
     int32_t max_seqs;                /* the workspace's row capacity */
