@@ -11,7 +11,8 @@
  *     steps within 5e-3 and the greedy transcript ids (stopping at <|endoftext|>) equal to the
  *     reference: clip a0 in the plain build; MS_WHISPER_ALL=1 all three clips, batched as one;
  *   - the context is written once: the decode steps read it with zero spans; every KV page
- *     returns after remove; features of the wrong shape are refused naming them.
+ *     returns after remove; features of the wrong shape are refused naming them;
+ *   - ms_engine_transcribe: three whisper_tiny windows in two waves, ids up to the eos id.
  */
 #include "ms_test.h"
 #include "ms_test_impl.h"
@@ -130,6 +131,56 @@ static void test_whisper_tiny(void **state) {
     ms_st_file_free(f);
 }
 
+/* ms_engine_transcribe: three windows with max_seqs 6 (two requests per wave, so two waves),
+ * each the reference's ids up to the model's eos id (whisper_tiny's is 2: greedy there is
+ * argmax with no eos handling). */
+static void test_whisper_transcribe(void **state) {
+    (void)state;
+    ms_st_file *f = ms_test_ref_open("hf/whisper_tiny");
+    size_t nf, ns, ng;
+    float *feat = ms_test_ref_tensor(f, "input_features", false, &nf);
+    int32_t *start = ms_test_ref_tensor(f, "decoder_start_ids", true, &ns);
+    int32_t *greedy = ms_test_ref_tensor(f, "greedy_ids", true, &ng);
+    ms_engine *e = open_engine("hf/whisper_tiny", 6, 128);
+    const ms_md_facts *fa = ms_engine_facts(e);
+    assert_int_equal(fa->n_eos, 1);
+    int32_t want = 0;
+    while (want < (int32_t)ng && greedy[want] != fa->eos_ids[0])
+        want++;
+    want = want < (int32_t)ng ? want + 1 : (int32_t)ng; /* the eos id is kept */
+    const int32_t free0 = ms_engine_kv_pages_free(e);
+    ms_engine_transcript t[3];
+    for (int k = 0; k < 3; k++)
+        t[k] = (ms_engine_transcript){.features = feat, .n_channels = 80, .n_frames = 64,
+                                      .prompt = start, .n_prompt = (int32_t)ns,
+                                      .max_new_tokens = (int32_t)ng};
+    ms_error err = {0};
+    if (ms_engine_transcribe(e, t, 3, &err) != MS_OK)
+        fail_msg("transcribe: %s", err.msg);
+    for (int k = 0; k < 3; k++) {
+        assert_int_equal(t[k].n_ids, want);
+        for (int32_t j = 0; j < want; j++)
+            assert_int_equal(t[k].ids[j], greedy[j]);
+        assert_int_equal(t[k].finish, want < (int32_t)ng ? MS_FINISH_EOS : MS_FINISH_LENGTH);
+        ms_free(t[k].ids);
+    }
+    assert_int_equal(ms_engine_kv_pages_free(e), free0);
+    assert_int_equal(ms_engine_n_active(e), 0);
+    /* a bad window fails naming it, holding nothing */
+    t[1].n_frames = 3000;
+    assert_int_equal(ms_engine_transcribe(e, t, 3, &err), MS_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "transcribe item 1: "));
+    for (int k = 0; k < 3; k++)
+        assert_null(t[k].ids);
+    assert_int_equal(ms_engine_n_active(e), 0);
+    assert_int_equal(ms_engine_kv_pages_free(e), free0);
+    ms_engine_free(e);
+    ms_free(feat);
+    ms_free(start);
+    ms_free(greedy);
+    ms_st_file_free(f);
+}
+
 static void test_whisper_base(void **state) {
     (void)state;
     if (MS_SANITIZED) {
@@ -212,6 +263,7 @@ static void test_whisper_base(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         ms_unit_test(test_whisper_tiny),
+        ms_unit_test(test_whisper_transcribe),
         ms_unit_test(test_whisper_base),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

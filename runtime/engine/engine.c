@@ -1791,6 +1791,70 @@ ms_status ms_engine_encode(ms_engine *e, const char *node, const float *input, i
     return eng_encode(e, nd, input, n_channels, n_frames, out, cap, n_rows, width, err);
 }
 
+ms_status ms_engine_transcribe(ms_engine *e, ms_engine_transcript *items, int32_t n_items,
+                               ms_error *err) {
+    for (int32_t i = 0; i < n_items; i++) {
+        items[i].ids = NULL;
+        items[i].n_ids = 0;
+        items[i].finish = MS_FINISH_NONE;
+    }
+    if (e->n_active > 0)
+        return MS_FAIL(err, MS_ERR_STATE, "transcribe: %d requests are already running",
+                       (int)e->n_active);
+    ms_status st = MS_OK;
+    int32_t next = 0; /* first item not yet added */
+    ms_rid rids[MS_TRANSCRIBE_MAX_BATCH];
+    int32_t first[MS_TRANSCRIBE_MAX_BATCH];
+    while (st == MS_OK && next < n_items) {
+        /* a wave: as many items as max_seqs takes (each holds its walk's streams) */
+        int32_t n = 0;
+        while (next < n_items && n < MS_TRANSCRIBE_MAX_BATCH) {
+            const ms_engine_transcript *t = &items[next];
+            ms_engine_request rq = {.prompt = t->prompt, .n_prompt = t->n_prompt,
+                                    .max_new_tokens = t->max_new_tokens,
+                                    .sampling = ms_sampling_greedy(), .features = t->features,
+                                    .n_feature_channels = t->n_channels,
+                                    .n_feature_frames = t->n_frames};
+            st = ms_engine_add(e, &rq, &rids[n], err);
+            if (st == MS_ERR_CAPACITY && n > 0) {
+                st = MS_OK; /* full: run this wave, the item goes in the next */
+                break;
+            }
+            if (st != MS_OK) {
+                ms_error_prefix(err, "transcribe item %d: ", (int)next);
+                break;
+            }
+            first[n++] = next++;
+        }
+        while (st == MS_OK && e->n_active > 0)
+            st = ms_engine_step(e, NULL, err);
+        for (int32_t k = 0; k < n; k++) {
+            const int32_t *ids;
+            int32_t m;
+            ms_finish_reason why;
+            ms_engine_transcript *t = &items[first[k]];
+            if (st == MS_OK && ms_engine_output(e, rids[k], &ids, &m, &why) == MS_OK) {
+                t->ids = ms_malloc((size_t)(m > 0 ? m : 1) * sizeof(int32_t));
+                if (t->ids == NULL) {
+                    st = MS_FAIL(err, MS_ERR_OOM, "transcribe: out of memory for %d ids", (int)m);
+                } else {
+                    memcpy(t->ids, ids, (size_t)m * sizeof(int32_t));
+                    t->n_ids = m;
+                    t->finish = why;
+                }
+            }
+            ms_engine_remove(e, rids[k]);
+        }
+    }
+    if (st != MS_OK)
+        for (int32_t i = 0; i < n_items; i++) {
+            ms_free(items[i].ids);
+            items[i].ids = NULL;
+            items[i].n_ids = 0;
+        }
+    return st;
+}
+
 /*
  * An engine step at a node returning hidden states (the walk's first item, ms_engine_add): the
  * first request standing there (arrival order) runs it over its features; its rows become the

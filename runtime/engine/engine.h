@@ -233,6 +233,36 @@ ms_status ms_engine_encode(ms_engine *e, const char *node, const float *input, i
                            int64_t n_frames, float *out, int64_t cap, int64_t *n_rows,
                            int64_t *width, ms_error *err);
 
+/* Most items ms_engine_transcribe runs as one wave (batch). */
+#define MS_TRANSCRIBE_MAX_BATCH 64
+
+/* One audio window of ms_engine_transcribe: its features and prompt in, its ids out. */
+typedef struct ms_engine_transcript {
+    const float *features;      /* [n_channels, n_frames] f32 host, channel-major (Whisper:
+                                   [80, 3000] log-mel, transformers' input_features[0]) */
+    int64_t n_channels, n_frames;
+    const int32_t *prompt;      /* [n_prompt] decoder prompt ids (Whisper: <|startoftranscript|>,
+                                   language, task, <|notimestamps|>) */
+    int32_t n_prompt;
+    int32_t max_new_tokens;
+    int32_t *ids;               /* out: [n_ids] greedy ids, ms_malloc'd (the caller ms_frees),
+                                   the model's eos id last when it stopped on it */
+    int32_t n_ids;
+    ms_finish_reason finish;    /* out: eos, length or context */
+} ms_engine_transcript;
+
+/*
+ * Greedy transcription of items[0 .. n_items) on a model whose walk starts at a node reading
+ * features (models/whisper.mstar): each item is a request (ms_engine_request.features, its
+ * prompt, greedy sampling, the model's eos ids stop it); as many as max_seqs takes (a Whisper
+ * request holds 3 streams: the encoder's, the decoder's ids and its context) run as one wave:
+ * encoded one by one, prefilled, then decoded as one batch; the next wave follows. The engine
+ * must have no running requests (MS_ERR_STATE). Errors: ms_engine_add's (naming the item) and
+ * ms_engine_step's; on error no item holds ids and every request is removed.
+ */
+ms_status ms_engine_transcribe(ms_engine *e, ms_engine_transcript *items, int32_t n_items,
+                               ms_error *err);
+
 /* Committed tokens of rid's stream `label` (0 main) in the node of the walk item rid stands at
  * (node 0 once its walk is over), or -1 when it holds none there. */
 int32_t ms_engine_stream_length(const ms_engine *e, ms_rid rid, ms_label label);

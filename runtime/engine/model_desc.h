@@ -92,6 +92,13 @@
  *     stems, `kernels` (none, NULL and 0, when the model's kernels are not expressible).
  *   - `ignore "visual.*";` patterns of the weights blocks: a static array, `ignored` (none: NULL
  *     and 0).
+ *   - a node without a sampler (an encoder): its forward returns every token's row
+ *     (`hidden_width`); a shaped forward parameter (`features: [C, L]` read as transpose(x), or
+ *     a cross resource's context rows `audio: [_, d]`) becomes ms_md_forward_args.input
+ *     (`input_shape`; -1 rows: the step's context rows, `A` in the generated forward);
+ *     `xattn.write(k, v)` a kv_write through context_batch guarded by A > 0, `xattn.run(q)` an
+ *     attention through cross_batch (cross_attn: not causal); the cross record marks the
+ *     resource used (ms_md_step_cross);
  *   - the forward's op list: one backend call per op on views of the workspace, whose layout
  *     (one slice per planned buffer, 64-byte aligned) is a static function of (max_tokens,
  *     max_seqs) shared by workspace_size and forward.
