@@ -41,6 +41,7 @@ RUNTIME_CUDA_SRCS += runtime/backends/device_cuda.c
 RUNTIME_SRCS += runtime/cli/cli_bench.c
 RUNTIME_SRCS += runtime/cli/cli_kernels.c
 RUNTIME_SRCS += runtime/cli/cli_serve.c
+RUNTIME_SRCS += runtime/cli/cli_transcribe.c
 RUNTIME_SRCS += runtime/engine/sample_res.c
 RUNTIME_SRCS += runtime/engine/walk.c
 RUNTIME_SRCS += runtime/tokenizers/chat_template.c

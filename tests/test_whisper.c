@@ -12,7 +12,8 @@
  *     reference: clip a0 in the plain build; MS_WHISPER_ALL=1 all three clips, batched as one;
  *   - the context is written once: the decode steps read it with zero spans; every KV page
  *     returns after remove; features of the wrong shape are refused naming them;
- *   - ms_engine_transcribe: three whisper_tiny windows in two waves, ids up to the eos id.
+ *   - ms_engine_transcribe: three whisper_tiny windows in two waves, ids up to the eos id;
+ *   - the transcribe verb (cli_transcribe.c) over --features FILE:NAME: its output lines.
  */
 #include "ms_test.h"
 #include "ms_test_impl.h"
@@ -22,6 +23,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <unistd.h>
+
+#include "cli_transcribe.h"
 #include "engine.h"
 #include "fixture_ref.h"
 #include "safetensors.h"
@@ -181,6 +185,62 @@ static void test_whisper_transcribe(void **state) {
     ms_st_file_free(f);
 }
 
+/* Run the transcribe verb with argv, its stdout into out[cap]; returns its exit status. */
+static int run_verb(int argc, char **argv, char *out, size_t cap) {
+    char path[] = "/tmp/ms_whisper_cli_XXXXXX";
+    int fd = mkstemp(path);
+    assert_true(fd >= 0);
+    fflush(stdout);
+    int saved = dup(1);
+    assert_true(saved >= 0);
+    assert_int_equal(dup2(fd, 1), 1);
+    int rc = ms_cli_transcribe(argc, argv, &ms_whisper_desc, "whisper");
+    fflush(stdout);
+    assert_int_equal(dup2(saved, 1), 1);
+    close(saved);
+    ssize_t n = pread(fd, out, cap - 1, 0);
+    out[n > 0 ? n : 0] = '\0';
+    close(fd);
+    unlink(path);
+    return rc;
+}
+
+/* The transcribe verb over a safetensors tensor (--features FILE:NAME), twice in one batch:
+ * whisper_tiny has no tokenizer.json, so each window prints its ids, the reference's up to the
+ * eos id. Bad flags and tensors: exit 2 / 1. */
+static void test_whisper_cli(void **state) {
+    (void)state;
+    char feat[1100], model[1024], bad[1100];
+    snprintf(model, sizeof model, "%s", ms_test_fixture("hf/whisper_tiny"));
+    snprintf(feat, sizeof feat, "%s/reference.safetensors:input_features", model);
+    snprintf(bad, sizeof bad, "%s/reference.safetensors:greedy_ids", model);
+    ms_st_file *f = ms_test_ref_open("hf/whisper_tiny");
+    size_t ng;
+    int32_t *greedy = ms_test_ref_tensor(f, "greedy_ids", true, &ng);
+    char want[4096] = "";
+    size_t w = 0;
+    for (size_t j = 0; j < ng; j++) {
+        w += (size_t)snprintf(want + w, sizeof want - w, "%s%d", j ? " " : "", (int)greedy[j]);
+        if (greedy[j] == 2)
+            break; /* the eos id ends the window */
+    }
+    char out[16384];
+    char *argv[] = {"--model", model, "--features", feat, "--features", feat, "--prompt", "3",
+                    "--max-new-tokens", "20", "--threads", "2", "--device", "cpu"};
+    assert_int_equal(run_verb((int)MS_ARRAY_LEN(argv), argv, out, sizeof out), 0);
+    char expect[8300];
+    snprintf(expect, sizeof expect, "%s\n%s\n", want, want);
+    assert_string_equal(out, expect);
+    char *argv2[] = {"--model", model, "--features", bad, "--prompt", "3", "--device", "cpu"};
+    assert_int_equal(run_verb((int)MS_ARRAY_LEN(argv2), argv2, out, sizeof out), 1);
+    char *argv3[] = {"--model", model};
+    assert_int_equal(run_verb((int)MS_ARRAY_LEN(argv3), argv3, out, sizeof out), 2);
+    char *argv4[] = {"--model", model, "--features", "nocolon"};
+    assert_int_equal(run_verb((int)MS_ARRAY_LEN(argv4), argv4, out, sizeof out), 1);
+    ms_free(greedy);
+    ms_st_file_free(f);
+}
+
 static void test_whisper_base(void **state) {
     (void)state;
     if (MS_SANITIZED) {
@@ -264,6 +324,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         ms_unit_test(test_whisper_tiny),
         ms_unit_test(test_whisper_transcribe),
+        ms_unit_test(test_whisper_cli),
         ms_unit_test(test_whisper_base),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
