@@ -1008,7 +1008,8 @@ static void emit_facts(gen *g) {
     E("out->head_dim = (int32_t)%s;", hd);
     E("out->hidden = (int32_t)%s;", bare(g, width));
     /* no sampler (an encoder): no vocabulary */
-    E("out->vocab = (int32_t)%s;", g->sampler != NULL ? cexpr(g, res_arg(g->sampler, "vocab")) : "0");
+    E("out->vocab = (int32_t)%s;",
+      g->sampler != NULL ? cexpr(g, res_arg(g->sampler, "vocab")) : "0");
     if (!g->hidden) {
         E("out->max_context = (int32_t)c->%s;", mp->name);
     } else {
@@ -1386,7 +1387,8 @@ static void emit_weights(gen *g) {
     E("switch (w) {");
     for (int i = 0; i < g->n_w; i++)
         if (g->w[i].group != NULL)
-            E("case %s: return (int32_t)(%s);", g->w[i].ename, bare(g, cexpr(g, g->w[i].group->count)));
+            E("case %s: return (int32_t)(%s);", g->w[i].ename,
+              bare(g, cexpr(g, g->w[i].group->count)));
     E("default: return 1;");
     E("}");
     g->cg.indent--;
@@ -2698,7 +2700,8 @@ static void emit_forward(gen *g) {
           g->node->name);
         E("                   (int)a->batch->n_seqs);");
         if (g->input >= 0) {
-            E("if (a->input == NULL || a->input->shape[0] != (int64_t)(%s) ||", g->v[g->input].rows);
+            E("if (a->input == NULL || a->input->shape[0] != (int64_t)(%s) ||",
+              g->v[g->input].rows);
             E("    a->input->shape[1] != (int64_t)(%s))", g->v[g->input].width);
             E("    return MS_FAIL(err, MS_ERR_INVALID_ARG, \"node %s: input %s must be [%%lld, %%lld] \"",
               g->node->name, g->v[g->input].name);

@@ -237,7 +237,8 @@ static void args_text(ms_strbuf *b, const ms_resource *r) {
  * its own KV layout, attention and learned position table (its ms_md_node.facts).
  */
 static void check_same_rope(lcheck *c, const ms_node *first, const ms_node *node) {
-    const ms_resource *a = res_of_kind(first, MS_RESOURCE_POS), *b = res_of_kind(node, MS_RESOURCE_POS);
+    const ms_resource *a = res_of_kind(first, MS_RESOURCE_POS);
+    const ms_resource *b = res_of_kind(node, MS_RESOURCE_POS);
     if (a == NULL || b == NULL || strcmp(b->spec->ctor, "rope") != 0)
         return;
     ms_strbuf x = {0}, y = {0};

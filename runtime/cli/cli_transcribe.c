@@ -169,12 +169,14 @@ int ms_cli_transcribe(int argc, char **argv, const ms_model_desc *desc, const ch
             goto done;
         }
     }
+    const int32_t *pr = prompt != NULL ? prompt : TR_DEFAULT_PROMPT;
+    const int32_t n_pr =
+        prompt != NULL ? (int32_t)n_prompt : (int32_t)MS_ARRAY_LEN(TR_DEFAULT_PROMPT);
     for (int32_t k = 0; k < n_win; k++)
-        items[k] = (ms_engine_transcript){
-            .features = win[k].features, .n_channels = win[k].channels,
-            .n_frames = win[k].frames, .prompt = prompt != NULL ? prompt : TR_DEFAULT_PROMPT,
-            .n_prompt = prompt != NULL ? (int32_t)n_prompt : (int32_t)MS_ARRAY_LEN(TR_DEFAULT_PROMPT),
-            .max_new_tokens = (int32_t)max_new};
+        items[k] = (ms_engine_transcript){.features = win[k].features,
+                                          .n_channels = win[k].channels,
+                                          .n_frames = win[k].frames, .prompt = pr,
+                                          .n_prompt = n_pr, .max_new_tokens = (int32_t)max_new};
     if (ms_engine_transcribe(e, items, n_win, &err) != MS_OK) {
         fprintf(stderr, "%s: %s\n", prog, err.msg);
         goto done;

@@ -837,7 +837,8 @@ static ms_status eng_runner_init(ms_engine *e, eng_node *nd, ms_error *err) {
         if (make == NULL)
             return MS_FAIL(err, MS_ERR_UNSUPPORTED,
                            "model %s: node %s: resource '%s' of kind %s is not supported by the "
-                           "LLM engine", e->desc->name, d->name, r->key, ms_resource_kind_str(r->kind));
+                           "LLM engine", e->desc->name, d->name, r->key,
+                           ms_resource_kind_str(r->kind));
         MS_TRY(make(e, nd, i, s, err));
     }
     return ms_step_runner_init(&nd->runner, specs, d->n_resources, err);
@@ -1493,7 +1494,8 @@ static ms_status eng_stage_cross(ms_engine *e, eng_node *nd, const ms_kv_plan_se
                                "step %s: request %llu brings no %d context rows of width %lld",
                                b->step.name, (unsigned long long)sg->rid, (int)sg->span,
                                (long long)w);
-            memcpy(e->input_host + at * w, r->context, (size_t)sg->span * (size_t)w * sizeof(float));
+            memcpy(e->input_host + at * w, r->context,
+                   (size_t)sg->span * (size_t)w * sizeof(float));
             at += sg->span;
         }
         MS_ASSERT(at == cp->n_tokens);

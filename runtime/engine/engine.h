@@ -6,22 +6,26 @@
  * backend, f32 weights and KV in host memory; cuda: the CUDA backend, bf16 weights and KV, the
  * arena in device memory through device_cuda.h; auto: cuda when a GPU is usable), reads
  * config.json (or a llama2.c .bin through the loaders, which derive a config and expose Hugging
- * Face tensor names), validates and loads every declared weight into one
- * planned set of backend buffers (fused entries concatenated), builds each node's resources through
- * its own step runner (KV pool over its own page arena, positions, attention: the runner's plan
- * plus backend staging, sampler; every node of the descriptor, in order), and sizes every per-step buffer for the worst case: after the first step of
- * each kind (which creates the attention plan buffers), decode steps allocate nothing.
+ * Face tensor names), validates and loads every declared weight into one planned set of backend
+ * buffers (fused entries concatenated), builds each node's resources through its own step runner
+ * (KV pool over its own page arena, positions, attention: the runner's plan plus backend staging,
+ * sampler; every node of the descriptor, in order), and sizes every per-step buffer for the worst
+ * case: after the first step of each kind (which creates the attention plan buffers), decode steps
+ * allocate nothing.
  *
  * Each request walks the model's walk (model_desc.h ms_md_walk; a guided pair the walk over its
  * two streams); a walk may cross nodes (node A's prefill, then node B's prefill and decode loop):
  * a request is ingested into every node's runner at add, each node's streams are its own (a node's
  * prefix step reads the prompt again), and it leaves every runner when it finishes. Each
  * ms_engine_step the scheduler (walk.h) picks one (node, step) and batches every request standing
- * there as one ragged step (prefill rows within the token budget,
- * chunked; decode rows one token per stream); the model's generated step runner declares it;
- * admit -> plan -> forward -> commit; then one id is sampled per request and its walk moves on. A request finishes on an eos id
+ * there as one ragged step (prefill rows within the token budget, chunked; decode rows one token
+ * per stream); the model's generated step runner declares it; admit -> plan -> forward -> commit;
+ * then one id is sampled per request and its walk moves on. A request finishes on an eos id
  * (unless ignore_eos), after max_new_tokens, or when its sequence reaches the model's context; it
- * then leaves the batch and ms_engine_remove frees everything it held.
+ * then leaves the batch and ms_engine_remove frees everything it held.  A walk may also start at a
+ * node reading features (Whisper's encoder: ms_engine_request.features): that node runs one
+ * request per engine step and its rows become the next node's cross-attention context, written
+ * once with the prompt's prefill and read with zero spans after.
  *
  * Ownership: ms_engine_* functions borrow their arguments (prompts are copied at add); the engine
  * returned by ms_engine_init is owned by the caller (ms_engine_free). The descriptor must outlive
@@ -196,7 +200,8 @@ typedef struct ms_engine_step_info {
 } ms_engine_step_info;
 
 /*
- * Run one (node, step) over the requests standing at it (see the top of the file). Finished requests keep
+ * Run one (node, step) over the requests standing at it (see the top of the file). Finished
+ * requests keep
  * their output until removed. No active request: MS_OK with a zeroed info. Errors: a failing
  * resource or op (message names the step and the resource), MS_ERR_CAPACITY when the KV pages run
  * short (names kv_pages).
@@ -204,7 +209,8 @@ typedef struct ms_engine_step_info {
 ms_status ms_engine_step(ms_engine *e, ms_engine_step_info *info, ms_error *err);
 
 /*
- * Run the step named `step_name` (of the first node declaring one) for request rid alone, outside its walk, over
+ * Run the step named `step_name` (of the first node declaring one) for request rid alone,
+ * outside its walk, over
  * `tokens` [n_tokens] given by the caller (its main stream): dense generation's block steps
  * (`refine`: kv commit = false, pos advance = 0, attn causal = false; a committing block step), or
  * an ordinary step fed an id of the caller's choosing. Nothing is sampled and the request's walk
