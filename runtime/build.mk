@@ -48,6 +48,7 @@ RUNTIME_SRCS += runtime/cli/cli_bench.c
 RUNTIME_SRCS += runtime/cli/cli_kernels.c
 RUNTIME_SRCS += runtime/cli/cli_serve.c
 RUNTIME_SRCS += runtime/cli/cli_chat.c
+RUNTIME_SRCS += runtime/cli/cli_transcribe.c
 RUNTIME_SRCS += runtime/engine/sample_res.c
 RUNTIME_SRCS += runtime/engine/walk.c
 RUNTIME_SRCS += runtime/tokenizers/chat_template.c

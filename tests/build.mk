@@ -66,6 +66,26 @@ $(BUILD)/tests/test_engine_dense: $(BUILD)/obj/gen/dense/llama_dense_gen.o
 $(BUILD)/gen/dense/llama_dense_gen.c: tests/codegen/dense.mstar $(BUILD)/mstarc
 	$(call quiet,GEN,$@)
 	$(Q)$(BUILD)/mstarc build tests/codegen/dense.mstar -o $(BUILD)/gen/dense --emit-only >/dev/null
+# several nodes: tests/codegen/two_nodes.mstar (a walk across two nodes) against hf/llama_gqa
+TESTS += tests/test_engine_nodes
+$(BUILD)/tests/test_engine_nodes: $(BUILD)/obj/gen/two_nodes/two_nodes_gen.o
+$(BUILD)/gen/two_nodes/two_nodes_gen.c: tests/codegen/two_nodes.mstar $(BUILD)/mstarc
+	$(call quiet,GEN,$@)
+	$(Q)$(BUILD)/mstarc build tests/codegen/two_nodes.mstar -o $(BUILD)/gen/two_nodes --emit-only >/dev/null
+# the Whisper encoder written in the language (tests/codegen/whisper_encoder.mstar) against
+# hf/whisper_tiny and hf/whisper_base (one clip; MS_WHISPER_ALL=1 all three)
+TESTS += tests/test_whisper_encoder
+$(BUILD)/tests/test_whisper_encoder: $(BUILD)/obj/gen/whisper_encoder/whisper_encoder_gen.o
+$(BUILD)/gen/whisper_encoder/whisper_encoder_gen.c: tests/codegen/whisper_encoder.mstar $(BUILD)/mstarc
+	$(call quiet,GEN,$@)
+	$(Q)$(BUILD)/mstarc build tests/codegen/whisper_encoder.mstar -o $(BUILD)/gen/whisper_encoder --emit-only >/dev/null
+# Whisper end to end (models/whisper.mstar: encoder, cross-attention decoder) against
+# hf/whisper_tiny and hf/whisper_base (clip a0; MS_WHISPER_ALL=1 all three batched)
+TESTS += tests/test_whisper
+$(BUILD)/tests/test_whisper: $(BUILD)/obj/gen/whisper/whisper_gen.o
+$(BUILD)/gen/whisper/whisper_gen.c: models/whisper.mstar $(BUILD)/mstarc
+	$(call quiet,GEN,$@)
+	$(Q)$(BUILD)/mstarc build models/whisper.mstar -o $(BUILD)/gen/whisper --emit-only >/dev/null
 TEST_SCRIPTS += tests/generate_cli.sh
 TEST_SCRIPTS += tests/cli_robust.sh
 # the serve verb over HTTP on 127.0.0.1 (curl, jq)
