@@ -119,9 +119,13 @@ FUZZ_RUNTIME_SRCS := runtime/core/base.c runtime/loaders/hf_config.c runtime/loa
                      runtime/loaders/safetensors.c runtime/loaders/checkpoint.c \
                      runtime/tokenizers/tokenizer_hf.c runtime/tokenizers/tokenizer_hf_nfc.c \
                      runtime/tokenizers/tokenizer_llama2c.c runtime/tokenizers/chat_template.c
+# fuzz_serve_request: the serve verb's request parser (runtime/cli/serve_request.c)
+FUZZ_TARGETS += serve_request
+FUZZ_RUNTIME_SRCS += runtime/cli/serve_request.c runtime/resources/sampler.c
 FUZZ_OBJS := $(patsubst %.c,$(FUZZ_DIR)/obj/%.o,$(FUZZ_RUNTIME_SRCS))
 FUZZ_RUNTIME_BINS := $(FUZZ_DIR)/fuzz_config $(FUZZ_DIR)/fuzz_tokenizer_hf $(FUZZ_DIR)/fuzz_safetensors $(FUZZ_DIR)/fuzz_llama2c \
                      $(FUZZ_DIR)/fuzz_chat_template
+FUZZ_RUNTIME_BINS += $(FUZZ_DIR)/fuzz_serve_request
 FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=address,undefined -fno-sanitize-recover=all $(RUNTIME_INC) $(PKG_CFLAGS)
 $(FUZZ_DIR)/obj/%.o: %.c
 	$(call quiet,CC,$@)

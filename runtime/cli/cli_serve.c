@@ -50,14 +50,14 @@
 
 #include "chat_template.h"
 #include "engine.h"
+#include "serve_request.h"
 #include "threadpool.h"
 #include "tokenizer_hf.h"
 #include "tokenizer_llama2c.h"
 
 #define SRV_MAX_BODY (1u << 20)   /* request body limit, bytes (413 above) */
-#define SRV_MAX_STOPS 16          /* stop strings per request */
-#define SRV_MAX_STOP_LEN 256      /* bytes per stop string */
-#define SRV_DEFAULT_MAX_TOKENS 16 /* OpenAI's default max_tokens for completions */
+/* the optional request fields served (serve_request.h MS_SERVE_CAP_*) */
+#define SRV_CAPS 0u
 
 /* ---- types ---- */
 
@@ -115,7 +115,7 @@ struct srv_job {
     ms_sampling_params sampling;
     int32_t max_tokens;
     bool ignore_eos;
-    char *stops[SRV_MAX_STOPS]; /* ms_malloc'd */
+    char *stops[MS_SERVE_MAX_STOPS]; /* ms_malloc'd */
     int32_t n_stops;
     bool stream, include_usage;
     bool chat;                  /* /v1/chat/completions: chat objects, message / delta */
@@ -642,362 +642,90 @@ static enum MHD_Result reply_error(srv *s, struct MHD_Connection *con, unsigned 
     pthread_mutex_lock(&s->mu);
     s->n_error++;
     pthread_mutex_unlock(&s->mu);
-    char msg[512];
+    ms_serve_error e = {.status = status, .param = param, .code = code};
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    vsnprintf(e.msg, sizeof e.msg, fmt, ap);
     va_end(ap);
-    const char *type = status == 401   ? "authentication_error"
-                       : status == 404 ? "not_found_error"
-                       : status == 501 ? "not_implemented"
-                       : status >= 500 ? "server_error"
-                                       : "invalid_request_error";
-    /* the message may quote request bytes: json_string refuses invalid UTF-8, so replace it */
-    json_t *m = json_string(msg);
-    if (m == NULL)
-        m = json_string("invalid request");
-    json_t *o = json_pack("{s:{s:o, s:s, s:s?, s:s?}}", "error", "message", m, "type", type,
-                          "param", param, "code", code);
+    json_t *o = ms_serve_error_json(&e);
     return reply_json(con, status, o);
 }
 
-/* ---- request parsing ---- */
+/* ---- requests: serve_request.h parses, the job takes its prompts ---- */
 
-typedef struct srv_err {
-    unsigned status;
-    const char *param;
-    const char *code;
-    char msg[400];
-} srv_err;
-
-static bool perr(srv_err *e, unsigned status, const char *param, const char *fmt, ...)
-    MS_PRINTF(4, 5);
-static bool perr(srv_err *e, unsigned status, const char *param, const char *fmt, ...) {
-    e->status = status;
-    e->param = param;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
-    va_end(ap);
-    return false;
-}
-
-static bool get_number(json_t *v, double *out) {
-    if (json_is_integer(v))
-        *out = (double)json_integer_value(v);
-    else if (json_is_real(v))
-        *out = json_real_value(v);
-    else
-        return false;
-    return true;
-}
-
-/* One prompt of the request into choice c: ids, or text through the tokenizer. */
-static bool parse_prompt_one(srv *s, json_t *p, srv_choice *c, srv_err *e) {
-    if (json_is_string(p)) {
-        if (!s->has_tok)
-            return perr(e, 400, "prompt",
-                        "a text prompt needs a tokenizer and the server has none: give token ids "
-                        "(a list of integers)");
-        if (json_string_length(p) == 0)
-            return perr(e, 400, "prompt", "the prompt is empty");
-        if (strlen(json_string_value(p)) != json_string_length(p))
-            return perr(e, 400, "prompt", "the prompt holds a NUL character");
-        size_t n = 0;
-        int32_t *ids = NULL;
-        if (ms_cli_tok_encode(&s->tok, json_string_value(p), "prompt", &ids, &n) != 0 || n == 0) {
-            ms_free(ids);
-            return perr(e, 400, "prompt", "the prompt cannot be tokenized");
-        }
-        c->prompt = ids;
-        c->n_prompt = (int32_t)n;
-    } else if (json_is_array(p)) {
-        size_t n = json_array_size(p);
-        if (n == 0)
-            return perr(e, 400, "prompt", "the prompt's token id list is empty");
-        if (n > (size_t)s->fa.max_context)
-            return perr(e, 400, "prompt",
-                        "the prompt of %zu tokens is longer than the model's context (%d)", n,
-                        (int)s->fa.max_context);
-        c->prompt = ms_malloc(n * sizeof *c->prompt);
-        if (c->prompt == NULL)
-            return perr(e, 500, NULL, "out of memory");
-        for (size_t i = 0; i < n; i++) {
-            json_t *x = json_array_get(p, i);
-            if (!json_is_integer(x))
-                return perr(e, 400, "prompt",
-                            "prompt[%zu] is not an integer (a prompt is a string, a list of "
-                            "strings, or token ids)",
-                            i);
-            json_int_t v = json_integer_value(x);
-            if (v < 0 || v >= s->fa.vocab)
-                return perr(e, 400, "prompt",
-                            "prompt token %lld at index %zu is outside the vocabulary [0, %d)",
-                            (long long)v, i, (int)s->fa.vocab);
-            c->prompt[i] = (int32_t)v;
-        }
-        c->n_prompt = (int32_t)n;
-    } else {
-        return perr(e, 400, "prompt",
-                    "'prompt' must be a string, a list of strings, or a list of token ids");
+static ms_status srv_encode(void *user, const char *text, bool add_special, int32_t **ids,
+                            size_t *n, ms_error *err) {
+    srv *s = user;
+    if (add_special) { /* as generate: llama2.c with BOS; tokenizer.json its post-processor */
+        if (ms_cli_tok_encode(&s->tok, text, "prompt", ids, n) != 0)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG, "the tokenizer refused the text");
+        return MS_OK;
     }
-    if (c->n_prompt > s->fa.max_context)
-        return perr(e, 400, "prompt",
-                    "the prompt of %d tokens is longer than the model's context (%d)",
-                    (int)c->n_prompt, (int)s->fa.max_context);
-    return true;
-}
-
-static bool parse_stop(srv_job *j, json_t *v, srv_err *e, bool has_tok) {
-    if (v == NULL || json_is_null(v))
-        return true;
-    json_t *one = json_is_string(v) ? v : NULL;
-    if (one == NULL && !json_is_array(v))
-        return perr(e, 400, "stop", "'stop' must be a string or a list of strings");
-    size_t n = one != NULL ? 1 : json_array_size(v);
-    if (n > SRV_MAX_STOPS)
-        return perr(e, 400, "stop", "at most %d stop strings", SRV_MAX_STOPS);
-    if (n > 0 && !has_tok)
-        return perr(e, 400, "stop", "stop strings need a tokenizer and the server has none");
-    for (size_t i = 0; i < n; i++) {
-        json_t *x = one != NULL ? one : json_array_get(v, i);
-        if (!json_is_string(x))
-            return perr(e, 400, "stop", "stop[%zu] is not a string", i);
-        size_t len = json_string_length(x);
-        if (len == 0 || len > SRV_MAX_STOP_LEN || strlen(json_string_value(x)) != len)
-            return perr(e, 400, "stop", "stop[%zu] must hold 1 to %d bytes and no NUL", i,
-                        SRV_MAX_STOP_LEN);
-        j->stops[j->n_stops] = ms_strdup(json_string_value(x));
-        if (j->stops[j->n_stops] == NULL)
-            return perr(e, 500, NULL, "out of memory");
-        j->n_stops++;
-    }
-    return true;
-}
-
-/* A chat request's messages (validated) through the chat template into c's prompt ids. */
-static bool parse_messages(srv *s, json_t *msgs, srv_choice *c, srv_err *e) {
-    if (msgs == NULL || json_is_null(msgs))
-        return perr(e, 400, "messages", "'messages' is required");
-    if (!json_is_array(msgs) || json_array_size(msgs) == 0)
-        return perr(e, 400, "messages", "'messages' must be a non-empty list of messages");
-    for (size_t i = 0; i < json_array_size(msgs); i++) {
-        json_t *m = json_array_get(msgs, i);
-        if (!json_is_object(m))
-            return perr(e, 400, "messages", "messages[%zu] is not an object", i);
-        json_t *r = json_object_get(m, "role"), *t = json_object_get(m, "content");
-        if (!json_is_string(r))
-            return perr(e, 400, "messages", "messages[%zu].role %s", i,
-                        r == NULL ? "is missing" : "is not a string");
-        if (!json_is_string(t))
-            return perr(e, 400, "messages", "messages[%zu].content %s", i,
-                        t == NULL ? "is missing"
-                                  : "is not a string (only text content is supported)");
-        if (strlen(json_string_value(t)) != json_string_length(t) ||
-            strlen(json_string_value(r)) != json_string_length(r))
-            return perr(e, 400, "messages", "messages[%zu] holds a NUL character", i);
-    }
-    if (s->tmpl == NULL) {
-        e->code = "not_implemented";
-        return perr(e, 501, NULL, "%s", s->tmpl_why);
-    }
-    ms_error merr = {0};
-    char *text = NULL;
-    ms_status st =
-        ms_chat_template_render(s->tmpl, msgs, true, s->bos_tok, s->eos_tok, &text, &merr);
-    if (st != MS_OK)
-        return st == MS_ERR_OOM ? perr(e, 500, NULL, "out of memory")
-                                : perr(e, 400, "messages", "%s", merr.msg);
-    /* the template wrote bos_token itself: encode WITHOUT adding special tokens (as transformers'
-       apply_chat_template(tokenize=True) does); special tokens in the text are still matched */
-    int32_t *ids = NULL;
-    size_t n = 0;
     if (s->tok.hf != NULL)
-        st = ms_tok_hf_encode(s->tok.hf, text, strlen(text), false, &ids, &n, &merr);
-    else
-        st = ms_llama2c_tok_encode(s->tok.l2c, text, false, false, &ids, &n, &merr);
-    ms_free(text);
-    if (st != MS_OK || n == 0) {
-        ms_free(ids);
-        if (st == MS_ERR_OOM)
-            return perr(e, 500, NULL, "out of memory");
-        return perr(e, 400, "messages", "the rendered conversation cannot be tokenized%s%s",
-                    st != MS_OK ? ": " : " (no tokens)", st != MS_OK ? merr.msg : "");
-    }
-    c->prompt = ids;
-    c->n_prompt = (int32_t)n;
-    if (c->n_prompt > s->fa.max_context)
-        return perr(e, 400, "messages",
-                    "the conversation of %d tokens is longer than the model's context (%d)",
-                    (int)c->n_prompt, (int)s->fa.max_context);
-    return true;
+        return ms_tok_hf_encode(s->tok.hf, text, strlen(text), false, ids, n, err);
+    return ms_llama2c_tok_encode(s->tok.l2c, text, false, false, ids, n, err);
 }
 
-/* Parse and validate a /v1/completions (chat: /v1/chat/completions) body into *job (ms_calloc'd,
-   cv set up). */
-static bool parse_completion(srv *s, json_t *root, bool chat, srv_job **out, srv_err *e) {
-    *out = NULL;
-    if (!json_is_object(root))
-        return perr(e, 400, NULL, "the request body must be a JSON object");
+static ms_status srv_render(void *user, json_t *messages, char **text, ms_error *err) {
+    srv *s = user;
+    return ms_chat_template_render(s->tmpl, messages, true, s->bos_tok, s->eos_tok, text, err);
+}
+
+static void srv_parse_log(void *user, const char *msg) { srv_log(user, "%s", msg); }
+
+/* The parser's view of this server. */
+static ms_serve_ctx srv_parse_ctx(srv *s) {
+    ms_serve_ctx c = {
+        .model_name = s->name,
+        .vocab = s->fa.vocab,
+        .max_context = s->fa.max_context,
+        .max_prompts = s->o.max_queue,
+        .max_body = SRV_MAX_BODY,
+        .caps = SRV_CAPS,
+        .defaults = {s->fa.temperature, s->fa.top_k, s->fa.top_p, 0},
+        .encode = s->has_tok ? srv_encode : NULL,
+        .render_chat = s->tmpl != NULL ? srv_render : NULL,
+        .chat_why = s->tmpl_why,
+        .log = srv_parse_log,
+        .user = s,
+    };
+    return c;
+}
+
+/* A job (ms_calloc'd, cv set up) from a parsed request; takes the request's prompts and stops.
+   NULL out of memory. */
+static srv_job *job_from_request(srv *s, ms_serve_request *r) {
     srv_job *j = ms_calloc(1, sizeof *j);
-    if (j == NULL)
-        return perr(e, 500, NULL, "out of memory");
+    size_t n_ch = (size_t)r->n_prompts * (size_t)r->n;
+    if (j == NULL || (j->ch = ms_calloc(n_ch, sizeof *j->ch)) == NULL) {
+        ms_free(j);
+        return NULL;
+    }
     pthread_cond_init(&j->cv, NULL);
     j->s = s;
-    j->chat = chat;
-    j->stop_id = -1;
-    *out = j;
-    static const char *const known[] = {
-        "model", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop",
-        "ignore_eos", "stream", "stream_options", "n", "user", "logprobs", "echo", "best_of",
-        "presence_penalty", "frequency_penalty", "suffix", "logit_bias", "messages"};
-    const char *key;
-    json_t *v;
-    json_object_foreach(root, key, v) {
-        bool k = false;
-        for (size_t i = 0; i < MS_ARRAY_LEN(known); i++)
-            k = k || strcmp(key, known[i]) == 0;
-        if (!k)
-            srv_log(s, "ignoring the unknown request field '%s'", key);
-    }
-    v = json_object_get(root, "model");
-    if (v != NULL && !json_is_null(v)) {
-        if (!json_is_string(v))
-            return perr(e, 400, "model", "'model' must be a string");
-        if (strcmp(json_string_value(v), s->name) != 0) {
-            e->code = "model_not_found";
-            return perr(e, 404, "model", "the model '%.200s' does not exist (this server serves "
-                                         "'%.200s')",
-                        json_string_value(v), s->name);
-        }
-    }
-    /* sampling: the model's declared defaults, then the request's values */
-    j->sampling = (ms_sampling_params){s->fa.temperature, s->fa.top_k, s->fa.top_p, 0};
-    double x;
-    if ((v = json_object_get(root, "temperature")) != NULL && !json_is_null(v)) {
-        if (!get_number(v, &x))
-            return perr(e, 400, "temperature", "'temperature' must be a number");
-        if (!(x >= 0.0) || x > FLT_MAX)
-            return perr(e, 400, "temperature", "'temperature' must be a finite number >= 0");
-        j->sampling.temperature = (float)x;
-    }
-    if ((v = json_object_get(root, "top_p")) != NULL && !json_is_null(v)) {
-        if (!get_number(v, &x))
-            return perr(e, 400, "top_p", "'top_p' must be a number");
-        if (!(x > 0.0 && x <= 1.0))
-            return perr(e, 400, "top_p", "'top_p' must be in (0, 1]");
-        j->sampling.top_p = (float)x;
-    }
-    if ((v = json_object_get(root, "top_k")) != NULL && !json_is_null(v)) {
-        if (!json_is_integer(v))
-            return perr(e, 400, "top_k", "'top_k' must be an integer");
-        json_int_t k = json_integer_value(v);
-        if (k < -1 || k > INT32_MAX)
-            return perr(e, 400, "top_k", "'top_k' must be -1 or 0 (off) or a positive integer");
-        j->sampling.top_k = k < 0 ? 0 : (int32_t)k;
-    }
-    if ((v = json_object_get(root, "seed")) != NULL && !json_is_null(v)) {
-        if (!json_is_integer(v) || json_integer_value(v) < 0)
-            return perr(e, 400, "seed", "'seed' must be an integer >= 0");
-        j->sampling.seed = (uint64_t)json_integer_value(v);
-    } else {
-        j->sampling.seed = (uint64_t)time(NULL) * 6364136223846793005ULL ^ (uint64_t)(uintptr_t)j;
-    }
-    ms_error merr = {0};
-    if (ms_sampler_check_params(&j->sampling, &merr) != MS_OK)
-        return perr(e, 400, NULL, "bad sampling settings: %s", merr.msg);
-    /* chat's default, as OpenAI's: up to the context (the engine stops there) */
-    j->max_tokens = chat ? s->fa.max_context : SRV_DEFAULT_MAX_TOKENS;
-    v = json_object_get(root, "max_tokens");
-    if (v == NULL || json_is_null(v))
-        v = json_object_get(root, "max_completion_tokens"); /* the newer name */
-    if (v != NULL && !json_is_null(v)) {
-        if (!json_is_integer(v))
-            return perr(e, 400, "max_tokens", "'max_tokens' must be an integer");
-        json_int_t m = json_integer_value(v);
-        if (m < 0 || m > s->fa.max_context)
-            return perr(e, 400, "max_tokens",
-                        "'max_tokens' %lld is not in [0, %d] (the model's context)",
-                        (long long)m, (int)s->fa.max_context);
-        j->max_tokens = (int32_t)m;
-    }
-    if ((v = json_object_get(root, "ignore_eos")) != NULL && !json_is_null(v)) {
-        if (!json_is_boolean(v))
-            return perr(e, 400, "ignore_eos", "'ignore_eos' must be a boolean");
-        j->ignore_eos = json_is_true(v);
-    }
-    if ((v = json_object_get(root, "stream")) != NULL && !json_is_null(v)) {
-        if (!json_is_boolean(v))
-            return perr(e, 400, "stream", "'stream' must be a boolean");
-        j->stream = json_is_true(v);
-    }
-    if ((v = json_object_get(root, "stream_options")) != NULL && !json_is_null(v)) {
-        json_t *u = json_object_get(v, "include_usage");
-        if (!json_is_object(v) || (u != NULL && !json_is_null(u) && !json_is_boolean(u)))
-            return perr(e, 400, "stream_options",
-                        "'stream_options' must be an object {\"include_usage\": boolean}");
-        j->include_usage = json_is_true(u);
-    }
-    if ((v = json_object_get(root, "n")) != NULL && !json_is_null(v)) {
-        if (!json_is_integer(v) || json_integer_value(v) != 1)
-            return perr(e, 400, "n", "only n = 1 is supported yet");
-    }
-    if ((v = json_object_get(root, "best_of")) != NULL && !json_is_null(v) &&
-        !(json_is_integer(v) && json_integer_value(v) == 1))
-        return perr(e, 400, "best_of", "only best_of = 1 is supported yet");
-    if ((v = json_object_get(root, "logprobs")) != NULL && !json_is_null(v) &&
-        !(json_is_integer(v) && json_integer_value(v) == 0) && !json_is_false(v))
-        return perr(e, 400, "logprobs", "logprobs are not supported yet");
-    if ((v = json_object_get(root, "echo")) != NULL && json_is_true(v))
-        return perr(e, 400, "echo", "echo is not supported yet");
-    if ((v = json_object_get(root, "suffix")) != NULL && !json_is_null(v))
-        return perr(e, 400, "suffix", "suffix is not supported");
-    static const char *const penalties[] = {"presence_penalty", "frequency_penalty"};
-    for (size_t i = 0; i < MS_ARRAY_LEN(penalties); i++) {
-        v = json_object_get(root, penalties[i]);
-        if (v != NULL && !json_is_null(v) && !(get_number(v, &x) && x == 0.0))
-            return perr(e, 400, penalties[i], "'%s' is not supported yet (only 0)",
-                        penalties[i]);
-    }
-    if (!parse_stop(j, json_object_get(root, "stop"), e, s->has_tok))
-        return false;
-    if (chat) {
-        if (json_object_get(root, "prompt") != NULL)
-            return perr(e, 400, "prompt", "a chat request has 'messages', not 'prompt'");
-        j->ch = ms_calloc(1, sizeof *j->ch);
-        if (j->ch == NULL)
-            return perr(e, 500, NULL, "out of memory");
-        j->n_ch = 1;
-        j->ch[0].job = j;
-        if (!j->ignore_eos)
-            j->stop_id = s->chat_eos_id;
-        return parse_messages(s, json_object_get(root, "messages"), &j->ch[0], e);
-    }
-    /* prompt: a string, a list of strings, token ids, or a list of token id lists */
-    json_t *p = json_object_get(root, "prompt");
-    if (p == NULL || json_is_null(p))
-        return perr(e, 400, "prompt", "'prompt' is required");
-    bool batch = json_is_array(p) && json_array_size(p) > 0 &&
-                 (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0)));
-    size_t n_ch = batch ? json_array_size(p) : 1;
-    if (n_ch > (size_t)s->o.max_queue)
-        return perr(e, 400, "prompt", "%zu prompts in one request: at most %d (--max-queue)",
-                    n_ch, (int)s->o.max_queue);
-    j->ch = ms_calloc(n_ch, sizeof *j->ch);
-    if (j->ch == NULL)
-        return perr(e, 500, NULL, "out of memory");
+    j->chat = r->chat;
     j->n_ch = (int32_t)n_ch;
+    j->sampling = r->sampling;
+    j->max_tokens = r->max_tokens;
+    j->ignore_eos = r->ignore_eos;
+    j->stream = r->stream;
+    j->include_usage = r->include_usage;
+    j->stop_id = r->chat && !r->ignore_eos ? s->chat_eos_id : -1;
+    for (int32_t i = 0; i < r->n_stops; i++) {
+        j->stops[i] = r->stops[i];
+        r->stops[i] = NULL;
+    }
+    j->n_stops = r->n_stops;
     for (size_t i = 0; i < n_ch; i++) {
         j->ch[i].job = j;
         j->ch[i].index = (int32_t)i;
-        json_t *pi = batch ? json_array_get(p, i) : p;
-        if (batch && !json_is_string(pi) && !json_is_array(pi))
-            return perr(e, 400, "prompt", "prompt[%zu] must be a string or a list of token ids",
-                        i);
-        if (!parse_prompt_one(s, pi, &j->ch[i], e))
-            return false;
+        ms_serve_prompt *p = &r->prompts[i / (size_t)r->n];
+        j->ch[i].prompt = p->ids;
+        j->ch[i].n_prompt = p->n;
     }
-    return true;
+    for (int32_t i = 0; i < r->n_prompts; i++)
+        r->prompts[i].ids = NULL;
+    return j;
 }
 
 /* ---- connections ---- */
@@ -1049,21 +777,15 @@ static bool client_gone(struct MHD_Connection *con) {
 
 static enum MHD_Result handle_completion(srv *s, struct MHD_Connection *con, srv_conn *cc,
                                          bool chat) {
-    json_error_t jerr;
-    json_t *root = json_loadb(cc->body != NULL ? cc->body : "", cc->n, JSON_REJECT_DUPLICATES,
-                              &jerr);
-    if (root == NULL)
-        return reply_error(s, con, 400, NULL, NULL, "the request body is not valid JSON: %s (line %d, "
-                                                 "column %d)",
-                           jerr.text, jerr.line, jerr.column);
-    srv_job *j = NULL;
-    srv_err e = {0};
-    bool ok = parse_completion(s, root, chat, &j, &e);
-    json_decref(root);
-    if (!ok) {
-        job_free(j);
+    ms_serve_ctx pc = srv_parse_ctx(s);
+    ms_serve_request *rq = NULL;
+    ms_serve_error e;
+    if (ms_serve_request_parse(&pc, cc->body, cc->n, chat, &rq, &e) != MS_OK)
         return reply_error(s, con, e.status, e.param, e.code, "%s", e.msg);
-    }
+    srv_job *j = job_from_request(s, rq);
+    ms_serve_request_free(rq);
+    if (j == NULL)
+        return reply_error(s, con, 500, NULL, NULL, "out of memory");
     pthread_mutex_lock(&s->mu);
     if (s->stopping || s->n_queued + j->n_ch > s->o.max_queue) {
         bool stopping = s->stopping;

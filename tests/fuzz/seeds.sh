@@ -100,6 +100,10 @@ for t in "$@"; do
         done
         cp "$here"/chat_template/* "$d"/
         ;;
+    serve_request)
+        # hand-written request bodies (tests/fuzz/serve_request/: body, NUL, flags byte)
+        cp "$here"/serve_request/* "$d"/
+        ;;
     *)
         echo "seeds.sh: unknown target '$t'" >&2
         exit 2
