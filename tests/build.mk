@@ -122,6 +122,10 @@ FUZZ_RUNTIME_SRCS := runtime/core/base.c runtime/loaders/hf_config.c runtime/loa
 # fuzz_serve_request: the serve verb's request parser (runtime/cli/serve_request.c)
 FUZZ_TARGETS += serve_request
 FUZZ_RUNTIME_SRCS += runtime/cli/serve_request.c runtime/resources/sampler.c
+# the CUDA sampler (min_p) against the CPU one on random rows (MS_SAMPLER_DEVICE=cpu: a dry run)
+ifeq ($(HAVE_CUDA),1)
+GPU_TESTS += tests/test_sampler_cuda
+endif
 FUZZ_OBJS := $(patsubst %.c,$(FUZZ_DIR)/obj/%.o,$(FUZZ_RUNTIME_SRCS))
 FUZZ_RUNTIME_BINS := $(FUZZ_DIR)/fuzz_config $(FUZZ_DIR)/fuzz_tokenizer_hf $(FUZZ_DIR)/fuzz_safetensors $(FUZZ_DIR)/fuzz_llama2c \
                      $(FUZZ_DIR)/fuzz_chat_template
