@@ -122,6 +122,8 @@ FUZZ_RUNTIME_SRCS := runtime/core/base.c runtime/loaders/hf_config.c runtime/loa
 # fuzz_serve_request: the serve verb's request parser (runtime/cli/serve_request.c)
 FUZZ_TARGETS += serve_request
 FUZZ_RUNTIME_SRCS += runtime/cli/serve_request.c runtime/resources/sampler.c
+# the sampler resource's min_p and penalties (sample_res.h)
+TESTS += tests/test_sampler_res
 # the CUDA sampler (min_p) against the CPU one on random rows (MS_SAMPLER_DEVICE=cpu: a dry run)
 ifeq ($(HAVE_CUDA),1)
 GPU_TESTS += tests/test_sampler_cuda

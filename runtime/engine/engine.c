@@ -1438,3 +1438,7 @@ ms_status ms_engine_step(ms_engine *e, ms_engine_step_info *info, ms_error *err)
         *info = inf;
     return MS_OK;
 }
+
+/* ---- the sampler resource, for the server's per-request extras (engine.h) ---- */
+
+struct ms_sample_res *ms_engine_sampler(ms_engine *e) { return e->sampler; }
