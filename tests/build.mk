@@ -57,6 +57,8 @@ TEST_SCRIPTS += tests/generate_cli.sh
 TEST_SCRIPTS += tests/cli_robust.sh
 # the serve verb over HTTP on 127.0.0.1 (curl, jq)
 TEST_SCRIPTS += tests/serve.sh
+# 32 concurrent streaming clients for 60 s (SOAK_CLIENTS / SOAK_SECONDS), 0 KV pages held at the end
+TEST_SCRIPTS += tests/serve_soak.sh
 # the serving binary of models/llama.mstar (generate_cli.sh, bench_cli.sh drive it)
 PROGRAMS += $(BUILD)/llama/llama
 $(BUILD)/llama/llama: models/llama.mstar $(BUILD)/mstarc $(BUILD)/libmstar.a

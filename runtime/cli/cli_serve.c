@@ -50,6 +50,7 @@
 
 #include "chat_template.h"
 #include "engine.h"
+#include "sample_res.h"
 #include "serve_request.h"
 #include "threadpool.h"
 #include "tokenizer_hf.h"
@@ -57,7 +58,9 @@
 
 #define SRV_MAX_BODY (1u << 20)   /* request body limit, bytes (413 above) */
 /* the optional request fields served (serve_request.h MS_SERVE_CAP_*) */
-#define SRV_CAPS 0u
+#define SRV_CAPS                                                                          \
+    (MS_SERVE_CAP_N | MS_SERVE_CAP_LOGPROBS | MS_SERVE_CAP_ECHO | MS_SERVE_CAP_PENALTIES | \
+     MS_SERVE_CAP_MIN_P)
 
 /* ---- types ---- */
 
@@ -85,6 +88,18 @@ static void hist_observe(srv_hist *h, double secs) {
 
 typedef enum srv_state { CH_QUEUED = 0, CH_RUNNING, CH_DONE } srv_state;
 
+/* The logprobs of one generated token (sampler.h ms_sampler_logprobs: the distribution it was
+   sampled from). */
+typedef struct srv_lp {
+    int32_t id;
+    int32_t prev;                        /* the token before it (llama2.c pieces depend on it) */
+    float lp;
+    int32_t n_top;
+    int32_t top_ids[MS_SERVE_MAX_LOGPROBS];
+    float top_lps[MS_SERVE_MAX_LOGPROBS];
+    size_t offset;                       /* bytes of text before it (completions' text_offset) */
+} srv_lp;
+
 /* One prompt of a job: one engine request. */
 typedef struct srv_choice {
     srv_job *job;
@@ -103,6 +118,12 @@ typedef struct srv_choice {
     int32_t *ids_new;           /* no tokenizer: ids not streamed yet; [n_ids_new] */
     size_t n_ids_new, cap_ids_new;
     const char *finish;         /* "length" / "stop" / "error" once done */
+    uint64_t seed;              /* this choice's seed: the request's + its index among n */
+    char *echo;                 /* echo: the prompt's text, sent first (ms_malloc'd; NULL none) */
+    size_t n_echo;
+    bool echo_sent;
+    srv_lp *lps;                /* logprobs: [n_lps] per generated token (ms_malloc'd) */
+    size_t n_lps, cap_lps, n_lps_sent;
     bool role_sent;             /* chat stream: the {"role": "assistant"} delta went out */
     double t_last;              /* when its last token came (monotonic seconds) */
     struct srv_choice *next_q;  /* FIFO link */
@@ -113,6 +134,9 @@ struct srv_job {
     srv_choice *ch;             /* [n_ch] */
     int32_t n_ch;
     ms_sampling_params sampling;
+    ms_sample_extra extra;      /* min_p, penalties (sample_res.h) */
+    bool has_extra;             /* not all off */
+    int32_t logprobs;           /* -1 none, else top logprobs per token */
     int32_t max_tokens;
     bool ignore_eos;
     char *stops[MS_SERVE_MAX_STOPS]; /* ms_malloc'd */
@@ -154,6 +178,7 @@ struct srv {
     int32_t chat_eos_id;        /* eos_tok's id (-1: none): chat requests stop on it */
     char tmpl_why[320];
     ms_md_facts fa;             /* the engine's facts (read-only after init) */
+    void *lp_scratch;           /* the scheduler's ms_sampler_logprobs scratch */
     pthread_mutex_t mu;
     pthread_cond_t cv;          /* the scheduler waits for work here */
     srv_choice *q_head, *q_tail;
@@ -200,6 +225,8 @@ static void job_free(srv_job *j) {
         ms_free(j->ch[i].prompt);
         ms_free(j->ch[i].text);
         ms_free(j->ch[i].ids_new);
+        ms_free(j->ch[i].echo);
+        ms_free(j->ch[i].lps);
     }
     for (int32_t i = 0; i < j->n_stops; i++)
         ms_free(j->stops[i]);
@@ -294,9 +321,101 @@ static json_t *ids_json(const int32_t *ids, size_t n) {
     return a;
 }
 
-/* One choice of a chunk or reply: text [n] bytes, finish (NULL: null). */
+/* A token's text for logprobs: its piece (tokenizer.json: its bytes; llama2.c: its piece after
+   prev), or "token_id:N" without a tokenizer (vLLM's return_tokens_as_token_ids spelling).
+   Bytes that are not valid UTF-8 (a character split across tokens) become U+FFFD in the
+   string; chat's "bytes" field carries them exactly. */
+static json_t *token_json(const srv *s, int32_t prev, int32_t id, json_t **bytes) {
+    const char *b = NULL;
+    size_t n = 0;
+    char tmp[32];
+    if (s->tok.l2c != NULL) {
+        b = ms_llama2c_tok_decode(s->tok.l2c, prev, id);
+        n = b != NULL ? strlen(b) : 0;
+    } else if (s->tok.hf != NULL) {
+        b = ms_tok_hf_token_bytes(s->tok.hf, id, &n);
+    } else {
+        n = (size_t)snprintf(tmp, sizeof tmp, "token_id:%d", (int)id);
+        b = tmp;
+    }
+    if (b == NULL) {
+        b = "";
+        n = 0;
+    }
+    if (bytes != NULL) {
+        *bytes = json_array();
+        for (size_t i = 0; *bytes != NULL && i < n; i++)
+            json_array_append_new(*bytes, json_integer((unsigned char)b[i]));
+    }
+    json_t *t = json_stringn(b, n);
+    if (t != NULL)
+        return t;
+    char *fix = ms_malloc(3 * n + 1); /* every non-ASCII byte -> U+FFFD (3 bytes) */
+    size_t k = 0;
+    for (size_t i = 0; fix != NULL && i < n; i++) {
+        if ((unsigned char)b[i] < 0x80 && b[i] != '\0') {
+            fix[k++] = b[i];
+        } else {
+            memcpy(fix + k, "\xef\xbf\xbd", 3);
+            k += 3;
+        }
+    }
+    t = fix != NULL ? json_stringn(fix, k) : NULL;
+    ms_free(fix);
+    return t != NULL ? t : json_string("");
+}
+
+/* Logprobs of c's tokens [from, to): completions' legacy object {tokens, token_logprobs,
+   top_logprobs, text_offset}, or chat's {content: [{token, logprob, bytes, top_logprobs}]}. The
+   sampled token is always among a token's top_logprobs entries of a completion (as vLLM). */
+static json_t *logprobs_json(const srv_job *j, const srv_choice *c, size_t from, size_t to) {
+    const srv *s = j->s;
+    if (j->chat) {
+        json_t *content = json_array();
+        for (size_t i = from; content != NULL && i < to; i++) {
+            const srv_lp *e = &c->lps[i];
+            json_t *bytes = NULL, *top = json_array();
+            json_t *tok = token_json(s, e->prev, e->id, &bytes);
+            for (int32_t k = 0; top != NULL && k < e->n_top; k++) {
+                json_t *tb = NULL;
+                json_t *tt = token_json(s, e->prev, e->top_ids[k], &tb);
+                json_array_append_new(top, json_pack("{s:o, s:f, s:o}", "token", tt, "logprob",
+                                                     (double)e->top_lps[k], "bytes", tb));
+            }
+            json_array_append_new(content,
+                                  json_pack("{s:o, s:f, s:o, s:o}", "token", tok, "logprob",
+                                            (double)e->lp, "bytes", bytes, "top_logprobs", top));
+        }
+        return json_pack("{s:o}", "content", content);
+    }
+    json_t *toks = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+    for (size_t i = from; i < to; i++) {
+        const srv_lp *e = &c->lps[i];
+        json_array_append_new(toks, token_json(s, e->prev, e->id, NULL));
+        json_array_append_new(lps, json_real((double)e->lp));
+        json_array_append_new(offs, json_integer((json_int_t)e->offset));
+        json_t *d = json_object();
+        for (int32_t k = 0; d != NULL && k < e->n_top; k++) {
+            json_t *tt = token_json(s, e->prev, e->top_ids[k], NULL);
+            if (tt != NULL && json_object_get(d, json_string_value(tt)) == NULL)
+                json_object_set_new(d, json_string_value(tt), json_real((double)e->top_lps[k]));
+            json_decref(tt);
+        }
+        json_t *tt = token_json(s, e->prev, e->id, NULL);
+        if (d != NULL && tt != NULL)
+            json_object_set_new(d, json_string_value(tt), json_real((double)e->lp));
+        json_decref(tt);
+        json_array_append_new(tops, d);
+    }
+    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", toks, "token_logprobs", lps,
+                     "top_logprobs", tops, "text_offset", offs);
+}
+
+/* One choice of a chunk or reply: text [n] bytes, finish (NULL: null); logprobs of its tokens
+   [lp_from, lp_to) when the request asked for them. */
 static json_t *choice_json(const srv_job *j, const srv_choice *c, const char *text, size_t n,
-                           const int32_t *ids, size_t n_ids, const char *finish) {
+                           const int32_t *ids, size_t n_ids, const char *finish, size_t lp_from,
+                           size_t lp_to) {
     if (j->chat) { /* a reply's message, or a chunk's delta (role first, then content pieces) */
         json_t *m;
         if (!j->stream)
@@ -307,13 +426,16 @@ static json_t *choice_json(const srv_job *j, const srv_choice *c, const char *te
             m = json_pack("{s:s%}", "content", text, n);
         else
             m = json_object();
-        return json_pack("{s:i, s:o, s:n, s:o}", "index", (int)c->index,
-                         j->stream ? "delta" : "message", m, "logprobs", "finish_reason",
-                         finish != NULL ? json_string(finish) : json_null());
+        return json_pack("{s:i, s:o, s:o, s:o}", "index", (int)c->index,
+                         j->stream ? "delta" : "message", m, "logprobs",
+                         j->logprobs >= 0 && lp_to > lp_from ? logprobs_json(j, c, lp_from, lp_to)
+                                                             : json_null(),
+                         "finish_reason", finish != NULL ? json_string(finish) : json_null());
     }
-    json_t *o = json_pack("{s:i, s:s%, s:n, s:o}", "index", (int)c->index, "text", text, n,
-                          "logprobs", "finish_reason",
-                          finish != NULL ? json_string(finish) : json_null());
+    json_t *o = json_pack("{s:i, s:s%, s:o, s:o}", "index", (int)c->index, "text", text, n,
+                          "logprobs",
+                          j->logprobs >= 0 ? logprobs_json(j, c, lp_from, lp_to) : json_null(),
+                          "finish_reason", finish != NULL ? json_string(finish) : json_null());
     if (o != NULL && !j->s->has_tok)
         json_object_set_new(o, "token_ids", ids_json(ids, n_ids));
     return o;
@@ -374,12 +496,21 @@ static void choice_emit(srv_choice *c, bool final) {
         return;
     if (j->chat && !c->role_sent) { /* the first chunk: {"role": "assistant", "content": ""} */
         json_t *arr = json_array();
-        json_array_append_new(arr, choice_json(j, c, "", 0, NULL, 0, NULL));
+        json_array_append_new(arr, choice_json(j, c, "", 0, NULL, 0, NULL, 0, 0));
         json_t *o = completion_json(j, arr);
         if (o != NULL && j->include_usage)
             json_object_set_new(o, "usage", json_null());
         sse_event(j, o);
         c->role_sent = true;
+    }
+    if (c->echo != NULL && !c->echo_sent) { /* echo: the prompt's text is the first chunk */
+        json_t *arr = json_array();
+        json_array_append_new(arr, choice_json(j, c, c->echo, c->n_echo, NULL, 0, NULL, 0, 0));
+        json_t *o = completion_json(j, arr);
+        if (o != NULL && j->include_usage)
+            json_object_set_new(o, "usage", json_null());
+        sse_event(j, o);
+        c->echo_sent = true;
     }
     size_t safe = final ? c->n_text : c->n_text - stop_holdback(j, c->text, c->n_sent, c->n_text);
     safe = MS_MAX(safe, c->n_sent);
@@ -395,13 +526,14 @@ static void choice_emit(srv_choice *c, bool final) {
         size_t n = j->chat && part == 1 ? 0 : safe - c->n_sent;
         json_array_append_new(arr, choice_json(j, c, c->text != NULL ? c->text + c->n_sent : "",
                                                n, c->ids_new, c->n_ids_new,
-                                               last ? c->finish : NULL));
+                                               last ? c->finish : NULL, c->n_lps_sent, c->n_lps));
         json_t *o = completion_json(j, arr);
         if (o != NULL && j->include_usage)
             json_object_set_new(o, "usage", json_null());
         sse_event(j, o);
         c->n_sent = safe;
         c->n_ids_new = 0;
+        c->n_lps_sent = c->n_lps;
     }
 }
 
@@ -433,6 +565,40 @@ static void choice_finish(srv *s, srv_choice *c, int32_t slot) {
     job_release_sched(j);
 }
 
+static void job_fail(srv_job *j, unsigned status, const char *msg);
+
+/* The logprobs of c's one new id out[n - 1] from the last step's logits, the row it was sampled
+   from (penalties applied: sample_res mixes them into the host logits before sampling). false
+   with why[] set when they cannot be had. */
+static bool take_logprobs(srv *s, srv_choice *c, const int32_t *out, int32_t n, char *why,
+                          size_t cap) {
+    srv_job *j = c->job;
+    if (n - c->n_seen != 1) {
+        snprintf(why, cap, "logprobs need one token per step, and this model made %d in one",
+                 (int)(n - c->n_seen));
+        return false;
+    }
+    const float *z = ms_engine_last_logits(s->eng, c->rid);
+    if (z == NULL || ms_grow((void **)&c->lps, &c->cap_lps, c->n_lps + 1, sizeof *c->lps) != MS_OK) {
+        snprintf(why, cap, "%s", z == NULL ? "logprobs: the step's logits are gone" : "out of memory");
+        return false;
+    }
+    srv_lp *e = &c->lps[c->n_lps];
+    memset(e, 0, sizeof *e);
+    e->id = out[n - 1];
+    e->prev = n >= 2 ? out[n - 2] : c->prompt[c->n_prompt - 1];
+    e->offset = c->n_text;
+    ms_sample_row row = {.params = j->sampling, .draw = 0, .min_p = j->extra.min_p};
+    ms_error err = {0};
+    if (ms_sampler_logprobs(z, s->fa.vocab, &row, s->lp_scratch, e->id, j->logprobs, &e->lp,
+                            e->top_ids, e->top_lps, &e->n_top, &err) != MS_OK) {
+        snprintf(why, cap, "logprobs: %s", err.msg);
+        return false;
+    }
+    c->n_lps++;
+    return true;
+}
+
 /* Take c's new output ids (under mu); true when it is finished. */
 static bool choice_harvest(srv *s, srv_choice *c) {
     srv_job *j = c->job;
@@ -451,6 +617,22 @@ static bool choice_harvest(srv *s, srv_choice *c) {
         else
             hist_observe(&s->itl, (t - c->t_last) / (double)(n - c->n_seen));
         c->t_last = t;
+        char fail[MS_ERROR_MSG_MAX + 32] = "";
+        ms_error err = {0};
+        /* penalties: the sampler's history learns the new ids before the next step (a finished
+           request's sampler state is gone with its other resources) */
+        if (j->has_extra && why == MS_FINISH_NONE &&
+            ms_sample_res_observe(ms_engine_sampler(s->eng), c->rid, out + c->n_seen,
+                                  n - c->n_seen, false, &err) != MS_OK)
+            snprintf(fail, sizeof fail, "%s", err.msg);
+        if (fail[0] == '\0' && j->logprobs >= 0)
+            take_logprobs(s, c, out, n, fail, sizeof fail);
+        if (fail[0] != '\0') {
+            srv_log(s, "%s: %s", j->id, fail);
+            job_fail(j, 500, fail);
+            c->finish = "error";
+            return true;
+        }
     }
     for (int32_t k = c->n_seen; k < n && !stopped; k++) {
         c->n_gen = k + 1;
@@ -557,8 +739,18 @@ static void *sched_main(void *arg) {
                                     .max_new_tokens = j->max_tokens,
                                     .sampling = j->sampling,
                                     .ignore_eos = j->ignore_eos};
+            rq.sampling.seed = c->seed;
             ms_error err = {0};
-            if (ms_engine_add(s->eng, &rq, &c->rid, &err) != MS_OK) {
+            ms_status st = ms_engine_add(s->eng, &rq, &c->rid, &err);
+            if (st == MS_OK && j->has_extra) { /* min_p, penalties: the sampler resource's */
+                ms_sample_res *sr = ms_engine_sampler(s->eng);
+                st = ms_sample_res_set_extra(sr, c->rid, &j->extra, &err);
+                if (st == MS_OK)
+                    st = ms_sample_res_observe(sr, c->rid, c->prompt, c->n_prompt, true, &err);
+                if (st != MS_OK)
+                    ms_engine_remove(s->eng, c->rid);
+            }
+            if (st != MS_OK) {
                 srv_log(s, "%s: cannot add the request: %s", j->id, err.msg);
                 job_fail(j, 500, err.msg);
                 c->state = CH_DONE;
@@ -692,8 +884,47 @@ static ms_serve_ctx srv_parse_ctx(srv *s) {
     return c;
 }
 
+/* Echo of choice c's prompt p (handler thread; the tokenizers are thread-safe): the text as
+   given, else c's prompt ids decoded; without a tokenizer the ids lead token_ids. false: out of
+   memory */
+static bool choice_echo(srv *s, srv_choice *c, const ms_serve_prompt *p) {
+    if (!s->has_tok) {
+        if (ms_grow((void **)&c->ids_new, &c->cap_ids_new, (size_t)c->n_prompt,
+                    sizeof *c->ids_new) != MS_OK)
+            return false;
+        memcpy(c->ids_new, c->prompt, (size_t)c->n_prompt * sizeof *c->prompt);
+        c->n_ids_new = (size_t)c->n_prompt;
+        return true;
+    }
+    if (p->text != NULL) {
+        c->n_echo = strlen(p->text);
+        c->echo = ms_strdup(p->text);
+        return c->echo != NULL;
+    }
+    /* decode into c->text, then move it to echo; llama2.c: a leading BOS (id 1) prints nothing
+       (tokenizer_llama2c.h decodes from the id after it) */
+    int32_t from = s->tok.l2c != NULL && c->prompt[0] == 1 ? 1 : 0;
+    for (int32_t i = from; i < c->n_prompt; i++) {
+        c->prev = i > 0 ? c->prompt[i - 1] : 1;
+        decode_id(s, c, c->prompt[i]);
+    }
+    text_flush(c);
+    c->echo = c->text != NULL ? c->text : ms_strdup("");
+    c->n_echo = c->n_text;
+    c->text = NULL;
+    c->n_text = c->cap_text = 0;
+    memset(&c->utf8, 0, sizeof c->utf8);
+    return c->echo != NULL;
+}
+
 /* A job (ms_calloc'd, cv set up) from a parsed request; takes the request's prompts and stops.
-   NULL out of memory. */
+   NULL out of memory.
+   n > 1: the n choices of a prompt run as n independent engine requests, each prefilling the
+   prompt itself. Sharing the prompt's KV by forking after prefill (kv_pool.c has the page forks
+   CFG uses) needs the engine to clone a request's streams, positions and sampler state after its
+   prefill step, which engine.h does not offer and engine.c is being restructured under us; the
+   one function this part may add there went to the sampler's per-request extras. Choice k of a
+   prompt samples with seed + k, so a seeded request's choices differ and each is reproducible. */
 static srv_job *job_from_request(srv *s, ms_serve_request *r) {
     srv_job *j = ms_calloc(1, sizeof *j);
     size_t n_ch = (size_t)r->n_prompts * (size_t)r->n;
@@ -706,6 +937,10 @@ static srv_job *job_from_request(srv *s, ms_serve_request *r) {
     j->chat = r->chat;
     j->n_ch = (int32_t)n_ch;
     j->sampling = r->sampling;
+    j->extra = (ms_sample_extra){r->min_p,
+                                 {r->presence_penalty, r->frequency_penalty, r->repetition_penalty}};
+    j->has_extra = r->min_p > 0.0f || !ms_sampler_penalties_off(&j->extra.penalties);
+    j->logprobs = r->logprobs;
     j->max_tokens = r->max_tokens;
     j->ignore_eos = r->ignore_eos;
     j->stream = r->stream;
@@ -720,11 +955,22 @@ static srv_job *job_from_request(srv *s, ms_serve_request *r) {
         j->ch[i].job = j;
         j->ch[i].index = (int32_t)i;
         ms_serve_prompt *p = &r->prompts[i / (size_t)r->n];
-        j->ch[i].prompt = p->ids;
+        j->ch[i].seed = r->sampling.seed + (uint64_t)(i % (size_t)r->n);
         j->ch[i].n_prompt = p->n;
+        if (i % (size_t)r->n == 0) { /* the first choice of a prompt takes its ids */
+            j->ch[i].prompt = p->ids;
+            p->ids = NULL;
+        } else {
+            j->ch[i].prompt = ms_malloc((size_t)p->n * sizeof *j->ch[i].prompt);
+            if (j->ch[i].prompt != NULL)
+                memcpy(j->ch[i].prompt, j->ch[i - (i % (size_t)r->n)].prompt,
+                       (size_t)p->n * sizeof *j->ch[i].prompt);
+        }
+        if (j->ch[i].prompt == NULL || (r->echo && !choice_echo(s, &j->ch[i], p))) {
+            job_free(j);
+            return NULL;
+        }
     }
-    for (int32_t i = 0; i < r->n_prompts; i++)
-        r->prompts[i].ids = NULL;
     return j;
 }
 
@@ -792,8 +1038,9 @@ static enum MHD_Result handle_completion(srv *s, struct MHD_Connection *con, srv
         pthread_mutex_unlock(&s->mu);
         job_free(j);
         return stopping ? reply_error(s, con, 503, NULL, NULL, "the server is shutting down")
-                        : reply_error(s, con, 503, NULL, NULL,
-                                      "the queue is full (%d requests waiting; --max-queue)",
+                        : reply_error(s, con, 429, NULL, "queue_full",
+                                      "the queue is full (%d requests waiting; --max-queue): "
+                                      "retry later",
                                       (int)s->o.max_queue);
     }
     snprintf(j->id, sizeof j->id, "%s-%llu", chat ? "chatcmpl" : "cmpl",
@@ -858,8 +1105,21 @@ static enum MHD_Result handle_completion(srv *s, struct MHD_Connection *con, srv
     json_t *arr = json_array();
     for (int32_t i = 0; i < j->n_ch; i++) {
         srv_choice *c = &j->ch[i];
-        json_array_append_new(arr, choice_json(j, c, c->text != NULL ? c->text : "", c->n_text,
-                                               c->ids_new, c->n_ids_new, c->finish));
+        /* echo: the prompt's text first */
+        char *full = c->echo != NULL ? ms_malloc(c->n_echo + c->n_text + 1) : NULL;
+        if (full != NULL) { /* bytes, not %s: decoded text may hold NUL bytes */
+            memcpy(full, c->echo, c->n_echo);
+            if (c->n_text > 0)
+                memcpy(full + c->n_echo, c->text, c->n_text);
+        }
+        if (full != NULL)
+            json_array_append_new(arr, choice_json(j, c, full, c->n_echo + c->n_text, c->ids_new,
+                                                   c->n_ids_new, c->finish, 0, c->n_lps));
+        else
+            json_array_append_new(arr, choice_json(j, c, c->text != NULL ? c->text : "",
+                                                   c->n_text, c->ids_new, c->n_ids_new,
+                                                   c->finish, 0, c->n_lps));
+        ms_free(full);
     }
     json_t *o = completion_json(j, arr);
     if (o != NULL)
@@ -1357,6 +1617,12 @@ int ms_cli_serve(int argc, char **argv, const ms_model_desc *desc, const char *p
         goto done;
     }
     s.fa = *ms_engine_facts(s.eng);
+    s.lp_scratch = ms_malloc(ms_sampler_scratch_size(s.fa.vocab));
+    if (s.lp_scratch == NULL) {
+        fprintf(stderr, "%s: out of memory\n", prog);
+        rc = 1;
+        goto done;
+    }
     s.kv_total = s.kv_free = ms_engine_kv_pages_free(s.eng);
     pthread_mutex_init(&s.mu, NULL);
     pthread_cond_init(&s.cv, NULL);
@@ -1456,6 +1722,7 @@ done:
         pthread_mutex_destroy(&s.mu);
     }
     ms_engine_free(s.eng);
+    ms_free(s.lp_scratch);
     ms_cli_tok_free(&s.tok);
     ms_chat_template_free(s.tmpl);
     ms_free(s.bos_tok);

@@ -153,7 +153,10 @@ static bool parse_prompt_one(const ms_serve_ctx *ctx, json_t *v, const char *at,
             return perr(e, 400, "prompt", "the prompt%s is empty", at);
         if (!plain_string(v))
             return perr(e, 400, "prompt", "the prompt%s holds a NUL character", at);
-        return encode_text(ctx, json_string_value(v), true, "prompt", p, e);
+        if (!encode_text(ctx, json_string_value(v), true, "prompt", p, e))
+            return false;
+        p->text = ms_strdup(json_string_value(v));
+        return p->text != NULL || oom(e);
     }
     if (!json_is_array(v))
         return perr(e, 400, "prompt",
@@ -395,6 +398,10 @@ static bool parse_fields(const ms_serve_ctx *ctx, json_t *root, ms_serve_request
         return perr(e, 400, "echo", "'echo' is a completions field, not a chat one");
     if (r->echo && !unserved(ctx, MS_SERVE_CAP_ECHO, "echo", e))
         return false;
+    if (r->echo && r->logprobs >= 0)
+        return perr(e, 400, "echo",
+                    "'echo' with 'logprobs' needs the prompt's logprobs, which this server does not "
+                    "compute: drop one of them");
     if (field(root, "suffix") != NULL)
         return perr(e, 400, "suffix", "'suffix' is not supported");
     if ((v = field(root, "logit_bias")) != NULL && !(json_is_object(v) && json_object_size(v) == 0))
@@ -488,8 +495,10 @@ ms_status ms_serve_request_parse(const ms_serve_ctx *ctx, const char *body, size
 void ms_serve_request_free(ms_serve_request *r) {
     if (r == NULL)
         return;
-    for (int32_t i = 0; i < r->n_prompts; i++)
+    for (int32_t i = 0; i < r->n_prompts; i++) {
         ms_free(r->prompts[i].ids);
+        ms_free(r->prompts[i].text);
+    }
     ms_free(r->prompts);
     for (int32_t i = 0; i < r->n_stops; i++)
         ms_free(r->stops[i]);
@@ -499,6 +508,7 @@ void ms_serve_request_free(ms_serve_request *r) {
 const char *ms_serve_error_type(unsigned status) {
     return status == 401   ? "authentication_error"
            : status == 404 ? "not_found_error"
+           : status == 429 ? "rate_limit_error"
            : status == 501 ? "not_implemented"
            : status >= 500 ? "server_error"
                            : "invalid_request_error";

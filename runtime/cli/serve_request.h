@@ -17,7 +17,7 @@
  *   presence_penalty / frequency_penalty ([-2, 2], OpenAI's range), repetition_penalty ((0, 2],
  *   vLLM's > 0 with an upper bound of ours), logprobs (completions: an integer in
  *   [0, MS_SERVE_MAX_LOGPROBS]; chat: a boolean, with top_logprobs in [0, MS_SERVE_MAX_LOGPROBS]),
- *   echo (completions), ignore_eos, stream, stream_options.include_usage. null means absent.
+ *   echo (completions; not with logprobs: the prompt's logprobs are not computed), ignore_eos, stream, stream_options.include_usage. null means absent.
  *   best_of must be absent or equal to n; suffix and logit_bias are refused (not served). Unknown
  *   fields are reported through ms_serve_ctx.log and ignored, as vLLM does.
  *
@@ -89,6 +89,7 @@ typedef struct ms_serve_ctx {
 typedef struct ms_serve_prompt {
     int32_t *ids;                  /* [n] (ms_malloc'd) */
     int32_t n;
+    char *text;                    /* a text prompt as given (echo), else NULL (ms_malloc'd) */
 } ms_serve_prompt;
 
 /* A validated request. Choices: n_prompts * n, choice index = prompt * n + k (OpenAI's order). */
@@ -131,7 +132,8 @@ ms_status ms_serve_request_parse(const ms_serve_ctx *ctx, const char *body, size
 void ms_serve_request_free(ms_serve_request *r);
 
 /* OpenAI's error type for an HTTP status: invalid_request_error (4xx), authentication_error
- * (401), not_found_error (404), not_implemented (501), server_error (5xx). */
+ * (401), not_found_error (404), rate_limit_error (429), not_implemented (501), server_error
+ * (5xx). */
 const char *ms_serve_error_type(unsigned status);
 
 /* The error body of e (a new jansson reference; NULL out of memory). A message with invalid UTF-8
