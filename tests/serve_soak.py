@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """serve_soak.py - concurrent streaming clients against a running `serve` (Python stdlib only).
 
-Usage: serve_soak.py BASE_URL [--clients N] [--seconds S] [--chat] [--seed K]
+Usage: serve_soak.py BASE_URL [--clients N] [--seconds S] [--chat] [--seed K] [--ids VOCAB]
   BASE_URL   e.g. http://127.0.0.1:PORT (the server's root: /v1/..., /metrics, /health)
 
 N client threads (default 32) each send streaming requests back to back for S seconds (default
@@ -34,6 +34,9 @@ ap.add_argument("--clients", type=int, default=32)
 ap.add_argument("--seconds", type=float, default=60.0)
 ap.add_argument("--chat", action="store_true")
 ap.add_argument("--seed", type=int, default=1)
+ap.add_argument("--ids", type=int, default=0, metavar="VOCAB",
+                help="prompts of random token ids in [0, VOCAB) (a server without a tokenizer): "
+                     "no text, no stop strings, no chat")
 args = ap.parse_args()
 u = urllib.parse.urlparse(args.url)
 host, port = u.hostname, u.port or 80
@@ -75,6 +78,8 @@ def make_body(rng, chat):
     prompt = " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 12)))
     if chat:
         b["messages"] = [{"role": "user", "content": prompt}]
+    elif args.ids:
+        b["prompt"] = [rng.randrange(args.ids) for _ in range(rng.randint(1, 24))]
     else:
         b["prompt"] = prompt
     if rng.random() < 0.7:
@@ -92,7 +97,7 @@ def make_body(rng, chat):
         b["repetition_penalty"] = round(rng.uniform(0.8, 1.5), 3)
     if rng.random() < 0.5:
         b["seed"] = rng.randint(0, 1 << 30)
-    if rng.random() < 0.3:
+    if rng.random() < 0.3 and not args.ids:
         b["stop"] = [rng.choice(("e", " the", ".", "a ", "\n"))]
     if rng.random() < 0.5:
         b["stream_options"] = {"include_usage": True}

@@ -8,6 +8,7 @@
 # Knobs for a longer run, e.g. on the GPU (scripts/gpu-batch.sh's optional soak step):
 #   SOAK_CLIENTS=256 SOAK_SECONDS=600 SOAK_MODEL=DIR SOAK_TOKENIZER=none|PATH
 #   SOAK_ARGS="--device cuda --max-seqs 256 ..."  BIN=path/to/llama (default $MS_BUILD/llama/llama)
+#   SOAK_IDS=VOCAB: token-id prompts (a model without a tokenizer, e.g. hf/llama_gqa: 512)
 set -uo pipefail
 export CUDA_VISIBLE_DEVICES=${SOAK_CUDA_VISIBLE_DEVICES-}
 build=${MS_BUILD:-build}
@@ -43,7 +44,7 @@ if [ -z "$url" ]; then
     echo "0 passed, 1 failed"
     exit 1
 fi
-"${PYTHON:-python3}" tests/serve_soak.py "$url" --clients "$clients" --seconds "$secs" --chat \
+"${PYTHON:-python3}" tests/serve_soak.py "$url" --clients "$clients" --seconds "$secs" --chat ${SOAK_IDS:+--ids "$SOAK_IDS"} \
     >"$tmp/soak.out" 2>&1
 rc=$?
 cat "$tmp/soak.out"
