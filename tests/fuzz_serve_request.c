@@ -97,8 +97,11 @@ static void check_request(const ms_serve_ctx *c, const ms_serve_request *r, bool
     if (r->logprobs < -1 || r->logprobs > MS_SERVE_MAX_LOGPROBS ||
         (r->logprobs >= 0 && !(c->caps & MS_SERVE_CAP_LOGPROBS)))
         fz_fail("logprobs out of range");
-    if (r->echo && (chat || !(c->caps & MS_SERVE_CAP_ECHO)))
+    if (r->echo && (chat || !(c->caps & MS_SERVE_CAP_ECHO) || r->logprobs >= 0))
         fz_fail("echo accepted where it is not served");
+    for (int32_t i = 0; i < r->n_prompts; i++)
+        if (r->prompts[i].text != NULL && (chat || c->encode == NULL))
+            fz_fail("a prompt text kept for a chat or without a tokenizer");
     if (r->n_stops < 0 || r->n_stops > MS_SERVE_MAX_STOPS || (r->n_stops > 0 && c->encode == NULL))
         fz_fail("stop count out of range");
     for (int32_t i = 0; i < r->n_stops; i++) {
