@@ -59,6 +59,8 @@ TEST_SCRIPTS += tests/cli_robust.sh
 TEST_SCRIPTS += tests/serve.sh
 # 32 concurrent streaming clients for 60 s (SOAK_CLIENTS / SOAK_SECONDS), 0 KV pages held at the end
 TEST_SCRIPTS += tests/serve_soak.sh
+# bench-serve (scripts/bench_serve.py), the serve load generator, against the llama2.c fixture
+TEST_SCRIPTS += tests/bench_serve.sh
 # the serving binary of models/llama.mstar (generate_cli.sh, bench_cli.sh drive it)
 PROGRAMS += $(BUILD)/llama/llama
 $(BUILD)/llama/llama: models/llama.mstar $(BUILD)/mstarc $(BUILD)/libmstar.a
