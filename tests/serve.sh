@@ -489,6 +489,7 @@ if MS_SERVE_STEP_DELAY_MS=20 start sigint --model "$l2c" --tokenizer "$tok"; the
     wait $cpid
     detail="$(tail -c 300 "$tmp/int")"
     check "sigint: the stream in flight at SIGINT ends with [DONE]" grep -q '^data: \[DONE\]' "$tmp/int"
+    check "sigint: ... after an error event saying the server is shutting down (503)" grep -q '"error".*shutting down' "$tmp/int"
 fi
 
 echo "$passed passed, $failed failed"
