@@ -128,6 +128,8 @@ FUZZ_TARGETS += serve_request
 FUZZ_RUNTIME_SRCS += runtime/cli/serve_request.c runtime/resources/sampler.c
 # the sampler resource's min_p and penalties (sample_res.h)
 TESTS += tests/test_sampler_res
+# the serve verb's request parser (runtime/cli/serve_request.c), without HTTP
+TESTS += tests/test_serve_request
 # the CUDA sampler (min_p) against the CPU one on random rows (MS_SAMPLER_DEVICE=cpu: a dry run)
 ifeq ($(HAVE_CUDA),1)
 GPU_TESTS += tests/test_sampler_cuda
