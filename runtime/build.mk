@@ -55,3 +55,4 @@ RUNTIME_SRCS += runtime/tokenizers/chat_template.c
 RUNTIME_SRCS += runtime/loaders/gguf.c
 RUNTIME_SRCS += runtime/loaders/gguf_quant.c
 RUNTIME_SRCS += runtime/loaders/gguf_model.c
+RUNTIME_SRCS += runtime/cli/serve_request.c

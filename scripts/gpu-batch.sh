@@ -58,6 +58,8 @@ PY
         cp -r "../shared/fixtures/hf/$fx" "$dir/fixtures/hf/"
     done
     cp -r ../shared/fixtures/llama2c ../shared/fixtures/README.md "$dir/fixtures/"
+    # serve part: the CUDA sampler test (test_sampler_cuda) rides in the bundle
+    make -j2 build/tests/test_sampler_cuda && cp build/tests/test_sampler_cuda "$dir/bin/" || exit 1
     for lib in $(ldd "$dir"/bin/* "$dir"/bin/*/* 2>/dev/null | awk '/=>/ { print $3 }' | sort -u); do
         case "$lib" in
         /usr/local/cuda*|*/libc.so*|*/libm.so*|*/libpthread.so*|*/librt.so*|*/libdl.so*|*/ld-linux*) ;;
@@ -104,6 +106,32 @@ step() { # step NAME LIMIT_SECONDS COMMAND... : run, log to $OUT/NAME.log, recor
     command -v compute-sanitizer >/dev/null && compute-sanitizer --version | head -n 2
     uname -a
 } >"$OUT/env.log" 2>&1
+
+# serve part: the CUDA sampler (min_p included) against the CPU's on random rows, and seeded rows
+# alone == batched; then, only when MS_GPU_SOAK=SECONDS is set (off by default), the serve soak
+# alone: 256 streaming clients (MS_GPU_SOAK_CLIENTS) on hf/llama_gqa with --device cuda, every
+# response complete and 0 KV pages held at the end (tests/serve_soak.sh). The device's 600 s
+# limit per command: MS_GPU_SOAK=540 in a call of its own (the script exits after the soak).
+if [ -n "${MS_GPU_BUNDLE:-}" ]; then
+    sb=$MS_GPU_BUNDLE
+    [[ $sb = /* ]] || sb=$PWD/$sb
+    export LD_LIBRARY_PATH="$sb/lib:${LD_LIBRARY_PATH:-}"
+    s_test=$sb/bin/test_sampler_cuda s_bin=$sb/bin/llama/llama s_fx=$sb/fixtures
+else
+    make -j"$(nproc)" build/tests/test_sampler_cuda build/llama/llama >"$OUT/build-serve.log" 2>&1
+    s_test=build/tests/test_sampler_cuda s_bin=build/llama/llama s_fx=../shared/fixtures
+fi
+step sampler 60 "$s_test"
+if [ -n "${MS_GPU_SOAK:-}" ]; then
+    step soak $((MS_GPU_SOAK + 50)) env BIN="$s_bin" MS_FIXTURES="$s_fx" SOAK_MODEL="$s_fx/hf/llama_gqa" \
+        SOAK_TOKENIZER= SOAK_IDS=512 SOAK_CLIENTS="${MS_GPU_SOAK_CLIENTS:-256}" SOAK_SECONDS="$MS_GPU_SOAK" \
+        SOAK_CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0}" \
+        SOAK_ARGS="--device cuda --max-seqs 256 --max-tokens-per-step 4096" bash tests/serve_soak.sh
+    soak_rc=$?
+    cat "$OUT/sampler.log" "$OUT/soak.log"
+    printf '%s\n' "${summary[@]}"
+    exit $soak_rc
+fi
 
 if [ -n "${MS_GPU_BUNDLE:-}" ]; then
     b=$MS_GPU_BUNDLE

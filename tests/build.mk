@@ -90,6 +90,10 @@ TEST_SCRIPTS += tests/generate_cli.sh
 TEST_SCRIPTS += tests/cli_robust.sh
 # the serve verb over HTTP on 127.0.0.1 (curl, jq)
 TEST_SCRIPTS += tests/serve.sh
+# 32 concurrent streaming clients for 60 s (SOAK_CLIENTS / SOAK_SECONDS), 0 KV pages held at the end
+TEST_SCRIPTS += tests/serve_soak.sh
+# bench-serve (scripts/bench_serve.py), the serve load generator, against the llama2.c fixture
+TEST_SCRIPTS += tests/bench_serve.sh
 # the serving binary of models/llama.mstar (generate_cli.sh, bench_cli.sh drive it)
 PROGRAMS += $(BUILD)/llama/llama
 $(BUILD)/llama/llama: models/llama.mstar $(BUILD)/mstarc $(BUILD)/libmstar.a
@@ -159,10 +163,22 @@ FUZZ_RUNTIME_SRCS := runtime/core/base.c runtime/loaders/hf_config.c runtime/loa
                      runtime/tokenizers/tokenizer_llama2c.c runtime/tokenizers/chat_template.c
 FUZZ_RUNTIME_SRCS += runtime/loaders/gguf.c runtime/loaders/gguf_quant.c runtime/loaders/gguf_model.c runtime/core/threadpool.c
 FUZZ_TARGETS += gguf
+# fuzz_serve_request: the serve verb's request parser (runtime/cli/serve_request.c)
+FUZZ_TARGETS += serve_request
+FUZZ_RUNTIME_SRCS += runtime/cli/serve_request.c runtime/resources/sampler.c
+# the sampler resource's min_p and penalties (sample_res.h)
+TESTS += tests/test_sampler_res
+# the serve verb's request parser (runtime/cli/serve_request.c), without HTTP
+TESTS += tests/test_serve_request
+# the CUDA sampler (min_p) against the CPU one on random rows (MS_SAMPLER_DEVICE=cpu: a dry run)
+ifeq ($(HAVE_CUDA),1)
+GPU_TESTS += tests/test_sampler_cuda
+endif
 FUZZ_OBJS := $(patsubst %.c,$(FUZZ_DIR)/obj/%.o,$(FUZZ_RUNTIME_SRCS))
 FUZZ_RUNTIME_BINS := $(FUZZ_DIR)/fuzz_config $(FUZZ_DIR)/fuzz_tokenizer_hf $(FUZZ_DIR)/fuzz_safetensors $(FUZZ_DIR)/fuzz_llama2c \
                      $(FUZZ_DIR)/fuzz_chat_template $(FUZZ_DIR)/fuzz_tokenizer_vocab
 FUZZ_RUNTIME_BINS += $(FUZZ_DIR)/fuzz_gguf
+FUZZ_RUNTIME_BINS += $(FUZZ_DIR)/fuzz_serve_request
 FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=address,undefined -fno-sanitize-recover=all $(RUNTIME_INC) $(PKG_CFLAGS)
 $(FUZZ_DIR)/obj/%.o: %.c
 	$(call quiet,CC,$@)

@@ -2080,3 +2080,13 @@ ms_status ms_engine_kv_copy(ms_engine *e, void *host, size_t bytes, ms_error *er
                        bytes, ms_engine_kv_bytes(e));
     return e->be.iface.copy_to_host(e->be.ctx, host, e->nodes[0].kv.data, bytes, err);
 }
+
+/* ---- the sampler resource, for the server's per-request extras (engine.h) ---- */
+
+struct ms_sample_res *ms_engine_sampler(ms_engine *e) {
+    /* the node that samples (Whisper's decoder, a decoder-only model's only node) */
+    for (int32_t i = 0; i < e->n_nodes; i++)
+        if (e->nodes[i].sampler != NULL)
+            return e->nodes[i].sampler;
+    return NULL;
+}

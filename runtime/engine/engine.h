@@ -320,6 +320,14 @@ void ms_engine_remove(ms_engine *e, ms_rid rid);
  * value after every remove). */
 int32_t ms_engine_kv_pages_free(const ms_engine *e);
 
+/*
+ * The engine's sampler resource (sample_res.h) for request settings beyond ms_engine_request:
+ * min_p and penalties (ms_sample_res_set_extra after ms_engine_add; ms_sample_res_observe with
+ * the prompt, then with each new output id, between steps). Borrowed until ms_engine_free; use
+ * it only from the thread that steps the engine. The serve verb's scheduler is its user.
+ */
+struct ms_sample_res *ms_engine_sampler(ms_engine *e);
+
 #ifdef __cplusplus
 }
 #endif

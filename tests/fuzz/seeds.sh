@@ -128,6 +128,10 @@ for t in "$@"; do
         cp "$here"/gguf/*.gguf "$d"/
         cp "$root/tests/gguf/dequant_goldens.gguf" "$d"/
         ;;
+    serve_request)
+        # hand-written request bodies (tests/fuzz/serve_request/: body, NUL, flags byte)
+        cp "$here"/serve_request/* "$d"/
+        ;;
     *)
         echo "seeds.sh: unknown target '$t'" >&2
         exit 2
