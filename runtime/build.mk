@@ -44,3 +44,5 @@ RUNTIME_SRCS += runtime/cli/cli_serve.c
 RUNTIME_SRCS += runtime/engine/sample_res.c
 RUNTIME_SRCS += runtime/engine/walk.c
 RUNTIME_SRCS += runtime/tokenizers/chat_template.c
+RUNTIME_SRCS += runtime/audio/audio_read.c
+RUNTIME_SRCS += runtime/audio/whisper_mel.c

@@ -137,3 +137,4 @@ fuzz: $(patsubst %,$(FUZZ_DIR)/fuzz_%,$(FUZZ_TARGETS))
 fuzz-%:
 	$(Q)$(MAKE) --no-print-directory fuzz FUZZ_TARGETS=$*
 TESTS += tests/test_chat_template
+TESTS += tests/test_audio
