@@ -113,6 +113,12 @@ TESTS += tests/test_cli
 # ASan+UBSan) and runs each for FUZZ_SECONDS, FUZZ_JOBS at a time (tests/fuzz.sh; `make test` runs
 # them last). `make fuzz-<t>` runs one; FUZZ_TARGETS="a b" a few. fuzz_dsl's rule is in compiler/build.mk.
 FUZZ_TARGETS ?= dsl config tokenizer_hf safetensors llama2c chat_template
+# the audio front end (runtime/audio): ms_audio_read_memory on a file image, then a 1 s log-mel
+FUZZ_TARGETS += audio
+FUZZ_AUDIO_OBJS := $(patsubst %.c,$(FUZZ_DIR)/obj/%.o,runtime/core/base.c runtime/audio/audio_read.c runtime/audio/whisper_mel.c)
+$(FUZZ_DIR)/fuzz_audio: tests/fuzz_audio.c tests/fuzz_util.h $(FUZZ_AUDIO_OBJS)
+	$(call quiet,LD,$@)
+	$(Q)$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer -Itests $(WARN) -MMD -MP -o $@ $< $(FUZZ_AUDIO_OBJS) $(PKG_LIBS) -lm -pthread
 FUZZ_JOBS ?= 2
 FUZZ_RUNTIME_SRCS := runtime/core/base.c runtime/loaders/hf_config.c runtime/loaders/llama2c.c \
                      runtime/backends/backend.c runtime/backends/tensor.c runtime/backends/rope.c \

@@ -30,6 +30,7 @@ opts() {
     safetensors) echo "-max_len=4096 -dict=$here/fuzz/safetensors.dict" ;;
     llama2c) echo "-max_len=8192" ;;
     chat_template) echo "-max_len=16384 -dict=$here/fuzz/chat_template.dict" ;;
+    audio) echo "-max_len=16384" ;;
     *) echo "" ;;
     esac
 }
