@@ -11,6 +11,8 @@ GPU_TESTS += tests/test_backend_cuda
 GPU_TESTS += tests/test_llama_cuda_fixture
 # CFG, M-RoPE and dense generation through the engine on the GPU (the generated descriptors)
 GPU_TESTS += tests/test_engine_features_cuda
+# the encoder ops (Whisper) on the GPU against the CPU backend; MS_ENCODER_OPS_DEVICE=cpu: dry run
+GPU_TESTS += tests/test_encoder_ops_cuda
 $(BUILD)/tests/test_engine_features_cuda: $(BUILD)/obj/gen/llama/llama_gen.o $(BUILD)/obj/gen/qwen2vl/qwen2vl_gen.o $(BUILD)/obj/gen/dense/llama_dense_gen.o
 PROGRAMS += $(BUILD)/tests/bench_kernels
 endif
