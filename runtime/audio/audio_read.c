@@ -3,8 +3,8 @@
  *
  * Constraints: nothing is allocated from the length a header claims: data is read in fixed blocks
  * into a buffer that grows with what is really there, and the claimed length is only checked
- * against MS_AUDIO_MAX_SECONDS and against what was read (a shorter file is "truncated"). Every
- * failure is one line naming the file. The returned samples are malloc'd (audio.h).
+ * against MS_AUDIO_MAX_SECONDS and against what is there (a data chunk cut short, or fewer frames
+ * than claimed, is "truncated"). Every failure is one line naming the file. The returned samples are malloc'd (audio.h).
  */
 #include "audio.h"
 
@@ -68,6 +68,29 @@ static ms_status audio_resample(const char *name, float **x, int64_t *n, int32_t
     return MS_OK;
 }
 
+/*
+ * A WAV-family file whose data chunk claims more bytes than the file holds: libsndfile shortens
+ * the frame count to what is there and only says so in its log ("data : 102556 (should be
+ * 49956)"), so a cut-off download would decode as a shorter clip. The claimed sizes 0 and
+ * 0xffffffff mean "length unknown" (streamed WAVs, RF64) and are not truncation.
+ */
+static ms_status audio_check_truncated(SNDFILE *sf, const char *name, ms_error *err) {
+    char log[8192];
+    log[0] = '\0';
+    sf_command(sf, SFC_GET_LOG_INFO, log, (int)sizeof log);
+    for (const char *line = log; line != NULL && *line; line = strchr(line, '\n') ? strchr(line, '\n') + 1 : NULL) {
+        unsigned long long claimed = 0, actual = 0;
+        while (*line == ' ')
+            line++;
+        if (strncmp(line, "data", 4) != 0 || sscanf(line, "data : %llu (should be %llu)", &claimed, &actual) != 2)
+            continue;
+        if (claimed != 0 && claimed != 0xffffffffull && actual < claimed)
+            return MS_FAIL(err, MS_ERR_FORMAT, "%s: truncated: the header claims %llu bytes of audio data, the file holds %llu",
+                           name, claimed, actual);
+    }
+    return MS_OK;
+}
+
 /* Decode an opened file: checks, blockwise read with downmix, then resampling. Closes nothing. */
 static ms_status audio_decode(SNDFILE *sf, const SF_INFO *info, const char *name, int32_t rate, float **samples,
                               int64_t *n, ms_error *err) {
@@ -84,6 +107,7 @@ static ms_status audio_decode(SNDFILE *sf, const SF_INFO *info, const char *name
         return MS_FAIL(err, MS_ERR_FORMAT, "%s: header claims %lld frames (%.0f s at %d Hz), over the %d s limit", name,
                        (long long)info->frames, (double)info->frames / info->samplerate, info->samplerate,
                        MS_AUDIO_MAX_SECONDS);
+    MS_TRY(audio_check_truncated(sf, name, err));
     int ch = info->channels;
     float *block = malloc((size_t)AUDIO_BLOCK_FRAMES * (size_t)ch * sizeof *block);
     size_t cap = (size_t)MS_MIN((int64_t)info->frames, (int64_t)1 << 20);
@@ -99,14 +123,16 @@ static ms_status audio_decode(SNDFILE *sf, const SF_INFO *info, const char *name
         sf_count_t got = sf_readf_float(sf, block, AUDIO_BLOCK_FRAMES);
         if (got <= 0)
             break;
-        if (total + got > (int64_t)info->frames) {
-            st = MS_FAIL(err, MS_ERR_FORMAT, "%s: holds more frames than its header claims (%lld)", name,
-                         (long long)info->frames);
+        /* compressed formats (MPEG) may estimate frames: more data than claimed is read, up to
+         * the limit */
+        if (total + got > max_frames) {
+            st = MS_FAIL(err, MS_ERR_FORMAT, "%s: longer than the %d s limit at %d Hz", name, MS_AUDIO_MAX_SECONDS,
+                         info->samplerate);
             goto fail;
         }
         if ((size_t)(total + got) > cap) {
             size_t ncap = MS_MAX(cap * 2, (size_t)(total + got));
-            ncap = (size_t)MS_MIN((int64_t)ncap, (int64_t)info->frames);
+            ncap = (size_t)MS_MIN((int64_t)ncap, max_frames);
             float *nx = realloc(x, ncap * sizeof *nx);
             if (nx == NULL) {
                 st = MS_FAIL(err, MS_ERR_OOM, "%s: out of memory for %zu samples", name, ncap);
@@ -143,7 +169,7 @@ static ms_status audio_decode(SNDFILE *sf, const SF_INFO *info, const char *name
                      (long long)info->frames);
         goto fail;
     }
-    if (total < (int64_t)info->frames) {
+    if (total < (int64_t)info->frames && (info->format & SF_FORMAT_TYPEMASK) != SF_FORMAT_MPEG) {
         st = MS_FAIL(err, MS_ERR_FORMAT, "%s: truncated: header claims %lld frames, the data holds %lld", name,
                      (long long)info->frames, (long long)total);
         goto fail;
