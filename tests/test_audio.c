@@ -8,6 +8,7 @@
  *   8 kHz 16-bit WAV, and a stereo float WAV whose channels average to the original, all read back
  *   at 16 kHz and compared with the 16 kHz features (tolerances and why at each check);
  * - audio longer than 30 s: consecutive windows, the second one checked against the reference;
+ * - four threads making, using and freeing extractors at once: bit-identical features;
  * - preprocessor_config.json: the fixture's, and bad ones;
  * - bad files (missing, folder, empty, text, truncated header, truncated data, huge claimed
  *   sizes, zero samples, absurd rates and channel counts, NaN samples): one-line errors naming
@@ -17,6 +18,7 @@
 #include "ms_test.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <samplerate.h>
 #include <sndfile.h>
 #include <stdio.h>
@@ -348,6 +350,59 @@ static void test_long_audio_windows(void **state) {
     ms_whisper_mel_free(mel);
 }
 
+/* ---- threads: extractors made, used and freed concurrently (FFTW's planner is locked) ---- */
+
+typedef struct mel_thread {
+    const float *x;
+    int64_t n;
+    const float *want; /* [80, 3000] features of x from the main thread */
+    int rounds;
+    int mismatches;    /* out: rounds whose features differ from want */
+    int failures;      /* out: calls that failed */
+} mel_thread;
+
+static void *mel_thread_main(void *arg) {
+    mel_thread *t = arg;
+    ms_whisper_mel_config cfg = ms_whisper_mel_config_default();
+    float *f = malloc(80 * 3000 * sizeof *f);
+    for (int r = 0; r < t->rounds && f != NULL; r++) {
+        ms_error err = {0};
+        ms_whisper_mel *mel = NULL;
+        if (ms_whisper_mel_init(&cfg, &mel, &err) != MS_OK || ms_whisper_log_mel(mel, t->x, t->n, f, &err) != MS_OK)
+            t->failures++;
+        else if (memcmp(f, t->want, 80 * 3000 * sizeof *f) != 0)
+            t->mismatches++;
+        ms_whisper_mel_free(mel);
+    }
+    if (f == NULL)
+        t->failures++;
+    free(f);
+    return NULL;
+}
+
+static void test_threads(void **state) {
+    (void)state;
+    ms_whisper_mel *mel = fixture_mel();
+    int64_t n = 0;
+    float *x = read_ok(speech_path(1), 16000, &n);
+    float *want = features_of(mel, x, n);
+    enum { N_THREADS = 4 };
+    pthread_t th[N_THREADS];
+    mel_thread args[N_THREADS];
+    for (int i = 0; i < N_THREADS; i++) {
+        args[i] = (mel_thread){x, n, want, 3, 0, 0};
+        assert_int_equal(pthread_create(&th[i], NULL, mel_thread_main, &args[i]), 0);
+    }
+    for (int i = 0; i < N_THREADS; i++) {
+        assert_int_equal(pthread_join(th[i], NULL), 0);
+        assert_int_equal(args[i].failures, 0);
+        assert_int_equal(args[i].mismatches, 0); /* FFTW_ESTIMATE plans: the same bits every time */
+    }
+    free(want);
+    free(x);
+    ms_whisper_mel_free(mel);
+}
+
 /* ---- preprocessor_config.json ---- */
 
 static void expect_config_error(const char *json, ms_status want, const char *needle) {
@@ -534,6 +589,7 @@ int main(void) {
         ms_unit_test(test_memory_equals_file),
         ms_unit_test(test_resampled_and_stereo_inputs),
         ms_unit_test(test_long_audio_windows),
+        ms_unit_test(test_threads),
         ms_unit_test(test_config),
         ms_unit_test(test_bad_files),
         ms_unit_test(test_truncated_data),
