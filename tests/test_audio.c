@@ -190,6 +190,14 @@ static void test_features_match_reference(void **state) {
         double e = max_err_rows(f, r, 0, 80);
         printf("    speech%d.wav: %lld samples, input_features max |err| = %.3g (tolerance 1e-4)\n", k, (long long)n, e);
         assert_true(e < 1e-4);
+        /* the frame-major copy (the encoder's conv1d input) holds the same values transposed */
+        float *fm = malloc(80 * 3000 * sizeof *fm);
+        assert_non_null(fm);
+        ms_whisper_mel_frame_major(mel, f, fm);
+        for (int t = 0; t < 3000; t += 7)
+            for (int m = 0; m < 80; m++)
+                assert_true(fm[t * 80 + m] == f[m * 3000 + t]);
+        free(fm);
         ms_free(r);
         free(f);
         free(x);

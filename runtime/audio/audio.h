@@ -133,6 +133,14 @@ ms_status ms_whisper_log_mel(ms_whisper_mel *mel, const float *samples, int64_t 
 ms_status ms_whisper_log_mel_window(ms_whisper_mel *mel, const float *samples, int64_t n, int64_t window,
                                     float *out, ms_error *err);
 
+/*
+ * Transpose one window's features from mel-major [feature_size, nb_max_frames] (the output above,
+ * transformers' layout) to frame-major [nb_max_frames, feature_size]: the token-major input the
+ * encoder's first conv1d takes (backend.h conv1d: x [T_in, C_in]). in and out must not overlap;
+ * both hold ms_whisper_mel_size(mel) floats.
+ */
+void ms_whisper_mel_frame_major(const ms_whisper_mel *mel, const float *in, float *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -329,3 +329,10 @@ ms_status ms_whisper_log_mel_window(ms_whisper_mel *mel, const float *samples, i
     int64_t len = MS_MIN(n - start, mel->cfg.n_samples);
     return ms_whisper_log_mel(mel, len > 0 ? samples + start : samples, MS_MAX(len, 0), out, err);
 }
+
+void ms_whisper_mel_frame_major(const ms_whisper_mel *mel, const float *in, float *out) {
+    const size_t n_mel = (size_t)mel->cfg.feature_size, T = (size_t)mel->cfg.nb_max_frames;
+    for (size_t m = 0; m < n_mel; m++)
+        for (size_t t = 0; t < T; t++)
+            out[t * n_mel + m] = in[m * T + t];
+}
