@@ -146,3 +146,5 @@ fuzz-%:
 	$(Q)$(MAKE) --no-print-directory fuzz FUZZ_TARGETS=$*
 TESTS += tests/test_chat_template
 TESTS += tests/test_audio
+# its extractors run on four threads at once (the FFTW planner lock)
+TSAN_TESTS += tests/test_audio
