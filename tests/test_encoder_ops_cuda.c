@@ -12,7 +12,9 @@
  *   gather_rows (the learned position rows) exact,
  *   bidirectional attention over 1500 keys (the encoder's self-attention: causal = false, one
  *   view of 1500 tokens per clip, two clips, 8 heads of 64, page size 16) 2e-2, as prefill in
- *   test_backend_cuda (q and P rounded to 16 bits on the tensor cores).
+ *   test_backend_cuda (q and P rounded to 16 bits on the tensor cores); then one query per clip
+ *   over the same 1500 keys (the decoder's cross-attention shape: a decode plan with split KV,
+ *   no KV write) 1e-2, as decode there.
  * Every misc kernel instance (bf16, f16: the dtypes misc takes; the entries of
  * templates/misc/encoder.cuh among them) is also compiled with NVRTC for sm_80 and sm_90 and its entries looked up in the cubin.
  *
@@ -423,6 +425,20 @@ static void run_encoder_attention(ms_dtype kv_dt) {
     both qkv = both_alloc((size_t)n * W * 4, hqkv);
     both out = both_alloc((size_t)n * ENC_H * ENC_HD * 4, NULL);
     const ms_attn_limits lim = {ENC_SEQS, n, ENC_SEQS * pages_per};
+    /* then the decoder's cross-attention shape over the same keys: one query per clip (a decode
+     * plan, split KV over 94 pages), no KV write (token_to_page NULL), bidirectional */
+    int32_t dqo[ENC_SEQS + 1];
+    for (int s = 0; s <= ENC_SEQS; s++)
+        dqo[s] = s;
+    ms_kv_plan dplan = plan;
+    dplan.n_tokens = ENC_SEQS;
+    dplan.qo_indptr = dqo;
+    dplan.token_to_page = NULL;
+    dplan.token_to_slot = NULL;
+    dplan.is_decode = true;
+    float *hqd = rand_host((size_t)ENC_SEQS * ENC_H * ENC_HD, 1.f, 0.f);
+    both qd = both_alloc((size_t)ENC_SEQS * ENC_H * ENC_HD * 4, hqd);
+    both outd = both_alloc((size_t)ENC_SEQS * ENC_H * ENC_HD * 4, NULL);
     for (int which = 0; which < 2; which++) {
         ms_backend *be = be_of(which);
         ms_paged_kv k2 = kv;
@@ -443,11 +459,23 @@ static void run_encoder_attention(ms_dtype kv_dt) {
         if (be->iface.attention(be->ctx, &q, &k2, 0, batch, &ap, &o, &err) != MS_OK)
             fail_msg("attention (%s): %s", be->iface.name, err.msg);
         OK(be->iface.synchronize(be->ctx, &err));
+        if (ms_backend_attn_stage(be, batch, &dplan, &k2, ENC_H, &ap, &err) != MS_OK)
+            fail_msg("stage decode (%s): %s", be->iface.name, err.msg);
+        ms_tensor tqd = on(&qd, which, ms_tensor_3d(NULL, MS_DTYPE_F32, ENC_SEQS, ENC_H, ENC_HD));
+        ms_tensor tod = on(&outd, which, ms_tensor_3d(NULL, MS_DTYPE_F32, ENC_SEQS, ENC_H, ENC_HD));
+        if (be->iface.attention(be->ctx, &tqd, &k2, 0, batch, &ap, &tod, &err) != MS_OK)
+            fail_msg("attention decode (%s): %s", be->iface.name, err.msg);
+        OK(be->iface.synchronize(be->ctx, &err));
         be->iface.attn_batch_free(be->ctx, batch);
     }
     char what[96];
     snprintf(what, sizeof what, "attention bidirectional, 2 x 1500 keys, KV %s", dt_name(kv_dt));
     compare(what, &out, (size_t)n * ENC_H * ENC_HD, 2e-2);
+    snprintf(what, sizeof what, "attention 1 query x 1500 keys (cross shape), KV %s", dt_name(kv_dt));
+    compare(what, &outd, (size_t)ENC_SEQS * ENC_H * ENC_HD, 1e-2);
+    both_free(&qd);
+    both_free(&outd);
+    free(hqd);
     both_free(&arena);
     both_free(&qkv);
     both_free(&out);
