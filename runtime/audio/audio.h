@@ -53,9 +53,10 @@ extern "C" {
  *
  * On success *samples (malloc; the caller frees with free()) holds *n > 0 samples. On failure
  * *samples is NULL, *n is 0 and err holds one line naming the file: MS_ERR_NOT_FOUND / MS_ERR_IO
- * (missing, unreadable), MS_ERR_FORMAT (not audio, truncated header, unreadable data, no samples,
- * rate or length outside the limits above), MS_ERR_INVALID_ARG (bad sample_rate or NULL output),
- * MS_ERR_OOM.
+ * (missing, unreadable), MS_ERR_FORMAT (not audio, a truncated header, a data chunk cut short of
+ * the size its header claims, undecodable data, no samples, NaN/Inf samples, rate, channels or
+ * length outside the limits above), MS_ERR_UNSUPPORTED (a rate ratio libsamplerate cannot do),
+ * MS_ERR_INVALID_ARG (bad sample_rate or NULL output), MS_ERR_OOM.
  */
 ms_status ms_audio_read(const char *path, int32_t sample_rate, float **samples, int64_t *n, ms_error *err);
 
