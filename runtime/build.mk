@@ -56,3 +56,5 @@ RUNTIME_SRCS += runtime/loaders/gguf.c
 RUNTIME_SRCS += runtime/loaders/gguf_quant.c
 RUNTIME_SRCS += runtime/loaders/gguf_model.c
 RUNTIME_SRCS += runtime/cli/serve_request.c
+RUNTIME_SRCS += runtime/audio/audio_read.c
+RUNTIME_SRCS += runtime/audio/whisper_mel.c

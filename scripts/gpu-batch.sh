@@ -28,6 +28,8 @@ if [ "${1:-}" = "--bundle" ]; then
     rm -rf "$dir" && mkdir -p "$dir/bin/llama" "$dir/bin/qwen3" "$dir/lib" "$dir/pre" "$dir/fixtures"
     cp build/tests/test_gpu_kernels build/tests/test_backend_cuda build/tests/test_llama_cuda_fixture \
         build/tests/test_engine_features_cuda build/tests/bench_kernels build/mstarc build/mstar-mkckpt "$dir/bin/"
+    # the encoder ops (LayerNorm, GELU, conv1d, bidirectional attention over 1500 keys) vs the CPU
+    make -j2 build/tests/test_encoder_ops_cuda && cp build/tests/test_encoder_ops_cuda "$dir/bin/" || exit 1
     # the serving binaries (llama: gpu_generate.sh and bench-8b.sh; qwen3: per-head norm end to end)
     build/mstarc build models/llama.mstar -o "$dir/bin/llama" >/dev/null || exit 1
     build/mstarc build models/qwen3.mstar -o "$dir/bin/qwen3" >/dev/null || exit 1
@@ -165,6 +167,7 @@ if [ -n "${MS_GPU_BUNDLE:-}" ]; then
         [ -n "$g" ] && [ "$g" = "$c" ] && echo "1 passed, 0 failed" || echo "0 passed, 1 failed"
     } >"$OUT/generate-graphs.log" 2>&1
     summary+=("$(printf '%-14s %s' gen-graphs "$(tail -n 1 "$OUT/generate-graphs.log")")")
+    step encoder 120 "$b/bin/test_encoder_ops_cuda"
     step generate 90 env MS_BUILD="$b/bin" BIN="$b/bin/llama/llama" bash tests/gpu_generate.sh
     # what mstarc --arch sm_90 --config hf/llama_gqa precompiled (here: the bundle) is all that
     # generate --device cuda loads: the cache must not grow (tests/kernels_gpu.sh without a compiler)
@@ -236,6 +239,7 @@ echo "== CUDA backend vs CPU backend"
 grep -E '^  [a-z]' "$OUT/backend.log" | head -n 40
 echo "== fixtures on the GPU"
 grep -E '^fixture' "$OUT/fixtures.log"
+[ -f "$OUT/encoder.log" ] && { echo "== encoder ops: CUDA vs CPU"; grep -E '^  [a-z]' "$OUT/encoder.log"; }
 [ -f "$OUT/features.log" ] && { echo "== model features through the engine on the GPU"; grep -E '^engine' "$OUT/features.log"; }
 [ -f "$OUT/graphs.log" ] && { echo "== CUDA graphs (test_graphs_cuda)"; grep -E '^graphs' "$OUT/graphs.log"; }
 [ -f "$OUT/generate.log" ] && { echo "== generated binary on the GPU"; grep -E '^(ok|FAIL)' "$OUT/generate.log"; }

@@ -25,6 +25,10 @@ PACKAGES=(
     python3
     curl
     jq
+    # the audio front end (runtime/audio): sound files, resampling, FFT
+    libsndfile1-dev
+    libsamplerate0-dev
+    libfftw3-dev
 )
 
 missing=()

@@ -14,6 +14,7 @@ TEMPLATE_FILES += templates/act/silu_mul.cuh
 TEMPLATE_FILES += templates/embed/embed.cuh
 TEMPLATE_FILES += templates/sample/sample.cuh
 TEMPLATE_FILES += templates/misc/elementwise.cuh
+TEMPLATE_FILES += templates/misc/encoder.cuh
 
 ifeq ($(HAVE_CUDA),1)
 RUNTIME_CUDA_SRCS += $(BUILD)/gen/ms_templates.c

@@ -13,6 +13,8 @@ GPU_TESTS += tests/test_backend_cuda
 GPU_TESTS += tests/test_llama_cuda_fixture
 # CFG, M-RoPE and dense generation through the engine on the GPU (the generated descriptors)
 GPU_TESTS += tests/test_engine_features_cuda
+# the encoder ops (Whisper) on the GPU against the CPU backend; MS_ENCODER_OPS_DEVICE=cpu: dry run
+GPU_TESTS += tests/test_encoder_ops_cuda
 $(BUILD)/tests/test_engine_features_cuda: $(BUILD)/obj/gen/llama/llama_gen.o $(BUILD)/obj/gen/qwen2vl/qwen2vl_gen.o $(BUILD)/obj/gen/dense/llama_dense_gen.o
 # CUDA graphs against the padded eager path, bitwise (graph_exec.h); MS_GRAPHS_DRY_RUN=1: on the CPU
 GPU_TESTS += tests/test_graphs_cuda
@@ -155,6 +157,12 @@ TESTS += tests/test_cli
 # ASan+UBSan) and runs each for FUZZ_SECONDS, FUZZ_JOBS at a time (tests/fuzz.sh; `make test` runs
 # them last). `make fuzz-<t>` runs one; FUZZ_TARGETS="a b" a few. fuzz_dsl's rule is in compiler/build.mk.
 FUZZ_TARGETS ?= dsl config tokenizer_hf safetensors llama2c chat_template tokenizer_vocab
+# the audio front end (runtime/audio): ms_audio_read_memory on a file image, then a 1 s log-mel
+FUZZ_TARGETS += audio
+FUZZ_AUDIO_OBJS := $(patsubst %.c,$(FUZZ_DIR)/obj/%.o,runtime/core/base.c runtime/audio/audio_read.c runtime/audio/whisper_mel.c)
+$(FUZZ_DIR)/fuzz_audio: tests/fuzz_audio.c tests/fuzz_util.h $(FUZZ_AUDIO_OBJS)
+	$(call quiet,LD,$@)
+	$(Q)$(FUZZ_CC) $(FUZZ_FLAGS) -fsanitize=fuzzer -Itests $(WARN) -MMD -MP -o $@ $< $(FUZZ_AUDIO_OBJS) $(PKG_LIBS) -lm -pthread
 FUZZ_JOBS ?= 2
 FUZZ_RUNTIME_SRCS := runtime/core/base.c runtime/loaders/hf_config.c runtime/loaders/llama2c.c \
                      runtime/backends/backend.c runtime/backends/tensor.c runtime/backends/rope.c \
@@ -206,3 +214,6 @@ TESTS += tests/test_gguf_fixtures
 TEST_SCRIPTS += tests/gguf_fetch.sh
 # gguf_model.c converts tensors on a thread pool
 TSAN_TESTS += tests/test_gguf
+TESTS += tests/test_audio
+# its extractors run on four threads at once (the FFTW planner lock)
+TSAN_TESTS += tests/test_audio

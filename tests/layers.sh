@@ -8,10 +8,11 @@ declare -A allowed=(
     [core]="core"
     [resources]="core resources"
     [loaders]="core loaders"
+    [audio]="core audio"
     [tokenizers]="core tokenizers"
     [backends]="core resources loaders backends"
-    [engine]="core resources loaders backends engine"
-    [cli]="core resources loaders tokenizers backends engine cli"
+    [engine]="core resources loaders audio backends engine"
+    [cli]="core resources loaders audio tokenizers backends engine cli"
     [tools]="core loaders"
 )
 # header -> layer

@@ -1033,6 +1033,152 @@ static ms_status cu_gather_rows(void *ctx, const ms_tensor *x, const ms_tensor *
     return ms_cuda_misc_launch(m, 2, &p, c->stream, err);
 }
 
+/* ---- encoder ops (Whisper): LayerNorm, GELU, conv1d; kernels of the misc module ---- */
+
+/*
+ * The misc instance the encoder ops launch for weights of dtype wdt: 16-bit weights need the
+ * instance of their dtype (its T entries); float weights (the _f32 entries) and weight-free ops
+ * take any misc instance already loaded (every model's kernel list has one, of its dtype), else
+ * the bf16 one, as the residual add does.
+ */
+static ms_status encoder_module(cuda_ctx *c, ms_dtype wdt, ms_cuda_module **m, ms_error *err) {
+    if (wdt == MS_DTYPE_BF16 || wdt == MS_DTYPE_F16) {
+        ms_kernel_spec s = ms_kernel_spec_simple(MS_KERNEL_OP_MISC, kdtype(wdt));
+        s.act_dtype = MS_KERNEL_DTYPE_F32;
+        return get_module(c, &s, m, err);
+    }
+    for (int i = 0; i < c->n_mods; i++)
+        if (c->mods[i]->spec.op == MS_KERNEL_OP_MISC &&
+            c->mods[i]->spec.act_dtype == MS_KERNEL_DTYPE_F32) {
+            *m = c->mods[i];
+            return MS_OK;
+        }
+    return misc_module(c, m, err);
+}
+
+static ms_status cu_layer_norm(void *ctx, const ms_tensor *x, const ms_tensor *w,
+                               const ms_tensor *b, float eps, ms_tensor *out, ms_error *err) {
+    cuda_ctx *c = ctx;
+    MS_TRY(check_t("layer_norm", "x", x, 2, 2, DT_F32, err));
+    MS_TRY(check_t("layer_norm", "w", w, 1, 1, DT_FLOATS, err));
+    MS_TRY(check_t("layer_norm", "out", out, 2, 2, DT_F32, err));
+    if (out->shape[0] != x->shape[0] || out->shape[1] != x->shape[1])
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "layer_norm: x and out shapes differ");
+    if (w->shape[0] != x->shape[1])
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "layer_norm: w has %lld entries, x rows have %lld",
+                       (long long)w->shape[0], (long long)x->shape[1]);
+    if (b != NULL) {
+        MS_TRY(check_t("layer_norm", "b", b, 1, 1, DT_FLOATS, err));
+        if (b->shape[0] != x->shape[1])
+            return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                           "layer_norm: b has %lld entries, x rows have %lld",
+                           (long long)b->shape[0], (long long)x->shape[1]);
+        if (b->dtype != w->dtype)
+            return MS_FAIL(err, MS_ERR_UNSUPPORTED, "layer_norm: b is %s but w is %s (one type)",
+                           ms_dtype_str(b->dtype), ms_dtype_str(w->dtype));
+    }
+    if (!(eps >= 0.0f))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "layer_norm: eps %g must be >= 0", (double)eps);
+    if (!fits_int(x->shape[0]) || !fits_int(x->shape[1]) || !fits_int(x->stride[0]) ||
+        !fits_int(out->stride[0]))
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "layer_norm: dimensions beyond int32");
+    if (x->shape[0] == 0 || x->shape[1] == 0)
+        return MS_OK;
+    ms_cuda_module *m;
+    MS_TRY(encoder_module(c, w->dtype, &m, err));
+    ms_layer_norm_params p = {x->data, w->data, b != NULL ? b->data : NULL, out->data,
+                              (int)x->shape[0], (int)x->shape[1], (int)x->stride[0],
+                              (int)out->stride[0], eps};
+    return ms_cuda_layer_norm_launch(m, w->dtype == MS_DTYPE_F32, &p, c->stream, err);
+}
+
+static ms_status cu_gelu(void *ctx, const ms_tensor *x, ms_tensor *out, ms_error *err) {
+    cuda_ctx *c = ctx;
+    MS_TRY(check_t("gelu", "x", x, 2, 2, DT_F32, err));
+    MS_TRY(check_t("gelu", "out", out, 2, 2, DT_F32, err));
+    if (out->shape[0] != x->shape[0] || out->shape[1] != x->shape[1])
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "gelu: x and out shapes differ");
+    if (!fits_int(x->shape[0]) || !fits_int(x->shape[1]) || !fits_int(x->stride[0]) ||
+        !fits_int(out->stride[0]))
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "gelu: dimensions beyond int32");
+    ms_cuda_module *m;
+    MS_TRY(encoder_module(c, MS_DTYPE_F32, &m, err));
+    ms_misc_params p = {x->data, NULL, out->data, NULL, (int)x->shape[0], (int)x->shape[1],
+                        (int)x->stride[0], 0, (int)out->stride[0]};
+    return ms_cuda_gelu_launch(m, &p, c->stream, err);
+}
+
+/*
+ * conv1d as im2col + one GEMM (like linear): the columns col [T_out, C_in * K] (index c * K + k,
+ * the layout of w [C_out, C_in, K] viewed as W [C_out, C_in * K]) go to the scratch buffer,
+ * rounded to the weight type for 16-bit weights (as linear rounds x); y = col W^T in f32
+ * (cuBLAS), then the bias. Whisper base: [3000, 80] -> [3000, 512] (k 3) and [3000, 512] ->
+ * [1500, 512] (k 3, stride 2): columns of 1.2 and 4.6 MB in f16.
+ */
+static ms_status cu_conv1d(void *ctx, const ms_tensor *x, const ms_tensor *w,
+                           const ms_tensor *bias, int32_t stride, int32_t padding, ms_tensor *y,
+                           ms_error *err) {
+    cuda_ctx *c = ctx;
+    MS_TRY(check_t("conv1d", "x", x, 2, 2, DT_F32, err));
+    MS_TRY(check_t("conv1d", "w", w, 3, 3, DT_FLOATS, err));
+    MS_TRY(check_t("conv1d", "y", y, 2, 2, DT_F32, err));
+    if (w->stride[1] != w->shape[2])
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "conv1d: w must be contiguous per output channel");
+    if (stride < 1 || padding < 0)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "conv1d: stride %d must be >= 1, padding %d >= 0",
+                       stride, padding);
+    const int64_t t_in = x->shape[0], c_in = x->shape[1], k = w->shape[2], c_out = w->shape[0];
+    const int64_t t_out = (t_in + 2 * (int64_t)padding - k) / stride + 1;
+    if (w->shape[1] != c_in || y->shape[1] != c_out || y->shape[0] != t_out ||
+        t_in + 2 * (int64_t)padding < k)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "conv1d: shapes x [%lld, %lld], w [%lld, %lld, %lld], y [%lld, %lld] do "
+                       "not fit (stride %d, padding %d: y must be [%lld, %lld])",
+                       (long long)t_in, (long long)c_in, (long long)c_out,
+                       (long long)w->shape[1], (long long)k, (long long)y->shape[0],
+                       (long long)y->shape[1], stride, padding, (long long)t_out,
+                       (long long)c_out);
+    if (bias != NULL) {
+        MS_TRY(check_t("conv1d", "bias", bias, 1, 1, DT_FLOATS, err));
+        if (bias->shape[0] != c_out)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                           "conv1d: bias has %lld entries for %lld output channels",
+                           (long long)bias->shape[0], (long long)c_out);
+    }
+    if (y->data == x->data)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "conv1d: y may not alias x");
+    const int64_t width = c_in * k;
+    if (!fits_int(t_in) || !fits_int(width) || !fits_int(c_out) || !fits_int(t_out) ||
+        !fits_int(x->stride[0]) || !fits_int(w->stride[0]) || !fits_int(y->stride[0]) ||
+        !fits_int(padding + t_in))
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "conv1d: dimensions beyond int32");
+    if (t_out == 0 || c_out == 0)
+        return MS_OK;
+    const bool f32w = w->dtype == MS_DTYPE_F32;
+    const size_t esz = f32w ? sizeof(float) : 2;
+    MS_TRY(ensure_device(c, &c->scratch, &c->scratch_bytes, (size_t)(t_out * width) * esz,
+                         "conv1d column scratch", err));
+    ms_cuda_module *m;
+    MS_TRY(encoder_module(c, w->dtype, &m, err));
+    ms_im2col_params ip = {x->data, c->scratch, (int)t_in, (int)c_in, (int)k, stride,
+                           padding, (int)t_out, (int)x->stride[0]};
+    MS_TRY(ms_cuda_im2col_launch(m, f32w, &ip, c->stream, err));
+    MS_CUBLAS_TRY(err, cublasSetStream(c->cublas, c->stream));
+    const float one = 1.f, zero = 0.f;
+    const cudaDataType_t wt = f32w ? CUDA_R_32F : w->dtype == MS_DTYPE_F16 ? CUDA_R_16F : CUDA_R_16BF;
+    MS_CUBLAS_TRY(err, cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)c_out, (int)t_out,
+                                    (int)width, &one, w->data, wt, (int)w->stride[0], c->scratch,
+                                    wt, (int)width, &zero, y->data, CUDA_R_32F,
+                                    (int)y->stride[0], CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    if (bias == NULL)
+        return MS_OK;
+    ms_cuda_module *bm;
+    MS_TRY(encoder_module(c, bias->dtype, &bm, err));
+    ms_misc_params bp = {y->data, bias->data, y->data, NULL, (int)t_out, (int)c_out,
+                         (int)y->stride[0], 0, (int)y->stride[0]};
+    return ms_cuda_bias_add_launch(bm, bias->dtype == MS_DTYPE_F32, &bp, c->stream, err);
+}
+
 static ms_status cu_argmax(void *ctx, const ms_tensor *logits, ms_tensor *ids, ms_error *err) {
     cuda_ctx *c = ctx;
     MS_TRY(check_t("argmax", "logits", logits, 2, 2, DT_F32, err));
@@ -1314,6 +1460,9 @@ ms_status ms_backend_cuda_init(ms_backend *out, const ms_backend_cuda_options *o
     f->silu_mul = cu_silu_mul;
     f->add = cu_add;
     f->gather_rows = cu_gather_rows;
+    f->layer_norm = cu_layer_norm;
+    f->gelu = cu_gelu;
+    f->conv1d = cu_conv1d;
     f->argmax = cu_argmax;
     f->sample_workspace_size = cu_sample_workspace_size;
     f->sample = cu_sample;

@@ -325,3 +325,70 @@ ms_status ms_cuda_misc_launch(const ms_cuda_module *m, int which, const ms_misc_
     ms_misc_params copy = *p;
     return launch(m, which, (unsigned)blocks, 1, 1, MS_MISC_THREADS, &copy, stream, err);
 }
+
+/* ---- encoder helpers of the misc module ---- */
+
+/* Grid-stride block count for `total` elements (capped like the misc helpers). */
+static unsigned misc_blocks(int64_t total) {
+    int64_t blocks = MS_CEIL_DIV(total, MS_MISC_THREADS);
+    return (unsigned)(blocks > 65536 ? 65536 : blocks);
+}
+
+ms_status ms_cuda_layer_norm_launch(const ms_cuda_module *m, bool f32_weights,
+                                    const ms_layer_norm_params *p, cudaStream_t stream,
+                                    ms_error *err) {
+    MS_TRY(want_op(m, MS_KERNEL_OP_MISC, err));
+    if (p->n_rows < 0 || p->dim < 1 || p->x_stride < p->dim || p->out_stride < p->dim ||
+        !(p->eps >= 0.f))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: layer_norm of %d rows x %d with strides %d/%d, eps %g",
+                       m->uri, p->n_rows, p->dim, p->x_stride, p->out_stride, (double)p->eps);
+    if (p->x == NULL || p->weight == NULL || p->out == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: layer_norm needs x, weight and out", m->uri);
+    ms_layer_norm_params copy = *p;
+    return launch(m, f32_weights ? MS_CUDA_MISC_LAYER_NORM_F32 : MS_CUDA_MISC_LAYER_NORM,
+                  (unsigned)p->n_rows, 1, 1, MS_MISC_THREADS, &copy, stream, err);
+}
+
+ms_status ms_cuda_gelu_launch(const ms_cuda_module *m, const ms_misc_params *p,
+                              cudaStream_t stream, ms_error *err) {
+    MS_TRY(want_op(m, MS_KERNEL_OP_MISC, err));
+    if (p->n_rows < 0 || p->n_cols < 0 || p->a_stride < p->n_cols || p->out_stride < p->n_cols ||
+        p->a == NULL || p->out == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: gelu of %d x %d with strides %d/%d", m->uri,
+                       p->n_rows, p->n_cols, p->a_stride, p->out_stride);
+    ms_misc_params copy = *p;
+    return launch(m, MS_CUDA_MISC_GELU, misc_blocks((int64_t)p->n_rows * p->n_cols), 1, 1,
+                  MS_MISC_THREADS, &copy, stream, err);
+}
+
+ms_status ms_cuda_im2col_launch(const ms_cuda_module *m, bool f32_cols, const ms_im2col_params *p,
+                                cudaStream_t stream, ms_error *err) {
+    MS_TRY(want_op(m, MS_KERNEL_OP_MISC, err));
+    if (p->t_in < 0 || p->c_in < 1 || p->k < 1 || p->stride < 1 || p->padding < 0 ||
+        p->x_stride < p->c_in || (int64_t)p->c_in * p->k > 0x7fffffff ||
+        (int64_t)p->t_in + 2 * (int64_t)p->padding < p->k ||
+        p->t_out != (p->t_in + 2 * p->padding - p->k) / p->stride + 1)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "%s: im2col of [%d, %d] (row stride %d), k %d, stride %d, padding %d to %d "
+                       "rows",
+                       m->uri, p->t_in, p->c_in, p->x_stride, p->k, p->stride, p->padding, p->t_out);
+    if (p->x == NULL || p->col == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: im2col needs x and col", m->uri);
+    ms_im2col_params copy = *p;
+    return launch(m, f32_cols ? MS_CUDA_MISC_IM2COL_F32 : MS_CUDA_MISC_IM2COL,
+                  misc_blocks((int64_t)p->t_out * p->c_in * p->k), 1, 1, MS_MISC_THREADS, &copy,
+                  stream, err);
+}
+
+ms_status ms_cuda_bias_add_launch(const ms_cuda_module *m, bool f32_bias, const ms_misc_params *p,
+                                  cudaStream_t stream, ms_error *err) {
+    MS_TRY(want_op(m, MS_KERNEL_OP_MISC, err));
+    if (p->n_rows < 0 || p->n_cols < 0 || p->a_stride < p->n_cols || p->out_stride < p->n_cols ||
+        p->a == NULL || p->b == NULL || p->out == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: bias_add of %d x %d with strides %d/%d", m->uri,
+                       p->n_rows, p->n_cols, p->a_stride, p->out_stride);
+    ms_misc_params copy = *p;
+    return launch(m, f32_bias ? MS_CUDA_MISC_BIAS_ADD_F32 : MS_CUDA_MISC_BIAS_ADD,
+                  misc_blocks((int64_t)p->n_rows * p->n_cols), 1, 1, MS_MISC_THREADS, &copy,
+                  stream, err);
+}

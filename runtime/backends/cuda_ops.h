@@ -78,6 +78,39 @@ ms_status ms_cuda_sample_launch(const ms_cuda_module *m, const ms_sample_params 
 ms_status ms_cuda_misc_launch(const ms_cuda_module *m, int which, const ms_misc_params *p,
                               cudaStream_t stream, ms_error *err);
 
+/* ---- encoder helpers of the misc module (templates/misc/encoder.cuh) ---- */
+
+/* Entries of the misc module, ORDER as ms_kernel_op_entry(MS_KERNEL_OP_MISC, i) in kernel.c. */
+typedef enum ms_cuda_misc_entry {
+    MS_CUDA_MISC_CONVERT = 0,
+    MS_CUDA_MISC_ADD,
+    MS_CUDA_MISC_GATHER_ROWS,
+    MS_CUDA_MISC_LAYER_NORM,     /* weights in the instance's dtype */
+    MS_CUDA_MISC_LAYER_NORM_F32, /* float weights */
+    MS_CUDA_MISC_GELU,
+    MS_CUDA_MISC_IM2COL,         /* columns in the instance's dtype (16-bit GEMM input) */
+    MS_CUDA_MISC_IM2COL_F32,     /* float columns */
+    MS_CUDA_MISC_BIAS_ADD,       /* bias in the instance's dtype */
+    MS_CUDA_MISC_BIAS_ADD_F32,   /* float bias */
+    MS_CUDA_MISC_ENTRY_COUNT
+} ms_cuda_misc_entry;
+
+/* LayerNorm: grid (n_rows), one CTA per row. f32_weights picks the float-weight entry. Checks
+ * dim >= 1, strides >= dim, eps >= 0, x / weight / out present. */
+ms_status ms_cuda_layer_norm_launch(const ms_cuda_module *m, bool f32_weights,
+                                    const ms_layer_norm_params *p, cudaStream_t stream,
+                                    ms_error *err);
+/* Exact GELU of p->a into p->out (n_rows x n_cols, strides a_stride / out_stride). */
+ms_status ms_cuda_gelu_launch(const ms_cuda_module *m, const ms_misc_params *p,
+                              cudaStream_t stream, ms_error *err);
+/* conv1d columns [t_out, c_in * k]; f32_cols picks float columns. Checks t_out against
+ * (t_in + 2 padding - k) / stride + 1 and that the column count fits in int. */
+ms_status ms_cuda_im2col_launch(const ms_cuda_module *m, bool f32_cols, const ms_im2col_params *p,
+                                cudaStream_t stream, ms_error *err);
+/* out[r, c] = a[r, c] + b[c] (b: [n_cols] bias; b_stride unused); f32_bias picks a float bias. */
+ms_status ms_cuda_bias_add_launch(const ms_cuda_module *m, bool f32_bias, const ms_misc_params *p,
+                                  cudaStream_t stream, ms_error *err);
+
 #ifdef __cplusplus
 }
 #endif

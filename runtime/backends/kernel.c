@@ -28,7 +28,9 @@ static const kernel_op_info op_info[MS_KERNEL_OP_COUNT] = {
     {"embed", "embed/embed.cuh", {"ms_embed", NULL}},
     {"argmax", "sample/sample.cuh", {"ms_argmax", NULL}},
     {"sample", "sample/sample.cuh", {"ms_sample", NULL}},
-    {"misc", "misc/elementwise.cuh", {"ms_convert", "ms_add", "ms_gather_rows"}},
+    {"misc", "misc/elementwise.cuh",
+     {"ms_convert", "ms_add", "ms_gather_rows", "ms_layer_norm", "ms_layer_norm_f32", "ms_gelu",
+      "ms_im2col", "ms_im2col_f32", "ms_bias_add", "ms_bias_add_f32"}},
     {"rmsnorm_heads", "norm/rmsnorm.cuh", {"ms_rmsnorm_heads", NULL}},
 };
 
@@ -393,7 +395,29 @@ static ms_status spec_body(const ms_kernel_spec *s, bool shape_macros, const cha
                  "    ms::add<cfg::TA>(p);\n}\n\n"
                  "extern \"C\" __global__ void __launch_bounds__(MS_MISC_THREADS)\n"
                  "ms_gather_rows(const ms_misc_params p) {\n"
-                 "    ms::gather_rows<cfg::TA>(p);\n}\n");
+                 "    ms::gather_rows<cfg::TA>(p);\n}\n\n"
+                 /* the encoder ops (misc/encoder.cuh): weights / GEMM inputs in T, or float */
+                 "extern \"C\" __global__ void __launch_bounds__(MS_MISC_THREADS)\n"
+                 "ms_layer_norm(const ms_layer_norm_params p) {\n"
+                 "    ms::layer_norm<cfg::TA, cfg::T>(p);\n}\n\n"
+                 "extern \"C\" __global__ void __launch_bounds__(MS_MISC_THREADS)\n"
+                 "ms_layer_norm_f32(const ms_layer_norm_params p) {\n"
+                 "    ms::layer_norm<cfg::TA, float>(p);\n}\n\n"
+                 "extern \"C\" __global__ void __launch_bounds__(MS_MISC_THREADS)\n"
+                 "ms_gelu(const ms_misc_params p) {\n"
+                 "    ms::gelu<cfg::TA>(p);\n}\n\n"
+                 "extern \"C\" __global__ void __launch_bounds__(MS_MISC_THREADS)\n"
+                 "ms_im2col(const ms_im2col_params p) {\n"
+                 "    ms::im2col<cfg::TA, cfg::T>(p);\n}\n\n"
+                 "extern \"C\" __global__ void __launch_bounds__(MS_MISC_THREADS)\n"
+                 "ms_im2col_f32(const ms_im2col_params p) {\n"
+                 "    ms::im2col<cfg::TA, float>(p);\n}\n\n"
+                 "extern \"C\" __global__ void __launch_bounds__(MS_MISC_THREADS)\n"
+                 "ms_bias_add(const ms_misc_params p) {\n"
+                 "    ms::bias_add<cfg::TA, cfg::T>(p);\n}\n\n"
+                 "extern \"C\" __global__ void __launch_bounds__(MS_MISC_THREADS)\n"
+                 "ms_bias_add_f32(const ms_misc_params p) {\n"
+                 "    ms::bias_add<cfg::TA, float>(p);\n}\n");
         break;
     default:
         break;

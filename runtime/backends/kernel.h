@@ -29,7 +29,7 @@ extern "C" {
 #endif
 
 #define MS_KERNEL_URI_MAX 128
-#define MS_KERNEL_MAX_ENTRIES 3
+#define MS_KERNEL_MAX_ENTRIES 10 /* misc: 3 helpers + 7 encoder entries */
 
 /* ORDER MS_KERNEL_OP: keep the op table in kernel.c in sync. */
 typedef enum ms_kernel_op {
@@ -41,7 +41,8 @@ typedef enum ms_kernel_op {
     MS_KERNEL_OP_EMBED,           /* embed/embed.cuh */
     MS_KERNEL_OP_ARGMAX,          /* sample/sample.cuh */
     MS_KERNEL_OP_SAMPLE,          /* sample/sample.cuh */
-    MS_KERNEL_OP_MISC,            /* misc/elementwise.cuh: convert act->dtype, add, gather_rows */
+    MS_KERNEL_OP_MISC,            /* misc/elementwise.cuh: convert act->dtype, add, gather_rows;
+                                     misc/encoder.cuh: layer_norm, gelu, im2col, bias_add */
     MS_KERNEL_OP_RMSNORM_HEADS,   /* norm/rmsnorm.cuh: per-head RMSNorm (Qwen3 q_norm / k_norm) */
     MS_KERNEL_OP_COUNT
 } ms_kernel_op;
@@ -210,8 +211,10 @@ ms_kernel_shape ms_kernel_op_shape(ms_kernel_op op);
 /* Template header of an op ("attn/decode.cuh"), NULL for an invalid op. */
 const char *ms_kernel_op_header(ms_kernel_op op);
 
-/* Name of entry `i` of an op's module (i = 0: main kernel; misc has convert, add, gather_rows),
- * NULL past the last. */
+/* Name of entry `i` of an op's module (i = 0: main kernel; misc has convert, add, gather_rows,
+ * then layer_norm, layer_norm_f32, gelu, im2col, im2col_f32, bias_add, bias_add_f32: the _f32
+ * entries take float weights / write float columns, the others the instance's dtype), NULL past
+ * the last. */
 const char *ms_kernel_op_entry(ms_kernel_op op, int i);
 /* Short op name used in URIs ("attn_decode", ...). */
 const char *ms_kernel_op_name(ms_kernel_op op);

@@ -199,12 +199,12 @@ typedef struct ms_sample_params {
                                   exp((l - max) / T) >= min_p (after top-k / top-p, sampler.h) */
 } ms_sample_params;
 
-/* ---- elementwise helpers (convert, add, gather_rows) ---- */
+/* ---- elementwise helpers (convert, add, gather_rows; encoder: gelu, bias_add) ---- */
 
 /* 2-D strided operands of n_rows x n_cols; strides in elements. */
 typedef struct ms_misc_params {
     const void *a;     /* [n_rows or more, n_cols] source (convert: TS; add, gather: T) */
-    const void *b;     /* add: [n_rows, n_cols] T */
+    const void *b;     /* add: [n_rows, n_cols] T; bias_add: [n_cols] bias (T or float) */
     void *out;         /* [n_rows, n_cols] (convert: TD; else T) */
     const int *rows;   /* gather_rows: [n_rows] source row or -1 */
     int n_rows;
@@ -213,5 +213,33 @@ typedef struct ms_misc_params {
     int b_stride;
     int out_stride;
 } ms_misc_params;
+
+/* ---- encoder helpers of the misc module (misc/encoder.cuh) ---- */
+
+/* LayerNorm over rows of dim elements; strides in elements. */
+typedef struct ms_layer_norm_params {
+    const void *x;      /* [n_rows, dim] TA, row stride x_stride */
+    const void *weight; /* [dim] TW (the instance's dtype, or float for the _f32 entry) */
+    const void *bias;   /* [dim] TW, or NULL */
+    void *out;          /* [n_rows, dim] TA, row stride out_stride (may alias x) */
+    int n_rows;
+    int dim;
+    int x_stride;
+    int out_stride;
+    float eps;
+} ms_layer_norm_params;
+
+/* Columns of a 1-D convolution (torch.nn.Conv1d, zero padding, dilation 1). */
+typedef struct ms_im2col_params {
+    const void *x; /* [t_in, c_in] TA, row stride x_stride (token-major) */
+    void *col;     /* [t_out, c_in * k] TD (the instance's dtype, or float for the _f32 entry), packed */
+    int t_in;
+    int c_in;
+    int k;         /* kernel width */
+    int stride;
+    int padding;   /* zeros on both sides */
+    int t_out;     /* (t_in + 2 padding - k) / stride + 1 */
+    int x_stride;
+} ms_im2col_params;
 
 #endif /* MS_KERNEL_PARAMS_H */

@@ -51,3 +51,6 @@ template <typename T> __device__ __forceinline__ void gather_rows(const ms_misc_
 }
 
 } // namespace ms
+
+// the encoder ops (LayerNorm, GELU, im2col, bias add) are entries of the same module
+#include "misc/encoder.cuh"

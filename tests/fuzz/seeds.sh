@@ -132,6 +132,35 @@ for t in "$@"; do
         # hand-written request bodies (tests/fuzz/serve_request/: body, NUL, flags byte)
         cp "$here"/serve_request/* "$d"/
         ;;
+    audio)
+        # small sound files: the first 0.25 s of speech0.wav (when the fixtures are there, else a
+        # tone) as 16-bit mono at 16 kHz, 8-bit at 8 kHz, 16-bit stereo at 44.1 kHz, float32 WAV,
+        # 24-bit WAV, Sun .au (big-endian), and a 2-sample file; written with Python's struct
+        python3 - "$d" "$fix/hf/whisper_base/speech0.wav" <<'PY'
+import math, os, struct, sys
+out, src = sys.argv[1], sys.argv[2]
+try:
+    raw = open(src, "rb").read()
+    i = raw.index(b"data") + 8
+    x = [v / 32768 for v in struct.unpack("<4000h", raw[i:i + 8000])]
+except (OSError, ValueError, struct.error):
+    x = [0.5 * math.sin(2 * math.pi * 440 * k / 16000) for k in range(4000)]
+def wav(name, rate, ch, fmt_tag, bits, frames):
+    data = b"".join(frames)
+    fmt = struct.pack("<HHIIHH", fmt_tag, ch, rate, rate * ch * bits // 8, ch * bits // 8, bits)
+    body = b"WAVE" + b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(data)) + data
+    open(os.path.join(out, name), "wb").write(b"RIFF" + struct.pack("<I", len(body)) + body)
+q16 = lambda v: struct.pack("<h", max(-32768, min(32767, int(v * 32767))))
+wav("pcm16_16k.wav", 16000, 1, 1, 16, [q16(v) for v in x])
+wav("pcm8_8k.wav", 8000, 1, 1, 8, [bytes([int(v * 127) + 128]) for v in x[::2]])
+wav("stereo_44k.wav", 44100, 2, 1, 16, [q16(v) + q16(-v) for v in x[:1500]])
+wav("float_16k.wav", 16000, 1, 3, 32, [struct.pack("<f", v) for v in x[:1000]])
+wav("pcm24_16k.wav", 16000, 1, 1, 24, [struct.pack("<i", int(v * 8388607))[:3] for v in x[:1000]])
+wav("two.wav", 16000, 1, 1, 16, [q16(0.5), q16(-0.5)])
+au = b"".join(struct.pack(">h", int(v * 32767)) for v in x[:1000])
+open(os.path.join(out, "pcm16.au"), "wb").write(struct.pack(">4sIIIII", b".snd", 24, len(au), 3, 22050, 1) + au)
+PY
+        ;;
     *)
         echo "seeds.sh: unknown target '$t'" >&2
         exit 2
