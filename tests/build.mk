@@ -84,6 +84,8 @@ $(BUILD)/gen/whisper_encoder/whisper_encoder_gen.c: tests/codegen/whisper_encode
 # Whisper end to end (models/whisper.mstar: encoder, cross-attention decoder) against
 # hf/whisper_tiny and hf/whisper_base (clip a0; MS_WHISPER_ALL=1 all three batched)
 TESTS += tests/test_whisper
+# the transcribe verb: WAV clips -> runtime/audio -> models/whisper.mstar -> the reference transcripts
+TEST_SCRIPTS += tests/transcribe.sh
 $(BUILD)/tests/test_whisper: $(BUILD)/obj/gen/whisper/whisper_gen.o
 $(BUILD)/gen/whisper/whisper_gen.c: models/whisper.mstar $(BUILD)/mstarc
 	$(call quiet,GEN,$@)

@@ -26,6 +26,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "cli_transcribe.h"
 #include "engine.h"
 #include "gguf_tokenizer.h"
 #include "hf_config.h"
@@ -396,10 +397,12 @@ static void usage(FILE *to) {
             "           [--no-graphs]\n"
             "       %s generate --chat MESSAGE [--system TEXT] --model PATH [...] (one chat turn)\n"
             "       %s chat --model PATH [...]    (%s chat --help)\n"
+            "       %s transcribe --model PATH AUDIO... (%s transcribe --help)\n"
             "       %s serve --model PATH [...]   (%s serve --help)\n"
             "       %s bench --model PATH [...]   (%s bench --help)\n"
             "       %s kernels --model PATH [...] (%s kernels --help)\n",
-            g_prog, g_prog, g_prog, g_prog, g_prog, g_prog, g_prog, g_prog, g_prog, g_prog);
+            g_prog, g_prog, g_prog, g_prog, g_prog, g_prog, g_prog, g_prog, g_prog, g_prog, g_prog,
+            g_prog);
 }
 
 void ms_cli_print_graphs(const struct ms_engine *e, FILE *to) {
@@ -1344,12 +1347,14 @@ int ms_cli_main(int argc, char **argv, const ms_model_desc *desc) {
         return ms_cli_serve(argc - 2, argv + 2, desc, g_prog);
     if (strcmp(argv[1], "chat") == 0)
         return ms_cli_chat(argc - 2, argv + 2, desc, g_prog, false);
+    if (strcmp(argv[1], "transcribe") == 0)
+        return ms_cli_transcribe(argc - 2, argv + 2, desc, g_prog);
     if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         usage(stdout);
         return ms_cli_stdout_check(g_prog);
     }
     usage(stderr);
-    fprintf(stderr, "%s: unknown verb '%s' (this binary serves: generate, chat, serve, bench, kernels)\n",
+    fprintf(stderr, "%s: unknown verb '%s' (this binary serves: generate, chat, transcribe, serve, bench, kernels)\n",
             g_prog, argv[1]);
     return 2;
 }

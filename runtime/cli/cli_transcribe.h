@@ -13,18 +13,26 @@
 /*
  * argv holds the flags after "transcribe"; `prog` names the binary in messages:
  *     --model DIR                the checkpoint folder (config.json, model.safetensors,
- *                                tokenizer.json for the text)
+ *                                tokenizer.json for the text, preprocessor_config.json for the
+ *                                features: defaults when absent)
+ *     AUDIO...                   sound files (anything libsndfile reads: WAV, FLAC, Ogg, ...),
+ *                                downmixed and resampled to the model's rate (runtime/audio),
+ *                                cut into consecutive 30 s windows, each's log-mel features
+ *                                (WhisperFeatureExtractor); every window of every file is one batch
  *     --features FILE:NAME       a [C, L] (or [1, C, L]) float tensor NAME of the safetensors
  *                                FILE: one window's log-mel features (transformers'
  *                                input_features); repeatable, every window in one batch
  *     --prompt IDS               the decoder prompt ids (default 50258,50259,50359,50363:
  *                                <|startoftranscript|><|en|><|transcribe|><|notimestamps|>)
+ *     --language CODE, --task transcribe|translate
+ *                                the prompt spelled from the tokenizer instead:
+ *                                <|startoftranscript|><|CODE|><|TASK|><|notimestamps|>
  *     --max-new-tokens N         ids per window at most (default 64)
  *     --device auto|cpu|cuda, --threads N
  *     --ids                      also print each window's ids
- * Prints one line per window, in order: the transcript (tokenizer.json's decode, special tokens
- * skipped; the ids when the folder has no tokenizer.json). The lead's WAV front end (runtime/audio)
- * replaces --features by audio files. Returns the exit status: 0; 1 (a bad file, tensor or shape,
+ * Prints one line per input, in order (--features windows first, then the audio files; a file's
+ * windows joined): the transcript (tokenizer.json's decode, special tokens skipped; the ids when
+ * the folder has no tokenizer.json). Returns the exit status: 0; 1 (a bad file, tensor or shape,
  * a load or run error: one line on stderr naming it); 2 (usage).
  */
 int ms_cli_transcribe(int argc, char **argv, const ms_model_desc *desc, const char *prog);
