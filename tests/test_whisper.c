@@ -13,6 +13,7 @@
  *   - the context is written once: the decode steps read it with zero spans; every KV page
  *     returns after remove; features of the wrong shape are refused naming them;
  *   - ms_engine_transcribe: three whisper_tiny windows in two waves, ids up to the eos id;
+ *   - a request joining while another decodes: both the reference ids, decoded as one batch;
  *   - the transcribe verb (cli_transcribe.c) over --features FILE:NAME: its output lines.
  */
 #include "ms_test.h"
@@ -185,6 +186,56 @@ static void test_whisper_transcribe(void **state) {
     ms_st_file_free(f);
 }
 
+/* Continuous batching across nodes: a second request joins while the first decodes (its
+ * encoder and prefill steps interleave with the first's decode steps); both give the reference
+ * ids, and their decode steps run as one batch once both decode. */
+static void test_whisper_join(void **state) {
+    (void)state;
+    ms_st_file *f = ms_test_ref_open("hf/whisper_tiny");
+    size_t nf, ns, ng;
+    float *feat = ms_test_ref_tensor(f, "input_features", false, &nf);
+    int32_t *start = ms_test_ref_tensor(f, "decoder_start_ids", true, &ns);
+    int32_t *greedy = ms_test_ref_tensor(f, "greedy_ids", true, &ng);
+    ms_engine *e = open_engine("hf/whisper_tiny", 6, 128);
+    const int32_t free0 = ms_engine_kv_pages_free(e);
+    ms_engine_request rq = {.prompt = start, .n_prompt = (int32_t)ns,
+                            .max_new_tokens = (int32_t)ng, .sampling = ms_sampling_greedy(),
+                            .ignore_eos = true, .features = feat, .n_feature_channels = 80,
+                            .n_feature_frames = 64};
+    ms_rid a, b;
+    ms_error err = {0};
+    assert_int_equal(ms_engine_add(e, &rq, &a, &err), MS_OK);
+    for (int i = 0; i < 4; i++) /* encode, prefill, two decode steps */
+        assert_int_equal(ms_engine_step(e, NULL, &err), MS_OK);
+    assert_int_equal(ms_engine_add(e, &rq, &b, &err), MS_OK);
+    int batched = 0, guard = 0;
+    while (ms_engine_n_active(e) > 0 && guard++ < 200) {
+        ms_engine_step_info info;
+        if (ms_engine_step(e, &info, &err) != MS_OK)
+            fail_msg("step: %s", err.msg);
+        batched += info.n_seqs == 2;
+    }
+    assert_true(batched > 0);
+    const ms_rid rids[2] = {a, b};
+    for (int k = 0; k < 2; k++) {
+        const int32_t *ids;
+        int32_t n;
+        assert_int_equal(ms_engine_output(e, rids[k], &ids, &n, NULL), MS_OK);
+        assert_int_equal(n, (int)ng);
+        for (int32_t j = 0; j < n; j++)
+            if (ids[j] != greedy[j])
+                fail_msg("request %d id %d: %d, reference %d", k, (int)j, (int)ids[j],
+                         (int)greedy[j]);
+        ms_engine_remove(e, rids[k]);
+    }
+    assert_int_equal(ms_engine_kv_pages_free(e), free0);
+    ms_engine_free(e);
+    ms_free(feat);
+    ms_free(start);
+    ms_free(greedy);
+    ms_st_file_free(f);
+}
+
 /* Run the transcribe verb with argv, its stdout into out[cap]; returns its exit status. */
 static int run_verb(int argc, char **argv, char *out, size_t cap) {
     char path[] = "/tmp/ms_whisper_cli_XXXXXX";
@@ -324,6 +375,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         ms_unit_test(test_whisper_tiny),
         ms_unit_test(test_whisper_transcribe),
+        ms_unit_test(test_whisper_join),
         ms_unit_test(test_whisper_cli),
         ms_unit_test(test_whisper_base),
     };
