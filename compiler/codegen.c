@@ -3543,11 +3543,21 @@ static int collect_kernels(gen *g, kvariant *ks, int n, int cap) {
         case O_LAYER_NORM:
         case O_GELU:
         case O_CONV1D:
+            /* entries of the misc module (templates/misc/encoder.cuh), listed below for every
+               model */
+            break;
         case O_CROSS_WRITE:
+            /* the context rows' K/V go into the pages like an unrotated KV write */
+            kadd(g, ks, &n, cap,
+                 ms_kernel_spec_rope_kv(dt, hd, ps, MS_KERNEL_ROPE_NONE, MS_KERNEL_ROPE_SCALING_NONE),
+                 NULL);
+            break;
         case O_CROSS_ATTN:
-            fail_at(g, NOLOC, "kernels: no CUDA template instance for %s yet (it runs on the CPU "
-                    "backend)", o->kind == O_GELU ? "gelu" : o->kind == O_CONV1D ? "conv1d"
-                                : o->kind == O_LAYER_NORM ? "layer_norm" : "cross-attention");
+            /* queries over the whole context, never causal, no window: one-token steps run the
+               decode kernel, longer ones the non-causal prefill kernel */
+            kadd(g, ks, &n, cap, ms_kernel_spec_attn_decode(dt, hd, ps, grp, false), NULL);
+            kadd(g, ks, &n, cap, ms_kernel_spec_attn_prefill(dt, hd, ps, grp, false, false), NULL);
+            break;
         default:
             break;
         }

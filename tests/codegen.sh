@@ -388,14 +388,18 @@ refused shaped_input 's/forward(tokens) -> logits {/forward(tokens: [_, dim]) ->
 refused tanh 's/h = rms_norm(x, blk.norm2, eps);/h = tanh(rms_norm(x, blk.norm2, eps));/' \
     "cannot lower 'tanh\(rms_norm\(x, blk.norm2, eps\)\)' yet: mstarc build lowers the builtins embedding, rms_norm, head_rms_norm, layer_norm, linear, silu\(a\) \* b, gelu, conv1d and transpose \(of a shaped input\), not tanh"
 # models/whisper.mstar builds (encoder, cross-attention decoder: tests/test_whisper.c runs it);
-# its encoder ops have no CUDA instances yet, so it lists none (CPU backend only)
+# its kernel list holds the unrotated KV write of the context and the decode and non-causal
+# prefill attention instances cross-attention runs (the encoder ops are misc entries)
 if run "whisper build" 0 "$mstarc" build models/whisper.mstar -o "$tmp/whisper" --emit-only; then
-    if grep -q '^/\* none: the CUDA templates cannot express' "$tmp/whisper/whisper_gen.c" &&
+    if grep -q '"rope_kv_bf16_none_af32",' "$tmp/whisper/whisper_gen.c" &&
+        grep -q '"attn_decode_bf16_af32",' "$tmp/whisper/whisper_gen.c" &&
+        grep -q '"attn_prefill_bf16_af32",' "$tmp/whisper/whisper_gen.c" &&
+        grep -q '"misc_bf16_af32",' "$tmp/whisper/whisper_gen.c" &&
         grep -q 'MS_TRY(f->attention(cx, &t_tmp_heads3, a->kv, l, a->cross_batch, &a->cross_attn,' "$tmp/whisper/whisper_gen.c" &&
         grep -q 'if (A > 0) { /\* the step writes context rows \*/' "$tmp/whisper/whisper_gen.c"; then
         ok
     else
-        fail "whisper build: no cross-attention over a->cross_batch, no guarded context write, or kernels listed"
+        fail "whisper build: no cross-attention over a->cross_batch, no guarded context write, or a kernel instance missing"
     fi
 fi
 # a config parameter named like a C keyword or macro: refused with the way out (was a failing C

@@ -777,7 +777,16 @@ static const ms_md_node whisper_encoder_nodes[] = {
 
 /* ---- CUDA kernel instances ---- */
 
-/* none: the CUDA templates cannot express this model's kernels (CPU backend only) */
+/* The stems of the instances mstarc writes to kernels/<stem>.cu (shape at load). */
+static const char *const whisper_encoder_kernels[] = {
+    "embed_bf16_af32",
+    "rope_kv_bf16_none_af32",
+    "attn_decode_bf16_af32",
+    "attn_prefill_bf16_af32",
+    "misc_bf16_af32",
+    "argmax_f32",
+    "sample_f32",
+};
 
 /* ---- the descriptor ---- */
 
@@ -795,6 +804,8 @@ const ms_model_desc ms_whisper_encoder_desc = {
     .n_nodes = (int32_t)MS_ARRAY_LEN(whisper_encoder_nodes),
     .walks = whisper_encoder_walks,
     .n_walks = (int32_t)MS_ARRAY_LEN(whisper_encoder_walks),
+    .kernels = whisper_encoder_kernels,
+    .n_kernels = (int32_t)MS_ARRAY_LEN(whisper_encoder_kernels),
     .ignored = whisper_encoder_ignored,
     .n_ignored = (int32_t)MS_ARRAY_LEN(whisper_encoder_ignored),
 };
