@@ -34,6 +34,7 @@ if [ "${1:-}" = "--bundle" ]; then
     build/mstarc build models/llama.mstar -o "$dir/bin/llama" >/dev/null || exit 1
     build/mstarc build models/qwen3.mstar -o "$dir/bin/qwen3" >/dev/null || exit 1
     build/mstarc build models/qwen2vl.mstar -o "$dir/bin/qwen2vl" >/dev/null || exit 1
+    build/mstarc build models/whisper.mstar -o "$dir/bin/whisper" >/dev/null || exit 1
     # hf/qwen2vl_mrope's prompt and t/h/w ids as the CLI takes them (--prompt-ids, --position-ids)
     python3 - ../shared/fixtures/hf/qwen2vl_mrope/reference.safetensors "$dir" <<'PY' || exit 1
 import json, struct, sys
@@ -56,7 +57,7 @@ PY
     # the fixtures the GPU steps read (whisper_base's real weights would overflow the carry limit)
     mkdir -p "$dir/fixtures/hf"
     for fx in llama_gqa mistral_window llama31_rope llama31_rope_legacy qwen3 qwen2vl_mrope \
-        llama_cfg llama_dense; do
+        llama_cfg llama_dense whisper_tiny; do
         cp -r "../shared/fixtures/hf/$fx" "$dir/fixtures/hf/"
     done
     cp -r ../shared/fixtures/llama2c ../shared/fixtures/README.md "$dir/fixtures/"
@@ -209,6 +210,19 @@ if [ -n "${MS_GPU_BUNDLE:-}" ]; then
         [ -n "$g" ] && [ "$g" = "$c" ] && echo "1 passed, 0 failed" || echo "0 passed, 1 failed"
     } >"$OUT/qwen2vl.log" 2>&1
     summary+=("$(printf '%-14s %s' qwen2vl "$(tail -n 1 "$OUT/qwen2vl.log")")")
+    # Whisper (encoder node, cross-attention decoder) on the GPU: hf/whisper_tiny's reference
+    # input_features through `transcribe`, greedy ids on cuda against the bf16 CPU run's
+    wt=(transcribe --model "$b/fixtures/hf/whisper_tiny" --features
+        "$b/fixtures/hf/whisper_tiny/reference.safetensors:input_features" --prompt 3
+        --max-new-tokens 20)
+    {
+        g=$("$b/bin/whisper/whisper" "${wt[@]}" --device cuda 2>&1)
+        c=$("$b/bin/whisper/whisper" "${wt[@]}" --device cpu 2>&1)
+        echo "cuda: $g"
+        echo "cpu:  $c"
+        [ -n "$g" ] && [ "$g" = "$c" ] && echo "1 passed, 0 failed" || echo "0 passed, 1 failed"
+    } >"$OUT/whisper.log" 2>&1
+    summary+=("$(printf '%-14s %s' whisper "$(tail -n 1 "$OUT/whisper.log")")")
 else
     if ! pkg-config --exists cmocka jansson libmicrohttpd libpcre2-8; then
         echo "missing build dependencies (cmocka, jansson, libmicrohttpd, pcre2): run"
