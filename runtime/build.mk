@@ -36,7 +36,7 @@ $(BUILD)/mstar-mkckpt: $(BUILD)/obj/runtime/tools/mkckpt.o $(BUILD)/libmstar.a ;
 RUNTIME_CUDA_SRCS += runtime/backends/backend_cuda.c
 RUNTIME_SRCS += runtime/engine/model_desc.c
 RUNTIME_SRCS += runtime/engine/model_probe.c
-RUNTIME_SRCS += runtime/engine/gguf_tokenizer.c
+RUNTIME_SRCS += runtime/cli/gguf_tokenizer.c
 RUNTIME_SRCS += runtime/engine/engine.c
 RUNTIME_SRCS += runtime/engine/graph_exec.c
 RUNTIME_SRCS += runtime/cli/cli.c

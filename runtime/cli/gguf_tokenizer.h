@@ -1,8 +1,9 @@
 /*
  * gguf_tokenizer.h - the tokenizer a GGUF file carries in its metadata (tokenizer.ggml.*, the
  * keys llama.cpp's converter writes: gguf-py/gguf/constants.py Keys.Tokenizer), built with
- * ms_tok_hf_from_vocab. It lives in engine/ because it joins two layers that may not see each
- * other: loaders/gguf.h (the file) and tokenizers/tokenizer_hf.h (the tokenizer).
+ * ms_tok_hf_from_vocab. It lives in cli/, the layer that sees both of the layers it joins:
+ * loaders/gguf.h (the file) and tokenizers/tokenizer_hf.h (the tokenizer), which may not see
+ * each other; the verbs (generate, chat, serve) are its users.
  */
 #ifndef MS_GGUF_TOKENIZER_H
 #define MS_GGUF_TOKENIZER_H
