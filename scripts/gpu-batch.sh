@@ -29,7 +29,8 @@ if [ "${1:-}" = "--bundle" ]; then
     cp build/tests/test_gpu_kernels build/tests/test_backend_cuda build/tests/test_llama_cuda_fixture \
         build/tests/test_engine_features_cuda build/tests/bench_kernels build/mstarc build/mstar-mkckpt "$dir/bin/"
     # the encoder ops (LayerNorm, GELU, conv1d, bidirectional attention over 1500 keys) vs the CPU
-    make -j2 build/tests/test_encoder_ops_cuda && cp build/tests/test_encoder_ops_cuda "$dir/bin/" || exit 1
+    make -j2 build/tests/test_encoder_ops_cuda && cp build/tests/test_encoder_ops_cuda "$dir/bin/" &&
+        strip "$dir/bin/test_encoder_ops_cuda" || exit 1 # 1.8 -> 1.0 MB: the bundle is near the carry limit
     # the serving binaries (llama: gpu_generate.sh and bench-8b.sh; qwen3: per-head norm end to end)
     build/mstarc build models/llama.mstar -o "$dir/bin/llama" >/dev/null || exit 1
     build/mstarc build models/qwen3.mstar -o "$dir/bin/qwen3" >/dev/null || exit 1
@@ -71,6 +72,9 @@ PY
     mkdir -p "$dir/cache"
     ls -t build/kernel-cache-test/*.cubin | awk -F/ '{ f = $NF; sub(/-[0-9a-f]+\.cubin$/, "", f); if (!seen[f]++) print }' |
         xargs -r cp -t "$dir/cache"
+    # CUDA graphs against the padded eager path (test_graphs_cuda.c; runtime/engine/graph_exec.h)
+    make -j2 build/tests/test_graphs_cuda && cp build/tests/test_graphs_cuda "$dir/bin/" &&
+        strip "$dir/bin/test_graphs_cuda" || exit 1 # stripped: the bundle is near the carry limit
     du -sh "$dir"
     exit 0
 fi
@@ -113,6 +117,19 @@ if [ -n "${MS_GPU_BUNDLE:-}" ]; then
     step fixtures 90 "${tests[2]}"
     step features 120 "$b/bin/test_engine_features_cuda"
     step encoder 120 "$b/bin/test_encoder_ops_cuda"
+    step graphs 150 "$b/bin/test_graphs_cuda" # graphs vs padded eager, bitwise; capture time
+    # one prompt: bucket 1 is the batch itself, so generate with graphs == --no-graphs, bitwise
+    gg=(generate --model "$b/fixtures/hf/llama_gqa" --prompt-ids 1,79,64 --max-new-tokens 24
+        --temperature 0 --output ids --tokenizer none --ignore-eos --device cuda)
+    {
+        g=$("$b/bin/llama/llama" "${gg[@]}" 2>"$OUT/generate-graphs.err")
+        c=$("$b/bin/llama/llama" "${gg[@]}" --no-graphs 2>/dev/null)
+        cat "$OUT/generate-graphs.err"
+        echo "graphs:    $g"
+        echo "no-graphs: $c"
+        [ -n "$g" ] && [ "$g" = "$c" ] && echo "1 passed, 0 failed" || echo "0 passed, 1 failed"
+    } >"$OUT/generate-graphs.log" 2>&1
+    summary+=("$(printf '%-14s %s' gen-graphs "$(tail -n 1 "$OUT/generate-graphs.log")")")
     step generate 90 env MS_BUILD="$b/bin" BIN="$b/bin/llama/llama" bash tests/gpu_generate.sh
     # what mstarc --arch sm_90 --config hf/llama_gqa precompiled (here: the bundle) is all that
     # generate --device cuda loads: the cache must not grow (tests/kernels_gpu.sh without a compiler)
@@ -186,6 +203,7 @@ echo "== fixtures on the GPU"
 grep -E '^fixture' "$OUT/fixtures.log"
 [ -f "$OUT/encoder.log" ] && { echo "== encoder ops: CUDA vs CPU"; grep -E '^  [a-z]' "$OUT/encoder.log"; }
 [ -f "$OUT/features.log" ] && { echo "== model features through the engine on the GPU"; grep -E '^engine' "$OUT/features.log"; }
+[ -f "$OUT/graphs.log" ] && { echo "== CUDA graphs (test_graphs_cuda)"; grep -E '^graphs' "$OUT/graphs.log"; }
 [ -f "$OUT/generate.log" ] && { echo "== generated binary on the GPU"; grep -E '^(ok|FAIL)' "$OUT/generate.log"; }
 echo "== benchmark"
 cat "$OUT/bench.log"

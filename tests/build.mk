@@ -5,6 +5,8 @@ TESTS += tests/test_base
 ifeq ($(HAVE_CUDA),1)
 TESTS += tests/test_nvrtc
 TESTS += tests/test_device_cuda
+# NCCL loaded lazily (no GPU: library and argument checks; MS_NCCL_GPU=1: one rank on device 0)
+TESTS += tests/test_nccl
 TSAN_TESTS += tests/test_nvrtc
 GPU_TESTS += tests/test_gpu_kernels
 GPU_TESTS += tests/test_backend_cuda
@@ -14,6 +16,9 @@ GPU_TESTS += tests/test_engine_features_cuda
 # the encoder ops (Whisper) on the GPU against the CPU backend; MS_ENCODER_OPS_DEVICE=cpu: dry run
 GPU_TESTS += tests/test_encoder_ops_cuda
 $(BUILD)/tests/test_engine_features_cuda: $(BUILD)/obj/gen/llama/llama_gen.o $(BUILD)/obj/gen/qwen2vl/qwen2vl_gen.o $(BUILD)/obj/gen/dense/llama_dense_gen.o
+# CUDA graphs against the padded eager path, bitwise (graph_exec.h); MS_GRAPHS_DRY_RUN=1: on the CPU
+GPU_TESTS += tests/test_graphs_cuda
+$(BUILD)/tests/test_graphs_cuda: $(BUILD)/obj/gen/llama/llama_gen.o
 PROGRAMS += $(BUILD)/tests/bench_kernels
 endif
 TESTS += tests/test_backend_cpu
@@ -29,6 +34,9 @@ TESTS += tests/test_position_ids
 TESTS += tests/test_model_desc
 TESTS += tests/test_step_runner
 TESTS += tests/test_graph_plan
+# the captured path's host side (graph_exec.c) over models/llama.mstar on the CPU backend
+TESTS += tests/test_graph_exec
+$(BUILD)/tests/test_graph_exec: $(BUILD)/obj/gen/llama/llama_gen.o $(BUILD)/obj/gen/qwen2vl/qwen2vl_gen.o
 TSAN_TESTS += tests/test_graph_plan
 TESTS += tests/test_dsl
 TEST_SCRIPTS += tests/mstarc_cli.sh
@@ -39,6 +47,11 @@ TESTS += tests/test_cross_attn
 TESTS += tests/test_scratch
 TESTS += tests/test_kv_pool
 TESTS += tests/test_page_arena
+TESTS += tests/test_prefix_cache
+TSAN_TESTS += tests/test_prefix_cache
+TESTS += tests/test_kv_prefix
+TESTS += tests/test_tp_check
+TSAN_TESTS += tests/test_tp_check
 TESTS += tests/test_engine_llama
 # tests that run the engine over the descriptor mstarc generates from models/llama.mstar
 $(BUILD)/tests/test_engine_llama: $(BUILD)/obj/gen/llama/llama_gen.o
@@ -96,6 +109,11 @@ TESTS += tests/test_codegen
 TESTS += tests/test_engine_desc
 TESTS += tests/test_tokenizer_hf
 TSAN_TESTS += tests/test_tokenizer_hf
+# tokenizers from vocabulary arrays (GGUF) and SentencePiece (tests/tok/; tok_vocab.sh adds SmolLM2's GGUF)
+TESTS += tests/test_tok_vocab
+TEST_SCRIPTS += tests/tok_vocab.sh
+# the chat verb and generate --chat (a tokenizer.json with a chat template on a tiny checkpoint)
+TEST_SCRIPTS += tests/chat.sh
 ifeq ($(HAVE_CUDA),1)
 # the generated binary on the GPU: cuda against cpu on hf/llama_gqa, the llama2.c golden on cuda
 .PHONY: gpu-generate
@@ -114,7 +132,7 @@ TESTS += tests/test_cli
 # ---- libFuzzer targets: `make fuzz` builds build/fuzz/fuzz_<t> (tests/fuzz_<t>.c, clang,
 # ASan+UBSan) and runs each for FUZZ_SECONDS, FUZZ_JOBS at a time (tests/fuzz.sh; `make test` runs
 # them last). `make fuzz-<t>` runs one; FUZZ_TARGETS="a b" a few. fuzz_dsl's rule is in compiler/build.mk.
-FUZZ_TARGETS ?= dsl config tokenizer_hf safetensors llama2c chat_template
+FUZZ_TARGETS ?= dsl config tokenizer_hf safetensors llama2c chat_template tokenizer_vocab
 # the audio front end (runtime/audio): ms_audio_read_memory on a file image, then a 1 s log-mel
 FUZZ_TARGETS += audio
 FUZZ_AUDIO_OBJS := $(patsubst %.c,$(FUZZ_DIR)/obj/%.o,runtime/core/base.c runtime/audio/audio_read.c runtime/audio/whisper_mel.c)
@@ -127,9 +145,12 @@ FUZZ_RUNTIME_SRCS := runtime/core/base.c runtime/loaders/hf_config.c runtime/loa
                      runtime/loaders/safetensors.c runtime/loaders/checkpoint.c \
                      runtime/tokenizers/tokenizer_hf.c runtime/tokenizers/tokenizer_hf_nfc.c \
                      runtime/tokenizers/tokenizer_llama2c.c runtime/tokenizers/chat_template.c
+FUZZ_RUNTIME_SRCS += runtime/loaders/gguf.c runtime/loaders/gguf_quant.c runtime/loaders/gguf_model.c runtime/core/threadpool.c
+FUZZ_TARGETS += gguf
 FUZZ_OBJS := $(patsubst %.c,$(FUZZ_DIR)/obj/%.o,$(FUZZ_RUNTIME_SRCS))
 FUZZ_RUNTIME_BINS := $(FUZZ_DIR)/fuzz_config $(FUZZ_DIR)/fuzz_tokenizer_hf $(FUZZ_DIR)/fuzz_safetensors $(FUZZ_DIR)/fuzz_llama2c \
-                     $(FUZZ_DIR)/fuzz_chat_template
+                     $(FUZZ_DIR)/fuzz_chat_template $(FUZZ_DIR)/fuzz_tokenizer_vocab
+FUZZ_RUNTIME_BINS += $(FUZZ_DIR)/fuzz_gguf
 FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=address,undefined -fno-sanitize-recover=all $(RUNTIME_INC) $(PKG_CFLAGS)
 $(FUZZ_DIR)/obj/%.o: %.c
 	$(call quiet,CC,$@)
@@ -148,3 +169,15 @@ TESTS += tests/test_chat_template
 TESTS += tests/test_audio
 # its extractors run on four threads at once (the FFTW planner lock)
 TSAN_TESTS += tests/test_audio
+TESTS += tests/test_gguf
+# SmolLM2-135M-Instruct Q4_1 GGUF (scripts/fetch-model.sh; skips without network) through models/llama.mstar on the CPU
+TESTS += tests/test_gguf_smollm2
+TESTS += tests/test_gguf_tokenizer
+$(BUILD)/tests/test_gguf_smollm2: $(BUILD)/obj/gen/llama/llama_gen.o
+# test_gguf runs mstar-mkckpt --format gguf
+$(BUILD)/tests/test_gguf: | $(BUILD)/mstar-mkckpt
+TESTS += tests/test_gguf_fixtures
+# scripts/fetch-model.sh: one path on stdout, pinned sha256, exit 2 without a registry
+TEST_SCRIPTS += tests/gguf_fetch.sh
+# gguf_model.c converts tensors on a thread pool
+TSAN_TESTS += tests/test_gguf

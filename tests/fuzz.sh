@@ -29,6 +29,7 @@ opts() {
     tokenizer_hf) echo "-max_len=16384 -dict=$here/fuzz/tokenizer_hf.dict" ;;
     safetensors) echo "-max_len=4096 -dict=$here/fuzz/safetensors.dict" ;;
     llama2c) echo "-max_len=8192" ;;
+    gguf) echo "-max_len=32768" ;;
     chat_template) echo "-max_len=16384 -dict=$here/fuzz/chat_template.dict" ;;
     audio) echo "-max_len=16384" ;;
     *) echo "" ;;

@@ -148,6 +148,38 @@ static void test_dense_ops(void **state) {
     }
     compare("linear bf16 W, y column slice", &y, 64, n, out, 512, 1e-2);
     {
+        /* batch 1 and 2 (the decode shapes where cuBLAS picks split-K): in = 4104, out = 389,
+           x rows padded, y a column slice */
+        const int gin = 4104, gout = 389, gxs = gin + 4;
+        float *gx = rand_host((size_t)2 * gxs, 1.f), *gw = rand_host((size_t)gout * gin, 0.05f);
+        both bx = both_alloc((size_t)2 * gxs * 4, gx);
+        both bw = both_alloc((size_t)gout * gin * 2, NULL);
+        ms_tensor gsrc = ms_tensor_2d(gw, MS_DTYPE_F32, gout, gin);
+        ms_tensor gwd = t2(0, MS_DTYPE_BF16, gout, gin, gin);
+        ms_tensor gwc = on(&bw, 0, gwd), gwg = on(&bw, 1, gwd);
+        assert_int_equal(g_cpu.iface.tensor_load(g_cpu.ctx, &gwc, &gsrc, &err), MS_OK);
+        assert_int_equal(g_gpu.iface.tensor_load(g_gpu.ctx, &gwg, &gsrc, &err), MS_OK);
+        both by = both_alloc((size_t)2 * 400 * 4, NULL);
+        for (int rows = 1; rows <= 2; rows++) {
+            ms_tensor gxt = t2(0, MS_DTYPE_F32, rows, gin, gxs);
+            ms_tensor gyt = t2(8, MS_DTYPE_F32, rows, gout, 400);
+            for (int which = 0; which < 2; which++) {
+                ms_backend *be = which ? &g_gpu : &g_cpu;
+                ms_tensor a = on(&bx, which, gxt), ww = on(&bw, which, gwd);
+                ms_tensor yy = on(&by, which, gyt);
+                if (be->iface.linear(be->ctx, &a, &ww, NULL, &yy, &err) != MS_OK)
+                    fail_msg("linear, %d rows (%s): %s", rows, be->iface.name, err.msg);
+            }
+            compare(rows == 1 ? "linear bf16 W, 1 row" : "linear bf16 W, 2 rows",
+                    &by, 8, rows, gout, 400, 1e-2);
+        }
+        both_free(&bx);
+        both_free(&bw);
+        both_free(&by);
+        free(gx);
+        free(gw);
+    }
+    {
         /* a bf16 bias (a checkpoint's q/k/v biases loaded with the weights: Qwen2-VL) */
         float *hb = rand_host((size_t)out, 1.f);
         both b = both_alloc((size_t)out * 2, NULL);

@@ -18,6 +18,8 @@
 
 #define MAX_MODULES 96
 #define MAX_SPLITS MS_ATTN_DECODE_MAX_SPLITS
+#define CUBLAS_WORKSPACE_BYTES ((size_t)32 << 20)
+#define MAX_RETIRED 64
 
 typedef struct cuda_ctx {
     int device;
@@ -25,6 +27,8 @@ typedef struct cuda_ctx {
     int n_sms;
     cudaStream_t stream;
     cublasHandle_t cublas;
+    void *cublas_ws;   /* cuBLAS workspace (cublasSetWorkspace): GEMMs under graph capture
+                          allocate nothing */
     char *cache_dir;   /* NULL: default */
     ms_cuda_module *mods[MAX_MODULES];
     int n_mods;
@@ -36,6 +40,9 @@ typedef struct cuda_ctx {
     int64_t ones16_n;
     ms_dtype ones16_dt;
     bool capturing;
+    int n_graphs;      /* executable graphs alive (graph_capture_end .. graph_free) */
+    void *retired[MAX_RETIRED]; /* buffers ensure_device grew past while graphs were alive: a */
+    int n_retired;              /* recorded graph may read them; freed with the last graph */
     bool sealed;       /* kernels_load ran: the instance table is the model's, complete */
 } cuda_ctx;
 
@@ -106,6 +113,21 @@ static ms_status ensure_device(cuda_ctx *c, void **p, size_t *have, size_t need,
                        "eager warm-up step first)",
                        what, need);
     MS_CUDA_TRY(err, cudaStreamSynchronize(c->stream));
+    if (*p != NULL && c->n_graphs > 0) {
+        /* a graph recorded earlier reads the old buffer at its fixed address: keep it alive
+           until the last graph is freed, and grow to a power of two so that it happens rarely */
+        if (c->n_retired == MAX_RETIRED)
+            return MS_FAIL(err, MS_ERR_CAPACITY,
+                           "cuda backend: %s must grow to %zu bytes, but %d buffers were already "
+                           "grown past while graphs are alive",
+                           what, need, MAX_RETIRED);
+        size_t grown = 1;
+        while (grown < need && grown < ((size_t)1 << 62))
+            grown <<= 1;
+        need = grown;
+        c->retired[c->n_retired++] = *p;
+        *p = NULL;
+    }
     if (*p != NULL)
         MS_CUDA_TRY(err, cudaFree(*p));
     *p = NULL;
@@ -469,10 +491,16 @@ static ms_status cu_attn_batch_plan(void *ctx, ms_attn_batch *batch, const ms_pa
                                                        windowed);
         sp.act_dtype = MS_KERNEL_DTYPE_F32;
         MS_TRY(get_module(c, &sp, &m, err));
-        /* split the keys so that one wave of resident CTAs covers the batch */
-        ms_kernel_attn_decode_split(batch->n_seqs, kv->n_kv_heads, cb->max_pages,
+        /* split the keys so that one wave of resident CTAs covers the batch. The split count
+           depends on the batch's rows alone (the view length given is the batch's page
+           capacity, not the longest view), and each view sizes its own splits in the kernel
+           (decode.cuh): a captured graph replays with the count of its capture for any
+           lengths, and graph and eager launches of the same rows split alike (bitwise equal).
+           pages_per_split is the least pages a split covers. */
+        ms_kernel_attn_decode_split(batch->n_seqs, kv->n_kv_heads, batch->limits.max_pages,
                                   c->n_sms * MS_MAX(m->blocks_per_sm, 1), 4, MAX_SPLITS,
                                   &n_splits, &pages_per_split);
+        pages_per_split = 4;
         if (n_splits > 1) {
             size_t rows = (size_t)batch->n_seqs * (size_t)n_splits * (size_t)n_q_heads;
             size_t have = cb->part_floats * sizeof(float);
@@ -575,7 +603,8 @@ static ms_status cu_linear(void *ctx, const ms_tensor *x, const ms_tensor *w,
         return MS_FAIL(err, MS_ERR_UNSUPPORTED, "linear: dimensions beyond int32");
     if (n == 0 || outd == 0)
         return MS_OK;
-    MS_CUBLAS_TRY(err, cublasSetStream(c->cublas, c->stream));
+    /* the handle is bound to c->stream once (cuda_setup): cublasSetStream here would reset the
+       workspace set there to cuBLAS's own pool (cuBLAS docs, cublasSetStream) */
     const float one = 1.f, zero = 0.f;
     if (w->dtype == MS_DTYPE_F32) {
         MS_CUBLAS_TRY(err, cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)outd, (int)n,
@@ -1224,6 +1253,8 @@ static ms_status cu_sample(void *ctx, const ms_tensor *logits, const ms_sample_r
 
 static ms_status cu_graph_capture_begin(void *ctx, ms_error *err) {
     cuda_ctx *c = ctx;
+    if (c->capturing)
+        return MS_FAIL(err, MS_ERR_STATE, "graph_capture_begin: a capture is already running");
     MS_CUDA_TRY(err, cudaStreamBeginCapture(c->stream, cudaStreamCaptureModeThreadLocal));
     c->capturing = true;
     return MS_OK;
@@ -1242,6 +1273,7 @@ static ms_status cu_graph_capture_end(void *ctx, void **graph, ms_error *err) {
         return MS_FAIL(err, MS_ERR_CUDA, "graph_capture_end: instantiate: %s",
                        cudaGetErrorString(e));
     *graph = ex;
+    c->n_graphs++;
     return MS_OK;
 }
 
@@ -1251,10 +1283,22 @@ static ms_status cu_graph_launch(void *ctx, void *graph, ms_error *err) {
     return MS_OK;
 }
 
+/* Free every retired buffer (no graph reads them any more). */
+static void free_retired(cuda_ctx *c) {
+    if (c->n_retired > 0 && c->stream != NULL)
+        (void)cudaStreamSynchronize(c->stream); /* a launch of the last graph may still run */
+    for (int i = 0; i < c->n_retired; i++)
+        (void)cudaFree(c->retired[i]);
+    c->n_retired = 0;
+}
+
 static void cu_graph_free(void *ctx, void *graph) {
-    (void)ctx;
-    if (graph != NULL)
-        MS_CUDA_CHECK(cudaGraphExecDestroy((cudaGraphExec_t)graph));
+    cuda_ctx *c = ctx;
+    if (graph == NULL)
+        return;
+    MS_CUDA_CHECK(cudaGraphExecDestroy((cudaGraphExec_t)graph));
+    if (c->n_graphs > 0 && --c->n_graphs == 0)
+        free_retired(c);
 }
 
 /* ---- construction ---- */
@@ -1265,6 +1309,7 @@ static void cu_free(void *ctx) {
         return;
     if (c->stream != NULL)
         (void)cudaStreamSynchronize(c->stream);
+    free_retired(c);
     for (int i = 0; i < c->n_mods; i++)
         ms_cuda_module_free(c->mods[i]);
     if (c->scratch != NULL)
@@ -1275,6 +1320,8 @@ static void cu_free(void *ctx) {
         (void)cudaFree(c->ones16);
     if (c->cublas != NULL)
         (void)cublasDestroy(c->cublas);
+    if (c->cublas_ws != NULL)
+        (void)cudaFree(c->cublas_ws);
     if (c->stream != NULL)
         (void)cudaStreamDestroy(c->stream);
     ms_free(c->cache_dir);
@@ -1288,6 +1335,10 @@ static ms_status cuda_setup(cuda_ctx *c, const ms_backend_cuda_options *opt, ms_
     MS_CUDA_TRY(err, cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
     MS_CUBLAS_TRY(err, cublasCreate(&c->cublas));
     MS_CUBLAS_TRY(err, cublasSetStream(c->cublas, c->stream));
+    /* a fixed workspace of the size NVIDIA recommends for Hopper (cuBLAS docs, "cuBLAS
+       workspace": 32 MiB), set after the stream: GEMMs under graph capture allocate nothing */
+    MS_CUDA_TRY(err, cudaMalloc(&c->cublas_ws, CUBLAS_WORKSPACE_BYTES));
+    MS_CUBLAS_TRY(err, cublasSetWorkspace(c->cublas, c->cublas_ws, CUBLAS_WORKSPACE_BYTES));
     if (opt != NULL && opt->cache_dir != NULL) {
         c->cache_dir = ms_strdup(opt->cache_dir);
         if (c->cache_dir == NULL)

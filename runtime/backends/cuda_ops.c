@@ -213,8 +213,14 @@ ms_status ms_cuda_rope_kv_launch(const ms_cuda_module *m, const ms_rope_kv_param
                            "%s: M-RoPE sections sum to %d pairs, rotary_dim %d has %d", m->uri, sum,
                            rot, rot / 2);
     }
+    /* CTAs per token: enough for one pair slot (or v element) per thread, at most 64 */
+    const long long slots = (long long)(p->n_q_heads + p->n_kv_heads) * (hd / 2);
+    const long long vals = (long long)p->n_kv_heads * hd;
+    long long chunks = ((slots > vals ? slots : vals) + MS_ROPE_KV_THREADS - 1) / MS_ROPE_KV_THREADS;
+    chunks = chunks < 1 ? 1 : chunks > 64 ? 64 : chunks;
     ms_rope_kv_params copy = *p;
-    return launch(m, 0, (unsigned)p->n_tokens, 1, 1, MS_ROPE_KV_THREADS, &copy, stream, err);
+    return launch(m, 0, (unsigned)p->n_tokens, (unsigned)chunks, 1, MS_ROPE_KV_THREADS, &copy,
+                  stream, err);
 }
 
 ms_status ms_cuda_rmsnorm_launch(const ms_cuda_module *m, const ms_rmsnorm_params *p,

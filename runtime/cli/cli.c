@@ -27,6 +27,7 @@
 #include <time.h>
 
 #include "engine.h"
+#include "gguf_tokenizer.h"
 #include "hf_config.h"
 #include "model_probe.h"
 #include "position_ids.h"
@@ -235,6 +236,7 @@ typedef struct cli_opts {
     float guidance_scale;             /* 1 unless --guidance-scale */
     bool set_guidance;
     bool ignore_eos;
+    bool no_graphs;         /* --no-graphs: every step eager (engine.h graphs) */
     bool no_display_prompt; /* text output: the generated text only */
     bool verbose_prompt;    /* the prompts' ids on stderr */
     cli_output output;
@@ -391,10 +393,23 @@ static void usage(FILE *to) {
             "           [--guidance-scale S] [--position-ids FILE]\n"
             "           [--no-display-prompt] [--verbose-prompt] [--page-size N]\n"
             "           [--device auto|cpu|cuda] [--dtype auto|f32|bf16] [--threads N]\n"
+            "           [--no-graphs]\n"
+            "       %s generate --chat MESSAGE [--system TEXT] --model PATH [...] (one chat turn)\n"
+            "       %s chat --model PATH [...]    (%s chat --help)\n"
             "       %s serve --model PATH [...]   (%s serve --help)\n"
             "       %s bench --model PATH [...]   (%s bench --help)\n"
             "       %s kernels --model PATH [...] (%s kernels --help)\n",
-            g_prog, g_prog, g_prog, g_prog, g_prog, g_prog, g_prog);
+            g_prog, g_prog, g_prog, g_prog, g_prog, g_prog, g_prog, g_prog, g_prog, g_prog);
+}
+
+void ms_cli_print_graphs(const struct ms_engine *e, FILE *to) {
+    ms_graph_exec_stats st;
+    ms_engine_graph_stats(e, &st);
+    if (st.mode == MS_GRAPHS_OFF)
+        return;
+    fprintf(to, "graphs: %d of %d decode buckets captured in %.2f s%s%s\n", (int)st.n_captured,
+            (int)st.n_buckets, st.capture_s, st.n_failed > 0 ? "; first failure: " : "",
+            st.first_failure);
 }
 
 /* Returns 0 on success, -1 for --help, else the exit status (message printed). */
@@ -416,6 +431,10 @@ static int parse_generate(int argc, char **argv, cli_opts *o) {
         const char *a = argv[i];
         if (strcmp(a, "--ignore-eos") == 0) {
             o->ignore_eos = true;
+            continue;
+        }
+        if (strcmp(a, "--no-graphs") == 0) {
+            o->no_graphs = true;
             continue;
         }
         if (strcmp(a, "--no-display-prompt") == 0) {
@@ -618,11 +637,41 @@ static void tok_read_config(cli_tok *t) {
  * `model_dir` the checkpoint folder (NULL for a llama2.c file); then check it against the model's
  * vocabulary. No tokenizer leaves *t empty. Returns 0 or the exit status (message printed).
  */
-static int tok_init(cli_tok *t, const char *given, const char *model_dir, int32_t vocab) {
+static bool ends_with_gguf(const char *p) {
+    size_t n = p != NULL ? strlen(p) : 0;
+    return n >= 5 && strcmp(p + n - 5, ".gguf") == 0;
+}
+
+static int tok_init(cli_tok *t, const char *given, const char *model_dir, const char *model_path,
+                    int32_t vocab) {
     memset(t, 0, sizeof *t);
     struct stat st;
     if (given != NULL && strcmp(given, "none") == 0)
         return 0;
+    /* a GGUF's own tokenizer (tokenizer.ggml.*): --tokenizer FILE.gguf, or the model when it is
+       a .gguf and no --tokenizer is given */
+    const char *gguf = ends_with_gguf(given) ? given
+                       : given == NULL && model_dir == NULL && ends_with_gguf(model_path)
+                           ? model_path
+                           : NULL;
+    if (gguf != NULL) {
+        ms_error err = {0};
+        ms_status gs = ms_gguf_tokenizer_load(gguf, &t->hf, &err);
+        if (gs == MS_ERR_NOT_FOUND && given == NULL)
+            return 0; /* a GGUF without a tokenizer runs on token ids, like a folder without one */
+        if (gs != MS_OK)
+            return cli_fail("%s", err.msg);
+        t->path = ms_strdup(gguf);
+        t->add_bos = t->add_eos = -1; /* the vocabulary's add_bos_token / add_eos_token apply */
+        if (t->path == NULL)
+            return cli_fail("out of memory");
+        int32_t n = ms_tok_hf_vocab_size(t->hf);
+        if (n > vocab)
+            return cli_fail("%s: the tokenizer's ids go up to %d, beyond the model's vocabulary "
+                            "of %d ids: this tokenizer is not the model's",
+                            gguf, (int)n - 1, (int)vocab);
+        return 0;
+    }
     if (given != NULL) {
         if (stat(given, &st) != 0)
             return cli_fail("--tokenizer: %s: cannot open the tokenizer (%s)", given,
@@ -727,8 +776,9 @@ static int tok_encode(const cli_tok *t, const char *text, const char *where, int
 }
 
 /* The tokenizer for the other verbs (serve): cli.h. */
-int ms_cli_tok_init(ms_cli_tok *t, const char *given, const char *model_dir, int32_t vocab) {
-    return tok_init(t, given, model_dir, vocab);
+int ms_cli_tok_init(ms_cli_tok *t, const char *given, const char *model_dir,
+                    const char *model_path, int32_t vocab) {
+    return tok_init(t, given, model_dir, model_path, vocab);
 }
 
 int ms_cli_tok_encode(const ms_cli_tok *t, const char *text, const char *where, int32_t **ids,
@@ -993,6 +1043,16 @@ static double now_s(void) {
 /* ---- generate ---- */
 
 static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
+    /* generate --chat MESSAGE: one chat turn (cli_chat.c); a flag's value is not a flag */
+    for (int i = 0; i < argc; i++) {
+        if (strcmp(argv[i], "--chat") == 0)
+            return ms_cli_chat(argc, argv, desc, g_prog, true);
+        bool boolean = strcmp(argv[i], "--ignore-eos") == 0 ||
+                       strcmp(argv[i], "--no-display-prompt") == 0 ||
+                       strcmp(argv[i], "--verbose-prompt") == 0;
+        if (strncmp(argv[i], "--", 2) == 0 && !boolean)
+            i++;
+    }
     cli_opts o;
     int rc = parse_generate(argc, argv, &o);
     if (rc != 0)
@@ -1013,7 +1073,7 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
         rc = cli_fail("%s", err.msg);
         goto done;
     }
-    if ((rc = tok_init(&tok, o.tokenizer, model_dir, fa.vocab)) != 0)
+    if ((rc = tok_init(&tok, o.tokenizer, model_dir, o.model, fa.vocab)) != 0)
         goto done;
     /* the model's declared sampler settings are the defaults of the flags not given */
     if (!o.set_temperature)
@@ -1103,6 +1163,7 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
     eo.page_size = o.page_size;
     eo.n_threads = o.threads;
     eo.dtype = o.dtype;
+    eo.graphs = o.no_graphs ? MS_GRAPHS_OFF : MS_GRAPHS_AUTO;
     /* a guided pair takes two of max_seqs (two streams) and prefills both prompts in one step */
     const int32_t per_req = guided ? 2 : 1;
     eo.max_seqs = (int32_t)MS_MIN(ps.n, (size_t)64) * per_req;
@@ -1122,6 +1183,7 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
         rc = cli_fail("%s", err.msg);
         goto done;
     }
+    ms_cli_print_graphs(eng, stderr);
     const ms_md_facts *efa = ms_engine_facts(eng);
 
     rids = ms_calloc(ps.n, sizeof *rids);
@@ -1280,12 +1342,14 @@ int ms_cli_main(int argc, char **argv, const ms_model_desc *desc) {
         return ms_cli_kernels(argc - 2, argv + 2, desc, g_prog);
     if (strcmp(argv[1], "serve") == 0)
         return ms_cli_serve(argc - 2, argv + 2, desc, g_prog);
+    if (strcmp(argv[1], "chat") == 0)
+        return ms_cli_chat(argc - 2, argv + 2, desc, g_prog, false);
     if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         usage(stdout);
         return ms_cli_stdout_check(g_prog);
     }
     usage(stderr);
-    fprintf(stderr, "%s: unknown verb '%s' (this binary serves: generate, serve, bench, kernels)\n",
+    fprintf(stderr, "%s: unknown verb '%s' (this binary serves: generate, chat, serve, bench, kernels)\n",
             g_prog, argv[1]);
     return 2;
 }

@@ -53,6 +53,12 @@
 extern "C" {
 #endif
 
+/* The captured path's start-up line on `to` (cli.c): "graphs: N of M decode buckets captured in
+ * S s" (and the first capture failure), when the engine has graphs; nothing when it runs eager
+ * (--no-graphs, cpu). The verbs generate, bench and serve print it after loading. */
+struct ms_engine;
+void ms_cli_print_graphs(const struct ms_engine *e, FILE *to);
+
 /* Run the command line for `desc`; returns the process exit status. */
 int ms_cli_main(int argc, char **argv, const ms_model_desc *desc);
 
@@ -85,6 +91,16 @@ int ms_cli_kernels(int argc, char **argv, const ms_model_desc *desc, const char 
  */
 int ms_cli_serve(int argc, char **argv, const ms_model_desc *desc, const char *prog);
 
+/*
+ * The `chat` verb and `generate --chat MESSAGE` (cli_chat.c): argv holds the flags after the
+ * verb; from_generate: one turn (--chat required). A conversation through the tokenizer's chat
+ * template, the reply streamed to stdout and ended by an end-of-turn token (ms_tok_hf_is_eog);
+ * interactive: a line of stdin per message, Ctrl-C stops a reply, end of input leaves. Returns the
+ * exit status: 0, 1 (bad value, load error, a one-turn chat that failed: one line on stderr), 2
+ * (usage).
+ */
+int ms_cli_chat(int argc, char **argv, const ms_model_desc *desc, const char *prog, bool from_generate);
+
 /* ---- helpers of the verbs (exposed for tests) ---- */
 
 /* The tokenizer of a verb: at most one of l2c / hf (both NULL: none). */
@@ -97,10 +113,12 @@ typedef struct ms_cli_tok {
 } ms_cli_tok;
 
 /* Choose and load the tokenizer as generate does (the top of this file): `given` is --tokenizer's
- * value (NULL when absent, "none"), `model_dir` the checkpoint folder (NULL for a llama2.c file),
- * checked against `vocab`. No tokenizer leaves *t zeroed. Returns 0, or 1 after one line on
+ * value (NULL when absent, "none"; a .gguf: its tokenizer.ggml.* metadata), `model_dir` the
+ * checkpoint folder (NULL for a llama2.c or GGUF file), `model_path` the model as given (a .gguf
+ * model without --tokenizer uses its own tokenizer), checked against `vocab`. No tokenizer leaves *t zeroed. Returns 0, or 1 after one line on
  * stderr. Release with ms_cli_tok_free (also after a failure). */
-int ms_cli_tok_init(ms_cli_tok *t, const char *given, const char *model_dir, int32_t vocab);
+int ms_cli_tok_init(ms_cli_tok *t, const char *given, const char *model_dir,
+                    const char *model_path, int32_t vocab);
 /* Encode NUL-terminated text into a fresh ms_malloc'd *ids of *n ids (llama2.c: with BOS;
  * tokenizer.json: its special tokens and add_bos/add_eos); returns 0, or 1 after one line on
  * stderr naming `where`. The tokenizers are safe to use from several threads. */

@@ -68,6 +68,7 @@ typedef struct bench_opts {
     int32_t prompt_len, new_tokens, runs, warmup;
     int32_t page_size, threads, max_tokens; /* 0 = default */
     uint64_t seed;
+    bool no_graphs;                 /* --no-graphs: decode eager (engine.h graphs) */
 } bench_opts;
 
 static const char *b_prog = "mstar";
@@ -88,7 +89,8 @@ static void bench_usage(FILE *to) {
             "usage: %s bench --model PATH [--device auto|cpu|cuda] [--dtype auto|f32|bf16]\n"
             "           [--batch 1,8,32,128] [--prompt-len 512] [--new-tokens 128]\n"
             "           [--prefill 1x2048,8x512|none] [--runs 5] [--warmup 1] [--seed S]\n"
-            "           [--json FILE] [--page-size N] [--threads N] [--max-tokens N]\n",
+            "           [--json FILE] [--page-size N] [--threads N] [--max-tokens N]\n"
+            "           [--no-graphs]\n",
             b_prog);
 }
 
@@ -168,6 +170,10 @@ static int parse_bench(int argc, char **argv, bench_opts *o) {
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             bench_usage(stdout);
             return -1;
+        }
+        if (strcmp(a, "--no-graphs") == 0) {
+            o->no_graphs = true;
+            continue;
         }
         static const char *const with_value[] = {
             "--model", "--device", "--dtype", "--batch", "--prompt-len", "--new-tokens",
@@ -578,10 +584,12 @@ int ms_cli_bench(int argc, char **argv, const ms_model_desc *desc, const char *p
         return bench_fail("--prompt-len %d + --new-tokens %d is too long", (int)o.prompt_len,
                           (int)o.new_tokens);
     eo.max_seq_len = (int32_t)seq_len;
+    eo.graphs = o.no_graphs ? MS_GRAPHS_OFF : MS_GRAPHS_AUTO;
     if (ms_engine_init(&c.eng, desc, &eo, &c.err) != MS_OK) {
         rc = bench_fail("%s", c.err.msg);
         goto done;
     }
+    ms_cli_print_graphs(c.eng, stderr);
     const ms_md_facts *fa = ms_engine_facts(c.eng);
     c.vocab = fa->vocab;
     if (c.vocab < 2) {

@@ -140,6 +140,7 @@ struct srv_job {
 typedef struct srv_opts {
     const char *model, *tokenizer, *host, *api_key, *device, *dtype, *chat_template;
     int32_t port, max_seqs, max_tokens_per_step, page_size, threads, max_queue, kv_pages;
+    bool no_graphs; /* --no-graphs: every step eager (engine.h graphs) */
 } srv_opts;
 
 struct srv {
@@ -1322,7 +1323,7 @@ static void serve_usage(FILE *to, const char *prog) {
             "           [--api-key KEY] [--max-seqs N] [--max-tokens-per-step N]\n"
             "           [--max-queue N] [--kv-pages N] [--page-size N]\n"
             "           [--device auto|cpu|cuda] [--dtype auto|f32|bf16] [--threads N]\n"
-            "           [--chat-template FILE.jinja|tokenizer_config.json]\n"
+            "           [--chat-template FILE.jinja|tokenizer_config.json] [--no-graphs]\n"
             "  OpenAI-compatible HTTP server: POST /v1/completions, /v1/chat/completions (the\n"
             "  chat template: --chat-template, else the tokenizer's or the model folder's\n"
             "  tokenizer_config.json), GET /v1/models, /health, /metrics. --host defaults to\n"
@@ -1349,6 +1350,10 @@ static int parse_serve(int argc, char **argv, srv_opts *o, const char *prog) {
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             serve_usage(stdout, prog);
             return -1;
+        }
+        if (strcmp(a, "--no-graphs") == 0) {
+            o->no_graphs = true;
+            continue;
         }
         size_t which = MS_ARRAY_LEN(with_value);
         for (size_t k = 0; k < MS_ARRAY_LEN(with_value); k++)
@@ -1603,7 +1608,7 @@ int ms_cli_serve(int argc, char **argv, const ms_model_desc *desc, const char *p
         rc = 1;
         goto done;
     }
-    if ((rc = ms_cli_tok_init(&s.tok, s.o.tokenizer, dir, fa.vocab)) != 0)
+    if ((rc = ms_cli_tok_init(&s.tok, s.o.tokenizer, dir, s.o.model, fa.vocab)) != 0)
         goto done;
     s.has_tok = s.tok.l2c != NULL || s.tok.hf != NULL;
     s.chat_eos_id = -1;
@@ -1628,12 +1633,14 @@ int ms_cli_serve(int argc, char **argv, const ms_model_desc *desc, const char *p
     eo.max_seqs = s.o.max_seqs;
     eo.max_tokens = s.o.max_tokens_per_step;
     eo.kv_pages = s.o.kv_pages;
+    eo.graphs = s.o.no_graphs ? MS_GRAPHS_OFF : MS_GRAPHS_AUTO;
     double t0 = now_s();
     if (ms_engine_init(&s.eng, desc, &eo, &err) != MS_OK) {
         fprintf(stderr, "%s: %s\n", prog, err.msg);
         rc = 1;
         goto done;
     }
+    ms_cli_print_graphs(s.eng, stderr);
     s.fa = *ms_engine_facts(s.eng);
     s.kv_total = s.kv_free = ms_engine_kv_pages_free(s.eng);
     pthread_mutex_init(&s.mu, NULL);

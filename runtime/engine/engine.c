@@ -26,6 +26,7 @@
 #include "backend.h"
 #include "checkpoint.h"
 #include "device.h"
+#include "graph_exec.h"
 #ifdef MS_HAVE_CUDA
 #include "backend_cuda.h"
 #include "device_cuda.h"
@@ -169,6 +170,7 @@ struct ms_engine {
     ms_rid *rids;                 /* [max_seqs] */
     ms_md_step_build build;       /* the step declaration the generated runner fills */
     ms_sched sched;
+    ms_graph_exec *gx;            /* [graphs] the captured path (graph_exec.h), NULL: eager */
 
     /* requests */
     eng_req **reqs;               /* [n_reqs] every request not yet removed, in arrival order */
@@ -185,6 +187,7 @@ ms_engine_options ms_engine_options_default(void) {
     o.device = "cpu";
     o.max_seqs = 8;
     o.max_tokens = 2048;
+    o.graphs = MS_GRAPHS_OFF;
     return o;
 }
 
@@ -566,6 +569,13 @@ static ms_status eng_weights_init(ms_engine *e, ms_error *err) {
 
 /* ---- loading: KV, resources, step buffers ---- */
 
+/* [graphs] whether the engine makes the captured path (graph_exec.h modes). */
+static bool eng_graphs_wanted(const ms_engine *e) {
+    if (e->opt.graphs == MS_GRAPHS_PADDED)
+        return true;
+    return e->opt.graphs == MS_GRAPHS_AUTO && e->be.iface.graph_capture_begin != NULL;
+}
+
 /* The page arena and the KV pool over it (the engine's KV resource). */
 static ms_status eng_resources_init(ms_engine *e, ms_error *err) {
     const ms_md_facts *fa = &e->facts;
@@ -581,6 +591,9 @@ static ms_status eng_resources_init(ms_engine *e, ms_error *err) {
                            (int)e->max_seqs, (int)per_seq);
         pages = per_seq * e->max_seqs + 1;
     }
+    /* [graphs] the dummy rows' pages come on top of what real requests were promised */
+    if (eng_graphs_wanted(e))
+        pages += ms_graph_exec_dummy_pages(e->node, e->max_seqs);
     ms_page_arena_config ac = {
         .n_layers = fa->n_layers,
         .n_pages = pages,
@@ -801,6 +814,8 @@ static ms_status eng_buffers_init(ms_engine *e, ms_error *err) {
     return ms_md_step_build_init(&e->build, e->max_seqs, e->max_tokens, err);
 }
 
+static ms_status eng_graphs_init(ms_engine *e, ms_error *err); /* [graphs], end of file */
+
 ms_status ms_engine_init(ms_engine **out, const ms_model_desc *desc,
                          const ms_engine_options *opt, ms_error *err) {
     *out = NULL;
@@ -842,6 +857,8 @@ ms_status ms_engine_init(ms_engine **out, const ms_model_desc *desc,
         st = eng_kernels_init(e, err);
     if (st == MS_OK)
         st = eng_buffers_init(e, err);
+    if (st == MS_OK)
+        st = eng_graphs_init(e, err); /* [graphs] */
     if (st != MS_OK) {
         ms_engine_free(e);
         return st;
@@ -869,6 +886,7 @@ void ms_engine_free(ms_engine *e) {
         eng_req_free(e->reqs[i]);
     }
     ms_free(e->reqs);
+    ms_graph_exec_free(e->gx); /* [graphs] before the runner its dummy rows live in */
     ms_step_runner_free(e->runner);
     ms_kv_pool_free(e->pool);
     ms_page_arena_free(e->arena);
@@ -1192,6 +1210,11 @@ static ms_status eng_pack_tokens(ms_engine *e, int32_t k, ms_error *err) {
     for (int32_t i = 0; i < b->step.n_segments; i++) {
         const ms_segment *sg = &b->segments[i];
         eng_req *r = e->row_reqs[b->seg_row[i]];
+        if (r == NULL) { /* [graphs] a dummy padding row: token 0 */
+            memset(e->tokens_host + t, 0, (size_t)sg->span * sizeof(int32_t));
+            t += sg->span;
+            continue;
+        }
         if (ms_walk_in_loop(e->desc, r->walk)) {
             if (sg->span > 1 || (sg->span == 1 && r->n_out < 1))
                 return MS_FAIL(err, MS_ERR_UNSUPPORTED,
@@ -1217,7 +1240,7 @@ static ms_status eng_pack_tokens(ms_engine *e, int32_t k, ms_error *err) {
 /* Queue the forward of a planned step, mix guided rows, sample one id per segment into
  * e->ids_host (the logits land in e->logits_host). */
 static ms_status eng_forward_sample(ms_engine *e, const ms_md_step *sd, const ms_step_ctx *ctx,
-                                    bool sample, ms_error *err) {
+                                    const ms_graph_step *gs, bool sample, ms_error *err) {
     const ms_backend_i *f = &e->be.iface;
     void *cx = e->be.ctx;
     const ms_step *step = &e->build.step;
@@ -1260,7 +1283,8 @@ static ms_status eng_forward_sample(ms_engine *e, const ms_md_step *sd, const ms
         .out_rows = sd->all_logits ? &out_rows : NULL,
         .logits = &logits,
     };
-    MS_TRY(e->node->forward(&args, err));
+    /* [graphs] eager, captured or replayed (graph_exec.h) */
+    MS_TRY(ms_graph_exec_forward(e->gx, gs, ctx, e->node->forward, &args, err));
     MS_TRY(f->copy_to_host(cx, e->logits_host, e->logits_dev, (size_t)n * V * sizeof(float),
                            err));
     if (!sample)
@@ -1276,22 +1300,39 @@ static ms_status eng_forward_sample(ms_engine *e, const ms_md_step *sd, const ms
                                   (size_t)n * V * sizeof(float), err));
 
     const ms_sample_row *rows = ctx->plan_results[sidx];
-    ms_tensor ids = ms_tensor_1d(e->ids_dev, MS_DTYPE_I32, n);
-    MS_TRY(f->sample(cx, &logits, rows, e->sample_ws, e->sample_ws_bytes, &ids, err));
-    MS_TRY(f->copy_to_host(cx, e->ids_host, e->ids_dev, (size_t)n * sizeof(int32_t), err));
+    /* [graphs] padding rows (one segment each, after the real ones) sample nothing */
+    const int32_t n_s = gs->padded ? gs->n_real : n;
+    ms_tensor real_logits = ms_tensor_2d(e->logits_dev, MS_DTYPE_F32, n_s, e->facts.vocab);
+    ms_tensor ids = ms_tensor_1d(e->ids_dev, MS_DTYPE_I32, n_s);
+    MS_TRY(f->sample(cx, &real_logits, rows, e->sample_ws, e->sample_ws_bytes, &ids, err));
+    MS_TRY(f->copy_to_host(cx, e->ids_host, e->ids_dev, (size_t)n_s * sizeof(int32_t), err));
     return MS_OK;
 }
 
-/* Run the step declared in e->build over rows [0, n) (tokens packed): admit -> plan -> forward
- * (-> sampling when `sample`) -> commit. A failure after admit abandons the step. */
-static ms_status eng_run_built(ms_engine *e, const ms_md_step *sd, int32_t n, bool sample,
-                               ms_error *err) {
+/* Run the step declared in e->build over gs's rows (tokens packed; [graphs] real rows first,
+ * padding up to gs->n_rows): admit -> plan -> forward (-> sampling of the real rows when
+ * `sample`) -> commit. A failure after admit abandons the step. eng_run_built then resets the
+ * padding rows either way. */
+static ms_status eng_run_built_rows(ms_engine *e, const ms_md_step *sd, const ms_graph_step *gs,
+                                    bool sample, ms_error *err);
+
+static ms_status eng_run_built(ms_engine *e, const ms_md_step *sd, const ms_graph_step *gs,
+                               bool sample, ms_error *err) {
+    ms_status st = eng_run_built_rows(e, sd, gs, sample, err);
+    ms_graph_exec_done(e->gx, gs); /* [graphs] padding rows reset, pages kept */
+    return st;
+}
+
+static ms_status eng_run_built_rows(ms_engine *e, const ms_md_step *sd, const ms_graph_step *gs,
+                                    bool sample, ms_error *err) {
     ms_step *step = &e->build.step;
     ms_step_ctx ctx;
     memset(&ctx, 0, sizeof ctx);
     ctx.request_ids = e->rids;
-    ctx.n_rows = n;
-    ctx.n_real = n;
+    ctx.n_rows = gs->n_rows;
+    ctx.n_real = gs->n_real;
+    ctx.lease = gs->leased ? &gs->lease : NULL;
+    ctx.capture = gs->capture;
     ms_admit_outcome o = ms_step_runner_admit(e->runner, step, &ctx);
     if (o.code != MS_ADMIT_OK) {
         if (o.code == MS_ADMIT_PAGES_SHORT)
@@ -1302,7 +1343,7 @@ static ms_status eng_run_built(ms_engine *e, const ms_md_step *sd, int32_t n, bo
                        sd->name, ms_admit_code_str(o.code), (int)o.resource);
     }
     MS_TRY(ms_step_runner_plan(e->runner, step, &ctx, err));
-    ms_status st = eng_forward_sample(e, sd, &ctx, sample, err);
+    ms_status st = eng_forward_sample(e, sd, &ctx, gs, sample, err);
     if (st != MS_OK) {
         ms_step_runner_abandon(e->runner, step, &ctx);
         return st;
@@ -1356,7 +1397,8 @@ ms_status ms_engine_run_step(ms_engine *e, ms_rid rid, const char *step_name,
     memcpy(e->tokens_host, tokens, (size_t)n_tokens * sizeof(int32_t));
     for (size_t i = 0; i < e->n_reqs; i++)
         e->reqs[i]->row = -1;
-    MS_TRY(eng_run_built(e, sd, 1, false, err));
+    ms_graph_step gs = {.step = k, .n_real = 1, .n_rows = 1}; /* eager, unpadded */
+    MS_TRY(eng_run_built(e, sd, &gs, false, err));
     if (e->build.kv.commit)
         r->longest += n_tokens; /* the stream grew outside its walk */
     r->row = 0;
@@ -1394,14 +1436,21 @@ ms_status ms_engine_step(ms_engine *e, ms_engine_step_info *info, ms_error *err)
     int32_t n = eng_rows(e, k, &inf.n_prefill);
     if (n == 0)
         return MS_OK;
-    MS_TRY(sd->run(e->config, e->rows, n, &e->build, err));
+    /* [graphs] a batch a captured bucket covers is padded with dummy rows (graph_exec.h) */
+    ms_graph_step gs;
+    MS_TRY(ms_graph_exec_pad(e->gx, k, e->rows, e->rids, n, e->max_seqs, &gs, err));
+    for (int32_t j = n; j < gs.n_rows; j++)
+        e->row_reqs[j] = NULL;
+    MS_TRY(sd->run(e->config, e->rows, gs.n_rows, &e->build, err));
     MS_TRY(eng_pack_tokens(e, k, err));
-    MS_TRY(eng_run_built(e, sd, n, true, err));
+    MS_TRY(eng_run_built(e, sd, &gs, true, err));
 
     /* 6. each request's walk moves on: prompts consumed, ids appended, stops */
     const ms_md_step_build *b = &e->build;
     for (int32_t i = 0; i < b->step.n_segments; i++) {
         eng_req *r = e->row_reqs[b->seg_row[i]];
+        if (r == NULL)
+            continue; /* [graphs] padding */
         if (!ms_walk_in_loop(d, r->walk))
             r->consumed[b->segments[i].label] += b->segments[i].span;
         if (r->row < 0)
@@ -1433,8 +1482,58 @@ ms_status ms_engine_step(ms_engine *e, ms_engine_step_info *info, ms_error *err)
             eng_finish(e, r, MS_FINISH_LENGTH);  /* a walk without a loop ended */
     }
     inf.n_seqs = n;
-    inf.n_tokens = b->n_tokens;
+    inf.n_tokens = b->n_tokens - (gs.n_rows - gs.n_real); /* [graphs] one token per padding row */
     if (info != NULL)
         *info = inf;
     return MS_OK;
+}
+
+/* ---- [graphs] the captured path at start-up (graph_exec.h) ---- */
+
+/* One step over dummy rows only (ms_graph_exec_run_fn): warm-up or capture; samples nothing. */
+static ms_status eng_graph_run(void *user, const ms_graph_step *gs, ms_md_row *rows,
+                               ms_rid *rids, ms_error *err) {
+    ms_engine *e = user;
+    (void)rids; /* e->rids: the capture fills the engine's own row arrays */
+    const ms_md_step *sd = &e->node->steps[gs->step];
+    for (int32_t j = 0; j < gs->n_rows; j++)
+        e->row_reqs[j] = NULL;
+    MS_TRY(sd->run(e->config, rows, gs->n_rows, &e->build, err));
+    MS_TRY(eng_pack_tokens(e, gs->step, err));
+    return eng_run_built(e, sd, gs, false, err);
+}
+
+static ms_status eng_graphs_init(ms_engine *e, ms_error *err) {
+    if (e->opt.graphs < 0 || e->opt.graphs >= MS_GRAPH_MODE_COUNT)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "engine: graphs mode %d", (int)e->opt.graphs);
+    if (eng_graphs_wanted(e)) {
+        ms_graph_exec_config gc = {.mode = e->opt.graphs, .node = e->node, .be = &e->be,
+                                   .runner = e->runner, .max_rows = e->max_seqs,
+                                   .n_pages = e->kv_pages, .kv_resource = e->idx[MS_RESOURCE_KV]};
+        MS_TRY(ms_graph_exec_init(&e->gx, &gc, err));
+        MS_TRY(ms_graph_exec_capture(e->gx, eng_graph_run, e, e->rows, e->rids, e->max_seqs,
+                                     err));
+    }
+    /* the dummy rows hold their pages from their warm-up on */
+    e->pages_free_initial = ms_page_arena_num_free(e->arena);
+    return MS_OK;
+}
+
+void ms_engine_graph_stats(const ms_engine *e, ms_graph_exec_stats *st) {
+    ms_graph_exec_get_stats(e->gx, st);
+}
+
+const ms_graph_exec *ms_engine_graphs(const ms_engine *e) { return e != NULL ? e->gx : NULL; }
+
+size_t ms_engine_kv_bytes(const ms_engine *e) {
+    const ms_paged_kv *kv = &e->kv;
+    return (size_t)kv->n_layers * (size_t)kv->n_pages * 2 * (size_t)kv->page_size *
+           (size_t)kv->n_kv_heads * (size_t)kv->head_dim * ms_dtype_size(kv->dtype);
+}
+
+ms_status ms_engine_kv_copy(ms_engine *e, void *host, size_t bytes, ms_error *err) {
+    if (host == NULL || bytes != ms_engine_kv_bytes(e))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "kv copy: %zu bytes given, the arena has %zu",
+                       bytes, ms_engine_kv_bytes(e));
+    return e->be.iface.copy_to_host(e->be.ctx, host, e->kv.data, bytes, err);
 }

@@ -10,7 +10,10 @@
  * planned set of backend buffers (fused entries concatenated), builds the node's resources through
  * the step runner (KV pool over a page arena, positions, attention: the runner's plan plus backend
  * staging, sampler), and sizes every per-step buffer for the worst case: after the first step of
- * each kind (which creates the attention plan buffers), decode steps allocate nothing.
+ * each kind (which creates the attention plan buffers), decode steps allocate nothing. With
+ * options.graphs (graph_exec.h) the decode buckets the model declares are warmed up and captured
+ * as CUDA graphs at init, and a decode batch a bucket covers is padded with dummy rows and
+ * replayed.
  *
  * Each request walks the model's walk (model_desc.h ms_md_walk; a guided pair the walk over its
  * two streams). Each ms_engine_step the scheduler (walk.h) picks one step of the node and
@@ -41,6 +44,7 @@
 #ifndef MS_ENGINE_H
 #define MS_ENGINE_H
 
+#include "graph_exec.h"
 #include "model_desc.h"
 #include "ms_base.h"
 #include "sampler.h"
@@ -69,10 +73,17 @@ typedef struct ms_engine_options {
     const char *dtype;       /* storage of the weights and the KV cache: NULL or "auto" = the
                                 backend's (f32 on cpu, bf16 on cuda), "f32" (cpu only) or "bf16"
                                 (cpu: the numbers the cuda device computes with) */
+    ms_graph_mode graphs;    /* the captured path (graph_exec.h): MS_GRAPHS_AUTO captures every
+                                decode bucket of the model's `capture batch in [...]` up to
+                                max_seqs at init (CUDA; off on cpu) and replays batches they
+                                cover; MS_GRAPHS_OFF (the default here; the CLI's --no-graphs)
+                                runs every step eager; MS_GRAPHS_PADDED pads like a replay and
+                                runs eager (tests). With graphs the arena gets one extra KV page
+                                per dummy row. */
 } ms_engine_options;
 
 /* Defaults: device "cpu", page_size 0, max_seqs 8, max_tokens 2048, kv_pages 0, max_seq_len 0,
- * n_threads 0. */
+ * n_threads 0, graphs MS_GRAPHS_OFF. */
 ms_engine_options ms_engine_options_default(void);
 
 /* ---- engine ---- */
@@ -119,6 +130,22 @@ size_t ms_engine_weight_bytes(const ms_engine *e);
  */
 ms_status ms_engine_copy_bandwidth(ms_engine *e, size_t bytes, int32_t reps, double *gbps,
                                    ms_error *err);
+
+/* Counters of the captured path (capture time, buckets, replays; mode OFF when the engine has
+ * none): the CLI prints the capture time at start-up. */
+void ms_engine_graph_stats(const ms_engine *e, ms_graph_exec_stats *st);
+
+/* The engine's captured path (tests: its graph plan's static states), or NULL (eager; NULL e). */
+const ms_graph_exec *ms_engine_graphs(const ms_engine *e);
+
+/* Bytes of the KV page arena (every layer, K and V, the sink page included). */
+size_t ms_engine_kv_bytes(const ms_engine *e);
+
+/* Copy the whole KV page arena (ms_engine_kv_bytes bytes, layout of backend.h
+ * ms_paged_kv_offset) into host memory `host` after the queued work finished: tests compare the
+ * pages' bytes of two runs (padding rows never write a real request's pages).
+ * MS_ERR_INVALID_ARG when bytes is not the arena's size; the backend's copy errors. */
+ms_status ms_engine_kv_copy(ms_engine *e, void *host, size_t bytes, ms_error *err);
 
 /* ---- requests ---- */
 

@@ -9,7 +9,7 @@
 
 #define PROBE_MODEL_KINDS                                                                         \
     "expected a checkpoint folder (config.json + *.safetensors), a .safetensors file or "         \
-    "shard index .json inside one, or a llama2.c .bin file"
+    "shard index .json inside one, a llama2.c .bin file or a .gguf file"
 
 static bool ends_with(const char *s, const char *suffix) {
     size_t n = strlen(s), m = strlen(suffix);
@@ -57,8 +57,8 @@ static ms_status probe_path(ms_model_probe *p, const char *path, ms_error *err) 
     } else if (ends_with(path, ".safetensors") || ends_with(path, ".json")) {
         const char *slash = strrchr(path, '/');
         p->folder = slash == NULL ? ms_strdup(".") : ms_strndup(path, (size_t)(slash - path));
-    } else if (ends_with(path, ".bin")) {
-        p->llama2c = true;
+    } else if (ends_with(path, ".bin") || ends_with(path, ".gguf")) {
+        p->llama2c = true; /* the file describes itself: hf_config derives config.json from it */
         return MS_OK;
     } else {
         return MS_FAIL(err, MS_ERR_FORMAT, "%s: not a model: unknown file type (%s)", path,

@@ -7,6 +7,7 @@
  */
 #include "checkpoint.h"
 
+#include "gguf_model.h"
 #include "llama2c.h"
 
 #include <errno.h>
@@ -22,6 +23,7 @@ struct ms_ckpt {
     ms_st_file **files;            /* [n_files] open shards */
     size_t n_files;
     ms_llama2c *l2c;               /* a llama2.c .bin instead of safetensors (then n_files == 0) */
+    ms_gguf_model *gguf;           /* a .gguf instead of safetensors (then n_files == 0) */
     const ms_st_tensor **tensors;  /* [n_tensors] borrowed from files, sorted by name */
     size_t n_tensors;
 };
@@ -57,6 +59,7 @@ static bool ck_shard_name_ok(const char *name) {
 /* Collect every shard's tensors into ck->tensors, sorted. */
 static ms_status ck_build_index(ms_ckpt *ck, ms_error *err) {
     size_t n = ck->l2c ? ms_llama2c_n_tensors(ck->l2c) : 0;
+    n += ck->gguf ? ms_gguf_model_n_tensors(ck->gguf) : 0;
     for (size_t i = 0; i < ck->n_files; i++)
         n += ms_st_file_n_tensors(ck->files[i]);
     ck->tensors = ms_calloc(n ? n : 1, sizeof *ck->tensors);
@@ -68,6 +71,8 @@ static ms_status ck_build_index(ms_ckpt *ck, ms_error *err) {
     }
     for (size_t j = 0; ck->l2c != NULL && j < ms_llama2c_n_tensors(ck->l2c); j++)
         ck->tensors[ck->n_tensors++] = ms_llama2c_tensor_at(ck->l2c, j);
+    for (size_t j = 0; ck->gguf != NULL && j < ms_gguf_model_n_tensors(ck->gguf); j++)
+        ck->tensors[ck->n_tensors++] = ms_gguf_model_tensor_at(ck->gguf, j);
     qsort(ck->tensors, ck->n_tensors, sizeof *ck->tensors, ck_cmp_tensor_ptr);
     for (size_t i = 0; i < ck->n_tensors; i++) {
         const ms_st_tensor *t = ck->tensors[i];
@@ -258,6 +263,10 @@ ms_status ms_ckpt_init(ms_ckpt **out, const char *path, ms_error *err) {
     }
     if (index) {
         st = ck_open_index(ck, err);
+    } else if (ck_ends_with(ck->path, ".gguf")) {
+        st = ms_gguf_model_init(&ck->gguf, ck->path, err);
+        if (st == MS_OK)
+            st = ck_build_index(ck, err);
     } else if (ck_ends_with(ck->path, ".bin")) {
         st = ms_llama2c_init(&ck->l2c, ck->path, err);
         if (st == MS_OK)
@@ -281,6 +290,7 @@ void ms_ckpt_free(ms_ckpt *ck) {
         ms_st_file_free(ck->files[i]);
     ms_free(ck->files);
     ms_llama2c_free(ck->l2c);
+    ms_gguf_model_free(ck->gguf);
     ms_free(ck->tensors);
     ms_free(ck->path);
     ms_free(ck);
@@ -296,6 +306,10 @@ size_t ms_ckpt_n_files(const ms_ckpt *ck) {
 
 const ms_llama2c *ms_ckpt_get_llama2c(const ms_ckpt *ck) {
     return ck->l2c;
+}
+
+const ms_gguf *ms_ckpt_get_gguf(const ms_ckpt *ck) {
+    return ck->gguf ? ms_gguf_model_file(ck->gguf) : NULL;
 }
 
 size_t ms_ckpt_n_tensors(const ms_ckpt *ck) {

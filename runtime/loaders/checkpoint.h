@@ -6,6 +6,8 @@
  *     few GB ships), else model.safetensors;
  *   - a *.json file: a shard index {"weight_map": {tensor: shard file}} (shards relative to it);
  *   - a *.bin file: a llama2.c checkpoint, its weights under Hugging Face Llama names (llama2c.h);
+ *   - a *.gguf file: a GGUF model (llama, qwen2, qwen3), every tensor dequantized to float32 at
+ *     open under its Hugging Face name, Q/K un-permuted for llama (gguf_model.h);
  *   - any other file: a single safetensors file.
  * Every shard is fully validated (see safetensors.h) and may hold only float tensors (F32, BF16,
  * F16; an integer tensor is rejected by name); the index must be consistent with its shards:
@@ -32,6 +34,7 @@
 #define MS_CHECKPOINT_H
 
 #include "ms_base.h"
+#include "gguf.h"
 #include "llama2c.h"
 #include "safetensors.h"
 
@@ -53,10 +56,12 @@ void ms_ckpt_free(ms_ckpt *ck);
 
 /* The file that describes the checkpoint (index .json or the single .safetensors), borrowed. */
 const char *ms_ckpt_path(const ms_ckpt *ck);
-/* Number of safetensors shard files (1 for a single file, 0 for a llama2.c .bin). */
+/* Number of safetensors shard files (1 for a single file, 0 for a llama2.c .bin or a .gguf). */
 size_t ms_ckpt_n_files(const ms_ckpt *ck);
 /* The llama2.c checkpoint behind ck (borrowed), or NULL when ck is safetensors. */
 const ms_llama2c *ms_ckpt_get_llama2c(const ms_ckpt *ck);
+/* The GGUF file behind ck (borrowed: metadata for tokenizers), or NULL when ck is not a .gguf. */
+const ms_gguf *ms_ckpt_get_gguf(const ms_ckpt *ck);
 /* Number of tensors over all shards. */
 size_t ms_ckpt_n_tensors(const ms_ckpt *ck);
 /* Tensor i (0 <= i < n), in ascending strcmp order of names over all shards. */

@@ -8,6 +8,7 @@
  */
 #include "hf_config.h"
 
+#include "gguf_model.h"
 #include "llama2c.h"
 
 #include <errno.h>
@@ -63,6 +64,19 @@ static ms_status cfg_init_llama2c(ms_hf_config **out, const char *path, ms_error
     return st;
 }
 
+/* A .gguf: the config is derived from its metadata (gguf_model.h). */
+static ms_status cfg_init_gguf(ms_hf_config **out, const char *path, ms_error *err) {
+    ms_gguf *g = NULL;
+    MS_TRY(ms_gguf_init(&g, path, err));
+    char *text = NULL;
+    ms_status st = ms_gguf_model_config_json(g, &text, err);
+    ms_gguf_free(g);
+    if (st == MS_OK)
+        st = ms_hf_config_init_from_string(out, path, text, err);
+    ms_free(text);
+    return st;
+}
+
 /* Whether path[0 .. len) ends with `suffix`. */
 static bool cfg_ends_with(const char *path, size_t len, const char *suffix) {
     size_t n = strlen(suffix);
@@ -75,6 +89,8 @@ ms_status ms_hf_config_init(ms_hf_config **out, const char *path, ms_error *err)
     struct stat pst;
     if (plen > 4 && strcmp(path + plen - 4, ".bin") == 0 && stat(path, &pst) == 0 && S_ISREG(pst.st_mode))
         return cfg_init_llama2c(out, path, err);
+    if (plen > 5 && strcmp(path + plen - 5, ".gguf") == 0 && stat(path, &pst) == 0 && S_ISREG(pst.st_mode))
+        return cfg_init_gguf(out, path, err);
     ms_hf_config *cfg = ms_calloc(1, sizeof *cfg);
     if (cfg == NULL)
         return MS_FAIL(err, MS_ERR_OOM, "%s: out of memory", path);

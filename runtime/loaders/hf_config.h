@@ -47,7 +47,8 @@ typedef struct ms_hf_config ms_hf_config;
  * Load the config at `path`: a folder (reads <path>/config.json, and <path>/generation_config.json
  * when it exists), a config .json file (its sibling generation_config.json is read when present),
  * a weights file (*.safetensors, model.safetensors.index.json: the config.json beside it), or a
- * llama2.c checkpoint (*.bin): the config is derived from its header (ms_llama2c_config_json).
+ * llama2.c checkpoint (*.bin): the config is derived from its header (ms_llama2c_config_json), or a
+ * GGUF (*.gguf): the config is derived from its `<arch>.*` metadata (ms_gguf_model_config_json).
  * Errors: MS_ERR_NOT_FOUND / MS_ERR_IO (cannot read config.json), MS_ERR_PARSE (malformed JSON,
  * with line:column), MS_ERR_FORMAT (top level is not an object), MS_ERR_OOM.
  */

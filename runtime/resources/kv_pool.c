@@ -19,6 +19,10 @@
 #include <pthread.h>
 #include <string.h>
 
+/* XXH3 streaming state on the stack (ms_kv_pool_allocation_digest) */
+#define XXH_STATIC_LINKING_ONLY
+#include <xxhash.h>
+
 /* ---- data ---- */
 
 /* One (request, label) stream. */
@@ -1800,6 +1804,52 @@ uint64_t ms_kv_pool_last_active(ms_kv_pool *pool, ms_rid rid) {
     return t;
 }
 
+/* ---- prefix caching ---- */
+
+ms_status ms_kv_pool_adopt_prefix(ms_kv_pool *pool, ms_rid rid, ms_label label,
+                                  const int32_t *pages, int32_t n, ms_error *err) {
+    if (n < 0 || (n > 0 && pages == NULL))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "kv pool: request %llu: adopt of %d pages",
+                       (unsigned long long)rid, n);
+    pthread_mutex_lock(&pool->mu);
+    kv_request *r = req_live(pool, rid);
+    kv_stream *s = r != NULL ? stream_of(r, label) : NULL;
+    ms_status st = MS_OK;
+    if (r == NULL) {
+        st = MS_FAIL(err, MS_ERR_NOT_FOUND, "kv pool: request %llu is not ingested",
+                     (unsigned long long)rid);
+    } else if (s == NULL) {
+        st = MS_FAIL(err, MS_ERR_INVALID_ARG, "kv pool: request %llu: label %d out of range",
+                     (unsigned long long)rid, (int)label);
+    } else if ((s->exists && (s->stored > 0 || s->n_pages > 0)) || s->offloaded ||
+               s->read_pending || stream_in_flight(s) || request_offloaded(r)) {
+        st = MS_FAIL(err, MS_ERR_STATE,
+                     "kv pool: request %llu label %d: a prefix can only be adopted by an empty "
+                     "stream (it holds %d tokens in %d pages)",
+                     (unsigned long long)rid, (int)label, s->stored, s->n_pages);
+    } else if (n > 0) {
+        for (int32_t i = 0; i < n && st == MS_OK; i++)
+            if (pages[i] == MS_SINK_PAGE || ms_page_arena_owners(pool->cfg.arena, pages[i]) < 1)
+                st = MS_FAIL(err, MS_ERR_INVALID_ARG,
+                             "kv pool: request %llu: adopted page %d is free, the sink page or "
+                             "out of range",
+                             (unsigned long long)rid, pages[i]);
+        if (st == MS_OK && stream_reserve(pool, s, n, NULL) != MS_OK)
+            st = MS_FAIL(err, MS_ERR_OOM, "kv pool: out of host memory adopting %d pages", n);
+        if (st == MS_OK) {
+            memcpy(s->pages, pages, (size_t)n * sizeof(int32_t));
+            s->n_pages = n;
+            s->stored = n * pool->ps;
+            s->released = 0;
+            s->exists = true;
+            s->generation++;
+            r->last_active = ++pool->tick;
+        }
+    }
+    pthread_mutex_unlock(&pool->mu);
+    return st;
+}
+
 /* ---- inspection ---- */
 
 ms_status ms_kv_pool_stream_info(ms_kv_pool *pool, ms_rid rid, ms_label label,
@@ -1873,6 +1923,43 @@ void ms_kv_pool_count_pages(ms_kv_pool *pool, int32_t *dev_counts, int32_t *host
         }
     }
     pthread_mutex_unlock(&pool->mu);
+}
+
+ms_kv_pool_digest ms_kv_pool_allocation_digest(ms_kv_pool *pool) {
+    ms_kv_pool_digest d = {0};
+    pthread_mutex_lock(&pool->mu);
+    for (size_t i = 0; i < pool->n_slots; i++) {
+        kv_request *r = pool->table[i];
+        if (r == NULL || r->removing)
+            continue;
+        XXH3_state_t st;
+        XXH3_INITSTATE(&st);
+        XXH3_128bits_reset(&st);
+        uint64_t rid = (uint64_t)r->rid;
+        XXH3_128bits_update(&st, &rid, sizeof rid);
+        for (int l = 0; l < MS_MAX_LABELS; l++) {
+            const kv_stream *s = &r->streams[l];
+            if (!s->exists)
+                continue;
+            int32_t head[6] = {l, s->stored, s->released, s->n_pages, s->n_host_pages,
+                               s->offloaded ? 1 : 0};
+            XXH3_128bits_update(&st, head, sizeof head);
+            if (s->n_pages > 0)
+                XXH3_128bits_update(&st, s->pages, (size_t)s->n_pages * sizeof(int32_t));
+            if (s->n_host_pages > 0)
+                XXH3_128bits_update(&st, s->host_pages,
+                                    (size_t)s->n_host_pages * sizeof(int32_t));
+        }
+        XXH128_hash_t h = XXH3_128bits_digest(&st);
+        /* order-independent: the table's slot order depends on its growth history */
+        d.lo += h.low64;
+        d.hi += h.high64;
+        d.n_requests++;
+    }
+    pthread_mutex_unlock(&pool->mu);
+    d.n_free = ms_page_arena_num_free(pool->cfg.arena);
+    d.n_host_free = pool->cfg.host_arena != NULL ? ms_page_arena_num_free(pool->cfg.host_arena) : 0;
+    return d;
 }
 
 int64_t ms_kv_pool_admit_allocs(ms_kv_pool *pool) {

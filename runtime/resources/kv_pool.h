@@ -171,6 +171,18 @@ const ms_resource_i *ms_kv_pool_resource_i(void);
 ms_status ms_kv_pool_ingest(ms_kv_pool *pool, ms_rid rid, const ms_kv_request_config *overrides,
                             ms_error *err);
 
+/*
+ * Start an empty stream from shared pages (prefix caching, prefix_cache.h): the stream of
+ * (rid, label) takes over one owner of each of pages[0..n) (the owner ms_prefix_cache_lookup took
+ * for the caller) and holds n * page_size committed tokens, as if a prefill had computed them.
+ * The next step's segments start at token n * page_size. The pages are released with the
+ * stream like its own. Errors (nothing changes): MS_ERR_NOT_FOUND (not ingested), MS_ERR_STATE
+ * (the stream already holds tokens or pages, is offloaded, or has a step or transfer in flight),
+ * MS_ERR_INVALID_ARG (a free, sink or out-of-range page), MS_ERR_OOM.
+ */
+ms_status ms_kv_pool_adopt_prefix(ms_kv_pool *pool, ms_rid rid, ms_label label,
+                                  const int32_t *pages, int32_t n, ms_error *err);
+
 /* Free everything the request holds (device pages, host-tier pages, state); waits outside the
  * lock for a pending transfer or offload of it first. Unknown rid: no-op. */
 void ms_kv_pool_remove(ms_kv_pool *pool, ms_rid rid);
@@ -354,6 +366,21 @@ ms_page_arena *ms_kv_pool_arena(const ms_kv_pool *pool);
  * is free or owned exactly as counted.
  */
 void ms_kv_pool_count_pages(ms_kv_pool *pool, int32_t *dev_counts, int32_t *host_counts);
+
+/*
+ * A digest of the pool's page allocation: every live request's streams (label, stored, released,
+ * device and host page lists, offloaded flag) hashed with XXH3-128 per request and summed
+ * (independent of hash-table order), plus the free page counts. Tensor-parallel ranks that ran
+ * the same admissions hold equal digests; tp_check.h compares them across ranks (reference
+ * §7.6 post_warmup_validate, hazard H17).
+ */
+typedef struct ms_kv_pool_digest {
+    uint64_t lo, hi;      /* sum over requests of their XXH3-128 (low, high) */
+    int32_t n_requests;
+    int32_t n_free;       /* free device pages */
+    int32_t n_host_free;  /* free host-tier pages (0 without a host arena) */
+} ms_kv_pool_digest;
+ms_kv_pool_digest ms_kv_pool_allocation_digest(ms_kv_pool *pool);
 
 /* Host allocations made inside plan() since init (0 when every step was admitted first). */
 int64_t ms_kv_pool_plan_allocs(ms_kv_pool *pool);

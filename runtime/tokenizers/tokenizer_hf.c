@@ -82,6 +82,13 @@ typedef enum tok_split_behavior {
     TOK_SPLIT_CONTIGUOUS
 } tok_split_behavior;
 
+/* When a SentencePiece-style model prepends U+2581 to a piece of text (between added tokens). */
+typedef enum tok_prefix {
+    TOK_PREFIX_NEVER,
+    TOK_PREFIX_FIRST,   /* the piece at the start of the text only (Metaspace prepend_scheme "first") */
+    TOK_PREFIX_ALWAYS   /* every piece (add_dummy_prefix; Prepend normalizer; prepend_scheme "always") */
+} tok_prefix;
+
 /* One pre-tokenizer step: a Split, or the final ByteLevel. */
 typedef struct tok_pretok {
     bool byte_level;              /* ByteLevel (else Split) */
@@ -139,6 +146,16 @@ struct ms_tok_hf {
     bool cache_mu_ok;              /* cache_mu initialized */
     tok_cache_entry **cache;       /* [TOK_CACHE_SLOTS] */
     size_t n_cache;
+    /* SentencePiece-style models (GGUF "llama", tokenizer.json BPE with byte_fallback): */
+    bool spm;                      /* symbols are UTF-8 characters; ' ' is U+2581; byte fallback */
+    tok_prefix prefix;             /* when U+2581 is prepended to a piece of text */
+    bool prefix_if_missing;        /* ... only when the piece does not start with it already (Metaspace) */
+    bool metaspace_split;          /* Metaspace split: a new word starts at every U+2581 */
+    bool strip_space;              /* decode drops one leading space */
+    int32_t byte_tok[256];         /* id of <0xNN>, -1 when none */
+    int32_t unk_id;                /* -1 when none */
+    int32_t eot_id;                /* -1 when none */
+    bool bytes_may_miss;           /* vocabulary arrays: a byte without a token fails encode, not load */
 };
 
 /* ---- small helpers ---- */
@@ -542,8 +559,10 @@ static ms_status tok_load_model(ms_tok_hf *tok, const json_t *model, ms_error *e
         return MS_FAIL(err, MS_ERR_UNSUPPORTED, "%s: model.dropout is not supported", tok->path);
     bool byte_fallback = false;
     MS_TRY(tok_get_bool(tok, model, "byte_fallback", "model", false, &byte_fallback, err));
-    if (byte_fallback)
-        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "%s: model.byte_fallback is not supported", tok->path);
+    /* byte_fallback: the SentencePiece-style BPE of Llama 2 / Mistral tokenizer.json files (symbols are
+     * characters, a character without a token becomes <0xNN> tokens). Load requires all 256 byte
+     * tokens, so model.unk_token is never needed (the library would only use it for a missing one). */
+    tok->spm = byte_fallback;
     static const char *const affixes[] = {"continuing_subword_prefix", "end_of_word_suffix"};
     for (size_t i = 0; i < MS_ARRAY_LEN(affixes); i++) {
         const json_t *v = json_object_get(model, affixes[i]);
@@ -972,6 +991,44 @@ static ms_status tok_check_bytes(const ms_tok_hf *tok, ms_error *err) {
                    (int)tok->byte_utf8_len[first], tok->byte_utf8[first], more);
 }
 
+/*
+ * A SentencePiece-style model must be able to encode every character: each byte needs its <0xNN>
+ * token, or there must be an unk token to stand for it (llama.cpp / the library would otherwise
+ * fail or drop text).
+ */
+static ms_status tok_check_byte_tokens(const ms_tok_hf *tok, ms_error *err) {
+    if (tok->unk_id >= 0)
+        return MS_OK;
+    for (unsigned b = 0; b < 256; b++)
+        if (tok->byte_tok[b] < 0)
+            return MS_FAIL(err, MS_ERR_FORMAT, "%s: the vocabulary has no byte token <0x%02X> and no unknown token, "
+                           "so text holding a character without a token could not be encoded", tok->path, b);
+    return MS_OK;
+}
+
+/* Decoded bytes of SentencePiece-style token `id` (spelling s, len bytes) into out (at most len
+ * bytes): a byte token is its byte (the ByteFallback decoder), U+2581 is a space (Replace /
+ * Metaspace decoders, llama.cpp's llama_unescape_whitespace). Returns the length. */
+static size_t tok_spm_decode_token(const ms_tok_hf *tok, int32_t id, const char *s, size_t len, char *out) {
+    if (len == 6 && s[0] == '<' && s[1] == '0' && s[2] == 'x' && s[5] == '>') {
+        for (unsigned b = 0; b < 256; b++)
+            if (tok->byte_tok[b] == id) {
+                out[0] = (char)b;
+                return 1;
+            }
+    }
+    size_t o = 0;
+    for (size_t k = 0; k < len;) {
+        if (k + 3 <= len && memcmp(s + k, "\xE2\x96\x81", 3) == 0) {
+            out[o++] = ' ';
+            k += 3;
+        } else {
+            out[o++] = s[k++];
+        }
+    }
+    return o;
+}
+
 /* id -> spelling, special flags, decoded bytes, byte -> id. */
 static ms_status tok_build_tables(ms_tok_hf *tok, ms_error *err) {
     size_t n = (size_t)tok->n_ids;
@@ -1001,8 +1058,14 @@ static ms_status tok_build_tables(ms_tok_hf *tok, ms_error *err) {
         memcpy(tok->byte_utf8[b], u, len);
         tok->byte_utf8_len[b] = (uint8_t)len;
         tok->byte_id[b] = tok_vocab_get(tok, u, len);
+        char hex[8];
+        snprintf(hex, sizeof hex, "<0x%02X>", b);
+        tok->byte_tok[b] = tok->spm ? tok_vocab_get(tok, hex, 6) : -1;
     }
-    MS_TRY(tok_check_bytes(tok, err));
+    if (tok->spm)
+        MS_TRY(tok_check_byte_tokens(tok, err));
+    else if (!tok->bytes_may_miss)
+        MS_TRY(tok_check_bytes(tok, err));
     size_t total = 0;
     for (size_t i = 0; i < n; i++)
         total += tok->id_str[i] != NULL ? strlen(tok->id_str[i]) : 0;
@@ -1018,6 +1081,11 @@ static ms_status tok_build_tables(ms_tok_hf *tok, ms_error *err) {
             continue;
         size_t len = strlen(s);
         tok->dec_off[i] = (uint32_t)pos;
+        if (tok->spm) {
+            pos += tok_spm_decode_token(tok, (int32_t)i, s, len, tok->dec_blob + pos);
+            tok->dec_len[i] = (uint32_t)(pos - tok->dec_off[i]);
+            continue;
+        }
         /* ByteLevel decoder: each character back to its byte; a token holding a character outside
          * the byte alphabet is kept as its UTF-8 (the library's decode_chain). */
         size_t o = pos;
@@ -1111,14 +1179,145 @@ done:
     return st;
 }
 
+/* ---- loading: SentencePiece-style tokenizer.json (byte_fallback) ---- */
+
+static const char tok_meta[] = "\xE2\x96\x81";  /* U+2581, SentencePiece's space */
+
+/* A string field equal to `want`. */
+static bool tok_str_is(const json_t *obj, const char *key, const char *want) {
+    const char *v = json_string_value(json_object_get(obj, key));
+    return v != NULL && strcmp(v, want) == 0;
+}
+
+/* Replace of the string `from` by `to` ({"type": "Replace", "pattern": {"String": from}, "content": to}). */
+static bool tok_is_replace(const json_t *r, const char *from, const char *to) {
+    return tok_str_is(r, "type", "Replace") && tok_str_is(json_object_get(r, "pattern"), "String", from) &&
+           tok_str_is(r, "content", to);
+}
+
+/* Metaspace pre-tokenizer or decoder: replacement U+2581, prepend_scheme (or legacy add_prefix_space),
+ * split. */
+static ms_status tok_load_metaspace(ms_tok_hf *tok, const json_t *m, const char *what, tok_prefix *prefix,
+                                    bool *split, ms_error *err) {
+    if (!tok_str_is(m, "replacement", tok_meta))
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "%s: %s Metaspace: only replacement U+2581 is supported", tok->path,
+                       what);
+    const json_t *scheme = json_object_get(m, "prepend_scheme");
+    if (scheme != NULL && !json_is_null(scheme)) {
+        const char *sc = json_string_value(scheme);
+        if (sc != NULL && strcmp(sc, "first") == 0)
+            *prefix = TOK_PREFIX_FIRST;
+        else if (sc != NULL && strcmp(sc, "always") == 0)
+            *prefix = TOK_PREFIX_ALWAYS;
+        else if (sc != NULL && strcmp(sc, "never") == 0)
+            *prefix = TOK_PREFIX_NEVER;
+        else
+            return MS_FAIL(err, MS_ERR_FORMAT, "%s: %s Metaspace: prepend_scheme is not \"first\", \"always\" or "
+                           "\"never\"", tok->path, what);
+    } else {
+        bool add = true;
+        MS_TRY(tok_get_bool(tok, m, "add_prefix_space", what, true, &add, err));
+        *prefix = add ? TOK_PREFIX_ALWAYS : TOK_PREFIX_NEVER;
+    }
+    return tok_get_bool(tok, m, "split", what, true, split, err);
+}
+
+/*
+ * The parts of a byte_fallback tokenizer.json as Llama 2 / Mistral files have them:
+ *   normalizer null or a Sequence of Prepend(U+2581) and Replace(" " -> U+2581) (legacy files);
+ *   pre_tokenizer null or Metaspace (newer files; prepend_scheme, split);
+ *   decoder a Sequence of Replace(U+2581 -> " "), ByteFallback, Fuse, Strip(" ", start 0 or 1, stop 0),
+ *   or Metaspace (optionally in such a Sequence).
+ * Spaces must become U+2581 somewhere (Replace or Metaspace); anything else is refused, named.
+ */
+static ms_status tok_load_spm_parts(ms_tok_hf *tok, const json_t *root, ms_error *err) {
+    bool replaced = false;
+    const json_t *norm = json_object_get(root, "normalizer");
+    if (norm != NULL && !json_is_null(norm)) {
+        const json_t *list = json_object_get(norm, "normalizers");
+        size_t n = tok_str_is(norm, "type", "Sequence") ? json_array_size(list) : 1;
+        for (size_t i = 0; i < n; i++) {
+            const json_t *nm = tok_str_is(norm, "type", "Sequence") ? json_array_get(list, i) : norm;
+            if (tok_str_is(nm, "type", "Prepend") && tok_str_is(nm, "prepend", tok_meta) && !replaced) {
+                tok->prefix = TOK_PREFIX_ALWAYS;
+            } else if (tok_is_replace(nm, " ", tok_meta)) {
+                replaced = true;
+            } else {
+                const char *type = tok_type_of(nm);
+                return MS_FAIL(err, MS_ERR_UNSUPPORTED, "%s: normalizer \"%s\" with model.byte_fallback is not "
+                               "supported (only Prepend(U+2581) then Replace(\" \" -> U+2581))", tok->path,
+                               type != NULL ? type : "(no type)");
+            }
+        }
+    }
+    const json_t *pt = json_object_get(root, "pre_tokenizer");
+    if (pt != NULL && !json_is_null(pt)) {
+        if (!tok_str_is(pt, "type", "Metaspace") || replaced) {
+            const char *type = tok_type_of(pt);
+            return MS_FAIL(err, MS_ERR_UNSUPPORTED, "%s: pre_tokenizer \"%s\" with model.byte_fallback is not "
+                           "supported (only Metaspace, without a Replace normalizer)", tok->path,
+                           type != NULL ? type : "(no type)");
+        }
+        MS_TRY(tok_load_metaspace(tok, pt, "pre_tokenizer", &tok->prefix, &tok->metaspace_split, err));
+        tok->prefix_if_missing = true;
+        replaced = true;
+    }
+    if (!replaced)
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "%s: model.byte_fallback without a Metaspace pre_tokenizer or a "
+                       "Replace(\" \" -> U+2581) normalizer is not supported", tok->path);
+    const json_t *dec = json_object_get(root, "decoder");
+    const json_t *dlist = json_object_get(dec, "decoders");
+    bool seq = tok_str_is(dec, "type", "Sequence");
+    if (dec == NULL || json_is_null(dec) || (seq && !json_is_array(dlist)))
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "%s: model.byte_fallback needs a decoder (Metaspace or a Sequence "
+                       "with ByteFallback)", tok->path);
+    bool unescaped = false, byte_fb = false;
+    size_t n = seq ? json_array_size(dlist) : 1;
+    for (size_t i = 0; i < n; i++) {
+        const json_t *d = seq ? json_array_get(dlist, i) : dec;
+        const char *type = tok_type_of(d);
+        if (tok_is_replace(d, tok_meta, " ") && !unescaped) {
+            unescaped = true;
+        } else if (type != NULL && strcmp(type, "ByteFallback") == 0 && !byte_fb) {
+            byte_fb = true;
+        } else if (type != NULL && strcmp(type, "Fuse") == 0) {
+            continue;
+        } else if (type != NULL && strcmp(type, "Strip") == 0 && tok_str_is(d, "content", " ") &&
+                   json_is_integer(json_object_get(d, "start")) &&
+                   json_integer_value(json_object_get(d, "start")) <= 1 &&
+                   json_integer_value(json_object_get(d, "start")) >= 0 &&
+                   json_integer_value(json_object_get(d, "stop")) == 0 && i + 1 == n) {
+            tok->strip_space = json_integer_value(json_object_get(d, "start")) == 1;
+        } else if (type != NULL && strcmp(type, "Metaspace") == 0 && !unescaped) {
+            tok_prefix dp = TOK_PREFIX_NEVER;
+            bool dsplit = false;
+            MS_TRY(tok_load_metaspace(tok, d, "decoder", &dp, &dsplit, err));
+            tok->strip_space = dp != TOK_PREFIX_NEVER;
+            unescaped = true;
+        } else {
+            return MS_FAIL(err, MS_ERR_UNSUPPORTED, "%s: decoder \"%s\" with model.byte_fallback is not supported "
+                           "(only Replace(U+2581 -> \" \"), ByteFallback, Fuse, Strip(\" \", start <= 1, stop 0) "
+                           "last, Metaspace)", tok->path, type != NULL ? type : "(no type)");
+        }
+    }
+    if (!unescaped || !byte_fb)
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "%s: a byte_fallback decoder must turn U+2581 into spaces and bytes "
+                       "tokens into bytes (Replace or Metaspace, and ByteFallback)", tok->path);
+    return MS_OK;
+}
+
 /* ---- init / free ---- */
 
 static ms_status tok_load(ms_tok_hf *tok, const json_t *root, ms_error *err) {
     MS_TRY(tok_load_model(tok, json_object_get(root, "model"), err));
     MS_TRY(tok_load_added(tok, json_object_get(root, "added_tokens"), err));
-    MS_TRY(tok_load_normalizer(tok, json_object_get(root, "normalizer"), err));
-    MS_TRY(tok_load_pretok(tok, json_object_get(root, "pre_tokenizer"), err));
-    MS_TRY(tok_load_decoder(tok, json_object_get(root, "decoder"), err));
+    if (tok->spm) {
+        MS_TRY(tok_load_spm_parts(tok, root, err));
+    } else {
+        MS_TRY(tok_load_normalizer(tok, json_object_get(root, "normalizer"), err));
+        MS_TRY(tok_load_pretok(tok, json_object_get(root, "pre_tokenizer"), err));
+        MS_TRY(tok_load_decoder(tok, json_object_get(root, "decoder"), err));
+    }
     MS_TRY(tok_load_post(tok, json_object_get(root, "post_processor"), err));
     MS_TRY(tok_added_patterns(tok, err));
     MS_TRY(tok_build_set(tok, false, &tok->raw_set, err));
@@ -1132,7 +1331,7 @@ ms_status ms_tok_hf_init(ms_tok_hf **out, const char *path, ms_error *err) {
     ms_tok_hf *tok = ms_calloc(1, sizeof *tok);
     if (tok == NULL)
         return MS_FAIL(err, MS_ERR_OOM, "%s: out of memory", path);
-    tok->bos_id = tok->eos_id = -1;
+    tok->bos_id = tok->eos_id = tok->unk_id = tok->eot_id = -1;
     json_t *root = NULL;
     ms_status st = MS_OK;
     tok->path = ms_strdup(path);
@@ -1212,6 +1411,7 @@ void ms_tok_hf_free(ms_tok_hf *tok) {
 typedef struct tok_out {
     int32_t *ids;
     size_t n, cap;
+    const char *text0;  /* start of the text being encoded (Metaspace prepend_scheme "first") */
 } tok_out;
 
 static ms_status tok_push(const ms_tok_hf *tok, tok_out *o, int32_t id, ms_error *err) {
@@ -1281,16 +1481,48 @@ static ms_status tok_bpe_merge(const ms_tok_hf *tok, const char *word, size_t le
      * the byte-level character of a byte UTF-8 text can hold (tok_check_bytes), so the skip below
      * is only a guard. */
     size_t n = 0;
-    for (size_t i = 0; i < len; i++) {
-        int32_t id = tok->byte_id[(unsigned char)word[i]];
-        if (id < 0)
-            continue;
-        sid[n] = id;
-        prev[n] = (int64_t)n - 1;
-        next[n] = (int64_t)n + 1;
-        alive[n] = true;
-        n++;
+#define TOK_SYMBOL(id_)                  \
+    do {                                 \
+        sid[n] = (id_);                  \
+        prev[n] = (int64_t)n - 1;        \
+        next[n] = (int64_t)n + 1;        \
+        alive[n] = true;                 \
+        n++;                             \
+    } while (0)
+    if (!tok->spm) {
+        for (size_t i = 0; i < len; i++) {
+            int32_t id = tok->byte_id[(unsigned char)word[i]];
+            if (id < 0) {
+                /* Only vocabulary arrays get here (tokenizer.json loading refuses a vocabulary
+                 * lacking a byte): llama.cpp would drop the byte; losing text silently is worse. */
+                st = MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: cannot encode byte 0x%02X: the vocabulary has no token "
+                             "for it", tok->path, (unsigned char)word[i]);
+                goto done;
+            }
+            TOK_SYMBOL(id);
+        }
+    } else {
+        /* One symbol per UTF-8 character (encode checked the text); a character without a token
+         * becomes its bytes' <0xNN> tokens (BPE::merge_word with byte_fallback; llama.cpp's
+         * resegment), a byte without one unk_id (load refuses a model that has neither). */
+        for (size_t i = 0; i < len;) {
+            size_t cl = MS_MIN(tok_utf8_len((unsigned char)word[i]), len - i);
+            int32_t id = tok_vocab_get(tok, word + i, cl);
+            if (id >= 0) {
+                TOK_SYMBOL(id);
+            } else {
+                for (size_t k = 0; k < cl; k++) {
+                    int32_t bid = tok->byte_tok[(unsigned char)word[i + k]];
+                    if (bid < 0)
+                        bid = tok->unk_id;
+                    if (bid >= 0)
+                        TOK_SYMBOL(bid);
+                }
+            }
+            i += cl;
+        }
     }
+#undef TOK_SYMBOL
     if (n == 0)
         goto done;
     next[n - 1] = -1;
@@ -1393,7 +1625,11 @@ static ms_status tok_bpe_word(const ms_tok_hf *ctok, const char *word, size_t le
     ms_tok_hf *tok = (ms_tok_hf *)ctok;  /* only the mutex-guarded cache is written */
     if (len == 0)
         return MS_OK;
-    if (tok->ignore_merges) {
+    if (tok->ignore_merges && tok->spm) {
+        int32_t id = tok_vocab_get(tok, word, len);
+        if (id >= 0)
+            return tok_push(tok, o, id, err);
+    } else if (tok->ignore_merges) {
         char small[512];
         char *bl = 2 * len <= sizeof small ? small : ms_malloc(2 * len);
         if (bl == NULL)
@@ -1677,8 +1913,58 @@ done:
     return st;
 }
 
+/*
+ * SentencePiece-style text piece: optional U+2581 prefix, every ' ' replaced by U+2581 (llama.cpp's
+ * llama_escape_whitespace; the Prepend + Replace normalizers; Metaspace), then one word (or, with
+ * Metaspace split, one word per U+2581-led run) merged.
+ */
+static ms_status tok_spm_piece(const ms_tok_hf *tok, const char *s, size_t len, tok_out *o, ms_error *err) {
+    static const char meta[] = "\xE2\x96\x81";
+    bool prefix = tok->prefix == TOK_PREFIX_ALWAYS || (tok->prefix == TOK_PREFIX_FIRST && s == o->text0);
+    if (prefix && tok->prefix_if_missing && (s[0] == ' ' || (len >= 3 && memcmp(s, meta, 3) == 0)))
+        prefix = false;
+    size_t n_sp = 0;
+    for (size_t i = 0; i < len; i++)
+        n_sp += s[i] == ' ';
+    size_t cap = len + 2 * n_sp + (prefix ? 3 : 0);
+    char *buf = ms_malloc(cap + 1);
+    if (buf == NULL)
+        return MS_FAIL(err, MS_ERR_OOM, "%s: out of memory encoding", tok->path);
+    size_t n = 0;
+    if (prefix) {
+        memcpy(buf, meta, 3);
+        n = 3;
+    }
+    for (size_t i = 0; i < len; i++) {
+        if (s[i] == ' ') {
+            memcpy(buf + n, meta, 3);
+            n += 3;
+        } else {
+            buf[n++] = s[i];
+        }
+    }
+    ms_status st = MS_OK;
+    if (!tok->metaspace_split) {
+        st = tok_bpe_word(tok, buf, n, o, err);
+    } else {
+        size_t w = 0;  /* SplitDelimiterBehavior::MergedWithNext on U+2581 */
+        for (size_t i = 3; i + 3 <= n && st == MS_OK; i++)
+            if (memcmp(buf + i, meta, 3) == 0) {
+                st = tok_bpe_word(tok, buf + w, i - w, o, err);
+                w = i;
+                i += 2;
+            }
+        if (st == MS_OK)
+            st = tok_bpe_word(tok, buf + w, n - w, o, err);
+    }
+    ms_free(buf);
+    return st;
+}
+
 /* Text between normalized added tokens: pre-tokenize + BPE. */
 static ms_status tok_piece_pretok(const ms_tok_hf *tok, const char *s, size_t len, tok_out *o, ms_error *err) {
+    if (tok->spm)
+        return tok_spm_piece(tok, s, len, o, err);
     return tok_pretok_run(tok, 0, s, len, o, err);
 }
 
@@ -1710,6 +1996,7 @@ ms_status ms_tok_hf_encode(const ms_tok_hf *tok, const char *text, size_t len, b
         i += cl;
     }
     tok_out o = {0};
+    o.text0 = text;
     ms_status st = MS_OK;
     if (add_special)
         for (size_t i = 0; i < tok->n_tmpl_pre && st == MS_OK; i++)
@@ -1774,6 +2061,12 @@ ms_status ms_tok_hf_decode(const ms_tok_hf *tok, const int32_t *ids, size_t n, b
             memcpy(raw + p, tok->dec_blob + tok->dec_off[ids[i]], tok->dec_len[ids[i]]);
             p += tok->dec_len[ids[i]];
         }
+    if (tok->strip_space && raw_len > 0 && raw[0] == ' ') {
+        /* the Strip decoder after Fuse (Llama 2), Metaspace's first-token strip, llama.cpp's
+         * remove_space: the space of the dummy prefix */
+        memmove(raw, raw + 1, raw_len - 1);
+        raw_len--;
+    }
     size_t n_bad = 0;
     size_t out_len = tok_lossy(raw, raw_len, NULL, &n_bad);
     char *out = raw;
@@ -1835,3 +2128,363 @@ const char *ms_tok_hf_eos_token(const ms_tok_hf *tok) { return tok->eos_token; }
 int32_t ms_tok_hf_bos_id(const ms_tok_hf *tok) { return tok->bos_id; }
 int32_t ms_tok_hf_eos_id(const ms_tok_hf *tok) { return tok->eos_id; }
 const char *ms_tok_hf_chat_template(const ms_tok_hf *tok) { return tok->chat_template; }
+
+/* ---- end of generation ---- */
+
+/* End-of-turn spellings llama.cpp treats as end of generation (llama-vocab.cpp, special_eog_ids). */
+static const char *const tok_eog_names[] = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>",
+                                            "<|endoftext|>", "<|eom_id|>", "<EOT>", "<|end_of_text|>"};
+
+bool ms_tok_hf_is_eog(const ms_tok_hf *tok, int32_t id) {
+    if (id < 0 || id >= tok->n_ids)
+        return false;
+    if (id == tok->eos_id || id == tok->eot_id)
+        return true;
+    if (!tok->special[id] || tok->id_str[id] == NULL)
+        return false;
+    for (size_t i = 0; i < MS_ARRAY_LEN(tok_eog_names); i++)
+        if (strcmp(tok->id_str[id], tok_eog_names[i]) == 0)
+            return true;
+    return false;
+}
+
+/* ---- vocabulary arrays (GGUF tokenizer.ggml.*) ---- */
+
+/* GPT-2's regex without the final \s+ alternative, as llama.cpp writes it (the text it leaves is
+ * kept as a piece anyway). */
+#define TOK_RE_GPT2 "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)"
+#define TOK_RE_LLAMA3                                                                                              \
+    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}{1,3}| "           \
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+#define TOK_RE_QWEN2                                                                                               \
+    "(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| "               \
+    "?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+"
+
+/* tokenizer.ggml.pre -> the regexes of llama.cpp's llm_tokenizer_bpe constructor (src/llama-vocab.cpp,
+ * github.com/ggml-org/llama.cpp), applied in order, and whether llama.cpp sets ignore_merges. */
+typedef struct tok_pre_def {
+    const char *name;
+    bool ignore_merges;
+    const char *regex[4];  /* NULL-terminated when shorter */
+} tok_pre_def;
+
+static const tok_pre_def tok_pre_defs[] = {
+    {"default", false, {"[\\p{P}\\$\\+<=>\\^~\\|]+", TOK_RE_GPT2, "\\p{N}+", "[0-9][0-9][0-9]"}},
+    {"gpt2", false, {TOK_RE_GPT2, NULL, NULL, NULL}},
+    {"smollm", false, {"\\p{N}", TOK_RE_GPT2, NULL, NULL}},
+    {"llama-bpe", true, {TOK_RE_LLAMA3, NULL, NULL, NULL}},
+    {"llama3", true, {TOK_RE_LLAMA3, NULL, NULL, NULL}},
+    {"llama-v3", true, {TOK_RE_LLAMA3, NULL, NULL, NULL}},
+    {"qwen2", false, {TOK_RE_QWEN2, NULL, NULL, NULL}},
+};
+
+ms_tok_vocab ms_tok_vocab_default(void) {
+    ms_tok_vocab v;
+    memset(&v, 0, sizeof v);
+    v.bos_id = v.eos_id = v.eot_id = v.unk_id = v.pad_id = -1;
+    v.add_space_prefix = true;
+    return v;
+}
+
+/* Insert, a later duplicate spelling replacing the earlier (llama.cpp's token_to_id[text] = id). */
+static void tok_vocab_put_last(ms_tok_hf *tok, const char *s, size_t len, int32_t id) {
+    size_t mask = tok->vocab_cap - 1;
+    for (size_t i = tok_hash(s, len) & mask;; i = (i + 1) & mask) {
+        tok_str_slot *e = &tok->vocab[i];
+        if (e->s == NULL || (e->len == len && memcmp(e->s, s, len) == 0)) {
+            e->s = s;
+            e->len = (uint32_t)len;
+            e->id = id;
+            return;
+        }
+    }
+}
+
+static ms_status tok_check_vocab_id(const ms_tok_hf *tok, int32_t id, size_t n, const char *what, ms_error *err) {
+    if (id < -1 || (id >= 0 && (size_t)id >= n))
+        return MS_FAIL(err, MS_ERR_FORMAT, "%s: tokenizer.ggml.%s %d is not a token id (0 .. %zu)", tok->path, what,
+                       (int)id, n - 1);
+    return MS_OK;
+}
+
+static int tok_cmp_float_desc(const void *x, const void *y) {
+    float a = *(const float *)x, b = *(const float *)y;
+    return (a < b) - (a > b);
+}
+
+/*
+ * SentencePiece merges from scores: every split of a token into two tokens is a merge whose
+ * priority is the token's score, higher first (llama.cpp's llm_tokenizer_spm bigram queue; ties go
+ * to the leftmost pair, which the (rank, position) heap gives when equal scores share a rank).
+ */
+static ms_status tok_spm_merges(ms_tok_hf *tok, const ms_tok_vocab *v, const size_t *lens, ms_error *err) {
+    size_t n = v->n_tokens, n_pairs = 0;
+    for (size_t i = 0; i < n; i++)
+        n_pairs += lens[i];
+    float *uniq = ms_malloc(n * sizeof *uniq);
+    tok->merge_cap = tok_pow2_at_least(2 * n_pairs + 1);
+    tok->merges = ms_malloc(tok->merge_cap * sizeof *tok->merges);
+    if (uniq == NULL || tok->merges == NULL) {
+        ms_free(uniq);
+        return MS_FAIL(err, MS_ERR_OOM, "%s: out of memory for the merges of %zu tokens", tok->path, n);
+    }
+    memset(tok->merges, 0xFF, tok->merge_cap * sizeof *tok->merges);
+    memcpy(uniq, v->scores, n * sizeof *uniq);
+    qsort(uniq, n, sizeof *uniq, tok_cmp_float_desc);
+    size_t n_uniq = 0;
+    for (size_t i = 0; i < n; i++)
+        if (n_uniq == 0 || uniq[n_uniq - 1] != uniq[i])
+            uniq[n_uniq++] = uniq[i];
+    for (size_t i = 0; i < n; i++) {
+        const char *s = v->tokens[i];
+        size_t len = lens[i];
+        int32_t id = len > 0 ? tok_vocab_get(tok, s, len) : -1;
+        if (id < 0 || (size_t)id != i)
+            continue;  /* empty, or a duplicate spelling that a later id took */
+        float sc = v->scores[i];
+        size_t lo = 0, hi = n_uniq;  /* rank = position of sc in uniq (descending) */
+        while (lo < hi) {
+            size_t mid = lo + (hi - lo) / 2;
+            if (uniq[mid] > sc)
+                lo = mid + 1;
+            else
+                hi = mid;
+        }
+        for (size_t k = tok_utf8_len((unsigned char)s[0]); k < len; k += tok_utf8_len((unsigned char)s[k])) {
+            int32_t a = tok_vocab_get(tok, s, k);
+            int32_t b = a >= 0 ? tok_vocab_get(tok, s + k, len - k) : -1;
+            if (b >= 0)
+                tok_merge_put(tok, a, b, (int32_t)lo, id);
+        }
+    }
+    ms_free(uniq);
+    return MS_OK;
+}
+
+/* gpt2 merges: "a b", rank = index. */
+static ms_status tok_gpt2_merges(ms_tok_hf *tok, const ms_tok_vocab *v, ms_error *err) {
+    if (v->n_merges > INT32_MAX)
+        return MS_FAIL(err, MS_ERR_FORMAT, "%s: tokenizer.ggml.merges has %zu entries (at most %d)", tok->path,
+                       v->n_merges, INT32_MAX);
+    if (v->n_merges > 0 && v->merges == NULL)
+        return MS_FAIL(err, MS_ERR_FORMAT, "%s: tokenizer.ggml.merges: %zu entries but no array", tok->path,
+                       v->n_merges);
+    tok->merge_cap = tok_pow2_at_least(2 * v->n_merges + 1);
+    tok->merges = ms_malloc(tok->merge_cap * sizeof *tok->merges);
+    if (tok->merges == NULL)
+        return MS_FAIL(err, MS_ERR_OOM, "%s: out of memory for %zu merges", tok->path, v->n_merges);
+    memset(tok->merges, 0xFF, tok->merge_cap * sizeof *tok->merges);
+    char *cat = NULL;
+    size_t cat_cap = 0;
+    ms_status st = MS_OK;
+    for (size_t r = 0; r < v->n_merges && st == MS_OK; r++) {
+        const char *m = v->merges[r];
+        if (m == NULL) {
+            st = MS_FAIL(err, MS_ERR_FORMAT, "%s: tokenizer.ggml.merges[%zu] is missing", tok->path, r);
+            break;
+        }
+        size_t len = v->merge_lens != NULL ? v->merge_lens[r] : strlen(m);
+        const char *sp = len > 1 ? memchr(m + 1, ' ', len - 1) : NULL;  /* llama.cpp: find(' ', 1) */
+        if (sp == NULL || memchr(m, '\0', len) != NULL) {
+            st = MS_FAIL(err, MS_ERR_FORMAT, "%s: tokenizer.ggml.merges[%zu] \"%.*s\" is not two tokens separated "
+                         "by a space", tok->path, r, (int)MS_MIN(len, 60), m);
+            break;
+        }
+        size_t a_len = (size_t)(sp - m), b_len = len - a_len - 1;
+        int32_t ia = tok_vocab_get(tok, m, a_len);
+        int32_t ib = tok_vocab_get(tok, sp + 1, b_len);
+        if (ia < 0 || ib < 0) {
+            st = MS_FAIL(err, MS_ERR_FORMAT, "%s: tokenizer.ggml.merges[%zu] names token \"%.*s\", which is not in "
+                         "tokenizer.ggml.tokens", tok->path, r, (int)MS_MIN(ia < 0 ? a_len : b_len, 60),
+                         ia < 0 ? m : sp + 1);
+            break;
+        }
+        if (ms_grow((void **)&cat, &cat_cap, len, 1) != MS_OK) {
+            st = MS_FAIL(err, MS_ERR_OOM, "%s: out of memory", tok->path);
+            break;
+        }
+        memcpy(cat, m, a_len);
+        memcpy(cat + a_len, sp + 1, b_len);
+        int32_t inew = tok_vocab_get(tok, cat, a_len + b_len);
+        if (inew < 0) {
+            st = MS_FAIL(err, MS_ERR_FORMAT, "%s: tokenizer.ggml.merges[%zu] makes \"%.*s\", which is not in "
+                         "tokenizer.ggml.tokens", tok->path, r, (int)MS_MIN(a_len + b_len, 60), cat);
+            break;
+        }
+        tok_merge_put(tok, ia, ib, (int32_t)r, inew);
+    }
+    ms_free(cat);
+    return st;
+}
+
+/* gpt2 pre-tokenizer: llama.cpp's regexes as Isolated splits, then ByteLevel without prefix or regex. */
+static ms_status tok_gpt2_pretok(ms_tok_hf *tok, const char *pre, ms_error *err) {
+    const tok_pre_def *d = NULL;
+    for (size_t i = 0; i < MS_ARRAY_LEN(tok_pre_defs); i++)
+        if (strcmp(pre, tok_pre_defs[i].name) == 0)
+            d = &tok_pre_defs[i];
+    if (d == NULL)
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "%s: tokenizer.ggml.pre \"%.60s\" is not supported (only default, "
+                       "gpt2, smollm, llama-bpe, qwen2)", tok->path, pre);
+    size_t n_re = 0;
+    while (n_re < MS_ARRAY_LEN(d->regex) && d->regex[n_re] != NULL)
+        n_re++;
+    tok->pretok = ms_calloc(n_re + 1, sizeof *tok->pretok);
+    if (tok->pretok == NULL)
+        return MS_FAIL(err, MS_ERR_OOM, "%s: out of memory", tok->path);
+    for (size_t i = 0; i < n_re; i++) {
+        tok_pretok *p = &tok->pretok[tok->n_pretok++];
+        p->behavior = TOK_SPLIT_ISOLATED;
+        MS_TRY(tok_compile(tok, d->regex[i], PCRE2_ZERO_TERMINATED, false, "tokenizer.ggml.pre", &p->re, err));
+    }
+    tok->pretok[tok->n_pretok++].byte_level = true;
+    tok->ignore_merges = d->ignore_merges;
+    return MS_OK;
+}
+
+static ms_status tok_from_vocab(ms_tok_hf *tok, const ms_tok_vocab *v, size_t **lens_out, ms_error *err) {
+    bool gpt2 = v->model != NULL && strcmp(v->model, "gpt2") == 0;
+    bool llama = v->model != NULL && strcmp(v->model, "llama") == 0;
+    if (!gpt2 && !llama)
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "%s: tokenizer.ggml.model \"%.60s\" is not supported (only gpt2 and "
+                       "llama)", tok->path, v->model != NULL ? v->model : "(missing)");
+    size_t n = v->n_tokens;
+    if (n == 0 || n > TOK_MAX_ID || v->tokens == NULL)
+        return MS_FAIL(err, MS_ERR_FORMAT, "%s: tokenizer.ggml.tokens has %zu entries (expected 1 .. %d)", tok->path,
+                       n, TOK_MAX_ID);
+    if (llama && v->scores == NULL)
+        return MS_FAIL(err, MS_ERR_FORMAT, "%s: tokenizer.ggml.scores is missing (model llama merges by score)",
+                       tok->path);
+    MS_TRY(tok_check_vocab_id(tok, v->bos_id, n, "bos_token_id", err));
+    MS_TRY(tok_check_vocab_id(tok, v->eos_id, n, "eos_token_id", err));
+    MS_TRY(tok_check_vocab_id(tok, v->eot_id, n, "eot_token_id", err));
+    MS_TRY(tok_check_vocab_id(tok, v->unk_id, n, "unknown_token_id", err));
+    MS_TRY(tok_check_vocab_id(tok, v->pad_id, n, "padding_token_id", err));
+    if ((v->add_bos && v->bos_id < 0) || (v->add_eos && v->eos_id < 0)) {
+        const char *which = v->add_bos && v->bos_id < 0 ? "bos" : "eos";
+        return MS_FAIL(err, MS_ERR_FORMAT, "%s: tokenizer.ggml.add_%s_token is set but there is no %s_token_id",
+                       tok->path, which, which);
+    }
+    size_t *lens = ms_malloc(n * sizeof *lens);
+    *lens_out = lens;
+    if (lens == NULL)
+        return MS_FAIL(err, MS_ERR_OOM, "%s: out of memory for %zu tokens", tok->path, n);
+    size_t blob = 0, n_added = 0;
+    for (size_t i = 0; i < n; i++) {
+        const char *t = v->tokens[i];
+        if (t == NULL)
+            return MS_FAIL(err, MS_ERR_FORMAT, "%s: tokenizer.ggml.tokens[%zu] is missing", tok->path, i);
+        size_t len = v->token_lens != NULL ? v->token_lens[i] : strlen(t);
+        if (len > (1u << 20))
+            return MS_FAIL(err, MS_ERR_FORMAT, "%s: tokenizer.ggml.tokens[%zu] is %zu bytes long (at most 1 MiB)",
+                           tok->path, i, len);
+        if (memchr(t, '\0', len) != NULL)
+            return MS_FAIL(err, MS_ERR_FORMAT, "%s: tokenizer.ggml.tokens[%zu] holds a NUL byte", tok->path, i);
+        for (size_t k = 0; k < len;) {
+            size_t bad = 0, cl = tok_utf8_check((const unsigned char *)t, len, k, &bad);
+            if (cl == 0)
+                return MS_FAIL(err, MS_ERR_FORMAT, "%s: tokenizer.ggml.tokens[%zu] is not valid UTF-8 (byte %zu)",
+                               tok->path, i, k);
+            k += cl;
+        }
+        int32_t type = v->token_types != NULL ? v->token_types[i] : MS_TOK_TYPE_NORMAL;
+        if (type < MS_TOK_TYPE_UNDEFINED || type > MS_TOK_TYPE_BYTE)
+            return MS_FAIL(err, MS_ERR_FORMAT, "%s: tokenizer.ggml.token_type[%zu] = %d is not a token type (0 .. 6)",
+                           tok->path, i, (int)type);
+        if (llama && v->scores[i] != v->scores[i])
+            return MS_FAIL(err, MS_ERR_FORMAT, "%s: tokenizer.ggml.scores[%zu] is NaN", tok->path, i);
+        n_added += len > 0 && (type == MS_TOK_TYPE_CONTROL || type == MS_TOK_TYPE_UNKNOWN ||
+                               type == MS_TOK_TYPE_USER_DEFINED);
+        lens[i] = len;
+        blob += len + 1;
+    }
+    tok->n_ids = (int32_t)n;
+    tok->spm = llama;
+    tok->str_blob = ms_malloc(blob + 1);
+    tok->vocab_cap = tok_pow2_at_least(2 * n + 1);
+    tok->vocab = ms_calloc(tok->vocab_cap, sizeof *tok->vocab);
+    tok->added = n_added > 0 ? ms_calloc(n_added, sizeof *tok->added) : NULL;
+    if (tok->str_blob == NULL || tok->vocab == NULL || (n_added > 0 && tok->added == NULL))
+        return MS_FAIL(err, MS_ERR_OOM, "%s: out of memory for %zu tokens", tok->path, n);
+    size_t pos = 0;
+    for (size_t i = 0; i < n; i++) {
+        char *s = tok->str_blob + pos;
+        memcpy(s, v->tokens[i], lens[i]);
+        s[lens[i]] = '\0';
+        pos += lens[i] + 1;
+        if (lens[i] > 0)
+            tok_vocab_put_last(tok, s, lens[i], (int32_t)i);
+        int32_t type = v->token_types != NULL ? v->token_types[i] : MS_TOK_TYPE_NORMAL;
+        if (lens[i] > 0 && (type == MS_TOK_TYPE_CONTROL || type == MS_TOK_TYPE_UNKNOWN ||
+                            type == MS_TOK_TYPE_USER_DEFINED)) {
+            tok_added *t = &tok->added[tok->n_added];
+            t->content = ms_strndup(s, lens[i]);
+            if (t->content == NULL)
+                return MS_FAIL(err, MS_ERR_OOM, "%s: out of memory", tok->path);
+            tok->n_added++;
+            t->id = (int32_t)i;
+            t->special = type != MS_TOK_TYPE_USER_DEFINED;
+        }
+    }
+    if (llama) {
+        MS_TRY(tok_spm_merges(tok, v, lens, err));
+        tok->prefix = v->add_space_prefix ? TOK_PREFIX_ALWAYS : TOK_PREFIX_NEVER;
+        tok->strip_space = v->add_space_prefix;
+        tok->unk_id = v->unk_id;
+    } else {
+        MS_TRY(tok_gpt2_merges(tok, v, err));
+        tok->bytes_may_miss = true;  /* real GGUFs lack some control bytes (SmolLM2: 0x04 and 7 more) */
+        MS_TRY(tok_gpt2_pretok(tok, v->pre != NULL ? v->pre : "default", err));
+    }
+    if (v->add_bos) {
+        if ((tok->tmpl_pre = ms_malloc(sizeof *tok->tmpl_pre)) == NULL)
+            return MS_FAIL(err, MS_ERR_OOM, "%s: out of memory", tok->path);
+        tok->tmpl_pre[tok->n_tmpl_pre++] = v->bos_id;
+    }
+    if (v->add_eos) {
+        if ((tok->tmpl_post = ms_malloc(sizeof *tok->tmpl_post)) == NULL)
+            return MS_FAIL(err, MS_ERR_OOM, "%s: out of memory", tok->path);
+        tok->tmpl_post[tok->n_tmpl_post++] = v->eos_id;
+    }
+    tok->bos_id = v->bos_id;
+    tok->eos_id = v->eos_id;
+    tok->eot_id = v->eot_id;
+    if ((v->bos_id >= 0 && (tok->bos_token = ms_strndup(v->tokens[v->bos_id], lens[v->bos_id])) == NULL) ||
+        (v->eos_id >= 0 && (tok->eos_token = ms_strndup(v->tokens[v->eos_id], lens[v->eos_id])) == NULL) ||
+        (v->chat_template != NULL && (tok->chat_template = ms_strdup(v->chat_template)) == NULL))
+        return MS_FAIL(err, MS_ERR_OOM, "%s: out of memory", tok->path);
+    MS_TRY(tok_added_patterns(tok, err));
+    MS_TRY(tok_build_set(tok, false, &tok->raw_set, err));
+    MS_TRY(tok_build_set(tok, true, &tok->norm_set, err));
+    MS_TRY(tok_build_tables(tok, err));
+    return tok_compile(tok, "\\w", PCRE2_ZERO_TERMINATED, false, "word", &tok->word_re, err);
+}
+
+ms_status ms_tok_hf_from_vocab(ms_tok_hf **out, const ms_tok_vocab *v, ms_error *err) {
+    *out = NULL;
+    const char *src = v->source != NULL ? v->source : "vocab";
+    ms_tok_hf *tok = ms_calloc(1, sizeof *tok);
+    if (tok == NULL)
+        return MS_FAIL(err, MS_ERR_OOM, "%s: out of memory", src);
+    tok->bos_id = tok->eos_id = tok->unk_id = tok->eot_id = -1;
+    tok->path = ms_strdup(src);
+    tok->gctx = pcre2_general_context_create(tok_pcre2_malloc, tok_pcre2_free, NULL);
+    tok->cache = ms_calloc(TOK_CACHE_SLOTS, sizeof *tok->cache);
+    ms_status st = MS_OK;
+    size_t *lens = NULL;
+    if (tok->path == NULL || tok->gctx == NULL || tok->cache == NULL) {
+        st = MS_FAIL(err, MS_ERR_OOM, "%s: out of memory", src);
+    } else if (pthread_mutex_init(&tok->cache_mu, NULL) != 0) {
+        st = MS_FAIL(err, MS_ERR_INTERNAL, "%s: cannot create the cache mutex", src);
+    } else {
+        tok->cache_mu_ok = true;
+        st = tok_from_vocab(tok, v, &lens, err);
+    }
+    ms_free(lens);
+    if (st != MS_OK) {
+        ms_tok_hf_free(tok);
+        return st;
+    }
+    *out = tok;
+    return MS_OK;
+}

@@ -7,6 +7,7 @@
  *                [--hidden N] [--layers N] [--heads N] [--kv-heads N] [--head-dim N]
  *                [--intermediate N] [--vocab N] [--max-pos N] [--rope-theta X] [--tie | --no-tie]
  *                [--legacy-config] [--shards N] [--bos ID] [--eos ID[,ID[,ID]]]
+ *   mstar-mkckpt --format gguf [--quant q4_0|q4_k|q8_0|f32|f16|bf16] [--out FILE.gguf | DIR] [model options]
  *   mstar-mkckpt --split SRC --shards N --out DIR
  *   mstar-mkckpt --check PATH...
  *
@@ -14,6 +15,17 @@
  * standard deviation 0.02 (norm weights 1.0), drawn per tensor from a stream seeded by (seed, tensor
  * name), so a tensor's values do not depend on the others or on the chunking. Data is generated
  * and written in chunks: an 8B checkpoint never sits in memory.
+ *
+ * --format gguf writes the same weights (same seed, same values) as one GGUF v3 file of architecture
+ * llama instead: 2-D weights quantized with ggml's reference quantizers (gguf_quant.h) to --quant
+ * (default q8_0), norms and any matrix whose rows are not a multiple of the quant block kept F32
+ * (as llama.cpp's quantizer keeps such tensors in a wider type), q_proj/k_proj rows permuted as
+ * convert_hf_to_gguf.py's LlamaModel.permute does, so every GGUF reader (ours un-permutes at load)
+ * sees a llama.cpp-style file. Llama 3.1 frequency scaling has no GGUF key (llama.cpp stores a
+ * rope_freqs.weight tensor instead, which our loader refuses), so the llama3-8b preset's GGUF uses
+ * default RoPE frequencies; the summary line says so. An 8B-shaped GGUF is about 4.7 GB in q4_0.
+ * Quantization runs on a thread pool of the online CPUs (at most 64); values are generated in
+ * the same sequential streams as for safetensors, so the result does not depend on the thread count.
  *
  * Constraints: a CLI main: errors are one line "mstar-mkckpt: <problem>" on stderr and exit status 1;
  * a failed write leaves no partial model file (the writer removes it).
@@ -29,8 +41,11 @@
 #include <unistd.h>
 
 #include "checkpoint.h"
+#include "gguf.h"
+#include "gguf_quant.h"
 #include "hf_config.h"
 #include "ms_base.h"
+#include "threadpool.h"
 #include "safetensors.h"
 
 #define MK_CHUNK ((size_t)1 << 20)  /* elements generated per write */
@@ -60,6 +75,9 @@ typedef struct mk_opts {
     uint64_t seed;
     int shards;              /* 1 = single model.safetensors */
     bool legacy_config;      /* rope_theta + rope_scaling instead of rope_parameters */
+    bool gguf;               /* --format gguf */
+    uint32_t quant;          /* --quant: the ggml type of 2-D weights in a GGUF */
+    bool quant_set;
     mk_model m;
 } mk_opts;
 
@@ -94,6 +112,8 @@ static void usage(FILE *fp) {
           "                    [--intermediate N] [--vocab N] [--max-pos N] [--rope-theta X]\n"
           "                    [--tie | --no-tie] [--legacy-config] [--shards N]\n"
           "                    [--bos ID] [--eos ID[,ID[,ID]]]   (bos_token_id / eos_token_id)\n"
+          "       mstar-mkckpt --format gguf [--quant q4_0|q4_k|q8_0|f32|f16|bf16] [--out FILE.gguf|DIR]\n"
+          "                    [model options as above]   (one llama GGUF; default quant q8_0)\n"
           "       mstar-mkckpt --split SRC --shards N --out DIR\n"
           "       mstar-mkckpt --check PATH...   (stops at the first failing checkpoint)\n"
           "Writes a seeded random-weight Llama checkpoint (config.json, generation_config.json,\n"
@@ -146,7 +166,7 @@ static int parse_args(int argc, char **argv, mk_opts *o) {
     static const char *const valued[] = {
         "--out", "--preset", "--dtype", "--seed", "--hidden", "--layers", "--heads", "--kv-heads",
         "--head-dim", "--intermediate", "--vocab", "--max-pos", "--rope-theta", "--shards",
-        "--split", "--check", "--bos", "--eos",
+        "--split", "--check", "--bos", "--eos", "--format", "--quant",
     };
     const char *tie_flag = NULL;
     for (int i = 1; i < argc; i++) {
@@ -206,12 +226,31 @@ static int parse_args(int argc, char **argv, mk_opts *o) {
             o->argv = argv;
             break;  /* every later argument is another checkpoint to check */
         } else if (strcmp(a, "--dtype") == 0) {
+            o->dtype_set = true;
             if (strcmp(v, "f32") == 0)
                 o->dtype = MS_ST_DTYPE_F32;
             else if (strcmp(v, "bf16") == 0)
                 o->dtype = MS_ST_DTYPE_BF16;
             else
                 return die("--dtype '%s' is not f32 or bf16", v);
+        } else if (strcmp(a, "--format") == 0) {
+            if (strcmp(v, "gguf") != 0 && strcmp(v, "safetensors") != 0)
+                return die("--format '%s' is not safetensors or gguf", v);
+            o->gguf = strcmp(v, "gguf") == 0;
+        } else if (strcmp(a, "--quant") == 0) {
+            static const struct {
+                const char *name;
+                uint32_t type;
+            } quants[] = {{"q4_0", MS_GGML_TYPE_Q4_0}, {"q4_k", MS_GGML_TYPE_Q4_K}, {"q8_0", MS_GGML_TYPE_Q8_0},
+                          {"f32", MS_GGML_TYPE_F32},   {"f16", MS_GGML_TYPE_F16},   {"bf16", MS_GGML_TYPE_BF16}};
+            o->quant_set = false;
+            for (size_t k = 0; k < MS_ARRAY_LEN(quants) && !o->quant_set; k++)
+                if (strcmp(v, quants[k].name) == 0) {
+                    o->quant = quants[k].type;
+                    o->quant_set = true;
+                }
+            if (!o->quant_set)
+                return die("--quant '%s' is not q4_0, q4_k, q8_0, f32, f16 or bf16", v);
         } else if (strcmp(a, "--seed") == 0) {
             if (!parse_int(v, 0, INT64_MAX, &n))
                 return die("--seed '%s' is not a non-negative integer", v);
@@ -251,6 +290,14 @@ static int parse_args(int argc, char **argv, mk_opts *o) {
         }
     }
     const mk_model *m = &o->m;
+    if (o->quant_set && !o->gguf)
+        return die("--quant needs --format gguf (safetensors takes --dtype)");
+    if (o->gguf && (o->shards != 1 || o->legacy_config))
+        return die("--format gguf writes one file: --shards and --legacy-config do not apply");
+    if (o->gguf && o->dtype_set)
+        return die("--format gguf takes --quant, not --dtype");
+    if (o->gguf && !o->quant_set)
+        o->quant = MS_GGML_TYPE_Q8_0;
     if (m->heads % m->kv_heads != 0)
         return die("--heads %lld is not a multiple of --kv-heads %lld", (long long)m->heads, (long long)m->kv_heads);
     if (m->head_dim % 2 != 0)
@@ -334,23 +381,28 @@ static size_t mk_declare(const mk_model *m, mk_tensor *t, size_t cap) {
     return n;
 }
 
+/* The next k values of tensor t's stream s (norms: ones). */
+static void mk_fill(const mk_tensor *t, uint64_t *s, float *f32, size_t k) {
+    const float amp = 0.02f * 1.7320508f;  /* uniform(-a, a) has std a / sqrt(3) = 0.02 */
+    for (size_t i = 0; i < k; i++) {
+        if (t->is_norm) {
+            f32[i] = 1.0f;
+        } else {
+            /* 24 random bits -> [-1, 1) */
+            float u = (float)(splitmix64(s) >> 40) * 0x1p-23f - 1.0f;
+            f32[i] = u * amp;
+        }
+    }
+}
+
 /* Stream one tensor's values through the writer. f32 / u16 are MK_CHUNK-element scratch buffers. */
 static ms_status mk_write_tensor(ms_st_writer *w, const mk_tensor *t, ms_st_dtype dtype, uint64_t seed, float *f32,
                                  uint16_t *u16, ms_error *err) {
     size_t n = (size_t)t->shape[0] * (size_t)(t->n_dims == 2 ? t->shape[1] : 1);
     uint64_t s = stream_seed(seed, t->name);
-    const float amp = 0.02f * 1.7320508f;  /* uniform(-a, a) has std a / sqrt(3) = 0.02 */
     for (size_t done = 0; done < n;) {
         size_t k = MS_MIN(MK_CHUNK, n - done);
-        for (size_t i = 0; i < k; i++) {
-            if (t->is_norm) {
-                f32[i] = 1.0f;
-            } else {
-                /* 24 random bits -> [-1, 1) */
-                float u = (float)(splitmix64(&s) >> 40) * 0x1p-23f - 1.0f;
-                f32[i] = u * amp;
-            }
-        }
+        mk_fill(t, &s, f32, k);
         if (dtype == MS_ST_DTYPE_BF16) {
             for (size_t i = 0; i < k; i++)
                 u16[i] = ms_f32_to_bf16(f32[i]);
@@ -590,6 +642,260 @@ done:
     return rc;
 }
 
+/* ---- writing a GGUF ---- */
+
+/* Hugging Face name -> llama.cpp GGUF name (the inverse of gguf_model.h's table). */
+static bool mk_gguf_name(const char *hf, char *out, size_t cap, int *permute) {
+    static const char *const global[][2] = {{"model.embed_tokens.weight", "token_embd.weight"},
+                                            {"model.norm.weight", "output_norm.weight"},
+                                            {"lm_head.weight", "output.weight"}};
+    static const char *const layer[][2] = {
+        {"input_layernorm.weight", "attn_norm.weight"},  {"self_attn.q_proj.weight", "attn_q.weight"},
+        {"self_attn.k_proj.weight", "attn_k.weight"},    {"self_attn.v_proj.weight", "attn_v.weight"},
+        {"self_attn.o_proj.weight", "attn_output.weight"}, {"post_attention_layernorm.weight", "ffn_norm.weight"},
+        {"mlp.gate_proj.weight", "ffn_gate.weight"},     {"mlp.up_proj.weight", "ffn_up.weight"},
+        {"mlp.down_proj.weight", "ffn_down.weight"},
+    };
+    *permute = 0;
+    for (size_t i = 0; i < MS_ARRAY_LEN(global); i++)
+        if (strcmp(hf, global[i][0]) == 0) {
+            snprintf(out, cap, "%s", global[i][1]);
+            return true;
+        }
+    long l;
+    int used = 0;
+    if (sscanf(hf, "model.layers.%ld.%n", &l, &used) != 1 || used == 0)
+        return false;
+    for (size_t i = 0; i < MS_ARRAY_LEN(layer); i++)
+        if (strcmp(hf + used, layer[i][0]) == 0) {
+            snprintf(out, cap, "blk.%ld.%s", l, layer[i][1]);
+            *permute = i == 1 ? 1 : i == 2 ? 2 : 0;
+            return true;
+        }
+    return false;
+}
+
+/* convert_hf_to_gguf.py LlamaModel.permute on rows [rows, cols] in place: n_groups heads. */
+static bool mk_permute_rows(float *w, int64_t rows, int64_t cols, int64_t n_groups) {
+    int64_t hd = rows / n_groups, half = hd / 2;
+    size_t row_bytes = (size_t)cols * sizeof(float);
+    float *tmp = ms_malloc((size_t)hd * row_bytes);
+    if (tmp == NULL)
+        return false;
+    for (int64_t h = 0; h < n_groups; h++) {
+        float *head = w + h * hd * cols;
+        memcpy(tmp, head, (size_t)hd * row_bytes);
+        /* Hugging Face row s*half + j goes to GGUF row 2*j + s */
+        for (int64_t j = 0; j < half; j++)
+            for (int64_t s = 0; s < 2; s++)
+                memcpy(head + (2 * j + s) * cols, tmp + (s * half + j) * cols, row_bytes);
+    }
+    ms_free(tmp);
+    return true;
+}
+
+static ms_status mk_gguf_meta(ms_gguf_writer *w, const mk_model *m, uint32_t quant, ms_error *err) {
+    /* llama_ftype (llama.h) of the file's main type: ALL_F32 0, MOSTLY_F16 1, Q4_0 2, Q8_0 7,
+     * Q4_K_M 15 (ours is all-Q4_K, the closest label), BF16 32 */
+    uint32_t ftype = quant == MS_GGML_TYPE_Q4_0 ? 2 : quant == MS_GGML_TYPE_Q8_0 ? 7 : quant == MS_GGML_TYPE_Q4_K ? 15
+                   : quant == MS_GGML_TYPE_F16 ? 1 : quant == MS_GGML_TYPE_BF16 ? 32 : 0;
+    MS_TRY(ms_gguf_writer_set_str(w, "general.architecture", "llama", err));
+    MS_TRY(ms_gguf_writer_set_str(w, "general.name", "mstar-mkckpt random weights", err));
+    MS_TRY(ms_gguf_writer_set_u32(w, "general.file_type", ftype, err));
+    MS_TRY(ms_gguf_writer_set_u32(w, "general.quantization_version", 2, err));
+    MS_TRY(ms_gguf_writer_set_u32(w, "llama.block_count", (uint32_t)m->layers, err));
+    MS_TRY(ms_gguf_writer_set_u32(w, "llama.context_length", (uint32_t)m->max_pos, err));
+    MS_TRY(ms_gguf_writer_set_u32(w, "llama.embedding_length", (uint32_t)m->hidden, err));
+    MS_TRY(ms_gguf_writer_set_u32(w, "llama.feed_forward_length", (uint32_t)m->inter, err));
+    MS_TRY(ms_gguf_writer_set_u32(w, "llama.attention.head_count", (uint32_t)m->heads, err));
+    MS_TRY(ms_gguf_writer_set_u32(w, "llama.attention.head_count_kv", (uint32_t)m->kv_heads, err));
+    MS_TRY(ms_gguf_writer_set_u32(w, "llama.attention.key_length", (uint32_t)m->head_dim, err));
+    MS_TRY(ms_gguf_writer_set_u32(w, "llama.attention.value_length", (uint32_t)m->head_dim, err));
+    MS_TRY(ms_gguf_writer_set_u32(w, "llama.rope.dimension_count", (uint32_t)m->head_dim, err));
+    MS_TRY(ms_gguf_writer_set_f32(w, "llama.rope.freq_base", (float)m->theta, err));
+    MS_TRY(ms_gguf_writer_set_f32(w, "llama.attention.layer_norm_rms_epsilon", (float)m->eps, err));
+    MS_TRY(ms_gguf_writer_set_u32(w, "llama.vocab_size", (uint32_t)m->vocab, err));
+    MS_TRY(ms_gguf_writer_set_u32(w, "tokenizer.ggml.bos_token_id", (uint32_t)m->bos, err));
+    /* GGUF has one eos id; the others of --eos are not representable */
+    return ms_gguf_writer_set_u32(w, "tokenizer.ggml.eos_token_id", (uint32_t)m->eos[0], err);
+}
+
+/* One quantization job: n values of x into dst as `type`, split over the pool by whole blocks. */
+typedef struct mk_qjob {
+    uint32_t type;
+    const float *x;
+    uint8_t *dst;
+    size_t n_blocks, blk, bpb, per_task;
+    ms_status *st; /* [tasks] */
+} mk_qjob;
+
+static void mk_qtask(void *arg, int32_t task, int32_t thread) {
+    (void)thread;
+    const mk_qjob *j = arg;
+    size_t b0 = (size_t)task * j->per_task, b1 = MS_MIN(j->n_blocks, b0 + j->per_task);
+    j->st[task] = b0 >= b1 ? MS_OK
+                           : ms_ggml_quantize(j->type, j->x + b0 * j->blk, j->dst + b0 * j->bpb, (b1 - b0) * j->blk);
+}
+
+/* Quantize x[n] into dst with every thread of the pool (the reference quantizers are scalar: Q4_K
+ * runs at about 2 M values/s per core, an 8B checkpoint is 8e9 values). */
+static ms_status mk_quantize(ms_threadpool *pool, uint32_t type, const float *x, uint8_t *dst, size_t n) {
+    ms_status st[MS_THREADPOOL_MAX_THREADS];
+    mk_qjob j = {.type = type, .x = x, .dst = dst, .blk = ms_ggml_type_block(type),
+                 .bpb = ms_ggml_type_block_bytes(type), .st = st};
+    j.n_blocks = n / j.blk;
+    int32_t tasks = ms_threadpool_n_threads(pool);
+    j.per_task = MS_CEIL_DIV(j.n_blocks, (size_t)tasks);
+    if (n % j.blk != 0)
+        return MS_ERR_INVALID_ARG;
+    ms_threadpool_run(pool, tasks, mk_qtask, &j);
+    for (int32_t i = 0; i < tasks; i++)
+        if (st[i] != MS_OK)
+            return st[i];
+    return MS_OK;
+}
+
+/* Generate tensor t (permuted when `permute` names its head count) as type `type` into w. */
+static ms_status mk_gguf_tensor(ms_gguf_writer *w, ms_threadpool *pool, const mk_tensor *t, uint32_t type,
+                                int64_t permute_groups, uint64_t seed, float *f32, uint8_t *q, ms_error *err) {
+    size_t n = (size_t)t->shape[0] * (size_t)(t->n_dims == 2 ? t->shape[1] : 1);
+    uint64_t s = stream_seed(seed, t->name);
+    size_t bpb = ms_ggml_type_block_bytes(type), blk = ms_ggml_type_block(type);
+    if (permute_groups > 0) {
+        /* whole tensor: rows move across chunk boundaries (q_proj of an 8B is 64 MB of floats) */
+        float *all = ms_malloc(n * sizeof *all);
+        uint8_t *qa = ms_malloc(n / blk * bpb);
+        ms_status st = MS_OK;
+        if (all == NULL || qa == NULL || (mk_fill(t, &s, all, n), !mk_permute_rows(all, t->shape[0], t->shape[1],
+                                                                                     permute_groups)))
+            st = MS_FAIL(err, MS_ERR_OOM, "out of memory for tensor '%s'", t->name);
+        if (st == MS_OK && mk_quantize(pool, type, all, qa, n) != MS_OK)
+            st = MS_FAIL(err, MS_ERR_INTERNAL, "tensor '%s': cannot quantize to %s", t->name, ms_ggml_type_name(type));
+        if (st == MS_OK)
+            st = ms_gguf_writer_write(w, qa, n / blk * bpb, err);
+        ms_free(all);
+        ms_free(qa);
+        return st;
+    }
+    for (size_t done = 0; done < n;) {
+        size_t k = MS_MIN(MK_CHUNK, n - done); /* MK_CHUNK is a multiple of every block size */
+        mk_fill(t, &s, f32, k);
+        if (mk_quantize(pool, type, f32, q, k) != MS_OK)
+            return MS_FAIL(err, MS_ERR_INTERNAL, "tensor '%s': cannot quantize to %s", t->name,
+                           ms_ggml_type_name(type));
+        MS_TRY(ms_gguf_writer_write(w, q, k / blk * bpb, err));
+        done += k;
+    }
+    return MS_OK;
+}
+
+static bool mk_ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+static int mk_generate_gguf(const mk_opts *o) {
+    const mk_model *m = &o->m;
+    size_t cap = 3 + 9 * (size_t)m->layers;
+    mk_tensor *t = ms_calloc(cap, sizeof *t);
+    uint32_t *types = ms_calloc(cap, sizeof *types);
+    float *f32 = ms_malloc(MK_CHUNK * sizeof *f32);
+    uint8_t *q = ms_malloc(MK_CHUNK * sizeof(float));
+    char *path = NULL;
+    ms_gguf_writer *w = NULL;
+    ms_threadpool *pool = NULL;
+    int rc = 0;
+    if (!t || !types || !f32 || !q) {
+        rc = die("out of memory");
+        goto done;
+    }
+    long cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    ms_error perr = {0};
+    if (ms_threadpool_init(&pool, cpus < 1 ? 1 : cpus > 64 ? 64 : (int32_t)cpus, &perr) != MS_OK) {
+        rc = die("%s", perr.msg);
+        goto done;
+    }
+    size_t n = mk_declare(m, t, cap);
+    if (mk_ends_with(o->out, ".gguf")) {
+        path = ms_strdup(o->out);
+    } else {
+        if ((rc = mk_mkdir(o->out)) != 0)
+            goto done;
+        path = ms_asprintf("%s/model.gguf", o->out);
+    }
+    if (path == NULL) {
+        rc = die("out of memory");
+        goto done;
+    }
+    uint64_t total = 0;
+    size_t n_wide = 0; /* 2-D weights kept F32: rows not a multiple of the quant block */
+    for (size_t i = 0; i < n; i++) {
+        int64_t cols = t[i].n_dims == 2 ? t[i].shape[1] : t[i].shape[0];
+        if (t[i].is_norm) {
+            types[i] = MS_GGML_TYPE_F32;
+        } else if ((size_t)cols % ms_ggml_type_block(o->quant) != 0) {
+            types[i] = MS_GGML_TYPE_F32;
+            n_wide++;
+        } else {
+            types[i] = o->quant;
+        }
+        uint64_t elems = (uint64_t)t[i].shape[0] * (uint64_t)(t[i].n_dims == 2 ? t[i].shape[1] : 1);
+        total += elems / ms_ggml_type_block(types[i]) * ms_ggml_type_block_bytes(types[i]);
+    }
+    char dir[4096];
+    snprintf(dir, sizeof dir, "%s", path);
+    char *slash = strrchr(dir, '/');
+    if (slash != NULL)
+        *slash = '\0';
+    struct statvfs fs;
+    if (statvfs(slash ? dir : ".", &fs) == 0 && total > (uint64_t)fs.f_bavail * fs.f_frsize) {
+        rc = die("%s: the checkpoint needs %.1f GB but only %.1f GB are free there", path, (double)total / 1e9,
+                 (double)fs.f_bavail * (double)fs.f_frsize / 1e9);
+        goto done;
+    }
+    ms_error err = {0};
+    ms_status st = ms_gguf_writer_init(&w, path, &err);
+    if (st == MS_OK)
+        st = mk_gguf_meta(w, m, o->quant, &err);
+    for (size_t i = 0; st == MS_OK && i < n; i++) {
+        char gname[96];
+        int perm;
+        if (!mk_gguf_name(t[i].name, gname, sizeof gname, &perm))
+            st = MS_FAIL(&err, MS_ERR_INTERNAL, "tensor '%s' has no GGUF name", t[i].name);
+        int64_t ne[2] = {t[i].n_dims == 2 ? t[i].shape[1] : t[i].shape[0], t[i].shape[0]};
+        if (st == MS_OK)
+            st = ms_gguf_writer_add_tensor(w, gname, types[i], t[i].n_dims, ne, &err);
+    }
+    for (size_t i = 0; st == MS_OK && i < n; i++) {
+        char gname[96];
+        int perm;
+        mk_gguf_name(t[i].name, gname, sizeof gname, &perm);
+        int64_t groups = perm == 1 ? m->heads : perm == 2 ? m->kv_heads : 0;
+        st = mk_gguf_tensor(w, pool, &t[i], types[i], groups, o->seed, f32, q, &err);
+    }
+    if (st == MS_OK)
+        st = ms_gguf_writer_finish(w, &err);
+    if (st != MS_OK) {
+        rc = die("%s", err.msg);
+        goto done;
+    }
+    printf("wrote %s: GGUF llama %lld layers, hidden %lld, heads %lld/%lld, head_dim %lld, ffn %lld, vocab %lld, "
+           "%s (%zu matrices kept F32: rows not a multiple of %zu), %zu tensors, %.1f MB, seed %llu%s\n",
+           path, (long long)m->layers, (long long)m->hidden, (long long)m->heads, (long long)m->kv_heads,
+           (long long)m->head_dim, (long long)m->inter, (long long)m->vocab, ms_ggml_type_name(o->quant), n_wide,
+           ms_ggml_type_block(o->quant), n, (double)total / 1e6, (unsigned long long)o->seed,
+           m->llama3_rope ? "; RoPE: default frequencies (GGUF has no key for Llama 3.1 scaling)" : "");
+done:
+    ms_gguf_writer_free(w);
+    ms_threadpool_free(pool);
+    ms_free(path);
+    ms_free(t);
+    ms_free(types);
+    ms_free(f32);
+    ms_free(q);
+    return rc;
+}
+
 /* ---- split an existing checkpoint into shards ---- */
 
 static int mk_copy_file(const char *src_dir, const char *dst_dir, const char *name, bool required) {
@@ -756,8 +1062,10 @@ static int mk_check(const char *path) {
                "theta %g, %zu tensors in %zu file(s)%s\n",
                ms_ckpt_path(ck), (long long)layers, (long long)hidden, (long long)heads, (long long)kv, (long long)hd,
                (long long)vocab, m.tie ? "tied embeddings" : "lm_head", ms_rope_type_name(rope.type), rope.theta,
-               ms_ckpt_n_tensors(ck), ms_ckpt_get_llama2c(ck) ? (size_t)1 : ms_ckpt_n_files(ck),
-               ms_ckpt_get_llama2c(ck) ? " (llama2.c, interleaved RoPE)" : "");
+               ms_ckpt_n_tensors(ck), ms_ckpt_get_llama2c(ck) || ms_ckpt_get_gguf(ck) ? (size_t)1 : ms_ckpt_n_files(ck),
+               ms_ckpt_get_llama2c(ck) ? " (llama2.c, interleaved RoPE)"
+               : ms_ckpt_get_gguf(ck)  ? " (GGUF, dequantized to F32)"
+                                       : "");
 done:
     ms_ckpt_free(ck);
     ms_hf_config_free(cfg);
@@ -781,5 +1089,5 @@ int main(int argc, char **argv) {
     }
     if (o.split != NULL)
         return mk_split(&o);
-    return mk_generate(&o);
+    return o.gguf ? mk_generate_gguf(&o) : mk_generate(&o);
 }

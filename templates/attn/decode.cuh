@@ -3,7 +3,10 @@
  *
  * Grid (n_splits, n_kv_heads, batch), MS_ATTN_DECODE_THREADS threads. One CTA serves all G query
  * heads of one KV head (each K/V byte is read once per KV head) over one split of the request's
- * keys: split s covers keys [s * pages_per_split * PS, (s + 1) * pages_per_split * PS).
+ * keys: split s covers keys [s * P * PS, (s + 1) * P * PS) with the view's split size
+ * P = max(pages_per_split, ceil(view pages / n_splits)), so n_splits splits always cover the
+ * whole view (splits past its end are empty: log-sum-exp -inf, weight 0 in the merge) and the
+ * launch does not depend on the views' lengths (a CUDA graph captured once replays for any).
  * Two key loops share the same epilogue: a tensor-core one for GQA (attn_decode_mma, below) and
  * a CUDA-core one for G = 1 and head dims that are not a multiple of 16 (attn_decode_simt):
  *
@@ -195,8 +198,11 @@ __device__ __forceinline__ void attn_decode_simt(const ms_attn_kernel_params &p)
     const int row = qo1 - 1;
     const int length = p1 == p0 ? 0 : (p1 - p0 - 1) * PS + last_len;
     const int qpos = start + length - 1;
-    const int kbeg = split * p.pages_per_split * PS;
-    const int kend = min(length, (split + 1) * p.pages_per_split * PS);
+    /* this view's own split size: every split count covers the whole view, so a launch whose
+       n_splits was fixed at graph capture stays correct however long the views grow */
+    const int pps = max(p.pages_per_split, (p1 - p0 + p.n_splits - 1) / p.n_splits);
+    const int kbeg = split * pps * PS;
+    const int kend = min(length, (split + 1) * pps * PS);
     int kmin = kbeg;
     if (WINDOWED)
         kmin = max(kbeg, qpos - p.window + 1 - start);
@@ -414,8 +420,11 @@ __device__ __forceinline__ void attn_decode_mma(const ms_attn_kernel_params &p) 
     const int row = qo1 - 1;
     const int length = p1 == p0 ? 0 : (p1 - p0 - 1) * PS + last_len;
     const int qpos = start + length - 1;
-    const int kbeg = split * p.pages_per_split * PS;
-    const int kend = min(length, (split + 1) * p.pages_per_split * PS);
+    /* this view's own split size: every split count covers the whole view, so a launch whose
+       n_splits was fixed at graph capture stays correct however long the views grow */
+    const int pps = max(p.pages_per_split, (p1 - p0 + p.n_splits - 1) / p.n_splits);
+    const int kbeg = split * pps * PS;
+    const int kend = min(length, (split + 1) * pps * PS);
     int kmin = kbeg;
     if (WINDOWED)
         kmin = max(kbeg, qpos - p.window + 1 - start);

@@ -20,7 +20,7 @@
 #define MS_ATTN_DECODE_MAX_SPLITS 64 /* KV splits per request (the in-kernel merge's table) */
 #define MS_ATTN_PREFILL_THREADS 128  /* 4 warps x 16 packed (token, head-in-group) rows */
 #define MS_ATTN_PREFILL_ROWS 64      /* packed query rows per CTA (MS_ATTN_PREFILL_THREADS / 2) */
-#define MS_ROPE_KV_THREADS 128       /* one CTA per token */
+#define MS_ROPE_KV_THREADS 128       /* per CTA; a token takes up to 64 CTAs */
 #define MS_RMSNORM_THREADS 256       /* one CTA per row; per-head norm: one warp per head row */
 #define MS_SILU_MUL_THREADS 256      /* grid-stride over 16-byte vectors */
 #define MS_EMBED_THREADS 128         /* one CTA per token */
@@ -62,7 +62,8 @@ typedef struct ms_attn_kernel_params {
     int q_stride;                /* elements between consecutive tokens of q (>= n_q_heads*head_dim) */
     int o_stride;                /* elements between consecutive tokens of o */
     int n_splits;                /* decode: KV splits per request (1 = no merge pass) */
-    int pages_per_split;         /* decode: pages of each split (the last split may hold fewer) */
+    int pages_per_split;         /* decode: least pages of a split; view b splits its own pages
+                                    into n_splits parts of max(this, ceil(pages_b / n_splits)) */
     int window;                  /* windowed instances: W > 0 keys; ignored otherwise */
     float sm_scale;              /* softmax scale, usually 1/sqrt(head_dim) */
 } ms_attn_kernel_params;

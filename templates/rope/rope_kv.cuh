@@ -1,8 +1,10 @@
 /*
  * rope_kv.cuh - RoPE on q (in place) and k, fused with the write of k and v into the KV pages.
  *
- * Grid (n_tokens), MS_ROPE_KV_THREADS threads. Each thread handles whole pairs, so the in-place
- * update of q is race-free; the angle is pos * inv_freq in float and cos/sin use the accurate
+ * Grid (n_tokens, chunks), MS_ROPE_KV_THREADS threads: the pair slots of a token (q and k heads) and
+ * its v elements are spread over the gridDim.y CTAs of the token (one CTA per token left a decode
+ * step at batch 1 on one SM: 17 us per layer on the H200, docs/perf.md). Each thread handles whole
+ * pairs, so the in-place update of q is race-free; the angle is pos * inv_freq in float and cos/sin use the accurate
  * sincosf (positions reach 10^5 and more). Dims past rotary_dim pass unrotated (to the pages for
  * k). v is converted to the page type element by element.
  *
@@ -54,7 +56,8 @@ __device__ __forceinline__ void rope_kv(const ms_rope_kv_params &p) {
     /* pair slot i < HD/2 of a head: i < rot/2 rotates a pair; otherwise it stands for the two
      * passthrough dims rot + 2 (i - rot/2) and the one after */
     const int n_slots = (p.n_q_heads + p.n_kv_heads) * (HD / 2);
-    for (int idx = threadIdx.x; idx < n_slots; idx += blockDim.x) {
+    const int tid = blockIdx.y * blockDim.x + threadIdx.x, nthr = gridDim.y * blockDim.x;
+    for (int idx = tid; idx < n_slots; idx += nthr) {
         const int head = idx / (HD / 2), i = idx % (HD / 2);
         const bool is_q = head < p.n_q_heads;
         const int hh = is_q ? head : head - p.n_q_heads;
@@ -101,7 +104,7 @@ __device__ __forceinline__ void rope_kv(const ms_rope_kv_params &p) {
     }
     if (p.kv == nullptr)
         return;
-    for (int idx = threadIdx.x; idx < p.n_kv_heads * HD; idx += blockDim.x) {
+    for (int idx = tid; idx < p.n_kv_heads * HD; idx += nthr) {
         const int hh = idx / HD, d = idx % HD;
         kv.v_ptr(page, slot, hh)[d] = from_float<T>(to_float(v[hh * HD + d]));
     }

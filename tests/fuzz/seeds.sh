@@ -59,11 +59,34 @@ for t in "$@"; do
         done
         ;;
     tokenizer_hf)
-        for j in gpt2_like llama3_like issue15_bare_vocab; do
+        for j in gpt2_like llama3_like issue15_bare_vocab spm_like metaspace_like; do
             { cat "$here/tokenizer_hf/$j.json"; printf '\0Hello world caf\xc3\xa9 <|im_start|>user tok 123\n'; } >"$d/$j"
             { cat "$here/tokenizer_hf/$j.json"; printf '\0 the  world\t\xe3\x80\x80e\xcc\x81\0'
               cat "$here/tokenizer_hf/tokenizer_config.json"; } >"$d/${j}_config"
         done
+        ;;
+    tokenizer_vocab) # tests/fuzz_tokenizer_vocab.c: header bytes, tokens, merges, types, text
+        # gpt2, pre smollm: GPT-2's 256 byte-level characters (bytes_to_unicode), "ab", "abc", <|end|>
+        { printf '\x20\xff\x00\xff'
+          k=0
+          for b in $(seq 0 255); do
+              if { [ "$b" -ge 33 ] && [ "$b" -le 126 ]; } || { [ "$b" -ge 161 ] && [ "$b" -le 172 ]; } || [ "$b" -ge 174 ]; then
+                  c=$b
+              else
+                  c=$((256 + k))
+                  k=$((k + 1))
+              fi
+              printf "$(printf '\\u%04x' "$c")\n"
+          done
+          printf 'ab\nabc\n<|end|>\0a b\nab c\0'
+          head -c 258 /dev/zero | tr '\0' '\1'
+          printf '\3\0abc ab<|end|> 12\n'; } >"$d/gpt2_smollm"
+        # llama (+ add_bos, add_space_prefix): <unk> <s> </s>, the 256 byte tokens, a few pieces
+        { printf '\x0b\x01\x02\x00<unk>\n<s>\n</s>\n'
+          for b in $(seq 0 255); do printf '<0x%02X>\n' "$b"; done
+          printf '\xe2\x96\x81\na\nb\n\xe2\x96\x81a\nab\n\xe2\x96\x81ab\0\0\2\3\3'
+          head -c 256 /dev/zero | tr '\0' '\6'
+          printf '\xf9\xf1\xe9\xe1\xd9\xd1\0ab a b\xc3\xa9\n'; } >"$d/spm"
         ;;
     safetensors)
         cp "$here/safetensors/index.json" "$d/index.json"
@@ -128,6 +151,11 @@ wav("two.wav", 16000, 1, 1, 16, [q16(0.5), q16(-0.5)])
 au = b"".join(struct.pack(">h", int(v * 32767)) for v in x[:1000])
 open(os.path.join(out, "pcm16.au"), "wb").write(struct.pack(">4sIIIII", b".snd", 24, len(au), 3, 22050, 1) + au)
 PY
+        ;;
+    gguf)
+        # the committed tiny models (tests/fuzz/gguf/make_seeds.py) and the dequantization goldens
+        cp "$here"/gguf/*.gguf "$d"/
+        cp "$root/tests/gguf/dequant_goldens.gguf" "$d"/
         ;;
     *)
         echo "seeds.sh: unknown target '$t'" >&2

@@ -1,0 +1,440 @@
+/*
+ * graph_exec.c - the captured path of the engine's node (graph_exec.h): buckets from the
+ * node's capture declarations, padding with the graph plan's dummy rows, warm-up and capture
+ * at start-up, staging and the padding check on every padded step, replay.
+ *
+ * Constraints kept:
+ *   - a padded step allocates nothing: the padding bitmap is made at init, the graph plan's
+ *     static states at capture;
+ *   - graphs are captured largest bucket first, after every bucket's warm-up, so no buffer that
+ *     grows on first use is reallocated under a graph captured earlier;
+ *   - a (bucket, slot) whose capture failed is never leased (graph_plan.h); the engine stays
+ *     usable on the eager path.
+ */
+#include "graph_exec.h"
+
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#define GX_SLOTS 1 /* one slot per bucket until the engine pre-plans (graph_exec.h) */
+#define GX_MAX_GRAPHS (MS_MD_MAX_STEPS * MS_MD_MAX_BUCKETS * GX_SLOTS)
+
+struct ms_graph_exec {
+    ms_graph_exec_config cfg;
+    bool record;                       /* AUTO: graphs are recorded and replayed */
+    ms_graph_plan *plan;
+    int32_t max_bs;                    /* largest kept bucket */
+    bool step_on[MS_MD_MAX_STEPS];     /* the step has buckets in the plan */
+    int32_t n_bk[MS_MD_MAX_STEPS];     /* kept buckets of step k */
+    int32_t bk_bs[MS_MD_MAX_STEPS][MS_MD_MAX_BUCKETS];    /* their rows, ascending */
+    int32_t bk_index[MS_MD_MAX_STEPS][MS_MD_MAX_BUCKETS]; /* their graph plan bucket indices */
+    uint8_t *mark;                     /* [ceil(n_pages / 8)] padding-check bitmap, zero */
+    void *graphs[GX_MAX_GRAPHS];       /* owned, by bucket * GX_SLOTS + slot */
+    uint64_t fingerprint[GX_MAX_GRAPHS]; /* forward arguments at capture */
+    bool dummies_in;                   /* dummy rows ingested */
+    ms_graph_exec_stats st;
+};
+
+const char *ms_graph_mode_str(ms_graph_mode m) {
+    static const char *const names[MS_GRAPH_MODE_COUNT] = {"auto", "off", "padded"};
+    return (m >= 0 && m < MS_GRAPH_MODE_COUNT) ? names[m] : "?";
+}
+
+bool ms_graph_exec_step_capturable(const ms_md_node *node, int32_t k) {
+    if (node == NULL || k < 0 || k >= node->n_steps)
+        return false;
+    const ms_md_step *sd = &node->steps[k];
+    return sd->n_buckets > 0 && !sd->capture_by_tokens && sd->n_segments == 1 &&
+           !sd->all_logits;
+}
+
+int32_t ms_graph_exec_buckets(const ms_md_node *node, int32_t k, int32_t max_rows, int32_t *out,
+                              int32_t cap) {
+    if (!ms_graph_exec_step_capturable(node, k))
+        return 0;
+    const ms_md_step *sd = &node->steps[k];
+    int32_t n = 0;
+    for (int32_t i = 0; i < sd->n_buckets && n < cap; i++)
+        if (sd->buckets[i] >= 1 && sd->buckets[i] <= max_rows)
+            out[n++] = sd->buckets[i];
+    return n;
+}
+
+int32_t ms_graph_exec_dummy_pages(const ms_md_node *node, int32_t max_rows) {
+    int32_t max_bs = 0;
+    for (int32_t k = 0; node != NULL && k < node->n_steps; k++) {
+        int32_t b[MS_MD_MAX_BUCKETS];
+        int32_t n = ms_graph_exec_buckets(node, k, max_rows, b, MS_MD_MAX_BUCKETS);
+        if (n > 0)
+            max_bs = MS_MAX(max_bs, b[n - 1]);
+    }
+    return max_bs * GX_SLOTS; /* a dummy decode row stores at most one token: one page */
+}
+
+void ms_graph_exec_free(ms_graph_exec *gx) {
+    if (gx == NULL)
+        return;
+    for (int i = 0; i < GX_MAX_GRAPHS; i++)
+        if (gx->graphs[i] != NULL)
+            gx->cfg.be->iface.graph_free(gx->cfg.be->ctx, gx->graphs[i]);
+    if (gx->dummies_in)
+        ms_graph_plan_remove_dummies(gx->plan, gx->cfg.runner);
+    ms_graph_plan_free(gx->plan);
+    ms_free(gx->mark);
+    ms_free(gx);
+}
+
+ms_status ms_graph_exec_init(ms_graph_exec **out, const ms_graph_exec_config *cfg,
+                             ms_error *err) {
+    *out = NULL;
+    if (cfg == NULL || cfg->node == NULL || cfg->be == NULL || cfg->runner == NULL ||
+        (cfg->mode != MS_GRAPHS_AUTO && cfg->mode != MS_GRAPHS_PADDED) || cfg->max_rows < 1 ||
+        cfg->n_pages < 1 || cfg->kv_resource < 0)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "graphs: bad configuration (mode %s, max_rows %d, pages %d)",
+                       cfg == NULL ? "?" : ms_graph_mode_str(cfg->mode),
+                       cfg == NULL ? 0 : (int)cfg->max_rows, cfg == NULL ? 0 : (int)cfg->n_pages);
+    const ms_backend_i *f = &cfg->be->iface;
+    bool can_record = f->graph_capture_begin != NULL && f->graph_capture_end != NULL &&
+                      f->graph_launch != NULL && f->graph_free != NULL;
+    if (cfg->mode == MS_GRAPHS_AUTO && !can_record)
+        return MS_OK; /* the CPU backend: eager, unpadded */
+    if (ms_graph_exec_dummy_pages(cfg->node, cfg->max_rows) == 0)
+        return MS_OK; /* no step declares batch buckets that fit */
+    ms_graph_exec *gx = ms_calloc(1, sizeof *gx);
+    if (gx == NULL)
+        return MS_FAIL(err, MS_ERR_OOM, "graphs: out of memory");
+    gx->cfg = *cfg;
+    gx->record = cfg->mode == MS_GRAPHS_AUTO;
+    gx->st.mode = cfg->mode;
+    gx->mark = ms_calloc(((size_t)cfg->n_pages + 7) / 8, 1);
+    ms_status st = gx->mark == NULL ? MS_FAIL(err, MS_ERR_OOM, "graphs: out of memory") : MS_OK;
+    ms_graph_plan_config gc = {.n_slots = GX_SLOTS, .dummy_base = MS_RID_DUMMY_BASE};
+    if (st == MS_OK)
+        st = ms_graph_plan_init(&gx->plan, &gc, err);
+    for (int32_t k = 0; st == MS_OK && k < cfg->node->n_steps && k < MS_MD_MAX_STEPS; k++) {
+        int32_t b[MS_MD_MAX_BUCKETS];
+        int32_t n = ms_graph_exec_buckets(cfg->node, k, cfg->max_rows, b, MS_MD_MAX_BUCKETS);
+        for (int32_t i = 0; st == MS_OK && i < n; i++) {
+            int32_t index;
+            /* walk = step index: one decode bucket is (bs rows, bs tokens) */
+            st = ms_graph_plan_add_bucket(gx->plan, k, b[i], b[i], &index, err);
+            gx->bk_bs[k][i] = b[i];
+            gx->bk_index[k][i] = index;
+            gx->n_bk[k] = i + 1;
+            gx->max_bs = MS_MAX(gx->max_bs, b[i]);
+            gx->st.n_buckets++;
+        }
+        gx->step_on[k] = n > 0;
+    }
+    if (st == MS_OK) {
+        st = ms_graph_plan_ingest_dummies(gx->plan, cfg->runner, err);
+        gx->dummies_in = true; /* remove is a no-op for rows never ingested */
+    }
+    if (st != MS_OK) {
+        ms_error_prefix(err, "graphs: ");
+        ms_graph_exec_free(gx);
+        return st;
+    }
+    *out = gx;
+    return MS_OK;
+}
+
+bool ms_graph_exec_is_dummy(const ms_graph_exec *gx, ms_rid rid) {
+    return gx != NULL && ms_graph_plan_is_dummy(gx->plan, rid);
+}
+
+/* Rows [from, lease->bs) of rows/rids become the lease's dummy rows over step k's label. */
+static void fill_dummies(const ms_graph_exec *gx, int32_t k, const ms_slot_lease *lease,
+                         ms_md_row *rows, ms_rid *rids, int32_t from) {
+    const ms_md_step *sd = &gx->cfg.node->steps[k];
+    for (int32_t i = from; i < lease->bs; i++) {
+        memset(&rows[i], 0, sizeof rows[i]);
+        rows[i].rid = ms_graph_plan_dummy_rid(gx->plan, lease->slot, i);
+        rows[i].len[sd->labels[0]] = 1;
+        rows[i].sample = false;
+        rids[i] = rows[i].rid;
+    }
+}
+
+ms_status ms_graph_exec_pad(ms_graph_exec *gx, int32_t k, ms_md_row *rows, ms_rid *rids,
+                            int32_t n_real, int32_t cap, ms_graph_step *gs, ms_error *err) {
+    memset(gs, 0, sizeof *gs);
+    gs->step = k;
+    gs->n_real = n_real;
+    gs->n_rows = n_real;
+    if (gx == NULL || k < 0 || k >= MS_MD_MAX_STEPS || !gx->step_on[k] || n_real < 1)
+        return MS_OK;
+    const ms_md_step *sd = &gx->cfg.node->steps[k];
+    for (int32_t i = 0; i < n_real; i++) {
+        if (ms_graph_plan_is_dummy(gx->plan, rows[i].rid) || rids[i] != rows[i].rid)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                           "graphs: step %s: row %d has request id %llu (dummy range or not "
+                           "the row's)", sd->name, (int)i, (unsigned long long)rids[i]);
+        /* one token of the step's label per row, positions from the resource: else eager */
+        if (rows[i].len[sd->labels[0]] != 1 || rows[i].position_ids != NULL) {
+            gx->st.n_eager++;
+            return MS_OK;
+        }
+    }
+    ms_slot_lease lease;
+    ms_error quiet;
+    if (ms_graph_plan_lease(gx->plan, k, n_real, n_real, &lease, &quiet) != MS_OK) {
+        gx->st.n_eager++; /* above the largest bucket, or no bucket captured: eager */
+        return MS_OK;
+    }
+    if (cap < lease.bs)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "graphs: step %s: room for %d rows, bucket %d", sd->name, (int)cap,
+                       (int)lease.bs);
+    fill_dummies(gx, k, &lease, rows, rids, n_real);
+    gs->padded = true;
+    gs->leased = true;
+    gs->lease = lease;
+    gs->n_rows = lease.bs;
+    gx->st.n_replays++;
+    gx->st.n_padding_rows += (uint64_t)(lease.bs - n_real);
+    gx->st.last_bucket = lease.bs;
+    return MS_OK;
+}
+
+/* ---- the padding check ---- */
+
+static void mark_set(uint8_t *m, int32_t p) { m[p >> 3] |= (uint8_t)(1u << (p & 7)); }
+static bool mark_get(const uint8_t *m, int32_t p) { return (m[p >> 3] >> (p & 7)) & 1u; }
+
+ms_status ms_graph_exec_check_padding(const ms_kv_plan *plan, int32_t n_real, int32_t n_pages,
+                                      uint8_t *mark, ms_error *err) {
+    if (n_real < 0 || n_real > plan->n_views)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "graphs: %d real views of %d", (int)n_real,
+                       (int)plan->n_views);
+    const int32_t real_pages = plan->kv_indptr[n_real];
+    const int32_t real_tokens = plan->qo_indptr[n_real];
+    ms_status st = MS_OK;
+    for (int32_t i = 0; i < real_pages && st == MS_OK; i++) {
+        int32_t p = plan->kv_indices[i];
+        if (p < 0 || p >= n_pages)
+            st = MS_FAIL(err, MS_ERR_STATE, "graphs: real view page %d outside the %d pages",
+                         (int)p, (int)n_pages);
+        else
+            mark_set(mark, p);
+    }
+    for (int32_t t = 0; t < real_tokens && st == MS_OK && plan->token_to_page != NULL; t++) {
+        int32_t p = plan->token_to_page[t];
+        if (p >= 0 && p < n_pages)
+            mark_set(mark, p);
+    }
+    for (int32_t t = real_tokens; st == MS_OK && plan->token_to_page != NULL &&
+                                  t < plan->n_tokens; t++) {
+        int32_t p = plan->token_to_page[t];
+        if (p != MS_SINK_PAGE && p >= 0 && p < n_pages && mark_get(mark, p))
+            st = MS_FAIL(err, MS_ERR_STATE,
+                         "graphs: padding token %d writes page %d, which a real row holds",
+                         (int)t, (int)p);
+    }
+    /* padding views must not read real pages either (their attention output is discarded, but
+       a page shared with a real row would mean the pool handed it out twice) */
+    for (int32_t i = real_pages; st == MS_OK && i < plan->kv_indptr[plan->n_views]; i++) {
+        int32_t p = plan->kv_indices[i];
+        if (p != MS_SINK_PAGE && p >= 0 && p < n_pages && mark_get(mark, p))
+            st = MS_FAIL(err, MS_ERR_STATE,
+                         "graphs: padding view page %d is a page a real row holds", (int)p);
+    }
+    memset(mark, 0, ((size_t)n_pages + 7) / 8);
+    return st;
+}
+
+/* ---- forward: eager, capture or replay ---- */
+
+static uint64_t fnv(uint64_t h, const void *data, size_t n) {
+    const unsigned char *p = data;
+    for (size_t i = 0; i < n; i++) {
+        h ^= p[i];
+        h *= UINT64_C(0x100000001b3);
+    }
+    return h;
+}
+
+static uint64_t fnv_tensor(uint64_t h, const ms_tensor *t) {
+    if (t == NULL)
+        return fnv(h, "-", 1);
+    h = fnv(h, &t->data, sizeof t->data);
+    h = fnv(h, &t->dtype, sizeof t->dtype);
+    h = fnv(h, &t->ndim, sizeof t->ndim);
+    h = fnv(h, t->shape, sizeof t->shape);
+    return fnv(h, t->stride, sizeof t->stride);
+}
+
+/* Every pointer and shape a recorded forward baked in, and the batch's host scalars. */
+static uint64_t args_fingerprint(const ms_md_forward_args *a) {
+    uint64_t h = UINT64_C(0xcbf29ce484222325);
+    h = fnv(h, &a->be, sizeof a->be);
+    h = fnv(h, &a->config, sizeof a->config);
+    h = fnv(h, &a->weights, sizeof a->weights);
+    h = fnv(h, &a->kv->data, sizeof a->kv->data);
+    h = fnv(h, &a->batch, sizeof a->batch);
+    h = fnv(h, &a->batch->n_seqs, sizeof a->batch->n_seqs);
+    h = fnv(h, &a->batch->n_tokens, sizeof a->batch->n_tokens);
+    h = fnv(h, &a->batch->is_decode, sizeof a->batch->is_decode);
+    h = fnv_tensor(h, a->tokens);
+    h = fnv_tensor(h, a->positions);
+    h = fnv(h, &a->rope->inv_freq, sizeof a->rope->inv_freq);
+    h = fnv(h, &a->attn.scale, sizeof a->attn.scale);
+    h = fnv(h, &a->attn.window, sizeof a->attn.window);
+    h = fnv(h, &a->attn.causal, sizeof a->attn.causal);
+    h = fnv(h, &a->workspace, sizeof a->workspace);
+    h = fnv(h, &a->max_tokens, sizeof a->max_tokens);
+    h = fnv(h, &a->max_seqs, sizeof a->max_seqs);
+    h = fnv_tensor(h, a->out_rows);
+    return fnv_tensor(h, a->logits);
+}
+
+ms_status ms_graph_exec_forward(ms_graph_exec *gx, const ms_graph_step *gs,
+                                const ms_step_ctx *ctx, ms_md_forward_fn forward,
+                                const ms_md_forward_args *args, ms_error *err) {
+    if (gx == NULL || !gs->padded)
+        return forward(args, err);
+    const ms_kv_plan_set *set = ctx->plan_results[gx->cfg.kv_resource];
+    if (set == NULL || set->n_plans != 1)
+        return MS_FAIL(err, MS_ERR_STATE, "graphs: a padded step needs one KV plan label");
+    MS_TRY(ms_graph_exec_check_padding(&set->plans[0], gs->n_real, gx->cfg.n_pages, gx->mark,
+                                       err));
+    if (!gs->leased)
+        return forward(args, err); /* warm-up */
+    MS_TRY(ms_graph_plan_stage_step(gx->plan, gx->cfg.runner, ctx, err));
+    const int gi = gs->lease.bucket * GX_SLOTS + gs->lease.slot;
+    const ms_backend *be = gx->cfg.be;
+    if (gs->capture) {
+        gx->fingerprint[gi] = args_fingerprint(args);
+        if (!gx->record)
+            return forward(args, err); /* PADDED: the capture step runs eagerly */
+        MS_TRY(be->iface.graph_capture_begin(be->ctx, err));
+        ms_status st = forward(args, err);
+        void *graph = NULL;
+        ms_error e2;
+        ms_status st2 = be->iface.graph_capture_end(be->ctx, &graph, st == MS_OK ? err : &e2);
+        if (st == MS_OK && st2 != MS_OK)
+            st = st2;
+        if (st != MS_OK) {
+            if (graph != NULL)
+                be->iface.graph_free(be->ctx, graph);
+            return st;
+        }
+        gx->graphs[gi] = graph;
+        return MS_OK;
+    }
+    if (args_fingerprint(args) != gx->fingerprint[gi])
+        return MS_FAIL(err, MS_ERR_STATE,
+                       "graphs: replay of bucket %d slot %d with forward buffers or shapes "
+                       "other than its capture's", (int)gs->lease.bs, (int)gs->lease.slot);
+    if (!gx->record)
+        return forward(args, err);
+    void *graph = ms_graph_plan_graph(gx->plan, &gs->lease);
+    if (graph == NULL)
+        return MS_FAIL(err, MS_ERR_STATE, "graphs: bucket %d slot %d has no graph",
+                       (int)gs->lease.bs, (int)gs->lease.slot);
+    return be->iface.graph_launch(be->ctx, graph, err);
+}
+
+void ms_graph_exec_done(ms_graph_exec *gx, const ms_graph_step *gs) {
+    if (gx == NULL || !gs->padded)
+        return;
+    if (gs->leased)
+        ms_graph_plan_release(gx->plan, gx->cfg.runner, &gs->lease, gs->n_real);
+    else /* warm-up: every row is a dummy of slot 0 */
+        for (int32_t i = 0; i < gs->n_rows; i++)
+            ms_step_runner_reset(gx->cfg.runner, ms_graph_plan_dummy_rid(gx->plan, 0, i), false);
+}
+
+/* ---- start-up ---- */
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+ms_status ms_graph_exec_capture(ms_graph_exec *gx, ms_graph_exec_run_fn run, void *user,
+                                ms_md_row *rows, ms_rid *rids, int32_t cap, ms_error *err) {
+    if (gx == NULL)
+        return MS_OK;
+    if (cap < gx->max_bs)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "graphs: room for %d rows, largest bucket %d",
+                       (int)cap, (int)gx->max_bs);
+    const double t0 = now_s();
+    const ms_md_node *node = gx->cfg.node;
+    /* pass 0: eager warm-up of every bucket; pass 1: capture. Largest first in both. */
+    for (int pass = 0; pass < 2; pass++) {
+        for (int32_t k = 0; k < node->n_steps && k < MS_MD_MAX_STEPS; k++) {
+            if (!gx->step_on[k])
+                continue;
+            const int32_t *b = gx->bk_bs[k];
+            for (int32_t i = gx->n_bk[k] - 1; i >= 0; i--) {
+                const int32_t bucket = gx->bk_index[k][i];
+                for (int32_t slot = 0; slot < GX_SLOTS; slot++) {
+                    ms_graph_step gs;
+                    memset(&gs, 0, sizeof gs);
+                    gs.step = k;
+                    gs.padded = true;
+                    gs.n_real = 0;
+                    gs.n_rows = b[i];
+                    MS_TRY(ms_graph_plan_capture_lease(gx->plan, bucket, slot, &gs.lease, err));
+                    fill_dummies(gx, k, &gs.lease, rows, rids, 0);
+                    if (pass == 0) {
+                        if (slot > 0)
+                            break; /* one warm-up per bucket */
+                        gs.lease.slot = 0;
+                        ms_error e0;
+                        if (run(user, &gs, rows, rids, &e0) != MS_OK) {
+                            /* nothing is captured: every step stays eager (the stats and the
+                               CLI's start-up line say why) */
+                            snprintf(gx->st.first_failure, sizeof gx->st.first_failure,
+                                     "warm-up of %.16s bucket %d: %.120s", node->steps[k].name,
+                                     (int)b[i], e0.msg);
+                            gx->st.n_failed = gx->st.n_buckets * GX_SLOTS;
+                            gx->st.capture_s = now_s() - t0;
+                            return MS_OK;
+                        }
+                        continue;
+                    }
+                    gs.leased = true;
+                    gs.capture = true;
+                    ms_error e1;
+                    ms_status st = run(user, &gs, rows, rids, &e1);
+                    const int gi = bucket * GX_SLOTS + slot;
+                    MS_TRY(ms_graph_plan_set_captured(gx->plan, bucket, slot, st == MS_OK,
+                                                      gx->graphs[gi], err));
+                    if (st == MS_OK) {
+                        gx->st.n_captured++;
+                    } else {
+                        if (gx->graphs[gi] != NULL)
+                            gx->cfg.be->iface.graph_free(gx->cfg.be->ctx, gx->graphs[gi]);
+                        gx->graphs[gi] = NULL;
+                        if (gx->st.n_failed++ == 0)
+                            snprintf(gx->st.first_failure, sizeof gx->st.first_failure,
+                                     "%.16s bucket %d: %.120s", node->steps[k].name, (int)b[i],
+                                     e1.msg);
+                    }
+                }
+            }
+        }
+        if (pass == 0 && gx->record) /* the warm-ups' results are in before any capture */
+            MS_TRY(gx->cfg.be->iface.synchronize(gx->cfg.be->ctx, err));
+    }
+    gx->st.capture_s = now_s() - t0;
+    return MS_OK;
+}
+
+void ms_graph_exec_get_stats(const ms_graph_exec *gx, ms_graph_exec_stats *st) {
+    if (gx == NULL) {
+        memset(st, 0, sizeof *st);
+        st->mode = MS_GRAPHS_OFF;
+        return;
+    }
+    *st = gx->st;
+}
+
+const ms_graph_plan *ms_graph_exec_plan(const ms_graph_exec *gx) {
+    return gx != NULL ? gx->plan : NULL;
+}

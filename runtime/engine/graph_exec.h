@@ -1,0 +1,206 @@
+/*
+ * graph_exec.h - the captured (CUDA-graph) path of the engine's node (DESIGN.md §4, issue 10
+ * [G] item 1), over the host bookkeeping of graph_plan.h.
+ *
+ * What it does, per step kind of the node that declares `capture batch in [...]` (a step of one
+ * segment per row, one token per row, the last token's logits: decode):
+ *   - buckets: the declared batch sizes up to the engine's max_seqs (larger ones could never be
+ *     filled); a batch of n rows runs on the smallest bucket bs >= n (ms_graph_plan_select);
+ *     n above the largest bucket, a row feeding more than one token, or a step without
+ *     buckets runs eager, unpadded (sglang PR #33900, TensorRT-LLM #10688: never index a graph
+ *     table past its end);
+ *   - padding: rows [n, bs) are the slot's persistent dummy rows (ids >= MS_RID_DUMMY_BASE,
+ *     ingested once into every resource, one KV page each, reset without freeing after every
+ *     step); they are planned like real rows, so the staged plan (ids, positions, page table,
+ *     indptr, write addresses, last-token rows) is the real batch's plus dummy rows that read
+ *     and write only their own pages, and the write addresses past bs tokens point at the sink
+ *     page (attn_batch_stage and ms_graph_plan_stage_kv). Every padded step checks, on the host,
+ *     that no padding write address lands on a page a real row holds (vllm #43810, sglang PR
+ *     #32477) and fails the step naming the page otherwise;
+ *   - capture: at start-up (ms_graph_exec_capture) every bucket first runs one eager warm-up
+ *     step over dummy rows, largest first (buffers that grow on first use, cuBLAS heuristics,
+ *     the attention split partials reach their final size before any capture), then each
+ *     (bucket, slot) is captured over dummy rows under a capture lease. A capture that fails
+ *     leaves its bucket eager (it is never leased) and the engine goes on;
+ *   - replay: the real plan is staged into the same fixed addresses (the engine's step buffers
+ *     and attention batch), then the graph of the lease's (bucket, slot) is launched. The
+ *     forward arguments (every pointer and shape the graph baked in) are fingerprinted at
+ *     capture and compared at each replay: a replay with other buffers or shapes is an error,
+ *     not a silent read of capture-time metadata (sglang PR #1469, vllm #13418);
+ *   - the attention decode split count depends only on the staged rows (the bucket), not on the
+ *     views' lengths (backend_cuda.c attn_batch_plan, templates/attn/decode.cuh), so a graph and
+ *     an eager launch over the same padded rows run the same kernels with the same launch
+ *     parameters: bitwise identical outputs (MS_GRAPHS_PADDED runs that eager path).
+ * Sampling runs after the forward, eagerly, over the real rows only.
+ *
+ * Modes (ms_graph_mode): AUTO captures when the backend records graphs (CUDA) and is off
+ * otherwise; OFF is the unpadded eager path (`--no-graphs`); PADDED takes the same leases,
+ * padding and staging as a replay but runs the forward eagerly on any backend (the CPU tests of
+ * the host side, and the eager half of the GPU bitwise tests).
+ *
+ * Not done yet (issue 10 item 1, see runtime/engine/README.md): prefill over token buckets (the
+ * prefill attention's tile count is a launch dimension computed from the ragged rows) and the
+ * pre-plan of step N+1 into a second slot while step N replays (one slot per bucket today; the
+ * identity check it needs is ms_graph_plan_preplan_take).
+ *
+ * Ownership: ms_graph_exec_init returns an object owned by the caller (ms_graph_exec_free, which
+ * frees the graphs and removes the dummy rows). The backend, node and runner are borrowed and
+ * must outlive it. Not thread-safe: called from the engine's step thread.
+ */
+#ifndef MS_GRAPH_EXEC_H
+#define MS_GRAPH_EXEC_H
+
+#include "backend.h"
+#include "graph_plan.h"
+#include "model_desc.h"
+#include "step_runner.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* How the engine uses the captured path. ORDER MS_GRAPH_MODE */
+typedef enum ms_graph_mode {
+    MS_GRAPHS_AUTO = 0, /* capture where the backend records graphs (CUDA), else off */
+    MS_GRAPHS_OFF,      /* eager, unpadded (`--no-graphs`) */
+    MS_GRAPHS_PADDED,   /* leases, padding and staging as a replay, forward run eagerly */
+    MS_GRAPH_MODE_COUNT
+} ms_graph_mode;
+
+/* "auto", "off", "padded". */
+const char *ms_graph_mode_str(ms_graph_mode m);
+
+/* Configuration (all borrowed). */
+typedef struct ms_graph_exec_config {
+    ms_graph_mode mode;          /* AUTO or PADDED (OFF: do not make one) */
+    const ms_md_node *node;      /* its steps' capture buckets */
+    const ms_backend *be;        /* graph entries (AUTO needs all four) */
+    ms_step_runner *runner;      /* the node's resources (dummy rows go into each) */
+    int32_t max_rows;            /* the engine's max_seqs: buckets above it are dropped */
+    int32_t n_pages;             /* KV pages of the arena (the padding check's page bitmap) */
+    int kv_resource;             /* resource index of the KV pool in the runner */
+} ms_graph_exec_config;
+
+typedef struct ms_graph_exec ms_graph_exec;
+
+/*
+ * Whether step k of node qualifies for the captured path: buckets declared by batch (not by
+ * tokens), one segment per row, last-token logits only.
+ */
+bool ms_graph_exec_step_capturable(const ms_md_node *node, int32_t k);
+
+/* The batch buckets of step k kept for max_rows (declared buckets <= max_rows), ascending, into
+ * out[cap]; returns their count (0 when the step does not qualify). */
+int32_t ms_graph_exec_buckets(const ms_md_node *node, int32_t k, int32_t max_rows, int32_t *out,
+                              int32_t cap);
+
+/* KV pages the dummy rows hold for (node, max_rows): one per dummy row (slots x largest kept
+ * bucket); 0 when no step qualifies. The engine adds them to the arena so real requests keep
+ * the pages they were promised. */
+int32_t ms_graph_exec_dummy_pages(const ms_md_node *node, int32_t max_rows);
+
+/*
+ * Make the captured path: buckets of every qualifying step, the graph plan (one slot), the dummy
+ * rows ingested into the runner. *out = NULL (and MS_OK) when no step qualifies, or in mode AUTO
+ * when the backend has no graph entries. Errors: MS_ERR_INVALID_ARG (mode OFF or out of range,
+ * bad sizes), MS_ERR_OOM, the resources' ingest errors. Nothing is left allocated on failure.
+ */
+ms_status ms_graph_exec_init(ms_graph_exec **out, const ms_graph_exec_config *cfg,
+                             ms_error *err);
+
+/* Free the graphs (backend graph_free), remove the dummy rows, free. NULL is a no-op. */
+void ms_graph_exec_free(ms_graph_exec *gx);
+
+/* Whether rid is one of the dummy rows (false for NULL gx). */
+bool ms_graph_exec_is_dummy(const ms_graph_exec *gx, ms_rid rid);
+
+/* One step's use of the captured path, filled by ms_graph_exec_pad (or by the capture driver). */
+typedef struct ms_graph_step {
+    bool padded;          /* rows were padded to a bucket */
+    bool leased;          /* lease below is valid (replay or capture) */
+    bool capture;         /* this step is being captured */
+    int32_t step;         /* step index in the node */
+    int32_t n_real;       /* real rows (first in the row arrays) */
+    int32_t n_rows;       /* rows of the step: the bucket when padded, else n_real */
+    ms_slot_lease lease;
+} ms_graph_step;
+
+/*
+ * Before step k is declared over rows[0, n_real) (rids[i] == rows[i].rid): when a captured
+ * bucket covers it, append the lease's dummy rows to rows and rids (row arrays of cap entries;
+ * a dummy row feeds one token of its label and samples nothing) and fill gs. Otherwise gs says
+ * eager (padded false, n_rows = n_real). gx NULL: eager. Errors: MS_ERR_INVALID_ARG (a real
+ * rid in the dummy range, cap below the bucket).
+ */
+ms_status ms_graph_exec_pad(ms_graph_exec *gx, int32_t k, ms_md_row *rows, ms_rid *rids,
+                            int32_t n_real, int32_t cap, ms_graph_step *gs, ms_error *err);
+
+/*
+ * After plan, instead of calling the forward: stage the step's plan into the lease's static
+ * states (graph_plan.h, sink tail) and check the padding rows' write addresses against the real
+ * rows' pages, then run `forward(args)` eagerly (not leased, or mode PADDED), record it into
+ * the (bucket, slot) graph (gs->capture), or launch that graph (replay; the arguments must match
+ * the capture's fingerprint). Errors: MS_ERR_STATE (a padding row writes a real row's page, a
+ * replay without a graph, arguments other than the capture's), the forward's and the backend's
+ * errors. gx NULL or gs not padded: forward(args).
+ */
+ms_status ms_graph_exec_forward(ms_graph_exec *gx, const ms_graph_step *gs,
+                                const ms_step_ctx *ctx, ms_md_forward_fn forward,
+                                const ms_md_forward_args *args, ms_error *err);
+
+/* After the step (committed or abandoned): reset the padding rows without freeing their pages.
+ * gx NULL or gs not padded: no-op. */
+void ms_graph_exec_done(ms_graph_exec *gx, const ms_graph_step *gs);
+
+/*
+ * One step over dummy rows only, run by the caller's step code: rows/rids filled by
+ * ms_graph_exec_warm_rows, then declare -> admit -> plan -> ms_graph_exec_forward -> commit ->
+ * ms_graph_exec_done, sampling nothing. gs->leased = false is the eager warm-up, true the
+ * capture of gs->lease.
+ */
+typedef ms_status (*ms_graph_exec_run_fn)(void *user, const ms_graph_step *gs, ms_md_row *rows,
+                                          ms_rid *rids, ms_error *err);
+
+/*
+ * Warm up every bucket (largest first), then capture every (bucket, slot), through run. Capture
+ * failures are counted (ms_graph_exec_stats, first_failure) and leave their bucket eager; a
+ * warm-up failure captures nothing (every step eager, every pair counted as failed). rows/rids:
+ * room for the largest bucket. Errors: MS_ERR_INVALID_ARG (cap), the backend's synchronize.
+ */
+ms_status ms_graph_exec_capture(ms_graph_exec *gx, ms_graph_exec_run_fn run, void *user,
+                                ms_md_row *rows, ms_rid *rids, int32_t cap, ms_error *err);
+
+/* Counters of the captured path. */
+typedef struct ms_graph_exec_stats {
+    ms_graph_mode mode;      /* AUTO (graphs recorded) or PADDED */
+    int32_t n_buckets;       /* buckets over all qualifying steps */
+    int32_t n_captured;      /* (bucket, slot) pairs captured */
+    int32_t n_failed;        /* (bucket, slot) pairs whose capture failed (eager) */
+    double capture_s;        /* wall time of ms_graph_exec_capture, warm-up included */
+    uint64_t n_replays;      /* padded steps run on a bucket (graph launches in AUTO) */
+    uint64_t n_eager;        /* steps of a qualifying step kind that ran eager, unpadded */
+    uint64_t n_padding_rows; /* dummy rows run over all padded steps */
+    int32_t last_bucket;     /* bucket rows of the last padded step, 0 none */
+    char first_failure[160]; /* the first capture failure's message, "" none */
+} ms_graph_exec_stats;
+
+/* Fill *st (zeroed, mode OFF, for NULL gx). */
+void ms_graph_exec_get_stats(const ms_graph_exec *gx, ms_graph_exec_stats *st);
+
+/* The graph plan (tests: static states, leases). NULL for NULL gx. */
+const ms_graph_plan *ms_graph_exec_plan(const ms_graph_exec *gx);
+
+/*
+ * Host check used on every padded step: in the KV plan of the step's rows (views [0, n_real)
+ * real, [n_real, n_views) padding), no padding token's write page (token_to_page of the tokens
+ * of views >= n_real, and every token past the views' tokens up to `capacity`) is a page some
+ * real view reads or writes, except MS_SINK_PAGE; mark is a zeroed scratch bitmap of
+ * ceil(n_pages / 8) bytes, zeroed again on return. MS_ERR_STATE naming the token and the page.
+ */
+ms_status ms_graph_exec_check_padding(const ms_kv_plan *plan, int32_t n_real, int32_t n_pages,
+                                      uint8_t *mark, ms_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MS_GRAPH_EXEC_H */

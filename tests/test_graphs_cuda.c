@@ -1,0 +1,278 @@
+/*
+ * test_graphs_cuda.c - the captured path on the GPU (issue 10 [G] item 2; `make gpu-test`,
+ * scripts/gpu-batch.sh): models/llama.mstar on hf/llama_gqa through the engine, CUDA graphs
+ * (MS_GRAPHS_AUTO) against the eager path over the same padded rows (MS_GRAPHS_PADDED), which
+ * runs the same kernels with the same launch parameters, so everything is compared bitwise:
+ * every step's logits of every request, every sampled id (greedy and seeded rows), and the
+ * bytes of the whole KV page arena at the end (a padding row that wrote a real request's pages
+ * in one run and not in the other would show there: vllm #43810, sglang PR #32477).
+ *   - on, between and above buckets: max_seqs 8, eight requests finishing one after another
+ *     (batches 8 .. 1: buckets 8, 4, 2, 1 and the sizes between them, so the bucket switches
+ *     mid-run); max_seqs 12, twelve requests (batches 12 .. 9 are above the largest kept bucket
+ *     8 and run eager: sglang PR #33900, TensorRT-LLM #10688);
+ *   - 1,000 padded replays: ten waves of three requests on bucket 4 (one padding row per step);
+ *   - every bucket of [1, 2, 4, 8 .. 256] captured (max_seqs 256) without a failure, the
+ *     capture time printed (and under 5 s);
+ *   - graph against the unpadded eager path (MS_GRAPHS_OFF, other GEMM shapes: not bitwise):
+ *     the first decode step's logits within 5e-2.
+ * Pre-plan refusal is host-side (tests/test_graph_plan.c: ms_graph_plan_preplan_take); the
+ * engine does not pre-plan yet (graph_exec.h).
+ *
+ * Without a GPU, or with MS_GRAPHS_DRY_RUN=1, the same scenarios run on the CPU backend with
+ * MS_GRAPHS_PADDED standing in for the graphs (the harness and the host path, not the graphs).
+ */
+#include "ms_test.h"
+#include "ms_test_impl.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend_cuda.h"
+#include "engine.h"
+
+extern const ms_model_desc ms_llama_desc;
+
+static bool g_dry;           /* CPU stand-in */
+static const char *g_device; /* "cuda" or "cpu" */
+
+/* One scenario: waves of requests, each wave run to its end. */
+typedef struct scen {
+    const char *name;
+    int32_t max_seqs;
+    int32_t n_req;   /* requests per wave */
+    int32_t waves;
+    int32_t new_base, new_step; /* request r of a wave generates new_base + r * new_step ids */
+} scen;
+
+/* What one run of a scenario produced. */
+typedef struct rec {
+    float *logits;   /* [n_logits] every step's last logits of every request in it, in order */
+    size_t n_logits, cap_logits;
+    int32_t *ids;    /* [n_ids] every request's output, in order */
+    size_t n_ids, cap_ids;
+    uint8_t *kv;     /* the arena at the end */
+    size_t kv_bytes;
+    float *first_decode; /* [n_req * vocab] logits of the first decode step of wave 0 */
+    ms_graph_exec_stats st;
+    int32_t vocab;
+} rec;
+
+static void rec_free(rec *r) {
+    free(r->logits);
+    free(r->ids);
+    free(r->kv);
+    free(r->first_decode);
+    memset(r, 0, sizeof *r);
+}
+
+static void push_logits(rec *r, const float *v, int32_t n) {
+    if (r->n_logits + (size_t)n > r->cap_logits) {
+        r->cap_logits = (r->n_logits + (size_t)n) * 2;
+        r->logits = realloc(r->logits, r->cap_logits * sizeof(float));
+        assert_non_null(r->logits);
+    }
+    memcpy(r->logits + r->n_logits, v, (size_t)n * sizeof(float));
+    r->n_logits += (size_t)n;
+}
+
+static void push_ids(rec *r, const int32_t *v, int32_t n) {
+    if (r->n_ids + (size_t)n > r->cap_ids) {
+        r->cap_ids = (r->n_ids + (size_t)n) * 2 + 16;
+        r->ids = realloc(r->ids, r->cap_ids * sizeof(int32_t));
+        assert_non_null(r->ids);
+    }
+    memcpy(r->ids + r->n_ids, v, (size_t)n * sizeof(int32_t));
+    r->n_ids += (size_t)n;
+}
+
+static void run_scen(const scen *sc, ms_graph_mode mode, rec *out) {
+    memset(out, 0, sizeof *out);
+    ms_engine_options o = ms_engine_options_default();
+    o.model_path = ms_test_fixture("hf/llama_gqa");
+    o.device = g_device;
+    o.max_seqs = sc->max_seqs;
+    o.max_tokens = MS_MAX(64, sc->max_seqs);
+    o.n_threads = 2;
+    o.graphs = mode;
+    ms_engine *e = NULL;
+    ms_error err = {0};
+    if (ms_engine_init(&e, &ms_llama_desc, &o, &err) != MS_OK)
+        fail_msg("%s: engine init (%s): %s", sc->name, ms_graph_mode_str(mode), err.msg);
+    ms_engine_graph_stats(e, &out->st);
+    const int32_t V = ms_engine_facts(e)->vocab;
+    out->vocab = V;
+    out->first_decode = calloc((size_t)sc->n_req * (size_t)V, sizeof(float));
+    assert_non_null(out->first_decode);
+    ms_rid *rids = calloc((size_t)sc->n_req, sizeof *rids);
+    assert_non_null(rids);
+    for (int32_t w = 0; w < sc->waves; w++) {
+        for (int32_t r = 0; r < sc->n_req; r++) {
+            int32_t ids[12];
+            int32_t n = 2 + (r + w) % 9;
+            for (int32_t i = 0; i < n; i++)
+                ids[i] = (int32_t)((w * 131 + r * 97 + i * 31 + 7) % V);
+            ms_sampling_params sp = ms_sampling_greedy();
+            if (r % 3 == 1)
+                sp = (ms_sampling_params){.temperature = 0.8f, .top_k = 40, .top_p = 0.9f,
+                                          .seed = (uint64_t)(1000 * w + r)};
+            ms_engine_request rq = {.prompt = ids, .n_prompt = n,
+                                    .max_new_tokens = sc->new_base + r * sc->new_step,
+                                    .sampling = sp, .ignore_eos = true};
+            if (ms_engine_add(e, &rq, &rids[r], &err) != MS_OK)
+                fail_msg("%s: add: %s", sc->name, err.msg);
+        }
+        for (int32_t s = 0; ms_engine_n_active(e) > 0; s++) {
+            if (ms_engine_step(e, NULL, &err) != MS_OK)
+                fail_msg("%s (%s): wave %d step %d: %s", sc->name, ms_graph_mode_str(mode),
+                         (int)w, (int)s, err.msg);
+            for (int32_t r = 0; r < sc->n_req; r++) {
+                const float *lg = ms_engine_last_logits(e, rids[r]);
+                if (lg == NULL)
+                    continue;
+                push_logits(out, lg, V);
+                if (w == 0 && s == 1)
+                    memcpy(out->first_decode + (size_t)r * (size_t)V, lg, (size_t)V * sizeof(float));
+            }
+        }
+        for (int32_t r = 0; r < sc->n_req; r++) {
+            const int32_t *ids;
+            int32_t n;
+            assert_int_equal(ms_engine_output(e, rids[r], &ids, &n, NULL), MS_OK);
+            assert_int_equal(n, sc->new_base + r * sc->new_step);
+            push_ids(out, ids, n);
+            ms_engine_remove(e, rids[r]);
+        }
+    }
+    ms_engine_graph_stats(e, &out->st); /* after the run: replays, eager steps */
+    out->kv_bytes = ms_engine_kv_bytes(e);
+    out->kv = malloc(out->kv_bytes);
+    assert_non_null(out->kv);
+    if (ms_engine_kv_copy(e, out->kv, out->kv_bytes, &err) != MS_OK)
+        fail_msg("%s: kv copy: %s", sc->name, err.msg);
+    free(rids);
+    ms_engine_free(e);
+}
+
+/* Graph (AUTO; the dry run: PADDED) against PADDED eager: everything bitwise. */
+static void compare_bitwise(const scen *sc, rec *g, rec *p) {
+    const ms_graph_mode gm = g_dry ? MS_GRAPHS_PADDED : MS_GRAPHS_AUTO;
+    run_scen(sc, gm, g);
+    run_scen(sc, MS_GRAPHS_PADDED, p);
+    printf("graphs %-10s %s: %d buckets, %d captured, %d failed, capture %.3f s, %llu padded "
+           "steps (%llu padding rows), %llu eager%s%s\n",
+           sc->name, g_device, (int)g->st.n_buckets, (int)g->st.n_captured, (int)g->st.n_failed,
+           g->st.capture_s, (unsigned long long)g->st.n_replays,
+           (unsigned long long)g->st.n_padding_rows, (unsigned long long)g->st.n_eager,
+           g->st.n_failed > 0 ? ": " : "", g->st.first_failure);
+    assert_int_equal(g->st.mode, gm);
+    assert_int_equal(g->st.n_failed, 0);
+    assert_int_equal(g->st.n_captured, g->st.n_buckets);
+    assert_int_equal(g->n_logits, p->n_logits);
+    size_t first = g->n_logits;
+    for (size_t i = 0; i < g->n_logits && first == g->n_logits; i++)
+        if (memcmp(&g->logits[i], &p->logits[i], sizeof(float)) != 0)
+            first = i;
+    if (first != g->n_logits) {
+        double worst = 0.0; /* how far apart, for the report: bitwise is the contract */
+        for (size_t i = 0; i < g->n_logits; i++)
+            worst = fmax(worst, fabs((double)g->logits[i] - (double)p->logits[i]));
+        fail_msg("%s: graph logits differ from the padded eager run at value %zu (step row %zu,"
+                 " id %zu): %.9g vs %.9g; max |d| over the run %.3g", sc->name, first,
+                 first / (size_t)g->vocab, first % (size_t)g->vocab, (double)g->logits[first],
+                 (double)p->logits[first], worst);
+    }
+    assert_int_equal(g->n_ids, p->n_ids);
+    assert_memory_equal(g->ids, p->ids, g->n_ids * sizeof(int32_t));
+    assert_int_equal(g->kv_bytes, p->kv_bytes);
+    size_t kfirst = g->kv_bytes;
+    for (size_t i = 0; i < g->kv_bytes && kfirst == g->kv_bytes; i++)
+        if (g->kv[i] != p->kv[i])
+            kfirst = i;
+    if (kfirst != g->kv_bytes)
+        fail_msg("%s: KV arena bytes differ at byte %zu of %zu", sc->name, kfirst, g->kv_bytes);
+    assert_int_equal(g->st.n_replays, p->st.n_replays);
+    assert_int_equal(g->st.n_padding_rows, p->st.n_padding_rows);
+    printf("graphs %-10s %s: bitwise equal: %zu logits, %zu ids, %zu KV bytes\n", sc->name,
+           g_device, g->n_logits, g->n_ids, g->kv_bytes);
+}
+
+static void test_on_and_between_buckets(void **state) {
+    (void)state;
+    scen sc = {"between", 8, 8, 1, 4, 3}; /* batches 8, 7, ..., 1 */
+    rec g, p, off;
+    compare_bitwise(&sc, &g, &p);
+    assert_int_equal(g.st.n_buckets, 4); /* 1, 2, 4, 8 */
+    assert_int_equal(g.st.n_eager, 0);
+    assert_true(g.st.n_padding_rows > 0);
+    assert_int_equal(g.st.last_bucket, 1);
+    /* against the unpadded eager path: the same inputs at the first decode step */
+    run_scen(&sc, MS_GRAPHS_OFF, &off);
+    assert_int_equal(off.st.mode, MS_GRAPHS_OFF);
+    double worst = 0.0;
+    for (size_t i = 0; i < (size_t)sc.n_req * (size_t)g.vocab; i++)
+        worst = fmax(worst, fabs((double)g.first_decode[i] - (double)off.first_decode[i]));
+    size_t same = 0, n = MS_MIN(g.n_ids, off.n_ids);
+    for (size_t i = 0; i < n; i++)
+        same += g.ids[i] == off.ids[i];
+    printf("graphs %-10s %s: against --no-graphs: first decode max |dlogit| %.3g, %zu of %zu "
+           "ids equal\n", sc.name, g_device, worst, same, n);
+    assert_true(worst <= 5e-2);
+    rec_free(&g);
+    rec_free(&p);
+    rec_free(&off);
+}
+
+static void test_above_largest_bucket(void **state) {
+    (void)state;
+    scen sc = {"above", 12, 12, 1, 3, 1}; /* batches 12 .. 9 above bucket 8 */
+    rec g, p;
+    compare_bitwise(&sc, &g, &p);
+    assert_int_equal(g.st.n_buckets, 4);
+    assert_true(g.st.n_eager >= 4);
+    assert_true(g.st.n_replays >= 8);
+    rec_free(&g);
+    rec_free(&p);
+}
+
+static void test_1000_padded_replays(void **state) {
+    (void)state;
+    scen sc = {"1000", 4, 3, 10, 101, 0}; /* 3 rows on bucket 4, 100 decode steps a wave */
+    rec g, p;
+    compare_bitwise(&sc, &g, &p);
+    assert_true(g.st.n_replays >= 1000);
+    assert_true(g.st.n_padding_rows >= 1000);
+    assert_int_equal(g.st.n_eager, 0);
+    rec_free(&g);
+    rec_free(&p);
+}
+
+static void test_capture_every_bucket(void **state) {
+    (void)state;
+    scen sc = {"all", 256, 20, 1, 3, 1};
+    rec g, p;
+    compare_bitwise(&sc, &g, &p);
+    assert_int_equal(g.st.n_buckets, 9); /* 1, 2, 4, ..., 256 */
+    printf("graphs capture time: %.3f s for %d buckets of decode (%s)\n", g.st.capture_s,
+           (int)g.st.n_captured, g_device);
+    if (!g_dry)
+        assert_true(g.st.capture_s < 5.0);
+    rec_free(&g);
+    rec_free(&p);
+}
+
+int main(void) {
+    const char *dry = getenv("MS_GRAPHS_DRY_RUN");
+    g_dry = (dry != NULL && strcmp(dry, "0") != 0) || !ms_backend_cuda_available();
+    g_device = g_dry ? "cpu" : "cuda";
+    if (g_dry)
+        printf("graphs: dry run on the CPU backend (MS_GRAPHS_PADDED stands in for the graphs)\n");
+    const struct CMUnitTest tests[] = {
+        ms_unit_test(test_on_and_between_buckets),
+        ms_unit_test(test_above_largest_bucket),
+        ms_unit_test(test_1000_padded_replays),
+        ms_unit_test(test_capture_every_bucket),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
