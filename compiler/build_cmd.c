@@ -238,9 +238,7 @@ static ms_status checkpoint_shape(const ms_model *m, const char *config, ms_kern
     ms_value *values = ms_calloc((size_t)(m->n_params > 0 ? m->n_params : 1), sizeof *values);
     ms_status s2 = values == NULL ? MS_FAIL(err, MS_ERR_OOM, "out of memory") : MS_OK;
     const ms_resource *kv = NULL, *attn = NULL, *pos = NULL;
-    if (s2 == MS_OK && m->n_nodes != 1)
-        s2 = MS_FAIL(err, MS_ERR_UNSUPPORTED, "model %s has %d nodes (kernels: one decoder node)",
-                     m->name, m->n_nodes);
+    /* node 0's resources: later nodes declare the same KV layout (ms_lower_check) */
     for (int i = 0; s2 == MS_OK && i < m->nodes[0]->n_resources; i++) {
         const ms_resource *r = m->nodes[0]->resources[i];
         if (r->kind == MS_RESOURCE_KV)

@@ -104,9 +104,15 @@ typedef struct fuse {
     int lowered;                               /* value of the fused output in the current
                                                   statement, -1 */
     int slices[MS_MD_MAX_PARTS];
+    int twin;                                  /* -1, or the set of the same weights (another
+                                                  node's statement) whose FUSED rows it reads */
 } fuse;
 
-typedef enum vkind { V_BUF = 0, V_SLICE, V_HEADS, V_TOKENS, V_LOGITS } vkind;
+/* V_INPUT: a node's shaped forward input as the engine stages it (token-major, a->input);
+ * V_POSITIONS: the step's position ids (a->positions). */
+typedef enum vkind {
+    V_BUF = 0, V_SLICE, V_HEADS, V_TOKENS, V_LOGITS, V_INPUT, V_POSITIONS
+} vkind;
 
 /* A tensor value of the forward. */
 typedef struct val {
@@ -127,7 +133,8 @@ typedef struct val {
 
 typedef enum okind {
     O_EMBED = 0, O_RMS_NORM, O_ADD_RMS_NORM, O_NORM_FIRST, O_LINEAR, O_SILU_MUL, O_ROPE_KV_WRITE,
-    O_ROPE, O_KV_WRITE, O_ATTN, O_ADD, O_GATHER, O_LOOP_BEGIN, O_LOOP_END
+    O_ROPE, O_KV_WRITE, O_ATTN, O_ADD, O_GATHER, O_LOOP_BEGIN, O_LOOP_END, O_LAYER_NORM, O_GELU,
+    O_CONV1D, O_CROSS_WRITE, O_CROSS_ATTN
 } okind;
 
 typedef struct op {
@@ -140,6 +147,8 @@ typedef struct op {
     const char *comment;  /* source statement */
     const char *note;     /* fusion decision */
     const char *count;    /* LOOP_BEGIN: layer count */
+    const char *stride, *padding; /* CONV1D: C expressions */
+    bool guarded;         /* runs only when the step brings input rows (A > 0) */
 } op;
 
 typedef struct slot {
@@ -157,7 +166,7 @@ typedef struct gen {
     ms_error *err;
     ms_cg cg;
     const ms_node *node;
-    const ms_resource *kv, *pos, *attn, *sampler;
+    const ms_resource *kv, *pos, *attn, *sampler, *cross;
     const ms_forward *fwd;
     went w[MAX_W];
     int n_w;
@@ -174,6 +183,13 @@ typedef struct gen {
     int env_val[MAX_ENV];
     int n_env;
     int tokens, logits;         /* the V_TOKENS / V_LOGITS values */
+    int input;                  /* the V_INPUT value of a shaped forward input, -1 */
+    const ms_ast_fparam *in_param; /* the shaped forward parameter, NULL */
+    bool in_transposed;         /* it is read as transpose(x) ([L, C] of a declared [C, L]) */
+    bool guard;                 /* ops being lowered run only when A > 0 (xattn.write) */
+    int positions;              /* the V_POSITIONS value, -1 until read */
+    bool hidden;                /* the node has no sampler: its forward returns every token's
+                                   row of hidden states (an encoder), not logits */
     int rope_q, rope_k;         /* values rotated by pos.apply, not yet applied (-1) */
     const char *layer;          /* C expr of the loop variable inside a loop, else NULL */
     const char *layer_var;      /* its source name */
@@ -533,8 +549,15 @@ static bool string_used_otherwise(const ms_ast_expr *e, const ms_param *p) {
     return false;
 }
 
+/* Argument `key` of r, NULL when r is NULL, the argument was not written, or `key` is not a
+ * key of r's constructor (rope's theta asked of a learned positions table). */
 static const ms_ast_expr *res_arg(const ms_resource *r, const char *key) {
-    return r == NULL ? NULL : ms_resource_arg(r, key);
+    if (r == NULL)
+        return NULL;
+    for (int k = 0; k < MS_RES_MAX_KEYS && r->spec->keys[k].name != NULL; k++)
+        if (strcmp(r->spec->keys[k].name, key) == 0)
+            return ms_resource_arg(r, key);
+    return NULL;
 }
 
 static const ms_ast_expr *find_call_stmts(const ms_ptr_vec *body, const char *fn);
@@ -959,15 +982,21 @@ static void emit_facts(gen *g) {
     static const char *const dt_c[] = {"MS_DTYPE_BF16", "MS_DTYPE_F16", "MS_DTYPE_F32"};
     const ms_ast_expr *emb = find_call_stmts(&g->fwd->ast->body, "embedding");
     const ms_weight *ew = emb != NULL ? weight_of(argv_at(emb, 0)) : NULL;
-    if (ew == NULL || ew->rank != 2)
+    /* a node returning hidden states (an encoder) gives the width of its output */
+    const char *width = ew != NULL && ew->rank == 2 ? cexpr(g, ew->shape[1])
+                        : g->hidden                 ? g->v[g->logits].width
+                                                    : NULL;
+    if (width == NULL)
         fail_at(g, g->fwd->ast->loc, "the forward needs an embedding(<table>, tokens) call (it "
                 "gives the model width)");
+    const bool rope = g->pos != NULL && strcmp(g->pos->spec->ctor, "rope") == 0;
     const ms_param *mp = ms_model_find_param(g->m, "max_position_embeddings");
     if (mp == NULL || mp->type != MS_TYPE_INT)
         fail_at(g, g->m->ast->loc, "the engine needs the context limit: declare "
                 "'max_position_embeddings: int = <default>;' in config");
 
-    E("static ms_status %s_facts(const void *config, ms_md_facts *out, ms_error *err) {", g->mn);
+    E("static ms_status %s_%s_facts(const void *config, ms_md_facts *out, ms_error *err) {", g->mn,
+      g->node->name);
     g->cg.indent++;
     E("(void)err;");
     E("const %s_config *c = config;", g->mn);
@@ -977,10 +1006,24 @@ static void emit_facts(gen *g) {
     E("out->n_kv_heads = (int32_t)%s;", cexpr(g, res_arg(g->kv, "kv_heads")));
     const char *hd = cexpr(g, res_arg(g->kv, "head_dim"));
     E("out->head_dim = (int32_t)%s;", hd);
-    E("out->hidden = (int32_t)%s;", cexpr(g, ew->shape[1]));
-    E("out->vocab = (int32_t)%s;", cexpr(g, res_arg(g->sampler, "vocab")));
-    E("out->max_context = (int32_t)c->%s;", mp->name);
-    if (g->pos != NULL) {
+    E("out->hidden = (int32_t)%s;", bare(g, width));
+    /* no sampler (an encoder): no vocabulary */
+    E("out->vocab = (int32_t)%s;",
+      g->sampler != NULL ? cexpr(g, res_arg(g->sampler, "vocab")) : "0");
+    if (!g->hidden) {
+        E("out->max_context = (int32_t)c->%s;", mp->name);
+    } else {
+        /* a node returning hidden states holds what its steps write (their spans) */
+        const char *mc = NULL;
+        for (int k = 0; k < g->node->n_steps; k++)
+            for (int q = 0; q < g->node->steps[k]->n_segments; q++) {
+                const ms_ast_expr *sp = g->node->steps[k]->segments[q].span;
+                const char *t = bare(g, cexpr(g, sp));
+                mc = mc == NULL ? t : S("MS_MAX(%s, %s)", mc, t);
+            }
+        E("out->max_context = (int32_t)(%s);", mc != NULL ? mc : "0");
+    }
+    if (rope) {
         E("out->rope.style = %s;", bare(g, word_expr(g, res_arg(g->pos, "style"), style_w,
                                                      style_c, "MS_ROPE_ROTATE_HALF")));
         const ms_ast_expr *rhd = res_arg(g->pos, "head_dim"), *rd = res_arg(g->pos, "rotary_dim");
@@ -1076,14 +1119,24 @@ static void analyze_fusion_stmts(gen *g, const ms_ptr_vec *body) {
             }
             if (f.n < 2)
                 continue;
-            /* a weight used by two fusion sets cannot be stored twice: keep the first */
+            /* a weight used by two fusion sets cannot be stored twice: keep the first; a set of
+               the same weights in the same order (another node's forward) reads its rows */
             bool clash = false;
-            for (int q = 0; q < g->n_fu; q++)
+            f.twin = -1;
+            for (int q = 0; q < g->n_fu; q++) {
+                bool same = g->fu[q].twin < 0 && g->fu[q].n == f.n;
+                for (int x = 0; same && x < f.n; x++)
+                    same = g->fu[q].ws[x] == f.ws[x] && g->fu[q].bs[x] == f.bs[x];
+                if (same) {
+                    f.twin = q;
+                    break;
+                }
                 for (int x = 0; x < g->fu[q].n; x++)
                     for (int y = 0; y < f.n; y++)
                         clash = clash || g->fu[q].ws[x] == f.ws[y] ||
                                 (f.bs[y] != NULL && g->fu[q].bs[x] == f.bs[y]);
-            if (clash)
+            }
+            if (clash && f.twin < 0)
                 continue;
             if (g->n_fu == MAX_FUSE)
                 fail_at(g, s->loc, "too many fused linears (at most %d)", MAX_FUSE);
@@ -1096,7 +1149,7 @@ static void analyze_fusion_stmts(gen *g, const ms_ptr_vec *body) {
 
 static int fuse_of_weight(gen *g, const ms_weight *w, bool *is_bias, int *part) {
     for (int q = 0; q < g->n_fu; q++)
-        for (int x = 0; x < g->fu[q].n; x++) {
+        for (int x = 0; x < g->fu[q].n && g->fu[q].twin < 0; x++) {
             if (g->fu[q].ws[x] == w || g->fu[q].bs[x] == w) {
                 *is_bias = g->fu[q].bs[x] == w;
                 *part = x;
@@ -1181,6 +1234,11 @@ static void build_weight_table(gen *g) {
             f->w_entry = g->n_w;
         g->n_w++;
     }
+    for (int q = 0; q < g->n_fu; q++)
+        if (g->fu[q].twin >= 0) {
+            g->fu[q].w_entry = g->fu[g->fu[q].twin].w_entry;
+            g->fu[q].b_entry = g->fu[g->fu[q].twin].b_entry;
+        }
     /* unique enum names: W_<KEY> with '+' and '.' mapped to '_' could collide in odd files */
     for (int i = 0; i < g->n_w; i++)
         for (int j = 0; j < i; j++)
@@ -1319,6 +1377,22 @@ static void emit_weights(gen *g) {
     }
     g->cg.indent--;
     E("}");
+    if (g->m->n_groups < 2)
+        return; /* one group: its count is facts.n_layers */
+    ms_emit_blank(&g->cg);
+    E("/* instances of a per-layer entry: its group's count (groups of different counts) */");
+    E("static int32_t %s_weight_layers(const void *config, int32_t w) {", g->mn);
+    g->cg.indent++;
+    E("const %s_config *c = config;", g->mn);
+    E("switch (w) {");
+    for (int i = 0; i < g->n_w; i++)
+        if (g->w[i].group != NULL)
+            E("case %s: return (int32_t)(%s);", g->w[i].ename,
+              bare(g, cexpr(g, g->w[i].group->count)));
+    E("default: return 1;");
+    E("}");
+    g->cg.indent--;
+    E("}");
 }
 
 /* The `ignore` patterns: checkpoint tensors present but not loaded (ms_md_tensor_ignored). */
@@ -1436,13 +1510,25 @@ static const char *fork_list(gen *g, const ms_fork_decl *f, int n) {
     return t;
 }
 
+/* The label index of the node's cross resource's context stream, or -1 (no cross resource). */
+static int cross_label(gen *g) {
+    const ms_ast_expr *c = res_arg(g->cross, "context");
+    if (c == NULL || c->kind != MS_EXPR_NAME)
+        return -1;
+    for (int l = 0; l < g->node->n_labels; l++)
+        if (strcmp(g->node->labels[l].name, c->text) == 0)
+            return l;
+    return -1;
+}
+
 /*
  * One step: its static record data (combined labels, forks), the generated step runner that fills
  * the declaration for a batch of rows, and its ms_md_step row (emitted later into the table).
  */
 static void emit_step(gen *g, const ms_step_decl *s, int index) {
-    const char *fn = S("%s_run_%s", g->mn, s->name);
-    if (s->n_inputs != 1)
+    const char *fn = S("%s_%s_run_%s", g->mn, g->node->name, s->name);
+    /* one token input; a node with a cross resource also takes the context rows */
+    if (s->n_inputs != 1 && !(g->cross != NULL && s->n_inputs == 2))
         fail_at(g, s->ast->loc, "step '%s': the engine runs steps of one token input (a "
                 "request's input holds one token list per stream), not %d", s->name,
                 s->n_inputs);
@@ -1453,10 +1539,16 @@ static void emit_step(gen *g, const ms_step_decl *s, int index) {
     if (kv != NULL && kv->n_combined > 1)
         fail_at(g, s->ast->loc, "step '%s': the engine plans one combined label per step (its "
                 "attention runs one plan label)", s->name);
+    const int ctx_label = cross_label(g);
+    if (ctx_label >= 0 && s->n_segments > 0 && s->segments[0].label == ctx_label)
+        fail_at(g, s->segments[0].span->loc, "step '%s': its first segment is on '%s', the "
+                "context label of cross '%s': the queries' label comes first (the context rows "
+                "are packed after them)", s->name, label_name(g, ctx_label), g->cross->name);
     if (kv != NULL && kv->n_combined == 0) {
-        /* without a combine every label is its own plan label: one label per step */
+        /* without a combine every label is its own plan label: one label per step (and the
+           cross resource's context, whose rows the forward writes and reads apart) */
         for (int i = 1; i < s->n_segments; i++)
-            if (s->segments[i].label != s->segments[0].label)
+            if (s->segments[i].label != s->segments[0].label && s->segments[i].label != ctx_label)
                 fail_at(g, s->segments[i].span->loc, "step '%s': segments over several labels "
                         "need `kv combine = [...] -> plan` (the engine's attention runs one plan "
                         "label per step)", s->name);
@@ -1549,6 +1641,7 @@ static void emit_step(gen *g, const ms_step_decl *s, int index) {
             E("ms_md_step_attn(b, %d, %s);", r, at == NULL || at->causal ? "true" : "false");
             break;
         case MS_RESOURCE_SAMPLER: E("ms_md_step_sampler(b, %d);", r); break;
+        case MS_RESOURCE_CROSS: E("ms_md_step_cross(b, %d);", r); break;
         default: fail_at(g, res->ast->loc, "resource '%s' has no step record", res->name);
         }
     }
@@ -1573,12 +1666,14 @@ static void emit_step_row(gen *g, const ms_step_decl *s) {
     E(".n_segments = %d,", s->n_segments);
     E(".labels = {%s},", l->data);
     E(".explicit_positions = %s,", po != NULL && po->explicit_ids ? "true" : "false");
-    const ms_step_rec *at = rec_of(s, g->attn);
+    /* a node without a sampler returns every token's hidden row whatever its attention; in a
+       node with one, a non-causal step is a block step (every token's logits) */
+    const ms_step_rec *at = g->hidden ? NULL : rec_of(s, g->attn);
     if (at != NULL && !at->causal && !g->used_gather)
         fail_at(g, s->ast->loc, "step '%s': a block step returns every token's logits, which "
                 "needs a forward that gathers its output rows", s->name);
     E(".all_logits = %s,", at != NULL && !at->causal ? "true" : "false");
-    E(".run = %s_run_%s,", g->mn, s->name);
+    E(".run = %s_%s_run_%s,", g->mn, g->node->name, s->name);
     E(".capture_by_tokens = %s,", s->capture == MS_CAPTURE_TOKENS ? "true" : "false");
     E(".buckets = {%s},", s->n_buckets ? b->data : "0");
     E(".n_buckets = %d,", s->n_buckets);
@@ -1632,8 +1727,11 @@ static void flatten_walk(gen *g, const ms_ast_walk_item *it, witem *steps, int *
         if (k < 0)
             fail_at(g, it->loc, "walk: '%s.%s' is not a step of node '%s'", it->node.name,
                     it->step.name, node->name);
+        bool sampled = false;
+        for (int r = 0; r < node->n_resources; r++)
+            sampled = sampled || node->resources[r]->kind == MS_RESOURCE_SAMPLER;
         const ms_step_rec *at = attn_rec(node, node->steps[k]);
-        if (at != NULL && !at->causal)
+        if (at != NULL && !at->causal && sampled)
             fail_at(g, it->loc, "walk: '%s' is a block step (attn causal = false: every token's "
                     "logits, nothing sampled); it runs through ms_engine_run_step, not in a walk",
                     it->step.name);
@@ -1766,6 +1864,7 @@ static op *new_op(gen *g, okind k) {
     o->kind = k;
     o->out = -1;
     o->w = o->b = -1;
+    o->guarded = g->guard;
     if (!g->stmt_used && k != O_LOOP_BEGIN && k != O_LOOP_END) {
         o->comment = g->stmt;
         g->stmt_used = true;
@@ -1910,9 +2009,39 @@ static int lower_linear(gen *g, const ms_ast_expr *e, const char *hint, int dest
     return out;
 }
 
+/* Whether d is the dynamic dimension `_`. */
+static bool dyn_dim(const ms_ast_expr *d) {
+    return d == NULL || (d->kind == MS_EXPR_NAME && strcmp(d->text, "_") == 0);
+}
+
+/* The node's shaped input as the forward reads it: transposed ([L, C] of a declared [C, L], an
+ * encoder's features) or as declared ([A, C]: a decoder's context rows, A the step's rows). */
+static int input_val(gen *g, const ms_ast_expr *at, bool transposed) {
+    if (g->input >= 0) {
+        if (g->in_transposed != transposed)
+            fail_at(g, at->loc, "'%s' is read both as declared and transposed",
+                    g->in_param->name.name);
+        return g->input;
+    }
+    const ms_ast_expr *d0 = g->in_param->shape.items[0], *d1 = g->in_param->shape.items[1];
+    const ms_ast_expr *rows = transposed ? d1 : d0, *cols = transposed ? d0 : d1;
+    if (dyn_dim(cols) || (transposed && dyn_dim(rows)))
+        fail_at(g, at->loc, "'%s': its %s must be a config expression", g->in_param->name.name,
+                dyn_dim(cols) ? "width" : "frame count");
+    g->input = new_val(g, V_INPUT);
+    g->in_transposed = transposed;
+    g->v[g->input].rows = dyn_dim(rows) ? "A" : bare(g, cexpr(g, rows));
+    g->v[g->input].width = bare(g, cexpr(g, cols));
+    g->v[g->input].name = g->in_param->name.name;
+    return g->input;
+}
+
 static int lower(gen *g, const ms_ast_expr *e, const char *hint, int dest) {
     switch (e->kind) {
     case MS_EXPR_NAME: {
+        if (e->sym != NULL && e->sym->kind == MS_SYM_INPUT && g->in_param != NULL &&
+            strcmp(e->text, g->in_param->name.name) == 0)
+            return input_val(g, e, false);
         if (e->sym != NULL && e->sym->kind == MS_SYM_INPUT)
             return g->tokens;
         if (g->gather_name != NULL && strcmp(e->text, g->gather_name) == 0)
@@ -1979,6 +2108,109 @@ static int lower(gen *g, const ms_ast_expr *e, const char *hint, int dest) {
         }
         if (is_call(e, "linear"))
             return lower_linear(g, e, hint, dest);
+        if (is_call(e, "transpose")) {
+            const ms_ast_expr *x = argv_at(e, 0);
+            if (g->in_param == NULL || x->kind != MS_EXPR_NAME || x->sym == NULL ||
+                x->sym->kind != MS_SYM_INPUT || strcmp(x->text, g->in_param->name.name) != 0)
+                fail_at(g, e->loc, "transpose() is lowered for the node's shaped input only (the "
+                        "engine stages it token-major)");
+            return input_val(g, e, true);
+        }
+        if (is_call(e, "gelu")) {
+            int x = use_val(g, lower(g, argv_at(e, 0), NULL, -1));
+            int out = dest >= 0 ? dest
+                      : (g->v[x].kind == V_BUF && !g->v[x].bound)
+                          ? x
+                          : new_buf(g, g->v[x].rows, g->v[x].width, hint);
+            op *o = new_op(g, O_GELU);
+            op_in(o, x);
+            o->out = out;
+            return out;
+        }
+        if (is_call(e, "layer_norm")) {
+            int x = use_val(g, lower(g, argv_at(e, 0), NULL, -1));
+            int w = weight_entry(g, argv_at(e, 1), "layer_norm()'s weight");
+            const ms_ast_expr *be = argv_at(e, 2);
+            int b = be->kind != MS_EXPR_NONE ? weight_entry(g, be, "layer_norm()'s bias") : -1;
+            int out = out_val(g, dest, g->v[x].rows, g->v[x].width, hint);
+            op *o = new_op(g, O_LAYER_NORM);
+            op_in(o, x);
+            o->out = out;
+            o->w = w;
+            o->b = b;
+            o->eps = S("(float)%s", cexpr(g, argv_at(e, 3)));
+            return out;
+        }
+        if (is_call(e, "conv1d")) {
+            int x = use_val(g, lower(g, argv_at(e, 0), NULL, -1));
+            int w = weight_entry(g, argv_at(e, 1), "conv1d()'s weight");
+            int b = argv_at(e, 2) != NULL ? weight_entry(g, argv_at(e, 2), "conv1d()'s bias") : -1;
+            const ms_weight *ww = weight_of(argv_at(e, 1));
+            const ms_ast_expr *st = named_arg(e, "stride"), *pd = named_arg(e, "padding");
+            const char *stride = st != NULL ? bare(g, cexpr(g, st)) : "1";
+            const char *pad = pd != NULL ? bare(g, cexpr(g, pd)) : "0";
+            const char *k = bare(g, cexpr(g, ww->shape[2]));
+            if (strcmp(g->v[x].rows, "S") == 0)
+                fail_at(g, e->loc, "conv1d() runs over the frames of one sequence");
+            /* torch.nn.Conv1d: T_out = (T_in + 2 padding - K) / stride + 1 */
+            const char *rows = S("(((%s) + 2 * (%s) - (%s)) / (%s) + 1)", g->v[x].rows, pad, k,
+                                 stride);
+            int out = dest >= 0 ? dest : new_buf(g, rows, cexpr(g, ww->shape[0]), hint);
+            op *o = new_op(g, O_CONV1D);
+            op_in(o, x);
+            o->out = out;
+            o->w = w;
+            o->b = b;
+            o->stride = stride;
+            o->padding = pad;
+            return out;
+        }
+        if (e->lhs->kind == MS_EXPR_MEMBER && e->lhs->lhs->sym != NULL &&
+            e->lhs->lhs->sym->kind == MS_SYM_RESOURCE &&
+            e->lhs->lhs->sym->resource->kind == MS_RESOURCE_CROSS &&
+            strcmp(e->lhs->text, "run") == 0) {
+            /* cross-attention: the step's queries over each row's context view (not causal;
+               the engine stages a->cross_batch from the cross resource's plan) */
+            if (g->layer == NULL)
+                fail_at(g, e->loc, "cross-attention runs inside a layer loop (layer = <loop "
+                        "variable>)");
+            int q = use_val(g, lower(g, argv_at(e, 0), NULL, -1));
+            const char *qh = cexpr(g, res_arg(g->cross, "q_heads")), *hd = head_dim(g);
+            int out = out_val(g, dest, g->v[q].rows, g->v[q].width, hint);
+            op *o = new_op(g, O_CROSS_ATTN);
+            op_in(o, heads_of(g, q, qh, hd));
+            o->out = heads_of(g, out, qh, hd);
+            return out;
+        }
+        if (e->lhs->kind == MS_EXPR_MEMBER && e->lhs->lhs->sym != NULL &&
+            e->lhs->lhs->sym->kind == MS_SYM_RESOURCE &&
+            e->lhs->lhs->sym->resource->kind == MS_RESOURCE_POS &&
+            strcmp(e->lhs->text, "embed") == 0) {
+            /* learned absolute positions: rows of the table gathered by each token's position
+               (the positions resource's ids; HF WhisperEncoder adds embed_positions[:T], a
+               decoder embed_positions(position ids)) */
+            const ms_resource *pr = e->lhs->lhs->sym->resource;
+            if (pr != g->pos || strcmp(pr->spec->ctor, "positions") != 0)
+                fail_at(g, e->loc, "%s.embed() reads a positions(kv, table = ...) resource of "
+                        "this node", pr->name);
+            const ms_ast_expr *tab = res_arg(pr, "table");
+            if (tab == NULL)
+                fail_at(g, pr->ast->loc, "positions '%s' has no table", pr->name);
+            int w = weight_entry(g, tab, "the positions table");
+            if (g->positions < 0) {
+                g->positions = new_val(g, V_POSITIONS);
+                g->v[g->positions].rows = "T";
+                g->v[g->positions].name = "positions";
+            }
+            const ms_weight *tw = weight_of(tab);
+            int out = out_val(g, dest, "T", cexpr(g, tw->shape[1]), hint);
+            op *o = new_op(g, O_EMBED);
+            op_in(o, g->positions);
+            o->out = out;
+            o->w = w;
+            o->note = "learned positions: table rows by position id";
+            return out;
+        }
         if (e->lhs->kind == MS_EXPR_MEMBER && e->lhs->lhs->sym != NULL &&
             e->lhs->lhs->sym->kind == MS_SYM_RESOURCE &&
             e->lhs->lhs->sym->resource->kind == MS_RESOURCE_ATTN &&
@@ -2083,7 +2315,7 @@ static int carry_of(gen *g, const ms_ast_stmt *s, const char *name) {
 static const ms_ast_expr *rowwise_leaf(const ms_ast_expr *e) {
     if (e->kind == MS_EXPR_NAME)
         return e;
-    if (is_call(e, "linear") || is_call(e, "rms_norm"))
+    if (is_call(e, "linear") || is_call(e, "rms_norm") || is_call(e, "layer_norm"))
         return rowwise_leaf(argv_at(e, 0));
     return NULL;
 }
@@ -2105,6 +2337,12 @@ static void lower_stmt(gen *g, const ms_ast_stmt *s) {
         if (grp == NULL || g->layer != NULL || seen)
             fail_at(g, s->loc, "the forward may have one layer loop (not nested, not two)");
         flush_rope(g);
+        /* an add deferred before the loop happens once, before it */
+        for (int x = 0; x < g->n_v; x++)
+            if (g->v[x].kind == V_BUF && g->v[x].pending_add >= 0) {
+                g->stmt_used = true;
+                flush_add(g, x);
+            }
         g->stmt = S("for %s in %s", s->var.name, s->group.name);
         op *b = new_op(g, O_LOOP_BEGIN);
         b->count = bare(g, cexpr(g, grp->count));
@@ -2169,6 +2407,18 @@ static void lower_stmt(gen *g, const ms_ast_stmt *s) {
         const ms_ast_expr *e = s->rhs.items[0];
         const ms_ast_expr *leaf = rowwise_leaf(e);
         flush_rope(g);
+        if (g->hidden) {
+            /* every token's row: the hidden states another node reads */
+            if (e->kind != MS_EXPR_CALL)
+                fail_at(g, e->loc, "the returned hidden states must be computed by an op (end "
+                        "with a norm, linear or activation)");
+            g->v[g->logits].width = e->rank == 2 && e->dims[1] != NULL ? cexpr(g, e->dims[1])
+                                                                       : NULL;
+            if (g->v[g->logits].width == NULL)
+                fail_at(g, e->loc, "the width of the returned hidden states is not known");
+            lower(g, e, NULL, g->logits);
+            return;
+        }
         if (leaf != NULL && leaf != e) {
             int x = use_val(g, lower(g, leaf, NULL, -1));
             int xl = new_buf(g, "S", g->v[x].width, S("%s_last", leaf->text));
@@ -2187,12 +2437,39 @@ static void lower_stmt(gen *g, const ms_ast_stmt *s) {
         fail_at(g, e->loc, "the returned logits must be linear/rms_norm of a forward value");
     }
     case MS_AST_STMT_ASSIGN:
+    case MS_AST_STMT_EXPR:
         break;
     default:
         fail_at(g, s->loc, "cannot lower this statement yet");
     }
     /* q, k = pos.apply(q, k): rotation deferred (fused with the KV write of attn.run) */
     const ms_ast_expr *r0 = s->rhs.items[0];
+    if (s->kind == MS_AST_STMT_EXPR && r0->kind == MS_EXPR_CALL &&
+        r0->lhs->kind == MS_EXPR_MEMBER && r0->lhs->lhs->sym != NULL &&
+        r0->lhs->lhs->sym->kind == MS_SYM_RESOURCE &&
+        r0->lhs->lhs->sym->resource->kind == MS_RESOURCE_CROSS &&
+        strcmp(r0->lhs->text, "write") == 0) {
+        /* the context K/V of this layer from the step's input rows, into the context stream's
+           write addresses (a->context_batch); a step without context rows skips it */
+        if (g->layer == NULL)
+            fail_at(g, s->loc, "xattn.write runs inside a layer loop (layer = <loop variable>)");
+        g->guard = true;
+        int k = use_val(g, lower(g, argv_at(r0, 0), NULL, -1));
+        int v = use_val(g, lower(g, argv_at(r0, 1), NULL, -1));
+        if (g->input < 0 || strcmp(g->v[k].rows, g->v[g->input].rows) != 0 ||
+            strcmp(g->v[v].rows, g->v[g->input].rows) != 0)
+            fail_at(g, s->loc, "xattn.write writes rows computed from the node's input (%s)",
+                    g->in_param != NULL ? g->in_param->name.name : "none");
+        const char *kh = kv_heads(g), *hd = head_dim(g);
+        op *o = new_op(g, O_CROSS_WRITE);
+        op_in(o, heads_of(g, k, kh, hd));
+        op_in(o, heads_of(g, v, kh, hd));
+        g->guard = false;
+        return;
+    }
+    if (s->kind == MS_AST_STMT_EXPR)
+        fail_at(g, s->loc, "cannot lower this statement yet (a call for its effect: only "
+                "xattn.write)");
     if (s->rhs.n == 1 && r0->kind == MS_EXPR_CALL && r0->lhs->kind == MS_EXPR_MEMBER &&
         strcmp(r0->lhs->text, "apply") == 0) {
         if (s->lhs.n != 2 || r0->args.n != 2)
@@ -2333,6 +2610,8 @@ static const char *tname(gen *g, int x) {
     switch (v->kind) {
     case V_BUF: return x == g->logits ? "a->logits" : g->s[v->slot].name;
     case V_TOKENS: return "a->tokens";
+    case V_INPUT: return "a->input";
+    case V_POSITIONS: return "a->positions";
     default: return v->name;
     }
 }
@@ -2343,25 +2622,33 @@ static const char *tref(gen *g, int x) {
         return "a->logits";
     if (x == g->tokens)
         return "a->tokens";
+    if (g->v[x].kind == V_INPUT || g->v[x].kind == V_POSITIONS)
+        return tname(g, x);
     return S("&%s", tname(g, x));
 }
 
 static void emit_forward(gen *g) {
     const char *mn = g->mn;
+    /* names carry the node (two nodes' forwards, layouts and buffer enums share one file) */
+    const char *fn = S("%s_%s", mn, g->node->name);
+    const char *bp = S("B_%s_", upper_ident(g, g->node->name));
     E("/* Workspace: float32 buffers planned by liveness (a buffer is reused once its value is");
     E(" * dead and the next one has the same shape), each slice 64-byte aligned; capacities T");
     E(" * tokens and S sequences. */");
     E("enum {");
     g->cg.indent++;
     for (int i = 0; i < g->n_s; i++)
-        E("B_%s%s,", upper_ident(g, g->s[i].name + 2), i == 0 ? " = 0" : "");
-    E("B_COUNT");
+        E("%s%s%s,", bp, upper_ident(g, g->s[i].name + 2), i == 0 ? " = 0" : "");
+    E("%sCOUNT", bp);
     g->cg.indent--;
     E("};");
     ms_emit_blank(&g->cg);
-    E("static size_t %s_layout(const %s_config *c, int32_t T, int32_t S, size_t *off) {", mn, mn);
+    E("static size_t %s_layout(const %s_config *c, int32_t T, int32_t S, size_t *off) {", fn, mn);
     g->cg.indent++;
-    E("size_t sizes[B_COUNT];");
+    const bool dyn_input = g->input >= 0 && strcmp(g->v[g->input].rows, "A") == 0;
+    if (dyn_input)
+        E("const int64_t A = T; /* input rows (a cross resource's context): within the tokens */");
+    E("size_t sizes[%sCOUNT];", bp);
     for (int i = 0; i < g->n_s; i++) {
         ms_strbuf *b = sb_get(g);
         for (int x = 0; x < g->n_v; x++)
@@ -2369,7 +2656,7 @@ static void emit_forward(gen *g) {
                 ms_strbuf_printf(b, "%s%s", b->len ? ", " : "", g->v[x].name);
         if (b->oom)
             ms_arena_oom(&g->a);
-        E("sizes[B_%s] = (size_t)%s * (size_t)(%s); /* %s */", upper_ident(g, g->s[i].name + 2),
+        E("sizes[%s%s] = (size_t)%s * (size_t)(%s); /* %s */", bp, upper_ident(g, g->s[i].name + 2),
           g->s[i].rows, bare(g, g->s[i].width), b->data);
         sb_put(g, b);
     }
@@ -2377,7 +2664,7 @@ static void emit_forward(gen *g) {
     E("(void)T;");
     E("(void)S;");
     E("size_t n = 0;");
-    E("for (int b = 0; b < B_COUNT; b++) {");
+    E("for (int b = 0; b < %sCOUNT; b++) {", bp);
     E("    off[b] = n;");
     E("    n += (sizes[b] + 15) / 16 * 16;");
     E("}");
@@ -2386,29 +2673,47 @@ static void emit_forward(gen *g) {
     E("}");
     ms_emit_blank(&g->cg);
     E("static size_t %s_workspace_size(const void *config, int32_t max_tokens, int32_t max_seqs) {",
-      mn);
-    E("    size_t off[B_COUNT];");
-    E("    return %s_layout(config, max_tokens, max_seqs, off);", mn);
+      fn);
+    E("    size_t off[%sCOUNT];", bp);
+    E("    return %s_layout(config, max_tokens, max_seqs, off);", fn);
     E("}");
     ms_emit_blank(&g->cg);
-    E("static ms_status %s_forward(const ms_md_forward_args *a, ms_error *err) {", mn);
+    E("static ms_status %s_forward(const ms_md_forward_args *a, ms_error *err) {", fn);
     g->cg.indent++;
     E("const %s_config *c = a->config;", mn);
     E("const ms_backend *be = a->be;");
     E("const ms_backend_i *f = &be->iface;");
     E("void *cx = be->ctx;");
     E("const int64_t T = a->batch->n_tokens;");
+    if (dyn_input)
+        E("const int64_t A = a->input != NULL ? a->input->shape[0] : 0; /* context rows */");
     E("const int64_t S = a->out_rows != NULL ? a->out_rows->shape[0] : a->batch->n_seqs;");
-    E("size_t off[B_COUNT];");
-    E("%s_layout(c, a->max_tokens, a->max_seqs, off);", mn);
+    E("size_t off[%sCOUNT];", bp);
+    E("%s_layout(c, a->max_tokens, a->max_seqs, off);", fn);
     E("float *ws = a->workspace;");
     E("(void)be;");
     E("(void)S;");
+    if (g->hidden) {
+        /* its buffers hold the frames of one sequence; the engine stages the input */
+        E("if (a->batch->n_seqs != 1)");
+        E("    return MS_FAIL(err, MS_ERR_UNSUPPORTED, \"node %s: one sequence per step (%%d given)\",",
+          g->node->name);
+        E("                   (int)a->batch->n_seqs);");
+        if (g->input >= 0) {
+            E("if (a->input == NULL || a->input->shape[0] != (int64_t)(%s) ||",
+              g->v[g->input].rows);
+            E("    a->input->shape[1] != (int64_t)(%s))", g->v[g->input].width);
+            E("    return MS_FAIL(err, MS_ERR_INVALID_ARG, \"node %s: input %s must be [%%lld, %%lld] \"",
+              g->node->name, g->v[g->input].name);
+            E("                   \"(token-major)\", (long long)(%s), (long long)(%s));",
+              g->v[g->input].rows, g->v[g->input].width);
+        }
+    }
     ms_emit_blank(&g->cg);
     E("/* planned buffers */");
     for (int i = 0; i < g->n_s; i++)
-        E("ms_tensor %s = ms_tensor_2d(ws + off[B_%s], MS_DTYPE_F32, %s, %s);", g->s[i].name,
-          upper_ident(g, g->s[i].name + 2), g->s[i].rows, bare(g, g->s[i].width));
+        E("ms_tensor %s = ms_tensor_2d(ws + off[%s%s], MS_DTYPE_F32, %s, %s);", g->s[i].name,
+          bp, upper_ident(g, g->s[i].name + 2), g->s[i].rows, bare(g, g->s[i].width));
     E("/* views */");
     for (int x = 0; x < g->n_v; x++) {
         const val *v = &g->v[x];
@@ -2423,13 +2728,25 @@ static void emit_forward(gen *g) {
         E("ms_tensor last = a->out_rows != NULL ? *a->out_rows");
         E("                                     : ms_tensor_1d(a->batch->last_token, MS_DTYPE_I32, S);");
     }
+    bool in_guard = false; /* inside `if (A > 0) {`: ops of a step with input rows */
     for (int i = 0; i < g->n_o; i++) {
         const op *o = &g->o[i];
+        if (in_guard && (!o->guarded || o->kind == O_LOOP_END)) {
+            g->cg.indent--;
+            E("}");
+            in_guard = false;
+        }
         if (o->kind == O_LOOP_END) {
             g->layer = NULL;
             g->cg.indent--;
             E("}");
             continue;
+        }
+        if (o->guarded && !in_guard) {
+            ms_emit_blank(&g->cg);
+            E("if (A > 0) { /* the step writes context rows */");
+            g->cg.indent++;
+            in_guard = true;
         }
         if (o->comment != NULL || o->kind == O_LOOP_BEGIN)
             ms_emit_blank(&g->cg);
@@ -2475,6 +2792,36 @@ static void emit_forward(gen *g) {
                   tref(g, o->out));
             }
             break;
+        case O_GELU:
+            E("MS_TRY(f->gelu(cx, %s, %s, err));", tref(g, o->in[0]), tref(g, o->out));
+            break;
+        case O_CROSS_WRITE:
+            E("MS_TRY(f->kv_write(cx, a->kv, l, %s, %s, a->context_batch, err));",
+              tref(g, o->in[0]), tref(g, o->in[1]));
+            break;
+        case O_CROSS_ATTN:
+            E("MS_TRY(f->attention(cx, %s, a->kv, l, a->cross_batch, &a->cross_attn, %s, err));",
+              tref(g, o->in[0]), tref(g, o->out));
+            break;
+        case O_LAYER_NORM:
+        case O_CONV1D:
+            E("{");
+            g->cg.indent++;
+            if (o->b >= 0) {
+                E("const ms_tensor *bias = %s;", wref(g, o->b));
+                E("bias = bias->data != NULL ? bias : NULL;");
+            } else {
+                E("const ms_tensor *bias = NULL;");
+            }
+            if (o->kind == O_LAYER_NORM)
+                E("MS_TRY(f->layer_norm(cx, %s, %s, bias, %s, %s, err));", tref(g, o->in[0]), W,
+                  o->eps, tref(g, o->out));
+            else
+                E("MS_TRY(f->conv1d(cx, %s, %s, bias, (int32_t)(%s), (int32_t)(%s), %s, err));",
+                  tref(g, o->in[0]), W, o->stride, o->padding, tref(g, o->out));
+            g->cg.indent--;
+            E("}");
+            break;
         case O_SILU_MUL:
             E("MS_TRY(f->silu_mul(cx, %s, %s, %s, err));", tref(g, o->in[0]), tref(g, o->in[1]),
               tref(g, o->out));
@@ -2511,6 +2858,30 @@ static void emit_forward(gen *g) {
     E("return MS_OK;");
     g->cg.indent--;
     E("}");
+    if (g->hidden) {
+        ms_emit_blank(&g->cg);
+        E("/* the width of the hidden rows the forward returns (an encoder's output) */");
+        E("static int64_t %s_hidden_width(const void *config) {", fn);
+        E("    const %s_config *c = config;", mn);
+        E("    (void)c;");
+        E("    return (int64_t)(%s);", bare(g, g->v[g->logits].width));
+        E("}");
+    }
+    if (g->input < 0)
+        return;
+    ms_emit_blank(&g->cg);
+    if (g->in_transposed)
+        E("/* the shaped input as the forward reads it: %s transposed, [frames, channels] */",
+          g->v[g->input].name);
+    else
+        E("/* the shaped input as the forward reads it: %s, [rows, width] (-1 rows: the step's) */",
+          g->v[g->input].name);
+    E("static void %s_input_shape(const void *config, int64_t *rows, int64_t *cols) {", fn);
+    E("    const %s_config *c = config;", mn);
+    E("    (void)c;");
+    E("    *rows = (int64_t)(%s);", dyn_input ? "-1" : g->v[g->input].rows);
+    E("    *cols = (int64_t)(%s);", g->v[g->input].width);
+    E("}");
 }
 
 /* One node's tables: resources (with their arguments), labels, step runners and the step table. */
@@ -2546,6 +2917,8 @@ static void emit_node(gen *g) {
     ms_emit_blank(&g->cg);
 }
 
+static void lower_node(gen *g, int ni);
+
 /* The node table: one ms_md_node per node of the model, in declaration order. */
 static void emit_node_table(gen *g) {
     const ms_model *m = g->m;
@@ -2553,9 +2926,6 @@ static void emit_node_table(gen *g) {
     g->cg.indent++;
     for (int ni = 0; ni < m->n_nodes; ni++) {
         const char *nn = m->nodes[ni]->name;
-        if (m->nodes[ni] != g->node)
-            fail_at(g, m->nodes[ni]->ast->loc, "node '%s': only one node's forward is lowered",
-                    nn);
         E("{");
         g->cg.indent++;
         E(".name = %s,", c_string(g, nn));
@@ -2565,8 +2935,14 @@ static void emit_node_table(gen *g) {
         E(".n_resources = (int32_t)MS_ARRAY_LEN(%s_%s_resources),", g->mn, nn);
         E(".steps = %s_%s_steps,", g->mn, nn);
         E(".n_steps = (int32_t)MS_ARRAY_LEN(%s_%s_steps),", g->mn, nn);
-        E(".workspace_size = %s_workspace_size,", g->mn);
-        E(".forward = %s_forward,", g->mn);
+        E(".workspace_size = %s_%s_workspace_size,", g->mn, nn);
+        E(".forward = %s_%s_forward,", g->mn, nn);
+        E(".facts = %s_%s_facts,", g->mn, nn);
+        lower_node(g, ni); /* whether it returns hidden rows, whether it reads an input */
+        if (g->hidden)
+            E(".hidden_width = %s_%s_hidden_width,", g->mn, nn);
+        if (g->input >= 0)
+            E(".input_shape = %s_%s_input_shape,", g->mn, nn);
         g->cg.indent--;
         E("},");
     }
@@ -2578,21 +2954,25 @@ static void emit_node_table(gen *g) {
 
 static void node_slots(gen *g, const ms_node *n);
 
+/* Every node has its resources in slots and exactly one forward; node 0 is left selected (its
+ * resources give the model's facts). */
 static void find_node(gen *g) {
     const ms_model *m = g->m;
-    if (m->n_nodes != 1)
-        fail_at(g, m->ast->loc, "the engine runs models of one node (this one has %d)",
-                m->n_nodes);
-    node_slots(g, m->nodes[0]);
-    if (g->node->n_forwards != 1)
-        fail_at(g, g->node->ast->loc, "node '%s' needs exactly one forward", g->node->name);
-    g->fwd = g->node->forwards[0];
+    if (m->n_nodes < 1 || m->n_nodes > MS_MD_MAX_NODES)
+        fail_at(g, m->ast->loc, "the engine runs models of 1 to %d nodes (this one has %d)",
+                MS_MD_MAX_NODES, m->n_nodes);
+    for (int ni = m->n_nodes - 1; ni >= 0; ni--) {
+        node_slots(g, m->nodes[ni]);
+        if (g->node->n_forwards != 1)
+            fail_at(g, g->node->ast->loc, "node '%s' needs exactly one forward", g->node->name);
+        g->fwd = g->node->forwards[0];
+    }
 }
 
 /* Make `n` the node being emitted: g->node and its kv, pos, attn and sampler resources. */
 static void node_slots(gen *g, const ms_node *n) {
     g->node = n;
-    g->kv = g->pos = g->attn = g->sampler = NULL;
+    g->kv = g->pos = g->attn = g->sampler = g->cross = NULL;
     for (int r = 0; r < g->node->n_resources; r++) {
         const ms_resource *res = g->node->resources[r];
         const ms_resource **slotp = NULL;
@@ -2601,16 +2981,19 @@ static void node_slots(gen *g, const ms_node *n) {
         case MS_RESOURCE_POS: slotp = &g->pos; break;
         case MS_RESOURCE_ATTN: slotp = &g->attn; break;
         case MS_RESOURCE_SAMPLER: slotp = &g->sampler; break;
+        case MS_RESOURCE_CROSS: slotp = &g->cross; break;
         default:
             fail_at(g, res->ast->loc, "resource '%s' (%s) is not run by the engine yet",
                     res->name, res->spec->ctor);
         }
         if (*slotp != NULL)
-            fail_at(g, res->ast->loc, "the engine runs one %s per node", res->spec->ctor);
+            fail_at(g, res->ast->loc, "resource '%s': the engine runs one %s per node", res->name,
+                    res->kind == MS_RESOURCE_POS ? "positions resource (rope or positions)"
+                                                 : res->spec->ctor);
         *slotp = res;
     }
-    if (g->kv == NULL || g->attn == NULL || g->sampler == NULL)
-        fail_at(g, g->node->ast->loc, "node '%s' needs a kv_pool, an attention and a sampler",
+    if (g->kv == NULL || g->attn == NULL)
+        fail_at(g, g->node->ast->loc, "node '%s' needs a kv_pool and an attention",
                 g->node->name);
 }
 
@@ -2626,6 +3009,109 @@ static void gen_init(gen *g, const ms_model *m, const char *source, ms_strbuf *o
     g->rope_q = g->rope_k = -1;
 }
 
+/*
+ * Make node `ni` the one being emitted and lower its forward: the per-forward state (values, ops,
+ * buffer slots, bindings, RoPE and gather bookkeeping) starts empty, so each node's forward is
+ * planned on its own; the weight table and its fusion decisions are shared.
+ */
+static void lower_node(gen *g, int ni) {
+    node_slots(g, g->m->nodes[ni]);
+    g->fwd = g->node->forwards[0];
+    g->n_v = g->n_o = g->n_s = g->n_env = g->n_carry = g->n_names = 0;
+    g->rope_q = g->rope_k = -1;
+    g->layer = g->layer_var = NULL;
+    g->stmt = NULL;
+    g->stmt_used = g->in_return = g->used_gather = false;
+    g->ret_dest = -1;
+    g->gather_name = NULL;
+    g->gather_val = -1;
+    g->tokens = new_val(g, V_TOKENS);
+    g->logits = new_val(g, V_LOGITS);
+    g->v[g->logits].root = -1;
+    g->hidden = g->sampler == NULL;
+    g->v[g->logits].rows = g->hidden ? "T" : "S";
+    g->input = g->positions = -1;
+    g->in_param = NULL;
+    g->guard = false;
+    for (int i = 0; i < g->fwd->ast->params.n; i++) {
+        const ms_ast_fparam *p = g->fwd->ast->params.items[i];
+        if (!p->has_shape)
+            continue;
+        /* an encoder's features (read transposed), or a decoder's context rows */
+        if (p->shape.n != 2 || g->in_param != NULL || (!g->hidden && g->cross == NULL))
+            fail_at(g, p->name.loc, "forward parameter '%s': the engine stages one 2-D input: "
+                    "an encoder's [channels, frames] or the rows a cross resource writes",
+                    p->name.name);
+        g->in_param = p;
+    }
+    lower_body(g, &g->fwd->ast->body);
+    plan_buffers(g);
+}
+
+/* The original of fusion set q (itself, or the set it is a twin of). */
+static int fuse_family(const gen *g, int q) { return g->fu[q].twin >= 0 ? g->fu[q].twin : q; }
+
+/* Whether a weight expression (argument `arg` of call `call`, NULL outside a call) is a weight
+ * or bias argument of a linear of fusion set q's family (the set and its twins). */
+static bool fused_use(const gen *g, int q, const ms_ast_expr *call, int arg) {
+    for (int r = 0; r < g->n_fu; r++)
+        for (int x = 0; x < g->fu[r].n; x++)
+            if (fuse_family(g, r) == fuse_family(g, q) && g->fu[r].calls[x] == call &&
+                (arg == 1 || arg == 2))
+                return true;
+    return false;
+}
+
+/* The fusion sets some use of whose weights lies outside the set (another node's linear over
+ * one part alone, a part read as a table): such a set is not fused, since a PART entry has no
+ * tensor of its own. */
+static void mark_split(gen *g, const ms_ast_expr *e, const ms_ast_expr *call, int arg,
+                       bool *split) {
+    if (e == NULL)
+        return;
+    const ms_weight *w = weight_of(e);
+    if (w != NULL) {
+        for (int q = 0; q < g->n_fu; q++)
+            for (int x = 0; x < g->fu[q].n; x++)
+                if ((g->fu[q].ws[x] == w || g->fu[q].bs[x] == w) && !fused_use(g, q, call, arg))
+                    split[fuse_family(g, q)] = true;
+        return;
+    }
+    bool is_fn = e->kind == MS_EXPR_CALL;
+    mark_split(g, e->lhs, NULL, -1, split);
+    mark_split(g, e->rhs, NULL, -1, split);
+    mark_split(g, e->cond, NULL, -1, split);
+    for (int i = 0; i < e->args.n; i++)
+        mark_split(g, ((const ms_ast_arg *)e->args.items[i])->value, is_fn ? e : NULL, i, split);
+}
+
+static void mark_split_stmts(gen *g, const ms_ptr_vec *body, bool *split) {
+    for (int i = 0; i < body->n; i++) {
+        const ms_ast_stmt *st = body->items[i];
+        for (int k = 0; k < st->rhs.n; k++)
+            mark_split(g, st->rhs.items[k], NULL, -1, split);
+        mark_split_stmts(g, &st->body, split);
+    }
+}
+
+static void drop_split_fusions(gen *g) {
+    bool split[MAX_FUSE] = {false};
+    for (int ni = 0; ni < g->m->n_nodes; ni++)
+        mark_split_stmts(g, &g->m->nodes[ni]->forwards[0]->ast->body, split);
+    int n = 0, moved[MAX_FUSE];
+    for (int q = 0; q < g->n_fu; q++) {
+        moved[q] = -1;
+        if (split[fuse_family(g, q)])
+            continue;
+        moved[q] = n;
+        g->fu[n] = g->fu[q];
+        if (g->fu[n].twin >= 0)
+            g->fu[n].twin = moved[g->fu[n].twin]; /* an original precedes its twins */
+        n++;
+    }
+    g->n_fu = n;
+}
+
 /* Checks, fusion analysis, weight table and the lowered forward (shared by the C and the kernel
  * generators). Fails through g->jb. */
 static void prepare(gen *g) {
@@ -2636,14 +3122,12 @@ static void prepare(gen *g) {
         longjmp(g->jb, 1);
     }
     find_node(g);
-    analyze_fusion_stmts(g, &g->fwd->ast->body);
+    /* fusion is a property of the weight table, which every node's forward reads */
+    for (int ni = 0; ni < g->m->n_nodes; ni++)
+        analyze_fusion_stmts(g, &g->m->nodes[ni]->forwards[0]->ast->body);
+    drop_split_fusions(g);
     build_weight_table(g);
-    g->tokens = new_val(g, V_TOKENS);
-    g->logits = new_val(g, V_LOGITS);
-    g->v[g->logits].root = -1;
-    g->v[g->logits].rows = "S";
-    lower_body(g, &g->fwd->ast->body);
-    plan_buffers(g);
+    lower_node(g, 0);
 }
 
 /* A structural kernel instance of the model (shape completed at load). */
@@ -2652,7 +3136,7 @@ typedef struct kvariant {
     const char *when; /* config condition under which the engine uses it, NULL always */
 } kvariant;
 
-static int collect_kernels(gen *g, kvariant *ks, int cap);
+static int collect_kernels(gen *g, kvariant *ks, int n, int cap);
 static const char *kname(gen *g, const kvariant *k);
 
 /* The kernel instances ms_codegen_kernels writes for the model, or 0 when it refuses them
@@ -2666,7 +3150,10 @@ static int collect_kernels_or_none(gen *g, kvariant *ks, int cap) {
     volatile int n = 0;
     volatile bool jumped = false;
     if (setjmp(g->jb) == 0)
-        n = collect_kernels(g, ks, cap);
+        for (int ni = 0; ni < g->m->n_nodes; ni++) {
+            lower_node(g, ni);
+            n = collect_kernels(g, ks, n, cap);
+        }
     else
         jumped = true;
     memcpy(&g->jb, &outer, sizeof outer);
@@ -2713,28 +3200,45 @@ ms_status ms_codegen_model_c(const ms_model *m, const char *source, ms_strbuf *o
     ms_emit_blank(&g->cg);
     emit_config_load(g);
     ms_emit_blank(&g->cg);
-    emit_facts(g);
+    /* each node's facts (its KV layout, attention, vocabulary); the model's are those of the
+       first node with a sampler (the one whose ids a request returns), else of node 0 */
+    int facts_node = 0;
+    for (int ni = m->n_nodes - 1; ni >= 0; ni--) {
+        lower_node(g, ni);
+        if (!g->hidden)
+            facts_node = ni;
+    }
+    for (int ni = 0; ni < m->n_nodes; ni++) {
+        if (ni > 0)
+            ms_emit_blank(&g->cg);
+        lower_node(g, ni);
+        emit_facts(g);
+    }
+    lower_node(g, 0);
     ms_emit_blank(&g->cg);
     E("/* ---- weights ---- */");
     ms_emit_blank(&g->cg);
     emit_weights(g);
     emit_ignored(g);
     ms_emit_blank(&g->cg);
-    /* every node's tables (mstarc build lowers one node yet: ms_lower_check and find_node refuse
-       a second, but the descriptor's shape is the general one) */
+    /* every node's tables (a step row reads what its node's lowered forward does) */
     for (int ni = 0; ni < m->n_nodes; ni++) {
-        node_slots(g, m->nodes[ni]);
+        lower_node(g, ni);
         emit_node(g);
     }
-    node_slots(g, m->nodes[0]);
+    lower_node(g, 0);
     E("/* ---- walks ---- */");
     ms_emit_blank(&g->cg);
     emit_walks(g);
     ms_emit_blank(&g->cg);
     E("/* ---- forward ---- */");
     ms_emit_blank(&g->cg);
-    emit_forward(g);
-    ms_emit_blank(&g->cg);
+    for (int ni = 0; ni < m->n_nodes; ni++) {
+        lower_node(g, ni);
+        emit_forward(g);
+        ms_emit_blank(&g->cg);
+    }
+    lower_node(g, 0);
     E("/* ---- nodes ---- */");
     ms_emit_blank(&g->cg);
     emit_node_table(g);
@@ -2743,6 +3247,7 @@ ms_status ms_codegen_model_c(const ms_model *m, const char *source, ms_strbuf *o
     ms_emit_blank(&g->cg);
     kvariant ks[32];
     int n_ks = collect_kernels_or_none(g, ks, 32);
+    lower_node(g, 0);
     if (n_ks > 0) {
         E("/* The stems of the instances mstarc writes to kernels/<stem>.cu (shape at load). */");
         E("static const char *const %s_kernels[] = {", m->name);
@@ -2763,11 +3268,13 @@ ms_status ms_codegen_model_c(const ms_model *m, const char *source, ms_strbuf *o
     E(".source = %s,", c_string(g, source));
     E(".config_size = sizeof(%s_config),", m->name);
     E(".config_load = %s_config_load,", m->name);
-    E(".facts = %s_facts,", m->name);
+    E(".facts = %s_%s_facts,", m->name, m->nodes[facts_node]->name);
     E(".weights = %s_weights,", m->name);
     E(".n_weights = W_COUNT,");
     E(".weight_shape = %s_weight_shape,", m->name);
     E(".weight_tied = %s_weight_tied,", m->name);
+    if (m->n_groups > 1)
+        E(".weight_layers = %s_weight_layers,", m->name);
     E(".nodes = %s_nodes,", m->name);
     E(".n_nodes = (int32_t)MS_ARRAY_LEN(%s_nodes),", m->name);
     E(".walks = %s_walks,", m->name);
@@ -2917,8 +3424,9 @@ static void emit_kernel(gen *g, const kvariant *k, const char *file) {
  * backend requests them (runtime/backend_cuda.c): float32 activations, KV and weights in the
  * kv_pool's dtype, RoPE frequencies from a table (so one instance per RoPE style: llama3 scaling
  * changes the table, not the kernel), SiLU-and-multiply and sampling on float32. */
-static int collect_kernels(gen *g, kvariant *ks, int cap) {
-    int n = 0;
+/* Append the instances of the selected node (g->node, its lowered forward) to ks[0 .. n) without
+ * duplicates; returns the new count. */
+static int collect_kernels(gen *g, kvariant *ks, int n, int cap) {
     static const char *const dt_w[] = {"bf16", "f16", "f32", NULL};
     const ms_ast_expr *dte = res_arg(g->kv, "dtype");
     ms_kernel_dtype dt = MS_KERNEL_DTYPE_BF16;
@@ -3032,6 +3540,14 @@ static int collect_kernels(gen *g, kvariant *ks, int cap) {
                              ms_kernel_spec_attn_prefill(dt, hd, ps, grp, causal == 1, win), when);
             }
             break;
+        case O_LAYER_NORM:
+        case O_GELU:
+        case O_CONV1D:
+        case O_CROSS_WRITE:
+        case O_CROSS_ATTN:
+            fail_at(g, NOLOC, "kernels: no CUDA template instance for %s yet (it runs on the CPU "
+                    "backend)", o->kind == O_GELU ? "gelu" : o->kind == O_CONV1D ? "conv1d"
+                                : o->kind == O_LAYER_NORM ? "layer_norm" : "cross-attention");
         default:
             break;
         }
@@ -3070,7 +3586,11 @@ ms_status ms_codegen_kernels(const ms_model *m, const char *source, ms_gen_file 
     ms_arena_set_oom_jmp(&g->a, &g->jb);
     prepare(g);
     kvariant ks[32];
-    int n = collect_kernels(g, ks, 32);
+    int n = 0;
+    for (int ni = 0; ni < m->n_nodes; ni++) {
+        lower_node(g, ni);
+        n = collect_kernels(g, ks, n, 32);
+    }
     if (n > cap)
         fail_at(g, NOLOC, "kernels: %d instances, room for %d", n, cap);
     for (int i = 0; i < n; i++) {

@@ -9,9 +9,11 @@
 
 #include <string.h>
 
-/* The builtins the generator lowers (codegen.c, lower): silu only as silu(a) * b. */
+/* The builtins the generator lowers (codegen.c, lower): silu only as silu(a) * b, transpose
+ * only of a node's shaped input. */
 static const char *const LOWERED_BUILTINS[] = {
-    "embedding", "rms_norm", "head_rms_norm", "linear", "silu", NULL,
+    "embedding", "rms_norm", "head_rms_norm", "linear", "silu", "layer_norm", "gelu", "conv1d",
+    "transpose", NULL,
 };
 
 typedef struct lcheck {
@@ -60,20 +62,14 @@ static bool is_zero(const ms_ast_expr *e) {
 
 static void check_resource(lcheck *c, const ms_resource *r) {
     switch (r->kind) {
-    case MS_RESOURCE_CROSS:
-        refuse(c, r->ast->name.loc, "resource '%s': cross-attention (cross) is not lowered by mstarc build yet",
-               r->name);
+    case MS_RESOURCE_CROSS: /* lowered: xattn.write of the context rows, xattn.run */
         return;
     case MS_RESOURCE_SCRATCH:
         refuse(c, r->ast->name.loc, "resource '%s': a scratch pool (scratch) is not lowered by mstarc build yet",
                r->name);
         return;
     case MS_RESOURCE_POS: {
-        if (strcmp(r->spec->ctor, "positions") == 0) {
-            refuse(c, r->ast->name.loc, "resource '%s': learned position tables (positions(kv, table = ...)) "
-                   "are not lowered by mstarc build yet (it lowers rope)", r->name);
-            return;
-        }
+        /* rope and learned tables (positions(kv, table = ...), read by pos.embed) are lowered */
         const ms_ast_expr *block = find_word(arg_of(r, "scheme"), "block");
         if (block != NULL)
             refuse(c, block->loc, "%s '%s': scheme = block is not lowered by mstarc build yet", r->spec->ctor,
@@ -142,15 +138,38 @@ static void check_retention(lcheck *c, const ms_node *node) {
     }
 }
 
-/* The engine passes one list of token ids to the forward. */
-static void check_inputs(lcheck *c, const ms_forward *f) {
+/* Whether node n declares a sampler (its forward returns logits). */
+static bool has_sampler(const ms_node *n) {
+    for (int r = 0; r < n->n_resources; r++)
+        if (n->resources[r]->kind == MS_RESOURCE_SAMPLER)
+            return true;
+    return false;
+}
+
+/* Whether node n declares a cross resource (its forward may read the context rows). */
+static bool has_cross(const ms_node *n) {
+    for (int r = 0; r < n->n_resources; r++)
+        if (n->resources[r]->kind == MS_RESOURCE_CROSS)
+            return true;
+    return false;
+}
+
+/* The engine passes one list of token ids to the forward, plus one 2-D input: an encoder's
+ * features (a node without a sampler, ms_engine_encode) or the context rows a node's cross
+ * resource writes (another node's output). */
+static void check_inputs(lcheck *c, const ms_node *node, const ms_forward *f) {
     const ms_ast_forward *af = f->ast;
+    int n_shaped = 0, n_ids = 0;
     for (int i = 0; i < af->params.n; i++) {
         const ms_ast_fparam *p = af->params.items[i];
-        if (p->has_shape)
+        n_shaped += p->has_shape;
+        n_ids += !p->has_shape;
+        if (p->has_shape && (p->shape.n != 2 || n_shaped > 1 ||
+                             (has_sampler(node) && !has_cross(node))))
             refuse(c, p->name.loc, "forward parameter '%s' is a shaped tensor; mstarc build lowers "
-                   "forwards over token ids only yet", p->name.name);
-        else if (i > 0)
+                   "forwards over token ids, or one 2-D input of a node without a sampler, only "
+                   "yet", p->name.name);
+        else if (!p->has_shape && n_ids > 1)
             refuse(c, p->name.loc, "forward parameter '%s': mstarc build lowers forwards of one "
                    "token input yet", p->name.name);
     }
@@ -170,7 +189,8 @@ static void check_expr(lcheck *c, const ms_ast_expr *e) {
             c->oom = c->oom || b.oom;
             if (!c->oom)
                 refuse(c, e->loc, "cannot lower '%.200s' yet: mstarc build lowers the builtins embedding, "
-                       "rms_norm, head_rms_norm, linear and silu(a) * b, not %s", b.data != NULL ? b.data : "",
+                       "rms_norm, head_rms_norm, layer_norm, linear, silu(a) * b, gelu, conv1d and "
+                       "transpose (of a shaped input), not %s", b.data != NULL ? b.data : "",
                        e->lhs->text);
             ms_strbuf_free(&b);
         }
@@ -192,11 +212,54 @@ static void check_stmts(lcheck *c, const ms_ptr_vec *body) {
     }
 }
 
+/* The resource of `kind` in node n, or NULL. */
+static const ms_resource *res_of_kind(const ms_node *n, ms_resource_kind kind) {
+    for (int r = 0; r < n->n_resources; r++)
+        if (n->resources[r]->kind == kind)
+            return n->resources[r];
+    return NULL;
+}
+
+/* The canonical text of every keyed argument of r ("key=value;" in key order), into b. */
+static void args_text(ms_strbuf *b, const ms_resource *r) {
+    for (int k = 0; k < MS_RES_MAX_KEYS && r->spec->keys[k].name != NULL; k++) {
+        if (r->args[k] == NULL)
+            continue;
+        ms_strbuf_printf(b, "%s=", r->spec->keys[k].name);
+        ms_expr_print(b, r->args[k]);
+        ms_strbuf_puts(b, ";");
+    }
+}
+
+/*
+ * The engine keeps one RoPE table per model (from the model's facts: the first sampling node's),
+ * so a later node's rope must be the first node's: the same arguments as written. Each node has
+ * its own KV layout, attention and learned position table (its ms_md_node.facts).
+ */
+static void check_same_rope(lcheck *c, const ms_node *first, const ms_node *node) {
+    const ms_resource *a = res_of_kind(first, MS_RESOURCE_POS);
+    const ms_resource *b = res_of_kind(node, MS_RESOURCE_POS);
+    if (a == NULL || b == NULL || strcmp(b->spec->ctor, "rope") != 0)
+        return;
+    ms_strbuf x = {0}, y = {0};
+    args_text(&x, a);
+    args_text(&y, b);
+    bool same = strcmp(a->spec->ctor, "rope") == 0 && x.data != NULL && y.data != NULL &&
+                strcmp(x.data, y.data) == 0;
+    bool empty = strcmp(a->spec->ctor, "rope") == 0 && x.data == NULL && y.data == NULL;
+    c->oom = c->oom || x.oom || y.oom;
+    ms_strbuf_free(&x);
+    ms_strbuf_free(&y);
+    if (!same && !empty && !c->oom)
+        refuse(c, b->ast->name.loc, "node '%s': rope '%s' differs from %s '%s' of node '%s': the "
+               "engine keeps one RoPE table per model, so a later node's rope must declare the "
+               "first node's arguments", node->name, b->name, a->spec->ctor, a->name, first->name);
+}
+
 ms_status ms_lower_check(const ms_model *m, const char *source, ms_error *err) {
     lcheck c = {source, err, false, false};
-    if (m->n_nodes > 1)
-        refuse(&c, m->nodes[1]->ast->name.loc, "node '%s': mstarc build lowers models of one node yet (this one "
-               "has %d)", m->nodes[1]->name, m->n_nodes);
+    for (int n = 1; n < m->n_nodes && !c.failed; n++)
+        check_same_rope(&c, m->nodes[0], m->nodes[n]);
     for (int n = 0; n < m->n_nodes && !c.failed; n++) {
         const ms_node *node = m->nodes[n];
         /* resources in source order (node->resources is in dependency order) */
@@ -208,7 +271,7 @@ ms_status ms_lower_check(const ms_model *m, const char *source, ms_error *err) {
         }
         check_retention(&c, node);
         for (int f = 0; f < node->n_forwards && !c.failed; f++) {
-            check_inputs(&c, node->forwards[f]);
+            check_inputs(&c, node, node->forwards[f]);
             check_stmts(&c, &node->forwards[f]->ast->body);
         }
     }

@@ -12,8 +12,9 @@
 /*
  * MS_OK when every construct of the checked model `m` is one the build lowers; else
  * MS_ERR_UNSUPPORTED with err->msg "<source>:<line>:<col>: <what> is not lowered by mstarc build
- * yet ..." naming the first such construct (the second node, then per node its resources in
- * source order, the retention, each forward's inputs and body): a second node, cross-attention and
+ * yet ..." naming the first such construct (a later node whose rope differs from the first
+ * node's, then per node its resources in source order, the retention, each forward's inputs and
+ * body): such a later node (the engine keeps one RoPE table per model), cross-attention and
  * scratch resources, learned position tables (positions(kv, table = ...)), a positions
  * `scheme = block`, an attention `soft_cap`, a kv_pool retention other than its attention's
  * window, forward inputs other than one token list, and forward builtins the generator has no

@@ -216,7 +216,16 @@ const char *ms_expr_str(ms_arena *a, const ms_ast_expr *e) {
         ms_arena_oom(a);
         return "?";
     }
+    /* the copy must not longjmp past the buffer (a leak): copy without the jump, free, then
+       report a failed copy the arena's way */
+    jmp_buf *jb = a->oom_jmp;
+    a->oom_jmp = NULL;
     const char *s = ms_arena_strdup(a, b.data);
+    a->oom_jmp = jb;
     ms_strbuf_free(&b);
-    return s != NULL ? s : "?";
+    if (s == NULL) {
+        ms_arena_oom(a);
+        return "?";
+    }
+    return s;
 }

@@ -61,6 +61,8 @@ PY
         cp -r "../shared/fixtures/hf/$fx" "$dir/fixtures/hf/"
     done
     cp -r ../shared/fixtures/llama2c ../shared/fixtures/README.md "$dir/fixtures/"
+    # serve part: the CUDA sampler test (test_sampler_cuda) rides in the bundle
+    make -j2 build/tests/test_sampler_cuda && cp build/tests/test_sampler_cuda "$dir/bin/" || exit 1
     for lib in $(ldd "$dir"/bin/* "$dir"/bin/*/* 2>/dev/null | awk '/=>/ { print $3 }' | sort -u); do
         case "$lib" in
         /usr/local/cuda*|*/libc.so*|*/libm.so*|*/libpthread.so*|*/librt.so*|*/libdl.so*|*/ld-linux*) ;;
@@ -68,13 +70,18 @@ PY
         *) cp -L "$lib" "$dir/lib/" ;;
         esac
     done
-    # newest cubin per instance (older hashes are left over from earlier template versions)
+    # newest sm_90 cubin per instance (the H200's; older hashes are left over from earlier
+    # template versions, sm_80 ones would only take carry room)
     mkdir -p "$dir/cache"
-    ls -t build/kernel-cache-test/*.cubin | awk -F/ '{ f = $NF; sub(/-[0-9a-f]+\.cubin$/, "", f); if (!seen[f]++) print }' |
+    ls -t build/kernel-cache-test/*_sm90-*.cubin | awk -F/ '{ f = $NF; sub(/-[0-9a-f]+\.cubin$/, "", f); if (!seen[f]++) print }' |
         xargs -r cp -t "$dir/cache"
     # CUDA graphs against the padded eager path (test_graphs_cuda.c; runtime/engine/graph_exec.h)
-    make -j2 build/tests/test_graphs_cuda && cp build/tests/test_graphs_cuda "$dir/bin/" &&
-        strip "$dir/bin/test_graphs_cuda" || exit 1 # stripped: the bundle is near the carry limit
+    make -j2 build/tests/test_graphs_cuda && cp build/tests/test_graphs_cuda "$dir/bin/" || exit 1
+    # NCCL communicators (issue [K]): one rank on device 0 (test_nccl.c, MS_NCCL_GPU=1)
+    make -j2 build/tests/test_nccl && cp build/tests/test_nccl "$dir/bin/" || exit 1
+    # debug sections off every binary: the bundle plus the working tree must stay under the
+    # device tool's 64 MiB carry limit
+    find "$dir/bin" "$dir/pre" -type f -perm -u+x -exec strip --strip-debug {} + || exit 1
     du -sh "$dir"
     exit 0
 fi
@@ -103,6 +110,32 @@ step() { # step NAME LIMIT_SECONDS COMMAND... : run, log to $OUT/NAME.log, recor
     uname -a
 } >"$OUT/env.log" 2>&1
 
+# serve part: the CUDA sampler (min_p included) against the CPU's on random rows, and seeded rows
+# alone == batched; then, only when MS_GPU_SOAK=SECONDS is set (off by default), the serve soak
+# alone: 256 streaming clients (MS_GPU_SOAK_CLIENTS) on hf/llama_gqa with --device cuda, every
+# response complete and 0 KV pages held at the end (tests/serve_soak.sh). The device's 600 s
+# limit per command: MS_GPU_SOAK=540 in a call of its own (the script exits after the soak).
+if [ -n "${MS_GPU_BUNDLE:-}" ]; then
+    sb=$MS_GPU_BUNDLE
+    [[ $sb = /* ]] || sb=$PWD/$sb
+    export LD_LIBRARY_PATH="$sb/lib:${LD_LIBRARY_PATH:-}"
+    s_test=$sb/bin/test_sampler_cuda s_bin=$sb/bin/llama/llama s_fx=$sb/fixtures
+else
+    make -j"$(nproc)" build/tests/test_sampler_cuda build/llama/llama >"$OUT/build-serve.log" 2>&1
+    s_test=build/tests/test_sampler_cuda s_bin=build/llama/llama s_fx=../shared/fixtures
+fi
+step sampler 60 "$s_test"
+if [ -n "${MS_GPU_SOAK:-}" ]; then
+    step soak $((MS_GPU_SOAK + 50)) env BIN="$s_bin" MS_FIXTURES="$s_fx" SOAK_MODEL="$s_fx/hf/llama_gqa" \
+        SOAK_TOKENIZER= SOAK_IDS=512 SOAK_CLIENTS="${MS_GPU_SOAK_CLIENTS:-256}" SOAK_SECONDS="$MS_GPU_SOAK" \
+        SOAK_CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0}" \
+        SOAK_ARGS="--device cuda --max-seqs 256 --max-tokens-per-step 4096" bash tests/serve_soak.sh
+    soak_rc=$?
+    cat "$OUT/sampler.log" "$OUT/soak.log"
+    printf '%s\n' "${summary[@]}"
+    exit $soak_rc
+fi
+
 if [ -n "${MS_GPU_BUNDLE:-}" ]; then
     b=$MS_GPU_BUNDLE
     [[ $b = /* ]] || b=$PWD/$b
@@ -116,8 +149,13 @@ if [ -n "${MS_GPU_BUNDLE:-}" ]; then
     step backend 60 "${tests[1]}"
     step fixtures 90 "${tests[2]}"
     step features 120 "$b/bin/test_engine_features_cuda"
-    step encoder 120 "$b/bin/test_encoder_ops_cuda"
     step graphs 150 "$b/bin/test_graphs_cuda" # graphs vs padded eager, bitwise; capture time
+    # NCCL is loaded with dlopen (backends/nccl_comm.h): the toolkit's, else PyTorch's copy there
+    nccl_dir=$(ldconfig -p 2>/dev/null | awk '/libnccl\.so\.2 / { print $NF; exit }' | xargs -r dirname)
+    [ -n "$nccl_dir" ] || nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
+    [ -n "$nccl_dir" ] || nccl_dir=$(find /usr /opt -name libnccl.so.2 2>/dev/null | head -n 1 | xargs -r dirname)
+    echo "libnccl.so.2 from: ${nccl_dir:-not found}" >"$OUT/nccl-where.log"
+    step nccl 60 env MS_NCCL_GPU=1 LD_LIBRARY_PATH="${nccl_dir:+$nccl_dir:}$LD_LIBRARY_PATH" "$b/bin/test_nccl"
     # one prompt: bucket 1 is the batch itself, so generate with graphs == --no-graphs, bitwise
     gg=(generate --model "$b/fixtures/hf/llama_gqa" --prompt-ids 1,79,64 --max-new-tokens 24
         --temperature 0 --output ids --tokenizer none --ignore-eos --device cuda)
@@ -130,6 +168,7 @@ if [ -n "${MS_GPU_BUNDLE:-}" ]; then
         [ -n "$g" ] && [ "$g" = "$c" ] && echo "1 passed, 0 failed" || echo "0 passed, 1 failed"
     } >"$OUT/generate-graphs.log" 2>&1
     summary+=("$(printf '%-14s %s' gen-graphs "$(tail -n 1 "$OUT/generate-graphs.log")")")
+    step encoder 120 "$b/bin/test_encoder_ops_cuda"
     step generate 90 env MS_BUILD="$b/bin" BIN="$b/bin/llama/llama" bash tests/gpu_generate.sh
     # what mstarc --arch sm_90 --config hf/llama_gqa precompiled (here: the bundle) is all that
     # generate --device cuda loads: the cache must not grow (tests/kernels_gpu.sh without a compiler)

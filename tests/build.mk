@@ -68,10 +68,34 @@ $(BUILD)/tests/test_engine_dense: $(BUILD)/obj/gen/dense/llama_dense_gen.o
 $(BUILD)/gen/dense/llama_dense_gen.c: tests/codegen/dense.mstar $(BUILD)/mstarc
 	$(call quiet,GEN,$@)
 	$(Q)$(BUILD)/mstarc build tests/codegen/dense.mstar -o $(BUILD)/gen/dense --emit-only >/dev/null
+# several nodes: tests/codegen/two_nodes.mstar (a walk across two nodes) against hf/llama_gqa
+TESTS += tests/test_engine_nodes
+$(BUILD)/tests/test_engine_nodes: $(BUILD)/obj/gen/two_nodes/two_nodes_gen.o
+$(BUILD)/gen/two_nodes/two_nodes_gen.c: tests/codegen/two_nodes.mstar $(BUILD)/mstarc
+	$(call quiet,GEN,$@)
+	$(Q)$(BUILD)/mstarc build tests/codegen/two_nodes.mstar -o $(BUILD)/gen/two_nodes --emit-only >/dev/null
+# the Whisper encoder written in the language (tests/codegen/whisper_encoder.mstar) against
+# hf/whisper_tiny and hf/whisper_base (one clip; MS_WHISPER_ALL=1 all three)
+TESTS += tests/test_whisper_encoder
+$(BUILD)/tests/test_whisper_encoder: $(BUILD)/obj/gen/whisper_encoder/whisper_encoder_gen.o
+$(BUILD)/gen/whisper_encoder/whisper_encoder_gen.c: tests/codegen/whisper_encoder.mstar $(BUILD)/mstarc
+	$(call quiet,GEN,$@)
+	$(Q)$(BUILD)/mstarc build tests/codegen/whisper_encoder.mstar -o $(BUILD)/gen/whisper_encoder --emit-only >/dev/null
+# Whisper end to end (models/whisper.mstar: encoder, cross-attention decoder) against
+# hf/whisper_tiny and hf/whisper_base (clip a0; MS_WHISPER_ALL=1 all three batched)
+TESTS += tests/test_whisper
+$(BUILD)/tests/test_whisper: $(BUILD)/obj/gen/whisper/whisper_gen.o
+$(BUILD)/gen/whisper/whisper_gen.c: models/whisper.mstar $(BUILD)/mstarc
+	$(call quiet,GEN,$@)
+	$(Q)$(BUILD)/mstarc build models/whisper.mstar -o $(BUILD)/gen/whisper --emit-only >/dev/null
 TEST_SCRIPTS += tests/generate_cli.sh
 TEST_SCRIPTS += tests/cli_robust.sh
 # the serve verb over HTTP on 127.0.0.1 (curl, jq)
 TEST_SCRIPTS += tests/serve.sh
+# 32 concurrent streaming clients for 60 s (SOAK_CLIENTS / SOAK_SECONDS), 0 KV pages held at the end
+TEST_SCRIPTS += tests/serve_soak.sh
+# bench-serve (scripts/bench_serve.py), the serve load generator, against the llama2.c fixture
+TEST_SCRIPTS += tests/bench_serve.sh
 # the serving binary of models/llama.mstar (generate_cli.sh, bench_cli.sh drive it)
 PROGRAMS += $(BUILD)/llama/llama
 $(BUILD)/llama/llama: models/llama.mstar $(BUILD)/mstarc $(BUILD)/libmstar.a
@@ -147,10 +171,22 @@ FUZZ_RUNTIME_SRCS := runtime/core/base.c runtime/loaders/hf_config.c runtime/loa
                      runtime/tokenizers/tokenizer_llama2c.c runtime/tokenizers/chat_template.c
 FUZZ_RUNTIME_SRCS += runtime/loaders/gguf.c runtime/loaders/gguf_quant.c runtime/loaders/gguf_model.c runtime/core/threadpool.c
 FUZZ_TARGETS += gguf
+# fuzz_serve_request: the serve verb's request parser (runtime/cli/serve_request.c)
+FUZZ_TARGETS += serve_request
+FUZZ_RUNTIME_SRCS += runtime/cli/serve_request.c runtime/resources/sampler.c
+# the sampler resource's min_p and penalties (sample_res.h)
+TESTS += tests/test_sampler_res
+# the serve verb's request parser (runtime/cli/serve_request.c), without HTTP
+TESTS += tests/test_serve_request
+# the CUDA sampler (min_p) against the CPU one on random rows (MS_SAMPLER_DEVICE=cpu: a dry run)
+ifeq ($(HAVE_CUDA),1)
+GPU_TESTS += tests/test_sampler_cuda
+endif
 FUZZ_OBJS := $(patsubst %.c,$(FUZZ_DIR)/obj/%.o,$(FUZZ_RUNTIME_SRCS))
 FUZZ_RUNTIME_BINS := $(FUZZ_DIR)/fuzz_config $(FUZZ_DIR)/fuzz_tokenizer_hf $(FUZZ_DIR)/fuzz_safetensors $(FUZZ_DIR)/fuzz_llama2c \
                      $(FUZZ_DIR)/fuzz_chat_template $(FUZZ_DIR)/fuzz_tokenizer_vocab
 FUZZ_RUNTIME_BINS += $(FUZZ_DIR)/fuzz_gguf
+FUZZ_RUNTIME_BINS += $(FUZZ_DIR)/fuzz_serve_request
 FUZZ_FLAGS := -std=c11 -D_GNU_SOURCE -g -O1 -fsanitize=address,undefined -fno-sanitize-recover=all $(RUNTIME_INC) $(PKG_CFLAGS)
 $(FUZZ_DIR)/obj/%.o: %.c
 	$(call quiet,CC,$@)
@@ -166,9 +202,6 @@ fuzz: $(patsubst %,$(FUZZ_DIR)/fuzz_%,$(FUZZ_TARGETS))
 fuzz-%:
 	$(Q)$(MAKE) --no-print-directory fuzz FUZZ_TARGETS=$*
 TESTS += tests/test_chat_template
-TESTS += tests/test_audio
-# its extractors run on four threads at once (the FFTW planner lock)
-TSAN_TESTS += tests/test_audio
 TESTS += tests/test_gguf
 # SmolLM2-135M-Instruct Q4_1 GGUF (scripts/fetch-model.sh; skips without network) through models/llama.mstar on the CPU
 TESTS += tests/test_gguf_smollm2
@@ -181,3 +214,6 @@ TESTS += tests/test_gguf_fixtures
 TEST_SCRIPTS += tests/gguf_fetch.sh
 # gguf_model.c converts tensors on a thread pool
 TSAN_TESTS += tests/test_gguf
+TESTS += tests/test_audio
+# its extractors run on four threads at once (the FFTW planner lock)
+TSAN_TESTS += tests/test_audio

@@ -11,7 +11,7 @@
 #     fixture tests compare its logits and ids with transformers');
 #   - errors: a failing C compiler is reported with its command and exit status, a construct the
 #     engine cannot run (soft_cap, scheme = block, cross, scratch, learned positions, a second
-#     node, an unlowered builtin) names file:line:col, usage errors exit 2;
+#     node of another KV layout, an unlowered builtin) names file:line:col, usage errors exit 2;
 #   - M-RoPE: models/qwen2vl.mstar lowers its int[] sections, the mrope kernel and its ignore
 #     patterns;
 #   - the generated descriptor lists its kernel instance stems (the golden files show them).
@@ -352,27 +352,52 @@ refused soft_cap 's/window = short_window);/window = short_window, soft_cap = 30
 refused scheme_block 's/style = interleaved,/style = interleaved, scheme = block,/' \
     "rope 'rot': scheme = block is not lowered by mstarc build yet"
 refused cross '/resource pick = /a resource xa = cross(cache, context = main, q_heads = n_heads);' \
-    "resource 'xa': cross-attention \(cross\) is not lowered by mstarc build yet"
+    "step 'prefill': its first segment is on 'main', the context label of cross 'xa': the queries' label comes first \(the context rows are packed after them\)"
 refused scratch '/resource pick = /a resource code = scratch(shape = [4, hd], rows = 8);' \
     "resource 'code': a scratch pool \(scratch\) is not lowered by mstarc build yet"
 refused learned_positions '/norm = "norm.weight"/a pos_table = "pos.weight" [max_position_embeddings, dim];
 /resource pick = /a resource lpos = positions(cache, table = pos_table);' \
-    "resource 'lpos': learned position tables \(positions\(kv, table = ...\)\) are not lowered by mstarc build yet"
-# ... also as the node's only positions resource, where the generator's RoPE code aborted mstarc
-refused learned_positions_only '/norm = "norm.weight"/a pos_table = "pos.weight" [max_position_embeddings, dim];
-s/resource rot = rope(cache, theta = theta, style = interleaved,/resource rot = positions(cache, table = pos_table);/
-/scaling = kind == "scaled"/d
-/q, k = rot.apply(q, k);/d
-s/x = embedding(tok, tokens);/x = embedding(tok, tokens) + rot.embed(tokens);/' \
-    "resource 'rot': learned position tables \(positions\(kv, table = ...\)\) are not lowered by mstarc build yet"
+    "resource 'rot': the engine runs one positions resource \(rope or positions\) per node"
+# ... as the node's only positions resource a learned table is lowered (where the generator's
+# RoPE code once aborted mstarc): pos.embed gathers table rows by the step's position ids
+sed -e '/norm = "norm.weight"/a pos_table = "pos.weight" [max_position_embeddings, dim];' \
+    -e 's/resource rot = rope(cache, theta = theta, style = interleaved,/resource rot = positions(cache, table = pos_table);/' \
+    -e '/scaling = kind == "scaled"/d' -e '/q, k = rot.apply(q, k);/d' \
+    -e 's/x = embedding(tok, tokens);/x = embedding(tok, tokens) + rot.embed(tokens);/' \
+    "$root/tests/codegen/tiny.mstar" >"$tmp/lpos.mstar"
+if run "learned positions" 0 "$mstarc" build "$tmp/lpos.mstar" -o "$tmp/lpos" --emit-only; then
+    if grep -q 'f->embedding(cx, ms_md_weight_get(a, W_POS_TABLE, 0), a->positions, ' "$tmp/lpos"/*_gen.c &&
+        grep -q 'out->rope.theta' "$tmp/lpos"/*_gen.c; then
+        fail "learned positions: no table gather, or a RoPE theta emitted for a learned table"
+    elif grep -q 'f->embedding(cx, ms_md_weight_get(a, W_POS_TABLE, 0), a->positions, ' "$tmp/lpos"/*_gen.c; then
+        ok
+    else
+        fail "learned positions: the table is not gathered by position"
+    fi
+fi
 refused two_nodes '/^    walk generate/i node lm2 { resource pick2 = sampler(vocab = vocab); step s(t) { } forward(t) -> y { x = embedding(tok, t); return x; } }' \
-    "node 'lm2': mstarc build lowers models of one node yet \(this one has 2\)"
+    "node 'lm2' needs a kv_pool and an attention"
+# a second node has its own KV layout (its facts) and builds (tests/codegen/two_nodes.mstar,
+# models/whisper.mstar); the RoPE table is the model's, so another rope is refused
+refused node_rope '/^    walk generate/i node lm2 { resource c2 = kv_pool(layers = n_layers, kv_heads = n_kv_heads, head_dim = hd, page_size = 4, dtype = f16, retention = window(short_window)); resource r2 = rope(c2, theta = 500.0, style = interleaved); resource a2 = attention(c2, r2, q_heads = n_heads, window = short_window); resource p2 = sampler(vocab = vocab); step s(t) { segments main += len(t); } forward(t) -> y { x = embedding(tok, t); return linear(x, out); } }' \
+    "node 'lm2': rope 'r2' differs from rope 'rot' of node 'lm': the engine keeps one RoPE table per model, so a later node's rope must declare the first node's arguments"
 refused retention 's/retention = window(short_window));/retention = window(2 * short_window));/' \
     "kv_pool 'cache': a retention other than attention 'att''s window is not lowered by mstarc build yet"
 refused shaped_input 's/forward(tokens) -> logits {/forward(tokens: [_, dim]) -> logits {/' \
-    "forward parameter 'tokens' is a shaped tensor; mstarc build lowers forwards over token ids only yet"
-refused layer_norm 's/h = rms_norm(x, blk.norm2, eps);/h = layer_norm(x, blk.norm2, none, eps);/' \
-    "cannot lower 'layer_norm\(x, blk.norm2, none, eps\)' yet: mstarc build lowers the builtins embedding, rms_norm, head_rms_norm, linear and silu\(a\) \* b, not layer_norm"
+    "forward parameter 'tokens' is a shaped tensor; mstarc build lowers forwards over token ids, or one 2-D input of a node without a sampler, only yet"
+refused tanh 's/h = rms_norm(x, blk.norm2, eps);/h = tanh(rms_norm(x, blk.norm2, eps));/' \
+    "cannot lower 'tanh\(rms_norm\(x, blk.norm2, eps\)\)' yet: mstarc build lowers the builtins embedding, rms_norm, head_rms_norm, layer_norm, linear, silu\(a\) \* b, gelu, conv1d and transpose \(of a shaped input\), not tanh"
+# models/whisper.mstar builds (encoder, cross-attention decoder: tests/test_whisper.c runs it);
+# its encoder ops have no CUDA instances yet, so it lists none (CPU backend only)
+if run "whisper build" 0 "$mstarc" build models/whisper.mstar -o "$tmp/whisper" --emit-only; then
+    if grep -q '^/\* none: the CUDA templates cannot express' "$tmp/whisper/whisper_gen.c" &&
+        grep -q 'MS_TRY(f->attention(cx, &t_tmp_heads3, a->kv, l, a->cross_batch, &a->cross_attn,' "$tmp/whisper/whisper_gen.c" &&
+        grep -q 'if (A > 0) { /\* the step writes context rows \*/' "$tmp/whisper/whisper_gen.c"; then
+        ok
+    else
+        fail "whisper build: no cross-attention over a->cross_batch, no guarded context write, or kernels listed"
+    fi
+fi
 # a config parameter named like a C keyword or macro: refused with the way out (was a failing C
 # compile of 'c->while')
 sed -e 's/\bvocab\b/while/g' -e 's/(while = while)/(vocab = while)/' "$root/tests/codegen/tiny.mstar" >"$tmp/kw.mstar"

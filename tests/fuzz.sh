@@ -31,6 +31,7 @@ opts() {
     llama2c) echo "-max_len=8192" ;;
     gguf) echo "-max_len=32768" ;;
     chat_template) echo "-max_len=16384 -dict=$here/fuzz/chat_template.dict" ;;
+    serve_request) echo "-max_len=8192 -dict=$here/fuzz/serve_request.dict" ;;
     audio) echo "-max_len=16384" ;;
     *) echo "" ;;
     esac

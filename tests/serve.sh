@@ -221,7 +221,24 @@ if start l2c --model "$l2c" --tokenizer "$tok" --max-seqs 8; then
     bad_req "empty id list" 400 "$(b '{"prompt": []}')"
     bad_req "prompt over the context" 400 "$(b "{\"prompt\": [$(seq -s, 1 200)]}")"
     bad_req "stop of the wrong type" 400 "$(b '{"prompt": "x", "stop": [1]}')"
-    bad_req "n = 2 (not yet)" 400 "$(b '{"prompt": "x", "n": 2}')"
+    bad_req "n = 0" 400 "$(b '{"prompt": "x", "n": 0}')"
+    bad_req "n = 17" 400 "$(b '{"prompt": "x", "n": 17}')"
+    bad_req "n a string" 400 "$(b '{"prompt": "x", "n": "2"}')"
+    bad_req "prompts x n over --max-queue" 400 "$(b "{\"prompt\": [$(printf '"a",%.0s' $(seq 40))\"a\"], \"n\": 16}")"
+    bad_req "best_of other than n" 400 "$(b '{"prompt": "x", "n": 2, "best_of": 3}')"
+    bad_req "min_p 2" 400 "$(b '{"prompt": "x", "min_p": 2}')"
+    bad_req "min_p negative" 400 "$(b '{"prompt": "x", "min_p": -0.1}')"
+    bad_req "presence_penalty 3" 400 "$(b '{"prompt": "x", "presence_penalty": 3}')"
+    bad_req "frequency_penalty -1e300" 400 "$(b '{"prompt": "x", "frequency_penalty": -1e300}')"
+    bad_req "repetition_penalty 0" 400 "$(b '{"prompt": "x", "repetition_penalty": 0}')"
+    bad_req "repetition_penalty a string" 400 "$(b '{"prompt": "x", "repetition_penalty": "1"}')"
+    bad_req "logprobs 21" 400 "$(b '{"prompt": "x", "logprobs": 21}')"
+    bad_req "logprobs true on completions" 400 "$(b '{"prompt": "x", "logprobs": true}')"
+    bad_req "top_logprobs on completions" 400 "$(b '{"prompt": "x", "top_logprobs": 2}')"
+    bad_req "echo with logprobs" 400 "$(b '{"prompt": "x", "echo": true, "logprobs": 1}')"
+    bad_req "echo not a boolean" 400 "$(b '{"prompt": "x", "echo": 1}')"
+    bad_req "messages on completions" 400 "$(b '{"prompt": "x", "messages": []}')"
+    bad_req "logit_bias" 400 "$(b '{"prompt": "x", "logit_bias": {"5": 10}}')"
     bad_req "stream not a boolean" 400 "$(b '{"prompt": "x", "stream": "yes"}')"
     printf '{"prompt": "\xff\xfe abc"}' >"$tmp/nonutf8"
     bad_req "non-UTF-8 bytes" 400 "$tmp/nonutf8"
@@ -240,6 +257,36 @@ if start l2c --model "$l2c" --tokenizer "$tok" --max-seqs 8; then
     check "l2c: an unknown field is ignored with a log line" [ "$st" = 200 -a $logged = yes ]
     detail="$(metric 'mstar_requests_total{outcome="error"}')"
     check "l2c: /metrics counts the failed requests" [ "${detail:-0}" -ge 20 ]
+    # sampling fields: min_p 1 keeps only the maximum (= greedy at any temperature); penalties
+    # change a greedy completion (vLLM's semantics: test_sampler checks the arithmetic)
+    st=$(postj /v1/completions '{"prompt": "The little dog", "max_tokens": 40, "temperature": 1.5, "seed": 9, "min_p": 1}' "$tmp/minp.json")
+    detail="status $st $(head -c 300 "$tmp/minp.json")"
+    check "l2c: min_p 1 at temperature 1.5 gives the greedy text" [ "$st" = 200 -a "$(jq -j '.choices[0].text' "$tmp/minp.json")" = "$text_greedy" ]
+    for pen in '"frequency_penalty": 2' '"presence_penalty": 2' '"repetition_penalty": 1.8'; do
+        st=$(postj /v1/completions "{\"prompt\": \"The little dog\", \"max_tokens\": 40, \"temperature\": 0, \"ignore_eos\": true, $pen}" "$tmp/pen.json")
+        detail="status $st $(head -c 300 "$tmp/pen.json")"
+        check "l2c: $pen changes the greedy text" [ "$st" = 200 -a "$(jq -r '.choices[0].finish_reason' "$tmp/pen.json")" = length -a "$(jq -j '.choices[0].text' "$tmp/pen.json")" != "$text_greedy" ]
+    done
+    st=$(postj /v1/completions '{"prompt": "The little dog", "max_tokens": 40, "temperature": 0, "frequency_penalty": 0, "presence_penalty": 0, "repetition_penalty": 1}' "$tmp/pen0.json")
+    check "l2c: neutral penalties change nothing" [ "$st" = 200 -a "$(jq -j '.choices[0].text' "$tmp/pen0.json")" = "$text_greedy" ]
+    # n > 1 with a seed, batched with 6 other requests, equals itself alone (vllm #51226)
+    body='{"prompt": "Once upon a time", "max_tokens": 20, "temperature": 1.0, "top_p": 0.9, "seed": 11, "n": 4, "frequency_penalty": 0.5, "min_p": 0.05}'
+    st=$(postj /v1/completions "$body" "$tmp/n_alone.json")
+    for i in $(seq 6); do
+        printf '{"prompt": "The little dog", "max_tokens": 30, "temperature": 0.8, "seed": %d, "stream": true}' "$i" >"$tmp/nb$i"
+        curl -s -N -m 60 -o /dev/null --data-binary @"$tmp/nb$i" "$url/v1/completions" &
+    done
+    st2=$(postj /v1/completions "$body" "$tmp/n_batch.json")
+    wait $(jobs -p | grep -v -x "$pid") 2>/dev/null
+    detail="status $st/$st2 $(jq -c '[.choices[].text]' "$tmp/n_alone.json") vs $(jq -c '[.choices[].text]' "$tmp/n_batch.json")"
+    check "l2c: a seeded n=4 request with penalties and min_p: batched equals alone, 4 distinct choices" \
+        [ "$st" = 200 -a "$st2" = 200 -a "$(jq -c '[.choices[].text]' "$tmp/n_alone.json")" = "$(jq -c '[.choices[].text]' "$tmp/n_batch.json")" -a "$(jq '[.choices[].text] | unique | length' "$tmp/n_alone.json")" = 4 ]
+    # streamed n=3 (curl, raw SSE): every chunk one choice with its index; one finish_reason per index
+    printf '%s' '{"prompt": "Once upon a time", "max_tokens": 10, "temperature": 0.9, "seed": 2, "n": 3, "stream": true, "logprobs": 1}' >"$tmp/body"
+    curl -s -N -m 30 --data-binary @"$tmp/body" "$url/v1/completions" >"$tmp/nsse"
+    detail="$(head -c 600 "$tmp/nsse")"
+    check "l2c: an n=3 stream: one finish_reason per index, logprobs per chunk (tokens spell the text)" \
+        [ "$(sed -n 's/^data: {/{/p' "$tmp/nsse" | jq -s -c '[(map(.choices[] | select(.finish_reason != null) | .index) | sort), (map(.choices | length) | unique), (map(.choices[] | (.logprobs.tokens | join("")) == .text) | all)]')" = '[[0,1,2],[1],true]' ]
     # the official openai client (tests/serve_openai.py; scripts/install-deps.sh installs it)
     openai_tests "$url/v1" "$text_greedy"
     stop l2c TERM
@@ -414,7 +461,7 @@ if MS_SERVE_STEP_DELAY_MS=20 start slow --model "$l2c" --tokenizer "$tok"; then
     stop slow TERM
 fi
 
-# ---- a full queue: 503 (one running, one queued, the third refused) ----
+# ---- a full queue: 429 (one running, one queued, the third refused) ----
 if MS_SERVE_STEP_DELAY_MS=20 start queue --model "$l2c" --tokenizer "$tok" --max-seqs 1 --max-queue 1; then
     body='{"prompt": "Once upon a time", "max_tokens": 100, "ignore_eos": true}'
     curl -s -m 1.5 -d "$body" "$url/v1/completions" >/dev/null 2>&1 &
@@ -425,7 +472,7 @@ if MS_SERVE_STEP_DELAY_MS=20 start queue --model "$l2c" --tokenizer "$tok" --max
     for _ in $(seq 50); do [ "$(metric mstar_queue_depth)" = 1 ] && break; sleep 0.05; done
     st=$(postj /v1/completions "$body" "$tmp/q.json")
     detail="status $st $(head -c 300 "$tmp/q.json")"
-    check "queue: a request beyond --max-queue -> 503 with an error body" [ "$st" = 503 -a "$(jq -r .error.type "$tmp/q.json")" = server_error ]
+    check "queue: a request beyond --max-queue -> 429 with an error body" [ "$st" = 429 -a "$(jq -r .error.type "$tmp/q.json")" = rate_limit_error ]
     wait $a $b
     for _ in $(seq 100); do [ "$(metric mstar_requests_running)" = 0 -a "$(metric mstar_queue_depth)" = 0 ] && break; sleep 0.1; done
     detail="running $(metric mstar_requests_running) queued $(metric mstar_queue_depth)"
@@ -442,6 +489,7 @@ if MS_SERVE_STEP_DELAY_MS=20 start sigint --model "$l2c" --tokenizer "$tok"; the
     wait $cpid
     detail="$(tail -c 300 "$tmp/int")"
     check "sigint: the stream in flight at SIGINT ends with [DONE]" grep -q '^data: \[DONE\]' "$tmp/int"
+    check "sigint: ... after an error event saying the server is shutting down (503)" grep -q '"error".*shutting down' "$tmp/int"
 fi
 
 echo "$passed passed, $failed failed"

@@ -10,10 +10,13 @@ Usage: serve_openai.py BASE_URL EXPECTED_TEXT
                     stream=True with include_usage, and a malformed message raising BadRequestError
 
 Checks completions (text, finish_reason, usage), streaming (chunks reassemble to the same text,
-one finish_reason, include_usage), stop strings, and that a bad request raises the client's
-BadRequestError with the server's message. Prints "ok NAME" / "FAIL NAME ..." lines and exits 1
+one finish_reason, include_usage), stop strings, n > 1 (indices, finish_reason per choice, the
+stream's chunks per index, seeded choices equal lone requests), logprobs (greedy: the best token;
+top_k 2: the two kept probabilities sum to 1), echo, and that a bad request raises the client's
+BadRequestError with the server's message. Chat: also logprobs (top_logprobs, bytes) and n = 2. Prints "ok NAME" / "FAIL NAME ..." lines and exits 1
 on any failure; exit 77 when the package cannot be imported (the caller reports a skip).
 """
+import math
 import sys
 
 try:
@@ -68,6 +71,17 @@ if chat:
     check("chat stream role once, finish_reason length", roles == ["assistant"]
           and finishes == ["length"], repr((roles, finishes)))
     check("chat stream usage", usage is not None and usage.completion_tokens == 24, repr(usage))
+    r = client.chat.completions.create(model=model, messages=msgs, max_tokens=6, temperature=0,
+                                       logprobs=True, top_logprobs=2)
+    content = r.choices[0].logprobs.content if r.choices[0].logprobs else None
+    check("chat logprobs: one entry per token, 2 top entries, bytes spell the content",
+          content is not None and len(content) == 6
+          and all(len(c.top_logprobs) == 2 and c.logprob <= 0 for c in content)
+          and bytes(b for c in content for b in c.bytes).decode("utf-8", "replace")
+          == r.choices[0].message.content, repr(r.choices[0]))
+    r = client.chat.completions.create(model=model, messages=msgs, max_tokens=6, temperature=0.8,
+                                       seed=2, n=2)
+    check("chat n=2: two choices", [c.index for c in r.choices] == [0, 1], repr(r))
     try:
         client.chat.completions.create(model=model, messages=[{"role": "user"}])
         check("chat bad message raises", False, "no exception")
@@ -105,6 +119,56 @@ text = "".join(c.choices[0].text for c in client.completions.create(
     model=model, prompt="The little dog", max_tokens=40, temperature=0, stop=[stop], stream=True)
     if c.choices)
 check("stop in a stream", text == want.split(stop)[0], repr(text))
+
+# n > 1: n choices, index 0..n-1, each with its finish_reason; seeded choice k equals a lone
+# request seeded seed + k (the server's rule), so batching changes nothing (vllm #51226)
+r = client.completions.create(model=model, prompt="The little dog", max_tokens=12,
+                              temperature=0.9, seed=5, n=3)
+check("n=3 gives 3 choices, index 0..2, finish_reason each",
+      [c.index for c in r.choices] == [0, 1, 2]
+      and all(c.finish_reason == "length" for c in r.choices)
+      and r.usage.completion_tokens == 36, repr(r))
+alone = [client.completions.create(model=model, prompt="The little dog", max_tokens=12,
+                                   temperature=0.9, seed=5 + k).choices[0].text for k in range(3)]
+check("n=3 seeded choices equal lone requests seeded seed + k",
+      [c.text for c in r.choices] == alone, repr(([c.text for c in r.choices], alone)))
+texts, fins = {}, {}
+for chunk in client.completions.create(model=model, prompt="The little dog", max_tokens=12,
+                                       temperature=0.9, seed=5, n=3, stream=True):
+    for c in chunk.choices:
+        texts[c.index] = texts.get(c.index, "") + c.text
+        if c.finish_reason is not None:
+            fins.setdefault(c.index, []).append(c.finish_reason)
+check("n=3 stream: each index reassembles, one finish_reason each (TGI #1648)",
+      [texts.get(k) for k in range(3)] == alone and fins == {0: ["length"], 1: ["length"],
+                                                             2: ["length"]}, repr((texts, fins)))
+
+# logprobs: greedy reports the model's distribution; the token is the top one; tokens spell the text
+r = client.completions.create(model=model, prompt="The little dog", max_tokens=8, temperature=0,
+                              logprobs=3)
+lp = r.choices[0].logprobs
+check("logprobs: 8 tokens spelling the text, 3+ top entries, the greedy token the best",
+      lp is not None and len(lp.tokens) == 8 and "".join(lp.tokens) == r.choices[0].text
+      and all(len(t) >= 3 for t in lp.top_logprobs)
+      and all(abs(lp.token_logprobs[i] - max(lp.top_logprobs[i].values())) < 1e-6
+              for i in range(8)), repr(lp))
+# with top_k 2 the sampled distribution has two ids: their probabilities sum to 1 (the logprobs
+# are those of the distribution sampled from, sglang #2664, not of the raw logits)
+r = client.completions.create(model=model, prompt="The little dog", max_tokens=8,
+                              temperature=0.7, logprobs=2, seed=3, extra_body={"top_k": 2})
+tops = r.choices[0].logprobs.top_logprobs
+check("logprobs with top_k 2: the two kept ids' probabilities sum to 1",
+      len(tops) == 8 and all(abs(sum(math.exp(v) for v in t.values()) - 1) < 1e-4 for t in tops),
+      repr(tops))
+try:
+    client.completions.create(model=model, prompt="x", echo=True, logprobs=1)
+    check("echo with logprobs raises", False, "no exception")
+except openai.BadRequestError as e:
+    check("echo with logprobs raises BadRequestError naming echo", "echo" in str(e), str(e))
+r = client.completions.create(model=model, prompt="The little dog", max_tokens=40, temperature=0,
+                              echo=True)
+check("echo: the prompt, then the completion", r.choices[0].text == "The little dog" + want,
+      repr(r.choices[0].text))
 
 try:
     client.completions.create(model=model, prompt="x", temperature=-1)

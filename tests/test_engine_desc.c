@@ -165,7 +165,7 @@ static void test_desc_check_catches_bugs(void **state) {
     } cases[] = {
         {"per-layer names must contain {i}", 0}, {"tie must name an earlier", 0},
         {"a part must name a fused entry that lists it", 0}, {"a fused entry needs 2..4 parts", 0},
-        {"rank must be 1 or 2", 0}, {"optional exactly when", 0},
+        {"rank must be 1, 2 or 3", 0}, {"optional exactly when", 0},
         {"not an earlier resource", 1}, {"declared twice", 1}, {"are both of kind", 1},
         {"2 kernel instances without a list", 2}, {"kernel instance 1 has no stem", 2},
     };
@@ -183,7 +183,7 @@ static void test_desc_check_catches_bugs(void **state) {
         case 1: w[wix("lm_head")].tie = wix("lm_head"); break;
         case 2: w[wix("layers.wq")].fused = wix("layers.w_gate+w_up"); break;
         case 3: w[wix("layers.w_gate+w_up")].n_parts = 5; break;
-        case 4: w[wix("final_norm")].rank = 3; break;
+        case 4: w[wix("final_norm")].rank = 4; break;
         case 5: w[wix("layers.bq+bk+bv")].optional = false; break;
         case 6: r[1].deps[0] = "attn"; break;
         case 7: r[3].key = "kv"; r[3].kind = MS_RESOURCE_SCRATCH; break;
@@ -208,16 +208,23 @@ static void test_desc_check_catches_bugs(void **state) {
     assert_non_null(strstr(err.msg, "model llama: node decoder: no resource table, "
                                     "workspace_size or forward"));
     assert_null(e);
-    /* nor does a descriptor of two nodes: it is well formed, but the engine runs one node */
+    /* a descriptor of two nodes runs (tests/test_engine_nodes.c), each node with the resources
+       the engine needs: a second node of a KV pool alone is refused naming it, nothing leaks */
     ms_md_node two[2] = {ms_llama_desc.nodes[0], ms_llama_desc.nodes[0]};
     two[1].name = "encoder";
+    two[1].n_resources = 1;
     d = ms_llama_desc;
     d.nodes = two;
     d.n_nodes = 2;
     assert_int_equal(ms_md_check_desc(&d, &err), MS_OK);
-    assert_int_equal(ms_engine_init(&e, &d, &o, &err), MS_ERR_UNSUPPORTED);
-    assert_string_equal(err.msg, "model llama has 2 nodes; the engine runs models of one node yet");
+    assert_int_equal(ms_engine_init(&e, &d, &o, &err), MS_ERR_INVALID_ARG);
+    assert_string_equal(err.msg, "model llama: node encoder: the LLM engine needs kv, positions, "
+                                 "attention and sampler resources");
     assert_null(e);
+    /* two copies of the decoder node: both are built */
+    two[1].n_resources = ms_llama_desc.nodes[0].n_resources;
+    assert_int_equal(ms_engine_init(&e, &d, &o, &err), MS_OK);
+    ms_engine_free(e);
 }
 
 /* The generated step runners: llama's guided decode declares both streams label-major under one

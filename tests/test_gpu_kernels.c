@@ -1186,7 +1186,7 @@ static void test_sample(void **state) {
     int32_t *dk = dup_h2d(&l, topk, sizeof topk);
     int32_t *dids = dalloc(&l, sizeof(int32_t) * ROWS);
     ms_cuda_module *m = load(ms_kernel_spec_simple(MS_KERNEL_OP_SAMPLE, MS_KERNEL_DTYPE_F32));
-    ms_sample_params p = {dl, dt, dk, dp, du, dids, ROWS, vocab, vocab};
+    ms_sample_params p = {dl, dt, dk, dp, du, dids, ROWS, vocab, vocab, NULL};
     ms_error err = {0};
     if (ms_cuda_sample_launch(m, &p, 0, &err) != MS_OK)
         fail_msg("sample launch: %s", err.msg);

@@ -91,6 +91,191 @@ static void test_same_seed_same_ids(void **state) {
     ms_free(scratch);
 }
 
+/* The exact kept distribution of (p, min_p) over z[0..V), V <= 16, into want[] (reference:
+ * softmax(z / T), top-k, the smallest top-p nucleus, then min_p relative to the maximum). */
+static void ref_distribution(const float *z, int32_t V, ms_sampling_params p, float min_p,
+                             double *want) {
+    double prob[16], sum = 0.0, pmax = 0.0;
+    int order[16];
+    for (int i = 0; i < V; i++) {
+        prob[i] = exp(((double)z[i]) / p.temperature);
+        pmax = fmax(pmax, prob[i]);
+        order[i] = i;
+    }
+    for (int i = 0; i < V; i++)
+        for (int j = i + 1; j < V; j++)
+            if (prob[order[j]] > prob[order[i]]) {
+                int t = order[i];
+                order[i] = order[j];
+                order[j] = t;
+            }
+    int keep = (p.top_k > 0 && p.top_k < V) ? p.top_k : V;
+    for (int i = 0; i < keep; i++)
+        sum += prob[order[i]];
+    double cum = 0.0;
+    int keep_p = keep;
+    for (int i = 0; i < keep; i++) {
+        cum += prob[order[i]];
+        if (cum >= p.top_p * sum) {
+            keep_p = i + 1;
+            break;
+        }
+    }
+    double tot = 0.0;
+    for (int i = 0; i < V; i++)
+        want[i] = 0.0;
+    for (int i = 0; i < keep_p; i++)
+        if (prob[order[i]] >= min_p * pmax)
+            tot += prob[order[i]];
+    for (int i = 0; i < keep_p; i++)
+        if (prob[order[i]] >= min_p * pmax)
+            want[order[i]] = prob[order[i]] / tot;
+}
+
+/* Empirical frequencies of ms_sampler_sample with min_p against the reference. */
+static void check_distribution_min_p(const float *z, int32_t V, ms_sampling_params p, float min_p,
+                                     int n_draws) {
+    ms_error err = {0};
+    double want[16];
+    ref_distribution(z, V, p, min_p, want);
+    int count[16] = {0};
+    void *scratch = ms_malloc(ms_sampler_scratch_size(V));
+    for (int d = 0; d < n_draws; d++) {
+        ms_sample_row row = {p, (uint64_t)d, min_p};
+        int32_t id;
+        assert_int_equal(ms_sampler_sample(z, V, &row, scratch, &id, &err), MS_OK);
+        count[id]++;
+    }
+    for (int i = 0; i < V; i++) {
+        double f = (double)count[i] / n_draws;
+        double sd = sqrt(want[i] * (1 - want[i]) / n_draws);
+        if (fabs(f - want[i]) > 5 * sd + 1e-3)
+            fail_msg("id %d: frequency %.4f, expected %.4f (T %g, k %d, p %g, min_p %g)", i, f,
+                     want[i], (double)p.temperature, p.top_k, (double)p.top_p, (double)min_p);
+        if (want[i] == 0.0)
+            assert_int_equal(count[i], 0);
+    }
+    ms_free(scratch);
+}
+
+static void test_min_p_distribution(void **state) {
+    (void)state;
+    float z[8] = {1.0f, 0.2f, -0.5f, 2.0f, 0.0f, 1.5f, -1.0f, 0.7f};
+    check_distribution_min_p(z, 8, (ms_sampling_params){1.0f, 0, 1.0f, 1}, 0.3f, 40000);
+    check_distribution_min_p(z, 8, (ms_sampling_params){0.5f, 0, 1.0f, 2}, 0.05f, 40000);
+    check_distribution_min_p(z, 8, (ms_sampling_params){1.0f, 5, 0.9f, 3}, 0.2f, 40000);
+    check_distribution_min_p(z, 8, (ms_sampling_params){2.0f, 0, 1.0f, 4}, 0.0f, 40000);
+    /* min_p 1: only the maximum */
+    check_distribution_min_p(z, 8, (ms_sampling_params){1.0f, 0, 1.0f, 5}, 1.0f, 2000);
+    /* out of range is refused, naming the field */
+    ms_error err = {0};
+    char scratch[8 * 16];
+    int32_t id;
+    ms_sample_row bad = {{1.0f, 0, 1.0f, 0}, 0, 1.5f};
+    assert_int_equal(ms_sampler_sample(z, 8, &bad, scratch, &id, &err), MS_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "min_p 1.5"));
+    bad.min_p = NAN;
+    assert_int_equal(ms_sampler_sample(z, 8, &bad, scratch, &id, &err), MS_ERR_INVALID_ARG);
+}
+
+/* Logprobs are those of the distribution sampled from (sglang PR #2664): exp(logprob) of every
+ * id equals the reference kept distribution the sampler draws from (test_min_p_distribution
+ * checks the draws follow it); ids not kept get the floor; greedy reports log_softmax(z). */
+static void test_logprobs_are_the_sampled_distribution(void **state) {
+    (void)state;
+    ms_error err = {0};
+    float z[8] = {1.0f, 0.2f, -0.5f, 2.0f, 0.0f, 1.5f, -1.0f, 0.7f};
+    void *scratch = ms_malloc(ms_sampler_scratch_size(8));
+    const struct {
+        ms_sampling_params p;
+        float min_p;
+    } cases[] = {
+        {{1.0f, 0, 1.0f, 1}, 0.0f}, {{0.5f, 0, 1.0f, 1}, 0.0f}, {{1.0f, 3, 1.0f, 1}, 0.0f},
+        {{1.0f, 0, 0.6f, 1}, 0.0f}, {{2.0f, 5, 0.8f, 1}, 0.1f}, {{1.3f, 0, 1.0f, 1}, 0.4f},
+    };
+    for (size_t c = 0; c < MS_ARRAY_LEN(cases); c++) {
+        double want[16];
+        ref_distribution(z, 8, cases[c].p, cases[c].min_p, want);
+        ms_sample_row row = {cases[c].p, 0, cases[c].min_p};
+        int32_t top_ids[8], n_top, kept = 0;
+        float top_lps[8], lp;
+        for (int32_t i = 0; i < 8; i++) {
+            kept += want[i] > 0.0;
+            assert_int_equal(ms_sampler_logprobs(z, 8, &row, scratch, i, 8, &lp, top_ids, top_lps,
+                                                 &n_top, &err),
+                             MS_OK);
+            if (want[i] > 0.0) {
+                if (fabs(exp((double)lp) - want[i]) > 1e-5)
+                    fail_msg("case %zu id %d: exp(logprob) %.6f, expected %.6f", c, (int)i,
+                             exp((double)lp), want[i]);
+            } else {
+                assert_true(lp == MS_SAMPLER_LOGPROB_FLOOR);
+            }
+        }
+        /* the top list: every kept id once, probability descending, summing to 1 */
+        assert_int_equal(n_top, kept);
+        double sum = 0.0;
+        for (int32_t k = 0; k < n_top; k++) {
+            sum += exp((double)top_lps[k]);
+            assert_true(want[top_ids[k]] > 0.0);
+            if (k > 0)
+                assert_true(top_lps[k] <= top_lps[k - 1]);
+        }
+        assert_true(fabs(sum - 1.0) < 1e-5);
+        /* top_n smaller than the kept set: the best ones */
+        assert_int_equal(ms_sampler_logprobs(z, 8, &row, scratch, 3, 2, &lp, top_ids, top_lps,
+                                             &n_top, &err),
+                         MS_OK);
+        assert_int_equal(n_top, MS_MIN(2, kept));
+        assert_int_equal(top_ids[0], 3); /* z[3] = 2 is the maximum */
+    }
+    /* greedy: the model's distribution, log_softmax(z) */
+    ms_sample_row g = {ms_sampling_greedy(), 0, 0.0f};
+    double lse = 0.0;
+    for (int i = 0; i < 8; i++)
+        lse += exp((double)z[i]);
+    lse = log(lse);
+    int32_t top_ids[3], n_top;
+    float top_lps[3], lp;
+    assert_int_equal(
+        ms_sampler_logprobs(z, 8, &g, scratch, 6, 3, &lp, top_ids, top_lps, &n_top, &err), MS_OK);
+    assert_true(fabs((double)lp - ((double)z[6] - lse)) < 1e-5);
+    assert_int_equal(n_top, 3);
+    assert_int_equal(top_ids[0], 3);
+    assert_int_equal(top_ids[1], 5);
+    assert_int_equal(top_ids[2], 0);
+    assert_int_equal(
+        ms_sampler_logprobs(z, 8, &g, scratch, 8, 3, &lp, top_ids, top_lps, &n_top, &err),
+        MS_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "id 8 outside"));
+    ms_free(scratch);
+}
+
+/* vLLM's apply_penalties on a worked example: repetition on prompt or generated ids (divide a
+ * positive logit, multiply a negative one), then frequency x count + presence on generated ids. */
+static void test_penalties(void **state) {
+    (void)state;
+    float z[5] = {2.0f, -1.0f, 0.5f, 3.0f, 1.0f};
+    const int32_t ids[4] = {0, 1, 3, 99};
+    const int32_t counts[4] = {2, 1, 0, 5};
+    const uint8_t in_prompt[4] = {0, 0, 1, 1};
+    ms_sampler_penalties p = {0.5f, 0.25f, 2.0f};
+    assert_false(ms_sampler_penalties_off(&p));
+    ms_sampler_apply_penalties(z, 5, &p, ids, counts, in_prompt, 4);
+    assert_float_equal(z[0], 2.0f / 2.0f - (0.25f * 2 + 0.5f), 1e-6);
+    assert_float_equal(z[1], -1.0f * 2.0f - (0.25f + 0.5f), 1e-6);
+    assert_float_equal(z[2], 0.5f, 0.0);  /* not in the history */
+    assert_float_equal(z[3], 3.0f / 2.0f, 1e-6); /* prompt only: repetition, no presence */
+    assert_float_equal(z[4], 1.0f, 0.0);  /* id 99 is outside the vocabulary: skipped */
+    ms_sampler_penalties off = {0.0f, 0.0f, 1.0f};
+    assert_true(ms_sampler_penalties_off(&off));
+    float w[5] = {2.0f, -1.0f, 0.5f, 3.0f, 1.0f};
+    ms_sampler_apply_penalties(w, 5, &off, ids, counts, in_prompt, 4);
+    assert_float_equal(w[0], 2.0f, 0.0);
+    assert_float_equal(w[1], -1.0f, 0.0);
+    assert_float_equal(w[3], 3.0f, 0.0);
+}
+
 /* Empirical frequencies against the exact filtered distribution (3-sigma-ish bound). */
 static void check_distribution(const float *z, int32_t V, ms_sampling_params p, int n_draws) {
     ms_error err = {0};
@@ -258,9 +443,9 @@ static void test_backend_sample_rows(void **state) {
     for (int r = 0; r < M; r++)
         fill_logits(z + r * V, V, (uint64_t)r + 9);
     ms_sample_row rows[M] = {
-        {ms_sampling_greedy(), 0},
-        {{0.8f, 10, 0.9f, 77}, 5},
-        {{1.0f, 1, 1.0f, 3}, 0},
+        {ms_sampling_greedy(), 0, 0.0f},
+        {{0.8f, 10, 0.9f, 77}, 5, 0.0f},
+        {{1.0f, 1, 1.0f, 3}, 0, 0.0f},
     };
     size_t ws = be.iface.sample_workspace_size(be.ctx, M, V);
     assert_true(ws >= (size_t)M * V * 8);
@@ -273,6 +458,12 @@ static void test_backend_sample_rows(void **state) {
     int32_t one;
     assert_int_equal(ms_sampler_sample_row(z + V, V, &rows[1].params, 5, work, &one, &err), MS_OK);
     assert_int_equal(ids[1], one);
+    rows[1].min_p = 0.4f; /* the backend passes min_p to the sampler */
+    assert_int_equal(be.iface.sample(be.ctx, &tl, rows, work, ws, &ti, &err), MS_OK);
+    assert_int_equal(ms_sampler_sample(z + V, V, &rows[1], work, &one, &err), MS_OK);
+    assert_int_equal(ids[1], one);
+    rows[1].min_p = 0.0f;
+    assert_int_equal(ms_sampler_sample_row(z + V, V, &rows[1].params, 5, work, &one, &err), MS_OK);
     assert_int_equal(be.iface.sample(be.ctx, &tl, rows, work, ws - 1, &ti, &err), MS_ERR_INVALID_ARG);
     assert_non_null(strstr(err.msg, "sample: workspace"));
     /* issue 15.2: a NaN row gets MS_SAMPLE_ID_NAN, the other rows still sample (it used to fail
@@ -307,6 +498,9 @@ int main(void) {
         ms_unit_test(test_bad_settings_and_nan),
         ms_unit_test(test_tiny_temperature_is_greedy),
         ms_unit_test(test_backend_sample_rows),
+        ms_unit_test(test_min_p_distribution),
+        ms_unit_test(test_logprobs_are_the_sampled_distribution),
+        ms_unit_test(test_penalties),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

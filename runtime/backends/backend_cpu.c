@@ -1258,8 +1258,8 @@ static ms_status cpu_sample(void *ctx, const ms_tensor *logits, const ms_sample_
         if (nan)
             id = MS_SAMPLE_ID_NAN; /* this row's request fails alone (backend.h) */
         else
-            st = ms_sampler_sample_row(z, v, &rows[r].params, rows[r].draw,
-                                       (char *)workspace + (size_t)r * per, &id, err);
+            st = ms_sampler_sample(z, v, &rows[r], (char *)workspace + (size_t)r * per, &id,
+                                   err);
         if (st != MS_OK) {
             ms_error_prefix(err, "sample: row %d: ", r);
             return st;

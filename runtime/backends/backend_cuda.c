@@ -1194,11 +1194,11 @@ static ms_status cu_argmax(void *ctx, const ms_tensor *logits, ms_tensor *ids, m
     return ms_cuda_argmax_launch(m, &p, c->stream, err);
 }
 
-/* Workspace: per row temperature, top_k, top_p, uniform (4 x 4 bytes). */
+/* Workspace: per row temperature, top_p, uniform, top_k, min_p (5 x 4 bytes). */
 static size_t cu_sample_workspace_size(void *ctx, int32_t m, int32_t vocab) {
     (void)ctx;
     (void)vocab;
-    return m > 0 ? (size_t)m * 16 : 0;
+    return m > 0 ? (size_t)m * 20 : 0;
 }
 
 static ms_status cu_sample(void *ctx, const ms_tensor *logits, const ms_sample_row *rows,
@@ -1223,8 +1223,12 @@ static ms_status cu_sample(void *ctx, const ms_tensor *logits, const ms_sample_r
         return MS_FAIL(err, MS_ERR_OOM, "sample: out of memory");
     float *temp = h, *top_p = h + mrows, *unif = h + 2 * mrows;
     int32_t *top_k = (int32_t *)(h + 3 * mrows);
+    float *min_p = h + 4 * mrows;
     for (int64_t r = 0; r < mrows; r++) {
         ms_status st = ms_sampler_check_params(&rows[r].params, err);
+        if (st == MS_OK && !(rows[r].min_p >= 0.0f && rows[r].min_p <= 1.0f))
+            st = MS_FAIL(err, MS_ERR_INVALID_ARG, "sampling: min_p %g must be in [0, 1]",
+                         (double)rows[r].min_p);
         if (st != MS_OK) {
             ms_free(h);
             ms_error_prefix(err, "sample: row %lld: ", (long long)r);
@@ -1235,6 +1239,7 @@ static ms_status cu_sample(void *ctx, const ms_tensor *logits, const ms_sample_r
         top_k[r] = rows[r].params.top_k;
         top_p[r] = rows[r].params.top_p;
         unif[r] = ms_sampler_uniform(rows[r].params.seed, rows[r].draw);
+        min_p[r] = rows[r].min_p;
     }
     cudaError_t e = cudaMemcpyAsync(workspace, h, need, cudaMemcpyHostToDevice, c->stream);
     ms_free(h);
@@ -1245,7 +1250,8 @@ static ms_status cu_sample(void *ctx, const ms_tensor *logits, const ms_sample_r
     MS_TRY(get_module(c, &s, &m, err));
     float *w = workspace;
     ms_sample_params p = {logits->data, w, (const int *)(w + 3 * mrows), w + mrows, w + 2 * mrows,
-                          ids->data, (int)mrows, (int)logits->shape[1], (int)logits->stride[0]};
+                          ids->data, (int)mrows, (int)logits->shape[1], (int)logits->stride[0],
+                          w + 4 * mrows};
     return ms_cuda_sample_launch(m, &p, c->stream, err);
 }
 

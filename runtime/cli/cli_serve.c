@@ -50,14 +50,17 @@
 
 #include "chat_template.h"
 #include "engine.h"
+#include "sample_res.h"
+#include "serve_request.h"
 #include "threadpool.h"
 #include "tokenizer_hf.h"
 #include "tokenizer_llama2c.h"
 
 #define SRV_MAX_BODY (1u << 20)   /* request body limit, bytes (413 above) */
-#define SRV_MAX_STOPS 16          /* stop strings per request */
-#define SRV_MAX_STOP_LEN 256      /* bytes per stop string */
-#define SRV_DEFAULT_MAX_TOKENS 16 /* OpenAI's default max_tokens for completions */
+/* the optional request fields served (serve_request.h MS_SERVE_CAP_*) */
+#define SRV_CAPS                                                                          \
+    (MS_SERVE_CAP_N | MS_SERVE_CAP_LOGPROBS | MS_SERVE_CAP_ECHO | MS_SERVE_CAP_PENALTIES | \
+     MS_SERVE_CAP_MIN_P)
 
 /* ---- types ---- */
 
@@ -85,6 +88,18 @@ static void hist_observe(srv_hist *h, double secs) {
 
 typedef enum srv_state { CH_QUEUED = 0, CH_RUNNING, CH_DONE } srv_state;
 
+/* The logprobs of one generated token (sampler.h ms_sampler_logprobs: the distribution it was
+   sampled from). */
+typedef struct srv_lp {
+    int32_t id;
+    int32_t prev;                        /* the token before it (llama2.c pieces depend on it) */
+    float lp;
+    int32_t n_top;
+    int32_t top_ids[MS_SERVE_MAX_LOGPROBS];
+    float top_lps[MS_SERVE_MAX_LOGPROBS];
+    size_t offset;                       /* bytes of text before it (completions' text_offset) */
+} srv_lp;
+
 /* One prompt of a job: one engine request. */
 typedef struct srv_choice {
     srv_job *job;
@@ -103,6 +118,12 @@ typedef struct srv_choice {
     int32_t *ids_new;           /* no tokenizer: ids not streamed yet; [n_ids_new] */
     size_t n_ids_new, cap_ids_new;
     const char *finish;         /* "length" / "stop" / "error" once done */
+    uint64_t seed;              /* this choice's seed: the request's + its index among n */
+    char *echo;                 /* echo: the prompt's text, sent first (ms_malloc'd; NULL none) */
+    size_t n_echo;
+    bool echo_sent;
+    srv_lp *lps;                /* logprobs: [n_lps] per generated token (ms_malloc'd) */
+    size_t n_lps, cap_lps, n_lps_sent;
     bool role_sent;             /* chat stream: the {"role": "assistant"} delta went out */
     double t_last;              /* when its last token came (monotonic seconds) */
     struct srv_choice *next_q;  /* FIFO link */
@@ -113,9 +134,12 @@ struct srv_job {
     srv_choice *ch;             /* [n_ch] */
     int32_t n_ch;
     ms_sampling_params sampling;
+    ms_sample_extra extra;      /* min_p, penalties (sample_res.h) */
+    bool has_extra;             /* not all off */
+    int32_t logprobs;           /* -1 none, else top logprobs per token */
     int32_t max_tokens;
     bool ignore_eos;
-    char *stops[SRV_MAX_STOPS]; /* ms_malloc'd */
+    char *stops[MS_SERVE_MAX_STOPS]; /* ms_malloc'd */
     int32_t n_stops;
     bool stream, include_usage;
     bool chat;                  /* /v1/chat/completions: chat objects, message / delta */
@@ -155,6 +179,7 @@ struct srv {
     int32_t chat_eos_id;        /* eos_tok's id (-1: none): chat requests stop on it */
     char tmpl_why[320];
     ms_md_facts fa;             /* the engine's facts (read-only after init) */
+    void *lp_scratch;           /* the scheduler's ms_sampler_logprobs scratch */
     pthread_mutex_t mu;
     pthread_cond_t cv;          /* the scheduler waits for work here */
     srv_choice *q_head, *q_tail;
@@ -201,6 +226,8 @@ static void job_free(srv_job *j) {
         ms_free(j->ch[i].prompt);
         ms_free(j->ch[i].text);
         ms_free(j->ch[i].ids_new);
+        ms_free(j->ch[i].echo);
+        ms_free(j->ch[i].lps);
     }
     for (int32_t i = 0; i < j->n_stops; i++)
         ms_free(j->stops[i]);
@@ -295,9 +322,101 @@ static json_t *ids_json(const int32_t *ids, size_t n) {
     return a;
 }
 
-/* One choice of a chunk or reply: text [n] bytes, finish (NULL: null). */
+/* A token's text for logprobs: its piece (tokenizer.json: its bytes; llama2.c: its piece after
+   prev), or "token_id:N" without a tokenizer (vLLM's return_tokens_as_token_ids spelling).
+   Bytes that are not valid UTF-8 (a character split across tokens) become U+FFFD in the
+   string; chat's "bytes" field carries them exactly. */
+static json_t *token_json(const srv *s, int32_t prev, int32_t id, json_t **bytes) {
+    const char *b = NULL;
+    size_t n = 0;
+    char tmp[32];
+    if (s->tok.l2c != NULL) {
+        b = ms_llama2c_tok_decode(s->tok.l2c, prev, id);
+        n = b != NULL ? strlen(b) : 0;
+    } else if (s->tok.hf != NULL) {
+        b = ms_tok_hf_token_bytes(s->tok.hf, id, &n);
+    } else {
+        n = (size_t)snprintf(tmp, sizeof tmp, "token_id:%d", (int)id);
+        b = tmp;
+    }
+    if (b == NULL) {
+        b = "";
+        n = 0;
+    }
+    if (bytes != NULL) {
+        *bytes = json_array();
+        for (size_t i = 0; *bytes != NULL && i < n; i++)
+            json_array_append_new(*bytes, json_integer((unsigned char)b[i]));
+    }
+    json_t *t = json_stringn(b, n);
+    if (t != NULL)
+        return t;
+    char *fix = ms_malloc(3 * n + 1); /* every non-ASCII byte -> U+FFFD (3 bytes) */
+    size_t k = 0;
+    for (size_t i = 0; fix != NULL && i < n; i++) {
+        if ((unsigned char)b[i] < 0x80 && b[i] != '\0') {
+            fix[k++] = b[i];
+        } else {
+            memcpy(fix + k, "\xef\xbf\xbd", 3);
+            k += 3;
+        }
+    }
+    t = fix != NULL ? json_stringn(fix, k) : NULL;
+    ms_free(fix);
+    return t != NULL ? t : json_string("");
+}
+
+/* Logprobs of c's tokens [from, to): completions' legacy object {tokens, token_logprobs,
+   top_logprobs, text_offset}, or chat's {content: [{token, logprob, bytes, top_logprobs}]}. The
+   sampled token is always among a token's top_logprobs entries of a completion (as vLLM). */
+static json_t *logprobs_json(const srv_job *j, const srv_choice *c, size_t from, size_t to) {
+    const srv *s = j->s;
+    if (j->chat) {
+        json_t *content = json_array();
+        for (size_t i = from; content != NULL && i < to; i++) {
+            const srv_lp *e = &c->lps[i];
+            json_t *bytes = NULL, *top = json_array();
+            json_t *tok = token_json(s, e->prev, e->id, &bytes);
+            for (int32_t k = 0; top != NULL && k < e->n_top; k++) {
+                json_t *tb = NULL;
+                json_t *tt = token_json(s, e->prev, e->top_ids[k], &tb);
+                json_array_append_new(top, json_pack("{s:o, s:f, s:o}", "token", tt, "logprob",
+                                                     (double)e->top_lps[k], "bytes", tb));
+            }
+            json_array_append_new(content,
+                                  json_pack("{s:o, s:f, s:o, s:o}", "token", tok, "logprob",
+                                            (double)e->lp, "bytes", bytes, "top_logprobs", top));
+        }
+        return json_pack("{s:o}", "content", content);
+    }
+    json_t *toks = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+    for (size_t i = from; i < to; i++) {
+        const srv_lp *e = &c->lps[i];
+        json_array_append_new(toks, token_json(s, e->prev, e->id, NULL));
+        json_array_append_new(lps, json_real((double)e->lp));
+        json_array_append_new(offs, json_integer((json_int_t)e->offset));
+        json_t *d = json_object();
+        for (int32_t k = 0; d != NULL && k < e->n_top; k++) {
+            json_t *tt = token_json(s, e->prev, e->top_ids[k], NULL);
+            if (tt != NULL && json_object_get(d, json_string_value(tt)) == NULL)
+                json_object_set_new(d, json_string_value(tt), json_real((double)e->top_lps[k]));
+            json_decref(tt);
+        }
+        json_t *tt = token_json(s, e->prev, e->id, NULL);
+        if (d != NULL && tt != NULL)
+            json_object_set_new(d, json_string_value(tt), json_real((double)e->lp));
+        json_decref(tt);
+        json_array_append_new(tops, d);
+    }
+    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", toks, "token_logprobs", lps,
+                     "top_logprobs", tops, "text_offset", offs);
+}
+
+/* One choice of a chunk or reply: text [n] bytes, finish (NULL: null); logprobs of its tokens
+   [lp_from, lp_to) when the request asked for them. */
 static json_t *choice_json(const srv_job *j, const srv_choice *c, const char *text, size_t n,
-                           const int32_t *ids, size_t n_ids, const char *finish) {
+                           const int32_t *ids, size_t n_ids, const char *finish, size_t lp_from,
+                           size_t lp_to) {
     if (j->chat) { /* a reply's message, or a chunk's delta (role first, then content pieces) */
         json_t *m;
         if (!j->stream)
@@ -308,13 +427,16 @@ static json_t *choice_json(const srv_job *j, const srv_choice *c, const char *te
             m = json_pack("{s:s%}", "content", text, n);
         else
             m = json_object();
-        return json_pack("{s:i, s:o, s:n, s:o}", "index", (int)c->index,
-                         j->stream ? "delta" : "message", m, "logprobs", "finish_reason",
-                         finish != NULL ? json_string(finish) : json_null());
+        return json_pack("{s:i, s:o, s:o, s:o}", "index", (int)c->index,
+                         j->stream ? "delta" : "message", m, "logprobs",
+                         j->logprobs >= 0 && lp_to > lp_from ? logprobs_json(j, c, lp_from, lp_to)
+                                                             : json_null(),
+                         "finish_reason", finish != NULL ? json_string(finish) : json_null());
     }
-    json_t *o = json_pack("{s:i, s:s%, s:n, s:o}", "index", (int)c->index, "text", text, n,
-                          "logprobs", "finish_reason",
-                          finish != NULL ? json_string(finish) : json_null());
+    json_t *o = json_pack("{s:i, s:s%, s:o, s:o}", "index", (int)c->index, "text", text, n,
+                          "logprobs",
+                          j->logprobs >= 0 ? logprobs_json(j, c, lp_from, lp_to) : json_null(),
+                          "finish_reason", finish != NULL ? json_string(finish) : json_null());
     if (o != NULL && !j->s->has_tok)
         json_object_set_new(o, "token_ids", ids_json(ids, n_ids));
     return o;
@@ -375,12 +497,21 @@ static void choice_emit(srv_choice *c, bool final) {
         return;
     if (j->chat && !c->role_sent) { /* the first chunk: {"role": "assistant", "content": ""} */
         json_t *arr = json_array();
-        json_array_append_new(arr, choice_json(j, c, "", 0, NULL, 0, NULL));
+        json_array_append_new(arr, choice_json(j, c, "", 0, NULL, 0, NULL, 0, 0));
         json_t *o = completion_json(j, arr);
         if (o != NULL && j->include_usage)
             json_object_set_new(o, "usage", json_null());
         sse_event(j, o);
         c->role_sent = true;
+    }
+    if (c->echo != NULL && !c->echo_sent) { /* echo: the prompt's text is the first chunk */
+        json_t *arr = json_array();
+        json_array_append_new(arr, choice_json(j, c, c->echo, c->n_echo, NULL, 0, NULL, 0, 0));
+        json_t *o = completion_json(j, arr);
+        if (o != NULL && j->include_usage)
+            json_object_set_new(o, "usage", json_null());
+        sse_event(j, o);
+        c->echo_sent = true;
     }
     size_t safe = final ? c->n_text : c->n_text - stop_holdback(j, c->text, c->n_sent, c->n_text);
     safe = MS_MAX(safe, c->n_sent);
@@ -396,13 +527,14 @@ static void choice_emit(srv_choice *c, bool final) {
         size_t n = j->chat && part == 1 ? 0 : safe - c->n_sent;
         json_array_append_new(arr, choice_json(j, c, c->text != NULL ? c->text + c->n_sent : "",
                                                n, c->ids_new, c->n_ids_new,
-                                               last ? c->finish : NULL));
+                                               last ? c->finish : NULL, c->n_lps_sent, c->n_lps));
         json_t *o = completion_json(j, arr);
         if (o != NULL && j->include_usage)
             json_object_set_new(o, "usage", json_null());
         sse_event(j, o);
         c->n_sent = safe;
         c->n_ids_new = 0;
+        c->n_lps_sent = c->n_lps;
     }
 }
 
@@ -434,6 +566,40 @@ static void choice_finish(srv *s, srv_choice *c, int32_t slot) {
     job_release_sched(j);
 }
 
+static void job_fail(srv_job *j, unsigned status, const char *msg);
+
+/* The logprobs of c's one new id out[n - 1] from the last step's logits, the row it was sampled
+   from (penalties applied: sample_res mixes them into the host logits before sampling). false
+   with why[] set when they cannot be had. */
+static bool take_logprobs(srv *s, srv_choice *c, const int32_t *out, int32_t n, char *why,
+                          size_t cap) {
+    srv_job *j = c->job;
+    if (n - c->n_seen != 1) {
+        snprintf(why, cap, "logprobs need one token per step, and this model made %d in one",
+                 (int)(n - c->n_seen));
+        return false;
+    }
+    const float *z = ms_engine_last_logits(s->eng, c->rid);
+    if (z == NULL || ms_grow((void **)&c->lps, &c->cap_lps, c->n_lps + 1, sizeof *c->lps) != MS_OK) {
+        snprintf(why, cap, "%s", z == NULL ? "logprobs: the step's logits are gone" : "out of memory");
+        return false;
+    }
+    srv_lp *e = &c->lps[c->n_lps];
+    memset(e, 0, sizeof *e);
+    e->id = out[n - 1];
+    e->prev = n >= 2 ? out[n - 2] : c->prompt[c->n_prompt - 1];
+    e->offset = c->n_text;
+    ms_sample_row row = {.params = j->sampling, .draw = 0, .min_p = j->extra.min_p};
+    ms_error err = {0};
+    if (ms_sampler_logprobs(z, s->fa.vocab, &row, s->lp_scratch, e->id, j->logprobs, &e->lp,
+                            e->top_ids, e->top_lps, &e->n_top, &err) != MS_OK) {
+        snprintf(why, cap, "logprobs: %s", err.msg);
+        return false;
+    }
+    c->n_lps++;
+    return true;
+}
+
 /* Take c's new output ids (under mu); true when it is finished. */
 static bool choice_harvest(srv *s, srv_choice *c) {
     srv_job *j = c->job;
@@ -452,6 +618,22 @@ static bool choice_harvest(srv *s, srv_choice *c) {
         else
             hist_observe(&s->itl, (t - c->t_last) / (double)(n - c->n_seen));
         c->t_last = t;
+        char fail[MS_ERROR_MSG_MAX + 32] = "";
+        ms_error err = {0};
+        /* penalties: the sampler's history learns the new ids before the next step (a finished
+           request's sampler state is gone with its other resources) */
+        if (j->has_extra && why == MS_FINISH_NONE &&
+            ms_sample_res_observe(ms_engine_sampler(s->eng), c->rid, out + c->n_seen,
+                                  n - c->n_seen, false, &err) != MS_OK)
+            snprintf(fail, sizeof fail, "%s", err.msg);
+        if (fail[0] == '\0' && j->logprobs >= 0)
+            take_logprobs(s, c, out, n, fail, sizeof fail);
+        if (fail[0] != '\0') {
+            srv_log(s, "%s: %s", j->id, fail);
+            job_fail(j, 500, fail);
+            c->finish = "error";
+            return true;
+        }
     }
     for (int32_t k = c->n_seen; k < n && !stopped; k++) {
         c->n_gen = k + 1;
@@ -558,8 +740,18 @@ static void *sched_main(void *arg) {
                                     .max_new_tokens = j->max_tokens,
                                     .sampling = j->sampling,
                                     .ignore_eos = j->ignore_eos};
+            rq.sampling.seed = c->seed;
             ms_error err = {0};
-            if (ms_engine_add(s->eng, &rq, &c->rid, &err) != MS_OK) {
+            ms_status st = ms_engine_add(s->eng, &rq, &c->rid, &err);
+            if (st == MS_OK && j->has_extra) { /* min_p, penalties: the sampler resource's */
+                ms_sample_res *sr = ms_engine_sampler(s->eng);
+                st = ms_sample_res_set_extra(sr, c->rid, &j->extra, &err);
+                if (st == MS_OK)
+                    st = ms_sample_res_observe(sr, c->rid, c->prompt, c->n_prompt, true, &err);
+                if (st != MS_OK)
+                    ms_engine_remove(s->eng, c->rid);
+            }
+            if (st != MS_OK) {
                 srv_log(s, "%s: cannot add the request: %s", j->id, err.msg);
                 job_fail(j, 500, err.msg);
                 c->state = CH_DONE;
@@ -643,362 +835,144 @@ static enum MHD_Result reply_error(srv *s, struct MHD_Connection *con, unsigned 
     pthread_mutex_lock(&s->mu);
     s->n_error++;
     pthread_mutex_unlock(&s->mu);
-    char msg[512];
+    ms_serve_error e = {.status = status, .param = param, .code = code};
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    vsnprintf(e.msg, sizeof e.msg, fmt, ap);
     va_end(ap);
-    const char *type = status == 401   ? "authentication_error"
-                       : status == 404 ? "not_found_error"
-                       : status == 501 ? "not_implemented"
-                       : status >= 500 ? "server_error"
-                                       : "invalid_request_error";
-    /* the message may quote request bytes: json_string refuses invalid UTF-8, so replace it */
-    json_t *m = json_string(msg);
-    if (m == NULL)
-        m = json_string("invalid request");
-    json_t *o = json_pack("{s:{s:o, s:s, s:s?, s:s?}}", "error", "message", m, "type", type,
-                          "param", param, "code", code);
+    json_t *o = ms_serve_error_json(&e);
     return reply_json(con, status, o);
 }
 
-/* ---- request parsing ---- */
+/* ---- requests: serve_request.h parses, the job takes its prompts ---- */
 
-typedef struct srv_err {
-    unsigned status;
-    const char *param;
-    const char *code;
-    char msg[400];
-} srv_err;
-
-static bool perr(srv_err *e, unsigned status, const char *param, const char *fmt, ...)
-    MS_PRINTF(4, 5);
-static bool perr(srv_err *e, unsigned status, const char *param, const char *fmt, ...) {
-    e->status = status;
-    e->param = param;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
-    va_end(ap);
-    return false;
-}
-
-static bool get_number(json_t *v, double *out) {
-    if (json_is_integer(v))
-        *out = (double)json_integer_value(v);
-    else if (json_is_real(v))
-        *out = json_real_value(v);
-    else
-        return false;
-    return true;
-}
-
-/* One prompt of the request into choice c: ids, or text through the tokenizer. */
-static bool parse_prompt_one(srv *s, json_t *p, srv_choice *c, srv_err *e) {
-    if (json_is_string(p)) {
-        if (!s->has_tok)
-            return perr(e, 400, "prompt",
-                        "a text prompt needs a tokenizer and the server has none: give token ids "
-                        "(a list of integers)");
-        if (json_string_length(p) == 0)
-            return perr(e, 400, "prompt", "the prompt is empty");
-        if (strlen(json_string_value(p)) != json_string_length(p))
-            return perr(e, 400, "prompt", "the prompt holds a NUL character");
-        size_t n = 0;
-        int32_t *ids = NULL;
-        if (ms_cli_tok_encode(&s->tok, json_string_value(p), "prompt", &ids, &n) != 0 || n == 0) {
-            ms_free(ids);
-            return perr(e, 400, "prompt", "the prompt cannot be tokenized");
-        }
-        c->prompt = ids;
-        c->n_prompt = (int32_t)n;
-    } else if (json_is_array(p)) {
-        size_t n = json_array_size(p);
-        if (n == 0)
-            return perr(e, 400, "prompt", "the prompt's token id list is empty");
-        if (n > (size_t)s->fa.max_context)
-            return perr(e, 400, "prompt",
-                        "the prompt of %zu tokens is longer than the model's context (%d)", n,
-                        (int)s->fa.max_context);
-        c->prompt = ms_malloc(n * sizeof *c->prompt);
-        if (c->prompt == NULL)
-            return perr(e, 500, NULL, "out of memory");
-        for (size_t i = 0; i < n; i++) {
-            json_t *x = json_array_get(p, i);
-            if (!json_is_integer(x))
-                return perr(e, 400, "prompt",
-                            "prompt[%zu] is not an integer (a prompt is a string, a list of "
-                            "strings, or token ids)",
-                            i);
-            json_int_t v = json_integer_value(x);
-            if (v < 0 || v >= s->fa.vocab)
-                return perr(e, 400, "prompt",
-                            "prompt token %lld at index %zu is outside the vocabulary [0, %d)",
-                            (long long)v, i, (int)s->fa.vocab);
-            c->prompt[i] = (int32_t)v;
-        }
-        c->n_prompt = (int32_t)n;
-    } else {
-        return perr(e, 400, "prompt",
-                    "'prompt' must be a string, a list of strings, or a list of token ids");
+static ms_status srv_encode(void *user, const char *text, bool add_special, int32_t **ids,
+                            size_t *n, ms_error *err) {
+    srv *s = user;
+    if (add_special) { /* as generate: llama2.c with BOS; tokenizer.json its post-processor */
+        if (ms_cli_tok_encode(&s->tok, text, "prompt", ids, n) != 0)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG, "the tokenizer refused the text");
+        return MS_OK;
     }
-    if (c->n_prompt > s->fa.max_context)
-        return perr(e, 400, "prompt",
-                    "the prompt of %d tokens is longer than the model's context (%d)",
-                    (int)c->n_prompt, (int)s->fa.max_context);
-    return true;
-}
-
-static bool parse_stop(srv_job *j, json_t *v, srv_err *e, bool has_tok) {
-    if (v == NULL || json_is_null(v))
-        return true;
-    json_t *one = json_is_string(v) ? v : NULL;
-    if (one == NULL && !json_is_array(v))
-        return perr(e, 400, "stop", "'stop' must be a string or a list of strings");
-    size_t n = one != NULL ? 1 : json_array_size(v);
-    if (n > SRV_MAX_STOPS)
-        return perr(e, 400, "stop", "at most %d stop strings", SRV_MAX_STOPS);
-    if (n > 0 && !has_tok)
-        return perr(e, 400, "stop", "stop strings need a tokenizer and the server has none");
-    for (size_t i = 0; i < n; i++) {
-        json_t *x = one != NULL ? one : json_array_get(v, i);
-        if (!json_is_string(x))
-            return perr(e, 400, "stop", "stop[%zu] is not a string", i);
-        size_t len = json_string_length(x);
-        if (len == 0 || len > SRV_MAX_STOP_LEN || strlen(json_string_value(x)) != len)
-            return perr(e, 400, "stop", "stop[%zu] must hold 1 to %d bytes and no NUL", i,
-                        SRV_MAX_STOP_LEN);
-        j->stops[j->n_stops] = ms_strdup(json_string_value(x));
-        if (j->stops[j->n_stops] == NULL)
-            return perr(e, 500, NULL, "out of memory");
-        j->n_stops++;
-    }
-    return true;
-}
-
-/* A chat request's messages (validated) through the chat template into c's prompt ids. */
-static bool parse_messages(srv *s, json_t *msgs, srv_choice *c, srv_err *e) {
-    if (msgs == NULL || json_is_null(msgs))
-        return perr(e, 400, "messages", "'messages' is required");
-    if (!json_is_array(msgs) || json_array_size(msgs) == 0)
-        return perr(e, 400, "messages", "'messages' must be a non-empty list of messages");
-    for (size_t i = 0; i < json_array_size(msgs); i++) {
-        json_t *m = json_array_get(msgs, i);
-        if (!json_is_object(m))
-            return perr(e, 400, "messages", "messages[%zu] is not an object", i);
-        json_t *r = json_object_get(m, "role"), *t = json_object_get(m, "content");
-        if (!json_is_string(r))
-            return perr(e, 400, "messages", "messages[%zu].role %s", i,
-                        r == NULL ? "is missing" : "is not a string");
-        if (!json_is_string(t))
-            return perr(e, 400, "messages", "messages[%zu].content %s", i,
-                        t == NULL ? "is missing"
-                                  : "is not a string (only text content is supported)");
-        if (strlen(json_string_value(t)) != json_string_length(t) ||
-            strlen(json_string_value(r)) != json_string_length(r))
-            return perr(e, 400, "messages", "messages[%zu] holds a NUL character", i);
-    }
-    if (s->tmpl == NULL) {
-        e->code = "not_implemented";
-        return perr(e, 501, NULL, "%s", s->tmpl_why);
-    }
-    ms_error merr = {0};
-    char *text = NULL;
-    ms_status st =
-        ms_chat_template_render(s->tmpl, msgs, true, s->bos_tok, s->eos_tok, &text, &merr);
-    if (st != MS_OK)
-        return st == MS_ERR_OOM ? perr(e, 500, NULL, "out of memory")
-                                : perr(e, 400, "messages", "%s", merr.msg);
-    /* the template wrote bos_token itself: encode WITHOUT adding special tokens (as transformers'
-       apply_chat_template(tokenize=True) does); special tokens in the text are still matched */
-    int32_t *ids = NULL;
-    size_t n = 0;
     if (s->tok.hf != NULL)
-        st = ms_tok_hf_encode(s->tok.hf, text, strlen(text), false, &ids, &n, &merr);
-    else
-        st = ms_llama2c_tok_encode(s->tok.l2c, text, false, false, &ids, &n, &merr);
-    ms_free(text);
-    if (st != MS_OK || n == 0) {
-        ms_free(ids);
-        if (st == MS_ERR_OOM)
-            return perr(e, 500, NULL, "out of memory");
-        return perr(e, 400, "messages", "the rendered conversation cannot be tokenized%s%s",
-                    st != MS_OK ? ": " : " (no tokens)", st != MS_OK ? merr.msg : "");
-    }
-    c->prompt = ids;
-    c->n_prompt = (int32_t)n;
-    if (c->n_prompt > s->fa.max_context)
-        return perr(e, 400, "messages",
-                    "the conversation of %d tokens is longer than the model's context (%d)",
-                    (int)c->n_prompt, (int)s->fa.max_context);
-    return true;
+        return ms_tok_hf_encode(s->tok.hf, text, strlen(text), false, ids, n, err);
+    return ms_llama2c_tok_encode(s->tok.l2c, text, false, false, ids, n, err);
 }
 
-/* Parse and validate a /v1/completions (chat: /v1/chat/completions) body into *job (ms_calloc'd,
-   cv set up). */
-static bool parse_completion(srv *s, json_t *root, bool chat, srv_job **out, srv_err *e) {
-    *out = NULL;
-    if (!json_is_object(root))
-        return perr(e, 400, NULL, "the request body must be a JSON object");
+static ms_status srv_render(void *user, json_t *messages, char **text, ms_error *err) {
+    srv *s = user;
+    return ms_chat_template_render(s->tmpl, messages, true, s->bos_tok, s->eos_tok, text, err);
+}
+
+static void srv_parse_log(void *user, const char *msg) { srv_log(user, "%s", msg); }
+
+/* The parser's view of this server. */
+static ms_serve_ctx srv_parse_ctx(srv *s) {
+    ms_serve_ctx c = {
+        .model_name = s->name,
+        .vocab = s->fa.vocab,
+        .max_context = s->fa.max_context,
+        .max_prompts = s->o.max_queue,
+        .max_body = SRV_MAX_BODY,
+        .caps = SRV_CAPS,
+        .defaults = {s->fa.temperature, s->fa.top_k, s->fa.top_p, 0},
+        .encode = s->has_tok ? srv_encode : NULL,
+        .render_chat = s->tmpl != NULL ? srv_render : NULL,
+        .chat_why = s->tmpl_why,
+        .log = srv_parse_log,
+        .user = s,
+    };
+    return c;
+}
+
+/* Echo of choice c's prompt p (handler thread; the tokenizers are thread-safe): the text as
+   given, else c's prompt ids decoded; without a tokenizer the ids lead token_ids. false: out of
+   memory */
+static bool choice_echo(srv *s, srv_choice *c, const ms_serve_prompt *p) {
+    if (!s->has_tok) {
+        if (ms_grow((void **)&c->ids_new, &c->cap_ids_new, (size_t)c->n_prompt,
+                    sizeof *c->ids_new) != MS_OK)
+            return false;
+        memcpy(c->ids_new, c->prompt, (size_t)c->n_prompt * sizeof *c->prompt);
+        c->n_ids_new = (size_t)c->n_prompt;
+        return true;
+    }
+    if (p->text != NULL) {
+        c->n_echo = strlen(p->text);
+        c->echo = ms_strdup(p->text);
+        return c->echo != NULL;
+    }
+    /* decode into c->text, then move it to echo; llama2.c: a leading BOS (id 1) prints nothing
+       (tokenizer_llama2c.h decodes from the id after it) */
+    int32_t from = s->tok.l2c != NULL && c->prompt[0] == 1 ? 1 : 0;
+    for (int32_t i = from; i < c->n_prompt; i++) {
+        c->prev = i > 0 ? c->prompt[i - 1] : 1;
+        decode_id(s, c, c->prompt[i]);
+    }
+    text_flush(c);
+    c->echo = c->text != NULL ? c->text : ms_strdup("");
+    c->n_echo = c->n_text;
+    c->text = NULL;
+    c->n_text = c->cap_text = 0;
+    memset(&c->utf8, 0, sizeof c->utf8);
+    return c->echo != NULL;
+}
+
+/* A job (ms_calloc'd, cv set up) from a parsed request; takes the request's prompts and stops.
+   NULL out of memory.
+   n > 1: the n choices of a prompt run as n independent engine requests, each prefilling the
+   prompt itself. Sharing the prompt's KV by forking after prefill (kv_pool.c has the page forks
+   CFG uses) needs the engine to clone a request's streams, positions and sampler state after its
+   prefill step, which engine.h does not offer and engine.c is being restructured under us; the
+   one function this part may add there went to the sampler's per-request extras. Choice k of a
+   prompt samples with seed + k, so a seeded request's choices differ and each is reproducible. */
+static srv_job *job_from_request(srv *s, ms_serve_request *r) {
     srv_job *j = ms_calloc(1, sizeof *j);
-    if (j == NULL)
-        return perr(e, 500, NULL, "out of memory");
+    size_t n_ch = (size_t)r->n_prompts * (size_t)r->n;
+    if (j == NULL || (j->ch = ms_calloc(n_ch, sizeof *j->ch)) == NULL) {
+        ms_free(j);
+        return NULL;
+    }
     pthread_cond_init(&j->cv, NULL);
     j->s = s;
-    j->chat = chat;
-    j->stop_id = -1;
-    *out = j;
-    static const char *const known[] = {
-        "model", "prompt", "max_tokens", "max_completion_tokens", "temperature", "top_p", "top_k", "seed", "stop",
-        "ignore_eos", "stream", "stream_options", "n", "user", "logprobs", "echo", "best_of",
-        "presence_penalty", "frequency_penalty", "suffix", "logit_bias", "messages"};
-    const char *key;
-    json_t *v;
-    json_object_foreach(root, key, v) {
-        bool k = false;
-        for (size_t i = 0; i < MS_ARRAY_LEN(known); i++)
-            k = k || strcmp(key, known[i]) == 0;
-        if (!k)
-            srv_log(s, "ignoring the unknown request field '%s'", key);
-    }
-    v = json_object_get(root, "model");
-    if (v != NULL && !json_is_null(v)) {
-        if (!json_is_string(v))
-            return perr(e, 400, "model", "'model' must be a string");
-        if (strcmp(json_string_value(v), s->name) != 0) {
-            e->code = "model_not_found";
-            return perr(e, 404, "model", "the model '%.200s' does not exist (this server serves "
-                                         "'%.200s')",
-                        json_string_value(v), s->name);
-        }
-    }
-    /* sampling: the model's declared defaults, then the request's values */
-    j->sampling = (ms_sampling_params){s->fa.temperature, s->fa.top_k, s->fa.top_p, 0};
-    double x;
-    if ((v = json_object_get(root, "temperature")) != NULL && !json_is_null(v)) {
-        if (!get_number(v, &x))
-            return perr(e, 400, "temperature", "'temperature' must be a number");
-        if (!(x >= 0.0) || x > FLT_MAX)
-            return perr(e, 400, "temperature", "'temperature' must be a finite number >= 0");
-        j->sampling.temperature = (float)x;
-    }
-    if ((v = json_object_get(root, "top_p")) != NULL && !json_is_null(v)) {
-        if (!get_number(v, &x))
-            return perr(e, 400, "top_p", "'top_p' must be a number");
-        if (!(x > 0.0 && x <= 1.0))
-            return perr(e, 400, "top_p", "'top_p' must be in (0, 1]");
-        j->sampling.top_p = (float)x;
-    }
-    if ((v = json_object_get(root, "top_k")) != NULL && !json_is_null(v)) {
-        if (!json_is_integer(v))
-            return perr(e, 400, "top_k", "'top_k' must be an integer");
-        json_int_t k = json_integer_value(v);
-        if (k < -1 || k > INT32_MAX)
-            return perr(e, 400, "top_k", "'top_k' must be -1 or 0 (off) or a positive integer");
-        j->sampling.top_k = k < 0 ? 0 : (int32_t)k;
-    }
-    if ((v = json_object_get(root, "seed")) != NULL && !json_is_null(v)) {
-        if (!json_is_integer(v) || json_integer_value(v) < 0)
-            return perr(e, 400, "seed", "'seed' must be an integer >= 0");
-        j->sampling.seed = (uint64_t)json_integer_value(v);
-    } else {
-        j->sampling.seed = (uint64_t)time(NULL) * 6364136223846793005ULL ^ (uint64_t)(uintptr_t)j;
-    }
-    ms_error merr = {0};
-    if (ms_sampler_check_params(&j->sampling, &merr) != MS_OK)
-        return perr(e, 400, NULL, "bad sampling settings: %s", merr.msg);
-    /* chat's default, as OpenAI's: up to the context (the engine stops there) */
-    j->max_tokens = chat ? s->fa.max_context : SRV_DEFAULT_MAX_TOKENS;
-    v = json_object_get(root, "max_tokens");
-    if (v == NULL || json_is_null(v))
-        v = json_object_get(root, "max_completion_tokens"); /* the newer name */
-    if (v != NULL && !json_is_null(v)) {
-        if (!json_is_integer(v))
-            return perr(e, 400, "max_tokens", "'max_tokens' must be an integer");
-        json_int_t m = json_integer_value(v);
-        if (m < 0 || m > s->fa.max_context)
-            return perr(e, 400, "max_tokens",
-                        "'max_tokens' %lld is not in [0, %d] (the model's context)",
-                        (long long)m, (int)s->fa.max_context);
-        j->max_tokens = (int32_t)m;
-    }
-    if ((v = json_object_get(root, "ignore_eos")) != NULL && !json_is_null(v)) {
-        if (!json_is_boolean(v))
-            return perr(e, 400, "ignore_eos", "'ignore_eos' must be a boolean");
-        j->ignore_eos = json_is_true(v);
-    }
-    if ((v = json_object_get(root, "stream")) != NULL && !json_is_null(v)) {
-        if (!json_is_boolean(v))
-            return perr(e, 400, "stream", "'stream' must be a boolean");
-        j->stream = json_is_true(v);
-    }
-    if ((v = json_object_get(root, "stream_options")) != NULL && !json_is_null(v)) {
-        json_t *u = json_object_get(v, "include_usage");
-        if (!json_is_object(v) || (u != NULL && !json_is_null(u) && !json_is_boolean(u)))
-            return perr(e, 400, "stream_options",
-                        "'stream_options' must be an object {\"include_usage\": boolean}");
-        j->include_usage = json_is_true(u);
-    }
-    if ((v = json_object_get(root, "n")) != NULL && !json_is_null(v)) {
-        if (!json_is_integer(v) || json_integer_value(v) != 1)
-            return perr(e, 400, "n", "only n = 1 is supported yet");
-    }
-    if ((v = json_object_get(root, "best_of")) != NULL && !json_is_null(v) &&
-        !(json_is_integer(v) && json_integer_value(v) == 1))
-        return perr(e, 400, "best_of", "only best_of = 1 is supported yet");
-    if ((v = json_object_get(root, "logprobs")) != NULL && !json_is_null(v) &&
-        !(json_is_integer(v) && json_integer_value(v) == 0) && !json_is_false(v))
-        return perr(e, 400, "logprobs", "logprobs are not supported yet");
-    if ((v = json_object_get(root, "echo")) != NULL && json_is_true(v))
-        return perr(e, 400, "echo", "echo is not supported yet");
-    if ((v = json_object_get(root, "suffix")) != NULL && !json_is_null(v))
-        return perr(e, 400, "suffix", "suffix is not supported");
-    static const char *const penalties[] = {"presence_penalty", "frequency_penalty"};
-    for (size_t i = 0; i < MS_ARRAY_LEN(penalties); i++) {
-        v = json_object_get(root, penalties[i]);
-        if (v != NULL && !json_is_null(v) && !(get_number(v, &x) && x == 0.0))
-            return perr(e, 400, penalties[i], "'%s' is not supported yet (only 0)",
-                        penalties[i]);
-    }
-    if (!parse_stop(j, json_object_get(root, "stop"), e, s->has_tok))
-        return false;
-    if (chat) {
-        if (json_object_get(root, "prompt") != NULL)
-            return perr(e, 400, "prompt", "a chat request has 'messages', not 'prompt'");
-        j->ch = ms_calloc(1, sizeof *j->ch);
-        if (j->ch == NULL)
-            return perr(e, 500, NULL, "out of memory");
-        j->n_ch = 1;
-        j->ch[0].job = j;
-        if (!j->ignore_eos)
-            j->stop_id = s->chat_eos_id;
-        return parse_messages(s, json_object_get(root, "messages"), &j->ch[0], e);
-    }
-    /* prompt: a string, a list of strings, token ids, or a list of token id lists */
-    json_t *p = json_object_get(root, "prompt");
-    if (p == NULL || json_is_null(p))
-        return perr(e, 400, "prompt", "'prompt' is required");
-    bool batch = json_is_array(p) && json_array_size(p) > 0 &&
-                 (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0)));
-    size_t n_ch = batch ? json_array_size(p) : 1;
-    if (n_ch > (size_t)s->o.max_queue)
-        return perr(e, 400, "prompt", "%zu prompts in one request: at most %d (--max-queue)",
-                    n_ch, (int)s->o.max_queue);
-    j->ch = ms_calloc(n_ch, sizeof *j->ch);
-    if (j->ch == NULL)
-        return perr(e, 500, NULL, "out of memory");
+    j->chat = r->chat;
     j->n_ch = (int32_t)n_ch;
+    j->sampling = r->sampling;
+    j->extra = (ms_sample_extra){r->min_p,
+                                 {r->presence_penalty, r->frequency_penalty, r->repetition_penalty}};
+    j->has_extra = r->min_p > 0.0f || !ms_sampler_penalties_off(&j->extra.penalties);
+    j->logprobs = r->logprobs;
+    j->max_tokens = r->max_tokens;
+    j->ignore_eos = r->ignore_eos;
+    j->stream = r->stream;
+    j->include_usage = r->include_usage;
+    j->stop_id = r->chat && !r->ignore_eos ? s->chat_eos_id : -1;
+    for (int32_t i = 0; i < r->n_stops; i++) {
+        j->stops[i] = r->stops[i];
+        r->stops[i] = NULL;
+    }
+    j->n_stops = r->n_stops;
     for (size_t i = 0; i < n_ch; i++) {
         j->ch[i].job = j;
         j->ch[i].index = (int32_t)i;
-        json_t *pi = batch ? json_array_get(p, i) : p;
-        if (batch && !json_is_string(pi) && !json_is_array(pi))
-            return perr(e, 400, "prompt", "prompt[%zu] must be a string or a list of token ids",
-                        i);
-        if (!parse_prompt_one(s, pi, &j->ch[i], e))
-            return false;
+        ms_serve_prompt *p = &r->prompts[i / (size_t)r->n];
+        j->ch[i].seed = r->sampling.seed + (uint64_t)(i % (size_t)r->n);
+        j->ch[i].n_prompt = p->n;
+        if (i % (size_t)r->n == 0) { /* the first choice of a prompt takes its ids */
+            j->ch[i].prompt = p->ids;
+            p->ids = NULL;
+        } else {
+            j->ch[i].prompt = ms_malloc((size_t)p->n * sizeof *j->ch[i].prompt);
+            if (j->ch[i].prompt != NULL)
+                memcpy(j->ch[i].prompt, j->ch[i - (i % (size_t)r->n)].prompt,
+                       (size_t)p->n * sizeof *j->ch[i].prompt);
+        }
+        if (j->ch[i].prompt == NULL || (r->echo && !choice_echo(s, &j->ch[i], p))) {
+            job_free(j);
+            return NULL;
+        }
     }
-    return true;
+    return j;
 }
 
 /* ---- connections ---- */
@@ -1050,29 +1024,24 @@ static bool client_gone(struct MHD_Connection *con) {
 
 static enum MHD_Result handle_completion(srv *s, struct MHD_Connection *con, srv_conn *cc,
                                          bool chat) {
-    json_error_t jerr;
-    json_t *root = json_loadb(cc->body != NULL ? cc->body : "", cc->n, JSON_REJECT_DUPLICATES,
-                              &jerr);
-    if (root == NULL)
-        return reply_error(s, con, 400, NULL, NULL, "the request body is not valid JSON: %s (line %d, "
-                                                 "column %d)",
-                           jerr.text, jerr.line, jerr.column);
-    srv_job *j = NULL;
-    srv_err e = {0};
-    bool ok = parse_completion(s, root, chat, &j, &e);
-    json_decref(root);
-    if (!ok) {
-        job_free(j);
+    ms_serve_ctx pc = srv_parse_ctx(s);
+    ms_serve_request *rq = NULL;
+    ms_serve_error e;
+    if (ms_serve_request_parse(&pc, cc->body, cc->n, chat, &rq, &e) != MS_OK)
         return reply_error(s, con, e.status, e.param, e.code, "%s", e.msg);
-    }
+    srv_job *j = job_from_request(s, rq);
+    ms_serve_request_free(rq);
+    if (j == NULL)
+        return reply_error(s, con, 500, NULL, NULL, "out of memory");
     pthread_mutex_lock(&s->mu);
     if (s->stopping || s->n_queued + j->n_ch > s->o.max_queue) {
         bool stopping = s->stopping;
         pthread_mutex_unlock(&s->mu);
         job_free(j);
         return stopping ? reply_error(s, con, 503, NULL, NULL, "the server is shutting down")
-                        : reply_error(s, con, 503, NULL, NULL,
-                                      "the queue is full (%d requests waiting; --max-queue)",
+                        : reply_error(s, con, 429, NULL, "queue_full",
+                                      "the queue is full (%d requests waiting; --max-queue): "
+                                      "retry later",
                                       (int)s->o.max_queue);
     }
     snprintf(j->id, sizeof j->id, "%s-%llu", chat ? "chatcmpl" : "cmpl",
@@ -1137,8 +1106,21 @@ static enum MHD_Result handle_completion(srv *s, struct MHD_Connection *con, srv
     json_t *arr = json_array();
     for (int32_t i = 0; i < j->n_ch; i++) {
         srv_choice *c = &j->ch[i];
-        json_array_append_new(arr, choice_json(j, c, c->text != NULL ? c->text : "", c->n_text,
-                                               c->ids_new, c->n_ids_new, c->finish));
+        /* echo: the prompt's text first */
+        char *full = c->echo != NULL ? ms_malloc(c->n_echo + c->n_text + 1) : NULL;
+        if (full != NULL) { /* bytes, not %s: decoded text may hold NUL bytes */
+            memcpy(full, c->echo, c->n_echo);
+            if (c->n_text > 0)
+                memcpy(full + c->n_echo, c->text, c->n_text);
+        }
+        if (full != NULL)
+            json_array_append_new(arr, choice_json(j, c, full, c->n_echo + c->n_text, c->ids_new,
+                                                   c->n_ids_new, c->finish, 0, c->n_lps));
+        else
+            json_array_append_new(arr, choice_json(j, c, c->text != NULL ? c->text : "",
+                                                   c->n_text, c->ids_new, c->n_ids_new,
+                                                   c->finish, 0, c->n_lps));
+        ms_free(full);
     }
     json_t *o = completion_json(j, arr);
     if (o != NULL)
@@ -1642,6 +1624,12 @@ int ms_cli_serve(int argc, char **argv, const ms_model_desc *desc, const char *p
     }
     ms_cli_print_graphs(s.eng, stderr);
     s.fa = *ms_engine_facts(s.eng);
+    s.lp_scratch = ms_malloc(ms_sampler_scratch_size(s.fa.vocab));
+    if (s.lp_scratch == NULL) {
+        fprintf(stderr, "%s: out of memory\n", prog);
+        rc = 1;
+        goto done;
+    }
     s.kv_total = s.kv_free = ms_engine_kv_pages_free(s.eng);
     pthread_mutex_init(&s.mu, NULL);
     pthread_cond_init(&s.cv, NULL);
@@ -1741,6 +1729,7 @@ done:
         pthread_mutex_destroy(&s.mu);
     }
     ms_engine_free(s.eng);
+    ms_free(s.lp_scratch);
     ms_cli_tok_free(&s.tok);
     ms_chat_template_free(s.tmpl);
     ms_free(s.bos_tok);

@@ -31,6 +31,7 @@
 #include "backend_cuda.h"
 #include "device_cuda.h"
 #endif
+#include "cross_attn.h"
 #include "kv_pool.h"
 #include "model_probe.h"
 #include "page_arena.h"
@@ -55,31 +56,42 @@ typedef struct eng_attn {
     ms_attn_batch *batch;              /* backend-owned, made at init for the worst case */
     const ms_paged_kv *kv;
     int kv_index;                      /* resource index of the KV pool */
+    ms_label context_label;            /* a cross resource's context label (not a query plan
+                                          label), -1 none */
     const ms_attn_plan_entry *entry;   /* plan result: the main label's attention plan */
     int32_t n_q_heads;                 /* query heads (the attention resource's q_heads) */
     float scale;                       /* logit scale */
     int32_t window;                    /* sliding window, 0 none */
     ms_attn_params params;             /* plan result: what every layer's attention runs with */
+    const ms_kv_plan *query_plan;      /* plan result: the KV plan staged into batch */
 } eng_attn;
 
 static ms_status eng_attn_plan(void *self, int index, const ms_step *step, ms_step_ctx *ctx,
                                const void **out, ms_error *err) {
     eng_attn *a = self;
     const ms_kv_plan_set *set = ctx->plan_results[a->kv_index];
-    if (set == NULL || set->n_plans != 1)
+    /* the query plan: the one plan label besides a cross resource's context */
+    const ms_kv_plan *qp = NULL;
+    int32_t n_q = 0;
+    for (int32_t p = 0; set != NULL && p < set->n_plans; p++)
+        if (set->plans[p].plan_label != a->context_label) {
+            qp = qp != NULL ? qp : &set->plans[p];
+            n_q++;
+        }
+    if (n_q != 1)
         return MS_FAIL(err, MS_ERR_UNSUPPORTED,
                        "attention: step %s needs exactly one plan label (got %d)", step->name,
-                       set == NULL ? 0 : (int)set->n_plans);
+                       (int)n_q);
     const void *inner_out = NULL;
     MS_TRY(ms_attn_iface.plan(a->inner, index, step, ctx, &inner_out, err));
     const ms_attn_plan_set *ap = inner_out;
-    a->entry = ms_attn_plan_find(ap, set->plans[0].plan_label);
+    a->entry = ms_attn_plan_find(ap, qp->plan_label);
     MS_ASSERT(a->entry != NULL);
     a->params = (ms_attn_params){.scale = a->scale, .window = a->window,
                                  .causal = a->entry->causal};
     /* staged and planned once per step: each layer's attention only launches */
-    MS_TRY(ms_backend_attn_stage(a->be, a->batch, &set->plans[0], a->kv, a->n_q_heads,
-                                 &a->params, err));
+    a->query_plan = qp;
+    MS_TRY(ms_backend_attn_stage(a->be, a->batch, qp, a->kv, a->n_q_heads, &a->params, err));
     *out = a;
     return MS_OK;
 }
@@ -113,11 +125,50 @@ typedef struct eng_req {
     bool in_runner;                   /* ingested into the resources and not yet removed */
     ms_finish_reason finish;
     int32_t row;                      /* logits row (segment) of its id in the last step, -1 */
+    /* a walk starting at a node that reads features (an encoder): */
+    float *features;                  /* [n_channels * n_frames] copy, channel-major; NULL */
+    int64_t n_channels, n_frames;
+    float *context;                   /* [n_context * context_width] the encoder's rows, NULL */
+    int32_t n_context;
+    int64_t context_width;
 } eng_req;
+
+/*
+ * One node of the model as the engine runs it: its KV page arena and pool, its resources through
+ * its own step runner (a request is ingested into every node's runner at add and removed from
+ * all of them when it finishes). Each node's streams are its own: a walk that crosses nodes
+ * prefills each node it visits.
+ */
+typedef struct eng_node {
+    const ms_md_node *node;       /* desc->nodes[i] */
+    ms_md_facts facts;            /* its own (ms_md_node.facts), else the model's */
+    int32_t step0;                /* scheduler index of its step 0 (steps of all nodes in a row) */
+    ms_page_arena *arena;
+    ms_kv_pool *pool;
+    ms_paged_kv kv;
+    int32_t kv_pages;             /* pages of the arena */
+    int32_t pages_free_initial;
+    eng_attn attn;
+    ms_sample_res *sampler;
+    ms_step_runner *runner;
+    int idx[MS_RESOURCE_KIND_COUNT]; /* resource index of each kind, -1 absent */
+    ms_positions_config pos_cfg;
+    /* cross-attention (a node with a cross resource): the context stream is a label of its own
+       KV pool, written by the step that brings the context rows, read by every later step */
+    ms_cross_config cross_cfg;
+    ms_label context_label;       /* -1 none */
+    ms_attn_batch *ctx_batch;     /* the context rows' write addresses (staged per step) */
+    ms_attn_batch *cross_batch;   /* the queries over the context views (staged per step) */
+    ms_attn_params cross_params;  /* not causal, no window, the attention's scale */
+    int32_t ctx_rows;             /* context rows of the step being run (its input) */
+    int32_t *zeros;               /* [max_seqs] kv_start of the cross views */
+} eng_node;
 
 struct ms_engine {
     const ms_model_desc *desc;
-    const ms_md_node *node;       /* the node the engine runs: desc->nodes[0] (n_nodes is 1) */
+    eng_node nodes[MS_MD_MAX_NODES]; /* [n_nodes] desc->nodes in order */
+    int32_t n_nodes;
+    int32_t n_sched_steps;        /* steps of all nodes (the scheduler's indices) */
     ms_engine_options opt;
     ms_backend be;
     ms_hf_config *hf;
@@ -137,17 +188,8 @@ struct ms_engine {
     float *inv_freq;              /* backend memory [rotary_dim / 2] */
     ms_rope_table rope;
 
-    /* KV and resources */
+    /* the KV device (every node's arena lives on it) */
     ms_device *dev;
-    ms_page_arena *arena;
-    ms_kv_pool *pool;
-    ms_paged_kv kv;
-    int32_t kv_pages;             /* pages of the arena */
-    eng_attn attn;
-    ms_sample_res *sampler;
-    ms_step_runner *runner;
-    int idx[MS_RESOURCE_KIND_COUNT]; /* resource index of each kind, -1 absent */
-    ms_positions_config pos_cfg;
 
     /* per-step buffers (worst case: max_seqs rows, max_seqs views, max_tokens tokens) */
     int32_t max_seqs, max_tokens;
@@ -159,6 +201,12 @@ struct ms_engine {
     int32_t *tokens_dev;          /* backend [max_tokens] */
     int32_t *pos_dev;             /* backend [n_axes * max_tokens] */
     float *logits_dev;            /* backend [max_seqs * vocab] */
+    /* nodes returning hidden states (ms_engine_encode; none: NULL, 0) */
+    float *hidden_dev;            /* backend [max_tokens * hidden_cap_width] their output */
+    int64_t hidden_cap_width;     /* widest hidden row of those nodes */
+    float *input_dev;             /* backend [input_cap] a shaped input, token-major */
+    float *input_host;            /* [input_cap] staging (the transpose) */
+    int64_t input_cap;            /* elements of the largest declared shaped input */
     int32_t *ids_dev;             /* backend [max_seqs] */
     void *sample_ws;              /* backend */
     size_t sample_ws_bytes;
@@ -178,7 +226,6 @@ struct ms_engine {
     int32_t n_active;
     int32_t n_streams_active;     /* streams of the active requests (<= max_seqs) */
     ms_rid next_rid;
-    int32_t pages_free_initial;
 };
 
 ms_engine_options ms_engine_options_default(void) {
@@ -199,7 +246,7 @@ const char *ms_finish_reason_str(ms_finish_reason r) {
 
 const ms_md_facts *ms_engine_facts(const ms_engine *e) { return &e->facts; }
 const char *ms_engine_device(const ms_engine *e) { return e->be.iface.name; }
-int32_t ms_engine_page_size(const ms_engine *e) { return e->kv.page_size; }
+int32_t ms_engine_page_size(const ms_engine *e) { return e->nodes[0].kv.page_size; }
 
 ms_status ms_engine_synchronize(ms_engine *e, ms_error *err) {
     return e->be.iface.synchronize(e->be.ctx, err);
@@ -256,15 +303,25 @@ ms_status ms_engine_copy_bandwidth(ms_engine *e, size_t bytes, int32_t reps, dou
     return MS_OK;
 }
 int32_t ms_engine_n_active(const ms_engine *e) { return e->n_active; }
+static eng_req *eng_find_req(const ms_engine *e, ms_rid rid, size_t *at);
+
 int32_t ms_engine_stream_length(const ms_engine *e, ms_rid rid, ms_label label) {
+    const eng_req *r = eng_find_req(e, rid, NULL);
+    if (r == NULL)
+        return -1;
+    ms_md_walk_item it = ms_walk_item(e->desc, r->walk);
+    int32_t node = it.node >= 0 ? it.node : 0;
     ms_kv_stream_info si;
-    if (ms_kv_pool_stream_info(e->pool, rid, label, &si) != MS_OK)
+    if (ms_kv_pool_stream_info(e->nodes[node].pool, rid, label, &si) != MS_OK)
         return -1;
     return si.stored;
 }
 
 int32_t ms_engine_kv_pages_free(const ms_engine *e) {
-    return ms_page_arena_num_free(e->arena);
+    int32_t n = 0;
+    for (int32_t i = 0; i < e->n_nodes; i++)
+        n += ms_page_arena_num_free(e->nodes[i].arena);
+    return n;
 }
 
 /* Backend allocation with a name. */
@@ -362,6 +419,14 @@ static ms_dtype eng_st_dtype(ms_st_dtype d) {
     }
 }
 
+/* Instances of weight entry w: its layer group's count, 1 for a global entry. */
+static int32_t eng_instances(const ms_engine *e, int32_t w) {
+    if (!e->desc->weights[w].per_layer)
+        return 1;
+    return e->desc->weight_layers != NULL ? e->desc->weight_layers(e->config, w)
+                                          : e->facts.n_layers;
+}
+
 /* The checkpoint tensor of (entry w, layer), trying its names in order; NULL when absent. */
 static ms_status eng_find(ms_engine *e, int32_t w, int32_t layer, const ms_st_tensor **out,
                           char *name0, size_t cap, ms_error *err) {
@@ -399,7 +464,7 @@ static ms_status eng_weights_pass(ms_engine *e, bool load, size_t *bytes, ms_err
     size_t off = 0;
     for (int32_t w = 0; w < d->n_weights; w++) {
         const ms_md_weight *wd = &d->weights[w];
-        int32_t n_inst = wd->per_layer ? e->facts.n_layers : 1;
+        int32_t n_inst = eng_instances(e, w);
         int64_t shape[MS_TENSOR_MAX_DIMS] = {1, 1, 1, 1};
         d->weight_shape(e->config, w, shape);
         size_t elems = 1;
@@ -520,7 +585,7 @@ static ms_status eng_check_unclaimed(ms_engine *e, ms_error *err) {
     ms_status st = MS_OK;
     for (int32_t w = 0; w < d->n_weights && st == MS_OK; w++) {
         const ms_md_weight *wd = &d->weights[w];
-        int32_t n_inst = wd->per_layer ? e->facts.n_layers : 1;
+        int32_t n_inst = eng_instances(e, w);
         for (int32_t l = 0; l < n_inst && st == MS_OK; l++)
             for (int k = 0; k < MS_MD_MAX_NAMES && wd->names[k] != NULL && st == MS_OK; k++) {
                 char name[512];
@@ -554,7 +619,7 @@ static ms_status eng_weights_init(ms_engine *e, ms_error *err) {
     int32_t n = 0;
     for (int32_t w = 0; w < d->n_weights; w++) {
         e->woff[w] = n;
-        n += d->weights[w].per_layer ? e->facts.n_layers : 1;
+        n += eng_instances(e, w);
     }
     e->weights = ms_calloc((size_t)n, sizeof *e->weights);
     if (e->weights == NULL)
@@ -569,20 +634,27 @@ static ms_status eng_weights_init(ms_engine *e, ms_error *err) {
 
 /* ---- loading: KV, resources, step buffers ---- */
 
-/* [graphs] whether the engine makes the captured path (graph_exec.h modes). */
+/* [graphs] whether the engine makes the captured path (graph_exec.h modes): models of one node
+ * only (a walk across nodes, e.g. Whisper's encoder then decoder, runs eager). */
 static bool eng_graphs_wanted(const ms_engine *e) {
+    if (e->n_nodes != 1)
+        return false;
     if (e->opt.graphs == MS_GRAPHS_PADDED)
         return true;
     return e->opt.graphs == MS_GRAPHS_AUTO && e->be.iface.graph_capture_begin != NULL;
 }
 
-/* The page arena and the KV pool over it (the engine's KV resource). */
-static ms_status eng_resources_init(ms_engine *e, ms_error *err) {
-    const ms_md_facts *fa = &e->facts;
+/* The page arena and the KV pool over it (node nd's KV resource). */
+static ms_status eng_resources_init(ms_engine *e, eng_node *nd, ms_error *err) {
+    const ms_md_facts *fa = &nd->facts;
     const int32_t ps = e->opt.page_size > 0 ? e->opt.page_size : fa->page_size;
     int32_t seq_len = fa->max_context;
     if (e->opt.max_seq_len > 0 && e->opt.max_seq_len < seq_len)
         seq_len = e->opt.max_seq_len;
+    /* a cross-attention context stream is written in one step: up to max_tokens rows */
+    for (int32_t r = 0; r < nd->node->n_resources; r++)
+        if (nd->node->resources[r].kind == MS_RESOURCE_CROSS)
+            seq_len = MS_MAX(seq_len, e->max_tokens);
     const int32_t per_seq = MS_CEIL_DIV(seq_len, ps);
     int32_t pages = e->opt.kv_pages;
     if (pages == 0) {
@@ -593,7 +665,7 @@ static ms_status eng_resources_init(ms_engine *e, ms_error *err) {
     }
     /* [graphs] the dummy rows' pages come on top of what real requests were promised */
     if (eng_graphs_wanted(e))
-        pages += ms_graph_exec_dummy_pages(e->node, e->max_seqs);
+        pages += ms_graph_exec_dummy_pages(nd->node, e->max_seqs);
     ms_page_arena_config ac = {
         .n_layers = fa->n_layers,
         .n_pages = pages,
@@ -602,15 +674,15 @@ static ms_status eng_resources_init(ms_engine *e, ms_error *err) {
         .head_dim = fa->head_dim,
         .elem_bytes = (int32_t)ms_dtype_size(e->kvdtype),
         .layout = MS_KV_LAYOUT_NHD,
-        .name = "kv",
+        .name = nd->node->name,
     };
-    MS_TRY(ms_page_arena_init(&ac, e->dev, &e->arena, err));
+    MS_TRY(ms_page_arena_init(&ac, e->dev, &nd->arena, err));
     /* a stream holds at most its context in pages (+1: a view need not start page-aligned) */
-    ms_kv_pool_config pc = {.arena = e->arena, .window = fa->window, .source = e,
+    ms_kv_pool_config pc = {.arena = nd->arena, .window = fa->window, .source = e,
                             .max_pages_per_stream = per_seq + 1};
-    MS_TRY(ms_kv_pool_init(&pc, &e->pool, err));
-    e->kv = (ms_paged_kv){
-        .data = ms_page_arena_data(e->arena),
+    MS_TRY(ms_kv_pool_init(&pc, &nd->pool, err));
+    nd->kv = (ms_paged_kv){
+        .data = ms_page_arena_data(nd->arena),
         .dtype = e->kvdtype,
         .n_layers = fa->n_layers,
         .n_pages = pages,
@@ -618,77 +690,125 @@ static ms_status eng_resources_init(ms_engine *e, ms_error *err) {
         .n_kv_heads = fa->n_kv_heads,
         .head_dim = fa->head_dim,
     };
-    e->pages_free_initial = ms_page_arena_num_free(e->arena);
+    nd->pages_free_initial = ms_page_arena_num_free(nd->arena);
 
-    e->kv_pages = pages;
+    nd->kv_pages = pages;
     return MS_OK;
 }
 
 /* ---- resources: one interface maker per kind ---- */
 
 /* Fill spec (key, kind, deps already set) with the engine's resource of its kind. */
-typedef ms_status (*eng_res_make_fn)(ms_engine *e, int32_t index, ms_resource_spec *spec,
-                                     ms_error *err);
+typedef ms_status (*eng_res_make_fn)(ms_engine *e, eng_node *nd, int32_t index,
+                                     ms_resource_spec *spec, ms_error *err);
 
-static ms_status eng_make_kv(ms_engine *e, int32_t index, ms_resource_spec *spec,
-                             ms_error *err) {
+static ms_status eng_make_kv(ms_engine *e, eng_node *nd, int32_t index,
+                             ms_resource_spec *spec, ms_error *err) {
+    (void)e;
     (void)index;
     (void)err;
-    spec->instance = e->pool;
+    spec->instance = nd->pool;
     spec->iface = ms_kv_pool_resource_i();
     return MS_OK;
 }
 
-static ms_status eng_make_pos(ms_engine *e, int32_t index, ms_resource_spec *spec,
-                              ms_error *err) {
+static ms_status eng_make_pos(ms_engine *e, eng_node *nd, int32_t index,
+                              ms_resource_spec *spec, ms_error *err) {
     (void)index;
     /* M-RoPE (facts.rope sections, Qwen2-VL): one position stream per section (t, h, w), ids
        from the request on a `pos explicit` step, else one id repeated on every axis; plain RoPE:
        one axis, explicit ids of a `pos explicit` step pass through when the request gives them
        (ms_md_row.position_ids) */
-    const int32_t ns = e->facts.rope.n_sections;
+    const int32_t ns = nd->facts.rope.n_sections;
     if (ns > MS_POS_MAX_AXES)
         return MS_FAIL(err, MS_ERR_UNSUPPORTED,
                        "model %s: %d M-RoPE sections, the positions resource takes at most %d "
                        "position streams", e->desc->name, (int)ns, MS_POS_MAX_AXES);
     const int32_t axes = ns > 1 ? ns : 1;
-    e->pos_cfg = (ms_positions_config){.scheme = axes > 1 ? MS_POS_EXPLICIT : MS_POS_SEQUENTIAL,
+    nd->pos_cfg = (ms_positions_config){.scheme = axes > 1 ? MS_POS_EXPLICIT : MS_POS_SEQUENTIAL,
                                        .n_axes = axes,
                                        .max_tokens = e->max_tokens,
-                                       .kv_key = e->node->resources[e->idx[MS_RESOURCE_KV]].key};
+                                       .kv_key = nd->node->resources[nd->idx[MS_RESOURCE_KV]].key};
     spec->build = ms_positions_build;
-    spec->config = &e->pos_cfg;
+    spec->config = &nd->pos_cfg;
     return MS_OK;
 }
 
-static ms_status eng_make_attn(ms_engine *e, int32_t index, ms_resource_spec *spec,
-                               ms_error *err) {
+static ms_status eng_make_attn(ms_engine *e, eng_node *nd, int32_t index,
+                               ms_resource_spec *spec, ms_error *err) {
     (void)index;
-    int kv = e->idx[MS_RESOURCE_KV];
+    int kv = nd->idx[MS_RESOURCE_KV];
     ms_attn_limits lim = {.max_seqs = e->max_seqs, .max_tokens = e->max_tokens,
-                          .max_pages = e->kv_pages};
-    MS_TRY(e->be.iface.attn_batch_init(e->be.ctx, &lim, &e->attn.batch, err));
-    e->attn.be = &e->be;
-    e->attn.kv = &e->kv;
-    e->attn.n_q_heads = e->facts.n_q_heads;
-    e->attn.scale = e->facts.attn_scale > 0.0f ? e->facts.attn_scale
-                                               : 1.0f / sqrtf((float)e->facts.head_dim);
-    e->attn.window = e->facts.window;
-    e->attn.kv_index = kv;
-    ms_attn_config atc = {.kv_key = e->node->resources[kv].key, .max_rows = e->max_seqs,
-                          .max_pages = e->kv_pages};
-    MS_TRY(ms_attn_init(&e->attn.inner, &atc, kv, err));
-    spec->instance = &e->attn;
+                          .max_pages = nd->kv_pages};
+    MS_TRY(e->be.iface.attn_batch_init(e->be.ctx, &lim, &nd->attn.batch, err));
+    nd->attn.be = &e->be;
+    nd->attn.kv = &nd->kv;
+    nd->attn.n_q_heads = nd->facts.n_q_heads;
+    nd->attn.scale = nd->facts.attn_scale > 0.0f ? nd->facts.attn_scale
+                                               : 1.0f / sqrtf((float)nd->facts.head_dim);
+    nd->attn.window = nd->facts.window;
+    nd->attn.kv_index = kv;
+    ms_attn_config atc = {.kv_key = nd->node->resources[kv].key, .max_rows = e->max_seqs,
+                          .max_pages = nd->kv_pages};
+    MS_TRY(ms_attn_init(&nd->attn.inner, &atc, kv, err));
+    spec->instance = &nd->attn;
     spec->iface = &eng_attn_iface;
     return MS_OK;
 }
 
-static ms_status eng_make_sampler(ms_engine *e, int32_t index, ms_resource_spec *spec,
-                                  ms_error *err) {
+static ms_status eng_make_sampler(ms_engine *e, eng_node *nd, int32_t index,
+                                  ms_resource_spec *spec, ms_error *err) {
     (void)index;
-    MS_TRY(ms_sample_res_init(&e->sampler, e->max_seqs, err));
-    spec->instance = e->sampler;
+    MS_TRY(ms_sample_res_init(&nd->sampler, e->max_seqs, err));
+    spec->instance = nd->sampler;
     spec->iface = ms_sample_res_iface();
+    return MS_OK;
+}
+
+static ms_status eng_make_cross(ms_engine *e, eng_node *nd, int32_t index,
+                               ms_resource_spec *spec, ms_error *err) {
+    (void)index;
+    /* the context stream is a label of the node's KV pool, which also gives the query rows */
+    const char *kv_key = nd->node->resources[nd->idx[MS_RESOURCE_KV]].key;
+    nd->cross_cfg = (ms_cross_config){.context_kv_key = kv_key, .query_kv_key = kv_key,
+                                      .context_label = nd->context_label,
+                                      .max_rows = e->max_seqs, .max_pages = nd->kv_pages};
+    ms_attn_limits lim = {.max_seqs = e->max_seqs, .max_tokens = e->max_tokens,
+                          .max_pages = nd->kv_pages};
+    MS_TRY(e->be.iface.attn_batch_init(e->be.ctx, &lim, &nd->ctx_batch, err));
+    MS_TRY(e->be.iface.attn_batch_init(e->be.ctx, &lim, &nd->cross_batch, err));
+    nd->zeros = ms_calloc((size_t)e->max_seqs, sizeof *nd->zeros);
+    if (nd->zeros == NULL)
+        return MS_FAIL(err, MS_ERR_OOM, "out of memory for the cross views");
+    nd->cross_params = (ms_attn_params){
+        .scale = nd->facts.attn_scale > 0.0f ? nd->facts.attn_scale
+                                              : 1.0f / sqrtf((float)nd->facts.head_dim),
+        .window = 0,
+        .causal = false};
+    spec->build = ms_cross_build;
+    spec->config = &nd->cross_cfg;
+    return MS_OK;
+}
+
+/* The label a node's cross resource reads as its context (its `context = <label>` argument),
+ * -1 without a cross resource; MS_ERR_FORMAT when the label is not one of the node's. */
+static ms_status eng_context_label(const ms_engine *e, const ms_md_node *d, ms_label *out,
+                                   ms_error *err) {
+    *out = -1;
+    for (int32_t i = 0; i < d->n_resources; i++) {
+        const ms_md_resource *r = &d->resources[i];
+        if (r->kind != MS_RESOURCE_CROSS)
+            continue;
+        for (int32_t a = 0; a < r->n_args; a++)
+            if (strcmp(r->args[a].key, "context") == 0)
+                for (int32_t l = 0; l < d->n_labels; l++)
+                    if (strcmp(d->labels[l], r->args[a].text) == 0)
+                        *out = l;
+        if (*out < 0)
+            return MS_FAIL(err, MS_ERR_FORMAT,
+                           "model %s: node %s: cross resource '%s' names no context label of "
+                           "the node", e->desc->name, d->name, r->key);
+    }
     return MS_OK;
 }
 
@@ -699,22 +819,27 @@ static const eng_res_make_fn eng_res_makers[MS_RESOURCE_KIND_COUNT] = {
     [MS_RESOURCE_POS] = eng_make_pos,
     [MS_RESOURCE_ATTN] = eng_make_attn,
     [MS_RESOURCE_SAMPLER] = eng_make_sampler,
+    [MS_RESOURCE_CROSS] = eng_make_cross,
 };
 
-static ms_status eng_runner_init(ms_engine *e, ms_error *err) {
-    const ms_md_node *d = e->node;
+static ms_status eng_runner_init(ms_engine *e, eng_node *nd, ms_error *err) {
+    const ms_md_node *d = nd->node;
     if (d->n_resources < 1 || d->n_resources > MS_MAX_RESOURCES)
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "model %s: %d resources", e->desc->name,
                        (int)d->n_resources);
     for (int k = 0; k < MS_RESOURCE_KIND_COUNT; k++)
-        e->idx[k] = -1;
+        nd->idx[k] = -1;
     for (int32_t i = 0; i < d->n_resources; i++)
-        e->idx[d->resources[i].kind] = i; /* ms_md_check_desc: one of each kind */
-    if (e->idx[MS_RESOURCE_KV] < 0 || e->idx[MS_RESOURCE_POS] < 0 ||
-        e->idx[MS_RESOURCE_ATTN] < 0 || e->idx[MS_RESOURCE_SAMPLER] < 0)
+        nd->idx[d->resources[i].kind] = i; /* ms_md_check_desc: one of each kind */
+    /* a node returning hidden states (an encoder) samples nothing */
+    const bool sampled = d->hidden_width == NULL;
+    if (nd->idx[MS_RESOURCE_KV] < 0 || nd->idx[MS_RESOURCE_POS] < 0 ||
+        nd->idx[MS_RESOURCE_ATTN] < 0 || (sampled && nd->idx[MS_RESOURCE_SAMPLER] < 0))
         return MS_FAIL(err, MS_ERR_INVALID_ARG,
-                       "model %s: the LLM engine needs kv, positions, attention and sampler "
-                       "resources", e->desc->name);
+                       "model %s: node %s: the LLM engine needs kv, positions, attention and "
+                       "sampler resources", e->desc->name, d->name);
+    MS_TRY(eng_context_label(e, d, &nd->context_label, err));
+    nd->attn.context_label = nd->context_label;
     ms_resource_spec specs[MS_MAX_RESOURCES];
     memset(specs, 0, sizeof specs);
     for (int32_t i = 0; i < d->n_resources; i++) {
@@ -727,11 +852,12 @@ static ms_status eng_runner_init(ms_engine *e, ms_error *err) {
         eng_res_make_fn make = eng_res_makers[r->kind];
         if (make == NULL)
             return MS_FAIL(err, MS_ERR_UNSUPPORTED,
-                           "model %s: resource '%s' of kind %s is not supported by the LLM engine",
-                           e->desc->name, r->key, ms_resource_kind_str(r->kind));
-        MS_TRY(make(e, i, s, err));
+                           "model %s: node %s: resource '%s' of kind %s is not supported by the "
+                           "LLM engine", e->desc->name, d->name, r->key,
+                           ms_resource_kind_str(r->kind));
+        MS_TRY(make(e, nd, i, s, err));
     }
-    return ms_step_runner_init(&e->runner, specs, d->n_resources, err);
+    return ms_step_runner_init(&nd->runner, specs, d->n_resources, err);
 }
 
 /* The model's CUDA kernel instances at this checkpoint's shape, loaded once (backend.h
@@ -742,24 +868,59 @@ static ms_status eng_kernels_init(ms_engine *e, ms_error *err) {
         return MS_OK;
     ms_kernel_spec specs[MS_MD_MAX_KERNEL_SPECS];
     int n = 0;
-    MS_TRY(ms_md_kernel_specs(e->desc, &e->facts, e->kv.page_size, specs, MS_MD_MAX_KERNEL_SPECS,
-                              &n, err));
+    MS_TRY(ms_md_kernel_specs(e->desc, &e->facts, e->nodes[0].kv.page_size, specs,
+                              MS_MD_MAX_KERNEL_SPECS, &n, err));
     return e->be.iface.kernels_load(e->be.ctx, specs, n, err);
 }
 
 static ms_status eng_buffers_init(ms_engine *e, ms_error *err) {
     const ms_md_facts *fa = &e->facts;
     e->max_out = e->max_seqs;
-    for (int32_t k = 0; k < e->node->n_steps; k++)
-        if (e->node->steps[k].all_logits)
-            e->max_out = MS_MAX(e->max_seqs, e->max_tokens);
+    int32_t n_axes = 1;
+    for (int32_t i = 0; i < e->n_nodes; i++) {
+        const ms_md_node *nd = e->nodes[i].node;
+        for (int32_t k = 0; k < nd->n_steps; k++)
+            if (nd->steps[k].all_logits)
+                e->max_out = MS_MAX(e->max_seqs, e->max_tokens);
+        n_axes = MS_MAX(n_axes, e->nodes[i].pos_cfg.n_axes);
+    }
     const size_t V = (size_t)fa->vocab, S = (size_t)e->max_out, T = (size_t)e->max_tokens;
-    e->workspace_bytes = e->node->workspace_size(e->config, e->max_tokens, e->max_out);
+    /* one workspace, the largest node's: the nodes' steps run one at a time */
+    e->workspace_bytes = 0;
+    for (int32_t i = 0; i < e->n_nodes; i++)
+        e->workspace_bytes = MS_MAX(e->workspace_bytes,
+                                    e->nodes[i].node->workspace_size(e->config, e->max_tokens,
+                                                                     e->max_out));
     MS_TRY(eng_alloc(e, e->workspace_bytes, "forward.workspace", &e->workspace, err));
     MS_TRY(eng_alloc(e, T * sizeof(int32_t), "step.tokens", (void **)&e->tokens_dev, err));
-    MS_TRY(eng_alloc(e, (size_t)e->pos_cfg.n_axes * T * sizeof(int32_t), "step.positions",
+    MS_TRY(eng_alloc(e, (size_t)n_axes * T * sizeof(int32_t), "step.positions",
                      (void **)&e->pos_dev, err));
     MS_TRY(eng_alloc(e, S * V * sizeof(float), "step.logits", (void **)&e->logits_dev, err));
+    for (int32_t i = 0; i < e->n_nodes; i++) {
+        const ms_md_node *nd = e->nodes[i].node;
+        if (nd->hidden_width != NULL)
+            e->hidden_cap_width = MS_MAX(e->hidden_cap_width, nd->hidden_width(e->config));
+        if (nd->input_shape != NULL) {
+            int64_t rows = 0, cols = 0;
+            nd->input_shape(e->config, &rows, &cols);
+            if (rows == -1)
+                rows = e->max_tokens; /* a step's context rows: within its tokens */
+            if (rows < 1 || cols < 1 || rows > INT32_MAX / cols)
+                return MS_FAIL(err, MS_ERR_FORMAT, "model %s: node %s: input of %lld x %lld",
+                               e->desc->name, nd->name, (long long)rows, (long long)cols);
+            e->input_cap = MS_MAX(e->input_cap, rows * cols);
+        }
+    }
+    if (e->hidden_cap_width > 0)
+        MS_TRY(eng_alloc(e, T * (size_t)e->hidden_cap_width * sizeof(float), "step.hidden",
+                         (void **)&e->hidden_dev, err));
+    if (e->input_cap > 0) {
+        MS_TRY(eng_alloc(e, (size_t)e->input_cap * sizeof(float), "step.input",
+                         (void **)&e->input_dev, err));
+        e->input_host = ms_malloc((size_t)e->input_cap * sizeof(float));
+        if (e->input_host == NULL)
+            return MS_FAIL(err, MS_ERR_OOM, "out of memory for the input staging buffer");
+    }
     MS_TRY(eng_alloc(e, S * sizeof(int32_t), "step.ids", (void **)&e->ids_dev, err));
     e->sample_ws_bytes = e->be.iface.sample_workspace_size(e->be.ctx, e->max_seqs, fa->vocab);
     if (e->max_out > e->max_seqs) {
@@ -778,12 +939,14 @@ static ms_status eng_buffers_init(ms_engine *e, ms_error *err) {
     }
     MS_TRY(eng_alloc(e, e->sample_ws_bytes, "sampler.workspace", &e->sample_ws, err));
 
-    /* RoPE table */
+    /* RoPE table (a model of learned position tables has none: theta 0) */
     int32_t rd = fa->rope.rotary_dim > 0 ? fa->rope.rotary_dim : fa->head_dim;
+    if (fa->rope.theta <= 0.0)
+        rd = 0;
     float *inv = ms_calloc((size_t)rd / 2 + 1, sizeof(float));
     if (inv == NULL)
         return MS_FAIL(err, MS_ERR_OOM, "out of memory for the RoPE table");
-    ms_status st = ms_rope_compute_inv_freq(&fa->rope, inv, err);
+    ms_status st = rd > 0 ? ms_rope_compute_inv_freq(&fa->rope, inv, err) : MS_OK;
     if (st == MS_OK)
         st = eng_alloc(e, (size_t)rd / 2 * sizeof(float), "rope.inv_freq", (void **)&e->inv_freq,
                        err);
@@ -828,16 +991,17 @@ ms_status ms_engine_init(ms_engine **out, const ms_model_desc *desc,
                        "page_size %d >= 0, kv_pages %d >= 0)",
                        (int)opt->max_seqs, (int)opt->max_tokens, (int)opt->page_size,
                        (int)opt->kv_pages);
-    MS_TRY(ms_md_check_desc(desc, err));
-    if (desc->n_nodes != 1)
-        return MS_FAIL(err, MS_ERR_UNSUPPORTED,
-                       "model %s has %d nodes; the engine runs models of one node yet",
-                       desc->name, (int)desc->n_nodes);
+    MS_TRY(ms_md_check_desc(desc, err)); /* 1 .. MS_MD_MAX_NODES nodes */
     ms_engine *e = ms_calloc(1, sizeof *e);
     if (e == NULL)
         return MS_FAIL(err, MS_ERR_OOM, "out of memory for the engine");
     e->desc = desc;
-    e->node = &desc->nodes[0];
+    e->n_nodes = desc->n_nodes;
+    for (int32_t i = 0; i < e->n_nodes; i++) {
+        e->nodes[i].node = &desc->nodes[i];
+        e->nodes[i].step0 = e->n_sched_steps;
+        e->n_sched_steps += desc->nodes[i].n_steps;
+    }
     e->opt = *opt;
     e->max_seqs = opt->max_seqs;
     e->max_tokens = opt->max_tokens;
@@ -849,10 +1013,18 @@ ms_status ms_engine_init(ms_engine **out, const ms_model_desc *desc,
         st = ms_ckpt_init(&e->ck, opt->model_path, err);
     if (st == MS_OK)
         st = eng_weights_init(e, err);
-    if (st == MS_OK)
-        st = eng_resources_init(e, err);
-    if (st == MS_OK)
-        st = eng_runner_init(e, err);
+    for (int32_t i = 0; i < e->n_nodes && st == MS_OK; i++) {
+        eng_node *nd = &e->nodes[i];
+        nd->facts = e->facts;
+        if (nd->node->facts != NULL)
+            st = nd->node->facts(e->config, &nd->facts, err);
+        if (st == MS_OK)
+            st = ms_md_check_facts(e->desc, &nd->facts, err);
+        if (st == MS_OK)
+            st = eng_resources_init(e, nd, err);
+        if (st == MS_OK)
+            st = eng_runner_init(e, &e->nodes[i], err);
+    }
     if (st == MS_OK)
         st = eng_kernels_init(e, err);
     if (st == MS_OK)
@@ -874,7 +1046,16 @@ static void eng_req_free(eng_req *r) {
         ms_free(r->prompt[l]);
     ms_free(r->positions);
     ms_free(r->out);
+    ms_free(r->features);
+    ms_free(r->context);
     ms_free(r);
+}
+
+/* Remove rid from every node's runner (a request not in one is a no-op there). */
+static void eng_runners_remove(ms_engine *e, ms_rid rid) {
+    for (int32_t i = 0; i < e->n_nodes; i++)
+        if (e->nodes[i].runner != NULL)
+            ms_step_runner_remove(e->nodes[i].runner, rid);
 }
 
 void ms_engine_free(ms_engine *e) {
@@ -882,20 +1063,30 @@ void ms_engine_free(ms_engine *e) {
         return;
     for (size_t i = 0; i < e->n_reqs; i++) {
         if (e->reqs[i]->in_runner)
-            ms_step_runner_remove(e->runner, e->reqs[i]->rid);
+            eng_runners_remove(e, e->reqs[i]->rid);
         eng_req_free(e->reqs[i]);
     }
     ms_free(e->reqs);
     ms_graph_exec_free(e->gx); /* [graphs] before the runner its dummy rows live in */
-    ms_step_runner_free(e->runner);
-    ms_kv_pool_free(e->pool);
-    ms_page_arena_free(e->arena);
+    for (int32_t i = 0; i < e->n_nodes; i++) {
+        eng_node *nd = &e->nodes[i];
+        ms_step_runner_free(nd->runner);
+        ms_kv_pool_free(nd->pool);
+        ms_page_arena_free(nd->arena);
+        ms_attn_free(nd->attn.inner);
+        ms_sample_res_free(nd->sampler);
+        ms_free(nd->zeros);
+        if (e->be.ctx != NULL) {
+            if (nd->attn.batch != NULL)
+                e->be.iface.attn_batch_free(e->be.ctx, nd->attn.batch);
+            if (nd->ctx_batch != NULL)
+                e->be.iface.attn_batch_free(e->be.ctx, nd->ctx_batch);
+            if (nd->cross_batch != NULL)
+                e->be.iface.attn_batch_free(e->be.ctx, nd->cross_batch);
+        }
+    }
     ms_device_free(e->dev);
-    ms_attn_free(e->attn.inner);
-    ms_sample_res_free(e->sampler);
     if (e->be.ctx != NULL) {
-        if (e->attn.batch != NULL)
-            e->be.iface.attn_batch_free(e->be.ctx, e->attn.batch);
         eng_bfree(e, e->wslab);
         eng_bfree(e, e->inv_freq);
         eng_bfree(e, e->workspace);
@@ -905,7 +1096,10 @@ void ms_engine_free(ms_engine *e) {
         eng_bfree(e, e->ids_dev);
         eng_bfree(e, e->sample_ws);
         eng_bfree(e, e->out_rows_dev);
+        eng_bfree(e, e->hidden_dev);
+        eng_bfree(e, e->input_dev);
     }
+    ms_free(e->input_host);
     ms_backend_free(&e->be);
     ms_free(e->weights);
     ms_free(e->woff);
@@ -938,17 +1132,18 @@ static eng_req *eng_find_req(const ms_engine *e, ms_rid rid, size_t *at) {
 static void eng_finish(ms_engine *e, eng_req *r, ms_finish_reason why) {
     r->finish = why;
     if (r->in_runner) {
-        ms_step_runner_remove(e->runner, r->rid);
+        eng_runners_remove(e, r->rid);
         r->in_runner = false;
     }
     e->n_active--;
     e->n_streams_active -= r->n_streams;
 }
 
-/* Label named `name` in the descriptor, or -1. */
+/* Label named `name` of the first node (where a request's walk starts), or -1. */
 static int32_t eng_label(const ms_engine *e, const char *name) {
-    for (int32_t l = 0; l < e->node->n_labels; l++)
-        if (strcmp(e->node->labels[l], name) == 0)
+    const ms_md_node *nd = e->nodes[0].node;
+    for (int32_t l = 0; l < nd->n_labels; l++)
+        if (strcmp(nd->labels[l], name) == 0)
             return l;
     return -1;
 }
@@ -1011,6 +1206,41 @@ ms_status ms_engine_add(ms_engine *e, const ms_engine_request *rq, ms_rid *rid, 
     bool takes_ids = false;
     {
         const ms_md_walk *wk = &e->desc->walks[walk];
+        /* a node returning hidden states runs as the walk's first item, over the request's
+           features; the next item's node reads its rows as its cross resource's context */
+        for (int32_t i = 0; i < wk->n_items; i++) {
+            const eng_node *nd = &e->nodes[wk->items[i].node];
+            if (nd->node->hidden_width == NULL)
+                continue;
+            const eng_node *next = i + 1 < wk->n_items ? &e->nodes[wk->items[i + 1].node] : NULL;
+            if (i != 0 || nd->node->input_shape == NULL || next == NULL ||
+                next->context_label < 0 || i + 1 >= wk->loop_begin)
+                return MS_FAIL(err, MS_ERR_UNSUPPORTED,
+                               "walk '%s' runs node %s, whose forward returns hidden states, "
+                               "other than as its first item feeding the next node's cross "
+                               "resource: run it through ms_engine_encode", wk->name,
+                               nd->node->name);
+            int64_t rows = 0, cols = 0;
+            nd->node->input_shape(e->config, &rows, &cols);
+            if (rq->features == NULL || rq->n_feature_channels != cols ||
+                rq->n_feature_frames != rows)
+                return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                               "walk '%s' starts at node %s, which takes features [%lld, %lld] "
+                               "(channels, frames); the request gives %s [%lld, %lld]",
+                               wk->name, nd->node->name, (long long)cols, (long long)rows,
+                               rq->features == NULL ? "none" : "features",
+                               (long long)rq->n_feature_channels, (long long)rq->n_feature_frames);
+            /* the context step takes the prompt and the rows in one step */
+            if ((int64_t)rq->n_prompt + nd->facts.max_context > e->max_tokens)
+                return MS_FAIL(err, MS_ERR_CAPACITY,
+                               "a prompt of %d tokens and %d context rows are prefilled in one "
+                               "step: above max_tokens %d (raise max_tokens)", (int)rq->n_prompt,
+                               (int)nd->facts.max_context, (int)e->max_tokens);
+        }
+        if (rq->features != NULL && !e->nodes[wk->items[0].node].node->hidden_width)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                           "features given, but walk '%s' does not start at a node reading them",
+                           wk->name);
         for (int32_t i = 0; i < wk->loop_begin; i++)
             takes_ids = takes_ids || e->desc->nodes[wk->items[i].node]
                                                   .steps[wk->items[i].step].explicit_positions;
@@ -1018,16 +1248,18 @@ ms_status ms_engine_add(ms_engine *e, const ms_engine_request *rq, ms_rid *rid, 
             return MS_FAIL(err, MS_ERR_INVALID_ARG,
                            "position ids given, but no prompt step of walk '%s' declares "
                            "`pos explicit`", wk->name);
-        if (rq->position_ids != NULL && rq->n_position_axes != e->pos_cfg.n_axes)
+        const int32_t axes = e->nodes[0].pos_cfg.n_axes; /* every node's: one facts.rope */
+        if (rq->position_ids != NULL && rq->n_position_axes != axes)
             return MS_FAIL(err, MS_ERR_INVALID_ARG,
                            "position ids with %d axes, model %s takes %d (%s)",
-                           (int)rq->n_position_axes, e->desc->name, (int)e->pos_cfg.n_axes,
-                           e->pos_cfg.n_axes > 1 ? "t, h, w" : "one");
+                           (int)rq->n_position_axes, e->desc->name, (int)axes,
+                           axes > 1 ? "t, h, w" : "one");
     }
     /* a `pos explicit` prompt without ids is text: ids 0 .. n - 1, the same on every axis (what
        transformers' get_rope_index gives a prompt without image or video tokens) */
     const bool own_ids = takes_ids && rq->position_ids == NULL;
-    const int32_t n_axes_ids = rq->position_ids != NULL ? rq->n_position_axes : e->pos_cfg.n_axes;
+    const int32_t n_axes_ids =
+        rq->position_ids != NULL ? rq->n_position_axes : e->nodes[0].pos_cfg.n_axes;
     int32_t n_streams = ms_walk_n_streams(e->desc, walk);
     if (e->n_streams_active + n_streams > e->max_seqs)
         return MS_FAIL(err, MS_ERR_CAPACITY,
@@ -1046,9 +1278,18 @@ ms_status ms_engine_add(ms_engine *e, const ms_engine_request *rq, ms_rid *rid, 
         r->prompt[uncond] = ms_malloc((size_t)rq->n_negative_prompt * sizeof(int32_t));
     if (rq->position_ids != NULL || own_ids)
         r->positions = ms_malloc((size_t)n_axes_ids * (size_t)rq->n_prompt * sizeof(int32_t));
+    if (rq->features != NULL) {
+        size_t nf = (size_t)rq->n_feature_channels * (size_t)rq->n_feature_frames;
+        r->features = ms_malloc(nf * sizeof(float));
+        if (r->features != NULL)
+            memcpy(r->features, rq->features, nf * sizeof(float));
+        r->n_channels = rq->n_feature_channels;
+        r->n_frames = rq->n_feature_frames;
+    }
     r->out = ms_malloc((size_t)(rq->max_new_tokens > 0 ? rq->max_new_tokens : 1) *
                        sizeof(int32_t));
     if (r->prompt[MS_LABEL_MAIN] == NULL || (uncond >= 0 && r->prompt[uncond] == NULL) ||
+        (rq->features != NULL && r->features == NULL) ||
         ((rq->position_ids != NULL || own_ids) && r->positions == NULL) || r->out == NULL ||
         ms_grow((void **)&e->reqs, &e->cap_reqs, e->n_reqs + 1, sizeof *e->reqs) != MS_OK) {
         eng_req_free(r);
@@ -1080,13 +1321,17 @@ ms_status ms_engine_add(ms_engine *e, const ms_engine_request *rq, ms_rid *rid, 
     r->ignore_eos = rq->ignore_eos;
     r->rid = e->next_rid++;
     r->row = -1;
-    const void *overrides[MS_MAX_RESOURCES] = {NULL};
     ms_sample_settings ss = {.params = rq->sampling,
                              .guidance_scale = guided ? rq->guidance_scale : 1.0f};
-    overrides[e->idx[MS_RESOURCE_SAMPLER]] = &ss;
-    ms_status st = ms_step_runner_ingest(e->runner, r->rid, overrides, err);
+    ms_status st = MS_OK;
+    for (int32_t i = 0; i < e->n_nodes && st == MS_OK; i++) {
+        const void *overrides[MS_MAX_RESOURCES] = {NULL};
+        if (e->nodes[i].idx[MS_RESOURCE_SAMPLER] >= 0)
+            overrides[e->nodes[i].idx[MS_RESOURCE_SAMPLER]] = &ss;
+        st = ms_step_runner_ingest(e->nodes[i].runner, r->rid, overrides, err);
+    }
     if (st != MS_OK) {
-        ms_step_runner_remove(e->runner, r->rid);
+        eng_runners_remove(e, r->rid);
         eng_req_free(r);
         return st;
     }
@@ -1129,7 +1374,7 @@ void ms_engine_remove(ms_engine *e, ms_rid rid) {
         e->n_streams_active -= r->n_streams;
     }
     if (r->in_runner)
-        ms_step_runner_remove(e->runner, rid);
+        eng_runners_remove(e, rid);
     eng_req_free(r);
     memmove(&e->reqs[at], &e->reqs[at + 1], (e->n_reqs - at - 1) * sizeof *e->reqs);
     e->n_reqs--;
@@ -1150,13 +1395,14 @@ static bool eng_is_eos(const ms_engine *e, int32_t id) {
  * prompt is cut to the chunk and to what is left of the budget: chunked prefill; several streams
  * go whole or wait); a loop step feeds one token (the last id) per stream.
  */
-static int32_t eng_rows(ms_engine *e, int32_t k, int32_t *n_prefill) {
-    const ms_md_step *sd = &e->node->steps[k];
+static int32_t eng_rows(ms_engine *e, ms_md_walk_item item, int32_t *n_prefill) {
+    const ms_md_step *sd = &e->nodes[item.node].node->steps[item.step];
     int32_t n = 0, budget = e->max_tokens;
     *n_prefill = 0;
     for (size_t i = 0; i < e->n_reqs && n < e->max_seqs; i++) {
         eng_req *r = e->reqs[i];
-        if (r->finish != MS_FINISH_NONE || ms_walk_step(e->desc, r->walk) != k)
+        ms_md_walk_item at = ms_walk_item(e->desc, r->walk);
+        if (r->finish != MS_FINISH_NONE || at.node != item.node || at.step != item.step)
             continue;
         ms_md_row row;
         memset(&row, 0, sizeof row);
@@ -1204,7 +1450,8 @@ static int32_t eng_rows(ms_engine *e, int32_t k, int32_t *n_prefill) {
 }
 
 /* Pack the step's tokens in segment order: each segment takes its row's tokens for its label. */
-static ms_status eng_pack_tokens(ms_engine *e, int32_t k, ms_error *err) {
+static ms_status eng_pack_tokens(ms_engine *e, const eng_node *en, int32_t k, ms_error *err) {
+    const ms_md_node *nd = en->node;
     const ms_md_step_build *b = &e->build;
     int32_t t = 0;
     for (int32_t i = 0; i < b->step.n_segments; i++) {
@@ -1215,11 +1462,16 @@ static ms_status eng_pack_tokens(ms_engine *e, int32_t k, ms_error *err) {
             t += sg->span;
             continue;
         }
+        if (sg->label == en->context_label) {
+            /* context rows, not ids: staged as the forward's input (eng_stage_cross) */
+            t += sg->span;
+            continue;
+        }
         if (ms_walk_in_loop(e->desc, r->walk)) {
             if (sg->span > 1 || (sg->span == 1 && r->n_out < 1))
                 return MS_FAIL(err, MS_ERR_UNSUPPORTED,
                                "step %s: a loop step feeds the last sampled id (span %d)",
-                               e->node->steps[k].name, (int)sg->span);
+                               nd->steps[k].name, (int)sg->span);
             if (sg->span == 1)
                 e->tokens_host[t] = r->out[r->n_out - 1];
         } else {
@@ -1227,8 +1479,8 @@ static ms_status eng_pack_tokens(ms_engine *e, int32_t k, ms_error *err) {
                 r->consumed[sg->label] + sg->span > r->n_prompt[sg->label])
                 return MS_FAIL(err, MS_ERR_INVALID_ARG,
                                "step %s: request %llu has no %d prompt tokens for label %s",
-                               e->node->steps[k].name, (unsigned long long)r->rid,
-                               (int)sg->span, e->node->labels[sg->label]);
+                               nd->steps[k].name, (unsigned long long)r->rid,
+                               (int)sg->span, nd->labels[sg->label]);
             memcpy(e->tokens_host + t, r->prompt[sg->label] + r->consumed[sg->label],
                    (size_t)sg->span * sizeof(int32_t));
         }
@@ -1237,18 +1489,95 @@ static ms_status eng_pack_tokens(ms_engine *e, int32_t k, ms_error *err) {
     return MS_OK;
 }
 
+/*
+ * A step of a node with a cross resource: stage the context rows' write addresses (the context
+ * label's KV plan) into ctx_batch and their rows (each row's encoder output, segment order) into
+ * the input buffer, and the queries over each row's context view (the cross resource's plan:
+ * zero-span reads after the write) into cross_batch.
+ */
+static ms_status eng_stage_cross(ms_engine *e, eng_node *nd, const ms_kv_plan_set *set,
+                                 const ms_step_ctx *ctx, const eng_attn *ap, ms_error *err) {
+    const ms_backend_i *f = &e->be.iface;
+    const ms_md_step_build *b = &e->build;
+    const ms_kv_plan *cp = ms_kv_plan_find(set, nd->context_label);
+    if (cp == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "step %s: node %s reads its context, but the step declares no segment "
+                       "on label %s", b->step.name, nd->node->name,
+                       nd->node->labels[nd->context_label]);
+    nd->ctx_rows = cp->n_tokens;
+    if (cp->n_tokens > 0) {
+        const int64_t w = e->input_cap / e->max_tokens;
+        int64_t at = 0;
+        for (int32_t i = 0; i < b->step.n_segments; i++) {
+            const ms_segment *sg = &b->segments[i];
+            if (sg->label != nd->context_label || sg->span == 0)
+                continue;
+            const eng_req *r = e->row_reqs[b->seg_row[i]];
+            if (r == NULL || r->context == NULL || r->n_context != sg->span ||
+                r->context_width != w)
+                return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                               "step %s: request %llu brings no %d context rows of width %lld",
+                               b->step.name, (unsigned long long)sg->rid, (int)sg->span,
+                               (long long)w);
+            memcpy(e->input_host + at * w, r->context,
+                   (size_t)sg->span * (size_t)w * sizeof(float));
+            at += sg->span;
+        }
+        MS_ASSERT(at == cp->n_tokens);
+        MS_TRY(f->copy_to_backend(e->be.ctx, e->input_dev, e->input_host,
+                                  (size_t)(at * w) * sizeof(float), err));
+        MS_TRY(ms_backend_attn_stage(&e->be, nd->ctx_batch, cp, &nd->kv, nd->attn.n_q_heads,
+                                     &nd->cross_params, err));
+    }
+    const ms_cross_plan_set *xs = ctx->plan_results[nd->idx[MS_RESOURCE_CROSS]];
+    const ms_cross_buffers *xb = NULL;
+    for (int32_t k = 0; xs != NULL && k < xs->n_plans; k++)
+        if (xs->plans[k].plan_label == ap->query_plan->plan_label)
+            xb = xs->plans[k].buffers;
+    if (xb == NULL || xb->n_rows != ap->query_plan->n_views ||
+        xb->qo_indptr[xb->n_rows] != ap->query_plan->n_tokens)
+        return MS_FAIL(err, MS_ERR_INTERNAL, "step %s: the cross plan does not cover the queries",
+                       b->step.name);
+    const ms_kv_plan *qp = ap->query_plan;
+    ms_kv_plan xp = {
+        .plan_label = qp->plan_label,
+        .n_views = xb->n_rows,
+        .views = qp->views, /* not read by staging */
+        .n_tokens = qp->n_tokens,
+        .qo_indptr = xb->qo_indptr,
+        .kv_indptr = xb->kv_indptr,
+        .kv_indices = xb->kv_indices,
+        .kv_last_page_len = xb->kv_last_page_len,
+        .kv_start = nd->zeros,
+        .token_to_page = qp->token_to_page, /* nothing is written through this batch */
+        .token_to_slot = qp->token_to_slot,
+        .is_decode = qp->is_decode,
+    };
+    return ms_backend_attn_stage(&e->be, nd->cross_batch, &xp, &nd->kv, nd->attn.n_q_heads,
+                                 &nd->cross_params, err);
+}
+
 /* Queue the forward of a planned step, mix guided rows, sample one id per segment into
  * e->ids_host (the logits land in e->logits_host). */
-static ms_status eng_forward_sample(ms_engine *e, const ms_md_step *sd, const ms_step_ctx *ctx,
-                                    const ms_graph_step *gs, bool sample, ms_error *err) {
+static ms_status eng_forward_sample(ms_engine *e, eng_node *nd, const ms_md_step *sd,
+                                    const ms_step_ctx *ctx, const ms_graph_step *gs, bool sample,
+                                    ms_error *err) {
     const ms_backend_i *f = &e->be.iface;
     void *cx = e->be.ctx;
     const ms_step *step = &e->build.step;
-    const int32_t n_tok = e->build.n_tokens;
-    const int32_t n = sd->all_logits ? n_tok : step->n_segments; /* logits rows */
+    const ms_kv_plan_set *set = ctx->plan_results[nd->idx[MS_RESOURCE_KV]];
+    const ms_pos_plan *pp = ctx->plan_results[nd->idx[MS_RESOURCE_POS]];
+    const eng_attn *ap = ctx->plan_results[nd->idx[MS_RESOURCE_ATTN]];
+    /* with a cross resource the context rows are packed after the queries' tokens (segments are
+       label-major, the queries' label first): the forward reads the queries' tokens and
+       positions, and the context rows as its input */
+    const bool cross = nd->context_label >= 0;
+    const int32_t n_tok = cross ? ap->query_plan->n_tokens : e->build.n_tokens;
+    const int32_t n = sd->all_logits ? n_tok
+                      : cross        ? ap->query_plan->n_views
+                                     : step->n_segments; /* logits rows */
     const size_t V = (size_t)e->facts.vocab;
-    const ms_kv_plan_set *set = ctx->plan_results[e->idx[MS_RESOURCE_KV]];
-    const ms_pos_plan *pp = ctx->plan_results[e->idx[MS_RESOURCE_POS]];
     int32_t n_pos = 0;
     const int32_t *pos_ids = ms_pos_plan_ids(pp, set->plans[0].plan_label, 0, &n_pos);
     MS_ASSERT(pos_ids != NULL && n_pos == n_tok);
@@ -1256,22 +1585,37 @@ static ms_status eng_forward_sample(ms_engine *e, const ms_md_step *sd, const ms
                               (size_t)n_tok * sizeof(int32_t), err));
     /* every axis (M-RoPE t/h/w: [n_axes, n_tok], axis-major as the plan holds them) */
     const int32_t n_axes = pp->n_axes;
-    MS_ASSERT(pp->n_tokens == n_tok && pos_ids == pp->ids);
+    MS_ASSERT((cross ? n_axes == 1 : pp->n_tokens == n_tok) && pos_ids == pp->ids);
     MS_TRY(f->copy_to_backend(cx, e->pos_dev, pp->ids,
                               (size_t)n_axes * (size_t)n_tok * sizeof(int32_t), err));
+    if (cross)
+        MS_TRY(eng_stage_cross(e, nd, set, ctx, ap, err));
     ms_tensor tokens = ms_tensor_1d(e->tokens_dev, MS_DTYPE_I32, n_tok);
     ms_tensor pos = n_axes > 1 ? ms_tensor_2d(e->pos_dev, MS_DTYPE_I32, n_axes, n_tok)
                                : ms_tensor_1d(e->pos_dev, MS_DTYPE_I32, n_tok);
     ms_tensor logits = ms_tensor_2d(e->logits_dev, MS_DTYPE_F32, n, e->facts.vocab);
+    /* a node returning hidden states: every token's row, and its shaped input staged */
+    const bool hidden = nd->node->hidden_width != NULL;
+    if (hidden)
+        logits = ms_tensor_2d(e->hidden_dev, MS_DTYPE_F32, n_tok,
+                              nd->node->hidden_width(e->config));
+    ms_tensor input;
+    memset(&input, 0, sizeof input);
+    if (nd->node->input_shape != NULL) {
+        int64_t rows = 0, cols = 0;
+        nd->node->input_shape(e->config, &rows, &cols);
+        if (rows == -1) /* the context rows of this step */
+            rows = nd->ctx_rows;
+        input = ms_tensor_2d(e->input_dev, MS_DTYPE_F32, rows, cols);
+    }
     ms_tensor out_rows = ms_tensor_1d(e->out_rows_dev, MS_DTYPE_I32, n_tok);
-    const eng_attn *ap = ctx->plan_results[e->idx[MS_RESOURCE_ATTN]];
     ms_md_forward_args args = {
         .be = &e->be,
         .config = e->config,
         .facts = &e->facts,
         .weights = e->weights,
         .weight_offset = e->woff,
-        .kv = &e->kv,
+        .kv = &nd->kv,
         .batch = ap->batch,
         .tokens = &tokens,
         .positions = &pos,
@@ -1282,9 +1626,15 @@ static ms_status eng_forward_sample(ms_engine *e, const ms_md_step *sd, const ms
         .max_seqs = e->max_out,
         .out_rows = sd->all_logits ? &out_rows : NULL,
         .logits = &logits,
+        .input = nd->node->input_shape != NULL ? &input : NULL,
+        .context_batch = cross ? nd->ctx_batch : NULL,
+        .cross_batch = cross ? nd->cross_batch : NULL,
+        .cross_attn = nd->cross_params,
     };
-    /* [graphs] eager, captured or replayed (graph_exec.h) */
-    MS_TRY(ms_graph_exec_forward(e->gx, gs, ctx, e->node->forward, &args, err));
+    /* [graphs] eager, captured or replayed (graph_exec.h; e->gx NULL: eager) */
+    MS_TRY(ms_graph_exec_forward(e->gx, gs, ctx, nd->node->forward, &args, err));
+    if (hidden)
+        return MS_OK; /* ms_engine_encode reads hidden_dev */
     MS_TRY(f->copy_to_host(cx, e->logits_host, e->logits_dev, (size_t)n * V * sizeof(float),
                            err));
     if (!sample)
@@ -1292,9 +1642,9 @@ static ms_status eng_forward_sample(ms_engine *e, const ms_md_step *sd, const ms
 
     /* batched CFG: the sampler mixes each guided row with its unconditional row (host logits),
        and the mixed rows go back for the backend's sample call */
-    int sidx = e->idx[MS_RESOURCE_SAMPLER];
+    int sidx = nd->idx[MS_RESOURCE_SAMPLER];
     int32_t n_mixed = 0;
-    ms_sample_res_mix(e->sampler, sidx, step, e->logits_host, e->facts.vocab, &n_mixed);
+    ms_sample_res_mix(nd->sampler, sidx, step, e->logits_host, e->facts.vocab, &n_mixed);
     if (n_mixed > 0)
         MS_TRY(f->copy_to_backend(cx, e->logits_dev, e->logits_host,
                                   (size_t)n * V * sizeof(float), err));
@@ -1309,22 +1659,22 @@ static ms_status eng_forward_sample(ms_engine *e, const ms_md_step *sd, const ms
     return MS_OK;
 }
 
-/* Run the step declared in e->build over gs's rows (tokens packed; [graphs] real rows first,
- * padding up to gs->n_rows): admit -> plan -> forward (-> sampling of the real rows when
+/* Run the step declared in e->build over gs's rows of node nd (tokens packed; [graphs] real rows
+ * first, padding up to gs->n_rows): admit -> plan -> forward (-> sampling of the real rows when
  * `sample`) -> commit. A failure after admit abandons the step. eng_run_built then resets the
  * padding rows either way. */
-static ms_status eng_run_built_rows(ms_engine *e, const ms_md_step *sd, const ms_graph_step *gs,
-                                    bool sample, ms_error *err);
+static ms_status eng_run_built_rows(ms_engine *e, eng_node *nd, const ms_md_step *sd,
+                                    const ms_graph_step *gs, bool sample, ms_error *err);
 
-static ms_status eng_run_built(ms_engine *e, const ms_md_step *sd, const ms_graph_step *gs,
-                               bool sample, ms_error *err) {
-    ms_status st = eng_run_built_rows(e, sd, gs, sample, err);
+static ms_status eng_run_built(ms_engine *e, eng_node *nd, const ms_md_step *sd,
+                               const ms_graph_step *gs, bool sample, ms_error *err) {
+    ms_status st = eng_run_built_rows(e, nd, sd, gs, sample, err);
     ms_graph_exec_done(e->gx, gs); /* [graphs] padding rows reset, pages kept */
     return st;
 }
 
-static ms_status eng_run_built_rows(ms_engine *e, const ms_md_step *sd, const ms_graph_step *gs,
-                                    bool sample, ms_error *err) {
+static ms_status eng_run_built_rows(ms_engine *e, eng_node *nd, const ms_md_step *sd,
+                                    const ms_graph_step *gs, bool sample, ms_error *err) {
     ms_step *step = &e->build.step;
     ms_step_ctx ctx;
     memset(&ctx, 0, sizeof ctx);
@@ -1333,7 +1683,7 @@ static ms_status eng_run_built_rows(ms_engine *e, const ms_md_step *sd, const ms
     ctx.n_real = gs->n_real;
     ctx.lease = gs->leased ? &gs->lease : NULL;
     ctx.capture = gs->capture;
-    ms_admit_outcome o = ms_step_runner_admit(e->runner, step, &ctx);
+    ms_admit_outcome o = ms_step_runner_admit(nd->runner, step, &ctx);
     if (o.code != MS_ADMIT_OK) {
         if (o.code == MS_ADMIT_PAGES_SHORT)
             return MS_FAIL(err, MS_ERR_CAPACITY,
@@ -1342,13 +1692,13 @@ static ms_status eng_run_built_rows(ms_engine *e, const ms_md_step *sd, const ms
         return MS_FAIL(err, MS_ERR_INTERNAL, "step %s: admit failed (%s) at resource %d",
                        sd->name, ms_admit_code_str(o.code), (int)o.resource);
     }
-    MS_TRY(ms_step_runner_plan(e->runner, step, &ctx, err));
-    ms_status st = eng_forward_sample(e, sd, &ctx, gs, sample, err);
+    MS_TRY(ms_step_runner_plan(nd->runner, step, &ctx, err));
+    ms_status st = eng_forward_sample(e, nd, sd, &ctx, gs, sample, err);
     if (st != MS_OK) {
-        ms_step_runner_abandon(e->runner, step, &ctx);
+        ms_step_runner_abandon(nd->runner, step, &ctx);
         return st;
     }
-    return ms_step_runner_commit(e->runner, step, &ctx, err);
+    return ms_step_runner_commit(nd->runner, step, &ctx, err);
 }
 
 ms_status ms_engine_run_step(ms_engine *e, ms_rid rid, const char *step_name,
@@ -1360,14 +1710,19 @@ ms_status ms_engine_run_step(ms_engine *e, ms_rid rid, const char *step_name,
     if (r == NULL || !r->in_runner || r->finish != MS_FINISH_NONE)
         return MS_FAIL(err, MS_ERR_NOT_FOUND, "run step %s: request %llu is not running",
                        step_name, (unsigned long long)rid);
+    /* the step of that name in the first node declaring one */
     int32_t k = -1;
-    for (int32_t i = 0; i < e->node->n_steps; i++)
-        if (strcmp(e->node->steps[i].name, step_name) == 0)
-            k = i;
+    eng_node *nd = NULL;
+    for (int32_t ni = 0; ni < e->n_nodes && k < 0; ni++)
+        for (int32_t i = 0; i < e->nodes[ni].node->n_steps && k < 0; i++)
+            if (strcmp(e->nodes[ni].node->steps[i].name, step_name) == 0) {
+                k = i;
+                nd = &e->nodes[ni];
+            }
     if (k < 0)
         return MS_FAIL(err, MS_ERR_NOT_FOUND, "model %s has no step '%s'", e->desc->name,
                        step_name);
-    const ms_md_step *sd = &e->node->steps[k];
+    const ms_md_step *sd = &nd->node->steps[k];
     if (sd->n_segments != 1 || sd->labels[0] != MS_LABEL_MAIN)
         return MS_FAIL(err, MS_ERR_UNSUPPORTED,
                        "run step %s: only steps over the main stream alone run this way",
@@ -1398,12 +1753,188 @@ ms_status ms_engine_run_step(ms_engine *e, ms_rid rid, const char *step_name,
     for (size_t i = 0; i < e->n_reqs; i++)
         e->reqs[i]->row = -1;
     ms_graph_step gs = {.step = k, .n_real = 1, .n_rows = 1}; /* eager, unpadded */
-    MS_TRY(eng_run_built(e, sd, &gs, false, err));
+    MS_TRY(eng_run_built(e, nd, sd, &gs, false, err));
     if (e->build.kv.commit)
         r->longest += n_tokens; /* the stream grew outside its walk */
     r->row = 0;
     *logits = e->logits_host;
     *n_rows = sd->all_logits ? n_tokens : 1;
+    return MS_OK;
+}
+
+/* The rows node nd (a node returning hidden states) gives for one shaped input: its one step
+ * over a stream of this call alone (see ms_engine_encode). */
+static ms_status eng_encode(ms_engine *e, eng_node *nd, const float *input, int64_t n_channels,
+                            int64_t n_frames, float *out, int64_t cap, int64_t *n_rows,
+                            int64_t *width, ms_error *err) {
+    *n_rows = 0;
+    *width = 0;
+    if (nd->node->n_steps != 1)
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "encode: node %s has %d steps (one expected)",
+                       nd->node->name, (int)nd->node->n_steps);
+    int64_t rows = 0, cols = 0; /* as the forward reads it: [frames, channels] */
+    nd->node->input_shape(e->config, &rows, &cols);
+    if (input == NULL || n_channels != cols || n_frames != rows)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "encode: node %s takes input [%lld, %lld] (channels, frames), got "
+                       "[%lld, %lld]", nd->node->name, (long long)cols, (long long)rows,
+                       (long long)n_channels, (long long)n_frames);
+    const ms_md_step *sd = &nd->node->steps[0];
+    ms_md_row row;
+    memset(&row, 0, sizeof row);
+    row.rid = e->next_rid++; /* a request of this call alone */
+    e->rows[0] = row;
+    e->row_reqs[0] = NULL;
+    e->rids[0] = row.rid;
+    MS_TRY(sd->run(e->config, e->rows, 1, &e->build, err));
+    const int32_t n_tok = e->build.n_tokens;
+    const int64_t w = nd->node->hidden_width(e->config);
+    if (n_tok < 1 || n_tok > e->max_tokens)
+        return MS_FAIL(err, MS_ERR_CAPACITY,
+                       "encode: step %s of node %s declares %d tokens (max_tokens %d: raise it)",
+                       sd->name, nd->node->name, (int)n_tok, (int)e->max_tokens);
+    if (out == NULL || cap < (int64_t)n_tok * w)
+        return MS_FAIL(err, MS_ERR_CAPACITY,
+                       "encode: node %s returns [%d, %lld], the output holds %lld floats",
+                       nd->node->name, (int)n_tok, (long long)w, (long long)cap);
+    /* token-major staging: input[c, t] -> input_host[t, c] */
+    for (int64_t t = 0; t < rows; t++)
+        for (int64_t c = 0; c < cols; c++)
+            e->input_host[t * cols + c] = input[c * rows + t];
+    const ms_backend_i *f = &e->be.iface;
+    MS_TRY(f->copy_to_backend(e->be.ctx, e->input_dev, e->input_host,
+                              (size_t)(rows * cols) * sizeof(float), err));
+    memset(e->tokens_host, 0, (size_t)n_tok * sizeof(int32_t)); /* the forward reads no ids */
+    MS_TRY(ms_step_runner_ingest(nd->runner, row.rid, NULL, err));
+    ms_graph_step gs = {.step = 0, .n_real = 1, .n_rows = 1}; /* eager, unpadded */
+    ms_status st = eng_run_built(e, nd, sd, &gs, false, err);
+    if (st == MS_OK)
+        st = f->copy_to_host(e->be.ctx, out, e->hidden_dev,
+                             (size_t)n_tok * (size_t)w * sizeof(float), err);
+    ms_step_runner_remove(nd->runner, row.rid);
+    MS_TRY(st);
+    *n_rows = n_tok;
+    *width = w;
+    return MS_OK;
+}
+
+/* Node `name` of e when it reads a shaped input and returns hidden states, else NULL. */
+static eng_node *eng_encoder_node(ms_engine *e, const char *name) {
+    for (int32_t i = 0; i < e->n_nodes; i++)
+        if (name != NULL && strcmp(e->nodes[i].node->name, name) == 0 &&
+            e->nodes[i].node->hidden_width != NULL && e->nodes[i].node->input_shape != NULL)
+            return &e->nodes[i];
+    return NULL;
+}
+
+ms_status ms_engine_encode(ms_engine *e, const char *node, const float *input, int64_t n_channels,
+                           int64_t n_frames, float *out, int64_t cap, int64_t *n_rows,
+                           int64_t *width, ms_error *err) {
+    *n_rows = 0;
+    *width = 0;
+    eng_node *nd = eng_encoder_node(e, node);
+    if (nd == NULL)
+        return MS_FAIL(err, MS_ERR_NOT_FOUND,
+                       "encode: model %s has no node '%s' reading a shaped input and returning "
+                       "hidden states", e->desc->name, node != NULL ? node : "(null)");
+    return eng_encode(e, nd, input, n_channels, n_frames, out, cap, n_rows, width, err);
+}
+
+ms_status ms_engine_transcribe(ms_engine *e, ms_engine_transcript *items, int32_t n_items,
+                               ms_error *err) {
+    for (int32_t i = 0; i < n_items; i++) {
+        items[i].ids = NULL;
+        items[i].n_ids = 0;
+        items[i].finish = MS_FINISH_NONE;
+    }
+    if (e->n_active > 0)
+        return MS_FAIL(err, MS_ERR_STATE, "transcribe: %d requests are already running",
+                       (int)e->n_active);
+    ms_status st = MS_OK;
+    int32_t next = 0; /* first item not yet added */
+    ms_rid rids[MS_TRANSCRIBE_MAX_BATCH];
+    int32_t first[MS_TRANSCRIBE_MAX_BATCH];
+    while (st == MS_OK && next < n_items) {
+        /* a wave: as many items as max_seqs takes (each holds its walk's streams) */
+        int32_t n = 0;
+        while (next < n_items && n < MS_TRANSCRIBE_MAX_BATCH) {
+            const ms_engine_transcript *t = &items[next];
+            ms_engine_request rq = {.prompt = t->prompt, .n_prompt = t->n_prompt,
+                                    .max_new_tokens = t->max_new_tokens,
+                                    .sampling = ms_sampling_greedy(), .features = t->features,
+                                    .n_feature_channels = t->n_channels,
+                                    .n_feature_frames = t->n_frames};
+            st = ms_engine_add(e, &rq, &rids[n], err);
+            if (st == MS_ERR_CAPACITY && n > 0) {
+                st = MS_OK; /* full: run this wave, the item goes in the next */
+                break;
+            }
+            if (st != MS_OK) {
+                ms_error_prefix(err, "transcribe item %d: ", (int)next);
+                break;
+            }
+            first[n++] = next++;
+        }
+        while (st == MS_OK && e->n_active > 0)
+            st = ms_engine_step(e, NULL, err);
+        for (int32_t k = 0; k < n; k++) {
+            const int32_t *ids;
+            int32_t m;
+            ms_finish_reason why;
+            ms_engine_transcript *t = &items[first[k]];
+            if (st == MS_OK && ms_engine_output(e, rids[k], &ids, &m, &why) == MS_OK) {
+                t->ids = ms_malloc((size_t)(m > 0 ? m : 1) * sizeof(int32_t));
+                if (t->ids == NULL) {
+                    st = MS_FAIL(err, MS_ERR_OOM, "transcribe: out of memory for %d ids", (int)m);
+                } else {
+                    memcpy(t->ids, ids, (size_t)m * sizeof(int32_t));
+                    t->n_ids = m;
+                    t->finish = why;
+                }
+            }
+            ms_engine_remove(e, rids[k]);
+        }
+    }
+    if (st != MS_OK)
+        for (int32_t i = 0; i < n_items; i++) {
+            ms_free(items[i].ids);
+            items[i].ids = NULL;
+            items[i].n_ids = 0;
+        }
+    return st;
+}
+
+/*
+ * An engine step at a node returning hidden states (the walk's first item, ms_engine_add): the
+ * first request standing there (arrival order) runs it over its features; its rows become the
+ * context prompt of the next item's node, and its walk moves on (nothing is sampled).
+ */
+static ms_status eng_step_encode(ms_engine *e, eng_node *nd, ms_md_walk_item item,
+                                 ms_engine_step_info *info, ms_error *err) {
+    eng_req *r = NULL;
+    for (size_t i = 0; i < e->n_reqs && r == NULL; i++) {
+        ms_md_walk_item at = ms_walk_item(e->desc, e->reqs[i]->walk);
+        if (e->reqs[i]->finish == MS_FINISH_NONE && at.node == item.node && at.step == item.step)
+            r = e->reqs[i];
+    }
+    MS_ASSERT(r != NULL && r->features != NULL);
+    const int64_t w = nd->node->hidden_width(e->config);
+    const int64_t cap = (int64_t)nd->facts.max_context * w;
+    r->context = ms_malloc((size_t)cap * sizeof(float));
+    if (r->context == NULL)
+        return MS_FAIL(err, MS_ERR_OOM, "out of memory for %lld context rows", (long long)cap);
+    int64_t rows = 0;
+    MS_TRY(eng_encode(e, nd, r->features, r->n_channels, r->n_frames, r->context, cap, &rows,
+                      &r->context_width, err));
+    ms_free(r->features); /* the features are not read again */
+    r->features = NULL;
+    r->n_context = (int32_t)rows;
+    ms_walk_advance(e->desc, &r->walk);
+    const eng_node *next = &e->nodes[ms_walk_item(e->desc, r->walk).node];
+    r->n_prompt[next->context_label] = r->n_context;
+    r->consumed[next->context_label] = 0;
+    if (info != NULL)
+        *info = (ms_engine_step_info){.n_seqs = 1, .n_tokens = (int32_t)rows, .n_prefill = 0};
     return MS_OK;
 }
 
@@ -1413,37 +1944,47 @@ ms_status ms_engine_step(ms_engine *e, ms_engine_step_info *info, ms_error *err)
         *info = inf;
     const ms_model_desc *d = e->desc;
 
-    /* 1. the scheduler picks the step: requests waiting at each step */
-    int32_t waiting[MS_MD_MAX_STEPS] = {0};
-    bool in_loop[MS_MD_MAX_STEPS] = {false};
+    /* 1. the scheduler picks the step: requests waiting at each step of each node (the
+       scheduler's index of node i's step k is nodes[i].step0 + k) */
+    int32_t waiting[MS_MD_MAX_NODES * MS_MD_MAX_STEPS] = {0};
+    bool in_loop[MS_MD_MAX_NODES * MS_MD_MAX_STEPS] = {false};
     for (size_t i = 0; i < e->n_reqs; i++) {
         eng_req *r = e->reqs[i];
         r->row = -1;
         if (r->finish != MS_FINISH_NONE)
             continue;
-        int32_t k = ms_walk_step(d, r->walk);
-        if (k >= 0) {
+        ms_md_walk_item it = ms_walk_item(d, r->walk);
+        if (it.step >= 0) {
+            int32_t k = e->nodes[it.node].step0 + it.step;
             waiting[k]++;
             in_loop[k] = in_loop[k] || ms_walk_in_loop(d, r->walk);
         }
     }
-    int32_t k = ms_walk_pick(&e->sched, waiting, in_loop, e->node->n_steps);
+    int32_t k = ms_walk_pick(&e->sched, waiting, in_loop, e->n_sched_steps);
     if (k < 0)
         return MS_OK;
-    const ms_md_step *sd = &e->node->steps[k];
+    ms_md_walk_item item = {e->n_nodes - 1, 0};
+    while (e->nodes[item.node].step0 > k)
+        item.node--;
+    item.step = k - e->nodes[item.node].step0;
+    eng_node *nd = &e->nodes[item.node];
+    const ms_md_step *sd = &nd->node->steps[item.step];
+    if (nd->node->hidden_width != NULL)
+        return eng_step_encode(e, nd, item, info, err);
 
     /* 2. its rows, and the declaration from the generated step runner */
-    int32_t n = eng_rows(e, k, &inf.n_prefill);
+    int32_t n = eng_rows(e, item, &inf.n_prefill);
     if (n == 0)
         return MS_OK;
-    /* [graphs] a batch a captured bucket covers is padded with dummy rows (graph_exec.h) */
+    /* [graphs] a batch a captured bucket covers is padded with dummy rows (graph_exec.h; a
+       model of several nodes has no graphs: e->gx NULL leaves the batch as it is) */
     ms_graph_step gs;
-    MS_TRY(ms_graph_exec_pad(e->gx, k, e->rows, e->rids, n, e->max_seqs, &gs, err));
+    MS_TRY(ms_graph_exec_pad(e->gx, item.step, e->rows, e->rids, n, e->max_seqs, &gs, err));
     for (int32_t j = n; j < gs.n_rows; j++)
         e->row_reqs[j] = NULL;
     MS_TRY(sd->run(e->config, e->rows, gs.n_rows, &e->build, err));
-    MS_TRY(eng_pack_tokens(e, k, err));
-    MS_TRY(eng_run_built(e, sd, &gs, true, err));
+    MS_TRY(eng_pack_tokens(e, nd, item.step, err));
+    MS_TRY(eng_run_built(e, nd, sd, &gs, true, err));
 
     /* 6. each request's walk moves on: prompts consumed, ids appended, stops */
     const ms_md_step_build *b = &e->build;
@@ -1495,27 +2036,29 @@ static ms_status eng_graph_run(void *user, const ms_graph_step *gs, ms_md_row *r
                                ms_rid *rids, ms_error *err) {
     ms_engine *e = user;
     (void)rids; /* e->rids: the capture fills the engine's own row arrays */
-    const ms_md_step *sd = &e->node->steps[gs->step];
+    eng_node *nd = &e->nodes[0]; /* graphs serve models of one node (eng_graphs_wanted) */
+    const ms_md_step *sd = &nd->node->steps[gs->step];
     for (int32_t j = 0; j < gs->n_rows; j++)
         e->row_reqs[j] = NULL;
     MS_TRY(sd->run(e->config, rows, gs->n_rows, &e->build, err));
-    MS_TRY(eng_pack_tokens(e, gs->step, err));
-    return eng_run_built(e, sd, gs, false, err);
+    MS_TRY(eng_pack_tokens(e, nd, gs->step, err));
+    return eng_run_built(e, nd, sd, gs, false, err);
 }
 
 static ms_status eng_graphs_init(ms_engine *e, ms_error *err) {
     if (e->opt.graphs < 0 || e->opt.graphs >= MS_GRAPH_MODE_COUNT)
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "engine: graphs mode %d", (int)e->opt.graphs);
     if (eng_graphs_wanted(e)) {
-        ms_graph_exec_config gc = {.mode = e->opt.graphs, .node = e->node, .be = &e->be,
-                                   .runner = e->runner, .max_rows = e->max_seqs,
-                                   .n_pages = e->kv_pages, .kv_resource = e->idx[MS_RESOURCE_KV]};
+        eng_node *nd = &e->nodes[0];
+        ms_graph_exec_config gc = {.mode = e->opt.graphs, .node = nd->node, .be = &e->be,
+                                   .runner = nd->runner, .max_rows = e->max_seqs,
+                                   .n_pages = nd->kv_pages, .kv_resource = nd->idx[MS_RESOURCE_KV]};
         MS_TRY(ms_graph_exec_init(&e->gx, &gc, err));
         MS_TRY(ms_graph_exec_capture(e->gx, eng_graph_run, e, e->rows, e->rids, e->max_seqs,
                                      err));
+        /* the dummy rows hold their pages from their warm-up on */
+        nd->pages_free_initial = ms_page_arena_num_free(nd->arena);
     }
-    /* the dummy rows hold their pages from their warm-up on */
-    e->pages_free_initial = ms_page_arena_num_free(e->arena);
     return MS_OK;
 }
 
@@ -1526,7 +2069,7 @@ void ms_engine_graph_stats(const ms_engine *e, ms_graph_exec_stats *st) {
 const ms_graph_exec *ms_engine_graphs(const ms_engine *e) { return e != NULL ? e->gx : NULL; }
 
 size_t ms_engine_kv_bytes(const ms_engine *e) {
-    const ms_paged_kv *kv = &e->kv;
+    const ms_paged_kv *kv = &e->nodes[0].kv; /* the first node's arena */
     return (size_t)kv->n_layers * (size_t)kv->n_pages * 2 * (size_t)kv->page_size *
            (size_t)kv->n_kv_heads * (size_t)kv->head_dim * ms_dtype_size(kv->dtype);
 }
@@ -1535,5 +2078,15 @@ ms_status ms_engine_kv_copy(ms_engine *e, void *host, size_t bytes, ms_error *er
     if (host == NULL || bytes != ms_engine_kv_bytes(e))
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "kv copy: %zu bytes given, the arena has %zu",
                        bytes, ms_engine_kv_bytes(e));
-    return e->be.iface.copy_to_host(e->be.ctx, host, e->kv.data, bytes, err);
+    return e->be.iface.copy_to_host(e->be.ctx, host, e->nodes[0].kv.data, bytes, err);
+}
+
+/* ---- the sampler resource, for the server's per-request extras (engine.h) ---- */
+
+struct ms_sample_res *ms_engine_sampler(ms_engine *e) {
+    /* the node that samples (Whisper's decoder, a decoder-only model's only node) */
+    for (int32_t i = 0; i < e->n_nodes; i++)
+        if (e->nodes[i].sampler != NULL)
+            return e->nodes[i].sampler;
+    return NULL;
 }

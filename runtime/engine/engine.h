@@ -6,22 +6,28 @@
  * backend, f32 weights and KV in host memory; cuda: the CUDA backend, bf16 weights and KV, the
  * arena in device memory through device_cuda.h; auto: cuda when a GPU is usable), reads
  * config.json (or a llama2.c .bin through the loaders, which derive a config and expose Hugging
- * Face tensor names), validates and loads every declared weight into one
- * planned set of backend buffers (fused entries concatenated), builds the node's resources through
- * the step runner (KV pool over a page arena, positions, attention: the runner's plan plus backend
- * staging, sampler), and sizes every per-step buffer for the worst case: after the first step of
- * each kind (which creates the attention plan buffers), decode steps allocate nothing. With
- * options.graphs (graph_exec.h) the decode buckets the model declares are warmed up and captured
- * as CUDA graphs at init, and a decode batch a bucket covers is padded with dummy rows and
- * replayed.
+ * Face tensor names), validates and loads every declared weight into one planned set of backend
+ * buffers (fused entries concatenated), builds each node's resources through its own step runner
+ * (KV pool over its own page arena, positions, attention: the runner's plan plus backend staging,
+ * sampler; every node of the descriptor, in order), and sizes every per-step buffer for the worst
+ * case: after the first step of each kind (which creates the attention plan buffers), decode steps
+ * allocate nothing. With options.graphs (graph_exec.h) and a model of one node, the decode buckets
+ * the model declares are warmed up and captured as CUDA graphs at init, and a decode batch a bucket
+ * covers is padded with dummy rows and replayed (models of several nodes run eager).
  *
  * Each request walks the model's walk (model_desc.h ms_md_walk; a guided pair the walk over its
- * two streams). Each ms_engine_step the scheduler (walk.h) picks one step of the node and
- * batches every request standing there as one ragged step (prefill rows within the token budget,
- * chunked; decode rows one token per stream); the model's generated step runner declares it;
- * admit -> plan -> forward -> commit; then one id is sampled per request and its walk moves on. A request finishes on an eos id
+ * two streams); a walk may cross nodes (node A's prefill, then node B's prefill and decode loop):
+ * a request is ingested into every node's runner at add, each node's streams are its own (a node's
+ * prefix step reads the prompt again), and it leaves every runner when it finishes. Each
+ * ms_engine_step the scheduler (walk.h) picks one (node, step) and batches every request standing
+ * there as one ragged step (prefill rows within the token budget, chunked; decode rows one token
+ * per stream); the model's generated step runner declares it; admit -> plan -> forward -> commit;
+ * then one id is sampled per request and its walk moves on. A request finishes on an eos id
  * (unless ignore_eos), after max_new_tokens, or when its sequence reaches the model's context; it
- * then leaves the batch and ms_engine_remove frees everything it held.
+ * then leaves the batch and ms_engine_remove frees everything it held.  A walk may also start at a
+ * node reading features (Whisper's encoder: ms_engine_request.features): that node runs one
+ * request per engine step and its rows become the next node's cross-attention context, written
+ * once with the prompt's prefill and read with zero spans after.
  *
  * Ownership: ms_engine_* functions borrow their arguments (prompts are copied at add); the engine
  * returned by ms_engine_init is owned by the caller (ms_engine_free). The descriptor must outlive
@@ -185,6 +191,13 @@ typedef struct ms_engine_request {
        declare `pos explicit`; NULL: the positions resource's scheme */
     const int32_t *position_ids;
     int32_t n_position_axes;         /* 1, or 3 (t/h/w M-RoPE) */
+    /* a walk that starts at a node reading features (Whisper's encoder): the features
+       [n_feature_channels, n_feature_frames] f32, channel-major (transformers' input_features[0],
+       [80, 3000] for Whisper), copied. The encoder's rows become the context of the next node's
+       cross resource, prefilled with the prompt in one step. NULL: a token-only walk. */
+    const float *features;
+    int64_t n_feature_channels;
+    int64_t n_feature_frames;
 } ms_engine_request;
 
 /* The model's declared sampler settings (sampler(temperature, top_k, top_p)) as request
@@ -213,7 +226,8 @@ typedef struct ms_engine_step_info {
 } ms_engine_step_info;
 
 /*
- * Run one step of the node over the requests standing at it (see the top of the file). Finished requests keep
+ * Run one (node, step) over the requests standing at it (see the top of the file). Finished
+ * requests keep
  * their output until removed. No active request: MS_OK with a zeroed info. Errors: a failing
  * resource or op (message names the step and the resource), MS_ERR_CAPACITY when the KV pages run
  * short (names kv_pages).
@@ -221,7 +235,8 @@ typedef struct ms_engine_step_info {
 ms_status ms_engine_step(ms_engine *e, ms_engine_step_info *info, ms_error *err);
 
 /*
- * Run the step named `step_name` of the node for request rid alone, outside its walk, over
+ * Run the step named `step_name` (of the first node declaring one) for request rid alone,
+ * outside its walk, over
  * `tokens` [n_tokens] given by the caller (its main stream): dense generation's block steps
  * (`refine`: kv commit = false, pos advance = 0, attn causal = false; a committing block step), or
  * an ordinary step fed an id of the caller's choosing. Nothing is sampled and the request's walk
@@ -235,7 +250,53 @@ ms_status ms_engine_run_step(ms_engine *e, ms_rid rid, const char *step_name,
                              const int32_t *tokens, int32_t n_tokens, const float **logits,
                              int32_t *n_rows, ms_error *err);
 
-/* Committed tokens of rid's stream `label` (0 main), or -1 when it holds none. */
+/*
+ * Run node `node`'s forward over one shaped input (an encoder: log-mel features) and return its
+ * hidden states: input [n_channels, n_frames] f32 host, channel-major as the model file declares
+ * it (`forward encode(features: [num_mel_bins, n_frames])`, transformers' input_features[0]); the
+ * engine stages it token-major, runs the node's one step (admit -> plan -> forward -> commit over
+ * a stream of this call alone, removed after it: its KV pages return) and copies the rows to
+ * out [*n_rows, *width] f32 host (cap floats). Other requests are untouched. Errors:
+ * MS_ERR_NOT_FOUND (no such node, or not one returning hidden states), MS_ERR_INVALID_ARG (the
+ * input's shape is not the declared one), MS_ERR_CAPACITY (out too small, the step over
+ * max_tokens), the step's own.
+ */
+ms_status ms_engine_encode(ms_engine *e, const char *node, const float *input, int64_t n_channels,
+                           int64_t n_frames, float *out, int64_t cap, int64_t *n_rows,
+                           int64_t *width, ms_error *err);
+
+/* Most items ms_engine_transcribe runs as one wave (batch). */
+#define MS_TRANSCRIBE_MAX_BATCH 64
+
+/* One audio window of ms_engine_transcribe: its features and prompt in, its ids out. */
+typedef struct ms_engine_transcript {
+    const float *features;      /* [n_channels, n_frames] f32 host, channel-major (Whisper:
+                                   [80, 3000] log-mel, transformers' input_features[0]) */
+    int64_t n_channels, n_frames;
+    const int32_t *prompt;      /* [n_prompt] decoder prompt ids (Whisper: <|startoftranscript|>,
+                                   language, task, <|notimestamps|>) */
+    int32_t n_prompt;
+    int32_t max_new_tokens;
+    int32_t *ids;               /* out: [n_ids] greedy ids, ms_malloc'd (the caller ms_frees),
+                                   the model's eos id last when it stopped on it */
+    int32_t n_ids;
+    ms_finish_reason finish;    /* out: eos, length or context */
+} ms_engine_transcript;
+
+/*
+ * Greedy transcription of items[0 .. n_items) on a model whose walk starts at a node reading
+ * features (models/whisper.mstar): each item is a request (ms_engine_request.features, its
+ * prompt, greedy sampling, the model's eos ids stop it); as many as max_seqs takes (a Whisper
+ * request holds 3 streams: the encoder's, the decoder's ids and its context) run as one wave:
+ * encoded one by one, prefilled, then decoded as one batch; the next wave follows. The engine
+ * must have no running requests (MS_ERR_STATE). Errors: ms_engine_add's (naming the item) and
+ * ms_engine_step's; on error no item holds ids and every request is removed.
+ */
+ms_status ms_engine_transcribe(ms_engine *e, ms_engine_transcript *items, int32_t n_items,
+                               ms_error *err);
+
+/* Committed tokens of rid's stream `label` (0 main) in the node of the walk item rid stands at
+ * (node 0 once its walk is over), or -1 when it holds none there. */
 int32_t ms_engine_stream_length(const ms_engine *e, ms_rid rid, ms_label label);
 
 /*
@@ -255,8 +316,17 @@ const float *ms_engine_last_logits(const ms_engine *e, ms_rid rid);
 /* Free everything rid holds (KV pages, positions, sampler state, its record). Unknown: no-op. */
 void ms_engine_remove(ms_engine *e, ms_rid rid);
 
-/* KV pages free right now (tests: returns to its initial value after every remove). */
+/* KV pages free right now, summed over the nodes' page arenas (tests: returns to its initial
+ * value after every remove). */
 int32_t ms_engine_kv_pages_free(const ms_engine *e);
+
+/*
+ * The engine's sampler resource (sample_res.h) for request settings beyond ms_engine_request:
+ * min_p and penalties (ms_sample_res_set_extra after ms_engine_add; ms_sample_res_observe with
+ * the prompt, then with each new output id, between steps). Borrowed until ms_engine_free; use
+ * it only from the thread that steps the engine. The serve verb's scheduler is its user.
+ */
+struct ms_sample_res *ms_engine_sampler(ms_engine *e);
 
 #ifdef __cplusplus
 }

@@ -327,8 +327,8 @@ ms_status ms_md_check_desc(const ms_model_desc *d, ms_error *err) {
                            __VA_ARGS__)
         if (w->key == NULL || w->kind < 0 || w->kind >= MS_MD_WEIGHT_KIND_COUNT)
             return WFAIL("no key or a bad kind");
-        if (w->rank < 1 || w->rank > 2)
-            return WFAIL("rank must be 1 or 2");
+        if (w->rank < 1 || w->rank > 3)
+            return WFAIL("rank must be 1, 2 or 3 (a conv1d kernel)");
         bool has_name = w->names[0] != NULL;
         if (w->kind == MS_MD_WEIGHT_FUSED ? has_name : !has_name)
             return WFAIL(w->kind == MS_MD_WEIGHT_FUSED ? "a fused entry names no tensor"
@@ -581,6 +581,11 @@ ms_status ms_md_step_pos(ms_md_step_build *b, int index, bool custom_advance, bo
 void ms_md_step_attn(ms_md_step_build *b, int index, bool causal) {
     b->attn = (ms_attn_step){.causal = causal};
     b->step.records[index].rec = &b->attn;
+}
+
+void ms_md_step_cross(ms_md_step_build *b, int index) {
+    static const int used = 1; /* the resource reads the step itself */
+    b->step.records[index].rec = &used;
 }
 
 void ms_md_step_sampler(ms_md_step_build *b, int index) {

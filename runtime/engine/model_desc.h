@@ -47,9 +47,13 @@
  *     order (or, with ms_md_forward_args.out_rows, of the rows it lists: a step declared with
  *     `attn causal = false`, a block step of dense generation, returns every token's logits): [n_seqs, vocab] float32, which the engine samples.
  *   - resource indices, label values (ms_label) and step indices are per node; a walk item names
- *     its node. The table shape is general, but mstarc build lowers one node and the engine runs
- *     descriptors of exactly one node (nodes[0]; ms_engine_init refuses n_nodes != 1), so
- *     encoder and cross-attention nodes can be described the same way later.
+ *     its node. Generated names carry the node: `<model>_<node>_run_<step>`,
+ *     `<model>_<node>_forward`, `<model>_<node>_workspace_size`, `<model>_<node>_facts`, buffer
+ *     enums `B_<NODE>_*`. The engine runs descriptors of 1..MS_MD_MAX_NODES nodes, each with its
+ *     own KV pool, positions, attention and sampler (engine.h) under its own facts (KV layout,
+ *     heads, what its streams hold); the model's facts (vocabulary, context, sampling defaults)
+ *     are the first sampling node's, and its RoPE table is shared, so mstarc build lowers a
+ *     later node's rope only when it equals the first node's (compiler/lower_check.c).
  *
  * Mapping from the checked model (compiler/model.h) to what a generator emits:
  *   - ms_param (declaration order): a field of the config struct (int64_t / double / bool /
@@ -88,6 +92,13 @@
  *     stems, `kernels` (none, NULL and 0, when the model's kernels are not expressible).
  *   - `ignore "visual.*";` patterns of the weights blocks: a static array, `ignored` (none: NULL
  *     and 0).
+ *   - a node without a sampler (an encoder): its forward returns every token's row
+ *     (`hidden_width`); a shaped forward parameter (`features: [C, L]` read as transpose(x), or
+ *     a cross resource's context rows `audio: [_, d]`) becomes ms_md_forward_args.input
+ *     (`input_shape`; -1 rows: the step's context rows, `A` in the generated forward);
+ *     `xattn.write(k, v)` a kv_write through context_batch guarded by A > 0, `xattn.run(q)` an
+ *     attention through cross_batch (cross_attn: not causal); the cross record marks the
+ *     resource used (ms_md_step_cross);
  *   - the forward's op list: one backend call per op on views of the workspace, whose layout
  *     (one slice per planned buffer, 64-byte aligned) is a static function of (max_tokens,
  *     max_seqs) shared by workspace_size and forward.
@@ -228,7 +239,7 @@ typedef struct ms_md_weight {
                                             layer index; unused entries NULL (FUSED: none) */
     bool per_layer;                      /* one instance per layer ("{i}" in the names) */
     bool optional;                       /* may be absent: data NULL (the forward skips it) */
-    int32_t rank;                        /* 1 or 2 */
+    int32_t rank;                        /* 1, 2, or 3 (conv1d [out, in, kernel]) */
     int32_t tie;                         /* index of the weight used instead (declared earlier
                                             in the table) when weight_tied() says so (DSL
                                             `or embed if cond`), or, with tie_if_missing, when
@@ -406,6 +417,10 @@ ms_status ms_md_step_pos(ms_md_step_build *b, int index, bool custom_advance, bo
 /* The attention record. */
 void ms_md_step_attn(ms_md_step_build *b, int index, bool causal);
 
+/* The cross-attention record (cross_attn.h: the resource reads the step's segments and the KV
+ * plans; the record only marks it used). */
+void ms_md_step_cross(ms_md_step_build *b, int index);
+
 /* The sampler record: the first segment of each sampling row samples; under a combined label of
  * two or more labels (batched CFG) the row's segment of the combine's second label guides the one
  * of its first (mixed = uncond + s * (cond - uncond) over log-softmaxes). */
@@ -423,16 +438,26 @@ typedef struct ms_md_forward_args {
     const ms_paged_kv *kv;           /* the KV page arena */
     const ms_attn_batch *batch;      /* the step's staged plan (views, write addresses) */
     const ms_tensor *tokens;         /* [n_tokens] i32, backend memory, packed segment order */
+    const ms_tensor *input;          /* a node's shaped input (ms_md_node.input_shape), token-
+                                        major [rows, cols] f32 backend memory; NULL otherwise */
     const ms_tensor *positions;      /* [n_tokens] i32, backend memory (positions resource) */
     const ms_rope_table *rope;       /* inv_freq in backend memory */
     ms_attn_params attn;             /* scale, window, causal (from the step declaration) */
+    /* a node with a cross resource (NULL otherwise): */
+    const ms_attn_batch *context_batch; /* write addresses of the step's context rows (the
+                                        input's rows, segment order); 0 tokens: none */
+    const ms_attn_batch *cross_batch;   /* the step's queries (batch's tokens) over each row's
+                                        context view, from the cross resource's plan */
+    ms_attn_params cross_attn;          /* not causal, no window, the model's scale */
     void *workspace;                 /* backend memory of workspace_size(max_tokens, max_seqs) */
     int32_t max_tokens;              /* the workspace's token capacity (layout is fixed by it) */
     int32_t max_seqs;                /* the workspace's row capacity */
     const ms_tensor *out_rows;       /* [n_out] i32 backend memory: the packed token rows whose
                                         logits are returned, in order (all rows of a block step),
                                         n_out <= max_seqs; NULL: the last token of each view */
-    ms_tensor *logits;               /* out: [n_out or batch->n_seqs, vocab] f32, backend memory */
+    ms_tensor *logits;               /* out: [n_out or batch->n_seqs, vocab] f32, backend memory;
+                                        a node without a sampler (hidden_width set): every
+                                        token's row, [batch->n_tokens, hidden_width] f32 */
 } ms_md_forward_args;
 
 /* Tensor of weight entry `w`, layer `layer` (0 for global weights). Data NULL when an optional
@@ -451,6 +476,11 @@ static inline const ms_tensor *ms_md_weight_get(const ms_md_forward_args *a, int
 typedef size_t (*ms_md_workspace_fn)(const void *config, int32_t max_tokens, int32_t max_seqs);
 /* Queue one step's forward. Errors: the first failing op's status and message. */
 typedef ms_status (*ms_md_forward_fn)(const ms_md_forward_args *args, ms_error *err);
+/* Columns of the hidden rows a node's forward returns, under a loaded config. */
+typedef int64_t (*ms_md_width_fn)(const void *config);
+/* The [rows, cols] of a node's shaped input as its forward reads it (token-major: the declared
+ * `features: [C, L]` is read as transpose(features), [L, C]), under a loaded config. */
+typedef void (*ms_md_shape_fn)(const void *config, int64_t *rows, int64_t *cols);
 
 /* One node of the model (`node decoder { ... }`): its stream labels, resources, steps and
  * forward. Resource indices (ms_step.records), label values (ms_label) and step indices are the
@@ -465,6 +495,16 @@ typedef struct ms_md_node {
     int32_t n_steps;
     ms_md_workspace_fn workspace_size;
     ms_md_forward_fn forward;
+    /* a node without a sampler (an encoder): its forward returns every token's row of hidden
+       states, hidden_width(config) columns, run through ms_engine_encode; NULL: a node whose
+       forward returns logits that the engine samples */
+    ms_md_width_fn hidden_width;
+    /* the node's own facts (KV layout, attention, max_context: what its streams hold); NULL:
+       the model's (ms_model_desc.facts, which are the first sampling node's) */
+    ms_status (*facts)(const void *config, ms_md_facts *out, ms_error *err);
+    /* its forward reads a shaped input (audio features) instead of token ids: the shape the
+       engine stages; NULL: token ids */
+    ms_md_shape_fn input_shape;
 } ms_md_node;
 
 /* ---- the descriptor ---- */
@@ -486,10 +526,13 @@ typedef struct ms_model_desc {
     void (*weight_shape)(const void *config, int32_t w, int64_t *shape);
     /* Whether entry w is replaced by its `tie` entry under this config (DSL `or x if cond`). */
     bool (*weight_tied)(const void *config, int32_t w);
+    /* Instances of per-layer entry w: its group's count (a model of several layer groups, an
+       encoder's and a decoder's); NULL: facts.n_layers for every per-layer entry. */
+    int32_t (*weight_layers)(const void *config, int32_t w);
 
     /* nodes and walks */
-    const ms_md_node *nodes;      /* [n_nodes] in declaration order (the engine runs one today:
-                                     it refuses n_nodes != 1) */
+    const ms_md_node *nodes;      /* [n_nodes] in declaration order (the engine builds every
+                                     node's resources; walks cross them) */
     int32_t n_nodes;
     const ms_md_walk *walks;      /* [n_walks] in declaration order; a request takes the first
                                      whose first item has as many inputs as it gives prompts */
@@ -521,7 +564,7 @@ ms_status ms_md_expand_name(const char *tmpl, int32_t layer, char *buf, size_t c
 
 /*
  * Check a descriptor's tables for consistency (what a code generator bug would break), without a
- * config: every function pointer set; weights: kind valid, rank 1 or 2, TENSOR/PART entries name
+ * config: every function pointer set; weights: kind valid, rank 1 to 3, TENSOR/PART entries name
  * at least one template (a per-layer one containing "{i}", a global one none), a tie points to an
  * earlier TENSOR/FUSED entry of the same rank and layering, a PART names a FUSED entry that lists
  * it, a FUSED entry has 2..MS_MD_MAX_PARTS PART entries of its rank and layering, each listing it;

@@ -18,10 +18,79 @@ struct ms_sample_res {
     int32_t max_segments;
 };
 
+/* A request's token history for penalties: an open-addressing table of distinct ids (linear
+ * probing, capacity a power of two, at most half full). */
+typedef struct hist_table {
+    int32_t *ids;            /* [cap], -1 empty */
+    int32_t *out_counts;     /* [cap] times generated */
+    uint8_t *in_prompt;      /* [cap] */
+    int32_t cap, n;
+} hist_table;
+
 typedef struct sample_state {
     ms_sample_row row;
     float guidance_scale;
+    ms_sampler_penalties penalties;
+    hist_table *hist;        /* NULL: no penalties */
 } sample_state;
+
+static void hist_free(hist_table *h) {
+    if (h == NULL)
+        return;
+    ms_free(h->ids);
+    ms_free(h->out_counts);
+    ms_free(h->in_prompt);
+    ms_free(h);
+}
+
+static ms_status hist_grow(hist_table *h, int32_t cap) {
+    int32_t *ids = ms_malloc((size_t)cap * sizeof *ids);
+    int32_t *cnt = ms_calloc((size_t)cap, sizeof *cnt);
+    uint8_t *inp = ms_calloc((size_t)cap, 1);
+    if (ids == NULL || cnt == NULL || inp == NULL) {
+        ms_free(ids);
+        ms_free(cnt);
+        ms_free(inp);
+        return MS_ERR_OOM;
+    }
+    for (int32_t i = 0; i < cap; i++)
+        ids[i] = -1;
+    for (int32_t i = 0; i < h->cap; i++) {
+        if (h->ids[i] < 0)
+            continue;
+        uint32_t k = ((uint32_t)h->ids[i] * 2654435761u) & (uint32_t)(cap - 1);
+        while (ids[k] >= 0)
+            k = (k + 1) & (uint32_t)(cap - 1);
+        ids[k] = h->ids[i];
+        cnt[k] = h->out_counts[i];
+        inp[k] = h->in_prompt[i];
+    }
+    ms_free(h->ids);
+    ms_free(h->out_counts);
+    ms_free(h->in_prompt);
+    h->ids = ids;
+    h->out_counts = cnt;
+    h->in_prompt = inp;
+    h->cap = cap;
+    return MS_OK;
+}
+
+static ms_status hist_add(hist_table *h, int32_t id, bool prompt) {
+    if (2 * (h->n + 1) > h->cap)
+        MS_TRY(hist_grow(h, h->cap > 0 ? 2 * h->cap : 64));
+    uint32_t k = ((uint32_t)id * 2654435761u) & (uint32_t)(h->cap - 1);
+    while (h->ids[k] >= 0 && h->ids[k] != id)
+        k = (k + 1) & (uint32_t)(h->cap - 1);
+    if (h->ids[k] < 0) {
+        h->ids[k] = id;
+        h->n++;
+    }
+    if (prompt)
+        h->in_prompt[k] = 1;
+    else
+        h->out_counts[k]++;
+    return MS_OK;
+}
 
 ms_status ms_sample_res_init(ms_sample_res **out, int32_t max_segments, ms_error *err) {
     *out = NULL;
@@ -43,6 +112,11 @@ ms_status ms_sample_res_init(ms_sample_res **out, int32_t max_segments, ms_error
 void ms_sample_res_free(ms_sample_res *s) {
     if (s == NULL)
         return;
+    size_t cursor = 0;
+    ms_rid rid;
+    sample_state *st;
+    while ((st = ms_rid_map_next(&s->map, &cursor, &rid)) != NULL)
+        hist_free(st->hist);
     ms_rid_map_free(&s->map);
     ms_free(s->rows);
     ms_free(s);
@@ -59,13 +133,19 @@ static ms_status res_ingest(void *self, ms_rid rid, const void *overrides, ms_er
         const ms_sample_settings *o = overrides;
         st->row.params = o != NULL ? o->params : ms_sampling_greedy();
         st->row.draw = 0;
+        st->row.min_p = 0.0f;
         st->guidance_scale = o != NULL ? o->guidance_scale : 1.0f;
+        st->penalties = (ms_sampler_penalties){0.0f, 0.0f, 1.0f};
+        st->hist = NULL;
     }
     return MS_OK;
 }
 
 static void res_remove(void *self, ms_rid rid) {
     ms_sample_res *s = self;
+    sample_state *st = ms_rid_map_get(&s->map, rid);
+    if (st != NULL)
+        hist_free(st->hist);
     ms_rid_map_remove(&s->map, rid);
 }
 
@@ -151,9 +231,9 @@ void ms_sample_res_mix(const ms_sample_res *s, int index, const ms_step *step, f
     int32_t n;
     const ms_segment *segs = ms_step_segments(step, index, &n);
     *n_mixed = 0;
-    if (rec == NULL || rec->guide == NULL)
+    if (rec == NULL)
         return;
-    for (int32_t i = 0; i < n; i++) {
+    for (int32_t i = 0; i < n && rec->guide != NULL; i++) {
         int32_t j = rec->guide[i];
         if (j < 0 || j >= n || j == i)
             continue;
@@ -168,4 +248,57 @@ void ms_sample_res_mix(const ms_sample_res *s, int index, const ms_step *step, f
         }
         (*n_mixed)++;
     }
+    /* penalties (after CFG: on the distribution the row samples from), before temperature */
+    for (int32_t i = 0; i < n; i++) {
+        const sample_state *st = ms_rid_map_get(&s->map, segs[i].rid);
+        if (st == NULL || st->hist == NULL || st->hist->n == 0)
+            continue;
+        ms_sampler_apply_penalties(logits + (size_t)i * (size_t)vocab, vocab, &st->penalties,
+                                   st->hist->ids, st->hist->out_counts, st->hist->in_prompt,
+                                   st->hist->cap);
+        (*n_mixed)++;
+    }
+}
+
+ms_status ms_sample_res_set_extra(ms_sample_res *s, ms_rid rid, const ms_sample_extra *x,
+                                  ms_error *err) {
+    sample_state *st = ms_rid_map_get(&s->map, rid);
+    if (st == NULL)
+        return MS_FAIL(err, MS_ERR_NOT_FOUND, "sampler: unknown request %llu",
+                       (unsigned long long)rid);
+    const ms_sampler_penalties *p = &x->penalties;
+    if (!(x->min_p >= 0.0f && x->min_p <= 1.0f))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "sampler: min_p %g must be in [0, 1]",
+                       (double)x->min_p);
+    if (!(fabsf(p->presence) <= 2.0f) || !(fabsf(p->frequency) <= 2.0f))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "sampler: presence %g / frequency %g penalties must be in [-2, 2]",
+                       (double)p->presence, (double)p->frequency);
+    if (!(p->repetition > 0.0f && p->repetition <= 2.0f))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "sampler: repetition penalty %g must be in (0, 2]", (double)p->repetition);
+    st->row.min_p = x->min_p;
+    st->penalties = *p;
+    if (!ms_sampler_penalties_off(p) && st->hist == NULL) {
+        st->hist = ms_calloc(1, sizeof *st->hist);
+        if (st->hist == NULL)
+            return MS_FAIL(err, MS_ERR_OOM, "sampler: out of memory for request %llu's history",
+                           (unsigned long long)rid);
+    }
+    return MS_OK;
+}
+
+ms_status ms_sample_res_observe(ms_sample_res *s, ms_rid rid, const int32_t *ids, int32_t n,
+                                bool prompt, ms_error *err) {
+    sample_state *st = ms_rid_map_get(&s->map, rid);
+    if (st == NULL)
+        return MS_FAIL(err, MS_ERR_NOT_FOUND, "sampler: unknown request %llu",
+                       (unsigned long long)rid);
+    if (st->hist == NULL)
+        return MS_OK;
+    for (int32_t i = 0; i < n; i++)
+        if (ids[i] >= 0 && hist_add(st->hist, ids[i], prompt) != MS_OK)
+            return MS_FAIL(err, MS_ERR_OOM, "sampler: out of memory for request %llu's history",
+                           (unsigned long long)rid);
+    return MS_OK;
 }

@@ -48,11 +48,38 @@ const ms_resource_i *ms_sample_res_iface(void);
 /*
  * Mix the guided rows of the planned step in place: logits [n_segments, vocab] host f32 in
  * segment order; for each segment i with rec->guide[i] = j >= 0, row i becomes the mixed log-probs
- * of rows i (cond) and j (uncond) under rid's guidance scale. *n_mixed = rows changed (the engine
- * copies them back to the backend). `index` is the sampler's resource index.
+ * of rows i (cond) and j (uncond) under rid's guidance scale. Then every row whose request has
+ * penalties (ms_sample_res_set_extra) gets them over its history (sampler.h
+ * ms_sampler_apply_penalties). *n_mixed = rows changed (the engine copies them back to the
+ * backend). `index` is the sampler's resource index.
  */
 void ms_sample_res_mix(const ms_sample_res *s, int index, const ms_step *step, float *logits,
                        int32_t vocab, int32_t *n_mixed);
+
+/* A request's sampling settings beyond ms_sampling_params (the server's min_p and penalties). */
+typedef struct ms_sample_extra {
+    float min_p;                    /* [0, 1]; 0 off (sampler.h ms_sample_row) */
+    ms_sampler_penalties penalties; /* presence / frequency in [-2, 2], repetition in (0, 2] */
+} ms_sample_extra;
+
+/*
+ * Set rid's extra settings (after its ingest, between steps). Penalties other than off make the
+ * request keep a token history (ms_sample_res_observe) that ms_sample_res_mix applies to its
+ * logits row before the backend samples (vLLM applies penalties before temperature too).
+ * Errors: MS_ERR_NOT_FOUND (unknown rid), MS_ERR_INVALID_ARG (a value out of range, named).
+ */
+ms_status ms_sample_res_set_extra(ms_sample_res *s, ms_rid rid, const ms_sample_extra *x,
+                                  ms_error *err);
+
+/*
+ * Add ids[0..n) to rid's token history: prompt ids (prompt: true; repetition penalty only) or
+ * generated ids (each counts once more for the frequency penalty). Call it with the prompt once,
+ * then with every new output id between steps (the engine does not see its own outputs here:
+ * the caller, the server's scheduler, owns the loop). A no-op for a request without penalties.
+ * Allocates (the history grows); errors: MS_ERR_NOT_FOUND, MS_ERR_OOM.
+ */
+ms_status ms_sample_res_observe(ms_sample_res *s, ms_rid rid, const int32_t *ids, int32_t n,
+                                bool prompt, ms_error *err);
 
 #ifdef __cplusplus
 }

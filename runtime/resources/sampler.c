@@ -110,36 +110,36 @@ static void select_top_k(cand *c, int32_t n, int32_t k) {
 
 /* ---- sampling ---- */
 
-ms_status ms_sampler_sample_row(const float *logits, int32_t vocab, const ms_sampling_params *p,
-                                uint64_t draw, void *scratch, int32_t *out_id, ms_error *err) {
-    MS_TRY(ms_sampler_check_params(p, err));
+/* Why a row cannot be sampled from (settings, emptiness, NaN); MS_OK when it can. */
+static ms_status row_check(const float *logits, int32_t vocab, const ms_sample_row *row,
+                           ms_error *err) {
+    MS_TRY(ms_sampler_check_params(&row->params, err));
+    if (!(row->min_p >= 0.0f && row->min_p <= 1.0f))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "sampling: min_p %g must be in [0, 1]",
+                       (double)row->min_p);
     if (vocab <= 0 || logits == NULL)
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "sampling: empty logits (vocab %d)", vocab);
     for (int32_t i = 0; i < vocab; i++)
         if (isnan(logits[i]))
             return MS_FAIL(err, MS_ERR_INTERNAL, "sampling: logit %d of %d is NaN", i, vocab);
-    int32_t best = ms_sampler_argmax(logits, vocab);
-    if (ms_sampler_is_greedy(p)) {
-        *out_id = best;
-        return MS_OK;
-    }
-    if (scratch == NULL)
-        return MS_FAIL(err, MS_ERR_INVALID_ARG,
-                       "sampling: scratch missing for non-greedy settings");
-    if (isinf(logits[best]) && logits[best] > 0) {
-        *out_id = best; /* an infinite logit takes all the mass */
-        return MS_OK;
-    }
+    return MS_OK;
+}
 
-    /* p_i = exp(z_i / T - max z / T) (HF: scores / T, then softmax) */
-    float *prob = scratch;
-    cand *c = (cand *)(prob + vocab);
+/*
+ * The kept distribution of a non-greedy row: prob[i] = exp(z_i / T - max z / T) (HF: scores / T,
+ * then softmax), kept where prob[i] >= *thr (top-k, then top-p, then min_p). Returns false when
+ * one id takes all the mass (an infinite logit, or max z / T overflows float): *best is it.
+ * c: vocab candidates of scratch.
+ */
+static bool kept_probs(const float *logits, int32_t vocab, const ms_sample_row *row, float *prob,
+                       cand *c, int32_t best, float *thr_out) {
+    const ms_sampling_params *p = &row->params;
+    if (isinf(logits[best]) && logits[best] > 0)
+        return false; /* an infinite logit takes all the mass */
     float inv_t = 1.0f / p->temperature;
     float zmax = logits[best] * inv_t;
-    if (!isfinite(zmax)) {
-        *out_id = best; /* max z / T overflows float: the max takes all the mass */
-        return MS_OK;
-    }
+    if (!isfinite(zmax))
+        return false; /* max z / T overflows float: the max takes all the mass */
     for (int32_t i = 0; i < vocab; i++)
         prob[i] = expf(logits[i] * inv_t - zmax);
 
@@ -176,6 +176,31 @@ ms_status ms_sampler_sample_row(const float *logits, int32_t vocab, const ms_sam
         }
         thr = fmaxf(thr, tau);
     }
+    /* min_p: relative to the maximum, whose p is exp(0) = 1 (HF MinPLogitsWarper: after top-p) */
+    thr = fmaxf(thr, row->min_p);
+    *thr_out = thr;
+    return true;
+}
+
+ms_status ms_sampler_sample(const float *logits, int32_t vocab, const ms_sample_row *row,
+                            void *scratch, int32_t *out_id, ms_error *err) {
+    MS_TRY(row_check(logits, vocab, row, err));
+    const ms_sampling_params *p = &row->params;
+    int32_t best = ms_sampler_argmax(logits, vocab);
+    if (ms_sampler_is_greedy(p)) {
+        *out_id = best;
+        return MS_OK;
+    }
+    if (scratch == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "sampling: scratch missing for non-greedy settings");
+    float *prob = scratch;
+    cand *c = (cand *)(prob + vocab);
+    float thr;
+    if (!kept_probs(logits, vocab, row, prob, c, best, &thr)) {
+        *out_id = best;
+        return MS_OK;
+    }
 
     /* one uniform, inverse CDF over the kept ids in vocabulary order (a device sampler draws the
      * same way without sorting) */
@@ -183,7 +208,7 @@ ms_status ms_sampler_sample_row(const float *logits, int32_t vocab, const ms_sam
     for (int32_t i = 0; i < vocab; i++)
         if (prob[i] >= thr)
             total += prob[i];
-    double r = (double)ms_sampler_uniform(p->seed, draw) * total, cdf = 0.0;
+    double r = (double)ms_sampler_uniform(p->seed, row->draw) * total, cdf = 0.0;
     int32_t last = best;
     for (int32_t i = 0; i < vocab; i++) {
         if (!(prob[i] >= thr))
@@ -197,4 +222,87 @@ ms_status ms_sampler_sample_row(const float *logits, int32_t vocab, const ms_sam
     }
     *out_id = last; /* rounding */
     return MS_OK;
+}
+
+ms_status ms_sampler_sample_row(const float *logits, int32_t vocab, const ms_sampling_params *p,
+                                uint64_t draw, void *scratch, int32_t *out_id, ms_error *err) {
+    if (p == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "sampling: parameters missing");
+    ms_sample_row row = {.params = *p, .draw = draw, .min_p = 0.0f};
+    return ms_sampler_sample(logits, vocab, &row, scratch, out_id, err);
+}
+
+ms_status ms_sampler_logprobs(const float *logits, int32_t vocab, const ms_sample_row *row,
+                              void *scratch, int32_t id, int32_t top_n, float *lp_id,
+                              int32_t *top_ids, float *top_lps, int32_t *n_top, ms_error *err) {
+    *n_top = 0;
+    MS_TRY(row_check(logits, vocab, row, err));
+    if (id < 0 || id >= vocab)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "logprobs: id %d outside the vocabulary [0, %d)",
+                       (int)id, (int)vocab);
+    if (scratch == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "logprobs: scratch missing");
+    float *prob = scratch;
+    cand *c = (cand *)(prob + vocab);
+    int32_t best = ms_sampler_argmax(logits, vocab);
+    float thr = 0.0f;
+    bool spread = true;
+    if (ms_sampler_is_greedy(&row->params)) {
+        /* the model's distribution: softmax(z), nothing truncated */
+        if (isinf(logits[best]) && logits[best] > 0) {
+            spread = false;
+        } else {
+            for (int32_t i = 0; i < vocab; i++)
+                prob[i] = expf(logits[i] - logits[best]);
+        }
+    } else {
+        spread = kept_probs(logits, vocab, row, prob, c, best, &thr);
+    }
+    if (!spread) { /* one id holds all the mass */
+        for (int32_t i = 0; i < vocab; i++)
+            prob[i] = i == best ? 1.0f : 0.0f;
+        thr = 1.0f;
+    }
+    double total = 0.0;
+    int32_t n = 0;
+    for (int32_t i = 0; i < vocab; i++)
+        if (prob[i] >= thr && prob[i] > 0.0f) {
+            total += prob[i];
+            c[n++] = (cand){prob[i], i};
+        }
+    double log_total = log(total);
+    *lp_id = prob[id] >= thr && prob[id] > 0.0f ? (float)(log((double)prob[id]) - log_total)
+                                                : MS_SAMPLER_LOGPROB_FLOOR;
+    int32_t k = MS_MIN(MS_MAX(top_n, 0), n);
+    if (k > 0) {
+        select_top_k(c, n, k);
+        for (int32_t i = 0; i < k; i++) {
+            top_ids[i] = c[i].id;
+            top_lps[i] = (float)(log((double)c[i].p) - log_total);
+        }
+    }
+    *n_top = k;
+    return MS_OK;
+}
+
+/* ---- penalties ---- */
+
+bool ms_sampler_penalties_off(const ms_sampler_penalties *p) {
+    return p->presence == 0.0f && p->frequency == 0.0f && p->repetition == 1.0f;
+}
+
+void ms_sampler_apply_penalties(float *logits, int32_t vocab, const ms_sampler_penalties *p,
+                                const int32_t *ids, const int32_t *out_counts,
+                                const uint8_t *in_prompt, int32_t n) {
+    for (int32_t k = 0; k < n; k++) {
+        int32_t j = ids[k];
+        if (j < 0 || j >= vocab)
+            continue;
+        float z = logits[j];
+        if (p->repetition != 1.0f && (in_prompt[k] || out_counts[k] > 0))
+            z = z > 0.0f ? z / p->repetition : z * p->repetition;
+        if (out_counts[k] > 0)
+            z -= p->frequency * (float)out_counts[k] + p->presence;
+        logits[j] = z;
+    }
 }

@@ -1,6 +1,6 @@
 /*
  * sampler.h - host-side sampling parameters and the float32 CPU sampler (greedy, temperature,
- * top-k, top-p), seeded and reproducible.
+ * top-k, top-p, min-p), seeded and reproducible; penalties and log-probabilities over host rows.
  *
  * Ownership: ms_sampler_* functions borrow their arguments; the caller owns logits, scratch and
  * outputs. Nothing here allocates: the scratch a row needs is sized by ms_sampler_scratch_size and
@@ -67,7 +67,34 @@ static inline ms_sampling_params ms_sampling_greedy(void) {
 typedef struct ms_sample_row {
     ms_sampling_params params;
     uint64_t draw; /* tokens this request sampled before (selects the uniform) */
+    float min_p;   /* [0, 1]; 0 off: keep p_i >= min_p * max p (after top-k / top-p) */
 } ms_sample_row;
+
+/*
+ * Penalties on a row's logits before temperature, as vLLM's apply_penalties
+ * (vllm/model_executor/layers/utils.py) and OpenAI's documented formula
+ * (platform.openai.com/docs/advanced-usage, "frequency and presence penalties"):
+ *   z_j -= frequency * c_j + presence * (c_j > 0)    c_j = times j was generated so far
+ *   z_j  = z_j > 0 ? z_j / repetition : z_j * repetition   for j in the prompt or generated
+ * (repetition: the CTRL paper's penalty, as HF's RepetitionPenaltyLogitsProcessor and vLLM).
+ */
+typedef struct ms_sampler_penalties {
+    float presence;   /* [-2, 2]; 0 off */
+    float frequency;  /* [-2, 2]; 0 off */
+    float repetition; /* (0, 2]; 1 off */
+} ms_sampler_penalties;
+
+/* True when p changes nothing (presence 0, frequency 0, repetition 1). */
+bool ms_sampler_penalties_off(const ms_sampler_penalties *p);
+
+/*
+ * Apply p to logits[0..vocab) in place for the n distinct tokens ids[0..n) of a request's
+ * history: out_counts[k] times ids[k] was generated, in_prompt[k] != 0 when it is in the prompt.
+ * Ids outside [0, vocab) are skipped. Allocates nothing.
+ */
+void ms_sampler_apply_penalties(float *logits, int32_t vocab, const ms_sampler_penalties *p,
+                                const int32_t *ids, const int32_t *out_counts,
+                                const uint8_t *in_prompt, int32_t n);
 
 /* True when the settings reduce to argmax (temperature < MS_SAMPLER_MIN_TEMPERATURE, 0 included,
  * or top_k 1). */
@@ -98,6 +125,30 @@ int32_t ms_sampler_argmax(const float *logits, int32_t n);
  */
 ms_status ms_sampler_sample_row(const float *logits, int32_t vocab, const ms_sampling_params *p,
                                 uint64_t draw, void *scratch, int32_t *out_id, ms_error *err);
+
+/* ms_sampler_sample_row with a batch row's settings, min_p included (a min_p outside [0, 1] is
+ * MS_ERR_INVALID_ARG). min_p is applied after top-k and top-p, as HF's MinPLogitsWarper comes
+ * after TopPLogitsWarper: kept are the ids with p_i >= min_p (p_i = exp(z_i / T - max z / T), so
+ * the maximum's p is 1) among those top-k / top-p keep. */
+ms_status ms_sampler_sample(const float *logits, int32_t vocab, const ms_sample_row *row,
+                            void *scratch, int32_t *out_id, ms_error *err);
+
+/*
+ * Log-probabilities of the distribution row's settings sample from (sglang PR #2664: logprobs
+ * must be those of the sampled distribution, as vLLM's logprobs_mode "processed_logprobs"):
+ * log(p_i / sum of kept p) over the ids temperature, top-k, top-p and min_p keep, computed as
+ * ms_sampler_sample computes p. Greedy settings sample from a point mass, which says nothing:
+ * they report the model's distribution, log_softmax(z) (temperature 1, nothing truncated), as
+ * vLLM's default raw logprobs. *lp_id = id's log-probability (MS_SAMPLER_LOGPROB_FLOOR when id is
+ * not kept: vLLM's OpenAI server writes -9999.0 for -inf); top_ids / top_lps [top_n] the top_n
+ * most probable kept ids (probability descending, id ascending on ties), *n_top how many were
+ * written (fewer when fewer are kept). scratch: ms_sampler_scratch_size(vocab) bytes.
+ * Errors: as ms_sampler_sample (bad settings, NaN logits, id outside the vocabulary).
+ */
+#define MS_SAMPLER_LOGPROB_FLOOR (-9999.0f)
+ms_status ms_sampler_logprobs(const float *logits, int32_t vocab, const ms_sample_row *row,
+                              void *scratch, int32_t id, int32_t top_n, float *lp_id,
+                              int32_t *top_ids, float *top_lps, int32_t *n_top, ms_error *err);
 
 #ifdef __cplusplus
 }

@@ -195,6 +195,8 @@ typedef struct ms_sample_params {
     int n_rows;
     int vocab;
     int stride;
+    const float *min_p;        /* [n_rows] in [0, 1], 0: off; kept also needs
+                                  exp((l - max) / T) >= min_p (after top-k / top-p, sampler.h) */
 } ms_sample_params;
 
 /* ---- elementwise helpers (convert, add, gather_rows; encoder: gelu, bias_add) ---- */

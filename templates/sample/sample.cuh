@@ -6,7 +6,8 @@
  * the top-p threshold exactly one of the logits. Each bisection step is one pass over the row
  * with a block reduction: 32 passes for top-k (counts) and 32 for top-p (masses). The final draw
  * walks the kept tokens in vocabulary order: per-thread contiguous chunks, a block scan of the
- * chunk masses, then one thread scans its chunk. Semantics: see ms_sample_params in params.h.
+ * chunk masses, then one thread scans its chunk. min_p is a per-token test in the draw (the
+ * maximum's p is 1, so no search is needed). Semantics: see ms_sample_params in params.h.
  */
 #pragma once
 
@@ -97,6 +98,7 @@ template <typename TL> __device__ __forceinline__ void sample(const ms_sample_pa
     const int k = p.top_k[r];
     const float top_p = p.top_p[r];
     const float u = p.uniform[r];
+    const float min_p = p.min_p != nullptr ? p.min_p[r] : 0.f; /* 0: exp2f(.) >= 0 always */
 
     float mx = neg_inf();
     int nan = 0;
@@ -162,10 +164,12 @@ template <typename TL> __device__ __forceinline__ void sample(const ms_sample_pa
     const int c0 = threadIdx.x * chunk, c1 = min(vocab, c0 + chunk);
     float mine = 0.f;
     int last_kept = -1;
+    /* min_p (after top-k / top-p, as the CPU sampler): also keep only exp((l - mx) / T) >= min_p */
     for (int i = c0; i < c1; i++) {
         float l = to_float(row[i]);
-        if (order_key(l) >= lo) {
-            mine += exp2f((l - mx) * sc);
+        float e = exp2f((l - mx) * sc);
+        if (order_key(l) >= lo && e >= min_p) {
+            mine += e;
             last_kept = i;
         }
     }
@@ -189,8 +193,9 @@ template <typename TL> __device__ __forceinline__ void sample(const ms_sample_pa
         float run = before;
         for (int i = c0; i < c1; i++) {
             float l = to_float(row[i]);
-            if (order_key(l) >= lo) {
-                run += exp2f((l - mx) * sc);
+            float e = exp2f((l - mx) * sc);
+            if (order_key(l) >= lo && e >= min_p) {
+                run += e;
                 if (target < run) {
                     found = i;
                     break;

@@ -177,7 +177,7 @@ static ms_status llama_dense_config_load(const ms_hf_config *hf, void *out, ms_e
     return MS_OK;
 }
 
-static ms_status llama_dense_facts(const void *config, ms_md_facts *out, ms_error *err) {
+static ms_status llama_dense_decoder_facts(const void *config, ms_md_facts *out, ms_error *err) {
     (void)err;
     const llama_dense_config *c = config;
     memset(out, 0, sizeof *out);
@@ -554,8 +554,8 @@ static const ms_md_resource llama_dense_decoder_resources[] = {
 static const char *const llama_dense_decoder_labels[] = {"main", "draft", "cfg_uncond", "cfg"};
 
 /* step prefill */
-static ms_status llama_dense_run_prefill(const void *config, const ms_md_row *rows, int32_t n_rows,
-                                         ms_md_step_build *b, ms_error *err) {
+static ms_status llama_dense_decoder_run_prefill(const void *config, const ms_md_row *rows, int32_t n_rows,
+                                                 ms_md_step_build *b, ms_error *err) {
     const llama_dense_config *c = config;
     (void)c;
     ms_md_step_begin(b, "prefill", rows);
@@ -569,8 +569,8 @@ static ms_status llama_dense_run_prefill(const void *config, const ms_md_row *ro
 }
 
 /* step decode */
-static ms_status llama_dense_run_decode(const void *config, const ms_md_row *rows, int32_t n_rows,
-                                        ms_md_step_build *b, ms_error *err) {
+static ms_status llama_dense_decoder_run_decode(const void *config, const ms_md_row *rows, int32_t n_rows,
+                                                ms_md_step_build *b, ms_error *err) {
     const llama_dense_config *c = config;
     (void)c;
     ms_md_step_begin(b, "decode", rows);
@@ -585,8 +585,8 @@ static ms_status llama_dense_run_decode(const void *config, const ms_md_row *row
 
 /* step prefill_guided */
 static const ms_combined_label llama_dense_prefill_guided_combined[] = {{{0, 2}, 2, 3}}; /* -> cfg */
-static ms_status llama_dense_run_prefill_guided(const void *config, const ms_md_row *rows, int32_t n_rows,
-                                                ms_md_step_build *b, ms_error *err) {
+static ms_status llama_dense_decoder_run_prefill_guided(const void *config, const ms_md_row *rows, int32_t n_rows,
+                                                        ms_md_step_build *b, ms_error *err) {
     const llama_dense_config *c = config;
     (void)c;
     ms_md_step_begin(b, "prefill_guided", rows);
@@ -603,8 +603,8 @@ static ms_status llama_dense_run_prefill_guided(const void *config, const ms_md_
 
 /* step decode_guided */
 static const ms_combined_label llama_dense_decode_guided_combined[] = {{{0, 2}, 2, 3}}; /* -> cfg */
-static ms_status llama_dense_run_decode_guided(const void *config, const ms_md_row *rows, int32_t n_rows,
-                                               ms_md_step_build *b, ms_error *err) {
+static ms_status llama_dense_decoder_run_decode_guided(const void *config, const ms_md_row *rows, int32_t n_rows,
+                                                       ms_md_step_build *b, ms_error *err) {
     const llama_dense_config *c = config;
     (void)c;
     ms_md_step_begin(b, "decode_guided", rows);
@@ -620,8 +620,8 @@ static ms_status llama_dense_run_decode_guided(const void *config, const ms_md_r
 }
 
 /* step refine */
-static ms_status llama_dense_run_refine(const void *config, const ms_md_row *rows, int32_t n_rows,
-                                        ms_md_step_build *b, ms_error *err) {
+static ms_status llama_dense_decoder_run_refine(const void *config, const ms_md_row *rows, int32_t n_rows,
+                                                ms_md_step_build *b, ms_error *err) {
     const llama_dense_config *c = config;
     (void)c;
     ms_md_step_begin(b, "refine", rows);
@@ -635,8 +635,8 @@ static ms_status llama_dense_run_refine(const void *config, const ms_md_row *row
 }
 
 /* step commit_block */
-static ms_status llama_dense_run_commit_block(const void *config, const ms_md_row *rows, int32_t n_rows,
-                                              ms_md_step_build *b, ms_error *err) {
+static ms_status llama_dense_decoder_run_commit_block(const void *config, const ms_md_row *rows, int32_t n_rows,
+                                                      ms_md_step_build *b, ms_error *err) {
     const llama_dense_config *c = config;
     (void)c;
     ms_md_step_begin(b, "commit_block", rows);
@@ -651,8 +651,8 @@ static ms_status llama_dense_run_commit_block(const void *config, const ms_md_ro
 
 /* step branch */
 static const ms_fork llama_dense_branch_pre_forks[] = {{0, 1}};
-static ms_status llama_dense_run_branch(const void *config, const ms_md_row *rows, int32_t n_rows,
-                                        ms_md_step_build *b, ms_error *err) {
+static ms_status llama_dense_decoder_run_branch(const void *config, const ms_md_row *rows, int32_t n_rows,
+                                                ms_md_step_build *b, ms_error *err) {
     const llama_dense_config *c = config;
     (void)c;
     ms_md_step_begin(b, "branch", rows);
@@ -672,7 +672,7 @@ static const ms_md_step llama_dense_decoder_steps[] = {
         .labels = {0},
         .explicit_positions = false,
         .all_logits = false,
-        .run = llama_dense_run_prefill,
+        .run = llama_dense_decoder_run_prefill,
         .capture_by_tokens = true,
         .buckets = {32, 64, 128, 256, 512, 1024, 2048},
         .n_buckets = 7,
@@ -683,7 +683,7 @@ static const ms_md_step llama_dense_decoder_steps[] = {
         .labels = {0},
         .explicit_positions = false,
         .all_logits = false,
-        .run = llama_dense_run_decode,
+        .run = llama_dense_decoder_run_decode,
         .capture_by_tokens = false,
         .buckets = {1, 2, 4, 8, 16, 32, 64, 128, 256},
         .n_buckets = 9,
@@ -694,7 +694,7 @@ static const ms_md_step llama_dense_decoder_steps[] = {
         .labels = {0, 2},
         .explicit_positions = false,
         .all_logits = false,
-        .run = llama_dense_run_prefill_guided,
+        .run = llama_dense_decoder_run_prefill_guided,
         .capture_by_tokens = false,
         .buckets = {0},
         .n_buckets = 0,
@@ -705,7 +705,7 @@ static const ms_md_step llama_dense_decoder_steps[] = {
         .labels = {0, 2},
         .explicit_positions = false,
         .all_logits = false,
-        .run = llama_dense_run_decode_guided,
+        .run = llama_dense_decoder_run_decode_guided,
         .capture_by_tokens = false,
         .buckets = {0},
         .n_buckets = 0,
@@ -716,7 +716,7 @@ static const ms_md_step llama_dense_decoder_steps[] = {
         .labels = {0},
         .explicit_positions = false,
         .all_logits = true,
-        .run = llama_dense_run_refine,
+        .run = llama_dense_decoder_run_refine,
         .capture_by_tokens = false,
         .buckets = {0},
         .n_buckets = 0,
@@ -727,7 +727,7 @@ static const ms_md_step llama_dense_decoder_steps[] = {
         .labels = {0},
         .explicit_positions = false,
         .all_logits = true,
-        .run = llama_dense_run_commit_block,
+        .run = llama_dense_decoder_run_commit_block,
         .capture_by_tokens = false,
         .buckets = {0},
         .n_buckets = 0,
@@ -738,7 +738,7 @@ static const ms_md_step llama_dense_decoder_steps[] = {
         .labels = {0},
         .explicit_positions = false,
         .all_logits = false,
-        .run = llama_dense_run_branch,
+        .run = llama_dense_decoder_run_branch,
         .capture_by_tokens = false,
         .buckets = {0},
         .n_buckets = 0,
@@ -760,65 +760,65 @@ static const ms_md_walk llama_dense_walks[] = {
  * dead and the next one has the same shape), each slice 64-byte aligned; capacities T
  * tokens and S sequences. */
 enum {
-    B_X = 0,
-    B_H,
-    B_WQ_WK_WV,
-    B_ATTN,
-    B_H2,
-    B_W_GATE_W_UP,
-    B_X_LAST,
-    B_TMP,
-    B_COUNT
+    B_DECODER_X = 0,
+    B_DECODER_H,
+    B_DECODER_WQ_WK_WV,
+    B_DECODER_ATTN,
+    B_DECODER_H2,
+    B_DECODER_W_GATE_W_UP,
+    B_DECODER_X_LAST,
+    B_DECODER_TMP,
+    B_DECODER_COUNT
 };
 
-static size_t llama_dense_layout(const llama_dense_config *c, int32_t T, int32_t S, size_t *off) {
-    size_t sizes[B_COUNT];
-    sizes[B_X] = (size_t)T * (size_t)(c->hidden_size); /* x */
-    sizes[B_H] = (size_t)T * (size_t)(c->hidden_size); /* h, t */
-    sizes[B_WQ_WK_WV] = (size_t)T * (size_t)(c->q_dim + c->kv_dim + c->kv_dim); /* wq_wk_wv */
-    sizes[B_ATTN] = (size_t)T * (size_t)(c->q_dim); /* attn */
-    sizes[B_H2] = (size_t)T * (size_t)(c->hidden_size); /* h, t */
-    sizes[B_W_GATE_W_UP] = (size_t)T * (size_t)(c->intermediate_size + c->intermediate_size); /* w_gate_w_up */
-    sizes[B_X_LAST] = (size_t)S * (size_t)(c->hidden_size); /* x_last */
-    sizes[B_TMP] = (size_t)S * (size_t)(c->hidden_size); /* tmp */
+static size_t llama_dense_decoder_layout(const llama_dense_config *c, int32_t T, int32_t S, size_t *off) {
+    size_t sizes[B_DECODER_COUNT];
+    sizes[B_DECODER_X] = (size_t)T * (size_t)(c->hidden_size); /* x */
+    sizes[B_DECODER_H] = (size_t)T * (size_t)(c->hidden_size); /* h, t */
+    sizes[B_DECODER_WQ_WK_WV] = (size_t)T * (size_t)(c->q_dim + c->kv_dim + c->kv_dim); /* wq_wk_wv */
+    sizes[B_DECODER_ATTN] = (size_t)T * (size_t)(c->q_dim); /* attn */
+    sizes[B_DECODER_H2] = (size_t)T * (size_t)(c->hidden_size); /* h, t */
+    sizes[B_DECODER_W_GATE_W_UP] = (size_t)T * (size_t)(c->intermediate_size + c->intermediate_size); /* w_gate_w_up */
+    sizes[B_DECODER_X_LAST] = (size_t)S * (size_t)(c->hidden_size); /* x_last */
+    sizes[B_DECODER_TMP] = (size_t)S * (size_t)(c->hidden_size); /* tmp */
     (void)c;
     (void)T;
     (void)S;
     size_t n = 0;
-    for (int b = 0; b < B_COUNT; b++) {
+    for (int b = 0; b < B_DECODER_COUNT; b++) {
         off[b] = n;
         n += (sizes[b] + 15) / 16 * 16;
     }
     return n * sizeof(float);
 }
 
-static size_t llama_dense_workspace_size(const void *config, int32_t max_tokens, int32_t max_seqs) {
-    size_t off[B_COUNT];
-    return llama_dense_layout(config, max_tokens, max_seqs, off);
+static size_t llama_dense_decoder_workspace_size(const void *config, int32_t max_tokens, int32_t max_seqs) {
+    size_t off[B_DECODER_COUNT];
+    return llama_dense_decoder_layout(config, max_tokens, max_seqs, off);
 }
 
-static ms_status llama_dense_forward(const ms_md_forward_args *a, ms_error *err) {
+static ms_status llama_dense_decoder_forward(const ms_md_forward_args *a, ms_error *err) {
     const llama_dense_config *c = a->config;
     const ms_backend *be = a->be;
     const ms_backend_i *f = &be->iface;
     void *cx = be->ctx;
     const int64_t T = a->batch->n_tokens;
     const int64_t S = a->out_rows != NULL ? a->out_rows->shape[0] : a->batch->n_seqs;
-    size_t off[B_COUNT];
-    llama_dense_layout(c, a->max_tokens, a->max_seqs, off);
+    size_t off[B_DECODER_COUNT];
+    llama_dense_decoder_layout(c, a->max_tokens, a->max_seqs, off);
     float *ws = a->workspace;
     (void)be;
     (void)S;
 
     /* planned buffers */
-    ms_tensor t_x = ms_tensor_2d(ws + off[B_X], MS_DTYPE_F32, T, c->hidden_size);
-    ms_tensor t_h = ms_tensor_2d(ws + off[B_H], MS_DTYPE_F32, T, c->hidden_size);
-    ms_tensor t_wq_wk_wv = ms_tensor_2d(ws + off[B_WQ_WK_WV], MS_DTYPE_F32, T, c->q_dim + c->kv_dim + c->kv_dim);
-    ms_tensor t_attn = ms_tensor_2d(ws + off[B_ATTN], MS_DTYPE_F32, T, c->q_dim);
-    ms_tensor t_h2 = ms_tensor_2d(ws + off[B_H2], MS_DTYPE_F32, T, c->hidden_size);
-    ms_tensor t_w_gate_w_up = ms_tensor_2d(ws + off[B_W_GATE_W_UP], MS_DTYPE_F32, T, c->intermediate_size + c->intermediate_size);
-    ms_tensor t_x_last = ms_tensor_2d(ws + off[B_X_LAST], MS_DTYPE_F32, S, c->hidden_size);
-    ms_tensor t_tmp = ms_tensor_2d(ws + off[B_TMP], MS_DTYPE_F32, S, c->hidden_size);
+    ms_tensor t_x = ms_tensor_2d(ws + off[B_DECODER_X], MS_DTYPE_F32, T, c->hidden_size);
+    ms_tensor t_h = ms_tensor_2d(ws + off[B_DECODER_H], MS_DTYPE_F32, T, c->hidden_size);
+    ms_tensor t_wq_wk_wv = ms_tensor_2d(ws + off[B_DECODER_WQ_WK_WV], MS_DTYPE_F32, T, c->q_dim + c->kv_dim + c->kv_dim);
+    ms_tensor t_attn = ms_tensor_2d(ws + off[B_DECODER_ATTN], MS_DTYPE_F32, T, c->q_dim);
+    ms_tensor t_h2 = ms_tensor_2d(ws + off[B_DECODER_H2], MS_DTYPE_F32, T, c->hidden_size);
+    ms_tensor t_w_gate_w_up = ms_tensor_2d(ws + off[B_DECODER_W_GATE_W_UP], MS_DTYPE_F32, T, c->intermediate_size + c->intermediate_size);
+    ms_tensor t_x_last = ms_tensor_2d(ws + off[B_DECODER_X_LAST], MS_DTYPE_F32, S, c->hidden_size);
+    ms_tensor t_tmp = ms_tensor_2d(ws + off[B_DECODER_TMP], MS_DTYPE_F32, S, c->hidden_size);
     /* views */
     ms_tensor t_q = ms_tensor_slice(&t_wq_wk_wv, 1, 0, c->q_dim);
     ms_tensor t_k = ms_tensor_slice(&t_wq_wk_wv, 1, c->q_dim, c->kv_dim);
@@ -889,8 +889,9 @@ static const ms_md_node llama_dense_nodes[] = {
         .n_resources = (int32_t)MS_ARRAY_LEN(llama_dense_decoder_resources),
         .steps = llama_dense_decoder_steps,
         .n_steps = (int32_t)MS_ARRAY_LEN(llama_dense_decoder_steps),
-        .workspace_size = llama_dense_workspace_size,
-        .forward = llama_dense_forward,
+        .workspace_size = llama_dense_decoder_workspace_size,
+        .forward = llama_dense_decoder_forward,
+        .facts = llama_dense_decoder_facts,
     },
 };
 
@@ -922,7 +923,7 @@ const ms_model_desc ms_llama_dense_desc = {
     .source = "tests/codegen/dense.mstar",
     .config_size = sizeof(llama_dense_config),
     .config_load = llama_dense_config_load,
-    .facts = llama_dense_facts,
+    .facts = llama_dense_decoder_facts,
     .weights = llama_dense_weights,
     .n_weights = W_COUNT,
     .weight_shape = llama_dense_weight_shape,

@@ -140,7 +140,7 @@ static ms_status mrope_config_load(const ms_hf_config *hf, void *out, ms_error *
     return MS_OK;
 }
 
-static ms_status mrope_facts(const void *config, ms_md_facts *out, ms_error *err) {
+static ms_status mrope_decoder_facts(const void *config, ms_md_facts *out, ms_error *err) {
     (void)err;
     const mrope_config *c = config;
     memset(out, 0, sizeof *out);
@@ -514,8 +514,8 @@ static const ms_md_resource mrope_decoder_resources[] = {
 static const char *const mrope_decoder_labels[] = {"main"};
 
 /* step prefill */
-static ms_status mrope_run_prefill(const void *config, const ms_md_row *rows, int32_t n_rows,
-                                   ms_md_step_build *b, ms_error *err) {
+static ms_status mrope_decoder_run_prefill(const void *config, const ms_md_row *rows, int32_t n_rows,
+                                           ms_md_step_build *b, ms_error *err) {
     const mrope_config *c = config;
     (void)c;
     ms_md_step_begin(b, "prefill", rows);
@@ -529,8 +529,8 @@ static ms_status mrope_run_prefill(const void *config, const ms_md_row *rows, in
 }
 
 /* step decode */
-static ms_status mrope_run_decode(const void *config, const ms_md_row *rows, int32_t n_rows,
-                                  ms_md_step_build *b, ms_error *err) {
+static ms_status mrope_decoder_run_decode(const void *config, const ms_md_row *rows, int32_t n_rows,
+                                          ms_md_step_build *b, ms_error *err) {
     const mrope_config *c = config;
     (void)c;
     ms_md_step_begin(b, "decode", rows);
@@ -550,7 +550,7 @@ static const ms_md_step mrope_decoder_steps[] = {
         .labels = {0},
         .explicit_positions = true,
         .all_logits = false,
-        .run = mrope_run_prefill,
+        .run = mrope_decoder_run_prefill,
         .capture_by_tokens = false,
         .buckets = {0},
         .n_buckets = 0,
@@ -561,7 +561,7 @@ static const ms_md_step mrope_decoder_steps[] = {
         .labels = {0},
         .explicit_positions = false,
         .all_logits = false,
-        .run = mrope_run_decode,
+        .run = mrope_decoder_run_decode,
         .capture_by_tokens = false,
         .buckets = {0},
         .n_buckets = 0,
@@ -581,65 +581,65 @@ static const ms_md_walk mrope_walks[] = {
  * dead and the next one has the same shape), each slice 64-byte aligned; capacities T
  * tokens and S sequences. */
 enum {
-    B_X = 0,
-    B_H,
-    B_WQ_WK_WV,
-    B_ATTN,
-    B_H2,
-    B_W_GATE_W_UP,
-    B_X_LAST,
-    B_TMP,
-    B_COUNT
+    B_DECODER_X = 0,
+    B_DECODER_H,
+    B_DECODER_WQ_WK_WV,
+    B_DECODER_ATTN,
+    B_DECODER_H2,
+    B_DECODER_W_GATE_W_UP,
+    B_DECODER_X_LAST,
+    B_DECODER_TMP,
+    B_DECODER_COUNT
 };
 
-static size_t mrope_layout(const mrope_config *c, int32_t T, int32_t S, size_t *off) {
-    size_t sizes[B_COUNT];
-    sizes[B_X] = (size_t)T * (size_t)(c->hidden_size); /* x */
-    sizes[B_H] = (size_t)T * (size_t)(c->hidden_size); /* h, t */
-    sizes[B_WQ_WK_WV] = (size_t)T * (size_t)(c->q_dim + c->kv_dim + c->kv_dim); /* wq_wk_wv */
-    sizes[B_ATTN] = (size_t)T * (size_t)(c->q_dim); /* attn */
-    sizes[B_H2] = (size_t)T * (size_t)(c->hidden_size); /* h, t */
-    sizes[B_W_GATE_W_UP] = (size_t)T * (size_t)(c->intermediate_size + c->intermediate_size); /* w_gate_w_up */
-    sizes[B_X_LAST] = (size_t)S * (size_t)(c->hidden_size); /* x_last */
-    sizes[B_TMP] = (size_t)S * (size_t)(c->hidden_size); /* tmp */
+static size_t mrope_decoder_layout(const mrope_config *c, int32_t T, int32_t S, size_t *off) {
+    size_t sizes[B_DECODER_COUNT];
+    sizes[B_DECODER_X] = (size_t)T * (size_t)(c->hidden_size); /* x */
+    sizes[B_DECODER_H] = (size_t)T * (size_t)(c->hidden_size); /* h, t */
+    sizes[B_DECODER_WQ_WK_WV] = (size_t)T * (size_t)(c->q_dim + c->kv_dim + c->kv_dim); /* wq_wk_wv */
+    sizes[B_DECODER_ATTN] = (size_t)T * (size_t)(c->q_dim); /* attn */
+    sizes[B_DECODER_H2] = (size_t)T * (size_t)(c->hidden_size); /* h, t */
+    sizes[B_DECODER_W_GATE_W_UP] = (size_t)T * (size_t)(c->intermediate_size + c->intermediate_size); /* w_gate_w_up */
+    sizes[B_DECODER_X_LAST] = (size_t)S * (size_t)(c->hidden_size); /* x_last */
+    sizes[B_DECODER_TMP] = (size_t)S * (size_t)(c->hidden_size); /* tmp */
     (void)c;
     (void)T;
     (void)S;
     size_t n = 0;
-    for (int b = 0; b < B_COUNT; b++) {
+    for (int b = 0; b < B_DECODER_COUNT; b++) {
         off[b] = n;
         n += (sizes[b] + 15) / 16 * 16;
     }
     return n * sizeof(float);
 }
 
-static size_t mrope_workspace_size(const void *config, int32_t max_tokens, int32_t max_seqs) {
-    size_t off[B_COUNT];
-    return mrope_layout(config, max_tokens, max_seqs, off);
+static size_t mrope_decoder_workspace_size(const void *config, int32_t max_tokens, int32_t max_seqs) {
+    size_t off[B_DECODER_COUNT];
+    return mrope_decoder_layout(config, max_tokens, max_seqs, off);
 }
 
-static ms_status mrope_forward(const ms_md_forward_args *a, ms_error *err) {
+static ms_status mrope_decoder_forward(const ms_md_forward_args *a, ms_error *err) {
     const mrope_config *c = a->config;
     const ms_backend *be = a->be;
     const ms_backend_i *f = &be->iface;
     void *cx = be->ctx;
     const int64_t T = a->batch->n_tokens;
     const int64_t S = a->out_rows != NULL ? a->out_rows->shape[0] : a->batch->n_seqs;
-    size_t off[B_COUNT];
-    mrope_layout(c, a->max_tokens, a->max_seqs, off);
+    size_t off[B_DECODER_COUNT];
+    mrope_decoder_layout(c, a->max_tokens, a->max_seqs, off);
     float *ws = a->workspace;
     (void)be;
     (void)S;
 
     /* planned buffers */
-    ms_tensor t_x = ms_tensor_2d(ws + off[B_X], MS_DTYPE_F32, T, c->hidden_size);
-    ms_tensor t_h = ms_tensor_2d(ws + off[B_H], MS_DTYPE_F32, T, c->hidden_size);
-    ms_tensor t_wq_wk_wv = ms_tensor_2d(ws + off[B_WQ_WK_WV], MS_DTYPE_F32, T, c->q_dim + c->kv_dim + c->kv_dim);
-    ms_tensor t_attn = ms_tensor_2d(ws + off[B_ATTN], MS_DTYPE_F32, T, c->q_dim);
-    ms_tensor t_h2 = ms_tensor_2d(ws + off[B_H2], MS_DTYPE_F32, T, c->hidden_size);
-    ms_tensor t_w_gate_w_up = ms_tensor_2d(ws + off[B_W_GATE_W_UP], MS_DTYPE_F32, T, c->intermediate_size + c->intermediate_size);
-    ms_tensor t_x_last = ms_tensor_2d(ws + off[B_X_LAST], MS_DTYPE_F32, S, c->hidden_size);
-    ms_tensor t_tmp = ms_tensor_2d(ws + off[B_TMP], MS_DTYPE_F32, S, c->hidden_size);
+    ms_tensor t_x = ms_tensor_2d(ws + off[B_DECODER_X], MS_DTYPE_F32, T, c->hidden_size);
+    ms_tensor t_h = ms_tensor_2d(ws + off[B_DECODER_H], MS_DTYPE_F32, T, c->hidden_size);
+    ms_tensor t_wq_wk_wv = ms_tensor_2d(ws + off[B_DECODER_WQ_WK_WV], MS_DTYPE_F32, T, c->q_dim + c->kv_dim + c->kv_dim);
+    ms_tensor t_attn = ms_tensor_2d(ws + off[B_DECODER_ATTN], MS_DTYPE_F32, T, c->q_dim);
+    ms_tensor t_h2 = ms_tensor_2d(ws + off[B_DECODER_H2], MS_DTYPE_F32, T, c->hidden_size);
+    ms_tensor t_w_gate_w_up = ms_tensor_2d(ws + off[B_DECODER_W_GATE_W_UP], MS_DTYPE_F32, T, c->intermediate_size + c->intermediate_size);
+    ms_tensor t_x_last = ms_tensor_2d(ws + off[B_DECODER_X_LAST], MS_DTYPE_F32, S, c->hidden_size);
+    ms_tensor t_tmp = ms_tensor_2d(ws + off[B_DECODER_TMP], MS_DTYPE_F32, S, c->hidden_size);
     /* views */
     ms_tensor t_q = ms_tensor_slice(&t_wq_wk_wv, 1, 0, c->q_dim);
     ms_tensor t_k = ms_tensor_slice(&t_wq_wk_wv, 1, c->q_dim, c->kv_dim);
@@ -710,8 +710,9 @@ static const ms_md_node mrope_nodes[] = {
         .n_resources = (int32_t)MS_ARRAY_LEN(mrope_decoder_resources),
         .steps = mrope_decoder_steps,
         .n_steps = (int32_t)MS_ARRAY_LEN(mrope_decoder_steps),
-        .workspace_size = mrope_workspace_size,
-        .forward = mrope_forward,
+        .workspace_size = mrope_decoder_workspace_size,
+        .forward = mrope_decoder_forward,
+        .facts = mrope_decoder_facts,
     },
 };
 
@@ -739,7 +740,7 @@ const ms_model_desc ms_mrope_desc = {
     .source = "tests/codegen/mrope.mstar",
     .config_size = sizeof(mrope_config),
     .config_load = mrope_config_load,
-    .facts = mrope_facts,
+    .facts = mrope_decoder_facts,
     .weights = mrope_weights,
     .n_weights = W_COUNT,
     .weight_shape = mrope_weight_shape,

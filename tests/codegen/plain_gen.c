@@ -100,7 +100,7 @@ static ms_status plain_config_load(const ms_hf_config *hf, void *out, ms_error *
     return MS_OK;
 }
 
-static ms_status plain_facts(const void *config, ms_md_facts *out, ms_error *err) {
+static ms_status plain_dec_facts(const void *config, ms_md_facts *out, ms_error *err) {
     (void)err;
     const plain_config *c = config;
     memset(out, 0, sizeof *out);
@@ -378,8 +378,8 @@ static const ms_md_resource plain_dec_resources[] = {
 static const char *const plain_dec_labels[] = {"main"};
 
 /* step prefill */
-static ms_status plain_run_prefill(const void *config, const ms_md_row *rows, int32_t n_rows,
-                                   ms_md_step_build *b, ms_error *err) {
+static ms_status plain_dec_run_prefill(const void *config, const ms_md_row *rows, int32_t n_rows,
+                                       ms_md_step_build *b, ms_error *err) {
     const plain_config *c = config;
     (void)c;
     ms_md_step_begin(b, "prefill", rows);
@@ -392,8 +392,8 @@ static ms_status plain_run_prefill(const void *config, const ms_md_row *rows, in
 }
 
 /* step decode */
-static ms_status plain_run_decode(const void *config, const ms_md_row *rows, int32_t n_rows,
-                                  ms_md_step_build *b, ms_error *err) {
+static ms_status plain_dec_run_decode(const void *config, const ms_md_row *rows, int32_t n_rows,
+                                      ms_md_step_build *b, ms_error *err) {
     const plain_config *c = config;
     (void)c;
     ms_md_step_begin(b, "decode", rows);
@@ -412,7 +412,7 @@ static const ms_md_step plain_dec_steps[] = {
         .labels = {0},
         .explicit_positions = false,
         .all_logits = false,
-        .run = plain_run_prefill,
+        .run = plain_dec_run_prefill,
         .capture_by_tokens = false,
         .buckets = {0},
         .n_buckets = 0,
@@ -423,7 +423,7 @@ static const ms_md_step plain_dec_steps[] = {
         .labels = {0},
         .explicit_positions = false,
         .all_logits = false,
-        .run = plain_run_decode,
+        .run = plain_dec_run_decode,
         .capture_by_tokens = false,
         .buckets = {0},
         .n_buckets = 0,
@@ -443,68 +443,68 @@ static const ms_md_walk plain_walks[] = {
  * dead and the next one has the same shape), each slice 64-byte aligned; capacities T
  * tokens and S sequences. */
 enum {
-    B_X = 0,
-    B_Y,
-    B_Q,
-    B_K,
-    B_V,
-    B_R,
-    B_GATE_UP,
-    B_X_LAST,
-    B_TMP,
-    B_COUNT
+    B_DEC_X = 0,
+    B_DEC_Y,
+    B_DEC_Q,
+    B_DEC_K,
+    B_DEC_V,
+    B_DEC_R,
+    B_DEC_GATE_UP,
+    B_DEC_X_LAST,
+    B_DEC_TMP,
+    B_DEC_COUNT
 };
 
-static size_t plain_layout(const plain_config *c, int32_t T, int32_t S, size_t *off) {
-    size_t sizes[B_COUNT];
-    sizes[B_X] = (size_t)T * (size_t)(c->d); /* x */
-    sizes[B_Y] = (size_t)T * (size_t)(c->d); /* y, tmp, tmp */
-    sizes[B_Q] = (size_t)T * (size_t)(c->qd); /* q */
-    sizes[B_K] = (size_t)T * (size_t)(c->qd); /* k, a */
-    sizes[B_V] = (size_t)T * (size_t)(c->qd); /* v */
-    sizes[B_R] = (size_t)T * (size_t)(c->d); /* r */
-    sizes[B_GATE_UP] = (size_t)T * (size_t)(c->d + c->d); /* gate_up */
-    sizes[B_X_LAST] = (size_t)S * (size_t)(c->d); /* x_last */
-    sizes[B_TMP] = (size_t)S * (size_t)(c->d); /* tmp */
+static size_t plain_dec_layout(const plain_config *c, int32_t T, int32_t S, size_t *off) {
+    size_t sizes[B_DEC_COUNT];
+    sizes[B_DEC_X] = (size_t)T * (size_t)(c->d); /* x */
+    sizes[B_DEC_Y] = (size_t)T * (size_t)(c->d); /* y, tmp, tmp */
+    sizes[B_DEC_Q] = (size_t)T * (size_t)(c->qd); /* q */
+    sizes[B_DEC_K] = (size_t)T * (size_t)(c->qd); /* k, a */
+    sizes[B_DEC_V] = (size_t)T * (size_t)(c->qd); /* v */
+    sizes[B_DEC_R] = (size_t)T * (size_t)(c->d); /* r */
+    sizes[B_DEC_GATE_UP] = (size_t)T * (size_t)(c->d + c->d); /* gate_up */
+    sizes[B_DEC_X_LAST] = (size_t)S * (size_t)(c->d); /* x_last */
+    sizes[B_DEC_TMP] = (size_t)S * (size_t)(c->d); /* tmp */
     (void)c;
     (void)T;
     (void)S;
     size_t n = 0;
-    for (int b = 0; b < B_COUNT; b++) {
+    for (int b = 0; b < B_DEC_COUNT; b++) {
         off[b] = n;
         n += (sizes[b] + 15) / 16 * 16;
     }
     return n * sizeof(float);
 }
 
-static size_t plain_workspace_size(const void *config, int32_t max_tokens, int32_t max_seqs) {
-    size_t off[B_COUNT];
-    return plain_layout(config, max_tokens, max_seqs, off);
+static size_t plain_dec_workspace_size(const void *config, int32_t max_tokens, int32_t max_seqs) {
+    size_t off[B_DEC_COUNT];
+    return plain_dec_layout(config, max_tokens, max_seqs, off);
 }
 
-static ms_status plain_forward(const ms_md_forward_args *a, ms_error *err) {
+static ms_status plain_dec_forward(const ms_md_forward_args *a, ms_error *err) {
     const plain_config *c = a->config;
     const ms_backend *be = a->be;
     const ms_backend_i *f = &be->iface;
     void *cx = be->ctx;
     const int64_t T = a->batch->n_tokens;
     const int64_t S = a->out_rows != NULL ? a->out_rows->shape[0] : a->batch->n_seqs;
-    size_t off[B_COUNT];
-    plain_layout(c, a->max_tokens, a->max_seqs, off);
+    size_t off[B_DEC_COUNT];
+    plain_dec_layout(c, a->max_tokens, a->max_seqs, off);
     float *ws = a->workspace;
     (void)be;
     (void)S;
 
     /* planned buffers */
-    ms_tensor t_x = ms_tensor_2d(ws + off[B_X], MS_DTYPE_F32, T, c->d);
-    ms_tensor t_y = ms_tensor_2d(ws + off[B_Y], MS_DTYPE_F32, T, c->d);
-    ms_tensor t_q = ms_tensor_2d(ws + off[B_Q], MS_DTYPE_F32, T, c->qd);
-    ms_tensor t_k = ms_tensor_2d(ws + off[B_K], MS_DTYPE_F32, T, c->qd);
-    ms_tensor t_v = ms_tensor_2d(ws + off[B_V], MS_DTYPE_F32, T, c->qd);
-    ms_tensor t_r = ms_tensor_2d(ws + off[B_R], MS_DTYPE_F32, T, c->d);
-    ms_tensor t_gate_up = ms_tensor_2d(ws + off[B_GATE_UP], MS_DTYPE_F32, T, c->d + c->d);
-    ms_tensor t_x_last = ms_tensor_2d(ws + off[B_X_LAST], MS_DTYPE_F32, S, c->d);
-    ms_tensor t_tmp = ms_tensor_2d(ws + off[B_TMP], MS_DTYPE_F32, S, c->d);
+    ms_tensor t_x = ms_tensor_2d(ws + off[B_DEC_X], MS_DTYPE_F32, T, c->d);
+    ms_tensor t_y = ms_tensor_2d(ws + off[B_DEC_Y], MS_DTYPE_F32, T, c->d);
+    ms_tensor t_q = ms_tensor_2d(ws + off[B_DEC_Q], MS_DTYPE_F32, T, c->qd);
+    ms_tensor t_k = ms_tensor_2d(ws + off[B_DEC_K], MS_DTYPE_F32, T, c->qd);
+    ms_tensor t_v = ms_tensor_2d(ws + off[B_DEC_V], MS_DTYPE_F32, T, c->qd);
+    ms_tensor t_r = ms_tensor_2d(ws + off[B_DEC_R], MS_DTYPE_F32, T, c->d);
+    ms_tensor t_gate_up = ms_tensor_2d(ws + off[B_DEC_GATE_UP], MS_DTYPE_F32, T, c->d + c->d);
+    ms_tensor t_x_last = ms_tensor_2d(ws + off[B_DEC_X_LAST], MS_DTYPE_F32, S, c->d);
+    ms_tensor t_tmp = ms_tensor_2d(ws + off[B_DEC_TMP], MS_DTYPE_F32, S, c->d);
     /* views */
     ms_tensor t_q_heads = ms_tensor_split_heads(&t_q, c->heads, c->hd);
     ms_tensor t_k_heads = ms_tensor_split_heads(&t_k, c->heads, c->hd);
@@ -570,8 +570,9 @@ static const ms_md_node plain_nodes[] = {
         .n_resources = (int32_t)MS_ARRAY_LEN(plain_dec_resources),
         .steps = plain_dec_steps,
         .n_steps = (int32_t)MS_ARRAY_LEN(plain_dec_steps),
-        .workspace_size = plain_workspace_size,
-        .forward = plain_forward,
+        .workspace_size = plain_dec_workspace_size,
+        .forward = plain_dec_forward,
+        .facts = plain_dec_facts,
     },
 };
 
@@ -597,7 +598,7 @@ const ms_model_desc ms_plain_desc = {
     .source = "tests/codegen/plain.mstar",
     .config_size = sizeof(plain_config),
     .config_load = plain_config_load,
-    .facts = plain_facts,
+    .facts = plain_dec_facts,
     .weights = plain_weights,
     .n_weights = W_COUNT,
     .weight_shape = plain_weight_shape,

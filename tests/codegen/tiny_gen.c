@@ -146,7 +146,7 @@ static ms_status tiny_config_load(const ms_hf_config *hf, void *out, ms_error *e
     return MS_OK;
 }
 
-static ms_status tiny_facts(const void *config, ms_md_facts *out, ms_error *err) {
+static ms_status tiny_lm_facts(const void *config, ms_md_facts *out, ms_error *err) {
     (void)err;
     const tiny_config *c = config;
     memset(out, 0, sizeof *out);
@@ -442,8 +442,8 @@ static const ms_md_resource tiny_lm_resources[] = {
 static const char *const tiny_lm_labels[] = {"main"};
 
 /* step prefill */
-static ms_status tiny_run_prefill(const void *config, const ms_md_row *rows, int32_t n_rows,
-                                  ms_md_step_build *b, ms_error *err) {
+static ms_status tiny_lm_run_prefill(const void *config, const ms_md_row *rows, int32_t n_rows,
+                                     ms_md_step_build *b, ms_error *err) {
     const tiny_config *c = config;
     (void)c;
     ms_md_step_begin(b, "prefill", rows);
@@ -457,8 +457,8 @@ static ms_status tiny_run_prefill(const void *config, const ms_md_row *rows, int
 }
 
 /* step decode */
-static ms_status tiny_run_decode(const void *config, const ms_md_row *rows, int32_t n_rows,
-                                 ms_md_step_build *b, ms_error *err) {
+static ms_status tiny_lm_run_decode(const void *config, const ms_md_row *rows, int32_t n_rows,
+                                    ms_md_step_build *b, ms_error *err) {
     const tiny_config *c = config;
     (void)c;
     ms_md_step_begin(b, "decode", rows);
@@ -478,7 +478,7 @@ static const ms_md_step tiny_lm_steps[] = {
         .labels = {0},
         .explicit_positions = false,
         .all_logits = false,
-        .run = tiny_run_prefill,
+        .run = tiny_lm_run_prefill,
         .capture_by_tokens = true,
         .buckets = {16, 32, 64, 128},
         .n_buckets = 4,
@@ -489,7 +489,7 @@ static const ms_md_step tiny_lm_steps[] = {
         .labels = {0},
         .explicit_positions = false,
         .all_logits = false,
-        .run = tiny_run_decode,
+        .run = tiny_lm_run_decode,
         .capture_by_tokens = false,
         .buckets = {1, 2, 4, 8},
         .n_buckets = 4,
@@ -509,71 +509,71 @@ static const ms_md_walk tiny_walks[] = {
  * dead and the next one has the same shape), each slice 64-byte aligned; capacities T
  * tokens and S sequences. */
 enum {
-    B_X = 0,
-    B_H,
-    B_Q,
-    B_K,
-    B_V,
-    B_A,
-    B_H2,
-    B_W1_W3,
-    B_X_LAST,
-    B_TMP,
-    B_COUNT
+    B_LM_X = 0,
+    B_LM_H,
+    B_LM_Q,
+    B_LM_K,
+    B_LM_V,
+    B_LM_A,
+    B_LM_H2,
+    B_LM_W1_W3,
+    B_LM_X_LAST,
+    B_LM_TMP,
+    B_LM_COUNT
 };
 
-static size_t tiny_layout(const tiny_config *c, int32_t T, int32_t S, size_t *off) {
-    size_t sizes[B_COUNT];
-    sizes[B_X] = (size_t)T * (size_t)(c->dim); /* x */
-    sizes[B_H] = (size_t)T * (size_t)(c->dim); /* h, t */
-    sizes[B_Q] = (size_t)T * (size_t)(c->qd); /* q */
-    sizes[B_K] = (size_t)T * (size_t)(c->kvd); /* k */
-    sizes[B_V] = (size_t)T * (size_t)(c->kvd); /* v */
-    sizes[B_A] = (size_t)T * (size_t)(c->qd); /* a */
-    sizes[B_H2] = (size_t)T * (size_t)(c->dim); /* h, t */
-    sizes[B_W1_W3] = (size_t)T * (size_t)(c->ffn + c->ffn); /* w1_w3 */
-    sizes[B_X_LAST] = (size_t)S * (size_t)(c->dim); /* x_last */
-    sizes[B_TMP] = (size_t)S * (size_t)(c->dim); /* tmp */
+static size_t tiny_lm_layout(const tiny_config *c, int32_t T, int32_t S, size_t *off) {
+    size_t sizes[B_LM_COUNT];
+    sizes[B_LM_X] = (size_t)T * (size_t)(c->dim); /* x */
+    sizes[B_LM_H] = (size_t)T * (size_t)(c->dim); /* h, t */
+    sizes[B_LM_Q] = (size_t)T * (size_t)(c->qd); /* q */
+    sizes[B_LM_K] = (size_t)T * (size_t)(c->kvd); /* k */
+    sizes[B_LM_V] = (size_t)T * (size_t)(c->kvd); /* v */
+    sizes[B_LM_A] = (size_t)T * (size_t)(c->qd); /* a */
+    sizes[B_LM_H2] = (size_t)T * (size_t)(c->dim); /* h, t */
+    sizes[B_LM_W1_W3] = (size_t)T * (size_t)(c->ffn + c->ffn); /* w1_w3 */
+    sizes[B_LM_X_LAST] = (size_t)S * (size_t)(c->dim); /* x_last */
+    sizes[B_LM_TMP] = (size_t)S * (size_t)(c->dim); /* tmp */
     (void)c;
     (void)T;
     (void)S;
     size_t n = 0;
-    for (int b = 0; b < B_COUNT; b++) {
+    for (int b = 0; b < B_LM_COUNT; b++) {
         off[b] = n;
         n += (sizes[b] + 15) / 16 * 16;
     }
     return n * sizeof(float);
 }
 
-static size_t tiny_workspace_size(const void *config, int32_t max_tokens, int32_t max_seqs) {
-    size_t off[B_COUNT];
-    return tiny_layout(config, max_tokens, max_seqs, off);
+static size_t tiny_lm_workspace_size(const void *config, int32_t max_tokens, int32_t max_seqs) {
+    size_t off[B_LM_COUNT];
+    return tiny_lm_layout(config, max_tokens, max_seqs, off);
 }
 
-static ms_status tiny_forward(const ms_md_forward_args *a, ms_error *err) {
+static ms_status tiny_lm_forward(const ms_md_forward_args *a, ms_error *err) {
     const tiny_config *c = a->config;
     const ms_backend *be = a->be;
     const ms_backend_i *f = &be->iface;
     void *cx = be->ctx;
     const int64_t T = a->batch->n_tokens;
     const int64_t S = a->out_rows != NULL ? a->out_rows->shape[0] : a->batch->n_seqs;
-    size_t off[B_COUNT];
-    tiny_layout(c, a->max_tokens, a->max_seqs, off);
+    size_t off[B_LM_COUNT];
+    tiny_lm_layout(c, a->max_tokens, a->max_seqs, off);
     float *ws = a->workspace;
     (void)be;
     (void)S;
 
     /* planned buffers */
-    ms_tensor t_x = ms_tensor_2d(ws + off[B_X], MS_DTYPE_F32, T, c->dim);
-    ms_tensor t_h = ms_tensor_2d(ws + off[B_H], MS_DTYPE_F32, T, c->dim);
-    ms_tensor t_q = ms_tensor_2d(ws + off[B_Q], MS_DTYPE_F32, T, c->qd);
-    ms_tensor t_k = ms_tensor_2d(ws + off[B_K], MS_DTYPE_F32, T, c->kvd);
-    ms_tensor t_v = ms_tensor_2d(ws + off[B_V], MS_DTYPE_F32, T, c->kvd);
-    ms_tensor t_a = ms_tensor_2d(ws + off[B_A], MS_DTYPE_F32, T, c->qd);
-    ms_tensor t_h2 = ms_tensor_2d(ws + off[B_H2], MS_DTYPE_F32, T, c->dim);
-    ms_tensor t_w1_w3 = ms_tensor_2d(ws + off[B_W1_W3], MS_DTYPE_F32, T, c->ffn + c->ffn);
-    ms_tensor t_x_last = ms_tensor_2d(ws + off[B_X_LAST], MS_DTYPE_F32, S, c->dim);
-    ms_tensor t_tmp = ms_tensor_2d(ws + off[B_TMP], MS_DTYPE_F32, S, c->dim);
+    ms_tensor t_x = ms_tensor_2d(ws + off[B_LM_X], MS_DTYPE_F32, T, c->dim);
+    ms_tensor t_h = ms_tensor_2d(ws + off[B_LM_H], MS_DTYPE_F32, T, c->dim);
+    ms_tensor t_q = ms_tensor_2d(ws + off[B_LM_Q], MS_DTYPE_F32, T, c->qd);
+    ms_tensor t_k = ms_tensor_2d(ws + off[B_LM_K], MS_DTYPE_F32, T, c->kvd);
+    ms_tensor t_v = ms_tensor_2d(ws + off[B_LM_V], MS_DTYPE_F32, T, c->kvd);
+    ms_tensor t_a = ms_tensor_2d(ws + off[B_LM_A], MS_DTYPE_F32, T, c->qd);
+    ms_tensor t_h2 = ms_tensor_2d(ws + off[B_LM_H2], MS_DTYPE_F32, T, c->dim);
+    ms_tensor t_w1_w3 = ms_tensor_2d(ws + off[B_LM_W1_W3], MS_DTYPE_F32, T, c->ffn + c->ffn);
+    ms_tensor t_x_last = ms_tensor_2d(ws + off[B_LM_X_LAST], MS_DTYPE_F32, S, c->dim);
+    ms_tensor t_tmp = ms_tensor_2d(ws + off[B_LM_TMP], MS_DTYPE_F32, S, c->dim);
     /* views */
     ms_tensor t_q_heads = ms_tensor_split_heads(&t_q, c->n_heads, c->hd);
     ms_tensor t_k_heads = ms_tensor_split_heads(&t_k, c->n_kv_heads, c->hd);
@@ -645,8 +645,9 @@ static const ms_md_node tiny_nodes[] = {
         .n_resources = (int32_t)MS_ARRAY_LEN(tiny_lm_resources),
         .steps = tiny_lm_steps,
         .n_steps = (int32_t)MS_ARRAY_LEN(tiny_lm_steps),
-        .workspace_size = tiny_workspace_size,
-        .forward = tiny_forward,
+        .workspace_size = tiny_lm_workspace_size,
+        .forward = tiny_lm_forward,
+        .facts = tiny_lm_facts,
     },
 };
 
@@ -661,7 +662,7 @@ const ms_model_desc ms_tiny_desc = {
     .source = "tests/codegen/tiny.mstar",
     .config_size = sizeof(tiny_config),
     .config_load = tiny_config_load,
-    .facts = tiny_facts,
+    .facts = tiny_lm_facts,
     .weights = tiny_weights,
     .n_weights = W_COUNT,
     .weight_shape = tiny_weight_shape,

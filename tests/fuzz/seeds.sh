@@ -123,6 +123,15 @@ for t in "$@"; do
         done
         cp "$here"/chat_template/* "$d"/
         ;;
+    gguf)
+        # the committed tiny models (tests/fuzz/gguf/make_seeds.py) and the dequantization goldens
+        cp "$here"/gguf/*.gguf "$d"/
+        cp "$root/tests/gguf/dequant_goldens.gguf" "$d"/
+        ;;
+    serve_request)
+        # hand-written request bodies (tests/fuzz/serve_request/: body, NUL, flags byte)
+        cp "$here"/serve_request/* "$d"/
+        ;;
     audio)
         # small sound files: the first 0.25 s of speech0.wav (when the fixtures are there, else a
         # tone) as 16-bit mono at 16 kHz, 8-bit at 8 kHz, 16-bit stereo at 44.1 kHz, float32 WAV,
@@ -151,11 +160,6 @@ wav("two.wav", 16000, 1, 1, 16, [q16(0.5), q16(-0.5)])
 au = b"".join(struct.pack(">h", int(v * 32767)) for v in x[:1000])
 open(os.path.join(out, "pcm16.au"), "wb").write(struct.pack(">4sIIIII", b".snd", 24, len(au), 3, 22050, 1) + au)
 PY
-        ;;
-    gguf)
-        # the committed tiny models (tests/fuzz/gguf/make_seeds.py) and the dequantization goldens
-        cp "$here"/gguf/*.gguf "$d"/
-        cp "$root/tests/gguf/dequant_goldens.gguf" "$d"/
         ;;
     *)
         echo "seeds.sh: unknown target '$t'" >&2
