@@ -14,7 +14,9 @@
 #   MS_BS_CKPT   checkpoint folder (default /tmp/l8b, shared with bench-8b.sh; kept when present)
 #   MS_BS_LEVELS concurrency levels (default "1 16 64 256")
 #   MS_BS_PROMPT / MS_BS_OUTPUT  prompt / output lengths (default 512 / 128)
-#   MS_BS_ARGS   extra serve flags (default "--device cuda --max-seqs 256 --max-tokens-per-step 8192")
+#   MS_BS_ARGS   extra serve flags (default "--device cuda --max-seqs 256 --max-tokens-per-step 8192
+#                --kv-pages N" with N = the largest level x the pages of one prompt + output, + 64:
+#                the model's full context for 256 sequences would not fit the GPU)
 #   MS_BS_VOCAB  prompt ids drawn in [0, VOCAB) (default 128256)
 #   OUT          logs and bench-serve-c<N>.json (default $MS_BUILD/bench-out)
 # A CPU dry run of the script's logic: MS_BS_CKPT=<tiny folder> MS_BS_ARGS="--device cpu"
@@ -30,6 +32,9 @@ olen=${MS_BS_OUTPUT:-128}
 vocab=${MS_BS_VOCAB:-128256}
 export MSTAR_CACHE=${MSTAR_CACHE:-/tmp/mstar-cache}
 mkdir -p "$out" "$MSTAR_CACHE"
+max_level=1
+for l in $levels; do [ "$l" -gt "$max_level" ] && max_level=$l; done
+kv_pages=$((max_level * ((plen + olen + 15) / 16) + 64))
 pid=
 trap '[ -n "$pid" ] && kill -KILL "$pid" 2>/dev/null' EXIT
 die() { echo "bench-serve-8b: $*" >&2; exit 1; }
@@ -42,7 +47,7 @@ if [ ! -f "$ckpt/config.json" ]; then
 fi
 # shellcheck disable=SC2086
 "$build/llama/llama" serve --model "$ckpt" --tokenizer none --port 0 --max-queue 4096 \
-    ${MS_BS_ARGS:---device cuda --max-seqs 256 --max-tokens-per-step 8192} 2>"$out/serve.log" &
+    ${MS_BS_ARGS:---device cuda --max-seqs 256 --max-tokens-per-step 8192 --kv-pages $kv_pages} 2>"$out/serve.log" &
 pid=$!
 url=
 for _ in $(seq 1800); do

@@ -130,7 +130,7 @@ if [ -n "${MS_GPU_SOAK:-}" ]; then
     step soak $((MS_GPU_SOAK + 50)) env BIN="$s_bin" MS_FIXTURES="$s_fx" SOAK_MODEL="$s_fx/hf/llama_gqa" \
         SOAK_TOKENIZER= SOAK_IDS=512 SOAK_CLIENTS="${MS_GPU_SOAK_CLIENTS:-256}" SOAK_SECONDS="$MS_GPU_SOAK" \
         SOAK_CUDA_VISIBLE_DEVICES="${CUDA_VISIBLE_DEVICES:-0}" \
-        SOAK_ARGS="--device cuda --max-seqs 256 --max-tokens-per-step 4096" bash tests/serve_soak.sh
+        SOAK_MAX_SEQS=256 SOAK_ARGS="--device cuda --max-tokens-per-step 4096" bash tests/serve_soak.sh
     soak_rc=$?
     cat "$OUT/sampler.log" "$OUT/soak.log"
     printf '%s\n' "${summary[@]}"

@@ -7,7 +7,7 @@
 # Defaults (CI, CPU): the llama2.c fixture aidreams260K with its tokenizer, --max-seqs 16.
 # Knobs for a longer run, e.g. on the GPU (scripts/gpu-batch.sh's optional soak step):
 #   SOAK_CLIENTS=256 SOAK_SECONDS=600 SOAK_MODEL=DIR SOAK_TOKENIZER=none|PATH
-#   SOAK_ARGS="--device cuda --max-seqs 256 ..."  BIN=path/to/llama (default $MS_BUILD/llama/llama)
+#   SOAK_MAX_SEQS=256 (default 16)  SOAK_ARGS="--device cuda ..."  BIN=path/to/llama (default $MS_BUILD/llama/llama)
 #   SOAK_IDS=VOCAB: token-id prompts (a model without a tokenizer, e.g. hf/llama_gqa: 512)
 set -uo pipefail
 export CUDA_VISIBLE_DEVICES=${SOAK_CUDA_VISIBLE_DEVICES-}
@@ -30,7 +30,7 @@ trap cleanup EXIT
 tok_args=()
 [ -n "$tok" ] && tok_args=(--tokenizer "$tok")
 # shellcheck disable=SC2086
-"$bin" serve --model "$model" "${tok_args[@]}" --port 0 --max-seqs 16 --max-queue 1024 ${SOAK_ARGS:-} \
+"$bin" serve --model "$model" "${tok_args[@]}" --port 0 --max-seqs "${SOAK_MAX_SEQS:-16}" --max-queue 1024 ${SOAK_ARGS:-} \
     2>"$tmp/err" &
 pid=$!
 url=
