@@ -264,6 +264,12 @@ static void test_render_errors(void **state) {
     expect_fail("{% set ns = namespace(x=[]) %}{% for i in range(100) %}{% set ns.x = [ns.x] %}{% endfor %}",
                 MS_ERR_LIMIT, "nested deeper than 64");
     expect_fail("{% for x in 5 %}{% endfor %}", MS_ERR_FORMAT, "int is not iterable");
+    /* jinja2's sandbox MAX_RANGE: a range of millions is refused before it is built (fuzz) */
+    expect_fail("{{ range(66666620) | length }}", MS_ERR_LIMIT,
+                "t.jinja:1:4: range() of 66666620 items is over the limit of 100000");
+    expect_fail("{{ range(9223372036854775807, -9223372036854775807, -1) | length }}", MS_ERR_LIMIT,
+                "over the limit of 100000");
+    expect_out("{{ range(100000) | length }} {{ range(10, 0, -3) | list | length }}", "100000 4");
 }
 
 static void test_undefined_and_semantics(void **state) {

@@ -25,6 +25,9 @@
 #include <string.h>
 #include <time.h>
 
+/* Most items a range() may make (jinja2 sandbox.MAX_RANGE). */
+#define CT_MAX_RANGE 100000
+
 #define CT_MAX_NODE_DEPTH 128
 #define CT_MAX_BLOCK_DEPTH 64
 #define CT_MAX_VALUE_DEPTH 64
@@ -3432,6 +3435,14 @@ static bool eval_call(render *r, const node *n, ct_val *out) {
         }
         if (a[2] == 0)
             return rerr(r, MS_ERR_FORMAT, n, "range() step cannot be zero");
+        /* jinja2's sandbox refuses ranges over MAX_RANGE = 100000 items (sandbox.py safe_range):
+           a template must not make a list of millions (found by fuzz_chat_template) */
+        __int128 span = (__int128)a[1] - a[0], st = a[2];
+        __int128 items = st > 0 ? (span > 0 ? (span + st - 1) / st : 0)
+                                : (span < 0 ? (-span + -st - 1) / -st : 0);
+        if (items > CT_MAX_RANGE)
+            return rerr(r, MS_ERR_LIMIT, n, "range() of %lld items is over the limit of %d",
+                        (long long)(items > INT64_MAX ? INT64_MAX : items), CT_MAX_RANGE);
         ct_list *l = new_list(r, n, 0);
         if (l == NULL)
             return false;
