@@ -1,7 +1,8 @@
 /*
- * cli.c - the verbs of a serving binary (cli.h): `generate` here, `bench` in cli_bench.c, `serve`
- * in cli_serve.c, and the helpers they share (model probe, id lists, streaming UTF-8, the
- * tokenizer).
+ * cli.c - the verbs of a serving binary (cli.h): `generate` here and the dispatch to the others
+ * (`chat` cli_chat.c, `transcribe` cli_transcribe.c, `serve` cli_serve.c, `bench` cli_bench.c,
+ * `kernels` cli_kernels.c), and the helpers they share (model probe, id lists, streaming UTF-8,
+ * the tokenizer: tokenizer.json, a llama2.c .bin, or a GGUF's own through gguf_tokenizer.h).
  *
  * Order of work in generate: flags, then the model's config (ms_cli_model_probe: the path and the
  * vocabulary), then the tokenizer and its check against the vocabulary, then the prompts, then the
