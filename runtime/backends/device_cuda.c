@@ -9,7 +9,9 @@
  */
 #include "device_cuda.h"
 
+#include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 
 #include "cuda_check.h"
 
@@ -208,4 +210,63 @@ ms_status ms_device_cuda_init(int32_t ordinal, ms_device **out, ms_error *err) {
     if (st != MS_OK)
         ms_free(d);
     return st;
+}
+
+/* ---- pinned host memory (the KV offload tier) ---- */
+
+/* cudaHostAlloc (portable: every context may copy from it), named after the device it serves. */
+static ms_status cd_host_alloc(void *self, size_t bytes, const char *name, void **out,
+                               ms_error *err) {
+    cuda_dev *d = self;
+    *out = NULL;
+    MS_TRY(dev_select(d, err));
+    cudaError_t e = cudaHostAlloc(out, bytes == 0 ? 1 : bytes, cudaHostAllocPortable);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        *out = NULL;
+        return MS_FAIL(err, MS_ERR_OOM, "%s: %s: %.3f GB of pinned host memory refused (%s)",
+                       d->name, name != NULL ? name : "buffer", (double)bytes / 1e9,
+                       cudaGetErrorString(e));
+    }
+    return MS_OK;
+}
+
+static void cd_host_free(void *self, void *ptr) {
+    (void)self;
+    if (ptr != NULL)
+        (void)cudaFreeHost(ptr);
+}
+
+/* Host memory: a plain memset after the queued work that may still read it (NULL stream: all). */
+static ms_status cd_host_memset(void *self, void *ptr, int value, size_t bytes,
+                                ms_device_stream *stream, ms_error *err) {
+    MS_TRY(dev_select(self, err));
+    if (stream == NULL)
+        MS_CUDA_TRY(err, cudaDeviceSynchronize());
+    else
+        MS_CUDA_TRY(err, cudaStreamSynchronize((cudaStream_t)(void *)stream));
+    memset(ptr, value, bytes);
+    return MS_OK;
+}
+
+/* No device-side capacity: the host tier is sized by its caller (--host-kv-pages). */
+static ms_status cd_host_mem_info(void *self, size_t *free_bytes, size_t *total_bytes,
+                                  ms_error *err) {
+    (void)self;
+    (void)err;
+    *free_bytes = SIZE_MAX;
+    *total_bytes = SIZE_MAX;
+    return MS_OK;
+}
+
+ms_status ms_device_cuda_host_init(int32_t ordinal, ms_device **out, ms_error *err) {
+    MS_TRY(ms_device_cuda_init(ordinal, out, err));
+    cuda_dev *d = (*out)->ctx;
+    snprintf(d->name, sizeof d->name, "cuda:%d.pinned", (int)ordinal);
+    d->iface.name = d->name;
+    d->iface.alloc = cd_host_alloc;
+    d->iface.free = cd_host_free;
+    d->iface.memset = cd_host_memset;
+    d->iface.mem_info = cd_host_mem_info;
+    return MS_OK;
 }

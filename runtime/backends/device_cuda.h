@@ -28,6 +28,17 @@ extern "C" {
  */
 ms_status ms_device_cuda_init(int32_t ordinal, ms_device **out, ms_error *err);
 
+/*
+ * Create the pinned host memory of CUDA device `ordinal` into *out (named "cuda:N.pinned"): alloc
+ * is cudaHostAlloc(cudaHostAllocPortable), free cudaFreeHost, memset a host memset after the
+ * stream's (NULL: the device's) queued work, mem_info reports no limit; copies, streams and
+ * events are the CUDA device's (unified addressing: cudaMemcpyAsync reaches pinned memory, so
+ * device <-> pinned copies are true DMA and may overlap compute). The KV pool's offload tier
+ * (the engine's host arena, --host-kv-pages) lives here. Errors: ms_device_cuda_init's;
+ * MS_ERR_OOM from alloc when the host refuses to pin.
+ */
+ms_status ms_device_cuda_host_init(int32_t ordinal, ms_device **out, ms_error *err);
+
 #ifdef __cplusplus
 }
 #endif

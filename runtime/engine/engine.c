@@ -123,6 +123,10 @@ typedef struct eng_req {
     int32_t chunk;                    /* prompt tokens per step, 0 = all */
     bool ignore_eos;
     bool in_runner;                   /* ingested into the resources and not yet removed */
+    /* [kv pressure] (eng_kv_*): */
+    bool kv_offloaded;                /* its KV sits in the host tier: no step takes it */
+    bool kv_wait;                     /* left out of the rest of this engine step (page-short) */
+    int32_t n_orig_prompt;            /* main prompt length at add (recompute grows prompt) */
     ms_finish_reason finish;
     int32_t row;                      /* logits row (segment) of its id in the last step, -1 */
     /* a walk starting at a node that reads features (an encoder): */
@@ -148,6 +152,7 @@ typedef struct eng_node {
     ms_paged_kv kv;
     int32_t kv_pages;             /* pages of the arena */
     int32_t pages_free_initial;
+    ms_page_arena *host_arena;    /* [kv pressure] the offload tier (host_kv_pages), or NULL */
     eng_attn attn;
     ms_sample_res *sampler;
     ms_step_runner *runner;
@@ -190,6 +195,10 @@ struct ms_engine {
 
     /* the KV device (every node's arena lives on it) */
     ms_device *dev;
+    ms_device *host_dev;          /* [kv pressure] the offload tier's memory (pinned on cuda) */
+    ms_engine_kv_stats kv_stats;  /* [kv pressure] counters */
+    ms_rid short_rid;             /* [kv pressure] the request a page-short admit named */
+    int32_t kv_n_parked;          /* [kv pressure] requests waiting to come back */
 
     /* per-step buffers (worst case: max_seqs rows, max_seqs views, max_tokens tokens) */
     int32_t max_seqs, max_tokens;
@@ -304,6 +313,13 @@ ms_status ms_engine_copy_bandwidth(ms_engine *e, size_t bytes, int32_t reps, dou
 }
 int32_t ms_engine_n_active(const ms_engine *e) { return e->n_active; }
 static eng_req *eng_find_req(const ms_engine *e, ms_rid rid, size_t *at);
+/* [kv pressure] end of file */
+static ms_status eng_kv_check_fits(const ms_engine *e, const ms_engine_request *rq,
+                                   int32_t n_streams, ms_error *err);
+static bool eng_kv_skip(const ms_engine *e, const eng_req *r);
+static ms_status eng_kv_reload(ms_engine *e, ms_error *err);
+static ms_status eng_kv_make_room(ms_engine *e, eng_node *nd, ms_md_walk_item item, int32_t n,
+                                  ms_error *err);
 
 int32_t ms_engine_stream_length(const ms_engine *e, ms_rid rid, ms_label label) {
     const eng_req *r = eng_find_req(e, rid, NULL);
@@ -644,6 +660,12 @@ static bool eng_graphs_wanted(const ms_engine *e) {
     return e->opt.graphs == MS_GRAPHS_AUTO && e->be.iface.graph_capture_begin != NULL;
 }
 
+/* [kv pressure] sizing of the arenas, end of file */
+static ms_status eng_kv_pages_from_fraction(ms_engine *e, const eng_node *nd, int32_t ps,
+                                            int32_t *pages, ms_error *err);
+static ms_status eng_host_arena_init(ms_engine *e, eng_node *nd, const ms_page_arena_config *dev,
+                                     ms_error *err);
+
 /* The page arena and the KV pool over it (node nd's KV resource). */
 static ms_status eng_resources_init(ms_engine *e, eng_node *nd, ms_error *err) {
     const ms_md_facts *fa = &nd->facts;
@@ -657,6 +679,8 @@ static ms_status eng_resources_init(ms_engine *e, eng_node *nd, ms_error *err) {
             seq_len = MS_MAX(seq_len, e->max_tokens);
     const int32_t per_seq = MS_CEIL_DIV(seq_len, ps);
     int32_t pages = e->opt.kv_pages;
+    if (pages == 0 && e->opt.gpu_memory_fraction > 0)
+        MS_TRY(eng_kv_pages_from_fraction(e, nd, ps, &pages, err));
     if (pages == 0) {
         if ((int64_t)per_seq * e->max_seqs + 1 > INT32_MAX)
             return MS_FAIL(err, MS_ERR_LIMIT, "kv_pages: %d sequences of %d pages overflow",
@@ -678,7 +702,9 @@ static ms_status eng_resources_init(ms_engine *e, eng_node *nd, ms_error *err) {
     };
     MS_TRY(ms_page_arena_init(&ac, e->dev, &nd->arena, err));
     /* a stream holds at most its context in pages (+1: a view need not start page-aligned) */
-    ms_kv_pool_config pc = {.arena = nd->arena, .window = fa->window, .source = e,
+    MS_TRY(eng_host_arena_init(e, nd, &ac, err));
+    ms_kv_pool_config pc = {.arena = nd->arena, .host_arena = nd->host_arena,
+                            .window = fa->window, .source = e,
                             .max_pages_per_stream = per_seq + 1};
     MS_TRY(ms_kv_pool_init(&pc, &nd->pool, err));
     nd->kv = (ms_paged_kv){
@@ -985,12 +1011,15 @@ ms_status ms_engine_init(ms_engine **out, const ms_model_desc *desc,
     if (desc == NULL || opt == NULL || opt->model_path == NULL)
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "engine: no model path");
     if (opt->max_seqs < 1 || opt->max_tokens < opt->max_seqs || opt->page_size < 0 ||
-        opt->kv_pages < 0 || opt->max_seq_len < 0 || opt->n_threads < 0)
+        opt->kv_pages < 0 || opt->max_seq_len < 0 || opt->n_threads < 0 ||
+        opt->host_kv_pages < 0 || !(opt->gpu_memory_fraction >= 0 && opt->gpu_memory_fraction <= 1))
         return MS_FAIL(err, MS_ERR_INVALID_ARG,
                        "engine: bad options (max_seqs %d >= 1, max_tokens %d >= max_seqs, "
-                       "page_size %d >= 0, kv_pages %d >= 0)",
+                       "page_size %d >= 0, kv_pages %d >= 0, host_kv_pages %d >= 0, "
+                       "gpu_memory_fraction %g in [0, 1])",
                        (int)opt->max_seqs, (int)opt->max_tokens, (int)opt->page_size,
-                       (int)opt->kv_pages);
+                       (int)opt->kv_pages, (int)opt->host_kv_pages,
+                       opt->gpu_memory_fraction);
     MS_TRY(ms_md_check_desc(desc, err)); /* 1 .. MS_MD_MAX_NODES nodes */
     ms_engine *e = ms_calloc(1, sizeof *e);
     if (e == NULL)
@@ -1073,6 +1102,7 @@ void ms_engine_free(ms_engine *e) {
         ms_step_runner_free(nd->runner);
         ms_kv_pool_free(nd->pool);
         ms_page_arena_free(nd->arena);
+        ms_page_arena_free(nd->host_arena);
         ms_attn_free(nd->attn.inner);
         ms_sample_res_free(nd->sampler);
         ms_free(nd->zeros);
@@ -1085,6 +1115,7 @@ void ms_engine_free(ms_engine *e) {
                 e->be.iface.attn_batch_free(e->be.ctx, nd->cross_batch);
         }
     }
+    ms_device_free(e->host_dev);
     ms_device_free(e->dev);
     if (e->be.ctx != NULL) {
         eng_bfree(e, e->wslab);
@@ -1261,6 +1292,7 @@ ms_status ms_engine_add(ms_engine *e, const ms_engine_request *rq, ms_rid *rid, 
     const int32_t n_axes_ids =
         rq->position_ids != NULL ? rq->n_position_axes : e->nodes[0].pos_cfg.n_axes;
     int32_t n_streams = ms_walk_n_streams(e->desc, walk);
+    MS_TRY(eng_kv_check_fits(e, rq, n_streams, err)); /* [kv pressure] */
     if (e->n_streams_active + n_streams > e->max_seqs)
         return MS_FAIL(err, MS_ERR_CAPACITY,
                        "%d requests (%d streams) are already running (raise max_seqs)",
@@ -1297,6 +1329,7 @@ ms_status ms_engine_add(ms_engine *e, const ms_engine_request *rq, ms_rid *rid, 
     }
     memcpy(r->prompt[MS_LABEL_MAIN], rq->prompt, (size_t)rq->n_prompt * sizeof(int32_t));
     r->n_prompt[MS_LABEL_MAIN] = rq->n_prompt;
+    r->n_orig_prompt = rq->n_prompt;
     r->longest = rq->n_prompt;
     if (uncond >= 0) {
         memcpy(r->prompt[uncond], rq->negative_prompt,
@@ -1404,6 +1437,8 @@ static int32_t eng_rows(ms_engine *e, ms_md_walk_item item, int32_t *n_prefill) 
         ms_md_walk_item at = ms_walk_item(e->desc, r->walk);
         if (r->finish != MS_FINISH_NONE || at.node != item.node || at.step != item.step)
             continue;
+        if (eng_kv_skip(e, r))
+            continue; /* [kv pressure] offloaded, or waiting for pages */
         ms_md_row row;
         memset(&row, 0, sizeof row);
         row.rid = r->rid;
@@ -1685,10 +1720,12 @@ static ms_status eng_run_built_rows(ms_engine *e, eng_node *nd, const ms_md_step
     ctx.capture = gs->capture;
     ms_admit_outcome o = ms_step_runner_admit(nd->runner, step, &ctx);
     if (o.code != MS_ADMIT_OK) {
-        if (o.code == MS_ADMIT_PAGES_SHORT)
+        if (o.code == MS_ADMIT_PAGES_SHORT) {
+            e->short_rid = o.rid; /* [kv pressure] eng_kv_make_room reads it */
             return MS_FAIL(err, MS_ERR_CAPACITY,
                            "step %s: KV pages short by %d for request %llu (raise kv_pages)",
                            sd->name, (int)o.pages_short, (unsigned long long)o.rid);
+        }
         return MS_FAIL(err, MS_ERR_INTERNAL, "step %s: admit failed (%s) at resource %d",
                        sd->name, ms_admit_code_str(o.code), (int)o.resource);
     }
@@ -1943,6 +1980,10 @@ ms_status ms_engine_step(ms_engine *e, ms_engine_step_info *info, ms_error *err)
     if (info != NULL)
         *info = inf;
     const ms_model_desc *d = e->desc;
+    /* 0. [kv pressure] offloaded requests come back first when pages allow */
+    MS_TRY(eng_kv_reload(e, err));
+    for (size_t i = 0; i < e->n_reqs; i++)
+        e->reqs[i]->kv_wait = false;
 
     /* 1. the scheduler picks the step: requests waiting at each step of each node (the
        scheduler's index of node i's step k is nodes[i].step0 + k) */
@@ -1972,19 +2013,29 @@ ms_status ms_engine_step(ms_engine *e, ms_engine_step_info *info, ms_error *err)
     if (nd->node->hidden_width != NULL)
         return eng_step_encode(e, nd, item, info, err);
 
-    /* 2. its rows, and the declaration from the generated step runner */
-    int32_t n = eng_rows(e, item, &inf.n_prefill);
-    if (n == 0)
-        return MS_OK;
-    /* [graphs] a batch a captured bucket covers is padded with dummy rows (graph_exec.h; a
-       model of several nodes has no graphs: e->gx NULL leaves the batch as it is) */
+    /* 2. its rows, and the declaration from the generated step runner; [kv pressure] a
+       page-short admit makes room (eng_kv_make_room) and the rows are built again */
+    int32_t n;
     ms_graph_step gs;
-    MS_TRY(ms_graph_exec_pad(e->gx, item.step, e->rows, e->rids, n, e->max_seqs, &gs, err));
-    for (int32_t j = n; j < gs.n_rows; j++)
-        e->row_reqs[j] = NULL;
-    MS_TRY(sd->run(e->config, e->rows, gs.n_rows, &e->build, err));
-    MS_TRY(eng_pack_tokens(e, nd, item.step, err));
-    MS_TRY(eng_run_built(e, nd, sd, &gs, true, err));
+    for (;;) {
+        n = eng_rows(e, item, &inf.n_prefill);
+        if (n == 0)
+            return MS_OK;
+        /* [graphs] a batch a captured bucket covers is padded with dummy rows (graph_exec.h; a
+           model of several nodes has no graphs: e->gx NULL leaves the batch as it is) */
+        MS_TRY(ms_graph_exec_pad(e->gx, item.step, e->rows, e->rids, n, e->max_seqs, &gs, err));
+        for (int32_t j = n; j < gs.n_rows; j++)
+            e->row_reqs[j] = NULL;
+        MS_TRY(sd->run(e->config, e->rows, gs.n_rows, &e->build, err));
+        MS_TRY(eng_pack_tokens(e, nd, item.step, err));
+        e->short_rid = 0;
+        ms_status st = eng_run_built(e, nd, sd, &gs, true, err);
+        if (st == MS_OK)
+            break;
+        if (st != MS_ERR_CAPACITY || e->short_rid == 0)
+            return st;
+        MS_TRY(eng_kv_make_room(e, nd, item, n, err));
+    }
 
     /* 6. each request's walk moves on: prompts consumed, ids appended, stops */
     const ms_md_step_build *b = &e->build;
@@ -2089,4 +2140,354 @@ struct ms_sample_res *ms_engine_sampler(ms_engine *e) {
         if (e->nodes[i].sampler != NULL)
             return e->nodes[i].sampler;
     return NULL;
+}
+
+/* ---- [kv pressure] host tier, offload / reload, recompute-preemption ---- */
+
+/* Device KV pages for options.gpu_memory_fraction F (like vLLM's gpu_memory_utilization): the
+ * arena may use what is free on the device after the weights, less the (1 - F) of the total kept
+ * free for the per-step buffers and other processes, split evenly over the nodes. */
+static ms_status eng_kv_pages_from_fraction(ms_engine *e, const eng_node *nd, int32_t ps,
+                                            int32_t *pages, ms_error *err) {
+    const double f = e->opt.gpu_memory_fraction;
+    if (strncmp(e->dev->iface->name, "cuda", 4) != 0)
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED,
+                       "gpu_memory_fraction %g: device '%s' has no memory to take a fraction of "
+                       "(set kv_pages instead)", f, e->dev->iface->name);
+    size_t fr = 0, tot = 0;
+    MS_TRY(ms_device_mem_info(e->dev, &fr, &tot, err));
+    const double keep = (1.0 - f) * (double)tot;
+    if ((double)fr <= keep)
+        return MS_FAIL(err, MS_ERR_CAPACITY,
+                       "gpu_memory_fraction %g: %.2f of %.2f GB free after the weights, %.2f GB "
+                       "to stay free: nothing left for the KV arena (raise it or set kv_pages)",
+                       f, (double)fr / 1e9, (double)tot / 1e9, keep / 1e9);
+    const ms_md_facts *fa = &nd->facts;
+    ms_page_arena_config ac = {
+        .n_layers = fa->n_layers,
+        .page_size = ps,
+        .n_kv_heads = fa->n_kv_heads,
+        .head_dim = fa->head_dim,
+        .elem_bytes = (int32_t)ms_dtype_size(e->kvdtype),
+        .layout = MS_KV_LAYOUT_NHD,
+        .budget_bytes = (size_t)(((double)fr - keep) / (double)e->n_nodes),
+        .name = nd->node->name,
+    };
+    ms_page_arena_size sz;
+    ms_status st = ms_page_arena_measure(&ac, &sz, err);
+    if (st != MS_OK) {
+        ms_error_prefix(err, "gpu_memory_fraction: ");
+        return st;
+    }
+    *pages = sz.n_pages;
+    return MS_OK;
+}
+
+/* Node nd's offload tier: options.host_kv_pages usable pages (+ the sink page every arena
+ * keeps) of the device arena's geometry, in pinned host memory on cuda (device_cuda.h
+ * ms_device_cuda_host_init), plain host memory on cpu. host_kv_pages 0: none. */
+static ms_status eng_host_arena_init(ms_engine *e, eng_node *nd, const ms_page_arena_config *dev,
+                                     ms_error *err) {
+    if (e->opt.host_kv_pages == 0)
+        return MS_OK;
+    if (e->host_dev == NULL) {
+        if (strncmp(e->dev->iface->name, "cuda", 4) == 0) {
+#ifdef MS_HAVE_CUDA
+            MS_TRY(ms_device_cuda_host_init(0, &e->host_dev, err));
+#else
+            return MS_FAIL(err, MS_ERR_UNSUPPORTED, "host_kv_pages: a cuda device in a build "
+                           "without CUDA");
+#endif
+        } else {
+            MS_TRY(ms_device_host_init(0, &e->host_dev, err));
+        }
+    }
+    if (e->opt.host_kv_pages >= INT32_MAX)
+        return MS_FAIL(err, MS_ERR_LIMIT, "host_kv_pages %d: too many pages",
+                       (int)e->opt.host_kv_pages);
+    ms_page_arena_config hc = *dev;
+    hc.n_pages = e->opt.host_kv_pages + 1;
+    hc.budget_bytes = 0;
+    hc.name = "kv host tier";
+    ms_status st = ms_page_arena_init(&hc, e->host_dev, &nd->host_arena, err);
+    if (st != MS_OK)
+        ms_error_prefix(err, "host_kv_pages: ");
+    return st;
+}
+
+/* A request that can never fit is refused at add: per node with a KV arena, its streams need
+ * ceil(min(prompt + max_new_tokens, context) / page_size) pages each (a windowed node: the
+ * window's pages + 1); more than the arena's usable pages can never be held at once, however
+ * many others are offloaded or preempted. */
+static ms_status eng_kv_check_fits(const ms_engine *e, const ms_engine_request *rq,
+                                   int32_t n_streams, ms_error *err) {
+    for (int32_t i = 0; i < e->n_nodes; i++) {
+        const eng_node *nd = &e->nodes[i];
+        if (nd->node->hidden_width != NULL || nd->context_label >= 0)
+            continue; /* an encoder's stream lives one call; a cross node's context is sized
+                         by the arena's own rule */
+        const int32_t ps = nd->kv.page_size;
+        int64_t tokens = (int64_t)MS_MAX(rq->n_prompt, rq->n_negative_prompt) +
+                         rq->max_new_tokens;
+        if (tokens > nd->facts.max_context)
+            tokens = nd->facts.max_context;
+        int64_t per = (tokens + ps - 1) / ps;
+        if (nd->facts.window > 0)
+            per = MS_MIN(per, (int64_t)MS_CEIL_DIV(nd->facts.window, ps) + 1);
+        const int64_t streams = rq->negative_prompt != NULL ? 2 : 1;
+        const int64_t need = per * streams;
+        const int32_t usable = nd->pages_free_initial;
+        if (need > usable)
+            return MS_FAIL(err, MS_ERR_CAPACITY,
+                           "request of %d prompt + %d new tokens needs %lld KV pages of %d "
+                           "tokens (max context %d), the arena holds %d (raise kv_pages or "
+                           "lower max_tokens)",
+                           (int)MS_MAX(rq->n_prompt, rq->n_negative_prompt),
+                           (int)rq->max_new_tokens, (long long)need, (int)ps,
+                           (int)nd->facts.max_context, (int)usable);
+    }
+    (void)n_streams;
+    return MS_OK;
+}
+
+/* A request that has not started (fresh prefill). */
+static bool eng_kv_fresh(const eng_req *r) {
+    if (r->n_out > 0 || r->walk.at != 0)
+        return false;
+    for (int l = 0; l < MS_MAX_LABELS; l++)
+        if (r->consumed[l] != 0)
+            return false;
+    return true;
+}
+
+/* True when a step must leave r out: offloaded, waiting for pages in this engine step, or a fresh
+ * prefill while some request waits to come back (offloaded or recompute-preempted). */
+static bool eng_kv_skip(const ms_engine *e, const eng_req *r) {
+    return r->kv_offloaded || r->kv_wait || (e->kv_n_parked > 0 && eng_kv_fresh(r));
+}
+
+/* Requests waiting to come back: offloaded, or preempted and not yet re-prefilling. */
+static void eng_kv_count_parked(ms_engine *e) {
+    int32_t n = 0;
+    for (size_t i = 0; i < e->n_reqs; i++) {
+        const eng_req *r = e->reqs[i];
+        if (r->finish == MS_FINISH_NONE &&
+            (r->kv_offloaded || (r->n_out > 0 && eng_kv_fresh(r))))
+            n++;
+    }
+    e->kv_n_parked = n;
+}
+
+/* Host-tier pages rid holds in node nd. */
+static int32_t eng_kv_host_pages(eng_node *nd, ms_rid rid) {
+    int32_t n = 0;
+    for (ms_label l = 0; l < MS_MAX_LABELS; l++) {
+        ms_kv_stream_info si;
+        if (ms_kv_pool_stream_info(nd->pool, rid, l, &si) == MS_OK)
+            n += si.n_host_pages;
+    }
+    return n;
+}
+
+/* Decoding requests that run (not offloaded): each may take a page in the next step. */
+static int32_t eng_kv_running(const ms_engine *e) {
+    int32_t n = 0;
+    for (size_t i = 0; i < e->n_reqs; i++) {
+        const eng_req *r = e->reqs[i];
+        if (r->finish == MS_FINISH_NONE && !r->kv_offloaded && ms_walk_in_loop(e->desc, r->walk))
+            n++;
+    }
+    return n;
+}
+
+/* Bring offloaded requests back, oldest first, while each node's free pages cover the request's
+ * pages plus one per running decode (so the reload is not undone by the next step's growth); the
+ * first that does not fit stops the pass (no younger one jumps ahead). */
+static ms_status eng_kv_reload(ms_engine *e, ms_error *err) {
+    int32_t running = -1;
+    for (size_t i = 0; i < e->n_reqs; i++) {
+        eng_req *r = e->reqs[i];
+        if (!r->kv_offloaded || r->finish != MS_FINISH_NONE)
+            continue;
+        if (running < 0)
+            running = eng_kv_running(e);
+        bool fits = true;
+        int32_t pages = 0;
+        for (int32_t k = 0; k < e->n_nodes && fits; k++) {
+            eng_node *nd = &e->nodes[k];
+            if (nd->host_arena == NULL || !ms_kv_pool_is_offloaded(nd->pool, r->rid))
+                continue;
+            int32_t need = eng_kv_host_pages(nd, r->rid);
+            fits = ms_page_arena_num_free(nd->arena) >= need + running;
+            pages += need;
+        }
+        if (!fits)
+            break;
+        for (int32_t k = 0; k < e->n_nodes; k++) {
+            eng_node *nd = &e->nodes[k];
+            if (nd->host_arena == NULL || !ms_kv_pool_is_offloaded(nd->pool, r->rid))
+                continue;
+            ms_status st = ms_kv_pool_reload(nd->pool, r->rid, err);
+            if (st == MS_ERR_CAPACITY) {
+                fits = false;
+                break;
+            }
+            if (st != MS_OK) {
+                ms_error_prefix(err, "kv reload: ");
+                return st;
+            }
+        }
+        if (!fits)
+            break;
+        r->kv_offloaded = false;
+        e->kv_stats.reloads++;
+        e->kv_stats.pages_reloaded += pages;
+        if (ms_walk_in_loop(e->desc, r->walk))
+            running++;
+    }
+    eng_kv_count_parked(e);
+    return MS_OK;
+}
+
+/* Offload v's KV on every node to the host tier. *done false when no node has a host tier or
+ * the host tier is full (MS_ERR_CAPACITY: nothing of that node moved). */
+static ms_status eng_kv_offload(ms_engine *e, eng_req *v, bool *done, ms_error *err) {
+    *done = false;
+    int32_t freed_all = 0;
+    for (int32_t k = 0; k < e->n_nodes; k++) {
+        eng_node *nd = &e->nodes[k];
+        if (nd->host_arena == NULL || ms_kv_pool_reclaimable(nd->pool, v->rid) == 0)
+            continue;
+        int32_t freed = 0;
+        ms_error e2 = {0};
+        ms_status st = ms_kv_pool_offload(nd->pool, v->rid, &freed, &e2);
+        if (st == MS_ERR_CAPACITY)
+            break; /* host tier full */
+        if (st != MS_OK) {
+            *err = e2;
+            ms_error_prefix(err, "kv offload: ");
+            return st;
+        }
+        freed_all += freed;
+        *done = true;
+    }
+    if (*done) {
+        v->kv_offloaded = true;
+        e->kv_stats.offloads++;
+        e->kv_stats.pages_offloaded += freed_all;
+    }
+    return MS_OK;
+}
+
+/* Recompute-preemption is possible for a one-node, one-stream, token-only request whose walk has
+ * one prompt item: its state is its prompt and its output ids. */
+static bool eng_kv_can_recompute(const ms_engine *e, const eng_req *r) {
+    return e->n_nodes == 1 && r->n_streams == 1 && r->positions == NULL &&
+           r->features == NULL && r->context == NULL &&
+           e->desc->walks[r->walk.walk].loop_begin == 1;
+}
+
+/* Drop v's KV (pages back, positions to 0) and put it back at its walk's prompt step with prompt
+ * = original prompt + every id generated so far: its re-prefill computes the KV again and samples
+ * the id the next decode would have (the sampler's state and the output are kept). */
+static ms_status eng_kv_recompute(ms_engine *e, eng_req *v, ms_error *err) {
+    eng_node *nd = &e->nodes[0];
+    const int32_t n0 = v->n_orig_prompt;
+    int32_t *p = ms_malloc((size_t)(n0 + v->n_out) * sizeof(int32_t));
+    if (p == NULL)
+        return MS_FAIL(err, MS_ERR_OOM, "out of memory for a preempted request's prompt");
+    memcpy(p, v->prompt[MS_LABEL_MAIN], (size_t)n0 * sizeof(int32_t));
+    memcpy(p + n0, v->out, (size_t)v->n_out * sizeof(int32_t));
+    ms_free(v->prompt[MS_LABEL_MAIN]);
+    v->prompt[MS_LABEL_MAIN] = p;
+    v->n_prompt[MS_LABEL_MAIN] = n0 + v->n_out;
+    memset(v->consumed, 0, sizeof v->consumed);
+    v->walk.at = 0;
+    ms_kv_pool_reset(nd->pool, v->rid, true);
+    ms_positions_reset(ms_step_runner_resource(nd->runner, nd->idx[MS_RESOURCE_POS]), v->rid);
+    e->kv_stats.preemptions++;
+    return MS_OK;
+}
+
+/* True when rid is one of the step's n rows. */
+static bool eng_kv_in_rows(const ms_engine *e, int32_t n, ms_rid rid) {
+    for (int32_t j = 0; j < n; j++)
+        if (e->rids[j] == rid)
+            return true;
+    return false;
+}
+
+/*
+ * A step's admit came out page-short for e->short_rid (s) on node nd. In order:
+ *  1. s is a prefill and decodes run: s waits (left out of this engine step); decodes keep
+ *     priority and free pages as they finish;
+ *  2. else a victim, least recently used first (the pool's LRU candidates), one not in this
+ *     step before one in it, never s, never a finished request: offloaded to the host tier, or
+ *     recompute-preempted when the host tier is full (or absent) and it can be;
+ *  3. nothing to take pages from: s waits when some other request holds pages (finished ones
+ *     the caller has not removed yet); else the step fails naming kv_pages (ms_engine_add
+ *     refuses what can never fit, so this is not reached by a request the arena holds alone).
+ * The caller builds the rows again.
+ */
+static ms_status eng_kv_make_room(ms_engine *e, eng_node *nd, ms_md_walk_item item, int32_t n,
+                                  ms_error *err) {
+    (void)item;
+    eng_req *s = eng_find_req(e, e->short_rid, NULL);
+    if (s == NULL)
+        return MS_FAIL(err, MS_ERR_INTERNAL, "kv pressure: page-short request %llu not found",
+                       (unsigned long long)e->short_rid);
+    ms_error dropped = *err; /* the admit's message, for case 3 */
+    if (!ms_walk_in_loop(e->desc, s->walk)) {
+        for (size_t i = 0; i < e->n_reqs; i++) {
+            const eng_req *r = e->reqs[i];
+            if (r != s && r->finish == MS_FINISH_NONE && !r->kv_offloaded && !r->kv_wait &&
+                ms_walk_in_loop(e->desc, r->walk)) {
+                s->kv_wait = true;
+                return MS_OK;
+            }
+        }
+    }
+    ms_rid cand[64];
+    int32_t m = ms_kv_pool_lru_candidates(nd->pool, cand, 64);
+    for (int pass = 0; pass < 2; pass++) {
+        for (int32_t i = 0; i < m; i++) {
+            if (cand[i] == s->rid || eng_kv_in_rows(e, n, cand[i]) != (pass == 1))
+                continue;
+            eng_req *v = eng_find_req(e, cand[i], NULL);
+            if (v == NULL || v->finish != MS_FINISH_NONE || v->kv_offloaded)
+                continue;
+            bool done = false;
+            MS_TRY(eng_kv_offload(e, v, &done, err));
+            if (!done && eng_kv_can_recompute(e, v)) {
+                MS_TRY(eng_kv_recompute(e, v, err));
+                done = true;
+            }
+            if (done) {
+                v->kv_wait = pass == 1; /* a row of this step: not again in this step */
+                eng_kv_count_parked(e);
+                return MS_OK;
+            }
+        }
+    }
+    if (ms_page_arena_num_free(nd->arena) + ms_kv_pool_reclaimable(nd->pool, s->rid) <
+        nd->pages_free_initial) {
+        s->kv_wait = true; /* others hold pages that nothing here can take */
+        return MS_OK;
+    }
+    *err = dropped;
+    return MS_ERR_CAPACITY;
+}
+
+void ms_engine_get_kv_stats(const ms_engine *e, ms_engine_kv_stats *out) {
+    *out = e->kv_stats;
+    out->n_offloaded = 0;
+    for (size_t i = 0; i < e->n_reqs; i++)
+        out->n_offloaded += e->reqs[i]->kv_offloaded;
+    out->host_pages = 0;
+    out->host_pages_free = 0;
+    for (int32_t k = 0; k < e->n_nodes; k++)
+        if (e->nodes[k].host_arena != NULL) {
+            out->host_pages += ms_page_arena_num_pages(e->nodes[k].host_arena) - 1;
+            out->host_pages_free += ms_page_arena_num_free(e->nodes[k].host_arena);
+        }
 }

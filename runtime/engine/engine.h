@@ -86,10 +86,20 @@ typedef struct ms_engine_options {
                                 runs every step eager; MS_GRAPHS_PADDED pads like a replay and
                                 runs eager (tests). With graphs the arena gets one extra KV page
                                 per dummy row. */
+    /* [kv pressure] (ms_engine_step): */
+    int32_t host_kv_pages;   /* usable pages of the host tier per node (same geometry as the
+                                device arena; pinned host memory on cuda, through
+                                device_cuda.h): an LRU request's KV is offloaded there when
+                                device pages run short and reloaded when they free up; 0 = no
+                                tier (recompute-preemption only) */
+    double gpu_memory_fraction; /* (0, 1]: with kv_pages 0, size the device arena from the
+                                memory free after the weights, keeping (1 - F) of the device's
+                                total free (vLLM's gpu_memory_utilization; cuda only); 0 = off
+                                (the kv_pages / max_seq_len rule) */
 } ms_engine_options;
 
 /* Defaults: device "cpu", page_size 0, max_seqs 8, max_tokens 2048, kv_pages 0, max_seq_len 0,
- * n_threads 0, graphs MS_GRAPHS_OFF. */
+ * n_threads 0, graphs MS_GRAPHS_OFF, host_kv_pages 0, gpu_memory_fraction 0. */
 ms_engine_options ms_engine_options_default(void);
 
 /* ---- engine ---- */
@@ -210,7 +220,8 @@ ms_sampling_params ms_engine_sampling_defaults(const ms_engine *e);
  * model's context (M positions)"; ids out of range, an empty prompt, bad sampling settings:
  * MS_ERR_INVALID_ARG; more than max_seqs active requests or a prompt over max_tokens:
  * MS_ERR_CAPACITY naming the option to raise (a request takes one of max_seqs per stream: a guided
- * pair two). A negative prompt on a model without a cfg_uncond label: MS_ERR_UNSUPPORTED. A
+ * pair two); a request whose prompt + max_new_tokens (capped at the context) needs more KV pages
+ * than the arena holds: MS_ERR_CAPACITY naming the pages, the max context and kv_pages. A negative prompt on a model without a cfg_uncond label: MS_ERR_UNSUPPORTED. A
  * request with max_new_tokens 0 finishes at once.
  */
 ms_status ms_engine_add(ms_engine *e, const ms_engine_request *rq, ms_rid *rid, ms_error *err);
@@ -230,7 +241,18 @@ typedef struct ms_engine_step_info {
  * requests keep
  * their output until removed. No active request: MS_OK with a zeroed info. Errors: a failing
  * resource or op (message names the step and the resource), MS_ERR_CAPACITY when the KV pages run
- * short (names kv_pages).
+ * short and nothing can make room (names kv_pages).
+ *
+ * KV pressure (vLLM-style; outputs are unchanged by it): at the start of a step offloaded
+ * requests are reloaded, oldest first, when the free pages cover them plus one page per running
+ * decode; while any request waits to come back, requests that have not started wait. When the
+ * step's admit is page-short for request s: a prefill s waits while decodes run (decodes keep
+ * priority); otherwise the least recently used request (kv_pool.h ms_kv_pool_lru_candidates),
+ * one outside this step first, is offloaded to the host tier (options.host_kv_pages), or, when
+ * the tier is full or absent, recompute-preempted (its KV dropped; it re-prefills prompt +
+ * generated ids later: one-node, one-stream, token-only requests); then the step is built
+ * again. Finished requests are never taken: remove them promptly (they hold pages until then).
+ * ms_engine_add refuses a request that could never fit in the arena alone.
  */
 ms_status ms_engine_step(ms_engine *e, ms_engine_step_info *info, ms_error *err);
 
@@ -315,6 +337,21 @@ const float *ms_engine_last_logits(const ms_engine *e, ms_rid rid);
 
 /* Free everything rid holds (KV pages, positions, sampler state, its record). Unknown: no-op. */
 void ms_engine_remove(ms_engine *e, ms_rid rid);
+
+/* [kv pressure] counters since init, and the host tier now (metrics). */
+typedef struct ms_engine_kv_stats {
+    int64_t offloads;          /* requests moved to the host tier */
+    int64_t pages_offloaded;   /* device pages those offloads freed */
+    int64_t reloads;           /* requests brought back */
+    int64_t pages_reloaded;    /* host-tier pages they brought back */
+    int64_t preemptions;       /* recompute-preemptions (KV dropped, re-prefilled later) */
+    int32_t n_offloaded;       /* requests in the host tier now */
+    int32_t host_pages;        /* usable host-tier pages over the nodes (0: no tier) */
+    int32_t host_pages_free;   /* of which free now */
+} ms_engine_kv_stats;
+
+/* Fill *out (see ms_engine_kv_stats). */
+void ms_engine_get_kv_stats(const ms_engine *e, ms_engine_kv_stats *out);
 
 /* KV pages free right now, summed over the nodes' page arenas (tests: returns to its initial
  * value after every remove). */
