@@ -55,6 +55,9 @@ TSAN_TESTS += tests/test_tp_check
 TESTS += tests/test_engine_llama
 # tests that run the engine over the descriptor mstarc generates from models/llama.mstar
 $(BUILD)/tests/test_engine_llama: $(BUILD)/obj/gen/llama/llama_gen.o
+# KV pressure: offload / reload / recompute-preemption under a small arena
+TESTS += tests/test_engine_offload
+$(BUILD)/tests/test_engine_offload: $(BUILD)/obj/gen/llama/llama_gen.o
 $(BUILD)/tests/test_engine_desc: $(BUILD)/obj/gen/llama/llama_gen.o
 $(BUILD)/tests/test_cli: $(BUILD)/obj/gen/llama/llama_gen.o
 TESTS += tests/test_engine_cfg

@@ -2419,8 +2419,8 @@ static bool eng_kv_in_rows(const ms_engine *e, int32_t n, ms_rid rid) {
 
 /*
  * A step's admit came out page-short for e->short_rid (s) on node nd. In order:
- *  1. s is a prefill and decodes run: s waits (left out of this engine step); decodes keep
- *     priority and free pages as they finish;
+ *  1. s is a prefill and decodes run, or other rows share the step: s waits (left out of this
+ *     engine step); decodes keep priority and free pages as they finish;
  *  2. else a victim, least recently used first (the pool's LRU candidates), one not in this
  *     step before one in it, never s, never a finished request: offloaded to the host tier, or
  *     recompute-preempted when the host tier is full (or absent) and it can be;
@@ -2438,6 +2438,10 @@ static ms_status eng_kv_make_room(ms_engine *e, eng_node *nd, ms_md_walk_item it
                        (unsigned long long)e->short_rid);
     ms_error dropped = *err; /* the admit's message, for case 3 */
     if (!ms_walk_in_loop(e->desc, s->walk)) {
+        if (n > 1) { /* the step's other rows go first; s takes what they leave next time */
+            s->kv_wait = true;
+            return MS_OK;
+        }
         for (size_t i = 0; i < e->n_reqs; i++) {
             const eng_req *r = e->reqs[i];
             if (r != s && r->finish == MS_FINISH_NONE && !r->kv_offloaded && !r->kv_wait &&
