@@ -492,5 +492,59 @@ if MS_SERVE_STEP_DELAY_MS=20 start sigint --model "$l2c" --tokenizer "$tok"; the
     check "sigint: ... after an error event saying the server is shutting down (503)" grep -q '"error".*shutting down' "$tmp/int"
 fi
 
+# ---- KV pressure: a tiny --kv-pages, many concurrent greedy requests; LRU offload to the host
+# tier (--host-kv-pages) and back, or recompute-preemption without it; every response completes
+# with generate's text, a request that can never fit is refused (400), all pages free after ----
+for fl in "--gpu-memory-fraction 0" "--gpu-memory-fraction 1.5" "--gpu-memory-fraction nan" "--host-kv-pages -1" "--kv-pages 8 --gpu-memory-fraction 0.5"; do
+    # shellcheck disable=SC2086
+    timeout 20 "$bin" serve --model "$l2c" --tokenizer "$tok" --port 0 $fl >/dev/null 2>"$tmp/flag.err"
+    frc=$?
+    detail="exit $frc: $(head -c 300 "$tmp/flag.err")"
+    check "kv flags: '$fl' refused with one line" [ $frc -eq 1 -a "$(wc -l <"$tmp/flag.err")" -eq 1 ]
+done
+"$bin" generate --model "$l2c" --tokenizer "$tok" --prompt "Once upon a time" --temperature 0 \
+    --max-new-tokens 30 --no-display-prompt >"$tmp/want_kv" 2>/dev/null
+for host in 16 0; do
+    name="kvpress-host$host"
+    if start "$name" --model "$l2c" --tokenizer "$tok" --max-seqs 8 --page-size 4 --kv-pages 20 --host-kv-pages $host; then
+        pages0=$(metric mstar_kv_pages_free)
+        hpages0=$(metric mstar_kv_host_pages_free)
+        for i in $(seq 24); do
+            if [ $((i % 2)) -eq 0 ]; then s=true; else s=false; fi
+            printf '{"prompt": "Once upon a time", "max_tokens": 30, "temperature": 0, "ignore_eos": true, "stream": %s}' "$s" >"$tmp/k$i.body"
+            curl -s -N -m 120 -o "$tmp/k$i.out" -w '%{http_code}' --data-binary @"$tmp/k$i.body" "$url/v1/completions" >"$tmp/k$i.st" &
+        done
+        wait $(jobs -p | grep -v -x "$pid") 2>/dev/null
+        n_ok=0
+        for i in $(seq 24); do
+            if grep -q '^data: ' "$tmp/k$i.out"; then
+                { sse_text "$tmp/k$i.out"; echo; } >"$tmp/k$i.txt"
+            else
+                { jq -j '.choices[0].text' "$tmp/k$i.out"; echo; } >"$tmp/k$i.txt"
+            fi
+            [ "$(cat "$tmp/k$i.st")" = 200 ] && cmp -s "$tmp/want_kv" "$tmp/k$i.txt" && n_ok=$((n_ok + 1))
+        done
+        detail="$n_ok of 24 complete with generate's text; e.g. $(head -c 300 "$tmp/k1.out")"
+        check "$name: 24 concurrent requests under a 19-page arena all complete, text unchanged" [ $n_ok -eq 24 ]
+        off=$(metric mstar_kv_offloads_total)
+        pre=$(metric mstar_kv_preemptions_total)
+        echo "     $name: offloads $off (pages $(metric mstar_kv_offloaded_pages_total)), reloads $(metric mstar_kv_reloads_total), preemptions $pre"
+        if [ "$host" -gt 0 ]; then
+            detail="offloads $off reloads $(metric mstar_kv_reloads_total)"
+            check "$name: /metrics counts offloads and as many reloads" [ "${off:-0}" -gt 0 -a "$(metric mstar_kv_reloads_total)" = "$off" ]
+        else
+            detail="offloads $off preemptions $pre"
+            check "$name: no host tier: recompute-preemptions, no offloads" [ "${pre:-0}" -gt 0 -a "$off" = 0 ]
+        fi
+        st=$(postj /v1/completions '{"prompt": "Once upon a time", "max_tokens": 100}' "$tmp/huge.json")
+        detail="status $st $(head -c 300 "$tmp/huge.json")"
+        check "$name: a request that can never fit -> 400 naming the KV pages" [ "$st" = 400 -a "$(grep -c 'KV pages' "$tmp/huge.json")" -ge 1 ]
+        detail="pages $(metric mstar_kv_pages_free) of $pages0, host $(metric mstar_kv_host_pages_free) of $hpages0, offloaded $(metric mstar_kv_requests_offloaded)"
+        check "$name: afterwards every device and host KV page is free" \
+            [ "$(metric mstar_kv_pages_free)" = "$pages0" -a "$(metric mstar_kv_host_pages_free)" = "$hpages0" -a "$(metric mstar_kv_requests_offloaded)" = 0 ]
+        stop "$name" TERM
+    fi
+done
+
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]

@@ -165,6 +165,8 @@ typedef struct srv_opts {
     const char *model, *tokenizer, *host, *api_key, *device, *dtype, *chat_template;
     int32_t port, max_seqs, max_tokens_per_step, page_size, threads, max_queue, kv_pages;
     bool no_graphs; /* --no-graphs: every step eager (engine.h graphs) */
+    int32_t host_kv_pages;      /* --host-kv-pages: the host tier (engine.h host_kv_pages) */
+    float gpu_memory_fraction;  /* --gpu-memory-fraction: 0 unset (engine.h) */
 } srv_opts;
 
 struct srv {
@@ -193,6 +195,7 @@ struct srv {
     /* metrics (under mu) */
     uint64_t n_success, n_error, n_aborted, prompt_tokens, gen_tokens;
     int32_t kv_free, kv_total;  /* published by the scheduler */
+    ms_engine_kv_stats kv;      /* offload / preemption counters, published by the scheduler */
     srv_hist ttft, itl;         /* time to first token (from arrival), between tokens */
 };
 
@@ -702,7 +705,10 @@ static void job_fail(srv_job *j, unsigned status, const char *msg) {
     pthread_cond_broadcast(&j->cv);
 }
 
-static void sched_publish(srv *s) { s->kv_free = ms_engine_kv_pages_free(s->eng); }
+static void sched_publish(srv *s) {
+    s->kv_free = ms_engine_kv_pages_free(s->eng);
+    ms_engine_get_kv_stats(s->eng, &s->kv);
+}
 
 static void *sched_main(void *arg) {
     srv *s = arg;
@@ -753,7 +759,9 @@ static void *sched_main(void *arg) {
             }
             if (st != MS_OK) {
                 srv_log(s, "%s: cannot add the request: %s", j->id, err.msg);
-                job_fail(j, 500, err.msg);
+                /* a request the KV arena can never hold (engine.h ms_engine_add): the
+                   client's to change, 400 like a prompt over the context */
+                job_fail(j, st == MS_ERR_CAPACITY || st == MS_ERR_LIMIT ? 400 : 500, err.msg);
                 c->state = CH_DONE;
                 job_release_sched(j);
                 continue;
@@ -1170,11 +1178,35 @@ static enum MHD_Result handle_metrics(srv *s, struct MHD_Connection *con) {
         "mstar_kv_pages_free %d\n"
         "# HELP mstar_kv_pages_used KV pages held by requests.\n"
         "# TYPE mstar_kv_pages_used gauge\n"
-        "mstar_kv_pages_used %d\n",
+        "mstar_kv_pages_used %d\n"
+        "# HELP mstar_kv_pages_offloaded KV pages in the host tier now (--host-kv-pages).\n"
+        "# TYPE mstar_kv_pages_offloaded gauge\n"
+        "mstar_kv_pages_offloaded %d\n"
+        "# HELP mstar_kv_host_pages_free Host-tier KV pages free.\n"
+        "# TYPE mstar_kv_host_pages_free gauge\n"
+        "mstar_kv_host_pages_free %d\n"
+        "# HELP mstar_kv_requests_offloaded Requests whose KV is in the host tier now.\n"
+        "# TYPE mstar_kv_requests_offloaded gauge\n"
+        "mstar_kv_requests_offloaded %d\n"
+        "# HELP mstar_kv_offloads_total Requests moved to the host tier when pages ran short.\n"
+        "# TYPE mstar_kv_offloads_total counter\n"
+        "mstar_kv_offloads_total %lld\n"
+        "# HELP mstar_kv_offloaded_pages_total Device KV pages freed by offloads.\n"
+        "# TYPE mstar_kv_offloaded_pages_total counter\n"
+        "mstar_kv_offloaded_pages_total %lld\n"
+        "# HELP mstar_kv_reloads_total Offloaded requests brought back.\n"
+        "# TYPE mstar_kv_reloads_total counter\n"
+        "mstar_kv_reloads_total %lld\n"
+        "# HELP mstar_kv_preemptions_total Recompute-preemptions (KV dropped, re-prefilled).\n"
+        "# TYPE mstar_kv_preemptions_total counter\n"
+        "mstar_kv_preemptions_total %lld\n",
         (unsigned long long)s->n_success, (unsigned long long)s->n_error,
         (unsigned long long)s->n_aborted, (unsigned long long)s->prompt_tokens,
         (unsigned long long)s->gen_tokens, (int)s->n_run, (int)s->n_queued, (int)s->kv_free,
-        (int)(s->kv_total - s->kv_free));
+        (int)(s->kv_total - s->kv_free), (int)(s->kv.host_pages - s->kv.host_pages_free),
+        (int)s->kv.host_pages_free, (int)s->kv.n_offloaded, (long long)s->kv.offloads,
+        (long long)s->kv.pages_offloaded, (long long)s->kv.reloads,
+        (long long)s->kv.preemptions);
     const srv_hist *hs[2] = {&s->ttft, &s->itl};
     static const char *const hname[2] = {"mstar_time_to_first_token_seconds",
                                          "mstar_inter_token_latency_seconds"};
@@ -1303,14 +1335,19 @@ static void serve_usage(FILE *to, const char *prog) {
     fprintf(to,
             "usage: %s serve --model PATH [--tokenizer PATH|none] [--host ADDR] [--port N]\n"
             "           [--api-key KEY] [--max-seqs N] [--max-tokens-per-step N]\n"
-            "           [--max-queue N] [--kv-pages N] [--page-size N]\n"
+            "           [--max-queue N] [--kv-pages N | --gpu-memory-fraction F]\n"
+            "           [--host-kv-pages N] [--page-size N]\n"
             "           [--device auto|cpu|cuda] [--dtype auto|f32|bf16] [--threads N]\n"
             "           [--chat-template FILE.jinja|tokenizer_config.json] [--no-graphs]\n"
             "  OpenAI-compatible HTTP server: POST /v1/completions, /v1/chat/completions (the\n"
             "  chat template: --chat-template, else the tokenizer's or the model folder's\n"
             "  tokenizer_config.json), GET /v1/models, /health, /metrics. --host defaults to\n"
             "  127.0.0.1, --port to 8000 (0: a free port, printed as 'listening on\n"
-            "  http://HOST:PORT' on stderr). SIGINT / SIGTERM stop it.\n",
+            "  http://HOST:PORT' on stderr). SIGINT / SIGTERM stop it. When KV pages run\n"
+            "  short the least recently used request's KV moves to a host tier of\n"
+            "  --host-kv-pages pages (0: none) and back, or is recomputed later;\n"
+            "  --gpu-memory-fraction F in (0, 1] sizes the device KV from the memory free\n"
+            "  after the weights (cuda; instead of --kv-pages).\n",
             prog);
 }
 
@@ -1325,7 +1362,8 @@ static int parse_serve(int argc, char **argv, srv_opts *o, const char *prog) {
     static const char *const with_value[] = {
         "--model", "--tokenizer", "--host", "--port", "--api-key", "--max-seqs",
         "--max-tokens-per-step", "--device", "--dtype", "--page-size", "--threads",
-        "--max-queue", "--kv-pages", "--chat-template"};
+        "--max-queue", "--kv-pages", "--chat-template", "--host-kv-pages",
+        "--gpu-memory-fraction"};
     bool seen[MS_ARRAY_LEN(with_value)] = {false};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
@@ -1394,6 +1432,15 @@ static int parse_serve(int argc, char **argv, srv_opts *o, const char *prog) {
                 0)
                 return 1;
             o->kv_pages = (int32_t)n;
+        } else if (strcmp(a, "--host-kv-pages") == 0) {
+            if (ms_cli_flag_i64(prog, a, v, 0, INT32_MAX - 1, "an integer >= 0 (0: no host tier)",
+                                &n) != 0)
+                return 1;
+            o->host_kv_pages = (int32_t)n;
+        } else if (strcmp(a, "--gpu-memory-fraction") == 0) {
+            if (ms_cli_flag_f32(prog, a, v, 0.0, true, 1.0, "a number in (0, 1]",
+                                &o->gpu_memory_fraction) != 0)
+                return 1;
         } else if (strcmp(a, "--page-size") == 0) {
             if (ms_cli_flag_i64(prog, a, v, 1, 65536, "an integer in [1, 65536]", &n) != 0)
                 return 1;
@@ -1425,6 +1472,11 @@ static int parse_serve(int argc, char **argv, srv_opts *o, const char *prog) {
         serve_usage(stderr, prog);
         fprintf(stderr, "%s: --model is required\n", prog);
         return 2;
+    }
+    if (o->gpu_memory_fraction > 0 && o->kv_pages > 0) {
+        fprintf(stderr, "%s: --gpu-memory-fraction and --kv-pages both size the KV arena (give "
+                        "one)\n", prog);
+        return 1;
     }
     if (o->max_tokens_per_step < o->max_seqs) {
         fprintf(stderr, "%s: --max-tokens-per-step %d is below --max-seqs %d (a step holds one "
@@ -1615,6 +1667,8 @@ int ms_cli_serve(int argc, char **argv, const ms_model_desc *desc, const char *p
     eo.max_seqs = s.o.max_seqs;
     eo.max_tokens = s.o.max_tokens_per_step;
     eo.kv_pages = s.o.kv_pages;
+    eo.host_kv_pages = s.o.host_kv_pages;
+    eo.gpu_memory_fraction = s.o.gpu_memory_fraction;
     eo.graphs = s.o.no_graphs ? MS_GRAPHS_OFF : MS_GRAPHS_AUTO;
     double t0 = now_s();
     if (ms_engine_init(&s.eng, desc, &eo, &err) != MS_OK) {
@@ -1631,6 +1685,7 @@ int ms_cli_serve(int argc, char **argv, const ms_model_desc *desc, const char *p
         goto done;
     }
     s.kv_total = s.kv_free = ms_engine_kv_pages_free(s.eng);
+    ms_engine_get_kv_stats(s.eng, &s.kv);
     pthread_mutex_init(&s.mu, NULL);
     pthread_cond_init(&s.cv, NULL);
     pthread_cond_init(&s.idle_cv, NULL);
