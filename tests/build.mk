@@ -58,6 +58,8 @@ $(BUILD)/tests/test_engine_llama: $(BUILD)/obj/gen/llama/llama_gen.o
 # KV pressure: offload / reload / recompute-preemption under a small arena
 TESTS += tests/test_engine_offload
 $(BUILD)/tests/test_engine_offload: $(BUILD)/obj/gen/llama/llama_gen.o
+GPU_TESTS += tests/test_engine_offload_cuda
+$(BUILD)/tests/test_engine_offload_cuda: $(BUILD)/obj/gen/llama/llama_gen.o
 $(BUILD)/tests/test_engine_desc: $(BUILD)/obj/gen/llama/llama_gen.o
 $(BUILD)/tests/test_cli: $(BUILD)/obj/gen/llama/llama_gen.o
 TESTS += tests/test_engine_cfg
