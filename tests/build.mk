@@ -53,6 +53,9 @@ TESTS += tests/test_kv_prefix
 TESTS += tests/test_tp_check
 TSAN_TESTS += tests/test_tp_check
 TESTS += tests/test_engine_llama
+# prefix caching through the engine: outputs bitwise equal with and without the cache
+TESTS += tests/test_engine_prefix
+$(BUILD)/tests/test_engine_prefix: $(BUILD)/obj/gen/llama/llama_gen.o
 # tests that run the engine over the descriptor mstarc generates from models/llama.mstar
 $(BUILD)/tests/test_engine_llama: $(BUILD)/obj/gen/llama/llama_gen.o
 $(BUILD)/tests/test_engine_desc: $(BUILD)/obj/gen/llama/llama_gen.o

@@ -165,6 +165,7 @@ typedef struct srv_opts {
     const char *model, *tokenizer, *host, *api_key, *device, *dtype, *chat_template;
     int32_t port, max_seqs, max_tokens_per_step, page_size, threads, max_queue, kv_pages;
     bool no_graphs; /* --no-graphs: every step eager (engine.h graphs) */
+    bool no_prefix_cache; /* --no-prefix-cache: no KV shared across requests (prefix_cache) */
 } srv_opts;
 
 struct srv {
@@ -193,6 +194,7 @@ struct srv {
     /* metrics (under mu) */
     uint64_t n_success, n_error, n_aborted, prompt_tokens, gen_tokens;
     int32_t kv_free, kv_total;  /* published by the scheduler */
+    ms_prefix_stats pstats;     /* the engine's prefix cache, published by the scheduler */
     srv_hist ttft, itl;         /* time to first token (from arrival), between tokens */
 };
 
@@ -702,7 +704,10 @@ static void job_fail(srv_job *j, unsigned status, const char *msg) {
     pthread_cond_broadcast(&j->cv);
 }
 
-static void sched_publish(srv *s) { s->kv_free = ms_engine_kv_pages_free(s->eng); }
+static void sched_publish(srv *s) {
+    s->kv_free = ms_engine_kv_pages_free(s->eng);
+    ms_engine_prefix_stats(s->eng, &s->pstats);
+}
 
 static void *sched_main(void *arg) {
     srv *s = arg;
@@ -1170,11 +1175,26 @@ static enum MHD_Result handle_metrics(srv *s, struct MHD_Connection *con) {
         "mstar_kv_pages_free %d\n"
         "# HELP mstar_kv_pages_used KV pages held by requests.\n"
         "# TYPE mstar_kv_pages_used gauge\n"
-        "mstar_kv_pages_used %d\n",
+        "mstar_kv_pages_used %d\n"
+        "# HELP mstar_kv_pages_cached KV pages the prefix cache lists (counted as free when only "
+        "it holds them).\n"
+        "# TYPE mstar_kv_pages_cached gauge\n"
+        "mstar_kv_pages_cached %d\n"
+        "# HELP mstar_prefix_cache_lookups_total Prompts looked up in the prefix cache.\n"
+        "# TYPE mstar_prefix_cache_lookups_total counter\n"
+        "mstar_prefix_cache_lookups_total %llu\n"
+        "# HELP mstar_prefix_cache_hit_tokens_total Prompt tokens served from the prefix cache.\n"
+        "# TYPE mstar_prefix_cache_hit_tokens_total counter\n"
+        "mstar_prefix_cache_hit_tokens_total %llu\n"
+        "# HELP mstar_prefix_cache_evictions_total Cached pages evicted to make room.\n"
+        "# TYPE mstar_prefix_cache_evictions_total counter\n"
+        "mstar_prefix_cache_evictions_total %llu\n",
         (unsigned long long)s->n_success, (unsigned long long)s->n_error,
         (unsigned long long)s->n_aborted, (unsigned long long)s->prompt_tokens,
         (unsigned long long)s->gen_tokens, (int)s->n_run, (int)s->n_queued, (int)s->kv_free,
-        (int)(s->kv_total - s->kv_free));
+        (int)(s->kv_total - s->kv_free), (int)s->pstats.entries,
+        (unsigned long long)s->pstats.lookups, (unsigned long long)s->pstats.hit_tokens,
+        (unsigned long long)s->pstats.evictions);
     const srv_hist *hs[2] = {&s->ttft, &s->itl};
     static const char *const hname[2] = {"mstar_time_to_first_token_seconds",
                                          "mstar_inter_token_latency_seconds"};
@@ -1306,6 +1326,7 @@ static void serve_usage(FILE *to, const char *prog) {
             "           [--max-queue N] [--kv-pages N] [--page-size N]\n"
             "           [--device auto|cpu|cuda] [--dtype auto|f32|bf16] [--threads N]\n"
             "           [--chat-template FILE.jinja|tokenizer_config.json] [--no-graphs]\n"
+            "           [--no-prefix-cache]\n"
             "  OpenAI-compatible HTTP server: POST /v1/completions, /v1/chat/completions (the\n"
             "  chat template: --chat-template, else the tokenizer's or the model folder's\n"
             "  tokenizer_config.json), GET /v1/models, /health, /metrics. --host defaults to\n"
@@ -1332,6 +1353,10 @@ static int parse_serve(int argc, char **argv, srv_opts *o, const char *prog) {
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             serve_usage(stdout, prog);
             return -1;
+        }
+        if (strcmp(a, "--no-prefix-cache") == 0) {
+            o->no_prefix_cache = true;
+            continue;
         }
         if (strcmp(a, "--no-graphs") == 0) {
             o->no_graphs = true;
@@ -1616,6 +1641,7 @@ int ms_cli_serve(int argc, char **argv, const ms_model_desc *desc, const char *p
     eo.max_tokens = s.o.max_tokens_per_step;
     eo.kv_pages = s.o.kv_pages;
     eo.graphs = s.o.no_graphs ? MS_GRAPHS_OFF : MS_GRAPHS_AUTO;
+    eo.prefix_cache = !s.o.no_prefix_cache; /* on by default, as vLLM and SGLang serve */
     double t0 = now_s();
     if (ms_engine_init(&s.eng, desc, &eo, &err) != MS_OK) {
         fprintf(stderr, "%s: %s\n", prog, err.msg);

@@ -36,6 +36,7 @@
 #include "model_probe.h"
 #include "page_arena.h"
 #include "positions.h"
+#include "prefix_cache.h"
 #include "rid_map.h"
 #include "sample_res.h"
 #include "walk.h"
@@ -131,6 +132,12 @@ typedef struct eng_req {
     float *context;                   /* [n_context * context_width] the encoder's rows, NULL */
     int32_t n_context;
     int64_t context_width;
+    /* [prefix] prefix caching (prefix_cache.h): full pages of its main stream listed so far, the
+       key of the last one, and whether it may list more (not for guided pairs, explicit
+       positions, encoder walks, dense block steps, or a stream the window has cut) */
+    int32_t sealed;
+    ms_prefix_key seal_key;
+    bool no_seal;
 } eng_req;
 
 /*
@@ -219,6 +226,8 @@ struct ms_engine {
     ms_md_step_build build;       /* the step declaration the generated runner fills */
     ms_sched sched;
     ms_graph_exec *gx;            /* [graphs] the captured path (graph_exec.h), NULL: eager */
+    ms_prefix_cache *pcache;      /* [prefix] sealed pages shared across requests, NULL: off */
+    ms_prefix_key proot;          /* [prefix] the root key: model, config, weights, KV dtype */
 
     /* requests */
     eng_req **reqs;               /* [n_reqs] every request not yet removed, in arrival order */
@@ -321,6 +330,8 @@ int32_t ms_engine_kv_pages_free(const ms_engine *e) {
     int32_t n = 0;
     for (int32_t i = 0; i < e->n_nodes; i++)
         n += ms_page_arena_num_free(e->nodes[i].arena);
+    if (e->pcache != NULL) /* [prefix] pages only the cache holds are evicted on demand */
+        n += ms_prefix_cache_stats(e->pcache).unreferenced;
     return n;
 }
 
@@ -978,6 +989,7 @@ static ms_status eng_buffers_init(ms_engine *e, ms_error *err) {
 }
 
 static ms_status eng_graphs_init(ms_engine *e, ms_error *err); /* [graphs], end of file */
+static ms_status eng_prefix_init(ms_engine *e, ms_error *err);  /* [prefix], end of file */
 
 ms_status ms_engine_init(ms_engine **out, const ms_model_desc *desc,
                          const ms_engine_options *opt, ms_error *err) {
@@ -1031,6 +1043,8 @@ ms_status ms_engine_init(ms_engine **out, const ms_model_desc *desc,
         st = eng_buffers_init(e, err);
     if (st == MS_OK)
         st = eng_graphs_init(e, err); /* [graphs] */
+    if (st == MS_OK)
+        st = eng_prefix_init(e, err); /* [prefix] */
     if (st != MS_OK) {
         ms_engine_free(e);
         return st;
@@ -1068,6 +1082,7 @@ void ms_engine_free(ms_engine *e) {
     }
     ms_free(e->reqs);
     ms_graph_exec_free(e->gx); /* [graphs] before the runner its dummy rows live in */
+    ms_prefix_cache_free(e->pcache); /* [prefix] its pages go back to the arena first */
     for (int32_t i = 0; i < e->n_nodes; i++) {
         eng_node *nd = &e->nodes[i];
         ms_step_runner_free(nd->runner);
@@ -1170,6 +1185,9 @@ static ms_status eng_check_prompt(const ms_engine *e, const int32_t *ids, int32_
                        (int)n, (int)fa->max_context);
     return MS_OK;
 }
+
+static void eng_prefix_adopt(ms_engine *e, eng_req *r); /* [prefix], end of file */
+static void eng_prefix_seal(ms_engine *e, eng_req *r);  /* [prefix], end of file */
 
 ms_status ms_engine_add(ms_engine *e, const ms_engine_request *rq, ms_rid *rid, ms_error *err) {
     MS_TRY(eng_check_prompt(e, rq->prompt, rq->n_prompt, "prompt", err));
@@ -1336,6 +1354,8 @@ ms_status ms_engine_add(ms_engine *e, const ms_engine_request *rq, ms_rid *rid, 
         return st;
     }
     r->in_runner = true;
+    r->no_seal = guided || r->positions != NULL || r->features != NULL;
+    eng_prefix_adopt(e, r); /* [prefix] a cached prefix is not computed again */
     e->reqs[e->n_reqs++] = r;
     e->n_active++;
     e->n_streams_active += n_streams;
@@ -1684,6 +1704,9 @@ static ms_status eng_run_built_rows(ms_engine *e, eng_node *nd, const ms_md_step
     ctx.lease = gs->leased ? &gs->lease : NULL;
     ctx.capture = gs->capture;
     ms_admit_outcome o = ms_step_runner_admit(nd->runner, step, &ctx);
+    if (o.code == MS_ADMIT_PAGES_SHORT && e->pcache != NULL &&
+        ms_prefix_cache_evict(e->pcache, o.pages_short) >= o.pages_short)
+        o = ms_step_runner_admit(nd->runner, step, &ctx); /* [prefix] LRU cached pages made room */
     if (o.code != MS_ADMIT_OK) {
         if (o.code == MS_ADMIT_PAGES_SHORT)
             return MS_FAIL(err, MS_ERR_CAPACITY,
@@ -1756,6 +1779,7 @@ ms_status ms_engine_run_step(ms_engine *e, ms_rid rid, const char *step_name,
     MS_TRY(eng_run_built(e, nd, sd, &gs, false, err));
     if (e->build.kv.commit)
         r->longest += n_tokens; /* the stream grew outside its walk */
+    r->no_seal = true; /* [prefix] its KV no longer follows prompt ++ output */
     r->row = 0;
     *logits = e->logits_host;
     *n_rows = sd->all_logits ? n_tokens : 1;
@@ -1999,6 +2023,7 @@ ms_status ms_engine_step(ms_engine *e, ms_engine_step_info *info, ms_error *err)
     }
     for (int32_t j = 0; j < n; j++) {
         eng_req *r = e->row_reqs[j];
+        eng_prefix_seal(e, r); /* [prefix] its newly full pages, committed by this step */
         if (!e->rows[j].sample)
             continue; /* a prompt chunk: the request stays at this step */
         ms_walk_pos prev = r->walk;
@@ -2089,4 +2114,142 @@ struct ms_sample_res *ms_engine_sampler(ms_engine *e) {
         if (e->nodes[i].sampler != NULL)
             return e->nodes[i].sampler;
     return NULL;
+}
+
+/* Largest page size whose pages are cached (the ids of one page are hashed from the stack). */
+#define MS_PREFIX_MAX_PAGE 256
+
+/* ---- [prefix] prefix caching (prefix_cache.h) ----
+ *
+ * Models of one node with a KV pool (no cross-attention context): at add, the longest cached
+ * run of full pages of the prompt is adopted into the request's main stream (the pool takes the
+ * lookup's owners, the positions counter starts after it, the prompt is consumed that far); after
+ * every step, each full page the step committed is listed under the key chained from the
+ * request's previous page over prompt ++ output ids. A page-short admit evicts least recently used
+ * pages only the cache holds and tries once more. Not for guided pairs, explicit positions,
+ * encoder walks or dense block steps (their KV depends on more than the ids), nor past a page
+ * the sliding window released. */
+
+static ms_status eng_prefix_init(ms_engine *e, ms_error *err) {
+    if (!e->opt.prefix_cache || e->n_nodes != 1)
+        return MS_OK; /* several nodes: each node's streams are its own (not yet cached) */
+    eng_node *nd = &e->nodes[0];
+    if (nd->pool == NULL || nd->context_label >= 0 || nd->kv.page_size > MS_PREFIX_MAX_PAGE)
+        return MS_OK;
+    /* the root: what changes the KV of the same ids (prefix_cache.h): the model, its config
+       struct (shapes, RoPE, norms), the checkpoint (path, size, mtime), the KV dtype */
+    char weights[1200];
+    struct stat st;
+    if (stat(e->opt.model_path, &st) == 0)
+        snprintf(weights, sizeof weights, "%s size %lld mtime %lld", e->opt.model_path,
+                 (long long)st.st_size, (long long)st.st_mtime);
+    else
+        snprintf(weights, sizeof weights, "%s", e->opt.model_path);
+    char positions[64];
+    snprintf(positions, sizeof positions, "config %zu bytes", e->desc->config_size);
+    ms_prefix_fingerprint fp = {.model = e->desc->name, .weights = weights,
+                                .kv_dtype = ms_dtype_str(e->kvdtype),
+                                .page_size = nd->kv.page_size, .positions = positions};
+    MS_TRY(ms_prefix_root(&fp, &e->proot, err));
+    ms_prefix_key cfg = ms_prefix_page_key(e->proot, NULL, 0, e->config, e->desc->config_size);
+    e->proot = cfg; /* the config struct's bytes are part of the root */
+    return ms_prefix_cache_init(nd->arena, MS_MAX(nd->kv_pages - 1, 1), &e->pcache, err);
+}
+
+static void eng_prefix_adopt(ms_engine *e, eng_req *r) {
+    if (e->pcache == NULL || r->no_seal)
+        return;
+    eng_node *nd = &e->nodes[0];
+    const int32_t ps = nd->kv.page_size, n = r->n_prompt[MS_LABEL_MAIN];
+    int32_t max_pages = (n - 1) / ps;
+    if (max_pages < 1)
+        return;
+    int32_t stack_pages[64];
+    ms_prefix_key stack_keys[64];
+    int32_t *pages = max_pages <= 64 ? stack_pages : ms_malloc((size_t)max_pages * sizeof *pages);
+    ms_prefix_key *keys =
+        max_pages <= 64 ? stack_keys : ms_malloc((size_t)max_pages * sizeof *keys);
+    if (pages == NULL || keys == NULL)
+        goto done; /* no memory for the lookup: compute the prompt */
+    int32_t hit = ms_prefix_cache_lookup(e->pcache, e->proot, r->prompt[MS_LABEL_MAIN], n, NULL,
+                                         max_pages, pages, keys);
+    if (hit > 0) {
+        ms_error err = {0};
+        ms_status st = ms_kv_pool_adopt_prefix(nd->pool, r->rid, MS_LABEL_MAIN, pages, hit, &err);
+        int pi = nd->idx[MS_RESOURCE_POS];
+        if (st == MS_OK && pi >= 0) {
+            ms_pos_published pub;
+            memset(&pub, 0, sizeof pub);
+            pub.counter[MS_LABEL_MAIN] = hit * ps;
+            st = ms_positions_retrieve(ms_step_runner_resource(nd->runner, pi), r->rid, &pub,
+                                       &err);
+        }
+        if (st != MS_OK) {
+            /* the pool refused (it changed nothing) or positions did: give the pages back and
+               compute the whole prompt */
+            if (ms_kv_pool_stream_pages(nd->pool, r->rid, MS_LABEL_MAIN, NULL, 0) > 0)
+                ms_kv_pool_reset(nd->pool, r->rid, true);
+            else
+                (void)ms_page_arena_release(nd->arena, pages, hit, NULL);
+        } else {
+            r->consumed[MS_LABEL_MAIN] = hit * ps;
+            r->sealed = hit;
+            r->seal_key = keys[hit - 1];
+        }
+    }
+done:
+    if (pages != stack_pages)
+        ms_free(pages);
+    if (keys != stack_keys)
+        ms_free(keys);
+}
+
+static void eng_prefix_seal(ms_engine *e, eng_req *r) {
+    if (e->pcache == NULL || r == NULL || r->no_seal)
+        return;
+    eng_node *nd = &e->nodes[0];
+    ms_kv_stream_info info;
+    if (ms_kv_pool_stream_info(nd->pool, r->rid, MS_LABEL_MAIN, &info) != MS_OK)
+        return;
+    if (info.released > 0) { /* the window cut the stream: its chain cannot go on */
+        r->no_seal = true;
+        return;
+    }
+    const int32_t ps = nd->kv.page_size, full = info.stored / ps;
+    if (full <= r->sealed)
+        return;
+    /* the stored ids: prompt ++ output, of which the first `stored` are in the KV */
+    const int32_t np = r->n_prompt[MS_LABEL_MAIN];
+    if (info.stored > np + r->n_out)
+        return; /* not the walk's own tokens (cannot happen: no_seal covers it) */
+    int32_t stack_pages[64];
+    int32_t *pages = full <= 64 ? stack_pages : ms_malloc((size_t)full * sizeof *pages);
+    if (pages == NULL)
+        return;
+    if (ms_kv_pool_stream_pages(nd->pool, r->rid, MS_LABEL_MAIN, pages, full) >= full) {
+        int32_t ids[MS_PREFIX_MAX_PAGE];
+        for (int32_t k = r->sealed; k < full; k++) {
+            for (int32_t t = 0; t < ps; t++) {
+                int32_t at = k * ps + t;
+                ids[t] = at < np ? r->prompt[MS_LABEL_MAIN][at] : r->out[at - np];
+            }
+            /* page k's parent: the root for the first page, else page k - 1's key */
+            ms_prefix_key key = ms_prefix_page_key(k == 0 ? e->proot : r->seal_key, ids, ps,
+                                                   NULL, 0);
+            int32_t listed;
+            ms_error err = {0};
+            if (ms_prefix_cache_insert(e->pcache, key, pages[k], &listed, &err) != MS_OK)
+                break;
+            r->seal_key = key;
+            r->sealed = k + 1;
+        }
+    }
+    if (pages != stack_pages)
+        ms_free(pages);
+}
+
+void ms_engine_prefix_stats(const ms_engine *e, ms_prefix_stats *out) {
+    memset(out, 0, sizeof *out);
+    if (e != NULL && e->pcache != NULL)
+        *out = ms_prefix_cache_stats(e->pcache);
 }
