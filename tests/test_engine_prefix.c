@@ -8,7 +8,9 @@
  *   - a prompt ending exactly on a page boundary (sglang #22819, flashinfer PR #3106) and a prompt
  *     cached whole, whose last token must still be computed (vllm PR #11186, llama.cpp #1884);
  *   - a second turn whose prompt holds the first turn's output (generated ids are cached too);
- *   - eviction under pressure with a small arena, and every page free at the end.
+ *   - eviction under pressure with a small arena, and every page free at the end;
+ *   - chunked prefill (8 ids a step) after an adopted prefix;
+ *   - a sliding-window model (hf/mistral_window) whose window releases adopted pages.
  */
 #include "ms_test.h"
 #include "ms_test_impl.h"
@@ -30,9 +32,12 @@ typedef struct run_out {
     float *logits[MAXN]; /* [n_ids][VOCAB]: the logits each id was chosen from */
 } run_out;
 
+static const char *g_fixture = "hf/llama_gqa"; /* the checkpoint of the next make() */
+static int32_t g_chunk;                         /* prefill_chunk of the requests run() adds */
+
 static ms_engine *make(bool cache, int32_t kv_pages, int32_t max_seqs) {
     ms_engine_options o = ms_engine_options_default();
-    o.model_path = ms_test_fixture("hf/llama_gqa");
+    o.model_path = ms_test_fixture(g_fixture);
     o.page_size = PS;
     o.max_seqs = max_seqs;
     o.kv_pages = kv_pages;
@@ -58,7 +63,8 @@ static void run(ms_engine *e, int32_t *const *prompts, const int32_t *n_prompt,
             if (wave[i] != w)
                 continue;
             ms_engine_request rq = {.prompt = prompts[i], .n_prompt = n_prompt[i],
-                                    .max_new_tokens = new_tokens, .ignore_eos = true};
+                                    .max_new_tokens = new_tokens, .ignore_eos = true,
+                                    .prefill_chunk = g_chunk};
             rq.sampling.temperature = 0.f;
             rq.sampling.top_p = 1.f;
             if (ms_engine_add(e, &rq, &rids[m], &err) != MS_OK)
@@ -238,6 +244,40 @@ static void test_eviction_under_pressure(void **state) {
         free(p[i]);
 }
 
+static void test_chunked_prefill(void **state) {
+    (void)state;
+    /* prompts fed 8 ids a step: the cached pages are adopted whole, the rest comes in chunks,
+       and the chunks' pages are listed as they fill */
+    int32_t *p[3];
+    int32_t n[3] = {45, 47, 60}, wave[3] = {0, 1, 2};
+    for (int i = 0; i < 3; i++)
+        p[i] = prompt(40, n[i] - 40, 300u + (uint32_t)i);
+    g_chunk = 8;
+    ms_prefix_stats st;
+    compare(p, n, wave, 3, 6, 0, 2, "chunked prefill", &st);
+    g_chunk = 0;
+    assert_int_equal(st.hit_tokens, 2 * 2 * PS);
+    for (int i = 0; i < 3; i++)
+        free(p[i]);
+}
+
+static void test_sliding_window(void **state) {
+    (void)state;
+    /* hf/mistral_window (window 8): a stream the window has cut lists nothing more, and a
+       request that adopts pages the window then releases drops only its own owners; outputs
+       stay equal */
+    int32_t *p[3];
+    int32_t n[3] = {20, 20, 40}, wave[3] = {0, 1, 2};
+    for (int i = 0; i < 3; i++)
+        p[i] = prompt(17, n[i] - 17, 400u + (uint32_t)i);
+    g_fixture = "hf/mistral_window";
+    ms_prefix_stats st;
+    compare(p, n, wave, 3, 12, 0, 2, "sliding window", &st);
+    g_fixture = "hf/llama_gqa";
+    for (int i = 0; i < 3; i++)
+        free(p[i]);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         ms_unit_test(test_shared_system_prefix),
@@ -245,6 +285,8 @@ int main(void) {
         ms_unit_test(test_page_boundary_and_whole_prompt),
         ms_unit_test(test_second_turn_hits_the_first_turns_output),
         ms_unit_test(test_eviction_under_pressure),
+        ms_unit_test(test_chunked_prefill),
+        ms_unit_test(test_sliding_window),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
