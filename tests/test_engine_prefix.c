@@ -10,7 +10,8 @@
  *   - a second turn whose prompt holds the first turn's output (generated ids are cached too);
  *   - eviction under pressure with a small arena, and every page free at the end;
  *   - chunked prefill (8 ids a step) after an adopted prefix;
- *   - a sliding-window model (hf/mistral_window) whose window releases adopted pages.
+ *   - a sliding-window model (hf/mistral_window) whose window releases adopted pages;
+ *   - guided (CFG) pairs on hf/llama_cfg: both streams cached, the unconditional one keyed apart.
  */
 #include "ms_test.h"
 #include "ms_test_impl.h"
@@ -34,6 +35,8 @@ typedef struct run_out {
 
 static const char *g_fixture = "hf/llama_gqa"; /* the checkpoint of the next make() */
 static int32_t g_chunk;                         /* prefill_chunk of the requests run() adds */
+static int32_t *const *g_neg;                   /* negative prompts (guided requests), or NULL */
+static const int32_t *g_n_neg;
 
 static ms_engine *make(bool cache, int32_t kv_pages, int32_t max_seqs) {
     ms_engine_options o = ms_engine_options_default();
@@ -65,6 +68,11 @@ static void run(ms_engine *e, int32_t *const *prompts, const int32_t *n_prompt,
             ms_engine_request rq = {.prompt = prompts[i], .n_prompt = n_prompt[i],
                                     .max_new_tokens = new_tokens, .ignore_eos = true,
                                     .prefill_chunk = g_chunk};
+            if (g_neg != NULL) {
+                rq.negative_prompt = g_neg[i];
+                rq.n_negative_prompt = g_n_neg[i];
+                rq.guidance_scale = 3.0f;
+            }
             rq.sampling.temperature = 0.f;
             rq.sampling.top_p = 1.f;
             if (ms_engine_add(e, &rq, &rids[m], &err) != MS_OK)
@@ -278,6 +286,32 @@ static void test_sliding_window(void **state) {
         free(p[i]);
 }
 
+static void test_guided_pairs(void **state) {
+    (void)state;
+    /* hf/llama_cfg's guided walk: both streams of a pair adopt their cached prefixes (the
+       unconditional one under its label's key) and the mixed logits stay bitwise equal */
+    int32_t *p[3], *neg[3];
+    int32_t n[3] = {40, 42, 44}, nn[3] = {36, 36, 38}, wave[3] = {0, 1, 2};
+    for (int i = 0; i < 3; i++) {
+        p[i] = prompt(34, n[i] - 34, 500u + (uint32_t)i);
+        neg[i] = prompt(0, nn[i], 600u); /* the same negative prompt (its first 36 ids) */
+    }
+    g_fixture = "hf/llama_cfg";
+    g_neg = neg;
+    g_n_neg = nn;
+    ms_prefix_stats st;
+    compare(p, n, wave, 3, 8, 0, 4, "guided pairs", &st);
+    g_neg = NULL;
+    g_n_neg = NULL;
+    g_fixture = "hf/llama_gqa";
+    /* waves 1 and 2: 2 main pages each, and 2 unconditional pages each */
+    assert_int_equal(st.hit_tokens, 2 * (2 + 2) * PS);
+    for (int i = 0; i < 3; i++) {
+        free(p[i]);
+        free(neg[i]);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         ms_unit_test(test_shared_system_prefix),
@@ -287,6 +321,7 @@ int main(void) {
         ms_unit_test(test_eviction_under_pressure),
         ms_unit_test(test_chunked_prefill),
         ms_unit_test(test_sliding_window),
+        ms_unit_test(test_guided_pairs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -135,8 +135,8 @@ typedef struct eng_req {
     /* [prefix] prefix caching (prefix_cache.h): full pages of its main stream listed so far, the
        key of the last one, and whether it may list more (not for guided pairs, explicit
        positions, encoder walks, dense block steps, or a stream the window has cut) */
-    int32_t sealed;
-    ms_prefix_key seal_key;
+    int32_t sealed[MS_MAX_LABELS];
+    ms_prefix_key seal_key[MS_MAX_LABELS];
     bool no_seal;
 } eng_req;
 
@@ -1354,7 +1354,7 @@ ms_status ms_engine_add(ms_engine *e, const ms_engine_request *rq, ms_rid *rid, 
         return st;
     }
     r->in_runner = true;
-    r->no_seal = guided || r->positions != NULL || r->features != NULL;
+    r->no_seal = r->positions != NULL || r->features != NULL;
     eng_prefix_adopt(e, r); /* [prefix] a cached prefix is not computed again */
     e->reqs[e->n_reqs++] = r;
     e->n_active++;
@@ -2126,9 +2126,9 @@ struct ms_sample_res *ms_engine_sampler(ms_engine *e) {
  * lookup's owners, the positions counter starts after it, the prompt is consumed that far); after
  * every step, each full page the step committed is listed under the key chained from the
  * request's previous page over prompt ++ output ids. A page-short admit evicts least recently used
- * pages only the cache holds and tries once more. Not for guided pairs, explicit positions,
- * encoder walks or dense block steps (their KV depends on more than the ids), nor past a page
- * the sliding window released. */
+ * pages only the cache holds and tries once more. A guided (CFG) pair's streams are cached each
+ * under its label's key bytes. Not for explicit positions, encoder walks or dense block steps
+ * (their KV depends on more than the ids), nor past a page the sliding window released. */
 
 static ms_status eng_prefix_init(ms_engine *e, ms_error *err) {
     if (!e->opt.prefix_cache || e->n_nodes != 1)
@@ -2156,96 +2156,123 @@ static ms_status eng_prefix_init(ms_engine *e, ms_error *err) {
     return ms_prefix_cache_init(nd->arena, MS_MAX(nd->kv_pages - 1, 1), &e->pcache, err);
 }
 
-static void eng_prefix_adopt(ms_engine *e, eng_req *r) {
-    if (e->pcache == NULL || r->no_seal)
-        return;
+/* The key bytes a stream's label adds to each of its pages: none for main, the label's index for
+ * another (a CFG pair's unconditional stream keys its pages apart, as prefix_cache.h asks). */
+static ms_prefix_extra eng_prefix_extra(const ms_label *l) {
+    ms_prefix_extra x = {*l == MS_LABEL_MAIN ? NULL : l, *l == MS_LABEL_MAIN ? 0 : sizeof *l};
+    return x;
+}
+
+/* Adopt the cached prefix of stream `l`'s prompt (see above). */
+static void eng_prefix_adopt_label(ms_engine *e, eng_req *r, ms_label l) {
     eng_node *nd = &e->nodes[0];
-    const int32_t ps = nd->kv.page_size, n = r->n_prompt[MS_LABEL_MAIN];
+    const int32_t ps = nd->kv.page_size, n = r->n_prompt[l];
     int32_t max_pages = (n - 1) / ps;
     if (max_pages < 1)
         return;
     int32_t stack_pages[64];
     ms_prefix_key stack_keys[64];
-    int32_t *pages = max_pages <= 64 ? stack_pages : ms_malloc((size_t)max_pages * sizeof *pages);
-    ms_prefix_key *keys =
-        max_pages <= 64 ? stack_keys : ms_malloc((size_t)max_pages * sizeof *keys);
-    if (pages == NULL || keys == NULL)
+    ms_prefix_extra stack_x[64];
+    const bool big = max_pages > 64;
+    int32_t *pages = big ? ms_malloc((size_t)max_pages * sizeof *pages) : stack_pages;
+    ms_prefix_key *keys = big ? ms_malloc((size_t)max_pages * sizeof *keys) : stack_keys;
+    ms_prefix_extra *xs = big ? ms_malloc((size_t)max_pages * sizeof *xs) : stack_x;
+    if (pages == NULL || keys == NULL || xs == NULL)
         goto done; /* no memory for the lookup: compute the prompt */
-    int32_t hit = ms_prefix_cache_lookup(e->pcache, e->proot, r->prompt[MS_LABEL_MAIN], n, NULL,
-                                         max_pages, pages, keys);
+    for (int32_t i = 0; i < max_pages; i++)
+        xs[i] = eng_prefix_extra(&l);
+    int32_t hit = ms_prefix_cache_lookup(e->pcache, e->proot, r->prompt[l], n, xs, max_pages,
+                                         pages, keys);
     if (hit > 0) {
         ms_error err = {0};
-        ms_status st = ms_kv_pool_adopt_prefix(nd->pool, r->rid, MS_LABEL_MAIN, pages, hit, &err);
+        ms_status st = ms_kv_pool_adopt_prefix(nd->pool, r->rid, l, pages, hit, &err);
         int pi = nd->idx[MS_RESOURCE_POS];
         if (st == MS_OK && pi >= 0) {
             ms_pos_published pub;
             memset(&pub, 0, sizeof pub);
-            pub.counter[MS_LABEL_MAIN] = hit * ps;
+            pub.counter[l] = hit * ps;
             st = ms_positions_retrieve(ms_step_runner_resource(nd->runner, pi), r->rid, &pub,
                                        &err);
         }
         if (st != MS_OK) {
             /* the pool refused (it changed nothing) or positions did: give the pages back and
                compute the whole prompt */
-            if (ms_kv_pool_stream_pages(nd->pool, r->rid, MS_LABEL_MAIN, NULL, 0) > 0)
+            if (ms_kv_pool_stream_pages(nd->pool, r->rid, l, NULL, 0) > 0)
                 ms_kv_pool_reset(nd->pool, r->rid, true);
             else
                 (void)ms_page_arena_release(nd->arena, pages, hit, NULL);
         } else {
-            r->consumed[MS_LABEL_MAIN] = hit * ps;
-            r->sealed = hit;
-            r->seal_key = keys[hit - 1];
+            r->consumed[l] = hit * ps;
+            r->sealed[l] = hit;
+            r->seal_key[l] = keys[hit - 1];
         }
     }
 done:
+    if (big) {
+        ms_free(pages);
+        ms_free(keys);
+        ms_free(xs);
+    }
+}
+
+static void eng_prefix_adopt(ms_engine *e, eng_req *r) {
+    if (e->pcache == NULL || r->no_seal)
+        return;
+    for (ms_label l = 0; l < MS_MAX_LABELS; l++)
+        if (r->prompt[l] != NULL)
+            eng_prefix_adopt_label(e, r, l);
+}
+
+/* List stream `l`'s newly full pages (see above); false when the stream can list no more. */
+static bool eng_prefix_seal_label(ms_engine *e, eng_req *r, ms_label l) {
+    eng_node *nd = &e->nodes[0];
+    ms_kv_stream_info info;
+    if (ms_kv_pool_stream_info(nd->pool, r->rid, l, &info) != MS_OK)
+        return true; /* not created yet */
+    if (info.released > 0)
+        return false; /* the window cut the stream: its chain cannot go on */
+    const int32_t ps = nd->kv.page_size, full = info.stored / ps;
+    if (full <= r->sealed[l])
+        return true;
+    /* the stored ids: the stream's prompt ++ the output, of which the first `stored` are in the
+       KV (a CFG pair feeds each sampled id to both of its streams) */
+    const int32_t np = r->n_prompt[l];
+    if (info.stored > np + r->n_out)
+        return false; /* not the walk's own tokens (no_seal covers the known cases) */
+    int32_t stack_pages[64];
+    int32_t *pages = full <= 64 ? stack_pages : ms_malloc((size_t)full * sizeof *pages);
+    if (pages == NULL)
+        return true;
+    const ms_prefix_extra x = eng_prefix_extra(&l);
+    if (ms_kv_pool_stream_pages(nd->pool, r->rid, l, pages, full) >= full) {
+        int32_t ids[MS_PREFIX_MAX_PAGE];
+        for (int32_t k = r->sealed[l]; k < full; k++) {
+            for (int32_t t = 0; t < ps; t++) {
+                int32_t at = k * ps + t;
+                ids[t] = at < np ? r->prompt[l][at] : r->out[at - np];
+            }
+            /* page k's parent: the root for the first page, else page k - 1's key */
+            ms_prefix_key key = ms_prefix_page_key(k == 0 ? e->proot : r->seal_key[l], ids, ps,
+                                                   x.data, x.len);
+            int32_t listed;
+            ms_error err = {0};
+            if (ms_prefix_cache_insert(e->pcache, key, pages[k], &listed, &err) != MS_OK)
+                break;
+            r->seal_key[l] = key;
+            r->sealed[l] = k + 1;
+        }
+    }
     if (pages != stack_pages)
         ms_free(pages);
-    if (keys != stack_keys)
-        ms_free(keys);
+    return true;
 }
 
 static void eng_prefix_seal(ms_engine *e, eng_req *r) {
     if (e->pcache == NULL || r == NULL || r->no_seal)
         return;
-    eng_node *nd = &e->nodes[0];
-    ms_kv_stream_info info;
-    if (ms_kv_pool_stream_info(nd->pool, r->rid, MS_LABEL_MAIN, &info) != MS_OK)
-        return;
-    if (info.released > 0) { /* the window cut the stream: its chain cannot go on */
-        r->no_seal = true;
-        return;
-    }
-    const int32_t ps = nd->kv.page_size, full = info.stored / ps;
-    if (full <= r->sealed)
-        return;
-    /* the stored ids: prompt ++ output, of which the first `stored` are in the KV */
-    const int32_t np = r->n_prompt[MS_LABEL_MAIN];
-    if (info.stored > np + r->n_out)
-        return; /* not the walk's own tokens (cannot happen: no_seal covers it) */
-    int32_t stack_pages[64];
-    int32_t *pages = full <= 64 ? stack_pages : ms_malloc((size_t)full * sizeof *pages);
-    if (pages == NULL)
-        return;
-    if (ms_kv_pool_stream_pages(nd->pool, r->rid, MS_LABEL_MAIN, pages, full) >= full) {
-        int32_t ids[MS_PREFIX_MAX_PAGE];
-        for (int32_t k = r->sealed; k < full; k++) {
-            for (int32_t t = 0; t < ps; t++) {
-                int32_t at = k * ps + t;
-                ids[t] = at < np ? r->prompt[MS_LABEL_MAIN][at] : r->out[at - np];
-            }
-            /* page k's parent: the root for the first page, else page k - 1's key */
-            ms_prefix_key key = ms_prefix_page_key(k == 0 ? e->proot : r->seal_key, ids, ps,
-                                                   NULL, 0);
-            int32_t listed;
-            ms_error err = {0};
-            if (ms_prefix_cache_insert(e->pcache, key, pages[k], &listed, &err) != MS_OK)
-                break;
-            r->seal_key = key;
-            r->sealed = k + 1;
-        }
-    }
-    if (pages != stack_pages)
-        ms_free(pages);
+    for (ms_label l = 0; l < MS_MAX_LABELS && !r->no_seal; l++)
+        if (r->prompt[l] != NULL && !eng_prefix_seal_label(e, r, l))
+            r->no_seal = true;
 }
 
 void ms_engine_prefix_stats(const ms_engine *e, ms_prefix_stats *out) {
