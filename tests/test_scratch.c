@@ -202,7 +202,8 @@ static void test_scratch_kv_attention_is_per_frame(void **state) {
             ms_scratch_kv_row rows[3];
             int32_t T = 0;
             for (int32_t i = 0; i < n; i++) {
-                rows[i] = (ms_scratch_kv_row){frame_rows[f][i], spans[st], st == 0};
+                rows[i] = (ms_scratch_kv_row){(ms_rid)(100 + 10 * f + frame_rows[f][i]),
+                                              frame_rows[f][i], spans[st], st == 0};
                 T += spans[st];
             }
             ms_kv_plan plan;
@@ -210,6 +211,7 @@ static void test_scratch_kv_attention_is_per_frame(void **state) {
             assert_int_equal(plan.n_tokens, T);
             assert_int_equal(plan.is_decode, spans[st] == 1);
             assert_int_equal(be.iface.attn_batch_stage(be.ctx, b, &plan, &kv, &err), MS_OK);
+            assert_int_equal(ms_scratch_kv_commit(s, &err), MS_OK);
             float q[6][SK_HQ * SK_D], k[6][SK_D], v[6][SK_D], out[6][SK_HQ * SK_D];
             for (int32_t t = 0; t < T; t++) {
                 for (int j = 0; j < SK_HQ * SK_D; j++)
@@ -286,40 +288,56 @@ static void test_scratch_kv_hazards_are_refused(void **state) {
     assert_int_equal(ms_scratch_kv_init(&s, &cfg, &err), MS_OK);
     ms_kv_plan plan;
     /* a row that never began a frame would read whatever the buffer holds */
-    ms_scratch_kv_row cont = {1, 1, false};
+    ms_scratch_kv_row cont = {7, 1, 1, false};
     assert_int_equal(ms_scratch_kv_plan(s, &cont, 1, &plan, &err), MS_ERR_INVALID_ARG);
     assert_non_null(strstr(err.msg, "batch row 1 continues a frame it never began"));
-    ms_scratch_kv_row first[2] = {{0, 2, true}, {1, 1, true}};
+    ms_scratch_kv_row first[2] = {{7, 0, 2, true}, {7, 1, 1, true}};
     assert_int_equal(ms_scratch_kv_plan(s, first, 2, &plan, &err), MS_OK);
+    assert_int_equal(ms_scratch_kv_length(s, 0), 0); /* applied at commit, not at plan */
+    assert_int_equal(ms_scratch_kv_commit(s, &err), MS_OK);
+    assert_int_equal(ms_scratch_kv_commit(s, &err), MS_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "commit without a pending plan"));
+    /* the batch recomposed mid-frame: row 1 now carries another request */
+    ms_scratch_kv_row other = {8, 1, 1, false};
+    assert_int_equal(ms_scratch_kv_plan(s, &other, 1, &plan, &err), MS_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "batch row 1 continues request 7's frame for request 8"));
+    /* an abandoned plan changes nothing */
+    ms_scratch_kv_row more = {7, 1, 1, false};
+    assert_int_equal(ms_scratch_kv_plan(s, &more, 1, &plan, &err), MS_OK);
+    ms_scratch_kv_abandon(s);
+    assert_int_equal(ms_scratch_kv_length(s, 1), 1);
     /* a frame longer than the positions; nothing changes (row 1 keeps its token) */
-    ms_scratch_kv_row over[2] = {{1, 1, false}, {0, 2, false}};
+    ms_scratch_kv_row over[2] = {{7, 1, 1, false}, {7, 0, 2, false}};
     assert_int_equal(ms_scratch_kv_plan(s, over, 2, &plan, &err), MS_ERR_CAPACITY);
     assert_non_null(strstr(err.msg, "batch row 0 would hold 4 tokens in one frame, above the "
                                     "scratch's 3 positions"));
     assert_int_equal(ms_scratch_kv_length(s, 0), 2);
     assert_int_equal(ms_scratch_kv_length(s, 1), 1);
-    ms_scratch_kv_row twice[2] = {{1, 1, false}, {1, 1, false}};
+    ms_scratch_kv_row twice[2] = {{7, 1, 1, false}, {7, 1, 1, false}};
     assert_int_equal(ms_scratch_kv_plan(s, twice, 2, &plan, &err), MS_ERR_INVALID_ARG);
     assert_non_null(strstr(err.msg, "batch row 1 is given twice in one step"));
-    ms_scratch_kv_row out = {2, 1, true};
+    ms_scratch_kv_row out = {7, 2, 1, true};
     assert_int_equal(ms_scratch_kv_plan(s, &out, 1, &plan, &err), MS_ERR_INVALID_ARG);
     assert_non_null(strstr(err.msg, "view 0 names batch row 2 (rows 0 .. 1)"));
-    ms_scratch_kv_row neg = {0, -1, false};
+    ms_scratch_kv_row neg = {7, 0, -1, false};
     assert_int_equal(ms_scratch_kv_plan(s, &neg, 1, &plan, &err), MS_ERR_INVALID_ARG);
     assert_non_null(strstr(err.msg, "batch row 0 has span -1"));
-    ms_scratch_kv_row three[3] = {{0, 1, true}, {1, 1, true}, {0, 1, true}};
+    ms_scratch_kv_row three[3] = {{7, 0, 1, true}, {7, 1, 1, true}, {7, 0, 1, true}};
     assert_int_equal(ms_scratch_kv_plan(s, three, 3, &plan, &err), MS_ERR_CAPACITY);
     assert_non_null(strstr(err.msg, "3 rows, above max_rows 2"));
     assert_int_equal(ms_scratch_kv_length(s, 1), 1);
     /* beginning a frame empties the row: its view covers only the new tokens */
-    ms_scratch_kv_row again = {0, 1, true};
+    ms_scratch_kv_row again = {9, 0, 1, true};
     assert_int_equal(ms_scratch_kv_plan(s, &again, 1, &plan, &err), MS_OK);
+    assert_int_equal(ms_scratch_kv_commit(s, &err), MS_OK);
+    assert_int_equal(ms_scratch_kv_length(s, 0), 1);
+    assert_int_equal(plan.views[0].rid, 9);
     assert_int_equal(plan.views[0].length, 1);
     assert_int_equal(plan.kv_last_page_len[0], 1);
     assert_int_equal(plan.token_to_slot[0], 0);
     assert_int_equal(plan.kv_indices[0], 1);
     /* an empty step (span 0) plans a view without pages */
-    ms_scratch_kv_row none = {1, 0, true};
+    ms_scratch_kv_row none = {7, 1, 0, true};
     assert_int_equal(ms_scratch_kv_plan(s, &none, 1, &plan, &err), MS_OK);
     assert_int_equal(plan.kv_indptr[1], 0);
     assert_int_equal(plan.kv_last_page_len[0], 0);
@@ -349,6 +367,71 @@ static void test_scratch_kv_hazards_are_refused(void **state) {
     ms_device_free(dev);
 }
 
+/* Through the step runner: segment i is batch row i; the record says whether a frame begins. */
+static void test_scratch_kv_through_runner(void **state) {
+    (void)state;
+    ms_error err = {0};
+    ms_device *dev = host_device(0);
+    ms_scratch_kv_config cfg = {dev, 2, 2, 4, 1, 16, sizeof(float)};
+    ms_resource_spec specs[] = {
+        {"code_predictor", MS_RESOURCE_SCRATCH, NULL, 0, ms_scratch_kv_build, &cfg, NULL, NULL},
+    };
+    ms_step_runner *r;
+    assert_int_equal(ms_step_runner_init(&r, specs, 1, &err), MS_OK);
+    ms_scratch_kv *s = ms_step_runner_resource(r, 0);
+    void *base = ms_scratch_kv_data(s);
+    static const ms_scratch_kv_step begin = {true}, cont = {false};
+    for (int frame = 0; frame < 3; frame++) {
+        ms_rid rids[2] = {(ms_rid)(1 + frame), (ms_rid)(50 + frame)};
+        for (int i = 0; i < 2; i++)
+            assert_int_equal(ms_step_runner_ingest(r, rids[i], NULL, &err), MS_OK);
+        for (int st = 0; st < 3; st++) {
+            int32_t span = st == 0 ? 2 : 1;
+            ms_segment segs[2] = {{rids[0], 0, span}, {rids[1], 0, span}};
+            ms_step step = {.name = st == 0 ? "first" : "next", .segments = segs, .n_segments = 2};
+            step.records[0].rec = st == 0 ? &begin : &cont;
+            ms_step_ctx ctx = {.request_ids = rids, .n_rows = 2, .n_real = 2};
+            assert_int_equal(ms_step_runner_admit(r, &step, &ctx).code, MS_ADMIT_OK);
+            assert_int_equal(ms_step_runner_plan(r, &step, &ctx, &err), MS_OK);
+            const ms_kv_plan *p = ctx.plan_results[0];
+            assert_int_equal(p->n_views, 2);
+            assert_int_equal(p->views[1].length, st == 0 ? 2 : 2 + st);
+            assert_int_equal(p->kv_indices[1], 2); /* row 1's page, whatever the request */
+            assert_int_equal(p->token_to_slot[p->qo_indptr[1]], st == 0 ? 0 : 1 + st);
+            assert_int_equal(ms_step_runner_commit(r, &step, &ctx, &err), MS_OK);
+        }
+        /* a fifth token does not fit the frame's 4 positions */
+        ms_segment segs[2] = {{rids[0], 0, 1}, {rids[1], 0, 1}};
+        ms_step step = {.name = "next", .segments = segs, .n_segments = 2};
+        step.records[0].rec = &cont;
+        ms_step_ctx ctx = {.request_ids = rids, .n_rows = 2, .n_real = 2};
+        assert_int_equal(ms_step_runner_admit(r, &step, &ctx).code, MS_ADMIT_OK);
+        assert_int_equal(ms_step_runner_plan(r, &step, &ctx, &err), MS_ERR_CAPACITY);
+        assert_non_null(strstr(err.msg, "step 'next': scratch kv: batch row 0 would hold 5 tokens"));
+        for (int i = 0; i < 2; i++)
+            ms_step_runner_remove(r, rids[i]);
+    }
+    /* more rows than the buffer, or a span above the positions, cannot be admitted */
+    ms_segment three[3] = {{1, 0, 1}, {2, 0, 1}, {3, 0, 1}};
+    ms_step big = {.name = "first", .segments = three, .n_segments = 3};
+    big.records[0].rec = &begin;
+    ms_step_ctx c3 = {0};
+    assert_int_equal(ms_step_runner_admit(r, &big, &c3).code, MS_ADMIT_INVALID);
+    ms_segment wide[1] = {{1, 0, 5}};
+    ms_step w = {.name = "first", .segments = wide, .n_segments = 1};
+    w.records[0].rec = &begin;
+    ms_step_ctx c1 = {0};
+    assert_int_equal(ms_step_runner_admit(r, &w, &c1).code, MS_ADMIT_INVALID);
+    assert_ptr_equal(ms_scratch_kv_data(s), base);
+    ms_step_runner_free(r);
+    ms_resource_spec none[] = {
+        {"code_predictor", MS_RESOURCE_SCRATCH, NULL, 0, ms_scratch_kv_build, NULL, NULL, NULL},
+    };
+    assert_int_equal(ms_step_runner_init(&r, none, 1, &err), MS_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "scratch kv: no config"));
+    ms_device_free(dev);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         ms_unit_test(test_rows_are_fixed_slices_of_one_buffer),
@@ -357,6 +440,7 @@ int main(void) {
         ms_unit_test(test_init_errors_name_the_size),
         ms_unit_test(test_scratch_kv_attention_is_per_frame),
         ms_unit_test(test_scratch_kv_hazards_are_refused),
+        ms_unit_test(test_scratch_kv_through_runner),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

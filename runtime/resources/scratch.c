@@ -117,6 +117,11 @@ struct ms_scratch_kv {
     void *data;              /* the arena, [layers][max_rows + 1][2][positions][kv_heads][head_dim] */
     size_t bytes;
     int32_t *length;         /* [max_rows] tokens held in the current frame, -1: no frame begun */
+    ms_rid *holder;          /* [max_rows] the request whose frame the row holds */
+    bool pending;            /* a plan is waiting for commit */
+    int32_t n_pending;       /* its rows: pend_row[i] gets pend_len[i], pend_rid[i] */
+    int32_t *pend_row, *pend_len;
+    ms_rid *pend_rid;
     uint32_t *seen;          /* [max_rows] plan-call stamp of the last step naming the row */
     uint32_t stamp;
     /* plan arrays, sized for max_rows views and max_rows * positions tokens: */
@@ -124,6 +129,8 @@ struct ms_scratch_kv {
     int32_t *pages;          /* [max_rows] views[i].pages points at pages[i] */
     int32_t *qo_indptr, *kv_indptr, *kv_indices, *kv_last_page_len, *kv_start;
     int32_t *token_to_page, *token_to_slot;
+    ms_kv_plan plan;                   /* the runner's plan result */
+    ms_scratch_kv_row *scratch_rows;   /* [max_rows] the runner's rows */
 };
 
 /* a * b into *out; false on overflow. */
@@ -161,6 +168,11 @@ ms_status ms_scratch_kv_init(ms_scratch_kv **out, const ms_scratch_kv_config *cf
     const size_t R = (size_t)cfg->max_rows;
     s->length = ms_malloc(R * sizeof(int32_t));
     s->seen = ms_calloc(R, sizeof(uint32_t));
+    s->holder = ms_calloc(R, sizeof(ms_rid));
+    s->pend_row = ms_calloc(R, sizeof(int32_t));
+    s->pend_len = ms_calloc(R, sizeof(int32_t));
+    s->pend_rid = ms_calloc(R, sizeof(ms_rid));
+    s->scratch_rows = ms_calloc(R, sizeof(ms_scratch_kv_row));
     s->views = ms_calloc(R, sizeof(ms_kv_view));
     s->pages = ms_calloc(R, sizeof(int32_t));
     s->qo_indptr = ms_calloc(R + 1, sizeof(int32_t));
@@ -170,7 +182,8 @@ ms_status ms_scratch_kv_init(ms_scratch_kv **out, const ms_scratch_kv_config *cf
     s->kv_start = ms_calloc(R, sizeof(int32_t));
     s->token_to_page = ms_calloc(tokens, sizeof(int32_t));
     s->token_to_slot = ms_calloc(tokens, sizeof(int32_t));
-    if (s->length == NULL || s->seen == NULL || s->views == NULL || s->pages == NULL ||
+    if (s->length == NULL || s->seen == NULL || s->holder == NULL || s->pend_row == NULL ||
+        s->pend_len == NULL || s->pend_rid == NULL || s->scratch_rows == NULL || s->views == NULL || s->pages == NULL ||
         s->qo_indptr == NULL || s->kv_indptr == NULL || s->kv_indices == NULL ||
         s->kv_last_page_len == NULL || s->kv_start == NULL || s->token_to_page == NULL ||
         s->token_to_slot == NULL) {
@@ -201,6 +214,11 @@ void ms_scratch_kv_free(ms_scratch_kv *s) {
         ms_device_free_mem(s->cfg.device, s->data);
     ms_free(s->length);
     ms_free(s->seen);
+    ms_free(s->holder);
+    ms_free(s->pend_row);
+    ms_free(s->pend_len);
+    ms_free(s->pend_rid);
+    ms_free(s->scratch_rows);
     ms_free(s->views);
     ms_free(s->pages);
     ms_free(s->qo_indptr);
@@ -254,6 +272,10 @@ ms_status ms_scratch_kv_plan(ms_scratch_kv *s, const ms_scratch_kv_row *rows, in
         if (!q->begin_frame && s->length[q->row] < 0)
             return MS_FAIL(err, MS_ERR_INVALID_ARG, "scratch kv: batch row %d continues a frame "
                            "it never began (its keys would be another frame's)", q->row);
+        if (!q->begin_frame && s->holder[q->row] != q->rid)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG, "scratch kv: batch row %d continues request "
+                           "%llu's frame for request %llu (the batch changed mid-frame)", q->row,
+                           (unsigned long long)s->holder[q->row], (unsigned long long)q->rid);
         int64_t held = q->begin_frame ? 0 : s->length[q->row];
         if (held + q->span > s->cfg.positions)
             return MS_FAIL(err, MS_ERR_CAPACITY, "scratch kv: batch row %d would hold %lld tokens "
@@ -269,9 +291,11 @@ ms_status ms_scratch_kv_plan(ms_scratch_kv *s, const ms_scratch_kv_row *rows, in
         const ms_scratch_kv_row *q = &rows[i];
         int32_t held = q->begin_frame ? 0 : s->length[q->row];
         int32_t len = held + q->span;
-        s->length[q->row] = len;
+        s->pend_row[i] = q->row;
+        s->pend_len[i] = len;
+        s->pend_rid[i] = q->rid;
         s->pages[i] = q->row + 1;
-        s->views[i] = (ms_kv_view){.rid = (ms_rid)q->row, .label = 0, .pages = &s->pages[i],
+        s->views[i] = (ms_kv_view){.rid = q->rid, .label = 0, .pages = &s->pages[i],
                                    .n_pages = len > 0 ? 1 : 0, .start = 0, .length = len,
                                    .to_compute = q->span, .generation = 0};
         s->qo_indptr[i + 1] = s->qo_indptr[i] + q->span;
@@ -292,5 +316,109 @@ ms_status ms_scratch_kv_plan(ms_scratch_kv *s, const ms_scratch_kv_row *rows, in
                         .kv_indices = s->kv_indices, .kv_last_page_len = s->kv_last_page_len,
                         .kv_start = s->kv_start, .token_to_page = s->token_to_page,
                         .token_to_slot = s->token_to_slot, .is_decode = decode};
+    s->pending = true;
+    s->n_pending = n;
+    return MS_OK;
+}
+
+ms_status ms_scratch_kv_commit(ms_scratch_kv *s, ms_error *err) {
+    if (!s->pending)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "scratch kv: commit without a pending plan");
+    for (int32_t i = 0; i < s->n_pending; i++) {
+        s->length[s->pend_row[i]] = s->pend_len[i];
+        s->holder[s->pend_row[i]] = s->pend_rid[i];
+    }
+    s->pending = false;
+    s->n_pending = 0;
+    return MS_OK;
+}
+
+void ms_scratch_kv_abandon(ms_scratch_kv *s) {
+    s->pending = false;
+    s->n_pending = 0;
+}
+
+/* ---- the scratch KV through the step runner ---- */
+
+/* The rows of a step: segment i is batch row i. Fills rows[0 .. n); false: more than max_rows. */
+static bool skv_rows(const ms_scratch_kv *s, int index, const ms_step *step,
+                     ms_scratch_kv_row *rows, int32_t *n) {
+    const ms_segment *seg = ms_step_segments(step, index, n);
+    if (*n > s->cfg.max_rows)
+        return false;
+    const ms_scratch_kv_step *rec = step->records[index].rec;
+    const bool begin = rec != NULL && rec->begin_frame;
+    for (int32_t i = 0; i < *n; i++)
+        rows[i] = (ms_scratch_kv_row){seg[i].rid, i, seg[i].span, begin};
+    return true;
+}
+
+static ms_admit_outcome skv_admit(void *self, int index, const ms_step *step, ms_step_ctx *ctx) {
+    (void)ctx;
+    ms_scratch_kv *s = self;
+    ms_admit_outcome o = ms_admit_ok();
+    int32_t n;
+    const ms_segment *seg = ms_step_segments(step, index, &n);
+    if (n > s->cfg.max_rows) {
+        o.code = MS_ADMIT_INVALID; /* can never fit: the buffer is fixed at init */
+        return o;
+    }
+    for (int32_t i = 0; i < n; i++)
+        if (seg[i].span > s->cfg.positions) {
+            o.code = MS_ADMIT_INVALID;
+            o.rid = seg[i].rid;
+            return o;
+        }
+    return o;
+}
+
+static ms_status skv_plan(void *self, int index, const ms_step *step, ms_step_ctx *ctx,
+                          const void **out, ms_error *err) {
+    (void)ctx;
+    ms_scratch_kv *s = self;
+    int32_t n;
+    if (!skv_rows(s, index, step, s->scratch_rows, &n))
+        return MS_FAIL(err, MS_ERR_CAPACITY, "scratch kv: step '%s' has %d rows, above max_rows %d",
+                       step->name != NULL ? step->name : "?", n, s->cfg.max_rows);
+    ms_status st = ms_scratch_kv_plan(s, s->scratch_rows, n, &s->plan, err);
+    if (st != MS_OK) {
+        ms_error_prefix(err, "step '%s': ", step->name != NULL ? step->name : "?");
+        return st;
+    }
+    *out = &s->plan;
+    return MS_OK;
+}
+
+static ms_status skv_commit(void *self, int index, const ms_step *step, ms_step_ctx *ctx,
+                            ms_error *err) {
+    (void)index, (void)step, (void)ctx;
+    return ms_scratch_kv_commit(self, err);
+}
+
+static void skv_rollback(void *self, int index, const ms_step *step, ms_step_ctx *ctx) {
+    (void)index, (void)step, (void)ctx;
+    ms_scratch_kv_abandon(self);
+}
+
+static void skv_free(void *self) { ms_scratch_kv_free(self); }
+
+const ms_resource_i ms_scratch_kv_iface = {
+    .kind = MS_RESOURCE_SCRATCH,
+    .admit = skv_admit,
+    .admit_rollback = skv_rollback,
+    .plan = skv_plan,
+    .commit = skv_commit,
+    .free = skv_free,
+};
+
+ms_status ms_scratch_kv_build(const void *config, const ms_resource_env *env, void **self,
+                              const ms_resource_i **iface, ms_error *err) {
+    (void)env;
+    if (config == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "scratch kv: no config");
+    ms_scratch_kv *s;
+    MS_TRY(ms_scratch_kv_init(&s, config, err));
+    *self = s;
+    *iface = &ms_scratch_kv_iface;
     return MS_OK;
 }

@@ -81,8 +81,9 @@ extern const ms_resource_i ms_scratch_iface;
  * attn_batch_stage stages, so kv_write and attention need no scratch-specific op.
  *
  * Hazards it refuses (one-line errors naming the batch row and the counts): a row continuing a
- * frame it never began (it would read the previous occupant's keys), a frame longer than
- * `positions`, a row given twice in one step, a row outside [0, max_rows), a negative span.
+ * frame it never began, or one another request began (the batch was recomposed mid-frame: it
+ * would read that request's keys), a frame longer than `positions`, a row given twice in one
+ * step, a row outside [0, max_rows), a negative span.
  * Beginning a frame empties the row (its length drops to 0 before the step's tokens are
  * written), so stale keys of the previous frame or of the row's previous request are never
  * visible: the view's length only covers slots written in the current frame.
@@ -103,6 +104,7 @@ typedef struct ms_scratch_kv_config {
 
 /* One batch row of a step over the scratch KV. */
 typedef struct ms_scratch_kv_row {
+    ms_rid rid;         /* the request on the row (a frame is one request's: see the hazards) */
     int32_t row;        /* batch row, 0 .. max_rows - 1 */
     int32_t span;       /* tokens this step writes (query rows), >= 0 */
     bool begin_frame;   /* the row starts a new frame: emptied before the writes */
@@ -131,13 +133,39 @@ int32_t ms_scratch_kv_length(const ms_scratch_kv *s, int32_t row);
 
 /*
  * Plan one step over rows[0 .. n) in packed order (view i = rows[i]): each row's view is its own
- * page, length = tokens held after this step's writes (0 first when begin_frame), to_compute =
- * span, start 0; token t of view i is written to slot (length - span + j) of the row's page. The
- * plan takes effect at once (the lengths advance: the scratch has no commit). On error nothing
- * changes. *out points into the object's arrays (valid until the next plan).
+ * page, length = tokens held after this step's writes (counted from 0 when begin_frame),
+ * to_compute = span, start 0; token j of view i is written to slot (length - span + j) of the
+ * row's page. The lengths advance at ms_scratch_kv_commit (a plan that is not committed, e.g.
+ * an abandoned step, changes nothing; a second plan replaces it). On error nothing changes.
+ * *out points into the object's arrays (valid until the next plan).
  */
 ms_status ms_scratch_kv_plan(ms_scratch_kv *s, const ms_scratch_kv_row *rows, int32_t n,
                              ms_kv_plan *out, ms_error *err);
+
+/* Apply the last plan (the rows' lengths and frame owners). MS_ERR_INVALID_ARG when no plan is
+ * pending (committed already, or none made). */
+ms_status ms_scratch_kv_commit(ms_scratch_kv *s, ms_error *err);
+
+/* Drop the pending plan, if any (the step was abandoned). */
+void ms_scratch_kv_abandon(ms_scratch_kv *s);
+
+/*
+ * The step record of a scratch KV resource (ms_step_record.rec): whether the step begins a
+ * frame. Through the step runner (ms_scratch_kv_build, kind MS_RESOURCE_SCRATCH) segment i of a
+ * step is batch row i, its rid the row's request and its span the row's tokens; admit refuses
+ * (MS_ADMIT_INVALID) more segments than max_rows or a span above positions; plan returns an
+ * ms_kv_plan; commit applies it; admit_rollback drops it.
+ */
+typedef struct ms_scratch_kv_step {
+    bool begin_frame;
+} ms_scratch_kv_step;
+
+/* Step-runner builder: config is an ms_scratch_kv_config (no dependencies). */
+ms_status ms_scratch_kv_build(const void *config, const ms_resource_env *env, void **self,
+                              const ms_resource_i **iface, ms_error *err);
+
+/* The scratch KV's resource interface (kind MS_RESOURCE_SCRATCH). */
+extern const ms_resource_i ms_scratch_kv_iface;
 
 #ifdef __cplusplus
 }
