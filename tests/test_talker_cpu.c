@@ -18,7 +18,9 @@
  * the scratch over [in_proj(h), embeds[0](c0)] at positions 0, 1 and takes c1 from heads[0] of
  * its last row, then feeds embeds[j-1](c_{j-1}) at position j for c_j from heads[j-1]. The
  * talker's own cache is a second ms_scratch_kv spanning the whole request (one "frame" of
- * prompt + 12 positions): a stand-in for the KV pool the compiled model will use.
+ * prompt + 12 positions): a stand-in for the KV pool the compiled model will use. The
+ * predictor's cache is driven through a step runner (ms_scratch_kv_build: admit, plan, commit;
+ * segment i = batch row i, the record saying whether a frame begins), as a node's resource.
  */
 #include "ms_test.h"
 
@@ -33,6 +35,7 @@
 #include "fixture_ref.h"
 #include "ms_test_impl.h"
 #include "scratch.h"
+#include "step_runner.h"
 
 #define CHECK(expr)                                                                    \
     do {                                                                               \
@@ -56,6 +59,7 @@ typedef struct dec {
     float inv[32];
     ms_rope_table rope;
     ms_scratch_kv *cache;
+    ms_step_runner *runner; /* the predictor: its cache through the step runner, as a node's */
     ms_paged_kv kv;
     ms_attn_batch *batch;
     /* step buffers [T_MAX, ...] */
@@ -88,7 +92,7 @@ static float *buf(int64_t n) {
 
 /* Load decoder `prefix` ("talker.model" / "code_predictor") with its cache of `positions`. */
 static void dec_init(world *w, dec *m, const char *prefix, int H, int hq, int hkv, int ff,
-                     int positions) {
+                     int positions, bool runner) {
     ms_error err = {0};
     *m = (dec){.H = H, .L = 2, .hq = hq, .hkv = hkv, .d = 16, .ff = ff, .eps = 1e-6f};
     char name[160];
@@ -115,7 +119,14 @@ static void dec_init(world *w, dec *m, const char *prefix, int H, int hq, int hk
     m->rope = (ms_rope_table){.style = MS_ROPE_ROTATE_HALF, .rotary_dim = m->d,
                               .inv_freq = m->inv, .attention_scaling = 1.0f};
     ms_scratch_kv_config sc = {w->dev, B_MAX, m->L, positions, hkv, m->d, sizeof(float)};
-    CHECK(ms_scratch_kv_init(&m->cache, &sc, &err));
+    if (runner) {
+        ms_resource_spec spec = {"code_predictor", MS_RESOURCE_SCRATCH, NULL, 0,
+                                 ms_scratch_kv_build, &sc, NULL, NULL};
+        CHECK(ms_step_runner_init(&m->runner, &spec, 1, &err));
+        m->cache = ms_step_runner_resource(m->runner, 0);
+    } else {
+        CHECK(ms_scratch_kv_init(&m->cache, &sc, &err));
+    }
     m->kv = (ms_paged_kv){ms_scratch_kv_data(m->cache), MS_DTYPE_F32, m->L,
                           ms_scratch_kv_pages(m->cache), positions, hkv, m->d};
     assert_int_equal(ms_paged_kv_bytes(&m->kv), ms_scratch_kv_bytes(m->cache));
@@ -133,7 +144,10 @@ static void dec_init(world *w, dec *m, const char *prefix, int H, int hq, int hk
 
 static void dec_free(world *w, dec *m) {
     w->be.iface.attn_batch_free(w->be.ctx, m->batch);
-    ms_scratch_kv_free(m->cache);
+    if (m->runner != NULL)
+        ms_step_runner_free(m->runner); /* frees the cache */
+    else
+        ms_scratch_kv_free(m->cache);
     float *bufs[] = {m->h, m->q, m->k, m->v, m->att, m->t, m->g, m->u};
     for (size_t i = 0; i < MS_ARRAY_LEN(bufs); i++)
         ms_free(bufs[i]);
@@ -149,10 +163,29 @@ static void dec_step(world *w, dec *m, const ms_scratch_kv_row *rows, int32_t n_
     ms_error err = {0};
     const ms_backend_i *f = &w->be.iface;
     void *c = w->be.ctx;
-    ms_kv_plan plan;
-    CHECK(ms_scratch_kv_plan(m->cache, rows, n_rows, &plan, &err));
-    assert_int_equal(plan.n_tokens, n);
-    CHECK(f->attn_batch_stage(c, m->batch, &plan, &m->kv, &err));
+    ms_kv_plan own;
+    const ms_kv_plan *plan = &own;
+    ms_segment segs[B_MAX];
+    ms_rid rids[B_MAX];
+    static const ms_scratch_kv_step begin = {true}, cont = {false};
+    ms_step step = {.name = "code_predictor", .segments = segs, .n_segments = n_rows};
+    ms_step_ctx ctx = {.request_ids = rids, .n_rows = n_rows, .n_real = n_rows};
+    if (m->runner != NULL) { /* segment i is batch row i; the record says a frame begins */
+        for (int32_t i = 0; i < n_rows; i++) {
+            assert_int_equal(rows[i].row, i);
+            segs[i] = (ms_segment){rows[i].rid, 0, rows[i].span};
+            rids[i] = rows[i].rid;
+            CHECK(ms_step_runner_ingest(m->runner, rows[i].rid, NULL, &err));
+        }
+        step.records[0].rec = rows[0].begin_frame ? &begin : &cont;
+        assert_int_equal(ms_step_runner_admit(m->runner, &step, &ctx).code, MS_ADMIT_OK);
+        CHECK(ms_step_runner_plan(m->runner, &step, &ctx, &err));
+        plan = ctx.plan_results[0];
+    } else {
+        CHECK(ms_scratch_kv_plan(m->cache, rows, n_rows, &own, &err));
+    }
+    assert_int_equal(plan->n_tokens, n);
+    CHECK(f->attn_batch_stage(c, m->batch, plan, &m->kv, &err));
     const int qd = m->hq * m->d, kd = m->hkv * m->d;
     ms_tensor tx = ms_tensor_2d(x, MS_DTYPE_F32, n, m->H);
     ms_tensor th = ms_tensor_2d(m->h, MS_DTYPE_F32, n, m->H);
@@ -193,7 +226,10 @@ static void dec_step(world *w, dec *m, const ms_scratch_kv_row *rows, int32_t n_
     ms_tensor last = ms_tensor_1d(m->batch->last_token, MS_DTYPE_I32, n_rows);
     ms_tensor to = ms_tensor_2d(out, MS_DTYPE_F32, n_rows, m->H);
     CHECK(f->gather_rows(c, &th, &last, &to, &err));
-    CHECK(ms_scratch_kv_commit(m->cache, &err));
+    if (m->runner != NULL)
+        CHECK(ms_step_runner_commit(m->runner, &step, &ctx, &err));
+    else
+        CHECK(ms_scratch_kv_commit(m->cache, &err));
 }
 
 /* out [n, d] = sum over the tables of table[g](ids[g][t]) (ids g-major [n_tables][n]). */
@@ -244,8 +280,8 @@ static void world_init(world *w) {
         snprintf(name, sizeof name, "code_predictor.heads.%d.weight", j);
         w->heads[j] = weight(w, name, V, 32);
     }
-    dec_init(w, &w->talker, "talker.model", 64, 4, 2, 160, P + F);
-    dec_init(w, &w->cp, "code_predictor", 32, 2, 1, 96, G);
+    dec_init(w, &w->talker, "talker.model", 64, 4, 2, 160, P + F, false);
+    dec_init(w, &w->cp, "code_predictor", 32, 2, 1, 96, G, true);
 }
 
 static void world_free(world *w) {
