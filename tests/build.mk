@@ -45,6 +45,8 @@ TEST_SCRIPTS += tests/dsl_scale.sh
 TESTS += tests/test_attn_plan
 TESTS += tests/test_cross_attn
 TESTS += tests/test_scratch
+# the talker + code predictor of hf/talker_codepred composed by hand over the scratch KV (CPU)
+TESTS += tests/test_talker_cpu
 TESTS += tests/test_kv_pool
 TESTS += tests/test_page_arena
 TESTS += tests/test_prefix_cache
