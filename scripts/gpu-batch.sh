@@ -229,7 +229,9 @@ if [ -n "${MS_GPU_BUNDLE:-}" ]; then
             done
             for k in 1 2 3; do
                 curl -s -m 60 -d "{\"prompt\": [$pfx, $k, 7, 8, 9], \"max_tokens\": 24, \"temperature\": 0, \"ignore_eos\": true}" \
-                    "$surl/v1/completions" | jq -c '.choices[0].text' >"$OUT/pfx-$mode-$k.txt"
+                    "$surl/v1/completions" |
+                    python3 -c 'import json, sys; print(json.load(sys.stdin)["choices"][0]["text"])' \
+                        >"$OUT/pfx-$mode-$k.txt" 2>&1
             done
             curl -s -m 10 "$surl/metrics" | awk '$1 == "mstar_prefix_cache_hit_tokens_total" { print $2 }' >"$OUT/pfx-$mode-hits.txt"
             kill -TERM "$spid"
