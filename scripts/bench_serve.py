@@ -15,6 +15,7 @@ Usage:
                     output lengths (max_tokens with ignore_eos, so each request makes exactly
                     that many tokens unless the context ends it); defaults fixed:128, fixed:128
   --ids VOCAB       token-id prompts in [0, VOCAB) (a server without a tokenizer)
+  --shared-prefix N with --ids: every prompt starts with the same N ids (a system prompt)
   --warmup W        requests sent (and not measured) before the run, default 2
 
 Every request is a streaming /v1/completions with stream_options.include_usage. Measured, as
@@ -44,6 +45,9 @@ ap.add_argument("--num-prompts", type=int, default=64)
 ap.add_argument("--prompt-len", default="fixed:128")
 ap.add_argument("--output-len", default="fixed:128")
 ap.add_argument("--ids", type=int, default=0)
+ap.add_argument("--shared-prefix", type=int, default=0,
+                help="with --ids: every prompt starts with the same N random ids (a system "
+                     "prompt; what prefix caching serves)")
 ap.add_argument("--temperature", type=float, default=0.0)
 ap.add_argument("--seed", type=int, default=0)
 ap.add_argument("--json", default=None)
@@ -52,6 +56,10 @@ args = ap.parse_args()
 u = urllib.parse.urlparse(args.url)
 host, port = u.hostname, u.port or 80
 rng = random.Random(args.seed)
+if args.shared_prefix and not args.ids:
+    sys.exit("bench_serve: --shared-prefix needs --ids")
+SHARED = [random.Random(args.seed + 1).randrange(args.ids) for _ in range(args.shared_prefix)] \
+    if args.shared_prefix else []
 
 
 def dist(spec):
@@ -79,7 +87,7 @@ WORDS = "the a of and to in is was he for it with as his on be at by had are but
 def make_request():
     n_in, n_out = max(1, plen()), max(1, olen())
     if args.ids:
-        prompt = [rng.randrange(args.ids) for _ in range(n_in)]
+        prompt = SHARED + [rng.randrange(args.ids) for _ in range(n_in)]
     else:
         prompt = " ".join(rng.choice(WORDS) for _ in range(n_in))
     body = {"prompt": prompt, "max_tokens": n_out, "ignore_eos": True, "stream": True,

@@ -211,6 +211,39 @@ if [ -n "${MS_GPU_BUNDLE:-}" ]; then
         [ -n "$g" ] && [ "$g" = "$c" ] && echo "1 passed, 0 failed" || echo "0 passed, 1 failed"
     } >"$OUT/qwen2vl.log" 2>&1
     summary+=("$(printf '%-14s %s' qwen2vl "$(tail -n 1 "$OUT/qwen2vl.log")")")
+    # prefix caching on the GPU: three requests over a shared 40-id prefix through serve give the
+    # same greedy ids with and without the cache, and the cache hits (64 tokens)
+    {
+        pfx=$(seq -s, 11 50)
+        for mode in cache nocache; do
+            extra=()
+            [ "$mode" = nocache ] && extra=(--no-prefix-cache)
+            "$b/bin/llama/llama" serve --model "$b/fixtures/hf/llama_gqa" --tokenizer none \
+                --device cuda --page-size 16 --port 0 "${extra[@]}" 2>"$OUT/pfx-$mode.err" &
+            spid=$!
+            surl=
+            for _ in $(seq 300); do
+                surl=$(sed -n 's/^listening on //p' "$OUT/pfx-$mode.err")
+                [ -n "$surl" ] && break
+                sleep 0.1
+            done
+            for k in 1 2 3; do
+                curl -s -m 60 -d "{\"prompt\": [$pfx, $k, 7, 8, 9], \"max_tokens\": 24, \"temperature\": 0, \"ignore_eos\": true}" \
+                    "$surl/v1/completions" |
+                    python3 -c 'import json, sys; print(json.load(sys.stdin)["choices"][0]["text"])' \
+                        >"$OUT/pfx-$mode-$k.txt" 2>&1
+            done
+            curl -s -m 10 "$surl/metrics" | awk '$1 == "mstar_prefix_cache_hit_tokens_total" { print $2 }' >"$OUT/pfx-$mode-hits.txt"
+            kill -TERM "$spid"
+            wait "$spid"
+        done
+        same=1
+        for k in 1 2 3; do cmp -s "$OUT/pfx-cache-$k.txt" "$OUT/pfx-nocache-$k.txt" || same=0; done
+        echo "hit tokens: cache $(cat "$OUT/pfx-cache-hits.txt"), no cache $(cat "$OUT/pfx-nocache-hits.txt")"
+        [ "$same" = 1 ] && [ "$(cat "$OUT/pfx-cache-hits.txt")" = 64 ] && echo "1 passed, 0 failed" ||
+            echo "0 passed, 1 failed"
+    } >"$OUT/prefix.log" 2>&1
+    summary+=("$(printf '%-14s %s' prefix "$(tail -n 1 "$OUT/prefix.log")")")
     # Whisper (encoder node, cross-attention decoder) on the GPU: hf/whisper_tiny's reference
     # input_features through `transcribe`, greedy ids on cuda against the bf16 CPU run's
     wt=(transcribe --model "$b/fixtures/hf/whisper_tiny" --features

@@ -45,6 +45,8 @@ TEST_SCRIPTS += tests/dsl_scale.sh
 TESTS += tests/test_attn_plan
 TESTS += tests/test_cross_attn
 TESTS += tests/test_scratch
+# the talker + code predictor of hf/talker_codepred composed by hand over the scratch KV (CPU)
+TESTS += tests/test_talker_cpu
 TESTS += tests/test_kv_pool
 TESTS += tests/test_page_arena
 TESTS += tests/test_prefix_cache
@@ -53,6 +55,9 @@ TESTS += tests/test_kv_prefix
 TESTS += tests/test_tp_check
 TSAN_TESTS += tests/test_tp_check
 TESTS += tests/test_engine_llama
+# prefix caching through the engine: outputs bitwise equal with and without the cache
+TESTS += tests/test_engine_prefix
+$(BUILD)/tests/test_engine_prefix: $(BUILD)/obj/gen/llama/llama_gen.o
 # tests that run the engine over the descriptor mstarc generates from models/llama.mstar
 $(BUILD)/tests/test_engine_llama: $(BUILD)/obj/gen/llama/llama_gen.o
 # KV pressure: offload / reload / recompute-preemption under a small arena

@@ -492,6 +492,29 @@ if MS_SERVE_STEP_DELAY_MS=20 start sigint --model "$l2c" --tokenizer "$tok"; the
     check "sigint: ... after an error event saying the server is shutting down (503)" grep -q '"error".*shutting down' "$tmp/int"
 fi
 
+# ---- prefix caching (on by default): a second request over the same 40-id prefix hits its two
+# full pages, /metrics counts it, the completion equals the one --no-prefix-cache gives ----
+pfx=$(seq -s, 11 50)
+for mode in cached plain; do
+    extra=()
+    [ "$mode" = plain ] && extra=(--no-prefix-cache)
+    if start "prefix-$mode" --model "$gqa" --tokenizer none --page-size 16 "${extra[@]}"; then
+        postj /v1/completions "{\"prompt\": [$pfx, 7, 8], \"max_tokens\": 8, \"temperature\": 0}" "$tmp/p1" >/dev/null
+        code=$(postj /v1/completions "{\"prompt\": [$pfx, 9, 10, 11], \"max_tokens\": 8, \"temperature\": 0}" "$tmp/p2-$mode")
+        hits=$(metric mstar_prefix_cache_hit_tokens_total)
+        detail="status $code, hit tokens '$hits'"
+        if [ "$mode" = cached ]; then
+            check "prefix: the second request hits two cached pages (32 tokens)" [ "$code" = 200 -a "$hits" = 32 ]
+        else
+            check "prefix: --no-prefix-cache looks nothing up" [ "$code" = 200 -a "$hits" = 0 ]
+        fi
+        stop "prefix-$mode" TERM
+    fi
+done
+detail="$(jq -c '.choices[0].text' "$tmp/p2-cached" "$tmp/p2-plain" 2>&1 | tr '\n' ' ')"
+check "prefix: the completion is the same with and without the cache" \
+    [ "$(jq -c '.choices[0].text' "$tmp/p2-cached")" = "$(jq -c '.choices[0].text' "$tmp/p2-plain")" ]
+
 # ---- KV pressure: a tiny --kv-pages, many concurrent greedy requests; LRU offload to the host
 # tier (--host-kv-pages) and back, or recompute-preemption without it; every response completes
 # with generate's text, a request that can never fit is refused (400), all pages free after ----

@@ -35,11 +35,22 @@ static void run_free(run_out *r) {
         free(r->logits[i]);
 }
 
-/* Prompt i: 6 + 2i ids of a fixed pattern inside the vocabulary. */
+/* With the prefix cache on (engine.h prefix_cache), prompts share their first 8 ids. */
+static bool g_prefix;
+
+/* Prompt i: 6 + 2i ids of a fixed pattern inside the vocabulary (g_prefix: 8 shared ids first,
+ * then the pattern). */
 static int32_t make_prompt(int i, int32_t *ids) {
     int32_t n = 6 + 2 * i;
     for (int32_t t = 0; t < n; t++)
         ids[t] = (int32_t)((7 + 31 * i + 13 * t) % (VOCAB - 3)) + 3;
+    if (g_prefix) {
+        for (int32_t t = 0; t < 8; t++)
+            ids[t] = 11 + 5 * t;
+        n += 2;
+        for (int32_t t = 8; t < n; t++)
+            ids[t] = (int32_t)((7 + 31 * i + 13 * t) % (VOCAB - 3)) + 3;
+    }
     return n;
 }
 
@@ -58,6 +69,7 @@ static void run_all(int32_t kv_pages, int32_t host_pages, run_out *out) {
     o.kv_pages = kv_pages;
     o.host_kv_pages = host_pages;
     o.n_threads = 1;
+    o.prefix_cache = g_prefix;
     ms_engine *e = NULL;
     ms_error err = {0};
     if (ms_engine_init(&e, &ms_llama_desc, &o, &err) != MS_OK)
@@ -177,6 +189,25 @@ static void test_no_host_tier_recomputes(void **state) {
     run_free(&small);
 }
 
+/* With the prefix cache on and prompts sharing 8 ids: the cache's pages, offload and
+ * preemption together; ids equal to a large arena's (with the cache too). */
+static void test_with_prefix_cache(void **state) {
+    (void)state;
+    g_prefix = true;
+    run_out big, small, none;
+    run_all(BIG_ARENA, 0, &big);
+    run_all(SMALL_ARENA, 64, &small);
+    run_all(SMALL_ARENA, 0, &none);
+    g_prefix = false;
+    assert_true(small.kv.offloads > 0);
+    assert_true(none.kv.preemptions > 0);
+    expect_same_ids(&big, &small);
+    expect_same_ids(&big, &none);
+    run_free(&big);
+    run_free(&small);
+    run_free(&none);
+}
+
 /* A request that can never fit is refused at add naming the limit; the others finish. */
 static void test_never_fits_refused(void **state) {
     (void)state;
@@ -245,6 +276,7 @@ int main(void) {
         cmocka_unit_test(test_offload_reload_bitwise),
         cmocka_unit_test(test_host_full_preempts),
         cmocka_unit_test(test_no_host_tier_recomputes),
+        cmocka_unit_test(test_with_prefix_cache),
         cmocka_unit_test(test_never_fits_refused),
         cmocka_unit_test(test_bad_options),
     };

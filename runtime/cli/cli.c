@@ -239,6 +239,7 @@ typedef struct cli_opts {
     bool set_guidance;
     bool ignore_eos;
     bool no_graphs;         /* --no-graphs: every step eager (engine.h graphs) */
+    bool no_prefix_cache;   /* --no-prefix-cache: no KV shared across requests (prefix_cache) */
     bool no_display_prompt; /* text output: the generated text only */
     bool verbose_prompt;    /* the prompts' ids on stderr */
     cli_output output;
@@ -395,7 +396,7 @@ static void usage(FILE *to) {
             "           [--guidance-scale S] [--position-ids FILE]\n"
             "           [--no-display-prompt] [--verbose-prompt] [--page-size N]\n"
             "           [--device auto|cpu|cuda] [--dtype auto|f32|bf16] [--threads N]\n"
-            "           [--no-graphs]\n"
+            "           [--no-graphs] [--no-prefix-cache]\n"
             "       %s generate --chat MESSAGE [--system TEXT] --model PATH [...] (one chat turn)\n"
             "       %s chat --model PATH [...]    (%s chat --help)\n"
             "       %s transcribe --model PATH AUDIO... (%s transcribe --help)\n"
@@ -435,6 +436,10 @@ static int parse_generate(int argc, char **argv, cli_opts *o) {
         const char *a = argv[i];
         if (strcmp(a, "--ignore-eos") == 0) {
             o->ignore_eos = true;
+            continue;
+        }
+        if (strcmp(a, "--no-prefix-cache") == 0) {
+            o->no_prefix_cache = true;
             continue;
         }
         if (strcmp(a, "--no-graphs") == 0) {
@@ -1168,6 +1173,7 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
     eo.n_threads = o.threads;
     eo.dtype = o.dtype;
     eo.graphs = o.no_graphs ? MS_GRAPHS_OFF : MS_GRAPHS_AUTO;
+    eo.prefix_cache = !o.no_prefix_cache; /* on by default, as vLLM and SGLang serve */
     /* a guided pair takes two of max_seqs (two streams) and prefills both prompts in one step */
     const int32_t per_req = guided ? 2 : 1;
     eo.max_seqs = (int32_t)MS_MIN(ps.n, (size_t)64) * per_req;

@@ -493,6 +493,7 @@ int ms_cli_chat(int argc, char **argv, const ms_model_desc *desc, const char *pr
     eo.max_seqs = 1;
     eo.max_tokens = CHAT_PREFILL;
     eo.max_seq_len = fa.max_context;
+    eo.prefix_cache = true; /* each turn re-renders the whole history: its pages are cached */
     if (ms_engine_init(&c.eng, desc, &eo, &err) != MS_OK) {
         rc = chat_fail(&c, "%s", err.msg);
         goto done;

@@ -165,6 +165,7 @@ typedef struct srv_opts {
     const char *model, *tokenizer, *host, *api_key, *device, *dtype, *chat_template;
     int32_t port, max_seqs, max_tokens_per_step, page_size, threads, max_queue, kv_pages;
     bool no_graphs; /* --no-graphs: every step eager (engine.h graphs) */
+    bool no_prefix_cache; /* --no-prefix-cache: no KV shared across requests (prefix_cache) */
     int32_t host_kv_pages;      /* --host-kv-pages: the host tier (engine.h host_kv_pages) */
     float gpu_memory_fraction;  /* --gpu-memory-fraction: 0 unset (engine.h) */
 } srv_opts;
@@ -195,6 +196,7 @@ struct srv {
     /* metrics (under mu) */
     uint64_t n_success, n_error, n_aborted, prompt_tokens, gen_tokens;
     int32_t kv_free, kv_total;  /* published by the scheduler */
+    ms_prefix_stats pstats;     /* the engine's prefix cache, published by the scheduler */
     ms_engine_kv_stats kv;      /* offload / preemption counters, published by the scheduler */
     srv_hist ttft, itl;         /* time to first token (from arrival), between tokens */
 };
@@ -707,6 +709,7 @@ static void job_fail(srv_job *j, unsigned status, const char *msg) {
 
 static void sched_publish(srv *s) {
     s->kv_free = ms_engine_kv_pages_free(s->eng);
+    ms_engine_prefix_stats(s->eng, &s->pstats);
     ms_engine_get_kv_stats(s->eng, &s->kv);
 }
 
@@ -1179,6 +1182,19 @@ static enum MHD_Result handle_metrics(srv *s, struct MHD_Connection *con) {
         "# HELP mstar_kv_pages_used KV pages held by requests.\n"
         "# TYPE mstar_kv_pages_used gauge\n"
         "mstar_kv_pages_used %d\n"
+        "# HELP mstar_kv_pages_cached KV pages the prefix cache lists (counted as free when only "
+        "it holds them).\n"
+        "# TYPE mstar_kv_pages_cached gauge\n"
+        "mstar_kv_pages_cached %d\n"
+        "# HELP mstar_prefix_cache_lookups_total Prompts looked up in the prefix cache.\n"
+        "# TYPE mstar_prefix_cache_lookups_total counter\n"
+        "mstar_prefix_cache_lookups_total %llu\n"
+        "# HELP mstar_prefix_cache_hit_tokens_total Prompt tokens served from the prefix cache.\n"
+        "# TYPE mstar_prefix_cache_hit_tokens_total counter\n"
+        "mstar_prefix_cache_hit_tokens_total %llu\n"
+        "# HELP mstar_prefix_cache_evictions_total Cached pages evicted to make room.\n"
+        "# TYPE mstar_prefix_cache_evictions_total counter\n"
+        "mstar_prefix_cache_evictions_total %llu\n"
         "# HELP mstar_kv_pages_offloaded KV pages in the host tier now (--host-kv-pages).\n"
         "# TYPE mstar_kv_pages_offloaded gauge\n"
         "mstar_kv_pages_offloaded %d\n"
@@ -1203,7 +1219,9 @@ static enum MHD_Result handle_metrics(srv *s, struct MHD_Connection *con) {
         (unsigned long long)s->n_success, (unsigned long long)s->n_error,
         (unsigned long long)s->n_aborted, (unsigned long long)s->prompt_tokens,
         (unsigned long long)s->gen_tokens, (int)s->n_run, (int)s->n_queued, (int)s->kv_free,
-        (int)(s->kv_total - s->kv_free), (int)(s->kv.host_pages - s->kv.host_pages_free),
+        (int)(s->kv_total - s->kv_free), (int)s->pstats.entries,
+        (unsigned long long)s->pstats.lookups, (unsigned long long)s->pstats.hit_tokens,
+        (unsigned long long)s->pstats.evictions, (int)(s->kv.host_pages - s->kv.host_pages_free),
         (int)s->kv.host_pages_free, (int)s->kv.n_offloaded, (long long)s->kv.offloads,
         (long long)s->kv.pages_offloaded, (long long)s->kv.reloads,
         (long long)s->kv.preemptions);
@@ -1339,6 +1357,7 @@ static void serve_usage(FILE *to, const char *prog) {
             "           [--host-kv-pages N] [--page-size N]\n"
             "           [--device auto|cpu|cuda] [--dtype auto|f32|bf16] [--threads N]\n"
             "           [--chat-template FILE.jinja|tokenizer_config.json] [--no-graphs]\n"
+            "           [--no-prefix-cache]\n"
             "  OpenAI-compatible HTTP server: POST /v1/completions, /v1/chat/completions (the\n"
             "  chat template: --chat-template, else the tokenizer's or the model folder's\n"
             "  tokenizer_config.json), GET /v1/models, /health, /metrics. --host defaults to\n"
@@ -1370,6 +1389,10 @@ static int parse_serve(int argc, char **argv, srv_opts *o, const char *prog) {
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) {
             serve_usage(stdout, prog);
             return -1;
+        }
+        if (strcmp(a, "--no-prefix-cache") == 0) {
+            o->no_prefix_cache = true;
+            continue;
         }
         if (strcmp(a, "--no-graphs") == 0) {
             o->no_graphs = true;
@@ -1670,6 +1693,7 @@ int ms_cli_serve(int argc, char **argv, const ms_model_desc *desc, const char *p
     eo.host_kv_pages = s.o.host_kv_pages;
     eo.gpu_memory_fraction = s.o.gpu_memory_fraction;
     eo.graphs = s.o.no_graphs ? MS_GRAPHS_OFF : MS_GRAPHS_AUTO;
+    eo.prefix_cache = !s.o.no_prefix_cache; /* on by default, as vLLM and SGLang serve */
     double t0 = now_s();
     if (ms_engine_init(&s.eng, desc, &eo, &err) != MS_OK) {
         fprintf(stderr, "%s: %s\n", prog, err.msg);

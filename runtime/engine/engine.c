@@ -36,6 +36,7 @@
 #include "model_probe.h"
 #include "page_arena.h"
 #include "positions.h"
+#include "prefix_cache.h"
 #include "rid_map.h"
 #include "sample_res.h"
 #include "walk.h"
@@ -135,6 +136,12 @@ typedef struct eng_req {
     float *context;                   /* [n_context * context_width] the encoder's rows, NULL */
     int32_t n_context;
     int64_t context_width;
+    /* [prefix] prefix caching (prefix_cache.h): full pages of its main stream listed so far, the
+       key of the last one, and whether it may list more (not for guided pairs, explicit
+       positions, encoder walks, dense block steps, or a stream the window has cut) */
+    int32_t sealed[MS_MAX_LABELS];
+    ms_prefix_key seal_key[MS_MAX_LABELS];
+    bool no_seal;
 } eng_req;
 
 /*
@@ -153,6 +160,9 @@ typedef struct eng_node {
     int32_t kv_pages;             /* pages of the arena */
     int32_t pages_free_initial;
     ms_page_arena *host_arena;    /* [kv pressure] the offload tier (host_kv_pages), or NULL */
+    int32_t batch_pages;          /* page entries one step's views may read: the arena's pages,
+                                     or more when pages are shared (prefix cache, forks): up to
+                                     max_seqs streams of their context's pages each */
     eng_attn attn;
     ms_sample_res *sampler;
     ms_step_runner *runner;
@@ -228,6 +238,8 @@ struct ms_engine {
     ms_md_step_build build;       /* the step declaration the generated runner fills */
     ms_sched sched;
     ms_graph_exec *gx;            /* [graphs] the captured path (graph_exec.h), NULL: eager */
+    ms_prefix_cache *pcache;      /* [prefix] sealed pages shared across requests, NULL: off */
+    ms_prefix_key proot;          /* [prefix] the root key: model, config, weights, KV dtype */
 
     /* requests */
     eng_req **reqs;               /* [n_reqs] every request not yet removed, in arrival order */
@@ -337,6 +349,8 @@ int32_t ms_engine_kv_pages_free(const ms_engine *e) {
     int32_t n = 0;
     for (int32_t i = 0; i < e->n_nodes; i++)
         n += ms_page_arena_num_free(e->nodes[i].arena);
+    if (e->pcache != NULL) /* [prefix] pages only the cache holds are evicted on demand */
+        n += ms_prefix_cache_stats(e->pcache).unreferenced;
     return n;
 }
 
@@ -719,6 +733,10 @@ static ms_status eng_resources_init(ms_engine *e, eng_node *nd, ms_error *err) {
     nd->pages_free_initial = ms_page_arena_num_free(nd->arena);
 
     nd->kv_pages = pages;
+    nd->batch_pages = (int32_t)MS_MAX(
+        (int64_t)pages, MS_MIN((int64_t)e->max_seqs * (per_seq + 1), (int64_t)e->max_seqs * pages));
+    if (nd->batch_pages > (1 << 28))
+        nd->batch_pages = MS_MAX(pages, 1 << 28); /* an int32 buffer's bound; shared reads cap */
     return MS_OK;
 }
 
@@ -765,7 +783,7 @@ static ms_status eng_make_attn(ms_engine *e, eng_node *nd, int32_t index,
     (void)index;
     int kv = nd->idx[MS_RESOURCE_KV];
     ms_attn_limits lim = {.max_seqs = e->max_seqs, .max_tokens = e->max_tokens,
-                          .max_pages = nd->kv_pages};
+                          .max_pages = nd->batch_pages};
     MS_TRY(e->be.iface.attn_batch_init(e->be.ctx, &lim, &nd->attn.batch, err));
     nd->attn.be = &e->be;
     nd->attn.kv = &nd->kv;
@@ -775,7 +793,7 @@ static ms_status eng_make_attn(ms_engine *e, eng_node *nd, int32_t index,
     nd->attn.window = nd->facts.window;
     nd->attn.kv_index = kv;
     ms_attn_config atc = {.kv_key = nd->node->resources[kv].key, .max_rows = e->max_seqs,
-                          .max_pages = nd->kv_pages};
+                          .max_pages = nd->batch_pages};
     MS_TRY(ms_attn_init(&nd->attn.inner, &atc, kv, err));
     spec->instance = &nd->attn;
     spec->iface = &eng_attn_iface;
@@ -1004,6 +1022,7 @@ static ms_status eng_buffers_init(ms_engine *e, ms_error *err) {
 }
 
 static ms_status eng_graphs_init(ms_engine *e, ms_error *err); /* [graphs], end of file */
+static ms_status eng_prefix_init(ms_engine *e, ms_error *err);  /* [prefix], end of file */
 
 ms_status ms_engine_init(ms_engine **out, const ms_model_desc *desc,
                          const ms_engine_options *opt, ms_error *err) {
@@ -1060,6 +1079,8 @@ ms_status ms_engine_init(ms_engine **out, const ms_model_desc *desc,
         st = eng_buffers_init(e, err);
     if (st == MS_OK)
         st = eng_graphs_init(e, err); /* [graphs] */
+    if (st == MS_OK)
+        st = eng_prefix_init(e, err); /* [prefix] */
     if (st != MS_OK) {
         ms_engine_free(e);
         return st;
@@ -1097,6 +1118,7 @@ void ms_engine_free(ms_engine *e) {
     }
     ms_free(e->reqs);
     ms_graph_exec_free(e->gx); /* [graphs] before the runner its dummy rows live in */
+    ms_prefix_cache_free(e->pcache); /* [prefix] its pages go back to the arena first */
     for (int32_t i = 0; i < e->n_nodes; i++) {
         eng_node *nd = &e->nodes[i];
         ms_step_runner_free(nd->runner);
@@ -1201,6 +1223,9 @@ static ms_status eng_check_prompt(const ms_engine *e, const int32_t *ids, int32_
                        (int)n, (int)fa->max_context);
     return MS_OK;
 }
+
+static void eng_prefix_adopt(ms_engine *e, eng_req *r); /* [prefix], end of file */
+static void eng_prefix_seal(ms_engine *e, eng_req *r);  /* [prefix], end of file */
 
 ms_status ms_engine_add(ms_engine *e, const ms_engine_request *rq, ms_rid *rid, ms_error *err) {
     MS_TRY(eng_check_prompt(e, rq->prompt, rq->n_prompt, "prompt", err));
@@ -1369,6 +1394,8 @@ ms_status ms_engine_add(ms_engine *e, const ms_engine_request *rq, ms_rid *rid, 
         return st;
     }
     r->in_runner = true;
+    r->no_seal = r->positions != NULL || r->features != NULL;
+    eng_prefix_adopt(e, r); /* [prefix] a cached prefix is not computed again */
     e->reqs[e->n_reqs++] = r;
     e->n_active++;
     e->n_streams_active += n_streams;
@@ -1719,6 +1746,9 @@ static ms_status eng_run_built_rows(ms_engine *e, eng_node *nd, const ms_md_step
     ctx.lease = gs->leased ? &gs->lease : NULL;
     ctx.capture = gs->capture;
     ms_admit_outcome o = ms_step_runner_admit(nd->runner, step, &ctx);
+    if (o.code == MS_ADMIT_PAGES_SHORT && e->pcache != NULL &&
+        ms_prefix_cache_evict(e->pcache, o.pages_short) >= o.pages_short)
+        o = ms_step_runner_admit(nd->runner, step, &ctx); /* [prefix] LRU cached pages made room */
     if (o.code != MS_ADMIT_OK) {
         if (o.code == MS_ADMIT_PAGES_SHORT) {
             e->short_rid = o.rid; /* [kv pressure] eng_kv_make_room reads it */
@@ -1793,6 +1823,7 @@ ms_status ms_engine_run_step(ms_engine *e, ms_rid rid, const char *step_name,
     MS_TRY(eng_run_built(e, nd, sd, &gs, false, err));
     if (e->build.kv.commit)
         r->longest += n_tokens; /* the stream grew outside its walk */
+    r->no_seal = true; /* [prefix] its KV no longer follows prompt ++ output */
     r->row = 0;
     *logits = e->logits_host;
     *n_rows = sd->all_logits ? n_tokens : 1;
@@ -2050,6 +2081,7 @@ ms_status ms_engine_step(ms_engine *e, ms_engine_step_info *info, ms_error *err)
     }
     for (int32_t j = 0; j < n; j++) {
         eng_req *r = e->row_reqs[j];
+        eng_prefix_seal(e, r); /* [prefix] its newly full pages, committed by this step */
         if (!e->rows[j].sample)
             continue; /* a prompt chunk: the request stays at this step */
         ms_walk_pos prev = r->walk;
@@ -2140,6 +2172,171 @@ struct ms_sample_res *ms_engine_sampler(ms_engine *e) {
         if (e->nodes[i].sampler != NULL)
             return e->nodes[i].sampler;
     return NULL;
+}
+
+/* Largest page size whose pages are cached (the ids of one page are hashed from the stack). */
+#define MS_PREFIX_MAX_PAGE 256
+
+/* ---- [prefix] prefix caching (prefix_cache.h) ----
+ *
+ * Models of one node with a KV pool (no cross-attention context): at add, the longest cached
+ * run of full pages of the prompt is adopted into the request's main stream (the pool takes the
+ * lookup's owners, the positions counter starts after it, the prompt is consumed that far); after
+ * every step, each full page the step committed is listed under the key chained from the
+ * request's previous page over prompt ++ output ids. A page-short admit evicts least recently used
+ * pages only the cache holds and tries once more. A guided (CFG) pair's streams are cached each
+ * under its label's key bytes. Not for explicit positions, encoder walks or dense block steps
+ * (their KV depends on more than the ids), nor past a page the sliding window released. */
+
+static ms_status eng_prefix_init(ms_engine *e, ms_error *err) {
+    if (!e->opt.prefix_cache || e->n_nodes != 1)
+        return MS_OK; /* several nodes: each node's streams are its own (not yet cached) */
+    eng_node *nd = &e->nodes[0];
+    if (nd->pool == NULL || nd->context_label >= 0 || nd->kv.page_size > MS_PREFIX_MAX_PAGE)
+        return MS_OK;
+    /* the root: what changes the KV of the same ids (prefix_cache.h): the model, its config
+       struct (shapes, RoPE, norms), the checkpoint (path, size, mtime), the KV dtype */
+    char weights[1200];
+    struct stat st;
+    if (stat(e->opt.model_path, &st) == 0)
+        snprintf(weights, sizeof weights, "%s size %lld mtime %lld", e->opt.model_path,
+                 (long long)st.st_size, (long long)st.st_mtime);
+    else
+        snprintf(weights, sizeof weights, "%s", e->opt.model_path);
+    char positions[64];
+    snprintf(positions, sizeof positions, "config %zu bytes", e->desc->config_size);
+    ms_prefix_fingerprint fp = {.model = e->desc->name, .weights = weights,
+                                .kv_dtype = ms_dtype_str(e->kvdtype),
+                                .page_size = nd->kv.page_size, .positions = positions};
+    MS_TRY(ms_prefix_root(&fp, &e->proot, err));
+    ms_prefix_key cfg = ms_prefix_page_key(e->proot, NULL, 0, e->config, e->desc->config_size);
+    e->proot = cfg; /* the config struct's bytes are part of the root */
+    return ms_prefix_cache_init(nd->arena, MS_MAX(nd->kv_pages - 1, 1), &e->pcache, err);
+}
+
+/* The key bytes a stream's label adds to each of its pages: none for main, the label's index for
+ * another (a CFG pair's unconditional stream keys its pages apart, as prefix_cache.h asks). */
+static ms_prefix_extra eng_prefix_extra(const ms_label *l) {
+    ms_prefix_extra x = {*l == MS_LABEL_MAIN ? NULL : l, *l == MS_LABEL_MAIN ? 0 : sizeof *l};
+    return x;
+}
+
+/* Adopt the cached prefix of stream `l`'s prompt (see above). */
+static void eng_prefix_adopt_label(ms_engine *e, eng_req *r, ms_label l) {
+    eng_node *nd = &e->nodes[0];
+    const int32_t ps = nd->kv.page_size, n = r->n_prompt[l];
+    int32_t max_pages = (n - 1) / ps;
+    if (max_pages < 1)
+        return;
+    int32_t stack_pages[64];
+    ms_prefix_key stack_keys[64];
+    ms_prefix_extra stack_x[64];
+    const bool big = max_pages > 64;
+    int32_t *pages = big ? ms_malloc((size_t)max_pages * sizeof *pages) : stack_pages;
+    ms_prefix_key *keys = big ? ms_malloc((size_t)max_pages * sizeof *keys) : stack_keys;
+    ms_prefix_extra *xs = big ? ms_malloc((size_t)max_pages * sizeof *xs) : stack_x;
+    if (pages == NULL || keys == NULL || xs == NULL)
+        goto done; /* no memory for the lookup: compute the prompt */
+    for (int32_t i = 0; i < max_pages; i++)
+        xs[i] = eng_prefix_extra(&l);
+    int32_t hit = ms_prefix_cache_lookup(e->pcache, e->proot, r->prompt[l], n, xs, max_pages,
+                                         pages, keys);
+    if (hit > 0) {
+        ms_error err = {0};
+        ms_status st = ms_kv_pool_adopt_prefix(nd->pool, r->rid, l, pages, hit, &err);
+        int pi = nd->idx[MS_RESOURCE_POS];
+        if (st == MS_OK && pi >= 0) {
+            ms_pos_published pub;
+            memset(&pub, 0, sizeof pub);
+            pub.counter[l] = hit * ps;
+            st = ms_positions_retrieve(ms_step_runner_resource(nd->runner, pi), r->rid, &pub,
+                                       &err);
+        }
+        if (st != MS_OK) {
+            /* the pool refused (it changed nothing) or positions did: give the pages back and
+               compute the whole prompt */
+            if (ms_kv_pool_stream_pages(nd->pool, r->rid, l, NULL, 0) > 0)
+                ms_kv_pool_reset(nd->pool, r->rid, true);
+            else
+                (void)ms_page_arena_release(nd->arena, pages, hit, NULL);
+        } else {
+            r->consumed[l] = hit * ps;
+            r->sealed[l] = hit;
+            r->seal_key[l] = keys[hit - 1];
+        }
+    }
+done:
+    if (big) {
+        ms_free(pages);
+        ms_free(keys);
+        ms_free(xs);
+    }
+}
+
+static void eng_prefix_adopt(ms_engine *e, eng_req *r) {
+    if (e->pcache == NULL || r->no_seal)
+        return;
+    for (ms_label l = 0; l < MS_MAX_LABELS; l++)
+        if (r->prompt[l] != NULL)
+            eng_prefix_adopt_label(e, r, l);
+}
+
+/* List stream `l`'s newly full pages (see above); false when the stream can list no more. */
+static bool eng_prefix_seal_label(ms_engine *e, eng_req *r, ms_label l) {
+    eng_node *nd = &e->nodes[0];
+    ms_kv_stream_info info;
+    if (ms_kv_pool_stream_info(nd->pool, r->rid, l, &info) != MS_OK)
+        return true; /* not created yet */
+    if (info.released > 0)
+        return false; /* the window cut the stream: its chain cannot go on */
+    const int32_t ps = nd->kv.page_size, full = info.stored / ps;
+    if (full <= r->sealed[l])
+        return true;
+    /* the stored ids: the stream's prompt ++ the output, of which the first `stored` are in the
+       KV (a CFG pair feeds each sampled id to both of its streams) */
+    const int32_t np = r->n_prompt[l];
+    if (info.stored > np + r->n_out)
+        return false; /* not the walk's own tokens (no_seal covers the known cases) */
+    int32_t stack_pages[64];
+    int32_t *pages = full <= 64 ? stack_pages : ms_malloc((size_t)full * sizeof *pages);
+    if (pages == NULL)
+        return true;
+    const ms_prefix_extra x = eng_prefix_extra(&l);
+    if (ms_kv_pool_stream_pages(nd->pool, r->rid, l, pages, full) >= full) {
+        int32_t ids[MS_PREFIX_MAX_PAGE];
+        for (int32_t k = r->sealed[l]; k < full; k++) {
+            for (int32_t t = 0; t < ps; t++) {
+                int32_t at = k * ps + t;
+                ids[t] = at < np ? r->prompt[l][at] : r->out[at - np];
+            }
+            /* page k's parent: the root for the first page, else page k - 1's key */
+            ms_prefix_key key = ms_prefix_page_key(k == 0 ? e->proot : r->seal_key[l], ids, ps,
+                                                   x.data, x.len);
+            int32_t listed;
+            ms_error err = {0};
+            if (ms_prefix_cache_insert(e->pcache, key, pages[k], &listed, &err) != MS_OK)
+                break;
+            r->seal_key[l] = key;
+            r->sealed[l] = k + 1;
+        }
+    }
+    if (pages != stack_pages)
+        ms_free(pages);
+    return true;
+}
+
+static void eng_prefix_seal(ms_engine *e, eng_req *r) {
+    if (e->pcache == NULL || r == NULL || r->no_seal)
+        return;
+    for (ms_label l = 0; l < MS_MAX_LABELS && !r->no_seal; l++)
+        if (r->prompt[l] != NULL && !eng_prefix_seal_label(e, r, l))
+            r->no_seal = true;
+}
+
+void ms_engine_prefix_stats(const ms_engine *e, ms_prefix_stats *out) {
+    memset(out, 0, sizeof *out);
+    if (e != NULL && e->pcache != NULL)
+        *out = ms_prefix_cache_stats(e->pcache);
 }
 
 /* ---- [kv pressure] host tier, offload / reload, recompute-preemption ---- */
@@ -2318,7 +2515,12 @@ static ms_status eng_kv_reload(ms_engine *e, ms_error *err) {
             if (nd->host_arena == NULL || !ms_kv_pool_is_offloaded(nd->pool, r->rid))
                 continue;
             int32_t need = eng_kv_host_pages(nd, r->rid);
-            fits = ms_page_arena_num_free(nd->arena) >= need + running;
+            int32_t fr = ms_page_arena_num_free(nd->arena);
+            /* [prefix] pages only the prefix cache holds are free on demand */
+            if (fr < need + running && k == 0 && e->pcache != NULL &&
+                fr + ms_prefix_cache_stats(e->pcache).unreferenced >= need + running)
+                fr += ms_prefix_cache_evict(e->pcache, need + running - fr);
+            fits = fr >= need + running;
             pages += need;
         }
         if (!fits)
@@ -2404,6 +2606,9 @@ static ms_status eng_kv_recompute(ms_engine *e, eng_req *v, ms_error *err) {
     memset(v->consumed, 0, sizeof v->consumed);
     v->walk.at = 0;
     ms_kv_pool_reset(nd->pool, v->rid, true);
+    /* [prefix] its pages listed so far stay valid in the cache, but the sealing reads prompt ++
+       output, and the prompt now holds the output too: list nothing more for it */
+    v->no_seal = true;
     ms_positions_reset(ms_step_runner_resource(nd->runner, nd->idx[MS_RESOURCE_POS]), v->rid);
     e->kv_stats.preemptions++;
     return MS_OK;
@@ -2427,6 +2632,7 @@ static bool eng_kv_in_rows(const ms_engine *e, int32_t n, ms_rid rid) {
  *  3. nothing to take pages from: s waits when some other request holds pages (finished ones
  *     the caller has not removed yet); else the step fails naming kv_pages (ms_engine_add
  *     refuses what can never fit, so this is not reached by a request the arena holds alone).
+ * [prefix] the admit already evicted what only the prefix cache held.
  * The caller builds the rows again.
  */
 static ms_status eng_kv_make_room(ms_engine *e, eng_node *nd, ms_md_walk_item item, int32_t n,
@@ -2473,10 +2679,16 @@ static ms_status eng_kv_make_room(ms_engine *e, eng_node *nd, ms_md_walk_item it
             }
         }
     }
-    if (ms_page_arena_num_free(nd->arena) + ms_kv_pool_reclaimable(nd->pool, s->rid) <
-        nd->pages_free_initial) {
-        s->kv_wait = true; /* others hold pages that nothing here can take */
-        return MS_OK;
+    for (size_t i = 0; i < e->n_reqs; i++) {
+        const eng_req *r = e->reqs[i];
+        if (r == s || r->kv_offloaded)
+            continue;
+        for (ms_label l = 0; l < MS_MAX_LABELS; l++)
+            if (ms_kv_pool_stream_pages(nd->pool, r->rid, l, NULL, 0) > 0) {
+                s->kv_wait = true; /* r holds pages nothing here can take (finished, not yet
+                                      removed): they come back when it is */
+                return MS_OK;
+            }
     }
     *err = dropped;
     return MS_ERR_CAPACITY;

@@ -51,6 +51,7 @@
 #define MS_ENGINE_H
 
 #include "graph_exec.h"
+#include "prefix_cache.h"
 #include "model_desc.h"
 #include "ms_base.h"
 #include "sampler.h"
@@ -86,6 +87,13 @@ typedef struct ms_engine_options {
                                 runs every step eager; MS_GRAPHS_PADDED pads like a replay and
                                 runs eager (tests). With graphs the arena gets one extra KV page
                                 per dummy row. */
+    bool prefix_cache;       /* share sealed KV pages across requests (prefix_cache.h): a prompt
+                                whose leading full pages are cached skips computing them; pages
+                                only the cache holds count as free and are evicted least
+                                recently used when admit needs them. Models of one node with a
+                                KV pool; not for guided pairs, explicit positions or dense block
+                                steps. Off by default here; the CLI's generate and serve turn it
+                                on (--no-prefix-cache). Outputs are unchanged. */
     /* [kv pressure] (ms_engine_step): */
     int32_t host_kv_pages;   /* usable pages of the host tier per node (same geometry as the
                                 device arena; pinned host memory on cuda, through
@@ -99,7 +107,8 @@ typedef struct ms_engine_options {
 } ms_engine_options;
 
 /* Defaults: device "cpu", page_size 0, max_seqs 8, max_tokens 2048, kv_pages 0, max_seq_len 0,
- * n_threads 0, graphs MS_GRAPHS_OFF, host_kv_pages 0, gpu_memory_fraction 0. */
+ * n_threads 0, graphs MS_GRAPHS_OFF, prefix_cache false, host_kv_pages 0,
+ * gpu_memory_fraction 0. */
 ms_engine_options ms_engine_options_default(void);
 
 /* ---- engine ---- */
@@ -364,6 +373,10 @@ int32_t ms_engine_kv_pages_free(const ms_engine *e);
  * it only from the thread that steps the engine. The serve verb's scheduler is its user.
  */
 struct ms_sample_res *ms_engine_sampler(ms_engine *e);
+
+/* Prefix-cache counters (lookups, hit pages and tokens, inserts, evictions, listed pages; all
+ * zero when options.prefix_cache is off or the model is not cached). */
+void ms_engine_prefix_stats(const ms_engine *e, ms_prefix_stats *out);
 
 #ifdef __cplusplus
 }
