@@ -60,6 +60,9 @@ TESTS += tests/test_engine_prefix
 $(BUILD)/tests/test_engine_prefix: $(BUILD)/obj/gen/llama/llama_gen.o
 # tests that run the engine over the descriptor mstarc generates from models/llama.mstar
 $(BUILD)/tests/test_engine_llama: $(BUILD)/obj/gen/llama/llama_gen.o
+# n > 1 choices forked from one prompt's KV: bitwise equal to independent requests
+TESTS += tests/test_engine_fork
+$(BUILD)/tests/test_engine_fork: $(BUILD)/obj/gen/llama/llama_gen.o
 # KV pressure: offload / reload / recompute-preemption under a small arena
 TESTS += tests/test_engine_offload
 $(BUILD)/tests/test_engine_offload: $(BUILD)/obj/gen/llama/llama_gen.o

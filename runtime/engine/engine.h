@@ -235,6 +235,43 @@ ms_sampling_params ms_engine_sampling_defaults(const ms_engine *e);
  */
 ms_status ms_engine_add(ms_engine *e, const ms_engine_request *rq, ms_rid *rid, ms_error *err);
 
+/*
+ * Add a request that shares `parent`'s prompt KV instead of computing it (n > 1 choices over one
+ * prompt: vLLM's / SGLang's forked sequences). rq is checked like ms_engine_add's (its own
+ * max_new_tokens, sampling and seed, ignore_eos, prefill_chunk) and its prompt must be the
+ * parent's prompt as added. The fork waits (it is in no step) until the parent's main stream
+ * holds the prompt's first n_prompt - 1 tokens: at once when the parent is past its prefill,
+ * else right after the step that computes them (before the parent may finish in it). Then its
+ * stream takes those tokens' full pages by reference (kv_pool.h ms_kv_pool_fork_stream: one
+ * more owner per page) and a copy of the partial page, and its walk feeds only the prompt's last
+ * token, whose logits give its first id under its own sampler state: its ids and logits are
+ * bitwise those of the same request added alone. A P-page prompt with n choices thus holds
+ * floor((n_prompt - 1) / page_size) pages once, not n times. Each choice frees only its own
+ * pages (finish, remove); a shared page returns when its last holder goes. A fork whose parent
+ * cannot give its KV (finished or removed before, offloaded to the host tier, its window
+ * released part of the prompt, a one-token prompt, no free page for the copy) prefills its
+ * prompt itself, with the prefix cache when it is on (ms_engine_get_fork_stats counts it).
+ * Offload and recompute-preemption treat a fork like any request. Errors: ms_engine_add's;
+ * MS_ERR_NOT_FOUND (unknown parent), MS_ERR_UNSUPPORTED (a model of several nodes or with
+ * cross-attention, guided pairs, explicit positions, features: add such choices with
+ * ms_engine_add), MS_ERR_INVALID_ARG (a prompt other than the parent's).
+ */
+ms_status ms_engine_fork(ms_engine *e, ms_rid parent, const ms_engine_request *rq, ms_rid *rid,
+                         ms_error *err);
+
+/* [fork] counters since init (metrics, tests). */
+typedef struct ms_engine_fork_stats {
+    int64_t forks;          /* requests whose prompt KV came from their parent's */
+    int64_t pages_shared;   /* full pages those forks shared by reference (no copy, no compute) */
+    int64_t pages_copied;   /* partial pages they copied */
+    int64_t tokens_shared;  /* prompt tokens they did not compute */
+    int64_t fallbacks;      /* forks that prefilled their prompt themselves */
+    int32_t n_waiting;      /* forks waiting for their parent's prefill now */
+} ms_engine_fork_stats;
+
+/* Fill *out (see ms_engine_fork_stats; zeros for NULL e). */
+void ms_engine_get_fork_stats(const ms_engine *e, ms_engine_fork_stats *out);
+
 /* Requests added and not yet finished. */
 int32_t ms_engine_n_active(const ms_engine *e);
 

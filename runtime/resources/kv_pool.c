@@ -1850,6 +1850,86 @@ ms_status ms_kv_pool_adopt_prefix(ms_kv_pool *pool, ms_rid rid, ms_label label,
     return st;
 }
 
+/* ---- fork across requests (n > 1 choices over one prompt) ---- */
+
+ms_status ms_kv_pool_fork_stream(ms_kv_pool *pool, ms_rid src_rid, ms_rid dst_rid,
+                                 ms_label label, int32_t n_tokens, ms_kv_fork_info *info,
+                                 ms_error *err) {
+    if (info != NULL)
+        memset(info, 0, sizeof *info);
+    if (n_tokens < 1 || src_rid == dst_rid)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "kv pool: fork of %d tokens from request %llu into request %llu",
+                       n_tokens, (unsigned long long)src_rid, (unsigned long long)dst_rid);
+    pthread_mutex_lock(&pool->mu);
+    kv_request *src = req_live(pool, src_rid), *dst = req_live(pool, dst_rid);
+    kv_stream *ss = src != NULL ? stream_of(src, label) : NULL;
+    kv_stream *ds = dst != NULL ? stream_of(dst, label) : NULL;
+    ms_status st = MS_OK;
+    const int32_t ps = pool->ps, full = n_tokens / ps, part = n_tokens % ps != 0;
+    int32_t copy = -1;
+    if (src == NULL || dst == NULL) {
+        st = MS_FAIL(err, MS_ERR_NOT_FOUND, "kv pool: fork: request %llu is not ingested",
+                     (unsigned long long)(src == NULL ? src_rid : dst_rid));
+    } else if (ss == NULL || ds == NULL) {
+        st = MS_FAIL(err, MS_ERR_INVALID_ARG, "kv pool: fork: label %d out of range",
+                     (int)label);
+    } else if (!ss->exists || ss->stored < n_tokens || ss->released > 0 || ss->offloaded ||
+               ss->read_pending || stream_in_flight(ss) || request_offloaded(src)) {
+        st = MS_FAIL(err, MS_ERR_STATE,
+                     "kv pool: fork: stream %d of request %llu cannot give %d tokens (it holds "
+                     "%d, %d released%s)", (int)label, (unsigned long long)src_rid, n_tokens,
+                     ss->exists ? ss->stored : 0, ss->released,
+                     ss->offloaded || request_offloaded(src) ? ", offloaded"
+                     : stream_in_flight(ss) || ss->read_pending ? ", a step or transfer in flight"
+                                                                : "");
+    } else if ((ds->exists && (ds->stored > 0 || ds->n_pages > 0)) || ds->offloaded ||
+               ds->read_pending || stream_in_flight(ds) || request_offloaded(dst)) {
+        st = MS_FAIL(err, MS_ERR_STATE,
+                     "kv pool: fork: stream %d of request %llu is not empty (it holds %d tokens "
+                     "in %d pages)", (int)label, (unsigned long long)dst_rid, ds->stored,
+                     ds->n_pages);
+    } else if (stream_reserve(pool, ds, full + part, NULL) != MS_OK) {
+        st = MS_FAIL(err, MS_ERR_OOM, "kv pool: out of host memory forking %d pages",
+                     full + part);
+    } else if (part && ms_page_arena_acquire(pool->cfg.arena, 1, &copy) != MS_OK) {
+        st = MS_FAIL(err, MS_ERR_CAPACITY,
+                     "kv pool: fork into request %llu: no free page for the copy of the partial "
+                     "page (raise kv_pages)", (unsigned long long)dst_rid);
+    } else if ((st = ms_page_arena_retain(pool->cfg.arena, ss->pages, full, err)) != MS_OK) {
+        if (copy >= 0)
+            (void)ms_page_arena_release(pool->cfg.arena, &copy, 1, NULL);
+    } else {
+        /* the partial page is the only one either side writes into after the fork: the target
+           gets its own copy, queued on the compute stream after the forward that wrote it */
+        if (copy >= 0) {
+            st = ms_page_arena_copy_pages(pool->cfg.arena, &ss->pages[full], &copy, 1,
+                                          pool->cfg.compute_stream, err);
+            if (st != MS_OK) {
+                (void)ms_page_arena_release(pool->cfg.arena, ss->pages, full, NULL);
+                (void)ms_page_arena_release(pool->cfg.arena, &copy, 1, NULL);
+            }
+        }
+        if (st == MS_OK) {
+            memcpy(ds->pages, ss->pages, (size_t)full * sizeof(int32_t));
+            if (copy >= 0)
+                ds->pages[full] = copy;
+            ds->n_pages = full + part;
+            ds->stored = n_tokens;
+            ds->released = 0;
+            ds->exists = true;
+            ds->generation++;
+            dst->last_active = ++pool->tick;
+            if (info != NULL) {
+                info->pages_shared = full;
+                info->pages_copied = part;
+            }
+        }
+    }
+    pthread_mutex_unlock(&pool->mu);
+    return st;
+}
+
 /* ---- inspection ---- */
 
 ms_status ms_kv_pool_stream_info(ms_kv_pool *pool, ms_rid rid, ms_label label,

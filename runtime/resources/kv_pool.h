@@ -183,6 +183,32 @@ ms_status ms_kv_pool_ingest(ms_kv_pool *pool, ms_rid rid, const ms_kv_request_co
 ms_status ms_kv_pool_adopt_prefix(ms_kv_pool *pool, ms_rid rid, ms_label label,
                                   const int32_t *pages, int32_t n, ms_error *err);
 
+/* What one ms_kv_pool_fork_stream did. */
+typedef struct ms_kv_fork_info {
+    int32_t pages_shared;   /* full pages the target now shares with the source (one more owner
+                               each, no copy) */
+    int32_t pages_copied;   /* 0 or 1: the partial last page, copied into a fresh page */
+} ms_kv_fork_info;
+
+/*
+ * Fork the first n_tokens committed tokens of stream (src_rid, label) into the empty stream
+ * (dst_rid, label) of another request (n > 1 choices over one prompt, as vLLM / SGLang fork a
+ * sequence group): the n_tokens / page_size full pages are shared (ms_page_arena_retain: one
+ * more owner each, never written again by either side: both append past n_tokens), the partial
+ * page holding the rest, if any, is copied into a fresh page (queued on the compute stream
+ * after the forward that wrote it), and the target holds n_tokens committed tokens, as if a
+ * prefill had computed them. Each side releases its own owners (remove, reset, offload,
+ * retention); a shared page returns to the arena when its last holder lets go. Errors (nothing
+ * changes): MS_ERR_INVALID_ARG (n_tokens < 1, src == dst, a label out of range),
+ * MS_ERR_NOT_FOUND (a request not ingested), MS_ERR_STATE (the source holds fewer tokens, has
+ * released some to its window, is offloaded or has a step or transfer in flight; the target is
+ * not empty), MS_ERR_CAPACITY (no free page for the partial copy), MS_ERR_OOM, device errors
+ * of the copy. *info (may be NULL) gets the page counts.
+ */
+ms_status ms_kv_pool_fork_stream(ms_kv_pool *pool, ms_rid src_rid, ms_rid dst_rid,
+                                 ms_label label, int32_t n_tokens, ms_kv_fork_info *info,
+                                 ms_error *err);
+
 /* Free everything the request holds (device pages, host-tier pages, state); waits outside the
  * lock for a pending transfer or offload of it first. Unknown rid: no-op. */
 void ms_kv_pool_remove(ms_kv_pool *pool, ms_rid rid);
