@@ -301,6 +301,22 @@ if start gqa --model "$gqa" --api-key sekrit --max-seqs 4; then
     curl -s -N -m 30 -H 'Authorization: Bearer sekrit' -d '{"prompt": [1, 79, 64], "max_tokens": 8, "temperature": 0, "stream": true}' "$url/v1/completions" >"$tmp/gsse"
     detail="$(head -c 400 "$tmp/gsse")"
     check "gqa: a stream's token_ids reassemble" [ "$(sed -n 's/^data: {/{/p' "$tmp/gsse" | jq -s -r '[.[].choices[].token_ids[]] | map(tostring) | join(" ")')" = "$want" ]
+    # n = 3 forks choices 1 and 2 from choice 0's prompt KV (engine.h ms_engine_fork): choice k
+    # equals a request of seed 5 + k alone, token for token; /metrics counts the forks
+    gp='[1, 79, 64, 12, 99, 7, 250, 31, 8, 77, 140, 3, 66, 201, 45, 9, 180, 22, 5, 61, 300]'
+    forks0=$(metric mstar_kv_forks_total)
+    st=$(curl -s -m 30 -o "$tmp/gn.json" -w '%{http_code}' -H 'Authorization: Bearer sekrit' -d "{\"prompt\": $gp, \"max_tokens\": 12, \"temperature\": 0.9, \"seed\": 5, \"n\": 3, \"ignore_eos\": true}" "$url/v1/completions")
+    forks1=$(metric mstar_kv_forks_total)
+    shared=$(metric mstar_kv_fork_pages_shared_total)
+    alone=
+    for k in 0 1 2; do
+        curl -s -m 30 -o "$tmp/g1.json" -H 'Authorization: Bearer sekrit' -d "{\"prompt\": $gp, \"max_tokens\": 12, \"temperature\": 0.9, \"seed\": $((5 + k)), \"ignore_eos\": true}" "$url/v1/completions"
+        alone="$alone$(jq -c '.choices[0].token_ids' "$tmp/g1.json")"
+    done
+    forked=$(jq -j '.choices | sort_by(.index) | .[].token_ids | tostring' "$tmp/gn.json" 2>/dev/null)
+    detail="status $st forks $forks0 -> $forks1 (pages shared $shared); forked $forked alone $alone"
+    check "gqa: n=3 forks two choices from the first's prompt KV; each equals its seed alone" \
+        [ "$st" = 200 -a "$forked" = "$alone" -a "$((forks1 - forks0))" = 2 -a "${shared:-0}" -ge 2 ]
     st=$(curl -s -m 10 -o "$tmp/g401" -w '%{http_code}' -d '{"prompt": [1]}' "$url/v1/completions")
     detail="$st $(head -c 200 "$tmp/g401")"
     check "gqa: no API key -> 401 with an error body" [ "$st" = 401 -a "$(jq -r .error.type "$tmp/g401")" = authentication_error ]

@@ -133,6 +133,7 @@ struct srv_job {
     srv *s;
     srv_choice *ch;             /* [n_ch] */
     int32_t n_ch;
+    int32_t n;                  /* choices per prompt: ch[p * n] is prompt p's first */
     ms_sampling_params sampling;
     ms_sample_extra extra;      /* min_p, penalties (sample_res.h) */
     bool has_extra;             /* not all off */
@@ -198,6 +199,7 @@ struct srv {
     int32_t kv_free, kv_total;  /* published by the scheduler */
     ms_prefix_stats pstats;     /* the engine's prefix cache, published by the scheduler */
     ms_engine_kv_stats kv;      /* offload / preemption counters, published by the scheduler */
+    ms_engine_fork_stats forks; /* n > 1 choices sharing their prompt's KV (published) */
     srv_hist ttft, itl;         /* time to first token (from arrival), between tokens */
 };
 
@@ -711,6 +713,7 @@ static void sched_publish(srv *s) {
     s->kv_free = ms_engine_kv_pages_free(s->eng);
     ms_engine_prefix_stats(s->eng, &s->pstats);
     ms_engine_get_kv_stats(s->eng, &s->kv);
+    ms_engine_get_fork_stats(s->eng, &s->forks);
 }
 
 static void *sched_main(void *arg) {
@@ -751,7 +754,15 @@ static void *sched_main(void *arg) {
                                     .ignore_eos = j->ignore_eos};
             rq.sampling.seed = c->seed;
             ms_error err = {0};
-            ms_status st = ms_engine_add(s->eng, &rq, &c->rid, &err);
+            /* choice k > 0 of a prompt forks from choice 0 while that one is in the engine: one
+               prefill, the prompt's KV pages shared (engine.h ms_engine_fork); a model that
+               cannot fork (several nodes) adds the choice as a request of its own */
+            const srv_choice *first = &j->ch[c->index - c->index % j->n];
+            ms_status st = MS_ERR_UNSUPPORTED;
+            if (first != c && first->state == CH_RUNNING)
+                st = ms_engine_fork(s->eng, first->rid, &rq, &c->rid, &err);
+            if (st == MS_ERR_UNSUPPORTED)
+                st = ms_engine_add(s->eng, &rq, &c->rid, &err);
             if (st == MS_OK && j->has_extra) { /* min_p, penalties: the sampler resource's */
                 ms_sample_res *sr = ms_engine_sampler(s->eng);
                 st = ms_sample_res_set_extra(sr, c->rid, &j->extra, &err);
@@ -931,12 +942,10 @@ static bool choice_echo(srv *s, srv_choice *c, const ms_serve_prompt *p) {
 
 /* A job (ms_calloc'd, cv set up) from a parsed request; takes the request's prompts and stops.
    NULL out of memory.
-   n > 1: the n choices of a prompt run as n independent engine requests, each prefilling the
-   prompt itself. Sharing the prompt's KV by forking after prefill (kv_pool.c has the page forks
-   CFG uses) needs the engine to clone a request's streams, positions and sampler state after its
-   prefill step, which engine.h does not offer and engine.c is being restructured under us; the
-   one function this part may add there went to the sampler's per-request extras. Choice k of a
-   prompt samples with seed + k, so a seeded request's choices differ and each is reproducible. */
+   n > 1: choice 0 of a prompt is an engine request; choices 1 .. n - 1 fork from it
+   (ms_engine_fork, at admission): one prefill of the prompt, its full KV pages shared, each
+   choice with its own sampler state. Choice k of a prompt samples with seed + k, so a seeded
+   request's choices differ and each is reproducible (and equal to a request of seed + k). */
 static srv_job *job_from_request(srv *s, ms_serve_request *r) {
     srv_job *j = ms_calloc(1, sizeof *j);
     size_t n_ch = (size_t)r->n_prompts * (size_t)r->n;
@@ -948,6 +957,7 @@ static srv_job *job_from_request(srv *s, ms_serve_request *r) {
     j->s = s;
     j->chat = r->chat;
     j->n_ch = (int32_t)n_ch;
+    j->n = r->n;
     j->sampling = r->sampling;
     j->extra = (ms_sample_extra){r->min_p,
                                  {r->presence_penalty, r->frequency_penalty, r->repetition_penalty}};
@@ -1215,7 +1225,16 @@ static enum MHD_Result handle_metrics(srv *s, struct MHD_Connection *con) {
         "mstar_kv_reloads_total %lld\n"
         "# HELP mstar_kv_preemptions_total Recompute-preemptions (KV dropped, re-prefilled).\n"
         "# TYPE mstar_kv_preemptions_total counter\n"
-        "mstar_kv_preemptions_total %lld\n",
+        "mstar_kv_preemptions_total %lld\n"
+        "# HELP mstar_kv_forks_total Choices (n > 1) whose prompt KV was forked from choice 0.\n"
+        "# TYPE mstar_kv_forks_total counter\n"
+        "mstar_kv_forks_total %lld\n"
+        "# HELP mstar_kv_fork_pages_shared_total Full KV pages forks shared by reference.\n"
+        "# TYPE mstar_kv_fork_pages_shared_total counter\n"
+        "mstar_kv_fork_pages_shared_total %lld\n"
+        "# HELP mstar_kv_fork_tokens_shared_total Prompt tokens forks did not compute again.\n"
+        "# TYPE mstar_kv_fork_tokens_shared_total counter\n"
+        "mstar_kv_fork_tokens_shared_total %lld\n",
         (unsigned long long)s->n_success, (unsigned long long)s->n_error,
         (unsigned long long)s->n_aborted, (unsigned long long)s->prompt_tokens,
         (unsigned long long)s->gen_tokens, (int)s->n_run, (int)s->n_queued, (int)s->kv_free,
@@ -1224,7 +1243,8 @@ static enum MHD_Result handle_metrics(srv *s, struct MHD_Connection *con) {
         (unsigned long long)s->pstats.evictions, (int)(s->kv.host_pages - s->kv.host_pages_free),
         (int)s->kv.host_pages_free, (int)s->kv.n_offloaded, (long long)s->kv.offloads,
         (long long)s->kv.pages_offloaded, (long long)s->kv.reloads,
-        (long long)s->kv.preemptions);
+        (long long)s->kv.preemptions, (long long)s->forks.forks,
+        (long long)s->forks.pages_shared, (long long)s->forks.tokens_shared);
     const srv_hist *hs[2] = {&s->ttft, &s->itl};
     static const char *const hname[2] = {"mstar_time_to_first_token_seconds",
                                          "mstar_inter_token_latency_seconds"};
