@@ -63,6 +63,9 @@ $(BUILD)/tests/test_engine_llama: $(BUILD)/obj/gen/llama/llama_gen.o
 # n > 1 choices forked from one prompt's KV: bitwise equal to independent requests
 TESTS += tests/test_engine_fork
 $(BUILD)/tests/test_engine_fork: $(BUILD)/obj/gen/llama/llama_gen.o
+# prompt logprobs: every prompt row's logits, equal to a hand log_softmax of the CPU logits
+TESTS += tests/test_engine_prompt_logprobs
+$(BUILD)/tests/test_engine_prompt_logprobs: $(BUILD)/obj/gen/llama/llama_gen.o
 # KV pressure: offload / reload / recompute-preemption under a small arena
 TESTS += tests/test_engine_offload
 $(BUILD)/tests/test_engine_offload: $(BUILD)/obj/gen/llama/llama_gen.o

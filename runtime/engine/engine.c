@@ -145,6 +145,11 @@ typedef struct eng_req {
     /* [fork] (ms_engine_fork): the request whose prompt KV this one waits to share, 0 none
        (never forked, or forked already, or prefilling its prompt itself) */
     ms_rid fork_of;
+    /* [prompt logprobs] (request.prompt_logprobs): [n_orig_prompt] entries, NULL none; the top
+       entries each keeps; the next entry to fill (entries [1, plp_next) are known) */
+    ms_engine_prompt_logprob *plp;
+    int32_t plp_top;
+    int32_t plp_next;
 } eng_req;
 
 /*
@@ -251,6 +256,11 @@ struct ms_engine {
     int32_t n_streams_active;     /* streams of the active requests (<= max_seqs) */
     ms_rid next_rid;
     ms_engine_fork_stats fork_stats; /* [fork] counters; n_waiting: requests with fork_of */
+    /* [prompt logprobs] (options.prompt_logprobs_rows; 0: none, the rest NULL) */
+    int32_t plp_rows;             /* extra logits rows a step may return */
+    int32_t *plp_rows_dev;        /* backend [max_out] the token rows a step's logits come from */
+    int32_t *plp_rows_host;       /* [max_out] staging */
+    void *plp_scratch;            /* ms_sampler_scratch_size(vocab) bytes */
 };
 
 ms_engine_options ms_engine_options_default(void) {
@@ -932,6 +942,9 @@ static ms_status eng_buffers_init(ms_engine *e, ms_error *err) {
                 e->max_out = MS_MAX(e->max_seqs, e->max_tokens);
         n_axes = MS_MAX(n_axes, e->nodes[i].pos_cfg.n_axes);
     }
+    /* [prompt logprobs] every prompt row of such a request's prefill returns its logits */
+    e->plp_rows = MS_MIN(MS_MAX(e->opt.prompt_logprobs_rows, 0), e->max_tokens);
+    e->max_out = MS_MAX(e->max_out, e->max_seqs + e->plp_rows);
     const size_t V = (size_t)fa->vocab, S = (size_t)e->max_out, T = (size_t)e->max_tokens;
     /* one workspace, the largest node's: the nodes' steps run one at a time */
     e->workspace_bytes = 0;
@@ -1021,6 +1034,14 @@ static ms_status eng_buffers_init(ms_engine *e, ms_error *err) {
     if (e->logits_host == NULL || e->tokens_host == NULL || e->ids_host == NULL ||
         e->rows == NULL || e->row_reqs == NULL || e->rids == NULL)
         return MS_FAIL(err, MS_ERR_OOM, "out of memory for step buffers");
+    if (e->plp_rows > 0) { /* [prompt logprobs] */
+        MS_TRY(eng_alloc(e, S * sizeof(int32_t), "step.prompt_logprobs_rows",
+                         (void **)&e->plp_rows_dev, err));
+        e->plp_rows_host = ms_malloc(S * sizeof(int32_t));
+        e->plp_scratch = ms_malloc(ms_sampler_scratch_size(fa->vocab));
+        if (e->plp_rows_host == NULL || e->plp_scratch == NULL)
+            return MS_FAIL(err, MS_ERR_OOM, "out of memory for the prompt logprobs buffers");
+    }
     /* a step has at most max_seqs segments: a request takes one slot of max_seqs per stream */
     return ms_md_step_build_init(&e->build, e->max_seqs, e->max_tokens, err);
 }
@@ -1102,6 +1123,7 @@ static void eng_req_free(eng_req *r) {
     ms_free(r->out);
     ms_free(r->features);
     ms_free(r->context);
+    ms_free(r->plp);
     ms_free(r);
 }
 
@@ -1155,8 +1177,11 @@ void ms_engine_free(ms_engine *e) {
         eng_bfree(e, e->out_rows_dev);
         eng_bfree(e, e->hidden_dev);
         eng_bfree(e, e->input_dev);
+        eng_bfree(e, e->plp_rows_dev);
     }
     ms_free(e->input_host);
+    ms_free(e->plp_rows_host);
+    ms_free(e->plp_scratch);
     ms_backend_free(&e->be);
     ms_free(e->weights);
     ms_free(e->woff);
@@ -1231,6 +1256,8 @@ static ms_status eng_check_prompt(const ms_engine *e, const int32_t *ids, int32_
 static void eng_prefix_adopt(ms_engine *e, eng_req *r); /* [prefix], end of file */
 static void eng_prefix_seal(ms_engine *e, eng_req *r);  /* [prefix], end of file */
 static void eng_fork_resolve(ms_engine *e, const eng_req *parent); /* [fork], end of file */
+static int32_t eng_plp_rows(ms_engine *e, int32_t n_seg);  /* [prompt logprobs], end of file */
+static void eng_plp_collect(ms_engine *e, int32_t n_seg);  /* [prompt logprobs], end of file */
 static void eng_fork_poll(ms_engine *e);                          /* [fork], end of file */
 
 /* ms_engine_add, and ms_engine_fork's request (fork_of: the parent it waits for, 0 none). */
@@ -1325,6 +1352,18 @@ static ms_status eng_add(ms_engine *e, const ms_engine_request *rq, ms_rid fork_
     const int32_t n_axes_ids =
         rq->position_ids != NULL ? rq->n_position_axes : e->nodes[0].pos_cfg.n_axes;
     int32_t n_streams = ms_walk_n_streams(e->desc, walk);
+    if (rq->prompt_logprobs) { /* [prompt logprobs] */
+        if (e->plp_rows < 1)
+            return MS_FAIL(err, MS_ERR_UNSUPPORTED, "prompt logprobs asked, but the engine keeps "
+                           "no prompt rows' logits (set options.prompt_logprobs_rows)");
+        if (e->n_nodes != 1 || n_streams != 1 || rq->features != NULL ||
+            e->nodes[0].context_label >= 0)
+            return MS_FAIL(err, MS_ERR_UNSUPPORTED, "prompt logprobs: one-stream token requests "
+                           "of a one-node model only");
+        if (rq->prompt_top_logprobs < 0 || rq->prompt_top_logprobs > MS_ENGINE_MAX_TOP_LOGPROBS)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG, "prompt_top_logprobs %d outside [0, %d]",
+                           (int)rq->prompt_top_logprobs, MS_ENGINE_MAX_TOP_LOGPROBS);
+    }
     MS_TRY(eng_kv_check_fits(e, rq, n_streams, err)); /* [kv pressure] */
     if (e->n_streams_active + n_streams > e->max_seqs)
         return MS_FAIL(err, MS_ERR_CAPACITY,
@@ -1353,7 +1392,10 @@ static ms_status eng_add(ms_engine *e, const ms_engine_request *rq, ms_rid fork_
     }
     r->out = ms_malloc((size_t)(rq->max_new_tokens > 0 ? rq->max_new_tokens : 1) *
                        sizeof(int32_t));
+    if (rq->prompt_logprobs) /* [prompt logprobs] */
+        r->plp = ms_calloc((size_t)rq->n_prompt, sizeof *r->plp);
     if (r->prompt[MS_LABEL_MAIN] == NULL || (uncond >= 0 && r->prompt[uncond] == NULL) ||
+        (rq->prompt_logprobs && r->plp == NULL) ||
         (rq->features != NULL && r->features == NULL) ||
         ((rq->position_ids != NULL || own_ids) && r->positions == NULL) || r->out == NULL ||
         ms_grow((void **)&e->reqs, &e->cap_reqs, e->n_reqs + 1, sizeof *e->reqs) != MS_OK) {
@@ -1404,7 +1446,12 @@ static ms_status eng_add(ms_engine *e, const ms_engine_request *rq, ms_rid fork_
     r->in_runner = true;
     r->no_seal = r->positions != NULL || r->features != NULL;
     r->fork_of = r->max_new > 0 ? fork_of : 0; /* [fork] its prompt's KV comes from the parent */
-    if (r->fork_of == 0)
+    if (r->plp != NULL) { /* [prompt logprobs] entry 0 has none */
+        r->plp_top = rq->prompt_top_logprobs;
+        r->plp[0].logprob = NAN;
+        r->plp_next = 1;
+    }
+    if (r->fork_of == 0 && r->plp == NULL) /* [prompt logprobs] every prompt row is computed */
         eng_prefix_adopt(e, r); /* [prefix] a cached prefix is not computed again */
     e->fork_stats.n_waiting += r->fork_of != 0;
     e->reqs[e->n_reqs++] = r;
@@ -1474,6 +1521,7 @@ static bool eng_is_eos(const ms_engine *e, int32_t id) {
 static int32_t eng_rows(ms_engine *e, ms_md_walk_item item, int32_t *n_prefill) {
     const ms_md_step *sd = &e->nodes[item.node].node->steps[item.step];
     int32_t n = 0, budget = e->max_tokens;
+    int32_t plp_left = e->plp_rows; /* [prompt logprobs] extra logits rows left in the step */
     *n_prefill = 0;
     for (size_t i = 0; i < e->n_reqs && n < e->max_seqs; i++) {
         eng_req *r = e->reqs[i];
@@ -1505,6 +1553,8 @@ static int32_t eng_rows(ms_engine *e, ms_md_walk_item item, int32_t *n_prefill) 
                         left = r->chunk;
                     if (left > budget)
                         left = budget;
+                    if (r->plp != NULL && left > plp_left + 1)
+                        left = plp_left + 1; /* [prompt logprobs] a row per token */
                 }
                 row.len[l] = left;
                 need += left;
@@ -1521,6 +1571,8 @@ static int32_t eng_rows(ms_engine *e, ms_md_walk_item item, int32_t *n_prefill) 
             *n_prefill += done;
         }
         budget -= need;
+        if (r->plp != NULL && !ms_walk_in_loop(e->desc, r->walk))
+            plp_left -= need - 1; /* [prompt logprobs] */
         e->rows[n] = row;
         e->row_reqs[n] = r;
         e->rids[n] = r->rid;
@@ -1673,7 +1725,14 @@ static ms_status eng_forward_sample(ms_engine *e, eng_node *nd, const ms_md_step
     ms_tensor tokens = ms_tensor_1d(e->tokens_dev, MS_DTYPE_I32, n_tok);
     ms_tensor pos = n_axes > 1 ? ms_tensor_2d(e->pos_dev, MS_DTYPE_I32, n_axes, n_tok)
                                : ms_tensor_1d(e->pos_dev, MS_DTYPE_I32, n_tok);
-    ms_tensor logits = ms_tensor_2d(e->logits_dev, MS_DTYPE_F32, n, e->facts.vocab);
+    /* [prompt logprobs] the rows of every prompt token a request asks logprobs of, after the
+       segments' own last rows (eng_plp_rows): logits [n + n_plp, vocab], sampled over n */
+    const int32_t n_plp = sample && !sd->all_logits && !cross ? eng_plp_rows(e, n) : 0;
+    ms_tensor plp_rows = ms_tensor_1d(e->plp_rows_dev, MS_DTYPE_I32, n + n_plp);
+    if (n_plp > 0)
+        MS_TRY(f->copy_to_backend(cx, e->plp_rows_dev, e->plp_rows_host,
+                                  (size_t)(n + n_plp) * sizeof(int32_t), err));
+    ms_tensor logits = ms_tensor_2d(e->logits_dev, MS_DTYPE_F32, n + n_plp, e->facts.vocab);
     /* a node returning hidden states: every token's row, and its shaped input staged */
     const bool hidden = nd->node->hidden_width != NULL;
     if (hidden)
@@ -1704,7 +1763,7 @@ static ms_status eng_forward_sample(ms_engine *e, eng_node *nd, const ms_md_step
         .workspace = e->workspace,
         .max_tokens = e->max_tokens,
         .max_seqs = e->max_out,
-        .out_rows = sd->all_logits ? &out_rows : NULL,
+        .out_rows = sd->all_logits ? &out_rows : n_plp > 0 ? &plp_rows : NULL,
         .logits = &logits,
         .input = nd->node->input_shape != NULL ? &input : NULL,
         .context_batch = cross ? nd->ctx_batch : NULL,
@@ -1715,8 +1774,10 @@ static ms_status eng_forward_sample(ms_engine *e, eng_node *nd, const ms_md_step
     MS_TRY(ms_graph_exec_forward(e->gx, gs, ctx, nd->node->forward, &args, err));
     if (hidden)
         return MS_OK; /* ms_engine_encode reads hidden_dev */
-    MS_TRY(f->copy_to_host(cx, e->logits_host, e->logits_dev, (size_t)n * V * sizeof(float),
-                           err));
+    MS_TRY(f->copy_to_host(cx, e->logits_host, e->logits_dev,
+                           (size_t)(n + n_plp) * V * sizeof(float), err));
+    if (sample && e->plp_rows > 0)
+        eng_plp_collect(e, n); /* [prompt logprobs] before penalties touch the rows */
     if (!sample)
         return MS_OK; /* ms_engine_run_step: the caller reads the logits */
 
@@ -2834,6 +2895,9 @@ ms_status ms_engine_fork(ms_engine *e, ms_rid parent, const ms_engine_request *r
         return MS_FAIL(err, MS_ERR_UNSUPPORTED,
                        "fork of request %llu: guided pairs, explicit positions and features are "
                        "not forked (add the choices as requests)", (unsigned long long)parent);
+    if (rq->prompt_logprobs)
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "fork of request %llu: a fork computes no prompt "
+                       "rows (read the parent's prompt logprobs)", (unsigned long long)parent);
     if (rq->n_prompt != p->n_orig_prompt || rq->prompt == NULL ||
         memcmp(rq->prompt, p->prompt[MS_LABEL_MAIN], (size_t)rq->n_prompt * sizeof(int32_t)) != 0)
         return MS_FAIL(err, MS_ERR_INVALID_ARG,
@@ -2854,4 +2918,91 @@ void ms_engine_get_fork_stats(const ms_engine *e, ms_engine_fork_stats *out) {
     memset(out, 0, sizeof *out);
     if (e != NULL)
         *out = e->fork_stats;
+}
+
+/* ---- [prompt logprobs] every prompt row's logits for requests asking for them ----
+ *
+ * options.prompt_logprobs_rows adds that many logits rows to a step (e->max_out): eng_rows cuts
+ * such a request's prompt chunk to the rows left, the step's forward returns the logits of the
+ * token rows e->plp_rows_host lists (each segment's last token first, in segment order, as
+ * without them, then the other prompt rows of those requests), the sampler reads the first rows
+ * only, and eng_plp_collect turns every prompt row p into entry p + 1 (the logprob of prompt
+ * token p + 1 given tokens 0 .. p) before penalties or CFG mixing touch the rows. */
+
+/* Visit every prompt row of the step's plp requests: fn(e, r, position, logits row). Rows are
+ * in eng_plp_rows's order: a segment's rows but its last after the n_seg segments' own rows. */
+static int32_t eng_plp_walk(ms_engine *e, int32_t n_seg, bool collect) {
+    const ms_md_step_build *b = &e->build;
+    int32_t tok = 0, extra = 0;
+    for (int32_t i = 0; i < b->step.n_segments && i < n_seg; i++) {
+        const ms_segment *sg = &b->segments[i];
+        eng_req *r = e->row_reqs[b->seg_row[i]];
+        if (!collect)
+            e->plp_rows_host[i] = tok + sg->span - 1; /* the segment's own row */
+        if (r != NULL && r->plp != NULL && sg->label == MS_LABEL_MAIN &&
+            !ms_walk_in_loop(e->desc, r->walk)) {
+            const int32_t c0 = r->consumed[MS_LABEL_MAIN]; /* before this step's span */
+            for (int32_t j = 0; j < sg->span; j++) {
+                const bool own = j == sg->span - 1;
+                const int32_t row = own ? i : n_seg + extra;
+                if (!own) {
+                    if (!collect)
+                        e->plp_rows_host[n_seg + extra] = tok + j;
+                    extra++;
+                }
+                const int32_t at = c0 + j + 1; /* the entry this row gives */
+                if (!collect || at < r->plp_next || at >= r->n_orig_prompt)
+                    continue;
+                const float *z = e->logits_host + (size_t)row * (size_t)e->facts.vocab;
+                ms_engine_prompt_logprob *lp = &r->plp[at];
+                const int32_t id = r->prompt[MS_LABEL_MAIN][at];
+                ms_sample_row greedy;
+                memset(&greedy, 0, sizeof greedy);
+                greedy.params = ms_sampling_greedy(); /* log_softmax(z): the raw distribution */
+                int32_t n_top = 0;
+                if (ms_sampler_logprobs(z, e->facts.vocab, &greedy, e->plp_scratch, id,
+                                        r->plp_top, &lp->logprob, lp->top_ids, lp->top_logprobs,
+                                        &n_top, NULL) != MS_OK) {
+                    lp->logprob = NAN; /* NaN logits: the request fails at its sampling */
+                    n_top = 0;
+                }
+                lp->n_top = n_top;
+                int32_t rank = 1;
+                for (int32_t v = 0; v < e->facts.vocab; v++)
+                    rank += z[v] > z[id];
+                lp->rank = rank;
+                r->plp_next = at + 1;
+            }
+        }
+        tok += sg->span;
+    }
+    return extra;
+}
+
+/* Stage the step's logits rows (see above); returns the rows beyond the n_seg segments' own, 0
+ * when no request of the step asks for prompt logprobs (the forward's default rows). */
+static int32_t eng_plp_rows(ms_engine *e, int32_t n_seg) {
+    if (e->plp_rows < 1)
+        return 0;
+    int32_t extra = eng_plp_walk(e, n_seg, false);
+    MS_ASSERT(n_seg + extra <= e->max_out);
+    return extra;
+}
+
+/* Fill the entries the step's rows give (after their logits reached e->logits_host). */
+static void eng_plp_collect(ms_engine *e, int32_t n_seg) { (void)eng_plp_walk(e, n_seg, true); }
+
+ms_status ms_engine_prompt_logprobs(const ms_engine *e, ms_rid rid,
+                                    const ms_engine_prompt_logprob **lp, int32_t *n) {
+    *lp = NULL;
+    *n = 0;
+    const eng_req *r = eng_find_req(e, rid, NULL);
+    if (r == NULL)
+        return MS_FAIL(NULL, MS_ERR_NOT_FOUND, "unknown request");
+    if (r->plp == NULL)
+        return MS_FAIL(NULL, MS_ERR_STATE, "request %llu was added without prompt_logprobs",
+                       (unsigned long long)rid);
+    *lp = r->plp;
+    *n = r->plp_next;
+    return MS_OK;
 }

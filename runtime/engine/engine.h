@@ -104,6 +104,12 @@ typedef struct ms_engine_options {
                                 memory free after the weights, keeping (1 - F) of the device's
                                 total free (vLLM's gpu_memory_utilization; cuda only); 0 = off
                                 (the kv_pages / max_seq_len rule) */
+    int32_t prompt_logprobs_rows; /* [prompt logprobs] logits rows one step may return beyond
+                                one per request, for requests asking for prompt logprobs
+                                (ms_engine_request.prompt_logprobs; such a prompt is prefilled
+                                at most this many + 1 tokens a step; the logits buffers grow by
+                                this many rows of vocab floats); 0 = none: such requests are
+                                refused. Capped at max_tokens. */
 } ms_engine_options;
 
 /* Defaults: device "cpu", page_size 0, max_seqs 8, max_tokens 2048, kv_pages 0, max_seq_len 0,
@@ -217,6 +223,13 @@ typedef struct ms_engine_request {
     const float *features;
     int64_t n_feature_channels;
     int64_t n_feature_frames;
+    /* [prompt logprobs] keep the logprob of every prompt token under the model given the tokens
+       before it, with the prompt_top_logprobs most probable ids (ms_engine_prompt_logprobs): the
+       engine returns the logits of every prompt row of this request's prefill (options
+       .prompt_logprobs_rows bounds the rows a step returns). Its prompt is computed whole: the
+       prefix cache gives it nothing. One-stream token requests only. */
+    bool prompt_logprobs;
+    int32_t prompt_top_logprobs;     /* [0, MS_ENGINE_MAX_TOP_LOGPROBS] */
 } ms_engine_request;
 
 /* The model's declared sampler settings (sampler(temperature, top_k, top_p)) as request
@@ -380,6 +393,31 @@ ms_status ms_engine_output(const ms_engine *e, ms_rid rid, const int32_t **ids, 
  * every prompt position).
  */
 const float *ms_engine_last_logits(const ms_engine *e, ms_rid rid);
+
+/* [prompt logprobs] The most top entries a prompt position keeps (OpenAI's logprobs limit). */
+#define MS_ENGINE_MAX_TOP_LOGPROBS 20
+
+/* One prompt position's logprob (ms_engine_prompt_logprobs). */
+typedef struct ms_engine_prompt_logprob {
+    float logprob;       /* log p(prompt[i] | prompt[0..i)): log_softmax of the raw logits of
+                            row i - 1 (temperature 1, nothing truncated: vLLM's raw prompt
+                            logprobs); NaN when that row held NaN */
+    int32_t rank;        /* 1 + the number of ids with a larger logit (vLLM's rank) */
+    int32_t n_top;       /* entries of top_* (prompt_top_logprobs; 0 when NaN) */
+    int32_t top_ids[MS_ENGINE_MAX_TOP_LOGPROBS];     /* most probable first, id ascending on ties */
+    float top_logprobs[MS_ENGINE_MAX_TOP_LOGPROBS];  /* their log_softmax values */
+} ms_engine_prompt_logprob;
+
+/*
+ * Prompt logprobs of rid (added with prompt_logprobs): *lp = [n_prompt] entries (borrowed until
+ * ms_engine_remove), entry i for prompt token i; entry 0 has none (OpenAI's and vLLM's null:
+ * logprob NaN, n_top 0). *n = entries known so far: 1 until the prefill computed more, n_prompt
+ * once the prompt is prefilled (they stay after the request finished). Computed from the logits
+ * of each prompt row as the prefill ran them, so they do not depend on chunking. Errors:
+ * MS_ERR_NOT_FOUND (unknown rid), MS_ERR_STATE (added without prompt_logprobs).
+ */
+ms_status ms_engine_prompt_logprobs(const ms_engine *e, ms_rid rid,
+                                    const ms_engine_prompt_logprob **lp, int32_t *n);
 
 /* Free everything rid holds (KV pages, positions, sampler state, its record). Unknown: no-op. */
 void ms_engine_remove(ms_engine *e, ms_rid rid);
