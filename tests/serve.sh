@@ -235,7 +235,7 @@ if start l2c --model "$l2c" --tokenizer "$tok" --max-seqs 8; then
     bad_req "logprobs 21" 400 "$(b '{"prompt": "x", "logprobs": 21}')"
     bad_req "logprobs true on completions" 400 "$(b '{"prompt": "x", "logprobs": true}')"
     bad_req "top_logprobs on completions" 400 "$(b '{"prompt": "x", "top_logprobs": 2}')"
-    bad_req "echo with logprobs" 400 "$(b '{"prompt": "x", "echo": true, "logprobs": 1}')"
+    bad_req "prompt_logprobs 21" 400 "$(b '{"prompt": "x", "prompt_logprobs": 21}')"
     bad_req "echo not a boolean" 400 "$(b '{"prompt": "x", "echo": 1}')"
     bad_req "messages on completions" 400 "$(b '{"prompt": "x", "messages": []}')"
     bad_req "logit_bias" 400 "$(b '{"prompt": "x", "logit_bias": {"5": 10}}')"
@@ -317,6 +317,24 @@ if start gqa --model "$gqa" --api-key sekrit --max-seqs 4; then
     detail="status $st forks $forks0 -> $forks1 (pages shared $shared); forked $forked alone $alone"
     check "gqa: n=3 forks two choices from the first's prompt KV; each equals its seed alone" \
         [ "$st" = 200 -a "$forked" = "$alone" -a "$((forks1 - forks0))" = 2 -a "${shared:-0}" -ge 2 ]
+    # prompt logprobs (echo + logprobs, max_tokens 0) of P ++ G[0..5), G the greedy ids after P:
+    # position |P| + i scores G[i] given what came before, which is what the greedy request's own
+    # logprobs said (temperature 0 reports the raw distribution); P's pages are in the prefix
+    # cache from the first request, and must still be computed, not read as garbage
+    st=$(curl -s -m 30 -o "$tmp/ga.json" -w '%{http_code}' -H 'Authorization: Bearer sekrit' -d "{\"prompt\": $gp, \"max_tokens\": 6, \"temperature\": 0, \"logprobs\": 0, \"ignore_eos\": true}" "$url/v1/completions")
+    gp2=$(jq -c --argjson p "$gp" '$p + .choices[0].token_ids[0:5]' "$tmp/ga.json")
+    st2=$(curl -s -m 30 -o "$tmp/gb.json" -w '%{http_code}' -H 'Authorization: Bearer sekrit' -d "{\"prompt\": $gp2, \"max_tokens\": 0, \"echo\": true, \"logprobs\": 0, \"prompt_logprobs\": 0}" "$url/v1/completions")
+    np=$(jq length <<<"$gp")
+    cmp=$(jq -n --slurpfile a "$tmp/ga.json" --slurpfile b "$tmp/gb.json" --argjson np "$np" --argjson p2 "$gp2" '
+        ($a[0].choices[0].logprobs.token_logprobs[0:5]) as $want |
+        ($b[0].choices[0].logprobs.token_logprobs) as $got |
+        [($got[0] == null), ($got | length) == ($np + 5),
+         ([range(5) | (($got[$np + .] - $want[.]) | fabs) < 1e-6] | all),
+         ($b[0].choices[0].prompt_logprobs[0] == null),
+         ($b[0].choices[0].token_ids == $p2)] | all' 2>&1)
+    detail="status $st/$st2 $(head -c 300 "$tmp/gb.json")"
+    check "gqa: prompt logprobs of P ++ greedy ids equal the greedy request's logprobs (prefix cache on)" \
+        [ "$st" = 200 -a "$st2" = 200 -a "$cmp" = true ]
     st=$(curl -s -m 10 -o "$tmp/g401" -w '%{http_code}' -d '{"prompt": [1]}' "$url/v1/completions")
     detail="$st $(head -c 200 "$tmp/g401")"
     check "gqa: no API key -> 401 with an error body" [ "$st" = 401 -a "$(jq -r .error.type "$tmp/g401")" = authentication_error ]

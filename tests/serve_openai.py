@@ -12,7 +12,9 @@ Usage: serve_openai.py BASE_URL EXPECTED_TEXT
 Checks completions (text, finish_reason, usage), streaming (chunks reassemble to the same text,
 one finish_reason, include_usage), stop strings, n > 1 (indices, finish_reason per choice, the
 stream's chunks per index, seeded choices equal lone requests), logprobs (greedy: the best token;
-top_k 2: the two kept probabilities sum to 1), echo, and that a bad request raises the client's
+top_k 2: the two kept probabilities sum to 1), echo (with logprobs: the prompt's tokens first,
+max_tokens 0 scoring a prompt, vLLM's prompt_logprobs through extra_body), and that a bad
+request raises the client's
 BadRequestError with the server's message. Chat: also logprobs (top_logprobs, bytes) and n = 2. Prints "ok NAME" / "FAIL NAME ..." lines and exits 1
 on any failure; exit 77 when the package cannot be imported (the caller reports a skip).
 """
@@ -160,11 +162,51 @@ tops = r.choices[0].logprobs.top_logprobs
 check("logprobs with top_k 2: the two kept ids' probabilities sum to 1",
       len(tops) == 8 and all(abs(sum(math.exp(v) for v in t.values()) - 1) < 1e-4 for t in tops),
       repr(tops))
-try:
-    client.completions.create(model=model, prompt="x", echo=True, logprobs=1)
-    check("echo with logprobs raises", False, "no exception")
-except openai.BadRequestError as e:
-    check("echo with logprobs raises BadRequestError naming echo", "echo" in str(e), str(e))
+# echo with logprobs: the prompt's tokens lead (the first with null entries, as OpenAI), then the
+# generated ones, whose logprobs are those of the same request without echo; tokens spell the
+# text and text_offset counts the bytes before each token
+plain = client.completions.create(model=model, prompt="The little dog", max_tokens=8,
+                                  temperature=0, logprobs=2).choices[0]
+r = client.completions.create(model=model, prompt="The little dog", max_tokens=8, temperature=0,
+                              echo=True, logprobs=2)
+c = r.choices[0]
+lp = c.logprobs
+n_p = len(lp.tokens) - 8 if lp is not None else 0
+offs = [sum(len(t.encode()) for t in lp.tokens[:i]) for i in range(len(lp.tokens))] if lp else []
+check("echo with logprobs: prompt tokens first (the first null), then the completion's",
+      lp is not None and n_p >= 2 and c.text == "The little dog" + plain.text
+      and "".join(lp.tokens) == c.text and lp.token_logprobs[0] is None
+      and lp.top_logprobs[0] is None
+      and all(v <= 0 for v in lp.token_logprobs[1:])
+      and all(len(t) >= 2 for t in lp.top_logprobs[1:])
+      and lp.text_offset == offs
+      and all(abs(a - b) < 1e-6 for a, b in zip(lp.token_logprobs[n_p:],
+                                                 plain.logprobs.token_logprobs))
+      and len(lp.token_logprobs[n_p:]) == 8, repr(lp))
+# max_tokens 0: the prompt scored alone; vLLM's prompt_logprobs (extra_body) give the same values
+r0 = client.completions.create(model=model, prompt="The little dog", max_tokens=0, echo=True,
+                               logprobs=0, extra_body={"prompt_logprobs": 1})
+c0 = r0.choices[0]
+plp = getattr(c0, "prompt_logprobs", None)
+ok0 = (c0.text == "The little dog" and c0.logprobs is not None
+       and len(c0.logprobs.tokens) == n_p and plp is not None and len(plp) == n_p
+       and plp[0] is None and r0.usage.completion_tokens == 0)
+if ok0:
+    for i in range(1, n_p):
+        got = [v["logprob"] for v in plp[i].values()]
+        ok0 = ok0 and len(plp[i]) in (1, 2) and any(
+            abs(g - lp.token_logprobs[i]) < 1e-6 for g in got) and all(
+            v["rank"] >= 1 for v in plp[i].values())
+check("max_tokens 0 echo scores the prompt; prompt_logprobs agree with echo's",
+      ok0, repr((c0, plp)))
+stream_lp = None
+for chunk in client.completions.create(model=model, prompt="The little dog", max_tokens=4,
+                                       temperature=0, echo=True, logprobs=1, stream=True):
+    if stream_lp is None and chunk.choices and chunk.choices[0].logprobs is not None:
+        stream_lp = chunk.choices[0].logprobs
+check("echo with logprobs in a stream: the first chunk carries the prompt's logprobs",
+      stream_lp is not None and stream_lp.tokens == lp.tokens[:n_p]
+      and stream_lp.token_logprobs[0] is None, repr(stream_lp))
 r = client.completions.create(model=model, prompt="The little dog", max_tokens=40, temperature=0,
                               echo=True)
 check("echo: the prompt, then the completion", r.choices[0].text == "The little dog" + want,

@@ -293,6 +293,24 @@ static void test_prompt_logprobs_refusals(void **state) {
     assert_int_equal(n, NP);
     assert_int_equal(lp[5].n_top, 0); /* top 0: the token's logprob alone */
     assert_true(lp[5].logprob <= 0.0f);
+    /* max_new_tokens 0: the prompt is scored (prefilled), nothing generated */
+    ms_rid z;
+    rq.prompt_logprobs = true;
+    rq.max_new_tokens = 0;
+    assert_int_equal(ms_engine_add(e, &rq, &z, &err), MS_OK);
+    assert_int_equal(ms_engine_n_active(e), 1);
+    while (ms_engine_n_active(e) > 0)
+        assert_int_equal(ms_engine_step(e, NULL, &err), MS_OK);
+    const int32_t *ids;
+    int32_t n_ids;
+    ms_finish_reason why;
+    assert_int_equal(ms_engine_output(e, z, &ids, &n_ids, &why), MS_OK);
+    assert_int_equal(n_ids, 0);
+    assert_int_equal(why, MS_FINISH_LENGTH);
+    const ms_engine_prompt_logprob *lz;
+    assert_int_equal(ms_engine_prompt_logprobs(e, z, &lz, &n), MS_OK);
+    assert_int_equal(n, NP);
+    assert_true(lz[NP - 1].logprob == lp[NP - 1].logprob); /* the same prompt, bitwise */
     ms_engine_free(e);
 }
 

@@ -261,10 +261,36 @@ static void test_refusals(void **state) {
     assert_string_equal(ms_serve_error_type(503), "server_error");
 }
 
+/* echo with logprobs and vLLM's prompt_logprobs: served with MS_SERVE_CAP_PROMPT_LOGPROBS */
+static void test_prompt_logprobs_fields(void **state) {
+    (void)state;
+    ms_serve_ctx c = ctx(ALL_CAPS | MS_SERVE_CAP_PROMPT_LOGPROBS);
+    ms_serve_request *r = parse_ok(&c, "{\"prompt\": \"ab\"}", false);
+    assert_int_equal(r->prompt_logprobs, -1);
+    ms_serve_request_free(r);
+    r = parse_ok(&c, "{\"prompt\": \"ab\", \"echo\": true, \"logprobs\": 2, \"max_tokens\": 0}", false);
+    assert_true(r->echo);
+    assert_int_equal(r->logprobs, 2);
+    ms_serve_request_free(r);
+    r = parse_ok(&c, "{\"prompt\": \"ab\", \"prompt_logprobs\": 3}", false);
+    assert_int_equal(r->prompt_logprobs, 3);
+    ms_serve_request_free(r);
+    r = parse_ok(&c, "{\"prompt\": \"ab\", \"prompt_logprobs\": null}", false);
+    assert_int_equal(r->prompt_logprobs, -1);
+    ms_serve_request_free(r);
+    refused(&c, "{\"prompt\": \"x\", \"prompt_logprobs\": 21}", false, 400, "prompt_logprobs", "21 is not in [0, 20]");
+    refused(&c, "{\"prompt\": \"x\", \"prompt_logprobs\": true}", false, 400, "prompt_logprobs", "must be an integer");
+    refused(&c, "{\"messages\": [{\"role\": \"user\", \"content\": \"a\"}], \"prompt_logprobs\": 1}", true, 400, "prompt_logprobs", "not on chat");
+    c = ctx(ALL_CAPS);
+    refused(&c, "{\"prompt\": \"x\", \"prompt_logprobs\": 1}", false, 400, "prompt_logprobs", "not supported");
+    refused(&c, "{\"prompt\": \"x\", \"echo\": true, \"logprobs\": 0}", false, 400, "echo", "--prompt-logprobs-rows 0");
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         ms_unit_test(test_defaults_and_fields),
         ms_unit_test(test_refusals),
+        ms_unit_test(test_prompt_logprobs_fields),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -34,6 +34,7 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <float.h>
+#include <math.h>
 #include <jansson.h>
 #include <microhttpd.h>
 #include <netdb.h>
@@ -125,6 +126,9 @@ typedef struct srv_choice {
     srv_lp *lps;                /* logprobs: [n_lps] per generated token (ms_malloc'd) */
     size_t n_lps, cap_lps, n_lps_sent;
     bool role_sent;             /* chat stream: the {"role": "assistant"} delta went out */
+    ms_engine_prompt_logprob *plp; /* prompt logprobs: [n_prompt] once its prefill computed
+                                      them (ms_malloc'd copy of ms_engine_prompt_logprobs) */
+    bool plp_sent;              /* stream: they went out (the echo chunk / the first chunk) */
     double t_last;              /* when its last token came (monotonic seconds) */
     struct srv_choice *next_q;  /* FIFO link */
 } srv_choice;
@@ -138,6 +142,9 @@ struct srv_job {
     ms_sample_extra extra;      /* min_p, penalties (sample_res.h) */
     bool has_extra;             /* not all off */
     int32_t logprobs;           /* -1 none, else top logprobs per token */
+    int32_t prompt_logprobs;    /* -1 none, else vLLM's prompt_logprobs (top entries) */
+    bool echo_lp;               /* echo with logprobs: the prompt's tokens lead the logprobs */
+    int32_t plp_top;            /* -1: no prompt logprobs computed, else their top entries */
     int32_t max_tokens;
     bool ignore_eos;
     char *stops[MS_SERVE_MAX_STOPS]; /* ms_malloc'd */
@@ -167,6 +174,7 @@ typedef struct srv_opts {
     int32_t port, max_seqs, max_tokens_per_step, page_size, threads, max_queue, kv_pages;
     bool no_graphs; /* --no-graphs: every step eager (engine.h graphs) */
     bool no_prefix_cache; /* --no-prefix-cache: no KV shared across requests (prefix_cache) */
+    int32_t prompt_logprobs_rows; /* --prompt-logprobs-rows: engine.h prompt_logprobs_rows */
     int32_t host_kv_pages;      /* --host-kv-pages: the host tier (engine.h host_kv_pages) */
     float gpu_memory_fraction;  /* --gpu-memory-fraction: 0 unset (engine.h) */
 } srv_opts;
@@ -235,6 +243,7 @@ static void job_free(srv_job *j) {
         ms_free(j->ch[i].ids_new);
         ms_free(j->ch[i].echo);
         ms_free(j->ch[i].lps);
+        ms_free(j->ch[i].plp);
     }
     for (int32_t i = 0; i < j->n_stops; i++)
         ms_free(j->stops[i]);
@@ -373,10 +382,55 @@ static json_t *token_json(const srv *s, int32_t prev, int32_t id, json_t **bytes
     return t != NULL ? t : json_string("");
 }
 
+/* The token before prompt token i (llama2.c pieces depend on it; choice_echo's rule). */
+static int32_t prompt_prev(const srv_choice *c, int32_t i) { return i > 0 ? c->prompt[i - 1] : 1; }
+
+/* The text of prompt position i holding `id` (the prompt's own token or a top one): as the echo
+   decodes it (llama2.c: a leading BOS prints nothing), so the tokens spell the echoed text. */
+static json_t *prompt_token_json(const srv *s, const srv_choice *c, int32_t i, int32_t id) {
+    if (s->tok.l2c != NULL && i == 0 && id == 1)
+        return json_string("");
+    return token_json(s, prompt_prev(c, i), id, NULL);
+}
+
+/* vLLM's prompt_logprobs of c: [null, {"<id>": {logprob, rank, decoded_token}, ...}, ...], per
+   prompt token its own entry and its top ones (ranks 1..k). */
+static json_t *prompt_logprobs_json(const srv_job *j, const srv_choice *c) {
+    json_t *arr = json_array();
+    for (int32_t i = 0; arr != NULL && i < c->n_prompt; i++) {
+        const ms_engine_prompt_logprob *e = &c->plp[i];
+        if (i == 0) {
+            json_array_append_new(arr, json_null());
+            continue;
+        }
+        json_t *d = json_object();
+        char key[16];
+        for (int32_t k = 0; d != NULL && k < e->n_top && k < j->prompt_logprobs; k++) {
+            snprintf(key, sizeof key, "%d", (int)e->top_ids[k]);
+            json_object_set_new(d, key, json_pack("{s:f, s:i, s:o}", "logprob",
+                                                  (double)e->top_logprobs[k], "rank", (int)(k + 1),
+                                                  "decoded_token",
+                                                  prompt_token_json(j->s, c, i, e->top_ids[k])));
+        }
+        snprintf(key, sizeof key, "%d", (int)c->prompt[i]);
+        if (d != NULL)
+            json_object_set_new(d, key, json_pack("{s:f, s:i, s:o}", "logprob",
+                                                  isnan(e->logprob) ? (double)MS_SAMPLER_LOGPROB_FLOOR
+                                                                    : (double)e->logprob,
+                                                  "rank", (int)e->rank, "decoded_token",
+                                                  prompt_token_json(j->s, c, i, c->prompt[i])));
+        json_array_append_new(arr, d);
+    }
+    return arr;
+}
+
 /* Logprobs of c's tokens [from, to): completions' legacy object {tokens, token_logprobs,
    top_logprobs, text_offset}, or chat's {content: [{token, logprob, bytes, top_logprobs}]}. The
-   sampled token is always among a token's top_logprobs entries of a completion (as vLLM). */
-static json_t *logprobs_json(const srv_job *j, const srv_choice *c, size_t from, size_t to) {
+   sampled token is always among a token's top_logprobs entries of a completion (as vLLM). With
+   `prompt` (echo with logprobs) the prompt's tokens lead, the first with null entries (OpenAI's
+   echo), and the generated tokens' text_offset counts the echoed text before them. */
+static json_t *logprobs_json(const srv_job *j, const srv_choice *c, size_t from, size_t to,
+                             bool prompt) {
     const srv *s = j->s;
     if (j->chat) {
         json_t *content = json_array();
@@ -397,11 +451,39 @@ static json_t *logprobs_json(const srv_job *j, const srv_choice *c, size_t from,
         return json_pack("{s:o}", "content", content);
     }
     json_t *toks = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+    size_t off = 0;
+    for (int32_t i = 0; prompt && c->plp != NULL && i < c->n_prompt; i++) {
+        const ms_engine_prompt_logprob *e = &c->plp[i];
+        json_t *tt = prompt_token_json(s, c, i, c->prompt[i]);
+        size_t tl = tt != NULL ? json_string_length(tt) : 0;
+        json_array_append_new(offs, json_integer((json_int_t)off));
+        off += tl;
+        if (i == 0) {
+            json_array_append_new(toks, tt);
+            json_array_append_new(lps, json_null());
+            json_array_append_new(tops, json_null());
+            continue;
+        }
+        const double lp = isnan(e->logprob) ? (double)MS_SAMPLER_LOGPROB_FLOOR : (double)e->logprob;
+        json_t *d = json_object();
+        for (int32_t k = 0; d != NULL && k < e->n_top && k < j->logprobs; k++) {
+            json_t *kt = prompt_token_json(s, c, i, e->top_ids[k]);
+            if (kt != NULL && json_object_get(d, json_string_value(kt)) == NULL)
+                json_object_set_new(d, json_string_value(kt), json_real((double)e->top_logprobs[k]));
+            json_decref(kt);
+        }
+        if (d != NULL && tt != NULL)
+            json_object_set_new(d, json_string_value(tt), json_real(lp));
+        json_array_append_new(toks, tt);
+        json_array_append_new(lps, json_real(lp));
+        json_array_append_new(tops, d);
+    }
+    const size_t shift = j->echo_lp ? c->n_echo : 0; /* the echoed text comes first */
     for (size_t i = from; i < to; i++) {
         const srv_lp *e = &c->lps[i];
         json_array_append_new(toks, token_json(s, e->prev, e->id, NULL));
         json_array_append_new(lps, json_real((double)e->lp));
-        json_array_append_new(offs, json_integer((json_int_t)e->offset));
+        json_array_append_new(offs, json_integer((json_int_t)(e->offset + shift)));
         json_t *d = json_object();
         for (int32_t k = 0; d != NULL && k < e->n_top; k++) {
             json_t *tt = token_json(s, e->prev, e->top_ids[k], NULL);
@@ -423,7 +505,7 @@ static json_t *logprobs_json(const srv_job *j, const srv_choice *c, size_t from,
    [lp_from, lp_to) when the request asked for them. */
 static json_t *choice_json(const srv_job *j, const srv_choice *c, const char *text, size_t n,
                            const int32_t *ids, size_t n_ids, const char *finish, size_t lp_from,
-                           size_t lp_to) {
+                           size_t lp_to, bool prompt_lp) {
     if (j->chat) { /* a reply's message, or a chunk's delta (role first, then content pieces) */
         json_t *m;
         if (!j->stream)
@@ -436,16 +518,22 @@ static json_t *choice_json(const srv_job *j, const srv_choice *c, const char *te
             m = json_object();
         return json_pack("{s:i, s:o, s:o, s:o}", "index", (int)c->index,
                          j->stream ? "delta" : "message", m, "logprobs",
-                         j->logprobs >= 0 && lp_to > lp_from ? logprobs_json(j, c, lp_from, lp_to)
-                                                             : json_null(),
+                         j->logprobs >= 0 && lp_to > lp_from
+                             ? logprobs_json(j, c, lp_from, lp_to, false)
+                             : json_null(),
                          "finish_reason", finish != NULL ? json_string(finish) : json_null());
     }
     json_t *o = json_pack("{s:i, s:s%, s:o, s:o}", "index", (int)c->index, "text", text, n,
                           "logprobs",
-                          j->logprobs >= 0 ? logprobs_json(j, c, lp_from, lp_to) : json_null(),
+                          j->logprobs >= 0 ? logprobs_json(j, c, lp_from, lp_to,
+                                                           prompt_lp && j->echo_lp)
+                                           : json_null(),
                           "finish_reason", finish != NULL ? json_string(finish) : json_null());
     if (o != NULL && !j->s->has_tok)
         json_object_set_new(o, "token_ids", ids_json(ids, n_ids));
+    /* vLLM's prompt_logprobs: in the reply, and in a stream's first chunk of the choice */
+    if (o != NULL && prompt_lp && j->prompt_logprobs >= 0 && c->plp != NULL)
+        json_object_set_new(o, "prompt_logprobs", prompt_logprobs_json(j, c));
     return o;
 }
 
@@ -504,16 +592,20 @@ static void choice_emit(srv_choice *c, bool final) {
         return;
     if (j->chat && !c->role_sent) { /* the first chunk: {"role": "assistant", "content": ""} */
         json_t *arr = json_array();
-        json_array_append_new(arr, choice_json(j, c, "", 0, NULL, 0, NULL, 0, 0));
+        json_array_append_new(arr, choice_json(j, c, "", 0, NULL, 0, NULL, 0, 0, false));
         json_t *o = completion_json(j, arr);
         if (o != NULL && j->include_usage)
             json_object_set_new(o, "usage", json_null());
         sse_event(j, o);
         c->role_sent = true;
     }
+    if (j->plp_top >= 0 && c->plp == NULL && !final)
+        return; /* prompt logprobs go first: the prefill has not made them yet */
     if (c->echo != NULL && !c->echo_sent) { /* echo: the prompt's text is the first chunk */
         json_t *arr = json_array();
-        json_array_append_new(arr, choice_json(j, c, c->echo, c->n_echo, NULL, 0, NULL, 0, 0));
+        json_array_append_new(arr, choice_json(j, c, c->echo, c->n_echo, NULL, 0, NULL, 0, 0,
+                                               !c->plp_sent));
+        c->plp_sent = true;
         json_t *o = completion_json(j, arr);
         if (o != NULL && j->include_usage)
             json_object_set_new(o, "usage", json_null());
@@ -534,7 +626,9 @@ static void choice_emit(srv_choice *c, bool final) {
         size_t n = j->chat && part == 1 ? 0 : safe - c->n_sent;
         json_array_append_new(arr, choice_json(j, c, c->text != NULL ? c->text + c->n_sent : "",
                                                n, c->ids_new, c->n_ids_new,
-                                               last ? c->finish : NULL, c->n_lps_sent, c->n_lps));
+                                               last ? c->finish : NULL, c->n_lps_sent, c->n_lps,
+                                               !c->plp_sent));
+        c->plp_sent = true;
         json_t *o = completion_json(j, arr);
         if (o != NULL && j->include_usage)
             json_object_set_new(o, "usage", json_null());
@@ -616,6 +710,24 @@ static bool choice_harvest(srv *s, srv_choice *c) {
     if (ms_engine_output(s->eng, c->rid, &out, &n, &why) != MS_OK) {
         c->finish = "error";
         return true;
+    }
+    if (j->plp_top >= 0 && c->plp == NULL) { /* prompt logprobs, once the prefill made them */
+        const ms_engine_prompt_logprob *lp;
+        int32_t n_lp = 0;
+        if (ms_engine_prompt_logprobs(s->eng, c->rid, &lp, &n_lp) == MS_OK &&
+            n_lp == c->n_prompt) {
+            c->plp = ms_malloc((size_t)n_lp * sizeof *c->plp);
+            if (c->plp == NULL) {
+                job_fail(j, 500, "out of memory for prompt logprobs");
+                c->finish = "error";
+                return true;
+            }
+            memcpy(c->plp, lp, (size_t)n_lp * sizeof *c->plp);
+        } else if (why != MS_FINISH_NONE) {
+            job_fail(j, 500, "the prompt logprobs were not computed");
+            c->finish = "error";
+            return true;
+        }
     }
     bool stopped = false;
     if (n > c->n_seen) {
@@ -759,8 +871,12 @@ static void *sched_main(void *arg) {
                cannot fork (several nodes) adds the choice as a request of its own */
             const srv_choice *first = &j->ch[c->index - c->index % j->n];
             ms_status st = MS_ERR_UNSUPPORTED;
-            if (first != c && first->state == CH_RUNNING)
+            if (j->plp_top >= 0) { /* prompt logprobs: every choice computes its prompt */
+                rq.prompt_logprobs = true;
+                rq.prompt_top_logprobs = j->plp_top;
+            } else if (first != c && first->state == CH_RUNNING) {
                 st = ms_engine_fork(s->eng, first->rid, &rq, &c->rid, &err);
+            }
             if (st == MS_ERR_UNSUPPORTED)
                 st = ms_engine_add(s->eng, &rq, &c->rid, &err);
             if (st == MS_OK && j->has_extra) { /* min_p, penalties: the sampler resource's */
@@ -896,7 +1012,7 @@ static ms_serve_ctx srv_parse_ctx(srv *s) {
         .max_context = s->fa.max_context,
         .max_prompts = s->o.max_queue,
         .max_body = SRV_MAX_BODY,
-        .caps = SRV_CAPS,
+        .caps = SRV_CAPS | (s->o.prompt_logprobs_rows > 0 ? MS_SERVE_CAP_PROMPT_LOGPROBS : 0u),
         .defaults = {s->fa.temperature, s->fa.top_k, s->fa.top_p, 0},
         .encode = s->has_tok ? srv_encode : NULL,
         .render_chat = s->tmpl != NULL ? srv_render : NULL,
@@ -963,6 +1079,9 @@ static srv_job *job_from_request(srv *s, ms_serve_request *r) {
                                  {r->presence_penalty, r->frequency_penalty, r->repetition_penalty}};
     j->has_extra = r->min_p > 0.0f || !ms_sampler_penalties_off(&j->extra.penalties);
     j->logprobs = r->logprobs;
+    j->prompt_logprobs = r->prompt_logprobs;
+    j->echo_lp = r->echo && r->logprobs >= 0;
+    j->plp_top = MS_MAX(r->prompt_logprobs, j->echo_lp ? r->logprobs : -1);
     j->max_tokens = r->max_tokens;
     j->ignore_eos = r->ignore_eos;
     j->stream = r->stream;
@@ -1136,11 +1255,11 @@ static enum MHD_Result handle_completion(srv *s, struct MHD_Connection *con, srv
         }
         if (full != NULL)
             json_array_append_new(arr, choice_json(j, c, full, c->n_echo + c->n_text, c->ids_new,
-                                                   c->n_ids_new, c->finish, 0, c->n_lps));
+                                                   c->n_ids_new, c->finish, 0, c->n_lps, true));
         else
             json_array_append_new(arr, choice_json(j, c, c->text != NULL ? c->text : "",
                                                    c->n_text, c->ids_new, c->n_ids_new,
-                                                   c->finish, 0, c->n_lps));
+                                                   c->finish, 0, c->n_lps, true));
         ms_free(full);
     }
     json_t *o = completion_json(j, arr);
@@ -1377,7 +1496,7 @@ static void serve_usage(FILE *to, const char *prog) {
             "           [--host-kv-pages N] [--page-size N]\n"
             "           [--device auto|cpu|cuda] [--dtype auto|f32|bf16] [--threads N]\n"
             "           [--chat-template FILE.jinja|tokenizer_config.json] [--no-graphs]\n"
-            "           [--no-prefix-cache]\n"
+            "           [--no-prefix-cache] [--prompt-logprobs-rows N]\n"
             "  OpenAI-compatible HTTP server: POST /v1/completions, /v1/chat/completions (the\n"
             "  chat template: --chat-template, else the tokenizer's or the model folder's\n"
             "  tokenizer_config.json), GET /v1/models, /health, /metrics. --host defaults to\n"
@@ -1386,7 +1505,9 @@ static void serve_usage(FILE *to, const char *prog) {
             "  short the least recently used request's KV moves to a host tier of\n"
             "  --host-kv-pages pages (0: none) and back, or is recomputed later;\n"
             "  --gpu-memory-fraction F in (0, 1] sizes the device KV from the memory free\n"
-            "  after the weights (cuda; instead of --kv-pages).\n",
+            "  after the weights (cuda; instead of --kv-pages). Prompt logprobs (echo with\n"
+            "  logprobs, prompt_logprobs) return up to --prompt-logprobs-rows (64; 0: not\n"
+            "  served) prompt rows' logits a step.\n",
             prog);
 }
 
@@ -1398,11 +1519,12 @@ static int parse_serve(int argc, char **argv, srv_opts *o, const char *prog) {
     o->max_seqs = 16;
     o->max_tokens_per_step = 2048;
     o->max_queue = 256;
+    o->prompt_logprobs_rows = 64;
     static const char *const with_value[] = {
         "--model", "--tokenizer", "--host", "--port", "--api-key", "--max-seqs",
         "--max-tokens-per-step", "--device", "--dtype", "--page-size", "--threads",
         "--max-queue", "--kv-pages", "--chat-template", "--host-kv-pages",
-        "--gpu-memory-fraction"};
+        "--gpu-memory-fraction", "--prompt-logprobs-rows"};
     bool seen[MS_ARRAY_LEN(with_value)] = {false};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
@@ -1480,6 +1602,11 @@ static int parse_serve(int argc, char **argv, srv_opts *o, const char *prog) {
                                 &n) != 0)
                 return 1;
             o->host_kv_pages = (int32_t)n;
+        } else if (strcmp(a, "--prompt-logprobs-rows") == 0) {
+            if (ms_cli_flag_i64(prog, a, v, 0, 65536, "an integer in [0, 65536] (0: none)", &n) !=
+                0)
+                return 1;
+            o->prompt_logprobs_rows = (int32_t)n;
         } else if (strcmp(a, "--gpu-memory-fraction") == 0) {
             if (ms_cli_flag_f32(prog, a, v, 0.0, true, 1.0, "a number in (0, 1]",
                                 &o->gpu_memory_fraction) != 0)
@@ -1714,6 +1841,7 @@ int ms_cli_serve(int argc, char **argv, const ms_model_desc *desc, const char *p
     eo.gpu_memory_fraction = s.o.gpu_memory_fraction;
     eo.graphs = s.o.no_graphs ? MS_GRAPHS_OFF : MS_GRAPHS_AUTO;
     eo.prefix_cache = !s.o.no_prefix_cache; /* on by default, as vLLM and SGLang serve */
+    eo.prompt_logprobs_rows = s.o.prompt_logprobs_rows;
     double t0 = now_s();
     if (ms_engine_init(&s.eng, desc, &eo, &err) != MS_OK) {
         fprintf(stderr, "%s: %s\n", prog, err.msg);

@@ -264,7 +264,7 @@ static const char *const known_fields[] = {
     "model", "prompt", "messages", "max_tokens", "max_completion_tokens", "temperature", "top_p",
     "top_k", "min_p", "seed", "stop", "ignore_eos", "stream", "stream_options", "n", "best_of",
     "logprobs", "top_logprobs", "echo", "presence_penalty", "frequency_penalty",
-    "repetition_penalty", "suffix", "logit_bias", "user"};
+    "repetition_penalty", "suffix", "logit_bias", "user", "prompt_logprobs"};
 
 static void log_unknown(const ms_serve_ctx *ctx, json_t *root) {
     if (ctx->log == NULL)
@@ -398,10 +398,20 @@ static bool parse_fields(const ms_serve_ctx *ctx, json_t *root, ms_serve_request
         return perr(e, 400, "echo", "'echo' is a completions field, not a chat one");
     if (r->echo && !unserved(ctx, MS_SERVE_CAP_ECHO, "echo", e))
         return false;
-    if (r->echo && r->logprobs >= 0)
+    if (r->echo && r->logprobs >= 0 && !(ctx->caps & MS_SERVE_CAP_PROMPT_LOGPROBS))
         return perr(e, 400, "echo",
                     "'echo' with 'logprobs' needs the prompt's logprobs, which this server does not "
-                    "compute: drop one of them");
+                    "compute (--prompt-logprobs-rows 0): drop one of them");
+    r->prompt_logprobs = -1;
+    if (field(root, "prompt_logprobs") != NULL) {
+        if (r->chat)
+            return perr(e, 400, "prompt_logprobs",
+                        "'prompt_logprobs' is served on completions, not on chat");
+        if (!get_int(root, "prompt_logprobs", 0, MS_SERVE_MAX_LOGPROBS, &r->prompt_logprobs, e))
+            return false;
+        if (!unserved(ctx, MS_SERVE_CAP_PROMPT_LOGPROBS, "prompt_logprobs", e))
+            return false;
+    }
     if (field(root, "suffix") != NULL)
         return perr(e, 400, "suffix", "'suffix' is not supported");
     if ((v = field(root, "logit_bias")) != NULL && !(json_is_object(v) && json_object_size(v) == 0))

@@ -17,7 +17,11 @@
  *   presence_penalty / frequency_penalty ([-2, 2], OpenAI's range), repetition_penalty ((0, 2],
  *   vLLM's > 0 with an upper bound of ours), logprobs (completions: an integer in
  *   [0, MS_SERVE_MAX_LOGPROBS]; chat: a boolean, with top_logprobs in [0, MS_SERVE_MAX_LOGPROBS]),
- *   echo (completions; not with logprobs: the prompt's logprobs are not computed), ignore_eos, stream, stream_options.include_usage. null means absent.
+ *   echo (completions; with logprobs the prompt's tokens come first in the logprobs, the first
+ *   one with null entries, as OpenAI), prompt_logprobs (completions, vLLM's: an integer in
+ *   [0, MS_SERVE_MAX_LOGPROBS], each prompt token's logprob with that many top entries; both
+ *   need MS_SERVE_CAP_PROMPT_LOGPROBS), ignore_eos, stream, stream_options.include_usage. null
+ *   means absent.
  *   best_of must be absent or equal to n; suffix and logit_bias are refused (not served). Unknown
  *   fields are reported through ms_serve_ctx.log and ignored, as vLLM does.
  *
@@ -57,6 +61,7 @@ enum {
     MS_SERVE_CAP_ECHO = 1u << 2,      /* echo */
     MS_SERVE_CAP_PENALTIES = 1u << 3, /* presence / frequency / repetition penalties != neutral */
     MS_SERVE_CAP_MIN_P = 1u << 4,     /* min_p > 0 */
+    MS_SERVE_CAP_PROMPT_LOGPROBS = 1u << 5, /* echo with logprobs, prompt_logprobs */
 };
 
 /* What the parser validates against, and how it tokenizes. */
@@ -107,6 +112,8 @@ typedef struct ms_serve_request {
     int32_t max_tokens;            /* [0, max_context] */
     int32_t logprobs;              /* -1: none; else top logprobs per token, [0, MAX_LOGPROBS] */
     bool echo;                     /* completions: the prompt's text comes first */
+    int32_t prompt_logprobs;       /* -1: none; else top entries per prompt token (vLLM's
+                                      prompt_logprobs), [0, MAX_LOGPROBS] */
     bool ignore_eos, stream, include_usage;
     char *stops[MS_SERVE_MAX_STOPS]; /* [n_stops] NUL-terminated, 1..MAX_STOP_LEN bytes */
     int32_t n_stops;

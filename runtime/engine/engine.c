@@ -1457,7 +1457,7 @@ static ms_status eng_add(ms_engine *e, const ms_engine_request *rq, ms_rid fork_
     e->reqs[e->n_reqs++] = r;
     e->n_active++;
     e->n_streams_active += n_streams;
-    if (r->max_new == 0)
+    if (r->max_new == 0 && r->plp == NULL) /* [prompt logprobs] those still prefill */
         eng_finish(e, r, MS_FINISH_LENGTH);
     *rid = r->rid;
     return MS_OK;
@@ -2172,6 +2172,10 @@ ms_status ms_engine_step(ms_engine *e, ms_engine_step_info *info, ms_error *err)
         if (r->row < 0)
             continue;
         int32_t id = e->ids_host[r->row];
+        if (r->max_new == 0) { /* [prompt logprobs] a prompt scored, nothing generated */
+            eng_finish(e, r, MS_FINISH_LENGTH);
+            continue;
+        }
         if (id == MS_SAMPLE_ID_NAN) { /* NaN logits: this request fails alone */
             eng_finish(e, r, MS_FINISH_ERROR);
             continue;

@@ -227,7 +227,9 @@ typedef struct ms_engine_request {
        before it, with the prompt_top_logprobs most probable ids (ms_engine_prompt_logprobs): the
        engine returns the logits of every prompt row of this request's prefill (options
        .prompt_logprobs_rows bounds the rows a step returns). Its prompt is computed whole: the
-       prefix cache gives it nothing. One-stream token requests only. */
+       prefix cache gives it nothing. With max_new_tokens 0 the prompt is still prefilled (a
+       prompt scored: OpenAI's echo with max_tokens 0); nothing is generated. One-stream token
+       requests only. */
     bool prompt_logprobs;
     int32_t prompt_top_logprobs;     /* [0, MS_ENGINE_MAX_TOP_LOGPROBS] */
 } ms_engine_request;
