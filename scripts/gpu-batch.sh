@@ -64,6 +64,8 @@ PY
     cp -r ../shared/fixtures/llama2c ../shared/fixtures/README.md "$dir/fixtures/"
     # serve part: the CUDA sampler test (test_sampler_cuda) rides in the bundle
     make -j2 build/tests/test_sampler_cuda && cp build/tests/test_sampler_cuda "$dir/bin/" || exit 1
+    # n > 1 forks and prompt logprobs on the GPU (test_engine_fork_cuda.c) ride there too
+    make -j2 build/tests/test_engine_fork_cuda && cp build/tests/test_engine_fork_cuda "$dir/bin/" || exit 1
     for lib in $(ldd "$dir"/bin/* "$dir"/bin/*/* 2>/dev/null | awk '/=>/ { print $3 }' | sort -u); do
         case "$lib" in
         /usr/local/cuda*|*/libc.so*|*/libm.so*|*/libpthread.so*|*/librt.so*|*/libdl.so*|*/ld-linux*) ;;
@@ -126,6 +128,9 @@ else
     s_test=build/tests/test_sampler_cuda s_bin=build/llama/llama s_fx=../shared/fixtures
 fi
 step sampler 60 "$s_test"
+# n > 1 forks (the partial page copied on the device) and prompt logprobs (every prompt row)
+[ -n "${MS_GPU_BUNDLE:-}" ] || make -j"$(nproc)" build/tests/test_engine_fork_cuda >>"$OUT/build-serve.log" 2>&1
+step fork 90 env MS_FIXTURES="$s_fx" "$(dirname "$s_test")/test_engine_fork_cuda"
 if [ -n "${MS_GPU_SOAK:-}" ]; then
     step soak $((MS_GPU_SOAK + 50)) env BIN="$s_bin" MS_FIXTURES="$s_fx" SOAK_MODEL="$s_fx/hf/llama_gqa" \
         SOAK_TOKENIZER= SOAK_IDS=512 SOAK_CLIENTS="${MS_GPU_SOAK_CLIENTS:-256}" SOAK_SECONDS="$MS_GPU_SOAK" \
