@@ -2827,6 +2827,8 @@ static void eng_fork_one(ms_engine *e, const eng_req *p, eng_req *c) {
     }
     if (si.stored < t)
         return; /* the parent has not computed the prompt yet */
+    /* the pool has no compute stream here (its copies are synchronous): the partial page's
+       bytes are complete, since the step that wrote them copied its logits to the host after */
     ms_kv_fork_info fi;
     ms_error err = {0};
     ms_status st = ms_kv_pool_fork_stream(nd->pool, p->rid, c->rid, MS_LABEL_MAIN, t, &fi, &err);
