@@ -14,7 +14,9 @@
  *     own too (the shared pages stay with the forks), and the others go on unchanged;
  *   - a fork added while the parent already decodes forks at once from its KV;
  *   - offload and recompute-preemption of forks under a small arena: ids equal;
- *   - refusals: unknown parent, another prompt; a finished parent: the fork prefills itself.
+ *   - refusals: unknown parent, another prompt; a finished parent: the fork prefills itself;
+ *   - the pool's ms_kv_pool_fork_stream alone (kv_test_util.h): owners per page, the partial
+ *     page's bytes copied, each bad argument refused with nothing changed.
  */
 #include "ms_test.h"
 #include "ms_test_impl.h"
@@ -24,6 +26,7 @@
 #include <string.h>
 
 #include "engine.h"
+#include "kv_test_util.h"
 
 extern const ms_model_desc ms_llama_desc;
 
@@ -362,12 +365,78 @@ static void test_fork_refusals(void **state) {
     ms_engine_free(e);
 }
 
+/* ms_kv_pool_fork_stream on a pool of its own: 16 pages of 4 tokens. */
+static void test_pool_fork_stream(void **state) {
+    (void)state;
+    kv_fix f;
+    kv_fix_init(&f, 16, 4, 0);
+    ms_error err = {0};
+    const int32_t free0 = ms_page_arena_num_free(f.arena);
+    for (ms_rid r = 1; r <= 5; r++)
+        kv_ingest(&f, r);
+    kv_extend(&f, 1, 0, 10); /* 3 pages: 4 + 4 + 2 tokens */
+    int32_t src[4];
+    assert_int_equal(ms_kv_pool_stream_pages(f.pool, 1, 0, src, 4), 3);
+    kv_write_token(f.arena, src[2], 0, 7.0f); /* token 8 in the partial page */
+    ms_kv_fork_info fi;
+    assert_int_equal(ms_kv_pool_fork_stream(f.pool, 1, 2, 0, 0, &fi, &err), MS_ERR_INVALID_ARG);
+    assert_int_equal(ms_kv_pool_fork_stream(f.pool, 1, 1, 0, 4, &fi, &err), MS_ERR_INVALID_ARG);
+    assert_int_equal(ms_kv_pool_fork_stream(f.pool, 9, 2, 0, 4, &fi, &err), MS_ERR_NOT_FOUND);
+    assert_non_null(strstr(err.msg, "request 9 is not ingested"));
+    assert_int_equal(ms_kv_pool_fork_stream(f.pool, 1, 2, MS_MAX_LABELS, 4, &fi, &err),
+                     MS_ERR_INVALID_ARG);
+    assert_int_equal(ms_kv_pool_fork_stream(f.pool, 1, 2, 0, 11, &fi, &err), MS_ERR_STATE);
+    assert_non_null(strstr(err.msg, "it holds 10"));
+    assert_int_equal(ms_page_arena_num_free(f.arena), free0 - 3); /* nothing changed */
+    /* 9 tokens: two full pages shared, the third (one token) copied */
+    assert_int_equal(ms_kv_pool_fork_stream(f.pool, 1, 2, 0, 9, &fi, &err), MS_OK);
+    assert_int_equal(fi.pages_shared, 2);
+    assert_int_equal(fi.pages_copied, 1);
+    ms_kv_stream_info si = kv_info(&f, 2, 0);
+    assert_int_equal(si.stored, 9);
+    assert_int_equal(si.n_pages, 3);
+    int32_t dst[4];
+    assert_int_equal(ms_kv_pool_stream_pages(f.pool, 2, 0, dst, 4), 3);
+    assert_int_equal(dst[0], src[0]);
+    assert_int_equal(dst[1], src[1]);
+    assert_true(dst[2] != src[2]);
+    assert_true(kv_token_is(f.arena, dst[2], 0, 7.0f)); /* the partial page's bytes */
+    assert_int_equal(ms_page_arena_owners(f.arena, src[0]), 2);
+    assert_int_equal(ms_page_arena_owners(f.arena, src[2]), 1);
+    kv_check_pages(&f);
+    /* the target is not empty now */
+    assert_int_equal(ms_kv_pool_fork_stream(f.pool, 1, 2, 0, 4, &fi, &err), MS_ERR_STATE);
+    assert_non_null(strstr(err.msg, "not empty"));
+    /* no free page for the copy: refused, nothing taken; a page-aligned fork needs none */
+    int32_t fr = ms_page_arena_num_free(f.arena);
+    kv_extend(&f, 3, 0, fr * 4);
+    assert_int_equal(ms_page_arena_num_free(f.arena), 0);
+    assert_int_equal(ms_kv_pool_fork_stream(f.pool, 1, 4, 0, 9, &fi, &err), MS_ERR_CAPACITY);
+    assert_non_null(strstr(err.msg, "kv_pages"));
+    assert_int_equal(ms_kv_pool_stream_pages(f.pool, 4, 0, NULL, 0), 0);
+    assert_int_equal(ms_page_arena_owners(f.arena, src[0]), 2);
+    assert_int_equal(ms_kv_pool_fork_stream(f.pool, 1, 5, 0, 8, &fi, &err), MS_OK);
+    assert_int_equal(fi.pages_copied, 0);
+    assert_int_equal(ms_page_arena_owners(f.arena, src[0]), 3);
+    kv_check_pages(&f);
+    /* the source goes first: its shared pages stay with the forks */
+    ms_kv_pool_remove(f.pool, 1);
+    assert_int_equal(ms_page_arena_owners(f.arena, src[0]), 2);
+    assert_int_equal(ms_page_arena_owners(f.arena, src[2]), 0); /* its own partial page */
+    kv_check_pages(&f);
+    for (ms_rid r = 2; r <= 5; r++)
+        ms_kv_pool_remove(f.pool, r);
+    assert_int_equal(ms_page_arena_num_free(f.arena), free0);
+    kv_fix_free(&f);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         ms_unit_test(test_fork_bitwise),      ms_unit_test(test_fork_page_boundary),
         ms_unit_test(test_fork_prefix_cache), ms_unit_test(test_fork_chunked),
         ms_unit_test(test_fork_cancel),       ms_unit_test(test_fork_late),
         ms_unit_test(test_fork_pressure),     ms_unit_test(test_fork_refusals),
+        ms_unit_test(test_pool_fork_stream),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
