@@ -57,6 +57,8 @@ typedef struct fork_out {
     ms_engine_fork_stats fs;
     ms_engine_kv_stats kv;
     bool pages_checked;
+    bool fork_stalled;   /* a fork that decoded sat out a step others decoded in (offloaded,
+                            preempted or waiting for pages: KV pressure took a fork) */
 } fork_out;
 
 static void out_free(fork_out *o) {
@@ -135,7 +137,7 @@ static void run(const fork_cfg *c, fork_out *out) {
         }
         if (ms_engine_step(e, NULL, &err) != MS_OK)
             fail_msg("step %d: %s", steps, err.msg);
-        bool all_decode = true;
+        bool all_decode = true, any_grew = false, fork_sat[MAXC] = {false};
         int32_t expect = 0;
         for (int32_t i = 0; i < c->n; i++) {
             if (!live[i])
@@ -150,6 +152,9 @@ static void run(const fork_cfg *c, fork_out *out) {
                 assert_non_null(lg);
                 memcpy(out->logits[i] + (size_t)seen[i] * VOCAB, lg, VOCAB * sizeof(float));
                 seen[i] = n;
+                any_grew = true;
+            } else if (i > 0 && n >= 1 && why == MS_FINISH_NONE) {
+                fork_sat[i] = true;
             }
             int32_t len = ms_engine_stream_length(e, rids[i], MS_LABEL_MAIN);
             all_decode = all_decode && why == MS_FINISH_NONE && n >= 2 && len > c->n_prompt;
@@ -162,6 +167,8 @@ static void run(const fork_cfg *c, fork_out *out) {
                 live[i] = false;
             }
         }
+        for (int32_t i = 1; i < c->n; i++)
+            out->fork_stalled = out->fork_stalled || (any_grew && fork_sat[i]);
         if (c->check_pages && !out->pages_checked && all_decode && c->fork_late == 0) {
             /* pages held: the parent's, plus each fork's past the shared ones */
             int32_t used = free0 - ms_engine_kv_pages_free(e);
@@ -203,6 +210,7 @@ static void expect_same(const fork_cfg *c, const fork_out *a, const fork_out *b,
 typedef struct check_res {
     ms_engine_fork_stats fs;
     ms_engine_kv_stats kv;
+    bool fork_stalled;
 } check_res;
 
 /* Run c forked and independent; compare. Returns the forked run's counters. */
@@ -217,7 +225,7 @@ static check_res check(fork_cfg c, bool bitwise, const char *what) {
     expect_same(&c, &f, &ind, bitwise, what);
     if (c.check_pages)
         assert_true(f.pages_checked);
-    check_res res = {f.fs, f.kv};
+    check_res res = {f.fs, f.kv, f.fork_stalled};
     const ms_engine_fork_stats fs = f.fs;
     printf("%s: %lld forks, %lld pages shared, %lld copied, %lld prompt tokens not computed, "
            "%lld fallbacks; offloads %lld, preemptions %lld\n", what, (long long)fs.forks,
@@ -301,15 +309,17 @@ static void test_fork_pressure(void **state) {
     c.page_size = 4;
     c.n_prompt = 21;
     c.check_pages = false;
-    c.kv_pages = 1 + 14; /* 4 choices of up to 8 pages each (5 shared): 17 forked, 32 alone */
+    c.kv_pages = 1 + 10; /* 4 choices of up to 8 pages each (5 shared): 17 forked, 32 alone */
     c.host_pages = 64;
     check_res r = check(c, true, "offload");
     assert_true(r.fs.forks >= 1);
     assert_true(r.kv.offloads > 0);
+    assert_true(r.fork_stalled); /* a fork was the one taken */
     c.host_pages = 0;
     r = check(c, false, "recompute-preemption");
     assert_true(r.fs.forks >= 1);
     assert_true(r.kv.preemptions > 0);
+    assert_true(r.fork_stalled);
 }
 
 static void test_fork_refusals(void **state) {
