@@ -8,6 +8,9 @@
 # Chat: /v1/chat/completions through Llama 3.1's template equals the completion of the rendered
 # prompt, streamed chat, malformed messages, no template, --chat-template (.jinja and .json: its
 # eos stops a chat) and a template that does not parse.
+# n > 1 forks choices from the first one's prompt KV (each equals its seed alone, /metrics counts
+# the forks); prompt logprobs (echo + logprobs, max_tokens 0, prompt_logprobs) equal the greedy
+# request's own logprobs of the same ids, with the prefix cache on.
 # Then the official `openai` Python client (tests/serve_openai.py) against the same server; it is
 # skipped, saying so, only when the package cannot be imported (install-deps.sh pip-installs it).
 #
