@@ -104,6 +104,11 @@ typedef struct ms_engine_options {
                                 memory free after the weights, keeping (1 - F) of the device's
                                 total free (vLLM's gpu_memory_utilization; cuda only); 0 = off
                                 (the kv_pages / max_seq_len rule) */
+    /* [tp] tensor parallelism (tp.h): */
+    int32_t tp;              /* ranks (0 or 1: off): heads, MLP and the output head split over
+                                tp engines on tp threads (cpu) or GPUs (cuda, NCCL); this engine
+                                is rank 0 and drives the others. CUDA graphs are off with it. */
+    const struct ms_tp_member *tp_member; /* set by the group for each rank's engine; NULL */
 } ms_engine_options;
 
 /* Defaults: device "cpu", page_size 0, max_seqs 8, max_tokens 2048, kv_pages 0, max_seq_len 0,
@@ -377,6 +382,15 @@ struct ms_sample_res *ms_engine_sampler(ms_engine *e);
 /* Prefix-cache counters (lookups, hit pages and tokens, inserts, evictions, listed pages; all
  * zero when options.prefix_cache is off or the model is not cached). */
 void ms_engine_prefix_stats(const ms_engine *e, ms_prefix_stats *out);
+
+/* ---- [tp] tensor parallelism (tp.h) ---- */
+
+/* Ranks of e's group (options.tp), 1 without. */
+int32_t ms_engine_tp_world(const ms_engine *e);
+/* Rank r's engine of e's group (0: e itself; for per-rank stats such as ms_engine_weight_bytes
+ * and ms_engine_kv_pages_free), NULL when r is out of range. Borrowed; read only, between
+ * calls on e. */
+const ms_engine *ms_engine_tp_rank(const ms_engine *e, int32_t r);
 
 #ifdef __cplusplus
 }
