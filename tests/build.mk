@@ -57,6 +57,8 @@ TSAN_TESTS += tests/test_tp_check
 # tensor parallelism on the CPU: ranks as threads (engine/tp.h), TP=2/4 ids equal TP=1
 TESTS += tests/test_tp_cpu
 TSAN_TESTS += tests/test_tp_cpu
+# --tp through generate, bench and serve (ids equal --tp 1; refused splits)
+TEST_SCRIPTS += tests/tp_cli.sh
 $(BUILD)/tests/test_tp_cpu: $(BUILD)/obj/gen/llama/llama_gen.o $(BUILD)/obj/gen/qwen3/qwen3_gen.o
 $(BUILD)/gen/qwen3/qwen3_gen.c: models/qwen3.mstar $(BUILD)/mstarc
 	$(call quiet,GEN,$@)

@@ -66,7 +66,12 @@ static ms_engine_options options(const char *fixture, int32_t tp) {
     return o;
 }
 
-/* Prompts p0 and p1 of the fixture added together; N_NEW greedy ids each. */
+/* Sampling of run_model's requests (greedy unless a test sets it). */
+static ms_sampling_params g_sampling;
+static bool g_sampled;
+
+/* Prompts p0 and p1 of the fixture added together; N_NEW ids each (greedy, or g_sampling with
+ * seed 11 + prompt). */
 static void run_model(const ms_model_desc *d, const char *fixture, int32_t tp, run_out *out) {
     memset(out, 0, sizeof *out);
     ms_st_file *ref = open_ref(fixture);
@@ -98,6 +103,10 @@ static void run_model(const ms_model_desc *d, const char *fixture, int32_t tp, r
         ms_engine_request rq = {.prompt = prompts[i], .n_prompt = (int32_t)np,
                                 .max_new_tokens = N_NEW, .sampling = ms_sampling_greedy(),
                                 .ignore_eos = true};
+        if (g_sampled) {
+            rq.sampling = g_sampling;
+            rq.sampling.seed = 11 + (uint64_t)i;
+        }
         if (ms_engine_add(e, &rq, &rids[i], &err) != MS_OK)
             fail_msg("add: %s", err.msg);
     }
@@ -211,6 +220,34 @@ static void test_qwen3_tp2(void **state) {
     check_tp(&ms_qwen3_desc, "hf/qwen3", 2);
 }
 
+/* Temperature 0.9, top-p 0.95, a seed per request: TP=2 samples the ids TP=1 samples (rank 0
+ * samples for the group; the logits agree to ~1e-7, far from any draw's boundary here). */
+static void test_sampled_tp2(void **state) {
+    (void)state;
+    g_sampled = true;
+    g_sampling = (ms_sampling_params){.temperature = 0.9f, .top_k = 0, .top_p = 0.95f};
+    run_out one, par;
+    run_model(&ms_llama_desc, "hf/llama_gqa", 1, &one);
+    run_model(&ms_llama_desc, "hf/llama_gqa", 2, &par);
+    g_sampled = false;
+    int32_t differ_from_greedy = 0;
+    run_out greedy;
+    run_model(&ms_llama_desc, "hf/llama_gqa", 1, &greedy);
+    for (int i = 0; i < N_PROMPTS; i++)
+        for (int j = 0; j < N_NEW; j++) {
+            if (par.ids[i][j] != one.ids[i][j])
+                fail_msg("sampled prompt %d id %d: tp 2 gives %d, tp 1 %d", i, j, par.ids[i][j],
+                         one.ids[i][j]);
+            differ_from_greedy += par.ids[i][j] != greedy.ids[i][j];
+        }
+    print_message("sampled tp 2 = tp 1 (%d of %d ids differ from greedy)\n", differ_from_greedy,
+                  N_PROMPTS * N_NEW);
+    assert_true(differ_from_greedy > 0); /* the sampling was really on */
+    run_free(&one);
+    run_free(&par);
+    run_free(&greedy);
+}
+
 static void expect_refused(const char *fixture, int32_t tp, const char *want1,
                            const char *want2) {
     ms_engine_options o = options(fixture, tp);
@@ -297,6 +334,7 @@ int main(void) {
         ms_unit_test(test_llama_gqa_tp2),
         ms_unit_test(test_llama31_tp4),
         ms_unit_test(test_qwen3_tp2),
+        ms_unit_test(test_sampled_tp2),
         ms_unit_test(test_refused),
         ms_unit_test(test_mismatch_caught),
     };

@@ -1103,7 +1103,7 @@ ms_status ms_engine_init(ms_engine **out, const ms_model_desc *desc,
     if (st == MS_OK)
         st = eng_weights_init(e, err);
     if (st == MS_OK && e->tps != NULL) /* [tp] the row-parallel and vocabulary hooks */
-        st = ms_tp_rank_attach(e->tps, &e->be, err);
+        st = ms_tp_rank_attach(e->tps, &e->be, e->max_tokens, err);
     for (int32_t i = 0; i < e->n_nodes && st == MS_OK; i++) {
         eng_node *nd = &e->nodes[i];
         nd->facts = e->facts;
@@ -1766,6 +1766,8 @@ static ms_status eng_forward_sample(ms_engine *e, eng_node *nd, const ms_md_step
     ms_tensor ids = ms_tensor_1d(e->ids_dev, MS_DTYPE_I32, n_s);
     MS_TRY(f->sample(cx, &real_logits, rows, e->sample_ws, e->sample_ws_bytes, &ids, err));
     MS_TRY(f->copy_to_host(cx, e->ids_host, e->ids_dev, (size_t)n_s * sizeof(int32_t), err));
+    if (e->tps != NULL) /* [tp] rank 0's ids on every rank */
+        MS_TRY(ms_tp_share_ids(e->tps, e->ids_host, n_s, err));
     return MS_OK;
 }
 

@@ -38,6 +38,8 @@ struct ms_tp_rank {
     float *scratch;            /* backend [chunk, vocab_rows] local logits */
     float *gathered;           /* host [world, chunk, vocab_rows] (cpu) */
     int64_t chunk;             /* rows per gather */
+    int32_t *ids_all;          /* host [world, max_rows] ms_tp_share_ids */
+    int32_t max_rows;
 };
 
 /* The hooked linear finds its rank by the backend's ctx (kept as is, so every other entry and
@@ -199,6 +201,7 @@ void ms_tp_rank_free(ms_tp_rank *t) {
     ms_free(t->full);
     ms_free(t->split);
     ms_free(t->noted);
+    ms_free(t->ids_all);
     ms_free(t); /* t->local is the engine's config now */
 }
 
@@ -349,9 +352,26 @@ static ms_status tp_linear(void *ctx, const ms_tensor *x, const ms_tensor *w,
     }
 }
 
-ms_status ms_tp_rank_attach(ms_tp_rank *t, ms_backend *be, ms_error *err) {
-    if (t->be != NULL)
-        return MS_FAIL(err, MS_ERR_INVALID_ARG, "tensor parallel: backend attached twice");
+ms_status ms_tp_share_ids(ms_tp_rank *t, int32_t *ids, int32_t n, ms_error *err) {
+    if (n < 0 || n > t->max_rows)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "tensor parallel: %d ids to share, room for %d",
+                       (int)n, (int)t->max_rows);
+    if (n == 0)
+        return MS_OK;
+    size_t bytes = (size_t)n * sizeof(int32_t);
+    MS_TRY(ms_collective_all_gather(&t->m.coll, ids, bytes, t->ids_all, err));
+    memcpy(ids, t->ids_all, bytes); /* rank 0's block */
+    return MS_OK;
+}
+
+ms_status ms_tp_rank_attach(ms_tp_rank *t, ms_backend *be, int32_t max_rows, ms_error *err) {
+    if (t->be != NULL || max_rows < 1)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "tensor parallel: backend attached twice or for %d rows", (int)max_rows);
+    t->ids_all = ms_calloc((size_t)t->m.world * (size_t)max_rows, sizeof *t->ids_all);
+    if (t->ids_all == NULL)
+        return MS_FAIL(err, MS_ERR_OOM, "tensor parallel: out of memory for the ids");
+    t->max_rows = max_rows;
     size_t max_bytes = t->m.coll.iface != NULL && t->m.coll.iface->max_bytes != NULL
                            ? t->m.coll.iface->max_bytes(t->m.coll.ctx)
                            : 0;

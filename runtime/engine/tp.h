@@ -29,8 +29,9 @@
  *     logits [rows, ceil(V/N)] are all-gathered into the full [rows, V] row. Every other op is
  *     the backend's own. The local group adds in rank order, so every rank holds bitwise the
  *     same hidden states and logits.
- *   - sampling: every rank samples its full logits row with the same seed (the same request
- *     options reach every rank), so every rank gets the same ids without a broadcast.
+ *   - sampling: every rank samples its full (identical) logits row with the same request
+ *     options, and then takes rank 0's ids (ms_tp_share_ids, an all-gather of n ids): rank 0
+ *     is the sampler of record, so state only rank 0 holds cannot split the group.
  *   - KV: every rank runs the same admissions; after warm-up (init) and after every step the
  *     allocation digest of every rank is all-gathered and compared (resources/tp_check.h), and
  *     the step's row and token counts are compared, failing loudly naming the rank.
@@ -113,10 +114,20 @@ ms_status ms_tp_note_weight(ms_tp_rank *t, int32_t w, const ms_tensor *dst, ms_e
 
 /*
  * Hook be's linear (the engine's backend; its ctx stays the backend's) for this rank, with
- * scratch for the vocabulary gather. Call after every weight is noted and before any forward.
- * Errors: MS_ERR_OOM, the backend's buffer_alloc, MS_ERR_INVALID_ARG (already attached).
+ * scratch for the vocabulary gather and for ms_tp_share_ids of up to max_rows ids. Call after
+ * every weight is noted and before any forward. Errors: MS_ERR_OOM, the backend's buffer_alloc,
+ * MS_ERR_INVALID_ARG (already attached, max_rows < 1).
  */
-ms_status ms_tp_rank_attach(ms_tp_rank *t, ms_backend *be, ms_error *err);
+ms_status ms_tp_rank_attach(ms_tp_rank *t, ms_backend *be, int32_t max_rows, ms_error *err);
+
+/*
+ * Replace ids [n] (host, this rank's sampled ids) by rank 0's (an all-gather; every rank must
+ * call with the same n): rank 0 samples for the group, so per-request sampler state that only
+ * rank 0 holds (serve's min_p and penalties) or a rounding difference at a top-p boundary
+ * cannot make the ranks feed different ids. Errors: MS_ERR_INVALID_ARG (n > max_rows), the
+ * transport's.
+ */
+ms_status ms_tp_share_ids(ms_tp_rank *t, int32_t *ids, int32_t n, ms_error *err);
 /* Undo ms_tp_rank_attach (frees its scratch on be); before the backend is freed. */
 void ms_tp_rank_detach(ms_tp_rank *t, ms_backend *be);
 
