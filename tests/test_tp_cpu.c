@@ -275,11 +275,16 @@ static void test_refused(void **state) {
 
 typedef struct mismatch_arg {
     int32_t odd_rank;
+    char model[1024]; /* resolved on the test's thread (ms_test_fixture's buffer is shared) */
 } mismatch_arg;
 
 static ms_status make_rank(const ms_tp_member *m, void *arg, void **engine, ms_error *err) {
     const mismatch_arg *a = arg;
-    ms_engine_options o = options("hf/llama31_rope", 0); /* 4 kv heads */
+    ms_engine_options o = ms_engine_options_default();
+    o.model_path = a->model; /* hf/llama31_rope: 4 kv heads */
+    o.max_seqs = 2;
+    o.max_tokens = 128;
+    o.n_threads = 1;
     o.kv_pages = m->rank == a->odd_rank ? 33 : 32; /* the deliberate difference */
     o.tp_member = m;
     ms_engine *e = NULL;
@@ -293,7 +298,8 @@ static void free_rank(void *engine) { ms_engine_free(engine); }
 static void test_mismatch_caught(void **state) {
     (void)state;
     for (int32_t odd = 0; odd < 4; odd += 2) {
-        mismatch_arg a = {odd};
+        mismatch_arg a = {.odd_rank = odd};
+        snprintf(a.model, sizeof a.model, "%s", ms_test_fixture("hf/llama31_rope"));
         void *leader = NULL;
         ms_tp_group *g = NULL;
         ms_error err = {0};
@@ -309,7 +315,8 @@ static void test_mismatch_caught(void **state) {
         assert_non_null(strstr(err.msg, want));
     }
     /* the same ranks alike start, and the group's engines are per rank */
-    mismatch_arg none = {-1};
+    mismatch_arg none = {.odd_rank = -1};
+    snprintf(none.model, sizeof none.model, "%s", ms_test_fixture("hf/llama31_rope"));
     void *leader = NULL;
     ms_tp_group *g = NULL;
     ms_error err = {0};

@@ -14,8 +14,6 @@
  *   - one-line errors name the file (config.json, the shard) and the tensor or field.
  */
 #include "engine.h"
-#include "tp.h"
-#include "tp_check.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -23,6 +21,7 @@
 #include <time.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "attn_plan.h"
 #include "backend.h"
@@ -43,6 +42,8 @@
 #include "sample_res.h"
 #include "walk.h"
 #include "step_runner.h"
+#include "tp.h"
+#include "tp_check.h"
 
 /* ---- engine-side resources: attention staging and the sampler ---- */
 
@@ -2789,6 +2790,10 @@ static ms_status eng_tp_init(ms_engine **out, const ms_model_desc *desc,
         dev = eng_cuda_usable() ? "cuda" : "cpu";
     a.opt.device = dev;
     a.opt.graphs = MS_GRAPHS_OFF; /* the gathers are not captured */
+    if (strcmp(dev, "cpu") == 0 && a.opt.n_threads == 0) { /* the cores shared by the ranks */
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        a.opt.n_threads = n > opt->tp ? (int32_t)(n / opt->tp) : 1;
+    }
     void *leader = NULL;
     ms_tp_group *g = NULL;
     MS_TRY(ms_tp_group_start(opt->tp, dev, eng_tp_make, eng_tp_free, &a, &leader, &g, err));

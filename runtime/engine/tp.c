@@ -7,6 +7,7 @@
 #include <pthread.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #ifdef MS_HAVE_CUDA
 #include "backend_cuda.h"
