@@ -13,6 +13,8 @@
  *   - an allocation mismatch on one rank (hf/llama31_rope, rank 2 (then rank 0) of 4 given a
  *     larger KV arena, through the group API) is caught by the warm-up check, naming the rank;
  *     nothing leaks (ASan) and no rank hangs.
+ *   - the group alone (fake ranks): a rank failing while the others sit in an all-gather gives
+ *     the failing rank's error (named) on rank 0, nobody hangs, later calls fail at once.
  */
 #include "ms_test.h"
 #include "ms_test_impl.h"
@@ -336,6 +338,67 @@ static void test_mismatch_caught(void **state) {
     assert_non_null(strstr(err.msg, "tpu"));
 }
 
+/* ---- the group itself: a rank failing mid-call ---- */
+
+typedef struct fake_rank {
+    const ms_tp_member *m;
+} fake_rank;
+
+static ms_status fake_make(const ms_tp_member *m, void *arg, void **engine, ms_error *err) {
+    (void)arg;
+    fake_rank *f = ms_calloc(1, sizeof *f);
+    if (f == NULL)
+        return MS_FAIL(err, MS_ERR_OOM, "fake rank");
+    f->m = m;
+    *engine = f;
+    return MS_OK;
+}
+
+static void fake_free(void *engine) { ms_free(engine); }
+
+/* Every rank all-gathers its rank number, except *arg, which fails first. */
+static ms_status gather_or_fail(void *engine, int32_t rank, void *arg, ms_error *err) {
+    const fake_rank *f = engine;
+    if (rank == *(const int32_t *)arg)
+        return MS_FAIL(err, MS_ERR_IO, "rank %d lost its disk", (int)rank);
+    int32_t mine = rank * 10, all[4] = {0};
+    MS_TRY(ms_collective_all_gather(&f->m->coll, &mine, sizeof mine, all, err));
+    for (int32_t r = 0; r < 4; r++)
+        if (all[r] != r * 10)
+            return MS_FAIL(err, MS_ERR_STATE, "rank %d saw %d from rank %d", (int)rank,
+                           (int)all[r], (int)r);
+    return MS_OK;
+}
+
+static void test_group_failure(void **state) {
+    (void)state;
+    for (int32_t bad = 0; bad < 4; bad += 2) {
+        void *leader = NULL;
+        ms_tp_group *g = NULL;
+        ms_error err = {0};
+        assert_int_equal(ms_tp_group_start(4, "cpu", fake_make, fake_free, NULL, &leader, &g,
+                                           &err), MS_OK);
+        int32_t none = -1;
+        assert_int_equal(ms_tp_group_run(g, leader, gather_or_fail, gather_or_fail, &none, &err),
+                         MS_OK);
+        /* the failing rank's error, not the aborted collectives of the others; nobody hangs */
+        assert_int_equal(ms_tp_group_run(g, leader, gather_or_fail, gather_or_fail, &bad, &err),
+                         MS_ERR_IO);
+        print_message("rank %d failing: %s\n", bad, err.msg);
+        char want[64];
+        snprintf(want, sizeof want, "rank %d lost its disk", bad);
+        assert_non_null(strstr(err.msg, want));
+        if (bad > 0)
+            assert_non_null(strstr(err.msg, "tensor parallel rank 2: "));
+        /* later calls fail at once */
+        assert_int_equal(ms_tp_group_run(g, leader, gather_or_fail, gather_or_fail, &none, &err),
+                         MS_ERR_STATE);
+        assert_non_null(strstr(err.msg, "failed earlier"));
+        ms_tp_group_free(g);
+        fake_free(leader);
+    }
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         ms_unit_test(test_llama_gqa_tp2),
@@ -344,6 +407,7 @@ int main(void) {
         ms_unit_test(test_sampled_tp2),
         ms_unit_test(test_refused),
         ms_unit_test(test_mismatch_caught),
+        ms_unit_test(test_group_failure),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

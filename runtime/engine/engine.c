@@ -2860,7 +2860,8 @@ void ms_engine_remove(ms_engine *e, ms_rid rid) {
         return;
     }
     eng_tp_call c = {.rid = rid};
-    (void)ms_tp_group_run(e->tpg, e, eng_tp_remove_fn, eng_tp_remove_fn, &c, NULL);
+    if (ms_tp_group_run(e->tpg, e, eng_tp_remove_fn, eng_tp_remove_fn, &c, NULL) != MS_OK)
+        eng_remove(e, rid); /* a failed group still lets rank 0 drop it (no-op if done) */
 }
 
 ms_status ms_engine_step(ms_engine *e, ms_engine_step_info *info, ms_error *err) {

@@ -467,6 +467,7 @@ struct ms_tp_group {
     ms_tp_fn fn;             /* the current call, NULL: quit */
     void *arg;
     bool failed;
+    int32_t first_failed;    /* the rank that failed first (its error is the group's) */
 };
 
 /* Make a rank's transport and engine (on its own thread). */
@@ -482,7 +483,9 @@ static ms_status tp_make_rank(ms_tp_group *g, int32_t r, void **engine, ms_error
     return g->make(m, g->make_arg, engine, err);
 }
 
-static void tp_fail(ms_tp_group *g) {
+static void tp_fail(ms_tp_group *g, int32_t rank) {
+    if (!g->failed)
+        g->first_failed = rank;
     g->failed = true;
     if (g->local != NULL)
         ms_collective_local_abort(g->local);
@@ -494,7 +497,7 @@ static void *tp_worker_main(void *p) {
     wk->st = tp_make_rank(g, wk->rank, &wk->engine, &wk->err);
     pthread_mutex_lock(&g->mu);
     if (wk->st != MS_OK)
-        tp_fail(g);
+        tp_fail(g, wk->rank);
     g->done++;
     pthread_cond_broadcast(&g->cv);
     uint64_t seen = 0;
@@ -514,7 +517,7 @@ static void *tp_worker_main(void *p) {
         wk->st = st;
         wk->err = e;
         if (st != MS_OK)
-            tp_fail(g);
+            tp_fail(g, wk->rank);
         g->done++;
         pthread_cond_broadcast(&g->cv);
     }
@@ -525,12 +528,22 @@ static void *tp_worker_main(void *p) {
     return NULL;
 }
 
-/* Wait until every worker finished the current call; the first failure into err. */
+/* Wait until every worker finished the current call. Errors: the first rank to fail (the others
+ * usually fail after it, their collectives aborted): rank 0's as is (already in err), another's
+ * prefixed with its rank. */
 static ms_status tp_wait(ms_tp_group *g, ms_status lead, ms_error *err) {
     pthread_mutex_lock(&g->mu);
     while (g->done < g->world - 1)
         pthread_cond_wait(&g->cv, &g->mu);
+    int32_t first = g->failed ? g->first_failed : -1;
     pthread_mutex_unlock(&g->mu);
+    if (first > 0 && first < g->world && g->workers[first].st != MS_OK) {
+        if (err != NULL) {
+            *err = g->workers[first].err;
+            ms_error_prefix(err, "tensor parallel rank %d: ", (int)first);
+        }
+        return g->workers[first].st;
+    }
     if (lead != MS_OK)
         return lead;
     for (int32_t r = 1; r < g->world; r++)
@@ -633,7 +646,7 @@ ms_status ms_tp_group_start(int32_t world, const char *device, ms_tp_make_fn mak
         if (pthread_create(&wk->thread, NULL, tp_worker_main, wk) != 0) {
             /* no rank can finish its warm-up check without this one: fail the others */
             pthread_mutex_lock(&g->mu);
-            tp_fail(g);
+            tp_fail(g, 0);
             for (int32_t k = r; k < world; k++)
                 g->done++;
             pthread_mutex_unlock(&g->mu);
@@ -649,7 +662,7 @@ ms_status ms_tp_group_start(int32_t world, const char *device, ms_tp_make_fn mak
         lead = tp_make_rank(g, 0, &e0, err);
         if (lead != MS_OK) {
             pthread_mutex_lock(&g->mu);
-            tp_fail(g);
+            tp_fail(g, 0);
             pthread_mutex_unlock(&g->mu);
         }
     }
@@ -682,7 +695,7 @@ ms_status ms_tp_group_run(ms_tp_group *g, void *leader, ms_tp_fn leader_fn, ms_t
     ms_status lead = leader_fn(leader, 0, arg, err);
     if (lead != MS_OK) {
         pthread_mutex_lock(&g->mu);
-        tp_fail(g);
+        tp_fail(g, 0);
         pthread_mutex_unlock(&g->mu);
     }
     return tp_wait(g, lead, err);
