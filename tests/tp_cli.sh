@@ -51,6 +51,19 @@ else
     bad "generate --tp 4 on llama31_rope" "tp 1: $a" "tp 4: $b" "$(cat "$tmp/gen.err")"
 fi
 
+# a config that leaves num_key_value_heads to the model's default (= num_attention_heads)
+mkdir -p "$tmp/nokv"
+python3 -c 'import json, sys; c = json.load(open(sys.argv[1])); del c["num_key_value_heads"]; json.dump(c, open(sys.argv[2], "w"))' \
+    "$l31/config.json" "$tmp/nokv/config.json"
+ln -s "$(cd "$l31" && pwd)/model.safetensors" "$tmp/nokv/model.safetensors"
+a=$(gen "$tmp/nokv" 1)
+b=$(gen "$tmp/nokv" 2)
+if [ -n "$a" ] && [ "$a" = "$b" ]; then
+    ok "generate --tp 2 = --tp 1 without num_key_value_heads in config.json"
+else
+    bad "generate --tp 2 without num_key_value_heads" "tp 1: $a" "tp 2: $b" "$(cat "$tmp/gen.err")"
+fi
+
 refused() { # refused NAME WANT CMD...: exit != 0, one line on stderr containing WANT
     local name=$1 want=$2
     shift 2

@@ -105,6 +105,12 @@ ms_status ms_tp_rank_init(ms_tp_rank **out, const ms_tp_member *m, const ms_mode
     /* every count checked before any is changed, so the message names the first that fails */
     static const char *const keys[] = {"num_attention_heads", "num_key_value_heads",
                                        "intermediate_size"};
+    /* head counts the config leaves to the model's defaults: the facts' (the model resolved
+       them), written out so that dividing them below divides what the model uses */
+    if (!ms_hf_config_has(hf, keys[0]))
+        MS_TRY(ms_hf_config_set_int(hf, keys[0], full_facts.n_q_heads, err));
+    if (!ms_hf_config_has(hf, keys[1]))
+        MS_TRY(ms_hf_config_set_int(hf, keys[1], full_facts.n_kv_heads, err));
     char bad[256] = "";
     size_t nb = 0;
     for (size_t i = 0; i < MS_ARRAY_LEN(keys); i++) {
