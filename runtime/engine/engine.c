@@ -245,6 +245,7 @@ struct ms_engine {
     ms_prefix_key proot;          /* [prefix] the root key: model, config, weights, KV dtype */
     ms_tp_rank *tps;              /* [tp] this rank's split (options.tp_member), NULL: whole */
     ms_tp_group *tpg;             /* [tp] rank 0: the group it drives, NULL otherwise */
+    bool ck_borrowed;             /* [tp] ck is the group's one checkpoint (rank 0 frees it) */
 
     /* requests */
     eng_req **reqs;               /* [n_reqs] every request not yet removed, in arrival order */
@@ -1060,8 +1061,10 @@ static ms_status eng_tp_init(ms_engine **out, const ms_model_desc *desc,
 static ms_status eng_tp_check(ms_engine *e, const char *when, ms_error *err); /* [tp] */
 static ms_status eng_prefix_init(ms_engine *e, ms_error *err);  /* [prefix], end of file */
 
-ms_status ms_engine_init(ms_engine **out, const ms_model_desc *desc,
-                         const ms_engine_options *opt, ms_error *err) {
+/* ms_engine_init; shared_ck: [tp] the checkpoint the group opened once (borrowed), NULL: open
+ * opt->model_path's. */
+static ms_status eng_init(ms_engine **out, const ms_model_desc *desc,
+                          const ms_engine_options *opt, ms_ckpt *shared_ck, ms_error *err) {
     *out = NULL;
     if (desc == NULL || opt == NULL || opt->model_path == NULL)
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "engine: no model path");
@@ -1099,8 +1102,12 @@ ms_status ms_engine_init(ms_engine **out, const ms_model_desc *desc,
         st = eng_facts_init(e, err);
     if (st == MS_OK && opt->tp_member != NULL) /* [tp] the local config and facts */
         st = ms_tp_rank_init(&e->tps, opt->tp_member, desc, e->hf, &e->config, &e->facts, err);
-    if (st == MS_OK)
+    if (st == MS_OK && shared_ck != NULL) { /* [tp] every rank reads the one checkpoint */
+        e->ck = shared_ck;
+        e->ck_borrowed = true;
+    } else if (st == MS_OK) {
         st = ms_ckpt_init(&e->ck, opt->model_path, err);
+    }
     if (st == MS_OK)
         st = eng_weights_init(e, err);
     if (st == MS_OK && e->tps != NULL) /* [tp] the row-parallel and vocabulary hooks */
@@ -1133,6 +1140,11 @@ ms_status ms_engine_init(ms_engine **out, const ms_model_desc *desc,
     }
     *out = e;
     return MS_OK;
+}
+
+ms_status ms_engine_init(ms_engine **out, const ms_model_desc *desc,
+                         const ms_engine_options *opt, ms_error *err) {
+    return eng_init(out, desc, opt, NULL, err);
 }
 
 static void eng_req_free(eng_req *r) {
@@ -1205,7 +1217,8 @@ void ms_engine_free(ms_engine *e) {
     ms_backend_free(&e->be);
     ms_free(e->weights);
     ms_free(e->woff);
-    ms_ckpt_free(e->ck);
+    if (!e->ck_borrowed)
+        ms_ckpt_free(e->ck);
     ms_free(e->config);
     ms_hf_config_free(e->hf);
     ms_free(e->logits_host);
@@ -2768,6 +2781,7 @@ void ms_engine_get_kv_stats(const ms_engine *e, ms_engine_kv_stats *out) {
 typedef struct eng_tp_make_arg {
     const ms_model_desc *desc;
     ms_engine_options opt;
+    ms_ckpt *ck; /* opened once: a GGUF is dequantized once, not per rank */
 } eng_tp_make_arg;
 
 static ms_status eng_tp_make(const ms_tp_member *m, void *arg, void **engine, ms_error *err) {
@@ -2775,7 +2789,7 @@ static ms_status eng_tp_make(const ms_tp_member *m, void *arg, void **engine, ms
     ms_engine_options o = a->opt;
     o.tp_member = m;
     ms_engine *e = NULL;
-    ms_status st = ms_engine_init(&e, a->desc, &o, err);
+    ms_status st = eng_init(&e, a->desc, &o, a->ck, err);
     *engine = e;
     return st;
 }
@@ -2784,7 +2798,7 @@ static void eng_tp_free(void *engine) { ms_engine_free(engine); }
 
 static ms_status eng_tp_init(ms_engine **out, const ms_model_desc *desc,
                              const ms_engine_options *opt, ms_error *err) {
-    eng_tp_make_arg a = {desc, *opt};
+    eng_tp_make_arg a = {desc, *opt, NULL};
     const char *dev = opt->device == NULL ? "auto" : opt->device;
     if (strcmp(dev, "auto") == 0)
         dev = eng_cuda_usable() ? "cuda" : "cpu";
@@ -2794,11 +2808,24 @@ static ms_status eng_tp_init(ms_engine **out, const ms_model_desc *desc,
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         a.opt.n_threads = n > opt->tp ? (int32_t)(n / opt->tp) : 1;
     }
+    /* the path and config checked as a single engine would (the same one-line errors), then
+       the checkpoint opened once for every rank */
+    ms_model_probe p;
+    ms_status st = ms_model_probe_init(&p, desc, opt->model_path, err);
+    ms_model_probe_free(&p);
+    if (st == MS_OK)
+        st = ms_ckpt_init(&a.ck, opt->model_path, err);
     void *leader = NULL;
     ms_tp_group *g = NULL;
-    MS_TRY(ms_tp_group_start(opt->tp, dev, eng_tp_make, eng_tp_free, &a, &leader, &g, err));
+    if (st == MS_OK)
+        st = ms_tp_group_start(opt->tp, dev, eng_tp_make, eng_tp_free, &a, &leader, &g, err);
+    if (st != MS_OK) {
+        ms_ckpt_free(a.ck);
+        return st;
+    }
     ms_engine *e = leader;
     e->tpg = g;
+    e->ck_borrowed = false; /* rank 0 frees it, after the group (ms_engine_free) */
     *out = e;
     return MS_OK;
 }
