@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tp_cli.sh - `--tp N` through the serving binary on the CPU (ranks as threads, engine/tp.h):
 # generate's greedy and sampled ids with --tp 2 equal --tp 1 (hf/llama_gqa, 8 q / 2 kv heads)
-# and with --tp 4 on hf/llama31_rope (4 / 4 heads); --tp 3 on llama31_rope and --tp 4 on llama_gqa
+# and with --tp 4 on hf/llama31_rope (4 / 4 heads), --tp 2 on a sliding-window model, a guided
+# (CFG) pair and a config without num_key_value_heads; --tp 3 on llama31_rope and --tp 4 on llama_gqa
 # refused with one line naming the counts; bad --tp values refused; bench --tp 2 runs and reports
 # tp in its JSON; serve --tp 2 answers a greedy and a sampled (penalties, min_p) completion with
 # the ids of serve without --tp, and exits 0 on SIGTERM.
@@ -24,10 +25,10 @@ failed=0
 ok() { passed=$((passed + 1)); echo "ok   $1"; }
 bad() { failed=$((failed + 1)); echo "FAIL $1"; shift; printf '     %s\n' "$@"; }
 
-gen() { # gen MODEL TP EXTRA...: the ids of one prompt on stdout
+gen() { # gen MODEL TP EXTRA...: the ids of one prompt ($ids, default 1,5,9,33,7,100) on stdout
     local m=$1 tp=$2
     shift 2
-    timeout 60 "$bin" generate --model "$m" --tokenizer none --prompt-ids 1,5,9,33,7,100 \
+    timeout 60 "$bin" generate --model "$m" --tokenizer none --prompt-ids "${ids:-1,5,9,33,7,100}" \
         --max-new-tokens 24 --ignore-eos --output ids --device cpu --threads 1 --tp "$tp" "$@" \
         2>"$tmp/gen.err"
 }
@@ -49,6 +50,24 @@ if [ -n "$a" ] && [ "$a" = "$b" ]; then
     ok "generate --tp 4 = --tp 1 on llama31_rope (tied head, 1 kv head per rank)"
 else
     bad "generate --tp 4 on llama31_rope" "tp 1: $a" "tp 4: $b" "$(cat "$tmp/gen.err")"
+fi
+
+# a sliding-window model and a guided (CFG) pair: two streams per request on every rank
+mw=$(cd "$fx/hf/mistral_window" && pwd)
+a=$(ids=$(seq -s, 1 40) gen "$mw" 1)
+b=$(ids=$(seq -s, 1 40) gen "$mw" 2)
+if [ -n "$a" ] && [ "$a" = "$b" ]; then
+    ok "generate --tp 2 = --tp 1 on mistral_window (sliding window, 40-id prompt)"
+else
+    bad "generate --tp 2 on mistral_window" "tp 1: $a" "tp 2: $b" "$(cat "$tmp/gen.err")"
+fi
+cfg=(--negative-prompt-ids 1,7 --guidance-scale 3)
+a=$(gen "$fx/hf/llama_cfg" 1 "${cfg[@]}")
+b=$(gen "$fx/hf/llama_cfg" 2 "${cfg[@]}")
+if [ -n "$a" ] && [ "$a" = "$b" ]; then
+    ok "generate --tp 2 = --tp 1 on llama_cfg with a negative prompt (guided pair)"
+else
+    bad "generate --tp 2 on llama_cfg guided" "tp 1: $a" "tp 2: $b" "$(cat "$tmp/gen.err")"
 fi
 
 # a config that leaves num_key_value_heads to the model's default (= num_attention_heads)
