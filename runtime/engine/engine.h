@@ -107,7 +107,9 @@ typedef struct ms_engine_options {
     /* [tp] tensor parallelism (tp.h): */
     int32_t tp;              /* ranks (0 or 1: off): heads, MLP and the output head split over
                                 tp engines on tp threads (cpu) or GPUs (cuda, NCCL); this engine
-                                is rank 0 and drives the others. CUDA graphs are off with it. */
+                                is rank 0 and drives the others. CUDA graphs are off with it.
+                                Errors at init: tp outside 0..64, N not dividing the head or MLP
+                                counts (one line naming them), fewer than N GPUs, no NCCL. */
     const struct ms_tp_member *tp_member; /* set by the group for each rank's engine; NULL */
 } ms_engine_options;
 
