@@ -13,6 +13,8 @@
  *   - an allocation mismatch on one rank (hf/llama31_rope, rank 2 (then rank 0) of 4 given a
  *     larger KV arena, through the group API) is caught by the warm-up check, naming the rank;
  *     nothing leaks (ASan) and no rank hangs.
+ *   - KV pressure (a 20-page arena): offload / reload through a host tier, and
+ *     recompute-preemption without one, alike on every rank; ids equal TP=1 under it.
  *   - the group alone (fake ranks): a rank failing while the others sit in an all-gather gives
  *     the failing rank's error (named) on rank 0, nobody hangs, later calls fail at once.
  */
@@ -41,6 +43,7 @@ typedef struct run_out {
     float *logits[N_PROMPTS]; /* [N_NEW * V] the row each id was sampled from */
     int32_t vocab;
     size_t weight_bytes[8];   /* per rank */
+    ms_engine_kv_stats kv;    /* rank 0's at the end */
 } run_out;
 
 static void run_free(run_out *r) {
@@ -58,6 +61,9 @@ static ms_st_file *open_ref(const char *fixture) {
     return f;
 }
 
+/* KV pressure for run_model (test_pressure_tp2): a small arena, a host tier. */
+static int32_t g_kv_pages, g_host_pages, g_page_size;
+
 static ms_engine_options options(const char *fixture, int32_t tp) {
     ms_engine_options o = ms_engine_options_default();
     o.model_path = ms_test_fixture(fixture);
@@ -65,6 +71,9 @@ static ms_engine_options options(const char *fixture, int32_t tp) {
     o.max_tokens = 128;
     o.n_threads = 1;
     o.tp = tp;
+    o.kv_pages = g_kv_pages;
+    o.host_kv_pages = g_host_pages;
+    o.page_size = g_page_size;
     return o;
 }
 
@@ -136,6 +145,7 @@ static void run_model(const ms_model_desc *d, const char *fixture, int32_t tp, r
         ms_free(prompts[i]);
     }
     assert_int_equal(ms_engine_kv_pages_free(e), free0);
+    ms_engine_get_kv_stats(e, &out->kv);
     ms_engine_free(e);
     ms_st_file_free(ref);
 }
@@ -248,6 +258,36 @@ static void test_sampled_tp2(void **state) {
     run_free(&one);
     run_free(&par);
     run_free(&greedy);
+}
+
+/* An arena too small for both requests (page size 4, 20 pages; they need 18 + 10): offload to
+ * a host tier and reload, or recompute-preemption without one, decided alike on every rank (the
+ * KV check runs after every step); ids equal TP=1 under the same pressure. */
+static void test_pressure_tp2(void **state) {
+    (void)state;
+    g_page_size = 4;
+    g_kv_pages = 20;
+    for (int k = 0; k < 2; k++) {
+        g_host_pages = k == 0 ? 16 : 0;
+        run_out one, par;
+        run_model(&ms_llama_desc, "hf/llama_gqa", 1, &one);
+        run_model(&ms_llama_desc, "hf/llama_gqa", 2, &par);
+        for (int i = 0; i < N_PROMPTS; i++)
+            for (int j = 0; j < N_NEW; j++)
+                if (par.ids[i][j] != one.ids[i][j])
+                    fail_msg("pressure (host %d) prompt %d id %d: tp 2 gives %d, tp 1 %d",
+                             g_host_pages, i, j, par.ids[i][j], one.ids[i][j]);
+        print_message("pressure, host tier %d pages: tp 2 = tp 1; rank 0 offloads %lld, reloads "
+                      "%lld, preemptions %lld\n",
+                      g_host_pages, (long long)par.kv.offloads, (long long)par.kv.reloads,
+                      (long long)par.kv.preemptions);
+        assert_true(par.kv.offloads + par.kv.preemptions > 0); /* the pressure was real */
+        assert_int_equal(par.kv.offloads, one.kv.offloads);
+        assert_int_equal(par.kv.preemptions, one.kv.preemptions);
+        run_free(&one);
+        run_free(&par);
+    }
+    g_page_size = g_kv_pages = g_host_pages = 0;
 }
 
 static void expect_refused(const char *fixture, int32_t tp, const char *want1,
@@ -405,6 +445,7 @@ int main(void) {
         ms_unit_test(test_llama31_tp4),
         ms_unit_test(test_qwen3_tp2),
         ms_unit_test(test_sampled_tp2),
+        ms_unit_test(test_pressure_tp2),
         ms_unit_test(test_refused),
         ms_unit_test(test_mismatch_caught),
         ms_unit_test(test_group_failure),
