@@ -4,8 +4,9 @@
 # and with --tp 4 on hf/llama31_rope (4 / 4 heads), --tp 2 on a sliding-window model, a guided
 # (CFG) pair and a config without num_key_value_heads; --tp 3 on llama31_rope and --tp 4 on llama_gqa
 # refused with one line naming the counts; bad --tp values refused; bench --tp 2 runs and reports
-# tp in its JSON; serve --tp 2 answers a greedy and a sampled (penalties, min_p) completion with
-# the ids of serve without --tp, and exits 0 on SIGTERM.
+# tp in its JSON; serve --tp 2 answers a greedy and a sampled (penalties, min_p) completion and
+# two over a shared 40-id prefix (the second a prefix-cache hit) with the ids and hit count of
+# serve without --tp, and exits 0 on SIGTERM.
 set -uo pipefail
 export CUDA_VISIBLE_DEVICES=
 build=${MS_BUILD:-build}
@@ -120,6 +121,9 @@ complete() { # complete URL BODY: the token_ids of the reply
 }
 body1='{"prompt":[1,5,9,33,7,100],"max_tokens":12,"temperature":0,"ignore_eos":true}'
 body2='{"prompt":[1,5,9,33],"max_tokens":12,"temperature":0.8,"seed":3,"presence_penalty":0.5,"min_p":0.05,"ignore_eos":true}'
+pfx=$(seq -s, 11 50)
+body3="{\"prompt\":[$pfx,1,2,3],\"max_tokens\":12,\"temperature\":0,\"ignore_eos\":true}"
+body4="{\"prompt\":[$pfx,7,8],\"max_tokens\":12,\"temperature\":0,\"ignore_eos\":true}"
 declare -A got
 for tp in 1 2; do
     "$bin" serve --model "$gqa" --tokenizer none --device cpu --threads 1 --tp "$tp" --port 0 \
@@ -139,18 +143,27 @@ for tp in 1 2; do
     fi
     got[$tp.1]=$(complete "$url" "$body1")
     got[$tp.2]=$(complete "$url" "$body2")
+    got[$tp.3]=$(complete "$url" "$body3") # a 40-id prefix: its pages are cached ...
+    got[$tp.4]=$(complete "$url" "$body4") # ... and hit by the next request
+    got[$tp.hits]=$(curl -s -m 10 "$url/metrics" | awk '$1 == "mstar_prefix_cache_hit_tokens_total" { print $2 }')
     kill -TERM "$pid"
     rc=0
     wait "$pid" || rc=$?
     if [ "$rc" -eq 0 ]; then ok "serve --tp $tp exits 0 on SIGTERM"; else bad "serve --tp $tp exit $rc" "$(tail -c 400 "$tmp/serve$tp.err")"; fi
 done
-for k in 1 2; do
+for k in 1 2 3 4; do
     if [ -n "${got[1.$k]:-}" ] && [ "${got[1.$k]}" = "${got[2.$k]:-}" ]; then
         ok "serve --tp 2 = serve (request $k): ${got[1.$k]}"
     else
         bad "serve --tp 2 (request $k)" "tp 1: ${got[1.$k]:-}" "tp 2: ${got[2.$k]:-}"
     fi
 done
+
+if [ -n "${got[2.hits]:-}" ] && [ "${got[2.hits]}" != 0 ] && [ "${got[2.hits]}" = "${got[1.hits]:-}" ]; then
+    ok "serve --tp 2: prefix cache hits ${got[2.hits]} tokens, as without --tp"
+else
+    bad "serve --tp 2 prefix cache hits" "tp 1: ${got[1.hits]:-}" "tp 2: ${got[2.hits]:-}"
+fi
 
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
