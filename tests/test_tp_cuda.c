@@ -3,7 +3,7 @@
  * gpu-test`; scripts/gpu-batch.sh's tp step): hf/llama_gqa on device cuda (bf16), two prompts
  * batched, 32 greedy ids each with TP=2 (rank r on GPU r, an NCCL communicator over both, NVLS
  * off) equal TP=1's, every step's logits within 2e-2 relative of TP=1's (printed), and rank 0's
- * weight bytes under 3/4 of TP=1's. Fewer than 2 visible GPUs: one line saying so and exit 0 (a
+ * weight bytes under 3/4 of TP=1's; with gpu_memory_fraction both GPUs' arenas agree. Fewer than 2 visible GPUs: one line saying so and exit 0 (a
  * skip, not a pass: the line starts with "skip"). MS_TP_DEVICE=cpu runs the same checks on the
  * CPU backend (bf16 weights, the in-process group): a dry run of the test's logic without GPUs.
  */
@@ -122,6 +122,34 @@ static void test_tp2_equals_tp1(void **state) {
     }
 }
 
+/* gpu_memory_fraction sizes each GPU's arena from its free memory; the ranks agree on the
+ * smallest (ms_tp_min_i32), so the warm-up check passes and both ranks hold the same pages. */
+static void test_tp2_memory_fraction(void **state) {
+    (void)state;
+    if (strcmp(test_device(), "cuda") != 0) {
+        printf("gpu_memory_fraction is cuda only: not in the cpu dry run\n");
+        return;
+    }
+    ms_engine_options o = ms_engine_options_default();
+    o.model_path = ms_test_fixture("hf/llama_gqa");
+    o.device = "cuda";
+    o.max_seqs = 2;
+    o.max_tokens = 128;
+    o.tp = 2;
+    o.gpu_memory_fraction = 0.2;
+    ms_engine *e = NULL;
+    ms_error err = {0};
+    if (ms_engine_init(&e, &ms_llama_desc, &o, &err) != MS_OK)
+        fail_msg("init tp 2, gpu_memory_fraction 0.2: %s", err.msg);
+    int32_t f0 = ms_engine_kv_pages_free(ms_engine_tp_rank(e, 0));
+    int32_t f1 = ms_engine_kv_pages_free(ms_engine_tp_rank(e, 1));
+    printf("tp cuda: gpu_memory_fraction 0.2 gives %d free pages on rank 0, %d on rank 1\n", f0,
+           f1);
+    assert_true(f0 > 0);
+    assert_int_equal(f0, f1);
+    ms_engine_free(e);
+}
+
 int main(void) {
     if (strcmp(test_device(), "cuda") == 0 && ms_backend_cuda_device_count() < 2) {
         printf("skip: test_tp_cuda needs 2 GPUs, %d visible (MS_TP_DEVICE=cpu: a dry run)\n",
@@ -130,6 +158,7 @@ int main(void) {
     }
     const struct CMUnitTest tests[] = {
         ms_unit_test(test_tp2_equals_tp1),
+        ms_unit_test(test_tp2_memory_fraction),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -729,6 +729,8 @@ static ms_status eng_resources_init(ms_engine *e, eng_node *nd, ms_error *err) {
     int32_t pages = e->opt.kv_pages;
     if (pages == 0 && e->opt.gpu_memory_fraction > 0)
         MS_TRY(eng_kv_pages_from_fraction(e, nd, ps, &pages, err));
+    if (e->tps != NULL && e->opt.gpu_memory_fraction > 0) /* [tp] the fullest GPU sizes all */
+        MS_TRY(ms_tp_min_i32(e->tps, &pages, err));
     if (pages == 0) {
         if ((int64_t)per_seq * e->max_seqs + 1 > INT32_MAX)
             return MS_FAIL(err, MS_ERR_LIMIT, "kv_pages: %d sequences of %d pages overflow",

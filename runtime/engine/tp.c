@@ -273,6 +273,18 @@ ms_status ms_tp_note_weight(ms_tp_rank *t, int32_t w, const ms_tensor *dst, ms_e
 
 const ms_tp_member *ms_tp_rank_member(const ms_tp_rank *t) { return &t->m; }
 
+ms_status ms_tp_min_i32(ms_tp_rank *t, int32_t *v, ms_error *err) {
+    int32_t *all = ms_calloc((size_t)t->m.world, sizeof *all);
+    if (all == NULL)
+        return MS_FAIL(err, MS_ERR_OOM, "tensor parallel: out of memory");
+    ms_status st = ms_collective_all_gather(&t->m.coll, v, sizeof *v, all, err);
+    for (int32_t r = 0; r < t->m.world && st == MS_OK; r++)
+        if (all[r] < *v)
+            *v = all[r];
+    ms_free(all);
+    return st;
+}
+
 static ms_tp_split tp_split_of(const ms_tp_rank *t, const void *data) {
     for (size_t i = 0; i < t->n_noted; i++)
         if (t->noted[i].data == data)

@@ -132,6 +132,11 @@ ms_status ms_tp_share_ids(ms_tp_rank *t, int32_t *ids, int32_t n, ms_error *err)
 /* Undo ms_tp_rank_attach (frees its scratch on be); before the backend is freed. */
 void ms_tp_rank_detach(ms_tp_rank *t, ms_backend *be);
 
+/* *v = the smallest *v over the ranks (an all-gather; every rank must call): the KV arena sized
+ * from each GPU's free memory (gpu_memory_fraction) must be the same on every rank, so the GPU
+ * with the least room decides. Errors: the transport's. */
+ms_status ms_tp_min_i32(ms_tp_rank *t, int32_t *v, ms_error *err);
+
 /* The rank's member (borrowed). */
 const ms_tp_member *ms_tp_rank_member(const ms_tp_rank *t);
 
