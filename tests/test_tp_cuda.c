@@ -1,10 +1,11 @@
 /*
  * test_tp_cuda.c - tensor parallelism over NCCL on a multi-GPU machine (GPU_TESTS: `make
- * gpu-test`; scripts/gpu-batch.sh's tp step): hf/llama_gqa on device cuda (bf16), two prompts
- * batched, 32 greedy ids each with TP=2 (rank r on GPU r, an NCCL communicator over both, NVLS
- * off) equal TP=1's, every step's logits within 2e-2 relative of TP=1's (printed), and rank 0's
- * weight bytes under 3/4 of TP=1's; with gpu_memory_fraction both GPUs' arenas agree. Fewer than 2 visible GPUs: one line saying so and exit 0 (a
- * skip, not a pass: the line starts with "skip"). MS_TP_DEVICE=cpu runs the same checks on the
+ * gpu-test`; scripts/gpu-batch.sh's tp step checks the same through the CLI): hf/llama_gqa on
+ * device cuda (bf16), two prompts batched, 32 greedy ids each with TP=2 (rank r on GPU r, an
+ * NCCL communicator over both, NVLS off) equal TP=1's, every step's logits within 2e-2 relative
+ * of TP=1's (printed), and rank 0's weight bytes under 3/4 of TP=1's; with gpu_memory_fraction
+ * both GPUs' arenas agree. Fewer than 2 visible GPUs: one line saying so and exit 0 (a skip, not
+ * a pass: the line starts with "skip"). MS_TP_DEVICE=cpu runs the same checks on the
  * CPU backend (bf16 weights, the in-process group): a dry run of the test's logic without GPUs.
  */
 #include "ms_test.h"
