@@ -20,6 +20,7 @@ typedef struct tp_noted {
     const void *data;
     ms_tp_split split;
     int32_t w;
+    int64_t rows;  /* shape[0] of this rank's part */
 } tp_noted;
 
 struct ms_tp_rank {
@@ -36,6 +37,8 @@ struct ms_tp_rank {
     ms_backend *be;
     ms_status (*linear)(void *ctx, const ms_tensor *x, const ms_tensor *w, const ms_tensor *bias,
                         ms_tensor *y, ms_error *err); /* the backend's own */
+    ms_status (*embedding)(void *ctx, const ms_tensor *table, const ms_tensor *ids,
+                           ms_tensor *out, ms_error *err); /* the backend's own */
     float *scratch;            /* backend [chunk, vocab_rows] local logits */
     float *gathered;           /* host [world, chunk, vocab_rows] (cpu) */
     int64_t chunk;             /* rows per gather */
@@ -267,7 +270,7 @@ ms_status ms_tp_note_weight(ms_tp_rank *t, int32_t w, const ms_tensor *dst, ms_e
         return MS_OK;
     if (ms_grow((void **)&t->noted, &t->cap_noted, t->n_noted + 1, sizeof *t->noted) != MS_OK)
         return MS_FAIL(err, MS_ERR_OOM, "tensor parallel: out of memory");
-    t->noted[t->n_noted++] = (tp_noted){dst->data, s, w};
+    t->noted[t->n_noted++] = (tp_noted){dst->data, s, w, dst->shape[0]};
     return MS_OK;
 }
 
@@ -383,6 +386,23 @@ ms_status ms_tp_share_ids(ms_tp_rank *t, int32_t *ids, int32_t n, ms_error *err)
     return MS_OK;
 }
 
+/* A split weight is only ever a linear's: a lookup into this rank's vocabulary rows (a model
+ * whose tied weight is an input table, not an output head) would read the wrong rows, so it
+ * fails. The replicated embedding a tied head views has the whole vocabulary: it passes. */
+static ms_status tp_embedding(void *ctx, const ms_tensor *table, const ms_tensor *ids,
+                              ms_tensor *out, ms_error *err) {
+    ms_tp_rank *t = tp_lookup(ctx);
+    if (t == NULL)
+        return MS_FAIL(err, MS_ERR_STATE, "tensor parallel: embedding on a detached backend");
+    for (size_t i = 0; i < t->n_noted; i++)
+        if (t->noted[i].data == table->data && t->noted[i].rows == table->shape[0])
+            return MS_FAIL(err, MS_ERR_UNSUPPORTED,
+                           "tensor parallel: weight '%s' is split across ranks but read as an "
+                           "embedding table",
+                           t->desc->weights[t->noted[i].w].key);
+    return t->embedding(ctx, table, ids, out, err);
+}
+
 ms_status ms_tp_rank_attach(ms_tp_rank *t, ms_backend *be, int32_t max_rows, ms_error *err) {
     if (t->be != NULL || max_rows < 1)
         return MS_FAIL(err, MS_ERR_INVALID_ARG,
@@ -432,7 +452,9 @@ ms_status ms_tp_rank_attach(ms_tp_rank *t, ms_backend *be, int32_t max_rows, ms_
     }
     t->be = be;
     t->linear = be->iface.linear;
+    t->embedding = be->iface.embedding;
     be->iface.linear = tp_linear;
+    be->iface.embedding = tp_embedding;
     return MS_OK;
 }
 
@@ -445,6 +467,7 @@ void ms_tp_rank_detach(ms_tp_rank *t, ms_backend *be) {
             g_reg[i].ctx = NULL, g_reg[i].t = NULL;
     pthread_mutex_unlock(&g_reg_mu);
     be->iface.linear = t->linear;
+    be->iface.embedding = t->embedding;
     if (be->ctx != NULL)
         be->iface.buffer_free(be->ctx, t->scratch);
     ms_free(t->gathered);

@@ -27,8 +27,9 @@
  *     every rank (a GGUF is dequantized once).
  *   - ops: the backend's linear is hooked (ms_tp_rank_attach): a row-parallel weight's output
  *     is all-reduced (sum; its bias added on rank 0 only), the vocabulary-parallel head's local
- *     logits [rows, ceil(V/N)] are all-gathered into the full [rows, V] row. Every other op is
- *     the backend's own. The local group adds in rank order, so every rank holds bitwise the
+ *     logits [rows, ceil(V/N)] are all-gathered into the full [rows, V] row; an embedding
+ *     lookup into a split weight fails (one line) instead of reading a rank's rows. Every other
+ *     op is the backend's own. The local group adds in rank order, so every rank holds bitwise the
  *     same hidden states and logits.
  *   - sampling: every rank samples its full (identical) logits row with the same request
  *     options, and then takes rank 0's ids (ms_tp_share_ids, an all-gather of n ids): rank 0
@@ -114,9 +115,9 @@ ms_tensor ms_tp_tied_view(const ms_tp_rank *t, int32_t w, const ms_tensor *tied)
 ms_status ms_tp_note_weight(ms_tp_rank *t, int32_t w, const ms_tensor *dst, ms_error *err);
 
 /*
- * Hook be's linear (the engine's backend; its ctx stays the backend's) for this rank, with
- * scratch for the vocabulary gather and for ms_tp_share_ids of up to max_rows ids. Call after
- * every weight is noted and before any forward. Errors: MS_ERR_OOM, the backend's buffer_alloc,
+ * Hook be's linear and embedding (the engine's backend; its ctx stays the backend's) for this
+ * rank, with scratch for the vocabulary gather and for ms_tp_share_ids of up to max_rows ids.
+ * Call after every weight is noted and before any forward. Errors: MS_ERR_OOM, the backend's buffer_alloc,
  * MS_ERR_INVALID_ARG (already attached, max_rows < 1).
  */
 ms_status ms_tp_rank_attach(ms_tp_rank *t, ms_backend *be, int32_t max_rows, ms_error *err);
