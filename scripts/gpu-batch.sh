@@ -262,6 +262,28 @@ if [ -n "${MS_GPU_BUNDLE:-}" ]; then
         [ -n "$g" ] && [ "$g" = "$c" ] && echo "1 passed, 0 failed" || echo "0 passed, 1 failed"
     } >"$OUT/whisper.log" 2>&1
     summary+=("$(printf '%-14s %s' whisper "$(tail -n 1 "$OUT/whisper.log")")")
+    # tensor parallelism (engine/tp.h, issue [K]): generate --tp 2 (rank r on GPU r, NCCL, NVLS
+    # off) gives the ids of --tp 1 on hf/llama_gqa, greedy and sampled; fewer than 2 GPUs: skip
+    {
+        n_gpu=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
+        if [ "$n_gpu" -lt 2 ]; then
+            echo "skip: tensor parallel needs 2 GPUs, $n_gpu visible"
+        else
+            pass=0 fail=0
+            for samp in "--temperature 0" "--temperature 0.8 --top-p 0.9 --seed 5"; do
+                # shellcheck disable=SC2206
+                tpa=(generate --model "$b/fixtures/hf/llama_gqa" --tokenizer none --ignore-eos
+                    --prompt-ids 1,5,9,33,7,100 --max-new-tokens 32 --output ids --device cuda $samp)
+                one=$(timeout 120 "$b/bin/llama/llama" "${tpa[@]}" 2>>"$OUT/tp.err")
+                two=$(timeout 120 "$b/bin/llama/llama" "${tpa[@]}" --tp 2 2>>"$OUT/tp.err")
+                echo "$samp: tp 1: $one"
+                echo "$samp: tp 2: $two"
+                if [ -n "$one" ] && [ "$one" = "$two" ]; then pass=$((pass + 1)); else fail=$((fail + 1)); fi
+            done
+            echo "$pass passed, $fail failed"
+        fi
+    } >"$OUT/tp.log" 2>&1
+    summary+=("$(printf '%-14s %s' tp "$(tail -n 1 "$OUT/tp.log")")")
 else
     if ! pkg-config --exists cmocka jansson libmicrohttpd libpcre2-8; then
         echo "missing build dependencies (cmocka, jansson, libmicrohttpd, pcre2): run"

@@ -54,6 +54,21 @@ TSAN_TESTS += tests/test_prefix_cache
 TESTS += tests/test_kv_prefix
 TESTS += tests/test_tp_check
 TSAN_TESTS += tests/test_tp_check
+# tensor parallelism on the CPU: ranks as threads (engine/tp.h), TP=2/4 ids equal TP=1
+TESTS += tests/test_tp_cpu
+TSAN_TESTS += tests/test_tp_cpu
+# --tp through generate, bench and serve (ids equal --tp 1; refused splits)
+TEST_SCRIPTS += tests/tp_cli.sh
+# TP=2 over NCCL on two GPUs, ids equal TP=1 (skips with a line under 2 GPUs; MS_TP_DEVICE=cpu:
+# a dry run on the CPU)
+ifeq ($(HAVE_CUDA),1)
+GPU_TESTS += tests/test_tp_cuda
+endif
+$(BUILD)/tests/test_tp_cuda: $(BUILD)/obj/gen/llama/llama_gen.o
+$(BUILD)/tests/test_tp_cpu: $(BUILD)/obj/gen/llama/llama_gen.o $(BUILD)/obj/gen/qwen3/qwen3_gen.o
+$(BUILD)/gen/qwen3/qwen3_gen.c: models/qwen3.mstar $(BUILD)/mstarc
+	$(call quiet,GEN,$@)
+	$(Q)$(BUILD)/mstarc build models/qwen3.mstar -o $(BUILD)/gen/qwen3 --emit-only >/dev/null
 TESTS += tests/test_engine_llama
 # prefix caching through the engine: outputs bitwise equal with and without the cache
 TESTS += tests/test_engine_prefix

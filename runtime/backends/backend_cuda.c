@@ -1353,6 +1353,19 @@ static ms_status cuda_setup(cuda_ctx *c, const ms_backend_cuda_options *opt, ms_
     return MS_OK;
 }
 
+void *ms_backend_cuda_stream(const ms_backend *be) {
+    return be != NULL && be->ctx != NULL ? (void *)((cuda_ctx *)be->ctx)->stream : NULL;
+}
+
+int32_t ms_backend_cuda_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError();
+        return 0;
+    }
+    return n;
+}
+
 bool ms_backend_cuda_available(void) {
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess) {

@@ -43,6 +43,12 @@ typedef struct ms_backend_cuda_options {
  */
 ms_status ms_backend_cuda_init(ms_backend *out, const ms_backend_cuda_options *opt, ms_error *err);
 
+/* The backend's one stream (a cudaStream_t) for work queued beside its ops in order, e.g. the
+ * NCCL all-reduce of a row-parallel layer (engine/tp.c); NULL for a zeroed backend. Borrowed. */
+void *ms_backend_cuda_stream(const ms_backend *be);
+/* CUDA devices visible (cudaGetDeviceCount), 0 without a driver or a GPU; never fails. */
+int32_t ms_backend_cuda_device_count(void);
+
 /*
  * True when at least one CUDA device is usable (cudaGetDeviceCount succeeds with a count > 0).
  * False without a driver or a GPU; never fails (the runtime's error is cleared). Used by the

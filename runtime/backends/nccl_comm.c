@@ -214,7 +214,69 @@ static ms_status nccl_all_gather_host(void *ctx, int32_t rank, const void *send,
     return MS_OK;
 }
 
-static const ms_collective_i nccl_collective_iface = {nccl_all_gather_host};
+static ms_status nccl_all_reduce_host(void *ctx, int32_t rank, float *buf, size_t count,
+                                      ms_error *err) {
+    ms_nccl_comm *c = ctx;
+    size_t bytes = count * sizeof(float);
+    if (rank != c->rank || bytes > c->max_bytes)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "nccl: all-reduce of %zu bytes as rank %d on rank %d's communicator "
+                       "(holds %zu)", bytes, rank, c->rank, c->max_bytes);
+    if (count == 0)
+        return MS_OK;
+    CUDA_TRY(err, "cudaSetDevice", cudaSetDevice(c->device));
+    CUDA_TRY(err, "all-reduce upload",
+             cudaMemcpyAsync(c->d_send, buf, bytes, cudaMemcpyHostToDevice, c->stream));
+    NCCL_TRY(err, "ncclAllReduce",
+             g_nccl.all_reduce(c->d_send, c->d_send, count, ncclFloat32, ncclSum, c->comm,
+                               c->stream));
+    CUDA_TRY(err, "all-reduce download",
+             cudaMemcpyAsync(buf, c->d_send, bytes, cudaMemcpyDeviceToHost, c->stream));
+    CUDA_TRY(err, "all-reduce", cudaStreamSynchronize(c->stream));
+    return MS_OK;
+}
+
+static size_t nccl_max_bytes(void *ctx) { return ((ms_nccl_comm *)ctx)->max_bytes; }
+
+ms_status ms_nccl_all_gather_rows(ms_nccl_comm *c, const float *send, int64_t rows,
+                                  int64_t cols, float *out, int64_t out_stride, int64_t out_cols,
+                                  void *stream, ms_error *err) {
+    if (rows < 0 || cols < 1 || out_cols < 1 || out_stride < out_cols ||
+        (int64_t)c->world * cols < out_cols)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "nccl: all-gather of [%lld, %lld] per rank into [%lld, %lld] (stride %lld)",
+                       (long long)rows, (long long)cols, (long long)rows, (long long)out_cols,
+                       (long long)out_stride);
+    size_t bytes = (size_t)rows * (size_t)cols * sizeof(float);
+    if (bytes > c->max_bytes)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "nccl: all-gather of %zu bytes per rank, the communicator holds %zu",
+                       bytes, c->max_bytes);
+    if (rows == 0)
+        return MS_OK;
+    cudaStream_t s = stream != NULL ? (cudaStream_t)stream : c->stream;
+    CUDA_TRY(err, "cudaSetDevice", cudaSetDevice(c->device));
+    NCCL_TRY(err, "ncclAllGather",
+             g_nccl.all_gather(send, c->d_recv, bytes, ncclUint8, c->comm, s));
+    /* d_recv is [world][rows][cols]: rank r's block goes to columns [r * cols, ...) of out */
+    for (int32_t r = 0; r < c->world; r++) {
+        int64_t c0 = (int64_t)r * cols;
+        int64_t n = out_cols - c0 < cols ? out_cols - c0 : cols;
+        if (n <= 0)
+            break;
+        CUDA_TRY(err, "all-gather scatter",
+                 cudaMemcpy2DAsync(out + c0, (size_t)out_stride * sizeof(float),
+                                   (const char *)c->d_recv + (size_t)r * bytes,
+                                   (size_t)cols * sizeof(float), (size_t)n * sizeof(float),
+                                   (size_t)rows, cudaMemcpyDeviceToDevice, s));
+    }
+    if (stream == NULL)
+        CUDA_TRY(err, "all-gather", cudaStreamSynchronize(s));
+    return MS_OK;
+}
+
+static const ms_collective_i nccl_collective_iface = {nccl_all_gather_host, nccl_all_reduce_host,
+                                                      nccl_max_bytes};
 
 ms_collective ms_nccl_collective(ms_nccl_comm *c) {
     ms_collective k = {&nccl_collective_iface, c, c->rank, c->world};

@@ -58,8 +58,20 @@ void ms_nccl_comm_free(ms_nccl_comm *c);
 ms_status ms_nccl_all_reduce_sum(ms_nccl_comm *c, void *buf, size_t count, ms_dtype dtype,
                                  void *stream, ms_error *err);
 
-/* The communicator as a core/collective.h transport (host all_gather staged through device
- * buffers, synchronous). */
+/*
+ * All-gather of each rank's [rows, cols] f32 block (device, contiguous) into the columns of out
+ * [rows, out_cols] (device, row stride out_stride elements): rank r's block lands at columns
+ * [r * cols, min(out_cols, (r + 1) * cols)), so a padded last shard is cut (vocabulary-parallel
+ * lm_head: cols = ceil(V / world), out_cols = V). Staged through the communicator's gather
+ * buffer (rows * cols * 4 <= max_gather_bytes), queued on `stream` (NULL: the communicator's,
+ * waited for). Errors: MS_ERR_INVALID_ARG (shapes, too large), MS_ERR_CUDA.
+ */
+ms_status ms_nccl_all_gather_rows(ms_nccl_comm *c, const float *send, int64_t rows,
+                                  int64_t cols, float *out, int64_t out_stride, int64_t out_cols,
+                                  void *stream, ms_error *err);
+
+/* The communicator as a core/collective.h transport (host all_gather and f32 all-reduce staged
+ * through device buffers, synchronous). */
 ms_collective ms_nccl_collective(ms_nccl_comm *c);
 
 #ifdef __cplusplus

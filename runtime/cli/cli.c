@@ -247,6 +247,7 @@ typedef struct cli_opts {
     int32_t threads;
     const char *dtype;
     const char *device;
+    int32_t tp;             /* --tp N: tensor-parallel ranks (engine.h tp); 0 = off */
 } cli_opts;
 
 static const char *g_prog = "mstar";
@@ -355,6 +356,14 @@ int ms_cli_flag_i64(const char *prog, const char *flag, const char *v, int64_t l
     return flag_fail(prog, flag, v, "is not %s", expect);
 }
 
+int ms_cli_flag_tp(const char *prog, const char *v, int32_t *out) {
+    int64_t n = 0;
+    if (ms_cli_flag_i64(prog, "--tp", v, 1, 64, "an integer in [1, 64]", &n) != 0)
+        return 1;
+    *out = (int32_t)n;
+    return 0;
+}
+
 int ms_cli_flag_f32(const char *prog, const char *flag, const char *v, double lo, bool lo_open,
                     double hi, const char *expect, float *out) {
     /* plain decimal only: strtod would also take hex floats, inf, nan and leading spaces */
@@ -396,7 +405,7 @@ static void usage(FILE *to) {
             "           [--guidance-scale S] [--position-ids FILE]\n"
             "           [--no-display-prompt] [--verbose-prompt] [--page-size N]\n"
             "           [--device auto|cpu|cuda] [--dtype auto|f32|bf16] [--threads N]\n"
-            "           [--no-graphs] [--no-prefix-cache]\n"
+            "           [--no-graphs] [--no-prefix-cache] [--tp N]\n"
             "       %s generate --chat MESSAGE [--system TEXT] --model PATH [...] (one chat turn)\n"
             "       %s chat --model PATH [...]    (%s chat --help)\n"
             "       %s transcribe --model PATH AUDIO... (%s transcribe --help)\n"
@@ -428,7 +437,8 @@ static int parse_generate(int argc, char **argv, cli_opts *o) {
         "--model", "--tokenizer", "--prompt", "--prompt-ids", "--prompts-file",
         "--max-new-tokens", "--steps", "--temperature", "--top-k", "--top-p", "--seed",
         "--page-size", "--device", "--threads", "--dtype", "--output",
-        "--negative-prompt", "--negative-prompt-ids", "--guidance-scale", "--position-ids"};
+        "--negative-prompt", "--negative-prompt-ids", "--guidance-scale", "--position-ids",
+        "--tp"};
     bool seen[MS_ARRAY_LEN(with_value)] = {false}; /* a second value is an error, not a silent
                                                      replacement of the first */
     o->guidance_scale = 1.0f;
@@ -560,6 +570,9 @@ static int parse_generate(int argc, char **argv, cli_opts *o) {
             if (strcmp(v, "auto") != 0 && strcmp(v, "f32") != 0 && strcmp(v, "bf16") != 0)
                 return cli_fail("--dtype: '%s' is not auto, f32 or bf16", v);
             o->dtype = v;
+        } else if (strcmp(a, "--tp") == 0) {
+            if (ms_cli_flag_tp(g_prog, v, &o->tp) != 0)
+                return 1;
         } else if (strcmp(a, "--output") == 0) {
             if (strcmp(v, "text") == 0)
                 o->output = CLI_OUT_TEXT;
@@ -1174,6 +1187,7 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
     eo.dtype = o.dtype;
     eo.graphs = o.no_graphs ? MS_GRAPHS_OFF : MS_GRAPHS_AUTO;
     eo.prefix_cache = !o.no_prefix_cache; /* on by default, as vLLM and SGLang serve */
+    eo.tp = o.tp; /* [tp] */
     /* a guided pair takes two of max_seqs (two streams) and prefills both prompts in one step */
     const int32_t per_req = guided ? 2 : 1;
     eo.max_seqs = (int32_t)MS_MIN(ps.n, (size_t)64) * per_req;
@@ -1307,6 +1321,9 @@ static int cmd_generate(int argc, char **argv, const ms_model_desc *desc) {
             first_done ? 1e3 * (t_first - t0) : 0.0,
             dec_secs > 0 && n_gen > ps.n ? (double)(n_gen - ps.n) / dec_secs : 0.0,
             ms_engine_device(eng), (int)ms_engine_page_size(eng));
+    if (ms_engine_tp_world(eng) > 1) /* [tp] */
+        fprintf(stderr, "%s: tensor parallel over %d ranks, %zu weight bytes per rank (rank 0)\n",
+                g_prog, (int)ms_engine_tp_world(eng), ms_engine_weight_bytes(eng));
     /* a request whose logits went NaN failed alone: its line is what it made before, the others
      * are complete; name it by its number and where it came from, exit 1 */
     for (size_t i = 0; i < ps.n; i++) {

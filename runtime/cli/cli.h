@@ -144,6 +144,9 @@ bool ms_cli_parse_i64(const char *s, int64_t lo, int64_t hi, int64_t *out);
  */
 int ms_cli_flag_i64(const char *prog, const char *flag, const char *v, int64_t lo, int64_t hi,
                     const char *expect, int64_t *out);
+/* --tp N (generate, bench, serve): tensor-parallel ranks in [1, 64] into *out (engine.h
+ * options.tp), as ms_cli_flag_i64. Whether N divides the model's heads is the engine's check. */
+int ms_cli_flag_tp(const char *prog, const char *v, int32_t *out);
 
 /*
  * A flag's real value: 0 with *out set when v is a plain decimal number (digits, an optional

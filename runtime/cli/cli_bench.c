@@ -69,6 +69,7 @@ typedef struct bench_opts {
     int32_t page_size, threads, max_tokens; /* 0 = default */
     uint64_t seed;
     bool no_graphs;                 /* --no-graphs: decode eager (engine.h graphs) */
+    int32_t tp;                     /* --tp N: tensor-parallel ranks (engine.h tp); 0 = off */
 } bench_opts;
 
 static const char *b_prog = "mstar";
@@ -90,7 +91,7 @@ static void bench_usage(FILE *to) {
             "           [--batch 1,8,32,128] [--prompt-len 512] [--new-tokens 128]\n"
             "           [--prefill 1x2048,8x512|none] [--runs 5] [--warmup 1] [--seed S]\n"
             "           [--json FILE] [--page-size N] [--threads N] [--max-tokens N]\n"
-            "           [--no-graphs]\n",
+            "           [--no-graphs] [--tp N]\n",
             b_prog);
 }
 
@@ -178,7 +179,7 @@ static int parse_bench(int argc, char **argv, bench_opts *o) {
         static const char *const with_value[] = {
             "--model", "--device", "--dtype", "--batch", "--prompt-len", "--new-tokens",
             "--prefill", "--runs", "--warmup", "--seed", "--json", "--page-size", "--threads",
-            "--max-tokens"};
+            "--max-tokens", "--tp"};
         bool known = false;
         for (size_t k = 0; k < MS_ARRAY_LEN(with_value); k++)
             known = known || strcmp(a, with_value[k]) == 0;
@@ -256,6 +257,9 @@ static int parse_bench(int argc, char **argv, bench_opts *o) {
             if (ms_cli_flag_i64(b_prog, a, v, 1, INT32_MAX, "an integer >= 1", &n) != 0)
                 return 1;
             o->max_tokens = (int32_t)n;
+        } else if (strcmp(a, "--tp") == 0) {
+            if (ms_cli_flag_tp(b_prog, v, &o->tp) != 0)
+                return 1;
         }
     }
     if (o->model == NULL) {
@@ -488,6 +492,7 @@ static int write_json(const bench_opts *o, const char *device, size_t wbytes, do
     json_object_set_new(root, "model", json_string(o->model));
     json_object_set_new(root, "device", json_string(device));
     json_object_set_new(root, "weight_bytes", json_integer((json_int_t)wbytes));
+    json_object_set_new(root, "tp", json_integer(o->tp > 1 ? o->tp : 1)); /* weight_bytes: rank 0's */
     json_object_set_new(root, "copy_gbps", json_real(gbps));
     json_object_set_new(root, "bf16_peak_tflops", peak > 0.0 ? json_real(peak) : json_null());
     json_object_set_new(root, "runs", json_integer(o->runs));
@@ -567,6 +572,7 @@ int ms_cli_bench(int argc, char **argv, const ms_model_desc *desc, const char *p
     eo.dtype = o.dtype;
     eo.page_size = o.page_size;
     eo.n_threads = o.threads;
+    eo.tp = o.tp; /* [tp] */
     eo.max_seqs = max_b;
     /* the step budget: by default every prefill shape in one step and decode batches' prompts up
      * to BENCH_DEFAULT_STEP_TOKENS per step (larger ones prefill in chunks; bench_one keeps the

@@ -177,6 +177,7 @@ typedef struct srv_opts {
     int32_t prompt_logprobs_rows; /* --prompt-logprobs-rows: engine.h prompt_logprobs_rows */
     int32_t host_kv_pages;      /* --host-kv-pages: the host tier (engine.h host_kv_pages) */
     float gpu_memory_fraction;  /* --gpu-memory-fraction: 0 unset (engine.h) */
+    int32_t tp;                 /* --tp N: tensor-parallel ranks (engine.h tp); 0 = off */
 } srv_opts;
 
 struct srv {
@@ -1496,7 +1497,7 @@ static void serve_usage(FILE *to, const char *prog) {
             "           [--host-kv-pages N] [--page-size N]\n"
             "           [--device auto|cpu|cuda] [--dtype auto|f32|bf16] [--threads N]\n"
             "           [--chat-template FILE.jinja|tokenizer_config.json] [--no-graphs]\n"
-            "           [--no-prefix-cache] [--prompt-logprobs-rows N]\n"
+            "           [--no-prefix-cache] [--prompt-logprobs-rows N] [--tp N]\n"
             "  OpenAI-compatible HTTP server: POST /v1/completions, /v1/chat/completions (the\n"
             "  chat template: --chat-template, else the tokenizer's or the model folder's\n"
             "  tokenizer_config.json), GET /v1/models, /health, /metrics. --host defaults to\n"
@@ -1524,7 +1525,7 @@ static int parse_serve(int argc, char **argv, srv_opts *o, const char *prog) {
         "--model", "--tokenizer", "--host", "--port", "--api-key", "--max-seqs",
         "--max-tokens-per-step", "--device", "--dtype", "--page-size", "--threads",
         "--max-queue", "--kv-pages", "--chat-template", "--host-kv-pages",
-        "--gpu-memory-fraction", "--prompt-logprobs-rows"};
+        "--gpu-memory-fraction", "--prompt-logprobs-rows", "--tp"};
     bool seen[MS_ARRAY_LEN(with_value)] = {false};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
@@ -1610,6 +1611,9 @@ static int parse_serve(int argc, char **argv, srv_opts *o, const char *prog) {
         } else if (strcmp(a, "--gpu-memory-fraction") == 0) {
             if (ms_cli_flag_f32(prog, a, v, 0.0, true, 1.0, "a number in (0, 1]",
                                 &o->gpu_memory_fraction) != 0)
+                return 1;
+        } else if (strcmp(a, "--tp") == 0) {
+            if (ms_cli_flag_tp(prog, v, &o->tp) != 0)
                 return 1;
         } else if (strcmp(a, "--page-size") == 0) {
             if (ms_cli_flag_i64(prog, a, v, 1, 65536, "an integer in [1, 65536]", &n) != 0)
@@ -1842,6 +1846,7 @@ int ms_cli_serve(int argc, char **argv, const ms_model_desc *desc, const char *p
     eo.graphs = s.o.no_graphs ? MS_GRAPHS_OFF : MS_GRAPHS_AUTO;
     eo.prefix_cache = !s.o.no_prefix_cache; /* on by default, as vLLM and SGLang serve */
     eo.prompt_logprobs_rows = s.o.prompt_logprobs_rows;
+    eo.tp = s.o.tp; /* [tp] */
     double t0 = now_s();
     if (ms_engine_init(&s.eng, desc, &eo, &err) != MS_OK) {
         fprintf(stderr, "%s: %s\n", prog, err.msg);

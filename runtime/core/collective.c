@@ -34,6 +34,21 @@ ms_status ms_collective_all_gather(const ms_collective *c, const void *send, siz
     return c->iface->all_gather(c->ctx, c->rank, send, bytes, recv, err);
 }
 
+ms_status ms_collective_all_reduce_sum_f32(const ms_collective *c, float *buf, size_t count,
+                                           ms_error *err) {
+    if (c == NULL || c->iface == NULL || c->iface->all_reduce_sum_f32 == NULL ||
+        c->iface->max_bytes == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "collective: no all-reduce in the transport");
+    size_t piece = c->iface->max_bytes(c->ctx) / sizeof(float);
+    if (piece == 0)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "collective: a transport of 0 bytes per call");
+    for (size_t i = 0; i < count; i += piece) {
+        size_t n = count - i < piece ? count - i : piece;
+        MS_TRY(c->iface->all_reduce_sum_f32(c->ctx, c->rank, buf + i, n, err));
+    }
+    return MS_OK;
+}
+
 ms_status ms_collective_local_init(int32_t world, size_t max_bytes, ms_collective_local **out,
                                    ms_error *err) {
     *out = NULL;
@@ -75,9 +90,10 @@ void ms_collective_local_free(ms_collective_local *g) {
     ms_free(g);
 }
 
-static ms_status local_all_gather(void *ctx, int32_t rank, const void *send, size_t bytes,
-                                  void *recv, ms_error *err) {
-    ms_collective_local *g = ctx;
+/* One round: rank's `bytes` into its slot; when every rank arrived, `recv` receives every slot
+ * in rank order (sum == false) or, viewed as f32, their sum added in rank order (sum == true). */
+static ms_status local_round(ms_collective_local *g, int32_t rank, const void *send, size_t bytes,
+                             void *recv, bool sum, ms_error *err) {
     if (rank < 0 || rank >= g->world)
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "collective: rank %d of %d", rank, g->world);
     if (bytes > g->max_bytes)
@@ -116,11 +132,21 @@ static ms_status local_all_gather(void *ctx, int32_t rank, const void *send, siz
     }
     bool mismatch = g->mismatch;
     size_t rb = g->round_bytes;
-    if (!mismatch)
+    if (!mismatch && sum) {
+        float *out = recv;
+        size_t n = rb / sizeof(float);
+        memcpy(out, g->buf, n * sizeof(float));
+        for (int32_t r = 1; r < g->world; r++) {
+            const float *in = (const float *)(g->buf + (size_t)r * g->max_bytes);
+            for (size_t i = 0; i < n; i++)
+                out[i] += in[i];
+        }
+    } else if (!mismatch) {
         for (int32_t r = 0; r < g->world; r++)
             if (rb > 0)
                 memcpy((unsigned char *)recv + (size_t)r * rb, g->buf + (size_t)r * g->max_bytes,
                        rb);
+    }
     if (--g->leaving == 0)
         pthread_cond_broadcast(&g->cv);
     pthread_mutex_unlock(&g->mu);
@@ -131,4 +157,16 @@ static ms_status local_all_gather(void *ctx, int32_t rank, const void *send, siz
     return MS_OK;
 }
 
-static const ms_collective_i local_iface = {local_all_gather};
+static ms_status local_all_gather(void *ctx, int32_t rank, const void *send, size_t bytes,
+                                  void *recv, ms_error *err) {
+    return local_round(ctx, rank, send, bytes, recv, false, err);
+}
+
+static ms_status local_all_reduce(void *ctx, int32_t rank, float *buf, size_t count,
+                                  ms_error *err) {
+    return local_round(ctx, rank, buf, count * sizeof(float), buf, true, err);
+}
+
+static size_t local_max_bytes(void *ctx) { return ((ms_collective_local *)ctx)->max_bytes; }
+
+static const ms_collective_i local_iface = {local_all_gather, local_all_reduce, local_max_bytes};

@@ -30,6 +30,14 @@ typedef struct ms_collective_i {
     /* send [bytes] host -> recv [world * bytes] host, rank order. Errors: transport errors. */
     ms_status (*all_gather)(void *ctx, int32_t rank, const void *send, size_t bytes, void *recv,
                             ms_error *err);
+    /* In-place sum over the group of buf [count] f32 host (MPI_Allreduce / ncclAllReduce with
+     * ncclSum): every rank ends with the same bytes (the local group adds in rank order, so the
+     * result does not depend on arrival order). count * 4 may exceed the transport's per-call
+     * limit: ms_collective_all_reduce_sum_f32 splits it. Errors: transport errors. */
+    ms_status (*all_reduce_sum_f32)(void *ctx, int32_t rank, float *buf, size_t count,
+                                    ms_error *err);
+    /* Largest all_gather / all_reduce payload per rank and call, in bytes. */
+    size_t (*max_bytes)(void *ctx);
 } ms_collective_i;
 
 /* One rank's handle on its group. */
@@ -43,6 +51,11 @@ typedef struct ms_collective {
 /* all_gather through c (see above). */
 ms_status ms_collective_all_gather(const ms_collective *c, const void *send, size_t bytes,
                                    void *recv, ms_error *err);
+
+/* all_reduce_sum_f32 through c, in pieces of at most max_bytes (tensor-parallel row-parallel
+ * layers: o_proj, down_proj). Every rank must call with the same count. */
+ms_status ms_collective_all_reduce_sum_f32(const ms_collective *c, float *buf, size_t count,
+                                           ms_error *err);
 
 /* ---- an in-process group: `world` threads, one per rank ---- */
 

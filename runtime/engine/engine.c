@@ -21,6 +21,7 @@
 #include <time.h>
 #include <stdlib.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "attn_plan.h"
 #include "backend.h"
@@ -41,6 +42,8 @@
 #include "sample_res.h"
 #include "walk.h"
 #include "step_runner.h"
+#include "tp.h"
+#include "tp_check.h"
 
 /* ---- engine-side resources: attention staging and the sampler ---- */
 
@@ -248,6 +251,9 @@ struct ms_engine {
     ms_graph_exec *gx;            /* [graphs] the captured path (graph_exec.h), NULL: eager */
     ms_prefix_cache *pcache;      /* [prefix] sealed pages shared across requests, NULL: off */
     ms_prefix_key proot;          /* [prefix] the root key: model, config, weights, KV dtype */
+    ms_tp_rank *tps;              /* [tp] this rank's split (options.tp_member), NULL: whole */
+    ms_tp_group *tpg;             /* [tp] rank 0: the group it drives, NULL otherwise */
+    bool ck_borrowed;             /* [tp] ck is the group's one checkpoint (rank 0 frees it) */
 
     /* requests */
     eng_req **reqs;               /* [n_reqs] every request not yet removed, in arrival order */
@@ -416,12 +422,15 @@ static ms_status eng_backend_init(ms_engine *e, ms_error *err) {
 #ifdef MS_HAVE_CUDA
         e->wdtype = MS_DTYPE_BF16;
         e->kvdtype = MS_DTYPE_BF16;
-        ms_status st = ms_device_cuda_init(0, &e->dev, err);
+        /* [tp] rank r on device r */
+        ms_backend_cuda_options cuo = {
+            .device = e->opt.tp_member != NULL ? e->opt.tp_member->device : 0};
+        ms_status st = ms_device_cuda_init(cuo.device, &e->dev, err);
         if (st != MS_OK) {
             ms_error_prefix(err, "device 'cuda': ");
             return st;
         }
-        return ms_backend_cuda_init(&e->be, NULL, err);
+        return ms_backend_cuda_init(&e->be, &cuo, err);
 #else
         return MS_FAIL(err, MS_ERR_UNSUPPORTED,
                        "device 'cuda': this binary was built without CUDA; use --device cpu");
@@ -471,6 +480,24 @@ static int32_t eng_instances(const ms_engine *e, int32_t w) {
                                           : e->facts.n_layers;
 }
 
+/* [tp] The shape weight w is stored with on this engine (tp.h: its rank's part). */
+static void eng_tp_shape(const ms_engine *e, int32_t w, int64_t *shape) {
+    if (e->tps != NULL)
+        ms_tp_local_shape(e->tps, w, shape);
+    else
+        e->desc->weight_shape(e->config, w, shape);
+}
+
+/* [tp] The host tensor loaded into weight w of `shape`: the checkpoint tensor, or this rank's
+ * slice of it (a view into the mmap: only the slice is read). */
+static ms_tensor eng_tp_source(const ms_engine *e, int32_t w, const ms_st_tensor *t,
+                               const int64_t *shape) {
+    if (e->tps != NULL)
+        return ms_tp_source(e->tps, w, t->data, eng_st_dtype(t->dtype));
+    return ms_tensor_make((void *)t->data, eng_st_dtype(t->dtype), e->desc->weights[w].rank,
+                          shape);
+}
+
 /* The checkpoint tensor of (entry w, layer), trying its names in order; NULL when absent. */
 static ms_status eng_find(ms_engine *e, int32_t w, int32_t layer, const ms_st_tensor **out,
                           char *name0, size_t cap, ms_error *err) {
@@ -495,7 +522,10 @@ static ms_status eng_find(ms_engine *e, int32_t w, int32_t layer, const ms_st_te
 static ms_status eng_expect(ms_engine *e, int32_t w, const char *name, ms_error *err) {
     const ms_md_weight *d = &e->desc->weights[w];
     int64_t shape[MS_TENSOR_MAX_DIMS] = {0};
-    e->desc->weight_shape(e->config, w, shape);
+    if (e->tps != NULL) /* [tp] the checkpoint holds the whole tensor */
+        ms_tp_full_shape(e->tps, w, shape);
+    else
+        e->desc->weight_shape(e->config, w, shape);
     return ms_ckpt_expect_tensor(e->ck, name, MS_ST_DTYPES_FLOAT, d->rank, shape, NULL, err);
 }
 
@@ -510,7 +540,7 @@ static ms_status eng_weights_pass(ms_engine *e, bool load, size_t *bytes, ms_err
         const ms_md_weight *wd = &d->weights[w];
         int32_t n_inst = eng_instances(e, w);
         int64_t shape[MS_TENSOR_MAX_DIMS] = {1, 1, 1, 1};
-        d->weight_shape(e->config, w, shape);
+        eng_tp_shape(e, w, shape); /* [tp] this rank's part */
         size_t elems = 1;
         for (int32_t r = 0; r < wd->rank; r++)
             elems *= (size_t)shape[r];
@@ -531,6 +561,10 @@ static ms_status eng_weights_pass(ms_engine *e, bool load, size_t *bytes, ms_err
                     MS_ASSERT(wd->tie < w);
                     if (load)
                         *dst = e->weights[e->woff[wd->tie] + (wd->per_layer ? l : 0)];
+                    if (load && e->tps != NULL) { /* [tp] this rank's vocabulary rows */
+                        *dst = ms_tp_tied_view(e->tps, w, dst);
+                        MS_TRY(ms_tp_note_weight(e->tps, w, dst, err));
+                    }
                     continue;
                 }
                 if (t == NULL && wd->optional) {
@@ -544,9 +578,10 @@ static ms_status eng_weights_pass(ms_engine *e, bool load, size_t *bytes, ms_err
                     continue;
                 }
                 *dst = ms_tensor_make((char *)e->wslab + off, e->wdtype, wd->rank, shape);
-                ms_tensor src = ms_tensor_make((void *)t->data, eng_st_dtype(t->dtype), wd->rank,
-                                               shape);
+                ms_tensor src = eng_tp_source(e, w, t, shape); /* [tp] its slice */
                 MS_TRY(f->tensor_load(e->be.ctx, dst, &src, err));
+                if (e->tps != NULL)
+                    MS_TRY(ms_tp_note_weight(e->tps, w, dst, err));
                 off += (elems * es + 63) / 64 * 64;
                 continue;
             }
@@ -580,11 +615,10 @@ static ms_status eng_weights_pass(ms_engine *e, bool load, size_t *bytes, ms_err
             int64_t row = 0;
             for (int32_t p = 0; p < wd->n_parts; p++) {
                 int64_t pshape[MS_TENSOR_MAX_DIMS] = {1, 1, 1, 1};
-                d->weight_shape(e->config, wd->parts[p], pshape);
+                eng_tp_shape(e, wd->parts[p], pshape);
                 if (pt[p] != NULL) {
                     ms_tensor part = ms_tensor_slice(dst, 0, row, pshape[0]);
-                    ms_tensor src = ms_tensor_make((void *)pt[p]->data,
-                                                   eng_st_dtype(pt[p]->dtype), wd->rank, pshape);
+                    ms_tensor src = eng_tp_source(e, wd->parts[p], pt[p], pshape);
                     MS_TRY(f->tensor_load(e->be.ctx, &part, &src, err));
                 }
                 row += pshape[0];
@@ -709,6 +743,8 @@ static ms_status eng_resources_init(ms_engine *e, eng_node *nd, ms_error *err) {
     int32_t pages = e->opt.kv_pages;
     if (pages == 0 && e->opt.gpu_memory_fraction > 0)
         MS_TRY(eng_kv_pages_from_fraction(e, nd, ps, &pages, err));
+    if (e->tps != NULL && e->opt.gpu_memory_fraction > 0) /* [tp] the fullest GPU sizes all */
+        MS_TRY(ms_tp_min_i32(e->tps, &pages, err));
     if (pages == 0) {
         if ((int64_t)per_seq * e->max_seqs + 1 > INT32_MAX)
             return MS_FAIL(err, MS_ERR_LIMIT, "kv_pages: %d sequences of %d pages overflow",
@@ -1047,10 +1083,15 @@ static ms_status eng_buffers_init(ms_engine *e, ms_error *err) {
 }
 
 static ms_status eng_graphs_init(ms_engine *e, ms_error *err); /* [graphs], end of file */
+static ms_status eng_tp_init(ms_engine **out, const ms_model_desc *desc,
+                             const ms_engine_options *opt, ms_error *err); /* [tp], end of file */
+static ms_status eng_tp_check(ms_engine *e, const char *when, ms_error *err); /* [tp] */
 static ms_status eng_prefix_init(ms_engine *e, ms_error *err);  /* [prefix], end of file */
 
-ms_status ms_engine_init(ms_engine **out, const ms_model_desc *desc,
-                         const ms_engine_options *opt, ms_error *err) {
+/* ms_engine_init; shared_ck: [tp] the checkpoint the group opened once (borrowed), NULL: open
+ * opt->model_path's. */
+static ms_status eng_init(ms_engine **out, const ms_model_desc *desc,
+                          const ms_engine_options *opt, ms_ckpt *shared_ck, ms_error *err) {
     *out = NULL;
     if (desc == NULL || opt == NULL || opt->model_path == NULL)
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "engine: no model path");
@@ -1065,6 +1106,10 @@ ms_status ms_engine_init(ms_engine **out, const ms_model_desc *desc,
                        (int)opt->kv_pages, (int)opt->host_kv_pages,
                        opt->gpu_memory_fraction);
     MS_TRY(ms_md_check_desc(desc, err)); /* 1 .. MS_MD_MAX_NODES nodes */
+    if (opt->tp < 0 || opt->tp > 64)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "engine: tp %d (0..64)", (int)opt->tp);
+    if (opt->tp > 1 && opt->tp_member == NULL) /* [tp] one engine per rank */
+        return eng_tp_init(out, desc, opt, err);
     ms_engine *e = ms_calloc(1, sizeof *e);
     if (e == NULL)
         return MS_FAIL(err, MS_ERR_OOM, "out of memory for the engine");
@@ -1082,10 +1127,18 @@ ms_status ms_engine_init(ms_engine **out, const ms_model_desc *desc,
     ms_status st = eng_backend_init(e, err);
     if (st == MS_OK)
         st = eng_facts_init(e, err);
-    if (st == MS_OK)
+    if (st == MS_OK && opt->tp_member != NULL) /* [tp] the local config and facts */
+        st = ms_tp_rank_init(&e->tps, opt->tp_member, desc, e->hf, &e->config, &e->facts, err);
+    if (st == MS_OK && shared_ck != NULL) { /* [tp] every rank reads the one checkpoint */
+        e->ck = shared_ck;
+        e->ck_borrowed = true;
+    } else if (st == MS_OK) {
         st = ms_ckpt_init(&e->ck, opt->model_path, err);
+    }
     if (st == MS_OK)
         st = eng_weights_init(e, err);
+    if (st == MS_OK && e->tps != NULL) /* [tp] the row-parallel and vocabulary hooks */
+        st = ms_tp_rank_attach(e->tps, &e->be, e->max_tokens, err);
     for (int32_t i = 0; i < e->n_nodes && st == MS_OK; i++) {
         eng_node *nd = &e->nodes[i];
         nd->facts = e->facts;
@@ -1106,12 +1159,19 @@ ms_status ms_engine_init(ms_engine **out, const ms_model_desc *desc,
         st = eng_graphs_init(e, err); /* [graphs] */
     if (st == MS_OK)
         st = eng_prefix_init(e, err); /* [prefix] */
+    if (st == MS_OK && e->tps != NULL) /* [tp] every rank allocated alike */
+        st = eng_tp_check(e, "after warm-up", err);
     if (st != MS_OK) {
         ms_engine_free(e);
         return st;
     }
     *out = e;
     return MS_OK;
+}
+
+ms_status ms_engine_init(ms_engine **out, const ms_model_desc *desc,
+                         const ms_engine_options *opt, ms_error *err) {
+    return eng_init(out, desc, opt, NULL, err);
 }
 
 static void eng_req_free(eng_req *r) {
@@ -1137,6 +1197,7 @@ static void eng_runners_remove(ms_engine *e, ms_rid rid) {
 void ms_engine_free(ms_engine *e) {
     if (e == NULL)
         return;
+    ms_tp_group_free(e->tpg); /* [tp] the other ranks' engines first */
     for (size_t i = 0; i < e->n_reqs; i++) {
         if (e->reqs[i]->in_runner)
             eng_runners_remove(e, e->reqs[i]->rid);
@@ -1182,10 +1243,13 @@ void ms_engine_free(ms_engine *e) {
     ms_free(e->input_host);
     ms_free(e->plp_rows_host);
     ms_free(e->plp_scratch);
+    ms_tp_rank_detach(e->tps, &e->be); /* [tp] */
+    ms_tp_rank_free(e->tps);
     ms_backend_free(&e->be);
     ms_free(e->weights);
     ms_free(e->woff);
-    ms_ckpt_free(e->ck);
+    if (!e->ck_borrowed)
+        ms_ckpt_free(e->ck);
     ms_free(e->config);
     ms_hf_config_free(e->hf);
     ms_free(e->logits_host);
@@ -1463,10 +1527,6 @@ static ms_status eng_add(ms_engine *e, const ms_engine_request *rq, ms_rid fork_
     return MS_OK;
 }
 
-ms_status ms_engine_add(ms_engine *e, const ms_engine_request *rq, ms_rid *rid, ms_error *err) {
-    return eng_add(e, rq, 0, rid, err);
-}
-
 ms_status ms_engine_output(const ms_engine *e, ms_rid rid, const int32_t **ids, int32_t *n,
                            ms_finish_reason *reason) {
     const eng_req *r = eng_find_req(e, rid, NULL);
@@ -1486,7 +1546,7 @@ const float *ms_engine_last_logits(const ms_engine *e, ms_rid rid) {
     return e->logits_host + (size_t)r->row * (size_t)e->facts.vocab;
 }
 
-void ms_engine_remove(ms_engine *e, ms_rid rid) {
+static void eng_remove(ms_engine *e, ms_rid rid) {
     size_t at;
     eng_req *r = eng_find_req(e, rid, &at);
     if (r == NULL)
@@ -1797,6 +1857,8 @@ static ms_status eng_forward_sample(ms_engine *e, eng_node *nd, const ms_md_step
     ms_tensor ids = ms_tensor_1d(e->ids_dev, MS_DTYPE_I32, n_s);
     MS_TRY(f->sample(cx, &real_logits, rows, e->sample_ws, e->sample_ws_bytes, &ids, err));
     MS_TRY(f->copy_to_host(cx, e->ids_host, e->ids_dev, (size_t)n_s * sizeof(int32_t), err));
+    if (e->tps != NULL) /* [tp] rank 0's ids on every rank */
+        MS_TRY(ms_tp_share_ids(e->tps, e->ids_host, n_s, err));
     return MS_OK;
 }
 
@@ -1852,6 +1914,8 @@ ms_status ms_engine_run_step(ms_engine *e, ms_rid rid, const char *step_name,
                              int32_t *n_rows, ms_error *err) {
     *logits = NULL;
     *n_rows = 0;
+    if (e->tpg != NULL) /* [tp] */
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "run_step: not with tensor parallelism");
     eng_req *r = eng_find_req(e, rid, NULL);
     if (r == NULL || !r->in_runner || r->finish != MS_FINISH_NONE)
         return MS_FAIL(err, MS_ERR_NOT_FOUND, "run step %s: request %llu is not running",
@@ -1979,6 +2043,8 @@ ms_status ms_engine_encode(ms_engine *e, const char *node, const float *input, i
                            int64_t *width, ms_error *err) {
     *n_rows = 0;
     *width = 0;
+    if (e->tpg != NULL) /* [tp] */
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "encode: not with tensor parallelism");
     eng_node *nd = eng_encoder_node(e, node);
     if (nd == NULL)
         return MS_FAIL(err, MS_ERR_NOT_FOUND,
@@ -2085,7 +2151,7 @@ static ms_status eng_step_encode(ms_engine *e, eng_node *nd, ms_md_walk_item ite
     return MS_OK;
 }
 
-ms_status ms_engine_step(ms_engine *e, ms_engine_step_info *info, ms_error *err) {
+static ms_status eng_step(ms_engine *e, ms_engine_step_info *info, ms_error *err) {
     ms_engine_step_info inf = {0, 0, 0};
     if (info != NULL)
         *info = inf;
@@ -2890,6 +2956,10 @@ ms_status ms_engine_fork(ms_engine *e, ms_rid parent, const ms_engine_request *r
     if (p == NULL)
         return MS_FAIL(err, MS_ERR_NOT_FOUND, "fork: unknown parent request %llu",
                        (unsigned long long)parent);
+    if (e->tpg != NULL) /* [tp] every rank must run the same allocation: forks are not replayed */
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED,
+                       "fork: not with tensor parallelism (--tp %d): add the choices as requests",
+                       (int)ms_tp_group_world(e->tpg));
     const eng_node *nd = &e->nodes[0];
     if (e->n_nodes != 1 || nd->pool == NULL || nd->context_label >= 0)
         return MS_FAIL(err, MS_ERR_UNSUPPORTED,
@@ -3011,4 +3081,145 @@ ms_status ms_engine_prompt_logprobs(const ms_engine *e, ms_rid rid,
     *lp = r->plp;
     *n = r->plp_next;
     return MS_OK;
+}
+/* ---- [tp] tensor parallelism (tp.h): rank 0 drives one engine per rank ---- */
+
+typedef struct eng_tp_make_arg {
+    const ms_model_desc *desc;
+    ms_engine_options opt;
+    ms_ckpt *ck; /* opened once: a GGUF is dequantized once, not per rank */
+} eng_tp_make_arg;
+
+static ms_status eng_tp_make(const ms_tp_member *m, void *arg, void **engine, ms_error *err) {
+    eng_tp_make_arg *a = arg;
+    ms_engine_options o = a->opt;
+    o.tp_member = m;
+    ms_engine *e = NULL;
+    ms_status st = eng_init(&e, a->desc, &o, a->ck, err);
+    *engine = e;
+    return st;
+}
+
+static void eng_tp_free(void *engine) { ms_engine_free(engine); }
+
+static ms_status eng_tp_init(ms_engine **out, const ms_model_desc *desc,
+                             const ms_engine_options *opt, ms_error *err) {
+    eng_tp_make_arg a = {desc, *opt, NULL};
+    const char *dev = opt->device == NULL ? "auto" : opt->device;
+    if (strcmp(dev, "auto") == 0)
+        dev = eng_cuda_usable() ? "cuda" : "cpu";
+    a.opt.device = dev;
+    a.opt.graphs = MS_GRAPHS_OFF; /* the gathers are not captured */
+    if (strcmp(dev, "cpu") == 0 && a.opt.n_threads == 0) { /* the cores shared by the ranks */
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        a.opt.n_threads = n > opt->tp ? (int32_t)(n / opt->tp) : 1;
+    }
+    /* the path and config checked as a single engine would (the same one-line errors), then
+       the checkpoint opened once for every rank */
+    ms_model_probe p;
+    ms_status st = ms_model_probe_init(&p, desc, opt->model_path, err);
+    ms_model_probe_free(&p);
+    if (st == MS_OK)
+        st = ms_ckpt_init(&a.ck, opt->model_path, err);
+    void *leader = NULL;
+    ms_tp_group *g = NULL;
+    if (st == MS_OK)
+        st = ms_tp_group_start(opt->tp, dev, eng_tp_make, eng_tp_free, &a, &leader, &g, err);
+    if (st != MS_OK) {
+        ms_ckpt_free(a.ck);
+        return st;
+    }
+    ms_engine *e = leader;
+    e->tpg = g;
+    e->ck_borrowed = false; /* rank 0 frees it, after the group (ms_engine_free) */
+    *out = e;
+    return MS_OK;
+}
+
+/* Every node's KV allocation against the other ranks' (tp_check.h). */
+static ms_status eng_tp_check(ms_engine *e, const char *when, ms_error *err) {
+    const ms_tp_member *m = ms_tp_rank_member(e->tps);
+    for (int32_t i = 0; i < e->n_nodes; i++)
+        if (e->nodes[i].pool != NULL)
+            MS_TRY(ms_tp_check_allocation(&m->coll, e->nodes[i].pool, when, err));
+    return MS_OK;
+}
+
+typedef struct eng_tp_call {
+    const ms_engine_request *rq;
+    ms_rid rid;                     /* add: rank 0's; remove: the one */
+    ms_engine_step_info info[64];   /* step: each rank's */
+} eng_tp_call;
+
+static ms_status eng_tp_add_fn(void *engine, int32_t rank, void *arg, ms_error *err) {
+    eng_tp_call *c = arg;
+    ms_rid rid = 0;
+    MS_TRY(eng_add(engine, c->rq, 0, &rid, err));
+    if (rid != c->rid)
+        return MS_FAIL(err, MS_ERR_STATE,
+                       "tensor parallel: rank %d named the request %llu, rank 0 %llu", (int)rank,
+                       (unsigned long long)rid, (unsigned long long)c->rid);
+    return MS_OK;
+}
+
+static ms_status eng_tp_nothing(void *engine, int32_t rank, void *arg, ms_error *err) {
+    (void)engine, (void)rank, (void)arg, (void)err;
+    return MS_OK;
+}
+
+static ms_status eng_tp_remove_fn(void *engine, int32_t rank, void *arg, ms_error *err) {
+    (void)rank, (void)err;
+    eng_remove(engine, ((eng_tp_call *)arg)->rid);
+    return MS_OK;
+}
+
+static ms_status eng_tp_step_fn(void *engine, int32_t rank, void *arg, ms_error *err) {
+    eng_tp_call *c = arg;
+    MS_TRY(eng_step(engine, &c->info[rank], err));
+    return eng_tp_check(engine, "after a step", err);
+}
+
+ms_status ms_engine_add(ms_engine *e, const ms_engine_request *rq, ms_rid *rid, ms_error *err) {
+    ms_status st = eng_add(e, rq, 0, rid, err);
+    if (st != MS_OK || e->tpg == NULL)
+        return st;
+    eng_tp_call c = {.rq = rq, .rid = *rid};
+    return ms_tp_group_run(e->tpg, e, eng_tp_nothing, eng_tp_add_fn, &c, err);
+}
+
+void ms_engine_remove(ms_engine *e, ms_rid rid) {
+    if (e->tpg == NULL) {
+        eng_remove(e, rid);
+        return;
+    }
+    eng_tp_call c = {.rid = rid};
+    if (ms_tp_group_run(e->tpg, e, eng_tp_remove_fn, eng_tp_remove_fn, &c, NULL) != MS_OK)
+        eng_remove(e, rid); /* a failed group still lets rank 0 drop it (no-op if done) */
+}
+
+ms_status ms_engine_step(ms_engine *e, ms_engine_step_info *info, ms_error *err) {
+    if (e->tpg == NULL)
+        return eng_step(e, info, err);
+    eng_tp_call c;
+    memset(&c, 0, sizeof c);
+    MS_TRY(ms_tp_group_run(e->tpg, e, eng_tp_step_fn, eng_tp_step_fn, &c, err));
+    for (int32_t r = 1; r < ms_tp_group_world(e->tpg); r++)
+        if (memcmp(&c.info[r], &c.info[0], sizeof c.info[0]) != 0)
+            return MS_FAIL(err, MS_ERR_STATE,
+                           "tensor parallel: rank %d stepped %d requests / %d tokens, rank 0 "
+                           "%d / %d", (int)r, c.info[r].n_seqs, c.info[r].n_tokens,
+                           c.info[0].n_seqs, c.info[0].n_tokens);
+    if (info != NULL)
+        *info = c.info[0];
+    return MS_OK;
+}
+
+int32_t ms_engine_tp_world(const ms_engine *e) {
+    return e->tpg != NULL ? ms_tp_group_world(e->tpg) : 1;
+}
+
+const ms_engine *ms_engine_tp_rank(const ms_engine *e, int32_t r) {
+    if (r == 0)
+        return e;
+    return e->tpg != NULL ? ms_tp_group_engine(e->tpg, r) : NULL;
 }

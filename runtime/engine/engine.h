@@ -110,6 +110,13 @@ typedef struct ms_engine_options {
                                 at most this many + 1 tokens a step; the logits buffers grow by
                                 this many rows of vocab floats); 0 = none: such requests are
                                 refused. Capped at max_tokens. */
+    /* [tp] tensor parallelism (tp.h): */
+    int32_t tp;              /* ranks (0 or 1: off): heads, MLP and the output head split over
+                                tp engines on tp threads (cpu) or GPUs (cuda, NCCL); this engine
+                                is rank 0 and drives the others. CUDA graphs are off with it.
+                                Errors at init: tp outside 0..64, N not dividing the head or MLP
+                                counts (one line naming them), fewer than N GPUs, no NCCL. */
+    const struct ms_tp_member *tp_member; /* set by the group for each rank's engine; NULL */
 } ms_engine_options;
 
 /* Defaults: device "cpu", page_size 0, max_seqs 8, max_tokens 2048, kv_pages 0, max_seq_len 0,
@@ -268,7 +275,8 @@ ms_status ms_engine_add(ms_engine *e, const ms_engine_request *rq, ms_rid *rid, 
  * prompt itself, with the prefix cache when it is on (ms_engine_get_fork_stats counts it).
  * Offload and recompute-preemption treat a fork like any request. Errors: ms_engine_add's;
  * MS_ERR_NOT_FOUND (unknown parent), MS_ERR_UNSUPPORTED (a model of several nodes or with
- * cross-attention, guided pairs, explicit positions, features: add such choices with
+ * cross-attention, guided pairs, explicit positions, features, an engine with tensor
+ * parallelism (options.tp > 1: the ranks replay adds, not forks): add such choices with
  * ms_engine_add), MS_ERR_INVALID_ARG (a prompt other than the parent's).
  */
 ms_status ms_engine_fork(ms_engine *e, ms_rid parent, const ms_engine_request *rq, ms_rid *rid,
@@ -454,6 +462,15 @@ struct ms_sample_res *ms_engine_sampler(ms_engine *e);
 /* Prefix-cache counters (lookups, hit pages and tokens, inserts, evictions, listed pages; all
  * zero when options.prefix_cache is off or the model is not cached). */
 void ms_engine_prefix_stats(const ms_engine *e, ms_prefix_stats *out);
+
+/* ---- [tp] tensor parallelism (tp.h) ---- */
+
+/* Ranks of e's group (options.tp), 1 without. */
+int32_t ms_engine_tp_world(const ms_engine *e);
+/* Rank r's engine of e's group (0: e itself; for per-rank stats such as ms_engine_weight_bytes
+ * and ms_engine_kv_pages_free), NULL when r is out of range. Borrowed; read only, between
+ * calls on e. */
+const ms_engine *ms_engine_tp_rank(const ms_engine *e, int32_t r);
 
 #ifdef __cplusplus
 }

@@ -406,6 +406,15 @@ bool ms_hf_config_has(const ms_hf_config *cfg, const char *key) {
     return cfg_lookup(cfg, key) != NULL;
 }
 
+ms_status ms_hf_config_set_int(ms_hf_config *cfg, const char *key, int64_t value, ms_error *err) {
+    if (strchr(key, '.') != NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: cannot set nested key '%s'", cfg->path, key);
+    json_t *v = json_integer((json_int_t)value);
+    if (v == NULL || json_object_set_new(cfg->root, key, v) != 0)
+        return MS_FAIL(err, MS_ERR_OOM, "%s: out of memory setting '%s'", cfg->path, key);
+    return MS_OK;
+}
+
 ms_status ms_hf_config_get_int(const ms_hf_config *cfg, const char *key, int64_t *out, ms_error *err) {
     ms_cfg_value v;
     MS_TRY(ms_hf_config_require(cfg, key, MS_CFG_INT, &v, err));

@@ -105,6 +105,10 @@ ms_status ms_hf_config_require(const ms_hf_config *cfg, const char *key, ms_cfg_
                                ms_error *err);
 /* Whether `key` is present and not null. */
 bool ms_hf_config_has(const ms_hf_config *cfg, const char *key);
+/* Set top-level `key` to the integer `value` (replacing what was there): tensor parallelism's
+ * per-rank config (engine/tp.c: local head and MLP counts). Errors: MS_ERR_INVALID_ARG (a dotted
+ * key), MS_ERR_OOM. */
+ms_status ms_hf_config_set_int(ms_hf_config *cfg, const char *key, int64_t value, ms_error *err);
 
 /* Required typed fields (missing -> MS_ERR_NOT_FOUND, wrong type -> MS_ERR_FORMAT). */
 ms_status ms_hf_config_get_int(const ms_hf_config *cfg, const char *key, int64_t *out, ms_error *err);
