@@ -975,6 +975,8 @@ static const ms_weight *weight_of(const ms_ast_expr *e) {
     return NULL;
 }
 
+static bool input_embeds(const gen *g);
+
 static void emit_facts(gen *g) {
     static const char *const style_w[] = {"rotate_half", "interleaved", NULL};
     static const char *const style_c[] = {"MS_ROPE_ROTATE_HALF", "MS_ROPE_INTERLEAVED"};
@@ -983,8 +985,10 @@ static void emit_facts(gen *g) {
     const ms_ast_expr *emb = find_call_stmts(&g->fwd->ast->body, "embedding");
     const ms_weight *ew = emb != NULL ? weight_of(argv_at(emb, 0)) : NULL;
     /* a node returning hidden states (an encoder) gives the width of its output */
+    /* [inputs_embeds] rows standing for the embedding give it by their width */
     const char *width = ew != NULL && ew->rank == 2 ? cexpr(g, ew->shape[1])
                         : g->hidden                 ? g->v[g->logits].width
+                        : input_embeds(g) && g->input >= 0 ? g->v[g->input].width
                                                     : NULL;
     if (width == NULL)
         fail_at(g, g->fwd->ast->loc, "the forward needs an embedding(<table>, tokens) call (it "
@@ -2014,6 +2018,14 @@ static bool dyn_dim(const ms_ast_expr *d) {
     return d == NULL || (d->kind == MS_EXPR_NAME && strcmp(d->text, "_") == 0);
 }
 
+/* [inputs_embeds] Whether the node's shaped input is a row per token of the step (a sampling
+ * node without a cross resource: `forward(frames: [_, hidden_size]) -> logits`, rows computed
+ * outside the node, e.g. a talker's frame embeddings) rather than an encoder's features or a
+ * cross resource's context rows. */
+static bool input_embeds(const gen *g) {
+    return g->in_param != NULL && !g->hidden && g->cross == NULL;
+}
+
 /* The node's shaped input as the forward reads it: transposed ([L, C] of a declared [C, L], an
  * encoder's features) or as declared ([A, C]: a decoder's context rows, A the step's rows). */
 static int input_val(gen *g, const ms_ast_expr *at, bool transposed) {
@@ -2030,7 +2042,9 @@ static int input_val(gen *g, const ms_ast_expr *at, bool transposed) {
                 dyn_dim(cols) ? "width" : "frame count");
     g->input = new_val(g, V_INPUT);
     g->in_transposed = transposed;
-    g->v[g->input].rows = dyn_dim(rows) ? "A" : bare(g, cexpr(g, rows));
+    /* [inputs_embeds] a sampling node without a cross resource reads one row per token of the
+       step (the rows stand in for embedding(table, tokens)): T rows, not the context's A */
+    g->v[g->input].rows = dyn_dim(rows) ? (input_embeds(g) ? "T" : "A") : bare(g, cexpr(g, rows));
     g->v[g->input].width = bare(g, cexpr(g, cols));
     g->v[g->input].name = g->in_param->name.name;
     return g->input;
@@ -2610,7 +2624,7 @@ static const char *tname(gen *g, int x) {
     switch (v->kind) {
     case V_BUF: return x == g->logits ? "a->logits" : g->s[v->slot].name;
     case V_TOKENS: return "a->tokens";
-    case V_INPUT: return "a->input";
+    case V_INPUT: return input_embeds(g) ? "t_in" : "a->input";
     case V_POSITIONS: return "a->positions";
     default: return v->name;
     }
@@ -2622,7 +2636,7 @@ static const char *tref(gen *g, int x) {
         return "a->logits";
     if (x == g->tokens)
         return "a->tokens";
-    if (g->v[x].kind == V_INPUT || g->v[x].kind == V_POSITIONS)
+    if ((g->v[x].kind == V_INPUT && !input_embeds(g)) || g->v[x].kind == V_POSITIONS)
         return tname(g, x);
     return S("&%s", tname(g, x));
 }
@@ -2710,6 +2724,17 @@ static void emit_forward(gen *g) {
         }
     }
     ms_emit_blank(&g->cg);
+    if (g->input >= 0 && input_embeds(g)) {
+        /* [inputs_embeds] the rows the engine staged for this step (ms_engine_run_rows), one per
+           token: the forward may carry its residual stream in them */
+        E("if (a->input == NULL || a->input->shape[0] != T || a->input->shape[1] != (int64_t)(%s))",
+          g->v[g->input].width);
+        E("    return MS_FAIL(err, MS_ERR_INVALID_ARG, \"node %s: input %s must be [%%lld, %%lld] \"",
+          g->node->name, g->v[g->input].name);
+        E("                   \"(a row per token)\", (long long)T, (long long)(%s));",
+          g->v[g->input].width);
+        E("ms_tensor t_in = *a->input;");
+    }
     E("/* planned buffers */");
     for (int i = 0; i < g->n_s; i++)
         E("ms_tensor %s = ms_tensor_2d(ws + off[%s%s], MS_DTYPE_F32, %s, %s);", g->s[i].name,
@@ -2874,12 +2899,14 @@ static void emit_forward(gen *g) {
         E("/* the shaped input as the forward reads it: %s transposed, [frames, channels] */",
           g->v[g->input].name);
     else
-        E("/* the shaped input as the forward reads it: %s, [rows, width] (-1 rows: the step's) */",
-          g->v[g->input].name);
+        E("/* the shaped input as the forward reads it: %s, [rows, width] (-1 rows: the step's "
+          "context rows, -2: one row per token of the step) */", g->v[g->input].name);
     E("static void %s_input_shape(const void *config, int64_t *rows, int64_t *cols) {", fn);
     E("    const %s_config *c = config;", mn);
     E("    (void)c;");
-    E("    *rows = (int64_t)(%s);", dyn_input ? "-1" : g->v[g->input].rows);
+    E("    *rows = (int64_t)(%s);", dyn_input            ? "-1"
+                                  : input_embeds(g) ? "-2" /* [inputs_embeds] */
+                                                    : g->v[g->input].rows);
     E("    *cols = (int64_t)(%s);", g->v[g->input].width);
     E("}");
 }
@@ -3037,11 +3064,12 @@ static void lower_node(gen *g, int ni) {
         const ms_ast_fparam *p = g->fwd->ast->params.items[i];
         if (!p->has_shape)
             continue;
-        /* an encoder's features (read transposed), or a decoder's context rows */
-        if (p->shape.n != 2 || g->in_param != NULL || (!g->hidden && g->cross == NULL))
+        /* an encoder's features (read transposed), a decoder's context rows, or [inputs_embeds]
+           one row per token of a sampling node's step */
+        if (p->shape.n != 2 || g->in_param != NULL)
             fail_at(g, p->name.loc, "forward parameter '%s': the engine stages one 2-D input: "
-                    "an encoder's [channels, frames] or the rows a cross resource writes",
-                    p->name.name);
+                    "an encoder's [channels, frames], the rows a cross resource writes, or one "
+                    "row per token", p->name.name);
         g->in_param = p;
     }
     lower_body(g, &g->fwd->ast->body);

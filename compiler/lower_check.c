@@ -164,11 +164,20 @@ static void check_inputs(lcheck *c, const ms_node *node, const ms_forward *f) {
         const ms_ast_fparam *p = af->params.items[i];
         n_shaped += p->has_shape;
         n_ids += !p->has_shape;
-        if (p->has_shape && (p->shape.n != 2 || n_shaped > 1 ||
-                             (has_sampler(node) && !has_cross(node))))
+        /* [inputs_embeds] a sampling node without a cross resource may take one 2-D input
+           instead of token ids: one row per token of the step (check_embeds) */
+        bool embeds = has_sampler(node) && !has_cross(node);
+        if (p->has_shape && (p->shape.n != 2 || n_shaped > 1 || (embeds && af->params.n != 1)))
             refuse(c, p->name.loc, "forward parameter '%s' is a shaped tensor; mstarc build lowers "
-                   "forwards over token ids, or one 2-D input of a node without a sampler, only "
-                   "yet", p->name.name);
+                   "forwards over token ids, one 2-D input of a node without a sampler, or one "
+                   "[_, width] input alone (a row per token) of a sampling node only yet",
+                   p->name.name);
+        else if (p->has_shape && embeds && p->shape.items[0] != NULL &&
+                 !(((const ms_ast_expr *)p->shape.items[0])->kind == MS_EXPR_NAME &&
+                   strcmp(((const ms_ast_expr *)p->shape.items[0])->text, "_") == 0))
+            refuse(c, ((const ms_ast_expr *)p->shape.items[0])->loc, "forward parameter '%s': "
+                   "the rows of a sampling node's input are the step's tokens: declare them `_`",
+                   p->name.name);
         else if (!p->has_shape && n_ids > 1)
             refuse(c, p->name.loc, "forward parameter '%s': mstarc build lowers forwards of one "
                    "token input yet", p->name.name);

@@ -247,6 +247,7 @@ struct ms_engine {
     int32_t n_active;
     int32_t n_streams_active;     /* streams of the active requests (<= max_seqs) */
     ms_rid next_rid;
+    bool rows_staged;             /* [inputs_embeds] ms_engine_run_rows staged the input rows */
 };
 
 ms_engine_options ms_engine_options_default(void) {
@@ -947,8 +948,9 @@ static ms_status eng_buffers_init(ms_engine *e, ms_error *err) {
         if (nd->input_shape != NULL) {
             int64_t rows = 0, cols = 0;
             nd->input_shape(e->config, &rows, &cols);
-            if (rows == -1)
-                rows = e->max_tokens; /* a step's context rows: within its tokens */
+            if (rows == -1 || rows == -2)
+                rows = e->max_tokens; /* a step's context rows or [inputs_embeds] a row per
+                                         token: within its tokens */
             if (rows < 1 || cols < 1 || rows > INT32_MAX / cols)
                 return MS_FAIL(err, MS_ERR_FORMAT, "model %s: node %s: input of %lld x %lld",
                                e->desc->name, nd->name, (long long)rows, (long long)cols);
@@ -1668,6 +1670,14 @@ static ms_status eng_forward_sample(ms_engine *e, eng_node *nd, const ms_md_step
         nd->node->input_shape(e->config, &rows, &cols);
         if (rows == -1) /* the context rows of this step */
             rows = nd->ctx_rows;
+        else if (rows == -2) { /* [inputs_embeds] a row per token (ms_engine_run_rows) */
+            if (!e->rows_staged)
+                return MS_FAIL(err, MS_ERR_UNSUPPORTED,
+                               "step %s: node %s reads a row per token (inputs_embeds), not "
+                               "token ids: run it through ms_engine_run_rows", sd->name,
+                               nd->node->name);
+            rows = n_tok;
+        }
         input = ms_tensor_2d(e->input_dev, MS_DTYPE_F32, rows, cols);
     }
     ms_tensor out_rows = ms_tensor_1d(e->out_rows_dev, MS_DTYPE_I32, n_tok);
@@ -1827,6 +1837,103 @@ ms_status ms_engine_run_step(ms_engine *e, ms_rid rid, const char *step_name,
     r->row = 0;
     *logits = e->logits_host;
     *n_rows = sd->all_logits ? n_tokens : 1;
+    return MS_OK;
+}
+
+/* [inputs_embeds] see engine.h */
+ms_status ms_engine_run_rows(ms_engine *e, const char *node, const char *step_name,
+                             const ms_rid *rids, const int32_t *spans, int32_t n,
+                             const float *rows, int64_t width, const float **logits,
+                             ms_error *err) {
+    *logits = NULL;
+    eng_node *nd = NULL;
+    for (int32_t ni = 0; ni < e->n_nodes && nd == NULL; ni++)
+        if (strcmp(e->nodes[ni].node->name, node) == 0)
+            nd = &e->nodes[ni];
+    if (nd == NULL)
+        return MS_FAIL(err, MS_ERR_NOT_FOUND, "model %s has no node '%s'", e->desc->name, node);
+    int64_t in_rows = 0, in_cols = 0;
+    if (nd->node->input_shape != NULL)
+        nd->node->input_shape(e->config, &in_rows, &in_cols);
+    if (in_rows != -2 || nd->node->hidden_width != NULL)
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "node %s does not read a row per token "
+                       "(inputs_embeds): run its steps on token ids", node);
+    int32_t k = -1;
+    for (int32_t i = 0; i < nd->node->n_steps && k < 0; i++)
+        if (strcmp(nd->node->steps[i].name, step_name) == 0)
+            k = i;
+    if (k < 0)
+        return MS_FAIL(err, MS_ERR_NOT_FOUND, "node %s has no step '%s'", node, step_name);
+    const ms_md_step *sd = &nd->node->steps[k];
+    if (sd->n_segments != 1 || sd->labels[0] != MS_LABEL_MAIN)
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED,
+                       "run rows %s: only steps over the main stream alone run this way",
+                       sd->name);
+    if (e->pcache != NULL)
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "run rows %s.%s: the prefix cache keys pages on "
+                       "token ids, which rows are not: turn options.prefix_cache off", node,
+                       sd->name);
+    if (width != in_cols || rows == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "run rows %s.%s: rows of width %lld given, the "
+                       "node reads %lld", node, sd->name, (long long)width, (long long)in_cols);
+    if (n < 1 || n > e->max_seqs)
+        return MS_FAIL(err, MS_ERR_CAPACITY, "run rows %s.%s: %d requests (1 .. max_seqs %d)",
+                       node, sd->name, (int)n, (int)e->max_seqs);
+    int64_t total = 0;
+    for (int32_t i = 0; i < n; i++) {
+        eng_req *r = eng_find_req(e, rids[i], NULL);
+        if (r == NULL || !r->in_runner || r->finish != MS_FINISH_NONE)
+            return MS_FAIL(err, MS_ERR_NOT_FOUND, "run rows %s.%s: request %llu is not running",
+                           node, sd->name, (unsigned long long)rids[i]);
+        for (int32_t j = 0; j < i; j++)
+            if (rids[j] == rids[i])
+                return MS_FAIL(err, MS_ERR_INVALID_ARG, "run rows %s.%s: request %llu given "
+                               "twice", node, sd->name, (unsigned long long)rids[i]);
+        if (spans[i] < 1)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG, "run rows %s.%s: request %llu: %d rows "
+                           "(at least 1)", node, sd->name, (unsigned long long)rids[i],
+                           (int)spans[i]);
+        if (r->longest + spans[i] > nd->facts.max_context)
+            return MS_FAIL(err, MS_ERR_LIMIT, "run rows %s.%s: request %llu: %d more rows pass "
+                           "the node's context (%d positions)", node, sd->name,
+                           (unsigned long long)rids[i], (int)spans[i],
+                           (int)nd->facts.max_context);
+        total += spans[i];
+        ms_md_row row;
+        memset(&row, 0, sizeof row);
+        row.rid = rids[i];
+        row.len[MS_LABEL_MAIN] = spans[i];
+        e->rows[i] = row;
+        e->row_reqs[i] = r;
+        e->rids[i] = rids[i];
+    }
+    if (total > e->max_tokens)
+        return MS_FAIL(err, MS_ERR_CAPACITY, "run rows %s.%s: %lld rows in one step, above "
+                       "max_tokens %d (raise max_tokens)", node, sd->name, (long long)total,
+                       (int)e->max_tokens);
+    MS_TRY(sd->run(e->config, e->rows, n, &e->build, err));
+    if (e->build.n_tokens != total)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "run rows %s.%s: it declares %d tokens, %lld "
+                       "rows given", node, sd->name, (int)e->build.n_tokens, (long long)total);
+    /* the rows are the tokens' input; the ids the forward never reads are 0 */
+    memset(e->tokens_host, 0, (size_t)total * sizeof(int32_t));
+    MS_TRY(e->be.iface.copy_to_backend(e->be.ctx, e->input_dev, rows,
+                                       (size_t)total * (size_t)width * sizeof(float), err));
+    for (size_t i = 0; i < e->n_reqs; i++)
+        e->reqs[i]->row = -1;
+    ms_graph_step gs = {.step = k, .n_real = n, .n_rows = n}; /* eager, unpadded */
+    e->rows_staged = true;
+    ms_status st = eng_run_built(e, nd, sd, &gs, false, err);
+    e->rows_staged = false;
+    MS_TRY(st);
+    for (int32_t i = 0; i < n; i++) {
+        eng_req *r = e->row_reqs[i];
+        if (e->build.kv.commit)
+            r->longest += spans[i]; /* the stream grew outside its walk */
+        r->no_seal = true;           /* [prefix] its KV follows no ids */
+        r->row = i;
+    }
+    *logits = e->logits_host;
     return MS_OK;
 }
 

@@ -95,7 +95,10 @@
  *   - a node without a sampler (an encoder): its forward returns every token's row
  *     (`hidden_width`); a shaped forward parameter (`features: [C, L]` read as transpose(x), or
  *     a cross resource's context rows `audio: [_, d]`) becomes ms_md_forward_args.input
- *     (`input_shape`; -1 rows: the step's context rows, `A` in the generated forward);
+ *     (`input_shape`; -1 rows: the step's context rows, `A` in the generated forward;
+ *     -2 rows [inputs_embeds]: one row per token of a sampling node's step, `frames: [_, H]`
+ *     standing for embedding(table, tokens), run through ms_engine_run_rows; the forward may
+ *     carry its residual stream in those rows);
  *     `xattn.write(k, v)` a kv_write through context_batch guarded by A > 0, `xattn.run(q)` an
  *     attention through cross_batch (cross_attn: not causal); the cross record marks the
  *     resource used (ms_md_step_cross);

@@ -1,0 +1,299 @@
+/*
+ * test_talker.c - the talker node of models/talker.mstar (build/gen/talker/talker_gen.c, mstarc
+ * build --emit-only) run by the engine on the CPU (f32) over ../shared/fixtures/hf/talker_codepred.
+ * Its forward reads one row per position (inputs_embeds: a frame embedding, the sum of the
+ * frame's G code embeddings, computed here from the checkpoint's tables as reference.json's
+ * "what" spells it out) through ms_engine_run_rows:
+ *   - teacher-forced with the reference codes (the prompt's 5 frames prefilled, then frame t of
+ *     the reference codes decoded to give frame t + 1's logits), its 12 logit rows are within
+ *     1e-3 of talker_logits [12, 96] and their argmax is each frame's reference c0;
+ *   - four requests with different prompts (the fixture's, shifted, frames reversed, codebooks
+ *     permuted and shifted) in one batch give each request's logits of its run alone (1e-5),
+ *     and the prompts give different logits;
+ *   - bad calls (unknown node / step, a width other than the node's, a zero span, a request
+ *     given twice, an unknown request, rows past the context) fail with a one-line error, and
+ *     ms_engine_step refuses the node (it reads rows, not ids).
+ * The code predictor node (scratch KV) is not in the model yet: tests/test_talker_cpu.c is the
+ * hand-built oracle of the whole per-frame loop.
+ */
+#include "ms_test.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "checkpoint.h"
+#include "engine.h"
+#include "fixture_ref.h"
+#include "ms_test_impl.h"
+
+extern const ms_model_desc ms_talker_desc;
+
+#define CHECK(expr)                                                                    \
+    do {                                                                               \
+        ms_status st_ = (expr);                                                        \
+        if (st_ != MS_OK)                                                              \
+            fail_msg("%s: %s", #expr, err.msg);                                        \
+    } while (0)
+
+enum { G = 4, P = 5, F = 12, V = 96, H = 64, B = 4 };
+
+/* The checkpoint's frame-embedding tables: talker.model.embed_tokens (codebook 0) and
+ * talker.codebook_embeds.{0,1,2} (codebooks 1..3), f32 [V, H] each. */
+typedef struct tables {
+    ms_ckpt *ck;
+    const float *t[G];
+} tables;
+
+static void tables_init(tables *tb) {
+    ms_error err = {0};
+    CHECK(ms_ckpt_init(&tb->ck, ms_test_fixture("hf/talker_codepred"), &err));
+    for (int g = 0; g < G; g++) {
+        char name[96];
+        if (g == 0)
+            snprintf(name, sizeof name, "talker.model.embed_tokens.weight");
+        else
+            snprintf(name, sizeof name, "talker.codebook_embeds.%d.weight", g - 1);
+        int64_t shape[2] = {V, H};
+        const ms_st_tensor *t;
+        CHECK(ms_ckpt_expect_tensor(tb->ck, name, MS_ST_DTYPES_FLOAT, 2, shape, &t, &err));
+        assert_int_equal(t->dtype, MS_ST_DTYPE_F32);
+        tb->t[g] = (const float *)t->data;
+    }
+}
+
+/* out [H] = sum over g of table[g][codes[g]] (reference.json step 3). */
+static void frame_embed(const tables *tb, const int32_t *codes, float *out) {
+    for (int d = 0; d < H; d++) {
+        float s = 0.0f;
+        for (int g = 0; g < G; g++)
+            s += tb->t[g][(size_t)codes[g] * H + (size_t)d];
+        out[d] = s;
+    }
+}
+
+static ms_engine *engine_new(void) {
+    ms_error err = {0};
+    ms_engine_options o = ms_engine_options_default();
+    o.model_path = ms_test_fixture("hf/talker_codepred");
+    o.max_seqs = B;
+    o.max_tokens = B * P;
+    o.max_seq_len = P + F;
+    o.n_threads = 2;
+    ms_engine *e = NULL;
+    CHECK(ms_engine_init(&e, &ms_talker_desc, &o, &err));
+    return e;
+}
+
+/* A request whose prompt ids are the prompt's codebook-0 codes (checked, never read). */
+static ms_rid add_request(ms_engine *e, const int32_t (*prompt)[G]) {
+    ms_error err = {0};
+    int32_t ids[P];
+    for (int p = 0; p < P; p++)
+        ids[p] = prompt[p][0];
+    ms_engine_request rq = {.prompt = ids, .n_prompt = P, .max_new_tokens = F,
+                            .sampling = ms_engine_sampling_defaults(e)};
+    ms_rid rid;
+    CHECK(ms_engine_add(e, &rq, &rid, &err));
+    return rid;
+}
+
+/*
+ * Requests rids[0 .. n) with prompts[i] [P][G]: prefill every prompt in one step, then decode
+ * the reference frames codes[0 .. F - 1) one step each (teacher forcing); logits[i][f] = the
+ * logits request i gives for frame f (frame 0 from the prompt's last position).
+ */
+static void run(ms_engine *e, const tables *tb, const ms_rid *rids, int n,
+                const int32_t (*const *prompts)[G], const int32_t *codes, float (*logits)[F][V]) {
+    ms_error err = {0};
+    static float rows[B * P * H];
+    int32_t spans[B];
+    const float *out;
+    for (int i = 0; i < n; i++) {
+        spans[i] = P;
+        for (int p = 0; p < P; p++)
+            frame_embed(tb, prompts[i][p], rows + ((size_t)i * P + (size_t)p) * H);
+    }
+    CHECK(ms_engine_run_rows(e, "talker", "prefill", rids, spans, n, rows, H, &out, &err));
+    for (int i = 0; i < n; i++)
+        memcpy(logits[i][0], out + (size_t)i * V, sizeof logits[i][0]);
+    for (int f = 1; f < F; f++) {
+        for (int i = 0; i < n; i++) {
+            spans[i] = 1;
+            frame_embed(tb, codes + (size_t)(f - 1) * G, rows + (size_t)i * H);
+        }
+        CHECK(ms_engine_run_rows(e, "talker", "decode", rids, spans, n, rows, H, &out, &err));
+        for (int i = 0; i < n; i++)
+            memcpy(logits[i][f], out + (size_t)i * V, sizeof logits[i][f]);
+    }
+}
+
+static int argmax(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    return best;
+}
+
+static double max_diff(const float *a, const float *b, size_t n) {
+    double m = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (!(d <= m))
+            m = isnan(d) ? INFINITY : d;
+    }
+    return m;
+}
+
+typedef struct ref {
+    int32_t *prompt, *codes;
+    float *tlog;
+} ref;
+
+static void ref_load(ref *r) {
+    ms_st_file *rf = ms_test_ref_open("hf/talker_codepred");
+    size_t np, nc, nt;
+    r->prompt = ms_test_ref_tensor(rf, "prompt_codes", true, &np);
+    r->codes = ms_test_ref_tensor(rf, "codes", true, &nc);
+    r->tlog = ms_test_ref_tensor(rf, "talker_logits", false, &nt);
+    assert_int_equal(np, P * G);
+    assert_int_equal(nc, F * G);
+    assert_int_equal(nt, F * V);
+    ms_st_file_free(rf);
+}
+
+static void ref_free(ref *r) {
+    ms_free(r->prompt);
+    ms_free(r->codes);
+    ms_free(r->tlog);
+}
+
+static void test_talker_logits_teacher_forced(void **state) {
+    (void)state;
+    ref r;
+    ref_load(&r);
+    tables tb;
+    tables_init(&tb);
+    ms_engine *e = engine_new();
+    ms_rid rid = add_request(e, (const int32_t(*)[G])r.prompt);
+    static float logits[1][F][V];
+    const int32_t(*pr[1])[G] = {(const int32_t(*)[G])r.prompt};
+    run(e, &tb, &rid, 1, pr, r.codes, logits);
+    double et = max_diff(&logits[0][0][0], r.tlog, F * V);
+    int wrong = 0;
+    for (int f = 0; f < F; f++)
+        wrong += argmax(logits[0][f], V) != r.codes[f * G];
+    printf("talker node (compiled, CPU f32, teacher-forced): max |talker_logits| error %.3g, "
+           "%d of %d c0 codes differ\n", et, wrong, F);
+    assert_true(et < 1e-3);
+    assert_int_equal(wrong, 0);
+    assert_int_equal(ms_engine_stream_length(e, rid, MS_LABEL_MAIN), P + F - 1);
+    int32_t free0 = ms_engine_kv_pages_free(e);
+    ms_engine_remove(e, rid);
+    assert_true(ms_engine_kv_pages_free(e) > free0);
+    ms_engine_free(e);
+    ms_ckpt_free(tb.ck);
+    ref_free(&r);
+}
+
+static void test_batch_of_four_equals_each_alone(void **state) {
+    (void)state;
+    ref r;
+    ref_load(&r);
+    tables tb;
+    tables_init(&tb);
+    static int32_t pr[B][P][G];
+    for (int p = 0; p < P; p++)
+        for (int g = 0; g < G; g++) {
+            int32_t v = r.prompt[p * G + g];
+            pr[0][p][g] = v;                      /* the fixture's */
+            pr[1][p][g] = (v + 17) % V;           /* shifted */
+            pr[2][P - 1 - p][g] = v;              /* frames reversed */
+            pr[3][p][(g + 1) % G] = (v + 41) % V; /* codebooks permuted, shifted */
+        }
+    const int32_t(*all[B])[G] = {(const int32_t(*)[G])pr[0], (const int32_t(*)[G])pr[1],
+                                 (const int32_t(*)[G])pr[2], (const int32_t(*)[G])pr[3]};
+    static float alone[B][F][V], batch[B][F][V];
+    ms_engine *e = engine_new();
+    const int32_t free0 = ms_engine_kv_pages_free(e);
+    for (int i = 0; i < B; i++) {
+        ms_rid rid = add_request(e, all[i]);
+        run(e, &tb, &rid, 1, &all[i], r.codes, &alone[i]);
+        ms_engine_remove(e, rid);
+    }
+    ms_rid rids[B];
+    for (int i = 0; i < B; i++)
+        rids[i] = add_request(e, all[i]);
+    run(e, &tb, rids, B, all, r.codes, batch);
+    for (int i = 0; i < B; i++) {
+        double d = max_diff(&batch[i][0][0], &alone[i][0][0], F * V);
+        printf("request %d: batched vs alone: max logits difference %.3g\n", i, d);
+        assert_true(d < 1e-5);
+        if (i > 0)
+            assert_true(max_diff(&alone[i][0][0], &alone[0][0][0], V) > 1e-3);
+        ms_engine_remove(e, rids[i]);
+    }
+    assert_int_equal(ms_engine_kv_pages_free(e), free0);
+    ms_engine_free(e);
+    ms_ckpt_free(tb.ck);
+    ref_free(&r);
+}
+
+/* err's message must contain `want`. */
+static void expect_fail(ms_status st, const ms_error *err, ms_status code, const char *want) {
+    assert_int_equal(st, code);
+    if (strstr(err->msg, want) == NULL)
+        fail_msg("message '%s' lacks '%s'", err->msg, want);
+}
+
+static void test_bad_calls(void **state) {
+    (void)state;
+    ref r;
+    ref_load(&r);
+    ms_engine *e = engine_new();
+    ms_rid rid = add_request(e, (const int32_t(*)[G])r.prompt);
+    static float rows[(P + F + 1) * H];
+    const float *out;
+    int32_t span = 1;
+    ms_error err = {0};
+    ms_rid two[2] = {rid, rid};
+    int32_t spans2[2] = {1, 1};
+    expect_fail(ms_engine_run_rows(e, "predictor", "decode", &rid, &span, 1, rows, H, &out, &err),
+                &err, MS_ERR_NOT_FOUND, "no node 'predictor'");
+    expect_fail(ms_engine_run_rows(e, "talker", "refine", &rid, &span, 1, rows, H, &out, &err),
+                &err, MS_ERR_NOT_FOUND, "no step 'refine'");
+    expect_fail(ms_engine_run_rows(e, "talker", "decode", &rid, &span, 1, rows, 32, &out, &err),
+                &err, MS_ERR_INVALID_ARG, "width 32");
+    span = 0;
+    expect_fail(ms_engine_run_rows(e, "talker", "decode", &rid, &span, 1, rows, H, &out, &err),
+                &err, MS_ERR_INVALID_ARG, "0 rows");
+    expect_fail(ms_engine_run_rows(e, "talker", "decode", two, spans2, 2, rows, H, &out, &err),
+                &err, MS_ERR_INVALID_ARG, "given twice");
+    ms_rid ghost = rid + 100;
+    span = 1;
+    expect_fail(ms_engine_run_rows(e, "talker", "decode", &ghost, &span, 1, rows, H, &out, &err),
+                &err, MS_ERR_NOT_FOUND, "not running");
+    /* past the node's context: max_position_embeddings = 256 positions */
+    const int32_t ctx = ms_engine_facts(e)->max_context;
+    assert_int_equal(ctx, 256);
+    span = ctx + 1;
+    ms_status st = ms_engine_run_rows(e, "talker", "prefill", &rid, &span, 1, rows, H, &out, &err);
+    assert_true(st == MS_ERR_LIMIT || st == MS_ERR_CAPACITY);
+    assert_int_equal(ms_engine_stream_length(e, rid, MS_LABEL_MAIN), 0);
+    /* the walk's own steps would read ids: refused, nothing changed */
+    expect_fail(ms_engine_step(e, NULL, &err), &err, MS_ERR_UNSUPPORTED, "inputs_embeds");
+    ms_engine_remove(e, rid);
+    ms_engine_free(e);
+    ref_free(&r);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        ms_unit_test(test_talker_logits_teacher_forced),
+        ms_unit_test(test_batch_of_four_equals_each_alone),
+        ms_unit_test(test_bad_calls),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
