@@ -2739,6 +2739,26 @@ static void emit_forward(gen *g) {
     for (int i = 0; i < g->n_s; i++)
         E("ms_tensor %s = ms_tensor_2d(ws + off[%s%s], MS_DTYPE_F32, %s, %s);", g->s[i].name,
           bp, upper_ident(g, g->s[i].name + 2), g->s[i].rows, bare(g, g->s[i].width));
+    if (g->input >= 0 && input_embeds(g)) {
+        /* [inputs_embeds] the rows the logits' head reads (the final-normed last rows) go to
+           the caller's buffer when it asks for them (ms_engine_run_rows: a talker's hidden
+           state feeds the next node) */
+        int h = -1;
+        for (int i = 0; i < g->n_o; i++)
+            if (g->o[i].kind == O_LINEAR && g->o[i].out == g->logits)
+                h = root_of(g, g->o[i].in[0]);
+        if (h < 0 || g->v[h].kind != V_BUF || strcmp(g->s[g->v[h].slot].rows, "S") != 0)
+            fail_at(g, g->fwd->ast->loc, "node '%s': a forward over rows per token must return "
+                    "linear(<row-wise tail of the last rows>, head)", g->node->name);
+        const char *hn = g->s[g->v[h].slot].name;
+        E("if (a->last_hidden != NULL) { /* the head's input rows, into the caller's buffer */");
+        E("    if (a->last_hidden->shape[0] != S || a->last_hidden->shape[1] != %s.shape[1])", hn);
+        E("        return MS_FAIL(err, MS_ERR_INVALID_ARG, \"node %s: last_hidden must be \"",
+          g->node->name);
+        E("                       \"[%%lld, %%lld]\", (long long)S, (long long)%s.shape[1]);", hn);
+        E("    %s = *a->last_hidden;", hn);
+        E("}");
+    }
     E("/* views */");
     for (int x = 0; x < g->n_v; x++) {
         const val *v = &g->v[x];

@@ -44,6 +44,7 @@ enum { G = 4, P = 5, F = 12, V = 96, H = 64, B = 4 };
 typedef struct tables {
     ms_ckpt *ck;
     const float *t[G];
+    const float *lm_head; /* talker.lm_head.weight [V, H] */
 } tables;
 
 static void tables_init(tables *tb) {
@@ -61,6 +62,11 @@ static void tables_init(tables *tb) {
         assert_int_equal(t->dtype, MS_ST_DTYPE_F32);
         tb->t[g] = (const float *)t->data;
     }
+    int64_t shape[2] = {V, H};
+    const ms_st_tensor *t;
+    CHECK(ms_ckpt_expect_tensor(tb->ck, "talker.lm_head.weight", MS_ST_DTYPES_FLOAT, 2, shape, &t,
+                                &err));
+    tb->lm_head = (const float *)t->data;
 }
 
 /* out [H] = sum over g of table[g][codes[g]] (reference.json step 3). */
@@ -115,15 +121,24 @@ static void run(ms_engine *e, const tables *tb, const ms_rid *rids, int n,
         for (int p = 0; p < P; p++)
             frame_embed(tb, prompts[i][p], rows + ((size_t)i * P + (size_t)p) * H);
     }
-    CHECK(ms_engine_run_rows(e, "talker", "prefill", rids, spans, n, rows, H, &out, &err));
-    for (int i = 0; i < n; i++)
+    const float *hid;
+    CHECK(ms_engine_run_rows(e, "talker", "prefill", rids, spans, n, rows, H, &out, &hid, &err));
+    for (int i = 0; i < n; i++) {
         memcpy(logits[i][0], out + (size_t)i * V, sizeof logits[i][0]);
+        /* the hidden rows are what the head read: lm_head(h) is the logits */
+        for (int v = 0; v < V; v++) {
+            double acc = 0.0;
+            for (int d = 0; d < H; d++)
+                acc += (double)tb->lm_head[(size_t)v * H + (size_t)d] * hid[(size_t)i * H + (size_t)d];
+            assert_true(fabs(acc - out[(size_t)i * V + (size_t)v]) < 1e-4);
+        }
+    }
     for (int f = 1; f < F; f++) {
         for (int i = 0; i < n; i++) {
             spans[i] = 1;
             frame_embed(tb, codes + (size_t)(f - 1) * G, rows + (size_t)i * H);
         }
-        CHECK(ms_engine_run_rows(e, "talker", "decode", rids, spans, n, rows, H, &out, &err));
+        CHECK(ms_engine_run_rows(e, "talker", "decode", rids, spans, n, rows, H, &out, NULL, &err));
         for (int i = 0; i < n; i++)
             memcpy(logits[i][f], out + (size_t)i * V, sizeof logits[i][f]);
     }
@@ -260,26 +275,26 @@ static void test_bad_calls(void **state) {
     ms_error err = {0};
     ms_rid two[2] = {rid, rid};
     int32_t spans2[2] = {1, 1};
-    expect_fail(ms_engine_run_rows(e, "predictor", "decode", &rid, &span, 1, rows, H, &out, &err),
+    expect_fail(ms_engine_run_rows(e, "predictor", "decode", &rid, &span, 1, rows, H, &out, NULL, &err),
                 &err, MS_ERR_NOT_FOUND, "no node 'predictor'");
-    expect_fail(ms_engine_run_rows(e, "talker", "refine", &rid, &span, 1, rows, H, &out, &err),
+    expect_fail(ms_engine_run_rows(e, "talker", "refine", &rid, &span, 1, rows, H, &out, NULL, &err),
                 &err, MS_ERR_NOT_FOUND, "no step 'refine'");
-    expect_fail(ms_engine_run_rows(e, "talker", "decode", &rid, &span, 1, rows, 32, &out, &err),
+    expect_fail(ms_engine_run_rows(e, "talker", "decode", &rid, &span, 1, rows, 32, &out, NULL, &err),
                 &err, MS_ERR_INVALID_ARG, "width 32");
     span = 0;
-    expect_fail(ms_engine_run_rows(e, "talker", "decode", &rid, &span, 1, rows, H, &out, &err),
+    expect_fail(ms_engine_run_rows(e, "talker", "decode", &rid, &span, 1, rows, H, &out, NULL, &err),
                 &err, MS_ERR_INVALID_ARG, "0 rows");
-    expect_fail(ms_engine_run_rows(e, "talker", "decode", two, spans2, 2, rows, H, &out, &err),
+    expect_fail(ms_engine_run_rows(e, "talker", "decode", two, spans2, 2, rows, H, &out, NULL, &err),
                 &err, MS_ERR_INVALID_ARG, "given twice");
     ms_rid ghost = rid + 100;
     span = 1;
-    expect_fail(ms_engine_run_rows(e, "talker", "decode", &ghost, &span, 1, rows, H, &out, &err),
+    expect_fail(ms_engine_run_rows(e, "talker", "decode", &ghost, &span, 1, rows, H, &out, NULL, &err),
                 &err, MS_ERR_NOT_FOUND, "not running");
     /* past the node's context: max_position_embeddings = 256 positions */
     const int32_t ctx = ms_engine_facts(e)->max_context;
     assert_int_equal(ctx, 256);
     span = ctx + 1;
-    ms_status st = ms_engine_run_rows(e, "talker", "prefill", &rid, &span, 1, rows, H, &out, &err);
+    ms_status st = ms_engine_run_rows(e, "talker", "prefill", &rid, &span, 1, rows, H, &out, NULL, &err);
     assert_true(st == MS_ERR_LIMIT || st == MS_ERR_CAPACITY);
     assert_int_equal(ms_engine_stream_length(e, rid, MS_LABEL_MAIN), 0);
     /* the walk's own steps would read ids: refused, nothing changed */

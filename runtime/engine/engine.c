@@ -248,6 +248,10 @@ struct ms_engine {
     int32_t n_streams_active;     /* streams of the active requests (<= max_seqs) */
     ms_rid next_rid;
     bool rows_staged;             /* [inputs_embeds] ms_engine_run_rows staged the input rows */
+    float *last_hidden_dev;       /* [inputs_embeds] backend [max_seqs * last_hidden_width] the
+                                     rows a forward's head read (ms_engine_run_rows' hidden) */
+    float *last_hidden_host;      /* [max_seqs * last_hidden_width] */
+    int64_t last_hidden_width;    /* widest row-per-token input; 0: no such node */
 };
 
 ms_engine_options ms_engine_options_default(void) {
@@ -948,6 +952,8 @@ static ms_status eng_buffers_init(ms_engine *e, ms_error *err) {
         if (nd->input_shape != NULL) {
             int64_t rows = 0, cols = 0;
             nd->input_shape(e->config, &rows, &cols);
+            if (rows == -2) /* [inputs_embeds] its head's input rows have the rows' width */
+                e->last_hidden_width = MS_MAX(e->last_hidden_width, cols);
             if (rows == -1 || rows == -2)
                 rows = e->max_tokens; /* a step's context rows or [inputs_embeds] a row per
                                          token: within its tokens */
@@ -960,6 +966,13 @@ static ms_status eng_buffers_init(ms_engine *e, ms_error *err) {
     if (e->hidden_cap_width > 0)
         MS_TRY(eng_alloc(e, T * (size_t)e->hidden_cap_width * sizeof(float), "step.hidden",
                          (void **)&e->hidden_dev, err));
+    if (e->last_hidden_width > 0) { /* [inputs_embeds] */
+        MS_TRY(eng_alloc(e, S * (size_t)e->last_hidden_width * sizeof(float), "step.last_hidden",
+                         (void **)&e->last_hidden_dev, err));
+        e->last_hidden_host = ms_malloc(S * (size_t)e->last_hidden_width * sizeof(float));
+        if (e->last_hidden_host == NULL)
+            return MS_FAIL(err, MS_ERR_OOM, "out of memory for the last hidden rows");
+    }
     if (e->input_cap > 0) {
         MS_TRY(eng_alloc(e, (size_t)e->input_cap * sizeof(float), "step.input",
                          (void **)&e->input_dev, err));
@@ -1153,8 +1166,10 @@ void ms_engine_free(ms_engine *e) {
         eng_bfree(e, e->out_rows_dev);
         eng_bfree(e, e->hidden_dev);
         eng_bfree(e, e->input_dev);
+        eng_bfree(e, e->last_hidden_dev);
     }
     ms_free(e->input_host);
+    ms_free(e->last_hidden_host);
     ms_backend_free(&e->be);
     ms_free(e->weights);
     ms_free(e->woff);
@@ -1681,6 +1696,9 @@ static ms_status eng_forward_sample(ms_engine *e, eng_node *nd, const ms_md_step
         input = ms_tensor_2d(e->input_dev, MS_DTYPE_F32, rows, cols);
     }
     ms_tensor out_rows = ms_tensor_1d(e->out_rows_dev, MS_DTYPE_I32, n_tok);
+    /* [inputs_embeds] the rows the head reads, for ms_engine_run_rows */
+    ms_tensor last_hidden = ms_tensor_2d(e->last_hidden_dev, MS_DTYPE_F32, n,
+                                         nd->facts.hidden);
     ms_md_forward_args args = {
         .be = &e->be,
         .config = e->config,
@@ -1702,6 +1720,7 @@ static ms_status eng_forward_sample(ms_engine *e, eng_node *nd, const ms_md_step
         .context_batch = cross ? nd->ctx_batch : NULL,
         .cross_batch = cross ? nd->cross_batch : NULL,
         .cross_attn = nd->cross_params,
+        .last_hidden = e->rows_staged ? &last_hidden : NULL,
     };
     /* [graphs] eager, captured or replayed (graph_exec.h; e->gx NULL: eager) */
     MS_TRY(ms_graph_exec_forward(e->gx, gs, ctx, nd->node->forward, &args, err));
@@ -1844,8 +1863,10 @@ ms_status ms_engine_run_step(ms_engine *e, ms_rid rid, const char *step_name,
 ms_status ms_engine_run_rows(ms_engine *e, const char *node, const char *step_name,
                              const ms_rid *rids, const int32_t *spans, int32_t n,
                              const float *rows, int64_t width, const float **logits,
-                             ms_error *err) {
+                             const float **hidden, ms_error *err) {
     *logits = NULL;
+    if (hidden != NULL)
+        *hidden = NULL;
     eng_node *nd = NULL;
     for (int32_t ni = 0; ni < e->n_nodes && nd == NULL; ni++)
         if (strcmp(e->nodes[ni].node->name, node) == 0)
@@ -1932,6 +1953,12 @@ ms_status ms_engine_run_rows(ms_engine *e, const char *node, const char *step_na
             r->longest += spans[i]; /* the stream grew outside its walk */
         r->no_seal = true;           /* [prefix] its KV follows no ids */
         r->row = i;
+    }
+    if (hidden != NULL) {
+        MS_TRY(e->be.iface.copy_to_host(e->be.ctx, e->last_hidden_host, e->last_hidden_dev,
+                                        (size_t)n * (size_t)nd->facts.hidden * sizeof(float),
+                                        err));
+        *hidden = e->last_hidden_host;
     }
     *logits = e->logits_host;
     return MS_OK;

@@ -289,7 +289,9 @@ ms_status ms_engine_run_step(ms_engine *e, ms_rid rid, const char *step_name,
  * rows [sum(spans), width] f32 host (copied to the backend; the forward may overwrite its
  * copy). Nothing is sampled and the requests' walks and outputs do not move; a committing step
  * grows each main stream by its span. *logits = the last row's logits of each request
- * ([n, vocab] f32 host, borrowed until the next step). Requests are added with ms_engine_add
+ * ([n, vocab] f32 host, borrowed until the next step); *hidden (when hidden != NULL) = the
+ * rows the logits' head read: each request's final-normed hidden state of its last row
+ * ([n, width] f32 host, borrowed until the next step; a talker's h_t). Requests are added with ms_engine_add
  * as usual (their prompt ids are only checked). Errors: MS_ERR_NOT_FOUND (no such node or step,
  * a request not running), MS_ERR_UNSUPPORTED (a node reading token ids, a step over other
  * labels), MS_ERR_INVALID_ARG (a width other than the node's, a span below 1, a request given
@@ -299,7 +301,7 @@ ms_status ms_engine_run_step(ms_engine *e, ms_rid rid, const char *step_name,
 ms_status ms_engine_run_rows(ms_engine *e, const char *node, const char *step_name,
                              const ms_rid *rids, const int32_t *spans, int32_t n,
                              const float *rows, int64_t width, const float **logits,
-                             ms_error *err);
+                             const float **hidden, ms_error *err);
 
 /*
  * Run node `node`'s forward over one shaped input (an encoder: log-mel features) and return its

@@ -461,6 +461,10 @@ typedef struct ms_md_forward_args {
     ms_tensor *logits;               /* out: [n_out or batch->n_seqs, vocab] f32, backend memory;
                                         a node without a sampler (hidden_width set): every
                                         token's row, [batch->n_tokens, hidden_width] f32 */
+    /* [inputs_embeds] a node reading a row per token (input_shape rows -2): when not NULL,
+       out: [batch->n_seqs, width] f32 backend memory, the rows its logits' head reads (the
+       final-normed hidden state of each view's last token); NULL: not asked for */
+    ms_tensor *last_hidden;
 } ms_md_forward_args;
 
 /* Tensor of weight entry `w`, layer `layer` (0 for global weights). Data NULL when an optional
