@@ -167,6 +167,7 @@ typedef struct gen {
     ms_cg cg;
     const ms_node *node;
     const ms_resource *kv, *pos, *attn, *sampler, *cross;
+    const ms_resource *scratch; /* [scratch] a code predictor's KV: the node's only cache */
     const ms_forward *fwd;
     went w[MAX_W];
     int n_w;
@@ -976,6 +977,10 @@ static const ms_weight *weight_of(const ms_ast_expr *e) {
 }
 
 static bool input_embeds(const gen *g);
+static const char *kv_heads(gen *g);
+static const char *q_heads(gen *g);
+static const char *head_dim(gen *g);
+static const char *scratch_dim(gen *g, int i);
 
 static void emit_facts(gen *g) {
     static const char *const style_w[] = {"rotate_half", "interleaved", NULL};
@@ -1005,16 +1010,21 @@ static void emit_facts(gen *g) {
     E("(void)err;");
     E("const %s_config *c = config;", g->mn);
     E("memset(out, 0, sizeof *out);");
-    E("out->n_layers = (int32_t)%s;", cexpr(g, res_arg(g->kv, "layers")));
-    E("out->n_q_heads = (int32_t)%s;", cexpr(g, res_arg(g->attn, "q_heads")));
-    E("out->n_kv_heads = (int32_t)%s;", cexpr(g, res_arg(g->kv, "kv_heads")));
-    const char *hd = cexpr(g, res_arg(g->kv, "head_dim"));
+    /* [scratch] a node on a scratch KV: its layers, heads and shape = [positions, kv_heads,
+       head_dim] (a frame of `positions` slots per batch row, the page size of its arena) */
+    const ms_resource *cache = g->scratch != NULL ? g->scratch : g->kv;
+    E("out->n_layers = (int32_t)%s;", cexpr(g, res_arg(cache, "layers")));
+    E("out->n_q_heads = (int32_t)%s;", q_heads(g));
+    E("out->n_kv_heads = (int32_t)%s;", kv_heads(g));
+    const char *hd = head_dim(g);
     E("out->head_dim = (int32_t)%s;", hd);
     E("out->hidden = (int32_t)%s;", bare(g, width));
     /* no sampler (an encoder): no vocabulary */
     E("out->vocab = (int32_t)%s;",
       g->sampler != NULL ? cexpr(g, res_arg(g->sampler, "vocab")) : "0");
-    if (!g->hidden) {
+    if (g->scratch != NULL) {
+        E("out->max_context = (int32_t)(%s); /* the frame's slots */", bare(g, scratch_dim(g, 0)));
+    } else if (!g->hidden) {
         E("out->max_context = (int32_t)c->%s;", mp->name);
     } else {
         /* a node returning hidden states holds what its steps write (their spans) */
@@ -1050,9 +1060,11 @@ static void emit_facts(gen *g) {
         }
     }
     E("out->window = %s;", bare(g, int_or_none(g, res_arg(g->attn, "window"))));
-    const ms_ast_expr *ps = res_arg(g->kv, "page_size");
-    E("out->page_size = (int32_t)%s;", ps != NULL ? cexpr(g, ps) : "16");
-    E("out->kv_dtype = %s;", word_expr(g, res_arg(g->kv, "dtype"), dt_w, dt_c, "MS_DTYPE_BF16"));
+    const ms_ast_expr *ps = g->scratch != NULL ? NULL : res_arg(g->kv, "page_size");
+    E("out->page_size = (int32_t)%s;", g->scratch != NULL ? bare(g, scratch_dim(g, 0))
+                                       : ps != NULL       ? cexpr(g, ps)
+                                                          : "16");
+    E("out->kv_dtype = %s;", word_expr(g, res_arg(cache, "dtype"), dt_w, dt_c, "MS_DTYPE_BF16"));
     const ms_ast_expr *sc = res_arg(g->attn, "scale");
     if (sc != NULL)
         E("out->attn_scale = (float)%s;", bare(g, cexpr(g, sc)));
@@ -1634,6 +1646,15 @@ static void emit_step(gen *g, const ms_step_decl *s, int index) {
               kv == NULL || kv->commit ? "true" : "false", comb, n_comb, pre, n_pre, post, n_post);
             break;
         case MS_RESOURCE_POS: {
+            if (g->scratch != NULL) { /* [scratch] */
+                if (po != NULL && (po->advance != NULL || po->explicit_ids))
+                    fail_at(g, s->ast->loc, "step '%s': positions over scratch '%s' are the "
+                            "slots of the frame (no advance, no explicit ids)", s->name,
+                            g->scratch->name);
+                E("/* %s: positions are the slots of the frame (the scratch plan's) */",
+                  res->name);
+                break;
+            }
             bool custom = po != NULL && po->advance != NULL;
             if (!custom && kv != NULL && !kv->commit)
                 custom = true;
@@ -1646,6 +1667,11 @@ static void emit_step(gen *g, const ms_step_decl *s, int index) {
             break;
         case MS_RESOURCE_SAMPLER: E("ms_md_step_sampler(b, %d);", r); break;
         case MS_RESOURCE_CROSS: E("ms_md_step_cross(b, %d);", r); break;
+        case MS_RESOURCE_SCRATCH: {
+            const ms_step_rec *sc = rec_of(s, g->scratch);
+            E("ms_md_step_scratch(b, %d, %s);", r, sc != NULL && sc->begin_frame ? "true" : "false");
+            break;
+        }
         default: fail_at(g, res->ast->loc, "resource '%s' has no step record", res->name);
         }
     }
@@ -1895,9 +1921,21 @@ static void flush_add(gen *g, int x) {
     g->v[r].pending_add = -1;
 }
 
-static const char *kv_heads(gen *g) { return cexpr(g, res_arg(g->kv, "kv_heads")); }
-static const char *q_heads(gen *g) { return cexpr(g, res_arg(g->attn, "q_heads")); }
-static const char *head_dim(gen *g) { return cexpr(g, res_arg(g->kv, "head_dim")); }
+/* [scratch] element i of the scratch's shape = [positions, kv_heads, head_dim] */
+static const char *scratch_dim(gen *g, int i) {
+    const ms_ast_expr *sh = res_arg(g->scratch, "shape");
+    return cexpr(g, ((const ms_ast_arg *)sh->args.items[i])->value);
+}
+
+static const char *kv_heads(gen *g) {
+    return g->scratch != NULL ? scratch_dim(g, 1) : cexpr(g, res_arg(g->kv, "kv_heads"));
+}
+static const char *q_heads(gen *g) {
+    return cexpr(g, res_arg(g->scratch != NULL ? g->scratch : g->attn, "q_heads"));
+}
+static const char *head_dim(gen *g) {
+    return g->scratch != NULL ? scratch_dim(g, 2) : cexpr(g, res_arg(g->kv, "head_dim"));
+}
 
 /* Apply a pos.apply whose outputs are read by something other than attn.run. */
 static void flush_rope(gen *g) {
@@ -2020,10 +2058,11 @@ static bool dyn_dim(const ms_ast_expr *d) {
 
 /* [inputs_embeds] Whether the node's shaped input is a row per token of the step (a sampling
  * node without a cross resource: `forward(frames: [_, hidden_size]) -> logits`, rows computed
- * outside the node, e.g. a talker's frame embeddings) rather than an encoder's features or a
- * cross resource's context rows. */
+ * outside the node, e.g. a talker's frame embeddings), or of a node on a scratch KV (a code
+ * predictor's inputs, returned as every token's hidden row), rather than an encoder's features
+ * or a cross resource's context rows. */
 static bool input_embeds(const gen *g) {
-    return g->in_param != NULL && !g->hidden && g->cross == NULL;
+    return g->in_param != NULL && g->cross == NULL && (!g->hidden || g->scratch != NULL);
 }
 
 /* The node's shaped input as the forward reads it: transposed ([L, C] of a declared [C, L], an
@@ -2227,8 +2266,11 @@ static int lower(gen *g, const ms_ast_expr *e, const char *hint, int dest) {
         }
         if (e->lhs->kind == MS_EXPR_MEMBER && e->lhs->lhs->sym != NULL &&
             e->lhs->lhs->sym->kind == MS_SYM_RESOURCE &&
-            e->lhs->lhs->sym->resource->kind == MS_RESOURCE_ATTN &&
+            (e->lhs->lhs->sym->resource->kind == MS_RESOURCE_ATTN ||
+             e->lhs->lhs->sym->resource->kind == MS_RESOURCE_SCRATCH) &&
             strcmp(e->lhs->text, "run") == 0) {
+            /* attn.run over the KV pool, or [scratch] code.run over the scratch KV (the engine
+               hands the scratch's arena and plan as a->kv and a->batch) */
             if (g->layer == NULL)
                 fail_at(g, e->loc, "attention runs inside a layer loop (layer = <loop variable>)");
             int q = lower(g, argv_at(e, 0), NULL, -1), k = lower(g, argv_at(e, 1), NULL, -1);
@@ -2707,7 +2749,7 @@ static void emit_forward(gen *g) {
     E("float *ws = a->workspace;");
     E("(void)be;");
     E("(void)S;");
-    if (g->hidden) {
+    if (g->hidden && g->scratch == NULL) {
         /* its buffers hold the frames of one sequence; the engine stages the input */
         E("if (a->batch->n_seqs != 1)");
         E("    return MS_FAIL(err, MS_ERR_UNSUPPORTED, \"node %s: one sequence per step (%%d given)\",",
@@ -2739,7 +2781,7 @@ static void emit_forward(gen *g) {
     for (int i = 0; i < g->n_s; i++)
         E("ms_tensor %s = ms_tensor_2d(ws + off[%s%s], MS_DTYPE_F32, %s, %s);", g->s[i].name,
           bp, upper_ident(g, g->s[i].name + 2), g->s[i].rows, bare(g, g->s[i].width));
-    if (g->input >= 0 && input_embeds(g)) {
+    if (g->input >= 0 && input_embeds(g) && !g->hidden) {
         /* [inputs_embeds] the rows the logits' head reads (the final-normed last rows) go to
            the caller's buffer when it asks for them (ms_engine_run_rows: a talker's hidden
            state feeds the next node) */
@@ -3019,7 +3061,7 @@ static void find_node(gen *g) {
 /* Make `n` the node being emitted: g->node and its kv, pos, attn and sampler resources. */
 static void node_slots(gen *g, const ms_node *n) {
     g->node = n;
-    g->kv = g->pos = g->attn = g->sampler = g->cross = NULL;
+    g->kv = g->pos = g->attn = g->sampler = g->cross = g->scratch = NULL;
     for (int r = 0; r < g->node->n_resources; r++) {
         const ms_resource *res = g->node->resources[r];
         const ms_resource **slotp = NULL;
@@ -3029,6 +3071,7 @@ static void node_slots(gen *g, const ms_node *n) {
         case MS_RESOURCE_ATTN: slotp = &g->attn; break;
         case MS_RESOURCE_SAMPLER: slotp = &g->sampler; break;
         case MS_RESOURCE_CROSS: slotp = &g->cross; break;
+        case MS_RESOURCE_SCRATCH: slotp = &g->scratch; break;
         default:
             fail_at(g, res->ast->loc, "resource '%s' (%s) is not run by the engine yet",
                     res->name, res->spec->ctor);
@@ -3039,7 +3082,12 @@ static void node_slots(gen *g, const ms_node *n) {
                                                  : res->spec->ctor);
         *slotp = res;
     }
-    if (g->kv == NULL || g->attn == NULL)
+    if (g->scratch != NULL && (g->kv != NULL || g->attn != NULL || g->cross != NULL ||
+                               g->sampler != NULL))
+        fail_at(g, g->scratch->ast->loc, "node '%s': a node on scratch '%s' attends through it "
+                "alone (code.run): no kv_pool, attention, cross or sampler beside it",
+                g->node->name, g->scratch->name);
+    if (g->scratch == NULL && (g->kv == NULL || g->attn == NULL))
         fail_at(g, g->node->ast->loc, "node '%s' needs a kv_pool and an attention",
                 g->node->name);
 }

@@ -64,10 +64,22 @@ static void check_resource(lcheck *c, const ms_resource *r) {
     switch (r->kind) {
     case MS_RESOURCE_CROSS: /* lowered: xattn.write of the context rows, xattn.run */
         return;
-    case MS_RESOURCE_SCRATCH:
-        refuse(c, r->ast->name.loc, "resource '%s': a scratch pool (scratch) is not lowered by mstarc build yet",
-               r->name);
+    case MS_RESOURCE_SCRATCH: {
+        /* [scratch] lowered as the node's KV (ms_scratch_kv: a frame of shape[0] slots per
+           batch row, emptied when a step begins a frame): code.run is attention over it */
+        const ms_ast_expr *shape = arg_of(r, "shape");
+        if (shape == NULL || shape->kind != MS_EXPR_LIST || shape->args.n != 3)
+            refuse(c, shape != NULL ? shape->loc : r->ast->name.loc, "scratch '%s': mstarc build "
+                   "lowers shape = [positions, kv_heads, head_dim] (a list of three) only",
+                   r->name);
+        else if (arg_of(r, "layers") == NULL)
+            refuse(c, r->ast->name.loc, "scratch '%s': mstarc build needs layers = <count> (the "
+                   "layers its KV holds)", r->name);
+        else if (arg_of(r, "q_heads") == NULL)
+            refuse(c, r->ast->name.loc, "scratch '%s': mstarc build needs q_heads = <count> (the "
+                   "query heads of code.run)", r->name);
         return;
+    }
     case MS_RESOURCE_POS: {
         /* rope and learned tables (positions(kv, table = ...), read by pos.embed) are lowered */
         const ms_ast_expr *block = find_word(arg_of(r, "scheme"), "block");

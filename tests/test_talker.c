@@ -13,8 +13,16 @@
  *   - bad calls (unknown node / step, a width other than the node's, a zero span, a request
  *     given twice, an unknown request, rows past the context) fail with a one-line error, and
  *     ms_engine_step refuses the node (it reads rows, not ids).
- * The code predictor node (scratch KV) is not in the model yet: tests/test_talker_cpu.c is the
- * hand-built oracle of the whole per-frame loop.
+ *   - the whole per-frame loop over the two compiled nodes (the talker on its KV pool, the
+ *     code_predictor on its scratch KV) with the glue between them done here on the host
+ *     (frame embeddings, in_proj, the predictor's input embeddings and per-codebook heads,
+ *     argmax): from prompt_codes [5, 4] the 12 generated frames equal the reference codes
+ *     [12, 4] exactly, talker_logits and predictor_logits within 1e-3; four prompts batched
+ *     give each request's codes and logits of its run alone;
+ *   - the scratch's hazards through the compiled node: a row continuing a frame another
+ *     request began, a frame never begun, a fifth token in a frame of four are refused; a frame
+ *     begun again starts empty (bitwise the same rows), two rows never read each other's keys.
+ * tests/test_talker_cpu.c is the hand-built oracle of the same loop.
  */
 #include "ms_test.h"
 
@@ -37,7 +45,7 @@ extern const ms_model_desc ms_talker_desc;
             fail_msg("%s: %s", #expr, err.msg);                                        \
     } while (0)
 
-enum { G = 4, P = 5, F = 12, V = 96, H = 64, B = 4 };
+enum { G = 4, P = 5, F = 12, V = 96, H = 64, HC = 32, B = 4 };
 
 /* The checkpoint's frame-embedding tables: talker.model.embed_tokens (codebook 0) and
  * talker.codebook_embeds.{0,1,2} (codebooks 1..3), f32 [V, H] each. */
@@ -45,7 +53,18 @@ typedef struct tables {
     ms_ckpt *ck;
     const float *t[G];
     const float *lm_head; /* talker.lm_head.weight [V, H] */
+    /* the code predictor's glue: in_proj [HC, H], embeds.{j} and heads.{j} [V, HC] */
+    const float *in_proj, *cp_embeds[G - 1], *heads[G - 1];
 } tables;
+
+static const float *table(tables *tb, const char *name, int64_t n0, int64_t n1) {
+    ms_error err = {0};
+    int64_t shape[2] = {n0, n1};
+    const ms_st_tensor *t;
+    CHECK(ms_ckpt_expect_tensor(tb->ck, name, MS_ST_DTYPES_FLOAT, 2, shape, &t, &err));
+    assert_int_equal(t->dtype, MS_ST_DTYPE_F32);
+    return (const float *)t->data;
+}
 
 static void tables_init(tables *tb) {
     ms_error err = {0};
@@ -67,6 +86,24 @@ static void tables_init(tables *tb) {
     CHECK(ms_ckpt_expect_tensor(tb->ck, "talker.lm_head.weight", MS_ST_DTYPES_FLOAT, 2, shape, &t,
                                 &err));
     tb->lm_head = (const float *)t->data;
+    tb->in_proj = table(tb, "code_predictor.in_proj.weight", HC, H);
+    for (int j = 0; j < G - 1; j++) {
+        char name[96];
+        snprintf(name, sizeof name, "code_predictor.embeds.%d.weight", j);
+        tb->cp_embeds[j] = table(tb, name, V, HC);
+        snprintf(name, sizeof name, "code_predictor.heads.%d.weight", j);
+        tb->heads[j] = table(tb, name, V, HC);
+    }
+}
+
+/* out [N] = W [N, K] x [K] (float32 accumulation in double). */
+static void matvec(const float *w, const float *x, int n, int k, float *out) {
+    for (int i = 0; i < n; i++) {
+        double acc = 0.0;
+        for (int d = 0; d < k; d++)
+            acc += (double)w[(size_t)i * (size_t)k + (size_t)d] * x[d];
+        out[i] = (float)acc;
+    }
 }
 
 /* out [H] = sum over g of table[g][codes[g]] (reference.json step 3). */
@@ -304,11 +341,238 @@ static void test_bad_calls(void **state) {
     ref_free(&r);
 }
 
+
+/* ---- the whole per-frame loop: talker node, then the code predictor node on its scratch ---- */
+
+typedef struct result {
+    int32_t codes[F][G];
+    float tlog[F][V];
+    float plog[F][G - 1][V];
+} result;
+
+/* The predictor's step `step` for requests rids[0 .. n) (request i on batch row i), spans[i]
+ * rows each in rows [sum, HC]; y [n, HC] = each request's last hidden row. */
+static void predictor_step(ms_engine *e, const char *step, const ms_rid *rids, const int32_t *spans,
+                           int n, const float *rows, float *y) {
+    ms_error err = {0};
+    const float *logits, *hid;
+    CHECK(ms_engine_run_rows(e, "code_predictor", step, rids, spans, n, rows, HC, &logits, &hid,
+                             &err));
+    assert_null(logits);
+    memcpy(y, hid, (size_t)n * HC * sizeof(float));
+}
+
+/*
+ * Generate F frames greedily for requests rids[0 .. n) with prompts[i] [P][G] in one batch
+ * (reference.json "what"): the talker prefills the prompt's frame embeddings; per frame, c0 =
+ * argmax(logits), the predictor begins a frame over [in_proj(h), embeds[0](c0)] and takes c1
+ * from heads[0] of its last row, then feeds embeds[j-1](c_{j-1}) for c_j from heads[j-1]; the
+ * frame's embedding is the talker's next input.
+ */
+static void generate(ms_engine *e, const tables *tb, const ms_rid *rids, int n,
+                     const int32_t (*const *prompts)[G], result *res) {
+    ms_error err = {0};
+    static float rows[B * P * H], h[B * H], y[B * HC], prow[B * 2 * HC];
+    int32_t spans[B], c[B][G];
+    const float *out, *hid;
+    for (int i = 0; i < n; i++) {
+        spans[i] = P;
+        for (int p = 0; p < P; p++)
+            frame_embed(tb, prompts[i][p], rows + ((size_t)i * P + (size_t)p) * H);
+    }
+    CHECK(ms_engine_run_rows(e, "talker", "prefill", rids, spans, n, rows, H, &out, &hid, &err));
+    for (int f = 0; f < F; f++) {
+        memcpy(h, hid, (size_t)n * H * sizeof(float));
+        for (int i = 0; i < n; i++) {
+            memcpy(res[i].tlog[f], out + (size_t)i * V, sizeof res[i].tlog[f]);
+            c[i][0] = argmax(res[i].tlog[f], V);
+            /* rows 2i, 2i + 1: in_proj(h), embeds[0](c0) at positions 0, 1 */
+            matvec(tb->in_proj, h + (size_t)i * H, HC, H, prow + (size_t)(2 * i) * HC);
+            memcpy(prow + (size_t)(2 * i + 1) * HC, tb->cp_embeds[0] + (size_t)c[i][0] * HC,
+                   HC * sizeof(float));
+            spans[i] = 2;
+        }
+        predictor_step(e, "begin", rids, spans, n, prow, y);
+        for (int j = 1; j < G; j++) {
+            for (int i = 0; i < n; i++) {
+                matvec(tb->heads[j - 1], y + (size_t)i * HC, V, HC, res[i].plog[f][j - 1]);
+                c[i][j] = argmax(res[i].plog[f][j - 1], V);
+                if (j < G - 1)
+                    memcpy(prow + (size_t)i * HC, tb->cp_embeds[j] + (size_t)c[i][j] * HC,
+                           HC * sizeof(float));
+                spans[i] = 1;
+            }
+            if (j < G - 1) /* embeds[j](c_j) at position j + 1 */
+                predictor_step(e, "next", rids, spans, n, prow, y);
+        }
+        for (int i = 0; i < n; i++)
+            memcpy(res[i].codes[f], c[i], sizeof c[i]);
+        if (f == F - 1)
+            break;
+        for (int i = 0; i < n; i++) {
+            frame_embed(tb, c[i], rows + (size_t)i * H);
+            spans[i] = 1;
+        }
+        CHECK(ms_engine_run_rows(e, "talker", "decode", rids, spans, n, rows, H, &out, &hid, &err));
+    }
+}
+
+static void test_codes_compiled(void **state) {
+    (void)state;
+    ref r;
+    ref_load(&r);
+    ms_st_file *rf = ms_test_ref_open("hf/talker_codepred");
+    size_t npl;
+    float *plog = ms_test_ref_tensor(rf, "predictor_logits", false, &npl);
+    assert_int_equal(npl, F * (G - 1) * V);
+    ms_st_file_free(rf);
+    tables tb;
+    tables_init(&tb);
+    ms_engine *e = engine_new();
+    ms_rid rid = add_request(e, (const int32_t(*)[G])r.prompt);
+    static result res;
+    const int32_t(*pr[1])[G] = {(const int32_t(*)[G])r.prompt};
+    generate(e, &tb, &rid, 1, pr, &res);
+    int wrong = 0;
+    for (int i = 0; i < F * G; i++)
+        wrong += (&res.codes[0][0])[i] != r.codes[i];
+    double et = max_diff(&res.tlog[0][0], r.tlog, F * V);
+    double ep = max_diff(&res.plog[0][0][0], plog, npl);
+    printf("talker + code_predictor (compiled, CPU f32): %d of %d codes differ; max "
+           "|talker_logits| error %.3g, max |predictor_logits| error %.3g\n", wrong, F * G, et, ep);
+    assert_int_equal(wrong, 0);
+    assert_true(et < 1e-3);
+    assert_true(ep < 1e-3);
+    ms_engine_remove(e, rid);
+    ms_engine_free(e);
+    ms_ckpt_free(tb.ck);
+    ms_free(plog);
+    ref_free(&r);
+}
+
+static void test_codes_batch_of_four_equals_each_alone(void **state) {
+    (void)state;
+    ref r;
+    ref_load(&r);
+    tables tb;
+    tables_init(&tb);
+    static int32_t pr[B][P][G];
+    for (int p = 0; p < P; p++)
+        for (int g = 0; g < G; g++) {
+            int32_t v = r.prompt[p * G + g];
+            pr[0][p][g] = v;
+            pr[1][p][g] = (v + 17) % V;
+            pr[2][P - 1 - p][g] = v;
+            pr[3][p][(g + 1) % G] = (v + 41) % V;
+        }
+    const int32_t(*all[B])[G] = {(const int32_t(*)[G])pr[0], (const int32_t(*)[G])pr[1],
+                                 (const int32_t(*)[G])pr[2], (const int32_t(*)[G])pr[3]};
+    static result alone[B], batch[B];
+    ms_engine *e = engine_new();
+    for (int i = 0; i < B; i++) {
+        ms_rid rid = add_request(e, all[i]);
+        generate(e, &tb, &rid, 1, &all[i], &alone[i]);
+        ms_engine_remove(e, rid);
+    }
+    ms_rid rids[B];
+    for (int i = 0; i < B; i++)
+        rids[i] = add_request(e, all[i]);
+    generate(e, &tb, rids, B, all, batch);
+    int distinct = 0;
+    for (int i = 0; i < B; i++) {
+        assert_memory_equal(batch[i].codes, alone[i].codes, sizeof batch[i].codes);
+        double et = max_diff(&batch[i].tlog[0][0], &alone[i].tlog[0][0], F * V);
+        double ep = max_diff(&batch[i].plog[0][0][0], &alone[i].plog[0][0][0], F * (G - 1) * V);
+        printf("request %d: batched vs alone: codes equal, max logits difference %.3g / %.3g\n",
+               i, et, ep);
+        assert_true(et < 1e-5 && ep < 1e-5);
+        if (i > 0 && memcmp(alone[i].codes, alone[0].codes, sizeof alone[0].codes) != 0)
+            distinct++;
+        ms_engine_remove(e, rids[i]);
+    }
+    assert_int_equal(distinct, B - 1);
+    ms_engine_free(e);
+    ms_ckpt_free(tb.ck);
+    ref_free(&r);
+}
+
+/*
+ * The scratch's hazards through the compiled node: a row continuing a frame another request
+ * began (the batch recomposed mid-frame) is refused and changes nothing; a request continuing
+ * a frame it never began is refused; a frame longer than its G slots is refused; a frame begun
+ * again starts empty (the same inputs give bitwise the same rows whatever came before).
+ */
+static void test_scratch_hazards(void **state) {
+    (void)state;
+    ref r;
+    ref_load(&r);
+    ms_engine *e = engine_new();
+    ms_rid a = add_request(e, (const int32_t(*)[G])r.prompt);
+    ms_rid b = add_request(e, (const int32_t(*)[G])r.prompt);
+    /* pair: two rows per request (both requests the same), single: one row each (the same),
+       other: one row each, another value */
+    static float pair[4 * HC], single[2 * HC], other[2 * HC];
+    static float y1[2 * HC], y2[2 * HC], y3[2 * HC], y4[2 * HC];
+    for (int i = 0; i < 2 * HC; i++) {
+        pair[i] = pair[2 * HC + i] = 0.01f * (float)((i * 7) % 29) - 0.1f;
+        single[i % HC] = single[HC + i % HC] = 0.02f * (float)((i * 5) % 13) - 0.12f;
+        other[i] = 0.03f * (float)((i * 3) % 11) - 0.15f;
+    }
+    float *rows = pair;
+    ms_error err = {0};
+    const float *lg, *hid;
+    ms_rid ab[2] = {a, b}, ba[2] = {b, a};
+    int32_t two[2] = {2, 2}, one[2] = {1, 1};
+    /* next before any begin: a frame never begun */
+    expect_fail(ms_engine_run_rows(e, "code_predictor", "next", ab, one, 2, rows, HC, &lg, &hid,
+                                   &err), &err, MS_ERR_INVALID_ARG, "never began");
+    printf("a frame never begun: %s\n", err.msg);
+    /* frame 1 of both rows, then both rows' second step */
+    predictor_step(e, "begin", ab, two, 2, rows, y1);
+    /* the batch recomposed mid-frame: row 0 would read request a's keys for b */
+    expect_fail(ms_engine_run_rows(e, "code_predictor", "next", ba, one, 2, rows, HC, &lg, &hid,
+                                   &err), &err, MS_ERR_INVALID_ARG, "scratch kv");
+    printf("recomposed mid-frame: %s\n", err.msg);
+    predictor_step(e, "next", ab, one, 2, single, y2);
+    predictor_step(e, "next", ab, one, 2, single, y3);
+    /* a fifth token in a frame of four slots */
+    expect_fail(ms_engine_run_rows(e, "code_predictor", "next", ab, one, 2, rows, HC, &lg, &hid,
+                                   &err), &err, MS_ERR_CAPACITY, "would hold 5 tokens");
+    printf("a fifth token: %s\n", err.msg);
+    /* a new frame starts empty: the same inputs give the same rows as frame 1 */
+    predictor_step(e, "begin", ab, two, 2, pair, y4);
+    assert_memory_equal(y1, y4, sizeof y1);
+    predictor_step(e, "next", ab, one, 2, single, y4);
+    assert_memory_equal(y2, y4, sizeof y2);
+    /* a frame of other rows in between, then the first frame's inputs again */
+    predictor_step(e, "begin", ab, one, 2, other, y4);
+    predictor_step(e, "next", ab, one, 2, other, y4);
+    assert_true(memcmp(y4, y2, sizeof y2) != 0);
+    predictor_step(e, "begin", ab, two, 2, pair, y4);
+    assert_memory_equal(y1, y4, sizeof y1);
+    /* the two rows got the same inputs: equal rows (neither read the other's keys) */
+    assert_memory_equal(y1, y1 + HC, HC * sizeof(float));
+    assert_memory_equal(y3, y3 + HC, HC * sizeof(float));
+    /* a width other than the node's */
+    expect_fail(ms_engine_run_rows(e, "code_predictor", "begin", ab, two, 2, rows, H, &lg, &hid,
+                                   &err), &err, MS_ERR_INVALID_ARG, "width 64");
+    /* its hidden rows must be asked for */
+    expect_fail(ms_engine_run_rows(e, "code_predictor", "begin", ab, two, 2, rows, HC, &lg, NULL,
+                                   &err), &err, MS_ERR_INVALID_ARG, "hidden");
+    ms_engine_remove(e, a);
+    ms_engine_remove(e, b);
+    ms_engine_free(e);
+    ref_free(&r);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         ms_unit_test(test_talker_logits_teacher_forced),
         ms_unit_test(test_batch_of_four_equals_each_alone),
         ms_unit_test(test_bad_calls),
+        ms_unit_test(test_codes_compiled),
+        ms_unit_test(test_codes_batch_of_four_equals_each_alone),
+        ms_unit_test(test_scratch_hazards),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -39,6 +39,7 @@
 #include "prefix_cache.h"
 #include "rid_map.h"
 #include "sample_res.h"
+#include "scratch.h"
 #include "walk.h"
 #include "step_runner.h"
 
@@ -177,6 +178,10 @@ typedef struct eng_node {
     ms_attn_params cross_params;  /* not causal, no window, the attention's scale */
     int32_t ctx_rows;             /* context rows of the step being run (its input) */
     int32_t *zeros;               /* [max_seqs] kv_start of the cross views */
+    /* [scratch] a node on a scratch KV (a code predictor): its runner holds the scratch alone,
+       nd->kv views its buffer, nd->attn.batch stages its plans (eng_scratch_init) */
+    ms_scratch_kv_config scratch_cfg;
+    ms_scratch_kv *scratch;       /* owned by the runner; NULL: not a scratch node */
 } eng_node;
 
 struct ms_engine {
@@ -353,7 +358,8 @@ int32_t ms_engine_stream_length(const ms_engine *e, ms_rid rid, ms_label label) 
 int32_t ms_engine_kv_pages_free(const ms_engine *e) {
     int32_t n = 0;
     for (int32_t i = 0; i < e->n_nodes; i++)
-        n += ms_page_arena_num_free(e->nodes[i].arena);
+        if (e->nodes[i].arena != NULL) /* [scratch] a scratch node has no page arena */
+            n += ms_page_arena_num_free(e->nodes[i].arena);
     if (e->pcache != NULL) /* [prefix] pages only the cache holds are evicted on demand */
         n += ms_prefix_cache_stats(e->pcache).unreferenced;
     return n;
@@ -686,7 +692,12 @@ static ms_status eng_host_arena_init(ms_engine *e, eng_node *nd, const ms_page_a
                                      ms_error *err);
 
 /* The page arena and the KV pool over it (node nd's KV resource). */
+static bool eng_scratch_node(const eng_node *nd);                    /* [scratch] */
+static ms_status eng_scratch_init(ms_engine *e, eng_node *nd, ms_error *err); /* [scratch] */
+
 static ms_status eng_resources_init(ms_engine *e, eng_node *nd, ms_error *err) {
+    if (eng_scratch_node(nd))
+        return MS_OK; /* [scratch] no page arena: eng_scratch_init */
     const ms_md_facts *fa = &nd->facts;
     const int32_t ps = e->opt.page_size > 0 ? e->opt.page_size : fa->page_size;
     int32_t seq_len = fa->max_context;
@@ -873,6 +884,8 @@ static const eng_res_make_fn eng_res_makers[MS_RESOURCE_KIND_COUNT] = {
 
 static ms_status eng_runner_init(ms_engine *e, eng_node *nd, ms_error *err) {
     const ms_md_node *d = nd->node;
+    if (eng_scratch_node(nd))
+        return eng_scratch_init(e, nd, err); /* [scratch] */
     if (d->n_resources < 1 || d->n_resources > MS_MAX_RESOURCES)
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "model %s: %d resources", e->desc->name,
                        (int)d->n_resources);
@@ -952,8 +965,13 @@ static ms_status eng_buffers_init(ms_engine *e, ms_error *err) {
         if (nd->input_shape != NULL) {
             int64_t rows = 0, cols = 0;
             nd->input_shape(e->config, &rows, &cols);
-            if (rows == -2) /* [inputs_embeds] its head's input rows have the rows' width */
+            if (rows == -2) { /* [inputs_embeds] its head's input rows have the rows' width;
+                                 [scratch] a scratch node's hidden rows their own */
                 e->last_hidden_width = MS_MAX(e->last_hidden_width, cols);
+                if (nd->hidden_width != NULL)
+                    e->last_hidden_width = MS_MAX(e->last_hidden_width,
+                                                  nd->hidden_width(e->config));
+            }
             if (rows == -1 || rows == -2)
                 rows = e->max_tokens; /* a step's context rows or [inputs_embeds] a row per
                                          token: within its tokens */
@@ -1859,6 +1877,147 @@ ms_status ms_engine_run_step(ms_engine *e, ms_rid rid, const char *step_name,
     return MS_OK;
 }
 
+/* ---- [scratch] a node on a scratch KV (a code predictor) ---- */
+
+static bool eng_scratch_node(const eng_node *nd) {
+    for (int32_t i = 0; i < nd->node->n_resources; i++)
+        if (nd->node->resources[i].kind == MS_RESOURCE_SCRATCH)
+            return true;
+    return false;
+}
+
+/*
+ * The runner of a node on a scratch KV: the scratch alone (ms_scratch_kv_build: segment i is
+ * batch row i; max_seqs rows of a frame of facts.max_context slots; KV dtype of the engine),
+ * its buffer viewed as the paged KV the attention ops read (page_size = the frame's slots,
+ * row r on page r + 1), an attention batch staging its plans. A rope over it reads the
+ * engine's RoPE table (the model's), so it must be that table: same style, head and rotary
+ * dims, theta, no scaling or sections. Anything else on the node is refused.
+ */
+static ms_status eng_scratch_init(ms_engine *e, eng_node *nd, ms_error *err) {
+    const ms_md_node *d = nd->node;
+    const ms_md_facts *fa = &nd->facts;
+    for (int k = 0; k < MS_RESOURCE_KIND_COUNT; k++)
+        nd->idx[k] = -1;
+    nd->context_label = -1;
+    for (int32_t i = 0; i < d->n_resources; i++) {
+        ms_resource_kind k = d->resources[i].kind;
+        if ((k != MS_RESOURCE_SCRATCH && k != MS_RESOURCE_POS) || nd->idx[k] >= 0)
+            return MS_FAIL(err, MS_ERR_UNSUPPORTED, "model %s: node %s: resource '%s' (%s) beside "
+                           "a scratch KV: the node attends through the scratch alone",
+                           e->desc->name, d->name, d->resources[i].key,
+                           ms_resource_kind_str(k));
+        nd->idx[k] = i;
+    }
+    if (nd->idx[MS_RESOURCE_SCRATCH] != 0 || d->hidden_width == NULL)
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "model %s: node %s: a scratch node returns "
+                       "hidden rows with the scratch as its first resource", e->desc->name,
+                       d->name);
+    if (nd->idx[MS_RESOURCE_POS] >= 0) {
+        const ms_rope_config *a = &fa->rope, *b = &e->facts.rope;
+        if (a->style != b->style || a->head_dim != b->head_dim || a->rotary_dim != b->rotary_dim ||
+            a->theta != b->theta || a->scaling != MS_ROPE_SCALING_NONE || a->n_sections != 0 ||
+            b->scaling != MS_ROPE_SCALING_NONE || b->n_sections != 0)
+            return MS_FAIL(err, MS_ERR_UNSUPPORTED, "model %s: node %s: its rope (head_dim %d, "
+                           "theta %g) is not the model's RoPE table (head_dim %d, theta %g): the "
+                           "engine keeps one", e->desc->name, d->name, (int)a->head_dim,
+                           a->theta, (int)b->head_dim, b->theta);
+    }
+    nd->scratch_cfg = (ms_scratch_kv_config){
+        .device = e->dev, .max_rows = e->max_seqs, .layers = fa->n_layers,
+        .positions = fa->max_context, .kv_heads = fa->n_kv_heads, .head_dim = fa->head_dim,
+        .elem_bytes = ms_dtype_size(e->kvdtype)};
+    ms_resource_spec spec = {.key = d->resources[0].key, .kind = MS_RESOURCE_SCRATCH,
+                             .build = ms_scratch_kv_build, .config = &nd->scratch_cfg};
+    MS_TRY(ms_step_runner_init(&nd->runner, &spec, 1, err));
+    nd->scratch = ms_step_runner_resource(nd->runner, 0);
+    nd->kv = (ms_paged_kv){
+        .data = ms_scratch_kv_data(nd->scratch),
+        .dtype = e->kvdtype,
+        .n_layers = fa->n_layers,
+        .n_pages = ms_scratch_kv_pages(nd->scratch),
+        .page_size = fa->max_context,
+        .n_kv_heads = fa->n_kv_heads,
+        .head_dim = fa->head_dim,
+    };
+    ms_attn_limits lim = {.max_seqs = e->max_seqs, .max_tokens = e->max_tokens,
+                          .max_pages = nd->kv.n_pages};
+    MS_TRY(e->be.iface.attn_batch_init(e->be.ctx, &lim, &nd->attn.batch, err));
+    nd->attn.scale = fa->attn_scale > 0.0f ? fa->attn_scale : 1.0f / sqrtf((float)fa->head_dim);
+    return MS_OK;
+}
+
+/*
+ * One step of a scratch node over e->rows[0 .. n) (built in e->build; the rows staged in
+ * input_dev): admit -> plan on the scratch, the plan staged for the attention ops, positions =
+ * the slots of the frame, the forward into hidden_dev [n_tokens, width], commit. A failure
+ * after admit abandons the step (the scratch unchanged).
+ */
+static ms_status eng_run_scratch(ms_engine *e, eng_node *nd, const ms_md_step *sd, int32_t n,
+                                 ms_error *err) {
+    const ms_backend_i *f = &e->be.iface;
+    void *cx = e->be.ctx;
+    ms_step *step = &e->build.step;
+    ms_step_ctx ctx;
+    memset(&ctx, 0, sizeof ctx);
+    ctx.request_ids = e->rids;
+    ctx.n_rows = n;
+    ctx.n_real = n;
+    ms_admit_outcome o = ms_step_runner_admit(nd->runner, step, &ctx);
+    if (o.code != MS_ADMIT_OK)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "step %s.%s: scratch '%s' refused the batch "
+                       "(%s): at most %d rows of at most %d slots", nd->node->name, sd->name,
+                       nd->node->resources[0].key, ms_admit_code_str(o.code), (int)e->max_seqs,
+                       (int)nd->facts.max_context);
+    ms_status st = ms_step_runner_plan(nd->runner, step, &ctx, err);
+    if (st != MS_OK)
+        return st; /* the runner abandoned the step */
+    const ms_kv_plan *plan = ctx.plan_results[0];
+    const int32_t T = plan->n_tokens;
+    ms_attn_params ap = {.scale = nd->attn.scale, .window = 0, .causal = true};
+    int64_t rows = 0, cols = 0, width = nd->node->hidden_width(e->config);
+    nd->node->input_shape(e->config, &rows, &cols);
+    ms_tensor tokens = ms_tensor_1d(e->tokens_dev, MS_DTYPE_I32, T);
+    ms_tensor pos = ms_tensor_1d(e->pos_dev, MS_DTYPE_I32, T);
+    ms_tensor input = ms_tensor_2d(e->input_dev, MS_DTYPE_F32, T, cols);
+    ms_tensor out = ms_tensor_2d(e->hidden_dev, MS_DTYPE_F32, T, width);
+    st = f->attn_batch_stage(cx, nd->attn.batch, plan, &nd->kv, err);
+    if (st == MS_OK && f->attn_batch_plan != NULL)
+        st = f->attn_batch_plan(cx, nd->attn.batch, &nd->kv, nd->facts.n_q_heads, &ap, err);
+    if (st == MS_OK)
+        st = f->copy_to_backend(cx, e->tokens_dev, e->tokens_host, (size_t)T * sizeof(int32_t),
+                                err);
+    if (st == MS_OK) /* a token's position is its slot in the row's frame */
+        st = f->copy_to_backend(cx, e->pos_dev, plan->token_to_slot, (size_t)T * sizeof(int32_t),
+                                err);
+    if (st == MS_OK) {
+        ms_md_forward_args args = {
+            .be = &e->be,
+            .config = e->config,
+            .facts = &nd->facts,
+            .weights = e->weights,
+            .weight_offset = e->woff,
+            .kv = &nd->kv,
+            .batch = nd->attn.batch,
+            .tokens = &tokens,
+            .positions = &pos,
+            .rope = &e->rope,
+            .attn = ap,
+            .workspace = e->workspace,
+            .max_tokens = e->max_tokens,
+            .max_seqs = e->max_out,
+            .logits = &out,
+            .input = &input,
+        };
+        st = nd->node->forward(&args, err);
+    }
+    if (st != MS_OK) {
+        ms_step_runner_abandon(nd->runner, step, &ctx);
+        return st;
+    }
+    return ms_step_runner_commit(nd->runner, step, &ctx, err);
+}
+
 /* [inputs_embeds] see engine.h */
 ms_status ms_engine_run_rows(ms_engine *e, const char *node, const char *step_name,
                              const ms_rid *rids, const int32_t *spans, int32_t n,
@@ -1876,9 +2035,13 @@ ms_status ms_engine_run_rows(ms_engine *e, const char *node, const char *step_na
     int64_t in_rows = 0, in_cols = 0;
     if (nd->node->input_shape != NULL)
         nd->node->input_shape(e->config, &in_rows, &in_cols);
-    if (in_rows != -2 || nd->node->hidden_width != NULL)
+    const bool scratch = nd->scratch != NULL; /* [scratch] returns hidden rows */
+    if (in_rows != -2 || (nd->node->hidden_width != NULL && !scratch))
         return MS_FAIL(err, MS_ERR_UNSUPPORTED, "node %s does not read a row per token "
                        "(inputs_embeds): run its steps on token ids", node);
+    if (scratch && hidden == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "run rows %s.%s: the node returns hidden rows: "
+                       "pass `hidden`", node, step_name);
     int32_t k = -1;
     for (int32_t i = 0; i < nd->node->n_steps && k < 0; i++)
         if (strcmp(nd->node->steps[i].name, step_name) == 0)
@@ -1914,7 +2077,7 @@ ms_status ms_engine_run_rows(ms_engine *e, const char *node, const char *step_na
             return MS_FAIL(err, MS_ERR_INVALID_ARG, "run rows %s.%s: request %llu: %d rows "
                            "(at least 1)", node, sd->name, (unsigned long long)rids[i],
                            (int)spans[i]);
-        if (r->longest + spans[i] > nd->facts.max_context)
+        if (!scratch && r->longest + spans[i] > nd->facts.max_context)
             return MS_FAIL(err, MS_ERR_LIMIT, "run rows %s.%s: request %llu: %d more rows pass "
                            "the node's context (%d positions)", node, sd->name,
                            (unsigned long long)rids[i], (int)spans[i],
@@ -1942,6 +2105,22 @@ ms_status ms_engine_run_rows(ms_engine *e, const char *node, const char *step_na
                                        (size_t)total * (size_t)width * sizeof(float), err));
     for (size_t i = 0; i < e->n_reqs; i++)
         e->reqs[i]->row = -1;
+    if (scratch) {
+        /* [scratch] request i is batch row i: a frame's steps list the same requests in the
+           same order (the scratch refuses a row continuing another request's frame); every
+           request's last row is returned */
+        MS_TRY(eng_run_scratch(e, nd, sd, n, err));
+        const int64_t w = nd->node->hidden_width(e->config);
+        int64_t t = 0;
+        for (int32_t i = 0; i < n; i++) {
+            t += spans[i];
+            MS_TRY(e->be.iface.copy_to_host(e->be.ctx, e->last_hidden_host + (size_t)i * (size_t)w,
+                                            e->hidden_dev + (size_t)(t - 1) * (size_t)w,
+                                            (size_t)w * sizeof(float), err));
+        }
+        *hidden = e->last_hidden_host;
+        return MS_OK;
+    }
     ms_graph_step gs = {.step = k, .n_real = n, .n_rows = n}; /* eager, unpadded */
     e->rows_staged = true;
     ms_status st = eng_run_built(e, nd, sd, &gs, false, err);

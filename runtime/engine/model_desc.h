@@ -424,6 +424,10 @@ void ms_md_step_attn(ms_md_step_build *b, int index, bool causal);
  * plans; the record only marks it used). */
 void ms_md_step_cross(ms_md_step_build *b, int index);
 
+/* [scratch] The scratch KV record (scratch.h, ms_scratch_kv_step): whether the step begins a
+ * frame (`code begin = true`: each row's scratch is emptied before its writes). */
+void ms_md_step_scratch(ms_md_step_build *b, int index, bool begin_frame);
+
 /* The sampler record: the first segment of each sampling row samples; under a combined label of
  * two or more labels (batched CFG) the row's segment of the combine's second label guides the one
  * of its first (mixed = uncond + s * (cond - uncond) over log-softmaxes). */
