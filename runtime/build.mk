@@ -51,6 +51,7 @@ RUNTIME_SRCS += runtime/cli/cli_chat.c
 RUNTIME_SRCS += runtime/cli/cli_transcribe.c
 RUNTIME_SRCS += runtime/engine/sample_res.c
 RUNTIME_SRCS += runtime/engine/walk.c
+RUNTIME_SRCS += runtime/engine/talker.c
 RUNTIME_SRCS += runtime/tokenizers/chat_template.c
 RUNTIME_SRCS += runtime/loaders/gguf.c
 RUNTIME_SRCS += runtime/loaders/gguf_quant.c

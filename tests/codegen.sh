@@ -10,7 +10,7 @@
 #     exactly and 16 greedy ids on hf/llama_gqa (the generated descriptor is the reference: the
 #     fixture tests compare its logits and ids with transformers');
 #   - errors: a failing C compiler is reported with its command and exit status, a construct the
-#     engine cannot run (soft_cap, scheme = block, cross, scratch, learned positions, a second
+#     engine cannot run (soft_cap, scheme = block, cross, a scratch without its shape or layers, learned positions, a second
 #     node of another KV layout, an unlowered builtin) names file:line:col, usage errors exit 2;
 #   - M-RoPE: models/qwen2vl.mstar lowers its int[] sections, the mrope kernel and its ignore
 #     patterns;
@@ -354,7 +354,9 @@ refused scheme_block 's/style = interleaved,/style = interleaved, scheme = block
 refused cross '/resource pick = /a resource xa = cross(cache, context = main, q_heads = n_heads);' \
     "step 'prefill': its first segment is on 'main', the context label of cross 'xa': the queries' label comes first \(the context rows are packed after them\)"
 refused scratch '/resource pick = /a resource code = scratch(shape = [4, hd], rows = 8);' \
-    "resource 'code': a scratch pool \(scratch\) is not lowered by mstarc build yet"
+    "scratch 'code': mstarc build lowers shape = \[positions, kv_heads, head_dim\] \(a list of three\) only"
+refused scratch_layers '/resource pick = /a resource code = scratch(shape = [4, 2, hd], rows = 8);' \
+    "scratch 'code': mstarc build needs layers = <count> \(the layers its KV holds\)"
 refused learned_positions '/norm = "norm.weight"/a pos_table = "pos.weight" [max_position_embeddings, dim];
 /resource pick = /a resource lpos = positions(cache, table = pos_table);' \
     "resource 'rot': the engine runs one positions resource \(rope or positions\) per node"

@@ -35,6 +35,7 @@
 #include "engine.h"
 #include "fixture_ref.h"
 #include "ms_test_impl.h"
+#include "talker.h"
 
 extern const ms_model_desc ms_talker_desc;
 
@@ -295,7 +296,8 @@ static void test_batch_of_four_equals_each_alone(void **state) {
 
 /* err's message must contain `want`. */
 static void expect_fail(ms_status st, const ms_error *err, ms_status code, const char *want) {
-    assert_int_equal(st, code);
+    if (st != code)
+        fail_msg("status %d (%s), expected %d: %s", (int)st, err->msg, (int)code, want);
     if (strstr(err->msg, want) == NULL)
         fail_msg("message '%s' lacks '%s'", err->msg, want);
 }
@@ -565,6 +567,88 @@ static void test_scratch_hazards(void **state) {
     ref_free(&r);
 }
 
+
+/* ---- the engine entry point (talker.h): the same loop with its glue in the runtime ---- */
+
+static void test_engine_talker_codes(void **state) {
+    (void)state;
+    ref r;
+    ref_load(&r);
+    ms_st_file *rf = ms_test_ref_open("hf/talker_codepred");
+    size_t npl;
+    float *plog = ms_test_ref_tensor(rf, "predictor_logits", false, &npl);
+    ms_st_file_free(rf);
+    ms_engine *e = engine_new();
+    static float tl[F][V], pl[F][G - 1][V];
+    ms_talker_item it = {.prompt_codes = r.prompt, .n_prompt = P, .n_frames = F,
+                         .talker_logits = &tl[0][0], .predictor_logits = &pl[0][0][0]};
+    ms_talker_glue glue = ms_talker_glue_default();
+    ms_error err = {0};
+    CHECK(ms_engine_talker_codes(e, &glue, &it, 1, &err));
+    assert_memory_equal(it.codes, r.codes, F * G * sizeof(int32_t));
+    double et = max_diff(&tl[0][0], r.tlog, F * V), ep = max_diff(&pl[0][0][0], plog, npl);
+    printf("ms_engine_talker_codes (CPU f32): codes equal; logits errors %.3g / %.3g\n", et, ep);
+    assert_true(et < 1e-3 && ep < 1e-3);
+    ms_free(it.codes);
+    assert_int_equal(ms_engine_n_active(e), 0);
+
+    /* four prompts in one call (one wave of max_seqs 4) equal each alone; 6 items: two waves */
+    static int32_t pr[6][P][G];
+    for (int p = 0; p < P; p++)
+        for (int g = 0; g < G; g++) {
+            int32_t v = r.prompt[p * G + g];
+            pr[0][p][g] = v;
+            pr[1][p][g] = (v + 17) % V;
+            pr[2][P - 1 - p][g] = v;
+            pr[3][p][(g + 1) % G] = (v + 41) % V;
+            pr[4][p][g] = (v * 5 + 3) % V;
+            pr[5][p][g] = (v + 60) % V;
+        }
+    ms_talker_item all[6], one;
+    for (int i = 0; i < 6; i++)
+        all[i] = (ms_talker_item){.prompt_codes = &pr[i][0][0], .n_prompt = P, .n_frames = F - i};
+    CHECK(ms_engine_talker_codes(e, &glue, all, 6, &err));
+    for (int i = 0; i < 6; i++) {
+        one = (ms_talker_item){.prompt_codes = &pr[i][0][0], .n_prompt = P, .n_frames = F - i};
+        CHECK(ms_engine_talker_codes(e, &glue, &one, 1, &err));
+        assert_memory_equal(one.codes, all[i].codes, (size_t)(F - i) * G * sizeof(int32_t));
+        ms_free(one.codes);
+        ms_free(all[i].codes);
+    }
+
+    /* bad input: one line each, nothing held */
+    static int32_t bad[P][G];
+    memcpy(bad, r.prompt, sizeof bad);
+    bad[3][2] = V;
+    it = (ms_talker_item){.prompt_codes = &bad[0][0], .n_prompt = P, .n_frames = 2};
+    expect_fail(ms_engine_talker_codes(e, &glue, &it, 1, &err), &err, MS_ERR_INVALID_ARG,
+                "item 0: prompt frame 3, codebook 2: code 96 is outside [0, 96)");
+    assert_null(it.codes);
+    it = (ms_talker_item){.prompt_codes = r.prompt, .n_prompt = P, .n_frames = 0};
+    expect_fail(ms_engine_talker_codes(e, &glue, &it, 1, &err), &err, MS_ERR_INVALID_ARG,
+                "0 frames to generate");
+    it = (ms_talker_item){.prompt_codes = r.prompt, .n_prompt = P, .n_frames = 300};
+    expect_fail(ms_engine_talker_codes(e, &glue, &it, 1, &err), &err, MS_ERR_LIMIT,
+                "pass the talker's context (256 positions)");
+    ms_talker_glue g2 = glue;
+    g2.heads = "code_predictor.head.{j}.weight";
+    it = (ms_talker_item){.prompt_codes = r.prompt, .n_prompt = P, .n_frames = 2};
+    expect_fail(ms_engine_talker_codes(e, &g2, &it, 1, &err), &err, MS_ERR_NOT_FOUND,
+                "code_predictor.head.0.weight");
+    g2 = glue;
+    g2.in_proj = "code_predictor.heads.0.weight"; /* [96, 32], not [32, 64] */
+    expect_fail(ms_engine_talker_codes(e, &g2, &it, 1, &err), &err, MS_ERR_FORMAT,
+                "'code_predictor.heads.0.weight' has shape [96, 32], the model declares [32, 64]");
+    g2 = glue;
+    g2.predictor = "predictor";
+    expect_fail(ms_engine_talker_codes(e, &g2, &it, 1, &err), &err, MS_ERR_NOT_FOUND,
+                "no node 'predictor'");
+    assert_int_equal(ms_engine_n_active(e), 0);
+    ms_engine_free(e);
+    ms_free(plog);
+    ref_free(&r);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         ms_unit_test(test_talker_logits_teacher_forced),
@@ -573,6 +657,7 @@ int main(void) {
         ms_unit_test(test_codes_compiled),
         ms_unit_test(test_codes_batch_of_four_equals_each_alone),
         ms_unit_test(test_scratch_hazards),
+        ms_unit_test(test_engine_talker_codes),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

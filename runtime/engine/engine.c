@@ -2019,6 +2019,18 @@ static ms_status eng_run_scratch(ms_engine *e, eng_node *nd, const ms_md_step *s
 }
 
 /* [inputs_embeds] see engine.h */
+const ms_md_facts *ms_engine_node_facts(const ms_engine *e, const char *name) {
+    for (int32_t i = 0; i < e->n_nodes; i++)
+        if (name != NULL && strcmp(e->nodes[i].node->name, name) == 0)
+            return &e->nodes[i].facts;
+    return NULL;
+}
+
+const struct ms_ckpt *ms_engine_checkpoint(const ms_engine *e) { return e->ck; }
+
+int32_t ms_engine_max_seqs(const ms_engine *e) { return e->max_seqs; }
+
+/* [inputs_embeds] see engine.h */
 ms_status ms_engine_run_rows(ms_engine *e, const char *node, const char *step_name,
                              const ms_rid *rids, const int32_t *spans, int32_t n,
                              const float *rows, int64_t width, const float **logits,

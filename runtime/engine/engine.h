@@ -281,6 +281,15 @@ ms_status ms_engine_run_step(ms_engine *e, ms_rid rid, const char *step_name,
                              const int32_t *tokens, int32_t n_tokens, const float **logits,
                              int32_t *n_rows, ms_error *err);
 
+/* [inputs_embeds] The facts of node `name` (its KV layout, width, context: ms_md_facts), or
+ * NULL when the model has no such node. Borrowed until ms_engine_free. */
+const ms_md_facts *ms_engine_node_facts(const ms_engine *e, const char *name);
+
+/* [inputs_embeds] The loaded checkpoint (tensors the model's nodes do not read, e.g. a talker's
+ * glue: talker.h) and the engine's batch rows (options.max_seqs). Borrowed until ms_engine_free. */
+const struct ms_ckpt *ms_engine_checkpoint(const ms_engine *e);
+int32_t ms_engine_max_seqs(const ms_engine *e);
+
 /*
  * [inputs_embeds] Run step `step_name` of node `node`, whose forward reads one row per token
  * instead of token ids (`forward(frames: [_, hidden_size]) -> logits`: a talker's frame
