@@ -49,6 +49,7 @@ RUNTIME_SRCS += runtime/cli/cli_kernels.c
 RUNTIME_SRCS += runtime/cli/cli_serve.c
 RUNTIME_SRCS += runtime/cli/cli_chat.c
 RUNTIME_SRCS += runtime/cli/cli_transcribe.c
+RUNTIME_SRCS += runtime/cli/cli_talker.c
 RUNTIME_SRCS += runtime/engine/sample_res.c
 RUNTIME_SRCS += runtime/engine/walk.c
 RUNTIME_SRCS += runtime/engine/talker.c
