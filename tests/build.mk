@@ -51,6 +51,11 @@ TESTS += tests/test_talker_cpu
 # hf/talker_codepred's talker_logits, teacher-forced; four prompts batched equal each alone
 TESTS += tests/test_talker
 $(BUILD)/tests/test_talker: $(BUILD)/obj/gen/talker/talker_gen.o
+ifeq ($(HAVE_CUDA),1)
+# models/talker.mstar's kernel instances at both nodes' shapes compile with NVRTC (no GPU needed)
+TESTS += tests/test_talker_kernels
+endif
+$(BUILD)/tests/test_talker_kernels: $(BUILD)/obj/gen/talker/talker_gen.o
 # the talker codes verb: models/talker.mstar's binary prints hf/talker_codepred's reference codes
 TEST_SCRIPTS += tests/talker_cli.sh
 $(BUILD)/gen/talker/talker_gen.c: models/talker.mstar $(BUILD)/mstarc

@@ -932,6 +932,32 @@ static ms_status eng_kernels_init(ms_engine *e, ms_error *err) {
     int n = 0;
     MS_TRY(ms_md_kernel_specs(e->desc, &e->facts, e->nodes[0].kv.page_size, specs,
                               MS_MD_MAX_KERNEL_SPECS, &n, err));
+    /* [scratch] a node of another shape (a code predictor: its heads, its frame as the page
+       size) adds its own instances of the same stems */
+    for (int32_t i = 1; i < e->n_nodes; i++) {
+        const eng_node *nd = &e->nodes[i];
+        if (nd->scratch == NULL)
+            continue;
+        ms_kernel_spec more[MS_MD_MAX_KERNEL_SPECS];
+        int m = 0;
+        MS_TRY(ms_md_kernel_specs(e->desc, &nd->facts, nd->kv.page_size, more,
+                                  MS_MD_MAX_KERNEL_SPECS, &m, err));
+        for (int k = 0; k < m; k++) {
+            bool seen = false;
+            char a[256], b[256];
+            MS_TRY(ms_kernel_spec_uri(&more[k], 0, a, sizeof a, err));
+            for (int j = 0; j < n && !seen; j++) {
+                MS_TRY(ms_kernel_spec_uri(&specs[j], 0, b, sizeof b, err));
+                seen = strcmp(a, b) == 0;
+            }
+            if (seen)
+                continue;
+            if (n == MS_MD_MAX_KERNEL_SPECS)
+                return MS_FAIL(err, MS_ERR_LIMIT, "model %s: more than %d kernel instances",
+                               e->desc->name, MS_MD_MAX_KERNEL_SPECS);
+            specs[n++] = more[k];
+        }
+    }
     return e->be.iface.kernels_load(e->be.ctx, specs, n, err);
 }
 
