@@ -1024,6 +1024,7 @@ static void emit_facts(gen *g) {
       g->sampler != NULL ? cexpr(g, res_arg(g->sampler, "vocab")) : "0");
     if (g->scratch != NULL) {
         E("out->max_context = (int32_t)(%s); /* the frame's slots */", bare(g, scratch_dim(g, 0)));
+        E("out->scratch_rows = (int32_t)%s;", cexpr(g, res_arg(g->scratch, "rows")));
     } else if (!g->hidden) {
         E("out->max_context = (int32_t)c->%s;", mp->name);
     } else {

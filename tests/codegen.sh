@@ -385,8 +385,12 @@ refused node_rope '/^    walk generate/i node lm2 { resource c2 = kv_pool(layers
     "node 'lm2': rope 'r2' differs from rope 'rot' of node 'lm': the engine keeps one RoPE table per model, so a later node's rope must declare the first node's arguments"
 refused retention 's/retention = window(short_window));/retention = window(2 * short_window));/' \
     "kv_pool 'cache': a retention other than attention 'att''s window is not lowered by mstarc build yet"
-refused shaped_input 's/forward(tokens) -> logits {/forward(tokens: [_, dim]) -> logits {/' \
-    "forward parameter 'tokens' is a shaped tensor; mstarc build lowers forwards over token ids, or one 2-D input of a node without a sampler, only yet"
+refused shaped_input 's/forward(tokens) -> logits {/forward(tokens: [_, dim, 2]) -> logits {/' \
+    "forward parameter 'tokens' is a shaped tensor; mstarc build lowers forwards over token ids, one 2-D input of a node without a sampler, or one \[_, width\] input alone \(a row per token\) of a sampling node only yet"
+refused embeds_rows 's/forward(tokens) -> logits {/forward(tokens: [4, dim]) -> logits {/' \
+    "forward parameter 'tokens': the rows of a sampling node's input are the step's tokens: declare them \`_\`"
+refused embeds_embedding 's/forward(tokens) -> logits {/forward(tokens: [_, dim]) -> logits {/' \
+    "embedding\(\) reads the step's tokens"
 refused tanh 's/h = rms_norm(x, blk.norm2, eps);/h = tanh(rms_norm(x, blk.norm2, eps));/' \
     "cannot lower 'tanh\(rms_norm\(x, blk.norm2, eps\)\)' yet: mstarc build lowers the builtins embedding, rms_norm, head_rms_norm, layer_norm, linear, silu\(a\) \* b, gelu, conv1d and transpose \(of a shaped input\), not tanh"
 # models/whisper.mstar builds (encoder, cross-attention decoder: tests/test_whisper.c runs it);

@@ -1949,8 +1949,12 @@ static ms_status eng_scratch_init(ms_engine *e, eng_node *nd, ms_error *err) {
                            "engine keeps one", e->desc->name, d->name, (int)a->head_dim,
                            a->theta, (int)b->head_dim, b->theta);
     }
+    if (fa->scratch_rows < 1)
+        return MS_FAIL(err, MS_ERR_FORMAT, "model %s: node %s: scratch of %d rows", e->desc->name,
+                       d->name, (int)fa->scratch_rows);
     nd->scratch_cfg = (ms_scratch_kv_config){
-        .device = e->dev, .max_rows = e->max_seqs, .layers = fa->n_layers,
+        .device = e->dev, .max_rows = MS_MIN(fa->scratch_rows, e->max_seqs),
+        .layers = fa->n_layers,
         .positions = fa->max_context, .kv_heads = fa->n_kv_heads, .head_dim = fa->head_dim,
         .elem_bytes = ms_dtype_size(e->kvdtype)};
     ms_resource_spec spec = {.key = d->resources[0].key, .kind = MS_RESOURCE_SCRATCH,
@@ -1993,7 +1997,8 @@ static ms_status eng_run_scratch(ms_engine *e, eng_node *nd, const ms_md_step *s
     if (o.code != MS_ADMIT_OK)
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "step %s.%s: scratch '%s' refused the batch "
                        "(%s): at most %d rows of at most %d slots", nd->node->name, sd->name,
-                       nd->node->resources[0].key, ms_admit_code_str(o.code), (int)e->max_seqs,
+                       nd->node->resources[0].key, ms_admit_code_str(o.code),
+                       (int)nd->scratch_cfg.max_rows,
                        (int)nd->facts.max_context);
     ms_status st = ms_step_runner_plan(nd->runner, step, &ctx, err);
     if (st != MS_OK)

@@ -219,6 +219,9 @@ typedef struct ms_md_facts {
     int32_t bos_id;         /* bos_token_id, -1 none */
     int32_t eos_ids[MS_MD_MAX_EOS]; /* stop ids */
     int32_t n_eos;
+    /* [scratch] a node on a scratch KV: its `rows` (the batch rows its buffer holds; the engine
+       takes min(rows, max_seqs)); 0 otherwise (generated code sets it) */
+    int32_t scratch_rows;
 } ms_md_facts;
 
 /* ---- weights ---- */

@@ -182,7 +182,7 @@ static ms_status tk_init(ms_engine *e, const ms_talker_glue *gl, ms_talker_item 
     s->V = tf->vocab;
     s->H = tf->hidden;
     s->HC = pf->hidden;
-    s->B = MS_MIN(ms_engine_max_seqs(e), TK_MAX_ROWS);
+    s->B = MS_MIN(MS_MIN(ms_engine_max_seqs(e), TK_MAX_ROWS), MS_MAX(pf->scratch_rows, 1));
     if (s->G < 2 || s->G > MS_TALKER_MAX_GROUPS || s->V < 1)
         return MS_FAIL(err, MS_ERR_UNSUPPORTED, "talker: node %s holds frames of %d codes (2 .. "
                        "%d)", gl->predictor, (int)s->G, MS_TALKER_MAX_GROUPS);

@@ -65,7 +65,7 @@ typedef struct ms_talker_item {
 
 /*
  * Generate items[i].n_frames frames greedily for every item, as many items per batch as the
- * engine's max_seqs takes (each its own request, one batch row; a wave's frames run until its
+ * engine's max_seqs and the predictor's scratch rows take (each its own request, one batch row; a wave's frames run until its
  * longest item is done). The engine must hold no running requests (MS_ERR_STATE) and run
  * without the prefix cache. Errors, one line each: MS_ERR_INVALID_ARG (a code outside [0, V)
  * naming item, frame and codebook; n_prompt or n_frames < 1), MS_ERR_NOT_FOUND (no such node, a
