@@ -54,8 +54,11 @@ $(BUILD)/tests/test_talker: $(BUILD)/obj/gen/talker/talker_gen.o
 ifeq ($(HAVE_CUDA),1)
 # models/talker.mstar's kernel instances at both nodes' shapes compile with NVRTC (no GPU needed)
 TESTS += tests/test_talker_kernels
+# the talker's codes on the GPU against the bf16 CPU run; MS_TALKER_DEVICE=cpu: dry run
+GPU_TESTS += tests/test_talker_cuda
 endif
 $(BUILD)/tests/test_talker_kernels: $(BUILD)/obj/gen/talker/talker_gen.o
+$(BUILD)/tests/test_talker_cuda: $(BUILD)/obj/gen/talker/talker_gen.o
 # the talker codes verb: models/talker.mstar's binary prints hf/talker_codepred's reference codes
 TEST_SCRIPTS += tests/talker_cli.sh
 $(BUILD)/gen/talker/talker_gen.c: models/talker.mstar $(BUILD)/mstarc
