@@ -1327,8 +1327,8 @@ ms_status ms_engine_add(ms_engine *e, const ms_engine_request *rq, ms_rid *rid, 
            features; the next item's node reads its rows as its cross resource's context */
         for (int32_t i = 0; i < wk->n_items; i++) {
             const eng_node *nd = &e->nodes[wk->items[i].node];
-            if (nd->node->hidden_width == NULL)
-                continue;
+            if (nd->node->hidden_width == NULL || nd->scratch != NULL)
+                continue; /* [scratch] a code predictor's rows come from ms_engine_run_rows */
             const eng_node *next = i + 1 < wk->n_items ? &e->nodes[wk->items[i + 1].node] : NULL;
             if (i != 0 || nd->node->input_shape == NULL || next == NULL ||
                 next->context_label < 0 || i + 1 >= wk->loop_begin)
@@ -2058,6 +2058,8 @@ const ms_md_facts *ms_engine_node_facts(const ms_engine *e, const char *name) {
 }
 
 const struct ms_ckpt *ms_engine_checkpoint(const ms_engine *e) { return e->ck; }
+
+const ms_model_desc *ms_engine_desc(const ms_engine *e) { return e->desc; }
 
 int32_t ms_engine_max_seqs(const ms_engine *e) { return e->max_seqs; }
 

@@ -288,6 +288,8 @@ const ms_md_facts *ms_engine_node_facts(const ms_engine *e, const char *name);
 /* [inputs_embeds] The loaded checkpoint (tensors the model's nodes do not read, e.g. a talker's
  * glue: talker.h) and the engine's batch rows (options.max_seqs). Borrowed until ms_engine_free. */
 const struct ms_ckpt *ms_engine_checkpoint(const ms_engine *e);
+/* The compiled model the engine runs (its walks: ms_engine_talker_codes follows one). */
+const ms_model_desc *ms_engine_desc(const ms_engine *e);
 int32_t ms_engine_max_seqs(const ms_engine *e);
 
 /*

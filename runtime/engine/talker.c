@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "checkpoint.h"
+#include "walk.h"
 
 /* Most requests one wave runs (the loop's per-row arrays live on the stack). */
 #define TK_MAX_ROWS 256
@@ -101,13 +102,54 @@ static void tk_frame(const tk_state *s, const int32_t *codes, float *out) {
     }
 }
 
-/* One wave: items[0 .. n) on rows 0 .. n-1 (requests rids). */
+/*
+ * The walk the requests take (the engine's choice for a prompt on main), checked against the
+ * loop this file drives: one talker step (the prefill) before the loop; in the loop G - 1
+ * predictor steps (the first begins a frame) then one talker step (the frame's decode).
+ * *prefill, *loop[0 .. G-1) and *decode get the step names.
+ */
+static ms_status tk_walk(ms_engine *e, const ms_talker_glue *gl, const tk_state *s,
+                         const char **prefill, const char **loop, const char **decode,
+                         ms_error *err) {
+    const ms_model_desc *d = ms_engine_desc(e);
+    bool main_only[MS_MAX_LABELS] = {true};
+    int32_t w = ms_walk_find(d, main_only);
+    int32_t tn = -1, pn = -1;
+    for (int32_t i = 0; i < d->n_nodes; i++) {
+        if (strcmp(d->nodes[i].name, gl->talker) == 0)
+            tn = i;
+        if (strcmp(d->nodes[i].name, gl->predictor) == 0)
+            pn = i;
+    }
+    if (w < 0 || tn < 0 || pn < 0)
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "talker: model %s has no walk over its main "
+                       "stream through nodes %s and %s", d->name, gl->talker, gl->predictor);
+    const ms_md_walk *wk = &d->walks[w];
+    bool ok = wk->loop_begin == 1 && wk->n_items == 1 + s->G && wk->items[0].node == tn &&
+              wk->items[wk->n_items - 1].node == tn;
+    for (int32_t i = 1; ok && i < wk->n_items - 1; i++)
+        ok = wk->items[i].node == pn;
+    if (!ok)
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "talker: walk '%s' of model %s must be %s.<step> "
+                       "then loop (%d %s steps then a %s step) until stop (frames of %d codes)",
+                       wk->name, d->name, gl->talker, (int)(s->G - 1), gl->predictor, gl->talker,
+                       (int)s->G);
+    *prefill = d->nodes[tn].steps[wk->items[0].step].name;
+    for (int32_t j = 0; j + 1 < s->G; j++)
+        loop[j] = d->nodes[pn].steps[wk->items[1 + j].step].name;
+    *decode = d->nodes[tn].steps[wk->items[wk->n_items - 1].step].name;
+    return MS_OK;
+}
+
+/* One wave: items[0 .. n) on rows 0 .. n-1 (requests rids), along the walk's steps. */
 static ms_status tk_wave(ms_engine *e, const ms_talker_glue *gl, tk_state *s, ms_talker_item *it,
                          const ms_rid *rids, int32_t n, ms_error *err) {
     int32_t spans[TK_MAX_ROWS];
     int32_t c[TK_MAX_ROWS][MS_TALKER_MAX_GROUPS];
     const float *out, *hid;
+    const char *prefill = NULL, *loop[MS_TALKER_MAX_GROUPS] = {NULL}, *decode = NULL;
     MS_ASSERT(n <= TK_MAX_ROWS);
+    MS_TRY(tk_walk(e, gl, s, &prefill, loop, &decode, err));
     int32_t frames = 0;
     size_t t = 0;
     for (int32_t i = 0; i < n; i++) {
@@ -116,7 +158,7 @@ static ms_status tk_wave(ms_engine *e, const ms_talker_glue *gl, tk_state *s, ms
         for (int32_t p = 0; p < it[i].n_prompt; p++, t++)
             tk_frame(s, it[i].prompt_codes + (size_t)p * (size_t)s->G, s->rows + t * (size_t)s->H);
     }
-    MS_TRY(ms_engine_run_rows(e, gl->talker, "prefill", rids, spans, n, s->rows, s->H, &out, &hid,
+    MS_TRY(ms_engine_run_rows(e, gl->talker, prefill, rids, spans, n, s->rows, s->H, &out, &hid,
                               err));
     for (int32_t f = 0; f < frames; f++) {
         memcpy(s->h, hid, (size_t)n * (size_t)s->H * sizeof(float));
@@ -133,9 +175,10 @@ static ms_status tk_wave(ms_engine *e, const ms_talker_glue *gl, tk_state *s, ms
                    s->embeds[0] + (size_t)c[i][0] * (size_t)s->HC, (size_t)s->HC * sizeof(float));
             spans[i] = 2;
         }
-        MS_TRY(ms_engine_run_rows(e, gl->predictor, "begin", rids, spans, n, s->rows, s->HC, &out,
-                                  &hid, err));
+        /* the walk's predictor steps: the first begins the frame, each gives the next code */
         for (int32_t j = 1; j < s->G; j++) {
+            MS_TRY(ms_engine_run_rows(e, gl->predictor, loop[j - 1], rids, spans, n, s->rows,
+                                      s->HC, &out, &hid, err));
             memcpy(s->y, hid, (size_t)n * (size_t)s->HC * sizeof(float));
             for (int32_t i = 0; i < n; i++) {
                 tk_matvec(s->heads[j - 1], s->y + (size_t)i * (size_t)s->HC, s->V, s->HC,
@@ -145,26 +188,23 @@ static ms_status tk_wave(ms_engine *e, const ms_talker_glue *gl, tk_state *s, ms
                     memcpy(it[i].predictor_logits +
                                ((size_t)f * (size_t)(s->G - 1) + (size_t)(j - 1)) * (size_t)s->V,
                            s->logits + (size_t)i * (size_t)s->V, (size_t)s->V * sizeof(float));
-                if (j < s->G - 1)
+                if (j < s->G - 1) /* embeds[j](c_j) at position j + 1 */
                     memcpy(s->rows + (size_t)i * (size_t)s->HC,
                            s->embeds[j] + (size_t)c[i][j] * (size_t)s->HC,
                            (size_t)s->HC * sizeof(float));
                 spans[i] = 1;
             }
-            if (j < s->G - 1) /* embeds[j](c_j) at position j + 1 */
-                MS_TRY(ms_engine_run_rows(e, gl->predictor, "next", rids, spans, n, s->rows,
-                                          s->HC, &out, &hid, err));
         }
         for (int32_t i = 0; i < n; i++)
             if (f < it[i].n_frames)
                 memcpy(it[i].codes + (size_t)f * (size_t)s->G, c[i], (size_t)s->G * sizeof(int32_t));
         if (f == frames - 1)
-            break;
+            break; /* until stop: the last frame's codes end the loop */
         for (int32_t i = 0; i < n; i++) {
             tk_frame(s, c[i], s->rows + (size_t)i * (size_t)s->H);
             spans[i] = 1;
         }
-        MS_TRY(ms_engine_run_rows(e, gl->talker, "decode", rids, spans, n, s->rows, s->H, &out,
+        MS_TRY(ms_engine_run_rows(e, gl->talker, decode, rids, spans, n, s->rows, s->H, &out,
                                   &hid, err));
     }
     return MS_OK;

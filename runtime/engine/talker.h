@@ -64,6 +64,11 @@ typedef struct ms_talker_item {
 } ms_talker_item;
 
 /*
+ * The order of the steps is the model's walk over its main stream (models/talker.mstar's
+ * `speak`): a talker step prefills the prompt's frames, then the loop runs G - 1 predictor steps
+ * (the first begins a frame) and a talker step (the frame's decode); another walk is refused
+ * (MS_ERR_UNSUPPORTED naming it).
+ *
  * Generate items[i].n_frames frames greedily for every item, as many items per batch as the
  * engine's max_seqs and the predictor's scratch rows take (each its own request, one batch row; a wave's frames run until its
  * longest item is done). The engine must hold no running requests (MS_ERR_STATE) and run

@@ -35,6 +35,7 @@ typedef struct talker_config {
     int64_t cp_head_dim;
     int64_t cp_intermediate_size;
     double cp_rms_norm_eps;
+    double cp_rope_theta;
     int64_t cp_q_dim;
     int64_t cp_kv_dim;
 } talker_config;
@@ -158,6 +159,11 @@ static ms_status talker_config_load(const ms_hf_config *hf, void *out, ms_error 
         const double d = 1e-06;
         MS_TRY(ms_md_cfg_float(hf, src, 1, &d, &c->cp_rms_norm_eps, NULL, err));
     }
+    {
+        static const char *const src[] = {"code_predictor.rope_parameters.rope_theta", "code_predictor.rope_theta"};
+        const double d = 1e+04;
+        MS_TRY(ms_md_cfg_float(hf, src, 2, &d, &c->cp_rope_theta, NULL, err));
+    }
     c->cp_q_dim = c->cp_heads * c->cp_head_dim;
     c->cp_kv_dim = c->cp_kv_heads * c->cp_head_dim;
     { /* hidden_act: the activation the forward computes (silu) */
@@ -230,7 +236,7 @@ static ms_status talker_code_predictor_facts(const void *config, ms_md_facts *ou
     out->rope.style = MS_ROPE_ROTATE_HALF;
     out->rope.head_dim = (int32_t)c->cp_head_dim;
     out->rope.rotary_dim = (int32_t)c->cp_head_dim;
-    out->rope.theta = c->rope_theta;
+    out->rope.theta = c->cp_rope_theta;
     out->rope.scaling = MS_ROPE_SCALING_NONE;
     out->window = 0;
     out->page_size = (int32_t)c->num_code_groups;
@@ -795,7 +801,7 @@ static const ms_md_arg talker_code_predictor_code_args[] = {
     {"q_heads", "cp_heads"},
 };
 static const ms_md_arg talker_code_predictor_pos_args[] = {
-    {"theta", "rope_theta"},
+    {"theta", "cp_rope_theta"},
 };
 
 /* node code_predictor, in dependency order (the resource index of ms_step.records) */
@@ -860,9 +866,9 @@ static const ms_md_step talker_code_predictor_steps[] = {
 
 /* ---- walks ---- */
 
-static const ms_md_walk_item talker_walk_generate[] = {{0, 0}, {0, 1}};
+static const ms_md_walk_item talker_walk_speak[] = {{0, 0}, {1, 0}, {1, 1}, {1, 1}, {0, 1}};
 static const ms_md_walk talker_walks[] = {
-    {"generate", talker_walk_generate, 2, 1},
+    {"speak", talker_walk_speak, 5, 1},
 };
 
 /* ---- forward ---- */
