@@ -338,6 +338,20 @@ static void test_bad_calls(void **state) {
     assert_int_equal(ms_engine_stream_length(e, rid, MS_LABEL_MAIN), 0);
     /* the walk's own steps would read ids: refused, nothing changed */
     expect_fail(ms_engine_step(e, NULL, &err), &err, MS_ERR_UNSUPPORTED, "inputs_embeds");
+    /* the other entry points of the engine refuse the nodes they cannot feed */
+    const float *lg;
+    int32_t nr;
+    int32_t ids[2] = {1, 2};
+    expect_fail(ms_engine_run_step(e, rid, "prefill", ids, 2, &lg, &nr, &err), &err,
+                MS_ERR_UNSUPPORTED, "inputs_embeds");
+    expect_fail(ms_engine_run_step(e, rid, "begin", ids, 2, &lg, &nr, &err), &err,
+                MS_ERR_UNSUPPORTED, "scratch KV");
+    float feat[2 * 32];
+    int64_t rows_out = 0, width = 0;
+    memset(feat, 0, sizeof feat);
+    expect_fail(ms_engine_encode(e, "code_predictor", feat, 32, 2, rows, 0, &rows_out, &width,
+                                 &err), &err, MS_ERR_NOT_FOUND, "code_predictor");
+    assert_int_equal(ms_engine_stream_length(e, rid, MS_LABEL_MAIN), 0);
     ms_engine_remove(e, rid);
     ms_engine_free(e);
     ref_free(&r);

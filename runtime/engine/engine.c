@@ -1867,6 +1867,10 @@ ms_status ms_engine_run_step(ms_engine *e, ms_rid rid, const char *step_name,
         return MS_FAIL(err, MS_ERR_UNSUPPORTED,
                        "run step %s: only steps over the main stream alone run this way",
                        sd->name);
+    if (nd->scratch != NULL) /* [scratch] */
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "run step %s: node %s attends over a scratch KV "
+                       "and reads rows: run it through ms_engine_run_rows", sd->name,
+                       nd->node->name);
     if (n_tokens < 1 || n_tokens > e->max_tokens || tokens == NULL)
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "run step %s: %d tokens (1 .. max_tokens %d)",
                        sd->name, (int)n_tokens, (int)e->max_tokens);
@@ -2248,7 +2252,8 @@ static ms_status eng_encode(ms_engine *e, eng_node *nd, const float *input, int6
 static eng_node *eng_encoder_node(ms_engine *e, const char *name) {
     for (int32_t i = 0; i < e->n_nodes; i++)
         if (name != NULL && strcmp(e->nodes[i].node->name, name) == 0 &&
-            e->nodes[i].node->hidden_width != NULL && e->nodes[i].node->input_shape != NULL)
+            e->nodes[i].node->hidden_width != NULL && e->nodes[i].node->input_shape != NULL &&
+            e->nodes[i].scratch == NULL) /* [scratch] its rows: ms_engine_run_rows */
             return &e->nodes[i];
     return NULL;
 }
