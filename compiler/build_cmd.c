@@ -214,9 +214,27 @@ static ms_status arg_int(const ms_resource *r, const char *key, const ms_value *
     return MS_OK;
 }
 
-/* The checkpoint's kernel shape: config.json evaluated through the model's resources. */
-static ms_status checkpoint_shape(const ms_model *m, const char *config, ms_kernel_model_shape *sh,
-                                  ms_error *err) {
+/* [scratch] Element i of a scratch's shape = [positions, kv_heads, head_dim] under a config. */
+static ms_status scratch_dim(const ms_resource *r, int i, const ms_value *values, int *out,
+                             ms_error *err) {
+    const ms_ast_expr *e = ms_resource_arg(r, "shape");
+    if (e == NULL || e->kind != MS_EXPR_LIST || e->args.n != 3)
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "scratch %s: shape is not a list of three",
+                       r->name);
+    ms_value v;
+    MS_TRY(ms_expr_eval(((const ms_ast_arg *)e->args.items[i])->value, values, &v, err));
+    if (v.type != MS_TYPE_INT || v.i < 1 || v.i > 1 << 20)
+        return MS_FAIL(err, MS_ERR_FORMAT, "%s.shape[%d]: %lld is not a positive size", r->name,
+                       i, (long long)v.i);
+    *out = (int)v.i;
+    return MS_OK;
+}
+
+/* The checkpoint's kernel shape: config.json evaluated through the resources of `node` (NULL:
+ * the first node's KV layout, which later kv_pool nodes share; a node on a scratch: its own,
+ * the frame's slots as the page size). */
+static ms_status checkpoint_shape(const ms_model *m, const ms_node *node, const char *config,
+                                  ms_kernel_model_shape *sh, ms_error *err) {
     memset(sh, 0, sizeof *sh);
     struct stat st;
     char *path = stat(config, &st) == 0 && S_ISDIR(st.st_mode)
@@ -237,34 +255,50 @@ static ms_status checkpoint_shape(const ms_model *m, const char *config, ms_kern
     }
     ms_value *values = ms_calloc((size_t)(m->n_params > 0 ? m->n_params : 1), sizeof *values);
     ms_status s2 = values == NULL ? MS_FAIL(err, MS_ERR_OOM, "out of memory") : MS_OK;
-    const ms_resource *kv = NULL, *attn = NULL, *pos = NULL;
+    const ms_resource *kv = NULL, *attn = NULL, *pos = NULL, *scratch = NULL;
     /* node 0's resources: later nodes declare the same KV layout (ms_lower_check) */
-    for (int i = 0; s2 == MS_OK && i < m->nodes[0]->n_resources; i++) {
-        const ms_resource *r = m->nodes[0]->resources[i];
+    const ms_node *nd = node != NULL ? node : m->nodes[0];
+    for (int i = 0; s2 == MS_OK && i < nd->n_resources; i++) {
+        const ms_resource *r = nd->resources[i];
         if (r->kind == MS_RESOURCE_KV)
             kv = r;
         else if (r->kind == MS_RESOURCE_ATTN)
             attn = r;
         else if (r->kind == MS_RESOURCE_POS)
             pos = r;
+        else if (r->kind == MS_RESOURCE_SCRATCH)
+            scratch = r;
     }
-    if (s2 == MS_OK && (kv == NULL || attn == NULL))
+    if (s2 == MS_OK && scratch == NULL && (kv == NULL || attn == NULL))
         s2 = MS_FAIL(err, MS_ERR_UNSUPPORTED, "model %s has no kv_pool / attention", m->name);
     if (s2 == MS_OK)
         s2 = ms_config_eval(m, root, values, err);
-    if (s2 == MS_OK)
-        s2 = arg_int(kv, "head_dim", values, 0, &sh->head_dim, err);
-    if (s2 == MS_OK)
-        s2 = arg_int(kv, "kv_heads", values, 0, &sh->n_kv_heads, err);
-    if (s2 == MS_OK)
-        s2 = arg_int(kv, "page_size", values, 16, &sh->page_size, err);
-    if (s2 == MS_OK)
-        s2 = arg_int(attn, "q_heads", values, 0, &sh->n_q_heads, err);
     const ms_ast_expr *win = NULL, *style = NULL, *dt = NULL;
-    if (s2 == MS_OK)
-        s2 = arg_leaf(attn, "window", values, &win, err);
-    if (s2 == MS_OK)
-        s2 = arg_leaf(kv, "dtype", values, &dt, err);
+    if (scratch != NULL) { /* [scratch] */
+        if (s2 == MS_OK)
+            s2 = scratch_dim(scratch, 0, values, &sh->page_size, err);
+        if (s2 == MS_OK)
+            s2 = scratch_dim(scratch, 1, values, &sh->n_kv_heads, err);
+        if (s2 == MS_OK)
+            s2 = scratch_dim(scratch, 2, values, &sh->head_dim, err);
+        if (s2 == MS_OK)
+            s2 = arg_int(scratch, "q_heads", values, 0, &sh->n_q_heads, err);
+        if (s2 == MS_OK)
+            s2 = arg_leaf(scratch, "dtype", values, &dt, err);
+    } else {
+        if (s2 == MS_OK)
+            s2 = arg_int(kv, "head_dim", values, 0, &sh->head_dim, err);
+        if (s2 == MS_OK)
+            s2 = arg_int(kv, "kv_heads", values, 0, &sh->n_kv_heads, err);
+        if (s2 == MS_OK)
+            s2 = arg_int(kv, "page_size", values, 16, &sh->page_size, err);
+        if (s2 == MS_OK)
+            s2 = arg_int(attn, "q_heads", values, 0, &sh->n_q_heads, err);
+        if (s2 == MS_OK)
+            s2 = arg_leaf(attn, "window", values, &win, err);
+        if (s2 == MS_OK)
+            s2 = arg_leaf(kv, "dtype", values, &dt, err);
+    }
     bool rope = pos != NULL && strcmp(pos->spec->ctor, "rope") == 0;
     if (s2 == MS_OK && rope)
         s2 = arg_leaf(pos, "style", values, &style, err);
@@ -424,11 +458,50 @@ static int precompile_config(const ms_model *m, const char *kdir, char **names, 
             n_stems++;
         }
     }
-    if (checkpoint_shape(m, config, &sh, &err) != MS_OK ||
+    if (checkpoint_shape(m, NULL, config, &sh, &err) != MS_OK ||
         ms_kernel_specs_for_stems(&sh, stems, n_stems, specs, (int)MS_ARRAY_LEN(specs), &n_specs,
                                   &err) != MS_OK) {
         fprintf(stderr, "mstarc: error: %s\n", err.msg);
         return -1;
+    }
+    /* [scratch] a node on a scratch KV loads its own instances (its heads, the frame's slots as
+       the page size: the engine's eng_kernels_init): the ones the first node's list lacks */
+    for (int ni = 1; ni < m->n_nodes; ni++) {
+        bool on_scratch = false;
+        for (int r = 0; r < m->nodes[ni]->n_resources; r++)
+            on_scratch = on_scratch || m->nodes[ni]->resources[r]->kind == MS_RESOURCE_SCRATCH;
+        if (!on_scratch)
+            continue;
+        ms_kernel_model_shape sh2;
+        ms_kernel_spec more[32];
+        int n_more = 0;
+        if (checkpoint_shape(m, m->nodes[ni], config, &sh2, &err) != MS_OK ||
+            ms_kernel_specs_for_stems(&sh2, stems, n_stems, more, (int)MS_ARRAY_LEN(more), &n_more,
+                                      &err) != MS_OK) {
+            fprintf(stderr, "mstarc: error: node %s: %s\n", m->nodes[ni]->name, err.msg);
+            return -1;
+        }
+        printf("kernels: node %s at head_dim=%d, page_size=%d, group=%d\n", m->nodes[ni]->name,
+               sh2.head_dim, sh2.page_size, sh2.n_kv_heads > 0 ? sh2.n_q_heads / sh2.n_kv_heads : 0);
+        for (int k = 0; k < n_more; k++) {
+            char a[MS_KERNEL_URI_MAX], b[MS_KERNEL_URI_MAX];
+            bool seen = false;
+            if (ms_kernel_spec_uri(&more[k], 0, a, sizeof a, &err) != MS_OK) {
+                fprintf(stderr, "mstarc: error: %s\n", err.msg);
+                return -1;
+            }
+            for (int j = 0; j < n_specs && !seen; j++)
+                seen = ms_kernel_spec_uri(&specs[j], 0, b, sizeof b, &err) == MS_OK &&
+                       strcmp(a, b) == 0;
+            if (seen)
+                continue;
+            if (n_specs == (int)MS_ARRAY_LEN(specs)) {
+                fprintf(stderr, "mstarc: error: more than %d kernel instances\n",
+                        (int)MS_ARRAY_LEN(specs));
+                return -1;
+            }
+            specs[n_specs++] = more[k];
+        }
     }
     char cache[4096];
     if (ms_nvrtc_cache_dir(NULL, cache, sizeof cache, &err) != MS_OK) {

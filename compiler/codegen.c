@@ -167,6 +167,7 @@ typedef struct gen {
     ms_cg cg;
     const ms_node *node;
     const ms_resource *kv, *pos, *attn, *sampler, *cross;
+    const ms_resource *scratch; /* [scratch] a code predictor's KV: the node's only cache */
     const ms_forward *fwd;
     went w[MAX_W];
     int n_w;
@@ -975,6 +976,12 @@ static const ms_weight *weight_of(const ms_ast_expr *e) {
     return NULL;
 }
 
+static bool input_embeds(const gen *g);
+static const char *kv_heads(gen *g);
+static const char *q_heads(gen *g);
+static const char *head_dim(gen *g);
+static const char *scratch_dim(gen *g, int i);
+
 static void emit_facts(gen *g) {
     static const char *const style_w[] = {"rotate_half", "interleaved", NULL};
     static const char *const style_c[] = {"MS_ROPE_ROTATE_HALF", "MS_ROPE_INTERLEAVED"};
@@ -983,8 +990,10 @@ static void emit_facts(gen *g) {
     const ms_ast_expr *emb = find_call_stmts(&g->fwd->ast->body, "embedding");
     const ms_weight *ew = emb != NULL ? weight_of(argv_at(emb, 0)) : NULL;
     /* a node returning hidden states (an encoder) gives the width of its output */
+    /* [inputs_embeds] rows standing for the embedding give it by their width */
     const char *width = ew != NULL && ew->rank == 2 ? cexpr(g, ew->shape[1])
                         : g->hidden                 ? g->v[g->logits].width
+                        : input_embeds(g) && g->input >= 0 ? g->v[g->input].width
                                                     : NULL;
     if (width == NULL)
         fail_at(g, g->fwd->ast->loc, "the forward needs an embedding(<table>, tokens) call (it "
@@ -1001,16 +1010,22 @@ static void emit_facts(gen *g) {
     E("(void)err;");
     E("const %s_config *c = config;", g->mn);
     E("memset(out, 0, sizeof *out);");
-    E("out->n_layers = (int32_t)%s;", cexpr(g, res_arg(g->kv, "layers")));
-    E("out->n_q_heads = (int32_t)%s;", cexpr(g, res_arg(g->attn, "q_heads")));
-    E("out->n_kv_heads = (int32_t)%s;", cexpr(g, res_arg(g->kv, "kv_heads")));
-    const char *hd = cexpr(g, res_arg(g->kv, "head_dim"));
+    /* [scratch] a node on a scratch KV: its layers, heads and shape = [positions, kv_heads,
+       head_dim] (a frame of `positions` slots per batch row, the page size of its arena) */
+    const ms_resource *cache = g->scratch != NULL ? g->scratch : g->kv;
+    E("out->n_layers = (int32_t)%s;", cexpr(g, res_arg(cache, "layers")));
+    E("out->n_q_heads = (int32_t)%s;", q_heads(g));
+    E("out->n_kv_heads = (int32_t)%s;", kv_heads(g));
+    const char *hd = head_dim(g);
     E("out->head_dim = (int32_t)%s;", hd);
     E("out->hidden = (int32_t)%s;", bare(g, width));
     /* no sampler (an encoder): no vocabulary */
     E("out->vocab = (int32_t)%s;",
       g->sampler != NULL ? cexpr(g, res_arg(g->sampler, "vocab")) : "0");
-    if (!g->hidden) {
+    if (g->scratch != NULL) {
+        E("out->max_context = (int32_t)(%s); /* the frame's slots */", bare(g, scratch_dim(g, 0)));
+        E("out->scratch_rows = (int32_t)%s;", cexpr(g, res_arg(g->scratch, "rows")));
+    } else if (!g->hidden) {
         E("out->max_context = (int32_t)c->%s;", mp->name);
     } else {
         /* a node returning hidden states holds what its steps write (their spans) */
@@ -1046,9 +1061,11 @@ static void emit_facts(gen *g) {
         }
     }
     E("out->window = %s;", bare(g, int_or_none(g, res_arg(g->attn, "window"))));
-    const ms_ast_expr *ps = res_arg(g->kv, "page_size");
-    E("out->page_size = (int32_t)%s;", ps != NULL ? cexpr(g, ps) : "16");
-    E("out->kv_dtype = %s;", word_expr(g, res_arg(g->kv, "dtype"), dt_w, dt_c, "MS_DTYPE_BF16"));
+    const ms_ast_expr *ps = g->scratch != NULL ? NULL : res_arg(g->kv, "page_size");
+    E("out->page_size = (int32_t)%s;", g->scratch != NULL ? bare(g, scratch_dim(g, 0))
+                                       : ps != NULL       ? cexpr(g, ps)
+                                                          : "16");
+    E("out->kv_dtype = %s;", word_expr(g, res_arg(cache, "dtype"), dt_w, dt_c, "MS_DTYPE_BF16"));
     const ms_ast_expr *sc = res_arg(g->attn, "scale");
     if (sc != NULL)
         E("out->attn_scale = (float)%s;", bare(g, cexpr(g, sc)));
@@ -1630,6 +1647,15 @@ static void emit_step(gen *g, const ms_step_decl *s, int index) {
               kv == NULL || kv->commit ? "true" : "false", comb, n_comb, pre, n_pre, post, n_post);
             break;
         case MS_RESOURCE_POS: {
+            if (g->scratch != NULL) { /* [scratch] */
+                if (po != NULL && (po->advance != NULL || po->explicit_ids))
+                    fail_at(g, s->ast->loc, "step '%s': positions over scratch '%s' are the "
+                            "slots of the frame (no advance, no explicit ids)", s->name,
+                            g->scratch->name);
+                E("/* %s: positions are the slots of the frame (the scratch plan's) */",
+                  res->name);
+                break;
+            }
             bool custom = po != NULL && po->advance != NULL;
             if (!custom && kv != NULL && !kv->commit)
                 custom = true;
@@ -1642,6 +1668,11 @@ static void emit_step(gen *g, const ms_step_decl *s, int index) {
             break;
         case MS_RESOURCE_SAMPLER: E("ms_md_step_sampler(b, %d);", r); break;
         case MS_RESOURCE_CROSS: E("ms_md_step_cross(b, %d);", r); break;
+        case MS_RESOURCE_SCRATCH: {
+            const ms_step_rec *sc = rec_of(s, g->scratch);
+            E("ms_md_step_scratch(b, %d, %s);", r, sc != NULL && sc->begin_frame ? "true" : "false");
+            break;
+        }
         default: fail_at(g, res->ast->loc, "resource '%s' has no step record", res->name);
         }
     }
@@ -1891,9 +1922,21 @@ static void flush_add(gen *g, int x) {
     g->v[r].pending_add = -1;
 }
 
-static const char *kv_heads(gen *g) { return cexpr(g, res_arg(g->kv, "kv_heads")); }
-static const char *q_heads(gen *g) { return cexpr(g, res_arg(g->attn, "q_heads")); }
-static const char *head_dim(gen *g) { return cexpr(g, res_arg(g->kv, "head_dim")); }
+/* [scratch] element i of the scratch's shape = [positions, kv_heads, head_dim] */
+static const char *scratch_dim(gen *g, int i) {
+    const ms_ast_expr *sh = res_arg(g->scratch, "shape");
+    return cexpr(g, ((const ms_ast_arg *)sh->args.items[i])->value);
+}
+
+static const char *kv_heads(gen *g) {
+    return g->scratch != NULL ? scratch_dim(g, 1) : cexpr(g, res_arg(g->kv, "kv_heads"));
+}
+static const char *q_heads(gen *g) {
+    return cexpr(g, res_arg(g->scratch != NULL ? g->scratch : g->attn, "q_heads"));
+}
+static const char *head_dim(gen *g) {
+    return g->scratch != NULL ? scratch_dim(g, 2) : cexpr(g, res_arg(g->kv, "head_dim"));
+}
 
 /* Apply a pos.apply whose outputs are read by something other than attn.run. */
 static void flush_rope(gen *g) {
@@ -2014,6 +2057,15 @@ static bool dyn_dim(const ms_ast_expr *d) {
     return d == NULL || (d->kind == MS_EXPR_NAME && strcmp(d->text, "_") == 0);
 }
 
+/* [inputs_embeds] Whether the node's shaped input is a row per token of the step (a sampling
+ * node without a cross resource: `forward(frames: [_, hidden_size]) -> logits`, rows computed
+ * outside the node, e.g. a talker's frame embeddings), or of a node on a scratch KV (a code
+ * predictor's inputs, returned as every token's hidden row), rather than an encoder's features
+ * or a cross resource's context rows. */
+static bool input_embeds(const gen *g) {
+    return g->in_param != NULL && g->cross == NULL && (!g->hidden || g->scratch != NULL);
+}
+
 /* The node's shaped input as the forward reads it: transposed ([L, C] of a declared [C, L], an
  * encoder's features) or as declared ([A, C]: a decoder's context rows, A the step's rows). */
 static int input_val(gen *g, const ms_ast_expr *at, bool transposed) {
@@ -2030,7 +2082,9 @@ static int input_val(gen *g, const ms_ast_expr *at, bool transposed) {
                 dyn_dim(cols) ? "width" : "frame count");
     g->input = new_val(g, V_INPUT);
     g->in_transposed = transposed;
-    g->v[g->input].rows = dyn_dim(rows) ? "A" : bare(g, cexpr(g, rows));
+    /* [inputs_embeds] a sampling node without a cross resource reads one row per token of the
+       step (the rows stand in for embedding(table, tokens)): T rows, not the context's A */
+    g->v[g->input].rows = dyn_dim(rows) ? (input_embeds(g) ? "T" : "A") : bare(g, cexpr(g, rows));
     g->v[g->input].width = bare(g, cexpr(g, cols));
     g->v[g->input].name = g->in_param->name.name;
     return g->input;
@@ -2213,8 +2267,11 @@ static int lower(gen *g, const ms_ast_expr *e, const char *hint, int dest) {
         }
         if (e->lhs->kind == MS_EXPR_MEMBER && e->lhs->lhs->sym != NULL &&
             e->lhs->lhs->sym->kind == MS_SYM_RESOURCE &&
-            e->lhs->lhs->sym->resource->kind == MS_RESOURCE_ATTN &&
+            (e->lhs->lhs->sym->resource->kind == MS_RESOURCE_ATTN ||
+             e->lhs->lhs->sym->resource->kind == MS_RESOURCE_SCRATCH) &&
             strcmp(e->lhs->text, "run") == 0) {
+            /* attn.run over the KV pool, or [scratch] code.run over the scratch KV (the engine
+               hands the scratch's arena and plan as a->kv and a->batch) */
             if (g->layer == NULL)
                 fail_at(g, e->loc, "attention runs inside a layer loop (layer = <loop variable>)");
             int q = lower(g, argv_at(e, 0), NULL, -1), k = lower(g, argv_at(e, 1), NULL, -1);
@@ -2610,7 +2667,7 @@ static const char *tname(gen *g, int x) {
     switch (v->kind) {
     case V_BUF: return x == g->logits ? "a->logits" : g->s[v->slot].name;
     case V_TOKENS: return "a->tokens";
-    case V_INPUT: return "a->input";
+    case V_INPUT: return input_embeds(g) ? "t_in" : "a->input";
     case V_POSITIONS: return "a->positions";
     default: return v->name;
     }
@@ -2622,7 +2679,7 @@ static const char *tref(gen *g, int x) {
         return "a->logits";
     if (x == g->tokens)
         return "a->tokens";
-    if (g->v[x].kind == V_INPUT || g->v[x].kind == V_POSITIONS)
+    if ((g->v[x].kind == V_INPUT && !input_embeds(g)) || g->v[x].kind == V_POSITIONS)
         return tname(g, x);
     return S("&%s", tname(g, x));
 }
@@ -2693,7 +2750,7 @@ static void emit_forward(gen *g) {
     E("float *ws = a->workspace;");
     E("(void)be;");
     E("(void)S;");
-    if (g->hidden) {
+    if (g->hidden && g->scratch == NULL) {
         /* its buffers hold the frames of one sequence; the engine stages the input */
         E("if (a->batch->n_seqs != 1)");
         E("    return MS_FAIL(err, MS_ERR_UNSUPPORTED, \"node %s: one sequence per step (%%d given)\",",
@@ -2710,10 +2767,41 @@ static void emit_forward(gen *g) {
         }
     }
     ms_emit_blank(&g->cg);
+    if (g->input >= 0 && input_embeds(g)) {
+        /* [inputs_embeds] the rows the engine staged for this step (ms_engine_run_rows), one per
+           token: the forward may carry its residual stream in them */
+        E("if (a->input == NULL || a->input->shape[0] != T || a->input->shape[1] != (int64_t)(%s))",
+          g->v[g->input].width);
+        E("    return MS_FAIL(err, MS_ERR_INVALID_ARG, \"node %s: input %s must be [%%lld, %%lld] \"",
+          g->node->name, g->v[g->input].name);
+        E("                   \"(a row per token)\", (long long)T, (long long)(%s));",
+          g->v[g->input].width);
+        E("ms_tensor t_in = *a->input;");
+    }
     E("/* planned buffers */");
     for (int i = 0; i < g->n_s; i++)
         E("ms_tensor %s = ms_tensor_2d(ws + off[%s%s], MS_DTYPE_F32, %s, %s);", g->s[i].name,
           bp, upper_ident(g, g->s[i].name + 2), g->s[i].rows, bare(g, g->s[i].width));
+    if (g->input >= 0 && input_embeds(g) && !g->hidden) {
+        /* [inputs_embeds] the rows the logits' head reads (the final-normed last rows) go to
+           the caller's buffer when it asks for them (ms_engine_run_rows: a talker's hidden
+           state feeds the next node) */
+        int h = -1;
+        for (int i = 0; i < g->n_o; i++)
+            if (g->o[i].kind == O_LINEAR && g->o[i].out == g->logits)
+                h = root_of(g, g->o[i].in[0]);
+        if (h < 0 || g->v[h].kind != V_BUF || strcmp(g->s[g->v[h].slot].rows, "S") != 0)
+            fail_at(g, g->fwd->ast->loc, "node '%s': a forward over rows per token must return "
+                    "linear(<row-wise tail of the last rows>, head)", g->node->name);
+        const char *hn = g->s[g->v[h].slot].name;
+        E("if (a->last_hidden != NULL) { /* the head's input rows, into the caller's buffer */");
+        E("    if (a->last_hidden->shape[0] != S || a->last_hidden->shape[1] != %s.shape[1])", hn);
+        E("        return MS_FAIL(err, MS_ERR_INVALID_ARG, \"node %s: last_hidden must be \"",
+          g->node->name);
+        E("                       \"[%%lld, %%lld]\", (long long)S, (long long)%s.shape[1]);", hn);
+        E("    %s = *a->last_hidden;", hn);
+        E("}");
+    }
     E("/* views */");
     for (int x = 0; x < g->n_v; x++) {
         const val *v = &g->v[x];
@@ -2874,12 +2962,14 @@ static void emit_forward(gen *g) {
         E("/* the shaped input as the forward reads it: %s transposed, [frames, channels] */",
           g->v[g->input].name);
     else
-        E("/* the shaped input as the forward reads it: %s, [rows, width] (-1 rows: the step's) */",
-          g->v[g->input].name);
+        E("/* the shaped input as the forward reads it: %s, [rows, width] (-1 rows: the step's "
+          "context rows, -2: one row per token of the step) */", g->v[g->input].name);
     E("static void %s_input_shape(const void *config, int64_t *rows, int64_t *cols) {", fn);
     E("    const %s_config *c = config;", mn);
     E("    (void)c;");
-    E("    *rows = (int64_t)(%s);", dyn_input ? "-1" : g->v[g->input].rows);
+    E("    *rows = (int64_t)(%s);", dyn_input            ? "-1"
+                                  : input_embeds(g) ? "-2" /* [inputs_embeds] */
+                                                    : g->v[g->input].rows);
     E("    *cols = (int64_t)(%s);", g->v[g->input].width);
     E("}");
 }
@@ -2972,7 +3062,7 @@ static void find_node(gen *g) {
 /* Make `n` the node being emitted: g->node and its kv, pos, attn and sampler resources. */
 static void node_slots(gen *g, const ms_node *n) {
     g->node = n;
-    g->kv = g->pos = g->attn = g->sampler = g->cross = NULL;
+    g->kv = g->pos = g->attn = g->sampler = g->cross = g->scratch = NULL;
     for (int r = 0; r < g->node->n_resources; r++) {
         const ms_resource *res = g->node->resources[r];
         const ms_resource **slotp = NULL;
@@ -2982,6 +3072,7 @@ static void node_slots(gen *g, const ms_node *n) {
         case MS_RESOURCE_ATTN: slotp = &g->attn; break;
         case MS_RESOURCE_SAMPLER: slotp = &g->sampler; break;
         case MS_RESOURCE_CROSS: slotp = &g->cross; break;
+        case MS_RESOURCE_SCRATCH: slotp = &g->scratch; break;
         default:
             fail_at(g, res->ast->loc, "resource '%s' (%s) is not run by the engine yet",
                     res->name, res->spec->ctor);
@@ -2992,7 +3083,12 @@ static void node_slots(gen *g, const ms_node *n) {
                                                  : res->spec->ctor);
         *slotp = res;
     }
-    if (g->kv == NULL || g->attn == NULL)
+    if (g->scratch != NULL && (g->kv != NULL || g->attn != NULL || g->cross != NULL ||
+                               g->sampler != NULL))
+        fail_at(g, g->scratch->ast->loc, "node '%s': a node on scratch '%s' attends through it "
+                "alone (code.run): no kv_pool, attention, cross or sampler beside it",
+                g->node->name, g->scratch->name);
+    if (g->scratch == NULL && (g->kv == NULL || g->attn == NULL))
         fail_at(g, g->node->ast->loc, "node '%s' needs a kv_pool and an attention",
                 g->node->name);
 }
@@ -3037,11 +3133,12 @@ static void lower_node(gen *g, int ni) {
         const ms_ast_fparam *p = g->fwd->ast->params.items[i];
         if (!p->has_shape)
             continue;
-        /* an encoder's features (read transposed), or a decoder's context rows */
-        if (p->shape.n != 2 || g->in_param != NULL || (!g->hidden && g->cross == NULL))
+        /* an encoder's features (read transposed), a decoder's context rows, or [inputs_embeds]
+           one row per token of a sampling node's step */
+        if (p->shape.n != 2 || g->in_param != NULL)
             fail_at(g, p->name.loc, "forward parameter '%s': the engine stages one 2-D input: "
-                    "an encoder's [channels, frames] or the rows a cross resource writes",
-                    p->name.name);
+                    "an encoder's [channels, frames], the rows a cross resource writes, or one "
+                    "row per token", p->name.name);
         g->in_param = p;
     }
     lower_body(g, &g->fwd->ast->body);

@@ -171,6 +171,9 @@ static void dump_step(dumper *d, const ms_node *n, const ms_ast_step *as) {
                     ms_strbuf_puts(d->b, "(scheme rule)");
                 ms_strbuf_printf(d->b, ", explicit ids %s", rec->explicit_ids ? "true" : "false");
                 break;
+            case MS_RESOURCE_SCRATCH:
+                ms_strbuf_printf(d->b, " begin %s", rec->begin_frame ? "true" : "false");
+                break;
             default:
                 ms_strbuf_puts(d->b, " no step fields");
             }

@@ -64,10 +64,22 @@ static void check_resource(lcheck *c, const ms_resource *r) {
     switch (r->kind) {
     case MS_RESOURCE_CROSS: /* lowered: xattn.write of the context rows, xattn.run */
         return;
-    case MS_RESOURCE_SCRATCH:
-        refuse(c, r->ast->name.loc, "resource '%s': a scratch pool (scratch) is not lowered by mstarc build yet",
-               r->name);
+    case MS_RESOURCE_SCRATCH: {
+        /* [scratch] lowered as the node's KV (ms_scratch_kv: a frame of shape[0] slots per
+           batch row, emptied when a step begins a frame): code.run is attention over it */
+        const ms_ast_expr *shape = arg_of(r, "shape");
+        if (shape == NULL || shape->kind != MS_EXPR_LIST || shape->args.n != 3)
+            refuse(c, shape != NULL ? shape->loc : r->ast->name.loc, "scratch '%s': mstarc build "
+                   "lowers shape = [positions, kv_heads, head_dim] (a list of three) only",
+                   r->name);
+        else if (arg_of(r, "layers") == NULL)
+            refuse(c, r->ast->name.loc, "scratch '%s': mstarc build needs layers = <count> (the "
+                   "layers its KV holds)", r->name);
+        else if (arg_of(r, "q_heads") == NULL)
+            refuse(c, r->ast->name.loc, "scratch '%s': mstarc build needs q_heads = <count> (the "
+                   "query heads of code.run)", r->name);
         return;
+    }
     case MS_RESOURCE_POS: {
         /* rope and learned tables (positions(kv, table = ...), read by pos.embed) are lowered */
         const ms_ast_expr *block = find_word(arg_of(r, "scheme"), "block");
@@ -164,11 +176,20 @@ static void check_inputs(lcheck *c, const ms_node *node, const ms_forward *f) {
         const ms_ast_fparam *p = af->params.items[i];
         n_shaped += p->has_shape;
         n_ids += !p->has_shape;
-        if (p->has_shape && (p->shape.n != 2 || n_shaped > 1 ||
-                             (has_sampler(node) && !has_cross(node))))
+        /* [inputs_embeds] a sampling node without a cross resource may take one 2-D input
+           instead of token ids: one row per token of the step (check_embeds) */
+        bool embeds = has_sampler(node) && !has_cross(node);
+        if (p->has_shape && (p->shape.n != 2 || n_shaped > 1 || (embeds && af->params.n != 1)))
             refuse(c, p->name.loc, "forward parameter '%s' is a shaped tensor; mstarc build lowers "
-                   "forwards over token ids, or one 2-D input of a node without a sampler, only "
-                   "yet", p->name.name);
+                   "forwards over token ids, one 2-D input of a node without a sampler, or one "
+                   "[_, width] input alone (a row per token) of a sampling node only yet",
+                   p->name.name);
+        else if (p->has_shape && embeds && p->shape.items[0] != NULL &&
+                 !(((const ms_ast_expr *)p->shape.items[0])->kind == MS_EXPR_NAME &&
+                   strcmp(((const ms_ast_expr *)p->shape.items[0])->text, "_") == 0))
+            refuse(c, ((const ms_ast_expr *)p->shape.items[0])->loc, "forward parameter '%s': "
+                   "the rows of a sampling node's input are the step's tokens: declare them `_`",
+                   p->name.name);
         else if (!p->has_shape && n_ids > 1)
             refuse(c, p->name.loc, "forward parameter '%s': mstarc build lowers forwards of one "
                    "token input yet", p->name.name);
@@ -241,6 +262,8 @@ static void check_same_rope(lcheck *c, const ms_node *first, const ms_node *node
     const ms_resource *b = res_of_kind(node, MS_RESOURCE_POS);
     if (a == NULL || b == NULL || strcmp(b->spec->ctor, "rope") != 0)
         return;
+    if (b->scratch != NULL)
+        return; /* [scratch] its values are checked against the model's table at load */
     ms_strbuf x = {0}, y = {0};
     args_text(&x, a);
     args_text(&y, b);

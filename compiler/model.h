@@ -185,6 +185,8 @@ struct ms_resource {
     const ms_resource **deps;     /* [n_deps] resources this one depends on (positional args) */
     int n_deps;
     const ms_resource *kv;        /* the kv_pool dependency (needs_kv), else NULL */
+    const ms_resource *scratch;   /* a rope's scratch dependency (positions = slots of the frame:
+                                     a code predictor's), instead of a kv_pool; else NULL */
     const ms_ast_expr *args[MS_RES_MAX_KEYS]; /* by key position in spec->keys; NULL = default */
     const ms_ast_resource *ast;
     ms_ast_sym sym;
@@ -230,6 +232,8 @@ typedef struct ms_step_rec {
     /* POS */
     const ms_ast_expr *advance;   /* custom advance (int expression), NULL = the scheme's rule */
     bool explicit_ids;            /* the request supplies position ids */
+    /* SCRATCH */
+    bool begin_frame;             /* `code begin = true`: each row's scratch is emptied first */
 } ms_step_rec;
 
 /* ORDER MS_CAPTURE */

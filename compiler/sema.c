@@ -282,6 +282,8 @@ static const ms_res_spec SPECS[] = {
         {"shape", MS_ARG_INT_LIST, true, NULL, NULL},
         {"rows", MS_ARG_INT, true, NULL, NULL},
         {"dtype", MS_ARG_ENUM, false, "bf16", WORDS_DTYPE},
+        {"layers", MS_ARG_INT, false, "none (required by mstarc build)", NULL},
+        {"q_heads", MS_ARG_INT, false, "none (required by mstarc build)", NULL},
         {NULL, 0, false, NULL, NULL}}},
     {"sampler", MS_RESOURCE_SAMPLER, false, {
         {"vocab", MS_ARG_INT, true, NULL, NULL},
@@ -1635,6 +1637,12 @@ static void check_resources(sema *s, ms_node *node, const ms_ast_node *an) {
                     continue;
                 }
                 r->deps[r->n_deps++] = d;
+                /* a rope over a scratch KV: positions are the slots of the frame */
+                if (d->kind == MS_RESOURCE_SCRATCH && r->kind == MS_RESOURCE_POS &&
+                    r->kv == NULL && r->scratch == NULL) {
+                    r->scratch = d;
+                    continue;
+                }
                 if (d->kind == MS_RESOURCE_KV) {
                     if (r->kv != NULL)
                         err(s, a->value->loc, "%s '%s' depends on two kv_pools ('%s' and '%s')", r->spec->ctor,
@@ -1663,7 +1671,7 @@ static void check_resources(sema *s, ms_node *node, const ms_ast_node *an) {
         for (int k = 0; k < MS_RES_MAX_KEYS && r->spec->keys[k].name != NULL; k++)
             if (r->spec->keys[k].required && r->args[k] == NULL)
                 err(s, c->loc, "%s '%s' needs '%s'", r->spec->ctor, r->name, r->spec->keys[k].name);
-        if (r->spec->needs_kv && r->kv == NULL)
+        if (r->spec->needs_kv && r->kv == NULL && r->scratch == NULL)
             err(s, c->loc, "%s '%s' needs a kv_pool to work on: %s(<kv_pool>, ...)", r->spec->ctor, r->name,
                 r->spec->ctor);
         if (r->spec->kind == MS_RESOURCE_KV && r->n_deps > 0)
@@ -2622,11 +2630,13 @@ static void check_record(sema *s, ms_step_decl *d, const ms_ast_step_item *it) {
     static const char *const kv_fields[] = {"commit", "combine", "pre_fork", "post_fork", NULL};
     static const char *const attn_fields[] = {"causal", NULL};
     static const char *const pos_fields[] = {"advance", "explicit", NULL};
+    static const char *const scratch_fields[] = {"begin", NULL};
     static const char *const none_fields[] = {NULL};
-    const char *const *allowed = r->kind == MS_RESOURCE_KV     ? kv_fields
-                                 : r->kind == MS_RESOURCE_ATTN ? attn_fields
-                                 : r->kind == MS_RESOURCE_POS  ? pos_fields
-                                                               : none_fields;
+    const char *const *allowed = r->kind == MS_RESOURCE_KV        ? kv_fields
+                                 : r->kind == MS_RESOURCE_ATTN    ? attn_fields
+                                 : r->kind == MS_RESOURCE_POS     ? pos_fields
+                                 : r->kind == MS_RESOURCE_SCRATCH ? scratch_fields
+                                                                  : none_fields;
     for (int i = 0; i < it->fields.n; i++) {
         ms_ast_arg *f = it->fields.items[i];
         bool known = false;
@@ -2653,6 +2663,8 @@ static void check_record(sema *s, ms_step_decl *d, const ms_ast_step_item *it) {
             bool_literal(s, f, &rec->causal);
         else if (strcmp(f->name, "explicit") == 0)
             bool_literal(s, f, &rec->explicit_ids);
+        else if (strcmp(f->name, "begin") == 0)
+            bool_literal(s, f, &rec->begin_frame);
         else if (strcmp(f->name, "pre_fork") == 0)
             forks(s, f->value, &rec->pre_forks, &rec->n_pre_forks);
         else if (strcmp(f->name, "post_fork") == 0)

@@ -36,6 +36,7 @@ if [ "${1:-}" = "--bundle" ]; then
     build/mstarc build models/qwen3.mstar -o "$dir/bin/qwen3" >/dev/null || exit 1
     build/mstarc build models/qwen2vl.mstar -o "$dir/bin/qwen2vl" >/dev/null || exit 1
     build/mstarc build models/whisper.mstar -o "$dir/bin/whisper" >/dev/null || exit 1
+    build/mstarc build models/talker.mstar -o "$dir/bin/talker" >/dev/null || exit 1
     # hf/qwen2vl_mrope's prompt and t/h/w ids as the CLI takes them (--prompt-ids, --position-ids)
     python3 - ../shared/fixtures/hf/qwen2vl_mrope/reference.safetensors "$dir" <<'PY' || exit 1
 import json, struct, sys
@@ -58,7 +59,7 @@ PY
     # the fixtures the GPU steps read (whisper_base's real weights would overflow the carry limit)
     mkdir -p "$dir/fixtures/hf"
     for fx in llama_gqa mistral_window llama31_rope llama31_rope_legacy qwen3 qwen2vl_mrope \
-        llama_cfg llama_dense whisper_tiny; do
+        llama_cfg llama_dense whisper_tiny talker_codepred; do
         cp -r "../shared/fixtures/hf/$fx" "$dir/fixtures/hf/"
     done
     cp -r ../shared/fixtures/llama2c ../shared/fixtures/README.md "$dir/fixtures/"
@@ -284,6 +285,21 @@ if [ -n "${MS_GPU_BUNDLE:-}" ]; then
         fi
     } >"$OUT/tp.log" 2>&1
     summary+=("$(printf '%-14s %s' tp "$(tail -n 1 "$OUT/tp.log")")")
+    # talker + code predictor (models/talker.mstar: the code_predictor node on its scratch KV) on
+    # the GPU: hf/talker_codepred's prompt frames, 12 frames of codes through `talker codes` on
+    # cuda against the bf16 CPU run's (written without a GPU: first run in the next session)
+    {
+        tc="$b/fixtures/hf/talker_codepred"
+        python3 -c 'import json,struct,sys; b=open(sys.argv[1],"rb").read(); n=struct.unpack("<Q",b[:8])[0]; m=json.loads(b[8:8+n])["prompt_codes"]; s,e=m["data_offsets"]; v=struct.unpack("<%di"%((e-s)//4),b[8+n+s:8+n+e]); c=m["shape"][1]; print("\n".join(" ".join(map(str,v[i:i+c])) for i in range(0,len(v),c)))' \
+            "$tc/reference.safetensors" >"$OUT/talker_prompt.txt"
+        tk=(talker codes --model "$tc" --prompt-codes "$OUT/talker_prompt.txt")
+        g=$("$b/bin/talker/talker" "${tk[@]}" --device cuda 2>&1)
+        c=$("$b/bin/talker/talker" "${tk[@]}" --device cpu --dtype bf16 2>&1)
+        echo "cuda: $(echo $g)"
+        echo "cpu bf16: $(echo $c)"
+        [ -n "$g" ] && [ "$g" = "$c" ] && echo "1 passed, 0 failed" || echo "0 passed, 1 failed"
+    } >"$OUT/talker.log" 2>&1
+    summary+=("$(printf '%-14s %s' talker "$(tail -n 1 "$OUT/talker.log")")")
 else
     if ! pkg-config --exists cmocka jansson libmicrohttpd libpcre2-8; then
         echo "missing build dependencies (cmocka, jansson, libmicrohttpd, pcre2): run"

@@ -47,6 +47,23 @@ TESTS += tests/test_cross_attn
 TESTS += tests/test_scratch
 # the talker + code predictor of hf/talker_codepred composed by hand over the scratch KV (CPU)
 TESTS += tests/test_talker_cpu
+# the talker node of models/talker.mstar (inputs_embeds rows, ms_engine_run_rows) against
+# hf/talker_codepred's talker_logits, teacher-forced; four prompts batched equal each alone
+TESTS += tests/test_talker
+$(BUILD)/tests/test_talker: $(BUILD)/obj/gen/talker/talker_gen.o
+ifeq ($(HAVE_CUDA),1)
+# models/talker.mstar's kernel instances at both nodes' shapes compile with NVRTC (no GPU needed)
+TESTS += tests/test_talker_kernels
+# the talker's codes on the GPU against the bf16 CPU run; MS_TALKER_DEVICE=cpu: dry run
+GPU_TESTS += tests/test_talker_cuda
+endif
+$(BUILD)/tests/test_talker_kernels: $(BUILD)/obj/gen/talker/talker_gen.o
+$(BUILD)/tests/test_talker_cuda: $(BUILD)/obj/gen/talker/talker_gen.o
+# the talker codes verb: models/talker.mstar's binary prints hf/talker_codepred's reference codes
+TEST_SCRIPTS += tests/talker_cli.sh
+$(BUILD)/gen/talker/talker_gen.c: models/talker.mstar $(BUILD)/mstarc
+	$(call quiet,GEN,$@)
+	$(Q)$(BUILD)/mstarc build models/talker.mstar -o $(BUILD)/gen/talker --emit-only >/dev/null
 TESTS += tests/test_kv_pool
 TESTS += tests/test_page_arena
 TESTS += tests/test_prefix_cache

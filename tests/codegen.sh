@@ -10,7 +10,7 @@
 #     exactly and 16 greedy ids on hf/llama_gqa (the generated descriptor is the reference: the
 #     fixture tests compare its logits and ids with transformers');
 #   - errors: a failing C compiler is reported with its command and exit status, a construct the
-#     engine cannot run (soft_cap, scheme = block, cross, scratch, learned positions, a second
+#     engine cannot run (soft_cap, scheme = block, cross, a scratch without its shape or layers, learned positions, a second
 #     node of another KV layout, an unlowered builtin) names file:line:col, usage errors exit 2;
 #   - M-RoPE: models/qwen2vl.mstar lowers its int[] sections, the mrope kernel and its ignore
 #     patterns;
@@ -354,7 +354,9 @@ refused scheme_block 's/style = interleaved,/style = interleaved, scheme = block
 refused cross '/resource pick = /a resource xa = cross(cache, context = main, q_heads = n_heads);' \
     "step 'prefill': its first segment is on 'main', the context label of cross 'xa': the queries' label comes first \(the context rows are packed after them\)"
 refused scratch '/resource pick = /a resource code = scratch(shape = [4, hd], rows = 8);' \
-    "resource 'code': a scratch pool \(scratch\) is not lowered by mstarc build yet"
+    "scratch 'code': mstarc build lowers shape = \[positions, kv_heads, head_dim\] \(a list of three\) only"
+refused scratch_layers '/resource pick = /a resource code = scratch(shape = [4, 2, hd], rows = 8);' \
+    "scratch 'code': mstarc build needs layers = <count> \(the layers its KV holds\)"
 refused learned_positions '/norm = "norm.weight"/a pos_table = "pos.weight" [max_position_embeddings, dim];
 /resource pick = /a resource lpos = positions(cache, table = pos_table);' \
     "resource 'rot': the engine runs one positions resource \(rope or positions\) per node"
@@ -383,8 +385,12 @@ refused node_rope '/^    walk generate/i node lm2 { resource c2 = kv_pool(layers
     "node 'lm2': rope 'r2' differs from rope 'rot' of node 'lm': the engine keeps one RoPE table per model, so a later node's rope must declare the first node's arguments"
 refused retention 's/retention = window(short_window));/retention = window(2 * short_window));/' \
     "kv_pool 'cache': a retention other than attention 'att''s window is not lowered by mstarc build yet"
-refused shaped_input 's/forward(tokens) -> logits {/forward(tokens: [_, dim]) -> logits {/' \
-    "forward parameter 'tokens' is a shaped tensor; mstarc build lowers forwards over token ids, or one 2-D input of a node without a sampler, only yet"
+refused shaped_input 's/forward(tokens) -> logits {/forward(tokens: [_, dim, 2]) -> logits {/' \
+    "forward parameter 'tokens' is a shaped tensor; mstarc build lowers forwards over token ids, one 2-D input of a node without a sampler, or one \[_, width\] input alone \(a row per token\) of a sampling node only yet"
+refused embeds_rows 's/forward(tokens) -> logits {/forward(tokens: [4, dim]) -> logits {/' \
+    "forward parameter 'tokens': the rows of a sampling node's input are the step's tokens: declare them \`_\`"
+refused embeds_embedding 's/forward(tokens) -> logits {/forward(tokens: [_, dim]) -> logits {/' \
+    "embedding\(\) reads the step's tokens"
 refused tanh 's/h = rms_norm(x, blk.norm2, eps);/h = tanh(rms_norm(x, blk.norm2, eps));/' \
     "cannot lower 'tanh\(rms_norm\(x, blk.norm2, eps\)\)' yet: mstarc build lowers the builtins embedding, rms_norm, head_rms_norm, layer_norm, linear, silu\(a\) \* b, gelu, conv1d and transpose \(of a shaped input\), not tanh"
 # models/whisper.mstar builds (encoder, cross-attention decoder: tests/test_whisper.c runs it);

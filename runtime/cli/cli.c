@@ -1,7 +1,7 @@
 /*
  * cli.c - the verbs of a serving binary (cli.h): `generate` here and the dispatch to the others
  * (`chat` cli_chat.c, `transcribe` cli_transcribe.c, `serve` cli_serve.c, `bench` cli_bench.c,
- * `kernels` cli_kernels.c), and the helpers they share (model probe, id lists, streaming UTF-8,
+ * `kernels` cli_kernels.c, `talker` cli_talker.c), and the helpers they share (model probe, id lists, streaming UTF-8,
  * the tokenizer: tokenizer.json, a llama2.c .bin, or a GGUF's own through gguf_tokenizer.h).
  *
  * Order of work in generate: flags, then the model's config (ms_cli_model_probe: the path and the
@@ -27,6 +27,7 @@
 #include <sys/stat.h>
 #include <time.h>
 
+#include "cli_talker.h"
 #include "cli_transcribe.h"
 #include "engine.h"
 #include "gguf_tokenizer.h"
@@ -409,11 +410,12 @@ static void usage(FILE *to) {
             "       %s generate --chat MESSAGE [--system TEXT] --model PATH [...] (one chat turn)\n"
             "       %s chat --model PATH [...]    (%s chat --help)\n"
             "       %s transcribe --model PATH AUDIO... (%s transcribe --help)\n"
+            "       %s talker codes --model PATH --prompt-codes FILE (%s talker --help)\n"
             "       %s serve --model PATH [...]   (%s serve --help)\n"
             "       %s bench --model PATH [...]   (%s bench --help)\n"
             "       %s kernels --model PATH [...] (%s kernels --help)\n",
             g_prog, g_prog, g_prog, g_prog, g_prog, g_prog, g_prog, g_prog, g_prog, g_prog, g_prog,
-            g_prog);
+            g_prog, g_prog, g_prog);
 }
 
 void ms_cli_print_graphs(const struct ms_engine *e, FILE *to) {
@@ -1373,12 +1375,14 @@ int ms_cli_main(int argc, char **argv, const ms_model_desc *desc) {
         return ms_cli_chat(argc - 2, argv + 2, desc, g_prog, false);
     if (strcmp(argv[1], "transcribe") == 0)
         return ms_cli_transcribe(argc - 2, argv + 2, desc, g_prog);
+    if (strcmp(argv[1], "talker") == 0)
+        return ms_cli_talker(argc - 2, argv + 2, desc, g_prog);
     if (strcmp(argv[1], "--help") == 0 || strcmp(argv[1], "-h") == 0) {
         usage(stdout);
         return ms_cli_stdout_check(g_prog);
     }
     usage(stderr);
-    fprintf(stderr, "%s: unknown verb '%s' (this binary serves: generate, chat, transcribe, serve, bench, kernels)\n",
+    fprintf(stderr, "%s: unknown verb '%s' (this binary serves: generate, chat, transcribe, talker, serve, bench, kernels)\n",
             g_prog, argv[1]);
     return 2;
 }

@@ -40,6 +40,7 @@
 #include "prefix_cache.h"
 #include "rid_map.h"
 #include "sample_res.h"
+#include "scratch.h"
 #include "walk.h"
 #include "step_runner.h"
 #include "tp.h"
@@ -188,6 +189,10 @@ typedef struct eng_node {
     ms_attn_params cross_params;  /* not causal, no window, the attention's scale */
     int32_t ctx_rows;             /* context rows of the step being run (its input) */
     int32_t *zeros;               /* [max_seqs] kv_start of the cross views */
+    /* [scratch] a node on a scratch KV (a code predictor): its runner holds the scratch alone,
+       nd->kv views its buffer, nd->attn.batch stages its plans (eng_scratch_init) */
+    ms_scratch_kv_config scratch_cfg;
+    ms_scratch_kv *scratch;       /* owned by the runner; NULL: not a scratch node */
 } eng_node;
 
 struct ms_engine {
@@ -267,6 +272,11 @@ struct ms_engine {
     int32_t *plp_rows_dev;        /* backend [max_out] the token rows a step's logits come from */
     int32_t *plp_rows_host;       /* [max_out] staging */
     void *plp_scratch;            /* ms_sampler_scratch_size(vocab) bytes */
+    bool rows_staged;             /* [inputs_embeds] ms_engine_run_rows staged the input rows */
+    float *last_hidden_dev;       /* [inputs_embeds] backend [max_seqs * last_hidden_width] the
+                                     rows a forward's head read (ms_engine_run_rows' hidden) */
+    float *last_hidden_host;      /* [max_seqs * last_hidden_width] */
+    int64_t last_hidden_width;    /* widest row-per-token input; 0: no such node */
 };
 
 ms_engine_options ms_engine_options_default(void) {
@@ -368,7 +378,8 @@ int32_t ms_engine_stream_length(const ms_engine *e, ms_rid rid, ms_label label) 
 int32_t ms_engine_kv_pages_free(const ms_engine *e) {
     int32_t n = 0;
     for (int32_t i = 0; i < e->n_nodes; i++)
-        n += ms_page_arena_num_free(e->nodes[i].arena);
+        if (e->nodes[i].arena != NULL) /* [scratch] a scratch node has no page arena */
+            n += ms_page_arena_num_free(e->nodes[i].arena);
     if (e->pcache != NULL) /* [prefix] pages only the cache holds are evicted on demand */
         n += ms_prefix_cache_stats(e->pcache).unreferenced;
     return n;
@@ -729,7 +740,12 @@ static ms_status eng_host_arena_init(ms_engine *e, eng_node *nd, const ms_page_a
                                      ms_error *err);
 
 /* The page arena and the KV pool over it (node nd's KV resource). */
+static bool eng_scratch_node(const eng_node *nd);                    /* [scratch] */
+static ms_status eng_scratch_init(ms_engine *e, eng_node *nd, ms_error *err); /* [scratch] */
+
 static ms_status eng_resources_init(ms_engine *e, eng_node *nd, ms_error *err) {
+    if (eng_scratch_node(nd))
+        return MS_OK; /* [scratch] no page arena: eng_scratch_init */
     const ms_md_facts *fa = &nd->facts;
     const int32_t ps = e->opt.page_size > 0 ? e->opt.page_size : fa->page_size;
     int32_t seq_len = fa->max_context;
@@ -918,6 +934,8 @@ static const eng_res_make_fn eng_res_makers[MS_RESOURCE_KIND_COUNT] = {
 
 static ms_status eng_runner_init(ms_engine *e, eng_node *nd, ms_error *err) {
     const ms_md_node *d = nd->node;
+    if (eng_scratch_node(nd))
+        return eng_scratch_init(e, nd, err); /* [scratch] */
     if (d->n_resources < 1 || d->n_resources > MS_MAX_RESOURCES)
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "model %s: %d resources", e->desc->name,
                        (int)d->n_resources);
@@ -964,6 +982,32 @@ static ms_status eng_kernels_init(ms_engine *e, ms_error *err) {
     int n = 0;
     MS_TRY(ms_md_kernel_specs(e->desc, &e->facts, e->nodes[0].kv.page_size, specs,
                               MS_MD_MAX_KERNEL_SPECS, &n, err));
+    /* [scratch] a node of another shape (a code predictor: its heads, its frame as the page
+       size) adds its own instances of the same stems */
+    for (int32_t i = 1; i < e->n_nodes; i++) {
+        const eng_node *nd = &e->nodes[i];
+        if (nd->scratch == NULL)
+            continue;
+        ms_kernel_spec more[MS_MD_MAX_KERNEL_SPECS];
+        int m = 0;
+        MS_TRY(ms_md_kernel_specs(e->desc, &nd->facts, nd->kv.page_size, more,
+                                  MS_MD_MAX_KERNEL_SPECS, &m, err));
+        for (int k = 0; k < m; k++) {
+            bool seen = false;
+            char a[256], b[256];
+            MS_TRY(ms_kernel_spec_uri(&more[k], 0, a, sizeof a, err));
+            for (int j = 0; j < n && !seen; j++) {
+                MS_TRY(ms_kernel_spec_uri(&specs[j], 0, b, sizeof b, err));
+                seen = strcmp(a, b) == 0;
+            }
+            if (seen)
+                continue;
+            if (n == MS_MD_MAX_KERNEL_SPECS)
+                return MS_FAIL(err, MS_ERR_LIMIT, "model %s: more than %d kernel instances",
+                               e->desc->name, MS_MD_MAX_KERNEL_SPECS);
+            specs[n++] = more[k];
+        }
+    }
     return e->be.iface.kernels_load(e->be.ctx, specs, n, err);
 }
 
@@ -1000,8 +1044,16 @@ static ms_status eng_buffers_init(ms_engine *e, ms_error *err) {
         if (nd->input_shape != NULL) {
             int64_t rows = 0, cols = 0;
             nd->input_shape(e->config, &rows, &cols);
-            if (rows == -1)
-                rows = e->max_tokens; /* a step's context rows: within its tokens */
+            if (rows == -2) { /* [inputs_embeds] its head's input rows have the rows' width;
+                                 [scratch] a scratch node's hidden rows their own */
+                e->last_hidden_width = MS_MAX(e->last_hidden_width, cols);
+                if (nd->hidden_width != NULL)
+                    e->last_hidden_width = MS_MAX(e->last_hidden_width,
+                                                  nd->hidden_width(e->config));
+            }
+            if (rows == -1 || rows == -2)
+                rows = e->max_tokens; /* a step's context rows or [inputs_embeds] a row per
+                                         token: within its tokens */
             if (rows < 1 || cols < 1 || rows > INT32_MAX / cols)
                 return MS_FAIL(err, MS_ERR_FORMAT, "model %s: node %s: input of %lld x %lld",
                                e->desc->name, nd->name, (long long)rows, (long long)cols);
@@ -1011,6 +1063,13 @@ static ms_status eng_buffers_init(ms_engine *e, ms_error *err) {
     if (e->hidden_cap_width > 0)
         MS_TRY(eng_alloc(e, T * (size_t)e->hidden_cap_width * sizeof(float), "step.hidden",
                          (void **)&e->hidden_dev, err));
+    if (e->last_hidden_width > 0) { /* [inputs_embeds] */
+        MS_TRY(eng_alloc(e, S * (size_t)e->last_hidden_width * sizeof(float), "step.last_hidden",
+                         (void **)&e->last_hidden_dev, err));
+        e->last_hidden_host = ms_malloc(S * (size_t)e->last_hidden_width * sizeof(float));
+        if (e->last_hidden_host == NULL)
+            return MS_FAIL(err, MS_ERR_OOM, "out of memory for the last hidden rows");
+    }
     if (e->input_cap > 0) {
         MS_TRY(eng_alloc(e, (size_t)e->input_cap * sizeof(float), "step.input",
                          (void **)&e->input_dev, err));
@@ -1239,10 +1298,12 @@ void ms_engine_free(ms_engine *e) {
         eng_bfree(e, e->hidden_dev);
         eng_bfree(e, e->input_dev);
         eng_bfree(e, e->plp_rows_dev);
+        eng_bfree(e, e->last_hidden_dev);
     }
     ms_free(e->input_host);
     ms_free(e->plp_rows_host);
     ms_free(e->plp_scratch);
+    ms_free(e->last_hidden_host);
     ms_tp_rank_detach(e->tps, &e->be); /* [tp] */
     ms_tp_rank_free(e->tps);
     ms_backend_free(&e->be);
@@ -1365,8 +1426,8 @@ static ms_status eng_add(ms_engine *e, const ms_engine_request *rq, ms_rid fork_
            features; the next item's node reads its rows as its cross resource's context */
         for (int32_t i = 0; i < wk->n_items; i++) {
             const eng_node *nd = &e->nodes[wk->items[i].node];
-            if (nd->node->hidden_width == NULL)
-                continue;
+            if (nd->node->hidden_width == NULL || nd->scratch != NULL)
+                continue; /* [scratch] a code predictor's rows come from ms_engine_run_rows */
             const eng_node *next = i + 1 < wk->n_items ? &e->nodes[wk->items[i + 1].node] : NULL;
             if (i != 0 || nd->node->input_shape == NULL || next == NULL ||
                 next->context_label < 0 || i + 1 >= wk->loop_begin)
@@ -1805,9 +1866,20 @@ static ms_status eng_forward_sample(ms_engine *e, eng_node *nd, const ms_md_step
         nd->node->input_shape(e->config, &rows, &cols);
         if (rows == -1) /* the context rows of this step */
             rows = nd->ctx_rows;
+        else if (rows == -2) { /* [inputs_embeds] a row per token (ms_engine_run_rows) */
+            if (!e->rows_staged)
+                return MS_FAIL(err, MS_ERR_UNSUPPORTED,
+                               "step %s: node %s reads a row per token (inputs_embeds), not "
+                               "token ids: run it through ms_engine_run_rows", sd->name,
+                               nd->node->name);
+            rows = n_tok;
+        }
         input = ms_tensor_2d(e->input_dev, MS_DTYPE_F32, rows, cols);
     }
     ms_tensor out_rows = ms_tensor_1d(e->out_rows_dev, MS_DTYPE_I32, n_tok);
+    /* [inputs_embeds] the rows the head reads, for ms_engine_run_rows */
+    ms_tensor last_hidden = ms_tensor_2d(e->last_hidden_dev, MS_DTYPE_F32, n,
+                                         nd->facts.hidden);
     ms_md_forward_args args = {
         .be = &e->be,
         .config = e->config,
@@ -1829,6 +1901,7 @@ static ms_status eng_forward_sample(ms_engine *e, eng_node *nd, const ms_md_step
         .context_batch = cross ? nd->ctx_batch : NULL,
         .cross_batch = cross ? nd->cross_batch : NULL,
         .cross_attn = nd->cross_params,
+        .last_hidden = e->rows_staged ? &last_hidden : NULL,
     };
     /* [graphs] eager, captured or replayed (graph_exec.h; e->gx NULL: eager) */
     MS_TRY(ms_graph_exec_forward(e->gx, gs, ctx, nd->node->forward, &args, err));
@@ -1937,6 +2010,10 @@ ms_status ms_engine_run_step(ms_engine *e, ms_rid rid, const char *step_name,
         return MS_FAIL(err, MS_ERR_UNSUPPORTED,
                        "run step %s: only steps over the main stream alone run this way",
                        sd->name);
+    if (nd->scratch != NULL) /* [scratch] */
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "run step %s: node %s attends over a scratch KV "
+                       "and reads rows: run it through ms_engine_run_rows", sd->name,
+                       nd->node->name);
     if (n_tokens < 1 || n_tokens > e->max_tokens || tokens == NULL)
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "run step %s: %d tokens (1 .. max_tokens %d)",
                        sd->name, (int)n_tokens, (int)e->max_tokens);
@@ -1970,6 +2047,295 @@ ms_status ms_engine_run_step(ms_engine *e, ms_rid rid, const char *step_name,
     r->row = 0;
     *logits = e->logits_host;
     *n_rows = sd->all_logits ? n_tokens : 1;
+    return MS_OK;
+}
+
+/* ---- [scratch] a node on a scratch KV (a code predictor) ---- */
+
+static bool eng_scratch_node(const eng_node *nd) {
+    for (int32_t i = 0; i < nd->node->n_resources; i++)
+        if (nd->node->resources[i].kind == MS_RESOURCE_SCRATCH)
+            return true;
+    return false;
+}
+
+/*
+ * The runner of a node on a scratch KV: the scratch alone (ms_scratch_kv_build: segment i is
+ * batch row i; max_seqs rows of a frame of facts.max_context slots; KV dtype of the engine),
+ * its buffer viewed as the paged KV the attention ops read (page_size = the frame's slots,
+ * row r on page r + 1), an attention batch staging its plans. A rope over it reads the
+ * engine's RoPE table (the model's), so it must be that table: same style, head and rotary
+ * dims, theta, no scaling or sections. Anything else on the node is refused.
+ */
+static ms_status eng_scratch_init(ms_engine *e, eng_node *nd, ms_error *err) {
+    const ms_md_node *d = nd->node;
+    const ms_md_facts *fa = &nd->facts;
+    for (int k = 0; k < MS_RESOURCE_KIND_COUNT; k++)
+        nd->idx[k] = -1;
+    nd->context_label = -1;
+    for (int32_t i = 0; i < d->n_resources; i++) {
+        ms_resource_kind k = d->resources[i].kind;
+        if ((k != MS_RESOURCE_SCRATCH && k != MS_RESOURCE_POS) || nd->idx[k] >= 0)
+            return MS_FAIL(err, MS_ERR_UNSUPPORTED, "model %s: node %s: resource '%s' (%s) beside "
+                           "a scratch KV: the node attends through the scratch alone",
+                           e->desc->name, d->name, d->resources[i].key,
+                           ms_resource_kind_str(k));
+        nd->idx[k] = i;
+    }
+    if (nd->idx[MS_RESOURCE_SCRATCH] != 0 || d->hidden_width == NULL)
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "model %s: node %s: a scratch node returns "
+                       "hidden rows with the scratch as its first resource", e->desc->name,
+                       d->name);
+    if (nd->idx[MS_RESOURCE_POS] >= 0) {
+        const ms_rope_config *a = &fa->rope, *b = &e->facts.rope;
+        if (a->style != b->style || a->head_dim != b->head_dim || a->rotary_dim != b->rotary_dim ||
+            a->theta != b->theta || a->scaling != MS_ROPE_SCALING_NONE || a->n_sections != 0 ||
+            b->scaling != MS_ROPE_SCALING_NONE || b->n_sections != 0)
+            return MS_FAIL(err, MS_ERR_UNSUPPORTED, "model %s: node %s: its rope (head_dim %d, "
+                           "theta %g) is not the model's RoPE table (head_dim %d, theta %g): the "
+                           "engine keeps one", e->desc->name, d->name, (int)a->head_dim,
+                           a->theta, (int)b->head_dim, b->theta);
+    }
+    if (fa->scratch_rows < 1)
+        return MS_FAIL(err, MS_ERR_FORMAT, "model %s: node %s: scratch of %d rows", e->desc->name,
+                       d->name, (int)fa->scratch_rows);
+    nd->scratch_cfg = (ms_scratch_kv_config){
+        .device = e->dev, .max_rows = MS_MIN(fa->scratch_rows, e->max_seqs),
+        .layers = fa->n_layers,
+        .positions = fa->max_context, .kv_heads = fa->n_kv_heads, .head_dim = fa->head_dim,
+        .elem_bytes = ms_dtype_size(e->kvdtype)};
+    ms_resource_spec spec = {.key = d->resources[0].key, .kind = MS_RESOURCE_SCRATCH,
+                             .build = ms_scratch_kv_build, .config = &nd->scratch_cfg};
+    MS_TRY(ms_step_runner_init(&nd->runner, &spec, 1, err));
+    nd->scratch = ms_step_runner_resource(nd->runner, 0);
+    nd->kv = (ms_paged_kv){
+        .data = ms_scratch_kv_data(nd->scratch),
+        .dtype = e->kvdtype,
+        .n_layers = fa->n_layers,
+        .n_pages = ms_scratch_kv_pages(nd->scratch),
+        .page_size = fa->max_context,
+        .n_kv_heads = fa->n_kv_heads,
+        .head_dim = fa->head_dim,
+    };
+    ms_attn_limits lim = {.max_seqs = e->max_seqs, .max_tokens = e->max_tokens,
+                          .max_pages = nd->kv.n_pages};
+    MS_TRY(e->be.iface.attn_batch_init(e->be.ctx, &lim, &nd->attn.batch, err));
+    nd->attn.scale = fa->attn_scale > 0.0f ? fa->attn_scale : 1.0f / sqrtf((float)fa->head_dim);
+    return MS_OK;
+}
+
+/*
+ * One step of a scratch node over e->rows[0 .. n) (built in e->build; the rows staged in
+ * input_dev): admit -> plan on the scratch, the plan staged for the attention ops, positions =
+ * the slots of the frame, the forward into hidden_dev [n_tokens, width], commit. A failure
+ * after admit abandons the step (the scratch unchanged).
+ */
+static ms_status eng_run_scratch(ms_engine *e, eng_node *nd, const ms_md_step *sd, int32_t n,
+                                 ms_error *err) {
+    const ms_backend_i *f = &e->be.iface;
+    void *cx = e->be.ctx;
+    ms_step *step = &e->build.step;
+    ms_step_ctx ctx;
+    memset(&ctx, 0, sizeof ctx);
+    ctx.request_ids = e->rids;
+    ctx.n_rows = n;
+    ctx.n_real = n;
+    ms_admit_outcome o = ms_step_runner_admit(nd->runner, step, &ctx);
+    if (o.code != MS_ADMIT_OK)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "step %s.%s: scratch '%s' refused the batch "
+                       "(%s): at most %d rows of at most %d slots", nd->node->name, sd->name,
+                       nd->node->resources[0].key, ms_admit_code_str(o.code),
+                       (int)nd->scratch_cfg.max_rows,
+                       (int)nd->facts.max_context);
+    ms_status st = ms_step_runner_plan(nd->runner, step, &ctx, err);
+    if (st != MS_OK)
+        return st; /* the runner abandoned the step */
+    const ms_kv_plan *plan = ctx.plan_results[0];
+    const int32_t T = plan->n_tokens;
+    ms_attn_params ap = {.scale = nd->attn.scale, .window = 0, .causal = true};
+    int64_t rows = 0, cols = 0, width = nd->node->hidden_width(e->config);
+    nd->node->input_shape(e->config, &rows, &cols);
+    ms_tensor tokens = ms_tensor_1d(e->tokens_dev, MS_DTYPE_I32, T);
+    ms_tensor pos = ms_tensor_1d(e->pos_dev, MS_DTYPE_I32, T);
+    ms_tensor input = ms_tensor_2d(e->input_dev, MS_DTYPE_F32, T, cols);
+    ms_tensor out = ms_tensor_2d(e->hidden_dev, MS_DTYPE_F32, T, width);
+    st = f->attn_batch_stage(cx, nd->attn.batch, plan, &nd->kv, err);
+    if (st == MS_OK && f->attn_batch_plan != NULL)
+        st = f->attn_batch_plan(cx, nd->attn.batch, &nd->kv, nd->facts.n_q_heads, &ap, err);
+    if (st == MS_OK)
+        st = f->copy_to_backend(cx, e->tokens_dev, e->tokens_host, (size_t)T * sizeof(int32_t),
+                                err);
+    if (st == MS_OK) /* a token's position is its slot in the row's frame */
+        st = f->copy_to_backend(cx, e->pos_dev, plan->token_to_slot, (size_t)T * sizeof(int32_t),
+                                err);
+    if (st == MS_OK) {
+        ms_md_forward_args args = {
+            .be = &e->be,
+            .config = e->config,
+            .facts = &nd->facts,
+            .weights = e->weights,
+            .weight_offset = e->woff,
+            .kv = &nd->kv,
+            .batch = nd->attn.batch,
+            .tokens = &tokens,
+            .positions = &pos,
+            .rope = &e->rope,
+            .attn = ap,
+            .workspace = e->workspace,
+            .max_tokens = e->max_tokens,
+            .max_seqs = e->max_out,
+            .logits = &out,
+            .input = &input,
+        };
+        st = nd->node->forward(&args, err);
+    }
+    if (st != MS_OK) {
+        ms_step_runner_abandon(nd->runner, step, &ctx);
+        return st;
+    }
+    return ms_step_runner_commit(nd->runner, step, &ctx, err);
+}
+
+/* [inputs_embeds] see engine.h */
+const ms_md_facts *ms_engine_node_facts(const ms_engine *e, const char *name) {
+    for (int32_t i = 0; i < e->n_nodes; i++)
+        if (name != NULL && strcmp(e->nodes[i].node->name, name) == 0)
+            return &e->nodes[i].facts;
+    return NULL;
+}
+
+const struct ms_ckpt *ms_engine_checkpoint(const ms_engine *e) { return e->ck; }
+
+const ms_model_desc *ms_engine_desc(const ms_engine *e) { return e->desc; }
+
+int32_t ms_engine_max_seqs(const ms_engine *e) { return e->max_seqs; }
+
+/* [inputs_embeds] see engine.h */
+ms_status ms_engine_run_rows(ms_engine *e, const char *node, const char *step_name,
+                             const ms_rid *rids, const int32_t *spans, int32_t n,
+                             const float *rows, int64_t width, const float **logits,
+                             const float **hidden, ms_error *err) {
+    *logits = NULL;
+    if (hidden != NULL)
+        *hidden = NULL;
+    if (e->tpg != NULL) /* [tp] the ranks replay add, step and remove only */
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED,
+                       "run_rows: not with tensor parallelism (--tp %d)",
+                       (int)ms_tp_group_world(e->tpg));
+    eng_node *nd = NULL;
+    for (int32_t ni = 0; ni < e->n_nodes && nd == NULL; ni++)
+        if (strcmp(e->nodes[ni].node->name, node) == 0)
+            nd = &e->nodes[ni];
+    if (nd == NULL)
+        return MS_FAIL(err, MS_ERR_NOT_FOUND, "model %s has no node '%s'", e->desc->name, node);
+    int64_t in_rows = 0, in_cols = 0;
+    if (nd->node->input_shape != NULL)
+        nd->node->input_shape(e->config, &in_rows, &in_cols);
+    const bool scratch = nd->scratch != NULL; /* [scratch] returns hidden rows */
+    if (in_rows != -2 || (nd->node->hidden_width != NULL && !scratch))
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "node %s does not read a row per token "
+                       "(inputs_embeds): run its steps on token ids", node);
+    if (scratch && hidden == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "run rows %s.%s: the node returns hidden rows: "
+                       "pass `hidden`", node, step_name);
+    int32_t k = -1;
+    for (int32_t i = 0; i < nd->node->n_steps && k < 0; i++)
+        if (strcmp(nd->node->steps[i].name, step_name) == 0)
+            k = i;
+    if (k < 0)
+        return MS_FAIL(err, MS_ERR_NOT_FOUND, "node %s has no step '%s'", node, step_name);
+    const ms_md_step *sd = &nd->node->steps[k];
+    if (sd->n_segments != 1 || sd->labels[0] != MS_LABEL_MAIN)
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED,
+                       "run rows %s: only steps over the main stream alone run this way",
+                       sd->name);
+    if (e->pcache != NULL)
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "run rows %s.%s: the prefix cache keys pages on "
+                       "token ids, which rows are not: turn options.prefix_cache off", node,
+                       sd->name);
+    if (width != in_cols || rows == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "run rows %s.%s: rows of width %lld given, the "
+                       "node reads %lld", node, sd->name, (long long)width, (long long)in_cols);
+    if (n < 1 || n > e->max_seqs)
+        return MS_FAIL(err, MS_ERR_CAPACITY, "run rows %s.%s: %d requests (1 .. max_seqs %d)",
+                       node, sd->name, (int)n, (int)e->max_seqs);
+    int64_t total = 0;
+    for (int32_t i = 0; i < n; i++) {
+        eng_req *r = eng_find_req(e, rids[i], NULL);
+        if (r == NULL || !r->in_runner || r->finish != MS_FINISH_NONE)
+            return MS_FAIL(err, MS_ERR_NOT_FOUND, "run rows %s.%s: request %llu is not running",
+                           node, sd->name, (unsigned long long)rids[i]);
+        for (int32_t j = 0; j < i; j++)
+            if (rids[j] == rids[i])
+                return MS_FAIL(err, MS_ERR_INVALID_ARG, "run rows %s.%s: request %llu given "
+                               "twice", node, sd->name, (unsigned long long)rids[i]);
+        if (spans[i] < 1)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG, "run rows %s.%s: request %llu: %d rows "
+                           "(at least 1)", node, sd->name, (unsigned long long)rids[i],
+                           (int)spans[i]);
+        if (!scratch && r->longest + spans[i] > nd->facts.max_context)
+            return MS_FAIL(err, MS_ERR_LIMIT, "run rows %s.%s: request %llu: %d more rows pass "
+                           "the node's context (%d positions)", node, sd->name,
+                           (unsigned long long)rids[i], (int)spans[i],
+                           (int)nd->facts.max_context);
+        total += spans[i];
+        ms_md_row row;
+        memset(&row, 0, sizeof row);
+        row.rid = rids[i];
+        row.len[MS_LABEL_MAIN] = spans[i];
+        e->rows[i] = row;
+        e->row_reqs[i] = r;
+        e->rids[i] = rids[i];
+    }
+    if (total > e->max_tokens)
+        return MS_FAIL(err, MS_ERR_CAPACITY, "run rows %s.%s: %lld rows in one step, above "
+                       "max_tokens %d (raise max_tokens)", node, sd->name, (long long)total,
+                       (int)e->max_tokens);
+    MS_TRY(sd->run(e->config, e->rows, n, &e->build, err));
+    if (e->build.n_tokens != total)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "run rows %s.%s: it declares %d tokens, %lld "
+                       "rows given", node, sd->name, (int)e->build.n_tokens, (long long)total);
+    /* the rows are the tokens' input; the ids the forward never reads are 0 */
+    memset(e->tokens_host, 0, (size_t)total * sizeof(int32_t));
+    MS_TRY(e->be.iface.copy_to_backend(e->be.ctx, e->input_dev, rows,
+                                       (size_t)total * (size_t)width * sizeof(float), err));
+    for (size_t i = 0; i < e->n_reqs; i++)
+        e->reqs[i]->row = -1;
+    if (scratch) {
+        /* [scratch] request i is batch row i: a frame's steps list the same requests in the
+           same order (the scratch refuses a row continuing another request's frame); every
+           request's last row is returned */
+        MS_TRY(eng_run_scratch(e, nd, sd, n, err));
+        const int64_t w = nd->node->hidden_width(e->config);
+        int64_t t = 0;
+        for (int32_t i = 0; i < n; i++) {
+            t += spans[i];
+            MS_TRY(e->be.iface.copy_to_host(e->be.ctx, e->last_hidden_host + (size_t)i * (size_t)w,
+                                            e->hidden_dev + (size_t)(t - 1) * (size_t)w,
+                                            (size_t)w * sizeof(float), err));
+        }
+        *hidden = e->last_hidden_host;
+        return MS_OK;
+    }
+    ms_graph_step gs = {.step = k, .n_real = n, .n_rows = n}; /* eager, unpadded */
+    e->rows_staged = true;
+    ms_status st = eng_run_built(e, nd, sd, &gs, false, err);
+    e->rows_staged = false;
+    MS_TRY(st);
+    for (int32_t i = 0; i < n; i++) {
+        eng_req *r = e->row_reqs[i];
+        if (e->build.kv.commit)
+            r->longest += spans[i]; /* the stream grew outside its walk */
+        r->no_seal = true;           /* [prefix] its KV follows no ids */
+        r->row = i;
+    }
+    if (hidden != NULL) {
+        MS_TRY(e->be.iface.copy_to_host(e->be.ctx, e->last_hidden_host, e->last_hidden_dev,
+                                        (size_t)n * (size_t)nd->facts.hidden * sizeof(float),
+                                        err));
+        *hidden = e->last_hidden_host;
+    }
+    *logits = e->logits_host;
     return MS_OK;
 }
 
@@ -2033,7 +2399,8 @@ static ms_status eng_encode(ms_engine *e, eng_node *nd, const float *input, int6
 static eng_node *eng_encoder_node(ms_engine *e, const char *name) {
     for (int32_t i = 0; i < e->n_nodes; i++)
         if (name != NULL && strcmp(e->nodes[i].node->name, name) == 0 &&
-            e->nodes[i].node->hidden_width != NULL && e->nodes[i].node->input_shape != NULL)
+            e->nodes[i].node->hidden_width != NULL && e->nodes[i].node->input_shape != NULL &&
+            e->nodes[i].scratch == NULL) /* [scratch] its rows: ms_engine_run_rows */
             return &e->nodes[i];
     return NULL;
 }

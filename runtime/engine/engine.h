@@ -341,6 +341,39 @@ ms_status ms_engine_run_step(ms_engine *e, ms_rid rid, const char *step_name,
                              const int32_t *tokens, int32_t n_tokens, const float **logits,
                              int32_t *n_rows, ms_error *err);
 
+/* [inputs_embeds] The facts of node `name` (its KV layout, width, context: ms_md_facts), or
+ * NULL when the model has no such node. Borrowed until ms_engine_free. */
+const ms_md_facts *ms_engine_node_facts(const ms_engine *e, const char *name);
+
+/* [inputs_embeds] The loaded checkpoint (tensors the model's nodes do not read, e.g. a talker's
+ * glue: talker.h) and the engine's batch rows (options.max_seqs). Borrowed until ms_engine_free. */
+const struct ms_ckpt *ms_engine_checkpoint(const ms_engine *e);
+/* The compiled model the engine runs (its walks: ms_engine_talker_codes follows one). */
+const ms_model_desc *ms_engine_desc(const ms_engine *e);
+int32_t ms_engine_max_seqs(const ms_engine *e);
+
+/*
+ * [inputs_embeds] Run step `step_name` of node `node`, whose forward reads one row per token
+ * instead of token ids (`forward(frames: [_, hidden_size]) -> logits`: a talker's frame
+ * embeddings, computed outside the node), for requests rids[0 .. n) at once: request i brings
+ * spans[i] rows (its tokens of the step's main segment), packed request by request into
+ * rows [sum(spans), width] f32 host (copied to the backend; the forward may overwrite its
+ * copy). Nothing is sampled and the requests' walks and outputs do not move; a committing step
+ * grows each main stream by its span. *logits = the last row's logits of each request
+ * ([n, vocab] f32 host, borrowed until the next step); *hidden (when hidden != NULL) = the
+ * rows the logits' head read: each request's final-normed hidden state of its last row
+ * ([n, width] f32 host, borrowed until the next step; a talker's h_t). Requests are added with ms_engine_add
+ * as usual (their prompt ids are only checked). Errors: MS_ERR_NOT_FOUND (no such node or step,
+ * a request not running), MS_ERR_UNSUPPORTED (a node reading token ids, a step over other
+ * labels), MS_ERR_INVALID_ARG (a width other than the node's, a span below 1, a request given
+ * twice), MS_ERR_CAPACITY (more than max_seqs requests, rows above max_tokens), MS_ERR_LIMIT
+ * (past the node's context), the step's own. ms_engine_step refuses such a node's steps.
+ */
+ms_status ms_engine_run_rows(ms_engine *e, const char *node, const char *step_name,
+                             const ms_rid *rids, const int32_t *spans, int32_t n,
+                             const float *rows, int64_t width, const float **logits,
+                             const float **hidden, ms_error *err);
+
 /*
  * Run node `node`'s forward over one shaped input (an encoder: log-mel features) and return its
  * hidden states: input [n_channels, n_frames] f32 host, channel-major as the model file declares

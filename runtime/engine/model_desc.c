@@ -6,6 +6,7 @@
  * Constraints: every failure is one line naming config.json and the field.
  */
 #include "model_desc.h"
+#include "scratch.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -586,6 +587,11 @@ void ms_md_step_attn(ms_md_step_build *b, int index, bool causal) {
 void ms_md_step_cross(ms_md_step_build *b, int index) {
     static const int used = 1; /* the resource reads the step itself */
     b->step.records[index].rec = &used;
+}
+
+void ms_md_step_scratch(ms_md_step_build *b, int index, bool begin_frame) {
+    static const ms_scratch_kv_step begin = {true}, cont = {false};
+    b->step.records[index].rec = begin_frame ? &begin : &cont;
 }
 
 void ms_md_step_sampler(ms_md_step_build *b, int index) {

@@ -95,7 +95,10 @@
  *   - a node without a sampler (an encoder): its forward returns every token's row
  *     (`hidden_width`); a shaped forward parameter (`features: [C, L]` read as transpose(x), or
  *     a cross resource's context rows `audio: [_, d]`) becomes ms_md_forward_args.input
- *     (`input_shape`; -1 rows: the step's context rows, `A` in the generated forward);
+ *     (`input_shape`; -1 rows: the step's context rows, `A` in the generated forward;
+ *     -2 rows [inputs_embeds]: one row per token of a sampling node's step, `frames: [_, H]`
+ *     standing for embedding(table, tokens), run through ms_engine_run_rows; the forward may
+ *     carry its residual stream in those rows);
  *     `xattn.write(k, v)` a kv_write through context_batch guarded by A > 0, `xattn.run(q)` an
  *     attention through cross_batch (cross_attn: not causal); the cross record marks the
  *     resource used (ms_md_step_cross);
@@ -216,6 +219,9 @@ typedef struct ms_md_facts {
     int32_t bos_id;         /* bos_token_id, -1 none */
     int32_t eos_ids[MS_MD_MAX_EOS]; /* stop ids */
     int32_t n_eos;
+    /* [scratch] a node on a scratch KV: its `rows` (the batch rows its buffer holds; the engine
+       takes min(rows, max_seqs)); 0 otherwise (generated code sets it) */
+    int32_t scratch_rows;
 } ms_md_facts;
 
 /* ---- weights ---- */
@@ -421,6 +427,10 @@ void ms_md_step_attn(ms_md_step_build *b, int index, bool causal);
  * plans; the record only marks it used). */
 void ms_md_step_cross(ms_md_step_build *b, int index);
 
+/* [scratch] The scratch KV record (scratch.h, ms_scratch_kv_step): whether the step begins a
+ * frame (`code begin = true`: each row's scratch is emptied before its writes). */
+void ms_md_step_scratch(ms_md_step_build *b, int index, bool begin_frame);
+
 /* The sampler record: the first segment of each sampling row samples; under a combined label of
  * two or more labels (batched CFG) the row's segment of the combine's second label guides the one
  * of its first (mixed = uncond + s * (cond - uncond) over log-softmaxes). */
@@ -458,6 +468,10 @@ typedef struct ms_md_forward_args {
     ms_tensor *logits;               /* out: [n_out or batch->n_seqs, vocab] f32, backend memory;
                                         a node without a sampler (hidden_width set): every
                                         token's row, [batch->n_tokens, hidden_width] f32 */
+    /* [inputs_embeds] a node reading a row per token (input_shape rows -2): when not NULL,
+       out: [batch->n_seqs, width] f32 backend memory, the rows its logits' head reads (the
+       final-normed hidden state of each view's last token); NULL: not asked for */
+    ms_tensor *last_hidden;
 } ms_md_forward_args;
 
 /* Tensor of weight entry `w`, layer `layer` (0 for global weights). Data NULL when an optional

@@ -51,12 +51,22 @@ int32_t ms_walk_find(const ms_model_desc *d, const bool *has_prompt) {
     return -1;
 }
 
+/* [scratch] Whether node n keeps its KV on a scratch (rows per step, no stream of a request). */
+static bool node_on_scratch(const ms_md_node *n) {
+    for (int32_t r = 0; r < n->n_resources; r++)
+        if (n->resources[r].kind == MS_RESOURCE_SCRATCH)
+            return true;
+    return false;
+}
+
 int32_t ms_walk_n_streams(const ms_model_desc *d, int32_t w) {
     bool seen[MS_MD_MAX_NODES][MS_MAX_LABELS] = {{false}};
     int32_t n = 0;
     const ms_md_walk *wk = &d->walks[w];
     for (int32_t i = 0; i < wk->n_items; i++) {
         ms_md_walk_item it = wk->items[i];
+        if (node_on_scratch(&d->nodes[it.node]))
+            continue;
         const ms_md_step *s = item_step(d, it);
         for (int32_t k = 0; k < s->n_segments; k++)
             if (!seen[it.node][s->labels[k]]) {

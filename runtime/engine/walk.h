@@ -48,7 +48,7 @@ void ms_walk_advance(const ms_model_desc *d, ms_walk_pos *p);
 int32_t ms_walk_find(const ms_model_desc *d, const bool *has_prompt);
 
 /* Distinct (node, label) streams the items of walk w extend or read (the streams a request on it
- * holds). */
+ * holds); a node on a scratch KV holds none (its rows are the step's). */
 int32_t ms_walk_n_streams(const ms_model_desc *d, int32_t w);
 
 /* Scheduler state across engine steps. */

@@ -1,0 +1,316 @@
+/*
+ * talker.c - ms_engine_talker_codes (talker.h): the per-frame loop of a talker + code-predictor
+ * model over the engine's two compiled nodes, its glue on the host in float32.
+ */
+#include "talker.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "checkpoint.h"
+#include "walk.h"
+
+/* Most requests one wave runs (the loop's per-row arrays live on the stack). */
+#define TK_MAX_ROWS 256
+
+ms_talker_glue ms_talker_glue_default(void) {
+    return (ms_talker_glue){
+        .talker = "talker",
+        .predictor = "code_predictor",
+        .frame_embed0 = "talker.model.embed_tokens.weight",
+        .frame_embeds = "talker.codebook_embeds.{j}.weight",
+        .in_proj = "code_predictor.in_proj.weight",
+        .embeds = "code_predictor.embeds.{j}.weight",
+        .heads = "code_predictor.heads.{j}.weight",
+    };
+}
+
+/* The glue tensors in f32 host memory, and the loop's buffers. */
+typedef struct tk_state {
+    int32_t G, V, H, HC, B;      /* codebooks, vocabulary, widths, batch rows */
+    float *frame[MS_TALKER_MAX_GROUPS];     /* [V, H] */
+    float *in_proj;                         /* [HC, H] */
+    float *embeds[MS_TALKER_MAX_GROUPS];    /* [V, HC], j = 0 .. G-2 */
+    float *heads[MS_TALKER_MAX_GROUPS];     /* [V, HC], j = 0 .. G-2 */
+    float *rows;                            /* [B * max(P) * H] talker / predictor input rows */
+    float *h;                               /* [B * H] */
+    float *y;                               /* [B * HC] */
+    float *logits;                          /* [B * V] */
+} tk_state;
+
+static void tk_free(tk_state *s) {
+    for (int g = 0; g < MS_TALKER_MAX_GROUPS; g++) {
+        ms_free(s->frame[g]);
+        ms_free(s->embeds[g]);
+        ms_free(s->heads[g]);
+    }
+    ms_free(s->in_proj);
+    ms_free(s->rows);
+    ms_free(s->h);
+    ms_free(s->y);
+    ms_free(s->logits);
+}
+
+/* Tensor `tmpl` ("{j}" replaced by j) of shape [n0, n1] as f32 into *out (ms_malloc'd). */
+static ms_status tk_load(const ms_ckpt *ck, const char *tmpl, int j, int64_t n0, int64_t n1,
+                         float **out, ms_error *err) {
+    char name[256];
+    const char *at = strstr(tmpl, "{j}");
+    int w = at == NULL ? snprintf(name, sizeof name, "%s", tmpl)
+                       : snprintf(name, sizeof name, "%.*s%d%s", (int)(at - tmpl), tmpl, j, at + 3);
+    if (w < 0 || (size_t)w >= sizeof name)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "talker glue: tensor name '%s' is too long", tmpl);
+    int64_t shape[2] = {n0, n1};
+    const ms_st_tensor *t;
+    MS_TRY(ms_ckpt_expect_tensor(ck, name, MS_ST_DTYPES_FLOAT, 2, shape, &t, err));
+    *out = ms_malloc((size_t)(n0 * n1) * sizeof(float));
+    if (*out == NULL)
+        return MS_FAIL(err, MS_ERR_OOM, "talker glue: out of memory for %s", name);
+    return ms_st_tensor_to_f32(t, *out, (size_t)(n0 * n1), err);
+}
+
+static ms_status tk_alloc(float **p, size_t n, const char *what, ms_error *err) {
+    *p = ms_malloc(n * sizeof(float));
+    return *p != NULL ? MS_OK : MS_FAIL(err, MS_ERR_OOM, "talker: out of memory for %s", what);
+}
+
+/* out [N] = W [N, K] x [K]. */
+static void tk_matvec(const float *w, const float *x, int32_t n, int32_t k, float *out) {
+    for (int32_t i = 0; i < n; i++) {
+        double acc = 0.0;
+        for (int32_t d = 0; d < k; d++)
+            acc += (double)w[(size_t)i * (size_t)k + (size_t)d] * x[d];
+        out[i] = (float)acc;
+    }
+}
+
+static int32_t tk_argmax(const float *x, int32_t n) {
+    int32_t best = 0;
+    for (int32_t i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    return best;
+}
+
+/* out [H] = sum over g of frame[g][codes[g]]. */
+static void tk_frame(const tk_state *s, const int32_t *codes, float *out) {
+    for (int32_t d = 0; d < s->H; d++) {
+        float acc = 0.0f;
+        for (int32_t g = 0; g < s->G; g++)
+            acc += s->frame[g][(size_t)codes[g] * (size_t)s->H + (size_t)d];
+        out[d] = acc;
+    }
+}
+
+/*
+ * The walk the requests take (the engine's choice for a prompt on main), checked against the
+ * loop this file drives: one talker step (the prefill) before the loop; in the loop G - 1
+ * predictor steps (the first begins a frame) then one talker step (the frame's decode).
+ * *prefill, *loop[0 .. G-1) and *decode get the step names.
+ */
+static ms_status tk_walk(ms_engine *e, const ms_talker_glue *gl, const tk_state *s,
+                         const char **prefill, const char **loop, const char **decode,
+                         ms_error *err) {
+    const ms_model_desc *d = ms_engine_desc(e);
+    bool main_only[MS_MAX_LABELS] = {true};
+    int32_t w = ms_walk_find(d, main_only);
+    int32_t tn = -1, pn = -1;
+    for (int32_t i = 0; i < d->n_nodes; i++) {
+        if (strcmp(d->nodes[i].name, gl->talker) == 0)
+            tn = i;
+        if (strcmp(d->nodes[i].name, gl->predictor) == 0)
+            pn = i;
+    }
+    if (w < 0 || tn < 0 || pn < 0)
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "talker: model %s has no walk over its main "
+                       "stream through nodes %s and %s", d->name, gl->talker, gl->predictor);
+    const ms_md_walk *wk = &d->walks[w];
+    bool ok = wk->loop_begin == 1 && wk->n_items == 1 + s->G && wk->items[0].node == tn &&
+              wk->items[wk->n_items - 1].node == tn;
+    for (int32_t i = 1; ok && i < wk->n_items - 1; i++)
+        ok = wk->items[i].node == pn;
+    if (!ok)
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "talker: walk '%s' of model %s must be %s.<step> "
+                       "then loop (%d %s steps then a %s step) until stop (frames of %d codes)",
+                       wk->name, d->name, gl->talker, (int)(s->G - 1), gl->predictor, gl->talker,
+                       (int)s->G);
+    *prefill = d->nodes[tn].steps[wk->items[0].step].name;
+    for (int32_t j = 0; j + 1 < s->G; j++)
+        loop[j] = d->nodes[pn].steps[wk->items[1 + j].step].name;
+    *decode = d->nodes[tn].steps[wk->items[wk->n_items - 1].step].name;
+    return MS_OK;
+}
+
+/* One wave: items[0 .. n) on rows 0 .. n-1 (requests rids), along the walk's steps. */
+static ms_status tk_wave(ms_engine *e, const ms_talker_glue *gl, tk_state *s, ms_talker_item *it,
+                         const ms_rid *rids, int32_t n, ms_error *err) {
+    int32_t spans[TK_MAX_ROWS];
+    int32_t c[TK_MAX_ROWS][MS_TALKER_MAX_GROUPS];
+    const float *out, *hid;
+    const char *prefill = NULL, *loop[MS_TALKER_MAX_GROUPS] = {NULL}, *decode = NULL;
+    MS_ASSERT(n <= TK_MAX_ROWS);
+    MS_TRY(tk_walk(e, gl, s, &prefill, loop, &decode, err));
+    int32_t frames = 0;
+    size_t t = 0;
+    for (int32_t i = 0; i < n; i++) {
+        spans[i] = it[i].n_prompt;
+        frames = MS_MAX(frames, it[i].n_frames);
+        for (int32_t p = 0; p < it[i].n_prompt; p++, t++)
+            tk_frame(s, it[i].prompt_codes + (size_t)p * (size_t)s->G, s->rows + t * (size_t)s->H);
+    }
+    MS_TRY(ms_engine_run_rows(e, gl->talker, prefill, rids, spans, n, s->rows, s->H, &out, &hid,
+                              err));
+    for (int32_t f = 0; f < frames; f++) {
+        memcpy(s->h, hid, (size_t)n * (size_t)s->H * sizeof(float));
+        for (int32_t i = 0; i < n; i++) {
+            const float *lg = out + (size_t)i * (size_t)s->V;
+            c[i][0] = tk_argmax(lg, s->V);
+            if (f < it[i].n_frames && it[i].talker_logits != NULL)
+                memcpy(it[i].talker_logits + (size_t)f * (size_t)s->V, lg,
+                       (size_t)s->V * sizeof(float));
+            /* rows 2i, 2i + 1: in_proj(h), embeds[0](c0) at the frame's positions 0, 1 */
+            tk_matvec(s->in_proj, s->h + (size_t)i * (size_t)s->H, s->HC, s->H,
+                      s->rows + (size_t)(2 * i) * (size_t)s->HC);
+            memcpy(s->rows + (size_t)(2 * i + 1) * (size_t)s->HC,
+                   s->embeds[0] + (size_t)c[i][0] * (size_t)s->HC, (size_t)s->HC * sizeof(float));
+            spans[i] = 2;
+        }
+        /* the walk's predictor steps: the first begins the frame, each gives the next code */
+        for (int32_t j = 1; j < s->G; j++) {
+            MS_TRY(ms_engine_run_rows(e, gl->predictor, loop[j - 1], rids, spans, n, s->rows,
+                                      s->HC, &out, &hid, err));
+            memcpy(s->y, hid, (size_t)n * (size_t)s->HC * sizeof(float));
+            for (int32_t i = 0; i < n; i++) {
+                tk_matvec(s->heads[j - 1], s->y + (size_t)i * (size_t)s->HC, s->V, s->HC,
+                          s->logits + (size_t)i * (size_t)s->V);
+                c[i][j] = tk_argmax(s->logits + (size_t)i * (size_t)s->V, s->V);
+                if (f < it[i].n_frames && it[i].predictor_logits != NULL)
+                    memcpy(it[i].predictor_logits +
+                               ((size_t)f * (size_t)(s->G - 1) + (size_t)(j - 1)) * (size_t)s->V,
+                           s->logits + (size_t)i * (size_t)s->V, (size_t)s->V * sizeof(float));
+                if (j < s->G - 1) /* embeds[j](c_j) at position j + 1 */
+                    memcpy(s->rows + (size_t)i * (size_t)s->HC,
+                           s->embeds[j] + (size_t)c[i][j] * (size_t)s->HC,
+                           (size_t)s->HC * sizeof(float));
+                spans[i] = 1;
+            }
+        }
+        for (int32_t i = 0; i < n; i++)
+            if (f < it[i].n_frames)
+                memcpy(it[i].codes + (size_t)f * (size_t)s->G, c[i], (size_t)s->G * sizeof(int32_t));
+        if (f == frames - 1)
+            break; /* until stop: the last frame's codes end the loop */
+        for (int32_t i = 0; i < n; i++) {
+            tk_frame(s, c[i], s->rows + (size_t)i * (size_t)s->H);
+            spans[i] = 1;
+        }
+        MS_TRY(ms_engine_run_rows(e, gl->talker, decode, rids, spans, n, s->rows, s->H, &out,
+                                  &hid, err));
+    }
+    return MS_OK;
+}
+
+/* Check the items and the glue; fill s (the glue in f32, the buffers). */
+static ms_status tk_init(ms_engine *e, const ms_talker_glue *gl, ms_talker_item *items,
+                         int32_t n_items, tk_state *s, ms_error *err) {
+    const ms_md_facts *tf = ms_engine_node_facts(e, gl->talker);
+    const ms_md_facts *pf = ms_engine_node_facts(e, gl->predictor);
+    if (tf == NULL || pf == NULL)
+        return MS_FAIL(err, MS_ERR_NOT_FOUND, "talker: the model has no node '%s'",
+                       tf == NULL ? gl->talker : gl->predictor);
+    s->G = pf->max_context;
+    s->V = tf->vocab;
+    s->H = tf->hidden;
+    s->HC = pf->hidden;
+    s->B = MS_MIN(MS_MIN(ms_engine_max_seqs(e), TK_MAX_ROWS), MS_MAX(pf->scratch_rows, 1));
+    if (s->G < 2 || s->G > MS_TALKER_MAX_GROUPS || s->V < 1)
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "talker: node %s holds frames of %d codes (2 .. "
+                       "%d)", gl->predictor, (int)s->G, MS_TALKER_MAX_GROUPS);
+    int32_t max_p = 2;
+    for (int32_t i = 0; i < n_items; i++) {
+        const ms_talker_item *it = &items[i];
+        if (it->n_prompt < 1 || it->n_frames < 1 || it->prompt_codes == NULL)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG, "talker: item %d: %d prompt frames and %d "
+                           "frames to generate (each >= 1)", (int)i, (int)it->n_prompt,
+                           (int)it->n_frames);
+        if ((int64_t)it->n_prompt + it->n_frames - 1 > tf->max_context)
+            return MS_FAIL(err, MS_ERR_LIMIT, "talker: item %d: %d prompt frames + %d frames pass "
+                           "the talker's context (%d positions)", (int)i, (int)it->n_prompt,
+                           (int)it->n_frames, (int)tf->max_context);
+        for (int32_t p = 0; p < it->n_prompt; p++)
+            for (int32_t g = 0; g < s->G; g++) {
+                int32_t v = it->prompt_codes[(size_t)p * (size_t)s->G + (size_t)g];
+                if (v < 0 || v >= s->V)
+                    return MS_FAIL(err, MS_ERR_INVALID_ARG, "talker: item %d: prompt frame %d, "
+                                   "codebook %d: code %d is outside [0, %d)", (int)i, (int)p,
+                                   (int)g, (int)v, (int)s->V);
+            }
+        max_p = MS_MAX(max_p, it->n_prompt);
+    }
+    const ms_ckpt *ck = ms_engine_checkpoint(e);
+    MS_TRY(tk_load(ck, gl->frame_embed0, 0, s->V, s->H, &s->frame[0], err));
+    MS_TRY(tk_load(ck, gl->in_proj, 0, s->HC, s->H, &s->in_proj, err));
+    for (int32_t j = 0; j + 1 < s->G; j++) {
+        MS_TRY(tk_load(ck, gl->frame_embeds, j, s->V, s->H, &s->frame[j + 1], err));
+        MS_TRY(tk_load(ck, gl->embeds, j, s->V, s->HC, &s->embeds[j], err));
+        MS_TRY(tk_load(ck, gl->heads, j, s->V, s->HC, &s->heads[j], err));
+    }
+    const size_t B = (size_t)s->B, W = (size_t)MS_MAX(s->H, s->HC);
+    MS_TRY(tk_alloc(&s->rows, B * (size_t)max_p * W, "the input rows", err));
+    MS_TRY(tk_alloc(&s->h, B * (size_t)s->H, "the talker's hidden rows", err));
+    MS_TRY(tk_alloc(&s->y, B * (size_t)s->HC, "the predictor's hidden rows", err));
+    return tk_alloc(&s->logits, B * (size_t)s->V, "the heads' logits", err);
+}
+
+ms_status ms_engine_talker_codes(ms_engine *e, const ms_talker_glue *glue, ms_talker_item *items,
+                                 int32_t n_items, ms_error *err) {
+    for (int32_t i = 0; i < n_items; i++)
+        items[i].codes = NULL;
+    if (n_items < 1 || items == NULL || glue == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "talker: %d items (at least 1)", (int)n_items);
+    if (ms_engine_n_active(e) > 0)
+        return MS_FAIL(err, MS_ERR_STATE, "talker: the engine runs %d requests already",
+                       (int)ms_engine_n_active(e));
+    tk_state s;
+    memset(&s, 0, sizeof s);
+    ms_status st = tk_init(e, glue, items, n_items, &s, err);
+    for (int32_t i = 0; i < n_items && st == MS_OK; i++) {
+        items[i].codes = ms_malloc((size_t)items[i].n_frames * (size_t)s.G * sizeof(int32_t));
+        if (items[i].codes == NULL)
+            st = MS_FAIL(err, MS_ERR_OOM, "talker: out of memory for item %d's codes", (int)i);
+    }
+    ms_rid rids[TK_MAX_ROWS];
+    for (int32_t w = 0; w < n_items && st == MS_OK; w += s.B) {
+        const int32_t n = MS_MIN(s.B, n_items - w);
+        int32_t added = 0;
+        for (int32_t i = 0; i < n && st == MS_OK; i++, added++) {
+            /* a request per item: its prompt ids (codebook 0) only checked, never read */
+            const ms_talker_item *it = &items[w + i];
+            int32_t *ids = ms_malloc((size_t)it->n_prompt * sizeof(int32_t));
+            if (ids == NULL) {
+                st = MS_FAIL(err, MS_ERR_OOM, "talker: out of memory for item %d", (int)(w + i));
+                break;
+            }
+            for (int32_t p = 0; p < it->n_prompt; p++)
+                ids[p] = it->prompt_codes[(size_t)p * (size_t)s.G];
+            ms_engine_request rq = {.prompt = ids, .n_prompt = it->n_prompt,
+                                    .max_new_tokens = it->n_frames,
+                                    .sampling = ms_engine_sampling_defaults(e)};
+            st = ms_engine_add(e, &rq, &rids[i], err);
+            ms_free(ids);
+            if (st != MS_OK)
+                break;
+        }
+        if (st == MS_OK)
+            st = tk_wave(e, glue, &s, &items[w], rids, n, err);
+        for (int32_t i = 0; i < added; i++)
+            ms_engine_remove(e, rids[i]);
+    }
+    tk_free(&s);
+    if (st != MS_OK)
+        for (int32_t i = 0; i < n_items; i++) {
+            ms_free(items[i].codes);
+            items[i].codes = NULL;
+        }
+    return st;
+}

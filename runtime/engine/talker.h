@@ -1,0 +1,88 @@
+/*
+ * talker.h - greedy audio-code generation on a talker + code-predictor model
+ * (models/talker.mstar: the structure of Qwen3-TTS / Qwen3-Omni's talker; reference.json of
+ * ../shared/fixtures/hf/talker_codepred spells the loop out), as ms_engine_transcribe is
+ * Whisper's: the engine entry point that drives the model's two compiled nodes frame by frame.
+ *
+ * Audio codes come in frames of G codebooks. Per frame t, for every request of the batch at
+ * once: the talker node runs one position over the frame embedding e_t and gives its logits and
+ * final-normed hidden state h_t (ms_engine_run_rows); c0 = argmax(logits); the code predictor
+ * node begins a frame on its scratch KV over [in_proj(h_t), embeds[0](c0)] (positions 0, 1) and
+ * c1 = argmax(heads[0](its last row)); for j = 2 .. G-1 it feeds embeds[j-1](c_{j-1}) at position
+ * j and c_j = argmax(heads[j-1](last row)); e_{t+1} = frame_embeds[0](c0) +
+ * sum_{j >= 1} frame_embeds[j](c_j). The prompt's P frames are embedded the same way and
+ * prefilled at once; the first generated frame comes from the last prompt position.
+ *
+ * The glue between the nodes (the frame embeddings, in_proj, the predictor's input embeddings and
+ * per-codebook heads, argmax) is not written in the model language yet: this file computes it on
+ * the host in float32 from checkpoint tensors named by ms_talker_glue (converted to f32 once per
+ * call), whatever the engine's device; the nodes run on the engine's device.
+ *
+ * Ownership: functions borrow their arguments; ms_engine_talker_codes fills caller-owned
+ * outputs (codes ms_malloc'd per item, freed by the caller with ms_free).
+ */
+#ifndef MS_TALKER_H
+#define MS_TALKER_H
+
+#include "engine.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Most codebooks per frame. */
+#define MS_TALKER_MAX_GROUPS 16
+
+/*
+ * Where the glue lives: the two nodes by name and the checkpoint tensors by name ("{j}" is the
+ * codebook index j = 0 .. G-2 of the templates). G is the predictor node's frame (its scratch's
+ * positions). Shapes, checked at the call: frame_embed0 and frame_embeds [V, H] (V the talker's
+ * vocabulary, H its width), in_proj [HC, H] (HC the predictor's width), embeds and heads
+ * [V, HC].
+ */
+typedef struct ms_talker_glue {
+    const char *talker;        /* the talker node ("talker") */
+    const char *predictor;     /* the code predictor node ("code_predictor") */
+    const char *frame_embed0;  /* codebook 0's frame table ("talker.model.embed_tokens.weight") */
+    const char *frame_embeds;  /* codebook j + 1's ("talker.codebook_embeds.{j}.weight") */
+    const char *in_proj;       /* "code_predictor.in_proj.weight" */
+    const char *embeds;        /* the predictor's input for c_j ("code_predictor.embeds.{j}.weight") */
+    const char *heads;         /* the head of c_{j+1} ("code_predictor.heads.{j}.weight") */
+} ms_talker_glue;
+
+/* The names of hf/talker_codepred (Qwen3-TTS's layout) and models/talker.mstar's nodes. */
+ms_talker_glue ms_talker_glue_default(void);
+
+/* One request of ms_engine_talker_codes. */
+typedef struct ms_talker_item {
+    const int32_t *prompt_codes;  /* [n_prompt][G] codes, each in [0, V) */
+    int32_t n_prompt;             /* prompt frames, >= 1 */
+    int32_t n_frames;             /* frames to generate, >= 1 */
+    int32_t *codes;               /* out: [n_frames][G], ms_malloc'd (the caller ms_frees) */
+    float *talker_logits;         /* optional out [n_frames][V] (the caller's buffer), or NULL */
+    float *predictor_logits;      /* optional out [n_frames][G - 1][V], or NULL */
+} ms_talker_item;
+
+/*
+ * The order of the steps is the model's walk over its main stream (models/talker.mstar's
+ * `speak`): a talker step prefills the prompt's frames, then the loop runs G - 1 predictor steps
+ * (the first begins a frame) and a talker step (the frame's decode); another walk is refused
+ * (MS_ERR_UNSUPPORTED naming it).
+ *
+ * Generate items[i].n_frames frames greedily for every item, as many items per batch as the
+ * engine's max_seqs and the predictor's scratch rows take (each its own request, one batch row; a wave's frames run until its
+ * longest item is done). The engine must hold no running requests (MS_ERR_STATE) and run
+ * without the prefix cache. Errors, one line each: MS_ERR_INVALID_ARG (a code outside [0, V)
+ * naming item, frame and codebook; n_prompt or n_frames < 1), MS_ERR_NOT_FOUND (no such node, a
+ * glue tensor missing, naming it), MS_ERR_FORMAT (a glue tensor of another shape or a non-float
+ * dtype: ms_ckpt_expect_tensor's), MS_ERR_LIMIT (prompt +
+ * frames past the talker's context), ms_engine_add's and ms_engine_run_rows'. On error no item
+ * holds codes and every request is removed.
+ */
+ms_status ms_engine_talker_codes(ms_engine *e, const ms_talker_glue *glue, ms_talker_item *items,
+                                 int32_t n_items, ms_error *err);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MS_TALKER_H */

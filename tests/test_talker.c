@@ -1,0 +1,677 @@
+/*
+ * test_talker.c - the talker node of models/talker.mstar (build/gen/talker/talker_gen.c, mstarc
+ * build --emit-only) run by the engine on the CPU (f32) over ../shared/fixtures/hf/talker_codepred.
+ * Its forward reads one row per position (inputs_embeds: a frame embedding, the sum of the
+ * frame's G code embeddings, computed here from the checkpoint's tables as reference.json's
+ * "what" spells it out) through ms_engine_run_rows:
+ *   - teacher-forced with the reference codes (the prompt's 5 frames prefilled, then frame t of
+ *     the reference codes decoded to give frame t + 1's logits), its 12 logit rows are within
+ *     1e-3 of talker_logits [12, 96] and their argmax is each frame's reference c0;
+ *   - four requests with different prompts (the fixture's, shifted, frames reversed, codebooks
+ *     permuted and shifted) in one batch give each request's logits of its run alone (1e-5),
+ *     and the prompts give different logits;
+ *   - bad calls (unknown node / step, a width other than the node's, a zero span, a request
+ *     given twice, an unknown request, rows past the context) fail with a one-line error, and
+ *     ms_engine_step refuses the node (it reads rows, not ids).
+ *   - the whole per-frame loop over the two compiled nodes (the talker on its KV pool, the
+ *     code_predictor on its scratch KV) with the glue between them done here on the host
+ *     (frame embeddings, in_proj, the predictor's input embeddings and per-codebook heads,
+ *     argmax): from prompt_codes [5, 4] the 12 generated frames equal the reference codes
+ *     [12, 4] exactly, talker_logits and predictor_logits within 1e-3; four prompts batched
+ *     give each request's codes and logits of its run alone;
+ *   - the scratch's hazards through the compiled node: a row continuing a frame another
+ *     request began, a frame never begun, a fifth token in a frame of four are refused; a frame
+ *     begun again starts empty (bitwise the same rows), two rows never read each other's keys.
+ * tests/test_talker_cpu.c is the hand-built oracle of the same loop.
+ */
+#include "ms_test.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "checkpoint.h"
+#include "engine.h"
+#include "fixture_ref.h"
+#include "ms_test_impl.h"
+#include "talker.h"
+
+extern const ms_model_desc ms_talker_desc;
+
+#define CHECK(expr)                                                                    \
+    do {                                                                               \
+        ms_status st_ = (expr);                                                        \
+        if (st_ != MS_OK)                                                              \
+            fail_msg("%s: %s", #expr, err.msg);                                        \
+    } while (0)
+
+enum { G = 4, P = 5, F = 12, V = 96, H = 64, HC = 32, B = 4 };
+
+/* The checkpoint's frame-embedding tables: talker.model.embed_tokens (codebook 0) and
+ * talker.codebook_embeds.{0,1,2} (codebooks 1..3), f32 [V, H] each. */
+typedef struct tables {
+    ms_ckpt *ck;
+    const float *t[G];
+    const float *lm_head; /* talker.lm_head.weight [V, H] */
+    /* the code predictor's glue: in_proj [HC, H], embeds.{j} and heads.{j} [V, HC] */
+    const float *in_proj, *cp_embeds[G - 1], *heads[G - 1];
+} tables;
+
+static const float *table(tables *tb, const char *name, int64_t n0, int64_t n1) {
+    ms_error err = {0};
+    int64_t shape[2] = {n0, n1};
+    const ms_st_tensor *t;
+    CHECK(ms_ckpt_expect_tensor(tb->ck, name, MS_ST_DTYPES_FLOAT, 2, shape, &t, &err));
+    assert_int_equal(t->dtype, MS_ST_DTYPE_F32);
+    return (const float *)t->data;
+}
+
+static void tables_init(tables *tb) {
+    ms_error err = {0};
+    CHECK(ms_ckpt_init(&tb->ck, ms_test_fixture("hf/talker_codepred"), &err));
+    for (int g = 0; g < G; g++) {
+        char name[96];
+        if (g == 0)
+            snprintf(name, sizeof name, "talker.model.embed_tokens.weight");
+        else
+            snprintf(name, sizeof name, "talker.codebook_embeds.%d.weight", g - 1);
+        int64_t shape[2] = {V, H};
+        const ms_st_tensor *t;
+        CHECK(ms_ckpt_expect_tensor(tb->ck, name, MS_ST_DTYPES_FLOAT, 2, shape, &t, &err));
+        assert_int_equal(t->dtype, MS_ST_DTYPE_F32);
+        tb->t[g] = (const float *)t->data;
+    }
+    int64_t shape[2] = {V, H};
+    const ms_st_tensor *t;
+    CHECK(ms_ckpt_expect_tensor(tb->ck, "talker.lm_head.weight", MS_ST_DTYPES_FLOAT, 2, shape, &t,
+                                &err));
+    tb->lm_head = (const float *)t->data;
+    tb->in_proj = table(tb, "code_predictor.in_proj.weight", HC, H);
+    for (int j = 0; j < G - 1; j++) {
+        char name[96];
+        snprintf(name, sizeof name, "code_predictor.embeds.%d.weight", j);
+        tb->cp_embeds[j] = table(tb, name, V, HC);
+        snprintf(name, sizeof name, "code_predictor.heads.%d.weight", j);
+        tb->heads[j] = table(tb, name, V, HC);
+    }
+}
+
+/* out [N] = W [N, K] x [K] (float32 accumulation in double). */
+static void matvec(const float *w, const float *x, int n, int k, float *out) {
+    for (int i = 0; i < n; i++) {
+        double acc = 0.0;
+        for (int d = 0; d < k; d++)
+            acc += (double)w[(size_t)i * (size_t)k + (size_t)d] * x[d];
+        out[i] = (float)acc;
+    }
+}
+
+/* out [H] = sum over g of table[g][codes[g]] (reference.json step 3). */
+static void frame_embed(const tables *tb, const int32_t *codes, float *out) {
+    for (int d = 0; d < H; d++) {
+        float s = 0.0f;
+        for (int g = 0; g < G; g++)
+            s += tb->t[g][(size_t)codes[g] * H + (size_t)d];
+        out[d] = s;
+    }
+}
+
+static ms_engine *engine_new(void) {
+    ms_error err = {0};
+    ms_engine_options o = ms_engine_options_default();
+    o.model_path = ms_test_fixture("hf/talker_codepred");
+    o.max_seqs = B;
+    o.max_tokens = B * P;
+    o.max_seq_len = P + F;
+    o.n_threads = 2;
+    ms_engine *e = NULL;
+    CHECK(ms_engine_init(&e, &ms_talker_desc, &o, &err));
+    return e;
+}
+
+/* A request whose prompt ids are the prompt's codebook-0 codes (checked, never read). */
+static ms_rid add_request(ms_engine *e, const int32_t (*prompt)[G]) {
+    ms_error err = {0};
+    int32_t ids[P];
+    for (int p = 0; p < P; p++)
+        ids[p] = prompt[p][0];
+    ms_engine_request rq = {.prompt = ids, .n_prompt = P, .max_new_tokens = F,
+                            .sampling = ms_engine_sampling_defaults(e)};
+    ms_rid rid;
+    CHECK(ms_engine_add(e, &rq, &rid, &err));
+    return rid;
+}
+
+/*
+ * Requests rids[0 .. n) with prompts[i] [P][G]: prefill every prompt in one step, then decode
+ * the reference frames codes[0 .. F - 1) one step each (teacher forcing); logits[i][f] = the
+ * logits request i gives for frame f (frame 0 from the prompt's last position).
+ */
+static void run(ms_engine *e, const tables *tb, const ms_rid *rids, int n,
+                const int32_t (*const *prompts)[G], const int32_t *codes, float (*logits)[F][V]) {
+    ms_error err = {0};
+    static float rows[B * P * H];
+    int32_t spans[B];
+    const float *out;
+    for (int i = 0; i < n; i++) {
+        spans[i] = P;
+        for (int p = 0; p < P; p++)
+            frame_embed(tb, prompts[i][p], rows + ((size_t)i * P + (size_t)p) * H);
+    }
+    const float *hid;
+    CHECK(ms_engine_run_rows(e, "talker", "prefill", rids, spans, n, rows, H, &out, &hid, &err));
+    for (int i = 0; i < n; i++) {
+        memcpy(logits[i][0], out + (size_t)i * V, sizeof logits[i][0]);
+        /* the hidden rows are what the head read: lm_head(h) is the logits */
+        for (int v = 0; v < V; v++) {
+            double acc = 0.0;
+            for (int d = 0; d < H; d++)
+                acc += (double)tb->lm_head[(size_t)v * H + (size_t)d] * hid[(size_t)i * H + (size_t)d];
+            assert_true(fabs(acc - out[(size_t)i * V + (size_t)v]) < 1e-4);
+        }
+    }
+    for (int f = 1; f < F; f++) {
+        for (int i = 0; i < n; i++) {
+            spans[i] = 1;
+            frame_embed(tb, codes + (size_t)(f - 1) * G, rows + (size_t)i * H);
+        }
+        CHECK(ms_engine_run_rows(e, "talker", "decode", rids, spans, n, rows, H, &out, NULL, &err));
+        for (int i = 0; i < n; i++)
+            memcpy(logits[i][f], out + (size_t)i * V, sizeof logits[i][f]);
+    }
+}
+
+static int argmax(const float *x, int n) {
+    int best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best])
+            best = i;
+    return best;
+}
+
+static double max_diff(const float *a, const float *b, size_t n) {
+    double m = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]);
+        if (!(d <= m))
+            m = isnan(d) ? INFINITY : d;
+    }
+    return m;
+}
+
+typedef struct ref {
+    int32_t *prompt, *codes;
+    float *tlog;
+} ref;
+
+static void ref_load(ref *r) {
+    ms_st_file *rf = ms_test_ref_open("hf/talker_codepred");
+    size_t np, nc, nt;
+    r->prompt = ms_test_ref_tensor(rf, "prompt_codes", true, &np);
+    r->codes = ms_test_ref_tensor(rf, "codes", true, &nc);
+    r->tlog = ms_test_ref_tensor(rf, "talker_logits", false, &nt);
+    assert_int_equal(np, P * G);
+    assert_int_equal(nc, F * G);
+    assert_int_equal(nt, F * V);
+    ms_st_file_free(rf);
+}
+
+static void ref_free(ref *r) {
+    ms_free(r->prompt);
+    ms_free(r->codes);
+    ms_free(r->tlog);
+}
+
+static void test_talker_logits_teacher_forced(void **state) {
+    (void)state;
+    ref r;
+    ref_load(&r);
+    tables tb;
+    tables_init(&tb);
+    ms_engine *e = engine_new();
+    ms_rid rid = add_request(e, (const int32_t(*)[G])r.prompt);
+    static float logits[1][F][V];
+    const int32_t(*pr[1])[G] = {(const int32_t(*)[G])r.prompt};
+    run(e, &tb, &rid, 1, pr, r.codes, logits);
+    double et = max_diff(&logits[0][0][0], r.tlog, F * V);
+    int wrong = 0;
+    for (int f = 0; f < F; f++)
+        wrong += argmax(logits[0][f], V) != r.codes[f * G];
+    printf("talker node (compiled, CPU f32, teacher-forced): max |talker_logits| error %.3g, "
+           "%d of %d c0 codes differ\n", et, wrong, F);
+    assert_true(et < 1e-3);
+    assert_int_equal(wrong, 0);
+    assert_int_equal(ms_engine_stream_length(e, rid, MS_LABEL_MAIN), P + F - 1);
+    int32_t free0 = ms_engine_kv_pages_free(e);
+    ms_engine_remove(e, rid);
+    assert_true(ms_engine_kv_pages_free(e) > free0);
+    ms_engine_free(e);
+    ms_ckpt_free(tb.ck);
+    ref_free(&r);
+}
+
+static void test_batch_of_four_equals_each_alone(void **state) {
+    (void)state;
+    ref r;
+    ref_load(&r);
+    tables tb;
+    tables_init(&tb);
+    static int32_t pr[B][P][G];
+    for (int p = 0; p < P; p++)
+        for (int g = 0; g < G; g++) {
+            int32_t v = r.prompt[p * G + g];
+            pr[0][p][g] = v;                      /* the fixture's */
+            pr[1][p][g] = (v + 17) % V;           /* shifted */
+            pr[2][P - 1 - p][g] = v;              /* frames reversed */
+            pr[3][p][(g + 1) % G] = (v + 41) % V; /* codebooks permuted, shifted */
+        }
+    const int32_t(*all[B])[G] = {(const int32_t(*)[G])pr[0], (const int32_t(*)[G])pr[1],
+                                 (const int32_t(*)[G])pr[2], (const int32_t(*)[G])pr[3]};
+    static float alone[B][F][V], batch[B][F][V];
+    ms_engine *e = engine_new();
+    const int32_t free0 = ms_engine_kv_pages_free(e);
+    for (int i = 0; i < B; i++) {
+        ms_rid rid = add_request(e, all[i]);
+        run(e, &tb, &rid, 1, &all[i], r.codes, &alone[i]);
+        ms_engine_remove(e, rid);
+    }
+    ms_rid rids[B];
+    for (int i = 0; i < B; i++)
+        rids[i] = add_request(e, all[i]);
+    run(e, &tb, rids, B, all, r.codes, batch);
+    for (int i = 0; i < B; i++) {
+        double d = max_diff(&batch[i][0][0], &alone[i][0][0], F * V);
+        printf("request %d: batched vs alone: max logits difference %.3g\n", i, d);
+        assert_true(d < 1e-5);
+        if (i > 0)
+            assert_true(max_diff(&alone[i][0][0], &alone[0][0][0], V) > 1e-3);
+        ms_engine_remove(e, rids[i]);
+    }
+    assert_int_equal(ms_engine_kv_pages_free(e), free0);
+    ms_engine_free(e);
+    ms_ckpt_free(tb.ck);
+    ref_free(&r);
+}
+
+/* err's message must contain `want`. */
+static void expect_fail(ms_status st, const ms_error *err, ms_status code, const char *want) {
+    if (st != code)
+        fail_msg("status %d (%s), expected %d: %s", (int)st, err->msg, (int)code, want);
+    if (strstr(err->msg, want) == NULL)
+        fail_msg("message '%s' lacks '%s'", err->msg, want);
+}
+
+static void test_bad_calls(void **state) {
+    (void)state;
+    ref r;
+    ref_load(&r);
+    ms_engine *e = engine_new();
+    ms_rid rid = add_request(e, (const int32_t(*)[G])r.prompt);
+    static float rows[(P + F + 1) * H];
+    const float *out;
+    int32_t span = 1;
+    ms_error err = {0};
+    ms_rid two[2] = {rid, rid};
+    int32_t spans2[2] = {1, 1};
+    expect_fail(ms_engine_run_rows(e, "predictor", "decode", &rid, &span, 1, rows, H, &out, NULL, &err),
+                &err, MS_ERR_NOT_FOUND, "no node 'predictor'");
+    expect_fail(ms_engine_run_rows(e, "talker", "refine", &rid, &span, 1, rows, H, &out, NULL, &err),
+                &err, MS_ERR_NOT_FOUND, "no step 'refine'");
+    expect_fail(ms_engine_run_rows(e, "talker", "decode", &rid, &span, 1, rows, 32, &out, NULL, &err),
+                &err, MS_ERR_INVALID_ARG, "width 32");
+    span = 0;
+    expect_fail(ms_engine_run_rows(e, "talker", "decode", &rid, &span, 1, rows, H, &out, NULL, &err),
+                &err, MS_ERR_INVALID_ARG, "0 rows");
+    expect_fail(ms_engine_run_rows(e, "talker", "decode", two, spans2, 2, rows, H, &out, NULL, &err),
+                &err, MS_ERR_INVALID_ARG, "given twice");
+    ms_rid ghost = rid + 100;
+    span = 1;
+    expect_fail(ms_engine_run_rows(e, "talker", "decode", &ghost, &span, 1, rows, H, &out, NULL, &err),
+                &err, MS_ERR_NOT_FOUND, "not running");
+    /* past the node's context: max_position_embeddings = 256 positions */
+    const int32_t ctx = ms_engine_facts(e)->max_context;
+    assert_int_equal(ctx, 256);
+    span = ctx + 1;
+    ms_status st = ms_engine_run_rows(e, "talker", "prefill", &rid, &span, 1, rows, H, &out, NULL, &err);
+    assert_true(st == MS_ERR_LIMIT || st == MS_ERR_CAPACITY);
+    assert_int_equal(ms_engine_stream_length(e, rid, MS_LABEL_MAIN), 0);
+    /* the walk's own steps would read ids: refused, nothing changed */
+    expect_fail(ms_engine_step(e, NULL, &err), &err, MS_ERR_UNSUPPORTED, "inputs_embeds");
+    /* the other entry points of the engine refuse the nodes they cannot feed */
+    const float *lg;
+    int32_t nr;
+    int32_t ids[2] = {1, 2};
+    expect_fail(ms_engine_run_step(e, rid, "prefill", ids, 2, &lg, &nr, &err), &err,
+                MS_ERR_UNSUPPORTED, "inputs_embeds");
+    expect_fail(ms_engine_run_step(e, rid, "begin", ids, 2, &lg, &nr, &err), &err,
+                MS_ERR_UNSUPPORTED, "scratch KV");
+    float feat[2 * 32];
+    int64_t rows_out = 0, width = 0;
+    memset(feat, 0, sizeof feat);
+    expect_fail(ms_engine_encode(e, "code_predictor", feat, 32, 2, rows, 0, &rows_out, &width,
+                                 &err), &err, MS_ERR_NOT_FOUND, "code_predictor");
+    assert_int_equal(ms_engine_stream_length(e, rid, MS_LABEL_MAIN), 0);
+    ms_engine_remove(e, rid);
+    ms_engine_free(e);
+    ref_free(&r);
+}
+
+
+/* ---- the whole per-frame loop: talker node, then the code predictor node on its scratch ---- */
+
+typedef struct result {
+    int32_t codes[F][G];
+    float tlog[F][V];
+    float plog[F][G - 1][V];
+} result;
+
+/* The predictor's step `step` for requests rids[0 .. n) (request i on batch row i), spans[i]
+ * rows each in rows [sum, HC]; y [n, HC] = each request's last hidden row. */
+static void predictor_step(ms_engine *e, const char *step, const ms_rid *rids, const int32_t *spans,
+                           int n, const float *rows, float *y) {
+    ms_error err = {0};
+    const float *logits, *hid;
+    CHECK(ms_engine_run_rows(e, "code_predictor", step, rids, spans, n, rows, HC, &logits, &hid,
+                             &err));
+    assert_null(logits);
+    memcpy(y, hid, (size_t)n * HC * sizeof(float));
+}
+
+/*
+ * Generate F frames greedily for requests rids[0 .. n) with prompts[i] [P][G] in one batch
+ * (reference.json "what"): the talker prefills the prompt's frame embeddings; per frame, c0 =
+ * argmax(logits), the predictor begins a frame over [in_proj(h), embeds[0](c0)] and takes c1
+ * from heads[0] of its last row, then feeds embeds[j-1](c_{j-1}) for c_j from heads[j-1]; the
+ * frame's embedding is the talker's next input.
+ */
+static void generate(ms_engine *e, const tables *tb, const ms_rid *rids, int n,
+                     const int32_t (*const *prompts)[G], result *res) {
+    ms_error err = {0};
+    static float rows[B * P * H], h[B * H], y[B * HC], prow[B * 2 * HC];
+    int32_t spans[B], c[B][G];
+    const float *out, *hid;
+    for (int i = 0; i < n; i++) {
+        spans[i] = P;
+        for (int p = 0; p < P; p++)
+            frame_embed(tb, prompts[i][p], rows + ((size_t)i * P + (size_t)p) * H);
+    }
+    CHECK(ms_engine_run_rows(e, "talker", "prefill", rids, spans, n, rows, H, &out, &hid, &err));
+    for (int f = 0; f < F; f++) {
+        memcpy(h, hid, (size_t)n * H * sizeof(float));
+        for (int i = 0; i < n; i++) {
+            memcpy(res[i].tlog[f], out + (size_t)i * V, sizeof res[i].tlog[f]);
+            c[i][0] = argmax(res[i].tlog[f], V);
+            /* rows 2i, 2i + 1: in_proj(h), embeds[0](c0) at positions 0, 1 */
+            matvec(tb->in_proj, h + (size_t)i * H, HC, H, prow + (size_t)(2 * i) * HC);
+            memcpy(prow + (size_t)(2 * i + 1) * HC, tb->cp_embeds[0] + (size_t)c[i][0] * HC,
+                   HC * sizeof(float));
+            spans[i] = 2;
+        }
+        predictor_step(e, "begin", rids, spans, n, prow, y);
+        for (int j = 1; j < G; j++) {
+            for (int i = 0; i < n; i++) {
+                matvec(tb->heads[j - 1], y + (size_t)i * HC, V, HC, res[i].plog[f][j - 1]);
+                c[i][j] = argmax(res[i].plog[f][j - 1], V);
+                if (j < G - 1)
+                    memcpy(prow + (size_t)i * HC, tb->cp_embeds[j] + (size_t)c[i][j] * HC,
+                           HC * sizeof(float));
+                spans[i] = 1;
+            }
+            if (j < G - 1) /* embeds[j](c_j) at position j + 1 */
+                predictor_step(e, "next", rids, spans, n, prow, y);
+        }
+        for (int i = 0; i < n; i++)
+            memcpy(res[i].codes[f], c[i], sizeof c[i]);
+        if (f == F - 1)
+            break;
+        for (int i = 0; i < n; i++) {
+            frame_embed(tb, c[i], rows + (size_t)i * H);
+            spans[i] = 1;
+        }
+        CHECK(ms_engine_run_rows(e, "talker", "decode", rids, spans, n, rows, H, &out, &hid, &err));
+    }
+}
+
+static void test_codes_compiled(void **state) {
+    (void)state;
+    ref r;
+    ref_load(&r);
+    ms_st_file *rf = ms_test_ref_open("hf/talker_codepred");
+    size_t npl;
+    float *plog = ms_test_ref_tensor(rf, "predictor_logits", false, &npl);
+    assert_int_equal(npl, F * (G - 1) * V);
+    ms_st_file_free(rf);
+    tables tb;
+    tables_init(&tb);
+    ms_engine *e = engine_new();
+    ms_rid rid = add_request(e, (const int32_t(*)[G])r.prompt);
+    static result res;
+    const int32_t(*pr[1])[G] = {(const int32_t(*)[G])r.prompt};
+    generate(e, &tb, &rid, 1, pr, &res);
+    int wrong = 0;
+    for (int i = 0; i < F * G; i++)
+        wrong += (&res.codes[0][0])[i] != r.codes[i];
+    double et = max_diff(&res.tlog[0][0], r.tlog, F * V);
+    double ep = max_diff(&res.plog[0][0][0], plog, npl);
+    printf("talker + code_predictor (compiled, CPU f32): %d of %d codes differ; max "
+           "|talker_logits| error %.3g, max |predictor_logits| error %.3g\n", wrong, F * G, et, ep);
+    assert_int_equal(wrong, 0);
+    assert_true(et < 1e-3);
+    assert_true(ep < 1e-3);
+    ms_engine_remove(e, rid);
+    ms_engine_free(e);
+    ms_ckpt_free(tb.ck);
+    ms_free(plog);
+    ref_free(&r);
+}
+
+static void test_codes_batch_of_four_equals_each_alone(void **state) {
+    (void)state;
+    ref r;
+    ref_load(&r);
+    tables tb;
+    tables_init(&tb);
+    static int32_t pr[B][P][G];
+    for (int p = 0; p < P; p++)
+        for (int g = 0; g < G; g++) {
+            int32_t v = r.prompt[p * G + g];
+            pr[0][p][g] = v;
+            pr[1][p][g] = (v + 17) % V;
+            pr[2][P - 1 - p][g] = v;
+            pr[3][p][(g + 1) % G] = (v + 41) % V;
+        }
+    const int32_t(*all[B])[G] = {(const int32_t(*)[G])pr[0], (const int32_t(*)[G])pr[1],
+                                 (const int32_t(*)[G])pr[2], (const int32_t(*)[G])pr[3]};
+    static result alone[B], batch[B];
+    ms_engine *e = engine_new();
+    for (int i = 0; i < B; i++) {
+        ms_rid rid = add_request(e, all[i]);
+        generate(e, &tb, &rid, 1, &all[i], &alone[i]);
+        ms_engine_remove(e, rid);
+    }
+    ms_rid rids[B];
+    for (int i = 0; i < B; i++)
+        rids[i] = add_request(e, all[i]);
+    generate(e, &tb, rids, B, all, batch);
+    int distinct = 0;
+    for (int i = 0; i < B; i++) {
+        assert_memory_equal(batch[i].codes, alone[i].codes, sizeof batch[i].codes);
+        double et = max_diff(&batch[i].tlog[0][0], &alone[i].tlog[0][0], F * V);
+        double ep = max_diff(&batch[i].plog[0][0][0], &alone[i].plog[0][0][0], F * (G - 1) * V);
+        printf("request %d: batched vs alone: codes equal, max logits difference %.3g / %.3g\n",
+               i, et, ep);
+        assert_true(et < 1e-5 && ep < 1e-5);
+        if (i > 0 && memcmp(alone[i].codes, alone[0].codes, sizeof alone[0].codes) != 0)
+            distinct++;
+        ms_engine_remove(e, rids[i]);
+    }
+    assert_int_equal(distinct, B - 1);
+    ms_engine_free(e);
+    ms_ckpt_free(tb.ck);
+    ref_free(&r);
+}
+
+/*
+ * The scratch's hazards through the compiled node: a row continuing a frame another request
+ * began (the batch recomposed mid-frame) is refused and changes nothing; a request continuing
+ * a frame it never began is refused; a frame longer than its G slots is refused; a frame begun
+ * again starts empty (the same inputs give bitwise the same rows whatever came before).
+ */
+static void test_scratch_hazards(void **state) {
+    (void)state;
+    ref r;
+    ref_load(&r);
+    ms_engine *e = engine_new();
+    ms_rid a = add_request(e, (const int32_t(*)[G])r.prompt);
+    ms_rid b = add_request(e, (const int32_t(*)[G])r.prompt);
+    /* pair: two rows per request (both requests the same), single: one row each (the same),
+       other: one row each, another value */
+    static float pair[4 * HC], single[2 * HC], other[2 * HC];
+    static float y1[2 * HC], y2[2 * HC], y3[2 * HC], y4[2 * HC];
+    for (int i = 0; i < 2 * HC; i++) {
+        pair[i] = pair[2 * HC + i] = 0.01f * (float)((i * 7) % 29) - 0.1f;
+        single[i % HC] = single[HC + i % HC] = 0.02f * (float)((i * 5) % 13) - 0.12f;
+        other[i] = 0.03f * (float)((i * 3) % 11) - 0.15f;
+    }
+    float *rows = pair;
+    ms_error err = {0};
+    const float *lg, *hid;
+    ms_rid ab[2] = {a, b}, ba[2] = {b, a};
+    int32_t two[2] = {2, 2}, one[2] = {1, 1};
+    /* next before any begin: a frame never begun */
+    expect_fail(ms_engine_run_rows(e, "code_predictor", "next", ab, one, 2, rows, HC, &lg, &hid,
+                                   &err), &err, MS_ERR_INVALID_ARG, "never began");
+    printf("a frame never begun: %s\n", err.msg);
+    /* frame 1 of both rows, then both rows' second step */
+    predictor_step(e, "begin", ab, two, 2, rows, y1);
+    /* the batch recomposed mid-frame: row 0 would read request a's keys for b */
+    expect_fail(ms_engine_run_rows(e, "code_predictor", "next", ba, one, 2, rows, HC, &lg, &hid,
+                                   &err), &err, MS_ERR_INVALID_ARG, "scratch kv");
+    printf("recomposed mid-frame: %s\n", err.msg);
+    predictor_step(e, "next", ab, one, 2, single, y2);
+    predictor_step(e, "next", ab, one, 2, single, y3);
+    /* a fifth token in a frame of four slots */
+    expect_fail(ms_engine_run_rows(e, "code_predictor", "next", ab, one, 2, rows, HC, &lg, &hid,
+                                   &err), &err, MS_ERR_CAPACITY, "would hold 5 tokens");
+    printf("a fifth token: %s\n", err.msg);
+    /* a new frame starts empty: the same inputs give the same rows as frame 1 */
+    predictor_step(e, "begin", ab, two, 2, pair, y4);
+    assert_memory_equal(y1, y4, sizeof y1);
+    predictor_step(e, "next", ab, one, 2, single, y4);
+    assert_memory_equal(y2, y4, sizeof y2);
+    /* a frame of other rows in between, then the first frame's inputs again */
+    predictor_step(e, "begin", ab, one, 2, other, y4);
+    predictor_step(e, "next", ab, one, 2, other, y4);
+    assert_true(memcmp(y4, y2, sizeof y2) != 0);
+    predictor_step(e, "begin", ab, two, 2, pair, y4);
+    assert_memory_equal(y1, y4, sizeof y1);
+    /* the two rows got the same inputs: equal rows (neither read the other's keys) */
+    assert_memory_equal(y1, y1 + HC, HC * sizeof(float));
+    assert_memory_equal(y3, y3 + HC, HC * sizeof(float));
+    /* a width other than the node's */
+    expect_fail(ms_engine_run_rows(e, "code_predictor", "begin", ab, two, 2, rows, H, &lg, &hid,
+                                   &err), &err, MS_ERR_INVALID_ARG, "width 64");
+    /* its hidden rows must be asked for */
+    expect_fail(ms_engine_run_rows(e, "code_predictor", "begin", ab, two, 2, rows, HC, &lg, NULL,
+                                   &err), &err, MS_ERR_INVALID_ARG, "hidden");
+    ms_engine_remove(e, a);
+    ms_engine_remove(e, b);
+    ms_engine_free(e);
+    ref_free(&r);
+}
+
+
+/* ---- the engine entry point (talker.h): the same loop with its glue in the runtime ---- */
+
+static void test_engine_talker_codes(void **state) {
+    (void)state;
+    ref r;
+    ref_load(&r);
+    ms_st_file *rf = ms_test_ref_open("hf/talker_codepred");
+    size_t npl;
+    float *plog = ms_test_ref_tensor(rf, "predictor_logits", false, &npl);
+    ms_st_file_free(rf);
+    ms_engine *e = engine_new();
+    static float tl[F][V], pl[F][G - 1][V];
+    ms_talker_item it = {.prompt_codes = r.prompt, .n_prompt = P, .n_frames = F,
+                         .talker_logits = &tl[0][0], .predictor_logits = &pl[0][0][0]};
+    ms_talker_glue glue = ms_talker_glue_default();
+    ms_error err = {0};
+    CHECK(ms_engine_talker_codes(e, &glue, &it, 1, &err));
+    assert_memory_equal(it.codes, r.codes, F * G * sizeof(int32_t));
+    double et = max_diff(&tl[0][0], r.tlog, F * V), ep = max_diff(&pl[0][0][0], plog, npl);
+    printf("ms_engine_talker_codes (CPU f32): codes equal; logits errors %.3g / %.3g\n", et, ep);
+    assert_true(et < 1e-3 && ep < 1e-3);
+    ms_free(it.codes);
+    assert_int_equal(ms_engine_n_active(e), 0);
+
+    /* four prompts in one call (one wave of max_seqs 4) equal each alone; 6 items: two waves */
+    static int32_t pr[6][P][G];
+    for (int p = 0; p < P; p++)
+        for (int g = 0; g < G; g++) {
+            int32_t v = r.prompt[p * G + g];
+            pr[0][p][g] = v;
+            pr[1][p][g] = (v + 17) % V;
+            pr[2][P - 1 - p][g] = v;
+            pr[3][p][(g + 1) % G] = (v + 41) % V;
+            pr[4][p][g] = (v * 5 + 3) % V;
+            pr[5][p][g] = (v + 60) % V;
+        }
+    ms_talker_item all[6], one;
+    for (int i = 0; i < 6; i++)
+        all[i] = (ms_talker_item){.prompt_codes = &pr[i][0][0], .n_prompt = P, .n_frames = F - i};
+    CHECK(ms_engine_talker_codes(e, &glue, all, 6, &err));
+    for (int i = 0; i < 6; i++) {
+        one = (ms_talker_item){.prompt_codes = &pr[i][0][0], .n_prompt = P, .n_frames = F - i};
+        CHECK(ms_engine_talker_codes(e, &glue, &one, 1, &err));
+        assert_memory_equal(one.codes, all[i].codes, (size_t)(F - i) * G * sizeof(int32_t));
+        ms_free(one.codes);
+        ms_free(all[i].codes);
+    }
+
+    /* bad input: one line each, nothing held */
+    static int32_t bad[P][G];
+    memcpy(bad, r.prompt, sizeof bad);
+    bad[3][2] = V;
+    it = (ms_talker_item){.prompt_codes = &bad[0][0], .n_prompt = P, .n_frames = 2};
+    expect_fail(ms_engine_talker_codes(e, &glue, &it, 1, &err), &err, MS_ERR_INVALID_ARG,
+                "item 0: prompt frame 3, codebook 2: code 96 is outside [0, 96)");
+    assert_null(it.codes);
+    it = (ms_talker_item){.prompt_codes = r.prompt, .n_prompt = P, .n_frames = 0};
+    expect_fail(ms_engine_talker_codes(e, &glue, &it, 1, &err), &err, MS_ERR_INVALID_ARG,
+                "0 frames to generate");
+    it = (ms_talker_item){.prompt_codes = r.prompt, .n_prompt = P, .n_frames = 300};
+    expect_fail(ms_engine_talker_codes(e, &glue, &it, 1, &err), &err, MS_ERR_LIMIT,
+                "pass the talker's context (256 positions)");
+    ms_talker_glue g2 = glue;
+    g2.heads = "code_predictor.head.{j}.weight";
+    it = (ms_talker_item){.prompt_codes = r.prompt, .n_prompt = P, .n_frames = 2};
+    expect_fail(ms_engine_talker_codes(e, &g2, &it, 1, &err), &err, MS_ERR_NOT_FOUND,
+                "code_predictor.head.0.weight");
+    g2 = glue;
+    g2.in_proj = "code_predictor.heads.0.weight"; /* [96, 32], not [32, 64] */
+    expect_fail(ms_engine_talker_codes(e, &g2, &it, 1, &err), &err, MS_ERR_FORMAT,
+                "'code_predictor.heads.0.weight' has shape [96, 32], the model declares [32, 64]");
+    g2 = glue;
+    g2.predictor = "predictor";
+    expect_fail(ms_engine_talker_codes(e, &g2, &it, 1, &err), &err, MS_ERR_NOT_FOUND,
+                "no node 'predictor'");
+    assert_int_equal(ms_engine_n_active(e), 0);
+    ms_engine_free(e);
+    ms_free(plog);
+    ref_free(&r);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        ms_unit_test(test_talker_logits_teacher_forced),
+        ms_unit_test(test_batch_of_four_equals_each_alone),
+        ms_unit_test(test_bad_calls),
+        ms_unit_test(test_codes_compiled),
+        ms_unit_test(test_codes_batch_of_four_equals_each_alone),
+        ms_unit_test(test_scratch_hazards),
+        ms_unit_test(test_engine_talker_codes),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
