@@ -296,6 +296,26 @@ ms_status ms_engine_encode(ms_engine *e, const char *node, const float *input, i
                            int64_t n_frames, float *out, int64_t cap, int64_t *n_rows,
                            int64_t *width, ms_error *err);
 
+/* One window of ms_engine_encode_batch: its input in, its hidden rows out. */
+typedef struct ms_engine_encode_item {
+    const float *input;         /* [n_channels, n_frames] f32 host, channel-major */
+    int64_t n_channels, n_frames;
+    float *out;                 /* [n_rows, width] f32 host, the caller's (cap floats) */
+    int64_t cap;
+    int64_t n_rows, width;      /* out: the rows written (0 on error) */
+} ms_engine_encode_item;
+
+/*
+ * ms_engine_encode for several windows in ONE step of node `node` (a node without a kv_pool: its
+ * dense attention keeps each window's rows to themselves, so every window's rows equal what it
+ * gives encoded alone; bitwise on the CPU backend): items[0 .. n_items) in, each one's rows into
+ * its own out. At most the windows the workspace holds (max_seqs, and whole windows within
+ * max_tokens). Errors: MS_ERR_NOT_FOUND (no such node), MS_ERR_CAPACITY (too many windows, an
+ * out too small; naming the window), MS_ERR_INVALID_ARG (a window's input shape), the forward's.
+ */
+ms_status ms_engine_encode_batch(ms_engine *e, const char *node, ms_engine_encode_item *items,
+                                 int32_t n_items, ms_error *err);
+
 /* Most items ms_engine_transcribe runs as one wave (batch). */
 #define MS_TRANSCRIBE_MAX_BATCH 64
 
