@@ -3646,6 +3646,10 @@ static int collect_kernels(gen *g, kvariant *ks, int n, int cap) {
                              ms_kernel_spec_attn_prefill(dt, hd, ps, grp, causal == 1, win), when);
             }
             break;
+        case O_ATTN_DENSE:
+            /* float32 q/k/v rows, no pages: one instance per head_dim (shape at load) */
+            kadd(g, ks, &n, cap, ms_kernel_spec_attn_dense(hd), NULL);
+            break;
         case O_LAYER_NORM:
         case O_GELU:
         case O_CONV1D:

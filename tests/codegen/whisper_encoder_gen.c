@@ -784,6 +784,7 @@ static const ms_md_node whisper_encoder_nodes[] = {
 /* The stems of the instances mstarc writes to kernels/<stem>.cu (shape at load). */
 static const char *const whisper_encoder_kernels[] = {
     "embed_bf16_af32",
+    "attn_dense_f32",
     "misc_bf16_af32",
     "argmax_f32",
     "sample_f32",
