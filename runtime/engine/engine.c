@@ -1300,6 +1300,28 @@ static ms_status eng_check_prompt(const ms_engine *e, const int32_t *ids, int32_
 static void eng_prefix_adopt(ms_engine *e, eng_req *r); /* [prefix], end of file */
 static void eng_prefix_seal(ms_engine *e, eng_req *r);  /* [prefix], end of file */
 
+/* [encoder] The streams ms_walk_n_streams counts at the dense nodes of walk w: their step's
+ * labels, once per node. They hold nothing, so a request takes no slot of max_seqs for them. */
+static int32_t eng_walk_dense_streams(const ms_engine *e, int32_t w) {
+    const ms_md_walk *wk = &e->desc->walks[w];
+    bool counted[MS_MD_MAX_NODES] = {false};
+    int32_t n = 0;
+    for (int32_t i = 0; i < wk->n_items; i++) {
+        const ms_md_walk_item it = wk->items[i];
+        if (!e->nodes[it.node].dense || counted[it.node])
+            continue;
+        counted[it.node] = true;
+        bool seen[MS_MAX_LABELS] = {false};
+        const ms_md_step *s = &e->nodes[it.node].node->steps[it.step];
+        for (int32_t k = 0; k < s->n_segments; k++)
+            if (!seen[s->labels[k]]) {
+                seen[s->labels[k]] = true;
+                n++;
+            }
+    }
+    return n;
+}
+
 ms_status ms_engine_add(ms_engine *e, const ms_engine_request *rq, ms_rid *rid, ms_error *err) {
     MS_TRY(eng_check_prompt(e, rq->prompt, rq->n_prompt, "prompt", err));
     if (rq->max_new_tokens < 0 || rq->prefill_chunk < 0)
@@ -1389,7 +1411,8 @@ ms_status ms_engine_add(ms_engine *e, const ms_engine_request *rq, ms_rid *rid, 
     const bool own_ids = takes_ids && rq->position_ids == NULL;
     const int32_t n_axes_ids =
         rq->position_ids != NULL ? rq->n_position_axes : e->nodes[0].pos_cfg.n_axes;
-    int32_t n_streams = ms_walk_n_streams(e->desc, walk);
+    /* [encoder] a dense node's windows hold no stream (nothing is kept between steps) */
+    int32_t n_streams = ms_walk_n_streams(e->desc, walk) - eng_walk_dense_streams(e, walk);
     MS_TRY(eng_kv_check_fits(e, rq, n_streams, err)); /* [kv pressure] */
     if (e->n_streams_active + n_streams > e->max_seqs)
         return MS_FAIL(err, MS_ERR_CAPACITY,
