@@ -127,9 +127,13 @@ static void test_encoder_batched(void **state) {
     ms_engine_options o = ms_engine_options_default();
     o.model_path = ms_test_fixture("hf/whisper_tiny");
     o.max_seqs = 3;
-    o.max_tokens = 3 * 32;
+    o.max_tokens = 64;     /* two windows' rows: the encoder's buffers are sized apart */
+    o.encode_windows = 4;  /* more windows than max_seqs: refused */
     ms_engine *e = NULL;
     ms_error err = {0};
+    assert_int_equal(ms_engine_init(&e, &ms_whisper_encoder_desc, &o, &err), MS_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "encode_windows 4: node encoder batches 1 to max_seqs (3)"));
+    o.encode_windows = 3;
     if (ms_engine_init(&e, &ms_whisper_encoder_desc, &o, &err) != MS_OK)
         fail_msg("engine: %s", err.msg);
     size_t nf, nh;

@@ -182,8 +182,10 @@ typedef struct eng_node {
     bool dense;
     ms_dense_batch *dense_batch;  /* [max_windows] segments, backend-owned offsets */
     ms_attn_params dense_params;  /* not causal, no window, the attention's scale */
-    int32_t max_windows;          /* windows one step batches: max_seqs, and the whole windows
-                                     max_tokens holds (the layout's capacity, codegen.c NW) */
+    int32_t max_windows;          /* windows one step batches: options.encode_windows, or the
+                                     whole windows max_tokens holds (codegen.c NW) */
+    int32_t dense_tokens;         /* rows of max_windows windows: the node's own token capacity
+                                     (its workspace layout, the step buffers are sized for it) */
 } eng_node;
 
 struct ms_engine {
@@ -219,6 +221,8 @@ struct ms_engine {
 
     /* per-step buffers (worst case: max_seqs rows, max_seqs views, max_tokens tokens) */
     int32_t max_seqs, max_tokens;
+    int32_t buf_tokens;           /* rows of the per-step token buffers: max_tokens, or a dense
+                                     node's windows when more ([encoder]) */
     int32_t max_out;              /* logits rows of a step: max_seqs, or max_tokens when a step
                                      returns every token's logits (a block step) */
     int32_t *out_rows_dev;        /* backend [max_tokens] 0, 1, 2, ...: the rows of a block step */
@@ -958,12 +962,20 @@ static ms_status eng_dense_init(ms_engine *e, eng_node *nd, ms_error *err) {
     nd->dense = true;
     nd->context_label = -1;
     nd->pos_cfg.n_axes = 1; /* one position stream: each window's rows from 0 */
-    nd->max_windows = MS_MAX(1, MS_MIN(e->max_seqs, e->max_tokens / fa->max_context));
+    const int32_t want = e->opt.encode_windows;
+    if (want < 0 || want > e->max_seqs || (int64_t)want * fa->max_context > INT32_MAX / 4)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "encode_windows %d: node %s batches 1 to max_seqs (%d) windows of %d rows "
+                       "(0: what max_tokens holds)", (int)want, d->name, (int)e->max_seqs,
+                       (int)fa->max_context);
+    nd->max_windows = want > 0 ? want
+                               : MS_MAX(1, MS_MIN(e->max_seqs, e->max_tokens / fa->max_context));
+    nd->dense_tokens = nd->max_windows * fa->max_context;
     nd->dense_params = (ms_attn_params){
         .scale = fa->attn_scale > 0.0f ? fa->attn_scale : 1.0f / sqrtf((float)fa->head_dim),
         .window = 0,
         .causal = false};
-    return ms_dense_batch_init(&e->be, nd->max_windows, e->max_tokens, &nd->dense_batch, err);
+    return ms_dense_batch_init(&e->be, nd->max_windows, nd->dense_tokens, &nd->dense_batch, err);
 }
 
 /* The model's CUDA kernel instances at this checkpoint's shape, loaded once (backend.h
@@ -990,13 +1002,20 @@ static ms_status eng_buffers_init(ms_engine *e, ms_error *err) {
                 e->max_out = MS_MAX(e->max_seqs, e->max_tokens);
         n_axes = MS_MAX(n_axes, e->nodes[i].pos_cfg.n_axes);
     }
-    const size_t V = (size_t)fa->vocab, S = (size_t)e->max_out, T = (size_t)e->max_tokens;
+    /* [encoder] a dense node's step holds its own windows' rows (eng_dense_init) */
+    e->buf_tokens = e->max_tokens;
+    for (int32_t i = 0; i < e->n_nodes; i++)
+        if (e->nodes[i].dense)
+            e->buf_tokens = MS_MAX(e->buf_tokens, e->nodes[i].dense_tokens);
+    const size_t V = (size_t)fa->vocab, S = (size_t)e->max_out, T = (size_t)e->buf_tokens;
     /* one workspace, the largest node's: the nodes' steps run one at a time */
     e->workspace_bytes = 0;
     for (int32_t i = 0; i < e->n_nodes; i++)
         e->workspace_bytes = MS_MAX(e->workspace_bytes,
-                                    e->nodes[i].node->workspace_size(e->config, e->max_tokens,
-                                                                     e->max_out));
+                                    e->nodes[i].node->workspace_size(
+                                        e->config, e->nodes[i].dense ? e->nodes[i].dense_tokens
+                                                                     : e->max_tokens,
+                                        e->max_out));
     MS_TRY(eng_alloc(e, e->workspace_bytes, "forward.workspace", &e->workspace, err));
     MS_TRY(eng_alloc(e, T * sizeof(int32_t), "step.tokens", (void **)&e->tokens_dev, err));
     MS_TRY(eng_alloc(e, (size_t)n_axes * T * sizeof(int32_t), "step.positions",
@@ -1086,7 +1105,7 @@ static ms_status eng_buffers_init(ms_engine *e, ms_error *err) {
         e->rows == NULL || e->row_reqs == NULL || e->rids == NULL)
         return MS_FAIL(err, MS_ERR_OOM, "out of memory for step buffers");
     /* a step has at most max_seqs segments: a request takes one slot of max_seqs per stream */
-    return ms_md_step_build_init(&e->build, e->max_seqs, e->max_tokens, err);
+    return ms_md_step_build_init(&e->build, e->max_seqs, e->buf_tokens, err);
 }
 
 static ms_status eng_graphs_init(ms_engine *e, ms_error *err); /* [graphs], end of file */
@@ -1945,9 +1964,9 @@ static ms_status eng_encode_windows(ms_engine *e, eng_node *nd, ms_engine_encode
                        "runs a dense attention)", nd->node->name);
     if (n < 1 || n > nd->max_windows)
         return MS_FAIL(err, MS_ERR_CAPACITY,
-                       "encode: %d windows in one step; node %s batches 1 to %d (max_seqs %d, "
-                       "whole windows within max_tokens %d)", (int)n, nd->node->name,
-                       (int)nd->max_windows, (int)e->max_seqs, (int)e->max_tokens);
+                       "encode: %d windows in one step; node %s batches 1 to %d (options."
+                       "encode_windows, else the whole windows of max_tokens %d)", (int)n,
+                       nd->node->name, (int)nd->max_windows, (int)e->max_tokens);
     int64_t rows = 0, cols = 0; /* one window as the forward reads it: [frames, channels] */
     nd->node->input_shape(e->config, &rows, &cols);
     for (int32_t i = 0; i < n; i++)
@@ -1983,10 +2002,10 @@ static ms_status eng_encode_windows(ms_engine *e, eng_node *nd, ms_engine_encode
                            (long long)items[i].cap);
     }
     const int32_t n_tok = e->build.n_tokens;
-    if (n_tok > e->max_tokens)
+    if (n_tok > nd->dense_tokens)
         return MS_FAIL(err, MS_ERR_CAPACITY,
-                       "encode: step %s of node %s declares %d tokens (max_tokens %d: raise it)",
-                       sd->name, nd->node->name, (int)n_tok, (int)e->max_tokens);
+                       "encode: step %s of node %s declares %d tokens, its buffers hold %d",
+                       sd->name, nd->node->name, (int)n_tok, (int)nd->dense_tokens);
     /* token-major staging, window after window: input[c, t] -> input_host[t, c] */
     const int64_t per = rows * cols;
     for (int32_t i = 0; i < n; i++)
@@ -2025,7 +2044,7 @@ static ms_status eng_encode_windows(ms_engine *e, eng_node *nd, ms_engine_encode
         .rope = &e->rope,
         .attn = nd->dense_params,
         .workspace = e->workspace,
-        .max_tokens = e->max_tokens,
+        .max_tokens = nd->dense_tokens, /* the node's layout capacity (eng_buffers_init) */
         .max_seqs = e->max_out,
         .logits = &hidden,
     };

@@ -104,6 +104,10 @@ typedef struct ms_engine_options {
                                 memory free after the weights, keeping (1 - F) of the device's
                                 total free (vLLM's gpu_memory_utilization; cuda only); 0 = off
                                 (the kv_pages / max_seq_len rule) */
+    /* [encoder] (a node without a kv_pool: ms_engine_encode_batch, the encode step): */
+    int32_t encode_windows;  /* windows one encoder step batches, each a segment of its own
+                                (1 .. max_seqs); its buffers are sized for them apart from
+                                max_tokens; 0 = the whole windows max_tokens holds (at least 1) */
 } ms_engine_options;
 
 /* Defaults: device "cpu", page_size 0, max_seqs 8, max_tokens 2048, kv_pages 0, max_seq_len 0,
