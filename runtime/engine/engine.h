@@ -289,8 +289,9 @@ ms_status ms_engine_run_step(ms_engine *e, ms_rid rid, const char *step_name,
  * Run node `node`'s forward over one shaped input (an encoder: log-mel features) and return its
  * hidden states: input [n_channels, n_frames] f32 host, channel-major as the model file declares
  * it (`forward encode(features: [num_mel_bins, n_frames])`, transformers' input_features[0]); the
- * engine stages it token-major, runs the node's one step (admit -> plan -> forward -> commit over
- * a stream of this call alone, removed after it: its KV pages return) and copies the rows to
+ * engine stages it token-major, runs the node's one step (its declared segment: one window; the
+ * node has no kv_pool, so nothing is admitted, kept or freed: a dense attention over the step's
+ * own rows) and copies the rows to
  * out [*n_rows, *width] f32 host (cap floats). Other requests are untouched. Errors:
  * MS_ERR_NOT_FOUND (no such node, or not one returning hidden states), MS_ERR_INVALID_ARG (the
  * input's shape is not the declared one), MS_ERR_CAPACITY (out too small, the step over
@@ -342,8 +343,9 @@ typedef struct ms_engine_transcript {
  * Greedy transcription of items[0 .. n_items) on a model whose walk starts at a node reading
  * features (models/whisper.mstar): each item is a request (ms_engine_request.features, its
  * prompt, greedy sampling, the model's eos ids stop it); as many as max_seqs takes (a Whisper
- * request holds 3 streams: the encoder's, the decoder's ids and its context) run as one wave:
- * encoded one by one, prefilled, then decoded as one batch; the next wave follows. The engine
+ * request holds 2 streams: the decoder's ids and its context; its dense encoder keeps none) run
+ * as one wave: encoded together (up to encode_windows per step), prefilled, then decoded as one
+ * batch; the next wave follows. The engine
  * must have no running requests (MS_ERR_STATE). Errors: ms_engine_add's (naming the item) and
  * ms_engine_step's; on error no item holds ids and every request is removed.
  */
