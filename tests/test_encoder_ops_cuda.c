@@ -18,7 +18,7 @@
  * Dense attention (attention_dense: the encoder's attention over its step's own rows, no pages)
  * over three 1500-row windows (8 heads of 64) and ragged GQA segments, f32 on both sides, 1e-4
  * (__expf and a warp-tree dot product against expf and a sequential one);
- * its instances (head_dim 32, 64, 128) compile for sm_80 and sm_90.
+ * its instances (head_dim 16, 48, 64, 128) compile for sm_80 and sm_90.
  * Every misc kernel instance (bf16, f16: the dtypes misc takes; the entries of
  * templates/misc/encoder.cuh among them) is also compiled with NVRTC for sm_80 and sm_90 and its entries looked up in the cubin.
  *
@@ -219,13 +219,13 @@ static void test_misc_instances_compile(void **state) {
     }
 }
 
-/* the encoder's dense attention (attn/dense.cuh): head_dim 32 (Whisper tiny's fixture), 64
- * (tiny / base), 128 */
+/* the encoder's dense attention (attn/dense.cuh): head_dim 16 (Whisper tiny's fixture), 48 (not
+ * a multiple of 32: masked lanes), 64 (Whisper base), 128 */
 static void test_dense_instances_compile(void **state) {
     (void)state;
     const char *c = getenv("MS_KERNEL_CACHE_TEST");
     const char *cache = c != NULL && c[0] ? c : "build/kernel-cache-test";
-    const int hds[] = {32, 64, 128}, archs[] = {80, 90};
+    const int hds[] = {16, 48, 64, 128}, archs[] = {80, 90};
     for (size_t h = 0; h < MS_ARRAY_LEN(hds); h++) {
         ms_kernel_spec s = ms_kernel_spec_attn_dense(hds[h]);
         ms_error err = {0};
@@ -243,10 +243,10 @@ static void test_dense_instances_compile(void **state) {
         ms_free(src);
     }
     /* head_dim outside the template's range is refused by name */
-    ms_kernel_spec bad = ms_kernel_spec_attn_dense(48);
+    ms_kernel_spec bad = ms_kernel_spec_attn_dense(512);
     ms_error err = {0};
     assert_int_equal(ms_kernel_spec_check(&bad, &err), MS_ERR_UNSUPPORTED);
-    assert_non_null(strstr(err.msg, "attn_dense: head_dim 48 unsupported"));
+    assert_non_null(strstr(err.msg, "attn_dense: head_dim 512 unsupported (1 .. 256)"));
 }
 
 /* ---- LayerNorm, GELU ---- */
@@ -584,6 +584,8 @@ static void test_dense_attention(void **state) {
     static const int32_t ragged[] = {37, 1, 200, 64};
     run_dense_attention(ragged, 4, 8, 2, 32, 1e-4);
     run_dense_attention(ragged, 4, 4, 4, 128, 1e-4);
+    run_dense_attention(ragged, 4, 4, 4, 16, 1e-4); /* Whisper tiny's fixture: 4 heads of 16 */
+    run_dense_attention(ragged, 4, 6, 3, 48, 1e-4); /* masked lanes */
 }
 
 /* ---- setup ---- */

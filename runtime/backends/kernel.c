@@ -197,11 +197,10 @@ ms_status ms_kernel_spec_check(const ms_kernel_spec *s, ms_error *err) {
                            "rmsnorm_heads: head_dim %d unsupported (1 .. 1024)", s->head_dim);
         break;
     case MS_KERNEL_OP_ATTN_DENSE:
-        /* lanes hold head_dim / 32 elements each (templates/attn/dense.cuh) */
-        if (s->head_dim < 32 || s->head_dim > 256 || s->head_dim % 32 != 0)
+        /* lanes hold ceil(head_dim / 32) elements each in registers (templates/attn/dense.cuh) */
+        if (s->head_dim < 1 || s->head_dim > 256)
             return MS_FAIL(err, MS_ERR_UNSUPPORTED,
-                           "attn_dense: head_dim %d unsupported (multiples of 32 up to 256)",
-                           s->head_dim);
+                           "attn_dense: head_dim %d unsupported (1 .. 256)", s->head_dim);
         break;
     default:
         break;

@@ -115,7 +115,7 @@ ms_kernel_spec ms_kernel_spec_rmsnorm(ms_kernel_dtype dt, bool add_residual);
  * rmsnorm_heads_bf16_hd48_af32. */
 ms_kernel_spec ms_kernel_spec_rmsnorm_heads(ms_kernel_dtype dt, int head_dim);
 /* Dense attention (a node without a kv_pool, Whisper's encoder) over float32 q/k/v rows of
- * head_dim elements per head (a multiple of 32 up to 256): dtype and act_dtype F32, head_dim is
+ * head_dim elements per head (1 .. 256): dtype and act_dtype F32, head_dim is
  * shape (MS_HEAD_DIM): stem attn_dense_f32, URI attn_dense_f32_hd64. */
 ms_kernel_spec ms_kernel_spec_attn_dense(int head_dim);
 /* op: MS_KERNEL_OP_SILU_MUL, _EMBED, _ARGMAX or _SAMPLE (dtype only). MISC: dtype is the

@@ -5,8 +5,8 @@
  * each of its query rows attends to every K/V row of that segment and to no other.
  *
  * One warp per (query row, query head): grid (ceil(n_tokens / ROWS), n_q_heads) with
- * ROWS = MS_ATTN_DENSE_THREADS / 32 query rows per CTA. Lane l holds elements l, l + 32, ... of
- * q and of the output accumulator in registers; for each key row of the segment (in row order)
+ * ROWS = MS_ATTN_DENSE_THREADS / 32 query rows per CTA. Lane l holds elements l, l + 32, ... (those
+ * below head_dim: Whisper tiny's fixture has 16) of q and of the output accumulator in registers; for each key row of the segment (in row order)
  * the warp forms the dot product with a shuffle reduction and updates a running max / sum (the
  * online softmax of the CPU reference, in float). Activations are float32 (the CUDA backend's),
  * so there is no dtype parameter. Simple rather than fast: a tiled tensor-core variant is the
@@ -19,11 +19,11 @@
 
 namespace ms {
 
-/// HD: head_dim, a multiple of 32 up to 256 (lanes hold HD / 32 elements each).
+/// HD: head_dim, 1 .. 256 (lanes hold ceil(HD / 32) elements each, the last ones masked).
 template <int HD>
 __device__ __forceinline__ void attn_dense(const ms_attn_dense_params &p) {
-    static_assert(HD >= 32 && HD <= 256 && HD % 32 == 0, "head_dim: a multiple of 32 up to 256");
-    constexpr int PER = HD / 32;
+    static_assert(HD >= 1 && HD <= 256, "head_dim must be in [1, 256]");
+    constexpr int PER = (HD + 31) / 32;
     constexpr int ROWS = MS_ATTN_DENSE_THREADS / 32;
     const int lane = threadIdx.x & 31;
     const int t = blockIdx.x * ROWS + (threadIdx.x >> 5);
@@ -47,7 +47,7 @@ __device__ __forceinline__ void attn_dense(const ms_attn_dense_params &p) {
     float qv[PER], acc[PER];
 #pragma unroll
     for (int e = 0; e < PER; e++) {
-        qv[e] = q[lane + 32 * e];
+        qv[e] = lane + 32 * e < HD ? q[lane + 32 * e] : 0.f;
         acc[e] = 0.f;
     }
     float m = __int_as_float(0xff800000), l = 0.f; /* -inf (NVRTC has no math.h) */
@@ -56,7 +56,8 @@ __device__ __forceinline__ void attn_dense(const ms_attn_dense_params &p) {
         float s = 0.f;
 #pragma unroll
         for (int e = 0; e < PER; e++)
-            s += qv[e] * kr[lane + 32 * e];
+            if (lane + 32 * e < HD)
+                s += qv[e] * kr[lane + 32 * e];
         s = warp_sum(s) * p.scale;
         if (s > m) {
             const float corr = __expf(m - s); /* 0 when m was -inf */
@@ -71,13 +72,15 @@ __device__ __forceinline__ void attn_dense(const ms_attn_dense_params &p) {
         const float *vr = v + (long long)r * p.v_stride;
 #pragma unroll
         for (int e = 0; e < PER; e++)
-            acc[e] += w * vr[lane + 32 * e];
+            if (lane + 32 * e < HD)
+                acc[e] += w * vr[lane + 32 * e];
     }
     const float inv = l > 0.f ? 1.f / l : 0.f;
     float *o = static_cast<float *>(p.o) + (long long)t * p.o_stride + (long long)h * HD;
 #pragma unroll
     for (int e = 0; e < PER; e++)
-        o[lane + 32 * e] = acc[e] * inv;
+        if (lane + 32 * e < HD)
+            o[lane + 32 * e] = acc[e] * inv;
 }
 
 } // namespace ms
