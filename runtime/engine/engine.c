@@ -359,6 +359,8 @@ int32_t ms_engine_stream_length(const ms_engine *e, ms_rid rid, ms_label label) 
     ms_md_walk_item it = ms_walk_item(e->desc, r->walk);
     int32_t node = it.node >= 0 ? it.node : 0;
     ms_kv_stream_info si;
+    if (e->nodes[node].pool == NULL) /* [encoder] a dense node keeps no stream */
+        return -1;
     if (ms_kv_pool_stream_info(e->nodes[node].pool, rid, label, &si) != MS_OK)
         return -1;
     return si.stored;
@@ -2363,6 +2365,9 @@ size_t ms_engine_kv_bytes(const ms_engine *e) {
 }
 
 ms_status ms_engine_kv_copy(ms_engine *e, void *host, size_t bytes, ms_error *err) {
+    if (e->nodes[0].kv.data == NULL) /* [encoder] a dense node has no arena */
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "kv copy: node %s has no KV arena",
+                       e->nodes[0].node->name);
     if (host == NULL || bytes != ms_engine_kv_bytes(e))
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "kv copy: %zu bytes given, the arena has %zu",
                        bytes, ms_engine_kv_bytes(e));
