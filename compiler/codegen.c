@@ -134,7 +134,7 @@ typedef struct val {
 typedef enum okind {
     O_EMBED = 0, O_RMS_NORM, O_ADD_RMS_NORM, O_NORM_FIRST, O_LINEAR, O_SILU_MUL, O_ROPE_KV_WRITE,
     O_ROPE, O_KV_WRITE, O_ATTN, O_ADD, O_GATHER, O_LOOP_BEGIN, O_LOOP_END, O_LAYER_NORM, O_GELU,
-    O_CONV1D, O_CROSS_WRITE, O_CROSS_ATTN
+    O_CONV1D, O_CROSS_WRITE, O_CROSS_ATTN, O_ATTN_DENSE
 } okind;
 
 typedef struct op {
@@ -977,6 +977,7 @@ static const ms_weight *weight_of(const ms_ast_expr *e) {
 }
 
 static bool input_embeds(const gen *g);
+static bool is_dense(const gen *g);
 static const char *kv_heads(gen *g);
 static const char *q_heads(gen *g);
 static const char *head_dim(gen *g);
@@ -1011,9 +1012,18 @@ static void emit_facts(gen *g) {
     E("const %s_config *c = config;", g->mn);
     E("memset(out, 0, sizeof *out);");
     /* [scratch] a node on a scratch KV: its layers, heads and shape = [positions, kv_heads,
-       head_dim] (a frame of `positions` slots per batch row, the page size of its arena) */
+       head_dim] (a frame of `positions` slots per batch row, the page size of its arena); a
+       dense node (no kv_pool, no scratch): the layer count of the group its attention's loop
+       runs over (the instances of its per-layer weights) */
     const ms_resource *cache = g->scratch != NULL ? g->scratch : g->kv;
-    E("out->n_layers = (int32_t)%s;", cexpr(g, res_arg(cache, "layers")));
+    const char *layers = cache != NULL ? cexpr(g, res_arg(cache, "layers")) : NULL;
+    for (int i = 0; i < g->n_o && layers == NULL; i++)
+        if (g->o[i].kind == O_LOOP_BEGIN)
+            layers = g->o[i].count;
+    if (layers == NULL)
+        fail_at(g, g->node->ast->loc, "node '%s': a dense attention runs in a layer loop",
+                g->node->name);
+    E("out->n_layers = (int32_t)%s;", bare(g, layers));
     E("out->n_q_heads = (int32_t)%s;", q_heads(g));
     E("out->n_kv_heads = (int32_t)%s;", kv_heads(g));
     const char *hd = head_dim(g);
@@ -1061,11 +1071,17 @@ static void emit_facts(gen *g) {
         }
     }
     E("out->window = %s;", bare(g, int_or_none(g, res_arg(g->attn, "window"))));
-    const ms_ast_expr *ps = g->scratch != NULL ? NULL : res_arg(g->kv, "page_size");
-    E("out->page_size = (int32_t)%s;", g->scratch != NULL ? bare(g, scratch_dim(g, 0))
-                                       : ps != NULL       ? cexpr(g, ps)
-                                                          : "16");
-    E("out->kv_dtype = %s;", word_expr(g, res_arg(cache, "dtype"), dt_w, dt_c, "MS_DTYPE_BF16"));
+    if (g->scratch != NULL) {
+        E("out->page_size = (int32_t)%s;", bare(g, scratch_dim(g, 0)));
+        E("out->kv_dtype = %s;", word_expr(g, res_arg(g->scratch, "dtype"), dt_w, dt_c, "MS_DTYPE_BF16"));
+    } else if (g->kv != NULL) {
+        const ms_ast_expr *ps = res_arg(g->kv, "page_size");
+        E("out->page_size = (int32_t)%s;", ps != NULL ? cexpr(g, ps) : "16");
+        E("out->kv_dtype = %s;", word_expr(g, res_arg(g->kv, "dtype"), dt_w, dt_c, "MS_DTYPE_BF16"));
+    } else {
+        E("out->page_size = 0; /* no KV pages (a dense node) */");
+        E("out->no_kv = true;");
+    }
     const ms_ast_expr *sc = res_arg(g->attn, "scale");
     if (sc != NULL)
         E("out->attn_scale = (float)%s;", bare(g, cexpr(g, sc)));
@@ -1631,8 +1647,8 @@ static void emit_step(gen *g, const ms_step_decl *s, int index) {
         const char *adv = "-1";
         if (po != NULL && po->advance != NULL)
             adv = cexpr(g, po->advance);
-        else if (kv != NULL && !kv->commit)
-            adv = "0"; /* a step that does not commit does not advance positions */
+        else if ((kv != NULL && !kv->commit) || is_dense(g))
+            adv = "0"; /* a step that does not commit (or keeps nothing) does not advance */
         E("for (int32_t r = 0; r < n_rows; r++) /* %s += %s */", label_name(g, seg->label),
           src_text(g, seg->span));
         E("    MS_TRY(ms_md_step_segment(b, r, %d, %s, %s, err));", seg->label, bare(g, span),
@@ -1657,7 +1673,7 @@ static void emit_step(gen *g, const ms_step_decl *s, int index) {
                 break;
             }
             bool custom = po != NULL && po->advance != NULL;
-            if (!custom && kv != NULL && !kv->commit)
+            if (!custom && ((kv != NULL && !kv->commit) || is_dense(g)))
                 custom = true;
             E("MS_TRY(ms_md_step_pos(b, %d, %s, %s, err));", r, custom ? "true" : "false",
               po != NULL && po->explicit_ids ? "true" : "false");
@@ -1928,14 +1944,36 @@ static const char *scratch_dim(gen *g, int i) {
     return cexpr(g, ((const ms_ast_arg *)sh->args.items[i])->value);
 }
 
+/* A dense node: neither a kv_pool nor a scratch (an encoder attending over its step's own
+ * rows: attention_dense). */
+static bool is_dense(const gen *g) { return g->kv == NULL && g->scratch == NULL; }
+
+/* A node on a scratch reads its heads from the scratch's shape; a dense attention carries its
+ * own head_dim and kv_heads (default q_heads); a paged one reads them from its pool. */
 static const char *kv_heads(gen *g) {
-    return g->scratch != NULL ? scratch_dim(g, 1) : cexpr(g, res_arg(g->kv, "kv_heads"));
+    if (g->scratch != NULL)
+        return scratch_dim(g, 1);
+    if (g->kv != NULL)
+        return cexpr(g, res_arg(g->kv, "kv_heads"));
+    const ms_ast_expr *kh = res_arg(g->attn, "kv_heads");
+    return cexpr(g, kh != NULL ? kh : res_arg(g->attn, "q_heads"));
 }
 static const char *q_heads(gen *g) {
     return cexpr(g, res_arg(g->scratch != NULL ? g->scratch : g->attn, "q_heads"));
 }
 static const char *head_dim(gen *g) {
-    return g->scratch != NULL ? scratch_dim(g, 2) : cexpr(g, res_arg(g->kv, "head_dim"));
+    if (g->scratch != NULL)
+        return scratch_dim(g, 2);
+    return cexpr(g, res_arg(g->kv != NULL ? g->kv : g->attn, "head_dim"));
+}
+
+/* The rows of one window of a batched dense node's value whose rows are "NW * (R)" (R, per
+ * window: the node's shaped input and what conv1d makes of it), else NULL. */
+static const char *window_rows(gen *g, const char *rows) {
+    size_t n = strlen(rows);
+    if (strncmp(rows, "NW * (", 6) != 0 || n < 8 || rows[n - 1] != ')')
+        return NULL;
+    return S("%.*s", (int)(n - 7), rows + 6);
 }
 
 /* Apply a pos.apply whose outputs are read by something other than attn.run. */
@@ -2085,6 +2123,9 @@ static int input_val(gen *g, const ms_ast_expr *at, bool transposed) {
     /* [inputs_embeds] a sampling node without a cross resource reads one row per token of the
        step (the rows stand in for embedding(table, tokens)): T rows, not the context's A */
     g->v[g->input].rows = dyn_dim(rows) ? (input_embeds(g) ? "T" : "A") : bare(g, cexpr(g, rows));
+    /* a dense node (no kv_pool) batches windows: NW inputs of these rows, one after another */
+    if (is_dense(g) && !dyn_dim(rows))
+        g->v[g->input].rows = S("NW * (%s)", g->v[g->input].rows);
     g->v[g->input].width = bare(g, cexpr(g, cols));
     g->v[g->input].name = g->in_param->name.name;
     return g->input;
@@ -2204,10 +2245,12 @@ static int lower(gen *g, const ms_ast_expr *e, const char *hint, int dest) {
             const char *stride = st != NULL ? bare(g, cexpr(g, st)) : "1";
             const char *pad = pd != NULL ? bare(g, cexpr(g, pd)) : "0";
             const char *k = bare(g, cexpr(g, ww->shape[2]));
-            if (strcmp(g->v[x].rows, "S") == 0)
-                fail_at(g, e->loc, "conv1d() runs over the frames of one sequence");
-            /* torch.nn.Conv1d: T_out = (T_in + 2 padding - K) / stride + 1 */
-            const char *rows = S("(((%s) + 2 * (%s) - (%s)) / (%s) + 1)", g->v[x].rows, pad, k,
+            const char *win = window_rows(g, g->v[x].rows);
+            if (win == NULL)
+                fail_at(g, e->loc, "conv1d() runs over the frames of a node's shaped input (an "
+                        "encoder's features, or what conv1d made of them)");
+            /* torch.nn.Conv1d: T_out = (T_in + 2 padding - K) / stride + 1, per window */
+            const char *rows = S("NW * ((((%s) + 2 * (%s) - (%s)) / (%s) + 1))", win, pad, k,
                                  stride);
             int out = dest >= 0 ? dest : new_buf(g, rows, cexpr(g, ww->shape[0]), hint);
             op *o = new_op(g, O_CONV1D);
@@ -2281,6 +2324,20 @@ static int lower(gen *g, const ms_ast_expr *e, const char *hint, int dest) {
             flush_add(g, q);
             flush_add(g, k);
             flush_add(g, v);
+            if (is_dense(g)) {
+                /* dense: the step's own K/V rows, each segment's rows over themselves */
+                use_val(g, q);
+                use_val(g, k);
+                use_val(g, v);
+                int out = out_val(g, dest, g->v[q].rows, g->v[q].width, hint != NULL ? hint : "attn");
+                op *o = new_op(g, O_ATTN_DENSE);
+                op_in(o, q3);
+                op_in(o, k3);
+                op_in(o, v3);
+                o->out = heads_of(g, out, qh, hd);
+                o->note = "dense: each segment's rows attend to its own K/V rows (no KV pages)";
+                return out;
+            }
             if (g->rope_q >= 0 && g->rope_q == q && g->rope_k == k) {
                 op *o = new_op(g, O_ROPE_KV_WRITE);
                 op_in(o, q3);
@@ -2705,6 +2762,14 @@ static void emit_forward(gen *g) {
     const bool dyn_input = g->input >= 0 && strcmp(g->v[g->input].rows, "A") == 0;
     if (dyn_input)
         E("const int64_t A = T; /* input rows (a cross resource's context): within the tokens */");
+    const bool dense = is_dense(g);
+    const char *span = dense ? bare(g, cexpr(g, g->node->steps[0]->segments[0].span)) : NULL;
+    if (dense) {
+        /* a dense node batches whole windows: as many as the tokens and sequences hold */
+        E("/* windows of a step: at most S, each of %s rows within the T tokens */",
+          src_text(g, g->node->steps[0]->segments[0].span));
+        E("const int64_t NW = MS_MAX(1, MS_MIN((int64_t)S, (int64_t)T / (int64_t)(%s)));", span);
+    }
     E("size_t sizes[%sCOUNT];", bp);
     for (int i = 0; i < g->n_s; i++) {
         ms_strbuf *b = sb_get(g);
@@ -2741,21 +2806,37 @@ static void emit_forward(gen *g) {
     E("const ms_backend *be = a->be;");
     E("const ms_backend_i *f = &be->iface;");
     E("void *cx = be->ctx;");
-    E("const int64_t T = a->batch->n_tokens;");
+    if (dense) {
+        /* no KV pages: the step's segments come as a dense batch (one window each) */
+        E("if (a->dense == NULL)");
+        E("    return MS_FAIL(err, MS_ERR_INVALID_ARG, \"node %s: no dense batch (a node without a \"",
+          g->node->name);
+        E("                   \"kv_pool runs over its step's segments)\");");
+        E("const int64_t T = a->dense->n_tokens;");
+        E("const int64_t S = a->dense->n_seqs;");
+        E("const int64_t NW = S; /* windows of this step */");
+    } else {
+        E("const int64_t T = a->batch->n_tokens;");
+    }
     if (dyn_input)
         E("const int64_t A = a->input != NULL ? a->input->shape[0] : 0; /* context rows */");
-    E("const int64_t S = a->out_rows != NULL ? a->out_rows->shape[0] : a->batch->n_seqs;");
+    if (!dense)
+        E("const int64_t S = a->out_rows != NULL ? a->out_rows->shape[0] : a->batch->n_seqs;");
     E("size_t off[%sCOUNT];", bp);
     E("%s_layout(c, a->max_tokens, a->max_seqs, off);", fn);
     E("float *ws = a->workspace;");
     E("(void)be;");
     E("(void)S;");
-    if (g->hidden && g->scratch == NULL) {
-        /* its buffers hold the frames of one sequence; the engine stages the input */
-        E("if (a->batch->n_seqs != 1)");
-        E("    return MS_FAIL(err, MS_ERR_UNSUPPORTED, \"node %s: one sequence per step (%%d given)\",",
+    if (dense) {
+        /* its buffers hold as many windows as the layout's capacities give */
+        E("if (NW < 1 || NW > MS_MAX(1, MS_MIN((int64_t)a->max_seqs, (int64_t)a->max_tokens / "
+          "(int64_t)(%s))))", span);
+        E("    return MS_FAIL(err, MS_ERR_CAPACITY, \"node %s: %%lld windows in one step, the workspace \"",
           g->node->name);
-        E("                   (int)a->batch->n_seqs);");
+        E("                   \"holds %%lld\", (long long)NW, (long long)MS_MAX(1, MS_MIN((int64_t)a->max_seqs,");
+        E("                   (int64_t)a->max_tokens / (int64_t)(%s))));", span);
+    }
+    if (g->hidden) {
         if (g->input >= 0) {
             E("if (a->input == NULL || a->input->shape[0] != (int64_t)(%s) ||",
               g->v[g->input].rows);
@@ -2901,12 +2982,26 @@ static void emit_forward(gen *g) {
             } else {
                 E("const ms_tensor *bias = NULL;");
             }
-            if (o->kind == O_LAYER_NORM)
+            if (o->kind == O_LAYER_NORM) {
                 E("MS_TRY(f->layer_norm(cx, %s, %s, bias, %s, %s, err));", tref(g, o->in[0]), W,
                   o->eps, tref(g, o->out));
-            else
-                E("MS_TRY(f->conv1d(cx, %s, %s, bias, (int32_t)(%s), (int32_t)(%s), %s, err));",
-                  tref(g, o->in[0]), W, o->stride, o->padding, tref(g, o->out));
+            } else {
+                /* each window on its own: zero padding at its edges, never its neighbour's
+                   frames */
+                const char *ri = window_rows(g, g->v[o->in[0]].rows);
+                const char *ro = window_rows(g, g->v[o->out].rows);
+                MS_ASSERT(ri != NULL && ro != NULL);
+                E("for (int64_t w = 0; w < NW; w++) {");
+                g->cg.indent++;
+                E("ms_tensor xw = ms_tensor_slice(%s, 0, w * (%s), %s);", tref(g, o->in[0]), ri,
+                  bare(g, ri));
+                E("ms_tensor yw = ms_tensor_slice(%s, 0, w * (%s), %s);", tref(g, o->out), ro,
+                  bare(g, ro));
+                E("MS_TRY(f->conv1d(cx, &xw, %s, bias, (int32_t)(%s), (int32_t)(%s), &yw, err));",
+                  W, o->stride, o->padding);
+                g->cg.indent--;
+                E("}");
+            }
             g->cg.indent--;
             E("}");
             break;
@@ -2930,6 +3025,10 @@ static void emit_forward(gen *g) {
         case O_ATTN:
             E("MS_TRY(f->attention(cx, %s, a->kv, l, a->batch, &a->attn, %s, err));",
               tref(g, o->in[0]), tref(g, o->out));
+            break;
+        case O_ATTN_DENSE:
+            E("MS_TRY(f->attention_dense(cx, %s, %s, %s, a->dense, &a->attn, %s, err));",
+              tref(g, o->in[0]), tref(g, o->in[1]), tref(g, o->in[2]), tref(g, o->out));
             break;
         case O_ADD:
             E("MS_TRY(f->add(cx, %s, %s, %s, err));", tref(g, o->in[0]), tref(g, o->in[1]),
@@ -2967,9 +3066,12 @@ static void emit_forward(gen *g) {
     E("static void %s_input_shape(const void *config, int64_t *rows, int64_t *cols) {", fn);
     E("    const %s_config *c = config;", mn);
     E("    (void)c;");
+    /* one window's rows (a dense node's step stages NW of them) */
+    const char *win_rows = window_rows(g, g->v[g->input].rows);
     E("    *rows = (int64_t)(%s);", dyn_input            ? "-1"
                                   : input_embeds(g) ? "-2" /* [inputs_embeds] */
-                                                    : g->v[g->input].rows);
+                                  : win_rows != NULL ? bare(g, win_rows)
+                                                     : g->v[g->input].rows);
     E("    *cols = (int64_t)(%s);", g->v[g->input].width);
     E("}");
 }
@@ -3088,8 +3190,17 @@ static void node_slots(gen *g, const ms_node *n) {
         fail_at(g, g->scratch->ast->loc, "node '%s': a node on scratch '%s' attends through it "
                 "alone (code.run): no kv_pool, attention, cross or sampler beside it",
                 g->node->name, g->scratch->name);
-    if (g->scratch == NULL && (g->kv == NULL || g->attn == NULL))
-        fail_at(g, g->node->ast->loc, "node '%s' needs a kv_pool and an attention",
+    if (g->scratch != NULL)
+        return;
+    if (g->attn == NULL)
+        fail_at(g, g->node->ast->loc, "node '%s' needs %s", g->node->name,
+                g->sampler != NULL || g->kv != NULL ? "a kv_pool and an attention"
+                                                    : "an attention (dense: no kv_pool)");
+    /* a node without a kv_pool is an encoder over its step's own rows (dense attention); one
+       returning hidden states keeps nothing, so it has no kv_pool (lower_check.c says so first) */
+    if ((g->kv == NULL) != (g->sampler == NULL) || (g->kv == NULL && g->cross != NULL))
+        fail_at(g, g->node->ast->loc, "node '%s': a node without a sampler (hidden rows out) runs "
+                "a dense attention and no kv_pool; a node with a sampler needs a kv_pool",
                 g->node->name);
 }
 
@@ -3636,6 +3747,10 @@ static int collect_kernels(gen *g, kvariant *ks, int n, int cap) {
                         kadd(g, ks, &n, cap,
                              ms_kernel_spec_attn_prefill(dt, hd, ps, grp, causal == 1, win), when);
             }
+            break;
+        case O_ATTN_DENSE:
+            /* float32 q/k/v rows, no pages: one instance per head_dim (shape at load) */
+            kadd(g, ks, &n, cap, ms_kernel_spec_attn_dense(hd), NULL);
             break;
         case O_LAYER_NORM:
         case O_GELU:

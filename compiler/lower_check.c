@@ -279,6 +279,45 @@ static void check_same_rope(lcheck *c, const ms_node *first, const ms_node *node
                "first node's arguments", node->name, b->name, a->spec->ctor, a->name, first->name);
 }
 
+/*
+ * A node returning hidden states (no sampler: an encoder) keeps nothing, so mstarc build lowers
+ * it with a dense attention and no kv_pool (the engine batches its windows, ms_engine_encode);
+ * a node without a kv_pool is only such a node: one eager step of one segment (a window) per
+ * request, no cross-attention.
+ */
+static void check_dense_node(lcheck *c, const ms_node *node) {
+    const ms_resource *kv = res_of_kind(node, MS_RESOURCE_KV);
+    const ms_resource *attn = res_of_kind(node, MS_RESOURCE_ATTN);
+    const ms_resource *smp = res_of_kind(node, MS_RESOURCE_SAMPLER);
+    const ms_resource *cross = res_of_kind(node, MS_RESOURCE_CROSS);
+    if (kv != NULL && smp == NULL) {
+        refuse(c, kv->ast->name.loc, "node '%s' returns hidden states (no sampler) and keeps nothing: "
+               "mstarc build lowers it with a dense attention, so drop kv_pool '%s' and write "
+               "attention(q_heads = ..., head_dim = ...)", node->name, kv->name);
+        return;
+    }
+    if (kv != NULL || attn == NULL)
+        return;
+    if (smp != NULL || cross != NULL) {
+        const ms_resource *r = smp != NULL ? smp : cross;
+        refuse(c, r->ast->name.loc, "node '%s' has no kv_pool (a dense attention): mstarc build lowers "
+               "it as an encoder returning hidden rows, without a %s", node->name, r->spec->ctor);
+        return;
+    }
+    for (int k = 0; k < node->n_steps; k++) {
+        const ms_step_decl *s = node->steps[k];
+        if (node->n_steps != 1 || s->n_segments != 1) {
+            refuse(c, s->ast->name.loc, "step '%s': a node without a kv_pool runs one step of one "
+                   "segment per request (its window)", s->name);
+            return;
+        }
+        if (s->capture != MS_CAPTURE_NONE) {
+            refuse(c, s->ast->name.loc, "step '%s': a dense node's step runs eager (no capture)", s->name);
+            return;
+        }
+    }
+}
+
 ms_status ms_lower_check(const ms_model *m, const char *source, ms_error *err) {
     lcheck c = {source, err, false, false};
     for (int n = 1; n < m->n_nodes && !c.failed; n++)
@@ -293,6 +332,8 @@ ms_status ms_lower_check(const ms_model *m, const char *source, ms_error *err) {
                     check_resource(&c, node->resources[r]);
         }
         check_retention(&c, node);
+        if (!c.failed)
+            check_dense_node(&c, node);
         for (int f = 0; f < node->n_forwards && !c.failed; f++) {
             check_inputs(&c, node, node->forwards[f]);
             check_stmts(&c, &node->forwards[f]->ast->body);

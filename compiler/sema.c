@@ -262,13 +262,17 @@ static const ms_res_spec SPECS[] = {
         {"sections", MS_ARG_INT_LIST, false, "none", NULL},
         {"scheme", MS_ARG_ENUM, false, "sequential", WORDS_SCHEME},
         {NULL, 0, false, NULL, NULL}}},
-    {"positions", MS_RESOURCE_POS, true, {
+    /* positions and attention need a kv_pool in a node that has one; in a node without one
+       they are the dense forms (check_dense: the step's own rows, nothing kept) */
+    {"positions", MS_RESOURCE_POS, false, {
         {"table", MS_ARG_WEIGHT, true, NULL, NULL},
         {"scheme", MS_ARG_ENUM, false, "sequential", WORDS_SCHEME},
         {NULL, 0, false, NULL, NULL}}},
-    {"attention", MS_RESOURCE_ATTN, true, {
+    {"attention", MS_RESOURCE_ATTN, false, {
         {"q_heads", MS_ARG_INT, true, NULL, NULL},
-        {"causal", MS_ARG_BOOL, false, "true", NULL},
+        {"causal", MS_ARG_BOOL, false, "true (dense: false)", NULL},
+        {"head_dim", MS_ARG_INT, false, "the kv_pool's head_dim (dense: required)", NULL},
+        {"kv_heads", MS_ARG_INT, false, "the kv_pool's kv_heads (dense: q_heads)", NULL},
         {"window", MS_ARG_INT_OR_NONE, false, "none", NULL},
         {"scale", MS_ARG_FLOAT, false, "1 / sqrt(head_dim)", NULL},
         {"soft_cap", MS_ARG_FLOAT, false, "0.0 (off)", NULL},
@@ -1554,6 +1558,67 @@ static void check_values(sema *s, const ms_resource *r) {
     }
 }
 
+/* True for an argument written as `true` (a literal). */
+static bool arg_is_true(const ms_ast_expr *e) { return e != NULL && e->kind == MS_EXPR_BOOL && e->bval; }
+
+/*
+ * Dense forms: in a node without a kv_pool, `attention(q_heads = H, head_dim = D)` attends over
+ * the step's own K/V rows, bidirectionally within each segment (nothing is stored, so there is no
+ * causal order to keep and no window to release), and `positions(table = W)` numbers each
+ * segment's rows from 0. In a node with a kv_pool both must name it, and the paged attention
+ * takes its head_dim and kv_heads from the pool.
+ */
+static void check_dense(sema *s, const ms_node *node, ms_resource **list, int count) {
+    const ms_resource *pool = NULL;
+    for (int i = 0; i < count; i++)
+        if (list[i]->kind == MS_RESOURCE_KV && pool == NULL)
+            pool = list[i];
+    for (int i = 0; i < count; i++) {
+        ms_resource *r = list[i];
+        const bool attn = r->kind == MS_RESOURCE_ATTN, pos = strcmp(r->spec->ctor, "positions") == 0;
+        if (!attn && !pos)
+            continue;
+        const ms_ast_expr *c = r->ast->ctor;
+        if (r->kv == NULL && pool != NULL) {
+            err(s, c->loc, "%s '%s' needs a kv_pool to work on: %s(%s, ...) (only in a node without a "
+                "kv_pool does it work on the step's own rows)", r->spec->ctor, r->name, r->spec->ctor,
+                pool->name);
+            continue;
+        }
+        if (attn && r->kv != NULL) {
+            static const char *const from_pool[] = {"head_dim", "kv_heads"};
+            for (size_t k = 0; k < MS_ARRAY_LEN(from_pool); k++) {
+                const ms_ast_expr *a = r->args[spec_key(r->spec, from_pool[k])];
+                if (a != NULL)
+                    err(s, a->loc, "attention '%s' reads %s from kv_pool '%s'; '%s' is for a dense "
+                        "attention (a node without a kv_pool)", r->name, from_pool[k], r->kv->name,
+                        from_pool[k]);
+            }
+            continue;
+        }
+        if (r->kv != NULL)
+            continue;
+        if (pos) {
+            const ms_ast_expr *sc = r->args[spec_key(r->spec, "scheme")];
+            if (sc != NULL && !(sc->kind == MS_EXPR_NAME && strcmp(sc->text, "sequential") == 0))
+                err(s, sc->loc, "positions '%s' without a kv_pool numbers each segment's rows from 0: "
+                    "only scheme = sequential", r->name);
+            continue;
+        }
+        if (r->args[spec_key(r->spec, "head_dim")] == NULL)
+            err(s, c->loc, "dense attention '%s' (no kv_pool) needs 'head_dim'", r->name);
+        const ms_ast_expr *ca = r->args[spec_key(r->spec, "causal")];
+        if (arg_is_true(ca))
+            err(s, ca->loc, "dense attention '%s' sees every row of its segment (nothing is stored, so "
+                "there is no causal order): causal attention needs a kv_pool", r->name);
+        const ms_ast_expr *wa = r->args[spec_key(r->spec, "window")];
+        if (wa != NULL && wa->kind != MS_EXPR_NONE)
+            err(s, wa->loc, "dense attention '%s' takes no window (a window masks a stream's history; "
+                "a dense segment has none)", r->name);
+    }
+    (void)node;
+}
+
 static void check_resources(sema *s, ms_node *node, const ms_ast_node *an) {
     int n = an->resources.n;
     ms_resource **list = NEWN(s, ms_resource *, n);
@@ -1677,6 +1742,7 @@ static void check_resources(sema *s, ms_node *node, const ms_ast_node *an) {
         if (r->spec->kind == MS_RESOURCE_KV && r->n_deps > 0)
             err(s, c->loc, "kv_pool '%s' takes no resource arguments", r->name);
     }
+    check_dense(s, node, list, count);
     for (int i = 0; i < count; i++)
         check_values(s, list[i]);
     /* windowed retention releases old pages: every attention over that pool must mask to a window */
@@ -2017,6 +2083,8 @@ static fval method_call(sema *s, ms_ast_expr *e, const ms_resource *r, const cha
             const ms_ast_expr *hd = res_head_dim(r);
             const ms_ast_expr *qh = res_arg_plain(r, "q_heads");
             const ms_ast_expr *kvh = r->kv != NULL ? res_arg_plain(r->kv, "kv_heads") : NULL;
+            if (r->kind == MS_RESOURCE_ATTN && r->kv == NULL) /* dense: its own kv_heads or q_heads */
+                kvh = res_arg_plain(r, "kv_heads") != NULL ? res_arg_plain(r, "kv_heads") : qh;
             const ms_ast_expr *qdim = mul_dims(s, qh, hd);
             const ms_ast_expr *kvdim = mul_dims(s, kvh, hd);
             if (r->kind == MS_RESOURCE_SCRATCH) {
@@ -2657,6 +2725,15 @@ static void check_record(sema *s, ms_step_decl *d, const ms_ast_step_item *it) {
             ms_strbuf_free(&b);
             continue;
         }
+        if ((r->kind == MS_RESOURCE_POS || r->kind == MS_RESOURCE_ATTN) && r->kv == NULL &&
+            (strcmp(f->name, "advance") == 0 || strcmp(f->name, "explicit") == 0 ||
+             (strcmp(f->name, "causal") == 0 && arg_is_true(f->value)))) {
+            err(s, f->name_loc, "step '%s': %s '%s' has no kv_pool (it works on the step's own rows): "
+                "%s", d->name, r->spec->ctor, r->name,
+                strcmp(f->name, "causal") == 0 ? "it is not causal"
+                                               : "its positions restart at 0 every step (no advance, no explicit ids)");
+            continue;
+        }
         if (strcmp(f->name, "commit") == 0)
             bool_literal(s, f, &rec->commit);
         else if (strcmp(f->name, "causal") == 0)
@@ -2763,8 +2840,10 @@ static void check_step(sema *s, ms_node *node, ms_step_decl *d) {
         d->recs[r].resource = node->resources[r];
         d->recs[r].commit = true;
         const ms_ast_expr *causal = res_arg_plain(node->resources[r], "causal");
-        d->recs[r].causal = node->resources[r]->kind != MS_RESOURCE_ATTN || causal == NULL ||
-                            causal->kind != MS_EXPR_BOOL || causal->bval;
+        /* the attention's own default: causal, a dense attention (no kv_pool) not */
+        const bool dense = node->resources[r]->kind == MS_RESOURCE_ATTN && node->resources[r]->kv == NULL;
+        d->recs[r].causal = node->resources[r]->kind != MS_RESOURCE_ATTN ||
+                            (causal == NULL ? !dense : causal->kind != MS_EXPR_BOOL || causal->bval);
     }
     int n_seg = 0;
     for (int i = 0; i < as->items.n; i++) {

@@ -251,8 +251,10 @@ if [ -n "${MS_GPU_BUNDLE:-}" ]; then
     } >"$OUT/prefix.log" 2>&1
     summary+=("$(printf '%-14s %s' prefix "$(tail -n 1 "$OUT/prefix.log")")")
     # Whisper (encoder node, cross-attention decoder) on the GPU: hf/whisper_tiny's reference
-    # input_features through `transcribe`, greedy ids on cuda against the bf16 CPU run's
+    # input_features through `transcribe`, greedy ids on cuda against the bf16 CPU run's; the
+    # window twice, so one encoder step runs the dense attention (attn_dense) over 2 segments
     wt=(transcribe --model "$b/fixtures/hf/whisper_tiny" --features
+        "$b/fixtures/hf/whisper_tiny/reference.safetensors:input_features" --features
         "$b/fixtures/hf/whisper_tiny/reference.safetensors:input_features" --prompt 3
         --max-new-tokens 20)
     {

@@ -8,6 +8,7 @@ TEMPLATE_FILES += templates/common/paged_kv.cuh
 TEMPLATE_FILES += templates/common/mma.cuh
 TEMPLATE_FILES += templates/attn/decode.cuh
 TEMPLATE_FILES += templates/attn/prefill.cuh
+TEMPLATE_FILES += templates/attn/dense.cuh
 TEMPLATE_FILES += templates/rope/rope_kv.cuh
 TEMPLATE_FILES += templates/norm/rmsnorm.cuh
 TEMPLATE_FILES += templates/act/silu_mul.cuh

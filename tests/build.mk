@@ -181,6 +181,7 @@ ifeq ($(HAVE_CUDA),1)
 TESTS += tests/test_codegen_kernels
 endif
 $(BUILD)/tests/test_codegen_kernels: | $(BUILD)/gen/llama/llama_gen.c
+$(BUILD)/tests/test_codegen_kernels: | $(BUILD)/gen/whisper/whisper_gen.c
 TESTS += tests/test_codegen
 TESTS += tests/test_engine_desc
 TESTS += tests/test_tokenizer_hf

@@ -408,6 +408,28 @@ if run "whisper build" 0 "$mstarc" build models/whisper.mstar -o "$tmp/whisper" 
         fail "whisper build: no cross-attention over a->cross_batch, no guarded context write, or a kernel instance missing"
     fi
 fi
+# the encoder's dense attention (no kv_pool: tests/codegen/whisper_encoder.mstar): misuse that
+# checks clean but mstarc build does not lower is refused with file:line:col
+refused_enc() {
+    local name=$1 script=$2 regex=$3 src="$root/tests/codegen/whisper_encoder.mstar"
+    sed -e "$script" "$src" >"$tmp/$name.mstar"
+    if cmp -s "$tmp/$name.mstar" "$src"; then fail "refused $name: the edit did not apply"; return; fi
+    if run "refused $name" 1 "$mstarc" build "$tmp/$name.mstar" -o "$tmp/$name" --emit-only; then
+        if grep -Eq "^mstarc: error: .*/$name.mstar:[0-9]+:[0-9]+: $regex" "$tmp/err" && [ ! -e "$tmp/$name" ]; then
+            ok
+        else
+            fail "refused $name: $(cat "$tmp/err")"
+        fi
+    fi
+}
+refused_enc enc_kv_pool 's/resource pos = positions(table = pos_table);/resource kv = kv_pool(layers = encoder_layers, kv_heads = encoder_attention_heads, head_dim = head_dim); resource pos = positions(kv, table = pos_table);/; s/resource attn = attention(q_heads = encoder_attention_heads, head_dim = head_dim);/resource attn = attention(kv, pos, q_heads = encoder_attention_heads, causal = false);/' \
+    "node 'encoder' returns hidden states \(no sampler\) and keeps nothing: mstarc build lowers it with a dense attention, so drop kv_pool 'kv'"
+refused_enc enc_sampler '/resource attn = /a resource smp = sampler(vocab = d_model);' \
+    "node 'encoder' has no kv_pool \(a dense attention\): mstarc build lowers it as an encoder returning hidden rows, without a sampler"
+refused_enc enc_two_segments 's/segments main += max_source_positions;/labels_two; segments main += max_source_positions, extra += 1;/; s/labels_two;//; s/    node encoder {/    node encoder {\n        labels extra;/' \
+    "step 'encode': a node without a kv_pool runs one step of one segment per request \(its window\)"
+refused_enc enc_capture 's/segments main += max_source_positions;/segments main += max_source_positions; capture batch in [1 .. 4];/' \
+    "step 'encode': a dense node's step runs eager \(no capture\)"
 # a config parameter named like a C keyword or macro: refused with the way out (was a failing C
 # compile of 'c->while')
 sed -e 's/\bvocab\b/while/g' -e 's/(while = while)/(vocab = while)/' "$root/tests/codegen/tiny.mstar" >"$tmp/kw.mstar"

@@ -15,6 +15,10 @@
  *   test_backend_cuda (q and P rounded to 16 bits on the tensor cores); then one query per clip
  *   over the same 1500 keys (the decoder's cross-attention shape: a decode plan with split KV,
  *   no KV write) 1e-2, as decode there.
+ * Dense attention (attention_dense: the encoder's attention over its step's own rows, no pages)
+ * over three 1500-row windows (8 heads of 64) and ragged GQA segments, f32 on both sides, 1e-4
+ * (__expf and a warp-tree dot product against expf and a sequential one);
+ * its instances (head_dim 16, 48, 64, 128) compile for sm_80 and sm_90.
  * Every misc kernel instance (bf16, f16: the dtypes misc takes; the entries of
  * templates/misc/encoder.cuh among them) is also compiled with NVRTC for sm_80 and sm_90 and its entries looked up in the cubin.
  *
@@ -213,6 +217,36 @@ static void test_misc_instances_compile(void **state) {
             ms_free(src);
         }
     }
+}
+
+/* the encoder's dense attention (attn/dense.cuh): head_dim 16 (Whisper tiny's fixture), 48 (not
+ * a multiple of 32: masked lanes), 64 (Whisper base), 128 */
+static void test_dense_instances_compile(void **state) {
+    (void)state;
+    const char *c = getenv("MS_KERNEL_CACHE_TEST");
+    const char *cache = c != NULL && c[0] ? c : "build/kernel-cache-test";
+    const int hds[] = {16, 48, 64, 128}, archs[] = {80, 90};
+    for (size_t h = 0; h < MS_ARRAY_LEN(hds); h++) {
+        ms_kernel_spec s = ms_kernel_spec_attn_dense(hds[h]);
+        ms_error err = {0};
+        char uri[MS_KERNEL_URI_MAX], *src = NULL;
+        OK(ms_kernel_spec_uri(&s, 0, uri, sizeof uri, &err));
+        OK(ms_kernel_spec_instance_source(&s, &src, &err));
+        for (size_t a = 0; a < MS_ARRAY_LEN(archs); a++) {
+            ms_cubin cb = {0};
+            if (ms_nvrtc_compile(uri, src, archs[a], cache, &cb, &err) != MS_OK)
+                fail_msg("%s sm_%d: %s", uri, archs[a], err.msg);
+            assert_true(has_bytes(cb.data, cb.size, ms_kernel_op_entry(s.op, 0)));
+            printf("  %s_sm%d (%s)\n", uri, archs[a], cb.from_cache ? "cached" : "compiled");
+            ms_nvrtc_cubin_free(&cb);
+        }
+        ms_free(src);
+    }
+    /* head_dim outside the template's range is refused by name */
+    ms_kernel_spec bad = ms_kernel_spec_attn_dense(512);
+    ms_error err = {0};
+    assert_int_equal(ms_kernel_spec_check(&bad, &err), MS_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.msg, "attn_dense: head_dim 512 unsupported (1 .. 256)"));
 }
 
 /* ---- LayerNorm, GELU ---- */
@@ -491,6 +525,69 @@ static void test_encoder_attention(void **state) {
     run_encoder_attention(MS_DTYPE_BF16);
 }
 
+/* ---- dense attention over the step's own rows (attention_dense: no pages) ---- */
+
+/* n_seg segments of lens[] rows, hq query heads over hkv KV heads of hd: q, k and v are column
+ * views of one fused [n, (hq + 2 hkv) hd] buffer, as the encoder's Q/K/V GEMMs give them. */
+static void run_dense_attention(const int32_t *lens, int n_seg, int hq, int hkv, int hd,
+                                double tol) {
+    ms_error err = {0};
+    int n = 0;
+    for (int i = 0; i < n_seg; i++)
+        n += lens[i];
+    const int W = (hq + 2 * hkv) * hd;
+    float *hqkv = rand_host((size_t)n * W, 1.f, 0.f);
+    both qkv = both_alloc((size_t)n * W * 4, hqkv);
+    both out = both_alloc((size_t)n * hq * hd * 4, NULL);
+    for (int which = 0; which < 2; which++) {
+        ms_backend *be = be_of(which);
+        ms_dense_batch *db = NULL;
+        OK(ms_dense_batch_init(be, n_seg, n, &db, &err));
+        OK(ms_dense_batch_stage(be, db, lens, n_seg, &err));
+        ms_tensor a = on(&qkv, which, ms_tensor_2d(NULL, MS_DTYPE_F32, n, W));
+        ms_tensor q2 = ms_tensor_slice(&a, 1, 0, hq * hd);
+        ms_tensor k2 = ms_tensor_slice(&a, 1, hq * hd, hkv * hd);
+        ms_tensor v2 = ms_tensor_slice(&a, 1, (hq + hkv) * hd, hkv * hd);
+        ms_tensor q = ms_tensor_split_heads(&q2, hq, hd), k = ms_tensor_split_heads(&k2, hkv, hd);
+        ms_tensor v = ms_tensor_split_heads(&v2, hkv, hd);
+        ms_tensor o = on(&out, which, ms_tensor_3d(NULL, MS_DTYPE_F32, n, hq, hd));
+        ms_attn_params ap = {1.f / sqrtf((float)hd), 0, false};
+        if (be->iface.attention_dense(be->ctx, &q, &k, &v, db, &ap, &o, &err) != MS_OK)
+            fail_msg("attention_dense (%s): %s", be->iface.name, err.msg);
+        /* refusals on the device side too: a causal mask, a window */
+        ap.causal = true;
+        assert_int_equal(be->iface.attention_dense(be->ctx, &q, &k, &v, db, &ap, &o, &err),
+                         MS_ERR_INVALID_ARG);
+        ap.causal = false;
+        ap.window = 8;
+        assert_int_equal(be->iface.attention_dense(be->ctx, &q, &k, &v, db, &ap, &o, &err),
+                         MS_ERR_INVALID_ARG);
+        OK(be->iface.synchronize(be->ctx, &err));
+        ms_dense_batch_free(be, db);
+    }
+    char what[96];
+    snprintf(what, sizeof what, "attention_dense %d segments, %d rows, %d/%d heads of %d", n_seg,
+             n, hq, hkv, hd);
+    compare(what, &out, (size_t)n * hq * hd, tol);
+    both_free(&qkv);
+    both_free(&out);
+    free(hqkv);
+}
+
+static void test_dense_attention(void **state) {
+    (void)state;
+    /* three Whisper base windows in one step (f32 on both sides: only the exp and the summation
+       order differ) */
+    static const int32_t base[] = {1500, 1500, 1500};
+    run_dense_attention(base, 3, ENC_H, ENC_H, ENC_HD, 1e-4);
+    /* ragged segments, GQA, other head sizes (a one-row segment sees only itself) */
+    static const int32_t ragged[] = {37, 1, 200, 64};
+    run_dense_attention(ragged, 4, 8, 2, 32, 1e-4);
+    run_dense_attention(ragged, 4, 4, 4, 128, 1e-4);
+    run_dense_attention(ragged, 4, 4, 4, 16, 1e-4); /* Whisper tiny's fixture: 4 heads of 16 */
+    run_dense_attention(ragged, 4, 6, 3, 48, 1e-4); /* masked lanes */
+}
+
 /* ---- setup ---- */
 
 static int64_t g_live_at_setup;
@@ -549,6 +646,8 @@ int main(void) {
         cmocka_unit_test(test_conv1d_errors),
         cmocka_unit_test(test_linear_bias_and_positions),
         cmocka_unit_test(test_encoder_attention),
+        cmocka_unit_test(test_dense_instances_compile),
+        cmocka_unit_test(test_dense_attention),
     };
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

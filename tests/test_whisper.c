@@ -236,6 +236,84 @@ static void test_whisper_join(void **state) {
     ms_st_file_free(f);
 }
 
+/* The encoder step batches: three requests with different windows (the reference features, a
+ * scaled and shifted copy, the frames reversed) standing at the encoder run as ONE engine step
+ * of 3 segments (3 x 32 rows), and each then decodes exactly the ids it gives transcribed alone
+ * (window 0: the reference's). The random decoder greedily says the same ids for all three;
+ * that the windows' encoder rows differ, and equal each alone bitwise, test_whisper_encoder
+ * checks. */
+static void test_whisper_encode_batched(void **state) {
+    (void)state;
+    ms_st_file *f = ms_test_ref_open("hf/whisper_tiny");
+    size_t nf, ns, ng;
+    float *feat = ms_test_ref_tensor(f, "input_features", false, &nf);
+    int32_t *start = ms_test_ref_tensor(f, "decoder_start_ids", true, &ns);
+    int32_t *greedy = ms_test_ref_tensor(f, "greedy_ids", true, &ng);
+    ms_engine *e = open_engine("hf/whisper_tiny", 6, 128);
+    float *in[3];
+    for (int k = 0; k < 3; k++) {
+        in[k] = ms_malloc(nf * sizeof(float));
+        assert_non_null(in[k]);
+    }
+    for (size_t c = 0; c < 80; c++)
+        for (size_t t = 0; t < 64; t++) {
+            in[0][c * 64 + t] = feat[c * 64 + t];
+            in[1][c * 64 + t] = 0.5f * feat[c * 64 + t] + 0.25f;
+            in[2][c * 64 + t] = feat[c * 64 + (63 - t)];
+        }
+    ms_error err = {0};
+    ms_engine_transcript alone[3];
+    for (int k = 0; k < 3; k++) {
+        alone[k] = (ms_engine_transcript){.features = in[k], .n_channels = 80, .n_frames = 64,
+                                          .prompt = start, .n_prompt = (int32_t)ns,
+                                          .max_new_tokens = (int32_t)ng};
+        if (ms_engine_transcribe(e, &alone[k], 1, &err) != MS_OK)
+            fail_msg("transcribe window %d alone: %s", k, err.msg);
+    }
+    ms_rid rid[3];
+    for (int k = 0; k < 3; k++) {
+        ms_engine_request rq = {.prompt = start, .n_prompt = (int32_t)ns,
+                                .max_new_tokens = (int32_t)ng, .sampling = ms_sampling_greedy(),
+                                .features = in[k], .n_feature_channels = 80,
+                                .n_feature_frames = 64};
+        if (ms_engine_add(e, &rq, &rid[k], &err) != MS_OK)
+            fail_msg("add window %d: %s", k, err.msg);
+    }
+    ms_engine_step_info info;
+    if (ms_engine_step(e, &info, &err) != MS_OK)
+        fail_msg("encode step: %s", err.msg);
+    assert_int_equal(info.n_seqs, 3); /* every window in one forward */
+    assert_int_equal(info.n_tokens, 3 * 32);
+    int guard = 0;
+    while (ms_engine_n_active(e) > 0 && guard++ < 200)
+        if (ms_engine_step(e, NULL, &err) != MS_OK)
+            fail_msg("step: %s", err.msg);
+    for (int k = 0; k < 3; k++) {
+        const int32_t *ids;
+        int32_t n;
+        assert_int_equal(ms_engine_output(e, rid[k], &ids, &n, NULL), MS_OK);
+        assert_int_equal(n, alone[k].n_ids);
+        for (int32_t j = 0; j < n; j++)
+            if (ids[j] != alone[k].ids[j])
+                fail_msg("window %d id %d: %d batched, %d alone", k, (int)j, (int)ids[j],
+                         (int)alone[k].ids[j]);
+        ms_engine_remove(e, rid[k]);
+    }
+    for (int32_t j = 0; j < alone[0].n_ids && j < (int32_t)ng; j++)
+        assert_int_equal(alone[0].ids[j], greedy[j]);
+    printf("    3 windows encoded in one step (96 rows), each decodes its ids alone (%d, %d, %d)\n",
+           (int)alone[0].n_ids, (int)alone[1].n_ids, (int)alone[2].n_ids);
+    for (int k = 0; k < 3; k++) {
+        ms_free(alone[k].ids);
+        ms_free(in[k]);
+    }
+    ms_engine_free(e);
+    ms_free(feat);
+    ms_free(start);
+    ms_free(greedy);
+    ms_st_file_free(f);
+}
+
 /* Run the transcribe verb with argv, its stdout into out[cap]; returns its exit status. */
 static int run_verb(int argc, char **argv, char *out, size_t cap) {
     char path[] = "/tmp/ms_whisper_cli_XXXXXX";
@@ -376,6 +454,7 @@ int main(void) {
         ms_unit_test(test_whisper_tiny),
         ms_unit_test(test_whisper_transcribe),
         ms_unit_test(test_whisper_join),
+        ms_unit_test(test_whisper_encode_batched),
         ms_unit_test(test_whisper_cli),
         ms_unit_test(test_whisper_base),
     };

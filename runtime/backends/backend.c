@@ -151,3 +151,74 @@ ms_status ms_backend_rope_kv_write(const ms_backend *b, ms_tensor *q, ms_tensor 
     MS_TRY(b->iface.rope(b->ctx, q, k, pos, rope, err));
     return b->iface.kv_write(b->ctx, kv, layer, k, v, batch, err);
 }
+
+/* ---- dense segments ---- */
+
+ms_status ms_dense_batch_init(const ms_backend *b, int32_t max_seqs, int32_t max_tokens,
+                              ms_dense_batch **out, ms_error *err) {
+    *out = NULL;
+    if (b == NULL || max_seqs < 1 || max_tokens < 1 || max_seqs == INT32_MAX)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "dense batch: limits must be positive (max_seqs %d, max_tokens %d)",
+                       (int)max_seqs, (int)max_tokens);
+    ms_dense_batch *db = ms_calloc(1, sizeof *db);
+    if (db == NULL)
+        return MS_FAIL(err, MS_ERR_OOM, "out of memory for a dense batch");
+    db->max_seqs = max_seqs;
+    db->max_tokens = max_tokens;
+    const size_t bytes = ((size_t)max_seqs + 1) * sizeof(int32_t);
+    db->indptr_host = ms_calloc((size_t)max_seqs + 1, sizeof(int32_t));
+    ms_status st = db->indptr_host != NULL
+                       ? b->iface.buffer_alloc(b->ctx, bytes, "dense.indptr",
+                                               (void **)&db->indptr, err)
+                       : MS_FAIL(err, MS_ERR_OOM, "out of memory for a dense batch");
+    if (st == MS_OK)
+        st = b->iface.copy_to_backend(b->ctx, db->indptr, db->indptr_host, bytes, err);
+    if (st != MS_OK) {
+        ms_dense_batch_free(b, db);
+        return st;
+    }
+    *out = db;
+    return MS_OK;
+}
+
+ms_status ms_dense_batch_stage(const ms_backend *b, ms_dense_batch *db, const int32_t *lens,
+                               int32_t n_seqs, ms_error *err) {
+    if (db == NULL || (lens == NULL && n_seqs > 0) || n_seqs < 0)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "dense batch: nothing to stage");
+    if (n_seqs > db->max_seqs)
+        return MS_FAIL(err, MS_ERR_CAPACITY,
+                       "dense batch: %d segments, the batch holds %d (max_seqs)", (int)n_seqs,
+                       (int)db->max_seqs);
+    int64_t n = 0;
+    int32_t longest = 0;
+    for (int32_t i = 0; i < n_seqs; i++) {
+        if (lens[i] < 1)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG, "dense batch: segment %d has %d rows "
+                           "(at least 1)", (int)i, (int)lens[i]);
+        n += lens[i];
+        if (n > db->max_tokens)
+            return MS_FAIL(err, MS_ERR_CAPACITY,
+                           "dense batch: %lld rows over %d segments, the batch holds %d "
+                           "(max_tokens)", (long long)n, (int)(i + 1), (int)db->max_tokens);
+        longest = MS_MAX(longest, lens[i]);
+    }
+    db->indptr_host[0] = 0;
+    for (int32_t i = 0; i < n_seqs; i++)
+        db->indptr_host[i + 1] = db->indptr_host[i] + lens[i];
+    MS_TRY(b->iface.copy_to_backend(b->ctx, db->indptr, db->indptr_host,
+                                    ((size_t)n_seqs + 1) * sizeof(int32_t), err));
+    db->n_seqs = n_seqs;
+    db->n_tokens = (int32_t)n;
+    db->max_len = longest;
+    return MS_OK;
+}
+
+void ms_dense_batch_free(const ms_backend *b, ms_dense_batch *db) {
+    if (db == NULL)
+        return;
+    if (b != NULL && db->indptr != NULL)
+        b->iface.buffer_free(b->ctx, db->indptr);
+    ms_free(db->indptr_host);
+    ms_free(db);
+}

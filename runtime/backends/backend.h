@@ -222,6 +222,48 @@ typedef struct ms_attn_batch {
     void *impl;                /* backend-private (split-KV schedule, host mirrors); may be NULL */
 } ms_attn_batch;
 
+/* ---- dense segments (attention without pages) ---- */
+
+/*
+ * The segments of one dense step (a node without a kv_pool, e.g. the Whisper encoder): every
+ * segment's query rows are also its keys and values, so attention needs only the segments' row
+ * offsets. Segment i holds the packed rows [indptr[i], indptr[i+1]); a row attends to the rows
+ * of its own segment and to no other (CSR over the step's rows, like ms_attn_batch.qo_indptr,
+ * with no page table, no pages and no write addresses).
+ * Made once for the worst case by ms_dense_batch_init (one small backend buffer), restaged every
+ * step by ms_dense_batch_stage at the same address (graph-stable), released by
+ * ms_dense_batch_free.
+ */
+typedef struct ms_dense_batch {
+    int32_t max_seqs;   /* capacity: segments per step */
+    int32_t max_tokens; /* capacity: rows per step (indptr[n_seqs]) */
+    int32_t n_seqs;     /* segments staged */
+    int32_t n_tokens;   /* indptr[n_seqs] */
+    int32_t max_len;    /* longest staged segment (rows) */
+    int32_t *indptr;    /* backend memory [max_seqs + 1], indptr[0] == 0, strictly increasing */
+    int32_t *indptr_host; /* [max_seqs + 1] host mirror of the staged offsets */
+} ms_dense_batch;
+
+struct ms_backend;
+
+/*
+ * Make a dense batch for up to max_seqs segments and max_tokens rows (both > 0): one backend
+ * buffer of max_seqs + 1 int32 (named "dense.indptr") and its host mirror. *out is owned by the
+ * caller (ms_dense_batch_free on the same backend). Errors: MS_ERR_INVALID_ARG, MS_ERR_OOM.
+ */
+ms_status ms_dense_batch_init(const struct ms_backend *b, int32_t max_seqs, int32_t max_tokens,
+                              ms_dense_batch **out, ms_error *err);
+/*
+ * Stage n_seqs segments of lens[i] rows each (host array, every length >= 1) into `db`: the
+ * offsets go to its fixed backend buffer (copy_to_backend), n_tokens and max_len are set.
+ * Allocates nothing. MS_ERR_CAPACITY names the limit (segments or rows) that is exceeded;
+ * MS_ERR_INVALID_ARG the first segment of no rows.
+ */
+ms_status ms_dense_batch_stage(const struct ms_backend *b, ms_dense_batch *db,
+                               const int32_t *lens, int32_t n_seqs, ms_error *err);
+/* Release a dense batch (NULL is a no-op). */
+void ms_dense_batch_free(const struct ms_backend *b, ms_dense_batch *db);
+
 /* ---- RoPE ---- */
 
 /* ORDER MS_ROPE_STYLE */
@@ -477,6 +519,25 @@ typedef struct ms_backend_i {
                      ms_error *err);
 
     /* -- encoder ops (Whisper; optional for decoder-only models: NULL = MS_ERR_UNSUPPORTED) -- */
+
+    /*
+     * Dense self-attention over the step's own K/V rows (no pages, no pool; the Whisper encoder's
+     * bidirectional attention, HF WhisperAttention / eager_attention_forward without a mask):
+     * for segment i of `db` (rows [s0, s1) = [indptr[i], indptr[i+1])), query row t in it, query
+     * head h and KV head g = h / (hq / hkv):
+     *     s_k = scale * dot(q[t, h, :], k[r, g, :]) for every row r in [s0, s1);
+     *     out[t, h, :] = sum_r softmax(s)_r v[r, g, :]   (max-subtracted online softmax in f32,
+     *     keys in row order: the paged `attention` of a non-causal view over the same rows gives
+     *     the same numbers when the arena is f32).
+     * Not causal, no window (params->causal must be false and params->window 0: a masked dense
+     * form does not exist; MS_ERR_INVALID_ARG says so). A row never sees another segment's rows.
+     * q, out [db->n_tokens, hq, d] f32; k, v [db->n_tokens, hkv, d] f32 (hq % hkv == 0; views of
+     * a fused QKV output are fine); out may not alias q, k or v. The CUDA backend runs the
+     * attn_dense template instance (templates/attn/dense.cuh) for d (f32 activations).
+     */
+    ms_status (*attention_dense)(void *ctx, const ms_tensor *q, const ms_tensor *k,
+                                 const ms_tensor *v, const ms_dense_batch *db,
+                                 const ms_attn_params *params, ms_tensor *out, ms_error *err);
 
     /*
      * LayerNorm over the last dimension (torch.nn.LayerNorm, biased variance):

@@ -1174,6 +1174,131 @@ static ms_status cpu_attention(void *ctx, const ms_tensor *q, const ms_paged_kv 
     return MS_OK;
 }
 
+/* ---- dense attention (the step's own K/V rows, no pages) ---- */
+
+typedef struct dense_job {
+    const ms_tensor *q, *k, *v, *out;
+    const ms_dense_batch *db;
+    const ms_attn_params *p;
+    int32_t group;   /* query heads per KV head */
+    int32_t hkv, d;
+    int64_t n_items; /* n_tokens * n_kv_heads */
+    int32_t n_tasks;
+} dense_job;
+
+/* Segment of packed row t (binary search over the host offsets). */
+static int32_t dense_seg_of(const ms_dense_batch *db, int32_t t) {
+    int32_t lo = 0, hi = db->n_seqs - 1;
+    while (lo < hi) {
+        int32_t mid = (lo + hi + 1) / 2;
+        if (db->indptr[mid] <= t)
+            lo = mid;
+        else
+            hi = mid - 1;
+    }
+    return lo;
+}
+
+/* One (row, KV head) item per iteration: the same online softmax, key order and head chunks as
+ * attn_task, over the rows of the item's segment. */
+static void dense_task(void *arg, int32_t task, int32_t thread) {
+    (void)thread;
+    const dense_job *j = arg;
+    const int32_t d = j->d, hkv = j->hkv;
+    float acc[MS_CPU_ATTN_HEAD_CHUNK][MS_CPU_MAX_HEAD_DIM];
+    float m[MS_CPU_ATTN_HEAD_CHUNK], l[MS_CPU_ATTN_HEAD_CHUNK], s[MS_CPU_ATTN_HEAD_CHUNK];
+    int64_t lo, hi;
+    task_range(j->n_items, j->n_tasks, task, &lo, &hi);
+    for (int64_t item = lo; item < hi; item++) {
+        int32_t t = (int32_t)(item / hkv), g = (int32_t)(item % hkv);
+        int32_t i = dense_seg_of(j->db, t);
+        int32_t r0 = j->db->indptr[i], r1 = j->db->indptr[i + 1];
+        for (int32_t h0 = 0; h0 < j->group; h0 += MS_CPU_ATTN_HEAD_CHUNK) {
+            int32_t nh = MS_MIN(MS_CPU_ATTN_HEAD_CHUNK, j->group - h0);
+            const float *qh[MS_CPU_ATTN_HEAD_CHUNK];
+            for (int32_t h = 0; h < nh; h++) {
+                qh[h] = (const float *)j->q->data + t * j->q->stride[0] +
+                        (int64_t)(g * j->group + h0 + h) * d;
+                m[h] = -INFINITY;
+                l[h] = 0.0f;
+                memset(acc[h], 0, (size_t)d * sizeof(float));
+            }
+            for (int32_t r = r0; r < r1; r++) {
+                const float *kr = (const float *)j->k->data + r * j->k->stride[0] +
+                                  (int64_t)g * d;
+                for (int32_t h = 0; h < nh; h++)
+                    s[h] = dot_f32(qh[h], kr, d) * j->p->scale;
+                const float *vr = (const float *)j->v->data + r * j->v->stride[0] +
+                                  (int64_t)g * d;
+                for (int32_t h = 0; h < nh; h++) {
+                    if (s[h] > m[h]) {
+                        float corr = expf(m[h] - s[h]); /* 0 when m was -inf */
+                        l[h] *= corr;
+                        for (int32_t x = 0; x < d; x++)
+                            acc[h][x] *= corr;
+                        m[h] = s[h];
+                    }
+                    float e = expf(s[h] - m[h]);
+                    l[h] += e;
+                    for (int32_t x = 0; x < d; x++)
+                        acc[h][x] += e * vr[x];
+                }
+            }
+            for (int32_t h = 0; h < nh; h++) {
+                float *o = (float *)j->out->data + t * j->out->stride[0] +
+                           (int64_t)(g * j->group + h0 + h) * d;
+                float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
+                for (int32_t x = 0; x < d; x++)
+                    o[x] = acc[h][x] * inv;
+            }
+        }
+    }
+}
+
+static ms_status cpu_attention_dense(void *ctx, const ms_tensor *q, const ms_tensor *k,
+                                     const ms_tensor *v, const ms_dense_batch *db,
+                                     const ms_attn_params *p, ms_tensor *out, ms_error *err) {
+    cpu_ctx *c = ctx;
+    static const char *op = "attention_dense";
+    if (db == NULL || db->indptr == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: dense batch missing", op);
+    MS_TRY(check_tensor(op, "q", q, 3, 3, F32_ONLY, err));
+    MS_TRY(check_tensor(op, "k", k, 3, 3, F32_ONLY, err));
+    MS_TRY(check_tensor(op, "v", v, 3, 3, F32_ONLY, err));
+    MS_TRY(check_tensor(op, "out", out, 3, 3, F32_ONLY, err));
+    MS_TRY(check_same_shape(op, "q", q, "out", out, err));
+    MS_TRY(check_same_shape(op, "k", k, "v", v, err));
+    if (p == NULL || !(p->scale > 0.0f) || p->causal || p->window != 0)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: params missing or bad (scale > 0, not "
+                       "causal, no window: dense attention sees its whole segment)", op);
+    if (q->shape[0] != db->n_tokens || k->shape[0] != db->n_tokens ||
+        q->shape[2] != k->shape[2] || q->shape[2] > MS_CPU_MAX_HEAD_DIM ||
+        q->shape[1] % k->shape[1] != 0)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "%s: q [%lld, %lld, %lld] and k [%lld, %lld, %lld] must be [n_tokens %d, "
+                       "heads (a multiple of k's), head_dim <= %d]", op, (long long)q->shape[0],
+                       (long long)q->shape[1], (long long)q->shape[2], (long long)k->shape[0],
+                       (long long)k->shape[1], (long long)k->shape[2], (int)db->n_tokens,
+                       MS_CPU_MAX_HEAD_DIM);
+    if (out->data == q->data || out->data == k->data || out->data == v->data)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: out may not alias q, k or v", op);
+    /* the offsets live in backend memory, which is host memory here: check them */
+    if (db->n_seqs < 1 || db->indptr[0] != 0 || db->indptr[db->n_seqs] != db->n_tokens)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: dense batch of %d segments does not cover "
+                       "its %d rows", op, (int)db->n_seqs, (int)db->n_tokens);
+    for (int32_t i = 0; i < db->n_seqs; i++)
+        if (db->indptr[i + 1] <= db->indptr[i])
+            return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: segment %d is empty or its offsets "
+                           "decrease", op, (int)i);
+    dense_job j = {q, k, v, out, db, p, (int32_t)(q->shape[1] / k->shape[1]),
+                   (int32_t)k->shape[1], (int32_t)q->shape[2],
+                   (int64_t)db->n_tokens * k->shape[1], 0};
+    int64_t work = MS_MAX((int64_t)db->max_len * j.group * j.d, 1);
+    j.n_tasks = n_tasks_for(c, j.n_items, MS_MAX(65536 / work, 1));
+    ms_threadpool_run(c->pool, j.n_tasks, dense_task, &j);
+    return MS_OK;
+}
+
 /* ---- logits: row gather, argmax, sampling ---- */
 
 static ms_status cpu_gather_rows(void *ctx, const ms_tensor *x, const ms_tensor *rows,
@@ -1318,6 +1443,7 @@ ms_status ms_backend_cpu_init(ms_backend *out, const ms_backend_cpu_options *opt
     f->kv_write = cpu_kv_write;
     f->rope_kv_write = cpu_rope_kv_write;
     f->attention = cpu_attention;
+    f->attention_dense = cpu_attention_dense;
     f->silu_mul = cpu_silu_mul;
     f->add = cpu_add;
     f->layer_norm = cpu_layer_norm;

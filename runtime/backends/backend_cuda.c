@@ -918,6 +918,62 @@ static ms_status cu_rope_kv_write(void *ctx, ms_tensor *q, ms_tensor *k, const m
     return rope_kv_common(ctx, "rope_kv_write", q, k, v, pos, rope, kv, layer, batch, err);
 }
 
+/* Dense attention (backend.h attention_dense): the attn_dense instance for q's head_dim over
+ * float32 rows; the segment offsets are the dense batch's device buffer (staged by
+ * ms_dense_batch_stage; their values are checked there, on the host). */
+static ms_status cu_attention_dense(void *ctx, const ms_tensor *q, const ms_tensor *k,
+                                    const ms_tensor *v, const ms_dense_batch *db,
+                                    const ms_attn_params *ap, ms_tensor *out, ms_error *err) {
+    cuda_ctx *c = ctx;
+    static const char *op = "attention_dense";
+    MS_TRY(check_t(op, "q", q, 3, 3, DT_F32, err));
+    MS_TRY(check_t(op, "k", k, 3, 3, DT_F32, err));
+    MS_TRY(check_t(op, "v", v, 3, 3, DT_F32, err));
+    MS_TRY(check_t(op, "out", out, 3, 3, DT_F32, err));
+    if (db == NULL || db->indptr == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: dense batch missing", op);
+    if (ap == NULL || !(ap->scale > 0.0f) || ap->causal || ap->window != 0)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: params missing or bad (scale > 0, not "
+                       "causal, no window: dense attention sees its whole segment)", op);
+    const int64_t n = q->shape[0], hq = q->shape[1], hd = q->shape[2], hkv = k->shape[1];
+    if (n != db->n_tokens || k->shape[0] != n || v->shape[0] != n || out->shape[0] != n ||
+        out->shape[1] != hq || out->shape[2] != hd || v->shape[1] != hkv || k->shape[2] != hd ||
+        v->shape[2] != hd || hq % hkv != 0 || (hq > 1 && q->stride[1] != hd) ||
+        (hq > 1 && out->stride[1] != hd) || (hkv > 1 && (k->stride[1] != hd || v->stride[1] != hd)))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "%s: q/out [n_tokens %d, hq, d] and k/v [n_tokens, hkv, d] with hq a "
+                       "multiple of hkv and packed heads (got q [%lld, %lld, %lld], k [%lld, "
+                       "%lld, %lld])", op, (int)db->n_tokens, (long long)n, (long long)hq,
+                       (long long)hd, (long long)k->shape[0], (long long)hkv,
+                       (long long)k->shape[2]);
+    if (out->data == q->data || out->data == k->data || out->data == v->data)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: out may not alias q, k or v", op);
+    const int64_t qs = n > 1 ? q->stride[0] : hq * hd, os = n > 1 ? out->stride[0] : hq * hd;
+    const int64_t ks = n > 1 ? k->stride[0] : hkv * hd, vs = n > 1 ? v->stride[0] : hkv * hd;
+    if (!fits_int(n) || !fits_int(qs) || !fits_int(os) || !fits_int(ks) || !fits_int(vs))
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "%s: dimensions beyond int32", op);
+    ms_kernel_spec s = ms_kernel_spec_attn_dense((int)hd);
+    ms_cuda_module *m;
+    MS_TRY(get_module(c, &s, &m, err));
+    ms_attn_dense_params p;
+    memset(&p, 0, sizeof p);
+    p.q = q->data;
+    p.k = k->data;
+    p.v = v->data;
+    p.o = out->data;
+    p.indptr = db->indptr;
+    p.n_seqs = db->n_seqs;
+    p.n_tokens = (int)n;
+    p.n_q_heads = (int)hq;
+    p.n_kv_heads = (int)hkv;
+    p.q_stride = (int)qs;
+    p.k_stride = (int)ks;
+    p.v_stride = (int)vs;
+    p.o_stride = (int)os;
+    p.scale = ap->scale;
+    return ms_cuda_attn_dense_launch(m, &p, c->stream, err);
+}
+
 static ms_status cu_attention(void *ctx, const ms_tensor *q, const ms_paged_kv *kv, int32_t layer,
                               const ms_attn_batch *batch, const ms_attn_params *ap,
                               ms_tensor *out, ms_error *err) {
@@ -1470,6 +1526,7 @@ ms_status ms_backend_cuda_init(ms_backend *out, const ms_backend_cuda_options *o
     f->kv_write = cu_kv_write;
     f->rope_kv_write = cu_rope_kv_write;
     f->attention = cu_attention;
+    f->attention_dense = cu_attention_dense;
     f->silu_mul = cu_silu_mul;
     f->add = cu_add;
     f->gather_rows = cu_gather_rows;

@@ -260,6 +260,30 @@ ms_status ms_cuda_rmsnorm_heads_launch(const ms_cuda_module *m, const ms_rmsnorm
     return launch(m, 0, (unsigned)blocks, 1, 1, MS_RMSNORM_THREADS, &copy, stream, err);
 }
 
+ms_status ms_cuda_attn_dense_launch(const ms_cuda_module *m, const ms_attn_dense_params *p,
+                                    cudaStream_t stream, ms_error *err) {
+    MS_TRY(want_op(m, MS_KERNEL_OP_ATTN_DENSE, err));
+    const int hd = m->spec.head_dim;
+    if (p->n_seqs < 1 || p->n_tokens < 1 || p->n_kv_heads < 1 ||
+        p->n_q_heads % p->n_kv_heads != 0 || p->n_q_heads > 65535)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "%s: %d segments, %d rows, %d query heads over %d KV heads", m->uri,
+                       p->n_seqs, p->n_tokens, p->n_q_heads, p->n_kv_heads);
+    if ((int64_t)p->q_stride < (int64_t)p->n_q_heads * hd ||
+        (int64_t)p->o_stride < (int64_t)p->n_q_heads * hd ||
+        (int64_t)p->k_stride < (int64_t)p->n_kv_heads * hd ||
+        (int64_t)p->v_stride < (int64_t)p->n_kv_heads * hd)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "%s: row strides q %d, k %d, v %d, o %d are shorter than the heads", m->uri,
+                       p->q_stride, p->k_stride, p->v_stride, p->o_stride);
+    if (p->q == NULL || p->k == NULL || p->v == NULL || p->o == NULL || p->indptr == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: q, k, v, o and indptr are required", m->uri);
+    const int64_t rows_per_cta = MS_ATTN_DENSE_THREADS / 32;
+    ms_attn_dense_params copy = *p;
+    return launch(m, 0, (unsigned)MS_CEIL_DIV((int64_t)p->n_tokens, rows_per_cta),
+                  (unsigned)p->n_q_heads, 1, MS_ATTN_DENSE_THREADS, &copy, stream, err);
+}
+
 ms_status ms_cuda_silu_mul_launch(const ms_cuda_module *m, const ms_silu_mul_params *p,
                                   cudaStream_t stream, ms_error *err) {
     MS_TRY(want_op(m, MS_KERNEL_OP_SILU_MUL, err));

@@ -66,6 +66,11 @@ ms_status ms_cuda_rmsnorm_launch(const ms_cuda_module *m, const ms_rmsnorm_param
  * elements; grid ceil(tokens * heads / (MS_RMSNORM_THREADS / 32)), one warp per head. */
 ms_status ms_cuda_rmsnorm_heads_launch(const ms_cuda_module *m, const ms_rmsnorm_params *p,
                                        cudaStream_t stream, ms_error *err);
+/* Dense attention over the step's own K/V rows (templates/attn/dense.cuh): grid
+ * (ceil(n_tokens / (MS_ATTN_DENSE_THREADS / 32)), n_q_heads), one warp per (row, head); f32 rows
+ * of the instance's head_dim, indptr in device memory (not read on the host). */
+ms_status ms_cuda_attn_dense_launch(const ms_cuda_module *m, const ms_attn_dense_params *p,
+                                    cudaStream_t stream, ms_error *err);
 ms_status ms_cuda_silu_mul_launch(const ms_cuda_module *m, const ms_silu_mul_params *p,
                                   cudaStream_t stream, ms_error *err);
 ms_status ms_cuda_embed_launch(const ms_cuda_module *m, const ms_embed_params *p,

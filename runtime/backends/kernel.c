@@ -32,6 +32,7 @@ static const kernel_op_info op_info[MS_KERNEL_OP_COUNT] = {
      {"ms_convert", "ms_add", "ms_gather_rows", "ms_layer_norm", "ms_layer_norm_f32", "ms_gelu",
       "ms_im2col", "ms_im2col_f32", "ms_bias_add", "ms_bias_add_f32"}},
     {"rmsnorm_heads", "norm/rmsnorm.cuh", {"ms_rmsnorm_heads", NULL}},
+    {"attn_dense", "attn/dense.cuh", {"ms_attn_dense", NULL}},
 };
 
 /* ORDER MS_KERNEL_DTYPE */
@@ -106,6 +107,15 @@ ms_kernel_spec ms_kernel_spec_rmsnorm_heads(ms_kernel_dtype dt, int head_dim) {
     return s;
 }
 
+ms_kernel_spec ms_kernel_spec_attn_dense(int head_dim) {
+    ms_kernel_spec s = {0};
+    s.op = MS_KERNEL_OP_ATTN_DENSE;
+    s.dtype = MS_KERNEL_DTYPE_F32;
+    s.act_dtype = MS_KERNEL_DTYPE_F32;
+    s.head_dim = head_dim;
+    return s;
+}
+
 ms_kernel_spec ms_kernel_spec_rmsnorm(ms_kernel_dtype dt, bool add_residual) {
     ms_kernel_spec s = {0};
     s.op = MS_KERNEL_OP_RMSNORM;
@@ -138,10 +148,15 @@ ms_status ms_kernel_spec_check(const ms_kernel_spec *s, ms_error *err) {
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: unknown activation dtype %d", op,
                        (int)s->act_dtype);
     bool logits_op = s->op == MS_KERNEL_OP_ARGMAX || s->op == MS_KERNEL_OP_SAMPLE;
-    if ((logits_op || s->op == MS_KERNEL_OP_SILU_MUL) && s->act_dtype != s->dtype)
+    if ((logits_op || s->op == MS_KERNEL_OP_SILU_MUL || s->op == MS_KERNEL_OP_ATTN_DENSE) &&
+        s->act_dtype != s->dtype)
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: has one dtype (act_dtype must equal dtype)", op);
     bool f32_ok = logits_op || s->op == MS_KERNEL_OP_SILU_MUL || s->op == MS_KERNEL_OP_RMSNORM ||
                   s->op == MS_KERNEL_OP_EMBED || s->op == MS_KERNEL_OP_RMSNORM_HEADS;
+    if (s->op == MS_KERNEL_OP_ATTN_DENSE && s->dtype != MS_KERNEL_DTYPE_F32)
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "%s: dtype %s unsupported (f32 activations only)",
+                       op, dtype_names[s->dtype]);
+    f32_ok = f32_ok || s->op == MS_KERNEL_OP_ATTN_DENSE;
     if (!f32_ok && s->dtype == MS_KERNEL_DTYPE_F32)
         return MS_FAIL(err, MS_ERR_UNSUPPORTED, "%s: dtype f32 unsupported (bf16, f16)", op);
     bool paged = s->op == MS_KERNEL_OP_ATTN_DECODE || s->op == MS_KERNEL_OP_ATTN_PREFILL ||
@@ -180,6 +195,12 @@ ms_status ms_kernel_spec_check(const ms_kernel_spec *s, ms_error *err) {
         if (s->head_dim < 1 || s->head_dim > 1024)
             return MS_FAIL(err, MS_ERR_UNSUPPORTED,
                            "rmsnorm_heads: head_dim %d unsupported (1 .. 1024)", s->head_dim);
+        break;
+    case MS_KERNEL_OP_ATTN_DENSE:
+        /* lanes hold ceil(head_dim / 32) elements each in registers (templates/attn/dense.cuh) */
+        if (s->head_dim < 1 || s->head_dim > 256)
+            return MS_FAIL(err, MS_ERR_UNSUPPORTED,
+                           "attn_dense: head_dim %d unsupported (1 .. 256)", s->head_dim);
         break;
     default:
         break;
@@ -228,6 +249,7 @@ static ms_status spec_name(const ms_kernel_spec *s, int arch, bool with_shape, c
                          s->mrope ? "_mrope" : "", sm);
         break;
     case MS_KERNEL_OP_RMSNORM_HEADS:
+    case MS_KERNEL_OP_ATTN_DENSE:
         if (with_shape)
             n = snprintf(buf, cap, "%s_%s_hd%d%s", op, dt, s->head_dim, sm);
         else
@@ -327,6 +349,7 @@ static ms_status spec_body(const ms_kernel_spec *s, bool shape_macros, const cha
             emit(&b, "constexpr bool kMrope = true;\n");
         break;
     case MS_KERNEL_OP_RMSNORM_HEADS:
+    case MS_KERNEL_OP_ATTN_DENSE:
         emit(&b, "constexpr int kHeadDim = %s;\n", shape_macros ? "MS_HEAD_DIM" : hd);
         break;
     case MS_KERNEL_OP_RMSNORM:
@@ -360,6 +383,11 @@ static ms_status spec_body(const ms_kernel_spec *s, bool shape_macros, const cha
         emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_RMSNORM_THREADS)\n"
                  "ms_rmsnorm_heads(const ms_rmsnorm_params p) {\n"
                  "    ms::rmsnorm_heads<cfg::TA, cfg::T, cfg::kHeadDim>(p);\n}\n");
+        break;
+    case MS_KERNEL_OP_ATTN_DENSE:
+        emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_ATTN_DENSE_THREADS)\n"
+                 "ms_attn_dense(const ms_attn_dense_params p) {\n"
+                 "    ms::attn_dense<cfg::kHeadDim>(p);\n}\n");
         break;
     case MS_KERNEL_OP_RMSNORM:
         emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_RMSNORM_THREADS)\n"
@@ -453,6 +481,7 @@ ms_kernel_shape ms_kernel_op_shape(ms_kernel_op op) {
     case MS_KERNEL_OP_ROPE_KV:
         return MS_KERNEL_SHAPE_PAGED;
     case MS_KERNEL_OP_RMSNORM_HEADS:
+    case MS_KERNEL_OP_ATTN_DENSE:
         return MS_KERNEL_SHAPE_HEAD_DIM;
     default:
         return MS_KERNEL_SHAPE_NONE;
@@ -685,6 +714,7 @@ ms_status ms_kernel_specs_for_stems(const ms_kernel_model_shape *shape, const ch
     c[k++] = ms_kernel_spec_simple(MS_KERNEL_OP_SILU_MUL, MS_KERNEL_DTYPE_F32);
     c[k++] = ms_kernel_spec_simple(MS_KERNEL_OP_ARGMAX, MS_KERNEL_DTYPE_F32);
     c[k++] = ms_kernel_spec_simple(MS_KERNEL_OP_SAMPLE, MS_KERNEL_DTYPE_F32);
+    c[k++] = ms_kernel_spec_attn_dense(hd); /* an encoder's dense attention (f32) */
     int m = 0;
     for (int i = 0; i < k; i++) {
         /* the stem has no shape fields: take it at a shape every template supports, so a

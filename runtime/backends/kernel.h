@@ -44,6 +44,7 @@ typedef enum ms_kernel_op {
     MS_KERNEL_OP_MISC,            /* misc/elementwise.cuh: convert act->dtype, add, gather_rows;
                                      misc/encoder.cuh: layer_norm, gelu, im2col, bias_add */
     MS_KERNEL_OP_RMSNORM_HEADS,   /* norm/rmsnorm.cuh: per-head RMSNorm (Qwen3 q_norm / k_norm) */
+    MS_KERNEL_OP_ATTN_DENSE,      /* attn/dense.cuh: attention over the step's own K/V rows */
     MS_KERNEL_OP_COUNT
 } ms_kernel_op;
 
@@ -113,6 +114,10 @@ ms_kernel_spec ms_kernel_spec_rmsnorm(ms_kernel_dtype dt, bool add_residual);
  * shape-free source, like attention and rope_kv): stem rmsnorm_heads_bf16_af32, URI
  * rmsnorm_heads_bf16_hd48_af32. */
 ms_kernel_spec ms_kernel_spec_rmsnorm_heads(ms_kernel_dtype dt, int head_dim);
+/* Dense attention (a node without a kv_pool, Whisper's encoder) over float32 q/k/v rows of
+ * head_dim elements per head (1 .. 256): dtype and act_dtype F32, head_dim is
+ * shape (MS_HEAD_DIM): stem attn_dense_f32, URI attn_dense_f32_hd64. */
+ms_kernel_spec ms_kernel_spec_attn_dense(int head_dim);
 /* op: MS_KERNEL_OP_SILU_MUL, _EMBED, _ARGMAX or _SAMPLE (dtype only). MISC: dtype is the
  * conversion target and the add / gather type is act_dtype (set it after the call). */
 ms_kernel_spec ms_kernel_spec_simple(ms_kernel_op op, ms_kernel_dtype dt);

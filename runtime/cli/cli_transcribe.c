@@ -18,6 +18,9 @@
 #include "tokenizer_hf.h"
 
 #define TR_MAX_WINDOWS MS_TRANSCRIBE_MAX_BATCH
+/* Windows one encoder step batches (ms_engine_options.encode_windows): Whisper base's encoder
+ * over 8 windows of 1500 rows holds about 0.5 GB of float32 activations. */
+#define TR_ENCODE_WINDOWS 8
 
 static const int32_t TR_DEFAULT_PROMPT[] = {50258, 50259, 50359, 50363};
 
@@ -250,8 +253,11 @@ int ms_cli_transcribe(int argc, char **argv, const ms_model_desc *desc, const ch
     o.model_path = model;
     o.device = device;
     o.n_threads = (int32_t)threads;
-    o.max_seqs = 3 * n_win; /* a Whisper request: the encoder's stream, the ids, the context */
+    o.max_seqs = 2 * n_win; /* a Whisper request: the ids and the context (its encoder step
+                               keeps nothing: a dense attention) */
     o.max_tokens = 2048;    /* a prompt and 1500 context rows in one step */
+    /* the windows' encoder passes in one forward (up to TR_ENCODE_WINDOWS at a time) */
+    o.encode_windows = n_win < TR_ENCODE_WINDOWS ? n_win : TR_ENCODE_WINDOWS;
     if (ms_engine_init(&e, desc, &o, &err) != MS_OK) {
         fprintf(stderr, "%s: %s\n", prog, err.msg);
         goto done;

@@ -193,6 +193,15 @@ typedef struct eng_node {
        nd->kv views its buffer, nd->attn.batch stages its plans (eng_scratch_init) */
     ms_scratch_kv_config scratch_cfg;
     ms_scratch_kv *scratch;       /* owned by the runner; NULL: not a scratch node */
+    /* [encoder] a node without a kv_pool (dense attention, eng_dense_init): no arena, pool or
+       runner; its step's segments (one window per request) go to the forward as dense_batch */
+    bool dense;
+    ms_dense_batch *dense_batch;  /* [max_windows] segments, backend-owned offsets */
+    ms_attn_params dense_params;  /* not causal, no window, the attention's scale */
+    int32_t max_windows;          /* windows one step batches: options.encode_windows, or the
+                                     whole windows max_tokens holds (codegen.c NW) */
+    int32_t dense_tokens;         /* rows of max_windows windows: the node's own token capacity
+                                     (its workspace layout, the step buffers are sized for it) */
 } eng_node;
 
 struct ms_engine {
@@ -228,6 +237,8 @@ struct ms_engine {
 
     /* per-step buffers (worst case: max_seqs rows, max_seqs views, max_tokens tokens) */
     int32_t max_seqs, max_tokens;
+    int32_t buf_tokens;           /* rows of the per-step token buffers: max_tokens, or a dense
+                                     node's windows when more ([encoder]) */
     int32_t max_out;              /* logits rows of a step: max_seqs, or max_tokens when a step
                                      returns every token's logits (a block step) */
     int32_t *out_rows_dev;        /* backend [max_tokens] 0, 1, 2, ...: the rows of a block step */
@@ -297,7 +308,15 @@ const char *ms_finish_reason_str(ms_finish_reason r) {
 
 const ms_md_facts *ms_engine_facts(const ms_engine *e) { return &e->facts; }
 const char *ms_engine_device(const ms_engine *e) { return e->be.iface.name; }
-int32_t ms_engine_page_size(const ms_engine *e) { return e->nodes[0].kv.page_size; }
+/* The page size of the first node with KV pages (a dense encoder node has none). */
+static int32_t eng_page_size(const ms_engine *e) {
+    for (int32_t i = 0; i < e->n_nodes; i++)
+        if (!e->nodes[i].dense)
+            return e->nodes[i].kv.page_size;
+    return 0;
+}
+
+int32_t ms_engine_page_size(const ms_engine *e) { return eng_page_size(e); }
 
 ms_status ms_engine_synchronize(ms_engine *e, ms_error *err) {
     return e->be.iface.synchronize(e->be.ctx, err);
@@ -370,6 +389,8 @@ int32_t ms_engine_stream_length(const ms_engine *e, ms_rid rid, ms_label label) 
     ms_md_walk_item it = ms_walk_item(e->desc, r->walk);
     int32_t node = it.node >= 0 ? it.node : 0;
     ms_kv_stream_info si;
+    if (e->nodes[node].pool == NULL) /* [encoder] a dense node keeps no stream */
+        return -1;
     if (ms_kv_pool_stream_info(e->nodes[node].pool, rid, label, &si) != MS_OK)
         return -1;
     return si.stored;
@@ -726,7 +747,7 @@ static ms_status eng_weights_init(ms_engine *e, ms_error *err) {
 /* [graphs] whether the engine makes the captured path (graph_exec.h modes): models of one node
  * only (a walk across nodes, e.g. Whisper's encoder then decoder, runs eager). */
 static bool eng_graphs_wanted(const ms_engine *e) {
-    if (e->n_nodes != 1)
+    if (e->n_nodes != 1 || e->nodes[0].dense) /* [encoder] a dense node runs eager */
         return false;
     if (e->opt.graphs == MS_GRAPHS_PADDED)
         return true;
@@ -972,6 +993,61 @@ static ms_status eng_runner_init(ms_engine *e, eng_node *nd, ms_error *err) {
     return ms_step_runner_init(&nd->runner, specs, d->n_resources, err);
 }
 
+/* ---- [encoder] dense nodes ---- */
+
+/* A node without a kv_pool or a scratch: its attention reads the step's own K/V rows
+   (attention_dense). */
+static bool eng_node_is_dense(const ms_md_node *d) {
+    for (int32_t i = 0; i < d->n_resources; i++)
+        if (d->resources[i].kind == MS_RESOURCE_KV || d->resources[i].kind == MS_RESOURCE_SCRATCH)
+            return false;
+    return true;
+}
+
+/*
+ * A dense node: the engine runs it as an encoder (a shaped input in, every row's hidden state
+ * out, one step of one segment per window) with nothing per request: no page arena, no pool, no
+ * step runner. It owns one dense batch (the segments' offsets) sized for the windows one step
+ * holds.
+ */
+static ms_status eng_dense_init(ms_engine *e, eng_node *nd, ms_error *err) {
+    const ms_md_node *d = nd->node;
+    for (int k = 0; k < MS_RESOURCE_KIND_COUNT; k++)
+        nd->idx[k] = -1;
+    for (int32_t i = 0; i < d->n_resources; i++)
+        nd->idx[d->resources[i].kind] = i;
+    if (d->hidden_width == NULL || d->input_shape == NULL || d->n_steps != 1 ||
+        nd->idx[MS_RESOURCE_ATTN] < 0 || nd->idx[MS_RESOURCE_SAMPLER] >= 0 ||
+        nd->idx[MS_RESOURCE_CROSS] >= 0)
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED,
+                       "model %s: node %s has no kv_pool: the engine runs such a node as an "
+                       "encoder (a shaped input, hidden rows out, one step, a dense attention, "
+                       "no sampler or cross resource)", e->desc->name, d->name);
+    const ms_md_facts *fa = &nd->facts;
+    if (fa->max_context < 1 || fa->head_dim < 1 || fa->n_q_heads < 1)
+        return MS_FAIL(err, MS_ERR_FORMAT,
+                       "model %s: node %s: window of %d rows, head_dim %d, %d query heads under "
+                       "this config (all must be positive)", e->desc->name, d->name,
+                       (int)fa->max_context, (int)fa->head_dim, (int)fa->n_q_heads);
+    nd->dense = true;
+    nd->context_label = -1;
+    nd->pos_cfg.n_axes = 1; /* one position stream: each window's rows from 0 */
+    const int32_t want = e->opt.encode_windows;
+    if (want < 0 || want > e->max_seqs || (int64_t)want * fa->max_context > INT32_MAX / 4)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "encode_windows %d: node %s batches 1 to max_seqs (%d) windows of %d rows "
+                       "(0: what max_tokens holds)", (int)want, d->name, (int)e->max_seqs,
+                       (int)fa->max_context);
+    nd->max_windows = want > 0 ? want
+                               : MS_MAX(1, MS_MIN(e->max_seqs, e->max_tokens / fa->max_context));
+    nd->dense_tokens = nd->max_windows * fa->max_context;
+    nd->dense_params = (ms_attn_params){
+        .scale = fa->attn_scale > 0.0f ? fa->attn_scale : 1.0f / sqrtf((float)fa->head_dim),
+        .window = 0,
+        .causal = false};
+    return ms_dense_batch_init(&e->be, nd->max_windows, nd->dense_tokens, &nd->dense_batch, err);
+}
+
 /* The model's CUDA kernel instances at this checkpoint's shape, loaded once (backend.h
  * kernels_load): no step compiles or looks up an instance it was not built with. Backends
  * without the entry (CPU) and descriptors listing no kernels load nothing here. */
@@ -980,7 +1056,7 @@ static ms_status eng_kernels_init(ms_engine *e, ms_error *err) {
         return MS_OK;
     ms_kernel_spec specs[MS_MD_MAX_KERNEL_SPECS];
     int n = 0;
-    MS_TRY(ms_md_kernel_specs(e->desc, &e->facts, e->nodes[0].kv.page_size, specs,
+    MS_TRY(ms_md_kernel_specs(e->desc, &e->facts, eng_page_size(e), specs,
                               MS_MD_MAX_KERNEL_SPECS, &n, err));
     /* [scratch] a node of another shape (a code predictor: its heads, its frame as the page
        size) adds its own instances of the same stems */
@@ -1025,13 +1101,20 @@ static ms_status eng_buffers_init(ms_engine *e, ms_error *err) {
     /* [prompt logprobs] every prompt row of such a request's prefill returns its logits */
     e->plp_rows = MS_MIN(MS_MAX(e->opt.prompt_logprobs_rows, 0), e->max_tokens);
     e->max_out = MS_MAX(e->max_out, e->max_seqs + e->plp_rows);
-    const size_t V = (size_t)fa->vocab, S = (size_t)e->max_out, T = (size_t)e->max_tokens;
+    /* [encoder] a dense node's step holds its own windows' rows (eng_dense_init) */
+    e->buf_tokens = e->max_tokens;
+    for (int32_t i = 0; i < e->n_nodes; i++)
+        if (e->nodes[i].dense)
+            e->buf_tokens = MS_MAX(e->buf_tokens, e->nodes[i].dense_tokens);
+    const size_t V = (size_t)fa->vocab, S = (size_t)e->max_out, T = (size_t)e->buf_tokens;
     /* one workspace, the largest node's: the nodes' steps run one at a time */
     e->workspace_bytes = 0;
     for (int32_t i = 0; i < e->n_nodes; i++)
         e->workspace_bytes = MS_MAX(e->workspace_bytes,
-                                    e->nodes[i].node->workspace_size(e->config, e->max_tokens,
-                                                                     e->max_out));
+                                    e->nodes[i].node->workspace_size(
+                                        e->config, e->nodes[i].dense ? e->nodes[i].dense_tokens
+                                                                     : e->max_tokens,
+                                        e->max_out));
     MS_TRY(eng_alloc(e, e->workspace_bytes, "forward.workspace", &e->workspace, err));
     MS_TRY(eng_alloc(e, T * sizeof(int32_t), "step.tokens", (void **)&e->tokens_dev, err));
     MS_TRY(eng_alloc(e, (size_t)n_axes * T * sizeof(int32_t), "step.positions",
@@ -1057,7 +1140,13 @@ static ms_status eng_buffers_init(ms_engine *e, ms_error *err) {
             if (rows < 1 || cols < 1 || rows > INT32_MAX / cols)
                 return MS_FAIL(err, MS_ERR_FORMAT, "model %s: node %s: input of %lld x %lld",
                                e->desc->name, nd->name, (long long)rows, (long long)cols);
-            e->input_cap = MS_MAX(e->input_cap, rows * cols);
+            /* [encoder] a dense node's step stages the inputs of all its windows */
+            const int64_t nw = e->nodes[i].dense ? e->nodes[i].max_windows : 1;
+            if (rows * cols > INT32_MAX / nw)
+                return MS_FAIL(err, MS_ERR_FORMAT, "model %s: node %s: %lld inputs of %lld x %lld",
+                               e->desc->name, nd->name, (long long)nw, (long long)rows,
+                               (long long)cols);
+            e->input_cap = MS_MAX(e->input_cap, nw * rows * cols);
         }
     }
     if (e->hidden_cap_width > 0)
@@ -1138,7 +1227,7 @@ static ms_status eng_buffers_init(ms_engine *e, ms_error *err) {
             return MS_FAIL(err, MS_ERR_OOM, "out of memory for the prompt logprobs buffers");
     }
     /* a step has at most max_seqs segments: a request takes one slot of max_seqs per stream */
-    return ms_md_step_build_init(&e->build, e->max_seqs, e->max_tokens, err);
+    return ms_md_step_build_init(&e->build, e->max_seqs, e->buf_tokens, err);
 }
 
 static ms_status eng_graphs_init(ms_engine *e, ms_error *err); /* [graphs], end of file */
@@ -1203,6 +1292,10 @@ static ms_status eng_init(ms_engine **out, const ms_model_desc *desc,
         nd->facts = e->facts;
         if (nd->node->facts != NULL)
             st = nd->node->facts(e->config, &nd->facts, err);
+        if (st == MS_OK && eng_node_is_dense(nd->node)) { /* [encoder] no pages, no runner */
+            st = eng_dense_init(e, nd, err);
+            continue;
+        }
         if (st == MS_OK)
             st = ms_md_check_facts(e->desc, &nd->facts, err);
         if (st == MS_OK)
@@ -1275,6 +1368,7 @@ void ms_engine_free(ms_engine *e) {
         ms_sample_res_free(nd->sampler);
         ms_free(nd->zeros);
         if (e->be.ctx != NULL) {
+            ms_dense_batch_free(&e->be, nd->dense_batch);
             if (nd->attn.batch != NULL)
                 e->be.iface.attn_batch_free(e->be.ctx, nd->attn.batch);
             if (nd->ctx_batch != NULL)
@@ -1385,6 +1479,28 @@ static int32_t eng_plp_rows(ms_engine *e, int32_t n_seg);  /* [prompt logprobs],
 static void eng_plp_collect(ms_engine *e, int32_t n_seg);  /* [prompt logprobs], end of file */
 static void eng_fork_poll(ms_engine *e);                          /* [fork], end of file */
 
+/* [encoder] The streams ms_walk_n_streams counts at the dense nodes of walk w: their step's
+ * labels, once per node. They hold nothing, so a request takes no slot of max_seqs for them. */
+static int32_t eng_walk_dense_streams(const ms_engine *e, int32_t w) {
+    const ms_md_walk *wk = &e->desc->walks[w];
+    bool counted[MS_MD_MAX_NODES] = {false};
+    int32_t n = 0;
+    for (int32_t i = 0; i < wk->n_items; i++) {
+        const ms_md_walk_item it = wk->items[i];
+        if (!e->nodes[it.node].dense || counted[it.node])
+            continue;
+        counted[it.node] = true;
+        bool seen[MS_MAX_LABELS] = {false};
+        const ms_md_step *s = &e->nodes[it.node].node->steps[it.step];
+        for (int32_t k = 0; k < s->n_segments; k++)
+            if (!seen[s->labels[k]]) {
+                seen[s->labels[k]] = true;
+                n++;
+            }
+    }
+    return n;
+}
+
 /* ms_engine_add, and ms_engine_fork's request (fork_of: the parent it waits for, 0 none). */
 static ms_status eng_add(ms_engine *e, const ms_engine_request *rq, ms_rid fork_of, ms_rid *rid,
                          ms_error *err) {
@@ -1476,7 +1592,8 @@ static ms_status eng_add(ms_engine *e, const ms_engine_request *rq, ms_rid fork_
     const bool own_ids = takes_ids && rq->position_ids == NULL;
     const int32_t n_axes_ids =
         rq->position_ids != NULL ? rq->n_position_axes : e->nodes[0].pos_cfg.n_axes;
-    int32_t n_streams = ms_walk_n_streams(e->desc, walk);
+    /* [encoder] a dense node's windows hold no stream (nothing is kept between steps) */
+    int32_t n_streams = ms_walk_n_streams(e->desc, walk) - eng_walk_dense_streams(e, walk);
     if (rq->prompt_logprobs) { /* [prompt logprobs] */
         if (e->plp_rows < 1)
             return MS_FAIL(err, MS_ERR_UNSUPPORTED, "prompt logprobs asked, but the engine keeps "
@@ -1559,6 +1676,8 @@ static ms_status eng_add(ms_engine *e, const ms_engine_request *rq, ms_rid fork_
     ms_status st = MS_OK;
     for (int32_t i = 0; i < e->n_nodes && st == MS_OK; i++) {
         const void *overrides[MS_MAX_RESOURCES] = {NULL};
+        if (e->nodes[i].dense)
+            continue; /* [encoder] no per-request state: its step keeps nothing */
         if (e->nodes[i].idx[MS_RESOURCE_SAMPLER] >= 0)
             overrides[e->nodes[i].idx[MS_RESOURCE_SAMPLER]] = &ss;
         st = ms_step_runner_ingest(e->nodes[i].runner, r->rid, overrides, err);
@@ -1760,7 +1879,8 @@ static ms_status eng_stage_cross(ms_engine *e, eng_node *nd, const ms_kv_plan_se
                        nd->node->labels[nd->context_label]);
     nd->ctx_rows = cp->n_tokens;
     if (cp->n_tokens > 0) {
-        const int64_t w = e->input_cap / e->max_tokens;
+        int64_t in_rows = 0, w = 0; /* the context rows' width: the node's input columns */
+        nd->node->input_shape(e->config, &in_rows, &w);
         int64_t at = 0;
         for (int32_t i = 0; i < b->step.n_segments; i++) {
             const ms_segment *sg = &b->segments[i];
@@ -2339,59 +2459,116 @@ ms_status ms_engine_run_rows(ms_engine *e, const char *node, const char *step_na
     return MS_OK;
 }
 
-/* The rows node nd (a node returning hidden states) gives for one shaped input: its one step
- * over a stream of this call alone (see ms_engine_encode). */
-static ms_status eng_encode(ms_engine *e, eng_node *nd, const float *input, int64_t n_channels,
-                            int64_t n_frames, float *out, int64_t cap, int64_t *n_rows,
-                            int64_t *width, ms_error *err) {
-    *n_rows = 0;
-    *width = 0;
-    if (nd->node->n_steps != 1)
-        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "encode: node %s has %d steps (one expected)",
-                       nd->node->name, (int)nd->node->n_steps);
-    int64_t rows = 0, cols = 0; /* as the forward reads it: [frames, channels] */
+/*
+ * [encoder] One step of dense node nd over n windows (items[i].input [channels, frames] each,
+ * channel-major): the generated step runner declares one segment per window, the inputs are
+ * staged token-major one after another, positions number each window's rows from 0, the dense
+ * batch carries the segments' offsets, and the forward runs once over all of them (eager). Each
+ * window's hidden rows go to its own out. Nothing is kept: no request state, no pages.
+ */
+static ms_status eng_encode_windows(ms_engine *e, eng_node *nd, ms_engine_encode_item *items,
+                                    int32_t n, ms_error *err) {
+    for (int32_t i = 0; i < n; i++)
+        items[i].n_rows = items[i].width = 0;
+    if (!nd->dense)
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "encode: node %s has a kv_pool (an encoder "
+                       "runs a dense attention)", nd->node->name);
+    if (n < 1 || n > nd->max_windows)
+        return MS_FAIL(err, MS_ERR_CAPACITY,
+                       "encode: %d windows in one step; node %s batches 1 to %d (options."
+                       "encode_windows, else the whole windows of max_tokens %d)", (int)n,
+                       nd->node->name, (int)nd->max_windows, (int)e->max_tokens);
+    int64_t rows = 0, cols = 0; /* one window as the forward reads it: [frames, channels] */
     nd->node->input_shape(e->config, &rows, &cols);
-    if (input == NULL || n_channels != cols || n_frames != rows)
-        return MS_FAIL(err, MS_ERR_INVALID_ARG,
-                       "encode: node %s takes input [%lld, %lld] (channels, frames), got "
-                       "[%lld, %lld]", nd->node->name, (long long)cols, (long long)rows,
-                       (long long)n_channels, (long long)n_frames);
+    for (int32_t i = 0; i < n; i++)
+        if (items[i].input == NULL || items[i].n_channels != cols || items[i].n_frames != rows)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                           "encode: window %d: node %s takes input [%lld, %lld] (channels, "
+                           "frames), got [%lld, %lld]", (int)i, nd->node->name, (long long)cols,
+                           (long long)rows, (long long)items[i].n_channels,
+                           (long long)items[i].n_frames);
     const ms_md_step *sd = &nd->node->steps[0];
-    ms_md_row row;
-    memset(&row, 0, sizeof row);
-    row.rid = e->next_rid++; /* a request of this call alone */
-    e->rows[0] = row;
-    e->row_reqs[0] = NULL;
-    e->rids[0] = row.rid;
-    MS_TRY(sd->run(e->config, e->rows, 1, &e->build, err));
-    const int32_t n_tok = e->build.n_tokens;
+    for (int32_t i = 0; i < n; i++) {
+        memset(&e->rows[i], 0, sizeof e->rows[i]);
+        e->rows[i].rid = e->next_rid++; /* a window of this step alone */
+    }
+    MS_TRY(sd->run(e->config, e->rows, n, &e->build, err));
+    const ms_step *st = &e->build.step;
+    if (st->n_segments != n)
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED,
+                       "encode: step %s of node %s declares %d segments for %d windows (one "
+                       "each)", sd->name, nd->node->name, (int)st->n_segments, (int)n);
+    int32_t *lens = e->ids_host; /* [max_seqs] scratch: n <= max_windows <= max_seqs */
     const int64_t w = nd->node->hidden_width(e->config);
-    if (n_tok < 1 || n_tok > e->max_tokens)
+    for (int32_t i = 0; i < n; i++) {
+        lens[i] = st->segments[i].span;
+        if (e->build.seg_row[i] != i || lens[i] < 1)
+            return MS_FAIL(err, MS_ERR_UNSUPPORTED,
+                           "encode: step %s of node %s: segment %d is not one window of rows",
+                           sd->name, nd->node->name, (int)i);
+        if (items[i].out == NULL || items[i].cap < (int64_t)lens[i] * w)
+            return MS_FAIL(err, MS_ERR_CAPACITY,
+                           "encode: window %d: node %s returns [%d, %lld], the output holds "
+                           "%lld floats", (int)i, nd->node->name, (int)lens[i], (long long)w,
+                           (long long)items[i].cap);
+    }
+    const int32_t n_tok = e->build.n_tokens;
+    if (n_tok > nd->dense_tokens)
         return MS_FAIL(err, MS_ERR_CAPACITY,
-                       "encode: step %s of node %s declares %d tokens (max_tokens %d: raise it)",
-                       sd->name, nd->node->name, (int)n_tok, (int)e->max_tokens);
-    if (out == NULL || cap < (int64_t)n_tok * w)
-        return MS_FAIL(err, MS_ERR_CAPACITY,
-                       "encode: node %s returns [%d, %lld], the output holds %lld floats",
-                       nd->node->name, (int)n_tok, (long long)w, (long long)cap);
-    /* token-major staging: input[c, t] -> input_host[t, c] */
-    for (int64_t t = 0; t < rows; t++)
-        for (int64_t c = 0; c < cols; c++)
-            e->input_host[t * cols + c] = input[c * rows + t];
+                       "encode: step %s of node %s declares %d tokens, its buffers hold %d",
+                       sd->name, nd->node->name, (int)n_tok, (int)nd->dense_tokens);
+    /* token-major staging, window after window: input[c, t] -> input_host[t, c] */
+    const int64_t per = rows * cols;
+    for (int32_t i = 0; i < n; i++)
+        for (int64_t t = 0; t < rows; t++)
+            for (int64_t c = 0; c < cols; c++)
+                e->input_host[i * per + t * cols + c] = items[i].input[c * rows + t];
     const ms_backend_i *f = &e->be.iface;
-    MS_TRY(f->copy_to_backend(e->be.ctx, e->input_dev, e->input_host,
-                              (size_t)(rows * cols) * sizeof(float), err));
-    memset(e->tokens_host, 0, (size_t)n_tok * sizeof(int32_t)); /* the forward reads no ids */
-    MS_TRY(ms_step_runner_ingest(nd->runner, row.rid, NULL, err));
-    ms_graph_step gs = {.step = 0, .n_real = 1, .n_rows = 1}; /* eager, unpadded */
-    ms_status st = eng_run_built(e, nd, sd, &gs, false, err);
-    if (st == MS_OK)
-        st = f->copy_to_host(e->be.ctx, out, e->hidden_dev,
-                             (size_t)n_tok * (size_t)w * sizeof(float), err);
-    ms_step_runner_remove(nd->runner, row.rid);
-    MS_TRY(st);
-    *n_rows = n_tok;
-    *width = w;
+    void *cx = e->be.ctx;
+    MS_TRY(f->copy_to_backend(cx, e->input_dev, e->input_host, (size_t)(n * per) * sizeof(float),
+                              err));
+    /* positions: each window's rows from 0 (staged through the token buffer, then the forward
+       reads no ids: zeros) */
+    for (int32_t i = 0, t = 0; i < n; i++)
+        for (int32_t j = 0; j < lens[i]; j++)
+            e->tokens_host[t++] = j;
+    MS_TRY(f->copy_to_backend(cx, e->pos_dev, e->tokens_host, (size_t)n_tok * sizeof(int32_t),
+                              err));
+    memset(e->tokens_host, 0, (size_t)n_tok * sizeof(int32_t));
+    MS_TRY(f->copy_to_backend(cx, e->tokens_dev, e->tokens_host,
+                              (size_t)n_tok * sizeof(int32_t), err));
+    MS_TRY(ms_dense_batch_stage(&e->be, nd->dense_batch, lens, n, err));
+    ms_tensor tokens = ms_tensor_1d(e->tokens_dev, MS_DTYPE_I32, n_tok);
+    ms_tensor pos = ms_tensor_1d(e->pos_dev, MS_DTYPE_I32, n_tok);
+    ms_tensor hidden = ms_tensor_2d(e->hidden_dev, MS_DTYPE_F32, n_tok, w);
+    ms_tensor input = ms_tensor_2d(e->input_dev, MS_DTYPE_F32, (int64_t)n * rows, cols);
+    ms_md_forward_args args = {
+        .be = &e->be,
+        .config = e->config,
+        .facts = &nd->facts,
+        .weights = e->weights,
+        .weight_offset = e->woff,
+        .dense = nd->dense_batch,
+        .tokens = &tokens,
+        .input = &input,
+        .positions = &pos,
+        .rope = &e->rope,
+        .attn = nd->dense_params,
+        .workspace = e->workspace,
+        .max_tokens = nd->dense_tokens, /* the node's layout capacity (eng_buffers_init) */
+        .max_seqs = e->max_out,
+        .logits = &hidden,
+    };
+    MS_TRY(nd->node->forward(&args, err));
+    for (int32_t i = 0, t = 0; i < n; i++) {
+        MS_TRY(f->copy_to_host(cx, items[i].out, e->hidden_dev + (size_t)t * (size_t)w,
+                               (size_t)lens[i] * (size_t)w * sizeof(float), err));
+        t += lens[i];
+    }
+    for (int32_t i = 0; i < n; i++) {
+        items[i].n_rows = lens[i];
+        items[i].width = w;
+    }
     return MS_OK;
 }
 
@@ -2405,11 +2582,10 @@ static eng_node *eng_encoder_node(ms_engine *e, const char *name) {
     return NULL;
 }
 
-ms_status ms_engine_encode(ms_engine *e, const char *node, const float *input, int64_t n_channels,
-                           int64_t n_frames, float *out, int64_t cap, int64_t *n_rows,
-                           int64_t *width, ms_error *err) {
-    *n_rows = 0;
-    *width = 0;
+ms_status ms_engine_encode_batch(ms_engine *e, const char *node, ms_engine_encode_item *items,
+                                 int32_t n_items, ms_error *err) {
+    for (int32_t i = 0; i < n_items && items != NULL; i++)
+        items[i].n_rows = items[i].width = 0;
     if (e->tpg != NULL) /* [tp] */
         return MS_FAIL(err, MS_ERR_UNSUPPORTED, "encode: not with tensor parallelism");
     eng_node *nd = eng_encoder_node(e, node);
@@ -2417,7 +2593,21 @@ ms_status ms_engine_encode(ms_engine *e, const char *node, const float *input, i
         return MS_FAIL(err, MS_ERR_NOT_FOUND,
                        "encode: model %s has no node '%s' reading a shaped input and returning "
                        "hidden states", e->desc->name, node != NULL ? node : "(null)");
-    return eng_encode(e, nd, input, n_channels, n_frames, out, cap, n_rows, width, err);
+    if (items == NULL && n_items > 0)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "encode: %d windows and no list",
+                       (int)n_items);
+    return eng_encode_windows(e, nd, items, n_items, err);
+}
+
+ms_status ms_engine_encode(ms_engine *e, const char *node, const float *input, int64_t n_channels,
+                           int64_t n_frames, float *out, int64_t cap, int64_t *n_rows,
+                           int64_t *width, ms_error *err) {
+    ms_engine_encode_item it = {.input = input, .n_channels = n_channels, .n_frames = n_frames,
+                                .out = out, .cap = cap};
+    ms_status st = ms_engine_encode_batch(e, node, &it, 1, err);
+    *n_rows = it.n_rows;
+    *width = it.width;
+    return st;
 }
 
 ms_status ms_engine_transcribe(ms_engine *e, ms_engine_transcript *items, int32_t n_items,
@@ -2485,36 +2675,53 @@ ms_status ms_engine_transcribe(ms_engine *e, ms_engine_transcript *items, int32_
 }
 
 /*
- * An engine step at a node returning hidden states (the walk's first item, ms_engine_add): the
- * first request standing there (arrival order) runs it over its features; its rows become the
- * context prompt of the next item's node, and its walk moves on (nothing is sampled).
+ * [encoder] An engine step at a node returning hidden states (the walk's first item,
+ * ms_engine_add): the requests standing there (arrival order, as many as one step batches:
+ * nd->max_windows) are encoded in ONE forward, a window each; each one's rows become the context
+ * prompt of its next item's node, and its walk moves on (nothing is sampled).
  */
 static ms_status eng_step_encode(ms_engine *e, eng_node *nd, ms_md_walk_item item,
                                  ms_engine_step_info *info, ms_error *err) {
-    eng_req *r = NULL;
-    for (size_t i = 0; i < e->n_reqs && r == NULL; i++) {
+    eng_req *batch[MS_TRANSCRIBE_MAX_BATCH];
+    ms_engine_encode_item items[MS_TRANSCRIBE_MAX_BATCH];
+    const int32_t lim = MS_MIN(nd->max_windows, MS_TRANSCRIBE_MAX_BATCH);
+    int32_t n = 0;
+    for (size_t i = 0; i < e->n_reqs && n < lim; i++) {
         ms_md_walk_item at = ms_walk_item(e->desc, e->reqs[i]->walk);
         if (e->reqs[i]->finish == MS_FINISH_NONE && at.node == item.node && at.step == item.step)
-            r = e->reqs[i];
+            batch[n++] = e->reqs[i];
     }
-    MS_ASSERT(r != NULL && r->features != NULL);
+    MS_ASSERT(n > 0);
     const int64_t w = nd->node->hidden_width(e->config);
     const int64_t cap = (int64_t)nd->facts.max_context * w;
-    r->context = ms_malloc((size_t)cap * sizeof(float));
-    if (r->context == NULL)
-        return MS_FAIL(err, MS_ERR_OOM, "out of memory for %lld context rows", (long long)cap);
-    int64_t rows = 0;
-    MS_TRY(eng_encode(e, nd, r->features, r->n_channels, r->n_frames, r->context, cap, &rows,
-                      &r->context_width, err));
-    ms_free(r->features); /* the features are not read again */
-    r->features = NULL;
-    r->n_context = (int32_t)rows;
-    ms_walk_advance(e->desc, &r->walk);
-    const eng_node *next = &e->nodes[ms_walk_item(e->desc, r->walk).node];
-    r->n_prompt[next->context_label] = r->n_context;
-    r->consumed[next->context_label] = 0;
+    for (int32_t k = 0; k < n; k++) {
+        eng_req *r = batch[k];
+        MS_ASSERT(r->features != NULL);
+        if (r->context == NULL)
+            r->context = ms_malloc((size_t)cap * sizeof(float));
+        if (r->context == NULL)
+            return MS_FAIL(err, MS_ERR_OOM, "out of memory for %lld context rows",
+                           (long long)cap);
+        items[k] = (ms_engine_encode_item){.input = r->features, .n_channels = r->n_channels,
+                                           .n_frames = r->n_frames, .out = r->context,
+                                           .cap = cap};
+    }
+    MS_TRY(eng_encode_windows(e, nd, items, n, err));
+    int32_t total = 0;
+    for (int32_t k = 0; k < n; k++) {
+        eng_req *r = batch[k];
+        ms_free(r->features); /* the features are not read again */
+        r->features = NULL;
+        r->n_context = (int32_t)items[k].n_rows;
+        r->context_width = items[k].width;
+        total += r->n_context;
+        ms_walk_advance(e->desc, &r->walk);
+        const eng_node *next = &e->nodes[ms_walk_item(e->desc, r->walk).node];
+        r->n_prompt[next->context_label] = r->n_context;
+        r->consumed[next->context_label] = 0;
+    }
     if (info != NULL)
-        *info = (ms_engine_step_info){.n_seqs = 1, .n_tokens = (int32_t)rows, .n_prefill = 0};
+        *info = (ms_engine_step_info){.n_seqs = n, .n_tokens = total, .n_prefill = 0};
     return MS_OK;
 }
 
@@ -2676,6 +2883,9 @@ size_t ms_engine_kv_bytes(const ms_engine *e) {
 }
 
 ms_status ms_engine_kv_copy(ms_engine *e, void *host, size_t bytes, ms_error *err) {
+    if (e->nodes[0].kv.data == NULL) /* [encoder] a dense node has no arena */
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "kv copy: node %s has no KV arena",
+                       e->nodes[0].node->name);
     if (host == NULL || bytes != ms_engine_kv_bytes(e))
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "kv copy: %zu bytes given, the arena has %zu",
                        bytes, ms_engine_kv_bytes(e));

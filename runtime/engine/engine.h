@@ -117,6 +117,10 @@ typedef struct ms_engine_options {
                                 Errors at init: tp outside 0..64, N not dividing the head or MLP
                                 counts (one line naming them), fewer than N GPUs, no NCCL. */
     const struct ms_tp_member *tp_member; /* set by the group for each rank's engine; NULL */
+    /* [encoder] (a node without a kv_pool: ms_engine_encode_batch, the encode step): */
+    int32_t encode_windows;  /* windows one encoder step batches, each a segment of its own
+                                (1 .. max_seqs); its buffers are sized for them apart from
+                                max_tokens; 0 = the whole windows max_tokens holds (at least 1) */
 } ms_engine_options;
 
 /* Defaults: device "cpu", page_size 0, max_seqs 8, max_tokens 2048, kv_pages 0, max_seq_len 0,
@@ -378,8 +382,9 @@ ms_status ms_engine_run_rows(ms_engine *e, const char *node, const char *step_na
  * Run node `node`'s forward over one shaped input (an encoder: log-mel features) and return its
  * hidden states: input [n_channels, n_frames] f32 host, channel-major as the model file declares
  * it (`forward encode(features: [num_mel_bins, n_frames])`, transformers' input_features[0]); the
- * engine stages it token-major, runs the node's one step (admit -> plan -> forward -> commit over
- * a stream of this call alone, removed after it: its KV pages return) and copies the rows to
+ * engine stages it token-major, runs the node's one step (its declared segment: one window; the
+ * node has no kv_pool, so nothing is admitted, kept or freed: a dense attention over the step's
+ * own rows) and copies the rows to
  * out [*n_rows, *width] f32 host (cap floats). Other requests are untouched. Errors:
  * MS_ERR_NOT_FOUND (no such node, or not one returning hidden states), MS_ERR_INVALID_ARG (the
  * input's shape is not the declared one), MS_ERR_CAPACITY (out too small, the step over
@@ -388,6 +393,26 @@ ms_status ms_engine_run_rows(ms_engine *e, const char *node, const char *step_na
 ms_status ms_engine_encode(ms_engine *e, const char *node, const float *input, int64_t n_channels,
                            int64_t n_frames, float *out, int64_t cap, int64_t *n_rows,
                            int64_t *width, ms_error *err);
+
+/* One window of ms_engine_encode_batch: its input in, its hidden rows out. */
+typedef struct ms_engine_encode_item {
+    const float *input;         /* [n_channels, n_frames] f32 host, channel-major */
+    int64_t n_channels, n_frames;
+    float *out;                 /* [n_rows, width] f32 host, the caller's (cap floats) */
+    int64_t cap;
+    int64_t n_rows, width;      /* out: the rows written (0 on error) */
+} ms_engine_encode_item;
+
+/*
+ * ms_engine_encode for several windows in ONE step of node `node` (a node without a kv_pool: its
+ * dense attention keeps each window's rows to themselves, so every window's rows equal what it
+ * gives encoded alone; bitwise on the CPU backend): items[0 .. n_items) in, each one's rows into
+ * its own out. At most the windows the workspace holds (max_seqs, and whole windows within
+ * max_tokens). Errors: MS_ERR_NOT_FOUND (no such node), MS_ERR_CAPACITY (too many windows, an
+ * out too small; naming the window), MS_ERR_INVALID_ARG (a window's input shape), the forward's.
+ */
+ms_status ms_engine_encode_batch(ms_engine *e, const char *node, ms_engine_encode_item *items,
+                                 int32_t n_items, ms_error *err);
 
 /* Most items ms_engine_transcribe runs as one wave (batch). */
 #define MS_TRANSCRIBE_MAX_BATCH 64
@@ -411,8 +436,9 @@ typedef struct ms_engine_transcript {
  * Greedy transcription of items[0 .. n_items) on a model whose walk starts at a node reading
  * features (models/whisper.mstar): each item is a request (ms_engine_request.features, its
  * prompt, greedy sampling, the model's eos ids stop it); as many as max_seqs takes (a Whisper
- * request holds 3 streams: the encoder's, the decoder's ids and its context) run as one wave:
- * encoded one by one, prefilled, then decoded as one batch; the next wave follows. The engine
+ * request holds 2 streams: the decoder's ids and its context; its dense encoder keeps none) run
+ * as one wave: encoded together (up to encode_windows per step), prefilled, then decoded as one
+ * batch; the next wave follows. The engine
  * must have no running requests (MS_ERR_STATE). Errors: ms_engine_add's (naming the item) and
  * ms_engine_step's; on error no item holds ids and every request is removed.
  */

@@ -404,7 +404,7 @@ ms_status ms_md_check_desc(const ms_model_desc *d, ms_error *err) {
 ms_status ms_md_check_facts(const ms_model_desc *d, const ms_md_facts *f, ms_error *err) {
     /* mstarc refuses these at check time or in the generated config_load; this keeps a descriptor
        from elsewhere from dividing by a zero page size (MS_CEIL_DIV in the KV sizing) */
-    if (f->page_size < 1)
+    if (f->page_size < 1 && !f->no_kv) /* a dense node has no pages */
         return MS_FAIL(err, MS_ERR_FORMAT,
                        "model %s: KV page size %d under this config is not positive (the "
                        "kv_pool's page_size)", d->name, (int)f->page_size);

@@ -207,6 +207,8 @@ typedef struct ms_md_facts {
                                M-RoPE sections (n_sections 0: one position stream) */
     int32_t window;         /* sliding window in tokens (attention mask and KV retention); 0 none */
     int32_t page_size;      /* default KV page size (the kv_pool's page_size argument) */
+    bool no_kv;             /* a node without a kv_pool (dense attention over its step's own
+                               rows): no pages, page_size 0 and kv_dtype unused */
     ms_dtype kv_dtype;      /* KV dtype the model asks for on a device backend (CPU uses f32) */
     float attn_scale;       /* attention(scale = ...): softmax scale; 0 = 1 / sqrt(head_dim) */
     /* sampler(temperature = ..., top_k = ..., top_p = ...): the request defaults (the CLI's
@@ -446,7 +448,11 @@ typedef struct ms_md_forward_args {
     const ms_tensor *weights;        /* read through ms_md_weight_get */
     const int32_t *weight_offset;    /* [n_weights] first tensor of entry w in `weights` */
     const ms_paged_kv *kv;           /* the KV page arena */
-    const ms_attn_batch *batch;      /* the step's staged plan (views, write addresses) */
+    const ms_attn_batch *batch;      /* the step's staged plan (views, write addresses); NULL
+                                        for a node without a kv_pool (dense below) */
+    const ms_dense_batch *dense;     /* a node without a kv_pool (an encoder): the step's
+                                        segments, one window each, for attention_dense; kv and
+                                        batch are NULL then. NULL for every other node */
     const ms_tensor *tokens;         /* [n_tokens] i32, backend memory, packed segment order */
     const ms_tensor *input;          /* a node's shaped input (ms_md_node.input_shape), token-
                                         major [rows, cols] f32 backend memory; NULL otherwise */

@@ -27,6 +27,7 @@
 #define MS_ARGMAX_THREADS 512        /* one CTA per row */
 #define MS_SAMPLE_THREADS 512        /* one CTA per row */
 #define MS_MISC_THREADS 256          /* grid-stride elementwise helpers */
+#define MS_ATTN_DENSE_THREADS 128    /* 4 warps, one (query row, head) each */
 
 /* Most M-RoPE position streams of rope_kv (the host's MS_ROPE_MAX_SECTIONS, backend.h). */
 #define MS_ROPE_KV_MAX_SECTIONS 4
@@ -133,6 +134,31 @@ typedef struct ms_rmsnorm_params {
     float eps;
     int n_heads;         /* per-head instances: heads per token row (n_rows counts tokens) */
 } ms_rmsnorm_params;
+
+/* ---- dense attention (no pages: the step's own K/V rows) ---- */
+
+/*
+ * Segment b holds the packed rows [indptr[b], indptr[b+1]) (indptr[0] == 0, indptr[n_seqs] ==
+ * n_tokens); query row t of segment b attends to K/V rows indptr[b] .. indptr[b+1] - 1, not
+ * causal, no window: out = softmax(scale * q k^T) v per query head h over KV head
+ * h / (n_q_heads / n_kv_heads). Everything is float32.
+ */
+typedef struct ms_attn_dense_params {
+    const void *q;       /* [n_tokens, n_q_heads, head_dim] f32, token row stride q_stride */
+    const void *k;       /* [n_tokens, n_kv_heads, head_dim] f32, token row stride k_stride */
+    const void *v;       /* [n_tokens, n_kv_heads, head_dim] f32, token row stride v_stride */
+    void *o;             /* [n_tokens, n_q_heads, head_dim] f32, token row stride o_stride */
+    const int *indptr;   /* [n_seqs + 1] segment offsets */
+    int n_seqs;
+    int n_tokens;
+    int n_q_heads;       /* = n_kv_heads * group */
+    int n_kv_heads;
+    int q_stride;        /* elements between token rows */
+    int k_stride;
+    int v_stride;
+    int o_stride;
+    float scale;         /* logit scale, 1 / sqrt(head_dim) for Whisper */
+} ms_attn_dense_params;
 
 /* ---- SiLU and multiply ---- */
 

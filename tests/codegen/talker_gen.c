@@ -1047,6 +1047,10 @@ static ms_status talker_code_predictor_forward(const ms_md_forward_args *a, ms_e
     float *ws = a->workspace;
     (void)be;
     (void)S;
+    if (a->input == NULL || a->input->shape[0] != (int64_t)(T) ||
+        a->input->shape[1] != (int64_t)(c->cp_hidden_size))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "node code_predictor: input rows must be [%lld, %lld] "
+                       "(token-major)", (long long)(T), (long long)(c->cp_hidden_size));
 
     if (a->input == NULL || a->input->shape[0] != T || a->input->shape[1] != (int64_t)(c->cp_hidden_size))
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "node code_predictor: input rows must be [%lld, %lld] "

@@ -95,11 +95,6 @@ static ms_status whisper_encoder_config_load(const ms_hf_config *hf, void *out, 
     MS_TRY(ms_md_cfg_check(hf, c->num_mel_bins > 0, err, "num_mel_bins (%lld) must be positive", (long long)c->num_mel_bins));
     MS_TRY(ms_md_cfg_check(hf, c->max_source_positions > 0, err, "max_source_positions (%lld) must be positive", (long long)c->max_source_positions));
     MS_TRY(ms_md_cfg_check(hf, c->max_position_embeddings > 0, err, "max_position_embeddings (%lld) must be positive", (long long)c->max_position_embeddings));
-    MS_TRY(ms_md_cfg_check(hf, c->encoder_attention_heads > 0 && c->encoder_attention_heads % c->encoder_attention_heads == 0, err,
-                           "encoder_attention_heads (%lld) is not a multiple of encoder_attention_heads (%lld)",
-                           (long long)(c->encoder_attention_heads), (long long)(c->encoder_attention_heads)));
-    MS_TRY(ms_md_cfg_check(hf, c->head_dim > 0 && c->head_dim % 2 == 0, err,
-                           "head_dim (%lld) must be positive and even", (long long)(c->head_dim)));
     return MS_OK;
 }
 
@@ -115,8 +110,8 @@ static ms_status whisper_encoder_encoder_facts(const void *config, ms_md_facts *
     out->vocab = (int32_t)0;
     out->max_context = (int32_t)(c->max_source_positions);
     out->window = 0;
-    out->page_size = (int32_t)16;
-    out->kv_dtype = MS_DTYPE_BF16;
+    out->page_size = 0; /* no KV pages (a dense node) */
+    out->no_kv = true;
     out->temperature = (float)1.0;
     out->top_k = (int32_t)0;
     out->top_p = (float)1.0;
@@ -528,26 +523,18 @@ static const char *const whisper_encoder_ignored[] = {
 
 /* the declared arguments as source text (messages, tools); the values the runtime uses
    come through facts */
-static const ms_md_arg whisper_encoder_encoder_kv_args[] = {
-    {"layers", "encoder_layers"},
-    {"kv_heads", "encoder_attention_heads"},
-    {"head_dim", "head_dim"},
-    {"page_size", "16"},
-    {"dtype", "bf16"},
-};
 static const ms_md_arg whisper_encoder_encoder_pos_args[] = {
     {"table", "pos_table"},
 };
 static const ms_md_arg whisper_encoder_encoder_attn_args[] = {
     {"q_heads", "encoder_attention_heads"},
-    {"causal", "false"},
+    {"head_dim", "head_dim"},
 };
 
 /* node encoder, in dependency order (the resource index of ms_step.records) */
 static const ms_md_resource whisper_encoder_encoder_resources[] = {
-    {"kv", MS_RESOURCE_KV, {NULL}, 0, whisper_encoder_encoder_kv_args, 5}, /* kv_pool(...) */
-    {"pos", MS_RESOURCE_POS, {"kv"}, 1, whisper_encoder_encoder_pos_args, 1}, /* positions(...) */
-    {"attn", MS_RESOURCE_ATTN, {"kv", "pos"}, 2, whisper_encoder_encoder_attn_args, 2}, /* attention(...) */
+    {"pos", MS_RESOURCE_POS, {NULL}, 0, whisper_encoder_encoder_pos_args, 1}, /* positions(...) */
+    {"attn", MS_RESOURCE_ATTN, {NULL}, 0, whisper_encoder_encoder_attn_args, 2}, /* attention(...) */
 };
 
 /* the node's stream labels (the ms_label values) */
@@ -561,9 +548,8 @@ static ms_status whisper_encoder_encoder_run_encode(const void *config, const ms
     ms_md_step_begin(b, "encode", rows);
     for (int32_t r = 0; r < n_rows; r++) /* main += max_source_positions */
         MS_TRY(ms_md_step_segment(b, r, 0, c->max_source_positions, 0, err));
-    ms_md_step_kv(b, 0, false, NULL, 0, NULL, 0, NULL, 0);
-    MS_TRY(ms_md_step_pos(b, 1, true, false, err));
-    ms_md_step_attn(b, 2, false);
+    MS_TRY(ms_md_step_pos(b, 0, true, false, err));
+    ms_md_step_attn(b, 1, false);
     return MS_OK;
 }
 
@@ -600,19 +586,23 @@ enum {
     B_ENCODER_H,
     B_ENCODER_WQ_WV,
     B_ENCODER_K,
+    B_ENCODER_ATTN,
     B_ENCODER_TMP3,
     B_ENCODER_COUNT
 };
 
 static size_t whisper_encoder_encoder_layout(const whisper_encoder_config *c, int32_t T, int32_t S, size_t *off) {
+    /* windows of a step: at most S, each of max_source_positions rows within the T tokens */
+    const int64_t NW = MS_MAX(1, MS_MIN((int64_t)S, (int64_t)T / (int64_t)(c->max_source_positions)));
     size_t sizes[B_ENCODER_COUNT];
-    sizes[B_ENCODER_TMP] = (size_t)(((c->n_frames) + 2 * (1) - (3)) / (1) + 1) * (size_t)(c->d_model); /* tmp */
-    sizes[B_ENCODER_TMP2] = (size_t)((((((c->n_frames) + 2 * (1) - (3)) / (1) + 1)) + 2 * (1) - (3)) / (2) + 1) * (size_t)(c->d_model); /* tmp */
+    sizes[B_ENCODER_TMP] = (size_t)NW * ((((c->n_frames) + 2 * (1) - (3)) / (1) + 1)) * (size_t)(c->d_model); /* tmp */
+    sizes[B_ENCODER_TMP2] = (size_t)NW * (((((((c->n_frames) + 2 * (1) - (3)) / (1) + 1)) + 2 * (1) - (3)) / (2) + 1)) * (size_t)(c->d_model); /* tmp */
     sizes[B_ENCODER_T] = (size_t)T * (size_t)(c->d_model); /* t */
-    sizes[B_ENCODER_H] = (size_t)((((((c->n_frames) + 2 * (1) - (3)) / (1) + 1)) + 2 * (1) - (3)) / (2) + 1) * (size_t)(c->d_model); /* h, t, h, t */
-    sizes[B_ENCODER_WQ_WV] = (size_t)((((((c->n_frames) + 2 * (1) - (3)) / (1) + 1)) + 2 * (1) - (3)) / (2) + 1) * (size_t)(c->qd + c->qd); /* wq_wv */
-    sizes[B_ENCODER_K] = (size_t)((((((c->n_frames) + 2 * (1) - (3)) / (1) + 1)) + 2 * (1) - (3)) / (2) + 1) * (size_t)(c->qd); /* k, attn */
-    sizes[B_ENCODER_TMP3] = (size_t)((((((c->n_frames) + 2 * (1) - (3)) / (1) + 1)) + 2 * (1) - (3)) / (2) + 1) * (size_t)(c->encoder_ffn_dim); /* tmp */
+    sizes[B_ENCODER_H] = (size_t)NW * (((((((c->n_frames) + 2 * (1) - (3)) / (1) + 1)) + 2 * (1) - (3)) / (2) + 1)) * (size_t)(c->d_model); /* h, t, h, t */
+    sizes[B_ENCODER_WQ_WV] = (size_t)NW * (((((((c->n_frames) + 2 * (1) - (3)) / (1) + 1)) + 2 * (1) - (3)) / (2) + 1)) * (size_t)(c->qd + c->qd); /* wq_wv */
+    sizes[B_ENCODER_K] = (size_t)NW * (((((((c->n_frames) + 2 * (1) - (3)) / (1) + 1)) + 2 * (1) - (3)) / (2) + 1)) * (size_t)(c->qd); /* k */
+    sizes[B_ENCODER_ATTN] = (size_t)NW * (((((((c->n_frames) + 2 * (1) - (3)) / (1) + 1)) + 2 * (1) - (3)) / (2) + 1)) * (size_t)(c->qd); /* attn */
+    sizes[B_ENCODER_TMP3] = (size_t)NW * (((((((c->n_frames) + 2 * (1) - (3)) / (1) + 1)) + 2 * (1) - (3)) / (2) + 1)) * (size_t)(c->encoder_ffn_dim); /* tmp */
     (void)c;
     (void)T;
     (void)S;
@@ -634,42 +624,52 @@ static ms_status whisper_encoder_encoder_forward(const ms_md_forward_args *a, ms
     const ms_backend *be = a->be;
     const ms_backend_i *f = &be->iface;
     void *cx = be->ctx;
-    const int64_t T = a->batch->n_tokens;
-    const int64_t S = a->out_rows != NULL ? a->out_rows->shape[0] : a->batch->n_seqs;
+    if (a->dense == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "node encoder: no dense batch (a node without a "
+                       "kv_pool runs over its step's segments)");
+    const int64_t T = a->dense->n_tokens;
+    const int64_t S = a->dense->n_seqs;
+    const int64_t NW = S; /* windows of this step */
     size_t off[B_ENCODER_COUNT];
     whisper_encoder_encoder_layout(c, a->max_tokens, a->max_seqs, off);
     float *ws = a->workspace;
     (void)be;
     (void)S;
-    if (a->batch->n_seqs != 1)
-        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "node encoder: one sequence per step (%d given)",
-                       (int)a->batch->n_seqs);
-    if (a->input == NULL || a->input->shape[0] != (int64_t)(c->n_frames) ||
+    if (NW < 1 || NW > MS_MAX(1, MS_MIN((int64_t)a->max_seqs, (int64_t)a->max_tokens / (int64_t)(c->max_source_positions))))
+        return MS_FAIL(err, MS_ERR_CAPACITY, "node encoder: %lld windows in one step, the workspace "
+                       "holds %lld", (long long)NW, (long long)MS_MAX(1, MS_MIN((int64_t)a->max_seqs,
+                       (int64_t)a->max_tokens / (int64_t)(c->max_source_positions))));
+    if (a->input == NULL || a->input->shape[0] != (int64_t)(NW * (c->n_frames)) ||
         a->input->shape[1] != (int64_t)(c->num_mel_bins))
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "node encoder: input features must be [%lld, %lld] "
-                       "(token-major)", (long long)(c->n_frames), (long long)(c->num_mel_bins));
+                       "(token-major)", (long long)(NW * (c->n_frames)), (long long)(c->num_mel_bins));
 
     /* planned buffers */
-    ms_tensor t_tmp = ms_tensor_2d(ws + off[B_ENCODER_TMP], MS_DTYPE_F32, (((c->n_frames) + 2 * (1) - (3)) / (1) + 1), c->d_model);
-    ms_tensor t_tmp2 = ms_tensor_2d(ws + off[B_ENCODER_TMP2], MS_DTYPE_F32, ((((((c->n_frames) + 2 * (1) - (3)) / (1) + 1)) + 2 * (1) - (3)) / (2) + 1), c->d_model);
+    ms_tensor t_tmp = ms_tensor_2d(ws + off[B_ENCODER_TMP], MS_DTYPE_F32, NW * ((((c->n_frames) + 2 * (1) - (3)) / (1) + 1)), c->d_model);
+    ms_tensor t_tmp2 = ms_tensor_2d(ws + off[B_ENCODER_TMP2], MS_DTYPE_F32, NW * (((((((c->n_frames) + 2 * (1) - (3)) / (1) + 1)) + 2 * (1) - (3)) / (2) + 1)), c->d_model);
     ms_tensor t_t = ms_tensor_2d(ws + off[B_ENCODER_T], MS_DTYPE_F32, T, c->d_model);
-    ms_tensor t_h = ms_tensor_2d(ws + off[B_ENCODER_H], MS_DTYPE_F32, ((((((c->n_frames) + 2 * (1) - (3)) / (1) + 1)) + 2 * (1) - (3)) / (2) + 1), c->d_model);
-    ms_tensor t_wq_wv = ms_tensor_2d(ws + off[B_ENCODER_WQ_WV], MS_DTYPE_F32, ((((((c->n_frames) + 2 * (1) - (3)) / (1) + 1)) + 2 * (1) - (3)) / (2) + 1), c->qd + c->qd);
-    ms_tensor t_k = ms_tensor_2d(ws + off[B_ENCODER_K], MS_DTYPE_F32, ((((((c->n_frames) + 2 * (1) - (3)) / (1) + 1)) + 2 * (1) - (3)) / (2) + 1), c->qd);
-    ms_tensor t_tmp3 = ms_tensor_2d(ws + off[B_ENCODER_TMP3], MS_DTYPE_F32, ((((((c->n_frames) + 2 * (1) - (3)) / (1) + 1)) + 2 * (1) - (3)) / (2) + 1), c->encoder_ffn_dim);
+    ms_tensor t_h = ms_tensor_2d(ws + off[B_ENCODER_H], MS_DTYPE_F32, NW * (((((((c->n_frames) + 2 * (1) - (3)) / (1) + 1)) + 2 * (1) - (3)) / (2) + 1)), c->d_model);
+    ms_tensor t_wq_wv = ms_tensor_2d(ws + off[B_ENCODER_WQ_WV], MS_DTYPE_F32, NW * (((((((c->n_frames) + 2 * (1) - (3)) / (1) + 1)) + 2 * (1) - (3)) / (2) + 1)), c->qd + c->qd);
+    ms_tensor t_k = ms_tensor_2d(ws + off[B_ENCODER_K], MS_DTYPE_F32, NW * (((((((c->n_frames) + 2 * (1) - (3)) / (1) + 1)) + 2 * (1) - (3)) / (2) + 1)), c->qd);
+    ms_tensor t_attn = ms_tensor_2d(ws + off[B_ENCODER_ATTN], MS_DTYPE_F32, NW * (((((((c->n_frames) + 2 * (1) - (3)) / (1) + 1)) + 2 * (1) - (3)) / (2) + 1)), c->qd);
+    ms_tensor t_tmp3 = ms_tensor_2d(ws + off[B_ENCODER_TMP3], MS_DTYPE_F32, NW * (((((((c->n_frames) + 2 * (1) - (3)) / (1) + 1)) + 2 * (1) - (3)) / (2) + 1)), c->encoder_ffn_dim);
     /* views */
     ms_tensor t_q = ms_tensor_slice(&t_wq_wv, 1, 0, c->qd);
     ms_tensor t_v = ms_tensor_slice(&t_wq_wv, 1, c->qd, c->qd);
     ms_tensor t_q_heads = ms_tensor_split_heads(&t_q, c->encoder_attention_heads, c->head_dim);
     ms_tensor t_k_heads = ms_tensor_split_heads(&t_k, c->encoder_attention_heads, c->head_dim);
     ms_tensor t_v_heads = ms_tensor_split_heads(&t_v, c->encoder_attention_heads, c->head_dim);
-    ms_tensor t_attn_heads = ms_tensor_split_heads(&t_k, c->encoder_attention_heads, c->head_dim);
+    ms_tensor t_attn_heads = ms_tensor_split_heads(&t_attn, c->encoder_attention_heads, c->head_dim);
 
     /* x = gelu(conv1d(transpose(features), conv1, conv1_b, stride = 1, padding = 1)) */
     {
         const ms_tensor *bias = ms_md_weight_get(a, W_CONV1_B, 0);
         bias = bias->data != NULL ? bias : NULL;
-        MS_TRY(f->conv1d(cx, a->input, ms_md_weight_get(a, W_CONV1, 0), bias, (int32_t)(1), (int32_t)(1), &t_tmp, err));
+        for (int64_t w = 0; w < NW; w++) {
+            ms_tensor xw = ms_tensor_slice(a->input, 0, w * (c->n_frames), c->n_frames);
+            ms_tensor yw = ms_tensor_slice(&t_tmp, 0, w * ((((c->n_frames) + 2 * (1) - (3)) / (1) + 1)), ((c->n_frames) + 2 * (1) - (3)) / (1) + 1);
+            MS_TRY(f->conv1d(cx, &xw, ms_md_weight_get(a, W_CONV1, 0), bias, (int32_t)(1), (int32_t)(1), &yw, err));
+        }
     }
     MS_TRY(f->gelu(cx, &t_tmp, &t_tmp, err));
 
@@ -677,7 +677,11 @@ static ms_status whisper_encoder_encoder_forward(const ms_md_forward_args *a, ms
     {
         const ms_tensor *bias = ms_md_weight_get(a, W_CONV2_B, 0);
         bias = bias->data != NULL ? bias : NULL;
-        MS_TRY(f->conv1d(cx, &t_tmp, ms_md_weight_get(a, W_CONV2, 0), bias, (int32_t)(2), (int32_t)(1), &t_tmp2, err));
+        for (int64_t w = 0; w < NW; w++) {
+            ms_tensor xw = ms_tensor_slice(&t_tmp, 0, w * ((((c->n_frames) + 2 * (1) - (3)) / (1) + 1)), ((c->n_frames) + 2 * (1) - (3)) / (1) + 1);
+            ms_tensor yw = ms_tensor_slice(&t_tmp2, 0, w * (((((((c->n_frames) + 2 * (1) - (3)) / (1) + 1)) + 2 * (1) - (3)) / (2) + 1)), (((((c->n_frames) + 2 * (1) - (3)) / (1) + 1)) + 2 * (1) - (3)) / (2) + 1);
+            MS_TRY(f->conv1d(cx, &xw, ms_md_weight_get(a, W_CONV2, 0), bias, (int32_t)(2), (int32_t)(1), &yw, err));
+        }
     }
     MS_TRY(f->gelu(cx, &t_tmp2, &t_tmp2, err));
 
@@ -704,11 +708,11 @@ static ms_status whisper_encoder_encoder_forward(const ms_md_forward_args *a, ms
         MS_TRY(f->linear(cx, &t_h, ms_md_weight_get(a, W_LAYERS_WK, l), NULL, &t_k, err));
 
         /* x = x + linear(attn.run(q, k, v, layer = l), l.wo, l.bo) */
-        MS_TRY(f->kv_write(cx, a->kv, l, &t_k_heads, &t_v_heads, a->batch, err));
-        MS_TRY(f->attention(cx, &t_q_heads, a->kv, l, a->batch, &a->attn, &t_attn_heads, err));
+        /* dense: each segment's rows attend to its own K/V rows (no KV pages) */
+        MS_TRY(f->attention_dense(cx, &t_q_heads, &t_k_heads, &t_v_heads, a->dense, &a->attn, &t_attn_heads, err));
         {
             const ms_tensor *bias = ms_md_weight_get(a, W_LAYERS_BO, l);
-            MS_TRY(f->linear(cx, &t_k, ms_md_weight_get(a, W_LAYERS_WO, l), bias->data != NULL ? bias : NULL, &t_h, err));
+            MS_TRY(f->linear(cx, &t_attn, ms_md_weight_get(a, W_LAYERS_WO, l), bias->data != NULL ? bias : NULL, &t_h, err));
         }
 
         /* h = layer_norm(x, l.ln2, l.ln2_b, 1e-05) */
@@ -780,9 +784,7 @@ static const ms_md_node whisper_encoder_nodes[] = {
 /* The stems of the instances mstarc writes to kernels/<stem>.cu (shape at load). */
 static const char *const whisper_encoder_kernels[] = {
     "embed_bf16_af32",
-    "rope_kv_bf16_none_af32",
-    "attn_decode_bf16_af32",
-    "attn_prefill_bf16_af32",
+    "attn_dense_f32",
     "misc_bf16_af32",
     "argmax_f32",
     "sample_f32",
