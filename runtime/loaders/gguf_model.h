@@ -14,8 +14,20 @@
  *   blk.N.attn_{q,k}_norm.weight -> model.layers.N.self_attn.{q,k}_norm.weight   (qwen3)
  *   blk.N.ffn_norm.weight        -> model.layers.N.post_attention_layernorm.weight
  *   blk.N.ffn_{gate,up,down}.weight -> model.layers.N.mlp.{gate,up,down}_proj.weight
- * A tensor outside this list (rope_freqs.weight of Llama 3.1 files, MoE experts, ...) is
- * MS_ERR_UNSUPPORTED naming it: nothing in the file is silently ignored.
+ *   rope_freqs.weight            -> no weight: config.json's rope_scaling (rope_type llama3), below
+ * A tensor outside this list (MoE experts, ...) is MS_ERR_UNSUPPORTED naming it: nothing in the
+ * file is silently ignored.
+ *
+ * Llama 3.x RoPE scaling: convert_hf_to_gguf.py writes no key for it but a tensor
+ * rope_freqs.weight [head_dim / 2] of per-pair divisors (llama.cpp: theta_i = pos * base^(-2i/d) /
+ * ff[i]). The loader recovers factor, low_freq_factor (fixed at 1: the divisors only depend on the
+ * two wavelengths original / low and original / high), high_freq_factor and
+ * original_max_position_embeddings from it, snapped to thousandths / an integer, checks that the
+ * converter's formula with them reproduces every divisor (relative 1e-5), and derives
+ * rope_scaling {rope_type: llama3, ...}: the model then runs the same inverse frequencies as from
+ * the Hugging Face config (bit-identical for the published parameters). A tensor no such
+ * parameters reproduce is MS_ERR_UNSUPPORTED naming it and the dimension; all ones means default
+ * frequencies; a file with both rope_freqs.weight and A.rope.scaling.type is MS_ERR_FORMAT.
  *
  * Shapes: GGUF ne[] is reversed into row-major Hugging Face shapes ([out, in] for a linear).
  * Every tensor is dequantized at load (gguf_quant.h, bit-exact with ggml) into float32 memory the
