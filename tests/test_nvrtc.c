@@ -6,7 +6,8 @@
  * needs: attention decode and prefill for head_dim 16/64/128 x page size 16/128 x GQA 1/4/8 x
  * windowed or not, plus the repository fixtures' own shapes (head_dim 16 and 32, GQA 2), RoPE+KV
  * write for both styles with and without llama3 scaling, the M-RoPE variant (Qwen2-VL) and the
- * per-head RMSNorm (Qwen3 q_norm / k_norm, head_dim 48/64/128), and the norm, activation,
+ * per-head RMSNorm (Qwen3 q_norm / k_norm, head_dim 48/64/128), the quantized matmuls (qmatmul:
+ * GEMV and dequantization for each ggml type kept quantized on the GPU), and the norm, activation,
  * embedding, elementwise, argmax and sampling kernels, all with float32 activations over bf16
  * weights and KV (the CUDA backend's choice), and with bf16 activations for the shapes of
  * test_gpu_kernels, each as the runtime compiles it (ms_kernel_spec_instance_source). It compiles
@@ -1009,6 +1010,11 @@ static void build_llama_matrix(matrix *m) {
     for (int a = 0; a < 2; a++)
         for (int st = MS_KERNEL_ROPE_NEOX; st <= MS_KERNEL_ROPE_INTERLEAVED; st++)
             add_spec(m, ms_kernel_spec_rope_kv_mrope(bf, ghd[a], 16, (ms_kernel_rope)st));
+    /* quantized weights (GGUF): one qmatmul instance per ggml type the CUDA backend keeps
+     * quantized (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K), all nine entries each */
+    static const int qt[] = {2, 3, 6, 8, 12, 13, 14};
+    for (int i = 0; i < (int)MS_ARRAY_LEN(qt); i++)
+        add_spec(m, ms_kernel_spec_qmatmul(qt[i]));
 }
 
 /* Compile one (spec, arch) job; true on success with every entry symbol in the cubin. */
