@@ -18,6 +18,8 @@ GPU_TESTS += tests/test_encoder_ops_cuda
 $(BUILD)/tests/test_engine_features_cuda: $(BUILD)/obj/gen/llama/llama_gen.o $(BUILD)/obj/gen/qwen2vl/qwen2vl_gen.o $(BUILD)/obj/gen/dense/llama_dense_gen.o
 # CUDA graphs against the padded eager path, bitwise (graph_exec.h); MS_GRAPHS_DRY_RUN=1: on the CPU
 GPU_TESTS += tests/test_graphs_cuda
+# quantized weights on the GPU (GEMV, prefill, bit-exact dequantization) per ggml type
+GPU_TESTS += tests/test_quant_cuda
 $(BUILD)/tests/test_graphs_cuda: $(BUILD)/obj/gen/llama/llama_gen.o
 PROGRAMS += $(BUILD)/tests/bench_kernels
 endif
