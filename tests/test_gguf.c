@@ -938,6 +938,31 @@ static void check_mkckpt_quant(const char *dir, const char *quant, uint32_t type
         assert_int_equal(ms_ggml_dequantize(t, q, want, x->n_elems), MS_OK);
         if (memcmp(got, want, x->n_elems * sizeof *want) != 0)
             fail_msg("%s: %s differs from dequantize(quantize(x)) of the safetensors checkpoint", quant, x->name);
+        /* the blocks as stored, rows in Hugging Face order (q/k un-permuted): exactly the blocks
+           of quantize(x), and rows [1, 3) alone are their slice */
+        const ms_gguf_model *gm = ms_ckpt_get_gguf_model(gk);
+        ms_gguf_raw_info ri;
+        if (gm == NULL || ms_gguf_model_raw_info(gm, x->name, &ri, &err) != MS_OK)
+            fail_msg("%s: raw info of %s: %s", quant, x->name, err.msg);
+        assert_int_equal(ri.type, t);
+        assert_int_equal(ri.rows, x->n_dims == 2 ? x->shape[0] : 1);
+        size_t raw_bytes = (size_t)ri.rows * ri.row_bytes;
+        uint8_t *raw = ms_malloc(raw_bytes);
+        assert_non_null(raw);
+        if (ms_gguf_model_copy_raw_rows(gm, x->name, 0, ri.rows, raw, raw_bytes, &err) != MS_OK)
+            fail_msg("%s", err.msg);
+        if (memcmp(raw, q, raw_bytes) != 0)
+            fail_msg("%s: raw rows of %s (permute groups %lld) differ from quantize(x)", quant, x->name,
+                     (long long)ri.permute_groups);
+        if (ri.rows >= 3) {
+            if (ms_gguf_model_copy_raw_rows(gm, x->name, 1, 2, raw, raw_bytes, &err) != MS_OK)
+                fail_msg("%s", err.msg);
+            assert_memory_equal(raw, q + ri.row_bytes, 2 * ri.row_bytes);
+        }
+        assert_int_equal(ms_gguf_model_copy_raw_rows(gm, x->name, ri.rows - 1, 2, raw, raw_bytes, &err),
+                         MS_ERR_INVALID_ARG);
+        assert_non_null(strstr(err.msg, x->name));
+        ms_free(raw);
         ms_free(got);
         ms_free(xv);
         ms_free(want);

@@ -589,3 +589,50 @@ const ms_st_tensor *ms_gguf_model_tensor_at(const ms_gguf_model *m, size_t i) {
     MS_ASSERT(i < m->n);
     return &m->tensors[i];
 }
+
+/* ---- the quantized blocks as stored ---- */
+
+/* Original (file-order) index of the tensor with Hugging Face name `name`, or -1. */
+static ptrdiff_t find_raw(const ms_gguf_model *m, const char *name) {
+    for (size_t i = 0; i < m->n; i++)
+        if (m->names[i] != NULL && strcmp(m->names[i], name) == 0)
+            return (ptrdiff_t)i;
+    return -1;
+}
+
+ms_status ms_gguf_model_raw_info(const ms_gguf_model *m, const char *name, ms_gguf_raw_info *out, ms_error *err) {
+    memset(out, 0, sizeof *out);
+    ptrdiff_t i = find_raw(m, name);
+    if (i < 0)
+        return MS_FAIL(err, MS_ERR_NOT_FOUND, "%s: no tensor '%s'", ms_gguf_path(m->g), name);
+    const ms_gguf_tensor *gt = ms_gguf_tensor_at(m->g, m->src[i]);
+    out->type = gt->type;
+    out->rows = gt->n_dims == 2 ? gt->ne[1] : 1;
+    out->cols = gt->ne[0];
+    out->row_bytes = gt->n_bytes / (size_t)out->rows;
+    out->permute_groups = m->permute_groups[i];
+    return MS_OK;
+}
+
+ms_status ms_gguf_model_copy_raw_rows(const ms_gguf_model *m, const char *name, int64_t row0, int64_t n_rows,
+                                      void *dst, size_t cap, ms_error *err) {
+    ms_gguf_raw_info ri;
+    MS_TRY(ms_gguf_model_raw_info(m, name, &ri, err));
+    if (row0 < 0 || n_rows < 0 || row0 + n_rows > ri.rows || (size_t)n_rows * ri.row_bytes > cap)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: tensor '%s': rows [%lld, %lld) of %lld (%zu bytes each) into "
+                       "%zu bytes", ms_gguf_path(m->g), name, (long long)row0, (long long)(row0 + n_rows),
+                       (long long)ri.rows, ri.row_bytes, cap);
+    const ms_gguf_tensor *gt = ms_gguf_tensor_at(m->g, m->src[find_raw(m, name)]);
+    const uint8_t *src = gt->data;
+    uint8_t *d = dst;
+    int64_t hd = ri.permute_groups > 0 ? ri.rows / ri.permute_groups : 0, half = hd / 2;
+    for (int64_t r = row0; r < row0 + n_rows; r++) {
+        int64_t g = r;
+        if (hd > 0) { /* Hugging Face row h hd + s half + j is GGUF row h hd + 2 j + s */
+            int64_t h = r / hd, rem = r % hd;
+            g = h * hd + 2 * (rem % half) + rem / half;
+        }
+        memcpy(d + (size_t)(r - row0) * ri.row_bytes, src + (size_t)g * ri.row_bytes, ri.row_bytes);
+    }
+    return MS_OK;
+}

@@ -94,6 +94,31 @@ const ms_st_tensor *ms_gguf_model_tensor_at(const ms_gguf_model *m, size_t i);
  */
 ms_status ms_gguf_model_config_json(const ms_gguf *g, char **out, ms_error *err);
 
+/* A tensor's ggml storage (ms_gguf_model_raw_info). */
+typedef struct ms_gguf_raw_info {
+    uint32_t type;           /* ggml type as stored (MS_GGML_TYPE_*) */
+    int64_t rows;            /* Hugging Face shape[0] (1 for a 1-D tensor) */
+    int64_t cols;            /* values per row (GGUF ne[0]) */
+    size_t row_bytes;        /* bytes of one row in the file */
+    int64_t permute_groups;  /* llama q/k: heads whose rows the converter permuted; 0 none */
+} ms_gguf_raw_info;
+
+/*
+ * The file's storage of the tensor with Hugging Face name `name` (as listed by
+ * ms_gguf_model_tensor_at): its ggml type, rows and row bytes, for a backend that keeps the
+ * blocks quantized (backend_cuda_quant.h). Errors: MS_ERR_NOT_FOUND naming it.
+ */
+ms_status ms_gguf_model_raw_info(const ms_gguf_model *m, const char *name, ms_gguf_raw_info *out,
+                                 ms_error *err);
+/*
+ * Copy rows [row0, row0 + n_rows) of tensor `name`, in Hugging Face row order (llama q/k rows
+ * un-permuted as the float32 tensor is, whole rows of blocks moved), as the file stores them
+ * (ggml blocks), into dst[cap]. Dequantizing the result gives exactly the rows of the float32
+ * tensor. Errors: MS_ERR_NOT_FOUND, MS_ERR_INVALID_ARG (range, cap) naming the tensor.
+ */
+ms_status ms_gguf_model_copy_raw_rows(const ms_gguf_model *m, const char *name, int64_t row0,
+                                      int64_t n_rows, void *dst, size_t cap, ms_error *err);
+
 #ifdef __cplusplus
 }
 #endif
