@@ -17,6 +17,7 @@
 #define QTYPE_SLOTS 7
 #define DEFAULT_TILE_BYTES ((size_t)64 << 20)
 #define DEQUANT_ENTRY 8 /* ms_qdequant_bf16 after ms_qgemv_1..8 (kernel.c) */
+#define EMBED_ENTRY 9   /* ms_qembed */
 
 struct ms_cuda_quant {
     int arch;
@@ -308,4 +309,26 @@ ms_status ms_cuda_quant_linear(ms_cuda_quant *q, const float *x, int64_t n, int6
                                         CUBLAS_GEMM_DEFAULT));
     }
     return MS_OK;
+}
+
+ms_status ms_cuda_quant_embed(ms_cuda_quant *q, const ms_cuda_qweight *w, const int32_t *ids, int64_t n, float *out,
+                              int64_t out_stride, ms_error *err) {
+    MS_TRY(check_weight(w, err));
+    if (ids == NULL || out == NULL || n < 0 || n > 0x7fffffff || out_stride < w->in || out_stride % 4 != 0 ||
+        out_stride > 0x7fffffff || !aligned16(out))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "cuda quant: embedding of %lld ids from a %s table [%lld, %lld] "
+                       "into out (stride %lld; 16-byte aligned rows needed)", (long long)n,
+                       ms_ggml_type_name(w->type), (long long)w->rows, (long long)w->in, (long long)out_stride);
+    ms_cuda_module *m;
+    MS_TRY(get_module(q, w->type, &m, err));
+    ms_qmatmul_params p = {0};
+    p.w = w->data;
+    p.x = ids;
+    p.y = out;
+    p.rows = (int)w->rows;
+    p.in = (int)w->in;
+    p.row_bytes = (int)w->row_bytes;
+    p.n = (int)n;
+    p.y_stride = (int)out_stride;
+    return launch(m, EMBED_ENTRY, (unsigned)n, MS_QGEMV_THREADS, &p, q->stream, err);
 }

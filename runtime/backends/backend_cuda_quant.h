@@ -108,6 +108,12 @@ ms_status ms_cuda_quant_linear(ms_cuda_quant *q, const float *x, int64_t n, int6
 ms_status ms_cuda_quant_dequant_bf16(ms_cuda_quant *q, const ms_cuda_qweight *w, int64_t row0, int64_t n_rows,
                                      void *out, ms_error *err);
 
+/* Embedding gather from a quantized table (an embedding tied to a quantized lm_head, or a Q8_0
+ * token_embd): out[t, :] = float(W[ids[t], :]) for t < n; ids device int32 (outside [0, rows):
+ * zeros), out device f32 rows of out_stride (a multiple of 4, 16-byte aligned). Queued. */
+ms_status ms_cuda_quant_embed(ms_cuda_quant *q, const ms_cuda_qweight *w, const int32_t *ids, int64_t n, float *out,
+                              int64_t out_stride, ms_error *err);
+
 /* After the model's types are loaded: any other type fails with MS_ERR_STATE instead of compiling
  * in the middle of a step (the backend's kernels_load rule). */
 void ms_cuda_quant_seal(ms_cuda_quant *q);

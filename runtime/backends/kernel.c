@@ -34,7 +34,7 @@ static const kernel_op_info op_info[MS_KERNEL_OP_COUNT] = {
     {"rmsnorm_heads", "norm/rmsnorm.cuh", {"ms_rmsnorm_heads", NULL}},
     {"qmatmul", "quant/qmatmul.cuh",
      {"ms_qgemv_1", "ms_qgemv_2", "ms_qgemv_3", "ms_qgemv_4", "ms_qgemv_5", "ms_qgemv_6",
-      "ms_qgemv_7", "ms_qgemv_8", "ms_qdequant_bf16", NULL}},
+      "ms_qgemv_7", "ms_qgemv_8", "ms_qdequant_bf16", "ms_qembed"}},
 };
 
 /* The ggml types qmatmul instantiates: ggml type number, URI word, device block struct
@@ -492,7 +492,10 @@ static ms_status spec_body(const ms_kernel_spec *s, bool shape_macros, const cha
                      "    ms::qgemv<cfg::Q, %d>(p);\n}\n\n", c, c);
         emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_QDEQUANT_THREADS)\n"
                  "ms_qdequant_bf16(const ms_qmatmul_params p) {\n"
-                 "    ms::qdequant_bf16<cfg::Q>(p);\n}\n");
+                 "    ms::qdequant_bf16<cfg::Q>(p);\n}\n\n"
+                 "extern \"C\" __global__ void __launch_bounds__(MS_QGEMV_THREADS)\n"
+                 "ms_qembed(const ms_qmatmul_params p) {\n"
+                 "    ms::qembed<cfg::Q>(p);\n}\n");
         break;
     default:
         break;

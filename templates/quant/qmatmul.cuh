@@ -1,7 +1,7 @@
 /*
  * qmatmul.cuh - matmuls over weights kept in ggml's quantized block layout (quant/qparams.h):
  * the decode GEMV y = x W^T for 1..8 rows of x, and the dequantization of W into bf16 that the
- * prefill path feeds to the tensor-core GEMM.
+ * prefill path feeds to the tensor-core GEMM, and the embedding gather from a quantized table.
  *
  * Block formats and the dequantization formulas are ggml's (ggml-common.h, ggml-quants.c
  * dequantize_row_*; the same as runtime/loaders/gguf_quant.c). Every type is read in units of 32
@@ -306,6 +306,28 @@ template <typename Q> __device__ __forceinline__ void qdequant_bf16(const ms_qma
         float v[32];
         Q::unit(w + (size_t)r * (size_t)p.row_bytes + (size_t)(u / U) * Q::kBytes, u % U, v);
         store_n<bf16, 32>(out + (size_t)r * (size_t)p.in + (size_t)u * 32, v);
+    }
+}
+
+/// Embedding gather from a quantized table: out[t, :] = W[ids[t], :] in float32 (p.x: int ids
+/// [p.n], p.y: out rows at p.y_stride). Grid: p.n CTAs of MS_QGEMV_THREADS threads over the row's
+/// units; ids outside [0, rows) give zeros (the host checks ids where it has them).
+template <typename Q> __device__ __forceinline__ void qembed(const ms_qmatmul_params &p) {
+    constexpr int U = Q::kQK / 32;
+    const int t = blockIdx.x;
+    const int id = static_cast<const int *>(p.x)[t];
+    const unsigned char *w = static_cast<const unsigned char *>(p.w);
+    float *out = static_cast<float *>(p.y) + (size_t)t * (size_t)p.y_stride;
+    for (int u = threadIdx.x; u < p.in / 32; u += MS_QGEMV_THREADS) {
+        float v[32];
+        if (id >= 0 && id < p.rows) {
+            Q::unit(w + (size_t)id * (size_t)p.row_bytes + (size_t)(u / U) * Q::kBytes, u % U, v);
+        } else {
+#pragma unroll
+            for (int l = 0; l < 32; l++)
+                v[l] = 0.f;
+        }
+        store_n<float, 32>(out + (size_t)u * 32, v);
     }
 }
 
