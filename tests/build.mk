@@ -20,6 +20,9 @@ $(BUILD)/tests/test_engine_features_cuda: $(BUILD)/obj/gen/llama/llama_gen.o $(B
 GPU_TESTS += tests/test_graphs_cuda
 # quantized weights on the GPU (GEMV, prefill, bit-exact dequantization) per ggml type
 GPU_TESTS += tests/test_quant_cuda
+# SmolLM2 Q4_1 through the engine on cuda with the blocks kept (fetch-model.sh; skips without it)
+GPU_TESTS += tests/test_quant_smollm2_cuda
+$(BUILD)/tests/test_quant_smollm2_cuda: $(BUILD)/obj/gen/llama/llama_gen.o
 $(BUILD)/tests/test_graphs_cuda: $(BUILD)/obj/gen/llama/llama_gen.o
 PROGRAMS += $(BUILD)/tests/bench_kernels
 endif
