@@ -599,12 +599,9 @@ static ms_status cu_attn_batch_plan(void *ctx, ms_attn_batch *batch, const ms_pa
 static ms_status cu_kernels_load(void *ctx, const ms_kernel_spec *specs, int n, ms_error *err) {
     cuda_ctx *c = ctx;
     for (int i = 0; i < n; i++) {
-        if (specs[i].op == MS_KERNEL_OP_QMATMUL) {
-            /* quantized weights: the context keeps its own table (compiled at tensor_load too) */
-            MS_TRY(quant_ctx(c, err));
-            MS_TRY(ms_cuda_quant_load_type(c->quant, (uint32_t)specs[i].qtype, err));
-            continue;
-        }
+        if (specs[i].op == MS_KERNEL_OP_QMATMUL)
+            continue; /* quantized weights: compiled by tensor_load for the types the checkpoint
+                         stores (backend_cuda_quant.h), not for every type the model lists */
         ms_cuda_module *m;
         MS_TRY(get_module(c, &specs[i], &m, err));
     }

@@ -745,7 +745,7 @@ ms_status ms_kernel_specs_for_stems(const ms_kernel_model_shape *shape, const ch
     const ms_kernel_dtype kv = shape->kv_dtype, w = shape->weight_dtype;
     /* every variant the CUDA backend can load for this shape (the order of
        ms_kernel_specs_for_decoder_variant); the stems pick the model's */
-    ms_kernel_spec c[16];
+    ms_kernel_spec c[32];
     int k = 0;
     c[k++] = ms_kernel_spec_attn_decode(kv, hd, ps, g, shape->windowed);
     c[k++] = ms_kernel_spec_attn_prefill(kv, hd, ps, g, true, shape->windowed);
@@ -763,6 +763,9 @@ ms_status ms_kernel_specs_for_stems(const ms_kernel_model_shape *shape, const ch
     c[k++] = ms_kernel_spec_simple(MS_KERNEL_OP_SILU_MUL, MS_KERNEL_DTYPE_F32);
     c[k++] = ms_kernel_spec_simple(MS_KERNEL_OP_ARGMAX, MS_KERNEL_DTYPE_F32);
     c[k++] = ms_kernel_spec_simple(MS_KERNEL_OP_SAMPLE, MS_KERNEL_DTYPE_F32);
+    /* quantized weights (no shape): the CUDA backend compiles the types its GGUF uses at load */
+    for (int i = 0; i < (int)MS_ARRAY_LEN(qtypes); i++)
+        c[k++] = ms_kernel_spec_qmatmul(qtypes[i].type);
     int m = 0;
     for (int i = 0; i < k; i++) {
         /* the stem has no shape fields: take it at a shape every template supports, so a
