@@ -22,7 +22,7 @@ GPU_TESTS += tests/test_graphs_cuda
 GPU_TESTS += tests/test_quant_cuda
 # SmolLM2 Q4_1 through the engine on cuda with the blocks kept (fetch-model.sh; skips without it)
 GPU_TESTS += tests/test_quant_smollm2_cuda
-$(BUILD)/tests/test_quant_smollm2_cuda: $(BUILD)/obj/gen/llama/llama_gen.o
+$(BUILD)/tests/test_quant_smollm2_cuda: $(BUILD)/obj/gen/llama/llama_gen.o | $(BUILD)/mstar-mkckpt
 $(BUILD)/tests/test_graphs_cuda: $(BUILD)/obj/gen/llama/llama_gen.o
 PROGRAMS += $(BUILD)/tests/bench_kernels
 endif
