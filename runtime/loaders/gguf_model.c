@@ -507,6 +507,8 @@ ms_status ms_gguf_model_init(ms_gguf_model **out, const char *path, ms_error *er
         double theta = 0;
         llama3_rope l3;
         st = ms_gguf_get_float_or(m->g, akey(k, sizeof k, a, "rope.freq_base"), 10000.0, &theta, err);
+        if (st == MS_OK && !(theta > 0))
+            st = MS_FAIL(err, MS_ERR_FORMAT, "%s: %s.rope.freq_base %g is not positive", path, a->name, theta);
         if (st == MS_OK)
             st = read_rope_freqs(m->g, &d, theta, &l3, err);
         n--;
