@@ -227,6 +227,13 @@ $(BUILD)/tests/test_gguf_smollm2: $(BUILD)/obj/gen/llama/llama_gen.o
 # test_gguf runs mstar-mkckpt --format gguf
 $(BUILD)/tests/test_gguf: | $(BUILD)/mstar-mkckpt
 TESTS += tests/test_gguf_fixtures
+# templates/quant/blocks.cuh built for the host (C++: the template is) against ms_ggml_dequantize
+TESTS += tests/test_quant_blocks
+$(BUILD)/tests/test_quant_blocks: LDLIBS += -lstdc++
+$(BUILD)/obj/tests/test_quant_blocks.o: tests/test_quant_blocks.cpp templates/quant/blocks.cuh
+	$(call quiet,CXX,$<)
+	@mkdir -p $(@D)
+	$(Q)$(CXX) $(CPPFLAGS) -Itests -Itemplates -std=c++17 -g $(OPT) -ffp-contract=off -pthread $(SAN_FLAGS) -Wall -Wextra -Werror -Wno-unknown-pragmas "-D_Noreturn=[[noreturn]]" -c $< -o $@
 # scripts/fetch-model.sh: one path on stdout, pinned sha256, exit 2 without a registry
 TEST_SCRIPTS += tests/gguf_fetch.sh
 # gguf_model.c converts tensors on a thread pool
