@@ -7,8 +7,8 @@
  * with small random f16 scales; seed printed, MS_TEST_SEED repeats), dequantized on the CPU by
  * ms_ggml_dequantize (bit-exact with ggml). Checks:
  *   - ms_cuda_quant_dequant_bf16 of every row: the bf16 bits of the CPU's float32 values, exactly;
- *   - linear for x rows 1..8 (one GEMV launch each), 13 and 32 (launches of 8), with padded x and y
- *     strides: |y - ref| <= (in + 2) eps32 sum_i |x_i w_i| (the worst-case bound of fp32
+ *   - linear for x rows 1..8 (the exact-width GEMV entries), 13, 16, 20 and 32 (the wide entries
+ *     ms_qgemv_16 / _32), with padded x and y strides: |y - ref| <= (in + 2) eps32 sum_i |x_i w_i| (the worst-case bound of fp32
  *     accumulation in any order, ref in double);
  *   - linear for 64 rows (prefill: bf16 dequantization + cuBLAS): x and W rounded to bf16 add
  *     2^-7 sum |x_i w_i|;
@@ -196,7 +196,9 @@ static void check_type(ms_cuda_quant *q, uint32_t type) {
            bytes);
     for (int n = 1; n <= 8; n++)
         check_linear(q, &w, wf, n, IN, ROWS, false);
-    check_linear(q, &w, wf, 13, IN + 4, ROWS + 3, false);
+    check_linear(q, &w, wf, 13, IN + 4, ROWS + 3, false); /* ms_qgemv_16 with 13 rows */
+    check_linear(q, &w, wf, 16, IN, ROWS, false);
+    check_linear(q, &w, wf, 20, IN, ROWS, false);         /* ms_qgemv_32 with 20 rows */
     check_linear(q, &w, wf, 32, IN, ROWS, false);
     check_linear(q, &w, wf, 64, IN + 8, ROWS + 1, true);
     cudaFree(d16);

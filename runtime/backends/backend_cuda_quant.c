@@ -16,8 +16,10 @@
 
 #define QTYPE_SLOTS 7
 #define DEFAULT_TILE_BYTES ((size_t)64 << 20)
-#define DEQUANT_ENTRY 8 /* ms_qdequant_bf16 after ms_qgemv_1..8 (kernel.c) */
-#define EMBED_ENTRY 9   /* ms_qembed */
+#define WIDE16_ENTRY 8  /* ms_qgemv_16, after ms_qgemv_1..8 (kernel.c) */
+#define WIDE32_ENTRY 9  /* ms_qgemv_32 */
+#define DEQUANT_ENTRY 10 /* ms_qdequant_bf16 */
+#define EMBED_ENTRY 11  /* ms_qembed */
 
 struct ms_cuda_quant {
     int arch;
@@ -271,22 +273,22 @@ ms_status ms_cuda_quant_linear(ms_cuda_quant *q, const float *x, int64_t n, int6
     ms_cuda_module *m;
     MS_TRY(get_module(q, w->type, &m, err));
     if (n <= MS_CUDA_QGEMV_MAX_ROWS && aligned16(x) && x_stride % 4 == 0) {
-        for (int64_t t0 = 0; t0 < n; t0 += MS_QGEMV_MAX_COLS) {
-            int cols = (int)(n - t0 < MS_QGEMV_MAX_COLS ? n - t0 : MS_QGEMV_MAX_COLS);
-            ms_qmatmul_params p = {0};
-            p.w = w->data;
-            p.x = x + t0 * x_stride;
-            p.y = y + t0 * y_stride;
-            p.rows = (int)w->rows;
-            p.in = (int)w->in;
-            p.row_bytes = (int)w->row_bytes;
-            p.n = cols;
-            p.x_stride = (int)x_stride;
-            p.y_stride = (int)y_stride;
-            MS_TRY(launch(m, cols - 1, (unsigned)MS_CEIL_DIV(w->rows, MS_QGEMV_ROWS), MS_QGEMV_THREADS, &p,
-                          q->stream, err));
-        }
-        return MS_OK;
+        /* one launch: the exact-width entry up to 8 rows, then the wide ones (one row per CTA) */
+        ms_qmatmul_params p = {0};
+        p.w = w->data;
+        p.x = x;
+        p.y = y;
+        p.rows = (int)w->rows;
+        p.in = (int)w->in;
+        p.row_bytes = (int)w->row_bytes;
+        p.n = (int)n;
+        p.x_stride = (int)x_stride;
+        p.y_stride = (int)y_stride;
+        if (n <= MS_QGEMV_MAX_COLS)
+            return launch(m, (int)n - 1, (unsigned)MS_CEIL_DIV(w->rows, MS_QGEMV_ROWS), MS_QGEMV_THREADS, &p,
+                          q->stream, err);
+        return launch(m, n <= 16 ? WIDE16_ENTRY : WIDE32_ENTRY, (unsigned)w->rows, MS_QGEMV_THREADS, &p, q->stream,
+                      err);
     }
     /* prefill: x -> bf16 once, then per row tile: dequantize W rows, GEMM into y's columns */
     MS_TRY(get_misc(q, err));

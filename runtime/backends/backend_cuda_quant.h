@@ -9,8 +9,8 @@
  * a row range of the file (one fused part, an un-permuted q/k head row) is one memcpy.
  *
  * Compute (templates/quant/qmatmul.cuh, one NVRTC instance per type, URI qmatmul_<type>_af32_sm90):
- *   - n <= MS_CUDA_QGEMV_MAX_ROWS rows of x (decode): the GEMV entries ms_qgemv_1..8, in
- *     launches of up to 8 x rows each, reading the blocks straight from device memory (fp32
+ *   - n <= MS_CUDA_QGEMV_MAX_ROWS rows of x (decode): one GEMV launch (ms_qgemv_<n> up to 8
+ *     rows, ms_qgemv_16 / _32 above), reading each block once from device memory (fp32
  *     accumulation);
  *   - more rows (prefill): W is dequantized tile by tile (rows [r, r + tile)) into a reusable bf16
  *     workspace (bit-exact bf16 of ggml's dequantization), x is rounded to bf16, and cuBLAS runs the
@@ -35,9 +35,8 @@
 extern "C" {
 #endif
 
-/* x rows up to which linear runs the quantized GEMV (in launches of 8); above it, dequantize +
- * cuBLAS. At 32 rows the GEMV reads the blocks 4 times, still less than dequantizing (a bf16
- * write and read of 3.5x the Q4_0 bytes) plus the GEMM. */
+/* x rows up to which linear runs the quantized GEMV (one launch, each block read once); above
+ * it, dequantize + cuBLAS (a bf16 write and read of 3.5x the Q4_0 bytes, then the GEMM). */
 #define MS_CUDA_QGEMV_MAX_ROWS 32
 
 /* A weight matrix W [rows, in] of ggml type `type` in device memory. */

@@ -7,7 +7,9 @@
  * dequantize_row_*, checked on the host by tests/test_quant_blocks.cpp), so qdequant_bf16 gives
  * bf16(dequantize_row_*) exactly.
  *
- * GEMV (ms_qgemv_<NC>): one CTA of MS_QGEMV_THREADS threads computes MS_QGEMV_ROWS output rows;
+ * GEMV (ms_qgemv_<NC>): one CTA of MS_QGEMV_THREADS threads computes MS_QGEMV_ROWS output rows
+ * (the wide entries ms_qgemv_16 / _32: one row for up to 16 / 32 x rows, so a block is read once
+ * per step however many rows the batch has);
  * its threads stride over the 32-value units of the rows (split-K over the whole CTA, so even a
  * 1024-row projection puts 512 CTAs x 4 warps in flight), consecutive threads reading consecutive
  * blocks (coalesced; the 16-byte aligned K-quant blocks with 128-bit loads, the 2-byte aligned
@@ -27,11 +29,12 @@ namespace ms {
 
 /* ---- kernels ---- */
 
-/// Q: block type; NC: x rows (1..MS_QGEMV_MAX_COLS). Grid: ceil(rows / MS_QGEMV_ROWS) CTAs of
-/// MS_QGEMV_THREADS threads.
-template <typename Q, int NC> __device__ __forceinline__ void qgemv(const ms_qmatmul_params &p) {
-    static_assert(NC >= 1 && NC <= MS_QGEMV_MAX_COLS, "qgemv: 1..8 x rows");
-    constexpr int R = MS_QGEMV_ROWS, U = Q::kQK / 32, NW = MS_QGEMV_THREADS / 32;
+/// Q: block type; NC: the most x rows (p.n <= NC: rows past p.n are skipped); R: output rows per
+/// CTA (MS_QGEMV_ROWS for the narrow entries, 1 for the wide ones, whose accumulators take the
+/// registers). Grid: ceil(rows / R) CTAs of MS_QGEMV_THREADS threads.
+template <typename Q, int NC, int R> __device__ __forceinline__ void qgemv(const ms_qmatmul_params &p) {
+    static_assert(NC >= 1 && NC <= MS_QGEMV_WIDE_COLS && R >= 1, "qgemv: 1..32 x rows");
+    constexpr int U = Q::kQK / 32, NW = MS_QGEMV_THREADS / 32;
     __shared__ float red[NW][R * NC];
     const int units = p.in / 32;
     const int r0 = blockIdx.x * R;
@@ -58,6 +61,8 @@ template <typename Q, int NC> __device__ __forceinline__ void qgemv(const ms_qma
         }
 #pragma unroll
         for (int c = 0; c < NC; c++) {
+            if (NC > MS_QGEMV_MAX_COLS && c >= p.n) /* wide entries: up to NC rows; narrow: exactly NC */
+                break;
             const float4 *xp = reinterpret_cast<const float4 *>(x + (size_t)c * (size_t)p.x_stride + (size_t)u * 32);
 #pragma unroll
             for (int k = 0; k < 8; k++) {
@@ -90,7 +95,7 @@ template <typename Q, int NC> __device__ __forceinline__ void qgemv(const ms_qma
 #pragma unroll
         for (int i = 0; i < NW; i++)
             v += red[i][threadIdx.x];
-        if (r0 + r < p.rows)
+        if (r0 + r < p.rows && (NC <= MS_QGEMV_MAX_COLS || c < p.n))
             static_cast<float *>(p.y)[(size_t)c * (size_t)p.y_stride + (size_t)(r0 + r)] = v;
     }
 }
