@@ -26,6 +26,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "backend.h"
 #include "checkpoint.h"
 #include "gguf.h"
 #include "gguf_model.h"
@@ -842,6 +843,44 @@ static void test_rope_freqs(void **state) {
     assert_non_null(strstr(e.msg, "tensor 'rope_freqs.weight'[3] = 0.5: not a Llama 3 frequency factor"));
 }
 
+/* ---- ggml block dtypes of the op interface (backend.h) ---- */
+
+static void test_quant_dtypes(void **state) {
+    (void)state;
+    static const uint32_t g[] = {MS_GGML_TYPE_Q4_0, MS_GGML_TYPE_Q4_1, MS_GGML_TYPE_Q5_0, MS_GGML_TYPE_Q8_0,
+                                 MS_GGML_TYPE_Q4_K, MS_GGML_TYPE_Q5_K, MS_GGML_TYPE_Q6_K};
+    static const char *const names[] = {"q4_0", "q4_1", "q5_0", "q8_0", "q4_k", "q5_k", "q6_k"};
+    for (int i = 0; i < 7; i++) {
+        ms_dtype dt = ms_dtype_from_ggml(g[i]);
+        assert_int_equal(dt, MS_DTYPE_Q4_0 + i);
+        assert_true(ms_dtype_is_quant(dt));
+        assert_int_equal(ms_dtype_ggml_type(dt), (int)g[i]);
+        assert_string_equal(ms_dtype_str(dt), names[i]);
+        assert_int_equal(ms_dtype_size(dt), 0);
+        size_t blk = ms_ggml_type_block(g[i]);
+        assert_int_equal(ms_dtype_row_bytes(dt, (int64_t)blk * 3), 3 * ms_ggml_type_block_bytes(g[i]));
+        assert_int_equal(ms_dtype_row_bytes(dt, (int64_t)blk + 1), 0);
+    }
+    /* types that stay dequantized, and the plain dtypes */
+    assert_int_equal(ms_dtype_from_ggml(MS_GGML_TYPE_Q5_1), MS_DTYPE_COUNT);
+    assert_int_equal(ms_dtype_from_ggml(MS_GGML_TYPE_F16), MS_DTYPE_COUNT);
+    assert_false(ms_dtype_is_quant(MS_DTYPE_BF16));
+    assert_int_equal(ms_dtype_ggml_type(MS_DTYPE_F32), -1);
+    assert_int_equal(ms_dtype_row_bytes(MS_DTYPE_BF16, 10), 20);
+    /* the CPU backend takes no block weights: linear names the operand and its dtype */
+    ms_backend be;
+    ms_error err = {0};
+    assert_int_equal(ms_backend_cpu_init(&be, NULL, &err), MS_OK);
+    assert_null(be.iface.weight_dtype_ok);
+    float xb[64] = {0}, yb[4] = {0};
+    uint8_t wb[4 * 36] = {0};
+    ms_tensor x = ms_tensor_2d(xb, MS_DTYPE_F32, 1, 64), w = ms_tensor_2d(wb, MS_DTYPE_Q4_0, 4, 64),
+              y = ms_tensor_2d(yb, MS_DTYPE_F32, 1, 4);
+    assert_int_not_equal(be.iface.linear(be.ctx, &x, &w, NULL, &y, &err), MS_OK);
+    assert_non_null(strstr(err.msg, "q4_0"));
+    ms_backend_free(&be);
+}
+
 /* ---- quantizers ---- */
 
 static void test_quant_roundtrip(void **state) {
@@ -1028,6 +1067,7 @@ int main(void) {
         ms_unit_test(test_model_qwen2_untied),
         ms_unit_test(test_model_bad),
         ms_unit_test(test_rope_freqs),
+        ms_unit_test(test_quant_dtypes),
         ms_unit_test(test_quant_roundtrip),
         ms_unit_test(test_mkckpt_gguf),
         ms_unit_test(test_mkckpt_gguf_bad),
