@@ -3346,6 +3346,7 @@ typedef struct kvariant {
 
 static int collect_kernels(gen *g, kvariant *ks, int n, int cap);
 static const char *kname(gen *g, const kvariant *k);
+static int collect_quant_kernels(gen *g, kvariant *ks, int n, int cap);
 
 /* The kernel instances ms_codegen_kernels writes for the model, or 0 when it refuses them
  * (MS_ERR_UNSUPPORTED: mstarc warns and writes none); out of memory still fails through g->jb. */
@@ -3361,6 +3362,7 @@ static int collect_kernels_or_none(gen *g, kvariant *ks, int cap) {
         for (int ni = 0; ni < g->m->n_nodes; ni++) {
             lower_node(g, ni);
             n = collect_kernels(g, ks, n, cap);
+            n = collect_quant_kernels(g, ks, n, cap);
         }
     else
         jumped = true;
@@ -3453,7 +3455,7 @@ ms_status ms_codegen_model_c(const ms_model *m, const char *source, ms_strbuf *o
     ms_emit_blank(&g->cg);
     E("/* ---- CUDA kernel instances ---- */");
     ms_emit_blank(&g->cg);
-    kvariant ks[32];
+    kvariant ks[40];
     int n_ks = collect_kernels_or_none(g, ks, 32);
     lower_node(g, 0);
     if (n_ks > 0) {
@@ -3626,6 +3628,24 @@ static void emit_kernel(gen *g, const kvariant *k, const char *file) {
     }
     emit_lines(g, body);
     ms_free(body);
+}
+
+/* The quantized-weight instances (templates/quant/qmatmul.cuh): a forward with a linear op may
+ * load a GGUF whose weights the CUDA backend keeps in ggml blocks (backend_cuda_quant.h), one
+ * instance per block type (GEMV, prefill dequantization and the embedding gather), emitted as
+ * DIR/kernels/qmatmul_<type>_af32.cu like every instance and precompiled by `mstarc build --arch`
+ * and the `kernels` verb. Which ones a run needs depends on the checkpoint's tensor types, so the
+ * CUDA backend compiles (or takes from the cache) only those when it loads the weights. */
+static int collect_quant_kernels(gen *g, kvariant *ks, int n, int cap) {
+    bool linear = false;
+    for (int i = 0; i < g->n_o && !linear; i++)
+        linear = g->o[i].kind == O_LINEAR;
+    if (!linear)
+        return n;
+    static const int qtypes[] = {2, 3, 6, 8, 12, 13, 14}; /* Q4_0 Q4_1 Q5_0 Q8_0 Q4_K Q5_K Q6_K */
+    for (size_t i = 0; i < MS_ARRAY_LEN(qtypes); i++)
+        kadd(g, ks, &n, cap, ms_kernel_spec_qmatmul(qtypes[i]), "the checkpoint is a GGUF with weights of this type");
+    return n;
 }
 
 /* Collect the structural kernel instances the lowered forward and the sampler need, as the CUDA
@@ -3807,11 +3827,12 @@ ms_status ms_codegen_kernels(const ms_model *m, const char *source, ms_gen_file 
     }
     ms_arena_set_oom_jmp(&g->a, &g->jb);
     prepare(g);
-    kvariant ks[32];
+    kvariant ks[40];
     int n = 0;
     for (int ni = 0; ni < m->n_nodes; ni++) {
         lower_node(g, ni);
-        n = collect_kernels(g, ks, n, 32);
+        n = collect_kernels(g, ks, n, 40);
+        n = collect_quant_kernels(g, ks, n, 40);
     }
     if (n > cap)
         fail_at(g, NOLOC, "kernels: %d instances, room for %d", n, cap);

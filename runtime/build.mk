@@ -34,6 +34,7 @@ PROGRAMS += $(BUILD)/mstar-mkckpt
 # mstar-mkckpt uses no CUDA: linked without the CUDA libraries, an ASan build starts in 0.03 s instead of ~1 s.
 $(BUILD)/mstar-mkckpt: $(BUILD)/obj/runtime/tools/mkckpt.o $(BUILD)/libmstar.a ; $(if $(filter 1,$(V)),,@printf '  %-6s %s\n' LD $@ &&) $(CC) $(LDFLAGS) -o $@ $^ $(PKG_LIBS) -lm
 RUNTIME_CUDA_SRCS += runtime/backends/backend_cuda.c
+RUNTIME_CUDA_SRCS += runtime/backends/backend_cuda_quant.c
 RUNTIME_SRCS += runtime/engine/model_desc.c
 RUNTIME_SRCS += runtime/engine/model_probe.c
 RUNTIME_SRCS += runtime/cli/gguf_tokenizer.c

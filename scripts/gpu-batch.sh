@@ -28,6 +28,9 @@ if [ "${1:-}" = "--bundle" ]; then
     rm -rf "$dir" && mkdir -p "$dir/bin/llama" "$dir/bin/qwen3" "$dir/lib" "$dir/pre" "$dir/fixtures"
     cp build/tests/test_gpu_kernels build/tests/test_backend_cuda build/tests/test_llama_cuda_fixture \
         build/tests/test_engine_features_cuda build/tests/bench_kernels build/mstarc build/mstar-mkckpt "$dir/bin/"
+    # quantized weights kept in ggml blocks on the GPU (issue [I]): kernels, engine (MS_GPU_QUANT=1)
+    make -j2 build/tests/test_quant_cuda build/tests/test_quant_smollm2_cuda &&
+        cp build/tests/test_quant_cuda build/tests/test_quant_smollm2_cuda "$dir/bin/" || exit 1
     # the encoder ops (LayerNorm, GELU, conv1d, bidirectional attention over 1500 keys) vs the CPU
     make -j2 build/tests/test_encoder_ops_cuda && cp build/tests/test_encoder_ops_cuda "$dir/bin/" &&
         strip "$dir/bin/test_encoder_ops_cuda" || exit 1 # 1.8 -> 1.0 MB: the bundle is near the carry limit
@@ -141,6 +144,31 @@ if [ -n "${MS_GPU_SOAK:-}" ]; then
     cat "$OUT/sampler.log" "$OUT/soak.log"
     printf '%s\n' "${summary[@]}"
     exit $soak_rc
+fi
+
+# quantized weights (issue [I]), only when MS_GPU_QUANT is set, in a call of its own (exits after):
+# MS_GPU_QUANT=1: test_quant_cuda (GEMV / prefill / dequant per type vs the CPU) and
+# test_quant_smollm2_cuda (engine on cuda vs the CPU; SmolLM2 skips without the model);
+# MS_GPU_QUANT=q4_0 (or q4_k, q8_0): scripts/bench-quant-8b.sh for that type (about 3 minutes).
+if [ -n "${MS_GPU_QUANT:-}" ]; then
+    if [ -n "${MS_GPU_BUNDLE:-}" ]; then
+        qt=$sb/bin qbuild=$sb/bin
+    else
+        qt=build/tests qbuild=build
+        make -j"$(nproc)" build/tests/test_quant_cuda build/tests/test_quant_smollm2_cuda build/mstar-mkckpt \
+            build/llama/llama >"$OUT/build-quant.log" 2>&1
+    fi
+    if [ "$MS_GPU_QUANT" = 1 ]; then
+        step quant 240 "$qt/test_quant_cuda"
+        step quant-engine 240 env MS_BUILD="$qbuild" "$qt/test_quant_smollm2_cuda"
+        cat "$OUT/quant.log" "$OUT/quant-engine.log"
+    else
+        step bench-quant 560 env MS_BUILD="$qbuild" MS_BENCH_BIN="$qbuild/llama/llama" \
+            scripts/bench-quant-8b.sh "$MS_GPU_QUANT"
+        cat "$OUT/bench-quant.log"
+    fi
+    printf '%s\n' "${summary[@]}"
+    exit 0
 fi
 
 if [ -n "${MS_GPU_BUNDLE:-}" ]; then

@@ -18,6 +18,11 @@ GPU_TESTS += tests/test_encoder_ops_cuda
 $(BUILD)/tests/test_engine_features_cuda: $(BUILD)/obj/gen/llama/llama_gen.o $(BUILD)/obj/gen/qwen2vl/qwen2vl_gen.o $(BUILD)/obj/gen/dense/llama_dense_gen.o
 # CUDA graphs against the padded eager path, bitwise (graph_exec.h); MS_GRAPHS_DRY_RUN=1: on the CPU
 GPU_TESTS += tests/test_graphs_cuda
+# quantized weights on the GPU (GEMV, prefill, bit-exact dequantization) per ggml type
+GPU_TESTS += tests/test_quant_cuda
+# SmolLM2 Q4_1 through the engine on cuda with the blocks kept (fetch-model.sh; skips without it)
+GPU_TESTS += tests/test_quant_smollm2_cuda
+$(BUILD)/tests/test_quant_smollm2_cuda: $(BUILD)/obj/gen/llama/llama_gen.o | $(BUILD)/mstar-mkckpt
 $(BUILD)/tests/test_graphs_cuda: $(BUILD)/obj/gen/llama/llama_gen.o
 PROGRAMS += $(BUILD)/tests/bench_kernels
 endif
@@ -263,6 +268,13 @@ $(BUILD)/tests/test_gguf_smollm2: $(BUILD)/obj/gen/llama/llama_gen.o
 # test_gguf runs mstar-mkckpt --format gguf
 $(BUILD)/tests/test_gguf: | $(BUILD)/mstar-mkckpt
 TESTS += tests/test_gguf_fixtures
+# templates/quant/blocks.cuh built for the host (C++: the template is) against ms_ggml_dequantize
+TESTS += tests/test_quant_blocks
+$(BUILD)/tests/test_quant_blocks: LDLIBS += -lstdc++
+$(BUILD)/obj/tests/test_quant_blocks.o: tests/test_quant_blocks.cpp templates/quant/blocks.cuh
+	$(call quiet,CXX,$<)
+	@mkdir -p $(@D)
+	$(Q)$(CXX) $(CPPFLAGS) -Itests -Itemplates -std=c++17 -g $(OPT) -ffp-contract=off -pthread $(SAN_FLAGS) -Wall -Wextra -Werror -Wno-unknown-pragmas "-D_Noreturn=[[noreturn]]" -c $< -o $@
 # scripts/fetch-model.sh: one path on stdout, pinned sha256, exit 2 without a registry
 TEST_SCRIPTS += tests/gguf_fetch.sh
 # gguf_model.c converts tensors on a thread pool

@@ -98,30 +98,30 @@ if run "mstarc build --arch sm_80,sm_90 --config llama_gqa" 0 \
     "$mstarc" build models/llama.mstar -o "$tmp/b" --arch sm_80,sm_90 --config "$gqa"; then
     n_new=$(count ' sm_(80|90) +compiled ' "$tmp/out")
     n_skip=$(count 'skipped: not used with this checkpoint' "$tmp/out")
-    if [ "$n_new" -eq 20 ] && [ "$n_skip" -eq 3 ] && [ -x "$tmp/b/llama" ] &&
+    if [ "$n_new" -eq 34 ] && [ "$n_skip" -eq 3 ] && [ -x "$tmp/b/llama" ] &&
         grep -q 'head_dim=16, page_size=16, group=4' "$tmp/out" &&
         grep -q 'attn_decode_bf16_hd16_ps16_g4_af32 *sm_90 *compiled .*attn_decode_bf16_af32.cu' "$tmp/out"; then
-        ok "mstarc: 10 instances x 2 archs compiled, 3 variants skipped, binary linked"
+        ok "mstarc: 17 instances (10 + 7 qmatmul) x 2 archs compiled, 3 variants skipped, binary linked"
     else
-        bad "mstarc: 10 instances x 2 archs compiled" "compiled $n_new (want 20), skipped $n_skip (want 3)" "$(cat "$tmp/out")"
+        bad "mstarc: 17 instances x 2 archs compiled" "compiled $n_new (want 34), skipped $n_skip (want 3)" "$(cat "$tmp/out")"
     fi
     n_cubins=$(find "$MSTAR_CACHE" -name '*.cubin' | wc -l)
-    if [ "$n_cubins" -eq 20 ]; then ok "20 cubins in MSTAR_CACHE"; else bad "20 cubins in MSTAR_CACHE" "found $n_cubins"; fi
+    if [ "$n_cubins" -eq 34 ]; then ok "34 cubins in MSTAR_CACHE"; else bad "34 cubins in MSTAR_CACHE" "found $n_cubins"; fi
 fi
 
 # ---- the binary finds all of them ----
 bin="$tmp/b/llama"
 if run "kernels --list" 0 "$bin" kernels --model "$gqa" --arch sm_80,sm_90 --list; then
-    if [ "$(count ' sm_(80|90) +cached$' "$tmp/out")" -eq 20 ] && ! grep -qE ' sm_[0-9]+ +missing$' "$tmp/out" &&
-        grep -q '^20 cached, 0 missing$' "$tmp/out"; then
+    if [ "$(count ' sm_(80|90) +cached$' "$tmp/out")" -eq 34 ] && ! grep -qE ' sm_[0-9]+ +missing$' "$tmp/out" &&
+        grep -q '^34 cached, 0 missing$' "$tmp/out"; then
         ok "kernels --list: every instance of both archs cached"
     else
         bad "kernels --list: every instance cached" "$(cat "$tmp/out")"
     fi
 fi
 if run "kernels --arch sm_90" 0 "$bin" kernels --model "$gqa" --arch sm_90; then
-    if [ "$(count ' sm_90 +hit +[0-9]' "$tmp/out")" -eq 10 ] && ! grep -qE ' sm_90 +compiled +[0-9]' "$tmp/out" &&
-        grep -q '^10 hits, 0 compiled' "$tmp/out"; then
+    if [ "$(count ' sm_90 +hit +[0-9]' "$tmp/out")" -eq 17 ] && ! grep -qE ' sm_90 +compiled +[0-9]' "$tmp/out" &&
+        grep -q '^17 hits, 0 compiled' "$tmp/out"; then
         ok "kernels --arch sm_90: hits only"
     else
         bad "kernels --arch sm_90: hits only" "$(cat "$tmp/out")"
@@ -129,17 +129,17 @@ if run "kernels --arch sm_90" 0 "$bin" kernels --model "$gqa" --arch sm_90; then
 fi
 # a page size the cache does not hold: listed missing, then compiled by the verb (3 shaped instances)
 if run "kernels --page-size 32" 0 "$bin" kernels --model "$gqa" --arch sm_90 --page-size 32; then
-    if [ "$(count ' sm_90 +compiled +[0-9]' "$tmp/out")" -eq 3 ] && [ "$(count ' sm_90 +hit +[0-9]' "$tmp/out")" -eq 7 ] &&
+    if [ "$(count ' sm_90 +compiled +[0-9]' "$tmp/out")" -eq 3 ] && [ "$(count ' sm_90 +hit +[0-9]' "$tmp/out")" -eq 14 ] &&
         grep -q 'attn_decode_bf16_hd16_ps32_g4_af32 *sm_90 *compiled' "$tmp/out"; then
-        ok "kernels --page-size 32: the 3 shaped instances compiled, 7 hits"
+        ok "kernels --page-size 32: the 3 shaped instances compiled, 14 hits"
     else
         bad "kernels --page-size 32" "$(cat "$tmp/out")"
     fi
 fi
 # mstarc again (emit only): everything comes from the cache
 if run "mstarc --arch again" 0 "$mstarc" build models/llama.mstar -o "$tmp/b" --emit-only --arch sm_90 --config "$gqa"/config.json; then
-    if [ "$(count ' sm_90 +cached ' "$tmp/out")" -eq 10 ]; then ok "mstarc --arch again: 10 cached";
-    else bad "mstarc --arch again: 10 cached" "$(cat "$tmp/out")"; fi
+    if [ "$(count ' sm_90 +cached ' "$tmp/out")" -eq 17 ]; then ok "mstarc --arch again: 17 cached";
+    else bad "mstarc --arch again: 17 cached" "$(cat "$tmp/out")"; fi
 fi
 
 # ---- Qwen3: the per-head q/k RMSNorm (rmsnorm_heads, head_dim a shape macro) is emitted,
@@ -149,21 +149,21 @@ if run "mstarc build qwen3 --arch sm_90 --config qwen3" 0 \
     "$mstarc" build models/qwen3.mstar -o "$tmp/q3" --arch sm_90 --config "$q3"; then
     n_done=$(count ' sm_90 +(compiled|cached) ' "$tmp/out")
     n_skip=$(count 'skipped: not used with this checkpoint' "$tmp/out")
-    if [ "$n_done" -eq 11 ] && [ "$n_skip" -eq 2 ] && [ -x "$tmp/q3/qwen3" ] &&
+    if [ "$n_done" -eq 18 ] && [ "$n_skip" -eq 2 ] && [ -x "$tmp/q3/qwen3" ] &&
         [ -f "$tmp/q3/kernels/rmsnorm_heads_bf16_af32.cu" ] &&
         grep -q 'head_dim=48, page_size=16, group=2' "$tmp/out" &&
         grep -q 'rmsnorm_heads_bf16_hd48_af32 *sm_90 *compiled .*rmsnorm_heads_bf16_af32.cu' "$tmp/out" &&
         ! grep -q 'not emitted' "$tmp/out"; then
-        ok "mstarc qwen3: 11 instances in the cache (rmsnorm_heads at hd48 from rmsnorm_heads_bf16_af32.cu), 2 skipped"
+        ok "mstarc qwen3: 18 instances in the cache (rmsnorm_heads at hd48 from rmsnorm_heads_bf16_af32.cu, 7 qmatmul), 2 skipped"
     else
-        bad "mstarc qwen3: 11 instances in the cache" "done $n_done (want 11), skipped $n_skip (want 2)" "$(cat "$tmp/out")"
+        bad "mstarc qwen3: 18 instances in the cache" "done $n_done (want 18), skipped $n_skip (want 2)" "$(cat "$tmp/out")"
     fi
     if run "qwen3 kernels --list" 0 "$tmp/q3/qwen3" kernels --model "$q3" --arch sm_90 --list; then
-        if [ "$(count ' sm_90 +cached$' "$tmp/out")" -eq 11 ] && grep -q '^11 cached, 0 missing$' "$tmp/out" &&
+        if [ "$(count ' sm_90 +cached$' "$tmp/out")" -eq 18 ] && grep -q '^18 cached, 0 missing$' "$tmp/out" &&
             grep -q '^rmsnorm_heads_bf16_hd48_af32 *sm_90 *cached$' "$tmp/out"; then
-            ok "qwen3 kernels --list: all 11 instances (rmsnorm_heads included) cached"
+            ok "qwen3 kernels --list: all 18 instances (rmsnorm_heads included) cached"
         else
-            bad "qwen3 kernels --list: all 11 cached" "$(cat "$tmp/out")"
+            bad "qwen3 kernels --list: all 18 cached" "$(cat "$tmp/out")"
         fi
     fi
 fi
@@ -177,9 +177,9 @@ if run "mstarc build plain" 0 "$mstarc" build tests/codegen/plain.mstar -o "$tmp
         want=$(ls "$tmp/pl/kernels" | sed 's/\.cu$//' | sort | tr '\n' ' ')
         got=$(grep -E ' sm_90 +(cached|missing)$' "$tmp/out" | awk '{print $1}' |
             sed -E 's/_hd[0-9]+//; s/_ps[0-9]+//; s/_g[0-9]+//' | sort | tr '\n' ' ')
-        if [ "$want" = "$got" ] && grep -q '^plain: 9 kernel instances x 1 arch' "$tmp/out" &&
+        if [ "$want" = "$got" ] && grep -q '^plain: 16 kernel instances x 1 arch' "$tmp/out" &&
             ! grep -q '^rmsnorm_bf16_res' "$tmp/out"; then
-            ok "plain kernels --list: exactly the 9 emitted instances (no rmsnorm_res)"
+            ok "plain kernels --list: exactly the 16 emitted instances (no rmsnorm_res; 7 qmatmul)"
         else
             bad "plain kernels --list: exactly the emitted instances" "want: $want" "got:  $got" "$(cat "$tmp/out")"
         fi
@@ -264,12 +264,12 @@ case $build in
         "$mstarc" build tests/codegen/plain.mstar -o "$tmp/p" --emit-only --arch sm_90; then
         after=$(find "$MSTAR_CACHE" -name '*.cubin' | wc -l)
         n_ok=$(count ' sm_90 +ok ' "$tmp/out")
-        if [ "$n_ok" -eq 14 ] && [ "$before" -eq "$after" ] &&
+        if [ "$n_ok" -eq 21 ] && [ "$before" -eq "$after" ] &&
             grep -q 'compile-checked at head_dim=64,128, group=1,4,8 .*no cache entries: pass --config' "$tmp/out" &&
             grep -q 'attn_decode_bf16_af32_hd128_ps32_g8 *sm_90 *ok' "$tmp/out"; then
-            ok "mstarc without --config: 14 checks at the representative shapes, no cache entries"
+            ok "mstarc without --config: 21 checks at the representative shapes, no cache entries"
         else
-            bad "mstarc without --config" "ok lines $n_ok (want 14), cubins $before -> $after" "$(cat "$tmp/out")"
+            bad "mstarc without --config" "ok lines $n_ok (want 21), cubins $before -> $after" "$(cat "$tmp/out")"
         fi
     fi ;;
 esac
@@ -279,14 +279,14 @@ esac
 tk="$fx/hf/talker_codepred"
 if [ -f "$tk/config.json" ] && run "mstarc build talker --arch sm_90 --config talker_codepred" 0 \
     "$mstarc" build models/talker.mstar -o "$tmp/tk" --emit-only --arch sm_90 --config "$tk"; then
-    if [ "$(count ' sm_90 +(compiled|cached) ' "$tmp/out")" -eq 11 ] &&
+    if [ "$(count ' sm_90 +(compiled|cached) ' "$tmp/out")" -eq 18 ] &&
         grep -q 'kernels: node code_predictor at head_dim=16, page_size=4, group=2' "$tmp/out" &&
         grep -qE 'attn_decode_bf16_hd16_ps4_g2_af32 +sm_90' "$tmp/out" &&
         grep -qE 'rope_kv_bf16_hd16_ps4_neox_af32 +sm_90' "$tmp/out" &&
         grep -qE 'attn_prefill_bf16_hd16_ps16_g2_causal_af32 +sm_90' "$tmp/out"; then
-        ok "mstarc talker: 11 instances, the code predictor's 3 at page size 4 among them"
+        ok "mstarc talker: 18 instances (7 of them qmatmul), the code predictor's 3 at page size 4 among them"
     else
-        bad "mstarc talker: 11 instances" "$(cat "$tmp/out")"
+        bad "mstarc talker: 18 instances" "$(cat "$tmp/out")"
     fi
 fi
 

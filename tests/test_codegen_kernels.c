@@ -75,6 +75,9 @@ static int all_specs(ms_kernel_spec *out, int cap) {
     out[n++] = ms_kernel_spec_simple(MS_KERNEL_OP_SILU_MUL, MS_KERNEL_DTYPE_F32);
     out[n++] = ms_kernel_spec_simple(MS_KERNEL_OP_ARGMAX, MS_KERNEL_DTYPE_F32);
     out[n++] = ms_kernel_spec_simple(MS_KERNEL_OP_SAMPLE, MS_KERNEL_DTYPE_F32);
+    static const int qt[] = {2, 3, 6, 8, 12, 13, 14}; /* quantized weights: one per ggml type */
+    for (int i = 0; i < 7; i++)
+        out[n++] = ms_kernel_spec_qmatmul(qt[i]);
     assert_true(n <= cap);
     return n;
 }
@@ -93,6 +96,13 @@ static void test_llama_kernel_instances(void **state) {
         "attn_prefill_bf16_causal_win_af32.cu",
         "embed_bf16_af32.cu",
         "misc_bf16_af32.cu",
+        "qmatmul_q4_0_af32.cu",
+        "qmatmul_q4_1_af32.cu",
+        "qmatmul_q4_k_af32.cu",
+        "qmatmul_q5_0_af32.cu",
+        "qmatmul_q5_k_af32.cu",
+        "qmatmul_q6_k_af32.cu",
+        "qmatmul_q8_0_af32.cu",
         "rmsnorm_bf16_af32.cu",
         "rmsnorm_bf16_res_af32.cu",
         "rope_kv_bf16_interleaved_af32.cu",

@@ -26,6 +26,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "backend.h"
 #include "checkpoint.h"
 #include "gguf.h"
 #include "gguf_model.h"
@@ -739,8 +740,8 @@ static void test_model_bad(void **state) {
     (void)state;
     expect_model_bad("gpt2", NULL, MS_ERR_UNSUPPORTED,
                      "general.architecture 'gpt2' is not supported (supported: llama, qwen2, qwen3)");
-    expect_model_bad("llama", "rope_freqs.weight", MS_ERR_UNSUPPORTED,
-                     "tensor 'rope_freqs.weight' has no Hugging Face counterpart");
+    expect_model_bad("llama", "rope_freqs.weight", MS_ERR_FORMAT,
+                     "tensor 'rope_freqs.weight' has 1 dims, ne[0] 8; expected one factor per rotary pair (2)");
     expect_model_bad("llama", "blk.7.attn_norm.weight", MS_ERR_FORMAT,
                      "tensor 'blk.7.attn_norm.weight' names layer 7, but the model has 1 layers");
     expect_model_bad("llama", "blk.0.ffn_gate_exps.weight", MS_ERR_UNSUPPORTED,
@@ -749,6 +750,135 @@ static void test_model_bad(void **state) {
     ms_ckpt *ck = NULL;
     assert_int_equal(ms_ckpt_init(&ck, "/nonexistent/m.gguf", &err), MS_ERR_NOT_FOUND);
     assert_null(ck);
+}
+
+/* ---- Llama 3 rope scaling as rope_freqs.weight ---- */
+
+#define CHECK(expr)                                                                                      \
+    do {                                                                                                 \
+        if ((expr) != MS_OK)                                                                             \
+            fail_msg("%s: %s", #expr, e.msg);                                                            \
+    } while (0)
+
+/* convert_hf_to_gguf.py's rope_freqs.weight for rope_type llama3 (float32 arithmetic). */
+static void llama3_factors(double theta, int dim, double factor, double low, double high, double orig, float *out) {
+    float low_wl = (float)(orig / low), high_wl = (float)(orig / high);
+    for (int i = 0; i < dim / 2; i++) {
+        float freq = 1.0f / powf((float)theta, (float)(2 * i) / (float)dim);
+        float wavelen = (float)(2.0 * M_PI) / freq;
+        float smooth = ((float)orig / wavelen - (float)low) / (float)(high - low);
+        out[i] = wavelen < high_wl ? 1.0f : wavelen > low_wl ? (float)factor
+                                                             : 1.0f / ((1.0f - smooth) / (float)factor + smooth);
+    }
+}
+
+/* A metadata-only llama GGUF (head_dim 128, theta 5e5, the 8B's shape keys) with rope_freqs.weight
+ * = ff[64]; returns the status of ms_hf_config_init on it and its rope parameters. */
+static ms_status rope_freqs_config(const float *ff, ms_rope_params *rp, ms_error *err) {
+    char path[] = "/tmp/ms_test_gguf_rf_XXXXXX.gguf";
+    int fd = mkstemps(path, 5);
+    assert_true(fd >= 0);
+    close(fd);
+    ms_gguf_writer *w = NULL;
+    ms_error e = {0};
+    CHECK(ms_gguf_writer_init(&w, path, &e));
+    CHECK(ms_gguf_writer_set_str(w, "general.architecture", "llama", &e));
+    CHECK(ms_gguf_writer_set_u32(w, "llama.embedding_length", 4096, &e));
+    CHECK(ms_gguf_writer_set_u32(w, "llama.block_count", 32, &e));
+    CHECK(ms_gguf_writer_set_u32(w, "llama.attention.head_count", 32, &e));
+    CHECK(ms_gguf_writer_set_u32(w, "llama.attention.head_count_kv", 8, &e));
+    CHECK(ms_gguf_writer_set_u32(w, "llama.feed_forward_length", 14336, &e));
+    CHECK(ms_gguf_writer_set_u32(w, "llama.vocab_size", 128256, &e));
+    CHECK(ms_gguf_writer_set_u32(w, "llama.context_length", 131072, &e));
+    CHECK(ms_gguf_writer_set_f32(w, "llama.attention.layer_norm_rms_epsilon", 1e-5f, &e));
+    CHECK(ms_gguf_writer_set_f32(w, "llama.rope.freq_base", 500000.0f, &e));
+    int64_t ne = 64;
+    CHECK(ms_gguf_writer_add_tensor(w, "rope_freqs.weight", MS_GGML_TYPE_F32, 1, &ne, &e));
+    CHECK(ms_gguf_writer_write(w, ff, 64 * sizeof *ff, &e));
+    CHECK(ms_gguf_writer_finish(w, &e));
+    ms_gguf_writer_free(w);
+    ms_hf_config *cfg = NULL;
+    ms_status st = ms_hf_config_init(&cfg, path, err);
+    if (st == MS_OK)
+        st = ms_hf_config_get_rope(cfg, rp, err);
+    ms_hf_config_free(cfg);
+    unlink(path);
+    return st;
+}
+
+static void test_rope_freqs(void **state) {
+    (void)state;
+    /* Llama 3.1 8B (factor 8) and Llama 3.2 1B (factor 32): low 1, high 4, original 8192 */
+    static const double factors[] = {8.0, 32.0};
+    for (size_t k = 0; k < MS_ARRAY_LEN(factors); k++) {
+        float ff[64];
+        llama3_factors(500000.0, 128, factors[k], 1.0, 4.0, 8192.0, ff);
+        ms_rope_params rp;
+        ms_error err = {0};
+        if (rope_freqs_config(ff, &rp, &err) != MS_OK)
+            fail_msg("%s", err.msg);
+        assert_int_equal(rp.type, MS_ROPE_TYPE_LLAMA3);
+        assert_true(rp.factor == factors[k] && rp.low_freq_factor == 1.0 && rp.high_freq_factor == 4.0);
+        assert_int_equal(rp.original_max_position_embeddings, 8192);
+        /* one smoothed factor off by 1%: no Llama 3 parameters reproduce it */
+        for (int i = 0; i < 64; i++)
+            if (ff[i] != 1.0f && ff[i] != (float)factors[k]) {
+                ff[i] *= 1.01f;
+                break;
+            }
+        ms_status st = rope_freqs_config(ff, &rp, &err);
+        if (st != MS_ERR_UNSUPPORTED || strstr(err.msg, "tensor 'rope_freqs.weight' is not a Llama 3 rope scaling") == NULL)
+            fail_msg("expected the bent factor refused, got %s: %s", ms_status_str(st), err.msg);
+    }
+    /* all ones: default frequencies; a factor below 1: refused naming the dimension */
+    float ones[64];
+    for (int i = 0; i < 64; i++)
+        ones[i] = 1.0f;
+    ms_rope_params rp;
+    ms_error e = {0};
+    CHECK(rope_freqs_config(ones, &rp, &e));
+    assert_int_equal(rp.type, MS_ROPE_TYPE_DEFAULT);
+    ones[3] = 0.5f;
+    assert_int_equal(rope_freqs_config(ones, &rp, &e), MS_ERR_UNSUPPORTED);
+    assert_non_null(strstr(e.msg, "tensor 'rope_freqs.weight'[3] = 0.5: not a Llama 3 frequency factor"));
+}
+
+/* ---- ggml block dtypes of the op interface (backend.h) ---- */
+
+static void test_quant_dtypes(void **state) {
+    (void)state;
+    static const uint32_t g[] = {MS_GGML_TYPE_Q4_0, MS_GGML_TYPE_Q4_1, MS_GGML_TYPE_Q5_0, MS_GGML_TYPE_Q8_0,
+                                 MS_GGML_TYPE_Q4_K, MS_GGML_TYPE_Q5_K, MS_GGML_TYPE_Q6_K};
+    static const char *const names[] = {"q4_0", "q4_1", "q5_0", "q8_0", "q4_k", "q5_k", "q6_k"};
+    for (int i = 0; i < 7; i++) {
+        ms_dtype dt = ms_dtype_from_ggml(g[i]);
+        assert_int_equal(dt, MS_DTYPE_Q4_0 + i);
+        assert_true(ms_dtype_is_quant(dt));
+        assert_int_equal(ms_dtype_ggml_type(dt), (int)g[i]);
+        assert_string_equal(ms_dtype_str(dt), names[i]);
+        assert_int_equal(ms_dtype_size(dt), 0);
+        size_t blk = ms_ggml_type_block(g[i]);
+        assert_int_equal(ms_dtype_row_bytes(dt, (int64_t)blk * 3), 3 * ms_ggml_type_block_bytes(g[i]));
+        assert_int_equal(ms_dtype_row_bytes(dt, (int64_t)blk + 1), 0);
+    }
+    /* types that stay dequantized, and the plain dtypes */
+    assert_int_equal(ms_dtype_from_ggml(MS_GGML_TYPE_Q5_1), MS_DTYPE_COUNT);
+    assert_int_equal(ms_dtype_from_ggml(MS_GGML_TYPE_F16), MS_DTYPE_COUNT);
+    assert_false(ms_dtype_is_quant(MS_DTYPE_BF16));
+    assert_int_equal(ms_dtype_ggml_type(MS_DTYPE_F32), -1);
+    assert_int_equal(ms_dtype_row_bytes(MS_DTYPE_BF16, 10), 20);
+    /* the CPU backend takes no block weights: linear names the operand and its dtype */
+    ms_backend be;
+    ms_error err = {0};
+    assert_int_equal(ms_backend_cpu_init(&be, NULL, &err), MS_OK);
+    assert_null(be.iface.weight_dtype_ok);
+    float xb[64] = {0}, yb[4] = {0};
+    uint8_t wb[4 * 36] = {0};
+    ms_tensor x = ms_tensor_2d(xb, MS_DTYPE_F32, 1, 64), w = ms_tensor_2d(wb, MS_DTYPE_Q4_0, 4, 64),
+              y = ms_tensor_2d(yb, MS_DTYPE_F32, 1, 4);
+    assert_int_not_equal(be.iface.linear(be.ctx, &x, &w, NULL, &y, &err), MS_OK);
+    assert_non_null(strstr(err.msg, "q4_0"));
+    ms_backend_free(&be);
 }
 
 /* ---- quantizers ---- */
@@ -847,6 +977,31 @@ static void check_mkckpt_quant(const char *dir, const char *quant, uint32_t type
         assert_int_equal(ms_ggml_dequantize(t, q, want, x->n_elems), MS_OK);
         if (memcmp(got, want, x->n_elems * sizeof *want) != 0)
             fail_msg("%s: %s differs from dequantize(quantize(x)) of the safetensors checkpoint", quant, x->name);
+        /* the blocks as stored, rows in Hugging Face order (q/k un-permuted): exactly the blocks
+           of quantize(x), and rows [1, 3) alone are their slice */
+        const ms_gguf_model *gm = ms_ckpt_get_gguf_model(gk);
+        ms_gguf_raw_info ri;
+        if (gm == NULL || ms_gguf_model_raw_info(gm, x->name, &ri, &err) != MS_OK)
+            fail_msg("%s: raw info of %s: %s", quant, x->name, err.msg);
+        assert_int_equal(ri.type, t);
+        assert_int_equal(ri.rows, x->n_dims == 2 ? x->shape[0] : 1);
+        size_t raw_bytes = (size_t)ri.rows * ri.row_bytes;
+        uint8_t *raw = ms_malloc(raw_bytes);
+        assert_non_null(raw);
+        if (ms_gguf_model_copy_raw_rows(gm, x->name, 0, ri.rows, raw, raw_bytes, &err) != MS_OK)
+            fail_msg("%s", err.msg);
+        if (memcmp(raw, q, raw_bytes) != 0)
+            fail_msg("%s: raw rows of %s (permute groups %lld) differ from quantize(x)", quant, x->name,
+                     (long long)ri.permute_groups);
+        if (ri.rows >= 3) {
+            if (ms_gguf_model_copy_raw_rows(gm, x->name, 1, 2, raw, raw_bytes, &err) != MS_OK)
+                fail_msg("%s", err.msg);
+            assert_memory_equal(raw, q + ri.row_bytes, 2 * ri.row_bytes);
+        }
+        assert_int_equal(ms_gguf_model_copy_raw_rows(gm, x->name, ri.rows - 1, 2, raw, raw_bytes, &err),
+                         MS_ERR_INVALID_ARG);
+        assert_non_null(strstr(err.msg, x->name));
+        ms_free(raw);
         ms_free(got);
         ms_free(xv);
         ms_free(want);
@@ -911,6 +1066,8 @@ int main(void) {
         ms_unit_test(test_model_llama),
         ms_unit_test(test_model_qwen2_untied),
         ms_unit_test(test_model_bad),
+        ms_unit_test(test_rope_freqs),
+        ms_unit_test(test_quant_dtypes),
         ms_unit_test(test_quant_roundtrip),
         ms_unit_test(test_mkckpt_gguf),
         ms_unit_test(test_mkckpt_gguf_bad),

@@ -75,6 +75,27 @@ static void permute_rows(const float *src, float *dst, int64_t rows, int64_t col
                        (size_t)cols * sizeof *src);
 }
 
+/* rope_freqs.weight as convert_hf_to_gguf.py's LlamaModel.generate_extra_tensors computes it for
+ * rope_type llama3 (torch float32 tensors, Python-float parameters): one divisor per rotary pair. */
+static void llama3_rope_factors(const ms_rope_params *rp, int dim, float *out) {
+    double orig = (double)rp->original_max_position_embeddings;
+    float low_wl = (float)(orig / rp->low_freq_factor);
+    float high_wl = (float)(orig / rp->high_freq_factor);
+    for (int i = 0; i < dim / 2; i++) {
+        float freq = 1.0f / powf((float)rp->theta, (float)(2 * i) / (float)dim);
+        float wavelen = (float)(2.0 * M_PI) / freq;
+        if (wavelen < high_wl) {
+            out[i] = 1.0f;
+        } else if (wavelen > low_wl) {
+            out[i] = (float)rp->factor;
+        } else {
+            float smooth = ((float)orig / wavelen - (float)rp->low_freq_factor) /
+                           (float)(rp->high_freq_factor - rp->low_freq_factor);
+            out[i] = 1.0f / ((1.0f - smooth) / (float)rp->factor + smooth);
+        }
+    }
+}
+
 /* Write fixture `rel` as an F32 GGUF of architecture `arch` at `out`. */
 static void convert(const char *rel, const char *arch, const char *out) {
     ms_error err = {0};
@@ -96,7 +117,7 @@ static void convert(const char *rel, const char *arch, const char *out) {
     CHECK(ms_hf_config_get_int(cfg, "max_position_embeddings", &ctx, &err));
     CHECK(ms_hf_config_get_float(cfg, "rms_norm_eps", &eps, &err));
     CHECK(ms_hf_config_get_rope(cfg, &rp, &err));
-    assert_int_equal(rp.type, MS_ROPE_TYPE_DEFAULT);
+    assert_true(rp.type == MS_ROPE_TYPE_DEFAULT || (rp.type == MS_ROPE_TYPE_LLAMA3 && strcmp(arch, "llama") == 0));
     ms_hf_config_free(cfg);
     bool llama = strcmp(arch, "llama") == 0;
 
@@ -118,6 +139,12 @@ static void convert(const char *rel, const char *arch, const char *out) {
     CHECK(ms_gguf_writer_set_f32(w, AK("rope.freq_base"), (float)rp.theta, &err));
 #undef AK
     size_t n = ms_ckpt_n_tensors(ck);
+    float rope_ff[512];
+    int64_t n_ff = hd / 2;
+    if (rp.type == MS_ROPE_TYPE_LLAMA3) {
+        llama3_rope_factors(&rp, (int)hd, rope_ff);
+        CHECK(ms_gguf_writer_add_tensor(w, "rope_freqs.weight", MS_GGML_TYPE_F32, 1, &n_ff, &err));
+    }
     for (size_t i = 0; i < n; i++) {
         const ms_st_tensor *t = ms_ckpt_tensor_at(ck, i);
         char g[96];
@@ -127,6 +154,8 @@ static void convert(const char *rel, const char *arch, const char *out) {
         int64_t ne[2] = {t->n_dims == 2 ? t->shape[1] : t->shape[0], t->shape[0]};
         CHECK(ms_gguf_writer_add_tensor(w, g, MS_GGML_TYPE_F32, t->n_dims, ne, &err));
     }
+    if (rp.type == MS_ROPE_TYPE_LLAMA3)
+        CHECK(ms_gguf_writer_write(w, rope_ff, (size_t)n_ff * sizeof *rope_ff, &err));
     for (size_t i = 0; i < n; i++) {
         const ms_st_tensor *t = ms_ckpt_tensor_at(ck, i);
         char g[96];
@@ -149,7 +178,25 @@ static void convert(const char *rel, const char *arch, const char *out) {
     ms_ckpt_free(ck);
 }
 
-static void check_gguf_fixture(const char *rel, const char *arch, int page_size) {
+/* The RoPE inverse frequencies the config at `path` (a checkpoint folder or a .gguf) implies, into
+ * inv[rotary_dim / 2]; returns rotary_dim. */
+static int rope_inv_freq_of(const char *path, float *inv) {
+    ms_error err = {0};
+    ms_hf_config *cfg = NULL;
+    CHECK(ms_hf_config_init(&cfg, path, &err));
+    int64_t hd;
+    CHECK(ms_hf_config_get_int(cfg, "head_dim", &hd, &err));
+    ms_rope_params rp;
+    CHECK(ms_hf_config_get_rope(cfg, &rp, &err));
+    ms_hf_config_free(cfg);
+    ms_rope_config rc;
+    CHECK(ms_rope_config_from_hf(&rp, MS_ROPE_ROTATE_HALF, (int32_t)hd, &rc, &err));
+    assert_true(rc.rotary_dim / 2 <= 512);
+    CHECK(ms_rope_compute_inv_freq(&rc, inv, &err));
+    return rc.rotary_dim;
+}
+
+static void check_gguf_fixture(const char *rel, const char *arch, int page_size, bool same_as_safetensors) {
     ms_error err = {0};
     char gguf[] = "/tmp/ms_test_gguf_fx_XXXXXX.gguf";
     int fd = mkstemps(gguf, 5);
@@ -185,6 +232,31 @@ static void check_gguf_fixture(const char *rel, const char *arch, int page_size)
     printf("fixture %-14s as %s GGUF: %d prompt(s), max abs error prefill %.3g, decode %.3g; greedy ids "
            "equal\n", rel, arch, np, (double)r.err_prefill, (double)r.err_decode);
     model_free(&m);
+    if (same_as_safetensors) {
+        /* the same weights from the safetensors original: the derived RoPE (and with it every
+         * logit) must be the same bits, so the errors against the reference are equal too */
+        float inv_g[512], inv_s[512];
+        int rd = rope_inv_freq_of(gguf, inv_g), rd_s = rope_inv_freq_of(dir, inv_s);
+        assert_int_equal(rd, rd_s);
+        for (int i = 0; i < rd / 2; i++)
+            if (memcmp(&inv_g[i], &inv_s[i], sizeof(float)) != 0)
+                fail_msg("%s as GGUF: inv_freq[%d] %.9g, from config.json %.9g", rel, i, (double)inv_g[i],
+                         (double)inv_s[i]);
+        run_result rs;
+        model_load(&m, &be, dir, MS_DTYPE_F32);
+        model_plan(&m, MS_MAX(total, np), np * (most / page_size + 2) + 2, page_size);
+        run_batch(&m, pr, all, np, page_size, &rs);
+        model_free(&m);
+        if (memcmp(&rs.err_prefill, &r.err_prefill, sizeof r.err_prefill) != 0 ||
+            memcmp(&rs.err_decode, &r.err_decode, sizeof r.err_decode) != 0 ||
+            memcmp(&rs.rel_prefill, &r.rel_prefill, sizeof r.rel_prefill) != 0 ||
+            memcmp(&rs.rel_decode, &r.rel_decode, sizeof r.rel_decode) != 0 || memcmp(rs.ids, r.ids, sizeof r.ids) != 0)
+            fail_msg("%s: GGUF and safetensors runs differ (max abs error prefill %.9g vs %.9g, decode %.9g vs "
+                     "%.9g)", rel, (double)r.err_prefill, (double)rs.err_prefill, (double)r.err_decode,
+                     (double)rs.err_decode);
+        printf("fixture %-14s: GGUF (rope_freqs.weight) and safetensors (rope_type llama3): %d inv_freq equal, "
+               "same errors and ids\n", rel, rd / 2);
+    }
     free_prompts(pr, np, &rf);
     ms_backend_free(&be);
     unlink(gguf);
@@ -192,18 +264,26 @@ static void check_gguf_fixture(const char *rel, const char *arch, int page_size)
 
 static void test_llama_gqa_gguf(void **state) {
     (void)state;
-    check_gguf_fixture("hf/llama_gqa", "llama", 16);
+    check_gguf_fixture("hf/llama_gqa", "llama", 16, false);
 }
 
 static void test_qwen3_gguf(void **state) {
     (void)state;
-    check_gguf_fixture("hf/qwen3", "qwen3", 8);
+    check_gguf_fixture("hf/qwen3", "qwen3", 8, false);
+}
+
+/* Llama 3.1 scaling: llama.cpp's converter stores it as rope_freqs.weight (no GGUF key); the
+ * loader recovers rope_type llama3 from it, so the GGUF runs exactly as the safetensors original. */
+static void test_llama31_rope_gguf(void **state) {
+    (void)state;
+    check_gguf_fixture("hf/llama31_rope", "llama", 16, true);
 }
 
 int main(void) {
     const struct CMUnitTest tests[] = {
         ms_unit_test(test_llama_gqa_gguf),
         ms_unit_test(test_qwen3_gguf),
+        ms_unit_test(test_llama31_rope_gguf),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -6,7 +6,8 @@
  * needs: attention decode and prefill for head_dim 16/64/128 x page size 16/128 x GQA 1/4/8 x
  * windowed or not, plus the repository fixtures' own shapes (head_dim 16 and 32, GQA 2), RoPE+KV
  * write for both styles with and without llama3 scaling, the M-RoPE variant (Qwen2-VL) and the
- * per-head RMSNorm (Qwen3 q_norm / k_norm, head_dim 48/64/128), and the norm, activation,
+ * per-head RMSNorm (Qwen3 q_norm / k_norm, head_dim 48/64/128), the quantized matmuls (qmatmul:
+ * GEMV and dequantization for each ggml type kept quantized on the GPU), and the norm, activation,
  * embedding, elementwise, argmax and sampling kernels, all with float32 activations over bf16
  * weights and KV (the CUDA backend's choice), and with bf16 activations for the shapes of
  * test_gpu_kernels, each as the runtime compiles it (ms_kernel_spec_instance_source). It compiles
@@ -678,11 +679,16 @@ static int check_emitted_keys(const char *file, const ms_kernel_model_shape *sha
     bool matched[32] = {false};
     int checked = 0;
     for (size_t k = 0; k < n_shapes; k++) {
-        ms_kernel_spec sp[16];
-        int n = 0;
+        ms_kernel_spec sp[32];
+        int n = 0, nq = 0;
         assert_int_equal(ms_kernel_specs_for_decoder_variant(&shapes[k], qk_norm, mrope, sp, 16, &n,
                                                              &err),
                          MS_OK);
+        /* and the quantized-weight instances every model with a linear lists (one per type) */
+        static const int qt[] = {2, 3, 6, 8, 12, 13, 14};
+        assert_int_equal(ms_kernel_specs_for_quant(qt, 7, sp + n, 32 - n, &nq, &err), MS_OK);
+        assert_int_equal(nq, 7);
+        n += nq;
         for (int i = 0; i < n; i++) {
             char stem[MS_KERNEL_URI_MAX], uri[MS_KERNEL_URI_MAX], name[MS_KERNEL_URI_MAX + 4];
             char defines[256], *rt = NULL;
@@ -729,9 +735,10 @@ static void test_emitted_instances_share_the_runtime_cache_key(void **state) {
         {64, 8, 8, 32, MS_KERNEL_ROPE_INTERLEAVED, true, MS_KERNEL_DTYPE_BF16,
          MS_KERNEL_DTYPE_BF16},
     };
+    /* per shape: the structural instances plus the 7 qmatmul ones (one per ggml type) */
     assert_int_equal(check_emitted_keys("models/llama.mstar", llama, MS_ARRAY_LEN(llama), false,
                                         false),
-                     30);
+                     30 + 3 * 7);
     /* the Qwen3 fixture (head_dim 48), Qwen3-8B, and one with its sliding window on: Llama's
        instances and the per-head norm, which mstarc emits as rmsnorm_heads_bf16_af32.cu
        (head_dim a macro) */
@@ -742,7 +749,7 @@ static void test_emitted_instances_share_the_runtime_cache_key(void **state) {
     };
     assert_int_equal(check_emitted_keys("models/qwen3.mstar", qwen3, MS_ARRAY_LEN(qwen3), true,
                                         false),
-                     33);
+                     33 + 3 * 7);
     /* the Qwen2-VL fixture (head_dim 32, mrope_section [4, 6, 6]), Qwen2-VL-7B, and one with its
        sliding window on: Llama's instances with the M-RoPE rope_kv instead of the plain one */
     const ms_kernel_model_shape qwen2vl[] = {
@@ -752,7 +759,7 @@ static void test_emitted_instances_share_the_runtime_cache_key(void **state) {
     };
     assert_int_equal(check_emitted_keys("models/qwen2vl.mstar", qwen2vl, MS_ARRAY_LEN(qwen2vl),
                                         false, true),
-                     30);
+                     30 + 3 * 7);
 }
 
 /* Copy the file src to dst, appending extra. */
@@ -1009,6 +1016,11 @@ static void build_llama_matrix(matrix *m) {
     for (int a = 0; a < 2; a++)
         for (int st = MS_KERNEL_ROPE_NEOX; st <= MS_KERNEL_ROPE_INTERLEAVED; st++)
             add_spec(m, ms_kernel_spec_rope_kv_mrope(bf, ghd[a], 16, (ms_kernel_rope)st));
+    /* quantized weights (GGUF): one qmatmul instance per ggml type the CUDA backend keeps
+     * quantized (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K), all nine entries each */
+    static const int qt[] = {2, 3, 6, 8, 12, 13, 14};
+    for (int i = 0; i < (int)MS_ARRAY_LEN(qt); i++)
+        add_spec(m, ms_kernel_spec_qmatmul(qt[i]));
 }
 
 /* Compile one (spec, arch) job; true on success with every entry symbol in the cubin. */

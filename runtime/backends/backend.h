@@ -94,13 +94,32 @@ typedef enum ms_dtype {
     MS_DTYPE_BF16,    /* bfloat16: the upper 16 bits of a binary32 */
     MS_DTYPE_F16,     /* IEEE binary16 */
     MS_DTYPE_I32,     /* int32 (ids, positions, indices) */
+    /* ggml quantized blocks (ggml-common.h; GGUF weights kept as stored): weights of linear and
+     * embedding only, [rows, cols] with cols a multiple of the block, rows packed
+     * (ms_dtype_row_bytes), on backends whose weight_dtype_ok accepts them (CUDA) */
+    MS_DTYPE_Q4_0,
+    MS_DTYPE_Q4_1,
+    MS_DTYPE_Q5_0,
+    MS_DTYPE_Q8_0,
+    MS_DTYPE_Q4_K,
+    MS_DTYPE_Q5_K,
+    MS_DTYPE_Q6_K,
     MS_DTYPE_COUNT
 } ms_dtype;
 
 /* "f32", "bf16", "f16", "i32"; "?" for anything else. */
 const char *ms_dtype_str(ms_dtype dt);
-/* Bytes per element (4, 2, 2, 4); 0 for an invalid dtype. */
+/* Bytes per element (4, 2, 2, 4); 0 for an invalid dtype and for the block types (Q*). */
 size_t ms_dtype_size(ms_dtype dt);
+/* True for the ggml block types MS_DTYPE_Q4_0 .. MS_DTYPE_Q6_K. */
+bool ms_dtype_is_quant(ms_dtype dt);
+/* The ggml type number (gguf_quant.h MS_GGML_TYPE_*) of a block type; -1 for any other dtype. */
+int ms_dtype_ggml_type(ms_dtype dt);
+/* The block dtype of ggml type `type`, or MS_DTYPE_COUNT when it has none (F16, Q5_1, ...). */
+ms_dtype ms_dtype_from_ggml(uint32_t type);
+/* Bytes of one row of `cols` elements: cols * size, or cols / block * block bytes for a block
+ * type; 0 when cols is not a multiple of the block or dt is invalid. */
+size_t ms_dtype_row_bytes(ms_dtype dt, int64_t cols);
 
 /* Scalar conversions (round to nearest even; NaN stays NaN; f16 overflow gives +-inf). Defined in
  * safetensors.c and declared identically in safetensors.h; repeated here so backends need only
@@ -431,6 +450,12 @@ typedef struct ms_backend_i {
      */
     ms_status (*kernels_load)(void *ctx, const struct ms_kernel_spec *specs, int n,
                               ms_error *err);
+    /*
+     * Whether weights of dtype `dt` can be loaded (tensor_load from host data of the same dtype)
+     * and computed with by linear and embedding (optional, default: f32, bf16 and f16 only). The
+     * CUDA backend accepts the ggml block types (backend_cuda_quant.h) unless MS_CUDA_QUANT=0.
+     */
+    bool (*weight_dtype_ok)(void *ctx, ms_dtype dt);
 
     /* -- ops (all queued; shapes in the comments; n = tokens of the step) -- */
 

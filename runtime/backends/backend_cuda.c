@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend_cuda_quant.h"
 #include "cuda_ops.h"
 
 /* ---- context ---- */
@@ -44,6 +45,7 @@ typedef struct cuda_ctx {
     void *retired[MAX_RETIRED]; /* buffers ensure_device grew past while graphs were alive: a */
     int n_retired;              /* recorded graph may read them; freed with the last graph */
     bool sealed;       /* kernels_load ran: the instance table is the model's, complete */
+    ms_cuda_quant *quant; /* weights kept in ggml blocks (backend_cuda_quant.h); made on first use */
 } cuda_ctx;
 
 /* Per-batch device state beyond the shared index arrays. */
@@ -142,6 +144,9 @@ static ms_status ensure_device(cuda_ctx *c, void **p, size_t *have, size_t need,
 #define DT_F32 (1u << MS_DTYPE_F32)
 #define DT_I32 (1u << MS_DTYPE_I32)
 #define DT_FLOATS ((1u << MS_DTYPE_F32) | (1u << MS_DTYPE_BF16) | (1u << MS_DTYPE_F16))
+#define DT_QUANT                                                                                   \
+    ((1u << MS_DTYPE_Q4_0) | (1u << MS_DTYPE_Q4_1) | (1u << MS_DTYPE_Q5_0) | (1u << MS_DTYPE_Q8_0) | \
+     (1u << MS_DTYPE_Q4_K) | (1u << MS_DTYPE_Q5_K) | (1u << MS_DTYPE_Q6_K))
 
 static ms_status check_t(const char *op, const char *name, const ms_tensor *t, int lo, int hi,
                          unsigned dtypes, ms_error *err) {
@@ -265,9 +270,56 @@ static void store_elem(char *p, ms_dtype dt, float v) {
 }
 
 /* Convert on the host into a packed buffer, then one 2-D copy per leading index. */
+/* ---- weights in ggml blocks (backend_cuda_quant.h) ---- */
+
+static ms_status quant_ctx(cuda_ctx *c, ms_error *err) {
+    if (c->quant == NULL)
+        MS_TRY(ms_cuda_quant_init(&c->quant, c->arch, c->cache_dir, c->stream, c->cublas, err));
+    return MS_OK;
+}
+
+/* A block-type weight tensor [rows, cols] with packed rows as a qweight view. */
+static ms_status qview(const char *op, const ms_tensor *w, ms_cuda_qweight *q, ms_error *err) {
+    MS_TRY(check_t(op, "w", w, 2, 2, DT_QUANT, err));
+    size_t rb = ms_dtype_row_bytes(w->dtype, w->shape[1]);
+    if (rb == 0 || w->stride[0] != w->shape[1])
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "%s: %s weight [%lld, %lld] needs packed rows of whole blocks",
+                       op, ms_dtype_str(w->dtype), (long long)w->shape[0], (long long)w->shape[1]);
+    *q = (ms_cuda_qweight){w->data, (uint32_t)ms_dtype_ggml_type(w->dtype), w->shape[0], w->shape[1], rb};
+    return MS_OK;
+}
+
+static bool cu_weight_dtype_ok(void *ctx, ms_dtype dt) {
+    (void)ctx;
+    if (dt == MS_DTYPE_F32 || dt == MS_DTYPE_BF16 || dt == MS_DTYPE_F16)
+        return true;
+    const char *env = getenv("MS_CUDA_QUANT");
+    return ms_dtype_is_quant(dt) && !(env != NULL && strcmp(env, "0") == 0);
+}
+
+/* tensor_load of a block-type weight: the host blocks as they are (same dtype), and the type's
+ * qmatmul instance compiled now, at load. */
+static ms_status quant_tensor_load(cuda_ctx *c, const ms_tensor *dst, const ms_tensor *src, ms_error *err) {
+    ms_cuda_qweight q;
+    MS_TRY(qview("tensor_load", dst, &q, err));
+    if (src == NULL || src->data == NULL || src->dtype != dst->dtype || src->ndim != 2 ||
+        src->shape[0] != dst->shape[0] || src->shape[1] != dst->shape[1] || src->stride[0] != src->shape[1])
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "tensor_load: a %s dst [%lld, %lld] takes packed host blocks of "
+                       "the same type and shape (src %s)", ms_dtype_str(dst->dtype), (long long)dst->shape[0],
+                       (long long)dst->shape[1], src != NULL ? ms_dtype_str(src->dtype) : "NULL");
+    MS_TRY(quant_ctx(c, err));
+    MS_TRY(ms_cuda_quant_load_type(c->quant, q.type, err));
+    MS_CUDA_TRY(err, cudaMemcpyAsync(dst->data, src->data, (size_t)q.rows * q.row_bytes, cudaMemcpyHostToDevice,
+                                     c->stream));
+    MS_CUDA_TRY(err, cudaStreamSynchronize(c->stream));
+    return MS_OK;
+}
+
 static ms_status cu_tensor_load(void *ctx, const ms_tensor *dst, const ms_tensor *src,
                                 ms_error *err) {
     cuda_ctx *c = ctx;
+    if (dst != NULL && ms_dtype_is_quant(dst->dtype))
+        return quant_tensor_load(c, dst, src, err);
     MS_TRY(check_t("tensor_load", "dst", dst, 1, MS_TENSOR_MAX_DIMS, DT_FLOATS, err));
     MS_TRY(check_t("tensor_load", "src", src, 1, MS_TENSOR_MAX_DIMS, DT_FLOATS, err));
     if (dst->ndim != src->ndim)
@@ -547,6 +599,9 @@ static ms_status cu_attn_batch_plan(void *ctx, ms_attn_batch *batch, const ms_pa
 static ms_status cu_kernels_load(void *ctx, const ms_kernel_spec *specs, int n, ms_error *err) {
     cuda_ctx *c = ctx;
     for (int i = 0; i < n; i++) {
+        if (specs[i].op == MS_KERNEL_OP_QMATMUL)
+            continue; /* quantized weights: compiled by tensor_load for the types the checkpoint
+                         stores (backend_cuda_quant.h), not for every type the model lists */
         ms_cuda_module *m;
         MS_TRY(get_module(c, &specs[i], &m, err));
     }
@@ -559,6 +614,18 @@ static ms_status cu_kernels_load(void *ctx, const ms_kernel_spec *specs, int n, 
 static ms_status cu_embedding(void *ctx, const ms_tensor *table, const ms_tensor *ids,
                               ms_tensor *out, ms_error *err) {
     cuda_ctx *c = ctx;
+    if (table != NULL && ms_dtype_is_quant(table->dtype)) {
+        ms_cuda_qweight q;
+        MS_TRY(qview("embedding", table, &q, err));
+        MS_TRY(check_t("embedding", "ids", ids, 1, 1, DT_I32, err));
+        MS_TRY(check_t("embedding", "out", out, 2, 2, DT_F32, err));
+        if (out->shape[0] != ids->shape[0] || out->shape[1] != table->shape[1])
+            return MS_FAIL(err, MS_ERR_INVALID_ARG, "embedding: out [%lld, %lld] must be [ids %lld, d %lld]",
+                           (long long)out->shape[0], (long long)out->shape[1], (long long)ids->shape[0],
+                           (long long)table->shape[1]);
+        MS_TRY(quant_ctx(c, err));
+        return ms_cuda_quant_embed(c->quant, &q, ids->data, ids->shape[0], out->data, out->stride[0], err);
+    }
     MS_TRY(check_t("embedding", "table", table, 2, 2, DT_FLOATS, err));
     MS_TRY(check_t("embedding", "ids", ids, 1, 1, DT_I32, err));
     MS_TRY(check_t("embedding", "out", out, 2, 2, DT_F32, err));
@@ -589,7 +656,7 @@ static ms_status cu_linear(void *ctx, const ms_tensor *x, const ms_tensor *w,
                            const ms_tensor *bias, ms_tensor *y, ms_error *err) {
     cuda_ctx *c = ctx;
     MS_TRY(check_t("linear", "x", x, 2, 2, DT_F32, err));
-    MS_TRY(check_t("linear", "w", w, 2, 2, DT_FLOATS, err));
+    MS_TRY(check_t("linear", "w", w, 2, 2, DT_FLOATS | DT_QUANT, err));
     MS_TRY(check_t("linear", "y", y, 2, 2, DT_F32, err));
     const int64_t n = x->shape[0], in = x->shape[1], outd = w->shape[0];
     if (w->shape[1] != in || y->shape[0] != n || y->shape[1] != outd)
@@ -606,7 +673,13 @@ static ms_status cu_linear(void *ctx, const ms_tensor *x, const ms_tensor *w,
     /* the handle is bound to c->stream once (cuda_setup): cublasSetStream here would reset the
        workspace set there to cuBLAS's own pool (cuBLAS docs, cublasSetStream) */
     const float one = 1.f, zero = 0.f;
-    if (w->dtype == MS_DTYPE_F32) {
+    if (ms_dtype_is_quant(w->dtype)) {
+        /* ggml blocks: GEMV for decode-sized n, dequantize + GEMM for prefill */
+        ms_cuda_qweight q;
+        MS_TRY(qview("linear", w, &q, err));
+        MS_TRY(quant_ctx(c, err));
+        MS_TRY(ms_cuda_quant_linear(c->quant, x->data, n, x->stride[0], &q, y->data, y->stride[0], err));
+    } else if (w->dtype == MS_DTYPE_F32) {
         MS_CUBLAS_TRY(err, cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)outd, (int)n,
                                         (int)in, &one, w->data, CUDA_R_32F, (int)w->stride[0],
                                         x->data, CUDA_R_32F, (int)x->stride[0], &zero, y->data,
@@ -1372,6 +1445,7 @@ static void cu_free(void *ctx) {
     if (c->stream != NULL)
         (void)cudaStreamSynchronize(c->stream);
     free_retired(c);
+    ms_cuda_quant_free(c->quant);
     for (int i = 0; i < c->n_mods; i++)
         ms_cuda_module_free(c->mods[i]);
     if (c->scratch != NULL)
@@ -1518,6 +1592,7 @@ ms_status ms_backend_cuda_init(ms_backend *out, const ms_backend_cuda_options *o
     f->attn_batch_stage = cu_attn_batch_stage;
     f->attn_batch_plan = cu_attn_batch_plan;
     f->kernels_load = cu_kernels_load;
+    f->weight_dtype_ok = cu_weight_dtype_ok;
     f->embedding = cu_embedding;
     f->linear = cu_linear;
     f->rms_norm = cu_rms_norm;

@@ -33,7 +33,32 @@ static const kernel_op_info op_info[MS_KERNEL_OP_COUNT] = {
       "ms_im2col", "ms_im2col_f32", "ms_bias_add", "ms_bias_add_f32"}},
     {"rmsnorm_heads", "norm/rmsnorm.cuh", {"ms_rmsnorm_heads", NULL}},
     {"attn_dense", "attn/dense.cuh", {"ms_attn_dense", NULL}},
+    {"qmatmul", "quant/qmatmul.cuh",
+     {"ms_qgemv_1", "ms_qgemv_2", "ms_qgemv_3", "ms_qgemv_4", "ms_qgemv_5", "ms_qgemv_6",
+      "ms_qgemv_7", "ms_qgemv_8", "ms_qgemv_16", "ms_qgemv_32", "ms_qdequant_bf16", "ms_qembed"}},
 };
+
+/* The ggml types qmatmul instantiates: ggml type number, URI word, device block struct
+ * (templates/quant/qmatmul.cuh). */
+static const struct {
+    int type;
+    const char *name, *block;
+} qtypes[] = {
+    {2, "q4_0", "ms::q4_0"},  {3, "q4_1", "ms::q4_1"},  {6, "q5_0", "ms::q5_0"},
+    {8, "q8_0", "ms::q8_0"},  {12, "q4_k", "ms::q4_k"}, {13, "q5_k", "ms::q5_k"},
+    {14, "q6_k", "ms::q6_k"},
+};
+
+static int qtype_index(int qtype) {
+    for (int i = 0; i < (int)MS_ARRAY_LEN(qtypes); i++)
+        if (qtypes[i].type == qtype)
+            return i;
+    return -1;
+}
+
+bool ms_kernel_qmatmul_supported(int qtype) {
+    return qtype_index(qtype) >= 0;
+}
 
 /* ORDER MS_KERNEL_DTYPE */
 static const char *const dtype_names[MS_KERNEL_DTYPE_COUNT] = {"bf16", "f16", "f32"};
@@ -133,6 +158,31 @@ ms_kernel_spec ms_kernel_spec_simple(ms_kernel_op op, ms_kernel_dtype dt) {
     return s;
 }
 
+ms_kernel_spec ms_kernel_spec_qmatmul(int qtype) {
+    ms_kernel_spec s = ms_kernel_spec_simple(MS_KERNEL_OP_QMATMUL, MS_KERNEL_DTYPE_BF16);
+    s.act_dtype = MS_KERNEL_DTYPE_F32;
+    s.qtype = qtype;
+    return s;
+}
+
+ms_status ms_kernel_specs_for_quant(const int *types, int n_types, ms_kernel_spec *out, int cap,
+                                    int *n, ms_error *err) {
+    *n = 0;
+    for (int i = 0; i < n_types; i++) {
+        if (!ms_kernel_qmatmul_supported(types[i]))
+            continue;
+        bool seen = false;
+        for (int j = 0; j < *n && !seen; j++)
+            seen = out[j].qtype == types[i];
+        if (seen)
+            continue;
+        if (*n == cap)
+            return MS_FAIL(err, MS_ERR_CAPACITY, "qmatmul instances: room for %d", cap);
+        out[(*n)++] = ms_kernel_spec_qmatmul(types[i]);
+    }
+    return MS_OK;
+}
+
 /* ---- validation ---- */
 
 
@@ -202,9 +252,19 @@ ms_status ms_kernel_spec_check(const ms_kernel_spec *s, ms_error *err) {
             return MS_FAIL(err, MS_ERR_UNSUPPORTED,
                            "attn_dense: head_dim %d unsupported (1 .. 256)", s->head_dim);
         break;
+    case MS_KERNEL_OP_QMATMUL:
+        if (qtype_index(s->qtype) < 0)
+            return MS_FAIL(err, MS_ERR_UNSUPPORTED, "qmatmul: ggml type %d unsupported (Q4_0, Q4_1, "
+                           "Q5_0, Q8_0, Q4_K, Q5_K, Q6_K)", s->qtype);
+        if (s->dtype != MS_KERNEL_DTYPE_BF16 || s->act_dtype != MS_KERNEL_DTYPE_F32)
+            return MS_FAIL(err, MS_ERR_UNSUPPORTED, "qmatmul: dequantizes to bf16 with f32 "
+                           "activations only");
+        break;
     default:
         break;
     }
+    if (s->op != MS_KERNEL_OP_QMATMUL && s->qtype != 0)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: qtype is a qmatmul field", op);
     if (s->mrope && s->op != MS_KERNEL_OP_ROPE_KV)
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: M-RoPE is a rope_kv variant", op);
     if ((s->op == MS_KERNEL_OP_ATTN_DECODE || s->op == MS_KERNEL_OP_ATTN_PREFILL) &&
@@ -257,6 +317,9 @@ static ms_status spec_name(const ms_kernel_spec *s, int arch, bool with_shape, c
         break;
     case MS_KERNEL_OP_RMSNORM:
         n = snprintf(buf, cap, "%s_%s%s%s", op, dt, s->add_residual ? "_res" : "", sm);
+        break;
+    case MS_KERNEL_OP_QMATMUL: /* the weight type is the ggml block type; bf16 is implied */
+        n = snprintf(buf, cap, "%s_%s%s", op, qtypes[qtype_index(s->qtype)].name, sm);
         break;
     default:
         n = snprintf(buf, cap, "%s_%s%s", op, dt, sm);
@@ -355,6 +418,9 @@ static ms_status spec_body(const ms_kernel_spec *s, bool shape_macros, const cha
     case MS_KERNEL_OP_RMSNORM:
         emit(&b, "constexpr bool kAddResidual = %s;\n", cbool(s->add_residual));
         break;
+    case MS_KERNEL_OP_QMATMUL:
+        emit(&b, "using Q = %s;\n", qtypes[qtype_index(s->qtype)].block);
+        break;
     default:
         break;
     }
@@ -446,6 +512,22 @@ static ms_status spec_body(const ms_kernel_spec *s, bool shape_macros, const cha
                  "extern \"C\" __global__ void __launch_bounds__(MS_MISC_THREADS)\n"
                  "ms_bias_add_f32(const ms_misc_params p) {\n"
                  "    ms::bias_add<cfg::TA, float>(p);\n}\n");
+        break;
+    case MS_KERNEL_OP_QMATMUL:
+        for (int c = 1; c <= 8; c++)
+            emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_QGEMV_THREADS)\n"
+                     "ms_qgemv_%d(const ms_qmatmul_params p) {\n"
+                     "    ms::qgemv<cfg::Q, %d, MS_QGEMV_ROWS>(p);\n}\n\n", c, c);
+        for (int c = 16; c <= 32; c *= 2) /* wide: one row per CTA, x rows up to c */
+            emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_QGEMV_THREADS)\n"
+                     "ms_qgemv_%d(const ms_qmatmul_params p) {\n"
+                     "    ms::qgemv<cfg::Q, %d, 1>(p);\n}\n\n", c, c);
+        emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_QDEQUANT_THREADS)\n"
+                 "ms_qdequant_bf16(const ms_qmatmul_params p) {\n"
+                 "    ms::qdequant_bf16<cfg::Q>(p);\n}\n\n"
+                 "extern \"C\" __global__ void __launch_bounds__(MS_QGEMV_THREADS)\n"
+                 "ms_qembed(const ms_qmatmul_params p) {\n"
+                 "    ms::qembed<cfg::Q>(p);\n}\n");
         break;
     default:
         break;
@@ -696,7 +778,7 @@ ms_status ms_kernel_specs_for_stems(const ms_kernel_model_shape *shape, const ch
     const ms_kernel_dtype kv = shape->kv_dtype, w = shape->weight_dtype;
     /* every variant the CUDA backend can load for this shape (the order of
        ms_kernel_specs_for_decoder_variant); the stems pick the model's */
-    ms_kernel_spec c[16];
+    ms_kernel_spec c[32];
     int k = 0;
     c[k++] = ms_kernel_spec_attn_decode(kv, hd, ps, g, shape->windowed);
     c[k++] = ms_kernel_spec_attn_prefill(kv, hd, ps, g, true, shape->windowed);
@@ -715,6 +797,9 @@ ms_status ms_kernel_specs_for_stems(const ms_kernel_model_shape *shape, const ch
     c[k++] = ms_kernel_spec_simple(MS_KERNEL_OP_ARGMAX, MS_KERNEL_DTYPE_F32);
     c[k++] = ms_kernel_spec_simple(MS_KERNEL_OP_SAMPLE, MS_KERNEL_DTYPE_F32);
     c[k++] = ms_kernel_spec_attn_dense(hd); /* an encoder's dense attention (f32) */
+    /* quantized weights (no shape): the CUDA backend compiles the types its GGUF uses at load */
+    for (int i = 0; i < (int)MS_ARRAY_LEN(qtypes); i++)
+        c[k++] = ms_kernel_spec_qmatmul(qtypes[i].type);
     int m = 0;
     for (int i = 0; i < k; i++) {
         /* the stem has no shape fields: take it at a shape every template supports, so a

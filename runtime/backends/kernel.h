@@ -29,7 +29,8 @@ extern "C" {
 #endif
 
 #define MS_KERNEL_URI_MAX 128
-#define MS_KERNEL_MAX_ENTRIES 10 /* misc: 3 helpers + 7 encoder entries */
+#define MS_KERNEL_MAX_ENTRIES 12 /* qmatmul: 10 GEMV widths + dequant + embed; misc: 3 helpers +
+                                    7 encoder entries */
 
 /* ORDER MS_KERNEL_OP: keep the op table in kernel.c in sync. */
 typedef enum ms_kernel_op {
@@ -45,6 +46,8 @@ typedef enum ms_kernel_op {
                                      misc/encoder.cuh: layer_norm, gelu, im2col, bias_add */
     MS_KERNEL_OP_RMSNORM_HEADS,   /* norm/rmsnorm.cuh: per-head RMSNorm (Qwen3 q_norm / k_norm) */
     MS_KERNEL_OP_ATTN_DENSE,      /* attn/dense.cuh: attention over the step's own K/V rows */
+    MS_KERNEL_OP_QMATMUL,         /* quant/qmatmul.cuh: GEMV over ggml blocks (1..8 x rows) and
+                                     their dequantization to bf16 (one instance per ggml type) */
     MS_KERNEL_OP_COUNT
 } ms_kernel_op;
 
@@ -93,6 +96,8 @@ typedef struct ms_kernel_spec {
     ms_kernel_rope rope;                 /* rope_kv */
     ms_kernel_rope_scaling rope_scaling; /* rope_kv */
     bool mrope;                          /* rope_kv: M-RoPE position streams per section */
+    int qtype;                           /* qmatmul: ggml block type (gguf_quant.h MS_GGML_TYPE_*:
+                                            Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K or Q6_K) */
 } ms_kernel_spec;
 
 /* ---- constructors (zero the fields the op ignores) ---- */
@@ -121,6 +126,23 @@ ms_kernel_spec ms_kernel_spec_attn_dense(int head_dim);
 /* op: MS_KERNEL_OP_SILU_MUL, _EMBED, _ARGMAX or _SAMPLE (dtype only). MISC: dtype is the
  * conversion target and the add / gather type is act_dtype (set it after the call). */
 ms_kernel_spec ms_kernel_spec_simple(ms_kernel_op op, ms_kernel_dtype dt);
+/* Quantized matmul over ggml type `qtype` (MS_GGML_TYPE_*): entries ms_qgemv_1 .. ms_qgemv_8
+ * (y = x W^T for exactly that many float32 x rows), ms_qgemv_16 and ms_qgemv_32 (up to that many:
+ * each weight block read once for all rows), ms_qdequant_bf16 (W to bf16 for the prefill GEMM) and
+ * ms_qembed (embedding rows of a quantized table as float32);
+ * dtype bf16 (the dequantization target), act_dtype f32. URI qmatmul_q4_0_af32_sm90. */
+ms_kernel_spec ms_kernel_spec_qmatmul(int qtype);
+/*
+ * The qmatmul instances for the ggml types types[n_types] of a checkpoint's quantized weights
+ * (duplicates and types that stay dequantized at load, e.g. F16 or Q5_1, are skipped; the
+ * supported set is ms_kernel_qmatmul_supported) into out[cap]; *n the count. Errors:
+ * MS_ERR_CAPACITY.
+ */
+ms_status ms_kernel_specs_for_quant(const int *types, int n_types, ms_kernel_spec *out, int cap,
+                                    int *n, ms_error *err);
+/* True when qmatmul has an instance for ggml type `qtype` (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K,
+ * Q6_K). */
+bool ms_kernel_qmatmul_supported(int qtype);
 
 /*
  * Check that this build's templates support the spec. MS_ERR_UNSUPPORTED names the value and the

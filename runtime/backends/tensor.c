@@ -8,6 +8,8 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "gguf_quant.h"
+
 /* ---- dtypes ---- */
 
 const char *ms_dtype_str(ms_dtype dt) {
@@ -16,6 +18,13 @@ const char *ms_dtype_str(ms_dtype dt) {
     case MS_DTYPE_BF16: return "bf16";
     case MS_DTYPE_F16: return "f16";
     case MS_DTYPE_I32: return "i32";
+    case MS_DTYPE_Q4_0: return "q4_0";
+    case MS_DTYPE_Q4_1: return "q4_1";
+    case MS_DTYPE_Q5_0: return "q5_0";
+    case MS_DTYPE_Q8_0: return "q8_0";
+    case MS_DTYPE_Q4_K: return "q4_k";
+    case MS_DTYPE_Q5_K: return "q5_k";
+    case MS_DTYPE_Q6_K: return "q6_k";
     default: return "?";
     }
 }
@@ -28,6 +37,35 @@ size_t ms_dtype_size(ms_dtype dt) {
     case MS_DTYPE_I32: return 4;
     default: return 0;
     }
+}
+
+/* ORDER: MS_DTYPE_Q4_0 .. MS_DTYPE_Q6_K */
+static const uint32_t quant_ggml[] = {MS_GGML_TYPE_Q4_0, MS_GGML_TYPE_Q4_1, MS_GGML_TYPE_Q5_0, MS_GGML_TYPE_Q8_0,
+                                      MS_GGML_TYPE_Q4_K, MS_GGML_TYPE_Q5_K, MS_GGML_TYPE_Q6_K};
+
+bool ms_dtype_is_quant(ms_dtype dt) {
+    return dt >= MS_DTYPE_Q4_0 && dt <= MS_DTYPE_Q6_K;
+}
+
+int ms_dtype_ggml_type(ms_dtype dt) {
+    return ms_dtype_is_quant(dt) ? (int)quant_ggml[dt - MS_DTYPE_Q4_0] : -1;
+}
+
+ms_dtype ms_dtype_from_ggml(uint32_t type) {
+    for (int i = 0; i < (int)MS_ARRAY_LEN(quant_ggml); i++)
+        if (quant_ggml[i] == type)
+            return (ms_dtype)(MS_DTYPE_Q4_0 + i);
+    return MS_DTYPE_COUNT;
+}
+
+size_t ms_dtype_row_bytes(ms_dtype dt, int64_t cols) {
+    if (cols < 0)
+        return 0;
+    if (!ms_dtype_is_quant(dt))
+        return (size_t)cols * ms_dtype_size(dt);
+    uint32_t t = quant_ggml[dt - MS_DTYPE_Q4_0];
+    size_t blk = ms_ggml_type_block(t);
+    return blk == 0 || (size_t)cols % blk != 0 ? 0 : (size_t)cols / blk * ms_ggml_type_block_bytes(t);
 }
 
 /* The scalar conversions declared in backend.h (ms_bf16_to_f32, ...) are defined once, in

@@ -27,6 +27,7 @@
 #include "backend.h"
 #include "checkpoint.h"
 #include "device.h"
+#include "gguf_model.h"
 #include "graph_exec.h"
 #ifdef MS_HAVE_CUDA
 #include "backend_cuda.h"
@@ -561,6 +562,48 @@ static ms_status eng_expect(ms_engine *e, int32_t w, const char *name, ms_error 
     return ms_ckpt_expect_tensor(e->ck, name, MS_ST_DTYPES_FLOAT, d->rank, shape, NULL, err);
 }
 
+/*
+ * Quantized weights (GGUF): the block dtype in which checkpoint tensor `name` (a rank-2 weight)
+ * stays on this backend, or MS_DTYPE_COUNT to dequantize it to the weight dtype as usual. Only
+ * when the checkpoint is a .gguf storing it in a block type the backend takes (weight_dtype_ok:
+ * CUDA keeps Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K). The same answer in both weight passes.
+ */
+static ms_dtype eng_quant_dtype(const ms_engine *e, const char *name, int32_t rank) {
+    const ms_gguf_model *gm = ms_ckpt_get_gguf_model(e->ck);
+    /* [tp] quantized blocks are not split across ranks: a tensor-parallel rank loads bf16 */
+    if (rank != 2 || gm == NULL || e->be.iface.weight_dtype_ok == NULL || e->tps != NULL)
+        return MS_DTYPE_COUNT;
+    ms_gguf_raw_info ri;
+    if (ms_gguf_model_raw_info(gm, name, &ri, NULL) != MS_OK)
+        return MS_DTYPE_COUNT;
+    ms_dtype dt = ms_dtype_from_ggml(ri.type);
+    return dt != MS_DTYPE_COUNT && e->be.iface.weight_dtype_ok(e->be.ctx, dt) ? dt : MS_DTYPE_COUNT;
+}
+
+/* Load dst (block dtype, [rows, cols]) from the GGUF blocks of parts names[n] (rows[n] each, in
+ * row order: a FUSED entry's parts), staged in one host buffer. */
+static ms_status eng_load_quant(ms_engine *e, const ms_tensor *dst, const char *const *names,
+                                const int64_t *rows, int32_t n, ms_error *err) {
+    const ms_gguf_model *gm = ms_ckpt_get_gguf_model(e->ck);
+    size_t rb = ms_dtype_row_bytes(dst->dtype, dst->shape[1]), bytes = rb * (size_t)dst->shape[0];
+    uint8_t *buf = ms_malloc(bytes ? bytes : 1);
+    if (buf == NULL)
+        return MS_FAIL(err, MS_ERR_OOM, "out of memory staging %zu bytes of quantized weights (%s)",
+                       bytes, names[0]);
+    ms_status st = MS_OK;
+    size_t at = 0;
+    for (int32_t p = 0; p < n && st == MS_OK; p++) {
+        st = ms_gguf_model_copy_raw_rows(gm, names[p], 0, rows[p], buf + at, bytes - at, err);
+        at += (size_t)rows[p] * rb;
+    }
+    if (st == MS_OK) {
+        ms_tensor src = ms_tensor_make(buf, dst->dtype, 2, dst->shape);
+        st = e->be.iface.tensor_load(e->be.ctx, dst, &src, err);
+    }
+    ms_free(buf);
+    return st;
+}
+
 /* Resolve (and with `load`, load) every weight instance. Without `load` it validates every
  * tensor and returns the slab bytes in *bytes. */
 static ms_status eng_weights_pass(ms_engine *e, bool load, size_t *bytes, ms_error *err) {
@@ -604,9 +647,21 @@ static ms_status eng_weights_pass(ms_engine *e, bool load, size_t *bytes, ms_err
                         memset(dst, 0, sizeof *dst);
                     continue;
                 }
+                const ms_dtype qdt = eng_quant_dtype(e, t->name, wd->rank);
                 if (!load) {
                     MS_TRY(eng_expect(e, w, name, err)); /* names the missing/mismatching one */
-                    off += (elems * es + 63) / 64 * 64;
+                    size_t wb = qdt != MS_DTYPE_COUNT
+                                    ? ms_dtype_row_bytes(qdt, shape[1]) * (size_t)shape[0]
+                                    : elems * es;
+                    off += (wb + 63) / 64 * 64;
+                    continue;
+                }
+                if (qdt != MS_DTYPE_COUNT) {
+                    /* kept in ggml blocks (backend_cuda_quant.h) */
+                    *dst = ms_tensor_make((char *)e->wslab + off, qdt, 2, shape);
+                    const char *nm = t->name;
+                    MS_TRY(eng_load_quant(e, dst, &nm, &shape[0], 1, err));
+                    off += (ms_dtype_row_bytes(qdt, shape[1]) * (size_t)shape[0] + 63) / 64 * 64;
                     continue;
                 }
                 *dst = ms_tensor_make((char *)e->wslab + off, e->wdtype, wd->rank, shape);
@@ -634,11 +689,34 @@ static ms_status eng_weights_pass(ms_engine *e, bool load, size_t *bytes, ms_err
                     memset(dst, 0, sizeof *dst);
                 continue;
             }
+            /* all parts in one block dtype: the fused rows stay quantized (rows of blocks concatenate) */
+            ms_dtype qdt = n_found == wd->n_parts && wd->rank == 2 ? eng_quant_dtype(e, pt[0]->name, 2)
+                                                                   : MS_DTYPE_COUNT;
+            for (int32_t p = 1; p < wd->n_parts && qdt != MS_DTYPE_COUNT; p++)
+                if (eng_quant_dtype(e, pt[p]->name, 2) != qdt)
+                    qdt = MS_DTYPE_COUNT;
+            const size_t fused_bytes = qdt != MS_DTYPE_COUNT
+                                           ? ms_dtype_row_bytes(qdt, shape[1]) * (size_t)shape[0]
+                                           : elems * es;
             if (!load) {
                 for (int32_t p = 0; p < wd->n_parts; p++)
                     if (pt[p] != NULL)
                         MS_TRY(eng_expect(e, wd->parts[p], pname[p], err));
-                off += (elems * es + 63) / 64 * 64;
+                off += (fused_bytes + 63) / 64 * 64;
+                continue;
+            }
+            if (qdt != MS_DTYPE_COUNT) {
+                *dst = ms_tensor_make((char *)e->wslab + off, qdt, 2, shape);
+                const char *names[MS_MD_MAX_PARTS];
+                int64_t prow[MS_MD_MAX_PARTS];
+                for (int32_t p = 0; p < wd->n_parts; p++) {
+                    int64_t pshape[MS_TENSOR_MAX_DIMS] = {1, 1, 1, 1};
+                    d->weight_shape(e->config, wd->parts[p], pshape);
+                    names[p] = pt[p]->name;
+                    prow[p] = pshape[0];
+                }
+                MS_TRY(eng_load_quant(e, dst, names, prow, wd->n_parts, err));
+                off += (fused_bytes + 63) / 64 * 64;
                 continue;
             }
             *dst = ms_tensor_make((char *)e->wslab + off, e->wdtype, wd->rank, shape);

@@ -312,6 +312,10 @@ const ms_gguf *ms_ckpt_get_gguf(const ms_ckpt *ck) {
     return ck->gguf ? ms_gguf_model_file(ck->gguf) : NULL;
 }
 
+const struct ms_gguf_model *ms_ckpt_get_gguf_model(const ms_ckpt *ck) {
+    return ck->gguf;
+}
+
 size_t ms_ckpt_n_tensors(const ms_ckpt *ck) {
     return ck->n_tensors;
 }

@@ -62,6 +62,10 @@ size_t ms_ckpt_n_files(const ms_ckpt *ck);
 const ms_llama2c *ms_ckpt_get_llama2c(const ms_ckpt *ck);
 /* The GGUF file behind ck (borrowed: metadata for tokenizers), or NULL when ck is not a .gguf. */
 const ms_gguf *ms_ckpt_get_gguf(const ms_ckpt *ck);
+/* The GGUF model behind ck (borrowed: the quantized blocks of its tensors, gguf_model.h), or
+ * NULL when ck is not a .gguf. */
+struct ms_gguf_model;
+const struct ms_gguf_model *ms_ckpt_get_gguf_model(const ms_ckpt *ck);
 /* Number of tensors over all shards. */
 size_t ms_ckpt_n_tensors(const ms_ckpt *ck);
 /* Tensor i (0 <= i < n), in ascending strcmp order of names over all shards. */

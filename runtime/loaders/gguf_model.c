@@ -11,6 +11,7 @@
 #include "gguf_model.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,7 @@ struct ms_gguf_model {
     float **bufs;           /* [n] owned float32 data */
     int64_t *permute_groups; /* [n] heads to un-permute (q: n_head, k: n_head_kv), 0 = none */
     ms_status *status;      /* [n] conversion results of the parallel pass */
+    size_t *src;            /* [n] index of tensor i in the GGUF (rope_freqs.weight is not a weight) */
     size_t n;
 };
 
@@ -108,6 +110,118 @@ static ms_status read_dims(const ms_gguf *g, const gguf_arch *a, arch_dims *d, m
     return MS_OK;
 }
 
+/* ---- Llama 3 rope scaling from rope_freqs.weight ---- */
+
+/* The Llama 3 scaling (transformers _compute_llama3_parameters) that a rope_freqs.weight encodes. */
+typedef struct llama3_rope {
+    bool present;            /* the file has rope_freqs.weight with some factor != 1 */
+    double factor, low_freq_factor, high_freq_factor, original_max_position;
+} llama3_rope;
+
+/* The factor convert_hf_to_gguf.py (LlamaModel.generate_extra_tensors) writes for default
+ * frequency f under parameters r: 1 above the high-frequency wavelength, `factor` below the
+ * low one, 1 / ((1 - smooth) / factor + smooth) between. */
+static double llama3_factor_of(const llama3_rope *r, float f) {
+    double wavelen = 2.0 * M_PI / (double)f;
+    double low_wl = r->original_max_position / r->low_freq_factor;
+    double high_wl = r->original_max_position / r->high_freq_factor;
+    if (wavelen < high_wl)
+        return 1.0;
+    if (wavelen > low_wl)
+        return r->factor;
+    double smooth = (r->original_max_position / wavelen - r->low_freq_factor) /
+                    (r->high_freq_factor - r->low_freq_factor);
+    return 1.0 / ((1.0 - smooth) / r->factor + smooth);
+}
+
+/* Index of the first dimension where r does not reproduce ff[n] (relative 1e-5), or n. */
+static int64_t llama3_mismatch(const llama3_rope *r, const float *freq, const float *ff, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        double want = llama3_factor_of(r, freq[i]);
+        if (!(fabs(want - (double)ff[i]) <= 1e-5 * fabs(want)))
+            return i;
+    }
+    return n;
+}
+
+/*
+ * Recover the Llama 3 scaling parameters from rope_freqs.weight (ne[0] = head_dim / 2, one
+ * divisor per rotary pair: llama.cpp's rope uses theta_i = pos * base^(-2i/d) / ff[i]). The
+ * factors depend on original_max_position only through the two wavelengths
+ * original / low_freq_factor and original / high_freq_factor, so low_freq_factor is fixed at 1
+ * (its value in every published Llama 3.x config) and: factor = max ff; from the smoothed
+ * dimensions s_i = (1/ff_i - 1/factor) / (1 - 1/factor) = (original * u_i - 1) / (high - 1),
+ * u_i = f_i / 2pi, two of them give original and high, one gives original with high = 4 (Llama 3's
+ * value), none leaves Llama 3.1's defaults (4, 8192). Values are snapped to integers
+ * (original) and thousandths (factor, high), as config.json holds them. The result is
+ * then checked against every dimension with the converter's formula: a tensor that no Llama 3
+ * parameters reproduce is MS_ERR_UNSUPPORTED naming it and the dimension.
+ */
+static ms_status read_rope_freqs(const ms_gguf *g, const arch_dims *d, double theta, llama3_rope *out,
+                                 ms_error *err) {
+    memset(out, 0, sizeof *out);
+    const ms_gguf_tensor *t = ms_gguf_find_tensor(g, "rope_freqs.weight");
+    if (t == NULL)
+        return MS_OK;
+    const char *path = ms_gguf_path(g);
+    int64_t n = d->head_dim / 2;
+    if (t->n_dims != 1 || t->ne[0] != n)
+        return MS_FAIL(err, MS_ERR_FORMAT, "%s: tensor 'rope_freqs.weight' has %d dims, ne[0] %lld; expected one "
+                       "factor per rotary pair (%lld)", path, t->n_dims, (long long)t->ne[0], (long long)n);
+    float ff[512], freq[512];
+    MS_TRY(ms_gguf_tensor_to_f32(g, t, ff, (size_t)n, err));
+    double factor = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        if (!(ff[i] >= 1.0f - 1e-6f) || !isfinite(ff[i]))
+            return MS_FAIL(err, MS_ERR_UNSUPPORTED, "%s: tensor 'rope_freqs.weight'[%lld] = %g: not a Llama 3 "
+                           "frequency factor (all must be finite and >= 1)", path, (long long)i, (double)ff[i]);
+        factor = fmax(factor, (double)ff[i]);
+        /* the default frequencies as transformers and the converter compute them (float32) */
+        freq[i] = 1.0f / powf((float)theta, (float)(2 * i) / (float)d->head_dim);
+    }
+    if (factor <= 1.0 + 1e-6)
+        return MS_OK; /* all ones: default frequencies */
+    int64_t first = -1, last = -1;
+    for (int64_t i = 0; i < n; i++)
+        if (fabs(ff[i] - 1.0) > 1e-6 && fabs(ff[i] - factor) > 1e-6 * factor) {
+            if (first < 0)
+                first = i;
+            last = i;
+        }
+    llama3_rope r = {.present = true, .factor = factor, .low_freq_factor = 1.0, .high_freq_factor = 4.0,
+                     .original_max_position = 8192.0};
+    double s0 = 0, u0 = 0;
+    if (first >= 0) {
+        s0 = (1.0 / ff[first] - 1.0 / factor) / (1.0 - 1.0 / factor);
+        u0 = (double)freq[first] / (2.0 * M_PI);
+    }
+    if (first >= 0 && last > first) {
+        double s1 = (1.0 / ff[last] - 1.0 / factor) / (1.0 - 1.0 / factor);
+        double u1 = (double)freq[last] / (2.0 * M_PI);
+        double alpha = (s1 - s0) / (u1 - u0), beta = s0 - alpha * u0;
+        if (beta < 0) {
+            r.high_freq_factor = 1.0 - 1.0 / beta;
+            r.original_max_position = -alpha / beta;
+        }
+    } else if (first >= 0 && u0 > 0) {
+        r.original_max_position = (s0 * (r.high_freq_factor - 1.0) + 1.0) / u0;
+    }
+    llama3_rope snapped = r;
+    snapped.original_max_position = round(r.original_max_position);
+    snapped.high_freq_factor = round(r.high_freq_factor * 1000.0) / 1000.0;
+    snapped.factor = round(r.factor * 1000.0) / 1000.0;
+    bool sane = snapped.original_max_position >= 1 && snapped.high_freq_factor > snapped.low_freq_factor;
+    int64_t bad = sane ? llama3_mismatch(&snapped, freq, ff, n) : 0;
+    if (bad == n) {
+        *out = snapped;
+        return MS_OK;
+    }
+    return MS_FAIL(err, MS_ERR_UNSUPPORTED, "%s: tensor 'rope_freqs.weight' is not a Llama 3 rope scaling (best "
+                   "fit factor %g, high_freq_factor %g, original_max_position_embeddings %g gives %g at "
+                   "dimension %lld, the file has %g)", path, snapped.factor, snapped.high_freq_factor,
+                   snapped.original_max_position, llama3_factor_of(&snapped, freq[bad]), (long long)bad, (double)ff[bad]);
+}
+
 /* ---- config.json ---- */
 
 static int jset(json_t *o, const char *k, json_t *v) {
@@ -140,6 +254,12 @@ ms_status ms_gguf_model_config_json(const ms_gguf *g, char **out, ms_error *err)
         MS_TRY(ms_gguf_get_float(g, akey(k, sizeof k, a, "rope.scaling.factor"), &factor, err));
         MS_TRY(ms_gguf_get_int_or(g, akey(k, sizeof k, a, "rope.scaling.original_context_length"), 0, &orig, err));
     }
+    llama3_rope l3 = {0};
+    if (theta > 0)
+        MS_TRY(read_rope_freqs(g, &d, theta, &l3, err));
+    if (l3.present && strcmp(scaling, "none") != 0)
+        return MS_FAIL(err, MS_ERR_FORMAT, "%s: both %s.rope.scaling.type '%s' and a rope_freqs.weight tensor", path,
+                       a->name, scaling);
     if (ctx <= 0 || eps <= 0 || theta <= 0 || window < 0 || factor <= 0)
         return MS_FAIL(err, MS_ERR_FORMAT, "%s: inconsistent %s values (context_length %lld, rms epsilon %g, "
                        "rope.freq_base %g, sliding_window %lld, rope.scaling.factor %g)", path, a->name,
@@ -177,6 +297,17 @@ ms_status ms_gguf_model_config_json(const ms_gguf *g, char **out, ms_error *err)
                 bad |= jset(rs, "factor", json_real(factor));
                 if (orig > 0)
                     bad |= jset(rs, "original_max_position_embeddings", json_integer(orig));
+            }
+        }
+        if (l3.present) {
+            json_t *rs = json_object();
+            bad |= jset(o, "rope_scaling", rs);
+            if (rs != NULL) {
+                bad |= jset(rs, "rope_type", json_string("llama3"));
+                bad |= jset(rs, "factor", json_real(l3.factor));
+                bad |= jset(rs, "low_freq_factor", json_real(l3.low_freq_factor));
+                bad |= jset(rs, "high_freq_factor", json_real(l3.high_freq_factor));
+                bad |= jset(rs, "original_max_position_embeddings", json_integer((json_int_t)l3.original_max_position));
             }
         }
         if (bos >= 0)
@@ -294,7 +425,7 @@ static int cmp_st(const void *x, const void *y) {
 static ms_status prepare_tensor(ms_gguf_model *m, const gguf_arch *a, const arch_dims *d, size_t i, ms_error *err) {
     const ms_gguf *g = m->g;
     const char *path = ms_gguf_path(g);
-    const ms_gguf_tensor *gt = ms_gguf_tensor_at(g, i);
+    const ms_gguf_tensor *gt = ms_gguf_tensor_at(g, m->src[i]);
     name_map nm;
     MS_TRY(map_name(g, gt->name, d->layers, &nm, err));
     m->names[i] = nm.hf;
@@ -340,7 +471,7 @@ static void convert_task(void *arg, int32_t task, int32_t thread) {
     (void)thread;
     ms_gguf_model *m = arg;
     size_t i = (size_t)task;
-    const ms_gguf_tensor *gt = ms_gguf_tensor_at(m->g, i);
+    const ms_gguf_tensor *gt = ms_gguf_tensor_at(m->g, m->src[i]);
     ms_status st = ms_ggml_dequantize(gt->type, gt->data, m->bufs[i], gt->n_elems);
     if (st == MS_OK && m->permute_groups[i] > 0) {
         const ms_st_tensor *t = &m->tensors[i];
@@ -369,7 +500,27 @@ ms_status ms_gguf_model_init(ms_gguf_model **out, const char *path, ms_error *er
         st = find_arch(m->g, &a, err);
     if (st == MS_OK)
         st = read_dims(m->g, a, &d, err);
-    size_t n = st == MS_OK ? ms_gguf_n_tensors(m->g) : 0;
+    /* rope_freqs.weight (Llama 3 scaling) goes into the config, not the weights: check it here */
+    size_t n_file = st == MS_OK ? ms_gguf_n_tensors(m->g) : 0, n = n_file;
+    if (st == MS_OK && ms_gguf_find_tensor(m->g, "rope_freqs.weight") != NULL) {
+        char k[128];
+        double theta = 0;
+        llama3_rope l3;
+        st = ms_gguf_get_float_or(m->g, akey(k, sizeof k, a, "rope.freq_base"), 10000.0, &theta, err);
+        if (st == MS_OK && !(theta > 0))
+            st = MS_FAIL(err, MS_ERR_FORMAT, "%s: %s.rope.freq_base %g is not positive", path, a->name, theta);
+        if (st == MS_OK)
+            st = read_rope_freqs(m->g, &d, theta, &l3, err);
+        n--;
+    }
+    if (st == MS_OK) {
+        m->src = ms_calloc(n ? n : 1, sizeof *m->src);
+        if (m->src == NULL)
+            st = MS_FAIL(err, MS_ERR_OOM, "%s: out of memory", path);
+        for (size_t j = 0, i = 0; st == MS_OK && j < n_file; j++)
+            if (strcmp(ms_gguf_tensor_at(m->g, j)->name, "rope_freqs.weight") != 0)
+                m->src[i++] = j;
+    }
     if (st == MS_OK) {
         m->tensors = ms_calloc(n ? n : 1, sizeof *m->tensors);
         m->names = ms_calloc(n ? n : 1, sizeof *m->names);
@@ -394,7 +545,7 @@ ms_status ms_gguf_model_init(ms_gguf_model **out, const char *path, ms_error *er
         for (size_t i = 0; st == MS_OK && i < n; i++)
             if (m->status[i] != MS_OK)
                 st = MS_FAIL(err, m->status[i], "%s: tensor '%s': cannot convert to float32 (%s)", path,
-                             ms_gguf_tensor_at(m->g, i)->name, ms_status_str(m->status[i]));
+                             ms_gguf_tensor_at(m->g, m->src[i])->name, ms_status_str(m->status[i]));
     }
     if (st == MS_OK) {
         /* sort descriptors; the name/buffer arrays are only for freeing, order does not matter */
@@ -422,6 +573,7 @@ void ms_gguf_model_free(ms_gguf_model *m) {
     ms_free(m->bufs);
     ms_free(m->permute_groups);
     ms_free(m->status);
+    ms_free(m->src);
     ms_free(m->tensors);
     ms_gguf_free(m->g);
     ms_free(m);
@@ -438,4 +590,51 @@ size_t ms_gguf_model_n_tensors(const ms_gguf_model *m) {
 const ms_st_tensor *ms_gguf_model_tensor_at(const ms_gguf_model *m, size_t i) {
     MS_ASSERT(i < m->n);
     return &m->tensors[i];
+}
+
+/* ---- the quantized blocks as stored ---- */
+
+/* Original (file-order) index of the tensor with Hugging Face name `name`, or -1. */
+static ptrdiff_t find_raw(const ms_gguf_model *m, const char *name) {
+    for (size_t i = 0; i < m->n; i++)
+        if (m->names[i] != NULL && strcmp(m->names[i], name) == 0)
+            return (ptrdiff_t)i;
+    return -1;
+}
+
+ms_status ms_gguf_model_raw_info(const ms_gguf_model *m, const char *name, ms_gguf_raw_info *out, ms_error *err) {
+    memset(out, 0, sizeof *out);
+    ptrdiff_t i = find_raw(m, name);
+    if (i < 0)
+        return MS_FAIL(err, MS_ERR_NOT_FOUND, "%s: no tensor '%s'", ms_gguf_path(m->g), name);
+    const ms_gguf_tensor *gt = ms_gguf_tensor_at(m->g, m->src[i]);
+    out->type = gt->type;
+    out->rows = gt->n_dims == 2 ? gt->ne[1] : 1;
+    out->cols = gt->ne[0];
+    out->row_bytes = gt->n_bytes / (size_t)out->rows;
+    out->permute_groups = m->permute_groups[i];
+    return MS_OK;
+}
+
+ms_status ms_gguf_model_copy_raw_rows(const ms_gguf_model *m, const char *name, int64_t row0, int64_t n_rows,
+                                      void *dst, size_t cap, ms_error *err) {
+    ms_gguf_raw_info ri;
+    MS_TRY(ms_gguf_model_raw_info(m, name, &ri, err));
+    if (row0 < 0 || n_rows < 0 || row0 + n_rows > ri.rows || (size_t)n_rows * ri.row_bytes > cap)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: tensor '%s': rows [%lld, %lld) of %lld (%zu bytes each) into "
+                       "%zu bytes", ms_gguf_path(m->g), name, (long long)row0, (long long)(row0 + n_rows),
+                       (long long)ri.rows, ri.row_bytes, cap);
+    const ms_gguf_tensor *gt = ms_gguf_tensor_at(m->g, m->src[find_raw(m, name)]);
+    const uint8_t *src = gt->data;
+    uint8_t *d = dst;
+    int64_t hd = ri.permute_groups > 0 ? ri.rows / ri.permute_groups : 0, half = hd / 2;
+    for (int64_t r = row0; r < row0 + n_rows; r++) {
+        int64_t g = r;
+        if (hd > 0) { /* Hugging Face row h hd + s half + j is GGUF row h hd + 2 j + s */
+            int64_t h = r / hd, rem = r % hd;
+            g = h * hd + 2 * (rem % half) + rem / half;
+        }
+        memcpy(d + (size_t)(r - row0) * ri.row_bytes, src + (size_t)g * ri.row_bytes, ri.row_bytes);
+    }
+    return MS_OK;
 }

@@ -14,8 +14,20 @@
  *   blk.N.attn_{q,k}_norm.weight -> model.layers.N.self_attn.{q,k}_norm.weight   (qwen3)
  *   blk.N.ffn_norm.weight        -> model.layers.N.post_attention_layernorm.weight
  *   blk.N.ffn_{gate,up,down}.weight -> model.layers.N.mlp.{gate,up,down}_proj.weight
- * A tensor outside this list (rope_freqs.weight of Llama 3.1 files, MoE experts, ...) is
- * MS_ERR_UNSUPPORTED naming it: nothing in the file is silently ignored.
+ *   rope_freqs.weight            -> no weight: config.json's rope_scaling (rope_type llama3), below
+ * A tensor outside this list (MoE experts, ...) is MS_ERR_UNSUPPORTED naming it: nothing in the
+ * file is silently ignored.
+ *
+ * Llama 3.x RoPE scaling: convert_hf_to_gguf.py writes no key for it but a tensor
+ * rope_freqs.weight [head_dim / 2] of per-pair divisors (llama.cpp: theta_i = pos * base^(-2i/d) /
+ * ff[i]). The loader recovers factor, low_freq_factor (fixed at 1: the divisors only depend on the
+ * two wavelengths original / low and original / high), high_freq_factor and
+ * original_max_position_embeddings from it, snapped to thousandths / an integer, checks that the
+ * converter's formula with them reproduces every divisor (relative 1e-5), and derives
+ * rope_scaling {rope_type: llama3, ...}: the model then runs the same inverse frequencies as from
+ * the Hugging Face config (bit-identical for the published parameters). A tensor no such
+ * parameters reproduce is MS_ERR_UNSUPPORTED naming it and the dimension; all ones means default
+ * frequencies; a file with both rope_freqs.weight and A.rope.scaling.type is MS_ERR_FORMAT.
  *
  * Shapes: GGUF ne[] is reversed into row-major Hugging Face shapes ([out, in] for a linear).
  * Every tensor is dequantized at load (gguf_quant.h, bit-exact with ggml) into float32 memory the
@@ -81,6 +93,31 @@ const ms_st_tensor *ms_gguf_model_tensor_at(const ms_gguf_model *m, size_t i);
  * inconsistent value), MS_ERR_OOM.
  */
 ms_status ms_gguf_model_config_json(const ms_gguf *g, char **out, ms_error *err);
+
+/* A tensor's ggml storage (ms_gguf_model_raw_info). */
+typedef struct ms_gguf_raw_info {
+    uint32_t type;           /* ggml type as stored (MS_GGML_TYPE_*) */
+    int64_t rows;            /* Hugging Face shape[0] (1 for a 1-D tensor) */
+    int64_t cols;            /* values per row (GGUF ne[0]) */
+    size_t row_bytes;        /* bytes of one row in the file */
+    int64_t permute_groups;  /* llama q/k: heads whose rows the converter permuted; 0 none */
+} ms_gguf_raw_info;
+
+/*
+ * The file's storage of the tensor with Hugging Face name `name` (as listed by
+ * ms_gguf_model_tensor_at): its ggml type, rows and row bytes, for a backend that keeps the
+ * blocks quantized (backend_cuda_quant.h). Errors: MS_ERR_NOT_FOUND naming it.
+ */
+ms_status ms_gguf_model_raw_info(const ms_gguf_model *m, const char *name, ms_gguf_raw_info *out,
+                                 ms_error *err);
+/*
+ * Copy rows [row0, row0 + n_rows) of tensor `name`, in Hugging Face row order (llama q/k rows
+ * un-permuted as the float32 tensor is, whole rows of blocks moved), as the file stores them
+ * (ggml blocks), into dst[cap]. Dequantizing the result gives exactly the rows of the float32
+ * tensor. Errors: MS_ERR_NOT_FOUND, MS_ERR_INVALID_ARG (range, cap) naming the tensor.
+ */
+ms_status ms_gguf_model_copy_raw_rows(const ms_gguf_model *m, const char *name, int64_t row0,
+                                      int64_t n_rows, void *dst, size_t cap, ms_error *err);
 
 #ifdef __cplusplus
 }

@@ -21,9 +21,9 @@
  * (default q8_0), norms and any matrix whose rows are not a multiple of the quant block kept F32
  * (as llama.cpp's quantizer keeps such tensors in a wider type), q_proj/k_proj rows permuted as
  * convert_hf_to_gguf.py's LlamaModel.permute does, so every GGUF reader (ours un-permutes at load)
- * sees a llama.cpp-style file. Llama 3.1 frequency scaling has no GGUF key (llama.cpp stores a
- * rope_freqs.weight tensor instead, which our loader refuses), so the llama3-8b preset's GGUF uses
- * default RoPE frequencies; the summary line says so. An 8B-shaped GGUF is about 4.7 GB in q4_0.
+ * sees a llama.cpp-style file. Llama 3.1 frequency scaling has no GGUF key: like llama.cpp's
+ * converter, the llama3-8b preset's GGUF holds a rope_freqs.weight tensor (one F32 divisor per
+ * rotary pair), from which our loader recovers rope_type llama3. An 8B-shaped GGUF is about 4.7 GB in q4_0.
  * Quantization runs on a thread pool of the online CPUs (at most 64); values are generated in
  * the same sequential streams as for safetensors, so the result does not depend on the thread count.
  *
@@ -794,6 +794,20 @@ static bool mk_ends_with(const char *s, const char *suffix) {
     return n >= k && strcmp(s + n - k, suffix) == 0;
 }
 
+/* rope_freqs.weight[head_dim / 2] for the Llama 3.1 scaling (factor 8, low 1, high 4, original
+ * 8192), as convert_hf_to_gguf.py's LlamaModel.generate_extra_tensors computes it (float32). */
+static void mk_llama3_rope_freqs(const mk_model *m, float *out) {
+    const double factor = 8.0, low = 1.0, high = 4.0, orig = 8192.0;
+    float low_wl = (float)(orig / low), high_wl = (float)(orig / high);
+    for (int64_t i = 0; i < m->head_dim / 2; i++) {
+        float freq = 1.0f / powf((float)m->theta, (float)(2 * i) / (float)m->head_dim);
+        float wavelen = (float)(2.0 * M_PI) / freq;
+        float smooth = ((float)orig / wavelen - (float)low) / (float)(high - low);
+        out[i] = wavelen < high_wl ? 1.0f : wavelen > low_wl ? (float)factor
+                                                             : 1.0f / ((1.0f - smooth) / (float)factor + smooth);
+    }
+}
+
 static int mk_generate_gguf(const mk_opts *o) {
     const mk_model *m = &o->m;
     size_t cap = 3 + 9 * (size_t)m->layers;
@@ -866,6 +880,16 @@ static int mk_generate_gguf(const mk_opts *o) {
         if (st == MS_OK)
             st = ms_gguf_writer_add_tensor(w, gname, types[i], t[i].n_dims, ne, &err);
     }
+    float *rope_ff = NULL;
+    int64_t n_ff = m->head_dim / 2;
+    if (st == MS_OK && m->llama3_rope) {
+        rope_ff = ms_malloc((size_t)n_ff * sizeof *rope_ff);
+        st = rope_ff == NULL ? MS_FAIL(&err, MS_ERR_OOM, "out of memory") : MS_OK;
+        if (st == MS_OK) {
+            mk_llama3_rope_freqs(m, rope_ff);
+            st = ms_gguf_writer_add_tensor(w, "rope_freqs.weight", MS_GGML_TYPE_F32, 1, &n_ff, &err);
+        }
+    }
     for (size_t i = 0; st == MS_OK && i < n; i++) {
         char gname[96];
         int perm;
@@ -873,6 +897,9 @@ static int mk_generate_gguf(const mk_opts *o) {
         int64_t groups = perm == 1 ? m->heads : perm == 2 ? m->kv_heads : 0;
         st = mk_gguf_tensor(w, pool, &t[i], types[i], groups, o->seed, f32, q, &err);
     }
+    if (st == MS_OK && rope_ff != NULL) /* declared last, so written last */
+        st = ms_gguf_writer_write(w, rope_ff, (size_t)n_ff * sizeof *rope_ff, &err);
+    ms_free(rope_ff);
     if (st == MS_OK)
         st = ms_gguf_writer_finish(w, &err);
     if (st != MS_OK) {
@@ -884,7 +911,7 @@ static int mk_generate_gguf(const mk_opts *o) {
            path, (long long)m->layers, (long long)m->hidden, (long long)m->heads, (long long)m->kv_heads,
            (long long)m->head_dim, (long long)m->inter, (long long)m->vocab, ms_ggml_type_name(o->quant), n_wide,
            ms_ggml_type_block(o->quant), n, (double)total / 1e6, (unsigned long long)o->seed,
-           m->llama3_rope ? "; RoPE: default frequencies (GGUF has no key for Llama 3.1 scaling)" : "");
+           m->llama3_rope ? "; Llama 3.1 RoPE scaling as rope_freqs.weight" : "");
 done:
     ms_gguf_writer_free(w);
     ms_threadpool_free(pool);

@@ -914,6 +914,13 @@ static const char *const llama_dense_kernels[] = {
     "misc_bf16_af32",
     "argmax_f32",
     "sample_f32",
+    "qmatmul_q4_0_af32",
+    "qmatmul_q4_1_af32",
+    "qmatmul_q5_0_af32",
+    "qmatmul_q8_0_af32",
+    "qmatmul_q4_k_af32",
+    "qmatmul_q5_k_af32",
+    "qmatmul_q6_k_af32",
 };
 
 /* ---- the descriptor ---- */

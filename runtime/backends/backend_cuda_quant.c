@@ -1,0 +1,336 @@
+/*
+ * backend_cuda_quant.c - quantized weights on the GPU (backend_cuda_quant.h).
+ *
+ * Constraints: every CUDA / cuBLAS call is checked; linear allocates nothing once the workspaces
+ * are sized (graph capture); the instances are the qmatmul ones of kernel.h, compiled through
+ * cuda_ops.h like every other instance (so they share the NVRTC cubin cache).
+ */
+#include "backend_cuda_quant.h"
+
+#include <string.h>
+
+#include "../../templates/quant/qparams.h"
+#include "cuda_ops.h"
+#include "gguf_quant.h"
+#include "kernel.h"
+
+#define QTYPE_SLOTS 7
+#define DEFAULT_TILE_BYTES ((size_t)64 << 20)
+#define WIDE16_ENTRY 8  /* ms_qgemv_16, after ms_qgemv_1..8 (kernel.c) */
+#define WIDE32_ENTRY 9  /* ms_qgemv_32 */
+#define DEQUANT_ENTRY 10 /* ms_qdequant_bf16 */
+#define EMBED_ENTRY 11  /* ms_qembed */
+
+struct ms_cuda_quant {
+    int arch;
+    char *cache_dir;
+    cudaStream_t stream;
+    cublasHandle_t cublas;
+    ms_cuda_module *mods[QTYPE_SLOTS]; /* by qtype_slot */
+    ms_cuda_module *misc;              /* bf16 misc instance: x -> bf16 */
+    bool sealed;
+    void *x16;                         /* [max_x_rows, max_in] bf16 copy of x (prefill) */
+    size_t x16_bytes;
+    void *tile;                        /* dequantized weight rows (prefill) */
+    size_t tile_bytes;
+};
+
+static const uint32_t slot_types[QTYPE_SLOTS] = {
+    MS_GGML_TYPE_Q4_0, MS_GGML_TYPE_Q4_1, MS_GGML_TYPE_Q5_0, MS_GGML_TYPE_Q8_0,
+    MS_GGML_TYPE_Q4_K, MS_GGML_TYPE_Q5_K, MS_GGML_TYPE_Q6_K,
+};
+
+static int qtype_slot(uint32_t type) {
+    for (int i = 0; i < QTYPE_SLOTS; i++)
+        if (slot_types[i] == type)
+            return i;
+    return -1;
+}
+
+bool ms_cuda_qweight_supported(uint32_t type) {
+    return qtype_slot(type) >= 0 && ms_kernel_qmatmul_supported((int)type);
+}
+
+size_t ms_cuda_qweight_bytes(uint32_t type, int64_t rows, int64_t in) {
+    size_t blk = ms_ggml_type_block(type), bb = ms_ggml_type_block_bytes(type);
+    if (blk == 0 || rows < 0 || in <= 0 || (size_t)in % blk != 0)
+        return 0;
+    return (size_t)rows * ((size_t)in / blk * bb);
+}
+
+/* ---- weights ---- */
+
+ms_status ms_cuda_qweight_init(ms_cuda_qweight *w, uint32_t type, int64_t rows, int64_t in, ms_error *err) {
+    memset(w, 0, sizeof *w);
+    if (!ms_cuda_qweight_supported(type))
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "cuda quant: ggml type %s is not kept quantized (Q4_0, Q4_1, "
+                       "Q5_0, Q8_0, Q4_K, Q5_K, Q6_K)", ms_ggml_type_name(type));
+    size_t blk = ms_ggml_type_block(type);
+    if (rows < 1 || rows > 0x7fffffff || in < 1 || in > 0x7fffffff || (size_t)in % blk != 0)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "cuda quant: %s weight [%lld, %lld]: rows must be in [1, 2^31) "
+                       "and in a positive multiple of %zu", ms_ggml_type_name(type), (long long)rows,
+                       (long long)in, blk);
+    size_t row_bytes = (size_t)in / blk * ms_ggml_type_block_bytes(type);
+    if (row_bytes > 0x7fffffff)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "cuda quant: %s rows of %zu bytes", ms_ggml_type_name(type),
+                       row_bytes);
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, (size_t)rows * row_bytes);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return MS_FAIL(err, MS_ERR_CUDA, "cuda quant: cudaMalloc of %zu bytes for a %s weight [%lld, %lld]: %s",
+                       (size_t)rows * row_bytes, ms_ggml_type_name(type), (long long)rows, (long long)in,
+                       cudaGetErrorString(e));
+    }
+    *w = (ms_cuda_qweight){p, type, rows, in, row_bytes};
+    return MS_OK;
+}
+
+ms_status ms_cuda_qweight_upload_rows(ms_cuda_qweight *w, int64_t row0, int64_t n_rows, const void *host,
+                                      ms_error *err) {
+    if (w == NULL || w->data == NULL || host == NULL || row0 < 0 || n_rows < 0 || row0 + n_rows > w->rows)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "cuda quant: upload of rows [%lld, %lld) into a weight of %lld "
+                       "rows", (long long)row0, (long long)(row0 + n_rows), (long long)(w ? w->rows : 0));
+    MS_CUDA_TRY(err, cudaMemcpy((char *)w->data + (size_t)row0 * w->row_bytes, host, (size_t)n_rows * w->row_bytes,
+                                cudaMemcpyHostToDevice));
+    return MS_OK;
+}
+
+void ms_cuda_qweight_free(ms_cuda_qweight *w) {
+    if (w == NULL)
+        return;
+    if (w->data != NULL)
+        MS_CUDA_CHECK(cudaFree(w->data));
+    memset(w, 0, sizeof *w);
+}
+
+/* ---- context ---- */
+
+ms_status ms_cuda_quant_init(ms_cuda_quant **out, int arch, const char *cache_dir, cudaStream_t stream,
+                             cublasHandle_t cublas, ms_error *err) {
+    *out = NULL;
+    if (cublas == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "cuda quant: NULL cuBLAS handle");
+    ms_cuda_quant *q = ms_calloc(1, sizeof *q);
+    if (q == NULL)
+        return MS_FAIL(err, MS_ERR_OOM, "cuda quant: out of memory");
+    q->arch = arch;
+    q->stream = stream;
+    q->cublas = cublas;
+    if (cache_dir != NULL && (q->cache_dir = ms_strdup(cache_dir)) == NULL) {
+        ms_free(q);
+        return MS_FAIL(err, MS_ERR_OOM, "cuda quant: out of memory");
+    }
+    *out = q;
+    return MS_OK;
+}
+
+void ms_cuda_quant_free(ms_cuda_quant *q) {
+    if (q == NULL)
+        return;
+    for (int i = 0; i < QTYPE_SLOTS; i++)
+        ms_cuda_module_free(q->mods[i]);
+    ms_cuda_module_free(q->misc);
+    if (q->x16 != NULL)
+        MS_CUDA_CHECK(cudaFree(q->x16));
+    if (q->tile != NULL)
+        MS_CUDA_CHECK(cudaFree(q->tile));
+    ms_free(q->cache_dir);
+    ms_free(q);
+}
+
+static ms_status get_module(ms_cuda_quant *q, uint32_t type, ms_cuda_module **m, ms_error *err) {
+    int slot = qtype_slot(type);
+    if (slot < 0)
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "cuda quant: ggml type %s is not kept quantized (Q4_0, Q4_1, "
+                       "Q5_0, Q8_0, Q4_K, Q5_K, Q6_K)", ms_ggml_type_name(type));
+    if (q->mods[slot] == NULL) {
+        if (q->sealed)
+            return MS_FAIL(err, MS_ERR_STATE, "cuda quant: the qmatmul instance for %s was not loaded with the "
+                           "model's kernels", ms_ggml_type_name(type));
+        ms_kernel_spec s = ms_kernel_spec_qmatmul((int)type);
+        MS_TRY(ms_cuda_module_init(&q->mods[slot], &s, q->arch, q->cache_dir, err));
+    }
+    *m = q->mods[slot];
+    return MS_OK;
+}
+
+static ms_status get_misc(ms_cuda_quant *q, ms_error *err) {
+    if (q->misc != NULL)
+        return MS_OK;
+    if (q->sealed)
+        return MS_FAIL(err, MS_ERR_STATE, "cuda quant: the bf16 misc instance was not loaded with the model's "
+                       "kernels");
+    ms_kernel_spec s = ms_kernel_spec_simple(MS_KERNEL_OP_MISC, MS_KERNEL_DTYPE_BF16);
+    s.act_dtype = MS_KERNEL_DTYPE_F32;
+    return ms_cuda_module_init(&q->misc, &s, q->arch, q->cache_dir, err);
+}
+
+ms_status ms_cuda_quant_load_type(ms_cuda_quant *q, uint32_t type, ms_error *err) {
+    ms_cuda_module *m;
+    MS_TRY(get_module(q, type, &m, err));
+    return get_misc(q, err);
+}
+
+void ms_cuda_quant_seal(ms_cuda_quant *q) {
+    q->sealed = true;
+}
+
+/* Grow a workspace to `need` bytes (never during capture). */
+static ms_status grow(ms_cuda_quant *q, void **p, size_t *have, size_t need, const char *what, ms_error *err) {
+    if (need <= *have)
+        return MS_OK;
+    enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+    MS_CUDA_TRY(err, cudaStreamIsCapturing(q->stream, &cs));
+    if (cs != cudaStreamCaptureStatusNone)
+        return MS_FAIL(err, MS_ERR_STATE, "cuda quant: the %s must grow to %zu bytes during graph capture (size "
+                       "it with ms_cuda_quant_reserve or run an eager step first)", what, need);
+    MS_CUDA_TRY(err, cudaStreamSynchronize(q->stream));
+    if (*p != NULL)
+        MS_CUDA_TRY(err, cudaFree(*p));
+    *p = NULL;
+    *have = 0;
+    cudaError_t e = cudaMalloc(p, need);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        *p = NULL;
+        return MS_FAIL(err, MS_ERR_CUDA, "cuda quant: cudaMalloc of %zu bytes for the %s: %s", need, what,
+                       cudaGetErrorString(e));
+    }
+    *have = need;
+    return MS_OK;
+}
+
+ms_status ms_cuda_quant_reserve(ms_cuda_quant *q, int64_t max_x_rows, int64_t max_in, size_t tile_bytes,
+                                ms_error *err) {
+    if (max_x_rows < 0 || max_in < 0)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "cuda quant: reserve for %lld rows of %lld", (long long)max_x_rows,
+                       (long long)max_in);
+    size_t t = tile_bytes != 0 ? tile_bytes : DEFAULT_TILE_BYTES;
+    if (t < (size_t)max_in * 2)
+        t = (size_t)max_in * 2;
+    MS_TRY(grow(q, &q->x16, &q->x16_bytes, (size_t)max_x_rows * (size_t)max_in * 2, "bf16 x workspace", err));
+    return grow(q, &q->tile, &q->tile_bytes, t, "dequantized weight tile", err);
+}
+
+/* ---- ops ---- */
+
+static bool aligned16(const void *p) {
+    return ((uintptr_t)p & 15u) == 0;
+}
+
+static ms_status launch(const ms_cuda_module *m, int entry, unsigned grid, unsigned threads, ms_qmatmul_params *p,
+                        cudaStream_t stream, ms_error *err) {
+    if (grid == 0)
+        return MS_OK;
+    dim3 g = {grid, 1, 1}, b = {threads, 1, 1};
+    void *args[] = {p};
+    MS_CUDA_TRY(err, cudaLaunchKernel((const void *)m->fn[entry], g, b, args, 0, stream));
+    return MS_OK;
+}
+
+static ms_status check_weight(const ms_cuda_qweight *w, ms_error *err) {
+    if (w == NULL || w->data == NULL || !ms_cuda_qweight_supported(w->type) || w->rows < 1 ||
+        w->rows > 0x7fffffff || w->in < 1 || w->in > 0x7fffffff ||
+        w->row_bytes != ms_cuda_qweight_bytes(w->type, 1, w->in))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "cuda quant: not a quantized weight (type %s, [%lld, %lld])",
+                       w != NULL ? ms_ggml_type_name(w->type) : "?", w != NULL ? (long long)w->rows : 0,
+                       w != NULL ? (long long)w->in : 0);
+    return MS_OK;
+}
+
+ms_status ms_cuda_quant_dequant_bf16(ms_cuda_quant *q, const ms_cuda_qweight *w, int64_t row0, int64_t n_rows,
+                                     void *out, ms_error *err) {
+    MS_TRY(check_weight(w, err));
+    if (row0 < 0 || n_rows < 0 || row0 + n_rows > w->rows || out == NULL || !aligned16(out))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "cuda quant: dequantize rows [%lld, %lld) of %lld into %s",
+                       (long long)row0, (long long)(row0 + n_rows), (long long)w->rows,
+                       out == NULL ? "NULL" : "an unaligned buffer");
+    ms_cuda_module *m;
+    MS_TRY(get_module(q, w->type, &m, err));
+    ms_qmatmul_params p = {0};
+    p.w = (const char *)w->data + (size_t)row0 * w->row_bytes;
+    p.out_bf16 = out;
+    p.rows = (int)n_rows;
+    p.in = (int)w->in;
+    p.row_bytes = (int)w->row_bytes;
+    int64_t units = n_rows * (w->in / 32);
+    int64_t blocks = MS_CEIL_DIV(units, MS_QDEQUANT_THREADS);
+    return launch(m, DEQUANT_ENTRY, (unsigned)(blocks > 65536 ? 65536 : blocks), MS_QDEQUANT_THREADS, &p,
+                  q->stream, err);
+}
+
+ms_status ms_cuda_quant_linear(ms_cuda_quant *q, const float *x, int64_t n, int64_t x_stride,
+                               const ms_cuda_qweight *w, float *y, int64_t y_stride, ms_error *err) {
+    MS_TRY(check_weight(w, err));
+    if (x == NULL || y == NULL || n < 0 || n > 0x7fffffff || x_stride < w->in || y_stride < w->rows ||
+        x_stride > 0x7fffffff || y_stride > 0x7fffffff)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "cuda quant: linear of x [%lld, %lld] (stride %lld) with %s W "
+                       "[%lld, %lld] into y (stride %lld)", (long long)n, (long long)w->in, (long long)x_stride,
+                       ms_ggml_type_name(w->type), (long long)w->rows, (long long)w->in, (long long)y_stride);
+    if (n == 0)
+        return MS_OK;
+    ms_cuda_module *m;
+    MS_TRY(get_module(q, w->type, &m, err));
+    if (n <= MS_CUDA_QGEMV_MAX_ROWS && aligned16(x) && x_stride % 4 == 0) {
+        /* one launch: the exact-width entry up to 8 rows, then the wide ones (one row per CTA) */
+        ms_qmatmul_params p = {0};
+        p.w = w->data;
+        p.x = x;
+        p.y = y;
+        p.rows = (int)w->rows;
+        p.in = (int)w->in;
+        p.row_bytes = (int)w->row_bytes;
+        p.n = (int)n;
+        p.x_stride = (int)x_stride;
+        p.y_stride = (int)y_stride;
+        if (n <= MS_QGEMV_MAX_COLS)
+            return launch(m, (int)n - 1, (unsigned)MS_CEIL_DIV(w->rows, MS_QGEMV_ROWS), MS_QGEMV_THREADS, &p,
+                          q->stream, err);
+        return launch(m, n <= 16 ? WIDE16_ENTRY : WIDE32_ENTRY, (unsigned)w->rows, MS_QGEMV_THREADS, &p, q->stream,
+                      err);
+    }
+    /* prefill: x -> bf16 once, then per row tile: dequantize W rows, GEMM into y's columns */
+    MS_TRY(get_misc(q, err));
+    size_t tile = q->tile_bytes > (size_t)w->in * 2 ? q->tile_bytes : DEFAULT_TILE_BYTES;
+    if (tile < (size_t)w->in * 2)
+        tile = (size_t)w->in * 2;
+    MS_TRY(grow(q, &q->tile, &q->tile_bytes, tile, "dequantized weight tile", err));
+    MS_TRY(grow(q, &q->x16, &q->x16_bytes, (size_t)n * (size_t)w->in * 2, "bf16 x workspace", err));
+    ms_misc_params cp = {x, NULL, q->x16, NULL, (int)n, (int)w->in, (int)x_stride, 0, (int)w->in};
+    MS_TRY(ms_cuda_misc_launch(q->misc, 0, &cp, q->stream, err));
+    int64_t tile_rows = (int64_t)(q->tile_bytes / ((size_t)w->in * 2));
+    const float one = 1.f, zero = 0.f;
+    for (int64_t r0 = 0; r0 < w->rows; r0 += tile_rows) {
+        int64_t rows = w->rows - r0 < tile_rows ? w->rows - r0 : tile_rows;
+        MS_TRY(ms_cuda_quant_dequant_bf16(q, w, r0, rows, q->tile, err));
+        /* column-major view: y^T [rows, n] (ld y_stride) = W_tile [rows, in] x16^T */
+        MS_CUBLAS_TRY(err, cublasGemmEx(q->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)rows, (int)n, (int)w->in, &one,
+                                        q->tile, CUDA_R_16BF, (int)w->in, q->x16, CUDA_R_16BF, (int)w->in, &zero,
+                                        y + r0, CUDA_R_32F, (int)y_stride, CUBLAS_COMPUTE_32F,
+                                        CUBLAS_GEMM_DEFAULT));
+    }
+    return MS_OK;
+}
+
+ms_status ms_cuda_quant_embed(ms_cuda_quant *q, const ms_cuda_qweight *w, const int32_t *ids, int64_t n, float *out,
+                              int64_t out_stride, ms_error *err) {
+    MS_TRY(check_weight(w, err));
+    if (ids == NULL || out == NULL || n < 0 || n > 0x7fffffff || out_stride < w->in || out_stride % 4 != 0 ||
+        out_stride > 0x7fffffff || !aligned16(out))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "cuda quant: embedding of %lld ids from a %s table [%lld, %lld] "
+                       "into out (stride %lld; 16-byte aligned rows needed)", (long long)n,
+                       ms_ggml_type_name(w->type), (long long)w->rows, (long long)w->in, (long long)out_stride);
+    ms_cuda_module *m;
+    MS_TRY(get_module(q, w->type, &m, err));
+    ms_qmatmul_params p = {0};
+    p.w = w->data;
+    p.x = ids;
+    p.y = out;
+    p.rows = (int)w->rows;
+    p.in = (int)w->in;
+    p.row_bytes = (int)w->row_bytes;
+    p.n = (int)n;
+    p.y_stride = (int)out_stride;
+    return launch(m, EMBED_ENTRY, (unsigned)n, MS_QGEMV_THREADS, &p, q->stream, err);
+}

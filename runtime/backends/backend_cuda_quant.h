@@ -1,0 +1,123 @@
+/*
+ * backend_cuda_quant.h - quantized weights on the GPU: matrices kept in ggml's block layout in
+ * device memory (GGUF Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K; any other type, e.g. Q5_1 or F16,
+ * stays a dequantized bf16 weight of the plain CUDA path), and y = x W^T over them. CUDA builds
+ * only (MS_HAVE_CUDA).
+ *
+ * Layout: ggml's blocks unchanged (ggml-common.h; the bytes of the GGUF tensor, row r of `in`
+ * values at r * row_bytes, row_bytes = in / QK * block bytes), uploaded as they are: no repack, so
+ * a row range of the file (one fused part, an un-permuted q/k head row) is one memcpy.
+ *
+ * Compute (templates/quant/qmatmul.cuh, one NVRTC instance per type, URI qmatmul_<type>_af32_sm90):
+ *   - n <= MS_CUDA_QGEMV_MAX_ROWS rows of x (decode): one GEMV launch (ms_qgemv_<n> up to 8
+ *     rows, ms_qgemv_16 / _32 above), reading each block once from device memory (fp32
+ *     accumulation);
+ *   - more rows (prefill): W is dequantized tile by tile (rows [r, r + tile)) into a reusable bf16
+ *     workspace (bit-exact bf16 of ggml's dequantization), x is rounded to bf16, and cuBLAS runs the
+ *     tensor-core GEMM of the bf16 path (fp32 accumulation) per tile.
+ * Workspaces are sized once (ms_cuda_quant_reserve, or on first use outside graph capture); the
+ * linear itself allocates nothing, so a step over quantized weights can be captured.
+ *
+ * Device bytes: a weight takes rows * row_bytes (ms_cuda_qweight_bytes), e.g. Q4_0 is 4.5 bits per
+ * value (18 bytes per 32), Q8_0 8.5, Q4_K 4.5, Q5_K 5.5, Q6_K 6.5625.
+ *
+ * Ownership: ms_cuda_quant_init's result is the caller's (ms_cuda_quant_free, NULL accepted); a
+ * qweight made by ms_cuda_qweight_init owns its device memory (ms_cuda_qweight_free). The stream
+ * and cuBLAS handle given at init are borrowed and must outlive the context.
+ */
+#ifndef MS_BACKEND_CUDA_QUANT_H
+#define MS_BACKEND_CUDA_QUANT_H
+
+#include "cuda_check.h"
+#include "ms_base.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* x rows up to which linear runs the quantized GEMV (one launch, each block read once); above
+ * it, dequantize + cuBLAS (a bf16 write and read of 3.5x the Q4_0 bytes, then the GEMM). */
+#define MS_CUDA_QGEMV_MAX_ROWS 32
+
+/* A weight matrix W [rows, in] of ggml type `type` in device memory. */
+typedef struct ms_cuda_qweight {
+    void *data;        /* device, rows * row_bytes, 256-byte aligned (cudaMalloc) */
+    uint32_t type;     /* MS_GGML_TYPE_* (gguf_quant.h); ms_cuda_qweight_supported */
+    int64_t rows;      /* output features */
+    int64_t in;        /* input features (a multiple of the type's block) */
+    size_t row_bytes;  /* in / block * block bytes */
+} ms_cuda_qweight;
+
+typedef struct ms_cuda_quant ms_cuda_quant;
+
+/* True for the types kept quantized on the GPU: Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K. */
+bool ms_cuda_qweight_supported(uint32_t type);
+/* Device bytes of a [rows, in] weight of `type` (0 when in is not a multiple of its block). */
+size_t ms_cuda_qweight_bytes(uint32_t type, int64_t rows, int64_t in);
+
+/*
+ * Allocate W [rows, in] of `type` in device memory (contents undefined). Errors: MS_ERR_UNSUPPORTED
+ * (type, naming it), MS_ERR_INVALID_ARG (rows < 1, in not a positive multiple of the block or above
+ * int32), MS_ERR_CUDA (cudaMalloc, naming the bytes). *w is zeroed on failure.
+ */
+ms_status ms_cuda_qweight_init(ms_cuda_qweight *w, uint32_t type, int64_t rows, int64_t in, ms_error *err);
+/* Copy host blocks (ggml layout, n_rows rows of w->row_bytes) into rows [row0, row0 + n_rows)
+ * of w, synchronously (load time). Errors: MS_ERR_INVALID_ARG (range), MS_ERR_CUDA. */
+ms_status ms_cuda_qweight_upload_rows(ms_cuda_qweight *w, int64_t row0, int64_t n_rows, const void *host,
+                                      ms_error *err);
+/* Free w's device memory and zero it; a zeroed w is accepted. */
+void ms_cuda_qweight_free(ms_cuda_qweight *w);
+
+/*
+ * The quantized-matmul context of one device: the qmatmul instances (compiled for sm_<arch> into
+ * cache_dir as nvrtc_cache.h does; NULL = the default cache), the misc instance that rounds x to
+ * bf16, and the prefill workspaces. stream / cublas: the backend's (cuBLAS bound to that stream
+ * with its fixed workspace). Errors: MS_ERR_OOM, MS_ERR_INVALID_ARG (NULL handles).
+ */
+ms_status ms_cuda_quant_init(ms_cuda_quant **out, int arch, const char *cache_dir, cudaStream_t stream,
+                             cublasHandle_t cublas, ms_error *err);
+void ms_cuda_quant_free(ms_cuda_quant *q);
+
+/* Compile / load the instance of `type` now (at model load, so no NVRTC runs inside a step).
+ * Errors: MS_ERR_UNSUPPORTED (type), NVRTC / driver errors naming the URI. */
+ms_status ms_cuda_quant_load_type(ms_cuda_quant *q, uint32_t type, ms_error *err);
+
+/*
+ * Size the prefill workspaces for up to max_x_rows x rows of up to max_in features: the bf16 copy
+ * of x (max_x_rows * max_in * 2 bytes) and the dequantized weight tile of tile_bytes (at least one
+ * row of max_in bf16; 0 = 64 MiB). Errors: MS_ERR_CUDA naming the workspace and bytes.
+ */
+ms_status ms_cuda_quant_reserve(ms_cuda_quant *q, int64_t max_x_rows, int64_t max_in, size_t tile_bytes,
+                                ms_error *err);
+
+/*
+ * y[t, o] = sum_i x[t, i] * W[o, i] for t < n, queued on the context's stream. x [n, w->in] f32 in
+ * device memory with row stride x_stride (elements); y [n, w->rows] f32, row stride y_stride.
+ * n <= MS_CUDA_QGEMV_MAX_ROWS with 16-byte aligned x rows: GEMV; otherwise dequantize + GEMM
+ * (workspaces grow here when ms_cuda_quant_reserve did not size them, which fails with
+ * MS_ERR_STATE during graph capture). Errors: MS_ERR_INVALID_ARG (shapes, strides, NULL),
+ * MS_ERR_STATE (the type's instance not loaded while the table is sealed: see
+ * ms_cuda_quant_seal), MS_ERR_CUDA / MS_ERR_CUBLAS.
+ */
+ms_status ms_cuda_quant_linear(ms_cuda_quant *q, const float *x, int64_t n, int64_t x_stride,
+                               const ms_cuda_qweight *w, float *y, int64_t y_stride, ms_error *err);
+
+/* Dequantize rows [row0, row0 + n_rows) of w into out [n_rows, w->in] bf16 (device, packed rows,
+ * 16-byte aligned), bit-exact with bf16(ms_ggml_dequantize). Queued on the stream. */
+ms_status ms_cuda_quant_dequant_bf16(ms_cuda_quant *q, const ms_cuda_qweight *w, int64_t row0, int64_t n_rows,
+                                     void *out, ms_error *err);
+
+/* Embedding gather from a quantized table (an embedding tied to a quantized lm_head, or a Q8_0
+ * token_embd): out[t, :] = float(W[ids[t], :]) for t < n; ids device int32 (outside [0, rows):
+ * zeros), out device f32 rows of out_stride (a multiple of 4, 16-byte aligned). Queued. */
+ms_status ms_cuda_quant_embed(ms_cuda_quant *q, const ms_cuda_qweight *w, const int32_t *ids, int64_t n, float *out,
+                              int64_t out_stride, ms_error *err);
+
+/* After the model's types are loaded: any other type fails with MS_ERR_STATE instead of compiling
+ * in the middle of a step (the backend's kernels_load rule). */
+void ms_cuda_quant_seal(ms_cuda_quant *q);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MS_BACKEND_CUDA_QUANT_H */

@@ -1,0 +1,38 @@
+/*
+ * qparams.h - the parameter struct of the quantized matmul instances (templates/quant/qmatmul.cuh),
+ * shared by the host launcher (C11, backend_cuda_quant.c) and the device template (NVRTC C++).
+ * Like common/params.h: only pointers and int, and this file includes nothing.
+ *
+ * Weights stay in ggml's block layout (ggml-common.h block_q4_0 ... block_q6_K, little-endian), one
+ * row of `in` values per output feature: row r starts at w + r * row_bytes, row_bytes = in / QK *
+ * block bytes (QK 32 for Q4_0/Q4_1/Q5_0/Q8_0, 256 for Q4_K/Q5_K/Q6_K).
+ */
+#ifndef MS_QPARAMS_H
+#define MS_QPARAMS_H
+
+#define MS_QGEMV_THREADS 128   /* one CTA: MS_QGEMV_ROWS output rows, K split over its 4 warps */
+#define MS_QGEMV_ROWS 2        /* output rows per CTA (each thread reuses its x loads for both) */
+#define MS_QGEMV_MAX_COLS 8    /* x rows of the largest narrow gemv entry (ms_qgemv_8) */
+#define MS_QGEMV_WIDE_COLS 32  /* x rows of the widest gemv entry (ms_qgemv_32; also ms_qgemv_16) */
+#define MS_QDEQUANT_THREADS 256 /* grid-stride over 32-value units */
+
+/*
+ * y[c, r] = sum_i x[c, i] * W[r, i] for c < n (the gemv entries: ms_qgemv_<n> for n in 1..8,
+ * ms_qgemv_16 for n <= 16, ms_qgemv_32 for n <= 32), or
+ * out_bf16[r, i] = bf16(W[r, i]) (ms_qdequant_bf16: the prefill path dequantizes a weight into a
+ * bf16 workspace for the tensor-core GEMM). x, y float32; strides in elements.
+ */
+typedef struct ms_qmatmul_params {
+    const void *w;   /* [rows, row_bytes] ggml blocks, 16-byte aligned base */
+    const void *x;   /* [n, in] float, row stride x_stride (16-byte aligned rows) */
+    void *y;         /* [n, rows] float, row stride y_stride */
+    void *out_bf16;  /* dequant: [rows, in] bf16, packed rows */
+    int rows;        /* output features */
+    int in;          /* input features, a multiple of the block size */
+    int row_bytes;   /* bytes of one weight row */
+    int n;           /* x rows (gemv) */
+    int x_stride;
+    int y_stride;
+} ms_qmatmul_params;
+
+#endif /* MS_QPARAMS_H */

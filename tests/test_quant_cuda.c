@@ -1,0 +1,268 @@
+/*
+ * test_quant_cuda.c - quantized weights on the GPU (backend_cuda_quant.h) against the CPU
+ * reference (GPU_TESTS: `make gpu-test`; needs a GPU).
+ *
+ * For each type kept quantized (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K): fresh random weights
+ * [301, 1024] (Q4_0 / Q8_0 / Q4_K through ggml's reference quantizers, the others as random blocks
+ * with small random f16 scales; seed printed, MS_TEST_SEED repeats), dequantized on the CPU by
+ * ms_ggml_dequantize (bit-exact with ggml). Checks:
+ *   - ms_cuda_quant_dequant_bf16 of every row: the bf16 bits of the CPU's float32 values, exactly;
+ *   - linear for x rows 1..8 (the exact-width GEMV entries), 13, 16, 20 and 32 (the wide entries
+ *     ms_qgemv_16 / _32), with padded x and y strides: |y - ref| <= (in + 2) eps32 sum_i |x_i w_i| (the worst-case bound of fp32
+ *     accumulation in any order, ref in double);
+ *   - linear for 64 rows (prefill: bf16 dequantization + cuBLAS): x and W rounded to bf16 add
+ *     2^-7 sum |x_i w_i|;
+ *   - bad arguments: an unsupported type names itself, a width that is not a multiple of the block.
+ */
+#include "ms_test.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "backend_cuda_quant.h"
+#include "cuda_ops.h"
+#include "gguf_quant.h"
+#include "safetensors.h"
+
+#include "ms_test_impl.h"
+
+#define ROWS 301
+#define IN 1024
+
+static uint64_t g_rng;
+static cudaStream_t g_stream;
+static cublasHandle_t g_cublas;
+static int g_arch;
+
+static uint64_t next_u64(void) {
+    uint64_t z = (g_rng += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+
+static float frand(void) {
+    return (float)((double)(next_u64() >> 11) * 0x1p-53 * 2.0 - 1.0);
+}
+
+#define OK(expr)                                                                                  \
+    do {                                                                                          \
+        if ((expr) != MS_OK)                                                                      \
+            fail_msg("%s: %s", #expr, err.msg);                                                   \
+    } while (0)
+#define CU(expr) assert_int_equal((int)(expr), (int)cudaSuccess)
+
+static int setup(void **state) {
+    (void)state;
+    const char *s = getenv("MS_TEST_SEED");
+    g_rng = s != NULL ? strtoull(s, NULL, 10) : (uint64_t)time(NULL);
+    printf("seed %llu (MS_TEST_SEED repeats)\n", (unsigned long long)g_rng);
+    ms_error err = {0};
+    int sms;
+    if (ms_cuda_device_arch(0, &g_arch, &sms, &err) != MS_OK) {
+        printf("no GPU: %s\n", err.msg);
+        return -1;
+    }
+    if (cudaSetDevice(0) != cudaSuccess || cudaStreamCreate(&g_stream) != cudaSuccess ||
+        cublasCreate(&g_cublas) != CUBLAS_STATUS_SUCCESS || cublasSetStream(g_cublas, g_stream) != CUBLAS_STATUS_SUCCESS)
+        return -1;
+    return 0;
+}
+
+static int teardown(void **state) {
+    (void)state;
+    cublasDestroy(g_cublas);
+    cudaStreamDestroy(g_stream);
+    return 0;
+}
+
+static void put_f16(uint8_t *p, float v) {
+    uint16_t h = ms_f32_to_f16(v);
+    p[0] = (uint8_t)(h & 0xff);
+    p[1] = (uint8_t)(h >> 8);
+}
+
+/* Random host blocks of `type` for W [ROWS, IN]. */
+static uint8_t *random_blocks(uint32_t type, size_t bytes) {
+    uint8_t *b = malloc(bytes);
+    assert_non_null(b);
+    if (type == MS_GGML_TYPE_Q4_0 || type == MS_GGML_TYPE_Q8_0 || type == MS_GGML_TYPE_Q4_K) {
+        float *f = malloc(sizeof(float) * ROWS * IN);
+        assert_non_null(f);
+        for (size_t i = 0; i < (size_t)ROWS * IN; i++)
+            f[i] = frand() * 0.05f;
+        assert_int_equal(ms_ggml_quantize(type, f, b, (size_t)ROWS * IN), MS_OK);
+        free(f);
+        return b;
+    }
+    for (size_t i = 0; i < bytes; i++)
+        b[i] = (uint8_t)next_u64();
+    size_t bb = ms_ggml_type_block_bytes(type);
+    for (size_t o = 0; o < bytes; o += bb) {
+        float d = 0.001f + 0.01f * fabsf(frand()), m = 0.01f * frand();
+        switch (type) {
+        case MS_GGML_TYPE_Q4_1:
+            put_f16(b + o, d);
+            put_f16(b + o + 2, m);
+            break;
+        case MS_GGML_TYPE_Q5_0:
+            put_f16(b + o, d);
+            break;
+        case MS_GGML_TYPE_Q5_K:
+            put_f16(b + o, d);
+            put_f16(b + o + 2, fabsf(m));
+            break;
+        case MS_GGML_TYPE_Q6_K:
+            put_f16(b + o + 208, d * 0.1f);
+            break;
+        default:
+            fail_msg("no random blocks for %s", ms_ggml_type_name(type));
+        }
+    }
+    return b;
+}
+
+/* y (device, [n, ROWS] at y_stride) against the double reference of x [n, IN] (x_stride) W^T. */
+static void check_linear(ms_cuda_quant *q, const ms_cuda_qweight *w, const float *wf, int n, int x_stride,
+                         int y_stride, bool prefill) {
+    ms_error err = {0};
+    float *x = malloc(sizeof(float) * (size_t)n * (size_t)x_stride), *y = malloc(sizeof(float) * (size_t)n * (size_t)y_stride);
+    assert_true(x != NULL && y != NULL);
+    for (size_t i = 0; i < (size_t)n * (size_t)x_stride; i++)
+        x[i] = frand();
+    float *dx, *dy;
+    CU(cudaMalloc((void **)&dx, sizeof(float) * (size_t)n * (size_t)x_stride));
+    CU(cudaMalloc((void **)&dy, sizeof(float) * (size_t)n * (size_t)y_stride));
+    CU(cudaMemcpy(dx, x, sizeof(float) * (size_t)n * (size_t)x_stride, cudaMemcpyHostToDevice));
+    CU(cudaMemset(dy, 0xff, sizeof(float) * (size_t)n * (size_t)y_stride)); /* NaN poison */
+    OK(ms_cuda_quant_linear(q, dx, n, x_stride, w, dy, y_stride, &err));
+    CU(cudaStreamSynchronize(g_stream));
+    CU(cudaMemcpy(y, dy, sizeof(float) * (size_t)n * (size_t)y_stride, cudaMemcpyDeviceToHost));
+    double worst = 0;
+    for (int t = 0; t < n; t++)
+        for (int r = 0; r < ROWS; r++) {
+            double ref = 0, mag = 0;
+            for (int i = 0; i < IN; i++) {
+                double p = (double)x[(size_t)t * x_stride + i] * (double)wf[(size_t)r * IN + i];
+                ref += p;
+                mag += fabs(p);
+            }
+            double tol = ((IN + 2) * (double)FLT_EPSILON + (prefill ? 0x1p-7 : 0.0)) * mag + 1e-30;
+            double got = y[(size_t)t * y_stride + r], e = fabs(got - ref);
+            if (!(e <= tol))
+                fail_msg("%s linear n=%d%s: y[%d, %d] = %.9g, reference %.9g (tolerance %.3g)",
+                         ms_ggml_type_name(w->type), n, prefill ? " (prefill)" : "", t, r, got, ref, tol);
+            worst = fmax(worst, e / (mag > 0 ? mag : 1));
+        }
+    printf("  %s n=%-2d %-8s max |err| / sum|x w| = %.3g\n", ms_ggml_type_name(w->type), n,
+           prefill ? "prefill" : "gemv", worst);
+    cudaFree(dx);
+    cudaFree(dy);
+    free(x);
+    free(y);
+}
+
+static void check_type(ms_cuda_quant *q, uint32_t type) {
+    ms_error err = {0};
+    size_t bytes = ms_cuda_qweight_bytes(type, ROWS, IN);
+    assert_true(bytes > 0);
+    uint8_t *blocks = random_blocks(type, bytes);
+    float *wf = malloc(sizeof(float) * ROWS * IN);
+    assert_non_null(wf);
+    assert_int_equal(ms_ggml_dequantize(type, blocks, wf, (size_t)ROWS * IN), MS_OK);
+    ms_cuda_qweight w;
+    OK(ms_cuda_qweight_init(&w, type, ROWS, IN, &err));
+    OK(ms_cuda_quant_load_type(q, type, &err));
+    /* two uploads of row ranges (as fused parts load) */
+    OK(ms_cuda_qweight_upload_rows(&w, 0, 100, blocks, &err));
+    OK(ms_cuda_qweight_upload_rows(&w, 100, ROWS - 100, blocks + 100 * w.row_bytes, &err));
+    /* dequantization: bit-exact bf16 of the CPU values */
+    uint16_t *d16;
+    uint16_t *h16 = malloc(sizeof(uint16_t) * ROWS * IN);
+    assert_non_null(h16);
+    CU(cudaMalloc((void **)&d16, sizeof(uint16_t) * ROWS * IN));
+    OK(ms_cuda_quant_dequant_bf16(q, &w, 0, ROWS, d16, &err));
+    CU(cudaStreamSynchronize(g_stream));
+    CU(cudaMemcpy(h16, d16, sizeof(uint16_t) * ROWS * IN, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < (size_t)ROWS * IN; i++)
+        if (h16[i] != ms_f32_to_bf16(wf[i]))
+            fail_msg("%s dequant: element %zu (row %zu) is bf16 0x%04x, CPU %.9g -> 0x%04x", ms_ggml_type_name(type),
+                     i, i / IN, h16[i], (double)wf[i], ms_f32_to_bf16(wf[i]));
+    printf("%s: [%d, %d], %zu bytes on the device; dequantization bit-exact\n", ms_ggml_type_name(type), ROWS, IN,
+           bytes);
+    for (int n = 1; n <= 8; n++)
+        check_linear(q, &w, wf, n, IN, ROWS, false);
+    check_linear(q, &w, wf, 13, IN + 4, ROWS + 3, false); /* ms_qgemv_16 with 13 rows */
+    check_linear(q, &w, wf, 16, IN, ROWS, false);
+    check_linear(q, &w, wf, 20, IN, ROWS, false);         /* ms_qgemv_32 with 20 rows */
+    check_linear(q, &w, wf, 32, IN, ROWS, false);
+    check_linear(q, &w, wf, 64, IN + 8, ROWS + 1, true);
+    cudaFree(d16);
+    free(h16);
+    free(wf);
+    free(blocks);
+    ms_cuda_qweight_free(&w);
+}
+
+static void test_quant_types(void **state) {
+    (void)state;
+    ms_error err = {0};
+    ms_cuda_quant *q = NULL;
+    OK(ms_cuda_quant_init(&q, g_arch, NULL, g_stream, g_cublas, &err));
+    OK(ms_cuda_quant_reserve(q, 64, IN + 8, 0, &err));
+    static const uint32_t types[] = {MS_GGML_TYPE_Q4_0, MS_GGML_TYPE_Q4_1, MS_GGML_TYPE_Q5_0, MS_GGML_TYPE_Q8_0,
+                                     MS_GGML_TYPE_Q4_K, MS_GGML_TYPE_Q5_K, MS_GGML_TYPE_Q6_K};
+    for (size_t i = 0; i < MS_ARRAY_LEN(types); i++)
+        check_type(q, types[i]);
+    /* a small tile forces several dequantize + GEMM rounds in the prefill path */
+    ms_cuda_quant_free(q);
+    q = NULL;
+    OK(ms_cuda_quant_init(&q, g_arch, NULL, g_stream, g_cublas, &err));
+    OK(ms_cuda_quant_reserve(q, 64, IN + 8, (size_t)IN * 2 * 37, &err));
+    check_type(q, MS_GGML_TYPE_Q4_K);
+    /* sealed: a type not loaded fails instead of compiling mid-step */
+    ms_cuda_quant_seal(q);
+    ms_cuda_qweight w;
+    OK(ms_cuda_qweight_init(&w, MS_GGML_TYPE_Q8_0, 4, 64, &err));
+    float *dx, *dy;
+    CU(cudaMalloc((void **)&dx, sizeof(float) * 64));
+    CU(cudaMalloc((void **)&dy, sizeof(float) * 4));
+    ms_cuda_quant_free(q);
+    q = NULL;
+    OK(ms_cuda_quant_init(&q, g_arch, NULL, g_stream, g_cublas, &err));
+    ms_cuda_quant_seal(q);
+    assert_int_equal(ms_cuda_quant_linear(q, dx, 1, 64, &w, dy, 4, &err), MS_ERR_STATE);
+    assert_non_null(strstr(err.msg, "Q8_0"));
+    cudaFree(dx);
+    cudaFree(dy);
+    ms_cuda_qweight_free(&w);
+    ms_cuda_quant_free(q);
+}
+
+static void test_bad_weights(void **state) {
+    (void)state;
+    ms_error err = {0};
+    ms_cuda_qweight w;
+    assert_int_equal(ms_cuda_qweight_init(&w, MS_GGML_TYPE_Q5_1, 4, 64, &err), MS_ERR_UNSUPPORTED);
+    assert_non_null(strstr(err.msg, "ggml type Q5_1 is not kept quantized"));
+    assert_int_equal(ms_cuda_qweight_init(&w, MS_GGML_TYPE_Q4_K, 4, 64, &err), MS_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "positive multiple of 256"));
+    assert_null(w.data);
+    ms_cuda_qweight_free(&w);
+    OK(ms_cuda_qweight_init(&w, MS_GGML_TYPE_Q4_0, 4, 64, &err));
+    uint8_t host[4 * 36] = {0};
+    assert_int_equal(ms_cuda_qweight_upload_rows(&w, 3, 2, host, &err), MS_ERR_INVALID_ARG);
+    ms_cuda_qweight_free(&w);
+}
+
+int main(void) {
+    const struct CMUnitTest tests[] = {
+        ms_unit_test(test_quant_types),
+        ms_unit_test(test_bad_weights),
+    };
+    return cmocka_run_group_tests(tests, setup, teardown);
+}
