@@ -1080,6 +1080,39 @@ static const float *kv_row(const attn_job *j, int32_t i, int32_t k, int32_t kvi,
     return tmp;
 }
 
+/* One key of the online softmax (Milakov & Gimelshein 2018, as FlashAttention): for each of nh
+ * heads, scores s[h] against the running max m[h] and sum l[h], acc[h][0..d) += e * vr. Shared by
+ * the paged and the dense attention so both round the same way. */
+static inline void attn_online_update(int32_t nh, int32_t d, const float *s, const float *vr,
+                                      float *m, float *l,
+                                      float (*acc)[MS_CPU_MAX_HEAD_DIM]) {
+    for (int32_t h = 0; h < nh; h++) {
+        if (s[h] > m[h]) {
+            float corr = expf(m[h] - s[h]); /* 0 when m was -inf */
+            l[h] *= corr;
+            for (int32_t x = 0; x < d; x++)
+                acc[h][x] *= corr;
+            m[h] = s[h];
+        }
+        float e = expf(s[h] - m[h]);
+        l[h] += e;
+        for (int32_t x = 0; x < d; x++)
+            acc[h][x] += e * vr[x];
+    }
+}
+
+/* Row t of out, heads head0 .. head0 + nh: acc / l (0 for a row that saw no key). */
+static inline void attn_write_heads(const ms_tensor *out, int64_t t, int32_t head0, int32_t nh,
+                                    int32_t d, const float *l,
+                                    float (*acc)[MS_CPU_MAX_HEAD_DIM]) {
+    for (int32_t h = 0; h < nh; h++) {
+        float *o = (float *)out->data + t * out->stride[0] + (int64_t)(head0 + h) * d;
+        float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
+        for (int32_t x = 0; x < d; x++)
+            o[x] = acc[h][x] * inv;
+    }
+}
+
 static void attn_task(void *arg, int32_t task, int32_t thread) {
     (void)thread;
     const attn_job *j = arg;
@@ -1121,27 +1154,9 @@ static void attn_task(void *arg, int32_t task, int32_t thread) {
                 for (int32_t h = 0; h < nh; h++)
                     s[h] = dot_f32(qh[h], kr, d) * j->p->scale;
                 const float *vr = kv_row(j, i, k, 1, g, vtmp);
-                for (int32_t h = 0; h < nh; h++) {
-                    if (s[h] > m[h]) {
-                        float corr = expf(m[h] - s[h]); /* 0 when m was -inf */
-                        l[h] *= corr;
-                        for (int32_t x = 0; x < d; x++)
-                            acc[h][x] *= corr;
-                        m[h] = s[h];
-                    }
-                    float e = expf(s[h] - m[h]);
-                    l[h] += e;
-                    for (int32_t x = 0; x < d; x++)
-                        acc[h][x] += e * vr[x];
-                }
+                attn_online_update(nh, d, s, vr, m, l, acc);
             }
-            for (int32_t h = 0; h < nh; h++) {
-                float *o = (float *)j->out->data + t * j->out->stride[0] +
-                           (int64_t)(g * j->group + h0 + h) * d;
-                float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
-                for (int32_t x = 0; x < d; x++)
-                    o[x] = acc[h][x] * inv;
-            }
+            attn_write_heads(j->out, t, g * j->group + h0, nh, d, l, acc);
         }
     }
 }
@@ -1230,27 +1245,9 @@ static void dense_task(void *arg, int32_t task, int32_t thread) {
                     s[h] = dot_f32(qh[h], kr, d) * j->p->scale;
                 const float *vr = (const float *)j->v->data + r * j->v->stride[0] +
                                   (int64_t)g * d;
-                for (int32_t h = 0; h < nh; h++) {
-                    if (s[h] > m[h]) {
-                        float corr = expf(m[h] - s[h]); /* 0 when m was -inf */
-                        l[h] *= corr;
-                        for (int32_t x = 0; x < d; x++)
-                            acc[h][x] *= corr;
-                        m[h] = s[h];
-                    }
-                    float e = expf(s[h] - m[h]);
-                    l[h] += e;
-                    for (int32_t x = 0; x < d; x++)
-                        acc[h][x] += e * vr[x];
-                }
+                attn_online_update(nh, d, s, vr, m, l, acc);
             }
-            for (int32_t h = 0; h < nh; h++) {
-                float *o = (float *)j->out->data + t * j->out->stride[0] +
-                           (int64_t)(g * j->group + h0 + h) * d;
-                float inv = l[h] > 0.0f ? 1.0f / l[h] : 0.0f;
-                for (int32_t x = 0; x < d; x++)
-                    o[x] = acc[h][x] * inv;
-            }
+            attn_write_heads(j->out, t, g * j->group + h0, nh, d, l, acc);
         }
     }
 }
