@@ -2141,7 +2141,7 @@ static int lower(gen *g, const ms_ast_expr *e, const char *hint, int dest) {
             strcmp(e->text, g->in_param->name.name) == 0) {
             if (g->in_ids && !g->reading_ids) /* [codes] */
                 fail_at(g, e->loc, "'%s' holds ids: read its columns with embedding(table, %s, "
-                        "column = c)", e->text, e->text);
+                        "column = <int>)", e->text, e->text);
             return input_val(g, e, false);
         }
         if (e->sym != NULL && e->sym->kind == MS_SYM_INPUT)

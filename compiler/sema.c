@@ -63,6 +63,7 @@ typedef struct sema {
     int n_guards;
     ms_node *node;                 /* node being checked */
     const ms_ast_forward *fwd;     /* forward being checked ([codes] its `ids` parameters) */
+    bool ids_ok;                   /* [codes] checking embedding()'s ids argument */
     const ms_ast_step *step;       /* step being checked (CX_SPAN inputs) */
     binding *binds;                /* forward scope */
     int n_binds;
@@ -2118,7 +2119,9 @@ static fval builtin_call(sema *s, ms_ast_expr *e, const char *fn) {
     if (strcmp(fn, "embedding") == 0) {
         if (!arity(s, e, fn, 2, 2))
             return fv(MS_TYPE_UNKNOWN);
+        s->ids_ok = pos_arg(e, 1)->kind == MS_EXPR_NAME; /* [codes] embedding(table, codes, ...) */
         fval w, ids = fexpr(s, pos_arg(e, 1));
+        s->ids_ok = false;
         bool ok = want_weight(s, pos_arg(e, 0), &w, 2, fn);
         want_tensor(s, pos_arg(e, 1), &ids, "token ids");
         /* [codes] column c of a `[_, G] ids` input: one id per row */
@@ -2129,7 +2132,7 @@ static fval builtin_call(sema *s, ms_ast_expr *e, const char *fn) {
                 "forward parameter declared `x: [_, n] ids`");
         else if (col == NULL && ip != NULL)
             err(s, pos_arg(e, 1)->loc, "embedding() of '%s' (a row of ids per token) names the "
-                "column it reads: embedding(table, %s, column = c)", ip->name.name, ip->name.name);
+                "column it reads: embedding(table, %s, column = <int>)", ip->name.name, ip->name.name);
         else if (col != NULL)
             check_column(s, col);
         const ms_ast_expr *dims[2] = {ids.rank > 0 ? ids.dims[0] : NULL, ok ? w.dims[1] : NULL};
@@ -2296,7 +2299,14 @@ static fval fexpr_inner(sema *s, ms_ast_expr *e) {
     case MS_EXPR_STRING:
         err(s, e->loc, "strings are not forward values");
         return fv(MS_TYPE_UNKNOWN);
-    case MS_EXPR_NAME: return fname(s, e);
+    case MS_EXPR_NAME: {
+        fval v = fname(s, e);
+        const ms_ast_fparam *ip = s->ids_ok ? NULL : ids_param(s, e);
+        if (ip != NULL) /* [codes] */
+            err(s, e->loc, "'%s' holds ids: read its columns with embedding(table, %s, column = "
+                "<int>)", e->text, e->text);
+        return v;
+    }
     case MS_EXPR_MEMBER: {
         if (e->lhs->kind == MS_EXPR_NAME) {
             binding *b = lookup(s, e->lhs->text);
@@ -2549,7 +2559,7 @@ static void check_forward(sema *s, ms_node *node, ms_forward *f) {
         fval v;
         if (p->elem.name != NULL && strcmp(p->elem.name, "ids") != 0)
             err(s, p->elem.loc, "forward parameter '%s': element type '%s' (only 'ids': int32 "
-                "ids, read by embedding(table, %s, column = c))", p->name.name, p->elem.name,
+                "ids, read by embedding(table, %s, column = <int>))", p->name.name, p->elem.name,
                 p->name.name);
         else if (p->elem.name != NULL && p->shape.n != 2)
             err(s, p->name.loc, "forward parameter '%s': ids are [rows, columns], not %d-D",
