@@ -391,6 +391,9 @@ refused embeds_rows 's/forward(tokens) -> logits {/forward(tokens: [4, dim]) -> 
     "forward parameter 'tokens': the rows of a sampling node's input are the step's tokens: declare them \`_\`"
 refused embeds_embedding 's/forward(tokens) -> logits {/forward(tokens: [_, dim]) -> logits {/' \
     "embedding\(\) reads the step's tokens"
+# [codes] a row of ids per token is lowered for a sampling node only
+refused ids_no_sampler '/resource pick = /d; s/forward(tokens) -> logits {/forward(tokens: [_, 2] ids) -> logits {/; s/x = embedding(tok, tokens);/x = embedding(tok, tokens, column = 0);/' \
+    "forward parameter 'tokens': mstarc build lowers a row of ids per token \(\[codes\]\) for a sampling node without a cross resource only yet"
 # [codes] a row of ids per token (`[_, G] ids`) builds: input_shape rows -3, column c read, the
 # input's dtype checked (tests/dsl/forward.test: the misuses sema refuses)
 sed -e 's/forward(tokens) -> logits {/forward(tokens: [_, 2] ids) -> logits {/' \
