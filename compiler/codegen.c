@@ -76,6 +76,7 @@ void ms_emit_banner(ms_cg *cg, const char *file, const char *source, const char 
 #define MAX_FUSE 32   /* fused groups */
 #define MAX_VALS 512  /* forward values */
 #define MAX_OPS 512   /* forward ops */
+#define MAX_LOOPS 4   /* forward loops, one after another ([codes] a codebook loop, the layers) */
 #define MAX_SLOTS 64  /* workspace buffers */
 #define MAX_ENV 128   /* forward bindings */
 #define MAX_SB 8      /* scratch text buffers in use at once */
@@ -148,6 +149,7 @@ typedef struct op {
     const char *note;     /* fusion decision */
     const char *count;    /* LOOP_BEGIN: layer count */
     const char *stride, *padding; /* CONV1D: C expressions */
+    const char *column;   /* EMBED [codes]: C expression of the ids column read, or NULL */
     bool guarded;         /* runs only when the step brings input rows (A > 0) */
 } op;
 
@@ -187,6 +189,9 @@ typedef struct gen {
     int input;                  /* the V_INPUT value of a shaped forward input, -1 */
     const ms_ast_fparam *in_param; /* the shaped forward parameter, NULL */
     bool in_transposed;         /* it is read as transpose(x) ([L, C] of a declared [C, L]) */
+    bool in_ids;                /* [codes] it is declared `[_, G] ids`: a row of int32 ids per
+                                   token, staged codebook-major, read by embedding(column = c) */
+    bool reading_ids;           /* [codes] lowering embedding()'s ids argument */
     bool guard;                 /* ops being lowered run only when A > 0 (xattn.write) */
     int positions;              /* the V_POSITIONS value, -1 until read */
     bool hidden;                /* the node has no sampler: its forward returns every token's
@@ -2131,12 +2136,55 @@ static int input_val(gen *g, const ms_ast_expr *at, bool transposed) {
     return g->input;
 }
 
+/* [codes] C text of embedding()'s `column = c` (sema: an int config expression, or the loop
+ * variable of the enclosing `for` over a weight group, plus or alone with one). */
+static const char *column_c(gen *g, const ms_ast_expr *c) {
+    const bool lv = c->kind == MS_EXPR_NAME && c->sym != NULL && c->sym->kind == MS_SYM_LAYER;
+    const bool sum = c->kind == MS_EXPR_BINARY && c->op == MS_OP_ADD &&
+                     ((c->lhs->sym != NULL && c->lhs->sym->kind == MS_SYM_LAYER) ||
+                      (c->rhs->sym != NULL && c->rhs->sym->kind == MS_SYM_LAYER));
+    if (!lv && !sum)
+        return bare(g, cexpr(g, c));
+    const ms_ast_expr *var = lv ? c : c->lhs->sym != NULL && c->lhs->sym->kind == MS_SYM_LAYER
+                                          ? c->lhs : c->rhs;
+    if (g->layer == NULL || g->layer_var == NULL || strcmp(var->text, g->layer_var) != 0)
+        fail_at(g, var->loc, "'%s' is not the variable of the loop this runs in", var->text);
+    if (lv)
+        return g->layer;
+    return S("%s + (int64_t)(%s)", g->layer, bare(g, cexpr(g, var == c->lhs ? c->rhs : c->lhs)));
+}
+
+/* [codes] embedding(table, codes, column = c): the rows of table selected by column c of the
+ * node's `[_, G] ids` input (one id per token; HF nn.Embedding of codes[:, c]). */
+static int lower_embed_column(gen *g, const ms_ast_expr *e, const char *hint, int dest) {
+    if (!g->in_ids)
+        fail_at(g, e->loc, "embedding(..., column = c) reads a forward parameter declared "
+                "`[_, n] ids`");
+    int w = weight_entry(g, argv_at(e, 0), "embedding()'s table");
+    g->reading_ids = true;
+    int ids = lower(g, argv_at(e, 1), NULL, -1);
+    g->reading_ids = false;
+    const ms_weight *ww = weight_of(argv_at(e, 0));
+    const char *col = column_c(g, named_arg(e, "column"));
+    int out = out_val(g, dest, "T", cexpr(g, ww->shape[1]), hint);
+    op *o = new_op(g, O_EMBED);
+    op_in(o, ids);
+    o->out = out;
+    o->w = w;
+    o->column = col;
+    return out;
+}
+
 static int lower(gen *g, const ms_ast_expr *e, const char *hint, int dest) {
     switch (e->kind) {
     case MS_EXPR_NAME: {
         if (e->sym != NULL && e->sym->kind == MS_SYM_INPUT && g->in_param != NULL &&
-            strcmp(e->text, g->in_param->name.name) == 0)
+            strcmp(e->text, g->in_param->name.name) == 0) {
+            if (g->in_ids && !g->reading_ids) /* [codes] */
+                fail_at(g, e->loc, "'%s' holds ids: read its columns with embedding(table, %s, "
+                        "column = <int>)", e->text, e->text);
             return input_val(g, e, false);
+        }
         if (e->sym != NULL && e->sym->kind == MS_SYM_INPUT)
             return g->tokens;
         if (g->gather_name != NULL && strcmp(e->text, g->gather_name) == 0)
@@ -2147,6 +2195,8 @@ static int lower(gen *g, const ms_ast_expr *e, const char *hint, int dest) {
         return v;
     }
     case MS_EXPR_CALL:
+        if (is_call(e, "embedding") && named_arg(e, "column") != NULL)
+            return lower_embed_column(g, e, hint, dest);
         if (is_call(e, "embedding")) {
             int w = weight_entry(g, argv_at(e, 0), "embedding()'s table");
             int ids = lower(g, argv_at(e, 1), NULL, -1);
@@ -2445,11 +2495,12 @@ static void lower_stmt(gen *g, const ms_ast_stmt *s) {
         for (int i = 0; i < g->m->n_groups; i++)
             if (strcmp(g->m->groups[i]->name, s->group.name) == 0)
                 grp = g->m->groups[i];
-        bool seen = false;
+        int seen = 0;
         for (int i = 0; i < g->n_o; i++)
-            seen = seen || g->o[i].kind == O_LOOP_BEGIN;
-        if (grp == NULL || g->layer != NULL || seen)
-            fail_at(g, s->loc, "the forward may have one layer loop (not nested, not two)");
+            seen += g->o[i].kind == O_LOOP_BEGIN;
+        if (grp == NULL || g->layer != NULL || seen >= MAX_LOOPS)
+            fail_at(g, s->loc, "the forward's loops run one after another (not nested, at most "
+                    "%d)", MAX_LOOPS);
         flush_rope(g);
         /* an add deferred before the loop happens once, before it */
         for (int x = 0; x < g->n_v; x++)
@@ -2651,19 +2702,20 @@ static void lower_body(gen *g, const ms_ptr_vec *body) {
 /* ---- forward: buffer planning by liveness ---- */
 
 static void plan_buffers(gen *g) {
-    int a = -1, b = -1;
+    /* the loops, in order ([codes] a codebook loop may come before the layer loop) */
+    int la[MAX_LOOPS], lb[MAX_LOOPS], n_loops = 0;
     for (int i = 0; i < g->n_o; i++) {
         if (g->o[i].kind == O_LOOP_BEGIN)
-            a = i;
+            la[n_loops] = i;
         if (g->o[i].kind == O_LOOP_END)
-            b = i;
+            lb[n_loops++] = i;
     }
     static bool live[MAX_VALS][MAX_OPS];
     memset(live, 0, sizeof live);
     for (int x = 0; x < g->n_v; x++) {
         if (g->v[x].kind != V_BUF || x == g->logits)
             continue;
-        int def = -1, last = -1, carried = -1;
+        int def = -1, last = -1;
         for (int i = 0; i < g->n_o; i++) {
             const op *o = &g->o[i];
             bool w = root_of(g, o->out) == x, r = false;
@@ -2673,26 +2725,33 @@ static void plan_buffers(gen *g) {
                 def = i;
             if (r || w)
                 last = i;
-            if (r && def < 0 && a >= 0 && i > a && i < b)
-                carried = i; /* read in the loop before its definition (previous iteration) */
         }
         if (def < 0)
             continue;
         for (int i = def; i <= last; i++)
             live[x][i] = true;
-        if (a >= 0 && def < a && last > a && last < b)
-            for (int i = def; i <= b; i++)
-                live[x][i] = true;
-        if (a >= 0 && def > a && def < b && carried >= 0) {
-            for (int i = a; i <= carried; i++)
-                live[x][i] = true;
-            for (int i = def; i <= b; i++)
-                live[x][i] = true;
+        for (int q = 0; q < n_loops; q++) {
+            const int a = la[q], b = lb[q];
+            int carried = -1;
+            for (int i = a + 1; i < def && i < b; i++)
+                for (int k = 0; k < g->o[i].n_in; k++)
+                    if (root_of(g, g->o[i].in[k]) == x)
+                        carried = i; /* read in the loop before its definition (previous
+                                        iteration) */
+            if (def < a && last > a && last < b)
+                for (int i = def; i <= b; i++)
+                    live[x][i] = true;
+            if (def > a && def < b && carried >= 0) {
+                for (int i = a; i <= carried; i++)
+                    live[x][i] = true;
+                for (int i = def; i <= b; i++)
+                    live[x][i] = true;
+            }
+            /* a value defined in the loop and read after it lives to the loop's end */
+            if (def > a && def < b && last > b)
+                for (int i = def; i <= b; i++)
+                    live[x][i] = true;
         }
-        /* a value defined in the loop and read after it lives to the loop's end */
-        if (a >= 0 && def > a && def < b && last > b)
-            for (int i = def; i <= b; i++)
-                live[x][i] = true;
         int chosen = -1;
         for (int sidx = 0; sidx < g->n_s && chosen < 0; sidx++) {
             slot *sl = &g->s[sidx];
@@ -2848,7 +2907,17 @@ static void emit_forward(gen *g) {
         }
     }
     ms_emit_blank(&g->cg);
-    if (g->input >= 0 && input_embeds(g)) {
+    if (g->input >= 0 && input_embeds(g) && g->in_ids) {
+        /* [codes] the ids the engine staged for this step (ms_engine_run_codes), a row of G per
+           token, codebook-major */
+        E("if (a->input == NULL || a->input->dtype != MS_DTYPE_I32 || a->input->shape[0] != T ||");
+        E("    a->input->shape[1] != (int64_t)(%s))", g->v[g->input].width);
+        E("    return MS_FAIL(err, MS_ERR_INVALID_ARG, \"node %s: input %s must be [%%lld, %%lld] \"",
+          g->node->name, g->v[g->input].name);
+        E("                   \"ids (a row of codes per token: ms_engine_run_codes)\", (long long)T,");
+        E("                   (long long)(%s));", g->v[g->input].width);
+        E("ms_tensor t_in = *a->input;");
+    } else if (g->input >= 0 && input_embeds(g)) {
         /* [inputs_embeds] the rows the engine staged for this step (ms_engine_run_rows), one per
            token: the forward may carry its residual stream in them */
         E("if (a->input == NULL || a->input->shape[0] != T || a->input->shape[1] != (int64_t)(%s))",
@@ -2931,6 +3000,19 @@ static void emit_forward(gen *g) {
             g->cg.indent++;
             break;
         case O_EMBED:
+            if (o->column != NULL) { /* [codes] column c of the ids, contiguous (staged
+                                        codebook-major: column c of the T rows at c * T) */
+                E("{");
+                E("    const int64_t col = (int64_t)(%s);", o->column);
+                E("    if (col < 0 || col >= t_in.shape[1])");
+                E("        return MS_FAIL(err, MS_ERR_INVALID_ARG, \"node %s: column %%lld of %s \"",
+                  g->node->name, g->v[g->input].name);
+                E("                       \"is outside [0, %%lld)\", (long long)col, (long long)t_in.shape[1]);");
+                E("    ms_tensor ids = ms_tensor_1d((int32_t *)t_in.data + col * T, MS_DTYPE_I32, T);");
+                E("    MS_TRY(f->embedding(cx, %s, &ids, %s, err));", W, tref(g, o->out));
+                E("}");
+                break;
+            }
             E("MS_TRY(f->embedding(cx, %s, %s, %s, err));", W, tref(g, o->in[0]), tref(g, o->out));
             break;
         case O_RMS_NORM:
@@ -3069,6 +3151,7 @@ static void emit_forward(gen *g) {
     /* one window's rows (a dense node's step stages NW of them) */
     const char *win_rows = window_rows(g, g->v[g->input].rows);
     E("    *rows = (int64_t)(%s);", dyn_input            ? "-1"
+                                  : input_embeds(g) && g->in_ids ? "-3" /* [codes] */
                                   : input_embeds(g) ? "-2" /* [inputs_embeds] */
                                   : win_rows != NULL ? bare(g, win_rows)
                                                      : g->v[g->input].rows);
@@ -3239,6 +3322,7 @@ static void lower_node(gen *g, int ni) {
     g->v[g->logits].rows = g->hidden ? "T" : "S";
     g->input = g->positions = -1;
     g->in_param = NULL;
+    g->in_ids = g->reading_ids = false;
     g->guard = false;
     for (int i = 0; i < g->fwd->ast->params.n; i++) {
         const ms_ast_fparam *p = g->fwd->ast->params.items[i];
@@ -3251,6 +3335,7 @@ static void lower_node(gen *g, int ni) {
                     "an encoder's [channels, frames], the rows a cross resource writes, or one "
                     "row per token", p->name.name);
         g->in_param = p;
+        g->in_ids = p->elem.name != NULL; /* [codes] */
     }
     lower_body(g, &g->fwd->ast->body);
     plan_buffers(g);

@@ -236,6 +236,8 @@ static void dump_forward(dumper *d, const ms_ast_forward *f) {
             ms_strbuf_puts(d->b, ": [");
             exprs(d, &p->shape);
             ms_strbuf_puts(d->b, "]");
+            if (p->elem.name != NULL)
+                ms_strbuf_printf(d->b, " %s", p->elem.name);
         }
     }
     ms_strbuf_printf(d->b, ") -> %s {\n", f->result.name);

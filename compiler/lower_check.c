@@ -190,6 +190,10 @@ static void check_inputs(lcheck *c, const ms_node *node, const ms_forward *f) {
             refuse(c, ((const ms_ast_expr *)p->shape.items[0])->loc, "forward parameter '%s': "
                    "the rows of a sampling node's input are the step's tokens: declare them `_`",
                    p->name.name);
+        else if (p->elem.name != NULL && !embeds)
+            refuse(c, p->elem.loc, "forward parameter '%s': mstarc build lowers a row of ids "
+                   "per token ([codes]) for a sampling node without a cross resource only yet",
+                   p->name.name);
         else if (!p->has_shape && n_ids > 1)
             refuse(c, p->name.loc, "forward parameter '%s': mstarc build lowers forwards of one "
                    "token input yet", p->name.name);

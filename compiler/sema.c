@@ -62,6 +62,8 @@ typedef struct sema {
     const ms_param *guards[64];    /* optional params proven present by has(p) ? ... */
     int n_guards;
     ms_node *node;                 /* node being checked */
+    const ms_ast_forward *fwd;     /* forward being checked ([codes] its `ids` parameters) */
+    bool ids_ok;                   /* [codes] checking embedding()'s ids argument */
     const ms_ast_step *step;       /* step being checked (CX_SPAN inputs) */
     binding *binds;                /* forward scope */
     int n_binds;
@@ -2136,17 +2138,71 @@ static const char *const BUILTINS[] = {
     "sigmoid", "softmax", "conv1d", "transpose", NULL,
 };
 
+/* [codes] The forward parameter `e` names when it is declared `name: [d0, d1] ids`, else NULL. */
+static const ms_ast_fparam *ids_param(const sema *s, const ms_ast_expr *e) {
+    if (s->fwd == NULL || e == NULL || e->kind != MS_EXPR_NAME || e->sym == NULL ||
+        e->sym->kind != MS_SYM_INPUT || e->sym->index < 0 || e->sym->index >= s->fwd->params.n)
+        return NULL;
+    const ms_ast_fparam *p = s->fwd->params.items[e->sym->index];
+    return p->elem.name != NULL && strcmp(p->name.name, e->text) == 0 ? p : NULL;
+}
+
+/* [codes] Whether e names the variable of an enclosing `for` over a weight group. */
+static bool loop_var(sema *s, ms_ast_expr *e) {
+    if (e->kind != MS_EXPR_NAME)
+        return false;
+    binding *b = lookup(s, e->text);
+    if (b == NULL || b->v.t != MS_TYPE_LAYER)
+        return false;
+    e->sym = b->sym;
+    set_type(e, MS_TYPE_INT);
+    return true;
+}
+
+/* [codes] embedding()'s `column = c`: an int config expression, or the loop variable of an
+ * enclosing `for` (its index in the group) plus or alone with one. */
+static void check_column(sema *s, ms_ast_expr *c) {
+    if (loop_var(s, c))
+        return;
+    if (c->kind == MS_EXPR_BINARY && c->op == MS_OP_ADD && (loop_var(s, c->lhs) || loop_var(s, c->rhs))) {
+        ms_ast_expr *rest = c->lhs->sym != NULL && c->lhs->sym->kind == MS_SYM_LAYER ? c->rhs : c->lhs;
+        if (rest->kind == MS_EXPR_NAME && loop_var(s, rest))
+            err(s, rest->loc, "embedding()'s column adds one loop variable");
+        else
+            cexpr_want(s, rest, MS_TYPE_INT, "embedding()'s column");
+        set_type(c, MS_TYPE_INT);
+        return;
+    }
+    cexpr_want(s, c, MS_TYPE_INT, "embedding()'s column (an int, or <loop variable> + an int)");
+}
+
 static fval builtin_call(sema *s, ms_ast_expr *e, const char *fn) {
     e->lhs->sym = s->builtin_sym;
     static const char *const conv_keys[] = {"stride", "padding", NULL};
-    if (!check_named(s, e, fn, strcmp(fn, "conv1d") == 0 ? conv_keys : NULL))
+    static const char *const embed_keys[] = {"column", NULL};
+    if (!check_named(s, e, fn, strcmp(fn, "conv1d") == 0     ? conv_keys
+                               : strcmp(fn, "embedding") == 0 ? embed_keys
+                                                              : NULL))
         return fv(MS_TYPE_UNKNOWN);
     if (strcmp(fn, "embedding") == 0) {
         if (!arity(s, e, fn, 2, 2))
             return fv(MS_TYPE_UNKNOWN);
+        s->ids_ok = pos_arg(e, 1)->kind == MS_EXPR_NAME; /* [codes] embedding(table, codes, ...) */
         fval w, ids = fexpr(s, pos_arg(e, 1));
+        s->ids_ok = false;
         bool ok = want_weight(s, pos_arg(e, 0), &w, 2, fn);
         want_tensor(s, pos_arg(e, 1), &ids, "token ids");
+        /* [codes] column c of a `[_, G] ids` input: one id per row */
+        ms_ast_expr *col = named_arg(e, "column");
+        const ms_ast_fparam *ip = ids_param(s, pos_arg(e, 1));
+        if (col != NULL && ip == NULL)
+            err(s, pos_arg(e, 1)->loc, "embedding(table, x, column = c) reads a column of a "
+                "forward parameter declared `x: [_, n] ids`");
+        else if (col == NULL && ip != NULL)
+            err(s, pos_arg(e, 1)->loc, "embedding() of '%s' (a row of ids per token) names the "
+                "column it reads: embedding(table, %s, column = <int>)", ip->name.name, ip->name.name);
+        else if (col != NULL)
+            check_column(s, col);
         const ms_ast_expr *dims[2] = {ids.rank > 0 ? ids.dims[0] : NULL, ok ? w.dims[1] : NULL};
         return tensor(s, 2, dims);
     }
@@ -2311,7 +2367,14 @@ static fval fexpr_inner(sema *s, ms_ast_expr *e) {
     case MS_EXPR_STRING:
         err(s, e->loc, "strings are not forward values");
         return fv(MS_TYPE_UNKNOWN);
-    case MS_EXPR_NAME: return fname(s, e);
+    case MS_EXPR_NAME: {
+        fval v = fname(s, e);
+        const ms_ast_fparam *ip = s->ids_ok ? NULL : ids_param(s, e);
+        if (ip != NULL) /* [codes] */
+            err(s, e->loc, "'%s' holds ids: read its columns with embedding(table, %s, column = "
+                "<int>)", e->text, e->text);
+        return v;
+    }
     case MS_EXPR_MEMBER: {
         if (e->lhs->kind == MS_EXPR_NAME) {
             binding *b = lookup(s, e->lhs->text);
@@ -2551,6 +2614,7 @@ static void check_stmts(sema *s, ms_forward *f, const ms_ptr_vec *body, bool top
 
 static void check_forward(sema *s, ms_node *node, ms_forward *f) {
     const ms_ast_forward *af = f->ast;
+    s->fwd = af;
     unbind_to(s, 0);
     s->depth = 0;
     for (int i = 0; i < af->params.n; i++) {
@@ -2561,6 +2625,13 @@ static void check_forward(sema *s, ms_node *node, ms_forward *f) {
                 err(s, p->name.loc, "forward parameter '%s' is declared twice", p->name.name);
         }
         fval v;
+        if (p->elem.name != NULL && strcmp(p->elem.name, "ids") != 0)
+            err(s, p->elem.loc, "forward parameter '%s': element type '%s' (only 'ids': int32 "
+                "ids, read by embedding(table, %s, column = <int>))", p->name.name, p->elem.name,
+                p->name.name);
+        else if (p->elem.name != NULL && p->shape.n != 2)
+            err(s, p->name.loc, "forward parameter '%s': ids are [rows, columns], not %d-D",
+                p->name.name, p->shape.n);
         if (p->has_shape) {
             v = tensor(s, p->shape.n, NULL);
             for (int k = 0; k < p->shape.n; k++) {

@@ -203,11 +203,13 @@ typedef struct ms_ast_stmt {
     ms_ptr_vec body;       /* FOR body: ms_ast_stmt* */
 } ms_ast_stmt;
 
-/* A forward parameter: `name` (token ids [T]) or `name: [d0, d1]` (`_` = dynamic dimension). */
+/* A forward parameter: `name` (token ids [T]), `name: [d0, d1]` (`_` = dynamic dimension) or
+ * `name: [d0, d1] ids` (an element type after the shape: sema accepts `ids`, int32 ids). */
 typedef struct ms_ast_fparam {
     ms_ast_ident name;
     ms_ptr_vec shape;      /* ms_ast_expr*; empty = token ids */
     bool has_shape;
+    ms_ast_ident elem;     /* the element type word (NULL name: float rows) */
 } ms_ast_fparam;
 
 /* `forward [name](params) -> result { body }` */

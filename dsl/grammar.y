@@ -297,6 +297,7 @@ fparams
 fparam
     : ident                         { $$ = ms_ast_fparam_new(ctx, $1, NULL); }
     | ident ':' '[' exprs ']'       { $$ = ms_ast_fparam_new(ctx, $1, $4); }
+    | ident ':' '[' exprs ']' ident { $$ = ms_ast_fparam_new(ctx, $1, $4); $$->elem = *$6; }
     ;
 
 block

@@ -52,7 +52,7 @@ TESTS += tests/test_cross_attn
 TESTS += tests/test_scratch
 # the talker + code predictor of hf/talker_codepred composed by hand over the scratch KV (CPU)
 TESTS += tests/test_talker_cpu
-# the talker node of models/talker.mstar (inputs_embeds rows, ms_engine_run_rows) against
+# the talker node of models/talker.mstar (a row of codes per token, ms_engine_run_codes) against
 # hf/talker_codepred's talker_logits, teacher-forced; four prompts batched equal each alone
 TESTS += tests/test_talker
 $(BUILD)/tests/test_talker: $(BUILD)/obj/gen/talker/talker_gen.o

@@ -391,6 +391,25 @@ refused embeds_rows 's/forward(tokens) -> logits {/forward(tokens: [4, dim]) -> 
     "forward parameter 'tokens': the rows of a sampling node's input are the step's tokens: declare them \`_\`"
 refused embeds_embedding 's/forward(tokens) -> logits {/forward(tokens: [_, dim]) -> logits {/' \
     "embedding\(\) reads the step's tokens"
+# [codes] a row of ids per token is lowered for a sampling node only
+# (a node without a sampler that keeps a kv_pool is refused first, by lower_check.c, whatever
+# its input; codegen.c's own [codes] refusal guards the dense nodes that pass it)
+refused ids_no_sampler '/resource pick = /d; s/forward(tokens) -> logits {/forward(tokens: [_, 2] ids) -> logits {/; s/x = embedding(tok, tokens);/x = embedding(tok, tokens, column = 0);/' \
+    "node 'lm' returns hidden states \(no sampler\) and keeps nothing: mstarc build lowers it with a dense attention"
+# [codes] a row of ids per token (`[_, G] ids`) builds: input_shape rows -3, column c read, the
+# input's dtype checked (tests/dsl/forward.test: the misuses sema refuses)
+sed -e 's/forward(tokens) -> logits {/forward(tokens: [_, 2] ids) -> logits {/' \
+    -e 's/x = embedding(tok, tokens);/x = embedding(tok, tokens, column = 1);/' \
+    "$root/tests/codegen/tiny.mstar" >"$tmp/ids.mstar"
+if run "codes build" 0 "$mstarc" build "$tmp/ids.mstar" -o "$tmp/ids" --emit-only; then
+    if grep -q '    \*rows = (int64_t)(-3);' "$tmp/ids"/*_gen.c &&
+        grep -q 'const int64_t col = (int64_t)(1);' "$tmp/ids"/*_gen.c &&
+        grep -q 'a->input->dtype != MS_DTYPE_I32' "$tmp/ids"/*_gen.c; then
+        ok
+    else
+        fail "codes build: no -3 input rows, column 1 read or i32 input check"
+    fi
+fi
 refused tanh 's/h = rms_norm(x, blk.norm2, eps);/h = tanh(rms_norm(x, blk.norm2, eps));/' \
     "cannot lower 'tanh\(rms_norm\(x, blk.norm2, eps\)\)' yet: mstarc build lowers the builtins embedding, rms_norm, head_rms_norm, layer_norm, linear, silu\(a\) \* b, gelu, conv1d and transpose \(of a shaped input\), not tanh"
 # models/whisper.mstar builds (encoder, cross-attention decoder: tests/test_whisper.c runs it);

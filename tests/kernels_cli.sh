@@ -275,18 +275,20 @@ case $build in
 esac
 
 # ---- the talker (models/talker.mstar): its code predictor on a scratch KV loads instances at its
-#      own shape (2 query heads over 1, pages of one 4-slot frame) beside the talker's ----
+#      own shape (2 query heads over 1, pages of one 4-slot frame) beside the talker's; the
+#      talker embeds its frames' codes (embed, and the residual rmsnorm after the sum) ----
 tk="$fx/hf/talker_codepred"
 if [ -f "$tk/config.json" ] && run "mstarc build talker --arch sm_90 --config talker_codepred" 0 \
     "$mstarc" build models/talker.mstar -o "$tmp/tk" --emit-only --arch sm_90 --config "$tk"; then
-    if [ "$(count ' sm_90 +(compiled|cached) ' "$tmp/out")" -eq 18 ] &&
+    if [ "$(count ' sm_90 +(compiled|cached) ' "$tmp/out")" -eq 20 ] &&
+        grep -qE 'embed_bf16_af32 +sm_90' "$tmp/out" &&
         grep -q 'kernels: node code_predictor at head_dim=16, page_size=4, group=2' "$tmp/out" &&
         grep -qE 'attn_decode_bf16_hd16_ps4_g2_af32 +sm_90' "$tmp/out" &&
         grep -qE 'rope_kv_bf16_hd16_ps4_neox_af32 +sm_90' "$tmp/out" &&
         grep -qE 'attn_prefill_bf16_hd16_ps16_g2_causal_af32 +sm_90' "$tmp/out"; then
-        ok "mstarc talker: 18 instances (7 of them qmatmul), the code predictor's 3 at page size 4 among them"
+        ok "mstarc talker: 20 instances (7 of them qmatmul, the frame embedding's gather among them), the code predictor's 3 at page size 4"
     else
-        bad "mstarc talker: 18 instances" "$(cat "$tmp/out")"
+        bad "mstarc talker: 20 instances" "$(cat "$tmp/out")"
     fi
 fi
 

@@ -208,10 +208,11 @@ static void test_unsupported_constructs(void **state) {
     expect_unsupported(s2, "max_position_embeddings");
     ms_free(s);
     ms_free(s2);
-    /* a second layer loop (the buffer planner handles one) */
-    s = tiny_with("            return linear(", "            for blk in blocks {\n"
-                  "                h = rms_norm(x, blk.norm1, eps);\n            }\n            return linear(");
-    expect_unsupported(s, "one layer loop");
+    /* loops run one after another (a codebook loop, then the layers), never nested */
+    s = tiny_with("            }\n            return linear(",
+                  "                for b2 in blocks {\n                    x = rms_norm(x, b2.norm1, eps);\n"
+                  "                }\n            }\n            return linear(");
+    expect_unsupported(s, "the forward's loops run one after another (not nested");
     ms_free(s);
     /* a value carried to the next layer must be written by an op that may alias its input */
     s = tiny_with("            }\n            return linear(",

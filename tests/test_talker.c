@@ -1,9 +1,9 @@
 /*
  * test_talker.c - the talker node of models/talker.mstar (build/gen/talker/talker_gen.c, mstarc
  * build --emit-only) run by the engine on the CPU (f32) over ../shared/fixtures/hf/talker_codepred.
- * Its forward reads one row per position (inputs_embeds: a frame embedding, the sum of the
- * frame's G code embeddings, computed here from the checkpoint's tables as reference.json's
- * "what" spells it out) through ms_engine_run_rows:
+ * Its forward reads a row of G codes per position and embeds them itself (the frame embedding,
+ * the sum of the frame's G code embeddings, as reference.json's "what" spells it out: the
+ * model's forward(codes: [_, G] ids)) through ms_engine_run_codes:
  *   - teacher-forced with the reference codes (the prompt's 5 frames prefilled, then frame t of
  *     the reference codes decoded to give frame t + 1's logits), its 12 logit rows are within
  *     1e-3 of talker_logits [12, 96] and their argmax is each frame's reference c0;
@@ -11,12 +11,12 @@
  *     permuted and shifted) in one batch give each request's logits of its run alone (1e-5),
  *     and the prompts give different logits;
  *   - bad calls (unknown node / step, a width other than the node's, a zero span, a request
- *     given twice, an unknown request, rows past the context) fail with a one-line error, and
- *     ms_engine_step refuses the node (it reads rows, not ids).
+ *     given twice, an unknown request, a code outside the vocabulary, rows past the context,
+ *     float rows to the talker, codes to the predictor) fail with a one-line error, and
+ *     ms_engine_step refuses the node (it reads codes, not token ids).
  *   - the whole per-frame loop over the two compiled nodes (the talker on its KV pool, the
- *     code_predictor on its scratch KV) with the glue between them done here on the host
- *     (frame embeddings, in_proj, the predictor's input embeddings and per-codebook heads,
- *     argmax): from prompt_codes [5, 4] the 12 generated frames equal the reference codes
+ *     code_predictor on its scratch KV) with the predictor's glue done here on the host
+ *     (in_proj, the predictor's input embeddings and per-codebook heads, argmax): from prompt_codes [5, 4] the 12 generated frames equal the reference codes
  *     [12, 4] exactly, talker_logits and predictor_logits within 1e-3; four prompts batched
  *     give each request's codes and logits of its run alone;
  *   - the scratch's hazards through the compiled node: a row continuing a frame another
@@ -48,11 +48,9 @@ extern const ms_model_desc ms_talker_desc;
 
 enum { G = 4, P = 5, F = 12, V = 96, H = 64, HC = 32, B = 4 };
 
-/* The checkpoint's frame-embedding tables: talker.model.embed_tokens (codebook 0) and
- * talker.codebook_embeds.{0,1,2} (codebooks 1..3), f32 [V, H] each. */
+/* The checkpoint's tables the tests read on the host. */
 typedef struct tables {
     ms_ckpt *ck;
-    const float *t[G];
     const float *lm_head; /* talker.lm_head.weight [V, H] */
     /* the code predictor's glue: in_proj [HC, H], embeds.{j} and heads.{j} [V, HC] */
     const float *in_proj, *cp_embeds[G - 1], *heads[G - 1];
@@ -70,18 +68,6 @@ static const float *table(tables *tb, const char *name, int64_t n0, int64_t n1) 
 static void tables_init(tables *tb) {
     ms_error err = {0};
     CHECK(ms_ckpt_init(&tb->ck, ms_test_fixture("hf/talker_codepred"), &err));
-    for (int g = 0; g < G; g++) {
-        char name[96];
-        if (g == 0)
-            snprintf(name, sizeof name, "talker.model.embed_tokens.weight");
-        else
-            snprintf(name, sizeof name, "talker.codebook_embeds.%d.weight", g - 1);
-        int64_t shape[2] = {V, H};
-        const ms_st_tensor *t;
-        CHECK(ms_ckpt_expect_tensor(tb->ck, name, MS_ST_DTYPES_FLOAT, 2, shape, &t, &err));
-        assert_int_equal(t->dtype, MS_ST_DTYPE_F32);
-        tb->t[g] = (const float *)t->data;
-    }
     int64_t shape[2] = {V, H};
     const ms_st_tensor *t;
     CHECK(ms_ckpt_expect_tensor(tb->ck, "talker.lm_head.weight", MS_ST_DTYPES_FLOAT, 2, shape, &t,
@@ -104,16 +90,6 @@ static void matvec(const float *w, const float *x, int n, int k, float *out) {
         for (int d = 0; d < k; d++)
             acc += (double)w[(size_t)i * (size_t)k + (size_t)d] * x[d];
         out[i] = (float)acc;
-    }
-}
-
-/* out [H] = sum over g of table[g][codes[g]] (reference.json step 3). */
-static void frame_embed(const tables *tb, const int32_t *codes, float *out) {
-    for (int d = 0; d < H; d++) {
-        float s = 0.0f;
-        for (int g = 0; g < G; g++)
-            s += tb->t[g][(size_t)codes[g] * H + (size_t)d];
-        out[d] = s;
     }
 }
 
@@ -151,16 +127,15 @@ static ms_rid add_request(ms_engine *e, const int32_t (*prompt)[G]) {
 static void run(ms_engine *e, const tables *tb, const ms_rid *rids, int n,
                 const int32_t (*const *prompts)[G], const int32_t *codes, float (*logits)[F][V]) {
     ms_error err = {0};
-    static float rows[B * P * H];
+    static int32_t rows[B * P * G];
     int32_t spans[B];
     const float *out;
     for (int i = 0; i < n; i++) {
         spans[i] = P;
-        for (int p = 0; p < P; p++)
-            frame_embed(tb, prompts[i][p], rows + ((size_t)i * P + (size_t)p) * H);
+        memcpy(rows + (size_t)i * P * G, prompts[i], (size_t)P * G * sizeof(int32_t));
     }
     const float *hid;
-    CHECK(ms_engine_run_rows(e, "talker", "prefill", rids, spans, n, rows, H, &out, &hid, &err));
+    CHECK(ms_engine_run_codes(e, "talker", "prefill", rids, spans, n, rows, G, &out, &hid, &err));
     for (int i = 0; i < n; i++) {
         memcpy(logits[i][0], out + (size_t)i * V, sizeof logits[i][0]);
         /* the hidden rows are what the head read: lm_head(h) is the logits */
@@ -174,9 +149,9 @@ static void run(ms_engine *e, const tables *tb, const ms_rid *rids, int n,
     for (int f = 1; f < F; f++) {
         for (int i = 0; i < n; i++) {
             spans[i] = 1;
-            frame_embed(tb, codes + (size_t)(f - 1) * G, rows + (size_t)i * H);
+            memcpy(rows + (size_t)i * G, codes + (size_t)(f - 1) * G, G * sizeof(int32_t));
         }
-        CHECK(ms_engine_run_rows(e, "talker", "decode", rids, spans, n, rows, H, &out, NULL, &err));
+        CHECK(ms_engine_run_codes(e, "talker", "decode", rids, spans, n, rows, G, &out, NULL, &err));
         for (int i = 0; i < n; i++)
             memcpy(logits[i][f], out + (size_t)i * V, sizeof logits[i][f]);
     }
@@ -309,41 +284,59 @@ static void test_bad_calls(void **state) {
     ms_engine *e = engine_new();
     ms_rid rid = add_request(e, (const int32_t(*)[G])r.prompt);
     static float rows[(P + F + 1) * H];
+    static int32_t codes[(P + F + 1) * H]; /* zeros: codes in range */
     const float *out;
     int32_t span = 1;
     ms_error err = {0};
     ms_rid two[2] = {rid, rid};
     int32_t spans2[2] = {1, 1};
-    expect_fail(ms_engine_run_rows(e, "predictor", "decode", &rid, &span, 1, rows, H, &out, NULL, &err),
+    expect_fail(ms_engine_run_codes(e, "predictor", "decode", &rid, &span, 1, codes, G, &out, NULL, &err),
                 &err, MS_ERR_NOT_FOUND, "no node 'predictor'");
-    expect_fail(ms_engine_run_rows(e, "talker", "refine", &rid, &span, 1, rows, H, &out, NULL, &err),
+    expect_fail(ms_engine_run_codes(e, "talker", "refine", &rid, &span, 1, codes, G, &out, NULL, &err),
                 &err, MS_ERR_NOT_FOUND, "no step 'refine'");
-    expect_fail(ms_engine_run_rows(e, "talker", "decode", &rid, &span, 1, rows, 32, &out, NULL, &err),
-                &err, MS_ERR_INVALID_ARG, "width 32");
+    expect_fail(ms_engine_run_codes(e, "talker", "decode", &rid, &span, 1, codes, 3, &out, NULL, &err),
+                &err, MS_ERR_INVALID_ARG, "width 3");
+    expect_fail(ms_engine_run_codes(e, "talker", "decode", &rid, &span, 1, NULL, G, &out, NULL, &err),
+                &err, MS_ERR_INVALID_ARG, "run codes talker.decode");
     span = 0;
-    expect_fail(ms_engine_run_rows(e, "talker", "decode", &rid, &span, 1, rows, H, &out, NULL, &err),
+    expect_fail(ms_engine_run_codes(e, "talker", "decode", &rid, &span, 1, codes, G, &out, NULL, &err),
                 &err, MS_ERR_INVALID_ARG, "0 rows");
-    expect_fail(ms_engine_run_rows(e, "talker", "decode", two, spans2, 2, rows, H, &out, NULL, &err),
+    expect_fail(ms_engine_run_codes(e, "talker", "decode", two, spans2, 2, codes, G, &out, NULL, &err),
                 &err, MS_ERR_INVALID_ARG, "given twice");
     ms_rid ghost = rid + 100;
     span = 1;
-    expect_fail(ms_engine_run_rows(e, "talker", "decode", &ghost, &span, 1, rows, H, &out, NULL, &err),
+    expect_fail(ms_engine_run_codes(e, "talker", "decode", &ghost, &span, 1, codes, G, &out, NULL, &err),
                 &err, MS_ERR_NOT_FOUND, "not running");
+    /* [codes] a code outside the vocabulary (row 0, codebook 2), refused before it runs */
+    codes[2] = V;
+    expect_fail(ms_engine_run_codes(e, "talker", "prefill", &rid, &span, 1, codes, G, &out, NULL, &err),
+                &err, MS_ERR_INVALID_ARG, "row 0, column 2: code 96 is outside [0, 96)");
+    codes[2] = -1;
+    expect_fail(ms_engine_run_codes(e, "talker", "prefill", &rid, &span, 1, codes, G, &out, NULL, &err),
+                &err, MS_ERR_INVALID_ARG, "code -1");
+    codes[2] = 0;
+    /* float rows to the talker (it reads codes), codes to the predictor (it reads rows) */
+    expect_fail(ms_engine_run_rows(e, "talker", "decode", &rid, &span, 1, rows, H, &out, NULL, &err),
+                &err, MS_ERR_UNSUPPORTED, "ms_engine_run_codes");
+    const float *hid0;
+    expect_fail(ms_engine_run_codes(e, "code_predictor", "begin", &rid, &span, 1, codes, G, &out,
+                                    &hid0, &err), &err, MS_ERR_UNSUPPORTED, "ms_engine_run_rows");
+    assert_int_equal(ms_engine_stream_length(e, rid, MS_LABEL_MAIN), 0);
     /* past the node's context: max_position_embeddings = 256 positions */
     const int32_t ctx = ms_engine_facts(e)->max_context;
     assert_int_equal(ctx, 256);
     span = ctx + 1;
-    ms_status st = ms_engine_run_rows(e, "talker", "prefill", &rid, &span, 1, rows, H, &out, NULL, &err);
+    ms_status st = ms_engine_run_codes(e, "talker", "prefill", &rid, &span, 1, codes, G, &out, NULL, &err);
     assert_true(st == MS_ERR_LIMIT || st == MS_ERR_CAPACITY);
     assert_int_equal(ms_engine_stream_length(e, rid, MS_LABEL_MAIN), 0);
     /* the walk's own steps would read ids: refused, nothing changed */
-    expect_fail(ms_engine_step(e, NULL, &err), &err, MS_ERR_UNSUPPORTED, "inputs_embeds");
+    expect_fail(ms_engine_step(e, NULL, &err), &err, MS_ERR_UNSUPPORTED, "of codes");
     /* the other entry points of the engine refuse the nodes they cannot feed */
     const float *lg;
     int32_t nr;
     int32_t ids[2] = {1, 2};
     expect_fail(ms_engine_run_step(e, rid, "prefill", ids, 2, &lg, &nr, &err), &err,
-                MS_ERR_UNSUPPORTED, "inputs_embeds");
+                MS_ERR_UNSUPPORTED, "ms_engine_run_codes");
     expect_fail(ms_engine_run_step(e, rid, "begin", ids, 2, &lg, &nr, &err), &err,
                 MS_ERR_UNSUPPORTED, "scratch KV");
     float feat[2 * 32];
@@ -388,15 +381,15 @@ static void predictor_step(ms_engine *e, const char *step, const ms_rid *rids, c
 static void generate(ms_engine *e, const tables *tb, const ms_rid *rids, int n,
                      const int32_t (*const *prompts)[G], result *res) {
     ms_error err = {0};
-    static float rows[B * P * H], h[B * H], y[B * HC], prow[B * 2 * HC];
+    static int32_t rows[B * P * G];
+    static float h[B * H], y[B * HC], prow[B * 2 * HC];
     int32_t spans[B], c[B][G];
     const float *out, *hid;
     for (int i = 0; i < n; i++) {
         spans[i] = P;
-        for (int p = 0; p < P; p++)
-            frame_embed(tb, prompts[i][p], rows + ((size_t)i * P + (size_t)p) * H);
+        memcpy(rows + (size_t)i * P * G, prompts[i], (size_t)P * G * sizeof(int32_t));
     }
-    CHECK(ms_engine_run_rows(e, "talker", "prefill", rids, spans, n, rows, H, &out, &hid, &err));
+    CHECK(ms_engine_run_codes(e, "talker", "prefill", rids, spans, n, rows, G, &out, &hid, &err));
     for (int f = 0; f < F; f++) {
         memcpy(h, hid, (size_t)n * H * sizeof(float));
         for (int i = 0; i < n; i++) {
@@ -426,10 +419,10 @@ static void generate(ms_engine *e, const tables *tb, const ms_rid *rids, int n,
         if (f == F - 1)
             break;
         for (int i = 0; i < n; i++) {
-            frame_embed(tb, c[i], rows + (size_t)i * H);
+            memcpy(rows + (size_t)i * G, c[i], sizeof c[i]);
             spans[i] = 1;
         }
-        CHECK(ms_engine_run_rows(e, "talker", "decode", rids, spans, n, rows, H, &out, &hid, &err));
+        CHECK(ms_engine_run_codes(e, "talker", "decode", rids, spans, n, rows, G, &out, &hid, &err));
     }
 }
 

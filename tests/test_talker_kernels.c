@@ -6,7 +6,8 @@
  * heads over 2 KV heads, pages of 16; the code predictor on its scratch: 2 over 1, pages of one
  * frame, 4 slots), ms_md_kernel_specs lists each node's instances (what eng_kernels_init loads),
  * and every one has its generated file and compiles with NVRTC for sm_90 once completed with its
- * shape defines as the runtime does at load. No GPU needed; cubins cached in
+ * shape defines as the runtime does at load; the embedding instance of the talker's frame
+ * embedding (its forward's embedding(table, codes, column = c)) is among them. No GPU needed; cubins cached in
  * $MS_BUILD/codegen-nvrtc-cache. Built only where the CUDA toolkit is (tests/build.mk).
  */
 #include "ms_test.h"
@@ -56,7 +57,7 @@ static void test_talker_kernel_instances(void **state) {
     static const int page_size[] = {16, 4}; /* the talker's kv_pool, the predictor's frame */
     static const int group[] = {2, 2};      /* query heads per KV head: 4 / 2, 2 / 1 */
     char done[64][MS_KERNEL_URI_MAX];
-    int n_done = 0, n_paged = 0;
+    int n_done = 0, n_paged = 0, n_embed = 0;
     for (int k = 0; k < 2; k++) {
         const ms_md_facts *f = ms_engine_node_facts(e, nodes[k]);
         assert_non_null(f);
@@ -83,6 +84,7 @@ static void test_talker_kernel_instances(void **state) {
             }
             if (specs[i].group > 0)
                 assert_int_equal(specs[i].group, group[k]);
+            n_embed += specs[i].op == MS_KERNEL_OP_EMBED; /* the talker's frame embedding */
             assert_int_equal(ms_kernel_spec_stem(&specs[i], stem, sizeof stem, &err), MS_OK);
             snprintf(path, sizeof path, "%s/gen/talker/kernels/%s.cu", build, stem);
             char *text = read_text(path);
@@ -102,6 +104,9 @@ static void test_talker_kernel_instances(void **state) {
     }
     /* the predictor's attention and RoPE instances are its own (pages of one frame) */
     assert_true(n_paged >= 6);
+    /* [codes] the talker embeds its frames' codes on the device: the gather and the add
+       (misc) instances are listed */
+    assert_int_equal(n_embed, 1);
     ms_engine_free(e);
 }
 

@@ -285,6 +285,8 @@ struct ms_engine {
     int32_t *plp_rows_host;       /* [max_out] staging */
     void *plp_scratch;            /* ms_sampler_scratch_size(vocab) bytes */
     bool rows_staged;             /* [inputs_embeds] ms_engine_run_rows staged the input rows */
+    bool codes_staged;            /* [codes] ms_engine_run_codes staged them: int32 ids,
+                                     codebook-major (input_shape rows -3) */
     float *last_hidden_dev;       /* [inputs_embeds] backend [max_seqs * last_hidden_width] the
                                      rows a forward's head read (ms_engine_run_rows' hidden) */
     float *last_hidden_host;      /* [max_seqs * last_hidden_width] */
@@ -1212,9 +1214,11 @@ static ms_status eng_buffers_init(ms_engine *e, ms_error *err) {
                     e->last_hidden_width = MS_MAX(e->last_hidden_width,
                                                   nd->hidden_width(e->config));
             }
-            if (rows == -1 || rows == -2)
+            if (rows == -3) /* [codes] the head's input rows have the node's width */
+                e->last_hidden_width = MS_MAX(e->last_hidden_width, e->nodes[i].facts.hidden);
+            if (rows == -1 || rows == -2 || rows == -3)
                 rows = e->max_tokens; /* a step's context rows or [inputs_embeds] a row per
-                                         token: within its tokens */
+                                         token ([codes] of ids): within its tokens */
             if (rows < 1 || cols < 1 || rows > INT32_MAX / cols)
                 return MS_FAIL(err, MS_ERR_FORMAT, "model %s: node %s: input of %lld x %lld",
                                e->desc->name, nd->name, (long long)rows, (long long)cols);
@@ -2064,15 +2068,18 @@ static ms_status eng_forward_sample(ms_engine *e, eng_node *nd, const ms_md_step
         nd->node->input_shape(e->config, &rows, &cols);
         if (rows == -1) /* the context rows of this step */
             rows = nd->ctx_rows;
-        else if (rows == -2) { /* [inputs_embeds] a row per token (ms_engine_run_rows) */
-            if (!e->rows_staged)
+        else if (rows == -2 || rows == -3) { /* [inputs_embeds] a row per token
+                                                (ms_engine_run_rows), [codes] of ids */
+            if (!e->rows_staged || e->codes_staged != (rows == -3))
                 return MS_FAIL(err, MS_ERR_UNSUPPORTED,
-                               "step %s: node %s reads a row per token (inputs_embeds), not "
-                               "token ids: run it through ms_engine_run_rows", sd->name,
-                               nd->node->name);
+                               "step %s: node %s reads a row %s per token, not token ids: run "
+                               "it through %s", sd->name, nd->node->name,
+                               rows == -3 ? "of codes" : "(inputs_embeds)",
+                               rows == -3 ? "ms_engine_run_codes" : "ms_engine_run_rows");
             rows = n_tok;
         }
-        input = ms_tensor_2d(e->input_dev, MS_DTYPE_F32, rows, cols);
+        input = ms_tensor_2d(e->input_dev, e->codes_staged ? MS_DTYPE_I32 : MS_DTYPE_F32, rows,
+                             cols);
     }
     ms_tensor out_rows = ms_tensor_1d(e->out_rows_dev, MS_DTYPE_I32, n_tok);
     /* [inputs_embeds] the rows the head reads, for ms_engine_run_rows */
@@ -2408,11 +2415,14 @@ const ms_model_desc *ms_engine_desc(const ms_engine *e) { return e->desc; }
 
 int32_t ms_engine_max_seqs(const ms_engine *e) { return e->max_seqs; }
 
-/* [inputs_embeds] see engine.h */
-ms_status ms_engine_run_rows(ms_engine *e, const char *node, const char *step_name,
-                             const ms_rid *rids, const int32_t *spans, int32_t n,
-                             const float *rows, int64_t width, const float **logits,
-                             const float **hidden, ms_error *err) {
+/* [inputs_embeds] ms_engine_run_rows (rows: f32 rows) and [codes] ms_engine_run_codes (codes:
+ * int32 ids, token-major, staged codebook-major): see engine.h */
+static ms_status eng_run_input(ms_engine *e, const char *node, const char *step_name,
+                               const ms_rid *rids, const int32_t *spans, int32_t n,
+                               const float *rows, const int32_t *codes, int64_t width,
+                               const float **logits, const float **hidden, ms_error *err) {
+    const bool ids = codes != NULL;
+    const char *verb = ids ? "run codes" : "run rows";
     *logits = NULL;
     if (hidden != NULL)
         *hidden = NULL;
@@ -2430,12 +2440,15 @@ ms_status ms_engine_run_rows(ms_engine *e, const char *node, const char *step_na
     if (nd->node->input_shape != NULL)
         nd->node->input_shape(e->config, &in_rows, &in_cols);
     const bool scratch = nd->scratch != NULL; /* [scratch] returns hidden rows */
-    if (in_rows != -2 || (nd->node->hidden_width != NULL && !scratch))
-        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "node %s does not read a row per token "
-                       "(inputs_embeds): run its steps on token ids", node);
+    if (in_rows != (ids ? -3 : -2) || (nd->node->hidden_width != NULL && !scratch))
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "node %s does not read %s: %s", node,
+                       ids ? "a row of codes per token" : "a row per token (inputs_embeds)",
+                       in_rows == -3   ? "run its steps through ms_engine_run_codes"
+                       : in_rows == -2 ? "run its steps through ms_engine_run_rows"
+                                       : "run its steps on token ids");
     if (scratch && hidden == NULL)
-        return MS_FAIL(err, MS_ERR_INVALID_ARG, "run rows %s.%s: the node returns hidden rows: "
-                       "pass `hidden`", node, step_name);
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s %s.%s: the node returns hidden rows: "
+                       "pass `hidden`", verb, node, step_name);
     int32_t k = -1;
     for (int32_t i = 0; i < nd->node->n_steps && k < 0; i++)
         if (strcmp(nd->node->steps[i].name, step_name) == 0)
@@ -2445,35 +2458,35 @@ ms_status ms_engine_run_rows(ms_engine *e, const char *node, const char *step_na
     const ms_md_step *sd = &nd->node->steps[k];
     if (sd->n_segments != 1 || sd->labels[0] != MS_LABEL_MAIN)
         return MS_FAIL(err, MS_ERR_UNSUPPORTED,
-                       "run rows %s: only steps over the main stream alone run this way",
-                       sd->name);
+                       "%s %s: only steps over the main stream alone run this way",
+                       verb, sd->name);
     if (e->pcache != NULL)
-        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "run rows %s.%s: the prefix cache keys pages on "
-                       "token ids, which rows are not: turn options.prefix_cache off", node,
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "%s %s.%s: the prefix cache keys pages on "
+                       "token ids, which rows are not: turn options.prefix_cache off", verb, node,
                        sd->name);
-    if (width != in_cols || rows == NULL)
-        return MS_FAIL(err, MS_ERR_INVALID_ARG, "run rows %s.%s: rows of width %lld given, the "
-                       "node reads %lld", node, sd->name, (long long)width, (long long)in_cols);
+    if (width != in_cols || (rows == NULL && codes == NULL))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s %s.%s: rows of width %lld given, the "
+                       "node reads %lld", verb, node, sd->name, (long long)width, (long long)in_cols);
     if (n < 1 || n > e->max_seqs)
-        return MS_FAIL(err, MS_ERR_CAPACITY, "run rows %s.%s: %d requests (1 .. max_seqs %d)",
-                       node, sd->name, (int)n, (int)e->max_seqs);
+        return MS_FAIL(err, MS_ERR_CAPACITY, "%s %s.%s: %d requests (1 .. max_seqs %d)",
+                       verb, node, sd->name, (int)n, (int)e->max_seqs);
     int64_t total = 0;
     for (int32_t i = 0; i < n; i++) {
         eng_req *r = eng_find_req(e, rids[i], NULL);
         if (r == NULL || !r->in_runner || r->finish != MS_FINISH_NONE)
-            return MS_FAIL(err, MS_ERR_NOT_FOUND, "run rows %s.%s: request %llu is not running",
-                           node, sd->name, (unsigned long long)rids[i]);
+            return MS_FAIL(err, MS_ERR_NOT_FOUND, "%s %s.%s: request %llu is not running",
+                           verb, node, sd->name, (unsigned long long)rids[i]);
         for (int32_t j = 0; j < i; j++)
             if (rids[j] == rids[i])
-                return MS_FAIL(err, MS_ERR_INVALID_ARG, "run rows %s.%s: request %llu given "
-                               "twice", node, sd->name, (unsigned long long)rids[i]);
+                return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s %s.%s: request %llu given "
+                               "twice", verb, node, sd->name, (unsigned long long)rids[i]);
         if (spans[i] < 1)
-            return MS_FAIL(err, MS_ERR_INVALID_ARG, "run rows %s.%s: request %llu: %d rows "
-                           "(at least 1)", node, sd->name, (unsigned long long)rids[i],
+            return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s %s.%s: request %llu: %d rows "
+                           "(at least 1)", verb, node, sd->name, (unsigned long long)rids[i],
                            (int)spans[i]);
         if (!scratch && r->longest + spans[i] > nd->facts.max_context)
-            return MS_FAIL(err, MS_ERR_LIMIT, "run rows %s.%s: request %llu: %d more rows pass "
-                           "the node's context (%d positions)", node, sd->name,
+            return MS_FAIL(err, MS_ERR_LIMIT, "%s %s.%s: request %llu: %d more rows pass "
+                           "the node's context (%d positions)", verb, node, sd->name,
                            (unsigned long long)rids[i], (int)spans[i],
                            (int)nd->facts.max_context);
         total += spans[i];
@@ -2486,17 +2499,34 @@ ms_status ms_engine_run_rows(ms_engine *e, const char *node, const char *step_na
         e->rids[i] = rids[i];
     }
     if (total > e->max_tokens)
-        return MS_FAIL(err, MS_ERR_CAPACITY, "run rows %s.%s: %lld rows in one step, above "
-                       "max_tokens %d (raise max_tokens)", node, sd->name, (long long)total,
+        return MS_FAIL(err, MS_ERR_CAPACITY, "%s %s.%s: %lld rows in one step, above "
+                       "max_tokens %d (raise max_tokens)", verb, node, sd->name, (long long)total,
                        (int)e->max_tokens);
     MS_TRY(sd->run(e->config, e->rows, n, &e->build, err));
     if (e->build.n_tokens != total)
-        return MS_FAIL(err, MS_ERR_INVALID_ARG, "run rows %s.%s: it declares %d tokens, %lld "
-                       "rows given", node, sd->name, (int)e->build.n_tokens, (long long)total);
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s %s.%s: it declares %d tokens, %lld "
+                       "rows given", verb, node, sd->name, (int)e->build.n_tokens, (long long)total);
     /* the rows are the tokens' input; the ids the forward never reads are 0 */
     memset(e->tokens_host, 0, (size_t)total * sizeof(int32_t));
-    MS_TRY(e->be.iface.copy_to_backend(e->be.ctx, e->input_dev, rows,
-                                       (size_t)total * (size_t)width * sizeof(float), err));
+    if (ids) {
+        /* [codes] each code in [0, vocab); staged codebook-major (column c of the T rows at
+           c * T, what the forward's embedding(table, codes, column = c) reads contiguously) */
+        int32_t *st = (int32_t *)(void *)e->input_host;
+        for (int64_t t = 0; t < total; t++)
+            for (int64_t c = 0; c < width; c++) {
+                const int32_t v = codes[t * width + c];
+                if (v < 0 || v >= nd->facts.vocab)
+                    return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s %s.%s: row %lld, column %lld: "
+                                   "code %d is outside [0, %d)", verb, node, sd->name,
+                                   (long long)t, (long long)c, (int)v, (int)nd->facts.vocab);
+                st[c * total + t] = v;
+            }
+        MS_TRY(e->be.iface.copy_to_backend(e->be.ctx, e->input_dev, st,
+                                           (size_t)total * (size_t)width * sizeof(int32_t), err));
+    } else {
+        MS_TRY(e->be.iface.copy_to_backend(e->be.ctx, e->input_dev, rows,
+                                           (size_t)total * (size_t)width * sizeof(float), err));
+    }
     for (size_t i = 0; i < e->n_reqs; i++)
         e->reqs[i]->row = -1;
     if (scratch) {
@@ -2517,8 +2547,9 @@ ms_status ms_engine_run_rows(ms_engine *e, const char *node, const char *step_na
     }
     ms_graph_step gs = {.step = k, .n_real = n, .n_rows = n}; /* eager, unpadded */
     e->rows_staged = true;
+    e->codes_staged = ids;
     ms_status st = eng_run_built(e, nd, sd, &gs, false, err);
-    e->rows_staged = false;
+    e->rows_staged = e->codes_staged = false;
     MS_TRY(st);
     for (int32_t i = 0; i < n; i++) {
         eng_req *r = e->row_reqs[i];
@@ -2535,6 +2566,30 @@ ms_status ms_engine_run_rows(ms_engine *e, const char *node, const char *step_na
     }
     *logits = e->logits_host;
     return MS_OK;
+}
+
+/* [inputs_embeds] see engine.h */
+ms_status ms_engine_run_rows(ms_engine *e, const char *node, const char *step_name,
+                             const ms_rid *rids, const int32_t *spans, int32_t n,
+                             const float *rows, int64_t width, const float **logits,
+                             const float **hidden, ms_error *err) {
+    return eng_run_input(e, node, step_name, rids, spans, n, rows, NULL, width, logits, hidden,
+                         err);
+}
+
+/* [codes] see engine.h */
+ms_status ms_engine_run_codes(ms_engine *e, const char *node, const char *step_name,
+                              const ms_rid *rids, const int32_t *spans, int32_t n,
+                              const int32_t *codes, int64_t groups, const float **logits,
+                              const float **hidden, ms_error *err) {
+    *logits = NULL;
+    if (hidden != NULL)
+        *hidden = NULL;
+    if (codes == NULL) /* eng_run_input tells the two apart by codes != NULL */
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "run codes %s.%s: no codes given", node,
+                       step_name);
+    return eng_run_input(e, node, step_name, rids, spans, n, NULL, codes, groups, logits,
+                         hidden, err);
 }
 
 /*

@@ -379,6 +379,20 @@ ms_status ms_engine_run_rows(ms_engine *e, const char *node, const char *step_na
                              const float **hidden, ms_error *err);
 
 /*
+ * [codes] ms_engine_run_rows for a node whose forward reads a row of ids per token
+ * (`forward(codes: [_, G] ids)`, input_shape rows -3: a talker reading a frame's G codebook
+ * codes and embedding them itself, models/talker.mstar): codes [sum(spans), groups] int32 host,
+ * token-major, each in [0, the node's vocabulary) (staged codebook-major for the forward's
+ * embedding(table, codes, column = c)). Everything else, outputs and errors as
+ * ms_engine_run_rows ("run codes" in the messages); MS_ERR_INVALID_ARG also names a code out of
+ * range (row, column), MS_ERR_UNSUPPORTED a node reading float rows or token ids.
+ */
+ms_status ms_engine_run_codes(ms_engine *e, const char *node, const char *step_name,
+                              const ms_rid *rids, const int32_t *spans, int32_t n,
+                              const int32_t *codes, int64_t groups, const float **logits,
+                              const float **hidden, ms_error *err);
+
+/*
  * Run node `node`'s forward over one shaped input (an encoder: log-mel features) and return its
  * hidden states: input [n_channels, n_frames] f32 host, channel-major as the model file declares
  * it (`forward encode(features: [num_mel_bins, n_frames])`, transformers' input_features[0]); the

@@ -98,7 +98,9 @@
  *     (`input_shape`; -1 rows: the step's context rows, `A` in the generated forward;
  *     -2 rows [inputs_embeds]: one row per token of a sampling node's step, `frames: [_, H]`
  *     standing for embedding(table, tokens), run through ms_engine_run_rows; the forward may
- *     carry its residual stream in those rows);
+ *     carry its residual stream in those rows; -3 rows [codes]: one row of int32 ids per token,
+ *     `codes: [_, G] ids`, run through ms_engine_run_codes and staged codebook-major: column c
+ *     of the T rows at c * T);
  *     `xattn.write(k, v)` a kv_write through context_batch guarded by A > 0, `xattn.run(q)` an
  *     attention through cross_batch (cross_attn: not causal); the cross record marks the
  *     resource used (ms_md_step_cross);

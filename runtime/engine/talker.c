@@ -1,6 +1,7 @@
 /*
  * talker.c - ms_engine_talker_codes (talker.h): the per-frame loop of a talker + code-predictor
- * model over the engine's two compiled nodes, its glue on the host in float32.
+ * model over the engine's two compiled nodes: the talker reads a frame's codes (its forward
+ * embeds them), the predictor's glue is on the host in float32.
  */
 #include "talker.h"
 
@@ -17,8 +18,6 @@ ms_talker_glue ms_talker_glue_default(void) {
     return (ms_talker_glue){
         .talker = "talker",
         .predictor = "code_predictor",
-        .frame_embed0 = "talker.model.embed_tokens.weight",
-        .frame_embeds = "talker.codebook_embeds.{j}.weight",
         .in_proj = "code_predictor.in_proj.weight",
         .embeds = "code_predictor.embeds.{j}.weight",
         .heads = "code_predictor.heads.{j}.weight",
@@ -28,11 +27,11 @@ ms_talker_glue ms_talker_glue_default(void) {
 /* The glue tensors in f32 host memory, and the loop's buffers. */
 typedef struct tk_state {
     int32_t G, V, H, HC, B;      /* codebooks, vocabulary, widths, batch rows */
-    float *frame[MS_TALKER_MAX_GROUPS];     /* [V, H] */
     float *in_proj;                         /* [HC, H] */
     float *embeds[MS_TALKER_MAX_GROUPS];    /* [V, HC], j = 0 .. G-2 */
     float *heads[MS_TALKER_MAX_GROUPS];     /* [V, HC], j = 0 .. G-2 */
-    float *rows;                            /* [B * max(P) * H] talker / predictor input rows */
+    int32_t *codes;                         /* [B * max(P) * G] the talker's input codes */
+    float *rows;                            /* [B * 2 * HC] the predictor's input rows */
     float *h;                               /* [B * H] */
     float *y;                               /* [B * HC] */
     float *logits;                          /* [B * V] */
@@ -40,11 +39,11 @@ typedef struct tk_state {
 
 static void tk_free(tk_state *s) {
     for (int g = 0; g < MS_TALKER_MAX_GROUPS; g++) {
-        ms_free(s->frame[g]);
         ms_free(s->embeds[g]);
         ms_free(s->heads[g]);
     }
     ms_free(s->in_proj);
+    ms_free(s->codes);
     ms_free(s->rows);
     ms_free(s->h);
     ms_free(s->y);
@@ -90,16 +89,6 @@ static int32_t tk_argmax(const float *x, int32_t n) {
         if (x[i] > x[best])
             best = i;
     return best;
-}
-
-/* out [H] = sum over g of frame[g][codes[g]]. */
-static void tk_frame(const tk_state *s, const int32_t *codes, float *out) {
-    for (int32_t d = 0; d < s->H; d++) {
-        float acc = 0.0f;
-        for (int32_t g = 0; g < s->G; g++)
-            acc += s->frame[g][(size_t)codes[g] * (size_t)s->H + (size_t)d];
-        out[d] = acc;
-    }
 }
 
 /*
@@ -155,11 +144,13 @@ static ms_status tk_wave(ms_engine *e, const ms_talker_glue *gl, tk_state *s, ms
     for (int32_t i = 0; i < n; i++) {
         spans[i] = it[i].n_prompt;
         frames = MS_MAX(frames, it[i].n_frames);
-        for (int32_t p = 0; p < it[i].n_prompt; p++, t++)
-            tk_frame(s, it[i].prompt_codes + (size_t)p * (size_t)s->G, s->rows + t * (size_t)s->H);
+        memcpy(s->codes + t * (size_t)s->G, it[i].prompt_codes,
+               (size_t)it[i].n_prompt * (size_t)s->G * sizeof(int32_t));
+        t += (size_t)it[i].n_prompt;
     }
-    MS_TRY(ms_engine_run_rows(e, gl->talker, prefill, rids, spans, n, s->rows, s->H, &out, &hid,
-                              err));
+    /* the talker embeds its frames itself (models/talker.mstar: forward(codes: [_, G] ids)) */
+    MS_TRY(ms_engine_run_codes(e, gl->talker, prefill, rids, spans, n, s->codes, s->G, &out, &hid,
+                               err));
     for (int32_t f = 0; f < frames; f++) {
         memcpy(s->h, hid, (size_t)n * (size_t)s->H * sizeof(float));
         for (int32_t i = 0; i < n; i++) {
@@ -201,11 +192,11 @@ static ms_status tk_wave(ms_engine *e, const ms_talker_glue *gl, tk_state *s, ms
         if (f == frames - 1)
             break; /* until stop: the last frame's codes end the loop */
         for (int32_t i = 0; i < n; i++) {
-            tk_frame(s, c[i], s->rows + (size_t)i * (size_t)s->H);
+            memcpy(s->codes + (size_t)i * (size_t)s->G, c[i], (size_t)s->G * sizeof(int32_t));
             spans[i] = 1;
         }
-        MS_TRY(ms_engine_run_rows(e, gl->talker, decode, rids, spans, n, s->rows, s->H, &out,
-                                  &hid, err));
+        MS_TRY(ms_engine_run_codes(e, gl->talker, decode, rids, spans, n, s->codes, s->G, &out,
+                                   &hid, err));
     }
     return MS_OK;
 }
@@ -248,15 +239,16 @@ static ms_status tk_init(ms_engine *e, const ms_talker_glue *gl, ms_talker_item 
         max_p = MS_MAX(max_p, it->n_prompt);
     }
     const ms_ckpt *ck = ms_engine_checkpoint(e);
-    MS_TRY(tk_load(ck, gl->frame_embed0, 0, s->V, s->H, &s->frame[0], err));
     MS_TRY(tk_load(ck, gl->in_proj, 0, s->HC, s->H, &s->in_proj, err));
     for (int32_t j = 0; j + 1 < s->G; j++) {
-        MS_TRY(tk_load(ck, gl->frame_embeds, j, s->V, s->H, &s->frame[j + 1], err));
         MS_TRY(tk_load(ck, gl->embeds, j, s->V, s->HC, &s->embeds[j], err));
         MS_TRY(tk_load(ck, gl->heads, j, s->V, s->HC, &s->heads[j], err));
     }
-    const size_t B = (size_t)s->B, W = (size_t)MS_MAX(s->H, s->HC);
-    MS_TRY(tk_alloc(&s->rows, B * (size_t)max_p * W, "the input rows", err));
+    const size_t B = (size_t)s->B;
+    s->codes = ms_malloc(B * (size_t)max_p * (size_t)s->G * sizeof(int32_t));
+    if (s->codes == NULL)
+        return MS_FAIL(err, MS_ERR_OOM, "talker: out of memory for the input codes");
+    MS_TRY(tk_alloc(&s->rows, B * 2 * (size_t)s->HC, "the predictor's input rows", err));
     MS_TRY(tk_alloc(&s->h, B * (size_t)s->H, "the talker's hidden rows", err));
     MS_TRY(tk_alloc(&s->y, B * (size_t)s->HC, "the predictor's hidden rows", err));
     return tk_alloc(&s->logits, B * (size_t)s->V, "the heads' logits", err);

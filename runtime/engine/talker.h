@@ -5,18 +5,20 @@
  * Whisper's: the engine entry point that drives the model's two compiled nodes frame by frame.
  *
  * Audio codes come in frames of G codebooks. Per frame t, for every request of the batch at
- * once: the talker node runs one position over the frame embedding e_t and gives its logits and
- * final-normed hidden state h_t (ms_engine_run_rows); c0 = argmax(logits); the code predictor
+ * once: the talker node runs one position over the frame's codes (ms_engine_run_codes; its
+ * forward embeds them: e_t = embed_tokens(c0) + sum_{j >= 1} codebook_embeds[j-1](c_j)) and
+ * gives its logits and final-normed hidden state h_t; c0 = argmax(logits); the code predictor
  * node begins a frame on its scratch KV over [in_proj(h_t), embeds[0](c0)] (positions 0, 1) and
  * c1 = argmax(heads[0](its last row)); for j = 2 .. G-1 it feeds embeds[j-1](c_{j-1}) at position
- * j and c_j = argmax(heads[j-1](last row)); e_{t+1} = frame_embeds[0](c0) +
- * sum_{j >= 1} frame_embeds[j](c_j). The prompt's P frames are embedded the same way and
- * prefilled at once; the first generated frame comes from the last prompt position.
+ * j and c_j = argmax(heads[j-1](last row)); the frame's codes are the talker's next input. The
+ * prompt's P frames are prefilled at once; the first generated frame comes from the last prompt
+ * position.
  *
- * The glue between the nodes (the frame embeddings, in_proj, the predictor's input embeddings and
- * per-codebook heads, argmax) is not written in the model language yet: this file computes it on
- * the host in float32 from checkpoint tensors named by ms_talker_glue (converted to f32 once per
- * call), whatever the engine's device; the nodes run on the engine's device.
+ * The glue between the predictor's steps (in_proj, its input embeddings and per-codebook heads,
+ * argmax) is not written in the model language yet: this file computes it on the host in
+ * float32 from checkpoint tensors named by ms_talker_glue (converted to f32 once per call),
+ * whatever the engine's device; the nodes (and the talker's frame embedding) run on the
+ * engine's device.
  *
  * Ownership: functions borrow their arguments; ms_engine_talker_codes fills caller-owned
  * outputs (codes ms_malloc'd per item, freed by the caller with ms_free).
@@ -36,15 +38,12 @@ extern "C" {
 /*
  * Where the glue lives: the two nodes by name and the checkpoint tensors by name ("{j}" is the
  * codebook index j = 0 .. G-2 of the templates). G is the predictor node's frame (its scratch's
- * positions). Shapes, checked at the call: frame_embed0 and frame_embeds [V, H] (V the talker's
- * vocabulary, H its width), in_proj [HC, H] (HC the predictor's width), embeds and heads
- * [V, HC].
+ * positions). Shapes, checked at the call: in_proj [HC, H] (H the talker's width, HC the
+ * predictor's), embeds and heads [V, HC] (V the talker's vocabulary).
  */
 typedef struct ms_talker_glue {
     const char *talker;        /* the talker node ("talker") */
     const char *predictor;     /* the code predictor node ("code_predictor") */
-    const char *frame_embed0;  /* codebook 0's frame table ("talker.model.embed_tokens.weight") */
-    const char *frame_embeds;  /* codebook j + 1's ("talker.codebook_embeds.{j}.weight") */
     const char *in_proj;       /* "code_predictor.in_proj.weight" */
     const char *embeds;        /* the predictor's input for c_j ("code_predictor.embeds.{j}.weight") */
     const char *heads;         /* the head of c_{j+1} ("code_predictor.heads.{j}.weight") */
@@ -76,7 +75,8 @@ typedef struct ms_talker_item {
  * naming item, frame and codebook; n_prompt or n_frames < 1), MS_ERR_NOT_FOUND (no such node, a
  * glue tensor missing, naming it), MS_ERR_FORMAT (a glue tensor of another shape or a non-float
  * dtype: ms_ckpt_expect_tensor's), MS_ERR_LIMIT (prompt +
- * frames past the talker's context), ms_engine_add's and ms_engine_run_rows'. On error no item
+ * frames past the talker's context), ms_engine_add's, ms_engine_run_codes' and
+ * ms_engine_run_rows'. On error no item
  * holds codes and every request is removed.
  */
 ms_status ms_engine_talker_codes(ms_engine *e, const ms_talker_glue *glue, ms_talker_item *items,

@@ -183,6 +183,7 @@ static ms_status talker_config_load(const ms_hf_config *hf, void *out, ms_error 
     MS_TRY(ms_md_cfg_check(hf, c->intermediate_size > 0, err, "intermediate_size (%lld) must be positive", (long long)c->intermediate_size));
     MS_TRY(ms_md_cfg_check(hf, c->vocab_size > 0, err, "vocab_size (%lld) must be positive", (long long)c->vocab_size));
     MS_TRY(ms_md_cfg_check(hf, c->max_position_embeddings > 0, err, "max_position_embeddings (%lld) must be positive", (long long)c->max_position_embeddings));
+    MS_TRY(ms_md_cfg_check(hf, c->num_code_groups > 0, err, "num_code_groups (%lld) must be positive", (long long)c->num_code_groups));
     MS_TRY(ms_md_cfg_check(hf, c->cp_hidden_size > 0, err, "cp_hidden_size (%lld) must be positive", (long long)c->cp_hidden_size));
     MS_TRY(ms_md_cfg_check(hf, c->cp_layers > 0, err, "cp_layers (%lld) must be positive", (long long)c->cp_layers));
     MS_TRY(ms_md_cfg_check(hf, c->cp_intermediate_size > 0, err, "cp_intermediate_size (%lld) must be positive", (long long)c->cp_intermediate_size));
@@ -262,6 +263,8 @@ enum {
     W_LAYERS_W_GATE_W_UP,
     W_LAYERS_W_DOWN,
     W_FINAL_NORM,
+    W_EMBED_TOKENS,
+    W_CODEBOOKS_EMBED,
     W_LM_HEAD,
     W_CP_ATTN_NORM,
     W_CP_WQ,
@@ -407,6 +410,28 @@ static const ms_md_weight talker_weights[W_COUNT] = {
         .per_layer = false,
         .optional = false,
         .rank = 1,
+        .tie = -1,
+        .fused = -1,
+        .n_parts = 0,
+    },
+    [W_EMBED_TOKENS] = {
+        .key = "embed_tokens",
+        .kind = MS_MD_WEIGHT_TENSOR,
+        .names = {"talker.model.embed_tokens.weight"},
+        .per_layer = false,
+        .optional = false,
+        .rank = 2,
+        .tie = -1,
+        .fused = -1,
+        .n_parts = 0,
+    },
+    [W_CODEBOOKS_EMBED] = {
+        .key = "codebooks.embed",
+        .kind = MS_MD_WEIGHT_TENSOR,
+        .names = {"talker.codebook_embeds.{i}.weight"},
+        .per_layer = true,
+        .optional = false,
+        .rank = 2,
         .tie = -1,
         .fused = -1,
         .n_parts = 0,
@@ -604,6 +629,14 @@ static void talker_weight_shape(const void *config, int32_t w, int64_t *shape) {
     case W_FINAL_NORM:
         shape[0] = c->hidden_size;
         break;
+    case W_EMBED_TOKENS:
+        shape[0] = c->vocab_size;
+        shape[1] = c->hidden_size;
+        break;
+    case W_CODEBOOKS_EMBED:
+        shape[0] = c->vocab_size;
+        shape[1] = c->hidden_size;
+        break;
     case W_LM_HEAD:
         shape[0] = c->vocab_size;
         shape[1] = c->hidden_size;
@@ -679,6 +712,7 @@ static int32_t talker_weight_layers(const void *config, int32_t w) {
     case W_LAYERS_W_UP: return (int32_t)(c->num_hidden_layers);
     case W_LAYERS_W_GATE_W_UP: return (int32_t)(c->num_hidden_layers);
     case W_LAYERS_W_DOWN: return (int32_t)(c->num_hidden_layers);
+    case W_CODEBOOKS_EMBED: return (int32_t)(c->num_code_groups - 1);
     case W_CP_ATTN_NORM: return (int32_t)(c->cp_layers);
     case W_CP_WQ: return (int32_t)(c->cp_layers);
     case W_CP_WK: return (int32_t)(c->cp_layers);
@@ -696,8 +730,6 @@ static int32_t talker_weight_layers(const void *config, int32_t w) {
 
 /* checkpoint tensors present but unused (ignore): not loaded, not an error */
 static const char *const talker_ignored[] = {
-    "talker.model.embed_tokens.*",
-    "talker.codebook_embeds.*",
     "code_predictor.in_proj.*",
     "code_predictor.embeds.*",
     "code_predictor.heads.*",
@@ -877,10 +909,11 @@ static const ms_md_walk talker_walks[] = {
  * dead and the next one has the same shape), each slice 64-byte aligned; capacities T
  * tokens and S sequences. */
 enum {
-    B_TALKER_H = 0,
+    B_TALKER_X = 0,
+    B_TALKER_T,
     B_TALKER_WQ_WK_WV,
     B_TALKER_ATTN,
-    B_TALKER_X,
+    B_TALKER_H,
     B_TALKER_W_GATE_W_UP,
     B_TALKER_X_LAST,
     B_TALKER_TMP,
@@ -889,10 +922,11 @@ enum {
 
 static size_t talker_talker_layout(const talker_config *c, int32_t T, int32_t S, size_t *off) {
     size_t sizes[B_TALKER_COUNT];
-    sizes[B_TALKER_H] = (size_t)T * (size_t)(c->hidden_size); /* h, tmp, h, tmp */
+    sizes[B_TALKER_X] = (size_t)T * (size_t)(c->hidden_size); /* x */
+    sizes[B_TALKER_T] = (size_t)T * (size_t)(c->hidden_size); /* t, h, t */
     sizes[B_TALKER_WQ_WK_WV] = (size_t)T * (size_t)(c->q_dim + c->kv_dim + c->kv_dim); /* wq_wk_wv */
     sizes[B_TALKER_ATTN] = (size_t)T * (size_t)(c->q_dim); /* attn */
-    sizes[B_TALKER_X] = (size_t)T * (size_t)(c->hidden_size); /* x */
+    sizes[B_TALKER_H] = (size_t)T * (size_t)(c->hidden_size); /* h, t */
     sizes[B_TALKER_W_GATE_W_UP] = (size_t)T * (size_t)(c->intermediate_size + c->intermediate_size); /* w_gate_w_up */
     sizes[B_TALKER_X_LAST] = (size_t)S * (size_t)(c->hidden_size); /* x_last */
     sizes[B_TALKER_TMP] = (size_t)S * (size_t)(c->hidden_size); /* tmp */
@@ -925,15 +959,18 @@ static ms_status talker_talker_forward(const ms_md_forward_args *a, ms_error *er
     (void)be;
     (void)S;
 
-    if (a->input == NULL || a->input->shape[0] != T || a->input->shape[1] != (int64_t)(c->hidden_size))
-        return MS_FAIL(err, MS_ERR_INVALID_ARG, "node talker: input frames must be [%lld, %lld] "
-                       "(a row per token)", (long long)T, (long long)(c->hidden_size));
+    if (a->input == NULL || a->input->dtype != MS_DTYPE_I32 || a->input->shape[0] != T ||
+        a->input->shape[1] != (int64_t)(c->num_code_groups))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "node talker: input codes must be [%lld, %lld] "
+                       "ids (a row of codes per token: ms_engine_run_codes)", (long long)T,
+                       (long long)(c->num_code_groups));
     ms_tensor t_in = *a->input;
     /* planned buffers */
-    ms_tensor t_h = ms_tensor_2d(ws + off[B_TALKER_H], MS_DTYPE_F32, T, c->hidden_size);
+    ms_tensor t_x = ms_tensor_2d(ws + off[B_TALKER_X], MS_DTYPE_F32, T, c->hidden_size);
+    ms_tensor t_t = ms_tensor_2d(ws + off[B_TALKER_T], MS_DTYPE_F32, T, c->hidden_size);
     ms_tensor t_wq_wk_wv = ms_tensor_2d(ws + off[B_TALKER_WQ_WK_WV], MS_DTYPE_F32, T, c->q_dim + c->kv_dim + c->kv_dim);
     ms_tensor t_attn = ms_tensor_2d(ws + off[B_TALKER_ATTN], MS_DTYPE_F32, T, c->q_dim);
-    ms_tensor t_x = ms_tensor_2d(ws + off[B_TALKER_X], MS_DTYPE_F32, T, c->hidden_size);
+    ms_tensor t_h = ms_tensor_2d(ws + off[B_TALKER_H], MS_DTYPE_F32, T, c->hidden_size);
     ms_tensor t_w_gate_w_up = ms_tensor_2d(ws + off[B_TALKER_W_GATE_W_UP], MS_DTYPE_F32, T, c->intermediate_size + c->intermediate_size);
     ms_tensor t_x_last = ms_tensor_2d(ws + off[B_TALKER_X_LAST], MS_DTYPE_F32, S, c->hidden_size);
     ms_tensor t_tmp = ms_tensor_2d(ws + off[B_TALKER_TMP], MS_DTYPE_F32, S, c->hidden_size);
@@ -956,48 +993,76 @@ static ms_status talker_talker_forward(const ms_md_forward_args *a, ms_error *er
     ms_tensor last = a->out_rows != NULL ? *a->out_rows
                                          : ms_tensor_1d(a->batch->last_token, MS_DTYPE_I32, S);
 
+    /* x = embedding(embed_tokens, codes, column = 0) */
+    {
+        const int64_t col = (int64_t)(0);
+        if (col < 0 || col >= t_in.shape[1])
+            return MS_FAIL(err, MS_ERR_INVALID_ARG, "node talker: column %lld of codes "
+                           "is outside [0, %lld)", (long long)col, (long long)t_in.shape[1]);
+        ms_tensor ids = ms_tensor_1d((int32_t *)t_in.data + col * T, MS_DTYPE_I32, T);
+        MS_TRY(f->embedding(cx, ms_md_weight_get(a, W_EMBED_TOKENS, 0), &ids, &t_x, err));
+    }
+
+    for (int32_t l = 0; l < (int32_t)(c->num_code_groups - 1); l++) {
+
+        /* x = x + embedding(cb.embed, codes, column = cb + 1) */
+        {
+            const int64_t col = (int64_t)(l + (int64_t)(1));
+            if (col < 0 || col >= t_in.shape[1])
+                return MS_FAIL(err, MS_ERR_INVALID_ARG, "node talker: column %lld of codes "
+                               "is outside [0, %lld)", (long long)col, (long long)t_in.shape[1]);
+            ms_tensor ids = ms_tensor_1d((int32_t *)t_in.data + col * T, MS_DTYPE_I32, T);
+            MS_TRY(f->embedding(cx, ms_md_weight_get(a, W_CODEBOOKS_EMBED, l), &ids, &t_t, err));
+        }
+        MS_TRY(f->add(cx, &t_x, &t_t, &t_x, err));
+    }
+
     for (int32_t l = 0; l < (int32_t)(c->num_hidden_layers); l++) {
 
         /* h = rms_norm(x, l.attn_norm, rms_norm_eps) */
-        MS_TRY(f->rms_norm(cx, &t_in, ms_md_weight_get(a, W_LAYERS_ATTN_NORM, l), (float)c->rms_norm_eps, &t_h, err));
+        /* fused: the previous layer's residual add into x with this rms_norm */
+        if (l == 0)
+            MS_TRY(f->rms_norm(cx, &t_x, ms_md_weight_get(a, W_LAYERS_ATTN_NORM, l), (float)c->rms_norm_eps, &t_t, err));
+        else
+            MS_TRY(ms_backend_add_rms_norm(be, &t_x, &t_h, ms_md_weight_get(a, W_LAYERS_ATTN_NORM, l), (float)c->rms_norm_eps, &t_t, err));
 
         /* q, k, v = linear(h, l.wq), linear(h, l.wk), linear(h, l.wv) */
         /* fused: 3 linears over h side by side run as one GEMM over layers.wq+wk+wv */
-        MS_TRY(f->linear(cx, &t_h, ms_md_weight_get(a, W_LAYERS_WQ_WK_WV, l), NULL, &t_wq_wk_wv, err));
+        MS_TRY(f->linear(cx, &t_t, ms_md_weight_get(a, W_LAYERS_WQ_WK_WV, l), NULL, &t_wq_wk_wv, err));
 
         /* x = x + linear(attn.run(q, k, v, layer = l), l.wo) */
         /* fused: RoPE of q, k with the KV write of layer l */
         MS_TRY(ms_backend_rope_kv_write(be, &t_q_heads, &t_k_heads, &t_v_heads, a->positions, a->rope, a->kv, l,
                                         a->batch, err));
         MS_TRY(f->attention(cx, &t_q_heads, a->kv, l, a->batch, &a->attn, &t_attn_heads, err));
-        MS_TRY(f->linear(cx, &t_attn, ms_md_weight_get(a, W_LAYERS_WO, l), NULL, &t_h, err));
-        MS_TRY(f->add(cx, &t_in, &t_h, &t_x, err));
+        MS_TRY(f->linear(cx, &t_attn, ms_md_weight_get(a, W_LAYERS_WO, l), NULL, &t_t, err));
 
         /* h = rms_norm(x, l.mlp_norm, rms_norm_eps) */
-        MS_TRY(f->rms_norm(cx, &t_x, ms_md_weight_get(a, W_LAYERS_MLP_NORM, l), (float)c->rms_norm_eps, &t_h, err));
+        /* fused: residual add x += ... with this rms_norm */
+        MS_TRY(ms_backend_add_rms_norm(be, &t_x, &t_t, ms_md_weight_get(a, W_LAYERS_MLP_NORM, l), (float)c->rms_norm_eps, &t_h, err));
 
         /* x = x + linear(silu(linear(h, l.w_gate)) * linear(h, l.w_up), l.w_down) */
         /* fused: 2 linears over h side by side run as one GEMM over layers.w_gate+w_up */
         MS_TRY(f->linear(cx, &t_h, ms_md_weight_get(a, W_LAYERS_W_GATE_W_UP, l), NULL, &t_w_gate_w_up, err));
         MS_TRY(f->silu_mul(cx, &t_w_gate, &t_w_up, &t_w_gate, err));
         MS_TRY(f->linear(cx, &t_w_gate, ms_md_weight_get(a, W_LAYERS_W_DOWN, l), NULL, &t_h, err));
-        MS_TRY(f->add(cx, &t_x, &t_h, &t_in, err));
     }
 
     /* return linear(rms_norm(x, final_norm, rms_norm_eps), lm_head) */
+    MS_TRY(f->add(cx, &t_x, &t_h, &t_x, err));
     /* only the last token of each sequence is returned: gather those rows before the row-wise tail */
-    MS_TRY(f->gather_rows(cx, &t_in, &last, &t_x_last, err));
+    MS_TRY(f->gather_rows(cx, &t_x, &last, &t_x_last, err));
     MS_TRY(f->rms_norm(cx, &t_x_last, ms_md_weight_get(a, W_FINAL_NORM, 0), (float)c->rms_norm_eps, &t_tmp, err));
     MS_TRY(f->linear(cx, &t_tmp, ms_md_weight_get(a, W_LM_HEAD, 0), NULL, a->logits, err));
     return MS_OK;
 }
 
-/* the shaped input as the forward reads it: frames, [rows, width] (-1 rows: the step's context rows, -2: one row per token of the step) */
+/* the shaped input as the forward reads it: codes, [rows, width] (-1 rows: the step's context rows, -2: one row per token of the step) */
 static void talker_talker_input_shape(const void *config, int64_t *rows, int64_t *cols) {
     const talker_config *c = config;
     (void)c;
-    *rows = (int64_t)(-2);
-    *cols = (int64_t)(c->hidden_size);
+    *rows = (int64_t)(-3);
+    *cols = (int64_t)(c->num_code_groups);
 }
 
 /* Workspace: float32 buffers planned by liveness (a buffer is reused once its value is
@@ -1157,7 +1222,9 @@ static const ms_md_node talker_nodes[] = {
 
 /* The stems of the instances mstarc writes to kernels/<stem>.cu (shape at load). */
 static const char *const talker_kernels[] = {
+    "embed_bf16_af32",
     "rmsnorm_bf16_af32",
+    "rmsnorm_bf16_res_af32",
     "rope_kv_bf16_neox_af32",
     "attn_decode_bf16_af32",
     "attn_prefill_bf16_causal_af32",
