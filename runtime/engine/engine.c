@@ -649,7 +649,9 @@ static ms_status eng_weights_pass(ms_engine *e, bool load, size_t *bytes, ms_err
                         memset(dst, 0, sizeof *dst);
                     continue;
                 }
-                const ms_dtype qdt = eng_quant_dtype(e, t->name, wd->rank);
+                /* t is NULL for a missing tensor: eng_expect names it below */
+                const ms_dtype qdt =
+                    t != NULL ? eng_quant_dtype(e, t->name, wd->rank) : MS_DTYPE_COUNT;
                 if (!load) {
                     MS_TRY(eng_expect(e, w, name, err)); /* names the missing/mismatching one */
                     size_t wb = qdt != MS_DTYPE_COUNT
