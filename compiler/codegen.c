@@ -2962,7 +2962,12 @@ static void emit_forward(gen *g) {
             continue;
         /* `for v in group at <scratch>.slot`: the member exists, checked before any op writes
            the scratch (a failed step leaves the frame's keys as they were) */
-        E("if (a->frame_slot < 0 || %s < 0 || %s >= (int64_t)(%s))", o->at, o->at, o->count);
+        E("if (a->frame_slot < 0)");
+        E("    return MS_FAIL(err, MS_ERR_INVALID_ARG, \"node %s: the step's requests end at \"",
+          g->node->name);
+        E("                   \"different frame slots (%s is picked by one slot per step)\");",
+          o->group);
+        E("if (%s < 0 || %s >= (int64_t)(%s))", o->at, o->at, o->count);
         E("    return MS_FAIL(err, MS_ERR_INVALID_ARG, \"node %s: frame slot %%d picks %s[%%lld], \"",
           g->node->name, o->group);
         E("                   \"outside [0, %%lld)\", (int)a->frame_slot, (long long)(%s),", o->at);

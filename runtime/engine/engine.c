@@ -2357,22 +2357,17 @@ static ms_status eng_run_scratch(ms_engine *e, eng_node *nd, const ms_md_step *s
         return st; /* the runner abandoned the step */
     const ms_kv_plan *plan = ctx.plan_results[0];
     const int32_t T = plan->n_tokens;
-    /* the frame slot of every request's last row (rows request by request, spans[i] each): one
-       slot for the step, what the forward's `for v in group at <scratch>.slot` reads */
+    /* the frame slot of every request's last row (rows request by request, spans[i] each), what
+       the forward's `for v in group at <scratch>.slot` reads: -1 when they differ (a forward
+       picking a member by it refuses the step) */
     int32_t frame_slot = -1;
-    for (int32_t i = 0, t = 0; i < n && st == MS_OK; i++) {
+    for (int32_t i = 0, t = 0; i < n; i++) {
         t += spans[i];
         const int32_t sl = t >= 1 && t <= T ? plan->token_to_slot[t - 1] : -1;
-        if (i == 0)
-            frame_slot = sl;
-        else if (sl != frame_slot)
-            st = MS_FAIL(err, MS_ERR_INVALID_ARG, "step %s.%s: request %d ends at frame slot %d, "
-                         "request 0 at %d: a step's requests end at one slot", nd->node->name,
-                         sd->name, (int)i, (int)sl, (int)frame_slot);
-    }
-    if (st != MS_OK) {
-        ms_step_runner_abandon(nd->runner, step, &ctx);
-        return st;
+        if (i == 0 || sl != frame_slot)
+            frame_slot = i == 0 ? sl : -1;
+        if (frame_slot < 0)
+            break;
     }
     ms_attn_params ap = {.scale = nd->attn.scale, .window = 0, .causal = true};
     int64_t rows = 0, cols = 0, width = nd->node->hidden_width(e->config);

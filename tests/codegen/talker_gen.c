@@ -1137,7 +1137,10 @@ static ms_status talker_code_predictor_forward(const ms_md_forward_args *a, ms_e
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "node code_predictor: input rows must be [%lld, %lld] "
                        "(a row per token)", (long long)T, (long long)(c->cp_hidden_size));
     ms_tensor t_in = *a->input;
-    if (a->frame_slot < 0 || (int64_t)a->frame_slot - (int64_t)(1) < 0 || (int64_t)a->frame_slot - (int64_t)(1) >= (int64_t)(c->num_code_groups - 1))
+    if (a->frame_slot < 0)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "node code_predictor: the step's requests end at "
+                       "different frame slots (heads is picked by one slot per step)");
+    if ((int64_t)a->frame_slot - (int64_t)(1) < 0 || (int64_t)a->frame_slot - (int64_t)(1) >= (int64_t)(c->num_code_groups - 1))
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "node code_predictor: frame slot %d picks heads[%lld], "
                        "outside [0, %lld)", (int)a->frame_slot, (long long)((int64_t)a->frame_slot - (int64_t)(1)),
                        (long long)(c->num_code_groups - 1));
