@@ -150,6 +150,9 @@ typedef struct op {
     const char *count;    /* LOOP_BEGIN: layer count */
     const char *stride, *padding; /* CONV1D: C expressions */
     const char *column;   /* EMBED [codes]: C expression of the ids column read, or NULL */
+    const char *at;       /* LOOP_BEGIN of `for v in group at <scratch>.slot [+|- k]`: C
+                             expression of the one member's index (over a->frame_slot), or NULL */
+    const char *group;    /* LOOP_BEGIN with at: the group's name (for the range error) */
     bool guarded;         /* runs only when the step brings input rows (A > 0) */
 } op;
 
@@ -997,7 +1000,11 @@ static void emit_facts(gen *g) {
     const ms_weight *ew = emb != NULL ? weight_of(argv_at(emb, 0)) : NULL;
     /* a node returning hidden states (an encoder) gives the width of its output */
     /* [inputs_embeds] rows standing for the embedding give it by their width */
+    /* [scratch] a node on a scratch reading rows has their width (its output may be a
+       head's: `for hd in heads at code.slot - 1 { return linear(..., hd.w); }`) */
     const char *width = ew != NULL && ew->rank == 2 ? cexpr(g, ew->shape[1])
+                        : g->hidden && g->scratch != NULL && g->input >= 0
+                            ? g->v[g->input].width
                         : g->hidden                 ? g->v[g->logits].width
                         : input_embeds(g) && g->input >= 0 ? g->v[g->input].width
                                                     : NULL;
@@ -2515,6 +2522,27 @@ static void lower_stmt(gen *g, const ms_ast_stmt *s) {
         int begin = g->n_o - 1;
         g->layer = "l";
         g->layer_var = s->var.name;
+        if (s->at != NULL) {
+            /* one member, picked by the step's frame slot (sema: <scratch>.slot [+|- k]): the
+               body runs once, straight-line (nothing carried; it may return) */
+            if (g->scratch == NULL)
+                fail_at(g, s->at->loc, "'at' picks a group member by the frame slot of a node "
+                        "on a scratch; node '%s' has none", g->node->name);
+            const ms_ast_expr *at = s->at;
+            b->at = "(int64_t)a->frame_slot";
+            if (at->kind == MS_EXPR_BINARY)
+                b->at = S("(int64_t)a->frame_slot %c (int64_t)(%s)", at->op == MS_OP_SUB ? '-' : '+',
+                          bare(g, cexpr(g, at->rhs)));
+            b->group = grp->name;
+            b->comment = S("for %s in %s at %s", s->var.name, s->group.name, src_text(g, at));
+            g->stmt_used = true;
+            g->n_carry = 0;
+            lower_body(g, &s->body);
+            flush_rope(g);
+            new_op(g, O_LOOP_END);
+            g->layer = NULL;
+            return;
+        }
         bool pending_before[MAX_VALS];
         for (int i = 0; i < g->n_v; i++)
             pending_before[i] = g->v[i].pending_add >= 0;
@@ -2928,6 +2956,23 @@ static void emit_forward(gen *g) {
           g->v[g->input].width);
         E("ms_tensor t_in = *a->input;");
     }
+    for (int i = 0; i < g->n_o; i++) {
+        const op *o = &g->o[i];
+        if (o->kind != O_LOOP_BEGIN || o->at == NULL)
+            continue;
+        /* `for v in group at <scratch>.slot`: the member exists, checked before any op writes
+           the scratch (a failed step leaves the frame's keys as they were) */
+        E("if (a->frame_slot < 0)");
+        E("    return MS_FAIL(err, MS_ERR_INVALID_ARG, \"node %s: the step's requests end at \"",
+          g->node->name);
+        E("                   \"different frame slots (%s is picked by one slot per step)\");",
+          o->group);
+        E("if (%s < 0 || %s >= (int64_t)(%s))", o->at, o->at, o->count);
+        E("    return MS_FAIL(err, MS_ERR_INVALID_ARG, \"node %s: frame slot %%d picks %s[%%lld], \"",
+          g->node->name, o->group);
+        E("                   \"outside [0, %%lld)\", (int)a->frame_slot, (long long)(%s),", o->at);
+        E("                   (long long)(%s));", o->count);
+    }
     E("/* planned buffers */");
     for (int i = 0; i < g->n_s; i++)
         E("ms_tensor %s = ms_tensor_2d(ws + off[%s%s], MS_DTYPE_F32, %s, %s);", g->s[i].name,
@@ -2995,6 +3040,13 @@ static void emit_forward(gen *g) {
         const char *W = o->w >= 0 ? wref(g, o->w) : NULL;
         switch (o->kind) {
         case O_LOOP_BEGIN:
+            if (o->at != NULL) { /* the one member the step's frame slot picks */
+                E("{ /* its range checked before the first op */");
+                g->cg.indent++;
+                E("const int32_t l = (int32_t)(%s);", o->at);
+                g->layer = "l";
+                break;
+            }
             E("for (int32_t l = 0; l < (int32_t)(%s); l++) {", o->count);
             g->layer = "l";
             g->cg.indent++;

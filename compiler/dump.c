@@ -206,7 +206,13 @@ static void dump_stmt(dumper *d, const ms_ast_stmt *st) {
         ms_strbuf_puts(d->b, ";\n");
         break;
     case MS_AST_STMT_FOR:
-        ms_strbuf_printf(d->b, "for %s in %s {\n", st->var.name, st->group.name);
+        ms_strbuf_printf(d->b, "for %s in %s ", st->var.name, st->group.name);
+        if (st->at != NULL) {
+            ms_strbuf_puts(d->b, "at ");
+            ms_expr_print(d->b, st->at);
+            ms_strbuf_puts(d->b, " ");
+        }
+        ms_strbuf_puts(d->b, "{\n");
         d->indent++;
         dump_stmts(d, &st->body);
         d->indent--;

@@ -2544,6 +2544,28 @@ static void check_assign(sema *s, ms_forward *f, ms_ast_stmt *st) {
     }
 }
 
+/* `for v in group at <scratch>.slot [+|- int]`: the one member of the group the body reads,
+ * picked per step by the frame slot of the step's last rows (a node on a scratch: a code
+ * predictor's per-codebook heads, `for hd in heads at code.slot - 1`). */
+static void check_for_at(sema *s, ms_ast_expr *at) {
+    ms_ast_expr *slot = at, *rest = NULL;
+    if (at->kind == MS_EXPR_BINARY && (at->op == MS_OP_ADD || at->op == MS_OP_SUB)) {
+        slot = at->lhs;
+        rest = at->rhs;
+    }
+    const ms_resource *r = slot->kind == MS_EXPR_MEMBER && slot->lhs != NULL &&
+                                   slot->lhs->kind == MS_EXPR_NAME
+                               ? find_resource(s, slot->lhs->text)
+                               : NULL;
+    if (r == NULL || r->kind != MS_RESOURCE_SCRATCH || strcmp(slot->text, "slot") != 0) {
+        err(s, at->loc, "'at' takes <scratch>.slot, alone or plus or minus an int (the frame "
+            "slot of the step's last rows: a node on a scratch)");
+        return;
+    }
+    if (rest != NULL)
+        cexpr_want(s, rest, MS_TYPE_INT, "the offset of 'at'");
+}
+
 static void check_stmts(sema *s, ms_forward *f, const ms_ptr_vec *body, bool top, bool *returned) {
     for (int i = 0; i < body->n; i++) {
         ms_ast_stmt *st = body->items[i];
@@ -2583,6 +2605,14 @@ static void check_stmts(sema *s, ms_forward *f, const ms_ptr_vec *body, bool top
             if (lookup(s, st->var.name) != NULL || find_top_weight(s, st->var.name) != NULL)
                 err(s, st->var.loc, "loop variable '%s' hides another name", st->var.name);
             bind(s, st->var.name, lv, MS_SYM_LAYER, 0);
+            if (st->at != NULL) {
+                /* one member: the body runs once and may end the forward */
+                check_for_at(s, st->at);
+                check_stmts(s, f, &st->body, top, returned);
+                s->depth--;
+                unbind_to(s, saved);
+                break;
+            }
             check_stmts(s, f, &st->body, false, returned);
             if (*returned) {
                 err(s, st->loc, "return inside a for loop; return after the loop");

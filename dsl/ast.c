@@ -402,6 +402,17 @@ ms_ast_stmt *ms_ast_stmt_for(ms_parse_ctx *ctx, ms_loc loc, ms_ast_ident *var, m
     return s;
 }
 
+ms_ast_stmt *ms_ast_stmt_for_at(ms_parse_ctx *ctx, ms_loc loc, ms_ast_ident *var,
+                                ms_ast_ident *group, ms_ast_ident *word, ms_ast_expr *at,
+                                ms_ptr_vec *body) {
+    ms_ast_stmt *s = ms_ast_stmt_for(ctx, loc, var, group, body);
+    if (strcmp(word->name, "at") != 0)
+        ms_diags_error(ctx->diags, word->loc, "expected 'at' or '{' after 'for %s in %s', got "
+                       "'%s'", var->name, group->name, word->name);
+    s->at = at;
+    return s;
+}
+
 ms_ast_stmt *ms_ast_stmt_return(ms_parse_ctx *ctx, ms_loc loc, ms_ptr_vec *values) {
     ms_ast_stmt *s = stmt_new(ctx, MS_AST_STMT_RETURN, loc);
     s->rhs = *values;

@@ -201,6 +201,9 @@ typedef struct ms_ast_stmt {
     ms_ast_ident var;      /* FOR loop variable */
     ms_ast_ident group;    /* FOR weight group iterated */
     ms_ptr_vec body;       /* FOR body: ms_ast_stmt* */
+    ms_ast_expr *at;       /* FOR ... at <expr>: the one member of the group the body reads
+                              (`for hd in heads at code.slot - 1`: the step's frame slot), or
+                              NULL: every member in turn */
 } ms_ast_stmt;
 
 /* A forward parameter: `name` (token ids [T]), `name: [d0, d1]` (`_` = dynamic dimension) or
@@ -356,6 +359,10 @@ ms_ast_stmt *ms_ast_stmt_assign(ms_parse_ctx *ctx, ms_loc loc, ms_ptr_vec *lhs, 
 ms_ast_stmt *ms_ast_stmt_expr(ms_parse_ctx *ctx, ms_loc loc, ms_ptr_vec *exprs);
 ms_ast_stmt *ms_ast_stmt_for(ms_parse_ctx *ctx, ms_loc loc, ms_ast_ident *var, ms_ast_ident *group,
                              ms_ptr_vec *body);
+/* `for var in group at <expr> { body }` (word must be "at": a one-line error otherwise). */
+ms_ast_stmt *ms_ast_stmt_for_at(ms_parse_ctx *ctx, ms_loc loc, ms_ast_ident *var,
+                                ms_ast_ident *group, ms_ast_ident *word, ms_ast_expr *at,
+                                ms_ptr_vec *body);
 ms_ast_stmt *ms_ast_stmt_return(ms_parse_ctx *ctx, ms_loc loc, ms_ptr_vec *values);
 ms_ast_fparam *ms_ast_fparam_new(ms_parse_ctx *ctx, ms_ast_ident *name, ms_ptr_vec *shape);
 ms_ast_forward *ms_ast_forward_new(ms_parse_ctx *ctx, ms_loc loc, ms_ast_ident *name,

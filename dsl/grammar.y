@@ -315,6 +315,8 @@ stmt
     : exprs '=' exprs ';'           { $$ = ms_ast_stmt_assign(ctx, @$, $1, $3); }
     | exprs ';'                     { $$ = ms_ast_stmt_expr(ctx, @$, $1); }
     | T_FOR ident T_IN ident block  { $$ = ms_ast_stmt_for(ctx, @$, $2, $4, $5); }
+    | T_FOR ident T_IN ident ident expr block
+                                    { $$ = ms_ast_stmt_for_at(ctx, @$, $2, $4, $5, $6, $7); }
     | T_RETURN exprs ';'            { $$ = ms_ast_stmt_return(ctx, @$, $2); }
     ;
 

@@ -15,12 +15,15 @@
  *     float rows to the talker, codes to the predictor) fail with a one-line error, and
  *     ms_engine_step refuses the node (it reads codes, not token ids).
  *   - the whole per-frame loop over the two compiled nodes (the talker on its KV pool, the
- *     code_predictor on its scratch KV) with the predictor's glue done here on the host
- *     (in_proj, the predictor's input embeddings and per-codebook heads, argmax): from prompt_codes [5, 4] the 12 generated frames equal the reference codes
+ *     code_predictor on its scratch KV, its forward ending in the head its frame slot picks:
+ *     `for hd in heads at code.slot - 1`) with the rest of the glue done here on the host
+ *     (in_proj, the predictor's input embeddings, argmax): from prompt_codes [5, 4] the 12
+ *     generated frames equal the reference codes
  *     [12, 4] exactly, talker_logits and predictor_logits within 1e-3; four prompts batched
  *     give each request's codes and logits of its run alone;
  *   - the scratch's hazards through the compiled node: a row continuing a frame another
- *     request began, a frame never begun, a fifth token in a frame of four are refused; a frame
+ *     request began, a frame never begun, a fifth token in a frame of four, a step ending at
+ *     slot 0 (no head) or at two slots are refused; a frame
  *     begun again starts empty (bitwise the same rows), two rows never read each other's keys.
  * tests/test_talker_cpu.c is the hand-built oracle of the same loop.
  */
@@ -52,8 +55,9 @@ enum { G = 4, P = 5, F = 12, V = 96, H = 64, HC = 32, B = 4 };
 typedef struct tables {
     ms_ckpt *ck;
     const float *lm_head; /* talker.lm_head.weight [V, H] */
-    /* the code predictor's glue: in_proj [HC, H], embeds.{j} and heads.{j} [V, HC] */
-    const float *in_proj, *cp_embeds[G - 1], *heads[G - 1];
+    /* the code predictor's glue left outside the model: in_proj [HC, H], embeds.{j} [V, HC]
+       (its per-codebook heads are the predictor node's: models/talker.mstar) */
+    const float *in_proj, *cp_embeds[G - 1];
 } tables;
 
 static const float *table(tables *tb, const char *name, int64_t n0, int64_t n1) {
@@ -78,8 +82,6 @@ static void tables_init(tables *tb) {
         char name[96];
         snprintf(name, sizeof name, "code_predictor.embeds.%d.weight", j);
         tb->cp_embeds[j] = table(tb, name, V, HC);
-        snprintf(name, sizeof name, "code_predictor.heads.%d.weight", j);
-        tb->heads[j] = table(tb, name, V, HC);
     }
 }
 
@@ -360,7 +362,8 @@ typedef struct result {
 } result;
 
 /* The predictor's step `step` for requests rids[0 .. n) (request i on batch row i), spans[i]
- * rows each in rows [sum, HC]; y [n, HC] = each request's last hidden row. */
+ * rows each in rows [sum, HC]; y [n, V] = each request's last row through the head its frame
+ * slot picks (the model's `for hd in heads at code.slot - 1`): the logits of the next code. */
 static void predictor_step(ms_engine *e, const char *step, const ms_rid *rids, const int32_t *spans,
                            int n, const float *rows, float *y) {
     ms_error err = {0};
@@ -368,7 +371,7 @@ static void predictor_step(ms_engine *e, const char *step, const ms_rid *rids, c
     CHECK(ms_engine_run_rows(e, "code_predictor", step, rids, spans, n, rows, HC, &logits, &hid,
                              &err));
     assert_null(logits);
-    memcpy(y, hid, (size_t)n * HC * sizeof(float));
+    memcpy(y, hid, (size_t)n * V * sizeof(float));
 }
 
 /*
@@ -382,7 +385,7 @@ static void generate(ms_engine *e, const tables *tb, const ms_rid *rids, int n,
                      const int32_t (*const *prompts)[G], result *res) {
     ms_error err = {0};
     static int32_t rows[B * P * G];
-    static float h[B * H], y[B * HC], prow[B * 2 * HC];
+    static float h[B * H], y[B * V], prow[B * 2 * HC];
     int32_t spans[B], c[B][G];
     const float *out, *hid;
     for (int i = 0; i < n; i++) {
@@ -404,7 +407,7 @@ static void generate(ms_engine *e, const tables *tb, const ms_rid *rids, int n,
         predictor_step(e, "begin", rids, spans, n, prow, y);
         for (int j = 1; j < G; j++) {
             for (int i = 0; i < n; i++) {
-                matvec(tb->heads[j - 1], y + (size_t)i * HC, V, HC, res[i].plog[f][j - 1]);
+                memcpy(res[i].plog[f][j - 1], y + (size_t)i * V, V * sizeof(float));
                 c[i][j] = argmax(res[i].plog[f][j - 1], V);
                 if (j < G - 1)
                     memcpy(prow + (size_t)i * HC, tb->cp_embeds[j] + (size_t)c[i][j] * HC,
@@ -520,18 +523,18 @@ static void test_scratch_hazards(void **state) {
     ms_rid b = add_request(e, (const int32_t(*)[G])r.prompt);
     /* pair: two rows per request (both requests the same), single: one row each (the same),
        other: one row each, another value */
-    static float pair[4 * HC], single[2 * HC], other[2 * HC];
-    static float y1[2 * HC], y2[2 * HC], y3[2 * HC], y4[2 * HC];
+    static float pair[4 * HC], single[2 * HC], other[4 * HC];
+    static float y1[2 * V], y2[2 * V], y3[2 * V], y4[2 * V];
     for (int i = 0; i < 2 * HC; i++) {
         pair[i] = pair[2 * HC + i] = 0.01f * (float)((i * 7) % 29) - 0.1f;
         single[i % HC] = single[HC + i % HC] = 0.02f * (float)((i * 5) % 13) - 0.12f;
-        other[i] = 0.03f * (float)((i * 3) % 11) - 0.15f;
+        other[i] = other[2 * HC + i] = 0.03f * (float)((i * 3) % 11) - 0.15f;
     }
     float *rows = pair;
     ms_error err = {0};
     const float *lg, *hid;
     ms_rid ab[2] = {a, b}, ba[2] = {b, a};
-    int32_t two[2] = {2, 2}, one[2] = {1, 1};
+    int32_t two[2] = {2, 2}, one[2] = {1, 1}, two_one[2] = {2, 1};
     /* next before any begin: a frame never begun */
     expect_fail(ms_engine_run_rows(e, "code_predictor", "next", ab, one, 2, rows, HC, &lg, &hid,
                                    &err), &err, MS_ERR_INVALID_ARG, "never began");
@@ -553,15 +556,29 @@ static void test_scratch_hazards(void **state) {
     assert_memory_equal(y1, y4, sizeof y1);
     predictor_step(e, "next", ab, one, 2, single, y4);
     assert_memory_equal(y2, y4, sizeof y2);
+    /* the head is picked by the frame slot of the step's last rows: a frame begun over one
+       row ends at slot 0 (no head gives code 0), requests ending at two slots have no one
+       head; both refused, the scratch unchanged (the next step continues the frame) */
+    expect_fail(ms_engine_run_rows(e, "code_predictor", "begin", ab, one, 2, other, HC, &lg, &hid,
+                                   &err), &err, MS_ERR_INVALID_ARG,
+                "frame slot 0 picks heads[-1], outside [0, 3)");
+    printf("a frame of one row: %s\n", err.msg);
+    expect_fail(ms_engine_run_rows(e, "code_predictor", "begin", ab, two_one, 2, other, HC, &lg,
+                                   &hid, &err), &err, MS_ERR_INVALID_ARG,
+                "the step's requests end at different frame slots (heads is picked by one "
+                "slot per step)");
+    printf("two slots in one step: %s\n", err.msg);
+    predictor_step(e, "next", ab, one, 2, single, y4);
+    assert_memory_equal(y3, y4, sizeof y3);
     /* a frame of other rows in between, then the first frame's inputs again */
-    predictor_step(e, "begin", ab, one, 2, other, y4);
+    predictor_step(e, "begin", ab, two, 2, other, y4);
     predictor_step(e, "next", ab, one, 2, other, y4);
     assert_true(memcmp(y4, y2, sizeof y2) != 0);
     predictor_step(e, "begin", ab, two, 2, pair, y4);
     assert_memory_equal(y1, y4, sizeof y1);
     /* the two rows got the same inputs: equal rows (neither read the other's keys) */
-    assert_memory_equal(y1, y1 + HC, HC * sizeof(float));
-    assert_memory_equal(y3, y3 + HC, HC * sizeof(float));
+    assert_memory_equal(y1, y1 + V, V * sizeof(float));
+    assert_memory_equal(y3, y3 + V, V * sizeof(float));
     /* a width other than the node's */
     expect_fail(ms_engine_run_rows(e, "code_predictor", "begin", ab, two, 2, rows, H, &lg, &hid,
                                    &err), &err, MS_ERR_INVALID_ARG, "width 64");
@@ -638,10 +655,10 @@ static void test_engine_talker_codes(void **state) {
     expect_fail(ms_engine_talker_codes(e, &glue, &it, 1, &err), &err, MS_ERR_LIMIT,
                 "pass the talker's context (256 positions)");
     ms_talker_glue g2 = glue;
-    g2.heads = "code_predictor.head.{j}.weight";
+    g2.embeds = "code_predictor.embed.{j}.weight";
     it = (ms_talker_item){.prompt_codes = r.prompt, .n_prompt = P, .n_frames = 2};
     expect_fail(ms_engine_talker_codes(e, &g2, &it, 1, &err), &err, MS_ERR_NOT_FOUND,
-                "code_predictor.head.0.weight");
+                "code_predictor.embed.0.weight");
     g2 = glue;
     g2.in_proj = "code_predictor.heads.0.weight"; /* [96, 32], not [32, 64] */
     expect_fail(ms_engine_talker_codes(e, &g2, &it, 1, &err), &err, MS_ERR_FORMAT,

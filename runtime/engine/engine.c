@@ -2338,7 +2338,7 @@ static ms_status eng_scratch_init(ms_engine *e, eng_node *nd, ms_error *err) {
  * after admit abandons the step (the scratch unchanged).
  */
 static ms_status eng_run_scratch(ms_engine *e, eng_node *nd, const ms_md_step *sd, int32_t n,
-                                 ms_error *err) {
+                                 const int32_t *spans, ms_error *err) {
     const ms_backend_i *f = &e->be.iface;
     void *cx = e->be.ctx;
     ms_step *step = &e->build.step;
@@ -2359,6 +2359,18 @@ static ms_status eng_run_scratch(ms_engine *e, eng_node *nd, const ms_md_step *s
         return st; /* the runner abandoned the step */
     const ms_kv_plan *plan = ctx.plan_results[0];
     const int32_t T = plan->n_tokens;
+    /* the frame slot of every request's last row (rows request by request, spans[i] each), what
+       the forward's `for v in group at <scratch>.slot` reads: -1 when they differ (a forward
+       picking a member by it refuses the step) */
+    int32_t frame_slot = -1;
+    for (int32_t i = 0, t = 0; i < n; i++) {
+        t += spans[i];
+        const int32_t sl = t >= 1 && t <= T ? plan->token_to_slot[t - 1] : -1;
+        if (i == 0 || sl != frame_slot)
+            frame_slot = i == 0 ? sl : -1;
+        if (frame_slot < 0)
+            break;
+    }
     ms_attn_params ap = {.scale = nd->attn.scale, .window = 0, .causal = true};
     int64_t rows = 0, cols = 0, width = nd->node->hidden_width(e->config);
     nd->node->input_shape(e->config, &rows, &cols);
@@ -2393,6 +2405,7 @@ static ms_status eng_run_scratch(ms_engine *e, eng_node *nd, const ms_md_step *s
             .max_seqs = e->max_out,
             .logits = &out,
             .input = &input,
+            .frame_slot = frame_slot,
         };
         st = nd->node->forward(&args, err);
     }
@@ -2535,7 +2548,7 @@ static ms_status eng_run_input(ms_engine *e, const char *node, const char *step_
         /* [scratch] request i is batch row i: a frame's steps list the same requests in the
            same order (the scratch refuses a row continuing another request's frame); every
            request's last row is returned */
-        MS_TRY(eng_run_scratch(e, nd, sd, n, err));
+        MS_TRY(eng_run_scratch(e, nd, sd, n, spans, err));
         const int64_t w = nd->node->hidden_width(e->config);
         int64_t t = 0;
         for (int32_t i = 0; i < n; i++) {

@@ -480,6 +480,11 @@ typedef struct ms_md_forward_args {
        out: [batch->n_seqs, width] f32 backend memory, the rows its logits' head reads (the
        final-normed hidden state of each view's last token); NULL: not asked for */
     ms_tensor *last_hidden;
+    /* [scratch] a node on a scratch (a code predictor): the frame slot of the step's last rows
+       when every request's last row is at that one slot, -1 when they differ; what
+       `for v in group at <scratch>.slot [+|- k]` reads to pick the group's member (the
+       per-codebook head; its forward refuses -1). Set only for such a node */
+    int32_t frame_slot;
 } ms_md_forward_args;
 
 /* Tensor of weight entry `w`, layer `layer` (0 for global weights). Data NULL when an optional

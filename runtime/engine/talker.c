@@ -1,7 +1,9 @@
 /*
  * talker.c - ms_engine_talker_codes (talker.h): the per-frame loop of a talker + code-predictor
  * model over the engine's two compiled nodes: the talker reads a frame's codes (its forward
- * embeds them), the predictor's glue is on the host in float32.
+ * embeds them), the predictor returns the logits of the frame's next code (its forward ends in
+ * the head its frame slot picks); in_proj, its input embeddings and argmax are on the host in
+ * float32.
  */
 #include "talker.h"
 
@@ -20,7 +22,6 @@ ms_talker_glue ms_talker_glue_default(void) {
         .predictor = "code_predictor",
         .in_proj = "code_predictor.in_proj.weight",
         .embeds = "code_predictor.embeds.{j}.weight",
-        .heads = "code_predictor.heads.{j}.weight",
     };
 }
 
@@ -29,24 +30,19 @@ typedef struct tk_state {
     int32_t G, V, H, HC, B;      /* codebooks, vocabulary, widths, batch rows */
     float *in_proj;                         /* [HC, H] */
     float *embeds[MS_TALKER_MAX_GROUPS];    /* [V, HC], j = 0 .. G-2 */
-    float *heads[MS_TALKER_MAX_GROUPS];     /* [V, HC], j = 0 .. G-2 */
     int32_t *codes;                         /* [B * max(P) * G] the talker's input codes */
     float *rows;                            /* [B * 2 * HC] the predictor's input rows */
     float *h;                               /* [B * H] */
-    float *y;                               /* [B * HC] */
-    float *logits;                          /* [B * V] */
+    float *logits;                          /* [B * V] the predictor's head logits */
 } tk_state;
 
 static void tk_free(tk_state *s) {
-    for (int g = 0; g < MS_TALKER_MAX_GROUPS; g++) {
+    for (int g = 0; g < MS_TALKER_MAX_GROUPS; g++)
         ms_free(s->embeds[g]);
-        ms_free(s->heads[g]);
-    }
     ms_free(s->in_proj);
     ms_free(s->codes);
     ms_free(s->rows);
     ms_free(s->h);
-    ms_free(s->y);
     ms_free(s->logits);
 }
 
@@ -168,12 +164,12 @@ static ms_status tk_wave(ms_engine *e, const ms_talker_glue *gl, tk_state *s, ms
         }
         /* the walk's predictor steps: the first begins the frame, each gives the next code */
         for (int32_t j = 1; j < s->G; j++) {
+            /* its forward ends in heads[j - 1] (`for hd in heads at code.slot - 1`): the rows
+               it returns are each request's logits of c_j */
             MS_TRY(ms_engine_run_rows(e, gl->predictor, loop[j - 1], rids, spans, n, s->rows,
                                       s->HC, &out, &hid, err));
-            memcpy(s->y, hid, (size_t)n * (size_t)s->HC * sizeof(float));
+            memcpy(s->logits, hid, (size_t)n * (size_t)s->V * sizeof(float));
             for (int32_t i = 0; i < n; i++) {
-                tk_matvec(s->heads[j - 1], s->y + (size_t)i * (size_t)s->HC, s->V, s->HC,
-                          s->logits + (size_t)i * (size_t)s->V);
                 c[i][j] = tk_argmax(s->logits + (size_t)i * (size_t)s->V, s->V);
                 if (f < it[i].n_frames && it[i].predictor_logits != NULL)
                     memcpy(it[i].predictor_logits +
@@ -242,7 +238,6 @@ static ms_status tk_init(ms_engine *e, const ms_talker_glue *gl, ms_talker_item 
     MS_TRY(tk_load(ck, gl->in_proj, 0, s->HC, s->H, &s->in_proj, err));
     for (int32_t j = 0; j + 1 < s->G; j++) {
         MS_TRY(tk_load(ck, gl->embeds, j, s->V, s->HC, &s->embeds[j], err));
-        MS_TRY(tk_load(ck, gl->heads, j, s->V, s->HC, &s->heads[j], err));
     }
     const size_t B = (size_t)s->B;
     s->codes = ms_malloc(B * (size_t)max_p * (size_t)s->G * sizeof(int32_t));
@@ -250,7 +245,6 @@ static ms_status tk_init(ms_engine *e, const ms_talker_glue *gl, ms_talker_item 
         return MS_FAIL(err, MS_ERR_OOM, "talker: out of memory for the input codes");
     MS_TRY(tk_alloc(&s->rows, B * 2 * (size_t)s->HC, "the predictor's input rows", err));
     MS_TRY(tk_alloc(&s->h, B * (size_t)s->H, "the talker's hidden rows", err));
-    MS_TRY(tk_alloc(&s->y, B * (size_t)s->HC, "the predictor's hidden rows", err));
     return tk_alloc(&s->logits, B * (size_t)s->V, "the heads' logits", err);
 }
 

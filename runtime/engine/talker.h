@@ -9,15 +9,17 @@
  * forward embeds them: e_t = embed_tokens(c0) + sum_{j >= 1} codebook_embeds[j-1](c_j)) and
  * gives its logits and final-normed hidden state h_t; c0 = argmax(logits); the code predictor
  * node begins a frame on its scratch KV over [in_proj(h_t), embeds[0](c0)] (positions 0, 1) and
- * c1 = argmax(heads[0](its last row)); for j = 2 .. G-1 it feeds embeds[j-1](c_{j-1}) at position
- * j and c_j = argmax(heads[j-1](last row)); the frame's codes are the talker's next input. The
+ * returns heads[0](its last row), c1 = argmax of it; for j = 2 .. G-1 it reads embeds[j-1](c_{j-1})
+ * at position j and returns heads[j-1](last row), c_j = argmax (the node's forward picks the
+ * head by the step's frame slot: `for hd in heads at code.slot - 1`, models/talker.mstar); the
+ * frame's codes are the talker's next input. The
  * prompt's P frames are prefilled at once; the first generated frame comes from the last prompt
  * position.
  *
- * The glue between the predictor's steps (in_proj, its input embeddings and per-codebook heads,
- * argmax) is not written in the model language yet: this file computes it on the host in
- * float32 from checkpoint tensors named by ms_talker_glue (converted to f32 once per call),
- * whatever the engine's device; the nodes (and the talker's frame embedding) run on the
+ * The rest of the glue between the predictor's steps (in_proj, its input embeddings, argmax) is
+ * not written in the model language yet: this file computes it on the host in float32 from
+ * checkpoint tensors named by ms_talker_glue (converted to f32 once per call), whatever the
+ * engine's device; the nodes (the talker's frame embedding, the predictor's heads) run on the
  * engine's device.
  *
  * Ownership: functions borrow their arguments; ms_engine_talker_codes fills caller-owned
@@ -39,14 +41,14 @@ extern "C" {
  * Where the glue lives: the two nodes by name and the checkpoint tensors by name ("{j}" is the
  * codebook index j = 0 .. G-2 of the templates). G is the predictor node's frame (its scratch's
  * positions). Shapes, checked at the call: in_proj [HC, H] (H the talker's width, HC the
- * predictor's), embeds and heads [V, HC] (V the talker's vocabulary).
+ * predictor's), embeds [V, HC] (V the talker's vocabulary). The heads are the model's
+ * (models/talker.mstar: `heads[j < num_code_groups - 1]`).
  */
 typedef struct ms_talker_glue {
     const char *talker;        /* the talker node ("talker") */
     const char *predictor;     /* the code predictor node ("code_predictor") */
     const char *in_proj;       /* "code_predictor.in_proj.weight" */
     const char *embeds;        /* the predictor's input for c_j ("code_predictor.embeds.{j}.weight") */
-    const char *heads;         /* the head of c_{j+1} ("code_predictor.heads.{j}.weight") */
 } ms_talker_glue;
 
 /* The names of hf/talker_codepred (Qwen3-TTS's layout) and models/talker.mstar's nodes. */

@@ -278,6 +278,7 @@ enum {
     W_CP_W_GATE_W_UP,
     W_CP_W_DOWN,
     W_CP_NORM,
+    W_HEADS_W,
     W_COUNT
 };
 
@@ -579,6 +580,17 @@ static const ms_md_weight talker_weights[W_COUNT] = {
         .fused = -1,
         .n_parts = 0,
     },
+    [W_HEADS_W] = {
+        .key = "heads.w",
+        .kind = MS_MD_WEIGHT_TENSOR,
+        .names = {"code_predictor.heads.{i}.weight"},
+        .per_layer = true,
+        .optional = false,
+        .rank = 2,
+        .tie = -1,
+        .fused = -1,
+        .n_parts = 0,
+    },
 };
 
 static void talker_weight_shape(const void *config, int32_t w, int64_t *shape) {
@@ -686,6 +698,10 @@ static void talker_weight_shape(const void *config, int32_t w, int64_t *shape) {
     case W_CP_NORM:
         shape[0] = c->cp_hidden_size;
         break;
+    case W_HEADS_W:
+        shape[0] = c->vocab_size;
+        shape[1] = c->cp_hidden_size;
+        break;
     default:
         MS_ABORT("talker: no weight %d", (int)w);
     }
@@ -724,6 +740,7 @@ static int32_t talker_weight_layers(const void *config, int32_t w) {
     case W_CP_W_UP: return (int32_t)(c->cp_layers);
     case W_CP_W_GATE_W_UP: return (int32_t)(c->cp_layers);
     case W_CP_W_DOWN: return (int32_t)(c->cp_layers);
+    case W_HEADS_W: return (int32_t)(c->num_code_groups - 1);
     default: return 1;
     }
 }
@@ -732,7 +749,6 @@ static int32_t talker_weight_layers(const void *config, int32_t w) {
 static const char *const talker_ignored[] = {
     "code_predictor.in_proj.*",
     "code_predictor.embeds.*",
-    "code_predictor.heads.*",
     "code_predictor.embed_tokens.*",
 };
 
@@ -1079,7 +1095,7 @@ enum {
 
 static size_t talker_code_predictor_layout(const talker_config *c, int32_t T, int32_t S, size_t *off) {
     size_t sizes[B_CODE_PREDICTOR_COUNT];
-    sizes[B_CODE_PREDICTOR_H] = (size_t)T * (size_t)(c->cp_hidden_size); /* h, tmp, h, tmp */
+    sizes[B_CODE_PREDICTOR_H] = (size_t)T * (size_t)(c->cp_hidden_size); /* h, tmp, h, tmp, tmp */
     sizes[B_CODE_PREDICTOR_WQ_WK_WV] = (size_t)T * (size_t)(c->cp_q_dim + c->cp_kv_dim + c->cp_kv_dim); /* wq_wk_wv */
     sizes[B_CODE_PREDICTOR_ATTN] = (size_t)T * (size_t)(c->cp_q_dim); /* attn */
     sizes[B_CODE_PREDICTOR_X] = (size_t)T * (size_t)(c->cp_hidden_size); /* x */
@@ -1121,6 +1137,13 @@ static ms_status talker_code_predictor_forward(const ms_md_forward_args *a, ms_e
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "node code_predictor: input rows must be [%lld, %lld] "
                        "(a row per token)", (long long)T, (long long)(c->cp_hidden_size));
     ms_tensor t_in = *a->input;
+    if (a->frame_slot < 0)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "node code_predictor: the step's requests end at "
+                       "different frame slots (heads is picked by one slot per step)");
+    if ((int64_t)a->frame_slot - (int64_t)(1) < 0 || (int64_t)a->frame_slot - (int64_t)(1) >= (int64_t)(c->num_code_groups - 1))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "node code_predictor: frame slot %d picks heads[%lld], "
+                       "outside [0, %lld)", (int)a->frame_slot, (long long)((int64_t)a->frame_slot - (int64_t)(1)),
+                       (long long)(c->num_code_groups - 1));
     /* planned buffers */
     ms_tensor t_h = ms_tensor_2d(ws + off[B_CODE_PREDICTOR_H], MS_DTYPE_F32, T, c->cp_hidden_size);
     ms_tensor t_wq_wk_wv = ms_tensor_2d(ws + off[B_CODE_PREDICTOR_WQ_WK_WV], MS_DTYPE_F32, T, c->cp_q_dim + c->cp_kv_dim + c->cp_kv_dim);
@@ -1166,8 +1189,14 @@ static ms_status talker_code_predictor_forward(const ms_md_forward_args *a, ms_e
         MS_TRY(f->add(cx, &t_x, &t_h, &t_in, err));
     }
 
-    /* return rms_norm(x, cp_norm, cp_rms_norm_eps) */
-    MS_TRY(f->rms_norm(cx, &t_in, ms_md_weight_get(a, W_CP_NORM, 0), (float)c->cp_rms_norm_eps, a->logits, err));
+    /* for hd in heads at code.slot - 1 */
+    { /* its range checked before the first op */
+        const int32_t l = (int32_t)((int64_t)a->frame_slot - (int64_t)(1));
+
+        /* return linear(rms_norm(x, cp_norm, cp_rms_norm_eps), hd.w) */
+        MS_TRY(f->rms_norm(cx, &t_in, ms_md_weight_get(a, W_CP_NORM, 0), (float)c->cp_rms_norm_eps, &t_h, err));
+        MS_TRY(f->linear(cx, &t_h, ms_md_weight_get(a, W_HEADS_W, l), NULL, a->logits, err));
+    }
     return MS_OK;
 }
 
@@ -1175,7 +1204,7 @@ static ms_status talker_code_predictor_forward(const ms_md_forward_args *a, ms_e
 static int64_t talker_code_predictor_hidden_width(const void *config) {
     const talker_config *c = config;
     (void)c;
-    return (int64_t)(c->cp_hidden_size);
+    return (int64_t)(c->vocab_size);
 }
 
 /* the shaped input as the forward reads it: rows, [rows, width] (-1 rows: the step's context rows, -2: one row per token of the step) */
