@@ -100,6 +100,9 @@ $(BUILD)/tests/test_engine_llama: $(BUILD)/obj/gen/llama/llama_gen.o
 # n > 1 choices forked from one prompt's KV: bitwise equal to independent requests
 TESTS += tests/test_engine_fork
 $(BUILD)/tests/test_engine_fork: $(BUILD)/obj/gen/llama/llama_gen.o
+# [pd] prefill -> record bytes -> decode equals one engine, bitwise; injected transfer failures
+TESTS += tests/test_pd
+$(BUILD)/tests/test_pd: $(BUILD)/obj/gen/llama/llama_gen.o
 GPU_TESTS += tests/test_engine_fork_cuda
 $(BUILD)/tests/test_engine_fork_cuda: $(BUILD)/obj/gen/llama/llama_gen.o
 # prompt logprobs: every prompt row's logits, equal to a hand log_softmax of the CPU logits
