@@ -29,6 +29,7 @@ RUNTIME_SRCS += runtime/resources/page_arena.c
 RUNTIME_SRCS += runtime/resources/kv_pool.c
 RUNTIME_SRCS += runtime/resources/kv_transfer_host.c
 RUNTIME_SRCS += runtime/engine/pd.c
+RUNTIME_SRCS += runtime/cli/pd_http.c
 RUNTIME_SRCS += runtime/resources/prefix_cache.c
 RUNTIME_SRCS += runtime/resources/tp_check.c
 RUNTIME_SRCS += runtime/loaders/position_ids.c

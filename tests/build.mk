@@ -103,6 +103,8 @@ $(BUILD)/tests/test_engine_fork: $(BUILD)/obj/gen/llama/llama_gen.o
 # [pd] prefill -> record bytes -> decode equals one engine, bitwise; injected transfer failures
 TESTS += tests/test_pd
 $(BUILD)/tests/test_pd: $(BUILD)/obj/gen/llama/llama_gen.o
+# [pd] serve --role prefill + --role decode over HTTP equal one serve; bad flags
+TEST_SCRIPTS += tests/pd_cli.sh
 GPU_TESTS += tests/test_engine_fork_cuda
 $(BUILD)/tests/test_engine_fork_cuda: $(BUILD)/obj/gen/llama/llama_gen.o
 # prompt logprobs: every prompt row's logits, equal to a hand log_softmax of the CPU logits
