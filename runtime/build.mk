@@ -30,6 +30,7 @@ RUNTIME_SRCS += runtime/resources/kv_pool.c
 RUNTIME_SRCS += runtime/resources/kv_transfer_host.c
 RUNTIME_SRCS += runtime/engine/pd.c
 RUNTIME_SRCS += runtime/cli/pd_http.c
+RUNTIME_CUDA_SRCS += runtime/engine/pd_gpu.c
 RUNTIME_SRCS += runtime/resources/prefix_cache.c
 RUNTIME_SRCS += runtime/resources/tp_check.c
 RUNTIME_SRCS += runtime/loaders/position_ids.c
