@@ -57,8 +57,8 @@ stop() {
     wait "$p"
     rc=$?
     detail="exit $rc $(tail -c 600 "$tmp/$name.err")"
-    check "$name: SIGTERM exits 0, nothing from a sanitizer" \
-        [ $rc -eq 0 ] && ! grep -qE 'Sanitizer|runtime error|leak' "$tmp/$name.err"
+    clean() { [ "$1" -eq 0 ] && ! grep -qE 'Sanitizer|runtime error|leak' "$2"; }
+    check "$name: SIGTERM exits 0, nothing from a sanitizer" clean $rc "$tmp/$name.err"
 }
 metric() { curl -s -m 10 "$1/metrics" | awk -v m="$2" '$1 == m { print $2 }'; }
 # complete URL BODY OUT: the HTTP status
@@ -112,8 +112,9 @@ check "6 concurrent requests through prefill + decode equal one server's" [ $sam
 
 st=$(complete "$url_dec" '{"prompt": "Hi", "max_tokens": 4, "logprobs": 2}' "$tmp/lp")
 detail="$st $(head -c 300 "$tmp/lp")"
-check "decode server: logprobs refused with 400 naming them" \
-    [ "$st" = 400 ] && grep -q "role decode" "$tmp/lp"
+# has STATUS WANT FILE TEXT: the status is WANT and FILE holds TEXT
+has() { [ "$1" = "$2" ] && grep -q -- "$4" "$3"; }
+check "decode server: logprobs refused with 400 naming them" has "$st" 400 "$tmp/lp" "role decode"
 printf '%s' '{"prompt": "Hi", "max_tokens": 4, "n": 2}' >"$tmp/body"
 st=$(curl -s -m 30 -o "$tmp/pn" -w '%{http_code}' -H 'Content-Type: application/json' --data-binary @"$tmp/body" "$url_pre/v1/pd/prefill")
 detail="$st $(head -c 300 "$tmp/pn")"
@@ -129,7 +130,7 @@ check "every KV page free on both servers" \
 stop pre
 st=$(complete "$url_dec" '{"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0}' "$tmp/gone")
 detail="$st $(head -c 300 "$tmp/gone")"
-check "peer gone: 502 naming the prefill peer" [ "$st" = 502 ] && grep -q "prefill peer" "$tmp/gone"
+check "peer gone: 502 naming the prefill peer" has "$st" 502 "$tmp/gone" "prefill peer"
 stop dec
 stop one
 
@@ -140,7 +141,8 @@ badflag() {
     "$bin" serve --model "$l2c" --tokenizer "$tok" --port 0 "$@" >/dev/null 2>"$tmp/flag.err"
     local rc=$?
     detail="rc $rc: $(tail -n 2 "$tmp/flag.err")"
-    check "refused: $*" [ $rc -ne 0 ] && [ "$(grep -c . "$tmp/flag.err")" = 1 ] && grep -q -- "$want" "$tmp/flag.err"
+    one_line() { [ "$1" -ne 0 ] && [ "$(grep -c . "$2")" = 1 ] && grep -q -- "$3" "$2"; }
+    check "refused: $*" one_line $rc "$tmp/flag.err" "$want"
 }
 badflag "not prefill or decode" --role both
 badflag "needs --prefill-url" --role decode
