@@ -26,6 +26,7 @@ $(BUILD)/tests/test_quant_smollm2_cuda: $(BUILD)/obj/gen/llama/llama_gen.o | $(B
 $(BUILD)/tests/test_graphs_cuda: $(BUILD)/obj/gen/llama/llama_gen.o
 # [pd] CUDA IPC and NCCL KV transfers (engine/pd_gpu.h); skip without a GPU / 2 GPUs
 GPU_TESTS += tests/test_pd_gpu
+$(BUILD)/tests/test_pd_gpu: $(BUILD)/obj/gen/llama/llama_gen.o
 PROGRAMS += $(BUILD)/tests/bench_kernels
 endif
 TESTS += tests/test_backend_cpu

@@ -10,6 +10,11 @@
  *     rank 1 receives them into pages [4, 2] of its own, the first page it already holds
  *     (token_begin on page 1) going to the staging buffer: page 4 stays zero, page 2 equals
  *     rank 0's page 1.
+ *   - the engine's handover on CUDA over the host transfer (engine.h ms_engine_pd_publish /
+ *     ms_engine_pd_admit, hf/llama_gqa, bf16): 3 greedy requests prefilled together on engine P,
+ *     handed over through the record's bytes, decoded together on engine D give the ids of one
+ *     engine running them together (the same batches step by step, so the same rows), and
+ *     every page is free on both at the end.
  * Skips (saying why) without a GPU, with one GPU (the NCCL case) or without NCCL.
  */
 #include "ms_test.h"
@@ -24,9 +29,13 @@
 
 #include "cuda_check.h"
 #include "device_cuda.h"
+#include "engine.h"
 #include "nccl_comm.h"
 #include "page_arena.h"
+#include "pd.h"
 #include "pd_gpu.h"
+
+extern const ms_model_desc ms_llama_desc;
 
 #define LAYERS 3
 #define PAGES 8
@@ -248,11 +257,100 @@ static void test_nccl(void **state) {
             fail_msg("rank %d: %d failed check(s) %s", i, r[i].bad, r[i].msg);
 }
 
+#define NREQ 3
+#define NEW 10
+
+static ms_engine *cuda_engine(void) {
+    ms_engine_options o = ms_engine_options_default();
+    o.model_path = ms_test_fixture("hf/llama_gqa");
+    o.device = "cuda";
+    o.dtype = "bf16";
+    o.page_size = 16;
+    o.max_seqs = NREQ;
+    o.max_tokens = 128;
+    o.prefix_cache = false;
+    ms_engine *e = NULL;
+    ms_error err = {0};
+    if (ms_engine_init(&e, &ms_llama_desc, &o, &err) != MS_OK)
+        fail_msg("init on cuda: %s", err.msg);
+    return e;
+}
+
+/* Run NREQ greedy requests to the end; pd: prefill on one engine, decode on another. */
+static void engine_run(bool pd, int32_t ids[NREQ][NEW]) {
+    static const int32_t len[NREQ] = {7, 16, 33};
+    ms_engine *p = cuda_engine(), *d = pd ? cuda_engine() : p;
+    const int32_t fp = ms_engine_kv_pages_free(p), fd = ms_engine_kv_pages_free(d);
+    ms_rid rid[NREQ];
+    ms_error err = {0};
+    int32_t prompt[40];
+    for (int32_t i = 0; i < NREQ; i++) {
+        for (int32_t t = 0; t < len[i]; t++)
+            prompt[t] = 3 + (int32_t)((uint32_t)(t * 7919 + i * 104729) % 500u);
+        ms_engine_request rq = {.prompt = prompt, .n_prompt = len[i], .max_new_tokens = NEW,
+                                .ignore_eos = true, .sampling = ms_sampling_greedy()};
+        if (ms_engine_add(p, &rq, &rid[i], &err) != MS_OK)
+            fail_msg("add: %s", err.msg);
+    }
+    if (ms_engine_step(p, NULL, &err) != MS_OK)
+        fail_msg("prefill step: %s", err.msg);
+    if (pd) {
+        for (int32_t i = 0; i < NREQ; i++) {
+            ms_pd_record *rec = NULL, *back = NULL;
+            uint8_t *buf = NULL;
+            size_t n = 0;
+            if (ms_engine_pd_publish(p, rid[i], &rec, &err) != MS_OK ||
+                ms_pd_record_encode(rec, &buf, &n, &err) != MS_OK ||
+                ms_pd_record_decode(buf, n, &back, &err) != MS_OK ||
+                ms_engine_pd_admit(d, back, &rid[i], &err) != MS_OK)
+                fail_msg("handover of request %d: %s", (int)i, err.msg);
+            ms_free(buf);
+            ms_pd_record_free(rec);
+            ms_pd_record_free(back);
+        }
+        assert_int_equal(ms_engine_kv_pages_free(p), fp);
+    }
+    for (int32_t steps = 0; ms_engine_n_active(d) > 0; steps++) {
+        assert_true(steps < 100);
+        if (ms_engine_step(d, NULL, &err) != MS_OK)
+            fail_msg("step: %s", err.msg);
+    }
+    for (int32_t i = 0; i < NREQ; i++) {
+        const int32_t *out;
+        int32_t n;
+        assert_int_equal(ms_engine_output(d, rid[i], &out, &n, NULL), MS_OK);
+        assert_int_equal(n, NEW);
+        memcpy(ids[i], out, sizeof ids[i]);
+        ms_engine_remove(d, rid[i]);
+    }
+    assert_int_equal(ms_engine_kv_pages_free(d), fd);
+    if (pd)
+        ms_engine_free(p);
+    ms_engine_free(d);
+}
+
+static void test_engine_host_cuda(void **state) {
+    (void)state;
+    if (gpu_count() < 1) {
+        print_message("skipped: no CUDA device (the CUDA handover did not run)\n");
+        skip();
+    }
+    int32_t one[NREQ][NEW], two[NREQ][NEW];
+    engine_run(false, one);
+    engine_run(true, two);
+    for (int32_t i = 0; i < NREQ; i++)
+        for (int32_t t = 0; t < NEW; t++)
+            if (one[i][t] != two[i][t])
+                fail_msg("request %d id %d: one engine %d, prefill + decode %d", (int)i, (int)t,
+                         one[i][t], two[i][t]);
+}
+
 int main(void) {
     /* no CUDA call here: test_ipc forks before either process touches CUDA */
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_ipc),
         cmocka_unit_test(test_nccl),
+        cmocka_unit_test(test_engine_host_cuda),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
