@@ -10,6 +10,8 @@
  * Cases:
  *   - 5 concurrent requests of prompts 5, 16 (one full page), 17, 32 (two full pages: on a
  *     page boundary) and 40 tokens, greedy and seeded-sampled (top_p, per-request seeds);
+ *   - the decode engine's prefix cache already holding the 40-token prompt's first 2 pages: its
+ *     admit adopts them and the host transfer copies fewer bytes (token_begin > 0), same ids;
  *   - an injected transfer failure (a wrapper around the engine's host transfer: one request's
  *     start fails, another's transfer reports FAILED when polled): those requests alone fail
  *     (MS_ERR_IO naming the request, their pages freed), the others give the reference ids;
@@ -41,6 +43,7 @@ typedef struct run_out {
     int32_t n_ids[NREQ];
     float logits[NREQ][MAXNEW][VOCAB];
     ms_status admit[NREQ];  /* PD run: what ms_engine_pd_admit returned */
+    uint64_t xfer_bytes;    /* PD run: bytes the decode engine's host transfer copied */
 } run_out;
 
 /* A transfer wrapping the engine's host transfer: the fail_start-th start fails, the
@@ -83,13 +86,13 @@ static void make_prompt(int32_t *p, int32_t n, uint32_t s) {
     }
 }
 
-static ms_engine *make_engine(fail_xfer *fx) {
+static ms_engine *make_engine(fail_xfer *fx, bool cache) {
     ms_engine_options o = ms_engine_options_default();
     o.model_path = ms_test_fixture("hf/llama_gqa");
     o.page_size = PS;
     o.max_seqs = NREQ;
     o.max_tokens = 160;
-    o.prefix_cache = false;
+    o.prefix_cache = cache;
     o.n_threads = 1;
     if (fx != NULL) {
         o.kv_transfer = &fx_iface;
@@ -153,7 +156,7 @@ static bool any_live(const bool *live) {
 
 static void run_one(bool sampled, run_out *out) {
     memset(out, 0, sizeof *out);
-    ms_engine *e = make_engine(NULL);
+    ms_engine *e = make_engine(NULL, false);
     const int32_t free0 = ms_engine_kv_pages_free(e);
     int32_t prompts[NREQ][64];
     ms_rid rids[NREQ];
@@ -177,14 +180,27 @@ static void run_one(bool sampled, run_out *out) {
 }
 
 /* Prefill on P, hand over through the byte form, decode on D (through `fx` when given). */
-static void run_pd(bool sampled, fail_xfer *fx, run_out *out) {
+static void run_pd(bool sampled, fail_xfer *fx, bool d_cache, run_out *out) {
     memset(out, 0, sizeof *out);
-    ms_engine *p = make_engine(NULL), *d = make_engine(fx);
+    ms_engine *p = make_engine(NULL, false), *d = make_engine(fx, d_cache);
     const int32_t p_free0 = ms_engine_kv_pages_free(p), d_free0 = ms_engine_kv_pages_free(d);
     int32_t prompts[NREQ][64];
+    ms_error err = {0};
+    if (d_cache) { /* D caches the 40-token prompt's 2 full pages: its admit transfers the rest */
+        int32_t pr[64];
+        make_prompt(pr, prompt_len[NREQ - 1], 100u + (uint32_t)(NREQ - 1));
+        ms_engine_request rq = make_rq(NREQ - 1, pr, sampled);
+        rq.max_new_tokens = 1;
+        ms_rid r0;
+        if (ms_engine_add(d, &rq, &r0, &err) != MS_OK || ms_engine_step(d, NULL, &err) != MS_OK)
+            fail_msg("seeding D's prefix cache: %s", err.msg);
+        ms_engine_remove(d, r0);
+        ms_prefix_stats ps;
+        ms_engine_prefix_stats(d, &ps);
+        assert_true(ps.entries >= 2); /* the cache lists the prompt's full pages */
+    }
     ms_rid prids[NREQ], drids[NREQ];
     bool live[NREQ];
-    ms_error err = {0};
     for (int32_t i = 0; i < NREQ; i++) {
         make_prompt(prompts[i], prompt_len[i], 100u + (uint32_t)i);
         ms_engine_request rq = make_rq(i, prompts[i], sampled);
@@ -233,7 +249,13 @@ static void run_pd(bool sampled, fail_xfer *fx, run_out *out) {
         collect(d, drids, live, out);
     }
     assert_int_equal(ms_engine_n_active(d), 0);
-    assert_int_equal(ms_engine_kv_pages_free(d), d_free0);
+    out->xfer_bytes = ms_engine_pd_host_transfer(d)->bytes;
+    if (d_cache) { /* the cached pages were adopted, not sent: the host transfer moved fewer */
+        ms_prefix_stats ps;
+        ms_engine_prefix_stats(d, &ps);
+        assert_true(ps.hit_tokens >= 2 * PS);
+    }
+    assert_int_equal(ms_engine_kv_pages_free(d), d_free0); /* cached pages count as free */
     ms_engine_free(p);
     ms_engine_free(d);
 }
@@ -261,14 +283,14 @@ static run_out ref_out, pd_out; /* large: static */
 static void test_round_trip_greedy(void **state) {
     (void)state;
     run_one(false, &ref_out);
-    run_pd(false, NULL, &pd_out);
+    run_pd(false, NULL, false, &pd_out);
     expect_same(&ref_out, &pd_out, -1, -1);
 }
 
 static void test_round_trip_sampled(void **state) {
     (void)state;
     run_one(true, &ref_out);
-    run_pd(true, NULL, &pd_out);
+    run_pd(true, NULL, false, &pd_out);
     expect_same(&ref_out, &pd_out, -1, -1);
     /* the seeds matter: request 0's sampled ids are not all greedy */
     run_out *g = calloc(1, sizeof *g);
@@ -281,11 +303,25 @@ static void test_round_trip_sampled(void **state) {
     assert_true(differs);
 }
 
+/* D's prefix cache holds the first 2 pages of the 40-token prompt: admit adopts them and the
+ * host transfer moves only the tokens after (token_begin > 0); still bitwise the reference. */
+static void test_round_trip_prefix_cached(void **state) {
+    (void)state;
+    run_one(true, &ref_out);
+    run_pd(true, NULL, false, &pd_out);
+    const uint64_t whole = pd_out.xfer_bytes;
+    run_pd(true, NULL, true, &pd_out);
+    expect_same(&ref_out, &pd_out, -1, -1);
+    /* 2 pages of every layer fewer (page_bytes = 2 * 16 tokens * kv heads * head dim * 4) */
+    assert_true(pd_out.xfer_bytes < whole);
+    assert_true(whole > 0);
+}
+
 static void test_transfer_failure(void **state) {
     (void)state;
     run_one(true, &ref_out);
     fail_xfer fx = {.fail_start = 2, .fail_poll = 4};
-    run_pd(true, &fx, &pd_out);
+    run_pd(true, &fx, false, &pd_out);
     assert_int_equal(pd_out.admit[0], MS_OK);
     assert_int_equal(pd_out.admit[1], MS_ERR_IO); /* start failed */
     assert_int_equal(pd_out.admit[2], MS_OK);
@@ -298,7 +334,7 @@ static void test_transfer_failure(void **state) {
 
 static void test_bad_records(void **state) {
     (void)state;
-    ms_engine *p = make_engine(NULL), *d = make_engine(NULL);
+    ms_engine *p = make_engine(NULL, false), *d = make_engine(NULL, false);
     const int32_t d_free0 = ms_engine_kv_pages_free(d);
     int32_t prompt[20];
     make_prompt(prompt, 17, 7);
@@ -349,6 +385,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         ms_unit_test(test_round_trip_greedy),
         ms_unit_test(test_round_trip_sampled),
+        ms_unit_test(test_round_trip_prefix_cached),
         ms_unit_test(test_transfer_failure),
         ms_unit_test(test_bad_records),
     };
