@@ -86,6 +86,8 @@ PY
     make -j2 build/tests/test_graphs_cuda && cp build/tests/test_graphs_cuda "$dir/bin/" || exit 1
     # NCCL communicators (issue [K]): one rank on device 0 (test_nccl.c, MS_NCCL_GPU=1)
     make -j2 build/tests/test_nccl && cp build/tests/test_nccl "$dir/bin/" || exit 1
+    # [pd] CUDA IPC / NCCL KV transfers (test_pd_gpu.c; NCCL part needs 2 GPUs, else it skips)
+    make -j2 build/tests/test_pd_gpu && cp build/tests/test_pd_gpu "$dir/bin/" || exit 1
     # debug sections off every binary: the bundle plus the working tree must stay under the
     # device tool's 64 MiB carry limit
     find "$dir/bin" "$dir/pre" -type f -perm -u+x -exec strip --strip-debug {} + || exit 1
@@ -191,6 +193,7 @@ if [ -n "${MS_GPU_BUNDLE:-}" ]; then
     [ -n "$nccl_dir" ] || nccl_dir=$(find /usr /opt -name libnccl.so.2 2>/dev/null | head -n 1 | xargs -r dirname)
     echo "libnccl.so.2 from: ${nccl_dir:-not found}" >"$OUT/nccl-where.log"
     step nccl 60 env MS_NCCL_GPU=1 LD_LIBRARY_PATH="${nccl_dir:+$nccl_dir:}$LD_LIBRARY_PATH" "$b/bin/test_nccl"
+    step pd-gpu 60 env LD_LIBRARY_PATH="${nccl_dir:+$nccl_dir:}$LD_LIBRARY_PATH" "$b/bin/test_pd_gpu" # [pd]
     # one prompt: bucket 1 is the batch itself, so generate with graphs == --no-graphs, bitwise
     gg=(generate --model "$b/fixtures/hf/llama_gqa" --prompt-ids 1,79,64 --max-new-tokens 24
         --temperature 0 --output ids --tokenizer none --ignore-eos --device cuda)

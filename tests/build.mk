@@ -24,6 +24,9 @@ GPU_TESTS += tests/test_quant_cuda
 GPU_TESTS += tests/test_quant_smollm2_cuda
 $(BUILD)/tests/test_quant_smollm2_cuda: $(BUILD)/obj/gen/llama/llama_gen.o | $(BUILD)/mstar-mkckpt
 $(BUILD)/tests/test_graphs_cuda: $(BUILD)/obj/gen/llama/llama_gen.o
+# [pd] CUDA IPC and NCCL KV transfers (engine/pd_gpu.h); skip without a GPU / 2 GPUs
+GPU_TESTS += tests/test_pd_gpu
+$(BUILD)/tests/test_pd_gpu: $(BUILD)/obj/gen/llama/llama_gen.o
 PROGRAMS += $(BUILD)/tests/bench_kernels
 endif
 TESTS += tests/test_backend_cpu
@@ -100,6 +103,11 @@ $(BUILD)/tests/test_engine_llama: $(BUILD)/obj/gen/llama/llama_gen.o
 # n > 1 choices forked from one prompt's KV: bitwise equal to independent requests
 TESTS += tests/test_engine_fork
 $(BUILD)/tests/test_engine_fork: $(BUILD)/obj/gen/llama/llama_gen.o
+# [pd] prefill -> record bytes -> decode equals one engine, bitwise; injected transfer failures
+TESTS += tests/test_pd
+$(BUILD)/tests/test_pd: $(BUILD)/obj/gen/llama/llama_gen.o
+# [pd] serve --role prefill + --role decode over HTTP equal one serve; bad flags
+TEST_SCRIPTS += tests/pd_cli.sh
 GPU_TESTS += tests/test_engine_fork_cuda
 $(BUILD)/tests/test_engine_fork_cuda: $(BUILD)/obj/gen/llama/llama_gen.o
 # prompt logprobs: every prompt row's logits, equal to a hand log_softmax of the CPU logits

@@ -31,6 +31,11 @@ typedef struct nccl_fns {
     ncclResult_t (*all_gather)(const void *, void *, size_t, ncclDataType_t, ncclComm_t,
                                cudaStream_t);
     const char *(*error_string)(ncclResult_t);
+    /* [pd] point-to-point (optional: NULL when the library lacks them) */
+    ncclResult_t (*send)(const void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+    ncclResult_t (*recv)(void *, size_t, ncclDataType_t, int, ncclComm_t, cudaStream_t);
+    ncclResult_t (*group_start)(void);
+    ncclResult_t (*group_end)(void);
 } nccl_fns;
 
 static nccl_fns g_nccl;
@@ -62,6 +67,11 @@ static void load_once(void) {
     SYM(all_gather, "ncclAllGather");
     SYM(error_string, "ncclGetErrorString");
 #undef SYM
+    /* [pd] send / recv (NCCL >= 2.7): KV transfer between a prefill and a decode engine */
+    *(void **)&g_nccl.send = dlsym(h, "ncclSend");
+    *(void **)&g_nccl.recv = dlsym(h, "ncclRecv");
+    *(void **)&g_nccl.group_start = dlsym(h, "ncclGroupStart");
+    *(void **)&g_nccl.group_end = dlsym(h, "ncclGroupEnd");
     g_loaded = true;
 }
 
@@ -282,3 +292,37 @@ ms_collective ms_nccl_collective(ms_nccl_comm *c) {
     ms_collective k = {&nccl_collective_iface, c, c->rank, c->world};
     return k;
 }
+
+/* ---- [pd] point-to-point ---- */
+
+ms_status ms_nccl_p2p(ms_nccl_comm *c, const ms_nccl_p2p_op *ops, int32_t n, void *stream,
+                      ms_error *err) {
+    MS_TRY(need_nccl(err));
+    if (g_nccl.send == NULL || g_nccl.recv == NULL || g_nccl.group_start == NULL ||
+        g_nccl.group_end == NULL)
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "nccl: this libnccl.so.2 has no ncclSend / "
+                       "ncclRecv (NCCL 2.7 or newer is needed)");
+    for (int32_t i = 0; i < n; i++)
+        if (ops[i].peer < 0 || ops[i].peer >= c->world || ops[i].peer == c->rank ||
+            ops[i].buf == NULL)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG, "nccl: p2p op %d: peer %d of %d (rank %d)",
+                           (int)i, (int)ops[i].peer, (int)c->world, (int)c->rank);
+    cudaStream_t s = stream != NULL ? (cudaStream_t)stream : c->stream;
+    CUDA_TRY(err, "cudaSetDevice", cudaSetDevice(c->device));
+    NCCL_TRY(err, "ncclGroupStart", g_nccl.group_start());
+    ncclResult_t r = ncclSuccess;
+    for (int32_t i = 0; i < n && r == ncclSuccess; i++)
+        r = ops[i].send ? g_nccl.send(ops[i].buf, ops[i].bytes, ncclUint8, ops[i].peer, c->comm, s)
+                        : g_nccl.recv(ops[i].buf, ops[i].bytes, ncclUint8, ops[i].peer, c->comm,
+                                      s);
+    ncclResult_t r2 = g_nccl.group_end();
+    if (r != ncclSuccess)
+        return MS_FAIL(err, MS_ERR_CUDA, "nccl: %s: %s", "ncclSend/ncclRecv",
+                       g_nccl.error_string(r));
+    NCCL_TRY(err, "ncclGroupEnd", r2);
+    if (stream == NULL)
+        CUDA_TRY(err, "p2p", cudaStreamSynchronize(s));
+    return MS_OK;
+}
+
+int32_t ms_nccl_rank(const ms_nccl_comm *c) { return c->rank; }

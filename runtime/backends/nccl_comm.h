@@ -74,6 +74,28 @@ ms_status ms_nccl_all_gather_rows(ms_nccl_comm *c, const float *send, int64_t ro
  * through device buffers, synchronous). */
 ms_collective ms_nccl_collective(ms_nccl_comm *c);
 
+/* [pd] One point-to-point operation: send or receive `bytes` at device address buf to / from
+ * rank `peer`. */
+typedef struct ms_nccl_p2p_op {
+    bool send;     /* true: ncclSend, false: ncclRecv */
+    void *buf;     /* device memory */
+    size_t bytes;
+    int32_t peer;
+} ms_nccl_p2p_op;
+
+/*
+ * [pd] Run ops[0..n) as one NCCL group (ncclGroupStart / ncclSend / ncclRecv / ncclGroupEnd,
+ * bytes as ncclUint8) on `stream` (a cudaStream_t; NULL: the communicator's, then waited for).
+ * The peer runs the matching ops in the same order. KV pages from a prefill engine's arena to a
+ * decode engine's (docs/pd.md). Errors: MS_ERR_UNSUPPORTED (no NCCL, or one without
+ * send/recv), MS_ERR_INVALID_ARG (a peer out of range or this rank), MS_ERR_CUDA.
+ */
+ms_status ms_nccl_p2p(ms_nccl_comm *c, const ms_nccl_p2p_op *ops, int32_t n, void *stream,
+                      ms_error *err);
+
+/* [pd] This communicator's rank. */
+int32_t ms_nccl_rank(const ms_nccl_comm *c);
+
 #ifdef __cplusplus
 }
 #endif

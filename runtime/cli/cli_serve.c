@@ -51,6 +51,8 @@
 
 #include "chat_template.h"
 #include "engine.h"
+#include "pd.h"
+#include "pd_http.h"
 #include "sample_res.h"
 #include "serve_request.h"
 #include "threadpool.h"
@@ -131,6 +133,11 @@ typedef struct srv_choice {
     bool plp_sent;              /* stream: they went out (the echo chunk / the first chunk) */
     double t_last;              /* when its last token came (monotonic seconds) */
     struct srv_choice *next_q;  /* FIFO link */
+    /* [pd] (docs/pd.md): a decode server's record from its prefill peer (NULL: prefill here);
+       a prefill server's encoded record of this choice, its reply */
+    ms_pd_record *pd_rec;
+    uint8_t *pd_bytes;
+    size_t n_pd_bytes;
 } srv_choice;
 
 struct srv_job {
@@ -167,6 +174,7 @@ struct srv_job {
     bool sse_end;
     bool counted;               /* its outcome counted in the metrics */
     bool enqueued;              /* counted in srv.n_jobs */
+    bool pd_prefill;            /* [pd] POST /v1/pd/prefill: published after its first id */
 };
 
 typedef struct srv_opts {
@@ -178,6 +186,9 @@ typedef struct srv_opts {
     int32_t host_kv_pages;      /* --host-kv-pages: the host tier (engine.h host_kv_pages) */
     float gpu_memory_fraction;  /* --gpu-memory-fraction: 0 unset (engine.h) */
     int32_t tp;                 /* --tp N: tensor-parallel ranks (engine.h tp); 0 = off */
+    const char *role;           /* [pd] --role prefill|decode; NULL: one engine does both */
+    const char *prefill_url;    /* [pd] --prefill-url (decode role): the prefill peer */
+    ms_pd_peer peer;            /* [pd] prefill_url parsed */
 } srv_opts;
 
 struct srv {
@@ -245,6 +256,8 @@ static void job_free(srv_job *j) {
         ms_free(j->ch[i].echo);
         ms_free(j->ch[i].lps);
         ms_free(j->ch[i].plp);
+        ms_pd_record_free(j->ch[i].pd_rec); /* [pd] */
+        ms_free(j->ch[i].pd_bytes);
     }
     for (int32_t i = 0; i < j->n_stops; i++)
         ms_free(j->stops[i]);
@@ -669,6 +682,9 @@ static void choice_finish(srv *s, srv_choice *c, int32_t slot) {
 }
 
 static void job_fail(srv_job *j, unsigned status, const char *msg);
+/* [pd] prefill/decode roles (docs/pd.md), defined at the end of the file */
+static bool pd_harvest_prefill(srv *s, srv_choice *c, int32_t n, ms_finish_reason why);
+static ms_status pd_admit_choice(srv *s, srv_choice *c, ms_error *err);
 
 /* The logprobs of c's one new id out[n - 1] from the last step's logits, the row it was sampled
    from (penalties applied: sample_res mixes them into the host logits before sampling). false
@@ -712,6 +728,8 @@ static bool choice_harvest(srv *s, srv_choice *c) {
         c->finish = "error";
         return true;
     }
+    if (j->pd_prefill) /* [pd] */
+        return pd_harvest_prefill(s, c, n, why);
     if (j->plp_top >= 0 && c->plp == NULL) { /* prompt logprobs, once the prefill made them */
         const ms_engine_prompt_logprob *lp;
         int32_t n_lp = 0;
@@ -878,7 +896,9 @@ static void *sched_main(void *arg) {
             } else if (first != c && first->state == CH_RUNNING) {
                 st = ms_engine_fork(s->eng, first->rid, &rq, &c->rid, &err);
             }
-            if (st == MS_ERR_UNSUPPORTED)
+            if (c->pd_rec != NULL) /* [pd] prefilled by the peer: decode it here */
+                st = pd_admit_choice(s, c, &err);
+            else if (st == MS_ERR_UNSUPPORTED)
                 st = ms_engine_add(s->eng, &rq, &c->rid, &err);
             if (st == MS_OK && j->has_extra) { /* min_p, penalties: the sampler resource's */
                 ms_sample_res *sr = ms_engine_sampler(s->eng);
@@ -1163,8 +1183,13 @@ static bool client_gone(struct MHD_Connection *con) {
     return (p.revents & POLLIN) && recv(ci->connect_fd, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0;
 }
 
-static enum MHD_Result handle_completion(srv *s, struct MHD_Connection *con, srv_conn *cc,
-                                         bool chat) {
+static unsigned pd_prefill_check(srv_job *j, char *msg, size_t cap);            /* [pd] */
+static unsigned pd_fetch_records(srv *s, srv_job *j, char *msg, size_t cap);    /* [pd] */
+static enum MHD_Result pd_reply_record(srv *s, struct MHD_Connection *con, srv_job *j);
+static int pd_check_opts(srv_opts *o, const char *prog);                       /* [pd] */
+
+static enum MHD_Result handle_completion_pd(srv *s, struct MHD_Connection *con, srv_conn *cc,
+                                            bool chat, bool pd_prefill) {
     ms_serve_ctx pc = srv_parse_ctx(s);
     ms_serve_request *rq = NULL;
     ms_serve_error e;
@@ -1174,6 +1199,18 @@ static enum MHD_Result handle_completion(srv *s, struct MHD_Connection *con, srv
     ms_serve_request_free(rq);
     if (j == NULL)
         return reply_error(s, con, 500, NULL, NULL, "out of memory");
+    { /* [pd] a prefill for the decode peer, or a decode server asking its peer */
+        unsigned pst = 0;
+        char pmsg[MS_ERROR_MSG_MAX + 64] = "";
+        if (pd_prefill)
+            pst = pd_prefill_check(j, pmsg, sizeof pmsg);
+        else if (s->o.role != NULL && strcmp(s->o.role, "decode") == 0)
+            pst = pd_fetch_records(s, j, pmsg, sizeof pmsg);
+        if (pst != 0) {
+            job_free(j);
+            return reply_error(s, con, pst, NULL, NULL, "%s", pmsg);
+        }
+    }
     pthread_mutex_lock(&s->mu);
     if (s->stopping || s->n_queued + j->n_ch > s->o.max_queue) {
         bool stopping = s->stopping;
@@ -1228,6 +1265,8 @@ static enum MHD_Result handle_completion(srv *s, struct MHD_Connection *con, srv
         pthread_mutex_unlock(&s->mu);
         return reply_error(s, con, st, NULL, NULL, "%s", msg);
     }
+    if (j->pd_prefill) /* [pd] the record's bytes */
+        return pd_reply_record(s, con, j);
     if (j->stream) {
         pthread_mutex_unlock(&s->mu);
         struct MHD_Response *r =
@@ -1452,7 +1491,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *con, const c
     if (strcmp(url, "/v1/completions") == 0) {
         if (!post)
             return reply_error(s, con, 405, NULL, NULL, "use POST for /v1/completions");
-        return handle_completion(s, con, cc, false);
+        return handle_completion_pd(s, con, cc, false, false);
     }
     if (strcmp(url, "/v1/chat/completions") == 0) {
         if (!post)
@@ -1461,7 +1500,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *con, const c
             return reply_error(s, con, 501, NULL, "not_implemented",
                                "chat needs a tokenizer and the server has none: use /v1/completions "
                                "with token ids");
-        return handle_completion(s, con, cc, true);
+        return handle_completion_pd(s, con, cc, true, false);
+    }
+    if (strcmp(url, "/v1/pd/prefill") == 0 && s->o.role != NULL &&
+        strcmp(s->o.role, "prefill") == 0) { /* [pd] the decode peer's prefill */
+        if (!post)
+            return reply_error(s, con, 405, NULL, NULL, "use POST for /v1/pd/prefill");
+        return handle_completion_pd(s, con, cc, false, true);
     }
     if (strcmp(url, "/v1/models") == 0 && get)
         return handle_models(s, con, NULL);
@@ -1498,6 +1543,7 @@ static void serve_usage(FILE *to, const char *prog) {
             "           [--device auto|cpu|cuda] [--dtype auto|f32|bf16] [--threads N]\n"
             "           [--chat-template FILE.jinja|tokenizer_config.json] [--no-graphs]\n"
             "           [--no-prefix-cache] [--prompt-logprobs-rows N] [--tp N]\n"
+            "           [--role prefill | --role decode --prefill-url http://HOST:PORT]\n"
             "  OpenAI-compatible HTTP server: POST /v1/completions, /v1/chat/completions (the\n"
             "  chat template: --chat-template, else the tokenizer's or the model folder's\n"
             "  tokenizer_config.json), GET /v1/models, /health, /metrics. --host defaults to\n"
@@ -1508,7 +1554,9 @@ static void serve_usage(FILE *to, const char *prog) {
             "  --gpu-memory-fraction F in (0, 1] sizes the device KV from the memory free\n"
             "  after the weights (cuda; instead of --kv-pages). Prompt logprobs (echo with\n"
             "  logprobs, prompt_logprobs) return up to --prompt-logprobs-rows (64; 0: not\n"
-            "  served) prompt rows' logits a step.\n",
+            "  served) prompt rows' logits a step. --role splits prefill from decode\n"
+            "  (docs/pd.md): clients talk to the decode server, which has the prefill\n"
+            "  server compute each prompt and send back its KV, then decodes it.\n",
             prog);
 }
 
@@ -1525,7 +1573,8 @@ static int parse_serve(int argc, char **argv, srv_opts *o, const char *prog) {
         "--model", "--tokenizer", "--host", "--port", "--api-key", "--max-seqs",
         "--max-tokens-per-step", "--device", "--dtype", "--page-size", "--threads",
         "--max-queue", "--kv-pages", "--chat-template", "--host-kv-pages",
-        "--gpu-memory-fraction", "--prompt-logprobs-rows", "--tp"};
+        "--gpu-memory-fraction", "--prompt-logprobs-rows", "--tp",
+        "--role", "--prefill-url"}; /* [pd] the last two */
     bool seen[MS_ARRAY_LEN(with_value)] = {false};
     for (int i = 0; i < argc; i++) {
         const char *a = argv[i];
@@ -1632,6 +1681,10 @@ static int parse_serve(int argc, char **argv, srv_opts *o, const char *prog) {
                 return 1;
             }
             o->device = v;
+        } else if (strcmp(a, "--role") == 0) { /* [pd] */
+            o->role = v;
+        } else if (strcmp(a, "--prefill-url") == 0) {
+            o->prefill_url = v;
         } else if (strcmp(a, "--dtype") == 0) {
             if (strcmp(v, "auto") != 0 && strcmp(v, "f32") != 0 && strcmp(v, "bf16") != 0) {
                 fprintf(stderr, "%s: --dtype: '", prog);
@@ -1647,6 +1700,8 @@ static int parse_serve(int argc, char **argv, srv_opts *o, const char *prog) {
         fprintf(stderr, "%s: --model is required\n", prog);
         return 2;
     }
+    if (pd_check_opts(o, prog) != 0) /* [pd] */
+        return 1;
     if (o->gpu_memory_fraction > 0 && o->kv_pages > 0) {
         fprintf(stderr, "%s: --gpu-memory-fraction and --kv-pages both size the KV arena (give "
                         "one)\n", prog);
@@ -1970,4 +2025,157 @@ done:
     ms_free(s.name);
     ms_free(dir);
     return rc;
+}
+
+/* ---- [pd] prefill / decode roles (docs/pd.md) ----
+ * The client talks to the decode server. For each choice it POSTs the prompt ids and the
+ * resolved sampling settings to its prefill peer's /v1/pd/prefill (a completions body); the
+ * prefill server runs the prompt to its first id, publishes the request (engine.h
+ * ms_engine_pd_publish) and replies with the record's bytes (pd.h, application/octet-stream);
+ * the decode server admits it (ms_engine_pd_admit: the KV moves through the host transfer) and
+ * decodes to the end. A request that finishes at its first id (eos) gets 409 from the peer and
+ * is prefilled by the decode server itself; max_tokens < 2 never asks the peer. */
+
+/* A prefill server's choice after a step (under mu): published once it has its first id. */
+static bool pd_harvest_prefill(srv *s, srv_choice *c, int32_t n, ms_finish_reason why) {
+    srv_job *j = c->job;
+    if (why != MS_FINISH_NONE) {
+        job_fail(j, 409, "the request finished at its first id: nothing to hand over");
+        c->finish = "stop";
+        return true;
+    }
+    if (n < 1)
+        return false; /* still prefilling */
+    ms_pd_record *rec = NULL;
+    ms_error err = {0};
+    ms_status st = ms_engine_pd_publish(s->eng, c->rid, &rec, &err);
+    if (st == MS_OK)
+        st = ms_pd_record_encode(rec, &c->pd_bytes, &c->n_pd_bytes, &err);
+    ms_pd_record_free(rec);
+    if (st != MS_OK) {
+        srv_log(s, "%s: pd publish: %s", j->id, err.msg);
+        job_fail(j, 500, err.msg);
+        c->finish = "error";
+        return true;
+    }
+    c->n_gen = n;
+    c->finish = "length";
+    return true;
+}
+
+/* A decode server's choice joining the engine from its record (under mu; the record is used). */
+static ms_status pd_admit_choice(srv *s, srv_choice *c, ms_error *err) {
+    ms_status st = ms_engine_pd_admit(s->eng, c->pd_rec, &c->rid, err);
+    ms_pd_record_free(c->pd_rec);
+    c->pd_rec = NULL;
+    return st;
+}
+
+/* Settings a record does not carry (pd.h): refused on both roles with 400. */
+static const char *pd_unsupported(const srv_job *j) {
+    if (j->logprobs >= 0 || j->prompt_logprobs >= 0 || j->echo_lp)
+        return "logprobs";
+    if (j->has_extra)
+        return "min_p and penalties";
+    return NULL;
+}
+
+static unsigned pd_prefill_check(srv_job *j, char *msg, size_t cap) {
+    const char *what = pd_unsupported(j);
+    if (what == NULL && (j->n_ch != 1 || j->stream || j->max_tokens < 2))
+        what = "n > 1, stream or max_tokens < 2";
+    if (what != NULL) {
+        snprintf(msg, cap, "/v1/pd/prefill: %s not served on a prefill server", what);
+        return 400;
+    }
+    j->pd_prefill = true;
+    return 0;
+}
+
+static unsigned pd_fetch_records(srv *s, srv_job *j, char *msg, size_t cap) {
+    const char *what = pd_unsupported(j);
+    if (what != NULL) {
+        snprintf(msg, cap, "%s: not served with --role decode (docs/pd.md)", what);
+        return 400;
+    }
+    if (j->max_tokens < 2)
+        return 0; /* nothing to decode after the first id: prefilled here */
+    for (int32_t i = 0; i < j->n_ch; i++) {
+        srv_choice *c = &j->ch[i];
+        c->seed &= (uint64_t)INT64_MAX; /* a JSON integer; an unseeded request's seed is random */
+        json_t *ids = ids_json(c->prompt, (size_t)c->n_prompt);
+        json_t *b = json_pack("{s:o, s:i, s:f, s:f, s:i, s:I, s:b}", "prompt", ids, "max_tokens",
+                              (int)j->max_tokens, "temperature", (double)j->sampling.temperature,
+                              "top_p", (double)j->sampling.top_p, "top_k",
+                              (int)j->sampling.top_k, "seed", (json_int_t)c->seed, "ignore_eos",
+                              (int)j->ignore_eos);
+        char *body = b != NULL ? json_dumps(b, JSON_COMPACT) : NULL;
+        json_decref(b);
+        if (body == NULL) {
+            snprintf(msg, cap, "out of memory");
+            return 500;
+        }
+        unsigned code = 0;
+        uint8_t *reply = NULL;
+        size_t n = 0;
+        char type[64];
+        ms_error err = {0};
+        ms_status st = ms_pd_http_post(&s->o.peer, "/v1/pd/prefill", body, strlen(body), 600,
+                                       (size_t)1 << 34, &code, &reply, &n, type, &err);
+        free(body);
+        if (st == MS_OK && code == 200 && strcmp(type, "application/octet-stream") == 0)
+            st = ms_pd_record_decode(reply, n, &c->pd_rec, &err);
+        else if (st == MS_OK && code != 409) {
+            snprintf(err.msg, sizeof err.msg, "HTTP %u: %.200s", code, (const char *)reply);
+            st = MS_ERR_IO;
+        }
+        ms_free(reply);
+        if (st != MS_OK) {
+            srv_log(s, "prefill peer %s: %s", s->o.prefill_url, err.msg);
+            snprintf(msg, cap, "prefill peer %s: %s", s->o.prefill_url, err.msg);
+            return 502;
+        }
+    }
+    return 0;
+}
+
+/* The prefill reply (under mu, which it releases). */
+static enum MHD_Result pd_reply_record(srv *s, struct MHD_Connection *con, srv_job *j) {
+    const srv_choice *c = &j->ch[0];
+    enum MHD_Result ret = reply_raw(con, 200, "application/octet-stream",
+                                    (const char *)c->pd_bytes, c->n_pd_bytes);
+    job_release_handler(j);
+    pthread_mutex_unlock(&s->mu);
+    return ret;
+}
+
+static int pd_check_opts(srv_opts *o, const char *prog) {
+    const bool decode = o->role != NULL && strcmp(o->role, "decode") == 0;
+    if (o->role != NULL && !decode && strcmp(o->role, "prefill") != 0) {
+        fprintf(stderr, "%s: --role: '", prog);
+        ms_cli_put_escaped(stderr, o->role, 200);
+        fputs("' is not prefill or decode\n", stderr);
+        return 1;
+    }
+    if (o->prefill_url != NULL && !decode) {
+        fprintf(stderr, "%s: --prefill-url is the decode server's peer: give it with --role "
+                        "decode\n", prog);
+        return 1;
+    }
+    if (decode && o->prefill_url == NULL) {
+        fprintf(stderr, "%s: --role decode needs --prefill-url http://HOST:PORT (its prefill "
+                        "server)\n", prog);
+        return 1;
+    }
+    if (o->role != NULL && o->tp > 1) {
+        fprintf(stderr, "%s: --role with --tp %d: prefill/decode handover covers one rank only "
+                        "(docs/pd.md)\n", prog, (int)o->tp);
+        return 1;
+    }
+    ms_error err = {0};
+    if (decode && ms_pd_peer_parse(o->prefill_url, &o->peer, &err) != MS_OK) {
+        fprintf(stderr, "%s: %s\n", prog, err.msg);
+        return 1;
+    }
+    return 0;
 }

@@ -51,6 +51,7 @@
 #define MS_ENGINE_H
 
 #include "graph_exec.h"
+#include "kv_pool.h"
 #include "prefix_cache.h"
 #include "model_desc.h"
 #include "ms_base.h"
@@ -121,6 +122,11 @@ typedef struct ms_engine_options {
     int32_t encode_windows;  /* windows one encoder step batches, each a segment of its own
                                 (1 .. max_seqs); its buffers are sized for them apart from
                                 max_tokens; 0 = the whole windows max_tokens holds (at least 1) */
+    /* [pd] the KV transfer a decode engine's pool pulls published requests through
+       (ms_engine_pd_admit); NULL: the host transfer (kv_transfer_host.h) over this engine's
+       arena, whose context ms_engine_pd_host_transfer returns (a caller may wrap it) */
+    const ms_kv_transfer_i *kv_transfer;
+    void *kv_transfer_ctx;
 } ms_engine_options;
 
 /* Defaults: device "cpu", page_size 0, max_seqs 8, max_tokens 2048, kv_pages 0, max_seq_len 0,
@@ -544,6 +550,44 @@ int32_t ms_engine_tp_world(const ms_engine *e);
  * and ms_engine_kv_pages_free), NULL when r is out of range. Borrowed; read only, between
  * calls on e. */
 const ms_engine *ms_engine_tp_rank(const ms_engine *e, int32_t r);
+
+/* ---- [pd] prefill/decode disaggregation (pd.h, docs/pd.md) ---- */
+
+struct ms_pd_record;
+
+/*
+ * Prefill side: hand request rid over. It must have finished its prefill and be decoding (at
+ * least one id sampled, standing at its walk's loop, not finished, not offloaded): the engine
+ * synchronizes, publishes its KV pool streams, copies their pages' contents to the host
+ * (ms_kv_payload), records its prompt, settings, ids, the sampler's draw counter and the
+ * positions counters into a new record *out (caller-owned, ms_pd_record_free), then removes
+ * the request (its pages return to the arena). One-node token models, one stream per request
+ * (no guided pair, explicit positions or prompt logprobs), no tensor parallelism, no min_p /
+ * penalties. Errors (the request is left as it was): MS_ERR_NOT_FOUND (unknown rid),
+ * MS_ERR_STATE (still prefilling, finished, offloaded), MS_ERR_UNSUPPORTED (the cases above),
+ * MS_ERR_OOM, device copy errors.
+ */
+ms_status ms_engine_pd_publish(ms_engine *e, ms_rid rid, struct ms_pd_record **out,
+                               ms_error *err);
+
+/*
+ * Decode side: add the request a prefill engine published. It is added as ms_engine_add would
+ * (same checks and capacity), then its KV pool admit_retrieves the record's streams through the
+ * engine's transfer (options.kv_transfer; waits for it), its positions and draw counter are set
+ * from the record and its ids so far become its output: the next ms_engine_step decodes it as
+ * the one engine that prefilled it would have (bitwise on the CPU). The record is borrowed (it
+ * may be freed after the call). A failed transfer fails this request only: it is removed (its
+ * pages freed), the others are untouched, and the call returns MS_ERR_IO naming the request.
+ * Other errors: MS_ERR_INVALID_ARG (a record inconsistent with itself or this model: stream
+ * lengths, labels, page geometry), MS_ERR_CAPACITY (no pages or slots now: retry later),
+ * ms_engine_add's errors, MS_ERR_UNSUPPORTED (as for publish).
+ */
+ms_status ms_engine_pd_admit(ms_engine *e, const struct ms_pd_record *rec, ms_rid *rid,
+                             ms_error *err);
+
+/* The engine's built-in host transfer context (kv_transfer_host.h ms_kv_host_transfer over its
+ * arena) for a caller wrapping it in options.kv_transfer; NULL for a model of several nodes. */
+struct ms_kv_host_transfer *ms_engine_pd_host_transfer(ms_engine *e);
 
 #ifdef __cplusplus
 }

@@ -302,3 +302,26 @@ ms_status ms_sample_res_observe(ms_sample_res *s, ms_rid rid, const int32_t *ids
                            (unsigned long long)rid);
     return MS_OK;
 }
+
+/* [pd] */
+ms_status ms_sample_res_pd_state(const ms_sample_res *s, ms_rid rid, ms_sampling_params *params,
+                                 uint64_t *draw, bool *has_extra, ms_error *err) {
+    const sample_state *st = ms_rid_map_get(&s->map, rid);
+    if (st == NULL)
+        return MS_FAIL(err, MS_ERR_NOT_FOUND, "sampler: unknown request %llu",
+                       (unsigned long long)rid);
+    *params = st->row.params;
+    *draw = st->row.draw;
+    *has_extra = st->row.min_p != 0.0f || !ms_sampler_penalties_off(&st->penalties) ||
+                 st->guidance_scale != 1.0f;
+    return MS_OK;
+}
+
+ms_status ms_sample_res_pd_set_draw(ms_sample_res *s, ms_rid rid, uint64_t draw, ms_error *err) {
+    sample_state *st = ms_rid_map_get(&s->map, rid);
+    if (st == NULL)
+        return MS_FAIL(err, MS_ERR_NOT_FOUND, "sampler: unknown request %llu",
+                       (unsigned long long)rid);
+    st->row.draw = draw;
+    return MS_OK;
+}

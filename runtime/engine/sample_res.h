@@ -81,6 +81,16 @@ ms_status ms_sample_res_set_extra(ms_sample_res *s, ms_rid rid, const ms_sample_
 ms_status ms_sample_res_observe(ms_sample_res *s, ms_rid rid, const int32_t *ids, int32_t n,
                                 bool prompt, ms_error *err);
 
+/* [pd] rid's sampling parameters and draw counter (the sampler's whole state: a draw is a pure
+ * function of (seed, draw)), and whether it has settings a pd record does not carry (min_p,
+ * penalties, a guidance scale). Errors: MS_ERR_NOT_FOUND (unknown rid). */
+ms_status ms_sample_res_pd_state(const ms_sample_res *s, ms_rid rid, ms_sampling_params *params,
+                                 uint64_t *draw, bool *has_extra, ms_error *err);
+
+/* [pd] Set rid's draw counter (a decode engine continuing a published request). Errors:
+ * MS_ERR_NOT_FOUND (unknown rid). */
+ms_status ms_sample_res_pd_set_draw(ms_sample_res *s, ms_rid rid, uint64_t draw, ms_error *err);
+
 #ifdef __cplusplus
 }
 #endif
