@@ -1051,17 +1051,23 @@ typedef struct attn_job {
     int32_t n_tasks;
 } attn_job;
 
-/* View of packed token t (binary search over qo_indptr). */
-static int32_t seq_of_token(const ms_attn_batch *b, int32_t t) {
-    int32_t lo = 0, hi = b->n_seqs - 1;
+/* The segment i of n holding packed row t: the last i with indptr[i] <= t (binary search over
+ * an indptr of n + 1 ascending offsets, FlashInfer's qo_indptr layout). */
+static int32_t indptr_find(const int32_t *indptr, int32_t n, int32_t t) {
+    int32_t lo = 0, hi = n - 1;
     while (lo < hi) {
         int32_t mid = (lo + hi + 1) / 2;
-        if (b->qo_indptr[mid] <= t)
+        if (indptr[mid] <= t)
             lo = mid;
         else
             hi = mid - 1;
     }
     return lo;
+}
+
+/* View of packed token t (its sequence in qo_indptr). */
+static int32_t seq_of_token(const ms_attn_batch *b, int32_t t) {
+    return indptr_find(b->qo_indptr, b->n_seqs, t);
 }
 
 /* Pointer to the f32 key/value row of (logical index k of view i, head g); converts into tmp
@@ -1201,17 +1207,9 @@ typedef struct dense_job {
     int32_t n_tasks;
 } dense_job;
 
-/* Segment of packed row t (binary search over the host offsets). */
+/* Segment of packed row t (its window in the host offsets). */
 static int32_t dense_seg_of(const ms_dense_batch *db, int32_t t) {
-    int32_t lo = 0, hi = db->n_seqs - 1;
-    while (lo < hi) {
-        int32_t mid = (lo + hi + 1) / 2;
-        if (db->indptr[mid] <= t)
-            lo = mid;
-        else
-            hi = mid - 1;
-    }
-    return lo;
+    return indptr_find(db->indptr, db->n_seqs, t);
 }
 
 /* One (row, KV head) item per iteration: the same online softmax, key order and head chunks as
