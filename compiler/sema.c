@@ -2090,8 +2090,9 @@ static fval method_call(sema *s, ms_ast_expr *e, const ms_resource *r, const cha
             const ms_ast_expr *qdim = mul_dims(s, qh, hd);
             const ms_ast_expr *kvdim = mul_dims(s, kvh, hd);
             if (r->kind == MS_RESOURCE_SCRATCH) {
-                const ms_ast_expr *dims[2] = {v[0].rank > 0 ? v[0].dims[0] : NULL, last_dim(&v[0])};
-                return tensor(s, v[0].rank > 0 ? v[0].rank : 2, dims);
+                /* q's shape (a 2-D array sized for rank 2 overflowed on a q of higher rank:
+                   fuzz_dsl) */
+                return v[0].rank > 0 ? tensor(s, v[0].rank, v[0].dims) : tensor(s, 2, NULL);
             }
             if (!write && v[0].t == MS_TYPE_TENSOR && !dims_eq(s, last_dim(&v[0]), qdim))
                 dim_mismatch(s, pos_arg(e, 0)->loc, fn, "q's last dimension", last_dim(&v[0]),
