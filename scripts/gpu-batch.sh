@@ -9,6 +9,7 @@
 #       scripts/gpu-batch.sh --bundle DIR     (DIR must be ignored by git, e.g. listed in
 #                                              .git/info/exclude; name it in the call's carry)
 #     then on the device machine:              MS_GPU_BUNDLE=DIR scripts/gpu-batch.sh
+#     (or MS_GPU_BUNDLE=DIR.tar.xz: the packed copy --bundle also writes, under the carry limit)
 #
 # The bundle holds the GPU test and benchmark binaries, mstarc, mstar-mkckpt, the generated llama
 # and qwen3 serving binaries, a llama binary with its kernels precompiled by `mstarc --arch sm_90
@@ -92,11 +93,26 @@ PY
     # device tool's 64 MiB carry limit
     find "$dir/bin" "$dir/pre" -type f -perm -u+x -exec strip --strip-debug {} + || exit 1
     du -sh "$dir"
+    # packed too: the directory (about 70 MB with every model binary) is over the carry limit,
+    # the xz tarball about a third of it; carry DIR.tar.xz and set MS_GPU_BUNDLE to it there
+    tar -C "$dir" -cf - . | xz -T2 -6 >"$dir.tar.xz" || exit 1
+    du -sh "$dir.tar.xz"
     exit 0
 fi
 
 OUT=${OUT:-build/gpu-out}
 mkdir -p "$OUT"
+# a packed bundle (DIR.tar.xz from --bundle) is unpacked once into /tmp and used from there
+case "${MS_GPU_BUNDLE:-}" in
+*.tar.xz)
+    ub=/tmp/ms-gpu-bundle
+    if [ ! -f "$ub/.unpacked" ]; then
+        rm -rf "$ub" && mkdir -p "$ub" && tar -C "$ub" -xJf "$MS_GPU_BUNDLE" && touch "$ub/.unpacked" ||
+            { echo "cannot unpack $MS_GPU_BUNDLE"; exit 1; }
+    fi
+    MS_GPU_BUNDLE=$ub
+    ;;
+esac
 summary=()
 
 step() { # step NAME LIMIT_SECONDS COMMAND... : run, log to $OUT/NAME.log, record the result

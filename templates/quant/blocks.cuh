@@ -36,9 +36,11 @@ __device__ __forceinline__ float f16_bits(unsigned h) {
     return f;
 }
 /* Correctly rounded float operations that the compiler may not contract into an FMA. */
-__device__ __forceinline__ float mul_rn(float a, float b) { return quant::mul_rn(a, b); }
-__device__ __forceinline__ float add_rn(float a, float b) { return quant::add_rn(a, b); }
-__device__ __forceinline__ float sub_rn(float a, float b) { return quant::sub_rn(a, b); }
+/* (the CUDA intrinsics: these once called themselves, an infinite recursion that NVRTC compiled
+ * into kernels writing nothing, so every quantized weight read as zeros on the GPU) */
+__device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
+__device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
+__device__ __forceinline__ float sub_rn(float a, float b) { return __fsub_rn(a, b); }
 #else
 /* The host build of tests/test_quant_blocks.cpp (compiled with -ffp-contract=off): plain loads and
  * float arithmetic, and the same exact half conversion in integer operations. */
