@@ -3,9 +3,10 @@
  * (ms_engine_request.prompt_logprobs) on the GPU (GPU_TESTS: `make gpu-test`; gpu-batch.sh step
  * "fork"). hf/llama_gqa on device cuda (bf16):
  *   - 4 seeded choices over a 40-token prompt, forked from the first (the partial page copied on
- *     the device, queued on the compute stream after the prefill that wrote it), give the ids of
- *     the same choices added alone; the GPU's rows need not be bitwise batch-independent, so ids
- *     are compared, and logits within 0.05 (bf16);
+ *     the device, queued on the compute stream after the prefill that wrote it), against the same
+ *     choices added alone: the GPU's rows need not be bitwise batch-independent (a sampled id may
+ *     flip near a boundary), so each choice's logits are compared within 0.05 (bf16) up to its
+ *     first differing id, the first id must be equal and most choices equal throughout;
  *   - the pages held once every choice decodes are the parent's plus each fork's own, and every
  *     page is free at the end;
  *   - prompt logprobs (the forward's out_rows over every prompt row, 9 rows a step) equal the
@@ -140,16 +141,40 @@ static void test_fork_cuda(void **state) {
     assert_non_null(lb);
     run(true, a, la);
     run(false, b, lb);
+    /* The forked prompt was prefilled in a batch of 40 rows, the alone ones in one of 160: on the
+     * GPU the two GEMMs need not round alike, so a sampled id may flip where the draw falls near a
+     * boundary of the distribution. Each choice is compared up to its first differing id: every
+     * step's logits until then (that step's included: same history) within 0.05, and the first id
+     * (the prompt's own logits, where a broken KV copy shows first) equal. */
     float worst = 0.0f;
+    int32_t compared = 0, diverged = 0;
     for (int32_t i = 0; i < NC; i++) {
-        for (int32_t t = 0; t < NEW; t++)
+        int32_t t = 0;
+        for (; t < NEW; t++) {
+            const float *x = la + ((size_t)i * NEW + (size_t)t) * VOCAB;
+            const float *y = lb + ((size_t)i * NEW + (size_t)t) * VOCAB;
+            for (int32_t v = 0; v < VOCAB; v++)
+                worst = fmaxf(worst, fabsf(x[v] - y[v]));
+            compared++;
             if (a[i][t] != b[i][t])
-                fail_msg("choice %d id %d: forked %d, alone %d", i, t, a[i][t], b[i][t]);
+                break;
+        }
+        if (t == 0)
+            fail_msg("choice %d: first id forked %d, alone %d", i, a[i][0], b[i][0]);
+        if (t < NEW) {
+            diverged++;
+            printf("choice %d: ids equal for %d of %d, then forked %d, alone %d\n", i, t, NEW, a[i][t],
+                   b[i][t]);
+        }
     }
-    for (size_t k = 0; k < (size_t)NC * NEW * VOCAB; k++)
-        worst = fmaxf(worst, fabsf(la[k] - lb[k]));
-    printf("forked vs alone: ids equal, logits within %g\n", (double)worst);
-    assert_true(worst < 0.05f);
+    printf("forked vs alone: %d of %d choices equal in every id; logits within %g over %d steps\n",
+           NC - diverged, NC, (double)worst, compared);
+    if (!(worst < 0.05f))
+        fail_msg("forked vs alone: logits differ by %g (tolerance 0.05)", (double)worst);
+    if (strcmp(test_device(), "cpu") == 0 && diverged != 0)
+        fail_msg("on the CPU forked and alone choices must be bitwise equal: %d diverged", diverged);
+    if (diverged > NC / 2)
+        fail_msg("forked vs alone: %d of %d choices diverged", diverged, NC);
     free(la);
     free(lb);
 }
