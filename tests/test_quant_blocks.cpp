@@ -3,8 +3,9 @@
  * the host, against the CPU reference ms_ggml_dequantize (bit-exact with ggml): for every type the
  * CUDA backend keeps quantized (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K), 64 blocks of random
  * bytes (f16 scales set to finite random values; plus one block of edge values: zero, subnormal,
- * negative and large scales), every 32-value unit unit(block, sub, w) must give exactly the
- * float32 bits of the CPU's dequantization. Without a GPU this is how CI checks the kernels'
+ * negative and large scales), every 32-value unit unit(block, sub, w) and every 8-value slice
+ * slice(block, sub, p, w) (the GEMV's) must give exactly the float32 bits of the CPU's
+ * dequantization. Without a GPU this is how CI checks the kernels'
  * formulas, bit layouts and unit indexing; test_quant_cuda checks the same on the device.
  *
  * C++ because the template is (compiled here with -ffp-contract=off, as the device code forbids
@@ -29,6 +30,9 @@ extern "C" { /* cmocka.h declares its functions without C linkage for C++ */
 /* the CUDA vocabulary blocks.cuh uses, for a host build */
 #define __device__
 #define __forceinline__ inline
+struct uint2 {
+    unsigned x, y;
+};
 struct uint4 {
     unsigned x, y, z, w;
 };
@@ -109,8 +113,20 @@ template <typename Q> static void check_type(uint32_t type) {
                 }
                 checked++;
             }
+            /* the GEMV's 8-value slices: the same bits as the unit's */
+            for (int p = 0; p < 4; p++) {
+                float v[8];
+                Q::slice(b + (size_t)k * bb, s, p, v);
+                for (int l = 0; l < 8; l++) {
+                    float r = want[(size_t)k * qk + (size_t)s * 32 + (size_t)p * 8 + l];
+                    if (memcmp(&v[l], &r, sizeof r) != 0 && !(isnan(v[l]) && isnan(r)))
+                        fail_msg("%s block %d unit %d slice %d value %d: %.9g, CPU %.9g", ms_ggml_type_name(type),
+                                 k, s, p, l, (double)v[l], (double)r);
+                    checked++;
+                }
+            }
         }
-    printf("%s: %zu values of %d blocks bit-exact with ms_ggml_dequantize\n", ms_ggml_type_name(type), checked,
+    printf("%s: %zu values of %d blocks (units and slices) bit-exact with ms_ggml_dequantize\n", ms_ggml_type_name(type), checked,
            n_blocks);
     free(b);
     free(want);

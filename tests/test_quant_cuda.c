@@ -7,11 +7,12 @@
  * with small random f16 scales; seed printed, MS_TEST_SEED repeats), dequantized on the CPU by
  * ms_ggml_dequantize (bit-exact with ggml). Checks:
  *   - ms_cuda_quant_dequant_bf16 of every row: the bf16 bits of the CPU's float32 values, exactly;
- *   - linear for x rows 1..8 (the exact-width GEMV entries), 13, 16, 20 and 32 (the wide entries
- *     ms_qgemv_16 / _32), with padded x and y strides: |y - ref| <= (in + 2) eps32 sum_i |x_i w_i| (the worst-case bound of fp32
- *     accumulation in any order, ref in double);
- *   - linear for 64 rows (prefill: bf16 dequantization + cuBLAS): x and W rounded to bf16 add
- *     2^-7 sum |x_i w_i|;
+ *   - linear for x rows 1..8 (the exact-width GEMV entries; 5 with padded x and y strides):
+ *     |y - ref| <= (in + 2) eps32 sum_i |x_i w_i| (the worst-case bound of fp32 accumulation in any
+ *     order, ref in double);
+ *   - linear for 9, 13 (padded strides), 32 and 64 rows (bf16 dequantization + cuBLAS): x and W
+ *     rounded to bf16 add 2^-7 sum |x_i w_i|;
+ *   - the 32-value types again at in = 1120 (not a multiple of the GEMV's 256-value chunk);
  *   - bad arguments: an unsupported type names itself, a width that is not a multiple of the block.
  */
 #include "ms_test.h"
@@ -31,7 +32,9 @@
 #include "ms_test_impl.h"
 
 #define ROWS 301
-#define IN 1024
+/* input features: 1024, then 1120 for the 32-value types (a last 256-value GEMV chunk of 96) */
+static int g_in = 1024;
+#define IN g_in
 
 static uint64_t g_rng;
 static cudaStream_t g_stream;
@@ -196,10 +199,10 @@ static void check_type(ms_cuda_quant *q, uint32_t type) {
            bytes);
     for (int n = 1; n <= 8; n++)
         check_linear(q, &w, wf, n, IN, ROWS, false);
-    check_linear(q, &w, wf, 13, IN + 4, ROWS + 3, false); /* ms_qgemv_16 with 13 rows */
-    check_linear(q, &w, wf, 16, IN, ROWS, false);
-    check_linear(q, &w, wf, 20, IN, ROWS, false);         /* ms_qgemv_32 with 20 rows */
-    check_linear(q, &w, wf, 32, IN, ROWS, false);
+    check_linear(q, &w, wf, 5, IN + 4, ROWS + 3, false); /* padded strides */
+    check_linear(q, &w, wf, 9, IN, ROWS, true);          /* the dequantize + GEMM path from 9 rows */
+    check_linear(q, &w, wf, 13, IN + 4, ROWS + 3, true);
+    check_linear(q, &w, wf, 32, IN, ROWS, true);
     check_linear(q, &w, wf, 64, IN + 8, ROWS + 1, true);
     cudaFree(d16);
     free(h16);
@@ -218,6 +221,12 @@ static void test_quant_types(void **state) {
                                      MS_GGML_TYPE_Q4_K, MS_GGML_TYPE_Q5_K, MS_GGML_TYPE_Q6_K};
     for (size_t i = 0; i < MS_ARRAY_LEN(types); i++)
         check_type(q, types[i]);
+    /* a width that is not a multiple of 256: the GEMV's last chunk is partial */
+    g_in = 1120;
+    OK(ms_cuda_quant_reserve(q, 64, IN + 8, 0, &err));
+    for (size_t i = 0; i < 4; i++)
+        check_type(q, types[i]);
+    g_in = 1024;
     /* a small tile forces several dequantize + GEMM rounds in the prefill path */
     ms_cuda_quant_free(q);
     q = NULL;

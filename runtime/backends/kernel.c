@@ -35,7 +35,7 @@ static const kernel_op_info op_info[MS_KERNEL_OP_COUNT] = {
     {"attn_dense", "attn/dense.cuh", {"ms_attn_dense", NULL}},
     {"qmatmul", "quant/qmatmul.cuh",
      {"ms_qgemv_1", "ms_qgemv_2", "ms_qgemv_3", "ms_qgemv_4", "ms_qgemv_5", "ms_qgemv_6",
-      "ms_qgemv_7", "ms_qgemv_8", "ms_qgemv_16", "ms_qgemv_32", "ms_qdequant_bf16", "ms_qembed"}},
+      "ms_qgemv_7", "ms_qgemv_8", "ms_qdequant_bf16", "ms_qembed"}},
 };
 
 /* The ggml types qmatmul instantiates: ggml type number, URI word, device block struct
@@ -517,11 +517,7 @@ static ms_status spec_body(const ms_kernel_spec *s, bool shape_macros, const cha
         for (int c = 1; c <= 8; c++)
             emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_QGEMV_THREADS)\n"
                      "ms_qgemv_%d(const ms_qmatmul_params p) {\n"
-                     "    ms::qgemv<cfg::Q, %d, MS_QGEMV_ROWS>(p);\n}\n\n", c, c);
-        for (int c = 16; c <= 32; c *= 2) /* wide: one row per CTA, x rows up to c */
-            emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_QGEMV_THREADS)\n"
-                     "ms_qgemv_%d(const ms_qmatmul_params p) {\n"
-                     "    ms::qgemv<cfg::Q, %d, 1>(p);\n}\n\n", c, c);
+                     "    ms::qgemv<cfg::Q, %d, MS_QGEMV_ROWS_OF(%d)>(p);\n}\n\n", c, c, c);
         emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_QDEQUANT_THREADS)\n"
                  "ms_qdequant_bf16(const ms_qmatmul_params p) {\n"
                  "    ms::qdequant_bf16<cfg::Q>(p);\n}\n\n"

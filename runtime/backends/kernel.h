@@ -127,8 +127,8 @@ ms_kernel_spec ms_kernel_spec_attn_dense(int head_dim);
  * conversion target and the add / gather type is act_dtype (set it after the call). */
 ms_kernel_spec ms_kernel_spec_simple(ms_kernel_op op, ms_kernel_dtype dt);
 /* Quantized matmul over ggml type `qtype` (MS_GGML_TYPE_*): entries ms_qgemv_1 .. ms_qgemv_8
- * (y = x W^T for exactly that many float32 x rows), ms_qgemv_16 and ms_qgemv_32 (up to that many:
- * each weight block read once for all rows), ms_qdequant_bf16 (W to bf16 for the prefill GEMM) and
+ * (y = x W^T for exactly that many float32 x rows), ms_qdequant_bf16 (W to bf16 for the GEMM of
+ * more rows) and
  * ms_qembed (embedding rows of a quantized table as float32);
  * dtype bf16 (the dequantization target), act_dtype f32. URI qmatmul_q4_0_af32_sm90. */
 ms_kernel_spec ms_kernel_spec_qmatmul(int qtype);

@@ -112,6 +112,31 @@ template <int N> __device__ __forceinline__ void ld_bytes16(const unsigned char 
     }
 }
 
+/* Bytes [0, 8) of an A-byte aligned address (A = 2, 4 or 8) with the widest loads A allows. */
+template <int A> __device__ __forceinline__ void ld8(const unsigned char *p, unsigned char (&b)[8]) {
+    static_assert(A == 2 || A == 4 || A == 8, "ld8: 2-, 4- or 8-byte alignment");
+    unsigned lo, hi;
+#ifdef __CUDA_ARCH__
+    if (A == 8) {
+        const uint2 v = __ldg(reinterpret_cast<const uint2 *>(p));
+        lo = v.x;
+        hi = v.y;
+    } else
+#endif
+    if (A >= 4) {
+        lo = ld_u32(p);
+        hi = ld_u32(p + 4);
+    } else {
+        lo = ld_u16(p) | (ld_u16(p + 2) << 16);
+        hi = ld_u16(p + 4) | (ld_u16(p + 6) << 16);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        b[i] = (unsigned char)((lo >> (8 * i)) & 0xffu);
+        b[4 + i] = (unsigned char)((hi >> (8 * i)) & 0xffu);
+    }
+}
+
 /* ggml-quants.c get_scale_min_k4: the j-th 6-bit scale and min of a Q4_K / Q5_K block. */
 __device__ __forceinline__ void scale_min_k4(int j, const unsigned char *q, int &d, int &m) {
     if (j < 4) {
@@ -126,7 +151,9 @@ __device__ __forceinline__ void scale_min_k4(int j, const unsigned char *q, int 
 } // namespace quant
 
 /* ---- the block types: kQK values in kBytes bytes; unit(block, sub, w) -> values
- *      [32 sub, 32 sub + 32) of the block ---- */
+ *      [32 sub, 32 sub + 32) of the block; slice(block, sub, p, w) -> values
+ *      [32 sub + 8 p, 32 sub + 8 p + 8) (p in 0..3), each value bit-identical to unit's: the
+ *      GEMV's lanes take 8 consecutive values each, so a warp's x loads are contiguous ---- */
 
 /// block_q4_0: f16 d; 16 bytes of 4-bit q (low nibbles values 0..15, high 16..31); w = (q - 8) d.
 struct q4_0 {
@@ -140,6 +167,15 @@ struct q4_0 {
             w[j] = quant::mul_rn((float)((v[2 + j] & 0x0F) - 8), d);
             w[j + 16] = quant::mul_rn((float)((v[2 + j] >> 4) - 8), d);
         }
+    }
+    static __device__ __forceinline__ void slice(const unsigned char *b, int, int p, float (&w)[8]) {
+        unsigned char q[8];
+        quant::ld8<2>(b + 2 + 8 * (p & 1), q);
+        const float d = quant::f16_bits(quant::ld_u16(b));
+        const int shift = (p >> 1) * 4;
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            w[k] = quant::mul_rn((float)(((q[k] >> shift) & 0x0F) - 8), d);
     }
 };
 
@@ -156,6 +192,16 @@ struct q4_1 {
             w[j] = quant::add_rn(quant::mul_rn((float)(v[4 + j] & 0x0F), d), m);
             w[j + 16] = quant::add_rn(quant::mul_rn((float)(v[4 + j] >> 4), d), m);
         }
+    }
+    static __device__ __forceinline__ void slice(const unsigned char *b, int, int p, float (&w)[8]) {
+        unsigned char q[8];
+        quant::ld8<4>(b + 4 + 8 * (p & 1), q);
+        const unsigned dm = quant::ld_u32(b);
+        const float d = quant::f16_bits(dm & 0xffffu), m = quant::f16_bits(dm >> 16);
+        const int shift = (p >> 1) * 4;
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            w[k] = quant::add_rn(quant::mul_rn((float)((q[k] >> shift) & 0x0F), d), m);
     }
 };
 
@@ -176,6 +222,18 @@ struct q5_0 {
             w[j + 16] = quant::mul_rn((float)(((v[6 + j] >> 4) | xh1) - 16), d);
         }
     }
+    static __device__ __forceinline__ void slice(const unsigned char *b, int, int p, float (&w)[8]) {
+        unsigned char q[8];
+        quant::ld8<2>(b + 6 + 8 * (p & 1), q);
+        const float d = quant::f16_bits(quant::ld_u16(b));
+        const unsigned qh = quant::ld_u16(b + 2) | (quant::ld_u16(b + 4) << 16);
+        const int shift = (p >> 1) * 4;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const int xh = (int)(((qh >> (8 * p + k)) & 1u) << 4); /* bit j of qh is value j's 5th */
+            w[k] = quant::mul_rn((float)((((q[k] >> shift) & 0x0F) | xh) - 16), d);
+        }
+    }
 };
 
 /// block_q8_0: f16 d; 32 int8 q; w = q d.
@@ -188,6 +246,14 @@ struct q8_0 {
 #pragma unroll
         for (int j = 0; j < 32; j++)
             w[j] = quant::mul_rn((float)(signed char)v[2 + j], d);
+    }
+    static __device__ __forceinline__ void slice(const unsigned char *b, int, int p, float (&w)[8]) {
+        unsigned char q[8];
+        quant::ld8<2>(b + 2 + 8 * p, q);
+        const float d = quant::f16_bits(quant::ld_u16(b));
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            w[k] = quant::mul_rn((float)(signed char)q[k], d);
     }
 };
 
@@ -208,6 +274,20 @@ struct q4_k {
 #pragma unroll
         for (int l = 0; l < 32; l++)
             w[l] = quant::sub_rn(quant::mul_rn(d1, (float)((q[l] >> shift) & 0xF)), m1);
+    }
+    static __device__ __forceinline__ void slice(const unsigned char *b, int s, int p, float (&w)[8]) {
+        unsigned char h[16], q[8];
+        quant::ld_bytes16<16>(b, h);
+        quant::ld8<8>(b + 16 + 32 * (s >> 1) + 8 * p, q);
+        const float d = quant::f16_bits((unsigned)h[0] | ((unsigned)h[1] << 8));
+        const float dmin = quant::f16_bits((unsigned)h[2] | ((unsigned)h[3] << 8));
+        int sc, m;
+        quant::scale_min_k4(s, h + 4, sc, m);
+        const float d1 = quant::mul_rn(d, (float)sc), m1 = quant::mul_rn(dmin, (float)m);
+        const int shift = (s & 1) * 4;
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            w[k] = quant::sub_rn(quant::mul_rn(d1, (float)((q[k] >> shift) & 0xF)), m1);
     }
 };
 
@@ -232,6 +312,24 @@ struct q5_k {
             w[l] = quant::sub_rn(quant::mul_rn(d1, (float)qv), m1);
         }
     }
+    static __device__ __forceinline__ void slice(const unsigned char *b, int s, int p, float (&w)[8]) {
+        unsigned char h[16], qh[8], ql[8];
+        quant::ld_bytes16<16>(b, h);
+        quant::ld8<8>(b + 16 + 8 * p, qh);
+        quant::ld8<8>(b + 48 + 32 * (s >> 1) + 8 * p, ql);
+        const float d = quant::f16_bits((unsigned)h[0] | ((unsigned)h[1] << 8));
+        const float dmin = quant::f16_bits((unsigned)h[2] | ((unsigned)h[3] << 8));
+        int sc, m;
+        quant::scale_min_k4(s, h + 4, sc, m);
+        const float d1 = quant::mul_rn(d, (float)sc), m1 = quant::mul_rn(dmin, (float)m);
+        const int shift = (s & 1) * 4;
+        const unsigned hbit = 1u << s;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const int qv = ((ql[k] >> shift) & 0xF) + ((qh[k] & hbit) ? 16 : 0);
+            w[k] = quant::sub_rn(quant::mul_rn(d1, (float)qv), m1);
+        }
+    }
 };
 
 /// block_q6_K: 128 bytes ql (low 4 bits), 64 bytes qh (high 2 bits), 16 int8 scales, f16 d; value
@@ -253,6 +351,21 @@ struct q6_k {
         for (int l = 0; l < 32; l++) {
             const int qv = (((ql[l] >> lshift) & 0xF) | (((qh[l] >> hshift) & 3) << 4)) - 32;
             w[l] = quant::mul_rn(l < 16 ? ds0 : ds1, (float)qv);
+        }
+    }
+    static __device__ __forceinline__ void slice(const unsigned char *b, int s, int p, float (&w)[8]) {
+        const int n = s >> 2, k4 = s & 3;
+        unsigned char ql[8], qh[8];
+        quant::ld8<2>(b + 64 * n + 32 * (k4 & 1) + 8 * p, ql);
+        quant::ld8<2>(b + 128 + 32 * n + 8 * p, qh);
+        const unsigned scp = quant::ld_u16(b + 192 + 8 * n + 2 * k4);
+        const float d = quant::f16_bits(quant::ld_u16(b + 208));
+        const float ds = quant::mul_rn(d, (float)(signed char)((scp >> (8 * (p >> 1))) & 0xffu));
+        const int lshift = (k4 >> 1) * 4, hshift = 2 * k4;
+#pragma unroll
+        for (int k = 0; k < 8; k++) {
+            const int qv = (((ql[k] >> lshift) & 0xF) | (((qh[k] >> hshift) & 3) << 4)) - 32;
+            w[k] = quant::mul_rn(ds, (float)qv);
         }
     }
 };

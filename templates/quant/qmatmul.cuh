@@ -7,16 +7,16 @@
  * dequantize_row_*, checked on the host by tests/test_quant_blocks.cpp), so qdequant_bf16 gives
  * bf16(dequantize_row_*) exactly.
  *
- * GEMV (ms_qgemv_<NC>): one CTA of MS_QGEMV_THREADS threads computes MS_QGEMV_ROWS output rows
- * (the wide entries ms_qgemv_16 / _32: one row for up to 16 / 32 x rows, so a block is read once
- * per step however many rows the batch has);
- * its threads stride over the 32-value units of the rows (split-K over the whole CTA, so even a
- * 1024-row projection puts 512 CTAs x 4 warps in flight), consecutive threads reading consecutive
- * blocks (coalesced; the 16-byte aligned K-quant blocks with 128-bit loads, the 2-byte aligned
- * legacy blocks with 16/32-bit loads). Each thread dequantizes its unit of both rows into
- * registers, then streams the matching 32 floats of each x row (8 x 128-bit read-only loads,
- * served by L1/L2: x is shared by every CTA) and accumulates in fp32. Partial sums are reduced
- * with warp shuffles and one shared-memory pass in a fixed order (deterministic).
+ * GEMV (ms_qgemv_<NC>, NC = 1..8 x rows; more rows take the dequantize + tensor-core GEMM
+ * path of backend_cuda_quant.c): one CTA of MS_QGEMV_THREADS threads computes R output rows
+ * (MS_QGEMV_ROWS_OF(NC)); the K dimension is split over its warps in chunks of 256 values, and in
+ * a chunk each lane takes 8 consecutive values: its x loads are contiguous across the warp and
+ * kept in registers for all R rows (x is read from L1/L2 once per R rows, not once per row), and
+ * it dequantizes the matching 8-value slice of each row (Q::slice, bit-identical to unit). fp32
+ * accumulation; partial sums reduced with warp shuffles and one shared-memory pass in a fixed
+ * order (deterministic). (The first version had each thread take a whole 32-value unit: its x
+ * loads strided 128 bytes across the warp and each x row was re-read for every pair of rows,
+ * which held Q4_0 decode of an 8B model at 147 tok/s on the H200.)
  */
 #pragma once
 
@@ -29,57 +29,62 @@ namespace ms {
 
 /* ---- kernels ---- */
 
-/// Q: block type; NC: the most x rows (p.n <= NC: rows past p.n are skipped); R: output rows per
-/// CTA (MS_QGEMV_ROWS for the narrow entries, 1 for the wide ones, whose accumulators take the
-/// registers). Grid: ceil(rows / R) CTAs of MS_QGEMV_THREADS threads.
+/// Q: block type; NC: x rows (exactly p.n); R: output rows per CTA (MS_QGEMV_ROWS_OF(NC)).
+/// Grid: ceil(rows / R) CTAs of MS_QGEMV_THREADS threads.
+///
+/// The input features are walked in chunks of 256 values; a chunk is split K-wise over the CTA's
+/// warps (warp w takes chunks w, w + NW, ...). In a chunk, lane l takes values [8 l, 8 l + 8):
+/// its two float4 loads of each x row are contiguous across the warp (1 KB per row, coalesced)
+/// and held in registers for the R weight rows, whose 8-value slices (Q::slice: unit l / 4 of the
+/// chunk, slice l % 4; the 32-value types' block l / 4, the K-quants' sub-block l / 4) each lane
+/// dequantizes and multiplies. Partial sums: warp shuffles, then one shared-memory pass over the
+/// warps in a fixed order (deterministic).
 template <typename Q, int NC, int R> __device__ __forceinline__ void qgemv(const ms_qmatmul_params &p) {
-    static_assert(NC >= 1 && NC <= MS_QGEMV_WIDE_COLS && R >= 1, "qgemv: 1..32 x rows");
-    constexpr int U = Q::kQK / 32, NW = MS_QGEMV_THREADS / 32;
+    static_assert(NC >= 1 && NC <= MS_QGEMV_MAX_COLS && R >= 1, "qgemv: 1..8 x rows");
+    static_assert(Q::kQK == 32 || Q::kQK == 256, "qgemv: 32- or 256-value blocks");
+    constexpr int NW = MS_QGEMV_THREADS / 32;
     __shared__ float red[NW][R * NC];
-    const int units = p.in / 32;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int r0 = blockIdx.x * R;
+    const int chunks = (p.in + 255) / 256;
     const unsigned char *w = static_cast<const unsigned char *>(p.w);
     const float *x = static_cast<const float *>(p.x);
+    const int ul = lane >> 2, sl = lane & 3;
     float acc[R][NC];
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
         for (int c = 0; c < NC; c++)
             acc[r][c] = 0.f;
-    for (int u = threadIdx.x; u < units; u += MS_QGEMV_THREADS) {
-        const int blk = u / U, sub = u % U;
-        float wv[R][32];
+    for (int ch = warp; ch < chunks; ch += NW) {
+        const int v0 = ch * 256 + lane * 8;
+        if (v0 < p.in) { /* the 32-value types' last chunk may be partial (in % 256 != 0) */
+            float xv[NC][8];
 #pragma unroll
-        for (int r = 0; r < R; r++) {
-            if (r0 + r < p.rows) {
-                Q::unit(w + (size_t)(r0 + r) * (size_t)p.row_bytes + (size_t)blk * Q::kBytes, sub, wv[r]);
-            } else {
-#pragma unroll
-                for (int l = 0; l < 32; l++)
-                    wv[r][l] = 0.f;
+            for (int c = 0; c < NC; c++) {
+                const float4 *xp = reinterpret_cast<const float4 *>(x + (size_t)c * (size_t)p.x_stride + (size_t)v0);
+                const float4 a = __ldg(xp), b = __ldg(xp + 1);
+                xv[c][0] = a.x, xv[c][1] = a.y, xv[c][2] = a.z, xv[c][3] = a.w;
+                xv[c][4] = b.x, xv[c][5] = b.y, xv[c][6] = b.z, xv[c][7] = b.w;
             }
-        }
+            const int blk = Q::kQK == 32 ? ch * 8 + ul : ch, sub = Q::kQK == 32 ? 0 : ul;
 #pragma unroll
-        for (int c = 0; c < NC; c++) {
-            if (NC > MS_QGEMV_MAX_COLS && c >= p.n) /* wide entries: up to NC rows; narrow: exactly NC */
-                break;
-            const float4 *xp = reinterpret_cast<const float4 *>(x + (size_t)c * (size_t)p.x_stride + (size_t)u * 32);
+            for (int r = 0; r < R; r++) {
+                if (r0 + r < p.rows) {
+                    float wv[8];
+                    Q::slice(w + (size_t)(r0 + r) * (size_t)p.row_bytes + (size_t)blk * Q::kBytes, sub, sl, wv);
 #pragma unroll
-            for (int k = 0; k < 8; k++) {
-                const float4 xv = __ldg(xp + k);
+                    for (int c = 0; c < NC; c++) {
+                        float a = acc[r][c];
 #pragma unroll
-                for (int r = 0; r < R; r++) {
-                    float a = acc[r][c];
-                    a = fmaf(wv[r][4 * k + 0], xv.x, a);
-                    a = fmaf(wv[r][4 * k + 1], xv.y, a);
-                    a = fmaf(wv[r][4 * k + 2], xv.z, a);
-                    a = fmaf(wv[r][4 * k + 3], xv.w, a);
-                    acc[r][c] = a;
+                        for (int k = 0; k < 8; k++)
+                            a = fmaf(wv[k], xv[c][k], a);
+                        acc[r][c] = a;
+                    }
                 }
             }
         }
     }
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
@@ -95,7 +100,7 @@ template <typename Q, int NC, int R> __device__ __forceinline__ void qgemv(const
 #pragma unroll
         for (int i = 0; i < NW; i++)
             v += red[i][threadIdx.x];
-        if (r0 + r < p.rows && (NC <= MS_QGEMV_MAX_COLS || c < p.n))
+        if (r0 + r < p.rows)
             static_cast<float *>(p.y)[(size_t)c * (size_t)p.y_stride + (size_t)(r0 + r)] = v;
     }
 }

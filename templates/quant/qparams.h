@@ -11,14 +11,13 @@
 #define MS_QPARAMS_H
 
 #define MS_QGEMV_THREADS 128   /* one CTA: MS_QGEMV_ROWS output rows, K split over its 4 warps */
-#define MS_QGEMV_ROWS 2        /* output rows per CTA (each thread reuses its x loads for both) */
-#define MS_QGEMV_MAX_COLS 8    /* x rows of the largest narrow gemv entry (ms_qgemv_8) */
-#define MS_QGEMV_WIDE_COLS 32  /* x rows of the widest gemv entry (ms_qgemv_32; also ms_qgemv_16) */
+/* output rows per CTA of ms_qgemv_<nc>: each lane reuses its x registers for all of them */
+#define MS_QGEMV_ROWS_OF(nc) ((nc) <= 4 ? 8 : 4)
+#define MS_QGEMV_MAX_COLS 8    /* x rows of the largest gemv entry (ms_qgemv_8) */
 #define MS_QDEQUANT_THREADS 256 /* grid-stride over 32-value units */
 
 /*
- * y[c, r] = sum_i x[c, i] * W[r, i] for c < n (the gemv entries: ms_qgemv_<n> for n in 1..8,
- * ms_qgemv_16 for n <= 16, ms_qgemv_32 for n <= 32), or
+ * y[c, r] = sum_i x[c, i] * W[r, i] for c < n (the gemv entries: ms_qgemv_<n> for n in 1..8), or
  * out_bf16[r, i] = bf16(W[r, i]) (ms_qdequant_bf16: the prefill path dequantizes a weight into a
  * bf16 workspace for the tensor-core GEMM). x, y float32; strides in elements.
  */
