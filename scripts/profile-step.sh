@@ -6,20 +6,23 @@
 #
 #   scripts/profile-step.sh BIN MODEL [BATCH] [NEW_TOKENS] [OUT_FILE]
 #
-# e.g. scripts/profile-step.sh .gpu-bundle/bin/llama/llama /tmp/l8b-gguf/l8b-q4_0.gguf 1 24
-# The prompt is 64 tokens, so the decode steps (NEW_TOKENS - 1 of them) dominate the table; the
-# prefill's kernels show up with one launch per layer.
+# e.g. scripts/profile-step.sh .gpu-bundle/bin/llama/llama /tmp/l8b-gguf/l8b-q4_0.gguf 1 4
+# The prompt is 64 tokens and `--prefill none`; ncu skips the first MS_PROF_SKIP launches (default
+# 400: start-up and the prefill step of an 8B model) and times the next MS_PROF_COUNT (default
+# 600, about one and a half decode steps of 32 layers): ncu replays every kernel it times, at
+# tens of milliseconds each, so a whole bench run under it takes minutes.
 set -uo pipefail
 bin=${1:?usage: profile-step.sh BIN MODEL [BATCH] [NEW_TOKENS] [OUT_FILE]}
 model=${2:?usage: profile-step.sh BIN MODEL [BATCH] [NEW_TOKENS] [OUT_FILE]}
 batch=${3:-1}
-new=${4:-24}
+new=${4:-4}
 out=${5:-/tmp/profile-$batch.csv}
 ncu=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -n 1)
 [ -n "$ncu" ] || { echo "profile-step: ncu not found"; exit 2; }
-"$ncu" --csv --metrics gpu__time_duration.sum --launch-count 20000 \
+"$ncu" --csv --metrics gpu__time_duration.sum --launch-skip "${MS_PROF_SKIP:-400}" \
+    --launch-count "${MS_PROF_COUNT:-600}" \
     "$bin" bench --model "$model" --device cuda --batch "$batch" --prompt-len 64 --new-tokens "$new" \
-    --runs 1 --warmup 0 --seed 1 --no-graphs >"$out" 2>"$out.err"
+    --prefill none --runs 1 --warmup 0 --seed 1 --no-graphs >"$out" 2>"$out.err"
 rc=$?
 python3 - "$out" "$batch" "$new" <<'PY'
 import csv, sys, collections
