@@ -261,6 +261,8 @@ struct ms_engine {
     void *sample_ws;              /* backend */
     size_t sample_ws_bytes;
     float *logits_host;           /* [max_seqs * vocab] */
+    int32_t logits_rows;          /* rows of logits_dev the last forward wrote */
+    bool logits_on_host;          /* ... and logits_host holds them (else: copied when read) */
     int32_t *tokens_host;         /* [max_tokens] */
     int32_t *ids_host;            /* [max_seqs] */
     ms_md_row *rows;              /* [max_seqs] the step's batch rows */
@@ -1813,6 +1815,19 @@ const float *ms_engine_last_logits(const ms_engine *e, ms_rid rid) {
     const eng_req *r = eng_find_req(e, rid, NULL);
     if (r == NULL || r->row < 0)
         return NULL;
+    if (!e->logits_on_host) {
+        /* a sampled step leaves its logits on the backend (eng_forward_sample): the first read
+           copies them (the backend's sample does not modify them), so callers that never read
+           logits never pay the copy. The engine is const for callers; this fills a cache. */
+        ms_engine *m = (ms_engine *)(uintptr_t)e;
+        ms_error err = {0};
+        if (r->row >= m->logits_rows ||
+            m->be.iface.copy_to_host(m->be.ctx, m->logits_host, m->logits_dev,
+                                     (size_t)m->logits_rows * (size_t)m->facts.vocab * sizeof(float),
+                                     &err) != MS_OK)
+            return NULL;
+        m->logits_on_host = true;
+    }
     return e->logits_host + (size_t)r->row * (size_t)e->facts.vocab;
 }
 
@@ -2120,8 +2135,18 @@ static ms_status eng_forward_sample(ms_engine *e, eng_node *nd, const ms_md_step
     MS_TRY(ms_graph_exec_forward(e->gx, gs, ctx, nd->node->forward, &args, err));
     if (hidden)
         return MS_OK; /* ms_engine_encode reads hidden_dev */
-    MS_TRY(f->copy_to_host(cx, e->logits_host, e->logits_dev,
-                           (size_t)(n + n_plp) * V * sizeof(float), err));
+    /* the logits come to the host when something here reads them (the caller of a step without
+       sampling, prompt logprobs, CFG mixing, penalties); otherwise they stay on the backend and
+       ms_engine_last_logits copies them on first read: at batch 64 over a 128k vocabulary the
+       copy was 33 MB a step (about 3 ms of host time on the H200, issue [G]) */
+    int sidx = nd->idx[MS_RESOURCE_SAMPLER];
+    e->logits_rows = n + n_plp;
+    e->logits_on_host = false;
+    if (!sample || n_plp > 0 || sd->all_logits || ms_sample_res_needs_host(nd->sampler, sidx, step)) {
+        MS_TRY(f->copy_to_host(cx, e->logits_host, e->logits_dev,
+                               (size_t)(n + n_plp) * V * sizeof(float), err));
+        e->logits_on_host = true;
+    }
     if (sample && e->plp_rows > 0)
         eng_plp_collect(e, n); /* [prompt logprobs] before penalties touch the rows */
     if (!sample)
@@ -2129,9 +2154,9 @@ static ms_status eng_forward_sample(ms_engine *e, eng_node *nd, const ms_md_step
 
     /* batched CFG: the sampler mixes each guided row with its unconditional row (host logits),
        and the mixed rows go back for the backend's sample call */
-    int sidx = nd->idx[MS_RESOURCE_SAMPLER];
     int32_t n_mixed = 0;
-    ms_sample_res_mix(nd->sampler, sidx, step, e->logits_host, e->facts.vocab, &n_mixed);
+    if (e->logits_on_host)
+        ms_sample_res_mix(nd->sampler, sidx, step, e->logits_host, e->facts.vocab, &n_mixed);
     if (n_mixed > 0)
         MS_TRY(f->copy_to_backend(cx, e->logits_dev, e->logits_host,
                                   (size_t)n * V * sizeof(float), err));

@@ -225,6 +225,25 @@ static double row_lse(const float *x, int32_t n) {
     return m + log(sum);
 }
 
+bool ms_sample_res_needs_host(const ms_sample_res *s, int index, const ms_step *step) {
+    const ms_sample_step *rec = step->records[index].rec;
+    int32_t n;
+    const ms_segment *segs = ms_step_segments(step, index, &n);
+    if (rec == NULL)
+        return false;
+    for (int32_t i = 0; i < n && rec->guide != NULL; i++) {
+        int32_t j = rec->guide[i];
+        if (j >= 0 && j < n && j != i)
+            return true;
+    }
+    for (int32_t i = 0; i < n; i++) {
+        const sample_state *st = ms_rid_map_get(&s->map, segs[i].rid);
+        if (st != NULL && st->hist != NULL && st->hist->n > 0)
+            return true;
+    }
+    return false;
+}
+
 void ms_sample_res_mix(const ms_sample_res *s, int index, const ms_step *step, float *logits,
                        int32_t vocab, int32_t *n_mixed) {
     const ms_sample_step *rec = step->records[index].rec;

@@ -56,6 +56,14 @@ const ms_resource_i *ms_sample_res_iface(void);
 void ms_sample_res_mix(const ms_sample_res *s, int index, const ms_step *step, float *logits,
                        int32_t vocab, int32_t *n_mixed);
 
+/*
+ * Whether ms_sample_res_mix would change any row of this step (a guided row with its partner in
+ * the step, or a request with penalties and a history): the engine copies a step's logits to the
+ * host only then (or when a caller reads them), since at batch 64 over a 128k vocabulary that copy
+ * is 33 MB a step. Same arguments as ms_sample_res_mix.
+ */
+bool ms_sample_res_needs_host(const ms_sample_res *s, int index, const ms_step *step);
+
 /* A request's sampling settings beyond ms_sampling_params (the server's min_p and penalties). */
 typedef struct ms_sample_extra {
     float min_p;                    /* [0, 1]; 0 off (sampler.h ms_sample_row) */
