@@ -45,8 +45,13 @@
  * (protocol below). The engine's step stays synchronous (it copies the logits to the host), so
  * what overlaps the GPU is that host planning of step N+1 while step N's graph runs.
  *
- * Not done yet (issue 10 item 1, see runtime/engine/README.md): prefill over token buckets (the
- * prefill attention's tile count is a launch dimension computed from the ragged rows).
+ * Not done yet (issue 10 item 1, see runtime/engine/README.md): prefill over token buckets
+ * (`capture tokens in [...]` steps run eager). A graph of one needs every launch parameter fixed
+ * by the bucket: the prefill attention's tile count (backend_cuda.c cu_attn_batch_plan, from the
+ * ragged qo_indptr), the batch's n_tokens / max_q_len (attn_batch_stage, from the plan), the
+ * token and position uploads and the forward's row counts; the padding (dummy views and a
+ * token tail writing only the sink page, tiles that write nothing) and its CPU counterpart are
+ * not written.
  *
  * Ownership: ms_graph_exec_init returns an object owned by the caller (ms_graph_exec_free, which
  * frees the graphs and removes the dummy rows). The backend, node and runner are borrowed and
