@@ -63,10 +63,11 @@ static void test_buckets(void **state) {
     assert_int_equal(b[0], 1);
     assert_int_equal(b[3], 8); /* 16 > max_seqs 12: it could never be filled */
     assert_int_equal(ms_graph_exec_buckets(&node, 1, 100, b, MS_MD_MAX_BUCKETS), 5);
-    assert_int_equal(ms_graph_exec_dummy_pages(&node, 12), 8);
-    assert_int_equal(ms_graph_exec_dummy_pages(&node, 1), 1);
+    assert_int_equal(ms_graph_exec_dummy_pages(&node, 12, false), 8);
+    assert_int_equal(ms_graph_exec_dummy_pages(&node, 1, false), 1);
+    assert_int_equal(ms_graph_exec_dummy_pages(&node, 12, true), 16); /* two slots */
     steps[1].all_logits = true;
-    assert_int_equal(ms_graph_exec_dummy_pages(&node, 12), 0);
+    assert_int_equal(ms_graph_exec_dummy_pages(&node, 12, true), 0);
     assert_string_equal(ms_graph_mode_str(MS_GRAPHS_PADDED), "padded");
 }
 
@@ -286,8 +287,9 @@ typedef struct run_rec {
     int32_t n_tok[64];
 } run_rec;
 
-static ms_engine *open_llama(ms_graph_mode mode, int32_t max_seqs) {
+static ms_engine *open_llama_pp(ms_graph_mode mode, int32_t max_seqs, bool preplan) {
     ms_engine_options o = ms_engine_options_default();
+    o.no_preplan = !preplan;
     o.model_path = ms_test_fixture("hf/llama_gqa");
     o.page_size = 4;
     o.max_seqs = max_seqs;
@@ -299,6 +301,10 @@ static ms_engine *open_llama(ms_graph_mode mode, int32_t max_seqs) {
     if (ms_engine_init(&e, &ms_llama_desc, &o, &err) != MS_OK)
         fail_msg("engine init: %s", err.msg);
     return e;
+}
+
+static ms_engine *open_llama(ms_graph_mode mode, int32_t max_seqs) {
+    return open_llama_pp(mode, max_seqs, true);
 }
 
 static void prompt(int32_t r, int32_t *ids, int32_t *n) {
@@ -381,7 +387,8 @@ static void test_padded_equals_eager(void **state) {
     ms_engine_graph_stats(e, &st);
     assert_int_equal(st.mode, MS_GRAPHS_PADDED);
     assert_int_equal(st.n_buckets, 3);  /* 1, 2, 4 of [1, 2, 4, 8 .. 256] fit max_seqs 4 */
-    assert_int_equal(st.n_captured, 3); /* one slot each */
+    assert_int_equal(st.n_slots, 2);    /* the pre-plan's second slot */
+    assert_int_equal(st.n_captured, 6); /* two slots each */
     assert_int_equal(st.n_failed, 0);
     const int32_t free0 = ms_engine_kv_pages_free(e);
     run_all(e, &padded);
@@ -411,6 +418,20 @@ static void test_padded_equals_eager(void **state) {
     assert_int_equal(st.n_padding_rows, want_pad);
     assert_int_equal(st.n_eager, 0);
     assert_int_equal(st.last_bucket, 1);
+    /* a pre-plan after every decode step; taken when the next step has the same rows, refused
+       when a request finished in between (the row count drops), the last one dropped when
+       run_all removed the requests */
+    uint64_t want_taken = 0, want_refused = 0;
+    for (int32_t s = 2; s < eager.n_steps; s++) {
+        want_taken += eager.n_seqs[s] == eager.n_seqs[s - 1];
+        want_refused += eager.n_seqs[s] != eager.n_seqs[s - 1];
+    }
+    assert_true(want_taken > 0 && want_refused > 0);
+    assert_int_equal(st.n_preplans, want_steps);
+    assert_int_equal(st.n_preplan_taken, want_taken);
+    assert_int_equal(st.n_preplan_refused, want_refused);
+    assert_int_equal(st.n_preplan_dropped, 1);
+    assert_int_equal(st.n_preplan_failed, 0);
 
     free(eager.logits);
     free(padded.logits);
@@ -494,6 +515,130 @@ static void test_above_largest_bucket(void **state) {
     }
     for (int32_t r = 0; r < N; r++)
         assert_memory_equal(out_p[r], out_e[r], (size_t)(3 + r % 5) * sizeof(int32_t));
+}
+
+/* Requests A (10 new), B (3 new) and C, which joins after step `join_at`; per step, each
+ * request's logits (-1 when it had none). */
+#define PP_STEPS 32
+typedef struct pp_rec {
+    float logits[PP_STEPS][3][VOCAB];
+    int32_t n_seqs[PP_STEPS];
+    int32_t out[3][10];
+    int32_t n_steps;
+} pp_rec;
+
+static void pp_run(ms_engine *e, int32_t join_at, pp_rec *rec) {
+    static const int32_t news[3] = {10, 3, 5};
+    ms_rid rids[3] = {0, 0, 0};
+    ms_error err = {0};
+    memset(rec, 0, sizeof *rec);
+    for (int32_t r = 0; r < 3; r++) {
+        if (r == 2 && join_at >= 0)
+            break;
+        int32_t ids[8], n;
+        prompt(r, ids, &n);
+        ms_engine_request rq = {.prompt = ids, .n_prompt = n, .max_new_tokens = news[r],
+                                .sampling = ms_sampling_greedy(), .ignore_eos = true};
+        assert_int_equal(ms_engine_add(e, &rq, &rids[r], &err), MS_OK);
+    }
+    while (ms_engine_n_active(e) > 0 || rids[2] == 0) {
+        assert_true(rec->n_steps < PP_STEPS);
+        if (rids[2] == 0 && rec->n_steps == join_at) { /* C joins between two decode steps */
+            int32_t ids[8], n;
+            prompt(2, ids, &n);
+            ms_engine_request rq = {.prompt = ids, .n_prompt = n, .max_new_tokens = news[2],
+                                    .sampling = ms_sampling_greedy(), .ignore_eos = true};
+            assert_int_equal(ms_engine_add(e, &rq, &rids[2], &err), MS_OK);
+        }
+        ms_engine_step_info info;
+        if (ms_engine_step(e, &info, &err) != MS_OK)
+            fail_msg("step %d: %s", (int)rec->n_steps, err.msg);
+        rec->n_seqs[rec->n_steps] = info.n_seqs;
+        for (int32_t r = 0; r < 3; r++) {
+            const float *lg = rids[r] != 0 ? ms_engine_last_logits(e, rids[r]) : NULL;
+            for (int v = 0; v < VOCAB; v++)
+                rec->logits[rec->n_steps][r][v] = lg != NULL ? lg[v] : -1.0f;
+        }
+        rec->n_steps++;
+    }
+    for (int32_t r = 0; r < 3; r++) {
+        const int32_t *o;
+        int32_t n;
+        assert_int_equal(ms_engine_output(e, rids[r], &o, &n, NULL), MS_OK);
+        assert_int_equal(n, news[r]);
+        memcpy(rec->out[r], o, (size_t)n * sizeof(int32_t));
+        ms_engine_remove(e, rids[r]);
+    }
+}
+
+/* The pre-plan of step N+1 is refused when a request finishes (B) or joins (C) between steps,
+ * taken otherwise, and the run is bitwise the run without pre-plans (one slot) and the eager
+ * run. */
+static void test_preplan_refused(void **state) {
+    (void)state;
+    static pp_rec rec[3];
+    ms_graph_exec_stats st[3];
+    for (int pass = 0; pass < 3; pass++) {
+        /* 0 eager, 1 padded without the pre-plan, 2 padded with it */
+        ms_engine *e = pass == 0 ? open_llama(MS_GRAPHS_OFF, 4)
+                                 : open_llama_pp(MS_GRAPHS_PADDED, 4, pass == 2);
+        const int32_t free0 = ms_engine_kv_pages_free(e);
+        pp_run(e, 5, &rec[pass]);
+        assert_int_equal(ms_engine_kv_pages_free(e), free0); /* nothing of a pre-plan left */
+        ms_engine_graph_stats(e, &st[pass]);
+        ms_engine_free(e);
+    }
+    for (int pass = 1; pass < 3; pass++) {
+        assert_int_equal(rec[pass].n_steps, rec[0].n_steps);
+        assert_memory_equal(rec[pass].n_seqs, rec[0].n_seqs, sizeof rec[0].n_seqs);
+        assert_memory_equal(rec[pass].out, rec[0].out, sizeof rec[0].out);
+        assert_memory_equal(rec[pass].logits, rec[0].logits, sizeof rec[0].logits);
+    }
+    /* steps: 0 prefill A B; 1-2 decode A B (B done after 3 ids: 1 prefill + 2 decode);
+       3-4 decode A; C joins: 5 prefill C; 6.. decode A C */
+    assert_int_equal(rec[0].n_seqs[2], 2);
+    assert_int_equal(rec[0].n_seqs[3], 1);
+    assert_int_equal(st[1].n_slots, 1);
+    assert_int_equal(st[1].n_preplans, 0);
+    assert_int_equal(st[2].n_slots, 2);
+    assert_true(st[2].n_preplans > 0);
+    /* pre-plans after the decode steps 1-4 and 6-10; refused at step 3 (B finished), step 5
+       (a prefill: C joined) and step 10 (C finished at step 9); taken at 2, 4, 7, 8, 9; the one
+       after step 10 dropped when A was removed (step 6 follows a prefill: none pending) */
+    assert_int_equal(rec[0].n_steps, 11);
+    assert_int_equal(st[2].n_preplans, 9);
+    assert_int_equal(st[2].n_preplan_refused, 3);
+    assert_int_equal(st[2].n_preplan_taken, 5);
+    assert_int_equal(st[2].n_preplan_dropped, 1);
+    assert_int_equal(st[2].n_preplan_taken + st[2].n_preplan_refused + st[2].n_preplan_dropped,
+                     st[2].n_preplans);
+    assert_int_equal(st[2].n_preplan_failed, 0);
+    assert_int_equal(st[2].n_replays, st[1].n_replays); /* the same padded steps */
+
+    /* a pre-plan is dropped, not kept, when something else touches the runner: run_step */
+    ms_engine *e = open_llama(MS_GRAPHS_PADDED, 4);
+    ms_error err = {0};
+    int32_t ids[8], n;
+    prompt(0, ids, &n);
+    ms_engine_request rq = {.prompt = ids, .n_prompt = n, .max_new_tokens = 6,
+                            .sampling = ms_sampling_greedy(), .ignore_eos = true};
+    ms_rid rid;
+    assert_int_equal(ms_engine_add(e, &rq, &rid, &err), MS_OK);
+    for (int i = 0; i < 3; i++)
+        assert_int_equal(ms_engine_step(e, NULL, &err), MS_OK);
+    assert_true(ms_graph_exec_preplan_pending(ms_engine_graphs(e)));
+    const float *lg;
+    int32_t rows;
+    int32_t tok = 5;
+    assert_int_equal(ms_engine_run_step(e, rid, "decode", &tok, 1, &lg, &rows, &err), MS_OK);
+    assert_false(ms_graph_exec_preplan_pending(ms_engine_graphs(e)));
+    ms_graph_exec_stats s2;
+    ms_engine_graph_stats(e, &s2);
+    assert_int_equal(s2.n_preplan_dropped, 1);
+    while (ms_engine_n_active(e) > 0)
+        assert_int_equal(ms_engine_step(e, NULL, &err), MS_OK);
+    ms_engine_remove(e, rid);
+    ms_engine_free(e);
 }
 
 static void test_bad_mode(void **state) {
@@ -612,6 +757,7 @@ int main(void) {
         ms_unit_test(test_padded_equals_eager),
         ms_unit_test(test_static_write_addresses),
         ms_unit_test(test_above_largest_bucket),
+        ms_unit_test(test_preplan_refused),
         ms_unit_test(test_bad_mode),
         ms_unit_test(test_cli_flag),
         ms_unit_test(test_mrope_padded),

@@ -15,8 +15,10 @@
  *     capture time printed (and under 5 s);
  *   - graph against the unpadded eager path (MS_GRAPHS_OFF, other GEMM shapes: not bitwise):
  *     the first decode step's logits within 5e-2.
- * Pre-plan refusal is host-side (tests/test_graph_plan.c: ms_graph_plan_preplan_take); the
- * engine does not pre-plan yet (graph_exec.h).
+ *   - the pre-plan of step N+1 while step N replays (graph_exec.h; two slots per bucket): the
+ *     graph run with it against the padded eager run without it (one slot), bitwise, with
+ *     requests finishing one after another and one joining mid-run, so pre-plans are both
+ *     taken and refused (the identity check) in the same run.
  *
  * Without a GPU, or with MS_GRAPHS_DRY_RUN=1, the same scenarios run on the CPU backend with
  * MS_GRAPHS_PADDED standing in for the graphs (the harness and the host path, not the graphs).
@@ -44,6 +46,8 @@ typedef struct scen {
     int32_t n_req;   /* requests per wave */
     int32_t waves;
     int32_t new_base, new_step; /* request r of a wave generates new_base + r * new_step ids */
+    int32_t join_at; /* > 0: wave 0's last request joins after this many steps */
+    bool p_no_preplan; /* the padded eager side runs without the pre-plan (one slot) */
 } scen;
 
 /* What one run of a scenario produced. */
@@ -87,7 +91,7 @@ static void push_ids(rec *r, const int32_t *v, int32_t n) {
     r->n_ids += (size_t)n;
 }
 
-static void run_scen(const scen *sc, ms_graph_mode mode, rec *out) {
+static void run_scen_pp(const scen *sc, ms_graph_mode mode, bool no_preplan, rec *out) {
     memset(out, 0, sizeof *out);
     ms_engine_options o = ms_engine_options_default();
     o.model_path = ms_test_fixture("hf/llama_gqa");
@@ -96,6 +100,7 @@ static void run_scen(const scen *sc, ms_graph_mode mode, rec *out) {
     o.max_tokens = MS_MAX(64, sc->max_seqs);
     o.n_threads = 2;
     o.graphs = mode;
+    o.no_preplan = no_preplan;
     ms_engine *e = NULL;
     ms_error err = {0};
     if (ms_engine_init(&e, &ms_llama_desc, &o, &err) != MS_OK)
@@ -109,6 +114,9 @@ static void run_scen(const scen *sc, ms_graph_mode mode, rec *out) {
     assert_non_null(rids);
     for (int32_t w = 0; w < sc->waves; w++) {
         for (int32_t r = 0; r < sc->n_req; r++) {
+            rids[r] = 0;
+            if (w == 0 && sc->join_at > 0 && r == sc->n_req - 1)
+                continue; /* joins later */
             int32_t ids[12];
             int32_t n = 2 + (r + w) % 9;
             for (int32_t i = 0; i < n; i++)
@@ -124,11 +132,20 @@ static void run_scen(const scen *sc, ms_graph_mode mode, rec *out) {
                 fail_msg("%s: add: %s", sc->name, err.msg);
         }
         for (int32_t s = 0; ms_engine_n_active(e) > 0; s++) {
+            if (w == 0 && sc->join_at > 0 && s == sc->join_at) { /* a request joins mid-run */
+                const int32_t r = sc->n_req - 1;
+                int32_t ids[3] = {(r * 7 + 1) % V, (r * 13 + 2) % V, 3};
+                ms_engine_request rq = {.prompt = ids, .n_prompt = 3,
+                                        .max_new_tokens = sc->new_base + r * sc->new_step,
+                                        .sampling = ms_sampling_greedy(), .ignore_eos = true};
+                if (ms_engine_add(e, &rq, &rids[r], &err) != MS_OK)
+                    fail_msg("%s: add: %s", sc->name, err.msg);
+            }
             if (ms_engine_step(e, NULL, &err) != MS_OK)
                 fail_msg("%s (%s): wave %d step %d: %s", sc->name, ms_graph_mode_str(mode),
                          (int)w, (int)s, err.msg);
             for (int32_t r = 0; r < sc->n_req; r++) {
-                const float *lg = ms_engine_last_logits(e, rids[r]);
+                const float *lg = rids[r] != 0 ? ms_engine_last_logits(e, rids[r]) : NULL;
                 if (lg == NULL)
                     continue;
                 push_logits(out, lg, V);
@@ -155,11 +172,15 @@ static void run_scen(const scen *sc, ms_graph_mode mode, rec *out) {
     ms_engine_free(e);
 }
 
+static void run_scen(const scen *sc, ms_graph_mode mode, rec *out) {
+    run_scen_pp(sc, mode, false, out);
+}
+
 /* Graph (AUTO; the dry run: PADDED) against PADDED eager: everything bitwise. */
 static void compare_bitwise(const scen *sc, rec *g, rec *p) {
     const ms_graph_mode gm = g_dry ? MS_GRAPHS_PADDED : MS_GRAPHS_AUTO;
     run_scen(sc, gm, g);
-    run_scen(sc, MS_GRAPHS_PADDED, p);
+    run_scen_pp(sc, MS_GRAPHS_PADDED, sc->p_no_preplan, p);
     printf("graphs %-10s %s: %d buckets, %d captured, %d failed, capture %.3f s, %llu padded "
            "steps (%llu padding rows), %llu eager%s%s\n",
            sc->name, g_device, (int)g->st.n_buckets, (int)g->st.n_captured, (int)g->st.n_failed,
@@ -168,7 +189,8 @@ static void compare_bitwise(const scen *sc, rec *g, rec *p) {
            g->st.n_failed > 0 ? ": " : "", g->st.first_failure);
     assert_int_equal(g->st.mode, gm);
     assert_int_equal(g->st.n_failed, 0);
-    assert_int_equal(g->st.n_captured, g->st.n_buckets);
+    assert_int_equal(g->st.n_slots, 2); /* the pre-plan's second slot */
+    assert_int_equal(g->st.n_captured, g->st.n_buckets * g->st.n_slots);
     assert_int_equal(g->n_logits, p->n_logits);
     size_t first = g->n_logits;
     for (size_t i = 0; i < g->n_logits && first == g->n_logits; i++)
@@ -185,6 +207,13 @@ static void compare_bitwise(const scen *sc, rec *g, rec *p) {
     }
     assert_int_equal(g->n_ids, p->n_ids);
     assert_memory_equal(g->ids, p->ids, g->n_ids * sizeof(int32_t));
+    assert_int_equal(g->st.n_replays, p->st.n_replays);
+    assert_int_equal(g->st.n_padding_rows, p->st.n_padding_rows);
+    if (sc->p_no_preplan) { /* one slot: fewer dummy pages, so other page numbers and arena */
+        printf("graphs %-10s %s: bitwise equal: %zu logits, %zu ids (KV arenas differ in size)\n",
+               sc->name, g_device, g->n_logits, g->n_ids);
+        return;
+    }
     assert_int_equal(g->kv_bytes, p->kv_bytes);
     size_t kfirst = g->kv_bytes;
     for (size_t i = 0; i < g->kv_bytes && kfirst == g->kv_bytes; i++)
@@ -192,15 +221,13 @@ static void compare_bitwise(const scen *sc, rec *g, rec *p) {
             kfirst = i;
     if (kfirst != g->kv_bytes)
         fail_msg("%s: KV arena bytes differ at byte %zu of %zu", sc->name, kfirst, g->kv_bytes);
-    assert_int_equal(g->st.n_replays, p->st.n_replays);
-    assert_int_equal(g->st.n_padding_rows, p->st.n_padding_rows);
     printf("graphs %-10s %s: bitwise equal: %zu logits, %zu ids, %zu KV bytes\n", sc->name,
            g_device, g->n_logits, g->n_ids, g->kv_bytes);
 }
 
 static void test_on_and_between_buckets(void **state) {
     (void)state;
-    scen sc = {"between", 8, 8, 1, 4, 3}; /* batches 8, 7, ..., 1 */
+    scen sc = {"between", 8, 8, 1, 4, 3, 0, false}; /* batches 8, 7, ..., 1 */
     rec g, p, off;
     compare_bitwise(&sc, &g, &p);
     assert_int_equal(g.st.n_buckets, 4); /* 1, 2, 4, 8 */
@@ -226,7 +253,7 @@ static void test_on_and_between_buckets(void **state) {
 
 static void test_above_largest_bucket(void **state) {
     (void)state;
-    scen sc = {"above", 12, 12, 1, 3, 1}; /* batches 12 .. 9 above bucket 8 */
+    scen sc = {"above", 12, 12, 1, 3, 1, 0, false}; /* batches 12 .. 9 above bucket 8 */
     rec g, p;
     compare_bitwise(&sc, &g, &p);
     assert_int_equal(g.st.n_buckets, 4);
@@ -238,7 +265,7 @@ static void test_above_largest_bucket(void **state) {
 
 static void test_1000_padded_replays(void **state) {
     (void)state;
-    scen sc = {"1000", 4, 3, 10, 101, 0}; /* 3 rows on bucket 4, 100 decode steps a wave */
+    scen sc = {"1000", 4, 3, 10, 101, 0, 0, false}; /* 3 rows on bucket 4, 100 decode steps a wave */
     rec g, p;
     compare_bitwise(&sc, &g, &p);
     assert_true(g.st.n_replays >= 1000);
@@ -248,14 +275,38 @@ static void test_1000_padded_replays(void **state) {
     rec_free(&p);
 }
 
+static void test_preplan_refusal(void **state) {
+    (void)state;
+    /* batches 5, 4, ... with request 5 joining after step 3: pre-plans taken while the rows stay,
+       refused when one finished or the joiner's prefill came */
+    scen sc = {"preplan", 8, 6, 1, 4, 3, 3, true};
+    rec g, p;
+    compare_bitwise(&sc, &g, &p);
+    printf("graphs %-10s %s: %llu pre-plans: %llu taken, %llu refused, %llu dropped, %llu "
+           "failed%s%s\n", sc.name, g_device, (unsigned long long)g.st.n_preplans,
+           (unsigned long long)g.st.n_preplan_taken, (unsigned long long)g.st.n_preplan_refused,
+           (unsigned long long)g.st.n_preplan_dropped, (unsigned long long)g.st.n_preplan_failed,
+           g.st.n_preplan_failed > 0 ? ": " : "", g.st.first_preplan_failure);
+    assert_int_equal(p.st.n_slots, 1);
+    assert_int_equal(p.st.n_preplans, 0);
+    assert_int_equal(g.st.n_preplan_failed, 0);
+    assert_true(g.st.n_preplan_taken > 0);
+    assert_true(g.st.n_preplan_refused >= 6); /* five finishing, one joining */
+    assert_int_equal(g.st.n_preplan_taken + g.st.n_preplan_refused + g.st.n_preplan_dropped,
+                     g.st.n_preplans);
+    rec_free(&g);
+    rec_free(&p);
+}
+
 static void test_capture_every_bucket(void **state) {
     (void)state;
-    scen sc = {"all", 256, 20, 1, 3, 1};
+    scen sc = {"all", 256, 20, 1, 3, 1, 0, false};
     rec g, p;
     compare_bitwise(&sc, &g, &p);
     assert_int_equal(g.st.n_buckets, 9); /* 1, 2, 4, ..., 256 */
-    printf("graphs capture time: %.3f s for %d buckets of decode (%s)\n", g.st.capture_s,
-           (int)g.st.n_captured, g_device);
+    printf("graphs capture time: %.3f s for %d graphs (%d decode buckets x %d slots) (%s)\n",
+           g.st.capture_s, (int)g.st.n_captured, (int)g.st.n_buckets, (int)g.st.n_slots,
+           g_device);
     if (!g_dry)
         assert_true(g.st.capture_s < 5.0);
     rec_free(&g);
@@ -272,6 +323,7 @@ int main(void) {
         ms_unit_test(test_on_and_between_buckets),
         ms_unit_test(test_above_largest_bucket),
         ms_unit_test(test_1000_padded_replays),
+        ms_unit_test(test_preplan_refusal),
         ms_unit_test(test_capture_every_bucket),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

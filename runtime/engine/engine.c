@@ -271,6 +271,12 @@ struct ms_engine {
     ms_md_step_build build;       /* the step declaration the generated runner fills */
     ms_sched sched;
     ms_graph_exec *gx;            /* [graphs] the captured path (graph_exec.h), NULL: eager */
+    ms_md_step_build pre_build;   /* [graphs] the pre-plan's declaration of step N+1 */
+    ms_md_row *pre_rows;          /* [graphs] [max_seqs] its rows; NULL: no pre-plan */
+    ms_sample_row *pre_samples;   /* [graphs] [max_seqs] step N's sample rows, kept from its plan
+                                     (the pre-plan plans the sampler again) */
+    ms_step_ctx taken_ctx;        /* [graphs] a taken pre-plan's context (ms_graph_exec_pad) */
+    const ms_step *taken_step;    /* [graphs] ... and the declaration it was admitted with */
     ms_prefix_cache *pcache;      /* [prefix] sealed pages shared across requests, NULL: off */
     ms_prefix_key proot;          /* [prefix] the root key: model, config, weights, KV dtype */
     ms_tp_rank *tps;              /* [tp] this rank's split (options.tp_member), NULL: whole */
@@ -841,6 +847,14 @@ static bool eng_graphs_wanted(const ms_engine *e) {
     return e->opt.graphs == MS_GRAPHS_AUTO && e->be.iface.graph_capture_begin != NULL;
 }
 
+/* [graphs] whether the captured path pre-plans step N+1 while step N replays (graph_exec.h): not
+ * with what touches the runner's streams between steps on its own (prefix sealing, the host KV
+ * tier, tensor parallelism) */
+static bool eng_preplan_wanted(const ms_engine *e) {
+    return eng_graphs_wanted(e) && !e->opt.no_preplan && !e->opt.prefix_cache &&
+           e->opt.host_kv_pages == 0 && e->opt.tp <= 1 && e->opt.tp_member == NULL;
+}
+
 /* [kv pressure] sizing of the arenas, end of file */
 static ms_status eng_kv_pages_from_fraction(ms_engine *e, const eng_node *nd, int32_t ps,
                                             int32_t *pages, ms_error *err);
@@ -877,7 +891,7 @@ static ms_status eng_resources_init(ms_engine *e, eng_node *nd, ms_error *err) {
     }
     /* [graphs] the dummy rows' pages come on top of what real requests were promised */
     if (eng_graphs_wanted(e))
-        pages += ms_graph_exec_dummy_pages(nd->node, e->max_seqs);
+        pages += ms_graph_exec_dummy_pages(nd->node, e->max_seqs, eng_preplan_wanted(e));
     ms_page_arena_config ac = {
         .n_layers = fa->n_layers,
         .n_pages = pages,
@@ -1506,6 +1520,9 @@ void ms_engine_free(ms_engine *e) {
     ms_free(e->row_reqs);
     ms_free(e->rids);
     ms_md_step_build_free(&e->build);
+    ms_md_step_build_free(&e->pre_build); /* [graphs] after gx (its pre-plan borrows it) */
+    ms_free(e->pre_rows);
+    ms_free(e->pre_samples);
     ms_free(e);
 }
 
@@ -2036,11 +2053,17 @@ static ms_status eng_stage_cross(ms_engine *e, eng_node *nd, const ms_kv_plan_se
                                  &nd->cross_params, err);
 }
 
+static ms_status eng_preplan(ms_engine *e, eng_node *nd, const ms_md_step *sd,
+                             const ms_graph_step *gs, ms_error *err); /* [graphs] */
+
 /* Queue the forward of a planned step, mix guided rows, sample one id per segment into
- * e->ids_host (the logits land in e->logits_host). */
+ * e->ids_host (the logits land in e->logits_host). `admitted` is the declaration the step was
+ * admitted with; *committed is set when the step was committed here ([graphs] before the
+ * pre-plan of the next step), and the caller must not commit or abandon it again. */
+
 static ms_status eng_forward_sample(ms_engine *e, eng_node *nd, const ms_md_step *sd,
-                                    const ms_step_ctx *ctx, const ms_graph_step *gs, bool sample,
-                                    ms_error *err) {
+                                    ms_step_ctx *ctx, const ms_graph_step *gs, bool sample,
+                                    const ms_step *admitted, bool *committed, ms_error *err) {
     const ms_backend_i *f = &e->be.iface;
     void *cx = e->be.ctx;
     const ms_step *step = &e->build.step;
@@ -2133,6 +2156,19 @@ static ms_status eng_forward_sample(ms_engine *e, eng_node *nd, const ms_md_step
     };
     /* [graphs] eager, captured or replayed (graph_exec.h; e->gx NULL: eager) */
     MS_TRY(ms_graph_exec_forward(e->gx, gs, ctx, nd->node->forward, &args, err));
+    const int sidx0 = nd->idx[MS_RESOURCE_SAMPLER];
+    const ms_sample_row *rows = sidx0 >= 0 ? ctx->plan_results[sidx0] : NULL;
+    /* [graphs] while the replay runs: step N is committed (its lengths are what step N+1 plans
+       from) and step N+1 pre-planned into the other slot (graph_exec.h); the pre-plan plans
+       the sampler again, so step N's sample rows are kept first */
+    if (sample && rows != NULL && e->pre_rows != NULL && gs->padded && gs->leased &&
+        !gs->capture && e->fork_stats.n_waiting == 0 && !hidden && n_plp == 0) {
+        memcpy(e->pre_samples, rows, (size_t)gs->n_real * sizeof *rows);
+        rows = e->pre_samples;
+        MS_TRY(ms_step_runner_commit(nd->runner, admitted, ctx, err));
+        *committed = true;
+        MS_TRY(eng_preplan(e, nd, sd, gs, err));
+    }
     if (hidden)
         return MS_OK; /* ms_engine_encode reads hidden_dev */
     /* the logits come to the host when something here reads them (the caller of a step without
@@ -2161,7 +2197,6 @@ static ms_status eng_forward_sample(ms_engine *e, eng_node *nd, const ms_md_step
         MS_TRY(f->copy_to_backend(cx, e->logits_dev, e->logits_host,
                                   (size_t)n * V * sizeof(float), err));
 
-    const ms_sample_row *rows = ctx->plan_results[sidx];
     /* [graphs] padding rows (one segment each, after the real ones) sample nothing */
     const int32_t n_s = gs->padded ? gs->n_real : n;
     ms_tensor real_logits = ms_tensor_2d(e->logits_dev, MS_DTYPE_F32, n_s, e->facts.vocab);
@@ -2197,6 +2232,17 @@ static ms_status eng_run_built_rows(ms_engine *e, eng_node *nd, const ms_md_step
     ctx.n_real = gs->n_real;
     ctx.lease = gs->leased ? &gs->lease : NULL;
     ctx.capture = gs->capture;
+    bool committed = false;
+    if (gs->preplanned) { /* [graphs] admitted and planned while the last step ran */
+        ctx = e->taken_ctx;
+        ms_status st = eng_forward_sample(e, nd, sd, &ctx, gs, sample, e->taken_step,
+                                          &committed, err);
+        if (st != MS_OK && !committed)
+            ms_step_runner_abandon(nd->runner, e->taken_step, &ctx);
+        if (st != MS_OK || committed)
+            return st;
+        return ms_step_runner_commit(nd->runner, e->taken_step, &ctx, err);
+    }
     ms_admit_outcome o = ms_step_runner_admit(nd->runner, step, &ctx);
     if (o.code == MS_ADMIT_PAGES_SHORT && e->pcache != NULL &&
         ms_prefix_cache_evict(e->pcache, o.pages_short) >= o.pages_short)
@@ -2212,11 +2258,13 @@ static ms_status eng_run_built_rows(ms_engine *e, eng_node *nd, const ms_md_step
                        sd->name, ms_admit_code_str(o.code), (int)o.resource);
     }
     MS_TRY(ms_step_runner_plan(nd->runner, step, &ctx, err));
-    ms_status st = eng_forward_sample(e, nd, sd, &ctx, gs, sample, err);
-    if (st != MS_OK) {
+    ms_status st = eng_forward_sample(e, nd, sd, &ctx, gs, sample, step, &committed, err);
+    if (st != MS_OK && !committed) {
         ms_step_runner_abandon(nd->runner, step, &ctx);
         return st;
     }
+    if (st != MS_OK || committed)
+        return st; /* [graphs] committed before the pre-plan */
     return ms_step_runner_commit(nd->runner, step, &ctx, err);
 }
 
@@ -2225,6 +2273,7 @@ ms_status ms_engine_run_step(ms_engine *e, ms_rid rid, const char *step_name,
                              int32_t *n_rows, ms_error *err) {
     *logits = NULL;
     *n_rows = 0;
+    ms_graph_exec_preplan_drop(e->gx); /* [graphs] it touches the runner */
     if (e->tpg != NULL) /* [tp] */
         return MS_FAIL(err, MS_ERR_UNSUPPORTED, "run_step: not with tensor parallelism");
     eng_req *r = eng_find_req(e, rid, NULL);
@@ -2470,6 +2519,7 @@ static ms_status eng_run_input(ms_engine *e, const char *node, const char *step_
     const bool ids = codes != NULL;
     const char *verb = ids ? "run codes" : "run rows";
     *logits = NULL;
+    ms_graph_exec_preplan_drop(e->gx); /* [graphs] it touches the runner */
     if (hidden != NULL)
         *hidden = NULL;
     if (e->tpg != NULL) /* [tp] the ranks replay add, step and remove only */
@@ -2909,6 +2959,9 @@ static ms_status eng_step(ms_engine *e, ms_engine_step_info *info, ms_error *err
     if (info != NULL)
         *info = inf;
     const ms_model_desc *d = e->desc;
+    /* [graphs] a pre-plan does not outlive a fork about to take its rows' KV */
+    if (e->fork_stats.n_waiting > 0)
+        ms_graph_exec_preplan_drop(e->gx);
     /* 0. [kv pressure] offloaded requests come back first when pages allow */
     MS_TRY(eng_kv_reload(e, err));
     for (size_t i = 0; i < e->n_reqs; i++)
@@ -2957,6 +3010,9 @@ static ms_status eng_step(ms_engine *e, ms_engine_step_info *info, ms_error *err
         for (int32_t j = n; j < gs.n_rows; j++)
             e->row_reqs[j] = NULL;
         MS_TRY(sd->run(e->config, e->rows, gs.n_rows, &e->build, err));
+        /* [graphs] the pending pre-plan is taken for the identical batch, else refused */
+        MS_TRY(ms_graph_exec_preplan_take(e->gx, &gs, &e->build.step, e->rids, &e->taken_ctx,
+                                          &e->taken_step, err));
         MS_TRY(eng_pack_tokens(e, nd, item.step, err));
         e->short_rid = 0;
         ms_status st = eng_run_built(e, nd, sd, &gs, true, err);
@@ -3018,6 +3074,22 @@ static ms_status eng_step(ms_engine *e, ms_engine_step_info *info, ms_error *err
 
 /* ---- [graphs] the captured path at start-up (graph_exec.h) ---- */
 
+/* [graphs] Pre-plan step N+1 (graph_exec.h, ms_graph_exec_preplan_*) over step N's real rows,
+ * each continuing with one token, after step N (gs) was launched and committed. */
+static ms_status eng_preplan(ms_engine *e, eng_node *nd, const ms_md_step *sd,
+                             const ms_graph_step *gs, ms_error *err) {
+    (void)nd;
+    memcpy(e->pre_rows, e->rows, (size_t)gs->n_real * sizeof *e->rows);
+    ms_graph_step pgs;
+    MS_TRY(ms_graph_exec_preplan_pad(e->gx, gs, e->pre_rows, e->max_seqs, &pgs));
+    if (!pgs.preplan)
+        return MS_OK;
+    /* the rows step N was declared over: declaring them again cannot fail but for a bug */
+    MS_TRY(sd->run(e->config, e->pre_rows, pgs.n_rows, &e->pre_build, err));
+    ms_graph_exec_preplan_run(e->gx, &pgs, &e->pre_build.step);
+    return MS_OK;
+}
+
 /* One step over dummy rows only (ms_graph_exec_run_fn): warm-up or capture; samples nothing. */
 static ms_status eng_graph_run(void *user, const ms_graph_step *gs, ms_md_row *rows,
                                ms_rid *rids, ms_error *err) {
@@ -3039,8 +3111,16 @@ static ms_status eng_graphs_init(ms_engine *e, ms_error *err) {
         eng_node *nd = &e->nodes[0];
         ms_graph_exec_config gc = {.mode = e->opt.graphs, .node = nd->node, .be = &e->be,
                                    .runner = nd->runner, .max_rows = e->max_seqs,
-                                   .n_pages = nd->kv_pages, .kv_resource = nd->idx[MS_RESOURCE_KV]};
+                                   .n_pages = nd->kv_pages, .kv_resource = nd->idx[MS_RESOURCE_KV],
+                                   .preplan = eng_preplan_wanted(e)};
         MS_TRY(ms_graph_exec_init(&e->gx, &gc, err));
+        if (e->gx != NULL && gc.preplan) {
+            e->pre_rows = ms_calloc((size_t)e->max_seqs, sizeof *e->pre_rows);
+            e->pre_samples = ms_calloc((size_t)e->max_seqs, sizeof *e->pre_samples);
+            if (e->pre_rows == NULL || e->pre_samples == NULL)
+                return MS_FAIL(err, MS_ERR_OOM, "graphs: out of memory for the pre-plan");
+            MS_TRY(ms_md_step_build_init(&e->pre_build, e->max_seqs, e->buf_tokens, err));
+        }
         MS_TRY(ms_graph_exec_capture(e->gx, eng_graph_run, e, e->rows, e->rids, e->max_seqs,
                                      err));
         /* the dummy rows hold their pages from their warm-up on */
@@ -3708,6 +3788,7 @@ static void eng_fork_poll(ms_engine *e) {
 
 ms_status ms_engine_fork(ms_engine *e, ms_rid parent, const ms_engine_request *rq, ms_rid *rid,
                          ms_error *err) {
+    ms_graph_exec_preplan_drop(e->gx); /* [graphs] it touches the runner */
     const eng_req *p = eng_find_req(e, parent, NULL);
     if (p == NULL)
         return MS_FAIL(err, MS_ERR_NOT_FOUND, "fork: unknown parent request %llu",
@@ -3944,6 +4025,7 @@ ms_status ms_engine_add(ms_engine *e, const ms_engine_request *rq, ms_rid *rid, 
 }
 
 void ms_engine_remove(ms_engine *e, ms_rid rid) {
+    ms_graph_exec_preplan_drop(e->gx); /* [graphs] before its rows' streams go */
     if (e->tpg == NULL) {
         eng_remove(e, rid);
         return;
@@ -3997,6 +4079,7 @@ ms_kv_host_transfer *ms_engine_pd_host_transfer(ms_engine *e) {
 
 ms_status ms_engine_pd_publish(ms_engine *e, ms_rid rid, ms_pd_record **out, ms_error *err) {
     *out = NULL;
+    ms_graph_exec_preplan_drop(e->gx); /* [graphs] it touches the runner */
     MS_TRY(eng_pd_supported(e, "pd publish", err));
     eng_req *r = eng_find_req(e, rid, NULL);
     if (r == NULL)
@@ -4083,6 +4166,7 @@ static ms_status eng_pd_check_record(const ms_engine *e, const ms_pd_record *rec
 
 ms_status ms_engine_pd_admit(ms_engine *e, const ms_pd_record *rec, ms_rid *rid, ms_error *err) {
     *rid = 0;
+    ms_graph_exec_preplan_drop(e->gx); /* [graphs] it touches the runner */
     MS_TRY(eng_pd_supported(e, "pd admit", err));
     MS_TRY(eng_pd_check_record(e, rec, err));
     eng_node *nd = &e->nodes[0];

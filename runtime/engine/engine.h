@@ -88,6 +88,10 @@ typedef struct ms_engine_options {
                                 runs every step eager; MS_GRAPHS_PADDED pads like a replay and
                                 runs eager (tests). With graphs the arena gets one extra KV page
                                 per dummy row. */
+    bool no_preplan;         /* [graphs] with graphs on: no pre-plan of step N+1 while step N
+                                replays (graph_exec.h), one slot per bucket instead of two
+                                (tests compare the two; the default pre-plans, except with
+                                prefix_cache, host_kv_pages or tp, which it is off with) */
     bool prefix_cache;       /* share sealed KV pages across requests (prefix_cache.h): a prompt
                                 whose leading full pages are cached skips computing them; pages
                                 only the cache holds count as free and are evicted least

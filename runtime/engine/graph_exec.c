@@ -17,22 +17,33 @@
 #include <string.h>
 #include <time.h>
 
-#define GX_SLOTS 1 /* one slot per bucket until the engine pre-plans (graph_exec.h) */
-#define GX_MAX_GRAPHS (MS_MD_MAX_STEPS * MS_MD_MAX_BUCKETS * GX_SLOTS)
+#define GX_MAX_SLOTS 2 /* two with the pre-plan (step N+1 planned while N replays), else one */
+#define GX_MAX_GRAPHS (MS_MD_MAX_STEPS * MS_MD_MAX_BUCKETS * GX_MAX_SLOTS)
+
+/* The staged pre-plan of the next step (graph_exec.h, ms_graph_exec_preplan). */
+typedef struct gx_preplan {
+    bool pending;             /* admitted, planned and staged; neither taken nor dropped */
+    ms_graph_step gs;         /* its rows, lease (slot other than the step it was made under) */
+    const ms_step *step;      /* the declaration it was admitted with (caller's, borrowed) */
+    ms_step_ctx ctx;          /* its plan results; ctx.lease points at gs.lease */
+    ms_rid *rids;             /* [max_bs] its rows' ids (real first, then the slot's dummies) */
+} gx_preplan;
 
 struct ms_graph_exec {
     ms_graph_exec_config cfg;
     bool record;                       /* AUTO: graphs are recorded and replayed */
     ms_graph_plan *plan;
+    int32_t n_slots;                   /* 2 with cfg.preplan, else 1 */
     int32_t max_bs;                    /* largest kept bucket */
     bool step_on[MS_MD_MAX_STEPS];     /* the step has buckets in the plan */
     int32_t n_bk[MS_MD_MAX_STEPS];     /* kept buckets of step k */
     int32_t bk_bs[MS_MD_MAX_STEPS][MS_MD_MAX_BUCKETS];    /* their rows, ascending */
     int32_t bk_index[MS_MD_MAX_STEPS][MS_MD_MAX_BUCKETS]; /* their graph plan bucket indices */
     uint8_t *mark;                     /* [ceil(n_pages / 8)] padding-check bitmap, zero */
-    void *graphs[GX_MAX_GRAPHS];       /* owned, by bucket * GX_SLOTS + slot */
+    void *graphs[GX_MAX_GRAPHS];       /* owned, by bucket * GX_MAX_SLOTS + slot */
     uint64_t fingerprint[GX_MAX_GRAPHS]; /* forward arguments at capture */
     bool dummies_in;                   /* dummy rows ingested */
+    gx_preplan pre;                    /* cfg.preplan: the next step's staged plan */
     ms_graph_exec_stats st;
 };
 
@@ -61,7 +72,7 @@ int32_t ms_graph_exec_buckets(const ms_md_node *node, int32_t k, int32_t max_row
     return n;
 }
 
-int32_t ms_graph_exec_dummy_pages(const ms_md_node *node, int32_t max_rows) {
+int32_t ms_graph_exec_dummy_pages(const ms_md_node *node, int32_t max_rows, bool preplan) {
     int32_t max_bs = 0;
     for (int32_t k = 0; node != NULL && k < node->n_steps; k++) {
         int32_t b[MS_MD_MAX_BUCKETS];
@@ -69,18 +80,21 @@ int32_t ms_graph_exec_dummy_pages(const ms_md_node *node, int32_t max_rows) {
         if (n > 0)
             max_bs = MS_MAX(max_bs, b[n - 1]);
     }
-    return max_bs * GX_SLOTS; /* a dummy decode row stores at most one token: one page */
+    /* a dummy decode row stores at most one token: one page; a second slot with the pre-plan */
+    return max_bs * (preplan ? 2 : 1);
 }
 
 void ms_graph_exec_free(ms_graph_exec *gx) {
     if (gx == NULL)
         return;
+    ms_graph_exec_preplan_drop(gx); /* its pages back before the dummy rows go */
     for (int i = 0; i < GX_MAX_GRAPHS; i++)
         if (gx->graphs[i] != NULL)
             gx->cfg.be->iface.graph_free(gx->cfg.be->ctx, gx->graphs[i]);
     if (gx->dummies_in)
         ms_graph_plan_remove_dummies(gx->plan, gx->cfg.runner);
     ms_graph_plan_free(gx->plan);
+    ms_free(gx->pre.rids);
     ms_free(gx->mark);
     ms_free(gx);
 }
@@ -100,7 +114,7 @@ ms_status ms_graph_exec_init(ms_graph_exec **out, const ms_graph_exec_config *cf
                       f->graph_launch != NULL && f->graph_free != NULL;
     if (cfg->mode == MS_GRAPHS_AUTO && !can_record)
         return MS_OK; /* the CPU backend: eager, unpadded */
-    if (ms_graph_exec_dummy_pages(cfg->node, cfg->max_rows) == 0)
+    if (ms_graph_exec_dummy_pages(cfg->node, cfg->max_rows, cfg->preplan) == 0)
         return MS_OK; /* no step declares batch buckets that fit */
     ms_graph_exec *gx = ms_calloc(1, sizeof *gx);
     if (gx == NULL)
@@ -108,9 +122,11 @@ ms_status ms_graph_exec_init(ms_graph_exec **out, const ms_graph_exec_config *cf
     gx->cfg = *cfg;
     gx->record = cfg->mode == MS_GRAPHS_AUTO;
     gx->st.mode = cfg->mode;
+    gx->n_slots = cfg->preplan ? 2 : 1;
+    gx->st.n_slots = gx->n_slots;
     gx->mark = ms_calloc(((size_t)cfg->n_pages + 7) / 8, 1);
     ms_status st = gx->mark == NULL ? MS_FAIL(err, MS_ERR_OOM, "graphs: out of memory") : MS_OK;
-    ms_graph_plan_config gc = {.n_slots = GX_SLOTS, .dummy_base = MS_RID_DUMMY_BASE};
+    ms_graph_plan_config gc = {.n_slots = gx->n_slots, .dummy_base = MS_RID_DUMMY_BASE};
     if (st == MS_OK)
         st = ms_graph_plan_init(&gx->plan, &gc, err);
     for (int32_t k = 0; st == MS_OK && k < cfg->node->n_steps && k < MS_MD_MAX_STEPS; k++) {
@@ -127,6 +143,11 @@ ms_status ms_graph_exec_init(ms_graph_exec **out, const ms_graph_exec_config *cf
             gx->st.n_buckets++;
         }
         gx->step_on[k] = n > 0;
+    }
+    if (st == MS_OK && cfg->preplan) {
+        gx->pre.rids = ms_calloc((size_t)gx->max_bs, sizeof(ms_rid));
+        if (gx->pre.rids == NULL)
+            st = MS_FAIL(err, MS_ERR_OOM, "graphs: out of memory");
     }
     if (st == MS_OK) {
         st = ms_graph_plan_ingest_dummies(gx->plan, cfg->runner, err);
@@ -158,36 +179,74 @@ static void fill_dummies(const ms_graph_exec *gx, int32_t k, const ms_slot_lease
     }
 }
 
+/* Drop the pending pre-plan: its admit and plan undone in every resource (pages back, forks and
+ * positions restored), its padding rows reset. */
+static void preplan_abandon(ms_graph_exec *gx) {
+    gx_preplan *pp = &gx->pre;
+    if (!pp->pending)
+        return;
+    ms_graph_plan_preplan_abandon(gx->plan);
+    ms_step_runner_abandon(gx->cfg.runner, pp->step, &pp->ctx);
+    ms_graph_plan_release(gx->plan, gx->cfg.runner, &pp->gs.lease, pp->gs.n_real);
+    pp->pending = false;
+}
+
 ms_status ms_graph_exec_pad(ms_graph_exec *gx, int32_t k, ms_md_row *rows, ms_rid *rids,
                             int32_t n_real, int32_t cap, ms_graph_step *gs, ms_error *err) {
-    memset(gs, 0, sizeof *gs);
+    memset(gs, 0, sizeof gs[0]);
     gs->step = k;
     gs->n_real = n_real;
     gs->n_rows = n_real;
-    if (gx == NULL || k < 0 || k >= MS_MD_MAX_STEPS || !gx->step_on[k] || n_real < 1)
+    if (gx == NULL)
         return MS_OK;
+    /* a pre-plan made for another step kind or other rows is refused by the identity check
+       (the tag holds its lease, rid list and step hash) and dropped */
+    gx_preplan *pp = &gx->pre;
+    bool same = pp->pending && k == pp->gs.step && n_real == pp->gs.n_real;
+    for (int32_t i = 0; same && i < n_real; i++)
+        same = rids[i] == pp->rids[i];
+    if (pp->pending && !same) {
+        ms_error quiet;
+        ms_status t = ms_graph_plan_preplan_take(gx->plan, &pp->gs.lease, rids, n_real, 0, &quiet);
+        MS_ASSERT(t != MS_OK); /* the row count or a rid differs from the tag's */
+        (void)t;
+        preplan_abandon(gx);
+        gx->st.n_preplan_refused++;
+    }
+    if (k < 0 || k >= MS_MD_MAX_STEPS || !gx->step_on[k] || n_real < 1) {
+        ms_graph_exec_preplan_drop(gx); /* the same rows, but a step that is never padded */
+        return MS_OK;
+    }
     const ms_md_step *sd = &gx->cfg.node->steps[k];
     for (int32_t i = 0; i < n_real; i++) {
-        if (ms_graph_plan_is_dummy(gx->plan, rows[i].rid) || rids[i] != rows[i].rid)
+        if (ms_graph_plan_is_dummy(gx->plan, rows[i].rid) || rids[i] != rows[i].rid) {
+            ms_graph_exec_preplan_drop(gx);
             return MS_FAIL(err, MS_ERR_INVALID_ARG,
                            "graphs: step %s: row %d has request id %llu (dummy range or not "
                            "the row's)", sd->name, (int)i, (unsigned long long)rids[i]);
+        }
         /* one token of the step's label per row, positions from the resource: else eager */
         if (rows[i].len[sd->labels[0]] != 1 || rows[i].position_ids != NULL) {
+            ms_graph_exec_preplan_drop(gx);
             gx->st.n_eager++;
             return MS_OK;
         }
     }
     ms_slot_lease lease;
     ms_error quiet;
-    if (ms_graph_plan_lease(gx->plan, k, n_real, n_real, &lease, &quiet) != MS_OK) {
+    if (pp->pending) {
+        lease = pp->gs.lease; /* the same rows: padded as the pre-plan was, take decides */
+        gs->preplan = true;
+    } else if (ms_graph_plan_lease(gx->plan, k, n_real, n_real, &lease, &quiet) != MS_OK) {
         gx->st.n_eager++; /* above the largest bucket, or no bucket captured: eager */
         return MS_OK;
     }
-    if (cap < lease.bs)
+    if (cap < lease.bs) {
+        ms_graph_exec_preplan_drop(gx);
         return MS_FAIL(err, MS_ERR_INVALID_ARG,
                        "graphs: step %s: room for %d rows, bucket %d", sd->name, (int)cap,
                        (int)lease.bs);
+    }
     fill_dummies(gx, k, &lease, rows, rids, n_real);
     gs->padded = true;
     gs->leased = true;
@@ -196,6 +255,129 @@ ms_status ms_graph_exec_pad(ms_graph_exec *gx, int32_t k, ms_md_row *rows, ms_ri
     gx->st.n_replays++;
     gx->st.n_padding_rows += (uint64_t)(lease.bs - n_real);
     gx->st.last_bucket = lease.bs;
+    return MS_OK;
+}
+
+/* ---- the pre-plan of step N+1 ---- */
+
+bool ms_graph_exec_preplan_pending(const ms_graph_exec *gx) {
+    return gx != NULL && gx->pre.pending;
+}
+
+bool ms_graph_exec_preplan_drop(ms_graph_exec *gx) {
+    if (gx == NULL || !gx->pre.pending)
+        return false;
+    preplan_abandon(gx);
+    gx->st.n_preplan_dropped++;
+    return true;
+}
+
+ms_status ms_graph_exec_preplan_pad(ms_graph_exec *gx, const ms_graph_step *cur,
+                                    ms_md_row *rows, int32_t cap, ms_graph_step *pgs) {
+    memset(pgs, 0, sizeof pgs[0]);
+    if (gx == NULL || cur == NULL)
+        return MS_OK;
+    pgs->step = cur->step;
+    pgs->n_real = cur->n_real;
+    pgs->n_rows = cur->n_real;
+    /* only after a replay of real rows, one pre-plan at a time */
+    if (!gx->cfg.preplan || gx->pre.pending || !cur->padded || !cur->leased || cur->capture ||
+        cur->n_real < 1)
+        return MS_OK;
+    ms_slot_lease lease;
+    ms_error quiet;
+    if (ms_graph_plan_lease(gx->plan, cur->step, cur->n_real, cur->n_real, &lease, &quiet) !=
+            MS_OK ||
+        lease.slot == cur->lease.slot || cap < lease.bs)
+        return MS_OK; /* no other captured slot (its capture failed): plan it when it comes */
+    for (int32_t i = 0; i < cur->n_real; i++)
+        gx->pre.rids[i] = rows[i].rid;
+    fill_dummies(gx, cur->step, &lease, rows, gx->pre.rids, cur->n_real);
+    pgs->padded = true;
+    pgs->leased = true;
+    pgs->preplan = true;
+    pgs->lease = lease;
+    pgs->n_rows = lease.bs;
+    return MS_OK;
+}
+
+void ms_graph_exec_preplan_run(ms_graph_exec *gx, const ms_graph_step *pgs, const ms_step *step) {
+    if (gx == NULL || pgs == NULL || !pgs->preplan || gx->pre.pending)
+        return;
+    gx_preplan *pp = &gx->pre;
+    pp->gs = *pgs;
+    pp->step = step;
+    memset(&pp->ctx, 0, sizeof pp->ctx);
+    pp->ctx.request_ids = pp->rids;
+    pp->ctx.n_rows = pgs->n_rows;
+    pp->ctx.n_real = pgs->n_real;
+    pp->ctx.lease = &pp->gs.lease;
+    pp->ctx.is_preplan = true;
+    ms_error e1 = {0};
+    ms_status st = ms_graph_plan_preplan_begin(gx->plan, &pp->gs.lease, pp->rids, pgs->n_rows,
+                                               ms_step_hash(step), &e1);
+    bool admitted = false;
+    if (st == MS_OK) {
+        ms_admit_outcome o = ms_step_runner_admit(gx->cfg.runner, step, &pp->ctx);
+        admitted = o.code == MS_ADMIT_OK;
+        if (!admitted)
+            st = MS_FAIL(&e1, MS_ERR_CAPACITY, "pre-plan admit: %s", ms_admit_code_str(o.code));
+    }
+    if (st == MS_OK)
+        st = ms_step_runner_plan(gx->cfg.runner, step, &pp->ctx, &e1);
+    const ms_kv_plan_set *set =
+        st == MS_OK ? pp->ctx.plan_results[gx->cfg.kv_resource] : NULL;
+    if (st == MS_OK && (set == NULL || set->n_plans != 1))
+        st = MS_FAIL(&e1, MS_ERR_STATE, "graphs: a padded step needs one KV plan label");
+    if (st == MS_OK)
+        st = ms_graph_exec_check_padding(&set->plans[0], pgs->n_real, gx->cfg.n_pages, gx->mark,
+                                         &e1);
+    if (st == MS_OK) /* into the other slot's static states: step N's stay as staged */
+        st = ms_graph_plan_stage_step(gx->plan, gx->cfg.runner, &pp->ctx, &e1);
+    ms_graph_plan_preplan_finish(gx->plan, st == MS_OK);
+    if (st == MS_OK) {
+        pp->pending = true;
+        gx->st.n_preplans++;
+        return;
+    }
+    /* not an error: the step plans normally when it comes */
+    ms_graph_plan_preplan_abandon(gx->plan);
+    if (admitted)
+        ms_step_runner_abandon(gx->cfg.runner, step, &pp->ctx);
+    ms_graph_plan_release(gx->plan, gx->cfg.runner, &pp->gs.lease, pp->gs.n_real);
+    if (gx->st.n_preplan_failed++ == 0)
+        snprintf(gx->st.first_preplan_failure, sizeof gx->st.first_preplan_failure, "%.150s",
+                 e1.msg);
+}
+
+ms_status ms_graph_exec_preplan_take(ms_graph_exec *gx, ms_graph_step *gs, const ms_step *step,
+                                     const ms_rid *rids, ms_step_ctx *ctx, const ms_step **admitted,
+                                     ms_error *err) {
+    if (gx == NULL || !gs->preplan)
+        return MS_OK;
+    gs->preplan = false;
+    gx_preplan *pp = &gx->pre;
+    if (!pp->pending)
+        return MS_FAIL(err, MS_ERR_STATE, "graphs: no pre-plan to take");
+    ms_error quiet;
+    ms_status t = ms_graph_plan_preplan_take(gx->plan, &gs->lease, rids, gs->n_rows,
+                                             ms_step_hash(step), &quiet);
+    if (t == MS_ERR_STATE) { /* the same rows, another declaration: planned normally */
+        preplan_abandon(gx);
+        gx->st.n_preplan_refused++;
+        return MS_OK;
+    }
+    if (t != MS_OK) {
+        preplan_abandon(gx);
+        return MS_FAIL(err, MS_ERR_STATE, "graphs: the pre-plan vanished: %s", quiet.msg);
+    }
+    pp->pending = false;
+    gs->preplanned = true;
+    *ctx = pp->ctx;
+    ctx->lease = &gs->lease;
+    ctx->is_preplan = false;
+    *admitted = pp->step;
+    gx->st.n_preplan_taken++;
     return MS_OK;
 }
 
@@ -295,15 +477,17 @@ ms_status ms_graph_exec_forward(ms_graph_exec *gx, const ms_graph_step *gs,
                                 const ms_md_forward_args *args, ms_error *err) {
     if (gx == NULL || !gs->padded)
         return forward(args, err);
-    const ms_kv_plan_set *set = ctx->plan_results[gx->cfg.kv_resource];
-    if (set == NULL || set->n_plans != 1)
-        return MS_FAIL(err, MS_ERR_STATE, "graphs: a padded step needs one KV plan label");
-    MS_TRY(ms_graph_exec_check_padding(&set->plans[0], gs->n_real, gx->cfg.n_pages, gx->mark,
-                                       err));
-    if (!gs->leased)
-        return forward(args, err); /* warm-up */
-    MS_TRY(ms_graph_plan_stage_step(gx->plan, gx->cfg.runner, ctx, err));
-    const int gi = gs->lease.bucket * GX_SLOTS + gs->lease.slot;
+    if (!gs->preplanned) { /* a taken pre-plan was checked and staged when it was made */
+        const ms_kv_plan_set *set = ctx->plan_results[gx->cfg.kv_resource];
+        if (set == NULL || set->n_plans != 1)
+            return MS_FAIL(err, MS_ERR_STATE, "graphs: a padded step needs one KV plan label");
+        MS_TRY(ms_graph_exec_check_padding(&set->plans[0], gs->n_real, gx->cfg.n_pages,
+                                           gx->mark, err));
+        if (!gs->leased)
+            return forward(args, err); /* warm-up */
+        MS_TRY(ms_graph_plan_stage_step(gx->plan, gx->cfg.runner, ctx, err));
+    }
+    const int gi = gs->lease.bucket * GX_MAX_SLOTS + gs->lease.slot;
     const ms_backend *be = gx->cfg.be;
     if (gs->capture) {
         gx->fingerprint[gi] = args_fingerprint(args);
@@ -372,7 +556,7 @@ ms_status ms_graph_exec_capture(ms_graph_exec *gx, ms_graph_exec_run_fn run, voi
             const int32_t *b = gx->bk_bs[k];
             for (int32_t i = gx->n_bk[k] - 1; i >= 0; i--) {
                 const int32_t bucket = gx->bk_index[k][i];
-                for (int32_t slot = 0; slot < GX_SLOTS; slot++) {
+                for (int32_t slot = 0; slot < gx->n_slots; slot++) {
                     ms_graph_step gs;
                     memset(&gs, 0, sizeof gs);
                     gs.step = k;
@@ -392,7 +576,7 @@ ms_status ms_graph_exec_capture(ms_graph_exec *gx, ms_graph_exec_run_fn run, voi
                             snprintf(gx->st.first_failure, sizeof gx->st.first_failure,
                                      "warm-up of %.16s bucket %d: %.120s", node->steps[k].name,
                                      (int)b[i], e0.msg);
-                            gx->st.n_failed = gx->st.n_buckets * GX_SLOTS;
+                            gx->st.n_failed = gx->st.n_buckets * gx->n_slots;
                             gx->st.capture_s = now_s() - t0;
                             return MS_OK;
                         }
@@ -402,7 +586,7 @@ ms_status ms_graph_exec_capture(ms_graph_exec *gx, ms_graph_exec_run_fn run, voi
                     gs.capture = true;
                     ms_error e1;
                     ms_status st = run(user, &gs, rows, rids, &e1);
-                    const int gi = bucket * GX_SLOTS + slot;
+                    const int gi = bucket * GX_MAX_SLOTS + slot;
                     MS_TRY(ms_graph_plan_set_captured(gx->plan, bucket, slot, st == MS_OK,
                                                       gx->graphs[gi], err));
                     if (st == MS_OK) {

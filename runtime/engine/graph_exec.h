@@ -38,10 +38,20 @@
  * padding and staging as a replay but runs the forward eagerly on any backend (the CPU tests of
  * the host side, and the eager half of the GPU bitwise tests).
  *
- * Not done yet (issue 10 item 1, see runtime/engine/README.md): prefill over token buckets (the
- * prefill attention's tile count is a launch dimension computed from the ragged rows) and the
- * pre-plan of step N+1 into a second slot while step N replays (one slot per bucket today; the
- * identity check it needs is ms_graph_plan_preplan_take).
+ * Pre-plan (cfg.preplan, the engine's default with graphs): two slots per bucket; after step
+ * N's forward is launched and step N committed, step N+1 over the same rows is admitted,
+ * planned, padding-checked and staged into the other slot; it is taken only for the identical
+ * batch (ms_graph_plan_preplan_take: lease, rid list, step hash), otherwise refused and undone
+ * (protocol below). The engine's step stays synchronous (it copies the logits to the host), so
+ * what overlaps the GPU is that host planning of step N+1 while step N's graph runs.
+ *
+ * Not done yet (issue 10 item 1, see runtime/engine/README.md): prefill over token buckets
+ * (`capture tokens in [...]` steps run eager). A graph of one needs every launch parameter fixed
+ * by the bucket: the prefill attention's tile count (backend_cuda.c cu_attn_batch_plan, from the
+ * ragged qo_indptr), the batch's n_tokens / max_q_len (attn_batch_stage, from the plan), the
+ * token and position uploads and the forward's row counts; the padding (dummy views and a
+ * token tail writing only the sink page, tiles that write nothing) and its CPU counterpart are
+ * not written.
  *
  * Ownership: ms_graph_exec_init returns an object owned by the caller (ms_graph_exec_free, which
  * frees the graphs and removes the dummy rows). The backend, node and runner are borrowed and
@@ -79,6 +89,8 @@ typedef struct ms_graph_exec_config {
     int32_t max_rows;            /* the engine's max_seqs: buckets above it are dropped */
     int32_t n_pages;             /* KV pages of the arena (the padding check's page bitmap) */
     int kv_resource;             /* resource index of the KV pool in the runner */
+    bool preplan;                /* two slots per bucket and the pre-plan of step N+1 while
+                                    step N replays (ms_graph_exec_preplan_*); false: one slot */
 } ms_graph_exec_config;
 
 typedef struct ms_graph_exec ms_graph_exec;
@@ -95,9 +107,9 @@ int32_t ms_graph_exec_buckets(const ms_md_node *node, int32_t k, int32_t max_row
                               int32_t cap);
 
 /* KV pages the dummy rows hold for (node, max_rows): one per dummy row (slots x largest kept
- * bucket); 0 when no step qualifies. The engine adds them to the arena so real requests keep
- * the pages they were promised. */
-int32_t ms_graph_exec_dummy_pages(const ms_md_node *node, int32_t max_rows);
+ * bucket; two slots with preplan, else one); 0 when no step qualifies. The engine adds them to
+ * the arena so real requests keep the pages they were promised. */
+int32_t ms_graph_exec_dummy_pages(const ms_md_node *node, int32_t max_rows, bool preplan);
 
 /*
  * Make the captured path: buckets of every qualifying step, the graph plan (one slot), the dummy
@@ -119,6 +131,11 @@ typedef struct ms_graph_step {
     bool padded;          /* rows were padded to a bucket */
     bool leased;          /* lease below is valid (replay or capture) */
     bool capture;         /* this step is being captured */
+    bool preplan;         /* padded on the pending pre-plan's lease (ms_graph_exec_pad) or made
+                             for one (ms_graph_exec_preplan_pad); ms_graph_exec_preplan_take
+                             decides */
+    bool preplanned;      /* the step runs on a taken pre-plan: admitted, planned, checked and
+                             staged already */
     int32_t step;         /* step index in the node */
     int32_t n_real;       /* real rows (first in the row arrays) */
     int32_t n_rows;       /* rows of the step: the bucket when padded, else n_real */
@@ -148,6 +165,53 @@ ms_status ms_graph_exec_forward(ms_graph_exec *gx, const ms_graph_step *gs,
                                 const ms_step_ctx *ctx, ms_md_forward_fn forward,
                                 const ms_md_forward_args *args, ms_error *err);
 
+/*
+ * The pre-plan (cfg.preplan): step N+1 admitted, planned, padding-checked and staged into the
+ * other slot while step N's graph runs, taken only for the identical batch.
+ *
+ * Protocol (the engine, after step N's forward is launched and step N is committed):
+ *   1. copy step N's real rows (one token each, every row continuing) into a rows array and
+ *      call ms_graph_exec_preplan_pad(gx, N's gs, rows, cap, &pgs): it leases the next slot
+ *      (another slot than N's; else pgs.preplan stays false and nothing is pre-planned) and
+ *      appends that slot's dummy rows;
+ *   2. declare the step over those rows into a declaration the engine keeps apart from step
+ *      N's (it must outlive the pre-plan) and call ms_graph_exec_preplan_run: admit (is_preplan),
+ *      plan, padding check, staging under the tag (lease, rid list, ms_step_hash). A failure
+ *      there (pages short, a plan error) undoes it and is counted (n_preplan_failed,
+ *      first_preplan_failure): the step then plans normally;
+ *   3. step N+1: ms_graph_exec_pad refuses the pre-plan (identity check, n_preplan_refused)
+ *      and drops it when the step kind or the real rid list differs (a request finished or
+ *      joined), else pads on its lease (gs->preplan); after declaring the step,
+ *      ms_graph_exec_preplan_take compares the declaration's hash: on a match gs->preplanned
+ *      and *ctx / *admitted are the pre-plan's (skip admit and plan; commit with *admitted);
+ *      otherwise it is refused and dropped and the step admits and plans normally on the same
+ *      lease.
+ * Anything else that touches the runner between two steps (remove, fork, run_step, transfers)
+ * must call ms_graph_exec_preplan_drop first.
+ */
+
+/* Step 1 above: rows[0, cur->n_real) are the rows of the predicted step (rids are kept in gx);
+ * pgs->preplan says whether to go on. Allocates nothing; always MS_OK. */
+ms_status ms_graph_exec_preplan_pad(ms_graph_exec *gx, const ms_graph_step *cur,
+                                    ms_md_row *rows, int32_t cap, ms_graph_step *pgs);
+
+/* Step 2 above: `step` (borrowed until the pre-plan is taken or dropped) declared over
+ * pgs->n_rows rows. Never fails: a pre-plan that cannot be made is undone and counted. */
+void ms_graph_exec_preplan_run(ms_graph_exec *gx, const ms_graph_step *pgs, const ms_step *step);
+
+/* Step 3 above: rids[gs->n_rows] the step's rows, step its declaration. MS_OK whether taken or
+ * refused (gs->preplanned says); MS_ERR_STATE when gs->preplan is set but nothing is pending. */
+ms_status ms_graph_exec_preplan_take(ms_graph_exec *gx, ms_graph_step *gs, const ms_step *step,
+                                     const ms_rid *rids, ms_step_ctx *ctx,
+                                     const ms_step **admitted, ms_error *err);
+
+/* Drop a pending pre-plan (its admit and plan undone, padding rows reset); returns whether
+ * there was one (n_preplan_dropped). NULL gx: false. */
+bool ms_graph_exec_preplan_drop(ms_graph_exec *gx);
+
+/* Whether a pre-plan is pending (false for NULL gx). */
+bool ms_graph_exec_preplan_pending(const ms_graph_exec *gx);
+
 /* After the step (committed or abandoned): reset the padding rows without freeing their pages.
  * gx NULL or gs not padded: no-op. */
 void ms_graph_exec_done(ms_graph_exec *gx, const ms_graph_step *gs);
@@ -174,6 +238,7 @@ ms_status ms_graph_exec_capture(ms_graph_exec *gx, ms_graph_exec_run_fn run, voi
 typedef struct ms_graph_exec_stats {
     ms_graph_mode mode;      /* AUTO (graphs recorded) or PADDED */
     int32_t n_buckets;       /* buckets over all qualifying steps */
+    int32_t n_slots;         /* slots per bucket: 2 with the pre-plan, else 1 */
     int32_t n_captured;      /* (bucket, slot) pairs captured */
     int32_t n_failed;        /* (bucket, slot) pairs whose capture failed (eager) */
     double capture_s;        /* wall time of ms_graph_exec_capture, warm-up included */
@@ -182,6 +247,12 @@ typedef struct ms_graph_exec_stats {
     uint64_t n_padding_rows; /* dummy rows run over all padded steps */
     int32_t last_bucket;     /* bucket rows of the last padded step, 0 none */
     char first_failure[160]; /* the first capture failure's message, "" none */
+    uint64_t n_preplans;        /* pre-plans made (ms_graph_exec_preplan_run succeeded) */
+    uint64_t n_preplan_taken;   /* ... taken by the identical next batch */
+    uint64_t n_preplan_refused; /* ... refused by the identity check (other rows or step) */
+    uint64_t n_preplan_dropped; /* ... dropped unseen (another engine call, an eager step) */
+    uint64_t n_preplan_failed;  /* pre-plans that could not be made (undone) */
+    char first_preplan_failure[160]; /* the first such failure's message, "" none */
 } ms_graph_exec_stats;
 
 /* Fill *st (zeroed, mode OFF, for NULL gx). */
