@@ -2156,13 +2156,20 @@ static ms_status eng_forward_sample(ms_engine *e, eng_node *nd, const ms_md_step
     };
     /* [graphs] eager, captured or replayed (graph_exec.h; e->gx NULL: eager) */
     MS_TRY(ms_graph_exec_forward(e->gx, gs, ctx, nd->node->forward, &args, err));
-    const int sidx0 = nd->idx[MS_RESOURCE_SAMPLER];
-    const ms_sample_row *rows = sidx0 >= 0 ? ctx->plan_results[sidx0] : NULL;
+    const int sidx = nd->idx[MS_RESOURCE_SAMPLER];
+    const ms_sample_row *rows = sidx >= 0 ? ctx->plan_results[sidx] : NULL;
+    /* the logits come to the host when something here reads them (the caller of a step without
+       sampling, prompt logprobs, CFG mixing, penalties: decided on step N's sampler records,
+       before a pre-plan replans the sampler); otherwise they stay on the backend and
+       ms_engine_last_logits copies them on first read: at batch 64 over a 128k vocabulary the
+       copy was 33 MB a step (about 3 ms of host time on the H200, issue [G]) */
+    const bool need_host = !sample || n_plp > 0 || sd->all_logits ||
+                           (sidx >= 0 && ms_sample_res_needs_host(nd->sampler, sidx, step));
     /* [graphs] while the replay runs: step N is committed (its lengths are what step N+1 plans
        from) and step N+1 pre-planned into the other slot (graph_exec.h); the pre-plan plans
        the sampler again, so step N's sample rows are kept first */
     if (sample && rows != NULL && e->pre_rows != NULL && gs->padded && gs->leased &&
-        !gs->capture && e->fork_stats.n_waiting == 0 && !hidden && n_plp == 0) {
+        !gs->capture && e->fork_stats.n_waiting == 0 && !hidden && n_plp == 0 && !need_host) {
         memcpy(e->pre_samples, rows, (size_t)gs->n_real * sizeof *rows);
         rows = e->pre_samples;
         MS_TRY(ms_step_runner_commit(nd->runner, admitted, ctx, err));
@@ -2171,14 +2178,9 @@ static ms_status eng_forward_sample(ms_engine *e, eng_node *nd, const ms_md_step
     }
     if (hidden)
         return MS_OK; /* ms_engine_encode reads hidden_dev */
-    /* the logits come to the host when something here reads them (the caller of a step without
-       sampling, prompt logprobs, CFG mixing, penalties); otherwise they stay on the backend and
-       ms_engine_last_logits copies them on first read: at batch 64 over a 128k vocabulary the
-       copy was 33 MB a step (about 3 ms of host time on the H200, issue [G]) */
-    int sidx = nd->idx[MS_RESOURCE_SAMPLER];
     e->logits_rows = n + n_plp;
     e->logits_on_host = false;
-    if (!sample || n_plp > 0 || sd->all_logits || ms_sample_res_needs_host(nd->sampler, sidx, step)) {
+    if (need_host) {
         MS_TRY(f->copy_to_host(cx, e->logits_host, e->logits_dev,
                                (size_t)(n + n_plp) * V * sizeof(float), err));
         e->logits_on_host = true;
