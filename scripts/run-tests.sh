@@ -1,17 +1,19 @@
 #!/usr/bin/env bash
 # run-tests.sh LABEL TEST... - run test binaries (cmocka) and shell drivers (*.sh).
 #
-# The binaries run one at a time, in order. The shell drivers run after them, MS_TEST_JOBS of
-# them at a time (default 1: one at a time); their results are still reported in list order.
-# Every driver works in its own mktemp directory and serves on --port 0, so drivers do not share
-# files or ports; several at once fill the cores that a driver waiting on NVRTC (one thread),
-# on HTTP clients or on a fixed-length soak leaves idle.
+# Runs MS_TEST_JOBS programs at a time (default 1: one after another), started in list order,
+# and reports them in list order. Programs do not share files or ports: the binaries and drivers
+# write under mkdtemp / mktemp -d folders (the NVRTC caches they share write each cubin through
+# a temporary name and a rename), and the servers listen on --port 0. Several at once fill the
+# cores that a single-threaded test, NVRTC (one thread per compile), HTTP clients or the
+# fixed-length soak leave idle.
 #
-# Stops at the first failing program (with MS_TEST_JOBS > 1: starts no new driver, lets the ones
+# Stops at the first failing program (with MS_TEST_JOBS > 1: starts nothing new, lets the ones
 # running finish, and reports up to the first failure in list order). Counts cmocka's
 # "[  PASSED  ] N test(s)" and "[  FAILED  ] N test(s)" lines (a shell driver counts as one test
 # unless it prints its own "N passed, N failed" line) and ends with one summary line
-# "N passed, N failed" (also appended to MS_SUMMARY when set).
+# "N passed, N failed" (also appended to MS_SUMMARY when set). The seconds printed per program
+# are its wall time (with MS_TEST_JOBS > 1, shared with the others running).
 set -uo pipefail
 label=$1
 shift
@@ -70,43 +72,30 @@ report() {
     printf '  ok   %-40s %4d tests  %6ss\n' "$t" "$p" "$secs"
 }
 
-bins=()
-drivers=()
-for t in "$@"; do
-    if [[ $t == *.sh ]]; then drivers+=("$t"); else bins+=("$t"); fi
-done
-
-i=0
-for t in "${bins[@]}"; do
-    run_one $i "$t"
-    report $i "$t"
-    i=$((i + 1))
-done
-
-# drivers: keep up to $jobs running; report each, in order, once it and all before it are done
-first=$i
+# keep up to $jobs programs running; report each, in list order, once it and all before it are done
+n=$#
+progs=("$@")
 next=0
 shown=0
 running=0
 stop=0
-n=${#drivers[@]}
 while [ $shown -lt $n ]; do
     while [ $stop -eq 0 ] && [ $next -lt $n ] && [ $running -lt "$jobs" ]; do
-        run_one $((first + next)) "${drivers[$next]}" &
+        run_one $next "${progs[$next]}" &
         next=$((next + 1))
         running=$((running + 1))
     done
-    if [ -f "$work/$((first + shown)).done" ]; then
-        read -r rc _ <"$work/$((first + shown)).done"
+    if [ -f "$work/$shown.done" ]; then
+        read -r rc _ <"$work/$shown.done"
         [ "$rc" -ne 0 ] && stop=1
-        report $((first + shown)) "${drivers[$shown]}"
+        report $shown "${progs[$shown]}"
         shown=$((shown + 1))
         continue
     fi
-    sleep 0.2
+    sleep 0.1
     running=0
     for ((k = shown; k < next; k++)); do
-        [ -f "$work/$((first + k)).done" ] || running=$((running + 1))
+        [ -f "$work/$k.done" ] || running=$((running + 1))
     done
 done
 echo "[$label]"
