@@ -10,7 +10,9 @@
 # macro): precompiled at the fixture's head_dim 48 and listed cached by its binary (sm_90 only).
 # The verb's instance set is the stem list the generated descriptor carries: plain.mstar (no
 # residual RMSNorm) lists exactly its 9 emitted files; tiny.mstar (none emitted) is refused.
-# One temporary cache serves the whole script (about 30 NVRTC compiles, ~0.5 s each).
+# One temporary cache serves the whole script (about 30 NVRTC compiles; the 7 qmatmul instances
+# take several seconds each). The sanitizer builds precompile llama_gqa for sm_90 alone (the plain
+# build: sm_80,sm_90).
 #
 # Needs NVRTC (a CUDA build; no GPU): in a build without CUDA it checks that --arch and the
 # `kernels` verb say so, and prints which checks it skipped.
@@ -94,27 +96,36 @@ if ! nm -g "$build/libmstar.a" 2>/dev/null | grep ' T ms_nvrtc_compile_ex$' >/de
 fi
 
 # ---- mstarc --arch --config: the checkpoint's instances into the cache ----
-if run "mstarc build --arch sm_80,sm_90 --config llama_gqa" 0 \
-    "$mstarc" build models/llama.mstar -o "$tmp/b" --arch sm_80,sm_90 --config "$gqa"; then
+# Two archs (sm_80,sm_90) in the plain build; the sanitizer builds precompile sm_90 only: the same
+# C (list parsing, the loop over archs, the cache writes) runs for one arch as for two, and each
+# cold qmatmul compile is NVRTC's time, not ours (CI ran all 34 compiles twice). The two-arch
+# list is still precompiled and listed in the plain pass.
+case $build in
+*/asan | */tsan) archs=sm_90 n_arch=1 ;;
+*) archs=sm_80,sm_90 n_arch=2 ;;
+esac
+n_inst=$((17 * n_arch))
+if run "mstarc build --arch $archs --config llama_gqa" 0 \
+    "$mstarc" build models/llama.mstar -o "$tmp/b" --arch "$archs" --config "$gqa"; then
     n_new=$(count ' sm_(80|90) +compiled ' "$tmp/out")
     n_skip=$(count 'skipped: not used with this checkpoint' "$tmp/out")
-    if [ "$n_new" -eq 34 ] && [ "$n_skip" -eq 3 ] && [ -x "$tmp/b/llama" ] &&
+    if [ "$n_new" -eq "$n_inst" ] && [ "$n_skip" -eq 3 ] && [ -x "$tmp/b/llama" ] &&
         grep -q 'head_dim=16, page_size=16, group=4' "$tmp/out" &&
         grep -q 'attn_decode_bf16_hd16_ps16_g4_af32 *sm_90 *compiled .*attn_decode_bf16_af32.cu' "$tmp/out"; then
-        ok "mstarc: 17 instances (10 + 7 qmatmul) x 2 archs compiled, 3 variants skipped, binary linked"
+        ok "mstarc: 17 instances (10 + 7 qmatmul) x $n_arch arch(s) ($archs) compiled, 3 variants skipped, binary linked"
     else
-        bad "mstarc: 17 instances x 2 archs compiled" "compiled $n_new (want 34), skipped $n_skip (want 3)" "$(cat "$tmp/out")"
+        bad "mstarc: 17 instances x $n_arch arch(s) compiled" "compiled $n_new (want $n_inst), skipped $n_skip (want 3)" "$(cat "$tmp/out")"
     fi
     n_cubins=$(find "$MSTAR_CACHE" -name '*.cubin' | wc -l)
-    if [ "$n_cubins" -eq 34 ]; then ok "34 cubins in MSTAR_CACHE"; else bad "34 cubins in MSTAR_CACHE" "found $n_cubins"; fi
+    if [ "$n_cubins" -eq "$n_inst" ]; then ok "$n_inst cubins in MSTAR_CACHE"; else bad "$n_inst cubins in MSTAR_CACHE" "found $n_cubins"; fi
 fi
 
 # ---- the binary finds all of them ----
 bin="$tmp/b/llama"
-if run "kernels --list" 0 "$bin" kernels --model "$gqa" --arch sm_80,sm_90 --list; then
-    if [ "$(count ' sm_(80|90) +cached$' "$tmp/out")" -eq 34 ] && ! grep -qE ' sm_[0-9]+ +missing$' "$tmp/out" &&
-        grep -q '^34 cached, 0 missing$' "$tmp/out"; then
-        ok "kernels --list: every instance of both archs cached"
+if run "kernels --list" 0 "$bin" kernels --model "$gqa" --arch "$archs" --list; then
+    if [ "$(count ' sm_(80|90) +cached$' "$tmp/out")" -eq "$n_inst" ] && ! grep -qE ' sm_[0-9]+ +missing$' "$tmp/out" &&
+        grep -q "^$n_inst cached, 0 missing\$" "$tmp/out"; then
+        ok "kernels --list: every instance of $archs cached"
     else
         bad "kernels --list: every instance cached" "$(cat "$tmp/out")"
     fi

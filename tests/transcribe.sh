@@ -48,7 +48,13 @@ done
 [ "$(cat "$tmp/lt")" = "$(ref 0)" ] && ok "--language en --task transcribe" ||
     bad "--language en --task transcribe" "$(head -c 300 "$tmp/lt")"
 
-# 8 kHz stereo (written with Python's wave module): resampled to 16 kHz by libsamplerate
+# 8 kHz stereo (written with Python's wave module): resampled to 16 kHz by libsamplerate.
+# Plain build only: under a sanitizer this was a third encoder run over 1500 frames (about 2 of
+# the ASan pass's 6.5 minutes here), and what it adds there, reading an 8 kHz stereo file through
+# libsndfile and libsamplerate, test_audio does under ASan and TSan on the same kind of copies.
+case $build in
+*asan* | *tsan*) echo "skip 8 kHz stereo resampled: plain build only (test_audio reads such files under the sanitizers)" ;;
+*)
 python3 - "$wb/speech0.wav" "$tmp/s8k.wav" <<'PY'
 import struct, sys, wave
 with wave.open(sys.argv[1]) as w:
@@ -62,7 +68,8 @@ PY
 # (decimated without a low-pass filter, so the words blur: the oracle is that it still reads and
 # recognises the sentence, not the exact transcript)
 grep -qi 'quick' "$tmp/r8" && grep -qi 'dog' "$tmp/r8" && ok "8 kHz stereo resampled: $(cat "$tmp/r8")" ||
-    bad "8 kHz stereo resampled" "$(head -c 300 "$tmp/r8")"
+    bad "8 kHz stereo resampled" "$(head -c 300 "$tmp/r8")" ;;
+esac
 
 # bad input: one line on stderr, the exit status, nothing on stdout
 expect_fail() { # NAME STATUS PATTERN ARGS...
