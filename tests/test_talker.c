@@ -673,6 +673,95 @@ static void test_engine_talker_codes(void **state) {
     ref_free(&r);
 }
 
+/*
+ * ms_engine_run_codes_pick: the talker node's sampler resource picks c0 on the backend. Four
+ * greedy requests with different prompts in one batch: over the prefill and every teacher-forced
+ * decode, each picked id is its logits' argmax (the host's) and the logits equal
+ * ms_engine_run_codes' (the same step); the reference c0 codes come out. A request sampling at
+ * temperature 1 picks an id in range; the predictor (no sampler) and a NULL `picked` are refused.
+ */
+static void test_sampler_picks_c0(void **state) {
+    (void)state;
+    ref r;
+    ref_load(&r);
+    ms_error err = {0};
+    static int32_t rows[B * P * G];
+    static float plain[B][V];
+    int32_t spans[B];
+    ms_rid rids[B], mirror[B];
+    ms_engine *e = engine_new();
+    ms_engine *e2 = engine_new(); /* the same steps through ms_engine_run_codes */
+    for (int i = 0; i < B; i++) {
+        int32_t ids[P];
+        for (int p = 0; p < P; p++)
+            for (int g = 0; g < G; g++) {
+                int32_t v = (r.prompt[p * G + g] + 13 * i) % V;
+                rows[((size_t)i * P + (size_t)p) * G + (size_t)g] = v;
+                if (g == 0)
+                    ids[p] = v;
+            }
+        ms_engine_request rq = {.prompt = ids, .n_prompt = P, .max_new_tokens = F,
+                                .sampling = ms_sampling_greedy()};
+        CHECK(ms_engine_add(e, &rq, &rids[i], &err));
+        CHECK(ms_engine_add(e2, &rq, &mirror[i], &err));
+        spans[i] = P;
+    }
+    int wrong = 0;
+    for (int f = 0; f < F; f++) {
+        const float *out, *out2, *hid;
+        const int32_t *pick;
+        const char *step = f == 0 ? "prefill" : "decode";
+        CHECK(ms_engine_run_codes(e2, "talker", step, mirror, spans, B, rows, G, &out2, NULL,
+                                  &err));
+        memcpy(plain, out2, sizeof plain);
+        CHECK(ms_engine_run_codes_pick(e, "talker", step, rids, spans, B, rows, G, &pick, &out,
+                                       &hid, &err));
+        assert_non_null(hid);
+        for (int i = 0; i < B; i++) {
+            assert_int_equal(pick[i], argmax(out + (size_t)i * V, V));
+            assert_true(max_diff(out + (size_t)i * V, plain[i], V) == 0.0);
+        }
+        /* request 0 carries the fixture's prompt: its picks are the reference c0 codes */
+        wrong += pick[0] != r.codes[f * G];
+        for (int i = 0; i < B; i++) {
+            spans[i] = 1;
+            memcpy(rows + (size_t)i * G, r.codes + (size_t)f * G, G * sizeof(int32_t));
+        }
+    }
+    printf("run_codes_pick: %d of %d picked c0 codes differ from the reference; every pick is "
+           "its row's argmax\n", wrong, F);
+    assert_int_equal(wrong, 0);
+    for (int i = 0; i < B; i++)
+        ms_engine_remove(e2, mirror[i]);
+    /* a sampled (temperature 1) request: an id in range */
+    int32_t ids[P];
+    for (int p = 0; p < P; p++)
+        ids[p] = r.prompt[p * G];
+    ms_engine_request rq = {.prompt = ids, .n_prompt = P, .max_new_tokens = F,
+                            .sampling = ms_sampling_greedy()};
+    rq.sampling.temperature = 1.0f;
+    rq.sampling.seed = 7;
+    ms_rid hot;
+    CHECK(ms_engine_add(e2, &rq, &hot, &err));
+    const float *out;
+    const int32_t *pick;
+    int32_t span = P;
+    CHECK(ms_engine_run_codes_pick(e2, "talker", "prefill", &hot, &span, 1, r.prompt, G, &pick,
+                                   &out, NULL, &err));
+    assert_true(pick[0] >= 0 && pick[0] < V);
+    span = 1;
+    expect_fail(ms_engine_run_codes_pick(e, "talker", "decode", rids, &span, 1, r.codes, G, NULL,
+                                         &out, NULL, &err),
+                &err, MS_ERR_INVALID_ARG, "no place for the picked ids");
+    expect_fail(ms_engine_run_codes_pick(e, "code_predictor", "next", rids, &span, 1, r.codes, G,
+                                         &pick, &out, NULL, &err),
+                &err, MS_ERR_UNSUPPORTED, "node code_predictor does not read a row of codes");
+    assert_null(pick);
+    ms_engine_free(e);
+    ms_engine_free(e2);
+    ref_free(&r);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         ms_unit_test(test_talker_logits_teacher_forced),
@@ -682,6 +771,7 @@ int main(void) {
         ms_unit_test(test_codes_batch_of_four_equals_each_alone),
         ms_unit_test(test_scratch_hazards),
         ms_unit_test(test_engine_talker_codes),
+        ms_unit_test(test_sampler_picks_c0),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -2441,8 +2441,11 @@ int32_t ms_engine_max_seqs(const ms_engine *e) { return e->max_seqs; }
 static ms_status eng_run_input(ms_engine *e, const char *node, const char *step_name,
                                const ms_rid *rids, const int32_t *spans, int32_t n,
                                const float *rows, const int32_t *codes, int64_t width,
-                               const float **logits, const float **hidden, ms_error *err) {
+                               const float **logits, const float **hidden,
+                               const int32_t **picked, ms_error *err) {
     const bool ids = codes != NULL;
+    if (picked != NULL)
+        *picked = NULL;
     const char *verb = ids ? "run codes" : "run rows";
     *logits = NULL;
     if (hidden != NULL)
@@ -2470,6 +2473,9 @@ static ms_status eng_run_input(ms_engine *e, const char *node, const char *step_
     if (scratch && hidden == NULL)
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s %s.%s: the node returns hidden rows: "
                        "pass `hidden`", verb, node, step_name);
+    if (picked != NULL && (scratch || nd->sampler == NULL))
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "%s %s.%s: the node has no sampler to pick "
+                       "ids with", verb, node, step_name);
     int32_t k = -1;
     for (int32_t i = 0; i < nd->node->n_steps && k < 0; i++)
         if (strcmp(nd->node->steps[i].name, step_name) == 0)
@@ -2569,9 +2575,13 @@ static ms_status eng_run_input(ms_engine *e, const char *node, const char *step_
     ms_graph_step gs = {.step = k, .n_real = n, .n_rows = n}; /* eager, unpadded */
     e->rows_staged = true;
     e->codes_staged = ids;
-    ms_status st = eng_run_built(e, nd, sd, &gs, false, err);
+    /* [codes] with `picked`: the node's sampler picks each request's id from its last row's
+       logits on the backend (the requests' own sampling settings) */
+    ms_status st = eng_run_built(e, nd, sd, &gs, picked != NULL, err);
     e->rows_staged = e->codes_staged = false;
     MS_TRY(st);
+    if (picked != NULL)
+        *picked = e->ids_host;
     for (int32_t i = 0; i < n; i++) {
         eng_req *r = e->row_reqs[i];
         if (e->build.kv.commit)
@@ -2595,7 +2605,7 @@ ms_status ms_engine_run_rows(ms_engine *e, const char *node, const char *step_na
                              const float *rows, int64_t width, const float **logits,
                              const float **hidden, ms_error *err) {
     return eng_run_input(e, node, step_name, rids, spans, n, rows, NULL, width, logits, hidden,
-                         err);
+                         NULL, err);
 }
 
 /* [codes] see engine.h */
@@ -2610,7 +2620,26 @@ ms_status ms_engine_run_codes(ms_engine *e, const char *node, const char *step_n
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "run codes %s.%s: no codes given", node,
                        step_name);
     return eng_run_input(e, node, step_name, rids, spans, n, NULL, codes, groups, logits,
-                         hidden, err);
+                         hidden, NULL, err);
+}
+
+/* [codes] see engine.h */
+ms_status ms_engine_run_codes_pick(ms_engine *e, const char *node, const char *step_name,
+                                   const ms_rid *rids, const int32_t *spans, int32_t n,
+                                   const int32_t *codes, int64_t groups, const int32_t **picked,
+                                   const float **logits, const float **hidden, ms_error *err) {
+    *logits = NULL;
+    if (hidden != NULL)
+        *hidden = NULL;
+    if (picked == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "run codes %s.%s: no place for the picked ids",
+                       node, step_name);
+    *picked = NULL;
+    if (codes == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "run codes %s.%s: no codes given", node,
+                       step_name);
+    return eng_run_input(e, node, step_name, rids, spans, n, NULL, codes, groups, logits,
+                         hidden, picked, err);
 }
 
 /*

@@ -399,6 +399,20 @@ ms_status ms_engine_run_codes(ms_engine *e, const char *node, const char *step_n
                               const float **hidden, ms_error *err);
 
 /*
+ * [codes] ms_engine_run_codes, then the node's sampler resource picks one id per request from
+ * its last row's logits, on the engine's backend (the backend's batched sample, as
+ * ms_engine_step samples: each request's own sampling settings, greedy for temperature 0; the
+ * requests' outputs and walks still do not move). *picked = [n] int32 host, request i's id at
+ * i (MS_SAMPLE_ID_NAN for a row whose logits hold NaN), borrowed until the next step; *logits
+ * and *hidden as ms_engine_run_codes. Errors: ms_engine_run_codes', MS_ERR_INVALID_ARG (picked
+ * NULL), MS_ERR_UNSUPPORTED (a node without a sampler, a node on a scratch).
+ */
+ms_status ms_engine_run_codes_pick(ms_engine *e, const char *node, const char *step_name,
+                                   const ms_rid *rids, const int32_t *spans, int32_t n,
+                                   const int32_t *codes, int64_t groups, const int32_t **picked,
+                                   const float **logits, const float **hidden, ms_error *err);
+
+/*
  * Run node `node`'s forward over one shaped input (an encoder: log-mel features) and return its
  * hidden states: input [n_channels, n_frames] f32 host, channel-major as the model file declares
  * it (`forward encode(features: [num_mel_bins, n_frames])`, transformers' input_features[0]); the

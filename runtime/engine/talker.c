@@ -132,6 +132,7 @@ static ms_status tk_wave(ms_engine *e, const ms_talker_glue *gl, tk_state *s, ms
     int32_t spans[TK_MAX_ROWS];
     int32_t c[TK_MAX_ROWS][MS_TALKER_MAX_GROUPS];
     const float *out, *hid;
+    const int32_t *pick; /* the talker's sampler's c0 of each request */
     const char *prefill = NULL, *loop[MS_TALKER_MAX_GROUPS] = {NULL}, *decode = NULL;
     MS_ASSERT(n <= TK_MAX_ROWS);
     MS_TRY(tk_walk(e, gl, s, &prefill, loop, &decode, err));
@@ -145,13 +146,16 @@ static ms_status tk_wave(ms_engine *e, const ms_talker_glue *gl, tk_state *s, ms
         t += (size_t)it[i].n_prompt;
     }
     /* the talker embeds its frames itself (models/talker.mstar: forward(codes: [_, G] ids)) */
-    MS_TRY(ms_engine_run_codes(e, gl->talker, prefill, rids, spans, n, s->codes, s->G, &out, &hid,
-                               err));
+    MS_TRY(ms_engine_run_codes_pick(e, gl->talker, prefill, rids, spans, n, s->codes, s->G,
+                                    &pick, &out, &hid, err));
     for (int32_t f = 0; f < frames; f++) {
         memcpy(s->h, hid, (size_t)n * (size_t)s->H * sizeof(float));
         for (int32_t i = 0; i < n; i++) {
             const float *lg = out + (size_t)i * (size_t)s->V;
-            c[i][0] = tk_argmax(lg, s->V);
+            if (pick[i] < 0 || pick[i] >= s->V)
+                return MS_FAIL(err, MS_ERR_INTERNAL, "talker: item %d, frame %d: the talker's "
+                               "logits hold NaN (no code 0 to pick)", (int)i, (int)f);
+            c[i][0] = pick[i];
             if (f < it[i].n_frames && it[i].talker_logits != NULL)
                 memcpy(it[i].talker_logits + (size_t)f * (size_t)s->V, lg,
                        (size_t)s->V * sizeof(float));
@@ -191,8 +195,8 @@ static ms_status tk_wave(ms_engine *e, const ms_talker_glue *gl, tk_state *s, ms
             memcpy(s->codes + (size_t)i * (size_t)s->G, c[i], (size_t)s->G * sizeof(int32_t));
             spans[i] = 1;
         }
-        MS_TRY(ms_engine_run_codes(e, gl->talker, decode, rids, spans, n, s->codes, s->G, &out,
-                                   &hid, err));
+        MS_TRY(ms_engine_run_codes_pick(e, gl->talker, decode, rids, spans, n, s->codes, s->G,
+                                        &pick, &out, &hid, err));
     }
     return MS_OK;
 }
@@ -281,7 +285,7 @@ ms_status ms_engine_talker_codes(ms_engine *e, const ms_talker_glue *glue, ms_ta
                 ids[p] = it->prompt_codes[(size_t)p * (size_t)s.G];
             ms_engine_request rq = {.prompt = ids, .n_prompt = it->n_prompt,
                                     .max_new_tokens = it->n_frames,
-                                    .sampling = ms_engine_sampling_defaults(e)};
+                                    .sampling = ms_sampling_greedy()};
             st = ms_engine_add(e, &rq, &rids[i], err);
             ms_free(ids);
             if (st != MS_OK)
