@@ -25,6 +25,10 @@
  *     request began, a frame never begun, a fifth token in a frame of four, a step ending at
  *     slot 0 (no head) or at two slots are refused; a frame
  *     begun again starts empty (bitwise the same rows), two rows never read each other's keys.
+ *   - the codes picked on the backend: ms_engine_run_codes_pick (the talker's sampler resource)
+ *     over four batched greedy prompts picks each row's argmax and the reference c0 codes;
+ *     ms_engine_run_rows_pick over the predictor's frames (two rows each, then one) picks each
+ *     request's last row's argmax; misuse of both is refused.
  * tests/test_talker_cpu.c is the hand-built oracle of the same loop.
  */
 #include "ms_test.h"
@@ -762,6 +766,61 @@ static void test_sampler_picks_c0(void **state) {
     ref_free(&r);
 }
 
+/*
+ * ms_engine_run_rows_pick: the predictor's codes picked on the backend from each request's last
+ * row. Four requests, a frame begun over two distinct rows each (the pick reads every second
+ * row: rows 2i + 1), then a next step of one row each: every pick is the argmax of the row
+ * ms_engine_run_rows_pick returns, and the frames' rows differ so that the picks do. Different
+ * spans, the talker node (not on a scratch) and a NULL `picked` are refused.
+ */
+static void test_predictor_picks(void **state) {
+    (void)state;
+    ref r;
+    ref_load(&r);
+    ms_error err = {0};
+    ms_engine *e = engine_new();
+    ms_rid rids[B];
+    for (int i = 0; i < B; i++)
+        rids[i] = add_request(e, (const int32_t(*)[G])r.prompt);
+    static float rows[2 * B * HC];
+    for (int k = 0; k < 2 * B * HC; k++)
+        rows[k] = 0.05f * (float)((k * 7 + k / HC * 11) % 23) - 0.5f;
+    int32_t spans[B] = {2, 2, 2, 2};
+    const int32_t *pick;
+    const float *hid;
+    int distinct = 0;
+    CHECK(ms_engine_run_rows_pick(e, "code_predictor", "begin", rids, spans, B, rows, HC, &pick,
+                                  &hid, &err));
+    for (int i = 0; i < B; i++) {
+        assert_int_equal(pick[i], argmax(hid + (size_t)i * V, V));
+        distinct += i > 0 && pick[i] != pick[0];
+    }
+    for (int i = 0; i < B; i++)
+        spans[i] = 1;
+    CHECK(ms_engine_run_rows_pick(e, "code_predictor", "next", rids, spans, B, rows, HC, &pick,
+                                  &hid, &err));
+    for (int i = 0; i < B; i++)
+        assert_int_equal(pick[i], argmax(hid + (size_t)i * V, V));
+    printf("run_rows_pick: every pick is its last row's argmax (%d of %d picks differ from "
+           "request 0's at the frame's begin)\n", distinct, B - 1);
+    assert_true(distinct > 0);
+    int32_t ragged[2] = {2, 1};
+    expect_fail(ms_engine_run_rows_pick(e, "code_predictor", "begin", rids, ragged, 2, rows, HC,
+                                        &pick, &hid, &err),
+                &err, MS_ERR_INVALID_ARG, "takes one span for every request");
+    expect_fail(ms_engine_run_rows_pick(e, "code_predictor", "begin", rids, spans, 1, rows, HC,
+                                        NULL, &hid, &err),
+                &err, MS_ERR_INVALID_ARG, "no place for the picked ids");
+    expect_fail(ms_engine_run_rows_pick(e, "talker", "decode", rids, spans, 1, rows, HC, &pick,
+                                        &hid, &err),
+                &err, MS_ERR_UNSUPPORTED, "not on a scratch");
+    assert_null(pick);
+    for (int i = 0; i < B; i++)
+        ms_engine_remove(e, rids[i]);
+    ms_engine_free(e);
+    ref_free(&r);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         ms_unit_test(test_talker_logits_teacher_forced),
@@ -772,6 +831,7 @@ int main(void) {
         ms_unit_test(test_scratch_hazards),
         ms_unit_test(test_engine_talker_codes),
         ms_unit_test(test_sampler_picks_c0),
+        ms_unit_test(test_predictor_picks),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

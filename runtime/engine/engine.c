@@ -2473,7 +2473,7 @@ static ms_status eng_run_input(ms_engine *e, const char *node, const char *step_
     if (scratch && hidden == NULL)
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s %s.%s: the node returns hidden rows: "
                        "pass `hidden`", verb, node, step_name);
-    if (picked != NULL && (scratch || nd->sampler == NULL))
+    if (picked != NULL && !scratch && nd->sampler == NULL)
         return MS_FAIL(err, MS_ERR_UNSUPPORTED, "%s %s.%s: the node has no sampler to pick "
                        "ids with", verb, node, step_name);
     int32_t k = -1;
@@ -2560,8 +2560,35 @@ static ms_status eng_run_input(ms_engine *e, const char *node, const char *step_
         /* [scratch] request i is batch row i: a frame's steps list the same requests in the
            same order (the scratch refuses a row continuing another request's frame); every
            request's last row is returned */
+        if (picked != NULL)
+            for (int32_t i = 1; i < n; i++)
+                if (spans[i] != spans[0])
+                    return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s %s.%s: picking ids from a "
+                                   "scratch node's last rows takes one span for every request "
+                                   "(request %llu brings %d rows, the first %d)", verb, node,
+                                   sd->name, (unsigned long long)rids[i], (int)spans[i],
+                                   (int)spans[0]);
         MS_TRY(eng_run_scratch(e, nd, sd, n, spans, err));
         const int64_t w = nd->node->hidden_width(e->config);
+        if (picked != NULL) {
+            /* [scratch] greedy: the backend's batched sample over each request's last row
+               (rows spans[0] apart in hidden_dev), in place on the backend */
+            ms_sample_row srows[MS_ENGINE_MAX_PICK];
+            if (n > MS_ENGINE_MAX_PICK)
+                return MS_FAIL(err, MS_ERR_CAPACITY, "%s %s.%s: %d requests to pick for (at "
+                               "most %d)", verb, node, sd->name, (int)n, MS_ENGINE_MAX_PICK);
+            for (int32_t i = 0; i < n; i++)
+                srows[i] = (ms_sample_row){.params = ms_sampling_greedy()};
+            ms_tensor last = ms_tensor_2d(e->hidden_dev + (size_t)(spans[0] - 1) * (size_t)w,
+                                          MS_DTYPE_F32, n, w);
+            last.stride[0] = (int64_t)spans[0] * w;
+            ms_tensor ids_t = ms_tensor_1d(e->ids_dev, MS_DTYPE_I32, n);
+            MS_TRY(e->be.iface.sample(e->be.ctx, &last, srows, e->sample_ws, e->sample_ws_bytes,
+                                      &ids_t, err));
+            MS_TRY(e->be.iface.copy_to_host(e->be.ctx, e->ids_host, e->ids_dev,
+                                            (size_t)n * sizeof(int32_t), err));
+            *picked = e->ids_host;
+        }
         int64_t t = 0;
         for (int32_t i = 0; i < n; i++) {
             t += spans[i];
@@ -2621,6 +2648,34 @@ ms_status ms_engine_run_codes(ms_engine *e, const char *node, const char *step_n
                        step_name);
     return eng_run_input(e, node, step_name, rids, spans, n, NULL, codes, groups, logits,
                          hidden, NULL, err);
+}
+
+/* [scratch] see engine.h */
+ms_status ms_engine_run_rows_pick(ms_engine *e, const char *node, const char *step_name,
+                                  const ms_rid *rids, const int32_t *spans, int32_t n,
+                                  const float *rows, int64_t width, const int32_t **picked,
+                                  const float **hidden, ms_error *err) {
+    const float *logits;
+    if (hidden != NULL)
+        *hidden = NULL;
+    if (picked == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "run rows %s.%s: no place for the picked ids",
+                       node, step_name);
+    *picked = NULL;
+    if (rows == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "run rows %s.%s: no rows given", node,
+                       step_name);
+    const float *h = NULL;
+    for (int32_t ni = 0; ni < e->n_nodes; ni++)
+        if (strcmp(e->nodes[ni].node->name, node) == 0 && e->nodes[ni].scratch == NULL)
+            return MS_FAIL(err, MS_ERR_UNSUPPORTED, "run rows %s.%s: the node is not on a "
+                           "scratch (ms_engine_run_rows_pick picks from a scratch node's rows)",
+                           node, step_name);
+    MS_TRY(eng_run_input(e, node, step_name, rids, spans, n, rows, NULL, width, &logits, &h,
+                         picked, err));
+    if (hidden != NULL)
+        *hidden = h;
+    return MS_OK;
 }
 
 /* [codes] see engine.h */

@@ -398,6 +398,25 @@ ms_status ms_engine_run_codes(ms_engine *e, const char *node, const char *step_n
                               const int32_t *codes, int64_t groups, const float **logits,
                               const float **hidden, ms_error *err);
 
+/* Most requests one ms_engine_run_rows_pick picks for. */
+#define MS_ENGINE_MAX_PICK 256
+
+/*
+ * [scratch] ms_engine_run_rows on a node attending over a scratch KV (a code predictor, whose
+ * forward returns every row's head logits), then each request's id is picked greedily from its
+ * last row on the engine's backend (the backend's batched sample with greedy rows: the argmax,
+ * lowest id on ties, as ms_engine_step's greedy sampling). Every request brings the same span.
+ * *picked = [n] int32 host (MS_SAMPLE_ID_NAN for a row holding NaN), borrowed until the next
+ * step; *hidden (when not NULL) = each request's last row, as ms_engine_run_rows. Errors:
+ * ms_engine_run_rows', MS_ERR_INVALID_ARG (picked or rows NULL, spans that differ),
+ * MS_ERR_UNSUPPORTED (a node not on a scratch), MS_ERR_CAPACITY (more than MS_ENGINE_MAX_PICK
+ * requests), the backend sample's (rows wider than the engine's sampling workspace holds).
+ */
+ms_status ms_engine_run_rows_pick(ms_engine *e, const char *node, const char *step_name,
+                                  const ms_rid *rids, const int32_t *spans, int32_t n,
+                                  const float *rows, int64_t width, const int32_t **picked,
+                                  const float **hidden, ms_error *err);
+
 /*
  * [codes] ms_engine_run_codes, then the node's sampler resource picks one id per request from
  * its last row's logits, on the engine's backend (the backend's batched sample, as

@@ -2,8 +2,10 @@
  * talker.c - ms_engine_talker_codes (talker.h): the per-frame loop of a talker + code-predictor
  * model over the engine's two compiled nodes: the talker reads a frame's codes (its forward
  * embeds them), the predictor returns the logits of the frame's next code (its forward ends in
- * the head its frame slot picks); in_proj, its input embeddings and argmax are on the host in
- * float32.
+ * the head its frame slot picks). Every code is picked on the engine's backend (c0 by the talker
+ * node's sampler resource, ms_engine_run_codes_pick; c_j greedily from the predictor's last
+ * rows, ms_engine_run_rows_pick); in_proj and the predictor's input embeddings are still on the
+ * host in float32 (not in the model language yet).
  */
 #include "talker.h"
 
@@ -79,14 +81,6 @@ static void tk_matvec(const float *w, const float *x, int32_t n, int32_t k, floa
     }
 }
 
-static int32_t tk_argmax(const float *x, int32_t n) {
-    int32_t best = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (x[i] > x[best])
-            best = i;
-    return best;
-}
-
 /*
  * The walk the requests take (the engine's choice for a prompt on main), checked against the
  * loop this file drives: one talker step (the prefill) before the loop; in the loop G - 1
@@ -153,7 +147,7 @@ static ms_status tk_wave(ms_engine *e, const ms_talker_glue *gl, tk_state *s, ms
         for (int32_t i = 0; i < n; i++) {
             const float *lg = out + (size_t)i * (size_t)s->V;
             if (pick[i] < 0 || pick[i] >= s->V)
-                return MS_FAIL(err, MS_ERR_INTERNAL, "talker: item %d, frame %d: the talker's "
+                return MS_FAIL(err, MS_ERR_INTERNAL, "talker: row %d, frame %d: the talker's "
                                "logits hold NaN (no code 0 to pick)", (int)i, (int)f);
             c[i][0] = pick[i];
             if (f < it[i].n_frames && it[i].talker_logits != NULL)
@@ -170,11 +164,15 @@ static ms_status tk_wave(ms_engine *e, const ms_talker_glue *gl, tk_state *s, ms
         for (int32_t j = 1; j < s->G; j++) {
             /* its forward ends in heads[j - 1] (`for hd in heads at code.slot - 1`): the rows
                it returns are each request's logits of c_j */
-            MS_TRY(ms_engine_run_rows(e, gl->predictor, loop[j - 1], rids, spans, n, s->rows,
-                                      s->HC, &out, &hid, err));
+            MS_TRY(ms_engine_run_rows_pick(e, gl->predictor, loop[j - 1], rids, spans, n,
+                                           s->rows, s->HC, &pick, &hid, err));
             memcpy(s->logits, hid, (size_t)n * (size_t)s->V * sizeof(float));
             for (int32_t i = 0; i < n; i++) {
-                c[i][j] = tk_argmax(s->logits + (size_t)i * (size_t)s->V, s->V);
+                if (pick[i] < 0 || pick[i] >= s->V)
+                    return MS_FAIL(err, MS_ERR_INTERNAL, "talker: row %d, frame %d: the "
+                                   "predictor's logits of code %d hold NaN", (int)i, (int)f,
+                                   (int)j);
+                c[i][j] = pick[i];
                 if (f < it[i].n_frames && it[i].predictor_logits != NULL)
                     memcpy(it[i].predictor_logits +
                                ((size_t)f * (size_t)(s->G - 1) + (size_t)(j - 1)) * (size_t)s->V,

@@ -7,17 +7,19 @@
  * Audio codes come in frames of G codebooks. Per frame t, for every request of the batch at
  * once: the talker node runs one position over the frame's codes (ms_engine_run_codes; its
  * forward embeds them: e_t = embed_tokens(c0) + sum_{j >= 1} codebook_embeds[j-1](c_j)) and
- * gives its logits and final-normed hidden state h_t; c0 = argmax(logits); the code predictor
- * node begins a frame on its scratch KV over [in_proj(h_t), embeds[0](c0)] (positions 0, 1) and
- * returns heads[0](its last row), c1 = argmax of it; for j = 2 .. G-1 it reads embeds[j-1](c_{j-1})
- * at position j and returns heads[j-1](last row), c_j = argmax (the node's forward picks the
+ * gives its logits and final-normed hidden state h_t; c0 = argmax(logits), picked by the talker
+ * node's sampler resource on the engine's backend (ms_engine_run_codes_pick; the requests are
+ * greedy); the code predictor node begins a frame on its scratch KV over [in_proj(h_t),
+ * embeds[0](c0)] (positions 0, 1) and returns heads[0](its last row), c1 = its argmax, picked on
+ * the backend (ms_engine_run_rows_pick); for j = 2 .. G-1 it reads embeds[j-1](c_{j-1}) at
+ * position j and returns heads[j-1](last row), c_j = argmax (the node's forward picks the
  * head by the step's frame slot: `for hd in heads at code.slot - 1`, models/talker.mstar); the
  * frame's codes are the talker's next input. The
  * prompt's P frames are prefilled at once; the first generated frame comes from the last prompt
  * position.
  *
- * The rest of the glue between the predictor's steps (in_proj, its input embeddings, argmax) is
- * not written in the model language yet: this file computes it on the host in float32 from
+ * The rest of the glue between the predictor's steps (in_proj, its input embeddings) is not
+ * written in the model language yet: this file computes it on the host in float32 from
  * checkpoint tensors named by ms_talker_glue (converted to f32 once per call), whatever the
  * engine's device; the nodes (the talker's frame embedding, the predictor's heads) run on the
  * engine's device.
