@@ -418,6 +418,23 @@ ms_status ms_engine_run_rows_pick(ms_engine *e, const char *node, const char *st
                                   const float **hidden, ms_error *err);
 
 /*
+ * [scratch] ms_engine_run_rows_pick for a node whose forward reads a row of ids per token
+ * besides its float rows (`forward(h: [_, H], codes: [_, G] ids)`, ms_md_node.codes_width: a
+ * code predictor over the talker's hidden rows and the frame's codes, models/talker.mstar):
+ * codes [sum(spans), groups] int32 host, token-major, row t the ids of rows' row t, each in
+ * [0, the model's vocabulary) (staged codebook-major for the forward's embedding(table, codes,
+ * column = c)). Everything else, outputs and errors as ms_engine_run_rows_pick; also
+ * MS_ERR_INVALID_ARG (codes NULL, groups other than the node's, a code out of range naming row
+ * and column), MS_ERR_UNSUPPORTED (a node reading no codes besides its rows). A node reading
+ * both refuses ms_engine_run_rows_pick and ms_engine_run_rows (MS_ERR_INVALID_ARG).
+ */
+ms_status ms_engine_run_rows_codes_pick(ms_engine *e, const char *node, const char *step_name,
+                                        const ms_rid *rids, const int32_t *spans, int32_t n,
+                                        const float *rows, int64_t width, const int32_t *codes,
+                                        int64_t groups, const int32_t **picked,
+                                        const float **hidden, ms_error *err);
+
+/*
  * [codes] ms_engine_run_codes, then the node's sampler resource picks one id per request from
  * its last row's logits, on the engine's backend (the backend's batched sample, as
  * ms_engine_step samples: each request's own sampling settings, greedy for temperature 0; the
