@@ -110,9 +110,10 @@ typedef struct fuse {
 } fuse;
 
 /* V_INPUT: a node's shaped forward input as the engine stages it (token-major, a->input);
- * V_POSITIONS: the step's position ids (a->positions). */
+ * V_POSITIONS: the step's position ids (a->positions); V_CODES: [scratch] the ids input of a
+ * node reading a float row and a row of ids per token (a->codes, staged codebook-major). */
 typedef enum vkind {
-    V_BUF = 0, V_SLICE, V_HEADS, V_TOKENS, V_LOGITS, V_INPUT, V_POSITIONS
+    V_BUF = 0, V_SLICE, V_HEADS, V_TOKENS, V_LOGITS, V_INPUT, V_POSITIONS, V_CODES
 } vkind;
 
 /* A tensor value of the forward. */
@@ -135,7 +136,7 @@ typedef struct val {
 typedef enum okind {
     O_EMBED = 0, O_RMS_NORM, O_ADD_RMS_NORM, O_NORM_FIRST, O_LINEAR, O_SILU_MUL, O_ROPE_KV_WRITE,
     O_ROPE, O_KV_WRITE, O_ATTN, O_ADD, O_GATHER, O_LOOP_BEGIN, O_LOOP_END, O_LAYER_NORM, O_GELU,
-    O_CONV1D, O_CROSS_WRITE, O_CROSS_ATTN, O_ATTN_DENSE
+    O_CONV1D, O_CROSS_WRITE, O_CROSS_ATTN, O_ATTN_DENSE, O_SELECT
 } okind;
 
 typedef struct op {
@@ -195,6 +196,10 @@ typedef struct gen {
     bool in_ids;                /* [codes] it is declared `[_, G] ids`: a row of int32 ids per
                                    token, staged codebook-major, read by embedding(column = c) */
     bool reading_ids;           /* [codes] lowering embedding()'s ids argument */
+    const ms_ast_fparam *codes_param; /* [scratch] the `[_, G] ids` parameter read besides the
+                                   float rows of in_param (a code predictor's h and codes),
+                                   NULL */
+    int codes;                  /* its V_CODES value, -1 until read */
     bool guard;                 /* ops being lowered run only when A > 0 (xattn.write) */
     int positions;              /* the V_POSITIONS value, -1 until read */
     bool hidden;                /* the node has no sampler: its forward returns every token's
@@ -1572,8 +1577,9 @@ static int cross_label(gen *g) {
  */
 static void emit_step(gen *g, const ms_step_decl *s, int index) {
     const char *fn = S("%s_%s_run_%s", g->mn, g->node->name, s->name);
-    /* one token input; a node with a cross resource also takes the context rows */
-    if (s->n_inputs != 1 && !(g->cross != NULL && s->n_inputs == 2))
+    /* one token input; a node with a cross resource also takes the context rows, [scratch] a
+       node on a scratch a row of ids per token besides its rows (the forward's two inputs) */
+    if (s->n_inputs != 1 && !((g->cross != NULL || g->scratch != NULL) && s->n_inputs == 2))
         fail_at(g, s->ast->loc, "step '%s': the engine runs steps of one token input (a "
                 "request's input holds one token list per stream), not %d", s->name,
                 s->n_inputs);
@@ -2164,7 +2170,7 @@ static const char *column_c(gen *g, const ms_ast_expr *c) {
 /* [codes] embedding(table, codes, column = c): the rows of table selected by column c of the
  * node's `[_, G] ids` input (one id per token; HF nn.Embedding of codes[:, c]). */
 static int lower_embed_column(gen *g, const ms_ast_expr *e, const char *hint, int dest) {
-    if (!g->in_ids)
+    if (!g->in_ids && g->codes_param == NULL)
         fail_at(g, e->loc, "embedding(..., column = c) reads a forward parameter declared "
                 "`[_, n] ids`");
     int w = weight_entry(g, argv_at(e, 0), "embedding()'s table");
@@ -2191,6 +2197,22 @@ static int lower(gen *g, const ms_ast_expr *e, const char *hint, int dest) {
                 fail_at(g, e->loc, "'%s' holds ids: read its columns with embedding(table, %s, "
                         "column = <int>)", e->text, e->text);
             return input_val(g, e, false);
+        }
+        if (e->sym != NULL && e->sym->kind == MS_SYM_INPUT && g->codes_param != NULL &&
+            strcmp(e->text, g->codes_param->name.name) == 0) { /* [scratch] the second input */
+            if (!g->reading_ids)
+                fail_at(g, e->loc, "'%s' holds ids: read its columns with embedding(table, %s, "
+                        "column = <int>)", e->text, e->text);
+            if (g->codes < 0) {
+                const ms_ast_expr *cols = g->codes_param->shape.items[1];
+                if (dyn_dim(cols))
+                    fail_at(g, e->loc, "'%s': its width must be a config expression", e->text);
+                g->codes = new_val(g, V_CODES);
+                g->v[g->codes].rows = "T";
+                g->v[g->codes].width = bare(g, cexpr(g, cols));
+                g->v[g->codes].name = g->codes_param->name.name;
+            }
+            return g->codes;
         }
         if (e->sym != NULL && e->sym->kind == MS_SYM_INPUT)
             return g->tokens;
@@ -2334,6 +2356,32 @@ static int lower(gen *g, const ms_ast_expr *e, const char *hint, int dest) {
             op *o = new_op(g, O_CROSS_ATTN);
             op_in(o, heads_of(g, q, qh, hd));
             o->out = heads_of(g, out, qh, hd);
+            return out;
+        }
+        if (e->lhs->kind == MS_EXPR_MEMBER && e->lhs->lhs->sym != NULL &&
+            e->lhs->lhs->sym->kind == MS_SYM_RESOURCE &&
+            e->lhs->lhs->sym->resource->kind == MS_RESOURCE_SCRATCH &&
+            strcmp(e->lhs->text, "first") == 0) {
+            /* [scratch] code.first(a, b): row r from a where its frame slot is 0, else from b
+               (a node on a scratch runs through eng_run_scratch, which stages every token's
+               slot in its frame as a->positions) */
+            int x = use_val(g, lower(g, argv_at(e, 0), NULL, -1));
+            int y = use_val(g, lower(g, argv_at(e, 1), NULL, -1));
+            if (strcmp(g->v[x].rows, "T") != 0 || strcmp(g->v[y].rows, "T") != 0)
+                fail_at(g, e->loc, "%s.first() selects among rows per token of the step",
+                        e->lhs->lhs->text);
+            if (g->positions < 0) {
+                g->positions = new_val(g, V_POSITIONS);
+                g->v[g->positions].rows = "T";
+                g->v[g->positions].name = "positions";
+            }
+            int out = out_val(g, dest, "T", g->v[x].width, hint);
+            op *o = new_op(g, O_SELECT);
+            op_in(o, g->positions);
+            op_in(o, x);
+            op_in(o, y);
+            o->out = out;
+            o->note = "the frame's first row from a, the others from b";
             return out;
         }
         if (e->lhs->kind == MS_EXPR_MEMBER && e->lhs->lhs->sym != NULL &&
@@ -2813,6 +2861,7 @@ static const char *tname(gen *g, int x) {
     case V_TOKENS: return "a->tokens";
     case V_INPUT: return input_embeds(g) ? "t_in" : "a->input";
     case V_POSITIONS: return "a->positions";
+    case V_CODES: return "t_codes";
     default: return v->name;
     }
 }
@@ -2956,6 +3005,17 @@ static void emit_forward(gen *g) {
           g->v[g->input].width);
         E("ms_tensor t_in = *a->input;");
     }
+    if (g->codes >= 0) {
+        /* [scratch] the ids staged besides the rows (ms_engine_run_rows_codes_pick), a row per
+           token, codebook-major */
+        E("if (a->codes == NULL || a->codes->dtype != MS_DTYPE_I32 || a->codes->shape[0] != T ||");
+        E("    a->codes->shape[1] != (int64_t)(%s))", g->v[g->codes].width);
+        E("    return MS_FAIL(err, MS_ERR_INVALID_ARG, \"node %s: input %s must be [%%lld, %%lld] \"",
+          g->node->name, g->v[g->codes].name);
+        E("                   \"ids (a row of codes per token: ms_engine_run_rows_codes_pick)\",");
+        E("                   (long long)T, (long long)(%s));", g->v[g->codes].width);
+        E("ms_tensor t_codes = *a->codes;");
+    }
     for (int i = 0; i < g->n_o; i++) {
         const op *o = &g->o[i];
         if (o->kind != O_LOOP_BEGIN || o->at == NULL)
@@ -3054,13 +3114,16 @@ static void emit_forward(gen *g) {
         case O_EMBED:
             if (o->column != NULL) { /* [codes] column c of the ids, contiguous (staged
                                         codebook-major: column c of the T rows at c * T) */
+                const char *in = tname(g, o->in[0]); /* t_in, or [scratch] t_codes */
                 E("{");
                 E("    const int64_t col = (int64_t)(%s);", o->column);
-                E("    if (col < 0 || col >= t_in.shape[1])");
+                E("    if (col < 0 || col >= %s.shape[1])", in);
                 E("        return MS_FAIL(err, MS_ERR_INVALID_ARG, \"node %s: column %%lld of %s \"",
-                  g->node->name, g->v[g->input].name);
-                E("                       \"is outside [0, %%lld)\", (long long)col, (long long)t_in.shape[1]);");
-                E("    ms_tensor ids = ms_tensor_1d((int32_t *)t_in.data + col * T, MS_DTYPE_I32, T);");
+                  g->node->name, g->v[o->in[0]].name);
+                E("                       \"is outside [0, %%lld)\", (long long)col, (long long)%s.shape[1]);",
+                  in);
+                E("    ms_tensor ids = ms_tensor_1d((int32_t *)%s.data + col * T, MS_DTYPE_I32, T);",
+                  in);
                 E("    MS_TRY(f->embedding(cx, %s, &ids, %s, err));", W, tref(g, o->out));
                 E("}");
                 break;
@@ -3172,6 +3235,10 @@ static void emit_forward(gen *g) {
             E("MS_TRY(f->gather_rows(cx, %s, &last, %s, err));", tref(g, o->in[0]),
               tref(g, o->out));
             break;
+        case O_SELECT: /* [scratch] <scratch>.first(a, b): a's rows at slot 0, else b's */
+            E("MS_TRY(f->select_rows(cx, %s, %s, %s, %s, err));", tref(g, o->in[0]),
+              tref(g, o->in[1]), tref(g, o->in[2]), tref(g, o->out));
+            break;
         case O_LOOP_END:
             break;
         }
@@ -3186,6 +3253,16 @@ static void emit_forward(gen *g) {
         E("    const %s_config *c = config;", mn);
         E("    (void)c;");
         E("    return (int64_t)(%s);", bare(g, g->v[g->logits].width));
+        E("}");
+    }
+    if (g->codes >= 0) {
+        ms_emit_blank(&g->cg);
+        E("/* [scratch] the columns of the ids %s read besides the rows (a row per token) */",
+          g->v[g->codes].name);
+        E("static int64_t %s_codes_width(const void *config) {", fn);
+        E("    const %s_config *c = config;", mn);
+        E("    (void)c;");
+        E("    return (int64_t)(%s);", g->v[g->codes].width);
         E("}");
     }
     if (g->input < 0)
@@ -3270,6 +3347,8 @@ static void emit_node_table(gen *g) {
             E(".hidden_width = %s_%s_hidden_width,", g->mn, nn);
         if (g->input >= 0)
             E(".input_shape = %s_%s_input_shape,", g->mn, nn);
+        if (g->codes >= 0)
+            E(".codes_width = %s_%s_codes_width,", g->mn, nn);
         g->cg.indent--;
         E("},");
     }
@@ -3375,11 +3454,30 @@ static void lower_node(gen *g, int ni) {
     g->input = g->positions = -1;
     g->in_param = NULL;
     g->in_ids = g->reading_ids = false;
+    g->codes_param = NULL;
+    g->codes = -1;
     g->guard = false;
     for (int i = 0; i < g->fwd->ast->params.n; i++) {
         const ms_ast_fparam *p = g->fwd->ast->params.items[i];
         if (!p->has_shape)
             continue;
+        /* [scratch] a float row and a row of ids per token (sema: one of each, `_` rows): the
+           float rows are the input, the ids ride along (ms_engine_run_rows_codes_pick) */
+        if (g->in_param != NULL && p->shape.n == 2 && g->codes_param == NULL &&
+            (p->elem.name != NULL) != g->in_ids) {
+            if (g->scratch == NULL)
+                fail_at(g, p->name.loc, "forward parameter '%s': node '%s' reads a float row and "
+                        "a row of ids per token: only a node on a scratch stages both",
+                        p->name.name, g->node->name);
+            if (p->elem.name == NULL) { /* the float rows come second: swap */
+                g->codes_param = g->in_param;
+                g->in_param = p;
+            } else {
+                g->codes_param = p;
+            }
+            g->in_ids = false;
+            continue;
+        }
         /* an encoder's features (read transposed), a decoder's context rows, or [inputs_embeds]
            one row per token of a sampling node's step */
         if (p->shape.n != 2 || g->in_param != NULL)
@@ -3390,6 +3488,10 @@ static void lower_node(gen *g, int ni) {
         g->in_ids = p->elem.name != NULL; /* [codes] */
     }
     lower_body(g, &g->fwd->ast->body);
+    if (g->codes_param != NULL && (g->codes < 0 || g->input < 0))
+        fail_at(g, (g->codes < 0 ? g->codes_param : g->in_param)->name.loc,
+                "forward parameter '%s' is never read",
+                (g->codes < 0 ? g->codes_param : g->in_param)->name.name);
     plan_buffers(g);
 }
 
@@ -3912,6 +4014,7 @@ static int collect_kernels(gen *g, kvariant *ks, int n, int cap) {
         case O_LAYER_NORM:
         case O_GELU:
         case O_CONV1D:
+        case O_SELECT: /* ms_select_rows (templates/misc/elementwise.cuh) */
             /* entries of the misc module (templates/misc/encoder.cuh), listed below for every
                model */
             break;

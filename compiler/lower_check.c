@@ -166,12 +166,26 @@ static bool has_cross(const ms_node *n) {
     return false;
 }
 
+/* Whether node n attends over a scratch KV (a code predictor). */
+static bool has_scratch(const ms_node *n) {
+    for (int r = 0; r < n->n_resources; r++)
+        if (n->resources[r]->kind == MS_RESOURCE_SCRATCH)
+            return true;
+    return false;
+}
+
 /* The engine passes one list of token ids to the forward, plus one 2-D input: an encoder's
  * features (a node without a sampler, ms_engine_encode) or the context rows a node's cross
- * resource writes (another node's output). */
+ * resource writes (another node's output); [scratch] a node on a scratch may read a float row
+ * and a row of ids per token together (sema checks them: one of each, `_` rows). */
 static void check_inputs(lcheck *c, const ms_node *node, const ms_forward *f) {
     const ms_ast_forward *af = f->ast;
     int n_shaped = 0, n_ids = 0;
+    const ms_ast_fparam *p0 = af->params.n == 2 ? af->params.items[0] : NULL;
+    const ms_ast_fparam *p1 = af->params.n == 2 ? af->params.items[1] : NULL;
+    if (has_scratch(node) && !has_sampler(node) && p0 != NULL && p0->has_shape &&
+        p1->has_shape && (p0->elem.name != NULL) != (p1->elem.name != NULL))
+        return; /* a code predictor's h rows and frame codes (ms_engine_run_rows_codes_pick) */
     for (int i = 0; i < af->params.n; i++) {
         const ms_ast_fparam *p = af->params.items[i];
         n_shaped += p->has_shape;

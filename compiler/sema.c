@@ -2071,6 +2071,21 @@ static fval method_call(sema *s, ms_ast_expr *e, const ms_resource *r, const cha
     case MS_RESOURCE_CROSS:
     case MS_RESOURCE_SCRATCH: {
         bool is_cross = r->kind == MS_RESOURCE_CROSS;
+        if (r->kind == MS_RESOURCE_SCRATCH && strcmp(m, "first") == 0) {
+            /* code.first(a, b): each row from a where it is its frame's first (slot 0), from
+               b elsewhere (a code predictor's input: in_proj(h) then the codes' embeddings) */
+            if (!check_named(s, e, fn, NULL) || !arity(s, e, fn, 2, 2))
+                return fv(MS_TYPE_UNKNOWN);
+            fval a = fexpr(s, pos_arg(e, 0)), b = fexpr(s, pos_arg(e, 1));
+            bool ta = want_tensor(s, pos_arg(e, 0), &a, "the first rows");
+            bool tb = want_tensor(s, pos_arg(e, 1), &b, "the other rows");
+            if (ta && tb && (a.rank != 2 || b.rank != 2))
+                err(s, e->loc, "%s takes rows [n, d], got rank %d and %d", fn, a.rank, b.rank);
+            else if (ta && tb && !dims_eq(s, last_dim(&a), last_dim(&b)))
+                dim_mismatch(s, pos_arg(e, 1)->loc, fn, "the other rows' width", last_dim(&b),
+                             "the first rows' width", last_dim(&a));
+            return ta ? a : tb ? b : fv(MS_TYPE_UNKNOWN);
+        }
         if (strcmp(m, "run") == 0 || (is_cross && strcmp(m, "write") == 0)) {
             bool write = strcmp(m, "write") == 0;
             int want = is_cross ? (write ? 2 : 1) : 3;
@@ -2127,7 +2142,7 @@ static fval method_call(sema *s, ms_ast_expr *e, const ms_resource *r, const cha
         break;
     }
     static const char *const methods[MS_RESOURCE_KIND_COUNT] = {
-        "none", "apply (rope) / embed (positions)", "run", "run, write", "run", "sample",
+        "none", "apply (rope) / embed (positions)", "run", "run, write", "run, first", "sample",
     };
     err(s, e->lhs->loc, "%s '%s' has no method '%s' (methods: %s)", r->spec->ctor, r->name, m,
         methods[r->kind]);
@@ -2648,8 +2663,33 @@ static void check_forward(sema *s, ms_node *node, ms_forward *f) {
     s->fwd = af;
     unbind_to(s, 0);
     s->depth = 0;
+    const ms_ast_fparam *rows_in = NULL, *ids_in = NULL; /* the shaped float and ids inputs */
     for (int i = 0; i < af->params.n; i++) {
         const ms_ast_fparam *p = af->params.items[i];
+        if (p->has_shape) {
+            /* the engine stages one shaped float input and one `ids` input at most; both
+               together are a row per token each (a code predictor's h rows and codes) */
+            const ms_ast_fparam **slot = p->elem.name != NULL ? &ids_in : &rows_in;
+            if (*slot != NULL)
+                err(s, p->name.loc, "forward parameter '%s': a forward reads at most one shaped "
+                    "%s input ('%s' is one)", p->name.name, p->elem.name != NULL ? "ids" : "float",
+                    (*slot)->name.name);
+            else
+                *slot = p;
+            if (rows_in != NULL && ids_in != NULL && *slot == p) {
+                const ms_ast_fparam *bad = NULL;
+                for (int k = 0; k < 2 && bad == NULL; k++) {
+                    const ms_ast_fparam *q = k == 0 ? rows_in : ids_in;
+                    const ms_ast_expr *d0 = q->shape.n == 2 ? q->shape.items[0] : NULL;
+                    if (d0 == NULL || d0->kind != MS_EXPR_NAME || strcmp(d0->text, "_") != 0)
+                        bad = q;
+                }
+                if (bad != NULL)
+                    err(s, bad->name.loc, "forward parameter '%s': read together with '%s', "
+                        "each input is a row per token: [_, <width>]", bad->name.name,
+                        (bad == rows_in ? ids_in : rows_in)->name.name);
+            }
+        }
         for (int k = 0; k < i; k++) {
             const ms_ast_fparam *q = af->params.items[k];
             if (strcmp(q->name.name, p->name.name) == 0)

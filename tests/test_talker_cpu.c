@@ -11,7 +11,10 @@
  *   - four requests with different prompts (the fixture's, its codes shifted, its frames
  *     reversed, its codebooks permuted and shifted) in one batch give each request's codes and
  *     logits of its run alone;
- *   - the scratch KV's buffer never moves over the run.
+ *   - the scratch KV's buffer never moves over the run;
+ *   - select_rows, the op the compiled predictor builds its input with (models/talker.mstar's
+ *     `code.first`: in_proj(h) at a frame's slot 0, a code's embedding elsewhere), takes each
+ *     row from a or b by its key, in place too, and refuses mismatched shapes and a float key.
  * Per frame t, for every batch row at once: the talker runs one position over the frame
  * embedding (embed_tokens(c0) + sum_j codebook_embeds[j-1](c_j); the prompt's positions all at
  * once), its final hidden state h gives c0 = argmax(lm_head(h)); the predictor begins a frame on
@@ -451,8 +454,49 @@ static void test_batch_of_four_equals_each_alone(void **state) {
     ms_st_file_free(rf);
 }
 
+static void test_select_rows(void **state) {
+    (void)state;
+    ms_error err = {0};
+    ms_backend be;
+    CHECK(ms_backend_cpu_init(&be, NULL, &err));
+    enum { N = 5, D = 3, LD = 4 };
+    int32_t key[N] = {0, 2, 0, 1, 3};
+    float a[N * LD], b[N * LD], out[N * LD];
+    for (int i = 0; i < N * LD; i++) {
+        a[i] = (float)i;
+        b[i] = -(float)i - 100.0f;
+        out[i] = 7.0f;
+    }
+    ms_tensor kt = ms_tensor_1d(key, MS_DTYPE_I32, N);
+    ms_tensor at = ms_tensor_2d(a, MS_DTYPE_F32, N, D), bt = ms_tensor_2d(b, MS_DTYPE_F32, N, D);
+    ms_tensor ot = ms_tensor_2d(out, MS_DTYPE_F32, N, D);
+    at.stride[0] = bt.stride[0] = ot.stride[0] = LD;
+    CHECK(be.iface.select_rows(be.ctx, &kt, &at, &bt, &ot, &err));
+    for (int r = 0; r < N; r++) {
+        for (int c = 0; c < D; c++)
+            assert_true(out[r * LD + c] == (key[r] == 0 ? a : b)[r * LD + c]);
+        assert_true(out[r * LD + D] == 7.0f); /* past the row's width: untouched */
+    }
+    CHECK(be.iface.select_rows(be.ctx, &kt, &at, &bt, &bt, &err)); /* in place: out is b */
+    for (int r = 0; r < N; r++)
+        for (int c = 0; c < D; c++)
+            assert_true(b[r * LD + c] == out[r * LD + c]);
+    ms_tensor short_key = ms_tensor_1d(key, MS_DTYPE_I32, N - 1);
+    assert_int_equal(be.iface.select_rows(be.ctx, &short_key, &at, &bt, &ot, &err),
+                     MS_ERR_INVALID_ARG);
+    printf("select_rows, a short key: %s\n", err.msg);
+    ms_tensor narrow = ms_tensor_2d(a, MS_DTYPE_F32, N, D - 1);
+    assert_int_equal(be.iface.select_rows(be.ctx, &kt, &narrow, &bt, &ot, &err),
+                     MS_ERR_INVALID_ARG);
+    ms_tensor fkey = ms_tensor_1d(a, MS_DTYPE_F32, N); /* keys are i32 */
+    assert_int_equal(be.iface.select_rows(be.ctx, &fkey, &at, &bt, &ot, &err),
+                     MS_ERR_UNSUPPORTED);
+    ms_backend_free(&be);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        ms_unit_test(test_select_rows),
         ms_unit_test(test_reference_codes_and_logits),
         ms_unit_test(test_batch_of_four_equals_each_alone),
     };

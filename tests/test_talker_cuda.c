@@ -7,9 +7,12 @@
  *   - the fixture's prompt, 12 frames: codes equal, talker and predictor logits within 5e-2;
  *   - four prompts in one batch: each request's codes equal its cpu-bf16 codes;
  *   - the codes of the cuda run against the reference codes (f32 transformers), reported.
+ *   - the predictor's input select (backend select_rows, the misc module's ms_select_rows: a
+ *     frame's first row from in_proj(h), the others from a code's embedding) against the CPU
+ *     backend's, bitwise (a copy), out of place and in place over strided rows.
  * MS_TALKER_DEVICE=cpu runs the "device" side on the CPU backend in f32 (a dry run of the test's
- * logic where there is no GPU: codes equal, logits 6.3e-3 / 1.6e-2 apart from the bf16 run; the
- * predictor's heads are the node's, in bf16 there).
+ * logic where there is no GPU: codes equal, logits 6.3e-3 / 1.9e-2 apart from the bf16 run; the
+ * predictor (in_proj, its input embeddings and heads) is the node's, in bf16 there).
  * Written without a GPU: it has not run on one yet.
  */
 #include "ms_test.h"
@@ -19,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "backend_cuda.h"
 #include "engine.h"
 #include "fixture_ref.h"
 #include "ms_test_impl.h"
@@ -120,8 +124,76 @@ static void test_talker_cuda_vs_cpu_bf16(void **state) {
     ms_free(ref);
 }
 
+/* A buffer of `bytes` on backend be holding host (NULL: 0xff bytes). */
+static void *dev_buf(ms_backend *be, size_t bytes, const void *host) {
+    ms_error err = {0};
+    void *p = NULL;
+    if (be->iface.buffer_alloc(be->ctx, bytes, "test", &p, &err) != MS_OK)
+        fail_msg("buffer_alloc (%s): %s", be->iface.name, err.msg);
+    if (host != NULL ? be->iface.copy_to_backend(be->ctx, p, host, bytes, &err)
+                     : be->iface.buffer_fill(be->ctx, p, 0xff, bytes, &err))
+        fail_msg("staging (%s): %s", be->iface.name, err.msg);
+    return p;
+}
+
+/*
+ * select_rows on the device against the CPU backend: rows of a where the key (a frame slot) is
+ * 0, of b elsewhere, over rows with a stride wider than their width; in place (out is b) too.
+ * A copy: the results are bitwise equal, and every row is a's or b's as its key says.
+ */
+static void test_select_rows_cuda_vs_cpu(void **state) {
+    (void)state;
+    const char *dev = getenv("MS_TALKER_DEVICE") != NULL ? getenv("MS_TALKER_DEVICE") : "cuda";
+    enum { N = 7, D = 40, LD = 48 };
+    static const int32_t key[N] = {0, 1, 2, 0, 3, 1, 0};
+    static float a[N * LD], b[N * LD], got[2][2][N * LD];
+    for (int i = 0; i < N * LD; i++) {
+        a[i] = (float)((i * 37) % 101) * 0.01f - 0.5f;
+        b[i] = (float)((i * 53) % 89) * -0.02f + 0.7f;
+    }
+    ms_error err = {0};
+    ms_backend be[2];
+    if (ms_backend_cpu_init(&be[0], NULL, &err) != MS_OK)
+        fail_msg("cpu: %s", err.msg);
+    if ((strcmp(dev, "cpu") == 0 ? ms_backend_cpu_init(&be[1], NULL, &err)
+                                 : ms_backend_cuda_init(&be[1], NULL, &err)) != MS_OK)
+        fail_msg("%s: %s", dev, err.msg);
+    for (int k = 0; k < 2; k++) {
+        void *kd = dev_buf(&be[k], sizeof key, key), *ad = dev_buf(&be[k], sizeof a, a);
+        void *bd = dev_buf(&be[k], sizeof b, b), *od = dev_buf(&be[k], sizeof a, NULL);
+        ms_tensor kt = ms_tensor_1d(kd, MS_DTYPE_I32, N);
+        ms_tensor at = ms_tensor_2d(ad, MS_DTYPE_F32, N, D), bt = ms_tensor_2d(bd, MS_DTYPE_F32, N, D);
+        ms_tensor ot = ms_tensor_2d(od, MS_DTYPE_F32, N, D);
+        at.stride[0] = bt.stride[0] = ot.stride[0] = LD;
+        if (be[k].iface.select_rows(be[k].ctx, &kt, &at, &bt, &ot, &err) != MS_OK)
+            fail_msg("select_rows (%s): %s", be[k].iface.name, err.msg);
+        if (be[k].iface.select_rows(be[k].ctx, &kt, &at, &bt, &bt, &err) != MS_OK) /* in place */
+            fail_msg("select_rows in place (%s): %s", be[k].iface.name, err.msg);
+        ms_tensor bad = ms_tensor_2d(od, MS_DTYPE_F32, N - 1, D); /* a key per row */
+        assert_int_equal(be[k].iface.select_rows(be[k].ctx, &kt, &at, &bt, &bad, &err),
+                         MS_ERR_INVALID_ARG);
+        if (be[k].iface.copy_to_host(be[k].ctx, got[k][0], od, sizeof a, &err) != MS_OK ||
+            be[k].iface.copy_to_host(be[k].ctx, got[k][1], bd, sizeof b, &err) != MS_OK)
+            fail_msg("copy back (%s): %s", be[k].iface.name, err.msg);
+        be[k].iface.buffer_free(be[k].ctx, kd);
+        be[k].iface.buffer_free(be[k].ctx, ad);
+        be[k].iface.buffer_free(be[k].ctx, bd);
+        be[k].iface.buffer_free(be[k].ctx, od);
+    }
+    for (int m = 0; m < 2; m++)
+        for (int r = 0; r < N; r++) {
+            const float *want = (key[r] == 0 ? a : b) + r * LD;
+            for (int k = 0; k < 2; k++)
+                assert_memory_equal(got[k][m] + r * LD, want, D * sizeof(float));
+        }
+    printf("select_rows: %s equals cpu bitwise (out of place and in place)\n", dev);
+    ms_backend_free(&be[0]);
+    ms_backend_free(&be[1]);
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
+        ms_unit_test(test_select_rows_cuda_vs_cpu),
         ms_unit_test(test_talker_cuda_vs_cpu_bf16),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -7,7 +7,9 @@
  * frame, 4 slots), ms_md_kernel_specs lists each node's instances (what eng_kernels_init loads),
  * and every one has its generated file and compiles with NVRTC for sm_90 once completed with its
  * shape defines as the runtime does at load; the embedding instance of the talker's frame
- * embedding (its forward's embedding(table, codes, column = c)) is among them. No GPU needed; cubins cached in
+ * embedding (its forward's embedding(table, codes, column = c)) is among them, and the misc
+ * instance holds ms_select_rows (the predictor's `code.first`: in_proj(h) at a frame's slot 0, a
+ * code's embedding elsewhere) as an entry NVRTC compiles. No GPU needed; cubins cached in
  * $MS_BUILD/codegen-nvrtc-cache. Built only where the CUDA toolkit is (tests/build.mk).
  */
 #include "ms_test.h"
@@ -57,7 +59,7 @@ static void test_talker_kernel_instances(void **state) {
     static const int page_size[] = {16, 4}; /* the talker's kv_pool, the predictor's frame */
     static const int group[] = {2, 2};      /* query heads per KV head: 4 / 2, 2 / 1 */
     char done[64][MS_KERNEL_URI_MAX];
-    int n_done = 0, n_paged = 0, n_embed = 0;
+    int n_done = 0, n_paged = 0, n_embed = 0, n_select = 0;
     for (int k = 0; k < 2; k++) {
         const ms_md_facts *f = ms_engine_node_facts(e, nodes[k]);
         assert_non_null(f);
@@ -90,6 +92,9 @@ static void test_talker_kernel_instances(void **state) {
             char *text = read_text(path);
             assert_int_equal(ms_kernel_spec_shape_defines(&specs[i], defs, sizeof defs, &err),
                              MS_OK);
+            /* [scratch] the predictor's code.first is the misc module's select_rows entry */
+            if (specs[i].op == MS_KERNEL_OP_MISC)
+                n_select += strstr(text, "ms_select_rows(const ms_misc_params p)") != NULL;
             char *src = ms_asprintf("%s%s", defs, text);
             assert_non_null(src);
             ms_cubin cb = {0};
@@ -107,6 +112,11 @@ static void test_talker_kernel_instances(void **state) {
     /* [codes] the talker embeds its frames' codes on the device: the gather and the add
        (misc) instances are listed */
     assert_int_equal(n_embed, 1);
+    assert_int_equal(n_select, 1);
+    bool entry = false;
+    for (int i = 0; ms_kernel_op_entry(MS_KERNEL_OP_MISC, i) != NULL; i++)
+        entry = entry || strcmp(ms_kernel_op_entry(MS_KERNEL_OP_MISC, i), "ms_select_rows") == 0;
+    assert_true(entry);
     ms_engine_free(e);
 }
 

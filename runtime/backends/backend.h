@@ -592,6 +592,15 @@ typedef struct ms_backend_i {
     ms_status (*gather_rows)(void *ctx, const ms_tensor *x, const ms_tensor *rows, ms_tensor *out,
                              ms_error *err);
     /*
+     * Row select (a code predictor's input: the frame's first row is in_proj(h), the others a
+     * code's embedding): out[r, :] = key[r] == 0 ? a[r, :] : b[r, :].
+     * key [n] i32 (the rows' frame positions); a, b, out [n, d] f32 (out may alias a or b).
+     * Errors: MS_ERR_INVALID_ARG on other shapes; other dtypes are refused by each backend's
+     * tensor check (MS_ERR_UNSUPPORTED on the CPU, MS_ERR_INVALID_ARG on CUDA).
+     */
+    ms_status (*select_rows)(void *ctx, const ms_tensor *key, const ms_tensor *a,
+                             const ms_tensor *b, ms_tensor *out, ms_error *err);
+    /*
      * Greedy ids: ids[r] = argmax logits[r, :], lowest index on ties (torch.argmax, llama2.c
      * sample_argmax). logits [m, V] f32; ids [m] i32 (backend memory).
      */

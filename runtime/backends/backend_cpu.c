@@ -1294,6 +1294,29 @@ static ms_status cpu_attention_dense(void *ctx, const ms_tensor *q, const ms_ten
     return MS_OK;
 }
 
+/* out[r] = key[r] == 0 ? a[r] : b[r] (backend.h select_rows). */
+static ms_status cpu_select_rows(void *ctx, const ms_tensor *key, const ms_tensor *a,
+                                 const ms_tensor *b, ms_tensor *out, ms_error *err) {
+    (void)ctx;
+    MS_TRY(check_tensor("select_rows", "key", key, 1, 1, I32_ONLY, err));
+    MS_TRY(check_tensor("select_rows", "a", a, 2, 2, F32_ONLY, err));
+    MS_TRY(check_tensor("select_rows", "b", b, 2, 2, F32_ONLY, err));
+    MS_TRY(check_tensor("select_rows", "out", out, 2, 2, F32_ONLY, err));
+    for (int d = 0; d < 2; d++)
+        if (a->shape[d] != out->shape[d] || b->shape[d] != out->shape[d] ||
+            key->shape[0] != out->shape[0])
+            return MS_FAIL(err, MS_ERR_INVALID_ARG, "select_rows: a [%lld, %lld], b [%lld, %lld] "
+                           "and key [%lld] must match out [%lld, %lld]", (long long)a->shape[0],
+                           (long long)a->shape[1], (long long)b->shape[0], (long long)b->shape[1],
+                           (long long)key->shape[0], (long long)out->shape[0],
+                           (long long)out->shape[1]);
+    const int32_t *k = key->data;
+    for (int64_t i = 0; i < out->shape[0]; i++)
+        memmove(row_f32(out, i), row_f32(k[i * key->stride[0]] == 0 ? a : b, i),
+                (size_t)out->shape[1] * sizeof(float));
+    return MS_OK;
+}
+
 /* ---- logits: row gather, argmax, sampling ---- */
 
 static ms_status cpu_gather_rows(void *ctx, const ms_tensor *x, const ms_tensor *rows,
@@ -1445,6 +1468,7 @@ ms_status ms_backend_cpu_init(ms_backend *out, const ms_backend_cpu_options *opt
     f->gelu = cpu_gelu;
     f->conv1d = cpu_conv1d;
     f->gather_rows = cpu_gather_rows;
+    f->select_rows = cpu_select_rows;
     f->argmax = cpu_argmax;
     f->sample_workspace_size = cpu_sample_workspace_size;
     f->sample = cpu_sample;

@@ -1162,6 +1162,26 @@ static ms_status cu_gather_rows(void *ctx, const ms_tensor *x, const ms_tensor *
     return ms_cuda_misc_launch(m, 2, &p, c->stream, err);
 }
 
+static ms_status cu_select_rows(void *ctx, const ms_tensor *key, const ms_tensor *a,
+                                const ms_tensor *b, ms_tensor *out, ms_error *err) {
+    cuda_ctx *c = ctx;
+    MS_TRY(check_t("select_rows", "key", key, 1, 1, DT_I32, err));
+    MS_TRY(check_t("select_rows", "a", a, 2, 2, DT_F32, err));
+    MS_TRY(check_t("select_rows", "b", b, 2, 2, DT_F32, err));
+    MS_TRY(check_t("select_rows", "out", out, 2, 2, DT_F32, err));
+    if (a->shape[0] != out->shape[0] || a->shape[1] != out->shape[1] ||
+        b->shape[0] != out->shape[0] || b->shape[1] != out->shape[1] ||
+        key->shape[0] != out->shape[0] || key->stride[0] != 1)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "select_rows: a, b, key (contiguous) and out "
+                       "shapes differ");
+    ms_cuda_module *m;
+    MS_TRY(misc_module(c, &m, err));
+    ms_misc_params p = {a->data, b->data, out->data, key->data, (int)out->shape[0],
+                        (int)out->shape[1], (int)a->stride[0], (int)b->stride[0],
+                        (int)out->stride[0]};
+    return ms_cuda_misc_launch(m, MS_CUDA_MISC_SELECT_ROWS, &p, c->stream, err);
+}
+
 /* ---- encoder ops (Whisper): LayerNorm, GELU, conv1d; kernels of the misc module ---- */
 
 /*
@@ -1605,6 +1625,7 @@ ms_status ms_backend_cuda_init(ms_backend *out, const ms_backend_cuda_options *o
     f->silu_mul = cu_silu_mul;
     f->add = cu_add;
     f->gather_rows = cu_gather_rows;
+    f->select_rows = cu_select_rows;
     f->layer_norm = cu_layer_norm;
     f->gelu = cu_gelu;
     f->conv1d = cu_conv1d;

@@ -336,10 +336,12 @@ ms_status ms_cuda_sample_launch(const ms_cuda_module *m, const ms_sample_params 
 ms_status ms_cuda_misc_launch(const ms_cuda_module *m, int which, const ms_misc_params *p,
                               cudaStream_t stream, ms_error *err) {
     MS_TRY(want_op(m, MS_KERNEL_OP_MISC, err));
-    if (which < 0 || which > 2)
+    const bool sel = which == MS_CUDA_MISC_SELECT_ROWS; /* reads b and rows */
+    if ((which < 0 || which > 2) && !sel)
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: no helper %d", m->uri, which);
     if (p->n_rows < 0 || p->n_cols < 0 || p->a_stride < p->n_cols || p->out_stride < p->n_cols ||
-        (which == 1 && p->b_stride < p->n_cols) || (which == 2 && p->rows == NULL && p->n_rows > 0))
+        ((which == 1 || sel) && p->b_stride < p->n_cols) ||
+        ((which == 2 || sel) && p->rows == NULL && p->n_rows > 0))
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: %d x %d with strides %d/%d/%d", m->uri,
                        p->n_rows, p->n_cols, p->a_stride, p->b_stride, p->out_stride);
     int64_t total = (int64_t)p->n_rows * p->n_cols;

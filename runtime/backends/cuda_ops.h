@@ -97,6 +97,7 @@ typedef enum ms_cuda_misc_entry {
     MS_CUDA_MISC_IM2COL_F32,     /* float columns */
     MS_CUDA_MISC_BIAS_ADD,       /* bias in the instance's dtype */
     MS_CUDA_MISC_BIAS_ADD_F32,   /* float bias */
+    MS_CUDA_MISC_SELECT_ROWS,    /* out[r] = rows[r] == 0 ? a[r] : b[r] */
     MS_CUDA_MISC_ENTRY_COUNT
 } ms_cuda_misc_entry;
 

@@ -30,7 +30,7 @@ static const kernel_op_info op_info[MS_KERNEL_OP_COUNT] = {
     {"sample", "sample/sample.cuh", {"ms_sample", NULL}},
     {"misc", "misc/elementwise.cuh",
      {"ms_convert", "ms_add", "ms_gather_rows", "ms_layer_norm", "ms_layer_norm_f32", "ms_gelu",
-      "ms_im2col", "ms_im2col_f32", "ms_bias_add", "ms_bias_add_f32"}},
+      "ms_im2col", "ms_im2col_f32", "ms_bias_add", "ms_bias_add_f32", "ms_select_rows"}},
     {"rmsnorm_heads", "norm/rmsnorm.cuh", {"ms_rmsnorm_heads", NULL}},
     {"attn_dense", "attn/dense.cuh", {"ms_attn_dense", NULL}},
     {"qmatmul", "quant/qmatmul.cuh",
@@ -511,7 +511,10 @@ static ms_status spec_body(const ms_kernel_spec *s, bool shape_macros, const cha
                  "    ms::bias_add<cfg::TA, cfg::T>(p);\n}\n\n"
                  "extern \"C\" __global__ void __launch_bounds__(MS_MISC_THREADS)\n"
                  "ms_bias_add_f32(const ms_misc_params p) {\n"
-                 "    ms::bias_add<cfg::TA, float>(p);\n}\n");
+                 "    ms::bias_add<cfg::TA, float>(p);\n}\n\n"
+                 "extern \"C\" __global__ void __launch_bounds__(MS_MISC_THREADS)\n"
+                 "ms_select_rows(const ms_misc_params p) {\n"
+                 "    ms::select_rows<cfg::TA>(p);\n}\n");
         break;
     case MS_KERNEL_OP_QMATMUL:
         for (int c = 1; c <= 8; c++)

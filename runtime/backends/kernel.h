@@ -30,7 +30,7 @@ extern "C" {
 
 #define MS_KERNEL_URI_MAX 128
 #define MS_KERNEL_MAX_ENTRIES 12 /* qmatmul: 10 GEMV widths + dequant + embed; misc: 3 helpers +
-                                    7 encoder entries */
+                                    7 encoder entries + select_rows */
 
 /* ORDER MS_KERNEL_OP: keep the op table in kernel.c in sync. */
 typedef enum ms_kernel_op {
@@ -239,7 +239,7 @@ ms_kernel_shape ms_kernel_op_shape(ms_kernel_op op);
 const char *ms_kernel_op_header(ms_kernel_op op);
 
 /* Name of entry `i` of an op's module (i = 0: main kernel; misc has convert, add, gather_rows,
- * then layer_norm, layer_norm_f32, gelu, im2col, im2col_f32, bias_add, bias_add_f32: the _f32
+ * then layer_norm, layer_norm_f32, gelu, im2col, im2col_f32, bias_add, bias_add_f32, select_rows: the _f32
  * entries take float weights / write float columns, the others the instance's dtype), NULL past
  * the last. */
 const char *ms_kernel_op_entry(ms_kernel_op op, int i);

@@ -257,6 +257,10 @@ struct ms_engine {
     float *input_dev;             /* backend [input_cap] a shaped input, token-major */
     float *input_host;            /* [input_cap] staging (the transpose) */
     int64_t input_cap;            /* elements of the largest declared shaped input */
+    /* [scratch] the ids a node reads besides its rows (ms_md_node.codes_width; none: NULL, 0) */
+    int32_t *codes_dev;           /* backend [codes_cap], codebook-major */
+    int32_t *codes_host;          /* [codes_cap] staging */
+    int64_t codes_cap;            /* max_tokens * the widest codes_width */
     int32_t *ids_dev;             /* backend [max_seqs] */
     void *sample_ws;              /* backend */
     size_t sample_ws_bytes;
@@ -1228,6 +1232,13 @@ static ms_status eng_buffers_init(ms_engine *e, ms_error *err) {
         const ms_md_node *nd = e->nodes[i].node;
         if (nd->hidden_width != NULL)
             e->hidden_cap_width = MS_MAX(e->hidden_cap_width, nd->hidden_width(e->config));
+        if (nd->codes_width != NULL) { /* [scratch] a row of ids per token besides the rows */
+            const int64_t g = nd->codes_width(e->config);
+            if (g < 1 || g > INT32_MAX / (int64_t)T)
+                return MS_FAIL(err, MS_ERR_FORMAT, "model %s: node %s: %lld code columns",
+                               e->desc->name, nd->name, (long long)g);
+            e->codes_cap = MS_MAX(e->codes_cap, (int64_t)T * g);
+        }
         if (nd->input_shape != NULL) {
             int64_t rows = 0, cols = 0;
             nd->input_shape(e->config, &rows, &cols);
@@ -1271,6 +1282,13 @@ static ms_status eng_buffers_init(ms_engine *e, ms_error *err) {
         e->input_host = ms_malloc((size_t)e->input_cap * sizeof(float));
         if (e->input_host == NULL)
             return MS_FAIL(err, MS_ERR_OOM, "out of memory for the input staging buffer");
+    }
+    if (e->codes_cap > 0) { /* [scratch] */
+        MS_TRY(eng_alloc(e, (size_t)e->codes_cap * sizeof(int32_t), "step.codes",
+                         (void **)&e->codes_dev, err));
+        e->codes_host = ms_malloc((size_t)e->codes_cap * sizeof(int32_t));
+        if (e->codes_host == NULL)
+            return MS_FAIL(err, MS_ERR_OOM, "out of memory for the codes staging buffer");
     }
     MS_TRY(eng_alloc(e, S * sizeof(int32_t), "step.ids", (void **)&e->ids_dev, err));
     e->sample_ws_bytes = e->be.iface.sample_workspace_size(e->be.ctx, e->max_seqs, fa->vocab);
@@ -1497,10 +1515,12 @@ void ms_engine_free(ms_engine *e) {
         eng_bfree(e, e->out_rows_dev);
         eng_bfree(e, e->hidden_dev);
         eng_bfree(e, e->input_dev);
+        eng_bfree(e, e->codes_dev);
         eng_bfree(e, e->plp_rows_dev);
         eng_bfree(e, e->last_hidden_dev);
     }
     ms_free(e->input_host);
+    ms_free(e->codes_host);
     ms_free(e->plp_rows_host);
     ms_free(e->plp_scratch);
     ms_free(e->last_hidden_host);
@@ -2460,6 +2480,10 @@ static ms_status eng_run_scratch(ms_engine *e, eng_node *nd, const ms_md_step *s
     ms_tensor pos = ms_tensor_1d(e->pos_dev, MS_DTYPE_I32, T);
     ms_tensor input = ms_tensor_2d(e->input_dev, MS_DTYPE_F32, T, cols);
     ms_tensor out = ms_tensor_2d(e->hidden_dev, MS_DTYPE_F32, T, width);
+    /* [scratch] the ids staged besides the rows (eng_run_input) */
+    ms_tensor codes = ms_tensor_2d(e->codes_dev, MS_DTYPE_I32, T,
+                                   nd->node->codes_width != NULL
+                                       ? nd->node->codes_width(e->config) : 0);
     st = f->attn_batch_stage(cx, nd->attn.batch, plan, &nd->kv, err);
     if (st == MS_OK && f->attn_batch_plan != NULL)
         st = f->attn_batch_plan(cx, nd->attn.batch, &nd->kv, nd->facts.n_q_heads, &ap, err);
@@ -2488,6 +2512,7 @@ static ms_status eng_run_scratch(ms_engine *e, eng_node *nd, const ms_md_step *s
             .logits = &out,
             .input = &input,
             .frame_slot = frame_slot,
+            .codes = nd->node->codes_width != NULL ? &codes : NULL,
         };
         st = nd->node->forward(&args, err);
     }
@@ -2517,8 +2542,12 @@ int32_t ms_engine_max_seqs(const ms_engine *e) { return e->max_seqs; }
 static ms_status eng_run_input(ms_engine *e, const char *node, const char *step_name,
                                const ms_rid *rids, const int32_t *spans, int32_t n,
                                const float *rows, const int32_t *codes, int64_t width,
-                               const float **logits, const float **hidden, ms_error *err) {
+                               const int32_t *row_codes, int64_t row_groups,
+                               const float **logits, const float **hidden,
+                               const int32_t **picked, ms_error *err) {
     const bool ids = codes != NULL;
+    if (picked != NULL)
+        *picked = NULL;
     const char *verb = ids ? "run codes" : "run rows";
     *logits = NULL;
     ms_graph_exec_preplan_drop(e->gx); /* [graphs] it touches the runner */
@@ -2547,6 +2576,9 @@ static ms_status eng_run_input(ms_engine *e, const char *node, const char *step_
     if (scratch && hidden == NULL)
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s %s.%s: the node returns hidden rows: "
                        "pass `hidden`", verb, node, step_name);
+    if (picked != NULL && !scratch && nd->sampler == NULL)
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "%s %s.%s: the node has no sampler to pick "
+                       "ids with", verb, node, step_name);
     int32_t k = -1;
     for (int32_t i = 0; i < nd->node->n_steps && k < 0; i++)
         if (strcmp(nd->node->steps[i].name, step_name) == 0)
@@ -2565,6 +2597,19 @@ static ms_status eng_run_input(ms_engine *e, const char *node, const char *step_
     if (width != in_cols || (rows == NULL && codes == NULL))
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s %s.%s: rows of width %lld given, the "
                        "node reads %lld", verb, node, sd->name, (long long)width, (long long)in_cols);
+    /* [scratch] a node reading a row of ids per token besides its rows takes both */
+    const int64_t row_cols = nd->node->codes_width != NULL ? nd->node->codes_width(e->config) : 0;
+    if (row_cols > 0 && row_codes == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s %s.%s: the node reads a row of %lld codes per "
+                       "token besides its rows: run it through ms_engine_run_rows_codes_pick",
+                       verb, node, sd->name, (long long)row_cols);
+    if (row_codes != NULL && row_cols == 0)
+        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "%s %s.%s: the node reads no codes besides its "
+                       "rows", verb, node, sd->name);
+    if (row_codes != NULL && row_groups != row_cols)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s %s.%s: rows of %lld codes given, the node "
+                       "reads %lld", verb, node, sd->name, (long long)row_groups,
+                       (long long)row_cols);
     if (n < 1 || n > e->max_seqs)
         return MS_FAIL(err, MS_ERR_CAPACITY, "%s %s.%s: %d requests (1 .. max_seqs %d)",
                        verb, node, sd->name, (int)n, (int)e->max_seqs);
@@ -2625,14 +2670,57 @@ static ms_status eng_run_input(ms_engine *e, const char *node, const char *step_
         MS_TRY(e->be.iface.copy_to_backend(e->be.ctx, e->input_dev, rows,
                                            (size_t)total * (size_t)width * sizeof(float), err));
     }
+    if (row_codes != NULL) {
+        /* [scratch] the ids besides the rows, each in [0, the model's vocabulary) (the frame's
+           codes, embedded by the forward), staged codebook-major as [codes] */
+        for (int64_t t = 0; t < total; t++)
+            for (int64_t c = 0; c < row_cols; c++) {
+                const int32_t v = row_codes[t * row_cols + c];
+                if (v < 0 || v >= e->facts.vocab)
+                    return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s %s.%s: row %lld, column %lld: "
+                                   "code %d is outside [0, %d)", verb, node, sd->name,
+                                   (long long)t, (long long)c, (int)v, (int)e->facts.vocab);
+                e->codes_host[c * total + t] = v;
+            }
+        MS_TRY(e->be.iface.copy_to_backend(e->be.ctx, e->codes_dev, e->codes_host,
+                                           (size_t)total * (size_t)row_cols * sizeof(int32_t),
+                                           err));
+    }
     for (size_t i = 0; i < e->n_reqs; i++)
         e->reqs[i]->row = -1;
     if (scratch) {
         /* [scratch] request i is batch row i: a frame's steps list the same requests in the
            same order (the scratch refuses a row continuing another request's frame); every
            request's last row is returned */
+        if (picked != NULL)
+            for (int32_t i = 1; i < n; i++)
+                if (spans[i] != spans[0])
+                    return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s %s.%s: picking ids from a "
+                                   "scratch node's last rows takes one span for every request "
+                                   "(request %llu brings %d rows, the first %d)", verb, node,
+                                   sd->name, (unsigned long long)rids[i], (int)spans[i],
+                                   (int)spans[0]);
         MS_TRY(eng_run_scratch(e, nd, sd, n, spans, err));
         const int64_t w = nd->node->hidden_width(e->config);
+        if (picked != NULL) {
+            /* [scratch] greedy: the backend's batched sample over each request's last row
+               (rows spans[0] apart in hidden_dev), in place on the backend */
+            ms_sample_row srows[MS_ENGINE_MAX_PICK];
+            if (n > MS_ENGINE_MAX_PICK)
+                return MS_FAIL(err, MS_ERR_CAPACITY, "%s %s.%s: %d requests to pick for (at "
+                               "most %d)", verb, node, sd->name, (int)n, MS_ENGINE_MAX_PICK);
+            for (int32_t i = 0; i < n; i++)
+                srows[i] = (ms_sample_row){.params = ms_sampling_greedy()};
+            ms_tensor last = ms_tensor_2d(e->hidden_dev + (size_t)(spans[0] - 1) * (size_t)w,
+                                          MS_DTYPE_F32, n, w);
+            last.stride[0] = (int64_t)spans[0] * w;
+            ms_tensor ids_t = ms_tensor_1d(e->ids_dev, MS_DTYPE_I32, n);
+            MS_TRY(e->be.iface.sample(e->be.ctx, &last, srows, e->sample_ws, e->sample_ws_bytes,
+                                      &ids_t, err));
+            MS_TRY(e->be.iface.copy_to_host(e->be.ctx, e->ids_host, e->ids_dev,
+                                            (size_t)n * sizeof(int32_t), err));
+            *picked = e->ids_host;
+        }
         int64_t t = 0;
         for (int32_t i = 0; i < n; i++) {
             t += spans[i];
@@ -2646,9 +2734,13 @@ static ms_status eng_run_input(ms_engine *e, const char *node, const char *step_
     ms_graph_step gs = {.step = k, .n_real = n, .n_rows = n}; /* eager, unpadded */
     e->rows_staged = true;
     e->codes_staged = ids;
-    ms_status st = eng_run_built(e, nd, sd, &gs, false, err);
+    /* [codes] with `picked`: the node's sampler picks each request's id from its last row's
+       logits on the backend (the requests' own sampling settings) */
+    ms_status st = eng_run_built(e, nd, sd, &gs, picked != NULL, err);
     e->rows_staged = e->codes_staged = false;
     MS_TRY(st);
+    if (picked != NULL)
+        *picked = e->ids_host;
     for (int32_t i = 0; i < n; i++) {
         eng_req *r = e->row_reqs[i];
         if (e->build.kv.commit)
@@ -2671,8 +2763,8 @@ ms_status ms_engine_run_rows(ms_engine *e, const char *node, const char *step_na
                              const ms_rid *rids, const int32_t *spans, int32_t n,
                              const float *rows, int64_t width, const float **logits,
                              const float **hidden, ms_error *err) {
-    return eng_run_input(e, node, step_name, rids, spans, n, rows, NULL, width, logits, hidden,
-                         err);
+    return eng_run_input(e, node, step_name, rids, spans, n, rows, NULL, width, NULL, 0, logits,
+                         hidden, NULL, err);
 }
 
 /* [codes] see engine.h */
@@ -2686,8 +2778,82 @@ ms_status ms_engine_run_codes(ms_engine *e, const char *node, const char *step_n
     if (codes == NULL) /* eng_run_input tells the two apart by codes != NULL */
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "run codes %s.%s: no codes given", node,
                        step_name);
-    return eng_run_input(e, node, step_name, rids, spans, n, NULL, codes, groups, logits,
+    return eng_run_input(e, node, step_name, rids, spans, n, NULL, codes, groups, NULL, 0,
+                         logits, hidden, NULL, err);
+}
+
+/* [scratch] ms_engine_run_rows_pick and ms_engine_run_rows_codes_pick (codes NULL: none). */
+static ms_status eng_rows_pick(ms_engine *e, const char *node, const char *step_name,
+                               const ms_rid *rids, const int32_t *spans, int32_t n,
+                               const float *rows, int64_t width, const int32_t *codes,
+                               int64_t groups, const int32_t **picked, const float **hidden,
+                               ms_error *err) {
+    const float *logits;
+    if (hidden != NULL)
+        *hidden = NULL;
+    if (picked == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "run rows %s.%s: no place for the picked ids",
+                       node, step_name);
+    *picked = NULL;
+    if (rows == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "run rows %s.%s: no rows given", node,
+                       step_name);
+    const float *h = NULL;
+    for (int32_t ni = 0; ni < e->n_nodes; ni++)
+        if (strcmp(e->nodes[ni].node->name, node) == 0 && e->nodes[ni].scratch == NULL)
+            return MS_FAIL(err, MS_ERR_UNSUPPORTED, "run rows %s.%s: the node is not on a "
+                           "scratch (ms_engine_run_rows_pick picks from a scratch node's rows)",
+                           node, step_name);
+    MS_TRY(eng_run_input(e, node, step_name, rids, spans, n, rows, NULL, width, codes, groups,
+                         &logits, &h, picked, err));
+    if (hidden != NULL)
+        *hidden = h;
+    return MS_OK;
+}
+
+/* [scratch] see engine.h */
+ms_status ms_engine_run_rows_pick(ms_engine *e, const char *node, const char *step_name,
+                                  const ms_rid *rids, const int32_t *spans, int32_t n,
+                                  const float *rows, int64_t width, const int32_t **picked,
+                                  const float **hidden, ms_error *err) {
+    return eng_rows_pick(e, node, step_name, rids, spans, n, rows, width, NULL, 0, picked,
                          hidden, err);
+}
+
+/* [scratch] see engine.h */
+ms_status ms_engine_run_rows_codes_pick(ms_engine *e, const char *node, const char *step_name,
+                                        const ms_rid *rids, const int32_t *spans, int32_t n,
+                                        const float *rows, int64_t width, const int32_t *codes,
+                                        int64_t groups, const int32_t **picked,
+                                        const float **hidden, ms_error *err) {
+    if (hidden != NULL)
+        *hidden = NULL;
+    if (picked != NULL)
+        *picked = NULL;
+    if (codes == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "run rows %s.%s: no codes given", node,
+                       step_name);
+    return eng_rows_pick(e, node, step_name, rids, spans, n, rows, width, codes, groups, picked,
+                         hidden, err);
+}
+
+/* [codes] see engine.h */
+ms_status ms_engine_run_codes_pick(ms_engine *e, const char *node, const char *step_name,
+                                   const ms_rid *rids, const int32_t *spans, int32_t n,
+                                   const int32_t *codes, int64_t groups, const int32_t **picked,
+                                   const float **logits, const float **hidden, ms_error *err) {
+    *logits = NULL;
+    if (hidden != NULL)
+        *hidden = NULL;
+    if (picked == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "run codes %s.%s: no place for the picked ids",
+                       node, step_name);
+    *picked = NULL;
+    if (codes == NULL)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "run codes %s.%s: no codes given", node,
+                       step_name);
+    return eng_run_input(e, node, step_name, rids, spans, n, NULL, codes, groups, NULL, 0,
+                         logits, hidden, picked, err);
 }
 
 /*

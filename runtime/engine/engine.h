@@ -402,6 +402,56 @@ ms_status ms_engine_run_codes(ms_engine *e, const char *node, const char *step_n
                               const int32_t *codes, int64_t groups, const float **logits,
                               const float **hidden, ms_error *err);
 
+/* Most requests one ms_engine_run_rows_pick picks for. */
+#define MS_ENGINE_MAX_PICK 256
+
+/*
+ * [scratch] ms_engine_run_rows on a node attending over a scratch KV (a code predictor, whose
+ * forward returns every row's head logits), then each request's id is picked greedily from its
+ * last row on the engine's backend (the backend's batched sample with greedy rows: the argmax,
+ * lowest id on ties, as ms_engine_step's greedy sampling). Every request brings the same span.
+ * *picked = [n] int32 host (MS_SAMPLE_ID_NAN for a row holding NaN), borrowed until the next
+ * step; *hidden (when not NULL) = each request's last row, as ms_engine_run_rows. Errors:
+ * ms_engine_run_rows', MS_ERR_INVALID_ARG (picked or rows NULL, spans that differ),
+ * MS_ERR_UNSUPPORTED (a node not on a scratch), MS_ERR_CAPACITY (more than MS_ENGINE_MAX_PICK
+ * requests), the backend sample's (rows wider than the engine's sampling workspace holds).
+ */
+ms_status ms_engine_run_rows_pick(ms_engine *e, const char *node, const char *step_name,
+                                  const ms_rid *rids, const int32_t *spans, int32_t n,
+                                  const float *rows, int64_t width, const int32_t **picked,
+                                  const float **hidden, ms_error *err);
+
+/*
+ * [scratch] ms_engine_run_rows_pick for a node whose forward reads a row of ids per token
+ * besides its float rows (`forward(h: [_, H], codes: [_, G] ids)`, ms_md_node.codes_width: a
+ * code predictor over the talker's hidden rows and the frame's codes, models/talker.mstar):
+ * codes [sum(spans), groups] int32 host, token-major, row t the ids of rows' row t, each in
+ * [0, the model's vocabulary) (staged codebook-major for the forward's embedding(table, codes,
+ * column = c)). Everything else, outputs and errors as ms_engine_run_rows_pick; also
+ * MS_ERR_INVALID_ARG (codes NULL, groups other than the node's, a code out of range naming row
+ * and column), MS_ERR_UNSUPPORTED (a node reading no codes besides its rows). A node reading
+ * both refuses ms_engine_run_rows_pick and ms_engine_run_rows (MS_ERR_INVALID_ARG).
+ */
+ms_status ms_engine_run_rows_codes_pick(ms_engine *e, const char *node, const char *step_name,
+                                        const ms_rid *rids, const int32_t *spans, int32_t n,
+                                        const float *rows, int64_t width, const int32_t *codes,
+                                        int64_t groups, const int32_t **picked,
+                                        const float **hidden, ms_error *err);
+
+/*
+ * [codes] ms_engine_run_codes, then the node's sampler resource picks one id per request from
+ * its last row's logits, on the engine's backend (the backend's batched sample, as
+ * ms_engine_step samples: each request's own sampling settings, greedy for temperature 0; the
+ * requests' outputs and walks still do not move). *picked = [n] int32 host, request i's id at
+ * i (MS_SAMPLE_ID_NAN for a row whose logits hold NaN), borrowed until the next step; *logits
+ * and *hidden as ms_engine_run_codes. Errors: ms_engine_run_codes', MS_ERR_INVALID_ARG (picked
+ * NULL), MS_ERR_UNSUPPORTED (a node without a sampler, a node on a scratch).
+ */
+ms_status ms_engine_run_codes_pick(ms_engine *e, const char *node, const char *step_name,
+                                   const ms_rid *rids, const int32_t *spans, int32_t n,
+                                   const int32_t *codes, int64_t groups, const int32_t **picked,
+                                   const float **logits, const float **hidden, ms_error *err);
+
 /*
  * Run node `node`'s forward over one shaped input (an encoder: log-mel features) and return its
  * hidden states: input [n_channels, n_frames] f32 host, channel-major as the model file declares

@@ -485,6 +485,11 @@ typedef struct ms_md_forward_args {
        `for v in group at <scratch>.slot [+|- k]` reads to pick the group's member (the
        per-codebook head; its forward refuses -1). Set only for such a node */
     int32_t frame_slot;
+    /* [scratch] a node reading a row of ids per token besides its float rows (ms_md_node.
+       codes_width: a code predictor's frame codes next to the talker's hidden rows): the ids,
+       [n_tokens, codes_width] i32 backend memory staged codebook-major (column c of the T rows
+       at c * T); NULL for every other node */
+    const ms_tensor *codes;
 } ms_md_forward_args;
 
 /* Tensor of weight entry `w`, layer `layer` (0 for global weights). Data NULL when an optional
@@ -532,6 +537,9 @@ typedef struct ms_md_node {
     /* its forward reads a shaped input (audio features) instead of token ids: the shape the
        engine stages; NULL: token ids */
     ms_md_shape_fn input_shape;
+    /* [scratch] its forward also reads a row of ids per token (`codes: [_, G] ids` next to its
+       `rows: [_, H]`; ms_md_forward_args.codes): their columns G; NULL: no such input */
+    ms_md_width_fn codes_width;
 } ms_md_node;
 
 /* ---- the descriptor ---- */

@@ -2,15 +2,17 @@
  * talker.c - ms_engine_talker_codes (talker.h): the per-frame loop of a talker + code-predictor
  * model over the engine's two compiled nodes: the talker reads a frame's codes (its forward
  * embeds them), the predictor returns the logits of the frame's next code (its forward ends in
- * the head its frame slot picks); in_proj, its input embeddings and argmax are on the host in
- * float32.
+ * the head its frame slot picks). Every code is picked on the engine's backend (c0 by the talker
+ * node's sampler resource, ms_engine_run_codes_pick; c_j greedily from the predictor's last
+ * rows, ms_engine_run_rows_codes_pick). The predictor's forward builds its own input from the
+ * talker's hidden rows and the frame's codes (in_proj(h_t) at a frame's slot 0, a code's
+ * embedding elsewhere): this file only stages them, a row per token, and does no model math.
  */
 #include "talker.h"
 
 #include <stdio.h>
 #include <string.h>
 
-#include "checkpoint.h"
 #include "walk.h"
 
 /* Most requests one wave runs (the loop's per-row arrays live on the stack). */
@@ -20,71 +22,20 @@ ms_talker_glue ms_talker_glue_default(void) {
     return (ms_talker_glue){
         .talker = "talker",
         .predictor = "code_predictor",
-        .in_proj = "code_predictor.in_proj.weight",
-        .embeds = "code_predictor.embeds.{j}.weight",
     };
 }
 
-/* The glue tensors in f32 host memory, and the loop's buffers. */
+/* The loop's buffers. */
 typedef struct tk_state {
-    int32_t G, V, H, HC, B;      /* codebooks, vocabulary, widths, batch rows */
-    float *in_proj;                         /* [HC, H] */
-    float *embeds[MS_TALKER_MAX_GROUPS];    /* [V, HC], j = 0 .. G-2 */
-    int32_t *codes;                         /* [B * max(P) * G] the talker's input codes */
-    float *rows;                            /* [B * 2 * HC] the predictor's input rows */
-    float *h;                               /* [B * H] */
-    float *logits;                          /* [B * V] the predictor's head logits */
+    int32_t G, V, H, B;          /* codebooks, vocabulary, the talker's width, batch rows */
+    int32_t *codes;              /* [B * max(P, 2) * G] the talker's input codes, then the
+                                    predictor's: a row of the frame's codes per token */
+    float *rows;                 /* [B * 2 * H] the predictor's input rows: h_t per token */
 } tk_state;
 
 static void tk_free(tk_state *s) {
-    for (int g = 0; g < MS_TALKER_MAX_GROUPS; g++)
-        ms_free(s->embeds[g]);
-    ms_free(s->in_proj);
     ms_free(s->codes);
     ms_free(s->rows);
-    ms_free(s->h);
-    ms_free(s->logits);
-}
-
-/* Tensor `tmpl` ("{j}" replaced by j) of shape [n0, n1] as f32 into *out (ms_malloc'd). */
-static ms_status tk_load(const ms_ckpt *ck, const char *tmpl, int j, int64_t n0, int64_t n1,
-                         float **out, ms_error *err) {
-    char name[256];
-    const char *at = strstr(tmpl, "{j}");
-    int w = at == NULL ? snprintf(name, sizeof name, "%s", tmpl)
-                       : snprintf(name, sizeof name, "%.*s%d%s", (int)(at - tmpl), tmpl, j, at + 3);
-    if (w < 0 || (size_t)w >= sizeof name)
-        return MS_FAIL(err, MS_ERR_INVALID_ARG, "talker glue: tensor name '%s' is too long", tmpl);
-    int64_t shape[2] = {n0, n1};
-    const ms_st_tensor *t;
-    MS_TRY(ms_ckpt_expect_tensor(ck, name, MS_ST_DTYPES_FLOAT, 2, shape, &t, err));
-    *out = ms_malloc((size_t)(n0 * n1) * sizeof(float));
-    if (*out == NULL)
-        return MS_FAIL(err, MS_ERR_OOM, "talker glue: out of memory for %s", name);
-    return ms_st_tensor_to_f32(t, *out, (size_t)(n0 * n1), err);
-}
-
-static ms_status tk_alloc(float **p, size_t n, const char *what, ms_error *err) {
-    *p = ms_malloc(n * sizeof(float));
-    return *p != NULL ? MS_OK : MS_FAIL(err, MS_ERR_OOM, "talker: out of memory for %s", what);
-}
-
-/* out [N] = W [N, K] x [K]. */
-static void tk_matvec(const float *w, const float *x, int32_t n, int32_t k, float *out) {
-    for (int32_t i = 0; i < n; i++) {
-        double acc = 0.0;
-        for (int32_t d = 0; d < k; d++)
-            acc += (double)w[(size_t)i * (size_t)k + (size_t)d] * x[d];
-        out[i] = (float)acc;
-    }
-}
-
-static int32_t tk_argmax(const float *x, int32_t n) {
-    int32_t best = 0;
-    for (int32_t i = 1; i < n; i++)
-        if (x[i] > x[best])
-            best = i;
-    return best;
 }
 
 /*
@@ -132,6 +83,7 @@ static ms_status tk_wave(ms_engine *e, const ms_talker_glue *gl, tk_state *s, ms
     int32_t spans[TK_MAX_ROWS];
     int32_t c[TK_MAX_ROWS][MS_TALKER_MAX_GROUPS];
     const float *out, *hid;
+    const int32_t *pick; /* the talker's sampler's c0 of each request */
     const char *prefill = NULL, *loop[MS_TALKER_MAX_GROUPS] = {NULL}, *decode = NULL;
     MS_ASSERT(n <= TK_MAX_ROWS);
     MS_TRY(tk_walk(e, gl, s, &prefill, loop, &decode, err));
@@ -145,41 +97,56 @@ static ms_status tk_wave(ms_engine *e, const ms_talker_glue *gl, tk_state *s, ms
         t += (size_t)it[i].n_prompt;
     }
     /* the talker embeds its frames itself (models/talker.mstar: forward(codes: [_, G] ids)) */
-    MS_TRY(ms_engine_run_codes(e, gl->talker, prefill, rids, spans, n, s->codes, s->G, &out, &hid,
-                               err));
+    MS_TRY(ms_engine_run_codes_pick(e, gl->talker, prefill, rids, spans, n, s->codes, s->G,
+                                    &pick, &out, &hid, err));
     for (int32_t f = 0; f < frames; f++) {
-        memcpy(s->h, hid, (size_t)n * (size_t)s->H * sizeof(float));
         for (int32_t i = 0; i < n; i++) {
             const float *lg = out + (size_t)i * (size_t)s->V;
-            c[i][0] = tk_argmax(lg, s->V);
+            if (pick[i] < 0 || pick[i] >= s->V)
+                return MS_FAIL(err, MS_ERR_INTERNAL, "talker: row %d, frame %d: the talker's "
+                               "logits hold NaN (no code 0 to pick)", (int)i, (int)f);
+            c[i][0] = pick[i];
             if (f < it[i].n_frames && it[i].talker_logits != NULL)
                 memcpy(it[i].talker_logits + (size_t)f * (size_t)s->V, lg,
                        (size_t)s->V * sizeof(float));
-            /* rows 2i, 2i + 1: in_proj(h), embeds[0](c0) at the frame's positions 0, 1 */
-            tk_matvec(s->in_proj, s->h + (size_t)i * (size_t)s->H, s->HC, s->H,
-                      s->rows + (size_t)(2 * i) * (size_t)s->HC);
-            memcpy(s->rows + (size_t)(2 * i + 1) * (size_t)s->HC,
-                   s->embeds[0] + (size_t)c[i][0] * (size_t)s->HC, (size_t)s->HC * sizeof(float));
+            /* the frame's tokens 2i, 2i + 1 (slots 0, 1): each reads h_t and the frame's
+               codes so far (the forward takes in_proj(h_t) at slot 0, embeds[0](c0) at 1) */
+            for (int32_t g = 1; g < s->G; g++)
+                c[i][g] = 0; /* not picked yet: columns the forward does not read */
+            for (int32_t r = 2 * i; r <= 2 * i + 1; r++) {
+                memcpy(s->rows + (size_t)r * (size_t)s->H, hid + (size_t)i * (size_t)s->H,
+                       (size_t)s->H * sizeof(float));
+                memcpy(s->codes + (size_t)r * (size_t)s->G, c[i], (size_t)s->G * sizeof(int32_t));
+            }
             spans[i] = 2;
         }
         /* the walk's predictor steps: the first begins the frame, each gives the next code */
         for (int32_t j = 1; j < s->G; j++) {
             /* its forward ends in heads[j - 1] (`for hd in heads at code.slot - 1`): the rows
                it returns are each request's logits of c_j */
-            MS_TRY(ms_engine_run_rows(e, gl->predictor, loop[j - 1], rids, spans, n, s->rows,
-                                      s->HC, &out, &hid, err));
-            memcpy(s->logits, hid, (size_t)n * (size_t)s->V * sizeof(float));
+            const float *lg;
+            MS_TRY(ms_engine_run_rows_codes_pick(e, gl->predictor, loop[j - 1], rids, spans, n,
+                                                 s->rows, s->H, s->codes, s->G, &pick, &lg,
+                                                 err));
             for (int32_t i = 0; i < n; i++) {
-                c[i][j] = tk_argmax(s->logits + (size_t)i * (size_t)s->V, s->V);
+                if (pick[i] < 0 || pick[i] >= s->V)
+                    return MS_FAIL(err, MS_ERR_INTERNAL, "talker: row %d, frame %d: the "
+                                   "predictor's logits of code %d hold NaN", (int)i, (int)f,
+                                   (int)j);
+                c[i][j] = pick[i];
                 if (f < it[i].n_frames && it[i].predictor_logits != NULL)
                     memcpy(it[i].predictor_logits +
                                ((size_t)f * (size_t)(s->G - 1) + (size_t)(j - 1)) * (size_t)s->V,
-                           s->logits + (size_t)i * (size_t)s->V, (size_t)s->V * sizeof(float));
-                if (j < s->G - 1) /* embeds[j](c_j) at position j + 1 */
-                    memcpy(s->rows + (size_t)i * (size_t)s->HC,
-                           s->embeds[j] + (size_t)c[i][j] * (size_t)s->HC,
-                           (size_t)s->HC * sizeof(float));
+                           lg + (size_t)i * (size_t)s->V, (size_t)s->V * sizeof(float));
                 spans[i] = 1;
+            }
+            /* the next step's token i (slot j + 1): h_t, the frame's codes up to c_j (the
+               forward embeds c_j); rows 2i of the begin step move to row i */
+            for (int32_t i = 0; i < n && j < s->G - 1; i++) {
+                memmove(s->rows + (size_t)i * (size_t)s->H,
+                        s->rows + (size_t)(j == 1 ? 2 * i : i) * (size_t)s->H,
+                        (size_t)s->H * sizeof(float));
+                memcpy(s->codes + (size_t)i * (size_t)s->G, c[i], (size_t)s->G * sizeof(int32_t));
             }
         }
         for (int32_t i = 0; i < n; i++)
@@ -191,13 +158,13 @@ static ms_status tk_wave(ms_engine *e, const ms_talker_glue *gl, tk_state *s, ms
             memcpy(s->codes + (size_t)i * (size_t)s->G, c[i], (size_t)s->G * sizeof(int32_t));
             spans[i] = 1;
         }
-        MS_TRY(ms_engine_run_codes(e, gl->talker, decode, rids, spans, n, s->codes, s->G, &out,
-                                   &hid, err));
+        MS_TRY(ms_engine_run_codes_pick(e, gl->talker, decode, rids, spans, n, s->codes, s->G,
+                                        &pick, &out, &hid, err));
     }
     return MS_OK;
 }
 
-/* Check the items and the glue; fill s (the glue in f32, the buffers). */
+/* Check the items and the nodes; fill s (the shapes, the buffers). */
 static ms_status tk_init(ms_engine *e, const ms_talker_glue *gl, ms_talker_item *items,
                          int32_t n_items, tk_state *s, ms_error *err) {
     const ms_md_facts *tf = ms_engine_node_facts(e, gl->talker);
@@ -208,7 +175,6 @@ static ms_status tk_init(ms_engine *e, const ms_talker_glue *gl, ms_talker_item 
     s->G = pf->max_context;
     s->V = tf->vocab;
     s->H = tf->hidden;
-    s->HC = pf->hidden;
     s->B = MS_MIN(MS_MIN(ms_engine_max_seqs(e), TK_MAX_ROWS), MS_MAX(pf->scratch_rows, 1));
     if (s->G < 2 || s->G > MS_TALKER_MAX_GROUPS || s->V < 1)
         return MS_FAIL(err, MS_ERR_UNSUPPORTED, "talker: node %s holds frames of %d codes (2 .. "
@@ -234,18 +200,12 @@ static ms_status tk_init(ms_engine *e, const ms_talker_glue *gl, ms_talker_item 
             }
         max_p = MS_MAX(max_p, it->n_prompt);
     }
-    const ms_ckpt *ck = ms_engine_checkpoint(e);
-    MS_TRY(tk_load(ck, gl->in_proj, 0, s->HC, s->H, &s->in_proj, err));
-    for (int32_t j = 0; j + 1 < s->G; j++) {
-        MS_TRY(tk_load(ck, gl->embeds, j, s->V, s->HC, &s->embeds[j], err));
-    }
     const size_t B = (size_t)s->B;
     s->codes = ms_malloc(B * (size_t)max_p * (size_t)s->G * sizeof(int32_t));
-    if (s->codes == NULL)
-        return MS_FAIL(err, MS_ERR_OOM, "talker: out of memory for the input codes");
-    MS_TRY(tk_alloc(&s->rows, B * 2 * (size_t)s->HC, "the predictor's input rows", err));
-    MS_TRY(tk_alloc(&s->h, B * (size_t)s->H, "the talker's hidden rows", err));
-    return tk_alloc(&s->logits, B * (size_t)s->V, "the heads' logits", err);
+    s->rows = ms_malloc(B * 2 * (size_t)s->H * sizeof(float));
+    if (s->codes == NULL || s->rows == NULL)
+        return MS_FAIL(err, MS_ERR_OOM, "talker: out of memory for the nodes' input rows");
+    return MS_OK;
 }
 
 ms_status ms_engine_talker_codes(ms_engine *e, const ms_talker_glue *glue, ms_talker_item *items,
@@ -281,7 +241,7 @@ ms_status ms_engine_talker_codes(ms_engine *e, const ms_talker_glue *glue, ms_ta
                 ids[p] = it->prompt_codes[(size_t)p * (size_t)s.G];
             ms_engine_request rq = {.prompt = ids, .n_prompt = it->n_prompt,
                                     .max_new_tokens = it->n_frames,
-                                    .sampling = ms_engine_sampling_defaults(e)};
+                                    .sampling = ms_sampling_greedy()};
             st = ms_engine_add(e, &rq, &rids[i], err);
             ms_free(ids);
             if (st != MS_OK)

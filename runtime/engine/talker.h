@@ -7,20 +7,17 @@
  * Audio codes come in frames of G codebooks. Per frame t, for every request of the batch at
  * once: the talker node runs one position over the frame's codes (ms_engine_run_codes; its
  * forward embeds them: e_t = embed_tokens(c0) + sum_{j >= 1} codebook_embeds[j-1](c_j)) and
- * gives its logits and final-normed hidden state h_t; c0 = argmax(logits); the code predictor
- * node begins a frame on its scratch KV over [in_proj(h_t), embeds[0](c0)] (positions 0, 1) and
- * returns heads[0](its last row), c1 = argmax of it; for j = 2 .. G-1 it reads embeds[j-1](c_{j-1})
- * at position j and returns heads[j-1](last row), c_j = argmax (the node's forward picks the
- * head by the step's frame slot: `for hd in heads at code.slot - 1`, models/talker.mstar); the
- * frame's codes are the talker's next input. The
+ * gives its logits and final-normed hidden state h_t; c0 = argmax(logits), picked by the talker
+ * node's sampler resource on the engine's backend (ms_engine_run_codes_pick; the requests are
+ * greedy); the code predictor node begins a frame on its scratch KV over [in_proj(h_t),
+ * embeds[0](c0)] (positions 0, 1) and returns heads[0](its last row), c1 = its argmax, picked on
+ * the backend; for j = 2 .. G-1 it reads embeds[j-1](c_{j-1}) at position j and returns
+ * heads[j-1](last row), c_j = argmax. The predictor's forward computes its input itself from
+ * what ms_engine_run_rows_codes_pick stages a row per token, h_t and the frame's codes so far
+ * (models/talker.mstar: `code.first(linear(h, cp_in_proj), embedding(...))`, the table and the
+ * head picked by the step's frame slot); the frame's codes are the talker's next input. The
  * prompt's P frames are prefilled at once; the first generated frame comes from the last prompt
- * position.
- *
- * The rest of the glue between the predictor's steps (in_proj, its input embeddings, argmax) is
- * not written in the model language yet: this file computes it on the host in float32 from
- * checkpoint tensors named by ms_talker_glue (converted to f32 once per call), whatever the
- * engine's device; the nodes (the talker's frame embedding, the predictor's heads) run on the
- * engine's device.
+ * position. Every op runs on the engine's device; this file only moves rows and codes.
  *
  * Ownership: functions borrow their arguments; ms_engine_talker_codes fills caller-owned
  * outputs (codes ms_malloc'd per item, freed by the caller with ms_free).
@@ -38,20 +35,16 @@ extern "C" {
 #define MS_TALKER_MAX_GROUPS 16
 
 /*
- * Where the glue lives: the two nodes by name and the checkpoint tensors by name ("{j}" is the
- * codebook index j = 0 .. G-2 of the templates). G is the predictor node's frame (its scratch's
- * positions). Shapes, checked at the call: in_proj [HC, H] (H the talker's width, HC the
- * predictor's), embeds [V, HC] (V the talker's vocabulary). The heads are the model's
- * (models/talker.mstar: `heads[j < num_code_groups - 1]`).
+ * The two nodes the loop drives, by name. G is the predictor node's frame (its scratch's
+ * positions); the talker's forward reads `[_, G] ids`, the predictor's a row of the talker's
+ * width H and a row of G codes per token (models/talker.mstar).
  */
 typedef struct ms_talker_glue {
     const char *talker;        /* the talker node ("talker") */
     const char *predictor;     /* the code predictor node ("code_predictor") */
-    const char *in_proj;       /* "code_predictor.in_proj.weight" */
-    const char *embeds;        /* the predictor's input for c_j ("code_predictor.embeds.{j}.weight") */
 } ms_talker_glue;
 
-/* The names of hf/talker_codepred (Qwen3-TTS's layout) and models/talker.mstar's nodes. */
+/* models/talker.mstar's nodes. */
 ms_talker_glue ms_talker_glue_default(void);
 
 /* One request of ms_engine_talker_codes. */
@@ -74,12 +67,10 @@ typedef struct ms_talker_item {
  * engine's max_seqs and the predictor's scratch rows take (each its own request, one batch row; a wave's frames run until its
  * longest item is done). The engine must hold no running requests (MS_ERR_STATE) and run
  * without the prefix cache. Errors, one line each: MS_ERR_INVALID_ARG (a code outside [0, V)
- * naming item, frame and codebook; n_prompt or n_frames < 1), MS_ERR_NOT_FOUND (no such node, a
- * glue tensor missing, naming it), MS_ERR_FORMAT (a glue tensor of another shape or a non-float
- * dtype: ms_ckpt_expect_tensor's), MS_ERR_LIMIT (prompt +
- * frames past the talker's context), ms_engine_add's, ms_engine_run_codes' and
- * ms_engine_run_rows'. On error no item
- * holds codes and every request is removed.
+ * naming item, frame and codebook; n_prompt or n_frames < 1), MS_ERR_NOT_FOUND (no such node),
+ * MS_ERR_LIMIT (prompt + frames past the talker's context), ms_engine_add's,
+ * ms_engine_run_codes_pick's and ms_engine_run_rows_codes_pick's. On error no item holds codes
+ * and every request is removed.
  */
 ms_status ms_engine_talker_codes(ms_engine *e, const ms_talker_glue *glue, ms_talker_item *items,
                                  int32_t n_items, ms_error *err);

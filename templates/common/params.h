@@ -232,7 +232,7 @@ typedef struct ms_misc_params {
     const void *a;     /* [n_rows or more, n_cols] source (convert: TS; add, gather: T) */
     const void *b;     /* add: [n_rows, n_cols] T; bias_add: [n_cols] bias (T or float) */
     void *out;         /* [n_rows, n_cols] (convert: TD; else T) */
-    const int *rows;   /* gather_rows: [n_rows] source row or -1 */
+    const int *rows;   /* gather_rows: [n_rows] source row or -1; select_rows: [n_rows] key */
     int n_rows;
     int n_cols;
     int a_stride;

@@ -50,6 +50,19 @@ template <typename T> __device__ __forceinline__ void gather_rows(const ms_misc_
     }
 }
 
+/// T: element type. out[r, :] = rows[r] == 0 ? a[r, :] : b[r, :] (a code predictor's input:
+/// the frame's first row from a, the others from b; out may alias a or b).
+template <typename T> __device__ __forceinline__ void select_rows(const ms_misc_params &p) {
+    const long long total = (long long)p.n_rows * p.n_cols;
+    const T *a = static_cast<const T *>(p.a), *b = static_cast<const T *>(p.b);
+    T *out = static_cast<T *>(p.out);
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+         i += (long long)gridDim.x * blockDim.x) {
+        long long r = i / p.n_cols, c = i % p.n_cols;
+        out[r * p.out_stride + c] = p.rows[r] == 0 ? a[r * p.a_stride + c] : b[r * p.b_stride + c];
+    }
+}
+
 } // namespace ms
 
 // the encoder ops (LayerNorm, GELU, im2col, bias add) are entries of the same module

@@ -279,6 +279,8 @@ enum {
     W_CP_W_DOWN,
     W_CP_NORM,
     W_HEADS_W,
+    W_CP_IN_PROJ,
+    W_CP_EMBEDS_W,
     W_COUNT
 };
 
@@ -591,6 +593,28 @@ static const ms_md_weight talker_weights[W_COUNT] = {
         .fused = -1,
         .n_parts = 0,
     },
+    [W_CP_IN_PROJ] = {
+        .key = "cp_in_proj",
+        .kind = MS_MD_WEIGHT_TENSOR,
+        .names = {"code_predictor.in_proj.weight"},
+        .per_layer = false,
+        .optional = false,
+        .rank = 2,
+        .tie = -1,
+        .fused = -1,
+        .n_parts = 0,
+    },
+    [W_CP_EMBEDS_W] = {
+        .key = "cp_embeds.w",
+        .kind = MS_MD_WEIGHT_TENSOR,
+        .names = {"code_predictor.embeds.{i}.weight"},
+        .per_layer = true,
+        .optional = false,
+        .rank = 2,
+        .tie = -1,
+        .fused = -1,
+        .n_parts = 0,
+    },
 };
 
 static void talker_weight_shape(const void *config, int32_t w, int64_t *shape) {
@@ -702,6 +726,14 @@ static void talker_weight_shape(const void *config, int32_t w, int64_t *shape) {
         shape[0] = c->vocab_size;
         shape[1] = c->cp_hidden_size;
         break;
+    case W_CP_IN_PROJ:
+        shape[0] = c->cp_hidden_size;
+        shape[1] = c->hidden_size;
+        break;
+    case W_CP_EMBEDS_W:
+        shape[0] = c->vocab_size;
+        shape[1] = c->cp_hidden_size;
+        break;
     default:
         MS_ABORT("talker: no weight %d", (int)w);
     }
@@ -741,14 +773,13 @@ static int32_t talker_weight_layers(const void *config, int32_t w) {
     case W_CP_W_GATE_W_UP: return (int32_t)(c->cp_layers);
     case W_CP_W_DOWN: return (int32_t)(c->cp_layers);
     case W_HEADS_W: return (int32_t)(c->num_code_groups - 1);
+    case W_CP_EMBEDS_W: return (int32_t)(c->num_code_groups - 1);
     default: return 1;
     }
 }
 
 /* checkpoint tensors present but unused (ignore): not loaded, not an error */
 static const char *const talker_ignored[] = {
-    "code_predictor.in_proj.*",
-    "code_predictor.embeds.*",
     "code_predictor.embed_tokens.*",
 };
 
@@ -867,7 +898,7 @@ static ms_status talker_code_predictor_run_begin(const void *config, const ms_md
     const talker_config *c = config;
     (void)c;
     ms_md_step_begin(b, "begin", rows);
-    for (int32_t r = 0; r < n_rows; r++) /* main += len(pair) */
+    for (int32_t r = 0; r < n_rows; r++) /* main += len(codes) */
         MS_TRY(ms_md_step_segment(b, r, 0, (int64_t)rows[r].len[0], -1, err));
     ms_md_step_scratch(b, 0, true);
     /* pos: positions are the slots of the frame (the scratch plan's) */
@@ -1085,20 +1116,22 @@ static void talker_talker_input_shape(const void *config, int64_t *rows, int64_t
  * dead and the next one has the same shape), each slice 64-byte aligned; capacities T
  * tokens and S sequences. */
 enum {
-    B_CODE_PREDICTOR_H = 0,
+    B_CODE_PREDICTOR_X = 0,
+    B_CODE_PREDICTOR_TMP,
+    B_CODE_PREDICTOR_X2,
     B_CODE_PREDICTOR_WQ_WK_WV,
     B_CODE_PREDICTOR_ATTN,
-    B_CODE_PREDICTOR_X,
     B_CODE_PREDICTOR_W_GATE_W_UP,
     B_CODE_PREDICTOR_COUNT
 };
 
 static size_t talker_code_predictor_layout(const talker_config *c, int32_t T, int32_t S, size_t *off) {
     size_t sizes[B_CODE_PREDICTOR_COUNT];
-    sizes[B_CODE_PREDICTOR_H] = (size_t)T * (size_t)(c->cp_hidden_size); /* h, tmp, h, tmp, tmp */
+    sizes[B_CODE_PREDICTOR_X] = (size_t)T * (size_t)(c->cp_hidden_size); /* x, h, t, tmp */
+    sizes[B_CODE_PREDICTOR_TMP] = (size_t)T * (size_t)(c->cp_hidden_size); /* tmp, h, t */
+    sizes[B_CODE_PREDICTOR_X2] = (size_t)T * (size_t)(c->cp_hidden_size); /* x */
     sizes[B_CODE_PREDICTOR_WQ_WK_WV] = (size_t)T * (size_t)(c->cp_q_dim + c->cp_kv_dim + c->cp_kv_dim); /* wq_wk_wv */
     sizes[B_CODE_PREDICTOR_ATTN] = (size_t)T * (size_t)(c->cp_q_dim); /* attn */
-    sizes[B_CODE_PREDICTOR_X] = (size_t)T * (size_t)(c->cp_hidden_size); /* x */
     sizes[B_CODE_PREDICTOR_W_GATE_W_UP] = (size_t)T * (size_t)(c->cp_intermediate_size + c->cp_intermediate_size); /* w_gate_w_up */
     (void)c;
     (void)T;
@@ -1129,14 +1162,27 @@ static ms_status talker_code_predictor_forward(const ms_md_forward_args *a, ms_e
     (void)be;
     (void)S;
     if (a->input == NULL || a->input->shape[0] != (int64_t)(T) ||
-        a->input->shape[1] != (int64_t)(c->cp_hidden_size))
-        return MS_FAIL(err, MS_ERR_INVALID_ARG, "node code_predictor: input rows must be [%lld, %lld] "
-                       "(token-major)", (long long)(T), (long long)(c->cp_hidden_size));
+        a->input->shape[1] != (int64_t)(c->hidden_size))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "node code_predictor: input h must be [%lld, %lld] "
+                       "(token-major)", (long long)(T), (long long)(c->hidden_size));
 
-    if (a->input == NULL || a->input->shape[0] != T || a->input->shape[1] != (int64_t)(c->cp_hidden_size))
-        return MS_FAIL(err, MS_ERR_INVALID_ARG, "node code_predictor: input rows must be [%lld, %lld] "
-                       "(a row per token)", (long long)T, (long long)(c->cp_hidden_size));
+    if (a->input == NULL || a->input->shape[0] != T || a->input->shape[1] != (int64_t)(c->hidden_size))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "node code_predictor: input h must be [%lld, %lld] "
+                       "(a row per token)", (long long)T, (long long)(c->hidden_size));
     ms_tensor t_in = *a->input;
+    if (a->codes == NULL || a->codes->dtype != MS_DTYPE_I32 || a->codes->shape[0] != T ||
+        a->codes->shape[1] != (int64_t)(c->num_code_groups))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "node code_predictor: input codes must be [%lld, %lld] "
+                       "ids (a row of codes per token: ms_engine_run_rows_codes_pick)",
+                       (long long)T, (long long)(c->num_code_groups));
+    ms_tensor t_codes = *a->codes;
+    if (a->frame_slot < 0)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "node code_predictor: the step's requests end at "
+                       "different frame slots (cp_embeds is picked by one slot per step)");
+    if ((int64_t)a->frame_slot - (int64_t)(1) < 0 || (int64_t)a->frame_slot - (int64_t)(1) >= (int64_t)(c->num_code_groups - 1))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "node code_predictor: frame slot %d picks cp_embeds[%lld], "
+                       "outside [0, %lld)", (int)a->frame_slot, (long long)((int64_t)a->frame_slot - (int64_t)(1)),
+                       (long long)(c->num_code_groups - 1));
     if (a->frame_slot < 0)
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "node code_predictor: the step's requests end at "
                        "different frame slots (heads is picked by one slot per step)");
@@ -1145,10 +1191,11 @@ static ms_status talker_code_predictor_forward(const ms_md_forward_args *a, ms_e
                        "outside [0, %lld)", (int)a->frame_slot, (long long)((int64_t)a->frame_slot - (int64_t)(1)),
                        (long long)(c->num_code_groups - 1));
     /* planned buffers */
-    ms_tensor t_h = ms_tensor_2d(ws + off[B_CODE_PREDICTOR_H], MS_DTYPE_F32, T, c->cp_hidden_size);
+    ms_tensor t_x = ms_tensor_2d(ws + off[B_CODE_PREDICTOR_X], MS_DTYPE_F32, T, c->cp_hidden_size);
+    ms_tensor t_tmp = ms_tensor_2d(ws + off[B_CODE_PREDICTOR_TMP], MS_DTYPE_F32, T, c->cp_hidden_size);
+    ms_tensor t_x2 = ms_tensor_2d(ws + off[B_CODE_PREDICTOR_X2], MS_DTYPE_F32, T, c->cp_hidden_size);
     ms_tensor t_wq_wk_wv = ms_tensor_2d(ws + off[B_CODE_PREDICTOR_WQ_WK_WV], MS_DTYPE_F32, T, c->cp_q_dim + c->cp_kv_dim + c->cp_kv_dim);
     ms_tensor t_attn = ms_tensor_2d(ws + off[B_CODE_PREDICTOR_ATTN], MS_DTYPE_F32, T, c->cp_q_dim);
-    ms_tensor t_x = ms_tensor_2d(ws + off[B_CODE_PREDICTOR_X], MS_DTYPE_F32, T, c->cp_hidden_size);
     ms_tensor t_w_gate_w_up = ms_tensor_2d(ws + off[B_CODE_PREDICTOR_W_GATE_W_UP], MS_DTYPE_F32, T, c->cp_intermediate_size + c->cp_intermediate_size);
     /* views */
     ms_tensor t_q = ms_tensor_slice(&t_wq_wk_wv, 1, 0, c->cp_q_dim);
@@ -1161,41 +1208,65 @@ static ms_status talker_code_predictor_forward(const ms_md_forward_args *a, ms_e
     ms_tensor t_w_gate = ms_tensor_slice(&t_w_gate_w_up, 1, 0, c->cp_intermediate_size);
     ms_tensor t_w_up = ms_tensor_slice(&t_w_gate_w_up, 1, c->cp_intermediate_size, c->cp_intermediate_size);
 
+    /* x = linear(h, cp_in_proj) */
+    MS_TRY(f->linear(cx, &t_in, ms_md_weight_get(a, W_CP_IN_PROJ, 0), NULL, &t_x, err));
+
+    /* for em in cp_embeds at code.slot - 1 */
+    { /* its range checked before the first op */
+        const int32_t l = (int32_t)((int64_t)a->frame_slot - (int64_t)(1));
+
+        /* x = code.first(x, embedding(em.w, codes, column = em)) */
+        {
+            const int64_t col = (int64_t)(l);
+            if (col < 0 || col >= t_codes.shape[1])
+                return MS_FAIL(err, MS_ERR_INVALID_ARG, "node code_predictor: column %lld of codes "
+                               "is outside [0, %lld)", (long long)col, (long long)t_codes.shape[1]);
+            ms_tensor ids = ms_tensor_1d((int32_t *)t_codes.data + col * T, MS_DTYPE_I32, T);
+            MS_TRY(f->embedding(cx, ms_md_weight_get(a, W_CP_EMBEDS_W, l), &ids, &t_tmp, err));
+        }
+        /* the frame's first row from a, the others from b */
+        MS_TRY(f->select_rows(cx, a->positions, &t_x, &t_tmp, &t_x2, err));
+    }
+
     for (int32_t l = 0; l < (int32_t)(c->cp_layers); l++) {
 
         /* h = rms_norm(x, l.attn_norm, cp_rms_norm_eps) */
-        MS_TRY(f->rms_norm(cx, &t_in, ms_md_weight_get(a, W_CP_ATTN_NORM, l), (float)c->cp_rms_norm_eps, &t_h, err));
+        /* fused: the previous layer's residual add into x with this rms_norm */
+        if (l == 0)
+            MS_TRY(f->rms_norm(cx, &t_x2, ms_md_weight_get(a, W_CP_ATTN_NORM, l), (float)c->cp_rms_norm_eps, &t_x, err));
+        else
+            MS_TRY(ms_backend_add_rms_norm(be, &t_x2, &t_tmp, ms_md_weight_get(a, W_CP_ATTN_NORM, l), (float)c->cp_rms_norm_eps, &t_x, err));
 
         /* q, k, v = linear(h, l.wq), linear(h, l.wk), linear(h, l.wv) */
         /* fused: 3 linears over h side by side run as one GEMM over cp.wq+wk+wv */
-        MS_TRY(f->linear(cx, &t_h, ms_md_weight_get(a, W_CP_WQ_WK_WV, l), NULL, &t_wq_wk_wv, err));
+        MS_TRY(f->linear(cx, &t_x, ms_md_weight_get(a, W_CP_WQ_WK_WV, l), NULL, &t_wq_wk_wv, err));
 
         /* x = x + linear(code.run(q, k, v, layer = l), l.wo) */
         /* fused: RoPE of q, k with the KV write of layer l */
         MS_TRY(ms_backend_rope_kv_write(be, &t_q_heads, &t_k_heads, &t_v_heads, a->positions, a->rope, a->kv, l,
                                         a->batch, err));
         MS_TRY(f->attention(cx, &t_q_heads, a->kv, l, a->batch, &a->attn, &t_attn_heads, err));
-        MS_TRY(f->linear(cx, &t_attn, ms_md_weight_get(a, W_CP_WO, l), NULL, &t_h, err));
-        MS_TRY(f->add(cx, &t_in, &t_h, &t_x, err));
+        MS_TRY(f->linear(cx, &t_attn, ms_md_weight_get(a, W_CP_WO, l), NULL, &t_x, err));
 
         /* h = rms_norm(x, l.mlp_norm, cp_rms_norm_eps) */
-        MS_TRY(f->rms_norm(cx, &t_x, ms_md_weight_get(a, W_CP_MLP_NORM, l), (float)c->cp_rms_norm_eps, &t_h, err));
+        /* fused: residual add x += ... with this rms_norm */
+        MS_TRY(ms_backend_add_rms_norm(be, &t_x2, &t_x, ms_md_weight_get(a, W_CP_MLP_NORM, l), (float)c->cp_rms_norm_eps, &t_tmp, err));
 
         /* x = x + linear(silu(linear(h, l.w_gate)) * linear(h, l.w_up), l.w_down) */
         /* fused: 2 linears over h side by side run as one GEMM over cp.w_gate+w_up */
-        MS_TRY(f->linear(cx, &t_h, ms_md_weight_get(a, W_CP_W_GATE_W_UP, l), NULL, &t_w_gate_w_up, err));
+        MS_TRY(f->linear(cx, &t_tmp, ms_md_weight_get(a, W_CP_W_GATE_W_UP, l), NULL, &t_w_gate_w_up, err));
         MS_TRY(f->silu_mul(cx, &t_w_gate, &t_w_up, &t_w_gate, err));
-        MS_TRY(f->linear(cx, &t_w_gate, ms_md_weight_get(a, W_CP_W_DOWN, l), NULL, &t_h, err));
-        MS_TRY(f->add(cx, &t_x, &t_h, &t_in, err));
+        MS_TRY(f->linear(cx, &t_w_gate, ms_md_weight_get(a, W_CP_W_DOWN, l), NULL, &t_tmp, err));
     }
+    MS_TRY(f->add(cx, &t_x2, &t_tmp, &t_x2, err));
 
     /* for hd in heads at code.slot - 1 */
     { /* its range checked before the first op */
         const int32_t l = (int32_t)((int64_t)a->frame_slot - (int64_t)(1));
 
         /* return linear(rms_norm(x, cp_norm, cp_rms_norm_eps), hd.w) */
-        MS_TRY(f->rms_norm(cx, &t_in, ms_md_weight_get(a, W_CP_NORM, 0), (float)c->cp_rms_norm_eps, &t_h, err));
-        MS_TRY(f->linear(cx, &t_h, ms_md_weight_get(a, W_HEADS_W, l), NULL, a->logits, err));
+        MS_TRY(f->rms_norm(cx, &t_x2, ms_md_weight_get(a, W_CP_NORM, 0), (float)c->cp_rms_norm_eps, &t_x, err));
+        MS_TRY(f->linear(cx, &t_x, ms_md_weight_get(a, W_HEADS_W, l), NULL, a->logits, err));
     }
     return MS_OK;
 }
@@ -1207,12 +1278,19 @@ static int64_t talker_code_predictor_hidden_width(const void *config) {
     return (int64_t)(c->vocab_size);
 }
 
-/* the shaped input as the forward reads it: rows, [rows, width] (-1 rows: the step's context rows, -2: one row per token of the step) */
+/* [scratch] the columns of the ids codes read besides the rows (a row per token) */
+static int64_t talker_code_predictor_codes_width(const void *config) {
+    const talker_config *c = config;
+    (void)c;
+    return (int64_t)(c->num_code_groups);
+}
+
+/* the shaped input as the forward reads it: h, [rows, width] (-1 rows: the step's context rows, -2: one row per token of the step) */
 static void talker_code_predictor_input_shape(const void *config, int64_t *rows, int64_t *cols) {
     const talker_config *c = config;
     (void)c;
     *rows = (int64_t)(-2);
-    *cols = (int64_t)(c->cp_hidden_size);
+    *cols = (int64_t)(c->hidden_size);
 }
 
 /* ---- nodes ---- */
@@ -1244,6 +1322,7 @@ static const ms_md_node talker_nodes[] = {
         .facts = talker_code_predictor_facts,
         .hidden_width = talker_code_predictor_hidden_width,
         .input_shape = talker_code_predictor_input_shape,
+        .codes_width = talker_code_predictor_codes_width,
     },
 };
 
