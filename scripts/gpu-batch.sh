@@ -83,6 +83,8 @@ PY
     mkdir -p "$dir/cache"
     ls -t build/kernel-cache-test/*_sm90-*.cubin | awk -F/ '{ f = $NF; sub(/-[0-9a-f]+\.cubin$/, "", f); if (!seen[f]++) print }' |
         xargs -r cp -t "$dir/cache"
+    # talker + code predictor on the GPU: select_rows (code.first) and the model vs the bf16 CPU
+    make -j2 build/tests/test_talker_cuda && cp build/tests/test_talker_cuda "$dir/bin/" || exit 1
     # CUDA graphs against the padded eager path (test_graphs_cuda.c; runtime/engine/graph_exec.h)
     make -j2 build/tests/test_graphs_cuda && cp build/tests/test_graphs_cuda "$dir/bin/" || exit 1
     # NCCL communicators (issue [K]): one rank on device 0 (test_nccl.c, MS_NCCL_GPU=1)
@@ -223,6 +225,7 @@ if [ -n "${MS_GPU_BUNDLE:-}" ]; then
     } >"$OUT/generate-graphs.log" 2>&1
     summary+=("$(printf '%-14s %s' gen-graphs "$(tail -n 1 "$OUT/generate-graphs.log")")")
     step encoder 120 "$b/bin/test_encoder_ops_cuda"
+    step talker-cuda 90 "$b/bin/test_talker_cuda"
     step generate 90 env MS_BUILD="$b/bin" BIN="$b/bin/llama/llama" bash tests/gpu_generate.sh
     # what mstarc --arch sm_90 --config hf/llama_gqa precompiled (here: the bundle) is all that
     # generate --device cuda loads: the cache must not grow (tests/kernels_gpu.sh without a compiler)

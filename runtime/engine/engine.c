@@ -2754,6 +2754,14 @@ static ms_status eng_run_input(ms_engine *e, const char *node, const char *step_
                                         err));
         *hidden = e->last_hidden_host;
     }
+    /* a picking step left its logits on the backend (eng_forward_sample): the caller reads them */
+    if (!e->logits_on_host) {
+        MS_TRY(e->be.iface.copy_to_host(e->be.ctx, e->logits_host, e->logits_dev,
+                                        (size_t)e->logits_rows * (size_t)e->facts.vocab *
+                                            sizeof(float),
+                                        err));
+        e->logits_on_host = true;
+    }
     *logits = e->logits_host;
     return MS_OK;
 }
