@@ -148,6 +148,17 @@ __device__ __forceinline__ void scale_min_k4(int j, const unsigned char *q, int 
     }
 }
 
+/* A Q4_K / Q5_K block's header h[16] (f16 d, f16 dmin, 12 bytes of 6-bit scales and mins):
+ * sub-block s's scale d * sc and offset dmin * m (ggml dequantize_row_q4_K / _q5_K). */
+__device__ __forceinline__ void scale_min_k(const unsigned char *h, int s, float &d1, float &m1) {
+    const float d = f16_bits((unsigned)h[0] | ((unsigned)h[1] << 8));
+    const float dmin = f16_bits((unsigned)h[2] | ((unsigned)h[3] << 8));
+    int sc, m;
+    scale_min_k4(s, h + 4, sc, m);
+    d1 = mul_rn(d, (float)sc);
+    m1 = mul_rn(dmin, (float)m);
+}
+
 } // namespace quant
 
 /* ---- the block types: kQK values in kBytes bytes; unit(block, sub, w) -> values
@@ -265,11 +276,8 @@ struct q4_k {
         unsigned char h[16], q[32];
         quant::ld_bytes16<16>(b, h);
         quant::ld_bytes16<32>(b + 16 + 32 * (s >> 1), q);
-        const float d = quant::f16_bits((unsigned)h[0] | ((unsigned)h[1] << 8));
-        const float dmin = quant::f16_bits((unsigned)h[2] | ((unsigned)h[3] << 8));
-        int sc, m;
-        quant::scale_min_k4(s, h + 4, sc, m);
-        const float d1 = quant::mul_rn(d, (float)sc), m1 = quant::mul_rn(dmin, (float)m);
+        float d1, m1;
+        quant::scale_min_k(h, s, d1, m1);
         const int shift = (s & 1) * 4;
 #pragma unroll
         for (int l = 0; l < 32; l++)
@@ -279,11 +287,8 @@ struct q4_k {
         unsigned char h[16], q[8];
         quant::ld_bytes16<16>(b, h);
         quant::ld8<8>(b + 16 + 32 * (s >> 1) + 8 * p, q);
-        const float d = quant::f16_bits((unsigned)h[0] | ((unsigned)h[1] << 8));
-        const float dmin = quant::f16_bits((unsigned)h[2] | ((unsigned)h[3] << 8));
-        int sc, m;
-        quant::scale_min_k4(s, h + 4, sc, m);
-        const float d1 = quant::mul_rn(d, (float)sc), m1 = quant::mul_rn(dmin, (float)m);
+        float d1, m1;
+        quant::scale_min_k(h, s, d1, m1);
         const int shift = (s & 1) * 4;
 #pragma unroll
         for (int k = 0; k < 8; k++)
@@ -299,11 +304,8 @@ struct q5_k {
         quant::ld_bytes16<16>(b, h);
         quant::ld_bytes16<32>(b + 16, qh);
         quant::ld_bytes16<32>(b + 48 + 32 * (s >> 1), ql);
-        const float d = quant::f16_bits((unsigned)h[0] | ((unsigned)h[1] << 8));
-        const float dmin = quant::f16_bits((unsigned)h[2] | ((unsigned)h[3] << 8));
-        int sc, m;
-        quant::scale_min_k4(s, h + 4, sc, m);
-        const float d1 = quant::mul_rn(d, (float)sc), m1 = quant::mul_rn(dmin, (float)m);
+        float d1, m1;
+        quant::scale_min_k(h, s, d1, m1);
         const int shift = (s & 1) * 4;
         const unsigned hbit = 1u << s; /* u1 = 1 << 2j for even s = 2j, u2 = 2 << 2j for odd */
 #pragma unroll
@@ -317,11 +319,8 @@ struct q5_k {
         quant::ld_bytes16<16>(b, h);
         quant::ld8<8>(b + 16 + 8 * p, qh);
         quant::ld8<8>(b + 48 + 32 * (s >> 1) + 8 * p, ql);
-        const float d = quant::f16_bits((unsigned)h[0] | ((unsigned)h[1] << 8));
-        const float dmin = quant::f16_bits((unsigned)h[2] | ((unsigned)h[3] << 8));
-        int sc, m;
-        quant::scale_min_k4(s, h + 4, sc, m);
-        const float d1 = quant::mul_rn(d, (float)sc), m1 = quant::mul_rn(dmin, (float)m);
+        float d1, m1;
+        quant::scale_min_k(h, s, d1, m1);
         const int shift = (s & 1) * 4;
         const unsigned hbit = 1u << s;
 #pragma unroll
