@@ -128,5 +128,5 @@ PY
     fi
 fi
 
-echo "gpu_generate.sh: $passed passed, $failed failed"
+echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
