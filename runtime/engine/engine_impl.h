@@ -253,4 +253,27 @@ struct ms_engine {
     int64_t last_hidden_width;    /* widest row-per-token input; 0: no such node */
 };
 
+/* ---- internal functions shared across engine*.c ---- */
+
+/* engine.c: the request `rid` of e (NULL: none; removed requests are gone); *at (when not NULL)
+ * gets its index in e->reqs. */
+eng_req *eng_find_req(const ms_engine *e, ms_rid rid, size_t *at);
+
+/* engine.c: add request rq to e, as ms_engine_add (engine.h) does, with fork_of: the request
+ * whose prompt KV it waits to share ([fork], ms_engine_fork), 0 none. *rid gets its id. Errors:
+ * ms_engine_add's. */
+ms_status eng_add(ms_engine *e, const ms_engine_request *rq, ms_rid fork_of, ms_rid *rid,
+                  ms_error *err);
+
+/* engine.c [prefix]: adopt the prefix cache's sealed pages for r's streams (no-op when off). */
+void eng_prefix_adopt(ms_engine *e, eng_req *r);
+
+/* engine_fork.c [fork]: fork every request waiting for `parent` whose KV is ready (called after
+ * a step `parent` ran in; NULL parent or no waiting fork: nothing). */
+void eng_fork_resolve(ms_engine *e, const eng_req *parent);
+
+/* engine_fork.c [fork]: at a step's start, forks whose parent finished, was removed or sits in
+ * the host tier prefill themselves; those whose parent's KV is ready fork. */
+void eng_fork_poll(ms_engine *e);
+
 #endif /* MS_ENGINE_IMPL_H */
