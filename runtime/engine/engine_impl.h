@@ -1,7 +1,7 @@
 /*
- * engine_impl.h - the engine's private definitions, shared by the files that implement engine.h
- * (engine.c and the engine_*.c files its sections move to). Not a public header: nothing outside
- * runtime/engine/engine*.c includes it; engine.h is the API.
+ * engine_impl.h - the engine's private definitions, shared by the files that implement engine.h:
+ * engine.c, engine_fork.c ([fork]) and engine_plp.c ([prompt logprobs]). Not a public header:
+ * nothing outside runtime/engine/engine*.c includes it; engine.h is the API.
  *
  * It holds the request (eng_req), the node (eng_node) and the engine (struct ms_engine), and the
  * prototypes of the internal functions more than one of those files calls. Ownership and units
@@ -275,5 +275,14 @@ void eng_fork_resolve(ms_engine *e, const eng_req *parent);
 /* engine_fork.c [fork]: at a step's start, forks whose parent finished, was removed or sits in
  * the host tier prefill themselves; those whose parent's KV is ready fork. */
 void eng_fork_poll(ms_engine *e);
+
+/* engine_plp.c [prompt logprobs]: stage the step's logits rows into e->plp_rows_host for its
+ * n_seg segments; returns the rows beyond the segments' own (0 when options.prompt_logprobs_rows
+ * is 0 or no request of the step asks for prompt logprobs). */
+int32_t eng_plp_rows(ms_engine *e, int32_t n_seg);
+
+/* engine_plp.c [prompt logprobs]: fill the prompt-logprob entries the step's rows give, once
+ * their logits reached e->logits_host (before penalties or CFG mixing touch the rows). */
+void eng_plp_collect(ms_engine *e, int32_t n_seg);
 
 #endif /* MS_ENGINE_IMPL_H */
