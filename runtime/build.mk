@@ -45,6 +45,7 @@ RUNTIME_SRCS += runtime/cli/gguf_tokenizer.c
 RUNTIME_SRCS += runtime/engine/engine.c
 RUNTIME_SRCS += runtime/engine/engine_fork.c
 RUNTIME_SRCS += runtime/engine/engine_plp.c
+RUNTIME_SRCS += runtime/engine/engine_pd.c
 RUNTIME_SRCS += runtime/engine/tp.c
 RUNTIME_SRCS += runtime/engine/graph_exec.c
 RUNTIME_SRCS += runtime/cli/cli.c
