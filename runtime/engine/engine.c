@@ -13,7 +13,7 @@
  *     MS_FINISH_CONTEXT;
  *   - one-line errors name the file (config.json, the shard) and the tensor or field.
  */
-#include "engine.h"
+#include "engine_impl.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -51,28 +51,7 @@
 
 /* ---- engine-side resources: attention staging and the sampler ---- */
 
-/*
- * Attention resource (kind MS_RESOURCE_ATTN) of the engine: the runner's attention resource
- * (attn_plan.h: kernel choice per plan label, causal flag, persistent host plan buffers) plus the
- * backend staging: at plan it stages the step's KV plan into the backend's attention batch (fixed
- * addresses, allocates nothing) and files itself as the plan result, so the forward reads the
- * batch and the attention plan entry.
- */
-typedef struct eng_attn {
-    ms_attn *inner;                    /* the runner's attention resource (owned) */
-    const ms_backend *be;
-    ms_attn_batch *batch;              /* backend-owned, made at init for the worst case */
-    const ms_paged_kv *kv;
-    int kv_index;                      /* resource index of the KV pool */
-    ms_label context_label;            /* a cross resource's context label (not a query plan
-                                          label), -1 none */
-    const ms_attn_plan_entry *entry;   /* plan result: the main label's attention plan */
-    int32_t n_q_heads;                 /* query heads (the attention resource's q_heads) */
-    float scale;                       /* logit scale */
-    int32_t window;                    /* sliding window, 0 none */
-    ms_attn_params params;             /* plan result: what every layer's attention runs with */
-    const ms_kv_plan *query_plan;      /* plan result: the KV plan staged into batch */
-} eng_attn;
+/* eng_attn (engine_impl.h): the plan below stages it. */
 
 static ms_status eng_attn_plan(void *self, int index, const ms_step *step, ms_step_ctx *ctx,
                                const void **out, ms_error *err) {
@@ -112,201 +91,6 @@ static const ms_resource_i eng_attn_iface = {
     .free = eng_attn_free,
 };
 
-/* ---- the engine ---- */
-
-/* One request: its streams' prompts, its position in its walk, its output. */
-typedef struct eng_req {
-    ms_rid rid;
-    int32_t *prompt[MS_MAX_LABELS];   /* [n_prompt[l]] owned copy per stream label, or NULL */
-    int32_t n_prompt[MS_MAX_LABELS];
-    int32_t consumed[MS_MAX_LABELS];  /* prompt tokens fed so far per stream */
-    int32_t longest;                  /* longest prompt (the context check) */
-    int32_t n_streams;                /* streams it holds (slots of max_seqs it takes) */
-    ms_walk_pos walk;                 /* where it stands */
-    int32_t *positions;               /* [n_axes * n_prompt[main]] explicit prompt ids, or NULL */
-    int32_t n_position_axes;
-    int32_t *out;                     /* [max_new] generated ids */
-    int32_t n_out;
-    int32_t max_new;
-    int32_t chunk;                    /* prompt tokens per step, 0 = all */
-    bool ignore_eos;
-    bool in_runner;                   /* ingested into the resources and not yet removed */
-    /* [kv pressure] (eng_kv_*): */
-    bool kv_offloaded;                /* its KV sits in the host tier: no step takes it */
-    bool kv_wait;                     /* left out of the rest of this engine step (page-short) */
-    int32_t n_orig_prompt;            /* main prompt length at add (recompute grows prompt) */
-    ms_finish_reason finish;
-    int32_t row;                      /* logits row (segment) of its id in the last step, -1 */
-    /* a walk starting at a node that reads features (an encoder): */
-    float *features;                  /* [n_channels * n_frames] copy, channel-major; NULL */
-    int64_t n_channels, n_frames;
-    float *context;                   /* [n_context * context_width] the encoder's rows, NULL */
-    int32_t n_context;
-    int64_t context_width;
-    /* [prefix] prefix caching (prefix_cache.h): full pages of its main stream listed so far, the
-       key of the last one, and whether it may list more (not for guided pairs, explicit
-       positions, encoder walks, dense block steps, or a stream the window has cut) */
-    int32_t sealed[MS_MAX_LABELS];
-    ms_prefix_key seal_key[MS_MAX_LABELS];
-    bool no_seal;
-    /* [fork] (ms_engine_fork): the request whose prompt KV this one waits to share, 0 none
-       (never forked, or forked already, or prefilling its prompt itself) */
-    ms_rid fork_of;
-    /* [prompt logprobs] (request.prompt_logprobs): [n_orig_prompt] entries, NULL none; the top
-       entries each keeps; the next entry to fill (entries [1, plp_next) are known) */
-    ms_engine_prompt_logprob *plp;
-    int32_t plp_top;
-    int32_t plp_next;
-} eng_req;
-
-/*
- * One node of the model as the engine runs it: its KV page arena and pool, its resources through
- * its own step runner (a request is ingested into every node's runner at add and removed from
- * all of them when it finishes). Each node's streams are its own: a walk that crosses nodes
- * prefills each node it visits.
- */
-typedef struct eng_node {
-    const ms_md_node *node;       /* desc->nodes[i] */
-    ms_md_facts facts;            /* its own (ms_md_node.facts), else the model's */
-    int32_t step0;                /* scheduler index of its step 0 (steps of all nodes in a row) */
-    ms_page_arena *arena;
-    ms_kv_pool *pool;
-    ms_paged_kv kv;
-    int32_t kv_pages;             /* pages of the arena */
-    int32_t pages_free_initial;
-    ms_page_arena *host_arena;    /* [kv pressure] the offload tier (host_kv_pages), or NULL */
-    int32_t batch_pages;          /* page entries one step's views may read: the arena's pages,
-                                     or more when pages are shared (prefix cache, forks): up to
-                                     max_seqs streams of their context's pages each */
-    eng_attn attn;
-    ms_sample_res *sampler;
-    ms_step_runner *runner;
-    int idx[MS_RESOURCE_KIND_COUNT]; /* resource index of each kind, -1 absent */
-    ms_positions_config pos_cfg;
-    /* cross-attention (a node with a cross resource): the context stream is a label of its own
-       KV pool, written by the step that brings the context rows, read by every later step */
-    ms_cross_config cross_cfg;
-    ms_label context_label;       /* -1 none */
-    ms_attn_batch *ctx_batch;     /* the context rows' write addresses (staged per step) */
-    ms_attn_batch *cross_batch;   /* the queries over the context views (staged per step) */
-    ms_attn_params cross_params;  /* not causal, no window, the attention's scale */
-    int32_t ctx_rows;             /* context rows of the step being run (its input) */
-    int32_t *zeros;               /* [max_seqs] kv_start of the cross views */
-    /* [scratch] a node on a scratch KV (a code predictor): its runner holds the scratch alone,
-       nd->kv views its buffer, nd->attn.batch stages its plans (eng_scratch_init) */
-    ms_scratch_kv_config scratch_cfg;
-    ms_scratch_kv *scratch;       /* owned by the runner; NULL: not a scratch node */
-    /* [encoder] a node without a kv_pool (dense attention, eng_dense_init): no arena, pool or
-       runner; its step's segments (one window per request) go to the forward as dense_batch */
-    bool dense;
-    ms_dense_batch *dense_batch;  /* [max_windows] segments, backend-owned offsets */
-    ms_attn_params dense_params;  /* not causal, no window, the attention's scale */
-    int32_t max_windows;          /* windows one step batches: options.encode_windows, or the
-                                     whole windows max_tokens holds (codegen.c NW) */
-    int32_t dense_tokens;         /* rows of max_windows windows: the node's own token capacity
-                                     (its workspace layout, the step buffers are sized for it) */
-    ms_kv_host_transfer pd_host;  /* [pd] the built-in host transfer into this node's arena */
-} eng_node;
-
-struct ms_engine {
-    const ms_model_desc *desc;
-    eng_node nodes[MS_MD_MAX_NODES]; /* [n_nodes] desc->nodes in order */
-    int32_t n_nodes;
-    int32_t n_sched_steps;        /* steps of all nodes (the scheduler's indices) */
-    ms_engine_options opt;
-    ms_backend be;
-    ms_hf_config *hf;
-    void *config;                 /* [desc->config_size] */
-    ms_md_facts facts;
-    ms_ckpt *ck;
-
-    /* weights: one slab, views per (entry, instance) */
-    ms_dtype wdtype;              /* storage dtype of the weights: f32 on CPU, bf16 on CUDA */
-    ms_dtype kvdtype;             /* KV arena dtype: f32 on CPU, bf16 on CUDA */
-    void *wslab;
-    size_t wslab_bytes;           /* bytes of wslab */
-    ms_tensor *weights;           /* [n_instances] */
-    int32_t *woff;                /* [n_weights] first instance of entry w */
-
-    /* RoPE */
-    float *inv_freq;              /* backend memory [rotary_dim / 2] */
-    ms_rope_table rope;
-
-    /* the KV device (every node's arena lives on it) */
-    ms_device *dev;
-    ms_device *host_dev;          /* [kv pressure] the offload tier's memory (pinned on cuda) */
-    ms_engine_kv_stats kv_stats;  /* [kv pressure] counters */
-    ms_rid short_rid;             /* [kv pressure] the request a page-short admit named */
-    int32_t kv_n_parked;          /* [kv pressure] requests waiting to come back */
-
-    /* per-step buffers (worst case: max_seqs rows, max_seqs views, max_tokens tokens) */
-    int32_t max_seqs, max_tokens;
-    int32_t buf_tokens;           /* rows of the per-step token buffers: max_tokens, or a dense
-                                     node's windows when more ([encoder]) */
-    int32_t max_out;              /* logits rows of a step: max_seqs, or max_tokens when a step
-                                     returns every token's logits (a block step) */
-    int32_t *out_rows_dev;        /* backend [max_tokens] 0, 1, 2, ...: the rows of a block step */
-    void *workspace;              /* backend */
-    size_t workspace_bytes;
-    int32_t *tokens_dev;          /* backend [max_tokens] */
-    int32_t *pos_dev;             /* backend [n_axes * max_tokens] */
-    float *logits_dev;            /* backend [max_seqs * vocab] */
-    /* nodes returning hidden states (ms_engine_encode; none: NULL, 0) */
-    float *hidden_dev;            /* backend [max_tokens * hidden_cap_width] their output */
-    int64_t hidden_cap_width;     /* widest hidden row of those nodes */
-    float *input_dev;             /* backend [input_cap] a shaped input, token-major */
-    float *input_host;            /* [input_cap] staging (the transpose) */
-    int64_t input_cap;            /* elements of the largest declared shaped input */
-    /* [scratch] the ids a node reads besides its rows (ms_md_node.codes_width; none: NULL, 0) */
-    int32_t *codes_dev;           /* backend [codes_cap], codebook-major */
-    int32_t *codes_host;          /* [codes_cap] staging */
-    int64_t codes_cap;            /* max_tokens * the widest codes_width */
-    int32_t *ids_dev;             /* backend [max_seqs] */
-    void *sample_ws;              /* backend */
-    size_t sample_ws_bytes;
-    float *logits_host;           /* [max_seqs * vocab] */
-    int32_t logits_rows;          /* rows of logits_dev the last forward wrote */
-    bool logits_on_host;          /* ... and logits_host holds them (else: copied when read) */
-    int32_t *tokens_host;         /* [max_tokens] */
-    int32_t *ids_host;            /* [max_seqs] */
-    ms_md_row *rows;              /* [max_seqs] the step's batch rows */
-    eng_req **row_reqs;           /* [max_seqs] their requests */
-    ms_rid *rids;                 /* [max_seqs] */
-    ms_md_step_build build;       /* the step declaration the generated runner fills */
-    ms_sched sched;
-    ms_graph_exec *gx;            /* [graphs] the captured path (graph_exec.h), NULL: eager */
-    ms_md_step_build pre_build;   /* [graphs] the pre-plan's declaration of step N+1 */
-    ms_md_row *pre_rows;          /* [graphs] [max_seqs] its rows; NULL: no pre-plan */
-    ms_sample_row *pre_samples;   /* [graphs] [max_seqs] step N's sample rows, kept from its plan
-                                     (the pre-plan plans the sampler again) */
-    ms_step_ctx taken_ctx;        /* [graphs] a taken pre-plan's context (ms_graph_exec_pad) */
-    const ms_step *taken_step;    /* [graphs] ... and the declaration it was admitted with */
-    ms_prefix_cache *pcache;      /* [prefix] sealed pages shared across requests, NULL: off */
-    ms_prefix_key proot;          /* [prefix] the root key: model, config, weights, KV dtype */
-    ms_tp_rank *tps;              /* [tp] this rank's split (options.tp_member), NULL: whole */
-    ms_tp_group *tpg;             /* [tp] rank 0: the group it drives, NULL otherwise */
-    bool ck_borrowed;             /* [tp] ck is the group's one checkpoint (rank 0 frees it) */
-
-    /* requests */
-    eng_req **reqs;               /* [n_reqs] every request not yet removed, in arrival order */
-    size_t n_reqs, cap_reqs;
-    int32_t n_active;
-    int32_t n_streams_active;     /* streams of the active requests (<= max_seqs) */
-    ms_rid next_rid;
-    ms_engine_fork_stats fork_stats; /* [fork] counters; n_waiting: requests with fork_of */
-    /* [prompt logprobs] (options.prompt_logprobs_rows; 0: none, the rest NULL) */
-    int32_t plp_rows;             /* extra logits rows a step may return */
-    int32_t *plp_rows_dev;        /* backend [max_out] the token rows a step's logits come from */
-    int32_t *plp_rows_host;       /* [max_out] staging */
-    void *plp_scratch;            /* ms_sampler_scratch_size(vocab) bytes */
-    bool rows_staged;             /* [inputs_embeds] ms_engine_run_rows staged the input rows */
-    bool codes_staged;            /* [codes] ms_engine_run_codes staged them: int32 ids,
-                                     codebook-major (input_shape rows -3) */
-    float *last_hidden_dev;       /* [inputs_embeds] backend [max_seqs * last_hidden_width] the
-                                     rows a forward's head read (ms_engine_run_rows' hidden) */
-    float *last_hidden_host;      /* [max_seqs * last_hidden_width] */
-    int64_t last_hidden_width;    /* widest row-per-token input; 0: no such node */
-};
 
 ms_engine_options ms_engine_options_default(void) {
     ms_engine_options o;
@@ -391,7 +175,6 @@ ms_status ms_engine_copy_bandwidth(ms_engine *e, size_t bytes, int32_t reps, dou
     return MS_OK;
 }
 int32_t ms_engine_n_active(const ms_engine *e) { return e->n_active; }
-static eng_req *eng_find_req(const ms_engine *e, ms_rid rid, size_t *at);
 /* [kv pressure] end of file */
 static ms_status eng_kv_check_fits(const ms_engine *e, const ms_engine_request *rq,
                                    int32_t n_streams, ms_error *err);
@@ -1548,7 +1331,7 @@ void ms_engine_free(ms_engine *e) {
 
 /* ---- requests ---- */
 
-static eng_req *eng_find_req(const ms_engine *e, ms_rid rid, size_t *at) {
+eng_req *eng_find_req(const ms_engine *e, ms_rid rid, size_t *at) {
     for (size_t i = 0; i < e->n_reqs; i++)
         if (e->reqs[i]->rid == rid) {
             if (at != NULL)
@@ -1601,12 +1384,7 @@ static ms_status eng_check_prompt(const ms_engine *e, const int32_t *ids, int32_
     return MS_OK;
 }
 
-static void eng_prefix_adopt(ms_engine *e, eng_req *r); /* [prefix], end of file */
 static void eng_prefix_seal(ms_engine *e, eng_req *r);  /* [prefix], end of file */
-static void eng_fork_resolve(ms_engine *e, const eng_req *parent); /* [fork], end of file */
-static int32_t eng_plp_rows(ms_engine *e, int32_t n_seg);  /* [prompt logprobs], end of file */
-static void eng_plp_collect(ms_engine *e, int32_t n_seg);  /* [prompt logprobs], end of file */
-static void eng_fork_poll(ms_engine *e);                          /* [fork], end of file */
 
 /* [encoder] The streams ms_walk_n_streams counts at the dense nodes of walk w: their step's
  * labels, once per node. They hold nothing, so a request takes no slot of max_seqs for them. */
@@ -1631,8 +1409,8 @@ static int32_t eng_walk_dense_streams(const ms_engine *e, int32_t w) {
 }
 
 /* ms_engine_add, and ms_engine_fork's request (fork_of: the parent it waits for, 0 none). */
-static ms_status eng_add(ms_engine *e, const ms_engine_request *rq, ms_rid fork_of, ms_rid *rid,
-                         ms_error *err) {
+ms_status eng_add(ms_engine *e, const ms_engine_request *rq, ms_rid fork_of, ms_rid *rid,
+                  ms_error *err) {
     MS_TRY(eng_check_prompt(e, rq->prompt, rq->n_prompt, "prompt", err));
     if (rq->max_new_tokens < 0 || rq->prefill_chunk < 0)
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "max_new_tokens (%d) must be >= 0",
@@ -3436,7 +3214,7 @@ done:
     }
 }
 
-static void eng_prefix_adopt(ms_engine *e, eng_req *r) {
+void eng_prefix_adopt(ms_engine *e, eng_req *r) {
     if (e->pcache == NULL || r->no_seal)
         return;
     for (ms_label l = 0; l < MS_MAX_LABELS; l++)
@@ -3871,230 +3649,6 @@ void ms_engine_get_kv_stats(const ms_engine *e, ms_engine_kv_stats *out) {
         }
 }
 
-/* ---- [fork] n > 1 choices over one prompt (ms_engine_fork) ----
- *
- * A fork is an ordinary request (its own prompt copy, sampler state, output) whose main stream
- * starts from its parent's KV instead of computing the prompt: once the parent's stream holds
- * the prompt's first n - 1 tokens, kv_pool.h ms_kv_pool_fork_stream shares their full pages and
- * copies the partial one, the positions counter starts at n - 1, and the fork's walk feeds only
- * the prompt's last token, whose logits row gives its first id under its own seed (as a prompt
- * the prefix cache holds whole still computes its last token). From then on nothing tells a fork
- * from a request that prefilled itself: offload, recompute-preemption (prompt ++ output) and
- * remove act on its own pages only. A fork whose parent's KV is gone (finished, removed,
- * offloaded past its prompt, a window released part of it) prefills its prompt itself. */
-
-/* The fork prefills its prompt itself (through the prefix cache when it is on). */
-static void eng_fork_detach(ms_engine *e, eng_req *c) {
-    c->fork_of = 0;
-    e->fork_stats.n_waiting--;
-    e->fork_stats.fallbacks++;
-    eng_prefix_adopt(e, c);
-}
-
-/* Fork c from parent p when p's KV holds c's prompt but its last token; keep waiting while p
- * still prefills; detach when p cannot give it. */
-static void eng_fork_one(ms_engine *e, const eng_req *p, eng_req *c) {
-    eng_node *nd = &e->nodes[0];
-    const int32_t t = c->n_prompt[MS_LABEL_MAIN] - 1;
-    ms_kv_stream_info si;
-    if (t < 1 || p->finish != MS_FINISH_NONE || !p->in_runner || p->kv_offloaded ||
-        ms_kv_pool_stream_info(nd->pool, p->rid, MS_LABEL_MAIN, &si) != MS_OK ||
-        si.released > 0) {
-        eng_fork_detach(e, c);
-        return;
-    }
-    if (si.stored < t)
-        return; /* the parent has not computed the prompt yet */
-    /* the pool has no compute stream here (its copies are synchronous): the partial page's
-       bytes are complete, since the step that wrote them copied its logits to the host after */
-    ms_kv_fork_info fi;
-    ms_error err = {0};
-    ms_status st = ms_kv_pool_fork_stream(nd->pool, p->rid, c->rid, MS_LABEL_MAIN, t, &fi, &err);
-    if (st == MS_ERR_CAPACITY && e->pcache != NULL && ms_prefix_cache_evict(e->pcache, 1) >= 1)
-        st = ms_kv_pool_fork_stream(nd->pool, p->rid, c->rid, MS_LABEL_MAIN, t, &fi, &err);
-    int pi = nd->idx[MS_RESOURCE_POS];
-    if (st == MS_OK && pi >= 0) {
-        ms_pos_published pub;
-        memset(&pub, 0, sizeof pub);
-        pub.counter[MS_LABEL_MAIN] = t;
-        st = ms_positions_retrieve(ms_step_runner_resource(nd->runner, pi), c->rid, &pub, &err);
-        if (st != MS_OK)
-            ms_kv_pool_reset(nd->pool, c->rid, true);
-    }
-    if (st != MS_OK) {
-        ms_log(MS_LOG_DEBUG, "fork of request %llu from %llu: %s; it prefills its prompt",
-               (unsigned long long)c->rid, (unsigned long long)p->rid, err.msg);
-        eng_fork_detach(e, c);
-        return;
-    }
-    c->consumed[MS_LABEL_MAIN] = t;
-    c->fork_of = 0;
-    e->fork_stats.n_waiting--;
-    e->fork_stats.forks++;
-    e->fork_stats.pages_shared += fi.pages_shared;
-    e->fork_stats.pages_copied += fi.pages_copied;
-    e->fork_stats.tokens_shared += t;
-}
-
-/* Fork every request waiting for `parent` whose KV is ready (after a step it ran in). */
-static void eng_fork_resolve(ms_engine *e, const eng_req *parent) {
-    if (e->fork_stats.n_waiting == 0 || parent == NULL)
-        return;
-    for (size_t i = 0; i < e->n_reqs; i++)
-        if (e->reqs[i]->fork_of == parent->rid)
-            eng_fork_one(e, parent, e->reqs[i]);
-}
-
-/* At a step's start: forks whose parent finished, was removed or sits in the host tier
- * prefill themselves; those whose parent's KV is ready fork. */
-static void eng_fork_poll(ms_engine *e) {
-    if (e->fork_stats.n_waiting == 0)
-        return;
-    for (size_t i = 0; i < e->n_reqs; i++) {
-        eng_req *c = e->reqs[i];
-        if (c->fork_of == 0)
-            continue;
-        const eng_req *p = eng_find_req(e, c->fork_of, NULL);
-        if (p == NULL)
-            eng_fork_detach(e, c);
-        else
-            eng_fork_one(e, p, c);
-    }
-}
-
-ms_status ms_engine_fork(ms_engine *e, ms_rid parent, const ms_engine_request *rq, ms_rid *rid,
-                         ms_error *err) {
-    ms_graph_exec_preplan_drop(e->gx); /* [graphs] it touches the runner */
-    const eng_req *p = eng_find_req(e, parent, NULL);
-    if (p == NULL)
-        return MS_FAIL(err, MS_ERR_NOT_FOUND, "fork: unknown parent request %llu",
-                       (unsigned long long)parent);
-    if (e->tpg != NULL) /* [tp] every rank must run the same allocation: forks are not replayed */
-        return MS_FAIL(err, MS_ERR_UNSUPPORTED,
-                       "fork: not with tensor parallelism (--tp %d): add the choices as requests",
-                       (int)ms_tp_group_world(e->tpg));
-    const eng_node *nd = &e->nodes[0];
-    if (e->n_nodes != 1 || nd->pool == NULL || nd->context_label >= 0)
-        return MS_FAIL(err, MS_ERR_UNSUPPORTED,
-                       "fork: model %s runs %d nodes%s: only a one-node model with a KV pool "
-                       "forks a request (add the choices as requests)", e->desc->name,
-                       (int)e->n_nodes, nd->context_label >= 0 ? " with cross-attention" : "");
-    if (rq->negative_prompt != NULL || rq->n_negative_prompt > 0 || rq->position_ids != NULL ||
-        rq->features != NULL || p->n_streams != 1 || p->positions != NULL || p->features != NULL)
-        return MS_FAIL(err, MS_ERR_UNSUPPORTED,
-                       "fork of request %llu: guided pairs, explicit positions and features are "
-                       "not forked (add the choices as requests)", (unsigned long long)parent);
-    if (rq->prompt_logprobs)
-        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "fork of request %llu: a fork computes no prompt "
-                       "rows (read the parent's prompt logprobs)", (unsigned long long)parent);
-    if (rq->n_prompt != p->n_orig_prompt || rq->prompt == NULL ||
-        memcmp(rq->prompt, p->prompt[MS_LABEL_MAIN], (size_t)rq->n_prompt * sizeof(int32_t)) != 0)
-        return MS_FAIL(err, MS_ERR_INVALID_ARG,
-                       "fork of request %llu: the prompt (%d tokens) is not the parent's (%d "
-                       "tokens)", (unsigned long long)parent, (int)rq->n_prompt,
-                       (int)p->n_orig_prompt);
-    /* a finished parent's KV is gone: the fork is a request that prefills itself */
-    const bool wait = p->finish == MS_FINISH_NONE && p->in_runner;
-    MS_TRY(eng_add(e, rq, wait ? parent : 0, rid, err));
-    e->fork_stats.fallbacks += !wait;
-    eng_req *c = eng_find_req(e, *rid, NULL);
-    if (c != NULL && c->fork_of != 0)
-        eng_fork_one(e, p, c); /* a parent already past its prompt forks at once */
-    return MS_OK;
-}
-
-void ms_engine_get_fork_stats(const ms_engine *e, ms_engine_fork_stats *out) {
-    memset(out, 0, sizeof *out);
-    if (e != NULL)
-        *out = e->fork_stats;
-}
-
-/* ---- [prompt logprobs] every prompt row's logits for requests asking for them ----
- *
- * options.prompt_logprobs_rows adds that many logits rows to a step (e->max_out): eng_rows cuts
- * such a request's prompt chunk to the rows left, the step's forward returns the logits of the
- * token rows e->plp_rows_host lists (each segment's last token first, in segment order, as
- * without them, then the other prompt rows of those requests), the sampler reads the first rows
- * only, and eng_plp_collect turns every prompt row p into entry p + 1 (the logprob of prompt
- * token p + 1 given tokens 0 .. p) before penalties or CFG mixing touch the rows. */
-
-/* Visit every prompt row of the step's plp requests: fn(e, r, position, logits row). Rows are
- * in eng_plp_rows's order: a segment's rows but its last after the n_seg segments' own rows. */
-static int32_t eng_plp_walk(ms_engine *e, int32_t n_seg, bool collect) {
-    const ms_md_step_build *b = &e->build;
-    int32_t tok = 0, extra = 0;
-    for (int32_t i = 0; i < b->step.n_segments && i < n_seg; i++) {
-        const ms_segment *sg = &b->segments[i];
-        eng_req *r = e->row_reqs[b->seg_row[i]];
-        if (!collect)
-            e->plp_rows_host[i] = tok + sg->span - 1; /* the segment's own row */
-        if (r != NULL && r->plp != NULL && sg->label == MS_LABEL_MAIN &&
-            !ms_walk_in_loop(e->desc, r->walk)) {
-            const int32_t c0 = r->consumed[MS_LABEL_MAIN]; /* before this step's span */
-            for (int32_t j = 0; j < sg->span; j++) {
-                const bool own = j == sg->span - 1;
-                const int32_t row = own ? i : n_seg + extra;
-                if (!own) {
-                    if (!collect)
-                        e->plp_rows_host[n_seg + extra] = tok + j;
-                    extra++;
-                }
-                const int32_t at = c0 + j + 1; /* the entry this row gives */
-                if (!collect || at < r->plp_next || at >= r->n_orig_prompt)
-                    continue;
-                const float *z = e->logits_host + (size_t)row * (size_t)e->facts.vocab;
-                ms_engine_prompt_logprob *lp = &r->plp[at];
-                const int32_t id = r->prompt[MS_LABEL_MAIN][at];
-                ms_sample_row greedy;
-                memset(&greedy, 0, sizeof greedy);
-                greedy.params = ms_sampling_greedy(); /* log_softmax(z): the raw distribution */
-                int32_t n_top = 0;
-                if (ms_sampler_logprobs(z, e->facts.vocab, &greedy, e->plp_scratch, id,
-                                        r->plp_top, &lp->logprob, lp->top_ids, lp->top_logprobs,
-                                        &n_top, NULL) != MS_OK) {
-                    lp->logprob = NAN; /* NaN logits: the request fails at its sampling */
-                    n_top = 0;
-                }
-                lp->n_top = n_top;
-                int32_t rank = 1;
-                for (int32_t v = 0; v < e->facts.vocab; v++)
-                    rank += z[v] > z[id];
-                lp->rank = rank;
-                r->plp_next = at + 1;
-            }
-        }
-        tok += sg->span;
-    }
-    return extra;
-}
-
-/* Stage the step's logits rows (see above); returns the rows beyond the n_seg segments' own, 0
- * when no request of the step asks for prompt logprobs (the forward's default rows). */
-static int32_t eng_plp_rows(ms_engine *e, int32_t n_seg) {
-    if (e->plp_rows < 1)
-        return 0;
-    int32_t extra = eng_plp_walk(e, n_seg, false);
-    MS_ASSERT(n_seg + extra <= e->max_out);
-    return extra;
-}
-
-/* Fill the entries the step's rows give (after their logits reached e->logits_host). */
-static void eng_plp_collect(ms_engine *e, int32_t n_seg) { (void)eng_plp_walk(e, n_seg, true); }
-
-ms_status ms_engine_prompt_logprobs(const ms_engine *e, ms_rid rid,
-                                    const ms_engine_prompt_logprob **lp, int32_t *n) {
-    *lp = NULL;
-    *n = 0;
-    const eng_req *r = eng_find_req(e, rid, NULL);
-    if (r == NULL)
-        return MS_FAIL(NULL, MS_ERR_NOT_FOUND, "unknown request");
-    if (r->plp == NULL)
-        return MS_FAIL(NULL, MS_ERR_STATE, "request %llu was added without prompt_logprobs",
-                       (unsigned long long)rid);
-    *lp = r->plp;
-    *n = r->plp_next;
-    return MS_OK;
-}
 /* ---- [tp] tensor parallelism (tp.h): rank 0 drives one engine per rank ---- */
 
 typedef struct eng_tp_make_arg {
@@ -4236,164 +3790,4 @@ const ms_engine *ms_engine_tp_rank(const ms_engine *e, int32_t r) {
     if (r == 0)
         return e;
     return e->tpg != NULL ? ms_tp_group_engine(e->tpg, r) : NULL;
-}
-
-/* ---- [pd] prefill/decode disaggregation (pd.h) ---- */
-
-/* What both sides support: one-node token models, no tensor parallelism. */
-static ms_status eng_pd_supported(const ms_engine *e, const char *what, ms_error *err) {
-    if (e->n_nodes != 1 || e->nodes[0].pool == NULL || e->tpg != NULL || e->tps != NULL)
-        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "%s: prefill/decode handover covers one-node "
-                       "models with a KV pool and no tensor parallelism (model %s)", what,
-                       e->desc->name);
-    return MS_OK;
-}
-
-ms_kv_host_transfer *ms_engine_pd_host_transfer(ms_engine *e) {
-    return e->n_nodes == 1 && e->nodes[0].pool != NULL ? &e->nodes[0].pd_host : NULL;
-}
-
-ms_status ms_engine_pd_publish(ms_engine *e, ms_rid rid, ms_pd_record **out, ms_error *err) {
-    *out = NULL;
-    ms_graph_exec_preplan_drop(e->gx); /* [graphs] it touches the runner */
-    MS_TRY(eng_pd_supported(e, "pd publish", err));
-    eng_req *r = eng_find_req(e, rid, NULL);
-    if (r == NULL)
-        return MS_FAIL(err, MS_ERR_NOT_FOUND, "pd publish: unknown request %llu",
-                       (unsigned long long)rid);
-    const unsigned long long id = (unsigned long long)rid;
-    if (r->n_streams != 1 || r->positions != NULL || r->features != NULL || r->plp != NULL)
-        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "pd publish: request %llu has several streams, "
-                       "explicit positions, features or prompt logprobs", id);
-    if (r->finish != MS_FINISH_NONE)
-        return MS_FAIL(err, MS_ERR_STATE, "pd publish: request %llu already finished (%s)", id,
-                       ms_finish_reason_str(r->finish));
-    if (!r->in_runner || r->kv_offloaded || r->fork_of != 0 || r->n_out < 1 ||
-        !ms_walk_in_loop(e->desc, r->walk))
-        return MS_FAIL(err, MS_ERR_STATE, "pd publish: request %llu has not finished its "
-                       "prefill (or its KV is offloaded)", id);
-    eng_node *nd = &e->nodes[0];
-    const int si = nd->idx[MS_RESOURCE_SAMPLER], pi = nd->idx[MS_RESOURCE_POS];
-    if (si < 0)
-        return MS_FAIL(err, MS_ERR_UNSUPPORTED, "pd publish: model %s samples nothing",
-                       e->desc->name);
-    MS_TRY(ms_engine_synchronize(e, err));
-    ms_pd_record *rec = ms_calloc(1, sizeof *rec);
-    if (rec == NULL)
-        return MS_FAIL(err, MS_ERR_OOM, "pd publish: out of host memory");
-    bool extra = false;
-    ms_status st = ms_sample_res_pd_state(ms_step_runner_resource(nd->runner, si), rid,
-                                          &rec->sampling, &rec->draw, &extra, err);
-    if (st == MS_OK && extra)
-        st = MS_FAIL(err, MS_ERR_UNSUPPORTED, "pd publish: request %llu has min_p, penalties "
-                     "or a guidance scale, which a record does not carry", id);
-    if (st == MS_OK && pi >= 0)
-        st = ms_positions_publish(ms_step_runner_resource(nd->runner, pi), rid, &rec->pos, err);
-    if (st == MS_OK)
-        st = ms_kv_pool_publish(nd->pool, rid, &rec->kv, err);
-    if (st == MS_OK)
-        st = ms_kv_payload_export(nd->arena, rec->kv, &rec->payload, err);
-    if (st == MS_OK) {
-        /* the original prompt: a recompute-preempted request's prompt grew by its ids */
-        rec->n_prompt = r->n_orig_prompt;
-        rec->n_out = r->n_out;
-        rec->prompt = ms_malloc((size_t)rec->n_prompt * sizeof(int32_t));
-        rec->out = ms_malloc((size_t)rec->n_out * sizeof(int32_t));
-        if (rec->prompt == NULL || rec->out == NULL)
-            st = MS_FAIL(err, MS_ERR_OOM, "pd publish: out of host memory");
-    }
-    if (st != MS_OK) {
-        ms_pd_record_free(rec);
-        return st;
-    }
-    memcpy(rec->prompt, r->prompt[MS_LABEL_MAIN], (size_t)rec->n_prompt * sizeof(int32_t));
-    memcpy(rec->out, r->out, (size_t)rec->n_out * sizeof(int32_t));
-    rec->max_new_tokens = r->max_new;
-    rec->ignore_eos = r->ignore_eos;
-    rec->kv->source = rec->payload;
-    ms_engine_remove(e, rid);
-    *out = rec;
-    return MS_OK;
-}
-
-/* The record's KV is one main stream holding the prompt and every id but the last (fed next). */
-static ms_status eng_pd_check_record(const ms_engine *e, const ms_pd_record *rec, ms_error *err) {
-    if (rec == NULL || rec->kv == NULL || rec->payload == NULL || rec->prompt == NULL ||
-        rec->out == NULL)
-        return MS_FAIL(err, MS_ERR_INVALID_ARG, "pd admit: incomplete record");
-    if (rec->n_out < 1 || rec->n_out >= rec->max_new_tokens)
-        return MS_FAIL(err, MS_ERR_INVALID_ARG, "pd admit: record with %d ids of max_new_tokens "
-                       "%d leaves nothing to decode", (int)rec->n_out, (int)rec->max_new_tokens);
-    const int64_t want = (int64_t)rec->n_prompt + rec->n_out - 1;
-    const ms_kv_published *kv = rec->kv;
-    if (kv->n_streams != 1 || kv->streams[0].label != MS_LABEL_MAIN ||
-        kv->streams[0].length != want || rec->pos.counter[MS_LABEL_MAIN] != want)
-        return MS_FAIL(err, MS_ERR_INVALID_ARG, "pd admit: record's KV (%d streams, main length "
-                       "%d, position %d) does not hold its %d prompt tokens and %d ids",
-                       (int)kv->n_streams, kv->n_streams > 0 ? (int)kv->streams[0].length : 0,
-                       (int)rec->pos.counter[MS_LABEL_MAIN], (int)rec->n_prompt,
-                       (int)rec->n_out - 1);
-    for (int32_t i = 0; i < rec->n_out; i++)
-        if (rec->out[i] < 0 || rec->out[i] >= e->facts.vocab)
-            return MS_FAIL(err, MS_ERR_INVALID_ARG, "pd admit: record id %d (%d) outside the "
-                           "vocabulary (%d)", (int)i, (int)rec->out[i], (int)e->facts.vocab);
-    return MS_OK;
-}
-
-ms_status ms_engine_pd_admit(ms_engine *e, const ms_pd_record *rec, ms_rid *rid, ms_error *err) {
-    *rid = 0;
-    ms_graph_exec_preplan_drop(e->gx); /* [graphs] it touches the runner */
-    MS_TRY(eng_pd_supported(e, "pd admit", err));
-    MS_TRY(eng_pd_check_record(e, rec, err));
-    eng_node *nd = &e->nodes[0];
-    ms_walk_pos w = {0, 0};
-    ms_engine_request rq = {.prompt = rec->prompt, .n_prompt = rec->n_prompt,
-                            .max_new_tokens = rec->max_new_tokens, .sampling = rec->sampling,
-                            .ignore_eos = rec->ignore_eos};
-    ms_rid id = 0;
-    MS_TRY(eng_add(e, &rq, 0, &id, err));
-    eng_req *r = eng_find_req(e, id, NULL);
-    MS_ASSERT(r != NULL);
-    const unsigned long long uid = (unsigned long long)id;
-    ms_status st = MS_OK;
-    w = r->walk;
-    ms_walk_advance(e->desc, &w);
-    if (r->n_streams != 1 || !ms_walk_in_loop(e->desc, w))
-        st = MS_FAIL(err, MS_ERR_UNSUPPORTED, "pd admit: model %s's walk does not decode after "
-                     "one prefill step of one stream", e->desc->name);
-    if (st == MS_OK) {
-        ms_kv_published kv = *rec->kv; /* shallow: the payload is what the host transfer reads */
-        kv.source = rec->payload;
-        ms_admit_outcome o = ms_kv_pool_admit_retrieve(nd->pool, id, &kv);
-        while (o.code == MS_ADMIT_PENDING) { /* an asynchronous transfer: wait for it */
-            struct timespec ts = {0, 100000};
-            nanosleep(&ts, NULL);
-            o = ms_kv_pool_admit_retrieve(nd->pool, id, &kv);
-        }
-        if (o.code == MS_ADMIT_TRANSFER_FAILED)
-            st = MS_FAIL(err, MS_ERR_IO, "pd admit: request %llu: the KV transfer failed", uid);
-        else if (o.code == MS_ADMIT_PAGES_SHORT || o.code == MS_ADMIT_NO_MEMORY)
-            st = MS_FAIL(err, MS_ERR_CAPACITY, "pd admit: request %llu: %s (%d pages short)",
-                         uid, ms_admit_code_str(o.code), (int)o.pages_short);
-        else if (o.code != MS_ADMIT_OK)
-            st = MS_FAIL(err, MS_ERR_STATE, "pd admit: request %llu: %s", uid,
-                         ms_admit_code_str(o.code));
-    }
-    const int pi = nd->idx[MS_RESOURCE_POS], si = nd->idx[MS_RESOURCE_SAMPLER];
-    if (st == MS_OK && pi >= 0)
-        st = ms_positions_retrieve(ms_step_runner_resource(nd->runner, pi), id, &rec->pos, err);
-    if (st == MS_OK && si >= 0)
-        st = ms_sample_res_pd_set_draw(ms_step_runner_resource(nd->runner, si), id, rec->draw,
-                                       err);
-    if (st != MS_OK) {
-        ms_engine_remove(e, id); /* its pages go back; the other requests are untouched */
-        return st;
-    }
-    r->consumed[MS_LABEL_MAIN] = rec->n_prompt;
-    r->walk = w;
-    memcpy(r->out, rec->out, (size_t)rec->n_out * sizeof(int32_t));
-    r->n_out = rec->n_out;
-    r->no_seal = true; /* [prefix] its pages came from elsewhere: not listed in the cache */
-    *rid = id;
-    return MS_OK;
 }

@@ -1,0 +1,288 @@
+/*
+ * engine_impl.h - the engine's private definitions, shared by the files that implement engine.h:
+ * engine.c, engine_fork.c ([fork]), engine_plp.c ([prompt logprobs]) and engine_pd.c ([pd]). Not
+ * a public header: nothing outside runtime/engine/engine*.c includes it; engine.h is the API.
+ *
+ * It holds the request (eng_req), the node (eng_node) and the engine (struct ms_engine), and the
+ * prototypes of the internal functions more than one of those files calls. Ownership and units
+ * are as each field's comment says; the functions keep engine.c's conventions (an ms_error set on
+ * every failure, nothing allocated per step).
+ */
+#ifndef MS_ENGINE_IMPL_H
+#define MS_ENGINE_IMPL_H
+
+#include "engine.h"
+
+#include "attn_plan.h"
+#include "backend.h"
+#include "checkpoint.h"
+#include "device.h"
+#include "graph_exec.h"
+#include "cross_attn.h"
+#include "kv_pool.h"
+#include "kv_transfer_host.h"
+#include "page_arena.h"
+#include "pd.h"
+#include "positions.h"
+#include "prefix_cache.h"
+#include "rid_map.h"
+#include "sample_res.h"
+#include "scratch.h"
+#include "walk.h"
+#include "step_runner.h"
+#include "tp.h"
+
+/* ---- engine-side resources: attention staging (eng_attn_iface in engine.c) ---- */
+
+/*
+ * Attention resource (kind MS_RESOURCE_ATTN) of the engine: the runner's attention resource
+ * (attn_plan.h: kernel choice per plan label, causal flag, persistent host plan buffers) plus the
+ * backend staging: at plan it stages the step's KV plan into the backend's attention batch (fixed
+ * addresses, allocates nothing) and files itself as the plan result, so the forward reads the
+ * batch and the attention plan entry.
+ */
+typedef struct eng_attn {
+    ms_attn *inner;                    /* the runner's attention resource (owned) */
+    const ms_backend *be;
+    ms_attn_batch *batch;              /* backend-owned, made at init for the worst case */
+    const ms_paged_kv *kv;
+    int kv_index;                      /* resource index of the KV pool */
+    ms_label context_label;            /* a cross resource's context label (not a query plan
+                                          label), -1 none */
+    const ms_attn_plan_entry *entry;   /* plan result: the main label's attention plan */
+    int32_t n_q_heads;                 /* query heads (the attention resource's q_heads) */
+    float scale;                       /* logit scale */
+    int32_t window;                    /* sliding window, 0 none */
+    ms_attn_params params;             /* plan result: what every layer's attention runs with */
+    const ms_kv_plan *query_plan;      /* plan result: the KV plan staged into batch */
+} eng_attn;
+
+/* ---- the engine ---- */
+
+/* One request: its streams' prompts, its position in its walk, its output. */
+typedef struct eng_req {
+    ms_rid rid;
+    int32_t *prompt[MS_MAX_LABELS];   /* [n_prompt[l]] owned copy per stream label, or NULL */
+    int32_t n_prompt[MS_MAX_LABELS];
+    int32_t consumed[MS_MAX_LABELS];  /* prompt tokens fed so far per stream */
+    int32_t longest;                  /* longest prompt (the context check) */
+    int32_t n_streams;                /* streams it holds (slots of max_seqs it takes) */
+    ms_walk_pos walk;                 /* where it stands */
+    int32_t *positions;               /* [n_axes * n_prompt[main]] explicit prompt ids, or NULL */
+    int32_t n_position_axes;
+    int32_t *out;                     /* [max_new] generated ids */
+    int32_t n_out;
+    int32_t max_new;
+    int32_t chunk;                    /* prompt tokens per step, 0 = all */
+    bool ignore_eos;
+    bool in_runner;                   /* ingested into the resources and not yet removed */
+    /* [kv pressure] (eng_kv_*): */
+    bool kv_offloaded;                /* its KV sits in the host tier: no step takes it */
+    bool kv_wait;                     /* left out of the rest of this engine step (page-short) */
+    int32_t n_orig_prompt;            /* main prompt length at add (recompute grows prompt) */
+    ms_finish_reason finish;
+    int32_t row;                      /* logits row (segment) of its id in the last step, -1 */
+    /* a walk starting at a node that reads features (an encoder): */
+    float *features;                  /* [n_channels * n_frames] copy, channel-major; NULL */
+    int64_t n_channels, n_frames;
+    float *context;                   /* [n_context * context_width] the encoder's rows, NULL */
+    int32_t n_context;
+    int64_t context_width;
+    /* [prefix] prefix caching (prefix_cache.h): full pages of its main stream listed so far, the
+       key of the last one, and whether it may list more (not for guided pairs, explicit
+       positions, encoder walks, dense block steps, or a stream the window has cut) */
+    int32_t sealed[MS_MAX_LABELS];
+    ms_prefix_key seal_key[MS_MAX_LABELS];
+    bool no_seal;
+    /* [fork] (ms_engine_fork): the request whose prompt KV this one waits to share, 0 none
+       (never forked, or forked already, or prefilling its prompt itself) */
+    ms_rid fork_of;
+    /* [prompt logprobs] (request.prompt_logprobs): [n_orig_prompt] entries, NULL none; the top
+       entries each keeps; the next entry to fill (entries [1, plp_next) are known) */
+    ms_engine_prompt_logprob *plp;
+    int32_t plp_top;
+    int32_t plp_next;
+} eng_req;
+
+/*
+ * One node of the model as the engine runs it: its KV page arena and pool, its resources through
+ * its own step runner (a request is ingested into every node's runner at add and removed from
+ * all of them when it finishes). Each node's streams are its own: a walk that crosses nodes
+ * prefills each node it visits.
+ */
+typedef struct eng_node {
+    const ms_md_node *node;       /* desc->nodes[i] */
+    ms_md_facts facts;            /* its own (ms_md_node.facts), else the model's */
+    int32_t step0;                /* scheduler index of its step 0 (steps of all nodes in a row) */
+    ms_page_arena *arena;
+    ms_kv_pool *pool;
+    ms_paged_kv kv;
+    int32_t kv_pages;             /* pages of the arena */
+    int32_t pages_free_initial;
+    ms_page_arena *host_arena;    /* [kv pressure] the offload tier (host_kv_pages), or NULL */
+    int32_t batch_pages;          /* page entries one step's views may read: the arena's pages,
+                                     or more when pages are shared (prefix cache, forks): up to
+                                     max_seqs streams of their context's pages each */
+    eng_attn attn;
+    ms_sample_res *sampler;
+    ms_step_runner *runner;
+    int idx[MS_RESOURCE_KIND_COUNT]; /* resource index of each kind, -1 absent */
+    ms_positions_config pos_cfg;
+    /* cross-attention (a node with a cross resource): the context stream is a label of its own
+       KV pool, written by the step that brings the context rows, read by every later step */
+    ms_cross_config cross_cfg;
+    ms_label context_label;       /* -1 none */
+    ms_attn_batch *ctx_batch;     /* the context rows' write addresses (staged per step) */
+    ms_attn_batch *cross_batch;   /* the queries over the context views (staged per step) */
+    ms_attn_params cross_params;  /* not causal, no window, the attention's scale */
+    int32_t ctx_rows;             /* context rows of the step being run (its input) */
+    int32_t *zeros;               /* [max_seqs] kv_start of the cross views */
+    /* [scratch] a node on a scratch KV (a code predictor): its runner holds the scratch alone,
+       nd->kv views its buffer, nd->attn.batch stages its plans (eng_scratch_init) */
+    ms_scratch_kv_config scratch_cfg;
+    ms_scratch_kv *scratch;       /* owned by the runner; NULL: not a scratch node */
+    /* [encoder] a node without a kv_pool (dense attention, eng_dense_init): no arena, pool or
+       runner; its step's segments (one window per request) go to the forward as dense_batch */
+    bool dense;
+    ms_dense_batch *dense_batch;  /* [max_windows] segments, backend-owned offsets */
+    ms_attn_params dense_params;  /* not causal, no window, the attention's scale */
+    int32_t max_windows;          /* windows one step batches: options.encode_windows, or the
+                                     whole windows max_tokens holds (codegen.c NW) */
+    int32_t dense_tokens;         /* rows of max_windows windows: the node's own token capacity
+                                     (its workspace layout, the step buffers are sized for it) */
+    ms_kv_host_transfer pd_host;  /* [pd] the built-in host transfer into this node's arena */
+} eng_node;
+
+struct ms_engine {
+    const ms_model_desc *desc;
+    eng_node nodes[MS_MD_MAX_NODES]; /* [n_nodes] desc->nodes in order */
+    int32_t n_nodes;
+    int32_t n_sched_steps;        /* steps of all nodes (the scheduler's indices) */
+    ms_engine_options opt;
+    ms_backend be;
+    ms_hf_config *hf;
+    void *config;                 /* [desc->config_size] */
+    ms_md_facts facts;
+    ms_ckpt *ck;
+
+    /* weights: one slab, views per (entry, instance) */
+    ms_dtype wdtype;              /* storage dtype of the weights: f32 on CPU, bf16 on CUDA */
+    ms_dtype kvdtype;             /* KV arena dtype: f32 on CPU, bf16 on CUDA */
+    void *wslab;
+    size_t wslab_bytes;           /* bytes of wslab */
+    ms_tensor *weights;           /* [n_instances] */
+    int32_t *woff;                /* [n_weights] first instance of entry w */
+
+    /* RoPE */
+    float *inv_freq;              /* backend memory [rotary_dim / 2] */
+    ms_rope_table rope;
+
+    /* the KV device (every node's arena lives on it) */
+    ms_device *dev;
+    ms_device *host_dev;          /* [kv pressure] the offload tier's memory (pinned on cuda) */
+    ms_engine_kv_stats kv_stats;  /* [kv pressure] counters */
+    ms_rid short_rid;             /* [kv pressure] the request a page-short admit named */
+    int32_t kv_n_parked;          /* [kv pressure] requests waiting to come back */
+
+    /* per-step buffers (worst case: max_seqs rows, max_seqs views, max_tokens tokens) */
+    int32_t max_seqs, max_tokens;
+    int32_t buf_tokens;           /* rows of the per-step token buffers: max_tokens, or a dense
+                                     node's windows when more ([encoder]) */
+    int32_t max_out;              /* logits rows of a step: max_seqs, or max_tokens when a step
+                                     returns every token's logits (a block step) */
+    int32_t *out_rows_dev;        /* backend [max_tokens] 0, 1, 2, ...: the rows of a block step */
+    void *workspace;              /* backend */
+    size_t workspace_bytes;
+    int32_t *tokens_dev;          /* backend [max_tokens] */
+    int32_t *pos_dev;             /* backend [n_axes * max_tokens] */
+    float *logits_dev;            /* backend [max_seqs * vocab] */
+    /* nodes returning hidden states (ms_engine_encode; none: NULL, 0) */
+    float *hidden_dev;            /* backend [max_tokens * hidden_cap_width] their output */
+    int64_t hidden_cap_width;     /* widest hidden row of those nodes */
+    float *input_dev;             /* backend [input_cap] a shaped input, token-major */
+    float *input_host;            /* [input_cap] staging (the transpose) */
+    int64_t input_cap;            /* elements of the largest declared shaped input */
+    /* [scratch] the ids a node reads besides its rows (ms_md_node.codes_width; none: NULL, 0) */
+    int32_t *codes_dev;           /* backend [codes_cap], codebook-major */
+    int32_t *codes_host;          /* [codes_cap] staging */
+    int64_t codes_cap;            /* max_tokens * the widest codes_width */
+    int32_t *ids_dev;             /* backend [max_seqs] */
+    void *sample_ws;              /* backend */
+    size_t sample_ws_bytes;
+    float *logits_host;           /* [max_seqs * vocab] */
+    int32_t logits_rows;          /* rows of logits_dev the last forward wrote */
+    bool logits_on_host;          /* ... and logits_host holds them (else: copied when read) */
+    int32_t *tokens_host;         /* [max_tokens] */
+    int32_t *ids_host;            /* [max_seqs] */
+    ms_md_row *rows;              /* [max_seqs] the step's batch rows */
+    eng_req **row_reqs;           /* [max_seqs] their requests */
+    ms_rid *rids;                 /* [max_seqs] */
+    ms_md_step_build build;       /* the step declaration the generated runner fills */
+    ms_sched sched;
+    ms_graph_exec *gx;            /* [graphs] the captured path (graph_exec.h), NULL: eager */
+    ms_md_step_build pre_build;   /* [graphs] the pre-plan's declaration of step N+1 */
+    ms_md_row *pre_rows;          /* [graphs] [max_seqs] its rows; NULL: no pre-plan */
+    ms_sample_row *pre_samples;   /* [graphs] [max_seqs] step N's sample rows, kept from its plan
+                                     (the pre-plan plans the sampler again) */
+    ms_step_ctx taken_ctx;        /* [graphs] a taken pre-plan's context (ms_graph_exec_pad) */
+    const ms_step *taken_step;    /* [graphs] ... and the declaration it was admitted with */
+    ms_prefix_cache *pcache;      /* [prefix] sealed pages shared across requests, NULL: off */
+    ms_prefix_key proot;          /* [prefix] the root key: model, config, weights, KV dtype */
+    ms_tp_rank *tps;              /* [tp] this rank's split (options.tp_member), NULL: whole */
+    ms_tp_group *tpg;             /* [tp] rank 0: the group it drives, NULL otherwise */
+    bool ck_borrowed;             /* [tp] ck is the group's one checkpoint (rank 0 frees it) */
+
+    /* requests */
+    eng_req **reqs;               /* [n_reqs] every request not yet removed, in arrival order */
+    size_t n_reqs, cap_reqs;
+    int32_t n_active;
+    int32_t n_streams_active;     /* streams of the active requests (<= max_seqs) */
+    ms_rid next_rid;
+    ms_engine_fork_stats fork_stats; /* [fork] counters; n_waiting: requests with fork_of */
+    /* [prompt logprobs] (options.prompt_logprobs_rows; 0: none, the rest NULL) */
+    int32_t plp_rows;             /* extra logits rows a step may return */
+    int32_t *plp_rows_dev;        /* backend [max_out] the token rows a step's logits come from */
+    int32_t *plp_rows_host;       /* [max_out] staging */
+    void *plp_scratch;            /* ms_sampler_scratch_size(vocab) bytes */
+    bool rows_staged;             /* [inputs_embeds] ms_engine_run_rows staged the input rows */
+    bool codes_staged;            /* [codes] ms_engine_run_codes staged them: int32 ids,
+                                     codebook-major (input_shape rows -3) */
+    float *last_hidden_dev;       /* [inputs_embeds] backend [max_seqs * last_hidden_width] the
+                                     rows a forward's head read (ms_engine_run_rows' hidden) */
+    float *last_hidden_host;      /* [max_seqs * last_hidden_width] */
+    int64_t last_hidden_width;    /* widest row-per-token input; 0: no such node */
+};
+
+/* ---- internal functions shared across engine*.c ---- */
+
+/* engine.c: the request `rid` of e (NULL: none; removed requests are gone); *at (when not NULL)
+ * gets its index in e->reqs. */
+eng_req *eng_find_req(const ms_engine *e, ms_rid rid, size_t *at);
+
+/* engine.c: add request rq to e, as ms_engine_add (engine.h) does, with fork_of: the request
+ * whose prompt KV it waits to share ([fork], ms_engine_fork), 0 none. *rid gets its id. Errors:
+ * ms_engine_add's. */
+ms_status eng_add(ms_engine *e, const ms_engine_request *rq, ms_rid fork_of, ms_rid *rid,
+                  ms_error *err);
+
+/* engine.c [prefix]: adopt the prefix cache's sealed pages for r's streams (no-op when off). */
+void eng_prefix_adopt(ms_engine *e, eng_req *r);
+
+/* engine_fork.c [fork]: fork every request waiting for `parent` whose KV is ready (called after
+ * a step `parent` ran in; NULL parent or no waiting fork: nothing). */
+void eng_fork_resolve(ms_engine *e, const eng_req *parent);
+
+/* engine_fork.c [fork]: at a step's start, forks whose parent finished, was removed or sits in
+ * the host tier prefill themselves; those whose parent's KV is ready fork. */
+void eng_fork_poll(ms_engine *e);
+
+/* engine_plp.c [prompt logprobs]: stage the step's logits rows into e->plp_rows_host for its
+ * n_seg segments; returns the rows beyond the segments' own (0 when options.prompt_logprobs_rows
+ * is 0 or no request of the step asks for prompt logprobs). */
+int32_t eng_plp_rows(ms_engine *e, int32_t n_seg);
+
+/* engine_plp.c [prompt logprobs]: fill the prompt-logprob entries the step's rows give, once
+ * their logits reached e->logits_host (before penalties or CFG mixing touch the rows). */
+void eng_plp_collect(ms_engine *e, int32_t n_seg);
+
+#endif /* MS_ENGINE_IMPL_H */
