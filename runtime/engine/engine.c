@@ -1626,23 +1626,27 @@ ms_status ms_engine_output(const ms_engine *e, ms_rid rid, const int32_t **ids, 
     return MS_OK;
 }
 
+/* The last forward's logits rows into logits_host, unless they are there already: a sampled
+ * step leaves them on the backend (eng_forward_sample), and whoever reads them copies them here
+ * first (the backend's sample does not modify them). */
+static ms_status eng_logits_to_host(ms_engine *e, ms_error *err) {
+    if (e->logits_on_host)
+        return MS_OK;
+    MS_TRY(e->be.iface.copy_to_host(e->be.ctx, e->logits_host, e->logits_dev,
+                                    (size_t)e->logits_rows * (size_t)e->facts.vocab * sizeof(float),
+                                    err));
+    e->logits_on_host = true;
+    return MS_OK;
+}
+
 const float *ms_engine_last_logits(const ms_engine *e, ms_rid rid) {
     const eng_req *r = eng_find_req(e, rid, NULL);
-    if (r == NULL || r->row < 0)
+    if (r == NULL || r->row < 0 || (!e->logits_on_host && r->row >= e->logits_rows))
         return NULL;
-    if (!e->logits_on_host) {
-        /* a sampled step leaves its logits on the backend (eng_forward_sample): the first read
-           copies them (the backend's sample does not modify them), so callers that never read
-           logits never pay the copy. The engine is const for callers; this fills a cache. */
-        ms_engine *m = (ms_engine *)(uintptr_t)e;
-        ms_error err = {0};
-        if (r->row >= m->logits_rows ||
-            m->be.iface.copy_to_host(m->be.ctx, m->logits_host, m->logits_dev,
-                                     (size_t)m->logits_rows * (size_t)m->facts.vocab * sizeof(float),
-                                     &err) != MS_OK)
-            return NULL;
-        m->logits_on_host = true;
-    }
+    /* the engine is const for callers; the copy fills a cache */
+    ms_error err = {0};
+    if (eng_logits_to_host((ms_engine *)(uintptr_t)e, &err) != MS_OK)
+        return NULL;
     return e->logits_host + (size_t)r->row * (size_t)e->facts.vocab;
 }
 
@@ -1978,11 +1982,8 @@ static ms_status eng_forward_sample(ms_engine *e, eng_node *nd, const ms_md_step
         return MS_OK; /* ms_engine_encode reads hidden_dev */
     e->logits_rows = n + n_plp;
     e->logits_on_host = false;
-    if (need_host) {
-        MS_TRY(f->copy_to_host(cx, e->logits_host, e->logits_dev,
-                               (size_t)(n + n_plp) * V * sizeof(float), err));
-        e->logits_on_host = true;
-    }
+    if (need_host)
+        MS_TRY(eng_logits_to_host(e, err));
     if (sample && e->plp_rows > 0)
         eng_plp_collect(e, n); /* [prompt logprobs] before penalties touch the rows */
     if (!sample)
@@ -2533,13 +2534,7 @@ static ms_status eng_run_input(ms_engine *e, const char *node, const char *step_
         *hidden = e->last_hidden_host;
     }
     /* a picking step left its logits on the backend (eng_forward_sample): the caller reads them */
-    if (!e->logits_on_host) {
-        MS_TRY(e->be.iface.copy_to_host(e->be.ctx, e->logits_host, e->logits_dev,
-                                        (size_t)e->logits_rows * (size_t)e->facts.vocab *
-                                            sizeof(float),
-                                        err));
-        e->logits_on_host = true;
-    }
+    MS_TRY(eng_logits_to_host(e, err));
     *logits = e->logits_host;
     return MS_OK;
 }
