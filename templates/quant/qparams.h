@@ -10,7 +10,7 @@
 #ifndef MS_QPARAMS_H
 #define MS_QPARAMS_H
 
-#define MS_QGEMV_THREADS 128   /* one CTA: MS_QGEMV_ROWS output rows, K split over its 4 warps */
+#define MS_QGEMV_THREADS 128   /* one CTA: MS_QGEMV_ROWS_OF(nc) output rows, K split over its 4 warps */
 /* output rows per CTA of ms_qgemv_<nc>: each lane reuses its x registers for all of them */
 #define MS_QGEMV_ROWS_OF(nc) ((nc) <= 4 ? 8 : 4)
 #define MS_QGEMV_MAX_COLS 8    /* x rows of the largest gemv entry (ms_qgemv_8) */
