@@ -23,7 +23,7 @@ cd "$(dirname "$0")/.."
 
 if [ "${1:-}" = "--bundle" ]; then
     dir=${2:?usage: gpu-batch.sh --bundle DIR}
-    make -j2 all build/tests/test_gpu_kernels build/tests/test_backend_cuda \
+    make -j2 all build/tests/test_nvrtc build/tests/test_gpu_kernels build/tests/test_backend_cuda \
         build/tests/test_llama_cuda_fixture build/tests/test_engine_features_cuda || exit 1
     build/tests/test_nvrtc >/dev/null || { echo "test_nvrtc failed: fix the kernels first"; exit 1; }
     rm -rf "$dir" && mkdir -p "$dir/bin/llama" "$dir/bin/qwen3" "$dir/lib" "$dir/pre" "$dir/fixtures"

@@ -3,9 +3,10 @@
  * the host, against the CPU reference ms_ggml_dequantize (bit-exact with ggml): for every type the
  * CUDA backend keeps quantized (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K), 64 blocks of random
  * bytes (f16 scales set to finite random values; plus one block of edge values: zero, subnormal,
- * negative and large scales), every 32-value unit unit(block, sub, w) and every 8-value slice
- * slice(block, sub, p, w) (the GEMV's) must give exactly the float32 bits of the CPU's
- * dequantization. Without a GPU this is how CI checks the kernels'
+ * negative and large scales), every 32-value unit unit(block, sub, w) must give exactly the
+ * float32 bits of the CPU's dequantization, and so must the GEMV's lanes (Q::lane: every value of
+ * the row read by exactly one lane of one 512-value chunk, d q + m rebuilt bit-exactly), whose
+ * accumulation as qgemv does it must match the float64 dot product with a random x. Without a GPU this is how CI checks the kernels'
  * formulas, bit layouts and unit indexing; test_quant_cuda checks the same on the device.
  *
  * C++ because the template is (compiled here with -ffp-contract=off, as the device code forbids
@@ -113,20 +114,60 @@ template <typename Q> static void check_type(uint32_t type) {
                 }
                 checked++;
             }
-            /* the GEMV's 8-value slices: the same bits as the unit's */
-            for (int p = 0; p < 4; p++) {
-                float v[8];
-                Q::slice(b + (size_t)k * bb, s, p, v);
-                for (int l = 0; l < 8; l++) {
-                    float r = want[(size_t)k * qk + (size_t)s * 32 + (size_t)p * 8 + l];
-                    if (memcmp(&v[l], &r, sizeof r) != 0 && !(isnan(v[l]) && isnan(r)))
-                        fail_msg("%s block %d unit %d slice %d value %d: %.9g, CPU %.9g", ms_ggml_type_name(type),
-                                 k, s, p, l, (double)v[l], (double)r);
+        }
+    /* the GEMV's reading: the blocks as one row of n_blocks * kQK values, walked in 512-value
+     * chunks by 32 lanes (Q::lane): every value covered once, reconstructed bit-exactly, and the
+     * lane's sum over an x row (x pre-scaled by 1 / nib_scale, as qgemv does) close to the float64
+     * dot product of the CPU's values */
+    const int in = n_blocks * Q::kQK;
+    char *seen = (char *)calloc((size_t)in, 1);
+    float *x = (float *)malloc(sizeof(float) * (size_t)in);
+    assert_true(seen != NULL && x != NULL);
+    for (int i = 0; i < in; i++)
+        x[i] = (float)((double)(next_u64() >> 11) * 0x1p-53 * 2.0 - 1.0);
+    double dot = 0.0, mag = 0.0, ref = 0.0;
+    for (int ch = 0; ch < (in + 511) / 512; ch++)
+        for (int L = 0; L < 32; L++) {
+            if (!Q::lane_ok(ch, L, in))
+                continue;
+            float v[16], d[2], m[2];
+            Q::lane(b, ch, L, v, d, m);
+            for (int j = 0; j < 2; j++) {
+                float t = 0.f, xsum = 0.f;
+                for (int k = 0; k < 8; k++) {
+                    const int i = 8 * j + k, pos = ch * 512 + Q::run0(L) + j * Q::kRun1 + k;
+                    assert_true(pos >= 0 && pos < in);
+                    if (seen[pos]++)
+                        fail_msg("%s: value %d read by two lanes (chunk %d lane %d)", ms_ggml_type_name(type), pos,
+                                 ch, L);
+                    const float s = Q::kNibScaled ? ms::quant::nib_scale(i) : 1.0f;
+                    const float q = v[i] / s; /* exact: v = q s, s a power of 2 */
+                    const float wv = Q::kMin ? ms::quant::add_rn(ms::quant::mul_rn(d[j], q), m[j])
+                                             : ms::quant::mul_rn(d[j], q);
+                    const float r = want[pos];
+                    if (memcmp(&wv, &r, sizeof r) != 0 && !(isnan(wv) && isnan(r)))
+                        fail_msg("%s chunk %d lane %d value %d (row value %d): %.9g, CPU %.9g", ms_ggml_type_name(type),
+                                 ch, L, i, pos, (double)wv, (double)r);
+                    t = fmaf(v[i], x[pos] * (1.0f / s), t);
+                    xsum += x[pos];
+                    if (isfinite(r)) {
+                        ref += (double)r * (double)x[pos];
+                        mag += fabs((double)r * (double)x[pos]);
+                    }
                     checked++;
                 }
+                dot += (double)d[j] * (double)t + (Q::kMin ? (double)m[j] * (double)xsum : 0.0);
             }
         }
-    printf("%s: %zu values of %d blocks (units and slices) bit-exact with ms_ggml_dequantize\n", ms_ggml_type_name(type), checked,
+    for (int i = 0; i < in; i++)
+        if (!seen[i])
+            fail_msg("%s: value %d of the row read by no lane", ms_ggml_type_name(type), i);
+    if (isfinite(mag) && !(fabs(dot - ref) <= 1e-5 * mag + 1e-30))
+        fail_msg("%s: the lanes' dot product %.9g, float64 %.9g (sum |w x| %.3g)", ms_ggml_type_name(type), dot, ref,
+                 mag);
+    free(seen);
+    free(x);
+    printf("%s: %zu values of %d blocks (units and GEMV lanes) bit-exact with ms_ggml_dequantize\n", ms_ggml_type_name(type), checked,
            n_blocks);
     free(b);
     free(want);

@@ -7,12 +7,15 @@
  * with small random f16 scales; seed printed, MS_TEST_SEED repeats), dequantized on the CPU by
  * ms_ggml_dequantize (bit-exact with ggml). Checks:
  *   - ms_cuda_quant_dequant_bf16 of every row: the bf16 bits of the CPU's float32 values, exactly;
- *   - linear for x rows 1..8 (the exact-width GEMV entries; 5 with padded x and y strides):
+ *   - linear for x rows 1..8 (the exact-width GEMV entries; 5 with padded x and y strides) and
+ *     9, 13 (padded), 32 (GEMV launches per 8 rows, up to MS_CUDA_QGEMV_MAX_ROWS):
  *     |y - ref| <= (in + 2) eps32 sum_i |x_i w_i| (the worst-case bound of fp32 accumulation in any
- *     order, ref in double);
- *   - linear for 9, 13 (padded strides), 32 and 64 rows (bf16 dequantization + cuBLAS): x and W
- *     rounded to bf16 add 2^-7 sum |x_i w_i|;
- *   - the 32-value types again at in = 1120 (not a multiple of the GEMV's 256-value chunk);
+ *     order, ref in double; the types with a min, Q4_1/Q4_K/Q5_K, sum d sum(q x) and m sum(x)
+ *     apart as ggml's dot products do, bounded by |d q| + |m| rather than |w|: random weights stay
+ *     orders of magnitude inside the bound, about 2e-8 against 1.2e-4);
+ *   - linear for 33 and 64 rows (bf16 dequantization + cuBLAS): x and W rounded to bf16 add
+ *     2^-7 sum |x_i w_i|;
+ *   - the 32-value types again at in = 1120 (the GEMV's 512-value chunks: the last one partial);
  *   - bad arguments: an unsupported type names itself, a width that is not a multiple of the block.
  */
 #include "ms_test.h"
@@ -200,10 +203,12 @@ static void check_type(ms_cuda_quant *q, uint32_t type) {
     for (int n = 1; n <= 8; n++)
         check_linear(q, &w, wf, n, IN, ROWS, false);
     check_linear(q, &w, wf, 5, IN + 4, ROWS + 3, false); /* padded strides */
-    check_linear(q, &w, wf, 9, IN, ROWS, true);          /* the dequantize + GEMM path from 9 rows */
-    check_linear(q, &w, wf, 13, IN + 4, ROWS + 3, true);
-    check_linear(q, &w, wf, 32, IN, ROWS, true);
-    check_linear(q, &w, wf, 64, IN + 8, ROWS + 1, true);
+    /* GEMV launches per group of 8 rows up to MS_CUDA_QGEMV_MAX_ROWS, then dequantize + GEMM */
+    check_linear(q, &w, wf, 9, IN, ROWS, 9 > MS_CUDA_QGEMV_MAX_ROWS);
+    check_linear(q, &w, wf, 13, IN + 4, ROWS + 3, 13 > MS_CUDA_QGEMV_MAX_ROWS);
+    check_linear(q, &w, wf, 32, IN, ROWS, 32 > MS_CUDA_QGEMV_MAX_ROWS);
+    check_linear(q, &w, wf, 33, IN, ROWS, 33 > MS_CUDA_QGEMV_MAX_ROWS);
+    check_linear(q, &w, wf, 64, IN + 8, ROWS + 1, 64 > MS_CUDA_QGEMV_MAX_ROWS);
     cudaFree(d16);
     free(h16);
     free(wf);

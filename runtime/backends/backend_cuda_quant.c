@@ -276,19 +276,23 @@ ms_status ms_cuda_quant_linear(ms_cuda_quant *q, const float *x, int64_t n, int6
     ms_cuda_module *m;
     MS_TRY(get_module(q, w->type, &m, err));
     if (n <= MS_CUDA_QGEMV_MAX_ROWS && aligned16(x) && x_stride % 4 == 0) {
-        /* one launch of the exact-width entry */
-        ms_qmatmul_params p = {0};
-        p.w = w->data;
-        p.x = x;
-        p.y = y;
-        p.rows = (int)w->rows;
-        p.in = (int)w->in;
-        p.row_bytes = (int)w->row_bytes;
-        p.n = (int)n;
-        p.x_stride = (int)x_stride;
-        p.y_stride = (int)y_stride;
-        return launch(m, (int)n - 1, (unsigned)MS_CEIL_DIV(w->rows, MS_QGEMV_ROWS_OF(n)), MS_QGEMV_THREADS, &p,
-                      q->stream, err);
+        /* a launch of the exact-width entry per group of up to MS_QGEMV_MAX_COLS rows */
+        for (int64_t g = 0; g < n; g += MS_QGEMV_MAX_COLS) {
+            const int64_t k = n - g < MS_QGEMV_MAX_COLS ? n - g : MS_QGEMV_MAX_COLS;
+            ms_qmatmul_params p = {0};
+            p.w = w->data;
+            p.x = x + g * x_stride;
+            p.y = y + g * y_stride;
+            p.rows = (int)w->rows;
+            p.in = (int)w->in;
+            p.row_bytes = (int)w->row_bytes;
+            p.n = (int)k;
+            p.x_stride = (int)x_stride;
+            p.y_stride = (int)y_stride;
+            MS_TRY(launch(m, (int)k - 1, (unsigned)MS_CEIL_DIV(w->rows, MS_QGEMV_ROWS_OF(k)), MS_QGEMV_THREADS, &p,
+                          q->stream, err));
+        }
+        return MS_OK;
     }
     /* prefill: x -> bf16 once, then per row tile: dequantize W rows, GEMM into y's columns */
     MS_TRY(get_misc(q, err));

@@ -9,14 +9,15 @@
  * a row range of the file (one fused part, an un-permuted q/k head row) is one memcpy.
  *
  * Compute (templates/quant/qmatmul.cuh, one NVRTC instance per type, URI qmatmul_<type>_af32_sm90):
- *   - n <= MS_CUDA_QGEMV_MAX_ROWS rows of x (decode up to batch 8): one GEMV launch
- *     (ms_qgemv_<n>), reading each block once from device memory (fp32 accumulation);
- *   - more rows (prefill, larger decode batches): W is dequantized tile by tile (rows [r, r +
+ *   - n <= MS_CUDA_QGEMV_MAX_ROWS rows of x (decode batches): the GEMV (ms_qgemv_<k>), one launch
+ *     per group of up to 8 rows (MS_QGEMV_MAX_COLS), each reading W once from device memory (fp32
+ *     accumulation): ceil(n / 8) reads of the quantized bytes cost less than the dequantized
+ *     path's bf16 write and read up to the threshold;
+ *   - more rows (prefill, large decode batches): W is dequantized tile by tile (rows [r, r +
  *     tile)) into a reusable bf16 workspace (bit-exact bf16 of ggml's dequantization; 64 MB by
  *     default, of which up to 256 x rows use 16 MB, so the GEMM reads it back from L2), x is
- *     rounded to bf16, and cuBLAS runs the tensor-core GEMM of the bf16 path (fp32 accumulation) per tile. (A GEMV for 16 and 32 rows,
- *     each block read once, ran batch-32 Q4_0 decode of an 8B model at 130 tok/s on the H200: its
- *     x reads from L1 grow with the rows; tensor cores are the way above 8.)
+ *     rounded to bf16, and cuBLAS runs the tensor-core GEMM of the bf16 path (fp32 accumulation)
+ *     per tile.
  * Workspaces are sized once (ms_cuda_quant_reserve, or on first use outside graph capture); the
  * linear itself allocates nothing, so a step over quantized weights can be captured.
  *
@@ -37,9 +38,12 @@
 extern "C" {
 #endif
 
-/* x rows up to which linear runs the quantized GEMV (one launch, each block read once); above
- * it, dequantize + cuBLAS (a bf16 write and read of 3.5x the Q4_0 bytes, then the GEMM). */
+/* x rows up to which linear runs the quantized GEMV (a launch per 8 rows, each reading W once);
+ * above it, dequantize + cuBLAS (a bf16 write and read of 3.5x the Q4_0 bytes, then the GEMM).
+ * (Batch-32 Q4_0 decode of an 8B model on the H200 through dequantize + cuBLAS: 1,162 tok/s.) */
+#ifndef MS_CUDA_QGEMV_MAX_ROWS
 #define MS_CUDA_QGEMV_MAX_ROWS 8
+#endif
 
 /* A weight matrix W [rows, in] of ggml type `type` in device memory. */
 typedef struct ms_cuda_qweight {

@@ -41,6 +41,9 @@ __device__ __forceinline__ float f16_bits(unsigned h) {
 __device__ __forceinline__ float mul_rn(float a, float b) { return __fmul_rn(a, b); }
 __device__ __forceinline__ float add_rn(float a, float b) { return __fadd_rn(a, b); }
 __device__ __forceinline__ float sub_rn(float a, float b) { return __fsub_rn(a, b); }
+__device__ __forceinline__ float as_float(unsigned u) { return __uint_as_float(u); }
+__device__ __forceinline__ unsigned byte_perm(unsigned x, unsigned y, unsigned s) { return __byte_perm(x, y, s); }
+__device__ __forceinline__ uint2 ld_u64(const unsigned char *p) { return __ldg(reinterpret_cast<const uint2 *>(p)); }
 #else
 /* The host build of tests/test_quant_blocks.cpp (compiled with -ffp-contract=off): plain loads and
  * float arithmetic, and the same exact half conversion in integer operations. */
@@ -77,7 +80,32 @@ __device__ __forceinline__ float f16_bits(unsigned h) {
 __device__ __forceinline__ float mul_rn(float a, float b) { return a * b; }
 __device__ __forceinline__ float add_rn(float a, float b) { return a + b; }
 __device__ __forceinline__ float sub_rn(float a, float b) { return a - b; }
+__device__ __forceinline__ float as_float(unsigned u) {
+    float f;
+    __builtin_memcpy(&f, &u, sizeof f);
+    return f;
+}
+/* PTX prmt (default mode): result byte n is byte (s >> 4 n) & 7 of the pair {x bytes 0..3, y bytes 0..3} */
+__device__ __forceinline__ unsigned byte_perm(unsigned x, unsigned y, unsigned s) {
+    const unsigned long long v = (unsigned long long)x | ((unsigned long long)y << 32);
+    unsigned r = 0;
+    for (int n = 0; n < 4; n++)
+        r |= (unsigned)((v >> (8 * ((s >> (4 * n)) & 7u))) & 0xffu) << (8 * n);
+    return r;
+}
+__device__ __forceinline__ uint2 ld_u64(const unsigned char *p) {
+    uint2 v;
+    v.x = ld_u32(p);
+    v.y = ld_u32(p + 4);
+    return v;
+}
 #endif
+
+/* Small integers to float without I2F (a quarter-rate instruction on sm_90): the integer goes into
+ * the mantissa of 2^23 (or of 1.5 * 2^23 for signed ones) and the constant is subtracted; exact
+ * for q in [0, 2^23) (u2f) and (-2^22, 2^22) (i2f), so bit-identical to (float)q. */
+__device__ __forceinline__ float u2f(unsigned q) { return as_float(0x4B000000u | q) - 8388608.0f; }
+__device__ __forceinline__ float i2f(int q) { return as_float(0x4B400000u + (unsigned)q) - 12582912.0f; }
 
 /* Bytes [0, N) of a 2-byte aligned address, with 16-bit loads. */
 template <int N> __device__ __forceinline__ void ld_bytes2(const unsigned char *p, unsigned char (&b)[N]) {
@@ -155,44 +183,121 @@ __device__ __forceinline__ void scale_min_k(const unsigned char *h, int s, float
     const float dmin = f16_bits((unsigned)h[2] | ((unsigned)h[3] << 8));
     int sc, m;
     scale_min_k4(s, h + 4, sc, m);
-    d1 = mul_rn(d, (float)sc);
-    m1 = mul_rn(dmin, (float)m);
+    d1 = mul_rn(d, i2f(sc));
+    m1 = mul_rn(dmin, i2f(m));
 }
+
+/* scale_min_k from the header loaded as one uint4 (d and dmin in h.x, the 12 scale bytes in
+ * h.y, h.z, h.w): the same values with shifts instead of a byte array indexed at run time (which
+ * the GEMV would keep in local memory). */
+__device__ __forceinline__ void scale_min_k_u4(const uint4 &h, int j, float &d1, float &m1) {
+    const int sh = 8 * (j & 3);
+    const unsigned y = h.y >> sh, z = h.z >> sh, w = h.w >> sh;
+    int sc, m;
+    if (j < 4) {
+        sc = (int)(y & 63u);
+        m = (int)(z & 63u);
+    } else {
+        sc = (int)((w & 0xFu) | (((y >> 6) & 3u) << 4));
+        m = (int)(((w >> 4) & 0xFu) | (((z >> 6) & 3u) << 4));
+    }
+    d1 = mul_rn(f16_bits(h.x & 0xffffu), i2f(sc));
+    m1 = mul_rn(f16_bits(h.x >> 16), i2f(m));
+}
+
+/* The power of 16 at which nibbles16's v[i] sits (the GEMV multiplies x by its inverse, an exact
+ * power of 2, so v[i] x'[i] is the same product as nibble x). */
+__device__ __forceinline__ constexpr float nib_scale(int i) {
+    return i < 8 ? ((i & 1) ? 256.0f : 1.0f) : ((i & 1) ? 4096.0f : 16.0f);
+}
+
+/* The 16 nibbles of 8 bytes (w0: bytes 0..3, w1: bytes 4..7, little-endian) minus OFF, as floats,
+ * with one AND-OR and one FADD per value and no shift (nor I2F): v[k] (k < 8) is byte k's low
+ * nibble, v[8 + k] its high nibble, each exactly (nibble - OFF) * nib_scale(i): the nibble is
+ * masked where it sits in its 16-bit half (bits 0, 4, 8 or 12) and or-ed into the mantissa of
+ * 2^23, and 2^23 + OFF * scale (an exact float) is subtracted. */
+template <int OFF> __device__ __forceinline__ void nibbles16(unsigned w0, unsigned w1, float (&v)[16]) {
+    const unsigned ws[4] = {w0 & 0xffffu, w0 >> 16, w1 & 0xffffu, w1 >> 16};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        v[2 * i] = as_float((ws[i] & 0x000fu) | 0x4B000000u) - (8388608.0f + (float)OFF);
+        v[2 * i + 1] = as_float((ws[i] & 0x0f00u) | 0x4B000000u) - (8388608.0f + 256.0f * (float)OFF);
+        v[8 + 2 * i] = as_float((ws[i] & 0x00f0u) | 0x4B000000u) - (8388608.0f + 16.0f * (float)OFF);
+        v[8 + 2 * i + 1] = as_float((ws[i] & 0xf000u) | 0x4B000000u) - (8388608.0f + 4096.0f * (float)OFF);
+    }
+}
+
+/* The raw words one GEMV lane loads from one row (Q::load), decoded after the loads of all the
+ * CTA's rows are in flight (Q::decode); each type uses the words it needs. */
+struct qraw {
+    unsigned u[8];
+};
+/* Byte k (0..7) of the 8 bytes held in two little-endian words. */
+__device__ __forceinline__ unsigned byte8(unsigned w0, unsigned w1, int k) {
+    return ((k < 4 ? w0 : w1) >> (8 * (k & 3))) & 0xffu;
+}
+/* Four bytes at a 2-byte aligned address as one word (two 16-bit loads). */
+__device__ __forceinline__ unsigned ld_u32_a2(const unsigned char *p) { return ld_u16(p) | (ld_u16(p + 2) << 16); }
 
 } // namespace quant
 
-/* ---- the block types: kQK values in kBytes bytes; unit(block, sub, w) -> values
- *      [32 sub, 32 sub + 32) of the block; slice(block, sub, p, w) -> values
- *      [32 sub + 8 p, 32 sub + 8 p + 8) (p in 0..3), each value bit-identical to unit's: the
- *      GEMV's lanes take 8 consecutive values each, so a warp's x loads are contiguous ---- */
+/* ---- the block types: kQK values in kBytes bytes.
+ *
+ * unit(block, sub, w): values [32 sub, 32 sub + 32) of the block, each bit-identical to ggml's
+ * float32 dequantization (the dequantize and embedding kernels).
+ *
+ * The GEMV's reading (qmatmul.cuh qgemv): a row is walked in chunks of 512 values, one warp per
+ * chunk; lane L takes 16 of them, two runs of 8 consecutive values at chunk offsets run0(L) and
+ * run0(L) + kRun1 (the 32 lanes cover the chunk once). lane(row, ch, L, v, d, m) gives, for run
+ * j and k < 8, w[run0 + j kRun1 + k] = d[j] * q + m[j] with q = v[8 j + k] / xs(8 j + k): v holds
+ * exact small-integer floats (times nib_scale where kNibScaled, so that no value needs a shift),
+ * d and m the run's scale and offset (m = 0 where the type has none: kMin false). Reconstructed
+ * in that order the value is bit-identical to unit's (tests/test_quant_blocks.cpp), and the GEMV
+ * accumulates d[j] * sum_k v x' + m[j] * sum_k x with x' = x / nib_scale. lane_ok(ch, L, in):
+ * the lane's values lie inside a row of `in` values (a 32-value type's last chunk may be partial).
+ * ---- */
 
 /// block_q4_0: f16 d; 16 bytes of 4-bit q (low nibbles values 0..15, high 16..31); w = (q - 8) d.
+/// GEMV lane: unit L / 2 of the chunk, bytes 8 (L % 2) .. + 8: values 8 h .. and 16 + 8 h ...
 struct q4_0 {
-    static constexpr int kQK = 32, kBytes = 18;
+    static constexpr int kQK = 32, kBytes = 18, kRun1 = 16;
+    static constexpr bool kMin = false, kNibScaled = true;
     static __device__ __forceinline__ void unit(const unsigned char *b, int, float (&w)[32]) {
         unsigned char v[18];
         quant::ld_bytes2<18>(b, v);
         const float d = quant::f16_bits((unsigned)v[0] | ((unsigned)v[1] << 8));
 #pragma unroll
         for (int j = 0; j < 16; j++) {
-            w[j] = quant::mul_rn((float)((v[2 + j] & 0x0F) - 8), d);
-            w[j + 16] = quant::mul_rn((float)((v[2 + j] >> 4) - 8), d);
+            w[j] = quant::mul_rn(quant::i2f((v[2 + j] & 0x0F) - 8), d);
+            w[j + 16] = quant::mul_rn(quant::i2f((v[2 + j] >> 4) - 8), d);
         }
     }
-    static __device__ __forceinline__ void slice(const unsigned char *b, int, int p, float (&w)[8]) {
-        unsigned char q[8];
-        quant::ld8<2>(b + 2 + 8 * (p & 1), q);
-        const float d = quant::f16_bits(quant::ld_u16(b));
-        const int shift = (p >> 1) * 4;
-#pragma unroll
-        for (int k = 0; k < 8; k++)
-            w[k] = quant::mul_rn((float)(((q[k] >> shift) & 0x0F) - 8), d);
+    static __device__ __forceinline__ int run0(int L) { return 32 * (L >> 1) + 8 * (L & 1); }
+    static __device__ __forceinline__ bool lane_ok(int ch, int L, int in) { return (16 * ch + (L >> 1)) * 32 < in; }
+    static __device__ __forceinline__ void load(const unsigned char *row, int ch, int L, quant::qraw &r) {
+        const unsigned char *b = row + (size_t)(16 * ch + (L >> 1)) * kBytes, *q = b + 2 + 8 * (L & 1);
+        r.u[0] = quant::ld_u32_a2(q);
+        r.u[1] = quant::ld_u32_a2(q + 4);
+        r.u[2] = quant::ld_u16(b);
+    }
+    static __device__ __forceinline__ void decode(const quant::qraw &r, int, float (&v)[16], float (&d)[2],
+                                                  float (&m)[2]) {
+        quant::nibbles16<8>(r.u[0], r.u[1], v);
+        d[0] = d[1] = quant::f16_bits(r.u[2]);
+        m[0] = m[1] = 0.0f;
+    }
+    static __device__ __forceinline__ void lane(const unsigned char *row, int ch, int L, float (&v)[16],
+                                                float (&d)[2], float (&m)[2]) {
+        quant::qraw r;
+        load(row, ch, L, r);
+        decode(r, L, v, d, m);
     }
 };
 
-/// block_q4_1: f16 d, f16 m; 16 bytes of 4-bit q; w = q d + m.
+/// block_q4_1: f16 d, f16 m; 16 bytes of 4-bit q; w = q d + m. GEMV lane as Q4_0's.
 struct q4_1 {
-    static constexpr int kQK = 32, kBytes = 20;
+    static constexpr int kQK = 32, kBytes = 20, kRun1 = 16;
+    static constexpr bool kMin = true, kNibScaled = true;
     static __device__ __forceinline__ void unit(const unsigned char *b, int, float (&w)[32]) {
         unsigned char v[20];
         quant::ld_bytes4<20>(b, v);
@@ -200,25 +305,37 @@ struct q4_1 {
         const float m = quant::f16_bits((unsigned)v[2] | ((unsigned)v[3] << 8));
 #pragma unroll
         for (int j = 0; j < 16; j++) {
-            w[j] = quant::add_rn(quant::mul_rn((float)(v[4 + j] & 0x0F), d), m);
-            w[j + 16] = quant::add_rn(quant::mul_rn((float)(v[4 + j] >> 4), d), m);
+            w[j] = quant::add_rn(quant::mul_rn(quant::i2f(v[4 + j] & 0x0F), d), m);
+            w[j + 16] = quant::add_rn(quant::mul_rn(quant::i2f(v[4 + j] >> 4), d), m);
         }
     }
-    static __device__ __forceinline__ void slice(const unsigned char *b, int, int p, float (&w)[8]) {
-        unsigned char q[8];
-        quant::ld8<4>(b + 4 + 8 * (p & 1), q);
-        const unsigned dm = quant::ld_u32(b);
-        const float d = quant::f16_bits(dm & 0xffffu), m = quant::f16_bits(dm >> 16);
-        const int shift = (p >> 1) * 4;
-#pragma unroll
-        for (int k = 0; k < 8; k++)
-            w[k] = quant::add_rn(quant::mul_rn((float)((q[k] >> shift) & 0x0F), d), m);
+    static __device__ __forceinline__ int run0(int L) { return 32 * (L >> 1) + 8 * (L & 1); }
+    static __device__ __forceinline__ bool lane_ok(int ch, int L, int in) { return (16 * ch + (L >> 1)) * 32 < in; }
+    static __device__ __forceinline__ void load(const unsigned char *row, int ch, int L, quant::qraw &r) {
+        const unsigned char *b = row + (size_t)(16 * ch + (L >> 1)) * kBytes, *q = b + 4 + 8 * (L & 1);
+        r.u[0] = quant::ld_u32(q);
+        r.u[1] = quant::ld_u32(q + 4);
+        r.u[2] = quant::ld_u32(b);
+    }
+    static __device__ __forceinline__ void decode(const quant::qraw &r, int, float (&v)[16], float (&d)[2],
+                                                  float (&m)[2]) {
+        quant::nibbles16<0>(r.u[0], r.u[1], v);
+        d[0] = d[1] = quant::f16_bits(r.u[2] & 0xffffu);
+        m[0] = m[1] = quant::f16_bits(r.u[2] >> 16);
+    }
+    static __device__ __forceinline__ void lane(const unsigned char *row, int ch, int L, float (&v)[16],
+                                                float (&d)[2], float (&m)[2]) {
+        quant::qraw r;
+        load(row, ch, L, r);
+        decode(r, L, v, d, m);
     }
 };
 
-/// block_q5_0: f16 d; u32 qh (the 5th bits); 16 bytes of low nibbles; w = (q - 16) d.
+/// block_q5_0: f16 d; u32 qh (the 5th bits); 16 bytes of low nibbles; w = (q - 16) d. GEMV lane as
+/// Q4_0's (values j = 8 h + k and j + 16: qh bits j and j + 16).
 struct q5_0 {
-    static constexpr int kQK = 32, kBytes = 22;
+    static constexpr int kQK = 32, kBytes = 22, kRun1 = 16;
+    static constexpr bool kMin = false, kNibScaled = false;
     static __device__ __forceinline__ void unit(const unsigned char *b, int, float (&w)[32]) {
         unsigned char v[22];
         quant::ld_bytes2<22>(b, v);
@@ -229,49 +346,90 @@ struct q5_0 {
         for (int j = 0; j < 16; j++) {
             const int xh0 = (int)(((qh >> j) << 4) & 0x10u);
             const int xh1 = (int)((qh >> (j + 12)) & 0x10u);
-            w[j] = quant::mul_rn((float)(((v[6 + j] & 0x0F) | xh0) - 16), d);
-            w[j + 16] = quant::mul_rn((float)(((v[6 + j] >> 4) | xh1) - 16), d);
+            w[j] = quant::mul_rn(quant::i2f(((v[6 + j] & 0x0F) | xh0) - 16), d);
+            w[j + 16] = quant::mul_rn(quant::i2f(((v[6 + j] >> 4) | xh1) - 16), d);
         }
     }
-    static __device__ __forceinline__ void slice(const unsigned char *b, int, int p, float (&w)[8]) {
-        unsigned char q[8];
-        quant::ld8<2>(b + 6 + 8 * (p & 1), q);
-        const float d = quant::f16_bits(quant::ld_u16(b));
-        const unsigned qh = quant::ld_u16(b + 2) | (quant::ld_u16(b + 4) << 16);
-        const int shift = (p >> 1) * 4;
+    static __device__ __forceinline__ int run0(int L) { return 32 * (L >> 1) + 8 * (L & 1); }
+    static __device__ __forceinline__ bool lane_ok(int ch, int L, int in) { return (16 * ch + (L >> 1)) * 32 < in; }
+    static __device__ __forceinline__ void load(const unsigned char *row, int ch, int L, quant::qraw &r) {
+        const unsigned char *b = row + (size_t)(16 * ch + (L >> 1)) * kBytes, *q = b + 6 + 8 * (L & 1);
+        r.u[0] = quant::ld_u32_a2(q);
+        r.u[1] = quant::ld_u32_a2(q + 4);
+        r.u[2] = quant::ld_u32_a2(b + 2);
+        r.u[3] = quant::ld_u16(b);
+    }
+    static __device__ __forceinline__ void decode(const quant::qraw &r, int L, float (&v)[16], float (&d)[2],
+                                                  float (&m)[2]) {
+        const unsigned qh = r.u[2] >> (8 * (L & 1));
 #pragma unroll
         for (int k = 0; k < 8; k++) {
-            const int xh = (int)(((qh >> (8 * p + k)) & 1u) << 4); /* bit j of qh is value j's 5th */
-            w[k] = quant::mul_rn((float)((((q[k] >> shift) & 0x0F) | xh) - 16), d);
+            const unsigned q = quant::byte8(r.u[0], r.u[1], k);
+            v[k] = quant::as_float(0x4B000000u | (q & 0x0Fu) | (((qh >> k) & 1u) << 4)) - (8388608.0f + 16.0f);
+            v[8 + k] = quant::as_float(0x4B000000u | (q >> 4) | (((qh >> (k + 16)) & 1u) << 4)) - (8388608.0f + 16.0f);
         }
+        d[0] = d[1] = quant::f16_bits(r.u[3]);
+        m[0] = m[1] = 0.0f;
+    }
+    static __device__ __forceinline__ void lane(const unsigned char *row, int ch, int L, float (&v)[16],
+                                                float (&d)[2], float (&m)[2]) {
+        quant::qraw r;
+        load(row, ch, L, r);
+        decode(r, L, v, d, m);
     }
 };
 
-/// block_q8_0: f16 d; 32 int8 q; w = q d.
+/// block_q8_0: f16 d; 32 int8 q; w = q d. GEMV lane: unit L / 2, values 16 (L % 2) .. + 16 (two
+/// runs of 8: kRun1 8), each byte placed into the mantissa of 2^23 by one byte permute.
 struct q8_0 {
-    static constexpr int kQK = 32, kBytes = 34;
+    static constexpr int kQK = 32, kBytes = 34, kRun1 = 8;
+    static constexpr bool kMin = false, kNibScaled = false;
     static __device__ __forceinline__ void unit(const unsigned char *b, int, float (&w)[32]) {
         unsigned char v[34];
         quant::ld_bytes2<34>(b, v);
         const float d = quant::f16_bits((unsigned)v[0] | ((unsigned)v[1] << 8));
 #pragma unroll
         for (int j = 0; j < 32; j++)
-            w[j] = quant::mul_rn((float)(signed char)v[2 + j], d);
+            w[j] = quant::mul_rn(quant::i2f((signed char)v[2 + j]), d);
     }
-    static __device__ __forceinline__ void slice(const unsigned char *b, int, int p, float (&w)[8]) {
-        unsigned char q[8];
-        quant::ld8<2>(b + 2 + 8 * p, q);
-        const float d = quant::f16_bits(quant::ld_u16(b));
+    static __device__ __forceinline__ int run0(int L) { return 32 * (L >> 1) + 16 * (L & 1); }
+    static __device__ __forceinline__ bool lane_ok(int ch, int L, int in) { return (16 * ch + (L >> 1)) * 32 < in; }
+    static __device__ __forceinline__ void load(const unsigned char *row, int ch, int L, quant::qraw &r) {
+        const unsigned char *b = row + (size_t)(16 * ch + (L >> 1)) * kBytes, *q = b + 2 + 16 * (L & 1);
 #pragma unroll
-        for (int k = 0; k < 8; k++)
-            w[k] = quant::mul_rn((float)(signed char)q[k], d);
+        for (int i = 0; i < 4; i++)
+            r.u[i] = quant::ld_u32_a2(q + 4 * i);
+        r.u[4] = quant::ld_u16(b);
+    }
+    static __device__ __forceinline__ void decode(const quant::qraw &r, int, float (&v)[16], float (&d)[2],
+                                                  float (&m)[2]) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            /* int8 -> its value + 128 (flip the sign bit), then byte n into the low mantissa byte */
+            const unsigned w = r.u[i] ^ 0x80808080u;
+#pragma unroll
+            for (int n = 0; n < 4; n++)
+                v[4 * i + n] = quant::as_float(quant::byte_perm(w, 0x4B000000u, 0x7540u | (unsigned)n)) -
+                               (8388608.0f + 128.0f);
+        }
+        d[0] = d[1] = quant::f16_bits(r.u[4]);
+        m[0] = m[1] = 0.0f;
+    }
+    static __device__ __forceinline__ void lane(const unsigned char *row, int ch, int L, float (&v)[16],
+                                                float (&d)[2], float (&m)[2]) {
+        quant::qraw r;
+        load(row, ch, L, r);
+        decode(r, L, v, d, m);
     }
 };
 
 /// block_q4_K: f16 d, f16 dmin, 12 bytes of 6-bit scales/mins, 128 bytes of 4-bit q; sub-block s
 /// (of 8) uses the low (s even) or high nibbles of qs[32 (s / 2) ..]; w = d sc q - dmin m.
+/// GEMV lane: super-block L / 16 of the chunk's two, qs bytes 32 k + j0 .. + 8 (k = L / 4 % 4,
+/// j0 = 8 (L % 4)): their low nibbles are sub-block 2 k's values j0 .., the high ones 2 k + 1's.
 struct q4_k {
-    static constexpr int kQK = 256, kBytes = 144;
+    static constexpr int kQK = 256, kBytes = 144, kRun1 = 32;
+    static constexpr bool kMin = true, kNibScaled = true;
     static __device__ __forceinline__ void unit(const unsigned char *b, int s, float (&w)[32]) {
         unsigned char h[16], q[32];
         quant::ld_bytes16<16>(b, h);
@@ -281,24 +439,41 @@ struct q4_k {
         const int shift = (s & 1) * 4;
 #pragma unroll
         for (int l = 0; l < 32; l++)
-            w[l] = quant::sub_rn(quant::mul_rn(d1, (float)((q[l] >> shift) & 0xF)), m1);
+            w[l] = quant::sub_rn(quant::mul_rn(d1, quant::i2f((q[l] >> shift) & 0xF)), m1);
     }
-    static __device__ __forceinline__ void slice(const unsigned char *b, int s, int p, float (&w)[8]) {
-        unsigned char h[16], q[8];
-        quant::ld_bytes16<16>(b, h);
-        quant::ld8<8>(b + 16 + 32 * (s >> 1) + 8 * p, q);
-        float d1, m1;
-        quant::scale_min_k(h, s, d1, m1);
-        const int shift = (s & 1) * 4;
-#pragma unroll
-        for (int k = 0; k < 8; k++)
-            w[k] = quant::sub_rn(quant::mul_rn(d1, (float)((q[k] >> shift) & 0xF)), m1);
+    static __device__ __forceinline__ int run0(int L) { return 256 * (L >> 4) + 64 * ((L >> 2) & 3) + 8 * (L & 3); }
+    static __device__ __forceinline__ bool lane_ok(int ch, int L, int in) { return (2 * ch + (L >> 4)) * 256 < in; }
+    static __device__ __forceinline__ void load(const unsigned char *row, int ch, int L, quant::qraw &r) {
+        const unsigned char *b = row + (size_t)(2 * ch + (L >> 4)) * kBytes;
+        const uint4 h = quant::ld_u128(b);
+        const uint2 q = quant::ld_u64(b + 16 + 32 * ((L >> 2) & 3) + 8 * (L & 3));
+        r.u[0] = h.x, r.u[1] = h.y, r.u[2] = h.z, r.u[3] = h.w, r.u[4] = q.x, r.u[5] = q.y;
+    }
+    static __device__ __forceinline__ void decode(const quant::qraw &r, int L, float (&v)[16], float (&d)[2],
+                                                  float (&m)[2]) {
+        const int k = (L >> 2) & 3;
+        quant::nibbles16<0>(r.u[4], r.u[5], v);
+        uint4 h;
+        h.x = r.u[0], h.y = r.u[1], h.z = r.u[2], h.w = r.u[3];
+        float m0, m1;
+        quant::scale_min_k_u4(h, 2 * k, d[0], m0);
+        quant::scale_min_k_u4(h, 2 * k + 1, d[1], m1);
+        m[0] = -m0;
+        m[1] = -m1;
+    }
+    static __device__ __forceinline__ void lane(const unsigned char *row, int ch, int L, float (&v)[16],
+                                                float (&d)[2], float (&m)[2]) {
+        quant::qraw r;
+        load(row, ch, L, r);
+        decode(r, L, v, d, m);
     }
 };
 
 /// block_q5_K: as Q4_K plus 32 bytes qh (bit 2 (s / 2) + (s & 1) of qh[l] is value l's 5th bit).
+/// GEMV lane as Q4_K's (qh bytes j0 .. + 8, bits 2 k and 2 k + 1).
 struct q5_k {
-    static constexpr int kQK = 256, kBytes = 176;
+    static constexpr int kQK = 256, kBytes = 176, kRun1 = 32;
+    static constexpr bool kMin = true, kNibScaled = false;
     static __device__ __forceinline__ void unit(const unsigned char *b, int s, float (&w)[32]) {
         unsigned char h[16], qh[32], ql[32];
         quant::ld_bytes16<16>(b, h);
@@ -311,30 +486,51 @@ struct q5_k {
 #pragma unroll
         for (int l = 0; l < 32; l++) {
             const int qv = ((ql[l] >> shift) & 0xF) + ((qh[l] & hbit) ? 16 : 0);
-            w[l] = quant::sub_rn(quant::mul_rn(d1, (float)qv), m1);
+            w[l] = quant::sub_rn(quant::mul_rn(d1, quant::i2f(qv)), m1);
         }
     }
-    static __device__ __forceinline__ void slice(const unsigned char *b, int s, int p, float (&w)[8]) {
-        unsigned char h[16], qh[8], ql[8];
-        quant::ld_bytes16<16>(b, h);
-        quant::ld8<8>(b + 16 + 8 * p, qh);
-        quant::ld8<8>(b + 48 + 32 * (s >> 1) + 8 * p, ql);
-        float d1, m1;
-        quant::scale_min_k(h, s, d1, m1);
-        const int shift = (s & 1) * 4;
-        const unsigned hbit = 1u << s;
+    static __device__ __forceinline__ int run0(int L) { return 256 * (L >> 4) + 64 * ((L >> 2) & 3) + 8 * (L & 3); }
+    static __device__ __forceinline__ bool lane_ok(int ch, int L, int in) { return (2 * ch + (L >> 4)) * 256 < in; }
+    static __device__ __forceinline__ void load(const unsigned char *row, int ch, int L, quant::qraw &r) {
+        const unsigned char *b = row + (size_t)(2 * ch + (L >> 4)) * kBytes;
+        const int k = (L >> 2) & 3, j0 = 8 * (L & 3);
+        const uint4 h = quant::ld_u128(b);
+        const uint2 ql = quant::ld_u64(b + 48 + 32 * k + j0), qh = quant::ld_u64(b + 16 + j0);
+        r.u[0] = h.x, r.u[1] = h.y, r.u[2] = h.z, r.u[3] = h.w;
+        r.u[4] = ql.x, r.u[5] = ql.y, r.u[6] = qh.x, r.u[7] = qh.y;
+    }
+    static __device__ __forceinline__ void decode(const quant::qraw &r, int L, float (&v)[16], float (&d)[2],
+                                                  float (&m)[2]) {
+        const int k = (L >> 2) & 3;
 #pragma unroll
-        for (int k = 0; k < 8; k++) {
-            const int qv = ((ql[k] >> shift) & 0xF) + ((qh[k] & hbit) ? 16 : 0);
-            w[k] = quant::sub_rn(quant::mul_rn(d1, (float)qv), m1);
+        for (int i = 0; i < 8; i++) {
+            const unsigned ql = quant::byte8(r.u[4], r.u[5], i), qh = quant::byte8(r.u[6], r.u[7], i);
+            v[i] = quant::as_float(0x4B000000u | (ql & 0x0Fu) | (((qh >> (2 * k)) & 1u) << 4)) - 8388608.0f;
+            v[8 + i] = quant::as_float(0x4B000000u | (ql >> 4) | (((qh >> (2 * k + 1)) & 1u) << 4)) - 8388608.0f;
         }
+        uint4 h;
+        h.x = r.u[0], h.y = r.u[1], h.z = r.u[2], h.w = r.u[3];
+        float m0, m1;
+        quant::scale_min_k_u4(h, 2 * k, d[0], m0);
+        quant::scale_min_k_u4(h, 2 * k + 1, d[1], m1);
+        m[0] = -m0;
+        m[1] = -m1;
+    }
+    static __device__ __forceinline__ void lane(const unsigned char *row, int ch, int L, float (&v)[16],
+                                                float (&d)[2], float (&m)[2]) {
+        quant::qraw r;
+        load(row, ch, L, r);
+        decode(r, L, v, d, m);
     }
 };
 
 /// block_q6_K: 128 bytes ql (low 4 bits), 64 bytes qh (high 2 bits), 16 int8 scales, f16 d; value
 /// 128 n + 32 k + l (sub-block s = 4 n + k) = d sc[8 n + 2 k + l / 16] (q - 32).
+/// GEMV lane: super-block L / 16, n = L / 8 % 2, k' = L / 4 % 2, l0 = 8 (L % 4): ql bytes
+/// 64 n + 32 k' + l0 .. + 8 (low nibbles: k = k', high: k = k' + 2) and qh bytes 32 n + l0 .. + 8.
 struct q6_k {
-    static constexpr int kQK = 256, kBytes = 210;
+    static constexpr int kQK = 256, kBytes = 210, kRun1 = 64;
+    static constexpr bool kMin = false, kNibScaled = false;
     static __device__ __forceinline__ void unit(const unsigned char *b, int s, float (&w)[32]) {
         const int n = s >> 2, k = s & 3;
         unsigned char ql[32], qh[32], scb[2], db[2];
@@ -343,29 +539,52 @@ struct q6_k {
         quant::ld_bytes2<2>(b + 192 + 8 * n + 2 * k, scb);
         quant::ld_bytes2<2>(b + 208, db);
         const float d = quant::f16_bits((unsigned)db[0] | ((unsigned)db[1] << 8));
-        const float ds0 = quant::mul_rn(d, (float)(signed char)scb[0]);
-        const float ds1 = quant::mul_rn(d, (float)(signed char)scb[1]);
+        const float ds0 = quant::mul_rn(d, quant::i2f((signed char)scb[0]));
+        const float ds1 = quant::mul_rn(d, quant::i2f((signed char)scb[1]));
         const int lshift = (k >> 1) * 4, hshift = 2 * k;
 #pragma unroll
         for (int l = 0; l < 32; l++) {
             const int qv = (((ql[l] >> lshift) & 0xF) | (((qh[l] >> hshift) & 3) << 4)) - 32;
-            w[l] = quant::mul_rn(l < 16 ? ds0 : ds1, (float)qv);
+            w[l] = quant::mul_rn(l < 16 ? ds0 : ds1, quant::i2f(qv));
         }
     }
-    static __device__ __forceinline__ void slice(const unsigned char *b, int s, int p, float (&w)[8]) {
-        const int n = s >> 2, k4 = s & 3;
-        unsigned char ql[8], qh[8];
-        quant::ld8<2>(b + 64 * n + 32 * (k4 & 1) + 8 * p, ql);
-        quant::ld8<2>(b + 128 + 32 * n + 8 * p, qh);
-        const unsigned scp = quant::ld_u16(b + 192 + 8 * n + 2 * k4);
-        const float d = quant::f16_bits(quant::ld_u16(b + 208));
-        const float ds = quant::mul_rn(d, (float)(signed char)((scp >> (8 * (p >> 1))) & 0xffu));
-        const int lshift = (k4 >> 1) * 4, hshift = 2 * k4;
+    static __device__ __forceinline__ int run0(int L) {
+        return 256 * (L >> 4) + 128 * ((L >> 3) & 1) + 32 * ((L >> 2) & 1) + 8 * (L & 3);
+    }
+    static __device__ __forceinline__ bool lane_ok(int ch, int L, int in) { return (2 * ch + (L >> 4)) * 256 < in; }
+    static __device__ __forceinline__ void load(const unsigned char *row, int ch, int L, quant::qraw &r) {
+        const unsigned char *b = row + (size_t)(2 * ch + (L >> 4)) * kBytes;
+        const int n = (L >> 3) & 1, kp = (L >> 2) & 1, l0 = 8 * (L & 3);
+        r.u[0] = quant::ld_u32_a2(b + 64 * n + 32 * kp + l0);
+        r.u[1] = quant::ld_u32_a2(b + 64 * n + 32 * kp + l0 + 4);
+        r.u[2] = quant::ld_u32_a2(b + 128 + 32 * n + l0);
+        r.u[3] = quant::ld_u32_a2(b + 128 + 32 * n + l0 + 4);
+        /* scales sc[8 n + 2 k + l0 / 16] for k = k' and k' + 2: the 16-bit words at 192 + 8 n + 2 k'
+         * and 4 bytes on (the byte l0 / 16 of each) */
+        r.u[4] = quant::ld_u16(b + 192 + 8 * n + 2 * kp);
+        r.u[5] = quant::ld_u16(b + 192 + 8 * n + 2 * kp + 4);
+        r.u[6] = quant::ld_u16(b + 208);
+    }
+    static __device__ __forceinline__ void decode(const quant::qraw &r, int L, float (&v)[16], float (&d)[2],
+                                                  float (&m)[2]) {
+        const int kp = (L >> 2) & 1, sh = 8 * ((L & 3) >> 1);
 #pragma unroll
-        for (int k = 0; k < 8; k++) {
-            const int qv = (((ql[k] >> lshift) & 0xF) | (((qh[k] >> hshift) & 3) << 4)) - 32;
-            w[k] = quant::mul_rn(ds, (float)qv);
+        for (int i = 0; i < 8; i++) {
+            const unsigned ql = quant::byte8(r.u[0], r.u[1], i), qh = quant::byte8(r.u[2], r.u[3], i);
+            v[i] = quant::as_float(0x4B000000u | (ql & 0x0Fu) | (((qh >> (2 * kp)) & 3u) << 4)) - (8388608.0f + 32.0f);
+            v[8 + i] = quant::as_float(0x4B000000u | (ql >> 4) | (((qh >> (2 * kp + 4)) & 3u) << 4)) -
+                       (8388608.0f + 32.0f);
         }
+        const float dd = quant::f16_bits(r.u[6]);
+        d[0] = quant::mul_rn(dd, quant::i2f((signed char)((r.u[4] >> sh) & 0xffu)));
+        d[1] = quant::mul_rn(dd, quant::i2f((signed char)((r.u[5] >> sh) & 0xffu)));
+        m[0] = m[1] = 0.0f;
+    }
+    static __device__ __forceinline__ void lane(const unsigned char *row, int ch, int L, float (&v)[16],
+                                                float (&d)[2], float (&m)[2]) {
+        quant::qraw r;
+        load(row, ch, L, r);
+        decode(r, L, v, d, m);
     }
 };
 

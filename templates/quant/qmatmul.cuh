@@ -9,14 +9,19 @@
  *
  * GEMV (ms_qgemv_<NC>, NC = 1..8 x rows; more rows take the dequantize + tensor-core GEMM
  * path of backend_cuda_quant.c): one CTA of MS_QGEMV_THREADS threads computes R output rows
- * (MS_QGEMV_ROWS_OF(NC)); the K dimension is split over its warps in chunks of 256 values, and in
- * a chunk each lane takes 8 consecutive values: its x loads are contiguous across the warp and
- * kept in registers for all R rows (x is read from L1/L2 once per R rows, not once per row), and
- * it dequantizes the matching 8-value slice of each row (Q::slice, bit-identical to unit). fp32
- * accumulation; partial sums reduced with warp shuffles and one shared-memory pass in a fixed
- * order (deterministic). (The first version had each thread take a whole 32-value unit: its x
- * loads strided 128 bytes across the warp and each x row was re-read for every pair of rows,
- * which held Q4_0 decode of an 8B model at 147 tok/s on the H200.)
+ * (MS_QGEMV_ROWS_OF(NC)); the K dimension is split over its warps in chunks of 512 values, and in
+ * a chunk each lane takes 16 values, two runs of 8 (Q::run0, Q::kRun1: the values one group of
+ * its weight bytes holds, e.g. the low and high nibbles of 8 Q4_0 bytes). Its x loads (float4)
+ * are kept in registers for all R rows, pre-multiplied by the exact power of 2 that lets the
+ * weights be read without shifts (quant::nibbles16); per row the lane turns its bytes into exact
+ * small-integer floats (Q::lane: an AND-OR and an FADD per value, no I2F, which is quarter-rate on
+ * sm_90) and accumulates d * sum(q x) + m * sum(x) per run in fp32. Partial sums are reduced with
+ * warp shuffles and one shared-memory pass in a fixed order (deterministic).
+ *
+ * History (Q4_0 decode of an 8B model on the H200, docs/perf.md): one 32-value unit per thread
+ * (x loads strided across the warp, each x row re-read per pair of rows): 147 tok/s; 8 values
+ * per lane dequantized bit-exactly (an I2F and a rounded multiply per value, then the FMA):
+ * 165 tok/s, the GEMV then issue-bound on I2F (ncu: gate/up at about 0.9 TB/s).
  */
 #pragma once
 
@@ -29,16 +34,47 @@ namespace ms {
 
 /* ---- kernels ---- */
 
+/// The lane's 16 x values of one x row's chunk (xc: the chunk's first value; runs at o0, o1),
+/// multiplied by 1 / nib_scale where the type's v carry it (exact: powers of 2), and the plain sums
+/// of each run (used by the types with a min).
+template <typename Q>
+__device__ __forceinline__ void load_x(const float *xc, int o0, int o1, float (&xs)[16], float (&xsum)[2]) {
+    const float4 *a = reinterpret_cast<const float4 *>(xc + o0), *b = reinterpret_cast<const float4 *>(xc + o1);
+    const float4 v0 = __ldg(a), v1 = __ldg(a + 1), v2 = __ldg(b), v3 = __ldg(b + 1);
+    const float xv[16] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w,
+                          v2.x, v2.y, v2.z, v2.w, v3.x, v3.y, v3.z, v3.w};
+    xsum[0] = xsum[1] = 0.f;
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        if (Q::kMin)
+            xsum[i >> 3] += xv[i];
+        xs[i] = Q::kNibScaled ? xv[i] * (1.0f / quant::nib_scale(i)) : xv[i];
+    }
+}
+
+/// acc + d[0] sum_k v[k] xs[k] + d[1] sum_k v[8 + k] xs[8 + k] (+ m[j] xsum[j] for the types with a
+/// min): one lane's 16 values of one weight row against one x row, fp32.
+template <typename Q>
+__device__ __forceinline__ float dot16(const float (&v)[16], const float (&d)[2], const float (&m)[2],
+                                       const float (&xs)[16], const float (&xsum)[2], float acc) {
+    float t0 = 0.f, t1 = 0.f;
+#pragma unroll
+    for (int k = 0; k < 8; k++) {
+        t0 = fmaf(v[k], xs[k], t0);
+        t1 = fmaf(v[8 + k], xs[8 + k], t1);
+    }
+    acc = fmaf(d[0], t0, acc);
+    acc = fmaf(d[1], t1, acc);
+    if (Q::kMin) {
+        acc = fmaf(m[0], xsum[0], acc);
+        acc = fmaf(m[1], xsum[1], acc);
+    }
+    return acc;
+}
+
 /// Q: block type; NC: x rows (exactly p.n); R: output rows per CTA (MS_QGEMV_ROWS_OF(NC)).
-/// Grid: ceil(rows / R) CTAs of MS_QGEMV_THREADS threads.
-///
-/// The input features are walked in chunks of 256 values; a chunk is split K-wise over the CTA's
-/// warps (warp w takes chunks w, w + NW, ...). In a chunk, lane l takes values [8 l, 8 l + 8):
-/// its two float4 loads of each x row are contiguous across the warp (1 KB per row, coalesced)
-/// and held in registers for the R weight rows, whose 8-value slices (Q::slice: unit l / 4 of the
-/// chunk, slice l % 4; the 32-value types' block l / 4, the K-quants' sub-block l / 4) each lane
-/// dequantizes and multiplies. Partial sums: warp shuffles, then one shared-memory pass over the
-/// warps in a fixed order (deterministic).
+/// Grid: ceil(rows / R) CTAs of MS_QGEMV_THREADS threads; warp w takes chunks w, w + NW, ... of
+/// 512 input values; the rows past p.rows of the last CTA read the last row and store nothing.
 template <typename Q, int NC, int R> __device__ __forceinline__ void qgemv(const ms_qmatmul_params &p) {
     static_assert(NC >= 1 && NC <= MS_QGEMV_MAX_COLS && R >= 1, "qgemv: 1..8 x rows");
     static_assert(Q::kQK == 32 || Q::kQK == 256, "qgemv: 32- or 256-value blocks");
@@ -46,10 +82,14 @@ template <typename Q, int NC, int R> __device__ __forceinline__ void qgemv(const
     __shared__ float red[NW][R * NC];
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int r0 = blockIdx.x * R;
-    const int chunks = (p.in + 255) / 256;
+    const int chunks = (p.in + 511) / 512;
     const unsigned char *w = static_cast<const unsigned char *>(p.w);
     const float *x = static_cast<const float *>(p.x);
-    const int ul = lane >> 2, sl = lane & 3;
+    const int o0 = Q::run0(lane), o1 = o0 + Q::kRun1;
+    const unsigned char *rows[R];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+        rows[r] = w + (size_t)(r0 + r < p.rows ? r0 + r : p.rows - 1) * (size_t)p.row_bytes;
     float acc[R][NC];
 #pragma unroll
     for (int r = 0; r < R; r++)
@@ -57,31 +97,40 @@ template <typename Q, int NC, int R> __device__ __forceinline__ void qgemv(const
         for (int c = 0; c < NC; c++)
             acc[r][c] = 0.f;
     for (int ch = warp; ch < chunks; ch += NW) {
-        const int v0 = ch * 256 + lane * 8;
-        if (v0 < p.in) { /* the 32-value types' last chunk may be partial (in % 256 != 0) */
-            float xv[NC][8];
+        if (!Q::lane_ok(ch, lane, p.in))
+            continue;
+        /* every row's bytes first, so that all R rows' loads are in flight together */
+        quant::qraw raw[R];
 #pragma unroll
-            for (int c = 0; c < NC; c++) {
-                const float4 *xp = reinterpret_cast<const float4 *>(x + (size_t)c * (size_t)p.x_stride + (size_t)v0);
-                const float4 a = __ldg(xp), b = __ldg(xp + 1);
-                xv[c][0] = a.x, xv[c][1] = a.y, xv[c][2] = a.z, xv[c][3] = a.w;
-                xv[c][4] = b.x, xv[c][5] = b.y, xv[c][6] = b.z, xv[c][7] = b.w;
-            }
-            const int blk = Q::kQK == 32 ? ch * 8 + ul : ch, sub = Q::kQK == 32 ? 0 : ul;
+        for (int r = 0; r < R; r++)
+            Q::load(rows[r], ch, lane, raw[r]);
+        if (NC <= 2) {
+            /* few x rows: x in registers (pre-scaled), each weight row decoded and used at once */
+            float xs[NC][16], xsum[NC][2];
+#pragma unroll
+            for (int c = 0; c < NC; c++)
+                load_x<Q>(x + (size_t)c * (size_t)p.x_stride + (size_t)ch * 512, o0, o1, xs[c], xsum[c]);
 #pragma unroll
             for (int r = 0; r < R; r++) {
-                if (r0 + r < p.rows) {
-                    float wv[8];
-                    Q::slice(w + (size_t)(r0 + r) * (size_t)p.row_bytes + (size_t)blk * Q::kBytes, sub, sl, wv);
+                float v[16], d[2], m[2];
+                Q::decode(raw[r], lane, v, d, m);
 #pragma unroll
-                    for (int c = 0; c < NC; c++) {
-                        float a = acc[r][c];
+                for (int c = 0; c < NC; c++)
+                    acc[r][c] = dot16<Q>(v, d, m, xs[c], xsum[c], acc[r][c]);
+            }
+        } else {
+            /* more x rows: the R decoded rows in registers, one x row at a time (from L1/L2) */
+            float v[R][16], d[R][2], m[R][2];
 #pragma unroll
-                        for (int k = 0; k < 8; k++)
-                            a = fmaf(wv[k], xv[c][k], a);
-                        acc[r][c] = a;
-                    }
-                }
+            for (int r = 0; r < R; r++)
+                Q::decode(raw[r], lane, v[r], d[r], m[r]);
+#pragma unroll
+            for (int c = 0; c < NC; c++) {
+                float xs[16], xsum[2];
+                load_x<Q>(x + (size_t)c * (size_t)p.x_stride + (size_t)ch * 512, o0, o1, xs, xsum);
+#pragma unroll
+                for (int r = 0; r < R; r++)
+                    acc[r][c] = dot16<Q>(v[r], d[r], m[r], xs, xsum, acc[r][c]);
             }
         }
     }

@@ -11,8 +11,9 @@
 #define MS_QPARAMS_H
 
 #define MS_QGEMV_THREADS 128   /* one CTA: MS_QGEMV_ROWS_OF(nc) output rows, K split over its 4 warps */
-/* output rows per CTA of ms_qgemv_<nc>: each lane reuses its x registers for all of them */
-#define MS_QGEMV_ROWS_OF(nc) ((nc) <= 4 ? 8 : 4)
+/* output rows per CTA of ms_qgemv_<nc>: up to 2 x rows each lane keeps x in registers for all of
+ * them; above, the rows' decoded values, with one x row at a time */
+#define MS_QGEMV_ROWS_OF(nc) ((nc) <= 2 ? 8 : 4)
 #define MS_QGEMV_MAX_COLS 8    /* x rows of the largest gemv entry (ms_qgemv_8) */
 #define MS_QDEQUANT_THREADS 256 /* grid-stride over 32-value units */
 
