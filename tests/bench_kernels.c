@@ -265,6 +265,10 @@ int main(void) {
     printf("device: %s, sm_%d, %d SMs, L2 %d MB; copy bandwidth %.0f GB/s (read + write, 2 GiB, "
            "median of 10)\n\n",
            prop.name, arch, sms, prop.l2CacheSize >> 20, bw * 1e-9);
+    printf("decode attention: one launch per layer, back to back on one stream%s\n\n",
+           arch >= 90 ? "; programmatic dependent launch: each launch's prologue and L2 prefetch "
+                        "overlap the previous launch's tail"
+                      : "");
     printf("| case | kernel | splits | CTAs/SM | layers | us/launch | host us/launch | GB/s | of copy |\n");
     printf("|---|---|---|---|---|---|---|---|---|\n");
     int rc = 0;
