@@ -37,10 +37,11 @@
  * request bounds and page ids, staged by copies that completed before the previous kernel
  * started - and prefetches (coherent with the previous kernel's writes: L2 is the point of
  * coherence and nothing lands in L1). Only then it waits for the previous kernel
- * (griddepcontrol.wait: complete, its writes visible), loads q and K/V and writes anything. So the launch, the bounds -> page ids round trips and the first K/V bytes
- * overlap the tail of the kernel before (the rope/KV write in a layer, the previous attention
- * when launches queue back to back). Below sm_90, or launched without the attribute, the two
- * griddepcontrol instructions are no-ops.
+ * (griddepcontrol.wait: complete, its writes visible), loads q and K/V and writes anything.
+ * So the launch, the bounds -> page ids round trips and the first K/V bytes overlap the tail of
+ * the kernel before (the rope/KV write in a layer, the previous attention when launches queue
+ * back to back). Below sm_90, or launched without the attribute, the two griddepcontrol
+ * instructions are no-ops.
  *
  * Keys outside the view or the window are never loaded, so stale page contents (even NaN) cannot
  * leak into the result.
