@@ -412,6 +412,102 @@ static void test_attn_decode(void **state) {
     run_decode_case(128, 16, 16, 0, 3);
 }
 
+/*
+ * A decode launch queued right behind the kernel that writes its q, sharing that kernel's split
+ * partials and counters: the second launch's q is the first launch's output (poisoned with NaN
+ * before), so it is right only if the second waits for the first before loading q and before
+ * writing partials (on sm_90 the launcher lets it start during the first one's tail,
+ * decode.cuh). Twenty pairs on one created stream, the long view making the first launch the
+ * longer one.
+ */
+static void test_attn_decode_waits_for_the_kernel_before(void **state) {
+    (void)state;
+    const int hd = 128, ps = 16, G = 4, hkv = 2, hq = hkv * G, split_pages = 3;
+    req rq[3] = {{1, 2000, 0}, {1, 37, 0}, {1, 1, 0}};
+    paged pk;
+    paged_init(&pk, hd, ps, hkv, rq, 3);
+    const int n_tok = pk.qo[3];
+    const size_t n_out = (size_t)n_tok * hq * hd;
+    uint16_t *q = malloc(sizeof(uint16_t) * n_out);
+    for (size_t i = 0; i < n_out; i++)
+        q[i] = f2bf(frand());
+    double *ref1 = malloc(sizeof(double) * n_out), *ref2 = malloc(sizeof(double) * n_out);
+    ref_attention(&pk, rq, q, hq * hd, G, true, 0, ref1);
+
+    dev_list l = {0};
+    paged_dev d = paged_upload(&l, &pk);
+    void *dq = dup_h2d(&l, q, sizeof(uint16_t) * n_out);
+    void *o1 = dalloc(&l, sizeof(uint16_t) * n_out), *o2 = dalloc(&l, sizeof(uint16_t) * n_out);
+    int max_pages = 0;
+    for (int b = 0; b < 3; b++)
+        max_pages = MS_MAX(max_pages, pk.kvp[b + 1] - pk.kvp[b]);
+    const int n_splits = MS_CEIL_DIV(max_pages, split_pages);
+    float *part_o = dalloc(&l, sizeof(float) * 3 * (size_t)n_splits * hq * hd);
+    float *part_lse = dalloc(&l, sizeof(float) * 3 * (size_t)n_splits * hq);
+    int32_t *counters = dalloc(&l, sizeof(int32_t) * 3 * (size_t)hkv);
+    CK(cudaMemset(counters, 0, sizeof(int32_t) * 3 * (size_t)hkv));
+    cudaStream_t stream;
+    CK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+
+    ms_cuda_module *m = load(ms_kernel_spec_attn_decode(MS_KERNEL_DTYPE_BF16, hd, ps, G, false));
+    ms_attn_kernel_params p = {0};
+    p.kv = d.arena;
+    p.qo_indptr = d.qo;
+    p.kv_indptr = d.kvp;
+    p.kv_indices = d.indices;
+    p.kv_last_page_len = d.last;
+    p.kv_start = d.start;
+    p.part_o = part_o;
+    p.part_lse = part_lse;
+    p.split_counter = counters;
+    p.batch = 3;
+    p.n_q_heads = hq;
+    p.n_kv_heads = hkv;
+    p.q_stride = p.o_stride = hq * hd;
+    p.n_splits = n_splits;
+    p.pages_per_split = split_pages;
+    p.sm_scale = (float)(1.0 / sqrt((double)hd));
+    ms_error err = {0};
+    uint16_t *got1 = malloc(sizeof(uint16_t) * n_out), *got2 = malloc(sizeof(uint16_t) * n_out);
+    for (int rep = 0; rep < 20; rep++) {
+        CK(cudaMemset(o1, 0xff, sizeof(uint16_t) * n_out)); /* NaN */
+        CK(cudaMemset(o2, 0xff, sizeof(uint16_t) * n_out));
+        CK(cudaDeviceSynchronize());
+        p.q = dq;
+        p.o = o1;
+        if (ms_cuda_attn_decode_launch(m, &p, stream, &err) != MS_OK)
+            fail_msg("decode launch: %s", err.msg);
+        p.q = o1; /* the previous kernel's output */
+        p.o = o2;
+        if (ms_cuda_attn_decode_launch(m, &p, stream, &err) != MS_OK)
+            fail_msg("decode launch: %s", err.msg);
+        sync_ok("attn_decode behind its producer");
+        d2h(got1, o1, sizeof(uint16_t) * n_out);
+        d2h(got2, o2, sizeof(uint16_t) * n_out);
+        if (rep == 0) {
+            check_close("decode 1 of the pair", got1, ref1, n_out, 1e-2);
+            ref_attention(&pk, rq, got1, hq * hd, G, true, 0, ref2);
+        }
+        char what[96];
+        snprintf(what, sizeof what, "decode 2 of pair %d (q = output 1)", rep);
+        check_close(what, got2, ref2, n_out, 1e-2);
+    }
+    int32_t hc[3 * 2];
+    d2h(hc, counters, sizeof hc);
+    for (int i = 0; i < 3 * hkv; i++)
+        if (hc[i] != 0)
+            fail_msg("split counter %d is %d after the pairs", i, hc[i]);
+    CK(cudaStreamDestroy(stream));
+    ms_cuda_module_free(m);
+    dfree_all(&l);
+    free(got1);
+    free(got2);
+    free(ref1);
+    free(ref2);
+    free(q);
+    paged_free(&pk);
+}
+
 /* ---- attention prefill ---- */
 
 /* The prefill kernel over the views rq[0..n_req) (at most 64). */
@@ -1260,6 +1356,7 @@ int main(void) {
         ms_unit_test(test_rope_kv),
         ms_unit_test(test_rope_kv_mrope),
         ms_unit_test(test_attn_decode),
+        ms_unit_test(test_attn_decode_waits_for_the_kernel_before),
         ms_unit_test(test_attn_prefill),
         ms_unit_test(test_attn_prefill_as_decode),
     };

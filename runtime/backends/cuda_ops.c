@@ -50,6 +50,7 @@ ms_status ms_cuda_module_init(ms_cuda_module **out, const ms_kernel_spec *spec, 
     if (m == NULL)
         return MS_FAIL(err, MS_ERR_OOM, "kernel module: out of memory");
     m->spec = *spec;
+    m->arch = arch;
     char uri[MS_KERNEL_URI_MAX];
     char *src = NULL;
     ms_cubin cb = {0};
@@ -108,6 +109,30 @@ static ms_status launch(const ms_cuda_module *m, int entry, unsigned gx, unsigne
     return MS_OK;
 }
 
+/* launch with programmatic stream serialization: the grid may start before the previous kernel
+ * of the stream completes, and waits for it with griddepcontrol.wait (sm_90 and later). */
+static ms_status launch_pdl(const ms_cuda_module *m, int entry, unsigned gx, unsigned gy,
+                            unsigned gz, unsigned threads, void *params, cudaStream_t stream,
+                            ms_error *err) {
+    if (gx == 0 || gy == 0 || gz == 0)
+        return MS_OK; /* nothing to do */
+    cudaLaunchAttribute attr;
+    memset(&attr, 0, sizeof attr);
+    attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.gridDim = (dim3){gx, gy, gz};
+    cfg.blockDim = (dim3){threads, 1, 1};
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = stream;
+    cfg.attrs = &attr;
+    cfg.numAttrs = 1;
+    void *args[] = {params};
+    MS_CUDA_TRY(err, cudaLaunchKernelExC(&cfg, (const void *)m->fn[entry], args));
+    return MS_OK;
+}
+
 /* ---- attention ---- */
 
 static ms_status check_attn(const ms_cuda_module *m, const ms_attn_kernel_params *p, ms_error *err) {
@@ -150,6 +175,9 @@ ms_status ms_cuda_attn_decode_launch(const ms_cuda_module *m, const ms_attn_kern
                        "%s: %d splits without 16-byte aligned partial buffers or split counters",
                        m->uri, p->n_splits);
     ms_attn_kernel_params copy = *p;
+    if (m->arch >= 90) /* the template's griddepcontrol exists from sm_90 on */
+        return launch_pdl(m, 0, (unsigned)p->n_splits, (unsigned)p->n_kv_heads,
+                          (unsigned)p->batch, MS_ATTN_DECODE_THREADS, &copy, stream, err);
     return launch(m, 0, (unsigned)p->n_splits, (unsigned)p->n_kv_heads, (unsigned)p->batch,
                   MS_ATTN_DECODE_THREADS, &copy, stream, err);
 }

@@ -30,6 +30,7 @@ typedef struct ms_cuda_module {
     cudaLibrary_t lib;
     cudaKernel_t fn[MS_KERNEL_MAX_ENTRIES]; /* entries of ms_kernel_op_entry(spec.op, i) */
     bool from_cache;             /* the cubin came from the disk cache */
+    int arch;                    /* sm_XX it was compiled for, as XX (80, 90, ...) */
     int blocks_per_sm;           /* attn_decode: resident CTAs per multiprocessor (occupancy of
                                     entry 0 at MS_ATTN_DECODE_THREADS); 0 for other ops */
 } ms_cuda_module;
@@ -50,7 +51,11 @@ ms_status ms_cuda_device_arch(int device, int *arch, int *n_sms, ms_error *err);
 
 /* Decode attention: one launch, grid (n_splits, n_kv_heads, batch); with n_splits > 1 the last
  * CTA of each (request, KV head) merges the splits (templates/attn/decode.cuh), so part_o,
- * part_lse and split_counter (zeroed, [batch * n_kv_heads]) are required then. */
+ * part_lse and split_counter (zeroed, [batch * n_kv_heads]) are required then. On sm_90 and
+ * later it is launched with programmatic stream serialization: its CTAs may start while the
+ * previous kernel of the stream finishes and wait for it before touching q, the pages' contents
+ * or any output (decode.cuh), so the index arrays it reads (qo_indptr, kv_indptr, kv_indices,
+ * kv_last_page_len, kv_start) must not be written by the kernel launched just before it. */
 ms_status ms_cuda_attn_decode_launch(const ms_cuda_module *m, const ms_attn_kernel_params *p,
                                      cudaStream_t stream, ms_error *err);
 /* Prefill attention over n_tiles tiles (ms_kernel_attn_prefill_tiles): grid (n_tiles, n_kv_heads). */

@@ -28,6 +28,21 @@
  * decode attention: no merge kernel, and the counters are ready for the next launch. Launches
  * that share split_counter must not run concurrently.
  *
+ * Prologue: every CTA asks L2 for the first K and V rows of its split (up to 128 KiB and its
+ * share of 32 MiB per launch: all of a split of 256 keys at head_dim 128; attn_decode_prefetch),
+ * so a launch requests its first bytes at once rather than two register steps per warp at a
+ * time. With programmatic dependent launch (sm_90; the launcher allows it, cuda_ops.c) that
+ * happens before the wait: every CTA first lets the next kernel of the stream launch
+ * (griddepcontrol.launch_dependents), then reads what the previous kernel cannot change - the
+ * request bounds and page ids, staged by copies that completed before the previous kernel
+ * started - and prefetches (coherent with the previous kernel's writes: L2 is the point of
+ * coherence and nothing lands in L1). Only then it waits for the previous kernel
+ * (griddepcontrol.wait: complete, its writes visible), loads q and K/V and writes anything.
+ * So the launch, the bounds -> page ids round trips and the first K/V bytes overlap the tail of
+ * the kernel before (the rope/KV write in a layer, the previous attention when launches queue
+ * back to back). Below sm_90, or launched without the attribute, the two griddepcontrol
+ * instructions are no-ops.
+ *
  * Keys outside the view or the window are never loaded, so stale page contents (even NaN) cannot
  * leak into the result.
  */
@@ -43,6 +58,56 @@ namespace ms {
 
 /* Smallest power of two >= n (n >= 1). */
 __host__ __device__ constexpr int pow2_ceil(int n) { return n <= 1 ? 1 : 2 * pow2_ceil((n + 1) / 2); }
+
+/* griddepcontrol (programmatic dependent launch, sm_90 and later; no-ops below). */
+__device__ __forceinline__ void pdl_launch_dependents() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+/* L2 bytes the CTAs of one launch prefetch at their start, all together (at most 8 lines of 128
+ * bytes per thread, 128 KiB per CTA): about half an H100's L2, so the rows stay there until the
+ * CTAs' loads use them. */
+constexpr long long kAttnDecodePrefetchBytes = 32LL << 20;
+
+/* At the CTA's start (before pdl_wait): ask L2 for the 128-byte lines of the K and V rows of KV
+ * head h of keys [k0, k0 + n) inside [kmin, kend), n the CTA's share of
+ * kAttnDecodePrefetchBytes (a short split: all of it). The whole launch's first bytes are then
+ * requested at once instead of two register steps per warp at a time, and on sm_90 they come in
+ * while the previous kernel finishes. Thread i takes line i of the list (key, K or V, line of the
+ * row); page ids come from p.kv_indices[p0 + key / PS]. A prefetch only moves data closer (L2 is
+ * the point of coherence, nothing lands in L1): the loads after the wait read the same rows. */
+template <typename T, int HD, int PS>
+__device__ __forceinline__ void attn_decode_prefetch(const ms_attn_kernel_params &p,
+                                                     const paged_kv<const T, HD, PS> &kv, int h,
+                                                     int p0, int k0, int kmin, int kend) {
+    constexpr int kRowBytes = HD * (int)sizeof(T);
+    constexpr int kLines = (kRowBytes + 127) / 128; /* per K or V row */
+    constexpr int kPerThread = 8;                   /* lines, so the prologue stays short */
+    constexpr int kThreads = MS_ATTN_DECODE_THREADS;
+    const long long ctas = (long long)gridDim.x * gridDim.y * gridDim.z;
+    const long long budget = kAttnDecodePrefetchBytes / (ctas * 2 * kLines * 128);
+    const int n = (int)min(min((long long)(kend - k0), budget),
+                           (long long)(kPerThread * kThreads / (2 * kLines)));
+    /* unrolled: the page-id loads of a thread's lines are independent and issue together */
+#pragma unroll
+    for (int it = 0; it < kPerThread; it++) {
+        const int i = (int)threadIdx.x + it * kThreads;
+        const int j = k0 + i / (2 * kLines), v = (i / kLines) & 1, line = i % kLines;
+        if (i < n * 2 * kLines && j >= kmin) {
+            const T *row = kv.k_ptr(p.kv_indices[p0 + j / PS], j % PS, h) +
+                           (long long)v * PS * kv.token_stride();
+            const char *a = reinterpret_cast<const char *>(row) + 128 * line;
+            asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+        }
+    }
+}
 
 /// T: element type of the KV pages (bf16 or f16); HD: head_dim; PS: page_size;
 /// G: query heads per KV head (GQA group); WINDOWED: mask keys outside p.window.
@@ -188,6 +253,7 @@ __device__ __forceinline__ void attn_decode_simt(const ms_attn_kernel_params &p)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int c = lane % TPL, r = lane / TPL;
     const bool active = c < TPK; /* padding lanes hold zeros */
+    pdl_launch_dependents();
 
     /* the request's bounds in one round of independent loads, before any branch */
     const int qo0 = p.qo_indptr[b], qo1 = p.qo_indptr[b + 1];
@@ -220,14 +286,6 @@ __device__ __forceinline__ void attn_decode_simt(const ms_attn_kernel_params &p)
         for (int e = 0; e < VEC; e++) {
             qf[g][e] = 0.f;
             acc[g][e] = 0.f;
-        }
-        if (active) {
-            load_n<TA, VEC>(q + (long long)row * p.q_stride + (long long)(h * G + g) * HD +
-                                c * VEC,
-                            qf[g]);
-#pragma unroll
-            for (int e = 0; e < VEC; e++)
-                qf[g][e] *= qscale;
         }
         m[g] = neg_inf();
         l[g] = 0.f;
@@ -323,6 +381,19 @@ __device__ __forceinline__ void attn_decode_simt(const ms_attn_kernel_params &p)
     int k = first + warp;
     load_pages(k, pa);
     load_pages(k + NW, pb);
+    attn_decode_prefetch<T, HD, PS>(p, kv, h, p0, kbeg + first * CH, kmin, kend);
+    pdl_wait(); /* q and the pages' contents may come from the previous kernel */
+    if (active) {
+#pragma unroll
+        for (int g = 0; g < G; g++) {
+            load_n<TA, VEC>(q + (long long)row * p.q_stride + (long long)(h * G + g) * HD +
+                                c * VEC,
+                            qf[g]);
+#pragma unroll
+            for (int e = 0; e < VEC; e++)
+                qf[g][e] *= qscale;
+        }
+    }
     load_chunk(k, pa, ka, va);
     load_pages(k + 2 * NW, pa);
     load_chunk(k + NW, pb, kb, vb);
@@ -410,6 +481,7 @@ __device__ __forceinline__ void attn_decode_mma(const ms_attn_kernel_params &p) 
     const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gid = lane >> 2, tig = lane & 3;
+    pdl_launch_dependents();
 
     /* the request's bounds in one round of independent loads, before any branch */
     const int qo0 = p.qo_indptr[b], qo1 = p.qo_indptr[b + 1];
@@ -432,24 +504,9 @@ __device__ __forceinline__ void attn_decode_mma(const ms_attn_kernel_params &p) 
     paged_kv<const T, HD, PS> kv{static_cast<const T *>(p.kv), p.n_kv_heads};
     const float scale = p.sm_scale * kLog2e;
 
-    /* ---- Q as the A operand: rows gid and gid + 8 (heads), permuted dims ---- */
+    /* Q as the A operand (rows gid and gid + 8: heads, permuted dims), loaded after pdl_wait */
     const TA *q = static_cast<const TA *>(p.q) + (long long)row * p.q_stride + (long long)h * G * HD;
     unsigned qa[KS][4];
-#pragma unroll
-    for (int t = 0; t < KS; t++) {
-        const int d = mma_kdim<HD>(t, tig);
-#pragma unroll
-        for (int i = 0; i < 2; i++) {
-            const int r = gid + 8 * i;
-            float a0 = 0.f, a1 = 0.f, b0 = 0.f, b1 = 0.f;
-            if (r < G) {
-                load2(q + r * HD + d, a0, a1);
-                load2(q + r * HD + d + 2, b0, b1);
-            }
-            qa[t][i] = pack2<T>(a0, a1);
-            qa[t][i + 2] = pack2<T>(b0, b1);
-        }
-    }
 
     float o[NTL][4];
 #pragma unroll
@@ -608,6 +665,23 @@ __device__ __forceinline__ void attn_decode_mma(const ms_attn_kernel_params &p) 
     int st = first + warp;
     load_pages(st, pA);
     load_pages(st + NW, pB);
+    attn_decode_prefetch<T, HD, PS>(p, kv, h, p0, kbeg + first * STEP, kmin, kend);
+    pdl_wait(); /* q and the pages' contents may come from the previous kernel */
+#pragma unroll
+    for (int t = 0; t < KS; t++) {
+        const int d = mma_kdim<HD>(t, tig);
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            const int r = gid + 8 * i;
+            float a0 = 0.f, a1 = 0.f, b0 = 0.f, b1 = 0.f;
+            if (r < G) {
+                load2(q + r * HD + d, a0, a1);
+                load2(q + r * HD + d + 2, b0, b1);
+            }
+            qa[t][i] = pack2<T>(a0, a1);
+            qa[t][i + 2] = pack2<T>(b0, b1);
+        }
+    }
     load_step(st, pA, A);
     load_pages(st + 2 * NW, pA);
     load_step(st + NW, pB, B);
