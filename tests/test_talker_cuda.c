@@ -8,6 +8,8 @@
  *   - four prompts in one batch: each request's codes equal its cpu-bf16 codes up to the first
  *     that differs, which may only be a near-tie of the CPU's logits (gap < 5e-2), logits
  *     within 5e-2 until then, at most two of the four diverging;
+ *   - the same four prompts each alone on the device against their rows of the device's batch:
+ *     the same near-tie rule (the batch changes the GEMMs' shapes), at most two diverging;
  *   - the codes of the cuda run against the reference codes (f32 transformers), reported.
  *   - the predictor's input select (backend select_rows, the misc module's ms_select_rows: a
  *     frame's first row from in_proj(h), the others from a code's embedding) against the CPU
@@ -60,6 +62,49 @@ static double max_diff(const float *a, const float *b, size_t n) {
             m = isnan(d) ? INFINITY : d;
     }
     return m;
+}
+
+/* Request i's codes of run a (the device's batch) against run b (ref_name), frame-major, up to the
+ * first that differs: the logits until then (that frame's included: same history) within 5e-2,
+ * and a differing code only where b's logits put a's pick within 5e-2 of their maximum (a
+ * near-tie that bf16 rounding may break either way). After a divergence the histories differ and
+ * nothing more is compared. Returns 1 when the request diverged (at a near-tie), else 0; fails the
+ * test otherwise. */
+static int compare_codes(int i, const char *dev, const char *ref_name, const int32_t *ca, const int32_t *cb,
+                         float (*tla)[V], float (*tlb)[V], float (*pla)[G - 1][V], float (*plb)[G - 1][V]) {
+    int at = F * G;
+    for (int k = 0; k < F * G; k++)
+        if (ca[k] != cb[k]) {
+            at = k;
+            break;
+        }
+    const int f_end = at < F * G ? at / G + 1 : F; /* frames whose logits share a history */
+    double worst = 0.0;
+    for (int f = 0; f < f_end; f++) {
+        worst = fmax(worst, max_diff(tla[f], tlb[f], V));
+        for (int g = 0; g < G - 1; g++)
+            if (f < f_end - 1 || at == F * G || g + 1 <= at % G)
+                worst = fmax(worst, max_diff(pla[f][g], plb[f][g], V));
+    }
+    if (!(worst < 5e-2))
+        fail_msg("batch request %d: logits differ from %s by %.3g (tolerance 5e-2)", i, ref_name, worst);
+    if (at == F * G) {
+        printf("batch request %d: %s vs %s: codes equal; logits within %.3g\n", i, dev, ref_name, worst);
+        return 0;
+    }
+    const int f = at / G, g = at % G;
+    const float *z = g == 0 ? tlb[f] : plb[f][g - 1];
+    float mx = z[0];
+    for (int v = 1; v < V; v++)
+        mx = fmaxf(mx, z[v]);
+    const double gap = (double)mx - (double)z[ca[at]];
+    printf("batch request %d: %s vs %s: codes equal for %d of %d, then frame %d group %d: %d vs %d, the "
+           "device's pick %.3g below the maximum of %s; logits within %.3g until then\n", i, dev, ref_name, at,
+           F * G, f, g, ca[at], cb[at], gap, ref_name, worst);
+    if (!(gap < 5e-2))
+        fail_msg("batch request %d: code %d differs from %s where its logits are no near-tie (gap %.3g)", i, at,
+                 ref_name, gap);
+    return 1;
 }
 
 static void test_talker_cuda_vs_cpu_bf16(void **state) {
@@ -128,43 +173,30 @@ static void test_talker_cuda_vs_cpu_bf16(void **state) {
     if (ms_engine_talker_codes(cpu, &glue, b, B, &err) != MS_OK)
         fail_msg("cpu bf16 batch: %s", err.msg);
     int diverged = 0;
+    for (int i = 0; i < B; i++)
+        diverged += compare_codes(i, dev, "cpu bf16", a[i].codes, b[i].codes, btl[0][i], btl[1][i], bpl[0][i],
+                                  bpl[1][i]);
+    /* each prompt alone on the device against its row of the device's batch (the batch changes
+     * the GEMMs' shapes, so the same near-tie rule, against the run alone's logits) */
+    static float atl[B][F][V], apl[B][F][G - 1][V];
+    int diverged_alone = 0;
     for (int i = 0; i < B; i++) {
-        int at = F * G; /* the first differing code, frame-major */
-        for (int k = 0; k < F * G; k++)
-            if (a[i].codes[k] != b[i].codes[k]) {
-                at = k;
-                break;
-            }
-        const int f_end = at < F * G ? at / G + 1 : F; /* frames whose logits share a history */
-        double worst = 0.0;
-        for (int f = 0; f < f_end; f++) {
-            worst = fmax(worst, max_diff(btl[0][i][f], btl[1][i][f], V));
-            for (int g = 0; g < G - 1; g++)
-                if (f < f_end - 1 || at == F * G || g + 1 <= at % G)
-                    worst = fmax(worst, max_diff(bpl[0][i][f][g], bpl[1][i][f][g], V));
-        }
-        if (at == F * G) {
-            printf("batch request %d: %s vs cpu bf16 codes equal; logits within %.3g\n", i, dev, worst);
-        } else {
-            const int f = at / G, g = at % G;
-            const float *z = g == 0 ? btl[1][i][f] : bpl[1][i][f][g - 1];
-            float mx = z[0];
-            for (int v = 1; v < V; v++)
-                mx = fmaxf(mx, z[v]);
-            const double gap = (double)mx - (double)z[a[i].codes[at]];
-            printf("batch request %d: %s vs cpu bf16 codes equal for %d of %d, then frame %d group %d: "
-                   "%d vs %d, the device's pick %.3g below the CPU's maximum; logits within %.3g "
-                   "until then\n", i, dev, at, F * G, f, g, a[i].codes[at], b[i].codes[at], gap, worst);
-            if (!(gap < 5e-2))
-                fail_msg("batch request %d: code %d differs where the CPU's logits are no near-tie "
-                         "(gap %.3g)", i, at, gap);
-            diverged++;
-        }
-        if (!(worst < 5e-2))
-            fail_msg("batch request %d: logits differ by %.3g (tolerance 5e-2)", i, worst);
+        ms_talker_item one = {.prompt_codes = &pr[i][0][0], .n_prompt = P, .n_frames = F,
+                              .talker_logits = &atl[i][0][0], .predictor_logits = &apl[i][0][0][0]};
+        if (ms_engine_talker_codes(gpu, &glue, &one, 1, &err) != MS_OK)
+            fail_msg("%s alone %d: %s", dev, i, err.msg);
+        diverged_alone += compare_codes(i, dev, "the same prompt alone", a[i].codes, one.codes, btl[0][i], atl[i],
+                                        bpl[0][i], apl[i]);
+        ms_free(one.codes);
+    }
+    for (int i = 0; i < B; i++) {
         ms_free(a[i].codes);
         ms_free(b[i].codes);
     }
+    if (diverged_alone > B / 2)
+        fail_msg("%d of %d batched requests diverged from their runs alone", diverged_alone, B);
+    if (strcmp(dev, "cpu") == 0 && diverged_alone != 0)
+        fail_msg("the CPU dry run must not diverge from the runs alone: %d requests did", diverged_alone);
     if (diverged > B / 2)
         fail_msg("%d of %d batched requests diverged", diverged, B);
     if (strcmp(dev, "cpu") == 0 && diverged != 0)
