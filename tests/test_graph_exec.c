@@ -2,14 +2,24 @@
  * test_graph_exec.c - the host side of the captured path (runtime/engine/graph_exec.h) on the
  * CPU backend, where MS_GRAPHS_PADDED takes the leases, padding, staging and checks of a replay
  * and runs the forward eagerly:
- *   - bucket choice from a node's capture declarations (dropped above max_seqs, prefill-by-token
- *     and multi-segment steps refused), dummy pages;
+ *   - bucket choice from a node's capture declarations (batch buckets dropped above max_seqs,
+ *     token buckets above max_tokens, multi-segment steps refused), dummy pages (dummy 0 with a
+ *     prefill tail's pages);
  *   - over a fake step: warm-ups then captures largest first, a failed capture leaves its bucket
  *     out (the next bucket up is leased), a failed warm-up captures nothing, padding to the
  *     bucket with dummy rows after the real ones, eager above the largest bucket and for rows
  *     that are not one-token decode rows, refusals (dummy ids as real rows, too little room);
+ *   - prefill over a fake step: (tokens, rows) buckets warmed up and captured largest first,
+ *     the tightest bucket with room for the padding rows (the next token bucket when the rows
+ *     need it, a larger row count when a capture failed), the dummy tail row and one-token
+ *     padding rows, eager above the largest token bucket, for more rows and explicit
+ *     positions, never a pre-plan;
  *   - the padding check: a padding write address on a real row's page is refused, the sink page
- *     and the dummy rows' own pages are not;
+ *     and the dummy rows' own pages are not (decode- and prefill-shaped plans);
+ *   - prefill on models/llama.mstar (token buckets 32, 64 at max_tokens 100): ragged batches
+ *     padded to (32, 4), (64, 2), (32, 1) give bitwise the logits, ids, prompt logprobs and a
+ *     prefilled request's KV bytes (ms_engine_pd_publish) of the unpadded eager run; 95 tokens
+ *     (above 64) and a prompt-logprobs batch run eager;
  *   - models/llama.mstar on hf/llama_gqa: padded decode (batches between buckets padded to the
  *     next bucket, requests finishing mid-batch so the bucket switches 4 -> 2 -> 1) gives exactly
  *     the ids and the bitwise logits of the unpadded eager run (the CPU backend computes each
