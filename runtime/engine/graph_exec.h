@@ -77,7 +77,9 @@
  * Modes (ms_graph_mode): AUTO captures when the backend records graphs (CUDA) and is off
  * otherwise; OFF is the unpadded eager path (`--no-graphs`); PADDED takes the same leases,
  * padding and staging as a replay but runs the forward eagerly on any backend (the CPU tests of
- * the host side, and the eager half of the GPU bitwise tests).
+ * the host side, and the eager half of the GPU bitwise tests); its capture steps run no forward,
+ * as a CUDA capture only records, so both modes leave the same bytes in the dummy rows' pages
+ * (a prefill capture would otherwise write a whole token bucket's tail there).
  *
  * Pre-plan (cfg.preplan, the engine's default with graphs): two slots per bucket; after step
  * N's forward is launched and step N committed, step N+1 over the same rows is admitted,
