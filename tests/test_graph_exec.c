@@ -1066,6 +1066,45 @@ static void test_prefill_padded_equals_eager(void **state) {
     assert_int_equal(big, 1);
 }
 
+/* A stream shorter than max_tokens (max_seq_len 40): token buckets above it are dropped (no
+ * prefill batch of one request can fill them, and the dummy tail's pages are reserved for the
+ * largest kept one only), the rest captured, prefill padded. */
+static void test_prefill_max_seq_len(void **state) {
+    (void)state;
+    ms_engine_options o = ms_engine_options_default();
+    o.model_path = ms_test_fixture("hf/llama_gqa");
+    o.page_size = 4;
+    o.max_seqs = 4;
+    o.max_tokens = 128;
+    o.max_seq_len = 40;
+    o.n_threads = 2;
+    o.graphs = MS_GRAPHS_PADDED;
+    ms_engine *e = NULL;
+    ms_error err = {0};
+    if (ms_engine_init(&e, &ms_llama_desc, &o, &err) != MS_OK)
+        fail_msg("engine init: %s", err.msg);
+    ms_graph_exec_stats st;
+    ms_engine_graph_stats(e, &st);
+    assert_int_equal(st.n_failed, 0);
+    assert_int_equal(st.n_prefill_buckets, 3); /* 32 tokens x 1, 2, 4 rows */
+    assert_int_equal(st.n_captured, 2 * st.n_buckets);
+    int32_t ids[20];
+    for (int32_t i = 0; i < 20; i++)
+        ids[i] = (int32_t)((i * 13 + 5) % VOCAB);
+    ms_engine_request rq = {.prompt = ids, .n_prompt = 20, .max_new_tokens = 3,
+                            .sampling = ms_sampling_greedy(), .ignore_eos = true};
+    ms_rid rid;
+    assert_int_equal(ms_engine_add(e, &rq, &rid, &err), MS_OK);
+    while (ms_engine_n_active(e) > 0)
+        if (ms_engine_step(e, NULL, &err) != MS_OK)
+            fail_msg("step: %s", err.msg);
+    ms_engine_graph_stats(e, &st);
+    assert_int_equal(st.n_prefill_replays, 1); /* 20 tokens on (32, 2) */
+    assert_int_equal(st.last_token_bucket, 32);
+    ms_engine_remove(e, rid);
+    ms_engine_free(e);
+}
+
 /* M-RoPE (models/qwen2vl.mstar, three position streams): dummy rows get positions like real
  * decode rows; padded decode gives the eager ids and logits bitwise. */
 static void test_mrope_padded(void **state) {
@@ -1173,6 +1212,7 @@ int main(void) {
         ms_unit_test(test_above_largest_bucket),
         ms_unit_test(test_preplan_refused),
         ms_unit_test(test_prefill_padded_equals_eager),
+        ms_unit_test(test_prefill_max_seq_len),
         ms_unit_test(test_bad_mode),
         ms_unit_test(test_cli_flag),
         ms_unit_test(test_mrope_padded),

@@ -634,6 +634,16 @@ static bool eng_graphs_wanted(const ms_engine *e) {
     return e->opt.graphs == MS_GRAPHS_AUTO && e->be.iface.graph_capture_begin != NULL;
 }
 
+/* [graphs] the largest prefill token bucket kept: max_tokens, and no more than a stream holds
+ * (one request's prefill cannot fill a larger one; dummy 0's pages for a bucket's token tail are
+ * reserved for the largest kept bucket: graph_exec.h) */
+static int32_t eng_graph_max_tokens(const ms_engine *e, const eng_node *nd) {
+    int32_t seq_len = nd->facts.max_context;
+    if (e->opt.max_seq_len > 0 && e->opt.max_seq_len < seq_len)
+        seq_len = e->opt.max_seq_len;
+    return MS_MIN(e->max_tokens, seq_len);
+}
+
 /* [graphs] whether the captured path pre-plans step N+1 while step N replays (graph_exec.h): not
  * with what touches the runner's streams between steps on its own (prefix sealing, the host KV
  * tier, tensor parallelism) */
@@ -678,8 +688,8 @@ static ms_status eng_resources_init(ms_engine *e, eng_node *nd, ms_error *err) {
     }
     /* [graphs] the dummy rows' pages come on top of what real requests were promised */
     if (eng_graphs_wanted(e))
-        pages += ms_graph_exec_dummy_pages(nd->node, e->max_seqs, e->max_tokens, ps,
-                                           eng_preplan_wanted(e));
+        pages += ms_graph_exec_dummy_pages(nd->node, e->max_seqs, eng_graph_max_tokens(e, nd),
+                                           ps, eng_preplan_wanted(e));
     ms_page_arena_config ac = {
         .n_layers = fa->n_layers,
         .n_pages = pages,
@@ -3067,7 +3077,7 @@ static ms_status eng_graphs_init(ms_engine *e, ms_error *err) {
         eng_node *nd = &e->nodes[0];
         ms_graph_exec_config gc = {.mode = e->opt.graphs, .node = nd->node, .be = &e->be,
                                    .runner = nd->runner, .max_rows = e->max_seqs,
-                                   .max_tokens = e->max_tokens,
+                                   .max_tokens = eng_graph_max_tokens(e, nd),
                                    .n_pages = nd->kv_pages, .kv_resource = nd->idx[MS_RESOURCE_KV],
                                    .preplan = eng_preplan_wanted(e)};
         MS_TRY(ms_graph_exec_init(&e->gx, &gc, err));
