@@ -1066,9 +1066,8 @@ static void test_prefill_padded_equals_eager(void **state) {
     assert_int_equal(big, 1);
 }
 
-/* A stream shorter than max_tokens (max_seq_len 40): token buckets above it are dropped (no
- * prefill batch of one request can fill them, and the dummy tail's pages are reserved for the
- * largest kept one only), the rest captured, prefill padded. */
+/* A stream shorter than max_tokens (max_seq_len 40): token buckets above it are dropped (dummy
+ * 0 would carry a tail longer than any request may be), the rest captured, prefill padded. */
 static void test_prefill_max_seq_len(void **state) {
     (void)state;
     ms_engine_options o = ms_engine_options_default();

@@ -634,9 +634,10 @@ static bool eng_graphs_wanted(const ms_engine *e) {
     return e->opt.graphs == MS_GRAPHS_AUTO && e->be.iface.graph_capture_begin != NULL;
 }
 
-/* [graphs] the largest prefill token bucket kept: max_tokens, and no more than a stream holds
- * (one request's prefill cannot fill a larger one; dummy 0's pages for a bucket's token tail are
- * reserved for the largest kept bucket: graph_exec.h) */
+/* [graphs] the largest prefill token bucket kept: max_tokens, and no more than a stream holds:
+ * dummy 0 carries a bucket's token tail as one stream (graph_exec.h), which must stay within
+ * what a request may be (positions inside the context); a batch of several requests above the
+ * stream length runs eager */
 static int32_t eng_graph_max_tokens(const ms_engine *e, const eng_node *nd) {
     int32_t seq_len = nd->facts.max_context;
     if (e->opt.max_seq_len > 0 && e->opt.max_seq_len < seq_len)
