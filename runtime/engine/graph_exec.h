@@ -35,8 +35,9 @@
  *
  * Prefill, per step kind that declares `capture tokens in [...]` (one segment per row, rows of
  * any length, the last token's logits; models/llama.mstar: prefill over [32 .. 2048]):
- *   - buckets are (T tokens, R rows): T every declared token bucket up to the engine's
- *     max_tokens, R each of MS_GRAPH_PREFILL_ROWS (1, 2, 4, 8) up to max_seqs and below T (R < T
+ *   - buckets are (T tokens, R rows): T every declared token bucket up to cfg.max_tokens (the
+ *     engine's max_tokens, capped at the stream length: dummy 0 carries a tail as one stream),
+ *     R each of MS_GRAPH_PREFILL_ROWS (1, 2, 4, 8) up to max_seqs and below T (R < T
  *     keeps a view of two or more tokens, so the batch stays a prefill batch: the same kernel).
  *     A graph bakes in the forward's row counts (T token rows through every layer, R logits
  *     rows), the attention batch's n_tokens / n_seqs, and the prefill attention's grid, so R
@@ -130,7 +131,8 @@ typedef struct ms_graph_exec_config {
     const ms_backend *be;        /* graph entries (AUTO needs all four) */
     ms_step_runner *runner;      /* the node's resources (dummy rows go into each) */
     int32_t max_rows;            /* the engine's max_seqs: buckets above it are dropped */
-    int32_t max_tokens;          /* the engine's max_tokens: token buckets above it are
+    int32_t max_tokens;          /* tokens of the largest prefill batch (the engine: max_tokens,
+                                    at most a stream's length): token buckets above it are
                                     dropped (0: no token buckets) */
     int32_t n_pages;             /* KV pages of the arena (the padding check's page bitmap) */
     int kv_resource;             /* resource index of the KV pool in the runner */
@@ -168,10 +170,12 @@ int32_t ms_graph_exec_dummy_pages(const ms_md_node *node, int32_t max_rows, int3
                                   int32_t page_size, bool preplan);
 
 /*
- * Make the captured path: buckets of every qualifying step, the graph plan (one slot), the dummy
- * rows ingested into the runner. *out = NULL (and MS_OK) when no step qualifies, or in mode AUTO
- * when the backend has no graph entries. Errors: MS_ERR_INVALID_ARG (mode OFF or out of range,
- * bad sizes), MS_ERR_OOM, the resources' ingest errors. Nothing is left allocated on failure.
+ * Make the captured path: buckets of every qualifying step (a token step's (tokens, rows)
+ * pairs), the graph plan (one or two slots), the dummy rows ingested into the runner. *out =
+ * NULL (and MS_OK) when no step qualifies, or in mode AUTO when the backend has no graph
+ * entries. Errors: MS_ERR_INVALID_ARG (mode OFF or out of range, bad sizes, max_tokens < 0),
+ * MS_ERR_OOM, MS_ERR_LIMIT (more buckets than the graph plan holds), the resources' ingest
+ * errors. Nothing is left allocated on failure.
  */
 ms_status ms_graph_exec_init(ms_graph_exec **out, const ms_graph_exec_config *cfg,
                              ms_error *err);
