@@ -68,8 +68,9 @@
  *   - no pre-plan (the next prefill batch is not predictable): a pending decode pre-plan is
  *     refused and dropped by a prefill step;
  *   - capture: eagerly at start-up with the decode buckets (warm-ups largest first, then each
- *     (bucket, slot)). models/llama.mstar at max_tokens 2048, max_seqs >= 8 has 7 token
- *     buckets x 4 row counts = 28 prefill buckets (56 graphs with the pre-plan's two slots).
+ *     (bucket, slot)). models/llama.mstar at max_tokens 2048, max_seqs >= 8 and a context of
+ *     at least 2048 has 7 token buckets x 4 row counts = 28 prefill buckets (56 graphs with
+ *     the pre-plan's two slots).
  *     The warm-ups cost about 4 x (32 + 64 + ... + 2048) = 16k tokens of prefill (about half a
  *     second for an 8B model at 30k tok/s on the H200) and a capture records without running;
  *     the row counts are capped at 8 because a prefill step of more rows is thousands of
