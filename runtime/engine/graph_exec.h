@@ -57,7 +57,9 @@
  *     a real row holds. Padding rows attend only within their own views, and every op of the
  *     forward is row-wise outside attention, so real rows' outputs are those of the unpadded
  *     batch on the CPU (bitwise: tests/test_graph_exec.c) and the graph's are those of the
- *     padded eager step on the GPU (bitwise: tests/test_graphs_cuda.c);
+ *     padded eager step on the GPU (bitwise: tests/test_graphs_cuda.c). Against the unpadded
+ *     eager step on the GPU they are close, not bitwise: cuBLAS picks its kernels by the
+ *     GEMMs' row count (as for padded decode);
  *   - the prefill attention's grid is fixed by (n_tokens, n_seqs) alone: backend_cuda.c
  *     attn_batch_plan launches floor((n_tokens * G + 63 * n_seqs) / 64) tiles (the most any
  *     ragged split of n_tokens over n_seqs views needs), the ones past the real tile list
