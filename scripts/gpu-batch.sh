@@ -212,8 +212,11 @@ if [ -n "${MS_GPU_BUNDLE:-}" ]; then
     echo "libnccl.so.2 from: ${nccl_dir:-not found}" >"$OUT/nccl-where.log"
     step nccl 60 env MS_NCCL_GPU=1 LD_LIBRARY_PATH="${nccl_dir:+$nccl_dir:}$LD_LIBRARY_PATH" "$b/bin/test_nccl"
     step pd-gpu 60 env LD_LIBRARY_PATH="${nccl_dir:+$nccl_dir:}$LD_LIBRARY_PATH" "$b/bin/test_pd_gpu" # [pd]
-    # one prompt: bucket 1 is the batch itself, so generate with graphs == --no-graphs, bitwise
-    gg=(generate --model "$b/fixtures/hf/llama_gqa" --prompt-ids 1,79,64 --max-new-tokens 24
+    # one prompt of 32 tokens: prefill bucket (32 tokens, 1 row) and decode bucket 1 are the batch
+    # itself (no padding rows), so generate with graphs == --no-graphs, bitwise
+    gg=(generate --model "$b/fixtures/hf/llama_gqa"
+        --prompt-ids 1,79,64,5,17,33,2,90,41,7,12,250,3,8,66,101,9,14,27,31,45,60,72,88,99,111,123,130,140,150,160,170
+        --max-new-tokens 24
         --temperature 0 --output ids --tokenizer none --ignore-eos --device cuda)
     {
         g=$("$b/bin/llama/llama" "${gg[@]}" 2>"$OUT/generate-graphs.err")

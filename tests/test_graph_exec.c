@@ -2,14 +2,24 @@
  * test_graph_exec.c - the host side of the captured path (runtime/engine/graph_exec.h) on the
  * CPU backend, where MS_GRAPHS_PADDED takes the leases, padding, staging and checks of a replay
  * and runs the forward eagerly:
- *   - bucket choice from a node's capture declarations (dropped above max_seqs, prefill-by-token
- *     and multi-segment steps refused), dummy pages;
+ *   - bucket choice from a node's capture declarations (batch buckets dropped above max_seqs,
+ *     token buckets above max_tokens, multi-segment steps refused), dummy pages (dummy 0 with a
+ *     prefill tail's pages);
  *   - over a fake step: warm-ups then captures largest first, a failed capture leaves its bucket
  *     out (the next bucket up is leased), a failed warm-up captures nothing, padding to the
  *     bucket with dummy rows after the real ones, eager above the largest bucket and for rows
  *     that are not one-token decode rows, refusals (dummy ids as real rows, too little room);
+ *   - prefill over a fake step: (tokens, rows) buckets warmed up and captured largest first,
+ *     the tightest bucket with room for the padding rows (the next token bucket when the rows
+ *     need it, a larger row count when a capture failed), the dummy tail row and one-token
+ *     padding rows, eager above the largest token bucket, for more rows and explicit
+ *     positions, never a pre-plan;
  *   - the padding check: a padding write address on a real row's page is refused, the sink page
- *     and the dummy rows' own pages are not;
+ *     and the dummy rows' own pages are not (decode- and prefill-shaped plans);
+ *   - prefill on models/llama.mstar (token buckets 32, 64 at max_tokens 100): ragged batches
+ *     padded to (32, 4), (64, 2), (32, 1) give bitwise the logits, ids, prompt logprobs and a
+ *     prefilled request's KV bytes (ms_engine_pd_publish) of the unpadded eager run; 95 tokens
+ *     (above 64) and a prompt-logprobs batch run eager;
  *   - models/llama.mstar on hf/llama_gqa: padded decode (batches between buckets padded to the
  *     next bucket, requests finishing mid-batch so the bucket switches 4 -> 2 -> 1) gives exactly
  *     the ids and the bitwise logits of the unpadded eager run (the CPU backend computes each
@@ -31,6 +41,7 @@
 #include "cli.h"
 #include "engine.h"
 #include "graph_exec.h"
+#include "pd.h"
 #include "sample_res.h"
 
 extern const ms_model_desc ms_llama_desc;
@@ -54,20 +65,34 @@ static void test_buckets(void **state) {
     steps[2] = (ms_md_step){.name = "guided", .n_segments = 2, .labels = {0, 1},
                                  .buckets = {1, 2}, .n_buckets = 2};
     int32_t b[MS_MD_MAX_BUCKETS];
-    assert_false(ms_graph_exec_step_capturable(&node, 0)); /* tokens: not yet */
+    assert_true(ms_graph_exec_step_capturable(&node, 0)); /* by tokens: prefill */
     assert_true(ms_graph_exec_step_capturable(&node, 1));
     assert_false(ms_graph_exec_step_capturable(&node, 2)); /* two segments per row */
     assert_false(ms_graph_exec_step_capturable(&node, 3));
-    assert_int_equal(ms_graph_exec_buckets(&node, 0, 12, b, MS_MD_MAX_BUCKETS), 0);
-    assert_int_equal(ms_graph_exec_buckets(&node, 1, 12, b, MS_MD_MAX_BUCKETS), 4);
+    /* token buckets are kept up to max_tokens, batch buckets up to max_rows */
+    assert_int_equal(ms_graph_exec_buckets(&node, 0, 12, 0, b, MS_MD_MAX_BUCKETS), 0);
+    assert_int_equal(ms_graph_exec_buckets(&node, 0, 12, 40, b, MS_MD_MAX_BUCKETS), 1);
+    assert_int_equal(b[0], 32);
+    assert_int_equal(ms_graph_exec_buckets(&node, 0, 1, 64, b, MS_MD_MAX_BUCKETS), 2);
+    assert_int_equal(b[1], 64);
+    assert_int_equal(ms_graph_exec_buckets(&node, 1, 12, 0, b, MS_MD_MAX_BUCKETS), 4);
     assert_int_equal(b[0], 1);
     assert_int_equal(b[3], 8); /* 16 > max_seqs 12: it could never be filled */
-    assert_int_equal(ms_graph_exec_buckets(&node, 1, 100, b, MS_MD_MAX_BUCKETS), 5);
-    assert_int_equal(ms_graph_exec_dummy_pages(&node, 12, false), 8);
-    assert_int_equal(ms_graph_exec_dummy_pages(&node, 1, false), 1);
-    assert_int_equal(ms_graph_exec_dummy_pages(&node, 12, true), 16); /* two slots */
+    assert_int_equal(ms_graph_exec_buckets(&node, 1, 100, 0, b, MS_MD_MAX_BUCKETS), 5);
+    /* decode only (max_tokens 0): one page per dummy row of the largest bucket */
+    assert_int_equal(ms_graph_exec_dummy_pages(&node, 12, 0, 4, false), 8);
+    assert_int_equal(ms_graph_exec_dummy_pages(&node, 1, 0, 4, false), 1);
+    assert_int_equal(ms_graph_exec_dummy_pages(&node, 12, 0, 4, true), 16); /* two slots */
+    /* with prefill buckets up to 64 tokens: dummy 0 carries the tail, 64 / 4 pages */
+    assert_int_equal(ms_graph_exec_dummy_pages(&node, 12, 64, 4, false), 7 + 16);
+    assert_int_equal(ms_graph_exec_dummy_pages(&node, 12, 64, 4, true), 2 * (7 + 16));
+    assert_int_equal(ms_graph_exec_dummy_pages(&node, 12, 40, 16, false), 7 + 2);
+    assert_int_equal(ms_graph_exec_dummy_pages(&node, 1, 64, 4, false), 16);
     steps[1].all_logits = true;
-    assert_int_equal(ms_graph_exec_dummy_pages(&node, 12, true), 0);
+    assert_int_equal(ms_graph_exec_dummy_pages(&node, 12, 0, 4, true), 0);
+    /* prefill alone: rows 1, 2, 4, 8 of token bucket 64 */
+    assert_int_equal(ms_graph_exec_dummy_pages(&node, 12, 64, 4, false), 7 + 16);
+    assert_int_equal(ms_graph_exec_dummy_pages(&node, 3, 64, 4, false), 1 + 16);
     assert_string_equal(ms_graph_mode_str(MS_GRAPHS_PADDED), "padded");
 }
 
@@ -198,7 +223,8 @@ static void test_pad_and_fallbacks(void **state) {
         assert_int_equal(ms_graph_exec_pad(gx, 1, rows, rids, 1, 12, &gs, &err), MS_OK);
         assert_false(gs.padded);
         rows[0].len[0] = 1;
-        /* the prefill step (token buckets) is not on the captured path */
+        /* the prefill step (token buckets) is not on the captured path: max_tokens 0 keeps
+           none of its buckets */
         assert_int_equal(ms_graph_exec_pad(gx, 0, rows, rids, 1, 12, &gs, &err), MS_OK);
         assert_false(gs.padded);
         /* a real row with a dummy id is refused */
@@ -242,6 +268,205 @@ static void test_pad_and_fallbacks(void **state) {
     ms_backend_free(&be);
 }
 
+/* ---- prefill: (tokens, rows) buckets, the token tail, the choice of bucket ---- */
+
+typedef struct fake_prefill {
+    int32_t n_warm, n_capture;
+    int32_t fail_capture_tok, fail_capture_rows; /* a capture of this bucket fails (0: none) */
+    int32_t order[64][2]; /* (tokens, rows) of the prefill runs, in run order */
+    int32_t n_order;
+} fake_prefill;
+
+static ms_status fake_prefill_step(void *user, const ms_graph_step *gs, ms_md_row *rows,
+                                   ms_rid *rids, ms_error *err) {
+    fake_prefill *f = user;
+    int32_t tok = 0;
+    for (int32_t i = 0; i < gs->n_rows; i++) {
+        assert_true(rids[i] >= MS_RID_DUMMY_BASE);
+        assert_int_equal(rows[i].rid, rids[i]);
+        assert_false(rows[i].sample);
+        if (gs->step == 0 && i > 0)
+            assert_int_equal(rows[i].len[0], 1); /* past the tail row: one token each */
+        tok += rows[i].len[0];
+    }
+    if (gs->step == 0) { /* every row a dummy: the bucket's tokens exactly */
+        assert_int_equal(tok, gs->n_pad_tokens);
+        if (f->n_order < 64) {
+            f->order[f->n_order][0] = tok;
+            f->order[f->n_order][1] = gs->n_rows;
+            f->n_order++;
+        }
+    }
+    if (!gs->capture) {
+        f->n_warm++;
+        return MS_OK;
+    }
+    f->n_capture++;
+    assert_int_equal(gs->lease.bs, gs->n_rows);
+    if (gs->step == 0 && gs->lease.n_tokens == f->fail_capture_tok &&
+        gs->lease.bs == f->fail_capture_rows)
+        return MS_FAIL(err, MS_ERR_INTERNAL, "capture failed on purpose");
+    return MS_OK;
+}
+
+/* Rows of the given token counts (ids 100, 101, ...). */
+static void prefill_rows_of(ms_md_row *rows, ms_rid *rids, const int32_t *lens, int32_t n) {
+    for (int32_t i = 0; i < 12; i++) {
+        memset(&rows[i], 0, sizeof rows[i]);
+        rows[i].rid = rids[i] = (ms_rid)(100 + i);
+        rows[i].len[0] = i < n ? lens[i] : 1;
+        rows[i].sample = true;
+    }
+}
+
+static void test_prefill_pad(void **state) {
+    (void)state;
+    static ms_md_node node;
+    static ms_md_step steps[2];
+    memset(&node, 0, sizeof node);
+    node.n_steps = 2;
+    node.steps = steps;
+    steps[0] = (ms_md_step){.name = "prefill", .n_segments = 1, .capture_by_tokens = true,
+                            .buckets = {32, 64, 128}, .n_buckets = 3};
+    steps[1] = (ms_md_step){.name = "decode", .n_segments = 1, .buckets = {1, 2}, .n_buckets = 2};
+    ms_backend be;
+    ms_error err = {0};
+    assert_int_equal(ms_backend_cpu_init(&be, NULL, &err), MS_OK);
+    ms_sample_res *sr = NULL;
+    assert_int_equal(ms_sample_res_init(&sr, 16, &err), MS_OK);
+    ms_resource_spec spec = {.key = "sampler", .kind = MS_RESOURCE_SAMPLER, .instance = sr,
+                             .iface = ms_sample_res_iface()};
+    ms_step_runner *runner = NULL;
+    assert_int_equal(ms_step_runner_init(&runner, &spec, 1, &err), MS_OK);
+    /* max_tokens 100 drops token bucket 128; max_rows 4 keeps row counts 1, 2, 4 */
+    ms_graph_exec_config gc = {.mode = MS_GRAPHS_PADDED, .node = &node, .be = &be,
+                               .runner = runner, .max_rows = 4, .max_tokens = 100,
+                               .n_pages = 64, .kv_resource = 0};
+    ms_graph_exec *gx = NULL;
+    assert_int_equal(ms_graph_exec_init(&gx, &gc, &err), MS_OK);
+    assert_non_null(gx);
+    ms_md_row rows[12];
+    ms_rid rids[12];
+    fake_prefill f = {.fail_capture_tok = 64, .fail_capture_rows = 2};
+    assert_int_equal(ms_graph_exec_capture(gx, fake_prefill_step, &f, rows, rids, 12, &err),
+                     MS_OK);
+    ms_graph_exec_stats st;
+    ms_graph_exec_get_stats(gx, &st);
+    assert_int_equal(st.n_buckets, 2 + 6);
+    assert_int_equal(st.n_prefill_buckets, 6); /* (32 | 64) x (1 | 2 | 4) */
+    assert_int_equal(st.n_captured, 7);
+    assert_int_equal(st.n_failed, 1);
+    assert_non_null(strstr(st.first_failure, "prefill bucket 64 tokens x 2 rows: capture failed"));
+    /* warm-ups, then captures, largest (tokens, rows) first; a dummy tail fills each bucket */
+    const int32_t want[12][2] = {{64, 4}, {64, 2}, {64, 1}, {32, 4}, {32, 2}, {32, 1},
+                                 {64, 4}, {64, 2}, {64, 1}, {32, 4}, {32, 2}, {32, 1}};
+    assert_int_equal(f.n_order, 12);
+    assert_memory_equal(f.order, want, sizeof want);
+
+    ms_graph_step gs;
+    /* one row of exactly 32 tokens: bucket (32, 1), nothing to pad */
+    const int32_t l32[] = {32};
+    prefill_rows_of(rows, rids, l32, 1);
+    assert_int_equal(ms_graph_exec_pad(gx, 0, rows, rids, 1, 12, &gs, &err), MS_OK);
+    assert_true(gs.padded && gs.leased);
+    assert_int_equal(gs.n_rows, 1);
+    assert_int_equal(gs.lease.n_tokens, 32);
+    assert_int_equal(gs.n_pad_tokens, 0);
+    ms_graph_exec_done(gx, &gs);
+    /* one row of 20: (32, 2), the tail row dummy 0 of the slot with 12 tokens */
+    const int32_t l20[] = {20};
+    prefill_rows_of(rows, rids, l20, 1);
+    assert_int_equal(ms_graph_exec_pad(gx, 0, rows, rids, 1, 12, &gs, &err), MS_OK);
+    assert_true(gs.padded);
+    assert_int_equal(gs.n_rows, 2);
+    assert_int_equal(gs.lease.n_tokens, 32);
+    assert_int_equal(gs.n_pad_tokens, 12);
+    assert_int_equal(rids[0], (ms_rid)100);
+    assert_true(ms_graph_exec_is_dummy(gx, rids[1]));
+    assert_int_equal(rows[1].len[0], 12);
+    assert_false(rows[1].sample);
+    assert_int_equal(rids[2], (ms_rid)102); /* past the bucket: untouched */
+    ms_graph_exec_done(gx, &gs);
+    /* three ragged rows 10 + 5 + 7 = 22: (32, 4), one padding row carrying the 10-token tail */
+    const int32_t l3[] = {10, 5, 7};
+    prefill_rows_of(rows, rids, l3, 3);
+    assert_int_equal(ms_graph_exec_pad(gx, 0, rows, rids, 3, 12, &gs, &err), MS_OK);
+    assert_true(gs.padded);
+    assert_int_equal(gs.n_rows, 4);
+    assert_int_equal(gs.lease.n_tokens, 32);
+    assert_int_equal(rows[3].len[0], 10);
+    assert_int_equal(gs.n_pad_tokens, 10);
+    ms_graph_exec_done(gx, &gs);
+    /* two rows of 31 tokens: (32, 2) needs exactly 32, (32, 4) has room for 1 padding token of
+       the 2 padding rows: the next token bucket, (64, 4), tail 32 - 1 = 31 tokens + 1 */
+    const int32_t l2[] = {30, 1};
+    prefill_rows_of(rows, rids, l2, 2);
+    assert_int_equal(ms_graph_exec_pad(gx, 0, rows, rids, 2, 12, &gs, &err), MS_OK);
+    assert_true(gs.padded);
+    assert_int_equal(gs.n_rows, 4);
+    assert_int_equal(gs.lease.n_tokens, 64);
+    assert_int_equal(rows[2].len[0], 32);
+    assert_int_equal(rows[3].len[0], 1);
+    assert_int_equal(gs.n_pad_tokens, 33);
+    assert_true(ms_graph_exec_is_dummy(gx, rids[2]) && ms_graph_exec_is_dummy(gx, rids[3]));
+    assert_true(rids[2] != rids[3]);
+    ms_graph_exec_done(gx, &gs);
+    /* one row of 40: (64, 2) failed its capture: (64, 4), two padding rows */
+    const int32_t l40[] = {40};
+    prefill_rows_of(rows, rids, l40, 1);
+    assert_int_equal(ms_graph_exec_pad(gx, 0, rows, rids, 1, 12, &gs, &err), MS_OK);
+    assert_true(gs.padded);
+    assert_int_equal(gs.lease.bs, 4);
+    assert_int_equal(gs.lease.n_tokens, 64);
+    assert_int_equal(rows[1].len[0], 22);
+    ms_graph_exec_done(gx, &gs);
+    ms_graph_exec_get_stats(gx, &st);
+    assert_int_equal(st.n_prefill_replays, 5);
+    assert_int_equal(st.n_padding_tokens, 0 + 12 + 10 + 33 + 24);
+    assert_int_equal(st.n_padding_rows, 0 + 1 + 1 + 2 + 3);
+    assert_int_equal(st.last_token_bucket, 64);
+    assert_int_equal(st.n_eager, 0);
+    /* eager, unpadded: 65 tokens (above the largest kept bucket 64: sglang PR #33900), five
+       rows (above the largest row count), a row with explicit positions */
+    const int32_t l65[] = {60, 5};
+    prefill_rows_of(rows, rids, l65, 2);
+    assert_int_equal(ms_graph_exec_pad(gx, 0, rows, rids, 2, 12, &gs, &err), MS_OK);
+    assert_false(gs.padded);
+    assert_int_equal(gs.n_rows, 2);
+    assert_int_equal(gs.n_pad_tokens, 0);
+    assert_int_equal(rids[2], (ms_rid)102);
+    const int32_t l5[] = {1, 2, 3, 4, 5};
+    prefill_rows_of(rows, rids, l5, 5);
+    assert_int_equal(ms_graph_exec_pad(gx, 0, rows, rids, 5, 12, &gs, &err), MS_OK);
+    assert_false(gs.padded);
+    prefill_rows_of(rows, rids, l20, 1);
+    int32_t pos[20] = {0};
+    rows[0].position_ids = pos;
+    assert_int_equal(ms_graph_exec_pad(gx, 0, rows, rids, 1, 12, &gs, &err), MS_OK);
+    assert_false(gs.padded);
+    /* a real row with a dummy id is refused; too little room for the bucket's rows too */
+    prefill_rows_of(rows, rids, l20, 1);
+    rows[0].rid = rids[0] = MS_RID_DUMMY_BASE;
+    assert_int_equal(ms_graph_exec_pad(gx, 0, rows, rids, 1, 12, &gs, &err),
+                     MS_ERR_INVALID_ARG);
+    prefill_rows_of(rows, rids, l3, 3);
+    assert_int_equal(ms_graph_exec_pad(gx, 0, rows, rids, 3, 3, &gs, &err), MS_ERR_INVALID_ARG);
+    ms_graph_exec_get_stats(gx, &st);
+    assert_int_equal(st.n_eager, 3);
+    /* a prefill step is never pre-planned */
+    prefill_rows_of(rows, rids, l20, 1);
+    assert_int_equal(ms_graph_exec_pad(gx, 0, rows, rids, 1, 12, &gs, &err), MS_OK);
+    assert_true(gs.padded);
+    ms_graph_step pgs;
+    assert_int_equal(ms_graph_exec_preplan_pad(gx, &gs, rows, 12, &pgs), MS_OK);
+    assert_false(pgs.preplan);
+    ms_graph_exec_done(gx, &gs);
+    ms_graph_exec_free(gx);
+    ms_step_runner_free(runner);
+    ms_sample_res_free(sr);
+    ms_backend_free(&be);
+}
+
 /* ---- the padding check ---- */
 
 static void test_check_padding(void **state) {
@@ -270,6 +495,28 @@ static void test_check_padding(void **state) {
     assert_int_equal(ms_graph_exec_check_padding(&p, 4, 16, mark, &err), MS_ERR_INVALID_ARG);
     idx[0] = 40; /* outside the arena */
     assert_int_equal(ms_graph_exec_check_padding(&p, 2, 16, mark, &err), MS_ERR_STATE);
+
+    /* a prefill batch padded to 12 tokens: real views of 3 and 2 tokens (pages 2 | 5, 6 of
+       page size 4; view 1 continues at position 6), the tail view of 6 tokens (pages 9, 10)
+       and a one-token padding view (page 11) */
+    int32_t pqo[] = {0, 3, 5, 11, 12}, pkv[] = {0, 1, 3, 5, 6}, pidx[] = {2, 5, 6, 9, 10, 11};
+    int32_t plast[] = {3, 4, 2, 1}, pstart[] = {0, 0, 0, 0};
+    int32_t pt2p[] = {2, 2, 2, 6, 6, 9, 9, 9, 9, 10, 10, 11};
+    int32_t pt2s[] = {0, 1, 2, 2, 3, 0, 1, 2, 3, 0, 1, 0};
+    ms_kv_plan pf = {.n_views = 4, .n_tokens = 12, .qo_indptr = pqo, .kv_indptr = pkv,
+                     .kv_indices = pidx, .kv_last_page_len = plast, .kv_start = pstart,
+                     .token_to_page = pt2p, .token_to_slot = pt2s, .is_decode = false};
+    assert_int_equal(ms_graph_exec_check_padding(&pf, 2, 16, mark, &err), MS_OK);
+    pt2p[8] = 5; /* a tail token writes the page a real view reads */
+    assert_int_equal(ms_graph_exec_check_padding(&pf, 2, 16, mark, &err), MS_ERR_STATE);
+    assert_non_null(strstr(err.msg, "padding token 8 writes page 5"));
+    pt2p[8] = 9;
+    pt2p[11] = 6; /* the one-token padding row writes a real row's write page */
+    assert_int_equal(ms_graph_exec_check_padding(&pf, 2, 16, mark, &err), MS_ERR_STATE);
+    assert_non_null(strstr(err.msg, "padding token 11 writes page 6"));
+    pt2p[11] = MS_SINK_PAGE; /* the sink is every padding row's to write */
+    assert_int_equal(ms_graph_exec_check_padding(&pf, 2, 16, mark, &err), MS_OK);
+    assert_int_equal(mark[0] | mark[1], 0);
 }
 
 /* ---- the engine over models/llama.mstar ---- */
@@ -386,9 +633,12 @@ static void test_padded_equals_eager(void **state) {
     e = open_llama(MS_GRAPHS_PADDED, N_REQ);
     ms_engine_graph_stats(e, &st);
     assert_int_equal(st.mode, MS_GRAPHS_PADDED);
-    assert_int_equal(st.n_buckets, 3);  /* 1, 2, 4 of [1, 2, 4, 8 .. 256] fit max_seqs 4 */
-    assert_int_equal(st.n_slots, 2);    /* the pre-plan's second slot */
-    assert_int_equal(st.n_captured, 6); /* two slots each */
+    /* decode 1, 2, 4 of [1, 2, 4, 8 .. 256] fit max_seqs 4; prefill 32, 64, 128 of
+       [32 .. 2048] fit max_tokens 128, each with 1, 2, 4 rows */
+    assert_int_equal(st.n_buckets, 3 + 9);
+    assert_int_equal(st.n_prefill_buckets, 9);
+    assert_int_equal(st.n_slots, 2);     /* the pre-plan's second slot */
+    assert_int_equal(st.n_captured, 24); /* two slots each */
     assert_int_equal(st.n_failed, 0);
     const int32_t free0 = ms_engine_kv_pages_free(e);
     run_all(e, &padded);
@@ -407,16 +657,17 @@ static void test_padded_equals_eager(void **state) {
     ms_engine_graph_stats(e, &st);
     uint64_t want_pad = 0, want_steps = 0;
     bool saw[5] = {false};
-    for (int32_t s = 1; s < eager.n_steps; s++) { /* step 0 is the prefill (eager) */
+    for (int32_t s = 1; s < eager.n_steps; s++) { /* step 0 is the prefill: 4 rows, eager */
         want_pad += (uint64_t)(next_pow2(eager.n_seqs[s]) - eager.n_seqs[s]);
         want_steps++;
         saw[next_pow2(eager.n_seqs[s])] = true;
     }
     assert_true(saw[4] && saw[2] && saw[1]); /* the bucket switched mid-run */
     assert_true(want_pad > 0);
-    assert_int_equal(st.n_replays, want_steps);
+    assert_int_equal(st.n_replays - st.n_prefill_replays, want_steps);
+    assert_int_equal(st.n_prefill_replays, 0); /* 4 rows, 24 tokens: no row count above 4 */
     assert_int_equal(st.n_padding_rows, want_pad);
-    assert_int_equal(st.n_eager, 0);
+    assert_int_equal(st.n_eager, 1);
     assert_int_equal(st.last_bucket, 1);
     /* a pre-plan after every decode step; taken when the next step has the same rows, refused
        when a request finished in between (the row count drops), the last one dropped when
@@ -466,7 +717,7 @@ static void test_static_write_addresses(void **state) {
     for (int i = 0; i < MS_MAX_RESOURCES && ks == NULL; i++)
         ks = ms_graph_plan_kv_state(gp, i, 0, MS_LABEL_MAIN);
     assert_non_null(ks);
-    assert_int_equal(ks->capacity, 4);  /* the largest bucket's tokens */
+    assert_int_equal(ks->capacity, 128); /* the largest bucket's tokens (prefill's) */
     assert_int_equal(ks->n_tokens, 1);  /* the last step: one real row, bucket 1 */
     assert_true(ks->n_stagings > 0);
     for (int32_t t = ks->n_tokens; t < ks->capacity; t++) {
@@ -507,7 +758,7 @@ static void test_above_largest_bucket(void **state) {
         if (pass == 1) {
             ms_graph_exec_stats st;
             ms_engine_graph_stats(e, &st);
-            assert_int_equal(st.n_buckets, 4);
+            assert_int_equal(st.n_buckets - st.n_prefill_buckets, 4);
             assert_true(st.n_eager >= 1);   /* 10 rows: no bucket (sglang PR #33900) */
             assert_true(st.n_replays >= 1); /* then 8, 6, 4, 2 rows: padded */
         }
@@ -653,6 +904,206 @@ static void test_bad_mode(void **state) {
     assert_non_null(strstr(err.msg, "graphs mode 7"));
 }
 
+/* ---- prefill over token buckets on models/llama.mstar ---- */
+
+/* Requests of the prefill run: prompt length, new ids, the step after which each joins (-1:
+ * from the start), whether it asks prompt logprobs. */
+#define PF_REQ 7
+#define PF_STEPS 64
+static const int32_t pf_len[PF_REQ] = {5, 17, 9, 40, 32, 95, 8};
+static const int32_t pf_new[PF_REQ] = {6, 4, 5, 5, 3, 3, 2};
+static const int32_t pf_join[PF_REQ] = {-1, -1, -1, 2, 5, 8, 11};
+static const bool pf_plp[PF_REQ] = {false, false, false, false, false, false, true};
+
+typedef struct pf_rec {
+    float logits[PF_STEPS][PF_REQ][VOCAB];
+    int32_t n_seqs[PF_STEPS], n_tok[PF_STEPS];
+    int32_t out[PF_REQ][8];
+    uint8_t *kv;      /* request 1's KV pages' bytes (ms_engine_pd_publish after its prefill) */
+    size_t kv_bytes;
+    int32_t kv_tokens; /* its stream length then */
+    float plp[8];     /* request 6's prompt logprobs */
+    int32_t n_steps;
+    ms_graph_exec_stats st;
+} pf_rec;
+
+static void pf_run(ms_graph_mode mode, pf_rec *rec) {
+    memset(rec, 0, sizeof *rec);
+    ms_engine_options o = ms_engine_options_default();
+    o.model_path = ms_test_fixture("hf/llama_gqa");
+    o.page_size = 4;
+    o.max_seqs = 4;
+    o.max_tokens = 100; /* keeps token buckets 32 and 64; row counts 1, 2, 4 */
+    o.n_threads = 2;
+    o.graphs = mode;
+    o.prompt_logprobs_rows = 16;
+    ms_engine *e = NULL;
+    ms_error err = {0};
+    if (ms_engine_init(&e, &ms_llama_desc, &o, &err) != MS_OK)
+        fail_msg("engine init: %s", err.msg);
+    const int32_t free0 = ms_engine_kv_pages_free(e);
+    ms_rid rids[PF_REQ] = {0};
+    bool published = false;
+    for (int32_t s = -1; s < PF_STEPS; s++) {
+        for (int32_t r = 0; r < PF_REQ; r++) {
+            if (pf_join[r] != s)
+                continue;
+            int32_t ids[128];
+            for (int32_t i = 0; i < pf_len[r]; i++)
+                ids[i] = (int32_t)((r * 61 + i * 37 + 3) % VOCAB);
+            ms_sampling_params sp = ms_sampling_greedy();
+            if (r % 2 == 1)
+                sp = (ms_sampling_params){.temperature = 0.9f, .top_k = 0, .top_p = 0.95f,
+                                          .seed = (uint64_t)(7 + r)};
+            ms_engine_request rq = {.prompt = ids, .n_prompt = pf_len[r],
+                                    .max_new_tokens = pf_new[r], .sampling = sp,
+                                    .ignore_eos = true, .prompt_logprobs = pf_plp[r]};
+            assert_int_equal(ms_engine_add(e, &rq, &rids[r], &err), MS_OK);
+        }
+        if (s < 0)
+            continue;
+        bool pending = false;
+        for (int32_t r = 0; r < PF_REQ; r++)
+            pending = pending || pf_join[r] > s;
+        if (ms_engine_n_active(e) == 0 && !pending)
+            break;
+        ms_engine_step_info info;
+        if (ms_engine_step(e, &info, &err) != MS_OK)
+            fail_msg("%s step %d: %s", ms_graph_mode_str(mode), (int)s, err.msg);
+        rec->n_seqs[s] = info.n_seqs;
+        rec->n_tok[s] = info.n_tokens;
+        for (int32_t r = 0; r < PF_REQ; r++) {
+            const float *lg =
+                rids[r] != 0 && !(r == 1 && published) ? ms_engine_last_logits(e, rids[r]) : NULL;
+            for (int v = 0; v < VOCAB; v++)
+                rec->logits[s][r][v] = lg != NULL ? lg[v] : -1.0f;
+        }
+        rec->n_steps = s + 1;
+        /* request 1 was prefilled in the first step (3 ragged rows padded to (32, 4)): its KV
+           pages' bytes, before any decode step writes them again */
+        if (!published) {
+            const int32_t *o1;
+            int32_t n1;
+            assert_int_equal(ms_engine_output(e, rids[1], &o1, &n1, NULL), MS_OK);
+            assert_int_equal(n1, 1);
+            rec->out[1][0] = o1[0];
+            rec->kv_tokens = ms_engine_stream_length(e, rids[1], MS_LABEL_MAIN);
+            ms_pd_record *pr = NULL;
+            if (ms_engine_pd_publish(e, rids[1], &pr, &err) != MS_OK)
+                fail_msg("publish: %s", err.msg);
+            assert_int_equal(pr->payload->n_streams, 1);
+            rec->kv_bytes = (size_t)pr->payload->n_pages[0] * (size_t)pr->payload->n_layers *
+                            pr->payload->page_bytes;
+            rec->kv = malloc(rec->kv_bytes);
+            assert_non_null(rec->kv);
+            memcpy(rec->kv, pr->payload->bytes[0], rec->kv_bytes);
+            ms_pd_record_free(pr);
+            published = true;
+        }
+    }
+    for (int32_t r = 0; r < PF_REQ; r++) {
+        if (r == 1)
+            continue; /* published */
+        const int32_t *ids;
+        int32_t n;
+        assert_int_equal(ms_engine_output(e, rids[r], &ids, &n, NULL), MS_OK);
+        assert_int_equal(n, pf_new[r]);
+        memcpy(rec->out[r], ids, (size_t)n * sizeof(int32_t));
+        if (pf_plp[r]) {
+            const ms_engine_prompt_logprob *lp;
+            int32_t nl;
+            assert_int_equal(ms_engine_prompt_logprobs(e, rids[r], &lp, &nl), MS_OK);
+            assert_int_equal(nl, pf_len[r]);
+            for (int32_t i = 1; i < nl; i++)
+                rec->plp[i] = lp[i].logprob;
+        }
+        ms_engine_remove(e, rids[r]);
+    }
+    assert_int_equal(ms_engine_kv_pages_free(e), free0); /* the dummy rows kept their own */
+    ms_engine_graph_stats(e, &rec->st);
+    ms_engine_free(e);
+}
+
+/* Ragged prefill batches padded to a token bucket (a dummy tail row, one-token padding rows)
+ * give bitwise the logits, ids and KV bytes of the unpadded eager run; a batch above the largest
+ * token bucket, and one asking prompt logprobs, run eager. */
+static void test_prefill_padded_equals_eager(void **state) {
+    (void)state;
+    static pf_rec rec[2];
+    pf_run(MS_GRAPHS_OFF, &rec[0]);
+    pf_run(MS_GRAPHS_PADDED, &rec[1]);
+    const pf_rec *a = &rec[0], *b = &rec[1];
+    assert_int_equal(b->n_steps, a->n_steps);
+    assert_memory_equal(b->n_seqs, a->n_seqs, sizeof a->n_seqs);
+    assert_memory_equal(b->n_tok, a->n_tok, sizeof a->n_tok); /* real tokens, not padding */
+    assert_memory_equal(b->out, a->out, sizeof a->out);
+    assert_memory_equal(b->logits, a->logits, sizeof a->logits);
+    assert_memory_equal(b->plp, a->plp, sizeof a->plp);
+    assert_true(a->kv_tokens == 17 + 0 && a->kv_bytes > 0);
+    assert_int_equal(b->kv_tokens, a->kv_tokens);
+    assert_int_equal(b->kv_bytes, a->kv_bytes);
+    assert_memory_equal(b->kv, a->kv, a->kv_bytes);
+    free(rec[0].kv);
+    free(rec[1].kv);
+    /* the steps: 0 prefill 0-2 (31 tokens, 3 rows: (32, 4)); the prefills of 3 (40 tokens:
+       (64, 2)) and 4 (32 tokens: (32, 1), exact) padded; 5 (95 tokens, above 64) and 6
+       (prompt logprobs) eager */
+    const ms_graph_exec_stats *st = &b->st;
+    assert_int_equal(st->mode, MS_GRAPHS_PADDED);
+    assert_int_equal(st->n_prefill_buckets, 6);
+    assert_int_equal(st->n_buckets, 6 + 3); /* decode 1, 2, 4 */
+    assert_int_equal(st->n_failed, 0);
+    assert_int_equal(st->n_captured, 2 * st->n_buckets);
+    assert_int_equal(st->n_prefill_replays, 3);
+    assert_int_equal(st->n_padding_tokens, (32 - 31) + (64 - 40) + 0);
+    assert_true(st->n_eager >= 1); /* request 5's 95 tokens; request 6 bypasses the path */
+    int32_t n_prefill = 0, big = 0;
+    for (int32_t s = 0; s < a->n_steps; s++) {
+        n_prefill += a->n_tok[s] > a->n_seqs[s];
+        big += a->n_tok[s] == 95;
+    }
+    assert_true(n_prefill >= 4);
+    assert_int_equal(big, 1);
+}
+
+/* A stream shorter than max_tokens (max_seq_len 40): token buckets above it are dropped (dummy
+ * 0 would carry a tail longer than any request may be), the rest captured, prefill padded. */
+static void test_prefill_max_seq_len(void **state) {
+    (void)state;
+    ms_engine_options o = ms_engine_options_default();
+    o.model_path = ms_test_fixture("hf/llama_gqa");
+    o.page_size = 4;
+    o.max_seqs = 4;
+    o.max_tokens = 128;
+    o.max_seq_len = 40;
+    o.n_threads = 2;
+    o.graphs = MS_GRAPHS_PADDED;
+    ms_engine *e = NULL;
+    ms_error err = {0};
+    if (ms_engine_init(&e, &ms_llama_desc, &o, &err) != MS_OK)
+        fail_msg("engine init: %s", err.msg);
+    ms_graph_exec_stats st;
+    ms_engine_graph_stats(e, &st);
+    assert_int_equal(st.n_failed, 0);
+    assert_int_equal(st.n_prefill_buckets, 3); /* 32 tokens x 1, 2, 4 rows */
+    assert_int_equal(st.n_captured, 2 * st.n_buckets);
+    int32_t ids[20];
+    for (int32_t i = 0; i < 20; i++)
+        ids[i] = (int32_t)((i * 13 + 5) % VOCAB);
+    ms_engine_request rq = {.prompt = ids, .n_prompt = 20, .max_new_tokens = 3,
+                            .sampling = ms_sampling_greedy(), .ignore_eos = true};
+    ms_rid rid;
+    assert_int_equal(ms_engine_add(e, &rq, &rid, &err), MS_OK);
+    while (ms_engine_n_active(e) > 0)
+        if (ms_engine_step(e, NULL, &err) != MS_OK)
+            fail_msg("step: %s", err.msg);
+    ms_engine_graph_stats(e, &st);
+    assert_int_equal(st.n_prefill_replays, 1); /* 20 tokens on (32, 2) */
+    assert_int_equal(st.last_token_bucket, 32);
+    ms_engine_remove(e, rid);
+    ms_engine_free(e);
+}
+
 /* M-RoPE (models/qwen2vl.mstar, three position streams): dummy rows get positions like real
  * decode rows; padded decode gives the eager ids and logits bitwise. */
 static void test_mrope_padded(void **state) {
@@ -754,10 +1205,13 @@ int main(void) {
         ms_unit_test(test_buckets),
         ms_unit_test(test_check_padding),
         ms_unit_test(test_pad_and_fallbacks),
+        ms_unit_test(test_prefill_pad),
         ms_unit_test(test_padded_equals_eager),
         ms_unit_test(test_static_write_addresses),
         ms_unit_test(test_above_largest_bucket),
         ms_unit_test(test_preplan_refused),
+        ms_unit_test(test_prefill_padded_equals_eager),
+        ms_unit_test(test_prefill_max_seq_len),
         ms_unit_test(test_bad_mode),
         ms_unit_test(test_cli_flag),
         ms_unit_test(test_mrope_padded),

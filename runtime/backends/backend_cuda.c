@@ -580,6 +580,23 @@ static ms_status cu_attn_batch_plan(void *ctx, ms_attn_batch *batch, const ms_pa
         MS_TRY(ms_kernel_attn_prefill_tiles(h.qo_indptr, batch->n_seqs, G, cb->tile_host,
                                           cb->tile_host + cb->max_tiles, cb->max_tiles, &n_tiles,
                                           err));
+        /* the grid depends on (n_tokens, n_seqs) alone, not on how the tokens split over the
+           views: the most tiles any split needs, sum ceil(q_i G / R) <= (T G + (R - 1) n) / R
+           for R rows a tile. A graph captured for a token bucket then replays any ragged batch
+           of its shape, and eager launches the same grid (graph_exec.h "Prefill"). The tiles
+           past the list start past every view's rows (row_base >= n_tokens * G): they return
+           before reading or writing anything (prefill.cuh). */
+        const int64_t bound =
+            ((int64_t)batch->n_tokens * G + (int64_t)(MS_ATTN_PREFILL_ROWS - 1) * batch->n_seqs) /
+            MS_ATTN_PREFILL_ROWS;
+        const int32_t past = (int32_t)(((int64_t)batch->n_tokens * G + MS_ATTN_PREFILL_ROWS - 1) /
+                                       MS_ATTN_PREFILL_ROWS);
+        const int n_grid = (int)MS_MIN(bound, (int64_t)cb->max_tiles);
+        for (int t = n_tiles; t < n_grid; t++) {
+            cb->tile_host[t] = 0;
+            cb->tile_host[cb->max_tiles + t] = past;
+        }
+        n_tiles = MS_MAX(n_tiles, n_grid);
         MS_CUDA_TRY(err, cudaMemcpyAsync(cb->tile_dev, cb->tile_host,
                                          2 * (size_t)cb->max_tiles * sizeof(int32_t),
                                          cudaMemcpyHostToDevice, c->stream));

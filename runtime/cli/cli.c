@@ -423,11 +423,14 @@ void ms_cli_print_graphs(const struct ms_engine *e, FILE *to) {
     ms_engine_graph_stats(e, &st);
     if (st.mode == MS_GRAPHS_OFF)
         return;
-    /* n_captured counts (bucket, slot) graphs: two slots per bucket with the pre-plan */
-    fprintf(to, "graphs: %d of %d decode buckets captured (%d slot%s each) in %.2f s%s%s\n",
-            (int)(st.n_captured / MS_MAX(st.n_slots, 1)), (int)st.n_buckets, (int)st.n_slots,
-            st.n_slots == 1 ? "" : "s", st.capture_s, st.n_failed > 0 ? "; first failure: " : "",
-            st.first_failure);
+    /* n_captured counts (bucket, slot) graphs: two slots per bucket with the pre-plan; the
+       prefill buckets are (tokens, rows) pairs (graph_exec.h) */
+    fprintf(to, "graphs: %d of %d decode + prefill buckets captured (%d decode, %d prefill; %d "
+            "slot%s each) in %.2f s%s%s\n",
+            (int)(st.n_captured / MS_MAX(st.n_slots, 1)), (int)st.n_buckets,
+            (int)(st.n_buckets - st.n_prefill_buckets), (int)st.n_prefill_buckets,
+            (int)st.n_slots, st.n_slots == 1 ? "" : "s", st.capture_s,
+            st.n_failed > 0 ? "; first failure: " : "", st.first_failure);
 }
 
 /* Returns 0 on success, -1 for --help, else the exit status (message printed). */

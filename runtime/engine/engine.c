@@ -634,6 +634,17 @@ static bool eng_graphs_wanted(const ms_engine *e) {
     return e->opt.graphs == MS_GRAPHS_AUTO && e->be.iface.graph_capture_begin != NULL;
 }
 
+/* [graphs] the largest prefill token bucket kept: max_tokens, and no more than a stream holds:
+ * dummy 0 carries a bucket's token tail as one stream (graph_exec.h), which must stay within
+ * what a request may be (positions inside the context); a batch of several requests above the
+ * stream length runs eager */
+static int32_t eng_graph_max_tokens(const ms_engine *e, const eng_node *nd) {
+    int32_t seq_len = nd->facts.max_context;
+    if (e->opt.max_seq_len > 0 && e->opt.max_seq_len < seq_len)
+        seq_len = e->opt.max_seq_len;
+    return MS_MIN(e->max_tokens, seq_len);
+}
+
 /* [graphs] whether the captured path pre-plans step N+1 while step N replays (graph_exec.h): not
  * with what touches the runner's streams between steps on its own (prefix sealing, the host KV
  * tier, tensor parallelism) */
@@ -678,7 +689,8 @@ static ms_status eng_resources_init(ms_engine *e, eng_node *nd, ms_error *err) {
     }
     /* [graphs] the dummy rows' pages come on top of what real requests were promised */
     if (eng_graphs_wanted(e))
-        pages += ms_graph_exec_dummy_pages(nd->node, e->max_seqs, eng_preplan_wanted(e));
+        pages += ms_graph_exec_dummy_pages(nd->node, e->max_seqs, eng_graph_max_tokens(e, nd),
+                                           ps, eng_preplan_wanted(e));
     ms_page_arena_config ac = {
         .n_layers = fa->n_layers,
         .n_pages = pages,
@@ -2955,7 +2967,13 @@ static ms_status eng_step(ms_engine *e, ms_engine_step_info *info, ms_error *err
             return MS_OK;
         /* [graphs] a batch a captured bucket covers is padded with dummy rows (graph_exec.h; a
            model of several nodes has no graphs: e->gx NULL leaves the batch as it is) */
-        MS_TRY(ms_graph_exec_pad(e->gx, item.step, e->rows, e->rids, n, e->max_seqs, &gs, err));
+        ms_graph_exec *gx = e->gx;
+        for (int32_t j = 0; gx != NULL && sd->capture_by_tokens && j < n; j++)
+            if (e->row_reqs[j]->plp != NULL) { /* prompt logprobs: other logits rows, eager */
+                ms_graph_exec_preplan_drop(gx);
+                gx = NULL;
+            }
+        MS_TRY(ms_graph_exec_pad(gx, item.step, e->rows, e->rids, n, e->max_seqs, &gs, err));
         for (int32_t j = n; j < gs.n_rows; j++)
             e->row_reqs[j] = NULL;
         MS_TRY(sd->run(e->config, e->rows, gs.n_rows, &e->build, err));
@@ -3015,7 +3033,7 @@ static ms_status eng_step(ms_engine *e, ms_engine_step_info *info, ms_error *err
             eng_finish(e, r, MS_FINISH_LENGTH);  /* a walk without a loop ended */
     }
     inf.n_seqs = n;
-    inf.n_tokens = b->n_tokens - (gs.n_rows - gs.n_real); /* [graphs] one token per padding row */
+    inf.n_tokens = b->n_tokens - gs.n_pad_tokens; /* [graphs] the padding rows' tokens */
     if (info != NULL)
         *info = inf;
     return MS_OK;
@@ -3060,6 +3078,7 @@ static ms_status eng_graphs_init(ms_engine *e, ms_error *err) {
         eng_node *nd = &e->nodes[0];
         ms_graph_exec_config gc = {.mode = e->opt.graphs, .node = nd->node, .be = &e->be,
                                    .runner = nd->runner, .max_rows = e->max_seqs,
+                                   .max_tokens = eng_graph_max_tokens(e, nd),
                                    .n_pages = nd->kv_pages, .kv_resource = nd->idx[MS_RESOURCE_KV],
                                    .preplan = eng_preplan_wanted(e)};
         MS_TRY(ms_graph_exec_init(&e->gx, &gc, err));

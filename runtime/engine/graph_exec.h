@@ -33,25 +33,72 @@
  *     parameters: bitwise identical outputs (MS_GRAPHS_PADDED runs that eager path).
  * Sampling runs after the forward, eagerly, over the real rows only.
  *
+ * Prefill, per step kind that declares `capture tokens in [...]` (one segment per row, rows of
+ * any length, the last token's logits; models/llama.mstar: prefill over [32 .. 2048]):
+ *   - buckets are (T tokens, R rows): T every declared token bucket up to cfg.max_tokens (the
+ *     engine's max_tokens, capped at the stream length: dummy 0 carries a tail as one stream),
+ *     R each of MS_GRAPH_PREFILL_ROWS (1, 2, 4, 8) up to max_seqs and below T (R < T
+ *     keeps a view of two or more tokens, so the batch stays a prefill batch: the same kernel).
+ *     A graph bakes in the forward's row counts (T token rows through every layer, R logits
+ *     rows), the attention batch's n_tokens / n_seqs, and the prefill attention's grid, so R
+ *     is fixed by the bucket like T is;
+ *   - a batch of n rows and T_real tokens runs on the tightest captured (T, R), smallest T
+ *     first, with R >= n and room for the padding rows: R == n needs T == T_real, R > n needs
+ *     T - T_real >= R - n. That is the smallest token bucket >= T_real unless the rows need
+ *     more room (then the next one up). Above the largest token bucket, more than 8 rows,
+ *     rows with explicit positions (M-RoPE), or a step whose rows ask prompt logprobs (the
+ *     engine: other logits rows) run eager, unpadded;
+ *   - padding: row n is the slot's dummy 0 with the token tail T - T_real - (R - n - 1),
+ *     rows n+1 .. R-1 are dummies 1 .. R-n-1 with one token each, none sampling. They are
+ *     planned like real rows: the tail's KV goes to dummy 0's own pages (it holds up to
+ *     ceil(T_max / page_size) pages, reserved on top of the arena by
+ *     ms_graph_exec_dummy_pages and kept between steps), every write address past T is the
+ *     sink page, and the same host padding check as decode refuses a padding write on a page
+ *     a real row holds. Padding rows attend only within their own views, and every op of the
+ *     forward is row-wise outside attention, so real rows' outputs are those of the unpadded
+ *     batch on the CPU (bitwise: tests/test_graph_exec.c) and the graph's are those of the
+ *     padded eager step on the GPU (bitwise: tests/test_graphs_cuda.c). Against the unpadded
+ *     eager step on the GPU they are close, not bitwise: cuBLAS picks its kernels by the
+ *     GEMMs' row count (as for padded decode);
+ *   - the prefill attention's grid is fixed by (n_tokens, n_seqs) alone: backend_cuda.c
+ *     attn_batch_plan launches floor((n_tokens * G + 63 * n_seqs) / 64) tiles (the most any
+ *     ragged split of n_tokens over n_seqs views needs), the ones past the real tile list
+ *     pointing past every view's rows, so they return at once and write nothing. Eager steps
+ *     launch the same grid, so graph and eager over the same padded batch are bitwise equal;
+ *   - the token and position uploads (T entries), the attention batch's index arrays and the
+ *     tile list are copied before the replay into the buffers the graph reads, like decode;
+ *   - no pre-plan (the next prefill batch is not predictable): a pending decode pre-plan is
+ *     refused and dropped by a prefill step;
+ *   - capture: eagerly at start-up with the decode buckets (warm-ups largest first, then each
+ *     (bucket, slot)). models/llama.mstar at max_tokens 2048, max_seqs >= 8 and a context of
+ *     at least 2048 has 7 token buckets x 4 row counts = 28 prefill buckets (56 graphs with
+ *     the pre-plan's two slots).
+ *     The warm-ups cost about 4 x (32 + 64 + ... + 2048) = 16k tokens of prefill (about half a
+ *     second for an 8B model at 30k tok/s on the H200) and a capture records without running;
+ *     the row counts are capped at 8 because a prefill step of more rows is thousands of
+ *     tokens in practice, compute-bound, where a graph saves nothing measurable.
+ *
  * Modes (ms_graph_mode): AUTO captures when the backend records graphs (CUDA) and is off
  * otherwise; OFF is the unpadded eager path (`--no-graphs`); PADDED takes the same leases,
  * padding and staging as a replay but runs the forward eagerly on any backend (the CPU tests of
- * the host side, and the eager half of the GPU bitwise tests).
+ * the host side, and the eager half of the GPU bitwise tests); its capture steps run no forward,
+ * as a CUDA capture only records, so both modes leave the same bytes in the dummy rows' pages
+ * (a prefill capture would otherwise write a whole token bucket's tail there).
  *
  * Pre-plan (cfg.preplan, the engine's default with graphs): two slots per bucket; after step
  * N's forward is launched and step N committed, step N+1 over the same rows is admitted,
  * planned, padding-checked and staged into the other slot; it is taken only for the identical
  * batch (ms_graph_plan_preplan_take: lease, rid list, step hash), otherwise refused and undone
  * (protocol below). The engine's step stays synchronous (it copies the logits to the host), so
- * what overlaps the GPU is that host planning of step N+1 while step N's graph runs.
+ * what overlaps the GPU is that host planning of step N+1 while step N's graph runs. Decode
+ * steps only.
  *
- * Not done yet (issue 10 item 1, see runtime/engine/README.md): prefill over token buckets
- * (`capture tokens in [...]` steps run eager). A graph of one needs every launch parameter fixed
- * by the bucket: the prefill attention's tile count (backend_cuda.c cu_attn_batch_plan, from the
- * ragged qo_indptr), the batch's n_tokens / max_q_len (attn_batch_stage, from the plan), the
- * token and position uploads and the forward's row counts; the padding (dummy views and a
- * token tail writing only the sink page, tiles that write nothing) and its CPU counterpart are
- * not written.
+ * Not done yet (issue 10 item 1, see runtime/engine/README.md): capture is eager at start-up,
+ * not lazy per bucket (the lead's H200 run decides whether the prefill buckets keep start-up
+ * under the 5 s of issue 10; MS_GRAPH_PREFILL_ROWS and the declared token buckets are the knobs);
+ * the graphs of the prefill buckets have not run on a GPU yet (tests/test_graphs_cuda.c has
+ * the case; this tree was built without one). Steps of two segments per row (the guided
+ * pair) have no buckets and stay eager.
  *
  * Ownership: ms_graph_exec_init returns an object owned by the caller (ms_graph_exec_free, which
  * frees the graphs and removes the dummy rows). The backend, node and runner are borrowed and
@@ -87,6 +134,9 @@ typedef struct ms_graph_exec_config {
     const ms_backend *be;        /* graph entries (AUTO needs all four) */
     ms_step_runner *runner;      /* the node's resources (dummy rows go into each) */
     int32_t max_rows;            /* the engine's max_seqs: buckets above it are dropped */
+    int32_t max_tokens;          /* tokens of the largest prefill batch (the engine: max_tokens,
+                                    at most a stream's length): token buckets above it are
+                                    dropped (0: no token buckets) */
     int32_t n_pages;             /* KV pages of the arena (the padding check's page bitmap) */
     int kv_resource;             /* resource index of the KV pool in the runner */
     bool preplan;                /* two slots per bucket and the pre-plan of step N+1 while
@@ -95,27 +145,40 @@ typedef struct ms_graph_exec_config {
 
 typedef struct ms_graph_exec ms_graph_exec;
 
+/* Row counts of a prefill (token) bucket: each that is <= max_seqs and below the bucket's
+ * tokens (graph_exec.h, "Prefill"). */
+#define MS_GRAPH_PREFILL_ROWS {1, 2, 4, 8}
+#define MS_GRAPH_PREFILL_N_ROWS 4
+
 /*
- * Whether step k of node qualifies for the captured path: buckets declared by batch (not by
- * tokens), one segment per row, last-token logits only.
+ * Whether step k of node qualifies for the captured path: buckets declared (by batch: decode;
+ * by tokens: prefill), one segment per row, last-token logits only, and for a token step no
+ * explicit positions (`pos explicit`: M-RoPE prefill rows carry ids a dummy row has not).
  */
 bool ms_graph_exec_step_capturable(const ms_md_node *node, int32_t k);
 
-/* The batch buckets of step k kept for max_rows (declared buckets <= max_rows), ascending, into
- * out[cap]; returns their count (0 when the step does not qualify). */
-int32_t ms_graph_exec_buckets(const ms_md_node *node, int32_t k, int32_t max_rows, int32_t *out,
-                              int32_t cap);
+/* The declared buckets of step k that are kept, ascending, into out[cap]: a batch step's sizes
+ * <= max_rows, a token step's token counts <= max_tokens that leave room for one row (>= 2);
+ * returns their count (0 when the step does not qualify). */
+int32_t ms_graph_exec_buckets(const ms_md_node *node, int32_t k, int32_t max_rows,
+                              int32_t max_tokens, int32_t *out, int32_t cap);
 
-/* KV pages the dummy rows hold for (node, max_rows): one per dummy row (slots x largest kept
- * bucket; two slots with preplan, else one); 0 when no step qualifies. The engine adds them to
- * the arena so real requests keep the pages they were promised. */
-int32_t ms_graph_exec_dummy_pages(const ms_md_node *node, int32_t max_rows, bool preplan);
+/* KV pages the dummy rows hold for (node, max_rows, max_tokens, page_size): per slot (two with
+ * preplan, else one) one page per dummy row of the largest kept row count (decode bucket or
+ * prefill row count), and for dummy 0, which carries a prefill step's token tail,
+ * ceil(largest kept token bucket / page_size) pages instead of one; 0 when no step qualifies.
+ * The engine adds them to the arena so real requests keep the pages they were promised.
+ * page_size < 1 is taken as 1. */
+int32_t ms_graph_exec_dummy_pages(const ms_md_node *node, int32_t max_rows, int32_t max_tokens,
+                                  int32_t page_size, bool preplan);
 
 /*
- * Make the captured path: buckets of every qualifying step, the graph plan (one slot), the dummy
- * rows ingested into the runner. *out = NULL (and MS_OK) when no step qualifies, or in mode AUTO
- * when the backend has no graph entries. Errors: MS_ERR_INVALID_ARG (mode OFF or out of range,
- * bad sizes), MS_ERR_OOM, the resources' ingest errors. Nothing is left allocated on failure.
+ * Make the captured path: buckets of every qualifying step (a token step's (tokens, rows)
+ * pairs), the graph plan (one or two slots), the dummy rows ingested into the runner. *out =
+ * NULL (and MS_OK) when no step qualifies, or in mode AUTO when the backend has no graph
+ * entries. Errors: MS_ERR_INVALID_ARG (mode OFF or out of range, bad sizes, max_tokens < 0),
+ * MS_ERR_OOM, MS_ERR_LIMIT (more buckets than the graph plan holds), the resources' ingest
+ * errors. Nothing is left allocated on failure.
  */
 ms_status ms_graph_exec_init(ms_graph_exec **out, const ms_graph_exec_config *cfg,
                              ms_error *err);
@@ -139,15 +202,18 @@ typedef struct ms_graph_step {
     int32_t step;         /* step index in the node */
     int32_t n_real;       /* real rows (first in the row arrays) */
     int32_t n_rows;       /* rows of the step: the bucket when padded, else n_real */
+    int32_t n_pad_tokens; /* tokens of the padding rows (decode: n_rows - n_real; prefill: the
+                             bucket's tokens less the real rows'), 0 when not padded */
     ms_slot_lease lease;
 } ms_graph_step;
 
 /*
  * Before step k is declared over rows[0, n_real) (rids[i] == rows[i].rid): when a captured
  * bucket covers it, append the lease's dummy rows to rows and rids (row arrays of cap entries;
- * a dummy row feeds one token of its label and samples nothing) and fill gs. Otherwise gs says
- * eager (padded false, n_rows = n_real). gx NULL: eager. Errors: MS_ERR_INVALID_ARG (a real
- * rid in the dummy range, cap below the bucket).
+ * a dummy row feeds one token of its label, or for a prefill step the first one the token
+ * tail, and samples nothing) and fill gs. Otherwise gs says eager (padded false, n_rows =
+ * n_real). gx NULL: eager. Errors: MS_ERR_INVALID_ARG (a real rid in the dummy range, cap
+ * below the bucket).
  */
 ms_status ms_graph_exec_pad(ms_graph_exec *gx, int32_t k, ms_md_row *rows, ms_rid *rids,
                             int32_t n_real, int32_t cap, ms_graph_step *gs, ms_error *err);
@@ -246,6 +312,10 @@ typedef struct ms_graph_exec_stats {
     uint64_t n_eager;        /* steps of a qualifying step kind that ran eager, unpadded */
     uint64_t n_padding_rows; /* dummy rows run over all padded steps */
     int32_t last_bucket;     /* bucket rows of the last padded step, 0 none */
+    int32_t n_prefill_buckets;  /* of n_buckets: (tokens, rows) buckets of token steps */
+    uint64_t n_prefill_replays; /* of n_replays: padded prefill steps */
+    uint64_t n_padding_tokens;  /* tokens of the padding rows over all padded prefill steps */
+    int32_t last_token_bucket;  /* bucket tokens of the last padded prefill step, 0 none */
     char first_failure[160]; /* the first capture failure's message, "" none */
     uint64_t n_preplans;        /* pre-plans made (ms_graph_exec_preplan_run succeeded) */
     uint64_t n_preplan_taken;   /* ... taken by the identical next batch */
