@@ -4,7 +4,7 @@
  * CUDA backend keeps quantized (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K), 64 blocks of random
  * bytes (f16 scales set to finite random values; plus one block of edge values: zero, subnormal,
  * negative and large scales), every 32-value unit unit(block, sub, w) must give exactly the
- * float32 bits of the CPU's dequantization, and so must the GEMV's lanes (Q::lane: every value of
+ * float32 bits of the CPU's dequantization, and so must the GEMV's lanes (ms::qlane: every value of
  * the row read by exactly one lane of one 512-value chunk, d q + m rebuilt bit-exactly), whose
  * accumulation as qgemv does it must match the float64 dot product with a random x. Without a GPU this is how CI checks the kernels'
  * formulas, bit layouts and unit indexing; test_quant_cuda checks the same on the device.
@@ -116,7 +116,7 @@ template <typename Q> static void check_type(uint32_t type) {
             }
         }
     /* the GEMV's reading: the blocks as one row of n_blocks * kQK values, walked in 512-value
-     * chunks by 32 lanes (Q::lane): every value covered once, reconstructed bit-exactly, and the
+     * chunks by 32 lanes (ms::qlane): every value covered once, reconstructed bit-exactly, and the
      * lane's sum over an x row (x pre-scaled by 1 / nib_scale, as qgemv does) close to the float64
      * dot product of the CPU's values */
     const int in = n_blocks * Q::kQK;
@@ -131,7 +131,7 @@ template <typename Q> static void check_type(uint32_t type) {
             if (!Q::lane_ok(ch, L, in))
                 continue;
             float v[16], d[2], m[2];
-            Q::lane(b, ch, L, v, d, m);
+            ms::qlane<Q>(b, ch, L, v, d, m);
             for (int j = 0; j < 2; j++) {
                 float t = 0.f, xsum = 0.f;
                 for (int k = 0; k < 8; k++) {

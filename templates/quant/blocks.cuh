@@ -232,6 +232,18 @@ template <int OFF> __device__ __forceinline__ void nibbles16(unsigned w0, unsign
 struct qraw {
     unsigned u[8];
 };
+/* A Q4_K / Q5_K GEMV lane's two sub-blocks 2 k and 2 k + 1: their scales d and offsets m (= -dmin
+ * m_j, so that w = d q + m) from the header held in r.u[0..3]. */
+__device__ __forceinline__ void pair_scales_k(const qraw &r, int k, float (&d)[2], float (&m)[2]) {
+    uint4 h;
+    h.x = r.u[0], h.y = r.u[1], h.z = r.u[2], h.w = r.u[3];
+    float m0, m1;
+    scale_min_k_u4(h, 2 * k, d[0], m0);
+    scale_min_k_u4(h, 2 * k + 1, d[1], m1);
+    m[0] = -m0;
+    m[1] = -m1;
+}
+
 /* Byte k (0..7) of the 8 bytes held in two little-endian words. */
 __device__ __forceinline__ unsigned byte8(unsigned w0, unsigned w1, int k) {
     return ((k < 4 ? w0 : w1) >> (8 * (k & 3))) & 0xffu;
@@ -248,8 +260,9 @@ __device__ __forceinline__ unsigned ld_u32_a2(const unsigned char *p) { return l
  *
  * The GEMV's reading (qmatmul.cuh qgemv): a row is walked in chunks of 512 values, one warp per
  * chunk; lane L takes 16 of them, two runs of 8 consecutive values at chunk offsets run0(L) and
- * run0(L) + kRun1 (the 32 lanes cover the chunk once). lane(row, ch, L, v, d, m) gives, for run
- * j and k < 8, w[run0 + j kRun1 + k] = d[j] * q + m[j] with q = v[8 j + k] / xs(8 j + k): v holds
+ * run0(L) + kRun1 (the 32 lanes cover the chunk once). qlane<Q>(row, ch, L, v, d, m) (Q::load,
+ * then Q::decode) gives, for run j and k < 8, w[run0 + j kRun1 + k] = d[j] * q + m[j] with
+ * q = v[8 j + k] / nib_scale(8 j + k) (or v itself where kNibScaled is false): v holds
  * exact small-integer floats (times nib_scale where kNibScaled, so that no value needs a shift),
  * d and m the run's scale and offset (m = 0 where the type has none: kMin false). Reconstructed
  * in that order the value is bit-identical to unit's (tests/test_quant_blocks.cpp), and the GEMV
@@ -286,12 +299,6 @@ struct q4_0 {
         d[0] = d[1] = quant::f16_bits(r.u[2]);
         m[0] = m[1] = 0.0f;
     }
-    static __device__ __forceinline__ void lane(const unsigned char *row, int ch, int L, float (&v)[16],
-                                                float (&d)[2], float (&m)[2]) {
-        quant::qraw r;
-        load(row, ch, L, r);
-        decode(r, L, v, d, m);
-    }
 };
 
 /// block_q4_1: f16 d, f16 m; 16 bytes of 4-bit q; w = q d + m. GEMV lane as Q4_0's.
@@ -322,12 +329,6 @@ struct q4_1 {
         quant::nibbles16<0>(r.u[0], r.u[1], v);
         d[0] = d[1] = quant::f16_bits(r.u[2] & 0xffffu);
         m[0] = m[1] = quant::f16_bits(r.u[2] >> 16);
-    }
-    static __device__ __forceinline__ void lane(const unsigned char *row, int ch, int L, float (&v)[16],
-                                                float (&d)[2], float (&m)[2]) {
-        quant::qraw r;
-        load(row, ch, L, r);
-        decode(r, L, v, d, m);
     }
 };
 
@@ -371,12 +372,6 @@ struct q5_0 {
         d[0] = d[1] = quant::f16_bits(r.u[3]);
         m[0] = m[1] = 0.0f;
     }
-    static __device__ __forceinline__ void lane(const unsigned char *row, int ch, int L, float (&v)[16],
-                                                float (&d)[2], float (&m)[2]) {
-        quant::qraw r;
-        load(row, ch, L, r);
-        decode(r, L, v, d, m);
-    }
 };
 
 /// block_q8_0: f16 d; 32 int8 q; w = q d. GEMV lane: unit L / 2, values 16 (L % 2) .. + 16 (two
@@ -415,12 +410,6 @@ struct q8_0 {
         d[0] = d[1] = quant::f16_bits(r.u[4]);
         m[0] = m[1] = 0.0f;
     }
-    static __device__ __forceinline__ void lane(const unsigned char *row, int ch, int L, float (&v)[16],
-                                                float (&d)[2], float (&m)[2]) {
-        quant::qraw r;
-        load(row, ch, L, r);
-        decode(r, L, v, d, m);
-    }
 };
 
 /// block_q4_K: f16 d, f16 dmin, 12 bytes of 6-bit scales/mins, 128 bytes of 4-bit q; sub-block s
@@ -453,19 +442,7 @@ struct q4_k {
                                                   float (&m)[2]) {
         const int k = (L >> 2) & 3;
         quant::nibbles16<0>(r.u[4], r.u[5], v);
-        uint4 h;
-        h.x = r.u[0], h.y = r.u[1], h.z = r.u[2], h.w = r.u[3];
-        float m0, m1;
-        quant::scale_min_k_u4(h, 2 * k, d[0], m0);
-        quant::scale_min_k_u4(h, 2 * k + 1, d[1], m1);
-        m[0] = -m0;
-        m[1] = -m1;
-    }
-    static __device__ __forceinline__ void lane(const unsigned char *row, int ch, int L, float (&v)[16],
-                                                float (&d)[2], float (&m)[2]) {
-        quant::qraw r;
-        load(row, ch, L, r);
-        decode(r, L, v, d, m);
+        quant::pair_scales_k(r, k, d, m);
     }
 };
 
@@ -508,19 +485,7 @@ struct q5_k {
             v[i] = quant::as_float(0x4B000000u | (ql & 0x0Fu) | (((qh >> (2 * k)) & 1u) << 4)) - 8388608.0f;
             v[8 + i] = quant::as_float(0x4B000000u | (ql >> 4) | (((qh >> (2 * k + 1)) & 1u) << 4)) - 8388608.0f;
         }
-        uint4 h;
-        h.x = r.u[0], h.y = r.u[1], h.z = r.u[2], h.w = r.u[3];
-        float m0, m1;
-        quant::scale_min_k_u4(h, 2 * k, d[0], m0);
-        quant::scale_min_k_u4(h, 2 * k + 1, d[1], m1);
-        m[0] = -m0;
-        m[1] = -m1;
-    }
-    static __device__ __forceinline__ void lane(const unsigned char *row, int ch, int L, float (&v)[16],
-                                                float (&d)[2], float (&m)[2]) {
-        quant::qraw r;
-        load(row, ch, L, r);
-        decode(r, L, v, d, m);
+        quant::pair_scales_k(r, k, d, m);
     }
 };
 
@@ -580,12 +545,15 @@ struct q6_k {
         d[1] = quant::mul_rn(dd, quant::i2f((signed char)((r.u[5] >> sh) & 0xffu)));
         m[0] = m[1] = 0.0f;
     }
-    static __device__ __forceinline__ void lane(const unsigned char *row, int ch, int L, float (&v)[16],
-                                                float (&d)[2], float (&m)[2]) {
-        quant::qraw r;
-        load(row, ch, L, r);
-        decode(r, L, v, d, m);
-    }
 };
+
+/// One GEMV lane's values of one row (the block comment above): Q::load, then Q::decode.
+template <typename Q>
+__device__ __forceinline__ void qlane(const unsigned char *row, int ch, int L, float (&v)[16], float (&d)[2],
+                                      float (&m)[2]) {
+    quant::qraw r;
+    Q::load(row, ch, L, r);
+    Q::decode(r, L, v, d, m);
+}
 
 } // namespace ms

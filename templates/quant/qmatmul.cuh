@@ -14,7 +14,7 @@
  * its weight bytes holds, e.g. the low and high nibbles of 8 Q4_0 bytes). Its x loads (float4)
  * are kept in registers for all R rows, pre-multiplied by the exact power of 2 that lets the
  * weights be read without shifts (quant::nibbles16); per row the lane turns its bytes into exact
- * small-integer floats (Q::lane: an AND-OR and an FADD per value, no I2F, which is quarter-rate on
+ * small-integer floats (Q::load then Q::decode: an AND-OR and an FADD per value, no I2F, which is quarter-rate on
  * sm_90) and accumulates d * sum(q x) + m * sum(x) per run in fp32. Partial sums are reduced with
  * warp shuffles and one shared-memory pass in a fixed order (deterministic).
  *
