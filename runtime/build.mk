@@ -46,6 +46,7 @@ RUNTIME_SRCS += runtime/engine/engine.c
 RUNTIME_SRCS += runtime/engine/engine_fork.c
 RUNTIME_SRCS += runtime/engine/engine_plp.c
 RUNTIME_SRCS += runtime/engine/engine_pd.c
+RUNTIME_SRCS += runtime/engine/engine_tp.c
 RUNTIME_SRCS += runtime/engine/tp.c
 RUNTIME_SRCS += runtime/engine/graph_exec.c
 RUNTIME_SRCS += runtime/cli/cli.c

@@ -285,4 +285,30 @@ int32_t eng_plp_rows(ms_engine *e, int32_t n_seg);
  * their logits reached e->logits_host (before penalties or CFG mixing touch the rows). */
 void eng_plp_collect(ms_engine *e, int32_t n_seg);
 
+/* engine.c: true when device "auto" resolves to cuda (a CUDA build with a usable GPU). */
+bool eng_cuda_usable(void);
+
+/* engine.c: ms_engine_init of one engine (no [tp] group); shared_ck: the checkpoint a [tp] group
+ * opened once (borrowed), NULL: open opt->model_path's. *out gets the engine (caller frees it with
+ * ms_engine_free), NULL on failure. Errors: ms_engine_init's. */
+ms_status eng_init(ms_engine **out, const ms_model_desc *desc, const ms_engine_options *opt,
+                   ms_ckpt *shared_ck, ms_error *err);
+
+/* engine.c: ms_engine_remove on this engine alone (no [tp] dispatch); an unknown rid: no-op. */
+void eng_remove(ms_engine *e, ms_rid rid);
+
+/* engine.c: ms_engine_step on this engine alone (no [tp] dispatch); info (may be NULL) gets the
+ * step's rows and tokens. Errors: ms_engine_step's. */
+ms_status eng_step(ms_engine *e, ms_engine_step_info *info, ms_error *err);
+
+/* engine_tp.c [tp]: start the group of options.tp ranks (rank 0's engine in *out, the caller
+ * frees it with ms_engine_free, which stops the group). Errors: the probe's, the checkpoint's,
+ * any rank's init. */
+ms_status eng_tp_init(ms_engine **out, const ms_model_desc *desc, const ms_engine_options *opt,
+                      ms_error *err);
+
+/* engine_tp.c [tp]: check every node's KV allocation against the other ranks' (tp_check.h);
+ * `when` names the moment in the error. MS_ERR_STATE when they differ. */
+ms_status eng_tp_check(ms_engine *e, const char *when, ms_error *err);
+
 #endif /* MS_ENGINE_IMPL_H */
