@@ -311,4 +311,36 @@ ms_status eng_tp_init(ms_engine **out, const ms_model_desc *desc, const ms_engin
  * `when` names the moment in the error. MS_ERR_STATE when they differ. */
 ms_status eng_tp_check(ms_engine *e, const char *when, ms_error *err);
 
+/* engine_kv.c [kv pressure]: *pages gets node nd's device KV pages of page size ps for
+ * options.gpu_memory_fraction (the free device memory after the weights, less the (1 - F) of the
+ * total kept free, split evenly over the nodes). MS_ERR_UNSUPPORTED off cuda, MS_ERR_CAPACITY
+ * when nothing is left. */
+ms_status eng_kv_pages_from_fraction(ms_engine *e, const eng_node *nd, int32_t ps,
+                                     int32_t *pages, ms_error *err);
+
+/* engine_kv.c [kv pressure]: node nd's offload tier (nd->host_arena, owned by the node):
+ * options.host_kv_pages usable pages of the device arena's geometry `dev`, pinned on cuda;
+ * host_kv_pages 0: none. Errors: the host device's or the arena's. */
+ms_status eng_host_arena_init(ms_engine *e, eng_node *nd, const ms_page_arena_config *dev,
+                              ms_error *err);
+
+/* engine_kv.c [kv pressure]: refuse at add (MS_ERR_CAPACITY, naming kv_pages) a request of
+ * n_streams streams that no node's arena could hold alone. */
+ms_status eng_kv_check_fits(const ms_engine *e, const ms_engine_request *rq, int32_t n_streams,
+                            ms_error *err);
+
+/* engine_kv.c [kv pressure]: true when a step must leave r out (offloaded, waiting for pages in
+ * this engine step, or a fresh prefill while some request waits to come back). */
+bool eng_kv_skip(const ms_engine *e, const eng_req *r);
+
+/* engine_kv.c [kv pressure]: at a step's start, bring offloaded requests back, oldest first, while
+ * the free pages cover them plus one per running decode. Errors: the transfer's. */
+ms_status eng_kv_reload(ms_engine *e, ms_error *err);
+
+/* engine_kv.c [kv pressure]: a step's admit of `item` over n rows came out page-short for
+ * e->short_rid on node nd: make room (wait, offload or recompute-preempt a victim); the caller
+ * builds the rows again. MS_ERR_CAPACITY when nothing can give pages. */
+ms_status eng_kv_make_room(ms_engine *e, eng_node *nd, ms_md_walk_item item, int32_t n,
+                           ms_error *err);
+
 #endif /* MS_ENGINE_IMPL_H */
