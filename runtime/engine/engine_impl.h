@@ -265,7 +265,8 @@ eng_req *eng_find_req(const ms_engine *e, ms_rid rid, size_t *at);
 ms_status eng_add(ms_engine *e, const ms_engine_request *rq, ms_rid fork_of, ms_rid *rid,
                   ms_error *err);
 
-/* engine.c [prefix]: adopt the prefix cache's sealed pages for r's streams (no-op when off). */
+/* engine_prefix.c [prefix]: adopt the prefix cache's sealed pages for r's streams (no-op when
+ * off). */
 void eng_prefix_adopt(ms_engine *e, eng_req *r);
 
 /* engine_fork.c [fork]: fork every request waiting for `parent` whose KV is ready (called after
@@ -342,5 +343,15 @@ ms_status eng_kv_reload(ms_engine *e, ms_error *err);
  * builds the rows again. MS_ERR_CAPACITY when nothing can give pages. */
 ms_status eng_kv_make_room(ms_engine *e, eng_node *nd, ms_md_walk_item item, int32_t n,
                            ms_error *err);
+
+/* engine_prefix.c [prefix]: make e->pcache and e->proot when options.prefix_cache is on and the
+ * model has one node with a KV pool, no cross context and pages of at most 256 ids (else nothing:
+ * off). Errors: the root key's, the cache's allocation. */
+ms_status eng_prefix_init(ms_engine *e, ms_error *err);
+
+/* engine_prefix.c [prefix]: list r's newly full pages (committed by the step just run) in the
+ * prefix cache, each under the key chained over prompt ++ output ids (no-op when off, r NULL or
+ * r->no_seal; a stream the window cut sets r->no_seal). */
+void eng_prefix_seal(ms_engine *e, eng_req *r);
 
 #endif /* MS_ENGINE_IMPL_H */
