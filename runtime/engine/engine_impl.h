@@ -354,4 +354,31 @@ ms_status eng_prefix_init(ms_engine *e, ms_error *err);
  * r->no_seal; a stream the window cut sets r->no_seal). */
 void eng_prefix_seal(ms_engine *e, eng_req *r);
 
+/* engine_scratch.c [scratch]: true when node nd has a scratch resource (a code predictor). */
+bool eng_scratch_node(const eng_node *nd);
+
+/* engine_scratch.c [scratch]: node nd's runner over its scratch KV alone (nd->runner, nd->scratch,
+ * nd->kv viewing its buffer, nd->attn.batch). MS_ERR_UNSUPPORTED for another resource beside the
+ * scratch or a rope that is not the model's RoPE table, MS_ERR_FORMAT for no scratch rows. */
+ms_status eng_scratch_init(ms_engine *e, eng_node *nd, ms_error *err);
+
+/* engine_scratch.c [scratch]: one step of scratch node nd over e->rows[0 .. n) (declared in
+ * e->build, the rows staged in e->input_dev; spans[i] tokens of request i): admit, plan, forward
+ * into e->hidden_dev [n_tokens, width], commit. A failure after admit abandons the step. */
+ms_status eng_run_scratch(ms_engine *e, eng_node *nd, const ms_md_step *sd, int32_t n,
+                          const int32_t *spans, ms_error *err);
+
+/* engine.c [inputs_embeds] [codes] [scratch]: one step `step_name` of node `node` over requests
+ * rids[0 .. n) (spans[i] tokens each) reading the caller's int32 `codes` [sum(spans), width] when
+ * not NULL, else its f32 `rows` [sum(spans), width], and for a scratch node reading ids besides its
+ * rows `row_codes`
+ * [sum(spans), row_groups] (else NULL, 0). *logits (engine-owned, valid until the next step),
+ * *hidden (may be NULL; required for a scratch node) and *picked (NULL: no picking) get the
+ * step's results. Errors name the node and step: unknown, not reading such input, bad widths. */
+ms_status eng_run_input(ms_engine *e, const char *node, const char *step_name, const ms_rid *rids,
+                        const int32_t *spans, int32_t n, const float *rows, const int32_t *codes,
+                        int64_t width, const int32_t *row_codes, int64_t row_groups,
+                        const float **logits, const float **hidden, const int32_t **picked,
+                        ms_error *err);
+
 #endif /* MS_ENGINE_IMPL_H */
