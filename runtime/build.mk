@@ -50,6 +50,7 @@ RUNTIME_SRCS += runtime/engine/engine_tp.c
 RUNTIME_SRCS += runtime/engine/engine_kv.c
 RUNTIME_SRCS += runtime/engine/engine_prefix.c
 RUNTIME_SRCS += runtime/engine/engine_scratch.c
+RUNTIME_SRCS += runtime/engine/engine_dense.c
 RUNTIME_SRCS += runtime/engine/tp.c
 RUNTIME_SRCS += runtime/engine/graph_exec.c
 RUNTIME_SRCS += runtime/cli/cli.c

@@ -381,4 +381,24 @@ ms_status eng_run_input(ms_engine *e, const char *node, const char *step_name, c
                         const float **logits, const float **hidden, const int32_t **picked,
                         ms_error *err);
 
+/* engine_dense.c [encoder]: true when node d has neither a kv_pool nor a scratch (a dense node:
+ * its attention reads the step's own K/V rows). */
+bool eng_node_is_dense(const ms_md_node *d);
+
+/* engine_dense.c [encoder]: set up dense node nd (no arena, pool or runner; nd->dense_batch
+ * backend-owned, nd->max_windows windows a step). MS_ERR_UNSUPPORTED for a node the engine cannot
+ * run as an encoder, MS_ERR_FORMAT / MS_ERR_INVALID_ARG for its facts / options.encode_windows. */
+ms_status eng_dense_init(ms_engine *e, eng_node *nd, ms_error *err);
+
+/* engine_dense.c [encoder]: the streams ms_walk_n_streams counts at the dense nodes of walk w
+ * (their step's labels, once per node); they hold nothing, so no slot of max_seqs. */
+int32_t eng_walk_dense_streams(const ms_engine *e, int32_t w);
+
+/* engine_dense.c [encoder]: the engine step at dense node nd's `item`: the requests standing
+ * there (up to nd->max_windows) encoded in ONE forward, their rows the next node's context
+ * prompt, their walks moved on; info (may be NULL) gets the rows and tokens. MS_ERR_OOM for the
+ * context rows, else the forward's errors. */
+ms_status eng_step_encode(ms_engine *e, eng_node *nd, ms_md_walk_item item,
+                          ms_engine_step_info *info, ms_error *err);
+
 #endif /* MS_ENGINE_IMPL_H */
