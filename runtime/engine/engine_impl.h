@@ -1,7 +1,9 @@
 /*
  * engine_impl.h - the engine's private definitions, shared by the files that implement engine.h:
- * engine.c, engine_fork.c ([fork]), engine_plp.c ([prompt logprobs]) and engine_pd.c ([pd]). Not
- * a public header: nothing outside runtime/engine/engine*.c includes it; engine.h is the API.
+ * engine.c, engine_dense.c ([encoder]), engine_scratch.c ([scratch]), engine_prefix.c ([prefix]),
+ * engine_kv.c ([kv pressure]), engine_tp.c ([tp]), engine_fork.c ([fork]), engine_plp.c
+ * ([prompt logprobs]) and engine_pd.c ([pd]). Not a public header: nothing outside
+ * runtime/engine/engine*.c includes it; engine.h is the API.
  *
  * It holds the request (eng_req), the node (eng_node) and the engine (struct ms_engine), and the
  * prototypes of the internal functions more than one of those files calls. Ownership and units
