@@ -23,7 +23,7 @@
  *     [vocab, hidden]) is vocabulary-parallel: rank r keeps rows [r*ceil(V/N), ...) only (a view
  *     of the replicated embedding when tied). Slices are views into the mmap'd checkpoint, so a
  *     rank reads (and stores) only its part: weight bytes per rank ~1/N (plus the replicated
- *     embedding and norms). The checkpoint is opened once for the group (engine.c) and read by
+ *     embedding and norms). The checkpoint is opened once for the group (engine_tp.c) and read by
  *     every rank (a GGUF is dequantized once).
  *   - ops: the backend's linear is hooked (ms_tp_rank_attach): a row-parallel weight's output
  *     is all-reduced (sum; its bias added on rank 0 only), the vocabulary-parallel head's local
