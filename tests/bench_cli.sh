@@ -59,9 +59,9 @@ else
     ok "bench --batch 1,2 --prefill 1x8,2x4 runs (exit 0, no sanitizer report)"
 fi
 
-# decode table: header, rule, one row per batch size in order, 7 columns, figures positive
-hdr='| batch | prompt | new | decode tok/s | ms/token | limit tok/s | fraction |'
-if grep -qxF -- "$hdr" "$tmp/out" && grep -A1 -xF -- "$hdr" "$tmp/out" | tail -1 | grep -qx '|---|---|---|---|---|---|---|'; then
+# decode table: header, rule, one row per batch size in order, 8 columns, figures positive
+hdr='| batch | prompt | new | decode tok/s | ms/token | limit tok/s | fraction | e2e tok/s |'
+if grep -qxF -- "$hdr" "$tmp/out" && grep -A1 -xF -- "$hdr" "$tmp/out" | tail -1 | grep -qx '|---|---|---|---|---|---|---|---|'; then
     ok "decode table header and rule"
 else
     bad "decode table header" "$(head -c 600 "$tmp/out")"
@@ -70,12 +70,12 @@ rows=$(grep -A3 -xF -- "$hdr" "$tmp/out" | tail -n +3 | grep '^| [0-9]')
 want_b=(1 2)
 n=0
 row_ok=1
-while IFS='|' read -r _ b p nw tps ms lim frac _; do
-    b=${b// /} p=${p// /} nw=${nw// /} tps=${tps// /} ms=${ms// /} lim=${lim// /} frac=${frac// /}
+while IFS='|' read -r _ b p nw tps ms lim frac e2e _; do
+    b=${b// /} p=${p// /} nw=${nw// /} tps=${tps// /} ms=${ms// /} lim=${lim// /} frac=${frac// /} e2e=${e2e// /}
     if [ "$b" != "${want_b[$n]:-x}" ] || [ "$p" != 8 ] || [ "$nw" != 4 ]; then
         row_ok=0
     fi
-    for x in "$tps" "$ms" "$lim" "${frac%\%}"; do
+    for x in "$tps" "$ms" "$lim" "${frac%\%}" "$e2e"; do
         positive_finite "$x" || row_ok=0
     done
     n=$((n + 1))
@@ -125,6 +125,7 @@ if jq -e '
     .device == "cpu" and .runs == 2 and .warmup == 1 and .weight_bytes > 0 and .copy_gbps > 0
     and ([.decode[].batch] == [1, 2]) and ([.decode[].prompt] == [8, 8]) and ([.decode[].new] == [4, 4])
     and all(.decode[]; .tok_s > 0 and .ms_per_token > 0 and .limit_tok_s > 0 and .fraction > 0
+            and .e2e_tok_s > 0
             and (.runs_tok_s | length == 2 and all(.[]; . > 0))
             and ((.fraction - .tok_s / .limit_tok_s) | fabs) < 1e-9)
     and ([.prefill[] | "\(.batch)x\(.len)"] == ["1x8", "2x4"])
