@@ -58,12 +58,16 @@ if [ ! -f "$ckpt/config.json" ]; then
         >"$out/mkckpt-serve.log" 2>&1 || die "mstar-mkckpt failed (see $out/mkckpt-serve.log)"
 fi
 # the offline reference: the same batches, prompt and output lengths, one timed run after one
-# warm-up (the device passed by MS_BS_ARGS, cuda by default)
+# warm-up, on the --device and --dtype that MS_BS_ARGS gives serve (cuda and the checkpoint's
+# dtype by default)
 declare -A offline
 if [ "${MS_BS_OFFLINE:-1}" != 0 ]; then
-    dev=cuda
-    [[ " ${MS_BS_ARGS:-} " == *" --device cpu "* ]] && dev=cpu
-    if "$build/llama/llama" bench --model "$ckpt" --device "$dev" --batch "$(tr -s ' ' , <<<"$levels")" \
+    off_args=(--device cuda)
+    read -r -a sargs <<<"${MS_BS_ARGS:-}"
+    for ((i = 0; i + 1 < ${#sargs[@]}; i++)); do
+        case ${sargs[i]} in --device | --dtype) off_args+=("${sargs[i]}" "${sargs[i + 1]}") ;; esac
+    done
+    if "$build/llama/llama" bench --model "$ckpt" "${off_args[@]}" --batch "$(tr -s ' ' , <<<"$levels")" \
         --prompt-len "$plen" --new-tokens "$olen" --prefill none --runs 1 --warmup 1 --seed 1 \
         --json "$out/bench-offline.json" >"$out/bench-offline.log" 2>&1; then
         cat "$out/bench-offline.log"
