@@ -12,15 +12,25 @@
  * may run during the previous launch's tail, as it runs during the rope/KV-write kernel before
  * it in a model's layer (that kernel is shorter than an attention launch, so the overlap it
  * leaves is smaller). The output is poisoned before and checked for NaN after.
- * Prints one table; exit status 0 when every case ran.
+ *
+ * Then (or alone: `bench_kernels qgemv`; `bench_kernels attn` runs the attention table only) the
+ * quantized GEMV of backend_cuda_quant.h at the Llama-3.1-8B decode shapes (fused qkv 6144 x 4096,
+ * o 4096 x 4096, fused gate/up 28672 x 4096, down 4096 x 14336) for Q4_0, Q4_K, Q8_0 and Q6_K at
+ * 1 and 8 x rows: random blocks (valid f16 scales) in the kernels' planar rows, as
+ * many copies of the weight as make a working set of 256 MB, 3 warm-up rounds and the median of
+ * 15, weight bytes read per launch / time as a fraction of copy bandwidth.
+ * Prints one table per part; exit status 0 when every case ran.
  */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 
+#include "backend_cuda_quant.h"
 #include "cuda_ops.h"
+#include "gguf_quant.h"
 
 #define CK(expr)                                                                              \
     do {                                                                                      \
@@ -247,7 +257,80 @@ static int bench_decode(int arch, int n_sms, double copy_bw, int batch, int ctx,
     return nan ? 1 : 0;
 }
 
-int main(void) {
+/* One quantized GEMV shape: y [n, rows] = x [n, in] W^T, W of ggml type `type`. */
+static int bench_qgemv(int arch, double copy_bw, uint32_t type, int rows, int in, int n) {
+    cudaStream_t stream;
+    cublasHandle_t cublas;
+    CK(cudaStreamCreate(&stream));
+    if (cublasCreate(&cublas) != CUBLAS_STATUS_SUCCESS || cublasSetStream(cublas, stream) != CUBLAS_STATUS_SUCCESS) {
+        fprintf(stderr, "bench: cuBLAS init failed\n");
+        return 1;
+    }
+    ms_error err = {0};
+    ms_cuda_quant *q = NULL;
+    if (ms_cuda_quant_init(&q, arch, getenv("MSTAR_CACHE"), stream, cublas, &err) != MS_OK ||
+        ms_cuda_quant_load_type(q, type, &err) != MS_OK) {
+        fprintf(stderr, "bench: %s\n", err.msg);
+        return 1;
+    }
+    const size_t bytes = ms_cuda_qweight_bytes(type, rows, in);
+    int copies = (int)((((size_t)256 << 20) + bytes - 1) / bytes);
+    if (copies < 2)
+        copies = 2;
+    ms_cuda_qweight *w = calloc((size_t)copies, sizeof *w);
+    if (w == NULL)
+        exit(1);
+    for (int i = 0; i < copies; i++) {
+        if (ms_cuda_qweight_init(&w[i], type, rows, in, &err) != MS_OK) {
+            fprintf(stderr, "bench: %s\n", err.msg);
+            return 1;
+        }
+        fill_random(w[i].data, bytes); /* bf16 patterns in [-1, 1): finite f16 scales too */
+    }
+    float *x, *y;
+    CK(cudaMalloc((void **)&x, sizeof(float) * (size_t)n * (size_t)in));
+    CK(cudaMalloc((void **)&y, sizeof(float) * (size_t)n * (size_t)rows));
+    CK(cudaMemset(x, 0, sizeof(float) * (size_t)n * (size_t)in));
+    fill_random(x, sizeof(float) * (size_t)n * (size_t)in / 2); /* half the floats: random bits, finite */
+    const bool wide = ms_cuda_qweight_wide_rows(&w[0]);
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    float t[18];
+    for (int r = 0; r < 18; r++) {
+        CK(cudaEventRecord(e0, stream));
+        for (int i = 0; i < copies; i++)
+            if (ms_cuda_quant_linear(q, x, n, in, &w[i], y, rows, &err) != MS_OK) {
+                fprintf(stderr, "bench: %s\n", err.msg);
+                return 1;
+            }
+        CK(cudaEventRecord(e1, stream));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaEventElapsedTime(&t[r], e0, e1));
+        t[r] /= (float)copies;
+    }
+    qsort(t + 3, 15, sizeof(float), cmp_float);
+    const double us = t[3 + 7] * 1e3, gbs = (double)bytes / (us * 1e-6) * 1e-9;
+    printf("| %s | %d x %d | %d | %s | %.1f | %.0f | %.1f%% |\n", ms_ggml_type_name(type), rows, in, n,
+           wide ? "16-byte" : "2-byte", us, gbs, 100.0 * gbs * 1e9 / copy_bw);
+    for (int i = 0; i < copies; i++)
+        ms_cuda_qweight_free(&w[i]);
+    free(w);
+    CK(cudaFree(x));
+    CK(cudaFree(y));
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    ms_cuda_quant_free(q);
+    cublasDestroy(cublas);
+    CK(cudaStreamDestroy(stream));
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "qgemv") == 0 && argc != 2 && argc != 6) {
+        fprintf(stderr, "usage: bench_kernels qgemv [TYPE ROWS IN N]\n");
+        return 2;
+    }
     int n = 0;
     if (cudaGetDeviceCount(&n) != cudaSuccess || n < 1) {
         fprintf(stderr, "bench_kernels: no CUDA device\n");
@@ -265,13 +348,44 @@ int main(void) {
     printf("device: %s, sm_%d, %d SMs, L2 %d MB; copy bandwidth %.0f GB/s (read + write, 2 GiB, "
            "median of 10)\n\n",
            prop.name, arch, sms, prop.l2CacheSize >> 20, bw * 1e-9);
+    const char *part = argc > 1 ? argv[1] : "all";
+    if (strcmp(part, "all") != 0 && strcmp(part, "attn") != 0 && strcmp(part, "qgemv") != 0) {
+        fprintf(stderr, "usage: bench_kernels [all|attn|qgemv]\n");
+        return 2;
+    }
+    int rc = 0;
+    if (strcmp(part, "qgemv") == 0 && argc == 6) { /* one case (for ncu): qgemv TYPE ROWS IN N */
+        uint32_t t = UINT32_MAX;
+        for (uint32_t k = 0; k < 64; k++)
+            if (strcasecmp(ms_ggml_type_name(k), argv[2]) == 0)
+                t = k;
+        if (t == UINT32_MAX) {
+            fprintf(stderr, "bench_kernels: unknown ggml type '%s'\n", argv[2]);
+            return 2;
+        }
+        printf("| type | rows x in | x rows | row loads | us/launch | GB/s | of copy |\n|---|---|---|---|---|---|---|\n");
+        return bench_qgemv(arch, bw, t, atoi(argv[3]), atoi(argv[4]), atoi(argv[5]));
+    }
+    if (strcmp(part, "attn") != 0) {
+        printf("quantized GEMV (backend_cuda_quant.h): weight bytes / time, as a fraction of copy bandwidth "
+               "(read + write traffic of a copy: the DRAM's usable total)\n\n");
+        printf("| type | rows x in | x rows | row loads | us/launch | GB/s | of copy |\n|---|---|---|---|---|---|---|\n");
+        static const uint32_t qt[] = {MS_GGML_TYPE_Q4_0, MS_GGML_TYPE_Q4_K, MS_GGML_TYPE_Q8_0, MS_GGML_TYPE_Q6_K};
+        static const int shapes[][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
+        for (size_t t = 0; t < sizeof qt / sizeof qt[0]; t++)
+            for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+                for (int xr = 1; xr <= 8; xr += 7)
+                    rc |= bench_qgemv(arch, bw, qt[t], shapes[s][0], shapes[s][1], xr);
+        printf("\n");
+        if (strcmp(part, "qgemv") == 0)
+            return rc;
+    }
     printf("decode attention: one launch per layer, back to back on one stream%s\n\n",
            arch >= 90 ? "; programmatic dependent launch: each launch's prologue and L2 prefetch "
                         "overlap the previous launch's tail"
                       : "");
     printf("| case | kernel | splits | CTAs/SM | layers | us/launch | host us/launch | GB/s | of copy |\n");
     printf("|---|---|---|---|---|---|---|---|---|\n");
-    int rc = 0;
     rc |= bench_decode(arch, sms, bw, 1, 8192, 0);
     rc |= bench_decode(arch, sms, bw, 8, 8192, 0);
     rc |= bench_decode(arch, sms, bw, 32, 2048, 0);
