@@ -3,8 +3,9 @@
  * the host, against the CPU reference ms_ggml_dequantize (bit-exact with ggml): for every type the
  * CUDA backend keeps quantized (Q4_0, Q4_1, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K), 64 blocks of random
  * bytes (f16 scales set to finite random values; plus one block of edge values: zero, subnormal,
- * negative and large scales), every 32-value unit unit(block, sub, w) must give exactly the
- * float32 bits of the CPU's dequantization, and so must the GEMV's lanes (ms::qlane: every value of
+ * negative and large scales), laid out as the GPU keeps them (ms_ggml_rows_to_planar: one row of
+ * 73 blocks, and 73 rows of one block), every 32-value unit unit(row, nb, k, sub, w) must give
+ * exactly the float32 bits of the CPU's dequantization, and so must the GEMV's lanes (ms::qlane: every value of
  * the row read by exactly one lane of one 512-value chunk, d q + m rebuilt bit-exactly), whose
  * accumulation as qgemv does it must match the float64 dot product with a random x. Without a GPU this is how CI checks the kernels'
  * formulas, bit layouts and unit indexing; test_quant_cuda checks the same on the device.
@@ -99,11 +100,20 @@ template <typename Q> static void check_type(uint32_t type) {
         for (int f = 0; f < nf; f++)
             put_f16(b + (size_t)k * bb + off[f], rand_f16(k >= 64 ? k - 64 + f : -1));
     assert_int_equal(ms_ggml_dequantize(type, b, want, qk * n_blocks), MS_OK);
+    /* the device's planar rows: one row of all the blocks, and one row per block */
+    uint8_t *pl = (uint8_t *)malloc(bb * n_blocks), *pl1 = (uint8_t *)malloc(bb * n_blocks);
+    assert_true(pl != NULL && pl1 != NULL);
+    assert_int_equal(ms_ggml_rows_to_planar(type, b, pl, 1, qk * n_blocks), MS_OK);
+    assert_int_equal(ms_ggml_rows_to_planar(type, b, pl1, n_blocks, qk), MS_OK);
+    assert_int_equal(ms_ggml_rows_to_planar(type, b, pl1, 1, qk + 1), MS_ERR_INVALID_ARG);
     size_t checked = 0;
     for (int k = 0; k < n_blocks; k++)
         for (int s = 0; s < Q::kQK / 32; s++) {
-            float w[32];
-            Q::unit(b + (size_t)k * bb, s, w);
+            float w[32], w1[32];
+            Q::unit(pl, n_blocks, k, s, w);
+            Q::unit(pl1 + (size_t)k * bb, 1, 0, s, w1);
+            if (memcmp(w, w1, sizeof w) != 0)
+                fail_msg("%s block %d unit %d: a row of one block reads otherwise", ms_ggml_type_name(type), k, s);
             for (int l = 0; l < 32; l++) {
                 float r = want[(size_t)k * qk + (size_t)s * 32 + l];
                 if (memcmp(&w[l], &r, sizeof r) != 0 && !(isnan(w[l]) && isnan(r))) {
@@ -131,7 +141,7 @@ template <typename Q> static void check_type(uint32_t type) {
             if (!Q::lane_ok(ch, L, in))
                 continue;
             float v[16], d[2], m[2];
-            ms::qlane<Q>(b, ch, L, v, d, m);
+            ms::qlane<Q>(pl, n_blocks, ch, L, v, d, m);
             for (int j = 0; j < 2; j++) {
                 float t = 0.f, xsum = 0.f;
                 for (int k = 0; k < 8; k++) {
@@ -162,6 +172,44 @@ template <typename Q> static void check_type(uint32_t type) {
     for (int i = 0; i < in; i++)
         if (!seen[i])
             fail_msg("%s: value %d of the row read by no lane", ms_ggml_type_name(type), i);
+    /* the integer GEMV's lanes (kI8): random int8 x q packed as quant_x16 packs them; per run,
+     * d is + m xs must be the dot of the CPU's values with q (fp32 rounding of d is, m xs only) */
+    if constexpr (Q::kI8) {
+        signed char *xq = (signed char *)malloc((size_t)in);
+        assert_non_null(xq);
+        for (int i = 0; i < in; i++)
+            xq[i] = (signed char)((int)(next_u64() % 255) - 127);
+        for (int ch = 0; ch < (in + 511) / 512; ch++)
+            for (int L = 0; L < 32; L++) {
+                if (!Q::lane_ok(ch, L, in))
+                    continue;
+                ms::quant::qraw r;
+                Q::load(pl, n_blocks, ch, L, r);
+                int xw[4] = {0, 0, 0, 0}, xs[2] = {0, 0}, is[2];
+                float d[2], m[2];
+                for (int j = 0; j < 2; j++)
+                    for (int k = 0; k < 8; k++) {
+                        const int pos = ch * 512 + Q::run0(L) + j * Q::kRun1 + k;
+                        xw[2 * j + k / 4] |= (int)((unsigned)(unsigned char)xq[pos] << (8 * (k % 4)));
+                        xs[j] += xq[pos];
+                    }
+                Q::idot(r, xw, xs, is);
+                Q::scales(r, L, d, m);
+                for (int j = 0; j < 2; j++) {
+                    double exp = 0, mag = 0;
+                    for (int k = 0; k < 8; k++) {
+                        const int pos = ch * 512 + Q::run0(L) + j * Q::kRun1 + k;
+                        exp += (double)want[pos] * xq[pos];
+                        mag += fabs((double)want[pos] * xq[pos]);
+                    }
+                    const double got = (double)d[j] * is[j] + (double)m[j] * xs[j];
+                    if (isfinite(mag) && !(fabs(got - exp) <= 1e-6 * mag + 1e-30))
+                        fail_msg("%s integer lane: chunk %d lane %d run %d: %.9g, CPU values %.9g", ms_ggml_type_name(type),
+                                 ch, L, j, got, exp);
+                }
+            }
+        free(xq);
+    }
     if (isfinite(mag) && !(fabs(dot - ref) <= 1e-5 * mag + 1e-30))
         fail_msg("%s: the lanes' dot product %.9g, float64 %.9g (sum |w x| %.3g)", ms_ggml_type_name(type), dot, ref,
                  mag);
@@ -170,6 +218,8 @@ template <typename Q> static void check_type(uint32_t type) {
     printf("%s: %zu values of %d blocks (units and GEMV lanes) bit-exact with ms_ggml_dequantize\n", ms_ggml_type_name(type), checked,
            n_blocks);
     free(b);
+    free(pl);
+    free(pl1);
     free(want);
 }
 

@@ -15,7 +15,15 @@
  *     orders of magnitude inside the bound, about 2e-8 against 1.2e-4);
  *   - linear for 33 and 64 rows (bf16 dequantization + cuBLAS): x and W rounded to bf16 add
  *     2^-7 sum |x_i w_i|;
- *   - the 32-value types again at in = 1120 (the GEMV's 512-value chunks: the last one partial);
+ *   - the 32-value types again at in = 1120 (the GEMV's 512-value chunks: the last one partial;
+ *     rows only 2-byte aligned: the GEMV's 16-bit loads);
+ *   - every type at in = 4096, 14336 and 5120 (the 8B model's widths; rows 16-byte aligned but
+ *     Q6_K's at 5120, and Q6_K's at 1024);
+ *   - Q4_0, Q8_0 and Q4_K's GEMV entries for up to MS_QGEMV_I8_MAX_COLS x rows run on int8 x
+ *     (quantized per 32 values as ggml-cuda's q8_1, in the kernel): their reference takes the same
+ *     quantized x, within the same fp32 bound;
+ * Weights go up in ggml's layout and are kept planar (ms_cuda_qweight_upload_rows), so every check
+ * covers the conversion too.
  *   - bad arguments: an unsupported type names itself, a width that is not a multiple of the block.
  */
 #include "ms_test.h"
@@ -27,6 +35,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "../templates/quant/qparams.h"
 #include "backend_cuda_quant.h"
 #include "cuda_ops.h"
 #include "gguf_quant.h"
@@ -148,12 +157,35 @@ static void check_linear(ms_cuda_quant *q, const ms_cuda_qweight *w, const float
     OK(ms_cuda_quant_linear(q, dx, n, x_stride, w, dy, y_stride, &err));
     CU(cudaStreamSynchronize(g_stream));
     CU(cudaMemcpy(y, dy, sizeof(float) * (size_t)n * (size_t)y_stride, cudaMemcpyDeviceToHost));
+    /* the integer GEMV (Q4_0, Q8_0, Q4_K at up to MS_CUDA_QGEMV_MAX_ROWS rows) multiplies the weights
+     * by x quantized per 32 values as it does it (dx = amax / 127, q = rint(x 127 / amax), in
+     * float32): the reference takes the same x^ = dx q, and the bound stays fp32's */
+    const bool i8_type = !prefill && (w->type == MS_GGML_TYPE_Q4_0 || w->type == MS_GGML_TYPE_Q8_0 ||
+                                      w->type == MS_GGML_TYPE_Q4_K);
+    bool any_i8 = false;
+    float *xr = malloc(sizeof(float) * (size_t)n * (size_t)IN);
+    assert_non_null(xr);
+    for (int t = 0; t < n; t++) {
+        /* row t's launch: the entry of its group of up to MS_QGEMV_MAX_COLS rows */
+        const int width = n - t / MS_QGEMV_MAX_COLS * MS_QGEMV_MAX_COLS;
+        const bool i8 = i8_type && (width < MS_QGEMV_MAX_COLS ? width : MS_QGEMV_MAX_COLS) <= MS_QGEMV_I8_MAX_COLS;
+        any_i8 |= i8;
+        for (int b0 = 0; b0 < IN; b0 += 32) {
+            const float *xb = x + (size_t)t * x_stride + b0;
+            float am = 0.f;
+            for (int i = 0; i < 32; i++)
+                am = fmaxf(am, fabsf(xb[i]));
+            const float qd = am / 127.0f, qid = am > 0.f ? 127.0f / am : 0.f;
+            for (int i = 0; i < 32; i++)
+                xr[(size_t)t * IN + b0 + i] = i8 ? qd * (float)rint((double)xb[i] * (double)qid) : xb[i];
+        }
+    }
     double worst = 0;
     for (int t = 0; t < n; t++)
         for (int r = 0; r < ROWS; r++) {
             double ref = 0, mag = 0;
             for (int i = 0; i < IN; i++) {
-                double p = (double)x[(size_t)t * x_stride + i] * (double)wf[(size_t)r * IN + i];
+                double p = (double)xr[(size_t)t * IN + i] * (double)wf[(size_t)r * IN + i];
                 ref += p;
                 mag += fabs(p);
             }
@@ -165,7 +197,8 @@ static void check_linear(ms_cuda_quant *q, const ms_cuda_qweight *w, const float
             worst = fmax(worst, e / (mag > 0 ? mag : 1));
         }
     printf("  %s n=%-2d %-8s max |err| / sum|x w| = %.3g\n", ms_ggml_type_name(w->type), n,
-           prefill ? "prefill" : "gemv", worst);
+           prefill ? "prefill" : (any_i8 ? "gemv-i8" : "gemv"), worst);
+    free(xr);
     cudaFree(dx);
     cudaFree(dy);
     free(x);
@@ -198,8 +231,8 @@ static void check_type(ms_cuda_quant *q, uint32_t type) {
         if (h16[i] != ms_f32_to_bf16(wf[i]))
             fail_msg("%s dequant: element %zu (row %zu) is bf16 0x%04x, CPU %.9g -> 0x%04x", ms_ggml_type_name(type),
                      i, i / IN, h16[i], (double)wf[i], ms_f32_to_bf16(wf[i]));
-    printf("%s: [%d, %d], %zu bytes on the device; dequantization bit-exact\n", ms_ggml_type_name(type), ROWS, IN,
-           bytes);
+    printf("%s: [%d, %d], %zu bytes on the device; dequantization bit-exact; GEMV loads from %s aligned rows\n", ms_ggml_type_name(type),
+           ROWS, IN, bytes, ms_cuda_qweight_wide_rows(&w) ? "16-byte" : "2-byte");
     for (int n = 1; n <= 8; n++)
         check_linear(q, &w, wf, n, IN, ROWS, false);
     check_linear(q, &w, wf, 5, IN + 4, ROWS + 3, false); /* padded strides */
@@ -231,6 +264,15 @@ static void test_quant_types(void **state) {
     OK(ms_cuda_quant_reserve(q, 64, IN + 8, 0, &err));
     for (size_t i = 0; i < 4; i++)
         check_type(q, types[i]);
+    /* the 8B model's widths: 4096 (every type's rows 16-byte aligned: the GEMV's wide loads) and
+     * 14336 (Q6_K's rows of 56 blocks too); 5120 (Q6_K's 20 blocks are not: its 16-bit loads) */
+    static const int wide[] = {4096, 14336, 5120};
+    for (size_t k = 0; k < MS_ARRAY_LEN(wide); k++) {
+        g_in = wide[k];
+        OK(ms_cuda_quant_reserve(q, 64, IN + 8, 0, &err));
+        for (size_t i = 0; i < MS_ARRAY_LEN(types); i++)
+            check_type(q, types[i]);
+    }
     g_in = 1024;
     /* a small tile forces several dequantize + GEMM rounds in the prefill path */
     ms_cuda_quant_free(q);
@@ -273,9 +315,81 @@ static void test_bad_weights(void **state) {
     ms_cuda_qweight_free(&w);
 }
 
+/* A graph captured over the prefill path (x -> bf16 workspace, dequantize, GEMM), then an eager
+ * call with more rows that outgrows the workspace: the replay must still write the buffer it was
+ * captured with, alive (a fresh allocation the size of the old workspace, made after the growth
+ * and poisoned, stays untouched: with the old buffer freed, the allocator handed that range out
+ * again and the replay wrote into it, CUDA error 700 in the 8B batch-32 bench), and give the same y. */
+static void test_graph_survives_workspace_growth(void **state) {
+    (void)state;
+    ms_error err = {0};
+    const int in = 1024, rows = 301, n0 = 33, n1 = 200;
+    ms_cuda_quant *q = NULL;
+    OK(ms_cuda_quant_init(&q, g_arch, NULL, g_stream, g_cublas, &err));
+    const size_t bytes = ms_cuda_qweight_bytes(MS_GGML_TYPE_Q4_0, rows, in);
+    g_in = in;
+    uint8_t *blocks = random_blocks(MS_GGML_TYPE_Q4_0, bytes);
+    ms_cuda_qweight w;
+    OK(ms_cuda_qweight_init(&w, MS_GGML_TYPE_Q4_0, rows, in, &err));
+    OK(ms_cuda_quant_load_type(q, MS_GGML_TYPE_Q4_0, &err));
+    OK(ms_cuda_qweight_upload_rows(&w, 0, rows, blocks, &err));
+    float *x = malloc(sizeof(float) * (size_t)n1 * in), *y0 = malloc(sizeof(float) * (size_t)n0 * rows),
+          *y1 = malloc(sizeof(float) * (size_t)n0 * rows);
+    assert_true(x != NULL && y0 != NULL && y1 != NULL);
+    for (size_t i = 0; i < (size_t)n1 * in; i++)
+        x[i] = frand();
+    float *dx, *dy;
+    CU(cudaMalloc((void **)&dx, sizeof(float) * (size_t)n1 * in));
+    CU(cudaMalloc((void **)&dy, sizeof(float) * (size_t)n1 * rows));
+    CU(cudaMemcpy(dx, x, sizeof(float) * (size_t)n1 * in, cudaMemcpyHostToDevice));
+    OK(ms_cuda_quant_linear(q, dx, n0, in, &w, dy, rows, &err)); /* sizes the workspaces for n0 */
+    CU(cudaStreamSynchronize(g_stream));
+    cudaGraph_t graph;
+    cudaGraphExec_t exec;
+    CU(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal));
+    OK(ms_cuda_quant_linear(q, dx, n0, in, &w, dy, rows, &err));
+    CU(cudaStreamEndCapture(g_stream, &graph));
+    CU(cudaGraphInstantiate(&exec, graph, 0));
+    CU(cudaGraphLaunch(exec, g_stream));
+    CU(cudaStreamSynchronize(g_stream));
+    CU(cudaMemcpy(y0, dy, sizeof(float) * (size_t)n0 * rows, cudaMemcpyDeviceToHost));
+    /* more rows: the bf16 x workspace grows past n0 x in */
+    OK(ms_cuda_quant_linear(q, dx, n1, in, &w, dy, rows, &err));
+    CU(cudaStreamSynchronize(g_stream));
+    const size_t ws = (size_t)n0 * in * 2;
+    uint8_t *poison, *host = malloc(ws);
+    assert_non_null(host);
+    CU(cudaMalloc((void **)&poison, ws));
+    CU(cudaMemset(poison, 0x5a, ws));
+    CU(cudaMemset(dy, 0xff, sizeof(float) * (size_t)n1 * rows));
+    CU(cudaGraphLaunch(exec, g_stream));
+    CU(cudaStreamSynchronize(g_stream));
+    CU(cudaMemcpy(y1, dy, sizeof(float) * (size_t)n0 * rows, cudaMemcpyDeviceToHost));
+    CU(cudaMemcpy(host, poison, ws, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < ws; i++)
+        if (host[i] != 0x5a)
+            fail_msg("the replay wrote into memory allocated after the workspace grew (byte %zu)", i);
+    assert_memory_equal(y0, y1, sizeof(float) * (size_t)n0 * rows);
+    printf("graph replay after the workspace grew: same y, nothing written outside its buffers\n");
+    CU(cudaGraphExecDestroy(exec));
+    CU(cudaGraphDestroy(graph));
+    cudaFree(poison);
+    cudaFree(dx);
+    cudaFree(dy);
+    free(host);
+    free(x);
+    free(y0);
+    free(y1);
+    free(blocks);
+    ms_cuda_qweight_free(&w);
+    ms_cuda_quant_free(q);
+    g_in = 1024;
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         ms_unit_test(test_quant_types),
+        ms_unit_test(test_graph_survives_workspace_growth),
         ms_unit_test(test_bad_weights),
     };
     return cmocka_run_group_tests(tests, setup, teardown);

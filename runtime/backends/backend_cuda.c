@@ -297,8 +297,8 @@ static bool cu_weight_dtype_ok(void *ctx, ms_dtype dt) {
     return ms_dtype_is_quant(dt) && !(env != NULL && strcmp(env, "0") == 0);
 }
 
-/* tensor_load of a block-type weight: the host blocks as they are (same dtype), and the type's
- * qmatmul instance compiled now, at load. */
+/* tensor_load of a block-type weight: the host blocks (same dtype) in the kernels' planar row
+ * layout, and the type's qmatmul instance compiled now, at load. */
 static ms_status quant_tensor_load(cuda_ctx *c, const ms_tensor *dst, const ms_tensor *src, ms_error *err) {
     ms_cuda_qweight q;
     MS_TRY(qview("tensor_load", dst, &q, err));
@@ -309,10 +309,8 @@ static ms_status quant_tensor_load(cuda_ctx *c, const ms_tensor *dst, const ms_t
                        (long long)dst->shape[1], src != NULL ? ms_dtype_str(src->dtype) : "NULL");
     MS_TRY(quant_ctx(c, err));
     MS_TRY(ms_cuda_quant_load_type(c->quant, q.type, err));
-    MS_CUDA_TRY(err, cudaMemcpyAsync(dst->data, src->data, (size_t)q.rows * q.row_bytes, cudaMemcpyHostToDevice,
-                                     c->stream));
-    MS_CUDA_TRY(err, cudaStreamSynchronize(c->stream));
-    return MS_OK;
+    /* the planar row layout of the kernels (backend_cuda_quant.h), converted on the way */
+    return ms_cuda_qweight_copy_rows(dst->data, src->data, q.type, q.rows, q.in, c->stream, err);
 }
 
 static ms_status cu_tensor_load(void *ctx, const ms_tensor *dst, const ms_tensor *src,

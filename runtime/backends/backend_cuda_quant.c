@@ -15,6 +15,7 @@
 #include "kernel.h"
 
 #define QTYPE_SLOTS 7
+#define QUANT_MAX_RETIRED 64 /* outgrown workspaces kept (each growth at least doubles one) */
 #define DEFAULT_TILE_BYTES ((size_t)64 << 20)
 /* the tile for a few x rows (decode batches above the GEMV's 8): small enough to stay in L2
  * between the dequantize and the GEMM (16 MB: batch 32 Q4_0 decode of an 8B model on the H200);
@@ -32,6 +33,8 @@ struct ms_cuda_quant {
     ms_cuda_module *mods[QTYPE_SLOTS]; /* by qtype_slot */
     ms_cuda_module *misc;              /* bf16 misc instance: x -> bf16 */
     bool sealed;
+    void *retired[QUANT_MAX_RETIRED];  /* workspaces outgrown after a graph may have captured them */
+    int n_retired;
     void *x16;                         /* [max_x_rows, max_in] bf16 copy of x (prefill) */
     size_t x16_bytes;
     void *tile;                        /* dequantized weight rows (prefill) */
@@ -94,9 +97,49 @@ ms_status ms_cuda_qweight_upload_rows(ms_cuda_qweight *w, int64_t row0, int64_t 
     if (w == NULL || w->data == NULL || host == NULL || row0 < 0 || n_rows < 0 || row0 + n_rows > w->rows)
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "cuda quant: upload of rows [%lld, %lld) into a weight of %lld "
                        "rows", (long long)row0, (long long)(row0 + n_rows), (long long)(w ? w->rows : 0));
-    MS_CUDA_TRY(err, cudaMemcpy((char *)w->data + (size_t)row0 * w->row_bytes, host, (size_t)n_rows * w->row_bytes,
-                                cudaMemcpyHostToDevice));
-    return MS_OK;
+    return ms_cuda_qweight_copy_rows((char *)w->data + (size_t)row0 * w->row_bytes, host, w->type, n_rows, w->in,
+                                     NULL, err);
+}
+
+/* host rows converted per chunk of about this many bytes (a bounded staging buffer, never a copy of
+ * a whole 300 MB lm_head) */
+#define PLANAR_CHUNK_BYTES ((size_t)8 << 20)
+
+ms_status ms_cuda_qweight_copy_rows(void *dev, const void *host, uint32_t type, int64_t n_rows, int64_t in,
+                                    cudaStream_t stream, ms_error *err) {
+    const size_t rb = ms_cuda_qweight_bytes(type, 1, in);
+    if (dev == NULL || host == NULL || n_rows < 0 || rb == 0)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "cuda quant: copy of %lld %s rows of %lld values", (long long)n_rows,
+                       ms_ggml_type_name(type), (long long)in);
+    if (n_rows == 0)
+        return MS_OK;
+    size_t per = PLANAR_CHUNK_BYTES / rb;
+    if (per < 1)
+        per = 1;
+    if (per > (size_t)n_rows)
+        per = (size_t)n_rows;
+    uint8_t *buf = ms_malloc(per * rb);
+    if (buf == NULL)
+        return MS_FAIL(err, MS_ERR_OOM, "cuda quant: out of memory for a %zu-byte staging buffer", per * rb);
+    ms_status st = MS_OK;
+    for (size_t r = 0; r < (size_t)n_rows && st == MS_OK; r += per) {
+        const size_t n = (size_t)n_rows - r < per ? (size_t)n_rows - r : per;
+        if (ms_ggml_rows_to_planar(type, (const uint8_t *)host + r * rb, buf, n, (size_t)in) != MS_OK) {
+            st = MS_FAIL(err, MS_ERR_INVALID_ARG, "cuda quant: %s rows of %lld values cannot be laid out",
+                         ms_ggml_type_name(type), (long long)in);
+            break;
+        }
+        cudaError_t e = cudaMemcpyAsync((uint8_t *)dev + r * rb, buf, n * rb, cudaMemcpyHostToDevice, stream);
+        if (e == cudaSuccess)
+            e = cudaStreamSynchronize(stream); /* the staging buffer is refilled next */
+        if (e != cudaSuccess) {
+            (void)cudaGetLastError();
+            st = MS_FAIL(err, MS_ERR_CUDA, "cuda quant: copying %zu rows of %s to the device: %s", n,
+                         ms_ggml_type_name(type), cudaGetErrorString(e));
+        }
+    }
+    ms_free(buf);
+    return st;
 }
 
 void ms_cuda_qweight_free(ms_cuda_qweight *w) {
@@ -138,6 +181,8 @@ void ms_cuda_quant_free(ms_cuda_quant *q) {
         MS_CUDA_CHECK(cudaFree(q->x16));
     if (q->tile != NULL)
         MS_CUDA_CHECK(cudaFree(q->tile));
+    for (int i = 0; i < q->n_retired; i++)
+        MS_CUDA_CHECK(cudaFree(q->retired[i]));
     ms_free(q->cache_dir);
     ms_free(q);
 }
@@ -179,7 +224,13 @@ void ms_cuda_quant_seal(ms_cuda_quant *q) {
     q->sealed = true;
 }
 
-/* Grow a workspace to `need` bytes (never during capture). */
+/* Grow a workspace to at least `need` bytes (never during capture). The old buffer is retired,
+ * not freed: a CUDA graph captured before this call still holds its address and writes into it at
+ * every replay (a bf16 x copy sized for the captured rows), so it lives until ms_cuda_quant_free.
+ * Freeing it here was a use-after-free: 8B Q4_0 bench at batch 32 with prompts of 512, whose
+ * eager prefill steps grew the workspace after the decode graphs were captured, then replayed a
+ * batch-32 graph into the freed copy (compute-sanitizer: invalid writes in ms_convert; CUDA error
+ * 700). Growth at least doubles, so the retired buffers add up to less than the live one. */
 static ms_status grow(ms_cuda_quant *q, void **p, size_t *have, size_t need, const char *what, ms_error *err) {
     if (need <= *have)
         return MS_OK;
@@ -188,19 +239,28 @@ static ms_status grow(ms_cuda_quant *q, void **p, size_t *have, size_t need, con
     if (cs != cudaStreamCaptureStatusNone)
         return MS_FAIL(err, MS_ERR_STATE, "cuda quant: the %s must grow to %zu bytes during graph capture (size "
                        "it with ms_cuda_quant_reserve or run an eager step first)", what, need);
-    MS_CUDA_TRY(err, cudaStreamSynchronize(q->stream));
-    if (*p != NULL)
-        MS_CUDA_TRY(err, cudaFree(*p));
-    *p = NULL;
-    *have = 0;
-    cudaError_t e = cudaMalloc(p, need);
+    if (*p != NULL && q->n_retired == QUANT_MAX_RETIRED)
+        return MS_FAIL(err, MS_ERR_CAPACITY, "cuda quant: the %s would grow a %d-th time (to %zu bytes); size it "
+                       "once with ms_cuda_quant_reserve", what, QUANT_MAX_RETIRED + 1, need);
+    size_t want = need;
+    if (*have > 0 && want < 2 * *have)
+        want = 2 * *have;
+    void *np = NULL;
+    cudaError_t e = cudaMalloc(&np, want);
+    if (e != cudaSuccess && want > need) {
+        (void)cudaGetLastError();
+        want = need;
+        e = cudaMalloc(&np, want);
+    }
     if (e != cudaSuccess) {
         (void)cudaGetLastError();
-        *p = NULL;
         return MS_FAIL(err, MS_ERR_CUDA, "cuda quant: cudaMalloc of %zu bytes for the %s: %s", need, what,
                        cudaGetErrorString(e));
     }
-    *have = need;
+    if (*p != NULL)
+        q->retired[q->n_retired++] = *p;
+    *p = np;
+    *have = want;
     return MS_OK;
 }
 
@@ -221,6 +281,11 @@ ms_status ms_cuda_quant_reserve(ms_cuda_quant *q, int64_t max_x_rows, int64_t ma
 static bool aligned16(const void *p) {
     return ((uintptr_t)p & 15u) == 0;
 }
+
+bool ms_cuda_qweight_wide_rows(const ms_cuda_qweight *w) {
+    return w != NULL && w->data != NULL && w->row_bytes % 16 == 0 && aligned16(w->data);
+}
+
 
 static ms_status launch(const ms_cuda_module *m, int entry, unsigned grid, unsigned threads, ms_qmatmul_params *p,
                         cudaStream_t stream, ms_error *err) {
@@ -277,6 +342,7 @@ ms_status ms_cuda_quant_linear(ms_cuda_quant *q, const float *x, int64_t n, int6
     MS_TRY(get_module(q, w->type, &m, err));
     if (n <= MS_CUDA_QGEMV_MAX_ROWS && aligned16(x) && x_stride % 4 == 0) {
         /* a launch of the exact-width entry per group of up to MS_QGEMV_MAX_COLS rows */
+        const bool wide = ms_cuda_qweight_wide_rows(w);
         for (int64_t g = 0; g < n; g += MS_QGEMV_MAX_COLS) {
             const int64_t k = n - g < MS_QGEMV_MAX_COLS ? n - g : MS_QGEMV_MAX_COLS;
             ms_qmatmul_params p = {0};
@@ -289,6 +355,7 @@ ms_status ms_cuda_quant_linear(ms_cuda_quant *q, const float *x, int64_t n, int6
             p.n = (int)k;
             p.x_stride = (int)x_stride;
             p.y_stride = (int)y_stride;
+            p.wide = wide;
             MS_TRY(launch(m, (int)k - 1, (unsigned)MS_CEIL_DIV(w->rows, MS_QGEMV_ROWS_OF(k)), MS_QGEMV_THREADS, &p,
                           q->stream, err));
         }

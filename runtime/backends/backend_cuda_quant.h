@@ -4,22 +4,32 @@
  * stays a dequantized bf16 weight of the plain CUDA path), and y = x W^T over them. CUDA builds
  * only (MS_HAVE_CUDA).
  *
- * Layout: ggml's blocks unchanged (ggml-common.h; the bytes of the GGUF tensor, row r of `in`
- * values at r * row_bytes, row_bytes = in / QK * block bytes), uploaded as they are: no repack, so
- * a row range of the file (one fused part, an un-permuted q/k head row) is one memcpy.
+ * Layout: ggml's blocks (ggml-common.h; the bytes of the GGUF tensor) with each row in the planar
+ * layout (gguf_quant.h ms_ggml_rows_to_planar: the row's quant bytes, then its scales; the same
+ * row_bytes, row r of `in` values at r * row_bytes, row_bytes = in / QK * block bytes). Rows stay
+ * independent, so a row range of the file (one fused part, an un-permuted q/k head row) is still
+ * one copy, converted on the way (ms_cuda_qweight_copy_rows). Why planar: ggml's 18-, 22-, 34- and
+ * 210-byte blocks are only 2-byte aligned, so the GEMV read Q4_0 with five 16-bit loads per lane
+ * and row; in planar rows whose start is 16-byte aligned (ms_cuda_qweight_wide_rows) it reads the
+ * quants with one 8-byte (Q4_0, Q4_1, Q5_0, Q6_K) or 16-byte (Q8_0) load.
  *
  * Compute (templates/quant/qmatmul.cuh, one NVRTC instance per type, URI qmatmul_<type>_af32_sm90):
  *   - n <= MS_CUDA_QGEMV_MAX_ROWS rows of x (decode batches): the GEMV (ms_qgemv_<k>), one launch
  *     per group of up to 8 rows (MS_QGEMV_MAX_COLS), each reading W once from device memory (fp32
  *     accumulation): ceil(n / 8) reads of the quantized bytes cost less than the dequantized
- *     path's bf16 write and read up to the threshold;
+ *     path's bf16 write and read up to the threshold. Q4_0, Q8_0 and Q4_K at 1-2 x rows take the
+ *     integer dot (x quantized per 32 values to int8 as ggml-cuda's q8_1, dp4a; y within fp32
+ *     rounding of the dot with that quantized x), the rest the fp32 dot of the dequantized
+ *     values;
  *   - more rows (prefill, large decode batches): W is dequantized tile by tile (rows [r, r +
  *     tile)) into a reusable bf16 workspace (bit-exact bf16 of ggml's dequantization; 64 MB by
  *     default, of which up to 256 x rows use 16 MB, so the GEMM reads it back from L2), x is
  *     rounded to bf16, and cuBLAS runs the tensor-core GEMM of the bf16 path (fp32 accumulation)
  *     per tile.
  * Workspaces are sized once (ms_cuda_quant_reserve, or on first use outside graph capture); the
- * linear itself allocates nothing, so a step over quantized weights can be captured.
+ * linear itself allocates nothing, so a step over quantized weights can be captured. A workspace
+ * that must grow later (an eager step with more rows than any before) is reallocated and the old
+ * one kept until ms_cuda_quant_free, since captured graphs still write to it.
  *
  * Device bytes: a weight takes rows * row_bytes (ms_cuda_qweight_bytes), e.g. Q4_0 is 4.5 bits per
  * value (18 bytes per 32), Q8_0 8.5, Q4_K 4.5, Q5_K 5.5, Q6_K 6.5625.
@@ -68,9 +78,17 @@ size_t ms_cuda_qweight_bytes(uint32_t type, int64_t rows, int64_t in);
  */
 ms_status ms_cuda_qweight_init(ms_cuda_qweight *w, uint32_t type, int64_t rows, int64_t in, ms_error *err);
 /* Copy host blocks (ggml layout, n_rows rows of w->row_bytes) into rows [row0, row0 + n_rows)
- * of w, synchronously (load time). Errors: MS_ERR_INVALID_ARG (range), MS_ERR_CUDA. */
+ * of w in the planar layout (ms_cuda_qweight_copy_rows), synchronously (load time). Errors:
+ * MS_ERR_INVALID_ARG (range), MS_ERR_OOM, MS_ERR_CUDA. */
 ms_status ms_cuda_qweight_upload_rows(ms_cuda_qweight *w, int64_t row0, int64_t n_rows, const void *host,
                                       ms_error *err);
+
+/* Copy n_rows packed host rows of ggml blocks (type, `in` values each) to device memory at dev,
+ * converting them to the planar layout on the way (through a staging buffer of about 8 MB; the
+ * copy is complete on return, on `stream`, NULL for the default one). Errors: MS_ERR_INVALID_ARG
+ * (NULL pointers, n_rows < 0, an `in` the type cannot have), MS_ERR_OOM, MS_ERR_CUDA. */
+ms_status ms_cuda_qweight_copy_rows(void *dev, const void *host, uint32_t type, int64_t n_rows, int64_t in,
+                                    cudaStream_t stream, ms_error *err);
 /* Free w's device memory and zero it; a zeroed w is accepted. */
 void ms_cuda_qweight_free(ms_cuda_qweight *w);
 
@@ -118,6 +136,12 @@ ms_status ms_cuda_quant_dequant_bf16(ms_cuda_quant *q, const ms_cuda_qweight *w,
  * zeros), out device f32 rows of out_stride (a multiple of 4, 16-byte aligned). Queued. */
 ms_status ms_cuda_quant_embed(ms_cuda_quant *q, const ms_cuda_qweight *w, const int32_t *ids, int64_t n, float *out,
                               int64_t out_stride, ms_error *err);
+
+/* Whether w's rows all start 16-byte aligned (a 16-byte aligned base and row_bytes a multiple of
+ * 16: e.g. Q4_0 / Q8_0 with `in` a multiple of 256, Q6_K of 2048, Q4_K / Q5_K always), so that the
+ * GEMV reads them with wide loads (qparams.h `wide`); otherwise with 16-bit ones. The same results
+ * either way; the tests use it to know which loads they checked. */
+bool ms_cuda_qweight_wide_rows(const ms_cuda_qweight *w);
 
 /* After the model's types are loaded: any other type fails with MS_ERR_STATE instead of compiling
  * in the middle of a step (the backend's kernels_load rule). */

@@ -7,6 +7,8 @@
  */
 #include "kernel.h"
 
+#include "../../templates/quant/qparams.h"
+
 #include <stdio.h>
 #include <string.h>
 
@@ -39,14 +41,16 @@ static const kernel_op_info op_info[MS_KERNEL_OP_COUNT] = {
 };
 
 /* The ggml types qmatmul instantiates: ggml type number, URI word, device block struct
- * (templates/quant/qmatmul.cuh). */
+ * (templates/quant/qmatmul.cuh), whether its GEMV has the integer (dp4a) entries (the struct's
+ * kI8: the instance static_asserts that the two agree). */
 static const struct {
     int type;
     const char *name, *block;
+    bool i8;
 } qtypes[] = {
-    {2, "q4_0", "ms::q4_0"},  {3, "q4_1", "ms::q4_1"},  {6, "q5_0", "ms::q5_0"},
-    {8, "q8_0", "ms::q8_0"},  {12, "q4_k", "ms::q4_k"}, {13, "q5_k", "ms::q5_k"},
-    {14, "q6_k", "ms::q6_k"},
+    {2, "q4_0", "ms::q4_0", true},   {3, "q4_1", "ms::q4_1", false},  {6, "q5_0", "ms::q5_0", false},
+    {8, "q8_0", "ms::q8_0", true},   {12, "q4_k", "ms::q4_k", true},  {13, "q5_k", "ms::q5_k", false},
+    {14, "q6_k", "ms::q6_k", false},
 };
 
 static int qtype_index(int qtype) {
@@ -517,10 +521,22 @@ static ms_status spec_body(const ms_kernel_spec *s, bool shape_macros, const cha
                  "    ms::select_rows<cfg::TA>(p);\n}\n");
         break;
     case MS_KERNEL_OP_QMATMUL:
-        for (int c = 1; c <= 8; c++)
-            emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_QGEMV_THREADS)\n"
-                     "ms_qgemv_%d(const ms_qmatmul_params p) {\n"
+        /* the integer entries (x rows up to MS_QGEMV_I8_MAX_COLS of an i8 type) are compiled for
+         * ms::qgemv_min_ctas<Q, NC>::value resident CTAs; the others without a minimum (ptxas
+         * gives them more registers with an explicit 1 than with none: 206 against 168 for Q4_0's
+         * ms_qgemv_8) */
+        for (int c = 1; c <= 8; c++) {
+            const bool bounded = qtypes[qtype_index(s->qtype)].i8 && c <= MS_QGEMV_I8_MAX_COLS;
+            if (bounded)
+                emit(&b, "static_assert(ms::qgemv_min_ctas<cfg::Q, %d>::value > 1, \"kernel.c qtypes: i8\");\n"
+                         "extern \"C\" __global__ void __launch_bounds__(MS_QGEMV_THREADS, "
+                         "ms::qgemv_min_ctas<cfg::Q, %d>::value)\n", c, c);
+            else
+                emit(&b, "static_assert(ms::qgemv_min_ctas<cfg::Q, %d>::value == 1, \"kernel.c qtypes: i8\");\n"
+                         "extern \"C\" __global__ void __launch_bounds__(MS_QGEMV_THREADS)\n", c);
+            emit(&b, "ms_qgemv_%d(const ms_qmatmul_params p) {\n"
                      "    ms::qgemv<cfg::Q, %d, MS_QGEMV_ROWS_OF(%d)>(p);\n}\n\n", c, c, c);
+        }
         emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_QDEQUANT_THREADS)\n"
                  "ms_qdequant_bf16(const ms_qmatmul_params p) {\n"
                  "    ms::qdequant_bf16<cfg::Q>(p);\n}\n\n"

@@ -519,3 +519,47 @@ ms_status ms_ggml_quantize(uint32_t t, const float *x, void *dst, size_t n) {
         q_q4_k(x, b, n / blk);
     return MS_OK;
 }
+
+/* ---- the planar row layout of the CUDA kernels ---- */
+
+bool ms_ggml_planar_split(uint32_t t, size_t *off, size_t *p0) {
+    size_t o = 0, n = ms_ggml_type_block_bytes(t);
+    bool split = true;
+    switch (t) {
+    case MS_GGML_TYPE_Q4_0: o = 2, n = 16; break;
+    case MS_GGML_TYPE_Q4_1: o = 4, n = 16; break;
+    case MS_GGML_TYPE_Q5_0: o = 6, n = 16; break;
+    case MS_GGML_TYPE_Q8_0: o = 2, n = 32; break;
+    case MS_GGML_TYPE_Q6_K: o = 0, n = 208; break;
+    default: split = false; break;
+    }
+    if (off != NULL)
+        *off = o;
+    if (p0 != NULL)
+        *p0 = n;
+    return split;
+}
+
+ms_status ms_ggml_rows_to_planar(uint32_t t, const void *src, void *dst, size_t n_rows, size_t in) {
+    const size_t blk = ms_ggml_type_block(t), bb = ms_ggml_type_block_bytes(t);
+    if (blk == 0 || bb == 0 || in == 0 || in % blk != 0 || src == NULL || dst == NULL)
+        return MS_ERR_INVALID_ARG;
+    const size_t nb = in / blk, rb = nb * bb;
+    size_t off, p0;
+    if (!ms_ggml_planar_split(t, &off, &p0)) {
+        memcpy(dst, src, n_rows * rb);
+        return MS_OK;
+    }
+    const size_t p1 = bb - p0;
+    for (size_t r = 0; r < n_rows; r++) {
+        const uint8_t *s = (const uint8_t *)src + r * rb;
+        uint8_t *q = (uint8_t *)dst + r * rb, *h = q + nb * p0;
+        for (size_t k = 0; k < nb; k++, s += bb) {
+            memcpy(q + k * p0, s + off, p0);
+            /* the bytes before and after the quants, in order (one of the two is empty) */
+            memcpy(h + k * p1, s, off);
+            memcpy(h + k * p1 + off, s + off + p0, bb - off - p0);
+        }
+    }
+    return MS_OK;
+}

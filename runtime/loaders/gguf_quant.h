@@ -101,6 +101,26 @@ ms_status ms_ggml_dequantize(uint32_t t, const void *src, float *dst, size_t n);
  */
 ms_status ms_ggml_quantize(uint32_t t, const float *x, void *dst, size_t n);
 
+/*
+ * The planar row layout the CUDA kernels read (templates/quant/blocks.cuh, backend_cuda_quant.h):
+ * a row of nb blocks becomes [plane 0: nb x P0 bytes][plane 1: nb x (block bytes - P0) bytes],
+ * where plane 0 holds each block's quant bytes (bytes [off, off + P0) of ggml's block) and plane 1
+ * the rest of it in order (its scales: the block's header or trailer). Same size as the row of
+ * blocks; the quants of block k start at 16 k (Q4_0, Q4_1, Q5_0), 32 k (Q8_0) or 208 k (Q6_K), so
+ * the kernels read them with 8- and 16-byte loads where ggml's 18-, 22-, 34- and 210-byte blocks
+ * allow only 2-byte ones (the ggml-cuda kernels' get_int_b2).
+ *   Q4_0: off 2, P0 16 (qs; plane 1: d)         Q4_1: off 4, P0 16 (qs; d, m)
+ *   Q5_0: off 6, P0 16 (qs; d, qh)              Q8_0: off 2, P0 32 (qs; d)
+ *   Q6_K: off 0, P0 208 (ql, qh, scales; d)     Q4_K, Q5_K and every other type: unchanged
+ *                                               (P0 = the block: 16-byte multiples already)
+ * ms_ggml_planar_split gives off and P0 (returns false for the unchanged types, setting P0 to the
+ * block bytes); ms_ggml_rows_to_planar converts n_rows packed rows of `in` values from src to dst
+ * (distinct buffers of n_rows * row bytes; `in` a multiple of the block). Errors (no message):
+ * MS_ERR_INVALID_ARG for an unknown type or a bad `in`.
+ */
+bool ms_ggml_planar_split(uint32_t t, size_t *off, size_t *p0);
+ms_status ms_ggml_rows_to_planar(uint32_t t, const void *src, void *dst, size_t n_rows, size_t in);
+
 #ifdef __cplusplus
 }
 #endif

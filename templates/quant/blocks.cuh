@@ -5,13 +5,15 @@
  *
  * Every type is read in units of 32 consecutive values of a row: a Q4_0/Q4_1/Q5_0/Q8_0 block is
  * one unit, a Q4_K/Q5_K/Q6_K super-block of 256 is eight (its sub-blocks in value order).
- * unit(block, sub, w) computes the 32 values with the CPU reference's operations in its order,
- * each correctly rounded (no FMA contraction), so the result is bit-exact with ggml's float32
- * dequantization. Loads: 128-bit for the 16-byte aligned K-quant blocks, 32-bit for Q4_1, 16-bit
- * for the 2-byte aligned Q4_0/Q5_0/Q8_0/Q6_K blocks.
+ * Rows are kept in the planar layout (gguf_quant.h ms_ggml_rows_to_planar: each row's quant
+ * bytes, then its scales). unit(row, nb, k, sub, w) computes the 32 values with the CPU
+ * reference's operations in its order, each correctly rounded (no FMA contraction), so the result
+ * is bit-exact with ggml's float32 dequantization. The GEMV's loads (Q::load<M>): in rows that
+ * start 16-byte aligned, 8 bytes of Q4_0/Q4_1/Q5_0/Q6_K quants and 16 of Q8_0's (and the K-quant
+ * headers) per load; otherwise 16-bit ones.
  *
  * Device code for NVRTC; without __CUDA_ARCH__ (tests/test_quant_blocks.cpp, which defines
- * __device__, __forceinline__ and uint4 first) the same code builds on the host with plain loads,
+ * __device__, __forceinline__, uint2 and uint4 first) the same code builds on the host with plain loads,
  * so the CPU CI checks it against ms_ggml_dequantize.
  */
 #pragma once
@@ -106,6 +108,18 @@ __device__ __forceinline__ uint2 ld_u64(const unsigned char *p) {
  * for q in [0, 2^23) (u2f) and (-2^22, 2^22) (i2f), so bit-identical to (float)q. */
 __device__ __forceinline__ float u2f(unsigned q) { return as_float(0x4B000000u | q) - 8388608.0f; }
 __device__ __forceinline__ float i2f(int q) { return as_float(0x4B400000u + (unsigned)q) - 12582912.0f; }
+
+/* c + the dot product of the four signed bytes of a and b (PTX dp4a.s32.s32; the host build
+ * multiplies byte by byte). */
+#ifdef __CUDA_ARCH__
+__device__ __forceinline__ int dp4a(int a, int b, int c) { return __dp4a(a, b, c); }
+#else
+inline int dp4a(int a, int b, int c) {
+    for (int i = 0; i < 4; i++)
+        c += (int)(signed char)(a >> (8 * i)) * (int)(signed char)(b >> (8 * i));
+    return c;
+}
+#endif
 
 /* Bytes [0, N) of a 2-byte aligned address, with 16-bit loads. */
 template <int N> __device__ __forceinline__ void ld_bytes2(const unsigned char *p, unsigned char (&b)[N]) {
@@ -251,16 +265,49 @@ __device__ __forceinline__ unsigned byte8(unsigned w0, unsigned w1, int k) {
 /* Four bytes at a 2-byte aligned address as one word (two 16-bit loads). */
 __device__ __forceinline__ unsigned ld_u32_a2(const unsigned char *p) { return ld_u16(p) | (ld_u16(p + 2) << 16); }
 
+/* How Q::load reads a row's bytes (the policy M of Q::load<M>), by the alignment of the row's
+ * start: gmem16, rows at 16-byte aligned addresses (row_bytes a multiple of 16, e.g. any Q4_0 row
+ * of a multiple of 256 values), loads of the widths the planar layout aligns (8 bytes of Q4_0
+ * quants, 16 of Q8_0's); gmem2, rows only 2-byte aligned, every load made of 16-bit ones. The
+ * same bytes either way. On the host both are the byte-assembled loads above. */
+struct gmem16 {
+    static __device__ __forceinline__ unsigned u16(const unsigned char *p) { return ld_u16(p); }
+    static __device__ __forceinline__ unsigned u32(const unsigned char *p) { return ld_u32(p); }
+    static __device__ __forceinline__ uint2 u64(const unsigned char *p) { return ld_u64(p); }
+    static __device__ __forceinline__ uint4 u128(const unsigned char *p) { return ld_u128(p); }
+};
+struct gmem2 {
+    static __device__ __forceinline__ unsigned u16(const unsigned char *p) { return ld_u16(p); }
+    static __device__ __forceinline__ unsigned u32(const unsigned char *p) { return ld_u32_a2(p); }
+    static __device__ __forceinline__ uint2 u64(const unsigned char *p) {
+        uint2 v;
+        v.x = ld_u32_a2(p);
+        v.y = ld_u32_a2(p + 4);
+        return v;
+    }
+    static __device__ __forceinline__ uint4 u128(const unsigned char *p) {
+        uint4 v;
+        v.x = ld_u32_a2(p);
+        v.y = ld_u32_a2(p + 4);
+        v.z = ld_u32_a2(p + 8);
+        v.w = ld_u32_a2(p + 12);
+        return v;
+    }
+};
+
 } // namespace quant
 
-/* ---- the block types: kQK values in kBytes bytes.
+/* ---- the block types: kQK values in kBytes bytes, kept in device memory in the planar row
+ * layout (gguf_quant.h ms_ggml_rows_to_planar): a row of nb blocks is [the blocks' quant bytes,
+ * kP0 each][the rest of each block, its scales, kBytes - kP0 each]; plane_q / plane_h give block
+ * k's two parts (for Q4_K and Q5_K, kP0 = kBytes: the blocks unchanged, plane_h = plane_q).
  *
- * unit(block, sub, w): values [32 sub, 32 sub + 32) of the block, each bit-identical to ggml's
- * float32 dequantization (the dequantize and embedding kernels).
+ * unit(row, nb, k, sub, w): values [32 sub, 32 sub + 32) of block k of a planar row of nb blocks,
+ * each bit-identical to ggml's float32 dequantization (the dequantize and embedding kernels).
  *
  * The GEMV's reading (qmatmul.cuh qgemv): a row is walked in chunks of 512 values, one warp per
  * chunk; lane L takes 16 of them, two runs of 8 consecutive values at chunk offsets run0(L) and
- * run0(L) + kRun1 (the 32 lanes cover the chunk once). qlane<Q>(row, ch, L, v, d, m) (Q::load,
+ * run0(L) + kRun1 (the 32 lanes cover the chunk once). qlane<Q>(row, nb, ch, L, v, d, m) (Q::load,
  * then Q::decode) gives, for run j and k < 8, w[run0 + j kRun1 + k] = d[j] * q + m[j] with
  * q = v[8 j + k] / nib_scale(8 j + k) (or v itself where kNibScaled is false): v holds
  * exact small-integer floats (times nib_scale where kNibScaled, so that no value needs a shift),
@@ -268,30 +315,54 @@ __device__ __forceinline__ unsigned ld_u32_a2(const unsigned char *p) { return l
  * in that order the value is bit-identical to unit's (tests/test_quant_blocks.cpp), and the GEMV
  * accumulates d[j] * sum_k v x' + m[j] * sum_k x with x' = x / nib_scale. lane_ok(ch, L, in):
  * the lane's values lie inside a row of `in` values (a 32-value type's last chunk may be partial).
+ *
+ * The integer GEMV (kI8: Q4_0, Q8_0, Q4_K; qmatmul.cuh qgemv_chunk_i8): x is quantized per
+ * 32-value block to int8 as ggml-cuda's q8_1 does (dx = amax / 127, q = rint(x 127 / amax)), the
+ * lane's 16 x values packed into xw[4] (run j in xw[2 j], xw[2 j + 1], value order), xs[j] their
+ * integer sums; idot(raw, xw, xs, is) gives per run the exact integer is[j] with
+ * sum_k w x^ = dx (d[j] is[j] + m[j] xs[j]) (x^ = dx q, the quantized x; scales(raw, L, d, m) the
+ * run's scale and offset, as decode's; m = 0 without a min),
+ * from dp4a over the weight's bytes as loaded, with no float conversion per value. The lanes that
+ * share an x block are kXLanes consecutive ones (their amax is reduced over them), and kXOneBlock
+ * says that both of a lane's runs lie in one x block (and one weight block: d[0] = d[1]).
  * ---- */
+
+/// Block k's quant bytes (plane 0) in a planar row of nb blocks.
+template <typename Q>
+__device__ __forceinline__ const unsigned char *plane_q(const unsigned char *row, int, int k) {
+    return row + (size_t)k * Q::kP0;
+}
+/// Block k's other bytes (plane 1: its scales, in ggml's order); plane_q for the unchanged types.
+template <typename Q>
+__device__ __forceinline__ const unsigned char *plane_h(const unsigned char *row, int nb, int k) {
+    return Q::kP0 == Q::kBytes ? row + (size_t)k * Q::kBytes
+                               : row + (size_t)nb * Q::kP0 + (size_t)k * (Q::kBytes - Q::kP0);
+}
 
 /// block_q4_0: f16 d; 16 bytes of 4-bit q (low nibbles values 0..15, high 16..31); w = (q - 8) d.
 /// GEMV lane: unit L / 2 of the chunk, bytes 8 (L % 2) .. + 8: values 8 h .. and 16 + 8 h ...
 struct q4_0 {
-    static constexpr int kQK = 32, kBytes = 18, kRun1 = 16;
-    static constexpr bool kMin = false, kNibScaled = true;
-    static __device__ __forceinline__ void unit(const unsigned char *b, int, float (&w)[32]) {
-        unsigned char v[18];
-        quant::ld_bytes2<18>(b, v);
-        const float d = quant::f16_bits((unsigned)v[0] | ((unsigned)v[1] << 8));
+    static constexpr int kQK = 32, kBytes = 18, kP0 = 16, kRun1 = 16, kXLanes = 2;
+    static constexpr bool kMin = false, kNibScaled = true, kI8 = true, kXOneBlock = true;
+    static __device__ __forceinline__ void unit(const unsigned char *row, int nb, int k, int, float (&w)[32]) {
+        unsigned char v[16];
+        quant::ld_bytes2<16>(plane_q<q4_0>(row, nb, k), v);
+        const float d = quant::f16_bits(quant::ld_u16(plane_h<q4_0>(row, nb, k)));
 #pragma unroll
         for (int j = 0; j < 16; j++) {
-            w[j] = quant::mul_rn(quant::i2f((v[2 + j] & 0x0F) - 8), d);
-            w[j + 16] = quant::mul_rn(quant::i2f((v[2 + j] >> 4) - 8), d);
+            w[j] = quant::mul_rn(quant::i2f((v[j] & 0x0F) - 8), d);
+            w[j + 16] = quant::mul_rn(quant::i2f((v[j] >> 4) - 8), d);
         }
     }
     static __device__ __forceinline__ int run0(int L) { return 32 * (L >> 1) + 8 * (L & 1); }
     static __device__ __forceinline__ bool lane_ok(int ch, int L, int in) { return (16 * ch + (L >> 1)) * 32 < in; }
-    static __device__ __forceinline__ void load(const unsigned char *row, int ch, int L, quant::qraw &r) {
-        const unsigned char *b = row + (size_t)(16 * ch + (L >> 1)) * kBytes, *q = b + 2 + 8 * (L & 1);
-        r.u[0] = quant::ld_u32_a2(q);
-        r.u[1] = quant::ld_u32_a2(q + 4);
-        r.u[2] = quant::ld_u16(b);
+    template <typename M = quant::gmem2>
+    static __device__ __forceinline__ void load(const unsigned char *row, int nb, int ch, int L, quant::qraw &r) {
+        const int k = 16 * ch + (L >> 1);
+        const uint2 q = M::u64(plane_q<q4_0>(row, nb, k) + 8 * (L & 1));
+        r.u[0] = q.x;
+        r.u[1] = q.y;
+        r.u[2] = M::u16(plane_h<q4_0>(row, nb, k));
     }
     static __device__ __forceinline__ void decode(const quant::qraw &r, int, float (&v)[16], float (&d)[2],
                                                   float (&m)[2]) {
@@ -299,30 +370,45 @@ struct q4_0 {
         d[0] = d[1] = quant::f16_bits(r.u[2]);
         m[0] = m[1] = 0.0f;
     }
+    static __device__ __forceinline__ void scales(const quant::qraw &r, int, float (&d)[2], float (&m)[2]) {
+        d[0] = d[1] = quant::f16_bits(r.u[2]);
+        m[0] = m[1] = 0.0f;
+    }
+    static __device__ __forceinline__ void idot(const quant::qraw &r, const int (&xw)[4], const int (&xs)[2],
+                                                int (&is)[2]) {
+        /* low nibbles: run 0 (values 8 h ..), high: run 1 (16 + 8 h ..); q - 8 as - 8 sum(x q) */
+        const int lo0 = (int)(r.u[0] & 0x0F0F0F0Fu), lo1 = (int)(r.u[1] & 0x0F0F0F0Fu);
+        const int hi0 = (int)((r.u[0] >> 4) & 0x0F0F0F0Fu), hi1 = (int)((r.u[1] >> 4) & 0x0F0F0F0Fu);
+        is[0] = quant::dp4a(lo1, xw[1], quant::dp4a(lo0, xw[0], -8 * xs[0]));
+        is[1] = quant::dp4a(hi1, xw[3], quant::dp4a(hi0, xw[2], -8 * xs[1]));
+    }
 };
 
 /// block_q4_1: f16 d, f16 m; 16 bytes of 4-bit q; w = q d + m. GEMV lane as Q4_0's.
 struct q4_1 {
-    static constexpr int kQK = 32, kBytes = 20, kRun1 = 16;
-    static constexpr bool kMin = true, kNibScaled = true;
-    static __device__ __forceinline__ void unit(const unsigned char *b, int, float (&w)[32]) {
-        unsigned char v[20];
-        quant::ld_bytes4<20>(b, v);
-        const float d = quant::f16_bits((unsigned)v[0] | ((unsigned)v[1] << 8));
-        const float m = quant::f16_bits((unsigned)v[2] | ((unsigned)v[3] << 8));
+    static constexpr int kQK = 32, kBytes = 20, kP0 = 16, kRun1 = 16;
+    static constexpr bool kMin = true, kNibScaled = true, kI8 = false;
+    static __device__ __forceinline__ void unit(const unsigned char *row, int nb, int k, int, float (&w)[32]) {
+        unsigned char v[16];
+        quant::ld_bytes4<16>(plane_q<q4_1>(row, nb, k), v);
+        const unsigned char *h = plane_h<q4_1>(row, nb, k);
+        const float d = quant::f16_bits(quant::ld_u16(h));
+        const float m = quant::f16_bits(quant::ld_u16(h + 2));
 #pragma unroll
         for (int j = 0; j < 16; j++) {
-            w[j] = quant::add_rn(quant::mul_rn(quant::i2f(v[4 + j] & 0x0F), d), m);
-            w[j + 16] = quant::add_rn(quant::mul_rn(quant::i2f(v[4 + j] >> 4), d), m);
+            w[j] = quant::add_rn(quant::mul_rn(quant::i2f(v[j] & 0x0F), d), m);
+            w[j + 16] = quant::add_rn(quant::mul_rn(quant::i2f(v[j] >> 4), d), m);
         }
     }
     static __device__ __forceinline__ int run0(int L) { return 32 * (L >> 1) + 8 * (L & 1); }
     static __device__ __forceinline__ bool lane_ok(int ch, int L, int in) { return (16 * ch + (L >> 1)) * 32 < in; }
-    static __device__ __forceinline__ void load(const unsigned char *row, int ch, int L, quant::qraw &r) {
-        const unsigned char *b = row + (size_t)(16 * ch + (L >> 1)) * kBytes, *q = b + 4 + 8 * (L & 1);
-        r.u[0] = quant::ld_u32(q);
-        r.u[1] = quant::ld_u32(q + 4);
-        r.u[2] = quant::ld_u32(b);
+    template <typename M = quant::gmem2>
+    static __device__ __forceinline__ void load(const unsigned char *row, int nb, int ch, int L, quant::qraw &r) {
+        const int k = 16 * ch + (L >> 1);
+        const uint2 q = M::u64(plane_q<q4_1>(row, nb, k) + 8 * (L & 1));
+        r.u[0] = q.x;
+        r.u[1] = q.y;
+        r.u[2] = M::u32(plane_h<q4_1>(row, nb, k));
     }
     static __device__ __forceinline__ void decode(const quant::qraw &r, int, float (&v)[16], float (&d)[2],
                                                   float (&m)[2]) {
@@ -335,30 +421,33 @@ struct q4_1 {
 /// block_q5_0: f16 d; u32 qh (the 5th bits); 16 bytes of low nibbles; w = (q - 16) d. GEMV lane as
 /// Q4_0's (values j = 8 h + k and j + 16: qh bits j and j + 16).
 struct q5_0 {
-    static constexpr int kQK = 32, kBytes = 22, kRun1 = 16;
-    static constexpr bool kMin = false, kNibScaled = false;
-    static __device__ __forceinline__ void unit(const unsigned char *b, int, float (&w)[32]) {
-        unsigned char v[22];
-        quant::ld_bytes2<22>(b, v);
-        const float d = quant::f16_bits((unsigned)v[0] | ((unsigned)v[1] << 8));
-        const unsigned qh = (unsigned)v[2] | ((unsigned)v[3] << 8) | ((unsigned)v[4] << 16) |
-                            ((unsigned)v[5] << 24);
+    static constexpr int kQK = 32, kBytes = 22, kP0 = 16, kRun1 = 16;
+    static constexpr bool kMin = false, kNibScaled = false, kI8 = false;
+    static __device__ __forceinline__ void unit(const unsigned char *row, int nb, int k, int, float (&w)[32]) {
+        unsigned char v[16];
+        quant::ld_bytes2<16>(plane_q<q5_0>(row, nb, k), v);
+        const unsigned char *h = plane_h<q5_0>(row, nb, k);
+        const float d = quant::f16_bits(quant::ld_u16(h));
+        const unsigned qh = quant::ld_u32_a2(h + 2);
 #pragma unroll
         for (int j = 0; j < 16; j++) {
             const int xh0 = (int)(((qh >> j) << 4) & 0x10u);
             const int xh1 = (int)((qh >> (j + 12)) & 0x10u);
-            w[j] = quant::mul_rn(quant::i2f(((v[6 + j] & 0x0F) | xh0) - 16), d);
-            w[j + 16] = quant::mul_rn(quant::i2f(((v[6 + j] >> 4) | xh1) - 16), d);
+            w[j] = quant::mul_rn(quant::i2f(((v[j] & 0x0F) | xh0) - 16), d);
+            w[j + 16] = quant::mul_rn(quant::i2f(((v[j] >> 4) | xh1) - 16), d);
         }
     }
     static __device__ __forceinline__ int run0(int L) { return 32 * (L >> 1) + 8 * (L & 1); }
     static __device__ __forceinline__ bool lane_ok(int ch, int L, int in) { return (16 * ch + (L >> 1)) * 32 < in; }
-    static __device__ __forceinline__ void load(const unsigned char *row, int ch, int L, quant::qraw &r) {
-        const unsigned char *b = row + (size_t)(16 * ch + (L >> 1)) * kBytes, *q = b + 6 + 8 * (L & 1);
-        r.u[0] = quant::ld_u32_a2(q);
-        r.u[1] = quant::ld_u32_a2(q + 4);
-        r.u[2] = quant::ld_u32_a2(b + 2);
-        r.u[3] = quant::ld_u16(b);
+    template <typename M = quant::gmem2>
+    static __device__ __forceinline__ void load(const unsigned char *row, int nb, int ch, int L, quant::qraw &r) {
+        const int k = 16 * ch + (L >> 1);
+        const uint2 q = M::u64(plane_q<q5_0>(row, nb, k) + 8 * (L & 1));
+        const unsigned char *h = plane_h<q5_0>(row, nb, k);
+        r.u[0] = q.x;
+        r.u[1] = q.y;
+        r.u[2] = M::u16(h + 2) | (M::u16(h + 4) << 16);
+        r.u[3] = M::u16(h);
     }
     static __device__ __forceinline__ void decode(const quant::qraw &r, int L, float (&v)[16], float (&d)[2],
                                                   float (&m)[2]) {
@@ -377,24 +466,24 @@ struct q5_0 {
 /// block_q8_0: f16 d; 32 int8 q; w = q d. GEMV lane: unit L / 2, values 16 (L % 2) .. + 16 (two
 /// runs of 8: kRun1 8), each byte placed into the mantissa of 2^23 by one byte permute.
 struct q8_0 {
-    static constexpr int kQK = 32, kBytes = 34, kRun1 = 8;
-    static constexpr bool kMin = false, kNibScaled = false;
-    static __device__ __forceinline__ void unit(const unsigned char *b, int, float (&w)[32]) {
-        unsigned char v[34];
-        quant::ld_bytes2<34>(b, v);
-        const float d = quant::f16_bits((unsigned)v[0] | ((unsigned)v[1] << 8));
+    static constexpr int kQK = 32, kBytes = 34, kP0 = 32, kRun1 = 8, kXLanes = 2;
+    static constexpr bool kMin = false, kNibScaled = false, kI8 = true, kXOneBlock = true;
+    static __device__ __forceinline__ void unit(const unsigned char *row, int nb, int k, int, float (&w)[32]) {
+        unsigned char v[32];
+        quant::ld_bytes2<32>(plane_q<q8_0>(row, nb, k), v);
+        const float d = quant::f16_bits(quant::ld_u16(plane_h<q8_0>(row, nb, k)));
 #pragma unroll
         for (int j = 0; j < 32; j++)
-            w[j] = quant::mul_rn(quant::i2f((signed char)v[2 + j]), d);
+            w[j] = quant::mul_rn(quant::i2f((signed char)v[j]), d);
     }
     static __device__ __forceinline__ int run0(int L) { return 32 * (L >> 1) + 16 * (L & 1); }
     static __device__ __forceinline__ bool lane_ok(int ch, int L, int in) { return (16 * ch + (L >> 1)) * 32 < in; }
-    static __device__ __forceinline__ void load(const unsigned char *row, int ch, int L, quant::qraw &r) {
-        const unsigned char *b = row + (size_t)(16 * ch + (L >> 1)) * kBytes, *q = b + 2 + 16 * (L & 1);
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            r.u[i] = quant::ld_u32_a2(q + 4 * i);
-        r.u[4] = quant::ld_u16(b);
+    template <typename M = quant::gmem2>
+    static __device__ __forceinline__ void load(const unsigned char *row, int nb, int ch, int L, quant::qraw &r) {
+        const int k = 16 * ch + (L >> 1);
+        const uint4 q = M::u128(plane_q<q8_0>(row, nb, k) + 16 * (L & 1));
+        r.u[0] = q.x, r.u[1] = q.y, r.u[2] = q.z, r.u[3] = q.w;
+        r.u[4] = M::u16(plane_h<q8_0>(row, nb, k));
     }
     static __device__ __forceinline__ void decode(const quant::qraw &r, int, float (&v)[16], float (&d)[2],
                                                   float (&m)[2]) {
@@ -410,6 +499,15 @@ struct q8_0 {
         d[0] = d[1] = quant::f16_bits(r.u[4]);
         m[0] = m[1] = 0.0f;
     }
+    static __device__ __forceinline__ void scales(const quant::qraw &r, int, float (&d)[2], float (&m)[2]) {
+        d[0] = d[1] = quant::f16_bits(r.u[4]);
+        m[0] = m[1] = 0.0f;
+    }
+    static __device__ __forceinline__ void idot(const quant::qraw &r, const int (&xw)[4], const int (&)[2],
+                                                int (&is)[2]) {
+        is[0] = quant::dp4a((int)r.u[1], xw[1], quant::dp4a((int)r.u[0], xw[0], 0));
+        is[1] = quant::dp4a((int)r.u[3], xw[3], quant::dp4a((int)r.u[2], xw[2], 0));
+    }
 };
 
 /// block_q4_K: f16 d, f16 dmin, 12 bytes of 6-bit scales/mins, 128 bytes of 4-bit q; sub-block s
@@ -417,9 +515,10 @@ struct q8_0 {
 /// GEMV lane: super-block L / 16 of the chunk's two, qs bytes 32 k + j0 .. + 8 (k = L / 4 % 4,
 /// j0 = 8 (L % 4)): their low nibbles are sub-block 2 k's values j0 .., the high ones 2 k + 1's.
 struct q4_k {
-    static constexpr int kQK = 256, kBytes = 144, kRun1 = 32;
-    static constexpr bool kMin = true, kNibScaled = true;
-    static __device__ __forceinline__ void unit(const unsigned char *b, int s, float (&w)[32]) {
+    static constexpr int kQK = 256, kBytes = 144, kP0 = 144, kRun1 = 32, kXLanes = 4;
+    static constexpr bool kMin = true, kNibScaled = true, kI8 = true, kXOneBlock = false;
+    static __device__ __forceinline__ void unit(const unsigned char *row, int nb, int k, int s, float (&w)[32]) {
+        const unsigned char *b = plane_q<q4_k>(row, nb, k);
         unsigned char h[16], q[32];
         quant::ld_bytes16<16>(b, h);
         quant::ld_bytes16<32>(b + 16 + 32 * (s >> 1), q);
@@ -432,10 +531,11 @@ struct q4_k {
     }
     static __device__ __forceinline__ int run0(int L) { return 256 * (L >> 4) + 64 * ((L >> 2) & 3) + 8 * (L & 3); }
     static __device__ __forceinline__ bool lane_ok(int ch, int L, int in) { return (2 * ch + (L >> 4)) * 256 < in; }
-    static __device__ __forceinline__ void load(const unsigned char *row, int ch, int L, quant::qraw &r) {
-        const unsigned char *b = row + (size_t)(2 * ch + (L >> 4)) * kBytes;
-        const uint4 h = quant::ld_u128(b);
-        const uint2 q = quant::ld_u64(b + 16 + 32 * ((L >> 2) & 3) + 8 * (L & 3));
+    template <typename M = quant::gmem2>
+    static __device__ __forceinline__ void load(const unsigned char *row, int nb, int ch, int L, quant::qraw &r) {
+        const unsigned char *b = plane_q<q4_k>(row, nb, 2 * ch + (L >> 4));
+        const uint4 h = M::u128(b);
+        const uint2 q = M::u64(b + 16 + 32 * ((L >> 2) & 3) + 8 * (L & 3));
         r.u[0] = h.x, r.u[1] = h.y, r.u[2] = h.z, r.u[3] = h.w, r.u[4] = q.x, r.u[5] = q.y;
     }
     static __device__ __forceinline__ void decode(const quant::qraw &r, int L, float (&v)[16], float (&d)[2],
@@ -444,14 +544,26 @@ struct q4_k {
         quant::nibbles16<0>(r.u[4], r.u[5], v);
         quant::pair_scales_k(r, k, d, m);
     }
+    static __device__ __forceinline__ void scales(const quant::qraw &r, int L, float (&d)[2], float (&m)[2]) {
+        quant::pair_scales_k(r, (L >> 2) & 3, d, m);
+    }
+    static __device__ __forceinline__ void idot(const quant::qraw &r, const int (&xw)[4], const int (&)[2],
+                                                int (&is)[2]) {
+        /* low nibbles: sub-block 2 k (run 0), high: 2 k + 1 (run 1) */
+        const int lo0 = (int)(r.u[4] & 0x0F0F0F0Fu), lo1 = (int)(r.u[5] & 0x0F0F0F0Fu);
+        const int hi0 = (int)((r.u[4] >> 4) & 0x0F0F0F0Fu), hi1 = (int)((r.u[5] >> 4) & 0x0F0F0F0Fu);
+        is[0] = quant::dp4a(lo1, xw[1], quant::dp4a(lo0, xw[0], 0));
+        is[1] = quant::dp4a(hi1, xw[3], quant::dp4a(hi0, xw[2], 0));
+    }
 };
 
 /// block_q5_K: as Q4_K plus 32 bytes qh (bit 2 (s / 2) + (s & 1) of qh[l] is value l's 5th bit).
 /// GEMV lane as Q4_K's (qh bytes j0 .. + 8, bits 2 k and 2 k + 1).
 struct q5_k {
-    static constexpr int kQK = 256, kBytes = 176, kRun1 = 32;
-    static constexpr bool kMin = true, kNibScaled = false;
-    static __device__ __forceinline__ void unit(const unsigned char *b, int s, float (&w)[32]) {
+    static constexpr int kQK = 256, kBytes = 176, kP0 = 176, kRun1 = 32;
+    static constexpr bool kMin = true, kNibScaled = false, kI8 = false;
+    static __device__ __forceinline__ void unit(const unsigned char *row, int nb, int k, int s, float (&w)[32]) {
+        const unsigned char *b = plane_q<q5_k>(row, nb, k);
         unsigned char h[16], qh[32], ql[32];
         quant::ld_bytes16<16>(b, h);
         quant::ld_bytes16<32>(b + 16, qh);
@@ -468,11 +580,12 @@ struct q5_k {
     }
     static __device__ __forceinline__ int run0(int L) { return 256 * (L >> 4) + 64 * ((L >> 2) & 3) + 8 * (L & 3); }
     static __device__ __forceinline__ bool lane_ok(int ch, int L, int in) { return (2 * ch + (L >> 4)) * 256 < in; }
-    static __device__ __forceinline__ void load(const unsigned char *row, int ch, int L, quant::qraw &r) {
-        const unsigned char *b = row + (size_t)(2 * ch + (L >> 4)) * kBytes;
+    template <typename M = quant::gmem2>
+    static __device__ __forceinline__ void load(const unsigned char *row, int nb, int ch, int L, quant::qraw &r) {
+        const unsigned char *b = plane_q<q5_k>(row, nb, 2 * ch + (L >> 4));
         const int k = (L >> 2) & 3, j0 = 8 * (L & 3);
-        const uint4 h = quant::ld_u128(b);
-        const uint2 ql = quant::ld_u64(b + 48 + 32 * k + j0), qh = quant::ld_u64(b + 16 + j0);
+        const uint4 h = M::u128(b);
+        const uint2 ql = M::u64(b + 48 + 32 * k + j0), qh = M::u64(b + 16 + j0);
         r.u[0] = h.x, r.u[1] = h.y, r.u[2] = h.z, r.u[3] = h.w;
         r.u[4] = ql.x, r.u[5] = ql.y, r.u[6] = qh.x, r.u[7] = qh.y;
     }
@@ -494,15 +607,16 @@ struct q5_k {
 /// GEMV lane: super-block L / 16, n = L / 8 % 2, k' = L / 4 % 2, l0 = 8 (L % 4): ql bytes
 /// 64 n + 32 k' + l0 .. + 8 (low nibbles: k = k', high: k = k' + 2) and qh bytes 32 n + l0 .. + 8.
 struct q6_k {
-    static constexpr int kQK = 256, kBytes = 210, kRun1 = 64;
-    static constexpr bool kMin = false, kNibScaled = false;
-    static __device__ __forceinline__ void unit(const unsigned char *b, int s, float (&w)[32]) {
+    static constexpr int kQK = 256, kBytes = 210, kP0 = 208, kRun1 = 64;
+    static constexpr bool kMin = false, kNibScaled = false, kI8 = false;
+    static __device__ __forceinline__ void unit(const unsigned char *row, int nb, int blk, int s, float (&w)[32]) {
+        const unsigned char *b = plane_q<q6_k>(row, nb, blk);
         const int n = s >> 2, k = s & 3;
         unsigned char ql[32], qh[32], scb[2], db[2];
         quant::ld_bytes2<32>(b + 64 * n + 32 * (k & 1), ql);
         quant::ld_bytes2<32>(b + 128 + 32 * n, qh);
         quant::ld_bytes2<2>(b + 192 + 8 * n + 2 * k, scb);
-        quant::ld_bytes2<2>(b + 208, db);
+        quant::ld_bytes2<2>(plane_h<q6_k>(row, nb, blk), db);
         const float d = quant::f16_bits((unsigned)db[0] | ((unsigned)db[1] << 8));
         const float ds0 = quant::mul_rn(d, quant::i2f((signed char)scb[0]));
         const float ds1 = quant::mul_rn(d, quant::i2f((signed char)scb[1]));
@@ -517,18 +631,21 @@ struct q6_k {
         return 256 * (L >> 4) + 128 * ((L >> 3) & 1) + 32 * ((L >> 2) & 1) + 8 * (L & 3);
     }
     static __device__ __forceinline__ bool lane_ok(int ch, int L, int in) { return (2 * ch + (L >> 4)) * 256 < in; }
-    static __device__ __forceinline__ void load(const unsigned char *row, int ch, int L, quant::qraw &r) {
-        const unsigned char *b = row + (size_t)(2 * ch + (L >> 4)) * kBytes;
+    template <typename M = quant::gmem2>
+    static __device__ __forceinline__ void load(const unsigned char *row, int nb, int ch, int L, quant::qraw &r) {
+        const int sb = 2 * ch + (L >> 4);
+        const unsigned char *b = plane_q<q6_k>(row, nb, sb);
         const int n = (L >> 3) & 1, kp = (L >> 2) & 1, l0 = 8 * (L & 3);
-        r.u[0] = quant::ld_u32_a2(b + 64 * n + 32 * kp + l0);
-        r.u[1] = quant::ld_u32_a2(b + 64 * n + 32 * kp + l0 + 4);
-        r.u[2] = quant::ld_u32_a2(b + 128 + 32 * n + l0);
-        r.u[3] = quant::ld_u32_a2(b + 128 + 32 * n + l0 + 4);
+        const uint2 ql = M::u64(b + 64 * n + 32 * kp + l0), qh = M::u64(b + 128 + 32 * n + l0);
+        r.u[0] = ql.x;
+        r.u[1] = ql.y;
+        r.u[2] = qh.x;
+        r.u[3] = qh.y;
         /* scales sc[8 n + 2 k + l0 / 16] for k = k' and k' + 2: the 16-bit words at 192 + 8 n + 2 k'
          * and 4 bytes on (the byte l0 / 16 of each) */
-        r.u[4] = quant::ld_u16(b + 192 + 8 * n + 2 * kp);
-        r.u[5] = quant::ld_u16(b + 192 + 8 * n + 2 * kp + 4);
-        r.u[6] = quant::ld_u16(b + 208);
+        r.u[4] = M::u16(b + 192 + 8 * n + 2 * kp);
+        r.u[5] = M::u16(b + 192 + 8 * n + 2 * kp + 4);
+        r.u[6] = M::u16(plane_h<q6_k>(row, nb, sb));
     }
     static __device__ __forceinline__ void decode(const quant::qraw &r, int L, float (&v)[16], float (&d)[2],
                                                   float (&m)[2]) {
@@ -549,10 +666,10 @@ struct q6_k {
 
 /// One GEMV lane's values of one row (the block comment above): Q::load, then Q::decode.
 template <typename Q>
-__device__ __forceinline__ void qlane(const unsigned char *row, int ch, int L, float (&v)[16], float (&d)[2],
+__device__ __forceinline__ void qlane(const unsigned char *row, int nb, int ch, int L, float (&v)[16], float (&d)[2],
                                       float (&m)[2]) {
     quant::qraw r;
-    Q::load(row, ch, L, r);
+    Q::load(row, nb, ch, L, r);
     Q::decode(r, L, v, d, m);
 }
 

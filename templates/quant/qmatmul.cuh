@@ -18,10 +18,18 @@
  * sm_90) and accumulates d * sum(q x) + m * sum(x) per run in fp32. Partial sums are reduced with
  * warp shuffles and one shared-memory pass in a fixed order (deterministic).
  *
+ * The integer entries (Q4_0, Q8_0, Q4_K at up to MS_QGEMV_I8_MAX_COLS x rows: qgemv_chunk_i8)
+ * quantize x per 32 values to int8 in the kernel, as ggml-cuda's q8_1 (quant_x16), and take the
+ * dot of weight and x bytes with dp4a, four products per instruction instead of an AND-OR, FADD
+ * and FFMA per value: the fp32 GEMV was issue-bound (ncu, Q4_0 gate/up: issue slots 58% busy, the
+ * same values per second as Q8_0 at twice the bytes). y then differs from the fp32 dot by x's
+ * rounding to 8 bits (test_quant_cuda checks it against the same quantized x).
+ *
  * History (Q4_0 decode of an 8B model on the H200, docs/perf.md): one 32-value unit per thread
  * (x loads strided across the warp, each x row re-read per pair of rows): 147 tok/s; 8 values
  * per lane dequantized bit-exactly (an I2F and a rounded multiply per value, then the FMA):
- * 165 tok/s, the GEMV then issue-bound on I2F (ncu: gate/up at about 0.9 TB/s).
+ * 165 tok/s, the GEMV then issue-bound on I2F (ncu: gate/up at about 0.9 TB/s); nibbles to
+ * floats without I2F: 255; planar rows (8-byte loads): 260; the integer dot: 424.
  */
 #pragma once
 
@@ -72,68 +80,155 @@ __device__ __forceinline__ float dot16(const float (&v)[16], const float (&d)[2]
     return acc;
 }
 
-/// Q: block type; NC: x rows (exactly p.n); R: output rows per CTA (MS_QGEMV_ROWS_OF(NC)).
-/// Grid: ceil(rows / R) CTAs of MS_QGEMV_THREADS threads; warp w takes chunks w, w + NW, ... of
-/// 512 input values; the rows past p.rows of the last CTA read the last row and store nothing.
-template <typename Q, int NC, int R> __device__ __forceinline__ void qgemv(const ms_qmatmul_params &p) {
-    static_assert(NC >= 1 && NC <= MS_QGEMV_MAX_COLS && R >= 1, "qgemv: 1..8 x rows");
-    static_assert(Q::kQK == 32 || Q::kQK == 256, "qgemv: 32- or 256-value blocks");
-    constexpr int NW = MS_QGEMV_THREADS / 32;
-    __shared__ float red[NW][R * NC];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int r0 = blockIdx.x * R;
-    const int chunks = (p.in + 511) / 512;
-    const unsigned char *w = static_cast<const unsigned char *>(p.w);
-    const float *x = static_cast<const float *>(p.x);
+/// One warp chunk of 512 input values for R weight rows (rows[r]: planar rows of nb blocks, read
+/// as M says; ch: the chunk) against NC x rows (xc: x row 0 at the chunk's first value, rows
+/// x_stride apart): acc[r][c] += the lane's 16 products.
+template <typename Q, int NC, int R, typename M>
+__device__ __forceinline__ void qgemv_chunk(const unsigned char *const (&rows)[R], int nb, int ch, const float *xc,
+                                            int x_stride, int lane, float (&acc)[R][NC]) {
     const int o0 = Q::run0(lane), o1 = o0 + Q::kRun1;
-    const unsigned char *rows[R];
+    /* every row's bytes first, so that all R rows' loads are in flight together */
+    quant::qraw raw[R];
 #pragma unroll
     for (int r = 0; r < R; r++)
-        rows[r] = w + (size_t)(r0 + r < p.rows ? r0 + r : p.rows - 1) * (size_t)p.row_bytes;
-    float acc[R][NC];
-#pragma unroll
-    for (int r = 0; r < R; r++)
+        Q::template load<M>(rows[r], nb, ch, lane, raw[r]);
+    if (NC <= 2) {
+        /* few x rows: x in registers (pre-scaled), each weight row decoded and used at once */
+        float xs[NC][16], xsum[NC][2];
 #pragma unroll
         for (int c = 0; c < NC; c++)
-            acc[r][c] = 0.f;
-    for (int ch = warp; ch < chunks; ch += NW) {
-        if (!Q::lane_ok(ch, lane, p.in))
-            continue;
-        /* every row's bytes first, so that all R rows' loads are in flight together */
-        quant::qraw raw[R];
+            load_x<Q>(xc + (size_t)c * (size_t)x_stride, o0, o1, xs[c], xsum[c]);
 #pragma unroll
-        for (int r = 0; r < R; r++)
-            Q::load(rows[r], ch, lane, raw[r]);
-        if (NC <= 2) {
-            /* few x rows: x in registers (pre-scaled), each weight row decoded and used at once */
-            float xs[NC][16], xsum[NC][2];
+        for (int r = 0; r < R; r++) {
+            float v[16], d[2], m[2];
+            Q::decode(raw[r], lane, v, d, m);
 #pragma unroll
             for (int c = 0; c < NC; c++)
-                load_x<Q>(x + (size_t)c * (size_t)p.x_stride + (size_t)ch * 512, o0, o1, xs[c], xsum[c]);
+                acc[r][c] = dot16<Q>(v, d, m, xs[c], xsum[c], acc[r][c]);
+        }
+    } else {
+        /* more x rows: the R decoded rows in registers, one x row at a time (from L1/L2) */
+        float v[R][16], d[R][2], m[R][2];
 #pragma unroll
-            for (int r = 0; r < R; r++) {
-                float v[16], d[2], m[2];
-                Q::decode(raw[r], lane, v, d, m);
+        for (int r = 0; r < R; r++)
+            Q::decode(raw[r], lane, v[r], d[r], m[r]);
 #pragma unroll
-                for (int c = 0; c < NC; c++)
-                    acc[r][c] = dot16<Q>(v, d, m, xs[c], xsum[c], acc[r][c]);
-            }
-        } else {
-            /* more x rows: the R decoded rows in registers, one x row at a time (from L1/L2) */
-            float v[R][16], d[R][2], m[R][2];
+        for (int c = 0; c < NC; c++) {
+            float xs[16], xsum[2];
+            load_x<Q>(xc + (size_t)c * (size_t)x_stride, o0, o1, xs, xsum);
 #pragma unroll
             for (int r = 0; r < R; r++)
-                Q::decode(raw[r], lane, v[r], d[r], m[r]);
-#pragma unroll
-            for (int c = 0; c < NC; c++) {
-                float xs[16], xsum[2];
-                load_x<Q>(x + (size_t)c * (size_t)p.x_stride + (size_t)ch * 512, o0, o1, xs, xsum);
-#pragma unroll
-                for (int r = 0; r < R; r++)
-                    acc[r][c] = dot16<Q>(v[r], d[r], m[r], xs, xsum, acc[r][c]);
-            }
+                acc[r][c] = dot16<Q>(v[r], d[r], m[r], xs, xsum, acc[r][c]);
         }
     }
+}
+
+/// The lane's 16 x values of one x row's chunk (runs at o0, o1, as load_x) quantized for the
+/// integer GEMV (blocks.cuh, "The integer GEMV"): per 32-value x block, dx = amax / 127 and
+/// q = rint(x 127 / amax) (0 where amax is 0), amax reduced over the Q::kXLanes lanes that share the
+/// block (every lane of the warp calls this; !ok lanes give zeros). xw: the run's q as int8 words,
+/// xs: their sums. rint by the magic constant 1.5 2^23: the float's low byte is q's two's
+/// complement, so four q pack into a word with three byte permutes.
+template <typename Q>
+__device__ __forceinline__ void quant_x16(const float *xc, int o0, int o1, bool ok, int (&xw)[4], float (&dx)[2],
+                                          int (&xs)[2]) {
+    float xv[16];
+    if (ok) {
+        const float4 *a = reinterpret_cast<const float4 *>(xc + o0), *b = reinterpret_cast<const float4 *>(xc + o1);
+        const float4 v0 = __ldg(a), v1 = __ldg(a + 1), v2 = __ldg(b), v3 = __ldg(b + 1);
+        const float t[16] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w,
+                             v2.x, v2.y, v2.z, v2.w, v3.x, v3.y, v3.z, v3.w};
+#pragma unroll
+        for (int i = 0; i < 16; i++)
+            xv[i] = t[i];
+    } else {
+#pragma unroll
+        for (int i = 0; i < 16; i++)
+            xv[i] = 0.f;
+    }
+    float am[2] = {0.f, 0.f};
+    bool nan = false; /* fmaxf drops NaN: the lane's scale carries it instead, so y is NaN as fp32's */
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        am[i >> 3] = fmaxf(am[i >> 3], fabsf(xv[i]));
+        nan |= xv[i] != xv[i];
+    }
+    if (Q::kXOneBlock)
+        am[0] = am[1] = fmaxf(am[0], am[1]);
+#pragma unroll
+    for (int o = 1; o < Q::kXLanes; o <<= 1)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            am[j] = fmaxf(am[j], __shfl_xor_sync(0xffffffffu, am[j], o));
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        dx[j] = am[j] / 127.0f;
+        const float id = am[j] > 0.f ? 127.0f / am[j] : 0.f;
+        unsigned b[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            b[k] = __float_as_uint(fmaf(xv[8 * j + k], id, 12582912.0f));
+        xw[2 * j] = (int)__byte_perm(__byte_perm(b[0], b[1], 0x0040u), __byte_perm(b[2], b[3], 0x0040u), 0x5410u);
+        xw[2 * j + 1] = (int)__byte_perm(__byte_perm(b[4], b[5], 0x0040u), __byte_perm(b[6], b[7], 0x0040u), 0x5410u);
+        xs[j] = quant::dp4a(xw[2 * j + 1], 0x01010101, quant::dp4a(xw[2 * j], 0x01010101, 0));
+        if (nan)
+            dx[j] = __int_as_float(0x7fffffff);
+    }
+}
+
+/// qgemv_chunk for the kI8 types at up to MS_QGEMV_I8_MAX_COLS x rows: the R rows' bytes and
+/// scales, then per x row its quantized values (quant_x16) and per weight row the runs' exact
+/// integer dots (Q::idot: dp4a), scaled once per run: acc += dx (d is + m xs). ok: the lane's
+/// values lie in the row (the lanes outside still take part in quant_x16's shuffles, with zeros).
+template <typename Q, int NC, int R, typename M>
+__device__ __forceinline__ void qgemv_chunk_i8(const unsigned char *const (&rows)[R], int nb, int ch, const float *xc,
+                                               int x_stride, int lane, bool ok, float (&acc)[R][NC]) {
+    const int o0 = Q::run0(lane), o1 = o0 + Q::kRun1;
+    quant::qraw raw[R];
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        if (ok) {
+            Q::template load<M>(rows[r], nb, ch, lane, raw[r]);
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                raw[r].u[i] = 0u;
+        }
+    }
+    /* the scales once per row (not per x row) */
+    float d[R][2], m[R][2];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+        Q::scales(raw[r], lane, d[r], m[r]);
+#pragma unroll
+    for (int c = 0; c < NC; c++) {
+        int xw[4], xs[2];
+        float dx[2];
+        quant_x16<Q>(xc + (size_t)c * (size_t)x_stride, o0, o1, ok, xw, dx, xs);
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            int is[2];
+            Q::idot(raw[r], xw, xs, is);
+            float a = acc[r][c];
+            if (Q::kXOneBlock && !Q::kMin) {
+                a = fmaf(d[r][0] * dx[0], (float)(is[0] + is[1]), a);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+                    a = fmaf(dx[j], fmaf(d[r][j], (float)is[j], m[r][j] * (float)xs[j]), a);
+            }
+            acc[r][c] = a;
+        }
+    }
+}
+
+/// The CTA's sums of rows [r0, r0 + R) into y (rows past p.rows are not stored), and acc zeroed:
+/// warp shuffles, then one pass over red in warp order (deterministic). Contains a __syncthreads;
+/// red may be written again only after another.
+template <int NC, int R, int NW>
+__device__ __forceinline__ void qgemv_store(float (&acc)[R][NC], float (&red)[NW][R * NC], int r0,
+                                            const ms_qmatmul_params &p) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
 #pragma unroll
     for (int r = 0; r < R; r++)
 #pragma unroll
@@ -141,6 +236,7 @@ template <typename Q, int NC, int R> __device__ __forceinline__ void qgemv(const
             const float v = warp_sum(acc[r][c]);
             if (lane == 0)
                 red[warp][r * NC + c] = v;
+            acc[r][c] = 0.f;
         }
     __syncthreads();
     if (threadIdx.x < R * NC) {
@@ -152,6 +248,60 @@ template <typename Q, int NC, int R> __device__ __forceinline__ void qgemv(const
         if (r0 + r < p.rows)
             static_cast<float *>(p.y)[(size_t)c * (size_t)p.y_stride + (size_t)(r0 + r)] = v;
     }
+}
+
+/// Q: block type; NC: x rows (exactly p.n); R: output rows per CTA (MS_QGEMV_ROWS_OF(NC)).
+/// Grid: ceil(rows / R) CTAs of MS_QGEMV_THREADS threads; warp w takes chunks w, w + NW, ... of
+/// 512 input values; the rows past p.rows of the last CTA read the last row and store nothing.
+template <typename Q, int NC, int R, typename M>
+__device__ __forceinline__ void qgemv_plain(const ms_qmatmul_params &p) {
+    constexpr int NW = MS_QGEMV_THREADS / 32;
+    __shared__ float red[NW][R * NC];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int r0 = blockIdx.x * R;
+    const int chunks = (p.in + 511) / 512;
+    const unsigned char *w = static_cast<const unsigned char *>(p.w);
+    const float *x = static_cast<const float *>(p.x);
+    const unsigned char *rows[R];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+        rows[r] = w + (size_t)(r0 + r < p.rows ? r0 + r : p.rows - 1) * (size_t)p.row_bytes;
+    float acc[R][NC];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+#pragma unroll
+        for (int c = 0; c < NC; c++)
+            acc[r][c] = 0.f;
+    for (int ch = warp; ch < chunks; ch += NW) {
+        const bool ok = Q::lane_ok(ch, lane, p.in);
+        if constexpr (Q::kI8 && NC <= MS_QGEMV_I8_MAX_COLS) {
+            qgemv_chunk_i8<Q, NC, R, M>(rows, p.in / Q::kQK, ch, x + (size_t)ch * 512, p.x_stride, lane, ok, acc);
+        } else {
+            if (!ok)
+                continue;
+            qgemv_chunk<Q, NC, R, M>(rows, p.in / Q::kQK, ch, x + (size_t)ch * 512, p.x_stride, lane, acc);
+        }
+    }
+    qgemv_store<NC, R, NW>(acc, red, r0, p);
+}
+
+/// Resident CTAs per SM an ms_qgemv_<NC> entry is compiled for (__launch_bounds__'s second
+/// argument): 4 for the integer entries (Q4_K's took 152 registers, 3 CTAs per SM; 4 caps them at
+/// 128, where ptxas spills nothing), otherwise 1 (no cap: the fp32 entries of the K-quants spill
+/// under any cap that adds a CTA).
+template <typename Q, int NC> struct qgemv_min_ctas {
+    static constexpr int value = Q::kI8 && NC <= MS_QGEMV_I8_MAX_COLS ? 4 : 1;
+};
+
+/// The GEMV entry: p.wide (rows at 16-byte aligned addresses) reads the planar rows with 8- and
+/// 16-byte loads, otherwise with 16-bit ones (quant::gmem16, gmem2).
+template <typename Q, int NC, int R> __device__ __forceinline__ void qgemv(const ms_qmatmul_params &p) {
+    static_assert(NC >= 1 && NC <= MS_QGEMV_MAX_COLS && R >= 1, "qgemv: 1..8 x rows");
+    static_assert(Q::kQK == 32 || Q::kQK == 256, "qgemv: 32- or 256-value blocks");
+    if (p.wide)
+        qgemv_plain<Q, NC, R, quant::gmem16>(p);
+    else
+        qgemv_plain<Q, NC, R, quant::gmem2>(p);
 }
 
 /// W -> bf16 [rows, in] (packed rows), bit-exact with bf16(dequantize_row_*). Grid-stride over
@@ -167,7 +317,7 @@ template <typename Q> __device__ __forceinline__ void qdequant_bf16(const ms_qma
         const long long r = idx / per_row;
         const int u = (int)(idx % per_row);
         float v[32];
-        Q::unit(w + (size_t)r * (size_t)p.row_bytes + (size_t)(u / U) * Q::kBytes, u % U, v);
+        Q::unit(w + (size_t)r * (size_t)p.row_bytes, p.in / Q::kQK, u / U, u % U, v);
         store_n<bf16, 32>(out + (size_t)r * (size_t)p.in + (size_t)u * 32, v);
     }
 }
@@ -184,7 +334,7 @@ template <typename Q> __device__ __forceinline__ void qembed(const ms_qmatmul_pa
     for (int u = threadIdx.x; u < p.in / 32; u += MS_QGEMV_THREADS) {
         float v[32];
         if (id >= 0 && id < p.rows) {
-            Q::unit(w + (size_t)id * (size_t)p.row_bytes + (size_t)(u / U) * Q::kBytes, u % U, v);
+            Q::unit(w + (size_t)id * (size_t)p.row_bytes, p.in / Q::kQK, u / U, u % U, v);
         } else {
 #pragma unroll
             for (int l = 0; l < 32; l++)

@@ -3,7 +3,8 @@
  * shared by the host launcher (C11, backend_cuda_quant.c) and the device template (NVRTC C++).
  * Like common/params.h: only pointers and int, and this file includes nothing.
  *
- * Weights stay in ggml's block layout (ggml-common.h block_q4_0 ... block_q6_K, little-endian), one
+ * Weights are ggml's blocks (ggml-common.h block_q4_0 ... block_q6_K, little-endian) in the planar
+ * row layout (gguf_quant.h ms_ggml_rows_to_planar: each row's quant bytes, then its scales), one
  * row of `in` values per output feature: row r starts at w + r * row_bytes, row_bytes = in / QK *
  * block bytes (QK 32 for Q4_0/Q4_1/Q5_0/Q8_0, 256 for Q4_K/Q5_K/Q6_K).
  */
@@ -15,6 +16,12 @@
  * them; above, the rows' decoded values, with one x row at a time */
 #define MS_QGEMV_ROWS_OF(nc) ((nc) <= 2 ? 8 : 4)
 #define MS_QGEMV_MAX_COLS 8    /* x rows of the largest gemv entry (ms_qgemv_8) */
+/* x rows up to which the Q4_0 / Q8_0 / Q4_K GEMV quantizes x to int8 and uses dp4a (blocks.cuh,
+ * "The integer GEMV"); above, the quantization's cost (per x row, over 4 weight rows) outweighed
+ * the cheaper dot (H200, 8B decode at batch 8: Q4_0 677 tok/s against 746, Q4_K 355 against 660;
+ * docs/perf.md), so those entries keep the fp32 dot */
+#define MS_QGEMV_I8_MAX_COLS 2
+
 #define MS_QDEQUANT_THREADS 256 /* grid-stride over 32-value units */
 
 /*
@@ -33,6 +40,8 @@ typedef struct ms_qmatmul_params {
     int n;           /* x rows (gemv) */
     int x_stride;
     int y_stride;
+    int wide;        /* gemv: 1 = w and row_bytes are multiples of 16 (every row 16-byte aligned): the
+                        planar rows' 8- and 16-byte loads; 0 = 16-bit loads */
 } ms_qmatmul_params;
 
 #endif /* MS_QPARAMS_H */
