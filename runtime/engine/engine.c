@@ -1845,29 +1845,19 @@ static ms_status eng_forward_sample(ms_engine *e, eng_node *nd, const ms_md_step
     /* [inputs_embeds] the rows the head reads, for ms_engine_run_rows */
     ms_tensor last_hidden = ms_tensor_2d(e->last_hidden_dev, MS_DTYPE_F32, n,
                                          nd->facts.hidden);
-    ms_md_forward_args args = {
-        .be = &e->be,
-        .config = e->config,
-        .facts = &e->facts,
-        .weights = e->weights,
-        .weight_offset = e->woff,
-        .kv = &nd->kv,
-        .batch = ap->batch,
-        .tokens = &tokens,
-        .positions = &pos,
-        .rope = &e->rope,
-        .attn = ap->params,
-        .workspace = e->workspace,
-        .max_tokens = e->max_tokens,
-        .max_seqs = e->max_out,
-        .out_rows = sd->all_logits ? &out_rows : n_plp > 0 ? &plp_rows : NULL,
-        .logits = &logits,
-        .input = nd->node->input_shape != NULL ? &input : NULL,
-        .context_batch = cross ? nd->ctx_batch : NULL,
-        .cross_batch = cross ? nd->cross_batch : NULL,
-        .cross_attn = nd->cross_params,
-        .last_hidden = e->rows_staged ? &last_hidden : NULL,
-    };
+    ms_md_forward_args args = eng_forward_args(e, &e->facts);
+    args.kv = &nd->kv;
+    args.batch = ap->batch;
+    args.tokens = &tokens;
+    args.positions = &pos;
+    args.attn = ap->params;
+    args.out_rows = sd->all_logits ? &out_rows : n_plp > 0 ? &plp_rows : NULL;
+    args.logits = &logits;
+    args.input = nd->node->input_shape != NULL ? &input : NULL;
+    args.context_batch = cross ? nd->ctx_batch : NULL;
+    args.cross_batch = cross ? nd->cross_batch : NULL;
+    args.cross_attn = nd->cross_params;
+    args.last_hidden = e->rows_staged ? &last_hidden : NULL;
     /* [graphs] eager, captured or replayed (graph_exec.h; e->gx NULL: eager) */
     MS_TRY(ms_graph_exec_forward(e->gx, gs, ctx, nd->node->forward, &args, err));
     const int sidx = nd->idx[MS_RESOURCE_SAMPLER];

@@ -177,23 +177,14 @@ static ms_status eng_encode_windows(ms_engine *e, eng_node *nd, ms_engine_encode
     ms_tensor pos = ms_tensor_1d(e->pos_dev, MS_DTYPE_I32, n_tok);
     ms_tensor hidden = ms_tensor_2d(e->hidden_dev, MS_DTYPE_F32, n_tok, w);
     ms_tensor input = ms_tensor_2d(e->input_dev, MS_DTYPE_F32, (int64_t)n * rows, cols);
-    ms_md_forward_args args = {
-        .be = &e->be,
-        .config = e->config,
-        .facts = &nd->facts,
-        .weights = e->weights,
-        .weight_offset = e->woff,
-        .dense = nd->dense_batch,
-        .tokens = &tokens,
-        .input = &input,
-        .positions = &pos,
-        .rope = &e->rope,
-        .attn = nd->dense_params,
-        .workspace = e->workspace,
-        .max_tokens = nd->dense_tokens, /* the node's layout capacity (eng_buffers_init) */
-        .max_seqs = e->max_out,
-        .logits = &hidden,
-    };
+    ms_md_forward_args args = eng_forward_args(e, &nd->facts);
+    args.dense = nd->dense_batch;
+    args.tokens = &tokens;
+    args.input = &input;
+    args.positions = &pos;
+    args.attn = nd->dense_params;
+    args.max_tokens = nd->dense_tokens; /* the node's layout capacity (eng_buffers_init) */
+    args.logits = &hidden;
     MS_TRY(nd->node->forward(&args, err));
     for (int32_t i = 0, t = 0; i < n; i++) {
         MS_TRY(f->copy_to_host(cx, items[i].out, e->hidden_dev + (size_t)t * (size_t)w,

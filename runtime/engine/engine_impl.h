@@ -356,6 +356,23 @@ ms_status eng_prefix_init(ms_engine *e, ms_error *err);
  * r->no_seal; a stream the window cut sets r->no_seal). */
 void eng_prefix_seal(ms_engine *e, eng_req *r);
 
+/* The forward arguments every node call shares (backend, config, weights and their instance
+ * offsets, RoPE table, workspace, max_tokens / max_seqs of the engine's buffers) with `facts` (the
+ * node's own or the model's); the caller adds the step's tensors and resources. */
+static inline ms_md_forward_args eng_forward_args(ms_engine *e, const ms_md_facts *facts) {
+    return (ms_md_forward_args){
+        .be = &e->be,
+        .config = e->config,
+        .facts = facts,
+        .weights = e->weights,
+        .weight_offset = e->woff,
+        .rope = &e->rope,
+        .workspace = e->workspace,
+        .max_tokens = e->max_tokens,
+        .max_seqs = e->max_out,
+    };
+}
+
 /* engine_scratch.c [scratch]: true when node nd has a scratch resource (a code predictor). */
 bool eng_scratch_node(const eng_node *nd);
 

@@ -148,26 +148,16 @@ ms_status eng_run_scratch(ms_engine *e, eng_node *nd, const ms_md_step *sd, int3
         st = f->copy_to_backend(cx, e->pos_dev, plan->token_to_slot, (size_t)T * sizeof(int32_t),
                                 err);
     if (st == MS_OK) {
-        ms_md_forward_args args = {
-            .be = &e->be,
-            .config = e->config,
-            .facts = &nd->facts,
-            .weights = e->weights,
-            .weight_offset = e->woff,
-            .kv = &nd->kv,
-            .batch = nd->attn.batch,
-            .tokens = &tokens,
-            .positions = &pos,
-            .rope = &e->rope,
-            .attn = ap,
-            .workspace = e->workspace,
-            .max_tokens = e->max_tokens,
-            .max_seqs = e->max_out,
-            .logits = &out,
-            .input = &input,
-            .frame_slot = frame_slot,
-            .codes = nd->node->codes_width != NULL ? &codes : NULL,
-        };
+        ms_md_forward_args args = eng_forward_args(e, &nd->facts);
+        args.kv = &nd->kv;
+        args.batch = nd->attn.batch;
+        args.tokens = &tokens;
+        args.positions = &pos;
+        args.attn = ap;
+        args.logits = &out;
+        args.input = &input;
+        args.frame_slot = frame_slot;
+        args.codes = nd->node->codes_width != NULL ? &codes : NULL;
         st = nd->node->forward(&args, err);
     }
     if (st != MS_OK) {
