@@ -339,9 +339,25 @@ __device__ __forceinline__ const unsigned char *plane_h(const unsigned char *row
                                : row + (size_t)nb * Q::kP0 + (size_t)k * (Q::kBytes - Q::kP0);
 }
 
+/// The GEMV lanes of the 32-value nibble types (Q4_0, Q4_1, Q5_0): lane L of chunk ch takes block
+/// 16 ch + L / 2 and its quant bytes 8 (L % 2) .. + 8 (values 8 (L % 2) .. and 16 + 8 (L % 2) ..);
+/// load_q8 puts those bytes in r.u[0..1] and returns the block.
+struct nib32_lanes {
+    static __device__ __forceinline__ int run0(int L) { return 32 * (L >> 1) + 8 * (L & 1); }
+    static __device__ __forceinline__ bool lane_ok(int ch, int L, int in) { return (16 * ch + (L >> 1)) * 32 < in; }
+    template <typename Q, typename M>
+    static __device__ __forceinline__ int load_q8(const unsigned char *row, int nb, int ch, int L, quant::qraw &r) {
+        const int k = 16 * ch + (L >> 1);
+        const uint2 q = M::u64(plane_q<Q>(row, nb, k) + 8 * (L & 1));
+        r.u[0] = q.x;
+        r.u[1] = q.y;
+        return k;
+    }
+};
+
 /// block_q4_0: f16 d; 16 bytes of 4-bit q (low nibbles values 0..15, high 16..31); w = (q - 8) d.
 /// GEMV lane: unit L / 2 of the chunk, bytes 8 (L % 2) .. + 8: values 8 h .. and 16 + 8 h ...
-struct q4_0 {
+struct q4_0 : nib32_lanes {
     static constexpr int kQK = 32, kBytes = 18, kP0 = 16, kRun1 = 16, kXLanes = 2;
     static constexpr bool kMin = false, kNibScaled = true, kI8 = true, kXOneBlock = true;
     static __device__ __forceinline__ void unit(const unsigned char *row, int nb, int k, int, float (&w)[32]) {
@@ -354,14 +370,9 @@ struct q4_0 {
             w[j + 16] = quant::mul_rn(quant::i2f((v[j] >> 4) - 8), d);
         }
     }
-    static __device__ __forceinline__ int run0(int L) { return 32 * (L >> 1) + 8 * (L & 1); }
-    static __device__ __forceinline__ bool lane_ok(int ch, int L, int in) { return (16 * ch + (L >> 1)) * 32 < in; }
     template <typename M = quant::gmem2>
     static __device__ __forceinline__ void load(const unsigned char *row, int nb, int ch, int L, quant::qraw &r) {
-        const int k = 16 * ch + (L >> 1);
-        const uint2 q = M::u64(plane_q<q4_0>(row, nb, k) + 8 * (L & 1));
-        r.u[0] = q.x;
-        r.u[1] = q.y;
+        const int k = load_q8<q4_0, M>(row, nb, ch, L, r);
         r.u[2] = M::u16(plane_h<q4_0>(row, nb, k));
     }
     static __device__ __forceinline__ void decode(const quant::qraw &r, int, float (&v)[16], float (&d)[2],
@@ -385,7 +396,7 @@ struct q4_0 {
 };
 
 /// block_q4_1: f16 d, f16 m; 16 bytes of 4-bit q; w = q d + m. GEMV lane as Q4_0's.
-struct q4_1 {
+struct q4_1 : nib32_lanes {
     static constexpr int kQK = 32, kBytes = 20, kP0 = 16, kRun1 = 16;
     static constexpr bool kMin = true, kNibScaled = true, kI8 = false;
     static __device__ __forceinline__ void unit(const unsigned char *row, int nb, int k, int, float (&w)[32]) {
@@ -400,14 +411,9 @@ struct q4_1 {
             w[j + 16] = quant::add_rn(quant::mul_rn(quant::i2f(v[j] >> 4), d), m);
         }
     }
-    static __device__ __forceinline__ int run0(int L) { return 32 * (L >> 1) + 8 * (L & 1); }
-    static __device__ __forceinline__ bool lane_ok(int ch, int L, int in) { return (16 * ch + (L >> 1)) * 32 < in; }
     template <typename M = quant::gmem2>
     static __device__ __forceinline__ void load(const unsigned char *row, int nb, int ch, int L, quant::qraw &r) {
-        const int k = 16 * ch + (L >> 1);
-        const uint2 q = M::u64(plane_q<q4_1>(row, nb, k) + 8 * (L & 1));
-        r.u[0] = q.x;
-        r.u[1] = q.y;
+        const int k = load_q8<q4_1, M>(row, nb, ch, L, r);
         r.u[2] = M::u32(plane_h<q4_1>(row, nb, k));
     }
     static __device__ __forceinline__ void decode(const quant::qraw &r, int, float (&v)[16], float (&d)[2],
@@ -420,7 +426,7 @@ struct q4_1 {
 
 /// block_q5_0: f16 d; u32 qh (the 5th bits); 16 bytes of low nibbles; w = (q - 16) d. GEMV lane as
 /// Q4_0's (values j = 8 h + k and j + 16: qh bits j and j + 16).
-struct q5_0 {
+struct q5_0 : nib32_lanes {
     static constexpr int kQK = 32, kBytes = 22, kP0 = 16, kRun1 = 16;
     static constexpr bool kMin = false, kNibScaled = false, kI8 = false;
     static __device__ __forceinline__ void unit(const unsigned char *row, int nb, int k, int, float (&w)[32]) {
@@ -437,15 +443,10 @@ struct q5_0 {
             w[j + 16] = quant::mul_rn(quant::i2f(((v[j] >> 4) | xh1) - 16), d);
         }
     }
-    static __device__ __forceinline__ int run0(int L) { return 32 * (L >> 1) + 8 * (L & 1); }
-    static __device__ __forceinline__ bool lane_ok(int ch, int L, int in) { return (16 * ch + (L >> 1)) * 32 < in; }
     template <typename M = quant::gmem2>
     static __device__ __forceinline__ void load(const unsigned char *row, int nb, int ch, int L, quant::qraw &r) {
-        const int k = 16 * ch + (L >> 1);
-        const uint2 q = M::u64(plane_q<q5_0>(row, nb, k) + 8 * (L & 1));
+        const int k = load_q8<q5_0, M>(row, nb, ch, L, r);
         const unsigned char *h = plane_h<q5_0>(row, nb, k);
-        r.u[0] = q.x;
-        r.u[1] = q.y;
         r.u[2] = M::u16(h + 2) | (M::u16(h + 4) << 16);
         r.u[3] = M::u16(h);
     }
