@@ -3,7 +3,8 @@
  * the planned rows; penalties over the observed history (prompt ids for repetition, generated ids
  * counted for frequency and presence) are applied by ms_sample_res_mix to that request's row only,
  * equal to ms_sampler_apply_penalties on the same history; bad values and unknown requests are
- * refused naming them; a removed request's history is freed (the leak check of every test).
+ * refused naming them; ms_sample_res_needs_host is true exactly when mix has a row to change; a
+ * removed request's history is freed (the leak check of every test).
  */
 #include "ms_test.h"
 
@@ -62,6 +63,25 @@ static void test_extras_plan_and_mix(void **state) {
     for (int i = 0; i < V; i++)
         assert_float_equal(z[i], want[i], 1e-6);
     assert_memory_equal(z + V, other, sizeof other); /* the other request is untouched */
+
+    /* the logits come to the host exactly when mix has work: a penalized row, or a CFG pair */
+    assert_true(ms_sample_res_needs_host(s, 0, &step));
+    ms_segment only11[1] = {{11, 0, 1}};
+    ms_step step11 = {.name = "decode", .segments = only11, .n_segments = 1};
+    step11.records[0].rec = &rec;
+    assert_false(ms_sample_res_needs_host(s, 0, &step11));
+    ms_segment pair[2] = {{11, 0, 1}, {11, 0, 1}};
+    int32_t guide[2] = {1, -1}, self[2] = {0, 5}; /* self and out-of-range partners: no mixing */
+    ms_sample_step cfg = {sample, guide}, none = {sample, self};
+    ms_step step_pair = {.name = "decode", .segments = pair, .n_segments = 2};
+    step_pair.records[0].rec = &cfg;
+    assert_true(ms_sample_res_needs_host(s, 0, &step_pair));
+    step_pair.records[0].rec = &none;
+    assert_false(ms_sample_res_needs_host(s, 0, &step_pair));
+    float zz[2 * V];
+    memcpy(zz, z, sizeof zz);
+    ms_sample_res_mix(s, 0, &step_pair, zz, V, &n_mixed);
+    assert_int_equal(n_mixed, 0);
 
     /* refusals */
     ms_sample_extra bad = {1.5f, {0.0f, 0.0f, 1.0f}};

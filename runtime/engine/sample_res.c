@@ -225,22 +225,28 @@ static double row_lse(const float *x, int32_t n) {
     return m + log(sum);
 }
 
+/* Row i's CFG partner (the unconditional row it mixes with), or -1: the one rule both
+ * ms_sample_res_needs_host and ms_sample_res_mix apply. */
+static int32_t guide_of(const ms_sample_step *rec, int32_t i, int32_t n) {
+    const int32_t j = rec->guide != NULL ? rec->guide[i] : -1;
+    return j >= 0 && j < n && j != i ? j : -1;
+}
+
+/* The state of a row whose logits get penalties (it has an output history), else NULL. */
+static const sample_state *penalized(const ms_sample_res *s, const ms_segment *seg) {
+    const sample_state *st = ms_rid_map_get(&s->map, seg->rid);
+    return st != NULL && st->hist != NULL && st->hist->n > 0 ? st : NULL;
+}
+
 bool ms_sample_res_needs_host(const ms_sample_res *s, int index, const ms_step *step) {
     const ms_sample_step *rec = step->records[index].rec;
     int32_t n;
     const ms_segment *segs = ms_step_segments(step, index, &n);
     if (rec == NULL)
         return false;
-    for (int32_t i = 0; i < n && rec->guide != NULL; i++) {
-        int32_t j = rec->guide[i];
-        if (j >= 0 && j < n && j != i)
+    for (int32_t i = 0; i < n; i++)
+        if (guide_of(rec, i, n) >= 0 || penalized(s, &segs[i]) != NULL)
             return true;
-    }
-    for (int32_t i = 0; i < n; i++) {
-        const sample_state *st = ms_rid_map_get(&s->map, segs[i].rid);
-        if (st != NULL && st->hist != NULL && st->hist->n > 0)
-            return true;
-    }
     return false;
 }
 
@@ -252,9 +258,9 @@ void ms_sample_res_mix(const ms_sample_res *s, int index, const ms_step *step, f
     *n_mixed = 0;
     if (rec == NULL)
         return;
-    for (int32_t i = 0; i < n && rec->guide != NULL; i++) {
-        int32_t j = rec->guide[i];
-        if (j < 0 || j >= n || j == i)
+    for (int32_t i = 0; i < n; i++) {
+        const int32_t j = guide_of(rec, i, n);
+        if (j < 0)
             continue;
         const sample_state *st = ms_rid_map_get(&s->map, segs[i].rid);
         double scale = st != NULL ? (double)st->guidance_scale : 1.0;
@@ -269,8 +275,8 @@ void ms_sample_res_mix(const ms_sample_res *s, int index, const ms_step *step, f
     }
     /* penalties (after CFG: on the distribution the row samples from), before temperature */
     for (int32_t i = 0; i < n; i++) {
-        const sample_state *st = ms_rid_map_get(&s->map, segs[i].rid);
-        if (st == NULL || st->hist == NULL || st->hist->n == 0)
+        const sample_state *st = penalized(s, &segs[i]);
+        if (st == NULL)
             continue;
         ms_sampler_apply_penalties(logits + (size_t)i * (size_t)vocab, vocab, &st->penalties,
                                    st->hist->ids, st->hist->out_counts, st->hist->in_prompt,
