@@ -363,13 +363,15 @@ int main(int argc, char **argv) {
             fprintf(stderr, "bench_kernels: unknown ggml type '%s'\n", argv[2]);
             return 2;
         }
-        printf("| type | rows x in | x rows | row loads | us/launch | GB/s | of copy |\n|---|---|---|---|---|---|---|\n");
+        printf("| type | rows x in | x rows | row loads | us/launch | GB/s | of copy |\n"
+               "|---|---|---|---|---|---|---|\n");
         return bench_qgemv(arch, bw, t, atoi(argv[3]), atoi(argv[4]), atoi(argv[5]));
     }
     if (strcmp(part, "attn") != 0) {
         printf("quantized GEMV (backend_cuda_quant.h): weight bytes / time, as a fraction of copy bandwidth "
                "(read + write traffic of a copy: the DRAM's usable total)\n\n");
-        printf("| type | rows x in | x rows | row loads | us/launch | GB/s | of copy |\n|---|---|---|---|---|---|---|\n");
+        printf("| type | rows x in | x rows | row loads | us/launch | GB/s | of copy |\n"
+               "|---|---|---|---|---|---|---|\n");
         static const uint32_t qt[] = {MS_GGML_TYPE_Q4_0, MS_GGML_TYPE_Q4_K, MS_GGML_TYPE_Q8_0, MS_GGML_TYPE_Q6_K};
         static const int shapes[][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}};
         for (size_t t = 0; t < sizeof qt / sizeof qt[0]; t++)

@@ -204,8 +204,8 @@ template <typename Q> static void check_type(uint32_t type) {
                     }
                     const double got = (double)d[j] * is[j] + (double)m[j] * xs[j];
                     if (isfinite(mag) && !(fabs(got - exp) <= 1e-6 * mag + 1e-30))
-                        fail_msg("%s integer lane: chunk %d lane %d run %d: %.9g, CPU values %.9g", ms_ggml_type_name(type),
-                                 ch, L, j, got, exp);
+                        fail_msg("%s integer lane: chunk %d lane %d run %d: %.9g, CPU values %.9g",
+                                 ms_ggml_type_name(type), ch, L, j, got, exp);
                 }
             }
         free(xq);

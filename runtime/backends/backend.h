@@ -94,8 +94,9 @@ typedef enum ms_dtype {
     MS_DTYPE_BF16,    /* bfloat16: the upper 16 bits of a binary32 */
     MS_DTYPE_F16,     /* IEEE binary16 */
     MS_DTYPE_I32,     /* int32 (ids, positions, indices) */
-    /* ggml quantized blocks (ggml-common.h; GGUF weights kept as stored): weights of linear and
-     * embedding only, [rows, cols] with cols a multiple of the block, rows packed
+    /* ggml quantized blocks (ggml-common.h; GGUF weights kept quantized, each row's bytes in the
+     * backend's layout: the CUDA backend's planar rows, backend_cuda_quant.h): weights of linear
+     * and embedding only, [rows, cols] with cols a multiple of the block, rows packed
      * (ms_dtype_row_bytes), on backends whose weight_dtype_ok accepts them (CUDA) */
     MS_DTYPE_Q4_0,
     MS_DTYPE_Q4_1,

@@ -230,8 +230,11 @@ void ms_cuda_quant_seal(ms_cuda_quant *q) {
  * Freeing it here was a use-after-free: 8B Q4_0 bench at batch 32 with prompts of 512, whose
  * eager prefill steps grew the workspace after the decode graphs were captured, then replayed a
  * batch-32 graph into the freed copy (compute-sanitizer: invalid writes in ms_convert; CUDA error
- * 700). Growth at least doubles, so the retired buffers add up to less than the live one. */
-static ms_status grow(ms_cuda_quant *q, void **p, size_t *have, size_t need, const char *what, ms_error *err) {
+ * 700). With `doubling` (the x copy, which grows with each larger step) growth at least doubles
+ * where memory allows, so the retired copies add up to about the live one; the tile, whose size
+ * sets the prefill's tiling, grows to exactly what is asked (a few times at most). */
+static ms_status grow(ms_cuda_quant *q, void **p, size_t *have, size_t need, bool doubling, const char *what,
+                      ms_error *err) {
     if (need <= *have)
         return MS_OK;
     enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
@@ -243,7 +246,7 @@ static ms_status grow(ms_cuda_quant *q, void **p, size_t *have, size_t need, con
         return MS_FAIL(err, MS_ERR_CAPACITY, "cuda quant: the %s would grow a %d-th time (to %zu bytes); size it "
                        "once with ms_cuda_quant_reserve", what, QUANT_MAX_RETIRED + 1, need);
     size_t want = need;
-    if (*have > 0 && want < 2 * *have)
+    if (doubling && *have > 0 && want < 2 * *have)
         want = 2 * *have;
     void *np = NULL;
     cudaError_t e = cudaMalloc(&np, want);
@@ -272,8 +275,9 @@ ms_status ms_cuda_quant_reserve(ms_cuda_quant *q, int64_t max_x_rows, int64_t ma
     size_t t = tile_bytes != 0 ? tile_bytes : DEFAULT_TILE_BYTES;
     if (t < (size_t)max_in * 2)
         t = (size_t)max_in * 2;
-    MS_TRY(grow(q, &q->x16, &q->x16_bytes, (size_t)max_x_rows * (size_t)max_in * 2, "bf16 x workspace", err));
-    return grow(q, &q->tile, &q->tile_bytes, t, "dequantized weight tile", err);
+    MS_TRY(grow(q, &q->x16, &q->x16_bytes, (size_t)max_x_rows * (size_t)max_in * 2, true, "bf16 x workspace",
+                err));
+    return grow(q, &q->tile, &q->tile_bytes, t, false, "dequantized weight tile", err);
 }
 
 /* ---- ops ---- */
@@ -366,8 +370,8 @@ ms_status ms_cuda_quant_linear(ms_cuda_quant *q, const float *x, int64_t n, int6
     size_t tile = q->tile_bytes > (size_t)w->in * 2 ? q->tile_bytes : DEFAULT_TILE_BYTES;
     if (tile < (size_t)w->in * 2)
         tile = (size_t)w->in * 2;
-    MS_TRY(grow(q, &q->tile, &q->tile_bytes, tile, "dequantized weight tile", err));
-    MS_TRY(grow(q, &q->x16, &q->x16_bytes, (size_t)n * (size_t)w->in * 2, "bf16 x workspace", err));
+    MS_TRY(grow(q, &q->tile, &q->tile_bytes, tile, false, "dequantized weight tile", err));
+    MS_TRY(grow(q, &q->x16, &q->x16_bytes, (size_t)n * (size_t)w->in * 2, true, "bf16 x workspace", err));
     ms_misc_params cp = {x, NULL, q->x16, NULL, (int)n, (int)w->in, (int)x_stride, 0, (int)w->in};
     MS_TRY(ms_cuda_misc_launch(q->misc, 0, &cp, q->stream, err));
     size_t use = q->tile_bytes;

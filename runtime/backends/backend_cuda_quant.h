@@ -84,8 +84,9 @@ ms_status ms_cuda_qweight_upload_rows(ms_cuda_qweight *w, int64_t row0, int64_t 
                                       ms_error *err);
 
 /* Copy n_rows packed host rows of ggml blocks (type, `in` values each) to device memory at dev,
- * converting them to the planar layout on the way (through a staging buffer of about 8 MB; the
- * copy is complete on return, on `stream`, NULL for the default one). Errors: MS_ERR_INVALID_ARG
+ * converting them to the planar layout on the way (through a staging buffer of about 8 MB; on
+ * success the copy is complete on return, on `stream`, NULL for the default one; after a failure
+ * the rows before it may have been written). Errors: MS_ERR_INVALID_ARG
  * (NULL pointers, n_rows < 0, an `in` the type cannot have), MS_ERR_OOM, MS_ERR_CUDA. */
 ms_status ms_cuda_qweight_copy_rows(void *dev, const void *host, uint32_t type, int64_t n_rows, int64_t in,
                                     cudaStream_t stream, ms_error *err);

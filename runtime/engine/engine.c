@@ -449,7 +449,7 @@ static ms_status eng_weights_pass(ms_engine *e, bool load, size_t *bytes, ms_err
                     continue;
                 }
                 if (qdt != MS_DTYPE_COUNT) {
-                    /* kept in ggml blocks (backend_cuda_quant.h) */
+                    /* kept quantized (backend_cuda_quant.h: planar rows of ggml blocks) */
                     *dst = ms_tensor_make((char *)e->wslab + off, qdt, 2, shape);
                     const char *nm = t->name;
                     MS_TRY(eng_load_quant(e, dst, &nm, &shape[0], 1, err));

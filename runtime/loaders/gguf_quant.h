@@ -111,8 +111,8 @@ ms_status ms_ggml_quantize(uint32_t t, const float *x, void *dst, size_t n);
  * allow only 2-byte ones (the ggml-cuda kernels' get_int_b2).
  *   Q4_0: off 2, P0 16 (qs; plane 1: d)         Q4_1: off 4, P0 16 (qs; d, m)
  *   Q5_0: off 6, P0 16 (qs; d, qh)              Q8_0: off 2, P0 32 (qs; d)
- *   Q6_K: off 0, P0 208 (ql, qh, scales; d)     Q4_K, Q5_K and every other type: unchanged
- *                                               (P0 = the block: 16-byte multiples already)
+ *   Q6_K: off 0, P0 208 (ql, qh, scales; d)     Q4_K, Q5_K (16-byte multiples already) and
+ *                                               every other type: unchanged (P0 = the block)
  * ms_ggml_planar_split gives off and P0 (returns false for the unchanged types, setting P0 to the
  * block bytes); ms_ggml_rows_to_planar converts n_rows packed rows of `in` values from src to dst
  * (distinct buffers of n_rows * row bytes; `in` a multiple of the block). Errors (no message):

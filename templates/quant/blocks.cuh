@@ -317,7 +317,7 @@ struct gmem2 {
  * the lane's values lie inside a row of `in` values (a 32-value type's last chunk may be partial).
  *
  * The integer GEMV (kI8: Q4_0, Q8_0, Q4_K; qmatmul.cuh qgemv_chunk_i8): x is quantized per
- * 32-value block to int8 as ggml-cuda's q8_1 does (dx = amax / 127, q = rint(x 127 / amax)), the
+ * 32-value block to int8 like ggml-cuda's q8_1 (dx = amax / 127, q = rint(x 127 / amax)), the
  * lane's 16 x values packed into xw[4] (run j in xw[2 j], xw[2 j + 1], value order), xs[j] their
  * integer sums; idot(raw, xw, xs, is) gives per run the exact integer is[j] with
  * sum_k w x^ = dx (d[j] is[j] + m[j] xs[j]) (x^ = dx q, the quantized x; scales(raw, L, d, m) the

@@ -19,7 +19,7 @@
  * warp shuffles and one shared-memory pass in a fixed order (deterministic).
  *
  * The integer entries (Q4_0, Q8_0, Q4_K at up to MS_QGEMV_I8_MAX_COLS x rows: qgemv_chunk_i8)
- * quantize x per 32 values to int8 in the kernel, as ggml-cuda's q8_1 (quant_x16), and take the
+ * quantize x per 32 values to int8 in the kernel, like ggml-cuda's q8_1 (quant_x16), and take the
  * dot of weight and x bytes with dp4a, four products per instruction instead of an AND-OR, FADD
  * and FFMA per value: the fp32 GEMV was issue-bound (ncu, Q4_0 gate/up: issue slots 58% busy, the
  * same values per second as Q8_0 at twice the bytes). y then differs from the fp32 dot by x's
@@ -125,7 +125,8 @@ __device__ __forceinline__ void qgemv_chunk(const unsigned char *const (&rows)[R
 
 /// The lane's 16 x values of one x row's chunk (runs at o0, o1, as load_x) quantized for the
 /// integer GEMV (blocks.cuh, "The integer GEMV"): per 32-value x block, dx = amax / 127 and
-/// q = rint(x 127 / amax) (0 where amax is 0), amax reduced over the Q::kXLanes lanes that share the
+/// q = rint(x fl(127 / amax)) (ties to even; 0 where amax < MS_QGEMV_I8_MIN_AMAX; ggml-cuda's q8_1
+/// rounds x / d half away from zero instead), amax reduced over the Q::kXLanes lanes that share the
 /// block (every lane of the warp calls this; !ok lanes give zeros). xw: the run's q as int8 words,
 /// xs: their sums. rint by the magic constant 1.5 2^23: the float's low byte is q's two's
 /// complement, so four q pack into a word with three byte permutes.
@@ -147,7 +148,8 @@ __device__ __forceinline__ void quant_x16(const float *xc, int o0, int o1, bool 
             xv[i] = 0.f;
     }
     float am[2] = {0.f, 0.f};
-    bool nan = false; /* fmaxf drops NaN: the lane's scale carries it instead, so y is NaN as fp32's */
+    bool nan = false; /* fmaxf drops NaN: the lane's scale carries it instead, so y is NaN as fp32's
+                         (an inf in x gives NaN too, where the fp32 dot gives inf) */
 #pragma unroll
     for (int i = 0; i < 16; i++) {
         am[i >> 3] = fmaxf(am[i >> 3], fabsf(xv[i]));
@@ -163,7 +165,7 @@ __device__ __forceinline__ void quant_x16(const float *xc, int o0, int o1, bool 
 #pragma unroll
     for (int j = 0; j < 2; j++) {
         dx[j] = am[j] / 127.0f;
-        const float id = am[j] > 0.f ? 127.0f / am[j] : 0.f;
+        const float id = am[j] >= MS_QGEMV_I8_MIN_AMAX ? 127.0f / am[j] : 0.f;
         unsigned b[8];
 #pragma unroll
         for (int k = 0; k < 8; k++)

@@ -21,6 +21,9 @@
  * the cheaper dot (H200, 8B decode at batch 8: Q4_0 677 tok/s against 746, Q4_K 355 against 660;
  * docs/perf.md), so those entries keep the fp32 dot */
 #define MS_QGEMV_I8_MAX_COLS 2
+/* an x block whose amax is below this quantizes to zeros (127 / amax would overflow to inf for
+ * amax under about 3.7e-37; the values dropped are under 2^-96 each) */
+#define MS_QGEMV_I8_MIN_AMAX 0x1p-96f
 
 #define MS_QDEQUANT_THREADS 256 /* grid-stride over 32-value units */
 
