@@ -167,7 +167,8 @@ if [ -n "${MS_GPU_SOAK:-}" ]; then
 fi
 
 # quantized weights (issue [I]), only when MS_GPU_QUANT is set, in a call of its own (exits after):
-# MS_GPU_QUANT=1: test_quant_cuda (GEMV / prefill / dequant per type vs the CPU) and
+# MS_GPU_QUANT=1: test_quant_cuda (GEMV / prefill / dequant per type vs the CPU; its graph
+# replay after workspace growth again under compute-sanitizer) and
 # test_quant_smollm2_cuda (engine on cuda vs the CPU; SmolLM2 skips without the model);
 # MS_GPU_QUANT=q4_0 (or q4_k, q8_0): scripts/bench-quant-8b.sh for that type (about 3 minutes).
 if [ -n "${MS_GPU_QUANT:-}" ]; then
@@ -180,6 +181,11 @@ if [ -n "${MS_GPU_QUANT:-}" ]; then
     fi
     if [ "$MS_GPU_QUANT" = 1 ]; then
         step quant 240 "$qt/test_quant_cuda"
+        # the replay after the workspace grew, under memcheck: a write into freed memory is certain
+        # to show here (the test alone sees it only when the allocator reuses the freed range)
+        command -v compute-sanitizer >/dev/null &&
+            step quant-memcheck 120 env MS_TEST_FILTER=test_graph_survives_workspace_growth \
+                compute-sanitizer --tool memcheck --error-exitcode 3 "$qt/test_quant_cuda"
         step quant-engine 240 env MS_BUILD="$qbuild" "$qt/test_quant_smollm2_cuda"
         cat "$OUT/quant.log" "$OUT/quant-engine.log"
     else

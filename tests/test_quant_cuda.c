@@ -411,5 +411,10 @@ int main(void) {
         ms_unit_test(test_graph_survives_workspace_growth),
         ms_unit_test(test_bad_weights),
     };
+    /* MS_TEST_FILTER=NAME runs the tests matching NAME only (gpu-batch.sh: one test under
+     * compute-sanitizer) */
+    const char *only = getenv("MS_TEST_FILTER");
+    if (only != NULL && only[0] != '\0')
+        cmocka_set_test_filter(only);
     return cmocka_run_group_tests(tests, setup, teardown);
 }
