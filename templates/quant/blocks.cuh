@@ -104,9 +104,8 @@ __device__ __forceinline__ uint2 ld_u64(const unsigned char *p) {
 #endif
 
 /* Small integers to float without I2F (a quarter-rate instruction on sm_90): the integer goes into
- * the mantissa of 2^23 (or of 1.5 * 2^23 for signed ones) and the constant is subtracted; exact
- * for q in [0, 2^23) (u2f) and (-2^22, 2^22) (i2f), so bit-identical to (float)q. */
-__device__ __forceinline__ float u2f(unsigned q) { return as_float(0x4B000000u | q) - 8388608.0f; }
+ * the mantissa of 1.5 * 2^23 and the constant is subtracted; exact for q in (-2^22, 2^22), so
+ * bit-identical to (float)q. */
 __device__ __forceinline__ float i2f(int q) { return as_float(0x4B400000u + (unsigned)q) - 12582912.0f; }
 
 /* c + the dot product of the four signed bytes of a and b (PTX dp4a.s32.s32; the host build
@@ -151,31 +150,6 @@ template <int N> __device__ __forceinline__ void ld_bytes16(const unsigned char 
 #pragma unroll
             for (int i = 0; i < 4; i++)
                 b[16 * k + 4 * j + i] = (unsigned char)((w[j] >> (8 * i)) & 0xffu);
-    }
-}
-
-/* Bytes [0, 8) of an A-byte aligned address (A = 2, 4 or 8) with the widest loads A allows. */
-template <int A> __device__ __forceinline__ void ld8(const unsigned char *p, unsigned char (&b)[8]) {
-    static_assert(A == 2 || A == 4 || A == 8, "ld8: 2-, 4- or 8-byte alignment");
-    unsigned lo, hi;
-#ifdef __CUDA_ARCH__
-    if (A == 8) {
-        const uint2 v = __ldg(reinterpret_cast<const uint2 *>(p));
-        lo = v.x;
-        hi = v.y;
-    } else
-#endif
-    if (A >= 4) {
-        lo = ld_u32(p);
-        hi = ld_u32(p + 4);
-    } else {
-        lo = ld_u16(p) | (ld_u16(p + 2) << 16);
-        hi = ld_u16(p + 4) | (ld_u16(p + 6) << 16);
-    }
-#pragma unroll
-    for (int i = 0; i < 4; i++) {
-        b[i] = (unsigned char)((lo >> (8 * i)) & 0xffu);
-        b[4 + i] = (unsigned char)((hi >> (8 * i)) & 0xffu);
     }
 }
 
