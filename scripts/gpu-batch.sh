@@ -181,6 +181,8 @@ if [ -n "${MS_GPU_QUANT:-}" ]; then
     fi
     if [ "$MS_GPU_QUANT" = 1 ]; then
         step quant 240 "$qt/test_quant_cuda"
+        # every kernel launched with programmatic dependent launch (cuda_ops.h ms_cuda_pdl)
+        step quant-pdl 120 env MS_CUDA_PDL=all "$qt/test_quant_cuda"
         # the replay after the workspace grew, under memcheck: a write into freed memory is certain
         # to show here (the test alone sees it only when the allocator reuses the freed range)
         command -v compute-sanitizer >/dev/null &&
@@ -211,6 +213,9 @@ if [ -n "${MS_GPU_BUNDLE:-}" ]; then
     step fixtures 90 "${tests[2]}"
     step features 120 "$b/bin/test_engine_features_cuda"
     step graphs 150 "$b/bin/test_graphs_cuda" # graphs vs padded eager, bitwise; capture time
+    # the same with every kernel launched with programmatic dependent launch (MS_CUDA_PDL=all)
+    step gpu-test-pdl 150 env MS_CUDA_PDL=all "${tests[0]}"
+    step graphs-pdl 150 env MS_CUDA_PDL=all "$b/bin/test_graphs_cuda"
     # NCCL is loaded with dlopen (backends/nccl_comm.h): the toolkit's, else PyTorch's copy there
     nccl_dir=$(ldconfig -p 2>/dev/null | awk '/libnccl\.so\.2 / { print $NF; exit }' | xargs -r dirname)
     [ -n "$nccl_dir" ] || nccl_dir=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)

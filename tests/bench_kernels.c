@@ -19,6 +19,8 @@
  * 1 and 8 x rows: random blocks (valid f16 scales) in the kernels' planar rows, as
  * many copies of the weight as make a working set of 256 MB, 3 warm-up rounds and the median of
  * 15, weight bytes read per launch / time as a fraction of copy bandwidth.
+ * `bench_kernels sample` (also in `all`): the sampler kernel over 1 and 32 rows of 128,256 logits,
+ * greedy and sampled (bench_sample).
  * Prints one table per part; exit status 0 when every case ran.
  */
 #include <math.h>
@@ -326,6 +328,87 @@ static int bench_qgemv(int arch, double copy_bw, uint32_t type, int rows, int in
     return 0;
 }
 
+/* The sampler kernel (templates/sample/sample.cuh, one CTA per row) over rows x 128,256 float
+ * logits (Llama 3's vocabulary), as the engine launches it after the lm_head: greedy (temperature
+ * 0: the argmax) and sampled (T 0.8, top-k 40, top-p 0.95). Logits: random values (a sum of two
+ * uniforms times 4), so the top-k / top-p searches cut inside a dense set of values. The rows are
+ * rotated over 16 copies (8 MB per row of a copy set: L2-resident, as after the lm_head). */
+static int bench_sample(int arch, int rows, bool sampled) {
+    const int vocab = 128256, copies = 16;
+    ms_error err = {0};
+    ms_kernel_spec s = ms_kernel_spec_simple(MS_KERNEL_OP_SAMPLE, MS_KERNEL_DTYPE_F32);
+    ms_cuda_module *m = NULL;
+    if (ms_cuda_module_init(&m, &s, arch, NULL, &err) != MS_OK) {
+        fprintf(stderr, "bench: %s\n", err.msg);
+        return 1;
+    }
+    const size_t n = (size_t)copies * rows * vocab;
+    float *h = malloc(sizeof(float) * n), *hp = malloc(sizeof(float) * 3 * (size_t)rows);
+    int *hk = malloc(sizeof(int) * (size_t)rows);
+    if (h == NULL || hp == NULL || hk == NULL)
+        exit(1);
+    for (size_t i = 0; i < n; i++)
+        h[i] = (float)((double)(next() >> 40) * 0x1p-24 + (double)(next() >> 40) * 0x1p-24) * 4.f;
+    for (int r = 0; r < rows; r++) {
+        hp[r] = sampled ? 0.8f : 0.f;
+        hp[rows + r] = sampled ? 0.95f : 1.f;
+        hp[2 * rows + r] = (float)((double)(next() >> 40) * 0x1p-24);
+        hk[r] = sampled ? 40 : 0;
+    }
+    float *dl, *dt, *dp, *du;
+    int *dk, *ids;
+    CK(cudaMalloc((void **)&dl, sizeof(float) * n));
+    CK(cudaMalloc((void **)&dt, sizeof(float) * (size_t)rows));
+    CK(cudaMalloc((void **)&dp, sizeof(float) * (size_t)rows));
+    CK(cudaMalloc((void **)&du, sizeof(float) * (size_t)rows));
+    CK(cudaMalloc((void **)&dk, sizeof(int) * (size_t)rows));
+    CK(cudaMalloc((void **)&ids, sizeof(int) * (size_t)rows));
+    CK(cudaMemcpy(dl, h, sizeof(float) * n, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dt, hp, sizeof(float) * (size_t)rows, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dp, hp + rows, sizeof(float) * (size_t)rows, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(du, hp + 2 * rows, sizeof(float) * (size_t)rows, cudaMemcpyHostToDevice));
+    CK(cudaMemcpy(dk, hk, sizeof(int) * (size_t)rows, cudaMemcpyHostToDevice));
+    cudaStream_t stream;
+    CK(cudaStreamCreate(&stream));
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    float t[18];
+    for (int r = 0; r < 18; r++) {
+        CK(cudaEventRecord(e0, stream));
+        for (int c = 0; c < copies; c++) {
+            ms_sample_params p = {dl + (size_t)c * rows * vocab, dt, dk, dp, du, ids, rows, vocab, vocab, NULL};
+            if (ms_cuda_sample_launch(m, &p, stream, &err) != MS_OK) {
+                fprintf(stderr, "bench: %s\n", err.msg);
+                return 1;
+            }
+        }
+        CK(cudaEventRecord(e1, stream));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaEventElapsedTime(&t[r], e0, e1));
+        t[r] /= (float)copies;
+    }
+    qsort(t + 3, 15, sizeof(float), cmp_float);
+    int got = -2;
+    CK(cudaMemcpy(&got, ids, sizeof got, cudaMemcpyDeviceToHost));
+    printf("| %s | %d x %d | %.1f | %d |\n", sampled ? "T 0.8, top-k 40, top-p 0.95" : "greedy", rows, vocab,
+           t[3 + 7] * 1e3, got);
+    cudaFree(dl);
+    cudaFree(dt);
+    cudaFree(dp);
+    cudaFree(du);
+    cudaFree(dk);
+    cudaFree(ids);
+    free(h);
+    free(hp);
+    free(hk);
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    CK(cudaStreamDestroy(stream));
+    ms_cuda_module_free(m);
+    return got >= 0 && got < vocab ? 0 : 1;
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "qgemv") == 0 && argc != 2 && argc != 6) {
         fprintf(stderr, "usage: bench_kernels qgemv [TYPE ROWS IN N]\n");
@@ -349,11 +432,22 @@ int main(int argc, char **argv) {
            "median of 10)\n\n",
            prop.name, arch, sms, prop.l2CacheSize >> 20, bw * 1e-9);
     const char *part = argc > 1 ? argv[1] : "all";
-    if (strcmp(part, "all") != 0 && strcmp(part, "attn") != 0 && strcmp(part, "qgemv") != 0) {
-        fprintf(stderr, "usage: bench_kernels [all|attn|qgemv]\n");
+    if (strcmp(part, "all") != 0 && strcmp(part, "attn") != 0 && strcmp(part, "qgemv") != 0 &&
+        strcmp(part, "sample") != 0) {
+        fprintf(stderr, "usage: bench_kernels [all|attn|qgemv|sample]\n");
         return 2;
     }
     int rc = 0;
+    if (strcmp(part, "all") == 0 || strcmp(part, "sample") == 0) {
+        printf("sampler (templates/sample/sample.cuh, one CTA per row, float logits)\n\n"
+               "| mode | rows x vocab | us/launch | first id |\n|---|---|---|---|\n");
+        for (int sampled = 0; sampled <= 1; sampled++)
+            for (int rows = 1; rows <= 32; rows *= 32)
+                rc |= bench_sample(arch, rows, sampled != 0);
+        printf("\n");
+        if (strcmp(part, "sample") == 0)
+            return rc;
+    }
     if (strcmp(part, "qgemv") == 0 && argc == 6) { /* one case (for ncu): qgemv TYPE ROWS IN N */
         uint32_t t = UINT32_MAX;
         for (uint32_t k = 0; k < 64; k++)

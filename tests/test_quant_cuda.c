@@ -405,10 +405,86 @@ static void test_graph_survives_workspace_growth(void **state) {
     g_in = 1024;
 }
 
+/* Programmatic dependent launch (templates/common/pdl.cuh: on sm_90 with MS_CUDA_PDL=all, which
+ * gpu-batch.sh runs this test under too, a GEMV may start while the kernel before it finishes): a chain of four
+ * GEMVs where each reads the one before's output and the third overwrites the buffer the second
+ * reads, queued back to back on a non-blocking stream, 20 times, against the same launches with
+ * the stream drained after each (where nothing can overlap): bitwise equal. A GEMV that read x,
+ * or wrote y, before its wait would read a poisoned or half-written vector, or clobber its
+ * predecessor's input. */
+static void test_pdl_chain_matches_serial_launches(void **state) {
+    (void)state;
+    ms_error err = {0};
+    const int in = 4096, n = 1;
+    cudaStream_t st;
+    CU(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+    ms_cuda_quant *q = NULL;
+    OK(ms_cuda_quant_init(&q, g_arch, NULL, st, g_cublas, &err));
+    const size_t bytes = ms_cuda_qweight_bytes(MS_GGML_TYPE_Q4_0, in, in);
+    float *f = malloc(sizeof(float) * (size_t)in * in);
+    uint8_t *blocks = malloc(bytes);
+    assert_true(f != NULL && blocks != NULL);
+    for (size_t i = 0; i < (size_t)in * in; i++)
+        f[i] = frand() * (1.f / 64.f);
+    assert_int_equal(ms_ggml_quantize(MS_GGML_TYPE_Q4_0, f, blocks, (size_t)in * in), MS_OK);
+    ms_cuda_qweight w;
+    OK(ms_cuda_qweight_init(&w, MS_GGML_TYPE_Q4_0, in, in, &err));
+    OK(ms_cuda_quant_load_type(q, MS_GGML_TYPE_Q4_0, &err));
+    OK(ms_cuda_qweight_upload_rows(&w, 0, in, blocks, &err));
+    float *x = malloc(sizeof(float) * in), *want = malloc(sizeof(float) * 3 * in), *got = malloc(sizeof(float) * 3 * in);
+    assert_true(x != NULL && want != NULL && got != NULL);
+    for (int i = 0; i < in; i++)
+        x[i] = frand();
+    float *dx, *d; /* d: three vectors a, b, c of `in` floats */
+    CU(cudaMalloc((void **)&dx, sizeof(float) * in));
+    CU(cudaMalloc((void **)&d, sizeof(float) * 3 * in));
+    CU(cudaMemcpy(dx, x, sizeof(float) * in, cudaMemcpyHostToDevice));
+    float *a = d, *b = d + in, *c = d + 2 * in;
+    /* a = W x; b = W a; a = W b (overwrites what the second read); c = W a */
+    const float *src[4] = {dx, a, b, a};
+    float *dst[4] = {a, b, a, c};
+    for (int rep = 0; rep <= 20; rep++) {
+        const bool serial = rep == 0;
+        CU(cudaMemsetAsync(d, 0xff, sizeof(float) * 3 * in, st)); /* NaN */
+        for (int k = 0; k < 4; k++) {
+            OK(ms_cuda_quant_linear(q, src[k], n, in, &w, dst[k], in, &err));
+            if (serial)
+                CU(cudaStreamSynchronize(st));
+        }
+        CU(cudaStreamSynchronize(st));
+        CU(cudaMemcpy(serial ? want : got, d, sizeof(float) * 3 * in, cudaMemcpyDeviceToHost));
+        if (serial) {
+            for (int i = 0; i < 3 * in; i++)
+                if (!isfinite(want[i]))
+                    fail_msg("serial chain: element %d of %d is %g", i, 3 * in, (double)want[i]);
+        } else if (memcmp(want, got, sizeof(float) * 3 * in) != 0) {
+            int i = 0;
+            while (i < 3 * in && memcmp(&want[i], &got[i], sizeof(float)) == 0)
+                i++;
+            fail_msg("queued chain %d differs from the serial one at element %d: %g, serial %g", rep, i,
+                     (double)got[i], (double)want[i]);
+        }
+    }
+    printf("4 dependent GEMVs queued back to back (programmatic launch %s): 20 chains bitwise equal to serial launches\n",
+           g_arch >= 90 && getenv("MS_CUDA_PDL") != NULL && strcmp(getenv("MS_CUDA_PDL"), "all") == 0 ? "on"
+                                                                                                : "off");
+    cudaFree(dx);
+    cudaFree(d);
+    free(x);
+    free(want);
+    free(got);
+    free(f);
+    free(blocks);
+    ms_cuda_qweight_free(&w);
+    ms_cuda_quant_free(q);
+    CU(cudaStreamDestroy(st));
+}
+
 int main(void) {
     const struct CMUnitTest tests[] = {
         ms_unit_test(test_quant_types),
         ms_unit_test(test_graph_survives_workspace_growth),
+        ms_unit_test(test_pdl_chain_matches_serial_launches),
         ms_unit_test(test_bad_weights),
     };
     /* MS_TEST_FILTER=NAME runs the tests matching NAME only (gpu-batch.sh: one test under

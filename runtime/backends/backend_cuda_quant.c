@@ -295,10 +295,7 @@ static ms_status launch(const ms_cuda_module *m, int entry, unsigned grid, unsig
                         cudaStream_t stream, ms_error *err) {
     if (grid == 0)
         return MS_OK;
-    dim3 g = {grid, 1, 1}, b = {threads, 1, 1};
-    void *args[] = {p};
-    MS_CUDA_TRY(err, cudaLaunchKernel((const void *)m->fn[entry], g, b, args, 0, stream));
-    return MS_OK;
+    return ms_cuda_launch_entry(m, entry, grid, 1, 1, threads, p, stream, err);
 }
 
 static ms_status check_weight(const ms_cuda_qweight *w, ms_error *err) {

@@ -2,13 +2,14 @@
  * cuda_ops.c - loading kernel instances and launching them (cuda_ops.h).
  *
  * Constraints: the driver library is never linked; cubins are loaded with cudaLibraryLoadData and
- * kernels launched with cudaLaunchKernel on the cudaKernel_t handle, so binaries start without a
- * GPU. Launchers validate on the host what the templates assume (16-byte alignment of vectorized
+ * kernels launched with cudaLaunchKernel(ExC) on the cudaKernel_t handle, so binaries start without
+ * a GPU. On sm_90 launches may allow programmatic dependent launch (ms_cuda_pdl). Launchers validate on the host what the templates assume (16-byte alignment of vectorized
  * rows, head counts, split buffers): a device kernel cannot report a bad argument.
  */
 #include "cuda_ops.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "nvrtc_cache.h"
@@ -99,23 +100,36 @@ static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 /* Elements of the module's dtype in 16 bytes. */
 static int vec_elems(ms_kernel_dtype dt) { return dt == MS_KERNEL_DTYPE_F32 ? 4 : 8; }
 
-static ms_status launch(const ms_cuda_module *m, int entry, unsigned gx, unsigned gy, unsigned gz,
-                        unsigned threads, void *params, cudaStream_t stream, ms_error *err) {
-    if (gx == 0 || gy == 0 || gz == 0)
-        return MS_OK; /* nothing to do */
-    dim3 grid = {gx, gy, gz}, block = {threads, 1, 1};
-    void *args[] = {params};
-    MS_CUDA_TRY(err, cudaLaunchKernel((const void *)m->fn[entry], grid, block, args, 0, stream));
-    return MS_OK;
+/* Programmatic dependent launch for which kernels (read once per process from MS_CUDA_PDL):
+ * 0 none ("0"), 1 the decode attention only (the default), 2 every kernel ("all"). */
+static int pdl_mode(void) {
+    static int cached = -1; /* -1: not read yet */
+    int v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+    if (v < 0) {
+        const char *e = getenv("MS_CUDA_PDL");
+        v = e == NULL || e[0] == '\0' ? 1 : strcmp(e, "0") == 0 ? 0 : strcmp(e, "all") == 0 ? 2 : 1;
+        __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
+    }
+    return v;
 }
 
-/* launch with programmatic stream serialization: the grid may start before the previous kernel
- * of the stream completes, and waits for it with griddepcontrol.wait (sm_90 and later). */
-static ms_status launch_pdl(const ms_cuda_module *m, int entry, unsigned gx, unsigned gy,
-                            unsigned gz, unsigned threads, void *params, cudaStream_t stream,
-                            ms_error *err) {
+bool ms_cuda_pdl(const ms_cuda_module *m) {
+    if (m == NULL || m->arch < 90)
+        return false;
+    const int mode = pdl_mode();
+    return mode == 2 || (mode == 1 && m->spec.op == MS_KERNEL_OP_ATTN_DECODE);
+}
+
+ms_status ms_cuda_launch_entry(const ms_cuda_module *m, int entry, unsigned gx, unsigned gy, unsigned gz,
+                               unsigned threads, void *params, cudaStream_t stream, ms_error *err) {
     if (gx == 0 || gy == 0 || gz == 0)
         return MS_OK; /* nothing to do */
+    void *args[] = {params};
+    if (!ms_cuda_pdl(m)) {
+        dim3 grid = {gx, gy, gz}, block = {threads, 1, 1};
+        MS_CUDA_TRY(err, cudaLaunchKernel((const void *)m->fn[entry], grid, block, args, 0, stream));
+        return MS_OK;
+    }
     cudaLaunchAttribute attr;
     memset(&attr, 0, sizeof attr);
     attr.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -128,9 +142,13 @@ static ms_status launch_pdl(const ms_cuda_module *m, int entry, unsigned gx, uns
     cfg.stream = stream;
     cfg.attrs = &attr;
     cfg.numAttrs = 1;
-    void *args[] = {params};
     MS_CUDA_TRY(err, cudaLaunchKernelExC(&cfg, (const void *)m->fn[entry], args));
     return MS_OK;
+}
+
+static ms_status launch(const ms_cuda_module *m, int entry, unsigned gx, unsigned gy, unsigned gz,
+                        unsigned threads, void *params, cudaStream_t stream, ms_error *err) {
+    return ms_cuda_launch_entry(m, entry, gx, gy, gz, threads, params, stream, err);
 }
 
 /* ---- attention ---- */
@@ -175,9 +193,6 @@ ms_status ms_cuda_attn_decode_launch(const ms_cuda_module *m, const ms_attn_kern
                        "%s: %d splits without 16-byte aligned partial buffers or split counters",
                        m->uri, p->n_splits);
     ms_attn_kernel_params copy = *p;
-    if (m->arch >= 90) /* the template's griddepcontrol exists from sm_90 on */
-        return launch_pdl(m, 0, (unsigned)p->n_splits, (unsigned)p->n_kv_heads,
-                          (unsigned)p->batch, MS_ATTN_DECODE_THREADS, &copy, stream, err);
     return launch(m, 0, (unsigned)p->n_splits, (unsigned)p->n_kv_heads, (unsigned)p->batch,
                   MS_ATTN_DECODE_THREADS, &copy, stream, err);
 }

@@ -47,15 +47,34 @@ void ms_cuda_module_free(ms_cuda_module *m);
 /* Compute capability (as 90 for sm_90) and multiprocessor count of a device. */
 ms_status ms_cuda_device_arch(int device, int *arch, int *n_sms, ms_error *err);
 
+/*
+ * Launch entry `entry` of m on grid (gx, gy, gz) of `threads` threads with one by-value parameter
+ * struct (params: copied at the call). A zero grid dimension launches nothing. When
+ * ms_cuda_pdl(m), the launch carries cudaLaunchAttributeProgrammaticStreamSerialization: the grid
+ * may start before the previous kernel of the stream completes, which every instance allows for
+ * by its griddepcontrol.wait before it touches what another kernel writes (templates/common/pdl.cuh).
+ * Errors: MS_ERR_CUDA from the launch.
+ */
+ms_status ms_cuda_launch_entry(const ms_cuda_module *m, int entry, unsigned gx, unsigned gy, unsigned gz,
+                               unsigned threads, void *params, cudaStream_t stream, ms_error *err);
+
+/* Whether launches of m use programmatic dependent launch: on sm_90 or later, the decode
+ * attention's (its prologue and L2 prefetch overlap the kernel before: +1 point of bandwidth in
+ * bench_kernels), every kernel's with MS_CUDA_PDL=all, none with MS_CUDA_PDL=0 (read once).
+ * Every instance is safe either way (templates/common/pdl.cuh); for all kernels it was measured
+ * and left off by default: an 8B Q4_0 decode at batch 1 ran 437 tok/s with it and 444 without
+ * (docs/perf.md, 2026-12-02). */
+bool ms_cuda_pdl(const ms_cuda_module *m);
+
 /* ---- launchers: each checks the module's op and the params, then launches ---- */
 
 /* Decode attention: one launch, grid (n_splits, n_kv_heads, batch); with n_splits > 1 the last
  * CTA of each (request, KV head) merges the splits (templates/attn/decode.cuh), so part_o,
- * part_lse and split_counter (zeroed, [batch * n_kv_heads]) are required then. On sm_90 and
- * later it is launched with programmatic stream serialization: its CTAs may start while the
- * previous kernel of the stream finishes and wait for it before touching q, the pages' contents
- * or any output (decode.cuh), so the index arrays it reads (qo_indptr, kv_indptr, kv_indices,
- * kv_last_page_len, kv_start) must not be written by the kernel launched just before it. */
+ * part_lse and split_counter (zeroed, [batch * n_kv_heads]) are required then. On sm_90
+ * (ms_cuda_pdl) its CTAs may start while earlier kernels of the stream finish;
+ * this one reads its index arrays (qo_indptr, kv_indptr, kv_indices, kv_last_page_len, kv_start)
+ * before its wait (decode.cuh), so no kernel may write them: they must come from copies (or
+ * kernels) that completed before the first kernel of the chain it is launched behind started. */
 ms_status ms_cuda_attn_decode_launch(const ms_cuda_module *m, const ms_attn_kernel_params *p,
                                      cudaStream_t stream, ms_error *err);
 /* Prefill attention over n_tiles tiles (ms_kernel_attn_prefill_tiles): grid (n_tiles, n_kv_heads). */

@@ -376,6 +376,11 @@ static void emit(src_buf *b, const char *fmt, ...) {
 
 static const char *cbool(bool v) { return v ? "true" : "false"; }
 
+/* The first statements of every wrapper but ms_attn_decode's and ms_qgemv_<N>'s (whose templates
+ * place them after their prologues): let the next kernel launch, then wait for the previous one
+ * (common/pdl.cuh; no-ops below sm_90 and for grids launched without PDL). */
+#define PDL_PROLOGUE "    ms::pdl_launch_dependents();\n    ms::pdl_wait();\n"
+
 /*
  * Everything of an instance source after its banner: the template's #include, the config
  * preamble and the extern "C" wrappers. shape_macros: head_dim, page size and group are written as
@@ -395,7 +400,7 @@ static ms_status spec_body(const ms_kernel_spec *s, bool shape_macros, const cha
     src_buf b = {0};
     if (banner != NULL)
         emit(&b, "%s", banner);
-    emit(&b, "#include \"%s\"\n\nnamespace cfg {\nusing T = %s;\nusing TA = %s;\n", oi->header, T,
+    emit(&b, "#include \"common/pdl.cuh\"\n#include \"%s\"\n\nnamespace cfg {\nusing T = %s;\nusing TA = %s;\n", oi->header, T,
          TA);
     switch (s->op) {
     case MS_KERNEL_OP_ATTN_DECODE:
@@ -438,86 +443,86 @@ static ms_status spec_body(const ms_kernel_spec *s, bool shape_macros, const cha
         break;
     case MS_KERNEL_OP_ATTN_PREFILL:
         emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_ATTN_PREFILL_THREADS)\n"
-                 "ms_attn_prefill(const ms_attn_kernel_params p) {\n"
+                 "ms_attn_prefill(const ms_attn_kernel_params p) {\n" PDL_PROLOGUE
                  "    ms::attn_prefill<cfg::TA, cfg::T, cfg::kHeadDim, cfg::kPageSize, cfg::kGroup, "
                  "cfg::kCausal, cfg::kWindowed>(p);\n}\n");
         break;
     case MS_KERNEL_OP_ROPE_KV:
         emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_ROPE_KV_THREADS)\n"
-                 "ms_rope_kv(const ms_rope_kv_params p) {\n"
+                 "ms_rope_kv(const ms_rope_kv_params p) {\n" PDL_PROLOGUE
                  "    ms::rope_kv<cfg::TA, cfg::T, cfg::kHeadDim, cfg::kPageSize, cfg::kRope, "
                  "cfg::kRopeScaling%s>(p);\n}\n",
              s->mrope ? ", cfg::kMrope" : "");
         break;
     case MS_KERNEL_OP_RMSNORM_HEADS:
         emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_RMSNORM_THREADS)\n"
-                 "ms_rmsnorm_heads(const ms_rmsnorm_params p) {\n"
+                 "ms_rmsnorm_heads(const ms_rmsnorm_params p) {\n" PDL_PROLOGUE
                  "    ms::rmsnorm_heads<cfg::TA, cfg::T, cfg::kHeadDim>(p);\n}\n");
         break;
     case MS_KERNEL_OP_ATTN_DENSE:
         emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_ATTN_DENSE_THREADS)\n"
-                 "ms_attn_dense(const ms_attn_dense_params p) {\n"
+                 "ms_attn_dense(const ms_attn_dense_params p) {\n" PDL_PROLOGUE
                  "    ms::attn_dense<cfg::kHeadDim>(p);\n}\n");
         break;
     case MS_KERNEL_OP_RMSNORM:
         emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_RMSNORM_THREADS)\n"
-                 "ms_rmsnorm(const ms_rmsnorm_params p) {\n"
+                 "ms_rmsnorm(const ms_rmsnorm_params p) {\n" PDL_PROLOGUE
                  "    ms::rmsnorm<cfg::TA, cfg::T, cfg::kAddResidual>(p);\n}\n");
         break;
     case MS_KERNEL_OP_SILU_MUL:
         emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_SILU_MUL_THREADS)\n"
-                 "ms_silu_mul(const ms_silu_mul_params p) {\n"
+                 "ms_silu_mul(const ms_silu_mul_params p) {\n" PDL_PROLOGUE
                  "    ms::silu_mul<cfg::T>(p);\n}\n");
         break;
     case MS_KERNEL_OP_EMBED:
         emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_EMBED_THREADS)\n"
-                 "ms_embed(const ms_embed_params p) {\n"
+                 "ms_embed(const ms_embed_params p) {\n" PDL_PROLOGUE
                  "    ms::embed<cfg::T, cfg::TA>(p);\n}\n");
         break;
     case MS_KERNEL_OP_ARGMAX:
         emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_ARGMAX_THREADS)\n"
-                 "ms_argmax(const ms_argmax_params p) {\n"
+                 "ms_argmax(const ms_argmax_params p) {\n" PDL_PROLOGUE
                  "    ms::argmax<cfg::T>(p);\n}\n");
         break;
     case MS_KERNEL_OP_SAMPLE:
         emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_SAMPLE_THREADS)\n"
-                 "ms_sample(const ms_sample_params p) {\n"
+                 "ms_sample(const ms_sample_params p) {\n" PDL_PROLOGUE
                  "    ms::sample<cfg::T>(p);\n}\n");
         break;
     case MS_KERNEL_OP_MISC:
         emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_MISC_THREADS)\n"
-                 "ms_convert(const ms_misc_params p) {\n"
+                 "ms_convert(const ms_misc_params p) {\n" PDL_PROLOGUE
                  "    ms::convert<cfg::TA, cfg::T>(p);\n}\n\n"
                  "extern \"C\" __global__ void __launch_bounds__(MS_MISC_THREADS)\n"
-                 "ms_add(const ms_misc_params p) {\n"
+                 "ms_add(const ms_misc_params p) {\n" PDL_PROLOGUE
                  "    ms::add<cfg::TA>(p);\n}\n\n"
                  "extern \"C\" __global__ void __launch_bounds__(MS_MISC_THREADS)\n"
-                 "ms_gather_rows(const ms_misc_params p) {\n"
+                 "ms_gather_rows(const ms_misc_params p) {\n" PDL_PROLOGUE
                  "    ms::gather_rows<cfg::TA>(p);\n}\n\n"
                  /* the encoder ops (misc/encoder.cuh): weights / GEMM inputs in T, or float */
                  "extern \"C\" __global__ void __launch_bounds__(MS_MISC_THREADS)\n"
-                 "ms_layer_norm(const ms_layer_norm_params p) {\n"
+                 "ms_layer_norm(const ms_layer_norm_params p) {\n" PDL_PROLOGUE
                  "    ms::layer_norm<cfg::TA, cfg::T>(p);\n}\n\n"
                  "extern \"C\" __global__ void __launch_bounds__(MS_MISC_THREADS)\n"
-                 "ms_layer_norm_f32(const ms_layer_norm_params p) {\n"
+                 "ms_layer_norm_f32(const ms_layer_norm_params p) {\n" PDL_PROLOGUE
                  "    ms::layer_norm<cfg::TA, float>(p);\n}\n\n"
                  "extern \"C\" __global__ void __launch_bounds__(MS_MISC_THREADS)\n"
-                 "ms_gelu(const ms_misc_params p) {\n"
+                 "ms_gelu(const ms_misc_params p) {\n" PDL_PROLOGUE
                  "    ms::gelu<cfg::TA>(p);\n}\n\n"
                  "extern \"C\" __global__ void __launch_bounds__(MS_MISC_THREADS)\n"
-                 "ms_im2col(const ms_im2col_params p) {\n"
+                 "ms_im2col(const ms_im2col_params p) {\n" PDL_PROLOGUE
                  "    ms::im2col<cfg::TA, cfg::T>(p);\n}\n\n"
                  "extern \"C\" __global__ void __launch_bounds__(MS_MISC_THREADS)\n"
-                 "ms_im2col_f32(const ms_im2col_params p) {\n"
+                 "ms_im2col_f32(const ms_im2col_params p) {\n" PDL_PROLOGUE
                  "    ms::im2col<cfg::TA, float>(p);\n}\n\n"
                  "extern \"C\" __global__ void __launch_bounds__(MS_MISC_THREADS)\n"
-                 "ms_bias_add(const ms_misc_params p) {\n"
+                 "ms_bias_add(const ms_misc_params p) {\n" PDL_PROLOGUE
                  "    ms::bias_add<cfg::TA, cfg::T>(p);\n}\n\n"
                  "extern \"C\" __global__ void __launch_bounds__(MS_MISC_THREADS)\n"
-                 "ms_bias_add_f32(const ms_misc_params p) {\n"
+                 "ms_bias_add_f32(const ms_misc_params p) {\n" PDL_PROLOGUE
                  "    ms::bias_add<cfg::TA, float>(p);\n}\n\n"
                  "extern \"C\" __global__ void __launch_bounds__(MS_MISC_THREADS)\n"
-                 "ms_select_rows(const ms_misc_params p) {\n"
+                 "ms_select_rows(const ms_misc_params p) {\n" PDL_PROLOGUE
                  "    ms::select_rows<cfg::TA>(p);\n}\n");
         break;
     case MS_KERNEL_OP_QMATMUL:
@@ -538,10 +543,10 @@ static ms_status spec_body(const ms_kernel_spec *s, bool shape_macros, const cha
                      "    ms::qgemv<cfg::Q, %d, MS_QGEMV_ROWS_OF(%d)>(p);\n}\n\n", c, c, c);
         }
         emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_QDEQUANT_THREADS)\n"
-                 "ms_qdequant_bf16(const ms_qmatmul_params p) {\n"
+                 "ms_qdequant_bf16(const ms_qmatmul_params p) {\n" PDL_PROLOGUE
                  "    ms::qdequant_bf16<cfg::Q>(p);\n}\n\n"
                  "extern \"C\" __global__ void __launch_bounds__(MS_QGEMV_THREADS)\n"
-                 "ms_qembed(const ms_qmatmul_params p) {\n"
+                 "ms_qembed(const ms_qmatmul_params p) {\n" PDL_PROLOGUE
                  "    ms::qembed<cfg::Q>(p);\n}\n");
         break;
     default:

@@ -51,6 +51,7 @@
 #include "common/mma.cuh"
 #include "common/params.h"
 #include "common/paged_kv.cuh"
+#include "common/pdl.cuh"
 #include "common/reduce.cuh"
 #include "common/vec.cuh"
 
@@ -59,17 +60,6 @@ namespace ms {
 /* Smallest power of two >= n (n >= 1). */
 __host__ __device__ constexpr int pow2_ceil(int n) { return n <= 1 ? 1 : 2 * pow2_ceil((n + 1) / 2); }
 
-/* griddepcontrol (programmatic dependent launch, sm_90 and later; no-ops below). */
-__device__ __forceinline__ void pdl_launch_dependents() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-#endif
-}
-__device__ __forceinline__ void pdl_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
-}
 
 /* L2 bytes the CTAs of one launch prefetch at their start, all together (at most 8 lines of 128
  * bytes per thread, 128 KiB per CTA): about half an H100's L2, so the rows stay there until the

@@ -290,7 +290,7 @@ struct gmem2 {
  * accumulates d[j] * sum_k v x' + m[j] * sum_k x with x' = x / nib_scale. lane_ok(ch, L, in):
  * the lane's values lie inside a row of `in` values (a 32-value type's last chunk may be partial).
  *
- * The integer GEMV (kI8: Q4_0, Q8_0, Q4_K; qmatmul.cuh qgemv_chunk_i8): x is quantized per
+ * The integer GEMV (kI8: Q4_0, Q8_0, Q4_K; qmatmul.cuh qgemv_load_i8, qgemv_dot_i8): x is quantized per
  * 32-value block to int8 like ggml-cuda's q8_1 (dx = amax / 127, q = rint(x 127 / amax)), the
  * lane's 16 x values packed into xw[4] (run j in xw[2 j], xw[2 j + 1], value order), xs[j] their
  * integer sums; idot(raw, xw, xs, is) gives per run the exact integer is[j] with

@@ -18,7 +18,8 @@
  * sm_90) and accumulates d * sum(q x) + m * sum(x) per run in fp32. Partial sums are reduced with
  * warp shuffles and one shared-memory pass in a fixed order (deterministic).
  *
- * The integer entries (Q4_0, Q8_0, Q4_K at up to MS_QGEMV_I8_MAX_COLS x rows: qgemv_chunk_i8)
+ * The integer entries (Q4_0, Q8_0, Q4_K at up to MS_QGEMV_I8_MAX_COLS x rows: qgemv_load_i8 and
+ * qgemv_dot_i8)
  * quantize x per 32 values to int8 in the kernel, like ggml-cuda's q8_1 (quant_x16), and take the
  * dot of weight and x bytes with dp4a, four products per instruction instead of an AND-OR, FADD
  * and FFMA per value: the fp32 GEMV was issue-bound (ncu, Q4_0 gate/up: issue slots 58% busy, the
@@ -33,6 +34,7 @@
  */
 #pragma once
 
+#include "common/pdl.cuh"
 #include "common/reduce.cuh"
 #include "common/vec.cuh"
 #include "quant/blocks.cuh"
@@ -178,15 +180,12 @@ __device__ __forceinline__ void quant_x16(const float *xc, int o0, int o1, bool 
     }
 }
 
-/// qgemv_chunk for the kI8 types at up to MS_QGEMV_I8_MAX_COLS x rows: the R rows' bytes and
-/// scales, then per x row its quantized values (quant_x16) and per weight row the runs' exact
-/// integer dots (Q::idot: dp4a), scaled once per run: acc += dx (d is + m xs). ok: the lane's
-/// values lie in the row (the lanes outside still take part in quant_x16's shuffles, with zeros).
-template <typename Q, int NC, int R, typename M>
-__device__ __forceinline__ void qgemv_chunk_i8(const unsigned char *const (&rows)[R], int nb, int ch, const float *xc,
-                                               int x_stride, int lane, bool ok, float (&acc)[R][NC]) {
-    const int o0 = Q::run0(lane), o1 = o0 + Q::kRun1;
-    quant::qraw raw[R];
+/// The R rows' bytes and scales of the lane's share of chunk ch (zeros for !ok lanes), for
+/// qgemv_dot_i8. (Issuing them a chunk ahead of their use, software pipelined, was measured and
+/// dropped: the doubled registers cost more resident warps than the overlap bought; docs/perf.md)
+template <typename Q, int R, typename M>
+__device__ __forceinline__ void qgemv_load_i8(const unsigned char *const (&rows)[R], int nb, int ch, int lane, bool ok,
+                                              quant::qraw (&raw)[R]) {
 #pragma unroll
     for (int r = 0; r < R; r++) {
         if (ok) {
@@ -197,6 +196,16 @@ __device__ __forceinline__ void qgemv_chunk_i8(const unsigned char *const (&rows
                 raw[r].u[i] = 0u;
         }
     }
+}
+
+/// qgemv_chunk for the kI8 types at up to MS_QGEMV_I8_MAX_COLS x rows, on the R rows' loaded
+/// bytes (qgemv_load_i8): per x row its quantized values (quant_x16) and per weight row the runs'
+/// exact integer dots (Q::idot: dp4a), scaled once per run: acc += dx (d is + m xs). ok: the lane's
+/// values lie in the row (the lanes outside still take part in quant_x16's shuffles, with zeros).
+template <typename Q, int NC, int R>
+__device__ __forceinline__ void qgemv_dot_i8(const quant::qraw (&raw)[R], const float *xc, int x_stride, int lane,
+                                             bool ok, float (&acc)[R][NC]) {
+    const int o0 = Q::run0(lane), o1 = o0 + Q::kRun1;
     /* the scales once per row (not per x row) */
     float d[R][2], m[R][2];
 #pragma unroll
@@ -274,14 +283,17 @@ __device__ __forceinline__ void qgemv_plain(const ms_qmatmul_params &p) {
 #pragma unroll
         for (int c = 0; c < NC; c++)
             acc[r][c] = 0.f;
+    const int nb = p.in / Q::kQK;
     for (int ch = warp; ch < chunks; ch += NW) {
         const bool ok = Q::lane_ok(ch, lane, p.in);
         if constexpr (Q::kI8 && NC <= MS_QGEMV_I8_MAX_COLS) {
-            qgemv_chunk_i8<Q, NC, R, M>(rows, p.in / Q::kQK, ch, x + (size_t)ch * 512, p.x_stride, lane, ok, acc);
+            quant::qraw raw[R];
+            qgemv_load_i8<Q, R, M>(rows, nb, ch, lane, ok, raw);
+            qgemv_dot_i8<Q, NC, R>(raw, x + (size_t)ch * 512, p.x_stride, lane, ok, acc);
         } else {
             if (!ok)
                 continue;
-            qgemv_chunk<Q, NC, R, M>(rows, p.in / Q::kQK, ch, x + (size_t)ch * 512, p.x_stride, lane, acc);
+            qgemv_chunk<Q, NC, R, M>(rows, nb, ch, x + (size_t)ch * 512, p.x_stride, lane, acc);
         }
     }
     qgemv_store<NC, R, NW>(acc, red, r0, p);
@@ -300,6 +312,10 @@ template <typename Q, int NC> struct qgemv_min_ctas {
 template <typename Q, int NC, int R> __device__ __forceinline__ void qgemv(const ms_qmatmul_params &p) {
     static_assert(NC >= 1 && NC <= MS_QGEMV_MAX_COLS && R >= 1, "qgemv: 1..8 x rows");
     static_assert(Q::kQK == 32 || Q::kQK == 256, "qgemv: 32- or 256-value blocks");
+    /* PDL (common/pdl.cuh): the next kernel may launch; x and y only after the wait. (An L2
+     * prefetch of the CTA's weight rows before the wait was measured and dropped: docs/perf.md) */
+    pdl_launch_dependents();
+    pdl_wait();
     if (p.wide)
         qgemv_plain<Q, NC, R, quant::gmem16>(p);
     else
