@@ -1145,7 +1145,7 @@ static int cmp_desc(const void *a, const void *b) {
  * kernel's order (MS_SAMPLE_THREADS contiguous chunks, serial exclusive scan) so that rounding
  * of the running mass cannot move the boundary between the two implementations.
  */
-static int ref_sample(const float *row, int vocab, float temp, int k, float top_p, float u,
+static int ref_sample(const float *row, int vocab, float temp, int k, float top_p, float min_p, float u,
                       float *tau_out) {
     *tau_out = -INFINITY;
     if (!(temp > 0.f))
@@ -1178,7 +1178,7 @@ static int ref_sample(const float *row, int vocab, float temp, int k, float top_
     for (int t = 0; t < nt; t++) {
         float s = 0.f;
         for (int i = t * chunk; i < MS_MIN(vocab, (t + 1) * chunk); i++)
-            if (row[i] >= tau)
+            if (row[i] >= tau && exp2f((row[i] - mx) * sc) >= min_p)
                 s += exp2f((row[i] - mx) * sc);
         sums[t] = s;
     }
@@ -1195,7 +1195,7 @@ static int ref_sample(const float *row, int vocab, float temp, int k, float top_
             float run = before[t];
             int lk = -1;
             for (int i = c0; i < c1; i++)
-                if (row[i] >= tau) {
+                if (row[i] >= tau && exp2f((row[i] - mx) * sc) >= min_p) {
                     lk = i;
                     run += exp2f((row[i] - mx) * sc);
                     if (target < run)
@@ -1204,7 +1204,7 @@ static int ref_sample(const float *row, int vocab, float temp, int k, float top_
             return lk;
         }
         for (int i = c0; i < c1; i++)
-            if (row[i] >= tau)
+            if (row[i] >= tau && exp2f((row[i] - mx) * sc) >= min_p)
                 last = i;
     }
     return last >= 0 ? last : 0;
@@ -1213,14 +1213,14 @@ static int ref_sample(const float *row, int vocab, float temp, int k, float top_
 /* Does `got` (kept: row[got] >= tau) own the target u * total in the vocabulary-order cumulative
  * mass, in double, within 1e-5 of the total? Device exp2f and the host's may differ by an ulp, so
  * a target that close to a boundary may go either way. */
-static bool sample_close(const float *row, int vocab, float temp, float tau, float u, int got) {
-    if (got < 0 || got >= vocab || !(row[got] >= tau))
-        return false;
+static bool sample_close(const float *row, int vocab, float temp, float tau, float min_p, float u, int got) {
     float mx = row[ref_argmax(row, vocab)];
     const float sc = 1.4426950408889634f / temp;
+    if (got < 0 || got >= vocab || !(row[got] >= tau) || !(exp2f((row[got] - mx) * sc) >= min_p))
+        return false;
     double total = 0, before = 0;
     for (int i = 0; i < vocab; i++)
-        if (row[i] >= tau) {
+        if (row[i] >= tau && exp2f((row[i] - mx) * sc) >= min_p) {
             if (i == got)
                 before = total;
             total += exp2((double)((row[i] - mx) * sc));
@@ -1264,11 +1264,15 @@ static void test_argmax(void **state) {
 
 static void test_sample(void **state) {
     (void)state;
-    enum { ROWS = 8 };
+    /* rows 0-7 on flat logits; 8-13 at low temperatures, where the kept set is small: the kernel's
+     * shared-memory candidate path (top-p alone, top-k at its bound of MS_SAMPLE_THREADS, min_p
+     * alone and with both); 3, 5, 7 and 12 overflow or have no bound: the whole-row search */
+    enum { ROWS = 14 };
     const int vocab = 32000;
-    const float temp[ROWS] = {0.f, 1.f, 0.8f, 1.f, 1.2f, 0.6f, 1.f, 0.9f};
-    const int topk[ROWS] = {0, 1, 40, 0, 100, 0, 5, 2000};
-    const float topp[ROWS] = {1.f, 1.f, 1.f, 0.9f, 0.5f, 1.f, 0.3f, 0.95f};
+    const float temp[ROWS] = {0.f, 1.f, 0.8f, 1.f, 1.2f, 0.6f, 1.f, 0.9f, 0.1f, 0.5f, 0.1f, 0.2f, 0.7f, 0.05f};
+    const int topk[ROWS] = {0, 1, 40, 0, 100, 0, 5, 2000, 0, 512, 0, 3, 0, 50};
+    const float topp[ROWS] = {1.f, 1.f, 1.f, 0.9f, 0.5f, 1.f, 0.3f, 0.95f, 0.9f, 1.f, 1.f, 0.95f, 1.f, 0.999f};
+    const float minp[ROWS] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.05f, 0.1f, 0.f, 0.01f};
     float unif[ROWS];
     for (int r = 0; r < ROWS; r++)
         unif[r] = (float)((double)(rng_next() >> 40) * 0x1p-24);
@@ -1280,9 +1284,10 @@ static void test_sample(void **state) {
     float *dt = dup_h2d(&l, temp, sizeof temp), *dp = dup_h2d(&l, topp, sizeof topp);
     float *du = dup_h2d(&l, unif, sizeof unif);
     int32_t *dk = dup_h2d(&l, topk, sizeof topk);
+    float *dm = dup_h2d(&l, minp, sizeof minp);
     int32_t *dids = dalloc(&l, sizeof(int32_t) * ROWS);
     ms_cuda_module *m = load(ms_kernel_spec_simple(MS_KERNEL_OP_SAMPLE, MS_KERNEL_DTYPE_F32));
-    ms_sample_params p = {dl, dt, dk, dp, du, dids, ROWS, vocab, vocab, NULL};
+    ms_sample_params p = {dl, dt, dk, dp, du, dids, ROWS, vocab, vocab, dm};
     ms_error err = {0};
     if (ms_cuda_sample_launch(m, &p, 0, &err) != MS_OK)
         fail_msg("sample launch: %s", err.msg);
@@ -1291,13 +1296,13 @@ static void test_sample(void **state) {
     d2h(got, dids, sizeof got);
     for (int r = 0; r < ROWS; r++) {
         float tau;
-        int want = ref_sample(&lg[(size_t)r * vocab], vocab, temp[r], topk[r], topp[r], unif[r],
+        int want = ref_sample(&lg[(size_t)r * vocab], vocab, temp[r], topk[r], topp[r], minp[r], unif[r],
                               &tau);
         if (got[r] != want && !(temp[r] > 0.f &&
-                                sample_close(&lg[(size_t)r * vocab], vocab, temp[r], tau, unif[r],
+                                sample_close(&lg[(size_t)r * vocab], vocab, temp[r], tau, minp[r], unif[r],
                                              got[r])))
-            fail_msg("sample row %d (T %g, k %d, p %g, u %g): got %d, reference %d", r,
-                     (double)temp[r], topk[r], (double)topp[r], (double)unif[r], got[r], want);
+            fail_msg("sample row %d (T %g, k %d, p %g, min_p %g, u %g): got %d, reference %d", r,
+                     (double)temp[r], topk[r], (double)topp[r], (double)minp[r], (double)unif[r], got[r], want);
     }
     printf("  %-58s %d rows match (greedy, top-k, top-p, both)\n", m->uri, ROWS);
     ms_cuda_module_free(m);

@@ -1,13 +1,24 @@
 /*
- * sample.cuh - argmax and top-k / top-p sampling on device, one CTA per row.
+ * sample.cuh - argmax and top-k / top-p / min_p sampling on device, one CTA per row.
  *
- * Exact, sort-free: thresholds are found by bisection over the 32-bit order keys of the logits
+ * Exact and sort-free: thresholds are found by bisection over the 32-bit order keys of the logits
  * (a monotone map float -> uint32), so the top-k threshold is exactly the k-th largest logit and
- * the top-p threshold exactly one of the logits. Each bisection step is one pass over the row
- * with a block reduction: 32 passes for top-k (counts) and 32 for top-p (masses). The final draw
- * walks the kept tokens in vocabulary order: per-thread contiguous chunks, a block scan of the
- * chunk masses, then one thread scans its chunk. min_p is a per-token test in the draw (the
+ * the top-p threshold exactly one of the logits; the draw takes the first token in vocabulary
+ * order whose running kept mass exceeds u * total. min_p is a per-token test in the draw (the
  * maximum's p is 1, so no search is needed). Semantics: see ms_sample_params in params.h.
+ *
+ * Candidates (sample): the searches run over the tokens that can be kept at all, staged in shared
+ * memory (MS_SAMPLE_CANDIDATES) in vocabulary order, after a bound that takes one or two passes
+ * over the row: for top-k (k <= MS_SAMPLE_THREADS) the k-th largest of the threads' maxima (k
+ * distinct logits are >= it, so the k-th largest logit is); for top-p alone, p(token) >= (1 -
+ * top_p) / 2 / vocab of the row's mass (the tokens below hold less than 1 - top_p of it, so the
+ * nucleus's threshold lies above them); for min_p alone, min_p itself. Warp w stages a contiguous
+ * segment of the row, 32 consecutive logits per step, ordered by ballots, after a counting pass.
+ * Then 32 bisection steps for top-k and for top-p cost a block reduction over a few candidates
+ * each, and one warp scans the kept ones for the draw. A row with more candidates, top-k above
+ * MS_SAMPLE_THREADS or no bound takes the whole-row search (sample_full_row): 32 passes over the
+ * row for each threshold and the draw over per-thread contiguous chunks (H200, 128,256 logits, T
+ * 0.8, top-k 40, top-p 0.95: 944 us a row; bench_kernels sample).
  *
  * Row passes (row_pass): one CTA reads a whole row (128,256 floats for Llama 3) per pass, so a
  * pass is bound by how many bytes the CTA keeps in flight, not by the GPU's bandwidth. A plain
@@ -24,6 +35,10 @@
 #include "common/vec.cuh"
 
 namespace ms {
+
+/* Candidates sample() keeps in shared memory (logit and id: 16 KiB); a row with more takes the
+ * whole-row search (sample_full_row). */
+#define MS_SAMPLE_CANDIDATES 2048
 
 /* 16-byte vectors each thread loads before it uses any (row_pass). */
 #define ROW_PASS_UNROLL 4
@@ -129,42 +144,15 @@ template <typename TL> __device__ __forceinline__ void argmax(const ms_argmax_pa
         p.ids[blockIdx.x] = id;
 }
 
-/// TL: logits type (float, bf16 or f16).
-template <typename TL> __device__ __forceinline__ void sample(const ms_sample_params &p) {
-    __shared__ float s_val[32];
-    __shared__ int s_idx[32];
-    __shared__ float s_scan[MS_SAMPLE_THREADS];
-    const int r = blockIdx.x, vocab = p.vocab;
-    const TL *row = static_cast<const TL *>(p.logits) + (long long)r * p.stride;
-    const float temp = p.temperature[r];
-    /* below 1e-5 (MS_SAMPLER_MIN_TEMPERATURE, sampler.h): greedy, as the CPU sampler; a denormal
-     * temp would make kLog2e / temp infinite and (l - mx) * sc NaN at the maximum */
-    if (!(temp >= 1e-5f)) {
-        int any_nan;
-        int id = block_argmax<TL>(row, vocab, s_val, s_idx, &any_nan);
-        if (threadIdx.x == 0)
-            p.ids[r] = any_nan ? -1 : id; /* a NaN row fails its request alone (params.h) */
-        return;
-    }
-    const int k = p.top_k[r];
-    const float top_p = p.top_p[r];
-    const float u = p.uniform[r];
-    const float min_p = p.min_p != nullptr ? p.min_p[r] : 0.f; /* 0: exp2f(.) >= 0 always */
-
-    float mx = neg_inf();
-    int nan = 0;
-    row_pass(row, vocab, [&](float l, int) {
-        nan |= l != l;
-        mx = fmaxf(mx, l);
-    });
-    if (__syncthreads_or(nan)) { /* the same answer in every thread: the whole block returns */
-        if (threadIdx.x == 0)
-            p.ids[r] = -1;
-        return;
-    }
-    mx = block_max(mx, s_val);
-    const float sc = kLog2e / temp;
-
+/// The whole-row search (the fallback of sample: top-k above MS_SAMPLE_THREADS, or more than
+/// MS_SAMPLE_CANDIDATES candidates, or nothing to bound them): bisections over the row's keys (32
+/// passes each for top-k and top-p) and the draw over per-thread contiguous chunks. mx: the row's
+/// maximum, sc: log2(e) / T. Writes p.ids[r].
+template <typename TL>
+__device__ __noinline__ void sample_full_row(const ms_sample_params &p, const TL *row, int r, int k, float top_p, float u,
+                                             float min_p, float mx, float sc, float *s_val, int *s_idx,
+                                             float *s_scan) {
+    const int vocab = p.vocab;
     /* ---- top-k threshold: the largest key with count(key_i >= key) >= k ---- */
     unsigned lo = 0u;
     if (k > 0 && k < vocab) {
@@ -273,6 +261,236 @@ template <typename TL> __device__ __forceinline__ void sample(const ms_sample_pa
             fb = max(fb, reinterpret_cast<int *>(s_val)[w]);
         }
         p.ids[r] = f != 0x7fffffff ? f : (fb >= 0 ? fb : 0);
+    }
+}
+
+/// TL: logits type (float, bf16 or f16).
+template <typename TL> __device__ __forceinline__ void sample(const ms_sample_params &p) {
+    __shared__ float s_val[32];
+    __shared__ int s_idx[32];
+    __shared__ float s_scan[MS_SAMPLE_THREADS];
+    __shared__ float c_val[MS_SAMPLE_CANDIDATES]; /* the candidates' logits, vocabulary order */
+    __shared__ int c_idx[MS_SAMPLE_CANDIDATES];   /* and their token ids */
+    const int r = blockIdx.x, vocab = p.vocab;
+    const TL *row = static_cast<const TL *>(p.logits) + (long long)r * p.stride;
+    const float temp = p.temperature[r];
+    /* below 1e-5 (MS_SAMPLER_MIN_TEMPERATURE, sampler.h): greedy, as the CPU sampler; a denormal
+     * temp would make kLog2e / temp infinite and (l - mx) * sc NaN at the maximum */
+    if (!(temp >= 1e-5f)) {
+        int any_nan;
+        int id = block_argmax<TL>(row, vocab, s_val, s_idx, &any_nan);
+        if (threadIdx.x == 0)
+            p.ids[r] = any_nan ? -1 : id; /* a NaN row fails its request alone (params.h) */
+        return;
+    }
+    const int k = p.top_k[r];
+    const float top_p = p.top_p[r];
+    const float u = p.uniform[r];
+    const float min_p = p.min_p != nullptr ? p.min_p[r] : 0.f; /* 0: exp2f(.) >= 0 always */
+
+    float mx = neg_inf();
+    int nan = 0;
+    row_pass(row, vocab, [&](float l, int) {
+        nan |= l != l;
+        mx = fmaxf(mx, l);
+    });
+    if (__syncthreads_or(nan)) { /* the same answer in every thread: the whole block returns */
+        if (threadIdx.x == 0)
+            p.ids[r] = -1;
+        return;
+    }
+    const float tmax = mx; /* this thread's maximum (the top-k bound below) */
+    mx = block_max(mx, s_val);
+    const float sc = kLog2e / temp;
+
+    /* ---- a lower bound on the kept set: the candidates ---- */
+    const bool use_k = k > 0 && k < vocab, use_p = top_p < 1.f;
+    bool fast;
+    float lb = neg_inf(), eps = 0.f, zfull = 0.f;
+    if (use_k) {
+        /* the k-th largest of the threads' maxima: k distinct elements are >= it, so the k-th
+         * largest logit is too */
+        fast = k <= (int)blockDim.x;
+        if (fast) {
+            s_scan[threadIdx.x] = tmax;
+            __syncthreads();
+            int gt = 0, ge = 0;
+            for (int i = 0; i < (int)blockDim.x; i++) {
+                const float v = s_scan[i];
+                gt += v > tmax;
+                ge += v >= tmax;
+            }
+            lb = block_max(gt < k && ge >= k ? tmax : neg_inf(), s_val);
+        }
+    } else if (use_p) {
+        /* top-p alone: the tokens with exp((l - mx) / T) < eps = (1 - top_p) z / vocab hold less
+         * than (1 - top_p) of the mass z, so the nucleus's threshold is above them (eps is taken at
+         * half that, a margin for float sums) */
+        row_pass(row, vocab, [&](float l, int) { zfull += exp2f((l - mx) * sc); });
+        zfull = block_sum(zfull, s_val);
+        eps = 0.5f * (1.f - top_p) * zfull / (float)vocab;
+        fast = true;
+    } else {
+        eps = min_p; /* min_p alone: its own bound; nothing at all: every token, the whole row */
+        fast = min_p > 0.f;
+    }
+    const float lb_ = lb, eps_ = eps;
+    auto candidate = [&](float l) { return use_k ? l >= lb_ : exp2f((l - mx) * sc) >= eps_; };
+
+    /* ---- the candidates into shared memory in vocabulary order: warp w takes a contiguous
+     * segment, 32 consecutive values per step (8 steps of loads in flight), ballots order them;
+     * a counting pass sizes each warp's share first ---- */
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    const int seg = (vocab + nwarps - 1) / nwarps;
+    const int b0 = warp * seg, b1 = min(vocab, b0 + seg);
+    int n_cand = 0, mine = 0;
+    if (fast) {
+        for (int base = b0; base < b1; base += 256) {
+            float v[8];
+#pragma unroll
+            for (int s8 = 0; s8 < 8; s8++) {
+                const int i = base + 32 * s8 + lane;
+                v[s8] = i < b1 ? to_float(row[i]) : neg_inf();
+            }
+#pragma unroll
+            for (int s8 = 0; s8 < 8; s8++)
+                mine += __popc(__ballot_sync(0xffffffffu, base + 32 * s8 + lane < b1 && candidate(v[s8])));
+        }
+        __syncthreads();
+        if (lane == 0)
+            s_idx[warp] = mine; /* the warp's count (every lane holds it) */
+        __syncthreads();
+        int before = 0;
+        for (int w = 0; w < nwarps; w++) {
+            if (w == warp)
+                mine = before;
+            before += s_idx[w];
+        }
+        n_cand = before;
+        __syncthreads();
+    }
+    if (!fast || n_cand > MS_SAMPLE_CANDIDATES) {
+        sample_full_row<TL>(p, row, r, k, top_p, u, min_p, mx, sc, s_val, s_idx, s_scan);
+        return;
+    }
+    {
+        int pos = mine; /* this warp's first slot */
+        for (int base = b0; base < b1; base += 256) {
+            float v[8];
+#pragma unroll
+            for (int s8 = 0; s8 < 8; s8++) {
+                const int i = base + 32 * s8 + lane;
+                v[s8] = i < b1 ? to_float(row[i]) : neg_inf();
+            }
+#pragma unroll
+            for (int s8 = 0; s8 < 8; s8++) {
+                const int i = base + 32 * s8 + lane;
+                const bool c = i < b1 && candidate(v[s8]);
+                const unsigned m = __ballot_sync(0xffffffffu, c);
+                if (c) {
+                    const int at = pos + __popc(m & ((1u << lane) - 1u));
+                    c_val[at] = v[s8];
+                    c_idx[at] = i;
+                }
+                pos += __popc(m);
+            }
+        }
+        __syncthreads();
+    }
+
+    /* ---- top-k over the candidates: every logit >= lb is one, so the counts are the row's ---- */
+    unsigned lo = 0u;
+    if (use_k) {
+        lo = order_key(lb);
+        unsigned hi = order_key(mx);
+        while (lo < hi) {
+            unsigned mid = lo + (unsigned)(((unsigned long long)hi - lo + 1ull) / 2ull);
+            int cnt = 0;
+            for (int i = threadIdx.x; i < n_cand; i += blockDim.x)
+                cnt += order_key(c_val[i]) >= mid;
+            cnt = block_sum_int(cnt, s_idx);
+            if (cnt >= k)
+                lo = mid;
+            else
+                hi = mid - 1u;
+        }
+    }
+
+    /* ---- top-p over the candidates: the largest key >= lo whose kept mass is >= top_p * mass(lo)
+     * (mass(lo): the top-k set's, or the row's z when top-p is alone) ---- */
+    if (use_p) {
+        float z = zfull;
+        if (use_k) {
+            z = 0.f;
+            for (int i = threadIdx.x; i < n_cand; i += blockDim.x)
+                if (order_key(c_val[i]) >= lo)
+                    z += exp2f((c_val[i] - mx) * sc);
+            z = block_sum(z, s_val);
+        } else {
+            float least = -neg_inf(); /* the least candidate: its key is where the search starts */
+            for (int i = threadIdx.x; i < n_cand; i += blockDim.x)
+                least = fminf(least, c_val[i]);
+            lo = order_key(-block_max(-least, s_val));
+        }
+        const float target = top_p * z;
+        unsigned hi = order_key(mx);
+        while (lo < hi) {
+            unsigned mid = lo + (unsigned)(((unsigned long long)hi - lo + 1ull) / 2ull);
+            float mass = 0.f;
+            for (int i = threadIdx.x; i < n_cand; i += blockDim.x)
+                if (order_key(c_val[i]) >= mid)
+                    mass += exp2f((c_val[i] - mx) * sc);
+            mass = block_sum(mass, s_val);
+            if (mass >= target)
+                lo = mid;
+            else
+                hi = mid - 1u;
+        }
+    }
+
+    /* ---- draw: the first candidate (vocabulary order) whose running kept mass exceeds u * total;
+     * warp 0 scans 32 at a time (a shuffle scan per step, steps in order: deterministic) ---- */
+    if (warp == 0) {
+        float total = 0.f;
+        for (int b = 0; b < n_cand; b += 32) {
+            const int i = b + lane;
+            float e = 0.f;
+            if (i < n_cand) {
+                const float ei = exp2f((c_val[i] - mx) * sc);
+                if (order_key(c_val[i]) >= lo && ei >= min_p)
+                    e = ei;
+            }
+            total += warp_sum(e);
+        }
+        const float target = u * total;
+        float run = 0.f;
+        int found = -1, last = -1;
+        for (int b = 0; b < n_cand && found < 0; b += 32) {
+            const int i = b + lane;
+            float e = 0.f;
+            bool kept = false;
+            if (i < n_cand) {
+                const float ei = exp2f((c_val[i] - mx) * sc);
+                kept = order_key(c_val[i]) >= lo && ei >= min_p;
+                e = kept ? ei : 0.f;
+            }
+            float incl = e; /* inclusive scan over the step's lanes */
+#pragma unroll
+            for (int off = 1; off < 32; off <<= 1) {
+                const float o = __shfl_up_sync(0xffffffffu, incl, off);
+                if (lane >= off)
+                    incl += o;
+            }
+            const unsigned hit = __ballot_sync(0xffffffffu, kept && target < run + incl);
+            const unsigned km = __ballot_sync(0xffffffffu, kept);
+            if (km != 0u)
+                last = c_idx[b + 31 - __clz(km)];
+            if (hit != 0u)
+                found = c_idx[b + __ffs(hit) - 1];
+            run += __shfl_sync(0xffffffffu, incl, 31);
+        }
+        if (lane == 0)
+            p.ids[r] = found >= 0 ? found : (last >= 0 ? last : 0); /* rounding past the total: the last kept */
     }
 }
 
