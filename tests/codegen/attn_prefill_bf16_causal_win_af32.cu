@@ -14,6 +14,7 @@
 #if !defined(MS_HEAD_DIM) || !defined(MS_PAGE_SIZE) || !defined(MS_GROUP)
 #error "attn_prefill_bf16_causal_win_af32 needs MS_HEAD_DIM, MS_PAGE_SIZE and MS_GROUP (defined by the runtime at load)"
 #endif
+#include "common/pdl.cuh"
 #include "attn/prefill.cuh"
 
 namespace cfg {
@@ -28,5 +29,7 @@ constexpr bool kWindowed = true;
 
 extern "C" __global__ void __launch_bounds__(MS_ATTN_PREFILL_THREADS)
 ms_attn_prefill(const ms_attn_kernel_params p) {
+    ms::pdl_launch_dependents();
+    ms::pdl_wait();
     ms::attn_prefill<cfg::TA, cfg::T, cfg::kHeadDim, cfg::kPageSize, cfg::kGroup, cfg::kCausal, cfg::kWindowed>(p);
 }
