@@ -259,6 +259,50 @@ static int bench_decode(int arch, int n_sms, double copy_bw, int batch, int ctx,
     return nan ? 1 : 0;
 }
 
+/* The method's timing: 3 warm-up rounds, then the median of 15, each round `copies` calls of
+ * launch(ctx, i) (i = 0 .. copies - 1, queued on stream) between two events; microseconds per call,
+ * or a negative value when a launch failed (its message printed). */
+static double time_rounds(cudaStream_t stream, int copies, ms_status (*launch)(void *ctx, int i, ms_error *err),
+                          void *ctx) {
+    cudaEvent_t e0, e1;
+    CK(cudaEventCreate(&e0));
+    CK(cudaEventCreate(&e1));
+    float t[18];
+    ms_error err = {0};
+    for (int r = 0; r < 18; r++) {
+        CK(cudaEventRecord(e0, stream));
+        for (int i = 0; i < copies; i++)
+            if (launch(ctx, i, &err) != MS_OK) {
+                fprintf(stderr, "bench: %s\n", err.msg);
+                CK(cudaEventDestroy(e0));
+                CK(cudaEventDestroy(e1));
+                return -1.0;
+            }
+        CK(cudaEventRecord(e1, stream));
+        CK(cudaEventSynchronize(e1));
+        CK(cudaEventElapsedTime(&t[r], e0, e1));
+        t[r] /= (float)copies;
+    }
+    CK(cudaEventDestroy(e0));
+    CK(cudaEventDestroy(e1));
+    qsort(t + 3, 15, sizeof(float), cmp_float);
+    return t[3 + 7] * 1e3;
+}
+
+/* One quantized GEMV launch of bench_qgemv: x [n, in] against weight copy i into y. */
+typedef struct qgemv_ctx {
+    ms_cuda_quant *q;
+    const float *x;
+    float *y;
+    const ms_cuda_qweight *w;
+    int n, in, rows;
+} qgemv_ctx;
+
+static ms_status qgemv_launch(void *ctx, int i, ms_error *err) {
+    const qgemv_ctx *c = ctx;
+    return ms_cuda_quant_linear(c->q, c->x, c->n, c->in, &c->w[i], c->y, c->rows, err);
+}
+
 /* One quantized GEMV shape: y [n, rows] = x [n, in] W^T, W of ggml type `type`. */
 static int bench_qgemv(int arch, double copy_bw, uint32_t type, int rows, int in, int n) {
     cudaStream_t stream;
@@ -295,24 +339,11 @@ static int bench_qgemv(int arch, double copy_bw, uint32_t type, int rows, int in
     CK(cudaMemset(x, 0, sizeof(float) * (size_t)n * (size_t)in));
     fill_random(x, sizeof(float) * (size_t)n * (size_t)in / 2); /* half the floats: random bits, finite */
     const bool wide = ms_cuda_qweight_wide_rows(&w[0]);
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    float t[18];
-    for (int r = 0; r < 18; r++) {
-        CK(cudaEventRecord(e0, stream));
-        for (int i = 0; i < copies; i++)
-            if (ms_cuda_quant_linear(q, x, n, in, &w[i], y, rows, &err) != MS_OK) {
-                fprintf(stderr, "bench: %s\n", err.msg);
-                return 1;
-            }
-        CK(cudaEventRecord(e1, stream));
-        CK(cudaEventSynchronize(e1));
-        CK(cudaEventElapsedTime(&t[r], e0, e1));
-        t[r] /= (float)copies;
-    }
-    qsort(t + 3, 15, sizeof(float), cmp_float);
-    const double us = t[3 + 7] * 1e3, gbs = (double)bytes / (us * 1e-6) * 1e-9;
+    qgemv_ctx qc = {q, x, y, w, n, in, rows};
+    const double us = time_rounds(stream, copies, qgemv_launch, &qc);
+    if (us < 0)
+        return 1;
+    const double gbs = (double)bytes / (us * 1e-6) * 1e-9;
     printf("| %s | %d x %d | %d | %s | %.1f | %.0f | %.1f%% |\n", ms_ggml_type_name(type), rows, in, n,
            wide ? "16-byte" : "2-byte", us, gbs, 100.0 * gbs * 1e9 / copy_bw);
     for (int i = 0; i < copies; i++)
@@ -320,12 +351,25 @@ static int bench_qgemv(int arch, double copy_bw, uint32_t type, int rows, int in
     free(w);
     CK(cudaFree(x));
     CK(cudaFree(y));
-    CK(cudaEventDestroy(e0));
-    CK(cudaEventDestroy(e1));
     ms_cuda_quant_free(q);
     cublasDestroy(cublas);
     CK(cudaStreamDestroy(stream));
     return 0;
+}
+
+/* One sampler launch of bench_sample: copy i of the rows (rows x vocab logits apart). */
+typedef struct sample_ctx {
+    const ms_cuda_module *m;
+    ms_sample_params p; /* copy 0 */
+    size_t copy_floats;
+    cudaStream_t stream;
+} sample_ctx;
+
+static ms_status sample_launch(void *ctx, int i, ms_error *err) {
+    const sample_ctx *c = ctx;
+    ms_sample_params p = c->p;
+    p.logits = (const float *)c->p.logits + (size_t)i * c->copy_floats;
+    return ms_cuda_sample_launch(c->m, &p, c->stream, err);
 }
 
 /* The sampler kernel (templates/sample/sample.cuh, one CTA per row) over rows x 128,256 float
@@ -370,29 +414,14 @@ static int bench_sample(int arch, int rows, bool sampled) {
     CK(cudaMemcpy(dk, hk, sizeof(int) * (size_t)rows, cudaMemcpyHostToDevice));
     cudaStream_t stream;
     CK(cudaStreamCreate(&stream));
-    cudaEvent_t e0, e1;
-    CK(cudaEventCreate(&e0));
-    CK(cudaEventCreate(&e1));
-    float t[18];
-    for (int r = 0; r < 18; r++) {
-        CK(cudaEventRecord(e0, stream));
-        for (int c = 0; c < copies; c++) {
-            ms_sample_params p = {dl + (size_t)c * rows * vocab, dt, dk, dp, du, ids, rows, vocab, vocab, NULL};
-            if (ms_cuda_sample_launch(m, &p, stream, &err) != MS_OK) {
-                fprintf(stderr, "bench: %s\n", err.msg);
-                return 1;
-            }
-        }
-        CK(cudaEventRecord(e1, stream));
-        CK(cudaEventSynchronize(e1));
-        CK(cudaEventElapsedTime(&t[r], e0, e1));
-        t[r] /= (float)copies;
-    }
-    qsort(t + 3, 15, sizeof(float), cmp_float);
+    sample_ctx sx = {m, {dl, dt, dk, dp, du, ids, rows, vocab, vocab, NULL}, (size_t)rows * vocab, stream};
+    const double us = time_rounds(stream, copies, sample_launch, &sx);
+    if (us < 0)
+        return 1;
     int got = -2;
     CK(cudaMemcpy(&got, ids, sizeof got, cudaMemcpyDeviceToHost));
-    printf("| %s | %d x %d | %.1f | %d |\n", sampled ? "T 0.8, top-k 40, top-p 0.95" : "greedy", rows, vocab,
-           t[3 + 7] * 1e3, got);
+    printf("| %s | %d x %d | %.1f | %d |\n", sampled ? "T 0.8, top-k 40, top-p 0.95" : "greedy", rows, vocab, us,
+           got);
     cudaFree(dl);
     cudaFree(dt);
     cudaFree(dp);
@@ -402,8 +431,6 @@ static int bench_sample(int arch, int rows, bool sampled) {
     free(h);
     free(hp);
     free(hk);
-    CK(cudaEventDestroy(e0));
-    CK(cudaEventDestroy(e1));
     CK(cudaStreamDestroy(stream));
     ms_cuda_module_free(m);
     return got >= 0 && got < vocab ? 0 : 1;

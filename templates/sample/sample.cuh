@@ -84,6 +84,26 @@ __device__ __forceinline__ void row_pass(const TL *row, int n, F &&f) {
         f(to_float(row[i]), i);
 }
 
+/* A warp's pass over row[b0, b1) in order: 32 consecutive logits per step (lane L the step's
+ * L-th), 8 steps of loads in flight; f(value, index, in) at every step by every lane of the warp
+ * (in: index < b1; the value is -inf outside), so f may use warp votes. */
+template <typename TL, typename F>
+__device__ __forceinline__ void segment_pass(const TL *row, int b0, int b1, int lane, F &&f) {
+    for (int base = b0; base < b1; base += 256) {
+        float v[8];
+#pragma unroll
+        for (int s8 = 0; s8 < 8; s8++) {
+            const int i = base + 32 * s8 + lane;
+            v[s8] = i < b1 ? to_float(row[i]) : neg_inf();
+        }
+#pragma unroll
+        for (int s8 = 0; s8 < 8; s8++) {
+            const int i = base + 32 * s8 + lane;
+            f(v[s8], i, i < b1);
+        }
+    }
+}
+
 /* Monotone key: a < b as floats <=> key(a) < key(b) as unsigned (NaN excluded). */
 __device__ __forceinline__ unsigned order_key(float f) {
     unsigned u = __float_as_uint(f);
@@ -345,17 +365,9 @@ template <typename TL> __device__ __forceinline__ void sample(const ms_sample_pa
     const int b0 = warp * seg, b1 = min(vocab, b0 + seg);
     int n_cand = 0, mine = 0;
     if (fast) {
-        for (int base = b0; base < b1; base += 256) {
-            float v[8];
-#pragma unroll
-            for (int s8 = 0; s8 < 8; s8++) {
-                const int i = base + 32 * s8 + lane;
-                v[s8] = i < b1 ? to_float(row[i]) : neg_inf();
-            }
-#pragma unroll
-            for (int s8 = 0; s8 < 8; s8++)
-                mine += __popc(__ballot_sync(0xffffffffu, base + 32 * s8 + lane < b1 && candidate(v[s8])));
-        }
+        segment_pass(row, b0, b1, lane, [&](float v, int, bool in) {
+            mine += __popc(__ballot_sync(0xffffffffu, in && candidate(v)));
+        });
         __syncthreads();
         if (lane == 0)
             s_idx[warp] = mine; /* the warp's count (every lane holds it) */
@@ -375,26 +387,16 @@ template <typename TL> __device__ __forceinline__ void sample(const ms_sample_pa
     }
     {
         int pos = mine; /* this warp's first slot */
-        for (int base = b0; base < b1; base += 256) {
-            float v[8];
-#pragma unroll
-            for (int s8 = 0; s8 < 8; s8++) {
-                const int i = base + 32 * s8 + lane;
-                v[s8] = i < b1 ? to_float(row[i]) : neg_inf();
+        segment_pass(row, b0, b1, lane, [&](float v, int i, bool in) {
+            const bool c = in && candidate(v);
+            const unsigned m = __ballot_sync(0xffffffffu, c);
+            if (c) {
+                const int at = pos + __popc(m & ((1u << lane) - 1u));
+                c_val[at] = v;
+                c_idx[at] = i;
             }
-#pragma unroll
-            for (int s8 = 0; s8 < 8; s8++) {
-                const int i = base + 32 * s8 + lane;
-                const bool c = i < b1 && candidate(v[s8]);
-                const unsigned m = __ballot_sync(0xffffffffu, c);
-                if (c) {
-                    const int at = pos + __popc(m & ((1u << lane) - 1u));
-                    c_val[at] = v[s8];
-                    c_idx[at] = i;
-                }
-                pos += __popc(m);
-            }
-        }
+            pos += __popc(m);
+        });
         __syncthreads();
     }
 
