@@ -1151,6 +1151,8 @@ static int ref_sample(const float *row, int vocab, float temp, int k, float top_
     if (!(temp > 0.f))
         return ref_argmax(row, vocab);
     float mx = row[ref_argmax(row, vocab)];
+    if (isinf(mx) && mx > 0.f)
+        return ref_argmax(row, vocab); /* +inf takes all the mass (the CPU sampler's rule) */
     float *sorted = malloc(sizeof(float) * (size_t)vocab);
     memcpy(sorted, row, sizeof(float) * (size_t)vocab);
     qsort(sorted, (size_t)vocab, sizeof(float), cmp_desc);
@@ -1196,7 +1198,8 @@ static int ref_sample(const float *row, int vocab, float temp, int k, float top_
             int lk = -1;
             for (int i = c0; i < c1; i++)
                 if (row[i] >= tau && exp2f((row[i] - mx) * sc) >= min_p) {
-                    lk = i;
+                    if (exp2f((row[i] - mx) * sc) > 0.f) /* a zero-mass token is never drawn */
+                        lk = i;
                     run += exp2f((row[i] - mx) * sc);
                     if (target < run)
                         return i;
@@ -1204,7 +1207,7 @@ static int ref_sample(const float *row, int vocab, float temp, int k, float top_
             return lk;
         }
         for (int i = c0; i < c1; i++)
-            if (row[i] >= tau && exp2f((row[i] - mx) * sc) >= min_p)
+            if (row[i] >= tau && exp2f((row[i] - mx) * sc) >= min_p && exp2f((row[i] - mx) * sc) > 0.f)
                 last = i;
     }
     return last >= 0 ? last : 0;
@@ -1266,19 +1269,26 @@ static void test_sample(void **state) {
     (void)state;
     /* rows 0-7 on flat logits; 8-13 at low temperatures, where the kept set is small: the kernel's
      * shared-memory candidate path (top-p alone, top-k at its bound of MS_SAMPLE_THREADS, min_p
-     * alone and with both); 3, 5, 7 and 12 overflow or have no bound: the whole-row search */
-    enum { ROWS = 14 };
+     * alone and with both); 3, 5, 7 and 12 overflow or have no bound: the whole-row search. Row 14:
+     * -1 everywhere but +0 and -0 (k = 2 keeps both: the searches order keys, -0 < +0); row 15: a
+     * +inf logit, which takes all the mass */
+    enum { ROWS = 16 };
     const int vocab = 32000;
-    const float temp[ROWS] = {0.f, 1.f, 0.8f, 1.f, 1.2f, 0.6f, 1.f, 0.9f, 0.1f, 0.5f, 0.1f, 0.2f, 0.7f, 0.05f};
-    const int topk[ROWS] = {0, 1, 40, 0, 100, 0, 5, 2000, 0, 512, 0, 3, 0, 50};
-    const float topp[ROWS] = {1.f, 1.f, 1.f, 0.9f, 0.5f, 1.f, 0.3f, 0.95f, 0.9f, 1.f, 1.f, 0.95f, 1.f, 0.999f};
-    const float minp[ROWS] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.05f, 0.1f, 0.f, 0.01f};
+    const float temp[ROWS] = {0.f, 1.f, 0.8f, 1.f, 1.2f, 0.6f, 1.f, 0.9f, 0.1f, 0.5f, 0.1f, 0.2f, 0.7f, 0.05f, 1.f, 0.8f};
+    const int topk[ROWS] = {0, 1, 40, 0, 100, 0, 5, 2000, 0, 512, 0, 3, 0, 50, 2, 40};
+    const float topp[ROWS] = {1.f, 1.f, 1.f, 0.9f, 0.5f, 1.f, 0.3f, 0.95f, 0.9f, 1.f, 1.f, 0.95f, 1.f, 0.999f, 1.f, 1.f};
+    const float minp[ROWS] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.05f, 0.1f, 0.f, 0.01f, 0.f, 0.f};
     float unif[ROWS];
     for (int r = 0; r < ROWS; r++)
         unif[r] = (float)((double)(rng_next() >> 40) * 0x1p-24);
     float *lg = malloc(sizeof(float) * (size_t)ROWS * vocab);
     for (size_t i = 0; i < (size_t)ROWS * vocab; i++)
         lg[i] = frand() * 4.f + frand() * 4.f;
+    for (int i = 0; i < vocab; i++)
+        lg[(size_t)14 * vocab + i] = -1.f;
+    lg[(size_t)14 * vocab + 0] = 0.f;
+    lg[(size_t)14 * vocab + 4] = -0.f;
+    lg[(size_t)15 * vocab + 987] = INFINITY;
     dev_list l = {0};
     void *dl = dup_h2d(&l, lg, sizeof(float) * (size_t)ROWS * vocab);
     float *dt = dup_h2d(&l, temp, sizeof temp), *dp = dup_h2d(&l, topp, sizeof topp);
@@ -1304,7 +1314,10 @@ static void test_sample(void **state) {
             fail_msg("sample row %d (T %g, k %d, p %g, min_p %g, u %g): got %d, reference %d", r,
                      (double)temp[r], topk[r], (double)topp[r], (double)minp[r], (double)unif[r], got[r], want);
     }
-    printf("  %-58s %d rows match (greedy, top-k, top-p, both)\n", m->uri, ROWS);
+    if (got[14] != 0 && got[14] != 4)
+        fail_msg("sample row 14 (+0 and -0, k 2): got %d, not one of the zeros", got[14]);
+    assert_int_equal(got[15], 987);
+    printf("  %-58s %d rows match (greedy, top-k, top-p, min_p, both; signed zeros, +inf)\n", m->uri, ROWS);
     ms_cuda_module_free(m);
     dfree_all(&l);
     free(lg);

@@ -110,6 +110,24 @@ __device__ __forceinline__ unsigned order_key(float f) {
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+/* Largest / least key over the block (every thread gets it); buf: 32 ints. sm_80's redux.sync. */
+__device__ __forceinline__ unsigned block_max_key(unsigned v, int *buf) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = (blockDim.x + 31) >> 5;
+    v = __reduce_max_sync(0xffffffffu, v);
+    __syncthreads();
+    if (lane == 0)
+        buf[warp] = (int)v;
+    __syncthreads();
+    unsigned r = 0u;
+    for (int i = 0; i < nwarps; i++)
+        r = max(r, (unsigned)buf[i]);
+    __syncthreads();
+    return r;
+}
+__device__ __forceinline__ unsigned block_min_key(unsigned v, int *buf) {
+    return ~block_max_key(~v, buf);
+}
+
 /* Block argmax: largest value, first index on ties (NaN never chosen). Every thread gets the
  * result, and in *any_nan whether the row holds a NaN. */
 template <typename TL>
@@ -167,16 +185,15 @@ template <typename TL> __device__ __forceinline__ void argmax(const ms_argmax_pa
 /// The whole-row search (the fallback of sample: top-k above MS_SAMPLE_THREADS, or more than
 /// MS_SAMPLE_CANDIDATES candidates, or nothing to bound them): bisections over the row's keys (32
 /// passes each for top-k and top-p) and the draw over per-thread contiguous chunks. mx: the row's
-/// maximum, sc: log2(e) / T. Writes p.ids[r].
+/// maximum, kmax: its largest key (both searches end there), sc: log2(e) / T. Writes ids[r].
 template <typename TL>
-__device__ __noinline__ void sample_full_row(const ms_sample_params &p, const TL *row, int r, int k, float top_p, float u,
-                                             float min_p, float mx, float sc, float *s_val, int *s_idx,
-                                             float *s_scan) {
-    const int vocab = p.vocab;
+__device__ __noinline__ void sample_full_row(int *ids, int vocab, const TL *row, int r, int k, float top_p, float u,
+                                             float min_p, float mx, unsigned kmax, float sc, float *s_val,
+                                             int *s_idx, float *s_scan) {
     /* ---- top-k threshold: the largest key with count(key_i >= key) >= k ---- */
     unsigned lo = 0u;
     if (k > 0 && k < vocab) {
-        unsigned hi = 0xffffffffu;
+        unsigned hi = kmax;
         while (lo < hi) {
             unsigned mid = lo + (unsigned)(((unsigned long long)hi - lo + 1ull) / 2ull);
             int cnt = 0;
@@ -198,7 +215,7 @@ __device__ __noinline__ void sample_full_row(const ms_sample_params &p, const TL
         });
         z = block_sum(z, s_val);
         const float target = top_p * z;
-        unsigned hi = 0xffffffffu;
+        unsigned hi = kmax;
         while (lo < hi) {
             unsigned mid = lo + (unsigned)(((unsigned long long)hi - lo + 1ull) / 2ull);
             float mass = 0.f;
@@ -225,7 +242,8 @@ __device__ __noinline__ void sample_full_row(const ms_sample_params &p, const TL
         float e = exp2f((l - mx) * sc);
         if (order_key(l) >= lo && e >= min_p) {
             mine += e;
-            last_kept = i;
+            if (e > 0.f) /* the rounding fallbacks below must not pick a zero-mass token */
+                last_kept = i;
         }
     }
     s_scan[threadIdx.x] = mine;
@@ -280,7 +298,7 @@ __device__ __noinline__ void sample_full_row(const ms_sample_params &p, const TL
             f = min(f, s_idx[w]);
             fb = max(fb, reinterpret_cast<int *>(s_val)[w]);
         }
-        p.ids[r] = f != 0x7fffffff ? f : (fb >= 0 ? fb : 0);
+        ids[r] = f != 0x7fffffff ? f : (fb >= 0 ? fb : 0);
     }
 }
 
@@ -309,38 +327,50 @@ template <typename TL> __device__ __forceinline__ void sample(const ms_sample_pa
     const float min_p = p.min_p != nullptr ? p.min_p[r] : 0.f; /* 0: exp2f(.) >= 0 always */
 
     float mx = neg_inf();
+    unsigned tkey = 0u; /* this thread's largest key (the top-k bound below): keys, not floats, so
+                           that -0 < +0 as in the searches */
     int nan = 0;
     row_pass(row, vocab, [&](float l, int) {
         nan |= l != l;
         mx = fmaxf(mx, l);
+        tkey = max(tkey, order_key(l));
     });
     if (__syncthreads_or(nan)) { /* the same answer in every thread: the whole block returns */
         if (threadIdx.x == 0)
             p.ids[r] = -1;
         return;
     }
-    const float tmax = mx; /* this thread's maximum (the top-k bound below) */
     mx = block_max(mx, s_val);
+    const unsigned kmax = block_max_key(tkey, s_idx);
+    if (mx == -neg_inf()) { /* +inf takes all the mass (as the CPU sampler): its first index */
+        int any_nan;
+        int id = block_argmax<TL>(row, vocab, s_val, s_idx, &any_nan);
+        if (threadIdx.x == 0)
+            p.ids[r] = id;
+        return;
+    }
     const float sc = kLog2e / temp;
 
     /* ---- a lower bound on the kept set: the candidates ---- */
     const bool use_k = k > 0 && k < vocab, use_p = top_p < 1.f;
     bool fast;
-    float lb = neg_inf(), eps = 0.f, zfull = 0.f;
+    unsigned lbk = 0u; /* top-k: every key >= lbk is a candidate */
+    float eps = 0.f, zfull = 0.f;
     if (use_k) {
-        /* the k-th largest of the threads' maxima: k distinct elements are >= it, so the k-th
-         * largest logit is too */
+        /* the k-th largest of the threads' largest keys: k distinct elements are >= it, so the
+         * k-th largest key is too */
         fast = k <= (int)blockDim.x;
         if (fast) {
-            s_scan[threadIdx.x] = tmax;
+            unsigned *keys = reinterpret_cast<unsigned *>(s_scan);
+            keys[threadIdx.x] = tkey;
             __syncthreads();
             int gt = 0, ge = 0;
             for (int i = 0; i < (int)blockDim.x; i++) {
-                const float v = s_scan[i];
-                gt += v > tmax;
-                ge += v >= tmax;
+                const unsigned v = keys[i];
+                gt += v > tkey;
+                ge += v >= tkey;
             }
-            lb = block_max(gt < k && ge >= k ? tmax : neg_inf(), s_val);
+            lbk = block_max_key(gt < k && ge >= k ? tkey : 0u, s_idx);
         }
     } else if (use_p) {
         /* top-p alone: the tokens with exp((l - mx) / T) < eps = (1 - top_p) z / vocab hold less
@@ -354,8 +384,9 @@ template <typename TL> __device__ __forceinline__ void sample(const ms_sample_pa
         eps = min_p; /* min_p alone: its own bound; nothing at all: every token, the whole row */
         fast = min_p > 0.f;
     }
-    const float lb_ = lb, eps_ = eps;
-    auto candidate = [&](float l) { return use_k ? l >= lb_ : exp2f((l - mx) * sc) >= eps_; };
+    const unsigned lbk_ = lbk;
+    const float eps_ = eps;
+    auto candidate = [&](float l) { return use_k ? order_key(l) >= lbk_ : exp2f((l - mx) * sc) >= eps_; };
 
     /* ---- the candidates into shared memory in vocabulary order: warp w takes a contiguous
      * segment, 32 consecutive values per step (8 steps of loads in flight), ballots order them;
@@ -382,7 +413,7 @@ template <typename TL> __device__ __forceinline__ void sample(const ms_sample_pa
         __syncthreads();
     }
     if (!fast || n_cand > MS_SAMPLE_CANDIDATES) {
-        sample_full_row<TL>(p, row, r, k, top_p, u, min_p, mx, sc, s_val, s_idx, s_scan);
+        sample_full_row<TL>(p.ids, vocab, row, r, k, top_p, u, min_p, mx, kmax, sc, s_val, s_idx, s_scan);
         return;
     }
     {
@@ -403,8 +434,8 @@ template <typename TL> __device__ __forceinline__ void sample(const ms_sample_pa
     /* ---- top-k over the candidates: every logit >= lb is one, so the counts are the row's ---- */
     unsigned lo = 0u;
     if (use_k) {
-        lo = order_key(lb);
-        unsigned hi = order_key(mx);
+        lo = lbk;
+        unsigned hi = kmax;
         while (lo < hi) {
             unsigned mid = lo + (unsigned)(((unsigned long long)hi - lo + 1ull) / 2ull);
             int cnt = 0;
@@ -429,13 +460,13 @@ template <typename TL> __device__ __forceinline__ void sample(const ms_sample_pa
                     z += exp2f((c_val[i] - mx) * sc);
             z = block_sum(z, s_val);
         } else {
-            float least = -neg_inf(); /* the least candidate: its key is where the search starts */
+            unsigned least = 0xffffffffu; /* the least candidate's key: where the search starts */
             for (int i = threadIdx.x; i < n_cand; i += blockDim.x)
-                least = fminf(least, c_val[i]);
-            lo = order_key(-block_max(-least, s_val));
+                least = min(least, order_key(c_val[i]));
+            lo = block_min_key(least, s_idx);
         }
         const float target = top_p * z;
-        unsigned hi = order_key(mx);
+        unsigned hi = kmax;
         while (lo < hi) {
             unsigned mid = lo + (unsigned)(((unsigned long long)hi - lo + 1ull) / 2ull);
             float mass = 0.f;
@@ -483,8 +514,9 @@ template <typename TL> __device__ __forceinline__ void sample(const ms_sample_pa
                 if (lane >= off)
                     incl += o;
             }
-            const unsigned hit = __ballot_sync(0xffffffffu, kept && target < run + incl);
-            const unsigned km = __ballot_sync(0xffffffffu, kept);
+            /* e > 0: a float scan need not be monotone, and a zero-mass token must never win */
+            const unsigned hit = __ballot_sync(0xffffffffu, kept && e > 0.f && target < run + incl);
+            const unsigned km = __ballot_sync(0xffffffffu, kept && e > 0.f);
             if (km != 0u)
                 last = c_idx[b + 31 - __clz(km)];
             if (hit != 0u)
