@@ -3,8 +3,9 @@
  *
  * Constraints: the driver library is never linked; cubins are loaded with cudaLibraryLoadData and
  * kernels launched with cudaLaunchKernel(ExC) on the cudaKernel_t handle, so binaries start without
- * a GPU. On sm_90 launches may allow programmatic dependent launch (ms_cuda_pdl). Launchers validate on the host what the templates assume (16-byte alignment of vectorized
- * rows, head counts, split buffers): a device kernel cannot report a bad argument.
+ * a GPU. On sm_90 launches may allow programmatic dependent launch (ms_cuda_pdl). Launchers
+ * validate on the host what the templates assume (16-byte alignment of vectorized rows, head
+ * counts, split buffers): a device kernel cannot report a bad argument.
  */
 #include "cuda_ops.h"
 

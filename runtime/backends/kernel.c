@@ -376,8 +376,9 @@ static void emit(src_buf *b, const char *fmt, ...) {
 
 static const char *cbool(bool v) { return v ? "true" : "false"; }
 
-/* The first statements of every wrapper but ms_attn_decode's and ms_qgemv_<N>'s (whose templates
- * place them after their prologues): let the next kernel launch, then wait for the previous one
+/* The first statements of every wrapper but ms_attn_decode's (whose template reads its index
+ * arrays and prefetches K/V between the two) and ms_qgemv_<N>'s (its template, qmatmul.cuh qgemv,
+ * starts with the same two): let the next kernel launch, then wait for the previous one
  * (common/pdl.cuh; no-ops below sm_90 and for grids launched without PDL). */
 #define PDL_PROLOGUE "    ms::pdl_launch_dependents();\n    ms::pdl_wait();\n"
 
