@@ -172,33 +172,46 @@ template <typename Q> static void check_type(uint32_t type) {
     for (int i = 0; i < in; i++)
         if (!seen[i])
             fail_msg("%s: value %d of the row read by no lane", ms_ggml_type_name(type), i);
-    /* the integer GEMV's lanes (kI8): random int8 x q packed as quant_x16 packs them; per run,
-     * d is + m xs must be the dot of the CPU's values with q (fp32 rounding of d is, m xs only) */
+    /* the integer GEMV's lanes (kI8, ms::i8_lanes: V values a lane in two runs, chunks of 32 V);
+     * random int8 x q packed as quant_x packs them; every value covered once, each run inside one
+     * x block shared by kXLanes consecutive lanes, and per run d is + m xs must be the dot of the
+     * CPU's values with q (fp32 rounding of d is, m xs only) */
     if constexpr (Q::kI8) {
+        using I = ms::i8_lanes<Q>;
+        constexpr int V = I::V, H = V / 2, C = 32 * V;
         signed char *xq = (signed char *)malloc((size_t)in);
         assert_non_null(xq);
+        memset(seen, 0, (size_t)in);
         for (int i = 0; i < in; i++)
             xq[i] = (signed char)((int)(next_u64() % 255) - 127);
-        for (int ch = 0; ch < (in + 511) / 512; ch++)
+        for (int ch = 0; ch < (in + C - 1) / C; ch++)
             for (int L = 0; L < 32; L++) {
-                if (!Q::lane_ok(ch, L, in))
+                if (!I::ok(ch, L, in))
                     continue;
                 ms::quant::qraw r;
-                Q::load(pl, n_blocks, ch, L, r);
-                int xw[4] = {0, 0, 0, 0}, xs[2] = {0, 0}, is[2];
+                I::template load<ms::quant::gmem2>(pl, n_blocks, ch, L, r);
+                int xw[V / 4] = {0}, xs[2] = {0, 0}, is[2];
                 float d[2], m[2];
                 for (int j = 0; j < 2; j++)
-                    for (int k = 0; k < 8; k++) {
-                        const int pos = ch * 512 + Q::run0(L) + j * Q::kRun1 + k;
-                        xw[2 * j + k / 4] |= (int)((unsigned)(unsigned char)xq[pos] << (8 * (k % 4)));
+                    for (int k = 0; k < H; k++) {
+                        const int pos = ch * C + I::run0(L) + j * I::kRun1 + k;
+                        assert_true(pos >= 0 && pos < in);
+                        if (seen[pos]++)
+                            fail_msg("%s integer lane: value %d read by two lanes (chunk %d lane %d)",
+                                     ms_ggml_type_name(type), pos, ch, L);
+                        const int first = ch * C + I::run0(L & ~(Q::kXLanes - 1)) + j * I::kRun1;
+                        if (pos / 32 != first / 32 || (Q::kXOneBlock && pos / 32 != (ch * C + I::run0(L)) / 32))
+                            fail_msg("%s integer lane: chunk %d lane %d run %d leaves its x block",
+                                     ms_ggml_type_name(type), ch, L, j);
+                        xw[(H / 4) * j + k / 4] |= (int)((unsigned)(unsigned char)xq[pos] << (8 * (k % 4)));
                         xs[j] += xq[pos];
                     }
-                Q::idot(r, xw, xs, is);
-                Q::scales(r, L, d, m);
+                I::idot(r, xw, xs, is);
+                I::scales(r, L, d, m);
                 for (int j = 0; j < 2; j++) {
                     double exp = 0, mag = 0;
-                    for (int k = 0; k < 8; k++) {
-                        const int pos = ch * 512 + Q::run0(L) + j * Q::kRun1 + k;
+                    for (int k = 0; k < H; k++) {
+                        const int pos = ch * C + I::run0(L) + j * I::kRun1 + k;
                         exp += (double)want[pos] * xq[pos];
                         mag += fabs((double)want[pos] * xq[pos]);
                     }
@@ -208,6 +221,9 @@ template <typename Q> static void check_type(uint32_t type) {
                                  ms_ggml_type_name(type), ch, L, j, got, exp);
                 }
             }
+        for (int i = 0; i < in; i++)
+            if (!seen[i])
+                fail_msg("%s: value %d of the row read by no integer lane", ms_ggml_type_name(type), i);
         free(xq);
     }
     if (isfinite(mag) && !(fabs(dot - ref) <= 1e-5 * mag + 1e-30))

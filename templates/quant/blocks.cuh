@@ -215,7 +215,7 @@ template <int OFF> __device__ __forceinline__ void nibbles16(unsigned w0, unsign
     }
 }
 
-/* The raw words one GEMV lane loads from one row (Q::load), decoded after the loads of all the
+/* The raw words one GEMV lane loads from one row (Q::load, Q::wload), decoded after the loads of all the
  * CTA's rows are in flight (Q::decode); each type uses the words it needs. */
 struct qraw {
     unsigned u[8];
@@ -290,15 +290,23 @@ struct gmem2 {
  * accumulates d[j] * sum_k v x' + m[j] * sum_k x with x' = x / nib_scale. lane_ok(ch, L, in):
  * the lane's values lie inside a row of `in` values (a 32-value type's last chunk may be partial).
  *
- * The integer GEMV (kI8: Q4_0, Q8_0, Q4_K; qmatmul.cuh qgemv_load_i8, qgemv_dot_i8): x is quantized per
- * 32-value block to int8 like ggml-cuda's q8_1 (dx = amax / 127, q = rint(x 127 / amax)), the
- * lane's 16 x values packed into xw[4] (run j in xw[2 j], xw[2 j + 1], value order), xs[j] their
- * integer sums; idot(raw, xw, xs, is) gives per run the exact integer is[j] with
- * sum_k w x^ = dx (d[j] is[j] + m[j] xs[j]) (x^ = dx q, the quantized x; scales(raw, L, d, m) the
- * run's scale and offset, as decode's; m = 0 without a min),
- * from dp4a over the weight's bytes as loaded, with no float conversion per value. The lanes that
- * share an x block are kXLanes consecutive ones (their amax is reduced over them), and kXOneBlock
- * says that both of a lane's runs lie in one x block (and one weight block: d[0] = d[1]).
+ * The integer GEMV (kI8: Q4_0, Q8_0, Q4_K; qmatmul.cuh qgemv_load_i8, qgemv_dot_i8): x is quantized
+ * per 32-value block to int8 like ggml-cuda's q8_1 (dx = amax / 127, q = rint(x 127 / amax)). A lane
+ * takes V values of the row in two runs of V / 2, its x q packed into xw[V / 4] (run j in the words
+ * j V / 8 .., value order) and xs[j] their integer sums; the exact integer is[j] of each run gives
+ * sum_k w x^ = dx (d[j] is[j] + m[j] xs[j]) (x^ = dx q, the quantized x; m = 0 without a min), from
+ * dp4a over the weight's bytes as loaded, with no float conversion per value. Two lane shapes:
+ *   kWide false (Q4_0, Q8_0): V = 16, the fp32 GEMV's lanes (run0, kRun1, lane_ok, 512-value
+ *     chunks), load<M> into qraw, scales(raw, L, d, m), idot(raw, xw[4], xs, is);
+ *   kWide true (Q4_K): V = 32 in 1024-value chunks, runs of 16 at wrun0(L) and wrun0(L) + kWRun1
+ *     (wlane_ok), wload<M> into qraw, wscales, widot(raw, xw[8], xs, is): a Q4_K lane's 16-byte
+ *     header and its scale decoding are paid once per 32 values instead of 16 (H200, 8B decode at
+ *     batch 1: Q4_K 285 -> 422 tok/s). The same shape slowed Q4_0 (448 -> 393) and Q8_0's GEMVs
+ *     (+15%): a lane's 32 x values are 128 contiguous bytes, so each of its float4 loads touches 32
+ *     lines across the warp, twice the L1 wavefronts of the 16-value lanes (docs/perf.md).
+ * The lanes that share an x block are kXLanes consecutive ones (their amax is reduced over them),
+ * and kXOneBlock says that both of a lane's runs lie in one x block (and one weight block:
+ * d[0] = d[1]).
  * ---- */
 
 /// Block k's quant bytes (plane 0) in a planar row of nb blocks.
@@ -333,7 +341,7 @@ struct nib32_lanes {
 /// GEMV lane: unit L / 2 of the chunk, bytes 8 (L % 2) .. + 8: values 8 h .. and 16 + 8 h ...
 struct q4_0 : nib32_lanes {
     static constexpr int kQK = 32, kBytes = 18, kP0 = 16, kRun1 = 16, kXLanes = 2;
-    static constexpr bool kMin = false, kNibScaled = true, kI8 = true, kXOneBlock = true;
+    static constexpr bool kMin = false, kNibScaled = true, kI8 = true, kXOneBlock = true, kWide = false;
     static __device__ __forceinline__ void unit(const unsigned char *row, int nb, int k, int, float (&w)[32]) {
         unsigned char v[16];
         quant::ld_bytes2<16>(plane_q<q4_0>(row, nb, k), v);
@@ -442,7 +450,7 @@ struct q5_0 : nib32_lanes {
 /// runs of 8: kRun1 8), each byte placed into the mantissa of 2^23 by one byte permute.
 struct q8_0 {
     static constexpr int kQK = 32, kBytes = 34, kP0 = 32, kRun1 = 8, kXLanes = 2;
-    static constexpr bool kMin = false, kNibScaled = false, kI8 = true, kXOneBlock = true;
+    static constexpr bool kMin = false, kNibScaled = false, kI8 = true, kXOneBlock = true, kWide = false;
     static __device__ __forceinline__ void unit(const unsigned char *row, int nb, int k, int, float (&w)[32]) {
         unsigned char v[32];
         quant::ld_bytes2<32>(plane_q<q8_0>(row, nb, k), v);
@@ -490,8 +498,8 @@ struct q8_0 {
 /// GEMV lane: super-block L / 16 of the chunk's two, qs bytes 32 k + j0 .. + 8 (k = L / 4 % 4,
 /// j0 = 8 (L % 4)): their low nibbles are sub-block 2 k's values j0 .., the high ones 2 k + 1's.
 struct q4_k {
-    static constexpr int kQK = 256, kBytes = 144, kP0 = 144, kRun1 = 32, kXLanes = 4;
-    static constexpr bool kMin = true, kNibScaled = true, kI8 = true, kXOneBlock = false;
+    static constexpr int kQK = 256, kBytes = 144, kP0 = 144, kRun1 = 32, kWRun1 = 32, kXLanes = 2;
+    static constexpr bool kMin = true, kNibScaled = true, kI8 = true, kXOneBlock = false, kWide = true;
     static __device__ __forceinline__ void unit(const unsigned char *row, int nb, int k, int s, float (&w)[32]) {
         const unsigned char *b = plane_q<q4_k>(row, nb, k);
         unsigned char h[16], q[32];
@@ -519,16 +527,47 @@ struct q4_k {
         quant::nibbles16<0>(r.u[4], r.u[5], v);
         quant::pair_scales_k(r, k, d, m);
     }
-    static __device__ __forceinline__ void scales(const quant::qraw &r, int L, float (&d)[2], float (&m)[2]) {
-        quant::pair_scales_k(r, (L >> 2) & 3, d, m);
+    /* integer GEMV: lane L of chunk ch takes super-block 4 ch + L / 8, pair k = L / 2 % 4 and quant
+     * bytes 32 k + 16 (L % 2) .. + 16 (low nibbles: sub-block 2 k's values 16 (L % 2) .., run 0;
+     * high: 2 k + 1's, run 1), with the super-block's 16-byte header */
+    static __device__ __forceinline__ int wrun0(int L) { return 256 * (L >> 3) + 64 * ((L >> 1) & 3) + 16 * (L & 1); }
+    static __device__ __forceinline__ bool wlane_ok(int ch, int L, int in) { return (4 * ch + (L >> 3)) * 256 < in; }
+    template <typename M = quant::gmem2>
+    static __device__ __forceinline__ void wload(const unsigned char *row, int nb, int ch, int L, quant::qraw &r) {
+        const unsigned char *b = plane_q<q4_k>(row, nb, 4 * ch + (L >> 3));
+        const uint4 h = M::u128(b), q = M::u128(b + 16 + 32 * ((L >> 1) & 3) + 16 * (L & 1));
+        r.u[0] = h.x, r.u[1] = h.y, r.u[2] = h.z, r.u[3] = h.w;
+        r.u[4] = q.x, r.u[5] = q.y, r.u[6] = q.z, r.u[7] = q.w;
     }
-    static __device__ __forceinline__ void idot(const quant::qraw &r, const int (&xw)[4], const int (&)[2],
-                                                int (&is)[2]) {
-        /* low nibbles: sub-block 2 k (run 0), high: 2 k + 1 (run 1) */
-        const int lo0 = (int)(r.u[4] & 0x0F0F0F0Fu), lo1 = (int)(r.u[5] & 0x0F0F0F0Fu);
-        const int hi0 = (int)((r.u[4] >> 4) & 0x0F0F0F0Fu), hi1 = (int)((r.u[5] >> 4) & 0x0F0F0F0Fu);
-        is[0] = quant::dp4a(lo1, xw[1], quant::dp4a(lo0, xw[0], 0));
-        is[1] = quant::dp4a(hi1, xw[3], quant::dp4a(hi0, xw[2], 0));
+    /* the 6-bit scales and mins of sub-blocks 2 k, 2 k + 1 (ggml get_scale_min_k4), four sub-blocks
+     * per word at once: j < 4 from bytes 0..3 / 4..7 of the 12, j >= 4 from the low / high nibbles
+     * of bytes 8..11 and the top two bits of bytes 0..3 / 4..7 */
+    static __device__ __forceinline__ void wscales(const quant::qraw &r, int L, float (&d)[2], float (&m)[2]) {
+        const int k = (L >> 1) & 3;
+        const unsigned y = r.u[1], z = r.u[2], w = r.u[3];
+        const unsigned sc = k < 2 ? (y & 0x3F3F3F3Fu) : ((w & 0x0F0F0F0Fu) | ((y >> 2) & 0x30303030u));
+        const unsigned mn = k < 2 ? (z & 0x3F3F3F3Fu) : (((w >> 4) & 0x0F0F0F0Fu) | ((z >> 2) & 0x30303030u));
+        const float dd = quant::f16_bits(r.u[0] & 0xffffu), dm = quant::f16_bits(r.u[0] >> 16);
+#pragma unroll
+        for (int j = 0; j < 2; j++) {
+            /* byte 2 (k % 2) + j into the mantissa of 2^23: exact small-integer floats */
+            const unsigned sel = 0x7540u | (unsigned)(2 * (k & 1) + j);
+            const float s = quant::as_float(quant::byte_perm(sc, 0x4B000000u, sel)) - 8388608.0f;
+            const float n = quant::as_float(quant::byte_perm(mn, 0x4B000000u, sel)) - 8388608.0f;
+            d[j] = quant::mul_rn(dd, s);
+            m[j] = -quant::mul_rn(dm, n);
+        }
+    }
+    static __device__ __forceinline__ void widot(const quant::qraw &r, const int (&xw)[8], const int (&)[2],
+                                                 int (&is)[2]) {
+        int a = 0, b = 0;
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            a = quant::dp4a((int)(r.u[4 + i] & 0x0F0F0F0Fu), xw[i], a);
+            b = quant::dp4a((int)((r.u[4 + i] >> 4) & 0x0F0F0F0Fu), xw[4 + i], b);
+        }
+        is[0] = a;
+        is[1] = b;
     }
 };
 
@@ -647,5 +686,42 @@ __device__ __forceinline__ void qlane(const unsigned char *row, int nb, int ch, 
     Q::load(row, nb, ch, L, r);
     Q::decode(r, L, v, d, m);
 }
+
+/// The integer GEMV's lane shape of type Q ("The integer GEMV" above): V values a lane in two
+/// runs of V / 2 (at run0(L) and run0(L) + kRun1 of a chunk of 32 V values), ok(ch, L, in), the
+/// load and the exact run dots.
+template <typename Q, bool W = Q::kWide> struct i8_lanes;
+template <typename Q> struct i8_lanes<Q, false> {
+    static constexpr int V = 16, kRun1 = Q::kRun1;
+    static __device__ __forceinline__ int run0(int L) { return Q::run0(L); }
+    static __device__ __forceinline__ bool ok(int ch, int L, int in) { return Q::lane_ok(ch, L, in); }
+    template <typename M>
+    static __device__ __forceinline__ void load(const unsigned char *row, int nb, int ch, int L, quant::qraw &r) {
+        Q::template load<M>(row, nb, ch, L, r);
+    }
+    static __device__ __forceinline__ void scales(const quant::qraw &r, int L, float (&d)[2], float (&m)[2]) {
+        Q::scales(r, L, d, m);
+    }
+    static __device__ __forceinline__ void idot(const quant::qraw &r, const int (&xw)[4], const int (&xs)[2],
+                                                int (&is)[2]) {
+        Q::idot(r, xw, xs, is);
+    }
+};
+template <typename Q> struct i8_lanes<Q, true> {
+    static constexpr int V = 32, kRun1 = Q::kWRun1;
+    static __device__ __forceinline__ int run0(int L) { return Q::wrun0(L); }
+    static __device__ __forceinline__ bool ok(int ch, int L, int in) { return Q::wlane_ok(ch, L, in); }
+    template <typename M>
+    static __device__ __forceinline__ void load(const unsigned char *row, int nb, int ch, int L, quant::qraw &r) {
+        Q::template wload<M>(row, nb, ch, L, r);
+    }
+    static __device__ __forceinline__ void scales(const quant::qraw &r, int L, float (&d)[2], float (&m)[2]) {
+        Q::wscales(r, L, d, m);
+    }
+    static __device__ __forceinline__ void idot(const quant::qraw &r, const int (&xw)[8], const int (&xs)[2],
+                                                int (&is)[2]) {
+        Q::widot(r, xw, xs, is);
+    }
+};
 
 } // namespace ms

@@ -20,17 +20,20 @@
  *
  * The integer entries (Q4_0, Q8_0, Q4_K at up to MS_QGEMV_I8_MAX_COLS x rows: qgemv_load_i8 and
  * qgemv_dot_i8)
- * quantize x per 32 values to int8 in the kernel, like ggml-cuda's q8_1 (quant_x16), and take the
+ * quantize x per 32 values to int8 in the kernel, like ggml-cuda's q8_1 (quant_x), and take the
  * dot of weight and x bytes with dp4a, four products per instruction instead of an AND-OR, FADD
  * and FFMA per value: the fp32 GEMV was issue-bound (ncu, Q4_0 gate/up: issue slots 58% busy, the
  * same values per second as Q8_0 at twice the bytes). y then differs from the fp32 dot by x's
- * rounding to 8 bits (test_quant_cuda checks it against the same quantized x).
+ * rounding to 8 bits (test_quant_cuda checks it against the same quantized x). Their lanes take 16
+ * values (Q4_0, Q8_0: as above) or, for Q4_K, 32 in chunks of 1024 (i8_lanes, blocks.cuh "The integer
+ * GEMV": a super-block header read and decoded once per 32 values).
  *
  * History (Q4_0 decode of an 8B model on the H200, docs/perf.md): one 32-value unit per thread
  * (x loads strided across the warp, each x row re-read per pair of rows): 147 tok/s; 8 values
  * per lane dequantized bit-exactly (an I2F and a rounded multiply per value, then the FMA):
  * 165 tok/s, the GEMV then issue-bound on I2F (ncu: gate/up at about 0.9 TB/s); nibbles to
- * floats without I2F: 255; planar rows (8-byte loads): 260; the integer dot: 424.
+ * floats without I2F: 255; planar rows (8-byte loads): 260; the integer dot: 424. (Q4_K with the
+ * integer dot: 285 tok/s; with its 32-value lanes: 422.)
  */
 #pragma once
 
@@ -125,36 +128,37 @@ __device__ __forceinline__ void qgemv_chunk(const unsigned char *const (&rows)[R
     }
 }
 
-/// The lane's 16 x values of one x row's chunk (runs at o0, o1, as load_x) quantized for the
-/// integer GEMV (blocks.cuh, "The integer GEMV"): per 32-value x block, dx = amax / 127 and
-/// q = rint(x fl(127 / amax)) (ties to even; 0 where amax < MS_QGEMV_I8_MIN_AMAX; ggml-cuda's q8_1
-/// rounds x / d half away from zero instead), amax reduced over the Q::kXLanes lanes that share the
-/// block (every lane of the warp calls this; !ok lanes give zeros). xw: the run's q as int8 words,
-/// xs: their sums. rint by the magic constant 1.5 2^23: the float's low byte is q's two's
-/// complement, so four q pack into a word with three byte permutes.
-template <typename Q>
-__device__ __forceinline__ void quant_x16(const float *xc, int o0, int o1, bool ok, int (&xw)[4], float (&dx)[2],
-                                          int (&xs)[2]) {
-    float xv[16];
+/// The lane's V x values of one x row's chunk (two runs of V / 2 at o0, o1: i8_lanes) quantized for
+/// the integer GEMV: per 32-value x block, dx = amax / 127 and q = rint(x fl(127 / amax)) (ties to
+/// even; 0 where amax < MS_QGEMV_I8_MIN_AMAX; ggml-cuda's q8_1 rounds x / d half away from zero
+/// instead), amax reduced over the Q::kXLanes lanes that share the block (every lane of the warp
+/// calls this; !ok lanes give zeros). xw: run j's q as int8 words xw[j V / 8 ..], xs: their sums.
+/// rint by the magic constant 1.5 2^23: the float's low byte is q's two's complement, so four q
+/// pack into a word with three byte permutes.
+template <typename Q, int V>
+__device__ __forceinline__ void quant_x(const float *xc, int o0, int o1, bool ok, int (&xw)[V / 4], float (&dx)[2],
+                                        int (&xs)[2]) {
+    constexpr int H = V / 2; /* values a run */
+    float xv[V];
     if (ok) {
         const float4 *a = reinterpret_cast<const float4 *>(xc + o0), *b = reinterpret_cast<const float4 *>(xc + o1);
-        const float4 v0 = __ldg(a), v1 = __ldg(a + 1), v2 = __ldg(b), v3 = __ldg(b + 1);
-        const float t[16] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w,
-                             v2.x, v2.y, v2.z, v2.w, v3.x, v3.y, v3.z, v3.w};
 #pragma unroll
-        for (int i = 0; i < 16; i++)
-            xv[i] = t[i];
+        for (int i = 0; i < H / 4; i++) {
+            const float4 u = __ldg(a + i), v = __ldg(b + i);
+            xv[4 * i] = u.x, xv[4 * i + 1] = u.y, xv[4 * i + 2] = u.z, xv[4 * i + 3] = u.w;
+            xv[H + 4 * i] = v.x, xv[H + 4 * i + 1] = v.y, xv[H + 4 * i + 2] = v.z, xv[H + 4 * i + 3] = v.w;
+        }
     } else {
 #pragma unroll
-        for (int i = 0; i < 16; i++)
+        for (int i = 0; i < V; i++)
             xv[i] = 0.f;
     }
     float am[2] = {0.f, 0.f};
     bool nan = false; /* fmaxf drops NaN: the lane's scale carries it instead, so y is NaN as fp32's
                          (an inf in x gives NaN too, where the fp32 dot gives inf) */
 #pragma unroll
-    for (int i = 0; i < 16; i++) {
-        am[i >> 3] = fmaxf(am[i >> 3], fabsf(xv[i]));
+    for (int i = 0; i < V; i++) {
+        am[i / H] = fmaxf(am[i / H], fabsf(xv[i]));
         nan |= xv[i] != xv[i];
     }
     if (Q::kXOneBlock)
@@ -168,28 +172,34 @@ __device__ __forceinline__ void quant_x16(const float *xc, int o0, int o1, bool 
     for (int j = 0; j < 2; j++) {
         dx[j] = am[j] / 127.0f;
         const float id = am[j] >= MS_QGEMV_I8_MIN_AMAX ? 127.0f / am[j] : 0.f;
-        unsigned b[8];
+        int s = 0;
 #pragma unroll
-        for (int k = 0; k < 8; k++)
-            b[k] = __float_as_uint(fmaf(xv[8 * j + k], id, 12582912.0f));
-        xw[2 * j] = (int)__byte_perm(__byte_perm(b[0], b[1], 0x0040u), __byte_perm(b[2], b[3], 0x0040u), 0x5410u);
-        xw[2 * j + 1] = (int)__byte_perm(__byte_perm(b[4], b[5], 0x0040u), __byte_perm(b[6], b[7], 0x0040u), 0x5410u);
-        xs[j] = quant::dp4a(xw[2 * j + 1], 0x01010101, quant::dp4a(xw[2 * j], 0x01010101, 0));
+        for (int w = 0; w < H / 4; w++) {
+            unsigned b[4];
+#pragma unroll
+            for (int k = 0; k < 4; k++)
+                b[k] = __float_as_uint(fmaf(xv[H * j + 4 * w + k], id, 12582912.0f));
+            xw[(H / 4) * j + w] =
+                (int)__byte_perm(__byte_perm(b[0], b[1], 0x0040u), __byte_perm(b[2], b[3], 0x0040u), 0x5410u);
+            s = quant::dp4a(xw[(H / 4) * j + w], 0x01010101, s);
+        }
+        xs[j] = s;
         if (nan)
             dx[j] = __int_as_float(0x7fffffff);
     }
 }
 
-/// The R rows' bytes and scales of the lane's share of chunk ch (zeros for !ok lanes), for
-/// qgemv_dot_i8. (Issuing them a chunk ahead of their use, software pipelined, was measured and
-/// dropped: the doubled registers cost more resident warps than the overlap bought; docs/perf.md)
+/// The R rows' (rows[0 .. R - 1]) bytes and scales of the lane's share of chunk ch (zeros for !ok
+/// lanes), for qgemv_dot_i8. (Issuing them a chunk ahead of their use, software pipelined, was
+/// measured and dropped: the doubled registers cost more resident warps than the overlap bought;
+/// docs/perf.md)
 template <typename Q, int R, typename M>
-__device__ __forceinline__ void qgemv_load_i8(const unsigned char *const (&rows)[R], int nb, int ch, int lane, bool ok,
+__device__ __forceinline__ void qgemv_load_i8(const unsigned char *const *rows, int nb, int ch, int lane, bool ok,
                                               quant::qraw (&raw)[R]) {
 #pragma unroll
     for (int r = 0; r < R; r++) {
         if (ok) {
-            Q::template load<M>(rows[r], nb, ch, lane, raw[r]);
+            i8_lanes<Q>::template load<M>(rows[r], nb, ch, lane, raw[r]);
         } else {
 #pragma unroll
             for (int i = 0; i < 8; i++)
@@ -198,28 +208,30 @@ __device__ __forceinline__ void qgemv_load_i8(const unsigned char *const (&rows)
     }
 }
 
-/// qgemv_chunk for the kI8 types at up to MS_QGEMV_I8_MAX_COLS x rows, on the R rows' loaded
-/// bytes (qgemv_load_i8): per x row its quantized values (quant_x16) and per weight row the runs'
-/// exact integer dots (Q::idot: dp4a), scaled once per run: acc += dx (d is + m xs). ok: the lane's
-/// values lie in the row (the lanes outside still take part in quant_x16's shuffles, with zeros).
+/// The integer GEMV's work on one chunk for the kI8 types at up to MS_QGEMV_I8_MAX_COLS x rows, on
+/// the R rows' loaded bytes (qgemv_load_i8): per x row its quantized values (quant_x) and per weight
+/// row the runs' exact integer dots (dp4a), scaled once per run: acc[r][c] += dx (d is + m xs) for
+/// r < R. ok: the lane's values lie in the row (the lanes outside still take part in quant_x's
+/// shuffles, with zeros).
 template <typename Q, int NC, int R>
 __device__ __forceinline__ void qgemv_dot_i8(const quant::qraw (&raw)[R], const float *xc, int x_stride, int lane,
-                                             bool ok, float (&acc)[R][NC]) {
-    const int o0 = Q::run0(lane), o1 = o0 + Q::kRun1;
+                                             bool ok, float (*acc)[NC]) {
+    using I = i8_lanes<Q>;
+    const int o0 = I::run0(lane), o1 = o0 + I::kRun1;
     /* the scales once per row (not per x row) */
     float d[R][2], m[R][2];
 #pragma unroll
     for (int r = 0; r < R; r++)
-        Q::scales(raw[r], lane, d[r], m[r]);
+        I::scales(raw[r], lane, d[r], m[r]);
 #pragma unroll
     for (int c = 0; c < NC; c++) {
-        int xw[4], xs[2];
+        int xw[I::V / 4], xs[2];
         float dx[2];
-        quant_x16<Q>(xc + (size_t)c * (size_t)x_stride, o0, o1, ok, xw, dx, xs);
+        quant_x<Q, I::V>(xc + (size_t)c * (size_t)x_stride, o0, o1, ok, xw, dx, xs);
 #pragma unroll
         for (int r = 0; r < R; r++) {
             int is[2];
-            Q::idot(raw[r], xw, xs, is);
+            I::idot(raw[r], xw, xs, is);
             float a = acc[r][c];
             if (Q::kXOneBlock && !Q::kMin) {
                 a = fmaf(d[r][0] * dx[0], (float)(is[0] + is[1]), a);
@@ -263,7 +275,7 @@ __device__ __forceinline__ void qgemv_store(float (&acc)[R][NC], float (&red)[NW
 
 /// Q: block type; NC: x rows (exactly p.n); R: output rows per CTA (MS_QGEMV_ROWS_OF(NC)).
 /// Grid: ceil(rows / R) CTAs of MS_QGEMV_THREADS threads; warp w takes chunks w, w + NW, ... of
-/// 512 input values; the rows past p.rows of the last CTA read the last row and store nothing.
+/// 512 input values (1024 in the integer GEMV of the wide-lane types); the rows past p.rows of the last CTA read the last row and store nothing.
 template <typename Q, int NC, int R, typename M>
 __device__ __forceinline__ void qgemv_plain(const ms_qmatmul_params &p) {
     constexpr int NW = MS_QGEMV_THREADS / 32;
@@ -284,14 +296,27 @@ __device__ __forceinline__ void qgemv_plain(const ms_qmatmul_params &p) {
         for (int c = 0; c < NC; c++)
             acc[r][c] = 0.f;
     const int nb = p.in / Q::kQK;
-    for (int ch = warp; ch < chunks; ch += NW) {
-        const bool ok = Q::lane_ok(ch, lane, p.in);
-        if constexpr (Q::kI8 && NC <= MS_QGEMV_I8_MAX_COLS) {
-            quant::qraw raw[R];
-            qgemv_load_i8<Q, R, M>(rows, nb, ch, lane, ok, raw);
-            qgemv_dot_i8<Q, NC, R>(raw, x + (size_t)ch * 512, p.x_stride, lane, ok, acc);
-        } else {
-            if (!ok)
+    if constexpr (Q::kI8 && NC <= MS_QGEMV_I8_MAX_COLS) {
+        /* the integer GEMV: chunks of 32 V values (i8_lanes); the bytes of RG rows in flight
+         * together: all R, except where wide lanes take two x rows, R / 2 at a time, each group
+         * quantizing x again (Q4_K's 8 rows of 8 words and two x rows spilled under the 128
+         * registers of 4 CTAs per SM) */
+        using I = i8_lanes<Q>;
+        constexpr int RG = I::V == 32 && NC > 1 ? R / 2 : R;
+        static_assert(R % RG == 0, "qgemv: row groups");
+        const int wchunks = (p.in + 32 * I::V - 1) / (32 * I::V);
+        for (int ch = warp; ch < wchunks; ch += NW) {
+            const bool ok = I::ok(ch, lane, p.in);
+#pragma unroll
+            for (int g = 0; g < R; g += RG) {
+                quant::qraw raw[RG];
+                qgemv_load_i8<Q, RG, M>(rows + g, nb, ch, lane, ok, raw);
+                qgemv_dot_i8<Q, NC, RG>(raw, x + (size_t)ch * (32 * I::V), p.x_stride, lane, ok, acc + g);
+            }
+        }
+    } else {
+        for (int ch = warp; ch < chunks; ch += NW) {
+            if (!Q::lane_ok(ch, lane, p.in))
                 continue;
             qgemv_chunk<Q, NC, R, M>(rows, nb, ch, x + (size_t)ch * 512, p.x_stride, lane, acc);
         }
