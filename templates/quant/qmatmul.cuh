@@ -128,6 +128,120 @@ __device__ __forceinline__ void qgemv_chunk(const unsigned char *const (&rows)[R
     }
 }
 
+/* The integer GEMV in two lane shapes (blocks.cuh "The integer GEMV"): the 16-value lanes of Q4_0
+ * and Q8_0 (quant_x16, qgemv_load_i8, qgemv_dot_i8) and the 32-value lanes of Q4_K (quant_x,
+ * qgemv_load_wide, qgemv_dot_wide). They are kept apart, not one template over V: the generic form
+ * compiled Q8_0's 16-value GEMV 12% slower (H200, bench_kernels qgemv, same lease, reproduced) with
+ * the same instruction count, so the 16-value code stays as it was measured. */
+
+/// The lane's 16 x values of one x row's chunk (runs at o0, o1, as load_x) quantized for the
+/// integer GEMV (blocks.cuh, "The integer GEMV"): per 32-value x block, dx = amax / 127 and
+/// q = rint(x fl(127 / amax)) (ties to even; 0 where amax < MS_QGEMV_I8_MIN_AMAX; ggml-cuda's q8_1
+/// rounds x / d half away from zero instead), amax reduced over the Q::kXLanes lanes that share the
+/// block (every lane of the warp calls this; !ok lanes give zeros). xw: the run's q as int8 words,
+/// xs: their sums. rint by the magic constant 1.5 2^23: the float's low byte is q's two's
+/// complement, so four q pack into a word with three byte permutes.
+template <typename Q>
+__device__ __forceinline__ void quant_x16(const float *xc, int o0, int o1, bool ok, int (&xw)[4], float (&dx)[2],
+                                          int (&xs)[2]) {
+    float xv[16];
+    if (ok) {
+        const float4 *a = reinterpret_cast<const float4 *>(xc + o0), *b = reinterpret_cast<const float4 *>(xc + o1);
+        const float4 v0 = __ldg(a), v1 = __ldg(a + 1), v2 = __ldg(b), v3 = __ldg(b + 1);
+        const float t[16] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w,
+                             v2.x, v2.y, v2.z, v2.w, v3.x, v3.y, v3.z, v3.w};
+#pragma unroll
+        for (int i = 0; i < 16; i++)
+            xv[i] = t[i];
+    } else {
+#pragma unroll
+        for (int i = 0; i < 16; i++)
+            xv[i] = 0.f;
+    }
+    float am[2] = {0.f, 0.f};
+    bool nan = false; /* fmaxf drops NaN: the lane's scale carries it instead, so y is NaN as fp32's
+                         (an inf in x gives NaN too, where the fp32 dot gives inf) */
+#pragma unroll
+    for (int i = 0; i < 16; i++) {
+        am[i >> 3] = fmaxf(am[i >> 3], fabsf(xv[i]));
+        nan |= xv[i] != xv[i];
+    }
+    if (Q::kXOneBlock)
+        am[0] = am[1] = fmaxf(am[0], am[1]);
+#pragma unroll
+    for (int o = 1; o < Q::kXLanes; o <<= 1)
+#pragma unroll
+        for (int j = 0; j < 2; j++)
+            am[j] = fmaxf(am[j], __shfl_xor_sync(0xffffffffu, am[j], o));
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        dx[j] = am[j] / 127.0f;
+        const float id = am[j] >= MS_QGEMV_I8_MIN_AMAX ? 127.0f / am[j] : 0.f;
+        unsigned b[8];
+#pragma unroll
+        for (int k = 0; k < 8; k++)
+            b[k] = __float_as_uint(fmaf(xv[8 * j + k], id, 12582912.0f));
+        xw[2 * j] = (int)__byte_perm(__byte_perm(b[0], b[1], 0x0040u), __byte_perm(b[2], b[3], 0x0040u), 0x5410u);
+        xw[2 * j + 1] = (int)__byte_perm(__byte_perm(b[4], b[5], 0x0040u), __byte_perm(b[6], b[7], 0x0040u), 0x5410u);
+        xs[j] = quant::dp4a(xw[2 * j + 1], 0x01010101, quant::dp4a(xw[2 * j], 0x01010101, 0));
+        if (nan)
+            dx[j] = __int_as_float(0x7fffffff);
+    }
+}
+
+/// The R rows' bytes and scales of the lane's share of chunk ch (zeros for !ok lanes), for
+/// qgemv_dot_i8. (Issuing them a chunk ahead of their use, software pipelined, was measured and
+/// dropped: the doubled registers cost more resident warps than the overlap bought; docs/perf.md)
+template <typename Q, int R, typename M>
+__device__ __forceinline__ void qgemv_load_i8(const unsigned char *const (&rows)[R], int nb, int ch, int lane, bool ok,
+                                              quant::qraw (&raw)[R]) {
+#pragma unroll
+    for (int r = 0; r < R; r++) {
+        if (ok) {
+            Q::template load<M>(rows[r], nb, ch, lane, raw[r]);
+        } else {
+#pragma unroll
+            for (int i = 0; i < 8; i++)
+                raw[r].u[i] = 0u;
+        }
+    }
+}
+
+/// qgemv_chunk for the kI8 types at up to MS_QGEMV_I8_MAX_COLS x rows, on the R rows' loaded
+/// bytes (qgemv_load_i8): per x row its quantized values (quant_x16) and per weight row the runs'
+/// exact integer dots (Q::idot: dp4a), scaled once per run: acc += dx (d is + m xs). ok: the lane's
+/// values lie in the row (the lanes outside still take part in quant_x16's shuffles, with zeros).
+template <typename Q, int NC, int R>
+__device__ __forceinline__ void qgemv_dot_i8(const quant::qraw (&raw)[R], const float *xc, int x_stride, int lane,
+                                             bool ok, float (&acc)[R][NC]) {
+    const int o0 = Q::run0(lane), o1 = o0 + Q::kRun1;
+    /* the scales once per row (not per x row) */
+    float d[R][2], m[R][2];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+        Q::scales(raw[r], lane, d[r], m[r]);
+#pragma unroll
+    for (int c = 0; c < NC; c++) {
+        int xw[4], xs[2];
+        float dx[2];
+        quant_x16<Q>(xc + (size_t)c * (size_t)x_stride, o0, o1, ok, xw, dx, xs);
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            int is[2];
+            Q::idot(raw[r], xw, xs, is);
+            float a = acc[r][c];
+            if (Q::kXOneBlock && !Q::kMin) {
+                a = fmaf(d[r][0] * dx[0], (float)(is[0] + is[1]), a);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+                    a = fmaf(dx[j], fmaf(d[r][j], (float)is[j], m[r][j] * (float)xs[j]), a);
+            }
+            acc[r][c] = a;
+        }
+    }
+}
+
 /// The lane's V x values of one x row's chunk (two runs of V / 2 at o0, o1: i8_lanes) quantized for
 /// the integer GEMV: per 32-value x block, dx = amax / 127 and q = rint(x fl(127 / amax)) (ties to
 /// even; 0 where amax < MS_QGEMV_I8_MIN_AMAX; ggml-cuda's q8_1 rounds x / d half away from zero
@@ -189,12 +303,10 @@ __device__ __forceinline__ void quant_x(const float *xc, int o0, int o1, bool ok
     }
 }
 
-/// The R rows' (rows[0 .. R - 1]) bytes and scales of the lane's share of chunk ch (zeros for !ok
-/// lanes), for qgemv_dot_i8. (Issuing them a chunk ahead of their use, software pipelined, was
-/// measured and dropped: the doubled registers cost more resident warps than the overlap bought;
-/// docs/perf.md)
+/// qgemv_load_i8 for the wide-lane types (i8_lanes<Q>: 32 values a lane, chunks of 1024): the R
+/// rows' (rows[0 .. R - 1]) bytes and scales of the lane's share of chunk ch (zeros for !ok lanes).
 template <typename Q, int R, typename M>
-__device__ __forceinline__ void qgemv_load_i8(const unsigned char *const *rows, int nb, int ch, int lane, bool ok,
+__device__ __forceinline__ void qgemv_load_wide(const unsigned char *const *rows, int nb, int ch, int lane, bool ok,
                                               quant::qraw (&raw)[R]) {
 #pragma unroll
     for (int r = 0; r < R; r++) {
@@ -208,13 +320,13 @@ __device__ __forceinline__ void qgemv_load_i8(const unsigned char *const *rows, 
     }
 }
 
-/// The integer GEMV's work on one chunk for the kI8 types at up to MS_QGEMV_I8_MAX_COLS x rows, on
-/// the R rows' loaded bytes (qgemv_load_i8): per x row its quantized values (quant_x) and per weight
+/// qgemv_dot_i8 for the wide-lane types: the integer GEMV's work on one 1024-value chunk at up to
+/// MS_QGEMV_I8_MAX_COLS x rows, on the R rows' loaded bytes (qgemv_load_wide): per x row its quantized values (quant_x) and per weight
 /// row the runs' exact integer dots (dp4a), scaled once per run: acc[r][c] += dx (d is + m xs) for
 /// r < R. ok: the lane's values lie in the row (the lanes outside still take part in quant_x's
 /// shuffles, with zeros).
 template <typename Q, int NC, int R>
-__device__ __forceinline__ void qgemv_dot_i8(const quant::qraw (&raw)[R], const float *xc, int x_stride, int lane,
+__device__ __forceinline__ void qgemv_dot_wide(const quant::qraw (&raw)[R], const float *xc, int x_stride, int lane,
                                              bool ok, float (*acc)[NC]) {
     using I = i8_lanes<Q>;
     const int o0 = I::run0(lane), o1 = o0 + I::kRun1;
@@ -297,21 +409,30 @@ __device__ __forceinline__ void qgemv_plain(const ms_qmatmul_params &p) {
             acc[r][c] = 0.f;
     const int nb = p.in / Q::kQK;
     if constexpr (Q::kI8 && NC <= MS_QGEMV_I8_MAX_COLS) {
-        /* the integer GEMV: chunks of 32 V values (i8_lanes); the bytes of RG rows in flight
-         * together: all R, except where wide lanes take two x rows, R / 2 at a time, each group
-         * quantizing x again (Q4_K's 8 rows of 8 words and two x rows spilled under the 128
-         * registers of 4 CTAs per SM) */
-        using I = i8_lanes<Q>;
-        constexpr int RG = I::V == 32 && NC > 1 ? R / 2 : R;
-        static_assert(R % RG == 0, "qgemv: row groups");
-        const int wchunks = (p.in + 32 * I::V - 1) / (32 * I::V);
-        for (int ch = warp; ch < wchunks; ch += NW) {
-            const bool ok = I::ok(ch, lane, p.in);
+        if constexpr (!Q::kWide) {
+            /* 16-value lanes, 512-value chunks */
+            for (int ch = warp; ch < chunks; ch += NW) {
+                const bool ok = Q::lane_ok(ch, lane, p.in);
+                quant::qraw raw[R];
+                qgemv_load_i8<Q, R, M>(rows, nb, ch, lane, ok, raw);
+                qgemv_dot_i8<Q, NC, R>(raw, x + (size_t)ch * 512, p.x_stride, lane, ok, acc);
+            }
+        } else {
+            /* 32-value lanes, 1024-value chunks; the bytes of RG rows in flight together: all R at
+             * one x row, R / 2 at a time at two, each group quantizing x again (8 rows of 8 words
+             * and two x rows spilled under the 128 registers of 4 CTAs per SM) */
+            using I = i8_lanes<Q>;
+            constexpr int RG = NC > 1 ? R / 2 : R;
+            static_assert(R % RG == 0, "qgemv: row groups");
+            const int wchunks = (p.in + 32 * I::V - 1) / (32 * I::V);
+            for (int ch = warp; ch < wchunks; ch += NW) {
+                const bool ok = I::ok(ch, lane, p.in);
 #pragma unroll
-            for (int g = 0; g < R; g += RG) {
-                quant::qraw raw[RG];
-                qgemv_load_i8<Q, RG, M>(rows + g, nb, ch, lane, ok, raw);
-                qgemv_dot_i8<Q, NC, RG>(raw, x + (size_t)ch * (32 * I::V), p.x_stride, lane, ok, acc + g);
+                for (int g = 0; g < R; g += RG) {
+                    quant::qraw raw[RG];
+                    qgemv_load_wide<Q, RG, M>(rows + g, nb, ch, lane, ok, raw);
+                    qgemv_dot_wide<Q, NC, RG>(raw, x + (size_t)ch * (32 * I::V), p.x_stride, lane, ok, acc + g);
+                }
             }
         }
     } else {
