@@ -17,6 +17,7 @@ TEMPLATE_FILES += templates/embed/embed.cuh
 TEMPLATE_FILES += templates/sample/sample.cuh
 TEMPLATE_FILES += templates/misc/elementwise.cuh
 TEMPLATE_FILES += templates/misc/encoder.cuh
+TEMPLATE_FILES += templates/misc/gemv.cuh
 TEMPLATE_FILES += templates/quant/qparams.h
 TEMPLATE_FILES += templates/quant/blocks.cuh
 TEMPLATE_FILES += templates/quant/qmatmul.cuh

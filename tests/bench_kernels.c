@@ -19,6 +19,10 @@
  * 1 and 8 x rows: random blocks (valid f16 scales) in the kernels' planar rows, as
  * many copies of the weight as make a working set of 256 MB, 3 warm-up rounds and the median of
  * 15, weight bytes read per launch / time as a fraction of copy bandwidth.
+ * `bench_kernels gemv` (also in `all`): the CUDA backend's linear over bf16 weights at the same
+ * shapes and the lm_head (128,256 x 4096), 1, 2, 4 and 8 x rows, with the 16-bit GEMV of
+ * templates/misc/gemv.cuh and without it (MS_CUDA_GEMV=0: ms_convert +
+ * cuBLAS), same method.
  * `bench_kernels sample` (also in `all`): the sampler kernel over 1 and 32 rows of 128,256 logits,
  * greedy and sampled (bench_sample).
  * Prints one table per part; exit status 0 when every case ran.
@@ -30,6 +34,8 @@
 #include <strings.h>
 #include <time.h>
 
+#include "backend.h"
+#include "backend_cuda.h"
 #include "backend_cuda_quant.h"
 #include "cuda_ops.h"
 #include "gguf_quant.h"
@@ -357,6 +363,72 @@ static int bench_qgemv(int arch, double copy_bw, uint32_t type, int rows, int in
     return 0;
 }
 
+/* One linear of bench_gemv: x [n, in] against weight copy i into y, through the backend. */
+typedef struct gemv_ctx {
+    ms_backend *be;
+    ms_tensor x, y, *w;
+} gemv_ctx;
+
+static ms_status gemv_launch(void *ctx, int i, ms_error *err) {
+    gemv_ctx *c = ctx;
+    return c->be->iface.linear(c->be->ctx, &c->x, &c->w[i], NULL, &c->y, err);
+}
+
+/* y [n, rows] = x [n, in] W^T with W bf16, through a CUDA backend made with the GEMV on for
+ * every x row count (MS_CUDA_GEMV=8) or off (0: convert + cuBLAS). */
+static int bench_gemv(double copy_bw, int rows, int in, int n, bool ours) {
+    setenv("MS_CUDA_GEMV", ours ? "8" : "0", 1);
+    ms_backend be;
+    ms_error err = {0};
+    ms_backend_cuda_options opt = {0, getenv("MSTAR_CACHE")};
+    if (ms_backend_cuda_init(&be, &opt, &err) != MS_OK) {
+        fprintf(stderr, "bench: %s\n", err.msg);
+        return 1;
+    }
+    const size_t bytes = (size_t)rows * (size_t)in * 2;
+    int copies = (int)((((size_t)256 << 20) + bytes - 1) / bytes);
+    if (copies < 2)
+        copies = 2;
+    ms_tensor *w = calloc((size_t)copies, sizeof *w);
+    void *xd = NULL, *yd = NULL;
+    if (w == NULL)
+        exit(1);
+    for (int i = 0; i < copies; i++) {
+        void *d = NULL;
+        if (be.iface.buffer_alloc(be.ctx, bytes, "bench weight", &d, &err) != MS_OK) {
+            fprintf(stderr, "bench: %s\n", err.msg);
+            return 1;
+        }
+        fill_random(d, bytes);
+        w[i] = ms_tensor_2d(d, MS_DTYPE_BF16, rows, in);
+    }
+    if (be.iface.buffer_alloc(be.ctx, sizeof(float) * (size_t)n * (size_t)in, "bench x", &xd, &err) != MS_OK ||
+        be.iface.buffer_alloc(be.ctx, sizeof(float) * (size_t)n * (size_t)rows, "bench y", &yd, &err) != MS_OK) {
+        fprintf(stderr, "bench: %s\n", err.msg);
+        return 1;
+    }
+    CK(cudaMemset(xd, 0, sizeof(float) * (size_t)n * (size_t)in));
+    fill_random(xd, sizeof(float) * (size_t)n * (size_t)in / 2);
+    gemv_ctx gc = {&be, ms_tensor_2d(xd, MS_DTYPE_F32, n, in), ms_tensor_2d(yd, MS_DTYPE_F32, n, rows), w};
+    const double us = time_rounds((cudaStream_t)ms_backend_cuda_stream(&be), copies, gemv_launch, &gc);
+    int rc = 0;
+    if (us < 0)
+        rc = 1;
+    else {
+        const double gbs = (double)bytes / (us * 1e-6) * 1e-9;
+        printf("| %s | %d x %d | %d | %.1f | %.0f | %.1f%% |\n", ours ? "ms_gemv" : "convert + cuBLAS", rows, in,
+               n, us, gbs, 100.0 * gbs * 1e9 / copy_bw);
+    }
+    for (int i = 0; i < copies; i++)
+        be.iface.buffer_free(be.ctx, w[i].data);
+    be.iface.buffer_free(be.ctx, xd);
+    be.iface.buffer_free(be.ctx, yd);
+    free(w);
+    ms_backend_free(&be);
+    unsetenv("MS_CUDA_GEMV");
+    return rc;
+}
+
 /* One sampler launch of bench_sample: copy i of the rows (rows x vocab logits apart). */
 typedef struct sample_ctx {
     const ms_cuda_module *m;
@@ -460,8 +532,8 @@ int main(int argc, char **argv) {
            prop.name, arch, sms, prop.l2CacheSize >> 20, bw * 1e-9);
     const char *part = argc > 1 ? argv[1] : "all";
     if (strcmp(part, "all") != 0 && strcmp(part, "attn") != 0 && strcmp(part, "qgemv") != 0 &&
-        strcmp(part, "sample") != 0) {
-        fprintf(stderr, "usage: bench_kernels [all|attn|qgemv|sample]\n");
+        strcmp(part, "sample") != 0 && strcmp(part, "gemv") != 0) {
+        fprintf(stderr, "usage: bench_kernels [all|attn|qgemv|gemv|sample]\n");
         return 2;
     }
     int rc = 0;
@@ -473,6 +545,19 @@ int main(int argc, char **argv) {
                 rc |= bench_sample(arch, rows, sampled != 0);
         printf("\n");
         if (strcmp(part, "sample") == 0)
+            return rc;
+    }
+    if (strcmp(part, "all") == 0 || strcmp(part, "gemv") == 0) {
+        printf("bf16 linear at decode sizes (backend_cuda.c cu_linear): weight bytes / time, as a fraction "
+               "of copy bandwidth\n\n| path | rows x in | x rows | us/launch | GB/s | of copy |\n"
+               "|---|---|---|---|---|---|\n");
+        static const int gshapes[][2] = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}, {128256, 4096}};
+        for (size_t sh = 0; sh < sizeof gshapes / sizeof gshapes[0]; sh++)
+            for (int xr = 1; xr <= 8; xr *= 2)
+                for (int ours = 1; ours >= 0; ours--)
+                    rc |= bench_gemv(bw, gshapes[sh][0], gshapes[sh][1], xr, ours != 0);
+        printf("\n");
+        if (strcmp(part, "gemv") == 0)
             return rc;
     }
     if (strcmp(part, "qgemv") == 0 && argc == 6) { /* one case (for ncu): qgemv TYPE ROWS IN N */

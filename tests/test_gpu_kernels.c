@@ -17,6 +17,8 @@
  *   rope_kv M-RoPE  1e-2  as rope_kv, each pair's position from its section's stream
  *   prefill as decode 2e-2  as attn prefill (head_dim 48, one query row per view)
  *   silu_mul        1e-2  f32, output rounded to bf16
+ *   gemv            each output within 2^-14 of sum |x w| (float accumulation of T-rounded x
+ *                   and T weights, bf16 and f16), bitwise equal over two launches
  *   embed, argmax: exact; sample: exact kept set, the draw equal to a reference that sums in the
  *   kernel's float order (or within 1e-5 of the mass of a boundary: exp2f may differ by an ulp).
  * Shapes cover page boundaries (lengths 1, ps, ps+1, many pages), GQA 1/4/8, head_dim 64/128
@@ -1325,6 +1327,140 @@ static void test_sample(void **state) {
 
 /* ---- launcher preconditions (no launch happens) ---- */
 
+/* ---- the 16-bit weight GEMV (misc/gemv.cuh) ---- */
+
+/* IEEE half bits of a float exactly representable as a normal half (or zero). */
+static uint16_t f2h_exact(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) == 0)
+        return (uint16_t)(u >> 16);
+    const uint32_t sign = (u >> 16) & 0x8000u, e = ((u >> 23) & 0xffu) - 127u + 15u;
+    return (uint16_t)(sign | (e << 10) | ((u >> 13) & 0x3ffu));
+}
+
+/* One GEMV case: y [n, rows] (row stride ys) = T(x [n, in] (stride xs)) W [rows, in] (stride ws)^T
+ * against a double reference on the same T-rounded inputs. Each output must be within 2^-14 of
+ * sum |x w| (float accumulation over at most a few thousand terms: a wrong k pairing or a lost
+ * block is off by O(|x w|)); the columns past rows and the rows past n stay poisoned; a second
+ * launch gives the same bits. */
+static void gemv_case(ms_cuda_module *m, bool f16, int rows, int in, int n, int ws, int xs, int ys) {
+    const size_t nw = (size_t)rows * (size_t)ws, nx = (size_t)n * (size_t)xs, ny = (size_t)8 * (size_t)ys;
+    uint16_t *hw = malloc(nw * 2);
+    float *wv = malloc(nw * sizeof(float)), *hx = malloc(nx * sizeof(float));
+    for (size_t i = 0; i < nw; i++) {
+        /* f16: k / 1024 (exact); bf16: any float rounded */
+        const float v = f16 ? (float)(irand(2049) - 1024) / 1024.f : rbf(frand());
+        wv[i] = v;
+        hw[i] = f16 ? f2h_exact(v) : f2bf(v);
+    }
+    for (size_t i = 0; i < nx; i++) /* f16: k / 256 (exact, so T(x) = x); bf16: the kernel rounds */
+        hx[i] = f16 ? (float)(irand(1025) - 512) / 256.f : frand() * 3.f;
+    double *ref = malloc((size_t)n * (size_t)rows * sizeof(double)), *mag = malloc((size_t)n * (size_t)rows * sizeof(double));
+    for (int c = 0; c < n; c++)
+        for (int r = 0; r < rows; r++) {
+            double acc = 0, a = 0;
+            for (int i = 0; i < in; i++) {
+                const double xv = f16 ? hx[(size_t)c * xs + i] : rbf(hx[(size_t)c * xs + i]);
+                const double t = xv * wv[(size_t)r * ws + i];
+                acc += t;
+                a += fabs(t);
+            }
+            ref[(size_t)c * rows + r] = acc;
+            mag[(size_t)c * rows + r] = a;
+        }
+    dev_list l = {0};
+    void *dw = dup_h2d(&l, hw, nw * 2), *dx = dup_h2d(&l, hx, nx * sizeof(float));
+    float *dy = dalloc(&l, ny * sizeof(float));
+    ms_gemv_params p = {dw, dx, dy, rows, in, n, ws, xs, ys};
+    ms_error err = {0};
+    float *got = malloc(ny * sizeof(float)), *again = malloc(ny * sizeof(float));
+    for (int run = 0; run < 2; run++) {
+        if (ms_cuda_gemv_launch(m, &p, 0, &err) != MS_OK)
+            fail_msg("gemv launch: %s", err.msg);
+        sync_ok("gemv");
+        d2h(run == 0 ? got : again, dy, ny * sizeof(float));
+    }
+    double worst = 0;
+    for (int c = 0; c < 8; c++)
+        for (int r = 0; r < ys; r++) {
+            const float g = got[(size_t)c * ys + r];
+            if (c >= n || r >= rows) {
+                if (!isnan(g))
+                    fail_msg("gemv %d x %d, n %d: y[%d][%d] = %g written outside the output", rows, in,
+                             n, c, r, g);
+                continue;
+            }
+            const double d = fabs(g - ref[(size_t)c * rows + r]), lim = mag[(size_t)c * rows + r] * 0x1p-14 + 1e-30;
+            if (!(d <= lim))
+                fail_msg("gemv %s %d x %d, n %d: y[%d][%d] = %.9g, reference %.9g (|x w| sum %g)",
+                         f16 ? "f16" : "bf16", rows, in, n, c, r, g, ref[(size_t)c * rows + r],
+                         mag[(size_t)c * rows + r]);
+            if (d / lim > worst)
+                worst = d / lim;
+        }
+    if (memcmp(got, again, ny * sizeof(float)) != 0)
+        fail_msg("gemv %d x %d, n %d: two launches differ", rows, in, n);
+    printf("  gemv %-4s %5d x %-5d n %d  strides w %d x %d y %d: worst error %.3f of the bound\n",
+           f16 ? "f16" : "bf16", rows, in, n, ws, xs, ys, worst);
+    dfree_all(&l);
+    free(hw);
+    free(wv);
+    free(hx);
+    free(ref);
+    free(mag);
+    free(got);
+    free(again);
+}
+
+static void test_gemv(void **state) {
+    (void)state;
+    for (int f = 0; f < 2; f++) {
+        ms_kernel_spec s = ms_kernel_spec_simple(MS_KERNEL_OP_MISC, f ? MS_KERNEL_DTYPE_F16 : MS_KERNEL_DTYPE_BF16);
+        s.act_dtype = MS_KERNEL_DTYPE_F32;
+        ms_cuda_module *m = load(s);
+        /* rows: one tile, a ragged last tile, many; in: one 8-value step, a block tail, many
+           blocks per warp; n 1..8; padded strides */
+        static const int cases[][6] = {
+            {389, 4104, 1, 4104, 4108, 400}, {389, 4104, 2, 4112, 4104, 389}, {16, 64, 8, 64, 64, 16},
+            {17, 8, 3, 8, 12, 20},           {40, 128, 6, 128, 128, 44},           {1000, 576, 5, 584, 576, 1003},  {64, 1000, 7, 1000, 1000, 64},
+            {4096, 4096, 8, 4096, 4096, 4096}, {6144, 4096, 1, 4096, 4096, 6144}, {4096, 14336, 4, 14336, 14336, 4096},
+        };
+        for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++)
+            gemv_case(m, f != 0, cases[i][0], cases[i][1], cases[i][2], cases[i][3], cases[i][4], cases[i][5]);
+        ms_cuda_module_free(m);
+    }
+}
+
+static void test_gemv_rejects_bad_params(void **state) {
+    (void)state;
+    ms_kernel_spec s = ms_kernel_spec_simple(MS_KERNEL_OP_MISC, MS_KERNEL_DTYPE_BF16);
+    s.act_dtype = MS_KERNEL_DTYPE_F32;
+    ms_cuda_module *m = load(s);
+    dev_list l = {0};
+    void *w = dalloc(&l, 64 * 64 * 2), *x = dalloc(&l, 9 * 64 * 4), *y = dalloc(&l, 9 * 64 * 4);
+    const ms_gemv_params good = {w, x, y, 64, 64, 1, 64, 64, 64};
+    ms_gemv_params bad[7];
+    for (int i = 0; i < 7; i++)
+        bad[i] = good;
+    bad[0].n = 0;
+    bad[1].n = 9;
+    bad[2].in = 60;                          /* not a multiple of 8 */
+    bad[3].x_stride = 66;                    /* not a multiple of 4 */
+    bad[4].w = (char *)w + 2;                /* misaligned */
+    bad[5].w_stride = 56;                    /* below in */
+    bad[6].y = NULL;
+    ms_error err = {0};
+    for (int i = 0; i < 7; i++) {
+        assert_int_equal(ms_cuda_gemv_launch(m, &bad[i], 0, &err), MS_ERR_INVALID_ARG);
+        assert_non_null(strstr(err.msg, "misc_bf16"));
+    }
+    assert_int_equal(ms_cuda_gemv_launch(m, &good, 0, &err), MS_OK);
+    sync_ok("gemv");
+    ms_cuda_module_free(m);
+    dfree_all(&l);
+}
+
 static void test_launchers_reject_bad_params(void **state) {
     (void)state;
     ms_cuda_module *m = load(ms_kernel_spec_attn_decode(MS_KERNEL_DTYPE_BF16, 64, 16, 4, false));
@@ -1369,6 +1505,8 @@ int main(void) {
         ms_unit_test(test_rmsnorm),
         ms_unit_test(test_rmsnorm_heads),
         ms_unit_test(test_silu_mul),
+        ms_unit_test(test_gemv),
+        ms_unit_test(test_gemv_rejects_bad_params),
         ms_unit_test(test_argmax),
         ms_unit_test(test_sample),
         ms_unit_test(test_rope_kv),

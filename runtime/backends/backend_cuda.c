@@ -46,6 +46,8 @@ typedef struct cuda_ctx {
     int n_retired;              /* recorded graph may read them; freed with the last graph */
     bool sealed;       /* kernels_load ran: the instance table is the model's, complete */
     ms_cuda_quant *quant; /* weights kept in ggml blocks (backend_cuda_quant.h); made on first use */
+    int gemv_max_n;    /* 16-bit weights at up to this many x rows take ms_gemv (templates/misc/
+                          gemv.cuh), the others convert + cuBLAS; MS_CUDA_GEMV=N at init (0: off) */
 } cuda_ctx;
 
 /* Per-batch device state beyond the shared index arrays. */
@@ -700,6 +702,18 @@ static ms_status cu_linear(void *ctx, const ms_tensor *x, const ms_tensor *w,
                                         x->data, CUDA_R_32F, (int)x->stride[0], &zero, y->data,
                                         CUDA_R_32F, (int)y->stride[0], CUBLAS_COMPUTE_32F,
                                         CUBLAS_GEMM_DEFAULT));
+    } else if (n <= c->gemv_max_n && in % 8 == 0 && w->stride[0] % 8 == 0 &&
+               x->stride[0] % 4 == 0 && ((uintptr_t)w->data & 15u) == 0 &&
+               ((uintptr_t)x->data & 15u) == 0) {
+        /* decode sizes: one launch reading f32 x and the 16-bit rows (templates/misc/gemv.cuh),
+           x rounded to the weight type as below, summed in another order than cuBLAS's */
+        ms_kernel_spec s = ms_kernel_spec_simple(MS_KERNEL_OP_MISC, kdtype(w->dtype));
+        s.act_dtype = MS_KERNEL_DTYPE_F32;
+        ms_cuda_module *m;
+        MS_TRY(get_module(c, &s, &m, err));
+        ms_gemv_params gp = {w->data, x->data, y->data, (int)outd, (int)in, (int)n,
+                             (int)w->stride[0], (int)x->stride[0], (int)y->stride[0]};
+        MS_TRY(ms_cuda_gemv_launch(m, &gp, c->stream, err));
     } else {
         /* round x to the weight type, then bf16/f16 x bf16/f16 -> f32 */
         MS_TRY(ensure_device(c, &c->scratch, &c->scratch_bytes, (size_t)(n * in) * 2,
@@ -1499,6 +1513,21 @@ static void cu_free(void *ctx) {
     ms_free(c);
 }
 
+/* x rows up to which 16-bit weights take ms_gemv rather than convert + cuBLAS (H200, 8B decode,
+ * docs/perf.md "The 16-bit decode GEMV": batch 1, 2, 4 gain 6-9%; at 8 the step lost 7% although
+ * the kernels alone were even) */
+#define GEMV_MAX_N 4
+
+/* An integer from the environment within [lo, hi], else dflt (unset, empty or malformed). */
+static int env_int(const char *name, int lo, int hi, int dflt) {
+    const char *v = getenv(name);
+    if (v == NULL || v[0] == '\0')
+        return dflt;
+    char *end;
+    long n = strtol(v, &end, 10);
+    return *end == '\0' && n >= lo && n <= hi ? (int)n : dflt;
+}
+
 static ms_status cuda_setup(cuda_ctx *c, const ms_backend_cuda_options *opt, ms_error *err) {
     c->device = opt != NULL ? opt->device : 0;
     MS_CUDA_TRY(err, cudaSetDevice(c->device));
@@ -1510,6 +1539,7 @@ static ms_status cuda_setup(cuda_ctx *c, const ms_backend_cuda_options *opt, ms_
        workspace": 32 MiB), set after the stream: GEMMs under graph capture allocate nothing */
     MS_CUDA_TRY(err, cudaMalloc(&c->cublas_ws, CUBLAS_WORKSPACE_BYTES));
     MS_CUBLAS_TRY(err, cublasSetWorkspace(c->cublas, c->cublas_ws, CUBLAS_WORKSPACE_BYTES));
+    c->gemv_max_n = env_int("MS_CUDA_GEMV", 0, MS_GEMV_MAX_COLS, GEMV_MAX_N);
     if (opt != NULL && opt->cache_dir != NULL) {
         c->cache_dir = ms_strdup(opt->cache_dir);
         if (c->cache_dir == NULL)

@@ -102,23 +102,29 @@ static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 static int vec_elems(ms_kernel_dtype dt) { return dt == MS_KERNEL_DTYPE_F32 ? 4 : 8; }
 
 /* Programmatic dependent launch for which kernels (read once per process from MS_CUDA_PDL):
- * 0 none ("0"), 1 the decode attention only (the default), 2 every kernel ("all"). */
+ * 0 none ("0"), 1 the decode attention and the 16-bit GEMV (the default), 2 every kernel
+ * ("all"), 3 the decode attention only ("attn"). */
 static int pdl_mode(void) {
     static int cached = -1; /* -1: not read yet */
     int v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
     if (v < 0) {
         const char *e = getenv("MS_CUDA_PDL");
-        v = e == NULL || e[0] == '\0' ? 1 : strcmp(e, "0") == 0 ? 0 : strcmp(e, "all") == 0 ? 2 : 1;
+        v = e == NULL || e[0] == '\0'   ? 1
+            : strcmp(e, "0") == 0    ? 0
+            : strcmp(e, "all") == 0  ? 2
+            : strcmp(e, "attn") == 0 ? 3
+                                     : 1;
         __atomic_store_n(&cached, v, __ATOMIC_RELAXED);
     }
     return v;
 }
 
-bool ms_cuda_pdl(const ms_cuda_module *m) {
+bool ms_cuda_pdl(const ms_cuda_module *m, int entry) {
     if (m == NULL || m->arch < 90)
         return false;
     const int mode = pdl_mode();
-    return mode == 2 || (mode == 1 && m->spec.op == MS_KERNEL_OP_ATTN_DECODE);
+    return mode == 2 || (mode != 0 && m->spec.op == MS_KERNEL_OP_ATTN_DECODE) ||
+           (mode == 1 && m->spec.op == MS_KERNEL_OP_MISC && entry == MS_CUDA_MISC_GEMV);
 }
 
 ms_status ms_cuda_launch_entry(const ms_cuda_module *m, int entry, unsigned gx, unsigned gy, unsigned gz,
@@ -126,7 +132,7 @@ ms_status ms_cuda_launch_entry(const ms_cuda_module *m, int entry, unsigned gx, 
     if (gx == 0 || gy == 0 || gz == 0)
         return MS_OK; /* nothing to do */
     void *args[] = {params};
-    if (!ms_cuda_pdl(m)) {
+    if (!ms_cuda_pdl(m, entry)) {
         dim3 grid = {gx, gy, gz}, block = {threads, 1, 1};
         MS_CUDA_TRY(err, cudaLaunchKernel((const void *)m->fn[entry], grid, block, args, 0, stream));
         return MS_OK;
@@ -394,6 +400,25 @@ ms_status ms_cuda_misc_launch(const ms_cuda_module *m, int which, const ms_misc_
         blocks = 65536;
     ms_misc_params copy = *p;
     return launch(m, which, (unsigned)blocks, 1, 1, MS_MISC_THREADS, &copy, stream, err);
+}
+
+ms_status ms_cuda_gemv_launch(const ms_cuda_module *m, const ms_gemv_params *p,
+                              cudaStream_t stream, ms_error *err) {
+    MS_TRY(want_op(m, MS_KERNEL_OP_MISC, err));
+    if (m->spec.dtype == MS_KERNEL_DTYPE_F32)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: the GEMV takes 16-bit weights", m->uri);
+    if (p->n < 1 || p->n > MS_GEMV_MAX_COLS || p->rows < 1 || p->in < 1 || p->in % 8 != 0 ||
+        p->w_stride % 8 != 0 || p->x_stride % 4 != 0 || p->w_stride < p->in ||
+        p->x_stride < p->in || (p->n > 1 && p->y_stride < p->rows))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "%s: gemv of %d x rows, %d x %d weights, strides w %d / x %d / y %d", m->uri,
+                       p->n, p->rows, p->in, p->w_stride, p->x_stride, p->y_stride);
+    if (p->w == NULL || p->x == NULL || p->y == NULL || !aligned16(p->w) || !aligned16(p->x))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "%s: gemv needs w, x and y, w and x 16-byte aligned", m->uri);
+    ms_gemv_params copy = *p;
+    return launch(m, MS_CUDA_MISC_GEMV, (unsigned)MS_CEIL_DIV(p->rows, MS_GEMV_ROWS), 1, 1,
+                  MS_GEMV_THREADS, &copy, stream, err);
 }
 
 /* ---- encoder helpers of the misc module ---- */

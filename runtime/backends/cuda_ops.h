@@ -50,7 +50,7 @@ ms_status ms_cuda_device_arch(int device, int *arch, int *n_sms, ms_error *err);
 /*
  * Launch entry `entry` of m on grid (gx, gy, gz) of `threads` threads with one by-value parameter
  * struct (params: copied at the call). A zero grid dimension launches nothing. When
- * ms_cuda_pdl(m), the launch carries cudaLaunchAttributeProgrammaticStreamSerialization: the grid
+ * ms_cuda_pdl(m, entry), the launch carries cudaLaunchAttributeProgrammaticStreamSerialization: the grid
  * may start before the previous kernel of the stream completes, which every instance allows for
  * by its griddepcontrol.wait before it touches what another kernel writes (templates/common/pdl.cuh).
  * Errors: MS_ERR_CUDA from the launch.
@@ -58,13 +58,15 @@ ms_status ms_cuda_device_arch(int device, int *arch, int *n_sms, ms_error *err);
 ms_status ms_cuda_launch_entry(const ms_cuda_module *m, int entry, unsigned gx, unsigned gy, unsigned gz,
                                unsigned threads, void *params, cudaStream_t stream, ms_error *err);
 
-/* Whether launches of m use programmatic dependent launch: on sm_90 or later, the decode
- * attention's (its prologue and L2 prefetch overlap the kernel before: +1 point of bandwidth in
- * bench_kernels), every kernel's with MS_CUDA_PDL=all, none with MS_CUDA_PDL=0 (read once).
+/* Whether launches of entry `entry` of m use programmatic dependent launch: on sm_90 or later,
+ * the decode attention's (its prologue and L2 prefetch overlap the kernel before: +1 point of
+ * bandwidth in bench_kernels) and the 16-bit GEMV's (misc/gemv.cuh: its first weight loads
+ * overlap the kernel before), every kernel's with MS_CUDA_PDL=all, the attention's alone with
+ * MS_CUDA_PDL=attn, none with MS_CUDA_PDL=0 (read once).
  * Every instance is safe either way (templates/common/pdl.cuh); for all kernels it was measured
  * and left off by default: an 8B Q4_0 decode at batch 1 ran 437 tok/s with it and 444 without
  * (docs/perf.md, 2026-12-02). */
-bool ms_cuda_pdl(const ms_cuda_module *m);
+bool ms_cuda_pdl(const ms_cuda_module *m, int entry);
 
 /* ---- launchers: each checks the module's op and the params, then launches ---- */
 
@@ -122,8 +124,17 @@ typedef enum ms_cuda_misc_entry {
     MS_CUDA_MISC_BIAS_ADD,       /* bias in the instance's dtype */
     MS_CUDA_MISC_BIAS_ADD_F32,   /* float bias */
     MS_CUDA_MISC_SELECT_ROWS,    /* out[r] = rows[r] == 0 ? a[r] : b[r] */
+    MS_CUDA_MISC_GEMV,           /* the decode GEMV over the instance's 16-bit weights */
     MS_CUDA_MISC_ENTRY_COUNT
 } ms_cuda_misc_entry;
+
+/* The decode GEMV of templates/misc/gemv.cuh: y [n, rows] (float) = T(x [n, in], float) W^T,
+ * W [rows, in] in the module's dtype (bf16 or f16). Grid: ceil(rows / MS_GEMV_ROWS) CTAs. Checks
+ * (MS_ERR_INVALID_ARG, naming the module): a 16-bit module; n in 1..MS_GEMV_MAX_COLS; rows, in >=
+ * 1; in, w_stride multiples of 8 and x_stride of 4 elements, w_stride >= in, x_stride >= in,
+ * y_stride >= rows (n > 1); w and x 16-byte aligned; pointers present. */
+ms_status ms_cuda_gemv_launch(const ms_cuda_module *m, const ms_gemv_params *p,
+                              cudaStream_t stream, ms_error *err);
 
 /* LayerNorm: grid (n_rows), one CTA per row. f32_weights picks the float-weight entry. Checks
  * dim >= 1, strides >= dim, eps >= 0, x / weight / out present. */

@@ -32,7 +32,7 @@ static const kernel_op_info op_info[MS_KERNEL_OP_COUNT] = {
     {"sample", "sample/sample.cuh", {"ms_sample", NULL}},
     {"misc", "misc/elementwise.cuh",
      {"ms_convert", "ms_add", "ms_gather_rows", "ms_layer_norm", "ms_layer_norm_f32", "ms_gelu",
-      "ms_im2col", "ms_im2col_f32", "ms_bias_add", "ms_bias_add_f32", "ms_select_rows"}},
+      "ms_im2col", "ms_im2col_f32", "ms_bias_add", "ms_bias_add_f32", "ms_select_rows", "ms_gemv"}},
     {"rmsnorm_heads", "norm/rmsnorm.cuh", {"ms_rmsnorm_heads", NULL}},
     {"attn_dense", "attn/dense.cuh", {"ms_attn_dense", NULL}},
     {"qmatmul", "quant/qmatmul.cuh",
@@ -377,8 +377,8 @@ static void emit(src_buf *b, const char *fmt, ...) {
 static const char *cbool(bool v) { return v ? "true" : "false"; }
 
 /* The first statements of every wrapper but ms_attn_decode's (whose template reads its index
- * arrays and prefetches K/V between the two) and ms_qgemv_<N>'s (its template, qmatmul.cuh qgemv,
- * starts with the same two): let the next kernel launch, then wait for the previous one
+ * arrays and prefetches K/V between the two), ms_gemv's (misc/gemv.cuh: its first weight loads
+ * between the two) and ms_qgemv_<N>'s (its template, qmatmul.cuh qgemv, starts with the same two): let the next kernel launch, then wait for the previous one
  * (common/pdl.cuh; no-ops below sm_90 and for grids launched without PDL). */
 #define PDL_PROLOGUE "    ms::pdl_launch_dependents();\n    ms::pdl_wait();\n"
 
@@ -524,7 +524,11 @@ static ms_status spec_body(const ms_kernel_spec *s, bool shape_macros, const cha
                  "    ms::bias_add<cfg::TA, float>(p);\n}\n\n"
                  "extern \"C\" __global__ void __launch_bounds__(MS_MISC_THREADS)\n"
                  "ms_select_rows(const ms_misc_params p) {\n" PDL_PROLOGUE
-                 "    ms::select_rows<cfg::TA>(p);\n}\n");
+                 "    ms::select_rows<cfg::TA>(p);\n}\n\n"
+                 /* the decode GEMV over T weights (misc/gemv.cuh): 2 CTAs of 8 warps per SM */
+                 "extern \"C\" __global__ void __launch_bounds__(MS_GEMV_THREADS, 2)\n"
+                 "ms_gemv(const ms_gemv_params p) {\n" /* the PDL calls are the template's */
+                 "    ms::gemv<cfg::T>(p);\n}\n");
         break;
     case MS_KERNEL_OP_QMATMUL:
         /* the integer entries (x rows up to MS_QGEMV_I8_MAX_COLS of an i8 type) are compiled for

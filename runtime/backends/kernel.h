@@ -30,7 +30,7 @@ extern "C" {
 
 #define MS_KERNEL_URI_MAX 128
 #define MS_KERNEL_MAX_ENTRIES 12 /* qmatmul: 10 GEMV widths + dequant + embed; misc: 3 helpers +
-                                    7 encoder entries + select_rows */
+                                    7 encoder entries + select_rows + gemv */
 
 /* ORDER MS_KERNEL_OP: keep the op table in kernel.c in sync. */
 typedef enum ms_kernel_op {

@@ -27,6 +27,10 @@
 #define MS_ARGMAX_THREADS 512        /* one CTA per row */
 #define MS_SAMPLE_THREADS 512        /* one CTA per row */
 #define MS_MISC_THREADS 256          /* grid-stride elementwise helpers */
+#define MS_GEMV_THREADS 256          /* 16-bit weight GEMV (misc/gemv.cuh): 8 warps split K */
+#define MS_GEMV_ROWS 16              /* output rows per CTA (one mma m16 tile) */
+#define MS_GEMV_MAX_COLS 8           /* x rows (the mma n8 operand) */
+#define MS_GEMV_UNROLL 2             /* 64-value K blocks a warp loads before its first mma */
 #define MS_ATTN_DENSE_THREADS 128    /* 4 warps, one (query row, head) each */
 
 /* Most M-RoPE position streams of rope_kv (the host's MS_ROPE_MAX_SECTIONS, backend.h). */
@@ -239,6 +243,20 @@ typedef struct ms_misc_params {
     int b_stride;
     int out_stride;
 } ms_misc_params;
+
+/* y[c, r] = sum_i T(x[c, i]) * w[r, i] for c < n (misc/gemv.cuh, the misc module's ms_gemv;
+ * T = the module's dtype, bf16 or f16). Strides in elements. */
+typedef struct ms_gemv_params {
+    const void *w; /* [rows, in] T, row stride w_stride (a multiple of 8), 16-byte aligned */
+    const void *x; /* [n, in] float, row stride x_stride (a multiple of 4), 16-byte aligned */
+    void *y;       /* [n, rows] float, row stride y_stride */
+    int rows;
+    int in;        /* a multiple of 8 */
+    int n;         /* 1..MS_GEMV_MAX_COLS */
+    int w_stride;
+    int x_stride;
+    int y_stride;
+} ms_gemv_params;
 
 /* ---- encoder helpers of the misc module (misc/encoder.cuh) ---- */
 

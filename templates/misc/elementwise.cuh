@@ -65,5 +65,7 @@ template <typename T> __device__ __forceinline__ void select_rows(const ms_misc_
 
 } // namespace ms
 
-// the encoder ops (LayerNorm, GELU, im2col, bias add) are entries of the same module
+// the encoder ops (LayerNorm, GELU, im2col, bias add) and the 16-bit weight GEMV are entries of
+// the same module
 #include "misc/encoder.cuh"
+#include "misc/gemv.cuh"
