@@ -690,6 +690,9 @@ static ms_status cu_linear(void *ctx, const ms_tensor *x, const ms_tensor *w,
     /* the handle is bound to c->stream once (cuda_setup): cublasSetStream here would reset the
        workspace set there to cuBLAS's own pool (cuBLAS docs, cublasSetStream) */
     const float one = 1.f, zero = 0.f;
+    /* the 16-bit GEMV's view of the operands (used when it fits, below) */
+    const ms_gemv_params gp = {w->data, x->data, y->data, (int)outd, (int)in, (int)n,
+                               (int)w->stride[0], (int)x->stride[0], (int)y->stride[0]};
     if (ms_dtype_is_quant(w->dtype)) {
         /* ggml blocks: GEMV for decode-sized n, dequantize + GEMM for prefill */
         ms_cuda_qweight q;
@@ -702,17 +705,13 @@ static ms_status cu_linear(void *ctx, const ms_tensor *x, const ms_tensor *w,
                                         x->data, CUDA_R_32F, (int)x->stride[0], &zero, y->data,
                                         CUDA_R_32F, (int)y->stride[0], CUBLAS_COMPUTE_32F,
                                         CUBLAS_GEMM_DEFAULT));
-    } else if (n <= c->gemv_max_n && in % 8 == 0 && w->stride[0] % 8 == 0 &&
-               x->stride[0] % 4 == 0 && ((uintptr_t)w->data & 15u) == 0 &&
-               ((uintptr_t)x->data & 15u) == 0) {
+    } else if (n <= c->gemv_max_n && ms_cuda_gemv_fits(&gp)) {
         /* decode sizes: one launch reading f32 x and the 16-bit rows (templates/misc/gemv.cuh),
            x rounded to the weight type as below, summed in another order than cuBLAS's */
         ms_kernel_spec s = ms_kernel_spec_simple(MS_KERNEL_OP_MISC, kdtype(w->dtype));
         s.act_dtype = MS_KERNEL_DTYPE_F32;
         ms_cuda_module *m;
         MS_TRY(get_module(c, &s, &m, err));
-        ms_gemv_params gp = {w->data, x->data, y->data, (int)outd, (int)in, (int)n,
-                             (int)w->stride[0], (int)x->stride[0], (int)y->stride[0]};
         MS_TRY(ms_cuda_gemv_launch(m, &gp, c->stream, err));
     } else {
         /* round x to the weight type, then bf16/f16 x bf16/f16 -> f32 */
@@ -1518,14 +1517,20 @@ static void cu_free(void *ctx) {
  * the kernels alone were even) */
 #define GEMV_MAX_N 4
 
-/* An integer from the environment within [lo, hi], else dflt (unset, empty or malformed). */
-static int env_int(const char *name, int lo, int hi, int dflt) {
+/* *out = the integer in environment variable `name` (dflt when unset or empty); a value that is
+ * not an integer in [lo, hi] is MS_ERR_INVALID_ARG naming the variable, never ignored. */
+static ms_status env_int(const char *name, int lo, int hi, int dflt, int *out, ms_error *err) {
     const char *v = getenv(name);
+    *out = dflt;
     if (v == NULL || v[0] == '\0')
-        return dflt;
+        return MS_OK;
     char *end;
     long n = strtol(v, &end, 10);
-    return *end == '\0' && n >= lo && n <= hi ? (int)n : dflt;
+    if (*end != '\0' || n < lo || n > hi)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "cuda backend: %s='%s' is not an integer in %d..%d",
+                       name, v, lo, hi);
+    *out = (int)n;
+    return MS_OK;
 }
 
 static ms_status cuda_setup(cuda_ctx *c, const ms_backend_cuda_options *opt, ms_error *err) {
@@ -1539,7 +1544,7 @@ static ms_status cuda_setup(cuda_ctx *c, const ms_backend_cuda_options *opt, ms_
        workspace": 32 MiB), set after the stream: GEMMs under graph capture allocate nothing */
     MS_CUDA_TRY(err, cudaMalloc(&c->cublas_ws, CUBLAS_WORKSPACE_BYTES));
     MS_CUBLAS_TRY(err, cublasSetWorkspace(c->cublas, c->cublas_ws, CUBLAS_WORKSPACE_BYTES));
-    c->gemv_max_n = env_int("MS_CUDA_GEMV", 0, MS_GEMV_MAX_COLS, GEMV_MAX_N);
+    MS_TRY(env_int("MS_CUDA_GEMV", 0, MS_GEMV_MAX_COLS, GEMV_MAX_N, &c->gemv_max_n, err));
     if (opt != NULL && opt->cache_dir != NULL) {
         c->cache_dir = ms_strdup(opt->cache_dir);
         if (c->cache_dir == NULL)

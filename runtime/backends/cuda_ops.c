@@ -402,20 +402,22 @@ ms_status ms_cuda_misc_launch(const ms_cuda_module *m, int which, const ms_misc_
     return launch(m, which, (unsigned)blocks, 1, 1, MS_MISC_THREADS, &copy, stream, err);
 }
 
+bool ms_cuda_gemv_fits(const ms_gemv_params *p) {
+    return p->n >= 1 && p->n <= MS_GEMV_MAX_COLS && p->rows >= 1 && p->in >= 1 && p->in % 8 == 0 &&
+           p->w_stride % 8 == 0 && p->x_stride % 4 == 0 && p->w_stride >= p->in &&
+           p->x_stride >= p->in && (p->n == 1 || p->y_stride >= p->rows) && p->w != NULL &&
+           p->x != NULL && p->y != NULL && aligned16(p->w) && aligned16(p->x);
+}
+
 ms_status ms_cuda_gemv_launch(const ms_cuda_module *m, const ms_gemv_params *p,
                               cudaStream_t stream, ms_error *err) {
+    /* the misc module exists for bf16 and f16 only (ms_kernel_spec_check) */
     MS_TRY(want_op(m, MS_KERNEL_OP_MISC, err));
-    if (m->spec.dtype == MS_KERNEL_DTYPE_F32)
-        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: the GEMV takes 16-bit weights", m->uri);
-    if (p->n < 1 || p->n > MS_GEMV_MAX_COLS || p->rows < 1 || p->in < 1 || p->in % 8 != 0 ||
-        p->w_stride % 8 != 0 || p->x_stride % 4 != 0 || p->w_stride < p->in ||
-        p->x_stride < p->in || (p->n > 1 && p->y_stride < p->rows))
+    if (!ms_cuda_gemv_fits(p))
         return MS_FAIL(err, MS_ERR_INVALID_ARG,
-                       "%s: gemv of %d x rows, %d x %d weights, strides w %d / x %d / y %d", m->uri,
-                       p->n, p->rows, p->in, p->w_stride, p->x_stride, p->y_stride);
-    if (p->w == NULL || p->x == NULL || p->y == NULL || !aligned16(p->w) || !aligned16(p->x))
-        return MS_FAIL(err, MS_ERR_INVALID_ARG,
-                       "%s: gemv needs w, x and y, w and x 16-byte aligned", m->uri);
+                       "%s: gemv of %d x rows, %d x %d weights, strides w %d / x %d / y %d (w, x, y "
+                       "present, w and x 16-byte aligned)",
+                       m->uri, p->n, p->rows, p->in, p->w_stride, p->x_stride, p->y_stride);
     ms_gemv_params copy = *p;
     return launch(m, MS_CUDA_MISC_GEMV, (unsigned)MS_CEIL_DIV(p->rows, MS_GEMV_ROWS), 1, 1,
                   MS_GEMV_THREADS, &copy, stream, err);

@@ -129,12 +129,15 @@ typedef enum ms_cuda_misc_entry {
 } ms_cuda_misc_entry;
 
 /* The decode GEMV of templates/misc/gemv.cuh: y [n, rows] (float) = T(x [n, in], float) W^T,
- * W [rows, in] in the module's dtype (bf16 or f16). Grid: ceil(rows / MS_GEMV_ROWS) CTAs. Checks
- * (MS_ERR_INVALID_ARG, naming the module): a 16-bit module; n in 1..MS_GEMV_MAX_COLS; rows, in >=
- * 1; in, w_stride multiples of 8 and x_stride of 4 elements, w_stride >= in, x_stride >= in,
- * y_stride >= rows (n > 1); w and x 16-byte aligned; pointers present. */
+ * W [rows, in] in the module's dtype (bf16 or f16). Grid: ceil(rows / MS_GEMV_ROWS) CTAs.
+ * MS_ERR_INVALID_ARG, naming the module, unless ms_cuda_gemv_fits(p). */
 ms_status ms_cuda_gemv_launch(const ms_cuda_module *m, const ms_gemv_params *p,
                               cudaStream_t stream, ms_error *err);
+/* Whether the GEMV takes p (cu_linear falls back to convert + cuBLAS otherwise): n in
+ * 1..MS_GEMV_MAX_COLS; rows, in >= 1; in and w_stride multiples of 8, x_stride of 4 elements;
+ * w_stride, x_stride >= in; y_stride >= rows when n > 1; w, x, y present, w and x 16-byte
+ * aligned. */
+bool ms_cuda_gemv_fits(const ms_gemv_params *p);
 
 /* LayerNorm: grid (n_rows), one CTA per row. f32_weights picks the float-weight entry. Checks
  * dim >= 1, strides >= dim, eps >= 0, x / weight / out present. */

@@ -377,9 +377,10 @@ static void emit(src_buf *b, const char *fmt, ...) {
 static const char *cbool(bool v) { return v ? "true" : "false"; }
 
 /* The first statements of every wrapper but ms_attn_decode's (whose template reads its index
- * arrays and prefetches K/V between the two), ms_gemv's (misc/gemv.cuh: its first weight loads
- * between the two) and ms_qgemv_<N>'s (its template, qmatmul.cuh qgemv, starts with the same two): let the next kernel launch, then wait for the previous one
- * (common/pdl.cuh; no-ops below sm_90 and for grids launched without PDL). */
+ * arrays and prefetches K/V between the two), ms_gemv's (misc/gemv.cuh: it prefetches its first
+ * weight lines between the two) and ms_qgemv_<N>'s (its template, qmatmul.cuh qgemv, starts with
+ * the same two): let the next kernel launch, then wait for the previous one (common/pdl.cuh;
+ * no-ops below sm_90 and for grids launched without PDL). */
 #define PDL_PROLOGUE "    ms::pdl_launch_dependents();\n    ms::pdl_wait();\n"
 
 /*
