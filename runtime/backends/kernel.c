@@ -444,7 +444,8 @@ static ms_status spec_body(const ms_kernel_spec *s, bool shape_macros, const cha
                  "cfg::kWindowed>(p);\n}\n");
         break;
     case MS_KERNEL_OP_ATTN_PREFILL:
-        emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_ATTN_PREFILL_THREADS)\n"
+        emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_ATTN_PREFILL_THREADS, "
+                 "MS_ATTN_PREFILL_MIN_CTAS)\n"
                  "ms_attn_prefill(const ms_attn_kernel_params p) {\n" PDL_PROLOGUE
                  "    ms::attn_prefill<cfg::TA, cfg::T, cfg::kHeadDim, cfg::kPageSize, cfg::kGroup, "
                  "cfg::kCausal, cfg::kWindowed>(p);\n}\n");

@@ -16,6 +16,7 @@
 #include "common/mma.cuh"
 #include "common/paged_kv.cuh"
 #include "common/params.h"
+#include "common/smem.cuh"
 #include "common/vec.cuh"
 
 namespace ms {
@@ -41,9 +42,12 @@ __device__ __forceinline__ void attn_prefill(const ms_attn_kernel_params &p) {
     __shared__ __align__(16) unsigned short sK[BK * LD];
     __shared__ __align__(16) unsigned short sV[BK * LD];
 
+    /* the list's tiles in reverse: a request's last tiles see the most keys (causal), so they
+       start first and the short ones fill the tail of the grid */
+    const int tile = gridDim.x - 1 - blockIdx.x;
     const int h = blockIdx.y;
-    const int b = p.tile_req[blockIdx.x];
-    const int row_base = p.tile_idx[blockIdx.x] * C::kRows;
+    const int b = p.tile_req[tile];
+    const int row_base = p.tile_idx[tile] * C::kRows;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int gid = lane >> 2, tig = lane & 3;
 
@@ -107,55 +111,95 @@ __device__ __forceinline__ void attn_prefill(const ms_attn_kernel_params &p) {
     float l[2] = {0.f, 0.f};
 
     paged_kv<const T, HD, PS> kv{static_cast<const T *>(p.kv), p.n_kv_heads};
+    const unsigned sK0 = smem_addr(sK), sV0 = smem_addr(sV);
+    /* the tile is below the diagonal and inside the window and the view for every row of the CTA:
+       no element needs the mask (the unmasked branch computes the same values) */
+    const int qpos_lo = qpos0 + tok_lo, qpos_hi = qpos0 + tok_hi;
 
-    for (int t0 = kbeg; t0 < kend; t0 += BK) {
-        /* ---- stage K and V of keys [t0, t0 + BK) ---- */
-        __syncthreads();
+    /* K (or V) rows of keys [t0, t0 + BK) into shared memory with cp.async; keys at or past kend
+       are zero-filled, never read from pages they do not belong to */
+    auto stage = [&](unsigned sbase, bool is_v, int t0) {
         for (int idx = tid; idx < BK * (HD / VEC); idx += NT) {
-            int key = idx / (HD / VEC), cc = idx % (HD / VEC);
-            int j = t0 + key;
-            uint4 kr = make_uint4(0u, 0u, 0u, 0u), vr = kr;
-            if (j < kend) {
-                int page = p.kv_indices[p0 + j / PS];
-                kr = *reinterpret_cast<const uint4 *>(kv.k_ptr(page, j % PS, h) + cc * VEC);
-                vr = *reinterpret_cast<const uint4 *>(kv.v_ptr(page, j % PS, h) + cc * VEC);
+            const int key = idx / (HD / VEC), cc = idx % (HD / VEC);
+            const int j = t0 + key;
+            const bool ok = j < kend;
+            const T *src = static_cast<const T *>(p.kv);
+            if (ok) {
+                const int page = p.kv_indices[p0 + j / PS];
+                src = (is_v ? kv.v_ptr(page, j % PS, h) : kv.k_ptr(page, j % PS, h)) + cc * VEC;
             }
-            *reinterpret_cast<uint4 *>(&sK[key * LD + cc * VEC]) = kr;
-            *reinterpret_cast<uint4 *>(&sV[key * LD + cc * VEC]) = vr;
+            cp_async16(sbase + (unsigned)(key * LD + cc * VEC) * 2u, src, ok);
         }
-        __syncthreads();
+        cp_async_commit();
+    };
+
+    /* FlashAttention-2's overlap with one buffer each: V of this tile loads during S = QK^T, K of
+       the next during O += PV. Fragments come from ldmatrix (common/smem.cuh); the mma sequence
+       and the softmax are those of the plain loop, so the sums are the same. */
+    if (kbeg < kend)
+        stage(sK0, false, kbeg);
+    for (int t0 = kbeg; t0 < kend; t0 += BK) {
+        cp_async_wait_all();
+        __syncthreads(); /* K[t0] visible; every warp is past the PV that read sV */
+        stage(sV0, true, t0);
 
         /* ---- S = Q K^T (16 rows x BK keys per warp) ---- */
         float s[BK / 8][4];
 #pragma unroll
         for (int n = 0; n < BK / 8; n++) {
             s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+            /* lane -> row (key n * 8 + lane % 8), column block lane / 8 of 8 dims */
+            const unsigned a = sK0 + (unsigned)((n * 8 + (lane & 7)) * LD + (lane >> 3) * 8) * 2u;
 #pragma unroll
-            for (int kk = 0; kk < HD / 16; kk++) {
-                const unsigned short *kr = &sK[(n * 8 + gid) * LD + kk * 16 + 2 * tig];
-                unsigned b0 = *reinterpret_cast<const unsigned *>(kr);
-                unsigned b1 = *reinterpret_cast<const unsigned *>(kr + 8);
-                mma_m16n8k16<T>::run(s[n], qa[kk], b0, b1);
+            for (int kk = 0; kk < HD / 16; kk += 2) {
+                unsigned b[4];
+                if (kk + 1 < HD / 16) {
+                    ldmatrix_x4(a + kk * 32u, b[0], b[1], b[2], b[3]);
+                } else {
+                    /* the last odd block: .x2 reads the addresses of lanes 0..15 only */
+                    ldmatrix_x2(a + kk * 32u, b[0], b[1]);
+                    b[2] = b[3] = 0u;
+                }
+                mma_m16n8k16<T>::run(s[n], qa[kk], b[0], b[1]);
+                if (kk + 1 < HD / 16)
+                    mma_m16n8k16<T>::run(s[n], qa[kk + 1], b[2], b[3]);
             }
         }
 
         /* ---- scale, mask, online softmax (rows gid and gid+8; a quad shares a row) ---- */
+        bool need_mask = t0 + BK > kend;
+        if (CAUSAL)
+            need_mask = need_mask || start + t0 + BK - 1 > qpos_lo;
+        if (WINDOWED)
+            need_mask = need_mask || start + t0 <= qpos_hi - p.window;
         float mx[2] = {neg_inf(), neg_inf()};
+        if (need_mask) {
 #pragma unroll
-        for (int n = 0; n < BK / 8; n++) {
+            for (int n = 0; n < BK / 8; n++) {
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int i = e >> 1;
-                const int j = t0 + n * 8 + 2 * tig + (e & 1);
-                const int kpos = start + j;
-                bool masked = j >= kend;
-                if (CAUSAL)
-                    masked = masked || kpos > qpos[i];
-                if (WINDOWED)
-                    masked = masked || kpos <= qpos[i] - p.window;
-                float v = masked ? neg_inf() : s[n][e] * scale;
-                s[n][e] = v;
-                mx[i] = fmaxf(mx[i], v);
+                for (int e = 0; e < 4; e++) {
+                    const int i = e >> 1;
+                    const int j = t0 + n * 8 + 2 * tig + (e & 1);
+                    const int kpos = start + j;
+                    bool masked = j >= kend;
+                    if (CAUSAL)
+                        masked = masked || kpos > qpos[i];
+                    if (WINDOWED)
+                        masked = masked || kpos <= qpos[i] - p.window;
+                    float v = masked ? neg_inf() : s[n][e] * scale;
+                    s[n][e] = v;
+                    mx[i] = fmaxf(mx[i], v);
+                }
+            }
+        } else {
+#pragma unroll
+            for (int n = 0; n < BK / 8; n++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    const float v = s[n][e] * scale;
+                    s[n][e] = v;
+                    mx[e >> 1] = fmaxf(mx[e >> 1], v);
+                }
             }
         }
         float alpha[2], muse[2];
@@ -187,6 +231,11 @@ __device__ __forceinline__ void attn_prefill(const ms_attn_kernel_params &p) {
             o[n][3] *= alpha[1];
         }
 
+        cp_async_wait_all();
+        __syncthreads(); /* V[t0] visible; every warp is done with sK */
+        if (t0 + BK < kend)
+            stage(sK0, false, t0 + BK);
+
         /* ---- O += P V ---- */
 #pragma unroll
         for (int kk = 0; kk < BK / 16; kk++) {
@@ -195,12 +244,16 @@ __device__ __forceinline__ void attn_prefill(const ms_attn_kernel_params &p) {
             pa[1] = pack2<T>(s[2 * kk][2], s[2 * kk][3]);
             pa[2] = pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]);
             pa[3] = pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-            const unsigned short *v0 = &sV[(kk * 16 + 2 * tig) * LD + gid];
+            /* lane -> row (key kk * 16 + (lane / 8 % 2) * 8 + lane % 8), dims block lane / 16 */
+            const unsigned a =
+                sV0 + (unsigned)((kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD +
+                                 (lane >> 4) * 8) * 2u;
 #pragma unroll
-            for (int n = 0; n < HD / 8; n++) {
-                unsigned b0 = pack2_raw(v0[n * 8], v0[LD + n * 8]);
-                unsigned b1 = pack2_raw(v0[8 * LD + n * 8], v0[9 * LD + n * 8]);
+            for (int n = 0; n < HD / 8; n += 2) {
+                unsigned b0, b1, b2, b3;
+                ldmatrix_x4_trans(a + n * 16u, b0, b1, b2, b3);
                 mma_m16n8k16<T>::run(o[n], pa, b0, b1);
+                mma_m16n8k16<T>::run(o[n + 1], pa, b2, b3);
             }
         }
     }
