@@ -136,7 +136,7 @@ typedef struct val {
 typedef enum okind {
     O_EMBED = 0, O_RMS_NORM, O_ADD_RMS_NORM, O_NORM_FIRST, O_LINEAR, O_SILU_MUL, O_ROPE_KV_WRITE,
     O_ROPE, O_KV_WRITE, O_ATTN, O_ADD, O_GATHER, O_LOOP_BEGIN, O_LOOP_END, O_LAYER_NORM, O_GELU,
-    O_CONV1D, O_CROSS_WRITE, O_CROSS_ATTN, O_ATTN_DENSE, O_SELECT
+    O_CONV1D, O_CROSS_WRITE, O_CROSS_ATTN, O_ATTN_DENSE, O_SELECT, O_SILU_MUL_LINEAR
 } okind;
 
 typedef struct op {
@@ -2775,6 +2775,37 @@ static void lower_body(gen *g, const ms_ptr_vec *body) {
         lower_stmt(g, body->items[i]);
 }
 
+/* ---- forward: linear(silu(a) * b, w) as one backend call ---- */
+
+/* A silu_mul whose product is a temporary read by the next op alone, a linear, becomes one
+   O_SILU_MUL_LINEAR (ms_backend_silu_mul_linear): in = {gate, up, product}, the linear's weight,
+   bias and output. The product buffer stays planned (the backend's default writes it); a backend
+   may compute the GEMM input without it (backend_cuda.c: straight in the weight's 16-bit type). */
+static void fuse_silu_mul_linear(gen *g) {
+    for (int i = 0; i + 1 < g->n_o; i++) {
+        op *o = &g->o[i], *l = &g->o[i + 1];
+        if (o->kind != O_SILU_MUL || l->kind != O_LINEAR || l->in[0] != o->out ||
+            l->out == g->logits || o->guarded != l->guarded || l->comment != NULL ||
+            g->v[o->out].bound)
+            continue;
+        bool read = false; /* by any op but the linear (a carried value, a later statement) */
+        for (int j = 0; j < g->n_o && !read; j++)
+            for (int k = 0; k < g->o[j].n_in && j != i + 1; k++)
+                read = read || (j != i && root_of(g, g->o[j].in[k]) == root_of(g, o->out));
+        if (read)
+            continue;
+        o->kind = O_SILU_MUL_LINEAR;
+        o->in[2] = o->out;
+        o->n_in = 3;
+        o->out = l->out;
+        o->w = l->w;
+        o->b = l->b;
+        o->note = l->note != NULL ? l->note : "fused: silu(a) * b into its linear (silu_mul_linear)";
+        memmove(l, l + 1, sizeof *l * (size_t)(g->n_o - i - 2));
+        g->n_o--;
+    }
+}
+
 /* ---- forward: buffer planning by liveness ---- */
 
 static void plan_buffers(gen *g) {
@@ -3206,6 +3237,20 @@ static void emit_forward(gen *g) {
             E("MS_TRY(f->silu_mul(cx, %s, %s, %s, err));", tref(g, o->in[0]), tref(g, o->in[1]),
               tref(g, o->out));
             break;
+        case O_SILU_MUL_LINEAR:
+            if (o->b >= 0) {
+                E("{");
+                E("    const ms_tensor *bias = %s;", wref(g, o->b));
+                E("    MS_TRY(ms_backend_silu_mul_linear(be, %s, %s, %s, %s,", tref(g, o->in[0]),
+                  tref(g, o->in[1]), tref(g, o->in[2]), W);
+                E("                                      bias->data != NULL ? bias : NULL, %s, err));",
+                  tref(g, o->out));
+                E("}");
+            } else {
+                E("MS_TRY(ms_backend_silu_mul_linear(be, %s, %s, %s, %s, NULL, %s, err));",
+                  tref(g, o->in[0]), tref(g, o->in[1]), tref(g, o->in[2]), W, tref(g, o->out));
+            }
+            break;
         case O_ROPE_KV_WRITE:
             E("MS_TRY(ms_backend_rope_kv_write(be, %s, %s, %s, a->positions, a->rope, a->kv, l,",
               tref(g, o->in[0]), tref(g, o->in[1]), tref(g, o->in[2]));
@@ -3492,6 +3537,7 @@ static void lower_node(gen *g, int ni) {
         fail_at(g, (g->codes < 0 ? g->codes_param : g->in_param)->name.loc,
                 "forward parameter '%s' is never read",
                 (g->codes < 0 ? g->codes_param : g->in_param)->name.name);
+    fuse_silu_mul_linear(g);
     plan_buffers(g);
 }
 
@@ -3878,7 +3924,7 @@ static void emit_kernel(gen *g, const kvariant *k, const char *file) {
 static int collect_quant_kernels(gen *g, kvariant *ks, int n, int cap) {
     bool linear = false;
     for (int i = 0; i < g->n_o && !linear; i++)
-        linear = g->o[i].kind == O_LINEAR;
+        linear = g->o[i].kind == O_LINEAR || g->o[i].kind == O_SILU_MUL_LINEAR;
     if (!linear)
         return n;
     static const int qtypes[] = {2, 3, 6, 8, 12, 13, 14}; /* Q4_0 Q4_1 Q5_0 Q8_0 Q4_K Q5_K Q6_K */
@@ -3948,6 +3994,7 @@ static int collect_kernels(gen *g, kvariant *ks, int n, int cap) {
                 kadd(g, ks, &n, cap, ms_kernel_spec_rmsnorm(dt, true), NULL);
             break;
         case O_SILU_MUL:
+        case O_SILU_MUL_LINEAR: /* its CUDA fused path is an entry of the misc module */
             kadd(g, ks, &n, cap, ms_kernel_spec_simple(MS_KERNEL_OP_SILU_MUL, MS_KERNEL_DTYPE_F32),
                  NULL);
             break;

@@ -190,6 +190,30 @@ static char *tiny_with(const char *from, const char *to) {
     return r;
 }
 
+/* linear(silu(a) * b, w) is one ms_backend_silu_mul_linear call when the product is a temporary
+   (tiny_gen.c, the golden); a product bound to a name (it could be read again) keeps silu_mul and
+   linear apart. */
+static void test_silu_mul_linear_fusion(void **state) {
+    (void)state;
+    char *src = tiny_with("                x = x + linear(silu(linear(h, blk.w1)) * linear(h, blk.w3), blk.w2);",
+                          "                g = silu(linear(h, blk.w1)) * linear(h, blk.w3);\n"
+                          "                x = x + linear(g, blk.w2);");
+    ms_compile *c = compile_text("named.mstar", src);
+    ms_strbuf out = {0};
+    ms_error err = {0};
+    if (ms_codegen_model_c(ms_compile_model(c), "named.mstar", &out, &err) != MS_OK)
+        fail_msg("%s", err.msg);
+    assert_non_null(strstr(out.data, "MS_TRY(f->silu_mul(cx, "));
+    assert_null(strstr(out.data, "ms_backend_silu_mul_linear"));
+    ms_strbuf_free(&out);
+    ms_compile_free(c);
+    ms_free(src);
+    char *want = read_file("tests/codegen/tiny_gen.c");
+    assert_non_null(strstr(want, "MS_TRY(ms_backend_silu_mul_linear(be, &t_w1, &t_w3, &t_w1, "));
+    assert_null(strstr(want, "f->silu_mul(cx, "));
+    ms_free(want);
+}
+
 static void test_unsupported_constructs(void **state) {
     (void)state;
     char *s = tiny_with("x = x + linear(silu(", "x = x + linear(gelu(");
@@ -226,6 +250,7 @@ int main(void) {
         ms_unit_test(test_emitter),
         ms_unit_test(test_tiny_golden_and_deterministic),
         ms_unit_test(test_allocation_failures),
+        ms_unit_test(test_silu_mul_linear_fusion),
         ms_unit_test(test_unsupported_constructs),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -1432,6 +1432,58 @@ static void test_gemv(void **state) {
     }
 }
 
+/* ms_convert (misc/elementwise.cuh), f32 -> bf16 / f16 as every 16-bit linear's input: bitwise
+ * equal to the host's round-to-nearest-even, on the 8-element path (columns and strides multiples
+ * of 8) and the element path (odd columns, odd strides, an offset pointer), with more rows than a
+ * grid's y dimension holds; the padding between rows stays poisoned (dalloc fills 0xff). */
+static void convert_case(ms_cuda_module *m, bool f16, int rows, int cols, int xs, int ys, int off) {
+    const size_t nx = (size_t)rows * (size_t)xs, ny = (size_t)rows * (size_t)ys + (size_t)off;
+    float *hx = malloc(nx * sizeof(float));
+    for (size_t i = 0; i < nx; i++) /* f16: k / 1024, exact (the placement is what is tested) */
+        hx[i] = f16 ? (float)(irand(4097) - 2048) / 1024.f : frand() * 1e3f;
+    dev_list l = {0};
+    void *dx = dup_h2d(&l, hx, nx * sizeof(float));
+    uint16_t *dy = dalloc(&l, ny * 2);
+    ms_misc_params p = {dx, NULL, dy + off, NULL, rows, cols, xs, 0, ys};
+    ms_error err = {0};
+    if (ms_cuda_misc_launch(m, 0, &p, 0, &err) != MS_OK)
+        fail_msg("convert launch: %s", err.msg);
+    sync_ok("convert");
+    uint16_t *got = malloc(ny * 2);
+    d2h(got, dy, ny * 2);
+    for (int i = 0; i < off; i++)
+        if (got[i] != 0xffffu)
+            fail_msg("convert: element %d before the output written", i);
+    for (int r = 0; r < rows; r++)
+        for (int c = 0; c < ys; c++) {
+            const uint16_t g = got[off + (size_t)r * ys + c];
+            const float v = hx[(size_t)r * xs + c < nx ? (size_t)r * xs + c : 0];
+            const uint16_t want = c >= cols ? 0xffffu : f16 ? f2h_exact(v) : f2bf(v);
+            if (g != want)
+                fail_msg("convert %s %d x %d (strides %d / %d, offset %d): [%d][%d] = 0x%04x, want "
+                         "0x%04x",
+                         f16 ? "f16" : "bf16", rows, cols, xs, ys, off, r, c, g, want);
+        }
+    dfree_all(&l);
+    free(hx);
+    free(got);
+}
+
+static void test_convert(void **state) {
+    (void)state;
+    for (int f = 0; f < 2; f++) {
+        ms_kernel_spec s = ms_kernel_spec_simple(MS_KERNEL_OP_MISC, f ? MS_KERNEL_DTYPE_F16 : MS_KERNEL_DTYPE_BF16);
+        s.act_dtype = MS_KERNEL_DTYPE_F32;
+        ms_cuda_module *m = load(s);
+        convert_case(m, f != 0, 37, 4096, 4096, 4096, 0);    /* vectors, 2 column blocks */
+        convert_case(m, f != 0, 5, 14336, 28672, 14344, 8);  /* a slice of gate/up, padded out */
+        convert_case(m, f != 0, 9, 37, 41, 39, 0);           /* elements */
+        convert_case(m, f != 0, 3, 64, 64, 64, 3);           /* vectors refused: offset output */
+        convert_case(m, f != 0, 70001, 8, 8, 10, 0);         /* rows past the grid's y */
+        ms_cuda_module_free(m);
+    }
+}
+
 static void test_gemv_rejects_bad_params(void **state) {
     (void)state;
     ms_kernel_spec s = ms_kernel_spec_simple(MS_KERNEL_OP_MISC, MS_KERNEL_DTYPE_BF16);
@@ -1506,6 +1558,7 @@ int main(void) {
         ms_unit_test(test_rmsnorm_heads),
         ms_unit_test(test_silu_mul),
         ms_unit_test(test_gemv),
+        ms_unit_test(test_convert),
         ms_unit_test(test_gemv_rejects_bad_params),
         ms_unit_test(test_argmax),
         ms_unit_test(test_sample),

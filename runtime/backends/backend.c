@@ -142,6 +142,15 @@ ms_status ms_backend_add_rms_norm(const ms_backend *b, ms_tensor *residual, cons
     return b->iface.rms_norm(b->ctx, residual, w, eps, out, err);
 }
 
+ms_status ms_backend_silu_mul_linear(const ms_backend *b, const ms_tensor *gate,
+                                     const ms_tensor *up, ms_tensor *tmp, const ms_tensor *w,
+                                     const ms_tensor *bias, ms_tensor *y, ms_error *err) {
+    if (b->iface.silu_mul_linear != NULL)
+        return b->iface.silu_mul_linear(b->ctx, gate, up, tmp, w, bias, y, err);
+    MS_TRY(b->iface.silu_mul(b->ctx, gate, up, tmp, err));
+    return b->iface.linear(b->ctx, tmp, w, bias, y, err);
+}
+
 ms_status ms_backend_rope_kv_write(const ms_backend *b, ms_tensor *q, ms_tensor *k,
                                    const ms_tensor *v, const ms_tensor *pos,
                                    const ms_rope_table *rope, const ms_paged_kv *kv, int32_t layer,

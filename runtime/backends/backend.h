@@ -55,6 +55,7 @@
  *     x + linear(...)                       -> add (or add_rms_norm with the next norm)
  *     silu(linear(h, g)) * linear(h, u)     -> ONE linear over [gate; up], then silu_mul on the
  *                                              two column halves
+ *     linear(silu(a) * b, w)                -> silu_mul_linear (the product a temporary)
  *     return linear(norm(x), lm_head)       -> gather_rows(batch->last_token) before lm_head when
  *                                              only the last token's logits are needed; then
  *                                              argmax or sample
@@ -540,6 +541,17 @@ typedef struct ms_backend_i {
      */
     ms_status (*silu_mul)(void *ctx, const ms_tensor *gate, const ms_tensor *up, ms_tensor *out,
                           ms_error *err);
+    /*
+     * SwiGLU followed by its projection (optional, default: silu_mul(gate, up, tmp), then
+     * linear(tmp, w, bias, y)): y = linear(silu(gate) * up, w, bias). gate, up [n, f] f32; tmp
+     * [n, f] f32 (may alias gate; a backend that never materialises the product in f32 may leave
+     * it unwritten: its contents afterwards are unspecified); w [out, f]; y [n, out] as linear.
+     * The CUDA backend writes the product straight in the GEMM's 16-bit input type (one kernel
+     * and one pass over the product less than silu_mul + linear's convert, the same bits).
+     */
+    ms_status (*silu_mul_linear)(void *ctx, const ms_tensor *gate, const ms_tensor *up,
+                                 ms_tensor *tmp, const ms_tensor *w, const ms_tensor *bias,
+                                 ms_tensor *y, ms_error *err);
     /* Elementwise out = a + b (residual add). a, b, out [n, d] f32; out may alias a or b. */
     ms_status (*add)(void *ctx, const ms_tensor *a, const ms_tensor *b, ms_tensor *out,
                      ms_error *err);
@@ -648,6 +660,11 @@ void ms_backend_free(ms_backend *b);
  * out). Errors: those of the entries called. */
 ms_status ms_backend_add_rms_norm(const ms_backend *b, ms_tensor *residual, const ms_tensor *x,
                                   const ms_tensor *w, float eps, ms_tensor *out, ms_error *err);
+/* iface.silu_mul_linear when set, else silu_mul(gate, up, tmp) then linear(tmp, w, bias, y).
+ * Errors: those of the entries called. */
+ms_status ms_backend_silu_mul_linear(const ms_backend *b, const ms_tensor *gate,
+                                     const ms_tensor *up, ms_tensor *tmp, const ms_tensor *w,
+                                     const ms_tensor *bias, ms_tensor *y, ms_error *err);
 /* iface.rope_kv_write when set, else rope(q, k, pos, rope) then kv_write(kv, layer, k, v,
  * batch). Errors: those of the entries called. */
 ms_status ms_backend_rope_kv_write(const ms_backend *b, ms_tensor *q, ms_tensor *k,

@@ -669,6 +669,22 @@ static ms_status misc_module(cuda_ctx *c, ms_cuda_module **m, ms_error *err) {
     return get_module(c, &s, m, err);
 }
 
+static ms_status linear_bias(cuda_ctx *c, const ms_tensor *bias, int64_t n, int64_t outd,
+                             ms_tensor *y, ms_error *err);
+
+/* y [n, outd] f32 = x16 W^T through cuBLAS, x16 [n, in] packed rows in w's 16-bit type (device
+   memory, e.g. c->scratch), f32 accumulation: the 16-bit linear above the GEMV's sizes. */
+static ms_status gemm16(cuda_ctx *c, const void *x16, int64_t n, int64_t in, const ms_tensor *w,
+                        ms_tensor *y, ms_error *err) {
+    const float one = 1.f, zero = 0.f;
+    const cudaDataType_t wt = w->dtype == MS_DTYPE_F16 ? CUDA_R_16F : CUDA_R_16BF;
+    MS_CUBLAS_TRY(err, cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->shape[0], (int)n,
+                                    (int)in, &one, w->data, wt, (int)w->stride[0], x16, wt,
+                                    (int)in, &zero, y->data, CUDA_R_32F, (int)y->stride[0],
+                                    CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    return MS_OK;
+}
+
 static ms_status cu_linear(void *ctx, const ms_tensor *x, const ms_tensor *w,
                            const ms_tensor *bias, ms_tensor *y, ms_error *err) {
     cuda_ctx *c = ctx;
@@ -724,13 +740,15 @@ static ms_status cu_linear(void *ctx, const ms_tensor *x, const ms_tensor *w,
         ms_misc_params cp = {x->data, NULL, c->scratch, NULL, (int)n, (int)in,
                              (int)x->stride[0], 0, (int)in};
         MS_TRY(ms_cuda_misc_launch(m, 0, &cp, c->stream, err));
-        cudaDataType_t wt = w->dtype == MS_DTYPE_F16 ? CUDA_R_16F : CUDA_R_16BF;
-        MS_CUBLAS_TRY(err, cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)outd, (int)n,
-                                        (int)in, &one, w->data, wt, (int)w->stride[0], c->scratch,
-                                        wt, (int)in, &zero, y->data, CUDA_R_32F,
-                                        (int)y->stride[0], CUBLAS_COMPUTE_32F,
-                                        CUBLAS_GEMM_DEFAULT));
+        MS_TRY(gemm16(c, c->scratch, n, in, w, y, err));
     }
+    return linear_bias(c, bias, n, outd, y, err);
+}
+
+/* y [n, outd] f32 += bias (f32, bf16 or f16) broadcast over the rows: the tail of every linear. */
+static ms_status linear_bias(cuda_ctx *c, const ms_tensor *bias, int64_t n, int64_t outd,
+                             ms_tensor *y, ms_error *err) {
+    const float one = 1.f;
     if (bias != NULL && bias->dtype != MS_DTYPE_F32) {
         /* a bf16 / f16 bias (a checkpoint's q/k/v biases stored with the weights): y += bias *
            ones^T as a k = 1 GEMM over 16-bit ones, accumulated in f32 */
@@ -1156,6 +1174,53 @@ static ms_status cu_silu_mul(void *ctx, const ms_tensor *gate, const ms_tensor *
                             (int)gate->shape[1], (int)gate->stride[0], (int)up->stride[0],
                             (int)out->stride[0]};
     return ms_cuda_silu_mul_launch(m, &p, c->stream, err);
+}
+
+/* linear(silu(gate) * up, w): where the linear would convert its input for cuBLAS (16-bit w, more
+   rows than the GEMV takes) the product is written once, in w's type, into the linear's scratch
+   (misc module's silu_mul_to: the same bits as silu_mul then convert) and the GEMM reads it; tmp
+   is left unwritten. Everything else (f32 or quantized w, the GEMV's sizes, shapes the vector
+   kernel refuses, bad arguments: their errors) is silu_mul into tmp and then linear. */
+static ms_status cu_silu_mul_linear(void *ctx, const ms_tensor *gate, const ms_tensor *up,
+                                    ms_tensor *tmp, const ms_tensor *w, const ms_tensor *bias,
+                                    ms_tensor *y, ms_error *err) {
+    cuda_ctx *c = ctx;
+    ms_error quiet = {0};
+    bool fused = check_t("silu_mul_linear", "gate", gate, 2, 2, DT_F32, &quiet) == MS_OK &&
+                 check_t("silu_mul_linear", "up", up, 2, 2, DT_F32, &quiet) == MS_OK &&
+                 check_t("silu_mul_linear", "w", w, 2, 2, DT_FLOATS, &quiet) == MS_OK &&
+                 check_t("silu_mul_linear", "y", y, 2, 2, DT_F32, &quiet) == MS_OK &&
+                 w->dtype != MS_DTYPE_F32;
+    if (fused) {
+        const int64_t n = gate->shape[0], f = gate->shape[1], outd = w->shape[0];
+        fused = n > 0 && up->shape[0] == n && up->shape[1] == f && w->shape[1] == f &&
+                y->shape[0] == n && y->shape[1] == outd && fits_int(n) && fits_int(f) &&
+                fits_int(outd) && fits_int(gate->stride[0]) && fits_int(up->stride[0]) &&
+                fits_int(w->stride[0]) && fits_int(y->stride[0]) && fits_int(n * f);
+        const ms_gemv_params gp = {w->data, gate->data, y->data, (int)outd, (int)f, (int)n,
+                                   (int)w->stride[0], (int)gate->stride[0], (int)y->stride[0]};
+        if (fused && n <= c->gemv_max_n && ms_cuda_gemv_fits(&gp))
+            fused = false; /* the GEMV reads the float product itself */
+    }
+    if (fused) {
+        const int64_t n = gate->shape[0], f = gate->shape[1];
+        ms_silu_mul_params sp = {gate->data, up->data, NULL, (int)n, (int)f,
+                                 (int)gate->stride[0], (int)up->stride[0], (int)f};
+        MS_TRY(ensure_device(c, &c->scratch, &c->scratch_bytes, (size_t)(n * f) * 2,
+                             "linear input scratch", err));
+        sp.out = c->scratch;
+        if (ms_cuda_silu_mul_to_fits(&sp)) {
+            ms_kernel_spec s = ms_kernel_spec_simple(MS_KERNEL_OP_MISC, kdtype(w->dtype));
+            s.act_dtype = MS_KERNEL_DTYPE_F32;
+            ms_cuda_module *m;
+            MS_TRY(get_module(c, &s, &m, err));
+            MS_TRY(ms_cuda_silu_mul_to_launch(m, &sp, c->stream, err));
+            MS_TRY(gemm16(c, c->scratch, n, f, w, y, err));
+            return linear_bias(c, bias, n, w->shape[0], y, err);
+        }
+    }
+    MS_TRY(cu_silu_mul(ctx, gate, up, tmp, err));
+    return cu_linear(ctx, tmp, w, bias, y, err);
 }
 
 static ms_status cu_add(void *ctx, const ms_tensor *a, const ms_tensor *b, ms_tensor *out,
@@ -1673,6 +1738,7 @@ ms_status ms_backend_cuda_init(ms_backend *out, const ms_backend_cuda_options *o
     f->attention = cu_attention;
     f->attention_dense = cu_attention_dense;
     f->silu_mul = cu_silu_mul;
+    f->silu_mul_linear = cu_silu_mul_linear;
     f->add = cu_add;
     f->gather_rows = cu_gather_rows;
     f->select_rows = cu_select_rows;

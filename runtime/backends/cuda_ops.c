@@ -394,11 +394,18 @@ ms_status ms_cuda_misc_launch(const ms_cuda_module *m, int which, const ms_misc_
         ((which == 2 || sel) && p->rows == NULL && p->n_rows > 0))
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: %d x %d with strides %d/%d/%d", m->uri,
                        p->n_rows, p->n_cols, p->a_stride, p->b_stride, p->out_stride);
+    ms_misc_params copy = *p;
+    if (which == 0) {
+        /* convert: x over 8-element column blocks, y over rows (elementwise.cuh convert) */
+        int64_t gx = MS_CEIL_DIV(MS_CEIL_DIV((int64_t)p->n_cols, 8), MS_MISC_THREADS);
+        int64_t gy = p->n_rows < 65535 ? p->n_rows : 65535;
+        return launch(m, which, (unsigned)(gx > 0 ? gx : 1), (unsigned)(gy > 0 ? gy : 1), 1,
+                      MS_MISC_THREADS, &copy, stream, err);
+    }
     int64_t total = (int64_t)p->n_rows * p->n_cols;
     int64_t blocks = MS_CEIL_DIV(total, MS_MISC_THREADS);
     if (blocks > 65536)
         blocks = 65536;
-    ms_misc_params copy = *p;
     return launch(m, which, (unsigned)blocks, 1, 1, MS_MISC_THREADS, &copy, stream, err);
 }
 
@@ -421,6 +428,32 @@ ms_status ms_cuda_gemv_launch(const ms_cuda_module *m, const ms_gemv_params *p,
     ms_gemv_params copy = *p;
     return launch(m, MS_CUDA_MISC_GEMV, (unsigned)MS_CEIL_DIV(p->rows, MS_GEMV_ROWS), 1, 1,
                   MS_GEMV_THREADS, &copy, stream, err);
+}
+
+bool ms_cuda_silu_mul_to_fits(const ms_silu_mul_params *p) {
+    return p->n_rows >= 0 && p->inter >= 8 && p->inter % 8 == 0 && p->gate_stride % 8 == 0 &&
+           p->up_stride % 8 == 0 && p->out_stride % 8 == 0 && p->gate_stride >= p->inter &&
+           p->up_stride >= p->inter && p->out_stride >= p->inter && p->gate != NULL &&
+           p->up != NULL && p->out != NULL && aligned16(p->gate) && aligned16(p->up) &&
+           aligned16(p->out);
+}
+
+ms_status ms_cuda_silu_mul_to_launch(const ms_cuda_module *m, const ms_silu_mul_params *p,
+                                     cudaStream_t stream, ms_error *err) {
+    MS_TRY(want_op(m, MS_KERNEL_OP_MISC, err));
+    if (!ms_cuda_silu_mul_to_fits(p))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "%s: silu_mul_to of %d rows x %d, strides %d/%d/%d (multiples of 8, rows "
+                       "16-byte aligned)",
+                       m->uri, p->n_rows, p->inter, p->gate_stride, p->up_stride, p->out_stride);
+    int64_t blocks = MS_CEIL_DIV((int64_t)p->n_rows * (p->inter / 8), MS_SILU_MUL_THREADS);
+    if (blocks > 65536)
+        blocks = 65536; /* grid-stride loop covers the rest */
+    if (blocks < 1)
+        blocks = 1;
+    ms_silu_mul_params copy = *p;
+    return launch(m, MS_CUDA_MISC_SILU_MUL_TO, (unsigned)blocks, 1, 1, MS_SILU_MUL_THREADS, &copy,
+                  stream, err);
 }
 
 /* ---- encoder helpers of the misc module ---- */

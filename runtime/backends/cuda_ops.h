@@ -125,6 +125,7 @@ typedef enum ms_cuda_misc_entry {
     MS_CUDA_MISC_BIAS_ADD_F32,   /* float bias */
     MS_CUDA_MISC_SELECT_ROWS,    /* out[r] = rows[r] == 0 ? a[r] : b[r] */
     MS_CUDA_MISC_GEMV,           /* the decode GEMV over the instance's 16-bit weights */
+    MS_CUDA_MISC_SILU_MUL_TO,    /* silu(gate) * up of float rows into the instance's dtype */
     MS_CUDA_MISC_ENTRY_COUNT
 } ms_cuda_misc_entry;
 
@@ -138,6 +139,16 @@ ms_status ms_cuda_gemv_launch(const ms_cuda_module *m, const ms_gemv_params *p,
  * w_stride, x_stride >= in; y_stride >= rows when n > 1; w, x, y present, w and x 16-byte
  * aligned. */
 bool ms_cuda_gemv_fits(const ms_gemv_params *p);
+
+/* Whether ms_cuda_silu_mul_to_launch takes p: inter >= 8 and inter and the three strides multiples
+ * of 8 elements, strides >= inter, gate / up / out present and 16-byte aligned, rows >= 0. */
+bool ms_cuda_silu_mul_to_fits(const ms_silu_mul_params *p);
+/* out [n_rows, inter] (the module's dtype, bf16 or f16) = silu(gate) * up, gate / up float rows
+ * (templates/act/silu_mul.cuh silu_mul_to: the down projection's GEMM input written directly,
+ * bitwise what silu_mul over float and then convert give). out must not overlap gate or up.
+ * MS_ERR_INVALID_ARG, naming the module, unless ms_cuda_silu_mul_to_fits(p). */
+ms_status ms_cuda_silu_mul_to_launch(const ms_cuda_module *m, const ms_silu_mul_params *p,
+                                     cudaStream_t stream, ms_error *err);
 
 /* LayerNorm: grid (n_rows), one CTA per row. f32_weights picks the float-weight entry. Checks
  * dim >= 1, strides >= dim, eps >= 0, x / weight / out present. */

@@ -32,7 +32,8 @@ static const kernel_op_info op_info[MS_KERNEL_OP_COUNT] = {
     {"sample", "sample/sample.cuh", {"ms_sample", NULL}},
     {"misc", "misc/elementwise.cuh",
      {"ms_convert", "ms_add", "ms_gather_rows", "ms_layer_norm", "ms_layer_norm_f32", "ms_gelu",
-      "ms_im2col", "ms_im2col_f32", "ms_bias_add", "ms_bias_add_f32", "ms_select_rows", "ms_gemv"}},
+      "ms_im2col", "ms_im2col_f32", "ms_bias_add", "ms_bias_add_f32", "ms_select_rows", "ms_gemv",
+      "ms_silu_mul_to"}},
     {"rmsnorm_heads", "norm/rmsnorm.cuh", {"ms_rmsnorm_heads", NULL}},
     {"attn_dense", "attn/dense.cuh", {"ms_attn_dense", NULL}},
     {"qmatmul", "quant/qmatmul.cuh",
@@ -530,7 +531,11 @@ static ms_status spec_body(const ms_kernel_spec *s, bool shape_macros, const cha
                  /* the decode GEMV over T weights (misc/gemv.cuh): 2 CTAs of 8 warps per SM */
                  "extern \"C\" __global__ void __launch_bounds__(MS_GEMV_THREADS, 2)\n"
                  "ms_gemv(const ms_gemv_params p) {\n" /* the PDL calls are the template's */
-                 "    ms::gemv<cfg::T>(p);\n}\n");
+                 "    ms::gemv<cfg::T>(p);\n}\n\n"
+                 /* SiLU-and-multiply of float gate/up into the GEMM input type (act/silu_mul.cuh) */
+                 "extern \"C\" __global__ void __launch_bounds__(MS_SILU_MUL_THREADS)\n"
+                 "ms_silu_mul_to(const ms_silu_mul_params p) {\n" PDL_PROLOGUE
+                 "    ms::silu_mul_to<cfg::TA, cfg::T>(p);\n}\n");
         break;
     case MS_KERNEL_OP_QMATMUL:
         /* the integer entries (x rows up to MS_QGEMV_I8_MAX_COLS of an i8 type) are compiled for

@@ -29,8 +29,8 @@ extern "C" {
 #endif
 
 #define MS_KERNEL_URI_MAX 128
-#define MS_KERNEL_MAX_ENTRIES 12 /* qmatmul: 10 GEMV widths + dequant + embed; misc: 3 helpers +
-                                    7 encoder entries + select_rows + gemv */
+#define MS_KERNEL_MAX_ENTRIES 13 /* misc: 3 helpers + 7 encoder entries + select_rows + gemv +
+                                    silu_mul_to; qmatmul: 10 GEMV widths + dequant + embed */
 
 /* ORDER MS_KERNEL_OP: keep the op table in kernel.c in sync. */
 typedef enum ms_kernel_op {

@@ -32,4 +32,30 @@ template <typename T> __device__ __forceinline__ void silu_mul(const ms_silu_mul
     }
 }
 
+/// TI: input type (float), TO: output type (bf16 / f16, the down projection's GEMM input). The
+/// SiLU-and-multiply written straight in the type the GEMM reads (backend_cuda.c
+/// cu_silu_mul_linear), instead of silu_mul<float> and then the linear's convert: the same
+/// expression per element, rounded once, so the GEMM sees the bits the two kernels gave. 8
+/// elements a thread; out must not alias gate or up (it is narrower).
+template <typename TI, typename TO>
+__device__ __forceinline__ void silu_mul_to(const ms_silu_mul_params &p) {
+    constexpr int V = 8;
+    const int per_row = p.inter / V;
+    const long long total = (long long)p.n_rows * per_row;
+    const TI *gate = static_cast<const TI *>(p.gate), *up = static_cast<const TI *>(p.up);
+    TO *out = static_cast<TO *>(p.out);
+    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        const long long r = idx / per_row;
+        const int c = (int)(idx % per_row) * V;
+        float g[V], u[V];
+        load_n<TI, V>(gate + r * p.gate_stride + c, g);
+        load_n<TI, V>(up + r * p.up_stride + c, u);
+#pragma unroll
+        for (int e = 0; e < V; e++)
+            g[e] = g[e] / (1.f + __expf(-g[e])) * u[e];
+        store_n<TO, V>(out + r * p.out_stride + c, g);
+    }
+}
+
 } // namespace ms

@@ -546,8 +546,8 @@ static ms_status plain_dec_forward(const ms_md_forward_args *a, ms_error *err) {
         /* x = r + linear(silu(linear(r, blk.gate)) * linear(r, blk.up), blk.down) */
         /* fused: 2 linears over r side by side run as one GEMM over h.gate+up */
         MS_TRY(f->linear(cx, &t_r, ms_md_weight_get(a, W_H_GATE_UP, l), NULL, &t_gate_up, err));
-        MS_TRY(f->silu_mul(cx, &t_gate, &t_up, &t_gate, err));
-        MS_TRY(f->linear(cx, &t_gate, ms_md_weight_get(a, W_H_DOWN, l), NULL, &t_y, err));
+        /* fused: silu(a) * b into its linear (silu_mul_linear) */
+        MS_TRY(ms_backend_silu_mul_linear(be, &t_gate, &t_up, &t_gate, ms_md_weight_get(a, W_H_DOWN, l), NULL, &t_y, err));
         MS_TRY(f->add(cx, &t_r, &t_y, &t_x, err));
     }
 

@@ -1091,8 +1091,8 @@ static ms_status talker_talker_forward(const ms_md_forward_args *a, ms_error *er
         /* x = x + linear(silu(linear(h, l.w_gate)) * linear(h, l.w_up), l.w_down) */
         /* fused: 2 linears over h side by side run as one GEMM over layers.w_gate+w_up */
         MS_TRY(f->linear(cx, &t_h, ms_md_weight_get(a, W_LAYERS_W_GATE_W_UP, l), NULL, &t_w_gate_w_up, err));
-        MS_TRY(f->silu_mul(cx, &t_w_gate, &t_w_up, &t_w_gate, err));
-        MS_TRY(f->linear(cx, &t_w_gate, ms_md_weight_get(a, W_LAYERS_W_DOWN, l), NULL, &t_h, err));
+        /* fused: silu(a) * b into its linear (silu_mul_linear) */
+        MS_TRY(ms_backend_silu_mul_linear(be, &t_w_gate, &t_w_up, &t_w_gate, ms_md_weight_get(a, W_LAYERS_W_DOWN, l), NULL, &t_h, err));
     }
 
     /* return linear(rms_norm(x, final_norm, rms_norm_eps), lm_head) */
@@ -1255,8 +1255,8 @@ static ms_status talker_code_predictor_forward(const ms_md_forward_args *a, ms_e
         /* x = x + linear(silu(linear(h, l.w_gate)) * linear(h, l.w_up), l.w_down) */
         /* fused: 2 linears over h side by side run as one GEMM over cp.w_gate+w_up */
         MS_TRY(f->linear(cx, &t_tmp, ms_md_weight_get(a, W_CP_W_GATE_W_UP, l), NULL, &t_w_gate_w_up, err));
-        MS_TRY(f->silu_mul(cx, &t_w_gate, &t_w_up, &t_w_gate, err));
-        MS_TRY(f->linear(cx, &t_w_gate, ms_md_weight_get(a, W_CP_W_DOWN, l), NULL, &t_tmp, err));
+        /* fused: silu(a) * b into its linear (silu_mul_linear) */
+        MS_TRY(ms_backend_silu_mul_linear(be, &t_w_gate, &t_w_up, &t_w_gate, ms_md_weight_get(a, W_CP_W_DOWN, l), NULL, &t_tmp, err));
     }
     MS_TRY(f->add(cx, &t_x2, &t_tmp, &t_x2, err));
 

@@ -621,8 +621,8 @@ static ms_status tiny_lm_forward(const ms_md_forward_args *a, ms_error *err) {
         /* x = x + linear(silu(linear(h, blk.w1)) * linear(h, blk.w3), blk.w2) */
         /* fused: 2 linears over h side by side run as one GEMM over blocks.w1+w3 */
         MS_TRY(f->linear(cx, &t_h2, ms_md_weight_get(a, W_BLOCKS_W1_W3, l), NULL, &t_w1_w3, err));
-        MS_TRY(f->silu_mul(cx, &t_w1, &t_w3, &t_w1, err));
-        MS_TRY(f->linear(cx, &t_w1, ms_md_weight_get(a, W_BLOCKS_W2, l), NULL, &t_h2, err));
+        /* fused: silu(a) * b into its linear (silu_mul_linear) */
+        MS_TRY(ms_backend_silu_mul_linear(be, &t_w1, &t_w3, &t_w1, ms_md_weight_get(a, W_BLOCKS_W2, l), NULL, &t_h2, err));
     }
 
     /* return linear(rms_norm(x, norm, eps), out) */
