@@ -136,7 +136,8 @@ typedef struct val {
 typedef enum okind {
     O_EMBED = 0, O_RMS_NORM, O_ADD_RMS_NORM, O_NORM_FIRST, O_LINEAR, O_SILU_MUL, O_ROPE_KV_WRITE,
     O_ROPE, O_KV_WRITE, O_ATTN, O_ADD, O_GATHER, O_LOOP_BEGIN, O_LOOP_END, O_LAYER_NORM, O_GELU,
-    O_CONV1D, O_CROSS_WRITE, O_CROSS_ATTN, O_ATTN_DENSE, O_SELECT, O_SILU_MUL_LINEAR
+    O_CONV1D, O_CROSS_WRITE, O_CROSS_ATTN, O_ATTN_DENSE, O_SELECT, O_SILU_MUL_LINEAR,
+    O_NORM_LINEAR
 } okind;
 
 typedef struct op {
@@ -144,6 +145,8 @@ typedef struct op {
     int in[4];          /* values read */
     int n_in;
     int out;            /* value written, -1 */
+    int out2;           /* SILU_MUL_LINEAR / NORM_LINEAR: the intermediate it writes unless the
+                           backend fuses it away (the product, the norm), -1 */
     int w, b;           /* weight entries, -1 */
     const char *eps;
     const char *comment;  /* source statement */
@@ -155,6 +158,9 @@ typedef struct op {
                              expression of the one member's index (over a->frame_slot), or NULL */
     const char *group;    /* LOOP_BEGIN with at: the group's name (for the range error) */
     bool guarded;         /* runs only when the step brings input rows (A > 0) */
+    okind norm;           /* NORM_LINEAR: the norm it was (RMS_NORM, ADD_RMS_NORM, NORM_FIRST) */
+    const char *comment2, *note2; /* NORM_LINEAR: the linear's statement and fusion notes */
+    int lw;               /* NORM_LINEAR: the linear's weight entry (w is the norm's) */
 } op;
 
 typedef struct slot {
@@ -1927,7 +1933,7 @@ static op *new_op(gen *g, okind k) {
     op *o = &g->o[g->n_o++];
     memset(o, 0, sizeof *o);
     o->kind = k;
-    o->out = -1;
+    o->out = o->out2 = -1;
     o->w = o->b = -1;
     o->guarded = g->guard;
     if (!g->stmt_used && k != O_LOOP_BEGIN && k != O_LOOP_END) {
@@ -2778,9 +2784,47 @@ static void lower_body(gen *g, const ms_ptr_vec *body) {
 /* ---- forward: linear(silu(a) * b, w) as one backend call ---- */
 
 /* A silu_mul whose product is a temporary read by the next op alone, a linear, becomes one
-   O_SILU_MUL_LINEAR (ms_backend_silu_mul_linear): in = {gate, up, product}, the linear's weight,
-   bias and output. The product buffer stays planned (the backend's default writes it); a backend
-   may compute the GEMM input without it (backend_cuda.c: straight in the weight's 16-bit type). */
+   O_SILU_MUL_LINEAR (ms_backend_silu_mul_linear): in = {gate, up}, the product as out2, the
+   linear's weight, bias and output. The product buffer stays planned (the backend's default
+   writes it); a backend may compute the GEMM input without it (backend_cuda.c: straight in the
+   weight's 16-bit type). */
+/* Whether value x is read by an op other than ops i and j (root values: views count). */
+static bool read_elsewhere(gen *g, int x, int i, int j) {
+    for (int q = 0; q < g->n_o; q++)
+        if (q != i && q != j)
+            for (int k = 0; k < g->o[q].n_in; k++)
+                if (root_of(g, g->o[q].in[k]) == root_of(g, x))
+                    return true;
+    return false;
+}
+
+/* An RMSNorm (plain, after the residual add, or the layer loop's first-or-add form) whose output
+   the next op alone reads, a linear, becomes one O_NORM_LINEAR (ms_backend_rms_norm_linear): the
+   norm's inputs and weight, its output h as out2 (still planned: the backend's default writes
+   it), the linear's weight (lw), bias and output. A 2-D norm only (a per-head norm feeds RoPE). */
+static void fuse_norm_linear(gen *g) {
+    for (int i = 0; i + 1 < g->n_o; i++) {
+        op *o = &g->o[i], *l = &g->o[i + 1];
+        if ((o->kind != O_RMS_NORM && o->kind != O_ADD_RMS_NORM && o->kind != O_NORM_FIRST) ||
+            l->kind != O_LINEAR || l->in[0] != o->out || l->out == g->logits ||
+            o->guarded != l->guarded || g->v[o->out].kind != V_BUF ||
+            (o->kind == O_RMS_NORM && g->v[o->in[0]].kind == V_HEADS) ||
+            read_elsewhere(g, o->out, i, i + 1))
+            continue;
+        o->norm = o->kind;
+        o->kind = O_NORM_LINEAR;
+        o->out2 = o->out; /* h */
+        o->out = l->out;
+        o->lw = l->w;
+        o->b = l->b;
+        o->comment2 = l->comment;
+        o->note2 = S("%s%sfused: the norm written as this linear's input (rms_norm_linear)",
+                     l->note != NULL ? l->note : "", l->note != NULL ? "; " : "");
+        memmove(l, l + 1, sizeof *l * (size_t)(g->n_o - i - 2));
+        g->n_o--;
+    }
+}
+
 static void fuse_silu_mul_linear(gen *g) {
     for (int i = 0; i + 1 < g->n_o; i++) {
         op *o = &g->o[i], *l = &g->o[i + 1];
@@ -2795,8 +2839,7 @@ static void fuse_silu_mul_linear(gen *g) {
         if (read)
             continue;
         o->kind = O_SILU_MUL_LINEAR;
-        o->in[2] = o->out;
-        o->n_in = 3;
+        o->out2 = o->out;
         o->out = l->out;
         o->w = l->w;
         o->b = l->b;
@@ -2825,7 +2868,7 @@ static void plan_buffers(gen *g) {
         int def = -1, last = -1;
         for (int i = 0; i < g->n_o; i++) {
             const op *o = &g->o[i];
-            bool w = root_of(g, o->out) == x, r = false;
+            bool w = root_of(g, o->out) == x || root_of(g, o->out2) == x, r = false;
             for (int k = 0; k < o->n_in; k++)
                 r = r || root_of(g, o->in[k]) == x;
             if (w && def < 0)
@@ -3128,6 +3171,10 @@ static void emit_forward(gen *g) {
             E("/* %s */", o->comment);
         if (o->note != NULL)
             E("/* %s */", o->note);
+        if (o->comment2 != NULL)
+            E("/* %s */", o->comment2);
+        if (o->note2 != NULL)
+            E("/* %s */", o->note2);
         const char *W = o->w >= 0 ? wref(g, o->w) : NULL;
         switch (o->kind) {
         case O_LOOP_BEGIN:
@@ -3237,18 +3284,48 @@ static void emit_forward(gen *g) {
             E("MS_TRY(f->silu_mul(cx, %s, %s, %s, err));", tref(g, o->in[0]), tref(g, o->in[1]),
               tref(g, o->out));
             break;
+        case O_NORM_LINEAR: {
+            /* in: x (RMS_NORM), or residual and addend (ADD_RMS_NORM, NORM_FIRST); out2: h */
+            const char *LW = wref(g, o->lw), *h = tref(g, o->out2);
+            const char *bias = "NULL";
+            if (o->b >= 0) {
+                E("{");
+                g->cg.indent++;
+                E("const ms_tensor *bias = %s;", wref(g, o->b));
+                bias = "bias->data != NULL ? bias : NULL";
+            }
+            if (o->norm == O_RMS_NORM) {
+                E("MS_TRY(ms_backend_rms_norm_linear(be, NULL, %s, %s, %s, %s, %s, %s, %s, err));",
+                  tref(g, o->in[0]), W, o->eps, h, LW, bias, tref(g, o->out));
+            } else if (o->norm == O_ADD_RMS_NORM) {
+                E("MS_TRY(ms_backend_rms_norm_linear(be, %s, %s, %s, %s, %s, %s, %s, %s, err));",
+                  tref(g, o->in[0]), tref(g, o->in[1]), W, o->eps, h, LW, bias, tref(g, o->out));
+            } else {
+                E("if (l == 0)");
+                E("    MS_TRY(ms_backend_rms_norm_linear(be, NULL, %s, %s, %s, %s, %s, %s, %s, err));",
+                  tref(g, o->in[0]), W, o->eps, h, LW, bias, tref(g, o->out));
+                E("else");
+                E("    MS_TRY(ms_backend_rms_norm_linear(be, %s, %s, %s, %s, %s, %s, %s, %s, err));",
+                  tref(g, o->in[0]), tref(g, o->in[1]), W, o->eps, h, LW, bias, tref(g, o->out));
+            }
+            if (o->b >= 0) {
+                g->cg.indent--;
+                E("}");
+            }
+            break;
+        }
         case O_SILU_MUL_LINEAR:
             if (o->b >= 0) {
                 E("{");
                 E("    const ms_tensor *bias = %s;", wref(g, o->b));
                 E("    MS_TRY(ms_backend_silu_mul_linear(be, %s, %s, %s, %s,", tref(g, o->in[0]),
-                  tref(g, o->in[1]), tref(g, o->in[2]), W);
+                  tref(g, o->in[1]), tref(g, o->out2), W);
                 E("                                      bias->data != NULL ? bias : NULL, %s, err));",
                   tref(g, o->out));
                 E("}");
             } else {
                 E("MS_TRY(ms_backend_silu_mul_linear(be, %s, %s, %s, %s, NULL, %s, err));",
-                  tref(g, o->in[0]), tref(g, o->in[1]), tref(g, o->in[2]), W, tref(g, o->out));
+                  tref(g, o->in[0]), tref(g, o->in[1]), tref(g, o->out2), W, tref(g, o->out));
             }
             break;
         case O_ROPE_KV_WRITE:
@@ -3538,6 +3615,7 @@ static void lower_node(gen *g, int ni) {
                 "forward parameter '%s' is never read",
                 (g->codes < 0 ? g->codes_param : g->in_param)->name.name);
     fuse_silu_mul_linear(g);
+    fuse_norm_linear(g);
     plan_buffers(g);
 }
 
@@ -3924,7 +4002,8 @@ static void emit_kernel(gen *g, const kvariant *k, const char *file) {
 static int collect_quant_kernels(gen *g, kvariant *ks, int n, int cap) {
     bool linear = false;
     for (int i = 0; i < g->n_o && !linear; i++)
-        linear = g->o[i].kind == O_LINEAR || g->o[i].kind == O_SILU_MUL_LINEAR;
+        linear = g->o[i].kind == O_LINEAR || g->o[i].kind == O_SILU_MUL_LINEAR ||
+                 g->o[i].kind == O_NORM_LINEAR;
     if (!linear)
         return n;
     static const int qtypes[] = {2, 3, 6, 8, 12, 13, 14}; /* Q4_0 Q4_1 Q5_0 Q8_0 Q4_K Q5_K Q6_K */
@@ -3984,15 +4063,19 @@ static int collect_kernels(gen *g, kvariant *ks, int n, int cap) {
         case O_RMS_NORM:
         case O_ADD_RMS_NORM:
         case O_NORM_FIRST:
+        case O_NORM_LINEAR: {
             /* an rms_norm of a [T, heads, head_dim] view (head_rms_norm: Qwen3 q_norm / k_norm)
-               runs the per-head kernel (backend_cuda.c: rms_norm of a 3-D tensor) */
-            if (o->kind == O_RMS_NORM && g->v[o->in[0]].kind == V_HEADS)
+               runs the per-head kernel (backend_cuda.c: rms_norm of a 3-D tensor); a fused
+               norm's entries (rmsnorm_bf16 / _f16) are in the same instances */
+            const okind k = o->kind == O_NORM_LINEAR ? o->norm : o->kind;
+            if (k == O_RMS_NORM && g->v[o->in[0]].kind == V_HEADS)
                 kadd(g, ks, &n, cap, ms_kernel_spec_rmsnorm_heads(dt, hd), NULL);
-            else if (o->kind != O_ADD_RMS_NORM)
+            else if (k != O_ADD_RMS_NORM)
                 kadd(g, ks, &n, cap, ms_kernel_spec_rmsnorm(dt, false), NULL);
-            if (o->kind != O_RMS_NORM)
+            if (k != O_RMS_NORM)
                 kadd(g, ks, &n, cap, ms_kernel_spec_rmsnorm(dt, true), NULL);
             break;
+        }
         case O_SILU_MUL:
         case O_SILU_MUL_LINEAR: /* its CUDA fused path is an entry of the misc module */
             kadd(g, ks, &n, cap, ms_kernel_spec_simple(MS_KERNEL_OP_SILU_MUL, MS_KERNEL_DTYPE_F32),

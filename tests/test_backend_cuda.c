@@ -188,6 +188,93 @@ static void test_silu_mul_linear(void **state) {
     free(hb);
 }
 
+/* ms_backend_rms_norm_linear on the GPU against its own norm then linear (bitwise: the fused path
+ * writes the norm straight in bf16, the bits the f32 norm and the linear's convert give, and runs
+ * the same GEMM; the residual after the add bitwise too), and against the CPU (1e-2): plain and
+ * after the residual add, with and without a bf16 bias, at 1 and 3 rows (the GEMV's sizes: the
+ * unfused path) and 6 and 37, y a column slice. */
+static void test_rms_norm_linear(void **state) {
+    (void)state;
+    ms_error err = {0};
+    const int d = 512, out = 320, ys = 336, nmax = 37;
+    float *hx = rand_host((size_t)nmax * d, 2.f), *hr = rand_host((size_t)nmax * d, 2.f);
+    float *hn = rand_host(d, 0.5f), *hw = rand_host((size_t)out * d, 0.05f);
+    float *hb = rand_host((size_t)out, 1.f);
+    for (int i = 0; i < d; i++)
+        hn[i] += 1.f;
+    both nw = both_alloc((size_t)d * 2, NULL), w = both_alloc((size_t)out * d * 2, NULL);
+    both b = both_alloc((size_t)out * 2, NULL);
+    ms_tensor nsrc = ms_tensor_1d(hn, MS_DTYPE_F32, d), nd = ms_tensor_1d(NULL, MS_DTYPE_BF16, d);
+    ms_tensor wsrc = ms_tensor_2d(hw, MS_DTYPE_F32, out, d), wd = t2(0, MS_DTYPE_BF16, out, d, d);
+    ms_tensor bsrc = ms_tensor_1d(hb, MS_DTYPE_F32, out), bd = ms_tensor_1d(NULL, MS_DTYPE_BF16, out);
+    for (int which = 0; which < 2; which++) {
+        ms_backend *be = which ? &g_gpu : &g_cpu;
+        ms_tensor nt = on(&nw, which, nd), wt = on(&w, which, wd), bt = on(&b, which, bd);
+        OK(be->iface.tensor_load(be->ctx, &nt, &nsrc, &err));
+        OK(be->iface.tensor_load(be->ctx, &wt, &wsrc, &err));
+        OK(be->iface.tensor_load(be->ctx, &bt, &bsrc, &err));
+    }
+    const size_t xb = (size_t)nmax * d * 4, yb = (size_t)nmax * ys * 4;
+    float *f1 = malloc(yb), *f2 = malloc(yb), *r1 = malloc(xb), *r2 = malloc(xb);
+    const int ns[] = {1, 3, 6, 37};
+    for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++)
+        for (int mode = 0; mode < 4; mode++) {
+            const int n = ns[k];
+            const bool add = mode & 1, with_bias = mode & 2;
+            both x = both_alloc(xb, hx), res = both_alloc(xb, hr), res2 = both_alloc(xb, hr);
+            both h = both_alloc(xb, NULL), h2 = both_alloc(xb, NULL);
+            both y = both_alloc(yb, NULL), y2 = both_alloc(yb, NULL);
+            ms_tensor xt = t2(0, MS_DTYPE_F32, n, d, d), yt = t2(8, MS_DTYPE_F32, n, out, ys);
+            for (int which = 0; which < 2; which++) {
+                ms_backend *be = which ? &g_gpu : &g_cpu;
+                ms_tensor xx = on(&x, which, xt), rr = on(&res, which, xt), hh = on(&h, which, xt);
+                ms_tensor yy = on(&y, which, yt), nn = on(&nw, which, nd), ww = on(&w, which, wd);
+                ms_tensor bb = on(&b, which, bd);
+                OK(ms_backend_rms_norm_linear(be, add ? &rr : NULL, &xx, &nn, 1e-5f, &hh, &ww,
+                                              with_bias ? &bb : NULL, &yy, &err));
+            }
+            char what[96];
+            snprintf(what, sizeof what, "rms_norm_linear, %d rows%s%s", n, add ? ", residual" : "",
+                     with_bias ? ", bias" : "");
+            compare(what, &y, 8, n, out, ys, 1e-2);
+            /* the GPU's unfused pair */
+            ms_tensor xx = on(&x, 1, xt), rr = on(&res2, 1, xt), hh = on(&h2, 1, xt);
+            ms_tensor yy = on(&y2, 1, yt), nn = on(&nw, 1, nd), ww = on(&w, 1, wd), bb = on(&b, 1, bd);
+            if (add)
+                OK(g_gpu.iface.add_rms_norm(g_gpu.ctx, &rr, &xx, &nn, 1e-5f, &hh, &err));
+            else
+                OK(g_gpu.iface.rms_norm(g_gpu.ctx, &xx, &nn, 1e-5f, &hh, &err));
+            OK(g_gpu.iface.linear(g_gpu.ctx, &hh, &ww, with_bias ? &bb : NULL, &yy, &err));
+            OK(g_gpu.iface.copy_to_host(g_gpu.ctx, f1, y.g, yb, &err));
+            OK(g_gpu.iface.copy_to_host(g_gpu.ctx, f2, y2.g, yb, &err));
+            OK(g_gpu.iface.copy_to_host(g_gpu.ctx, r1, res.g, xb, &err));
+            OK(g_gpu.iface.copy_to_host(g_gpu.ctx, r2, res2.g, xb, &err));
+            if (memcmp(f1, f2, yb) != 0)
+                fail_msg("%s: the fused op differs from the norm + linear on the GPU", what);
+            if (memcmp(r1, r2, xb) != 0)
+                fail_msg("%s: the residual differs from add_rms_norm's", what);
+            both_free(&x);
+            both_free(&res);
+            both_free(&res2);
+            both_free(&h);
+            both_free(&h2);
+            both_free(&y);
+            both_free(&y2);
+        }
+    both_free(&nw);
+    both_free(&w);
+    both_free(&b);
+    free(f1);
+    free(f2);
+    free(r1);
+    free(r2);
+    free(hx);
+    free(hr);
+    free(hn);
+    free(hw);
+    free(hb);
+}
+
 /* ---- dense ops ---- */
 
 static void test_dense_ops(void **state) {
@@ -619,6 +706,7 @@ int main(void) {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_dense_ops),
         cmocka_unit_test(test_silu_mul_linear),
+        cmocka_unit_test(test_rms_norm_linear),
         cmocka_unit_test(test_rope_kv_attention),
         cmocka_unit_test(test_attention_needs_plan),
         cmocka_unit_test(test_sealed_kernel_table),

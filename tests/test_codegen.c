@@ -192,7 +192,7 @@ static char *tiny_with(const char *from, const char *to) {
 
 /* linear(silu(a) * b, w) is one ms_backend_silu_mul_linear call when the product is a temporary
    (tiny_gen.c, the golden); a product bound to a name (it could be read again) keeps silu_mul and
-   linear apart. */
+   linear apart. A norm read by one linear alone is one ms_backend_rms_norm_linear. */
 static void test_silu_mul_linear_fusion(void **state) {
     (void)state;
     char *src = tiny_with("                x = x + linear(silu(linear(h, blk.w1)) * linear(h, blk.w3), blk.w2);",
@@ -211,6 +211,12 @@ static void test_silu_mul_linear_fusion(void **state) {
     char *want = read_file("tests/codegen/tiny_gen.c");
     assert_non_null(strstr(want, "MS_TRY(ms_backend_silu_mul_linear(be, &t_w1, &t_w3, &t_w1, "));
     assert_null(strstr(want, "f->silu_mul(cx, "));
+    /* the norm before the fused gate/up GEMM (its only reader) is one rms_norm_linear; the one
+       before tiny's separate q, k, v linears (three readers) and the final norm before the
+       logits head stay norms */
+    assert_non_null(strstr(want, "MS_TRY(ms_backend_rms_norm_linear(be, &t_x, &t_h, "));
+    assert_non_null(strstr(want, "MS_TRY(ms_backend_add_rms_norm(be, &t_x, &t_h2, "));
+    assert_non_null(strstr(want, "MS_TRY(f->rms_norm(cx, &t_x_last, "));
     ms_free(want);
 }
 

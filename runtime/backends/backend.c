@@ -142,6 +142,19 @@ ms_status ms_backend_add_rms_norm(const ms_backend *b, ms_tensor *residual, cons
     return b->iface.rms_norm(b->ctx, residual, w, eps, out, err);
 }
 
+ms_status ms_backend_rms_norm_linear(const ms_backend *b, ms_tensor *residual, const ms_tensor *x,
+                                     const ms_tensor *norm_w, float eps, ms_tensor *h,
+                                     const ms_tensor *w, const ms_tensor *bias, ms_tensor *y,
+                                     ms_error *err) {
+    if (b->iface.rms_norm_linear != NULL)
+        return b->iface.rms_norm_linear(b->ctx, residual, x, norm_w, eps, h, w, bias, y, err);
+    if (residual != NULL)
+        MS_TRY(ms_backend_add_rms_norm(b, residual, x, norm_w, eps, h, err));
+    else
+        MS_TRY(b->iface.rms_norm(b->ctx, x, norm_w, eps, h, err));
+    return b->iface.linear(b->ctx, h, w, bias, y, err);
+}
+
 ms_status ms_backend_silu_mul_linear(const ms_backend *b, const ms_tensor *gate,
                                      const ms_tensor *up, ms_tensor *tmp, const ms_tensor *w,
                                      const ms_tensor *bias, ms_tensor *y, ms_error *err) {

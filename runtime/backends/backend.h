@@ -56,6 +56,7 @@
  *     silu(linear(h, g)) * linear(h, u)     -> ONE linear over [gate; up], then silu_mul on the
  *                                              two column halves
  *     linear(silu(a) * b, w)                -> silu_mul_linear (the product a temporary)
+ *     linear(rms_norm(x, ...), w)           -> rms_norm_linear (the norm read by that linear only)
  *     return linear(norm(x), lm_head)       -> gather_rows(batch->last_token) before lm_head when
  *                                              only the last token's logits are needed; then
  *                                              argmax or sample
@@ -492,6 +493,19 @@ typedef struct ms_backend_i {
     ms_status (*add_rms_norm)(void *ctx, ms_tensor *residual, const ms_tensor *x,
                               const ms_tensor *w, float eps, ms_tensor *out, ms_error *err);
     /*
+     * RMSNorm, after the residual add when residual != NULL, followed by its projection
+     * (optional, default: add_rms_norm(residual, x, norm_w, eps, h) or rms_norm(x, norm_w, eps,
+     * h), then linear(h, w, bias, y)): residual += x and h = rms_norm(residual), or h =
+     * rms_norm(x); y = linear(h, w, bias). Shapes as those entries; h [n, d] f32 may be left
+     * unwritten by a backend that never materialises it in f32 (contents unspecified after).
+     * The CUDA backend writes the norm straight in the GEMM's 16-bit input type (one convert
+     * kernel and an f32 pass less, the same bits as the norm then linear's convert).
+     */
+    ms_status (*rms_norm_linear)(void *ctx, ms_tensor *residual, const ms_tensor *x,
+                                 const ms_tensor *norm_w, float eps, ms_tensor *h,
+                                 const ms_tensor *w, const ms_tensor *bias, ms_tensor *y,
+                                 ms_error *err);
+    /*
      * Rotary position embedding, in place on q and k (HF apply_rotary_pos_emb with rotate_half, or
      * llama2.c run.c's interleaved pairs). For token t with position p = pos[t] and pair j <
      * rotary_dim / 2: angle = p * inv_freq[j] (f32), c = cos(angle) * s_att,
@@ -660,6 +674,13 @@ void ms_backend_free(ms_backend *b);
  * out). Errors: those of the entries called. */
 ms_status ms_backend_add_rms_norm(const ms_backend *b, ms_tensor *residual, const ms_tensor *x,
                                   const ms_tensor *w, float eps, ms_tensor *out, ms_error *err);
+/* iface.rms_norm_linear when set, else ms_backend_add_rms_norm(residual, x, norm_w, eps, h) (or
+ * rms_norm(x, norm_w, eps, h) when residual is NULL) then linear(h, w, bias, y). Errors: those of
+ * the entries called. */
+ms_status ms_backend_rms_norm_linear(const ms_backend *b, ms_tensor *residual, const ms_tensor *x,
+                                     const ms_tensor *norm_w, float eps, ms_tensor *h,
+                                     const ms_tensor *w, const ms_tensor *bias, ms_tensor *y,
+                                     ms_error *err);
 /* iface.silu_mul_linear when set, else silu_mul(gate, up, tmp) then linear(tmp, w, bias, y).
  * Errors: those of the entries called. */
 ms_status ms_backend_silu_mul_linear(const ms_backend *b, const ms_tensor *gate,

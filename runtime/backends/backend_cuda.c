@@ -897,6 +897,60 @@ static ms_status cu_add_rms_norm(void *ctx, ms_tensor *residual, const ms_tensor
     return norm_launch(ctx, "add_rms_norm", x, residual, w, eps, out, err);
 }
 
+/* RMSNorm (after the residual add when residual != NULL), then linear(h, w): where the linear
+   would convert h for cuBLAS (16-bit w, more rows than the GEMV takes) the norm is written once,
+   in w's type, into the linear's scratch (ms_rmsnorm_bf16 / _f16: the same float rounded once,
+   as the convert would) and the GEMM reads it; h is left unwritten. Everything else (f32 or
+   quantized w, the GEMV's sizes, per-head norms, bad arguments: their errors) runs the norm into
+   h and then linear. */
+static ms_status cu_rms_norm_linear(void *ctx, ms_tensor *residual, const ms_tensor *x,
+                                    const ms_tensor *norm_w, float eps, ms_tensor *h,
+                                    const ms_tensor *w, const ms_tensor *bias, ms_tensor *y,
+                                    ms_error *err) {
+    cuda_ctx *c = ctx;
+    ms_error quiet = {0};
+    bool fused = check_t("rms_norm_linear", "x", x, 2, 2, DT_F32, &quiet) == MS_OK &&
+                 check_t("rms_norm_linear", "norm_w", norm_w, 1, 1, DT_FLOATS, &quiet) == MS_OK &&
+                 check_t("rms_norm_linear", "h", h, 2, 2, DT_F32, &quiet) == MS_OK &&
+                 check_t("rms_norm_linear", "w", w, 2, 2, DT_FLOATS, &quiet) == MS_OK &&
+                 check_t("rms_norm_linear", "y", y, 2, 2, DT_F32, &quiet) == MS_OK &&
+                 (residual == NULL ||
+                  check_t("rms_norm_linear", "residual", residual, 2, 2, DT_F32, &quiet) == MS_OK) &&
+                 w->dtype != MS_DTYPE_F32 && eps >= 0.0f;
+    if (fused) {
+        const int64_t n = x->shape[0], d = x->shape[1], outd = w->shape[0];
+        fused = n > 0 && norm_w->shape[0] == d && w->shape[1] == d && y->shape[0] == n &&
+                y->shape[1] == outd && h->shape[0] == n && h->shape[1] == d &&
+                (residual == NULL || (residual->shape[0] == n && residual->shape[1] == d &&
+                                      residual->stride[0] == d)) &&
+                fits_int(n) && fits_int(d) && fits_int(outd) && fits_int(x->stride[0]) &&
+                fits_int(w->stride[0]) && fits_int(y->stride[0]) && fits_int(n * d);
+        const ms_gemv_params gp = {w->data, h->data, y->data, (int)outd, (int)d, (int)n,
+                                   (int)w->stride[0], (int)h->stride[0], (int)y->stride[0]};
+        if (fused && n <= c->gemv_max_n && ms_cuda_gemv_fits(&gp))
+            fused = false; /* the GEMV reads the float norm itself */
+    }
+    if (fused) {
+        const int64_t n = x->shape[0], d = x->shape[1];
+        MS_TRY(ensure_device(c, &c->scratch, &c->scratch_bytes, (size_t)(n * d) * 2,
+                             "linear input scratch", err));
+        ms_kernel_spec s = ms_kernel_spec_rmsnorm(kdtype(norm_w->dtype), residual != NULL);
+        s.act_dtype = MS_KERNEL_DTYPE_F32;
+        ms_cuda_module *m;
+        MS_TRY(get_module(c, &s, &m, err));
+        ms_rmsnorm_params p = {x->data, residual ? residual->data : NULL, norm_w->data,
+                               c->scratch, (int)n, (int)d, (int)x->stride[0], (int)d, eps, 0};
+        MS_TRY(ms_cuda_rmsnorm_to_launch(m, &p, kdtype(w->dtype), c->stream, err));
+        MS_TRY(gemm16(c, c->scratch, n, d, w, y, err));
+        return linear_bias(c, bias, n, w->shape[0], y, err);
+    }
+    if (residual != NULL)
+        MS_TRY(cu_add_rms_norm(ctx, residual, x, norm_w, eps, h, err));
+    else
+        MS_TRY(cu_rms_norm(ctx, x, norm_w, eps, h, err));
+    return cu_linear(ctx, h, w, bias, y, err);
+}
+
 /* RoPE and/or KV write through the rope_kv template. kv NULL: rope in place only. */
 static ms_status rope_kv_common(cuda_ctx *c, const char *op, ms_tensor *q, ms_tensor *k,
                                 const ms_tensor *v, const ms_tensor *pos,
@@ -1739,6 +1793,7 @@ ms_status ms_backend_cuda_init(ms_backend *out, const ms_backend_cuda_options *o
     f->attention_dense = cu_attention_dense;
     f->silu_mul = cu_silu_mul;
     f->silu_mul_linear = cu_silu_mul_linear;
+    f->rms_norm_linear = cu_rms_norm_linear;
     f->add = cu_add;
     f->gather_rows = cu_gather_rows;
     f->select_rows = cu_select_rows;

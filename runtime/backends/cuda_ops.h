@@ -88,6 +88,13 @@ ms_status ms_cuda_rope_kv_launch(const ms_cuda_module *m, const ms_rope_kv_param
                                  cudaStream_t stream, ms_error *err);
 ms_status ms_cuda_rmsnorm_launch(const ms_cuda_module *m, const ms_rmsnorm_params *p,
                                  cudaStream_t stream, ms_error *err);
+/* The same norm with out in a 16-bit type (entries ms_rmsnorm_bf16 / ms_rmsnorm_f16 of the rmsnorm
+ * instance; out_dtype MS_KERNEL_DTYPE_BF16 or _F16): the input of a GEMM written directly
+ * (backend_cuda.c cu_rms_norm_linear). The rows' rules are those of ms_cuda_rmsnorm_launch;
+ * MS_ERR_INVALID_ARG for another out_dtype. */
+ms_status ms_cuda_rmsnorm_to_launch(const ms_cuda_module *m, const ms_rmsnorm_params *p,
+                                    ms_kernel_dtype out_dtype, cudaStream_t stream,
+                                    ms_error *err);
 /* Per-head RMSNorm: p->n_rows tokens x p->n_heads heads of p->dim == the instance's head_dim
  * elements; grid ceil(tokens * heads / (MS_RMSNORM_THREADS / 32)), one warp per head. */
 ms_status ms_cuda_rmsnorm_heads_launch(const ms_cuda_module *m, const ms_rmsnorm_params *p,

@@ -25,7 +25,7 @@ static const kernel_op_info op_info[MS_KERNEL_OP_COUNT] = {
     {"attn_decode", "attn/decode.cuh", {"ms_attn_decode", NULL}},
     {"attn_prefill", "attn/prefill.cuh", {"ms_attn_prefill", NULL}},
     {"rope_kv", "rope/rope_kv.cuh", {"ms_rope_kv", NULL}},
-    {"rmsnorm", "norm/rmsnorm.cuh", {"ms_rmsnorm", NULL}},
+    {"rmsnorm", "norm/rmsnorm.cuh", {"ms_rmsnorm", "ms_rmsnorm_bf16", "ms_rmsnorm_f16", NULL}},
     {"silu_mul", "act/silu_mul.cuh", {"ms_silu_mul", NULL}},
     {"embed", "embed/embed.cuh", {"ms_embed", NULL}},
     {"argmax", "sample/sample.cuh", {"ms_argmax", NULL}},
@@ -471,7 +471,14 @@ static ms_status spec_body(const ms_kernel_spec *s, bool shape_macros, const cha
     case MS_KERNEL_OP_RMSNORM:
         emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_RMSNORM_THREADS)\n"
                  "ms_rmsnorm(const ms_rmsnorm_params p) {\n" PDL_PROLOGUE
-                 "    ms::rmsnorm<cfg::TA, cfg::T, cfg::kAddResidual>(p);\n}\n");
+                 "    ms::rmsnorm<cfg::TA, cfg::T, cfg::kAddResidual>(p);\n}\n\n"
+                 /* out in a GEMM's 16-bit input type (cu_rms_norm_linear) */
+                 "extern \"C\" __global__ void __launch_bounds__(MS_RMSNORM_THREADS)\n"
+                 "ms_rmsnorm_bf16(const ms_rmsnorm_params p) {\n" PDL_PROLOGUE
+                 "    ms::rmsnorm<cfg::TA, cfg::T, cfg::kAddResidual, ms::bf16>(p);\n}\n\n"
+                 "extern \"C\" __global__ void __launch_bounds__(MS_RMSNORM_THREADS)\n"
+                 "ms_rmsnorm_f16(const ms_rmsnorm_params p) {\n" PDL_PROLOGUE
+                 "    ms::rmsnorm<cfg::TA, cfg::T, cfg::kAddResidual, ms::f16>(p);\n}\n");
         break;
     case MS_KERNEL_OP_SILU_MUL:
         emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_SILU_MUL_THREADS)\n"

@@ -109,6 +109,24 @@ template <typename T, int N> __device__ __forceinline__ void store_n(T *p, const
     }
 }
 
+/* Store N floats as T: 16-byte vectors when N * sizeof(T) is a multiple of 16 bytes, one 8-byte
+   store when it is 8 (float rows written as 16-bit: 4 values), element by element otherwise. p is
+   aligned to the access. */
+template <typename T, int N> __device__ __forceinline__ void store_any(T *p, const float (&f)[N]) {
+    if constexpr ((N * sizeof(T)) % 16 == 0) {
+        store_n<T, N>(p, f);
+    } else if constexpr (N * sizeof(T) == 8 && sizeof(T) == 2) {
+        uint2 v;
+        v.x = (unsigned)from_float<T>(f[0]).x | ((unsigned)from_float<T>(f[1]).x << 16);
+        v.y = (unsigned)from_float<T>(f[2]).x | ((unsigned)from_float<T>(f[3]).x << 16);
+        *reinterpret_cast<uint2 *>(p) = v;
+    } else {
+#pragma unroll
+        for (int i = 0; i < N; i++)
+            p[i] = from_float<T>(f[i]);
+    }
+}
+
 /* Load two consecutive elements (8-byte aligned for float, 4-byte for 16-bit types). */
 __device__ __forceinline__ void load2(const float *p, float &a, float &b) {
     float2 v = *reinterpret_cast<const float2 *>(p);

@@ -24,9 +24,11 @@
 
 namespace ms {
 
-/// TA: activation type of x, residual and out (float, bf16, f16); TW: weight type;
-/// ADD_RESIDUAL: fuse residual = x + residual before the norm.
-template <typename TA, typename TW, bool ADD_RESIDUAL>
+/// TA: activation type of x and residual (float, bf16, f16); TW: weight type;
+/// ADD_RESIDUAL: fuse residual = x + residual before the norm; TO: type of out (TA, or the 16-bit
+/// input type of the GEMM that reads it: backend_cuda.c cu_rms_norm_linear; the value is the
+/// same float rounded once, as the linear's convert would).
+template <typename TA, typename TW, bool ADD_RESIDUAL, typename TO = TA>
 __device__ __forceinline__ void rmsnorm(const ms_rmsnorm_params &p) {
     using T = TA;
     constexpr int VEC = vec_width<T>::value;
@@ -35,7 +37,7 @@ __device__ __forceinline__ void rmsnorm(const ms_rmsnorm_params &p) {
     const T *x = static_cast<const T *>(p.x) + (long long)row * p.x_stride;
     T *res = ADD_RESIDUAL ? static_cast<T *>(p.residual) + (long long)row * p.dim : nullptr;
     const TW *w = static_cast<const TW *>(p.weight);
-    T *out = static_cast<T *>(p.out) + (long long)row * p.out_stride;
+    TO *out = static_cast<TO *>(p.out) + (long long)row * p.out_stride;
     const int nv = p.dim / VEC;
     constexpr int kKeep = 4; /* 16-byte vectors per thread kept in registers: dim up to 4 x 8 x 256 bf16 */
 
@@ -78,7 +80,7 @@ __device__ __forceinline__ void rmsnorm(const ms_rmsnorm_params &p) {
 #pragma unroll
                 for (int e = 0; e < VEC; e++)
                     hv[k][e] = hv[k][e] * inv * wv[k][e];
-                store_vec<T>(out + i * VEC, hv[k]);
+                store_any<TO, VEC>(out + i * VEC, hv[k]);
             }
         }
         return;
@@ -107,7 +109,7 @@ __device__ __forceinline__ void rmsnorm(const ms_rmsnorm_params &p) {
 #pragma unroll
         for (int e = 0; e < VEC; e++)
             hv[e] = hv[e] * inv * to_float(w[i * VEC + e]);
-        store_vec<T>(out + i * VEC, hv);
+        store_any<TO, VEC>(out + i * VEC, hv);
     }
 }
 

@@ -839,16 +839,14 @@ static ms_status llama_dense_decoder_forward(const ms_md_forward_args *a, ms_err
 
         /* h = rms_norm(x, l.attn_norm, rms_norm_eps) */
         /* fused: the previous layer's residual add into x with this rms_norm */
-        if (l == 0)
-            MS_TRY(f->rms_norm(cx, &t_x, ms_md_weight_get(a, W_LAYERS_ATTN_NORM, l), (float)c->rms_norm_eps, &t_h, err));
-        else
-            MS_TRY(ms_backend_add_rms_norm(be, &t_x, &t_h2, ms_md_weight_get(a, W_LAYERS_ATTN_NORM, l), (float)c->rms_norm_eps, &t_h, err));
-
         /* q, k, v = linear(h, l.wq, l.bq), linear(h, l.wk, l.bk), linear(h, l.wv, l.bv) */
-        /* fused: 3 linears over h side by side run as one GEMM over layers.wq+wk+wv */
+        /* fused: 3 linears over h side by side run as one GEMM over layers.wq+wk+wv; fused: the norm written as this linear's input (rms_norm_linear) */
         {
             const ms_tensor *bias = ms_md_weight_get(a, W_LAYERS_BQ_BK_BV, l);
-            MS_TRY(f->linear(cx, &t_h, ms_md_weight_get(a, W_LAYERS_WQ_WK_WV, l), bias->data != NULL ? bias : NULL, &t_wq_wk_wv, err));
+            if (l == 0)
+                MS_TRY(ms_backend_rms_norm_linear(be, NULL, &t_x, ms_md_weight_get(a, W_LAYERS_ATTN_NORM, l), (float)c->rms_norm_eps, &t_h, ms_md_weight_get(a, W_LAYERS_WQ_WK_WV, l), bias->data != NULL ? bias : NULL, &t_wq_wk_wv, err));
+            else
+                MS_TRY(ms_backend_rms_norm_linear(be, &t_x, &t_h2, ms_md_weight_get(a, W_LAYERS_ATTN_NORM, l), (float)c->rms_norm_eps, &t_h, ms_md_weight_get(a, W_LAYERS_WQ_WK_WV, l), bias->data != NULL ? bias : NULL, &t_wq_wk_wv, err));
         }
 
         /* x = x + linear(attn.run(q, k, v, layer = l), l.wo) */
@@ -860,11 +858,9 @@ static ms_status llama_dense_decoder_forward(const ms_md_forward_args *a, ms_err
 
         /* h = rms_norm(x, l.mlp_norm, rms_norm_eps) */
         /* fused: residual add x += ... with this rms_norm */
-        MS_TRY(ms_backend_add_rms_norm(be, &t_x, &t_h, ms_md_weight_get(a, W_LAYERS_MLP_NORM, l), (float)c->rms_norm_eps, &t_h2, err));
-
         /* x = x + linear(silu(linear(h, l.w_gate)) * linear(h, l.w_up), l.w_down) */
-        /* fused: 2 linears over h side by side run as one GEMM over layers.w_gate+w_up */
-        MS_TRY(f->linear(cx, &t_h2, ms_md_weight_get(a, W_LAYERS_W_GATE_W_UP, l), NULL, &t_w_gate_w_up, err));
+        /* fused: 2 linears over h side by side run as one GEMM over layers.w_gate+w_up; fused: the norm written as this linear's input (rms_norm_linear) */
+        MS_TRY(ms_backend_rms_norm_linear(be, &t_x, &t_h, ms_md_weight_get(a, W_LAYERS_MLP_NORM, l), (float)c->rms_norm_eps, &t_h2, ms_md_weight_get(a, W_LAYERS_W_GATE_W_UP, l), NULL, &t_w_gate_w_up, err));
         /* fused: silu(a) * b into its linear (silu_mul_linear) */
         MS_TRY(ms_backend_silu_mul_linear(be, &t_w_gate, &t_w_up, &t_w_gate, ms_md_weight_get(a, W_LAYERS_W_DOWN, l), NULL, &t_h2, err));
     }

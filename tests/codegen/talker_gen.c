@@ -1068,14 +1068,12 @@ static ms_status talker_talker_forward(const ms_md_forward_args *a, ms_error *er
 
         /* h = rms_norm(x, l.attn_norm, rms_norm_eps) */
         /* fused: the previous layer's residual add into x with this rms_norm */
-        if (l == 0)
-            MS_TRY(f->rms_norm(cx, &t_x, ms_md_weight_get(a, W_LAYERS_ATTN_NORM, l), (float)c->rms_norm_eps, &t_t, err));
-        else
-            MS_TRY(ms_backend_add_rms_norm(be, &t_x, &t_h, ms_md_weight_get(a, W_LAYERS_ATTN_NORM, l), (float)c->rms_norm_eps, &t_t, err));
-
         /* q, k, v = linear(h, l.wq), linear(h, l.wk), linear(h, l.wv) */
-        /* fused: 3 linears over h side by side run as one GEMM over layers.wq+wk+wv */
-        MS_TRY(f->linear(cx, &t_t, ms_md_weight_get(a, W_LAYERS_WQ_WK_WV, l), NULL, &t_wq_wk_wv, err));
+        /* fused: 3 linears over h side by side run as one GEMM over layers.wq+wk+wv; fused: the norm written as this linear's input (rms_norm_linear) */
+        if (l == 0)
+            MS_TRY(ms_backend_rms_norm_linear(be, NULL, &t_x, ms_md_weight_get(a, W_LAYERS_ATTN_NORM, l), (float)c->rms_norm_eps, &t_t, ms_md_weight_get(a, W_LAYERS_WQ_WK_WV, l), NULL, &t_wq_wk_wv, err));
+        else
+            MS_TRY(ms_backend_rms_norm_linear(be, &t_x, &t_h, ms_md_weight_get(a, W_LAYERS_ATTN_NORM, l), (float)c->rms_norm_eps, &t_t, ms_md_weight_get(a, W_LAYERS_WQ_WK_WV, l), NULL, &t_wq_wk_wv, err));
 
         /* x = x + linear(attn.run(q, k, v, layer = l), l.wo) */
         /* fused: RoPE of q, k with the KV write of layer l */
@@ -1086,11 +1084,9 @@ static ms_status talker_talker_forward(const ms_md_forward_args *a, ms_error *er
 
         /* h = rms_norm(x, l.mlp_norm, rms_norm_eps) */
         /* fused: residual add x += ... with this rms_norm */
-        MS_TRY(ms_backend_add_rms_norm(be, &t_x, &t_t, ms_md_weight_get(a, W_LAYERS_MLP_NORM, l), (float)c->rms_norm_eps, &t_h, err));
-
         /* x = x + linear(silu(linear(h, l.w_gate)) * linear(h, l.w_up), l.w_down) */
-        /* fused: 2 linears over h side by side run as one GEMM over layers.w_gate+w_up */
-        MS_TRY(f->linear(cx, &t_h, ms_md_weight_get(a, W_LAYERS_W_GATE_W_UP, l), NULL, &t_w_gate_w_up, err));
+        /* fused: 2 linears over h side by side run as one GEMM over layers.w_gate+w_up; fused: the norm written as this linear's input (rms_norm_linear) */
+        MS_TRY(ms_backend_rms_norm_linear(be, &t_x, &t_t, ms_md_weight_get(a, W_LAYERS_MLP_NORM, l), (float)c->rms_norm_eps, &t_h, ms_md_weight_get(a, W_LAYERS_W_GATE_W_UP, l), NULL, &t_w_gate_w_up, err));
         /* fused: silu(a) * b into its linear (silu_mul_linear) */
         MS_TRY(ms_backend_silu_mul_linear(be, &t_w_gate, &t_w_up, &t_w_gate, ms_md_weight_get(a, W_LAYERS_W_DOWN, l), NULL, &t_h, err));
     }
@@ -1232,14 +1228,12 @@ static ms_status talker_code_predictor_forward(const ms_md_forward_args *a, ms_e
 
         /* h = rms_norm(x, l.attn_norm, cp_rms_norm_eps) */
         /* fused: the previous layer's residual add into x with this rms_norm */
-        if (l == 0)
-            MS_TRY(f->rms_norm(cx, &t_x2, ms_md_weight_get(a, W_CP_ATTN_NORM, l), (float)c->cp_rms_norm_eps, &t_x, err));
-        else
-            MS_TRY(ms_backend_add_rms_norm(be, &t_x2, &t_tmp, ms_md_weight_get(a, W_CP_ATTN_NORM, l), (float)c->cp_rms_norm_eps, &t_x, err));
-
         /* q, k, v = linear(h, l.wq), linear(h, l.wk), linear(h, l.wv) */
-        /* fused: 3 linears over h side by side run as one GEMM over cp.wq+wk+wv */
-        MS_TRY(f->linear(cx, &t_x, ms_md_weight_get(a, W_CP_WQ_WK_WV, l), NULL, &t_wq_wk_wv, err));
+        /* fused: 3 linears over h side by side run as one GEMM over cp.wq+wk+wv; fused: the norm written as this linear's input (rms_norm_linear) */
+        if (l == 0)
+            MS_TRY(ms_backend_rms_norm_linear(be, NULL, &t_x2, ms_md_weight_get(a, W_CP_ATTN_NORM, l), (float)c->cp_rms_norm_eps, &t_x, ms_md_weight_get(a, W_CP_WQ_WK_WV, l), NULL, &t_wq_wk_wv, err));
+        else
+            MS_TRY(ms_backend_rms_norm_linear(be, &t_x2, &t_tmp, ms_md_weight_get(a, W_CP_ATTN_NORM, l), (float)c->cp_rms_norm_eps, &t_x, ms_md_weight_get(a, W_CP_WQ_WK_WV, l), NULL, &t_wq_wk_wv, err));
 
         /* x = x + linear(code.run(q, k, v, layer = l), l.wo) */
         /* fused: RoPE of q, k with the KV write of layer l */
@@ -1250,11 +1244,9 @@ static ms_status talker_code_predictor_forward(const ms_md_forward_args *a, ms_e
 
         /* h = rms_norm(x, l.mlp_norm, cp_rms_norm_eps) */
         /* fused: residual add x += ... with this rms_norm */
-        MS_TRY(ms_backend_add_rms_norm(be, &t_x2, &t_x, ms_md_weight_get(a, W_CP_MLP_NORM, l), (float)c->cp_rms_norm_eps, &t_tmp, err));
-
         /* x = x + linear(silu(linear(h, l.w_gate)) * linear(h, l.w_up), l.w_down) */
-        /* fused: 2 linears over h side by side run as one GEMM over cp.w_gate+w_up */
-        MS_TRY(f->linear(cx, &t_tmp, ms_md_weight_get(a, W_CP_W_GATE_W_UP, l), NULL, &t_w_gate_w_up, err));
+        /* fused: 2 linears over h side by side run as one GEMM over cp.w_gate+w_up; fused: the norm written as this linear's input (rms_norm_linear) */
+        MS_TRY(ms_backend_rms_norm_linear(be, &t_x2, &t_x, ms_md_weight_get(a, W_CP_MLP_NORM, l), (float)c->cp_rms_norm_eps, &t_tmp, ms_md_weight_get(a, W_CP_W_GATE_W_UP, l), NULL, &t_w_gate_w_up, err));
         /* fused: silu(a) * b into its linear (silu_mul_linear) */
         MS_TRY(ms_backend_silu_mul_linear(be, &t_w_gate, &t_w_up, &t_w_gate, ms_md_weight_get(a, W_CP_W_DOWN, l), NULL, &t_tmp, err));
     }

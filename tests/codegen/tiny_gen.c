@@ -616,11 +616,9 @@ static ms_status tiny_lm_forward(const ms_md_forward_args *a, ms_error *err) {
 
         /* h = rms_norm(x, blk.norm2, eps) */
         /* fused: residual add x += ... with this rms_norm */
-        MS_TRY(ms_backend_add_rms_norm(be, &t_x, &t_h, ms_md_weight_get(a, W_BLOCKS_NORM2, l), (float)c->eps, &t_h2, err));
-
         /* x = x + linear(silu(linear(h, blk.w1)) * linear(h, blk.w3), blk.w2) */
-        /* fused: 2 linears over h side by side run as one GEMM over blocks.w1+w3 */
-        MS_TRY(f->linear(cx, &t_h2, ms_md_weight_get(a, W_BLOCKS_W1_W3, l), NULL, &t_w1_w3, err));
+        /* fused: 2 linears over h side by side run as one GEMM over blocks.w1+w3; fused: the norm written as this linear's input (rms_norm_linear) */
+        MS_TRY(ms_backend_rms_norm_linear(be, &t_x, &t_h, ms_md_weight_get(a, W_BLOCKS_NORM2, l), (float)c->eps, &t_h2, ms_md_weight_get(a, W_BLOCKS_W1_W3, l), NULL, &t_w1_w3, err));
         /* fused: silu(a) * b into its linear (silu_mul_linear) */
         MS_TRY(ms_backend_silu_mul_linear(be, &t_w1, &t_w3, &t_w1, ms_md_weight_get(a, W_BLOCKS_W2, l), NULL, &t_h2, err));
     }

@@ -661,11 +661,9 @@ static ms_status two_nodes_reader_forward(const ms_md_forward_args *a, ms_error 
 
         /* h = rms_norm(x, l.mlp_norm, rms_norm_eps) */
         /* fused: residual add x += ... with this rms_norm */
-        MS_TRY(ms_backend_add_rms_norm(be, &t_x, &t_h, ms_md_weight_get(a, W_LAYERS_MLP_NORM, l), (float)c->rms_norm_eps, &t_h2, err));
-
         /* x = x + linear(silu(linear(h, l.w_gate)) * linear(h, l.w_up), l.w_down) */
-        /* fused: 2 linears over h side by side run as one GEMM over layers.w_gate+w_up */
-        MS_TRY(f->linear(cx, &t_h2, ms_md_weight_get(a, W_LAYERS_W_GATE_W_UP, l), NULL, &t_w_gate_w_up, err));
+        /* fused: 2 linears over h side by side run as one GEMM over layers.w_gate+w_up; fused: the norm written as this linear's input (rms_norm_linear) */
+        MS_TRY(ms_backend_rms_norm_linear(be, &t_x, &t_h, ms_md_weight_get(a, W_LAYERS_MLP_NORM, l), (float)c->rms_norm_eps, &t_h2, ms_md_weight_get(a, W_LAYERS_W_GATE_W_UP, l), NULL, &t_w_gate_w_up, err));
         /* fused: silu(a) * b into its linear (silu_mul_linear) */
         MS_TRY(ms_backend_silu_mul_linear(be, &t_w_gate, &t_w_up, &t_w_gate, ms_md_weight_get(a, W_LAYERS_W_DOWN, l), NULL, &t_h2, err));
     }
@@ -788,11 +786,9 @@ static ms_status two_nodes_writer_forward(const ms_md_forward_args *a, ms_error 
 
         /* h = rms_norm(x, blk.mlp_norm, rms_norm_eps) */
         /* fused: residual add x += ... with this rms_norm */
-        MS_TRY(ms_backend_add_rms_norm(be, &t_x, &t_h, ms_md_weight_get(a, W_LAYERS_MLP_NORM, l), (float)c->rms_norm_eps, &t_h2, err));
-
         /* x = x + linear(silu(linear(h, blk.w_gate)) * linear(h, blk.w_up), blk.w_down) */
-        /* fused: 2 linears over h side by side run as one GEMM over layers.w_gate+w_up */
-        MS_TRY(f->linear(cx, &t_h2, ms_md_weight_get(a, W_LAYERS_W_GATE_W_UP, l), NULL, &t_w_gate_w_up, err));
+        /* fused: 2 linears over h side by side run as one GEMM over layers.w_gate+w_up; fused: the norm written as this linear's input (rms_norm_linear) */
+        MS_TRY(ms_backend_rms_norm_linear(be, &t_x, &t_h, ms_md_weight_get(a, W_LAYERS_MLP_NORM, l), (float)c->rms_norm_eps, &t_h2, ms_md_weight_get(a, W_LAYERS_W_GATE_W_UP, l), NULL, &t_w_gate_w_up, err));
         /* fused: silu(a) * b into its linear (silu_mul_linear) */
         MS_TRY(ms_backend_silu_mul_linear(be, &t_w_gate, &t_w_up, &t_w_gate, ms_md_weight_get(a, W_LAYERS_W_DOWN, l), NULL, &t_h2, err));
     }
