@@ -2809,8 +2809,9 @@ static void fuse_norm_linear(gen *g) {
             l->kind != O_LINEAR || l->in[0] != o->out || l->out == g->logits ||
             o->guarded != l->guarded || g->v[o->out].kind != V_BUF ||
             (o->kind == O_RMS_NORM && g->v[o->in[0]].kind == V_HEADS) ||
-            read_elsewhere(g, o->out, i, i + 1))
-            continue;
+            read_elsewhere(g, o->out, -1, i + 1))
+            continue; /* the norm's own inputs count: an in-place norm carried to the next
+                         iteration reads the h the fused path would leave unwritten */
         o->norm = o->kind;
         o->kind = O_NORM_LINEAR;
         o->out2 = o->out; /* h */

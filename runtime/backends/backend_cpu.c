@@ -684,6 +684,27 @@ static ms_status cpu_silu_mul(void *ctx, const ms_tensor *gate, const ms_tensor 
     return MS_OK;
 }
 
+/* The fused entries as their compositions over this backend's own ops (not the iface table: a
+   wrapper that hooks iface.linear, tensor parallelism's, must wrap these too, and the CPU runs
+   that wrapper in CI). The values are those of the default path. */
+static ms_status cpu_silu_mul_linear(void *ctx, const ms_tensor *gate, const ms_tensor *up,
+                                     ms_tensor *tmp, const ms_tensor *w, const ms_tensor *bias,
+                                     ms_tensor *y, ms_error *err) {
+    MS_TRY(cpu_silu_mul(ctx, gate, up, tmp, err));
+    return cpu_linear(ctx, tmp, w, bias, y, err);
+}
+
+static ms_status cpu_rms_norm_linear(void *ctx, ms_tensor *residual, const ms_tensor *x,
+                                     const ms_tensor *norm_w, float eps, ms_tensor *h,
+                                     const ms_tensor *w, const ms_tensor *bias, ms_tensor *y,
+                                     ms_error *err) {
+    if (residual != NULL)
+        MS_TRY(cpu_add_rms_norm(ctx, residual, x, norm_w, eps, h, err));
+    else
+        MS_TRY(cpu_rms_norm(ctx, x, norm_w, eps, h, err));
+    return cpu_linear(ctx, h, w, bias, y, err);
+}
+
 /* ---- encoder ops: LayerNorm, GELU, conv1d ---- */
 
 static void layer_norm_task(void *arg, int32_t task, int32_t thread) {
@@ -1463,6 +1484,8 @@ ms_status ms_backend_cpu_init(ms_backend *out, const ms_backend_cpu_options *opt
     f->attention = cpu_attention;
     f->attention_dense = cpu_attention_dense;
     f->silu_mul = cpu_silu_mul;
+    f->silu_mul_linear = cpu_silu_mul_linear;
+    f->rms_norm_linear = cpu_rms_norm_linear;
     f->add = cpu_add;
     f->layer_norm = cpu_layer_norm;
     f->gelu = cpu_gelu;

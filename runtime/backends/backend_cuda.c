@@ -1244,15 +1244,18 @@ static ms_status cu_silu_mul_linear(void *ctx, const ms_tensor *gate, const ms_t
                  check_t("silu_mul_linear", "up", up, 2, 2, DT_F32, &quiet) == MS_OK &&
                  check_t("silu_mul_linear", "w", w, 2, 2, DT_FLOATS, &quiet) == MS_OK &&
                  check_t("silu_mul_linear", "y", y, 2, 2, DT_F32, &quiet) == MS_OK &&
+                 check_t("silu_mul_linear", "tmp", tmp, 2, 2, DT_F32, &quiet) == MS_OK &&
                  w->dtype != MS_DTYPE_F32;
     if (fused) {
         const int64_t n = gate->shape[0], f = gate->shape[1], outd = w->shape[0];
         fused = n > 0 && up->shape[0] == n && up->shape[1] == f && w->shape[1] == f &&
+                tmp->shape[0] == n && tmp->shape[1] == f && fits_int(tmp->stride[0]) &&
                 y->shape[0] == n && y->shape[1] == outd && fits_int(n) && fits_int(f) &&
                 fits_int(outd) && fits_int(gate->stride[0]) && fits_int(up->stride[0]) &&
                 fits_int(w->stride[0]) && fits_int(y->stride[0]) && fits_int(n * f);
-        const ms_gemv_params gp = {w->data, gate->data, y->data, (int)outd, (int)f, (int)n,
-                                   (int)w->stride[0], (int)gate->stride[0], (int)y->stride[0]};
+        /* as cu_linear would decide for linear(tmp, w) (the unfused path's input) */
+        const ms_gemv_params gp = {w->data, tmp->data, y->data, (int)outd, (int)f, (int)n,
+                                   (int)w->stride[0], (int)tmp->stride[0], (int)y->stride[0]};
         if (fused && n <= c->gemv_max_n && ms_cuda_gemv_fits(&gp))
             fused = false; /* the GEMV reads the float product itself */
     }

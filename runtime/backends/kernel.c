@@ -445,8 +445,9 @@ static ms_status spec_body(const ms_kernel_spec *s, bool shape_macros, const cha
                  "cfg::kWindowed>(p);\n}\n");
         break;
     case MS_KERNEL_OP_ATTN_PREFILL:
+        /* the CTA bound for head_dim <= 128 only: at 256 it would spill a kilobyte a thread */
         emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_ATTN_PREFILL_THREADS, "
-                 "MS_ATTN_PREFILL_MIN_CTAS)\n"
+                 "cfg::kHeadDim <= 128 ? MS_ATTN_PREFILL_MIN_CTAS : 1)\n"
                  "ms_attn_prefill(const ms_attn_kernel_params p) {\n" PDL_PROLOGUE
                  "    ms::attn_prefill<cfg::TA, cfg::T, cfg::kHeadDim, cfg::kPageSize, cfg::kGroup, "
                  "cfg::kCausal, cfg::kWindowed>(p);\n}\n");

@@ -39,6 +39,15 @@ struct ms_tp_rank {
                         ms_tensor *y, ms_error *err); /* the backend's own */
     ms_status (*embedding)(void *ctx, const ms_tensor *table, const ms_tensor *ids,
                            ms_tensor *out, ms_error *err); /* the backend's own */
+    /* the backend's own fused linears (NULL: it has none, and ms_backend_*_linear's default
+       path goes through the hooked linear) */
+    ms_status (*silu_mul_linear)(void *ctx, const ms_tensor *gate, const ms_tensor *up,
+                                 ms_tensor *tmp, const ms_tensor *w, const ms_tensor *bias,
+                                 ms_tensor *y, ms_error *err);
+    ms_status (*rms_norm_linear)(void *ctx, ms_tensor *residual, const ms_tensor *x,
+                                 const ms_tensor *norm_w, float eps, ms_tensor *h,
+                                 const ms_tensor *w, const ms_tensor *bias, ms_tensor *y,
+                                 ms_error *err);
     float *scratch;            /* backend [chunk, vocab_rows] local logits */
     float *gathered;           /* host [world, chunk, vocab_rows] (cpu) */
     int64_t chunk;             /* rows per gather */
@@ -374,6 +383,55 @@ static ms_status tp_linear(void *ctx, const ms_tensor *x, const ms_tensor *w,
     }
 }
 
+/* The fused entries (backend.h silu_mul_linear, rms_norm_linear) under the same split rules as
+   tp_linear: a row-parallel weight runs the backend's fused op with the bias on rank 0 and then
+   the all-reduce; the vocabulary-parallel head runs the unfused pair through tp_linear; a column
+   split or a replicated weight needs no communication. */
+static ms_status tp_silu_mul_linear(void *ctx, const ms_tensor *gate, const ms_tensor *up,
+                                    ms_tensor *tmp, const ms_tensor *w, const ms_tensor *bias,
+                                    ms_tensor *y, ms_error *err) {
+    ms_tp_rank *t = tp_lookup(ctx);
+    if (t == NULL)
+        return MS_FAIL(err, MS_ERR_STATE, "tensor parallel: linear on a detached backend");
+    switch (tp_split_of(t, w->data)) {
+    case MS_TP_ROW:
+        if (y->ndim != 2)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG, "tensor parallel: row-parallel linear "
+                           "into a %d-D output", (int)y->ndim);
+        MS_TRY(t->silu_mul_linear(ctx, gate, up, tmp, w, t->m.rank == 0 ? bias : NULL, y, err));
+        return tp_all_reduce(t, y, err);
+    case MS_TP_VOCAB:
+        MS_TRY(t->be->iface.silu_mul(ctx, gate, up, tmp, err));
+        return tp_linear(ctx, tmp, w, bias, y, err);
+    default: return t->silu_mul_linear(ctx, gate, up, tmp, w, bias, y, err);
+    }
+}
+
+static ms_status tp_rms_norm_linear(void *ctx, ms_tensor *residual, const ms_tensor *x,
+                                    const ms_tensor *norm_w, float eps, ms_tensor *h,
+                                    const ms_tensor *w, const ms_tensor *bias, ms_tensor *y,
+                                    ms_error *err) {
+    ms_tp_rank *t = tp_lookup(ctx);
+    if (t == NULL)
+        return MS_FAIL(err, MS_ERR_STATE, "tensor parallel: linear on a detached backend");
+    switch (tp_split_of(t, w->data)) {
+    case MS_TP_ROW:
+        if (y->ndim != 2)
+            return MS_FAIL(err, MS_ERR_INVALID_ARG, "tensor parallel: row-parallel linear "
+                           "into a %d-D output", (int)y->ndim);
+        MS_TRY(t->rms_norm_linear(ctx, residual, x, norm_w, eps, h, w,
+                                  t->m.rank == 0 ? bias : NULL, y, err));
+        return tp_all_reduce(t, y, err);
+    case MS_TP_VOCAB:
+        if (residual != NULL)
+            MS_TRY(ms_backend_add_rms_norm(t->be, residual, x, norm_w, eps, h, err));
+        else
+            MS_TRY(t->be->iface.rms_norm(ctx, x, norm_w, eps, h, err));
+        return tp_linear(ctx, h, w, bias, y, err);
+    default: return t->rms_norm_linear(ctx, residual, x, norm_w, eps, h, w, bias, y, err);
+    }
+}
+
 ms_status ms_tp_share_ids(ms_tp_rank *t, int32_t *ids, int32_t n, ms_error *err) {
     if (n < 0 || n > t->max_rows)
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "tensor parallel: %d ids to share, room for %d",
@@ -453,8 +511,14 @@ ms_status ms_tp_rank_attach(ms_tp_rank *t, ms_backend *be, int32_t max_rows, ms_
     t->be = be;
     t->linear = be->iface.linear;
     t->embedding = be->iface.embedding;
+    t->silu_mul_linear = be->iface.silu_mul_linear;
+    t->rms_norm_linear = be->iface.rms_norm_linear;
     be->iface.linear = tp_linear;
     be->iface.embedding = tp_embedding;
+    if (t->silu_mul_linear != NULL)
+        be->iface.silu_mul_linear = tp_silu_mul_linear;
+    if (t->rms_norm_linear != NULL)
+        be->iface.rms_norm_linear = tp_rms_norm_linear;
     return MS_OK;
 }
 
@@ -468,6 +532,8 @@ void ms_tp_rank_detach(ms_tp_rank *t, ms_backend *be) {
     pthread_mutex_unlock(&g_reg_mu);
     be->iface.linear = t->linear;
     be->iface.embedding = t->embedding;
+    be->iface.silu_mul_linear = t->silu_mul_linear;
+    be->iface.rms_norm_linear = t->rms_norm_linear;
     if (be->ctx != NULL)
         be->iface.buffer_free(be->ctx, t->scratch);
     ms_free(t->gathered);

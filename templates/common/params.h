@@ -20,8 +20,9 @@
 #define MS_ATTN_DECODE_MAX_SPLITS 64 /* KV splits per request (the in-kernel merge's table) */
 #define MS_ATTN_PREFILL_THREADS 128  /* 4 warps x 16 packed (token, head-in-group) rows */
 #define MS_ATTN_PREFILL_ROWS 64      /* packed query rows per CTA (MS_ATTN_PREFILL_THREADS / 2) */
-#define MS_ATTN_PREFILL_MIN_CTAS 3   /* __launch_bounds__ minimum resident CTAs per SM (3: 168
-                                        registers with 56 bytes of spill on sm_90) */
+#define MS_ATTN_PREFILL_MIN_CTAS 3   /* __launch_bounds__ minimum resident CTAs per SM at
+                                        head_dim <= 128 (168 registers, 56 bytes of spill at 128
+                                        on sm_90); 1 above (256: a kilobyte of spill) */
 #define MS_ROPE_KV_THREADS 128       /* per CTA; a token takes up to 64 CTAs */
 #define MS_RMSNORM_THREADS 256       /* one CTA per row; per-head norm: one warp per head row */
 #define MS_SILU_MUL_THREADS 256      /* grid-stride over 16-byte vectors */

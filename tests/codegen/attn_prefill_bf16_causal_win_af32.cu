@@ -27,7 +27,7 @@ constexpr bool kCausal = true;
 constexpr bool kWindowed = true;
 } // namespace cfg
 
-extern "C" __global__ void __launch_bounds__(MS_ATTN_PREFILL_THREADS, MS_ATTN_PREFILL_MIN_CTAS)
+extern "C" __global__ void __launch_bounds__(MS_ATTN_PREFILL_THREADS, cfg::kHeadDim <= 128 ? MS_ATTN_PREFILL_MIN_CTAS : 1)
 ms_attn_prefill(const ms_attn_kernel_params p) {
     ms::pdl_launch_dependents();
     ms::pdl_wait();
