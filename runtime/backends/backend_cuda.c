@@ -672,6 +672,19 @@ static ms_status misc_module(cuda_ctx *c, ms_cuda_module **m, ms_error *err) {
 static ms_status linear_bias(cuda_ctx *c, const ms_tensor *bias, int64_t n, int64_t outd,
                              ms_tensor *y, ms_error *err);
 
+/* The 16-bit GEMV's view of linear(x, w) -> y (dimensions already known to fit int). */
+static ms_gemv_params gemv_view(const ms_tensor *x, const ms_tensor *w, const ms_tensor *y) {
+    return (ms_gemv_params){w->data, x->data, y->data, (int)w->shape[0], (int)x->shape[1],
+                            (int)x->shape[0], (int)w->stride[0], (int)x->stride[0],
+                            (int)y->stride[0]};
+}
+
+/* Whether a 16-bit linear takes the GEMV (decode sizes) rather than convert + cuBLAS: cu_linear's
+   choice, which the fused entries (cu_silu_mul_linear, cu_rms_norm_linear) follow too. */
+static bool takes_gemv(const cuda_ctx *c, const ms_gemv_params *gp) {
+    return gp->n <= c->gemv_max_n && ms_cuda_gemv_fits(gp);
+}
+
 /* y [n, outd] f32 = x16 W^T through cuBLAS, x16 [n, in] packed rows in w's 16-bit type (device
    memory, e.g. c->scratch), f32 accumulation: the 16-bit linear above the GEMV's sizes. */
 static ms_status gemm16(cuda_ctx *c, const void *x16, int64_t n, int64_t in, const ms_tensor *w,
@@ -706,9 +719,7 @@ static ms_status cu_linear(void *ctx, const ms_tensor *x, const ms_tensor *w,
     /* the handle is bound to c->stream once (cuda_setup): cublasSetStream here would reset the
        workspace set there to cuBLAS's own pool (cuBLAS docs, cublasSetStream) */
     const float one = 1.f, zero = 0.f;
-    /* the 16-bit GEMV's view of the operands (used when it fits, below) */
-    const ms_gemv_params gp = {w->data, x->data, y->data, (int)outd, (int)in, (int)n,
-                               (int)w->stride[0], (int)x->stride[0], (int)y->stride[0]};
+    const ms_gemv_params gp = gemv_view(x, w, y);
     if (ms_dtype_is_quant(w->dtype)) {
         /* ggml blocks: GEMV for decode-sized n, dequantize + GEMM for prefill */
         ms_cuda_qweight q;
@@ -721,7 +732,7 @@ static ms_status cu_linear(void *ctx, const ms_tensor *x, const ms_tensor *w,
                                         x->data, CUDA_R_32F, (int)x->stride[0], &zero, y->data,
                                         CUDA_R_32F, (int)y->stride[0], CUBLAS_COMPUTE_32F,
                                         CUBLAS_GEMM_DEFAULT));
-    } else if (n <= c->gemv_max_n && ms_cuda_gemv_fits(&gp)) {
+    } else if (takes_gemv(c, &gp)) {
         /* decode sizes: one launch reading f32 x and the 16-bit rows (templates/misc/gemv.cuh),
            x rounded to the weight type as below, summed in another order than cuBLAS's */
         ms_kernel_spec s = ms_kernel_spec_simple(MS_KERNEL_OP_MISC, kdtype(w->dtype));
@@ -925,9 +936,8 @@ static ms_status cu_rms_norm_linear(void *ctx, ms_tensor *residual, const ms_ten
                                       residual->stride[0] == d)) &&
                 fits_int(n) && fits_int(d) && fits_int(outd) && fits_int(x->stride[0]) &&
                 fits_int(w->stride[0]) && fits_int(y->stride[0]) && fits_int(n * d);
-        const ms_gemv_params gp = {w->data, h->data, y->data, (int)outd, (int)d, (int)n,
-                                   (int)w->stride[0], (int)h->stride[0], (int)y->stride[0]};
-        if (fused && n <= c->gemv_max_n && ms_cuda_gemv_fits(&gp))
+        const ms_gemv_params gp = gemv_view(h, w, y);
+        if (fused && takes_gemv(c, &gp))
             fused = false; /* the GEMV reads the float norm itself */
     }
     if (fused) {
@@ -1254,9 +1264,8 @@ static ms_status cu_silu_mul_linear(void *ctx, const ms_tensor *gate, const ms_t
                 fits_int(outd) && fits_int(gate->stride[0]) && fits_int(up->stride[0]) &&
                 fits_int(w->stride[0]) && fits_int(y->stride[0]) && fits_int(n * f);
         /* as cu_linear would decide for linear(tmp, w) (the unfused path's input) */
-        const ms_gemv_params gp = {w->data, tmp->data, y->data, (int)outd, (int)f, (int)n,
-                                   (int)w->stride[0], (int)tmp->stride[0], (int)y->stride[0]};
-        if (fused && n <= c->gemv_max_n && ms_cuda_gemv_fits(&gp))
+        const ms_gemv_params gp = gemv_view(tmp, w, y);
+        if (fused && takes_gemv(c, &gp))
             fused = false; /* the GEMV reads the float product itself */
     }
     if (fused) {

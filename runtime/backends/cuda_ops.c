@@ -273,8 +273,9 @@ ms_status ms_cuda_rope_kv_launch(const ms_cuda_module *m, const ms_rope_kv_param
                   stream, err);
 }
 
-ms_status ms_cuda_rmsnorm_launch(const ms_cuda_module *m, const ms_rmsnorm_params *p,
-                                 cudaStream_t stream, ms_error *err) {
+/* The rmsnorm instance's rules for every entry (0: out in the activation type, 1 / 2: bf16 / f16). */
+static ms_status rmsnorm_entry_launch(const ms_cuda_module *m, int entry, const ms_rmsnorm_params *p,
+                                      cudaStream_t stream, ms_error *err) {
     MS_TRY(want_op(m, MS_KERNEL_OP_RMSNORM, err));
     const int v = vec_elems(m->spec.act_dtype);
     if (p->n_rows < 0 || p->dim < v || p->dim % v != 0 || p->x_stride % v != 0 ||
@@ -286,7 +287,12 @@ ms_status ms_cuda_rmsnorm_launch(const ms_cuda_module *m, const ms_rmsnorm_param
         (m->spec.add_residual && !aligned16(p->residual)))
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: rows must be 16-byte aligned", m->uri);
     ms_rmsnorm_params copy = *p;
-    return launch(m, 0, (unsigned)p->n_rows, 1, 1, MS_RMSNORM_THREADS, &copy, stream, err);
+    return launch(m, entry, (unsigned)p->n_rows, 1, 1, MS_RMSNORM_THREADS, &copy, stream, err);
+}
+
+ms_status ms_cuda_rmsnorm_launch(const ms_cuda_module *m, const ms_rmsnorm_params *p,
+                                 cudaStream_t stream, ms_error *err) {
+    return rmsnorm_entry_launch(m, 0, p, stream, err);
 }
 
 ms_status ms_cuda_rmsnorm_to_launch(const ms_cuda_module *m, const ms_rmsnorm_params *p,
@@ -295,18 +301,7 @@ ms_status ms_cuda_rmsnorm_to_launch(const ms_cuda_module *m, const ms_rmsnorm_pa
     MS_TRY(want_op(m, MS_KERNEL_OP_RMSNORM, err));
     if (out_dtype != MS_KERNEL_DTYPE_BF16 && out_dtype != MS_KERNEL_DTYPE_F16)
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: output type must be bf16 or f16", m->uri);
-    const int v = vec_elems(m->spec.act_dtype);
-    if (p->n_rows < 0 || p->dim < v || p->dim % v != 0 || p->x_stride % v != 0 ||
-        p->out_stride % v != 0 || p->x_stride < p->dim || p->out_stride < p->dim)
-        return MS_FAIL(err, MS_ERR_INVALID_ARG,
-                       "%s: dim %d and strides %d/%d must be multiples of %d elements", m->uri,
-                       p->dim, p->x_stride, p->out_stride, v);
-    if (!aligned16(p->x) || !aligned16(p->out) || !aligned16(p->weight) ||
-        (m->spec.add_residual && !aligned16(p->residual)))
-        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: rows must be 16-byte aligned", m->uri);
-    ms_rmsnorm_params copy = *p;
-    return launch(m, out_dtype == MS_KERNEL_DTYPE_BF16 ? 1 : 2, (unsigned)p->n_rows, 1, 1,
-                  MS_RMSNORM_THREADS, &copy, stream, err);
+    return rmsnorm_entry_launch(m, out_dtype == MS_KERNEL_DTYPE_BF16 ? 1 : 2, p, stream, err);
 }
 
 ms_status ms_cuda_rmsnorm_heads_launch(const ms_cuda_module *m, const ms_rmsnorm_params *p,
