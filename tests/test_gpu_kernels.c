@@ -412,6 +412,12 @@ static void test_attn_decode(void **state) {
     run_decode_case(96, 16, 1, 8, 5); /* 12 lanes per key, padded to 16 */
     run_decode_case(256, 16, 4, 0, 4); /* one key per warp load */
     run_decode_case(128, 16, 16, 0, 3);
+    /* the tensor-core loop's two addressing paths: pages of 8 (a 16-key step spans two pages,
+       one page id per key) and of 32 (two steps a page, one page id a step) */
+    run_decode_case(128, 8, 4, 0, 3);
+    run_decode_case(128, 8, 4, 37, 0);
+    run_decode_case(64, 32, 4, 37, 3);
+    run_decode_case(64, 32, 2, 0, 0);
 }
 
 /*

@@ -70,9 +70,12 @@ constexpr long long kAttnDecodePrefetchBytes = 32LL << 20;
  * head h of keys [k0, k0 + n) inside [kmin, kend), n the CTA's share of
  * kAttnDecodePrefetchBytes (a short split: all of it). The whole launch's first bytes are then
  * requested at once instead of two register steps per warp at a time, and on sm_90 they come in
- * while the previous kernel finishes. Thread i takes line i of the list (key, K or V, line of the
- * row); page ids come from p.kv_indices[p0 + key / PS]. A prefetch only moves data closer (L2 is
- * the point of coherence, nothing lands in L1): the loads after the wait read the same rows. */
+ * while the previous kernel finishes. Thread i takes kKeys consecutive keys k0 + i * kKeys + ...
+ * (all lines of their K and V rows: 8 lines a thread), so it loads one page id per key,
+ * p.kv_indices[p0 + key / PS]. (Spreading a thread's lines over 8 keys cost 8 page-id loads and
+ * 8 address computations a thread: about 550 of the kernel's instructions, issued at two warps a
+ * scheduler, a few microseconds of a short split.) A prefetch only moves data closer (L2 is the
+ * point of coherence, nothing lands in L1): the loads after the wait read the same rows. */
 template <typename T, int HD, int PS>
 __device__ __forceinline__ void attn_decode_prefetch(const ms_attn_kernel_params &p,
                                                      const paged_kv<const T, HD, PS> &kv, int h,
@@ -80,21 +83,24 @@ __device__ __forceinline__ void attn_decode_prefetch(const ms_attn_kernel_params
     constexpr int kRowBytes = HD * (int)sizeof(T);
     constexpr int kLines = (kRowBytes + 127) / 128; /* per K or V row */
     constexpr int kPerThread = 8;                   /* lines, so the prologue stays short */
+    constexpr int kKeys = kPerThread / (2 * kLines) > 0 ? kPerThread / (2 * kLines) : 1;
     constexpr int kThreads = MS_ATTN_DECODE_THREADS;
     const long long ctas = (long long)gridDim.x * gridDim.y * gridDim.z;
     const long long budget = kAttnDecodePrefetchBytes / (ctas * 2 * kLines * 128);
-    const int n = (int)min(min((long long)(kend - k0), budget),
-                           (long long)(kPerThread * kThreads / (2 * kLines)));
-    /* unrolled: the page-id loads of a thread's lines are independent and issue together */
+    const int n = (int)min(min((long long)(kend - k0), budget), (long long)(kKeys * kThreads));
+    /* unrolled: the page-id loads of a thread's keys are independent and issue together */
 #pragma unroll
-    for (int it = 0; it < kPerThread; it++) {
-        const int i = (int)threadIdx.x + it * kThreads;
-        const int j = k0 + i / (2 * kLines), v = (i / kLines) & 1, line = i % kLines;
-        if (i < n * 2 * kLines && j >= kmin) {
-            const T *row = kv.k_ptr(p.kv_indices[p0 + j / PS], j % PS, h) +
-                           (long long)v * PS * kv.token_stride();
-            const char *a = reinterpret_cast<const char *>(row) + 128 * line;
-            asm volatile("prefetch.global.L2 [%0];" ::"l"(a));
+    for (int kk = 0; kk < kKeys; kk++) {
+        const int i = (int)threadIdx.x * kKeys + kk, j = k0 + i;
+        if (i < n && j >= kmin) {
+            const char *row = reinterpret_cast<const char *>(
+                kv.k_ptr(p.kv_indices[p0 + j / PS], j % PS, h));
+            const long long v_off = (long long)PS * kv.token_stride() * (long long)sizeof(T);
+#pragma unroll
+            for (int line = 0; line < kLines; line++) {
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(row + 128 * line));
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(row + v_off + 128 * line));
+            }
         }
     }
 }
@@ -447,6 +453,13 @@ __device__ __forceinline__ void attn_decode_simt(const ms_attn_kernel_params &p)
  * lane loads a contiguous slice of HD/8 dims of 4 keys and pairs them with a byte permute, so
  * the output dims of a lane are contiguous too. Warp w takes 16-key steps w, w + NW, ...; two
  * steps are in flight per warp (register double buffer, page ids two steps ahead).
+ * With pages of a multiple of 16 keys (kPageSteps, the usual 16) a step is one page's run of 16
+ * rows: one page id a step, the lane's addresses that page's base plus offsets fixed for the
+ * launch, and a step whose keys are all in the view (all but a split's first and last, with a
+ * window) loads and scores without per-key predicates. Before that change every key of a step
+ * looked up its own page id and built its own 64-bit address: 540 instructions a step, at two
+ * warps a scheduler the loop's limit (8 x 8k at 80% of copy bandwidth, 128 x 640 at 69%; after,
+ * about 280 a step and 85% / 78%, docs/perf.md).
  */
 template <int HD> struct attn_decode_mma_cfg {
     static_assert(HD % 16 == 0 && HD <= 256, "tensor-core decode: head_dim multiple of 16");
@@ -508,40 +521,71 @@ __device__ __forceinline__ void attn_decode_mma(const ms_attn_kernel_params &p) 
     const int first = (kmin - kbeg) / STEP;
     const int n_steps = kend > kbeg ? (kend - kbeg + STEP - 1) / STEP : 0;
 
-    /* Page ids: [0] for the K key of each tile (keys 8t + gid), [2..5] for the V keys
-     * (2 tig + {0, 1, 8, 9}); -1 outside [kmin, kend) or past the split. */
+    /* Page ids of a step's keys. PS a multiple of 16 (kPageSteps: every split starts on a page,
+     * so each 16-key step lies in one page): one page id per step, the same for the warp's lanes
+     * (one broadcast load), and the lane's K/V addresses are that page's base plus offsets fixed
+     * for the launch. Otherwise: k[t] for the K key of each tile (keys 8t + gid), v[i] for the
+     * V keys (2 tig + {0, 1, 8, 9}). -1 outside [kmin, kend) or past the split. */
+    constexpr bool kPageSteps = PS % STEP == 0;
     struct pages {
-        int k[2], v[4];
+        int k[kPageSteps ? 1 : 2], v[kPageSteps ? 1 : 4];
     };
     auto key_k = [&](int st, int t) { return kbeg + st * STEP + 8 * t + gid; };
     auto key_v = [&](int st, int i) { return kbeg + st * STEP + 2 * tig + (i & 1) + 8 * (i >> 1); };
+    auto in_view = [&](int j) { return j >= kmin && j < kend; };
     auto page_of = [&](int st, int j) {
-        return st < n_steps && j >= kmin && j < kend ? p.kv_indices[p0 + j / PS] : -1;
+        return st < n_steps && in_view(j) ? p.kv_indices[p0 + j / PS] : -1;
     };
     auto load_pages = [&](int st, pages &pg) {
+        if constexpr (kPageSteps) {
+            pg.k[0] = st < n_steps ? p.kv_indices[p0 + (kbeg + st * STEP) / PS] : -1;
+        } else {
 #pragma unroll
-        for (int t = 0; t < 2; t++)
-            pg.k[t] = page_of(st, key_k(st, t));
+            for (int t = 0; t < 2; t++)
+                pg.k[t] = page_of(st, key_k(st, t));
 #pragma unroll
-        for (int i = 0; i < 4; i++)
-            pg.v[i] = page_of(st, key_v(st, i));
+            for (int i = 0; i < 4; i++)
+                pg.v[i] = page_of(st, key_v(st, i));
+        }
     };
+    /* kPageSteps: element offsets of the lane's K rows (tile t: key 8t + gid, dims 8 tig ..) and
+     * V rows (key 2 tig + {0, 1, 8, 9}, dims NTL gid ..) from a step's first key row of head 0 */
+    const long long ts = kv.token_stride();
+    const long long off_k = (long long)gid * ts + (long long)h * HD + 8 * tig;
+    const long long off_v = (long long)(2 * tig) * ts + (long long)PS * ts + (long long)h * HD +
+                            NTL * gid;
     /* raw operands of one step: K words [tile][k-step][b0, b1], V words [key][VW] */
     struct operands {
         unsigned k[2][KS][2];
         unsigned v[4][VW];
     };
-    auto load_step = [&](int st, const pages &pg, operands &op) {
+    /* FULL: every key of the step is in [kmin, kend) and its page is known (kPageSteps only),
+     * so the loads need no predicate and no zero fill: the common case, one branch a step (the
+     * lambda is inlined at both calls with FULL a constant) */
+    auto load_step_body = [&](const bool FULL, int st, const pages &pg, operands &op) {
+        const T *page_base = nullptr; /* kPageSteps: the step's first key row, head 0 */
+        if constexpr (kPageSteps) {
+            const int key0 = kbeg + st * STEP;
+            page_base = kv.base + (long long)(pg.k[0] < 0 ? 0 : pg.k[0]) * kv.page_stride() +
+                        (long long)(key0 % PS) * ts;
+        }
 #pragma unroll
         for (int t = 0; t < 2; t++) {
             const int j = key_k(st, t);
-            const bool ok = pg.k[t] >= 0;
-            const T *kp = ok ? kv.k_ptr(pg.k[t], j % PS, h) : nullptr;
+            bool ok;
+            const T *kp;
+            if constexpr (kPageSteps) {
+                ok = FULL || (pg.k[0] >= 0 && in_view(j));
+                kp = page_base + off_k + (long long)(8 * t) * ts;
+            } else {
+                ok = pg.k[t] >= 0;
+                kp = ok ? kv.k_ptr(pg.k[t], j % PS, h) + 8 * tig : nullptr;
+            }
 #pragma unroll
             for (int s2 = 0; s2 < KS / 2; s2++) {
                 uint4 w = make_uint4(0u, 0u, 0u, 0u);
                 if (ok)
-                    w = *reinterpret_cast<const uint4 *>(kp + s2 * 32 + 8 * tig);
+                    w = *reinterpret_cast<const uint4 *>(kp + s2 * 32);
                 op.k[t][2 * s2][0] = w.x;
                 op.k[t][2 * s2][1] = w.y;
                 op.k[t][2 * s2 + 1][0] = w.z;
@@ -550,7 +594,7 @@ __device__ __forceinline__ void attn_decode_mma(const ms_attn_kernel_params &p) 
             if (KS % 2) {
                 uint2 w = make_uint2(0u, 0u);
                 if (ok)
-                    w = *reinterpret_cast<const uint2 *>(kp + 16 * (KS - 1) + 4 * tig);
+                    w = *reinterpret_cast<const uint2 *>(kp - 8 * tig + 16 * (KS - 1) + 4 * tig);
                 op.k[t][KS - 1][0] = w.x;
                 op.k[t][KS - 1][1] = w.y;
             }
@@ -558,8 +602,15 @@ __device__ __forceinline__ void attn_decode_mma(const ms_attn_kernel_params &p) 
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             const int j = key_v(st, i);
-            const bool ok = pg.v[i] >= 0;
-            const T *vp = ok ? kv.v_ptr(pg.v[i], j % PS, h) + NTL * gid : nullptr;
+            bool ok;
+            const T *vp;
+            if constexpr (kPageSteps) {
+                ok = FULL || (pg.k[0] >= 0 && in_view(j));
+                vp = page_base + off_v + (long long)((i & 1) + 8 * (i >> 1)) * ts;
+            } else {
+                ok = pg.v[i] >= 0;
+                vp = ok ? kv.v_ptr(pg.v[i], j % PS, h) + NTL * gid : nullptr;
+            }
             if (VW % 4 == 0) {
 #pragma unroll
                 for (int w4 = 0; w4 < VW / 4; w4++) {
@@ -587,6 +638,16 @@ __device__ __forceinline__ void attn_decode_mma(const ms_attn_kernel_params &p) 
             }
         }
     };
+    auto step_full = [&](int st) {
+        const int key0 = kbeg + st * STEP;
+        return kPageSteps && st < n_steps && key0 >= kmin && key0 + STEP <= kend;
+    };
+    auto load_step = [&](int st, const pages &pg, operands &op) {
+        if (step_full(st))
+            load_step_body(true, st, pg, op);
+        else
+            load_step_body(false, st, pg, op);
+    };
     auto compute_step = [&](int st, const operands &op) {
         float s[2][4];
 #pragma unroll
@@ -601,12 +662,20 @@ __device__ __forceinline__ void attn_decode_mma(const ms_attn_kernel_params &p) 
 #pragma unroll
         for (int t = 0; t < 2; t++)
 #pragma unroll
-            for (int e = 0; e < 4; e++) {
-                const int j = kbeg + st * STEP + 8 * t + 2 * tig + (e & 1);
-                const float v = j >= kmin && j < kend ? s[t][e] * scale : neg_inf();
-                s[t][e] = v;
-                mx[e >> 1] = fmaxf(mx[e >> 1], v);
-            }
+            for (int e = 0; e < 4; e++)
+                s[t][e] *= scale;
+        if (!step_full(st)) /* uniform over the warp: only a split's first and last steps */
+#pragma unroll
+            for (int t = 0; t < 2; t++)
+#pragma unroll
+                for (int e = 0; e < 4; e++)
+                    if (!in_view(kbeg + st * STEP + 8 * t + 2 * tig + (e & 1)))
+                        s[t][e] = neg_inf();
+#pragma unroll
+        for (int t = 0; t < 2; t++)
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                mx[e >> 1] = fmaxf(mx[e >> 1], s[t][e]);
         float alpha[2], muse[2];
 #pragma unroll
         for (int i = 0; i < 2; i++) {
