@@ -651,8 +651,10 @@ static int ref_mrope_stream(int i, const int *sections, int n_sections) {
  * frequencies computed in the kernel from theta (llama3 scaling or not), one position per token;
  * n_sections > 0: the M-RoPE instance with a frequency table, positions [n_sections, 7] with a
  * padded stream stride (the pad holds huge positions: reading it shows). */
+/* rot: rotary_dim (0: all of head_dim); the dims past it pass unrotated */
 static void run_rope_case_ex(int hd, int ps, ms_kernel_rope style, bool llama3, const int *sections,
-                             int n_sections) {
+                             int n_sections, int rot) {
+    const int rd = rot > 0 ? rot : hd;
     const int hq = 8, hkv = 2, n_tok = 7, stride = (hq + 2 * hkv) * hd;
     const int pos_stride = n_tok + 3;
     const req rq[1] = {{0, 5 * ps, 0}}; /* an arena of 5 pages; contents replaced below */
@@ -673,8 +675,8 @@ static void run_rope_case_ex(int hd, int ps, ms_kernel_rope style, bool llama3, 
     const float theta = n_sections > 0 ? 10000.f : 500000.f, factor = 8.f, lo = 1.f, hi = 4.f,
                 orig = 8192.f;
     float inv_tab[512];
-    for (int i = 0; i < hd / 2; i++)
-        inv_tab[i] = ref_inv_freq(i, hd, theta, llama3, factor, lo, hi, orig);
+    for (int i = 0; i < rd / 2; i++)
+        inv_tab[i] = ref_inv_freq(i, rd, theta, llama3, factor, lo, hi, orig);
 
     dev_list l = {0};
     uint16_t *dqkv = dup_h2d(&l, qkv, sizeof(uint16_t) * (size_t)n_tok * stride);
@@ -706,6 +708,7 @@ static void run_rope_case_ex(int hd, int ps, ms_kernel_rope style, bool llama3, 
     p.low_freq_factor = lo;
     p.high_freq_factor = hi;
     p.original_max_pos = orig;
+    p.rotary_dim = rot;
     if (n_sections > 0) {
         p.inv_freq = dinv;
         p.n_sections = n_sections;
@@ -725,9 +728,11 @@ static void run_rope_case_ex(int hd, int ps, ms_kernel_rope style, bool llama3, 
         for (int h = 0; h < hq + hkv; h++) {
             const uint16_t *x = &qkv[(size_t)t * stride + (size_t)h * hd];
             double *o = h < hq ? &rq_[((size_t)t * hq + h) * hd] : &rk[((size_t)t * hkv + h - hq) * hd];
-            for (int i = 0; i < hd / 2; i++) {
+            for (int d = rd; d < hd; d++)
+                o[d] = bf2f(x[d]);
+            for (int i = 0; i < rd / 2; i++) {
                 int a = style == MS_KERNEL_ROPE_INTERLEAVED ? 2 * i : i;
-                int b = style == MS_KERNEL_ROPE_INTERLEAVED ? 2 * i + 1 : i + hd / 2;
+                int b = style == MS_KERNEL_ROPE_INTERLEAVED ? 2 * i + 1 : i + rd / 2;
                 float tp = n_sections > 0
                                ? (float)pos3[ref_mrope_stream(i, sections, n_sections) * pos_stride + t]
                                : (float)pos[t];
@@ -789,7 +794,7 @@ static void run_rope_case_ex(int hd, int ps, ms_kernel_rope style, bool llama3, 
 }
 
 static void run_rope_case(int hd, int ps, ms_kernel_rope style, bool llama3) {
-    run_rope_case_ex(hd, ps, style, llama3, NULL, 0);
+    run_rope_case_ex(hd, ps, style, llama3, NULL, 0, 0);
 }
 
 static void test_rope_kv(void **state) {
@@ -801,6 +806,11 @@ static void test_rope_kv(void **state) {
                 run_rope_case(hds[a], 16, (ms_kernel_rope)st, sc == 1);
     run_rope_case(128, 128, MS_KERNEL_ROPE_NEOX, true);
     run_rope_case(16, 16, MS_KERNEL_ROPE_INTERLEAVED, false); /* llama2.c fixture shape */
+    /* partial rotary dims: the 4-pair vector path with passthrough groups (rot a multiple of 8),
+       and the element path (rot 20: 4-pair groups would straddle the rotary edge) */
+    run_rope_case_ex(128, 16, MS_KERNEL_ROPE_NEOX, false, NULL, 0, 64);
+    run_rope_case_ex(64, 16, MS_KERNEL_ROPE_NEOX, true, NULL, 0, 20);
+    run_rope_case_ex(64, 16, MS_KERNEL_ROPE_INTERLEAVED, false, NULL, 0, 32);
 }
 
 /* M-RoPE (Qwen2-VL): each rotary pair's position from the stream of its section; sections as
@@ -811,11 +821,11 @@ static void test_rope_kv_mrope(void **state) {
     const int s64[3] = {8, 12, 12}, s128[3] = {16, 24, 24}, empty[3] = {16, 0, 16};
     const int lopsided[3] = {31, 1, 0};
     for (int st = MS_KERNEL_ROPE_NEOX; st <= MS_KERNEL_ROPE_INTERLEAVED; st++) {
-        run_rope_case_ex(64, 16, (ms_kernel_rope)st, false, s64, 3);
-        run_rope_case_ex(128, 16, (ms_kernel_rope)st, false, s128, 3);
+        run_rope_case_ex(64, 16, (ms_kernel_rope)st, false, s64, 3, 0);
+        run_rope_case_ex(128, 16, (ms_kernel_rope)st, false, s128, 3, 0);
     }
-    run_rope_case_ex(64, 16, MS_KERNEL_ROPE_NEOX, false, empty, 3);
-    run_rope_case_ex(64, 16, MS_KERNEL_ROPE_NEOX, false, lopsided, 3);
+    run_rope_case_ex(64, 16, MS_KERNEL_ROPE_NEOX, false, empty, 3, 0);
+    run_rope_case_ex(64, 16, MS_KERNEL_ROPE_NEOX, false, lopsided, 3, 0);
     /* the launcher checks the sections against rotary_dim */
     ms_cuda_module *m = load(ms_kernel_spec_rope_kv_mrope(MS_KERNEL_DTYPE_BF16, 64, 16,
                                                           MS_KERNEL_ROPE_NEOX));

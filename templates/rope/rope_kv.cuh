@@ -6,7 +6,9 @@
  * step at batch 1 on one SM: 17 us per layer on the H200, docs/perf.md). Each thread handles whole
  * pairs, so the in-place update of q is race-free; the angle is pos * inv_freq in float and cos/sin use the accurate
  * sincosf (positions reach 10^5 and more). Dims past rotary_dim pass unrotated (to the pages for
- * k). v is converted to the page type element by element.
+ * k). v is converted to the page type. Neox instances with everything 4-element aligned take four
+ * pairs (and four v elements) a thread in vector accesses (rope_kv_neox4); the rest one pair, one
+ * element a thread.
  *
  * M-RoPE (MROPE instances, Qwen2-VL): rotary pair i takes its position from the stream of the
  * section it falls in (pairs [0, sections[0]) stream 0, the next sections[1] pairs stream 1, ...),
@@ -34,6 +36,97 @@ __device__ __forceinline__ int mrope_stream(int i, const ms_rope_kv_params &p) {
     return s;
 }
 
+/* Four consecutive elements of T at p (aligned to 4 elements) as floats, and back. */
+template <typename T> __device__ __forceinline__ void rope_load4(const T *p, float (&f)[4]) {
+    if constexpr (sizeof(T) == 4) {
+        const float4 v = *reinterpret_cast<const float4 *>(p);
+        f[0] = v.x, f[1] = v.y, f[2] = v.z, f[3] = v.w;
+    } else {
+        const uint2 u = *reinterpret_cast<const uint2 *>(p);
+        T e[4];
+        e[0].x = (unsigned short)(u.x & 0xffffu), e[1].x = (unsigned short)(u.x >> 16);
+        e[2].x = (unsigned short)(u.y & 0xffffu), e[3].x = (unsigned short)(u.y >> 16);
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            f[i] = to_float(e[i]);
+    }
+}
+template <typename T> __device__ __forceinline__ void rope_store4(T *p, const float (&f)[4]) {
+    if constexpr (sizeof(T) == 4)
+        *reinterpret_cast<float4 *>(p) = make_float4(f[0], f[1], f[2], f[3]);
+    else
+        store_any<T, 4>(p, f);
+}
+
+/* The neox (rotate-half) case with four pairs a thread: slots i0 .. i0 + 3 of a head (i0 a
+ * multiple of 4; rot and the strides multiples of 8 and 4, the rows aligned, checked by the
+ * caller), so each thread reads and writes 4-element vectors: x[i0 ..] and x[i0 + rot/2 ..], or
+ * for the slots past rot/2 the 8 passthrough dims rot + 2 (i0 - rot/2) ... The same arithmetic as
+ * the scalar loop below (same inv_freq, sincosf and rotation per pair), so the same bits. One
+ * element a thread stored 2-byte page rows at about 45% of the copy bandwidth in a 2048-token
+ * prefill (docs/perf.md). */
+template <typename TA, typename T, int HD, int PS, int SCALING>
+__device__ __forceinline__ void rope_kv_neox4(const ms_rope_kv_params &p, TA *q, const TA *k,
+                                              const TA *v, const paged_kv<T, HD, PS> &kv,
+                                              int page, int slot, float pos, int rot, float att) {
+    constexpr int kGroups = HD / 8; /* 4-slot groups of a head's HD/2 pair slots */
+    const int n_groups = (p.n_q_heads + p.n_kv_heads) * kGroups;
+    const int tid = blockIdx.y * blockDim.x + threadIdx.x, nthr = gridDim.y * blockDim.x;
+    for (int idx = tid; idx < n_groups; idx += nthr) {
+        const int head = idx / kGroups, i0 = 4 * (idx % kGroups);
+        const bool is_q = head < p.n_q_heads;
+        const int hh = is_q ? head : head - p.n_q_heads;
+        const TA *src = is_q ? q + head * HD : k + hh * HD;
+        if (i0 < rot / 2) {
+            const int a = i0, b = i0 + rot / 2;
+            float xa[4], xb[4];
+            rope_load4(src + a, xa);
+            rope_load4(src + b, xb);
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                const float inv = p.inv_freq != nullptr
+                                      ? p.inv_freq[i0 + e]
+                                      : rope_inv_freq<SCALING>(i0 + e, rot, p.theta, p.factor,
+                                                               p.low_freq_factor,
+                                                               p.high_freq_factor,
+                                                               p.original_max_pos);
+                float sn, cs;
+                sincosf(pos * inv, &sn, &cs);
+                rope_rotate(xa[e], xb[e], cs * att, sn * att);
+            }
+            if (is_q) {
+                rope_store4(q + head * HD + a, xa);
+                rope_store4(q + head * HD + b, xb);
+            } else {
+                TA *kh = const_cast<TA *>(k) + hh * HD; /* rotated in place too */
+                rope_store4(kh + a, xa);
+                rope_store4(kh + b, xb);
+                if (p.kv != nullptr) {
+                    T *dst = kv.k_ptr(page, slot, hh);
+                    store_any<T, 4>(dst + a, xa);
+                    store_any<T, 4>(dst + b, xb);
+                }
+            }
+        } else if (!is_q && p.kv != nullptr) { /* k passthrough dims: to the pages as they are */
+            const int a = rot + 2 * (i0 - rot / 2);
+            float x0[4], x1[4];
+            rope_load4(src + a, x0);
+            rope_load4(src + a + 4, x1);
+            T *dst = kv.k_ptr(page, slot, hh);
+            store_any<T, 4>(dst + a, x0);
+            store_any<T, 4>(dst + a + 4, x1);
+        }
+    }
+    if (p.kv == nullptr)
+        return;
+    for (int idx = tid; idx < p.n_kv_heads * (HD / 4); idx += nthr) {
+        const int hh = idx / (HD / 4), d = 4 * (idx % (HD / 4));
+        float x[4];
+        rope_load4(v + hh * HD + d, x);
+        store_any<T, 4>(kv.v_ptr(page, slot, hh) + d, x);
+    }
+}
+
 /// TA: element type of q, k, v (float, bf16 or f16); T: page type (bf16 or f16); HD: head_dim;
 /// PS: page_size; STYLE: kRopeNone / kRopeNeox / kRopeInterleaved;
 /// SCALING: kRopeScalingNone / kRopeScalingLlama3 (used when p.inv_freq is NULL);
@@ -53,6 +146,19 @@ __device__ __forceinline__ void rope_kv(const ms_rope_kv_params &p) {
     const TA *k = static_cast<const TA *>(p.k) + (long long)t * p.k_stride;
     const TA *v = static_cast<const TA *>(p.v) + (long long)t * p.v_stride;
 
+    if constexpr (STYLE == kRopeNeox && !MROPE && HD % 8 == 0) {
+        /* four pairs a thread, 16-byte (f32) / 8-byte (16-bit) accesses, when everything lines up
+         * (the usual case: a fused QKV row of f32 or bf16, rotary_dim = head_dim) */
+        const bool aligned =
+            rot % 8 == 0 && p.q_stride % 4 == 0 && p.k_stride % 4 == 0 && p.v_stride % 4 == 0 &&
+            ((reinterpret_cast<unsigned long long>(p.q) | reinterpret_cast<unsigned long long>(p.k) |
+              reinterpret_cast<unsigned long long>(p.v)) %
+             (4 * sizeof(TA))) == 0;
+        if (aligned) {
+            rope_kv_neox4<TA, T, HD, PS, SCALING>(p, q, k, v, kv, page, slot, pos, rot, att);
+            return;
+        }
+    }
     /* pair slot i < HD/2 of a head: i < rot/2 rotates a pair; otherwise it stands for the two
      * passthrough dims rot + 2 (i - rot/2) and the one after */
     const int n_slots = (p.n_q_heads + p.n_kv_heads) * (HD / 2);
