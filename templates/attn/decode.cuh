@@ -657,28 +657,31 @@ __device__ __forceinline__ void attn_decode_mma(const ms_attn_kernel_params &p) 
             for (int kk = 0; kk < KS; kk++)
                 mma_m16n8k16<T>::run(s[t], qa[kk], op.k[t][kk][0], op.k[t][kk][1]);
         }
-        /* C layout: s[t][e] = S[row gid + 8 (e >> 1)][key 8t + 2 tig + (e & 1)] */
+        /* C layout: s[t][e] = S[row gid + 8 (e >> 1)][key 8t + 2 tig + (e & 1)]. Rows gid + 8
+         * are heads >= 8: with G <= 8 (NR = 1) they are padding (zero q rows), so their softmax is
+         * not computed and their P rows are zeros (o's rows gid + 8 stay 0, never written). */
+        constexpr int NR = G <= 8 ? 1 : 2;
         float mx[2] = {neg_inf(), neg_inf()};
 #pragma unroll
         for (int t = 0; t < 2; t++)
 #pragma unroll
-            for (int e = 0; e < 4; e++)
+            for (int e = 0; e < 2 * NR; e++)
                 s[t][e] *= scale;
         if (!step_full(st)) /* uniform over the warp: only a split's first and last steps */
 #pragma unroll
             for (int t = 0; t < 2; t++)
 #pragma unroll
-                for (int e = 0; e < 4; e++)
+                for (int e = 0; e < 2 * NR; e++)
                     if (!in_view(kbeg + st * STEP + 8 * t + 2 * tig + (e & 1)))
                         s[t][e] = neg_inf();
 #pragma unroll
         for (int t = 0; t < 2; t++)
 #pragma unroll
-            for (int e = 0; e < 4; e++)
+            for (int e = 0; e < 2 * NR; e++)
                 mx[e >> 1] = fmaxf(mx[e >> 1], s[t][e]);
-        float alpha[2], muse[2];
+        float alpha[2] = {1.f, 1.f}, muse[2] = {0.f, 0.f};
 #pragma unroll
-        for (int i = 0; i < 2; i++) {
+        for (int i = 0; i < NR; i++) {
             mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 1));
             mx[i] = fmaxf(mx[i], __shfl_xor_sync(0xffffffffu, mx[i], 2));
             const float m_new = fmaxf(m[i], mx[i]);
@@ -693,17 +696,23 @@ __device__ __forceinline__ void attn_decode_mma(const ms_attn_kernel_params &p) 
             for (int n = 0; n < NTL; n++) {
                 o[n][0] *= alpha[0];
                 o[n][1] *= alpha[0];
-                o[n][2] *= alpha[1];
-                o[n][3] *= alpha[1];
+                if (NR == 2) {
+                    o[n][2] *= alpha[1];
+                    o[n][3] *= alpha[1];
+                }
             }
         }
 #pragma unroll
         for (int t = 0; t < 2; t++)
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const float pe = exp2f(s[t][e] - muse[e >> 1]);
-                s[t][e] = pe;
-                l[e >> 1] += pe;
+                if ((e >> 1) < NR) {
+                    const float pe = exp2f(s[t][e] - muse[e >> 1]);
+                    s[t][e] = pe;
+                    l[e >> 1] += pe;
+                } else {
+                    s[t][e] = 0.f;
+                }
             }
         unsigned pa[4];
         pa[0] = pack2<T>(s[0][0], s[0][1]);
