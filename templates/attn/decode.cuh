@@ -105,6 +105,34 @@ __device__ __forceinline__ void attn_decode_prefetch(const ms_attn_kernel_params
     }
 }
 
+/* The keys one CTA of a decode launch covers: request b's bounds, loaded in one round of
+ * independent loads before any branch, and split `split`'s share of its view. Each view sizes its
+ * own splits, max(pages_per_split, ceil(view pages / n_splits)) pages, so every split count covers
+ * the whole view and a launch whose n_splits was fixed at graph capture stays correct however
+ * long the views grow. */
+template <int PS, bool WINDOWED> struct attn_decode_keys {
+    bool has_row; /* the request has a query row this step (else the CTA writes nothing) */
+    int row;      /* its last query row: the token decoded */
+    int p0;       /* first entry of the view in kv_indices */
+    int kbeg;     /* the split's first key (a multiple of PS) */
+    int kend;     /* one past its last key, at most the view's length */
+    int kmin;     /* first key that counts: kbeg, or the window's first key if later */
+    __device__ __forceinline__ attn_decode_keys(const ms_attn_kernel_params &p, int b, int split) {
+        const int qo0 = p.qo_indptr[b], qo1 = p.qo_indptr[b + 1];
+        const int pb = p.kv_indptr[b], p1 = p.kv_indptr[b + 1];
+        const int last_len = p.kv_last_page_len[b], start = p.kv_start[b];
+        has_row = qo1 - qo0 > 0;
+        row = qo1 - 1;
+        p0 = pb;
+        const int length = p1 == pb ? 0 : (p1 - pb - 1) * PS + last_len;
+        const int qpos = start + length - 1;
+        const int pps = max(p.pages_per_split, (p1 - pb + p.n_splits - 1) / p.n_splits);
+        kbeg = split * pps * PS;
+        kend = min(length, (split + 1) * pps * PS);
+        kmin = WINDOWED ? max(kbeg, qpos - p.window + 1 - start) : kbeg;
+    }
+};
+
 /// T: element type of the KV pages (bf16 or f16); HD: head_dim; PS: page_size;
 /// G: query heads per KV head (GQA group); WINDOWED: mask keys outside p.window.
 template <typename T, int HD, int PS, int G, bool WINDOWED> struct attn_decode_cfg {
@@ -251,23 +279,10 @@ __device__ __forceinline__ void attn_decode_simt(const ms_attn_kernel_params &p)
     const bool active = c < TPK; /* padding lanes hold zeros */
     pdl_launch_dependents();
 
-    /* the request's bounds in one round of independent loads, before any branch */
-    const int qo0 = p.qo_indptr[b], qo1 = p.qo_indptr[b + 1];
-    const int p0 = p.kv_indptr[b], p1 = p.kv_indptr[b + 1];
-    const int last_len = p.kv_last_page_len[b], start = p.kv_start[b];
-    if (qo1 - qo0 <= 0)
+    const attn_decode_keys<PS, WINDOWED> ks(p, b, split);
+    if (!ks.has_row)
         return; /* no query row for this request: nothing to write (uniform over the splits) */
-    const int row = qo1 - 1;
-    const int length = p1 == p0 ? 0 : (p1 - p0 - 1) * PS + last_len;
-    const int qpos = start + length - 1;
-    /* this view's own split size: every split count covers the whole view, so a launch whose
-       n_splits was fixed at graph capture stays correct however long the views grow */
-    const int pps = max(p.pages_per_split, (p1 - p0 + p.n_splits - 1) / p.n_splits);
-    const int kbeg = split * pps * PS;
-    const int kend = min(length, (split + 1) * pps * PS);
-    int kmin = kbeg;
-    if (WINDOWED)
-        kmin = max(kbeg, qpos - p.window + 1 - start);
+    const int row = ks.row, p0 = ks.p0, kbeg = ks.kbeg, kend = ks.kend, kmin = ks.kmin;
 
     paged_kv<const T, HD, PS> kv{static_cast<const T *>(p.kv), p.n_kv_heads};
     const TA *q = static_cast<const TA *>(p.q);
@@ -486,23 +501,10 @@ __device__ __forceinline__ void attn_decode_mma(const ms_attn_kernel_params &p) 
     const int gid = lane >> 2, tig = lane & 3;
     pdl_launch_dependents();
 
-    /* the request's bounds in one round of independent loads, before any branch */
-    const int qo0 = p.qo_indptr[b], qo1 = p.qo_indptr[b + 1];
-    const int p0 = p.kv_indptr[b], p1 = p.kv_indptr[b + 1];
-    const int last_len = p.kv_last_page_len[b], start = p.kv_start[b];
-    if (qo1 - qo0 <= 0)
+    const attn_decode_keys<PS, WINDOWED> ks(p, b, split);
+    if (!ks.has_row)
         return; /* no query row for this request: nothing to write (uniform over the splits) */
-    const int row = qo1 - 1;
-    const int length = p1 == p0 ? 0 : (p1 - p0 - 1) * PS + last_len;
-    const int qpos = start + length - 1;
-    /* this view's own split size: every split count covers the whole view, so a launch whose
-       n_splits was fixed at graph capture stays correct however long the views grow */
-    const int pps = max(p.pages_per_split, (p1 - p0 + p.n_splits - 1) / p.n_splits);
-    const int kbeg = split * pps * PS;
-    const int kend = min(length, (split + 1) * pps * PS);
-    int kmin = kbeg;
-    if (WINDOWED)
-        kmin = max(kbeg, qpos - p.window + 1 - start);
+    const int row = ks.row, p0 = ks.p0, kbeg = ks.kbeg, kend = ks.kend, kmin = ks.kmin;
 
     paged_kv<const T, HD, PS> kv{static_cast<const T *>(p.kv), p.n_kv_heads};
     const float scale = p.sm_scale * kLog2e;
