@@ -73,8 +73,8 @@ constexpr long long kAttnDecodePrefetchBytes = 32LL << 20;
  * while the previous kernel finishes. Thread i takes kKeys consecutive keys k0 + i * kKeys + ...
  * (all lines of their K and V rows: 8 lines a thread), so it loads one page id per key,
  * p.kv_indices[p0 + key / PS]. (Spreading a thread's lines over 8 keys cost 8 page-id loads and
- * 8 address computations a thread: about 550 of the kernel's instructions, issued at two warps a
- * scheduler, a few microseconds of a short split.) A prefetch only moves data closer (L2 is the
+ * 8 address computations a thread: about 550 instructions of a prologue that every CTA issues,
+ * at two warps a scheduler, before its first key.) A prefetch only moves data closer (L2 is the
  * point of coherence, nothing lands in L1): the loads after the wait read the same rows. */
 template <typename T, int HD, int PS>
 __device__ __forceinline__ void attn_decode_prefetch(const ms_attn_kernel_params &p,
