@@ -674,7 +674,7 @@ static void run_rope_case_ex(int hd, int ps, ms_kernel_rope style, bool llama3, 
         pos3[i] = i % pos_stride >= n_tok ? 1000000 + irand(1000) : (i % pos_stride == 0 ? 0 : irand(5000));
     const float theta = n_sections > 0 ? 10000.f : 500000.f, factor = 8.f, lo = 1.f, hi = 4.f,
                 orig = 8192.f;
-    float inv_tab[512];
+    float inv_tab[512] = {0};
     for (int i = 0; i < rd / 2; i++)
         inv_tab[i] = ref_inv_freq(i, rd, theta, llama3, factor, lo, hi, orig);
 

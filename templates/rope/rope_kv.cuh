@@ -62,7 +62,8 @@ template <typename T> __device__ __forceinline__ void rope_store4(T *p, const fl
  * multiple of 4; rot and the strides multiples of 8 and 4, the rows aligned, checked by the
  * caller), so each thread reads and writes 4-element vectors: x[i0 ..] and x[i0 + rot/2 ..], or
  * for the slots past rot/2 the 8 passthrough dims rot + 2 (i0 - rot/2) ... The same arithmetic as
- * the scalar loop below (same inv_freq, sincosf and rotation per pair), so the same bits. One
+ * the scalar loop below (same inv_freq, sincosf and rotation per pair), so the same bits are
+ * expected (the tests check both paths against a double reference, not against each other). One
  * element a thread stored 2-byte page rows at about 45% of the copy bandwidth in a 2048-token
  * prefill (docs/perf.md). */
 template <typename TA, typename T, int HD, int PS, int SCALING>
@@ -153,7 +154,8 @@ __device__ __forceinline__ void rope_kv(const ms_rope_kv_params &p) {
             rot % 8 == 0 && p.q_stride % 4 == 0 && p.k_stride % 4 == 0 && p.v_stride % 4 == 0 &&
             ((reinterpret_cast<unsigned long long>(p.q) | reinterpret_cast<unsigned long long>(p.k) |
               reinterpret_cast<unsigned long long>(p.v)) %
-             (4 * sizeof(TA))) == 0;
+             (4 * sizeof(TA))) == 0 &&
+            reinterpret_cast<unsigned long long>(p.kv) % (4 * sizeof(T)) == 0; /* 8-byte page stores */
         if (aligned) {
             rope_kv_neox4<TA, T, HD, PS, SCALING>(p, q, k, v, kv, page, slot, pos, rot, att);
             return;
