@@ -568,8 +568,7 @@ __device__ __forceinline__ void attn_decode_mma(const ms_attn_kernel_params &p) 
         const T *page_base = nullptr; /* kPageSteps: the step's first key row, head 0 */
         if constexpr (kPageSteps) {
             const int key0 = kbeg + st * STEP;
-            page_base = kv.base + (long long)(pg.k[0] < 0 ? 0 : pg.k[0]) * kv.page_stride() +
-                        (long long)(key0 % PS) * ts;
+            page_base = kv.k_ptr(pg.k[0] < 0 ? 0 : pg.k[0], key0 % PS, 0);
         }
 #pragma unroll
         for (int t = 0; t < 2; t++) {

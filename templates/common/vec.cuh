@@ -127,6 +127,29 @@ template <typename T, int N> __device__ __forceinline__ void store_any(T *p, con
     }
 }
 
+/* Load N elements of T as floats: store_any's counterpart (16-byte vectors when N * sizeof(T) is
+   a multiple of 16 bytes, one 8-byte load when it is 8 for a 16-bit type, element by element
+   otherwise). p is aligned to the access. */
+template <typename T, int N> __device__ __forceinline__ void load_any(const T *p, float (&f)[N]) {
+    if constexpr ((N * sizeof(T)) % 16 == 0) {
+        load_n<T, N>(p, f);
+    } else if constexpr (N * sizeof(T) == 8 && sizeof(T) == 2) {
+        const uint2 u = *reinterpret_cast<const uint2 *>(p);
+        T e[4];
+        e[0].x = (unsigned short)(u.x & 0xffffu);
+        e[1].x = (unsigned short)(u.x >> 16);
+        e[2].x = (unsigned short)(u.y & 0xffffu);
+        e[3].x = (unsigned short)(u.y >> 16);
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+            f[i] = to_float(e[i]);
+    } else {
+#pragma unroll
+        for (int i = 0; i < N; i++)
+            f[i] = to_float(p[i]);
+    }
+}
+
 /* Load two consecutive elements (8-byte aligned for float, 4-byte for 16-bit types). */
 __device__ __forceinline__ void load2(const float *p, float &a, float &b) {
     float2 v = *reinterpret_cast<const float2 *>(p);

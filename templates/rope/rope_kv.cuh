@@ -36,28 +36,6 @@ __device__ __forceinline__ int mrope_stream(int i, const ms_rope_kv_params &p) {
     return s;
 }
 
-/* Four consecutive elements of T at p (aligned to 4 elements) as floats, and back. */
-template <typename T> __device__ __forceinline__ void rope_load4(const T *p, float (&f)[4]) {
-    if constexpr (sizeof(T) == 4) {
-        const float4 v = *reinterpret_cast<const float4 *>(p);
-        f[0] = v.x, f[1] = v.y, f[2] = v.z, f[3] = v.w;
-    } else {
-        const uint2 u = *reinterpret_cast<const uint2 *>(p);
-        T e[4];
-        e[0].x = (unsigned short)(u.x & 0xffffu), e[1].x = (unsigned short)(u.x >> 16);
-        e[2].x = (unsigned short)(u.y & 0xffffu), e[3].x = (unsigned short)(u.y >> 16);
-#pragma unroll
-        for (int i = 0; i < 4; i++)
-            f[i] = to_float(e[i]);
-    }
-}
-template <typename T> __device__ __forceinline__ void rope_store4(T *p, const float (&f)[4]) {
-    if constexpr (sizeof(T) == 4)
-        *reinterpret_cast<float4 *>(p) = make_float4(f[0], f[1], f[2], f[3]);
-    else
-        store_any<T, 4>(p, f);
-}
-
 /* The neox (rotate-half) case with four pairs a thread: slots i0 .. i0 + 3 of a head (i0 a
  * multiple of 4; rot and the strides multiples of 8 and 4, the rows aligned, checked by the
  * caller), so each thread reads and writes 4-element vectors: x[i0 ..] and x[i0 + rot/2 ..], or
@@ -81,8 +59,8 @@ __device__ __forceinline__ void rope_kv_neox4(const ms_rope_kv_params &p, TA *q,
         if (i0 < rot / 2) {
             const int a = i0, b = i0 + rot / 2;
             float xa[4], xb[4];
-            rope_load4(src + a, xa);
-            rope_load4(src + b, xb);
+            load_any<TA, 4>(src + a, xa);
+            load_any<TA, 4>(src + b, xb);
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const float inv = p.inv_freq != nullptr
@@ -96,12 +74,12 @@ __device__ __forceinline__ void rope_kv_neox4(const ms_rope_kv_params &p, TA *q,
                 rope_rotate(xa[e], xb[e], cs * att, sn * att);
             }
             if (is_q) {
-                rope_store4(q + head * HD + a, xa);
-                rope_store4(q + head * HD + b, xb);
+                store_any<TA, 4>(q + head * HD + a, xa);
+                store_any<TA, 4>(q + head * HD + b, xb);
             } else {
                 TA *kh = const_cast<TA *>(k) + hh * HD; /* rotated in place too */
-                rope_store4(kh + a, xa);
-                rope_store4(kh + b, xb);
+                store_any<TA, 4>(kh + a, xa);
+                store_any<TA, 4>(kh + b, xb);
                 if (p.kv != nullptr) {
                     T *dst = kv.k_ptr(page, slot, hh);
                     store_any<T, 4>(dst + a, xa);
@@ -111,8 +89,8 @@ __device__ __forceinline__ void rope_kv_neox4(const ms_rope_kv_params &p, TA *q,
         } else if (!is_q && p.kv != nullptr) { /* k passthrough dims: to the pages as they are */
             const int a = rot + 2 * (i0 - rot / 2);
             float x0[4], x1[4];
-            rope_load4(src + a, x0);
-            rope_load4(src + a + 4, x1);
+            load_any<TA, 4>(src + a, x0);
+            load_any<TA, 4>(src + a + 4, x1);
             T *dst = kv.k_ptr(page, slot, hh);
             store_any<T, 4>(dst + a, x0);
             store_any<T, 4>(dst + a + 4, x1);
@@ -123,7 +101,7 @@ __device__ __forceinline__ void rope_kv_neox4(const ms_rope_kv_params &p, TA *q,
     for (int idx = tid; idx < p.n_kv_heads * (HD / 4); idx += nthr) {
         const int hh = idx / (HD / 4), d = 4 * (idx % (HD / 4));
         float x[4];
-        rope_load4(v + hh * HD + d, x);
+        load_any<TA, 4>(v + hh * HD + d, x);
         store_any<T, 4>(kv.v_ptr(page, slot, hh) + d, x);
     }
 }
