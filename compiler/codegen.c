@@ -161,6 +161,9 @@ typedef struct op {
     okind norm;           /* NORM_LINEAR: the norm it was (RMS_NORM, ADD_RMS_NORM, NORM_FIRST) */
     const char *comment2, *note2; /* NORM_LINEAR: the linear's statement and fusion notes */
     int lw;               /* NORM_LINEAR: the linear's weight entry (w is the norm's) */
+    int acc;              /* LINEAR / SILU_MUL_LINEAR accumulating into out (x = x + linear(..),
+                             fuse_linear_add): the linear's own product as a planned scratch,
+                             which only a backend that adds in a second pass writes; else -1 */
 } op;
 
 typedef struct slot {
@@ -1933,7 +1936,7 @@ static op *new_op(gen *g, okind k) {
     op *o = &g->o[g->n_o++];
     memset(o, 0, sizeof *o);
     o->kind = k;
-    o->out = o->out2 = -1;
+    o->out = o->out2 = o->acc = -1;
     o->w = o->b = -1;
     o->guarded = g->guard;
     if (!g->stmt_used && k != O_LOOP_BEGIN && k != O_LOOP_END) {
@@ -2781,6 +2784,141 @@ static void lower_body(gen *g, const ms_ptr_vec *body) {
         lower_stmt(g, body->items[i]);
 }
 
+/* ---- forward: x = x + linear(a, w) as one accumulating linear ---- */
+
+/* Whether op q reads or writes root value x (views count). */
+static bool op_touches(gen *g, int q, int x) {
+    const op *o = &g->o[q];
+    if (root_of(g, o->out) == x || root_of(g, o->out2) == x || root_of(g, o->acc) == x)
+        return true;
+    for (int k = 0; k < o->n_in; k++)
+        if (root_of(g, o->in[k]) == x)
+            return true;
+    return false;
+}
+
+/* Whether any op in [a, b) touches x, or is a loop boundary when no_loops. */
+static bool touched_in(gen *g, int a, int b, int x, bool no_loops) {
+    for (int q = a; q < b; q++)
+        if (op_touches(g, q, x) ||
+            (no_loops && (g->o[q].kind == O_LOOP_BEGIN || g->o[q].kind == O_LOOP_END)))
+            return true;
+    return false;
+}
+
+static void drop_op(gen *g, int i) {
+    memmove(&g->o[i], &g->o[i + 1], sizeof g->o[0] * (size_t)(g->n_o - i - 1));
+    g->n_o--;
+}
+
+/* A residual add x += t (an ADD_RMS_NORM, the layer loop's NORM_FIRST, or an in-place ADD) whose
+   addend t is the output of a LINEAR that nothing else reads becomes that linear accumulating
+   into x (ms_backend_linear_add: y += a W^T, the add in the GEMV's / GEMM's output, no pass of
+   its own), and the add's op a plain RMS_NORM or nothing. t stays planned as the linear's `acc`
+   scratch (a backend without linear_add writes the product there and adds it). Conditions: the
+   linear does not read x, and nothing touches x between the linear and the add, nor crosses a
+   loop boundary there; for NORM_FIRST (the add of the previous iteration's t at the loop's first
+   norm) the linear is the last writer of t in the body, and the add after the loop (an ADD or
+   ADD_RMS_NORM of the last iteration's t), if any, goes too. Runs before the silu / norm
+   fusions, which carry (silu_mul) or skip (norm) an accumulating linear. */
+static void fuse_linear_add(gen *g) {
+    for (int c = 0; c < g->n_o; c++) {
+        op *o = &g->o[c];
+        if ((o->kind != O_ADD_RMS_NORM && o->kind != O_NORM_FIRST && o->kind != O_ADD) ||
+            o->n_in != 2)
+            continue;
+        const int x = o->in[0], t = o->in[1];
+        if (g->v[x].kind != V_BUF || g->v[t].kind != V_BUF || root_of(g, x) != x ||
+            root_of(g, t) != t || x == t || x == g->logits || t == g->logits ||
+            (o->kind == O_ADD && o->out != x))
+            continue;
+        int p = -1, lb = -1, le = -1, post = -1;
+        if (o->kind == O_NORM_FIRST) {
+            for (int q = c - 1; q >= 0 && lb < 0; q--)
+                if (g->o[q].kind == O_LOOP_BEGIN)
+                    lb = q;
+            for (int q = c + 1; q < g->n_o && le < 0; q++)
+                if (g->o[q].kind == O_LOOP_END)
+                    le = q;
+            if (lb < 0 || le < 0)
+                continue;
+            for (int q = c + 1; q < le; q++)
+                if (root_of(g, g->o[q].out) == t || root_of(g, g->o[q].out2) == t)
+                    p = q;
+            /* the add after the loop, the first op there touching x or t */
+            for (int q = le + 1; q < g->n_o && post < 0; q++)
+                if (op_touches(g, q, x) || op_touches(g, q, t))
+                    post = q;
+        } else {
+            for (int q = 0; q < c; q++)
+                if (root_of(g, g->o[q].out) == t || root_of(g, g->o[q].out2) == t)
+                    p = q;
+        }
+        if (p < 0)
+            continue;
+        op *l = &g->o[p];
+        if (l->kind != O_LINEAR || l->acc >= 0 || l->out != t || l->guarded != o->guarded ||
+            root_of(g, l->in[0]) == x)
+            continue;
+        /* t is read by the add (and the one after the loop) alone */
+        bool other = false;
+        for (int q = 0; q < g->n_o && !other; q++)
+            if (q != p && q != c && q != post && op_touches(g, q, t))
+                other = true;
+        if (other)
+            continue;
+        if (o->kind == O_NORM_FIRST) {
+            if (touched_in(g, p + 1, le, x, true) || touched_in(g, lb + 1, c, x, true))
+                continue;
+            if (post >= 0) {
+                const op *f = &g->o[post];
+                if (!((f->kind == O_ADD && f->n_in == 2 && f->in[0] == x && f->in[1] == t &&
+                       f->out == x) ||
+                      (f->kind == O_ADD_RMS_NORM && f->in[0] == x && f->in[1] == t)) ||
+                    f->guarded != l->guarded)
+                    continue;
+            }
+        } else if (touched_in(g, p + 1, c, x, true)) {
+            continue;
+        }
+        l->acc = t;
+        l->out = x;
+        l->note = S("%s%sfused: the residual add %s += ... into this linear's output "
+                    "(linear_add)", l->note != NULL ? l->note : "", l->note != NULL ? "; " : "",
+                    g->v[x].name);
+        /* the adds become plain norms or go (their statements' comments stay with a norm; a
+           dropped ADD's comment moves to the next op that has none) */
+        int drop[2], nd = 0;
+        if (post >= 0) {
+            op *f = &g->o[post];
+            if (f->kind == O_ADD) {
+                drop[nd++] = post;
+            } else {
+                f->kind = O_RMS_NORM;
+                f->n_in = 1;
+                f->note = NULL;
+            }
+        }
+        if (o->kind == O_ADD) {
+            drop[nd++] = c;
+        } else {
+            o->kind = O_RMS_NORM;
+            o->n_in = 1;
+            o->note = NULL;
+        }
+        for (int k = 0; k < nd; k++) { /* highest index first */
+            const int i = nd == 2 && k == 0 ? (drop[0] > drop[1] ? drop[0] : drop[1])
+                        : nd == 2           ? (drop[0] > drop[1] ? drop[1] : drop[0])
+                                            : drop[0];
+            if (g->o[i].comment != NULL && i + 1 < g->n_o && g->o[i + 1].comment == NULL)
+                g->o[i + 1].comment = g->o[i].comment;
+            drop_op(g, i);
+            if (i <= c)
+                c--;
+        }
+    }
+}
+
 /* ---- forward: linear(silu(a) * b, w) as one backend call ---- */
 
 /* A silu_mul whose product is a temporary read by the next op alone, a linear, becomes one
@@ -2806,7 +2944,7 @@ static void fuse_norm_linear(gen *g) {
     for (int i = 0; i + 1 < g->n_o; i++) {
         op *o = &g->o[i], *l = &g->o[i + 1];
         if ((o->kind != O_RMS_NORM && o->kind != O_ADD_RMS_NORM && o->kind != O_NORM_FIRST) ||
-            l->kind != O_LINEAR || l->in[0] != o->out || l->out == g->logits ||
+            l->kind != O_LINEAR || l->acc >= 0 || l->in[0] != o->out || l->out == g->logits ||
             o->guarded != l->guarded || g->v[o->out].kind != V_BUF ||
             (o->kind == O_RMS_NORM && g->v[o->in[0]].kind == V_HEADS) ||
             read_elsewhere(g, o->out, -1, i + 1))
@@ -2842,9 +2980,11 @@ static void fuse_silu_mul_linear(gen *g) {
         o->kind = O_SILU_MUL_LINEAR;
         o->out2 = o->out;
         o->out = l->out;
+        o->acc = l->acc;
         o->w = l->w;
         o->b = l->b;
-        o->note = l->note != NULL ? l->note : "fused: silu(a) * b into its linear (silu_mul_linear)";
+        o->note = S("fused: silu(a) * b into its linear (silu_mul_linear)%s%s",
+                    l->note != NULL ? "; " : "", l->note != NULL ? l->note : "");
         memmove(l, l + 1, sizeof *l * (size_t)(g->n_o - i - 2));
         g->n_o--;
     }
@@ -2869,7 +3009,9 @@ static void plan_buffers(gen *g) {
         int def = -1, last = -1;
         for (int i = 0; i < g->n_o; i++) {
             const op *o = &g->o[i];
-            bool w = root_of(g, o->out) == x || root_of(g, o->out2) == x, r = false;
+            bool w = root_of(g, o->out) == x || root_of(g, o->out2) == x ||
+                     root_of(g, o->acc) == x,
+                 r = false;
             for (int k = 0; k < o->n_in; k++)
                 r = r || root_of(g, o->in[k]) == x;
             if (w && def < 0)
@@ -3226,6 +3368,22 @@ static void emit_forward(gen *g) {
               tref(g, o->in[0]), tref(g, o->in[1]), W, o->eps, tref(g, o->out));
             break;
         case O_LINEAR:
+            if (o->acc >= 0) { /* out += in W^T (+ bias); acc: the default's scratch */
+                const char *bias = "NULL";
+                if (o->b >= 0) {
+                    E("{");
+                    g->cg.indent++;
+                    E("const ms_tensor *bias = %s;", wref(g, o->b));
+                    bias = "bias->data != NULL ? bias : NULL";
+                }
+                E("MS_TRY(ms_backend_linear_add(be, %s, %s, %s, %s, %s, err));",
+                  tref(g, o->in[0]), W, bias, tref(g, o->acc), tref(g, o->out));
+                if (o->b >= 0) {
+                    g->cg.indent--;
+                    E("}");
+                }
+                break;
+            }
             if (o->b >= 0) {
                 E("{");
                 E("    const ms_tensor *bias = %s;", wref(g, o->b));
@@ -3316,6 +3474,23 @@ static void emit_forward(gen *g) {
             break;
         }
         case O_SILU_MUL_LINEAR:
+            if (o->acc >= 0) { /* out += (silu(gate) * up) W^T (+ bias) */
+                const char *bias = "NULL";
+                if (o->b >= 0) {
+                    E("{");
+                    g->cg.indent++;
+                    E("const ms_tensor *bias = %s;", wref(g, o->b));
+                    bias = "bias->data != NULL ? bias : NULL";
+                }
+                E("MS_TRY(ms_backend_silu_mul_linear_add(be, %s, %s, %s, %s, %s, %s, %s, err));",
+                  tref(g, o->in[0]), tref(g, o->in[1]), tref(g, o->out2), W, bias,
+                  tref(g, o->acc), tref(g, o->out));
+                if (o->b >= 0) {
+                    g->cg.indent--;
+                    E("}");
+                }
+                break;
+            }
             if (o->b >= 0) {
                 E("{");
                 E("    const ms_tensor *bias = %s;", wref(g, o->b));
@@ -3615,6 +3790,7 @@ static void lower_node(gen *g, int ni) {
         fail_at(g, (g->codes < 0 ? g->codes_param : g->in_param)->name.loc,
                 "forward parameter '%s' is never read",
                 (g->codes < 0 ? g->codes_param : g->in_param)->name.name);
+    fuse_linear_add(g);
     fuse_silu_mul_linear(g);
     fuse_norm_linear(g);
     plan_buffers(g);

@@ -306,7 +306,7 @@ typedef struct qgemv_ctx {
 
 static ms_status qgemv_launch(void *ctx, int i, ms_error *err) {
     const qgemv_ctx *c = ctx;
-    return ms_cuda_quant_linear(c->q, c->x, c->n, c->in, &c->w[i], c->y, c->rows, err);
+    return ms_cuda_quant_linear(c->q, c->x, c->n, c->in, &c->w[i], c->y, c->rows, false, err);
 }
 
 /* One quantized GEMV shape: y [n, rows] = x [n, in] W^T, W of ggml type `type`. */

@@ -104,7 +104,6 @@ static void test_llama_kernel_instances(void **state) {
         "qmatmul_q6_k_af32.cu",
         "qmatmul_q8_0_af32.cu",
         "rmsnorm_bf16_af32.cu",
-        "rmsnorm_bf16_res_af32.cu",
         "rope_kv_bf16_interleaved_af32.cu",
         "rope_kv_bf16_neox_af32.cu",
         "sample_f32.cu",

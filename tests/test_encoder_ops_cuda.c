@@ -187,7 +187,7 @@ static void test_misc_instances_compile(void **state) {
                              ms_kernel_op_entry(s.op, e));
                 n_entries++;
             }
-            assert_int_equal(n_entries, 13); /* ... ms_select_rows (code.first), ms_gemv, ms_silu_mul_to */
+            assert_int_equal(n_entries, 14); /* ... ms_select_rows (code.first), ms_gemv, ms_silu_mul_to, ms_gemv_norm */
             printf("  %s_sm%d: %d entries (%s)\n", uri, archs[a], n_entries, cb.from_cache ? "cached" : "compiled");
             ms_nvrtc_cubin_free(&cb);
         }

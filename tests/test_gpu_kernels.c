@@ -1388,7 +1388,7 @@ static void gemv_case(ms_cuda_module *m, bool f16, int rows, int in, int n, int 
     dev_list l = {0};
     void *dw = dup_h2d(&l, hw, nw * 2), *dx = dup_h2d(&l, hx, nx * sizeof(float));
     float *dy = dalloc(&l, ny * sizeof(float));
-    ms_gemv_params p = {dw, dx, dy, rows, in, n, ws, xs, ys};
+    ms_gemv_params p = {dw, dx, dy, rows, in, n, ws, xs, ys, 0, NULL, 0.f};
     ms_error err = {0};
     float *got = malloc(ny * sizeof(float)), *again = malloc(ny * sizeof(float));
     for (int run = 0; run < 2; run++) {
@@ -1507,7 +1507,7 @@ static void test_gemv_rejects_bad_params(void **state) {
     ms_cuda_module *m = load(s);
     dev_list l = {0};
     void *w = dalloc(&l, 64 * 64 * 2), *x = dalloc(&l, 9 * 64 * 4), *y = dalloc(&l, 9 * 64 * 4);
-    const ms_gemv_params good = {w, x, y, 64, 64, 1, 64, 64, 64};
+    const ms_gemv_params good = {w, x, y, 64, 64, 1, 64, 64, 64, 0, NULL, 0.f};
     ms_gemv_params bad[7];
     for (int i = 0; i < 7; i++)
         bad[i] = good;

@@ -234,7 +234,7 @@ static void test_decoder_instances(void **state) {
     ms_kernel_spec sp[16];
     int n = 0;
     assert_int_equal(ms_kernel_specs_for_decoder(&sh, sp, 16, &n, &err), MS_OK);
-    assert_int_equal(n, 10);
+    assert_int_equal(n, 9);
     char uri[MS_KERNEL_URI_MAX];
     /* one RoPE + KV write instance, in the model's style; NONE for a model without RoPE */
     int n_rope = 0;
@@ -246,7 +246,7 @@ static void test_decoder_instances(void **state) {
     assert_int_equal(n_rope, 1);
     sh.rope = MS_KERNEL_ROPE_NONE;
     assert_int_equal(ms_kernel_specs_for_decoder(&sh, sp, 16, &n, &err), MS_OK);
-    assert_int_equal(n, 10);
+    assert_int_equal(n, 9);
     assert_int_equal(sp[2].op, MS_KERNEL_OP_ROPE_KV);
     assert_int_equal(ms_kernel_spec_uri(&sp[2], 0, uri, sizeof uri, &err), MS_OK);
     assert_string_equal(uri, "rope_kv_bf16_hd128_ps16_none_af32");
@@ -336,7 +336,7 @@ static void test_variant_specs_uris_and_sources(void **state) {
     ms_kernel_spec sp[16];
     int n = 0;
     assert_int_equal(ms_kernel_specs_for_decoder_variant(&q3, true, false, sp, 16, &n, &err), MS_OK);
-    assert_int_equal(n, 11); /* Llama's 10 + the per-head norm */
+    assert_int_equal(n, 10); /* Llama's 9 + the per-head norm */
     bool heads = false, mrope = false;
     for (int i = 0; i < n; i++) {
         assert_int_equal(ms_kernel_spec_uri(&sp[i], 0, uri, sizeof uri, &err), MS_OK);
@@ -346,7 +346,7 @@ static void test_variant_specs_uris_and_sources(void **state) {
     ms_kernel_model_shape vl = {32, 4, 2, 16, MS_KERNEL_ROPE_NEOX, false, MS_KERNEL_DTYPE_BF16,
                                 MS_KERNEL_DTYPE_BF16};
     assert_int_equal(ms_kernel_specs_for_decoder_variant(&vl, false, true, sp, 16, &n, &err), MS_OK);
-    assert_int_equal(n, 10); /* M-RoPE replaces the RoPE instance */
+    assert_int_equal(n, 9); /* M-RoPE replaces the RoPE instance */
     for (int i = 0; i < n; i++) {
         assert_int_equal(ms_kernel_spec_uri(&sp[i], 0, uri, sizeof uri, &err), MS_OK);
         mrope = mrope || strcmp(uri, "rope_kv_bf16_hd32_ps16_neox_mrope_af32") == 0;
@@ -738,7 +738,7 @@ static void test_emitted_instances_share_the_runtime_cache_key(void **state) {
     /* per shape: the structural instances plus the 7 qmatmul ones (one per ggml type) */
     assert_int_equal(check_emitted_keys("models/llama.mstar", llama, MS_ARRAY_LEN(llama), false,
                                         false),
-                     30 + 3 * 7);
+                     27 + 3 * 7);
     /* the Qwen3 fixture (head_dim 48), Qwen3-8B, and one with its sliding window on: Llama's
        instances and the per-head norm, which mstarc emits as rmsnorm_heads_bf16_af32.cu
        (head_dim a macro) */
@@ -749,7 +749,7 @@ static void test_emitted_instances_share_the_runtime_cache_key(void **state) {
     };
     assert_int_equal(check_emitted_keys("models/qwen3.mstar", qwen3, MS_ARRAY_LEN(qwen3), true,
                                         false),
-                     33 + 3 * 7);
+                     30 + 3 * 7);
     /* the Qwen2-VL fixture (head_dim 32, mrope_section [4, 6, 6]), Qwen2-VL-7B, and one with its
        sliding window on: Llama's instances with the M-RoPE rope_kv instead of the plain one */
     const ms_kernel_model_shape qwen2vl[] = {
@@ -759,7 +759,7 @@ static void test_emitted_instances_share_the_runtime_cache_key(void **state) {
     };
     assert_int_equal(check_emitted_keys("models/qwen2vl.mstar", qwen2vl, MS_ARRAY_LEN(qwen2vl),
                                         false, true),
-                     30 + 3 * 7);
+                     27 + 3 * 7);
 }
 
 /* Copy the file src to dst, appending extra. */

@@ -156,7 +156,7 @@ static void check_linear(ms_cuda_quant *q, const ms_cuda_qweight *w, const float
     CU(cudaMalloc((void **)&dy, sizeof(float) * (size_t)n * (size_t)y_stride));
     CU(cudaMemcpy(dx, x, sizeof(float) * (size_t)n * (size_t)x_stride, cudaMemcpyHostToDevice));
     CU(cudaMemset(dy, 0xff, sizeof(float) * (size_t)n * (size_t)y_stride)); /* NaN poison */
-    OK(ms_cuda_quant_linear(q, dx, n, x_stride, w, dy, y_stride, &err));
+    OK(ms_cuda_quant_linear(q, dx, n, x_stride, w, dy, y_stride, false, &err));
     CU(cudaStreamSynchronize(g_stream));
     CU(cudaMemcpy(y, dy, sizeof(float) * (size_t)n * (size_t)y_stride, cudaMemcpyDeviceToHost));
     /* the integer GEMV (Q4_0, Q8_0, Q4_K in launches of up to MS_QGEMV_I8_MAX_COLS x rows)
@@ -216,6 +216,21 @@ static void check_linear(ms_cuda_quant *q, const ms_cuda_qweight *w, const float
     if (any_i8)
         printf("    integer rows: sum |y - quantized-x ref| / sum |quantized - unquantized ref| = %.3g\n",
                gap_q > 0 ? err_q / gap_q : 0.0);
+    /* acc (linear_add): the same linear again, added to y's values: y + y, bitwise from a GEMV
+       (y's old value + the same sum), within an ulp through cuBLAS's beta = 1 */
+    OK(ms_cuda_quant_linear(q, dx, n, x_stride, w, dy, y_stride, true, &err));
+    CU(cudaStreamSynchronize(g_stream));
+    float *y2 = malloc(sizeof(float) * (size_t)n * (size_t)y_stride);
+    assert_non_null(y2);
+    CU(cudaMemcpy(y2, dy, sizeof(float) * (size_t)n * (size_t)y_stride, cudaMemcpyDeviceToHost));
+    for (int t = 0; t < n; t++)
+        for (int r = 0; r < ROWS; r++) {
+            const float a = y[(size_t)t * y_stride + r], b = y2[(size_t)t * y_stride + r];
+            if (prefill ? !(fabsf(b - 2.f * a) <= 2.5e-7f * fabsf(2.f * a) + 1e-30f) : b != a + a)
+                fail_msg("%s linear n=%d%s, acc: y[%d, %d] = %.9g, want %.9g (y + y)",
+                         ms_ggml_type_name(w->type), n, prefill ? " (prefill)" : "", t, r, b, a + a);
+        }
+    free(y2);
     free(xr);
     free(row_i8);
     cudaFree(dx);
@@ -310,7 +325,7 @@ static void test_quant_types(void **state) {
     q = NULL;
     OK(ms_cuda_quant_init(&q, g_arch, NULL, g_stream, g_cublas, &err));
     ms_cuda_quant_seal(q);
-    assert_int_equal(ms_cuda_quant_linear(q, dx, 1, 64, &w, dy, 4, &err), MS_ERR_STATE);
+    assert_int_equal(ms_cuda_quant_linear(q, dx, 1, 64, &w, dy, 4, false, &err), MS_ERR_STATE);
     assert_non_null(strstr(err.msg, "Q8_0"));
     cudaFree(dx);
     cudaFree(dy);
@@ -361,19 +376,19 @@ static void test_graph_survives_workspace_growth(void **state) {
     CU(cudaMalloc((void **)&dx, sizeof(float) * (size_t)n1 * in));
     CU(cudaMalloc((void **)&dy, sizeof(float) * (size_t)n1 * rows));
     CU(cudaMemcpy(dx, x, sizeof(float) * (size_t)n1 * in, cudaMemcpyHostToDevice));
-    OK(ms_cuda_quant_linear(q, dx, n0, in, &w, dy, rows, &err)); /* sizes the workspaces for n0 */
+    OK(ms_cuda_quant_linear(q, dx, n0, in, &w, dy, rows, false, &err)); /* sizes the workspaces for n0 */
     CU(cudaStreamSynchronize(g_stream));
     cudaGraph_t graph;
     cudaGraphExec_t exec;
     CU(cudaStreamBeginCapture(g_stream, cudaStreamCaptureModeThreadLocal));
-    OK(ms_cuda_quant_linear(q, dx, n0, in, &w, dy, rows, &err));
+    OK(ms_cuda_quant_linear(q, dx, n0, in, &w, dy, rows, false, &err));
     CU(cudaStreamEndCapture(g_stream, &graph));
     CU(cudaGraphInstantiate(&exec, graph, 0));
     CU(cudaGraphLaunch(exec, g_stream));
     CU(cudaStreamSynchronize(g_stream));
     CU(cudaMemcpy(y0, dy, sizeof(float) * (size_t)n0 * rows, cudaMemcpyDeviceToHost));
     /* more rows: the bf16 x workspace grows past n0 x in */
-    OK(ms_cuda_quant_linear(q, dx, n1, in, &w, dy, rows, &err));
+    OK(ms_cuda_quant_linear(q, dx, n1, in, &w, dy, rows, false, &err));
     CU(cudaStreamSynchronize(g_stream));
     const size_t ws = (size_t)n0 * in * 2;
     uint8_t *poison, *host = malloc(ws);
@@ -447,7 +462,7 @@ static void test_pdl_chain_matches_serial_launches(void **state) {
         const bool serial = rep == 0;
         CU(cudaMemsetAsync(d, 0xff, sizeof(float) * 3 * in, st)); /* NaN */
         for (int k = 0; k < 4; k++) {
-            OK(ms_cuda_quant_linear(q, src[k], n, in, &w, dst[k], in, &err));
+            OK(ms_cuda_quant_linear(q, src[k], n, in, &w, dst[k], in, false, &err));
             if (serial)
                 CU(cudaStreamSynchronize(st));
         }

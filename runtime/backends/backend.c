@@ -164,6 +164,25 @@ ms_status ms_backend_silu_mul_linear(const ms_backend *b, const ms_tensor *gate,
     return b->iface.linear(b->ctx, tmp, w, bias, y, err);
 }
 
+ms_status ms_backend_linear_add(const ms_backend *b, const ms_tensor *x, const ms_tensor *w,
+                                const ms_tensor *bias, ms_tensor *tmp, ms_tensor *y,
+                                ms_error *err) {
+    if (b->iface.linear_add != NULL)
+        return b->iface.linear_add(b->ctx, x, w, bias, tmp, y, err);
+    MS_TRY(b->iface.linear(b->ctx, x, w, bias, tmp, err));
+    return b->iface.add(b->ctx, y, tmp, y, err);
+}
+
+ms_status ms_backend_silu_mul_linear_add(const ms_backend *b, const ms_tensor *gate,
+                                         const ms_tensor *up, ms_tensor *prod, const ms_tensor *w,
+                                         const ms_tensor *bias, ms_tensor *tmp, ms_tensor *y,
+                                         ms_error *err) {
+    if (b->iface.silu_mul_linear_add != NULL)
+        return b->iface.silu_mul_linear_add(b->ctx, gate, up, prod, w, bias, tmp, y, err);
+    MS_TRY(ms_backend_silu_mul_linear(b, gate, up, prod, w, bias, tmp, err));
+    return b->iface.add(b->ctx, y, tmp, y, err);
+}
+
 ms_status ms_backend_rope_kv_write(const ms_backend *b, ms_tensor *q, ms_tensor *k,
                                    const ms_tensor *v, const ms_tensor *pos,
                                    const ms_rope_table *rope, const ms_paged_kv *kv, int32_t layer,

@@ -52,7 +52,9 @@
  *     q_norm / k_norm (Qwen3)               -> rms_norm on the 3-D head views, in place
  *     pos.apply(q, k)                       -> rope_kv_write (RoPE + this layer's KV write)
  *     attn.run(q, k, v, layer = l)          -> attention over the staged batch of the step
- *     x + linear(...)                       -> add (or add_rms_norm with the next norm)
+ *     x = x + linear(a, w)                  -> linear_add (y += a w^T: the add in the linear's
+ *                                              output) when nothing reads the product; else add,
+ *                                              or add_rms_norm with the next norm
  *     silu(linear(h, g)) * linear(h, u)     -> ONE linear over [gate; up], then silu_mul on the
  *                                              two column halves
  *     linear(silu(a) * b, w)                -> silu_mul_linear (the product a temporary)
@@ -72,8 +74,8 @@
  *     MS_TRY(f->linear(be.ctx, &h, &w_qkv, NULL, &qkv, err));
  *     MS_TRY(ms_backend_rope_kv_write(&be, &q, &k, &v, &pos, &rope, &kv, layer, batch, err));
  *     MS_TRY(f->attention(be.ctx, &q, &kv, layer, batch, &attn, &o, err));
- *     MS_TRY(f->linear(be.ctx, &o, &wo, NULL, &t, err));
- *     MS_TRY(ms_backend_add_rms_norm(&be, &x, &t, &mlp_norm, eps, &h, err)); // x += t, h = norm
+ *     MS_TRY(ms_backend_linear_add(&be, &o, &wo, NULL, &t, &x, err));      // x += o wo^T
+ *     MS_TRY(f->rms_norm(be.ctx, &x, &mlp_norm, eps, &h, err));
  *     ...
  *     ms_backend_free(&be);
  */
@@ -566,6 +568,25 @@ typedef struct ms_backend_i {
     ms_status (*silu_mul_linear)(void *ctx, const ms_tensor *gate, const ms_tensor *up,
                                  ms_tensor *tmp, const ms_tensor *w, const ms_tensor *bias,
                                  ms_tensor *y, ms_error *err);
+    /*
+     * Residual linear (optional, default: linear(x, w, bias, tmp), then add(y, tmp, y)):
+     * y += x W^T (+ bias), the decoder's `x = x + linear(a, w)` with the add in the linear's
+     * output (mstarc's fuse_linear_add) instead of a pass of its own. x, w, bias as linear; y
+     * [n, out] f32, packed rows or a column slice, must not overlap x; tmp [n, out] f32 scratch
+     * (the default writes the product there; a backend that adds in the GEMV's / GEMM's output
+     * leaves it unwritten). Equal to the default up to the order of the two sums when there is
+     * a bias (y + xW^T + b against y + (xW^T + b)).
+     */
+    ms_status (*linear_add)(void *ctx, const ms_tensor *x, const ms_tensor *w,
+                            const ms_tensor *bias, ms_tensor *tmp, ms_tensor *y, ms_error *err);
+    /*
+     * SwiGLU, its projection and the residual add (optional, default: silu_mul_linear(gate, up,
+     * prod, w, bias, tmp), then add(y, tmp, y)): y += linear(silu(gate) * up, w, bias). gate, up,
+     * prod as silu_mul_linear's gate, up, tmp; tmp and y as linear_add's.
+     */
+    ms_status (*silu_mul_linear_add)(void *ctx, const ms_tensor *gate, const ms_tensor *up,
+                                     ms_tensor *prod, const ms_tensor *w, const ms_tensor *bias,
+                                     ms_tensor *tmp, ms_tensor *y, ms_error *err);
     /* Elementwise out = a + b (residual add). a, b, out [n, d] f32; out may alias a or b. */
     ms_status (*add)(void *ctx, const ms_tensor *a, const ms_tensor *b, ms_tensor *out,
                      ms_error *err);
@@ -686,6 +707,17 @@ ms_status ms_backend_rms_norm_linear(const ms_backend *b, ms_tensor *residual, c
 ms_status ms_backend_silu_mul_linear(const ms_backend *b, const ms_tensor *gate,
                                      const ms_tensor *up, ms_tensor *tmp, const ms_tensor *w,
                                      const ms_tensor *bias, ms_tensor *y, ms_error *err);
+/* iface.linear_add when set, else linear(x, w, bias, tmp) then add(y, tmp, y): y += x W^T (+ bias).
+ * Errors: those of the entries called. */
+ms_status ms_backend_linear_add(const ms_backend *b, const ms_tensor *x, const ms_tensor *w,
+                                const ms_tensor *bias, ms_tensor *tmp, ms_tensor *y,
+                                ms_error *err);
+/* iface.silu_mul_linear_add when set, else ms_backend_silu_mul_linear(gate, up, prod, w, bias, tmp)
+ * then add(y, tmp, y). Errors: those of the entries called. */
+ms_status ms_backend_silu_mul_linear_add(const ms_backend *b, const ms_tensor *gate,
+                                         const ms_tensor *up, ms_tensor *prod, const ms_tensor *w,
+                                         const ms_tensor *bias, ms_tensor *tmp, ms_tensor *y,
+                                         ms_error *err);
 /* iface.rope_kv_write when set, else rope(q, k, pos, rope) then kv_write(kv, layer, k, v,
  * batch). Errors: those of the entries called. */
 ms_status ms_backend_rope_kv_write(const ms_backend *b, ms_tensor *q, ms_tensor *k,

@@ -48,6 +48,8 @@ typedef struct cuda_ctx {
     ms_cuda_quant *quant; /* weights kept in ggml blocks (backend_cuda_quant.h); made on first use */
     int gemv_max_n;    /* 16-bit weights at up to this many x rows take ms_gemv (templates/misc/
                           gemv.cuh), the others convert + cuBLAS; MS_CUDA_GEMV=N at init (0: off) */
+    int fold_norm;     /* rms_norm_linear at the GEMVs' sizes runs the norm inside the GEMV (1, the
+                          default) or as its own launch first (0); MS_CUDA_NORM_FOLD at init */
 } cuda_ctx;
 
 /* Per-batch device state beyond the shared index arrays. */
@@ -676,7 +678,7 @@ static ms_status linear_bias(cuda_ctx *c, const ms_tensor *bias, int64_t n, int6
 static ms_gemv_params gemv_view(const ms_tensor *x, const ms_tensor *w, const ms_tensor *y) {
     return (ms_gemv_params){w->data, x->data, y->data, (int)w->shape[0], (int)x->shape[1],
                             (int)x->shape[0], (int)w->stride[0], (int)x->stride[0],
-                            (int)y->stride[0]};
+                            (int)y->stride[0], 0, NULL, 0.f};
 }
 
 /* Whether a 16-bit linear takes the GEMV (decode sizes) rather than convert + cuBLAS: cu_linear's
@@ -686,10 +688,11 @@ static bool takes_gemv(const cuda_ctx *c, const ms_gemv_params *gp) {
 }
 
 /* y [n, outd] f32 = x16 W^T through cuBLAS, x16 [n, in] packed rows in w's 16-bit type (device
-   memory, e.g. c->scratch), f32 accumulation: the 16-bit linear above the GEMV's sizes. */
+   memory, e.g. c->scratch), f32 accumulation: the 16-bit linear above the GEMV's sizes; acc: y +=
+   (cuBLAS's beta = 1). */
 static ms_status gemm16(cuda_ctx *c, const void *x16, int64_t n, int64_t in, const ms_tensor *w,
-                        ms_tensor *y, ms_error *err) {
-    const float one = 1.f, zero = 0.f;
+                        ms_tensor *y, bool acc, ms_error *err) {
+    const float one = 1.f, zero = acc ? 1.f : 0.f; /* beta: acc adds into y (linear_add) */
     const cudaDataType_t wt = w->dtype == MS_DTYPE_F16 ? CUDA_R_16F : CUDA_R_16BF;
     MS_CUBLAS_TRY(err, cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)w->shape[0], (int)n,
                                     (int)in, &one, w->data, wt, (int)w->stride[0], x16, wt,
@@ -698,9 +701,10 @@ static ms_status gemm16(cuda_ctx *c, const void *x16, int64_t n, int64_t in, con
     return MS_OK;
 }
 
-static ms_status cu_linear(void *ctx, const ms_tensor *x, const ms_tensor *w,
-                           const ms_tensor *bias, ms_tensor *y, ms_error *err) {
-    cuda_ctx *c = ctx;
+/* linear(x, w, bias) into y, or added to y's values when acc (linear_add: the GEMVs' p.acc,
+   cuBLAS's beta = 1; the bias after the sum in both cases). */
+static ms_status linear_to(cuda_ctx *c, const ms_tensor *x, const ms_tensor *w,
+                           const ms_tensor *bias, ms_tensor *y, bool acc, ms_error *err) {
     MS_TRY(check_t("linear", "x", x, 2, 2, DT_F32, err));
     MS_TRY(check_t("linear", "w", w, 2, 2, DT_FLOATS | DT_QUANT, err));
     MS_TRY(check_t("linear", "y", y, 2, 2, DT_F32, err));
@@ -718,14 +722,16 @@ static ms_status cu_linear(void *ctx, const ms_tensor *x, const ms_tensor *w,
         return MS_OK;
     /* the handle is bound to c->stream once (cuda_setup): cublasSetStream here would reset the
        workspace set there to cuBLAS's own pool (cuBLAS docs, cublasSetStream) */
-    const float one = 1.f, zero = 0.f;
-    const ms_gemv_params gp = gemv_view(x, w, y);
+    const float one = 1.f, zero = acc ? 1.f : 0.f;
+    ms_gemv_params gp = gemv_view(x, w, y);
+    gp.acc = acc;
     if (ms_dtype_is_quant(w->dtype)) {
         /* ggml blocks: GEMV for decode-sized n, dequantize + GEMM for prefill */
         ms_cuda_qweight q;
         MS_TRY(qview("linear", w, &q, err));
         MS_TRY(quant_ctx(c, err));
-        MS_TRY(ms_cuda_quant_linear(c->quant, x->data, n, x->stride[0], &q, y->data, y->stride[0], err));
+        MS_TRY(ms_cuda_quant_linear(c->quant, x->data, n, x->stride[0], &q, y->data, y->stride[0],
+                                    acc, err));
     } else if (w->dtype == MS_DTYPE_F32) {
         MS_CUBLAS_TRY(err, cublasGemmEx(c->cublas, CUBLAS_OP_T, CUBLAS_OP_N, (int)outd, (int)n,
                                         (int)in, &one, w->data, CUDA_R_32F, (int)w->stride[0],
@@ -751,9 +757,24 @@ static ms_status cu_linear(void *ctx, const ms_tensor *x, const ms_tensor *w,
         ms_misc_params cp = {x->data, NULL, c->scratch, NULL, (int)n, (int)in,
                              (int)x->stride[0], 0, (int)in};
         MS_TRY(ms_cuda_misc_launch(m, 0, &cp, c->stream, err));
-        MS_TRY(gemm16(c, c->scratch, n, in, w, y, err));
+        MS_TRY(gemm16(c, c->scratch, n, in, w, y, acc, err));
     }
     return linear_bias(c, bias, n, outd, y, err);
+}
+
+static ms_status cu_linear(void *ctx, const ms_tensor *x, const ms_tensor *w,
+                           const ms_tensor *bias, ms_tensor *y, ms_error *err) {
+    return linear_to(ctx, x, w, bias, y, false, err);
+}
+
+/* backend.h linear_add: y += x W^T (+ bias) in the GEMV's / GEMM's output; tmp unwritten. */
+static ms_status cu_linear_add(void *ctx, const ms_tensor *x, const ms_tensor *w,
+                               const ms_tensor *bias, ms_tensor *tmp, ms_tensor *y,
+                               ms_error *err) {
+    (void)tmp;
+    if (x != NULL && y != NULL && x->data == y->data)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "linear_add: y must not alias x");
+    return linear_to(ctx, x, w, bias, y, true, err);
 }
 
 /* y [n, outd] f32 += bias (f32, bf16 or f16) broadcast over the rows: the tail of every linear. */
@@ -908,18 +929,61 @@ static ms_status cu_add_rms_norm(void *ctx, ms_tensor *residual, const ms_tensor
     return norm_launch(ctx, "add_rms_norm", x, residual, w, eps, out, err);
 }
 
-/* RMSNorm (after the residual add when residual != NULL), then linear(h, w): where the linear
+/* RMSNorm (after the residual add when residual != NULL), then linear(h, w): without a residual
+   at the GEMVs' sizes the norm runs inside the GEMV (norm_gemv); where the linear
    would convert h for cuBLAS (16-bit w, more rows than the GEMV takes) the norm is written once,
    in w's type, into the linear's scratch (ms_rmsnorm_bf16 / _f16: the same float rounded once,
    as the convert would) and the GEMM reads it; h is left unwritten. Everything else (f32 or
    quantized w, the GEMV's sizes, per-head norms, bad arguments: their errors) runs the norm into
    h and then linear. */
+/* rms_norm_linear with the norm folded into the GEMV (gemv.cuh / qmatmul.cuh: x times the norm
+   weights as it is loaded, the rsqrt of each x row's mean square at the store): no residual, the
+   GEMV's sizes (16-bit w: cu_linear's takes_gemv), norm weights of w's type, 16-byte aligned. *done false: not taken (nothing queued). */
+static ms_status norm_gemv(cuda_ctx *c, const ms_tensor *x, const ms_tensor *norm_w, float eps,
+                           const ms_tensor *w, const ms_tensor *bias, ms_tensor *y, bool *done,
+                           ms_error *err) {
+    *done = false;
+    ms_error quiet = {0};
+    if (!c->fold_norm || check_t("rms_norm_linear", "x", x, 2, 2, DT_F32, &quiet) != MS_OK ||
+        check_t("rms_norm_linear", "norm_w", norm_w, 1, 1, DT_FLOATS, &quiet) != MS_OK ||
+        check_t("rms_norm_linear", "w", w, 2, 2, DT_FLOATS, &quiet) != MS_OK ||
+        check_t("rms_norm_linear", "y", y, 2, 2, DT_F32, &quiet) != MS_OK || w->dtype == MS_DTYPE_F32 ||
+        !(eps >= 0.0f))
+        return MS_OK;
+    const int64_t n = x->shape[0], d = x->shape[1], outd = w->shape[0];
+    if (n < 1 || norm_w->shape[0] != d || norm_w->stride[0] != 1 || w->shape[1] != d ||
+        y->shape[0] != n || y->shape[1] != outd || !fits_int(n) || !fits_int(d) ||
+        !fits_int(outd) || !fits_int(x->stride[0]) || !fits_int(w->stride[0]) ||
+        !fits_int(y->stride[0]) || ((uintptr_t)norm_w->data & 15u) != 0)
+        return MS_OK;
+    /* 16-bit weights only: the quantized GEMVs with the norm folded in the same way ran slower
+       (Q4_0 batch 1: 403 against 454 tok/s, docs/perf.md), so they keep the norm's launch */
+    ms_gemv_params gp = gemv_view(x, w, y);
+    if (norm_w->dtype != w->dtype || !takes_gemv(c, &gp))
+        return MS_OK; /* the GEMV reads norm weights in its own type */
+    gp.norm_w = norm_w->data;
+    gp.eps = eps;
+    ms_kernel_spec s = ms_kernel_spec_simple(MS_KERNEL_OP_MISC, kdtype(w->dtype));
+    s.act_dtype = MS_KERNEL_DTYPE_F32;
+    ms_cuda_module *m;
+    MS_TRY(get_module(c, &s, &m, err));
+    MS_TRY(ms_cuda_gemv_launch(m, &gp, c->stream, err));
+    *done = true;
+    return linear_bias(c, bias, n, outd, y, err);
+}
+
 static ms_status cu_rms_norm_linear(void *ctx, ms_tensor *residual, const ms_tensor *x,
                                     const ms_tensor *norm_w, float eps, ms_tensor *h,
                                     const ms_tensor *w, const ms_tensor *bias, ms_tensor *y,
                                     ms_error *err) {
     cuda_ctx *c = ctx;
     ms_error quiet = {0};
+    if (residual == NULL) {
+        bool done;
+        MS_TRY(norm_gemv(c, x, norm_w, eps, w, bias, y, &done, err));
+        if (done)
+            return MS_OK;
+    }
     bool fused = check_t("rms_norm_linear", "x", x, 2, 2, DT_F32, &quiet) == MS_OK &&
                  check_t("rms_norm_linear", "norm_w", norm_w, 1, 1, DT_FLOATS, &quiet) == MS_OK &&
                  check_t("rms_norm_linear", "h", h, 2, 2, DT_F32, &quiet) == MS_OK &&
@@ -951,7 +1015,7 @@ static ms_status cu_rms_norm_linear(void *ctx, ms_tensor *residual, const ms_ten
         ms_rmsnorm_params p = {x->data, residual ? residual->data : NULL, norm_w->data,
                                c->scratch, (int)n, (int)d, (int)x->stride[0], (int)d, eps, 0};
         MS_TRY(ms_cuda_rmsnorm_to_launch(m, &p, kdtype(w->dtype), c->stream, err));
-        MS_TRY(gemm16(c, c->scratch, n, d, w, y, err));
+        MS_TRY(gemm16(c, c->scratch, n, d, w, y, false, err));
         return linear_bias(c, bias, n, w->shape[0], y, err);
     }
     if (residual != NULL)
@@ -1245,10 +1309,10 @@ static ms_status cu_silu_mul(void *ctx, const ms_tensor *gate, const ms_tensor *
    (misc module's silu_mul_to: the same bits as silu_mul then convert) and the GEMM reads it; tmp
    is left unwritten. Everything else (f32 or quantized w, the GEMV's sizes, shapes the vector
    kernel refuses, bad arguments: their errors) is silu_mul into tmp and then linear. */
-static ms_status cu_silu_mul_linear(void *ctx, const ms_tensor *gate, const ms_tensor *up,
+static ms_status silu_mul_linear_to(cuda_ctx *c, const ms_tensor *gate, const ms_tensor *up,
                                     ms_tensor *tmp, const ms_tensor *w, const ms_tensor *bias,
-                                    ms_tensor *y, ms_error *err) {
-    cuda_ctx *c = ctx;
+                                    ms_tensor *y, bool acc, ms_error *err) {
+    void *ctx = c;
     ms_error quiet = {0};
     bool fused = check_t("silu_mul_linear", "gate", gate, 2, 2, DT_F32, &quiet) == MS_OK &&
                  check_t("silu_mul_linear", "up", up, 2, 2, DT_F32, &quiet) == MS_OK &&
@@ -1281,12 +1345,30 @@ static ms_status cu_silu_mul_linear(void *ctx, const ms_tensor *gate, const ms_t
             ms_cuda_module *m;
             MS_TRY(get_module(c, &s, &m, err));
             MS_TRY(ms_cuda_silu_mul_to_launch(m, &sp, c->stream, err));
-            MS_TRY(gemm16(c, c->scratch, n, f, w, y, err));
+            MS_TRY(gemm16(c, c->scratch, n, f, w, y, acc, err));
             return linear_bias(c, bias, n, w->shape[0], y, err);
         }
     }
     MS_TRY(cu_silu_mul(ctx, gate, up, tmp, err));
-    return cu_linear(ctx, tmp, w, bias, y, err);
+    return linear_to(c, tmp, w, bias, y, acc, err);
+}
+
+static ms_status cu_silu_mul_linear(void *ctx, const ms_tensor *gate, const ms_tensor *up,
+                                    ms_tensor *tmp, const ms_tensor *w, const ms_tensor *bias,
+                                    ms_tensor *y, ms_error *err) {
+    return silu_mul_linear_to(ctx, gate, up, tmp, w, bias, y, false, err);
+}
+
+/* backend.h silu_mul_linear_add: y += linear(silu(gate) * up, w, bias), the add in the GEMV's /
+   GEMM's output; tmp unwritten (prod as silu_mul_linear's tmp). */
+static ms_status cu_silu_mul_linear_add(void *ctx, const ms_tensor *gate, const ms_tensor *up,
+                                        ms_tensor *prod, const ms_tensor *w, const ms_tensor *bias,
+                                        ms_tensor *tmp, ms_tensor *y, ms_error *err) {
+    (void)tmp;
+    if (y != NULL && ((gate != NULL && gate->data == y->data) ||
+                      (up != NULL && up->data == y->data) || (prod != NULL && prod->data == y->data)))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "silu_mul_linear_add: y must not alias its inputs");
+    return silu_mul_linear_to(ctx, gate, up, prod, w, bias, y, true, err);
 }
 
 static ms_status cu_add(void *ctx, const ms_tensor *a, const ms_tensor *b, ms_tensor *out,
@@ -1676,6 +1758,7 @@ static ms_status cuda_setup(cuda_ctx *c, const ms_backend_cuda_options *opt, ms_
     MS_CUDA_TRY(err, cudaMalloc(&c->cublas_ws, CUBLAS_WORKSPACE_BYTES));
     MS_CUBLAS_TRY(err, cublasSetWorkspace(c->cublas, c->cublas_ws, CUBLAS_WORKSPACE_BYTES));
     MS_TRY(env_int("MS_CUDA_GEMV", 0, MS_GEMV_MAX_COLS, GEMV_MAX_N, &c->gemv_max_n, err));
+    MS_TRY(env_int("MS_CUDA_NORM_FOLD", 0, 1, 1, &c->fold_norm, err));
     if (opt != NULL && opt->cache_dir != NULL) {
         c->cache_dir = ms_strdup(opt->cache_dir);
         if (c->cache_dir == NULL)
@@ -1805,6 +1888,8 @@ ms_status ms_backend_cuda_init(ms_backend *out, const ms_backend_cuda_options *o
     f->attention_dense = cu_attention_dense;
     f->silu_mul = cu_silu_mul;
     f->silu_mul_linear = cu_silu_mul_linear;
+    f->linear_add = cu_linear_add;
+    f->silu_mul_linear_add = cu_silu_mul_linear_add;
     f->rms_norm_linear = cu_rms_norm_linear;
     f->add = cu_add;
     f->gather_rows = cu_gather_rows;

@@ -330,7 +330,8 @@ ms_status ms_cuda_quant_dequant_bf16(ms_cuda_quant *q, const ms_cuda_qweight *w,
 }
 
 ms_status ms_cuda_quant_linear(ms_cuda_quant *q, const float *x, int64_t n, int64_t x_stride,
-                               const ms_cuda_qweight *w, float *y, int64_t y_stride, ms_error *err) {
+                               const ms_cuda_qweight *w, float *y, int64_t y_stride, bool acc,
+                               ms_error *err) {
     MS_TRY(check_weight(w, err));
     if (x == NULL || y == NULL || n < 0 || n > 0x7fffffff || x_stride < w->in || y_stride < w->rows ||
         x_stride > 0x7fffffff || y_stride > 0x7fffffff)
@@ -357,6 +358,7 @@ ms_status ms_cuda_quant_linear(ms_cuda_quant *q, const float *x, int64_t n, int6
             p.x_stride = (int)x_stride;
             p.y_stride = (int)y_stride;
             p.wide = wide;
+            p.acc = acc;
             MS_TRY(launch(m, (int)k - 1, (unsigned)MS_CEIL_DIV(w->rows, MS_QGEMV_ROWS_OF(k)), MS_QGEMV_THREADS, &p,
                           q->stream, err));
         }
@@ -375,7 +377,7 @@ ms_status ms_cuda_quant_linear(ms_cuda_quant *q, const float *x, int64_t n, int6
     if (n <= SMALL_N_ROWS && use > SMALL_N_TILE_BYTES)
         use = SMALL_N_TILE_BYTES > (size_t)w->in * 2 ? SMALL_N_TILE_BYTES : (size_t)w->in * 2;
     int64_t tile_rows = (int64_t)(use / ((size_t)w->in * 2));
-    const float one = 1.f, zero = 0.f;
+    const float one = 1.f, zero = acc ? 1.f : 0.f; /* beta: acc adds into y */
     for (int64_t r0 = 0; r0 < w->rows; r0 += tile_rows) {
         int64_t rows = w->rows - r0 < tile_rows ? w->rows - r0 : tile_rows;
         MS_TRY(ms_cuda_quant_dequant_bf16(q, w, r0, rows, q->tile, err));

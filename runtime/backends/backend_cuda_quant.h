@@ -116,8 +116,9 @@ ms_status ms_cuda_quant_reserve(ms_cuda_quant *q, int64_t max_x_rows, int64_t ma
                                 ms_error *err);
 
 /*
- * y[t, o] = sum_i x[t, i] * W[o, i] for t < n, queued on the context's stream. x [n, w->in] f32 in
- * device memory with row stride x_stride (elements); y [n, w->rows] f32, row stride y_stride.
+ * y[t, o] = sum_i x[t, i] * W[o, i] for t < n (acc: y[t, o] += the sum, linear_add's residual
+ * add), queued on the context's stream. x [n, w->in] f32 in device memory with row stride x_stride
+ * (elements); y [n, w->rows] f32, row stride y_stride, not overlapping x.
  * n <= MS_CUDA_QGEMV_MAX_ROWS with 16-byte aligned x rows: GEMV; otherwise dequantize + GEMM
  * (workspaces grow here when ms_cuda_quant_reserve did not size them, which fails with
  * MS_ERR_STATE during graph capture). Errors: MS_ERR_INVALID_ARG (shapes, strides, NULL),
@@ -125,7 +126,8 @@ ms_status ms_cuda_quant_reserve(ms_cuda_quant *q, int64_t max_x_rows, int64_t ma
  * ms_cuda_quant_seal), MS_ERR_CUDA / MS_ERR_CUBLAS.
  */
 ms_status ms_cuda_quant_linear(ms_cuda_quant *q, const float *x, int64_t n, int64_t x_stride,
-                               const ms_cuda_qweight *w, float *y, int64_t y_stride, ms_error *err);
+                               const ms_cuda_qweight *w, float *y, int64_t y_stride, bool acc,
+                               ms_error *err);
 
 /* Dequantize rows [row0, row0 + n_rows) of w into out [n_rows, w->in] bf16 (device, packed rows,
  * 16-byte aligned), bit-exact with bf16(ms_ggml_dequantize). Queued on the stream. */

@@ -102,7 +102,7 @@ static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 static int vec_elems(ms_kernel_dtype dt) { return dt == MS_KERNEL_DTYPE_F32 ? 4 : 8; }
 
 /* Programmatic dependent launch for which kernels (read once per process from MS_CUDA_PDL):
- * 0 none ("0"), 1 the decode attention and the 16-bit GEMV (the default), 2 every kernel
+ * 0 none ("0"), 1 the decode attention and the 16-bit GEMVs (the default), 2 every kernel
  * ("all"), 3 the decode attention only ("attn"). */
 static int pdl_mode(void) {
     static int cached = -1; /* -1: not read yet */
@@ -124,7 +124,8 @@ bool ms_cuda_pdl(const ms_cuda_module *m, int entry) {
         return false;
     const int mode = pdl_mode();
     return mode == 2 || (mode != 0 && m->spec.op == MS_KERNEL_OP_ATTN_DECODE) ||
-           (mode == 1 && m->spec.op == MS_KERNEL_OP_MISC && entry == MS_CUDA_MISC_GEMV);
+           (mode == 1 && m->spec.op == MS_KERNEL_OP_MISC &&
+            (entry == MS_CUDA_MISC_GEMV || entry == MS_CUDA_MISC_GEMV_NORM));
 }
 
 ms_status ms_cuda_launch_entry(const ms_cuda_module *m, int entry, unsigned gx, unsigned gy, unsigned gz,
@@ -428,7 +429,8 @@ bool ms_cuda_gemv_fits(const ms_gemv_params *p) {
     return p->n >= 1 && p->n <= MS_GEMV_MAX_COLS && p->rows >= 1 && p->in >= 1 && p->in % 8 == 0 &&
            p->w_stride % 8 == 0 && p->x_stride % 4 == 0 && p->w_stride >= p->in &&
            p->x_stride >= p->in && (p->n == 1 || p->y_stride >= p->rows) && p->w != NULL &&
-           p->x != NULL && p->y != NULL && aligned16(p->w) && aligned16(p->x);
+           p->x != NULL && p->y != NULL && aligned16(p->w) && aligned16(p->x) &&
+           (p->norm_w == NULL || aligned16(p->norm_w));
 }
 
 ms_status ms_cuda_gemv_launch(const ms_cuda_module *m, const ms_gemv_params *p,
@@ -441,7 +443,8 @@ ms_status ms_cuda_gemv_launch(const ms_cuda_module *m, const ms_gemv_params *p,
                        "present, w and x 16-byte aligned)",
                        m->uri, p->n, p->rows, p->in, p->w_stride, p->x_stride, p->y_stride);
     ms_gemv_params copy = *p;
-    return launch(m, MS_CUDA_MISC_GEMV, (unsigned)MS_CEIL_DIV(p->rows, MS_GEMV_ROWS), 1, 1,
+    return launch(m, p->norm_w != NULL ? MS_CUDA_MISC_GEMV_NORM : MS_CUDA_MISC_GEMV,
+                  (unsigned)MS_CEIL_DIV(p->rows, MS_GEMV_ROWS), 1, 1,
                   MS_GEMV_THREADS, &copy, stream, err);
 }
 

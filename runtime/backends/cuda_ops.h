@@ -133,10 +133,12 @@ typedef enum ms_cuda_misc_entry {
     MS_CUDA_MISC_SELECT_ROWS,    /* out[r] = rows[r] == 0 ? a[r] : b[r] */
     MS_CUDA_MISC_GEMV,           /* the decode GEMV over the instance's 16-bit weights */
     MS_CUDA_MISC_SILU_MUL_TO,    /* silu(gate) * up of float rows into the instance's dtype */
+    MS_CUDA_MISC_GEMV_NORM,      /* the GEMV with the RMSNorm folded in (p.norm_w) */
     MS_CUDA_MISC_ENTRY_COUNT
 } ms_cuda_misc_entry;
 
-/* The decode GEMV of templates/misc/gemv.cuh: y [n, rows] (float) = T(x [n, in], float) W^T,
+/* The decode GEMV of templates/misc/gemv.cuh: y [n, rows] (float) = T(x [n, in], float) W^T
+ * (p->acc: added to y; p->norm_w: x RMS-normalized on the way, gemv.cuh),
  * W [rows, in] in the module's dtype (bf16 or f16). Grid: ceil(rows / MS_GEMV_ROWS) CTAs.
  * MS_ERR_INVALID_ARG, naming the module, unless ms_cuda_gemv_fits(p). */
 ms_status ms_cuda_gemv_launch(const ms_cuda_module *m, const ms_gemv_params *p,
@@ -144,7 +146,7 @@ ms_status ms_cuda_gemv_launch(const ms_cuda_module *m, const ms_gemv_params *p,
 /* Whether the GEMV takes p (cu_linear falls back to convert + cuBLAS otherwise): n in
  * 1..MS_GEMV_MAX_COLS; rows, in >= 1; in and w_stride multiples of 8, x_stride of 4 elements;
  * w_stride, x_stride >= in; y_stride >= rows when n > 1; w, x, y present, w and x 16-byte
- * aligned. */
+ * aligned; norm_w (the folded RMSNorm, in the module's dtype) NULL or 16-byte aligned. */
 bool ms_cuda_gemv_fits(const ms_gemv_params *p);
 
 /* Whether ms_cuda_silu_mul_to_launch takes p: inter >= 8 and inter and the three strides multiples

@@ -33,7 +33,7 @@ static const kernel_op_info op_info[MS_KERNEL_OP_COUNT] = {
     {"misc", "misc/elementwise.cuh",
      {"ms_convert", "ms_add", "ms_gather_rows", "ms_layer_norm", "ms_layer_norm_f32", "ms_gelu",
       "ms_im2col", "ms_im2col_f32", "ms_bias_add", "ms_bias_add_f32", "ms_select_rows", "ms_gemv",
-      "ms_silu_mul_to"}},
+      "ms_silu_mul_to", "ms_gemv_norm"}},
     {"rmsnorm_heads", "norm/rmsnorm.cuh", {"ms_rmsnorm_heads", NULL}},
     {"attn_dense", "attn/dense.cuh", {"ms_attn_dense", NULL}},
     {"qmatmul", "quant/qmatmul.cuh",
@@ -540,6 +540,11 @@ static ms_status spec_body(const ms_kernel_spec *s, bool shape_macros, const cha
                  "extern \"C\" __global__ void __launch_bounds__(MS_GEMV_THREADS, 2)\n"
                  "ms_gemv(const ms_gemv_params p) {\n" /* the PDL calls are the template's */
                  "    ms::gemv<cfg::T>(p);\n}\n\n"
+                 /* the same with the RMSNorm folded in (p.norm_w): its own entry, so that
+                    ms_gemv's code is the plain one */
+                 "extern \"C\" __global__ void __launch_bounds__(MS_GEMV_THREADS, 2)\n"
+                 "ms_gemv_norm(const ms_gemv_params p) {\n"
+                 "    ms::gemv<cfg::T, true>(p);\n}\n\n"
                  /* SiLU-and-multiply of float gate/up into the GEMM input type (act/silu_mul.cuh) */
                  "extern \"C\" __global__ void __launch_bounds__(MS_SILU_MUL_THREADS)\n"
                  "ms_silu_mul_to(const ms_silu_mul_params p) {\n" PDL_PROLOGUE
@@ -784,8 +789,7 @@ ms_status ms_kernel_specs_for_decoder_variant(const ms_kernel_model_shape *shape
     else
         s[k++] = ms_kernel_spec_rope_kv(kv, shape->head_dim, shape->page_size, shape->rope,
                                         MS_KERNEL_ROPE_SCALING_NONE);
-    s[k++] = ms_kernel_spec_rmsnorm(w, false);
-    s[k++] = ms_kernel_spec_rmsnorm(w, true);
+    s[k++] = ms_kernel_spec_rmsnorm(w, false); /* residual adds are in the linears (linear_add) */
     if (qk_norm)
         s[k++] = ms_kernel_spec_rmsnorm_heads(w, shape->head_dim);
     s[k++] = ms_kernel_spec_simple(MS_KERNEL_OP_EMBED, w);

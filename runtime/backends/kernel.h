@@ -29,8 +29,9 @@ extern "C" {
 #endif
 
 #define MS_KERNEL_URI_MAX 128
-#define MS_KERNEL_MAX_ENTRIES 13 /* misc: 3 helpers + 7 encoder entries + select_rows + gemv +
-                                    silu_mul_to; qmatmul: 10 GEMV widths + dequant + embed */
+#define MS_KERNEL_MAX_ENTRIES 14 /* misc: 3 helpers + 7 encoder entries + select_rows + gemv +
+                                    silu_mul_to + gemv_norm; qmatmul: 8 GEMV widths + dequant +
+                                    embed */
 
 /* ORDER MS_KERNEL_OP: keep the op table in kernel.c in sync. */
 typedef enum ms_kernel_op {
@@ -266,8 +267,8 @@ typedef struct ms_kernel_model_shape {
  * The kernel instances the CUDA backend (backend_cuda.c) runs for a decoder of this shape with
  * float32 activations: attention decode and causal prefill, RoPE + KV write in the model's style
  * (frequencies come as a table, so no scaling variant; rope NONE: the plain KV write of a model
- * without RoPE; the M-RoPE variant for mrope), RMSNorm with and without the residual add (and
- * the per-head norm for qk_norm), the elementwise helpers, SiLU-and-multiply, embedding, argmax
+ * without RoPE; the M-RoPE variant for mrope), RMSNorm (without the residual add, which mstarc
+ * puts in the linear before it: linear_add; and the per-head norm for qk_norm), the elementwise helpers, SiLU-and-multiply, embedding, argmax
  * and sampling. Writes up to cap specs to out and
  * their number to *n. MS_ERR_UNSUPPORTED (naming the value) when a shape is outside the templates;
  * MS_ERR_CAPACITY when cap is too small. Used by the CI test that compiles every instance of the

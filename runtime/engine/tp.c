@@ -48,6 +48,13 @@ struct ms_tp_rank {
                                  const ms_tensor *norm_w, float eps, ms_tensor *h,
                                  const ms_tensor *w, const ms_tensor *bias, ms_tensor *y,
                                  ms_error *err);
+    /* the backend's own residual linears (backend.h linear_add, silu_mul_linear_add; NULL: the
+       ms_backend_*_add default goes through the hooked linear / silu_mul_linear and add) */
+    ms_status (*linear_add)(void *ctx, const ms_tensor *x, const ms_tensor *w,
+                            const ms_tensor *bias, ms_tensor *tmp, ms_tensor *y, ms_error *err);
+    ms_status (*silu_mul_linear_add)(void *ctx, const ms_tensor *gate, const ms_tensor *up,
+                                     ms_tensor *prod, const ms_tensor *w, const ms_tensor *bias,
+                                     ms_tensor *tmp, ms_tensor *y, ms_error *err);
     float *scratch;            /* backend [chunk, vocab_rows] local logits */
     float *gathered;           /* host [world, chunk, vocab_rows] (cpu) */
     int64_t chunk;             /* rows per gather */
@@ -432,6 +439,41 @@ static ms_status tp_rms_norm_linear(void *ctx, ms_tensor *residual, const ms_ten
     }
 }
 
+/* The residual linears (backend.h linear_add, silu_mul_linear_add): a row-parallel weight's
+   partial product must be summed over the ranks before the add (each rank adding its part into
+   its own copy of the residual would add the residual world times), so it runs into tmp, is
+   all-reduced there and then added; the vocabulary head the same through tp_linear; a column
+   split or a replicated weight is the backend's own. */
+static ms_status tp_linear_add(void *ctx, const ms_tensor *x, const ms_tensor *w,
+                               const ms_tensor *bias, ms_tensor *tmp, ms_tensor *y,
+                               ms_error *err) {
+    ms_tp_rank *t = tp_lookup(ctx);
+    if (t == NULL)
+        return MS_FAIL(err, MS_ERR_STATE, "tensor parallel: linear on a detached backend");
+    switch (tp_split_of(t, w->data)) {
+    case MS_TP_ROW:
+    case MS_TP_VOCAB:
+        MS_TRY(tp_linear(ctx, x, w, bias, tmp, err));
+        return t->be->iface.add(ctx, y, tmp, y, err);
+    default: return t->linear_add(ctx, x, w, bias, tmp, y, err);
+    }
+}
+
+static ms_status tp_silu_mul_linear_add(void *ctx, const ms_tensor *gate, const ms_tensor *up,
+                                        ms_tensor *prod, const ms_tensor *w, const ms_tensor *bias,
+                                        ms_tensor *tmp, ms_tensor *y, ms_error *err) {
+    ms_tp_rank *t = tp_lookup(ctx);
+    if (t == NULL)
+        return MS_FAIL(err, MS_ERR_STATE, "tensor parallel: linear on a detached backend");
+    switch (tp_split_of(t, w->data)) {
+    case MS_TP_ROW:
+    case MS_TP_VOCAB:
+        MS_TRY(ms_backend_silu_mul_linear(t->be, gate, up, prod, w, bias, tmp, err));
+        return t->be->iface.add(ctx, y, tmp, y, err);
+    default: return t->silu_mul_linear_add(ctx, gate, up, prod, w, bias, tmp, y, err);
+    }
+}
+
 ms_status ms_tp_share_ids(ms_tp_rank *t, int32_t *ids, int32_t n, ms_error *err) {
     if (n < 0 || n > t->max_rows)
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "tensor parallel: %d ids to share, room for %d",
@@ -513,12 +555,18 @@ ms_status ms_tp_rank_attach(ms_tp_rank *t, ms_backend *be, int32_t max_rows, ms_
     t->embedding = be->iface.embedding;
     t->silu_mul_linear = be->iface.silu_mul_linear;
     t->rms_norm_linear = be->iface.rms_norm_linear;
+    t->linear_add = be->iface.linear_add;
+    t->silu_mul_linear_add = be->iface.silu_mul_linear_add;
     be->iface.linear = tp_linear;
     be->iface.embedding = tp_embedding;
     if (t->silu_mul_linear != NULL)
         be->iface.silu_mul_linear = tp_silu_mul_linear;
     if (t->rms_norm_linear != NULL)
         be->iface.rms_norm_linear = tp_rms_norm_linear;
+    if (t->linear_add != NULL)
+        be->iface.linear_add = tp_linear_add;
+    if (t->silu_mul_linear_add != NULL)
+        be->iface.silu_mul_linear_add = tp_silu_mul_linear_add;
     return MS_OK;
 }
 
@@ -534,6 +582,8 @@ void ms_tp_rank_detach(ms_tp_rank *t, ms_backend *be) {
     be->iface.embedding = t->embedding;
     be->iface.silu_mul_linear = t->silu_mul_linear;
     be->iface.rms_norm_linear = t->rms_norm_linear;
+    be->iface.linear_add = t->linear_add;
+    be->iface.silu_mul_linear_add = t->silu_mul_linear_add;
     if (be->ctx != NULL)
         be->iface.buffer_free(be->ctx, t->scratch);
     ms_free(t->gathered);

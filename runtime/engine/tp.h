@@ -25,9 +25,10 @@
  *     rank reads (and stores) only its part: weight bytes per rank ~1/N (plus the replicated
  *     embedding and norms). The checkpoint is opened once for the group (engine_tp.c) and read by
  *     every rank (a GGUF is dequantized once).
- *   - ops: the backend's linear (and its fused silu_mul_linear / rms_norm_linear, when it has
- *     them) is hooked (ms_tp_rank_attach): a row-parallel weight's output
- *     is all-reduced (sum; its bias added on rank 0 only), the vocabulary-parallel head's local
+ *   - ops: the backend's linear (and its fused silu_mul_linear / rms_norm_linear / linear_add /
+ *     silu_mul_linear_add, when it has them) is hooked (ms_tp_rank_attach): a row-parallel
+ *     weight's output is all-reduced (sum; its bias added on rank 0 only; a residual linear's
+ *     product all-reduced before its add), the vocabulary-parallel head's local
  *     logits [rows, ceil(V/N)] are all-gathered into the full [rows, V] row; an embedding
  *     lookup into a split weight fails (one line) instead of reading a rank's rows. Every other
  *     op is the backend's own. The local group adds in rank order, so every rank holds bitwise the

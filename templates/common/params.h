@@ -247,7 +247,7 @@ typedef struct ms_misc_params {
     int out_stride;
 } ms_misc_params;
 
-/* y[c, r] = sum_i T(x[c, i]) * w[r, i] for c < n (misc/gemv.cuh, the misc module's ms_gemv;
+/* y[c, r] (+)= sum_i T(x[c, i]) * w[r, i] for c < n (misc/gemv.cuh, the misc module's ms_gemv;
  * T = the module's dtype, bf16 or f16). Strides in elements. */
 typedef struct ms_gemv_params {
     const void *w; /* [rows, in] T, row stride w_stride (a multiple of 8), 16-byte aligned */
@@ -259,6 +259,13 @@ typedef struct ms_gemv_params {
     int w_stride;
     int x_stride;
     int y_stride;
+    int acc;       /* 1: y += the products (linear_add, the residual add in the output), 0: y = */
+    /* RMSNorm folded in (rms_norm_linear at the GEMV's sizes, the ms_gemv_norm entry): x is read
+       raw, each value times norm_w[i] before rounding to T, and each output times
+       rsqrt(sum_i x[c, i]^2 / in + eps) of its x row. [in] T (the weights' type), 16-byte
+       aligned; NULL: none. */
+    const void *norm_w;
+    float eps;
 } ms_gemv_params;
 
 /* ---- encoder helpers of the misc module (misc/encoder.cuh) ---- */

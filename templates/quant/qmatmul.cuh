@@ -357,7 +357,15 @@ __device__ __forceinline__ void qgemv_dot_wide(const quant::qraw (&raw)[R], cons
     }
 }
 
-/// The CTA's sums of rows [r0, r0 + R) into y (rows past p.rows are not stored), and acc zeroed:
+/// *y = v, or *y += v when acc (linear_add's residual add: y's old value + the sum). Not inlined,
+/// so that the read of y does not reshape the chunk loop before it: inlined, it spilled in Q4_K's
+/// ms_qgemv_1 (a plain load) or put a branch around its x loads (a volatile one). Q4_K's batch-1
+/// decode is still about 5% slower than with the plain store of before (docs/perf.md, eleventh
+/// session: not understood yet).
+__device__ __noinline__ void qgemv_put(float *y, float v, int acc) { *y = acc ? *y + v : v; }
+
+/// The CTA's sums of rows [r0, r0 + R) into y (added to y's values when p.acc; rows past p.rows
+/// are not stored), and acc zeroed:
 /// warp shuffles, then one pass over red in warp order (deterministic). Contains a __syncthreads;
 /// red may be written again only after another.
 template <int NC, int R, int NW>
@@ -381,7 +389,7 @@ __device__ __forceinline__ void qgemv_store(float (&acc)[R][NC], float (&red)[NW
         for (int i = 0; i < NW; i++)
             v += red[i][threadIdx.x];
         if (r0 + r < p.rows)
-            static_cast<float *>(p.y)[(size_t)c * (size_t)p.y_stride + (size_t)(r0 + r)] = v;
+            qgemv_put(static_cast<float *>(p.y) + (size_t)c * (size_t)p.y_stride + (size_t)(r0 + r), v, p.acc);
     }
 }
 

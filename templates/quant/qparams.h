@@ -45,6 +45,7 @@ typedef struct ms_qmatmul_params {
     int y_stride;
     int wide;        /* gemv: 1 = w and row_bytes are multiples of 16 (every row 16-byte aligned): the
                         planar rows' 8- and 16-byte loads; 0 = 16-bit loads */
+    int acc;         /* gemv: 1 = y += x W^T (linear_add: the residual add in the output), 0 = y = */
 } ms_qmatmul_params;
 
 #endif /* MS_QPARAMS_H */

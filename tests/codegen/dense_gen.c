@@ -764,7 +764,6 @@ enum {
     B_DECODER_H,
     B_DECODER_WQ_WK_WV,
     B_DECODER_ATTN,
-    B_DECODER_H2,
     B_DECODER_W_GATE_W_UP,
     B_DECODER_X_LAST,
     B_DECODER_TMP,
@@ -774,10 +773,9 @@ enum {
 static size_t llama_dense_decoder_layout(const llama_dense_config *c, int32_t T, int32_t S, size_t *off) {
     size_t sizes[B_DECODER_COUNT];
     sizes[B_DECODER_X] = (size_t)T * (size_t)(c->hidden_size); /* x */
-    sizes[B_DECODER_H] = (size_t)T * (size_t)(c->hidden_size); /* h, t */
+    sizes[B_DECODER_H] = (size_t)T * (size_t)(c->hidden_size); /* h, t, h, t */
     sizes[B_DECODER_WQ_WK_WV] = (size_t)T * (size_t)(c->q_dim + c->kv_dim + c->kv_dim); /* wq_wk_wv */
     sizes[B_DECODER_ATTN] = (size_t)T * (size_t)(c->q_dim); /* attn */
-    sizes[B_DECODER_H2] = (size_t)T * (size_t)(c->hidden_size); /* h, t */
     sizes[B_DECODER_W_GATE_W_UP] = (size_t)T * (size_t)(c->intermediate_size + c->intermediate_size); /* w_gate_w_up */
     sizes[B_DECODER_X_LAST] = (size_t)S * (size_t)(c->hidden_size); /* x_last */
     sizes[B_DECODER_TMP] = (size_t)S * (size_t)(c->hidden_size); /* tmp */
@@ -815,7 +813,6 @@ static ms_status llama_dense_decoder_forward(const ms_md_forward_args *a, ms_err
     ms_tensor t_h = ms_tensor_2d(ws + off[B_DECODER_H], MS_DTYPE_F32, T, c->hidden_size);
     ms_tensor t_wq_wk_wv = ms_tensor_2d(ws + off[B_DECODER_WQ_WK_WV], MS_DTYPE_F32, T, c->q_dim + c->kv_dim + c->kv_dim);
     ms_tensor t_attn = ms_tensor_2d(ws + off[B_DECODER_ATTN], MS_DTYPE_F32, T, c->q_dim);
-    ms_tensor t_h2 = ms_tensor_2d(ws + off[B_DECODER_H2], MS_DTYPE_F32, T, c->hidden_size);
     ms_tensor t_w_gate_w_up = ms_tensor_2d(ws + off[B_DECODER_W_GATE_W_UP], MS_DTYPE_F32, T, c->intermediate_size + c->intermediate_size);
     ms_tensor t_x_last = ms_tensor_2d(ws + off[B_DECODER_X_LAST], MS_DTYPE_F32, S, c->hidden_size);
     ms_tensor t_tmp = ms_tensor_2d(ws + off[B_DECODER_TMP], MS_DTYPE_F32, S, c->hidden_size);
@@ -838,15 +835,11 @@ static ms_status llama_dense_decoder_forward(const ms_md_forward_args *a, ms_err
     for (int32_t l = 0; l < (int32_t)(c->num_hidden_layers); l++) {
 
         /* h = rms_norm(x, l.attn_norm, rms_norm_eps) */
-        /* fused: the previous layer's residual add into x with this rms_norm */
         /* q, k, v = linear(h, l.wq, l.bq), linear(h, l.wk, l.bk), linear(h, l.wv, l.bv) */
         /* fused: 3 linears over h side by side run as one GEMM over layers.wq+wk+wv; fused: the norm written as this linear's input (rms_norm_linear) */
         {
             const ms_tensor *bias = ms_md_weight_get(a, W_LAYERS_BQ_BK_BV, l);
-            if (l == 0)
-                MS_TRY(ms_backend_rms_norm_linear(be, NULL, &t_x, ms_md_weight_get(a, W_LAYERS_ATTN_NORM, l), (float)c->rms_norm_eps, &t_h, ms_md_weight_get(a, W_LAYERS_WQ_WK_WV, l), bias->data != NULL ? bias : NULL, &t_wq_wk_wv, err));
-            else
-                MS_TRY(ms_backend_rms_norm_linear(be, &t_x, &t_h2, ms_md_weight_get(a, W_LAYERS_ATTN_NORM, l), (float)c->rms_norm_eps, &t_h, ms_md_weight_get(a, W_LAYERS_WQ_WK_WV, l), bias->data != NULL ? bias : NULL, &t_wq_wk_wv, err));
+            MS_TRY(ms_backend_rms_norm_linear(be, NULL, &t_x, ms_md_weight_get(a, W_LAYERS_ATTN_NORM, l), (float)c->rms_norm_eps, &t_h, ms_md_weight_get(a, W_LAYERS_WQ_WK_WV, l), bias->data != NULL ? bias : NULL, &t_wq_wk_wv, err));
         }
 
         /* x = x + linear(attn.run(q, k, v, layer = l), l.wo) */
@@ -854,19 +847,18 @@ static ms_status llama_dense_decoder_forward(const ms_md_forward_args *a, ms_err
         MS_TRY(ms_backend_rope_kv_write(be, &t_q_heads, &t_k_heads, &t_v_heads, a->positions, a->rope, a->kv, l,
                                         a->batch, err));
         MS_TRY(f->attention(cx, &t_q_heads, a->kv, l, a->batch, &a->attn, &t_attn_heads, err));
-        MS_TRY(f->linear(cx, &t_attn, ms_md_weight_get(a, W_LAYERS_WO, l), NULL, &t_h, err));
+        /* fused: the residual add x += ... into this linear's output (linear_add) */
+        MS_TRY(ms_backend_linear_add(be, &t_attn, ms_md_weight_get(a, W_LAYERS_WO, l), NULL, &t_h, &t_x, err));
 
         /* h = rms_norm(x, l.mlp_norm, rms_norm_eps) */
-        /* fused: residual add x += ... with this rms_norm */
         /* x = x + linear(silu(linear(h, l.w_gate)) * linear(h, l.w_up), l.w_down) */
         /* fused: 2 linears over h side by side run as one GEMM over layers.w_gate+w_up; fused: the norm written as this linear's input (rms_norm_linear) */
-        MS_TRY(ms_backend_rms_norm_linear(be, &t_x, &t_h, ms_md_weight_get(a, W_LAYERS_MLP_NORM, l), (float)c->rms_norm_eps, &t_h2, ms_md_weight_get(a, W_LAYERS_W_GATE_W_UP, l), NULL, &t_w_gate_w_up, err));
-        /* fused: silu(a) * b into its linear (silu_mul_linear) */
-        MS_TRY(ms_backend_silu_mul_linear(be, &t_w_gate, &t_w_up, &t_w_gate, ms_md_weight_get(a, W_LAYERS_W_DOWN, l), NULL, &t_h2, err));
+        MS_TRY(ms_backend_rms_norm_linear(be, NULL, &t_x, ms_md_weight_get(a, W_LAYERS_MLP_NORM, l), (float)c->rms_norm_eps, &t_h, ms_md_weight_get(a, W_LAYERS_W_GATE_W_UP, l), NULL, &t_w_gate_w_up, err));
+        /* fused: silu(a) * b into its linear (silu_mul_linear); fused: the residual add x += ... into this linear's output (linear_add) */
+        MS_TRY(ms_backend_silu_mul_linear_add(be, &t_w_gate, &t_w_up, &t_w_gate, ms_md_weight_get(a, W_LAYERS_W_DOWN, l), NULL, &t_h, &t_x, err));
     }
 
     /* return linear(rms_norm(x, final_norm, rms_norm_eps), lm_head) */
-    MS_TRY(f->add(cx, &t_x, &t_h2, &t_x, err));
     /* only the last token of each sequence is returned: gather those rows before the row-wise tail */
     MS_TRY(f->gather_rows(cx, &t_x, &last, &t_x_last, err));
     MS_TRY(f->rms_norm(cx, &t_x_last, ms_md_weight_get(a, W_FINAL_NORM, 0), (float)c->rms_norm_eps, &t_tmp, err));
@@ -897,7 +889,6 @@ static const ms_md_node llama_dense_nodes[] = {
 static const char *const llama_dense_kernels[] = {
     "embed_bf16_af32",
     "rmsnorm_bf16_af32",
-    "rmsnorm_bf16_res_af32",
     "rope_kv_bf16_interleaved_af32",
     "rope_kv_bf16_neox_af32",
     "attn_decode_bf16_win_af32",

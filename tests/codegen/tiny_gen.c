@@ -515,7 +515,6 @@ enum {
     B_LM_K,
     B_LM_V,
     B_LM_A,
-    B_LM_H2,
     B_LM_W1_W3,
     B_LM_X_LAST,
     B_LM_TMP,
@@ -525,12 +524,11 @@ enum {
 static size_t tiny_lm_layout(const tiny_config *c, int32_t T, int32_t S, size_t *off) {
     size_t sizes[B_LM_COUNT];
     sizes[B_LM_X] = (size_t)T * (size_t)(c->dim); /* x */
-    sizes[B_LM_H] = (size_t)T * (size_t)(c->dim); /* h, t */
+    sizes[B_LM_H] = (size_t)T * (size_t)(c->dim); /* h, t, h, t */
     sizes[B_LM_Q] = (size_t)T * (size_t)(c->qd); /* q */
     sizes[B_LM_K] = (size_t)T * (size_t)(c->kvd); /* k */
     sizes[B_LM_V] = (size_t)T * (size_t)(c->kvd); /* v */
     sizes[B_LM_A] = (size_t)T * (size_t)(c->qd); /* a */
-    sizes[B_LM_H2] = (size_t)T * (size_t)(c->dim); /* h, t */
     sizes[B_LM_W1_W3] = (size_t)T * (size_t)(c->ffn + c->ffn); /* w1_w3 */
     sizes[B_LM_X_LAST] = (size_t)S * (size_t)(c->dim); /* x_last */
     sizes[B_LM_TMP] = (size_t)S * (size_t)(c->dim); /* tmp */
@@ -570,7 +568,6 @@ static ms_status tiny_lm_forward(const ms_md_forward_args *a, ms_error *err) {
     ms_tensor t_k = ms_tensor_2d(ws + off[B_LM_K], MS_DTYPE_F32, T, c->kvd);
     ms_tensor t_v = ms_tensor_2d(ws + off[B_LM_V], MS_DTYPE_F32, T, c->kvd);
     ms_tensor t_a = ms_tensor_2d(ws + off[B_LM_A], MS_DTYPE_F32, T, c->qd);
-    ms_tensor t_h2 = ms_tensor_2d(ws + off[B_LM_H2], MS_DTYPE_F32, T, c->dim);
     ms_tensor t_w1_w3 = ms_tensor_2d(ws + off[B_LM_W1_W3], MS_DTYPE_F32, T, c->ffn + c->ffn);
     ms_tensor t_x_last = ms_tensor_2d(ws + off[B_LM_X_LAST], MS_DTYPE_F32, S, c->dim);
     ms_tensor t_tmp = ms_tensor_2d(ws + off[B_LM_TMP], MS_DTYPE_F32, S, c->dim);
@@ -590,11 +587,7 @@ static ms_status tiny_lm_forward(const ms_md_forward_args *a, ms_error *err) {
     for (int32_t l = 0; l < (int32_t)(c->n_layers); l++) {
 
         /* h = rms_norm(x, blk.norm1, eps) */
-        /* fused: the previous layer's residual add into x with this rms_norm */
-        if (l == 0)
-            MS_TRY(f->rms_norm(cx, &t_x, ms_md_weight_get(a, W_BLOCKS_NORM1, l), (float)c->eps, &t_h, err));
-        else
-            MS_TRY(ms_backend_add_rms_norm(be, &t_x, &t_h2, ms_md_weight_get(a, W_BLOCKS_NORM1, l), (float)c->eps, &t_h, err));
+        MS_TRY(f->rms_norm(cx, &t_x, ms_md_weight_get(a, W_BLOCKS_NORM1, l), (float)c->eps, &t_h, err));
 
         /* q = linear(h, blk.wq) */
         MS_TRY(f->linear(cx, &t_h, ms_md_weight_get(a, W_BLOCKS_WQ, l), NULL, &t_q, err));
@@ -612,19 +605,18 @@ static ms_status tiny_lm_forward(const ms_md_forward_args *a, ms_error *err) {
         MS_TRY(f->attention(cx, &t_q_heads, a->kv, l, a->batch, &a->attn, &t_a_heads, err));
 
         /* x = x + linear(a, blk.wo) */
-        MS_TRY(f->linear(cx, &t_a, ms_md_weight_get(a, W_BLOCKS_WO, l), NULL, &t_h, err));
+        /* fused: the residual add x += ... into this linear's output (linear_add) */
+        MS_TRY(ms_backend_linear_add(be, &t_a, ms_md_weight_get(a, W_BLOCKS_WO, l), NULL, &t_h, &t_x, err));
 
         /* h = rms_norm(x, blk.norm2, eps) */
-        /* fused: residual add x += ... with this rms_norm */
         /* x = x + linear(silu(linear(h, blk.w1)) * linear(h, blk.w3), blk.w2) */
         /* fused: 2 linears over h side by side run as one GEMM over blocks.w1+w3; fused: the norm written as this linear's input (rms_norm_linear) */
-        MS_TRY(ms_backend_rms_norm_linear(be, &t_x, &t_h, ms_md_weight_get(a, W_BLOCKS_NORM2, l), (float)c->eps, &t_h2, ms_md_weight_get(a, W_BLOCKS_W1_W3, l), NULL, &t_w1_w3, err));
-        /* fused: silu(a) * b into its linear (silu_mul_linear) */
-        MS_TRY(ms_backend_silu_mul_linear(be, &t_w1, &t_w3, &t_w1, ms_md_weight_get(a, W_BLOCKS_W2, l), NULL, &t_h2, err));
+        MS_TRY(ms_backend_rms_norm_linear(be, NULL, &t_x, ms_md_weight_get(a, W_BLOCKS_NORM2, l), (float)c->eps, &t_h, ms_md_weight_get(a, W_BLOCKS_W1_W3, l), NULL, &t_w1_w3, err));
+        /* fused: silu(a) * b into its linear (silu_mul_linear); fused: the residual add x += ... into this linear's output (linear_add) */
+        MS_TRY(ms_backend_silu_mul_linear_add(be, &t_w1, &t_w3, &t_w1, ms_md_weight_get(a, W_BLOCKS_W2, l), NULL, &t_h, &t_x, err));
     }
 
     /* return linear(rms_norm(x, norm, eps), out) */
-    MS_TRY(f->add(cx, &t_x, &t_h2, &t_x, err));
     /* only the last token of each sequence is returned: gather those rows before the row-wise tail */
     MS_TRY(f->gather_rows(cx, &t_x, &last, &t_x_last, err));
     MS_TRY(f->rms_norm(cx, &t_x_last, ms_md_weight_get(a, W_NORM, 0), (float)c->eps, &t_tmp, err));

@@ -566,7 +566,6 @@ enum {
     B_READER_K,
     B_READER_V,
     B_READER_ATTN,
-    B_READER_H2,
     B_READER_W_GATE_W_UP,
     B_READER_X_LAST,
     B_READER_TMP,
@@ -576,12 +575,11 @@ enum {
 static size_t two_nodes_reader_layout(const two_nodes_config *c, int32_t T, int32_t S, size_t *off) {
     size_t sizes[B_READER_COUNT];
     sizes[B_READER_X] = (size_t)T * (size_t)(c->hidden_size); /* x */
-    sizes[B_READER_H] = (size_t)T * (size_t)(c->hidden_size); /* h, t */
+    sizes[B_READER_H] = (size_t)T * (size_t)(c->hidden_size); /* h, t, h, t */
     sizes[B_READER_Q] = (size_t)T * (size_t)(c->q_dim); /* q */
     sizes[B_READER_K] = (size_t)T * (size_t)(c->kv_dim); /* k */
     sizes[B_READER_V] = (size_t)T * (size_t)(c->kv_dim); /* v */
     sizes[B_READER_ATTN] = (size_t)T * (size_t)(c->q_dim); /* attn */
-    sizes[B_READER_H2] = (size_t)T * (size_t)(c->hidden_size); /* h, t */
     sizes[B_READER_W_GATE_W_UP] = (size_t)T * (size_t)(c->intermediate_size + c->intermediate_size); /* w_gate_w_up */
     sizes[B_READER_X_LAST] = (size_t)S * (size_t)(c->hidden_size); /* x_last */
     sizes[B_READER_TMP] = (size_t)S * (size_t)(c->hidden_size); /* tmp */
@@ -621,7 +619,6 @@ static ms_status two_nodes_reader_forward(const ms_md_forward_args *a, ms_error 
     ms_tensor t_k = ms_tensor_2d(ws + off[B_READER_K], MS_DTYPE_F32, T, c->kv_dim);
     ms_tensor t_v = ms_tensor_2d(ws + off[B_READER_V], MS_DTYPE_F32, T, c->kv_dim);
     ms_tensor t_attn = ms_tensor_2d(ws + off[B_READER_ATTN], MS_DTYPE_F32, T, c->q_dim);
-    ms_tensor t_h2 = ms_tensor_2d(ws + off[B_READER_H2], MS_DTYPE_F32, T, c->hidden_size);
     ms_tensor t_w_gate_w_up = ms_tensor_2d(ws + off[B_READER_W_GATE_W_UP], MS_DTYPE_F32, T, c->intermediate_size + c->intermediate_size);
     ms_tensor t_x_last = ms_tensor_2d(ws + off[B_READER_X_LAST], MS_DTYPE_F32, S, c->hidden_size);
     ms_tensor t_tmp = ms_tensor_2d(ws + off[B_READER_TMP], MS_DTYPE_F32, S, c->hidden_size);
@@ -641,11 +638,7 @@ static ms_status two_nodes_reader_forward(const ms_md_forward_args *a, ms_error 
     for (int32_t l = 0; l < (int32_t)(c->num_hidden_layers); l++) {
 
         /* h = rms_norm(x, l.attn_norm, rms_norm_eps) */
-        /* fused: the previous layer's residual add into x with this rms_norm */
-        if (l == 0)
-            MS_TRY(f->rms_norm(cx, &t_x, ms_md_weight_get(a, W_LAYERS_ATTN_NORM, l), (float)c->rms_norm_eps, &t_h, err));
-        else
-            MS_TRY(ms_backend_add_rms_norm(be, &t_x, &t_h2, ms_md_weight_get(a, W_LAYERS_ATTN_NORM, l), (float)c->rms_norm_eps, &t_h, err));
+        MS_TRY(f->rms_norm(cx, &t_x, ms_md_weight_get(a, W_LAYERS_ATTN_NORM, l), (float)c->rms_norm_eps, &t_h, err));
 
         /* q, k, v = linear(h, l.wq), linear(h, l.wk), linear(h, l.wv) */
         MS_TRY(f->linear(cx, &t_h, ms_md_weight_get(a, W_LAYERS_WQ, l), NULL, &t_q, err));
@@ -657,19 +650,18 @@ static ms_status two_nodes_reader_forward(const ms_md_forward_args *a, ms_error 
         MS_TRY(ms_backend_rope_kv_write(be, &t_q_heads, &t_k_heads, &t_v_heads, a->positions, a->rope, a->kv, l,
                                         a->batch, err));
         MS_TRY(f->attention(cx, &t_q_heads, a->kv, l, a->batch, &a->attn, &t_attn_heads, err));
-        MS_TRY(f->linear(cx, &t_attn, ms_md_weight_get(a, W_LAYERS_WO, l), NULL, &t_h, err));
+        /* fused: the residual add x += ... into this linear's output (linear_add) */
+        MS_TRY(ms_backend_linear_add(be, &t_attn, ms_md_weight_get(a, W_LAYERS_WO, l), NULL, &t_h, &t_x, err));
 
         /* h = rms_norm(x, l.mlp_norm, rms_norm_eps) */
-        /* fused: residual add x += ... with this rms_norm */
         /* x = x + linear(silu(linear(h, l.w_gate)) * linear(h, l.w_up), l.w_down) */
         /* fused: 2 linears over h side by side run as one GEMM over layers.w_gate+w_up; fused: the norm written as this linear's input (rms_norm_linear) */
-        MS_TRY(ms_backend_rms_norm_linear(be, &t_x, &t_h, ms_md_weight_get(a, W_LAYERS_MLP_NORM, l), (float)c->rms_norm_eps, &t_h2, ms_md_weight_get(a, W_LAYERS_W_GATE_W_UP, l), NULL, &t_w_gate_w_up, err));
-        /* fused: silu(a) * b into its linear (silu_mul_linear) */
-        MS_TRY(ms_backend_silu_mul_linear(be, &t_w_gate, &t_w_up, &t_w_gate, ms_md_weight_get(a, W_LAYERS_W_DOWN, l), NULL, &t_h2, err));
+        MS_TRY(ms_backend_rms_norm_linear(be, NULL, &t_x, ms_md_weight_get(a, W_LAYERS_MLP_NORM, l), (float)c->rms_norm_eps, &t_h, ms_md_weight_get(a, W_LAYERS_W_GATE_W_UP, l), NULL, &t_w_gate_w_up, err));
+        /* fused: silu(a) * b into its linear (silu_mul_linear); fused: the residual add x += ... into this linear's output (linear_add) */
+        MS_TRY(ms_backend_silu_mul_linear_add(be, &t_w_gate, &t_w_up, &t_w_gate, ms_md_weight_get(a, W_LAYERS_W_DOWN, l), NULL, &t_h, &t_x, err));
     }
 
     /* return linear(rms_norm(x, final_norm, rms_norm_eps), lm_head) */
-    MS_TRY(f->add(cx, &t_x, &t_h2, &t_x, err));
     /* only the last token of each sequence is returned: gather those rows before the row-wise tail */
     MS_TRY(f->gather_rows(cx, &t_x, &last, &t_x_last, err));
     MS_TRY(f->rms_norm(cx, &t_x_last, ms_md_weight_get(a, W_FINAL_NORM, 0), (float)c->rms_norm_eps, &t_tmp, err));
@@ -687,7 +679,6 @@ enum {
     B_WRITER_K,
     B_WRITER_V,
     B_WRITER_ATTN,
-    B_WRITER_H2,
     B_WRITER_W_GATE_W_UP,
     B_WRITER_X_LAST,
     B_WRITER_TMP,
@@ -697,12 +688,11 @@ enum {
 static size_t two_nodes_writer_layout(const two_nodes_config *c, int32_t T, int32_t S, size_t *off) {
     size_t sizes[B_WRITER_COUNT];
     sizes[B_WRITER_X] = (size_t)T * (size_t)(c->hidden_size); /* x */
-    sizes[B_WRITER_H] = (size_t)T * (size_t)(c->hidden_size); /* h, t */
+    sizes[B_WRITER_H] = (size_t)T * (size_t)(c->hidden_size); /* h, t, h, t */
     sizes[B_WRITER_Q] = (size_t)T * (size_t)(c->q_dim); /* q */
     sizes[B_WRITER_K] = (size_t)T * (size_t)(c->kv_dim); /* k */
     sizes[B_WRITER_V] = (size_t)T * (size_t)(c->kv_dim); /* v */
     sizes[B_WRITER_ATTN] = (size_t)T * (size_t)(c->q_dim); /* attn */
-    sizes[B_WRITER_H2] = (size_t)T * (size_t)(c->hidden_size); /* h, t */
     sizes[B_WRITER_W_GATE_W_UP] = (size_t)T * (size_t)(c->intermediate_size + c->intermediate_size); /* w_gate_w_up */
     sizes[B_WRITER_X_LAST] = (size_t)S * (size_t)(c->hidden_size); /* x_last */
     sizes[B_WRITER_TMP] = (size_t)S * (size_t)(c->hidden_size); /* tmp */
@@ -742,7 +732,6 @@ static ms_status two_nodes_writer_forward(const ms_md_forward_args *a, ms_error 
     ms_tensor t_k = ms_tensor_2d(ws + off[B_WRITER_K], MS_DTYPE_F32, T, c->kv_dim);
     ms_tensor t_v = ms_tensor_2d(ws + off[B_WRITER_V], MS_DTYPE_F32, T, c->kv_dim);
     ms_tensor t_attn = ms_tensor_2d(ws + off[B_WRITER_ATTN], MS_DTYPE_F32, T, c->q_dim);
-    ms_tensor t_h2 = ms_tensor_2d(ws + off[B_WRITER_H2], MS_DTYPE_F32, T, c->hidden_size);
     ms_tensor t_w_gate_w_up = ms_tensor_2d(ws + off[B_WRITER_W_GATE_W_UP], MS_DTYPE_F32, T, c->intermediate_size + c->intermediate_size);
     ms_tensor t_x_last = ms_tensor_2d(ws + off[B_WRITER_X_LAST], MS_DTYPE_F32, S, c->hidden_size);
     ms_tensor t_tmp = ms_tensor_2d(ws + off[B_WRITER_TMP], MS_DTYPE_F32, S, c->hidden_size);
@@ -762,11 +751,7 @@ static ms_status two_nodes_writer_forward(const ms_md_forward_args *a, ms_error 
     for (int32_t l = 0; l < (int32_t)(c->num_hidden_layers); l++) {
 
         /* h = rms_norm(x, blk.attn_norm, rms_norm_eps) */
-        /* fused: the previous layer's residual add into x with this rms_norm */
-        if (l == 0)
-            MS_TRY(f->rms_norm(cx, &t_x, ms_md_weight_get(a, W_LAYERS_ATTN_NORM, l), (float)c->rms_norm_eps, &t_h, err));
-        else
-            MS_TRY(ms_backend_add_rms_norm(be, &t_x, &t_h2, ms_md_weight_get(a, W_LAYERS_ATTN_NORM, l), (float)c->rms_norm_eps, &t_h, err));
+        MS_TRY(f->rms_norm(cx, &t_x, ms_md_weight_get(a, W_LAYERS_ATTN_NORM, l), (float)c->rms_norm_eps, &t_h, err));
 
         /* q = linear(h, blk.wq) */
         MS_TRY(f->linear(cx, &t_h, ms_md_weight_get(a, W_LAYERS_WQ, l), NULL, &t_q, err));
@@ -782,19 +767,18 @@ static ms_status two_nodes_writer_forward(const ms_md_forward_args *a, ms_error 
         MS_TRY(ms_backend_rope_kv_write(be, &t_q_heads, &t_k_heads, &t_v_heads, a->positions, a->rope, a->kv, l,
                                         a->batch, err));
         MS_TRY(f->attention(cx, &t_q_heads, a->kv, l, a->batch, &a->attn, &t_attn_heads, err));
-        MS_TRY(f->linear(cx, &t_attn, ms_md_weight_get(a, W_LAYERS_WO, l), NULL, &t_h, err));
+        /* fused: the residual add x += ... into this linear's output (linear_add) */
+        MS_TRY(ms_backend_linear_add(be, &t_attn, ms_md_weight_get(a, W_LAYERS_WO, l), NULL, &t_h, &t_x, err));
 
         /* h = rms_norm(x, blk.mlp_norm, rms_norm_eps) */
-        /* fused: residual add x += ... with this rms_norm */
         /* x = x + linear(silu(linear(h, blk.w_gate)) * linear(h, blk.w_up), blk.w_down) */
         /* fused: 2 linears over h side by side run as one GEMM over layers.w_gate+w_up; fused: the norm written as this linear's input (rms_norm_linear) */
-        MS_TRY(ms_backend_rms_norm_linear(be, &t_x, &t_h, ms_md_weight_get(a, W_LAYERS_MLP_NORM, l), (float)c->rms_norm_eps, &t_h2, ms_md_weight_get(a, W_LAYERS_W_GATE_W_UP, l), NULL, &t_w_gate_w_up, err));
-        /* fused: silu(a) * b into its linear (silu_mul_linear) */
-        MS_TRY(ms_backend_silu_mul_linear(be, &t_w_gate, &t_w_up, &t_w_gate, ms_md_weight_get(a, W_LAYERS_W_DOWN, l), NULL, &t_h2, err));
+        MS_TRY(ms_backend_rms_norm_linear(be, NULL, &t_x, ms_md_weight_get(a, W_LAYERS_MLP_NORM, l), (float)c->rms_norm_eps, &t_h, ms_md_weight_get(a, W_LAYERS_W_GATE_W_UP, l), NULL, &t_w_gate_w_up, err));
+        /* fused: silu(a) * b into its linear (silu_mul_linear); fused: the residual add x += ... into this linear's output (linear_add) */
+        MS_TRY(ms_backend_silu_mul_linear_add(be, &t_w_gate, &t_w_up, &t_w_gate, ms_md_weight_get(a, W_LAYERS_W_DOWN, l), NULL, &t_h, &t_x, err));
     }
 
     /* return linear(rms_norm(x, final_norm, rms_norm_eps), lm_head) */
-    MS_TRY(f->add(cx, &t_x, &t_h2, &t_x, err));
     /* only the last token of each sequence is returned: gather those rows before the row-wise tail */
     MS_TRY(f->gather_rows(cx, &t_x, &last, &t_x_last, err));
     MS_TRY(f->rms_norm(cx, &t_x_last, ms_md_weight_get(a, W_FINAL_NORM, 0), (float)c->rms_norm_eps, &t_tmp, err));
@@ -837,7 +821,6 @@ static const ms_md_node two_nodes_nodes[] = {
 static const char *const two_nodes_kernels[] = {
     "embed_bf16_af32",
     "rmsnorm_bf16_af32",
-    "rmsnorm_bf16_res_af32",
     "rope_kv_bf16_neox_af32",
     "attn_decode_bf16_af32",
     "attn_prefill_bf16_causal_af32",

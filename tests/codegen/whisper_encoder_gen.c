@@ -710,13 +710,13 @@ static ms_status whisper_encoder_encoder_forward(const ms_md_forward_args *a, ms
         /* x = x + linear(attn.run(q, k, v, layer = l), l.wo, l.bo) */
         /* dense: each segment's rows attend to its own K/V rows (no KV pages) */
         MS_TRY(f->attention_dense(cx, &t_q_heads, &t_k_heads, &t_v_heads, a->dense, &a->attn, &t_attn_heads, err));
+        /* fused: the residual add tmp += ... into this linear's output (linear_add) */
         {
             const ms_tensor *bias = ms_md_weight_get(a, W_LAYERS_BO, l);
-            MS_TRY(f->linear(cx, &t_attn, ms_md_weight_get(a, W_LAYERS_WO, l), bias->data != NULL ? bias : NULL, &t_h, err));
+            MS_TRY(ms_backend_linear_add(be, &t_attn, ms_md_weight_get(a, W_LAYERS_WO, l), bias->data != NULL ? bias : NULL, &t_h, &t_tmp2, err));
         }
 
         /* h = layer_norm(x, l.ln2, l.ln2_b, 1e-05) */
-        MS_TRY(f->add(cx, &t_tmp2, &t_h, &t_tmp2, err));
         {
             const ms_tensor *bias = ms_md_weight_get(a, W_LAYERS_LN2_B, l);
             bias = bias->data != NULL ? bias : NULL;
@@ -729,11 +729,11 @@ static ms_status whisper_encoder_encoder_forward(const ms_md_forward_args *a, ms
             MS_TRY(f->linear(cx, &t_h, ms_md_weight_get(a, W_LAYERS_FC1, l), bias->data != NULL ? bias : NULL, &t_tmp3, err));
         }
         MS_TRY(f->gelu(cx, &t_tmp3, &t_tmp3, err));
+        /* fused: the residual add tmp += ... into this linear's output (linear_add) */
         {
             const ms_tensor *bias = ms_md_weight_get(a, W_LAYERS_FC2_B, l);
-            MS_TRY(f->linear(cx, &t_tmp3, ms_md_weight_get(a, W_LAYERS_FC2, l), bias->data != NULL ? bias : NULL, &t_h, err));
+            MS_TRY(ms_backend_linear_add(be, &t_tmp3, ms_md_weight_get(a, W_LAYERS_FC2, l), bias->data != NULL ? bias : NULL, &t_h, &t_tmp2, err));
         }
-        MS_TRY(f->add(cx, &t_tmp2, &t_h, &t_tmp2, err));
     }
 
     /* return layer_norm(x, ln_post, ln_post_b, 1e-05) */
