@@ -2886,13 +2886,14 @@ static void fuse_linear_add(gen *g) {
         l->note = S("%s%sfused: the residual add %s += ... into this linear's output "
                     "(linear_add)", l->note != NULL ? l->note : "", l->note != NULL ? "; " : "",
                     g->v[x].name);
-        /* the adds become plain norms or go (their statements' comments stay with a norm; a
-           dropped ADD's comment moves to the next op that has none) */
-        int drop[2], nd = 0;
+        /* the adds become plain norms or go (a norm keeps its statement's comment; a dropped
+           ADD's moves to the next op that has none). At most one op goes: the post-loop add
+           exists only for NORM_FIRST, which stays, and only an ADD at c is dropped. */
+        int drop = -1;
         if (post >= 0) {
             op *f = &g->o[post];
             if (f->kind == O_ADD) {
-                drop[nd++] = post;
+                drop = post;
             } else {
                 f->kind = O_RMS_NORM;
                 f->n_in = 1;
@@ -2900,20 +2901,17 @@ static void fuse_linear_add(gen *g) {
             }
         }
         if (o->kind == O_ADD) {
-            drop[nd++] = c;
+            drop = c;
         } else {
             o->kind = O_RMS_NORM;
             o->n_in = 1;
             o->note = NULL;
         }
-        for (int k = 0; k < nd; k++) { /* highest index first */
-            const int i = nd == 2 && k == 0 ? (drop[0] > drop[1] ? drop[0] : drop[1])
-                        : nd == 2           ? (drop[0] > drop[1] ? drop[1] : drop[0])
-                                            : drop[0];
-            if (g->o[i].comment != NULL && i + 1 < g->n_o && g->o[i + 1].comment == NULL)
-                g->o[i + 1].comment = g->o[i].comment;
-            drop_op(g, i);
-            if (i <= c)
+        if (drop >= 0) {
+            if (g->o[drop].comment != NULL && drop + 1 < g->n_o && g->o[drop + 1].comment == NULL)
+                g->o[drop + 1].comment = g->o[drop].comment;
+            drop_op(g, drop);
+            if (drop <= c)
                 c--;
         }
     }
@@ -3092,6 +3090,25 @@ static const char *tref(gen *g, int x) {
     if ((g->v[x].kind == V_INPUT && !input_embeds(g)) || g->v[x].kind == V_POSITIONS)
         return tname(g, x);
     return S("&%s", tname(g, x));
+}
+
+/* An op's optional bias argument: with a bias entry, opens a block declaring `bias` (the
+   instance's tensor, NULL when the checkpoint has none) and returns the argument text for it;
+   without one, "NULL". bias_close ends the block. */
+static const char *bias_open(gen *g, const op *o) {
+    if (o->b < 0)
+        return "NULL";
+    E("{");
+    g->cg.indent++;
+    E("const ms_tensor *bias = %s;", wref(g, o->b));
+    return "bias->data != NULL ? bias : NULL";
+}
+
+static void bias_close(gen *g, const op *o) {
+    if (o->b < 0)
+        return;
+    g->cg.indent--;
+    E("}");
 }
 
 static void emit_forward(gen *g) {
@@ -3369,19 +3386,10 @@ static void emit_forward(gen *g) {
             break;
         case O_LINEAR:
             if (o->acc >= 0) { /* out += in W^T (+ bias); acc: the default's scratch */
-                const char *bias = "NULL";
-                if (o->b >= 0) {
-                    E("{");
-                    g->cg.indent++;
-                    E("const ms_tensor *bias = %s;", wref(g, o->b));
-                    bias = "bias->data != NULL ? bias : NULL";
-                }
+                const char *bias = bias_open(g, o);
                 E("MS_TRY(ms_backend_linear_add(be, %s, %s, %s, %s, %s, err));",
                   tref(g, o->in[0]), W, bias, tref(g, o->acc), tref(g, o->out));
-                if (o->b >= 0) {
-                    g->cg.indent--;
-                    E("}");
-                }
+                bias_close(g, o);
                 break;
             }
             if (o->b >= 0) {
@@ -3446,13 +3454,7 @@ static void emit_forward(gen *g) {
         case O_NORM_LINEAR: {
             /* in: x (RMS_NORM), or residual and addend (ADD_RMS_NORM, NORM_FIRST); out2: h */
             const char *LW = wref(g, o->lw), *h = tref(g, o->out2);
-            const char *bias = "NULL";
-            if (o->b >= 0) {
-                E("{");
-                g->cg.indent++;
-                E("const ms_tensor *bias = %s;", wref(g, o->b));
-                bias = "bias->data != NULL ? bias : NULL";
-            }
+            const char *bias = bias_open(g, o);
             if (o->norm == O_RMS_NORM) {
                 E("MS_TRY(ms_backend_rms_norm_linear(be, NULL, %s, %s, %s, %s, %s, %s, %s, err));",
                   tref(g, o->in[0]), W, o->eps, h, LW, bias, tref(g, o->out));
@@ -3467,28 +3469,16 @@ static void emit_forward(gen *g) {
                 E("    MS_TRY(ms_backend_rms_norm_linear(be, %s, %s, %s, %s, %s, %s, %s, %s, err));",
                   tref(g, o->in[0]), tref(g, o->in[1]), W, o->eps, h, LW, bias, tref(g, o->out));
             }
-            if (o->b >= 0) {
-                g->cg.indent--;
-                E("}");
-            }
+            bias_close(g, o);
             break;
         }
         case O_SILU_MUL_LINEAR:
             if (o->acc >= 0) { /* out += (silu(gate) * up) W^T (+ bias) */
-                const char *bias = "NULL";
-                if (o->b >= 0) {
-                    E("{");
-                    g->cg.indent++;
-                    E("const ms_tensor *bias = %s;", wref(g, o->b));
-                    bias = "bias->data != NULL ? bias : NULL";
-                }
+                const char *bias = bias_open(g, o);
                 E("MS_TRY(ms_backend_silu_mul_linear_add(be, %s, %s, %s, %s, %s, %s, %s, err));",
                   tref(g, o->in[0]), tref(g, o->in[1]), tref(g, o->out2), W, bias,
                   tref(g, o->acc), tref(g, o->out));
-                if (o->b >= 0) {
-                    g->cg.indent--;
-                    E("}");
-                }
+                bias_close(g, o);
                 break;
             }
             if (o->b >= 0) {

@@ -582,7 +582,8 @@ typedef struct ms_backend_i {
     /*
      * SwiGLU, its projection and the residual add (optional, default: silu_mul_linear(gate, up,
      * prod, w, bias, tmp), then add(y, tmp, y)): y += linear(silu(gate) * up, w, bias). gate, up,
-     * prod as silu_mul_linear's gate, up, tmp; tmp and y as linear_add's.
+     * prod as silu_mul_linear's gate, up, tmp; tmp and y as linear_add's (y may be gate or up,
+     * not overlap prod).
      */
     ms_status (*silu_mul_linear_add)(void *ctx, const ms_tensor *gate, const ms_tensor *up,
                                      ms_tensor *prod, const ms_tensor *w, const ms_tensor *bias,

@@ -767,13 +767,26 @@ static ms_status cu_linear(void *ctx, const ms_tensor *x, const ms_tensor *w,
     return linear_to(ctx, x, w, bias, y, false, err);
 }
 
+/* Whether the bytes two 2-D tensors span (first row to the end of the last) overlap. */
+static bool spans_overlap(const ms_tensor *a, const ms_tensor *b) {
+    if (a == NULL || b == NULL || a->data == NULL || b->data == NULL || a->ndim != 2 ||
+        b->ndim != 2 || a->shape[0] < 1 || a->shape[1] < 1 || b->shape[0] < 1 || b->shape[1] < 1)
+        return false;
+    const uintptr_t a0 = (uintptr_t)a->data, b0 = (uintptr_t)b->data;
+    const uintptr_t a1 = a0 + (uintptr_t)(((a->shape[0] - 1) * a->stride[0] + a->shape[1]) *
+                                          (int64_t)ms_dtype_size(a->dtype));
+    const uintptr_t b1 = b0 + (uintptr_t)(((b->shape[0] - 1) * b->stride[0] + b->shape[1]) *
+                                          (int64_t)ms_dtype_size(b->dtype));
+    return a0 < b1 && b0 < a1;
+}
+
 /* backend.h linear_add: y += x W^T (+ bias) in the GEMV's / GEMM's output; tmp unwritten. */
 static ms_status cu_linear_add(void *ctx, const ms_tensor *x, const ms_tensor *w,
                                const ms_tensor *bias, ms_tensor *tmp, ms_tensor *y,
                                ms_error *err) {
     (void)tmp;
-    if (x != NULL && y != NULL && x->data == y->data)
-        return MS_FAIL(err, MS_ERR_INVALID_ARG, "linear_add: y must not alias x");
+    if (spans_overlap(x, y))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "linear_add: y overlaps x");
     return linear_to(ctx, x, w, bias, y, true, err);
 }
 
@@ -929,16 +942,12 @@ static ms_status cu_add_rms_norm(void *ctx, ms_tensor *residual, const ms_tensor
     return norm_launch(ctx, "add_rms_norm", x, residual, w, eps, out, err);
 }
 
-/* RMSNorm (after the residual add when residual != NULL), then linear(h, w): without a residual
-   at the GEMVs' sizes the norm runs inside the GEMV (norm_gemv); where the linear
-   would convert h for cuBLAS (16-bit w, more rows than the GEMV takes) the norm is written once,
-   in w's type, into the linear's scratch (ms_rmsnorm_bf16 / _f16: the same float rounded once,
-   as the convert would) and the GEMM reads it; h is left unwritten. Everything else (f32 or
-   quantized w, the GEMV's sizes, per-head norms, bad arguments: their errors) runs the norm into
-   h and then linear. */
-/* rms_norm_linear with the norm folded into the GEMV (gemv.cuh / qmatmul.cuh: x times the norm
-   weights as it is loaded, the rsqrt of each x row's mean square at the store): no residual, the
-   GEMV's sizes (16-bit w: cu_linear's takes_gemv), norm weights of w's type, 16-byte aligned. *done false: not taken (nothing queued). */
+/* rms_norm_linear with the norm folded into the GEMV (misc/gemv.cuh ms_gemv_norm: x times the
+   norm weights where it is rounded for the mma, the rsqrt of each x row's mean square at the
+   store): no residual, the GEMV's sizes (cu_linear's takes_gemv), bf16 weights and norm weights
+   (16-byte aligned). Not f16: x w is rounded before the rsqrt, and a residual stream's outliers
+   times the norm weight can pass f16's 65504 where x rsqrt(..) w would not. Not the quantized
+   GEMVs: the same fold ran them slower (docs/perf.md). *done false: not taken (nothing queued). */
 static ms_status norm_gemv(cuda_ctx *c, const ms_tensor *x, const ms_tensor *norm_w, float eps,
                            const ms_tensor *w, const ms_tensor *bias, ms_tensor *y, bool *done,
                            ms_error *err) {
@@ -956,11 +965,9 @@ static ms_status norm_gemv(cuda_ctx *c, const ms_tensor *x, const ms_tensor *nor
         !fits_int(outd) || !fits_int(x->stride[0]) || !fits_int(w->stride[0]) ||
         !fits_int(y->stride[0]) || ((uintptr_t)norm_w->data & 15u) != 0)
         return MS_OK;
-    /* 16-bit weights only: the quantized GEMVs with the norm folded in the same way ran slower
-       (Q4_0 batch 1: 403 against 454 tok/s, docs/perf.md), so they keep the norm's launch */
     ms_gemv_params gp = gemv_view(x, w, y);
-    if (norm_w->dtype != w->dtype || !takes_gemv(c, &gp))
-        return MS_OK; /* the GEMV reads norm weights in its own type */
+    if (w->dtype != MS_DTYPE_BF16 || norm_w->dtype != MS_DTYPE_BF16 || !takes_gemv(c, &gp))
+        return MS_OK;
     gp.norm_w = norm_w->data;
     gp.eps = eps;
     ms_kernel_spec s = ms_kernel_spec_simple(MS_KERNEL_OP_MISC, kdtype(w->dtype));
@@ -972,6 +979,13 @@ static ms_status norm_gemv(cuda_ctx *c, const ms_tensor *x, const ms_tensor *nor
     return linear_bias(c, bias, n, outd, y, err);
 }
 
+/* RMSNorm (after the residual add when residual != NULL), then linear(h, w): without a residual
+   at the GEMV's sizes and bf16 weights the norm runs inside the GEMV (norm_gemv); where the linear
+   would convert h for cuBLAS (16-bit w, more rows than the GEMV takes) the norm is written once,
+   in w's type, into the linear's scratch (ms_rmsnorm_bf16 / _f16: the same float rounded once,
+   as the convert would) and the GEMM reads it; h is left unwritten. Everything else (f32 or
+   quantized w, the GEMV's sizes, per-head norms, bad arguments: their errors) runs the norm into
+   h and then linear. */
 static ms_status cu_rms_norm_linear(void *ctx, ms_tensor *residual, const ms_tensor *x,
                                     const ms_tensor *norm_w, float eps, ms_tensor *h,
                                     const ms_tensor *w, const ms_tensor *bias, ms_tensor *y,
@@ -1365,9 +1379,10 @@ static ms_status cu_silu_mul_linear_add(void *ctx, const ms_tensor *gate, const 
                                         ms_tensor *prod, const ms_tensor *w, const ms_tensor *bias,
                                         ms_tensor *tmp, ms_tensor *y, ms_error *err) {
     (void)tmp;
-    if (y != NULL && ((gate != NULL && gate->data == y->data) ||
-                      (up != NULL && up->data == y->data) || (prod != NULL && prod->data == y->data)))
-        return MS_FAIL(err, MS_ERR_INVALID_ARG, "silu_mul_linear_add: y must not alias its inputs");
+    /* gate and up may be y (x = x + linear(silu(x) * h, w)): the product is complete, in prod or
+       the GEMM's scratch, before the linear writes y; the linear's own input may not */
+    if (spans_overlap(prod, y))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "silu_mul_linear_add: y overlaps the product");
     return silu_mul_linear_to(ctx, gate, up, prod, w, bias, y, true, err);
 }
 

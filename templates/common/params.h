@@ -263,7 +263,7 @@ typedef struct ms_gemv_params {
     /* RMSNorm folded in (rms_norm_linear at the GEMV's sizes, the ms_gemv_norm entry): x is read
        raw, each value times norm_w[i] before rounding to T, and each output times
        rsqrt(sum_i x[c, i]^2 / in + eps) of its x row. [in] T (the weights' type), 16-byte
-       aligned; NULL: none. */
+       aligned; NULL: none. The host folds for bf16 only (backend_cuda.c norm_gemv). */
     const void *norm_w;
     float eps;
 } ms_gemv_params;

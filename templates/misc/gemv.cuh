@@ -34,7 +34,8 @@
  * warps in warp order (deterministic: the same inputs give the same bits, eager or graph).
  *
  * The folded RMSNorm (p.norm_w in T, the ms_gemv_norm entry: backend_cuda.c cu_rms_norm_linear
- * at these sizes, so a decode layer's norms are no launches of their own): norm(x) W^T =
+ * at these sizes with bf16 weights, so a decode layer's norms are no launches of their own; the
+ * host does not fold for f16, where x w, rounded before the rsqrt, can pass 65504): norm(x) W^T =
  * rsqrt(mean(x^2) + eps) (x * w) W^T per x row, so each lane loads the norm weights beside its x
  * values and, where it rounds x for the mma, sums their raw squares and multiplies them by the
  * weights (a first version did that right after each x load, inside the batch of loads, and ran
