@@ -2797,13 +2797,21 @@ static bool op_touches(gen *g, int q, int x) {
     return false;
 }
 
-/* Whether any op in [a, b) touches x, or is a loop boundary when no_loops. */
-static bool touched_in(gen *g, int a, int b, int x, bool no_loops) {
+/* Whether any op in [a, b) touches x or is a loop boundary. */
+static bool touched_in(gen *g, int a, int b, int x) {
     for (int q = a; q < b; q++)
-        if (op_touches(g, q, x) ||
-            (no_loops && (g->o[q].kind == O_LOOP_BEGIN || g->o[q].kind == O_LOOP_END)))
+        if (op_touches(g, q, x) || g->o[q].kind == O_LOOP_BEGIN || g->o[q].kind == O_LOOP_END)
             return true;
     return false;
+}
+
+/* The last op in [a, b) writing root value t (out or out2), or -1. */
+static int last_writer(gen *g, int a, int b, int t) {
+    int p = -1;
+    for (int q = a; q < b; q++)
+        if (root_of(g, g->o[q].out) == t || root_of(g, g->o[q].out2) == t)
+            p = q;
+    return p;
 }
 
 static void drop_op(gen *g, int i) {
@@ -2842,17 +2850,13 @@ static void fuse_linear_add(gen *g) {
                     le = q;
             if (lb < 0 || le < 0)
                 continue;
-            for (int q = c + 1; q < le; q++)
-                if (root_of(g, g->o[q].out) == t || root_of(g, g->o[q].out2) == t)
-                    p = q;
+            p = last_writer(g, c + 1, le, t);
             /* the add after the loop, the first op there touching x or t */
             for (int q = le + 1; q < g->n_o && post < 0; q++)
                 if (op_touches(g, q, x) || op_touches(g, q, t))
                     post = q;
         } else {
-            for (int q = 0; q < c; q++)
-                if (root_of(g, g->o[q].out) == t || root_of(g, g->o[q].out2) == t)
-                    p = q;
+            p = last_writer(g, 0, c, t);
         }
         if (p < 0)
             continue;
@@ -2868,7 +2872,7 @@ static void fuse_linear_add(gen *g) {
         if (other)
             continue;
         if (o->kind == O_NORM_FIRST) {
-            if (touched_in(g, p + 1, le, x, true) || touched_in(g, lb + 1, c, x, true))
+            if (touched_in(g, p + 1, le, x) || touched_in(g, lb + 1, c, x))
                 continue;
             if (post >= 0) {
                 const op *f = &g->o[post];
@@ -2878,7 +2882,7 @@ static void fuse_linear_add(gen *g) {
                     f->guarded != l->guarded)
                     continue;
             }
-        } else if (touched_in(g, p + 1, c, x, true)) {
+        } else if (touched_in(g, p + 1, c, x)) {
             continue;
         }
         l->acc = t;

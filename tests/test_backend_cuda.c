@@ -131,6 +131,25 @@ static ms_tensor t2(int64_t off, ms_dtype dt, int64_t n0, int64_t n1, int64_t s0
     return t;
 }
 
+/* A bf16 weight [out, f] and bias [out] from host floats on both backends: the buffers (*w, *b)
+ * and their layouts (*wd, *bd, offsets for on()). */
+static void load_w_bias(const float *hw, const float *hb, int out, int f, both *w, both *b,
+                        ms_tensor *wd, ms_tensor *bd) {
+    ms_error err = {0};
+    *w = both_alloc((size_t)out * f * 2, NULL);
+    *b = both_alloc((size_t)out * 2, NULL);
+    ms_tensor wsrc = ms_tensor_2d((void *)hw, MS_DTYPE_F32, out, f);
+    ms_tensor bsrc = ms_tensor_1d((void *)hb, MS_DTYPE_F32, out);
+    *wd = t2(0, MS_DTYPE_BF16, out, f, f);
+    *bd = ms_tensor_1d(NULL, MS_DTYPE_BF16, out);
+    for (int which = 0; which < 2; which++) {
+        ms_backend *be = which ? &g_gpu : &g_cpu;
+        ms_tensor wt = on(w, which, *wd), bt = on(b, which, *bd);
+        OK(be->iface.tensor_load(be->ctx, &wt, &wsrc, &err));
+        OK(be->iface.tensor_load(be->ctx, &bt, &bsrc, &err));
+    }
+}
+
 /* ---- linear(silu(gate) * up, w): the fused op ---- */
 
 /* ms_backend_silu_mul_linear on the GPU against its own silu_mul then linear (bitwise: the fused
@@ -144,15 +163,9 @@ static void test_silu_mul_linear(void **state) {
     const int f = 1024, out = 320, ys = 336, nmax = 37;
     float *hgu = rand_host((size_t)nmax * 2 * f, 3.f), *hw = rand_host((size_t)out * f, 0.05f);
     float *hb = rand_host((size_t)out, 1.f);
-    both w = both_alloc((size_t)out * f * 2, NULL), b = both_alloc((size_t)out * 2, NULL);
-    ms_tensor wsrc = ms_tensor_2d(hw, MS_DTYPE_F32, out, f), wd = t2(0, MS_DTYPE_BF16, out, f, f);
-    ms_tensor bsrc = ms_tensor_1d(hb, MS_DTYPE_F32, out), bd = ms_tensor_1d(NULL, MS_DTYPE_BF16, out);
-    for (int which = 0; which < 2; which++) {
-        ms_backend *be = which ? &g_gpu : &g_cpu;
-        ms_tensor wt = on(&w, which, wd), bt = on(&b, which, bd);
-        OK(be->iface.tensor_load(be->ctx, &wt, &wsrc, &err));
-        OK(be->iface.tensor_load(be->ctx, &bt, &bsrc, &err));
-    }
+    both w, b;
+    ms_tensor wd, bd;
+    load_w_bias(hw, hb, out, f, &w, &b, &wd, &bd);
     const size_t gub = (size_t)nmax * 2 * f * 4, yb = (size_t)nmax * ys * 4;
     float *fused = malloc(yb), *split = malloc(yb);
     const int ns[] = {1, 3, 6, 37};
@@ -306,15 +319,9 @@ static void test_linear_add(void **state) {
     const int f = 1024, out = 320, ys = 336, nmax = 37;
     float *hgu = rand_host((size_t)nmax * 2 * f, 3.f), *hw = rand_host((size_t)out * f, 0.05f);
     float *hb = rand_host((size_t)out, 1.f), *hy = rand_host((size_t)nmax * ys, 4.f);
-    both w = both_alloc((size_t)out * f * 2, NULL), b = both_alloc((size_t)out * 2, NULL);
-    ms_tensor wsrc = ms_tensor_2d(hw, MS_DTYPE_F32, out, f), wd = t2(0, MS_DTYPE_BF16, out, f, f);
-    ms_tensor bsrc = ms_tensor_1d(hb, MS_DTYPE_F32, out), bd = ms_tensor_1d(NULL, MS_DTYPE_BF16, out);
-    for (int which = 0; which < 2; which++) {
-        ms_backend *be = which ? &g_gpu : &g_cpu;
-        ms_tensor wt = on(&w, which, wd), bt = on(&b, which, bd);
-        OK(be->iface.tensor_load(be->ctx, &wt, &wsrc, &err));
-        OK(be->iface.tensor_load(be->ctx, &bt, &bsrc, &err));
-    }
+    both w, b;
+    ms_tensor wd, bd;
+    load_w_bias(hw, hb, out, f, &w, &b, &wd, &bd);
     const size_t gub = (size_t)nmax * 2 * f * 4, yb = (size_t)nmax * ys * 4;
     float *fused = malloc(yb), *split = malloc(yb);
     const int ns[] = {1, 3, 6, 37};

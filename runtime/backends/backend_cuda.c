@@ -147,6 +147,7 @@ static ms_status ensure_device(cuda_ctx *c, void **p, size_t *have, size_t need,
 
 #define DT_F32 (1u << MS_DTYPE_F32)
 #define DT_I32 (1u << MS_DTYPE_I32)
+#define DT_BF16 (1u << MS_DTYPE_BF16)
 #define DT_FLOATS ((1u << MS_DTYPE_F32) | (1u << MS_DTYPE_BF16) | (1u << MS_DTYPE_F16))
 #define DT_QUANT                                                                                   \
     ((1u << MS_DTYPE_Q4_0) | (1u << MS_DTYPE_Q4_1) | (1u << MS_DTYPE_Q5_0) | (1u << MS_DTYPE_Q8_0) | \
@@ -954,22 +955,22 @@ static ms_status norm_gemv(cuda_ctx *c, const ms_tensor *x, const ms_tensor *nor
     *done = false;
     ms_error quiet = {0};
     if (!c->fold_norm || check_t("rms_norm_linear", "x", x, 2, 2, DT_F32, &quiet) != MS_OK ||
-        check_t("rms_norm_linear", "norm_w", norm_w, 1, 1, DT_FLOATS, &quiet) != MS_OK ||
-        check_t("rms_norm_linear", "w", w, 2, 2, DT_FLOATS, &quiet) != MS_OK ||
-        check_t("rms_norm_linear", "y", y, 2, 2, DT_F32, &quiet) != MS_OK || w->dtype == MS_DTYPE_F32 ||
+        check_t("rms_norm_linear", "y", y, 2, 2, DT_F32, &quiet) != MS_OK ||
+        check_t("rms_norm_linear", "w", w, 2, 2, DT_BF16, &quiet) != MS_OK ||
+        check_t("rms_norm_linear", "norm_w", norm_w, 1, 1, DT_BF16, &quiet) != MS_OK ||
         !(eps >= 0.0f))
         return MS_OK;
     const int64_t n = x->shape[0], d = x->shape[1], outd = w->shape[0];
     if (n < 1 || norm_w->shape[0] != d || norm_w->stride[0] != 1 || w->shape[1] != d ||
         y->shape[0] != n || y->shape[1] != outd || !fits_int(n) || !fits_int(d) ||
         !fits_int(outd) || !fits_int(x->stride[0]) || !fits_int(w->stride[0]) ||
-        !fits_int(y->stride[0]) || ((uintptr_t)norm_w->data & 15u) != 0)
+        !fits_int(y->stride[0]))
         return MS_OK;
     ms_gemv_params gp = gemv_view(x, w, y);
-    if (w->dtype != MS_DTYPE_BF16 || norm_w->dtype != MS_DTYPE_BF16 || !takes_gemv(c, &gp))
-        return MS_OK;
-    gp.norm_w = norm_w->data;
+    gp.norm_w = norm_w->data; /* its alignment checked by ms_cuda_gemv_fits (takes_gemv) */
     gp.eps = eps;
+    if (!takes_gemv(c, &gp))
+        return MS_OK;
     ms_kernel_spec s = ms_kernel_spec_simple(MS_KERNEL_OP_MISC, kdtype(w->dtype));
     s.act_dtype = MS_KERNEL_DTYPE_F32;
     ms_cuda_module *m;

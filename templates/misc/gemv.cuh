@@ -114,8 +114,7 @@ template <typename T, bool NORM = false> __device__ __forceinline__ void gemv(co
     const bool has_x = gid < p.n;
     const float *xr = static_cast<const float *>(p.x) + (size_t)(has_x ? gid : 0) * (size_t)p.x_stride;
     float d[4] = {0.f, 0.f, 0.f, 0.f};
-    float ss = 0.f; /* p.norm_w: the lane's sum of x^2 over its values of x row gid */
-    constexpr bool norm = NORM;
+    float ss = 0.f; /* NORM: the lane's sum of x^2 over its values of x row gid */
     const int nblk = (p.in + 63) >> 6;
     /* before the PDL wait: ask L2 for the lines of the warp's first U blocks, so that a grid
        started during the previous kernel's tail (common/pdl.cuh) has them on the way when x, that
@@ -187,7 +186,7 @@ template <typename T, bool NORM = false> __device__ __forceinline__ void gemv(co
     red[warp][gid * 8 + 2 * tig + 1] = d[1];
     red[warp][(gid + 8) * 8 + 2 * tig] = d[2];
     red[warp][(gid + 8) * 8 + 2 * tig + 1] = d[3];
-    if (norm) {
+    if constexpr (NORM) {
         /* x row gid's squares: the four lanes of the group, then (below) the warps in order */
         ss += __shfl_xor_sync(0xffffffffu, ss, 1);
         ss += __shfl_xor_sync(0xffffffffu, ss, 2);
@@ -201,7 +200,7 @@ template <typename T, bool NORM = false> __device__ __forceinline__ void gemv(co
 #pragma unroll
         for (int i = 0; i < NW; i++)
             v += red[i][threadIdx.x];
-        if (norm) {
+        if constexpr (NORM) {
             float t = 0.f;
 #pragma unroll
             for (int i = 0; i < NW; i++)
