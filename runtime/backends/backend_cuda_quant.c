@@ -24,6 +24,7 @@
 #define SMALL_N_ROWS 256
 #define DEQUANT_ENTRY 8 /* ms_qdequant_bf16, after ms_qgemv_1..8 (kernel.c) */
 #define EMBED_ENTRY 9   /* ms_qembed */
+#define ACC_ENTRY 10    /* ms_qgemv_acc_1 .. ms_qgemv_acc_<MS_QGEMV_ACC_COLS> */
 
 struct ms_cuda_quant {
     int arch;
@@ -359,7 +360,10 @@ ms_status ms_cuda_quant_linear(ms_cuda_quant *q, const float *x, int64_t n, int6
             p.y_stride = (int)y_stride;
             p.wide = wide;
             p.acc = acc;
-            MS_TRY(launch(m, (int)k - 1, (unsigned)MS_CEIL_DIV(w->rows, MS_QGEMV_ROWS_OF(k)), MS_QGEMV_THREADS, &p,
+            /* x rows up to MS_QGEMV_ACC_COLS: the entry of the store (set or add); above, the
+               entry reads p.acc */
+            const int entry = acc && k <= MS_QGEMV_ACC_COLS ? ACC_ENTRY + (int)k - 1 : (int)k - 1;
+            MS_TRY(launch(m, entry, (unsigned)MS_CEIL_DIV(w->rows, MS_QGEMV_ROWS_OF(k)), MS_QGEMV_THREADS, &p,
                           q->stream, err));
         }
         return MS_OK;

@@ -38,8 +38,11 @@ static const kernel_op_info op_info[MS_KERNEL_OP_COUNT] = {
     {"attn_dense", "attn/dense.cuh", {"ms_attn_dense", NULL}},
     {"qmatmul", "quant/qmatmul.cuh",
      {"ms_qgemv_1", "ms_qgemv_2", "ms_qgemv_3", "ms_qgemv_4", "ms_qgemv_5", "ms_qgemv_6",
-      "ms_qgemv_7", "ms_qgemv_8", "ms_qdequant_bf16", "ms_qembed"}},
+      "ms_qgemv_7", "ms_qgemv_8", "ms_qdequant_bf16", "ms_qembed", "ms_qgemv_acc_1",
+      "ms_qgemv_acc_2"}},
 };
+
+_Static_assert(MS_QGEMV_ACC_COLS == 2, "op_info lists ms_qgemv_acc_1 and ms_qgemv_acc_2");
 
 /* The ggml types qmatmul instantiates: ggml type number, URI word, device block struct
  * (templates/quant/qmatmul.cuh), whether its GEMV has the integer (dp4a) entries (the struct's
@@ -555,17 +558,23 @@ static ms_status spec_body(const ms_kernel_spec *s, bool shape_macros, const cha
          * ms::qgemv_min_ctas<Q, NC>::value resident CTAs; the others without a minimum (ptxas
          * gives them more registers with an explicit 1 than with none: 206 against 168 for Q4_0's
          * ms_qgemv_8) */
-        for (int c = 1; c <= 8; c++) {
-            const bool bounded = qtypes[qtype_index(s->qtype)].i8 && c <= MS_QGEMV_I8_MAX_COLS;
+        for (int c = 1; c <= 8 + MS_QGEMV_ACC_COLS; c++) {
+            /* ms_qgemv_1..8, then ms_qgemv_acc_1..MS_QGEMV_ACC_COLS (after dequant and embed in
+             * the entry table; the order of definitions does not matter) */
+            const bool add = c > 8;
+            const int nc = add ? c - 8 : c;
+            const bool bounded = qtypes[qtype_index(s->qtype)].i8 && nc <= MS_QGEMV_I8_MAX_COLS;
             if (bounded)
                 emit(&b, "static_assert(ms::qgemv_min_ctas<cfg::Q, %d>::value > 1, \"kernel.c qtypes: i8\");\n"
                          "extern \"C\" __global__ void __launch_bounds__(MS_QGEMV_THREADS, "
-                         "ms::qgemv_min_ctas<cfg::Q, %d>::value)\n", c, c);
+                         "ms::qgemv_min_ctas<cfg::Q, %d>::value)\n", nc, nc);
             else
                 emit(&b, "static_assert(ms::qgemv_min_ctas<cfg::Q, %d>::value == 1, \"kernel.c qtypes: i8\");\n"
-                         "extern \"C\" __global__ void __launch_bounds__(MS_QGEMV_THREADS)\n", c);
-            emit(&b, "ms_qgemv_%d(const ms_qmatmul_params p) {\n"
-                     "    ms::qgemv<cfg::Q, %d, MS_QGEMV_ROWS_OF(%d)>(p);\n}\n\n", c, c, c);
+                         "extern \"C\" __global__ void __launch_bounds__(MS_QGEMV_THREADS)\n", nc);
+            emit(&b, "ms_qgemv_%s%d(const ms_qmatmul_params p) {\n"
+                     "    ms::qgemv<cfg::Q, %d, MS_QGEMV_ROWS_OF(%d), %s>(p);\n}\n\n",
+                 add ? "acc_" : "", nc, nc, nc,
+                 add ? "ms::kQStoreAdd" : nc <= MS_QGEMV_ACC_COLS ? "ms::kQStoreSet" : "ms::kQStoreRuntime");
         }
         emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_QDEQUANT_THREADS)\n"
                  "ms_qdequant_bf16(const ms_qmatmul_params p) {\n" PDL_PROLOGUE

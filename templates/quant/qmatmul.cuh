@@ -357,18 +357,20 @@ __device__ __forceinline__ void qgemv_dot_wide(const quant::qraw (&raw)[R], cons
     }
 }
 
-/// *y = v, or *y += v when acc (linear_add's residual add: y's old value + the sum). Not inlined,
-/// so that the read of y does not reshape the chunk loop before it: inlined, it spilled in Q4_K's
-/// ms_qgemv_1 (a plain load) or put a branch around its x loads (a volatile one). Q4_K's batch-1
-/// decode is still about 5% slower than with the plain store of before (docs/perf.md, eleventh
-/// session: not understood yet).
-__device__ __noinline__ void qgemv_put(float *y, float v, int acc) { *y = acc ? *y + v : v; }
+/// How a GEMV entry stores its sums (linear_add's residual add: y's old value + the sum).
+/// kQStoreSet: y = v; kQStoreAdd: y += v (the ms_qgemv_acc_<NC> entries); kQStoreRuntime: as
+/// p.acc says (the entries above MS_QGEMV_ACC_COLS x rows). The decode sizes get entries of
+/// their own per store, so that ms_qgemv_1 / _2 compile exactly as before the add existed (the
+/// same SASS): with the add a run-time choice, the read of y reshaped Q4_K's chunk loop (a spill,
+/// a branch around its x loads, or, stored out of line, a loop 5% slower: 8B Q4_K batch 1 at
+/// 406-411 tok/s, 428 with these entries; docs/perf.md, eleventh and twelfth sessions).
+enum { kQStoreSet = 0, kQStoreAdd = 1, kQStoreRuntime = 2 };
 
-/// The CTA's sums of rows [r0, r0 + R) into y (added to y's values when p.acc; rows past p.rows
+/// The CTA's sums of rows [r0, r0 + R) into y (stored as ST says, kQStore*; rows past p.rows
 /// are not stored), and acc zeroed:
 /// warp shuffles, then one pass over red in warp order (deterministic). Contains a __syncthreads;
 /// red may be written again only after another.
-template <int NC, int R, int NW>
+template <int NC, int R, int NW, int ST>
 __device__ __forceinline__ void qgemv_store(float (&acc)[R][NC], float (&red)[NW][R * NC], int r0,
                                             const ms_qmatmul_params &p) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -388,15 +390,22 @@ __device__ __forceinline__ void qgemv_store(float (&acc)[R][NC], float (&red)[NW
 #pragma unroll
         for (int i = 0; i < NW; i++)
             v += red[i][threadIdx.x];
-        if (r0 + r < p.rows)
-            qgemv_put(static_cast<float *>(p.y) + (size_t)c * (size_t)p.y_stride + (size_t)(r0 + r), v, p.acc);
+        float *yp = static_cast<float *>(p.y) + (size_t)c * (size_t)p.y_stride + (size_t)(r0 + r);
+        if (r0 + r < p.rows) {
+            if constexpr (ST == kQStoreSet)
+                *yp = v;
+            else if constexpr (ST == kQStoreAdd)
+                *yp += v;
+            else
+                *yp = p.acc ? *yp + v : v;
+        }
     }
 }
 
 /// Q: block type; NC: x rows (exactly p.n); R: output rows per CTA (MS_QGEMV_ROWS_OF(NC)).
 /// Grid: ceil(rows / R) CTAs of MS_QGEMV_THREADS threads; warp w takes chunks w, w + NW, ... of
 /// 512 input values (1024 in the integer GEMV of the wide-lane types); the rows past p.rows of the last CTA read the last row and store nothing.
-template <typename Q, int NC, int R, typename M>
+template <typename Q, int NC, int R, typename M, int ST>
 __device__ __forceinline__ void qgemv_plain(const ms_qmatmul_params &p) {
     constexpr int NW = MS_QGEMV_THREADS / 32;
     __shared__ float red[NW][R * NC];
@@ -450,7 +459,7 @@ __device__ __forceinline__ void qgemv_plain(const ms_qmatmul_params &p) {
             qgemv_chunk<Q, NC, R, M>(rows, nb, ch, x + (size_t)ch * 512, p.x_stride, lane, acc);
         }
     }
-    qgemv_store<NC, R, NW>(acc, red, r0, p);
+    qgemv_store<NC, R, NW, ST>(acc, red, r0, p);
 }
 
 /// Resident CTAs per SM an ms_qgemv_<NC> entry is compiled for (__launch_bounds__'s second
@@ -462,8 +471,9 @@ template <typename Q, int NC> struct qgemv_min_ctas {
 };
 
 /// The GEMV entry: p.wide (rows at 16-byte aligned addresses) reads the planar rows with 8- and
-/// 16-byte loads, otherwise with 16-bit ones (quant::gmem16, gmem2).
-template <typename Q, int NC, int R> __device__ __forceinline__ void qgemv(const ms_qmatmul_params &p) {
+/// 16-byte loads, otherwise with 16-bit ones (quant::gmem16, gmem2); ST: how it stores (kQStore*).
+template <typename Q, int NC, int R, int ST = kQStoreRuntime>
+__device__ __forceinline__ void qgemv(const ms_qmatmul_params &p) {
     static_assert(NC >= 1 && NC <= MS_QGEMV_MAX_COLS && R >= 1, "qgemv: 1..8 x rows");
     static_assert(Q::kQK == 32 || Q::kQK == 256, "qgemv: 32- or 256-value blocks");
     /* PDL (common/pdl.cuh): the next kernel may launch; x and y only after the wait. (An L2
@@ -471,9 +481,9 @@ template <typename Q, int NC, int R> __device__ __forceinline__ void qgemv(const
     pdl_launch_dependents();
     pdl_wait();
     if (p.wide)
-        qgemv_plain<Q, NC, R, quant::gmem16>(p);
+        qgemv_plain<Q, NC, R, quant::gmem16, ST>(p);
     else
-        qgemv_plain<Q, NC, R, quant::gmem2>(p);
+        qgemv_plain<Q, NC, R, quant::gmem2, ST>(p);
 }
 
 /// W -> bf16 [rows, in] (packed rows), bit-exact with bf16(dequantize_row_*). Grid-stride over

@@ -16,6 +16,10 @@
  * them; above, the rows' decoded values, with one x row at a time */
 #define MS_QGEMV_ROWS_OF(nc) ((nc) <= 2 ? 8 : 4)
 #define MS_QGEMV_MAX_COLS 8    /* x rows of the largest gemv entry (ms_qgemv_8) */
+/* x rows up to which the GEMV has accumulating entries of its own (ms_qgemv_acc_<nc>: y += x W^T,
+ * linear_add's residual add), so that ms_qgemv_<nc> stores without reading y; above, one entry
+ * reads p.acc at run time (qmatmul.cuh kQStore*) */
+#define MS_QGEMV_ACC_COLS 2
 /* x rows up to which the Q4_0 / Q8_0 / Q4_K GEMV quantizes x to int8 and uses dp4a (blocks.cuh,
  * "The integer GEMV"); above, the quantization's cost (per x row, over 4 weight rows) outweighed
  * the cheaper dot (H200, 8B decode at batch 8: Q4_0 677 tok/s against 746, Q4_K 355 against 660;
