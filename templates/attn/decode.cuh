@@ -23,14 +23,15 @@
  *
  * Splits (n_splits > 1): each CTA writes its normalized partial output and log-sum-exp to
  * part_o / part_lse, then counts itself in split_counter[b * n_kv_heads + h]; the last CTA of
- * (b, h) to arrive merges all splits and writes o, then resets the counter to 0 (threadfence
- * reduction, CUDA programming guide "Memory fence functions"). So one launch does the whole
+ * (b, h) to arrive merges all splits and writes o, then resets the counter to 0 (the threadfence
+ * reduction of the CUDA programming guide, "Memory fence functions", with the fences folded into
+ * one acq_rel atomic after a barrier, as CUTLASS's semaphore does). So one launch does the whole
  * decode attention: no merge kernel, and the counters are ready for the next launch. Launches
  * that share split_counter must not run concurrently.
  *
  * Prologue: every CTA asks L2 for the first K and V rows of its split (up to 128 KiB and its
- * share of 32 MiB per launch: all of a split of 256 keys at head_dim 128; attn_decode_prefetch),
- * so a launch requests its first bytes at once rather than two register steps per warp at a
+ * share of 4 MiB per launch: all of a launch of up to 2k keys at batch 1; attn_decode_prefetch),
+ * so a short launch requests its first bytes at once rather than two register steps per warp at a
  * time. With programmatic dependent launch (sm_90; the launcher allows it, cuda_ops.c) that
  * happens before the wait: every CTA first lets the next kernel of the stream launch
  * (griddepcontrol.launch_dependents), then reads what the previous kernel cannot change - the
@@ -62,9 +63,13 @@ __host__ __device__ constexpr int pow2_ceil(int n) { return n <= 1 ? 1 : 2 * pow
 
 
 /* L2 bytes the CTAs of one launch prefetch at their start, all together (at most 8 lines of 128
- * bytes per thread, 128 KiB per CTA): about half an H100's L2, so the rows stay there until the
- * CTAs' loads use them. */
-constexpr long long kAttnDecodePrefetchBytes = 32LL << 20;
+ * bytes per thread, 128 KiB per CTA). 4 MiB: a short launch (batch 1 up to 2k keys) is prefetched
+ * whole, a long one only its first steps. With 32 MiB (all of 1 x 8k) every launch from 8k keys
+ * up was 1-2 us slower (H200, bench_kernels attn: 1 x 8k 19.8 against 18.8 us, 8 x 8k 74.1
+ * against 73.6, 32 x 2k 71.5 against 71.2; none at all: 1 x 512 9.6 against 9.1, 1 x 2k 12.4
+ * against 11.9; docs/perf.md, twelfth session): prefetches queued ahead of the loads that need
+ * the same lines slow the loads. */
+constexpr long long kAttnDecodePrefetchBytes = 4LL << 20;
 
 /* At the CTA's start (before pdl_wait): ask L2 for the 128-byte lines of the K and V rows of KV
  * head h of keys [k0, k0 + n) inside [kmin, kend), n the CTA's share of
@@ -201,15 +206,22 @@ __device__ __forceinline__ void attn_decode_finish(const ms_attn_kernel_params &
         return;
 
     /* ---- the last split CTA of (b, h) merges all splits ---- */
-    __threadfence(); /* partials visible device-wide before the count */
+    /* The barrier orders the CTA's partial writes before thread 0's atomic, whose release (gpu
+     * scope, cumulative over what the barrier ordered before it) publishes them with the count;
+     * its acquire in the last CTA, then the barrier, orders that CTA's partial reads after every
+     * split's count (PTX memory model: release and acquire patterns, causality order; CUTLASS
+     * semaphore.h does the same). One fence instead of __threadfence() on both sides: 1 x 8k 0.3
+     * us and 1 x 2k 0.4 us less a launch (docs/perf.md). */
     __syncthreads();
     int *counter = p.split_counter + (long long)b * p.n_kv_heads + h;
-    if (tid == 0)
-        sm.last = atomicAdd(counter, 1) == p.n_splits - 1;
+    if (tid == 0) {
+        int old;
+        asm volatile("atom.add.acq_rel.gpu.s32 %0, [%1], 1;" : "=r"(old) : "l"(counter) : "memory");
+        sm.last = old == p.n_splits - 1;
+    }
     __syncthreads();
     if (!sm.last)
         return;
-    __threadfence();
     /* one pass over the splits with a running max (online softmax over the partials): thread i
      * owns 4 consecutive dims of one head; the log-sum-exp and partial loads of 16 splits are
      * issued together */
