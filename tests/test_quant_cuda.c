@@ -20,9 +20,12 @@
  *   - every type at in = 4096, 14336 and 5120 (the 8B model's widths; rows 16-byte aligned but
  *     Q6_K's at 5120, and Q6_K's at 1024);
  *   - Q4_0, Q8_0 and Q4_K's GEMV entries for up to MS_QGEMV_I8_MAX_COLS x rows run on int8 x
- *     (quantized per 32 values like ggml-cuda's q8_1, in the kernel): their reference takes the
- *     same quantized x, within the same fp32 bound, and y must be 20 times closer to it in sum than
- *     the quantized reference is to the unquantized one;
+ *     (quantized per 32 values like ggml-cuda's q8_1, in the kernel), and so do Q4_0 and Q8_0's
+ *     above (x quantized once per launch by ms_qquant_x, MS_QGEMV_PREQ_TYPE): their reference takes
+ *     the same quantized x, within the same fp32 bound, and y must be 20 times closer to it in sum
+ *     than the quantized reference is to the unquantized one;
+ *   - a NaN in one x row makes that row's y NaN and leaves the others' bits alone, at every width
+ *     of the integer GEMVs (test_integer_gemv_nan);
  *   - a graph replay after the workspace grew (test_graph_survives_workspace_growth);
  *   - bad arguments: an unsupported type names itself, a width that is not a multiple of the block.
  * Weights go up in ggml's layout and are kept planar (ms_cuda_qweight_upload_rows), so every check
@@ -174,7 +177,8 @@ static void check_linear(ms_cuda_quant *q, const ms_cuda_qweight *w, const float
     for (int t = 0; t < n; t++) {
         /* row t's launch: the entry of its group of up to MS_QGEMV_MAX_COLS rows */
         const int width = n - t / MS_QGEMV_MAX_COLS * MS_QGEMV_MAX_COLS;
-        const bool i8 = i8_type && (width < MS_QGEMV_MAX_COLS ? width : MS_QGEMV_MAX_COLS) <= MS_QGEMV_I8_MAX_COLS;
+        const bool i8 = i8_type && (MS_QGEMV_PREQ_TYPE(w->type) ||
+                                    (width < MS_QGEMV_MAX_COLS ? width : MS_QGEMV_MAX_COLS) <= MS_QGEMV_I8_MAX_COLS);
         any_i8 |= i8;
         row_i8[t] = i8;
         for (int b0 = 0; b0 < IN; b0 += 32) {
@@ -354,6 +358,64 @@ static void test_bad_weights(void **state) {
  * captured with, alive (a fresh allocation the size of the old workspace, made after the growth
  * and poisoned, stays untouched: with the old buffer freed, the allocator handed that range out
  * again and the replay wrote into it, CUDA error 700 in the 8B batch-32 bench), and give the same y. */
+/* x row 1 of n gets a NaN (at value 37, so one 32-value block of it): y's row 1 must be all NaN
+   (the fp32 dot's answer too) and rows 0, 2, .. bitwise those of the same launch without it. */
+static void test_integer_gemv_nan(void **state) {
+    (void)state;
+    ms_error err = {0};
+    ms_cuda_quant *q = NULL;
+    OK(ms_cuda_quant_init(&q, g_arch, NULL, g_stream, g_cublas, &err));
+    enum { R = 64, K = 1024 };
+    static const uint32_t types[] = {MS_GGML_TYPE_Q4_0, MS_GGML_TYPE_Q8_0, MS_GGML_TYPE_Q4_K};
+    float *f = malloc(sizeof(float) * R * K), *x = malloc(sizeof(float) * 8 * K);
+    float *y0 = malloc(sizeof(float) * 8 * R), *y1 = malloc(sizeof(float) * 8 * R);
+    assert_true(f != NULL && x != NULL && y0 != NULL && y1 != NULL);
+    for (int i = 0; i < R * K; i++)
+        f[i] = frand() * (1.f / 64.f);
+    float *dx, *dy;
+    CU(cudaMalloc((void **)&dx, sizeof(float) * 8 * K));
+    CU(cudaMalloc((void **)&dy, sizeof(float) * 8 * R));
+    for (size_t t = 0; t < MS_ARRAY_LEN(types); t++) {
+        size_t bytes = ms_cuda_qweight_bytes(types[t], R, K);
+        uint8_t *blocks = malloc(bytes);
+        assert_non_null(blocks);
+        assert_int_equal(ms_ggml_quantize(types[t], f, blocks, (size_t)R * K), MS_OK);
+        ms_cuda_qweight w;
+        OK(ms_cuda_qweight_init(&w, types[t], R, K, &err));
+        OK(ms_cuda_quant_load_type(q, types[t], &err));
+        OK(ms_cuda_qweight_upload_rows(&w, 0, R, blocks, &err));
+        for (int n = 2; n <= 8; n++) {
+            for (int i = 0; i < n * K; i++)
+                x[i] = frand();
+            for (int pass = 0; pass < 2; pass++) {
+                if (pass == 1)
+                    x[K + 37] = NAN;
+                CU(cudaMemcpy(dx, x, sizeof(float) * (size_t)n * K, cudaMemcpyHostToDevice));
+                OK(ms_cuda_quant_linear(q, dx, n, K, &w, dy, R, false, &err));
+                CU(cudaStreamSynchronize(g_stream));
+                CU(cudaMemcpy(pass ? y1 : y0, dy, sizeof(float) * (size_t)n * R, cudaMemcpyDeviceToHost));
+            }
+            for (int r = 0; r < n; r++)
+                for (int c = 0; c < R; c++) {
+                    const float a = y0[r * R + c], b = y1[r * R + c];
+                    if (r == 1 ? !isnan(b) : memcmp(&a, &b, sizeof a) != 0 || !isfinite(a))
+                        fail_msg("%s n=%d: y[%d, %d] = %g with the NaN in x row 1, %g without",
+                                 ms_ggml_type_name(types[t]), n, r, c, (double)b, (double)a);
+                }
+        }
+        printf("  %s: a NaN in x row 1 gives NaN in y row 1 only, n = 2..8\n", ms_ggml_type_name(types[t]));
+        ms_cuda_qweight_free(&w);
+        free(blocks);
+    }
+    cudaFree(dx);
+    cudaFree(dy);
+    free(f);
+    free(x);
+    free(y0);
+    free(y1);
+    ms_cuda_quant_free(q);
+}
+
 static void test_graph_survives_workspace_growth(void **state) {
     (void)state;
     ms_error err = {0};
@@ -498,6 +560,7 @@ static void test_pdl_chain_matches_serial_launches(void **state) {
 int main(void) {
     const struct CMUnitTest tests[] = {
         ms_unit_test(test_quant_types),
+        ms_unit_test(test_integer_gemv_nan),
         ms_unit_test(test_graph_survives_workspace_growth),
         ms_unit_test(test_pdl_chain_matches_serial_launches),
         ms_unit_test(test_bad_weights),

@@ -25,6 +25,7 @@
 #define DEQUANT_ENTRY 8 /* ms_qdequant_bf16, after ms_qgemv_1..8 (kernel.c) */
 #define EMBED_ENTRY 9   /* ms_qembed */
 #define ACC_ENTRY 10    /* ms_qgemv_acc_1 .. ms_qgemv_acc_<MS_QGEMV_ACC_COLS> */
+#define QUANT_X_ENTRY 12 /* ms_qquant_x */
 
 struct ms_cuda_quant {
     int arch;
@@ -40,7 +41,18 @@ struct ms_cuda_quant {
     size_t x16_bytes;
     void *tile;                        /* dequantized weight rows (prefill) */
     size_t tile_bytes;
+    void *qx;                          /* x quantized for the GEMV (MS_QGEMV_PREQ_TYPE): int8 rows,
+                                          then the scales (qx_layout) */
+    size_t qx_bytes;
 };
+
+/* ms_qquant_x's output for n rows of `in` values: int8 rows of *stride bytes (16-byte multiples),
+   then float scales, in / 32 a row, from byte *scales_at (16-byte aligned); the bytes in all. */
+static size_t qx_layout(int64_t n, int64_t in, int64_t *stride, size_t *scales_at) {
+    *stride = (in + 15) / 16 * 16;
+    *scales_at = (size_t)n * (size_t)*stride;
+    return *scales_at + (size_t)n * (size_t)(in / 32) * sizeof(float);
+}
 
 static const uint32_t slot_types[QTYPE_SLOTS] = {
     MS_GGML_TYPE_Q4_0, MS_GGML_TYPE_Q4_1, MS_GGML_TYPE_Q5_0, MS_GGML_TYPE_Q8_0,
@@ -182,6 +194,8 @@ void ms_cuda_quant_free(ms_cuda_quant *q) {
         MS_CUDA_CHECK(cudaFree(q->x16));
     if (q->tile != NULL)
         MS_CUDA_CHECK(cudaFree(q->tile));
+    if (q->qx != NULL)
+        MS_CUDA_CHECK(cudaFree(q->qx));
     for (int i = 0; i < q->n_retired; i++)
         MS_CUDA_CHECK(cudaFree(q->retired[i]));
     ms_free(q->cache_dir);
@@ -278,6 +292,11 @@ ms_status ms_cuda_quant_reserve(ms_cuda_quant *q, int64_t max_x_rows, int64_t ma
         t = (size_t)max_in * 2;
     MS_TRY(grow(q, &q->x16, &q->x16_bytes, (size_t)max_x_rows * (size_t)max_in * 2, true, "bf16 x workspace",
                 err));
+    int64_t qs;
+    size_t qat;
+    MS_TRY(grow(q, &q->qx, &q->qx_bytes,
+                qx_layout(max_x_rows < MS_CUDA_QGEMV_MAX_ROWS ? max_x_rows : MS_CUDA_QGEMV_MAX_ROWS, max_in, &qs, &qat),
+                true, "quantized x workspace", err));
     return grow(q, &q->tile, &q->tile_bytes, t, false, "dequantized weight tile", err);
 }
 
@@ -344,8 +363,29 @@ ms_status ms_cuda_quant_linear(ms_cuda_quant *q, const float *x, int64_t n, int6
     ms_cuda_module *m;
     MS_TRY(get_module(q, w->type, &m, err));
     if (n <= MS_CUDA_QGEMV_MAX_ROWS && aligned16(x) && x_stride % 4 == 0) {
-        /* a launch of the exact-width entry per group of up to MS_QGEMV_MAX_COLS rows */
+        /* a launch of the exact-width entry per group of up to MS_QGEMV_MAX_COLS rows; the
+           16-value integer types quantize x first, once, for the groups above
+           MS_QGEMV_I8_MAX_COLS rows (ms_qquant_x: the values the narrow entries compute in
+           their CTAs) */
         const bool wide = ms_cuda_qweight_wide_rows(w);
+        const bool preq = MS_QGEMV_PREQ_TYPE(w->type) && n > MS_QGEMV_I8_MAX_COLS;
+        int64_t qx_stride = 0;
+        size_t qd_at = 0;
+        if (preq) {
+            MS_TRY(grow(q, &q->qx, &q->qx_bytes, qx_layout(n, w->in, &qx_stride, &qd_at), true,
+                        "quantized x workspace", err));
+            ms_qmatmul_params qp = {0};
+            qp.x = x;
+            qp.n = (int)n;
+            qp.in = (int)w->in;
+            qp.x_stride = (int)x_stride;
+            qp.qx = q->qx;
+            qp.qd = (char *)q->qx + qd_at;
+            qp.qx_stride = (int)qx_stride;
+            qp.qd_stride = (int)(w->in / 32);
+            const int64_t blocks = MS_CEIL_DIV(n * (w->in / 32), MS_QDEQUANT_THREADS);
+            MS_TRY(launch(m, QUANT_X_ENTRY, (unsigned)blocks, MS_QDEQUANT_THREADS, &qp, q->stream, err));
+        }
         for (int64_t g = 0; g < n; g += MS_QGEMV_MAX_COLS) {
             const int64_t k = n - g < MS_QGEMV_MAX_COLS ? n - g : MS_QGEMV_MAX_COLS;
             ms_qmatmul_params p = {0};
@@ -360,6 +400,12 @@ ms_status ms_cuda_quant_linear(ms_cuda_quant *q, const float *x, int64_t n, int6
             p.y_stride = (int)y_stride;
             p.wide = wide;
             p.acc = acc;
+            if (preq) {
+                p.qx = (char *)q->qx + g * qx_stride;
+                p.qd = (float *)((char *)q->qx + qd_at) + g * (w->in / 32);
+                p.qx_stride = (int)qx_stride;
+                p.qd_stride = (int)(w->in / 32);
+            }
             /* x rows up to MS_QGEMV_ACC_COLS: the entry of the store (set or add); above, the
                entry reads p.acc */
             const int entry = acc && k <= MS_QGEMV_ACC_COLS ? ACC_ENTRY + (int)k - 1 : (int)k - 1;

@@ -18,9 +18,11 @@
  *     per group of up to 8 rows (MS_QGEMV_MAX_COLS), each reading W once from device memory (fp32
  *     accumulation): ceil(n / 8) reads of the quantized bytes cost less than the dequantized
  *     path's bf16 write and read up to the threshold. Q4_0, Q8_0 and Q4_K at 1-2 x rows take the
- *     integer dot (x quantized per 32 values to int8 as ggml-cuda's q8_1, dp4a; y within fp32
- *     rounding of the dot with that quantized x), the rest the fp32 dot of the dequantized
- *     values;
+ *     integer dot (x quantized per 32 values to int8 as ggml-cuda's q8_1, in each CTA, dp4a; y
+ *     within fp32 rounding of the dot with that quantized x), and so do Q4_0 and Q8_0 at 3-8
+ *     rows, with x quantized once per call by ms_qquant_x into a workspace (the same int8 values
+ *     and scales; MS_QGEMV_PREQ_TYPE; H200, 8B Q4_0 decode at batch 8: 757 -> 1,484 tok/s); the
+ *     rest take the fp32 dot of the dequantized values;
  *   - more rows (prefill, large decode batches): W is dequantized tile by tile (rows [r, r +
  *     tile)) into a reusable bf16 workspace (bit-exact bf16 of ggml's dequantization; 64 MB by
  *     default, of which up to 256 x rows use 16 MB, so the GEMM reads it back from L2), x is

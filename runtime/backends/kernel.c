@@ -39,7 +39,7 @@ static const kernel_op_info op_info[MS_KERNEL_OP_COUNT] = {
     {"qmatmul", "quant/qmatmul.cuh",
      {"ms_qgemv_1", "ms_qgemv_2", "ms_qgemv_3", "ms_qgemv_4", "ms_qgemv_5", "ms_qgemv_6",
       "ms_qgemv_7", "ms_qgemv_8", "ms_qdequant_bf16", "ms_qembed", "ms_qgemv_acc_1",
-      "ms_qgemv_acc_2"}},
+      "ms_qgemv_acc_2", "ms_qquant_x"}},
 };
 
 _Static_assert(MS_QGEMV_ACC_COLS == 2, "op_info lists ms_qgemv_acc_1 and ms_qgemv_acc_2");
@@ -581,7 +581,14 @@ static ms_status spec_body(const ms_kernel_spec *s, bool shape_macros, const cha
                  "    ms::qdequant_bf16<cfg::Q>(p);\n}\n\n"
                  "extern \"C\" __global__ void __launch_bounds__(MS_QGEMV_THREADS)\n"
                  "ms_qembed(const ms_qmatmul_params p) {\n" PDL_PROLOGUE
-                 "    ms::qembed<cfg::Q>(p);\n}\n");
+                 "    ms::qembed<cfg::Q>(p);\n}\n\n");
+        /* x quantized once for the GEMVs above MS_QGEMV_I8_MAX_COLS rows of the types
+           MS_QGEMV_PREQ_TYPE names (the host launches it for those only) */
+        emit(&b, "static_assert(ms::i8_narrow<cfg::Q>::value == %s, \"qparams.h MS_QGEMV_PREQ_TYPE\");\n"
+                 "extern \"C\" __global__ void __launch_bounds__(MS_QDEQUANT_THREADS)\n"
+                 "ms_qquant_x(const ms_qmatmul_params p) {\n" PDL_PROLOGUE
+                 "    ms::qquant_x(p);\n}\n",
+             MS_QGEMV_PREQ_TYPE(s->qtype) ? "true" : "false");
         break;
     default:
         break;

@@ -687,6 +687,16 @@ __device__ __forceinline__ void qlane(const unsigned char *row, int nb, int ch, 
     Q::decode(r, L, v, d, m);
 }
 
+/// Whether Q is an integer-GEMV type with 16-value lanes (kI8 and not kWide: Q4_0, Q8_0), whose GEMV
+/// above MS_QGEMV_I8_MAX_COLS x rows reads x quantized beforehand (qmatmul.cuh qquant_x). False for
+/// the types without kI8 (they have no kWide).
+template <typename Q, bool I8 = Q::kI8> struct i8_narrow {
+    static constexpr bool value = false;
+};
+template <typename Q> struct i8_narrow<Q, true> {
+    static constexpr bool value = !Q::kWide;
+};
+
 /// The integer GEMV's lane shape of type Q ("The integer GEMV" above): V values a lane in two
 /// runs of V / 2 (at run0(L) and run0(L) + kRun1 of a chunk of 32 V values), ok(ch, L, in), the
 /// load and the exact run dots.

@@ -26,7 +26,10 @@
  * same values per second as Q8_0 at twice the bytes). y then differs from the fp32 dot by x's
  * rounding to 8 bits (test_quant_cuda checks it against the same quantized x). Their lanes take 16
  * values (Q4_0, Q8_0: as above) or, for Q4_K, 32 in chunks of 1024 (i8_lanes, blocks.cuh "The integer
- * GEMV": a super-block header read and decoded once per 32 values).
+ * GEMV": a super-block header read and decoded once per 32 values). Above MS_QGEMV_I8_MAX_COLS x
+ * rows Q4_0 and Q8_0 keep the integer dot on x quantized once per launch (ms_qquant_x, then
+ * qgemv_dot_i8q: the same values and sums), where quantizing in every CTA cost more than the dot
+ * saved; Q4_K and the other types take the fp32 dot there.
  *
  * History (Q4_0 decode of an 8B model on the H200, docs/perf.md): one 32-value unit per thread
  * (x loads strided across the warp, each x row re-read per pair of rows): 147 tok/s; 8 values
@@ -225,6 +228,63 @@ __device__ __forceinline__ void qgemv_dot_i8(const quant::qraw (&raw)[R], const 
         int xw[4], xs[2];
         float dx[2];
         quant_x16<Q>(xc + (size_t)c * (size_t)x_stride, o0, o1, ok, xw, dx, xs);
+#pragma unroll
+        for (int r = 0; r < R; r++) {
+            int is[2];
+            Q::idot(raw[r], xw, xs, is);
+            float a = acc[r][c];
+            if (Q::kXOneBlock && !Q::kMin) {
+                a = fmaf(d[r][0] * dx[0], (float)(is[0] + is[1]), a);
+            } else {
+#pragma unroll
+                for (int j = 0; j < 2; j++)
+                    a = fmaf(dx[j], fmaf(d[r][j], (float)is[j], m[r][j] * (float)xs[j]), a);
+            }
+            acc[r][c] = a;
+        }
+    }
+}
+
+/// The lane's 16 x values of one x row's chunk as ms_qquant_x left them (qx: the chunk's int8
+/// values, qd: its scales per 32 values): the xw, dx, xs quant_x16 computes from the same x, bit for
+/// bit (the same amax, scale and rounding, once per launch instead of per CTA). !ok lanes: zeros.
+template <typename Q>
+__device__ __forceinline__ void load_qx16(const signed char *qx, const float *qd, int o0, int o1, bool ok,
+                                          int (&xw)[4], float (&dx)[2], int (&xs)[2]) {
+    if (ok) {
+        const uint2 a = __ldg(reinterpret_cast<const uint2 *>(qx + o0));
+        const uint2 b = __ldg(reinterpret_cast<const uint2 *>(qx + o1));
+        xw[0] = (int)a.x;
+        xw[1] = (int)a.y;
+        xw[2] = (int)b.x;
+        xw[3] = (int)b.y;
+        dx[0] = __ldg(qd + o0 / 32);
+        dx[1] = Q::kXOneBlock ? dx[0] : __ldg(qd + o1 / 32);
+    } else {
+        xw[0] = xw[1] = xw[2] = xw[3] = 0;
+        dx[0] = dx[1] = 0.f;
+    }
+#pragma unroll
+    for (int j = 0; j < 2; j++)
+        xs[j] = quant::dp4a(xw[2 * j + 1], 0x01010101, quant::dp4a(xw[2 * j], 0x01010101, 0));
+}
+
+/// qgemv_dot_i8 with x quantized beforehand (the 16-value types above MS_QGEMV_I8_MAX_COLS x rows):
+/// the same sums in the same order, the x words loaded (load_qx16) instead of computed.
+template <typename Q, int NC, int R>
+__device__ __forceinline__ void qgemv_dot_i8q(const quant::qraw (&raw)[R], const signed char *qx, const float *qd,
+                                              int qx_stride, int qd_stride, int lane, bool ok, float (&acc)[R][NC]) {
+    const int o0 = Q::run0(lane), o1 = o0 + Q::kRun1;
+    float d[R][2], m[R][2];
+#pragma unroll
+    for (int r = 0; r < R; r++)
+        Q::scales(raw[r], lane, d[r], m[r]);
+#pragma unroll
+    for (int c = 0; c < NC; c++) {
+        int xw[4], xs[2];
+        float dx[2];
+        load_qx16<Q>(qx + (size_t)c * (size_t)qx_stride, qd + (size_t)c * (size_t)qd_stride, o0, o1, ok, xw, dx,
+                     xs);
 #pragma unroll
         for (int r = 0; r < R; r++) {
             int is[2];
@@ -452,6 +512,18 @@ __device__ __forceinline__ void qgemv_plain(const ms_qmatmul_params &p) {
                 }
             }
         }
+    } else if constexpr (i8_narrow<Q>::value) {
+        /* more x rows, 16-value integer types: x quantized once per launch (ms_qquant_x: p.qx,
+         * p.qd), so the CTAs share it instead of each quantizing every x row again */
+        const signed char *qx = static_cast<const signed char *>(p.qx);
+        const float *qd = static_cast<const float *>(p.qd);
+        for (int ch = warp; ch < chunks; ch += NW) {
+            const bool ok = Q::lane_ok(ch, lane, p.in);
+            quant::qraw raw[R];
+            qgemv_load_i8<Q, R, M>(rows, nb, ch, lane, ok, raw);
+            qgemv_dot_i8q<Q, NC, R>(raw, qx + (size_t)ch * 512, qd + (size_t)ch * 16, p.qx_stride, p.qd_stride,
+                                    lane, ok, acc);
+        }
     } else {
         for (int ch = warp; ch < chunks; ch += NW) {
             if (!Q::lane_ok(ch, lane, p.in))
@@ -484,6 +556,54 @@ __device__ __forceinline__ void qgemv(const ms_qmatmul_params &p) {
         qgemv_plain<Q, NC, R, quant::gmem16, ST>(p);
     else
         qgemv_plain<Q, NC, R, quant::gmem2, ST>(p);
+}
+
+/// x [n, in] float (p.x, p.x_stride) -> int8 values p.qx and scales p.qd per 32 values, as
+/// quant_x16 quantizes a block in the GEMV: dx = amax / 127, q = rint(x fl(127 / amax)) by the
+/// 1.5 2^23 constant (0 where amax < MS_QGEMV_I8_MIN_AMAX), dx NaN where the block holds a NaN (its
+/// rows' sums are NaN then, as the fp32 dot's). One thread a block, grid-stride;
+/// MS_QDEQUANT_THREADS threads per CTA. p.in a multiple of 32.
+__device__ __forceinline__ void qquant_x(const ms_qmatmul_params &p) {
+    const int nbk = p.in / 32;
+    const long long total = (long long)p.n * nbk;
+    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
+         idx += (long long)gridDim.x * blockDim.x) {
+        const int r = (int)(idx / nbk), k = (int)(idx % nbk);
+        const float4 *src =
+            reinterpret_cast<const float4 *>(static_cast<const float *>(p.x) + (size_t)r * (size_t)p.x_stride) + 8 * k;
+        float v[32];
+#pragma unroll
+        for (int i = 0; i < 8; i++) {
+            const float4 t = __ldg(src + i);
+            v[4 * i] = t.x;
+            v[4 * i + 1] = t.y;
+            v[4 * i + 2] = t.z;
+            v[4 * i + 3] = t.w;
+        }
+        float am = 0.f;
+        bool nan = false;
+#pragma unroll
+        for (int i = 0; i < 32; i++) {
+            am = fmaxf(am, fabsf(v[i]));
+            nan |= v[i] != v[i];
+        }
+        const float id = am >= MS_QGEMV_I8_MIN_AMAX ? 127.0f / am : 0.f;
+        unsigned w[8];
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            unsigned b[4];
+#pragma unroll
+            for (int e = 0; e < 4; e++)
+                b[e] = __float_as_uint(fmaf(v[4 * j + e], id, 12582912.0f));
+            w[j] = __byte_perm(__byte_perm(b[0], b[1], 0x0040u), __byte_perm(b[2], b[3], 0x0040u), 0x5410u);
+        }
+        uint4 *dst = reinterpret_cast<uint4 *>(static_cast<signed char *>(p.qx) + (size_t)r * (size_t)p.qx_stride +
+                                               32 * (size_t)k);
+        dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
+        dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
+        static_cast<float *>(p.qd)[(size_t)r * (size_t)p.qd_stride + k] =
+            nan ? __int_as_float(0x7fffffff) : am / 127.0f;
+    }
 }
 
 /// W -> bf16 [rows, in] (packed rows), bit-exact with bf16(dequantize_row_*). Grid-stride over

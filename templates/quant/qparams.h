@@ -25,6 +25,11 @@
  * the cheaper dot (H200, 8B decode at batch 8: Q4_0 677 tok/s against 746, Q4_K 355 against 660;
  * docs/perf.md), so those entries keep the fp32 dot */
 #define MS_QGEMV_I8_MAX_COLS 2
+/* Above it, the 16-value integer types (Q4_0, Q8_0: kI8 and not kWide) still take the dp4a dot,
+ * on x quantized once per launch by ms_qquant_x into p.qx / p.qd (the same int8 values and scales
+ * as the in-kernel quantization) instead of per CTA; MS_QGEMV_PREQ_TYPE says which ggml types
+ * (the instance static_asserts that it agrees with the block structs) */
+#define MS_QGEMV_PREQ_TYPE(t) ((t) == 2 || (t) == 8)
 /* an x block whose amax is below this quantizes to zeros (127 / amax would overflow to inf for
  * amax under about 3.7e-37; the values dropped are under 2^-96 each) */
 #define MS_QGEMV_I8_MIN_AMAX 0x1p-96f
@@ -50,6 +55,12 @@ typedef struct ms_qmatmul_params {
     int wide;        /* gemv: 1 = w and row_bytes are multiples of 16 (every row 16-byte aligned): the
                         planar rows' 8- and 16-byte loads; 0 = 16-bit loads */
     int acc;         /* gemv: 1 = y += x W^T (linear_add: the residual add in the output), 0 = y = */
+    void *qx;        /* MS_QGEMV_PREQ_TYPE gemv above MS_QGEMV_I8_MAX_COLS rows (read) and ms_qquant_x
+                        (written): x's int8 values [n, in], row stride qx_stride bytes (a multiple
+                        of 16, 16-byte aligned base) */
+    void *qd;        /* the same: x's scale per 32 values, float [n, in / 32], row stride qd_stride */
+    int qx_stride;
+    int qd_stride;
 } ms_qmatmul_params;
 
 #endif /* MS_QPARAMS_H */
