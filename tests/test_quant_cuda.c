@@ -353,13 +353,11 @@ static void test_bad_weights(void **state) {
     ms_cuda_qweight_free(&w);
 }
 
-/* A graph captured over the prefill path (x -> bf16 workspace, dequantize, GEMM), then an eager
- * call with more rows that outgrows the workspace: the replay must still write the buffer it was
- * captured with, alive (a fresh allocation the size of the old workspace, made after the growth
- * and poisoned, stays untouched: with the old buffer freed, the allocator handed that range out
- * again and the replay wrote into it, CUDA error 700 in the 8B batch-32 bench), and give the same y. */
 /* x row 1 of n gets a NaN (at value 37, so one 32-value block of it): y's row 1 must be all NaN
-   (the fp32 dot's answer too) and rows 0, 2, .. bitwise those of the same launch without it. */
+   (the fp32 dot's answer too) and rows 0, 2, .. bitwise those of the same launch without it. And
+   for the MS_QGEMV_PREQ_TYPE types every row of an n-row launch is bitwise the one-row launch's on
+   that x row: x quantized once per call (n >= 3) or in the CTAs (n <= 2) gives the same int8
+   values and the same sums in the same order. */
 static void test_integer_gemv_nan(void **state) {
     (void)state;
     ms_error err = {0};
@@ -395,6 +393,19 @@ static void test_integer_gemv_nan(void **state) {
                 CU(cudaStreamSynchronize(g_stream));
                 CU(cudaMemcpy(pass ? y1 : y0, dy, sizeof(float) * (size_t)n * R, cudaMemcpyDeviceToHost));
             }
+            if (MS_QGEMV_PREQ_TYPE(types[t]))
+                for (int r = 0; r < n; r++) {
+                    if (r == 1)
+                        continue; /* dx row 1 holds the NaN now */
+                    float one[R];
+                    OK(ms_cuda_quant_linear(q, dx + (size_t)r * K, 1, K, &w, dy, R, false, &err));
+                    CU(cudaStreamSynchronize(g_stream));
+                    CU(cudaMemcpy(one, dy, sizeof one, cudaMemcpyDeviceToHost));
+                    for (int c = 0; c < R; c++)
+                        if (memcmp(&one[c], &y0[r * R + c], sizeof(float)) != 0)
+                            fail_msg("%s: y[%d, %d] of a %d-row launch is %.9g, of the one-row launch %.9g",
+                                     ms_ggml_type_name(types[t]), r, c, n, (double)y0[r * R + c], (double)one[c]);
+                }
             for (int r = 0; r < n; r++)
                 for (int c = 0; c < R; c++) {
                     const float a = y0[r * R + c], b = y1[r * R + c];
@@ -403,7 +414,8 @@ static void test_integer_gemv_nan(void **state) {
                                  ms_ggml_type_name(types[t]), n, r, c, (double)b, (double)a);
                 }
         }
-        printf("  %s: a NaN in x row 1 gives NaN in y row 1 only, n = 2..8\n", ms_ggml_type_name(types[t]));
+        printf("  %s: a NaN in x row 1 gives NaN in y row 1 only, n = 2..8%s\n", ms_ggml_type_name(types[t]),
+               MS_QGEMV_PREQ_TYPE(types[t]) ? "; every row bitwise the one-row launch's" : "");
         ms_cuda_qweight_free(&w);
         free(blocks);
     }
@@ -416,6 +428,11 @@ static void test_integer_gemv_nan(void **state) {
     ms_cuda_quant_free(q);
 }
 
+/* A graph captured over the prefill path (x -> bf16 workspace, dequantize, GEMM), then an eager
+ * call with more rows that outgrows the workspace: the replay must still write the buffer it was
+ * captured with, alive (a fresh allocation the size of the old workspace, made after the growth
+ * and poisoned, stays untouched: with the old buffer freed, the allocator handed that range out
+ * again and the replay wrote into it, CUDA error 700 in the 8B batch-32 bench), and give the same y. */
 static void test_graph_survives_workspace_growth(void **state) {
     (void)state;
     ms_error err = {0};

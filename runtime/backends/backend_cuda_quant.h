@@ -21,15 +21,17 @@
  *     integer dot (x quantized per 32 values to int8 as ggml-cuda's q8_1, in each CTA, dp4a; y
  *     within fp32 rounding of the dot with that quantized x), and so do Q4_0 and Q8_0 at 3-8
  *     rows, with x quantized once per call by ms_qquant_x into a workspace (the same int8 values
- *     and scales; MS_QGEMV_PREQ_TYPE; H200, 8B Q4_0 decode at batch 8: 757 -> 1,484 tok/s); the
+ *     and sums as in the CTAs; MS_QGEMV_PREQ_TYPE; H200, 8B Q4_0 decode at batch 8: 757 -> 1,484 tok/s); the
  *     rest take the fp32 dot of the dequantized values;
  *   - more rows (prefill, large decode batches): W is dequantized tile by tile (rows [r, r +
  *     tile)) into a reusable bf16 workspace (bit-exact bf16 of ggml's dequantization; 64 MB by
  *     default, of which up to 256 x rows use 16 MB, so the GEMM reads it back from L2), x is
  *     rounded to bf16, and cuBLAS runs the tensor-core GEMM of the bf16 path (fp32 accumulation)
  *     per tile.
- * Workspaces are sized once (ms_cuda_quant_reserve, or on first use outside graph capture); the
- * linear itself allocates nothing, so a step over quantized weights can be captured. A workspace
+ * Workspaces (the prefill's bf16 x and weight tile, the GEMV's quantized x) are sized once
+ * (ms_cuda_quant_reserve, or on first use outside graph capture: the engine's warm-up of every
+ * bucket before it captures any); a linear whose workspaces are large enough allocates nothing,
+ * so a step over quantized weights can be captured after an eager step of its shape. A workspace
  * that must grow later (an eager step with more rows than any before) is reallocated and the old
  * one kept until ms_cuda_quant_free, since captured graphs still write to it.
  *
@@ -110,9 +112,10 @@ void ms_cuda_quant_free(ms_cuda_quant *q);
 ms_status ms_cuda_quant_load_type(ms_cuda_quant *q, uint32_t type, ms_error *err);
 
 /*
- * Size the prefill workspaces for up to max_x_rows x rows of up to max_in features: the bf16 copy
- * of x (max_x_rows * max_in * 2 bytes) and the dequantized weight tile of tile_bytes (at least one
- * row of max_in bf16; 0 = 64 MiB). Errors: MS_ERR_CUDA naming the workspace and bytes.
+ * Size the workspaces for up to max_x_rows x rows of up to max_in features: the bf16 copy of x
+ * (max_x_rows * max_in * 2 bytes), the dequantized weight tile of tile_bytes (at least one row of
+ * max_in bf16; 0 = 64 MiB) and the GEMV's quantized x (up to MS_CUDA_QGEMV_MAX_ROWS rows of max_in
+ * int8 values and max_in / 32 scales). Errors: MS_ERR_CUDA naming the workspace and bytes.
  */
 ms_status ms_cuda_quant_reserve(ms_cuda_quant *q, int64_t max_x_rows, int64_t max_in, size_t tile_bytes,
                                 ms_error *err);

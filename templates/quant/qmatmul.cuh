@@ -246,8 +246,10 @@ __device__ __forceinline__ void qgemv_dot_i8(const quant::qraw (&raw)[R], const 
 }
 
 /// The lane's 16 x values of one x row's chunk as ms_qquant_x left them (qx: the chunk's int8
-/// values, qd: its scales per 32 values): the xw, dx, xs quant_x16 computes from the same x, bit for
-/// bit (the same amax, scale and rounding, once per launch instead of per CTA). !ok lanes: zeros.
+/// values, qd: its scales per 32 values): the xw, xs and dx quant_x16 computes from the same x, bit
+/// for bit (the same amax, scale and rounding, once per launch instead of per CTA), except that a
+/// NaN makes its whole block's dx NaN where quant_x16 marks only the lane that holds it (y's row
+/// is NaN either way). !ok lanes: zeros.
 template <typename Q>
 __device__ __forceinline__ void load_qx16(const signed char *qx, const float *qd, int o0, int o1, bool ok,
                                           int (&xw)[4], float (&dx)[2], int (&xs)[2]) {

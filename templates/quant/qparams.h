@@ -26,8 +26,8 @@
  * docs/perf.md), so those entries keep the fp32 dot */
 #define MS_QGEMV_I8_MAX_COLS 2
 /* Above it, the 16-value integer types (Q4_0, Q8_0: kI8 and not kWide) still take the dp4a dot,
- * on x quantized once per launch by ms_qquant_x into p.qx / p.qd (the same int8 values and scales
- * as the in-kernel quantization) instead of per CTA; MS_QGEMV_PREQ_TYPE says which ggml types
+ * on x quantized once per launch by ms_qquant_x into p.qx / p.qd (the same int8 values, and the
+ * same scales but in a block holding a NaN, as the in-kernel quantization) instead of per CTA; MS_QGEMV_PREQ_TYPE says which ggml types
  * (the instance static_asserts that it agrees with the block structs) */
 #define MS_QGEMV_PREQ_TYPE(t) ((t) == 2 || (t) == 8)
 /* an x block whose amax is below this quantizes to zeros (127 / amax would overflow to inf for
