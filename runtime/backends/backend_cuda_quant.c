@@ -371,6 +371,7 @@ ms_status ms_cuda_quant_linear(ms_cuda_quant *q, const float *x, int64_t n, int6
         const bool preq = MS_QGEMV_PREQ_TYPE(w->type) && n > MS_QGEMV_I8_MAX_COLS;
         int64_t qx_stride = 0;
         size_t qd_at = 0;
+        const int qd_stride = (int)(w->in / 32); /* scales a row of the quantized x */
         if (preq) {
             MS_TRY(grow(q, &q->qx, &q->qx_bytes, qx_layout(n, w->in, &qx_stride, &qd_at), true,
                         "quantized x workspace", err));
@@ -382,8 +383,8 @@ ms_status ms_cuda_quant_linear(ms_cuda_quant *q, const float *x, int64_t n, int6
             qp.qx = q->qx;
             qp.qd = (char *)q->qx + qd_at;
             qp.qx_stride = (int)qx_stride;
-            qp.qd_stride = (int)(w->in / 32);
-            const int64_t blocks = MS_CEIL_DIV(n * (w->in / 32), MS_QDEQUANT_THREADS);
+            qp.qd_stride = qd_stride;
+            const int64_t blocks = MS_CEIL_DIV(n * qd_stride, MS_QDEQUANT_THREADS);
             MS_TRY(launch(m, QUANT_X_ENTRY, (unsigned)blocks, MS_QDEQUANT_THREADS, &qp, q->stream, err));
         }
         for (int64_t g = 0; g < n; g += MS_QGEMV_MAX_COLS) {
@@ -402,9 +403,9 @@ ms_status ms_cuda_quant_linear(ms_cuda_quant *q, const float *x, int64_t n, int6
             p.acc = acc;
             if (preq) {
                 p.qx = (char *)q->qx + g * qx_stride;
-                p.qd = (float *)((char *)q->qx + qd_at) + g * (w->in / 32);
+                p.qd = (float *)((char *)q->qx + qd_at) + g * qd_stride;
                 p.qx_stride = (int)qx_stride;
-                p.qd_stride = (int)(w->in / 32);
+                p.qd_stride = qd_stride;
             }
             /* x rows up to MS_QGEMV_ACC_COLS: the entry of the store (set or add); above, the
                entry reads p.acc */

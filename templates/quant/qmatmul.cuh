@@ -210,13 +210,13 @@ __device__ __forceinline__ void qgemv_load_i8(const unsigned char *const (&rows)
     }
 }
 
-/// qgemv_chunk for the kI8 types at up to MS_QGEMV_I8_MAX_COLS x rows, on the R rows' loaded
-/// bytes (qgemv_load_i8): per x row its quantized values (quant_x16) and per weight row the runs'
-/// exact integer dots (Q::idot: dp4a), scaled once per run: acc += dx (d is + m xs). ok: the lane's
-/// values lie in the row (the lanes outside still take part in quant_x16's shuffles, with zeros).
-template <typename Q, int NC, int R>
-__device__ __forceinline__ void qgemv_dot_i8(const quant::qraw (&raw)[R], const float *xc, int x_stride, int lane,
-                                             bool ok, float (&acc)[R][NC]) {
+/// The integer dot of the 16-value types on the R rows' loaded bytes (qgemv_load_i8): per x row c
+/// its quantized values from xq(c, o0, o1, xw, dx, xs) (quant_x16 in the CTA, or load_qx16 from
+/// ms_qquant_x's output: the same values) and per weight row the runs' exact integer dots (Q::idot:
+/// dp4a), scaled once per run: acc += dx (d is + m xs).
+template <typename Q, int NC, int R, typename XQ>
+__device__ __forceinline__ void qgemv_dot_i8_with(const quant::qraw (&raw)[R], int lane, const XQ &xq,
+                                                  float (&acc)[R][NC]) {
     const int o0 = Q::run0(lane), o1 = o0 + Q::kRun1;
     /* the scales once per row (not per x row) */
     float d[R][2], m[R][2];
@@ -227,7 +227,7 @@ __device__ __forceinline__ void qgemv_dot_i8(const quant::qraw (&raw)[R], const 
     for (int c = 0; c < NC; c++) {
         int xw[4], xs[2];
         float dx[2];
-        quant_x16<Q>(xc + (size_t)c * (size_t)x_stride, o0, o1, ok, xw, dx, xs);
+        xq(c, o0, o1, xw, dx, xs);
 #pragma unroll
         for (int r = 0; r < R; r++) {
             int is[2];
@@ -243,6 +243,20 @@ __device__ __forceinline__ void qgemv_dot_i8(const quant::qraw (&raw)[R], const 
             acc[r][c] = a;
         }
     }
+}
+
+/// qgemv_chunk for the kI8 types at up to MS_QGEMV_I8_MAX_COLS x rows: qgemv_dot_i8_with on x
+/// quantized in the CTA (quant_x16). ok: the lane's values lie in the row (the lanes outside still
+/// take part in quant_x16's shuffles, with zeros).
+template <typename Q, int NC, int R>
+__device__ __forceinline__ void qgemv_dot_i8(const quant::qraw (&raw)[R], const float *xc, int x_stride, int lane,
+                                             bool ok, float (&acc)[R][NC]) {
+    qgemv_dot_i8_with<Q, NC, R>(
+        raw, lane,
+        [&](int c, int o0, int o1, int (&xw)[4], float (&dx)[2], int (&xs)[2]) {
+            quant_x16<Q>(xc + (size_t)c * (size_t)x_stride, o0, o1, ok, xw, dx, xs);
+        },
+        acc);
 }
 
 /// The lane's 16 x values of one x row's chunk as ms_qquant_x left them (qx: the chunk's int8
@@ -276,32 +290,13 @@ __device__ __forceinline__ void load_qx16(const signed char *qx, const float *qd
 template <typename Q, int NC, int R>
 __device__ __forceinline__ void qgemv_dot_i8q(const quant::qraw (&raw)[R], const signed char *qx, const float *qd,
                                               int qx_stride, int qd_stride, int lane, bool ok, float (&acc)[R][NC]) {
-    const int o0 = Q::run0(lane), o1 = o0 + Q::kRun1;
-    float d[R][2], m[R][2];
-#pragma unroll
-    for (int r = 0; r < R; r++)
-        Q::scales(raw[r], lane, d[r], m[r]);
-#pragma unroll
-    for (int c = 0; c < NC; c++) {
-        int xw[4], xs[2];
-        float dx[2];
-        load_qx16<Q>(qx + (size_t)c * (size_t)qx_stride, qd + (size_t)c * (size_t)qd_stride, o0, o1, ok, xw, dx,
-                     xs);
-#pragma unroll
-        for (int r = 0; r < R; r++) {
-            int is[2];
-            Q::idot(raw[r], xw, xs, is);
-            float a = acc[r][c];
-            if (Q::kXOneBlock && !Q::kMin) {
-                a = fmaf(d[r][0] * dx[0], (float)(is[0] + is[1]), a);
-            } else {
-#pragma unroll
-                for (int j = 0; j < 2; j++)
-                    a = fmaf(dx[j], fmaf(d[r][j], (float)is[j], m[r][j] * (float)xs[j]), a);
-            }
-            acc[r][c] = a;
-        }
-    }
+    qgemv_dot_i8_with<Q, NC, R>(
+        raw, lane,
+        [&](int c, int o0, int o1, int (&xw)[4], float (&dx)[2], int (&xs)[2]) {
+            load_qx16<Q>(qx + (size_t)c * (size_t)qx_stride, qd + (size_t)c * (size_t)qd_stride, o0, o1, ok, xw,
+                         dx, xs);
+        },
+        acc);
 }
 
 /// The lane's V x values of one x row's chunk (two runs of V / 2 at o0, o1: i8_lanes) quantized for

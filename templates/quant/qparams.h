@@ -20,15 +20,16 @@
  * linear_add's residual add), so that ms_qgemv_<nc> stores without reading y; above, one entry
  * reads p.acc at run time (qmatmul.cuh kQStore*) */
 #define MS_QGEMV_ACC_COLS 2
-/* x rows up to which the Q4_0 / Q8_0 / Q4_K GEMV quantizes x to int8 and uses dp4a (blocks.cuh,
- * "The integer GEMV"); above, the quantization's cost (per x row, over 4 weight rows) outweighed
- * the cheaper dot (H200, 8B decode at batch 8: Q4_0 677 tok/s against 746, Q4_K 355 against 660;
- * docs/perf.md), so those entries keep the fp32 dot */
+/* x rows up to which the Q4_0 / Q8_0 / Q4_K GEMV quantizes x to int8 in each CTA and uses dp4a
+ * (blocks.cuh, "The integer GEMV"); above, that quantization's cost (per x row, over 4 weight rows)
+ * outweighed the cheaper dot (H200, 8B decode at batch 8: Q4_0 677 tok/s against 746, Q4_K 355
+ * against 660; docs/perf.md) */
 #define MS_QGEMV_I8_MAX_COLS 2
-/* Above it, the 16-value integer types (Q4_0, Q8_0: kI8 and not kWide) still take the dp4a dot,
- * on x quantized once per launch by ms_qquant_x into p.qx / p.qd (the same int8 values, and the
- * same scales but in a block holding a NaN, as the in-kernel quantization) instead of per CTA; MS_QGEMV_PREQ_TYPE says which ggml types
- * (the instance static_asserts that it agrees with the block structs) */
+/* Above it, the 16-value integer types (Q4_0, Q8_0: kI8 and not kWide) still take the dp4a dot, on
+ * x quantized once per launch by ms_qquant_x into p.qx / p.qd (the same int8 values as the
+ * in-CTA quantization, and the same scales but in a block holding a NaN); Q4_K and the others take
+ * the fp32 dot there. MS_QGEMV_PREQ_TYPE: the ggml types (Q4_0 = 2, Q8_0 = 8; the instance
+ * static_asserts that it agrees with the block structs) */
 #define MS_QGEMV_PREQ_TYPE(t) ((t) == 2 || (t) == 8)
 /* an x block whose amax is below this quantizes to zeros (127 / amax would overflow to inf for
  * amax under about 3.7e-37; the values dropped are under 2^-96 each) */
@@ -54,7 +55,9 @@ typedef struct ms_qmatmul_params {
     int y_stride;
     int wide;        /* gemv: 1 = w and row_bytes are multiples of 16 (every row 16-byte aligned): the
                         planar rows' 8- and 16-byte loads; 0 = 16-bit loads */
-    int acc;         /* gemv: 1 = y += x W^T (linear_add: the residual add in the output), 0 = y = */
+    int acc;         /* gemv: 1 = y += x W^T (linear_add: the residual add in the output), 0 = y =;
+                        read by the entries above MS_QGEMV_ACC_COLS rows only (the narrower ones
+                        store as their name says: ms_qgemv_<n> sets, ms_qgemv_acc_<n> adds) */
     void *qx;        /* MS_QGEMV_PREQ_TYPE gemv above MS_QGEMV_I8_MAX_COLS rows (read) and ms_qquant_x
                         (written): x's int8 values [n, in], row stride qx_stride bytes (a multiple
                         of 16, 16-byte aligned base) */
