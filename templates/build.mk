@@ -8,6 +8,7 @@ TEMPLATE_FILES += templates/common/paged_kv.cuh
 TEMPLATE_FILES += templates/common/mma.cuh
 TEMPLATE_FILES += templates/common/pdl.cuh
 TEMPLATE_FILES += templates/common/smem.cuh
+TEMPLATE_FILES += templates/common/q8x.cuh
 TEMPLATE_FILES += templates/attn/decode.cuh
 TEMPLATE_FILES += templates/attn/prefill.cuh
 TEMPLATE_FILES += templates/attn/dense.cuh

@@ -23,6 +23,7 @@
 #include <time.h>
 
 #include "backend_cuda.h"
+#include "gguf_quant.h"
 #include "kernel.h"
 
 #include "ms_test_impl.h"
@@ -302,6 +303,145 @@ static void test_rms_norm_linear(void **state) {
     free(hn);
     free(hw);
     free(hb);
+}
+
+/* ---- the Q4_0 / Q8_0 GEMV's x written quantized by the kernel before it ---- */
+
+/* rms_norm_linear (with and without a residual add), silu_mul_linear and silu_mul_linear_add
+ * over a Q4_0 or Q8_0 weight: at the GEMV's rows (1 .. 8) the norm or the SiLU-and-multiply
+ * writes x quantized per 32 values for it (backend_cuda.c norm_qx_linear / silu_qx_linear:
+ * ms_rmsnorm_q8, ms_silu_mul_q8), where the unfused ops write float x and the linear quantizes
+ * it (ms_qquant_x). y (and the residual) must equal the GPU's unfused ops bitwise, at every row
+ * count, with and without a bias, y a column slice with old values in it (the _add ops add to
+ * them); and y must be near the CPU's ops over the dequantized weight (2e-2: x rounded to 8 bits
+ * per 32 values on the GPU). 9 rows: above the GEMV (dequantize + GEMM), the same comparisons. */
+static void test_quant_x_producers(void **state) {
+    (void)state;
+    ms_error err = {0};
+    const int d = 1024, out = 200, ys = 216, nmax = 9;
+    const uint32_t types[] = {MS_GGML_TYPE_Q4_0, MS_GGML_TYPE_Q8_0};
+    float *hx = rand_host((size_t)nmax * 2 * d, 2.f), *hr = rand_host((size_t)nmax * d, 2.f);
+    float *hn = rand_host(d, 0.5f), *hw = rand_host((size_t)out * d, 0.05f), *hb = rand_host((size_t)out, 1.f);
+    float *hy = rand_host((size_t)nmax * ys, 4.f);
+    for (int i = 0; i < d; i++)
+        hn[i] += 1.f;
+    const size_t xb = (size_t)nmax * 2 * d * 4, yb = (size_t)nmax * ys * 4, rb = (size_t)nmax * d * 4;
+    float *f1 = malloc(yb), *f2 = malloc(yb), *r1 = malloc(rb), *r2 = malloc(rb), *wf = malloc((size_t)out * d * 4);
+    for (size_t ti = 0; ti < sizeof types / sizeof types[0]; ti++) {
+        const uint32_t type = types[ti];
+        const ms_dtype qdt = ms_dtype_from_ggml(type);
+        const size_t qbytes = (size_t)out * ms_dtype_row_bytes(qdt, d);
+        void *blocks = malloc(qbytes);
+        assert_non_null(blocks);
+        OK(ms_ggml_quantize(type, hw, blocks, (size_t)out * d));
+        OK(ms_ggml_dequantize(type, blocks, wf, (size_t)out * d));
+        /* the GPU holds the blocks, the CPU their dequantized floats */
+        both w = both_alloc((size_t)out * d * 4, NULL), nw = both_alloc((size_t)d * 4, NULL);
+        both b = both_alloc((size_t)out * 2, NULL);
+        ms_tensor qsrc = ms_tensor_2d(blocks, qdt, out, d), qd = t2(0, qdt, out, d, d);
+        ms_tensor fsrc = ms_tensor_2d(wf, MS_DTYPE_F32, out, d), fd = t2(0, MS_DTYPE_F32, out, d, d);
+        ms_tensor nsrc = ms_tensor_1d(hn, MS_DTYPE_F32, d), nd = ms_tensor_1d(NULL, MS_DTYPE_F32, d);
+        ms_tensor bsrc = ms_tensor_1d(hb, MS_DTYPE_F32, out), bd = ms_tensor_1d(NULL, MS_DTYPE_BF16, out);
+        for (int which = 0; which < 2; which++) {
+            ms_backend *be = which ? &g_gpu : &g_cpu;
+            ms_tensor wt = on(&w, which, which ? qd : fd), nt = on(&nw, which, nd), bt = on(&b, which, bd);
+            OK(be->iface.tensor_load(be->ctx, &wt, which ? &qsrc : &fsrc, &err));
+            OK(be->iface.tensor_load(be->ctx, &nt, &nsrc, &err));
+            OK(be->iface.tensor_load(be->ctx, &bt, &bsrc, &err));
+        }
+        const int ns[] = {1, 2, 5, 8, 9};
+        for (size_t k = 0; k < sizeof ns / sizeof ns[0]; k++)
+            for (int mode = 0; mode < 8; mode++) {
+                /* op: 0 rms_norm_linear, 1 the same with a residual, 2 silu_mul_linear, 3 _add */
+                const int n = ns[k], op = mode & 3;
+                const bool with_bias = mode & 4;
+                both x = both_alloc(xb, hx), x2 = both_alloc(xb, hx), res = both_alloc(rb, hr),
+                     res2 = both_alloc(rb, hr);
+                both h = both_alloc(xb, NULL), h2 = both_alloc(xb, NULL);
+                both y = both_alloc(yb, hy), y2 = both_alloc(yb, hy), t = both_alloc(yb, NULL);
+                ms_tensor nt_ = t2(0, MS_DTYPE_F32, n, d, d);
+                ms_tensor gt = t2(0, MS_DTYPE_F32, n, d, 2 * d), ut = t2(d, MS_DTYPE_F32, n, d, 2 * d);
+                ms_tensor yt = t2(8, MS_DTYPE_F32, n, out, ys), ht = t2(0, MS_DTYPE_F32, n, d, d);
+                ms_tensor tt = t2(0, MS_DTYPE_F32, n, out, out);
+                for (int which = 0; which < 2; which++) {
+                    ms_backend *be = which ? &g_gpu : &g_cpu;
+                    ms_tensor ww = on(&w, which, which ? qd : fd), nn = on(&nw, which, nd), bb = on(&b, which, bd);
+                    ms_tensor xx = on(&x, which, nt_), rr = on(&res, which, nt_), hh = on(&h, which, ht);
+                    ms_tensor g = on(&x, which, gt), u = on(&x, which, ut), yy = on(&y, which, yt);
+                    ms_tensor tm = on(&t, which, tt);
+                    const ms_tensor *bp = with_bias ? &bb : NULL;
+                    if (op <= 1)
+                        OK(ms_backend_rms_norm_linear(be, op ? &rr : NULL, &xx, &nn, 1e-5f, &hh, &ww, bp, &yy,
+                                                      &err));
+                    else if (op == 2)
+                        OK(ms_backend_silu_mul_linear(be, &g, &u, &hh, &ww, bp, &yy, &err));
+                    else
+                        OK(ms_backend_silu_mul_linear_add(be, &g, &u, &hh, &ww, bp, &tm, &yy, &err));
+                }
+                char what[96];
+                static const char *names[] = {"rms_norm_linear", "add_rms_norm_linear", "silu_mul_linear",
+                                              "silu_mul_linear_add"};
+                snprintf(what, sizeof what, "%s %s, %d rows%s", ms_ggml_type_name(type), names[op], n,
+                         with_bias ? ", bias" : "");
+                compare(what, &y, 8, n, out, ys, 2e-2);
+                /* the GPU's unfused ops over fresh copies */
+                ms_tensor ww = on(&w, 1, qd), nn = on(&nw, 1, nd), bb = on(&b, 1, bd);
+                ms_tensor xx = on(&x2, 1, nt_), rr = on(&res2, 1, nt_), hh = on(&h2, 1, ht);
+                ms_tensor g = on(&x2, 1, gt), u = on(&x2, 1, ut), yy = on(&y2, 1, yt), tm = on(&t, 1, tt);
+                ms_tensor hp = t2(0, MS_DTYPE_F32, n, d, d);
+                hp = on(&h2, 1, hp);
+                const ms_tensor *bp = with_bias ? &bb : NULL;
+                if (op == 0)
+                    OK(g_gpu.iface.rms_norm(g_gpu.ctx, &xx, &nn, 1e-5f, &hh, &err));
+                else if (op == 1)
+                    OK(g_gpu.iface.add_rms_norm(g_gpu.ctx, &rr, &xx, &nn, 1e-5f, &hh, &err));
+                else
+                    OK(g_gpu.iface.silu_mul(g_gpu.ctx, &g, &u, &hp, &err));
+                if (op <= 2) {
+                    OK(g_gpu.iface.linear(g_gpu.ctx, &hp, &ww, bp, &yy, &err));
+                } else {
+                    /* linear_add: y += h W^T in the GEMV's store, as the fused op adds */
+                    OK(ms_backend_linear_add(&g_gpu, &hp, &ww, bp, &tm, &yy, &err));
+                }
+                OK(g_gpu.iface.copy_to_host(g_gpu.ctx, f1, y.g, yb, &err));
+                OK(g_gpu.iface.copy_to_host(g_gpu.ctx, f2, y2.g, yb, &err));
+                OK(g_gpu.iface.copy_to_host(g_gpu.ctx, r1, res.g, rb, &err));
+                OK(g_gpu.iface.copy_to_host(g_gpu.ctx, r2, res2.g, rb, &err));
+                if (memcmp(f1, f2, yb) != 0)
+                    fail_msg("%s: the fused op differs from the unfused ops on the GPU (max rel %.2e)", what,
+                             max_rel(f1, f2, (size_t)nmax * ys));
+                if (memcmp(r1, r2, rb) != 0)
+                    fail_msg("%s: the residual differs from the unfused ops'", what);
+                for (int r = 0; r < nmax; r++)
+                    for (int i = 0; i < ys; i++)
+                        if ((r >= n || i < 8 || i >= 8 + out) && f1[(size_t)r * ys + i] != hy[(size_t)r * ys + i])
+                            fail_msg("%s: y[%d, %d] outside the output slice changed", what, r, i);
+                both_free(&x);
+                both_free(&x2);
+                both_free(&res);
+                both_free(&res2);
+                both_free(&h);
+                both_free(&h2);
+                both_free(&y);
+                both_free(&y2);
+                both_free(&t);
+            }
+        both_free(&w);
+        both_free(&nw);
+        both_free(&b);
+        free(blocks);
+    }
+    free(f1);
+    free(f2);
+    free(r1);
+    free(r2);
+    free(wf);
+    free(hx);
+    free(hr);
+    free(hn);
+    free(hw);
+    free(hb);
+    free(hy);
 }
 
 /* ---- x = x + linear(...): the residual linears ---- */
@@ -817,9 +957,14 @@ int main(void) {
         cmocka_unit_test(test_silu_mul_linear),
         cmocka_unit_test(test_rms_norm_linear),
         cmocka_unit_test(test_linear_add),
+        cmocka_unit_test(test_quant_x_producers),
         cmocka_unit_test(test_rope_kv_attention),
         cmocka_unit_test(test_attention_needs_plan),
         cmocka_unit_test(test_sealed_kernel_table),
     };
+    /* MS_TEST_FILTER=NAME runs the tests matching NAME only (one test under compute-sanitizer) */
+    const char *only = getenv("MS_TEST_FILTER");
+    if (only != NULL && only[0] != '\0')
+        cmocka_set_test_filter(only);
     return cmocka_run_group_tests(tests, group_setup, group_teardown);
 }

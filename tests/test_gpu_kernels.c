@@ -883,7 +883,7 @@ static void run_rmsnorm_case(bool add_residual) {
     void *dx = dup_h2d(&l, x, n * 2), *dres = dup_h2d(&l, res, n * 2), *dw = dup_h2d(&l, w, (size_t)dim * 2);
     void *dout = dalloc(&l, n * 2);
     ms_cuda_module *m = load(ms_kernel_spec_rmsnorm(MS_KERNEL_DTYPE_BF16, add_residual));
-    ms_rmsnorm_params p = {dx, dres, dw, dout, rows, dim, dim, dim, 1e-5f, 0};
+    ms_rmsnorm_params p = {dx, dres, dw, dout, rows, dim, dim, dim, 1e-5f, 0, NULL, 0};
     ms_error err = {0};
     if (ms_cuda_rmsnorm_launch(m, &p, 0, &err) != MS_OK)
         fail_msg("rmsnorm launch: %s", err.msg);
@@ -1090,7 +1090,7 @@ static void test_silu_mul(void **state) {
     void *dgu = dup_h2d(&l, gu, n_in * 2), *dout = dalloc(&l, n_out * 2);
     ms_cuda_module *m = load(ms_kernel_spec_simple(MS_KERNEL_OP_SILU_MUL, MS_KERNEL_DTYPE_BF16));
     ms_silu_mul_params p = {dgu, (uint16_t *)dgu + inter, dout, rows, inter, 2 * inter, 2 * inter,
-                            inter};
+                            inter, NULL, 0};
     ms_error err = {0};
     if (ms_cuda_silu_mul_launch(m, &p, 0, &err) != MS_OK)
         fail_msg("silu launch: %s", err.msg);

@@ -350,6 +350,30 @@ static void test_bad_weights(void **state) {
     OK(ms_cuda_qweight_init(&w, MS_GGML_TYPE_Q4_0, 4, 64, &err));
     uint8_t host[4 * 36] = {0};
     assert_int_equal(ms_cuda_qweight_upload_rows(&w, 3, 2, host, &err), MS_ERR_INVALID_ARG);
+    /* the GEMV on x quantized by its producer: Q4_0 / Q8_0 at 1 .. 8 rows only, and the
+       workspace's own rules */
+    ms_cuda_quant *q = NULL;
+    OK(ms_cuda_quant_init(&q, g_arch, NULL, g_stream, g_cublas, &err));
+    assert_true(ms_cuda_quant_reads_qx(&w, 1) && ms_cuda_quant_reads_qx(&w, 8));
+    assert_false(ms_cuda_quant_reads_qx(&w, 0) || ms_cuda_quant_reads_qx(&w, 9));
+    ms_cuda_qx qx;
+    assert_int_equal(ms_cuda_quant_qx(q, 9, 64, &qx, &err), MS_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "quantized x of 9 rows"));
+    assert_int_equal(ms_cuda_quant_qx(q, 1, 48, &qx, &err), MS_ERR_INVALID_ARG);
+    OK(ms_cuda_quant_qx(q, 2, 64, &qx, &err));
+    assert_true(qx.q_stride % 16 == 0 && qx.q_stride >= 64 && qx.d_stride == 2);
+    float *dy;
+    CU(cudaMalloc((void **)&dy, sizeof(float) * 16 * 4));
+    assert_int_equal(ms_cuda_quant_linear_qx(q, &qx, 9, &w, dy, 4, false, &err), MS_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "reads x quantized"));
+    ms_cuda_qweight wk;
+    OK(ms_cuda_qweight_init(&wk, MS_GGML_TYPE_Q4_K, 4, 256, &err));
+    assert_false(ms_cuda_quant_reads_qx(&wk, 1));
+    assert_int_equal(ms_cuda_quant_linear_qx(q, &qx, 1, &wk, dy, 4, false, &err), MS_ERR_INVALID_ARG);
+    assert_non_null(strstr(err.msg, "Q4_K"));
+    ms_cuda_qweight_free(&wk);
+    cudaFree(dy);
+    ms_cuda_quant_free(q);
     ms_cuda_qweight_free(&w);
 }
 

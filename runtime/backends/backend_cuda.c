@@ -50,6 +50,10 @@ typedef struct cuda_ctx {
                           gemv.cuh), the others convert + cuBLAS; MS_CUDA_GEMV=N at init (0: off) */
     int fold_norm;     /* rms_norm_linear at the GEMVs' sizes runs the norm inside the GEMV (1, the
                           default) or as its own launch first (0); MS_CUDA_NORM_FOLD at init */
+    int qx_fuse;       /* the RMSNorm / SiLU-and-multiply before a Q4_0 / Q8_0 GEMV write x
+                          quantized for it (1, the default: norm_qx_linear, silu_qx_linear) or
+                          float x that the linear quantizes in a launch of its own (0);
+                          MS_CUDA_QX_FUSE at init */
 } cuda_ctx;
 
 /* Per-batch device state beyond the shared index arrays. */
@@ -871,7 +875,7 @@ static ms_status norm_launch(cuda_ctx *c, const char *op, const ms_tensor *x, ms
     ms_cuda_module *m;
     MS_TRY(get_module(c, &s, &m, err));
     ms_rmsnorm_params p = {x->data, residual ? residual->data : NULL, w->data, out->data,
-                           (int)rows, (int)cols, (int)xs, (int)os, eps, 0};
+                           (int)rows, (int)cols, (int)xs, (int)os, eps, 0, NULL, 0};
     return ms_cuda_rmsnorm_launch(m, &p, c->stream, err);
 }
 
@@ -948,7 +952,8 @@ static ms_status cu_add_rms_norm(void *ctx, ms_tensor *residual, const ms_tensor
    store): no residual, the GEMV's sizes (cu_linear's takes_gemv), bf16 weights and norm weights
    (16-byte aligned). Not f16: x w is rounded before the rsqrt, and a residual stream's outliers
    times the norm weight can pass f16's 65504 where x rsqrt(..) w would not. Not the quantized
-   GEMVs: the same fold ran them slower (docs/perf.md). *done false: not taken (nothing queued). */
+   GEMVs: the same fold ran them slower (docs/perf.md); for Q4_0 / Q8_0 the norm writes the
+   GEMV's quantized x instead (norm_qx_linear). *done false: not taken (nothing queued). */
 static ms_status norm_gemv(cuda_ctx *c, const ms_tensor *x, const ms_tensor *norm_w, float eps,
                            const ms_tensor *w, const ms_tensor *bias, ms_tensor *y, bool *done,
                            ms_error *err) {
@@ -987,6 +992,70 @@ static ms_status norm_gemv(cuda_ctx *c, const ms_tensor *x, const ms_tensor *nor
    as the convert would) and the GEMM reads it; h is left unwritten. Everything else (f32 or
    quantized w, the GEMV's sizes, per-head norms, bad arguments: their errors) runs the norm into
    h and then linear. */
+static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
+
+/* The quantized GEMV's input from the kernel that computes it: where linear(h, w) over a Q4_0 /
+   Q8_0 weight runs the GEMV at h's rows (ms_cuda_quant_reads_qx), that GEMV reads h quantized per
+   32 values (templates/common/q8x.cuh), which ms_cuda_quant_linear makes from the float h in a
+   launch of its own (ms_qquant_x). qx_target says whether w and y [n, w rows] take that path for
+   n rows of `in` values and, if so, gives the weight's view and the workspace to write (*take
+   false: not taken, nothing queued). The producer then writes the bytes ms_qquant_x would give
+   for its float result and qx_linear runs the GEMV: y, its bias, the bits of the unfused path. */
+static ms_status qx_target(cuda_ctx *c, int64_t n, int64_t in, const ms_tensor *w, const ms_tensor *y,
+                           ms_cuda_qweight *qw, ms_cuda_qx *qx, bool *take, ms_error *err) {
+    *take = false;
+    ms_error quiet = {0};
+    if (!c->qx_fuse || !ms_dtype_is_quant(w->dtype) || check_t("linear", "y", y, 2, 2, DT_F32, &quiet) != MS_OK ||
+        qview("linear", w, qw, &quiet) != MS_OK || !ms_cuda_quant_reads_qx(qw, n) || in % 32 != 0 ||
+        w->shape[1] != in || y->shape[0] != n || y->shape[1] != w->shape[0] || !fits_int(in) ||
+        !fits_int(w->shape[0]) || !fits_int(y->stride[0]))
+        return MS_OK;
+    MS_TRY(quant_ctx(c, err));
+    MS_TRY(ms_cuda_quant_qx(c->quant, n, in, qx, err));
+    *take = true;
+    return MS_OK;
+}
+
+static ms_status qx_linear(cuda_ctx *c, const ms_cuda_qx *qx, int64_t n, const ms_cuda_qweight *qw,
+                           const ms_tensor *w, const ms_tensor *bias, ms_tensor *y, bool acc, ms_error *err) {
+    MS_TRY(ms_cuda_quant_linear_qx(c->quant, qx, n, qw, y->data, y->stride[0], acc, err));
+    return linear_bias(c, bias, n, w->shape[0], y, err);
+}
+
+/* rms_norm_linear over a Q4_0 / Q8_0 weight at the GEMV's rows: the norm (with its residual add)
+   writes x quantized for the GEMV (ms_rmsnorm_q8), h is left unwritten. *done false: not taken. */
+static ms_status norm_qx_linear(cuda_ctx *c, ms_tensor *residual, const ms_tensor *x, const ms_tensor *norm_w,
+                                float eps, const ms_tensor *w, const ms_tensor *bias, ms_tensor *y, bool *done,
+                                ms_error *err) {
+    *done = false;
+    ms_error quiet = {0};
+    if (check_t("rms_norm_linear", "x", x, 2, 2, DT_F32, &quiet) != MS_OK ||
+        check_t("rms_norm_linear", "norm_w", norm_w, 1, 1, DT_FLOATS, &quiet) != MS_OK || !(eps >= 0.0f) ||
+        (residual != NULL && check_t("rms_norm_linear", "residual", residual, 2, 2, DT_F32, &quiet) != MS_OK))
+        return MS_OK;
+    const int64_t n = x->shape[0], d = x->shape[1];
+    if (norm_w->shape[0] != d || !fits_int(n) || !fits_int(x->stride[0]) || x->stride[0] % 4 != 0 ||
+        !aligned16(x->data) || !aligned16(norm_w->data) ||
+        (residual != NULL && (residual->shape[0] != n || residual->shape[1] != d || residual->stride[0] != d ||
+                              !aligned16(residual->data))))
+        return MS_OK;
+    ms_cuda_qweight qw;
+    ms_cuda_qx qx;
+    bool take;
+    MS_TRY(qx_target(c, n, d, w, y, &qw, &qx, &take, err));
+    if (!take)
+        return MS_OK;
+    ms_kernel_spec s = ms_kernel_spec_rmsnorm(kdtype(norm_w->dtype), residual != NULL);
+    s.act_dtype = MS_KERNEL_DTYPE_F32;
+    ms_cuda_module *m;
+    MS_TRY(get_module(c, &s, &m, err));
+    ms_rmsnorm_params p = {x->data, residual ? residual->data : NULL, norm_w->data, qx.q, (int)n, (int)d,
+                           (int)x->stride[0], (int)qx.q_stride, eps, 0, qx.d, (int)qx.d_stride};
+    MS_TRY(ms_cuda_rmsnorm_q8_launch(m, &p, c->stream, err));
+    *done = true;
+    return qx_linear(c, &qx, n, &qw, w, bias, y, false, err);
+}
+
 static ms_status cu_rms_norm_linear(void *ctx, ms_tensor *residual, const ms_tensor *x,
                                     const ms_tensor *norm_w, float eps, ms_tensor *h,
                                     const ms_tensor *w, const ms_tensor *bias, ms_tensor *y,
@@ -996,6 +1065,12 @@ static ms_status cu_rms_norm_linear(void *ctx, ms_tensor *residual, const ms_ten
     if (residual == NULL) {
         bool done;
         MS_TRY(norm_gemv(c, x, norm_w, eps, w, bias, y, &done, err));
+        if (done)
+            return MS_OK;
+    }
+    {
+        bool done;
+        MS_TRY(norm_qx_linear(c, residual, x, norm_w, eps, w, bias, y, &done, err));
         if (done)
             return MS_OK;
     }
@@ -1028,7 +1103,7 @@ static ms_status cu_rms_norm_linear(void *ctx, ms_tensor *residual, const ms_ten
         ms_cuda_module *m;
         MS_TRY(get_module(c, &s, &m, err));
         ms_rmsnorm_params p = {x->data, residual ? residual->data : NULL, norm_w->data,
-                               c->scratch, (int)n, (int)d, (int)x->stride[0], (int)d, eps, 0};
+                               c->scratch, (int)n, (int)d, (int)x->stride[0], (int)d, eps, 0, NULL, 0};
         MS_TRY(ms_cuda_rmsnorm_to_launch(m, &p, kdtype(w->dtype), c->stream, err));
         MS_TRY(gemm16(c, c->scratch, n, d, w, y, false, err));
         return linear_bias(c, bias, n, w->shape[0], y, err);
@@ -1315,7 +1390,7 @@ static ms_status cu_silu_mul(void *ctx, const ms_tensor *gate, const ms_tensor *
     MS_TRY(get_module(c, &s, &m, err));
     ms_silu_mul_params p = {gate->data, up->data, out->data, (int)gate->shape[0],
                             (int)gate->shape[1], (int)gate->stride[0], (int)up->stride[0],
-                            (int)out->stride[0]};
+                            (int)out->stride[0], NULL, 0};
     return ms_cuda_silu_mul_launch(m, &p, c->stream, err);
 }
 
@@ -1329,6 +1404,27 @@ static ms_status silu_mul_linear_to(cuda_ctx *c, const ms_tensor *gate, const ms
                                     ms_tensor *y, bool acc, ms_error *err) {
     void *ctx = c;
     ms_error quiet = {0};
+    if (check_t("silu_mul_linear", "gate", gate, 2, 2, DT_F32, &quiet) == MS_OK &&
+        check_t("silu_mul_linear", "up", up, 2, 2, DT_F32, &quiet) == MS_OK) {
+        /* a Q4_0 / Q8_0 GEMV: the product written quantized for it (ms_silu_mul_q8), tmp unwritten */
+        const int64_t n = gate->shape[0], f = gate->shape[1];
+        ms_cuda_qweight qw;
+        ms_cuda_qx qx;
+        bool take = false;
+        if (up->shape[0] == n && up->shape[1] == f && fits_int(n) && fits_int(gate->stride[0]) &&
+            fits_int(up->stride[0]) && gate->stride[0] % 4 == 0 && up->stride[0] % 4 == 0 &&
+            aligned16(gate->data) && aligned16(up->data))
+            MS_TRY(qx_target(c, n, f, w, y, &qw, &qx, &take, err));
+        if (take) {
+            ms_kernel_spec s = ms_kernel_spec_simple(MS_KERNEL_OP_SILU_MUL, MS_KERNEL_DTYPE_F32);
+            ms_cuda_module *m;
+            MS_TRY(get_module(c, &s, &m, err));
+            ms_silu_mul_params sp = {gate->data, up->data, qx.q, (int)n, (int)f, (int)gate->stride[0],
+                                     (int)up->stride[0], (int)qx.q_stride, qx.d, (int)qx.d_stride};
+            MS_TRY(ms_cuda_silu_mul_q8_launch(m, &sp, c->stream, err));
+            return qx_linear(c, &qx, n, &qw, w, bias, y, acc, err);
+        }
+    }
     bool fused = check_t("silu_mul_linear", "gate", gate, 2, 2, DT_F32, &quiet) == MS_OK &&
                  check_t("silu_mul_linear", "up", up, 2, 2, DT_F32, &quiet) == MS_OK &&
                  check_t("silu_mul_linear", "w", w, 2, 2, DT_FLOATS, &quiet) == MS_OK &&
@@ -1350,7 +1446,7 @@ static ms_status silu_mul_linear_to(cuda_ctx *c, const ms_tensor *gate, const ms
     if (fused) {
         const int64_t n = gate->shape[0], f = gate->shape[1];
         ms_silu_mul_params sp = {gate->data, up->data, NULL, (int)n, (int)f,
-                                 (int)gate->stride[0], (int)up->stride[0], (int)f};
+                                 (int)gate->stride[0], (int)up->stride[0], (int)f, NULL, 0};
         MS_TRY(ensure_device(c, &c->scratch, &c->scratch_bytes, (size_t)(n * f) * 2,
                              "linear input scratch", err));
         sp.out = c->scratch;
@@ -1775,6 +1871,7 @@ static ms_status cuda_setup(cuda_ctx *c, const ms_backend_cuda_options *opt, ms_
     MS_CUBLAS_TRY(err, cublasSetWorkspace(c->cublas, c->cublas_ws, CUBLAS_WORKSPACE_BYTES));
     MS_TRY(env_int("MS_CUDA_GEMV", 0, MS_GEMV_MAX_COLS, GEMV_MAX_N, &c->gemv_max_n, err));
     MS_TRY(env_int("MS_CUDA_NORM_FOLD", 0, 1, 1, &c->fold_norm, err));
+    MS_TRY(env_int("MS_CUDA_QX_FUSE", 0, 1, 1, &c->qx_fuse, err));
     if (opt != NULL && opt->cache_dir != NULL) {
         c->cache_dir = ms_strdup(opt->cache_dir);
         if (c->cache_dir == NULL)

@@ -26,6 +26,7 @@
 #define EMBED_ENTRY 9   /* ms_qembed */
 #define ACC_ENTRY 10    /* ms_qgemv_acc_1 .. ms_qgemv_acc_<MS_QGEMV_ACC_COLS> */
 #define QUANT_X_ENTRY 12 /* ms_qquant_x */
+#define QX_ENTRY 13      /* ms_qgemv_q_1 .. _<MS_QGEMV_I8_MAX_COLS>, then ms_qgemv_qacc_1 .. (kernel.c) */
 
 struct ms_cuda_quant {
     int arch;
@@ -349,6 +350,77 @@ ms_status ms_cuda_quant_dequant_bf16(ms_cuda_quant *q, const ms_cuda_qweight *w,
                   q->stream, err);
 }
 
+/* The GEMV launches for n (1 .. MS_CUDA_QGEMV_MAX_ROWS) x rows: a launch of the exact-width entry
+   per group of up to MS_QGEMV_MAX_COLS rows, reading the float x (x, x_stride) or, for the
+   MS_QGEMV_PREQ_TYPE types, its quantized form qx (required then). */
+static ms_status gemv(ms_cuda_quant *q, ms_cuda_module *m, const ms_cuda_qx *qx, const float *x, int64_t n,
+                      int64_t x_stride, const ms_cuda_qweight *w, float *y, int64_t y_stride, bool acc,
+                      ms_error *err) {
+    const bool wide = ms_cuda_qweight_wide_rows(w);
+    for (int64_t g = 0; g < n; g += MS_QGEMV_MAX_COLS) {
+        const int64_t k = n - g < MS_QGEMV_MAX_COLS ? n - g : MS_QGEMV_MAX_COLS;
+        ms_qmatmul_params p = {0};
+        p.w = w->data;
+        p.x = x != NULL ? x + g * x_stride : NULL;
+        p.y = y + g * y_stride;
+        p.rows = (int)w->rows;
+        p.in = (int)w->in;
+        p.row_bytes = (int)w->row_bytes;
+        p.n = (int)k;
+        p.x_stride = (int)x_stride;
+        p.y_stride = (int)y_stride;
+        p.wide = wide;
+        p.acc = acc;
+        if (qx != NULL) {
+            p.qx = (char *)qx->q + g * qx->q_stride;
+            p.qd = qx->d + g * qx->d_stride;
+            p.qx_stride = (int)qx->q_stride;
+            p.qd_stride = (int)qx->d_stride;
+        }
+        /* x rows up to MS_QGEMV_ACC_COLS: the entry of the store (set or add); above, the entry
+           reads p.acc; quantized x at up to MS_QGEMV_I8_MAX_COLS rows: the ms_qgemv_q_* entries
+           (the plain ones quantize the float x in each CTA there) */
+        int entry = acc && k <= MS_QGEMV_ACC_COLS ? ACC_ENTRY + (int)k - 1 : (int)k - 1;
+        if (qx != NULL && k <= MS_QGEMV_I8_MAX_COLS)
+            entry = QX_ENTRY + (acc ? MS_QGEMV_I8_MAX_COLS : 0) + (int)k - 1;
+        MS_TRY(launch(m, entry, (unsigned)MS_CEIL_DIV(w->rows, MS_QGEMV_ROWS_OF(k)), MS_QGEMV_THREADS, &p,
+                      q->stream, err));
+    }
+    return MS_OK;
+}
+
+bool ms_cuda_quant_reads_qx(const ms_cuda_qweight *w, int64_t n) {
+    return w != NULL && MS_QGEMV_PREQ_TYPE(w->type) && n >= 1 && n <= MS_CUDA_QGEMV_MAX_ROWS;
+}
+
+ms_status ms_cuda_quant_qx(ms_cuda_quant *q, int64_t n, int64_t in, ms_cuda_qx *out, ms_error *err) {
+    if (q == NULL || out == NULL || n < 1 || n > MS_CUDA_QGEMV_MAX_ROWS || in < 32 || in % 32 != 0 ||
+        in > 0x7fffffff)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "cuda quant: quantized x of %lld rows x %lld values (1 .. %d rows, "
+                       "a positive multiple of 32 values)", (long long)n, (long long)in, MS_CUDA_QGEMV_MAX_ROWS);
+    int64_t stride = 0;
+    size_t scales_at = 0;
+    MS_TRY(grow(q, &q->qx, &q->qx_bytes, qx_layout(n, in, &stride, &scales_at), true, "quantized x workspace",
+                err));
+    *out = (ms_cuda_qx){q->qx, (float *)((char *)q->qx + scales_at), stride, in / 32};
+    return MS_OK;
+}
+
+ms_status ms_cuda_quant_linear_qx(ms_cuda_quant *q, const ms_cuda_qx *x, int64_t n, const ms_cuda_qweight *w,
+                                  float *y, int64_t y_stride, bool acc, ms_error *err) {
+    MS_TRY(check_weight(w, err));
+    if (x == NULL || y == NULL || !ms_cuda_quant_reads_qx(w, n) || y_stride < w->rows || y_stride > 0x7fffffff ||
+        x->q == NULL || x->d == NULL || x->q_stride < w->in || x->q_stride % 16 != 0 || x->d_stride < w->in / 32 ||
+        x->q_stride > 0x7fffffff || x->d_stride > 0x7fffffff)
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "cuda quant: linear of quantized x [%lld, %lld] with %s W [%lld, "
+                       "%lld] into y (stride %lld): the GEMV of Q4_0 / Q8_0 at 1 .. %d rows reads x quantized",
+                       (long long)n, (long long)w->in, ms_ggml_type_name(w->type), (long long)w->rows,
+                       (long long)w->in, (long long)y_stride, MS_CUDA_QGEMV_MAX_ROWS);
+    ms_cuda_module *m;
+    MS_TRY(get_module(q, w->type, &m, err));
+    return gemv(q, m, x, NULL, n, 0, w, y, y_stride, acc, err);
+}
+
 ms_status ms_cuda_quant_linear(ms_cuda_quant *q, const float *x, int64_t n, int64_t x_stride,
                                const ms_cuda_qweight *w, float *y, int64_t y_stride, bool acc,
                                ms_error *err) {
@@ -363,57 +435,24 @@ ms_status ms_cuda_quant_linear(ms_cuda_quant *q, const float *x, int64_t n, int6
     ms_cuda_module *m;
     MS_TRY(get_module(q, w->type, &m, err));
     if (n <= MS_CUDA_QGEMV_MAX_ROWS && aligned16(x) && x_stride % 4 == 0) {
-        /* a launch of the exact-width entry per group of up to MS_QGEMV_MAX_COLS rows; the
-           16-value integer types quantize x first, once, for the groups above
-           MS_QGEMV_I8_MAX_COLS rows (ms_qquant_x: the values the narrow entries compute in
-           their CTAs) */
-        const bool wide = ms_cuda_qweight_wide_rows(w);
-        const bool preq = MS_QGEMV_PREQ_TYPE(w->type) && n > MS_QGEMV_I8_MAX_COLS;
-        int64_t qx_stride = 0;
-        size_t qd_at = 0;
-        const int qd_stride = (int)(w->in / 32); /* scales a row of the quantized x */
-        if (preq) {
-            MS_TRY(grow(q, &q->qx, &q->qx_bytes, qx_layout(n, w->in, &qx_stride, &qd_at), true,
-                        "quantized x workspace", err));
-            ms_qmatmul_params qp = {0};
-            qp.x = x;
-            qp.n = (int)n;
-            qp.in = (int)w->in;
-            qp.x_stride = (int)x_stride;
-            qp.qx = q->qx;
-            qp.qd = (char *)q->qx + qd_at;
-            qp.qx_stride = (int)qx_stride;
-            qp.qd_stride = qd_stride;
-            const int64_t blocks = MS_CEIL_DIV(n * qd_stride, MS_QDEQUANT_THREADS);
-            MS_TRY(launch(m, QUANT_X_ENTRY, (unsigned)blocks, MS_QDEQUANT_THREADS, &qp, q->stream, err));
-        }
-        for (int64_t g = 0; g < n; g += MS_QGEMV_MAX_COLS) {
-            const int64_t k = n - g < MS_QGEMV_MAX_COLS ? n - g : MS_QGEMV_MAX_COLS;
-            ms_qmatmul_params p = {0};
-            p.w = w->data;
-            p.x = x + g * x_stride;
-            p.y = y + g * y_stride;
-            p.rows = (int)w->rows;
-            p.in = (int)w->in;
-            p.row_bytes = (int)w->row_bytes;
-            p.n = (int)k;
-            p.x_stride = (int)x_stride;
-            p.y_stride = (int)y_stride;
-            p.wide = wide;
-            p.acc = acc;
-            if (preq) {
-                p.qx = (char *)q->qx + g * qx_stride;
-                p.qd = (float *)((char *)q->qx + qd_at) + g * qd_stride;
-                p.qx_stride = (int)qx_stride;
-                p.qd_stride = qd_stride;
-            }
-            /* x rows up to MS_QGEMV_ACC_COLS: the entry of the store (set or add); above, the
-               entry reads p.acc */
-            const int entry = acc && k <= MS_QGEMV_ACC_COLS ? ACC_ENTRY + (int)k - 1 : (int)k - 1;
-            MS_TRY(launch(m, entry, (unsigned)MS_CEIL_DIV(w->rows, MS_QGEMV_ROWS_OF(k)), MS_QGEMV_THREADS, &p,
-                          q->stream, err));
-        }
-        return MS_OK;
+        if (!MS_QGEMV_PREQ_TYPE(w->type) || n <= MS_QGEMV_I8_MAX_COLS)
+            return gemv(q, m, NULL, x, n, x_stride, w, y, y_stride, acc, err);
+        /* the 16-value integer types above MS_QGEMV_I8_MAX_COLS rows read x quantized:
+           ms_qquant_x first, once for all groups (the narrower entries quantize it in each CTA) */
+        ms_cuda_qx qx;
+        MS_TRY(ms_cuda_quant_qx(q, n, w->in, &qx, err));
+        ms_qmatmul_params qp = {0};
+        qp.x = x;
+        qp.n = (int)n;
+        qp.in = (int)w->in;
+        qp.x_stride = (int)x_stride;
+        qp.qx = qx.q;
+        qp.qd = qx.d;
+        qp.qx_stride = (int)qx.q_stride;
+        qp.qd_stride = (int)qx.d_stride;
+        const int64_t blocks = MS_CEIL_DIV(n * qx.d_stride * MS_QQUANT_X_LANES, MS_QDEQUANT_THREADS);
+        MS_TRY(launch(m, QUANT_X_ENTRY, (unsigned)blocks, MS_QDEQUANT_THREADS, &qp, q->stream, err));
+        return gemv(q, m, &qx, x, n, x_stride, w, y, y_stride, acc, err);
     }
     /* prefill: x -> bf16 once, then per row tile: dequantize W rows, GEMM into y's columns */
     MS_TRY(get_misc(q, err));

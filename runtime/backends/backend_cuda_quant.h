@@ -18,11 +18,15 @@
  *     per group of up to 8 rows (MS_QGEMV_MAX_COLS), each reading W once from device memory (fp32
  *     accumulation): ceil(n / 8) reads of the quantized bytes cost less than the dequantized
  *     path's bf16 write and read up to the threshold. Q4_0, Q8_0 and Q4_K at 1-2 x rows take the
- *     integer dot (x quantized per 32 values to int8 as ggml-cuda's q8_1, in each CTA, dp4a; y
- *     within fp32 rounding of the dot with that quantized x), and so do Q4_0 and Q8_0 at 3-8
- *     rows, with x quantized once per call by ms_qquant_x into a workspace (the same int8 values
- *     and sums as in the CTAs; MS_QGEMV_PREQ_TYPE; H200, 8B Q4_0 decode at batch 8: 757 -> 1,484 tok/s); the
- *     rest take the fp32 dot of the dequantized values;
+ *     integer dot (x quantized per 32 values to int8 as ggml-cuda's q8_1, templates/common/q8x.cuh,
+ *     in each CTA, dp4a; y within fp32 rounding of the dot with that quantized x), and so do
+ *     Q4_0 and Q8_0 at 3-8 rows, with x quantized once per call by ms_qquant_x into a workspace
+ *     (the same int8 values and sums as in the CTAs; MS_QGEMV_PREQ_TYPE; H200, 8B Q4_0 decode at
+ *     batch 8: 757 -> 1,484 tok/s); the rest take the fp32 dot of the dequantized values. For
+ *     Q4_0 and Q8_0 the kernel that computes x may write it quantized instead, at any of the
+ *     GEMV's widths (ms_cuda_quant_qx, ms_cuda_quant_linear_qx: backend_cuda.c's RMSNorm and
+ *     SiLU-and-multiply before qkv, gate/up and down), so neither the CTAs nor a launch of its
+ *     own quantize it;
  *   - more rows (prefill, large decode batches): W is dequantized tile by tile (rows [r, r +
  *     tile)) into a reusable bf16 workspace (bit-exact bf16 of ggml's dequantization; 64 MB by
  *     default, of which up to 256 x rows use 16 MB, so the GEMM reads it back from L2), x is
@@ -133,6 +137,37 @@ ms_status ms_cuda_quant_reserve(ms_cuda_quant *q, int64_t max_x_rows, int64_t ma
 ms_status ms_cuda_quant_linear(ms_cuda_quant *q, const float *x, int64_t n, int64_t x_stride,
                                const ms_cuda_qweight *w, float *y, int64_t y_stride, bool acc,
                                ms_error *err);
+
+/* x quantized per 32 values for the integer GEMV (templates/common/q8x.cuh): n rows of `in` int8
+ * values at q + t * q_stride bytes, their scales at d + t * d_stride floats. Device memory. */
+typedef struct ms_cuda_qx {
+    void *q;
+    float *d;
+    int64_t q_stride; /* bytes, a multiple of 16 */
+    int64_t d_stride; /* floats: in / 32 */
+} ms_cuda_qx;
+
+/* Whether ms_cuda_quant_linear's GEMV for n x rows of w takes x quantized beforehand: Q4_0 and
+ * Q8_0 (MS_QGEMV_PREQ_TYPE) at 1 .. MS_CUDA_QGEMV_MAX_ROWS rows. Then a kernel that computes x can
+ * write it in that form (ms_cuda_quant_qx, then ms_cuda_quant_linear_qx) instead of the float x
+ * that ms_cuda_quant_linear quantizes in a launch of its own (ms_qquant_x). */
+bool ms_cuda_quant_reads_qx(const ms_cuda_qweight *w, int64_t n);
+
+/* The context's quantized-x workspace for n (1 .. MS_CUDA_QGEMV_MAX_ROWS) rows of `in` values (a
+ * positive multiple of 32) in *out, grown if needed (outside graph capture: as the other
+ * workspaces, ms_cuda_quant_reserve). Valid until the next call on q that quantizes x (each
+ * ms_cuda_quant_linear of a Q4_0 / Q8_0 weight, and this one): write it, then run
+ * ms_cuda_quant_linear_qx, both on the context's stream. Errors: MS_ERR_INVALID_ARG (n, in),
+ * MS_ERR_STATE / MS_ERR_CUDA from the growth. */
+ms_status ms_cuda_quant_qx(ms_cuda_quant *q, int64_t n, int64_t in, ms_cuda_qx *out, ms_error *err);
+
+/* ms_cuda_quant_linear's GEMV on x already quantized (x: n rows of w->in values, e.g. from
+ * ms_cuda_quant_qx written by the kernel that computed x): the same launches and the same bits as
+ * ms_cuda_quant_linear on the float x those bytes quantize. Requires ms_cuda_quant_reads_qx(w, n).
+ * Errors: MS_ERR_INVALID_ARG (shapes, strides, a weight that does not read x quantized, NULL),
+ * MS_ERR_STATE (instance not loaded while sealed), MS_ERR_CUDA. */
+ms_status ms_cuda_quant_linear_qx(ms_cuda_quant *q, const ms_cuda_qx *x, int64_t n, const ms_cuda_qweight *w,
+                                  float *y, int64_t y_stride, bool acc, ms_error *err);
 
 /* Dequantize rows [row0, row0 + n_rows) of w into out [n_rows, w->in] bf16 (device, packed rows,
  * 16-byte aligned), bit-exact with bf16(ms_ggml_dequantize). Queued on the stream. */

@@ -305,6 +305,27 @@ ms_status ms_cuda_rmsnorm_to_launch(const ms_cuda_module *m, const ms_rmsnorm_pa
     return rmsnorm_entry_launch(m, out_dtype == MS_KERNEL_DTYPE_BF16 ? 1 : 2, p, stream, err);
 }
 
+bool ms_cuda_q8x_fits(const void *q, int64_t q_stride, const float *d, int64_t d_stride, int64_t n) {
+    return q != NULL && d != NULL && aligned16(q) && ((uintptr_t)d & 3u) == 0 && q_stride % 16 == 0 &&
+           q_stride >= n && d_stride >= n / 32 && n % 32 == 0;
+}
+
+ms_status ms_cuda_rmsnorm_q8_launch(const ms_cuda_module *m, const ms_rmsnorm_params *p,
+                                    cudaStream_t stream, ms_error *err) {
+    MS_TRY(want_op(m, MS_KERNEL_OP_RMSNORM, err));
+    const int v = vec_elems(m->spec.act_dtype);
+    if (p->n_rows < 0 || p->dim < 32 || p->dim % 32 != 0 || p->x_stride % v != 0 || p->x_stride < p->dim ||
+        !ms_cuda_q8x_fits(p->out, p->out_stride, p->out_scale, p->scale_stride, p->dim))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "%s: quantized norm of dim %d (a multiple of 32), x stride %d (a multiple of %d), "
+                       "int8 rows of %d bytes (16-byte aligned), %d scales a row",
+                       m->uri, p->dim, p->x_stride, v, p->out_stride, p->scale_stride);
+    if (!aligned16(p->x) || !aligned16(p->weight) || (m->spec.add_residual && !aligned16(p->residual)))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG, "%s: rows must be 16-byte aligned", m->uri);
+    ms_rmsnorm_params copy = *p;
+    return launch(m, 3, (unsigned)p->n_rows, 1, 1, MS_RMSNORM_THREADS, &copy, stream, err);
+}
+
 ms_status ms_cuda_rmsnorm_heads_launch(const ms_cuda_module *m, const ms_rmsnorm_params *p,
                                        cudaStream_t stream, ms_error *err) {
     MS_TRY(want_op(m, MS_KERNEL_OP_RMSNORM_HEADS, err));
@@ -368,6 +389,26 @@ ms_status ms_cuda_silu_mul_launch(const ms_cuda_module *m, const ms_silu_mul_par
         blocks = 65536; /* grid-stride loop covers the rest */
     ms_silu_mul_params copy = *p;
     return launch(m, 0, (unsigned)blocks, 1, 1, MS_SILU_MUL_THREADS, &copy, stream, err);
+}
+
+ms_status ms_cuda_silu_mul_q8_launch(const ms_cuda_module *m, const ms_silu_mul_params *p,
+                                     cudaStream_t stream, ms_error *err) {
+    MS_TRY(want_op(m, MS_KERNEL_OP_SILU_MUL, err));
+    const int v = vec_elems(m->spec.dtype);
+    if (p->n_rows < 0 || p->inter < 32 || p->inter % 32 != 0 || p->gate_stride % v != 0 ||
+        p->up_stride % v != 0 || p->gate_stride < p->inter || p->up_stride < p->inter || !aligned16(p->gate) ||
+        !aligned16(p->up) || !ms_cuda_q8x_fits(p->out, p->out_stride, p->out_scale, p->scale_stride, p->inter))
+        return MS_FAIL(err, MS_ERR_INVALID_ARG,
+                       "%s: quantized product of inter %d (a multiple of 32), strides %d/%d (multiples of %d, "
+                       "rows 16-byte aligned), int8 rows of %d bytes (16-byte aligned), %d scales a row",
+                       m->uri, p->inter, p->gate_stride, p->up_stride, v, p->out_stride, p->scale_stride);
+    int64_t blocks = MS_CEIL_DIV((int64_t)p->n_rows * (p->inter / 8), MS_SILU_MUL_THREADS);
+    if (blocks > 65536)
+        blocks = 65536; /* grid-stride loop covers the rest */
+    if (blocks < 1)
+        blocks = 1;
+    ms_silu_mul_params copy = *p;
+    return launch(m, 1, (unsigned)blocks, 1, 1, MS_SILU_MUL_THREADS, &copy, stream, err);
 }
 
 ms_status ms_cuda_embed_launch(const ms_cuda_module *m, const ms_embed_params *p,

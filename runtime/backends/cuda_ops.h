@@ -99,6 +99,17 @@ ms_status ms_cuda_rmsnorm_to_launch(const ms_cuda_module *m, const ms_rmsnorm_pa
  * elements; grid ceil(tokens * heads / (MS_RMSNORM_THREADS / 32)), one warp per head. */
 ms_status ms_cuda_rmsnorm_heads_launch(const ms_cuda_module *m, const ms_rmsnorm_params *p,
                                        cudaStream_t stream, ms_error *err);
+/* Whether q [n rows of n_values int8, q_stride bytes apart] and d [scales, d_stride floats a row]
+ * can hold x quantized for the integer GEMV (templates/common/q8x.cuh): n_values a multiple of 32,
+ * q 16-byte aligned with a stride of whole 16-byte units, d 4-byte aligned. */
+bool ms_cuda_q8x_fits(const void *q, int64_t q_stride, const float *d, int64_t d_stride, int64_t n_values);
+/* The norm of ms_cuda_rmsnorm_launch with out quantized per 32 values for the integer GEMV of
+ * Q4_0 / Q8_0 weights (entry ms_rmsnorm_q8; templates/common/q8x.cuh: p->out int8 rows of
+ * p->out_stride bytes, p->out_scale floats with p->scale_stride a row): the bytes ms_qquant_x
+ * gives for the float norm. p->dim a multiple of 32; MS_ERR_INVALID_ARG, naming the module, unless
+ * ms_cuda_q8x_fits and x's rules of ms_cuda_rmsnorm_launch hold. */
+ms_status ms_cuda_rmsnorm_q8_launch(const ms_cuda_module *m, const ms_rmsnorm_params *p,
+                                    cudaStream_t stream, ms_error *err);
 /* Dense attention over the step's own K/V rows (templates/attn/dense.cuh): grid
  * (ceil(n_tokens / (MS_ATTN_DENSE_THREADS / 32)), n_q_heads), one warp per (row, head); f32 rows
  * of the instance's head_dim, indptr in device memory (not read on the host). */
@@ -106,6 +117,12 @@ ms_status ms_cuda_attn_dense_launch(const ms_cuda_module *m, const ms_attn_dense
                                     cudaStream_t stream, ms_error *err);
 ms_status ms_cuda_silu_mul_launch(const ms_cuda_module *m, const ms_silu_mul_params *p,
                                   cudaStream_t stream, ms_error *err);
+/* silu(gate) * up quantized per 32 values for the integer GEMV of the down projection (entry
+ * ms_silu_mul_q8; templates/common/q8x.cuh, p->out int8 rows of p->out_stride bytes, p->out_scale
+ * with p->scale_stride a row): the bytes ms_silu_mul then ms_qquant_x give. p->inter a multiple of
+ * 32, gate / up rows 16-byte aligned; MS_ERR_INVALID_ARG, naming the module, otherwise. */
+ms_status ms_cuda_silu_mul_q8_launch(const ms_cuda_module *m, const ms_silu_mul_params *p,
+                                     cudaStream_t stream, ms_error *err);
 ms_status ms_cuda_embed_launch(const ms_cuda_module *m, const ms_embed_params *p,
                                cudaStream_t stream, ms_error *err);
 ms_status ms_cuda_argmax_launch(const ms_cuda_module *m, const ms_argmax_params *p,

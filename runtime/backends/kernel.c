@@ -25,8 +25,8 @@ static const kernel_op_info op_info[MS_KERNEL_OP_COUNT] = {
     {"attn_decode", "attn/decode.cuh", {"ms_attn_decode", NULL}},
     {"attn_prefill", "attn/prefill.cuh", {"ms_attn_prefill", NULL}},
     {"rope_kv", "rope/rope_kv.cuh", {"ms_rope_kv", NULL}},
-    {"rmsnorm", "norm/rmsnorm.cuh", {"ms_rmsnorm", "ms_rmsnorm_bf16", "ms_rmsnorm_f16", NULL}},
-    {"silu_mul", "act/silu_mul.cuh", {"ms_silu_mul", NULL}},
+    {"rmsnorm", "norm/rmsnorm.cuh", {"ms_rmsnorm", "ms_rmsnorm_bf16", "ms_rmsnorm_f16", "ms_rmsnorm_q8", NULL}},
+    {"silu_mul", "act/silu_mul.cuh", {"ms_silu_mul", "ms_silu_mul_q8", NULL}},
     {"embed", "embed/embed.cuh", {"ms_embed", NULL}},
     {"argmax", "sample/sample.cuh", {"ms_argmax", NULL}},
     {"sample", "sample/sample.cuh", {"ms_sample", NULL}},
@@ -39,10 +39,12 @@ static const kernel_op_info op_info[MS_KERNEL_OP_COUNT] = {
     {"qmatmul", "quant/qmatmul.cuh",
      {"ms_qgemv_1", "ms_qgemv_2", "ms_qgemv_3", "ms_qgemv_4", "ms_qgemv_5", "ms_qgemv_6",
       "ms_qgemv_7", "ms_qgemv_8", "ms_qdequant_bf16", "ms_qembed", "ms_qgemv_acc_1",
-      "ms_qgemv_acc_2", "ms_qquant_x"}},
+      "ms_qgemv_acc_2", "ms_qquant_x", "ms_qgemv_q_1", "ms_qgemv_q_2", "ms_qgemv_qacc_1",
+      "ms_qgemv_qacc_2"}},
 };
 
 _Static_assert(MS_QGEMV_ACC_COLS == 2, "op_info lists ms_qgemv_acc_1 and ms_qgemv_acc_2");
+_Static_assert(MS_QGEMV_I8_MAX_COLS == 2, "op_info lists ms_qgemv_q_1, _q_2, _qacc_1 and _qacc_2");
 
 /* The ggml types qmatmul instantiates: ggml type number, URI word, device block struct
  * (templates/quant/qmatmul.cuh), whether its GEMV has the integer (dp4a) entries (the struct's
@@ -482,12 +484,20 @@ static ms_status spec_body(const ms_kernel_spec *s, bool shape_macros, const cha
                  "    ms::rmsnorm<cfg::TA, cfg::T, cfg::kAddResidual, ms::bf16>(p);\n}\n\n"
                  "extern \"C\" __global__ void __launch_bounds__(MS_RMSNORM_THREADS)\n"
                  "ms_rmsnorm_f16(const ms_rmsnorm_params p) {\n" PDL_PROLOGUE
-                 "    ms::rmsnorm<cfg::TA, cfg::T, cfg::kAddResidual, ms::f16>(p);\n}\n");
+                 "    ms::rmsnorm<cfg::TA, cfg::T, cfg::kAddResidual, ms::f16>(p);\n}\n\n"
+                 /* out quantized for the integer GEMV of Q4_0 / Q8_0 (common/q8x.cuh) */
+                 "extern \"C\" __global__ void __launch_bounds__(MS_RMSNORM_THREADS)\n"
+                 "ms_rmsnorm_q8(const ms_rmsnorm_params p) {\n" PDL_PROLOGUE
+                 "    ms::rmsnorm<cfg::TA, cfg::T, cfg::kAddResidual, ms::q8x_out>(p);\n}\n");
         break;
     case MS_KERNEL_OP_SILU_MUL:
         emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_SILU_MUL_THREADS)\n"
                  "ms_silu_mul(const ms_silu_mul_params p) {\n" PDL_PROLOGUE
-                 "    ms::silu_mul<cfg::T>(p);\n}\n");
+                 "    ms::silu_mul<cfg::T>(p);\n}\n\n"
+                 /* out quantized for the integer GEMV of Q4_0 / Q8_0 (common/q8x.cuh) */
+                 "extern \"C\" __global__ void __launch_bounds__(MS_SILU_MUL_THREADS)\n"
+                 "ms_silu_mul_q8(const ms_silu_mul_params p) {\n" PDL_PROLOGUE
+                 "    ms::silu_mul_q8<cfg::T>(p);\n}\n");
         break;
     case MS_KERNEL_OP_EMBED:
         emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_EMBED_THREADS)\n"
@@ -589,6 +599,24 @@ static ms_status spec_body(const ms_kernel_spec *s, bool shape_macros, const cha
                  "ms_qquant_x(const ms_qmatmul_params p) {\n" PDL_PROLOGUE
                  "    ms::qquant_x(p);\n}\n",
              MS_QGEMV_PREQ_TYPE(s->qtype) ? "true" : "false");
+        /* ms_qgemv_q_1 .. _<MS_QGEMV_I8_MAX_COLS>, then ms_qgemv_qacc_*: the narrow x rows of those
+           types on x quantized by the kernel that produced it (backend_cuda_quant.h
+           ms_cuda_quant_linear_qx); the other types never launch them (a trap, not a second
+           copy of their GEMV to compile) */
+        for (int c = 1; c <= 2 * MS_QGEMV_I8_MAX_COLS; c++) {
+            const bool add = c > MS_QGEMV_I8_MAX_COLS;
+            const int nc = add ? c - MS_QGEMV_I8_MAX_COLS : c;
+            if (MS_QGEMV_PREQ_TYPE(s->qtype))
+                emit(&b, "\nextern \"C\" __global__ void __launch_bounds__(MS_QGEMV_THREADS, "
+                         "ms::qgemv_min_ctas<cfg::Q, %d>::value)\n"
+                         "ms_qgemv_%s%d(const ms_qmatmul_params p) {\n"
+                         "    ms::qgemv<cfg::Q, %d, MS_QGEMV_ROWS_OF(%d), %s, true>(p);\n}\n",
+                     nc, add ? "qacc_" : "q_", nc, nc, nc, add ? "ms::kQStoreAdd" : "ms::kQStoreSet");
+            else
+                emit(&b, "\nextern \"C\" __global__ void ms_qgemv_%s%d(const ms_qmatmul_params p) {\n"
+                         "    (void)p;\n    __trap();\n}\n",
+                     add ? "qacc_" : "q_", nc);
+        }
         break;
     default:
         break;

@@ -29,9 +29,10 @@ extern "C" {
 #endif
 
 #define MS_KERNEL_URI_MAX 128
-#define MS_KERNEL_MAX_ENTRIES 14 /* misc: 3 helpers + 7 encoder entries + select_rows + gemv +
+#define MS_KERNEL_MAX_ENTRIES 17 /* misc: 3 helpers + 7 encoder entries + select_rows + gemv +
                                     silu_mul_to + gemv_norm; qmatmul: 8 GEMV widths + dequant +
-                                    embed + 2 accumulating GEMVs + x quantization */
+                                    embed + 2 accumulating GEMVs + x quantization + 4 GEMVs on
+                                    quantized x */
 
 /* ORDER MS_KERNEL_OP: keep the op table in kernel.c in sync. */
 typedef enum ms_kernel_op {
@@ -131,7 +132,9 @@ ms_kernel_spec ms_kernel_spec_simple(ms_kernel_op op, ms_kernel_dtype dt);
  * (y = x W^T for exactly that many float32 x rows; from 3 rows up y += x W^T when p.acc),
  * ms_qdequant_bf16 (W to bf16 for the GEMM of more rows), ms_qembed (embedding rows of a
  * quantized table as float32), ms_qgemv_acc_1, ms_qgemv_acc_2 (y += x W^T) and ms_qquant_x (x to
- * int8 per 32 values for the GEMVs above 2 rows of the MS_QGEMV_PREQ_TYPE types);
+ * int8 per 32 values, templates/common/q8x.cuh, for the GEMVs above 2 rows of the
+ * MS_QGEMV_PREQ_TYPE types), ms_qgemv_q_1, _q_2, ms_qgemv_qacc_1, _qacc_2 (those types' 1-2 row
+ * GEMVs, set and add, on x quantized by the kernel that produced it; a trap for the others);
  * dtype bf16 (the dequantization target), act_dtype f32. URI qmatmul_q4_0_af32_sm90. */
 ms_kernel_spec ms_kernel_spec_qmatmul(int qtype);
 /*

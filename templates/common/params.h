@@ -133,13 +133,16 @@ typedef struct ms_rmsnorm_params {
     const void *x;       /* [n_rows, dim] T, row stride x_stride */
     void *residual;      /* [n_rows, dim] T, row stride dim, in/out (add_residual only) */
     const void *weight;  /* [dim] TW (the instance's dtype; activations use its act dtype) */
-    void *out;           /* [n_rows, dim] T, row stride out_stride */
+    void *out;           /* [n_rows, dim] T, row stride out_stride; ms_rmsnorm_q8: int8 values in
+                            the layout of common/q8x.cuh, out_stride in bytes */
     int n_rows;
-    int dim;             /* multiple of 16 bytes of T */
+    int dim;             /* multiple of 16 bytes of T (ms_rmsnorm_q8: a multiple of 32 too) */
     int x_stride;
     int out_stride;
     float eps;
     int n_heads;         /* per-head instances: heads per token row (n_rows counts tokens) */
+    float *out_scale;    /* ms_rmsnorm_q8: out's scale per 32 values, row stride scale_stride */
+    int scale_stride;
 } ms_rmsnorm_params;
 
 /* ---- dense attention (no pages: the step's own K/V rows) ---- */
@@ -174,12 +177,16 @@ typedef struct ms_attn_dense_params {
 typedef struct ms_silu_mul_params {
     const void *gate;    /* [n_rows, inter] T, row stride gate_stride */
     const void *up;      /* [n_rows, inter] T, row stride up_stride */
-    void *out;           /* [n_rows, inter] T, row stride out_stride */
+    void *out;           /* [n_rows, inter] T, row stride out_stride; ms_silu_mul_q8: int8 values
+                            in the layout of common/q8x.cuh, out_stride in bytes */
     int n_rows;
-    int inter;           /* multiple of 16 bytes of T; strides too */
+    int inter;           /* multiple of 16 bytes of T; strides too (ms_silu_mul_q8: inter a
+                            multiple of 32) */
     int gate_stride;
     int up_stride;
     int out_stride;
+    float *out_scale;    /* ms_silu_mul_q8: out's scale per 32 values, row stride scale_stride */
+    int scale_stride;
 } ms_silu_mul_params;
 
 /* ---- embedding gather ---- */

@@ -19,6 +19,7 @@
 #pragma once
 
 #include "common/params.h"
+#include "common/q8x.cuh"
 #include "common/reduce.cuh"
 #include "common/vec.cuh"
 
@@ -27,7 +28,8 @@ namespace ms {
 /// TA: activation type of x and residual (float, bf16, f16); TW: weight type;
 /// ADD_RESIDUAL: fuse residual = x + residual before the norm; TO: type of out (TA, or the 16-bit
 /// input type of the GEMM that reads it: backend_cuda.c cu_rms_norm_linear; the value is the
-/// same float rounded once, as the linear's convert would).
+/// same float rounded once, as the linear's convert would; or q8x_out: out quantized per 32 values
+/// for the integer GEMV, common/q8x.cuh, from the same float values, p.dim a multiple of 32).
 template <typename TA, typename TW, bool ADD_RESIDUAL, typename TO = TA>
 __device__ __forceinline__ void rmsnorm(const ms_rmsnorm_params &p) {
     using T = TA;
@@ -37,7 +39,13 @@ __device__ __forceinline__ void rmsnorm(const ms_rmsnorm_params &p) {
     const T *x = static_cast<const T *>(p.x) + (long long)row * p.x_stride;
     T *res = ADD_RESIDUAL ? static_cast<T *>(p.residual) + (long long)row * p.dim : nullptr;
     const TW *w = static_cast<const TW *>(p.weight);
-    TO *out = static_cast<TO *>(p.out) + (long long)row * p.out_stride;
+    constexpr bool kQ8 = is_q8x_out<TO>::value;
+    static_assert(!kQ8 || 32 % VEC == 0, "rmsnorm: q8 output needs whole 32-value blocks of lanes");
+    /* out as TO, or (kQ8) the int8 values and the scales of the row */
+    using TS = typename q8x_storage<TO>::type;
+    TS *out = static_cast<TS *>(p.out) + (long long)row * p.out_stride;
+    signed char *q8 = reinterpret_cast<signed char *>(out);
+    float *q8d = kQ8 ? p.out_scale + (long long)row * p.scale_stride : nullptr;
     const int nv = p.dim / VEC;
     constexpr int kKeep = 4; /* 16-byte vectors per thread kept in registers: dim up to 4 x 8 x 256 bf16 */
 
@@ -76,7 +84,15 @@ __device__ __forceinline__ void rmsnorm(const ms_rmsnorm_params &p) {
 #pragma unroll
         for (int k = 0; k < kKeep; k++) {
             const int i = threadIdx.x + k * blockDim.x;
-            if (i < nv) {
+            if constexpr (kQ8) {
+                if (k * (int)blockDim.x >= nv)
+                    break; /* uniform over the CTA: every lane of a warp takes part in the shuffles */
+                float o[VEC];
+#pragma unroll
+                for (int e = 0; e < VEC; e++)
+                    o[e] = i < nv ? hv[k][e] * inv * wv[k][e] : 0.f;
+                q8x_store<VEC>(o, i < nv, q8 + i * VEC, q8d + i / (32 / VEC), i % (32 / VEC));
+            } else if (i < nv) {
 #pragma unroll
                 for (int e = 0; e < VEC; e++)
                     hv[k][e] = hv[k][e] * inv * wv[k][e];
@@ -103,13 +119,32 @@ __device__ __forceinline__ void rmsnorm(const ms_rmsnorm_params &p) {
     }
     ss = block_sum(ss, s_buf);
     const float inv = rsqrtf(ss / (float)p.dim + p.eps);
-    for (int i = threadIdx.x; i < nv; i += blockDim.x) {
-        float hv[VEC];
-        load_vec<T>((ADD_RESIDUAL ? (const T *)res : x) + i * VEC, hv);
+    if constexpr (kQ8) {
+        /* the CTA steps together, so that every lane of a warp takes part in the shuffles */
+        for (int base = 0; base < nv; base += blockDim.x) {
+            const int i = base + threadIdx.x;
+            float hv[VEC];
+            if (i < nv) {
+                load_vec<T>((ADD_RESIDUAL ? (const T *)res : x) + i * VEC, hv);
 #pragma unroll
-        for (int e = 0; e < VEC; e++)
-            hv[e] = hv[e] * inv * to_float(w[i * VEC + e]);
-        store_any<TO, VEC>(out + i * VEC, hv);
+                for (int e = 0; e < VEC; e++)
+                    hv[e] = hv[e] * inv * to_float(w[i * VEC + e]);
+            } else {
+#pragma unroll
+                for (int e = 0; e < VEC; e++)
+                    hv[e] = 0.f;
+            }
+            q8x_store<VEC>(hv, i < nv, q8 + i * VEC, q8d + i / (32 / VEC), i % (32 / VEC));
+        }
+    } else {
+        for (int i = threadIdx.x; i < nv; i += blockDim.x) {
+            float hv[VEC];
+            load_vec<T>((ADD_RESIDUAL ? (const T *)res : x) + i * VEC, hv);
+#pragma unroll
+            for (int e = 0; e < VEC; e++)
+                hv[e] = hv[e] * inv * to_float(w[i * VEC + e]);
+            store_any<TO, VEC>(out + i * VEC, hv);
+        }
     }
 }
 

@@ -290,14 +290,16 @@ struct gmem2 {
  * accumulates d[j] * sum_k v x' + m[j] * sum_k x with x' = x / nib_scale. lane_ok(ch, L, in):
  * the lane's values lie inside a row of `in` values (a 32-value type's last chunk may be partial).
  *
- * The integer GEMV (kI8: Q4_0, Q8_0, Q4_K; qmatmul.cuh qgemv_load_i8, qgemv_dot_i8): x is quantized
- * per 32-value block to int8 like ggml-cuda's q8_1 (dx = amax / 127, q = rint(x 127 / amax)). A lane
+ * The integer GEMV (kI8: Q4_0, Q8_0, Q4_K; qmatmul.cuh qgemv_load_i8, qgemv_dot_i8 / _i8q): x is
+ * quantized per 32-value block to int8 like ggml-cuda's q8_1 (dx = amax / 127, q = rint(x 127 /
+ * amax)). A lane
  * takes V values of the row in two runs of V / 2, its x q packed into xw[V / 4] (run j in the words
  * j V / 8 .., value order) and xs[j] their integer sums; the exact integer is[j] of each run gives
  * sum_k w x^ = dx (d[j] is[j] + m[j] xs[j]) (x^ = dx q, the quantized x; m = 0 without a min), from
  * dp4a over the weight's bytes as loaded, with no float conversion per value. Two lane shapes:
  *   kWide false (Q4_0, Q8_0): V = 16, the fp32 GEMV's lanes (run0, kRun1, lane_ok, 512-value
- *     chunks), load<M> into qraw, scales(raw, L, d, m), idot(raw, xw[4], xs, is);
+ *     chunks), load<M> into qraw, scales(raw, L, d, m), idot(raw, xw[4], xs, is); x quantized
+ *     in the CTA (quant_x16) or before the launch (common/q8x.cuh), its words then loaded;
  *   kWide true (Q4_K): V = 32 in 1024-value chunks, runs of 16 at wrun0(L) and wrun0(L) + kWRun1
  *     (wlane_ok), wload<M> into qraw, wscales, widot(raw, xw[8], xs, is): a Q4_K lane's 16-byte
  *     header and its scale decoding are paid once per 32 values instead of 16 (H200, 8B decode at
@@ -688,7 +690,8 @@ __device__ __forceinline__ void qlane(const unsigned char *row, int nb, int ch, 
 }
 
 /// Whether Q is an integer-GEMV type with 16-value lanes (kI8 and not kWide: Q4_0, Q8_0), whose GEMV
-/// above MS_QGEMV_I8_MAX_COLS x rows reads x quantized beforehand (qmatmul.cuh qquant_x). False for
+/// reads x quantized beforehand (common/q8x.cuh) above MS_QGEMV_I8_MAX_COLS x rows and in its
+/// ms_qgemv_q_* entries. False for
 /// the types without kI8 (they have no kWide).
 template <typename Q, bool I8 = Q::kI8> struct i8_narrow {
     static constexpr bool value = false;

@@ -18,18 +18,23 @@
  * sm_90) and accumulates d * sum(q x) + m * sum(x) per run in fp32. Partial sums are reduced with
  * warp shuffles and one shared-memory pass in a fixed order (deterministic).
  *
- * The integer entries (Q4_0, Q8_0, Q4_K at up to MS_QGEMV_I8_MAX_COLS x rows: qgemv_load_i8 and
- * qgemv_dot_i8)
- * quantize x per 32 values to int8 in the kernel, like ggml-cuda's q8_1 (quant_x), and take the
+ * The integer GEMV (Q4_0, Q8_0 and Q4_K at up to MS_QGEMV_I8_MAX_COLS x rows, Q4_0 and Q8_0 above
+ * too) takes x quantized per 32 values to int8, like ggml-cuda's q8_1 (common/q8x.cuh), and the
  * dot of weight and x bytes with dp4a, four products per instruction instead of an AND-OR, FADD
  * and FFMA per value: the fp32 GEMV was issue-bound (ncu, Q4_0 gate/up: issue slots 58% busy, the
  * same values per second as Q8_0 at twice the bytes). y then differs from the fp32 dot by x's
- * rounding to 8 bits (test_quant_cuda checks it against the same quantized x). Their lanes take 16
- * values (Q4_0, Q8_0: as above) or, for Q4_K, 32 in chunks of 1024 (i8_lanes, blocks.cuh "The integer
- * GEMV": a super-block header read and decoded once per 32 values). Above MS_QGEMV_I8_MAX_COLS x
- * rows Q4_0 and Q8_0 keep the integer dot on x quantized once per launch (ms_qquant_x, then
- * qgemv_dot_i8q: the same values and sums), where quantizing in every CTA cost more than the dot
- * saved; Q4_K and the other types take the fp32 dot there.
+ * rounding to 8 bits (test_quant_cuda checks it against the same quantized x). Where x is
+ * quantized:
+ *   - in each CTA (quant_x16 for the 16-value lanes of Q4_0 and Q8_0, qgemv_dot_i8; quant_x for
+ *     Q4_K's 32-value lanes, chunks of 1024, i8_lanes, blocks.cuh "The integer GEMV": a
+ *     super-block header read and decoded once per 32 values) at 1-2 x rows of a float x;
+ *   - before the launch, for Q4_0 and Q8_0 (p.qx, p.qd; load_qx16, qgemv_dot_i8q: the same values
+ *     and sums): at 3-8 rows by ms_qquant_x once per call, where quantizing in every CTA cost more
+ *     than the dot saved; and at any width by the kernel that produced x (the RMSNorm before qkv
+ *     and gate/up, the SiLU-and-multiply before down: backend_cuda.c), through the ms_qgemv_q_*
+ *     entries at 1-2 rows, so no CTA spends instructions on it (ncu, 8B down projection at batch
+ *     1: 6.05M instructions quantizing in each CTA, 3.74M reading it).
+ * Q4_K above 2 rows and the other types take the fp32 dot.
  *
  * History (Q4_0 decode of an 8B model on the H200, docs/perf.md): one 32-value unit per thread
  * (x loads strided across the warp, each x row re-read per pair of rows): 147 tok/s; 8 values
@@ -41,6 +46,7 @@
 #pragma once
 
 #include "common/pdl.cuh"
+#include "common/q8x.cuh"
 #include "common/reduce.cuh"
 #include "common/vec.cuh"
 #include "quant/blocks.cuh"
@@ -259,11 +265,11 @@ __device__ __forceinline__ void qgemv_dot_i8(const quant::qraw (&raw)[R], const 
         acc);
 }
 
-/// The lane's 16 x values of one x row's chunk as ms_qquant_x left them (qx: the chunk's int8
-/// values, qd: its scales per 32 values): the xw, xs and dx quant_x16 computes from the same x, bit
-/// for bit (the same amax, scale and rounding, once per launch instead of per CTA), except that a
-/// NaN makes its whole block's dx NaN where quant_x16 marks only the lane that holds it (y's row
-/// is NaN either way). !ok lanes: zeros.
+/// The lane's 16 x values of one x row's chunk in the common/q8x.cuh layout (qx: the chunk's int8
+/// values, qd: its scales per 32 values; written by ms_qquant_x or by the kernel that produced x):
+/// the xw, xs and dx quant_x16 computes from the same x, bit for bit (the same amax, scale and
+/// rounding, once per launch instead of per CTA), except that a NaN makes its whole block's dx NaN
+/// where quant_x16 marks only the lane that holds it (y's row is NaN either way). !ok lanes: zeros.
 template <typename Q>
 __device__ __forceinline__ void load_qx16(const signed char *qx, const float *qd, int o0, int o1, bool ok,
                                           int (&xw)[4], float (&dx)[2], int (&xs)[2]) {
@@ -285,8 +291,9 @@ __device__ __forceinline__ void load_qx16(const signed char *qx, const float *qd
         xs[j] = quant::dp4a(xw[2 * j + 1], 0x01010101, quant::dp4a(xw[2 * j], 0x01010101, 0));
 }
 
-/// qgemv_dot_i8 with x quantized beforehand (the 16-value types above MS_QGEMV_I8_MAX_COLS x rows):
-/// the same sums in the same order, the x words loaded (load_qx16) instead of computed.
+/// qgemv_dot_i8 with x quantized beforehand (the 16-value types above MS_QGEMV_I8_MAX_COLS x rows,
+/// and at any width in the PREQ entries): the same sums in the same order, the x words loaded
+/// (load_qx16) instead of computed.
 template <typename Q, int NC, int R>
 __device__ __forceinline__ void qgemv_dot_i8q(const quant::qraw (&raw)[R], const signed char *qx, const float *qd,
                                               int qx_stride, int qd_stride, int lane, bool ok, float (&acc)[R][NC]) {
@@ -459,10 +466,12 @@ __device__ __forceinline__ void qgemv_store(float (&acc)[R][NC], float (&red)[NW
     }
 }
 
-/// Q: block type; NC: x rows (exactly p.n); R: output rows per CTA (MS_QGEMV_ROWS_OF(NC)).
-/// Grid: ceil(rows / R) CTAs of MS_QGEMV_THREADS threads; warp w takes chunks w, w + NW, ... of
+/// Q: block type; NC: x rows (exactly p.n); R: output rows per CTA (MS_QGEMV_ROWS_OF(NC)); PREQ:
+/// the 16-value integer types (i8_narrow) read x quantized beforehand (p.qx, p.qd) at 1 ..
+/// MS_QGEMV_I8_MAX_COLS rows too, where otherwise each CTA quantizes the float x (above, they
+/// always read it quantized). Grid: ceil(rows / R) CTAs of MS_QGEMV_THREADS threads; warp w takes chunks w, w + NW, ... of
 /// 512 input values (1024 in the integer GEMV of the wide-lane types); the rows past p.rows of the last CTA read the last row and store nothing.
-template <typename Q, int NC, int R, typename M, int ST>
+template <typename Q, int NC, int R, typename M, int ST, bool PREQ>
 __device__ __forceinline__ void qgemv_plain(const ms_qmatmul_params &p) {
     constexpr int NW = MS_QGEMV_THREADS / 32;
     __shared__ float red[NW][R * NC];
@@ -482,7 +491,7 @@ __device__ __forceinline__ void qgemv_plain(const ms_qmatmul_params &p) {
         for (int c = 0; c < NC; c++)
             acc[r][c] = 0.f;
     const int nb = p.in / Q::kQK;
-    if constexpr (Q::kI8 && NC <= MS_QGEMV_I8_MAX_COLS) {
+    if constexpr (Q::kI8 && NC <= MS_QGEMV_I8_MAX_COLS && !PREQ) {
         if constexpr (!Q::kWide) {
             /* 16-value lanes, 512-value chunks */
             for (int ch = warp; ch < chunks; ch += NW) {
@@ -510,8 +519,9 @@ __device__ __forceinline__ void qgemv_plain(const ms_qmatmul_params &p) {
             }
         }
     } else if constexpr (i8_narrow<Q>::value) {
-        /* more x rows, 16-value integer types: x quantized once per launch (ms_qquant_x: p.qx,
-         * p.qd), so the CTAs share it instead of each quantizing every x row again */
+        /* more x rows, or PREQ, 16-value integer types: x quantized before the launch (p.qx, p.qd:
+         * ms_qquant_x, or the kernel that produced x: common/q8x.cuh), so the CTAs share it
+         * instead of each quantizing every x row again */
         const signed char *qx = static_cast<const signed char *>(p.qx);
         const float *qd = static_cast<const float *>(p.qd);
         for (int ch = warp; ch < chunks; ch += NW) {
@@ -540,8 +550,9 @@ template <typename Q, int NC> struct qgemv_min_ctas {
 };
 
 /// The GEMV entry: p.wide (rows at 16-byte aligned addresses) reads the planar rows with 8- and
-/// 16-byte loads, otherwise with 16-bit ones (quant::gmem16, gmem2); ST: how it stores (kQStore*).
-template <typename Q, int NC, int R, int ST = kQStoreRuntime>
+/// 16-byte loads, otherwise with 16-bit ones (quant::gmem16, gmem2); ST: how it stores (kQStore*);
+/// PREQ: as qgemv_plain's (the ms_qgemv_q_* entries).
+template <typename Q, int NC, int R, int ST = kQStoreRuntime, bool PREQ = false>
 __device__ __forceinline__ void qgemv(const ms_qmatmul_params &p) {
     static_assert(NC >= 1 && NC <= MS_QGEMV_MAX_COLS && R >= 1, "qgemv: 1..8 x rows");
     static_assert(Q::kQK == 32 || Q::kQK == 256, "qgemv: 32- or 256-value blocks");
@@ -550,56 +561,43 @@ __device__ __forceinline__ void qgemv(const ms_qmatmul_params &p) {
     pdl_launch_dependents();
     pdl_wait();
     if (p.wide)
-        qgemv_plain<Q, NC, R, quant::gmem16, ST>(p);
+        qgemv_plain<Q, NC, R, quant::gmem16, ST, PREQ>(p);
     else
-        qgemv_plain<Q, NC, R, quant::gmem2, ST>(p);
+        qgemv_plain<Q, NC, R, quant::gmem2, ST, PREQ>(p);
 }
 
-/// x [n, in] float (p.x, p.x_stride) -> int8 values p.qx and scales p.qd per 32 values, as
-/// quant_x16 quantizes a block in the GEMV: dx = amax / 127, q = rint(x fl(127 / amax)) by the
-/// 1.5 2^23 constant (0 where amax < MS_QGEMV_I8_MIN_AMAX), dx NaN where the block holds a NaN (its
-/// rows' sums are NaN then, as the fp32 dot's). One thread a block, grid-stride;
-/// MS_QDEQUANT_THREADS threads per CTA. p.in a multiple of 32.
+/// x [n, in] float (p.x, p.x_stride) -> int8 values p.qx and scales p.qd per 32 values
+/// (common/q8x.cuh; the values and scales quant_x16 computes in the CTAs), for the GEMV of Q4_0 and
+/// Q8_0 above MS_QGEMV_I8_MAX_COLS rows where no kernel before wrote x in that form.
+/// MS_QQUANT_X_LANES (4) threads a block, 8 values
+/// each (two float4 loads), the block's amax and NaN flag reduced over the 4 by shuffles; the
+/// CTA's threads step through the grid together (every lane takes part in each shuffle).
+/// MS_QDEQUANT_THREADS threads per CTA (a multiple of 4); p.in a multiple of 32.
 __device__ __forceinline__ void qquant_x(const ms_qmatmul_params &p) {
+    constexpr int L = MS_QQUANT_X_LANES;
+    static_assert(L == 4 && MS_QDEQUANT_THREADS % 32 == 0, "qquant_x: 4 lanes a block, whole warps");
     const int nbk = p.in / 32;
-    const long long total = (long long)p.n * nbk;
-    for (long long idx = (long long)blockIdx.x * blockDim.x + threadIdx.x; idx < total;
-         idx += (long long)gridDim.x * blockDim.x) {
-        const int r = (int)(idx / nbk), k = (int)(idx % nbk);
-        const float4 *src =
-            reinterpret_cast<const float4 *>(static_cast<const float *>(p.x) + (size_t)r * (size_t)p.x_stride) + 8 * k;
-        float v[32];
+    const long long total = (long long)p.n * nbk * L;
+    const int sub = (int)(threadIdx.x % L);
+    for (long long i0 = (long long)blockIdx.x * blockDim.x; i0 < total; i0 += (long long)gridDim.x * blockDim.x) {
+        const long long idx = i0 + threadIdx.x;
+        const bool ok = idx < total;
+        const long long blk = idx / L;
+        const int r = ok ? (int)(blk / nbk) : 0, k = ok ? (int)(blk % nbk) : 0;
+        float v[8];
+        if (ok) {
+            const float4 *src = reinterpret_cast<const float4 *>(static_cast<const float *>(p.x) +
+                                                                 (size_t)r * (size_t)p.x_stride) +
+                                8 * k + 2 * sub;
+            const float4 a = __ldg(src), b = __ldg(src + 1);
+            v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+        } else {
 #pragma unroll
-        for (int i = 0; i < 8; i++) {
-            const float4 t = __ldg(src + i);
-            v[4 * i] = t.x;
-            v[4 * i + 1] = t.y;
-            v[4 * i + 2] = t.z;
-            v[4 * i + 3] = t.w;
+            for (int i = 0; i < 8; i++)
+                v[i] = 0.f;
         }
-        float am = 0.f;
-        bool nan = false;
-#pragma unroll
-        for (int i = 0; i < 32; i++) {
-            am = fmaxf(am, fabsf(v[i]));
-            nan |= v[i] != v[i];
-        }
-        const float id = am >= MS_QGEMV_I8_MIN_AMAX ? 127.0f / am : 0.f;
-        unsigned w[8];
-#pragma unroll
-        for (int j = 0; j < 8; j++) {
-            unsigned b[4];
-#pragma unroll
-            for (int e = 0; e < 4; e++)
-                b[e] = __float_as_uint(fmaf(v[4 * j + e], id, 12582912.0f));
-            w[j] = __byte_perm(__byte_perm(b[0], b[1], 0x0040u), __byte_perm(b[2], b[3], 0x0040u), 0x5410u);
-        }
-        uint4 *dst = reinterpret_cast<uint4 *>(static_cast<signed char *>(p.qx) + (size_t)r * (size_t)p.qx_stride +
-                                               32 * (size_t)k);
-        dst[0] = make_uint4(w[0], w[1], w[2], w[3]);
-        dst[1] = make_uint4(w[4], w[5], w[6], w[7]);
-        static_cast<float *>(p.qd)[(size_t)r * (size_t)p.qd_stride + k] =
-            nan ? __int_as_float(0x7fffffff) : am / 127.0f;
+        q8x_store<8>(v, ok, static_cast<signed char *>(p.qx) + (size_t)r * (size_t)p.qx_stride + 32 * (size_t)k + 8 * sub,
+                     static_cast<float *>(p.qd) + (size_t)r * (size_t)p.qd_stride + k, sub);
     }
 }
 

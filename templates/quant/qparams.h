@@ -20,22 +20,24 @@
  * linear_add's residual add), so that ms_qgemv_<nc> stores without reading y; above, one entry
  * reads p.acc at run time (qmatmul.cuh kQStore*) */
 #define MS_QGEMV_ACC_COLS 2
-/* x rows up to which the Q4_0 / Q8_0 / Q4_K GEMV quantizes x to int8 in each CTA and uses dp4a
- * (blocks.cuh, "The integer GEMV"); above, that quantization's cost (per x row, over 4 weight rows)
- * outweighed the cheaper dot (H200, 8B decode at batch 8: Q4_0 677 tok/s against 746, Q4_K 355
- * against 660; docs/perf.md) */
+/* x rows up to which the Q4_0 / Q8_0 / Q4_K GEMV of a float x quantizes it to int8 in each CTA
+ * and uses dp4a (blocks.cuh, "The integer GEMV"); above, that quantization's cost (per x row, over
+ * 4 weight rows) outweighed the cheaper dot (H200, 8B decode at batch 8: Q4_0 677 tok/s against
+ * 746, Q4_K 355 against 660; docs/perf.md) */
 #define MS_QGEMV_I8_MAX_COLS 2
-/* Above it, the 16-value integer types (Q4_0, Q8_0: kI8 and not kWide) still take the dp4a dot, on
- * x quantized once per launch by ms_qquant_x into p.qx / p.qd (the same int8 values as the
- * in-CTA quantization, and the same scales but in a block holding a NaN); Q4_K and the others take
- * the fp32 dot there. MS_QGEMV_PREQ_TYPE: the ggml types (Q4_0 = 2, Q8_0 = 8; the instance
- * static_asserts that it agrees with the block structs) */
+/* The 16-value integer types (Q4_0, Q8_0: kI8 and not kWide) take the dp4a dot above it too, on x
+ * quantized before the launch into p.qx / p.qd (common/q8x.cuh: by ms_qquant_x, the same int8
+ * values as the in-CTA quantization, and the same scales but in a block holding a NaN), and so do
+ * their ms_qgemv_q_* entries at 1 .. MS_QGEMV_I8_MAX_COLS rows (x quantized by the kernel that
+ * produced it); Q4_K and the others take the fp32 dot above it. MS_QGEMV_PREQ_TYPE: the ggml
+ * types (Q4_0 = 2, Q8_0 = 8; the instance static_asserts that it agrees with the block structs) */
 #define MS_QGEMV_PREQ_TYPE(t) ((t) == 2 || (t) == 8)
 /* an x block whose amax is below this quantizes to zeros (127 / amax would overflow to inf for
  * amax under about 3.7e-37; the values dropped are under 2^-96 each) */
 #define MS_QGEMV_I8_MIN_AMAX 0x1p-96f
 
 #define MS_QDEQUANT_THREADS 256 /* grid-stride over 32-value units */
+#define MS_QQUANT_X_LANES 4     /* ms_qquant_x: threads a 32-value x block (8 values each) */
 
 /*
  * y[c, r] = sum_i x[c, i] * W[r, i] for c < n (the gemv entries: ms_qgemv_<n> for n in 1..8), or
@@ -58,9 +60,10 @@ typedef struct ms_qmatmul_params {
     int acc;         /* gemv: 1 = y += x W^T (linear_add: the residual add in the output), 0 = y =;
                         read by the entries above MS_QGEMV_ACC_COLS rows only (the narrower ones
                         store as their name says: ms_qgemv_<n> sets, ms_qgemv_acc_<n> adds) */
-    void *qx;        /* MS_QGEMV_PREQ_TYPE gemv above MS_QGEMV_I8_MAX_COLS rows (read) and ms_qquant_x
-                        (written): x's int8 values [n, in], row stride qx_stride bytes (a multiple
-                        of 16, 16-byte aligned base) */
+    void *qx;        /* MS_QGEMV_PREQ_TYPE gemv above MS_QGEMV_I8_MAX_COLS rows and ms_qgemv_q_*
+                        (read), ms_qquant_x (written): x's int8 values
+                        [n, in], row stride qx_stride bytes (a multiple of 16, 16-byte aligned
+                        base; common/q8x.cuh) */
     void *qd;        /* the same: x's scale per 32 values, float [n, in / 32], row stride qd_stride */
     int qx_stride;
     int qd_stride;
