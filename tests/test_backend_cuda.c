@@ -305,10 +305,10 @@ static void test_rms_norm_linear(void **state) {
     free(hb);
 }
 
-/* ---- the Q4_0 / Q8_0 GEMV's x written quantized by the kernel before it ---- */
+/* ---- the Q4_0 / Q8_0 / Q4_K GEMV's x written quantized by the kernel before it ---- */
 
 /* rms_norm_linear (with and without a residual add), silu_mul_linear and silu_mul_linear_add
- * over a Q4_0 or Q8_0 weight: at the GEMV's rows (1 .. 8) the norm or the SiLU-and-multiply
+ * over a Q4_0, Q8_0 or Q4_K weight: at the GEMV's rows (1 .. 8) the norm or the SiLU-and-multiply
  * writes x quantized per 32 values for it (backend_cuda.c norm_qx_linear / silu_qx_linear:
  * ms_rmsnorm_q8, ms_silu_mul_q8), where the unfused ops write float x and the linear quantizes
  * it (ms_qquant_x). y (and the residual) must equal the GPU's unfused ops bitwise, at every row
@@ -319,7 +319,7 @@ static void test_quant_x_producers(void **state) {
     (void)state;
     ms_error err = {0};
     const int d = 1024, out = 200, ys = 216, nmax = 9;
-    const uint32_t types[] = {MS_GGML_TYPE_Q4_0, MS_GGML_TYPE_Q8_0};
+    const uint32_t types[] = {MS_GGML_TYPE_Q4_0, MS_GGML_TYPE_Q8_0, MS_GGML_TYPE_Q4_K};
     float *hx = rand_host((size_t)nmax * 2 * d, 2.f), *hr = rand_host((size_t)nmax * d, 2.f);
     float *hn = rand_host(d, 0.5f), *hw = rand_host((size_t)out * d, 0.05f), *hb = rand_host((size_t)out, 1.f);
     float *hy = rand_host((size_t)nmax * ys, 4.f);

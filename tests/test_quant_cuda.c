@@ -20,7 +20,7 @@
  *   - every type at in = 4096, 14336 and 5120 (the 8B model's widths; rows 16-byte aligned but
  *     Q6_K's at 5120, and Q6_K's at 1024);
  *   - Q4_0, Q8_0 and Q4_K's GEMV entries for up to MS_QGEMV_I8_MAX_COLS x rows run on int8 x
- *     (quantized per 32 values like ggml-cuda's q8_1, in the kernel), and so do Q4_0 and Q8_0's
+ *     (quantized per 32 values like ggml-cuda's q8_1, in the kernel), and so do their entries
  *     above (x quantized once per launch by ms_qquant_x, MS_QGEMV_PREQ_TYPE): their reference takes
  *     the same quantized x, within the same fp32 bound, and y must be 20 times closer to it in sum
  *     than the quantized reference is to the unquantized one;
@@ -350,7 +350,7 @@ static void test_bad_weights(void **state) {
     OK(ms_cuda_qweight_init(&w, MS_GGML_TYPE_Q4_0, 4, 64, &err));
     uint8_t host[4 * 36] = {0};
     assert_int_equal(ms_cuda_qweight_upload_rows(&w, 3, 2, host, &err), MS_ERR_INVALID_ARG);
-    /* the GEMV on x quantized by its producer: Q4_0 / Q8_0 at 1 .. 8 rows only, and the
+    /* the GEMV on x quantized by its producer: Q4_0 / Q8_0 / Q4_K at 1 .. 8 rows only, and the
        workspace's own rules */
     ms_cuda_quant *q = NULL;
     OK(ms_cuda_quant_init(&q, g_arch, NULL, g_stream, g_cublas, &err));
@@ -367,10 +367,10 @@ static void test_bad_weights(void **state) {
     assert_int_equal(ms_cuda_quant_linear_qx(q, &qx, 9, &w, dy, 4, false, &err), MS_ERR_INVALID_ARG);
     assert_non_null(strstr(err.msg, "reads x quantized"));
     ms_cuda_qweight wk;
-    OK(ms_cuda_qweight_init(&wk, MS_GGML_TYPE_Q4_K, 4, 256, &err));
+    OK(ms_cuda_qweight_init(&wk, MS_GGML_TYPE_Q6_K, 4, 256, &err));
     assert_false(ms_cuda_quant_reads_qx(&wk, 1));
     assert_int_equal(ms_cuda_quant_linear_qx(q, &qx, 1, &wk, dy, 4, false, &err), MS_ERR_INVALID_ARG);
-    assert_non_null(strstr(err.msg, "Q4_K"));
+    assert_non_null(strstr(err.msg, "Q6_K"));
     ms_cuda_qweight_free(&wk);
     cudaFree(dy);
     ms_cuda_quant_free(q);

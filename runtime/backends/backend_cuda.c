@@ -50,7 +50,7 @@ typedef struct cuda_ctx {
                           gemv.cuh), the others convert + cuBLAS; MS_CUDA_GEMV=N at init (0: off) */
     int fold_norm;     /* rms_norm_linear at the GEMVs' sizes runs the norm inside the GEMV (1, the
                           default) or as its own launch first (0); MS_CUDA_NORM_FOLD at init */
-    int qx_fuse;       /* the RMSNorm / SiLU-and-multiply before a Q4_0 / Q8_0 GEMV write x
+    int qx_fuse;       /* the RMSNorm / SiLU-and-multiply before a Q4_0 / Q8_0 / Q4_K GEMV write x
                           quantized for it (1, the default: norm_qx_linear, silu_qx_linear) or
                           float x that the linear quantizes in a launch of its own (0);
                           MS_CUDA_QX_FUSE at init */
@@ -952,7 +952,7 @@ static ms_status cu_add_rms_norm(void *ctx, ms_tensor *residual, const ms_tensor
    store): no residual, the GEMV's sizes (cu_linear's takes_gemv), bf16 weights and norm weights
    (16-byte aligned). Not f16: x w is rounded before the rsqrt, and a residual stream's outliers
    times the norm weight can pass f16's 65504 where x rsqrt(..) w would not. Not the quantized
-   GEMVs: the same fold ran them slower (docs/perf.md); for Q4_0 / Q8_0 the norm writes the
+   GEMVs: the same fold ran them slower (docs/perf.md); for Q4_0 / Q8_0 / Q4_K the norm writes the
    GEMV's quantized x instead (norm_qx_linear). *done false: not taken (nothing queued). */
 static ms_status norm_gemv(cuda_ctx *c, const ms_tensor *x, const ms_tensor *norm_w, float eps,
                            const ms_tensor *w, const ms_tensor *bias, ms_tensor *y, bool *done,
@@ -1022,7 +1022,7 @@ static ms_status qx_linear(cuda_ctx *c, const ms_cuda_qx *qx, int64_t n, const m
     return linear_bias(c, bias, n, w->shape[0], y, err);
 }
 
-/* rms_norm_linear over a Q4_0 / Q8_0 weight at the GEMV's rows: the norm (with its residual add)
+/* rms_norm_linear over a Q4_0 / Q8_0 / Q4_K weight at the GEMV's rows: the norm (with its residual add)
    writes x quantized for the GEMV (ms_rmsnorm_q8), h is left unwritten. *done false: not taken. */
 static ms_status norm_qx_linear(cuda_ctx *c, ms_tensor *residual, const ms_tensor *x, const ms_tensor *norm_w,
                                 float eps, const ms_tensor *w, const ms_tensor *bias, ms_tensor *y, bool *done,
@@ -1406,7 +1406,7 @@ static ms_status silu_mul_linear_to(cuda_ctx *c, const ms_tensor *gate, const ms
     ms_error quiet = {0};
     if (check_t("silu_mul_linear", "gate", gate, 2, 2, DT_F32, &quiet) == MS_OK &&
         check_t("silu_mul_linear", "up", up, 2, 2, DT_F32, &quiet) == MS_OK) {
-        /* a Q4_0 / Q8_0 GEMV: the product written quantized for it (ms_silu_mul_q8), tmp unwritten */
+        /* a Q4_0 / Q8_0 / Q4_K GEMV: the product written quantized for it (ms_silu_mul_q8), tmp unwritten */
         const int64_t n = gate->shape[0], f = gate->shape[1];
         ms_cuda_qweight qw;
         ms_cuda_qx qx;

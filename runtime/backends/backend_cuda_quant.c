@@ -413,7 +413,7 @@ ms_status ms_cuda_quant_linear_qx(ms_cuda_quant *q, const ms_cuda_qx *x, int64_t
         x->q == NULL || x->d == NULL || x->q_stride < w->in || x->q_stride % 16 != 0 || x->d_stride < w->in / 32 ||
         x->q_stride > 0x7fffffff || x->d_stride > 0x7fffffff)
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "cuda quant: linear of quantized x [%lld, %lld] with %s W [%lld, "
-                       "%lld] into y (stride %lld): the GEMV of Q4_0 / Q8_0 at 1 .. %d rows reads x quantized",
+                       "%lld] into y (stride %lld): the GEMV of Q4_0 / Q8_0 / Q4_K at 1 .. %d rows reads x quantized",
                        (long long)n, (long long)w->in, ms_ggml_type_name(w->type), (long long)w->rows,
                        (long long)w->in, (long long)y_stride, MS_CUDA_QGEMV_MAX_ROWS);
     ms_cuda_module *m;

@@ -19,11 +19,11 @@
  *     accumulation): ceil(n / 8) reads of the quantized bytes cost less than the dequantized
  *     path's bf16 write and read up to the threshold. Q4_0, Q8_0 and Q4_K at 1-2 x rows take the
  *     integer dot (x quantized per 32 values to int8 as ggml-cuda's q8_1, templates/common/q8x.cuh,
- *     in each CTA, dp4a; y within fp32 rounding of the dot with that quantized x), and so do
- *     Q4_0 and Q8_0 at 3-8 rows, with x quantized once per call by ms_qquant_x into a workspace
- *     (the same int8 values and sums as in the CTAs; MS_QGEMV_PREQ_TYPE; H200, 8B Q4_0 decode at
- *     batch 8: 757 -> 1,484 tok/s); the rest take the fp32 dot of the dequantized values. For
- *     Q4_0 and Q8_0 the kernel that computes x may write it quantized instead, at any of the
+ *     in each CTA, dp4a; y within fp32 rounding of the dot with that quantized x), and so do they
+ *     at 3-8 rows, with x quantized once per call by ms_qquant_x into a workspace (the same int8
+ *     values and sums as in the CTAs; MS_QGEMV_PREQ_TYPE; H200, 8B Q4_0 decode at batch 8: 757 ->
+ *     1,484 tok/s); the rest take the fp32 dot of the dequantized values. For Q4_0, Q8_0 and Q4_K
+ *     the kernel that computes x may write it quantized instead, at any of the
  *     GEMV's widths (ms_cuda_quant_qx, ms_cuda_quant_linear_qx: backend_cuda.c's RMSNorm and
  *     SiLU-and-multiply before qkv, gate/up and down), so neither the CTAs nor a launch of its
  *     own quantize it;
@@ -148,7 +148,7 @@ typedef struct ms_cuda_qx {
 } ms_cuda_qx;
 
 /* Whether ms_cuda_quant_linear's GEMV for n x rows of w takes x quantized beforehand: Q4_0 and
- * Q8_0 (MS_QGEMV_PREQ_TYPE) at 1 .. MS_CUDA_QGEMV_MAX_ROWS rows. Then a kernel that computes x can
+ * Q8_0 and Q4_K (MS_QGEMV_PREQ_TYPE) at 1 .. MS_CUDA_QGEMV_MAX_ROWS rows. Then a kernel that computes x can
  * write it in that form (ms_cuda_quant_qx, then ms_cuda_quant_linear_qx) instead of the float x
  * that ms_cuda_quant_linear quantizes in a launch of its own (ms_qquant_x). */
 bool ms_cuda_quant_reads_qx(const ms_cuda_qweight *w, int64_t n);
@@ -156,7 +156,7 @@ bool ms_cuda_quant_reads_qx(const ms_cuda_qweight *w, int64_t n);
 /* The context's quantized-x workspace for n (1 .. MS_CUDA_QGEMV_MAX_ROWS) rows of `in` values (a
  * positive multiple of 32) in *out, grown if needed (outside graph capture: as the other
  * workspaces, ms_cuda_quant_reserve). Valid until the next call on q that quantizes x (each
- * ms_cuda_quant_linear of a Q4_0 / Q8_0 weight, and this one): write it, then run
+ * ms_cuda_quant_linear of a Q4_0 / Q8_0 / Q4_K weight above 2 rows, and this one): write it, then run
  * ms_cuda_quant_linear_qx, both on the context's stream. Errors: MS_ERR_INVALID_ARG (n, in),
  * MS_ERR_STATE / MS_ERR_CUDA from the growth. */
 ms_status ms_cuda_quant_qx(ms_cuda_quant *q, int64_t n, int64_t in, ms_cuda_qx *out, ms_error *err);

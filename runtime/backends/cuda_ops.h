@@ -104,7 +104,7 @@ ms_status ms_cuda_rmsnorm_heads_launch(const ms_cuda_module *m, const ms_rmsnorm
  * q 16-byte aligned with a stride of whole 16-byte units, d 4-byte aligned. */
 bool ms_cuda_q8x_fits(const void *q, int64_t q_stride, const float *d, int64_t d_stride, int64_t n_values);
 /* The norm of ms_cuda_rmsnorm_launch with out quantized per 32 values for the integer GEMV of
- * Q4_0 / Q8_0 weights (entry ms_rmsnorm_q8; templates/common/q8x.cuh: p->out int8 rows of
+ * Q4_0 / Q8_0 / Q4_K weights (entry ms_rmsnorm_q8; templates/common/q8x.cuh: p->out int8 rows of
  * p->out_stride bytes, p->out_scale floats with p->scale_stride a row): the bytes ms_qquant_x
  * gives for the float norm. p->dim a multiple of 32; MS_ERR_INVALID_ARG, naming the module, unless
  * ms_cuda_q8x_fits and x's rules of ms_cuda_rmsnorm_launch hold. */

@@ -485,7 +485,7 @@ static ms_status spec_body(const ms_kernel_spec *s, bool shape_macros, const cha
                  "extern \"C\" __global__ void __launch_bounds__(MS_RMSNORM_THREADS)\n"
                  "ms_rmsnorm_f16(const ms_rmsnorm_params p) {\n" PDL_PROLOGUE
                  "    ms::rmsnorm<cfg::TA, cfg::T, cfg::kAddResidual, ms::f16>(p);\n}\n\n"
-                 /* out quantized for the integer GEMV of Q4_0 / Q8_0 (common/q8x.cuh) */
+                 /* out quantized for the integer GEMV of Q4_0 / Q8_0 / Q4_K (common/q8x.cuh) */
                  "extern \"C\" __global__ void __launch_bounds__(MS_RMSNORM_THREADS)\n"
                  "ms_rmsnorm_q8(const ms_rmsnorm_params p) {\n" PDL_PROLOGUE
                  "    ms::rmsnorm<cfg::TA, cfg::T, cfg::kAddResidual, ms::q8x_out>(p);\n}\n");
@@ -494,7 +494,7 @@ static ms_status spec_body(const ms_kernel_spec *s, bool shape_macros, const cha
         emit(&b, "extern \"C\" __global__ void __launch_bounds__(MS_SILU_MUL_THREADS)\n"
                  "ms_silu_mul(const ms_silu_mul_params p) {\n" PDL_PROLOGUE
                  "    ms::silu_mul<cfg::T>(p);\n}\n\n"
-                 /* out quantized for the integer GEMV of Q4_0 / Q8_0 (common/q8x.cuh) */
+                 /* out quantized for the integer GEMV of Q4_0 / Q8_0 / Q4_K (common/q8x.cuh) */
                  "extern \"C\" __global__ void __launch_bounds__(MS_SILU_MUL_THREADS)\n"
                  "ms_silu_mul_q8(const ms_silu_mul_params p) {\n" PDL_PROLOGUE
                  "    ms::silu_mul_q8<cfg::T>(p);\n}\n");
@@ -594,7 +594,7 @@ static ms_status spec_body(const ms_kernel_spec *s, bool shape_macros, const cha
                  "    ms::qembed<cfg::Q>(p);\n}\n\n");
         /* x quantized once for the GEMVs above MS_QGEMV_I8_MAX_COLS rows of the types
            MS_QGEMV_PREQ_TYPE names (the host launches it for those only) */
-        emit(&b, "static_assert(ms::i8_narrow<cfg::Q>::value == %s, \"qparams.h MS_QGEMV_PREQ_TYPE\");\n"
+        emit(&b, "static_assert(cfg::Q::kI8 == %s, \"qparams.h MS_QGEMV_PREQ_TYPE\");\n"
                  "extern \"C\" __global__ void __launch_bounds__(MS_QDEQUANT_THREADS)\n"
                  "ms_qquant_x(const ms_qmatmul_params p) {\n" PDL_PROLOGUE
                  "    ms::qquant_x(p);\n}\n",

@@ -1,6 +1,7 @@
 /*
  * q8x.cuh - activations quantized to int8 per 32 values for the integer GEMV of the 16-value
- * quantized types (quant/qmatmul.cuh: Q4_0 and Q8_0 read x in this form, load_qx16).
+ * quantized types (quant/qmatmul.cuh: Q4_0 and Q8_0 read x in this form, load_qx16, and Q4_K,
+ * load_qx32).
  *
  * Layout (the host's, backend_cuda_quant.c qx_layout): row r's values at q + r * q_stride bytes
  * (int8, in order), its scales at d + r * d_stride floats, one per 32 values. Per 32-value block:

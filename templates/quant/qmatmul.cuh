@@ -18,8 +18,7 @@
  * sm_90) and accumulates d * sum(q x) + m * sum(x) per run in fp32. Partial sums are reduced with
  * warp shuffles and one shared-memory pass in a fixed order (deterministic).
  *
- * The integer GEMV (Q4_0, Q8_0 and Q4_K at up to MS_QGEMV_I8_MAX_COLS x rows, Q4_0 and Q8_0 above
- * too) takes x quantized per 32 values to int8, like ggml-cuda's q8_1 (common/q8x.cuh), and the
+ * The integer GEMV (Q4_0, Q8_0 and Q4_K at every width) takes x quantized per 32 values to int8, like ggml-cuda's q8_1 (common/q8x.cuh), and the
  * dot of weight and x bytes with dp4a, four products per instruction instead of an AND-OR, FADD
  * and FFMA per value: the fp32 GEMV was issue-bound (ncu, Q4_0 gate/up: issue slots 58% busy, the
  * same values per second as Q8_0 at twice the bytes). y then differs from the fp32 dot by x's
@@ -28,13 +27,14 @@
  *   - in each CTA (quant_x16 for the 16-value lanes of Q4_0 and Q8_0, qgemv_dot_i8; quant_x for
  *     Q4_K's 32-value lanes, chunks of 1024, i8_lanes, blocks.cuh "The integer GEMV": a
  *     super-block header read and decoded once per 32 values) at 1-2 x rows of a float x;
- *   - before the launch, for Q4_0 and Q8_0 (p.qx, p.qd; load_qx16, qgemv_dot_i8q: the same values
- *     and sums): at 3-8 rows by ms_qquant_x once per call, where quantizing in every CTA cost more
+ *   - before the launch (p.qx, p.qd; load_qx16, qgemv_dot_i8q; load_qx32, qgemv_dot_wideq: the
+ *     same values and sums): at 3-8 rows by ms_qquant_x once per call, where quantizing in every CTA cost more
  *     than the dot saved; and at any width by the kernel that produced x (the RMSNorm before qkv
  *     and gate/up, the SiLU-and-multiply before down: backend_cuda.c), through the ms_qgemv_q_*
  *     entries at 1-2 rows, so no CTA spends instructions on it (ncu, 8B down projection at batch
  *     1: 6.05M instructions quantizing in each CTA, 3.74M reading it).
- * Q4_K above 2 rows and the other types take the fp32 dot.
+ * The other types take the fp32 dot (Q4_K did above 2 rows until its 3-8-row entries read x
+ * quantized once per call: H200, 8B Q4_K decode at batch 8, docs/perf.md).
  *
  * History (Q4_0 decode of an 8B model on the H200, docs/perf.md): one 32-value unit per thread
  * (x loads strided across the warp, each x row re-read per pair of rows): 147 tok/s; 8 values
@@ -384,14 +384,13 @@ __device__ __forceinline__ void qgemv_load_wide(const unsigned char *const *rows
     }
 }
 
-/// qgemv_dot_i8 for the wide-lane types: the integer GEMV's work on one 1024-value chunk at up to
-/// MS_QGEMV_I8_MAX_COLS x rows, on the R rows' loaded bytes (qgemv_load_wide): per x row its quantized values (quant_x) and per weight
-/// row the runs' exact integer dots (dp4a), scaled once per run: acc[r][c] += dx (d is + m xs) for
-/// r < R. ok: the lane's values lie in the row (the lanes outside still take part in quant_x's
-/// shuffles, with zeros).
-template <typename Q, int NC, int R>
-__device__ __forceinline__ void qgemv_dot_wide(const quant::qraw (&raw)[R], const float *xc, int x_stride, int lane,
-                                             bool ok, float (*acc)[NC]) {
+/// The integer dot of the wide-lane types on the R rows' loaded bytes (qgemv_load_wide), one
+/// 1024-value chunk: per x row c its quantized values from xq(c, o0, o1, xw, dx, xs) (quant_x in
+/// the CTA, or load_qx32 from x quantized beforehand: the same values) and per weight row the runs'
+/// exact integer dots (dp4a), scaled once per run: acc[r][c] += dx (d is + m xs) for r < R.
+template <typename Q, int NC, int R, typename XQ>
+__device__ __forceinline__ void qgemv_dot_wide_with(const quant::qraw (&raw)[R], int lane, const XQ &xq,
+                                                    float (*acc)[NC]) {
     using I = i8_lanes<Q>;
     const int o0 = I::run0(lane), o1 = o0 + I::kRun1;
     /* the scales once per row (not per x row) */
@@ -403,7 +402,7 @@ __device__ __forceinline__ void qgemv_dot_wide(const quant::qraw (&raw)[R], cons
     for (int c = 0; c < NC; c++) {
         int xw[I::V / 4], xs[2];
         float dx[2];
-        quant_x<Q, I::V>(xc + (size_t)c * (size_t)x_stride, o0, o1, ok, xw, dx, xs);
+        xq(c, o0, o1, xw, dx, xs);
 #pragma unroll
         for (int r = 0; r < R; r++) {
             int is[2];
@@ -419,6 +418,64 @@ __device__ __forceinline__ void qgemv_dot_wide(const quant::qraw (&raw)[R], cons
             acc[r][c] = a;
         }
     }
+}
+
+/// qgemv_dot_i8 for the wide-lane types at up to MS_QGEMV_I8_MAX_COLS x rows: qgemv_dot_wide_with
+/// on x quantized in the CTA (quant_x). ok: the lane's values lie in the row (the lanes outside
+/// still take part in quant_x's shuffles, with zeros).
+template <typename Q, int NC, int R>
+__device__ __forceinline__ void qgemv_dot_wide(const quant::qraw (&raw)[R], const float *xc, int x_stride, int lane,
+                                             bool ok, float (*acc)[NC]) {
+    using I = i8_lanes<Q>;
+    qgemv_dot_wide_with<Q, NC, R>(
+        raw, lane,
+        [&](int c, int o0, int o1, int (&xw)[I::V / 4], float (&dx)[2], int (&xs)[2]) {
+            quant_x<Q, I::V>(xc + (size_t)c * (size_t)x_stride, o0, o1, ok, xw, dx, xs);
+        },
+        acc);
+}
+
+/// The lane's 32 x values (two runs of 16 at o0, o1, each its own 32-value x block) in the
+/// common/q8x.cuh layout: the xw, dx and xs quant_x<Q, 32> computes from the same x (a NaN marks
+/// its whole block's dx, where quant_x marks the lanes holding it). !ok lanes: zeros.
+__device__ __forceinline__ void load_qx32(const signed char *qx, const float *qd, int o0, int o1, bool ok,
+                                          int (&xw)[8], float (&dx)[2], int (&xs)[2]) {
+    if (ok) {
+        const uint4 a = __ldg(reinterpret_cast<const uint4 *>(qx + o0));
+        const uint4 b = __ldg(reinterpret_cast<const uint4 *>(qx + o1));
+        xw[0] = (int)a.x, xw[1] = (int)a.y, xw[2] = (int)a.z, xw[3] = (int)a.w;
+        xw[4] = (int)b.x, xw[5] = (int)b.y, xw[6] = (int)b.z, xw[7] = (int)b.w;
+        dx[0] = __ldg(qd + o0 / 32);
+        dx[1] = __ldg(qd + o1 / 32);
+    } else {
+#pragma unroll
+        for (int i = 0; i < 8; i++)
+            xw[i] = 0;
+        dx[0] = dx[1] = 0.f;
+    }
+#pragma unroll
+    for (int j = 0; j < 2; j++) {
+        int s = 0;
+#pragma unroll
+        for (int w = 0; w < 4; w++)
+            s = quant::dp4a(xw[4 * j + w], 0x01010101, s);
+        xs[j] = s;
+    }
+}
+
+/// qgemv_dot_wide with x quantized beforehand (the wide-lane types above MS_QGEMV_I8_MAX_COLS x
+/// rows, and in the PREQ entries): the same sums in the same order, the x words loaded.
+template <typename Q, int NC, int R>
+__device__ __forceinline__ void qgemv_dot_wideq(const quant::qraw (&raw)[R], const signed char *qx, const float *qd,
+                                                int qx_stride, int qd_stride, int lane, bool ok, float (*acc)[NC]) {
+    static_assert(i8_lanes<Q>::V == 32, "qgemv_dot_wideq: 32-value lanes");
+    qgemv_dot_wide_with<Q, NC, R>(
+        raw, lane,
+        [&](int c, int o0, int o1, int (&xw)[8], float (&dx)[2], int (&xs)[2]) {
+            load_qx32(qx + (size_t)c * (size_t)qx_stride, qd + (size_t)c * (size_t)qd_stride, o0, o1, ok, xw, dx,
+                      xs);
+        },
+        acc);
 }
 
 /// How a GEMV entry stores its sums (linear_add's residual add: y's old value + the sum).
@@ -530,6 +587,28 @@ __device__ __forceinline__ void qgemv_plain(const ms_qmatmul_params &p) {
             qgemv_load_i8<Q, R, M>(rows, nb, ch, lane, ok, raw);
             qgemv_dot_i8q<Q, NC, R>(raw, qx + (size_t)ch * 512, qd + (size_t)ch * 16, p.qx_stride, p.qd_stride,
                                     lane, ok, acc);
+        }
+    } else if constexpr (Q::kI8) {
+        /* more x rows, or PREQ, the wide-lane integer types (Q4_K): x quantized before the launch,
+         * 32-value lanes, 1024-value chunks; all R rows' bytes in flight together, or R / 2 at a
+         * time at 8 rows a CTA and two x rows (as the in-CTA form) and above 4 x rows (all 4 took
+         * 249-255 registers at 7-8 x rows) */
+        static_assert(Q::kWide, "qgemv: the wide-lane branch");
+        using I = i8_lanes<Q>;
+        constexpr int RG = (NC > 1 && R > 4) || NC > 4 ? R / 2 : R;
+        static_assert(R % RG == 0, "qgemv: row groups");
+        const signed char *qx = static_cast<const signed char *>(p.qx);
+        const float *qd = static_cast<const float *>(p.qd);
+        const int wchunks = (p.in + 32 * I::V - 1) / (32 * I::V);
+        for (int ch = warp; ch < wchunks; ch += NW) {
+            const bool ok = I::ok(ch, lane, p.in);
+#pragma unroll
+            for (int g = 0; g < R; g += RG) {
+                quant::qraw raw[RG];
+                qgemv_load_wide<Q, RG, M>(rows + g, nb, ch, lane, ok, raw);
+                qgemv_dot_wideq<Q, NC, RG>(raw, qx + (size_t)ch * (32 * I::V), qd + (size_t)ch * I::V, p.qx_stride,
+                                           p.qd_stride, lane, ok, acc + g);
+            }
         }
     } else {
         for (int ch = warp; ch < chunks; ch += NW) {

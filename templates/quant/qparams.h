@@ -25,13 +25,13 @@
  * 4 weight rows) outweighed the cheaper dot (H200, 8B decode at batch 8: Q4_0 677 tok/s against
  * 746, Q4_K 355 against 660; docs/perf.md) */
 #define MS_QGEMV_I8_MAX_COLS 2
-/* The 16-value integer types (Q4_0, Q8_0: kI8 and not kWide) take the dp4a dot above it too, on x
- * quantized before the launch into p.qx / p.qd (common/q8x.cuh: by ms_qquant_x, the same int8
- * values as the in-CTA quantization, and the same scales but in a block holding a NaN), and so do
- * their ms_qgemv_q_* entries at 1 .. MS_QGEMV_I8_MAX_COLS rows (x quantized by the kernel that
- * produced it); Q4_K and the others take the fp32 dot above it. MS_QGEMV_PREQ_TYPE: the ggml
- * types (Q4_0 = 2, Q8_0 = 8; the instance static_asserts that it agrees with the block structs) */
-#define MS_QGEMV_PREQ_TYPE(t) ((t) == 2 || (t) == 8)
+/* The integer types (Q4_0, Q8_0, Q4_K: kI8) take the dp4a dot above it too, on x quantized before
+ * the launch into p.qx / p.qd (common/q8x.cuh: by ms_qquant_x, the same int8 values as the in-CTA
+ * quantization, and the same scales but in a block holding a NaN), and so do their ms_qgemv_q_*
+ * entries at 1 .. MS_QGEMV_I8_MAX_COLS rows (x quantized by the kernel that produced it); the
+ * other types take the fp32 dot above it. MS_QGEMV_PREQ_TYPE: the ggml types (Q4_0 = 2, Q8_0 = 8,
+ * Q4_K = 12; the instance static_asserts that it agrees with the block structs' kI8) */
+#define MS_QGEMV_PREQ_TYPE(t) ((t) == 2 || (t) == 8 || (t) == 12)
 /* an x block whose amax is below this quantizes to zeros (127 / amax would overflow to inf for
  * amax under about 3.7e-37; the values dropped are under 2^-96 each) */
 #define MS_QGEMV_I8_MIN_AMAX 0x1p-96f
