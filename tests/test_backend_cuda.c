@@ -309,16 +309,15 @@ static void test_rms_norm_linear(void **state) {
 
 /* rms_norm_linear (with and without a residual add), silu_mul_linear and silu_mul_linear_add
  * over a Q4_0, Q8_0 or Q4_K weight: at the GEMV's rows (1 .. 8) the norm or the SiLU-and-multiply
- * writes x quantized per 32 values for it (backend_cuda.c norm_qx_linear / silu_qx_linear:
+ * writes x quantized per 32 values for it (backend_cuda.c norm_qx_linear / silu_mul_linear_to:
  * ms_rmsnorm_q8, ms_silu_mul_q8), where the unfused ops write float x and the linear quantizes
  * it (ms_qquant_x). y (and the residual) must equal the GPU's unfused ops bitwise, at every row
  * count, with and without a bias, y a column slice with old values in it (the _add ops add to
  * them); and y must be near the CPU's ops over the dequantized weight (2e-2: x rounded to 8 bits
  * per 32 values on the GPU). 9 rows: above the GEMV (dequantize + GEMM), the same comparisons. */
-static void test_quant_x_producers(void **state) {
-    (void)state;
+static void quant_x_producers_at(int d) {
     ms_error err = {0};
-    const int d = 1024, out = 200, ys = 216, nmax = 9;
+    const int out = 200, ys = 216, nmax = 9;
     const uint32_t types[] = {MS_GGML_TYPE_Q4_0, MS_GGML_TYPE_Q8_0, MS_GGML_TYPE_Q4_K};
     float *hx = rand_host((size_t)nmax * 2 * d, 2.f), *hr = rand_host((size_t)nmax * d, 2.f);
     float *hn = rand_host(d, 0.5f), *hw = rand_host((size_t)out * d, 0.05f), *hb = rand_host((size_t)out, 1.f);
@@ -412,6 +411,15 @@ static void test_quant_x_producers(void **state) {
                              max_rel(f1, f2, (size_t)nmax * ys));
                 if (memcmp(r1, r2, rb) != 0)
                     fail_msg("%s: the residual differs from the unfused ops'", what);
+                /* the fused path ran: at the GEMV's rows the producer wrote the quantized x, not h
+                   (tmp for the SiLU ops), which keeps its 0xff poison; above, h holds the floats */
+                OK(g_gpu.iface.copy_to_host(g_gpu.ctx, r1, h.g, rb, &err));
+                bool poisoned = true;
+                for (size_t i = 0; i < (size_t)n * d; i++)
+                    poisoned &= ((const uint32_t *)r1)[i] == 0xffffffffu;
+                if (poisoned != (n <= 8))
+                    fail_msg("%s: h %s, so the quantized-x path was %s", what, poisoned ? "unwritten" : "written",
+                             n <= 8 ? "not taken" : "taken above the GEMV's rows");
                 for (int r = 0; r < nmax; r++)
                     for (int i = 0; i < ys; i++)
                         if ((r >= n || i < 8 || i >= 8 + out) && f1[(size_t)r * ys + i] != hy[(size_t)r * ys + i])
@@ -442,6 +450,16 @@ static void test_quant_x_producers(void **state) {
     free(hw);
     free(hb);
     free(hy);
+}
+
+static void test_quant_x_producers(void **state) {
+    (void)state;
+    /* 1024: one 4-value vector a thread of the norm's CTA; 2304: its register path with a partial
+       third step; 4352: its long-row path (more than 4 vectors a thread) with a partial last step
+       (every width a multiple of Q4_K's 256) */
+    const int dims[] = {1024, 2304, 4352};
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++)
+        quant_x_producers_at(dims[i]);
 }
 
 /* ---- x = x + linear(...): the residual linears ---- */

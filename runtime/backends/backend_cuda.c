@@ -51,7 +51,7 @@ typedef struct cuda_ctx {
     int fold_norm;     /* rms_norm_linear at the GEMVs' sizes runs the norm inside the GEMV (1, the
                           default) or as its own launch first (0); MS_CUDA_NORM_FOLD at init */
     int qx_fuse;       /* the RMSNorm / SiLU-and-multiply before a Q4_0 / Q8_0 / Q4_K GEMV write x
-                          quantized for it (1, the default: norm_qx_linear, silu_qx_linear) or
+                          quantized for it (1, the default: norm_qx_linear, silu_mul_linear_to) or
                           float x that the linear quantizes in a launch of its own (0);
                           MS_CUDA_QX_FUSE at init */
 } cuda_ctx;
@@ -995,7 +995,7 @@ static ms_status norm_gemv(cuda_ctx *c, const ms_tensor *x, const ms_tensor *nor
 static bool aligned16(const void *p) { return ((uintptr_t)p & 15u) == 0; }
 
 /* The quantized GEMV's input from the kernel that computes it: where linear(h, w) over a Q4_0 /
-   Q8_0 weight runs the GEMV at h's rows (ms_cuda_quant_reads_qx), that GEMV reads h quantized per
+   Q8_0 / Q4_K weight runs the GEMV at h's rows (ms_cuda_quant_reads_qx), that GEMV reads h quantized per
    32 values (templates/common/q8x.cuh), which ms_cuda_quant_linear makes from the float h in a
    launch of its own (ms_qquant_x). qx_target says whether w and y [n, w rows] take that path for
    n rows of `in` values and, if so, gives the weight's view and the workspace to write (*take
@@ -1022,8 +1022,9 @@ static ms_status qx_linear(cuda_ctx *c, const ms_cuda_qx *qx, int64_t n, const m
     return linear_bias(c, bias, n, w->shape[0], y, err);
 }
 
-/* rms_norm_linear over a Q4_0 / Q8_0 / Q4_K weight at the GEMV's rows: the norm (with its residual add)
-   writes x quantized for the GEMV (ms_rmsnorm_q8), h is left unwritten. *done false: not taken. */
+/* rms_norm_linear over a Q4_0 / Q8_0 / Q4_K weight at the GEMV's rows: the norm (with its
+   residual add) writes x quantized for the GEMV (ms_rmsnorm_q8), h is left unwritten (backend.h
+   allows it; h is not checked here either). *done false: not taken. */
 static ms_status norm_qx_linear(cuda_ctx *c, ms_tensor *residual, const ms_tensor *x, const ms_tensor *norm_w,
                                 float eps, const ms_tensor *w, const ms_tensor *bias, ms_tensor *y, bool *done,
                                 ms_error *err) {

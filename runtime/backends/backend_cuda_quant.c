@@ -410,12 +410,13 @@ ms_status ms_cuda_quant_linear_qx(ms_cuda_quant *q, const ms_cuda_qx *x, int64_t
                                   float *y, int64_t y_stride, bool acc, ms_error *err) {
     MS_TRY(check_weight(w, err));
     if (x == NULL || y == NULL || !ms_cuda_quant_reads_qx(w, n) || y_stride < w->rows || y_stride > 0x7fffffff ||
-        x->q == NULL || x->d == NULL || x->q_stride < w->in || x->q_stride % 16 != 0 || x->d_stride < w->in / 32 ||
+        !ms_cuda_q8x_fits(x->q, x->q_stride, x->d, x->d_stride, w->in) ||
         x->q_stride > 0x7fffffff || x->d_stride > 0x7fffffff)
         return MS_FAIL(err, MS_ERR_INVALID_ARG, "cuda quant: linear of quantized x [%lld, %lld] with %s W [%lld, "
-                       "%lld] into y (stride %lld): the GEMV of Q4_0 / Q8_0 / Q4_K at 1 .. %d rows reads x quantized",
+                       "%lld] into y (stride %lld): the GEMV of Q4_0 / Q8_0 / Q4_K at 1 .. %d rows reads x quantized "
+                       "(int8 rows 16-byte aligned, %lld scales a row)",
                        (long long)n, (long long)w->in, ms_ggml_type_name(w->type), (long long)w->rows,
-                       (long long)w->in, (long long)y_stride, MS_CUDA_QGEMV_MAX_ROWS);
+                       (long long)w->in, (long long)y_stride, MS_CUDA_QGEMV_MAX_ROWS, (long long)(w->in / 32));
     ms_cuda_module *m;
     MS_TRY(get_module(q, w->type, &m, err));
     return gemv(q, m, x, NULL, n, 0, w, y, y_stride, acc, err);
@@ -437,7 +438,7 @@ ms_status ms_cuda_quant_linear(ms_cuda_quant *q, const float *x, int64_t n, int6
     if (n <= MS_CUDA_QGEMV_MAX_ROWS && aligned16(x) && x_stride % 4 == 0) {
         if (!MS_QGEMV_PREQ_TYPE(w->type) || n <= MS_QGEMV_I8_MAX_COLS)
             return gemv(q, m, NULL, x, n, x_stride, w, y, y_stride, acc, err);
-        /* the 16-value integer types above MS_QGEMV_I8_MAX_COLS rows read x quantized:
+        /* the integer types above MS_QGEMV_I8_MAX_COLS rows read x quantized:
            ms_qquant_x first, once for all groups (the narrower entries quantize it in each CTA) */
         ms_cuda_qx qx;
         MS_TRY(ms_cuda_quant_qx(q, n, w->in, &qx, err));

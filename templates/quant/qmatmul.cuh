@@ -524,7 +524,7 @@ __device__ __forceinline__ void qgemv_store(float (&acc)[R][NC], float (&red)[NW
 }
 
 /// Q: block type; NC: x rows (exactly p.n); R: output rows per CTA (MS_QGEMV_ROWS_OF(NC)); PREQ:
-/// the 16-value integer types (i8_narrow) read x quantized beforehand (p.qx, p.qd) at 1 ..
+/// the integer types (kI8) read x quantized beforehand (p.qx, p.qd) at 1 ..
 /// MS_QGEMV_I8_MAX_COLS rows too, where otherwise each CTA quantizes the float x (above, they
 /// always read it quantized). Grid: ceil(rows / R) CTAs of MS_QGEMV_THREADS threads; warp w takes chunks w, w + NW, ... of
 /// 512 input values (1024 in the integer GEMV of the wide-lane types); the rows past p.rows of the last CTA read the last row and store nothing.
@@ -646,8 +646,8 @@ __device__ __forceinline__ void qgemv(const ms_qmatmul_params &p) {
 }
 
 /// x [n, in] float (p.x, p.x_stride) -> int8 values p.qx and scales p.qd per 32 values
-/// (common/q8x.cuh; the values and scales quant_x16 computes in the CTAs), for the GEMV of Q4_0 and
-/// Q8_0 above MS_QGEMV_I8_MAX_COLS rows where no kernel before wrote x in that form.
+/// (common/q8x.cuh; the values and scales quant_x16 computes in the CTAs), for the GEMV of Q4_0, Q8_0
+/// and Q4_K above MS_QGEMV_I8_MAX_COLS rows where no kernel before wrote x in that form.
 /// MS_QQUANT_X_LANES (4) threads a block, 8 values
 /// each (two float4 loads), the block's amax and NaN flag reduced over the 4 by shuffles; the
 /// CTA's threads step through the grid together (every lane takes part in each shuffle).
