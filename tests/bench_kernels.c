@@ -110,8 +110,17 @@ static double copy_bandwidth(void) {
 }
 
 /* One decode attention shape; force_splits > 0 overrides the planned split count (a sweep shows
- * whether the planner's choice is the best one). */
+ * whether the planner's choice is the best one); cap_keys > 0 plans the splits as the engine does
+ * for a batch whose page capacity is cap_keys keys a request (backend_cuda.c: the split count from
+ * the capacity, at least 4 pages a split), while the views hold ctx keys: the splits past a view's
+ * end are launched and exit (a decode step of a request shorter than the model's context). */
+static int bench_decode_cap(int arch, int n_sms, double copy_bw, int batch, int ctx, int force_splits,
+                            int cap_keys);
 static int bench_decode(int arch, int n_sms, double copy_bw, int batch, int ctx, int force_splits) {
+    return bench_decode_cap(arch, n_sms, copy_bw, batch, ctx, force_splits, 0);
+}
+static int bench_decode_cap(int arch, int n_sms, double copy_bw, int batch, int ctx, int force_splits,
+                            int cap_keys) {
     const int hq = 32, hkv = 8, hd = 128, ps = 16, G = hq / hkv;
     const int pages_per_req = ctx / ps;
     const int pages = batch * pages_per_req + 1; /* + the sink page */
@@ -166,9 +175,10 @@ static int bench_decode(int arch, int n_sms, double copy_bw, int batch, int ctx,
     CK(cudaMemcpy(d_last, h_last, sizeof(int32_t) * (size_t)batch, cudaMemcpyHostToDevice));
     CK(cudaMemcpy(d_start, h_start, sizeof(int32_t) * (size_t)batch, cudaMemcpyHostToDevice));
     int n_splits = 1, pps = pages_per_req;
-    ms_kernel_attn_decode_split(batch, hkv, pages_per_req, n_sms * m->blocks_per_sm, 4,
-                              MS_ATTN_DECODE_MAX_SPLITS,
-                              &n_splits, &pps);
+    ms_kernel_attn_decode_split(batch, hkv, cap_keys > 0 ? cap_keys / ps : pages_per_req,
+                              n_sms * m->blocks_per_sm, 4, MS_ATTN_DECODE_MAX_SPLITS, &n_splits, &pps);
+    if (cap_keys > 0)
+        pps = 4; /* as backend_cuda.c: the least pages a split covers; each view sizes its own */
     if (force_splits > 0) {
         pps = (pages_per_req + force_splits - 1) / force_splits;
         n_splits = (pages_per_req + pps - 1) / pps;
@@ -237,8 +247,11 @@ static int bench_decode(int arch, int n_sms, double copy_bw, int batch, int ctx,
     size_t nan = 0;
     for (size_t i = 0; i < (size_t)batch * hq * hd; i++)
         nan += (h_o[i] & 0x7f80u) == 0x7f80u;
-    printf("| decode attn %3d x %5d | %-34s | %3d%s | %d | %6d | %9.1f | %6.1f | %7.0f | %5.1f%% |%s\n",
-           batch, ctx, m->uri, n_splits, force_splits > 0 ? " (forced)" : "", m->blocks_per_sm,
+    char cap[32] = "";
+    if (cap_keys > 0)
+        snprintf(cap, sizeof cap, " (cap %d)", cap_keys);
+    printf("| decode attn %3d x %5d | %-34s | %3d%s%s | %d | %6d | %9.1f | %6.1f | %7.0f | %5.1f%% |%s\n",
+           batch, ctx, m->uri, n_splits, force_splits > 0 ? " (forced)" : "", cap, m->blocks_per_sm,
            layers, ms * 1e3, host_ms * 1e3, bw * 1e-9, 100.0 * bw / copy_bw,
            nan ? " NaN in output!" : "");
     free(h_o);
@@ -601,6 +614,10 @@ int main(int argc, char **argv) {
     rc |= bench_decode(arch, sms, bw, 1, 32768, 0);
     /* batch 1 against context: the intercept is the per-launch latency floor */
     rc |= bench_decode(arch, sms, bw, 1, 512, 0);
+    /* the 8B bench's decode (prompt 512 + 128 new) in a 4096-key capacity, as the engine plans it */
+    rc |= bench_decode_cap(arch, sms, bw, 1, 576, 0, 4096);
+    rc |= bench_decode_cap(arch, sms, bw, 1, 2048, 0, 4096);
+    rc |= bench_decode_cap(arch, sms, bw, 8, 576, 0, 4096);
     rc |= bench_decode(arch, sms, bw, 1, 2048, 0);
     rc |= bench_decode(arch, sms, bw, 1, 16384, 0);
     rc |= bench_decode(arch, sms, bw, 32, 8192, 0);

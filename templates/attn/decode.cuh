@@ -5,8 +5,10 @@
  * heads of one KV head (each K/V byte is read once per KV head) over one split of the request's
  * keys: split s covers keys [s * P * PS, (s + 1) * P * PS) with the view's split size
  * P = max(pages_per_split, ceil(view pages / n_splits)), so n_splits splits always cover the
- * whole view (splits past its end are empty: log-sum-exp -inf, weight 0 in the merge) and the
- * launch does not depend on the views' lengths (a CUDA graph captured once replays for any).
+ * whole view and the launch does not depend on the views' lengths (a CUDA graph captured once
+ * replays for any). The splits that start past the view's end (n_active of them do not: a
+ * decode step of a request far shorter than the batch's capacity, for which n_splits was
+ * planned) exit at once, uncounted and unmerged; with one active split its CTA writes o itself.
  * Two key loops share the same epilogue: a tensor-core one for GQA (attn_decode_mma, below) and
  * a CUDA-core one for G = 1 and head dims that are not a multiple of 16 (attn_decode_simt):
  *
@@ -21,9 +23,9 @@
  * loop has no barrier and no shared memory. At the end the KPL groups of a warp merge with
  * shuffles, the warps through shared memory.
  *
- * Splits (n_splits > 1): each CTA writes its normalized partial output and log-sum-exp to
+ * Splits (n_active > 1): each active CTA writes its normalized partial output and log-sum-exp to
  * part_o / part_lse, then counts itself in split_counter[b * n_kv_heads + h]; the last CTA of
- * (b, h) to arrive merges all splits and writes o, then resets the counter to 0 (the threadfence
+ * (b, h) to arrive merges the active splits and writes o, then resets the counter to 0 (the threadfence
  * reduction of the CUDA programming guide, "Memory fence functions", with the fences folded into
  * one acq_rel atomic after a barrier, as CUTLASS's semaphore does). So one launch does the whole
  * decode attention: no merge kernel, and the counters are ready for the next launch. Launches
@@ -122,6 +124,8 @@ template <int PS, bool WINDOWED> struct attn_decode_keys {
     int kbeg;     /* the split's first key (a multiple of PS) */
     int kend;     /* one past its last key, at most the view's length */
     int kmin;     /* first key that counts: kbeg, or the window's first key if later */
+    int n_active; /* splits of the view that start before its end (at least 1): the CTAs past
+                     them exit at once and the merge counts and reads only these */
     __device__ __forceinline__ attn_decode_keys(const ms_attn_kernel_params &p, int b, int split) {
         const int qo0 = p.qo_indptr[b], qo1 = p.qo_indptr[b + 1];
         const int pb = p.kv_indptr[b], p1 = p.kv_indptr[b + 1];
@@ -135,6 +139,8 @@ template <int PS, bool WINDOWED> struct attn_decode_keys {
         kbeg = split * pps * PS;
         kend = min(length, (split + 1) * pps * PS);
         kmin = WINDOWED ? max(kbeg, qpos - p.window + 1 - start) : kbeg;
+        const long long span = (long long)pps * PS;
+        n_active = length > 0 ? (int)min((long long)p.n_splits, (length + span - 1) / span) : 1;
     }
 };
 
@@ -169,7 +175,7 @@ template <int HD, int G, int NW> struct attn_decode_smem {
  * the CTA calls it. */
 template <typename TA, int HD, int G, int NW>
 __device__ __forceinline__ void attn_decode_finish(const ms_attn_kernel_params &p,
-                                                   attn_decode_smem<HD, G, NW> &sm, int row) {
+                                                   attn_decode_smem<HD, G, NW> &sm, int row, int n_active) {
     const int split = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const int tid = threadIdx.x;
     constexpr int NT = NW * 32;
@@ -193,7 +199,7 @@ __device__ __forceinline__ void attn_decode_finish(const ms_attn_kernel_params &
             }
         }
         const float out = den > 0.f ? num / den : 0.f;
-        if (p.n_splits == 1) {
+        if (n_active == 1) {
             o[(long long)row * p.o_stride + (long long)qh * HD + d] = from_float<TA>(out);
         } else {
             const long long pi = ((long long)b * p.n_splits + split) * p.n_q_heads + qh;
@@ -202,7 +208,7 @@ __device__ __forceinline__ void attn_decode_finish(const ms_attn_kernel_params &
                 p.part_lse[pi] = den > 0.f ? mm + log2f(den) : neg_inf();
         }
     }
-    if (p.n_splits == 1)
+    if (n_active == 1)
         return;
 
     /* ---- the last split CTA of (b, h) merges all splits ---- */
@@ -217,7 +223,7 @@ __device__ __forceinline__ void attn_decode_finish(const ms_attn_kernel_params &
     if (tid == 0) {
         int old;
         asm volatile("atom.add.acq_rel.gpu.s32 %0, [%1], 1;" : "=r"(old) : "l"(counter) : "memory");
-        sm.last = old == p.n_splits - 1;
+        sm.last = old == n_active - 1;
     }
     __syncthreads();
     if (!sm.last)
@@ -234,12 +240,12 @@ __device__ __forceinline__ void attn_decode_finish(const ms_attn_kernel_params &
         const long long step = (long long)p.n_q_heads * HD / 4; /* one split, in float4 */
         float mm = neg_inf(), den = 0.f;
         float4 sum = make_float4(0.f, 0.f, 0.f, 0.f);
-        for (int s0 = 0; s0 < p.n_splits; s0 += SC) {
+        for (int s0 = 0; s0 < n_active; s0 += SC) {
             float ls[SC];
             float4 v[SC];
 #pragma unroll
             for (int k = 0; k < SC; k++) {
-                const bool in = s0 + k < p.n_splits;
+                const bool in = s0 + k < n_active;
                 ls[k] = in ? __ldcg(lse_p + (long long)(s0 + k) * p.n_q_heads) : neg_inf();
                 v[k] = in ? __ldcg(src + (s0 + k) * step) : make_float4(0.f, 0.f, 0.f, 0.f);
             }
@@ -294,6 +300,8 @@ __device__ __forceinline__ void attn_decode_simt(const ms_attn_kernel_params &p)
     const attn_decode_keys<PS, WINDOWED> ks(p, b, split);
     if (!ks.has_row)
         return; /* no query row for this request: nothing to write (uniform over the splits) */
+    if (split >= ks.n_active)
+        return; /* past the view's end: no keys, not merged (n_active is the same in every CTA of b) */
     const int row = ks.row, p0 = ks.p0, kbeg = ks.kbeg, kend = ks.kend, kmin = ks.kmin;
 
     paged_kv<const T, HD, PS> kv{static_cast<const T *>(p.kv), p.n_kv_heads};
@@ -463,7 +471,7 @@ __device__ __forceinline__ void attn_decode_simt(const ms_attn_kernel_params &p)
         }
     }
 
-    attn_decode_finish<TA, HD, G, NW>(p, sm, row);
+    attn_decode_finish<TA, HD, G, NW>(p, sm, row, ks.n_active);
 }
 
 
@@ -516,6 +524,8 @@ __device__ __forceinline__ void attn_decode_mma(const ms_attn_kernel_params &p) 
     const attn_decode_keys<PS, WINDOWED> ks(p, b, split);
     if (!ks.has_row)
         return; /* no query row for this request: nothing to write (uniform over the splits) */
+    if (split >= ks.n_active)
+        return; /* past the view's end: no keys, not merged (n_active is the same in every CTA of b) */
     const int row = ks.row, p0 = ks.p0, kbeg = ks.kbeg, kend = ks.kend, kmin = ks.kmin;
 
     paged_kv<const T, HD, PS> kv{static_cast<const T *>(p.kv), p.n_kv_heads};
@@ -797,7 +807,7 @@ __device__ __forceinline__ void attn_decode_mma(const ms_attn_kernel_params &p) 
             }
         }
     }
-    attn_decode_finish<TA, HD, G, NW>(p, sm, row);
+    attn_decode_finish<TA, HD, G, NW>(p, sm, row, ks.n_active);
 }
 
 /// Decode attention (see the file comment): the tensor-core path for GQA groups >= 2 with a
